@@ -1,0 +1,184 @@
+//! Pointwise ops: math, comparisons, logic, casts, `where`, and the activation functions.
+
+use crate::tensor::Tensor;
+use coil_ir::{BinaryOp, DType, Error, Op, Result, Scalar, UnaryOp};
+use std::panic::Location;
+
+/// Anything that can stand as a tensor operand: a tensor (by value or reference) or a Rust
+/// scalar, which is weak in type promotion.
+pub trait IntoTensor {
+    #[track_caller]
+    fn into_tensor(self) -> Tensor;
+}
+
+impl IntoTensor for Tensor {
+    fn into_tensor(self) -> Tensor {
+        self
+    }
+}
+
+impl IntoTensor for &Tensor {
+    fn into_tensor(self) -> Tensor {
+        self.clone()
+    }
+}
+
+macro_rules! scalar_operand {
+    ($($t:ty),*) => {$(
+        impl IntoTensor for $t {
+            #[track_caller]
+            fn into_tensor(self) -> Tensor {
+                Tensor::weak_scalar(Scalar::from(self))
+            }
+        }
+    )*};
+}
+scalar_operand!(f64, f32, i64, i32, bool);
+
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {$(
+            $(#[$doc])*
+            #[track_caller]
+            pub fn $name(&self) -> Result<Tensor> {
+                Tensor::record(Op::Unary(UnaryOp::$op), &[self], Location::caller())
+            }
+        )*}
+    };
+}
+
+unary_methods! {
+    neg => Neg, abs => Abs, sign => Sign, exp => Exp, exp2 => Exp2, expm1 => Expm1,
+    log => Log, log2 => Log2, log1p => Log1p, sqrt => Sqrt, rsqrt => Rsqrt,
+    sin => Sin, cos => Cos, tan => Tan, tanh => Tanh, sigmoid => Sigmoid, erf => Erf,
+    floor => Floor, ceil => Ceil,
+    /// Rounds half to even, as `torch.round`.
+    round => Round,
+    trunc => Trunc, reciprocal => Reciprocal, logical_not => LogicalNot,
+    isnan => IsNan, isinf => IsInf,
+}
+
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {$(
+            $(#[$doc])*
+            #[track_caller]
+            pub fn $name(&self, other: impl IntoTensor) -> Result<Tensor> {
+                let other = other.into_tensor();
+                Tensor::record(Op::Binary(BinaryOp::$op), &[self, &other], Location::caller())
+            }
+        )*}
+    };
+}
+
+binary_methods! {
+    add => Add, sub => Sub, mul => Mul,
+    /// True division: integers divide as floats.
+    div => Div,
+    /// `torch.div(a, b, rounding_mode="floor")` (`torch.floor_divide`).
+    floor_divide => FloorDiv,
+    /// `torch.div(a, b, rounding_mode="trunc")`.
+    trunc_divide => TruncDiv,
+    /// `torch.remainder`: the result has the divisor's sign.
+    remainder => Remainder,
+    pow => Pow,
+    /// Elementwise maximum; NaN propagates.
+    maximum => Maximum,
+    minimum => Minimum,
+    eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge,
+    logical_and => LogicalAnd, logical_or => LogicalOr,
+}
+
+/// `base ** exponent` where the base may be a scalar (`pow(2.0, &x)`).
+#[track_caller]
+pub fn pow(base: impl IntoTensor, exponent: impl IntoTensor) -> Result<Tensor> {
+    let (b, e) = (base.into_tensor(), exponent.into_tensor());
+    Tensor::record(Op::Binary(BinaryOp::Pow), &[&b, &e], Location::caller())
+}
+
+/// `torch.where(cond, x, y)`: `x` where `cond` is true, else `y`; scalars allowed.
+#[track_caller]
+pub fn where_(cond: &Tensor, x: impl IntoTensor, y: impl IntoTensor) -> Result<Tensor> {
+    let (x, y) = (x.into_tensor(), y.into_tensor());
+    Tensor::record(Op::Where, &[cond, &x, &y], Location::caller())
+}
+
+impl Tensor {
+    /// `other - self` (for a scalar on the left: `x.rsub(1.0)` is `1 - x`).
+    #[track_caller]
+    pub fn rsub(&self, other: impl IntoTensor) -> Result<Tensor> {
+        let other = other.into_tensor();
+        Tensor::record(Op::Binary(BinaryOp::Sub), &[&other, self], Location::caller())
+    }
+
+    /// `other / self`.
+    #[track_caller]
+    pub fn rdiv(&self, other: impl IntoTensor) -> Result<Tensor> {
+        let other = other.into_tensor();
+        Tensor::record(Op::Binary(BinaryOp::Div), &[&other, self], Location::caller())
+    }
+
+    /// `torch.where(self_as_cond, x, y)` as a method on the condition.
+    #[track_caller]
+    pub fn where_cond(&self, x: impl IntoTensor, y: impl IntoTensor) -> Result<Tensor> {
+        let (x, y) = (x.into_tensor(), y.into_tensor());
+        Tensor::record(Op::Where, &[self, &x, &y], Location::caller())
+    }
+
+    /// Converts to another dtype (`.to(dtype)`); a no-op when the dtype is already `dtype`.
+    #[track_caller]
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        Tensor::record(Op::Cast(dtype), &[self], Location::caller())
+    }
+
+    /// Clamps into `[min, max]`; either bound may be omitted. Bounds take part in type
+    /// promotion as scalars (`i32.clamp(0.5, ..)` is f32).
+    #[track_caller]
+    pub fn clamp(&self, min: Option<impl Into<Scalar>>, max: Option<impl Into<Scalar>>) -> Result<Tensor> {
+        let (min, max) = (min.map(Into::into), max.map(Into::into));
+        if min.is_none() && max.is_none() {
+            return Err(Tensor::error(
+                "clamp",
+                &[self],
+                Error::value("at least one of min or max must be given"),
+                Location::caller(),
+            ));
+        }
+        let bounds: Vec<Tensor> = [min, max].into_iter().flatten().map(Tensor::weak_scalar).collect();
+        let mut srcs = vec![self];
+        srcs.extend(bounds.iter());
+        Tensor::record(Op::Clamp { min, max }, &srcs, Location::caller())
+    }
+
+    /// `torch.nan_to_num`: NaN -> `nan`, +inf -> `posinf`, -inf -> `neginf` (defaults: 0 and the
+    /// dtype's largest and lowest finite values).
+    #[track_caller]
+    pub fn nan_to_num(&self, nan: f64, posinf: Option<f64>, neginf: Option<f64>) -> Result<Tensor> {
+        Tensor::record(Op::NanToNum { nan, posinf, neginf }, &[self], Location::caller())
+    }
+
+    #[track_caller]
+    pub fn relu(&self) -> Result<Tensor> {
+        Tensor::record(Op::Relu, &[self], Location::caller())
+    }
+
+    /// GELU; `approximate_tanh` selects the tanh approximation (`approximate="tanh"`).
+    #[track_caller]
+    pub fn gelu(&self, approximate_tanh: bool) -> Result<Tensor> {
+        Tensor::record(Op::Gelu { tanh: approximate_tanh }, &[self], Location::caller())
+    }
+
+    #[track_caller]
+    pub fn silu(&self) -> Result<Tensor> {
+        Tensor::record(Op::Silu, &[self], Location::caller())
+    }
+
+    /// `F.softplus(x, beta, threshold)` (PyTorch's defaults are 1 and 20).
+    #[track_caller]
+    pub fn softplus(&self, beta: f64, threshold: f64) -> Result<Tensor> {
+        Tensor::record(Op::Softplus { beta, threshold }, &[self], Location::caller())
+    }
+}

@@ -1,0 +1,93 @@
+//! Capture and realize: from lazy tensors to a graph, and from a graph to values.
+//!
+//! [`capture`] walks the DAG behind some tensors and records every pending node they depend on
+//! as one [`Graph`]; computed tensors enter it as inputs. [`realize`] captures, decomposes to
+//! primitives and runs the graph, then binds the results to the tensors.
+
+use crate::tensor::Tensor;
+use coil_ir::{Graph, NodeId, Result};
+use coil_runtime::Buffer;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A captured graph and the buffers bound to its inputs.
+pub struct Captured {
+    pub graph: Graph,
+    /// One buffer per graph input, in input order.
+    pub inputs: Vec<Arc<Buffer>>,
+}
+
+/// Records the pending computation behind `outputs` as one graph.
+///
+/// The graph's outputs are `outputs` in order. Nodes are numbered in a depth-first post-order
+/// from the outputs, so the same program always prints the same graph.
+///
+/// ```
+/// use coil_frontend::{capture, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+/// let y = x.exp().unwrap();
+/// let g = capture(&[&y]).graph;
+/// assert_eq!(g.to_string(), "graph(%0: f32[2]) {\n  %1: f32[2] = exp(%0)\n  return (%1)\n}\n");
+/// ```
+pub fn capture(outputs: &[&Tensor]) -> Captured {
+    // Keyed by node address only to find shared nodes; the numbering follows the walk.
+    let key = |t: &Tensor| Arc::as_ptr(&t.0) as usize;
+    let mut order: Vec<Tensor> = Vec::new();
+    let mut seen: HashMap<usize, ()> = HashMap::new();
+    for out in outputs {
+        // Iterative post-order: (tensor, operands pushed yet?)
+        let mut stack: Vec<(Tensor, bool)> = vec![((*out).clone(), false)];
+        while let Some((t, expanded)) = stack.pop() {
+            if seen.contains_key(&key(&t)) {
+                continue;
+            }
+            if !expanded && !t.is_realized() {
+                stack.push((t.clone(), true));
+                stack.extend(t.0.srcs.iter().rev().map(|s| (s.clone(), false)));
+                continue;
+            }
+            seen.insert(key(&t), ());
+            order.push(t);
+        }
+    }
+    // Inputs (computed tensors) first, then the pending nodes in walk order.
+    let mut graph = Graph::new();
+    let mut inputs = Vec::new();
+    let mut ids: HashMap<usize, NodeId> = HashMap::new();
+    for t in order.iter().filter(|t| t.is_realized()) {
+        ids.insert(key(t), graph.input(t.meta().clone()));
+        inputs.push(t.0.buffer.get().expect("realized").clone());
+    }
+    for t in order.iter().filter(|t| !t.is_realized()) {
+        let id = if t.0.op.is_leaf() {
+            graph.leaf(t.0.op.clone(), t.meta().clone(), t.0.location)
+        } else {
+            let srcs: Vec<NodeId> = t.0.srcs.iter().map(|s| ids[&key(s)]).collect();
+            graph.push(t.0.op.clone(), &srcs, t.0.location).expect("a recorded node was already inferred")
+        };
+        ids.insert(key(t), id);
+    }
+    graph.outputs = outputs.iter().map(|t| ids[&key(t)]).collect();
+    Captured { graph, inputs }
+}
+
+/// Computes every pending tensor among `outputs` and binds the results to them.
+pub fn realize(outputs: &[&Tensor]) -> Result<()> {
+    let pending: Vec<&Tensor> = outputs.iter().copied().filter(|t| !t.is_realized()).collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let captured = capture(&pending);
+    let results = run(&captured)?;
+    for (t, buffer) in pending.iter().zip(results) {
+        let _ = t.0.buffer.set(Arc::new(buffer));
+    }
+    Ok(())
+}
+
+/// Runs a captured graph: decomposition to primitives, then the reference interpreter.
+fn run(captured: &Captured) -> Result<Vec<Buffer>> {
+    let primitive = coil_passes::decompose(&captured.graph)?;
+    let inputs: Vec<&Buffer> = captured.inputs.iter().map(|b| b.as_ref()).collect();
+    coil_runtime::interpret(&primitive, &inputs)
+}

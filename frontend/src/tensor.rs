@@ -1,0 +1,414 @@
+//! The lazy [`Tensor`]: a node of a DAG that is only computed when a value is asked for.
+
+use crate::realize;
+use coil_ir::infer::{self, Operand};
+use coil_ir::{DType, Error, Op, RandDist, Result, Scalar, TensorMeta};
+use coil_runtime::{Buffer, Device, Element};
+use std::cell::Cell;
+use std::fmt;
+use std::panic::Location;
+use std::sync::{Arc, OnceLock};
+
+/// A lazily computed tensor.
+///
+/// Building a tensor from an op records a node; nothing runs until a value is needed
+/// ([`Tensor::to_vec`], [`Tensor::item`], [`Tensor::realize`], `Display`). Then the pending
+/// nodes that value depends on become one graph, which is decomposed and run.
+///
+/// Cloning a `Tensor` is cheap (it shares the node).
+///
+/// ```
+/// use coil_frontend::Tensor;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap();
+/// let y = (&x * 2.0).exp().unwrap();      // recorded, not run
+/// let v = y.to_vec::<f32>().unwrap();      // runs now
+/// assert!((v[0] - 2f32.exp()).abs() < 1e-6);
+/// ```
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<TensorNode>);
+
+pub(crate) struct TensorNode {
+    pub(crate) op: Op,
+    pub(crate) srcs: Vec<Tensor>,
+    pub(crate) meta: TensorMeta,
+    pub(crate) device: Device,
+    pub(crate) location: Option<&'static Location<'static>>,
+    /// Set once the value is computed (or at creation for data).
+    pub(crate) buffer: OnceLock<Arc<Buffer>>,
+}
+
+thread_local! {
+    /// The random stream: (seed, next offset). Each random op takes `numel` counters.
+    static RNG: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// Seeds the thread's random stream (like `torch.manual_seed`).
+pub fn manual_seed(seed: u64) {
+    RNG.with(|r| r.set((seed, 0)));
+}
+
+/// Takes `n` counters from the random stream: returns (seed, offset).
+pub(crate) fn next_random(n: usize) -> (u64, u64) {
+    RNG.with(|r| {
+        let (seed, offset) = r.get();
+        r.set((seed, offset + n as u64));
+        (seed, offset)
+    })
+}
+
+impl Tensor {
+    fn leaf(op: Op, meta: TensorMeta, location: Option<&'static Location<'static>>) -> Tensor {
+        Tensor(Arc::new(TensorNode { op, srcs: vec![], meta, device: Device::Cpu, location, buffer: OnceLock::new() }))
+    }
+
+    /// A tensor holding a computed buffer.
+    pub fn from_buffer(buffer: Buffer) -> Tensor {
+        let t = Tensor::leaf(Op::Input { index: 0 }, buffer.meta(), None);
+        let _ = t.0.buffer.set(Arc::new(buffer));
+        t
+    }
+
+    /// A tensor from row-major data.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// assert!(Tensor::from_vec(vec![1i64, 2, 3], &[2, 2]).is_err());
+    /// ```
+    #[track_caller]
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        if data.len() != n {
+            return Err(Error::shape(format!("{} values do not fill shape {shape:?} ({n} elements)", data.len()))
+                .in_op("from_vec", vec![])
+                .at(Location::caller()));
+        }
+        Ok(Tensor::from_buffer(Buffer::from_vec(data, shape.to_vec())))
+    }
+
+    /// A tensor from a slice, copied.
+    #[track_caller]
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape)
+    }
+
+    /// A 0-d tensor holding one value.
+    pub fn scalar<T: Element>(value: T) -> Tensor {
+        Tensor::from_buffer(Buffer::from_vec(vec![value], vec![]))
+    }
+
+    /// A Rust scalar as an operand: weak in type promotion (`i32_tensor * 2.5` is f32, `f16_tensor * 2.5` f16).
+    #[track_caller]
+    pub(crate) fn weak_scalar(value: Scalar) -> Tensor {
+        Tensor::leaf(Op::Scalar(value), TensorMeta::new(vec![], value.dtype()), Some(Location::caller()))
+    }
+
+    /// A tensor filled with `value`.
+    #[track_caller]
+    pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Tensor {
+        Tensor::leaf(Op::Full(value.into()), TensorMeta::new(shape.to_vec(), dtype), Some(Location::caller()))
+    }
+
+    #[track_caller]
+    pub fn zeros(shape: &[usize], dtype: DType) -> Tensor {
+        Tensor::full(shape, 0, dtype)
+    }
+
+    #[track_caller]
+    pub fn ones(shape: &[usize], dtype: DType) -> Tensor {
+        Tensor::full(shape, 1, dtype)
+    }
+
+    #[track_caller]
+    pub fn zeros_like(&self) -> Tensor {
+        Tensor::zeros(self.shape(), self.dtype())
+    }
+
+    #[track_caller]
+    pub fn ones_like(&self) -> Tensor {
+        Tensor::ones(self.shape(), self.dtype())
+    }
+
+    #[track_caller]
+    pub fn full_like(&self, value: impl Into<Scalar>) -> Tensor {
+        Tensor::full(self.shape(), value, self.dtype())
+    }
+
+    /// i64 tensor of `shape` whose value is each element's index along `dim`.
+    #[track_caller]
+    pub fn iota(shape: &[usize], dim: usize) -> Result<Tensor> {
+        if dim >= shape.len() {
+            return Err(Error::shape(format!("dim {dim} is out of range for shape {shape:?}"))
+                .in_op("iota", vec![])
+                .at(Location::caller()));
+        }
+        Ok(Tensor::leaf(Op::Iota { dim }, TensorMeta::new(shape.to_vec(), DType::I64), Some(Location::caller())))
+    }
+
+    /// Uniform random numbers in `[0, 1)` from the thread's Philox stream ([`manual_seed`]).
+    #[track_caller]
+    pub fn rand(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::random(shape, dtype, RandDist::Uniform)
+    }
+
+    /// Standard normal random numbers from the thread's Philox stream ([`manual_seed`]).
+    #[track_caller]
+    pub fn randn(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::random(shape, dtype, RandDist::Normal)
+    }
+
+    #[track_caller]
+    pub fn rand_like(&self) -> Result<Tensor> {
+        Tensor::rand(self.shape(), self.dtype())
+    }
+
+    #[track_caller]
+    pub fn randn_like(&self) -> Result<Tensor> {
+        Tensor::randn(self.shape(), self.dtype())
+    }
+
+    #[track_caller]
+    fn random(shape: &[usize], dtype: DType, dist: RandDist) -> Result<Tensor> {
+        let name = if dist == RandDist::Uniform { "rand" } else { "randn" };
+        if !dtype.is_float() {
+            return Err(Error::dtype(format!("{name} expects a floating dtype, got {dtype}"))
+                .in_op(name, vec![])
+                .at(Location::caller()));
+        }
+        let (seed, offset) = next_random(shape.iter().product());
+        Ok(Tensor::leaf(
+            Op::Rand { dist, seed, offset },
+            TensorMeta::new(shape.to_vec(), dtype),
+            Some(Location::caller()),
+        ))
+    }
+
+    /// Records `op` applied to `srcs`: infers the meta, and on error names the op, the operands
+    /// and the caller's line.
+    pub(crate) fn record(op: Op, srcs: &[&Tensor], location: &'static Location<'static>) -> Result<Tensor> {
+        let describe = || srcs.iter().map(|t| t.meta().to_string()).collect::<Vec<_>>();
+        let device = srcs.first().map_or(Device::Cpu, |t| t.device());
+        if let Some(other) = srcs.iter().find(|t| t.device() != device) {
+            return Err(Error::new(
+                coil_ir::ErrorKind::Device,
+                format!("expected all tensors on one device, found {device} and {}", other.device()),
+            )
+            .in_op(op.name(), describe())
+            .at(location));
+        }
+        let operands: Vec<Operand> =
+            srcs.iter().map(|t| Operand { meta: &t.0.meta, scalar: t.is_weak_scalar() }).collect();
+        let meta = infer::infer(&op, &operands).map_err(|e| e.in_op(op.name(), describe()).at(location))?;
+        Ok(Tensor(Arc::new(TensorNode {
+            op,
+            srcs: srcs.iter().map(|&t| t.clone()).collect(),
+            meta,
+            device,
+            location: Some(location),
+            buffer: OnceLock::new(),
+        })))
+    }
+
+    /// An error in `op` on this tensor's operands, at the caller's line.
+    pub(crate) fn error(op: &str, srcs: &[&Tensor], e: Error, location: &'static Location<'static>) -> Error {
+        e.in_op(op, srcs.iter().map(|t| t.meta().to_string()).collect()).at(location)
+    }
+
+    pub(crate) fn is_weak_scalar(&self) -> bool {
+        matches!(self.0.op, Op::Scalar(_))
+    }
+
+    pub fn meta(&self) -> &TensorMeta {
+        &self.0.meta
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.0.meta.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.0.meta.dtype
+    }
+
+    pub fn rank(&self) -> usize {
+        self.0.meta.shape.len()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.0.meta.numel()
+    }
+
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+
+    /// Size of one dim; negative dims count from the end.
+    #[track_caller]
+    pub fn size(&self, dim: i64) -> Result<usize> {
+        let d = self.dim(dim, "size", Location::caller())?;
+        Ok(self.shape()[d])
+    }
+
+    /// Wraps a possibly negative dim into `0..rank` (a 0-d tensor accepts 0 and -1).
+    pub(crate) fn dim(&self, dim: i64, op: &str, location: &'static Location<'static>) -> Result<usize> {
+        wrap_dim(dim, self.rank()).map_err(|e| Tensor::error(op, &[self], e, location))
+    }
+
+    /// Wraps a list of dims; an empty list means every dim.
+    pub(crate) fn dims(&self, dims: &[i64], op: &str, location: &'static Location<'static>) -> Result<Vec<usize>> {
+        if dims.is_empty() {
+            return Ok((0..self.rank()).collect());
+        }
+        let mut out = Vec::with_capacity(dims.len());
+        for &d in dims {
+            let d = self.dim(d, op, location)?;
+            if self.rank() == 0 {
+                continue; // a 0-d tensor reduces over no dims
+            }
+            if out.contains(&d) {
+                return Err(Tensor::error(
+                    op,
+                    &[self],
+                    Error::shape(format!("dim {d} appears more than once in {dims:?}")),
+                    location,
+                ));
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    /// Whether the value has been computed.
+    pub fn is_realized(&self) -> bool {
+        self.0.buffer.get().is_some()
+    }
+
+    /// Computes the value (and every pending value it needs) now.
+    #[track_caller]
+    pub fn realize(&self) -> Result<()> {
+        realize::realize(&[self]).map_err(|e| e.at(Location::caller()))
+    }
+
+    /// The computed buffer, realizing first.
+    #[track_caller]
+    pub fn buffer(&self) -> Result<Arc<Buffer>> {
+        self.realize()?;
+        Ok(self.0.buffer.get().expect("realized").clone())
+    }
+
+    /// The elements in row-major order, converted to `T` as a cast would.
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        Ok(self.buffer()?.to_vec())
+    }
+
+    /// The value of a one-element tensor.
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(Tensor::error(
+                "item",
+                &[self],
+                Error::shape(format!("a tensor with {} elements cannot be converted to a scalar", self.numel())),
+                Location::caller(),
+            ));
+        }
+        Ok(self.to_vec::<T>()?[0])
+    }
+}
+
+/// Wraps a possibly negative dim into `0..rank` (a 0-d tensor accepts 0 and -1).
+pub fn wrap_dim(dim: i64, rank: usize) -> Result<usize> {
+    let r = rank.max(1) as i64;
+    if dim < -r || dim >= r {
+        return Err(Error::shape(format!(
+            "dim {dim} is out of range for a tensor of rank {rank} (expected in [{}, {}])",
+            -r,
+            r - 1
+        )));
+    }
+    Ok(if dim < 0 { (dim + r) as usize } else { dim as usize })
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor({}, {}, {})",
+            self.meta(),
+            self.device(),
+            if self.is_realized() { "realized" } else { "lazy" }
+        )
+    }
+}
+
+impl fmt::Display for Tensor {
+    /// Realizes and prints the values, nested by dims, like PyTorch.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let buffer = match self.buffer() {
+            Ok(b) => b,
+            Err(e) => return write!(f, "<error: {e}>"),
+        };
+        let text: Vec<String> = if self.dtype().is_float() {
+            let values = buffer.to_vec::<f64>();
+            let scientific = needs_scientific(&values);
+            values.iter().map(|&x| format_float(x, scientific)).collect()
+        } else if self.dtype() == DType::Bool {
+            buffer.to_vec::<bool>().iter().map(|x| x.to_string()).collect()
+        } else {
+            buffer.to_vec::<i64>().iter().map(|x| x.to_string()).collect()
+        };
+        let width = text.iter().map(|s| s.len()).max().unwrap_or(0);
+        f.write_str("tensor(")?;
+        write_nested(f, self.shape(), &text, width, 7)?;
+        write!(f, ", dtype={})", self.dtype())
+    }
+}
+
+/// PyTorch's rule: one format for the whole tensor; scientific when the finite magnitudes span
+/// more than 1e3, or reach 1e8, or fall below 1e-4.
+fn needs_scientific(values: &[f64]) -> bool {
+    let mags: Vec<f64> = values.iter().map(|x| x.abs()).filter(|&x| x.is_finite() && x != 0.0).collect();
+    let (lo, hi) = mags.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    !mags.is_empty() && (hi / lo > 1e3 || hi >= 1e8 || lo < 1e-4)
+}
+
+fn format_float(x: f64, scientific: bool) -> String {
+    if x.is_nan() {
+        "nan".into()
+    } else if x.is_infinite() {
+        (if x > 0.0 { "inf" } else { "-inf" }).into()
+    } else if scientific {
+        format!("{x:.4e}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+fn write_nested(
+    f: &mut fmt::Formatter<'_>,
+    shape: &[usize],
+    text: &[String],
+    width: usize,
+    indent: usize,
+) -> fmt::Result {
+    if shape.is_empty() {
+        return f.write_str(&text[0]);
+    }
+    f.write_str("[")?;
+    let inner: usize = shape[1..].iter().product();
+    for i in 0..shape[0] {
+        if i > 0 {
+            if shape.len() == 1 {
+                f.write_str(", ")?;
+            } else {
+                write!(f, ",{}{:indent$}", "\n".repeat(shape.len() - 1), "", indent = indent + 1)?;
+            }
+        }
+        if shape.len() == 1 {
+            write!(f, "{:>width$}", text[i])?;
+        } else {
+            write_nested(f, &shape[1..], &text[i * inner..(i + 1) * inner], width, indent + 1)?;
+        }
+    }
+    f.write_str("]")
+}

@@ -1,0 +1,661 @@
+//! Shape and dtype inference for every [`Op`], following PyTorch's rules.
+//!
+//! The frontend calls [`infer`] when it records an op, and the graph builder calls it for every
+//! node the decompositions create, so a shape or dtype error is caught once, at the user's line.
+//!
+//! ```
+//! use coil_ir::{infer::{infer, Operand}, Op, BinaryOp, TensorMeta, DType};
+//! let a = TensorMeta::new(vec![4, 1], DType::I32);
+//! let b = TensorMeta::new(vec![3], DType::F16);
+//! let out = infer(&Op::Binary(BinaryOp::Mul), &[Operand::tensor(&a), Operand::tensor(&b)]).unwrap();
+//! assert_eq!(out, TensorMeta::new(vec![4, 3], DType::F16));
+//! ```
+
+use crate::dtype::{self, result_type, DType};
+use crate::error::{Error, Result};
+use crate::graph::{numel, Shape, TensorMeta};
+use crate::op::{BinaryOp, LossReduction, Op, ReduceOp, UnaryOp};
+
+/// An operand as type promotion sees it: its meta, and whether it is a Rust scalar.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<'a> {
+    pub meta: &'a TensorMeta,
+    /// A Rust scalar ([`Op::Scalar`]): weak in promotion.
+    pub scalar: bool,
+}
+
+impl<'a> Operand<'a> {
+    pub fn tensor(meta: &'a TensorMeta) -> Operand<'a> {
+        Operand { meta, scalar: false }
+    }
+
+    fn promotion(self) -> dtype::Operand {
+        if self.scalar {
+            dtype::Operand::Scalar(self.meta.dtype)
+        } else if self.meta.shape.is_empty() {
+            dtype::Operand::ZeroDim(self.meta.dtype)
+        } else {
+            dtype::Operand::Dimensioned(self.meta.dtype)
+        }
+    }
+}
+
+/// PyTorch's broadcasting: align from the right; a dim of 1 stretches.
+///
+/// ```
+/// use coil_ir::infer::broadcast_shapes;
+/// assert_eq!(broadcast_shapes(&[2, 1, 4], &[3, 1]).unwrap(), vec![2, 3, 4]);
+/// assert!(broadcast_shapes(&[2, 3], &[4]).is_err());
+/// ```
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Shape> {
+    let rank = a.len().max(b.len());
+    let mut out = vec![0; rank];
+    for i in 0..rank {
+        let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
+        let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(Error::shape(format!(
+                    "shapes {a:?} and {b:?} cannot be broadcast: the size {da} must match the size {db} at dim {i} of the result"
+                )))
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// The dtype the operands promote to (`torch.result_type`).
+pub fn promote(operands: &[Operand]) -> DType {
+    let ops: Vec<dtype::Operand> = operands.iter().map(|o| o.promotion()).collect();
+    result_type(&ops)
+}
+
+/// Infers the meta of a non-leaf op applied to `inputs`. Errors carry no op name or location;
+/// the caller adds them ([`Error::in_op`], [`Error::at`]).
+pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
+    let arity = |n: usize| -> Result<()> {
+        if inputs.len() == n {
+            Ok(())
+        } else {
+            Err(Error::runtime(format!("expects {n} operands, got {}", inputs.len())))
+        }
+    };
+    let x = inputs.first().map(|o| o.meta);
+    let same = |m: &TensorMeta| Ok(m.clone());
+    match op {
+        Op::Input { .. } | Op::Scalar(_) | Op::Full(_) | Op::Iota { .. } | Op::Rand { .. } => {
+            Err(Error::runtime(format!("{} is a leaf: its meta is given, not inferred", op.name())))
+        }
+        Op::Unary(u) => {
+            arity(1)?;
+            unary(*u, x.unwrap())
+        }
+        Op::Binary(b) => {
+            arity(2)?;
+            binary(*b, inputs[0], inputs[1])
+        }
+        Op::Where => {
+            arity(3)?;
+            if inputs[0].meta.dtype != DType::Bool {
+                return Err(Error::dtype(format!("where expects a bool condition, got {}", inputs[0].meta.dtype)));
+            }
+            let shape = broadcast_shapes(
+                &broadcast_shapes(&inputs[0].meta.shape, &inputs[1].meta.shape)?,
+                &inputs[2].meta.shape,
+            )?;
+            Ok(TensorMeta::new(shape, promote(&inputs[1..])))
+        }
+        Op::Cast(t) => {
+            arity(1)?;
+            Ok(TensorMeta::new(x.unwrap().shape.clone(), *t))
+        }
+        Op::Reduce { op, dims, keepdim } => {
+            arity(1)?;
+            let x = x.unwrap();
+            check_dims(dims, x.rank())?;
+            if op.is_arg() && dims.len() > 1 {
+                return Err(Error::shape(format!("{} reduces one dim, got {dims:?}", op.name())));
+            }
+            if matches!(op, ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin)
+                && dims.iter().any(|&d| x.shape[d] == 0)
+            {
+                return Err(Error::value(format!("{} of an empty dim: the reduction has no identity", op.name())));
+            }
+            let dtype = match op {
+                ReduceOp::Sum | ReduceOp::Prod if x.dtype.is_integral() => DType::I64,
+                ReduceOp::ArgMax | ReduceOp::ArgMin => DType::I64,
+                _ => x.dtype,
+            };
+            Ok(TensorMeta::new(reduced_shape(&x.shape, dims, *keepdim), dtype))
+        }
+        Op::Cumsum { dim } => {
+            arity(1)?;
+            let x = x.unwrap();
+            check_dims(&[*dim], x.rank().max(1))?;
+            let dtype = if x.dtype.is_integral() { DType::I64 } else { x.dtype };
+            Ok(TensorMeta::new(x.shape.clone(), dtype))
+        }
+        Op::Reshape { shape } => {
+            arity(1)?;
+            let x = x.unwrap();
+            if numel(shape) != x.numel() {
+                return Err(Error::shape(format!(
+                    "shape {shape:?} is invalid for input of size {} (shape {:?})",
+                    x.numel(),
+                    x.shape
+                )));
+            }
+            Ok(TensorMeta::new(shape.clone(), x.dtype))
+        }
+        Op::Permute { perm } => {
+            arity(1)?;
+            let x = x.unwrap();
+            let mut seen = vec![false; x.rank()];
+            if perm.len() != x.rank() || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true)) {
+                return Err(Error::shape(format!(
+                    "{perm:?} is not a permutation of the {} dims of {:?}",
+                    x.rank(),
+                    x.shape
+                )));
+            }
+            Ok(TensorMeta::new(perm.iter().map(|&p| x.shape[p]).collect::<Shape>(), x.dtype))
+        }
+        Op::Expand { shape } => {
+            arity(1)?;
+            let x = x.unwrap();
+            if shape.len() < x.rank() {
+                return Err(Error::shape(format!("cannot expand {:?} to fewer dims {shape:?}", x.shape)));
+            }
+            let lead = shape.len() - x.rank();
+            for (i, &d) in x.shape.iter().enumerate() {
+                if d != 1 && d != shape[lead + i] {
+                    return Err(Error::shape(format!(
+                        "the expanded size {} must match the existing size {d} at non-singleton dim {i}; target {shape:?}, input {:?}",
+                        shape[lead + i],
+                        x.shape
+                    )));
+                }
+            }
+            Ok(TensorMeta::new(shape.clone(), x.dtype))
+        }
+        Op::Slice { dim, start, len, step } => {
+            arity(1)?;
+            let x = x.unwrap();
+            check_dims(&[*dim], x.rank())?;
+            let size = x.shape[*dim] as i64;
+            if *step == 0 {
+                return Err(Error::value("slice step cannot be zero"));
+            }
+            if *len > 0 {
+                let last = *start as i64 + (*len as i64 - 1) * step;
+                if *start as i64 >= size || last < 0 || last >= size {
+                    return Err(Error::value(format!(
+                        "slice start={start} len={len} step={step} is out of bounds for dim {dim} of size {size}"
+                    )));
+                }
+            }
+            let mut shape = x.shape.clone();
+            shape[*dim] = *len;
+            Ok(TensorMeta::new(shape, x.dtype))
+        }
+        Op::Pad { pads, .. } => {
+            arity(1)?;
+            let x = x.unwrap();
+            if pads.len() != x.rank() {
+                return Err(Error::shape(format!(
+                    "pad gives {} (before, after) pairs for a rank-{} tensor",
+                    pads.len(),
+                    x.rank()
+                )));
+            }
+            let shape = x.shape.iter().zip(pads).map(|(d, (b, a))| d + b + a).collect::<Shape>();
+            Ok(TensorMeta::new(shape, x.dtype))
+        }
+        Op::Cat { dim } => {
+            let first = x.ok_or_else(|| Error::value("cat expects a non-empty list of tensors"))?;
+            check_dims(&[*dim], first.rank())?;
+            let mut shape = first.shape.clone();
+            shape[*dim] = 0;
+            for (k, o) in inputs.iter().enumerate() {
+                let m = o.meta;
+                let fits = m.rank() == first.rank() && (0..m.rank()).all(|d| d == *dim || m.shape[d] == first.shape[d]);
+                if !fits {
+                    return Err(Error::shape(format!(
+                        "sizes of tensors must match except in dim {dim}: tensor 0 has shape {:?}, tensor {k} has {:?}",
+                        first.shape, m.shape
+                    )));
+                }
+                shape[*dim] += m.shape[*dim];
+            }
+            Ok(TensorMeta::new(shape, promote(inputs)))
+        }
+        Op::Gather { dim } => {
+            arity(2)?;
+            let (x, index) = (inputs[0].meta, inputs[1].meta);
+            check_index_dtype(index)?;
+            check_dims(&[*dim], x.rank().max(1))?;
+            if index.rank() != x.rank() {
+                return Err(Error::shape(format!(
+                    "index {:?} and input {:?} must have the same number of dims",
+                    index.shape, x.shape
+                )));
+            }
+            if (0..x.rank()).any(|d| d != *dim && index.shape[d] > x.shape[d]) {
+                return Err(Error::shape(format!(
+                    "index {:?} is larger than input {:?} outside dim {dim}",
+                    index.shape, x.shape
+                )));
+            }
+            Ok(TensorMeta::new(index.shape.clone(), x.dtype))
+        }
+        Op::IndexSelect { dim } => {
+            arity(2)?;
+            let (x, index) = (inputs[0].meta, inputs[1].meta);
+            check_index_dtype(index)?;
+            check_dims(&[*dim], x.rank().max(1))?;
+            if index.rank() > 1 {
+                return Err(Error::shape(format!("index_select expects a 1-D index, got {:?}", index.shape)));
+            }
+            let mut shape = x.shape.clone();
+            if !shape.is_empty() {
+                shape[*dim] = index.numel();
+            }
+            Ok(TensorMeta::new(shape, x.dtype))
+        }
+        Op::Scatter { dim, .. } => {
+            arity(3)?;
+            let (x, index, src) = (inputs[0].meta, inputs[1].meta, inputs[2].meta);
+            check_index_dtype(index)?;
+            check_dims(&[*dim], x.rank().max(1))?;
+            if x.dtype != src.dtype {
+                return Err(Error::dtype(format!(
+                    "scatter expects src of the input's dtype {}, got {}",
+                    x.dtype, src.dtype
+                )));
+            }
+            if index.rank() != x.rank() || src.rank() != x.rank() {
+                return Err(Error::shape("index, input and src must have the same number of dims"));
+            }
+            if (0..x.rank()).any(|d| index.shape[d] > src.shape[d] || (d != *dim && index.shape[d] > x.shape[d])) {
+                return Err(Error::shape(format!(
+                    "index {:?} must be no larger than src {:?}, and than input {:?} outside dim {dim}",
+                    index.shape, src.shape, x.shape
+                )));
+            }
+            Ok(x.clone())
+        }
+        Op::Bmm => {
+            arity(2)?;
+            let (a, b) = (inputs[0].meta, inputs[1].meta);
+            check_matmul_dtypes(a, b)?;
+            if a.rank() < 2 || a.rank() != b.rank() || a.shape[..a.rank() - 2] != b.shape[..b.rank() - 2] {
+                return Err(Error::shape(format!(
+                    "bmm expects operands [..., m, k] and [..., k, n] with equal batch dims, got {:?} and {:?}",
+                    a.shape, b.shape
+                )));
+            }
+            let (m, k) = (a.shape[a.rank() - 2], a.shape[a.rank() - 1]);
+            let (k2, n) = (b.shape[b.rank() - 2], b.shape[b.rank() - 1]);
+            if k != k2 {
+                return Err(Error::shape(format!(
+                    "contracted dims differ ({k} vs {k2}): {:?} @ {:?}",
+                    a.shape, b.shape
+                )));
+            }
+            let mut shape = a.shape[..a.rank() - 2].to_vec();
+            shape.extend([m, n]);
+            Ok(TensorMeta::new(shape, a.dtype))
+        }
+        Op::Matmul => {
+            arity(2)?;
+            let (a, b) = (inputs[0].meta, inputs[1].meta);
+            check_matmul_dtypes(a, b)?;
+            Ok(TensorMeta::new(matmul_shape(&a.shape, &b.shape)?, a.dtype))
+        }
+        Op::Linear { bias } => {
+            arity(if *bias { 3 } else { 2 })?;
+            let (x, w) = (inputs[0].meta, inputs[1].meta);
+            check_matmul_dtypes(x, w)?;
+            if x.rank() < 1 || w.rank() != 2 || x.shape[x.rank() - 1] != w.shape[1] {
+                return Err(Error::shape(format!(
+                    "linear expects x [..., in] and weight [out, in], got {:?} and {:?}",
+                    x.shape, w.shape
+                )));
+            }
+            let mut shape = x.shape[..x.rank() - 1].to_vec();
+            shape.push(w.shape[0]);
+            if *bias {
+                let b = inputs[2].meta;
+                check_matmul_dtypes(x, b)?;
+                broadcast_shapes(&shape, &b.shape)?;
+            }
+            Ok(TensorMeta::new(shape, x.dtype))
+        }
+        Op::Relu => same(x.unwrap()),
+        Op::Gelu { .. } | Op::Silu | Op::Softplus { .. } | Op::Dropout { .. } => {
+            let x = float_input(x.unwrap(), op)?;
+            if let Op::Dropout { p, .. } = op {
+                if !(0.0..=1.0).contains(p) {
+                    return Err(Error::value(format!("dropout probability has to be between 0 and 1, but got {p}")));
+                }
+            }
+            same(x)
+        }
+        Op::Clamp { .. } => {
+            // The bounds take part in promotion as scalars; the frontend passes them as operands.
+            let x = x.unwrap();
+            Ok(TensorMeta::new(x.shape.clone(), promote(inputs)))
+        }
+        Op::NanToNum { .. } => same(x.unwrap()),
+        Op::Mean { dims, keepdim } | Op::Var { dims, keepdim, .. } | Op::Std { dims, keepdim, .. } => {
+            arity(1)?;
+            let x = float_input(x.unwrap(), op)?;
+            check_dims(dims, x.rank())?;
+            Ok(TensorMeta::new(reduced_shape(&x.shape, dims, *keepdim), x.dtype))
+        }
+        Op::Norm { dims, keepdim, .. } => {
+            arity(1)?;
+            let x = float_input(x.unwrap(), op)?;
+            check_dims(dims, x.rank())?;
+            Ok(TensorMeta::new(reduced_shape(&x.shape, dims, *keepdim), x.dtype))
+        }
+        Op::LogSumExp { dims, keepdim } => {
+            arity(1)?;
+            let x = x.unwrap();
+            check_dims(dims, x.rank())?;
+            Ok(TensorMeta::new(reduced_shape(&x.shape, dims, *keepdim), x.dtype.to_float()))
+        }
+        Op::Any { dims, keepdim } | Op::All { dims, keepdim } => {
+            arity(1)?;
+            let x = x.unwrap();
+            check_dims(dims, x.rank())?;
+            Ok(TensorMeta::new(reduced_shape(&x.shape, dims, *keepdim), DType::Bool))
+        }
+        Op::Softmax { dim } | Op::LogSoftmax { dim } => {
+            arity(1)?;
+            let x = float_input(x.unwrap(), op)?;
+            check_dims(&[*dim], x.rank().max(1))?;
+            same(x)
+        }
+        Op::LayerNorm { ndim, weight, bias, .. } => {
+            arity(1 + *weight as usize + *bias as usize)?;
+            let x = float_input(x.unwrap(), op)?;
+            normalized_params(x, *ndim, &inputs[1..])?;
+            same(x)
+        }
+        Op::RmsNorm { ndim, weight, .. } => {
+            arity(1 + *weight as usize)?;
+            let x = float_input(x.unwrap(), op)?;
+            normalized_params(x, *ndim, &inputs[1..])?;
+            same(x)
+        }
+        Op::Tril { .. } | Op::Triu { .. } => {
+            arity(1)?;
+            let x = x.unwrap();
+            if x.rank() < 2 {
+                return Err(Error::shape(format!(
+                    "{} expects a tensor with 2 or more dims, got {:?}",
+                    op.name(),
+                    x.shape
+                )));
+            }
+            same(x)
+        }
+        Op::Embedding => {
+            arity(2)?;
+            let (w, idx) = (inputs[0].meta, inputs[1].meta);
+            check_index_dtype(idx)?;
+            if w.rank() != 2 {
+                return Err(Error::shape(format!("embedding weight must be 2-D, got {:?}", w.shape)));
+            }
+            let mut shape = idx.shape.clone();
+            shape.push(w.shape[1]);
+            Ok(TensorMeta::new(shape, w.dtype))
+        }
+        Op::CrossEntropy { reduction, label_smoothing, .. } => {
+            arity(2)?;
+            let (logits, target) = (float_input(inputs[0].meta, op)?, inputs[1].meta);
+            check_index_dtype(target)?;
+            let batch: Shape = match logits.rank() {
+                1 => vec![],
+                2 => vec![logits.shape[0]],
+                _ => {
+                    return Err(Error::unsupported(format!(
+                        "cross_entropy over logits {:?}: use [N, C] or [C]",
+                        logits.shape
+                    )))
+                }
+            };
+            if target.shape != batch {
+                return Err(Error::shape(format!(
+                    "expected target of shape {batch:?} for logits {:?}, got {:?}",
+                    logits.shape, target.shape
+                )));
+            }
+            if !(0.0..=1.0).contains(label_smoothing) {
+                return Err(Error::value(format!(
+                    "label_smoothing must be between 0.0 and 1.0, got {label_smoothing}"
+                )));
+            }
+            let shape = if *reduction == LossReduction::None { batch } else { vec![] };
+            Ok(TensorMeta::new(shape, logits.dtype))
+        }
+        Op::MseLoss { reduction } => {
+            arity(2)?;
+            let shape = broadcast_shapes(&inputs[0].meta.shape, &inputs[1].meta.shape)?;
+            let dtype = promote(inputs);
+            if !dtype.is_float() {
+                return Err(Error::dtype(format!("mse_loss expects floating inputs, got {dtype}")));
+            }
+            let shape = if *reduction == LossReduction::None { shape } else { vec![] };
+            Ok(TensorMeta::new(shape, dtype))
+        }
+        Op::Attention { mask, .. } => {
+            arity(3 + *mask as usize)?;
+            let (q, k, v) = (inputs[0].meta, inputs[1].meta, inputs[2].meta);
+            let q = float_input(q, op)?;
+            if q.dtype != k.dtype || q.dtype != v.dtype {
+                return Err(Error::dtype(format!(
+                    "query, key and value must share a dtype, got {}, {}, {}",
+                    q.dtype, k.dtype, v.dtype
+                )));
+            }
+            let r = q.rank();
+            if r < 2
+                || k.rank() != r
+                || v.rank() != r
+                || q.shape[r - 1] != k.shape[r - 1]
+                || k.shape[r - 2] != v.shape[r - 2]
+            {
+                return Err(Error::shape(format!(
+                    "attention expects q [..., L, E], k [..., S, E], v [..., S, Ev]; got {:?}, {:?}, {:?}",
+                    q.shape, k.shape, v.shape
+                )));
+            }
+            let batch = broadcast_shapes(&broadcast_shapes(&q.shape[..r - 2], &k.shape[..r - 2])?, &v.shape[..r - 2])?;
+            if *mask {
+                let m = inputs[3].meta;
+                let mut scores = batch.clone();
+                scores.extend([q.shape[r - 2], k.shape[r - 2]]);
+                if broadcast_shapes(&scores, &m.shape)? != scores {
+                    return Err(Error::shape(format!(
+                        "attention mask {:?} does not broadcast to the scores {scores:?}",
+                        m.shape
+                    )));
+                }
+                if m.dtype != DType::Bool && m.dtype != q.dtype {
+                    return Err(Error::dtype(format!("attention mask must be bool or {}, got {}", q.dtype, m.dtype)));
+                }
+            }
+            let mut shape = batch;
+            shape.extend([q.shape[r - 2], v.shape[r - 1]]);
+            Ok(TensorMeta::new(shape, q.dtype))
+        }
+    }
+}
+
+fn unary(u: UnaryOp, x: &TensorMeta) -> Result<TensorMeta> {
+    let dtype = if u.returns_bool() {
+        DType::Bool
+    } else if u.float_only() {
+        x.dtype.to_float()
+    } else if u == UnaryOp::Neg && x.dtype == DType::Bool {
+        return Err(Error::dtype("negation, the `-` operator, on a bool tensor is not supported; use logical_not"));
+    } else {
+        x.dtype
+    };
+    Ok(TensorMeta::new(x.shape.clone(), dtype))
+}
+
+fn binary(b: BinaryOp, x: Operand, y: Operand) -> Result<TensorMeta> {
+    let shape = broadcast_shapes(&x.meta.shape, &y.meta.shape)?;
+    let common = promote(&[x, y]);
+    let dtype = match b {
+        _ if b.returns_bool() => DType::Bool,
+        BinaryOp::Div => common.to_float(),
+        BinaryOp::Sub if x.meta.dtype == DType::Bool && y.meta.dtype == DType::Bool => {
+            return Err(Error::dtype(
+                "subtraction, the `-` operator, with two bool tensors is not supported; use logical_xor",
+            ))
+        }
+        _ => common,
+    };
+    Ok(TensorMeta::new(shape, dtype))
+}
+
+/// Dims must be in range and distinct (the frontend has already wrapped negative dims).
+pub fn check_dims(dims: &[usize], rank: usize) -> Result<()> {
+    for (i, &d) in dims.iter().enumerate() {
+        if d >= rank {
+            return Err(Error::shape(format!("dim {d} is out of range for a tensor of rank {rank}")));
+        }
+        if dims[..i].contains(&d) {
+            return Err(Error::shape(format!("dim {d} appears more than once in {dims:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// The shape after reducing `dims`.
+pub fn reduced_shape(shape: &[usize], dims: &[usize], keepdim: bool) -> Shape {
+    (0..shape.len())
+        .filter_map(|d| match (dims.contains(&d), keepdim) {
+            (false, _) => Some(shape[d]),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect()
+}
+
+/// `torch.matmul`'s result shape: 1-D operands gain and then lose a dim; batch dims broadcast.
+pub fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Shape> {
+    if a.is_empty() || b.is_empty() {
+        return Err(Error::shape(format!("both arguments to matmul need at least 1 dim, got {a:?} and {b:?}")));
+    }
+    let (ka, kb) = (a[a.len() - 1], if b.len() == 1 { b[0] } else { b[b.len() - 2] });
+    if ka != kb {
+        return Err(Error::shape(format!("contracted dims differ ({ka} vs {kb}): {a:?} @ {b:?}")));
+    }
+    let batch = broadcast_shapes(&a[..a.len().saturating_sub(2)], &b[..b.len().saturating_sub(2)])?;
+    let mut out = batch;
+    if a.len() >= 2 {
+        out.push(a[a.len() - 2]);
+    }
+    if b.len() >= 2 {
+        out.push(b[b.len() - 1]);
+    }
+    Ok(out)
+}
+
+fn check_index_dtype(index: &TensorMeta) -> Result<()> {
+    match index.dtype {
+        DType::I64 | DType::I32 => Ok(()),
+        t => Err(Error::dtype(format!("indices must be i64 or i32, got {t}"))),
+    }
+}
+
+fn check_matmul_dtypes(a: &TensorMeta, b: &TensorMeta) -> Result<()> {
+    if a.dtype != b.dtype {
+        return Err(Error::dtype(format!(
+            "expected both operands to have the same dtype, got {} and {}",
+            a.dtype, b.dtype
+        )));
+    }
+    if a.dtype == DType::Bool {
+        return Err(Error::dtype("matrix products of bool tensors are not supported"));
+    }
+    Ok(())
+}
+
+fn float_input<'a>(x: &'a TensorMeta, op: &Op) -> Result<&'a TensorMeta> {
+    if x.dtype.is_float() {
+        Ok(x)
+    } else {
+        Err(Error::dtype(format!("{} expects a floating tensor, got {}", op.name(), x.dtype)))
+    }
+}
+
+/// Weight and bias of a normalization must have the normalized shape.
+fn normalized_params(x: &TensorMeta, ndim: usize, params: &[Operand]) -> Result<()> {
+    if ndim == 0 || ndim > x.rank() {
+        return Err(Error::shape(format!("cannot normalize over the last {ndim} dims of {:?}", x.shape)));
+    }
+    let normalized = &x.shape[x.rank() - ndim..];
+    for p in params {
+        if p.meta.shape != normalized {
+            return Err(Error::shape(format!(
+                "weight and bias must have the normalized shape {normalized:?}, got {:?}",
+                p.meta.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(shape: &[usize], dtype: DType) -> TensorMeta {
+        TensorMeta::new(shape.to_vec(), dtype)
+    }
+
+    #[test]
+    fn matmul_shapes() {
+        assert_eq!(matmul_shape(&[3], &[3]).unwrap(), Vec::<usize>::new());
+        assert_eq!(matmul_shape(&[2, 1, 3, 4], &[5, 4, 2]).unwrap(), vec![2, 5, 3, 2]);
+        assert_eq!(matmul_shape(&[4], &[2, 4, 3]).unwrap(), vec![2, 3]);
+        assert!(matmul_shape(&[2, 3], &[4, 5]).is_err());
+    }
+
+    #[test]
+    fn div_of_ints_is_float_and_sum_of_ints_is_i64() {
+        let a = m(&[3], DType::I32);
+        let d = infer(&Op::Binary(BinaryOp::Div), &[Operand::tensor(&a), Operand::tensor(&a)]).unwrap();
+        assert_eq!(d.dtype, DType::F32);
+        let s =
+            infer(&Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[Operand::tensor(&a)]).unwrap();
+        assert_eq!(s, m(&[], DType::I64));
+    }
+
+    #[test]
+    fn scalar_operand_is_weak() {
+        let a = m(&[3], DType::F16);
+        let s = m(&[], DType::F32);
+        let out =
+            infer(&Op::Binary(BinaryOp::Mul), &[Operand::tensor(&a), Operand { meta: &s, scalar: true }]).unwrap();
+        assert_eq!(out.dtype, DType::F16);
+    }
+
+    #[test]
+    fn expand_and_slice_errors() {
+        let a = m(&[2, 3], DType::F32);
+        assert!(infer(&Op::Expand { shape: vec![4, 3] }, &[Operand::tensor(&a)]).is_err());
+        assert!(infer(&Op::Expand { shape: vec![5, 2, 3] }, &[Operand::tensor(&a)]).is_ok());
+        assert!(infer(&Op::Slice { dim: 1, start: 1, len: 2, step: 2 }, &[Operand::tensor(&a)]).is_err());
+        assert!(infer(&Op::Slice { dim: 1, start: 2, len: 3, step: -1 }, &[Operand::tensor(&a)]).is_ok());
+    }
+}

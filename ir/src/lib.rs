@@ -1,0 +1,25 @@
+//! `coil-ir`: the data structures every other coil crate speaks.
+//!
+//! It owns:
+//! * [`DType`] and PyTorch's type-promotion rules ([`dtype`]);
+//! * [`sym`], the symbolic integer algebra for shapes and index expressions;
+//! * the op set ([`Op`]): primitives and the composite ops users call;
+//! * shape and dtype inference for every op ([`infer`]);
+//! * the tensor [`Graph`] (an FX-like arena of nodes with shapes, dtypes and source lines) and
+//!   its deterministic printer;
+//! * coil's [`Error`] type.
+//!
+//! It depends on nothing else in coil.
+
+pub mod dtype;
+pub mod error;
+pub mod graph;
+pub mod infer;
+pub mod op;
+pub mod philox;
+pub mod sym;
+
+pub use dtype::{DType, Scalar};
+pub use error::{Error, ErrorKind, Result};
+pub use graph::{Graph, Node, NodeId, Shape, TensorMeta};
+pub use op::{BinaryOp, LossReduction, Op, RandDist, ReduceOp, UnaryOp};

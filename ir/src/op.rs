@@ -1,0 +1,652 @@
+//! The op set: every node of a tensor graph is one [`Op`].
+//!
+//! Two levels share this one enum:
+//!
+//! * **Primitives** ([`Op::is_primitive`]) are the closed set every later stage understands:
+//!   leaves (inputs, constants, iota, random), pointwise math ([`UnaryOp`], [`BinaryOp`],
+//!   `where`, casts), reductions ([`ReduceOp`]), `cumsum`, views (reshape, permute, expand,
+//!   slice), data movement (pad, cat, gather, index_select, scatter) and `bmm`.
+//!   A *primitive graph* also makes broadcasting and type promotion explicit: the operands of a
+//!   pointwise node have the node's shape, and one dtype (see [`crate::Graph::verify_primitive`]).
+//! * **Composite** ops (softmax, layer_norm, gelu, cross_entropy, linear, ...) are what users call.
+//!   They appear in captured graphs and are rewritten to primitives by the decomposition table in
+//!   `coil-passes`.
+//!
+//! Names and semantics follow PyTorch. Shape and dtype inference for every op lives in
+//! [`crate::infer`], so the frontend and the decompositions agree by construction.
+
+use crate::dtype::{DType, Scalar};
+use std::fmt::{self, Write};
+
+/// Pointwise functions of one operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Sign,
+    Exp,
+    Exp2,
+    Expm1,
+    Log,
+    Log2,
+    Log1p,
+    Sqrt,
+    Rsqrt,
+    Sin,
+    Cos,
+    Tan,
+    Tanh,
+    Sigmoid,
+    Erf,
+    Floor,
+    Ceil,
+    /// Round half to even, as `torch.round`.
+    Round,
+    Trunc,
+    Reciprocal,
+    LogicalNot,
+    IsNan,
+    IsInf,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 25] = {
+        use UnaryOp::*;
+        [
+            Neg, Abs, Sign, Exp, Exp2, Expm1, Log, Log2, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Sigmoid, Erf, Floor,
+            Ceil, Round, Trunc, Reciprocal, LogicalNot, IsNan, IsInf,
+        ]
+    };
+
+    pub fn name(self) -> &'static str {
+        use UnaryOp::*;
+        match self {
+            Neg => "neg",
+            Abs => "abs",
+            Sign => "sign",
+            Exp => "exp",
+            Exp2 => "exp2",
+            Expm1 => "expm1",
+            Log => "log",
+            Log2 => "log2",
+            Log1p => "log1p",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Sin => "sin",
+            Cos => "cos",
+            Tan => "tan",
+            Tanh => "tanh",
+            Sigmoid => "sigmoid",
+            Erf => "erf",
+            Floor => "floor",
+            Ceil => "ceil",
+            Round => "round",
+            Trunc => "trunc",
+            Reciprocal => "reciprocal",
+            LogicalNot => "logical_not",
+            IsNan => "isnan",
+            IsInf => "isinf",
+        }
+    }
+
+    /// Transcendental ops compute in floating point: integer inputs give the default float.
+    pub fn float_only(self) -> bool {
+        use UnaryOp::*;
+        matches!(
+            self,
+            Exp | Exp2
+                | Expm1
+                | Log
+                | Log2
+                | Log1p
+                | Sqrt
+                | Rsqrt
+                | Sin
+                | Cos
+                | Tan
+                | Tanh
+                | Sigmoid
+                | Erf
+                | Reciprocal
+        )
+    }
+
+    /// Ops whose result is `bool` whatever the operand.
+    pub fn returns_bool(self) -> bool {
+        matches!(self, UnaryOp::LogicalNot | UnaryOp::IsNan | UnaryOp::IsInf)
+    }
+}
+
+/// Pointwise functions of two operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    /// True division: integers divide as floats.
+    Div,
+    /// `div(rounding_mode="floor")`.
+    FloorDiv,
+    /// `div(rounding_mode="trunc")`.
+    TruncDiv,
+    /// `torch.remainder`: the result has the sign of the divisor.
+    Remainder,
+    Pow,
+    /// `torch.maximum`: NaN propagates.
+    Maximum,
+    Minimum,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    LogicalAnd,
+    LogicalOr,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 18] = {
+        use BinaryOp::*;
+        [
+            Add, Sub, Mul, Div, FloorDiv, TruncDiv, Remainder, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge,
+            LogicalAnd, LogicalOr,
+        ]
+    };
+
+    pub fn name(self) -> &'static str {
+        use BinaryOp::*;
+        match self {
+            Add => "add",
+            Sub => "sub",
+            Mul => "mul",
+            Div => "div",
+            FloorDiv => "floor_divide",
+            TruncDiv => "trunc_divide",
+            Remainder => "remainder",
+            Pow => "pow",
+            Maximum => "maximum",
+            Minimum => "minimum",
+            Eq => "eq",
+            Ne => "ne",
+            Lt => "lt",
+            Le => "le",
+            Gt => "gt",
+            Ge => "ge",
+            LogicalAnd => "logical_and",
+            LogicalOr => "logical_or",
+        }
+    }
+
+    /// Comparisons and logical ops return `bool`.
+    pub fn returns_bool(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr)
+    }
+}
+
+/// Reductions over a set of dims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum; integers and bool sum to i64 (the composite level casts first).
+    Sum,
+    Prod,
+    /// Max / min propagate NaN.
+    Max,
+    Min,
+    /// Index (i64) of the first maximum along exactly one dim; NaN counts as the maximum.
+    ArgMax,
+    ArgMin,
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "amax",
+            ReduceOp::Min => "amin",
+            ReduceOp::ArgMax => "argmax",
+            ReduceOp::ArgMin => "argmin",
+        }
+    }
+
+    pub fn is_arg(self) -> bool {
+        matches!(self, ReduceOp::ArgMax | ReduceOp::ArgMin)
+    }
+}
+
+/// How a loss combines its per-element values (`reduction=` in PyTorch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LossReduction {
+    None,
+    Mean,
+    Sum,
+}
+
+impl LossReduction {
+    pub fn name(self) -> &'static str {
+        match self {
+            LossReduction::None => "none",
+            LossReduction::Mean => "mean",
+            LossReduction::Sum => "sum",
+        }
+    }
+}
+
+/// Distribution of a [`Op::Rand`] leaf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RandDist {
+    /// Uniform on `[0, 1)`.
+    Uniform,
+    /// Standard normal.
+    Normal,
+}
+
+/// One node's operation. See the module docs for the two levels.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    // ---- leaves (primitive); their shape and dtype are given, not inferred ----
+    /// The `index`-th input of the graph, bound to a buffer when the graph runs.
+    Input {
+        index: usize,
+    },
+    /// A Rust scalar in an expression; weak in type promotion. Composite level only: the
+    /// decomposition turns it into a [`Op::Full`] of the promoted dtype.
+    Scalar(Scalar),
+    /// A tensor filled with one value.
+    Full(Scalar),
+    /// i64 tensor whose value is the element's index along `dim`.
+    Iota {
+        dim: usize,
+    },
+    /// Counter-based (Philox 4x32-10) random numbers: element `i` uses counter `offset + i`
+    /// and key `seed`, so every device draws the same numbers.
+    Rand {
+        dist: RandDist,
+        seed: u64,
+        offset: u64,
+    },
+
+    // ---- pointwise (primitive) ----
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `where(cond, x, y)`.
+    Where,
+    Cast(DType),
+
+    // ---- reductions and scans (primitive) ----
+    Reduce {
+        op: ReduceOp,
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
+    Cumsum {
+        dim: usize,
+    },
+
+    // ---- views (primitive) ----
+    Reshape {
+        shape: Vec<usize>,
+    },
+    Permute {
+        perm: Vec<usize>,
+    },
+    Expand {
+        shape: Vec<usize>,
+    },
+    /// Elements `start, start+step, ...` (`len` of them) along `dim`; a negative step walks
+    /// backwards (flip).
+    Slice {
+        dim: usize,
+        start: usize,
+        len: usize,
+        step: i64,
+    },
+
+    // ---- data movement (primitive) ----
+    /// Constant padding, `(before, after)` per dim.
+    Pad {
+        pads: Vec<(usize, usize)>,
+        value: Scalar,
+    },
+    Cat {
+        dim: usize,
+    },
+    /// `torch.gather(x, dim, index)`.
+    Gather {
+        dim: usize,
+    },
+    /// `torch.index_select(x, dim, index)` with a 1-D index.
+    IndexSelect {
+        dim: usize,
+    },
+    /// `torch.scatter(x, dim, index, src)`, or `scatter_add` when `add`.
+    Scatter {
+        dim: usize,
+        add: bool,
+    },
+
+    // ---- linear algebra (primitive) ----
+    /// `[..., m, k] @ [..., k, n]` with equal batch dims.
+    Bmm,
+
+    // ---- composite ops (decomposed before lowering) ----
+    /// `torch.matmul`: 1-D operands and batch broadcasting.
+    Matmul,
+    /// `F.linear(x, w, b?)`: `x @ w^T + b`.
+    Linear {
+        bias: bool,
+    },
+    Relu,
+    Gelu {
+        tanh: bool,
+    },
+    Silu,
+    Softplus {
+        beta: f64,
+        threshold: f64,
+    },
+    Clamp {
+        min: Option<Scalar>,
+        max: Option<Scalar>,
+    },
+    NanToNum {
+        nan: f64,
+        posinf: Option<f64>,
+        neginf: Option<f64>,
+    },
+    Mean {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
+    Var {
+        dims: Vec<usize>,
+        correction: f64,
+        keepdim: bool,
+    },
+    Std {
+        dims: Vec<usize>,
+        correction: f64,
+        keepdim: bool,
+    },
+    LogSumExp {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
+    /// p-norm over dims (`p = inf` is the max-norm).
+    Norm {
+        p: f64,
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
+    /// `any` / `all` over dims.
+    Any {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
+    All {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
+    Softmax {
+        dim: usize,
+    },
+    LogSoftmax {
+        dim: usize,
+    },
+    /// Normalizes over the last `ndim` dims; optional weight and bias follow `x`.
+    LayerNorm {
+        ndim: usize,
+        eps: f64,
+        weight: bool,
+        bias: bool,
+    },
+    /// `eps = None` uses the dtype's machine epsilon, as PyTorch does.
+    RmsNorm {
+        ndim: usize,
+        eps: Option<f64>,
+        weight: bool,
+    },
+    Tril {
+        k: i64,
+    },
+    Triu {
+        k: i64,
+    },
+    /// Inverted dropout: keep with probability `1 - p`, scale kept values by `1 / (1 - p)`.
+    Dropout {
+        p: f64,
+        seed: u64,
+        offset: u64,
+    },
+    /// `F.embedding(indices, weight)`: inputs are `(weight, indices)`.
+    Embedding,
+    /// `F.cross_entropy(logits, target)` with class-index targets; logits `[N, C]` or `[C]`.
+    CrossEntropy {
+        ignore_index: i64,
+        reduction: LossReduction,
+        label_smoothing: f64,
+    },
+    MseLoss {
+        reduction: LossReduction,
+    },
+    /// `F.scaled_dot_product_attention(q, k, v, mask?)`.
+    Attention {
+        causal: bool,
+        scale: Option<f64>,
+        mask: bool,
+    },
+}
+
+impl Op {
+    /// The printed name of the op (PyTorch's where one exists).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Scalar(_) => "scalar",
+            Op::Full(_) => "full",
+            Op::Iota { .. } => "iota",
+            Op::Rand { dist: RandDist::Uniform, .. } => "rand",
+            Op::Rand { dist: RandDist::Normal, .. } => "randn",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Cast(_) => "cast",
+            Op::Reduce { op, .. } => op.name(),
+            Op::Cumsum { .. } => "cumsum",
+            Op::Reshape { .. } => "reshape",
+            Op::Permute { .. } => "permute",
+            Op::Expand { .. } => "expand",
+            Op::Slice { .. } => "slice",
+            Op::Pad { .. } => "pad",
+            Op::Cat { .. } => "cat",
+            Op::Gather { .. } => "gather",
+            Op::IndexSelect { .. } => "index_select",
+            Op::Scatter { add: false, .. } => "scatter",
+            Op::Scatter { add: true, .. } => "scatter_add",
+            Op::Bmm => "bmm",
+            Op::Matmul => "matmul",
+            Op::Linear { .. } => "linear",
+            Op::Relu => "relu",
+            Op::Gelu { .. } => "gelu",
+            Op::Silu => "silu",
+            Op::Softplus { .. } => "softplus",
+            Op::Clamp { .. } => "clamp",
+            Op::NanToNum { .. } => "nan_to_num",
+            Op::Mean { .. } => "mean",
+            Op::Var { .. } => "var",
+            Op::Std { .. } => "std",
+            Op::LogSumExp { .. } => "logsumexp",
+            Op::Norm { .. } => "norm",
+            Op::Any { .. } => "any",
+            Op::All { .. } => "all",
+            Op::Softmax { .. } => "softmax",
+            Op::LogSoftmax { .. } => "log_softmax",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Tril { .. } => "tril",
+            Op::Triu { .. } => "triu",
+            Op::Dropout { .. } => "dropout",
+            Op::Embedding => "embedding",
+            Op::CrossEntropy { .. } => "cross_entropy",
+            Op::MseLoss { .. } => "mse_loss",
+            Op::Attention { .. } => "scaled_dot_product_attention",
+        }
+    }
+
+    /// Whether the op belongs to the closed primitive set (see the module docs).
+    pub fn is_primitive(&self) -> bool {
+        matches!(
+            self,
+            Op::Input { .. }
+                | Op::Full(_)
+                | Op::Iota { .. }
+                | Op::Rand { .. }
+                | Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Where
+                | Op::Cast(_)
+                | Op::Reduce { .. }
+                | Op::Cumsum { .. }
+                | Op::Reshape { .. }
+                | Op::Permute { .. }
+                | Op::Expand { .. }
+                | Op::Slice { .. }
+                | Op::Pad { .. }
+                | Op::Cat { .. }
+                | Op::Gather { .. }
+                | Op::IndexSelect { .. }
+                | Op::Scatter { .. }
+                | Op::Bmm
+        )
+    }
+
+    /// Leaves have no operands; their shape and dtype are given when they are created.
+    pub fn is_leaf(&self) -> bool {
+        matches!(self, Op::Input { .. } | Op::Scalar(_) | Op::Full(_) | Op::Iota { .. } | Op::Rand { .. })
+    }
+
+    /// Pointwise primitives: one output element depends on the operands' elements at the same index.
+    pub fn is_pointwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
+    }
+
+    /// Views: the output is the operand's data seen through a different index map.
+    pub fn is_view(&self) -> bool {
+        matches!(self, Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. })
+    }
+
+    /// The attributes as printed after the operands: `dims=[1], keepdim=true`.
+    pub fn attributes(&self) -> String {
+        let mut s = String::new();
+        let mut put = |k: &str, v: String| {
+            if !s.is_empty() {
+                s.push_str(", ");
+            }
+            let _ = write!(s, "{k}={v}");
+        };
+        fn opt<T: fmt::Display>(x: &Option<T>) -> String {
+            x.as_ref().map_or("none".into(), |v| v.to_string())
+        }
+        match self {
+            Op::Input { index } => put("index", index.to_string()),
+            Op::Scalar(v) | Op::Full(v) => put("value", v.to_string()),
+            Op::Iota { dim } | Op::Cumsum { dim } | Op::Cat { dim } | Op::Gather { dim } => put("dim", dim.to_string()),
+            Op::IndexSelect { dim } | Op::Scatter { dim, .. } => put("dim", dim.to_string()),
+            Op::Softmax { dim } | Op::LogSoftmax { dim } => put("dim", dim.to_string()),
+            Op::Rand { seed, offset, .. } => {
+                put("seed", seed.to_string());
+                put("offset", offset.to_string());
+            }
+            Op::Cast(t) => put("dtype", t.to_string()),
+            Op::Reduce { dims, keepdim, .. }
+            | Op::Mean { dims, keepdim }
+            | Op::LogSumExp { dims, keepdim }
+            | Op::Any { dims, keepdim }
+            | Op::All { dims, keepdim } => {
+                put("dims", format!("{dims:?}"));
+                put("keepdim", keepdim.to_string());
+            }
+            Op::Var { dims, correction, keepdim } | Op::Std { dims, correction, keepdim } => {
+                put("dims", format!("{dims:?}"));
+                put("correction", Scalar::Float(*correction).to_string());
+                put("keepdim", keepdim.to_string());
+            }
+            Op::Norm { p, dims, keepdim } => {
+                put("p", Scalar::Float(*p).to_string());
+                put("dims", format!("{dims:?}"));
+                put("keepdim", keepdim.to_string());
+            }
+            Op::Reshape { shape } | Op::Expand { shape } => put("shape", format!("{shape:?}")),
+            Op::Permute { perm } => put("perm", format!("{perm:?}")),
+            Op::Slice { dim, start, len, step } => {
+                put("dim", dim.to_string());
+                put("start", start.to_string());
+                put("len", len.to_string());
+                put("step", step.to_string());
+            }
+            Op::Pad { pads, value } => {
+                put("pads", format!("{pads:?}"));
+                put("value", value.to_string());
+            }
+            Op::Linear { bias } => put("bias", bias.to_string()),
+            Op::Gelu { tanh } => put("approximate", if *tanh { "tanh" } else { "none" }.into()),
+            Op::Softplus { beta, threshold } => {
+                put("beta", Scalar::Float(*beta).to_string());
+                put("threshold", Scalar::Float(*threshold).to_string());
+            }
+            Op::Clamp { min, max } => {
+                put("min", opt(min));
+                put("max", opt(max));
+            }
+            Op::NanToNum { nan, posinf, neginf } => {
+                put("nan", Scalar::Float(*nan).to_string());
+                put("posinf", opt(&posinf.map(Scalar::Float)));
+                put("neginf", opt(&neginf.map(Scalar::Float)));
+            }
+            Op::LayerNorm { ndim, eps, weight, bias } => {
+                put("ndim", ndim.to_string());
+                put("eps", Scalar::Float(*eps).to_string());
+                put("weight", weight.to_string());
+                put("bias", bias.to_string());
+            }
+            Op::RmsNorm { ndim, eps, weight } => {
+                put("ndim", ndim.to_string());
+                put("eps", opt(&eps.map(Scalar::Float)));
+                put("weight", weight.to_string());
+            }
+            Op::Tril { k } | Op::Triu { k } => put("k", k.to_string()),
+            Op::Dropout { p, seed, offset } => {
+                put("p", Scalar::Float(*p).to_string());
+                put("seed", seed.to_string());
+                put("offset", offset.to_string());
+            }
+            Op::CrossEntropy { ignore_index, reduction, label_smoothing } => {
+                put("ignore_index", ignore_index.to_string());
+                put("reduction", reduction.name().into());
+                put("label_smoothing", Scalar::Float(*label_smoothing).to_string());
+            }
+            Op::MseLoss { reduction } => put("reduction", reduction.name().into()),
+            Op::Attention { causal, scale, mask } => {
+                put("causal", causal.to_string());
+                put("scale", opt(&scale.map(Scalar::Float)));
+                put("mask", mask.to_string());
+            }
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Bmm | Op::Matmul | Op::Relu | Op::Silu | Op::Embedding => {}
+        }
+        s
+    }
+}
+
+impl fmt::Display for Op {
+    /// `name` or `name[attrs]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let attrs = self.attributes();
+        if attrs.is_empty() {
+            f.write_str(self.name())
+        } else {
+            write!(f, "{}[{}]", self.name(), attrs)
+        }
+    }
+}

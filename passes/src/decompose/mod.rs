@@ -1,0 +1,188 @@
+//! Decomposition: a captured graph (composite ops, Rust scalars, implicit broadcasting and type
+//! promotion) becomes a *primitive graph* that satisfies [`Graph::verify_primitive`].
+//!
+//! One mechanism does it all: a [`Builder`] whose helpers broadcast and promote like PyTorch
+//! and emit the explicit `Expand`s, `Cast`s and `Full`s, and one decomposition function per
+//! composite op written against it (like PyTorch's `torch/_decomp`), dispatched by a single
+//! `match` in [`decompose_node`]. Primitive ops pass through the same helpers, so their implicit
+//! broadcasting and promotion become explicit too.
+//!
+//! The output keeps the captured graph's inputs (same order and metas) and outputs (same
+//! order and metas); every node inherits the source line of the captured node it came from;
+//! only nodes the outputs depend on are emitted; the result is a pure function of the input
+//! graph. Composite ops on f16/bf16 compute in f32 and round once, as PyTorch's CPU kernels do.
+//!
+//! ```
+//! use coil_ir::{DType, Graph, Op, TensorMeta};
+//! let mut g = Graph::new();
+//! let x = g.input(TensorMeta::new(vec![2, 3], DType::F32));
+//! let y = g.push(Op::Relu, &[x], None).unwrap();
+//! g.outputs.push(y);
+//! let p = coil_passes::decompose(&g).unwrap();
+//! p.verify_primitive().unwrap();
+//! assert_eq!(p.to_string(), "\
+//! graph(%0: f32[2, 3]) {
+//!   %1: f32[2, 3] = full(value=0.0)
+//!   %2: f32[2, 3] = maximum(%0, %1)
+//!   return (%2)
+//! }
+//! ");
+//! ```
+
+mod builder;
+mod nn;
+mod pointwise;
+mod reduce;
+#[cfg(test)]
+mod tests;
+
+pub use builder::{compute_dtype, scalar_as, upcast_and_back, zero, Arg, Builder};
+
+use coil_ir::{DType, Error, Graph, NodeId, Op, Result, TensorMeta};
+
+/// Decomposes a captured graph into a primitive graph (see the module docs).
+///
+/// Errors name the captured op, its operands and the user's source line.
+pub fn decompose(graph: &Graph) -> Result<Graph> {
+    let mut out = Graph::new();
+    let mut values: Vec<Option<Arg>> = vec![None; graph.nodes.len()];
+    for (index, &id) in graph.inputs.iter().enumerate() {
+        let node = graph.node(id);
+        let new = out.leaf(Op::Input { index }, node.meta.clone(), node.location);
+        out.inputs.push(new);
+        values[id.0] = Some(Arg::Node(new));
+    }
+    for id in graph.live_nodes() {
+        if values[id.0].is_some() {
+            continue;
+        }
+        let node = graph.node(id);
+        let value = match &node.op {
+            Op::Scalar(s) => Arg::Scalar(*s),
+            Op::Input { .. } => {
+                return Err(Error::runtime(format!("{id} is an input that is not among the graph's inputs")));
+            }
+            op if op.is_leaf() => Arg::Node(out.leaf(op.clone(), node.meta.clone(), node.location)),
+            op => {
+                let args: Vec<Arg> = node.inputs.iter().map(|x| values[x.0].expect("operands come first")).collect();
+                let mut b = Builder::new(&mut out, node.location);
+                let y = decompose_node(&mut b, op, &args, &node.meta).map_err(|mut e| {
+                    // The user called `op`: name it (not the primitive that failed inside it).
+                    e.op = Some(op.name().to_string());
+                    e.operands = node.inputs.iter().map(|&x| graph.meta(x).to_string()).collect();
+                    match node.location {
+                        Some(l) => e.at(l),
+                        None => e,
+                    }
+                })?;
+                if out.meta(y) != &node.meta {
+                    let e = Error::runtime(format!(
+                        "decomposition of {op} produced {} where the captured graph has {}",
+                        out.meta(y),
+                        node.meta
+                    ));
+                    return Err(match node.location {
+                        Some(l) => e.at(l),
+                        None => e,
+                    });
+                }
+                Arg::Node(y)
+            }
+        };
+        values[id.0] = Some(value);
+    }
+    for &o in &graph.outputs {
+        let node = graph.node(o);
+        let y = match values[o.0].expect("outputs are live") {
+            Arg::Node(y) => y,
+            Arg::Scalar(s) => Builder::new(&mut out, node.location).full(s, &node.meta.shape, node.meta.dtype),
+        };
+        out.outputs.push(y);
+    }
+    Ok(out)
+}
+
+/// The decomposition table: emits the primitive nodes computing `op` on `args` (the
+/// already-decomposed operands; Rust scalars stay [`Arg::Scalar`]) and returns the node holding
+/// the result, whose meta must be `meta`, the captured node's.
+pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta) -> Result<NodeId> {
+    let x: Vec<NodeId> = match op {
+        // Bounds of a clamp are read from its attributes; its scalar operands stay unused.
+        Op::Clamp { .. } => vec![b.tensor(args[0])],
+        Op::Unary(_) | Op::Binary(_) | Op::Where => vec![],
+        _ => args.iter().map(|&a| b.tensor(a)).collect(),
+    };
+    match op {
+        Op::Input { .. } | Op::Scalar(_) | Op::Full(_) | Op::Iota { .. } | Op::Rand { .. } => {
+            Err(Error::runtime(format!("{} is a leaf: it is copied, not decomposed", op.name())))
+        }
+
+        // ---- primitives: pass through, with broadcasting and promotion made explicit ----
+        Op::Unary(u) => b.unary(*u, args[0]),
+        Op::Binary(o) => b.binary(*o, args[0], args[1]),
+        Op::Where => {
+            let cond = b.tensor(args[0]);
+            b.where_(cond, args[1], args[2])
+        }
+        Op::Cast(t) => b.cast(x[0], *t),
+        Op::Reduce { op, dims, keepdim } => b.reduce(*op, x[0], dims, *keepdim),
+        Op::Cumsum { .. } => {
+            let x = if b.dtype(x[0]).is_integral() { b.cast(x[0], DType::I64)? } else { x[0] };
+            b.push(op.clone(), &[x])
+        }
+        Op::Reshape { shape } => b.reshape(x[0], shape),
+        Op::Permute { perm } => b.permute(x[0], perm),
+        Op::Expand { shape } => b.expand(x[0], shape),
+        Op::Slice { dim, start: 0, len, step: 1 } if b.shape(x[0])[*dim] == *len => Ok(x[0]),
+        Op::Pad { pads, .. } if pads.iter().all(|&p| p == (0, 0)) => Ok(x[0]),
+        Op::Cat { .. } => {
+            let parts = x.iter().map(|&p| b.cast(p, meta.dtype)).collect::<Result<Vec<_>>>()?;
+            if parts.len() == 1 {
+                return Ok(parts[0]);
+            }
+            b.push(op.clone(), &parts)
+        }
+        Op::Slice { .. }
+        | Op::Pad { .. }
+        | Op::Gather { .. }
+        | Op::IndexSelect { .. }
+        | Op::Scatter { .. }
+        | Op::Bmm => b.push(op.clone(), &x),
+
+        // ---- composites ----
+        Op::Matmul => nn::matmul(b, x[0], x[1]),
+        Op::Linear { bias } => nn::linear(b, x[0], x[1], bias.then(|| x[2])),
+        Op::Relu => pointwise::relu(b, x[0]),
+        Op::Gelu { tanh } => pointwise::gelu(b, x[0], *tanh),
+        Op::Silu => pointwise::silu(b, x[0]),
+        Op::Softplus { beta, threshold } => pointwise::softplus(b, x[0], *beta, *threshold),
+        Op::Clamp { min, max } => pointwise::clamp(b, x[0], *min, *max, meta.dtype),
+        Op::NanToNum { nan, posinf, neginf } => pointwise::nan_to_num(b, x[0], *nan, *posinf, *neginf),
+        Op::Mean { dims, keepdim } => reduce::mean(b, x[0], dims, *keepdim),
+        Op::Var { dims, correction, keepdim } => reduce::var(b, x[0], dims, *correction, *keepdim, false),
+        Op::Std { dims, correction, keepdim } => reduce::var(b, x[0], dims, *correction, *keepdim, true),
+        Op::LogSumExp { dims, keepdim } => reduce::logsumexp(b, x[0], dims, *keepdim),
+        Op::Norm { p, dims, keepdim } => reduce::norm(b, x[0], *p, dims, *keepdim),
+        Op::Any { dims, keepdim } => reduce::any_all(b, x[0], dims, *keepdim, false),
+        Op::All { dims, keepdim } => reduce::any_all(b, x[0], dims, *keepdim, true),
+        Op::Softmax { dim } => reduce::softmax(b, x[0], *dim),
+        Op::LogSoftmax { dim } => reduce::log_softmax(b, x[0], *dim),
+        Op::LayerNorm { ndim, eps, weight, bias } => {
+            let w = weight.then(|| x[1]);
+            let bias = bias.then(|| x[1 + *weight as usize]);
+            nn::layer_norm(b, x[0], w, bias, *ndim, *eps)
+        }
+        Op::RmsNorm { ndim, eps, weight } => nn::rms_norm(b, x[0], weight.then(|| x[1]), *ndim, *eps),
+        Op::Tril { k } => pointwise::tri(b, x[0], *k, false),
+        Op::Triu { k } => pointwise::tri(b, x[0], *k, true),
+        Op::Dropout { p, seed, offset } => pointwise::dropout(b, x[0], *p, *seed, *offset),
+        Op::Embedding => nn::embedding(b, x[0], x[1]),
+        Op::CrossEntropy { ignore_index, reduction, label_smoothing } => {
+            nn::cross_entropy(b, x[0], x[1], *ignore_index, *reduction, *label_smoothing)
+        }
+        Op::MseLoss { reduction } => nn::mse_loss(b, x[0], x[1], *reduction, meta.dtype),
+        Op::Attention { causal, scale, mask } => {
+            nn::attention(b, x[0], x[1], x[2], mask.then(|| x[3]), *causal, *scale)
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Network composites: matmul, linear, layer_norm, rms_norm, embedding, the losses and
+//! attention.
+
+use super::builder::{compute_dtype, zero, Builder};
+use super::reduce::{log_softmax_in, softmax_in};
+use coil_ir::graph::numel;
+use coil_ir::infer::{broadcast_shapes, matmul_shape};
+use coil_ir::{DType, LossReduction, NodeId, Result, Shape};
+
+/// `torch.matmul`: a 1-D operand gains a dim (prepended for `a`, appended for `c`) that the
+/// result loses again. A batched `a` times a matrix folds the batch into the rows of one
+/// matrix product; otherwise the batch dims broadcast (by `Expand`) into a batched [`Bmm`].
+///
+/// [`Bmm`]: coil_ir::Op::Bmm
+pub fn matmul(b: &mut Builder, a: NodeId, c: NodeId) -> Result<NodeId> {
+    let (sa, sc) = (b.shape(a), b.shape(c));
+    let out = matmul_shape(&sa, &sc)?;
+    let a = if sa.len() == 1 { b.reshape(a, &[1, sa[0]])? } else { a };
+    let c = if sc.len() == 1 { b.reshape(c, &[sc[0], 1])? } else { c };
+    let (sa, sc) = (b.shape(a), b.shape(c));
+    let (ra, rc) = (sa.len(), sc.len());
+    let (m, k, n) = (sa[ra - 2], sa[ra - 1], sc[rc - 1]);
+    let y = if rc == 2 && ra > 2 {
+        let rows = numel(&sa[..ra - 1]);
+        let a = b.reshape(a, &[rows, k])?;
+        b.bmm(a, c)?
+    } else {
+        let batch = broadcast_shapes(&sa[..ra - 2], &sc[..rc - 2])?;
+        let with = |tail: [usize; 2]| -> Shape { batch.iter().copied().chain(tail).collect() };
+        let a = b.broadcast_to(a, &with([m, k]))?;
+        let c = b.broadcast_to(c, &with([k, n]))?;
+        b.bmm(a, c)?
+    };
+    b.reshape(y, &out)
+}
+
+/// `linear(x, w, bias) = x @ w^T + bias`: x `[..., in]` flattened to `[M, in]`, one matrix
+/// product with the permuted weight, reshaped back, plus the broadcast bias.
+pub fn linear(b: &mut Builder, x: NodeId, w: NodeId, bias: Option<NodeId>) -> Result<NodeId> {
+    let xs = b.shape(x);
+    let lead = &xs[..xs.len() - 1];
+    let (inner, out) = (xs[xs.len() - 1], b.shape(w)[0]);
+    let wt = b.transpose(w, 0, 1)?;
+    let x2 = b.reshape(x, &[numel(lead), inner])?;
+    let y = b.bmm(x2, wt)?;
+    let shape: Shape = lead.iter().copied().chain([out]).collect();
+    let y = b.reshape(y, &shape)?;
+    match bias {
+        Some(bias) => b.add(y, bias),
+        None => Ok(y),
+    }
+}
+
+/// The last `ndim` dims of a rank-`rank` tensor.
+fn last_dims(rank: usize, ndim: usize) -> Vec<usize> {
+    (rank - ndim..rank).collect()
+}
+
+/// `layer_norm` over the last `ndim` dims: `(x - mean) * rsqrt(var + eps) * w + bias`, with
+/// the biased variance; f16/bf16 compute in f32 (weight and bias included) and round once.
+pub fn layer_norm(
+    b: &mut Builder,
+    x: NodeId,
+    w: Option<NodeId>,
+    bias: Option<NodeId>,
+    ndim: usize,
+    eps: f64,
+) -> Result<NodeId> {
+    let t = b.dtype(x);
+    let dims = last_dims(b.rank(x), ndim);
+    let x = b.upcast(x)?;
+    let mu = b.mean(x, &dims, true)?;
+    let d = b.sub(x, mu)?;
+    let sq = b.mul(d, d)?;
+    let var = b.mean(sq, &dims, true)?;
+    let var_eps = b.add(var, eps)?;
+    let rstd = b.rsqrt(var_eps)?;
+    let mut y = b.mul(d, rstd)?;
+    if let Some(w) = w {
+        let w = b.upcast(w)?;
+        y = b.mul(y, w)?;
+    }
+    if let Some(bias) = bias {
+        let bias = b.upcast(bias)?;
+        y = b.add(y, bias)?;
+    }
+    b.cast(y, t)
+}
+
+/// The default `eps` of `rms_norm`: the machine epsilon of the dtype it computes in, as
+/// PyTorch's kernel does (`f32::EPSILON` for f16, bf16 and f32; `f64::EPSILON` for f64).
+pub fn rms_norm_default_eps(dtype: DType) -> f64 {
+    match compute_dtype(dtype) {
+        DType::F64 => f64::EPSILON,
+        _ => f32::EPSILON as f64,
+    }
+}
+
+/// `rms_norm` over the last `ndim` dims: `x * rsqrt(mean(x^2) + eps) * w`, computed in f32
+/// for f16/bf16 (weight included) and rounded once.
+pub fn rms_norm(b: &mut Builder, x: NodeId, w: Option<NodeId>, ndim: usize, eps: Option<f64>) -> Result<NodeId> {
+    let t = b.dtype(x);
+    let eps = eps.unwrap_or(rms_norm_default_eps(t));
+    let dims = last_dims(b.rank(x), ndim);
+    let x = b.upcast(x)?;
+    let sq = b.mul(x, x)?;
+    let ms = b.mean(sq, &dims, true)?;
+    let ms_eps = b.add(ms, eps)?;
+    let r = b.rsqrt(ms_eps)?;
+    let mut y = b.mul(x, r)?;
+    if let Some(w) = w {
+        let w = b.upcast(w)?;
+        y = b.mul(y, w)?;
+    }
+    b.cast(y, t)
+}
+
+/// `embedding(indices, weight)`: `index_select(weight, 0, indices.flatten())` reshaped to
+/// `indices.shape + [D]`.
+pub fn embedding(b: &mut Builder, weight: NodeId, indices: NodeId) -> Result<NodeId> {
+    let is = b.shape(indices);
+    let flat = b.reshape(indices, &[numel(&is)])?;
+    let rows = b.index_select(weight, 0, flat)?;
+    let shape: Shape = is.iter().copied().chain([b.shape(weight)[1]]).collect();
+    b.reshape(rows, &shape)
+}
+
+/// Sums a per-element loss (`Sum`), averages it by `count` (`Mean`; `count` defaults to the
+/// number of elements), or leaves it (`None`).
+fn reduce_loss(b: &mut Builder, loss: NodeId, reduction: LossReduction, count: Option<NodeId>) -> Result<NodeId> {
+    if reduction == LossReduction::None {
+        return Ok(loss);
+    }
+    let all: Vec<usize> = (0..b.rank(loss)).collect();
+    let n = b.meta(loss).numel();
+    let s = b.sum(loss, &all, false)?;
+    match (reduction, count) {
+        (LossReduction::Mean, Some(count)) => b.div(s, count),
+        (LossReduction::Mean, None) => b.div(s, n as f64),
+        _ => Ok(s),
+    }
+}
+
+/// `cross_entropy(logits, target)` with class-index targets, logits `[N, C]` (target `[N]`)
+/// or `[C]` (target `[]`): `logp = log_softmax(logits)`, `nll = -logp[target]` masked to 0
+/// where `target == ignore_index`; with label smoothing `eps` the per-row loss is
+/// `(1 - eps) * nll + eps / C * -sum(logp)` (masked alike). `Mean` divides by the number of
+/// rows not ignored (NaN when all are, as in PyTorch).
+pub fn cross_entropy(
+    b: &mut Builder,
+    logits: NodeId,
+    target: NodeId,
+    ignore_index: i64,
+    reduction: LossReduction,
+    label_smoothing: f64,
+) -> Result<NodeId> {
+    let t = b.dtype(logits);
+    let ls = b.shape(logits);
+    let unbatched = ls.len() == 1;
+    let (n, c) = if unbatched { (1, ls[0]) } else { (ls[0], ls[1]) };
+    let logits = b.reshape(logits, &[n, c])?;
+    let target = b.reshape(target, &[n])?;
+    let logits = b.upcast(logits)?;
+    let ct = b.dtype(logits);
+    let logp = log_softmax_in(b, logits, 1)?;
+    let valid = b.ne(target, ignore_index)?;
+    let safe = b.where_(valid, target, zero(b.dtype(target)))?;
+    let index = b.reshape(safe, &[n, 1])?;
+    let picked = b.gather(logp, 1, index)?;
+    let picked = b.reshape(picked, &[n])?;
+    let nll = b.neg(picked)?;
+    let mut loss = b.where_(valid, nll, zero(ct))?;
+    if label_smoothing > 0.0 {
+        let total = b.sum(logp, &[1], false)?;
+        let smooth = b.neg(total)?;
+        let smooth = b.where_(valid, smooth, zero(ct))?;
+        let hard = b.mul(loss, 1.0 - label_smoothing)?;
+        let soft = b.mul(smooth, label_smoothing / c as f64)?;
+        loss = b.add(hard, soft)?;
+    }
+    let count = if reduction == LossReduction::Mean {
+        let ones = b.cast(valid, DType::I64)?;
+        let count = b.sum(ones, &[0], false)?;
+        Some(b.cast(count, ct)?)
+    } else {
+        None
+    };
+    let loss = if unbatched && reduction == LossReduction::None { b.reshape(loss, &[])? } else { loss };
+    let loss = reduce_loss(b, loss, reduction, count)?;
+    b.cast(loss, t)
+}
+
+/// `mse_loss(a, c) = (a - c)^2` with broadcasting, then the reduction; f16/bf16 compute in
+/// f32 and round once.
+pub fn mse_loss(b: &mut Builder, a: NodeId, c: NodeId, reduction: LossReduction, dtype: DType) -> Result<NodeId> {
+    let ct = compute_dtype(dtype);
+    let a = b.cast(a, ct)?;
+    let c = b.cast(c, ct)?;
+    let d = b.sub(a, c)?;
+    let sq = b.mul(d, d)?;
+    let loss = reduce_loss(b, sq, reduction, None)?;
+    b.cast(loss, dtype)
+}
+
+/// `scaled_dot_product_attention(q, k, v, mask)`: `scores = (q @ k^T) * scale` (default
+/// `1 / sqrt(E)`, batch dims broadcast); `causal` keeps `col <= row` (top-left aligned) and
+/// sets the rest to `-inf`; a bool mask keeps where true, a float mask is added; then
+/// `softmax(scores, -1) @ v`. f16/bf16 compute in f32 and round once.
+pub fn attention(
+    b: &mut Builder,
+    q: NodeId,
+    k: NodeId,
+    v: NodeId,
+    mask: Option<NodeId>,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<NodeId> {
+    let t = b.dtype(q);
+    let qs = b.shape(q);
+    let r = qs.len();
+    let (l, e, s) = (qs[r - 2], qs[r - 1], b.shape(k)[r - 2]);
+    let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
+    let q = b.upcast(q)?;
+    let k = b.upcast(k)?;
+    let v = b.upcast(v)?;
+    let kt = b.transpose(k, r - 2, r - 1)?;
+    let qk = matmul(b, q, kt)?;
+    let mut scores = b.mul(qk, scale)?;
+    if causal {
+        let rows = b.iota(&[l, s], 0);
+        let cols = b.iota(&[l, s], 1);
+        let keep = b.le(cols, rows)?;
+        scores = b.where_(keep, scores, f64::NEG_INFINITY)?;
+    }
+    if let Some(mask) = mask {
+        if b.dtype(mask) == DType::Bool {
+            scores = b.where_(mask, scores, f64::NEG_INFINITY)?;
+        } else {
+            let mask = b.upcast(mask)?;
+            scores = b.add(scores, mask)?;
+        }
+    }
+    let last = b.rank(scores) - 1;
+    let p = softmax_in(b, scores, last)?;
+    let y = matmul(b, p, v)?;
+    b.cast(y, t)
+}

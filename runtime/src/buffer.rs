@@ -1,0 +1,301 @@
+//! Host buffers: a tensor's elements in row-major order, typed by dtype.
+//!
+//! ```
+//! use coil_runtime::Buffer;
+//! let b = Buffer::from_vec(vec![1.5f32, -2.0, 3.25], vec![3]);
+//! assert_eq!(b.to_vec::<f64>(), vec![1.5, -2.0, 3.25]);
+//! assert_eq!(b.to_vec::<i32>(), vec![1, -2, 3]); // converts like a cast
+//! ```
+
+use coil_ir::{DType, Error, Result, Shape, TensorMeta};
+use half::{bf16, f16};
+
+/// The elements of a host buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostData {
+    Bool(Vec<bool>),
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    I16(Vec<i16>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// A Rust type that is a tensor element.
+pub trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    /// Converts as a cast to this type does (floats to integers truncate; to bool: nonzero).
+    fn from_f64(x: f64) -> Self;
+    fn to_i64(self) -> i64;
+    fn from_i64(x: i64) -> Self;
+    fn wrap(v: Vec<Self>) -> HostData;
+    fn unwrap(d: &HostData) -> Option<&[Self]>;
+}
+
+macro_rules! element {
+    ($t:ty, $dt:ident, $to:expr, $from:expr, $toi:expr, $fromi:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dt;
+            fn to_f64(self) -> f64 {
+                ($to)(self)
+            }
+            fn from_f64(x: f64) -> Self {
+                ($from)(x)
+            }
+            fn to_i64(self) -> i64 {
+                ($toi)(self)
+            }
+            fn from_i64(x: i64) -> Self {
+                ($fromi)(x)
+            }
+            fn wrap(v: Vec<Self>) -> HostData {
+                HostData::$dt(v)
+            }
+            fn unwrap(d: &HostData) -> Option<&[Self]> {
+                match d {
+                    HostData::$dt(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+// Integer conversions wrap like C casts; float -> integer truncates (as PyTorch's `.to()`).
+element!(bool, Bool, |x: bool| x as i64 as f64, |x: f64| x != 0.0, |x: bool| x as i64, |x: i64| x != 0);
+element!(u8, U8, |x: u8| x as f64, |x: f64| x as i64 as u8, |x: u8| x as i64, |x: i64| x as u8);
+element!(i8, I8, |x: i8| x as f64, |x: f64| x as i64 as i8, |x: i8| x as i64, |x: i64| x as i8);
+element!(i16, I16, |x: i16| x as f64, |x: f64| x as i64 as i16, |x: i16| x as i64, |x: i64| x as i16);
+element!(i32, I32, |x: i32| x as f64, |x: f64| x as i64 as i32, |x: i32| x as i64, |x: i64| x as i32);
+element!(i64, I64, |x: i64| x as f64, |x: f64| x as i64, |x: i64| x, |x: i64| x);
+element!(f16, F16, |x: f16| x.to_f64(), f16::from_f64, |x: f16| x.to_f64() as i64, |x: i64| f16::from_f64(x as f64));
+element!(bf16, BF16, |x: bf16| x.to_f64(), bf16::from_f64, |x: bf16| x.to_f64() as i64, |x: i64| bf16::from_f64(
+    x as f64
+));
+element!(f32, F32, |x: f32| x as f64, |x: f64| x as f32, |x: f32| x as i64, |x: i64| x as f32);
+element!(f64, F64, |x: f64| x, |x: f64| x, |x: f64| x as i64, |x: i64| x as f64);
+
+/// Runs `$body` with `$v` bound to the typed slice of a [`HostData`].
+#[macro_export]
+macro_rules! with_host_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::HostData::Bool($v) => $body,
+            $crate::HostData::U8($v) => $body,
+            $crate::HostData::I8($v) => $body,
+            $crate::HostData::I16($v) => $body,
+            $crate::HostData::I32($v) => $body,
+            $crate::HostData::I64($v) => $body,
+            $crate::HostData::F16($v) => $body,
+            $crate::HostData::BF16($v) => $body,
+            $crate::HostData::F32($v) => $body,
+            $crate::HostData::F64($v) => $body,
+        }
+    };
+}
+
+impl HostData {
+    pub fn dtype(&self) -> DType {
+        with_host_data!(self, v => elem_dtype(v))
+    }
+
+    pub fn len(&self) -> usize {
+        with_host_data!(self, v => v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Zero-filled data of a dtype.
+    pub fn zeros(dtype: DType, len: usize) -> HostData {
+        match dtype {
+            DType::Bool => HostData::Bool(vec![false; len]),
+            DType::U8 => HostData::U8(vec![0; len]),
+            DType::I8 => HostData::I8(vec![0; len]),
+            DType::I16 => HostData::I16(vec![0; len]),
+            DType::I32 => HostData::I32(vec![0; len]),
+            DType::I64 => HostData::I64(vec![0; len]),
+            DType::F16 => HostData::F16(vec![f16::ZERO; len]),
+            DType::BF16 => HostData::BF16(vec![bf16::ZERO; len]),
+            DType::F32 => HostData::F32(vec![0.0; len]),
+            DType::F64 => HostData::F64(vec![0.0; len]),
+        }
+    }
+
+    /// Every element as f64 (exact for every dtype but i64 beyond 2^53).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        with_host_data!(self, v => v.iter().map(|x| x.to_f64()).collect())
+    }
+
+    /// Every element as i64 (floats truncate).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        with_host_data!(self, v => v.iter().map(|x| x.to_i64()).collect())
+    }
+
+    /// Data of `dtype` from f64 values, rounding as a cast does.
+    pub fn from_f64_slice(dtype: DType, xs: &[f64]) -> HostData {
+        fn conv<T: Element>(xs: &[f64]) -> HostData {
+            T::wrap(xs.iter().map(|&x| T::from_f64(x)).collect())
+        }
+        dispatch_dtype(
+            dtype,
+            xs,
+            conv::<bool>,
+            conv::<u8>,
+            conv::<i8>,
+            conv::<i16>,
+            conv::<i32>,
+            conv::<i64>,
+            conv::<f16>,
+            conv::<bf16>,
+            conv::<f32>,
+            conv::<f64>,
+        )
+    }
+
+    /// Data of `dtype` from i64 values, wrapping as a cast does.
+    pub fn from_i64_slice(dtype: DType, xs: &[i64]) -> HostData {
+        fn conv<T: Element>(xs: &[i64]) -> HostData {
+            T::wrap(xs.iter().map(|&x| T::from_i64(x)).collect())
+        }
+        dispatch_dtype(
+            dtype,
+            xs,
+            conv::<bool>,
+            conv::<u8>,
+            conv::<i8>,
+            conv::<i16>,
+            conv::<i32>,
+            conv::<i64>,
+            conv::<f16>,
+            conv::<bf16>,
+            conv::<f32>,
+            conv::<f64>,
+        )
+    }
+
+    /// The raw little-endian bytes (bool as one byte 0/1), as safetensors stores them.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            HostData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+            HostData::U8(v) => v.clone(),
+            HostData::I8(v) => bytemuck::cast_slice(v).to_vec(),
+            HostData::I16(v) => bytemuck::cast_slice(v).to_vec(),
+            HostData::I32(v) => bytemuck::cast_slice(v).to_vec(),
+            HostData::I64(v) => bytemuck::cast_slice(v).to_vec(),
+            HostData::F16(v) => bytemuck::cast_slice(v).to_vec(),
+            HostData::BF16(v) => bytemuck::cast_slice(v).to_vec(),
+            HostData::F32(v) => bytemuck::cast_slice(v).to_vec(),
+            HostData::F64(v) => bytemuck::cast_slice(v).to_vec(),
+        }
+    }
+
+    /// Parses raw little-endian bytes of a dtype.
+    pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Result<HostData> {
+        if !bytes.len().is_multiple_of(dtype.size_bytes()) {
+            return Err(Error::value(format!("{} bytes is not a whole number of {dtype} elements", bytes.len())));
+        }
+        fn read<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+            bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+        }
+        Ok(match dtype {
+            DType::Bool => HostData::Bool(bytes.iter().map(|&b| b != 0).collect()),
+            DType::U8 => HostData::U8(bytes.to_vec()),
+            DType::I8 => HostData::I8(read(bytes)),
+            DType::I16 => HostData::I16(read(bytes)),
+            DType::I32 => HostData::I32(read(bytes)),
+            DType::I64 => HostData::I64(read(bytes)),
+            DType::F16 => HostData::F16(read(bytes)),
+            DType::BF16 => HostData::BF16(read(bytes)),
+            DType::F32 => HostData::F32(read(bytes)),
+            DType::F64 => HostData::F64(read(bytes)),
+        })
+    }
+}
+
+fn elem_dtype<T: Element>(_: &[T]) -> DType {
+    T::DTYPE
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dispatch_dtype<A: ?Sized>(
+    dtype: DType,
+    a: &A,
+    b: fn(&A) -> HostData,
+    u8_: fn(&A) -> HostData,
+    i8_: fn(&A) -> HostData,
+    i16_: fn(&A) -> HostData,
+    i32_: fn(&A) -> HostData,
+    i64_: fn(&A) -> HostData,
+    f16_: fn(&A) -> HostData,
+    bf16_: fn(&A) -> HostData,
+    f32_: fn(&A) -> HostData,
+    f64_: fn(&A) -> HostData,
+) -> HostData {
+    match dtype {
+        DType::Bool => b(a),
+        DType::U8 => u8_(a),
+        DType::I8 => i8_(a),
+        DType::I16 => i16_(a),
+        DType::I32 => i32_(a),
+        DType::I64 => i64_(a),
+        DType::F16 => f16_(a),
+        DType::BF16 => bf16_(a),
+        DType::F32 => f32_(a),
+        DType::F64 => f64_(a),
+    }
+}
+
+/// A contiguous tensor in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buffer {
+    pub shape: Shape,
+    pub data: HostData,
+}
+
+impl Buffer {
+    /// A buffer from row-major values. Panics if `data.len()` is not the shape's element count.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: Shape) -> Buffer {
+        assert_eq!(data.len(), shape.iter().product::<usize>(), "data length does not match shape {shape:?}");
+        Buffer { shape, data: T::wrap(data) }
+    }
+
+    /// A buffer from data whose length must match the shape.
+    pub fn new(shape: Shape, data: HostData) -> Result<Buffer> {
+        let n: usize = shape.iter().product();
+        if data.len() != n {
+            return Err(Error::shape(format!("{} elements do not fill shape {shape:?} ({n} elements)", data.len())));
+        }
+        Ok(Buffer { shape, data })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    pub fn meta(&self) -> TensorMeta {
+        TensorMeta::new(self.shape.clone(), self.dtype())
+    }
+
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The elements converted to `T` as a cast would.
+    pub fn to_vec<T: Element>(&self) -> Vec<T> {
+        if let Some(v) = T::unwrap(&self.data) {
+            return v.to_vec();
+        }
+        if T::DTYPE.is_float() || self.dtype().is_float() {
+            with_host_data!(&self.data, v => v.iter().map(|x| T::from_f64(x.to_f64())).collect())
+        } else {
+            with_host_data!(&self.data, v => v.iter().map(|x| T::from_i64(x.to_i64())).collect())
+        }
+    }
+}

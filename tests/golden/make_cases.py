@@ -1,0 +1,710 @@
+#!/usr/bin/env python3
+"""Writes tests/golden/cases.json: the PyTorch golden cases coil's test suite compares against.
+
+Standard library only. Run from anywhere:  python3 tests/golden/make_cases.py
+Then produce golden.safetensors with PyTorch (see README.md next to this file):
+    python3 torch_golden.py tests/golden/cases.json --out tests/golden --name golden
+
+Format (documented in full at the top of torch_golden.py): each case is
+    {"name": ..., "expr": <Python expression over the inputs; torch, F, math in scope>,
+     "inputs": {<name>: {"shape": [...], "dtype": ..., "dist": ...} or {"values": [...], ...}},
+     "seed": <int>}
+The safetensors file then holds "<name>.in.<input>", "<name>.out.<k>" (tuple outputs flattened in
+order: torch.max(a, dim) gives out.0 = values, out.1 = indices; split/chunk give one per piece) and,
+when any input is floating, "<name>.ref64.<k>" (the same expression with floating inputs upcast to
+float64). A case that PyTorch rejects has "<name>.error" metadata and no tensors.
+
+Conventions
+-----------
+* Names are `<op>_<variant>` in [a-z0-9_]; the op comes first so `grep '^softmax_'` finds its cases.
+  Dtype tags in names: f32 f16 bf16 f64 i64 i32 i8 u8 bool. Cases PyTorch rejects start with `err_`;
+  coil must raise for those too.
+* Inputs are single lower-case letters a, b, c, ... (q, k, v for attention, w for weights, m for
+  masks) plus `idx` for index tensors (int64) and `t` for class targets (int64).
+* Unless a case says otherwise the dtype is float32 and the dist randn. "positive" (uniform [0.1, 2))
+  is used for log/sqrt/rsqrt/reciprocal/pow domains; "values" gives exact data (special values are
+  the strings "nan", "inf", "-inf").
+* Non-contiguous inputs are made inside the expression (a.t(), a.permute(...), a[:, ::2]): the
+  stored inputs are always contiguous, the expression says which view coil must build.
+* Each case's seed is crc32(name) & 0x7fffffff, written into the JSON, so adding or reordering cases
+  never changes another case's data.
+* One PyTorch call chain per expression where possible, so the Rust side can map each name to one
+  coil expression. Shapes are small (mostly <= 64 elements) to keep golden.safetensors < 1.5 MiB.
+* ref64 caveat: for dtype-dependent ops (casts, nan_to_num defaults, rms_norm eps=None, promotion
+  cases) the float64 reference computes something different on purpose; compare those against out.*.
+"""
+import json
+import math
+import os
+import re
+import zlib
+
+CASES = []
+
+
+def case(name, expr, **inputs):
+    CASES.append({"name": name, "expr": expr, "inputs": inputs,
+                  "seed": zlib.crc32(name.encode()) & 0x7FFFFFFF})
+
+
+DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i64": "int64",
+      "i32": "int32", "i8": "int8", "u8": "uint8", "bool": "bool"}
+
+
+def r(*shape, dt="f32", dist="randn"):
+    """Random input of the given shape."""
+    return {"shape": list(shape), "dtype": DT[dt], "dist": dist}
+
+
+def pos(*shape, dt="f32"):
+    return r(*shape, dt=dt, dist="positive")
+
+
+def uni(*shape, dt="f32"):
+    return r(*shape, dt=dt, dist="rand")
+
+
+def ints(lo, hi, *shape, dt="i64"):
+    """Integers in [lo, hi)."""
+    return r(*shape, dt=dt, dist=f"int:{lo}:{hi}")
+
+
+def bools(*shape):
+    return r(*shape, dt="bool", dist="bool")
+
+
+def _shape_of(v):
+    return [len(v)] + _shape_of(v[0]) if isinstance(v, list) else []
+
+
+def _enc(v):
+    if isinstance(v, list):
+        return [_enc(x) for x in v]
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def vals(values, dt="f32", shape=None):
+    """Exact data; the shape is that of the nested list unless given."""
+    return {"shape": shape if shape is not None else _shape_of(values), "dtype": DT[dt],
+            "values": _enc(values)}
+
+
+NAN, INF = float("nan"), float("inf")
+
+# --------------------------------------------------------------------------------------- creation
+# Deterministic creation ops take no inputs (or a dummy `a` for the *_like ops).
+case("zeros_f32", "torch.zeros(2, 3)")
+case("zeros_i32", "torch.zeros(2, 3, dtype=torch.int32)")
+case("zeros_size0", "torch.zeros(0, 3)")
+case("ones_bf16", "torch.ones(4, dtype=torch.bfloat16)")
+case("ones_3d", "torch.ones(2, 1, 3)")
+case("full_f32", "torch.full((2, 3), 1.5)")
+case("full_int_infers_i64", "torch.full((2, 3), 7)")
+case("full_bool", "torch.full((3,), True)")
+case("full_f16", "torch.full((2, 2), -0.25, dtype=torch.float16)")
+case("arange_int", "torch.arange(5)")
+case("arange_int_start_step", "torch.arange(-3, 7, 2)")
+case("arange_int_neg_step", "torch.arange(10, 0, -3)")
+case("arange_float_step", "torch.arange(0.5, 2.0, 0.25)")
+case("arange_f32_dtype", "torch.arange(6, dtype=torch.float32)")
+case("arange_empty", "torch.arange(3, 3)")
+case("linspace_0_1_5", "torch.linspace(0, 1, 5)")
+case("linspace_neg", "torch.linspace(-2, 3, 7)")
+case("linspace_one_step", "torch.linspace(2, 3, 1)")
+case("linspace_f64", "torch.linspace(0, 1, 4, dtype=torch.float64)")
+case("eye_3", "torch.eye(3)")
+case("eye_rect", "torch.eye(2, 4)")
+case("eye_i64", "torch.eye(3, dtype=torch.int64)")
+case("zeros_like_f32", "torch.zeros_like(a)", a=r(2, 3))
+case("ones_like_i32", "torch.ones_like(a)", a=ints(-5, 5, 2, 3, dt="i32"))
+case("ones_like_dtype_f16", "torch.ones_like(a, dtype=torch.float16)", a=r(3, 2))
+case("full_like_f32", "torch.full_like(a, 2.5)", a=r(2, 3))
+case("full_like_i64", "torch.full_like(a, 3)", a=ints(0, 5, 4))
+case("full_like_noncontig", "torch.full_like(a.t(), -1.0)", a=r(2, 3))
+
+# -------------------------------------------------------------------------------- pointwise unary
+UNARY = [  # (name, expr, input dist)
+    ("neg", "torch.neg(a)", "randn"), ("abs", "torch.abs(a)", "randn"),
+    ("sign", "torch.sign(a)", "randn"), ("exp", "torch.exp(a)", "randn"),
+    ("exp2", "torch.exp2(a)", "randn"), ("expm1", "torch.expm1(a)", "randn"),
+    ("log", "torch.log(a)", "positive"), ("log2", "torch.log2(a)", "positive"),
+    ("log1p", "torch.log1p(a)", "positive"), ("sqrt", "torch.sqrt(a)", "positive"),
+    ("rsqrt", "torch.rsqrt(a)", "positive"), ("sin", "torch.sin(a)", "randn"),
+    ("cos", "torch.cos(a)", "randn"), ("tan", "torch.tan(a)", "rand"),
+    ("tanh", "torch.tanh(a)", "randn"), ("sigmoid", "torch.sigmoid(a)", "randn"),
+    ("relu", "torch.relu(a)", "randn"), ("gelu", "F.gelu(a)", "randn"),
+    ("gelu_tanh", "F.gelu(a, approximate='tanh')", "randn"), ("silu", "F.silu(a)", "randn"),
+    ("softplus", "F.softplus(a)", "randn"),
+    ("softplus_beta2_thr1", "F.softplus(a, beta=2.0, threshold=1.0)", "randn"),
+    ("erf", "torch.erf(a)", "randn"), ("floor", "torch.floor(a)", "randn"),
+    ("ceil", "torch.ceil(a)", "randn"), ("round", "torch.round(a)", "randn"),
+    ("trunc", "torch.trunc(a)", "randn"), ("reciprocal", "torch.reciprocal(a)", "positive"),
+]
+for op, expr, dist in UNARY:
+    case(f"{op}_f32", expr, a=r(4, 8, dist=dist))
+# other dtypes
+for op, dt in [("exp", "f16"), ("exp", "bf16"), ("exp", "f64"), ("sigmoid", "f16"), ("silu", "f16"),
+               ("tanh", "bf16"), ("gelu", "bf16"), ("relu", "bf16"), ("erf", "f64"), ("sin", "f16"),
+               ("floor", "f16"), ("neg", "bf16")]:
+    expr, dist = next((e, d) for o, e, d in UNARY if o == op)
+    case(f"{op}_{dt}", expr, a=r(4, 8, dt=dt, dist=dist))
+for op, dt in [("log", "f64"), ("sqrt", "bf16"), ("rsqrt", "f16"), ("reciprocal", "bf16")]:
+    expr = next(e for o, e, d in UNARY if o == op)
+    case(f"{op}_{dt}", expr, a=pos(4, 8, dt=dt))
+case("neg_i32", "torch.neg(a)", a=ints(-10, 10, 3, 4, dt="i32"))
+case("abs_i32", "torch.abs(a)", a=ints(-10, 10, 3, 4, dt="i32"))
+case("abs_i8", "torch.abs(a)", a=ints(-100, 100, 3, 4, dt="i8"))
+case("sign_i64", "torch.sign(a)", a=ints(-3, 4, 3, 4))
+case("relu_i32", "torch.relu(a)", a=ints(-10, 10, 3, 4, dt="i32"))
+case("sign_zeros", "torch.sign(a)", a=vals([0.0, -0.0, 1.5, -2.5, INF, -INF]))
+case("round_half_even", "torch.round(a)", a=vals([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49, -0.51]))
+case("round_decimals2", "torch.round(a, decimals=2)", a=r(3, 4))
+case("trunc_floor_ceil_neg", "torch.stack([torch.trunc(a), torch.floor(a), torch.ceil(a)])",
+     a=vals([-2.7, -1.5, -0.2, 0.0, 0.2, 1.5, 2.7, -3.0]))
+# special values
+case("exp_special", "torch.exp(a)", a=vals([0.0, 1.0, -1.0, INF, -INF, NAN, 100.0, -100.0]))
+case("log_special", "torch.log(a)", a=vals([0.0, -1.0, INF, NAN, 1.0, 1e-30]))
+case("sqrt_special", "torch.sqrt(a)", a=vals([-1.0, 0.0, -0.0, INF, NAN, 4.0]))
+case("sigmoid_extreme", "torch.sigmoid(a)", a=vals([-100.0, -20.0, 0.0, 20.0, 100.0, INF, -INF, NAN]))
+case("tanh_extreme", "torch.tanh(a)", a=vals([-100.0, -10.0, 0.0, 10.0, 100.0, INF, -INF, NAN]))
+case("relu_nan", "torch.relu(a)", a=vals([NAN, -1.0, 0.0, 1.0, -INF, INF]))
+case("reciprocal_zero", "torch.reciprocal(a)", a=vals([0.0, -0.0, INF, 2.0, -4.0, NAN]))
+case("expm1_small", "torch.expm1(a)", a=vals([1e-8, -1e-8, 1e-4, 0.0, -1e-30, 1.0]))
+case("log1p_small", "torch.log1p(a)", a=vals([1e-8, -1e-8, 1e-4, 0.0, -1.0, -2.0]))
+case("gelu_extreme", "F.gelu(a)", a=vals([-10.0, -5.0, 0.0, 5.0, 10.0, INF, -INF, NAN]))
+case("softplus_large", "F.softplus(a)", a=vals([-100.0, -30.0, 0.0, 19.0, 21.0, 100.0]))
+# layouts and odd shapes
+case("exp_transposed", "torch.exp(a.t())", a=r(4, 3))
+case("sin_strided", "torch.sin(a[:, ::2])", a=r(3, 8))
+case("abs_permuted", "torch.abs(a.permute(2, 0, 1))", a=r(2, 3, 4))
+case("exp_size0", "torch.exp(a)", a=r(0, 4))
+case("exp_0d", "torch.exp(a)", a=r())
+case("sigmoid_expanded", "torch.sigmoid(a.expand(3, 4))", a=r(3, 1))
+
+# ------------------------------------------------------------------------------- pointwise binary
+case("add_f32", "a + b", a=r(3, 4), b=r(3, 4))
+case("add_broadcast_row", "a + b", a=r(3, 4), b=r(4))
+case("add_broadcast_col", "a + b", a=r(3, 4), b=r(3, 1))
+case("add_broadcast_outer", "a + b", a=r(3, 1), b=r(1, 4))
+case("add_broadcast_3d", "a + b", a=r(2, 1, 4), b=r(3, 1))
+case("add_alpha", "torch.add(a, b, alpha=2)", a=r(3, 4), b=r(3, 4))
+for dt in ["f16", "bf16", "f64"]:
+    case(f"add_{dt}", "a + b", a=r(3, 4, dt=dt), b=r(3, 4, dt=dt))
+case("add_i32", "a + b", a=ints(-50, 50, 3, 4, dt="i32"), b=ints(-50, 50, 3, 4, dt="i32"))
+case("add_i64_broadcast", "a + b", a=ints(-50, 50, 3, 4), b=ints(-50, 50, 4))
+case("add_transposed", "a.t() + b", a=r(4, 3), b=r(3, 4))
+case("add_strided", "a[:, ::2] + b", a=r(3, 8), b=r(3, 4))
+case("add_size0", "a + b", a=r(0, 4), b=r(4))
+case("add_0d", "a + b", a=r(), b=r(3))
+case("sub_f32", "a - b", a=r(3, 4), b=r(3, 4))
+case("sub_i64", "a - b", a=ints(-50, 50, 3, 4), b=ints(-50, 50, 3, 4))
+case("sub_alpha", "torch.sub(a, b, alpha=0.5)", a=r(3, 4), b=r(4))
+case("sub_bf16_broadcast", "a - b", a=r(3, 4, dt="bf16"), b=r(3, 1, dt="bf16"))
+case("mul_f32", "a * b", a=r(3, 4), b=r(3, 4))
+case("mul_bf16", "a * b", a=r(3, 4, dt="bf16"), b=r(3, 4, dt="bf16"))
+case("mul_i32", "a * b", a=ints(-20, 20, 3, 4, dt="i32"), b=ints(-20, 20, 3, 4, dt="i32"))
+case("mul_broadcast", "a * b", a=r(2, 3, 1), b=r(4))
+case("div_f32", "a / b", a=r(3, 4), b=pos(3, 4))
+case("div_f16", "a / b", a=r(3, 4, dt="f16"), b=pos(3, 4, dt="f16"))
+case("div_by_zero_f32", "a / b", a=vals([1.0, -1.0, 0.0, 2.0]), b=vals([0.0, 0.0, 0.0, -0.0]))
+FA = [-7.5, -3.0, -1.2, 0.0, 1.2, 3.0, 7.5, 5.0]
+FB = [2.0, 2.0, -2.0, 3.0, -0.5, -4.0, 4.0, -3.0]
+IA = [-7, -7, 7, 7, -6, 6, 0, 5]
+IB = [2, -2, 2, -2, 3, -3, 4, -1]
+case("div_floor_f32", "torch.div(a, b, rounding_mode='floor')", a=vals(FA), b=vals(FB))
+case("div_trunc_f32", "torch.div(a, b, rounding_mode='trunc')", a=vals(FA), b=vals(FB))
+case("div_floor_f32_random", "torch.div(a, b, rounding_mode='floor')", a=r(3, 4), b=r(3, 4))
+case("div_floor_i64", "torch.div(a, b, rounding_mode='floor')", a=vals(IA, "i64"), b=vals(IB, "i64"))
+case("div_trunc_i64", "torch.div(a, b, rounding_mode='trunc')", a=vals(IA, "i64"), b=vals(IB, "i64"))
+case("div_floor_i32_scalar", "torch.div(a, 3, rounding_mode='floor')", a=ints(-10, 10, 8, dt="i32"))
+case("floordiv_op_i64", "a // b", a=vals(IA, "i64"), b=vals(IB, "i64"))
+case("div_true_i64", "a / b", a=vals(IA, "i64"), b=vals(IB, "i64"))
+case("remainder_f32", "torch.remainder(a, b)", a=vals(FA), b=vals(FB))
+case("remainder_i64", "torch.remainder(a, b)", a=vals(IA, "i64"), b=vals(IB, "i64"))
+case("remainder_op_scalar_i64", "a % 3", a=ints(-10, 10, 8))
+case("remainder_neg_scalar_f32", "torch.remainder(a, -1.5)", a=r(8))
+case("fmod_f32", "torch.fmod(a, b)", a=vals(FA), b=vals(FB))
+case("pow_tensor_tensor", "torch.pow(a, b)", a=pos(3, 4), b=r(3, 4))
+case("pow_tensor_scalar2", "a ** 2", a=r(3, 4))
+case("pow_tensor_scalar_half", "a ** 0.5", a=pos(3, 4))
+case("pow_tensor_scalar_neg", "torch.pow(a, -1.5)", a=pos(3, 4))
+case("pow_scalar_tensor", "2.0 ** a", a=r(3, 4))
+case("pow_scalar_tensor_fn", "torch.pow(3.0, a)", a=r(3, 4))
+case("pow_neg_base_frac", "torch.pow(a, 0.5)", a=r(3, 4))
+case("pow_neg_base_int_exp", "torch.pow(a, 3.0)", a=r(3, 4))
+case("pow_i64_scalar", "a ** 3", a=ints(-4, 5, 3, 4))
+case("pow_i64_tensor", "torch.pow(a, b)", a=ints(-3, 4, 3, 4), b=ints(0, 4, 3, 4))
+case("pow_bf16", "torch.pow(a, b)", a=pos(3, 4, dt="bf16"), b=r(3, 4, dt="bf16"))
+case("pow_broadcast", "torch.pow(a, b)", a=pos(3, 1), b=r(4))
+case("clamp_min", "torch.clamp(a, min=-0.5)", a=r(3, 4))
+case("clamp_max", "torch.clamp(a, max=0.5)", a=r(3, 4))
+case("clamp_both", "torch.clamp(a, -0.5, 0.5)", a=r(3, 4))
+case("clamp_i64", "torch.clamp(a, -2, 3)", a=ints(-6, 6, 3, 4))
+case("clamp_min_i32", "a.clamp(min=0)", a=ints(-6, 6, 3, 4, dt="i32"))
+case("clamp_tensor_bounds", "torch.clamp(a, min=b, max=c)", a=r(3, 4), b=r(3, 4), c=r(4))
+case("clamp_nan", "torch.clamp(a, -1.0, 1.0)", a=vals([NAN, -2.0, 0.5, 2.0, INF, -INF]))
+case("clamp_bf16", "torch.clamp(a, -0.5, 0.5)", a=r(3, 4, dt="bf16"))
+case("maximum_f32", "torch.maximum(a, b)", a=r(3, 4), b=r(3, 4))
+case("minimum_f32", "torch.minimum(a, b)", a=r(3, 4), b=r(3, 4))
+case("maximum_broadcast", "torch.maximum(a, b)", a=r(3, 4), b=r(3, 1))
+case("maximum_nan", "torch.maximum(a, b)", a=vals([NAN, 1.0, -INF, 2.0]), b=vals([0.0, NAN, 3.0, -1.0]))
+case("minimum_nan", "torch.minimum(a, b)", a=vals([NAN, 1.0, -INF, 2.0]), b=vals([0.0, NAN, 3.0, -1.0]))
+case("minimum_i32", "torch.minimum(a, b)", a=ints(-9, 9, 3, 4, dt="i32"), b=ints(-9, 9, 3, 4, dt="i32"))
+case("maximum_bf16", "torch.maximum(a, b)", a=r(3, 4, dt="bf16"), b=r(3, 4, dt="bf16"))
+case("max_binary", "torch.max(a, b)", a=r(3, 4), b=r(4))
+case("where_f32", "torch.where(c, a, b)", c=bools(3, 4), a=r(3, 4), b=r(3, 4))
+case("where_broadcast", "torch.where(c, a, b)", c=bools(3, 1), a=r(4), b=r(3, 4))
+case("where_scalar_other", "torch.where(a > 0, a, 0.0)", a=r(3, 4))
+case("where_scalar_both", "torch.where(c, 1.0, -1.0)", c=bools(3, 4))
+case("where_i64", "torch.where(c, a, b)", c=bools(3, 4), a=ints(0, 10, 3, 4), b=ints(-10, 0, 3, 4))
+case("where_bf16", "torch.where(c, a, b)", c=bools(3, 4), a=r(3, 4, dt="bf16"), b=r(3, 4, dt="bf16"))
+case("eq_i64", "torch.eq(a, b)", a=ints(0, 3, 3, 4), b=ints(0, 3, 3, 4))
+case("ne_i64", "a != b", a=ints(0, 3, 3, 4), b=ints(0, 3, 3, 4))
+case("eq_f32_values", "a == b", a=vals([1.0, 2.0, -0.0, NAN, INF]), b=vals([1.0, 2.5, 0.0, NAN, INF]))
+case("ne_nan", "a != b", a=vals([1.0, NAN, NAN]), b=vals([1.0, 1.0, NAN]))
+case("lt_f32_broadcast", "a < b", a=r(3, 4), b=r(4))
+case("le_scalar", "a <= 0.5", a=r(3, 4))
+case("gt_scalar", "torch.gt(a, 0)", a=r(3, 4))
+case("ge_i32_broadcast", "a >= b", a=ints(-3, 3, 3, 4, dt="i32"), b=ints(-3, 3, 3, 1, dt="i32"))
+case("lt_bf16", "a < b", a=r(3, 4, dt="bf16"), b=r(3, 4, dt="bf16"))
+case("ne_scalar_i64", "a != 1", a=ints(0, 3, 3, 4))
+case("gt_int_vs_float", "a > b", a=ints(-3, 3, 3, 4), b=r(3, 4))
+case("logical_and_bool", "torch.logical_and(a, b)", a=bools(3, 4), b=bools(3, 4))
+case("logical_or_bool", "torch.logical_or(a, b)", a=bools(3, 4), b=bools(3, 4))
+case("logical_not_bool", "torch.logical_not(a)", a=bools(3, 4))
+case("logical_and_f32", "torch.logical_and(a, b)", a=vals([0.0, 1.5, -0.0, NAN, 2.0, 0.0]),
+     b=vals([1.0, 0.0, 3.0, 1.0, -1.0, 0.0]))
+case("logical_or_broadcast", "torch.logical_or(a, b)", a=bools(3, 1), b=bools(4))
+case("logical_not_i32", "torch.logical_not(a)", a=ints(-2, 3, 3, 4, dt="i32"))
+case("isnan_f32", "torch.isnan(a)", a=vals([NAN, 1.0, INF, -INF, 0.0, -NAN]))
+case("isinf_f32", "torch.isinf(a)", a=vals([NAN, 1.0, INF, -INF, 0.0, 3e38]))
+case("isnan_bf16", "torch.isnan(a)", a=vals([NAN, 1.0, INF, -INF], "bf16"))
+case("nan_to_num_default", "torch.nan_to_num(a)", a=vals([NAN, INF, -INF, 1.5, -2.0, 0.0]))
+case("nan_to_num_values", "torch.nan_to_num(a, nan=0.5, posinf=100.0, neginf=-100.0)",
+     a=vals([NAN, INF, -INF, 1.5, -2.0, 0.0]))
+case("nan_to_num_f16_default", "torch.nan_to_num(a)", a=vals([NAN, INF, -INF, 1.5], "f16"))
+# casts
+case("cast_f32_to_i32", "a.to(torch.int32)", a=vals([-2.7, -1.5, -0.5, -0.0, 0.4, 1.5, 2.9, 100.99]))
+case("cast_f32_to_i64_scaled", "(a * 10).to(torch.int64)", a=r(3, 4))
+case("cast_f32_to_bf16", "a.to(torch.bfloat16)", a=r(3, 4))
+case("cast_f32_to_f16", "a.to(torch.float16)", a=r(3, 4))
+case("cast_f32_to_f16_overflow", "a.to(torch.float16)", a=vals([70000.0, -70000.0, 65504.0, 1e-8]))
+case("cast_bf16_to_f32", "a.to(torch.float32)", a=r(3, 4, dt="bf16"))
+case("cast_f64_to_f32", "a.to(torch.float32)", a=r(3, 4, dt="f64"))
+case("cast_bool_to_f32", "a.to(torch.float32)", a=bools(3, 4))
+case("cast_f32_to_bool", "a.to(torch.bool)", a=vals([0.0, -0.0, 0.1, -2.0, NAN, INF]))
+case("cast_i64_to_f32", "a.to(torch.float32)", a=ints(-100, 100, 3, 4))
+case("cast_i32_to_bool", "a.to(torch.bool)", a=ints(-2, 3, 3, 4, dt="i32"))
+case("cast_i64_to_i32", "a.to(torch.int32)", a=ints(-1000, 1000, 3, 4))
+case("cast_f32_to_u8", "a.to(torch.uint8)", a=vals([0.0, 0.9, 1.5, 200.7, 255.0, 3.2]))
+case("cast_u8_to_f32", "a.to(torch.float32)", a=ints(0, 256, 3, 4, dt="u8"))
+case("cast_method_long", "a.long()", a=vals([-2.7, -0.5, 0.5, 2.7]))
+case("cast_method_half_transposed", "a.t().half()", a=r(3, 4))
+# type promotion
+case("promo_i32_plus_float_scalar", "a + 2.5", a=ints(-5, 5, 3, 4, dt="i32"))
+case("promo_i64_times_float_scalar", "a * 0.5", a=ints(-5, 5, 3, 4))
+case("promo_u8_plus_i8", "a + b", a=ints(0, 200, 3, 4, dt="u8"), b=ints(-100, 100, 3, 4, dt="i8"))
+case("promo_f16_plus_bf16", "a + b", a=r(3, 4, dt="f16"), b=r(3, 4, dt="bf16"))
+case("promo_i64_div_i64", "a / b", a=ints(-10, 10, 3, 4), b=ints(1, 5, 3, 4))
+case("promo_bool_plus_bool", "a + b", a=bools(3, 4), b=bools(3, 4))
+case("promo_i32_plus_i64", "a + b", a=ints(-5, 5, 3, 4, dt="i32"), b=ints(-5, 5, 4))
+case("promo_f32_plus_f64_0d", "a + b", a=r(3, 4), b=r(dt="f64"))
+case("promo_i32_times_f16", "a * b", a=ints(-5, 5, 3, 4, dt="i32"), b=r(3, 4, dt="f16"))
+case("promo_bool_times_f32", "a * b", a=bools(3, 4), b=r(3, 4))
+case("promo_i32_plus_bool", "a + b", a=ints(-5, 5, 3, 4, dt="i32"), b=bools(3, 4))
+case("promo_u8_plus_int_scalar", "a + 5", a=ints(0, 250, 3, 4, dt="u8"))
+case("promo_f16_plus_float_scalar", "a + 2.5", a=r(3, 4, dt="f16"))
+case("promo_bool_plus_int_scalar", "a + 1", a=bools(3, 4))
+case("promo_f32_plus_i64", "a + b", a=r(3, 4), b=ints(-5, 5, 3, 4))
+# scalar on either side
+case("rsub_scalar", "2.0 - a", a=r(3, 4))
+case("sub_scalar", "a - 1.5", a=r(3, 4))
+case("mul_scalar_right", "a * 3", a=r(3, 4))
+case("mul_scalar_left", "0.5 * a", a=r(3, 4))
+case("rdiv_scalar", "1.0 / a", a=pos(3, 4))
+case("div_scalar", "a / 4", a=r(3, 4))
+case("radd_scalar_i32", "3 + a", a=ints(-5, 5, 3, 4, dt="i32"))
+case("rsub_scalar_i64", "5 - a", a=ints(-5, 5, 3, 4))
+case("rfloordiv_scalar_i64", "7 // a", a=vals([1, 2, 3, -2, -3, 4], "i64"))
+case("affine_scalar_chain", "a * 2.0 + 1.0", a=r(3, 4))
+case("rsub_scalar_bf16", "1.0 - a", a=r(3, 4, dt="bf16"))
+
+# ------------------------------------------------------------------------------------- reductions
+A3 = r(3, 4, 5)
+case("sum_all", "torch.sum(a)", a=A3)
+case("sum_dim1", "a.sum(1)", a=A3)
+case("sum_dim_neg1_keepdim", "a.sum(-1, keepdim=True)", a=A3)
+case("sum_dims02", "a.sum((0, 2))", a=A3)
+case("sum_dims_neg_keepdim", "a.sum((-1, -3), keepdim=True)", a=A3)
+case("sum_i32_all_to_i64", "a.sum()", a=ints(-10, 10, 3, 4, dt="i32"))
+case("sum_i32_dim0_to_i64", "a.sum(0)", a=ints(-10, 10, 3, 4, dt="i32"))
+case("sum_bool_all", "a.sum()", a=bools(3, 4))
+case("sum_bool_dim1", "a.sum(1)", a=bools(3, 4))
+case("sum_bf16_dim", "a.sum(-1)", a=r(4, 16, dt="bf16"))
+case("sum_f16_all", "a.sum()", a=r(4, 16, dt="f16"))
+case("sum_f64_dim", "a.sum(0)", a=r(3, 4, dt="f64"))
+case("sum_size0_dim", "a.sum(0)", a=r(0, 3))
+case("sum_size0_all", "a.sum()", a=r(0, 3))
+case("sum_transposed", "a.t().sum(0)", a=r(3, 4))
+case("sum_permuted", "a.permute(2, 0, 1).sum(-1)", a=r(2, 3, 4))
+case("sum_dtype_f64", "a.sum(-1, dtype=torch.float64)", a=r(3, 4))
+case("sum_long_row", "a.sum(-1)", a=r(2, 150))
+case("mean_all", "torch.mean(a)", a=A3)
+case("mean_dim1", "a.mean(1)", a=A3)
+case("mean_dims_keepdim", "a.mean((1, 2), keepdim=True)", a=A3)
+case("mean_neg_dim", "torch.mean(a, dim=-2)", a=A3)
+case("mean_bf16", "a.mean(-1)", a=r(4, 16, dt="bf16"))
+case("mean_f16", "a.mean()", a=r(4, 16, dt="f16"))
+case("mean_size0", "a.mean()", a=r(0, 3))
+case("prod_all", "torch.prod(a)", a=pos(3, 4))
+case("prod_dim", "a.prod(1)", a=r(3, 4))
+case("prod_keepdim_neg", "torch.prod(a, -1, keepdim=True)", a=r(2, 3, 4))
+case("prod_i32_to_i64", "a.prod()", a=ints(-3, 4, 8, dt="i32"))
+case("prod_size0", "a.prod(0)", a=r(0, 3))
+case("max_all", "torch.max(a)", a=A3)
+case("min_all", "torch.min(a)", a=A3)
+case("max_dim1", "torch.max(a, 1)", a=A3)
+case("min_dim_keepdim", "torch.min(a, dim=-1, keepdim=True)", a=A3)
+case("max_dim_i64", "torch.max(a, 1)", a=vals([[3, -1, 7, 2], [0, 5, -4, 1], [-9, -2, -8, -3]], "i64"))
+case("max_dim_bf16", "torch.max(a, -1)", a=r(3, 8, dt="bf16"))
+case("max_nan", "torch.max(a)", a=vals([1.0, NAN, 3.0, -INF]))
+case("max_dim_nan", "torch.max(a, 1)", a=vals([[1.0, NAN, 3.0], [2.0, 0.0, -1.0]]))
+case("amax_dims", "torch.amax(a, (0, 2))", a=A3)
+case("amin_keepdim", "torch.amin(a, -1, keepdim=True)", a=A3)
+case("amax_all", "a.amax()", a=A3)
+case("amax_i32", "torch.amax(a, 1)", a=ints(-50, 50, 3, 4, dt="i32"))
+case("amin_bf16", "torch.amin(a, 0)", a=r(3, 8, dt="bf16"))
+case("argmax_all", "torch.argmax(a)", a=A3)
+case("argmax_dim1", "torch.argmax(a, dim=1)", a=A3)
+case("argmax_keepdim", "torch.argmax(a, dim=-1, keepdim=True)", a=A3)
+case("argmin_all", "torch.argmin(a)", a=A3)
+case("argmin_dim0", "torch.argmin(a, 0)", a=A3)
+case("argmax_transposed", "a.t().argmax(-1)", a=r(4, 3))
+case("argmax_ties_first", "torch.argmax(a, dim=1)", a=vals([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]]))
+case("argmax_i64", "torch.argmax(a, dim=0)", a=vals([[3, -1, 7], [0, 5, -4], [9, -2, 8]], "i64"))
+case("var_default", "torch.var(a)", a=A3)
+case("var_dim_corr0", "torch.var(a, dim=1, correction=0)", a=A3)
+case("var_dim_corr1_keepdim", "torch.var(a, dim=-1, correction=1, keepdim=True)", a=A3)
+case("var_unbiased_false", "torch.var(a, dim=2, unbiased=False)", a=A3)
+case("var_dims", "torch.var(a, dim=(0, 2))", a=A3)
+case("var_size1_dim_nan", "torch.var(a, dim=1)", a=r(3, 1))
+case("std_default", "torch.std(a)", a=A3)
+case("std_dim_corr0", "torch.std(a, dim=0, correction=0)", a=A3)
+case("std_dims_keepdim", "torch.std(a, dim=(0, 1), correction=1, keepdim=True)", a=A3)
+case("std_f64", "torch.std(a, dim=-1)", a=r(3, 8, dt="f64"))
+case("logsumexp_dim1", "torch.logsumexp(a, 1)", a=A3)
+case("logsumexp_dims", "torch.logsumexp(a, (0, 2))", a=A3)
+case("logsumexp_keepdim_neg", "torch.logsumexp(a, -1, keepdim=True)", a=A3)
+case("logsumexp_large", "torch.logsumexp(a, -1)", a=vals([[1000.0, 1001.0, 999.0], [-1000.0, -1002.0, -999.5]]))
+case("logsumexp_neginf", "torch.logsumexp(a, -1)", a=vals([[-INF, -INF, -INF], [-INF, 0.0, 1.0]]))
+case("logsumexp_bf16", "torch.logsumexp(a, -1)", a=r(3, 8, dt="bf16"))
+case("norm_l2_all", "torch.linalg.vector_norm(a)", a=A3)
+case("norm_l2_dim", "torch.norm(a, dim=1)", a=A3)
+case("norm_l1_dim", "torch.linalg.vector_norm(a, ord=1, dim=-1)", a=A3)
+case("norm_inf_all", "torch.linalg.vector_norm(a, ord=math.inf)", a=A3)
+case("norm_inf_dim_keepdim", "torch.linalg.vector_norm(a, ord=math.inf, dim=(0, 1), keepdim=True)", a=A3)
+case("norm_p1_all", "torch.norm(a, p=1)", a=A3)
+case("norm_l2_bf16", "torch.linalg.vector_norm(a, dim=-1)", a=r(3, 8, dt="bf16"))
+case("all_bool", "torch.all(a)", a=bools(3, 4))
+case("all_true", "torch.all(a)", a=vals([True, True, True]))
+case("all_dim1", "a.all(dim=1)", a=bools(3, 4))
+case("any_bool", "torch.any(a)", a=bools(3, 4))
+case("any_dim0_keepdim", "torch.any(a, dim=0, keepdim=True)", a=bools(3, 4))
+case("any_f32_dim", "torch.any(a, dim=1)", a=vals([[0.0, 0.0, 0.0], [0.0, -0.5, 0.0], [NAN, 0.0, 0.0]]))
+case("all_i64", "torch.all(a)", a=ints(-2, 3, 3, 4))
+case("all_empty", "torch.all(a)", a=r(0, dt="bool"))
+case("any_empty", "torch.any(a)", a=r(0, dt="bool"))
+case("cumsum_dim0", "torch.cumsum(a, 0)", a=r(3, 4))
+case("cumsum_neg_dim", "a.cumsum(-1)", a=r(2, 3, 4))
+case("cumsum_i32_to_i64", "torch.cumsum(a, 1)", a=ints(-10, 10, 3, 4, dt="i32"))
+case("cumsum_bool", "a.cumsum(0)", a=bools(8))
+case("cumsum_bf16", "torch.cumsum(a, -1)", a=r(2, 16, dt="bf16"))
+case("cumsum_transposed", "a.t().cumsum(1)", a=r(3, 4))
+
+# -------------------------------------------------------------------------------- views, indexing
+case("reshape_2d_to_3d", "a.reshape(2, 3, 2)", a=r(3, 4))
+case("reshape_infer", "a.reshape(-1, 6)", a=r(3, 4))
+case("reshape_flat", "a.reshape(-1)", a=r(2, 3, 2))
+case("reshape_transposed", "a.t().reshape(12)", a=r(3, 4))
+case("reshape_size0", "a.reshape(3, 0, 2)", a=r(0, 6))
+case("reshape_to_0d", "a.reshape(())", a=r(1))
+case("reshape_i64", "a.reshape(4, 3)", a=ints(0, 100, 2, 6))
+case("view_2x6", "a.view(2, 6)", a=r(3, 4))
+case("view_add_dim", "a.view(3, 1, 4)", a=r(3, 4))
+case("view_infer_neg", "a.view(-1, 2)", a=r(2, 3, 2))
+case("flatten_all", "a.flatten()", a=r(2, 3, 4))
+case("flatten_start1", "a.flatten(1)", a=r(2, 3, 4))
+case("flatten_0_1", "torch.flatten(a, 0, 1)", a=r(2, 3, 4))
+case("flatten_neg", "a.flatten(-2, -1)", a=r(2, 3, 4))
+case("flatten_0d", "a.flatten()", a=r())
+case("flatten_permuted", "a.permute(1, 0, 2).flatten(1)", a=r(2, 3, 4))
+case("unflatten_dim1", "a.unflatten(1, (2, 3))", a=r(4, 6))
+case("unflatten_infer_neg", "a.unflatten(-1, (2, -1))", a=r(4, 6))
+case("permute_3d", "a.permute(2, 0, 1)", a=r(2, 3, 4))
+case("permute_neg", "a.permute(-1, 0, -2)", a=r(2, 3, 4))
+case("permute_4d", "torch.permute(a, (0, 2, 3, 1))", a=r(2, 3, 2, 4))
+case("transpose_02", "a.transpose(0, 2)", a=r(2, 3, 4))
+case("transpose_neg", "torch.transpose(a, -1, -2)", a=r(2, 3, 4))
+case("t_2d", "a.t()", a=r(3, 4))
+case("t_1d", "a.t()", a=r(5))
+case("expand_col", "a.expand(3, 4)", a=r(3, 1))
+case("expand_neg1", "a.expand(-1, 4)", a=r(3, 1))
+case("expand_new_dim", "a.expand(2, 3, 4)", a=r(3, 1))
+case("expand_as", "a.expand_as(b)", a=r(1, 4), b=r(3, 4))
+case("broadcast_to_2d", "torch.broadcast_to(a, (3, 4))", a=r(4))
+case("broadcast_to_3d", "a.broadcast_to((2, 3, 4))", a=r(3, 1))
+case("squeeze_all", "a.squeeze()", a=r(1, 3, 1, 2))
+case("squeeze_dim", "a.squeeze(2)", a=r(1, 3, 1, 2))
+case("squeeze_neg", "a.squeeze(-4)", a=r(1, 3, 1, 2))
+case("squeeze_noop", "a.squeeze(1)", a=r(1, 3, 1, 2))
+case("squeeze_dims", "a.squeeze((0, 2))", a=r(1, 3, 1, 2))
+case("unsqueeze_0", "a.unsqueeze(0)", a=r(3, 4))
+case("unsqueeze_neg", "torch.unsqueeze(a, -1)", a=r(3, 4))
+case("unsqueeze_mid", "a.unsqueeze(1)", a=r(3, 4))
+case("narrow_dim1", "a.narrow(1, 1, 2)", a=r(3, 4))
+case("narrow_neg", "torch.narrow(a, -1, 0, 3)", a=r(2, 3, 4))
+case("narrow_len0", "a.narrow(0, 2, 0)", a=r(3, 4))
+case("slice_step2", "a[1:5:2]", a=r(6, 4))
+case("slice_col_step3", "a[:, ::3]", a=r(4, 7))
+case("slice_neg_bounds", "a[-3:, 1:-1]", a=r(5, 4))
+case("slice_2d_steps", "a[::2, 1::2]", a=r(5, 6))
+case("slice_ellipsis", "a[..., ::2]", a=r(2, 3, 4))
+case("slice_oob_empty", "a[5:10]", a=r(4, 3))
+case("slice_clamped_end", "a[1:100]", a=r(4, 3))
+case("slice_none", "a[:, None, 1:]", a=r(3, 4))
+case("select_dim1", "a.select(1, 2)", a=r(3, 4))
+case("select_index", "a[2]", a=r(3, 4))
+case("select_neg_index", "a[-1]", a=r(3, 4))
+case("select_col_neg", "a[:, -1]", a=r(3, 4))
+case("select_neg_dim", "a.select(-1, 0)", a=r(2, 3, 4))
+case("index_select_dim0", "torch.index_select(a, 0, idx)", a=r(4, 3), idx=ints(0, 4, 5))
+case("index_select_dim1", "a.index_select(1, idx)", a=r(3, 5), idx=ints(0, 5, 3))
+case("index_select_neg_dim", "torch.index_select(a, -1, idx)", a=r(2, 3, 4), idx=ints(0, 4, 2))
+case("index_select_i64_data", "torch.index_select(a, 0, idx)", a=ints(0, 100, 4, 3), idx=ints(0, 4, 3))
+case("index_tensor_rows", "a[idx]", a=r(4, 3), idx=ints(0, 4, 5))
+case("index_tensor_2d_idx", "a[idx]", a=r(5, 3), idx=ints(0, 5, 2, 3))
+case("index_tensor_cols", "a[:, idx]", a=r(3, 5), idx=ints(0, 5, 4))
+case("gather_dim1", "torch.gather(a, 1, idx)", a=r(3, 5), idx=ints(0, 5, 3, 4))
+case("gather_dim0", "torch.gather(a, 0, idx)", a=r(4, 3), idx=ints(0, 4, 2, 3))
+case("gather_neg_dim", "a.gather(-1, idx)", a=r(2, 3, 4), idx=ints(0, 4, 2, 3, 2))
+case("gather_smaller_index", "torch.gather(a, 1, idx)", a=r(3, 5), idx=ints(0, 5, 2, 2))
+case("scatter_dim1", "torch.scatter(a, 1, idx, b)", a=r(3, 5),
+     idx=vals([[0, 3], [4, 1], [2, 0]], "i64"), b=r(3, 2))
+case("scatter_scalar_dim0", "a.scatter(0, idx, 2.0)", a=r(4, 3), idx=vals([[0, 1, 2], [3, 0, 1]], "i64"))
+case("scatter_add_dim1", "torch.scatter_add(a, 1, idx, b)", a=r(3, 5), idx=ints(0, 5, 3, 6), b=r(3, 6))
+case("scatter_add_dim0", "a.scatter_add(0, idx, b)", a=r(3, 4), idx=ints(0, 3, 5, 4), b=r(5, 4))
+case("scatter_add_i64", "torch.scatter_add(a, 0, idx, b)", a=ints(0, 10, 4), idx=ints(0, 4, 6),
+     b=ints(1, 5, 6))
+case("cat_dim0", "torch.cat([a, b])", a=r(2, 3), b=r(4, 3))
+case("cat_dim1_three", "torch.cat([a, b, c], dim=1)", a=r(2, 1), b=r(2, 3), c=r(2, 2))
+case("cat_neg_dim", "torch.cat([a, b], -1)", a=r(2, 3, 2), b=r(2, 3, 1))
+case("cat_with_empty", "torch.cat([a, b], 0)", a=r(2, 3), b=r(0, 3))
+case("cat_promote_f32_f16", "torch.cat([a, b])", a=r(2, 3), b=r(1, 3, dt="f16"))
+case("cat_transposed", "torch.cat([a.t(), b], 0)", a=r(3, 2), b=r(1, 3))
+case("cat_i64", "torch.cat([a, b], 1)", a=ints(0, 9, 2, 2), b=ints(0, 9, 2, 3))
+case("stack_dim0", "torch.stack([a, b])", a=r(2, 3), b=r(2, 3))
+case("stack_neg", "torch.stack([a, b, c], dim=-1)", a=r(2, 3), b=r(2, 3), c=r(2, 3))
+case("stack_mid", "torch.stack([a, b], 1)", a=r(2, 3), b=r(2, 3))
+case("split_even", "torch.split(a, 2, dim=0)", a=r(4, 3))
+case("split_uneven", "torch.split(a, 2, dim=1)", a=r(3, 5))
+case("split_sizes", "torch.split(a, [1, 4], dim=-1)", a=r(3, 5))
+case("chunk_3", "a.chunk(3, 0)", a=r(7, 2))
+case("chunk_fewer", "torch.chunk(a, 4, 0)", a=r(6, 2))
+case("chunk_neg_dim", "a.chunk(2, -1)", a=r(2, 3, 4))
+case("repeat_2d", "a.repeat(2, 3)", a=r(2, 3))
+case("repeat_add_dim", "a.repeat(2, 1, 1)", a=r(2, 3))
+case("repeat_ones", "a.repeat(1, 1)", a=r(2, 3))
+case("flip_dim0", "torch.flip(a, [0])", a=r(3, 4))
+case("flip_multi", "torch.flip(a, (0, 2))", a=r(2, 3, 4))
+case("flip_neg", "a.flip(-1)", a=r(2, 3, 4))
+case("pad_last", "F.pad(a, (1, 2))", a=r(2, 3))
+case("pad_2d_value", "F.pad(a, (1, 0, 2, 1), value=-1.5)", a=r(2, 3))
+case("pad_3d", "F.pad(a, (1, 1, 0, 2, 1, 0), value=0.5)", a=r(2, 3, 4))
+case("pad_negative_crop", "F.pad(a, (-1, 2))", a=r(2, 4))
+case("pad_i64", "F.pad(a, (1, 1), value=7)", a=ints(0, 5, 2, 3))
+case("pad_bf16", "F.pad(a, (0, 3), value=1.0)", a=r(2, 3, dt="bf16"))
+case("tril_default", "torch.tril(a)", a=r(4, 4))
+case("tril_pos", "torch.tril(a, 1)", a=r(4, 6))
+case("tril_neg_tall", "a.tril(-1)", a=r(5, 3))
+case("triu_default", "torch.triu(a)", a=r(4, 4))
+case("triu_pos2", "a.triu(2)", a=r(4, 6))
+case("triu_neg_tall", "torch.triu(a, diagonal=-1)", a=r(5, 3))
+case("triu_batched", "torch.triu(a, 1)", a=r(2, 3, 4))
+case("tril_i64", "torch.tril(a)", a=ints(1, 10, 3, 3))
+case("contiguous_t", "a.t().contiguous()", a=r(3, 4))
+case("contiguous_permute", "a.permute(1, 0, 2).contiguous()", a=r(2, 3, 4))
+case("contiguous_slice", "a[:, 1::2].contiguous()", a=r(3, 6))
+
+# ------------------------------------------------------------------------------- linear algebra
+case("matmul_2d", "a @ b", a=r(3, 4), b=r(4, 5))
+case("matmul_1d_2d", "torch.matmul(a, b)", a=r(4), b=r(4, 5))
+case("matmul_2d_1d", "torch.matmul(a, b)", a=r(3, 4), b=r(4))
+case("matmul_1d_1d", "torch.matmul(a, b)", a=r(6), b=r(6))
+case("matmul_batched_bcast", "a @ b", a=r(2, 1, 3, 4), b=r(5, 4, 2))
+case("matmul_3d_2d", "a @ b", a=r(2, 3, 4), b=r(4, 5))
+case("matmul_1d_3d", "torch.matmul(a, b)", a=r(4), b=r(2, 4, 3))
+case("matmul_transposed", "a.t() @ b", a=r(4, 3), b=r(4, 5))
+case("matmul_inner0", "a @ b", a=r(3, 0), b=r(0, 4))
+case("matmul_bf16", "a @ b", a=r(4, 8, dt="bf16"), b=r(8, 4, dt="bf16"))
+case("matmul_f64", "a @ b", a=r(3, 4, dt="f64"), b=r(4, 5, dt="f64"))
+case("matmul_larger", "a @ b", a=r(8, 32), b=r(32, 8))
+case("mm_f32", "torch.mm(a, b)", a=r(3, 4), b=r(4, 5))
+case("mm_transposed_b", "torch.mm(a, b.t())", a=r(3, 4), b=r(5, 4))
+case("bmm_f32", "torch.bmm(a, b)", a=r(2, 3, 4), b=r(2, 4, 5))
+case("bmm_transposed_b", "torch.bmm(a, b.transpose(1, 2))", a=r(2, 3, 4), b=r(2, 5, 4))
+case("linear_bias", "F.linear(a, w, b)", a=r(3, 4), w=r(5, 4), b=r(5))
+case("linear_nobias", "F.linear(a, w)", a=r(3, 4), w=r(5, 4))
+case("linear_3d_input", "F.linear(a, w, b)", a=r(2, 3, 4), w=r(5, 4), b=r(5))
+case("linear_1d_input", "F.linear(a, w, b)", a=r(4), w=r(5, 4), b=r(5))
+
+# ---------------------------------------------------------------------------------------- nn
+case("softmax_f32_dim1", "torch.softmax(a, dim=1)", a=r(3, 5))
+case("softmax_f32_dim0", "torch.softmax(a, dim=0)", a=r(3, 5))
+case("softmax_f32_neg1_3d", "torch.softmax(a, -1)", a=r(2, 3, 4))
+case("softmax_3d_dim1", "F.softmax(a, dim=1)", a=r(2, 3, 4))
+case("softmax_bf16", "torch.softmax(a, -1)", a=r(3, 8, dt="bf16"))
+case("softmax_f16", "torch.softmax(a, -1)", a=r(3, 8, dt="f16"))
+case("softmax_f64", "torch.softmax(a, -1)", a=r(3, 8, dt="f64"))
+case("softmax_bf16_dtype_f32", "torch.softmax(a, -1, dtype=torch.float32)", a=r(3, 8, dt="bf16"))
+case("softmax_neginf", "torch.softmax(a, -1)", a=vals([[0.0, -INF, 1.0, -INF], [-INF, 2.0, 2.0, 0.5]]))
+case("softmax_large", "torch.softmax(a, -1)", a=vals([[1000.0, 1001.0, 999.0], [-1000.0, -1002.0, -999.5]]))
+case("softmax_transposed", "F.softmax(a.t(), dim=-1)", a=r(5, 3))
+case("softmax_size1_dim", "torch.softmax(a, -1)", a=r(3, 1))
+case("softmax_long_row", "torch.softmax(a, -1)", a=r(2, 150))
+case("log_softmax_f32_dim1", "torch.log_softmax(a, dim=1)", a=r(3, 5))
+case("log_softmax_dim0", "F.log_softmax(a, dim=0)", a=r(3, 5))
+case("log_softmax_bf16", "F.log_softmax(a, dim=-1)", a=r(3, 8, dt="bf16"))
+case("log_softmax_3d_neg2", "torch.log_softmax(a, -2)", a=r(2, 3, 4))
+case("log_softmax_large", "torch.log_softmax(a, -1)", a=vals([[1000.0, 1001.0, 999.0], [-1000.0, -1002.0, -999.5]]))
+case("log_softmax_neginf", "torch.log_softmax(a, -1)", a=vals([[0.0, -INF, 1.0, -INF]]))
+case("layer_norm_plain", "F.layer_norm(a, (8,))", a=r(4, 8))
+case("layer_norm_weight_bias", "F.layer_norm(a, (8,), w, b)", a=r(4, 8), w=r(8), b=r(8))
+case("layer_norm_weight_only", "F.layer_norm(a, (8,), w)", a=r(4, 8), w=r(8))
+case("layer_norm_2d_shape", "F.layer_norm(a, (3, 4), w, b)", a=r(2, 3, 4), w=r(3, 4), b=r(3, 4))
+case("layer_norm_eps", "F.layer_norm(a, (8,), w, b, eps=1e-2)", a=r(4, 8), w=r(8), b=r(8))
+case("layer_norm_bf16", "F.layer_norm(a, (8,), w, b)", a=r(4, 8, dt="bf16"), w=r(8, dt="bf16"), b=r(8, dt="bf16"))
+case("layer_norm_3d_input", "F.layer_norm(a, (8,), w, b)", a=r(2, 3, 8), w=r(8), b=r(8))
+case("rms_norm_weight", "F.rms_norm(a, (8,), w)", a=r(4, 8), w=r(8))
+case("rms_norm_eps", "F.rms_norm(a, (8,), w, eps=1e-3)", a=r(4, 8), w=r(8))
+case("rms_norm_eps_none", "F.rms_norm(a, (8,), eps=None)", a=r(4, 8))
+case("rms_norm_2d_shape", "F.rms_norm(a, (3, 4), w)", a=r(2, 3, 4), w=r(3, 4))
+case("rms_norm_bf16", "F.rms_norm(a, (8,), w, eps=1e-6)", a=r(4, 8, dt="bf16"), w=r(8, dt="bf16"))
+case("embedding_1d", "F.embedding(idx, w)", idx=ints(0, 6, 5), w=r(6, 4))
+case("embedding_2d", "F.embedding(idx, w)", idx=ints(0, 6, 2, 3), w=r(6, 4))
+case("embedding_bf16", "F.embedding(idx, w)", idx=ints(0, 6, 4), w=r(6, 4, dt="bf16"))
+case("embedding_padding_idx", "F.embedding(idx, w, padding_idx=0)", idx=vals([0, 2, 0, 5], "i64"), w=r(6, 4))
+T_IGN = vals([1, -100, 4, 0, -100, 2], "i64")
+case("cross_entropy_mean", "F.cross_entropy(a, t)", a=r(4, 5), t=ints(0, 5, 4))
+case("cross_entropy_sum", "F.cross_entropy(a, t, reduction='sum')", a=r(4, 5), t=ints(0, 5, 4))
+case("cross_entropy_none", "F.cross_entropy(a, t, reduction='none')", a=r(4, 5), t=ints(0, 5, 4))
+case("cross_entropy_ignore_default", "F.cross_entropy(a, t)", a=r(6, 5), t=T_IGN)
+case("cross_entropy_ignore_none", "F.cross_entropy(a, t, reduction='none')", a=r(6, 5), t=T_IGN)
+case("cross_entropy_ignore_custom", "F.cross_entropy(a, t, ignore_index=2)", a=r(6, 5),
+     t=vals([1, 2, 4, 0, 2, 3], "i64"))
+case("cross_entropy_label_smoothing", "F.cross_entropy(a, t, label_smoothing=0.1)", a=r(4, 5), t=ints(0, 5, 4))
+case("cross_entropy_ls_sum", "F.cross_entropy(a, t, reduction='sum', label_smoothing=0.1)", a=r(4, 5),
+     t=ints(0, 5, 4))
+case("cross_entropy_ls_ignore", "F.cross_entropy(a, t, label_smoothing=0.1)", a=r(6, 5), t=T_IGN)
+case("cross_entropy_bf16_upcast", "F.cross_entropy(a.float(), t)", a=r(4, 5, dt="bf16"), t=ints(0, 5, 4))
+case("cross_entropy_weight", "F.cross_entropy(a, t, weight=w)", a=r(4, 5), t=ints(0, 5, 4), w=pos(5))
+case("cross_entropy_3d", "F.cross_entropy(a, t)", a=r(2, 4, 3), t=ints(0, 4, 2, 3))
+case("cross_entropy_all_ignored_nan", "F.cross_entropy(a, t)", a=r(2, 5), t=vals([-100, -100], "i64"))
+case("cross_entropy_large_logits", "F.cross_entropy(a, t)", a=vals([[1000.0, 0.0, -1000.0], [5.0, 1005.0, 1000.0]]),
+     t=vals([2, 1], "i64"))
+case("mse_loss_mean", "F.mse_loss(a, b)", a=r(3, 4), b=r(3, 4))
+case("mse_loss_sum", "F.mse_loss(a, b, reduction='sum')", a=r(3, 4), b=r(3, 4))
+case("mse_loss_none", "F.mse_loss(a, b, reduction='none')", a=r(3, 4), b=r(3, 4))
+case("mse_loss_bf16", "F.mse_loss(a, b)", a=r(3, 4, dt="bf16"), b=r(3, 4, dt="bf16"))
+QKV = dict(q=r(2, 2, 5, 8), k=r(2, 2, 5, 8), v=r(2, 2, 5, 8))
+BOOL_MASK = [[[[(i == j) or ((i + 2 * j + b) % 3 != 1) for j in range(5)] for i in range(5)]]
+             for b in range(2)]
+case("sdpa_basic", "F.scaled_dot_product_attention(q, k, v)", **QKV)
+case("sdpa_causal", "F.scaled_dot_product_attention(q, k, v, is_causal=True)", **QKV)
+case("sdpa_float_mask", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", **QKV, m=r(5, 5))
+case("sdpa_bool_mask", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", **QKV,
+     m=vals(BOOL_MASK, "bool"))
+case("sdpa_scale", "F.scaled_dot_product_attention(q, k, v, scale=0.5)", **QKV)
+case("sdpa_causal_scale", "F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)", **QKV)
+case("sdpa_cross_len", "F.scaled_dot_product_attention(q, k, v)", q=r(2, 2, 3, 8), k=r(2, 2, 6, 8),
+     v=r(2, 2, 6, 8))
+case("sdpa_3d", "F.scaled_dot_product_attention(q, k, v)", q=r(2, 5, 8), k=r(2, 5, 8), v=r(2, 5, 8))
+case("sdpa_bf16_causal", "F.scaled_dot_product_attention(q, k, v, is_causal=True)", q=r(1, 2, 5, 8, dt="bf16"),
+     k=r(1, 2, 5, 8, dt="bf16"), v=r(1, 2, 5, 8, dt="bf16"))
+
+# ------------------------------------------------------------------------------------ composites
+case("composite_softmax_affine", "torch.softmax(a @ b + c, -1)", a=r(3, 4), b=r(4, 5), c=r(5))
+case("composite_attention", "torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1) @ v", **QKV)
+case("composite_gelu_mlp", "F.linear(F.gelu(F.linear(a, b, c)), d, e)",  # x, w1, b1, w2, b2
+     a=r(2, 3, 8), b=r(16, 8), c=r(16), d=r(8, 16), e=r(8))
+case("composite_prenorm_residual", "a + F.linear(F.layer_norm(a, (8,)), w)", a=r(2, 3, 8), w=r(8, 8))
+case("composite_swiglu", "F.linear(F.silu(F.linear(a, b)) * F.linear(a, c), d)",  # x, w1, w3, w2
+     a=r(3, 8), b=r(12, 8), c=r(12, 8), d=r(8, 12))
+case("composite_linear_cross_entropy", "F.cross_entropy(F.linear(a, w), t)", a=r(4, 8), w=r(5, 8), t=ints(0, 5, 4))
+case("composite_sigmoid_tanh_bcast", "torch.sigmoid(a * 2.0 + 1.0) * torch.tanh(b)", a=r(3, 4), b=r(4))
+case("composite_centered_var", "(a - a.mean(-1, keepdim=True)).pow(2).mean(-1)", a=r(3, 8))
+
+# ----------------------------------------------------------------------- errors (PyTorch raises)
+case("err_add_shape", "a + b", a=r(3, 4), b=r(5, 4))
+case("err_matmul_inner", "a @ b", a=r(3, 4), b=r(5, 2))
+case("err_matmul_0d", "torch.matmul(a, b)", a=r(), b=r(3))
+case("err_mm_3d", "torch.mm(a, b)", a=r(2, 3, 4), b=r(4, 5))
+case("err_bmm_batch", "torch.bmm(a, b)", a=r(2, 3, 4), b=r(3, 4, 5))
+case("err_linear_shape", "F.linear(a, w)", a=r(2, 3), w=r(4, 5))
+case("err_reshape_numel", "a.reshape(5, 3)", a=r(3, 4))
+case("err_reshape_two_infer", "a.reshape(-1, -1)", a=r(3, 4))
+case("err_view_noncontig", "a.t().view(12)", a=r(3, 4))
+case("err_unflatten_sizes", "a.unflatten(1, (5, 2))", a=r(3, 12))
+case("err_cat_dims", "torch.cat([a, b], 0)", a=r(2, 3), b=r(2, 4))
+case("err_stack_shape", "torch.stack([a, b])", a=r(2, 3), b=r(3, 2))
+case("err_split_sizes", "torch.split(a, [2, 2])", a=r(5))
+case("err_chunk_zero", "a.chunk(0)", a=r(4))
+case("err_gather_rank", "torch.gather(a, 1, idx)", a=r(3, 4), idx=ints(0, 4, 3))
+case("err_index_select_oob", "torch.index_select(a, 0, idx)", a=r(4, 3), idx=vals([0, 4], "i64"))
+case("err_embedding_oob", "F.embedding(idx, w)", idx=vals([0, 5], "i64"), w=r(5, 3))
+case("err_softmax_dim", "torch.softmax(a, dim=2)", a=r(3, 4))
+case("err_sum_dim_range", "a.sum(dim=3)", a=r(3, 4))
+case("err_permute_repeated", "a.permute(0, 0, 1)", a=r(2, 3, 4))
+case("err_permute_len", "a.permute(0, 1)", a=r(2, 3, 4))
+case("err_transpose_dim", "a.transpose(0, 2)", a=r(3, 4))
+case("err_t_3d", "a.t()", a=r(2, 3, 4))
+case("err_expand_non1", "a.expand(6, 4)", a=r(3, 4))
+case("err_broadcast_to", "torch.broadcast_to(a, (3, 5))", a=r(3, 4))
+case("err_squeeze_dim_range", "a.squeeze(3)", a=r(3, 1))
+case("err_narrow_oob", "a.narrow(1, 2, 5)", a=r(3, 4))
+case("err_slice_negative_step", "a[::-1]", a=r(4))
+case("err_repeat_fewer_dims", "a.repeat(2)", a=r(2, 3))
+case("err_pad_too_long", "F.pad(a, (1, 1, 1, 1))", a=r(3))
+case("err_where_shape", "torch.where(c, a, b)", c=bools(3), a=r(4), b=r(4))
+case("err_mean_int", "a.mean()", a=ints(0, 5, 4))
+case("err_max_empty_dim", "torch.max(a, 0)", a=r(0, 3))
+case("err_int_pow_negative", "torch.pow(a, -1)", a=ints(1, 5, 4))
+case("err_bitwise_not_float", "~a", a=r(4))
+case("err_layer_norm_shape", "F.layer_norm(a, (5,))", a=r(3, 4))
+case("err_cross_entropy_target_oob", "F.cross_entropy(a, t)", a=r(2, 5), t=vals([1, 7], "i64"))
+case("err_sdpa_head_dim", "F.scaled_dot_product_attention(q, k, v)", q=r(1, 2, 5, 8), k=r(1, 2, 5, 4),
+     v=r(1, 2, 5, 8))
+
+
+def check():
+    names = [c["name"] for c in CASES]
+    dup = {n for n in names if names.count(n) > 1}
+    assert not dup, f"duplicate names: {sorted(dup)}"
+    for c in CASES:
+        assert re.fullmatch(r"[a-z0-9_]+", c["name"]), c["name"]
+        for k, spec in c["inputs"].items():
+            assert re.fullmatch(r"[a-z]|idx", k), (c["name"], k)
+            if "values" in spec:
+                n = math.prod(spec["shape"])
+                flat = json.dumps(spec["values"]).count(",") + 1 if n else 0
+                assert n == flat, (c["name"], k, spec["shape"])
+
+
+if __name__ == "__main__":
+    check()
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")
+    with open(out, "w") as f:  # one case per line: readable diffs
+        f.write("[\n" + ",\n".join(json.dumps(c, allow_nan=False) for c in CASES) + "\n]\n")
+    n_err = sum(c["name"].startswith("err_") for c in CASES)
+    print(f"{len(CASES)} cases ({n_err} err_) -> {out}")
