@@ -27,10 +27,13 @@
 //! the op set, the graph), `coil-passes` (decomposition), `coil-codegen`, `coil-runtime`
 //! (buffers, devices, the reference interpreter), `coil-frontend` (the `Tensor` API).
 
+pub use coil_frontend::compile::{inspect, Compiled, StageTimes};
 pub use coil_frontend::ops::linalg::*;
 pub use coil_frontend::ops::nn::*;
 pub use coil_frontend::ops::shape::*;
-pub use coil_frontend::{capture, manual_seed, pow, realize, where_, Captured, IntoTensor, Tensor};
+pub use coil_frontend::{
+    backend, capture, manual_seed, pow, realize, set_backend, where_, Backend, Captured, IntoTensor, Tensor,
+};
 pub use coil_ir::{DType, Error, ErrorKind, Graph, LossReduction, Result, Scalar, TensorMeta};
 pub use coil_passes::decompose;
 pub use coil_runtime::{Buffer, Device, Element, HostData};

@@ -1,1 +1,21 @@
-//! placeholder
+//! `coil-codegen`: turns fused kernels into block-level kernel IR, and kernel IR into C source
+//! (CUDA C comes later).
+//!
+//! * [`tile`]: [`build_kernel`] turns one [`coil_ir::kernel::FusedKernel`] of the scheduler
+//!   into a [`coil_ir::kernel::TileKernel`], the Triton-style block program of `.tile` dumps.
+//! * [`c`]: [`emit_c`] turns tile kernels into one C translation unit (OpenMP loops, and a
+//!   prelude of helpers that reproduce the reference interpreter's semantics); the runtime
+//!   compiles it with the system `cc` and calls each kernel as
+//!   `void NAME(char *const *args, int64_t *status)`.
+//!
+//! The contracts between these steps and their neighbours are in `docs/compiler.md`.
+
+pub mod c;
+#[cfg(test)]
+mod pipeline_tests;
+#[cfg(test)]
+mod testutil;
+pub mod tile;
+
+pub use c::{emit_c, emit_kernel, status};
+pub use tile::build_kernel;

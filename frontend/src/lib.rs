@@ -3,8 +3,14 @@
 //! It owns:
 //! * [`Tensor`]: a lazy tensor whose ops record nodes with the caller's source line;
 //! * the op methods (`ops`), with PyTorch's names, semantics and errors;
-//! * [`capture`] (tensors to a [`coil_ir::Graph`]) and realization (capture, decompose, run).
+//! * [`capture`] (tensors to a [`coil_ir::Graph`]) and realization: capture, then either the
+//!   compile driver ([`compile`]: decompose, lower, fuse, generate C, build, run) or the
+//!   reference interpreter ([`Backend`]);
+//! * debug dumps (`COIL_DEBUG`, [`debug`]) and logs (`COIL_LOGS`, [`logs`]).
 
+pub mod compile;
+pub mod debug;
+pub mod logs;
 pub mod ops;
 pub mod realize;
 pub mod tensor;
@@ -13,5 +19,5 @@ pub use ops::linalg::linear;
 pub use ops::nn::{embedding, scaled_dot_product_attention, CrossEntropyOptions, LossReduction};
 pub use ops::pointwise::{pow, where_, IntoTensor};
 pub use ops::shape::{cat, stack};
-pub use realize::{capture, realize, Captured};
+pub use realize::{backend, capture, realize, set_backend, Backend, Captured};
 pub use tensor::{manual_seed, wrap_dim, Tensor};

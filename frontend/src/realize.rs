@@ -7,8 +7,9 @@
 use crate::tensor::Tensor;
 use coil_ir::{Graph, NodeId, Result};
 use coil_runtime::Buffer;
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A captured graph and the buffers bound to its inputs.
 pub struct Captured {
@@ -85,9 +86,53 @@ pub fn realize(outputs: &[&Tensor]) -> Result<()> {
     Ok(())
 }
 
-/// Runs a captured graph: decomposition to primitives, then the reference interpreter.
+/// How realized graphs run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Compiled: fused kernels, generated C, built by the system C compiler (the default).
+    Compiled,
+    /// The reference interpreter: every primitive op by op (the oracle, and the fallback when
+    /// no C compiler exists).
+    Interpreter,
+}
+
+thread_local! {
+    static BACKEND: Cell<Option<Backend>> = const { Cell::new(None) };
+}
+
+/// Chooses the backend for this thread's realizations.
+pub fn set_backend(backend: Backend) {
+    BACKEND.with(|b| b.set(Some(backend)));
+}
+
+/// The backend in use: the one set on this thread, else `COIL_BACKEND` (`compiled` or
+/// `interpreter`), else compiled when a C compiler exists. Without one, coil says so once and
+/// interprets.
+pub fn backend() -> Backend {
+    if let Some(b) = BACKEND.with(|b| b.get()) {
+        return b;
+    }
+    static DEFAULT: OnceLock<Backend> = OnceLock::new();
+    *DEFAULT.get_or_init(|| match std::env::var("COIL_BACKEND").as_deref() {
+        Ok("interpreter") | Ok("interp") => Backend::Interpreter,
+        _ if coil_runtime::cpu::c_compiler().is_none() => {
+            eprintln!(
+                "coil: no C compiler found (tried $CC, cc, gcc, clang): running graphs with the reference interpreter"
+            );
+            Backend::Interpreter
+        }
+        _ => Backend::Compiled,
+    })
+}
+
+/// Runs a captured graph on the current backend.
 fn run(captured: &Captured) -> Result<Vec<Buffer>> {
-    let primitive = coil_passes::decompose(&captured.graph)?;
     let inputs: Vec<&Buffer> = captured.inputs.iter().map(|b| b.as_ref()).collect();
-    coil_runtime::interpret(&primitive, &inputs)
+    match backend() {
+        Backend::Interpreter => {
+            let primitive = coil_passes::decompose(&captured.graph)?;
+            coil_runtime::interpret(&primitive, &inputs)
+        }
+        Backend::Compiled => crate::compile::compile(&captured.graph)?.graph.run(&inputs),
+    }
 }

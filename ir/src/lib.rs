@@ -7,6 +7,8 @@
 //! * shape and dtype inference for every op ([`infer`]);
 //! * the tensor [`Graph`] (an FX-like arena of nodes with shapes, dtypes and source lines) and
 //!   its deterministic printer;
+//! * the loop-level IR ([`loops`]) that graphs are lowered to before fusion, and the kernel
+//!   level ([`kernel`]): the scheduler's fused kernels and the Triton-style block IR;
 //! * coil's [`Error`] type.
 //!
 //! It depends on nothing else in coil.
@@ -15,6 +17,8 @@ pub mod dtype;
 pub mod error;
 pub mod graph;
 pub mod infer;
+pub mod kernel;
+pub mod loops;
 pub mod op;
 pub mod philox;
 pub mod sym;

@@ -1,15 +1,30 @@
-//! `coil-passes`: graph-to-graph passes: decomposition to primitives (now); e-graph
-//! simplification, lowering to loop IR, fusion and memory planning (later).
+//! `coil-passes`: graph-to-graph passes and the steps from a primitive graph to fused kernels:
+//! decomposition to primitives, lowering to loop IR, and the fusion scheduler with its memory
+//! plan (e-graph simplification comes later).
 //!
 //! It owns:
 //! * the decomposition table ([`mod@decompose`], entry point [`decompose()`]), which turns a
 //!   captured graph (composite ops such as softmax, layer_norm, gelu, cross_entropy, linear and
 //!   attention; Rust scalars; implicit broadcasting and type promotion) into a primitive graph
 //!   that satisfies [`coil_ir::Graph::verify_primitive`], and the [`decompose::Builder`] its
-//!   decompositions are written against.
+//!   decompositions are written against;
+//! * lowering ([`mod@lower`], entry point [`lower()`]): a primitive graph becomes a
+//!   [`coil_ir::loops::LoopProgram`], views folded into index expressions and pointwise
+//!   producers inlined into their consumers, with buffers only where they are required;
+//! * split reductions ([`split_reductions`]): a reduction with few outputs and long rows becomes
+//!   two (partials in parallel, then the partials), before scheduling;
+//! * scheduling ([`mod@schedule`], entry points [`schedule()`] and [`print_schedule()`]): the
+//!   greedy, deterministic fusion of loop nodes into kernels ([`coil_ir::kernel::Schedule`]),
+//!   every refused fusion with its reason, and the memory plan.
 //!
-//! It depends only on `coil-ir`.
+//! The contracts between these steps are in `docs/compiler.md`. It depends only on `coil-ir`.
 
 pub mod decompose;
+pub mod lower;
+pub mod schedule;
+pub mod split;
 
 pub use decompose::decompose;
+pub use lower::lower;
+pub use schedule::{print_schedule, schedule};
+pub use split::split_reductions;

@@ -180,6 +180,23 @@ impl HostData {
         )
     }
 
+    /// Size of the elements in bytes (bool: one byte each).
+    pub fn byte_len(&self) -> usize {
+        self.len() * self.dtype().size_bytes()
+    }
+
+    /// Pointer to the first element's bytes, for compiled kernels (which see every dtype as raw
+    /// bytes: bool as one byte 0/1, f16/bf16 as their 16 bits). Aligned for the element type.
+    pub fn as_ptr(&self) -> *const u8 {
+        with_host_data!(self, v => v.as_ptr().cast::<u8>())
+    }
+
+    /// Mutable pointer to the first element's bytes. Whoever writes through it must store valid
+    /// elements (bool: only 0 or 1).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        with_host_data!(self, v => v.as_mut_ptr().cast::<u8>())
+    }
+
     /// The raw little-endian bytes (bool as one byte 0/1), as safetensors stores them.
     pub fn to_bytes(&self) -> Vec<u8> {
         match self {

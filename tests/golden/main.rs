@@ -177,7 +177,18 @@ fn compare(got: &Buffer, torch: &Buffer, ref64: Option<&Buffer>) -> Result<(), S
 }
 
 #[test]
-fn golden_cases_match_pytorch() {
+fn golden_cases_match_pytorch_interpreted() {
+    check_all(coil::Backend::Interpreter);
+}
+
+#[test]
+fn golden_cases_match_pytorch_compiled() {
+    check_all(coil::Backend::Compiled);
+}
+
+/// Runs every case on one backend and reports every failure at once.
+fn check_all(backend: coil::Backend) {
+    coil::set_backend(backend);
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/golden.safetensors");
     let bytes = std::fs::read(path).expect("tests/golden/golden.safetensors (see tests/golden/README.md)");
     let (_, metadata) = SafeTensors::read_metadata(&bytes).expect("safetensors header");
@@ -244,7 +255,7 @@ fn golden_cases_match_pytorch() {
             Err(e) => failures.push(format!("{name} [{expr}]: {e}")),
         }
     }
-    println!("golden: {passed} passed, {} failed, {skipped} not applicable", failures.len());
+    println!("golden ({backend:?}): {passed} passed, {} failed, {skipped} not applicable", failures.len());
     assert!(passed >= 150, "only {passed} golden cases passed");
-    assert!(failures.is_empty(), "{} golden cases fail:\n{}", failures.len(), failures.join("\n"));
+    assert!(failures.is_empty(), "{} golden cases fail on {backend:?}:\n{}", failures.len(), failures.join("\n"));
 }

@@ -1,0 +1,435 @@
+//! The C backend: tile kernels to one C translation unit, compiled by the system `cc` with
+//! OpenMP.
+//!
+//! Each kernel becomes `void NAME(char *const *args, int64_t *status)`; `args` holds one pointer
+//! per [`TileKernel::args`] entry, in order, and `status` (at least 3 words, zeroed by the
+//! caller) receives the first error of the launch ([`status`]). Blocks become plain loops: one
+//! OpenMP-parallel loop over `xindex`, and inside it loops over `rindex` (a CPU thread handles a
+//! whole row, so `XBLOCK` and `RBLOCK` are advisory here and no lane masks are needed). Kernels
+//! under [`PARALLEL_MIN_ELEMENTS`] elements stay on the calling thread.
+//!
+//! * **Pointwise**: the body of the `xindex` loop, which is `parallel for simd` unless some
+//!   statement may write `status` (an indirect load, integer division or power).
+//! * **Persistent reduction**: the row's `XR` statements run in `rindex` loops, one per run of
+//!   consecutive `XR` statements (a reduction joins the loop computing its operand and is
+//!   finished after it; a statement that needs a reduction's result starts a new loop). An `XR`
+//!   value lives in a stack array of `rnumel` elements only when a later loop reads it;
+//!   otherwise it is a scalar of its loop, like every value of a looped reduction.
+//! * **Looped reduction**: each [`TileStmt::RLoop`] is one `rindex` loop; accumulators are
+//!   scalars of the `xindex` iteration.
+//!
+//! Reductions accumulate sums and products of floats in `double` (the interpreter sums in f64
+//! and rounds once, and f32 accumulation drifts on long rows), integers in wrapping `int64_t`;
+//! max/min propagate NaN; argmax/argmin keep the first best index, NaN counting as the best.
+//!
+//! Variables keep the tile IR's numbers (`tmpN`; `accN` is the accumulator of the reduction
+//! `tmpN`), so a kernel's `.tile` and `.c` read side by side. The text is deterministic.
+
+mod ops;
+mod prelude;
+
+pub use prelude::{prelude, status};
+
+use coil_ir::kernel::{Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
+use coil_ir::op::RandDist;
+use coil_ir::{DType, ReduceOp};
+use indexmap::{IndexMap, IndexSet};
+use std::fmt::Write;
+
+/// Below this many elements (`xnumel * rnumel`) a kernel runs on the calling thread: waking
+/// the OpenMP team costs more than the work.
+pub const PARALLEL_MIN_ELEMENTS: i64 = 1 << 15;
+
+/// One C translation unit: the [`prelude`] and one function per kernel, in order.
+pub fn emit_c(kernels: &[TileKernel]) -> String {
+    let mut s = prelude().to_string();
+    for k in kernels {
+        s.push('\n');
+        s.push_str(&emit_kernel(k));
+    }
+    s
+}
+
+/// The C function of one kernel (it needs the [`prelude`] before it).
+///
+/// # Panics
+/// For an extern kernel, and for ops the interpreter rejects on these dtypes (an integer
+/// result of true division or of a float-only function).
+pub fn emit_kernel(k: &TileKernel) -> String {
+    assert!(k.kind != KernelKind::Extern, "emit_kernel: {} is an extern call", k.name);
+    let mut e = Emitter::new(k);
+    e.function();
+    e.out
+}
+
+/// What the emitter knows of a variable.
+#[derive(Clone, Copy)]
+struct VarInfo {
+    dtype: DType,
+}
+
+struct Emitter<'a> {
+    k: &'a TileKernel,
+    out: String,
+    indent: usize,
+    vars: IndexMap<Var, VarInfo>,
+    /// The value each accumulator folds (its dtype decides the accumulator's type).
+    acc_source: IndexMap<Var, Var>,
+    /// Persistent `XR` values held in stack arrays (read by a later loop than their own).
+    arrays: IndexSet<Var>,
+    /// Inside an `rindex` loop.
+    in_loop: bool,
+    rnumel: i64,
+}
+
+/// Every statement of a body, loops flattened.
+fn flat(stmts: &[TileStmt]) -> Vec<&TileStmt> {
+    stmts.iter().flat_map(|s| if let TileStmt::RLoop(b) = s { flat(b) } else { vec![s] }).collect()
+}
+
+/// The variables a statement reads.
+fn reads(s: &TileStmt) -> Vec<Var> {
+    match s {
+        TileStmt::Let { op, .. } => match *op {
+            TileOp::MaskedLoad { mask, .. } => vec![mask],
+            TileOp::IndirectLoad { indirect, .. } => vec![indirect],
+            TileOp::Unary(_, a) | TileOp::Cast(a) => vec![a],
+            TileOp::Binary(_, a, b) => vec![a, b],
+            TileOp::Where(c, a, b) => vec![c, a, b],
+            _ => vec![],
+        },
+        TileStmt::Store { value, .. } | TileStmt::AccUpdate { value, .. } => vec![*value],
+        TileStmt::Reduce { source, .. } => vec![*source],
+        _ => vec![],
+    }
+}
+
+/// A top-level piece of a persistent kernel: one statement, or an `rindex` loop of `XR`
+/// statements and the reductions folded in it.
+enum Piece<'s> {
+    Scalar(&'s TileStmt),
+    Loop(Vec<&'s TileStmt>),
+}
+
+impl<'a> Emitter<'a> {
+    fn new(k: &'a TileKernel) -> Emitter<'a> {
+        let mut vars = IndexMap::new();
+        let mut acc_source = IndexMap::new();
+        for s in flat(&k.body) {
+            match s {
+                TileStmt::Let { var, dtype, .. } => {
+                    vars.insert(*var, VarInfo { dtype: *dtype });
+                }
+                TileStmt::Reduce { var, dtype, source, .. } => {
+                    vars.insert(*var, VarInfo { dtype: *dtype });
+                    if k.kind == KernelKind::PersistentReduction {
+                        acc_source.insert(*var, *source);
+                    }
+                }
+                TileStmt::AccUpdate { acc, value, .. } => {
+                    acc_source.insert(*acc, *value);
+                }
+                _ => {}
+            }
+        }
+        let rnumel = k.rnumel.map_or(1, |r| r.const_value().expect("static rnumel"));
+        Emitter { k, out: String::new(), indent: 0, vars, acc_source, arrays: IndexSet::new(), in_loop: false, rnumel }
+    }
+
+    fn line(&mut self, text: &str) {
+        let _ = writeln!(self.out, "{:w$}{text}", "", w = self.indent * 4);
+    }
+
+    fn dtype(&self, v: Var) -> DType {
+        self.vars[&v].dtype
+    }
+
+    /// How a statement reads `v` here.
+    fn r(&self, v: Var) -> String {
+        if self.in_loop && self.arrays.contains(&v) {
+            format!("tmp{v}[rindex]")
+        } else {
+            format!("tmp{v}")
+        }
+    }
+
+    fn function(&mut self) {
+        let k = self.k;
+        let xnumel = k.xnumel.const_value().expect("static xnumel");
+        let mut header = format!("/* {}: {}, xnumel = {xnumel}", k.name, k.kind.name());
+        if let Some(r) = k.rnumel {
+            let _ = write!(header, ", rnumel = {r}");
+        }
+        self.line(&(header + " */"));
+        self.line(&format!("void {}(char *const *args, int64_t *status)", k.name));
+        self.line("{");
+        self.indent += 1;
+        for (i, a) in k.args.iter().enumerate() {
+            let t = ops::storage_type(a.dtype);
+            let c = if a.written { "" } else { "const " };
+            self.line(&format!("{c}{t} *{} = ({c}{t} *)args[{i}]; /* {}, buffer {} */", a.name, a.dtype, a.buffer.0));
+        }
+        self.line("(void)status;");
+        let may_fail = flat(&k.body).iter().any(|s| match s {
+            TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } => true,
+            TileStmt::Let { op: TileOp::Binary(op, ..), dtype, .. } => ops::binary_may_fail(*op, *dtype),
+            _ => false,
+        });
+        let parallel = xnumel > 1 && xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS;
+        let pragma = match (parallel, k.kind == KernelKind::Pointwise && !may_fail) {
+            (true, true) => Some("#pragma omp parallel for simd"),
+            (true, false) => Some("#pragma omp parallel for"),
+            (false, true) => Some("#pragma omp simd"),
+            (false, false) => None,
+        };
+        if let Some(p) = pragma {
+            self.line(p);
+        }
+        self.line(&format!("for (int64_t xindex = 0; xindex < {xnumel}; xindex++) {{"));
+        self.indent += 1;
+        match k.kind {
+            KernelKind::PersistentReduction => self.persistent_body(),
+            _ => self.stmts(&k.body),
+        }
+        self.indent -= 1;
+        self.line("}");
+        self.indent -= 1;
+        self.line("}");
+    }
+
+    /// Statements of a pointwise or looped kernel (the latter with explicit loops).
+    fn stmts(&mut self, stmts: &[TileStmt]) {
+        for s in stmts {
+            match s {
+                TileStmt::Let { .. } | TileStmt::Store { .. } => self.simple(s),
+                TileStmt::AccInit { acc, op, dtype } => self.acc_init(*acc, *op, *dtype),
+                TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
+                TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
+                TileStmt::RLoop(body) => {
+                    self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel));
+                    self.indent += 1;
+                    self.in_loop = true;
+                    self.stmts(body);
+                    self.in_loop = false;
+                    self.indent -= 1;
+                    self.line("}");
+                }
+            }
+        }
+    }
+
+    /// Splits a persistent body into scalar statements and `rindex` loops (see the module docs).
+    fn pieces(&self) -> Vec<Piece<'a>> {
+        let mut pieces = Vec::new();
+        let mut open: Option<(Vec<&TileStmt>, Vec<Var>)> = None; // statements, reductions in it
+        for s in &self.k.body {
+            let xr = match s {
+                TileStmt::Let { dims, .. } | TileStmt::Store { dims, .. } => *dims == Dims::XR,
+                TileStmt::Reduce { .. } => true,
+                _ => panic!("{}: accumulators and loops in a persistent reduction", self.k.name),
+            };
+            if !xr {
+                pieces.extend(open.take().map(|(l, _)| Piece::Loop(l)));
+                pieces.push(Piece::Scalar(s));
+                continue;
+            }
+            if open.as_ref().is_some_and(|(_, pending)| reads(s).iter().any(|v| pending.contains(v))) {
+                pieces.extend(open.take().map(|(l, _)| Piece::Loop(l)));
+            }
+            let (stmts, pending) = open.get_or_insert_with(Default::default);
+            stmts.push(s);
+            if let TileStmt::Reduce { var, .. } = s {
+                pending.push(*var);
+            }
+        }
+        pieces.extend(open.map(|(l, _)| Piece::Loop(l)));
+        pieces
+    }
+
+    fn persistent_body(&mut self) {
+        let pieces = self.pieces();
+        // An XR value read outside the loop that defines it needs an array.
+        let mut home = IndexMap::new();
+        for (i, p) in pieces.iter().enumerate() {
+            if let Piece::Loop(stmts) = p {
+                for s in stmts {
+                    if let TileStmt::Let { var, .. } = s {
+                        home.insert(*var, i);
+                    }
+                    for v in reads(s) {
+                        if home.get(&v).is_some_and(|&h| h != i) {
+                            self.arrays.insert(v);
+                        }
+                    }
+                }
+            }
+        }
+        for p in pieces {
+            match p {
+                Piece::Scalar(s) => self.simple(s),
+                Piece::Loop(stmts) => self.persistent_loop(&stmts),
+            }
+        }
+    }
+
+    fn persistent_loop(&mut self, stmts: &[&TileStmt]) {
+        for s in stmts {
+            match s {
+                TileStmt::Let { var, dtype, .. } if self.arrays.contains(var) => {
+                    let len = self.rnumel.max(1); // C has no empty arrays
+                    self.line(&format!("{} tmp{var}[{len}];", ops::compute_type(*dtype)));
+                }
+                TileStmt::Reduce { var, op, dtype, .. } => self.acc_init(*var, *op, *dtype),
+                _ => {}
+            }
+        }
+        self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel));
+        self.indent += 1;
+        self.in_loop = true;
+        for s in stmts {
+            match s {
+                TileStmt::Reduce { var, op, source, .. } => self.acc_update(*var, *op, *source),
+                _ => self.simple(s),
+            }
+        }
+        self.in_loop = false;
+        self.indent -= 1;
+        self.line("}");
+        for s in stmts {
+            if let TileStmt::Reduce { var, op, dtype, .. } = s {
+                self.acc_finish(*var, *op, *dtype, *var);
+            }
+        }
+    }
+
+    /// A `Let` or a `Store`.
+    fn simple(&mut self, s: &TileStmt) {
+        match s {
+            TileStmt::Let { var, dtype, op, .. } => {
+                let rhs = self.op_expr(op, *dtype);
+                if self.in_loop && self.arrays.contains(var) {
+                    self.line(&format!("tmp{var}[rindex] = {rhs};"));
+                } else {
+                    self.line(&format!("{} tmp{var} = {rhs};", ops::compute_type(*dtype)));
+                }
+            }
+            TileStmt::Store { arg, index, value, .. } => {
+                let a = &self.k.args[*arg];
+                let v = ops::store_value(&self.r(*value), self.dtype(*value), a.dtype);
+                self.line(&format!("{}[{}] = {v};", a.name, index.to_c()));
+            }
+            _ => unreachable!("not a simple statement"),
+        }
+    }
+
+    /// The C expression of `op`, a value of `out`.
+    fn op_expr(&self, op: &TileOp, out: DType) -> String {
+        let arg = |i: usize| (&self.k.args[i].name, self.k.args[i].dtype);
+        match op {
+            TileOp::Load { arg: i, index } => {
+                let (p, d) = arg(*i);
+                ops::load(p, &index.to_c(), d, out)
+            }
+            TileOp::MaskedLoad { arg: i, index, mask, other } => {
+                let (p, d) = arg(*i);
+                // The conditional never evaluates the load where the mask is off.
+                format!("{} ? {} : {}", self.r(*mask), ops::load(p, &index.to_c(), d, out), ops::literal(*other, out))
+            }
+            TileOp::IndirectLoad { arg: i, index, indirect, stride, bound } => {
+                let (p, d) = arg(*i);
+                let v = self.r(*indirect);
+                let at = format!("({}) + ({})*{v}", index.to_c(), stride.to_c());
+                let bound = bound.to_c();
+                format!(
+                    "(0 <= {v} && {v} < {bound}) ? {} : coil_index_error(status, {v}, {bound})",
+                    ops::load(p, &at, d, out)
+                )
+            }
+            TileOp::Constant(c) => ops::literal(*c, out),
+            TileOp::Index(e) => ops::convert(&format!("(int64_t)({})", e.to_c()), DType::I64, out),
+            TileOp::Rand { dist, seed, counter } => {
+                let f = if *dist == RandDist::Normal { "coil_rand_normal" } else { "coil_rand_uniform" };
+                ops::convert(&format!("{f}(UINT64_C({seed}), (uint64_t)({}))", counter.to_c()), DType::F64, out)
+            }
+            TileOp::Unary(u, a) => ops::unary(*u, &self.r(*a), self.dtype(*a), out),
+            TileOp::Binary(b, x, y) => ops::binary(*b, &self.r(*x), self.dtype(*x), &self.r(*y), self.dtype(*y), out),
+            TileOp::Where(c, x, y) => {
+                let (x, y) =
+                    (ops::convert(&self.r(*x), self.dtype(*x), out), ops::convert(&self.r(*y), self.dtype(*y), out));
+                format!("{} ? {x} : {y}", self.r(*c))
+            }
+            TileOp::Cast(a) => ops::convert(&self.r(*a), self.dtype(*a), out),
+        }
+    }
+
+    /// The dtype the accumulator of `acc` folds (its source's).
+    fn source_dtype(&self, acc: Var) -> DType {
+        self.dtype(self.acc_source[&acc])
+    }
+
+    /// Declares the accumulator of a reduction with result dtype `out`.
+    fn acc_init(&mut self, acc: Var, op: ReduceOp, out: DType) {
+        let src = self.source_dtype(acc);
+        let (t, init) = match op {
+            ReduceOp::Sum | ReduceOp::Prod if out.is_float() => {
+                ("double", if op == ReduceOp::Sum { "0.0" } else { "1.0" })
+            }
+            ReduceOp::Sum | ReduceOp::Prod => ("int64_t", if op == ReduceOp::Sum { "0" } else { "1" }),
+            _ if src.is_float() => {
+                let max = matches!(op, ReduceOp::Max | ReduceOp::ArgMax);
+                (ops::compute_type(src), if max { "-INFINITY" } else { "INFINITY" })
+            }
+            _ => ("int64_t", if matches!(op, ReduceOp::Max | ReduceOp::ArgMax) { "INT64_MIN" } else { "INT64_MAX" }),
+        };
+        self.line(&format!("{t} acc{acc} = {init};"));
+        if op.is_arg() {
+            self.line(&format!("int64_t acc{acc}_index = 0;"));
+        }
+    }
+
+    /// Folds `value` (the element at `rindex`) into the accumulator.
+    fn acc_update(&mut self, acc: Var, op: ReduceOp, value: Var) {
+        let (src, v) = (self.dtype(value), self.r(value));
+        let out = self.dtype(acc);
+        let line = match op {
+            ReduceOp::Sum if out.is_float() => format!("acc{acc} += {};", ops::convert(&v, src, DType::F64)),
+            ReduceOp::Prod if out.is_float() => format!("acc{acc} *= {};", ops::convert(&v, src, DType::F64)),
+            ReduceOp::Sum => format!("acc{acc} = coil_wadd(acc{acc}, {});", ops::convert(&v, src, DType::I64)),
+            ReduceOp::Prod => format!("acc{acc} = coil_wmul(acc{acc}, {});", ops::convert(&v, src, DType::I64)),
+            ReduceOp::Max | ReduceOp::Min if src.is_float() => {
+                let f = if op == ReduceOp::Max { "coil_maximum" } else { "coil_minimum" };
+                let s = if src == DType::F64 { "_f64" } else { "_f32" };
+                format!("acc{acc} = {f}{s}(acc{acc}, {v});")
+            }
+            ReduceOp::Max => format!("acc{acc} = {v} > acc{acc} ? {v} : acc{acc};"),
+            ReduceOp::Min => format!("acc{acc} = {v} < acc{acc} ? {v} : acc{acc};"),
+            ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                let cmp = if op == ReduceOp::ArgMax { ">" } else { "<" };
+                // Strict comparison keeps the first best index; the first NaN wins for good.
+                let better = if src.is_float() {
+                    format!("!isnan(acc{acc}) && (isnan({v}) || {v} {cmp} acc{acc})")
+                } else {
+                    format!("{v} {cmp} acc{acc}")
+                };
+                format!("if ({better}) {{ acc{acc} = {v}; acc{acc}_index = rindex; }}")
+            }
+        };
+        self.line(&line);
+    }
+
+    /// Defines `tmp<var>`, the finished reduction of accumulator `acc`.
+    fn acc_finish(&mut self, var: Var, op: ReduceOp, out: DType, acc: Var) {
+        let src = self.source_dtype(acc);
+        let value = match op {
+            ReduceOp::Sum | ReduceOp::Prod if out.is_float() => ops::convert(&format!("acc{acc}"), DType::F64, out),
+            ReduceOp::Sum | ReduceOp::Prod => ops::convert(&format!("acc{acc}"), DType::I64, out),
+            ReduceOp::Max | ReduceOp::Min if src.is_float() => ops::convert(&format!("acc{acc}"), src, out),
+            ReduceOp::Max | ReduceOp::Min => ops::convert(&format!("acc{acc}"), DType::I64, out),
+            ReduceOp::ArgMax | ReduceOp::ArgMin => ops::convert(&format!("acc{acc}_index"), DType::I64, out),
+        };
+        self.line(&format!("{} tmp{var} = {value};", ops::compute_type(out)));
+    }
+}
+
+#[cfg(test)]
+mod tests;

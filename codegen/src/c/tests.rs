@@ -1,0 +1,443 @@
+//! The generated C, compiled with the system `cc` and run on small buffers.
+
+use super::*;
+use crate::testutil::*;
+use crate::tile::build_kernel;
+use coil_ir::kernel::FusedKernel;
+use coil_ir::loops::{LoopProgram, ScalarOp};
+use coil_ir::{philox, BinaryOp, DType, ReduceOp, UnaryOp};
+use half::{bf16, f16};
+
+fn snapshot(name: &str, text: String) {
+    insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_snapshot!(name, text);
+    });
+}
+
+fn close(got: f64, want: f64, tol: f64) -> bool {
+    (got - want).abs() <= tol * want.abs().max(1.0) || (got.is_nan() && want.is_nan())
+}
+
+#[test]
+fn pointwise_chain_f32_and_bf16() {
+    let (p, k) = crate::tile::tests::pointwise_chain(DType::F32);
+    let (lib, _) = build_and_compile(&p, &[k]);
+    let mut x: Vec<f32> = (0..32).map(|i| i as f32 * 0.37 - 5.0).collect();
+    x[3] = f32::NAN;
+    let mut out = vec![0f32; 32];
+    assert_eq!(lib.run("poi_fused_add_mul_relu_0", &[ptr(&mut x), ptr(&mut out)]), [0; 4]);
+    for i in 0..32 {
+        let want = if x[i].is_nan() { f32::NAN } else { (x[i] * 2.0 + 1.0).max(0.0) };
+        assert!(close(out[i] as f64, want as f64, 0.0), "{i}: {} vs {want}", out[i]);
+    }
+
+    let (p, k) = crate::tile::tests::pointwise_chain(DType::BF16);
+    let (lib, tiles) = build_and_compile(&p, &[k]);
+    snapshot("c_pointwise_bf16", emit_kernel(&tiles[0]));
+    let xf: Vec<f32> = (0..32).map(|i| i as f32 * 0.37 - 5.0).collect();
+    let mut x: Vec<u16> = xf.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+    let mut out = vec![0u16; 32];
+    lib.run("poi_fused_add_mul_relu_0", &[ptr(&mut x), ptr(&mut out)]);
+    for i in 0..32 {
+        // computed in f32 from the bf16 input, rounded once on store
+        let xi = bf16::from_bits(x[i]).to_f32();
+        let want = bf16::from_f32((xi * 2.0 + 1.0).max(0.0));
+        assert_eq!(out[i], want.to_bits(), "{i}");
+    }
+}
+
+fn check_softmax(rows: usize, cols: usize, kind: KernelKind) -> String {
+    let name = if kind == KernelKind::PersistentReduction { "per_fused_softmax_0" } else { "red_fused_softmax_0" };
+    let (p, k) = softmax(rows, cols, kind, name);
+    let (lib, tiles) = build_and_compile(&p, &[k]);
+    let mut x: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+    let mut out = vec![0f32; rows * cols];
+    assert_eq!(lib.run(name, &[ptr(&mut x), ptr(&mut out)]), [0; 4]);
+    for r in 0..rows {
+        let want = softmax_ref(&x[r * cols..(r + 1) * cols]);
+        for c in 0..cols {
+            let got = out[r * cols + c] as f64;
+            assert!((got - want[c]).abs() <= 1e-6 * want[c].max(1e-3), "[{r}, {c}]: {got} vs {}", want[c]);
+        }
+    }
+    emit_kernel(&tiles[0])
+}
+
+#[test]
+fn large_pointwise_runs_in_parallel() {
+    // 2^16 elements: `parallel for simd`; one kernel stores f32 and the same value as f16.
+    let n = 1 << 16;
+    let mut p = Prog::default();
+    let x = p.input(&[n], DType::F32);
+    let v = xs(&[n])[0];
+    let mut outs = Vec::new();
+    for d in [DType::F32, DType::F16] {
+        let mut b = B::default();
+        let l = b.load(x, v, DType::F32);
+        let t = b.unary(UnaryOp::Tanh, l, DType::F32);
+        let c = b.push(ScalarOp::Cast(t), d);
+        outs.push(p.pointwise(&[n], d, b.done(c)));
+    }
+    let k = kernel("poi_fused_tanh_0", KernelKind::Pointwise, vec![0, 1], n, None, outs);
+    let (lib, tiles) = build_and_compile(&p.p, &[k]);
+    assert!(emit_kernel(&tiles[0]).contains("#pragma omp parallel for simd\n"));
+    let mut xv: Vec<f32> = (0..n).map(|i| (i as f32 - 32768.0) / 4096.0).collect();
+    let (mut o32, mut o16) = (vec![0f32; n], vec![0u16; n]);
+    lib.run("poi_fused_tanh_0", &[ptr(&mut xv), ptr(&mut o32), ptr(&mut o16)]);
+    for i in 0..n {
+        let want = (xv[i] as f64).tanh();
+        assert!(close(o32[i] as f64, want, 2e-7), "{i}: {} vs {want}", o32[i]);
+        assert_eq!(o16[i], f16::from_f32(o32[i]).to_bits(), "{i}");
+    }
+}
+
+#[test]
+fn softmax_persistent() {
+    let c = check_softmax(4, 8, KernelKind::PersistentReduction);
+    snapshot("c_softmax_persistent", c);
+    check_softmax(64, 1000, KernelKind::PersistentReduction); // parallel, rows in arrays
+}
+
+#[test]
+fn softmax_looped() {
+    let c = check_softmax(3, 2000, KernelKind::LoopedReduction);
+    snapshot("c_softmax_looped", c);
+}
+
+#[test]
+fn mean_var_persistent_and_looped() {
+    for (kind, cols) in [(KernelKind::PersistentReduction, 6), (KernelKind::LoopedReduction, 1500)] {
+        let (p, k) = crate::tile::tests::mean_var(kind, cols);
+        let (lib, tiles) = build_and_compile(&p, &[k]);
+        let mut x: Vec<f32> = (0..2 * cols).map(|i| (i % 13) as f32 * 0.5 + (i / cols) as f32).collect();
+        let (mut var, mut centered) = (vec![0f32; 2], vec![0f32; 2 * cols]);
+        lib.run(&tiles[0].name, &[ptr(&mut x), ptr(&mut var), ptr(&mut centered)]);
+        for r in 0..2 {
+            let row: Vec<f64> = x[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).collect();
+            let mean = (row.iter().sum::<f64>() / cols as f64) as f32 as f64;
+            let want = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+            assert!(close(var[r] as f64, want, 1e-6), "{kind:?} var[{r}] = {} vs {want}", var[r]);
+            for c in 0..cols {
+                assert_eq!(centered[r * cols + c], (row[c] - mean) as f32);
+            }
+        }
+        if kind == KernelKind::PersistentReduction {
+            snapshot("c_mean_var_persistent", emit_kernel(&tiles[0]));
+        }
+    }
+}
+
+#[test]
+fn argmax_nan_and_ties() {
+    let nan = f32::NAN;
+    for cols in [5, 1500] {
+        let (p, k) = crate::tile::tests::argmax(4, cols);
+        let (lib, _) = build_and_compile(&p, &[k]);
+        let mut x = vec![0f32; 4 * cols];
+        let rows: [&[(usize, f32)]; 4] = [
+            &[(1, 3.0), (3, 3.0)],                   // tie: first index
+            &[(0, 1.0), (2, nan), (4, nan)],         // NaN is the max, the first NaN wins
+            &[(0, nan)],                             // NaN first
+            &[(cols - 1, f32::INFINITY), (1, 1e30)], // the last element
+        ];
+        for (r, sets) in rows.iter().enumerate() {
+            x[r * cols..(r + 1) * cols].fill(-1.0);
+            for &(c, v) in *sets {
+                x[r * cols + c] = v;
+            }
+        }
+        let mut out = vec![-7i64; 4];
+        lib.run("per_fused_argmax_0", &[ptr(&mut x), ptr(&mut out)]);
+        assert_eq!(out, [1, 2, 0, cols as i64 - 1], "cols = {cols}");
+    }
+}
+
+#[test]
+fn indirect_load_checks_bounds() {
+    let (p, k) = crate::tile::tests::embedding();
+    let (lib, tiles) = build_and_compile(&p, &[k]);
+    let c = emit_kernel(&tiles[0]);
+    assert!(!c.contains("simd"), "an indirect load may write status: no simd\n{c}");
+    snapshot("c_embedding", c);
+    let mut table: Vec<u16> = (0..20).map(|i| bf16::from_f32(i as f32).to_bits()).collect();
+    let mut out = vec![0u16; 12];
+    let mut idx = vec![4i64, 0, 2];
+    // arguments in order of first use: the indices are read before the table
+    assert_eq!(tiles[0].args.iter().map(|a| a.buffer.0).collect::<Vec<_>>(), [1, 0, 2]);
+    assert_eq!(lib.run("poi_fused_embedding_0", &[ptr(&mut idx), ptr(&mut table), ptr(&mut out)]), [0; 4]);
+    let got: Vec<f32> = out.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
+    let want: Vec<f32> = [16., 17., 18., 19., 0., 1., 2., 3., 8., 9., 10., 11.].to_vec();
+    assert_eq!(got, want);
+    let mut idx = vec![1i64, 5, -1];
+    let status = lib.run("poi_fused_embedding_0", &[ptr(&mut idx), ptr(&mut table), ptr(&mut out)]);
+    assert_eq!(status[0], status::INDEX_OUT_OF_RANGE);
+    assert!(status[1] == 5 || status[1] == -1, "{status:?}");
+    assert_eq!(status[2], 5);
+    assert!(out[4..].iter().all(|&b| b == 0), "out-of-range rows read nothing: {out:?}");
+}
+
+/// `a op b` over i32 `[n]`, one pointwise kernel.
+fn int_binary(op: BinaryOp, d: DType, n: usize) -> (LoopProgram, Vec<FusedKernel>) {
+    let mut p = Prog::default();
+    let (a, b_) = (p.input(&[n], d), p.input(&[n], d));
+    let v = xs(&[n])[0];
+    let mut b = B::default();
+    let (la, lb) = (b.load(a, v, d), b.load(b_, v, d));
+    let r = b.binary(op, la, lb, d);
+    let out = p.pointwise(&[n], d, b.done(r));
+    (p.p, vec![kernel("poi_fused_int_0", KernelKind::Pointwise, vec![0], n, None, vec![out])])
+}
+
+#[test]
+fn integer_floor_division_remainder_and_pow() {
+    let (p, k) = int_binary(BinaryOp::FloorDiv, DType::I32, 6);
+    let (lib, _) = build_and_compile(&p, &k);
+    let (mut a, mut b) = (vec![7i32, -7, 7, -7, i32::MIN, 5], vec![2i32, 2, -2, -2, -1, 3]);
+    let mut out = vec![0i32; 6];
+    assert_eq!(lib.run("poi_fused_int_0", &[ptr(&mut a), ptr(&mut b), ptr(&mut out)]), [0; 4]);
+    assert_eq!(out, [3, -4, -4, 3, i32::MIN, 1]); // i32::MIN // -1 wraps
+    b[5] = 0;
+    let status = lib.run("poi_fused_int_0", &[ptr(&mut a), ptr(&mut b), ptr(&mut out)]);
+    assert_eq!(status[0], status::DIVISION_BY_ZERO);
+
+    let (p, k) = int_binary(BinaryOp::Remainder, DType::I64, 4);
+    let (lib, _) = build_and_compile(&p, &k);
+    let (mut a, mut b, mut out) = (vec![7i64, -7, 7, i64::MIN], vec![2i64, 2, -2, -1], vec![9i64; 4]);
+    assert_eq!(lib.run("poi_fused_int_0", &[ptr(&mut a), ptr(&mut b), ptr(&mut out)]), [0; 4]);
+    assert_eq!(out, [1, 1, -1, 0]);
+
+    let (p, k) = int_binary(BinaryOp::Pow, DType::I64, 4);
+    let (lib, _) = build_and_compile(&p, &k);
+    let (mut a, mut b, mut out) = (vec![3i64, -2, 2, 0], vec![4i64, 3, 64, 0], vec![9i64; 4]);
+    assert_eq!(lib.run("poi_fused_int_0", &[ptr(&mut a), ptr(&mut b), ptr(&mut out)]), [0; 4]);
+    assert_eq!(out, [81, -8, 0, 1]);
+    b[1] = -1;
+    assert_eq!(lib.run("poi_fused_int_0", &[ptr(&mut a), ptr(&mut b), ptr(&mut out)])[0], status::NEGATIVE_POWER);
+
+    let (p, k) = int_binary(BinaryOp::Add, DType::I8, 3);
+    let (lib, _) = build_and_compile(&p, &k);
+    let (mut a, mut b, mut out) = (vec![100i8, -128, 5], vec![100i8, -1, -6], vec![0i8; 3]);
+    lib.run("poi_fused_int_0", &[ptr(&mut a), ptr(&mut b), ptr(&mut out)]);
+    assert_eq!(out, [-56, 127, -1], "i8 arithmetic wraps");
+}
+
+#[test]
+fn float_floor_division_round_sign_and_casts() {
+    // One kernel, five outputs: floor_divide, remainder, round, sign, and a cast to i32.
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let (a, b_) = (p.input(&[6], f), p.input(&[6], f));
+    let v = xs(&[6])[0];
+    let mut outs = Vec::new();
+    for which in 0..5 {
+        let mut b = B::default();
+        let (la, lb) = (b.load(a, v, f), b.load(b_, v, f));
+        let r = match which {
+            0 => b.binary(BinaryOp::FloorDiv, la, lb, f),
+            1 => b.binary(BinaryOp::Remainder, la, lb, f),
+            2 => b.unary(UnaryOp::Round, la, f),
+            3 => b.unary(UnaryOp::Sign, la, f),
+            _ => b.push(ScalarOp::Cast(la), DType::I32),
+        };
+        let d = if which == 4 { DType::I32 } else { f };
+        outs.push(p.pointwise(&[6], d, b.done(r)));
+    }
+    let k = kernel("poi_fused_misc_0", KernelKind::Pointwise, (0..5).collect(), 6, None, outs);
+    let (lib, _) = build_and_compile(&p.p, &[k]);
+    let mut x = vec![-7.5f32, 2.5, 0.5, f32::NAN, -0.0, 3e9];
+    let mut y = vec![2.0f32, -2.0, -3.0, 1.0, 3.0, 7.0];
+    let (mut fd, mut rem, mut rnd, mut sgn, mut cast) =
+        (vec![0f32; 6], vec![0f32; 6], vec![0f32; 6], vec![0f32; 6], vec![0i32; 6]);
+    let args = [ptr(&mut x), ptr(&mut y), ptr(&mut fd), ptr(&mut rem), ptr(&mut rnd), ptr(&mut sgn), ptr(&mut cast)];
+    lib.run("poi_fused_misc_0", &args);
+    let bits = |v: &[f32]| v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
+    assert_eq!(bits(&fd), bits(&[-4.0, -2.0, -1.0, f32::NAN, -0.0, 428571428.0]));
+    assert_eq!(bits(&rem), bits(&[0.5, -1.5, -2.5, f32::NAN, -0.0, 3e9f32 % 7.0])); // fmod keeps -0.0
+    assert_eq!(bits(&rnd), bits(&[-8.0, 2.0, 0.0, f32::NAN, -0.0, 3e9]));
+    assert_eq!(bits(&sgn), bits(&[-1.0, 1.0, 1.0, 0.0, 0.0, 1.0]));
+    // 3e9 saturates to i64 and wraps to i32, as the interpreter casts
+    assert_eq!(cast, [-7, 2, 0, 0, 0, 3_000_000_000i64 as i32]);
+}
+
+/// Compiles the prelude with kernel-shaped wrappers around the conversion helpers.
+fn conversion_lib() -> CLib {
+    let harness = r#"
+void f16_to_f32(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((float *)a[1])[i] = coil_f16_to_f32(((uint16_t *)a[0])[i]); }
+void f32_to_f16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((uint16_t *)a[1])[i] = coil_f32_to_f16(((float *)a[0])[i]); }
+void bf16_to_f32(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((float *)a[1])[i] = coil_bf16_to_f32(((uint16_t *)a[0])[i]); }
+void f32_to_bf16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((uint16_t *)a[1])[i] = coil_f32_to_bf16(((float *)a[0])[i]); }
+"#;
+    compile(&format!("{}{harness}", prelude()))
+}
+
+#[test]
+fn half_conversions_match_the_half_crate() {
+    let lib = conversion_lib();
+    // every f16 and bf16 bit pattern up
+    let mut bits: Vec<u16> = (0..=u16::MAX).collect();
+    let mut out = vec![0f32; bits.len()];
+    let mut n = bits.len() as i64;
+    for (name, to_f32) in [
+        ("f16_to_f32", (|b| f16::from_bits(b).to_f32()) as fn(u16) -> f32),
+        ("bf16_to_f32", |b| bf16::from_bits(b).to_f32()),
+    ] {
+        lib.run(name, &[ptr(&mut bits), ptr(&mut out), ptr(std::slice::from_mut(&mut n))]);
+        for (&b, &o) in bits.iter().zip(&out) {
+            let want: f32 = to_f32(b);
+            assert_eq!(o.to_bits(), want.to_bits(), "{name}({b:#06x})");
+        }
+    }
+    // f32 down: every exponent and top mantissa bits, with the low bits that decide rounding
+    // (exact, just below/at/above halfway, and a sticky bit), plus named special values
+    let mut xs: Vec<f32> = Vec::new();
+    for hi in 0..(1u32 << 19) {
+        for lo in [0u32, 1, 0xfff, 0x1000, 0x1001, 0x1fff] {
+            xs.push(f32::from_bits(hi << 13 | lo));
+        }
+    }
+    for hi in 0..(1u32 << 16) {
+        for lo in [0x7fffu32, 0x8000, 0x8001, 0xffff] {
+            xs.push(f32::from_bits(hi << 16 | lo));
+        }
+    }
+    xs.extend([
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        65504.0,
+        65519.99,
+        65520.0,
+        5.960_464_5e-8,
+        2.980_232_2e-8,
+    ]);
+    let mut n = xs.len() as i64;
+    let mut out = vec![0u16; xs.len()];
+    for (name, down) in [
+        ("f32_to_f16", (|x| f16::from_f32(x).to_bits()) as fn(f32) -> u16),
+        ("f32_to_bf16", |x| bf16::from_f32(x).to_bits()),
+    ] {
+        lib.run(name, &[ptr(&mut xs), ptr(&mut out), ptr(std::slice::from_mut(&mut n))]);
+        for (&x, &o) in xs.iter().zip(&out) {
+            let want: u16 = down(x);
+            assert_eq!(o, want, "{name}({x:e} = {:#010x})", x.to_bits());
+        }
+    }
+}
+
+#[test]
+fn half_round_trip_through_kernels() {
+    // f32 -> f16 and f32 -> bf16 stores, and f16 -> f32 loads, of special values.
+    let specials = [
+        f32::INFINITY,
+        -f32::INFINITY,
+        f32::NAN,
+        1e-7,
+        6.1e-5,
+        65520.0,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+        -0.0,
+        1.0 / 3.0,
+    ];
+    let n = specials.len();
+    let mut p = Prog::default();
+    let x = p.input(&[n], DType::F32);
+    let h = p.input(&[n], DType::F16);
+    let v = xs(&[n])[0];
+    let mut outs = Vec::new();
+    for (src, d) in [(x, DType::F16), (x, DType::BF16), (h, DType::F32)] {
+        let mut b = B::default();
+        let l = b.load(src, v, p.p.buffer(src).meta.dtype);
+        let c = b.push(ScalarOp::Cast(l), d);
+        outs.push(p.pointwise(&[n], d, b.done(c)));
+    }
+    let k = kernel("poi_fused_convert_0", KernelKind::Pointwise, vec![0, 1, 2], n, None, outs);
+    let (lib, _) = build_and_compile(&p.p, &[k]);
+    let mut xv = specials.to_vec();
+    let mut hv: Vec<u16> = specials.iter().map(|&s| f16::from_f32(s).to_bits()).collect();
+    let (mut o16, mut ob16, mut o32) = (vec![0u16; n], vec![0u16; n], vec![0f32; n]);
+    // arguments in order of first use: x, its two conversions, h, its conversion
+    lib.run("poi_fused_convert_0", &[ptr(&mut xv), ptr(&mut o16), ptr(&mut ob16), ptr(&mut hv), ptr(&mut o32)]);
+    for i in 0..n {
+        assert_eq!(o16[i], f16::from_f32(specials[i]).to_bits(), "f16({})", specials[i]);
+        assert_eq!(ob16[i], bf16::from_f32(specials[i]).to_bits(), "bf16({})", specials[i]);
+        assert_eq!(o32[i].to_bits(), f16::from_bits(hv[i]).to_f32().to_bits(), "f32(f16 {:#06x})", hv[i]);
+    }
+}
+
+#[test]
+fn philox_matches_the_definition() {
+    let mut p = Prog::default();
+    let v = xs(&[64])[0];
+    let mut outs = Vec::new();
+    for (dist, d) in [
+        (coil_ir::RandDist::Uniform, DType::F64),
+        (coil_ir::RandDist::Uniform, DType::F32),
+        (coil_ir::RandDist::Normal, DType::F64),
+    ] {
+        let mut b = B::default();
+        let r = b.push(ScalarOp::Rand { dist, seed: 0x1234_5678_9abc, counter: v + (1i64 << 32) - 5 }, d);
+        outs.push(p.pointwise(&[64], d, b.done(r)));
+    }
+    let k = kernel("poi_fused_rand_0", KernelKind::Pointwise, vec![0, 1, 2], 64, None, outs);
+    let (lib, _) = build_and_compile(&p.p, &[k]);
+    let (mut u64_, mut u32_, mut n64) = (vec![0f64; 64], vec![0f32; 64], vec![0f64; 64]);
+    lib.run("poi_fused_rand_0", &[ptr(&mut u64_), ptr(&mut u32_), ptr(&mut n64)]);
+    for i in 0..64u64 {
+        let index = (1u64 << 32) - 5 + i; // crosses into the counter's high word
+        let u = philox::uniform(0x1234_5678_9abc, index);
+        assert_eq!(u64_[i as usize], u, "uniform {i}");
+        assert_eq!(u32_[i as usize], u as f32, "uniform f32 {i}");
+        let n = philox::normal(0x1234_5678_9abc, index);
+        assert!(close(n64[i as usize], n, 1e-15), "normal {i}: {} vs {n}", n64[i as usize]);
+    }
+}
+
+#[test]
+fn bool_sum_and_comparisons() {
+    // sum(x > 0) per row as i64, with `where` picking per element: a persistent kernel.
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let x = p.input(&[2, 5], f);
+    let (xv, rv) = (xs(&[2])[0], rs(&[5])[0]);
+    let mut b = B::default();
+    let l = b.load(x, xv * 5 + rv, f);
+    let z = b.constant(0.0, f);
+    let gt = b.binary(BinaryOp::Gt, l, z, DType::Bool);
+    let c = b.push(ScalarOp::Cast(gt), DType::I64);
+    let s = p.reduction(&[2], &[5], ReduceOp::Sum, DType::I64, b.done(c));
+    let k = kernel("per_fused_sum_0", KernelKind::PersistentReduction, vec![0], 2, Some(5), vec![s]);
+    let (lib, _) = build_and_compile(&p.p, &[k]);
+    let mut xv = vec![1.0f32, -1.0, f32::NAN, 2.0, 0.0, 3.0, 3.0, 3.0, 3.0, 3.0];
+    let mut out = vec![0i64; 2];
+    lib.run("per_fused_sum_0", &[ptr(&mut xv), ptr(&mut out)]);
+    assert_eq!(out, [2, 5]);
+}
+
+#[test]
+fn output_is_deterministic_and_compiles_as_one_unit() {
+    let (p1, k1) = softmax(4, 8, KernelKind::PersistentReduction, "per_fused_softmax_0");
+    let (p2, k2) = crate::tile::tests::pointwise_chain(DType::F16);
+    let tiles = [build_kernel(&p1, &k1), build_kernel(&p2, &k2)];
+    let a = emit_c(&tiles);
+    assert_eq!(a, emit_c(&tiles));
+    assert!(a.contains("void per_fused_softmax_0(") && a.contains("void poi_fused_add_mul_relu_0("));
+    let _lib = compile(&a);
+}
+
+#[test]
+fn reductions_over_empty_rows_give_the_identity() {
+    let mut p = Prog::default();
+    let mut outs = Vec::new();
+    for op in [ReduceOp::Sum, ReduceOp::Prod] {
+        let mut b = B::default();
+        let c = b.constant(5.0, DType::F32);
+        outs.push(p.reduction(&[3], &[0], op, DType::F32, b.done(c)));
+    }
+    let k = kernel("per_fused_prod_sum_0", KernelKind::PersistentReduction, vec![0, 1], 3, Some(0), outs);
+    let (lib, _) = build_and_compile(&p.p, &[k]);
+    let (mut s, mut q) = (vec![7f32; 3], vec![7f32; 3]);
+    lib.run("per_fused_prod_sum_0", &[ptr(&mut s), ptr(&mut q)]);
+    assert_eq!((s, q), (vec![0.0; 3], vec![1.0; 3]));
+}

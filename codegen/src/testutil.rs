@@ -1,0 +1,215 @@
+//! Test support: loop programs built by hand, the kernels of a few classic patterns, and a
+//! harness that compiles generated C with the system compiler and calls its kernels.
+
+use coil_ir::kernel::{FusedKernel, KernelKind, TileKernel};
+use coil_ir::loops::{
+    range_var, reduction_var, Body, BufferId, LoopBuffer, LoopKind, LoopNode, LoopProgram, ScalarOp, ValueId,
+};
+use coil_ir::sym::Expr;
+use coil_ir::{BinaryOp, DType, ReduceOp, TensorMeta, UnaryOp};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A loop program under construction.
+#[derive(Default)]
+pub struct Prog {
+    pub p: LoopProgram,
+}
+
+pub fn exprs(v: &[usize]) -> Vec<Expr> {
+    v.iter().map(|&n| Expr::from(n)).collect()
+}
+
+/// The index variables `x0, x1, ...` of ranges `r`.
+pub fn xs(r: &[usize]) -> Vec<Expr> {
+    exprs(r).iter().enumerate().map(|(i, e)| range_var(i, e)).collect()
+}
+
+/// The reduction variables `r0, r1, ...` of reduction ranges `r`.
+pub fn rs(r: &[usize]) -> Vec<Expr> {
+    exprs(r).iter().enumerate().map(|(i, e)| reduction_var(i, e)).collect()
+}
+
+impl Prog {
+    fn buffer(&mut self, name: String, shape: &[usize], dtype: DType) -> BufferId {
+        self.p.buffers.push(LoopBuffer { name, meta: TensorMeta::new(shape.to_vec(), dtype) });
+        BufferId(self.p.buffers.len() - 1)
+    }
+
+    pub fn input(&mut self, shape: &[usize], dtype: DType) -> BufferId {
+        let b = self.buffer(format!("arg{}", self.p.inputs.len()), shape, dtype);
+        self.p.inputs.push(b);
+        b
+    }
+
+    fn node(&mut self, shape: &[usize], dtype: DType, origins: Vec<&'static str>, kind: LoopKind) -> BufferId {
+        let b = self.buffer(format!("buf{}", self.p.nodes.len()), shape, dtype);
+        self.p.nodes.push(LoopNode { output: b, origins, kind });
+        b
+    }
+
+    /// A pointwise node over `shape`.
+    pub fn pointwise(&mut self, shape: &[usize], dtype: DType, body: Body) -> BufferId {
+        let kind = LoopKind::Pointwise { ranges: exprs(shape), body };
+        self.node(shape, dtype, vec!["pointwise"], kind)
+    }
+
+    /// A reduction node with output shape `ranges`.
+    pub fn reduction(&mut self, ranges: &[usize], red: &[usize], op: ReduceOp, dtype: DType, body: Body) -> BufferId {
+        let kind = LoopKind::Reduction { ranges: exprs(ranges), reduction_ranges: exprs(red), op, body };
+        self.node(ranges, dtype, vec![op.name()], kind)
+    }
+
+    pub fn output(&mut self, b: BufferId) {
+        self.p.outputs.push(b);
+    }
+}
+
+/// A body under construction: `push` appends (or finds) a value.
+#[derive(Default)]
+pub struct B(pub Body);
+
+impl B {
+    pub fn push(&mut self, op: ScalarOp, d: DType) -> ValueId {
+        self.0.push(op, d)
+    }
+    pub fn load(&mut self, buffer: BufferId, index: Expr, d: DType) -> ValueId {
+        self.push(ScalarOp::Load { buffer, index }, d)
+    }
+    pub fn unary(&mut self, op: UnaryOp, a: ValueId, d: DType) -> ValueId {
+        self.push(ScalarOp::Unary(op, a), d)
+    }
+    pub fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId, d: DType) -> ValueId {
+        self.push(ScalarOp::Binary(op, a, b), d)
+    }
+    pub fn constant(&mut self, c: impl Into<coil_ir::Scalar>, d: DType) -> ValueId {
+        self.push(ScalarOp::Constant(c.into()), d)
+    }
+    pub fn done(mut self, result: ValueId) -> Body {
+        self.0.result = result;
+        self.0
+    }
+}
+
+pub fn kernel(
+    name: &str,
+    kind: KernelKind,
+    nodes: Vec<usize>,
+    xnumel: usize,
+    rnumel: Option<usize>,
+    stores: Vec<BufferId>,
+) -> FusedKernel {
+    FusedKernel { name: name.into(), kind, nodes, xnumel: Expr::from(xnumel), rnumel: rnumel.map(Expr::from), stores }
+}
+
+/// `softmax(x, dim=-1)` of an f32 `[rows, cols]` input as lowering produces it (amax; sum of the
+/// inlined `exp(x - amax)`; the normalizing epilogue), fused into one kernel of `kind`.
+pub fn softmax(rows: usize, cols: usize, kind: KernelKind, name: &str) -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let x = p.input(&[rows, cols], f);
+    let (xv, rv) = (xs(&[rows])[0], rs(&[cols])[0]);
+    let mut b = B::default();
+    let l = b.load(x, xv * cols as i64 + rv, f);
+    let amax = p.reduction(&[rows], &[cols], ReduceOp::Max, f, b.done(l));
+    let mut b = B::default();
+    let l = b.load(x, xv * cols as i64 + rv, f);
+    let m = b.load(amax, xv, f);
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let e = b.unary(UnaryOp::Exp, d, f);
+    let sum = p.reduction(&[rows], &[cols], ReduceOp::Sum, f, b.done(e));
+    let v = xs(&[rows, cols]);
+    let mut b = B::default();
+    let l = b.load(x, v[0] * cols as i64 + v[1], f);
+    let m = b.load(amax, v[0], f);
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let e = b.unary(UnaryOp::Exp, d, f);
+    let s = b.load(sum, v[0], f);
+    let q = b.binary(BinaryOp::Div, e, s, f);
+    let out = p.pointwise(&[rows, cols], f, b.done(q));
+    p.output(out);
+    let k = kernel(name, kind, vec![0, 1, 2], rows, Some(cols), vec![out]);
+    (p.p, k)
+}
+
+/// Reference softmax of one row, in f64.
+pub fn softmax_ref(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+    let e: Vec<f64> = row.iter().map(|&v| (v as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}
+
+/// A compiled and loaded translation unit; its directory goes when it is dropped (the library
+/// stays loaded).
+pub struct CLib {
+    lib: Option<libloading::Library>,
+    dir: PathBuf,
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Compiles C source as the runtime will (`cc -O2 -fopenmp -shared -fPIC ... -lm`, warnings as
+/// errors) and loads it.
+pub fn compile(src: &str) -> CLib {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("coil-codegen-test-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("src.c"), src).unwrap();
+    // COIL_TEST_CFLAGS replaces `-O2` (e.g. with the runtime's `-O3 -march=native`).
+    let opt = std::env::var("COIL_TEST_CFLAGS").unwrap_or_else(|_| "-O2".into());
+    let out = Command::new("cc")
+        .args(opt.split_whitespace())
+        .args([
+            "-Wall",
+            "-Werror",
+            "-Wno-unknown-pragmas",
+            "-fopenmp",
+            "-shared",
+            "-fPIC",
+            "-o",
+            "lib.so",
+            "src.c",
+            "-lm",
+        ])
+        .current_dir(&dir)
+        .output()
+        .expect("running cc");
+    assert!(out.status.success(), "cc failed:\n{}\n--- source ---\n{src}", String::from_utf8_lossy(&out.stderr));
+    let lib = unsafe { libloading::Library::new(dir.join("lib.so")) }.expect("loading the kernel library");
+    CLib { lib: Some(lib), dir }
+}
+
+impl CLib {
+    /// Calls kernel `name` on buffers `args`; returns the status words.
+    pub fn run(&self, name: &str, args: &[*mut u8]) -> [i64; 4] {
+        let mut status = [0i64; 4];
+        unsafe {
+            let f: libloading::Symbol<unsafe extern "C" fn(*const *mut u8, *mut i64)> =
+                self.lib.as_ref().unwrap().get(name.as_bytes()).expect("kernel symbol");
+            f(args.as_ptr(), status.as_mut_ptr());
+        }
+        status
+    }
+}
+
+impl Drop for CLib {
+    /// Removes the files but never unloads the library: `dlclose` of the last user of libgomp
+    /// unmaps it under its idle worker threads, which then crash the process.
+    fn drop(&mut self) {
+        std::mem::forget(self.lib.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Compiles the kernels (built from `program`) and returns the library with the tile kernels.
+pub fn build_and_compile(program: &LoopProgram, kernels: &[FusedKernel]) -> (CLib, Vec<TileKernel>) {
+    let tiles: Vec<TileKernel> = kernels.iter().map(|k| crate::build_kernel(program, k)).collect();
+    (compile(&crate::emit_c(&tiles)), tiles)
+}
+
+/// A mutable pointer to a vector's bytes, for a kernel argument.
+pub fn ptr<T>(v: &mut [T]) -> *mut u8 {
+    v.as_mut_ptr() as *mut u8
+}

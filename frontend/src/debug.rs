@@ -1,0 +1,197 @@
+//! Debug dumps: `COIL_DEBUG=1` writes every compiled graph's stages under `./coil_debug/`,
+//! `COIL_DEBUG=<dir>` under `<dir>`:
+//!
+//! ```text
+//! run_<YYYYmmdd_HHMMSS>-pid_<pid>/graph_<n>/
+//!   graph_captured.txt   graph_decomposed.txt   ir_pre_fusion.txt   ir_post_fusion.txt
+//!   kernels/<name>.tile  kernels/<name>.c       schedule.txt        summary.json
+//! ```
+//!
+//! The files' contents are deterministic (no addresses, no hash orders), except the compile
+//! times in `summary.json`; the run folder's name carries the time and process id.
+
+use crate::compile::StageTimes;
+use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
+use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The dump folder of one graph, or nothing when dumps are off.
+pub struct Dump(Option<PathBuf>);
+
+/// `run_<time>-pid_<pid>` under the `COIL_DEBUG` folder, made once per process.
+fn run_dir() -> Option<&'static PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let setting = std::env::var("COIL_DEBUG").ok().filter(|v| !v.is_empty() && v != "0")?;
+        let root = if setting == "1" { PathBuf::from("coil_debug") } else { PathBuf::from(setting) };
+        Some(root.join(format!("run_{}-pid_{}", timestamp(), std::process::id())))
+    })
+    .as_ref()
+}
+
+impl Dump {
+    /// The next `graph_<n>` folder of this run.
+    pub fn new_graph() -> Dump {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        Dump(run_dir().map(|dir| dir.join(format!("graph_{}", NEXT.fetch_add(1, Ordering::Relaxed)))))
+    }
+
+    /// The graph's folder, when dumps are on.
+    pub fn dir(&self) -> Option<&PathBuf> {
+        self.0.as_ref()
+    }
+
+    /// Writes `name` (a path under the graph folder); `contents` is only computed when dumps are
+    /// on. A dump that cannot be written is reported once on stderr and otherwise ignored: dumps
+    /// must never make a program fail.
+    pub fn write(&self, name: &str, contents: impl FnOnce() -> String) {
+        let Some(dir) = &self.0 else { return };
+        let path = dir.join(name);
+        let result =
+            path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|_| std::fs::write(&path, contents()));
+        if let Err(e) = result {
+            static WARNED: OnceLock<()> = OnceLock::new();
+            WARNED.get_or_init(|| eprintln!("coil: cannot write debug dump {}: {e}", path.display()));
+        }
+    }
+}
+
+/// UTC `YYYYmmdd_HHMMSS`.
+fn timestamp() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    format!("{year:04}{month:02}{day:02}_{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Bytes a kernel reads and writes, counting each buffer once.
+fn kernel_bytes(program: &LoopProgram, schedule: &Schedule, index: usize, tile: Option<&TileKernel>) -> (usize, usize) {
+    let nbytes = |b: BufferId| program.buffer(b).meta.nbytes();
+    match tile {
+        Some(t) => t.args.iter().fold((0, 0), |(r, w), a| {
+            (r + if a.read { nbytes(a.buffer) } else { 0 }, w + if a.written { nbytes(a.buffer) } else { 0 })
+        }),
+        None => {
+            let k = &schedule.kernels[index];
+            let node = &program.nodes[k.nodes[0]];
+            (node.reads().into_iter().map(nbytes).sum(), nbytes(node.output))
+        }
+    }
+}
+
+/// `schedule.txt`: launch order, launch shape, arguments, and the memory plan.
+pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Option<TileKernel>]) -> String {
+    let mut s = String::new();
+    let buffer = |b: BufferId| format!("{}: {}", program.buffer(b).name, program.buffer(b).meta);
+    for (i, k) in schedule.kernels.iter().enumerate() {
+        let _ = write!(s, "{i}: {} ({})", k.name, k.kind.name());
+        match &kernels[i] {
+            Some(t) => {
+                let _ = writeln!(
+                    s,
+                    " xnumel={}{} XBLOCK={} RBLOCK={}",
+                    t.xnumel,
+                    t.rnumel.as_ref().map_or(String::new(), |r| format!(" rnumel={r}")),
+                    t.xblock,
+                    t.rblock
+                );
+                for a in &t.args {
+                    let role = match (a.read, a.written) {
+                        (true, true) => "in/out",
+                        (false, true) => "out",
+                        _ => "in",
+                    };
+                    let _ = writeln!(s, "    {} <- {} ({role})", a.name, buffer(a.buffer));
+                }
+            }
+            None => {
+                let node = &program.nodes[k.nodes[0]];
+                let what = match &node.kind {
+                    LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => "gemm".to_string(),
+                    LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => {
+                        format!("reference interpreter: {op}")
+                    }
+                    _ => "extern".to_string(),
+                };
+                let _ = writeln!(s, " via {what}");
+                for b in node.reads() {
+                    let _ = writeln!(s, "    in  {}", buffer(b));
+                }
+                let _ = writeln!(s, "    out {}", buffer(node.output));
+            }
+        }
+    }
+    let _ = writeln!(s, "\nmemory plan:");
+    for (slot, bytes) in schedule.memory.slots.iter().enumerate() {
+        let users: Vec<String> = (0..program.buffers.len())
+            .filter(|&b| schedule.memory.slot_of.get(b).copied().flatten() == Some(slot))
+            .map(|b| program.buffers[b].name.clone())
+            .collect();
+        let _ = writeln!(s, "  slot {slot}: {bytes} bytes, holds {}", users.join(", "));
+    }
+    let _ = writeln!(s, "  peak bytes: {}", schedule.memory.peak_bytes);
+    s
+}
+
+/// `summary.json`: kernels (name, kind, ops, estimated bytes), compile time per stage, peak bytes.
+pub fn summary_json(
+    program: &LoopProgram,
+    schedule: &Schedule,
+    kernels: &[Option<TileKernel>],
+    times: &StageTimes,
+) -> String {
+    let list: Vec<serde_json::Value> = schedule
+        .kernels
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let mut ops: Vec<&str> = Vec::new();
+            for &n in &k.nodes {
+                for o in &program.nodes[n].origins {
+                    if !ops.contains(o) {
+                        ops.push(o);
+                    }
+                }
+            }
+            let (read, written) = kernel_bytes(program, schedule, i, kernels[i].as_ref());
+            serde_json::json!({
+                "name": k.name,
+                "kind": k.kind.name(),
+                "ops": ops,
+                "xnumel": k.xnumel.const_value(),
+                "rnumel": k.rnumel.and_then(|r| r.const_value()),
+                "bytes_read": read,
+                "bytes_written": written,
+            })
+        })
+        .collect();
+    let generated = schedule.kernels.iter().filter(|k| k.kind != KernelKind::Extern).count();
+    let summary = serde_json::json!({
+        "kernels": list,
+        "generated_kernels": generated,
+        "extern_calls": schedule.kernels.len() - generated,
+        "compile_seconds": {
+            "decompose": times.decompose,
+            "lower": times.lower,
+            "schedule": times.schedule,
+            "codegen": times.codegen,
+            "cc": times.cc,
+            "total": times.total,
+        },
+        "peak_bytes": schedule.memory.peak_bytes,
+    });
+    serde_json::to_string_pretty(&summary).expect("json") + "\n"
+}

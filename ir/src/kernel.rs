@@ -1,0 +1,276 @@
+//! Kernels: the scheduler's output ([`Schedule`]) and the block-level, Triton-style kernel IR
+//! ([`TileKernel`]) that every backend consumes.
+//!
+//! A [`FusedKernel`] names the loop nodes ([`crate::loops::LoopNode`]) that run together. The
+//! kernel builder turns it into a [`TileKernel`]: a program over blocks of indices, as in Triton.
+//! Every index expression in a tile kernel is over two symbols, `xindex` (`0 <= xindex < xnumel`,
+//! the output element or row) and `rindex` (`0 <= rindex < rnumel`, the position along the
+//! reduction), see [`xindex`] and [`rindex`]. A value has one of two block shapes ([`Dims`]):
+//! `[XBLOCK, 1]` or `[XBLOCK, RBLOCK]`. Lanes past `xnumel` / `rnumel` are masked: backends
+//! never load, store or reduce them.
+//!
+//! Reductions come in two forms:
+//! * **persistent** (the whole row fits in one block): statements of shape `XR` appear directly
+//!   in the body, and [`TileStmt::Reduce`] reduces a block value along `r`;
+//! * **looped**: each pass over the row is a [`TileStmt::RLoop`] whose `XR` statements see
+//!   `RBLOCK` elements at a time and fold them into accumulators ([`TileStmt::AccUpdate`]);
+//!   after the loop, [`TileStmt::Reduce`] finishes the accumulator.
+//!
+//! The printer renders Triton-like text: the `.tile` files of the debug dump.
+
+use crate::dtype::{DType, Scalar};
+use crate::loops::BufferId;
+use crate::op::{BinaryOp, RandDist, ReduceOp, UnaryOp};
+use crate::sym::Expr;
+use std::fmt::{self, Write};
+
+/// What kind of kernel a group of nodes becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// Elementwise over `xnumel` elements.
+    Pointwise,
+    /// Rows of `rnumel` elements, each held on chip: one read, any number of reductions.
+    PersistentReduction,
+    /// Rows too long to hold: passes over the row with accumulators.
+    LoopedReduction,
+    /// A library call (matrix product) or a fallback op; no generated code.
+    Extern,
+}
+
+impl KernelKind {
+    /// The prefix of kernel names: `poi`, `per`, `red`, `ext`.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            KernelKind::Pointwise => "poi",
+            KernelKind::PersistentReduction => "per",
+            KernelKind::LoopedReduction => "red",
+            KernelKind::Extern => "ext",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::Pointwise => "pointwise",
+            KernelKind::PersistentReduction => "persistent_reduction",
+            KernelKind::LoopedReduction => "looped_reduction",
+            KernelKind::Extern => "extern",
+        }
+    }
+}
+
+/// A group of loop nodes that runs as one kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusedKernel {
+    /// `poi_fused_add_gelu_0`: kind prefix, the ops it holds, and its launch position.
+    pub name: String,
+    pub kind: KernelKind,
+    /// Indices into `LoopProgram::nodes`, in execution order.
+    pub nodes: Vec<usize>,
+    /// Output elements (pointwise) or rows (reductions).
+    pub xnumel: Expr,
+    /// Row length, for reductions.
+    pub rnumel: Option<Expr>,
+    /// Buffers the kernel writes to memory: graph outputs and buffers read by later kernels.
+    /// The other node outputs never leave registers.
+    pub stores: Vec<BufferId>,
+}
+
+/// Why two nodes were not fused; `ir_post_fusion.txt` lists every one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusionRefusal {
+    /// Names of the two buffers (or kernels) that stayed apart.
+    pub producer: String,
+    pub consumer: String,
+    pub reason: String,
+}
+
+/// Storage for the temporary buffers: buffers whose lives do not overlap share a slot.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemoryPlan {
+    /// Size in bytes of each storage slot.
+    pub slots: Vec<usize>,
+    /// The slot of each buffer of the program (`None` for inputs, outputs, and buffers that
+    /// never reach memory).
+    pub slot_of: Vec<Option<usize>>,
+    /// The most bytes alive at once: outputs and temporaries (inputs excluded).
+    pub peak_bytes: usize,
+}
+
+/// The scheduler's result: kernels in launch order, the refused fusions, the memory plan.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Schedule {
+    pub kernels: Vec<FusedKernel>,
+    pub refusals: Vec<FusionRefusal>,
+    pub memory: MemoryPlan,
+}
+
+/// The symbol for the block's output index, `0 <= xindex < xnumel`.
+pub fn xindex(xnumel: &Expr) -> Expr {
+    Expr::index("xindex", xnumel.const_value().expect("static xnumel"))
+}
+
+/// The symbol for the position along the reduction, `0 <= rindex < rnumel`.
+pub fn rindex(rnumel: &Expr) -> Expr {
+    Expr::index("rindex", rnumel.const_value().expect("static rnumel"))
+}
+
+/// Block shape of a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dims {
+    /// `[XBLOCK, 1]`: one value per output element or row.
+    X,
+    /// `[XBLOCK, RBLOCK]`: one value per element of the rows.
+    XR,
+}
+
+/// A kernel argument: a pointer to a buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TileArg {
+    /// `in_ptr0`, `out_ptr0`, `in_out_ptr0` (read and written).
+    pub name: String,
+    pub buffer: BufferId,
+    pub dtype: DType,
+    pub read: bool,
+    pub written: bool,
+}
+
+/// Index of a block variable (`tmp<N>`) of a tile kernel.
+pub type Var = u32;
+
+/// The operation that defines a block variable. Mirrors [`crate::loops::ScalarOp`], with
+/// operands being block variables and buffers being kernel arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TileOp {
+    Load { arg: usize, index: Expr },
+    MaskedLoad { arg: usize, index: Expr, mask: Var, other: Scalar },
+    IndirectLoad { arg: usize, index: Expr, indirect: Var, stride: Expr, bound: Expr },
+    Constant(Scalar),
+    Index(Expr),
+    Rand { dist: RandDist, seed: u64, counter: Expr },
+    Unary(UnaryOp, Var),
+    Binary(BinaryOp, Var, Var),
+    Where(Var, Var, Var),
+    Cast(Var),
+}
+
+/// One statement of a tile kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TileStmt {
+    /// `tmp<var> = op`, a block of shape `dims` and element type `dtype`.
+    Let { var: Var, dims: Dims, dtype: DType, op: TileOp },
+    /// `store(arg + index, value)`; `index` is over `xindex` (and `rindex` when `dims` is XR).
+    Store { arg: usize, index: Expr, value: Var, dims: Dims },
+    /// `acc<acc> = identity of op`, before the pass that accumulates into it.
+    AccInit { acc: Var, op: ReduceOp, dtype: DType },
+    /// `acc<acc> = combine(acc<acc>, value)` inside an [`TileStmt::RLoop`]; arg reductions
+    /// also track the position (`rindex`) of the best value.
+    AccUpdate { acc: Var, op: ReduceOp, value: Var },
+    /// `for roffset in range(0, rnumel, RBLOCK)`: one pass over the rows of a looped reduction.
+    RLoop(Vec<TileStmt>),
+    /// `tmp<var> = reduce(op, source, axis=r)`: `source` is an XR value (persistent) or an
+    /// accumulator (looped); the result has shape X.
+    Reduce { var: Var, op: ReduceOp, dtype: DType, source: Var },
+}
+
+/// A block-level kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TileKernel {
+    pub name: String,
+    pub kind: KernelKind,
+    pub args: Vec<TileArg>,
+    pub xnumel: Expr,
+    pub rnumel: Option<Expr>,
+    /// Suggested block sizes: outputs per program, and row elements per block.
+    pub xblock: usize,
+    pub rblock: usize,
+    pub body: Vec<TileStmt>,
+}
+
+fn op_text(k: &TileKernel, op: &TileOp) -> String {
+    let arg = |a: &usize| k.args[*a].name.clone();
+    match op {
+        TileOp::Load { arg: a, index } => format!("load({} + ({index}))", arg(a)),
+        TileOp::MaskedLoad { arg: a, index, mask, other } => {
+            format!("load({} + ({index}), mask=tmp{mask}, other={other})", arg(a))
+        }
+        TileOp::IndirectLoad { arg: a, index, indirect, stride, bound } => {
+            format!("load({} + ({index} + {stride}*tmp{indirect}))  # check 0 <= tmp{indirect} < {bound}", arg(a))
+        }
+        TileOp::Constant(c) => format!("{c}"),
+        TileOp::Index(e) => format!("({e})"),
+        TileOp::Rand { dist, seed, counter } => {
+            let name = if *dist == RandDist::Normal { "randn" } else { "rand" };
+            format!("{name}(seed={seed}, offset={counter})")
+        }
+        TileOp::Unary(u, a) => format!("{}(tmp{a})", u.name()),
+        TileOp::Binary(b, x, y) => format!("{}(tmp{x}, tmp{y})", b.name()),
+        TileOp::Where(c, x, y) => format!("where(tmp{c}, tmp{x}, tmp{y})"),
+        TileOp::Cast(a) => format!("tmp{a}"),
+    }
+}
+
+fn write_stmts(s: &mut String, k: &TileKernel, stmts: &[TileStmt], indent: usize) {
+    let pad = " ".repeat(indent);
+    for st in stmts {
+        match st {
+            TileStmt::Let { var, dims, dtype, op } => {
+                let shape = if *dims == Dims::X { "[XBLOCK, 1]" } else { "[XBLOCK, RBLOCK]" };
+                let text = match op {
+                    TileOp::Cast(_) => format!("{}.to({dtype})", op_text(k, op)),
+                    _ => op_text(k, op),
+                };
+                let _ = writeln!(s, "{pad}tmp{var} = {text}  # {dtype}{shape}");
+            }
+            TileStmt::Store { arg, index, value, dims } => {
+                let mask = if *dims == Dims::X { "xmask" } else { "xmask & rmask" };
+                let _ = writeln!(s, "{pad}store({} + ({index}), tmp{value}, {mask})", k.args[*arg].name);
+            }
+            TileStmt::AccInit { acc, op, dtype } => {
+                let _ = writeln!(s, "{pad}acc{acc} = full([XBLOCK, RBLOCK], identity({}), {dtype})", op.name());
+            }
+            TileStmt::AccUpdate { acc, op, value } => {
+                let _ = writeln!(s, "{pad}acc{acc} = combine_{}(acc{acc}, tmp{value})", op.name());
+            }
+            TileStmt::RLoop(body) => {
+                let _ = writeln!(s, "{pad}for roffset in range(0, rnumel, RBLOCK):");
+                let _ = writeln!(s, "{pad}    rindex = roffset + arange(RBLOCK)[None, :]");
+                let _ = writeln!(s, "{pad}    rmask = rindex < rnumel");
+                write_stmts(s, k, body, indent + 4);
+            }
+            TileStmt::Reduce { var, op, dtype, source } => {
+                let src = if matches!(k.kind, KernelKind::LoopedReduction) {
+                    format!("acc{source}")
+                } else {
+                    format!("tmp{source}")
+                };
+                let _ = writeln!(s, "{pad}tmp{var} = {}({src}, axis=1)[:, None]  # {dtype}[XBLOCK, 1]", op.name());
+            }
+        }
+    }
+}
+
+impl fmt::Display for TileKernel {
+    /// Triton-like text.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        let params: Vec<String> = self.args.iter().map(|a| format!("{}: *{}", a.name, a.dtype)).collect();
+        let _ = writeln!(s, "# kind: {}", self.kind.name());
+        let _ = writeln!(s, "@kernel\ndef {}({}):", self.name, params.join(", "));
+        let _ = writeln!(s, "    xnumel = {}", self.xnumel);
+        if let Some(r) = &self.rnumel {
+            let _ = writeln!(s, "    rnumel = {r}");
+        }
+        let _ = writeln!(s, "    XBLOCK: constexpr = {}", self.xblock);
+        let _ = writeln!(s, "    xindex = program_id(0) * XBLOCK + arange(XBLOCK)[:, None]");
+        let _ = writeln!(s, "    xmask = xindex < xnumel");
+        if self.rnumel.is_some() {
+            let _ = writeln!(s, "    RBLOCK: constexpr = {}", self.rblock);
+            if self.kind == KernelKind::PersistentReduction {
+                let _ = writeln!(s, "    rindex = arange(RBLOCK)[None, :]");
+                let _ = writeln!(s, "    rmask = rindex < rnumel");
+            }
+        }
+        write_stmts(&mut s, self, &self.body, 4);
+        f.write_str(&s)
+    }
+}

@@ -1,0 +1,334 @@
+//! The loop-level IR: what a primitive graph becomes before fusion.
+//!
+//! A [`LoopProgram`] is a list of buffers and a list of [`LoopNode`]s in execution order. Each
+//! node writes one buffer, contiguously (row-major), and is one of:
+//!
+//! * **pointwise**: `out[flat(x)] = body(x)` for every `x` in `ranges`;
+//! * **reduction**: `out[flat(x)] = reduce over r in reduction_ranges of body(x, r)`;
+//! * **extern**: a call coil does not generate code for (a matrix product, or a fallback op run
+//!   by the reference interpreter).
+//!
+//! A [`Body`] is a small SSA list of scalar ops ([`ScalarOp`]). It reads buffers through
+//! symbolic index expressions ([`crate::sym::Expr`]) over the node's index variables: `x0, x1, ...`
+//! (one per range, `0 <= xi < ranges[i]`) and, for reductions, `r0, r1, ...`. Views (permute,
+//! expand, slice, reshape) never become nodes: lowering folds them into those index expressions.
+//! Pointwise producers are inlined into their consumers' bodies unless something forces them
+//! into a buffer (an output, an extern operand, a reduction), so each node is already a
+//! vertical fusion of pointwise ops; the scheduler then groups nodes into kernels.
+//!
+//! The printer is deterministic; it is what `ir_pre_fusion.txt` shows.
+
+use crate::dtype::{DType, Scalar};
+use crate::graph::TensorMeta;
+use crate::op::{BinaryOp, Op, RandDist, ReduceOp, UnaryOp};
+use crate::sym::Expr;
+use std::fmt::{self, Write};
+
+/// Index of a buffer in [`LoopProgram::buffers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub usize);
+
+/// A buffer: contiguous, row-major, of a static shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoopBuffer {
+    /// `arg0, arg1, ...` for graph inputs, `buf<N>` for the rest (N = the writing node's index).
+    pub name: String,
+    pub meta: TensorMeta,
+}
+
+/// Index of a value in [`Body::values`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// One scalar operation of a body. Operands are earlier values of the same body.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScalarOp {
+    /// `buffer[index]`.
+    Load {
+        buffer: BufferId,
+        index: Expr,
+    },
+    /// `buffer[index]` where `mask` (a bool value) holds, else `other` (pad, cat, tails).
+    MaskedLoad {
+        buffer: BufferId,
+        index: Expr,
+        mask: ValueId,
+        other: Scalar,
+    },
+    /// A data-dependent load (gather, index_select, embedding): `buffer[index + stride * v]`
+    /// where `v` is the integer value `indirect`, which must lie in `[0, bound)`; generated code
+    /// reports an out-of-bounds `v` as an error rather than reading outside the buffer.
+    IndirectLoad {
+        buffer: BufferId,
+        index: Expr,
+        indirect: ValueId,
+        stride: Expr,
+        bound: Expr,
+    },
+    Constant(Scalar),
+    /// The i64 value of an index expression (iota; the masks of pad, cat, tril).
+    Index(Expr),
+    /// Philox random number with key `seed` and counter `counter` ([`crate::philox`]).
+    Rand {
+        dist: RandDist,
+        seed: u64,
+        counter: Expr,
+    },
+    Unary(UnaryOp, ValueId),
+    Binary(BinaryOp, ValueId, ValueId),
+    /// `where(cond, a, b)`.
+    Where(ValueId, ValueId, ValueId),
+    /// Converts the operand to this value's dtype.
+    Cast(ValueId),
+}
+
+/// A scalar op and the dtype of its result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Value {
+    pub op: ScalarOp,
+    pub dtype: DType,
+}
+
+/// An SSA list of scalar ops; `result` is the value the node stores (or reduces).
+///
+/// Bodies are built without duplicates (value numbering), so inlining a producer twice costs
+/// nothing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Body {
+    pub values: Vec<Value>,
+    pub result: ValueId,
+}
+
+impl Body {
+    pub fn value(&self, id: ValueId) -> &Value {
+        &self.values[id.0 as usize]
+    }
+
+    /// Appends a value, or returns the existing identical one.
+    pub fn push(&mut self, op: ScalarOp, dtype: DType) -> ValueId {
+        let value = Value { op, dtype };
+        if let Some(i) = self.values.iter().position(|v| *v == value) {
+            return ValueId(i as u32);
+        }
+        self.values.push(value);
+        ValueId(self.values.len() as u32 - 1)
+    }
+
+    /// The buffers this body reads, in first-read order, without repeats.
+    pub fn reads(&self) -> Vec<BufferId> {
+        let mut out = Vec::new();
+        for v in &self.values {
+            if let ScalarOp::Load { buffer, .. }
+            | ScalarOp::MaskedLoad { buffer, .. }
+            | ScalarOp::IndirectLoad { buffer, .. } = v.op
+            {
+                if !out.contains(&buffer) {
+                    out.push(buffer);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A call coil does not generate a kernel for.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExternCall {
+    /// `out[b] = a[b] @ b[b] (+ bias)` for every batch index; each operand is a strided view of
+    /// its buffer (a transpose is a stride swap, never a copy). The optional bias is added to
+    /// every row inside the call, as an epilogue (`linear(x, w, b)` is one call).
+    Bmm {
+        a: StridedOperand,
+        b: StridedOperand,
+        bias: Option<BiasOperand>,
+        batch: Vec<usize>,
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// A primitive op run by the reference interpreter on its operand buffers (an op with no
+    /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
+    Fallback { op: Op },
+}
+
+/// A matrix operand given as a strided view of a buffer, in elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StridedOperand {
+    pub buffer: BufferId,
+    pub offset: usize,
+    /// One stride per batch dim (0 for a broadcast batch dim).
+    pub batch_strides: Vec<usize>,
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+/// A bias row: column `j` of every output row gets `buffer[offset + stride * j]` added.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BiasOperand {
+    pub buffer: BufferId,
+    pub offset: usize,
+    pub stride: usize,
+}
+
+/// What a loop node computes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoopKind {
+    Pointwise { ranges: Vec<Expr>, body: Body },
+    Reduction { ranges: Vec<Expr>, reduction_ranges: Vec<Expr>, op: ReduceOp, body: Body },
+    Extern { call: ExternCall, inputs: Vec<BufferId> },
+}
+
+/// One node: computes `output` from earlier buffers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoopNode {
+    pub output: BufferId,
+    /// The primitive ops folded into this node, in graph order, without repeats (kernel names
+    /// are made from them: `poi_fused_add_gelu_0`).
+    pub origins: Vec<&'static str>,
+    pub kind: LoopKind,
+}
+
+impl LoopNode {
+    /// The buffers the node reads.
+    pub fn reads(&self) -> Vec<BufferId> {
+        match &self.kind {
+            LoopKind::Pointwise { body, .. } | LoopKind::Reduction { body, .. } => body.reads(),
+            LoopKind::Extern { inputs, .. } => inputs.clone(),
+        }
+    }
+
+    /// Number of output elements.
+    pub fn ranges(&self) -> &[Expr] {
+        match &self.kind {
+            LoopKind::Pointwise { ranges, .. } | LoopKind::Reduction { ranges, .. } => ranges,
+            LoopKind::Extern { .. } => &[],
+        }
+    }
+}
+
+/// The index variable of range `i` of a node: `x<i>` in `[0, extent)`.
+pub fn range_var(i: usize, extent: &Expr) -> Expr {
+    Expr::index(&format!("x{i}"), extent.const_value().expect("static extent"))
+}
+
+/// The index variable of reduction range `i`: `r<i>` in `[0, extent)`.
+pub fn reduction_var(i: usize, extent: &Expr) -> Expr {
+    Expr::index(&format!("r{i}"), extent.const_value().expect("static extent"))
+}
+
+/// A lowered program: buffers, inputs, outputs and nodes in execution order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoopProgram {
+    pub buffers: Vec<LoopBuffer>,
+    /// Graph inputs, in order.
+    pub inputs: Vec<BufferId>,
+    /// Graph outputs, in order (an output may be an input buffer, and may repeat).
+    pub outputs: Vec<BufferId>,
+    pub nodes: Vec<LoopNode>,
+}
+
+impl LoopProgram {
+    pub fn buffer(&self, id: BufferId) -> &LoopBuffer {
+        &self.buffers[id.0]
+    }
+
+    /// Index of the node writing `buffer`, if any (inputs have none).
+    pub fn producer(&self, buffer: BufferId) -> Option<usize> {
+        self.nodes.iter().position(|n| n.output == buffer)
+    }
+}
+
+fn write_body(s: &mut String, p: &LoopProgram, body: &Body) {
+    for (i, v) in body.values.iter().enumerate() {
+        let buf = |b: &BufferId| p.buffer(*b).name.clone();
+        let rhs = match &v.op {
+            ScalarOp::Load { buffer, index } => format!("load({}, {index})", buf(buffer)),
+            ScalarOp::MaskedLoad { buffer, index, mask, other } => {
+                format!("load({}, {index}, mask={mask}, other={other})", buf(buffer))
+            }
+            ScalarOp::IndirectLoad { buffer, index, indirect, stride, bound } => {
+                format!("load({}, {index} + {stride}*{indirect}, check 0 <= {indirect} < {bound})", buf(buffer))
+            }
+            ScalarOp::Constant(c) => format!("constant({c})"),
+            ScalarOp::Index(e) => format!("index({e})"),
+            ScalarOp::Rand { dist, seed, counter } => {
+                let name = if *dist == RandDist::Normal { "randn" } else { "rand" };
+                format!("{name}(seed={seed}, counter={counter})")
+            }
+            ScalarOp::Unary(op, a) => format!("{}({a})", op.name()),
+            ScalarOp::Binary(op, a, b) => format!("{}({a}, {b})", op.name()),
+            ScalarOp::Where(c, a, b) => format!("where({c}, {a}, {b})"),
+            ScalarOp::Cast(a) => format!("cast({a})"),
+        };
+        let _ = writeln!(s, "    v{i}: {} = {rhs}", v.dtype);
+    }
+    let _ = writeln!(s, "    return {}", body.result);
+}
+
+fn exprs(v: &[Expr]) -> String {
+    let parts: Vec<String> = v.iter().map(|e| e.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+impl fmt::Display for LoopProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        let names = |ids: &[BufferId]| ids.iter().map(|b| self.buffer(*b).name.clone()).collect::<Vec<_>>().join(", ");
+        let _ = writeln!(s, "inputs: {}", names(&self.inputs));
+        for id in &self.inputs {
+            let _ = writeln!(s, "  {}: {}", self.buffer(*id).name, self.buffer(*id).meta);
+        }
+        for node in &self.nodes {
+            let out = self.buffer(node.output);
+            let origins = node.origins.join(", ");
+            match &node.kind {
+                LoopKind::Pointwise { ranges, body } => {
+                    let _ = writeln!(
+                        s,
+                        "{}: {} = pointwise ranges={} origins=[{origins}]",
+                        out.name,
+                        out.meta,
+                        exprs(ranges)
+                    );
+                    write_body(&mut s, self, body);
+                }
+                LoopKind::Reduction { ranges, reduction_ranges, op, body } => {
+                    let _ = writeln!(
+                        s,
+                        "{}: {} = reduction {} ranges={} reduction_ranges={} origins=[{origins}]",
+                        out.name,
+                        out.meta,
+                        op.name(),
+                        exprs(ranges),
+                        exprs(reduction_ranges)
+                    );
+                    write_body(&mut s, self, body);
+                }
+                LoopKind::Extern { call, inputs } => {
+                    let what = match call {
+                        ExternCall::Bmm { batch, m, n, k, bias, .. } => {
+                            let epilogue = if bias.is_some() { " +bias" } else { "" };
+                            format!("bmm{epilogue} batch={batch:?} m={m} n={n} k={k}")
+                        }
+                        ExternCall::Fallback { op } => format!("fallback {op}"),
+                    };
+                    let _ = writeln!(
+                        s,
+                        "{}: {} = extern {what}({}) origins=[{origins}]",
+                        out.name,
+                        out.meta,
+                        names(inputs)
+                    );
+                }
+            }
+        }
+        let _ = writeln!(s, "outputs: {}", names(&self.outputs));
+        f.write_str(&s)
+    }
+}

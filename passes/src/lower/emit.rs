@@ -1,0 +1,260 @@
+//! Emitting a graph node's value at a symbolic index into a body: loads of realized buffers,
+//! inlined pointwise math, leaves, and the data-movement ops (pad, cat, gather, index_select).
+//!
+//! Pad and cat read their operands only where a mask holds. A realized operand is read with a
+//! `MaskedLoad` directly; an inlined one is emitted *under* the mask (each of its loads becomes
+//! masked, so no lane reads outside a buffer) and selected with a `Where`.
+
+use super::{flat, offset_error, Emit, Lowerer};
+use crate::decompose::{scalar_as, zero};
+use coil_ir::loops::{BufferId, ScalarOp, ValueId};
+use coil_ir::sym::Expr;
+use coil_ir::{BinaryOp, DType, NodeId, Op, ReduceOp, Result, Scalar};
+
+impl Lowerer<'_> {
+    /// `n`'s value at `idx`: a load when `n` has a buffer, else its computation, inlined.
+    /// Under `mask`, loads are masked (their other value, 0, is never selected).
+    pub(crate) fn emit(&mut self, e: &mut Emit, n: NodeId, idx: &[Expr], mask: Option<ValueId>) -> Result<ValueId> {
+        if let Some(b) = self.buf[n.0] {
+            return Ok(self.load(e, b, flat(idx, &self.meta(n).shape), mask));
+        }
+        let key = (n, idx.to_vec(), mask);
+        if let Some(&v) = e.memo.get(&key) {
+            return Ok(v);
+        }
+        let v = self.compute(e, n, idx, mask)?;
+        e.memo.insert(key, v);
+        Ok(v)
+    }
+
+    fn load(&self, e: &mut Emit, buffer: BufferId, index: Expr, mask: Option<ValueId>) -> ValueId {
+        let dtype = self.prog.buffer(buffer).meta.dtype;
+        let op = match mask {
+            None => ScalarOp::Load { buffer, index },
+            Some(mask) => ScalarOp::MaskedLoad { buffer, index, mask, other: zero(dtype) },
+        };
+        e.push(op, dtype)
+    }
+
+    /// `n`'s own computation at `idx` (never a load of `n`'s buffer).
+    pub(crate) fn compute(&mut self, e: &mut Emit, n: NodeId, idx: &[Expr], mask: Option<ValueId>) -> Result<ValueId> {
+        let node = self.g.node(n);
+        let dtype = node.meta.dtype;
+        e.folded.push(n);
+        if self.degenerate(n) {
+            let value = match &node.op {
+                _ if node.meta.numel() == 0 => Scalar::Int(0),
+                Op::Reduce { op, dims, .. } if dims.is_empty() && !op.is_arg() => {
+                    // A reduction over no dims: the operand, in the result type.
+                    let v = self.emit(e, node.inputs[0], idx, mask)?;
+                    return Ok(cast(e, v, dtype));
+                }
+                Op::Reduce { op: ReduceOp::Prod, .. } => Scalar::Int(1),
+                _ => Scalar::Int(0), // sums over empty dims, arg reductions of 0-d tensors, k = 0
+            };
+            return Ok(e.push(ScalarOp::Constant(scalar_as(value, dtype)), dtype));
+        }
+        if mask.is_some() && unsafe_under_mask(&node.op, dtype) {
+            // Masked lanes read 0s: an index value would be garbage, an integer division could
+            // trap. Compute it in its own buffer and read that through the mask instead.
+            let b = self.realize(n)?;
+            return Ok(self.load(e, b, flat(idx, &node.meta.shape), mask));
+        }
+        let arg = |i: usize| node.inputs[i];
+        Ok(match &node.op {
+            Op::Full(v) => e.push(ScalarOp::Constant(scalar_as(*v, dtype)), dtype),
+            Op::Iota { dim } => {
+                let i = e.push(ScalarOp::Index(idx.get(*dim).copied().unwrap_or(Expr::int(0))), DType::I64);
+                cast(e, i, dtype)
+            }
+            Op::Rand { dist, seed, offset } => {
+                let base = i64::try_from(*offset).map_err(|_| offset_error(*offset))?;
+                let counter = Expr::int(base) + flat(idx, &node.meta.shape);
+                e.push(ScalarOp::Rand { dist: *dist, seed: *seed, counter }, dtype)
+            }
+            Op::Unary(u) => {
+                let a = self.emit(e, arg(0), idx, mask)?;
+                // Float-only ops on ints compute in the result type: make the conversion explicit.
+                let a = if u.returns_bool() { a } else { cast(e, a, dtype) };
+                e.push(ScalarOp::Unary(*u, a), dtype)
+            }
+            Op::Binary(b) => {
+                let (mut x, mut y) = (self.emit(e, arg(0), idx, mask)?, self.emit(e, arg(1), idx, mask)?);
+                if !b.returns_bool() {
+                    (x, y) = (cast(e, x, dtype), cast(e, y, dtype));
+                }
+                e.push(ScalarOp::Binary(*b, x, y), dtype)
+            }
+            Op::Where => {
+                let c = self.emit(e, arg(0), idx, mask)?;
+                let (x, y) = (self.emit(e, arg(1), idx, mask)?, self.emit(e, arg(2), idx, mask)?);
+                let (x, y) = (cast(e, x, dtype), cast(e, y, dtype));
+                e.push(ScalarOp::Where(c, x, y), dtype)
+            }
+            Op::Cast(t) => {
+                let a = self.emit(e, arg(0), idx, mask)?;
+                cast(e, a, *t)
+            }
+            op if op.is_view() => {
+                let (x, xi) = self.view_step(n, idx);
+                self.emit(e, x, &xi, mask)?
+            }
+            Op::Pad { pads, value } => {
+                let xs = &self.meta(arg(0)).shape;
+                let mut conds = Vec::new();
+                let mut xi = idx.to_vec();
+                for (d, &(before, after)) in pads.iter().enumerate() {
+                    xi[d] = idx[d] - Expr::from(before);
+                    if before > 0 {
+                        conds.push(compare(e, BinaryOp::Ge, idx[d], before));
+                    }
+                    if after > 0 {
+                        conds.push(compare(e, BinaryOp::Lt, idx[d], before + xs[d]));
+                    }
+                }
+                let m = conds.into_iter().fold(mask, |m, c| Some(and(e, m, c)));
+                self.masked(e, arg(0), &xi, m, scalar_as(*value, dtype))?
+            }
+            Op::Cat { dim } => self.cat(e, n, *dim, idx, mask)?,
+            Op::Gather { dim } => {
+                let v = self.emit(e, arg(1), idx, None)?;
+                let mut xi = idx.to_vec();
+                self.indirect(e, arg(0), &mut xi, *dim, v)?
+            }
+            Op::IndexSelect { dim } => {
+                let index_idx: Vec<Expr> = match self.meta(arg(1)).shape.len() {
+                    0 => vec![],
+                    _ => vec![idx.get(*dim).copied().unwrap_or(Expr::int(0))],
+                };
+                let v = self.emit(e, arg(1), &index_idx, None)?;
+                let mut xi = idx.to_vec();
+                self.indirect(e, arg(0), &mut xi, *dim, v)?
+            }
+            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } => {
+                // `prepare` realizes these before any reader is built; kept total regardless.
+                let b = self.realize(n)?;
+                self.load(e, b, flat(idx, &node.meta.shape), mask)
+            }
+            op => unreachable!("{op} in a primitive graph"),
+        })
+    }
+
+    /// `x` at `idx` where `mask` holds, else `other`.
+    fn masked(
+        &mut self,
+        e: &mut Emit,
+        x: NodeId,
+        idx: &[Expr],
+        mask: Option<ValueId>,
+        other: Scalar,
+    ) -> Result<ValueId> {
+        let Some(m) = mask else { return self.emit(e, x, idx, None) };
+        let dtype = self.meta(x).dtype;
+        let (base, bidx) = self.resolve(x, idx);
+        if let Some(buffer) = self.buf[base.0] {
+            let index = flat(&bidx, &self.meta(base).shape);
+            return Ok(e.push(ScalarOp::MaskedLoad { buffer, index, mask: m, other }, dtype));
+        }
+        let v = self.emit(e, x, idx, Some(m))?;
+        let o = e.push(ScalarOp::Constant(other), dtype);
+        Ok(e.push(ScalarOp::Where(m, v, o), dtype))
+    }
+
+    /// `cat` along `dim`: each part read under "the index lies in its range", the parts chained
+    /// by `Where`s (the last part is the fallback of the chain).
+    fn cat(&mut self, e: &mut Emit, n: NodeId, dim: usize, idx: &[Expr], mask: Option<ValueId>) -> Result<ValueId> {
+        let node = self.g.node(n);
+        let mut parts = Vec::new();
+        let mut start = 0;
+        for &x in &node.inputs {
+            let len = self.meta(x).shape[dim];
+            if len > 0 {
+                parts.push((x, start, len));
+            }
+            start += len;
+        }
+        let last = parts.len() - 1;
+        let mut values = Vec::new();
+        for (k, &(x, start, len)) in parts.iter().enumerate() {
+            let mut xi = idx.to_vec();
+            xi[dim] = idx[dim] - Expr::from(start);
+            let mut m = mask;
+            if k > 0 {
+                let c = compare(e, BinaryOp::Ge, idx[dim], start);
+                m = Some(and(e, m, c));
+            }
+            if k < last {
+                let c = compare(e, BinaryOp::Lt, idx[dim], start + len);
+                m = Some(and(e, m, c));
+            }
+            values.push((m, self.masked(e, x, &xi, m, zero(node.meta.dtype))?));
+        }
+        let mut acc = values[last].1;
+        for &(m, v) in values[..last].iter().rev() {
+            acc = e.push(ScalarOp::Where(m.expect("every part but the last is masked"), v, acc), node.meta.dtype);
+        }
+        Ok(acc)
+    }
+
+    /// A data-dependent read of `x` (gather, index_select): `xi` is the index into `x` with
+    /// `xi[dim]` about to be replaced by the value `v`. The view chain of `x` is folded when it
+    /// is affine in that dim; otherwise `x` is copied into a contiguous buffer first.
+    fn indirect(&mut self, e: &mut Emit, x: NodeId, xi: &mut [Expr], dim: usize, v: ValueId) -> Result<ValueId> {
+        let xm = self.meta(x);
+        let (dtype, rank) = (xm.dtype, xm.shape.len());
+        // A 0-d operand behaves as a 1-element 1-D one (PyTorch treats its size along dim 0 as 1).
+        let size = if rank == 0 { 1 } else { xm.shape[dim] };
+        let t = if size >= 2 { Expr::index("t", size as i64) } else { Expr::int(0) };
+        if rank > 0 {
+            xi[dim] = t;
+        }
+        let (base, bidx) = self.resolve(x, xi);
+        let access = |l: &Self, base: NodeId, bidx: &[Expr]| {
+            let f = flat(bidx, &l.meta(base).shape);
+            let at = |k: i64| f.substitute_with(|s| (s == t).then(|| Expr::int(k)));
+            let (index, stride) = if size >= 2 { (at(0), at(1) - at(0)) } else { (f, Expr::int(0)) };
+            (index + stride * t == f).then_some((index, stride))
+        };
+        let (buffer, (index, stride)) = match access(self, base, &bidx) {
+            Some(found) if !self.degenerate(base) => (self.realize(base)?, found),
+            _ => {
+                let b = self.realize(x)?;
+                let contiguous: Vec<Expr> = xi.to_vec();
+                (b, access(self, x, &contiguous).expect("a contiguous buffer is affine in each dim"))
+            }
+        };
+        let bound = Expr::from(size);
+        Ok(e.push(ScalarOp::IndirectLoad { buffer, index, indirect: v, stride, bound }, dtype))
+    }
+}
+
+/// Ops that must not run on the made-up values of masked lanes.
+fn unsafe_under_mask(op: &Op, dtype: DType) -> bool {
+    let int_div =
+        matches!(op, Op::Binary(BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder | BinaryOp::Pow));
+    matches!(op, Op::Gather { .. } | Op::IndexSelect { .. }) || (int_div && !dtype.is_float())
+}
+
+/// `v` converted to `dtype` (no op when it already has it).
+fn cast(e: &mut Emit, v: ValueId, dtype: DType) -> ValueId {
+    if e.dtype(v) == dtype {
+        v
+    } else {
+        e.push(ScalarOp::Cast(v), dtype)
+    }
+}
+
+/// `index <op> bound` as a bool value.
+fn compare(e: &mut Emit, op: BinaryOp, index: Expr, bound: usize) -> ValueId {
+    let i = e.push(ScalarOp::Index(index), DType::I64);
+    let b = e.push(ScalarOp::Constant(Scalar::Int(bound as i64)), DType::I64);
+    e.push(ScalarOp::Binary(op, i, b), DType::Bool)
+}
+
+/// `mask && c` (just `c` without an outer mask).
+fn and(e: &mut Emit, mask: Option<ValueId>, c: ValueId) -> ValueId {
+    match mask {
+        None => c,
+        Some(m) => e.push(ScalarOp::Binary(BinaryOp::LogicalAnd, m, c), DType::Bool),
+    }
+}

@@ -1,0 +1,429 @@
+//! Lowering: a primitive graph becomes a [`LoopProgram`] (see `docs/compiler.md`, "Loop IR").
+//!
+//! Each graph node either gets a buffer (it is *realized*: one [`LoopNode`] writes it) or is
+//! *inlined*: recomputed inside the body of every node that reads it. Views never get buffers of
+//! their own unless something asks for one; they are folded into the index expressions of loads
+//! (`view` module). A node is realized when it is
+//!
+//! * a graph input (buffer `arg<k>`, no node) or a graph output;
+//! * a reduction (reductions always write a buffer, their consumers load it), a matrix product,
+//!   `cumsum` or `scatter` (extern calls);
+//! * an extern operand that is not an affine view of a buffer (copied into a contiguous one);
+//!   when the view *is* affine over an unrealized producer, that producer is realized instead;
+//! * the data operand of a gather / index_select that is not an affine view of a buffer along
+//!   the indexed dim;
+//! * a gather / index_select, or an integer division, remainder or power, read under a pad /
+//!   cat mask: masked lanes see made-up zeros, which would make a garbage index or a division
+//!   by zero (that generated code reports as an error);
+//! * the operand (behind its views) of a node whose inlined body would exceed [`BODY_CAP`]
+//!   values, so that bodies stay bounded however long the pointwise chain.
+//!
+//! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements,
+//! a reduction over an empty dim (its identity), a matrix product with `k = 0` (zeros), an arg
+//! reduction over no dims (index 0); a reduction over no dims is a pointwise copy (a cast when
+//! the result dtype differs, e.g. a sum of ints).
+//!
+//! `origins` lists the ops that compute; views and constants are named only when a node does
+//! nothing else (a transpose copy has `[permute]`), so kernel names say what a kernel computes.
+//!
+//! Index variables: `x<i>` / `r<i>` ([`range_var`], [`reduction_var`]) for dims of extent >= 2;
+//! a dim of extent 1 has the constant index 0, so no variable (and no `+ x1` whose only value is
+//! 0) appears in expressions.
+
+mod emit;
+#[cfg(test)]
+pub(crate) mod tests;
+mod view;
+
+use coil_ir::graph::{contiguous_strides, numel};
+use coil_ir::loops::{
+    range_var, reduction_var, BiasOperand, Body, BufferId, ExternCall, LoopBuffer, LoopKind, LoopNode, LoopProgram,
+    ScalarOp, StridedOperand, ValueId,
+};
+use coil_ir::sym::Expr;
+use coil_ir::{BinaryOp, DType, Error, Graph, NodeId, Op, ReduceOp, Result, TensorMeta};
+use std::collections::HashMap;
+
+/// Most values a node's body may have before its producers are realized instead of inlined.
+pub const BODY_CAP: usize = 128;
+
+/// Lowers a primitive graph (checked with [`Graph::verify_primitive`]) to loop IR.
+///
+/// Only the nodes the outputs depend on are lowered. Buffers: `arg<k>` for the graph inputs (in
+/// order, first), then `buf<N>` written by `nodes[N]`. An output that is an input, or the same
+/// node as another output, reuses that buffer.
+pub fn lower(graph: &Graph) -> Result<LoopProgram> {
+    graph.verify_primitive()?;
+    let mut l = Lowerer::new(graph);
+    for (k, &id) in graph.inputs.iter().enumerate() {
+        let b = l.new_buffer(format!("arg{k}"), graph.meta(id).clone());
+        l.prog.inputs.push(b);
+        l.buf[id.0] = Some(b);
+    }
+    let mut is_output = vec![false; graph.nodes.len()];
+    for o in &graph.outputs {
+        is_output[o.0] = true;
+    }
+    for id in graph.live_nodes() {
+        l.prepare(id)?;
+        if is_output[id.0] {
+            l.realize(id)?;
+        }
+    }
+    l.prog.outputs = graph.outputs.iter().map(|o| l.buf[o.0].expect("outputs are realized")).collect();
+    Ok(l.prog)
+}
+
+/// The state of one lowering.
+pub(crate) struct Lowerer<'g> {
+    g: &'g Graph,
+    prog: LoopProgram,
+    /// The buffer holding each graph node's value, once realized.
+    buf: Vec<Option<BufferId>>,
+    /// `add` nodes computed as the bias epilogue of a matrix product: add -> (bmm, bias operand).
+    epilogues: HashMap<NodeId, (NodeId, NodeId)>,
+}
+
+/// One body under construction: the values, a memo of emitted `(node, index, mask)` triples
+/// (so a producer read twice at one index is emitted once, without exponential recursion over
+/// diamonds), and the graph nodes folded into it (its origins).
+pub(crate) struct Emit {
+    body: Body,
+    memo: HashMap<(NodeId, Vec<Expr>, Option<ValueId>), ValueId>,
+    folded: Vec<NodeId>,
+}
+
+impl Emit {
+    fn new() -> Emit {
+        Emit { body: Body::default(), memo: HashMap::new(), folded: Vec::new() }
+    }
+
+    fn push(&mut self, op: ScalarOp, dtype: DType) -> ValueId {
+        self.body.push(op, dtype)
+    }
+
+    fn dtype(&self, v: ValueId) -> DType {
+        self.body.value(v).dtype
+    }
+}
+
+/// The index variables of a shape: `make(i, extent)` for extents >= 2, the constant 0 for
+/// extent 1 (extent 0 never reaches here: empty nodes are constants). `make` is [`range_var`]
+/// or [`reduction_var`]; the scheduler rebuilds a node's variables with this same function.
+pub(crate) fn vars(shape: &[usize], make: fn(usize, &Expr) -> Expr) -> Vec<Expr> {
+    shape.iter().enumerate().map(|(i, &n)| if n == 1 { Expr::int(0) } else { make(i, &Expr::from(n)) }).collect()
+}
+
+/// Row-major flat index of `idx` in a contiguous tensor of `shape`.
+pub(crate) fn flat(idx: &[Expr], shape: &[usize]) -> Expr {
+    idx.iter().zip(contiguous_strides(shape)).map(|(&i, s)| i * Expr::from(s)).sum()
+}
+
+fn exprs(shape: &[usize]) -> Vec<Expr> {
+    shape.iter().map(|&n| Expr::from(n)).collect()
+}
+
+impl<'g> Lowerer<'g> {
+    fn new(g: &'g Graph) -> Lowerer<'g> {
+        let epilogues = bias_epilogues(g);
+        Lowerer { g, prog: LoopProgram::default(), buf: vec![None; g.nodes.len()], epilogues }
+    }
+
+    fn new_buffer(&mut self, name: String, meta: TensorMeta) -> BufferId {
+        self.prog.buffers.push(LoopBuffer { name, meta });
+        BufferId(self.prog.buffers.len() - 1)
+    }
+
+    fn meta(&self, n: NodeId) -> &'g TensorMeta {
+        self.g.meta(n)
+    }
+
+    /// Whether a node needs no loop: it is inlined as a constant (see the module docs).
+    fn degenerate(&self, n: NodeId) -> bool {
+        let node = self.g.node(n);
+        if node.meta.numel() == 0 {
+            return true;
+        }
+        match &node.op {
+            Op::Reduce { op, dims, .. } => {
+                let x = self.meta(node.inputs[0]);
+                dims.is_empty() || x.shape.is_empty() || (!op.is_arg() && dims.iter().any(|&d| x.shape[d] == 0))
+            }
+            Op::Bmm => {
+                let a = &self.meta(node.inputs[0]).shape;
+                a[a.len() - 1] == 0
+            }
+            _ => false,
+        }
+    }
+
+    /// Decides, in graph order, which nodes get buffers (see the module docs); outputs are
+    /// realized by the caller.
+    fn prepare(&mut self, n: NodeId) -> Result<()> {
+        let node = self.g.node(n);
+        if self.buf[n.0].is_some() || self.degenerate(n) {
+            return Ok(());
+        }
+        match &node.op {
+            // A product whose only reader adds a bias row is computed by that add (one call).
+            Op::Bmm if self.epilogues.values().any(|&(mm, _)| mm == n) => {}
+            _ if self.epilogues.contains_key(&n) => {
+                self.realize(n)?;
+            }
+            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } => {
+                self.realize(n)?;
+            }
+            op if op.is_pointwise() || matches!(op, Op::Pad { .. } | Op::Cat { .. }) => self.cap(n)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Realizes the producers of `n` (behind their views) when inlining them would make `n`'s
+    /// body exceed [`BODY_CAP`]. Each producer passed this check itself, so bodies stay within
+    /// a small multiple of the cap.
+    fn cap(&mut self, n: NodeId) -> Result<()> {
+        let mut scratch = Emit::new();
+        let idx = vars(&self.meta(n).shape, range_var);
+        self.emit(&mut scratch, n, &idx, None)?;
+        if scratch.body.values.len() <= BODY_CAP {
+            return Ok(());
+        }
+        for &x in &self.g.node(n).inputs {
+            let base = self.view_base(x);
+            if self.buf[base.0].is_none() && !self.g.node(base).op.is_leaf() && !self.degenerate(base) {
+                self.realize(base)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives `n` a buffer (if it has none): a node computing it, after any node it needs.
+    pub(crate) fn realize(&mut self, n: NodeId) -> Result<BufferId> {
+        if let Some(b) = self.buf[n.0] {
+            return Ok(b);
+        }
+        let node = self.g.node(n);
+        let (kind, folded) = match &node.op {
+            _ if self.degenerate(n) => self.pointwise(n)?,
+            _ if self.epilogues.contains_key(&n) => {
+                let (mm, bias) = self.epilogues[&n];
+                (self.bmm(mm, Some((n, bias)))?, vec![mm, n])
+            }
+            Op::Reduce { op, dims, keepdim } => self.reduction(n, *op, dims, *keepdim)?,
+            Op::Bmm => (self.bmm(n, None)?, vec![n]),
+            Op::Cumsum { .. } | Op::Scatter { .. } => {
+                let inputs = node.inputs.iter().map(|&x| self.realize(x)).collect::<Result<Vec<_>>>()?;
+                (LoopKind::Extern { call: ExternCall::Fallback { op: node.op.clone() }, inputs }, vec![n])
+            }
+            _ => self.pointwise(n)?,
+        };
+        let origins = self.origins(folded);
+        let output = self.new_buffer(format!("buf{}", self.prog.nodes.len()), node.meta.clone());
+        self.prog.nodes.push(LoopNode { output, origins, kind });
+        self.buf[n.0] = Some(output);
+        Ok(output)
+    }
+
+    /// The op names of the folded graph nodes, in graph order, each once. Views and constants
+    /// only move or fill data, so they are left out of a node that also computes something:
+    /// kernel names then say what a kernel computes (`poi_fused_add_gelu`), not how it indexes.
+    fn origins(&self, mut folded: Vec<NodeId>) -> Vec<&'static str> {
+        folded.sort();
+        folded.dedup();
+        let names = |keep: &dyn Fn(&Op) -> bool| {
+            let mut out: Vec<&'static str> = Vec::new();
+            for n in &folded {
+                let op = &self.g.node(*n).op;
+                if keep(op) && !out.contains(&op.name()) {
+                    out.push(op.name());
+                }
+            }
+            out
+        };
+        let computing = names(&|op| !op.is_view() && !matches!(op, Op::Full(_) | Op::Input { .. }));
+        if computing.is_empty() {
+            names(&|op| !matches!(op, Op::Input { .. }))
+        } else {
+            computing
+        }
+    }
+
+    fn pointwise(&mut self, n: NodeId) -> Result<(LoopKind, Vec<NodeId>)> {
+        let shape = &self.meta(n).shape;
+        let mut e = Emit::new();
+        // An empty node has no index to vary (and extent-0 variables cannot exist).
+        let idx = if numel(shape) == 0 { vec![Expr::int(0); shape.len()] } else { vars(shape, range_var) };
+        e.body.result = self.compute(&mut e, n, &idx, None)?;
+        Ok((LoopKind::Pointwise { ranges: exprs(shape), body: e.body }, e.folded))
+    }
+
+    /// A reduction node: `ranges` are the output dims (kept size-1 dims included), the
+    /// reduction ranges the reduced dims in increasing order, as the interpreter visits them.
+    fn reduction(&mut self, n: NodeId, op: ReduceOp, dims: &[usize], keepdim: bool) -> Result<(LoopKind, Vec<NodeId>)> {
+        let node = self.g.node(n);
+        let x = node.inputs[0];
+        let xs = &self.meta(x).shape;
+        let mut reduced: Vec<usize> = dims.to_vec();
+        reduced.sort_unstable();
+        let rshape: Vec<usize> = reduced.iter().map(|&d| xs[d]).collect();
+        let (xv, rv) = (vars(&node.meta.shape, range_var), vars(&rshape, reduction_var));
+        let mut kept = 0;
+        let idx: Vec<Expr> = (0..xs.len())
+            .map(|d| match reduced.iter().position(|&r| r == d) {
+                Some(j) => {
+                    kept += keepdim as usize;
+                    rv[j]
+                }
+                None => {
+                    kept += 1;
+                    xv[kept - 1]
+                }
+            })
+            .collect();
+        let mut e = Emit::new();
+        e.folded.push(n);
+        let mut v = self.emit(&mut e, x, &idx, None)?;
+        // Sums and products of ints accumulate in the (i64) result type: make that explicit.
+        if !op.is_arg() && e.dtype(v) != node.meta.dtype {
+            v = e.push(ScalarOp::Cast(v), node.meta.dtype);
+        }
+        e.body.result = v;
+        let kind =
+            LoopKind::Reduction { ranges: exprs(&node.meta.shape), reduction_ranges: exprs(&rshape), op, body: e.body };
+        Ok((kind, e.folded))
+    }
+
+    /// `out[b] = a[b] @ c[b]`, each operand a strided view of a buffer; with `epilogue =
+    /// (add, bias)`, the add of the bias row is part of the call.
+    fn bmm(&mut self, n: NodeId, epilogue: Option<(NodeId, NodeId)>) -> Result<LoopKind> {
+        let node = self.g.node(n);
+        let (a, c) = (self.strided(node.inputs[0])?, self.strided(node.inputs[1])?);
+        let out = &node.meta.shape;
+        let r = out.len();
+        let (m, nn) = (out[r - 2], out[r - 1]);
+        let k = self.meta(node.inputs[0]).shape[r - 1];
+        let mut inputs = vec![a.buffer, c.buffer];
+        let bias = match epilogue {
+            Some((add, bias)) => {
+                let shape = &self.meta(add).shape;
+                let syms: Vec<Expr> = vars(shape, |i, n| Expr::index(&format!("s{i}"), n.const_value().unwrap()));
+                let (base, bidx) = self.resolve(bias, &syms);
+                let (offset, strides) =
+                    affine(flat(&bidx, &self.meta(base).shape), &syms).expect("checked by bias_epilogues");
+                let buffer = self.realize(base)?;
+                inputs.push(buffer);
+                Some(BiasOperand { buffer, offset, stride: strides[strides.len() - 1] })
+            }
+            None => None,
+        };
+        let call = ExternCall::Bmm { a, b: c, bias, batch: out[..r - 2].to_vec(), m, n: nn, k };
+        Ok(LoopKind::Extern { call, inputs })
+    }
+
+    /// `x` as a strided view of a buffer: the view chain is folded when it is affine over its
+    /// base (which is realized if needed); otherwise `x` is copied into a contiguous buffer.
+    fn strided(&mut self, x: NodeId) -> Result<StridedOperand> {
+        let shape = &self.meta(x).shape;
+        let syms: Vec<Expr> = vars(shape, |i, n| Expr::index(&format!("s{i}"), n.const_value().unwrap()));
+        let (base, bidx) = self.resolve(x, &syms);
+        let found = affine(flat(&bidx, &self.meta(base).shape), &syms);
+        let (buffer, offset, strides) = match found {
+            Some((offset, strides)) if !self.degenerate(base) => (self.realize(base)?, offset, strides),
+            _ => (self.realize(x)?, 0, contiguous_strides(shape)),
+        };
+        let r = shape.len();
+        Ok(StridedOperand {
+            buffer,
+            offset,
+            batch_strides: strides[..r - 2].to_vec(),
+            row_stride: strides[r - 2],
+            col_stride: strides[r - 1],
+        })
+    }
+}
+
+/// The `add` nodes that are the bias epilogue of a matrix product (`linear(x, w, b)` decomposes
+/// to `bmm`, a reshape back, and an add of the broadcast bias): `add -> (bmm, bias operand)`.
+///
+/// The pattern: one operand of the add is the product, seen through reshapes that keep its last
+/// dim (so the add's column is the product's column), with no other reader anywhere along the
+/// way and not a graph output; the other operand reads a fixed row, `bias[offset + stride * j]`
+/// for column `j`, whatever the other indices.
+fn bias_epilogues(g: &Graph) -> HashMap<NodeId, (NodeId, NodeId)> {
+    let mut readers = vec![0usize; g.nodes.len()];
+    for n in g.live_nodes() {
+        for x in &g.node(n).inputs {
+            readers[x.0] += 1;
+        }
+    }
+    for o in &g.outputs {
+        readers[o.0] += 1;
+    }
+    let mut found = HashMap::new();
+    for n in g.live_nodes() {
+        let node = g.node(n);
+        if node.op != Op::Binary(BinaryOp::Add) || node.meta.shape.len() < 2 {
+            continue;
+        }
+        let last = *node.meta.shape.last().unwrap();
+        for (mm_side, bias_side) in [(node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])] {
+            let mut m = mm_side;
+            while matches!(g.node(m).op, Op::Reshape { .. }) && readers[m.0] == 1 {
+                m = g.node(m).inputs[0];
+            }
+            let is_product = g.node(m).op == Op::Bmm && readers[m.0] == 1 && g.meta(m).shape.last() == Some(&last);
+            if is_product && reads_a_row(g, bias_side, &node.meta.shape) && !found.values().any(|&(p, _)| p == m) {
+                found.insert(n, (m, bias_side));
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// Whether `x` (of `shape`, through its views) reads `offset + stride * j` for column `j`,
+/// independent of the other indices: a broadcast row.
+fn reads_a_row(g: &Graph, x: NodeId, shape: &[usize]) -> bool {
+    let mut n = x;
+    while g.node(n).op.is_view() {
+        n = g.node(n).inputs[0];
+    }
+    if g.meta(n).rank() != 1 && g.meta(n).numel() != *shape.last().unwrap() {
+        return false;
+    }
+    // Walk the views symbolically, as lowering will.
+    let syms: Vec<Expr> = vars(shape, |i, e| Expr::index(&format!("s{i}"), e.const_value().unwrap()));
+    let mut idx = syms.clone();
+    let mut m = x;
+    let probe = Lowerer { g, prog: LoopProgram::default(), buf: vec![None; g.nodes.len()], epilogues: HashMap::new() };
+    while g.node(m).op.is_view() {
+        (m, idx) = probe.view_step(m, &idx);
+    }
+    match affine(flat(&idx, &g.meta(m).shape), &syms) {
+        Some((_, strides)) => strides[..strides.len() - 1].iter().all(|&s| s == 0),
+        None => false,
+    }
+}
+
+/// `e` as `offset + sum(stride_i * syms_i)` with constant, non-negative offset and strides, if
+/// it is one (a dim whose symbol is the constant 0 gets stride 0).
+fn affine(e: Expr, syms: &[Expr]) -> Option<(usize, Vec<usize>)> {
+    let at = |one: Option<Expr>| {
+        e.substitute_with(|s| if Some(s) == one { Some(Expr::int(1)) } else { syms.contains(&s).then(|| Expr::int(0)) })
+    };
+    let offset = at(None).const_value()?;
+    let mut strides = Vec::with_capacity(syms.len());
+    let mut rebuilt = Expr::int(offset);
+    for &s in syms {
+        let stride = if s.const_value().is_some() { 0 } else { at(Some(s)).const_value()? - offset };
+        rebuilt = rebuilt + s * stride;
+        strides.push(usize::try_from(stride).ok()?);
+    }
+    (rebuilt == e).then_some((usize::try_from(offset).ok()?, strides))
+}
+
+/// The error for a `Rand` offset that does not fit the i64 index algebra.
+fn offset_error(offset: u64) -> Error {
+    Error::unsupported(format!("rand offset {offset} does not fit in an i64 index"))
+}

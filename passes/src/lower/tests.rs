@@ -1,0 +1,376 @@
+//! Lowering tests: the printed loop program of small graphs (snapshots, checked by eye), and
+//! the realization rules.
+
+use super::{lower, BODY_CAP};
+use coil_ir::loops::{ExternCall, LoopKind, LoopProgram};
+use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, TensorMeta, UnaryOp};
+
+const F32: DType = DType::F32;
+
+fn m(shape: &[usize], dtype: DType) -> TensorMeta {
+    TensorMeta::new(shape.to_vec(), dtype)
+}
+
+fn op(g: &mut Graph, op: Op, inputs: &[NodeId]) -> NodeId {
+    g.push(op, inputs, None).unwrap()
+}
+
+fn snap(name: &str, p: &LoopProgram) {
+    insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_snapshot!(name, p.to_string());
+    });
+}
+
+fn lowered(mut g: Graph, outputs: &[NodeId]) -> LoopProgram {
+    g.outputs.extend_from_slice(outputs);
+    lower(&g).unwrap_or_else(|e| panic!("{e}\n{g}"))
+}
+
+/// Decomposes a captured graph (composite ops allowed), then lowers it.
+pub(crate) fn lowered_composite(mut g: Graph, outputs: &[NodeId]) -> LoopProgram {
+    g.outputs.extend_from_slice(outputs);
+    let p = crate::decompose(&g).unwrap();
+    lower(&p).unwrap_or_else(|e| panic!("{e}\n{p}"))
+}
+
+#[test]
+fn transpose_reads_with_swapped_strides() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[3, 4], F32));
+    let t = op(&mut g, Op::Permute { perm: vec![1, 0] }, &[x]);
+    let p = lowered(g, &[t]);
+    snap("lower_transpose", &p);
+}
+
+#[test]
+fn expand_reads_broadcast_dims_at_zero() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[3, 1], F32));
+    let e = op(&mut g, Op::Expand { shape: vec![2, 3, 4] }, &[x]);
+    let y = op(&mut g, Op::Unary(UnaryOp::Exp), &[e]);
+    snap("lower_expand", &lowered(g, &[y]));
+}
+
+#[test]
+fn slices_with_steps() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[10, 3], F32));
+    let a = op(&mut g, Op::Slice { dim: 0, start: 8, len: 4, step: -2 }, &[x]);
+    let b = op(&mut g, Op::Slice { dim: 0, start: 1, len: 4, step: 2 }, &[x]);
+    let y = op(&mut g, Op::Binary(BinaryOp::Add), &[a, b]);
+    snap("lower_slice_step", &lowered(g, &[y]));
+}
+
+#[test]
+fn reshape_of_permute_splits_dims_without_flat_division() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[2, 3, 4], F32));
+    let t = op(&mut g, Op::Permute { perm: vec![0, 2, 1] }, &[x]);
+    let r = op(&mut g, Op::Reshape { shape: vec![8, 3] }, &[t]);
+    let y = op(&mut g, Op::Unary(UnaryOp::Neg), &[r]);
+    let p = lowered(g, &[y]);
+    snap("lower_reshape_of_permute", &p);
+    assert!(p.to_string().contains("load(arg0, 4*x1 + 12*(x0//4) + x0 % 4)"), "{p}");
+}
+
+#[test]
+fn pad_is_a_masked_load() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[3, 4], F32));
+    let y = op(&mut g, Op::Pad { pads: vec![(1, 0), (0, 2)], value: Scalar::Float(1.5) }, &[x]);
+    snap("lower_pad", &lowered(g, &[y]));
+}
+
+#[test]
+fn cat_is_where_over_masked_loads() {
+    let mut g = Graph::new();
+    let a = g.input(m(&[2, 3], F32));
+    let b = g.input(m(&[2, 2], F32));
+    let c = g.input(m(&[2, 1], F32));
+    // An inlined part: its loads are masked, and a `where` selects it.
+    let ec = op(&mut g, Op::Unary(UnaryOp::Exp), &[c]);
+    let y = op(&mut g, Op::Cat { dim: 1 }, &[a, b, ec]);
+    snap("lower_cat", &lowered(g, &[y]));
+}
+
+#[test]
+fn gather_and_index_select_are_indirect_loads() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 5], F32));
+    let i = g.input(m(&[4, 2], DType::I64));
+    let w = g.input(m(&[6, 3], F32));
+    let j = g.input(m(&[5], DType::I32));
+    let gathered = op(&mut g, Op::Gather { dim: 1 }, &[x, i]);
+    // index_select of a transposed weight: the transpose folds into the indirect access.
+    let wt = op(&mut g, Op::Permute { perm: vec![1, 0] }, &[w]);
+    let selected = op(&mut g, Op::IndexSelect { dim: 1 }, &[wt, j]);
+    snap("lower_gather", &lowered(g, &[gathered, selected]));
+}
+
+#[test]
+fn pointwise_chain_is_one_node() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[2, 3], F32));
+    let y = g.input(m(&[3], F32));
+    let ye = op(&mut g, Op::Expand { shape: vec![2, 3] }, &[y]);
+    let a = op(&mut g, Op::Binary(BinaryOp::Add), &[x, ye]);
+    let b = op(&mut g, Op::Unary(UnaryOp::Tanh), &[a]);
+    let c = op(&mut g, Op::Binary(BinaryOp::Mul), &[b, a]);
+    let d = op(&mut g, Op::Cast(DType::F16), &[c]);
+    let p = lowered(g, &[d]);
+    assert_eq!(p.nodes.len(), 1, "{p}");
+    snap("lower_pointwise_chain", &p);
+}
+
+#[test]
+fn softmax_is_two_reductions_and_an_output() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[2, 5], F32));
+    let y = op(&mut g, Op::Softmax { dim: 1 }, &[x]);
+    let p = lowered_composite(g, &[y]);
+    snap("lower_softmax", &p);
+}
+
+#[test]
+fn linear_is_a_bmm_of_strided_views() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[2, 3, 4], F32));
+    let w = g.input(m(&[5, 4], F32));
+    let b = g.input(m(&[5], F32));
+    let y = op(&mut g, Op::Linear { bias: true }, &[x, w, b]);
+    let p = lowered_composite(g, &[y]);
+    snap("lower_linear", &p);
+    let LoopKind::Extern { call: ExternCall::Bmm { a, b, .. }, .. } = &p.nodes[0].kind else { panic!("{p}") };
+    assert_eq!((a.row_stride, a.col_stride, b.row_stride, b.col_stride), (4, 1, 1, 4));
+}
+
+#[test]
+fn bmm_operand_that_is_not_affine_is_copied() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 6], F32));
+    let w = g.input(m(&[4, 5], F32));
+    // The first two columns, regrouped: a row of the result straddles two rows of `x`, so no
+    // row stride describes it and the operand gets its own contiguous buffer.
+    let xs = op(&mut g, Op::Slice { dim: 1, start: 0, len: 2, step: 1 }, &[x]);
+    let xr = op(&mut g, Op::Reshape { shape: vec![2, 4] }, &[xs]);
+    // The other operand is an affine view (a slice) of an inlined producer: that is realized.
+    let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[w]);
+    let ws = op(&mut g, Op::Slice { dim: 1, start: 1, len: 2, step: 2 }, &[e]);
+    let y = op(&mut g, Op::Bmm, &[xr, ws]);
+    let p = lowered(g, &[y]);
+    snap("lower_bmm_copy", &p);
+    let LoopKind::Extern { call: ExternCall::Bmm { a, b, .. }, .. } = &p.nodes[2].kind else { panic!("{p}") };
+    assert_eq!((a.buffer, a.offset, a.row_stride, a.col_stride), (p.nodes[0].output, 0, 4, 1));
+    assert_eq!((b.buffer, b.offset, b.row_stride, b.col_stride), (p.nodes[1].output, 1, 5, 2));
+}
+
+#[test]
+fn cumsum_and_scatter_are_fallbacks_on_contiguous_buffers() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[3, 4], F32));
+    let i = g.input(m(&[4, 1], DType::I64));
+    let t = op(&mut g, Op::Permute { perm: vec![1, 0] }, &[x]);
+    let c = op(&mut g, Op::Cumsum { dim: 1 }, &[t]);
+    let s = op(&mut g, Op::Scatter { dim: 1, add: true }, &[c, i, t]);
+    snap("lower_fallbacks", &lowered(g, &[s]));
+}
+
+#[test]
+fn reductions_keepdim_arg_and_degenerate() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[2, 3, 4], DType::I32));
+    let keep = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![2, 0], keepdim: true }, &[x]);
+    let arg = op(&mut g, Op::Reduce { op: ReduceOp::ArgMax, dims: vec![1], keepdim: false }, &[x]);
+    let none = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![], keepdim: false }, &[x]);
+    let e = g.input(m(&[2, 0], F32));
+    let empty = op(&mut g, Op::Reduce { op: ReduceOp::Prod, dims: vec![1], keepdim: false }, &[e]);
+    snap("lower_reductions", &lowered(g, &[keep, arg, none, empty]));
+}
+
+#[test]
+fn bmm_with_empty_contraction_is_zeros() {
+    let mut g = Graph::new();
+    let a = g.input(m(&[3, 0], F32));
+    let b = g.input(m(&[0, 2], F32));
+    let y = op(&mut g, Op::Bmm, &[a, b]);
+    let p = lowered(g, &[y]);
+    assert_eq!(p.nodes.len(), 1);
+    let text = p.to_string();
+    assert!(
+        text.contains("buf0: f32[3, 2] = pointwise ranges=[3, 2] origins=[bmm]\n    v0: f32 = constant(0.0)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn outputs_alias_inputs_and_each_other() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[2], F32));
+    let y = op(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let p = lowered(g, &[x, y, y]);
+    assert_eq!(p.nodes.len(), 1);
+    assert_eq!(p.outputs, vec![p.inputs[0], p.nodes[0].output, p.nodes[0].output]);
+    assert_eq!(p.to_string().lines().last(), Some("outputs: arg0, buf0, buf0"));
+}
+
+#[test]
+fn long_chains_are_cut_at_the_body_cap() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[8], F32));
+    let mut y = x;
+    for _ in 0..3 * BODY_CAP {
+        let s = op(&mut g, Op::Unary(UnaryOp::Sin), &[y]);
+        y = op(&mut g, Op::Binary(BinaryOp::Add), &[s, y]);
+    }
+    let p = lowered(g, &[y]);
+    assert!(p.nodes.len() > 3, "{}", p.nodes.len());
+    for n in &p.nodes {
+        let LoopKind::Pointwise { body, .. } = &n.kind else { panic!() };
+        assert!(body.values.len() <= BODY_CAP + 2, "{}", body.values.len());
+    }
+}
+
+#[test]
+fn lowering_is_deterministic() {
+    let build = || {
+        let mut g = Graph::new();
+        let x = g.input(m(&[4, 8], F32));
+        let w = g.input(m(&[8], F32));
+        let b = g.input(m(&[8], F32));
+        let y = op(&mut g, Op::LayerNorm { ndim: 1, eps: 1e-5, weight: true, bias: true }, &[x, w, b]);
+        lowered_composite(g, &[y])
+    };
+    assert_eq!(build().to_string(), build().to_string());
+}
+
+/// A deterministic pseudo-random generator (the tests must not depend on a crate for this).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+}
+
+/// Row-major coordinates of every position of `shape`.
+fn coords(shape: &[usize]) -> Vec<Vec<usize>> {
+    let n: usize = shape.iter().product();
+    (0..n)
+        .map(|mut f| {
+            let mut c = vec![0; shape.len()];
+            for d in (0..shape.len()).rev() {
+                c[d] = f % shape[d];
+                f /= shape[d];
+            }
+            c
+        })
+        .collect()
+}
+
+/// The source position each element of a view reads, computed concretely: `src` holds the
+/// positions of the operand (row-major over `from`), the result those of the view.
+fn apply_view(op: &Op, from: &[usize], to: &[usize], src: &[i64]) -> Vec<i64> {
+    let flat = |c: &[usize]| c.iter().zip(coil_ir::graph::contiguous_strides(from)).map(|(i, s)| i * s).sum::<usize>();
+    coords(to)
+        .iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let at: Vec<usize> = match op {
+                Op::Reshape { .. } => return src[k],
+                Op::Permute { perm } => {
+                    let mut v = vec![0; c.len()];
+                    perm.iter().enumerate().for_each(|(d, &p)| v[p] = c[d]);
+                    v
+                }
+                Op::Expand { .. } => {
+                    let lead = to.len() - from.len();
+                    (0..from.len()).map(|i| if from[i] == 1 { 0 } else { c[lead + i] }).collect()
+                }
+                Op::Slice { dim, start, step, .. } => {
+                    let mut v = c.clone();
+                    v[*dim] = (*start as i64 + c[*dim] as i64 * step) as usize;
+                    v
+                }
+                _ => unreachable!(),
+            };
+            src[flat(&at)]
+        })
+        .collect()
+}
+
+/// A random view of a tensor of `shape`.
+fn random_view(r: &mut Lcg, shape: &[usize]) -> Op {
+    let rank = shape.len();
+    match r.below(4) {
+        0 if rank > 1 => {
+            let mut perm: Vec<usize> = (0..rank).collect();
+            for i in (1..rank).rev() {
+                perm.swap(i, r.below(i + 1));
+            }
+            Op::Permute { perm }
+        }
+        1 => {
+            // Factor the element count into a random shape (size-1 dims included).
+            let mut left: usize = shape.iter().product();
+            let mut out = Vec::new();
+            while left > 1 && out.len() < 4 {
+                let divisors: Vec<usize> = (1..=left).filter(|d| left.is_multiple_of(*d)).collect();
+                let d = divisors[r.below(divisors.len())];
+                out.push(d);
+                left /= d;
+            }
+            out.push(left);
+            Op::Reshape { shape: out }
+        }
+        2 => {
+            let mut to: Vec<usize> = shape.iter().map(|&n| if n == 1 { 1 + r.below(3) } else { n }).collect();
+            if rank < 4 && r.below(2) == 0 {
+                to.insert(0, 2);
+            }
+            Op::Expand { shape: to }
+        }
+        _ => {
+            let dim = r.below(rank);
+            let n = shape[dim];
+            let step = [1i64, 2, 3, -1, -2][r.below(5)];
+            let start = r.below(n);
+            let room = if step > 0 { (n - 1 - start) / step as usize } else { start / (-step) as usize };
+            Op::Slice { dim, start, len: 1 + r.below(room + 1), step }
+        }
+    }
+}
+
+#[test]
+fn random_view_chains_fold_into_exact_indices() {
+    let mut r = Lcg(7);
+    for case in 0..300 {
+        let mut g = Graph::new();
+        let base = [vec![2, 3, 4], vec![6, 4], vec![24], vec![2, 1, 6]][case % 4].clone();
+        let mut x = g.input(m(&base, F32));
+        let mut positions: Vec<i64> = (0..base.iter().product::<usize>() as i64).collect();
+        let mut chain = Vec::new();
+        for _ in 0..1 + r.below(4) {
+            let from = g.meta(x).shape.clone();
+            let view = random_view(&mut r, &from);
+            x = op(&mut g, view.clone(), &[x]);
+            positions = apply_view(&view, &from, &g.meta(x).shape, &positions);
+            chain.push(view.to_string());
+        }
+        let shape = g.meta(x).shape.clone();
+        let y = op(&mut g, Op::Unary(UnaryOp::Neg), &[x]);
+        let p = lowered(g, &[y]);
+        let LoopKind::Pointwise { body, .. } = &p.nodes[0].kind else { panic!("{p}") };
+        let index = match &body.values[0].op {
+            coil_ir::loops::ScalarOp::Load { index, .. } => *index,
+            other => panic!("{other:?}"),
+        };
+        for (k, c) in coords(&shape).iter().enumerate() {
+            let got = index.eval_with(|s| {
+                let name = s.as_symbol().unwrap().name;
+                Some(c[name.trim_start_matches('x').parse::<usize>().unwrap()] as i64)
+            });
+            assert_eq!(got, Ok(positions[k]), "{base:?} {chain:?} at {c:?}: {index}");
+        }
+    }
+}

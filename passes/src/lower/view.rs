@@ -1,0 +1,95 @@
+//! Views as index maps: each view op turns an index into its output into an index into its
+//! operand, so a chain of views folds into one symbolic index expression of the base buffer.
+
+use super::Lowerer;
+use coil_ir::graph::numel;
+use coil_ir::sym::Expr;
+use coil_ir::{NodeId, Op};
+
+impl Lowerer<'_> {
+    /// Follows unrealized views from `n` at `idx` down to the node that holds the data, and
+    /// the index into it.
+    pub(crate) fn resolve(&self, mut n: NodeId, idx: &[Expr]) -> (NodeId, Vec<Expr>) {
+        let mut idx = idx.to_vec();
+        while self.buf[n.0].is_none() && self.g.node(n).op.is_view() {
+            (n, idx) = self.view_step(n, &idx);
+        }
+        (n, idx)
+    }
+
+    /// The node behind `n`'s unrealized views.
+    pub(crate) fn view_base(&self, mut n: NodeId) -> NodeId {
+        while self.buf[n.0].is_none() && self.g.node(n).op.is_view() {
+            n = self.g.node(n).inputs[0];
+        }
+        n
+    }
+
+    /// One view: the operand and the index into it that `idx` (into the view) reads.
+    pub(crate) fn view_step(&self, n: NodeId, idx: &[Expr]) -> (NodeId, Vec<Expr>) {
+        let node = self.g.node(n);
+        let x = node.inputs[0];
+        let xs = &self.g.meta(x).shape;
+        let out = match &node.op {
+            Op::Permute { perm } => {
+                let mut v = vec![Expr::int(0); idx.len()];
+                for (d, &p) in perm.iter().enumerate() {
+                    v[p] = idx[d];
+                }
+                v
+            }
+            Op::Expand { shape } => {
+                let lead = shape.len() - xs.len();
+                (0..xs.len()).map(|i| if xs[i] == 1 { Expr::int(0) } else { idx[lead + i] }).collect()
+            }
+            Op::Slice { dim, start, step, .. } => {
+                let mut v = idx.to_vec();
+                v[*dim] = Expr::from(*start) + idx[*dim] * *step;
+                v
+            }
+            Op::Reshape { shape } => reshape_index(xs, shape, idx),
+            op => unreachable!("{op} is not a view"),
+        };
+        (x, out)
+    }
+}
+
+/// The index into a tensor of shape `from` that its reshape to `to` reads at `idx`.
+///
+/// Dims are matched in groups of equal products (size-1 dims aside, their index is 0), and
+/// only within a group is the index linearized and delinearized: a split or merged dim then
+/// reads `x0 // 4` and `x0 % 4`, never a `//`/`%` of the whole flat index that the
+/// simplifier could not see through.
+pub(crate) fn reshape_index(from: &[usize], to: &[usize], idx: &[Expr]) -> Vec<Expr> {
+    let mut out = vec![Expr::int(0); from.len()];
+    if numel(from) == 0 {
+        return out;
+    }
+    let ins: Vec<usize> = (0..from.len()).filter(|&d| from[d] != 1).collect();
+    let outs: Vec<usize> = (0..to.len()).filter(|&d| to[d] != 1).collect();
+    let (mut i, mut o) = (0, 0);
+    while i < ins.len() && o < outs.len() {
+        let (i0, o0) = (i, o);
+        let (mut pi, mut po) = (from[ins[i]], to[outs[o]]);
+        (i, o) = (i + 1, o + 1);
+        while pi != po {
+            if pi < po {
+                pi *= from[ins[i]];
+                i += 1;
+            } else {
+                po *= to[outs[o]];
+                o += 1;
+            }
+        }
+        let mut linear = Expr::int(0);
+        for &d in &outs[o0..o] {
+            linear = linear * Expr::from(to[d]) + idx[d];
+        }
+        // Successive divisions, innermost first: each one simplifies on its own.
+        for (k, &d) in ins[i0..i].iter().enumerate().rev() {
+            out[d] = if k == 0 { linear } else { linear.modulo(Expr::from(from[d])) };
+            linear = linear.floor_div(Expr::from(from[d]));
+        }
+    }
+    out
+}

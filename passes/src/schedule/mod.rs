@@ -1,0 +1,348 @@
+//! The fusion scheduler: loop nodes grouped into kernels (see `docs/compiler.md`, "Scheduler").
+//!
+//! Greedy and deterministic, as Inductor's: each round lists the candidate pairs of groups
+//! (groups that share data: one writes a buffer the other reads, or both read one buffer),
+//! scores each by the bytes of the buffers they share, and tries them best first (ties by node
+//! order), fusing every legal pair; rounds repeat until one fuses nothing. A pair is legal when
+//!
+//! * neither is extern ("extern call");
+//! * their signatures `(xnumel, rnumel)` agree, or a pointwise group of `x * r` or `x`
+//!   elements joins rows `(x, r)` ("iteration spaces differ");
+//! * the kernel stays within [`MAX_KERNEL_NODES`] ("too large");
+//! * every buffer written in the kernel and read in it is read, in the kernel's
+//!   `(xindex, rindex)` space, at exactly the index it was written; never through an indirect
+//!   (data-dependent) or masked load ("index mismatch");
+//! * no path leaves the pair and comes back ("would create cycle").
+//!
+//! Every refused pair is recorded (in node order) with the reason it was last refused for,
+//! unless the two nodes ended up in one kernel after all. Nodes without elements are in no kernel: there is
+//! nothing to compute, and their (empty) buffers need no writer.
+//!
+//! Kernels launch in topological order, the ready kernel with the first node first; names are
+//! `<poi|per|red>_fused_<origins>_<launch index>` or `ext_bmm_<i>` / `ext_fallback_<op>_<i>`.
+
+mod legal;
+mod memory;
+mod print;
+#[cfg(test)]
+mod tests;
+
+pub use legal::kernel_index_map;
+pub use print::print_schedule;
+
+use coil_ir::kernel::{FusedKernel, FusionRefusal, KernelKind, Schedule};
+use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
+use coil_ir::sym::Expr;
+use indexmap::IndexMap;
+use legal::Sig;
+use std::collections::{BTreeMap, HashMap};
+
+/// Most loop nodes one kernel may hold.
+pub const MAX_KERNEL_NODES: usize = 64;
+
+/// Rows up to this long stay on chip: a persistent reduction; longer rows loop.
+pub const PERSISTENT_MAX_RNUMEL: i64 = 1024;
+
+/// Most origins a kernel name lists.
+const NAME_ORIGINS: usize = 5;
+
+/// Fuses the nodes of `program` into kernels, in launch order, and plans their memory.
+pub fn schedule(program: &LoopProgram) -> Schedule {
+    let mut s = Scheduler::new(program);
+    s.fuse();
+    let kernels = s.kernels();
+    let refusals = s.refusals(&kernels);
+    let memory = memory::plan(program, &kernels);
+    Schedule { kernels, refusals, memory }
+}
+
+/// The fixed facts about the program the scheduler consults.
+struct Deps {
+    /// The node writing each buffer (`None` for inputs and buffers of empty nodes).
+    producer: Vec<Option<usize>>,
+    /// The nodes reading each buffer, in node order, each once.
+    readers: Vec<Vec<usize>>,
+    /// Each node's signature; `None` for empty nodes (scheduled nowhere).
+    sig: Vec<Option<Sig>>,
+}
+
+impl Deps {
+    fn new(p: &LoopProgram) -> Deps {
+        let mut producer = vec![None; p.buffers.len()];
+        let mut readers = vec![Vec::new(); p.buffers.len()];
+        let mut sig = Vec::with_capacity(p.nodes.len());
+        for (i, n) in p.nodes.iter().enumerate() {
+            let empty = p.buffer(n.output).meta.numel() == 0;
+            sig.push((!empty).then(|| Sig::of(n)));
+            if empty {
+                continue;
+            }
+            producer[n.output.0] = Some(i);
+            for b in n.reads() {
+                if readers[b.0].last() != Some(&i) {
+                    readers[b.0].push(i);
+                }
+            }
+        }
+        Deps { producer, readers, sig }
+    }
+}
+
+/// A candidate pair: the groups of `first` and `second` (nodes that share `bytes` of data),
+/// named in refusals by those nodes' buffers.
+struct Candidate {
+    first: usize,
+    second: usize,
+    bytes: usize,
+}
+
+/// What two groups share: the node pair that names them (preferring a producer-consumer edge,
+/// marked `true`) and the shared buffers.
+type PairData = ((usize, usize, bool), Vec<BufferId>);
+
+struct Scheduler<'p> {
+    p: &'p LoopProgram,
+    deps: Deps,
+    /// Each node's group, named by its first node.
+    group: Vec<usize>,
+    /// The nodes of each group (indexed by group name; empty once merged away), sorted.
+    members: Vec<Vec<usize>>,
+    gsig: Vec<Option<Sig>>,
+    /// Refusals by `(first, second)` node pair, with the latest reason.
+    refused: IndexMap<(usize, usize), &'static str>,
+    /// Index maps by node and kernel signature (rebuilding them dominates legality checks).
+    maps: HashMap<(usize, Sig), IndexMap<Expr, Expr>>,
+}
+
+impl<'p> Scheduler<'p> {
+    fn new(p: &'p LoopProgram) -> Scheduler<'p> {
+        let deps = Deps::new(p);
+        let n = p.nodes.len();
+        let gsig = deps.sig.clone();
+        Scheduler {
+            p,
+            deps,
+            group: (0..n).collect(),
+            members: (0..n).map(|i| vec![i]).collect(),
+            gsig,
+            refused: IndexMap::new(),
+            maps: HashMap::new(),
+        }
+    }
+
+    fn bytes(&self, b: BufferId) -> usize {
+        self.p.buffer(b).meta.nbytes()
+    }
+
+    /// Candidate pairs of the current groups, best first.
+    fn candidates(&self) -> Vec<Candidate> {
+        // By group pair: (first node pair seen, preferring a producer edge; shared buffers).
+        let mut pairs: BTreeMap<(usize, usize), PairData> = BTreeMap::new();
+        let mut add = |a: usize, b: usize, buf: BufferId, vertical: bool| {
+            let (ga, gb) = (self.group[a], self.group[b]);
+            if ga == gb {
+                return;
+            }
+            let key = (ga.min(gb), ga.max(gb));
+            let (a, b) = if ga < gb { (a, b) } else { (b, a) };
+            let entry = pairs.entry(key).or_insert(((a, b, vertical), Vec::new()));
+            if vertical && !entry.0 .2 {
+                entry.0 = (a, b, true);
+            }
+            if !entry.1.contains(&buf) {
+                entry.1.push(buf);
+            }
+        };
+        for (b, readers) in self.deps.readers.iter().enumerate() {
+            let buf = BufferId(b);
+            let live: Vec<usize> = readers.iter().copied().filter(|&r| self.deps.sig[r].is_some()).collect();
+            if let Some(p) = self.deps.producer[b] {
+                for &r in &live {
+                    add(p, r, buf, true);
+                }
+            }
+            for (i, &r) in live.iter().enumerate() {
+                for &s in &live[i + 1..] {
+                    add(r, s, buf, false);
+                }
+            }
+        }
+        let mut out: Vec<(Candidate, (usize, usize))> = pairs
+            .into_iter()
+            .map(|(key, ((first, second, _), bufs))| {
+                (Candidate { first, second, bytes: bufs.iter().map(|&b| self.bytes(b)).sum() }, key)
+            })
+            .collect();
+        out.sort_by(|(a, ka), (b, kb)| b.bytes.cmp(&a.bytes).then(ka.cmp(kb)));
+        out.into_iter().map(|(c, _)| c).collect()
+    }
+
+    /// Greedy rounds until one fuses nothing.
+    fn fuse(&mut self) {
+        loop {
+            let mut fused = false;
+            for c in self.candidates() {
+                let (a, b) = (self.group[c.first], self.group[c.second]);
+                if a == b {
+                    continue;
+                }
+                match self.legal(a, b) {
+                    Ok(sig) => {
+                        self.merge(a, b, sig);
+                        fused = true;
+                    }
+                    Err(reason) => {
+                        self.refused.insert((c.first, c.second), reason);
+                    }
+                }
+            }
+            if !fused {
+                break;
+            }
+        }
+    }
+
+    /// The signature of `a` and `b` fused, or why they cannot be.
+    fn legal(&mut self, a: usize, b: usize) -> Result<Sig, &'static str> {
+        let (sa, sb) = (self.gsig[a].expect("scheduled"), self.gsig[b].expect("scheduled"));
+        if sa == Sig::Extern || sb == Sig::Extern {
+            return Err("extern call");
+        }
+        let sig = sa.merge(sb).ok_or("iteration spaces differ")?;
+        if self.members[a].len() + self.members[b].len() > MAX_KERNEL_NODES {
+            return Err("too large");
+        }
+        let mut union: Vec<usize> = self.members[a].iter().chain(&self.members[b]).copied().collect();
+        union.sort_unstable();
+        let (p, maps) = (self.p, &mut self.maps);
+        let mut map = |n: usize| maps.entry((n, sig)).or_insert_with(|| legal::index_map(&p.nodes[n], sig)).clone();
+        if !legal::reads_match(p, &union, &self.deps.producer, &mut map) {
+            return Err("index mismatch");
+        }
+        if self.reaches_through_other(a, b) || self.reaches_through_other(b, a) {
+            return Err("would create cycle");
+        }
+        Ok(sig)
+    }
+
+    /// The groups reading what `g` writes (other than `g`), in node order.
+    fn successors(&self, g: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        for &n in &self.members[g] {
+            for &r in &self.deps.readers[self.p.nodes[n].output.0] {
+                let h = self.group[r];
+                if h != g && !out.contains(&h) {
+                    out.push(h);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether a path from `from` to `to` passes through a third group (fusing the two would
+    /// then put that group both before and after the fused kernel).
+    fn reaches_through_other(&self, from: usize, to: usize) -> bool {
+        let mut seen = vec![false; self.members.len()];
+        let mut stack: Vec<usize> = self.successors(from).into_iter().filter(|&h| h != to).collect();
+        while let Some(g) = stack.pop() {
+            if g == to {
+                return true;
+            }
+            if std::mem::replace(&mut seen[g], true) {
+                continue;
+            }
+            stack.extend(self.successors(g).into_iter().filter(|&h| !seen[h]));
+        }
+        false
+    }
+
+    fn merge(&mut self, a: usize, b: usize, sig: Sig) {
+        let (keep, gone) = (a.min(b), a.max(b));
+        let moved = std::mem::take(&mut self.members[gone]);
+        for &n in &moved {
+            self.group[n] = keep;
+        }
+        self.members[keep].extend(moved);
+        self.members[keep].sort_unstable();
+        self.gsig[keep] = Some(sig);
+        self.gsig[gone] = None;
+    }
+
+    /// The groups as kernels, in launch order.
+    fn kernels(&self) -> Vec<FusedKernel> {
+        let groups: Vec<usize> =
+            (0..self.members.len()).filter(|&g| self.gsig[g].is_some() && !self.members[g].is_empty()).collect();
+        let mut preds: BTreeMap<usize, usize> = groups.iter().map(|&g| (g, 0)).collect();
+        for &g in &groups {
+            for h in self.successors(g) {
+                *preds.get_mut(&h).expect("a successor is scheduled") += 1;
+            }
+        }
+        let mut order = Vec::with_capacity(groups.len());
+        while let Some((&g, _)) = preds.iter().find(|(_, &n)| n == 0) {
+            preds.remove(&g);
+            for h in self.successors(g) {
+                *preds.get_mut(&h).expect("successors launch later") -= 1;
+            }
+            order.push(g);
+        }
+        assert!(preds.is_empty(), "the fused kernels form a cycle");
+        let kernel_of = |n: usize| order.iter().position(|&g| g == self.group[n]);
+        order.iter().enumerate().map(|(i, &g)| self.kernel(i, g, &kernel_of)).collect()
+    }
+
+    fn kernel(&self, index: usize, g: usize, kernel_of: &dyn Fn(usize) -> Option<usize>) -> FusedKernel {
+        let nodes = self.members[g].clone();
+        let sig = self.gsig[g].expect("scheduled");
+        let program_outputs = &self.p.outputs;
+        let stores = nodes
+            .iter()
+            .map(|&n| self.p.nodes[n].output)
+            .filter(|b| {
+                sig == Sig::Extern
+                    || program_outputs.contains(b)
+                    || self.deps.readers[b.0].iter().any(|&r| kernel_of(r) != Some(index))
+            })
+            .collect();
+        let (kind, xnumel, rnumel) = match sig {
+            Sig::Extern => {
+                (KernelKind::Extern, Expr::from(self.p.buffer(self.p.nodes[nodes[0]].output).meta.numel()), None)
+            }
+            Sig::Pointwise(n) => (KernelKind::Pointwise, Expr::int(n), None),
+            Sig::Reduction(x, r) if r <= PERSISTENT_MAX_RNUMEL => {
+                (KernelKind::PersistentReduction, Expr::int(x), Some(Expr::int(r)))
+            }
+            Sig::Reduction(x, r) => (KernelKind::LoopedReduction, Expr::int(x), Some(Expr::int(r))),
+        };
+        let name = match &self.p.nodes[nodes[0]].kind {
+            LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => format!("ext_bmm_{index}"),
+            LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => format!("ext_fallback_{}_{index}", op.name()),
+            _ => {
+                let mut origins: Vec<&str> =
+                    nodes.iter().flat_map(|&n| self.p.nodes[n].origins.iter().copied()).collect();
+                origins.sort_unstable();
+                origins.dedup();
+                origins.truncate(NAME_ORIGINS);
+                format!("{}_fused_{}_{index}", kind.prefix(), origins.join("_"))
+            }
+        };
+        FusedKernel { name, kind, nodes, xnumel, rnumel, stores }
+    }
+
+    /// The recorded refusals whose nodes stayed apart, in node order.
+    fn refusals(&self, kernels: &[FusedKernel]) -> Vec<FusionRefusal> {
+        let name = |n: usize| self.p.buffer(self.p.nodes[n].output).name.clone();
+        let together = |a: usize, b: usize| kernels.iter().any(|k| k.nodes.contains(&a) && k.nodes.contains(&b));
+        let mut pairs: Vec<(&(usize, usize), &&str)> =
+            self.refused.iter().filter(|(&(a, b), _)| !together(a, b)).collect();
+        pairs.sort_by_key(|(&pair, _)| pair);
+        pairs
+            .into_iter()
+            .map(|(&(a, b), &reason)| FusionRefusal {
+                producer: name(a),
+                consumer: name(b),
+                reason: reason.to_string(),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,310 @@
+//! Scheduler tests: the fused kernels of common blocks (printed schedules as snapshots, checked
+//! by eye), each refusal reason, the memory plan, determinism.
+
+use super::{print_schedule, schedule};
+use crate::lower::tests::lowered_composite;
+use coil_ir::kernel::{KernelKind, Schedule};
+use coil_ir::loops::{ExternCall, LoopKind, LoopProgram};
+use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, TensorMeta, UnaryOp};
+
+const F32: DType = DType::F32;
+
+fn m(shape: &[usize]) -> TensorMeta {
+    TensorMeta::new(shape.to_vec(), F32)
+}
+
+fn op(g: &mut Graph, op: Op, inputs: &[NodeId]) -> NodeId {
+    g.push(op, inputs, None).unwrap()
+}
+
+/// Decomposes, lowers and schedules; checks that every scheduled node is in exactly one kernel.
+fn scheduled(g: Graph, outputs: &[NodeId]) -> (LoopProgram, Schedule, String) {
+    let p = lowered_composite(g, outputs);
+    let s = schedule(&p);
+    let mut seen: Vec<usize> = s.kernels.iter().flat_map(|k| k.nodes.clone()).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..p.nodes.len()).collect::<Vec<_>>(), "{p}");
+    let text = print_schedule(&p, &s);
+    (p, s, text)
+}
+
+fn snap(name: &str, text: &str) {
+    insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_snapshot!(name, text);
+    });
+}
+
+fn names(s: &Schedule) -> Vec<&str> {
+    s.kernels.iter().map(|k| k.name.as_str()).collect()
+}
+
+fn layer_norm(g: &mut Graph, x: NodeId, c: usize) -> NodeId {
+    let w = g.input(m(&[c]));
+    let b = g.input(m(&[c]));
+    op(g, Op::LayerNorm { ndim: 1, eps: 1e-5, weight: true, bias: true }, &[x, w, b])
+}
+
+#[test]
+fn softmax_is_one_persistent_reduction() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[2, 5]));
+    let y = op(&mut g, Op::Softmax { dim: 1 }, &[x]);
+    let (_, s, text) = scheduled(g, &[y]);
+    snap("schedule_softmax", &text);
+    assert_eq!(s.kernels.len(), 1, "{text}");
+    assert_eq!(s.kernels[0].kind, KernelKind::PersistentReduction);
+    assert!(s.refusals.is_empty(), "{text}");
+}
+
+#[test]
+fn layer_norm_is_one_kernel() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8]));
+    let y = layer_norm(&mut g, x, 8);
+    let (_, s, text) = scheduled(g, &[y]);
+    snap("schedule_layer_norm", &text);
+    assert_eq!(names(&s), ["per_fused_add_div_mul_rsqrt_sub_0"], "{text}");
+}
+
+#[test]
+fn residual_add_and_layer_norm_is_one_kernel_storing_both() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8]));
+    let r = g.input(m(&[4, 8]));
+    let h = op(&mut g, Op::Binary(BinaryOp::Add), &[x, r]);
+    let y = layer_norm(&mut g, h, 8);
+    let (p, s, text) = scheduled(g, &[h, y]);
+    snap("schedule_add_layer_norm", &text);
+    assert_eq!(s.kernels.len(), 1, "{text}");
+    assert_eq!(s.kernels[0].stores, p.outputs, "{text}");
+}
+
+#[test]
+fn bias_gelu_is_one_pointwise_kernel() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8]));
+    let b = g.input(m(&[8]));
+    let h = op(&mut g, Op::Binary(BinaryOp::Add), &[x, b]);
+    let y = op(&mut g, Op::Gelu { tanh: false }, &[h]);
+    let (_, s, text) = scheduled(g, &[y]);
+    snap("schedule_bias_gelu", &text);
+    assert_eq!(s.kernels.len(), 1, "{text}");
+    assert_eq!(s.kernels[0].kind, KernelKind::Pointwise);
+}
+
+#[test]
+fn log_softmax_and_rms_norm_are_one_kernel_each() {
+    for composite in [Op::LogSoftmax { dim: 1 }, Op::RmsNorm { ndim: 1, eps: None, weight: false }] {
+        let mut g = Graph::new();
+        let x = g.input(m(&[3, 16]));
+        let y = op(&mut g, composite, &[x]);
+        let (_, s, text) = scheduled(g, &[y]);
+        assert_eq!(s.kernels.len(), 1, "{text}");
+        assert_eq!(s.kernels[0].kind, KernelKind::PersistentReduction, "{text}");
+    }
+}
+
+#[test]
+fn long_rows_are_looped_reductions() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[2, 4096]));
+    let y = op(&mut g, Op::Softmax { dim: 1 }, &[x]);
+    let (_, s, text) = scheduled(g, &[y]);
+    assert_eq!(names(&s), ["red_fused_amax_div_exp_sub_sum_0"], "{text}");
+}
+
+#[test]
+fn matmul_bias_relu_is_a_bmm_with_bias_and_one_pointwise_kernel() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8]));
+    let w = g.input(m(&[8, 6]));
+    let b = g.input(m(&[6]));
+    let y = op(&mut g, Op::Matmul, &[x, w]);
+    let y = op(&mut g, Op::Binary(BinaryOp::Add), &[y, b]);
+    let y = op(&mut g, Op::Relu, &[y]);
+    let (_, s, text) = scheduled(g, &[y]);
+    snap("schedule_matmul_bias_relu", &text);
+    // The bias add is the product's epilogue; the relu is the only generated kernel.
+    assert_eq!(names(&s), ["ext_bmm_0", "poi_fused_maximum_1"], "{text}");
+    assert_eq!(s.refusals.len(), 1, "{text}");
+    assert_eq!(s.refusals[0].reason, "extern call");
+}
+
+#[test]
+fn column_and_row_sums_stay_apart() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 6]));
+    let cols = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[x]);
+    let rows = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: false }, &[x]);
+    let (_, s, text) = scheduled(g, &[cols, rows]);
+    snap("schedule_column_row_sums", &text);
+    assert_eq!(s.kernels.len(), 2, "{text}");
+    assert_eq!(s.refusals.len(), 1, "{text}");
+    assert_eq!((s.refusals[0].producer.as_str(), s.refusals[0].reason.as_str()), ("buf0", "iteration spaces differ"));
+}
+
+#[test]
+fn transposed_read_is_an_index_mismatch() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[3, 4]));
+    let y = op(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let t = op(&mut g, Op::Permute { perm: vec![1, 0] }, &[y]);
+    let z = op(&mut g, Op::Unary(UnaryOp::Neg), &[t]);
+    let (_, s, text) = scheduled(g, &[y, z]);
+    assert_eq!(s.kernels.len(), 2, "{text}");
+    assert_eq!(s.refusals[0].reason, "index mismatch", "{text}");
+}
+
+#[test]
+fn gathered_buffer_is_an_index_mismatch() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 5]));
+    let i = g.input(TensorMeta::new(vec![4, 5], DType::I64));
+    let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let y = op(&mut g, Op::Gather { dim: 1 }, &[e, i]);
+    let (_, s, text) = scheduled(g, &[y]);
+    assert_eq!(s.kernels.len(), 2, "{text}");
+    assert_eq!(s.refusals[0].reason, "index mismatch", "{text}");
+}
+
+#[test]
+fn path_through_an_extern_would_create_a_cycle() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 4]));
+    let w = g.input(m(&[4, 4]));
+    let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let y = op(&mut g, Op::Matmul, &[e, w]);
+    let z = op(&mut g, Op::Binary(BinaryOp::Add), &[e, y]);
+    let (_, s, text) = scheduled(g, &[z]);
+    assert_eq!(s.kernels.len(), 3, "{text}");
+    assert!(text.contains("buf0 -> buf2: would create cycle"), "{text}");
+}
+
+#[test]
+fn memory_plan_reuses_a_dead_temporary() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 4]));
+    let w = g.input(m(&[4, 4]));
+    let mut y = x;
+    for _ in 0..2 {
+        let mm = op(&mut g, Op::Matmul, &[y, w]);
+        y = op(&mut g, Op::Relu, &[mm]);
+    }
+    let y = op(&mut g, Op::Matmul, &[y, w]);
+    let (p, s, text) = scheduled(g, &[y]);
+    snap("schedule_memory_reuse", &text);
+    // buf0 (dead after kernel 1) lends its slot to buf2, buf1 to buf3.
+    assert_eq!(s.memory.slots, vec![64, 64], "{text}");
+    let slot = |k: usize| s.memory.slot_of[p.nodes[k].output.0];
+    assert_eq!([slot(0), slot(1), slot(2), slot(3), slot(4)], [Some(0), Some(1), Some(0), Some(1), None]);
+    assert_eq!(s.memory.peak_bytes, 128);
+}
+
+/// A GPT-2 block: attention (layer_norm, qkv projection, causal softmax attention, output
+/// projection, residual) and MLP (layer_norm, fc, gelu, projection, residual).
+fn gpt2_block() -> (Graph, NodeId) {
+    let (b, t, c, heads) = (2, 8, 16, 2);
+    let d = c / heads;
+    let mut g = Graph::new();
+    let x = g.input(m(&[b, t, c]));
+    let h = layer_norm(&mut g, x, c);
+    let w_qkv = g.input(m(&[3 * c, c]));
+    let b_qkv = g.input(m(&[3 * c]));
+    let qkv = op(&mut g, Op::Linear { bias: true }, &[h, w_qkv, b_qkv]);
+    let mut heads_of = |k: usize| {
+        let s = op(&mut g, Op::Slice { dim: 2, start: k * c, len: c, step: 1 }, &[qkv]);
+        let r = op(&mut g, Op::Reshape { shape: vec![b, t, heads, d] }, &[s]);
+        op(&mut g, Op::Permute { perm: vec![0, 2, 1, 3] }, &[r])
+    };
+    let (q, k, v) = (heads_of(0), heads_of(1), heads_of(2));
+    let a = op(&mut g, Op::Attention { causal: true, scale: None, mask: false }, &[q, k, v]);
+    let a = op(&mut g, Op::Permute { perm: vec![0, 2, 1, 3] }, &[a]);
+    let a = op(&mut g, Op::Reshape { shape: vec![b, t, c] }, &[a]);
+    let w_o = g.input(m(&[c, c]));
+    let b_o = g.input(m(&[c]));
+    let o = op(&mut g, Op::Linear { bias: true }, &[a, w_o, b_o]);
+    let x = op(&mut g, Op::Binary(BinaryOp::Add), &[x, o]);
+    let h = layer_norm(&mut g, x, c);
+    let w_fc = g.input(m(&[4 * c, c]));
+    let b_fc = g.input(m(&[4 * c]));
+    let f = op(&mut g, Op::Linear { bias: true }, &[h, w_fc, b_fc]);
+    let f = op(&mut g, Op::Gelu { tanh: true }, &[f]);
+    let w_p = g.input(m(&[c, 4 * c]));
+    let b_p = g.input(m(&[c]));
+    let f = op(&mut g, Op::Linear { bias: true }, &[f, w_p, b_p]);
+    let y = op(&mut g, Op::Binary(BinaryOp::Add), &[x, f]);
+    (g, y)
+}
+
+#[test]
+fn gpt2_block_schedule() {
+    let (g, y) = gpt2_block();
+    let (p, s, text) = scheduled(g, &[y]);
+    snap("schedule_gpt2_block", &format!("{p}\n{text}"));
+    let bmms = s.kernels.iter().filter(|k| k.name.starts_with("ext_bmm")).count();
+    assert_eq!(bmms, 6, "{text}");
+    let generated = s.kernels.iter().filter(|k| k.kind != KernelKind::Extern).count();
+    assert_eq!(generated, 6, "{text}");
+    // q @ k^T (the second product) reads both heads straight out of the qkv buffer: k^T is a
+    // stride swap at offset C.
+    let products: Vec<&LoopKind> = p
+        .nodes
+        .iter()
+        .map(|n| &n.kind)
+        .filter(|k| matches!(k, LoopKind::Extern { call: ExternCall::Bmm { .. }, .. }))
+        .collect();
+    let LoopKind::Extern { call: ExternCall::Bmm { a, b, .. }, .. } = products[1] else { panic!("{p}") };
+    assert_eq!((a.offset, a.batch_strides.as_slice(), a.row_stride, a.col_stride), (0, &[384, 8][..], 48, 1));
+    assert_eq!((b.offset, b.batch_strides.as_slice(), b.row_stride, b.col_stride), (16, &[384, 8][..], 1, 48));
+}
+
+#[test]
+fn empty_nodes_get_no_kernel() {
+    let mut g = Graph::new();
+    let x = g.input(m(&[0, 3]));
+    let y = op(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let z = g.input(m(&[2, 3]));
+    let w = op(&mut g, Op::Unary(UnaryOp::Exp), &[z]);
+    let p = lowered_composite(g, &[y, w]);
+    let s = schedule(&p);
+    assert_eq!(p.nodes.len(), 2, "{p}");
+    assert_eq!(names(&s), ["poi_fused_exp_0"]);
+    assert_eq!(s.kernels[0].nodes, vec![1]);
+}
+
+#[test]
+fn twelve_blocks_schedule_in_reasonable_time() {
+    let (block, _) = gpt2_block();
+    // Chain 12 copies: the output of one block is the input of the next.
+    let mut g = Graph::new();
+    let mut x = g.input(block.meta(block.inputs[0]).clone());
+    for _ in 0..12 {
+        let mut map = vec![NodeId(0); block.nodes.len()];
+        for (i, node) in block.nodes.iter().enumerate() {
+            map[i] = match &node.op {
+                Op::Input { index: 0 } => x,
+                Op::Input { .. } => g.input(node.meta.clone()),
+                op => g.push(op.clone(), &node.inputs.iter().map(|i| map[i.0]).collect::<Vec<_>>(), None).unwrap(),
+            };
+        }
+        x = map[block.nodes.len() - 1];
+    }
+    let start = std::time::Instant::now();
+    let (_, s, text) = scheduled(g, &[x]);
+    // Each block's last residual add fuses into the next block's first layer_norm; biases ride
+    // in the products.
+    assert_eq!(s.kernels.len(), 12 * 11 + 1, "{text}");
+    let took = start.elapsed().as_secs_f64();
+    assert!(took < 20.0, "{took}s");
+    eprintln!("12 blocks: decompose + lower + schedule + print in {took:.3}s");
+}
+
+#[test]
+fn scheduling_is_deterministic() {
+    let (g, y) = gpt2_block();
+    let (p, s, text) = scheduled(g.clone(), &[y]);
+    assert_eq!(schedule(&p), s);
+    assert_eq!(print_schedule(&p, &schedule(&p)), text);
+    let (_, _, again) = scheduled(g, &[y]);
+    assert_eq!(again, text);
+}

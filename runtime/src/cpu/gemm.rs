@@ -1,0 +1,252 @@
+//! Batched matrix products ([`ExternCall::Bmm`]) on the CPU.
+//!
+//! * f32 and f64 run through the `gemm` crate directly on the operands' memory: row, column and
+//!   batch strides are passed as they are, so a transposed or broadcast operand is never copied;
+//! * f16 and bf16 operands are widened to f32, multiplied by `gemm` in f32 and the result
+//!   rounded to nearest even, as PyTorch's CPU kernels compute half types in float;
+//! * integer products are rare and need exact wrapping arithmetic, so they go to the reference
+//!   interpreter on a one-node graph (operands gathered to contiguous buffers first).
+
+use crate::{interpret, Buffer, HostData};
+use coil_ir::loops::{BiasOperand, ExternCall, StridedOperand};
+use coil_ir::{DType, Error, Graph, Op, Result, TensorMeta};
+use gemm::Parallelism;
+use half::{bf16, f16};
+
+/// The shape of a batched product: the fields of [`ExternCall::Bmm`].
+#[derive(Clone, Copy, Debug)]
+pub struct BmmSpec<'a> {
+    pub a: &'a StridedOperand,
+    pub b: &'a StridedOperand,
+    /// Batch dims of the output (`out` is `[*batch, m, n]`, contiguous).
+    pub batch: &'a [usize],
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// A row added to every output row (the epilogue of `linear`).
+    pub bias: Option<&'a BiasOperand>,
+}
+
+impl<'a> BmmSpec<'a> {
+    /// The spec of a `Bmm` call; `None` for other extern calls.
+    pub fn from_call(call: &'a ExternCall) -> Option<BmmSpec<'a>> {
+        match call {
+            ExternCall::Bmm { a, b, bias, batch, m, n, k } => {
+                Some(BmmSpec { a, b, batch, m: *m, n: *n, k: *k, bias: bias.as_ref() })
+            }
+            ExternCall::Fallback { .. } => None,
+        }
+    }
+
+    fn batch_count(&self) -> usize {
+        self.batch.iter().product()
+    }
+
+    /// Element offsets of each batch's `a` and `b` matrices, in row-major batch order.
+    fn batch_offsets(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::with_capacity(self.batch_count());
+        let mut idx = vec![0usize; self.batch.len()];
+        for _ in 0..self.batch_count() {
+            let off =
+                |op: &StridedOperand| op.offset + idx.iter().zip(&op.batch_strides).map(|(i, s)| i * s).sum::<usize>();
+            out.push((off(self.a), off(self.b)));
+            // Odometer increment, last dim fastest.
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < self.batch[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        out
+    }
+
+    /// Checks that every element the product reads lies inside its operand, so the unsafe
+    /// strided accesses below cannot leave the buffers whatever the IR says.
+    fn check(&self, a_len: usize, b_len: usize, bias_len: usize, out_len: usize) -> Result<()> {
+        let bad = |msg: String| Err(Error::runtime(format!("bmm: {msg}")));
+        if self.a.batch_strides.len() != self.batch.len() || self.b.batch_strides.len() != self.batch.len() {
+            return bad(format!(
+                "{} batch dims but operand strides {:?} and {:?}",
+                self.batch.len(),
+                self.a.batch_strides,
+                self.b.batch_strides
+            ));
+        }
+        if out_len != self.batch_count() * self.m * self.n {
+            return bad(format!("output has {out_len} elements, expected {:?} x {} x {}", self.batch, self.m, self.n));
+        }
+        if out_len == 0 {
+            return Ok(());
+        }
+        if let Some(bias) = self.bias {
+            let last = bias.offset + (self.n - 1) * bias.stride;
+            if last >= bias_len {
+                return bad(format!("bias view reaches element {last} of {bias_len}"));
+            }
+        }
+        if self.k == 0 {
+            return Ok(());
+        }
+        let last = |op: &StridedOperand, rows: usize, cols: usize| {
+            op.offset
+                + self.batch.iter().zip(&op.batch_strides).map(|(n, s)| (n - 1) * s).sum::<usize>()
+                + (rows - 1) * op.row_stride
+                + (cols - 1) * op.col_stride
+        };
+        let (la, lb) = (last(self.a, self.m, self.k), last(self.b, self.k, self.n));
+        if la >= a_len || lb >= b_len {
+            return bad(format!("operand view reaches element {la} of {a_len} / {lb} of {b_len}"));
+        }
+        Ok(())
+    }
+}
+
+/// `out = a @ b (+ bias)` per batch, on the raw bytes of the buffers (all of `dtype`; `bias` is
+/// empty without a bias). `out` must not overlap the operands.
+pub fn bmm_bytes(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]) -> Result<()> {
+    let size = dtype.size_bytes();
+    spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size)?;
+    match dtype {
+        DType::F32 => gemm_float::<f32>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, 0.0, 1.0),
+        DType::F64 => gemm_float::<f64>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, 0.0, 1.0),
+        DType::F16 => via_f32::<f16>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, f16::to_f32, f16::from_f32),
+        DType::BF16 => {
+            via_f32::<bf16>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32)
+        }
+        _ => {
+            let mut product = integer_bmm(spec, dtype, a, b)?.to_i64_vec();
+            if let Some(view) = spec.bias {
+                let row = HostData::from_bytes(dtype, bias)?.to_i64_vec();
+                for (i, v) in product.iter_mut().enumerate() {
+                    *v = v.wrapping_add(row[view.offset + view.stride * (i % spec.n)]);
+                }
+            }
+            out.copy_from_slice(&HostData::from_i64_slice(dtype, &product).to_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// `a @ b` per batch as a new contiguous buffer of shape `[*batch, m, n]`.
+pub fn bmm(spec: &BmmSpec, a: &Buffer, b: &Buffer) -> Result<Buffer> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::dtype(format!("bmm operands differ in dtype: {} and {}", a.dtype(), b.dtype())));
+    }
+    let shape: Vec<usize> = spec.batch.iter().copied().chain([spec.m, spec.n]).collect();
+    let mut out = HostData::zeros(a.dtype(), shape.iter().product());
+    let (a_bytes, b_bytes) = (a.data.to_bytes(), b.data.to_bytes());
+    let mut out_bytes = out.to_bytes();
+    bmm_bytes(spec, a.dtype(), &a_bytes, &b_bytes, &[], &mut out_bytes)?;
+    out = HostData::from_bytes(a.dtype(), &out_bytes)?;
+    Buffer::new(shape, out)
+}
+
+fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
+    if bytes.is_empty() {
+        // An empty slice's dangling pointer need not be aligned for T (an absent bias).
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice(bytes).map_err(|e| Error::runtime(format!("bmm operand memory: {e}")))
+}
+
+fn cast_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
+    bytemuck::try_cast_slice_mut(bytes).map_err(|e| Error::runtime(format!("bmm output memory: {e}")))
+}
+
+/// Below this many multiply-adds a product runs on the calling thread: handing out work to the
+/// rayon pool costs more than it saves.
+const PARALLEL_FLOPS: usize = 1 << 18;
+
+/// The `gemm` crate on one batch after another. `zero` and `one` are the type's 0 and 1. With
+/// a bias, each output row starts as the bias and the product accumulates into it.
+fn gemm_float<T: Copy + 'static>(spec: &BmmSpec, a: &[T], b: &[T], bias: &[T], out: &mut [T], zero: T, one: T) {
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    if out.is_empty() {
+        return;
+    }
+    match spec.bias {
+        Some(bias_op) => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = bias[bias_op.offset + bias_op.stride * (i % n)];
+            }
+        }
+        None => out.fill(zero),
+    }
+    if k == 0 {
+        // An empty sum; `check` allowed arbitrary offsets, so touch no operand.
+        return;
+    }
+    let parallelism = if m * n * k >= PARALLEL_FLOPS { Parallelism::Rayon(0) } else { Parallelism::None };
+    for (bi, (ao, bo)) in spec.batch_offsets().into_iter().enumerate() {
+        let dst = out[bi * m * n..(bi + 1) * m * n].as_mut_ptr();
+        // SAFETY: `check` proved every element of both views in bounds; `dst` is this batch's
+        // m x n block of `out` (row stride n, column stride 1), which overlaps neither operand.
+        // With `read_dst = true` and alpha = 1, gemm computes dst = dst + beta * lhs * rhs, and
+        // dst holds the bias (or zeros).
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst,
+                1,
+                n as isize,
+                true,
+                a.as_ptr().add(ao),
+                spec.a.col_stride as isize,
+                spec.a.row_stride as isize,
+                b.as_ptr().add(bo),
+                spec.b.col_stride as isize,
+                spec.b.row_stride as isize,
+                one,
+                one,
+                false,
+                false,
+                false,
+                parallelism,
+            )
+        }
+    }
+}
+
+/// Half types: widen both operands (whole buffers, so the strides still apply), multiply in f32,
+/// round once.
+fn via_f32<T: Copy>(spec: &BmmSpec, a: &[T], b: &[T], bias: &[T], out: &mut [T], up: fn(T) -> f32, down: fn(f32) -> T) {
+    let a32: Vec<f32> = a.iter().map(|&x| up(x)).collect();
+    let b32: Vec<f32> = b.iter().map(|&x| up(x)).collect();
+    let bias32: Vec<f32> = bias.iter().map(|&x| up(x)).collect();
+    let mut o32 = vec![0f32; out.len()];
+    gemm_float::<f32>(spec, &a32, &b32, &bias32, &mut o32, 0.0, 1.0);
+    for (o, x) in out.iter_mut().zip(o32) {
+        *o = down(x);
+    }
+}
+
+/// Integers: gather contiguous `[*batch, m, k]` and `[*batch, k, n]` operands and let the
+/// reference interpreter compute the product with its wrapping arithmetic.
+fn integer_bmm(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8]) -> Result<HostData> {
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    if spec.batch_count() * m * n == 0 || k == 0 {
+        // Nothing to read (and `check` proved nothing in bounds): an empty sum is 0.
+        return Ok(HostData::zeros(dtype, spec.batch_count() * m * n));
+    }
+    let (a, b) = (HostData::from_bytes(dtype, a)?.to_i64_vec(), HostData::from_bytes(dtype, b)?.to_i64_vec());
+    let (mut ca, mut cb) = (Vec::new(), Vec::new());
+    for (ao, bo) in spec.batch_offsets() {
+        let at = |op: &StridedOperand, base: usize, i: usize, j: usize| base + i * op.row_stride + j * op.col_stride;
+        ca.extend((0..m).flat_map(|i| (0..k).map(move |j| (i, j))).map(|(i, j)| a[at(spec.a, ao, i, j)]));
+        cb.extend((0..k).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| b[at(spec.b, bo, i, j)]));
+    }
+    let dims = |r: usize, c: usize| spec.batch.iter().copied().chain([r, c]).collect::<Vec<_>>();
+    let a_buf = Buffer::new(dims(m, k), HostData::from_i64_slice(dtype, &ca))?;
+    let b_buf = Buffer::new(dims(k, n), HostData::from_i64_slice(dtype, &cb))?;
+    let mut g = Graph::new();
+    let x = g.input(TensorMeta::new(a_buf.shape.clone(), dtype));
+    let y = g.input(TensorMeta::new(b_buf.shape.clone(), dtype));
+    let z = g.push(Op::Bmm, &[x, y], None)?;
+    g.outputs.push(z);
+    let mut result = interpret(&g, &[&a_buf, &b_buf])?;
+    Ok(result.remove(0).data)
+}

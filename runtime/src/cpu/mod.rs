@@ -1,0 +1,416 @@
+//! The CPU backend: runs a compiled graph.
+//!
+//! A [`CompiledGraph`] holds a lowered program ([`LoopProgram`]), its [`Schedule`], and the
+//! shared object built from the C translation unit the code generator emitted for it (compiled
+//! and cached by [`compiler`], loaded by [`module`]). Running it:
+//!
+//! 1. checks the inputs against the program's input metas;
+//! 2. allocates the outputs, and one allocation per [`MemoryPlan`](coil_ir::kernel::MemoryPlan)
+//!    slot for the temporaries (buffers whose lives do not overlap share a slot);
+//! 3. launches the kernels in schedule order: generated kernels through their C entry point,
+//!    `Bmm` through [`gemm`], fallback ops through the reference interpreter;
+//! 4. returns the outputs in `program.outputs` order.
+//!
+//! Every buffer is seen as raw bytes here, as the generated code sees it: bool as one byte 0/1,
+//! f16/bf16 as their 16 bits.
+
+pub mod compiler;
+pub mod gemm;
+pub mod module;
+#[cfg(test)]
+mod tests;
+
+pub use compiler::{c_compiler, default_cache_dir, CCompiler, CompiledObject};
+pub use module::{Kernel, KernelLibrary};
+
+use crate::{interpret, Buffer, HostData};
+use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
+use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
+use coil_ir::{Error, Graph, Result};
+use std::path::{Path, PathBuf};
+
+/// A graph compiled for the CPU, ready to run any number of times (also from several threads).
+#[derive(Debug)]
+pub struct CompiledGraph {
+    program: LoopProgram,
+    schedule: Schedule,
+    steps: Vec<Step>,
+    /// Where each buffer of the program lives during a run.
+    storage: Vec<Storage>,
+    /// Bytes of each storage slot: the memory plan's, then one per temporary it left out.
+    slot_bytes: Vec<usize>,
+    /// The compiled kernels; `None` when every kernel is extern (nothing to compile).
+    object: Option<CompiledObject>,
+}
+
+/// One launch.
+#[derive(Debug)]
+enum Step {
+    /// A generated kernel and the buffer of each argument, in argument order.
+    Generated { kernel: Kernel, args: Vec<BufferId> },
+    /// An extern node (`Bmm` or a fallback op), by index in `program.nodes`.
+    Extern { node: usize },
+}
+
+/// Where a buffer's bytes are during a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Storage {
+    /// The caller's input `k` (read only).
+    Input(usize),
+    /// A fresh allocation, returned to the caller.
+    Output,
+    /// A temporary in slot `s`.
+    Slot(usize),
+    /// Never in memory (lives in registers inside a fused kernel).
+    Unused,
+}
+
+impl CompiledGraph {
+    /// Compiles `c_source` (through the cache in [`default_cache_dir`]) and prepares the
+    /// launches. `kernels` has one entry per schedule kernel: the tile kernel it was generated
+    /// from, `None` for an extern kernel. Fails if no C compiler exists (unless every kernel is
+    /// extern), if the source does not compile, or if the pieces disagree.
+    pub fn new(
+        program: LoopProgram,
+        schedule: Schedule,
+        kernels: Vec<Option<TileKernel>>,
+        c_source: &str,
+    ) -> Result<CompiledGraph> {
+        CompiledGraph::new_in(program, schedule, kernels, c_source, &default_cache_dir())
+    }
+
+    /// [`CompiledGraph::new`] with an explicit cache directory.
+    pub fn new_in(
+        program: LoopProgram,
+        schedule: Schedule,
+        kernels: Vec<Option<TileKernel>>,
+        c_source: &str,
+        cache_dir: &Path,
+    ) -> Result<CompiledGraph> {
+        let bad = |msg: String| Error::runtime(format!("inconsistent compiled graph: {msg}"));
+        if kernels.len() != schedule.kernels.len() {
+            return Err(bad(format!(
+                "{} tile kernels for {} scheduled kernels",
+                kernels.len(),
+                schedule.kernels.len()
+            )));
+        }
+        // Check everything before paying for a compile.
+        let mut plan = Vec::new();
+        // Buffers some launch touches: only they need memory.
+        let mut used = vec![false; program.buffers.len()];
+        for (fused, tile) in schedule.kernels.iter().zip(&kernels) {
+            match (fused.kind, tile) {
+                (KernelKind::Extern, None) => {
+                    for &node in &fused.nodes {
+                        let n =
+                            program.nodes.get(node).ok_or_else(|| bad(format!("{}: no node {node}", fused.name)))?;
+                        let LoopKind::Extern { call, inputs } = &n.kind else {
+                            return Err(bad(format!("{}: node {node} is not extern", fused.name)));
+                        };
+                        check_extern(&program, call, inputs, n.output)
+                            .map_err(|m| bad(format!("{}: {m}", fused.name)))?;
+                        for b in inputs.iter().chain([&n.output]) {
+                            used[b.0] = true;
+                        }
+                        plan.push(Err(node));
+                    }
+                }
+                (KernelKind::Extern, Some(_)) => {
+                    return Err(bad(format!("{} is extern but has a tile kernel", fused.name)))
+                }
+                (_, None) => return Err(bad(format!("{} has no tile kernel", fused.name))),
+                (_, Some(tile)) => {
+                    for arg in &tile.args {
+                        let buf = program
+                            .buffers
+                            .get(arg.buffer.0)
+                            .ok_or_else(|| bad(format!("{}: no buffer {}", tile.name, arg.buffer.0)))?;
+                        if buf.meta.dtype != arg.dtype {
+                            return Err(bad(format!(
+                                "{}: {} is {} but {} is {}",
+                                tile.name, arg.name, arg.dtype, buf.name, buf.meta
+                            )));
+                        }
+                        if arg.written && program.inputs.contains(&arg.buffer) {
+                            return Err(bad(format!("{} writes the input {}", tile.name, buf.name)));
+                        }
+                        used[arg.buffer.0] = true;
+                    }
+                    plan.push(Ok(tile));
+                }
+            }
+        }
+        let (storage, slot_bytes) = plan_storage(&program, &schedule, &used).map_err(bad)?;
+        // An extern call reads its operands through slices while writing its output: they must
+        // not share a slot (the generated kernels handle in-place updates themselves).
+        for step in &plan {
+            if let Err(node) = step {
+                let n = &program.nodes[*node];
+                if n.reads()
+                    .iter()
+                    .any(|b| matches!(storage[b.0], Storage::Slot(_)) && storage[b.0] == storage[n.output.0])
+                {
+                    return Err(bad(format!(
+                        "extern {} shares a memory slot with its operand",
+                        program.buffer(n.output).name
+                    )));
+                }
+            }
+        }
+
+        let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
+        let (library, object) = if names.is_empty() {
+            (None, None)
+        } else {
+            let compiler = c_compiler().ok_or_else(|| {
+                Error::runtime("no C compiler found (tried $CC, cc, gcc, clang): cannot compile kernels for the CPU")
+            })?;
+            let (lib, object) = module::load_or_build(compiler, c_source, cache_dir, &names)?;
+            (Some(lib), Some(object))
+        };
+        let steps = plan
+            .into_iter()
+            .map(|p| match p {
+                Ok(tile) => Ok(Step::Generated {
+                    kernel: library.as_ref().expect("compiled when any kernel is generated").kernel(&tile.name)?,
+                    args: tile.args.iter().map(|a| a.buffer).collect(),
+                }),
+                Err(node) => Ok(Step::Extern { node }),
+            })
+            .collect::<Result<Vec<Step>>>()?;
+        Ok(CompiledGraph { program, schedule, steps, storage, slot_bytes, object })
+    }
+
+    /// The program it runs.
+    pub fn program(&self) -> &LoopProgram {
+        &self.program
+    }
+
+    /// Its schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Seconds the C compiler ran to build it (0 when the cache had it or nothing was compiled).
+    pub fn compile_seconds(&self) -> f64 {
+        self.object.as_ref().map_or(0.0, |o| o.compile_seconds)
+    }
+
+    /// True when the shared object came from the disk cache.
+    pub fn cache_hit(&self) -> bool {
+        self.object.as_ref().is_some_and(|o| o.cache_hit)
+    }
+
+    /// The shared object's path (`None` when every kernel is extern).
+    pub fn library_path(&self) -> Option<&Path> {
+        self.object.as_ref().map(|o| o.path.as_path())
+    }
+
+    /// The cached C source's path (`None` when every kernel is extern).
+    pub fn source_path(&self) -> Option<PathBuf> {
+        self.object.as_ref().map(|o| o.source_path.clone())
+    }
+
+    /// Runs the graph on `inputs` (matching the program's input metas) and returns the outputs
+    /// in `program.outputs` order. Data errors a kernel detects (an index out of bounds, an
+    /// integer division by zero, ...) are errors naming the kernel.
+    pub fn run(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+        self.check_inputs(inputs)?;
+        let p = &self.program;
+        let mut outputs: Vec<Option<HostData>> = (0..p.buffers.len())
+            .map(|i| {
+                (self.storage[i] == Storage::Output)
+                    .then(|| HostData::zeros(p.buffers[i].meta.dtype, p.buffers[i].meta.numel()))
+            })
+            .collect();
+        // u64 words: every dtype's alignment divides 8.
+        let mut slots: Vec<Vec<u64>> = self.slot_bytes.iter().map(|&b| vec![0u64; b.div_ceil(8)]).collect();
+        // The pointers are taken once, after every allocation: nothing reallocates while they
+        // are in use. Inputs are only ever read through theirs (checked in `new_in`).
+        let ptrs: Vec<*mut u8> = (0..p.buffers.len())
+            .map(|i| match self.storage[i] {
+                Storage::Input(k) => inputs[k].data.as_ptr() as *mut u8,
+                Storage::Output => outputs[i].as_mut().expect("allocated above").as_mut_ptr(),
+                Storage::Slot(s) => slots[s].as_mut_ptr() as *mut u8,
+                Storage::Unused => std::ptr::null_mut(),
+            })
+            .collect();
+        for step in &self.steps {
+            match step {
+                Step::Generated { kernel, args } => {
+                    let args: Vec<*mut u8> = args.iter().map(|b| ptrs[b.0]).collect();
+                    let mut status = [0i64; 4];
+                    // SAFETY: each pointer addresses a live allocation of at least the buffer's
+                    // size and dtype, as the kernel was generated for.
+                    unsafe { kernel.call(&args, &mut status) };
+                    check_status(kernel.name(), &status)?;
+                }
+                Step::Extern { node } => self.run_extern(*node, &ptrs, inputs)?,
+            }
+        }
+        drop(slots);
+        let mut result: Vec<Buffer> = Vec::with_capacity(p.outputs.len());
+        for (k, &o) in p.outputs.iter().enumerate() {
+            let buf = match self.storage[o.0] {
+                Storage::Input(i) => inputs[i].clone(),
+                _ => match outputs[o.0].take() {
+                    Some(data) => Buffer::new(p.buffer(o).meta.shape.clone(), data)?,
+                    // The same buffer returned twice: the earlier copy.
+                    None => {
+                        result[p.outputs.iter().position(|&x| x == o).filter(|&j| j < k).expect("taken before")].clone()
+                    }
+                },
+            };
+            result.push(buf);
+        }
+        Ok(result)
+    }
+
+    fn check_inputs(&self, inputs: &[&Buffer]) -> Result<()> {
+        let p = &self.program;
+        if inputs.len() != p.inputs.len() {
+            return Err(Error::value(format!(
+                "the compiled graph takes {} inputs, got {}",
+                p.inputs.len(),
+                inputs.len()
+            )));
+        }
+        for (k, (id, buf)) in p.inputs.iter().zip(inputs).enumerate() {
+            let want = &p.buffer(*id).meta;
+            if buf.shape != want.shape || buf.numel() != want.numel() {
+                return Err(Error::shape(format!(
+                    "input {k}: expected {want}, got {} ({} elements)",
+                    buf.meta(),
+                    buf.numel()
+                )));
+            }
+            if buf.dtype() != want.dtype {
+                return Err(Error::dtype(format!("input {k}: expected {want}, got {}", buf.meta())));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one extern node on the run's memory.
+    fn run_extern(&self, node: usize, ptrs: &[*mut u8], inputs: &[&Buffer]) -> Result<()> {
+        let p = &self.program;
+        let LoopKind::Extern { call, inputs: operands } = &p.nodes[node].kind else {
+            unreachable!("checked in new_in")
+        };
+        let out_id = p.nodes[node].output;
+        let bytes = |b: BufferId| p.buffer(b).meta.nbytes();
+        // SAFETY: every buffer's pointer addresses at least its size in bytes; the output's
+        // memory overlaps no operand's (separate allocations, or slots checked distinct).
+        let out = unsafe { std::slice::from_raw_parts_mut(ptrs[out_id.0], bytes(out_id)) };
+        let view = |b: BufferId| unsafe { std::slice::from_raw_parts(ptrs[b.0] as *const u8, bytes(b)) };
+        match call {
+            ExternCall::Bmm { a, b, bias, .. } => {
+                let spec = gemm::BmmSpec::from_call(call).expect("a bmm call");
+                let bias = bias.as_ref().map_or(&[][..], |bias| view(bias.buffer));
+                gemm::bmm_bytes(&spec, p.buffer(out_id).meta.dtype, view(a.buffer), view(b.buffer), bias, out)
+            }
+            ExternCall::Fallback { op } => {
+                let mut g = Graph::new();
+                let mut ids = Vec::new();
+                let mut owned = Vec::new();
+                for &b in operands {
+                    ids.push(g.input(p.buffer(b).meta.clone()));
+                    if !matches!(self.storage[b.0], Storage::Input(_)) {
+                        let meta = &p.buffer(b).meta;
+                        owned.push((b, Buffer::new(meta.shape.clone(), HostData::from_bytes(meta.dtype, view(b))?)?));
+                    }
+                }
+                let y = g.push(op.clone(), &ids, None)?;
+                g.outputs.push(y);
+                let args: Vec<&Buffer> = operands
+                    .iter()
+                    .map(|b| match self.storage[b.0] {
+                        Storage::Input(k) => inputs[k],
+                        _ => &owned.iter().find(|(x, _)| x == b).expect("copied above").1,
+                    })
+                    .collect();
+                let value = interpret(&g, &args)?.remove(0);
+                if value.meta() != p.buffer(out_id).meta {
+                    return Err(Error::runtime(format!(
+                        "fallback {op} made {} for {}",
+                        value.meta(),
+                        p.buffer(out_id).meta
+                    )));
+                }
+                out.copy_from_slice(&value.data.to_bytes());
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Checks an extern node's operands against its call (ids in range, dtypes agreeing).
+fn check_extern(
+    p: &LoopProgram,
+    call: &ExternCall,
+    inputs: &[BufferId],
+    out: BufferId,
+) -> std::result::Result<(), String> {
+    let n = p.buffers.len();
+    if let Some(b) = inputs.iter().chain([&out]).find(|b| b.0 >= n) {
+        return Err(format!("no buffer {}", b.0));
+    }
+    if let ExternCall::Bmm { a, b, bias, .. } = call {
+        for buffer in [a.buffer, b.buffer].into_iter().chain(bias.as_ref().map(|b| b.buffer)) {
+            // Only the node's inputs get memory: an operand outside them would be unbacked.
+            if !inputs.contains(&buffer) || p.buffer(buffer).meta.dtype != p.buffer(out).meta.dtype {
+                return Err(format!("bmm operand buffer {} is not a node input of the output's dtype", buffer.0));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decides where each buffer lives: inputs are the caller's, outputs fresh, the other buffers
+/// a launch touches in their memory-plan slot (or an extra slot of their own when the plan left
+/// them out). Returns the storage per buffer and the byte size per slot.
+fn plan_storage(
+    p: &LoopProgram,
+    schedule: &Schedule,
+    used: &[bool],
+) -> std::result::Result<(Vec<Storage>, Vec<usize>), String> {
+    let plan = &schedule.memory;
+    let mut slot_bytes = plan.slots.clone();
+    let mut storage = vec![Storage::Unused; p.buffers.len()];
+    for (k, &b) in p.inputs.iter().enumerate() {
+        storage[b.0] = Storage::Input(k);
+    }
+    for &b in &p.outputs {
+        if storage[b.0] == Storage::Unused {
+            storage[b.0] = Storage::Output;
+        }
+    }
+    for (i, buf) in p.buffers.iter().enumerate() {
+        if storage[i] != Storage::Unused || !used[i] {
+            continue;
+        }
+        let need = buf.meta.nbytes();
+        storage[i] = Storage::Slot(match plan.slot_of.get(i).copied().flatten() {
+            Some(s) if s < slot_bytes.len() && slot_bytes[s] >= need => s,
+            Some(s) => return Err(format!("{} ({need} bytes) does not fit memory slot {s}", buf.name)),
+            None => {
+                slot_bytes.push(need);
+                slot_bytes.len() - 1
+            }
+        });
+    }
+    Ok((storage, slot_bytes))
+}
+
+/// Turns a kernel's status words into an error (see `docs/compiler.md`).
+fn check_status(kernel: &str, status: &[i64; 4]) -> Result<()> {
+    let e = match status[0] {
+        0 => return Ok(()),
+        1 => Error::value(format!("index {} is out of bounds for dim of size {}", status[1], status[2])),
+        2 => Error::value("Integers to negative integer powers are not allowed."),
+        3 => Error::value("ZeroDivisionError: integer division by zero"),
+        s => Error::runtime(format!("unknown status {s} ({}, {}, {})", status[1], status[2], status[3])),
+    };
+    Err(e.in_op(kernel, vec![]))
+}

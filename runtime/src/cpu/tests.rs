@@ -1,0 +1,584 @@
+//! Tests of the CPU backend with hand-written C (the code generator is tested on its own).
+//! Every test uses its own cache directory, so tests running in parallel never share entries.
+
+use super::compiler::looks_complete;
+use super::gemm::{bmm, BmmSpec};
+use super::*;
+use coil_ir::kernel::{FusedKernel, MemoryPlan, TileArg};
+use coil_ir::loops::{Body, LoopBuffer, LoopNode, ScalarOp, StridedOperand};
+use coil_ir::sym::Expr;
+use coil_ir::{BinaryOp, DType, ErrorKind, Op, TensorMeta};
+
+/// A fresh directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let dir = std::env::temp_dir().join(format!("coil-test-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The system compiler, or `None` (the test then checks nothing: there is nothing to compile).
+fn cc() -> Option<&'static CCompiler> {
+    let c = c_compiler();
+    if c.is_none() {
+        eprintln!("no C compiler: skipping");
+    }
+    c
+}
+
+/// Deterministic pseudo-random values in [-1, 1) (xorshift64*).
+fn randoms(seed: u64, n: usize) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            (s.wrapping_mul(0x2545f4914f6cdd1d) >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+fn assert_close(got: &Buffer, want: &Buffer, tol: f64) {
+    assert_eq!(got.meta(), want.meta());
+    for (i, (g, w)) in got.data.to_f64_vec().iter().zip(want.data.to_f64_vec()).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "element {i}: {g} vs {w}");
+    }
+}
+
+fn buffer(name: &str, shape: &[usize], dtype: DType) -> LoopBuffer {
+    LoopBuffer { name: name.into(), meta: TensorMeta::new(shape.to_vec(), dtype) }
+}
+
+/// A pointwise node `out = a OP b` over `n` elements (the body is for show: the C is by hand).
+fn pointwise(out: usize, n: usize, loads: &[usize], op: BinaryOp, dtype: DType) -> LoopNode {
+    let mut body = Body::default();
+    let x = Expr::index("x0", n as i64);
+    let vals: Vec<_> =
+        loads.iter().map(|&b| body.push(ScalarOp::Load { buffer: BufferId(b), index: x }, dtype)).collect();
+    body.result = if vals.len() == 2 { body.push(ScalarOp::Binary(op, vals[0], vals[1]), dtype) } else { vals[0] };
+    LoopNode {
+        output: BufferId(out),
+        origins: vec![op.name()],
+        kind: LoopKind::Pointwise { ranges: vec![Expr::int(n as i64)], body },
+    }
+}
+
+fn fused(name: &str, kind: KernelKind, node: usize, n: usize, stores: &[usize]) -> FusedKernel {
+    FusedKernel {
+        name: name.into(),
+        kind,
+        nodes: vec![node],
+        xnumel: Expr::int(n as i64),
+        rnumel: None,
+        stores: stores.iter().map(|&b| BufferId(b)).collect(),
+    }
+}
+
+/// A tile kernel with arguments `(name, buffer, dtype, written)`; only the signature matters.
+fn tile(name: &str, n: usize, args: &[(&str, usize, DType, bool)]) -> TileKernel {
+    TileKernel {
+        name: name.into(),
+        kind: KernelKind::Pointwise,
+        args: args
+            .iter()
+            .map(|&(a, b, dtype, w)| TileArg { name: a.into(), buffer: BufferId(b), dtype, read: !w, written: w })
+            .collect(),
+        xnumel: Expr::int(n as i64),
+        rnumel: None,
+        xblock: 1024,
+        rblock: 1,
+        body: vec![],
+    }
+}
+
+const ADD_C: &str = r#"
+#include <stdint.h>
+void poi_fused_add_0(char *const *args, int64_t *status) {
+    const float *in_ptr0 = (const float *)args[0];
+    const float *in_ptr1 = (const float *)args[1];
+    float *out_ptr0 = (float *)args[2];
+    #pragma omp parallel for
+    for (int64_t x = 0; x < 1000; x++) out_ptr0[x] = in_ptr0[x] + in_ptr1[x];
+}
+"#;
+
+/// `buf2 = arg0 + arg1` over 1000 f32; outputs `(buf2, arg0, buf2)`.
+fn add_graph(dir: &Path) -> Result<CompiledGraph> {
+    let f = DType::F32;
+    let program = LoopProgram {
+        buffers: vec![buffer("arg0", &[1000], f), buffer("arg1", &[1000], f), buffer("buf2", &[1000], f)],
+        inputs: vec![BufferId(0), BufferId(1)],
+        outputs: vec![BufferId(2), BufferId(0), BufferId(2)],
+        nodes: vec![pointwise(2, 1000, &[0, 1], BinaryOp::Add, f)],
+    };
+    let schedule = Schedule {
+        kernels: vec![fused("poi_fused_add_0", KernelKind::Pointwise, 0, 1000, &[2])],
+        ..Default::default()
+    };
+    let k =
+        tile("poi_fused_add_0", 1000, &[("in_ptr0", 0, f, false), ("in_ptr1", 1, f, false), ("out_ptr0", 2, f, true)]);
+    CompiledGraph::new_in(program, schedule, vec![Some(k)], ADD_C, dir)
+}
+
+#[test]
+fn add_kernel_runs_and_second_build_hits_the_cache() {
+    let Some(_) = cc() else { return };
+    let dir = TempDir::new("add");
+    let g = add_graph(&dir.0).unwrap();
+    assert!(!g.cache_hit());
+    assert!(g.compile_seconds() > 0.0);
+    let a: Vec<f32> = randoms(1, 1000).iter().map(|&x| x as f32).collect();
+    let b: Vec<f32> = randoms(2, 1000).iter().map(|&x| x as f32).collect();
+    let (ba, bb) = (Buffer::from_vec(a.clone(), vec![1000]), Buffer::from_vec(b.clone(), vec![1000]));
+    let out = g.run(&[&ba, &bb]).unwrap();
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert_eq!(out[0].to_vec::<f32>(), want);
+    assert_eq!(out[1], ba, "an input returned as an output is copied");
+    assert_eq!(out[2], out[0], "a repeated output is cloned");
+
+    let again = add_graph(&dir.0).unwrap();
+    assert!(again.cache_hit());
+    assert_eq!(again.compile_seconds(), 0.0);
+    assert_eq!(again.library_path(), g.library_path());
+    let src = std::fs::read_to_string(again.source_path().unwrap()).unwrap();
+    assert_eq!(src, ADD_C, "the source is kept beside the shared object");
+    assert_eq!(again.run(&[&ba, &bb]).unwrap()[0].to_vec::<f32>(), want);
+
+    // Wrong inputs are errors, not crashes.
+    let e = g.run(&[&ba]).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Value);
+    let short = Buffer::from_vec(vec![0f32; 3], vec![3]);
+    assert_eq!(g.run(&[&ba, &short]).unwrap_err().kind, ErrorKind::Shape);
+    let ints = Buffer::from_vec(vec![0i32; 1000], vec![1000]);
+    assert_eq!(g.run(&[&ba, &ints]).unwrap_err().kind, ErrorKind::DType);
+}
+
+#[test]
+fn cache_layout_and_key() {
+    let Some(cc) = cc() else { return };
+    let dir = TempDir::new("layout");
+    let obj = cc.compile("int f(void) { return 1; }\n", &dir.0).unwrap();
+    assert_eq!(obj.key.len(), 32);
+    assert_eq!(obj.path, dir.0.join("c").join(format!("{}.so", obj.key)));
+    assert_eq!(obj.source_path, dir.0.join("c").join(format!("{}.c", obj.key)));
+    assert_eq!(cc.cache_key("int f(void) { return 1; }\n"), obj.key, "the key is stable");
+    assert_ne!(cc.cache_key("int f(void) { return 2; }\n"), obj.key);
+    // Nothing but the two entries is left behind (no temporary files).
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir.0.join("c")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, vec![format!("{}.c", obj.key), format!("{}.so", obj.key)]);
+}
+
+#[test]
+fn corrupt_cache_entries_are_rebuilt() {
+    let Some(cc) = cc() else { return };
+    let dir = TempDir::new("corrupt");
+    let src = "#include <stdint.h>\nvoid k(char *const *a, int64_t *s) { s[3] = 42; }\n";
+    let first = cc.compile(src, &dir.0).unwrap();
+    let len = std::fs::metadata(&first.path).unwrap().len();
+    // Truncated to nothing, and to half: detected before loading.
+    for cut in [0, len / 2] {
+        std::fs::OpenOptions::new().write(true).open(&first.path).unwrap().set_len(cut).unwrap();
+        assert!(!looks_complete(&first.path));
+        let obj = cc.compile(src, &dir.0).unwrap();
+        assert!(!obj.cache_hit, "cut to {cut} bytes");
+        assert_eq!(obj.path, first.path);
+        assert!(looks_complete(&obj.path));
+    }
+    // Garbage that passes the size checks: found when loading, and rebuilt.
+    std::fs::write(&first.path, b"not a shared object at all").unwrap();
+    assert!(cc.compile(src, &dir.0).unwrap().cache_hit);
+    let (lib, obj) = module::load_or_build(cc, src, &dir.0, &["k"]).unwrap();
+    assert!(!obj.cache_hit);
+    let mut status = [0i64; 4];
+    unsafe { lib.kernel("k").unwrap().call(&[], &mut status) };
+    assert_eq!(status, [0, 0, 0, 42]);
+}
+
+#[test]
+fn concurrent_compiles_of_one_source_agree() {
+    let Some(cc) = cc() else { return };
+    let dir = TempDir::new("concurrent");
+    let src = "#include <stdint.h>\nvoid k(char *const *a, int64_t *s) { s[1] = 7; }\n";
+    let paths: Vec<PathBuf> = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            (0..4).map(|_| s.spawn(|| module::load_or_build(cc, src, &dir.0, &["k"]).unwrap().1.path)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(paths.iter().all(|p| p == &paths[0] && looks_complete(p)));
+}
+
+#[test]
+fn compile_errors_carry_stderr_and_keep_the_source() {
+    let Some(cc) = cc() else { return };
+    let dir = TempDir::new("error");
+    let src = "void broken(char *const *args, int64_t *status) { this is not C; }\n";
+    let e = cc.compile(src, &dir.0).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Runtime);
+    let kept = dir.0.join("c").join(format!("{}.c", cc.cache_key(src)));
+    assert!(e.message.contains(&kept.display().to_string()), "{e}");
+    assert!(e.message.contains("error"), "stderr is in the message: {e}");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), src);
+    assert!(!dir.0.join("c").join(format!("{}.so", cc.cache_key(src))).exists());
+}
+
+/// `buf2 = arg0[arg1]`: a gather whose C reports an index out of range through `status`.
+#[test]
+fn out_of_bounds_index_is_an_error_naming_the_kernel() {
+    let Some(_) = cc() else { return };
+    let dir = TempDir::new("oob");
+    let c = r#"
+#include <stdint.h>
+void poi_fused_index_select_0(char *const *args, int64_t *status) {
+    const float *in_ptr0 = (const float *)args[0];
+    const int64_t *in_ptr1 = (const int64_t *)args[1];
+    float *out_ptr0 = (float *)args[2];
+    for (int64_t x = 0; x < 3; x++) {
+        int64_t i = in_ptr1[x];
+        if (i < 0 || i >= 5) { status[0] = 1; status[1] = i; status[2] = 5; return; }
+        out_ptr0[x] = in_ptr0[i];
+    }
+}
+"#;
+    let program = LoopProgram {
+        buffers: vec![
+            buffer("arg0", &[5], DType::F32),
+            buffer("arg1", &[3], DType::I64),
+            buffer("buf2", &[3], DType::F32),
+        ],
+        inputs: vec![BufferId(0), BufferId(1)],
+        outputs: vec![BufferId(2)],
+        nodes: vec![pointwise(2, 3, &[0], BinaryOp::Add, DType::F32)],
+    };
+    let name = "poi_fused_index_select_0";
+    let schedule = Schedule { kernels: vec![fused(name, KernelKind::Pointwise, 0, 3, &[2])], ..Default::default() };
+    let args =
+        [("in_ptr0", 0, DType::F32, false), ("in_ptr1", 1, DType::I64, false), ("out_ptr0", 2, DType::F32, true)];
+    let g = CompiledGraph::new_in(program, schedule, vec![Some(tile(name, 3, &args))], c, &dir.0).unwrap();
+    let table = Buffer::from_vec(vec![10f32, 11., 12., 13., 14.], vec![5]);
+    let ok = g.run(&[&table, &Buffer::from_vec(vec![4i64, 0, 2], vec![3])]).unwrap();
+    assert_eq!(ok[0].to_vec::<f32>(), vec![14., 10., 12.]);
+    let e = g.run(&[&table, &Buffer::from_vec(vec![1i64, 7, 2], vec![3])]).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Value);
+    assert_eq!(e.op.as_deref(), Some(name));
+    assert_eq!(e.message, "index 7 is out of bounds for dim of size 5");
+}
+
+/// Two kernels through a memory-plan slot, then a fallback cumsum reading that temporary:
+/// `buf1 = arg0 * 2` (temp), `buf2 = buf1 + arg0`, `buf3 = cumsum(buf1, dim=1)`.
+#[test]
+fn temporaries_live_in_slots_and_fallback_ops_read_them() {
+    let Some(_) = cc() else { return };
+    let dir = TempDir::new("slots");
+    let c = r#"
+#include <stdint.h>
+void poi_fused_mul_0(char *const *args, int64_t *status) {
+    const double *in_ptr0 = (const double *)args[0]; double *out_ptr0 = (double *)args[1];
+    for (int64_t x = 0; x < 12; x++) out_ptr0[x] = in_ptr0[x] * 2.0;
+}
+void poi_fused_add_1(char *const *args, int64_t *status) {
+    const double *in_ptr0 = (const double *)args[0]; const double *in_ptr1 = (const double *)args[1];
+    double *out_ptr0 = (double *)args[2];
+    for (int64_t x = 0; x < 12; x++) out_ptr0[x] = in_ptr0[x] + in_ptr1[x];
+}
+"#;
+    let d = DType::F64;
+    let cumsum = LoopNode {
+        output: BufferId(3),
+        origins: vec!["cumsum"],
+        kind: LoopKind::Extern { call: ExternCall::Fallback { op: Op::Cumsum { dim: 1 } }, inputs: vec![BufferId(1)] },
+    };
+    let program = LoopProgram {
+        buffers: vec![
+            buffer("arg0", &[3, 4], d),
+            buffer("buf1", &[3, 4], d),
+            buffer("buf2", &[3, 4], d),
+            buffer("buf3", &[3, 4], d),
+        ],
+        inputs: vec![BufferId(0)],
+        outputs: vec![BufferId(2), BufferId(3)],
+        nodes: vec![pointwise(1, 12, &[0], BinaryOp::Mul, d), pointwise(2, 12, &[1, 0], BinaryOp::Add, d), cumsum],
+    };
+    let schedule = Schedule {
+        kernels: vec![
+            fused("poi_fused_mul_0", KernelKind::Pointwise, 0, 12, &[1]),
+            fused("poi_fused_add_1", KernelKind::Pointwise, 1, 12, &[2]),
+            fused("ext_cumsum_2", KernelKind::Extern, 2, 12, &[3]),
+        ],
+        refusals: vec![],
+        memory: MemoryPlan { slots: vec![96], slot_of: vec![None, Some(0), None, None], peak_bytes: 3 * 96 },
+    };
+    let kernels = vec![
+        Some(tile("poi_fused_mul_0", 12, &[("in_ptr0", 0, d, false), ("out_ptr0", 1, d, true)])),
+        Some(tile(
+            "poi_fused_add_1",
+            12,
+            &[("in_ptr0", 1, d, false), ("in_ptr1", 0, d, false), ("out_ptr0", 2, d, true)],
+        )),
+        None,
+    ];
+    let g = CompiledGraph::new_in(program, schedule, kernels, c, &dir.0).unwrap();
+    let x: Vec<f64> = (0..12).map(|i| i as f64).collect();
+    let out = g.run(&[&Buffer::from_vec(x.clone(), vec![3, 4])]).unwrap();
+    assert_eq!(out[0].to_vec::<f64>(), x.iter().map(|v| 3.0 * v).collect::<Vec<_>>());
+    let want: Vec<f64> =
+        (0..3).flat_map(|r| (1..=4).map(move |c| (0..c).map(|j| 2.0 * (4 * r + j) as f64).sum())).collect();
+    assert_eq!(out[1].to_vec::<f64>(), want);
+}
+
+/// The reference: `a_view @ b_view` in the interpreter, where `a` is stored `[2, k, m]` and used
+/// transposed, and `b` is stored `[k, n]` and broadcast over the batch.
+fn reference_bmm(a: &Buffer, b: &Buffer, (m, n, k): (usize, usize, usize)) -> Buffer {
+    let mut g = Graph::new();
+    let x = g.input(a.meta());
+    let y = g.input(b.meta());
+    let xt = g.push(Op::Permute { perm: vec![0, 2, 1] }, &[x], None).unwrap();
+    let y3 = g.push(Op::Reshape { shape: vec![1, k, n] }, &[y], None).unwrap();
+    let yb = g.push(Op::Expand { shape: vec![2, k, n] }, &[y3], None).unwrap();
+    let z = g.push(Op::Bmm, &[xt, yb], None).unwrap();
+    g.outputs.push(z);
+    let out = interpret(&g, &[a, b]).unwrap().remove(0);
+    assert_eq!(out.shape, vec![2, m, n]);
+    out
+}
+
+/// The same product as [`reference_bmm`], as strided operands: `a` transposed by a stride swap,
+/// `b` with batch stride 0.
+fn strided_spec(m: usize, n: usize, k: usize) -> (StridedOperand, StridedOperand) {
+    let a = StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![k * m], row_stride: 1, col_stride: m };
+    let b = StridedOperand { buffer: BufferId(1), offset: 0, batch_strides: vec![0], row_stride: n, col_stride: 1 };
+    (a, b)
+}
+
+#[test]
+fn gemm_matches_the_interpreter_with_strides_and_broadcast_batch() {
+    // Big enough to take gemm's blocked (and, for the largest, parallel) paths.
+    for (m, n, k) in [(3, 5, 4), (33, 17, 65), (70, 80, 90)] {
+        let (sa, sb) = strided_spec(m, n, k);
+        let spec = BmmSpec { a: &sa, b: &sb, batch: &[2], m, n, k, bias: None };
+        for (dtype, tol) in
+            [(DType::F32, 1e-5), (DType::F64, 1e-12), (DType::BF16, 1e-2), (DType::F16, 2e-3), (DType::I32, 0.0)]
+        {
+            let scale = if dtype == DType::I32 { 50.0 } else { 1.0 };
+            let a = Buffer::new(
+                vec![2, k, m],
+                HostData::from_f64_slice(dtype, &randoms(3, 2 * k * m).iter().map(|x| x * scale).collect::<Vec<_>>()),
+            )
+            .unwrap();
+            let b = Buffer::new(
+                vec![k, n],
+                HostData::from_f64_slice(dtype, &randoms(4, k * n).iter().map(|x| x * scale).collect::<Vec<_>>()),
+            )
+            .unwrap();
+            let got = bmm(&spec, &a, &b).unwrap();
+            let want = reference_bmm(&a, &b, (m, n, k));
+            // Half types: both round one f32 / f64 sum, which may differ in the last bit.
+            let tol = tol * (k as f64).sqrt().max(1.0);
+            assert_close(&got, &want, tol);
+        }
+    }
+}
+
+#[test]
+fn gemm_rejects_views_outside_the_buffer() {
+    let (mut sa, sb) = strided_spec(3, 5, 4);
+    sa.offset = 1;
+    let spec = BmmSpec { a: &sa, b: &sb, batch: &[2], m: 3, n: 5, k: 4, bias: None };
+    let a = Buffer::from_vec(vec![0f32; 24], vec![2, 4, 3]);
+    let b = Buffer::from_vec(vec![0f32; 20], vec![4, 5]);
+    assert_eq!(bmm(&spec, &a, &b).unwrap_err().kind, ErrorKind::Runtime);
+}
+
+/// An all-extern graph needs no C compiler: bmm through gemm, then a fallback cumsum.
+#[test]
+fn extern_only_graph_runs_without_compiling() {
+    let dir = TempDir::new("extern");
+    let (m, n, k) = (4, 3, 5);
+    let (sa, sb) = strided_spec(m, n, k);
+    let f = DType::F32;
+    let bmm_node = LoopNode {
+        output: BufferId(2),
+        origins: vec!["bmm"],
+        kind: LoopKind::Extern {
+            call: ExternCall::Bmm { a: sa, b: sb, bias: None, batch: vec![2], m, n, k },
+            inputs: vec![BufferId(0), BufferId(1)],
+        },
+    };
+    let cumsum = LoopNode {
+        output: BufferId(3),
+        origins: vec!["cumsum"],
+        kind: LoopKind::Extern { call: ExternCall::Fallback { op: Op::Cumsum { dim: 2 } }, inputs: vec![BufferId(2)] },
+    };
+    let program = LoopProgram {
+        buffers: vec![
+            buffer("arg0", &[2, k, m], f),
+            buffer("arg1", &[k, n], f),
+            buffer("buf2", &[2, m, n], f),
+            buffer("buf3", &[2, m, n], f),
+        ],
+        inputs: vec![BufferId(0), BufferId(1)],
+        outputs: vec![BufferId(3)],
+        nodes: vec![bmm_node, cumsum],
+    };
+    let schedule = Schedule {
+        kernels: vec![
+            fused("ext_bmm_0", KernelKind::Extern, 0, 24, &[2]),
+            fused("ext_cumsum_1", KernelKind::Extern, 1, 24, &[3]),
+        ],
+        ..Default::default()
+    };
+    let g = CompiledGraph::new_in(program, schedule, vec![None, None], "", &dir.0).unwrap();
+    assert!(g.library_path().is_none() && !g.cache_hit() && g.compile_seconds() == 0.0);
+    let a = Buffer::new(vec![2, k, m], HostData::from_f64_slice(f, &randoms(5, 2 * k * m))).unwrap();
+    let b = Buffer::new(vec![k, n], HostData::from_f64_slice(f, &randoms(6, k * n))).unwrap();
+    let got = g.run(&[&a, &b]).unwrap().remove(0);
+    let product = reference_bmm(&a, &b, (m, n, k));
+    let mut cg = Graph::new();
+    let x = cg.input(product.meta());
+    let y = cg.push(Op::Cumsum { dim: 2 }, &[x], None).unwrap();
+    cg.outputs.push(y);
+    assert_close(&got, &interpret(&cg, &[&product]).unwrap()[0], 1e-5);
+}
+
+#[test]
+fn inconsistent_pieces_are_rejected() {
+    let dir = TempDir::new("inconsistent");
+    let program = LoopProgram {
+        buffers: vec![buffer("arg0", &[4], DType::F32)],
+        inputs: vec![BufferId(0)],
+        outputs: vec![BufferId(0)],
+        nodes: vec![],
+    };
+    let schedule = Schedule { kernels: vec![fused("poi_0", KernelKind::Pointwise, 0, 4, &[])], ..Default::default() };
+    let e = CompiledGraph::new_in(program.clone(), schedule.clone(), vec![], "", &dir.0).unwrap_err();
+    assert!(e.message.contains("1 scheduled kernels"), "{e}");
+    let e = CompiledGraph::new_in(program.clone(), schedule, vec![None], "", &dir.0).unwrap_err();
+    assert!(e.message.contains("has no tile kernel"), "{e}");
+    // An identity graph (output = input) has no kernels at all.
+    let g = CompiledGraph::new_in(program, Schedule::default(), vec![], "", &dir.0).unwrap();
+    let x = Buffer::from_vec(vec![1f32, 2., 3., 4.], vec![4]);
+    assert_eq!(g.run(&[&x]).unwrap(), vec![x]);
+}
+
+#[test]
+fn compiled_graphs_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CompiledGraph>();
+}
+
+#[test]
+fn a_missing_compiler_is_none() {
+    assert!(CCompiler::from_command("coil-no-such-compiler-exists").is_none());
+    assert!(CCompiler::from_command("   ").is_none());
+}
+
+/// A compiler that cannot link OpenMP: the build is retried without `-fopenmp`, and later
+/// builds skip it.
+#[cfg(unix)]
+#[test]
+fn builds_without_openmp_when_it_does_not_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(cc) = cc() else { return };
+    let dir = TempDir::new("no-openmp");
+    let script = dir.0.join("cc-without-openmp");
+    let body = format!(
+        "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -fopenmp ] && {{ echo 'cannot find -lgomp' >&2; exit 1; }}; done\nexec {} \"$@\"\n",
+        cc.command()
+    );
+    std::fs::write(&script, body).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fake = CCompiler::from_command(script.to_str().unwrap()).unwrap();
+    assert_eq!(fake.version(), cc.version());
+    assert!(fake.openmp());
+    let src = "#include <stdint.h>\nvoid k(char *const *a, int64_t *s) { s[2] = 5; }\n";
+    let (lib, obj) = module::load_or_build(&fake, src, &dir.0.join("cache"), &["k"]).unwrap();
+    assert!(!obj.cache_hit && !fake.openmp());
+    let mut status = [0i64; 4];
+    unsafe { lib.kernel("k").unwrap().call(&[], &mut status) };
+    assert_eq!(status[2], 5);
+    let e = fake.compile("not C", &dir.0.join("cache")).unwrap_err();
+    assert!(!e.message.contains("lgomp"), "no retry noise once OpenMP is known missing: {e}");
+}
+
+/// One kernel per loop node (the real scheduler fuses; this keeps the end-to-end test
+/// independent of its choices).
+fn per_node_schedule(p: &LoopProgram) -> Schedule {
+    let numel = |r: &[Expr]| r.iter().map(|e| e.const_value().unwrap()).product::<i64>();
+    let kernels = p
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let (kind, x, r) = match &n.kind {
+                LoopKind::Pointwise { ranges, .. } => (KernelKind::Pointwise, numel(ranges), None),
+                LoopKind::Reduction { ranges, reduction_ranges, .. } => {
+                    let r = numel(reduction_ranges);
+                    let kind = if r <= 1024 { KernelKind::PersistentReduction } else { KernelKind::LoopedReduction };
+                    (kind, numel(ranges), Some(r))
+                }
+                LoopKind::Extern { .. } => (KernelKind::Extern, p.buffer(n.output).meta.numel() as i64, None),
+            };
+            let name = format!("{}_fused_{}_{i}", kind.prefix(), n.origins.join("_"));
+            let (xnumel, rnumel) = (Expr::int(x), r.map(Expr::int));
+            FusedKernel { name, kind, nodes: vec![i], xnumel, rnumel, stores: vec![n.output] }
+        })
+        .collect();
+    Schedule { kernels, ..Default::default() }
+}
+
+/// Graph -> decompose -> lower -> (per-node schedule) -> build_kernel -> emit_c -> run,
+/// against the interpreter: a softmax-like reduction, a matmul (gemm), a cumsum (fallback), an
+/// input returned as an output, and an index_select whose bad index the C code reports.
+#[test]
+fn end_to_end_with_the_code_generator() {
+    let Some(_) = cc() else { return };
+    let dir = TempDir::new("e2e");
+    let mut g = Graph::new();
+    let x = g.input(TensorMeta::new(vec![8, 33], DType::F32));
+    let y = g.input(TensorMeta::new(vec![33, 5], DType::F32));
+    let idx = g.input(TensorMeta::new(vec![3], DType::I64));
+    let e = g.push(Op::Unary(coil_ir::UnaryOp::Exp), &[x], None).unwrap();
+    let sum = coil_ir::ReduceOp::Sum;
+    let s = g.push(Op::Reduce { op: sum, dims: vec![1], keepdim: true }, &[e], None).unwrap();
+    let d = g.push(Op::Binary(BinaryOp::Div), &[e, s], None).unwrap();
+    let m = g.push(Op::Matmul, &[d, y], None).unwrap();
+    let c = g.push(Op::Cumsum { dim: 0 }, &[m], None).unwrap();
+    let rows = g.push(Op::IndexSelect { dim: 0 }, &[x, idx], None).unwrap();
+    g.outputs.extend([c, d, x, rows]);
+    let prim = coil_passes::decompose(&g).unwrap();
+    let program = coil_passes::lower(&prim).unwrap();
+    let schedule = per_node_schedule(&program);
+    let tiles: Vec<Option<TileKernel>> = schedule
+        .kernels
+        .iter()
+        .map(|k| (k.kind != KernelKind::Extern).then(|| coil_codegen::build_kernel(&program, k)))
+        .collect();
+    let source = coil_codegen::emit_c(&tiles.iter().flatten().cloned().collect::<Vec<_>>());
+    let cg = CompiledGraph::new_in(program, schedule, tiles, &source, &dir.0).unwrap();
+
+    let xb = Buffer::new(vec![8, 33], HostData::from_f64_slice(DType::F32, &randoms(7, 264))).unwrap();
+    let yb = Buffer::new(vec![33, 5], HostData::from_f64_slice(DType::F32, &randoms(8, 165))).unwrap();
+    let good = Buffer::from_vec(vec![7i64, 0, 3], vec![3]);
+    let got = cg.run(&[&xb, &yb, &good]).unwrap();
+    let want = interpret(&prim, &[&xb, &yb, &good]).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert_close(g, w, 1e-5);
+    }
+    let bad = Buffer::from_vec(vec![1i64, 8, 2], vec![3]);
+    let e = cg.run(&[&xb, &yb, &bad]).unwrap_err();
+    assert_eq!(e.message, "index 8 is out of bounds for dim of size 8", "{e}");
+    assert!(e.op.as_deref().unwrap().contains("index_select"), "{e}");
+}

@@ -1,0 +1,181 @@
+//! Differential tests: random programs run compiled and on the reference interpreter, on random
+//! data (never zeros), must agree within the dtype's tolerance.
+//!
+//! A program is a seed: the generator below turns it into a sequence of ops (pointwise chains,
+//! broadcasts, views, reductions over random dims, softmax, casts between f32, bf16 and i32), so
+//! a failure prints the seed and the captured graph and can be replayed alone with
+//! `COIL_DIFF_SEED=<seed> cargo test --test differential`.
+
+use coil::{Backend, DType, Tensor};
+
+/// splitmix64: small, deterministic, good enough to pick ops.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+    fn normal(&mut self) -> f64 {
+        let u1 = ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+}
+
+/// The input data of a program: shapes and values, made once so both backends see the same.
+struct Inputs(Vec<(Vec<usize>, Vec<f32>)>);
+
+impl Inputs {
+    fn new(rng: &mut Rng) -> Inputs {
+        let rank = 1 + rng.below(3);
+        let shape: Vec<usize> = (0..rank).map(|_| 1 + rng.below(7)).collect();
+        let n: usize = shape.iter().product();
+        let make = |rng: &mut Rng| (0..n).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
+        let a = make(rng);
+        let b = make(rng);
+        Inputs(vec![(shape.clone(), a), (shape, b)])
+    }
+
+    fn tensors(&self) -> Vec<Tensor> {
+        self.0.iter().map(|(s, v)| Tensor::from_slice(v, s).unwrap()).collect()
+    }
+}
+
+/// Builds one random program over the inputs; returns its outputs, and whether it rounds
+/// through bf16 (then the backends may differ by bf16's precision: the compiled code computes
+/// bf16 values in f32 and rounds at stores and casts, the interpreter after every op).
+fn program(seed: u64, inputs: &[Tensor]) -> coil::Result<(Vec<Tensor>, bool)> {
+    let mut rng = Rng(seed);
+    let mut pool: Vec<Tensor> = inputs.to_vec();
+    let mut bf16 = false;
+    let steps = 3 + rng.below(8);
+    for _ in 0..steps {
+        let x = pool[rng.below(pool.len())].clone();
+        let rank = x.rank() as i64;
+        let dim = if rank > 0 { rng.below(rank as usize) as i64 - if rng.chance(30) { rank } else { 0 } } else { 0 };
+        let y = match rng.below(16) {
+            0 => x.exp()?.mul(0.5)?.tanh()?,
+            1 => (x.sigmoid()? * x.sin()?) + 1.0,
+            2 => x.abs()?.add(0.25)?.sqrt()?.log()?,
+            3 => x.relu()?.sub(x.gelu(rng.chance(50))?)?,
+            4 => {
+                // broadcast against a keepdim reduction of itself
+                let r = x.amax(&[dim], true)?;
+                x.sub(&r)?
+            }
+            5 => x.sum(&[dim], rng.chance(50))?,
+            6 => x.mean(&[dim], true)?.mul(&x)?,
+            7 if rank >= 2 => x.transpose(0, rank - 1)?.mul(2.0)?.add(1.0)?,
+            8 if rank > 0 && x.shape()[(dim + if dim < 0 { rank } else { 0 }) as usize] >= 2 => {
+                x.slice(dim, Some(if rng.chance(50) { 1 } else { 0 }), None, 1 + rng.below(2) as i64)?.neg()?
+            }
+            9 => x.softmax(dim)?,
+            10 => x.reshape(&[-1])?.unsqueeze(0)?.expand(&[2, -1])?.mul(0.5)?,
+            11 => {
+                bf16 = true;
+                x.to_dtype(DType::BF16)?.mul(1.5)?.add(0.5)?.to_dtype(DType::F32)?
+            }
+            12 => {
+                // an integer detour: floor, cast, integer arithmetic, back to float
+                let i = x.mul(4.0)?.floor()?.to_dtype(DType::I32)?;
+                i.remainder(3)?.sub(&i)?.to_dtype(DType::F32)?
+            }
+            13 => coil::where_(&x.gt(0.0)?, &x, x.mul(0.1)?)?,
+            14 if rank >= 2 => x.permute(&(0..rank).rev().collect::<Vec<_>>())?.logsumexp(&[0], false)?,
+            15 => x.maximum(x.pow(2.0)?.sub(1.0)?)?,
+            _ => x.add(1.0)?,
+        };
+        pool.push(y);
+    }
+    // Outputs: the last value, and sometimes an intermediate one too (several outputs per graph).
+    let mut outs = vec![pool.last().unwrap().clone()];
+    if pool.len() > 3 && rng.chance(50) {
+        outs.push(pool[2 + rng.below(pool.len() - 3)].clone());
+    }
+    Ok((outs, bf16))
+}
+
+/// Runs the program on one backend; `None` when it is not a valid program (shape errors).
+fn run(seed: u64, inputs: &Inputs, backend: Backend) -> Option<(coil::Result<Vec<Vec<f64>>>, bool)> {
+    coil::set_backend(backend);
+    let (outs, bf16) = program(seed, &inputs.tensors()).ok()?;
+    Some((outs.iter().map(|t| t.to_vec::<f64>()).collect(), bf16))
+}
+
+fn rel_error(a: &[f64], b: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (x, y) in a.iter().zip(b) {
+        if x.is_finite() && y.is_finite() {
+            num += (x - y) * (x - y);
+            den += y * y;
+        } else if !(x.is_nan() && y.is_nan()) && x != y {
+            return f64::INFINITY;
+        }
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn check(seed: u64) -> Result<bool, String> {
+    let mut rng = Rng(seed ^ 0xC011);
+    let inputs = Inputs::new(&mut rng);
+    let Some((reference, bf16)) = run(seed, &inputs, Backend::Interpreter) else { return Ok(false) };
+    let (compiled, _) = run(seed, &inputs, Backend::Compiled).expect("the program was valid on the interpreter");
+    let tolerance = if bf16 { 2e-2 } else { 1e-4 };
+    let describe = || {
+        coil::set_backend(Backend::Interpreter);
+        let (outs, _) = program(seed, &inputs.tensors()).unwrap();
+        coil::capture(&outs.iter().collect::<Vec<_>>()).graph.to_string()
+    };
+    match (reference, compiled) {
+        (Err(_), Err(_)) => Ok(true),
+        (Ok(r), Ok(c)) => {
+            for (k, (r, c)) in r.iter().zip(&c).enumerate() {
+                let err = rel_error(c, r);
+                if err > tolerance {
+                    return Err(format!("seed {seed}: output {k} differs (relative error {err:.2e})\n{}", describe()));
+                }
+            }
+            Ok(true)
+        }
+        (r, c) => Err(format!(
+            "seed {seed}: interpreter gives {:?}, compiled gives {:?}\n{}",
+            r.map(|_| "values"),
+            c.map(|_| "values"),
+            describe()
+        )),
+    }
+}
+
+#[test]
+fn compiled_programs_agree_with_the_interpreter() {
+    let seeds: Vec<u64> = match std::env::var("COIL_DIFF_SEED") {
+        Ok(s) => vec![s.parse().expect("COIL_DIFF_SEED is a number")],
+        Err(_) => (0..300).collect(),
+    };
+    let mut failures = Vec::new();
+    let mut valid = 0;
+    for seed in seeds {
+        match check(seed) {
+            Ok(true) => valid += 1,
+            Ok(false) => {}
+            Err(e) => failures.push(e),
+        }
+    }
+    println!("differential: {valid} valid programs, {} disagree", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert!(valid >= 200, "only {valid} of the random programs were valid");
+}

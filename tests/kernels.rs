@@ -1,0 +1,218 @@
+//! What the compiler makes of the standard workloads (at small sizes): how many kernels, read
+//! from each compilation's `summary.json`, and snapshots of the IR before and after fusion and of
+//! the block programs.
+
+use coil::{DType, Tensor};
+
+/// The compilation of the pending graph behind `outputs`, its summary parsed.
+fn summary(outputs: &[&Tensor]) -> (std::sync::Arc<coil::Compiled>, serde_json::Value) {
+    let compiled = coil::inspect(outputs).unwrap();
+    let json = serde_json::from_str(&compiled.summary).unwrap();
+    (compiled, json)
+}
+
+fn generated(s: &serde_json::Value) -> u64 {
+    s["generated_kernels"].as_u64().unwrap()
+}
+
+fn names(s: &serde_json::Value) -> Vec<String> {
+    s["kernels"].as_array().unwrap().iter().map(|k| k["name"].as_str().unwrap().to_string()).collect()
+}
+
+/// Random data, computed now: inputs and weights are data in a real program, not part of the
+/// graph being compiled.
+#[track_caller]
+fn randn(shape: &[usize], dtype: DType) -> Tensor {
+    let t = Tensor::randn(shape, dtype).unwrap();
+    t.realize().unwrap();
+    t
+}
+
+/// Snapshot of the three texts a user reads to see what fusion did.
+fn snapshot_text(c: &coil::Compiled) -> String {
+    let tiles: Vec<String> = c.kernels.iter().flatten().map(|k| k.to_string()).collect();
+    format!(
+        "== ir_pre_fusion ==\n{}\n== ir_post_fusion ==\n{}\n== kernels ==\n{}",
+        c.pre_fusion,
+        c.post_fusion,
+        tiles.join("\n")
+    )
+}
+
+#[test]
+fn pointwise_chain_is_one_kernel() {
+    let x = randn(&[1024], DType::F32);
+    let y = ((x.exp().unwrap() + 1.0).log().unwrap()) * 0.5;
+    let (_, s) = summary(&[&y]);
+    assert_eq!(generated(&s), 1, "{s}");
+    assert!(names(&s)[0].starts_with("poi_fused_"), "{s}");
+}
+
+#[test]
+fn bias_gelu_is_one_kernel() {
+    let x = randn(&[64, 32], DType::BF16);
+    let b = randn(&[32], DType::BF16);
+    let y = (&x + &b).gelu(true).unwrap();
+    let (_, s) = summary(&[&y]);
+    assert_eq!(generated(&s), 1, "{s}");
+}
+
+#[test]
+fn softmax_is_one_kernel() {
+    let x = randn(&[8, 64], DType::F32);
+    let (c, s) = summary(&[&x.softmax(-1).unwrap()]);
+    assert_eq!(generated(&s), 1, "{s}");
+    assert!(names(&s)[0].starts_with("per_fused_"), "{s}");
+    insta::assert_snapshot!(snapshot_text(&c));
+}
+
+#[test]
+fn long_row_softmax_is_one_looped_kernel() {
+    let x = randn(&[2, 4096], DType::F32);
+    let (_, s) = summary(&[&x.softmax(-1).unwrap()]);
+    assert_eq!(generated(&s), 1, "{s}");
+    assert!(names(&s)[0].starts_with("red_fused_"), "{s}");
+}
+
+#[test]
+fn log_softmax_is_one_kernel() {
+    let x = randn(&[8, 64], DType::F32);
+    let (_, s) = summary(&[&x.log_softmax(-1).unwrap()]);
+    assert_eq!(generated(&s), 1, "{s}");
+}
+
+#[test]
+fn layer_norm_is_one_kernel() {
+    let x = randn(&[8, 64], DType::BF16);
+    let (w, b) = (randn(&[64], DType::BF16), randn(&[64], DType::BF16));
+    let (c, s) = summary(&[&x.layer_norm(&[64], Some(&w), Some(&b), 1e-5).unwrap()]);
+    assert_eq!(generated(&s), 1, "{s}");
+    insta::assert_snapshot!(snapshot_text(&c));
+}
+
+#[test]
+fn rms_norm_is_one_kernel() {
+    let x = randn(&[8, 64], DType::BF16);
+    let w = randn(&[64], DType::BF16);
+    let xf = x.to_dtype(DType::F32).unwrap();
+    let ms = xf.pow(2).unwrap().mean(&[-1], true).unwrap();
+    let y = (xf * (ms + 1e-6).rsqrt().unwrap()).to_dtype(DType::BF16).unwrap() * &w;
+    let (_, s) = summary(&[&y]);
+    assert_eq!(generated(&s), 1, "{s}");
+}
+
+#[test]
+fn residual_add_and_layer_norm_returning_both_is_one_kernel() {
+    let (x, r) = (randn(&[8, 64], DType::BF16), randn(&[8, 64], DType::BF16));
+    let (w, b) = (randn(&[64], DType::BF16), randn(&[64], DType::BF16));
+    let h = &x + &r;
+    let y = h.layer_norm(&[64], Some(&w), Some(&b), 1e-5).unwrap();
+    let (_, s) = summary(&[&h, &y]);
+    assert_eq!(generated(&s), 1, "{s}");
+}
+
+#[test]
+fn cross_entropy_is_at_most_two_kernels() {
+    let logits = randn(&[16, 100], DType::BF16);
+    let t = Tensor::from_vec((0..16).map(|i| (i * 7 % 100) as i64).collect(), &[16]).unwrap();
+    let loss = logits.to_dtype(DType::F32).unwrap().cross_entropy(&t, Default::default()).unwrap();
+    let (_, s) = summary(&[&loss]);
+    assert!(generated(&s) <= 2, "{s}");
+}
+
+/// One GPT-2 block forward, as in the bench's `gpt2_block_fwd` (small sizes): pre-norm,
+/// QKV projection, causal attention written out with softmax in f32, output projection, residual,
+/// pre-norm MLP with gelu_tanh, residual.
+fn gpt2_block(x: &Tensor, heads: usize) -> coil::Result<Tensor> {
+    let (b, t, c) = (x.shape()[0] as i64, x.shape()[1] as i64, x.shape()[2] as i64);
+    let hd = c / heads as i64;
+    let dt = x.dtype();
+    let cu = c as usize;
+    let (ln1_w, ln1_b, ln2_w, ln2_b) = (randn(&[cu], dt), randn(&[cu], dt), randn(&[cu], dt), randn(&[cu], dt));
+    let (w_qkv, b_qkv) = (randn(&[3 * cu, cu], dt), randn(&[3 * cu], dt));
+    let (w_proj, b_proj) = (randn(&[cu, cu], dt), randn(&[cu], dt));
+    let (w_fc, b_fc) = (randn(&[4 * cu, cu], dt), randn(&[4 * cu], dt));
+    let (w_out, b_out) = (randn(&[cu, 4 * cu], dt), randn(&[cu], dt));
+
+    let h = x.layer_norm(&[cu], Some(&ln1_w), Some(&ln1_b), 1e-5)?;
+    let qkv = h.linear(&w_qkv, Some(&b_qkv))?;
+    let parts = qkv.split(cu, -1)?;
+    let heads_of = |p: &Tensor| p.reshape(&[b, t, heads as i64, hd])?.transpose(1, 2);
+    let (q, k, v) = (heads_of(&parts[0])?, heads_of(&parts[1])?, heads_of(&parts[2])?);
+    let scores = q.matmul(&k.transpose(-2, -1)?)?.to_dtype(DType::F32)? * (1.0 / (hd as f64).sqrt());
+    let causal = Tensor::ones(&[t as usize, t as usize], DType::Bool).tril(0)?;
+    let probs = coil::where_(&causal, &scores, f64::NEG_INFINITY)?.softmax(-1)?.to_dtype(dt)?;
+    let attn = probs.matmul(&v)?.transpose(1, 2)?.reshape(&[b, t, c])?;
+    let x = x + attn.linear(&w_proj, Some(&b_proj))?;
+    let m = x.layer_norm(&[cu], Some(&ln2_w), Some(&ln2_b), 1e-5)?;
+    let m = m.linear(&w_fc, Some(&b_fc))?.gelu(true)?.linear(&w_out, Some(&b_out))?;
+    Ok(&x + &m)
+}
+
+#[test]
+fn gpt2_block_fuses_everything_but_the_matmuls_into_few_kernels() {
+    coil::manual_seed(0);
+    let x = randn(&[2, 8, 32], DType::F32);
+    let y = gpt2_block(&x, 2).unwrap();
+    let (c, s) = summary(&[&y]);
+    let externs = s["extern_calls"].as_u64().unwrap();
+    assert_eq!(externs, 6, "every matmul is an extern call: {s}");
+    assert!(generated(&s) <= 6, "{} generated kernels: {:?}", generated(&s), names(&s));
+    insta::assert_snapshot!(snapshot_text(&c));
+}
+
+#[test]
+fn gpt2_block_compiled_matches_the_interpreter() {
+    let run = |backend| {
+        coil::set_backend(backend);
+        coil::manual_seed(7);
+        let x = randn(&[2, 8, 32], DType::F32);
+        gpt2_block(&x, 2).unwrap().to_vec::<f64>().unwrap()
+    };
+    let (interp, compiled) = (run(coil::Backend::Interpreter), run(coil::Backend::Compiled));
+    let num: f64 = interp.iter().zip(&compiled).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = interp.iter().map(|a| a * a).sum();
+    assert!((num / den).sqrt() < 1e-5, "relative error {}", (num / den).sqrt());
+}
+
+#[test]
+fn dumps_are_written_when_asked() {
+    let dir = std::env::temp_dir().join(format!("coil_dump_test_{}", std::process::id()));
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "softmax_is_one_kernel", "--nocapture"])
+        .env("COIL_DEBUG", &dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+    let graph = run.join("graph_0");
+    for f in [
+        "graph_captured.txt",
+        "graph_decomposed.txt",
+        "ir_pre_fusion.txt",
+        "ir_post_fusion.txt",
+        "schedule.txt",
+        "summary.json",
+    ] {
+        assert!(graph.join(f).is_file(), "{} is missing", graph.join(f).display());
+    }
+    let kernels: Vec<_> = std::fs::read_dir(graph.join("kernels")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(kernels.iter().any(|k| k.to_string_lossy().ends_with(".tile")), "{kernels:?}");
+    assert!(kernels.iter().any(|k| k.to_string_lossy().ends_with(".c")), "{kernels:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn full_sum_splits_into_two_reductions_and_matches_the_interpreter() {
+    let run = |backend| {
+        coil::set_backend(backend);
+        coil::manual_seed(11);
+        let x = randn(&[(1 << 20) + 3], DType::F32);
+        let s = x.sum_all().unwrap();
+        let kernels = (backend == coil::Backend::Compiled).then(|| generated(&summary(&[&s]).1));
+        (s.item::<f64>().unwrap(), kernels)
+    };
+    let ((reference, _), (compiled, kernels)) = (run(coil::Backend::Interpreter), run(coil::Backend::Compiled));
+    assert_eq!(kernels, Some(2), "partial sums, then the sum of the partials");
+    assert!((compiled - reference).abs() <= 1e-5 * reference.abs().max(1.0), "{compiled} vs {reference}");
+}
