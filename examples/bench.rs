@@ -8,15 +8,16 @@
 //! Each workload is a function that builds its (random normal) inputs at a scale and names a
 //! program `fn(&[Tensor]) -> Result<Vec<Tensor>>`; one mechanism ([`run`]) compiles the program
 //! once with `coil::inspect` (cold: the first compile of that graph in this process; the `cc`
-//! column says whether the C compiler ran or the disk cache answered), then times only
-//! `compiled.graph.run(&inputs)`: `--warmup` runs, then `--reps` timed runs, median, CPU wall
-//! clock. Outputs are checked against the reference interpreter run on float64 copies of the same
+//! column says whether the C or NVRTC compiler ran or the disk cache answered), then times only
+//! the compiled runs with `Compiled::time_runs`: `--warmup` runs, then `--reps` timed runs,
+//! median; CUDA events around each run on the GPU (`--device cuda`, full size by default), the
+//! wall clock on the CPU. Outputs are checked against the reference interpreter run on float64 copies of the same
 //! inputs: the programs write their casts relative to the input dtype (`wide(bf16) = f32`,
 //! `wide(f64) = f64`, and "cast back to the input dtype"), so on f64 inputs every cast is a no-op
 //! and the reference is the same formula evaluated in float64 throughout.
 //! `relerr = ||coil - ref|| / ||ref||` (the largest over a workload's outputs).
 //!
-//! Scale (`--scale F`, default 0.05 on the CPU): the leading dim (rows, batch; the length of a
+//! Scale (`--scale F`, default 0.05 on the CPU and 1 on the GPU): the leading dim (rows, batch; the length of a
 //! 1-D workload) is `max(1, round(n * F))`; other dims stay as WORKLOADS.md defines them, so rows
 //! keep their length (col_sum's summed dim is its leading dim and shrinks). The two matmul
 //! workloads also shrink their inner dims when F < 1: mlp's D and H become
@@ -40,7 +41,7 @@ const HELP: &str = "\
 usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
              [--warmup N] [--reps N] [--compare-interpreter] [--help]
 
-  --device D              cpu (the default device); cuda exits with status 2 (no CUDA backend yet)
+  --device D              cpu or cuda (default: cpu; cuda exits with status 2 when no GPU is usable)
   --only NAMES            run only these workloads (comma-separated WORKLOADS.md names)
   --scale F               size factor (default 0.05 on the CPU): leading (row/batch) dim, or the
                           length of a 1-D workload, becomes max(1, round(n*F)); inner dims stay,
@@ -291,6 +292,7 @@ struct Opts {
     warmup: usize,
     reps: usize,
     interp: bool,
+    device: coil::Device,
 }
 
 struct Row {
@@ -326,20 +328,17 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     if coil::realize(&refs(&c.inputs)).is_err() {
         with_backend(Backend::Interpreter, home, || coil::realize(&refs(&c.inputs)))?;
     }
-    let outs = (c.program)(&c.inputs)?;
+    let on_device: Vec<Tensor> = c.inputs.iter().map(|t| t.to_device(o.device)).collect::<Result<_>>()?;
+    let outs = (c.program)(&on_device)?;
     let compiled = coil::inspect(&refs(&outs))?;
-    let captured = coil::capture(&refs(&outs)); // the graph inputs, in the compiled graph's order
-    let bufs: Vec<&Buffer> = captured.inputs.iter().map(|b| b.as_ref()).collect();
-    for _ in 0..o.warmup {
-        compiled.graph.run(&bufs)?;
-    }
-    let mut times = Vec::with_capacity(o.reps);
-    let mut result = Vec::new();
-    for _ in 0..o.reps.max(1) {
-        let t = Instant::now();
-        result = compiled.graph.run(&bufs)?;
-        times.push(t.elapsed().as_secs_f64() * 1e6);
-    }
+    // The graph inputs, in the compiled graph's order, as host buffers (copied to the device
+    // once by the timer).
+    let captured = coil::capture(&refs(&outs));
+    let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
+    let bufs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
+    // Device time per run: CUDA events around each run on the GPU, the wall clock on the CPU.
+    let times = compiled.time_runs(&bufs, o.warmup, o.reps.max(1))?;
+    let result = compiled.run_host(&bufs)?;
 
     // Reference: the same program on f64 copies of the inputs, by the interpreter.
     let wide_inputs: Vec<Tensor> = c
@@ -397,7 +396,7 @@ fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
 }
 
 fn parse_args() -> std::result::Result<(Opts, Vec<String>, Option<String>), String> {
-    let mut o = Opts { scale: 0.05, warmup: 3, reps: 20, interp: false };
+    let mut o = Opts { scale: f64::NAN, warmup: 3, reps: 20, interp: false, device: coil::Device::Cpu };
     let (mut only, mut json) = (Vec::new(), None);
     let mut args = std::env::args().skip(1);
     let mut device = coil::Device::default().to_string();
@@ -423,17 +422,22 @@ fn parse_args() -> std::result::Result<(Opts, Vec<String>, Option<String>), Stri
             _ => return Err(format!("unknown argument {a:?}\n\n{HELP}")),
         }
     }
-    match device.as_str() {
-        "cpu" => {}
-        "cuda" => {
-            eprintln!(
-                "bench: the CUDA backend does not exist yet in coil (only the CPU backend runs); use --device cpu"
-            );
-            std::process::exit(2);
+    o.device = match device.as_str() {
+        "cpu" => coil::Device::Cpu,
+        "cuda" | "cuda:0" => {
+            if let Err(e) = coil_runtime::cuda::CudaDevice::get(0) {
+                eprintln!("bench: no CUDA device: {e}");
+                std::process::exit(2);
+            }
+            coil::Device::Cuda(0)
         }
         d => return Err(format!("unknown device {d:?} (cpu or cuda)")),
+    };
+    if o.scale.is_nan() {
+        // Full size on the GPU; on a small CPU, a scale that runs the suite in about a minute.
+        o.scale = if o.device == coil::Device::Cpu { 0.05 } else { 1.0 };
     }
-    if o.scale.is_nan() || o.scale <= 0.0 {
+    if o.scale <= 0.0 {
         return Err(format!("--scale must be > 0, got {}", o.scale));
     }
     for n in &only {
@@ -459,7 +463,10 @@ fn main() {
         eprintln!("bench: {e}");
         std::process::exit(2);
     });
-    let device = cpu_name();
+    let device = match o.device {
+        coil::Device::Cpu => cpu_name(),
+        coil::Device::Cuda(n) => coil_runtime::cuda::CudaDevice::get(n).map_or("cuda".into(), |d| d.name().to_string()),
+    };
     let home = coil::backend();
     println!("coil bench on {device}, scale {}, warmup {}, reps {} (median)", o.scale, o.warmup, o.reps);
     let mut header = format!(
@@ -510,7 +517,7 @@ fn main() {
             "relerr": r.relerr, "peak_bytes": r.peak_bytes,
         }));
     }
-    println!("(us: median of compiled.graph.run; rate: WORKLOADS.md min bytes or flops at this scale / us;");
+    println!("(us: median device time of one compiled run; rate: WORKLOADS.md min bytes or flops at this scale / us;");
     println!(" kern: generated kernels + extern calls; compile_s: cold compile; cc: C compiler seconds, or");
     println!(" `cached` on a disk-cache hit; relerr: against the f64 reference interpreter)");
     for (name, e) in &failures {

@@ -27,15 +27,17 @@
 //! the op set, the graph), `coil-passes` (decomposition), `coil-codegen`, `coil-runtime`
 //! (buffers, devices, the reference interpreter), `coil-frontend` (the `Tensor` API).
 
-pub use coil_frontend::compile::{inspect, Compiled, StageTimes};
+pub use coil_frontend::compile::{inspect, Compiled, Executable, StageTimes};
 pub use coil_frontend::ops::linalg::*;
 pub use coil_frontend::ops::nn::*;
 pub use coil_frontend::ops::shape::*;
 pub use coil_frontend::{
-    backend, capture, manual_seed, pow, realize, set_backend, where_, Backend, Captured, IntoTensor, Tensor,
+    backend, capture, default_device, manual_seed, pow, realize, set_backend, set_default_device, where_, Backend,
+    Captured, IntoTensor, Storage, Tensor,
 };
 pub use coil_ir::{DType, Error, ErrorKind, Graph, LossReduction, Result, Scalar, TensorMeta};
 pub use coil_passes::decompose;
+pub use coil_runtime::cuda::cuda_available;
 pub use coil_runtime::{Buffer, Device, Element, HostData};
 
 /// The IR, for programs that inspect graphs.

@@ -7,10 +7,13 @@
 //!   prelude of helpers that reproduce the reference interpreter's semantics); the runtime
 //!   compiles it with the system `cc` and calls each kernel as
 //!   `void NAME(char *const *args, int64_t *status)`.
+//! * [`cuda`]: [`emit_cuda`] turns tile kernels into one CUDA C translation unit for NVRTC,
+//!   with each kernel's launch shape ([`CudaModule`]).
 //!
 //! The contracts between these steps and their neighbours are in `docs/compiler.md`.
 
 pub mod c;
+pub mod cuda;
 #[cfg(test)]
 mod pipeline_tests;
 #[cfg(test)]
@@ -18,4 +21,5 @@ mod testutil;
 pub mod tile;
 
 pub use c::{emit_c, emit_kernel, status};
+pub use cuda::{emit_cuda, emit_cuda_kernel_source, CudaKernel, CudaModule, Launch};
 pub use tile::build_kernel;

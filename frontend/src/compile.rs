@@ -8,9 +8,12 @@
 
 use crate::debug::{self, Dump};
 use crate::logs;
+use crate::storage::Storage;
 use coil_ir::kernel::{KernelKind, TileKernel};
 use coil_ir::{Graph, Result};
 use coil_runtime::cpu::CompiledGraph;
+use coil_runtime::cuda::{CudaBuffer, CudaCompiledGraph, CudaDevice};
+use coil_runtime::{Buffer, Device};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -27,9 +30,16 @@ pub struct StageTimes {
     pub total: f64,
 }
 
+/// The runnable form of a compiled graph, per device.
+pub enum Executable {
+    Cpu(CompiledGraph),
+    Cuda(CudaCompiledGraph),
+}
+
 /// A compiled graph and what it took to build it.
 pub struct Compiled {
-    pub graph: CompiledGraph,
+    pub executable: Executable,
+    pub device: Device,
     pub times: StageTimes,
     /// The generated kernels, in launch order (`None` for extern calls).
     pub kernels: Vec<Option<TileKernel>>,
@@ -55,7 +65,67 @@ pub struct Compiled {
 /// }
 /// ```
 pub fn inspect(outputs: &[&crate::Tensor]) -> Result<Arc<Compiled>> {
-    compile(&crate::capture(outputs).graph)
+    let captured = crate::capture(outputs);
+    compile(&captured.graph, captured.device)
+}
+
+impl Compiled {
+    /// Runs on inputs already on the graph's device (as [`crate::capture`] binds them).
+    pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
+        match &self.executable {
+            Executable::Cpu(g) => {
+                let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
+                let refs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
+                Ok(g.run(&refs)?.into_iter().map(|b| Storage::Host(Arc::new(b))).collect())
+            }
+            Executable::Cuda(g) => {
+                let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
+                let refs: Vec<&CudaBuffer> = on_device
+                    .iter()
+                    .map(|s| match s {
+                        Storage::Cuda(b) => b.as_ref(),
+                        Storage::Host(_) => unreachable!("moved to the device above"),
+                    })
+                    .collect();
+                Ok(g.run(&refs)?.into_iter().map(|b| Storage::Cuda(Arc::new(b))).collect())
+            }
+        }
+    }
+
+    /// Runs on host buffers and returns host buffers (copies to and from the device for CUDA).
+    pub fn run_host(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+        match &self.executable {
+            Executable::Cpu(g) => g.run(inputs),
+            Executable::Cuda(g) => g.run_host(inputs),
+        }
+    }
+
+    /// Device time of `reps` runs after `warmup`, in microseconds each (CUDA events on the GPU;
+    /// the wall clock on the CPU). Inputs are host buffers, copied to the device once.
+    pub fn time_runs(&self, inputs: &[&Buffer], warmup: usize, reps: usize) -> Result<Vec<f64>> {
+        match &self.executable {
+            Executable::Cpu(g) => {
+                for _ in 0..warmup {
+                    g.run(inputs)?;
+                }
+                (0..reps)
+                    .map(|_| {
+                        let t = Instant::now();
+                        g.run(inputs)?;
+                        Ok(t.elapsed().as_secs_f64() * 1e6)
+                    })
+                    .collect()
+            }
+            Executable::Cuda(g) => {
+                let device = CudaDevice::get(match self.device {
+                    Device::Cuda(n) => n,
+                    Device::Cpu => 0,
+                })?;
+                let on_device = inputs.iter().map(|b| CudaBuffer::from_host(&device, b)).collect::<Result<Vec<_>>>()?;
+                g.time_runs(&on_device.iter().collect::<Vec<_>>(), warmup, reps)
+            }
+        }
+    }
 }
 
 fn cache() -> &'static Mutex<HashMap<String, Arc<Compiled>>> {
@@ -68,18 +138,19 @@ pub fn compile_count() -> usize {
     cache().lock().map(|c| c.len()).unwrap_or(0)
 }
 
-/// Compiles a captured graph, or returns the cached compilation of an identical one.
-pub fn compile(captured: &Graph) -> Result<Arc<Compiled>> {
-    let key = captured.print(false);
+/// Compiles a captured graph for a device, or returns the cached compilation of an identical
+/// one.
+pub fn compile(captured: &Graph, device: Device) -> Result<Arc<Compiled>> {
+    let key = format!("{device}\n{}", captured.print(false));
     if let Some(hit) = cache().lock().expect("compile cache").get(&key) {
         return Ok(hit.clone());
     }
-    let compiled = Arc::new(compile_uncached(captured)?);
+    let compiled = Arc::new(compile_uncached(captured, device)?);
     cache().lock().expect("compile cache").insert(key, compiled.clone());
     Ok(compiled)
 }
 
-fn compile_uncached(captured: &Graph) -> Result<Compiled> {
+fn compile_uncached(captured: &Graph, device: Device) -> Result<Compiled> {
     let start = Instant::now();
     let mut times = StageTimes::default();
     let dump = Dump::new_graph();
@@ -110,29 +181,42 @@ fn compile_uncached(captured: &Graph) -> Result<Compiled> {
         .map(|k| (k.kind != KernelKind::Extern).then(|| coil_codegen::build_kernel(&program, k)))
         .collect();
     let generated: Vec<TileKernel> = kernels.iter().flatten().cloned().collect();
-    let source = coil_codegen::emit_c(&generated);
-    times.codegen = t.elapsed().as_secs_f64();
     for k in &generated {
         dump.write(&format!("kernels/{}.tile", k.name), || k.to_string());
-        dump.write(&format!("kernels/{}.c", k.name), || coil_codegen::emit_c(std::slice::from_ref(k)));
         logs::output_code(&k.name, &k.to_string());
     }
-
     let (program_view, schedule_view) = (program.clone(), schedule.clone());
-    let compiled = match CompiledGraph::new(program, schedule, kernels.clone(), &source) {
-        Ok(c) => c,
-        Err(e) => {
-            // Keep the source that failed next to the other dumps.
-            dump.write("kernels/graph.c", || source.clone());
-            return Err(e);
+    let built = match device {
+        Device::Cpu => {
+            let source = coil_codegen::emit_c(&generated);
+            times.codegen = t.elapsed().as_secs_f64();
+            for k in &generated {
+                dump.write(&format!("kernels/{}.c", k.name), || coil_codegen::emit_c(std::slice::from_ref(k)));
+            }
+            CompiledGraph::new(program, schedule, kernels.clone(), &source)
+                .map(|g| (g.compile_seconds(), Executable::Cpu(g)))
+                .inspect_err(|_| dump.write("kernels/graph.c", || source.clone()))
+        }
+        Device::Cuda(n) => {
+            let module = coil_codegen::cuda::emit_cuda(&generated)?;
+            times.codegen = t.elapsed().as_secs_f64();
+            for k in &generated {
+                let one = coil_codegen::cuda::emit_cuda(std::slice::from_ref(k))?;
+                dump.write(&format!("kernels/{}.cu", k.name), || one.source.clone());
+            }
+            CudaCompiledGraph::new(CudaDevice::get(n)?, program, schedule, kernels.clone(), &module)
+                .map(|g| (g.compile_seconds(), Executable::Cuda(g)))
+                .inspect_err(|_| dump.write("kernels/graph.cu", || module.source.clone()))
         }
     };
-    times.cc = compiled.compile_seconds();
+    // A failed build keeps the source that failed next to the other dumps (written above).
+    let (cc_seconds, executable) = built?;
+    times.cc = cc_seconds;
     times.total = start.elapsed().as_secs_f64();
     let schedule_text = debug::schedule_text(&program_view, &schedule_view, &kernels);
     dump.write("schedule.txt", || schedule_text.clone());
     logs::schedule(&schedule_text);
     let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times);
     dump.write("summary.json", || summary.clone());
-    Ok(Compiled { graph: compiled, times, kernels, pre_fusion, post_fusion, summary, dump_dir: dump.dir().cloned() })
+    Ok(Compiled { executable, device, times, kernels, pre_fusion, post_fusion, summary, dump_dir: dump.dir().cloned() })
 }

@@ -13,6 +13,7 @@ pub mod debug;
 pub mod logs;
 pub mod ops;
 pub mod realize;
+pub mod storage;
 pub mod tensor;
 
 pub use ops::linalg::linear;
@@ -20,4 +21,5 @@ pub use ops::nn::{embedding, scaled_dot_product_attention, CrossEntropyOptions, 
 pub use ops::pointwise::{pow, where_, IntoTensor};
 pub use ops::shape::{cat, stack};
 pub use realize::{backend, capture, realize, set_backend, Backend, Captured};
-pub use tensor::{manual_seed, wrap_dim, Tensor};
+pub use storage::Storage;
+pub use tensor::{default_device, manual_seed, set_default_device, wrap_dim, Tensor};

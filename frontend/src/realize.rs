@@ -4,18 +4,21 @@
 //! as one [`Graph`]; computed tensors enter it as inputs. [`realize`] captures, decomposes to
 //! primitives and runs the graph, then binds the results to the tensors.
 
+use crate::storage::Storage;
 use crate::tensor::Tensor;
 use coil_ir::{Graph, NodeId, Result};
-use coil_runtime::Buffer;
+use coil_runtime::{Buffer, Device};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-/// A captured graph and the buffers bound to its inputs.
+/// A captured graph and the storage bound to its inputs.
 pub struct Captured {
     pub graph: Graph,
-    /// One buffer per graph input, in input order.
-    pub inputs: Vec<Arc<Buffer>>,
+    /// One computed tensor's elements per graph input, in input order.
+    pub inputs: Vec<Storage>,
+    /// The device the graph runs on (its outputs' device).
+    pub device: Device,
 }
 
 /// Records the pending computation behind `outputs` as one graph.
@@ -57,7 +60,7 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
     let mut ids: HashMap<usize, NodeId> = HashMap::new();
     for t in order.iter().filter(|t| t.is_realized()) {
         ids.insert(key(t), graph.input(t.meta().clone()));
-        inputs.push(t.0.buffer.get().expect("realized").clone());
+        inputs.push(t.0.storage.get().expect("realized").clone());
     }
     for t in order.iter().filter(|t| !t.is_realized()) {
         let id = if t.0.op.is_leaf() {
@@ -69,19 +72,23 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
         ids.insert(key(t), id);
     }
     graph.outputs = outputs.iter().map(|t| ids[&key(t)]).collect();
-    Captured { graph, inputs }
+    let device = outputs.first().map_or(Device::Cpu, |t| t.device());
+    Captured { graph, inputs, device }
 }
 
-/// Computes every pending tensor among `outputs` and binds the results to them.
+/// Computes every pending tensor among `outputs` and binds the results to them: one graph per
+/// device.
 pub fn realize(outputs: &[&Tensor]) -> Result<()> {
     let pending: Vec<&Tensor> = outputs.iter().copied().filter(|t| !t.is_realized()).collect();
-    if pending.is_empty() {
-        return Ok(());
-    }
-    let captured = capture(&pending);
-    let results = run(&captured)?;
-    for (t, buffer) in pending.iter().zip(results) {
-        let _ = t.0.buffer.set(Arc::new(buffer));
+    let mut devices: Vec<Device> = pending.iter().map(|t| t.device()).collect();
+    devices.dedup();
+    for device in devices {
+        let group: Vec<&Tensor> = pending.iter().copied().filter(|t| t.device() == device).collect();
+        let captured = capture(&group);
+        let results = run(&captured)?;
+        for (t, storage) in group.iter().zip(results) {
+            let _ = t.0.storage.set(storage);
+        }
     }
     Ok(())
 }
@@ -125,14 +132,17 @@ pub fn backend() -> Backend {
     })
 }
 
-/// Runs a captured graph on the current backend.
-fn run(captured: &Captured) -> Result<Vec<Buffer>> {
-    let inputs: Vec<&Buffer> = captured.inputs.iter().map(|b| b.as_ref()).collect();
+/// Runs a captured graph on the current backend and its device.
+fn run(captured: &Captured) -> Result<Vec<Storage>> {
     match backend() {
         Backend::Interpreter => {
+            // The oracle runs on the host whatever the device; results go back to the device.
             let primitive = coil_passes::decompose(&captured.graph)?;
-            coil_runtime::interpret(&primitive, &inputs)
+            let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
+            let inputs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
+            let outputs = coil_runtime::interpret(&primitive, &inputs)?;
+            outputs.into_iter().map(|b| Storage::Host(Arc::new(b)).to_device(captured.device)).collect()
         }
-        Backend::Compiled => crate::compile::compile(&captured.graph)?.graph.run(&inputs),
+        Backend::Compiled => crate::compile::compile(&captured.graph, captured.device)?.run(&captured.inputs),
     }
 }

@@ -1,6 +1,7 @@
 //! The lazy [`Tensor`]: a node of a DAG that is only computed when a value is asked for.
 
 use crate::realize;
+use crate::storage::Storage;
 use coil_ir::infer::{self, Operand};
 use coil_ir::{DType, Error, Op, RandDist, Result, Scalar, TensorMeta};
 use coil_runtime::{Buffer, Device, Element};
@@ -34,12 +35,25 @@ pub(crate) struct TensorNode {
     pub(crate) device: Device,
     pub(crate) location: Option<&'static Location<'static>>,
     /// Set once the value is computed (or at creation for data).
-    pub(crate) buffer: OnceLock<Arc<Buffer>>,
+    pub(crate) storage: OnceLock<Storage>,
 }
 
 thread_local! {
     /// The random stream: (seed, next offset). Each random op takes `numel` counters.
     static RNG: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// Where creation functions (`zeros`, `full`, `arange`, `randn`, ...) put new tensors.
+    static DEFAULT_DEVICE: Cell<Device> = const { Cell::new(Device::Cpu) };
+}
+
+/// Sets the device new tensors are created on by this thread (like `torch.set_default_device`);
+/// the CPU unless set. Tensors made from data (`from_vec`) start on the CPU regardless.
+pub fn set_default_device(device: Device) {
+    DEFAULT_DEVICE.with(|d| d.set(device));
+}
+
+/// The device new tensors are created on by this thread.
+pub fn default_device() -> Device {
+    DEFAULT_DEVICE.with(|d| d.get())
 }
 
 /// Seeds the thread's random stream (like `torch.manual_seed`).
@@ -57,15 +71,58 @@ pub(crate) fn next_random(n: usize) -> (u64, u64) {
 }
 
 impl Tensor {
+    /// A pending leaf (constant, iota, random) on this thread's default device.
     fn leaf(op: Op, meta: TensorMeta, location: Option<&'static Location<'static>>) -> Tensor {
-        Tensor(Arc::new(TensorNode { op, srcs: vec![], meta, device: Device::Cpu, location, buffer: OnceLock::new() }))
+        let device = default_device();
+        Tensor(Arc::new(TensorNode { op, srcs: vec![], meta, device, location, storage: OnceLock::new() }))
     }
 
-    /// A tensor holding a computed buffer.
+    /// A tensor holding a computed host buffer.
     pub fn from_buffer(buffer: Buffer) -> Tensor {
-        let t = Tensor::leaf(Op::Input { index: 0 }, buffer.meta(), None);
-        let _ = t.0.buffer.set(Arc::new(buffer));
-        t
+        Tensor::from_storage(Storage::Host(Arc::new(buffer)))
+    }
+
+    /// A tensor holding computed elements, on the storage's device.
+    pub fn from_storage(storage: Storage) -> Tensor {
+        let node = TensorNode {
+            op: Op::Input { index: 0 },
+            srcs: vec![],
+            meta: storage.meta(),
+            device: storage.device(),
+            location: None,
+            storage: OnceLock::new(),
+        };
+        let _ = node.storage.set(storage);
+        Tensor(Arc::new(node))
+    }
+
+    /// This tensor on `device`. Pending constants and random leaves are simply recorded on the
+    /// new device; anything else is computed first and its elements copied.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_runtime::Device;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    /// assert_eq!(x.to_device(Device::Cpu).unwrap().device(), Device::Cpu);
+    /// ```
+    #[track_caller]
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        if self.0.op.is_leaf() && !self.is_realized() {
+            let node = TensorNode {
+                op: self.0.op.clone(),
+                srcs: vec![],
+                meta: self.meta().clone(),
+                device,
+                location: self.0.location,
+                storage: OnceLock::new(),
+            };
+            return Ok(Tensor(Arc::new(node)));
+        }
+        let storage = self.storage().map_err(|e| e.at(Location::caller()))?;
+        Ok(Tensor::from_storage(storage.to_device(device).map_err(|e| e.at(Location::caller()))?))
     }
 
     /// A tensor from row-major data.
@@ -183,11 +240,12 @@ impl Tensor {
     }
 
     /// Records `op` applied to `srcs`: infers the meta, and on error names the op, the operands
-    /// and the caller's line.
+    /// and the caller's line. Rust scalars take the device of the tensors they meet.
     pub(crate) fn record(op: Op, srcs: &[&Tensor], location: &'static Location<'static>) -> Result<Tensor> {
         let describe = || srcs.iter().map(|t| t.meta().to_string()).collect::<Vec<_>>();
-        let device = srcs.first().map_or(Device::Cpu, |t| t.device());
-        if let Some(other) = srcs.iter().find(|t| t.device() != device) {
+        let tensors = || srcs.iter().filter(|t| !t.is_weak_scalar());
+        let device = tensors().next().map_or(Device::Cpu, |t| t.device());
+        if let Some(other) = tensors().find(|t| t.device() != device) {
             return Err(Error::new(
                 coil_ir::ErrorKind::Device,
                 format!("expected all tensors on one device, found {device} and {}", other.device()),
@@ -198,13 +256,14 @@ impl Tensor {
         let operands: Vec<Operand> =
             srcs.iter().map(|t| Operand { meta: &t.0.meta, scalar: t.is_weak_scalar() }).collect();
         let meta = infer::infer(&op, &operands).map_err(|e| e.in_op(op.name(), describe()).at(location))?;
+        let srcs = srcs.iter().map(|&t| if t.is_weak_scalar() { t.to_device(device) } else { Ok(t.clone()) });
         Ok(Tensor(Arc::new(TensorNode {
             op,
-            srcs: srcs.iter().map(|&t| t.clone()).collect(),
+            srcs: srcs.collect::<Result<Vec<_>>>()?,
             meta,
             device,
             location: Some(location),
-            buffer: OnceLock::new(),
+            storage: OnceLock::new(),
         })))
     }
 
@@ -279,7 +338,7 @@ impl Tensor {
 
     /// Whether the value has been computed.
     pub fn is_realized(&self) -> bool {
-        self.0.buffer.get().is_some()
+        self.0.storage.get().is_some()
     }
 
     /// Computes the value (and every pending value it needs) now.
@@ -288,11 +347,17 @@ impl Tensor {
         realize::realize(&[self]).map_err(|e| e.at(Location::caller()))
     }
 
-    /// The computed buffer, realizing first.
+    /// The computed elements on the tensor's device, realizing first.
+    #[track_caller]
+    pub fn storage(&self) -> Result<Storage> {
+        self.realize()?;
+        Ok(self.0.storage.get().expect("realized").clone())
+    }
+
+    /// The computed elements in host memory (copied from the device for a CUDA tensor).
     #[track_caller]
     pub fn buffer(&self) -> Result<Arc<Buffer>> {
-        self.realize()?;
-        Ok(self.0.buffer.get().expect("realized").clone())
+        self.storage()?.to_host().map_err(|e| e.at(Location::caller()))
     }
 
     /// The elements in row-major order, converted to `T` as a cast would.

@@ -2,23 +2,47 @@
 
 use std::fmt;
 
-/// A device. Only the CPU exists so far; CUDA comes with the GPU backend.
+/// A device: the CPU, or the CUDA GPU of an ordinal.
+///
+/// The default is the first GPU when one is usable ([`crate::cuda_available`]), else the CPU:
 ///
 /// ```
-/// use coil_runtime::Device;
-/// assert_eq!(Device::default(), Device::Cpu);
+/// use coil_runtime::{cuda_available, Device};
+/// let expected = if cuda_available() { Device::Cuda(0) } else { Device::Cpu };
+/// assert_eq!(Device::default(), expected);
 /// assert_eq!(Device::Cpu.to_string(), "cpu");
+/// assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Device {
-    #[default]
     Cpu,
+    /// The CUDA device of this ordinal (`cuda:0` is the first GPU).
+    Cuda(usize),
+}
+
+impl Default for Device {
+    /// `Cuda(0)` when a GPU is usable, else `Cpu` (the check is cached, so this is cheap).
+    fn default() -> Device {
+        if crate::cuda::cuda_available() {
+            Device::Cuda(0)
+        } else {
+            Device::Cpu
+        }
+    }
+}
+
+impl Device {
+    /// True for a CUDA device.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
 }
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
         }
     }
 }

@@ -2,20 +2,28 @@
 //!
 //! It owns:
 //! * [`Buffer`]: a tensor's elements in host memory, typed by dtype ([`HostData`]);
-//! * [`Device`]: where tensors live and graphs run;
+//! * [`Device`]: where tensors live and graphs run (the CPU, or a CUDA GPU when one is usable);
 //! * [`interpret`]: the reference interpreter, which runs a primitive graph op by op on the CPU.
 //!   It is the oracle every compiled path is tested against, so it favours clarity over speed;
 //! * [`cpu`]: the CPU backend that runs compiled graphs ([`CompiledGraph`]): the system C
 //!   compiler and its on-disk cache of shared objects, kernel loading, matrix products through
 //!   the `gemm` crate, and fallback ops through the interpreter. Without a C compiler
-//!   ([`c_compiler`] is `None`) callers run graphs with the interpreter instead.
+//!   ([`c_compiler`] is `None`) callers run graphs with the interpreter instead;
+//! * [`cuda`]: the GPU backend ([`CudaCompiledGraph`]): devices and their streams
+//!   ([`CudaDevice`]), device buffers from a caching allocator ([`CudaBuffer`]), NVRTC
+//!   compilation to CUBINs with an on-disk cache, matrix products through cuBLASLt, fallback ops
+//!   through the interpreter. The CUDA libraries are loaded at run time: without them (or
+//!   without a GPU) everything else works, [`cuda_available`] is false, and the CUDA entry
+//!   points return an error saying what was searched.
 
 pub mod buffer;
 pub mod cpu;
+pub mod cuda;
 pub mod device;
 pub mod interp;
 
 pub use buffer::{Buffer, Element, HostData};
 pub use cpu::{c_compiler, CCompiler, CompiledGraph};
+pub use cuda::{cuda_available, CudaBuffer, CudaCompiledGraph, CudaDevice};
 pub use device::Device;
 pub use interp::interpret;

@@ -1,6 +1,6 @@
 //! Golden cases: tensor creation.
 
-use crate::{Inputs, Outputs};
+use super::{Inputs, Outputs};
 use coil::{DType, Tensor};
 
 pub fn run(name: &str, i: &Inputs) -> Option<Outputs> {

@@ -1,7 +1,7 @@
 //! Golden cases: linear algebra (matmul, mm, bmm, linear), nn functions (softmax, log_softmax,
 //! layer_norm, rms_norm, embedding, cross_entropy, mse_loss, scaled_dot_product_attention), the
 //! composite model blocks, and their `err_` cases.
-use crate::{Inputs, Outputs};
+use super::{Inputs, Outputs};
 use coil::*;
 
 pub fn run(name: &str, i: &Inputs) -> Option<Outputs> {

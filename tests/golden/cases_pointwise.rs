@@ -1,6 +1,6 @@
 //! Golden cases: pointwise math, comparisons, logic, casts and type promotion.
 
-use crate::{Inputs, Outputs};
+use super::{Inputs, Outputs};
 use coil::{pow, where_, DType, Result, Tensor};
 
 /// The coil method for a PyTorch unary function name; `None` for other names.

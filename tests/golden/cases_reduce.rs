@@ -1,6 +1,6 @@
 //! Golden cases: reductions and scans (sum, mean, prod, max/min, amax/amin, argmax/argmin, var,
 //! std, logsumexp, norm, all/any, cumsum) and their `err_` cases.
-use crate::{Inputs, Outputs};
+use super::{Inputs, Outputs};
 use coil::*;
 
 pub fn run(name: &str, i: &Inputs) -> Option<Outputs> {

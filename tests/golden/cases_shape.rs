@@ -1,7 +1,7 @@
 //! Golden cases: views, indexing and data movement (reshape, view, flatten, permute, expand,
 //! squeeze, slicing, select, index_select, gather, scatter, cat, stack, split, chunk, repeat, flip,
 //! pad, tril/triu, contiguous) and their `err_` cases.
-use crate::{Inputs, Outputs};
+use super::{Inputs, Outputs};
 use coil::*;
 
 pub fn run(name: &str, i: &Inputs) -> Option<Outputs> {

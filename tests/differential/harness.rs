@@ -1,3 +1,6 @@
+//! The differential-test harness, shared by `tests/differential/main.rs` (CPU) and
+//! `tests/gpu.rs` (CUDA).
+//!
 //! Differential tests: random programs run compiled and on the reference interpreter, on random
 //! data (never zeros), must agree within the dtype's tolerance.
 //!
@@ -46,8 +49,8 @@ impl Inputs {
         Inputs(vec![(shape.clone(), a), (shape, b)])
     }
 
-    fn tensors(&self) -> Vec<Tensor> {
-        self.0.iter().map(|(s, v)| Tensor::from_slice(v, s).unwrap()).collect()
+    fn tensors(&self, device: coil::Device) -> Vec<Tensor> {
+        self.0.iter().map(|(s, v)| Tensor::from_slice(v, s).unwrap().to_device(device).unwrap()).collect()
     }
 }
 
@@ -106,9 +109,15 @@ fn program(seed: u64, inputs: &[Tensor]) -> coil::Result<(Vec<Tensor>, bool)> {
 }
 
 /// Runs the program on one backend; `None` when it is not a valid program (shape errors).
-fn run(seed: u64, inputs: &Inputs, backend: Backend) -> Option<(coil::Result<Vec<Vec<f64>>>, bool)> {
+fn run(
+    seed: u64,
+    inputs: &Inputs,
+    backend: Backend,
+    device: coil::Device,
+) -> Option<(coil::Result<Vec<Vec<f64>>>, bool)> {
     coil::set_backend(backend);
-    let (outs, bf16) = program(seed, &inputs.tensors()).ok()?;
+    coil::set_default_device(device);
+    let (outs, bf16) = program(seed, &inputs.tensors(device)).ok()?;
     Some((outs.iter().map(|t| t.to_vec::<f64>()).collect(), bf16))
 }
 
@@ -129,15 +138,17 @@ fn rel_error(a: &[f64], b: &[f64]) -> f64 {
     }
 }
 
-fn check(seed: u64) -> Result<bool, String> {
+fn check(seed: u64, device: coil::Device) -> Result<bool, String> {
     let mut rng = Rng(seed ^ 0xC011);
     let inputs = Inputs::new(&mut rng);
-    let Some((reference, bf16)) = run(seed, &inputs, Backend::Interpreter) else { return Ok(false) };
-    let (compiled, _) = run(seed, &inputs, Backend::Compiled).expect("the program was valid on the interpreter");
+    let Some((reference, bf16)) = run(seed, &inputs, Backend::Interpreter, coil::Device::Cpu) else { return Ok(false) };
+    let (compiled, _) =
+        run(seed, &inputs, Backend::Compiled, device).expect("the program was valid on the interpreter");
     let tolerance = if bf16 { 2e-2 } else { 1e-4 };
     let describe = || {
         coil::set_backend(Backend::Interpreter);
-        let (outs, _) = program(seed, &inputs.tensors()).unwrap();
+        coil::set_default_device(coil::Device::Cpu);
+        let (outs, _) = program(seed, &inputs.tensors(coil::Device::Cpu)).unwrap();
         coil::capture(&outs.iter().collect::<Vec<_>>()).graph.to_string()
     };
     match (reference, compiled) {
@@ -160,8 +171,9 @@ fn check(seed: u64) -> Result<bool, String> {
     }
 }
 
-#[test]
-fn compiled_programs_agree_with_the_interpreter() {
+/// Runs the random programs compiled on `device` against the interpreter; reports every
+/// disagreement at once.
+pub fn check_all(device: coil::Device) {
     let seeds: Vec<u64> = match std::env::var("COIL_DIFF_SEED") {
         Ok(s) => vec![s.parse().expect("COIL_DIFF_SEED is a number")],
         Err(_) => (0..300).collect(),
@@ -169,13 +181,13 @@ fn compiled_programs_agree_with_the_interpreter() {
     let mut failures = Vec::new();
     let mut valid = 0;
     for seed in seeds {
-        match check(seed) {
+        match check(seed, device) {
             Ok(true) => valid += 1,
             Ok(false) => {}
             Err(e) => failures.push(e),
         }
     }
-    println!("differential: {valid} valid programs, {} disagree", failures.len());
+    println!("differential on {device}: {valid} valid programs, {} disagree", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     assert!(valid >= 200, "only {valid} of the random programs were valid");
 }

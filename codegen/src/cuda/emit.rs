@@ -1,0 +1,461 @@
+//! The kernel emitter: one tile kernel to one `__global__` function (see the module docs of
+//! [`super`] for the code shapes).
+//!
+//! Variables keep the tile IR's numbers, as in the C backend: `tmpN` is a value, `accN` the
+//! per-thread accumulator of reduction `tmpN`, `redN` its row-wide result, `wN` the elements of
+//! the vector load of `tmpN`, `sN` those of a vector store. Scalar expressions come from the C
+//! backend's `ops`, so both backends compute alike.
+
+use super::launch::{Plan, MAX_ACCESS_BYTES};
+use super::ops;
+use coil_ir::kernel::{rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
+use coil_ir::op::RandDist;
+use coil_ir::sym::{Expr, ExprKind};
+use coil_ir::{DType, ReduceOp};
+use indexmap::{IndexMap, IndexSet};
+use std::fmt::Write;
+
+/// Every statement of a body, loops flattened.
+pub(super) fn flat(stmts: &[TileStmt]) -> Vec<&TileStmt> {
+    stmts.iter().flat_map(|s| if let TileStmt::RLoop(b) = s { flat(b) } else { vec![s] }).collect()
+}
+
+/// The variables a statement reads.
+fn reads(s: &TileStmt) -> Vec<Var> {
+    match s {
+        TileStmt::Let { op, .. } => match *op {
+            TileOp::MaskedLoad { mask, .. } => vec![mask],
+            TileOp::IndirectLoad { indirect, .. } => vec![indirect],
+            TileOp::Unary(_, a) | TileOp::Cast(a) => vec![a],
+            TileOp::Binary(_, a, b) => vec![a, b],
+            TileOp::Where(c, a, b) => vec![c, a, b],
+            _ => vec![],
+        },
+        TileStmt::Store { value, .. } | TileStmt::AccUpdate { value, .. } => vec![*value],
+        TileStmt::Reduce { source, .. } => vec![*source],
+        _ => vec![],
+    }
+}
+
+/// Whether `e` is a multiple of `n` for every binding (from its canonical form).
+fn divisible(e: Expr, n: i64) -> bool {
+    if n == 1 || e.modulo(n).const_value() == Some(0) {
+        return true;
+    }
+    match &*e.kind() {
+        ExprKind::Const(c) => c % n == 0,
+        ExprKind::Mul { coeff, .. } => coeff % n == 0,
+        ExprKind::Add { terms, constant } => {
+            constant % n == 0 && terms.iter().all(|&(t, c)| c % n == 0 || divisible(t, n))
+        }
+        _ => false,
+    }
+}
+
+/// How the elements of a thread's group reach a buffer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// The same element for the whole group.
+    Uniform,
+    /// Consecutive elements from an offset that is a multiple of `piece`: vector accesses.
+    Vector { piece: usize },
+    /// Anything else: one access per element.
+    Scalar,
+}
+
+/// A thread's group of `vec` consecutive positions along the fast index (`xindex` of a
+/// pointwise kernel, `rindex` of a reduction): position `vec * group + i`.
+#[derive(Clone)]
+struct Group {
+    fast: Expr,
+    /// `vec * group + i`, and `vec * group` (the first element).
+    pos: Expr,
+    base: Expr,
+    i: Expr,
+    vec: usize,
+    /// How the element loop indexes per-thread arrays (persistent values read by later passes).
+    arr: String,
+}
+
+impl Group {
+    /// `groups` full groups: the substitution `fast -> vec * group + i` respects `fast`'s range.
+    fn new(fast: Expr, group: &str, groups: i64, vec: usize, arr: &str) -> Group {
+        let g = Expr::index(group, groups);
+        // A group of one needs no `i` in its indices.
+        let i = if vec > 1 { Expr::index("i", vec as i64) } else { Expr::int(0) };
+        let base = g * vec as i64;
+        Group { fast, pos: base + i, base, i, vec, arr: arr.to_string() }
+    }
+
+    fn at(&self, index: Expr, p: Expr) -> Expr {
+        index.substitute(&IndexMap::from([(self.fast, p)]))
+    }
+
+    fn access(&self, index: Expr, dtype: DType) -> Access {
+        let (e1, e0) = (self.at(index, self.pos), self.at(index, self.base));
+        let piece = self.vec.min((MAX_ACCESS_BYTES / dtype.size_bytes()).max(1));
+        if e1 == e0 {
+            Access::Uniform
+        } else if self.vec > 1 && e1 - e0 == self.i && divisible(e0, piece as i64) {
+            Access::Vector { piece }
+        } else {
+            Access::Scalar
+        }
+    }
+}
+
+/// The emitter of one kernel.
+pub(super) struct Gen<'a> {
+    k: &'a TileKernel,
+    plan: Plan,
+    xnumel: i64,
+    rnumel: i64,
+    pub(super) out: String,
+    indent: usize,
+    dtypes: IndexMap<Var, DType>,
+    /// The value each accumulator folds.
+    acc_source: IndexMap<Var, Var>,
+    /// Persistent `XR` values read by a later pass: per-thread arrays indexed by `Group::arr`.
+    arrays: IndexSet<Var>,
+    /// Pointwise values that are the same for a whole group: computed once per group.
+    uniform: IndexSet<Var>,
+    /// Inside a group: how indices map.
+    group: Option<Group>,
+    /// Per argument, the alignment in bytes its vector accesses need (checked at run time).
+    align: IndexMap<usize, usize>,
+}
+
+impl<'a> Gen<'a> {
+    pub(super) fn new(k: &'a TileKernel, plan: Plan, xnumel: i64, rnumel: i64) -> Gen<'a> {
+        let mut dtypes = IndexMap::new();
+        let mut acc_source = IndexMap::new();
+        for s in flat(&k.body) {
+            match s {
+                TileStmt::Let { var, dtype, .. } => {
+                    dtypes.insert(*var, *dtype);
+                }
+                TileStmt::Reduce { var, dtype, source, .. } => {
+                    dtypes.insert(*var, *dtype);
+                    if k.kind == KernelKind::PersistentReduction {
+                        acc_source.insert(*var, *source);
+                    }
+                }
+                TileStmt::AccUpdate { acc, value, .. } => {
+                    acc_source.insert(*acc, *value);
+                }
+                _ => {}
+            }
+        }
+        Gen {
+            k,
+            plan,
+            xnumel,
+            rnumel,
+            out: String::new(),
+            indent: 0,
+            dtypes,
+            acc_source,
+            arrays: IndexSet::new(),
+            uniform: IndexSet::new(),
+            group: None,
+            align: IndexMap::new(),
+        }
+    }
+
+    fn line(&mut self, text: &str) {
+        let _ = writeln!(self.out, "{:w$}{text}", "", w = self.indent * 4);
+    }
+
+    fn open(&mut self, text: &str) {
+        self.line(text);
+        self.indent += 1;
+    }
+
+    fn close(&mut self) {
+        self.indent -= 1;
+        self.line("}");
+    }
+
+    fn dtype(&self, v: Var) -> DType {
+        self.dtypes[&v]
+    }
+
+    /// How the current statement reads `v`.
+    fn r(&self, v: Var) -> String {
+        match &self.group {
+            Some(g) if self.arrays.contains(&v) => format!("tmp{v}[{}]", g.arr),
+            _ => format!("tmp{v}"),
+        }
+    }
+
+    /// An index expression as C; inside a group, in terms of the group's symbols.
+    fn index_c(&self, e: Expr) -> String {
+        match &self.group {
+            Some(g) => g.at(e, g.pos).to_c(),
+            None => e.to_c(),
+        }
+    }
+
+    /// The offset of a vector access: its index at the group's first element.
+    fn base_c(&self, e: Expr) -> String {
+        let g = self.group.as_ref().expect("a vector access inside a group");
+        g.at(e, g.base).to_c()
+    }
+
+    fn access(&self, index: Expr, arg: usize) -> Access {
+        self.group.as_ref().map_or(Access::Scalar, |g| g.access(index, self.k.args[arg].dtype))
+    }
+
+    /// `(arg, index, piece)` of a vector load or store.
+    fn vector_access(&self, s: &TileStmt) -> Option<(usize, Expr, usize)> {
+        let (arg, index) = match s {
+            TileStmt::Let { op: TileOp::Load { arg, index }, .. } | TileStmt::Store { arg, index, .. } => {
+                (*arg, *index)
+            }
+            _ => return None,
+        };
+        match self.access(index, arg) {
+            Access::Vector { piece } => Some((arg, index, piece)),
+            _ => None,
+        }
+    }
+
+    /// Records the alignment the vector accesses among `stmts` need.
+    fn note_alignment(&mut self, stmts: &[&TileStmt]) {
+        for s in stmts {
+            if let Some((arg, _, piece)) = self.vector_access(s) {
+                let bytes = piece * self.k.args[arg].dtype.size_bytes();
+                let e = self.align.entry(arg).or_insert(1);
+                *e = (*e).max(bytes);
+            }
+        }
+    }
+
+    /// `const bool aligned = ...;`: whether every vector-accessed buffer is aligned enough.
+    fn alignment_check(&mut self) {
+        if self.align.is_empty() {
+            return;
+        }
+        let conds: Vec<String> =
+            (self.align.iter()).map(|(&a, &b)| format!("(uint64_t){} % {b} == 0", self.k.args[a].name)).collect();
+        self.line("/* vector accesses need aligned buffers (cudaMalloc's are); else element by element */");
+        self.line(&format!("const bool aligned = {};", conds.join(" && ")));
+    }
+
+    pub(super) fn kernel(&mut self) {
+        let (k, p) = (self.k, self.plan);
+        let mut header = format!("/* {}: {}, xnumel = {}", k.name, k.kind.name(), self.xnumel);
+        if k.rnumel.is_some() {
+            let _ = write!(header, ", rnumel = {}", self.rnumel);
+        }
+        let _ = write!(header, "; grid {} x block {}; groups of {}", p.launch.grid, p.launch.block, p.vec);
+        if k.kind != KernelKind::Pointwise {
+            let _ = write!(header, ", {} threads per row", p.lanes);
+        }
+        self.line(&(header + " */"));
+        let mut params: Vec<String> = (k.args.iter())
+            .map(|a| format!("{}{} *{}", if a.written { "" } else { "const " }, ops::storage_type(a.dtype), a.name))
+            .collect();
+        params.push("int64_t *status".into());
+        let head = format!("extern \"C\" __global__ void __launch_bounds__({}) {}", p.launch.block, k.name);
+        self.line(&format!("{head}({})", params.join(", ")));
+        self.open("{");
+        self.line("(void)status;");
+        self.line(&format!("const int64_t xnumel = {};", self.xnumel));
+        match k.kind {
+            KernelKind::Pointwise => self.pointwise(),
+            _ => self.reduction(),
+        }
+        self.close();
+    }
+
+    /// A grid-stride loop over groups of `vec` outputs: full groups take the vector path,
+    /// the last partial one goes element by element.
+    fn pointwise(&mut self) {
+        let vec = self.plan.vec as i64;
+        let k = self.k;
+        let body: Vec<&TileStmt> = k.body.iter().collect();
+        let (groups, full) = ((self.xnumel + vec - 1) / vec, self.xnumel / vec);
+        if full > 0 {
+            self.group = Some(Group::new(xindex(&k.xnumel), "xvec", full, vec as usize, "i"));
+            self.note_alignment(&body);
+            self.find_uniform(&body);
+        }
+        self.alignment_check();
+        self.open(&format!(
+            "for (int64_t xvec = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; xvec < {groups}; \
+             xvec += (int64_t)gridDim.x * blockDim.x) {{"
+        ));
+        if full > 0 {
+            if full < groups {
+                self.open(&format!("if (xvec < {full}) {{"));
+            }
+            self.line(&format!("/* a full group: xindex = {vec}*xvec + i */"));
+            let (uniform, rest): (Vec<&TileStmt>, Vec<&TileStmt>) = body.iter().partition(|s| self.is_uniform(s));
+            for s in uniform {
+                self.stmt(s);
+            }
+            self.group_body(&rest);
+            self.group = None;
+            if full < groups {
+                self.indent -= 1;
+                self.open("} else {");
+            }
+        }
+        if full < groups {
+            self.line("/* the last, partial group: element by element */");
+            self.open(&format!("for (int i = 0; i < {vec}; i++) {{"));
+            self.line(&format!("const int64_t xindex = {vec} * xvec + i;"));
+            self.line("if (xindex >= xnumel) break;");
+            for s in &body {
+                self.stmt(s);
+            }
+            self.close();
+            if full > 0 {
+                self.close();
+            }
+        }
+        self.close();
+    }
+
+    /// Pointwise values the same for every element of a group: constants, broadcast loads and
+    /// what is computed from them only.
+    fn find_uniform(&mut self, body: &[&TileStmt]) {
+        for s in body {
+            let TileStmt::Let { var, op, .. } = s else { continue };
+            let g = self.group.as_ref().expect("inside a group");
+            let same = |e: Expr| g.access(e, DType::I64) == Access::Uniform;
+            let u = match op {
+                TileOp::Constant(_) => true,
+                TileOp::Load { index, .. } | TileOp::Index(index) => same(*index),
+                TileOp::Rand { counter, .. } => same(*counter),
+                TileOp::MaskedLoad { index, mask, .. } => same(*index) && self.uniform.contains(mask),
+                TileOp::IndirectLoad { index, indirect, .. } => same(*index) && self.uniform.contains(indirect),
+                _ => reads(s).iter().all(|v| self.uniform.contains(v)),
+            };
+            if u {
+                self.uniform.insert(*var);
+            }
+        }
+    }
+
+    fn is_uniform(&self, s: &TileStmt) -> bool {
+        matches!(s, TileStmt::Let { var, .. } if self.uniform.contains(var))
+    }
+
+    /// One group of elements: its vector loads, all issued before any use so that they are in
+    /// flight together; the element loop over `i`; then its vector stores.
+    fn group_body(&mut self, stmts: &[&TileStmt]) {
+        let vec = self.group.as_ref().expect("inside a group").vec;
+        let mut stores = Vec::new();
+        for (n, s) in stmts.iter().enumerate() {
+            let Some((arg, index, piece)) = self.vector_access(s) else { continue };
+            let (name, t) = (&self.k.args[arg].name, ops::storage_type(self.k.args[arg].dtype));
+            let at = self.base_c(index);
+            match s {
+                TileStmt::Let { var, .. } => self.line(&format!(
+                    "const coil_elems<{t}, {vec}> w{var} = coil_load<{t}, {vec}, {piece}>({name} + ({at}), aligned);"
+                )),
+                _ => {
+                    self.line(&format!("coil_elems<{t}, {vec}> s{n};"));
+                    stores.push(format!("coil_store<{t}, {vec}, {piece}>({name} + ({at}), s{n}, aligned);"));
+                }
+            }
+        }
+        if vec > 1 {
+            self.line("#pragma unroll");
+        }
+        self.open(&format!("for (int i = 0; i < {vec}; i++) {{"));
+        for (n, s) in stmts.iter().enumerate() {
+            match (s, self.vector_access(s)) {
+                (TileStmt::Store { value, .. }, Some((arg, ..))) => {
+                    let v = ops::store_value(&self.r(*value), self.dtype(*value), self.k.args[arg].dtype);
+                    self.line(&format!("s{n}.v[i] = {v};"));
+                }
+                _ => self.stmt(s),
+            }
+        }
+        self.close();
+        for s in stores {
+            self.line(&s);
+        }
+    }
+
+    /// A statement at the current level (row, group or element).
+    fn stmt(&mut self, s: &TileStmt) {
+        match s {
+            TileStmt::Let { var, dtype, op, .. } => {
+                let rhs = match self.vector_access(s) {
+                    Some((arg, ..)) => ops::load(&format!("w{var}.v"), "i", self.k.args[arg].dtype, *dtype),
+                    None => self.op_expr(op, *dtype),
+                };
+                if self.group.is_some() && self.arrays.contains(var) {
+                    self.line(&format!("{} = {rhs};", self.r(*var)));
+                } else {
+                    self.line(&format!("const {} tmp{var} = {rhs};", ops::compute_type(*dtype)));
+                }
+            }
+            TileStmt::Store { arg, index, value, dims } => {
+                let a = &self.k.args[*arg];
+                let v = ops::store_value(&self.r(*value), self.dtype(*value), a.dtype);
+                // A row's value is stored by the row's first thread only.
+                let row = self.k.kind != KernelKind::Pointwise && *dims == Dims::X;
+                let guard = if row { "if (rlane == 0) " } else { "" };
+                self.line(&format!("{guard}{}[{}] = {v};", a.name, self.index_c(*index)));
+            }
+            TileStmt::AccInit { acc, op, .. } => self.acc_init(*acc, *op),
+            TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
+            TileStmt::Reduce { var, op, dtype, source } if self.k.kind == KernelKind::LoopedReduction => {
+                self.acc_finish(*var, *op, *dtype, *source)
+            }
+            TileStmt::Reduce { var, op, source, .. } => self.acc_update(*var, *op, *source),
+            TileStmt::RLoop(body) => self.rloop(body),
+        }
+    }
+
+    /// The CUDA expression of `op`, a value of `out`.
+    fn op_expr(&self, op: &TileOp, out: DType) -> String {
+        let arg = |i: usize| (&self.k.args[i].name, self.k.args[i].dtype);
+        match op {
+            TileOp::Load { arg: i, index } => {
+                let (p, d) = arg(*i);
+                ops::load(p, &self.index_c(*index), d, out)
+            }
+            TileOp::MaskedLoad { arg: i, index, mask, other } => {
+                let (p, d) = arg(*i);
+                // The conditional never evaluates the load where the mask is off.
+                let load = ops::load(p, &self.index_c(*index), d, out);
+                format!("{} ? {load} : {}", self.r(*mask), ops::literal(*other, out))
+            }
+            TileOp::IndirectLoad { arg: i, index, indirect, stride, bound } => {
+                let (p, d) = arg(*i);
+                let v = self.r(*indirect);
+                let at = format!("({}) + ({})*{v}", self.index_c(*index), stride.to_c());
+                let bound = bound.to_c();
+                format!(
+                    "(0 <= {v} && {v} < {bound}) ? {} : coil_index_error(status, {v}, {bound})",
+                    ops::load(p, &at, d, out)
+                )
+            }
+            TileOp::Constant(c) => ops::literal(*c, out),
+            TileOp::Index(e) => ops::convert(&format!("(int64_t)({})", self.index_c(*e)), DType::I64, out),
+            TileOp::Rand { dist, seed, counter } => {
+                let f = if *dist == RandDist::Normal { "coil_rand_normal" } else { "coil_rand_uniform" };
+                let e = format!("{f}(UINT64_C({seed}), (uint64_t)({}))", self.index_c(*counter));
+                ops::convert(&e, DType::F64, out)
+            }
+            TileOp::Unary(u, a) => ops::unary(*u, &self.r(*a), self.dtype(*a), out),
+            TileOp::Binary(b, x, y) => ops::binary(*b, &self.r(*x), self.dtype(*x), &self.r(*y), self.dtype(*y), out),
+            TileOp::Where(c, x, y) => {
+                let x = ops::convert(&self.r(*x), self.dtype(*x), out);
+                let y = ops::convert(&self.r(*y), self.dtype(*y), out);
+                format!("{} ? {x} : {y}", self.r(*c))
+            }
+            TileOp::Cast(a) => ops::convert(&self.r(*a), self.dtype(*a), out),
+        }
+    }
+}
+
+/// Reduction kernels: a child module, so that it shares the emitter's private state.
+#[path = "reduce.rs"]
+mod reduce;

@@ -1,0 +1,154 @@
+//! CUDA C from the kernel IR, compiled at run time by NVRTC (see `docs/compiler.md`).
+//!
+//! One translation unit per graph ([`emit_cuda`]): the [`prelude`] and one kernel per
+//! [`TileKernel`], in order. Each generated kernel is
+//! `extern "C" __global__ void NAME(<one typed pointer per TileKernel arg, in order>, long long *status)`
+//! (`int64_t` is a typedef of `long long`; read-only buffers are `const`), launched with the
+//! [`Launch`] shape the generator chose. `status` has 4 words, zeroed by the caller; it is set as
+//! in the C backend ([`crate::status`]), first error wins (atomicCAS). The source depends on no
+//! CUDA header: f16/bf16 are 16-bit integers converted by the prelude. Compile it without
+//! `--use_fast_math` (NaN tests are `x != x`, and division and `expf` must be IEEE).
+//!
+//! Code shapes ([`launch::plan`] picks the numbers):
+//! * **Pointwise**: a grid-stride loop over *groups* of `vec` consecutive `xindex` values per
+//!   thread. In a full group, a load or store whose index is `xindex + c` with a suitably
+//!   aligned offset is one vector access (16 bytes at most per piece, [`prelude`]'s
+//!   `coil_load`/`coil_store`), all loads issued before the element loop; values the same for
+//!   the whole group (constants, broadcast loads) are computed once. The last, partial group
+//!   runs element by element. Buffer alignment is checked once at run time: a misaligned
+//!   buffer only turns vector accesses into scalar ones.
+//! * **Persistent reduction**: one warp per row (rows up to 256; several rows per block) or one
+//!   block per row; each thread holds `chunks` groups of `vec` consecutive row elements in
+//!   registers (compile-time-unrolled loops only). The body is split into passes as in the C
+//!   backend; an `XR` value read by a later pass stays in a per-thread array, never reloaded.
+//!   Each reduction folds into a per-thread accumulator, then `coil_reduce`: warp shuffles and,
+//!   for several warps, a shared-memory stage.
+//! * **Looped reduction**: one block per row; each `RLoop` strides over the row's groups with
+//!   vector loads where contiguous, into per-thread accumulators, then a block reduction.
+//!
+//! Accumulation: float sums and products of f16, bf16 and f32 accumulate in f32 (per thread,
+//! then a tree across threads, whose error stays near pairwise summation's), f64 ones in f64,
+//! integers in wrapping i64; max/min propagate NaN; argmax/argmin keep the first best index,
+//! NaN counting as the best, through the shuffles too. Row values are stored by the row's
+//! first thread. Out-of-range rows and row positions are never loaded, stored or reduced.
+//!
+//! The text is deterministic, and variables keep the tile IR's numbers (`tmpN`), so a kernel's
+//! `.tile`, `.c` and `.cu` read side by side.
+
+mod emit;
+pub mod launch;
+/// The C backend's scalar ops (types, conversions, literals, unary and binary ops), compiled
+/// once more here: the CUDA prelude defines every helper they call under the same name, so
+/// both backends share one definition of each op's semantics.
+/// (`crate::c` keeps its `ops` private; a `use` would need it `pub(crate)`.)
+#[allow(dead_code)] // `binary_may_fail` serves the C backend's OpenMP pragmas only
+#[allow(clippy::duplicate_mod)]
+#[path = "../c/ops.rs"]
+mod ops;
+mod prelude;
+#[cfg(test)]
+mod tests;
+
+pub use prelude::prelude;
+
+use coil_ir::kernel::{KernelKind, TileKernel, TileOp, TileStmt};
+use coil_ir::{BinaryOp, Error, Result, UnaryOp};
+
+/// Launch shape of one kernel: a 1-D grid of 1-D blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Blocks.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory, in bytes.
+    pub shared_bytes: u32,
+}
+
+/// One kernel of a [`CudaModule`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaKernel {
+    /// The `extern "C"` name, as in the [`TileKernel`].
+    pub name: String,
+    /// How to launch it.
+    pub launch: Launch,
+}
+
+/// A graph's CUDA source and how to launch each of its kernels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaModule {
+    /// One translation unit for NVRTC.
+    pub source: String,
+    /// The kernels of `source`, in the order given.
+    pub kernels: Vec<CudaKernel>,
+}
+
+/// One translation unit for `kernels`: the [`prelude`], then each kernel.
+///
+/// # Errors
+/// `Unsupported` for an extern kernel, a kernel with symbolic sizes, and ops the interpreter
+/// rejects on their dtypes (an integer result of true division or of a float-only function).
+pub fn emit_cuda(kernels: &[TileKernel]) -> Result<CudaModule> {
+    let mut source = prelude().to_string();
+    let mut out = Vec::new();
+    for k in kernels {
+        let (text, launch) = emit_one(k)?;
+        source.push('\n');
+        source.push_str(&text);
+        out.push(CudaKernel { name: k.name.clone(), launch });
+    }
+    Ok(CudaModule { source, kernels: out })
+}
+
+/// One kernel with the prelude before it: a complete translation unit, for dumps
+/// (`kernels/<name>.cu`). Errors as [`emit_cuda`].
+pub fn emit_cuda_kernel_source(kernel: &TileKernel) -> Result<String> {
+    Ok(format!("{}\n{}", prelude(), emit_one(kernel)?.0))
+}
+
+/// The text of one kernel (it needs the [`prelude`]) and its launch.
+pub fn emit_cuda_kernel(kernel: &TileKernel) -> Result<(String, Launch)> {
+    emit_one(kernel)
+}
+
+fn emit_one(k: &TileKernel) -> Result<(String, Launch)> {
+    let unsupported = |what: String| Err(Error::unsupported(format!("CUDA kernel {}: {what}", k.name)));
+    if k.kind == KernelKind::Extern {
+        return unsupported("an extern call has no generated code".into());
+    }
+    let Some(xnumel) = k.xnumel.const_value() else { return unsupported(format!("symbolic xnumel {}", k.xnumel)) };
+    let rnumel = match k.rnumel {
+        None => 1,
+        Some(r) => match r.const_value() {
+            Some(r) => r,
+            None => return unsupported(format!("symbolic rnumel {r}")),
+        },
+    };
+    if k.kind != KernelKind::Pointwise && k.rnumel.is_none() {
+        return unsupported("a reduction without rnumel".into());
+    }
+    check_ops(k)?;
+    let plan = launch::plan(k, xnumel, rnumel);
+    let mut g = emit::Gen::new(k, plan, xnumel, rnumel);
+    g.kernel();
+    Ok((g.out, plan.launch))
+}
+
+/// Rejects what the shared scalar ops would refuse (they panic: the IR is malformed).
+fn check_ops(k: &TileKernel) -> Result<()> {
+    use UnaryOp::*;
+    for s in emit::flat(&k.body) {
+        let TileStmt::Let { dtype, op, var, .. } = s else { continue };
+        let bad = match op {
+            TileOp::Unary(u, _) => {
+                !dtype.is_float() && !u.returns_bool() && !matches!(u, Neg | Abs | Sign | Floor | Ceil | Round | Trunc)
+            }
+            TileOp::Binary(BinaryOp::Div, ..) => !dtype.is_float(),
+            _ => false,
+        };
+        if bad {
+            return Err(Error::unsupported(format!("CUDA kernel {}: tmp{var} is {dtype}, not a float", k.name)));
+        }
+    }
+    Ok(())
+}

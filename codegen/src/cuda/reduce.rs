@@ -1,0 +1,269 @@
+//! Reduction kernels: the row loop, persistent passes over registers, looped passes over
+//! memory, and the accumulators.
+
+use super::*;
+
+/// A top-level piece of a persistent kernel: one statement, or a pass of `XR` statements and
+/// the reductions folded in it (as the C backend splits it).
+enum Piece<'s> {
+    Row(&'s TileStmt),
+    Pass(Vec<&'s TileStmt>),
+}
+
+/// The accumulator of a reduction: its C type, identity and combine functor.
+struct Acc {
+    ty: String,
+    init: String,
+    combine: &'static str,
+}
+
+impl<'a> Gen<'a> {
+    /// A persistent or looped reduction: a grid-stride loop over rows, `rows_per_block` rows
+    /// per block and `lanes` threads per row.
+    pub(super) fn reduction(&mut self) {
+        let p = self.plan;
+        self.line(&format!("const int rlane = threadIdx.x % {};", p.lanes));
+        for s in flat(&self.k.body) {
+            if let TileStmt::Reduce { var, op, .. } = s {
+                let acc = self.acc(*var, *op);
+                self.line(&format!("__shared__ {} smem{var}[{}];", acc.ty, p.warps_per_row()));
+            }
+        }
+        let pieces = if self.k.kind == KernelKind::PersistentReduction { self.pieces() } else { vec![] };
+        let nchunk = self.rnumel / p.vec as i64;
+        if nchunk > 0 {
+            let arr = if p.chunks > 1 { format!("k * {} + i", p.vec) } else { "i".to_string() };
+            self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, &arr));
+            let all = flat(&self.k.body);
+            self.note_alignment(&all);
+            self.find_arrays(&pieces);
+            self.group = None;
+        }
+        self.alignment_check();
+        let first = if p.rows_per_block > 1 {
+            format!("(int64_t)blockIdx.x * {} + threadIdx.x / {}", p.rows_per_block, p.lanes)
+        } else {
+            "(int64_t)blockIdx.x".to_string()
+        };
+        let step = if p.rows_per_block > 1 {
+            format!("(int64_t)gridDim.x * {}", p.rows_per_block)
+        } else {
+            "(int64_t)gridDim.x".to_string()
+        };
+        self.open(&format!("for (int64_t xindex = {first}; xindex < xnumel; xindex += {step}) {{"));
+        if self.k.kind == KernelKind::LoopedReduction {
+            let k = self.k;
+            for s in &k.body {
+                self.stmt(s);
+            }
+        } else {
+            let e = (p.chunks * p.vec).max(1);
+            for v in self.arrays.clone() {
+                self.line(&format!("{} tmp{v}[{e}];", ops::compute_type(self.dtype(v))));
+            }
+            for piece in pieces {
+                match piece {
+                    Piece::Row(s) => self.stmt(s),
+                    Piece::Pass(stmts) => self.persistent_pass(&stmts, nchunk),
+                }
+            }
+        }
+        self.close();
+    }
+
+    /// Splits a persistent body into row statements and passes (see the C backend).
+    fn pieces(&self) -> Vec<Piece<'a>> {
+        let mut pieces = Vec::new();
+        let mut open: Option<(Vec<&TileStmt>, Vec<Var>)> = None; // statements, reductions in it
+        for s in &self.k.body {
+            let xr = match s {
+                TileStmt::Let { dims, .. } | TileStmt::Store { dims, .. } => *dims == Dims::XR,
+                _ => true,
+            };
+            if !xr {
+                pieces.extend(open.take().map(|(l, _)| Piece::Pass(l)));
+                pieces.push(Piece::Row(s));
+                continue;
+            }
+            if open.as_ref().is_some_and(|(_, pending)| reads(s).iter().any(|v| pending.contains(v))) {
+                pieces.extend(open.take().map(|(l, _)| Piece::Pass(l)));
+            }
+            let (stmts, pending) = open.get_or_insert_with(Default::default);
+            stmts.push(s);
+            if let TileStmt::Reduce { var, .. } = s {
+                pending.push(*var);
+            }
+        }
+        pieces.extend(open.map(|(l, _)| Piece::Pass(l)));
+        pieces
+    }
+
+    /// Persistent `XR` values read by a later pass than their own stay in per-thread arrays.
+    fn find_arrays(&mut self, pieces: &[Piece]) {
+        let mut home = IndexMap::new();
+        for (n, p) in pieces.iter().enumerate() {
+            if let Piece::Pass(stmts) = p {
+                for s in stmts {
+                    if let TileStmt::Let { var, .. } = s {
+                        home.insert(*var, n);
+                    }
+                    for v in reads(s) {
+                        if home.get(&v).is_some_and(|&h| h != n) {
+                            self.arrays.insert(v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One pass of a persistent reduction over the thread's `chunks` groups in registers,
+    /// then the block-wide reductions it folded.
+    fn persistent_pass(&mut self, stmts: &[&TileStmt], nchunk: i64) {
+        let p = self.plan;
+        for s in stmts {
+            if let TileStmt::Reduce { var, op, .. } = s {
+                self.acc_init(*var, *op);
+            }
+        }
+        if nchunk > 0 {
+            let arr = if p.chunks > 1 { format!("k * {} + i", p.vec) } else { "i".to_string() };
+            let all_full = (p.chunks * p.lanes) as i64 == nchunk;
+            if p.chunks > 1 {
+                self.line("#pragma unroll");
+                self.open(&format!("for (int k = 0; k < {}; k++) {{", p.chunks));
+                self.line(&format!("const int64_t rchunk = k * {} + rlane;", p.lanes));
+            } else {
+                self.open("{");
+                self.line("const int64_t rchunk = rlane;");
+            }
+            if !all_full {
+                self.open(&format!("if (rchunk < {nchunk}) {{"));
+            }
+            self.line(&format!("/* rindex = {}*rchunk + i */", p.vec));
+            self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, &arr));
+            self.group_body(stmts);
+            self.group = None;
+            if !all_full {
+                self.close();
+            }
+            self.close();
+        }
+        for s in stmts {
+            if let TileStmt::Reduce { var, op, dtype, .. } = s {
+                self.acc_finish(*var, *op, *dtype, *var);
+            }
+        }
+    }
+
+    /// One pass of a looped reduction: the row's threads stride over its groups.
+    pub(super) fn rloop(&mut self, body: &[TileStmt]) {
+        let p = self.plan;
+        let nchunk = self.rnumel / p.vec as i64;
+        if nchunk == 0 {
+            return;
+        }
+        self.open(&format!("for (int64_t rchunk = rlane; rchunk < {nchunk}; rchunk += {}) {{", p.lanes));
+        self.line(&format!("/* rindex = {}*rchunk + i */", p.vec));
+        self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, "i"));
+        let stmts: Vec<&TileStmt> = body.iter().collect();
+        self.group_body(&stmts);
+        self.group = None;
+        self.close();
+    }
+
+    /// The accumulator of reduction `acc` (of result dtype `out`), as the C backend's except
+    /// that float sums and products of f16/bf16/f32 accumulate in f32 (per thread, then a
+    /// tree across lanes, which keeps the error near pairwise summation's; f64 halves the
+    /// shuffle and register budget) and f64 ones in f64.
+    fn acc(&self, acc: Var, op: ReduceOp) -> Acc {
+        let src = self.dtype(self.acc_source[&acc]);
+        let out = self.dtype(acc);
+        let max = matches!(op, ReduceOp::Max | ReduceOp::ArgMax);
+        let float = if src == DType::F64 { "double" } else { "float" };
+        let (ty, init, combine): (String, String, &'static str) = match op {
+            ReduceOp::Sum | ReduceOp::Prod if out.is_float() => {
+                let t = if out == DType::F64 { "double" } else { "float" };
+                let init = if op == ReduceOp::Sum { "0" } else { "1" };
+                (t.into(), format!("({t}){init}"), if op == ReduceOp::Sum { "coil_add" } else { "coil_mul" })
+            }
+            ReduceOp::Sum => ("int64_t".into(), "0".into(), "coil_iadd"),
+            ReduceOp::Prod => ("int64_t".into(), "1".into(), "coil_imul"),
+            ReduceOp::Max | ReduceOp::Min if src.is_float() => {
+                let c = match (max, src == DType::F64) {
+                    (true, false) => "coil_max_f32",
+                    (false, false) => "coil_min_f32",
+                    (true, true) => "coil_max_f64",
+                    (false, true) => "coil_min_f64",
+                };
+                (float.into(), if max { "-INFINITY" } else { "INFINITY" }.into(), c)
+            }
+            ReduceOp::Max | ReduceOp::Min => (
+                "int64_t".into(),
+                if max { "INT64_MIN" } else { "INT64_MAX" }.into(),
+                if max { "coil_imax" } else { "coil_imin" },
+            ),
+            ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                let (t, best) = match (src.is_float(), max) {
+                    (true, true) => (float, "-INFINITY"),
+                    (true, false) => (float, "INFINITY"),
+                    (false, true) => ("int64_t", "INT64_MIN"),
+                    (false, false) => ("int64_t", "INT64_MAX"),
+                };
+                let ty = format!("coil_arg<{t}>");
+                (ty.clone(), format!("{ty}{{{best}, COIL_NO_INDEX}}"), if max { "coil_argmax" } else { "coil_argmin" })
+            }
+        };
+        Acc { ty, init, combine }
+    }
+
+    fn acc_dtype(ty: &str) -> DType {
+        match ty {
+            "double" => DType::F64,
+            "float" => DType::F32,
+            _ => DType::I64,
+        }
+    }
+
+    pub(super) fn acc_init(&mut self, acc: Var, op: ReduceOp) {
+        let a = self.acc(acc, op);
+        self.line(&format!("{} acc{acc} = {};", a.ty, a.init));
+    }
+
+    /// Folds `value` (the element at the group's position) into the thread's accumulator.
+    pub(super) fn acc_update(&mut self, acc: Var, op: ReduceOp, value: Var) {
+        let a = self.acc(acc, op);
+        let (src, v) = (self.dtype(value), self.r(value));
+        let line = if op.is_arg() {
+            let t = a.ty.trim_start_matches("coil_arg<").trim_end_matches('>');
+            let v = ops::convert(&v, src, Self::acc_dtype(t));
+            let g = self.group.as_ref().expect("an update inside a pass");
+            let at = g.pos.to_c();
+            format!("acc{acc} = {}()(acc{acc}, {}{{{v}, {at}}});", a.combine, a.ty)
+        } else {
+            let v = match (op, src.is_float()) {
+                // max/min of floats compare in the source's own compute type
+                (ReduceOp::Max | ReduceOp::Min, true) => v,
+                _ => ops::convert(&v, src, Self::acc_dtype(&a.ty)),
+            };
+            format!("acc{acc} = {}()(acc{acc}, {v});", a.combine)
+        };
+        self.line(&line);
+    }
+
+    /// Defines `tmp<var>`: the row-wide reduction of the threads' accumulators `acc`.
+    pub(super) fn acc_finish(&mut self, var: Var, op: ReduceOp, out: DType, acc: Var) {
+        let a = self.acc(acc, op);
+        let w = self.plan.warps_per_row();
+        self.line(&format!("const {} red{var} = coil_reduce<{w}>(acc{acc}, {}(), smem{var});", a.ty, a.combine));
+        let src = self.dtype(self.acc_source[&acc]);
+        let value = match op {
+            ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                ops::convert(&format!("(red{var}.i == COIL_NO_INDEX ? 0 : red{var}.i)"), DType::I64, out)
+            }
+            ReduceOp::Max | ReduceOp::Min if src.is_float() => ops::convert(&format!("red{var}"), src, out),
+            _ => ops::convert(&format!("red{var}"), Self::acc_dtype(&a.ty), out),
+        };
+        self.line(&format!("const {} tmp{var} = {value};", ops::compute_type(out)));
+    }
+}

@@ -1,0 +1,390 @@
+//! The generated CUDA: snapshots of the classic kernels (read them by eye), the launch
+//! heuristic, and a syntax check with the host C++ compiler, which sees the source through a
+//! harness that declares the CUDA built-ins (no GPU here; the runtime's tests run it).
+
+use super::*;
+use crate::testutil::*;
+use crate::tile::build_kernel;
+use coil_ir::kernel::FusedKernel;
+use coil_ir::loops::{LoopProgram, ScalarOp};
+use coil_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
+use std::process::Command;
+
+fn snapshot(name: &str, text: String) {
+    insta::with_settings!({ snapshot_path => "../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_snapshot!(name, text);
+    });
+}
+
+/// The tile kernel of `k`, renamed (several sizes of one pattern share a module).
+fn tile(p: &LoopProgram, k: &FusedKernel, name: &str) -> TileKernel {
+    let mut t = build_kernel(p, k);
+    t.name = name.to_string();
+    t
+}
+
+/// `layer_norm(x, [cols], w, b, eps=1e-5)` of f32 `[rows, cols]` as lowering produces it:
+/// two row sums, per-row epilogues, and the normalizing per-element epilogue with broadcast
+/// weights.
+pub(crate) fn layer_norm(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let x = p.input(&[rows, cols], f);
+    let w = p.input(&[cols], f);
+    let bias = p.input(&[cols], f);
+    let (xv, rv) = (xs(&[rows])[0], rs(&[cols])[0]);
+    let mut b = B::default();
+    let l = b.load(x, xv * cols as i64 + rv, f);
+    let sum = p.reduction(&[rows], &[cols], ReduceOp::Sum, f, b.done(l));
+    let mut b = B::default();
+    let (s, n) = (b.load(sum, xv, f), b.constant(cols as f64, f));
+    let q = b.binary(BinaryOp::Div, s, n, f);
+    let mean = p.pointwise(&[rows], f, b.done(q));
+    let mut b = B::default();
+    let (l, m) = (b.load(x, xv * cols as i64 + rv, f), b.load(mean, xv, f));
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let sq = b.binary(BinaryOp::Mul, d, d, f);
+    let ss = p.reduction(&[rows], &[cols], ReduceOp::Sum, f, b.done(sq));
+    let mut b = B::default();
+    let (s, n, eps) = (b.load(ss, xv, f), b.constant(cols as f64, f), b.constant(1e-5, f));
+    let q = b.binary(BinaryOp::Div, s, n, f);
+    let a = b.binary(BinaryOp::Add, q, eps, f);
+    let r = b.unary(UnaryOp::Rsqrt, a, f);
+    let rstd = p.pointwise(&[rows], f, b.done(r));
+    let v = xs(&[rows, cols]);
+    let mut b = B::default();
+    let (l, m, r) = (b.load(x, v[0] * cols as i64 + v[1], f), b.load(mean, v[0], f), b.load(rstd, v[0], f));
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let y = b.binary(BinaryOp::Mul, d, r, f);
+    let (wl, bl) = (b.load(w, v[1], f), b.load(bias, v[1], f));
+    let y = b.binary(BinaryOp::Mul, y, wl, f);
+    let y = b.binary(BinaryOp::Add, y, bl, f);
+    let out = p.pointwise(&[rows, cols], f, b.done(y));
+    p.output(out);
+    (p.p, kernel("per_fused_layer_norm_0", kind, vec![0, 1, 2, 3, 4], rows, Some(cols), vec![out]))
+}
+
+/// `relu(x * 2 + 1)` over `n` elements of `d`, stored as `d` and (the same values) as f32.
+pub(crate) fn pointwise_n(n: usize, d: DType) -> (LoopProgram, FusedKernel) {
+    let mut p = Prog::default();
+    let x = p.input(&[n], d);
+    let v = xs(&[n])[0];
+    let mut outs = Vec::new();
+    for od in [d, DType::F32] {
+        let mut b = B::default();
+        let l = b.load(x, v, d);
+        let (two, one, zero) = (b.constant(2.0, d), b.constant(1.0, d), b.constant(0.0, d));
+        let m = b.binary(BinaryOp::Mul, l, two, d);
+        let a = b.binary(BinaryOp::Add, m, one, d);
+        let r = b.binary(BinaryOp::Maximum, a, zero, d);
+        let c = b.push(ScalarOp::Cast(r), od);
+        outs.push(p.pointwise(&[n], od, b.done(c)));
+    }
+    (p.p, kernel("poi_fused_relu_0", KernelKind::Pointwise, vec![0, 1], n, None, outs))
+}
+
+/// Declarations that let the host C++ compiler check the syntax and types of generated CUDA.
+const HARNESS: &str = r#"
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+struct coil_dim3 { unsigned x, y, z; };
+extern coil_dim3 threadIdx, blockIdx, blockDim, gridDim;
+void __syncthreads();
+template <typename T> T __shfl_down_sync(unsigned mask, T v, unsigned delta);
+template <typename T> T __shfl_sync(unsigned mask, T v, int lane);
+unsigned long long atomicCAS(unsigned long long *p, unsigned long long cmp, unsigned long long val);
+float __int_as_float(int);
+float __uint_as_float(unsigned);
+unsigned __float_as_uint(float);
+float __fadd_rn(float, float);
+#define F1(n) float n##f(float); double n(double);
+#define F2(n) float n##f(float, float); double n(double, double);
+F1(fabs) F1(exp) F1(exp2) F1(expm1) F1(log) F1(log2) F1(log1p) F1(sqrt) F1(sin) F1(cos) F1(tan)
+F1(tanh) F1(erf) F1(floor) F1(ceil) F1(nearbyint) F1(trunc)
+F2(fmod) F2(copysign) F2(pow)
+"#;
+
+/// Checks `src` with `g++ -fsyntax-only` through [`HARNESS`]; skipped without a host `g++`.
+fn syntax_check(src: &str) {
+    let dir = std::env::temp_dir().join(format!("coil-cuda-syntax-{}-{}", std::process::id(), fastrand()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("harness.h"), HARNESS).unwrap();
+    std::fs::write(dir.join("module.cu"), src).unwrap();
+    let out = Command::new("g++")
+        .args([
+            "-std=c++17",
+            "-fsyntax-only",
+            "-Wall",
+            "-Wno-unused",
+            "-Wno-unknown-pragmas",
+            "-Werror",
+            "-include",
+            "harness.h",
+            "-x",
+            "c++",
+        ])
+        .arg("module.cu")
+        .current_dir(&dir)
+        .output();
+    let _ = std::fs::remove_dir_all(&dir);
+    match out {
+        Err(e) => eprintln!("syntax check skipped: no g++ ({e})"),
+        Ok(o) => assert!(o.status.success(), "g++ rejected the CUDA source:\n{}", String::from_utf8_lossy(&o.stderr)),
+    }
+}
+
+/// A distinct number per call (test threads run concurrently).
+fn fastrand() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Every test pattern at several sizes (vector and scalar groups, warp and block rows, looped
+/// rows, partial groups), named apart: the module that the syntax check compiles and the GPU
+/// check runs.
+pub(crate) fn all_kernels() -> Vec<TileKernel> {
+    let mut v = Vec::new();
+    for (n, d, name) in [
+        (32, DType::BF16, "poi_bf16_32"),
+        ((1 << 20) + 3, DType::BF16, "poi_bf16_big"),
+        (4099, DType::F32, "poi_f32_4099"),
+    ] {
+        let (p, k) = pointwise_n(n, d);
+        v.push(tile(&p, &k, name));
+    }
+    for (r, c) in [(5, 8), (300, 256), (64, 1000), (7, 1024), (9, 333), (3, 2000), (4, 4099)] {
+        let kind = if c <= 1024 { KernelKind::PersistentReduction } else { KernelKind::LoopedReduction };
+        let (p, k) = softmax(r, c, kind, "softmax");
+        v.push(tile(&p, &k, &format!("softmax_{r}x{c}")));
+    }
+    for (r, c) in [(37, 768), (5, 3000), (3, 5)] {
+        let kind = if c <= 1024 { KernelKind::PersistentReduction } else { KernelKind::LoopedReduction };
+        let (p, k) = layer_norm(r, c, kind);
+        v.push(tile(&p, &k, &format!("layer_norm_{r}x{c}")));
+    }
+    // big ones, for timing on the GPU
+    let (p, k) = pointwise_n(1 << 26, DType::BF16);
+    v.push(tile(&p, &k, "poi_bf16_64m"));
+    for (r, c) in [(65536, 1024), (262144, 256), (8192, 8192)] {
+        let kind = if c <= 1024 { KernelKind::PersistentReduction } else { KernelKind::LoopedReduction };
+        let (p, k) = softmax(r, c, kind, "softmax");
+        v.push(tile(&p, &k, &format!("softmax_{r}x{c}")));
+    }
+    for c in [5, 300, 1500] {
+        let (p, k) = crate::tile::tests::argmax(4, c);
+        v.push(tile(&p, &k, &format!("argmax_4x{c}")));
+    }
+    let (p, k) = crate::tile::tests::embedding();
+    v.push(tile(&p, &k, "embedding"));
+    let (p, k) = crate::tile::tests::pointwise_chain(DType::F16);
+    v.push(tile(&p, &k, "poi_f16_chain"));
+    for (kind, c) in [(KernelKind::PersistentReduction, 6), (KernelKind::LoopedReduction, 1500)] {
+        let (p, k) = crate::tile::tests::mean_var(kind, c);
+        v.push(tile(&p, &k, &format!("mean_var_{c}")));
+    }
+    v
+}
+
+#[test]
+fn pointwise_bf16_vectorized() {
+    let (p, k) = crate::tile::tests::pointwise_chain(DType::BF16);
+    let t = build_kernel(&p, &k);
+    let (src, launch) = emit_cuda_kernel(&t).unwrap();
+    // 32 bf16: 4 groups of 8, one 16-byte load and store each, one warp
+    assert_eq!(launch, Launch { grid: 1, block: 32, shared_bytes: 0 });
+    assert!(src.contains("coil_load<uint16_t, 8, 8>(in_ptr0 + (8*xvec), aligned)"), "{src}");
+    assert!(src.contains("coil_store<uint16_t, 8, 8>(out_ptr0 + (8*xvec), s"), "{src}");
+    snapshot("cuda_pointwise_bf16", src);
+    // a tail: the partial group goes element by element
+    let (p, k) = pointwise_n(4099, DType::F32);
+    let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert_eq!((launch.grid, launch.block), (5, 256));
+    assert!(src.contains("if (xvec < 1024) {") && src.contains("if (xindex >= xnumel) break;"), "{src}");
+}
+
+#[test]
+fn softmax_persistent_warp_per_row() {
+    let (p, k) = softmax(32, 128, KernelKind::PersistentReduction, "per_fused_softmax_0");
+    let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    // 128 f32 per row: a warp, one 16-byte group per lane; 32 rows: one row per block
+    assert_eq!(launch, Launch { grid: 32, block: 32, shared_bytes: 0 });
+    assert!(src.contains("coil_reduce<1>(acc1, coil_max_f32(), smem1)"), "{src}");
+    // x is loaded once: the later passes read it from registers
+    assert_eq!(src.matches("coil_load<").count(), 1, "{src}");
+    snapshot("cuda_softmax_persistent", src);
+}
+
+#[test]
+fn softmax_looped() {
+    let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
+    let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0 });
+    assert!(src.contains("for (int64_t rchunk = rlane; rchunk < 500; rchunk += 256) {"), "{src}");
+    snapshot("cuda_softmax_looped", src);
+}
+
+#[test]
+fn layer_norm_block_per_row() {
+    let (p, k) = layer_norm(37, 768, KernelKind::PersistentReduction);
+    let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    // 768 f32: 192 groups of 4, two on each of 96 threads (3 warps, a shared-memory stage)
+    assert_eq!(launch, Launch { grid: 37, block: 96, shared_bytes: 0 });
+    assert!(src.contains("coil_reduce<3>(") && !src.contains("if (rchunk <"), "{src}");
+    // the weights are contiguous along the row: vector loads too
+    assert_eq!(src.matches("coil_load<float, 4, 4>").count(), 3, "{src}");
+    snapshot("cuda_layer_norm", src);
+}
+
+#[test]
+fn argmax_pairs() {
+    let (p, k) = crate::tile::tests::argmax(4, 5);
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert!(src.contains("coil_arg<float> acc1 = coil_arg<float>{-INFINITY, COIL_NO_INDEX};"), "{src}");
+    snapshot("cuda_argmax", src);
+}
+
+#[test]
+fn embedding_checks_bounds() {
+    let (p, k) = crate::tile::tests::embedding();
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert!(src.contains("coil_index_error(status, "), "{src}");
+    snapshot("cuda_embedding", src);
+}
+
+#[test]
+fn launch_heuristic() {
+    let plan_of = |p: &LoopProgram, k: &FusedKernel| {
+        let t = build_kernel(p, k);
+        launch::plan(&t, t.xnumel.const_value().unwrap(), t.rnumel.map_or(1, |r| r.const_value().unwrap()))
+    };
+    let (p, k) = pointwise_n(1 << 20, DType::BF16);
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.launch.block, pl.launch.grid), (8, 256, 512));
+    // short rows: a warp each, 8 rows per block once there are enough blocks
+    let (p, k) = softmax(8192, 64, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.rows_per_block, pl.chunks, pl.launch.grid), (2, 32, 8, 1, 1024));
+    // an odd row: scalar groups
+    let (p, k) = softmax(4, 333, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.chunks), (1, 192, 2));
+    let (p, k) = softmax(4, 1 << 16, KernelKind::LoopedReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.launch.grid), (4, 1024, 4));
+}
+
+#[test]
+fn module_is_deterministic_and_passes_the_syntax_check() {
+    let kernels = all_kernels();
+    let m = emit_cuda(&kernels).unwrap();
+    assert_eq!(m, emit_cuda(&kernels).unwrap());
+    assert_eq!(m.kernels.len(), kernels.len());
+    assert!(!m.source.contains("#include"));
+    syntax_check(&m.source);
+    // one kernel with the prelude, as dumped
+    syntax_check(&emit_cuda_kernel_source(&kernels[0]).unwrap());
+    // COIL_CUDA_DUMP=<dir>: the module and its launches, for running on a GPU
+    if let Ok(dir) = std::env::var("COIL_CUDA_DUMP") {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(format!("{dir}/module.cu"), &m.source).unwrap();
+        let launches: String = (m.kernels.iter())
+            .zip(&kernels)
+            .map(|(k, t)| {
+                let args: Vec<String> = t.args.iter().map(|a| format!("{}:{}", a.name, a.dtype)).collect();
+                format!("{} {} {} {}\n", k.name, k.launch.grid, k.launch.block, args.join(" "))
+            })
+            .collect();
+        std::fs::write(format!("{dir}/launches.txt"), launches).unwrap();
+    }
+}
+
+#[test]
+fn every_op_and_dtype_generates() {
+    // Each unary and binary op on each dtype the C backend accepts, cast to every dtype.
+    let dtypes = [
+        DType::Bool,
+        DType::U8,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ];
+    let mut kernels = Vec::new();
+    for (n, &d) in dtypes.iter().enumerate() {
+        let mut p = Prog::default();
+        let (a, b_) = (p.input(&[16], d), p.input(&[16], d));
+        let v = xs(&[16])[0];
+        let mut outs = Vec::new();
+        for op in UnaryOp::ALL {
+            let out = if op.returns_bool() {
+                DType::Bool
+            } else if d.is_float() {
+                d
+            } else {
+                DType::F32
+            };
+            let mut b = B::default();
+            let l = b.load(a, v, d);
+            let c = if d.is_float() || op.returns_bool() { l } else { b.push(ScalarOp::Cast(l), out) };
+            let r = b.unary(op, c, out);
+            outs.push(p.pointwise(&[16], out, b.done(r)));
+        }
+        for op in BinaryOp::ALL {
+            let out = if op.returns_bool() {
+                DType::Bool
+            } else if op == BinaryOp::Div && !d.is_float() {
+                DType::F32
+            } else {
+                d
+            };
+            let mut b = B::default();
+            let (x, y) = (b.load(a, v, d), b.load(b_, v, d));
+            let r = b.binary(op, x, y, out);
+            outs.push(p.pointwise(&[16], out, b.done(r)));
+        }
+        for &to in &dtypes {
+            let mut b = B::default();
+            let l = b.load(a, v, d);
+            let c = b.push(ScalarOp::Cast(l), to);
+            outs.push(p.pointwise(&[16], to, b.done(c)));
+        }
+        let nodes = (0..outs.len()).collect();
+        let k = kernel(&format!("poi_ops_{n}"), KernelKind::Pointwise, nodes, 16, None, outs);
+        kernels.push(build_kernel(&p.p, &k));
+        // and every reduction of this dtype, persistent and looped
+        for (kind, cols) in [(KernelKind::PersistentReduction, 40), (KernelKind::LoopedReduction, 2048)] {
+            let mut p = Prog::default();
+            let x = p.input(&[3, cols], d);
+            let (xv, rv) = (xs(&[3])[0], rs(&[cols])[0]);
+            let mut outs = Vec::new();
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::ArgMax, ReduceOp::ArgMin]
+            {
+                let out = match op {
+                    ReduceOp::ArgMax | ReduceOp::ArgMin => DType::I64,
+                    ReduceOp::Sum | ReduceOp::Prod if !d.is_float() => DType::I64,
+                    _ => d,
+                };
+                let mut b = B::default();
+                let l = b.load(x, xv * cols as i64 + rv, d);
+                outs.push(p.reduction(&[3], &[cols], op, out, b.done(l)));
+            }
+            let nodes = (0..outs.len()).collect();
+            let k = kernel(&format!("red_ops_{n}_{cols}"), kind, nodes, 3, Some(cols), outs);
+            kernels.push(build_kernel(&p.p, &k));
+        }
+    }
+    let m = emit_cuda(&kernels).unwrap();
+    syntax_check(&m.source);
+    if let Ok(dir) = std::env::var("COIL_CUDA_DUMP") {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(format!("{dir}/ops.cu"), &m.source).unwrap();
+    }
+}

@@ -1,0 +1,264 @@
+//! NVRTC: CUDA C to a CUBIN for the device's own architecture, cached on disk, and loading it.
+//!
+//! One translation unit (a whole graph's kernels) becomes one CUBIN, compiled with
+//! `--gpu-architecture=sm_XY --std=c++17 -default-device` for the device's compute capability.
+//! A CUBIN (not PTX) is cached, so a cache hit costs no compilation at all, not even the
+//! driver's PTX JIT. Entries are keyed by a 128-bit FNV-1a hash of the source, the architecture,
+//! the NVRTC version and the options, as the C backend's cache is (same directory root):
+//!
+//! ```text
+//! <cache dir>/cuda/<key>.cu      the source, kept for humans (and for compile errors)
+//! <cache dir>/cuda/<key>.cubin   the CUBIN
+//! ```
+//!
+//! Files are written under a private temporary name and renamed into place. An entry that is
+//! truncated ([`looks_complete`]) or that the driver refuses to load is rebuilt once.
+
+use super::device::{driver_error, CudaDevice};
+use super::loader::{require, CudaLib};
+use crate::cpu::compiler::{looks_complete, write_atomically, Fnv128};
+use coil_ir::{Error, Result};
+use cudarc::driver::{result as drv, sys};
+use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+/// Bumped when the way entries are built changes, so stale entries are never reused.
+const CACHE_FORMAT: &str = "coil-cuda-cache-v1";
+
+/// Options besides the architecture.
+const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
+
+/// Where a translation unit's CUBIN lies, and what producing it cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledCubin {
+    /// `<cache dir>/cuda/<key>.cubin`.
+    pub path: PathBuf,
+    /// `<cache dir>/cuda/<key>.cu`.
+    pub source_path: PathBuf,
+    /// The 32-hex-digit cache key.
+    pub key: String,
+    /// The architecture compiled for, e.g. `sm_90`.
+    pub arch: String,
+    /// True when the CUBIN was already in the cache.
+    pub cache_hit: bool,
+    /// Seconds NVRTC ran (0 on a cache hit).
+    pub compile_seconds: f64,
+}
+
+/// NVRTC's version `(major, minor)`; fails (without panicking) when NVRTC cannot be loaded.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    static VERSION: OnceLock<std::result::Result<(i32, i32), String>> = OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            require(CudaLib::Nvrtc).map_err(|e| e.message)?;
+            let (mut major, mut minor) = (0, 0);
+            // SAFETY: two out-pointers to live integers; NVRTC was found above.
+            unsafe { rtc_sys::nvrtcVersion(&mut major, &mut minor) }
+                .result()
+                .map_err(|e| format!("nvrtcVersion failed: {e}"))?;
+            Ok((major, minor))
+        })
+        .clone()
+        .map_err(Error::runtime)
+}
+
+/// The cache key of `source` compiled for `arch` by this NVRTC.
+pub fn cache_key(source: &str, arch: &str, nvrtc: (i32, i32)) -> String {
+    let mut h = Fnv128::new();
+    let version = format!("{}.{}", nvrtc.0, nvrtc.1);
+    for part in [CACHE_FORMAT, arch, &version, &OPTIONS.join(" "), source] {
+        h.write(&(part.len() as u64).to_le_bytes());
+        h.write(part.as_bytes());
+    }
+    format!("{:032x}", h.finish())
+}
+
+/// The CUBIN for `source` on `arch`, from `cache_dir` when a complete entry is there, else
+/// compiled (and stored). Returns its bytes too. A compile error carries NVRTC's log and the
+/// path of the kept source.
+pub fn compile(source: &str, arch: &str, cache_dir: &Path) -> Result<(Vec<u8>, CompiledCubin)> {
+    let nvrtc = nvrtc_version()?;
+    let dir = cache_dir.join("cuda");
+    let key = cache_key(source, arch, nvrtc);
+    let path = dir.join(format!("{key}.cubin"));
+    let source_path = dir.join(format!("{key}.cu"));
+    if looks_complete(&path) {
+        if let Ok(bytes) = std::fs::read(&path) {
+            let object =
+                CompiledCubin { path, source_path, key, arch: arch.to_string(), cache_hit: true, compile_seconds: 0.0 };
+            return Ok((bytes, object));
+        }
+    }
+    build(source, arch, &dir, key)
+}
+
+/// Compiles into the cache unconditionally, replacing any entry.
+fn build(source: &str, arch: &str, dir: &Path, key: String) -> Result<(Vec<u8>, CompiledCubin)> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::runtime(format!("cannot create the kernel cache {}: {e}", dir.display())))?;
+    let path = dir.join(format!("{key}.cubin"));
+    let source_path = dir.join(format!("{key}.cu"));
+    write_atomically(&source_path, source.as_bytes())?;
+    let start = Instant::now();
+    let cubin = nvrtc_cubin(source, arch, &source_path)?;
+    let compile_seconds = start.elapsed().as_secs_f64();
+    write_atomically(&path, &cubin)?;
+    Ok((cubin, CompiledCubin { path, source_path, key, arch: arch.to_string(), cache_hit: false, compile_seconds }))
+}
+
+/// One NVRTC compile to a CUBIN.
+fn nvrtc_cubin(source: &str, arch: &str, source_path: &Path) -> Result<Vec<u8>> {
+    let src = CString::new(source).map_err(|_| Error::runtime("CUDA source contains a NUL byte"))?;
+    let name = CString::new(source_path.file_name().unwrap_or_default().to_string_lossy().as_bytes())
+        .unwrap_or_else(|_| c"coil.cu".to_owned());
+    let prog =
+        rtc::create_program(&src, Some(&name)).map_err(|e| Error::runtime(format!("nvrtcCreateProgram: {e}")))?;
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(OPTIONS.iter().map(|s| s.to_string()));
+    // SAFETY: `prog` was just created and is destroyed once, below; `src` and `name` outlive it.
+    let result = unsafe {
+        let compiled = rtc::compile_program(prog, &options);
+        let out = match compiled {
+            Ok(()) => get_cubin(prog).map_err(|e| Error::runtime(format!("nvrtcGetCUBIN: {e}"))),
+            Err(e) => {
+                let log = rtc::get_program_log(prog)
+                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Err(Error::runtime(format!(
+                    "NVRTC failed ({e}) compiling {} for {arch}:\n{}",
+                    source_path.display(),
+                    log.trim_end()
+                )))
+            }
+        };
+        let _ = rtc::destroy_program(prog);
+        out
+    };
+    result
+}
+
+/// The CUBIN of a compiled program.
+///
+/// # Safety
+/// `prog` must be a live, successfully compiled program.
+unsafe fn get_cubin(prog: rtc_sys::nvrtcProgram) -> std::result::Result<Vec<u8>, rtc::NvrtcError> {
+    let mut size = 0usize;
+    // SAFETY: caller's contract; `size` and the buffer are live and large enough.
+    unsafe {
+        rtc_sys::nvrtcGetCUBINSize(prog, &mut size).result()?;
+        let mut out = vec![0u8; size];
+        rtc_sys::nvrtcGetCUBIN(prog, out.as_mut_ptr().cast()).result()?;
+        Ok(out)
+    }
+}
+
+/// A CUBIN loaded into a device's context; unloaded when the last holder drops it.
+#[derive(Debug)]
+pub struct LoadedModule {
+    device: Arc<CudaDevice>,
+    module: sys::CUmodule,
+}
+
+// SAFETY: a CUmodule handle may be used from any thread once its context is bound (done before
+// every use); the handle itself is never mutated.
+unsafe impl Send for LoadedModule {}
+// SAFETY: as above.
+unsafe impl Sync for LoadedModule {}
+
+impl LoadedModule {
+    /// Loads a CUBIN image.
+    pub fn load(device: &Arc<CudaDevice>, cubin: &[u8]) -> Result<LoadedModule> {
+        device.bind()?;
+        // SAFETY: `cubin` is a complete image (from NVRTC or a cache entry checked whole); the
+        // driver copies what it needs before returning.
+        let module = unsafe { drv::module::load_data(cubin.as_ptr().cast()) }
+            .map_err(|e| driver_error("cuModuleLoadData", e))?;
+        Ok(LoadedModule { device: device.clone(), module })
+    }
+
+    /// The kernel `name`.
+    pub fn function(&self, name: &str) -> Result<sys::CUfunction> {
+        let cname = CString::new(name).map_err(|_| Error::runtime(format!("bad kernel name {name:?}")))?;
+        self.device.bind()?;
+        // SAFETY: the module is loaded (it is unloaded only on drop).
+        unsafe { drv::module::get_function(self.module, cname) }
+            .map_err(|e| Error::runtime(format!("kernel {name} is not in the CUDA module: {e}")))
+    }
+
+    /// The device it is loaded on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+}
+
+impl Drop for LoadedModule {
+    fn drop(&mut self) {
+        // Kernels of it may still be queued: let them finish before the code goes away.
+        if self.device.synchronize().is_ok() {
+            // SAFETY: nothing uses the module any more (its holders are gone, the stream idle).
+            let _ = unsafe { drv::module::unload(self.module) };
+        }
+    }
+}
+
+/// Compiles (through the cache) and loads `source`, checking that every kernel of `names` is
+/// in it. A cached CUBIN that fails to load or lacks a kernel is rebuilt once.
+pub fn load_or_build(
+    device: &Arc<CudaDevice>,
+    source: &str,
+    names: &[&str],
+    cache_dir: &Path,
+) -> Result<(Arc<LoadedModule>, CompiledCubin)> {
+    let arch = device.arch();
+    let attempt = |cubin: &[u8]| -> Result<LoadedModule> {
+        let module = LoadedModule::load(device, cubin)?;
+        for name in names {
+            module.function(name)?;
+        }
+        Ok(module)
+    };
+    let (cubin, object) = compile(source, &arch, cache_dir)?;
+    match attempt(&cubin) {
+        Ok(m) => Ok((Arc::new(m), object)),
+        Err(_) if object.cache_hit => {
+            let dir = cache_dir.join("cuda");
+            let (cubin, object) = build(source, &arch, &dir, object.key)?;
+            Ok((Arc::new(attempt(&cubin)?), object))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Registers and static shared memory of a loaded kernel, from `cuFuncGetAttribute`.
+pub(crate) fn function_resources(device: &CudaDevice, f: sys::CUfunction) -> Result<(u32, u32)> {
+    use sys::CUfunction_attribute::{CU_FUNC_ATTRIBUTE_NUM_REGS, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES};
+    device.bind()?;
+    // SAFETY: `f` comes from a loaded module.
+    unsafe {
+        let regs = drv::function::get_function_attribute(f, CU_FUNC_ATTRIBUTE_NUM_REGS)
+            .map_err(|e| driver_error("cuFuncGetAttribute", e))?;
+        let shared = drv::function::get_function_attribute(f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .map_err(|e| driver_error("cuFuncGetAttribute", e))?;
+        Ok((regs.max(0) as u32, shared.max(0) as u32))
+    }
+}
+
+/// Allows a kernel more than the default 48 KiB of dynamic shared memory.
+pub(crate) fn allow_dynamic_shared(device: &CudaDevice, f: sys::CUfunction, bytes: u32) -> Result<()> {
+    if bytes <= 48 * 1024 {
+        return Ok(());
+    }
+    device.bind()?;
+    // SAFETY: `f` comes from a loaded module.
+    unsafe {
+        drv::function::set_function_attribute(
+            f,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .map_err(|e| driver_error("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", e))
+}

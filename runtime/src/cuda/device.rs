@@ -1,0 +1,182 @@
+//! CUDA devices: one context and one stream per GPU, found once per process.
+//!
+//! Every operation of the backend on a device (copies, kernel launches, cuBLASLt calls, frees
+//! back into the allocator's cache) is ordered on that device's single stream. That one
+//! invariant is what makes the caching allocator safe without events: a block returned to the
+//! cache may be handed out again at once, because whatever used it before was enqueued earlier
+//! on the same stream and therefore finishes first.
+
+use super::loader::{require, CudaLib};
+use super::memory::CachingAllocator;
+use coil_ir::{Error, Result};
+use cudarc::driver::{result as drv, sys, CudaContext, CudaStream};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Whether a CUDA GPU can be used: the driver library loads, initialises, and reports at least
+/// one device. Cheap after the first call (the answer is cached); never panics.
+pub fn cuda_available() -> bool {
+    cuda_status().is_ok()
+}
+
+/// [`cuda_available`] with the reason when it is not: the driver library missing (with every
+/// place searched), `cuInit` failing, or no device. Cached.
+pub fn cuda_status() -> Result<()> {
+    static STATUS: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    STATUS
+        .get_or_init(|| device_count().map_err(|e| e.message))
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| Error::runtime(e.clone()))
+}
+
+/// Number of CUDA devices, or why there are none.
+fn device_count() -> Result<usize> {
+    require(CudaLib::Driver)?;
+    drv::init().map_err(|e| driver_error("cuInit", e))?;
+    let n = drv::device::get_count().map_err(|e| driver_error("cuDeviceGetCount", e))?;
+    if n <= 0 {
+        return Err(Error::runtime("CUDA is not available: the driver loaded but reports no device"));
+    }
+    Ok(n as usize)
+}
+
+/// A driver error as a coil runtime error naming the call.
+pub(crate) fn driver_error(call: &str, e: drv::DriverError) -> Error {
+    Error::runtime(format!("CUDA {call} failed: {e}"))
+}
+
+/// One GPU: its primary context, the stream all of coil's work on it is ordered on, what it is,
+/// and its caching allocator.
+pub struct CudaDevice {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    name: String,
+    compute_capability: (u32, u32),
+    sm_count: u32,
+    pub(crate) allocator: CachingAllocator,
+    /// cuBLASLt state, created on the first matrix product.
+    pub(crate) blas: OnceLock<std::result::Result<super::blas::Blas, String>>,
+    /// The built-in helper kernels (strided gather), compiled on first use.
+    pub(crate) helpers: OnceLock<std::result::Result<super::gather::Helpers, String>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("compute_capability", &self.compute_capability)
+            .field("sm_count", &self.sm_count)
+            .finish()
+    }
+}
+
+impl CudaDevice {
+    /// The device `ordinal` (0 for the first GPU), set up on first use and shared afterwards.
+    /// Fails with the reason when CUDA is unavailable (see [`cuda_status`]) or the ordinal is
+    /// out of range.
+    pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        static DEVICES: Mutex<Option<HashMap<usize, Arc<CudaDevice>>>> = Mutex::new(None);
+        cuda_status()?;
+        let mut table = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        let table = table.get_or_insert_with(HashMap::new);
+        if let Some(dev) = table.get(&ordinal) {
+            return Ok(dev.clone());
+        }
+        let dev = Arc::new(CudaDevice::open(ordinal)?);
+        table.insert(ordinal, dev.clone());
+        Ok(dev)
+    }
+
+    fn open(ordinal: usize) -> Result<CudaDevice> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::value(format!("no CUDA device {ordinal}: there are {count}")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_error("context creation", e))?;
+        // A stream of our own rather than the legacy default stream, which would synchronise
+        // with every other user of the context.
+        let stream = ctx.new_stream().map_err(|e| driver_error("cuStreamCreate", e))?;
+        let name = ctx.name().map_err(|e| driver_error("cuDeviceGetName", e))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
+        Ok(CudaDevice {
+            ordinal,
+            ctx,
+            stream,
+            name,
+            compute_capability: (major as u32, minor as u32),
+            sm_count: sm_count as u32,
+            allocator: CachingAllocator::default(),
+            blas: OnceLock::new(),
+            helpers: OnceLock::new(),
+        })
+    }
+
+    /// Its ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The GPU's name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Compute capability `(major, minor)`, e.g. `(9, 0)` for Hopper.
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.compute_capability
+    }
+
+    /// The NVRTC architecture for this device, e.g. `sm_90`.
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.compute_capability.0, self.compute_capability.1)
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// The `cudarc` context (the device's primary context).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream everything of coil's on this device is ordered on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The raw stream handle, for driver and library calls.
+    pub(crate) fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// Makes the context current on the calling thread; every raw driver call needs it.
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver_error("cuCtxSetCurrent", e))
+    }
+
+    /// Waits until all work enqueued on the stream is done; an asynchronous error of earlier
+    /// work (an illegal address in a kernel, ...) surfaces here.
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.stream.synchronize().map_err(|e| driver_error("cuStreamSynchronize", e))
+    }
+
+    /// Bytes held in the allocator's cache (freed by coil, not returned to the driver).
+    pub fn cached_bytes(&self) -> usize {
+        self.allocator.stats().cached_bytes
+    }
+
+    /// Returns every cached block to the driver (after the stream drains).
+    pub fn empty_cache(&self) -> Result<()> {
+        self.synchronize()?;
+        self.allocator.release_all(self)
+    }
+}

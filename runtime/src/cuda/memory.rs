@@ -1,0 +1,308 @@
+//! Device memory: a caching allocator and typed device buffers.
+//!
+//! `cuMemAlloc`/`cuMemFree` are slow (the free synchronises the device), and a compiled graph
+//! allocates its outputs and temporaries on every run. So freed blocks go back to a cache of
+//! per-size-class free lists, not to the driver, and the next allocation of that class reuses
+//! one. Size classes: multiples of 512 bytes up to 1 MiB, multiples of 2 MiB above (as
+//! PyTorch's caching allocator rounds). Reuse needs no event: every use of device memory is on
+//! the device's one stream (see [`super::device`]), so work that used a block before it was
+//! freed precedes, in stream order, any work of its next owner.
+//!
+//! When the driver is out of memory, the cache is returned to the driver and the allocation
+//! tried once more; if it still fails, that is an error (never a panic).
+
+use super::device::{driver_error, CudaDevice};
+use crate::{Buffer, HostData};
+use coil_ir::{DType, Error, Result, TensorMeta};
+use cudarc::driver::{result as drv, sys::CUdeviceptr};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Rounds a request up to its size class (0 stays 0: nothing is allocated).
+pub fn size_class(bytes: usize) -> usize {
+    const SMALL: usize = 1 << 20;
+    if bytes == 0 {
+        0
+    } else if bytes <= SMALL {
+        bytes.div_ceil(512) * 512
+    } else {
+        bytes.div_ceil(2 << 20) * (2 << 20)
+    }
+}
+
+/// Counters of a device's allocator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorStats {
+    /// Bytes in blocks handed out and not yet freed.
+    pub in_use_bytes: usize,
+    /// Bytes in freed blocks kept for reuse.
+    pub cached_bytes: usize,
+    /// Blocks obtained from the driver (`cuMemAlloc`) so far.
+    pub driver_allocations: u64,
+    /// Allocations served from the cache so far.
+    pub cache_hits: u64,
+}
+
+/// The per-device caching allocator (see the module doc).
+#[derive(Debug, Default)]
+pub struct CachingAllocator {
+    inner: Mutex<Pools>,
+}
+
+#[derive(Debug, Default)]
+struct Pools {
+    free: HashMap<usize, Vec<CUdeviceptr>>,
+    stats: AllocatorStats,
+}
+
+impl CachingAllocator {
+    /// Its counters.
+    pub fn stats(&self) -> AllocatorStats {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    /// A block of at least `bytes` (exactly its size class); `0` for zero bytes.
+    fn alloc(&self, dev: &CudaDevice, bytes: usize) -> Result<(CUdeviceptr, usize)> {
+        let class = size_class(bytes);
+        if class == 0 {
+            return Ok((0, 0));
+        }
+        {
+            let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(ptr) = pools.free.get_mut(&class).and_then(Vec::pop) {
+                pools.stats.cached_bytes -= class;
+                pools.stats.in_use_bytes += class;
+                pools.stats.cache_hits += 1;
+                return Ok((ptr, class));
+            }
+        }
+        dev.bind()?;
+        // SAFETY: a plain device allocation in the bound context; the pointer is owned by the
+        // returned block until it is freed back here.
+        let ptr = match unsafe { drv::malloc_sync(class) } {
+            Ok(ptr) => ptr,
+            Err(_) => {
+                // Out of memory (most likely): give the cache back to the driver and retry.
+                dev.synchronize()?;
+                self.release_all(dev)?;
+                // SAFETY: as above.
+                unsafe { drv::malloc_sync(class) }.map_err(|e| {
+                    Error::runtime(format!(
+                        "CUDA out of memory: cannot allocate {class} bytes on cuda:{} ({} bytes in use by coil): {e}",
+                        dev.ordinal(),
+                        self.stats().in_use_bytes
+                    ))
+                })?
+            }
+        };
+        let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        pools.stats.in_use_bytes += class;
+        pools.stats.driver_allocations += 1;
+        Ok((ptr, class))
+    }
+
+    /// Returns a block to the cache. No driver call: it cannot fail, and it may run on any
+    /// thread (a buffer dropped anywhere).
+    fn free(&self, ptr: CUdeviceptr, class: usize) {
+        if class == 0 {
+            return;
+        }
+        let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        pools.stats.in_use_bytes -= class;
+        pools.stats.cached_bytes += class;
+        pools.free.entry(class).or_default().push(ptr);
+    }
+
+    /// Frees every cached block to the driver. The caller has synchronised the stream (no
+    /// pending work uses a cached block).
+    pub(crate) fn release_all(&self, dev: &CudaDevice) -> Result<()> {
+        let blocks: Vec<(usize, Vec<CUdeviceptr>)> = {
+            let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            pools.stats.cached_bytes = 0;
+            pools.free.drain().collect()
+        };
+        dev.bind()?;
+        for ptr in blocks.into_iter().flat_map(|(_, v)| v) {
+            // SAFETY: the block came from `malloc_sync` in this context, is in no one's hands
+            // (it was in the free list, now drained), and no pending work uses it.
+            unsafe { drv::free_sync(ptr) }.map_err(|e| driver_error("cuMemFree", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// An allocation on a device, returned to the device's cache when dropped.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    device: Arc<CudaDevice>,
+    ptr: CUdeviceptr,
+    bytes: usize,
+    class: usize,
+}
+
+impl DeviceMemory {
+    /// At least `bytes` bytes of uninitialised device memory.
+    pub fn alloc(device: &Arc<CudaDevice>, bytes: usize) -> Result<DeviceMemory> {
+        let (ptr, class) = device.allocator.alloc(device, bytes)?;
+        Ok(DeviceMemory { device: device.clone(), ptr, bytes, class })
+    }
+
+    /// The device address (0 for an empty allocation).
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// The bytes asked for.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// Enqueues zero-filling of the first `bytes` bytes.
+    pub fn zero(&self, bytes: usize) -> Result<()> {
+        assert!(bytes <= self.bytes, "zeroing past the allocation");
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.device.bind()?;
+        // SAFETY: the range lies inside this allocation; stream-ordered like every use.
+        unsafe { drv::memset_d8_async(self.ptr, 0, bytes, self.device.cu_stream()) }
+            .map_err(|e| driver_error("cuMemsetD8Async", e))
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        self.device.allocator.free(self.ptr, self.class);
+    }
+}
+
+/// Enqueues a host-to-device copy of `src` to `dst`.
+///
+/// # Safety
+/// `dst` must address at least `src.len()` bytes of device memory of `dev`.
+pub(crate) unsafe fn upload(dev: &CudaDevice, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    dev.bind()?;
+    // SAFETY: `dst` is valid for `src.len()` bytes (caller). `src` is pageable host memory:
+    // the driver stages it before returning, so it may be dropped right after the call.
+    unsafe { drv::memcpy_htod_async(dst, src, dev.cu_stream()) }.map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
+}
+
+/// Copies `len` bytes at `src` to the host, waiting for the stream (and so for all work
+/// enqueued before, whose asynchronous errors surface here).
+///
+/// # Safety
+/// `src` must address at least `len` bytes of device memory of `dev`.
+pub(crate) unsafe fn download(dev: &CudaDevice, src: CUdeviceptr, len: usize) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; len];
+    if len > 0 {
+        dev.bind()?;
+        // SAFETY: `src` is valid for `len` bytes (caller); `out` stays alive and unmoved until
+        // the synchronisation below.
+        unsafe { drv::memcpy_dtoh_async(&mut out[..], src, dev.cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))?;
+    }
+    dev.synchronize()?;
+    Ok(out)
+}
+
+/// Enqueues a device-to-device copy of `len` bytes.
+///
+/// # Safety
+/// Both addresses must be valid for `len` bytes on `dev` and not overlap.
+pub(crate) unsafe fn copy_device(dev: &CudaDevice, dst: CUdeviceptr, src: CUdeviceptr, len: usize) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    dev.bind()?;
+    // SAFETY: the caller's contract.
+    unsafe { drv::memcpy_dtod_async(dst, src, len, dev.cu_stream()) }.map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+}
+
+/// A contiguous tensor in device memory (row-major, raw bytes as the kernels see them: bool as
+/// one byte 0/1, f16/bf16 as their 16 bits).
+#[derive(Debug)]
+pub struct CudaBuffer {
+    mem: DeviceMemory,
+    /// Shape and dtype. Public for convenience; whoever uses the memory checks it against
+    /// [`bytes`](Self::bytes) (the allocation), so a changed meta cannot reach past it.
+    pub meta: TensorMeta,
+}
+
+impl CudaBuffer {
+    /// An uninitialised buffer for `meta`.
+    pub fn alloc(device: &Arc<CudaDevice>, meta: TensorMeta) -> Result<CudaBuffer> {
+        Ok(CudaBuffer { mem: DeviceMemory::alloc(device, meta.nbytes())?, meta })
+    }
+
+    /// A zero-filled buffer for `meta`.
+    pub fn zeros(device: &Arc<CudaDevice>, meta: TensorMeta) -> Result<CudaBuffer> {
+        let buf = CudaBuffer::alloc(device, meta)?;
+        buf.mem.zero(buf.bytes())?;
+        Ok(buf)
+    }
+
+    /// Copies a host buffer to `device`.
+    pub fn from_host(device: &Arc<CudaDevice>, host: &Buffer) -> Result<CudaBuffer> {
+        let buf = CudaBuffer::alloc(device, host.meta())?;
+        // SAFETY: `as_ptr` addresses `byte_len` initialised bytes of the host data (bool is one
+        // byte 0/1), borrowed for this call; the allocation holds `nbytes` = `byte_len` bytes.
+        unsafe {
+            let bytes = std::slice::from_raw_parts(host.data.as_ptr(), host.data.byte_len());
+            upload(device, buf.ptr(), bytes)?;
+        }
+        Ok(buf)
+    }
+
+    /// Copies it back to the host (waits for the stream).
+    pub fn to_host(&self) -> Result<Buffer> {
+        // SAFETY: the allocation holds `bytes()` bytes.
+        let bytes = unsafe { download(&self.mem.device, self.ptr(), self.bytes())? };
+        Buffer::new(self.meta.shape.clone(), HostData::from_bytes(self.meta.dtype, &bytes)?)
+    }
+
+    /// A device-side copy.
+    pub fn try_clone(&self) -> Result<CudaBuffer> {
+        let copy = CudaBuffer { mem: DeviceMemory::alloc(&self.mem.device, self.bytes())?, meta: self.meta.clone() };
+        // SAFETY: both allocations hold `bytes()` bytes and are distinct.
+        unsafe { copy_device(&self.mem.device, copy.ptr(), self.ptr(), self.bytes())? };
+        Ok(copy)
+    }
+
+    /// The device address of the first element (0 when empty).
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.mem.ptr()
+    }
+
+    /// Size in bytes (`meta.nbytes()`).
+    pub fn bytes(&self) -> usize {
+        self.mem.bytes()
+    }
+
+    /// Shape and dtype.
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.meta.dtype
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        self.mem.device()
+    }
+
+    /// The ordinal of the device it lives on.
+    pub fn device_ordinal(&self) -> usize {
+        self.mem.device().ordinal()
+    }
+}

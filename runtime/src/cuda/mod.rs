@@ -1,0 +1,517 @@
+//! The CUDA backend: runs a compiled graph on a GPU.
+//!
+//! A [`CudaCompiledGraph`] holds a lowered program ([`LoopProgram`]), its [`Schedule`], and the
+//! CUBIN that NVRTC built from the CUDA C the code generator emitted for it
+//! (`coil_codegen::cuda::emit_cuda`; compiled and cached by [`compiler`]). Running it mirrors
+//! the CPU backend ([`crate::cpu::CompiledGraph`]):
+//!
+//! 1. checks the inputs ([`CudaBuffer`]s on the same device) against the program's input metas;
+//! 2. allocates the outputs, and one allocation per memory-plan slot for the temporaries, from
+//!    the device's caching allocator ([`memory`]);
+//! 3. enqueues the kernels in schedule order on the device's stream: generated kernels with
+//!    their launch shape, `Bmm` through cuBLASLt ([`blas`]), fallback ops by copying their
+//!    operands to the host and running the reference interpreter;
+//! 4. copies all kernels' status words to the host once, after the graph (each kernel has its
+//!    own 4 words, so the first failing kernel in launch order is named), and returns the
+//!    outputs in `program.outputs` order.
+//!
+//! Nothing here needs CUDA to be installed to build or load: the libraries are found at run
+//! time ([`loader`]), and [`cuda_available`] says whether a GPU can be used.
+
+pub mod blas;
+pub mod compiler;
+pub mod device;
+pub mod gather;
+pub mod loader;
+pub mod memory;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+pub use compiler::{CompiledCubin, LoadedModule};
+pub use device::{cuda_available, cuda_status, CudaDevice};
+pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
+
+use crate::{interpret, Buffer, HostData};
+use blas::DevOperand;
+use coil_codegen::cuda::{CudaModule, Launch};
+use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
+use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
+use coil_ir::{Error, Graph, Result};
+use cudarc::driver::{result as drv, sys};
+use device::driver_error;
+use plan::{check_extern, check_status, plan_storage, Storage};
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Launch shape and resources of one generated kernel, for dumps (`summary.json`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelAttributes {
+    pub name: String,
+    /// Blocks in the (1-D) grid.
+    pub grid: u32,
+    /// Threads per (1-D) block.
+    pub block: u32,
+    /// Registers per thread (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
+    pub registers: u32,
+    /// Static shared memory per block (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`).
+    pub static_shared_bytes: u32,
+    /// Dynamic shared memory per block, as launched.
+    pub dynamic_shared_bytes: u32,
+}
+
+/// A graph compiled for a GPU, ready to run any number of times (also from several threads:
+/// all runs are ordered on the device's one stream).
+#[derive(Debug)]
+pub struct CudaCompiledGraph {
+    device: Arc<CudaDevice>,
+    program: LoopProgram,
+    schedule: Schedule,
+    steps: Vec<Step>,
+    storage: Vec<Storage>,
+    slot_bytes: Vec<usize>,
+    /// Number of generated kernels (4 status words each).
+    generated: usize,
+    attributes: Vec<KernelAttributes>,
+    /// The loaded CUBIN; `None` when every kernel is extern.
+    module: Option<Arc<LoadedModule>>,
+    cubin: Option<CompiledCubin>,
+}
+
+// SAFETY: the raw `CUfunction` handles in `steps` are immutable, belong to `module` (kept alive
+// here) and are used only with the device's context bound; everything else is plain data.
+unsafe impl Send for CudaCompiledGraph {}
+// SAFETY: as above; `run` takes `&self` and mutates nothing shared.
+unsafe impl Sync for CudaCompiledGraph {}
+
+/// One launch.
+#[derive(Debug)]
+enum Step {
+    /// A generated kernel: its function, launch shape, the buffer of each argument in order,
+    /// and the index of its status words.
+    Generated { name: String, func: sys::CUfunction, launch: Launch, args: Vec<BufferId>, status: usize },
+    /// An extern node (`Bmm` or a fallback op), by index in `program.nodes`.
+    Extern { node: usize },
+}
+
+/// A run enqueued on the stream but not yet checked.
+struct Pending {
+    outputs: Vec<Option<CudaBuffer>>,
+    status: DeviceMemory,
+    /// Kept until the status is read (the kernels use them); then back to the cache.
+    _slots: Vec<DeviceMemory>,
+}
+
+impl CudaCompiledGraph {
+    /// Compiles `module`'s source with NVRTC for `device` (through the cache in
+    /// [`crate::cpu::default_cache_dir`]) and prepares the launches. `kernels` has one entry per
+    /// schedule kernel: the tile kernel it was generated from, `None` for an extern kernel;
+    /// `module` must hold a kernel (with its launch shape) of each tile kernel's name.
+    pub fn new(
+        device: Arc<CudaDevice>,
+        program: LoopProgram,
+        schedule: Schedule,
+        kernels: Vec<Option<TileKernel>>,
+        module: &CudaModule,
+    ) -> Result<CudaCompiledGraph> {
+        CudaCompiledGraph::new_in(device, program, schedule, kernels, module, &crate::cpu::default_cache_dir())
+    }
+
+    /// [`CudaCompiledGraph::new`] with an explicit cache directory.
+    pub fn new_in(
+        device: Arc<CudaDevice>,
+        program: LoopProgram,
+        schedule: Schedule,
+        kernels: Vec<Option<TileKernel>>,
+        module: &CudaModule,
+        cache_dir: &Path,
+    ) -> Result<CudaCompiledGraph> {
+        let bad = |msg: String| Error::runtime(format!("inconsistent CUDA compiled graph: {msg}"));
+        if kernels.len() != schedule.kernels.len() {
+            return Err(bad(format!(
+                "{} tile kernels for {} scheduled kernels",
+                kernels.len(),
+                schedule.kernels.len()
+            )));
+        }
+        // Check everything before paying for a compile.
+        let mut plan: Vec<std::result::Result<(&TileKernel, Launch), usize>> = Vec::new();
+        let mut used = vec![false; program.buffers.len()];
+        for (fused, tile) in schedule.kernels.iter().zip(&kernels) {
+            match (fused.kind, tile) {
+                (KernelKind::Extern, None) => {
+                    for &node in &fused.nodes {
+                        let n =
+                            program.nodes.get(node).ok_or_else(|| bad(format!("{}: no node {node}", fused.name)))?;
+                        let LoopKind::Extern { call, inputs } = &n.kind else {
+                            return Err(bad(format!("{}: node {node} is not extern", fused.name)));
+                        };
+                        check_extern(&program, call, inputs, n.output)
+                            .map_err(|m| bad(format!("{}: {m}", fused.name)))?;
+                        for b in inputs.iter().chain([&n.output]) {
+                            used[b.0] = true;
+                        }
+                        plan.push(Err(node));
+                    }
+                }
+                (KernelKind::Extern, Some(_)) => {
+                    return Err(bad(format!("{} is extern but has a tile kernel", fused.name)))
+                }
+                (_, None) => return Err(bad(format!("{} has no tile kernel", fused.name))),
+                (_, Some(tile)) => {
+                    for arg in &tile.args {
+                        let buf = program
+                            .buffers
+                            .get(arg.buffer.0)
+                            .ok_or_else(|| bad(format!("{}: no buffer {}", tile.name, arg.buffer.0)))?;
+                        if buf.meta.dtype != arg.dtype {
+                            return Err(bad(format!(
+                                "{}: {} is {} but {} is {}",
+                                tile.name, arg.name, arg.dtype, buf.name, buf.meta
+                            )));
+                        }
+                        if arg.written && program.inputs.contains(&arg.buffer) {
+                            return Err(bad(format!("{} writes the input {}", tile.name, buf.name)));
+                        }
+                        used[arg.buffer.0] = true;
+                    }
+                    let launch = module
+                        .kernels
+                        .iter()
+                        .find(|k| k.name == tile.name)
+                        .map(|k| k.launch)
+                        .ok_or_else(|| bad(format!("the CUDA module has no kernel {}", tile.name)))?;
+                    plan.push(Ok((tile, launch)));
+                }
+            }
+        }
+        let (storage, slot_bytes) = plan_storage(&program, &schedule, &used).map_err(bad)?;
+        // An extern call reads its operands while writing its output: they must not share a slot.
+        for step in &plan {
+            if let Err(node) = step {
+                let n = &program.nodes[*node];
+                if n.reads()
+                    .iter()
+                    .any(|b| matches!(storage[b.0], Storage::Slot(_)) && storage[b.0] == storage[n.output.0])
+                {
+                    return Err(bad(format!(
+                        "extern {} shares a memory slot with its operand",
+                        program.buffer(n.output).name
+                    )));
+                }
+            }
+        }
+
+        let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
+        let (loaded, cubin) = if names.is_empty() {
+            (None, None)
+        } else {
+            let (m, c) = compiler::load_or_build(&device, &module.source, &names, cache_dir)?;
+            (Some(m), Some(c))
+        };
+        let mut steps = Vec::with_capacity(plan.len());
+        let mut attributes = Vec::new();
+        for p in plan {
+            match p {
+                Ok((tile, launch)) => {
+                    let m = loaded.as_ref().expect("loaded when any kernel is generated");
+                    let func = m.function(&tile.name)?;
+                    compiler::allow_dynamic_shared(&device, func, launch.shared_bytes)?;
+                    let (registers, static_shared_bytes) = compiler::function_resources(&device, func)?;
+                    attributes.push(KernelAttributes {
+                        name: tile.name.clone(),
+                        grid: launch.grid,
+                        block: launch.block,
+                        registers,
+                        static_shared_bytes,
+                        dynamic_shared_bytes: launch.shared_bytes,
+                    });
+                    let status = attributes.len() - 1;
+                    let args = tile.args.iter().map(|a| a.buffer).collect();
+                    steps.push(Step::Generated { name: tile.name.clone(), func, launch, args, status });
+                }
+                Err(node) => steps.push(Step::Extern { node }),
+            }
+        }
+        let generated = attributes.len();
+        Ok(CudaCompiledGraph {
+            device,
+            program,
+            schedule,
+            steps,
+            storage,
+            slot_bytes,
+            generated,
+            attributes,
+            module: loaded,
+            cubin,
+        })
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// The program it runs.
+    pub fn program(&self) -> &LoopProgram {
+        &self.program
+    }
+
+    /// Its schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Seconds NVRTC ran to build it (0 when the cache had it or nothing was compiled).
+    pub fn compile_seconds(&self) -> f64 {
+        self.cubin.as_ref().map_or(0.0, |c| c.compile_seconds)
+    }
+
+    /// True when the CUBIN came from the disk cache.
+    pub fn cache_hit(&self) -> bool {
+        self.cubin.as_ref().is_some_and(|c| c.cache_hit)
+    }
+
+    /// The cached CUBIN's path (`None` when every kernel is extern).
+    pub fn cubin_path(&self) -> Option<&Path> {
+        self.cubin.as_ref().map(|c| c.path.as_path())
+    }
+
+    /// The cached CUDA source's path (`None` when every kernel is extern).
+    pub fn source_path(&self) -> Option<PathBuf> {
+        self.cubin.as_ref().map(|c| c.source_path.clone())
+    }
+
+    /// Launch shape, registers and shared memory of each generated kernel, in launch order.
+    pub fn kernel_attributes(&self) -> &[KernelAttributes] {
+        &self.attributes
+    }
+
+    /// Runs the graph on `inputs` (on this graph's device, matching the program's input metas)
+    /// and returns the outputs in `program.outputs` order. Data errors a kernel detects (an
+    /// index out of bounds, ...) are errors naming the kernel, as on the CPU.
+    pub fn run(&self, inputs: &[&CudaBuffer]) -> Result<Vec<CudaBuffer>> {
+        let pending = self.enqueue(inputs)?;
+        self.finish(inputs, pending)
+    }
+
+    /// [`run`](Self::run) on host buffers: uploads the inputs, runs, downloads the outputs.
+    pub fn run_host(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+        let dev: Vec<CudaBuffer> =
+            inputs.iter().map(|b| CudaBuffer::from_host(&self.device, b)).collect::<Result<_>>()?;
+        let refs: Vec<&CudaBuffer> = dev.iter().collect();
+        self.run(&refs)?.iter().map(CudaBuffer::to_host).collect()
+    }
+
+    /// Runs `warmup` untimed runs, then `reps` runs each timed with CUDA events recorded on the
+    /// stream around its enqueued work; returns each timed run's device time in microseconds.
+    /// (A graph with fallback ops synchronises with the host inside the run, which is then
+    /// included.) Each run's status is still checked.
+    pub fn time_runs(&self, inputs: &[&CudaBuffer], warmup: usize, reps: usize) -> Result<Vec<f64>> {
+        for _ in 0..warmup {
+            self.run(inputs)?;
+        }
+        let ctx = self.device.context();
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = ctx.new_event(timing).map_err(|e| driver_error("cuEventCreate", e))?;
+        let end = ctx.new_event(timing).map_err(|e| driver_error("cuEventCreate", e))?;
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            start.record(self.device.stream()).map_err(|e| driver_error("cuEventRecord", e))?;
+            let pending = self.enqueue(inputs)?;
+            end.record(self.device.stream()).map_err(|e| driver_error("cuEventRecord", e))?;
+            self.finish(inputs, pending)?;
+            let ms = start.elapsed_ms(&end).map_err(|e| driver_error("cuEventElapsedTime", e))?;
+            times.push(ms as f64 * 1000.0);
+        }
+        Ok(times)
+    }
+
+    fn check_inputs(&self, inputs: &[&CudaBuffer]) -> Result<()> {
+        let p = &self.program;
+        if inputs.len() != p.inputs.len() {
+            return Err(Error::value(format!(
+                "the compiled graph takes {} inputs, got {}",
+                p.inputs.len(),
+                inputs.len()
+            )));
+        }
+        for (k, (id, buf)) in p.inputs.iter().zip(inputs).enumerate() {
+            let want = &p.buffer(*id).meta;
+            if buf.meta().shape != want.shape || buf.bytes() < want.nbytes() {
+                return Err(Error::shape(format!("input {k}: expected {want}, got {}", buf.meta())));
+            }
+            if buf.dtype() != want.dtype {
+                return Err(Error::dtype(format!("input {k}: expected {want}, got {}", buf.meta())));
+            }
+            if buf.device().ordinal() != self.device.ordinal() {
+                return Err(Error::value(format!(
+                    "input {k} is on cuda:{}, the graph runs on cuda:{}",
+                    buf.device().ordinal(),
+                    self.device.ordinal()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates and enqueues everything; fallback ops synchronise on the way.
+    fn enqueue(&self, inputs: &[&CudaBuffer]) -> Result<Pending> {
+        self.check_inputs(inputs)?;
+        let p = &self.program;
+        let dev = &self.device;
+        // Outputs are not zeroed: every output is fully written by the kernel that produces it.
+        let outputs: Vec<Option<CudaBuffer>> = (0..p.buffers.len())
+            .map(|i| {
+                (self.storage[i] == Storage::Output)
+                    .then(|| CudaBuffer::alloc(dev, p.buffers[i].meta.clone()))
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
+        let slots: Vec<DeviceMemory> =
+            self.slot_bytes.iter().map(|&b| DeviceMemory::alloc(dev, b)).collect::<Result<_>>()?;
+        let status = DeviceMemory::alloc(dev, self.generated * 32)?;
+        status.zero(self.generated * 32)?;
+        let ptrs: Vec<u64> = (0..p.buffers.len())
+            .map(|i| match self.storage[i] {
+                Storage::Input(k) => inputs[k].ptr(),
+                Storage::Output => outputs[i].as_ref().expect("allocated above").ptr(),
+                Storage::Slot(s) => slots[s].ptr(),
+                Storage::Unused => 0,
+            })
+            .collect();
+        for step in &self.steps {
+            match step {
+                Step::Generated { name, func, launch, args, status: s } => {
+                    if launch.grid == 0 || launch.block == 0 {
+                        continue; // nothing to compute (an empty tensor)
+                    }
+                    let mut values: Vec<u64> = args.iter().map(|b| ptrs[b.0]).collect();
+                    values.push(status.ptr() + (*s as u64) * 32);
+                    let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+                    dev.bind()?;
+                    // SAFETY: the kernel's ABI is one device pointer per argument then the status
+                    // pointer; each argument's pointer addresses a live allocation of at least
+                    // its buffer's size and dtype (checked in `new_in`), kept alive until the
+                    // status is read; `params` outlives the call (the driver copies it).
+                    unsafe {
+                        drv::launch_kernel(
+                            *func,
+                            (launch.grid, 1, 1),
+                            (launch.block, 1, 1),
+                            launch.shared_bytes,
+                            dev.cu_stream(),
+                            &mut params,
+                        )
+                    }
+                    .map_err(|e| driver_error(&format!("cuLaunchKernel({name})"), e))?;
+                }
+                Step::Extern { node } => {
+                    if let Err(e) = self.run_extern(*node, &ptrs) {
+                        // A failing kernel earlier in the graph explains garbage operands best.
+                        self.check_status_words(&status)?;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(Pending { outputs, status, _slots: slots })
+    }
+
+    /// Waits for the run, checks its status words, and collects the outputs.
+    fn finish(&self, inputs: &[&CudaBuffer], pending: Pending) -> Result<Vec<CudaBuffer>> {
+        self.check_status_words(&pending.status)?;
+        let Pending { mut outputs, .. } = pending;
+        let p = &self.program;
+        let mut result: Vec<CudaBuffer> = Vec::with_capacity(p.outputs.len());
+        for (k, &o) in p.outputs.iter().enumerate() {
+            let buf = match self.storage[o.0] {
+                Storage::Input(i) => inputs[i].try_clone()?,
+                _ => match outputs[o.0].take() {
+                    Some(buf) => buf,
+                    // The same buffer returned twice: a copy of the earlier one.
+                    None => result[p.outputs.iter().position(|&x| x == o).filter(|&j| j < k).expect("taken before")]
+                        .try_clone()?,
+                },
+            };
+            result.push(buf);
+        }
+        Ok(result)
+    }
+
+    /// One device-to-host copy of every kernel's status (waits for the stream); the first
+    /// failing kernel in launch order is reported.
+    fn check_status_words(&self, status: &DeviceMemory) -> Result<()> {
+        // SAFETY: the status allocation holds `generated * 32` bytes.
+        let bytes = unsafe { memory::download(&self.device, status.ptr(), self.generated * 32) }
+            .map_err(|e| Error::runtime(format!("the CUDA graph failed: {e}")))?;
+        let words: Vec<i64> = bytes.chunks_exact(8).map(bytemuck::pod_read_unaligned).collect();
+        for step in &self.steps {
+            if let Step::Generated { name, status: s, .. } = step {
+                check_status(name, &words[s * 4..s * 4 + 4])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues one extern node on the run's memory.
+    fn run_extern(&self, node: usize, ptrs: &[u64]) -> Result<()> {
+        let p = &self.program;
+        let LoopKind::Extern { call, inputs: operands } = &p.nodes[node].kind else {
+            unreachable!("checked in new_in")
+        };
+        let out_id = p.nodes[node].output;
+        let operand = |b: BufferId| DevOperand { ptr: ptrs[b.0], bytes: p.buffer(b).meta.nbytes() };
+        match call {
+            ExternCall::Bmm { a, b, bias, .. } => {
+                let spec = crate::cpu::gemm::BmmSpec::from_call(call).expect("a bmm call");
+                let bias = bias.as_ref().map(|x| operand(x.buffer));
+                blas::bmm(
+                    &self.device,
+                    &spec,
+                    p.buffer(out_id).meta.dtype,
+                    operand(a.buffer),
+                    operand(b.buffer),
+                    bias,
+                    operand(out_id),
+                )
+            }
+            ExternCall::Fallback { op } => {
+                let mut g = Graph::new();
+                let mut ids = Vec::new();
+                let mut args = Vec::new();
+                for &b in operands {
+                    let meta = &p.buffer(b).meta;
+                    ids.push(g.input(meta.clone()));
+                    // SAFETY: each buffer's pointer addresses at least its size in bytes.
+                    let bytes = unsafe { memory::download(&self.device, ptrs[b.0], meta.nbytes())? };
+                    args.push(Buffer::new(meta.shape.clone(), HostData::from_bytes(meta.dtype, &bytes)?)?);
+                }
+                let y = g.push(op.clone(), &ids, None)?;
+                g.outputs.push(y);
+                let refs: Vec<&Buffer> = args.iter().collect();
+                let value = interpret(&g, &refs)?.remove(0);
+                if value.meta() != p.buffer(out_id).meta {
+                    return Err(Error::runtime(format!(
+                        "fallback {op} made {} for {}",
+                        value.meta(),
+                        p.buffer(out_id).meta
+                    )));
+                }
+                let bytes = value.data.to_bytes();
+                // SAFETY: the output's memory holds its meta's bytes, which `bytes` has.
+                unsafe { memory::upload(&self.device, ptrs[out_id.0], &bytes)? };
+                // `bytes` is dropped on return: the driver staged the pageable copy already,
+                // but a synchronisation keeps this rare path obviously sound.
+                self.device.synchronize()
+            }
+        }
+    }
+
+    /// The loaded module (`None` when every kernel is extern).
+    pub fn module(&self) -> Option<&Arc<LoadedModule>> {
+        self.module.as_ref()
+    }
+}

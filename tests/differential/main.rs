@@ -1,0 +1,9 @@
+//! Differential tests on the CPU: random programs compiled vs the reference interpreter.
+//! The generator and the comparison are in `harness.rs`.
+
+mod harness;
+
+#[test]
+fn compiled_programs_agree_with_the_interpreter() {
+    harness::check_all(coil::Device::Cpu);
+}
