@@ -1,10 +1,10 @@
 //! The compile driver: a captured graph through every stage to a runnable [`CompiledGraph`].
 //!
-//! Stages (see `docs/compiler.md`): decompose, lower, schedule (fuse), build kernels, emit C,
-//! compile and load. Each is timed; with `COIL_DEBUG` set, each writes its dump file
-//! ([`crate::debug`]). Compiled graphs are cached in the process by the graph's printed form
-//! (ops, attributes, shapes, dtypes: no source lines), so running the same program again costs a
-//! lookup; compiled C is cached on disk by the runtime.
+//! Stages (see `docs/compiler.md`): decompose, rewrite (e-graph simplification), lower,
+//! schedule (fuse), build kernels, emit C, compile and load. Each is timed; with `COIL_DEBUG`
+//! set, each writes its dump file ([`crate::debug`]). Compiled graphs are cached in the process
+//! by the graph's printed form (ops, attributes, shapes, dtypes: no source lines), so running
+//! the same program again costs a lookup; compiled C is cached on disk by the runtime.
 
 use crate::debug::{self, Dump};
 use crate::logs;
@@ -22,6 +22,8 @@ use std::time::Instant;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StageTimes {
     pub decompose: f64,
+    /// The e-graph rewrite pass (`coil_passes::simplify`; 0 with `COIL_REWRITE=0`).
+    pub rewrite: f64,
     pub lower: f64,
     pub schedule: f64,
     pub codegen: f64,
@@ -162,6 +164,11 @@ fn compile_uncached(captured: &Graph, device: Device) -> Result<Compiled> {
     dump.write("graph_decomposed.txt", || primitive.print(true));
 
     let t = Instant::now();
+    let (primitive, rewrites) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::from_env())?;
+    times.rewrite = t.elapsed().as_secs_f64();
+    dump.write("rewrites.txt", || rewrites.to_string());
+
+    let t = Instant::now();
     let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
     times.lower = t.elapsed().as_secs_f64();
     let pre_fusion = program.to_string();
@@ -216,7 +223,7 @@ fn compile_uncached(captured: &Graph, device: Device) -> Result<Compiled> {
     let schedule_text = debug::schedule_text(&program_view, &schedule_view, &kernels);
     dump.write("schedule.txt", || schedule_text.clone());
     logs::schedule(&schedule_text);
-    let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times);
+    let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times, &rewrites);
     dump.write("summary.json", || summary.clone());
     Ok(Compiled { executable, device, times, kernels, pre_fusion, post_fusion, summary, dump_dir: dump.dir().cloned() })
 }

@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! run_<YYYYmmdd_HHMMSS>-pid_<pid>/graph_<n>/
-//!   graph_captured.txt   graph_decomposed.txt   ir_pre_fusion.txt   ir_post_fusion.txt
-//!   kernels/<name>.tile  kernels/<name>.c       schedule.txt        summary.json
+//!   graph_captured.txt   graph_decomposed.txt   rewrites.txt        ir_pre_fusion.txt
+//!   ir_post_fusion.txt   kernels/<name>.tile    kernels/<name>.c    schedule.txt
+//!   summary.json
 //! ```
 //!
 //! The files' contents are deterministic (no addresses, no hash orders), except the compile
@@ -146,12 +147,14 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
     s
 }
 
-/// `summary.json`: kernels (name, kind, ops, estimated bytes), compile time per stage, peak bytes.
+/// `summary.json`: kernels (name, kind, ops, estimated bytes), compile time per stage, peak
+/// bytes, and the rewrite pass's estimated bytes and flops before and after.
 pub fn summary_json(
     program: &LoopProgram,
     schedule: &Schedule,
     kernels: &[Option<TileKernel>],
     times: &StageTimes,
+    rewrites: &coil_passes::RewriteReport,
 ) -> String {
     let list: Vec<serde_json::Value> = schedule
         .kernels
@@ -185,6 +188,7 @@ pub fn summary_json(
         "extern_calls": schedule.kernels.len() - generated,
         "compile_seconds": {
             "decompose": times.decompose,
+            "rewrite": times.rewrite,
             "lower": times.lower,
             "schedule": times.schedule,
             "codegen": times.codegen,
@@ -192,6 +196,12 @@ pub fn summary_json(
             "total": times.total,
         },
         "peak_bytes": schedule.memory.peak_bytes,
+        "rewrite": {
+            "bytes_before": rewrites.cost_before.bytes,
+            "bytes_after": rewrites.cost_after.bytes,
+            "flops_before": rewrites.cost_before.flops,
+            "flops_after": rewrites.cost_after.flops,
+        },
     });
     serde_json::to_string_pretty(&summary).expect("json") + "\n"
 }

@@ -1,6 +1,6 @@
 //! `coil-passes`: graph-to-graph passes and the steps from a primitive graph to fused kernels:
 //! decomposition to primitives, lowering to loop IR, and the fusion scheduler with its memory
-//! plan (e-graph simplification comes later).
+//! plan, with e-graph simplification between decomposition and lowering.
 //!
 //! It owns:
 //! * the decomposition table ([`mod@decompose`], entry point [`decompose()`]), which turns a
@@ -8,6 +8,9 @@
 //!   attention; Rust scalars; implicit broadcasting and type promotion) into a primitive graph
 //!   that satisfies [`coil_ir::Graph::verify_primitive`], and the [`decompose::Builder`] its
 //!   decompositions are written against;
+//! * simplification ([`mod@rewrite`], entry point [`simplify()`]): egg rewriting of a primitive
+//!   graph (identities, constant folding, view and cast chains, matrix-product algebra), with
+//!   extraction by bytes moved and flops, and a [`RewriteReport`] (`rewrites.txt`);
 //! * lowering ([`mod@lower`], entry point [`lower()`]): a primitive graph becomes a
 //!   [`coil_ir::loops::LoopProgram`], views folded into index expressions and pointwise
 //!   producers inlined into their consumers, with buffers only where they are required;
@@ -21,10 +24,12 @@
 
 pub mod decompose;
 pub mod lower;
+pub mod rewrite;
 pub mod schedule;
 pub mod split;
 
 pub use decompose::decompose;
 pub use lower::lower;
+pub use rewrite::{simplify, RewriteOptions, RewriteReport};
 pub use schedule::{print_schedule, schedule};
 pub use split::split_reductions;
