@@ -29,8 +29,8 @@
 
 pub use coil_frontend::compile::{inspect, Compiled, Executable, StageTimes};
 pub use coil_frontend::ops::linalg::*;
+pub use coil_frontend::ops::movement::*;
 pub use coil_frontend::ops::nn::*;
-pub use coil_frontend::ops::shape::*;
 pub use coil_frontend::{
     backend, capture, default_device, manual_seed, pow, realize, set_backend, set_default_device, where_, Backend,
     Captured, IntoTensor, Storage, Tensor,
