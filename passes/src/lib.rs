@@ -31,5 +31,5 @@ pub mod split;
 pub use decompose::decompose;
 pub use lower::lower;
 pub use rewrite::{simplify, RewriteOptions, RewriteReport};
-pub use schedule::{print_schedule, schedule};
+pub use schedule::{print_schedule, schedule, schedule_with, ScheduleOptions};
 pub use split::split_reductions;

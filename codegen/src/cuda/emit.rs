@@ -52,6 +52,74 @@ fn divisible(e: Expr, n: i64) -> bool {
     }
 }
 
+/// The largest magnitude any step of evaluating `e` in C can reach (each symbol at its bounds),
+/// or `None` when a symbol is unbounded.
+fn magnitude(e: Expr) -> Option<i128> {
+    Some(match &*e.kind() {
+        ExprKind::Const(c) => i128::from(*c).abs(),
+        ExprKind::Symbol(_) => {
+            let (lo, hi) = e.bounds();
+            i128::from(lo?).abs().max(i128::from(hi?).abs())
+        }
+        // Partial sums are at most the sum of the terms' magnitudes.
+        ExprKind::Add { terms, constant } => {
+            let mut m = i128::from(*constant).abs();
+            for &(t, c) in terms {
+                m = m.saturating_add(magnitude(t)?.saturating_mul(i128::from(c).abs()));
+            }
+            m
+        }
+        // Factors count at least 1, so partial products are at most the whole.
+        ExprKind::Mul { coeff, factors } => {
+            let mut m = i128::from(*coeff).abs().max(1);
+            for &f in factors {
+                m = m.saturating_mul(magnitude(f)?.max(1));
+            }
+            m
+        }
+        ExprKind::FloorDiv(a, b) | ExprKind::Mod(a, b) | ExprKind::Min(a, b) | ExprKind::Max(a, b) => {
+            magnitude(*a)?.max(magnitude(*b)?)
+        }
+    })
+}
+
+/// The C type of the kernel's index variables and index arithmetic: `int` when every index
+/// expression (every step of it) and the loop counters fit in 32 bits, else `int64_t`.
+/// GPUs have 32-bit integer units: 64-bit multiplies take several instructions, and 64-bit
+/// division and remainder are emulated (a call of dozens of instructions), so a kernel such as
+/// a bias broadcast paid more in index arithmetic than in memory traffic. Decided per kernel
+/// from its static sizes; data-dependent (indirect) offsets stay 64-bit regardless, since the
+/// loaded index is an `int64_t`.
+fn index_type(k: &TileKernel, xnumel: i64, rnumel: i64) -> &'static str {
+    // Grid-stride counters reach below `2 * count + block`: keep a wide margin.
+    let counters = i128::from(xnumel.max(1)) * i128::from(rnumel.max(1)) * 2 + (1 << 20);
+    let mut exprs = vec![xindex(&k.xnumel)];
+    if let Some(r) = k.rnumel {
+        exprs.push(rindex(&r));
+    }
+    for s in flat(&k.body) {
+        match s {
+            TileStmt::Let { op, .. } => match op {
+                TileOp::Load { index, .. } | TileOp::MaskedLoad { index, .. } | TileOp::Index(index) => {
+                    exprs.push(*index)
+                }
+                TileOp::IndirectLoad { index, stride, bound, .. } => exprs.extend([*index, *stride, *bound]),
+                TileOp::Rand { counter, .. } => exprs.push(*counter),
+                _ => {}
+            },
+            TileStmt::Store { index, .. } => exprs.push(*index),
+            _ => {}
+        }
+    }
+    let limit = i128::from(i32::MAX);
+    let fits = counters <= limit && exprs.into_iter().all(|e| magnitude(e).is_some_and(|m| m <= limit));
+    if fits {
+        "int"
+    } else {
+        "int64_t"
+    }
+}
+
 /// How the elements of a thread's group reach a buffer.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Access {
@@ -91,15 +159,62 @@ impl Group {
         index.substitute(&IndexMap::from([(self.fast, p)]))
     }
 
+    /// `index` at the group's element `base + i` as `(e0, c)`: `e0 + c*i` for every `i` in
+    /// `0..vec`, `e0` free of `i`. Beyond sums and multiples this sees through `% m` and
+    /// `// m` when `vec` divides `m` and the operand is `a0 + i` with `vec | a0`: then `a0`
+    /// and `a0 + i` lie in the same block of `m`, so `(a0 + i) % m = a0 % m + i` and
+    /// `(a0 + i) // m = a0 // m`. That makes a broadcast operand such as a bias
+    /// (`b[xindex % 8192]`) one vector load per group, a per-row value (`mean[xindex // n]`)
+    /// uniform, and leaves no `% m` inside the element loop: `e0` is computed once per group
+    /// (the unrolled loop only adds `i`), where `(8*xvec + i) % 8192` cost one 64-bit
+    /// remainder per element. `None` when the index is not of that form.
+    fn peel(&self, index: Expr) -> Option<(Expr, i64)> {
+        self.peel_at(self.at(index, self.pos))
+    }
+
+    fn peel_at(&self, e: Expr) -> Option<(Expr, i64)> {
+        if self.vec == 1 || !e.free_symbols().contains(&self.i) {
+            return Some((e, 0));
+        }
+        if e == self.i {
+            return Some((Expr::int(0), 1));
+        }
+        let v = self.vec as i64;
+        match &*e.kind() {
+            ExprKind::Add { terms, constant } => {
+                let (mut e0, mut c) = (Expr::int(*constant), 0);
+                for &(t, k) in terms {
+                    let (t0, ct) = self.peel_at(t)?;
+                    e0 = e0 + t0 * k;
+                    c += ct * k;
+                }
+                Some((e0, c))
+            }
+            ExprKind::Mul { coeff, factors } if factors.len() == 1 => {
+                let (f0, cf) = self.peel_at(factors[0])?;
+                Some((f0 * *coeff, cf * coeff))
+            }
+            ExprKind::Mod(a, m) | ExprKind::FloorDiv(a, m) => {
+                let m = m.const_value().filter(|&m| m > 0 && m % v == 0)?;
+                let (a0, ca) = self.peel_at(*a)?;
+                if ca != 1 || !divisible(a0, v) {
+                    return None;
+                }
+                Some(match &*e.kind() {
+                    ExprKind::Mod(..) => (a0.modulo(m), 1),
+                    _ => (a0.floor_div(m), 0),
+                })
+            }
+            _ => None,
+        }
+    }
+
     fn access(&self, index: Expr, dtype: DType) -> Access {
-        let (e1, e0) = (self.at(index, self.pos), self.at(index, self.base));
         let piece = self.vec.min((MAX_ACCESS_BYTES / dtype.size_bytes()).max(1));
-        if e1 == e0 {
-            Access::Uniform
-        } else if self.vec > 1 && e1 - e0 == self.i && divisible(e0, piece as i64) {
-            Access::Vector { piece }
-        } else {
-            Access::Scalar
+        match self.peel(index) {
+            Some((_, 0)) => Access::Uniform,
+            Some((e0, 1)) if self.vec > 1 && divisible(e0, piece as i64) => Access::Vector { piece },
+            _ => Access::Scalar,
         }
     }
 }
@@ -123,6 +238,8 @@ pub(super) struct Gen<'a> {
     group: Option<Group>,
     /// Per argument, the alignment in bytes its vector accesses need (checked at run time).
     align: IndexMap<usize, usize>,
+    /// The type of index variables and arithmetic ([`index_type`]).
+    pub(super) it: &'static str,
 }
 
 impl<'a> Gen<'a> {
@@ -159,6 +276,7 @@ impl<'a> Gen<'a> {
             uniform: IndexSet::new(),
             group: None,
             align: IndexMap::new(),
+            it: index_type(k, xnumel, rnumel),
         }
     }
 
@@ -188,10 +306,15 @@ impl<'a> Gen<'a> {
         }
     }
 
-    /// An index expression as C; inside a group, in terms of the group's symbols.
+    /// An index expression as C; inside a group, in terms of the group's symbols, as
+    /// `e0 + c*i` where [`Group::peel`] finds that form (the compiler hoists `e0` out of the
+    /// unrolled element loop).
     fn index_c(&self, e: Expr) -> String {
         match &self.group {
-            Some(g) => g.at(e, g.pos).to_c(),
+            Some(g) => match g.peel(e) {
+                Some((e0, c)) => (e0 + g.i * c).to_c(),
+                None => g.at(e, g.pos).to_c(),
+            },
             None => e.to_c(),
         }
     }
@@ -199,7 +322,7 @@ impl<'a> Gen<'a> {
     /// The offset of a vector access: its index at the group's first element.
     fn base_c(&self, e: Expr) -> String {
         let g = self.group.as_ref().expect("a vector access inside a group");
-        g.at(e, g.base).to_c()
+        g.peel(e).map_or_else(|| g.at(e, g.base), |(e0, _)| e0).to_c()
     }
 
     fn access(&self, index: Expr, arg: usize) -> Access {
@@ -261,7 +384,7 @@ impl<'a> Gen<'a> {
         self.line(&format!("{head}({})", params.join(", ")));
         self.open("{");
         self.line("(void)status;");
-        self.line(&format!("const int64_t xnumel = {};", self.xnumel));
+        self.line(&format!("const {} xnumel = {};", self.it, self.xnumel));
         match k.kind {
             KernelKind::Pointwise => self.pointwise(),
             _ => self.reduction(),
@@ -282,9 +405,10 @@ impl<'a> Gen<'a> {
             self.find_uniform(&body);
         }
         self.alignment_check();
+        let it = self.it;
         self.open(&format!(
-            "for (int64_t xvec = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; xvec < {groups}; \
-             xvec += (int64_t)gridDim.x * blockDim.x) {{"
+            "for ({it} xvec = ({it})blockIdx.x * blockDim.x + threadIdx.x; xvec < {groups}; \
+             xvec += ({it})gridDim.x * blockDim.x) {{"
         ));
         if full > 0 {
             if full < groups {
@@ -305,7 +429,7 @@ impl<'a> Gen<'a> {
         if full < groups {
             self.line("/* the last, partial group: element by element */");
             self.open(&format!("for (int i = 0; i < {vec}; i++) {{"));
-            self.line(&format!("const int64_t xindex = {vec} * xvec + i;"));
+            self.line(&format!("const {} xindex = {vec} * xvec + i;", self.it));
             self.line("if (xindex >= xnumel) break;");
             for s in &body {
                 self.stmt(s);

@@ -5,8 +5,11 @@
 //! kernels need 16-byte accesses, coalesced across the warp, and a few of them in flight per
 //! thread.
 
+use super::emit::flat;
 use super::Launch;
-use coil_ir::kernel::{KernelKind, TileKernel};
+use coil_ir::kernel::{rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt};
+use coil_ir::sym::Expr;
+use indexmap::IndexMap;
 
 /// Threads per block of pointwise kernels: 8 warps, so that 8 blocks fill an SM and a block's
 /// tail wastes little.
@@ -17,6 +20,11 @@ pub const TARGET_SMS: usize = 132;
 pub const MAX_ACCESS_BYTES: usize = 16;
 /// Rows up to this long get one warp each in a persistent reduction; longer rows a block.
 pub const WARP_ROW_MAX: i64 = 256;
+/// Outputs per block of a column reduction (one warp wide).
+pub const COL_OUTPUTS: usize = 32;
+/// Shared memory of a column reduction's block stages, at most (16 bytes per slot, the widest
+/// accumulator; NVRTC's static limit is 48 KiB).
+const COL_SMEM_BYTES: usize = 40 << 10;
 /// Largest grid launched (the grid-stride loops of the kernels cover the rest).
 const MAX_GRID: usize = i32::MAX as usize;
 
@@ -35,6 +43,13 @@ pub struct Plan {
     pub rows_per_block: usize,
     /// Groups of `vec` elements each thread holds in registers in a persistent reduction.
     pub chunks: usize,
+    /// A column reduction ([`column_like`]): the block's `rows_per_block` rows are consecutive
+    /// outputs, one per thread of each warp (`threadIdx.x % rows_per_block`), and its `lanes`
+    /// threads per row split the reduced dim (`threadIdx.x / rows_per_block`), so that a warp
+    /// reads 32 consecutive elements (one per output) at each reduced position instead of 32
+    /// positions `stride` apart. The block stage goes through shared memory
+    /// (`coil_reduce_col`).
+    pub col: bool,
 }
 
 impl Plan {
@@ -65,13 +80,16 @@ pub fn plan(k: &TileKernel, xnumel: i64, rnumel: i64) -> Plan {
     let xn = xnumel.max(0) as usize;
     let rn = rnumel.max(0) as usize;
     let access = (MAX_ACCESS_BYTES / min_elem_bytes(k)).clamp(1, 8);
+    if k.kind != KernelKind::Pointwise && k.kind != KernelKind::Extern && column_like(k, xnumel, rnumel) {
+        return column_plan(k, xn, rn);
+    }
     match k.kind {
         KernelKind::Pointwise | KernelKind::Extern => {
             let vec = access.max(4);
             let groups = xn.div_ceil(vec).max(1);
             let block = groups.next_multiple_of(32).min(POINTWISE_BLOCK);
             let grid = groups.div_ceil(block).min(MAX_GRID);
-            Plan { launch: launch(grid, block), vec, lanes: 1, rows_per_block: 1, chunks: 1 }
+            Plan { launch: launch(grid, block), vec, lanes: 1, rows_per_block: 1, chunks: 1, col: false }
         }
         KernelKind::PersistentReduction => {
             let mut vec = largest_pow2_dividing(access, rn);
@@ -91,14 +109,58 @@ pub fn plan(k: &TileKernel, xnumel: i64, rnumel: i64) -> Plan {
                 rows /= 2;
             }
             let grid = xn.div_ceil(rows).min(MAX_GRID);
-            Plan { launch: launch(grid, lanes * rows), vec, lanes, rows_per_block: rows, chunks }
+            Plan { launch: launch(grid, lanes * rows), vec, lanes, rows_per_block: rows, chunks, col: false }
         }
         KernelKind::LoopedReduction => {
             let vec = largest_pow2_dividing(access, rn);
             let lanes = (rn / vec / 4).next_power_of_two().clamp(256, 1024);
-            Plan { launch: launch(xn.min(MAX_GRID), lanes), vec, lanes, rows_per_block: 1, chunks: 1 }
+            Plan { launch: launch(xn.min(MAX_GRID), lanes), vec, lanes, rows_per_block: 1, chunks: 1, col: false }
         }
     }
+}
+
+/// Whether a reduction reads its rows across memory, down columns: no `XR` load is contiguous
+/// along `rindex`, and some `XR` load steps by 1 along `xindex` and by a nonzero stride along
+/// `rindex` (`x.sum(dim=0)`: `x[stride*rindex + xindex]`). One block per row
+/// would read such rows one element per thread at `stride` apart; see [`Plan::col`].
+/// Needs whole blocks of outputs (`xnumel % 32 == 0`): every thread of a block then runs the
+/// same iterations, as the block stage's barriers require.
+pub fn column_like(k: &TileKernel, xnumel: i64, rnumel: i64) -> bool {
+    let Some(r) = k.rnumel else { return false };
+    if xnumel <= 0 || xnumel % COL_OUTPUTS as i64 != 0 || rnumel < 2 {
+        return false;
+    }
+    let (x, r) = (xindex(&k.xnumel), rindex(&r));
+    let step = |e: Expr, v: Expr| e.substitute(&IndexMap::from([(v, v + 1)])) - e;
+    let mut col = false;
+    for s in flat(&k.body) {
+        let TileStmt::Let { dims: Dims::XR, op: TileOp::Load { index, .. } | TileOp::MaskedLoad { index, .. }, .. } = s
+        else {
+            continue;
+        };
+        let dr = step(*index, r);
+        if dr == Expr::int(1) {
+            return false;
+        }
+        col |= dr != Expr::int(0) && step(*index, x) == Expr::int(1);
+    }
+    col
+}
+
+/// The launch of a column reduction: blocks of [`COL_OUTPUTS`] outputs times up to 32 threads
+/// along the reduced dim (fewer for short rows, about 8 positions per thread, and fewer where
+/// the block stages' shared memory would pass [`COL_SMEM_BYTES`]). Accesses go element by
+/// element (`vec = 1`): consecutive in the warp, not in the thread.
+fn column_plan(k: &TileKernel, xn: usize, rn: usize) -> Plan {
+    let reductions = flat(&k.body).iter().filter(|s| matches!(s, TileStmt::Reduce { .. })).count().max(1);
+    let smem_lanes = (COL_SMEM_BYTES / (COL_OUTPUTS * 16 * reductions)).max(1);
+    let mut lanes = rn.div_ceil(8).next_power_of_two().min(32);
+    while lanes > smem_lanes {
+        lanes /= 2;
+    }
+    let chunks = if k.kind == KernelKind::PersistentReduction { rn.div_ceil(lanes) } else { 1 };
+    let grid = (xn / COL_OUTPUTS).min(MAX_GRID);
+    Plan { launch: launch(grid, COL_OUTPUTS * lanes), vec: 1, lanes, rows_per_block: COL_OUTPUTS, chunks, col: true }
 }
 
 fn launch(grid: usize, block: usize) -> Launch {

@@ -25,6 +25,13 @@
 //!   for several warps, a shared-memory stage.
 //! * **Looped reduction**: one block per row; each `RLoop` strides over the row's groups with
 //!   vector loads where contiguous, into per-thread accumulators, then a block reduction.
+//! * **Column reduction** (either kind, when the rows run down memory, e.g. `x.sum(dim=0)`;
+//!   [`launch::column_like`]): a block holds 32 consecutive outputs, one per lane, times up to
+//!   32 threads along the reduced dim, so each warp load is 32 consecutive elements; the block
+//!   stage goes through shared memory (`coil_reduce_col`).
+//!
+//! Index arithmetic is 32-bit (`int`) in a kernel whose every index fits (decided from the static
+//! sizes), else 64-bit; inside a group an index is written `e0 + c*i`, `e0` once per group.
 //!
 //! Accumulation: float sums and products of f16, bf16 and f32 accumulate in f32 (per thread,
 //! then a tree across threads, whose error stays near pairwise summation's), f64 ones in f64,

@@ -301,6 +301,20 @@ template <int W, typename T, typename Op> COIL_D T coil_reduce(T v, Op op, T *sm
     }
     return v;
 }
+/* Column reductions: a block of X consecutive outputs (threadIdx.x % X) times R threads along
+   the reduced dim (threadIdx.x / X), smem of R * X slots. Every thread folds the R partials of
+   its output in the same order, so all of them hold the same bits. The closing barrier lets
+   the next reduction reuse shared memory. */
+template <int R, int X, typename T, typename Op> COIL_D T coil_reduce_col(T v, Op op, T *smem) {
+    smem[threadIdx.x] = v;
+    __syncthreads();
+    const int x = threadIdx.x % X;
+    v = smem[x];
+#pragma unroll
+    for (int r = 1; r < R; r++) v = op(v, smem[r * X + x]);
+    __syncthreads();
+    return v;
+}
 "#;
 
 static PRELUDE: LazyLock<String> = LazyLock::new(|| {

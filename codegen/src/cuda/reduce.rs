@@ -22,11 +22,17 @@ impl<'a> Gen<'a> {
     /// per block and `lanes` threads per row.
     pub(super) fn reduction(&mut self) {
         let p = self.plan;
-        self.line(&format!("const int rlane = threadIdx.x % {};", p.lanes));
+        // A column plan's row threads are `rows_per_block` apart (see `Plan::col`).
+        if p.col {
+            self.line(&format!("const int rlane = threadIdx.x / {};", p.rows_per_block));
+        } else {
+            self.line(&format!("const int rlane = threadIdx.x % {};", p.lanes));
+        }
+        let slots = if p.col { p.launch.block as usize } else { p.warps_per_row() };
         for s in flat(&self.k.body) {
             if let TileStmt::Reduce { var, op, .. } = s {
                 let acc = self.acc(*var, *op);
-                self.line(&format!("__shared__ {} smem{var}[{}];", acc.ty, p.warps_per_row()));
+                self.line(&format!("__shared__ {} smem{var}[{slots}];", acc.ty));
             }
         }
         let pieces = if self.k.kind == KernelKind::PersistentReduction { self.pieces() } else { vec![] };
@@ -40,17 +46,19 @@ impl<'a> Gen<'a> {
             self.group = None;
         }
         self.alignment_check();
-        let first = if p.rows_per_block > 1 {
-            format!("(int64_t)blockIdx.x * {} + threadIdx.x / {}", p.rows_per_block, p.lanes)
+        let first = if p.col {
+            format!("({})blockIdx.x * {} + threadIdx.x % {}", self.it, p.rows_per_block, p.rows_per_block)
+        } else if p.rows_per_block > 1 {
+            format!("({})blockIdx.x * {} + threadIdx.x / {}", self.it, p.rows_per_block, p.lanes)
         } else {
-            "(int64_t)blockIdx.x".to_string()
+            format!("({})blockIdx.x", self.it)
         };
         let step = if p.rows_per_block > 1 {
-            format!("(int64_t)gridDim.x * {}", p.rows_per_block)
+            format!("({})gridDim.x * {}", self.it, p.rows_per_block)
         } else {
-            "(int64_t)gridDim.x".to_string()
+            format!("({})gridDim.x", self.it)
         };
-        self.open(&format!("for (int64_t xindex = {first}; xindex < xnumel; xindex += {step}) {{"));
+        self.open(&format!("for ({} xindex = {first}; xindex < xnumel; xindex += {step}) {{", self.it));
         if self.k.kind == KernelKind::LoopedReduction {
             let k = self.k;
             for s in &k.body {
@@ -130,12 +138,14 @@ impl<'a> Gen<'a> {
             let arr = if p.chunks > 1 { format!("k * {} + i", p.vec) } else { "i".to_string() };
             let all_full = (p.chunks * p.lanes) as i64 == nchunk;
             if p.chunks > 1 {
-                self.line("#pragma unroll");
+                // Fully unrolled, so per-thread arrays stay in registers; a long column plan
+                // (hundreds of chunks) unrolls partly (its arrays, if any, go to local memory).
+                self.line(if p.chunks <= 32 { "#pragma unroll" } else { "#pragma unroll 8" });
                 self.open(&format!("for (int k = 0; k < {}; k++) {{", p.chunks));
-                self.line(&format!("const int64_t rchunk = k * {} + rlane;", p.lanes));
+                self.line(&format!("const {} rchunk = k * {} + rlane;", self.it, p.lanes));
             } else {
                 self.open("{");
-                self.line("const int64_t rchunk = rlane;");
+                self.line(&format!("const {} rchunk = rlane;", self.it));
             }
             if !all_full {
                 self.open(&format!("if (rchunk < {nchunk}) {{"));
@@ -163,7 +173,11 @@ impl<'a> Gen<'a> {
         if nchunk == 0 {
             return;
         }
-        self.open(&format!("for (int64_t rchunk = rlane; rchunk < {nchunk}; rchunk += {}) {{", p.lanes));
+        if p.col {
+            // One element per thread and step: a few steps' loads in flight.
+            self.line("#pragma unroll 4");
+        }
+        self.open(&format!("for ({} rchunk = rlane; rchunk < {nchunk}; rchunk += {}) {{", self.it, p.lanes));
         self.line(&format!("/* rindex = {}*rchunk + i */", p.vec));
         self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, "i"));
         let stmts: Vec<&TileStmt> = body.iter().collect();
@@ -254,8 +268,13 @@ impl<'a> Gen<'a> {
     /// Defines `tmp<var>`: the row-wide reduction of the threads' accumulators `acc`.
     pub(super) fn acc_finish(&mut self, var: Var, op: ReduceOp, out: DType, acc: Var) {
         let a = self.acc(acc, op);
-        let w = self.plan.warps_per_row();
-        self.line(&format!("const {} red{var} = coil_reduce<{w}>(acc{acc}, {}(), smem{var});", a.ty, a.combine));
+        let p = self.plan;
+        let reduce = if p.col {
+            format!("coil_reduce_col<{}, {}>", p.lanes, p.rows_per_block)
+        } else {
+            format!("coil_reduce<{}>", p.warps_per_row())
+        };
+        self.line(&format!("const {} red{var} = {reduce}(acc{acc}, {}(), smem{var});", a.ty, a.combine));
         let src = self.dtype(self.acc_source[&acc]);
         let value = match op {
             ReduceOp::ArgMax | ReduceOp::ArgMin => {

@@ -161,6 +161,17 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
         let (p, k) = softmax(r, c, kind, "softmax");
         v.push(tile(&p, &k, &format!("softmax_{r}x{c}")));
     }
+    // column reductions (persistent, looped) and a long persistent row, as the GPU schedules them
+    for (r, c, kind) in [
+        (64, 256, KernelKind::PersistentReduction),
+        (8192, 64, KernelKind::PersistentReduction),
+        (3000, 96, KernelKind::LoopedReduction),
+    ] {
+        let (p, k) = col_sum(r, c, kind);
+        v.push(tile(&p, &k, &format!("col_sum_{r}x{c}")));
+    }
+    let (p, k) = softmax(16, 8192, KernelKind::PersistentReduction, "softmax");
+    v.push(tile(&p, &k, "softmax_persistent_16x8192"));
     for (r, c) in [(37, 768), (5, 3000), (3, 5)] {
         let kind = if c <= 1024 { KernelKind::PersistentReduction } else { KernelKind::LoopedReduction };
         let (p, k) = layer_norm(r, c, kind);
@@ -223,7 +234,8 @@ fn softmax_looped() {
     let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0 });
-    assert!(src.contains("for (int64_t rchunk = rlane; rchunk < 500; rchunk += 256) {"), "{src}");
+    // small sizes: 32-bit index arithmetic
+    assert!(src.contains("for (int rchunk = rlane; rchunk < 500; rchunk += 256) {"), "{src}");
     snapshot("cuda_softmax_looped", src);
 }
 
@@ -275,6 +287,62 @@ fn launch_heuristic() {
     let (p, k) = softmax(4, 1 << 16, KernelKind::LoopedReduction, "s");
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.launch.grid), (4, 1024, 4));
+}
+
+/// `x.sum(dim=0)` of f32 `[rows, cols]`: a reduction down the columns (`x[cols*r + x]`).
+fn col_sum(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let x = p.input(&[rows, cols], f);
+    let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
+    let mut b = B::default();
+    let l = b.load(x, rv * cols as i64 + xv, f);
+    let s = p.reduction(&[cols], &[rows], ReduceOp::Sum, f, b.done(l));
+    p.output(s);
+    (p.p, kernel("per_fused_sum_0", kind, vec![0], cols, Some(rows), vec![s]))
+}
+
+#[test]
+fn column_reduction_coalesces() {
+    let (p, k) = col_sum(64, 256, KernelKind::PersistentReduction);
+    let t = build_kernel(&p, &k);
+    assert!(launch::column_like(&t, 256, 64));
+    let (src, launch) = emit_cuda_kernel(&t).unwrap();
+    // 32 outputs per block (one per lane) times 8 threads along the 64 rows, 8 rows each
+    assert_eq!(launch, Launch { grid: 8, block: 256, shared_bytes: 0 });
+    assert!(src.contains("const int rlane = threadIdx.x / 32;"), "{src}");
+    assert!(src.contains("xindex = (int)blockIdx.x * 32 + threadIdx.x % 32;"), "{src}");
+    assert!(src.contains("coil_reduce_col<8, 32>(acc1, coil_add(), smem1)"), "{src}");
+    // rows (contiguous along r) keep the row plan
+    let (p, k) = softmax(64, 256, KernelKind::PersistentReduction, "s");
+    let t = build_kernel(&p, &k);
+    assert!(!launch::column_like(&t, 64, 256));
+    // outputs not a multiple of 32: the row plan (its barriers need whole blocks)
+    let (p, k) = col_sum(64, 100, KernelKind::PersistentReduction);
+    assert!(!launch::column_like(&build_kernel(&p, &k), 100, 64));
+}
+
+#[test]
+fn broadcast_operand_is_one_vector_load_and_wide_kernels_keep_64_bit() {
+    // bias[xindex % cols]: `8*xvec % cols` once per group, one vector load, no `%` per element
+    let f = DType::BF16;
+    let mut p = Prog::default();
+    let (x, bias) = (p.input(&[64, 1024], f), p.input(&[1024], f));
+    let v = xs(&[64, 1024]);
+    let mut b = B::default();
+    let (l, w) = (b.load(x, v[0] * 1024 + v[1], f), b.load(bias, v[1], f));
+    let y = b.binary(BinaryOp::Add, l, w, f);
+    let out = p.pointwise(&[64, 1024], f, b.done(y));
+    p.output(out);
+    let k = kernel("poi_fused_add_0", KernelKind::Pointwise, vec![0], 64 * 1024, None, vec![out]);
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p.p, &k)).unwrap();
+    assert!(src.contains("coil_load<uint16_t, 8, 8>(in_ptr1 + (8*(xvec % 128)), aligned)"), "{src}");
+    assert!(src.contains("for (int xvec = (int)blockIdx.x"), "{src}");
+    // 2^31 elements: indices need 64 bits
+    let (p, k) = pointwise_n(1 << 31, DType::BF16);
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert!(src.contains("for (int64_t xvec = (int64_t)blockIdx.x"), "{src}");
+    syntax_check(&format!("{}\n{src}", prelude()));
 }
 
 #[test]

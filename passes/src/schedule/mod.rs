@@ -40,15 +40,40 @@ use std::collections::{BTreeMap, HashMap};
 /// Most loop nodes one kernel may hold.
 pub const MAX_KERNEL_NODES: usize = 64;
 
-/// Rows up to this long stay on chip: a persistent reduction; longer rows loop.
+/// Rows up to this long stay on chip: a persistent reduction; longer rows loop. The default
+/// ([`schedule`], the CPU's); a GPU keeps longer rows in registers (see [`ScheduleOptions`]).
 pub const PERSISTENT_MAX_RNUMEL: i64 = 1024;
+
+/// Knobs of [`schedule_with`] that depend on the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleOptions {
+    /// Reductions with rows up to this long become persistent reductions (the row is read
+    /// once and held on chip for every pass), longer ones looped reductions (each pass reads
+    /// the row again). The CPU keeps [`PERSISTENT_MAX_RNUMEL`]; a GPU block spreads a row over
+    /// up to 1024 threads' registers, so it profits from a larger value (the frontend passes
+    /// one for CUDA devices).
+    pub persistent_max_rnumel: i64,
+}
+
+impl Default for ScheduleOptions {
+    fn default() -> ScheduleOptions {
+        ScheduleOptions { persistent_max_rnumel: PERSISTENT_MAX_RNUMEL }
+    }
+}
+
+/// Fuses the nodes of `program` into kernels, in launch order, and plans their memory, with
+/// the default options (the CPU's).
+pub fn schedule(program: &LoopProgram) -> Schedule {
+    schedule_with(program, &ScheduleOptions::default())
+}
 
 /// Most origins a kernel name lists.
 const NAME_ORIGINS: usize = 5;
 
 /// Fuses the nodes of `program` into kernels, in launch order, and plans their memory.
-pub fn schedule(program: &LoopProgram) -> Schedule {
-    let mut s = Scheduler::new(program);
+/// Fusion does not depend on `options`; only the kinds of the reduction kernels do.
+pub fn schedule_with(program: &LoopProgram, options: &ScheduleOptions) -> Schedule {
+    let mut s = Scheduler::new(program, *options);
     s.fuse();
     let kernels = s.kernels();
     let refusals = s.refusals(&kernels);
@@ -112,10 +137,11 @@ struct Scheduler<'p> {
     refused: IndexMap<(usize, usize), &'static str>,
     /// Index maps by node and kernel signature (rebuilding them dominates legality checks).
     maps: HashMap<(usize, Sig), IndexMap<Expr, Expr>>,
+    options: ScheduleOptions,
 }
 
 impl<'p> Scheduler<'p> {
-    fn new(p: &'p LoopProgram) -> Scheduler<'p> {
+    fn new(p: &'p LoopProgram, options: ScheduleOptions) -> Scheduler<'p> {
         let deps = Deps::new(p);
         let n = p.nodes.len();
         let gsig = deps.sig.clone();
@@ -126,6 +152,7 @@ impl<'p> Scheduler<'p> {
             members: (0..n).map(|i| vec![i]).collect(),
             gsig,
             refused: IndexMap::new(),
+            options,
             maps: HashMap::new(),
         }
     }
@@ -309,7 +336,7 @@ impl<'p> Scheduler<'p> {
                 (KernelKind::Extern, Expr::from(self.p.buffer(self.p.nodes[nodes[0]].output).meta.numel()), None)
             }
             Sig::Pointwise(n) => (KernelKind::Pointwise, Expr::int(n), None),
-            Sig::Reduction(x, r) if r <= PERSISTENT_MAX_RNUMEL => {
+            Sig::Reduction(x, r) if r <= self.options.persistent_max_rnumel => {
                 (KernelKind::PersistentReduction, Expr::int(x), Some(Expr::int(r)))
             }
             Sig::Reduction(x, r) => (KernelKind::LoopedReduction, Expr::int(x), Some(Expr::int(r))),
