@@ -21,6 +21,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod interp;
+mod plan;
 
 pub use buffer::{Buffer, Element, HostData};
 pub use cpu::{c_compiler, CCompiler, CompiledGraph};

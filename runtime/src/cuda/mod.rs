@@ -24,7 +24,6 @@ pub mod device;
 pub mod gather;
 pub mod loader;
 pub mod memory;
-mod plan;
 #[cfg(test)]
 mod tests;
 
@@ -32,6 +31,7 @@ pub use compiler::{CompiledCubin, LoadedModule};
 pub use device::{cuda_available, cuda_status, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
 
+use crate::plan::{check_extern, check_status, plan_storage, Storage};
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Launch};
@@ -40,7 +40,6 @@ use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{Error, Graph, Result};
 use cudarc::driver::{result as drv, sys};
 use device::driver_error;
-use plan::{check_extern, check_status, plan_storage, Storage};
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

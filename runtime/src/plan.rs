@@ -1,6 +1,6 @@
 //! Where each buffer of a compiled graph lives during a run, and the checks made before any
-//! compile. The same rules as the CPU backend's (`crate::cpu`), whose helpers are private to
-//! it: inputs are the caller's, outputs fresh, temporaries in memory-plan slots.
+//! compile, shared by the CPU and CUDA backends: inputs are the caller's, outputs fresh,
+//! temporaries in memory-plan slots; kernel status words become errors.
 
 use coil_ir::kernel::Schedule;
 use coil_ir::loops::{BufferId, ExternCall, LoopProgram};
