@@ -23,11 +23,32 @@
 //! # Ok::<(), coil::Error>(())
 //! ```
 //!
+//! A function of tensors compiled with [`compile`] captures its graphs on each call, serves
+//! them from a guarded cache (dtypes, devices, static sizes, graph structure), recompiles when
+//! a guard fails and says which, and cuts its graph at host reads (graph breaks); [`explain`]
+//! reports graphs, breaks with their reasons and lines, ops and guards:
+//!
+//! ```
+//! use coil::{DType, Tensor};
+//! let f = coil::compile(|a: &[Tensor]| Ok(vec![a[0].softmax(-1)?]));
+//! let x = Tensor::ones(&[2, 4], DType::F32);
+//! assert_eq!(f.call(&[&x])?[0].to_vec::<f32>()?, vec![0.25; 8]);
+//! f.call(&[&x])?;
+//! assert_eq!(f.compile_count(), 1);
+//! let report = coil::explain(|| Ok(vec![x.exp()?]))?;
+//! assert_eq!((report.graph_count, report.graph_break_count), (1, 0));
+//! # Ok::<(), coil::Error>(())
+//! ```
+//!
 //! The crates behind this facade, from the bottom up: `coil-ir` (dtypes, symbolic integers,
 //! the op set, the graph), `coil-passes` (decomposition), `coil-codegen`, `coil-runtime`
 //! (buffers, devices, the reference interpreter), `coil-frontend` (the `Tensor` API).
 
 pub use coil_frontend::compile::{inspect, Compiled, Executable, StageTimes};
+pub use coil_frontend::dynamo::{
+    compile, explain, set_stance, stance, BreakKind, CallStats, CompiledFn, ExplainReport, GraphBreak, GraphInfo,
+    Guard, Source, Stance, RECOMPILE_LIMIT,
+};
 pub use coil_frontend::ops::linalg::*;
 pub use coil_frontend::ops::movement::*;
 pub use coil_frontend::ops::nn::*;

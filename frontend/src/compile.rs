@@ -3,8 +3,9 @@
 //! Stages (see `docs/compiler.md`): decompose, rewrite (e-graph simplification), lower,
 //! schedule (fuse), build kernels, emit C, compile and load. Each is timed; with `COIL_DEBUG`
 //! set, each writes its dump file ([`crate::debug`]). Compiled graphs are cached in the process
-//! by the graph's printed form (ops, attributes, shapes, dtypes: no source lines), so running
-//! the same program again costs a lookup; compiled C is cached on disk by the runtime.
+//! by a structural hash of the graph (ops, attributes, shapes, dtypes, edges: no source lines),
+//! confirmed node by node, so running the same program again costs a lookup; compiled C is
+//! cached on disk by the runtime.
 
 use crate::debug::{self, Dump};
 use crate::logs;
@@ -130,25 +131,33 @@ impl Compiled {
     }
 }
 
-fn cache() -> &'static Mutex<HashMap<String, Arc<Compiled>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Compiled>>>> = OnceLock::new();
+/// Compiled graphs by structural hash; each keeps its graph to confirm a hit (no false hits).
+type Cache = HashMap<u64, Vec<(Graph, Device, Arc<Compiled>)>>;
+
+fn cache() -> &'static Mutex<Cache> {
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 
 /// Number of graphs compiled by this process (cache misses), for tests and reports.
 pub fn compile_count() -> usize {
-    cache().lock().map(|c| c.len()).unwrap_or(0)
+    cache().lock().map(|c| c.values().map(Vec::len).sum()).unwrap_or(0)
 }
 
 /// Compiles a captured graph for a device, or returns the cached compilation of an identical
 /// one.
 pub fn compile(captured: &Graph, device: Device) -> Result<Arc<Compiled>> {
-    let key = format!("{device}\n{}", captured.print(false));
-    if let Some(hit) = cache().lock().expect("compile cache").get(&key) {
-        return Ok(hit.clone());
+    let key = crate::dynamo::structural_hash(captured, device);
+    let find = |cache: &Cache| {
+        let same =
+            |(g, d, _): &&(Graph, Device, Arc<Compiled>)| *d == device && crate::dynamo::same_structure(g, captured);
+        cache.get(&key).and_then(|v| v.iter().find(same)).map(|(_, _, c)| c.clone())
+    };
+    if let Some(hit) = find(&cache().lock().expect("compile cache")) {
+        return Ok(hit);
     }
     let compiled = Arc::new(compile_uncached(captured, device)?);
-    cache().lock().expect("compile cache").insert(key, compiled.clone());
+    cache().lock().expect("compile cache").entry(key).or_default().push((captured.clone(), device, compiled.clone()));
     Ok(compiled)
 }
 
@@ -175,7 +184,14 @@ fn compile_uncached(captured: &Graph, device: Device) -> Result<Compiled> {
     dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
 
     let t = Instant::now();
-    let schedule = coil_passes::schedule(&program);
+    // A GPU block holds rows up to 8192 long in registers (one read per row for every pass).
+    let schedule = coil_passes::schedule_with(
+        &program,
+        &match device {
+            Device::Cuda(_) => coil_passes::ScheduleOptions { persistent_max_rnumel: 8192 },
+            Device::Cpu => Default::default(),
+        },
+    );
     times.schedule = t.elapsed().as_secs_f64();
     let post_fusion = coil_passes::print_schedule(&program, &schedule);
     dump.write("ir_post_fusion.txt", || post_fusion.clone());

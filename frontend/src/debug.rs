@@ -5,7 +5,7 @@
 //! run_<YYYYmmdd_HHMMSS>-pid_<pid>/graph_<n>/
 //!   graph_captured.txt   graph_decomposed.txt   rewrites.txt        ir_pre_fusion.txt
 //!   ir_post_fusion.txt   kernels/<name>.tile    kernels/<name>.c    schedule.txt
-//!   summary.json
+//!   summary.json         guards.txt (graphs of compiled functions: what a call must match)
 //! ```
 //!
 //! The files' contents are deterministic (no addresses, no hash orders), except the compile
@@ -39,6 +39,11 @@ impl Dump {
     pub fn new_graph() -> Dump {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         Dump(run_dir().map(|dir| dir.join(format!("graph_{}", NEXT.fetch_add(1, Ordering::Relaxed)))))
+    }
+
+    /// The dump of a graph already given a folder (`None`: dumps are off), to add files to it.
+    pub fn at(dir: Option<PathBuf>) -> Dump {
+        Dump(dir)
     }
 
     /// The graph's folder, when dumps are on.

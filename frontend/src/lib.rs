@@ -6,16 +6,19 @@
 //! * [`capture`] (tensors to a [`coil_ir::Graph`]) and realization: capture, then either the
 //!   compile driver ([`compile`]: decompose, lower, fuse, generate C, build, run) or the
 //!   reference interpreter ([`Backend`]);
-//! * debug dumps (`COIL_DEBUG`, [`debug`]) and logs (`COIL_LOGS`, [`logs`]).
+//! * debug dumps (`COIL_DEBUG`, [`debug`]) and logs (`COIL_LOGS`, [`logs`]);
+//! * compiled functions ([`dynamo`]): guarded caches, graph breaks, recompiles, `explain`.
 
 pub mod compile;
 pub mod debug;
+pub mod dynamo;
 pub mod logs;
 pub mod ops;
 pub mod realize;
 pub mod storage;
 pub mod tensor;
 
+pub use dynamo::{explain, set_stance, CompiledFn, ExplainReport, GraphBreak, Stance};
 pub use ops::linalg::linear;
 pub use ops::movement::{cat, stack};
 pub use ops::nn::{embedding, scaled_dot_product_attention, CrossEntropyOptions, LossReduction};

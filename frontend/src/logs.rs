@@ -1,12 +1,13 @@
 //! Logs: `COIL_LOGS=fusion,output_code,schedule` prints those events to stderr as graphs compile
-//! (`COIL_LOGS=all` prints every channel).
+//! (`COIL_LOGS=all` prints every channel); `COIL_LOGS=graph_breaks,recompiles,guards` prints what
+//! compiled functions do ([`crate::dynamo`]).
 //!
 //! Each line is prefixed with its channel, e.g. `[coil:fusion] ...`, so logs can be filtered.
 
 use std::sync::OnceLock;
 
 /// The channels coil logs on.
-pub const CHANNELS: &[&str] = &["fusion", "output_code", "schedule"];
+pub const CHANNELS: &[&str] = &["fusion", "output_code", "schedule", "graph_breaks", "recompiles", "guards"];
 
 fn enabled(channel: &str) -> bool {
     static SETTING: OnceLock<Vec<String>> = OnceLock::new();
@@ -46,4 +47,19 @@ pub fn output_code(name: &str, tile: &str) {
 /// Launch order, buffers and memory plan.
 pub fn schedule(text: &str) {
     print("schedule", text);
+}
+
+/// A compiled function's new graph break: id, line, reason and hint.
+pub fn graph_break(text: &str) {
+    print("graph_breaks", text);
+}
+
+/// A recompile and the guard that failed, with old and new values.
+pub fn recompile(text: &str) {
+    print("recompiles", text);
+}
+
+/// The guards of a newly compiled graph of a compiled function.
+pub fn guards(text: &str) {
+    print("guards", text);
 }

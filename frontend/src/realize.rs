@@ -6,11 +6,39 @@
 
 use crate::storage::Storage;
 use crate::tensor::Tensor;
-use coil_ir::{Graph, NodeId, Result};
+use coil_ir::{Graph, Node, NodeId, Result};
 use coil_runtime::{Buffer, Device};
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, OnceLock};
+
+/// A map keyed by node address. Addresses are distinct and only looked up, never iterated, so
+/// a multiplicative hash (as in rustc's FxHash) is enough and much cheaper than SipHash.
+type AddrMap<V> = HashMap<usize, V, BuildHasherDefault<AddrHasher>>;
+
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 /// A captured graph and the storage bound to its inputs.
 pub struct Captured {
@@ -34,30 +62,32 @@ pub struct Captured {
 /// assert_eq!(g.to_string(), "graph(%0: f32[2]) {\n  %1: f32[2] = exp(%0)\n  return (%1)\n}\n");
 /// ```
 pub fn capture(outputs: &[&Tensor]) -> Captured {
-    // Keyed by node address only to find shared nodes; the numbering follows the walk.
+    // Keyed by node address only to find shared nodes; the numbering follows the walk. The walk
+    // borrows (no reference counting) and the maps hash addresses cheaply: a compiled
+    // function captures on every call, so this is on its hot path.
     let key = |t: &Tensor| Arc::as_ptr(&t.0) as usize;
-    let mut order: Vec<Tensor> = Vec::new();
-    let mut seen: HashMap<usize, ()> = HashMap::new();
-    for out in outputs {
+    let mut order: Vec<&Tensor> = Vec::new();
+    let mut seen: AddrMap<()> = AddrMap::default();
+    for &out in outputs {
         // Iterative post-order: (tensor, operands pushed yet?)
-        let mut stack: Vec<(Tensor, bool)> = vec![((*out).clone(), false)];
+        let mut stack: Vec<(&Tensor, bool)> = vec![(out, false)];
         while let Some((t, expanded)) = stack.pop() {
-            if seen.contains_key(&key(&t)) {
+            if seen.contains_key(&key(t)) {
                 continue;
             }
             if !expanded && !t.is_realized() {
-                stack.push((t.clone(), true));
-                stack.extend(t.0.srcs.iter().rev().map(|s| (s.clone(), false)));
+                stack.push((t, true));
+                stack.extend(t.0.srcs.iter().rev().map(|s| (s, false)));
                 continue;
             }
-            seen.insert(key(&t), ());
+            seen.insert(key(t), ());
             order.push(t);
         }
     }
     // Inputs (computed tensors) first, then the pending nodes in walk order.
     let mut graph = Graph::new();
     let mut inputs = Vec::new();
-    let mut ids: HashMap<usize, NodeId> = HashMap::new();
+    let mut ids: AddrMap<NodeId> = AddrMap::default();
     for t in order.iter().filter(|t| t.is_realized()) {
         ids.insert(key(t), graph.input(t.meta().clone()));
         inputs.push(t.0.storage.get().expect("realized").clone());
@@ -66,8 +96,11 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
         let id = if t.0.op.is_leaf() {
             graph.leaf(t.0.op.clone(), t.meta().clone(), t.0.location)
         } else {
-            let srcs: Vec<NodeId> = t.0.srcs.iter().map(|s| ids[&key(s)]).collect();
-            graph.push(t.0.op.clone(), &srcs, t.0.location).expect("a recorded node was already inferred")
+            // The meta was inferred when the op was recorded, from these same operands:
+            // inferring it again would only cost time.
+            let inputs: Vec<NodeId> = t.0.srcs.iter().map(|s| ids[&key(s)]).collect();
+            graph.nodes.push(Node { op: t.0.op.clone(), inputs, meta: t.meta().clone(), location: t.0.location });
+            NodeId(graph.nodes.len() - 1)
         };
         ids.insert(key(t), id);
     }
@@ -77,8 +110,12 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
 }
 
 /// Computes every pending tensor among `outputs` and binds the results to them: one graph per
-/// device.
+/// device. Inside a compiled function this is a graph break ([`crate::dynamo`]).
+#[track_caller]
 pub fn realize(outputs: &[&Tensor]) -> Result<()> {
+    if crate::dynamo::tracing() {
+        return crate::dynamo::host_read(outputs, std::panic::Location::caller());
+    }
     let pending: Vec<&Tensor> = outputs.iter().copied().filter(|t| !t.is_realized()).collect();
     let mut devices: Vec<Device> = pending.iter().map(|t| t.device()).collect();
     devices.dedup();
@@ -135,14 +172,17 @@ pub fn backend() -> Backend {
 /// Runs a captured graph on the current backend and its device.
 fn run(captured: &Captured) -> Result<Vec<Storage>> {
     match backend() {
-        Backend::Interpreter => {
-            // The oracle runs on the host whatever the device; results go back to the device.
-            let primitive = coil_passes::decompose(&captured.graph)?;
-            let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
-            let inputs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
-            let outputs = coil_runtime::interpret(&primitive, &inputs)?;
-            outputs.into_iter().map(|b| Storage::Host(Arc::new(b)).to_device(captured.device)).collect()
-        }
+        Backend::Interpreter => interpret(captured),
         Backend::Compiled => crate::compile::compile(&captured.graph, captured.device)?.run(&captured.inputs),
     }
+}
+
+/// Runs a captured graph on the reference interpreter (also how compiled functions run eagerly).
+pub(crate) fn interpret(captured: &Captured) -> Result<Vec<Storage>> {
+    // The oracle runs on the host whatever the device; results go back to the device.
+    let primitive = coil_passes::decompose(&captured.graph)?;
+    let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
+    let inputs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
+    let outputs = coil_runtime::interpret(&primitive, &inputs)?;
+    outputs.into_iter().map(|b| Storage::Host(Arc::new(b)).to_device(captured.device)).collect()
 }

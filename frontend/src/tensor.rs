@@ -1,5 +1,6 @@
 //! The lazy [`Tensor`]: a node of a DAG that is only computed when a value is asked for.
 
+use crate::dynamo::{BreakKind, HostRead};
 use crate::realize;
 use crate::storage::Storage;
 use coil_ir::infer::{self, Operand};
@@ -121,7 +122,10 @@ impl Tensor {
             };
             return Ok(Tensor(Arc::new(node)));
         }
-        let storage = self.storage().map_err(|e| e.at(Location::caller()))?;
+        let storage = {
+            let _read = HostRead::enter(BreakKind::ToDevice, Some(Location::caller()));
+            self.storage().map_err(|e| e.at(Location::caller()))?
+        };
         Ok(Tensor::from_storage(storage.to_device(device).map_err(|e| e.at(Location::caller()))?))
     }
 
@@ -344,12 +348,14 @@ impl Tensor {
     /// Computes the value (and every pending value it needs) now.
     #[track_caller]
     pub fn realize(&self) -> Result<()> {
+        let _read = HostRead::enter(BreakKind::Realize, Some(Location::caller()));
         realize::realize(&[self]).map_err(|e| e.at(Location::caller()))
     }
 
     /// The computed elements on the tensor's device, realizing first.
     #[track_caller]
     pub fn storage(&self) -> Result<Storage> {
+        let _read = HostRead::enter(BreakKind::Storage, Some(Location::caller()));
         self.realize()?;
         Ok(self.0.storage.get().expect("realized").clone())
     }
@@ -357,12 +363,14 @@ impl Tensor {
     /// The computed elements in host memory (copied from the device for a CUDA tensor).
     #[track_caller]
     pub fn buffer(&self) -> Result<Arc<Buffer>> {
+        let _read = HostRead::enter(BreakKind::Buffer, Some(Location::caller()));
         self.storage()?.to_host().map_err(|e| e.at(Location::caller()))
     }
 
     /// The elements in row-major order, converted to `T` as a cast would.
     #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let _read = HostRead::enter(BreakKind::ToVec, Some(Location::caller()));
         Ok(self.buffer()?.to_vec())
     }
 
@@ -377,7 +385,30 @@ impl Tensor {
                 Location::caller(),
             ));
         }
+        let _read = HostRead::enter(BreakKind::Item, Some(Location::caller()));
         Ok(self.to_vec::<T>()?[0])
+    }
+
+    /// Applies arbitrary Rust code to the computed elements (in host memory) and returns its
+    /// result as a tensor on this tensor's device. The code is opaque to the compiler: inside a
+    /// compiled function this is a graph break (prefer tensor ops).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_runtime::Buffer;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap();
+    /// let r = x.map_host(|b| Ok(Buffer::from_vec(b.to_vec::<f32>().into_iter().rev().collect(), b.meta().shape))).unwrap();
+    /// assert_eq!(r.to_vec::<f32>().unwrap(), vec![3.0, 2.0, 1.0]);
+    /// ```
+    #[track_caller]
+    pub fn map_host(&self, f: impl Fn(&Buffer) -> Result<Buffer>) -> Result<Tensor> {
+        let location = Location::caller();
+        let input = {
+            let _read = HostRead::enter(BreakKind::MapHost, Some(location));
+            self.buffer()?
+        };
+        let output = f(&input).map_err(|e| Tensor::error("map_host", &[self], e, location))?;
+        Tensor::from_buffer(output).to_device(self.device())
     }
 }
 
@@ -409,7 +440,12 @@ impl fmt::Debug for Tensor {
 impl fmt::Display for Tensor {
     /// Realizes and prints the values, nested by dims, like PyTorch.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let buffer = match self.buffer() {
+        // The formatting machinery hides the caller: a graph break here names the line that
+        // computed the printed tensor.
+        let read = HostRead::enter(BreakKind::Display, self.0.location);
+        let buffer = self.buffer();
+        drop(read);
+        let buffer = match buffer {
             Ok(b) => b,
             Err(e) => return write!(f, "<error: {e}>"),
         };

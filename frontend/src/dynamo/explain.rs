@@ -1,0 +1,157 @@
+//! [`explain`]: what coil made of a function: its graphs, the breaks between them with reasons,
+//! hints and lines, the ops and guards of each graph, and compile times (like
+//! `torch._dynamo.explain`).
+
+use super::{run_frame, FnState, Frame, GraphBreak, Guard};
+use crate::compile::StageTimes;
+use crate::realize::Captured;
+use crate::Tensor;
+use coil_ir::{Graph, Op, Result};
+use coil_runtime::Device;
+use std::cell::RefCell;
+use std::fmt;
+use std::panic::Location;
+use std::rc::Rc;
+
+/// What one explained run recorded (every occurrence, in order).
+#[derive(Default)]
+pub(crate) struct ExplainLog {
+    pub(crate) graphs: Vec<GraphInfo>,
+    pub(crate) breaks: Vec<GraphBreak>,
+}
+
+/// One graph of an explained run.
+#[derive(Clone, Debug)]
+pub struct GraphInfo {
+    pub graph: Graph,
+    pub device: Device,
+    /// The graph's ops (inputs and Rust scalars are not ops) with the user's lines.
+    pub ops: Vec<(String, Option<&'static Location<'static>>)>,
+    pub guards: Vec<Guard>,
+    /// Seconds per compile stage (`None` when the interpreter ran it).
+    pub times: Option<StageTimes>,
+}
+
+impl GraphInfo {
+    pub(crate) fn new(captured: &Captured, guards: Vec<Guard>, times: Option<StageTimes>) -> GraphInfo {
+        let ops = captured
+            .graph
+            .nodes
+            .iter()
+            .filter(|n| !matches!(n.op, Op::Input { .. } | Op::Scalar(_)))
+            .map(|n| (n.op.name().to_string(), n.location))
+            .collect();
+        GraphInfo { graph: captured.graph.clone(), device: captured.device, ops, guards, times }
+    }
+}
+
+/// The report of [`explain`]. `Display` prints it like `torch._dynamo.explain`; the plain form
+/// is deterministic, `{:#}` adds compile times and guard hashes.
+pub struct ExplainReport {
+    pub graph_count: usize,
+    /// Breaks as they happened (a break in a loop counts each time).
+    pub graph_break_count: usize,
+    pub op_count: usize,
+    pub breaks: Vec<GraphBreak>,
+    pub graphs: Vec<GraphInfo>,
+    /// The function's outputs, computed.
+    pub outputs: Vec<Tensor>,
+}
+
+impl ExplainReport {
+    pub(crate) fn new(log: ExplainLog, outputs: Vec<Tensor>) -> ExplainReport {
+        ExplainReport {
+            graph_count: log.graphs.len(),
+            graph_break_count: log.breaks.len(),
+            op_count: log.graphs.iter().map(|g| g.ops.len()).sum(),
+            breaks: log.breaks,
+            graphs: log.graphs,
+            outputs,
+        }
+    }
+}
+
+/// Runs `f` as a compiled function would run (graphs cut at every host read, each compiled and
+/// run) and reports what happened. The stance does not apply: explaining is how one finds the
+/// breaks a stance would refuse.
+///
+/// ```
+/// use coil_frontend::{dynamo::explain, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, -2.0], &[2]).unwrap();
+/// let report = explain(|| {
+///     let s = x.abs()?.sum_all()?;
+///     let y = if s.item::<f32>()? > 1.0 { x.exp()? } else { x.neg()? };
+///     Ok(vec![y])
+/// })
+/// .unwrap();
+/// assert_eq!((report.graph_count, report.graph_break_count), (2, 1));
+/// assert!(report.to_string().contains("host read of a tensor value (`item`)"));
+/// ```
+#[track_caller]
+pub fn explain<F: FnOnce() -> Result<Vec<Tensor>>>(f: F) -> Result<ExplainReport> {
+    let state = Rc::new(RefCell::new(FnState::new(super::name_of::<F>())));
+    let frame = Frame::new(state, &[], Location::caller(), Some(ExplainLog::default()))?;
+    // `run_frame` calls an `Fn`; the closure runs once, so hand it over through a cell.
+    let once = RefCell::new(Some(f));
+    let g = |_: &[Tensor]| (once.borrow_mut().take().expect("explain runs its function once"))();
+    let (outputs, frame) = run_frame(&g, &[], frame)?;
+    Ok(ExplainReport::new(frame.log.unwrap_or_default(), outputs))
+}
+
+impl fmt::Display for ExplainReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Graph Count: {}", self.graph_count)?;
+        writeln!(f, "Graph Break Count: {}", self.graph_break_count)?;
+        writeln!(f, "Op Count: {}", self.op_count)?;
+        writeln!(f, "Break Reasons:")?;
+        for (i, b) in self.breaks.iter().enumerate() {
+            writeln!(f, "  Break Reason {}:", i + 1)?;
+            writeln!(f, "    Id: {}", b.id)?;
+            writeln!(f, "    Reason: {}", b.reason)?;
+            writeln!(f, "    Hint: {}", b.hint)?;
+            writeln!(f, "    User Location: {}", b.location_text())?;
+        }
+        writeln!(f, "Ops per Graph:")?;
+        for (i, g) in self.graphs.iter().enumerate() {
+            writeln!(f, "  Ops {} ({}):", i + 1, g.device)?;
+            for (op, loc) in &g.ops {
+                match loc {
+                    Some(l) => writeln!(f, "    {op:<24} # {}:{}", l.file(), l.line())?,
+                    None => writeln!(f, "    {op}")?,
+                }
+            }
+        }
+        writeln!(f, "Out Guards:")?;
+        for (i, g) in self.graphs.iter().enumerate() {
+            writeln!(f, "  Guards {}:", i + 1)?;
+            for guard in &g.guards {
+                if f.alternate() {
+                    writeln!(f, "    {guard:#}")?;
+                } else {
+                    writeln!(f, "    {guard}")?;
+                }
+            }
+        }
+        if f.alternate() {
+            writeln!(f, "Compile Times (seconds; decompose, rewrite, lower, schedule, codegen, cc = total):")?;
+            for (i, g) in self.graphs.iter().enumerate() {
+                match &g.times {
+                    Some(t) => writeln!(
+                        f,
+                        "  Graph {}: {:.6}, {:.6}, {:.6}, {:.6}, {:.6}, {:.6} = {:.6}",
+                        i + 1,
+                        t.decompose,
+                        t.rewrite,
+                        t.lower,
+                        t.schedule,
+                        t.codegen,
+                        t.cc,
+                        t.total
+                    )?,
+                    None => writeln!(f, "  Graph {}: not compiled (reference interpreter)", i + 1)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}

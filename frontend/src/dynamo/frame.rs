@@ -1,0 +1,388 @@
+//! One running call of a compiled function: the frame stack, graph breaks, and the guarded
+//! cache lookup of each graph (hit, compile, recompile, or eager past the limit).
+
+use super::explain::ExplainLog;
+use super::guards::{self, structural_hash, ArgMeta, Guard, Source};
+use super::{stance, BreakKind, FnState, GraphBreak, GraphInfo, Stance, READ, RECOMPILE_LIMIT};
+use crate::compile::Compiled;
+use crate::debug::Dump;
+use crate::realize::{backend, capture, Backend, Captured};
+use crate::storage::Storage;
+use crate::{logs, Tensor};
+use coil_ir::{Error, Graph, Result};
+use coil_runtime::Device;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::panic::Location;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+thread_local! {
+    /// The compiled functions running on this thread, innermost last.
+    static FRAMES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One compiled graph of a function.
+pub(super) struct Entry {
+    pub(super) graph: Graph,
+    pub(super) device: Device,
+    /// Which graph of a call it was (0 for the first; later ones follow graph breaks).
+    position: usize,
+    /// The call's argument metas when it compiled: to say which guard a later miss failed.
+    args: Vec<ArgMeta>,
+    compiled: Option<Arc<Compiled>>,
+    pub(super) guards: Vec<Guard>,
+}
+
+/// One running call of a compiled function (or of `explain`).
+pub(crate) struct Frame {
+    state: Rc<RefCell<FnState>>,
+    /// Each argument's storage address (to name graph inputs) and meta.
+    args: Vec<(usize, ArgMeta)>,
+    call_site: &'static Location<'static>,
+    /// Graphs run so far in this call.
+    position: usize,
+    /// Storage address -> (graph number, output index) of values earlier graphs computed.
+    produced: HashMap<usize, (usize, usize)>,
+    pub(crate) log: Option<ExplainLog>,
+}
+
+impl Frame {
+    /// A frame for a call on `args`, which are computed first: a function's inputs are values
+    /// when it starts.
+    pub(crate) fn new(
+        state: Rc<RefCell<FnState>>,
+        args: &[&Tensor],
+        call_site: &'static Location<'static>,
+        log: Option<ExplainLog>,
+    ) -> Result<Frame> {
+        crate::realize::realize(args)?;
+        let args = args
+            .iter()
+            .map(|t| (storage_addr(t.0.storage.get().expect("realized")), (t.meta().clone(), t.device())))
+            .collect();
+        Ok(Frame { state, args, call_site, position: 0, produced: HashMap::new(), log })
+    }
+
+    fn name(&self) -> String {
+        self.state.borrow().name.clone()
+    }
+
+    /// A host read while the function runs: record the break, then compute what it needs.
+    fn graph_break(
+        &mut self,
+        kind: BreakKind,
+        location: Option<&'static Location<'static>>,
+        pending: Vec<Tensor>,
+    ) -> Result<()> {
+        let brk = self.record_break(kind, location);
+        if stance() == Stance::FailOnGraphBreak && self.log.is_none() {
+            let e = Error::unsupported(format!(
+                "graph break in {} ({}): {}; hint: {} (stance FailOnGraphBreak)",
+                self.name(),
+                brk.id,
+                brk.reason,
+                brk.hint
+            ))
+            .in_op(kind.api(), vec![]);
+            return Err(match location {
+                Some(l) => e.at(l),
+                None => e,
+            });
+        }
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let live = live_values(&pending);
+        self.run_graphs(pending.into_iter().chain(live).collect())
+    }
+
+    /// The break's id (new ones are numbered and logged), and its occurrence for `explain`.
+    fn record_break(&mut self, kind: BreakKind, location: Option<&'static Location<'static>>) -> GraphBreak {
+        let mut state = self.state.borrow_mut();
+        let known = state.breaks.iter().find(|b| b.kind == kind && b.location == location).cloned();
+        let brk = known.unwrap_or_else(|| {
+            let brk = GraphBreak {
+                id: format!("GB{:04}", state.breaks.len() + 1),
+                kind,
+                reason: kind.reason().to_string(),
+                hint: kind.hint().to_string(),
+                location,
+            };
+            logs::graph_break(&format!("graph break in {}: {brk}", state.name));
+            state.breaks.push(brk.clone());
+            brk
+        });
+        if let Some(log) = &mut self.log {
+            log.breaks.push(brk.clone());
+        }
+        brk
+    }
+
+    /// Computes `tensors` (pending ones), one graph per device.
+    fn run_graphs(&mut self, tensors: Vec<Tensor>) -> Result<()> {
+        let pending: Vec<Tensor> = tensors.into_iter().filter(|t| !t.is_realized()).collect();
+        let mut devices: Vec<Device> = vec![];
+        for t in &pending {
+            if !devices.contains(&t.device()) {
+                devices.push(t.device());
+            }
+        }
+        for device in devices {
+            let group: Vec<&Tensor> = pending.iter().filter(|t| t.device() == device).collect();
+            self.run_graph(&group)?;
+        }
+        Ok(())
+    }
+
+    /// Captures one graph, finds it in the guarded cache (compiling on a miss) and runs it.
+    fn run_graph(&mut self, outputs: &[&Tensor]) -> Result<()> {
+        let start = Instant::now();
+        let captured = capture(outputs);
+        let device = captured.device;
+        let hash = structural_hash(&captured.graph, device);
+        let state_rc = self.state.clone();
+        let mut state = state_rc.borrow_mut();
+        let (executable, entry) = match state.lookup(hash, &captured.graph, device) {
+            Some(i) => {
+                state.stats.graph_hits += 1;
+                state.stats.hit_check += start.elapsed();
+                if state.entries[i].compiled.is_none() && backend() == Backend::Compiled {
+                    // Cached while the interpreter was the backend: compile now.
+                    state.entries[i].compiled = Some(crate::compile::compile(&captured.graph, device)?);
+                }
+                (state.entries[i].compiled.clone(), Some(i))
+            }
+            None => {
+                state.stats.graph_misses += 1;
+                self.miss(&mut state, &captured, hash)?
+            }
+        };
+        let guards = match entry {
+            Some(i) if self.log.is_some() => state.entries[i].guards.clone(),
+            _ if self.log.is_some() => guards::guards_of(&captured.graph, device, hash, &self.sources(&captured)),
+            _ => vec![],
+        };
+        drop(state);
+
+        let t = Instant::now();
+        let results = match (&executable, backend()) {
+            (Some(c), Backend::Compiled) => c.run(&captured.inputs)?,
+            _ => crate::realize::interpret(&captured)?,
+        };
+        self.position += 1;
+        for (j, (t, storage)) in outputs.iter().zip(results).enumerate() {
+            self.produced.insert(storage_addr(&storage), (self.position, j));
+            let _ = t.0.storage.set(storage);
+        }
+        self.state.borrow_mut().stats.run += t.elapsed();
+        if let Some(log) = &mut self.log {
+            log.graphs.push(GraphInfo::new(&captured, guards, executable.map(|c| c.times.clone())));
+        }
+        Ok(())
+    }
+
+    /// A cache miss: say why when it is a recompile, then compile (or, past the limit, run
+    /// eagerly). Returns the executable and the new entry.
+    fn miss(
+        &self,
+        state: &mut FnState,
+        captured: &Captured,
+        hash: u64,
+    ) -> Result<(Option<Arc<Compiled>>, Option<usize>)> {
+        let (graph, device, position) = (&captured.graph, captured.device, self.position);
+        let args: Vec<ArgMeta> = self.args.iter().map(|(_, m)| m.clone()).collect();
+        let sources = self.sources(captured);
+        let before = state.entries.iter().filter(|e| e.position == position).count();
+        if let Some(prev) = state.entries.iter().rev().find(|e| e.position == position) {
+            // Only arguments this graph reads can be the guard that failed.
+            let used: Vec<usize> =
+                sources.iter().filter_map(|s| if let Source::Arg(i) = s { Some(*i) } else { None }).collect();
+            let failed = guards::failed_guard(&prev.args, &args, &used, (&prev.graph, prev.device), (graph, device));
+            let which = match position {
+                0 => state.name.clone(),
+                p => format!("{} graph {}", state.name, p + 1),
+            };
+            let message = format!("recompiling {which} ({} time): {failed}", ordinal(before + 1));
+            if stance() == Stance::FailOnRecompile && self.log.is_none() {
+                return Err(Error::unsupported(format!("recompile refused (stance FailOnRecompile): {message}"))
+                    .at(self.call_site));
+            }
+            if state.recompiles >= RECOMPILE_LIMIT {
+                if !state.eager {
+                    state.eager = true;
+                    let warning = format!(
+                        "coil: warning: {} recompiled {RECOMPILE_LIMIT} times, the limit: new graphs of it now run \
+                         eagerly (uncompiled, on the reference interpreter); last failed guard: {failed}",
+                        state.name
+                    );
+                    eprintln!("{warning}");
+                    state.warnings.push(warning);
+                }
+                logs::recompile(&format!("{message}: over the limit, running eagerly"));
+                return Ok((None, None));
+            }
+            state.recompiles += 1;
+            logs::recompile(&message);
+            state.recompile_reasons.push(message);
+        }
+        let compiled = match backend() {
+            Backend::Compiled => Some(crate::compile::compile(graph, device)?),
+            Backend::Interpreter => None,
+        };
+        let guards = guards::guards_of(graph, device, hash, &sources);
+        let text = guards::guards_text(&state.name, position + 1, &guards);
+        logs::guards(&text);
+        if let Some(c) = &compiled {
+            Dump::at(c.dump_dir.clone()).write("guards.txt", || text.clone());
+        }
+        state.entries.push(Entry { graph: graph.clone(), device, position, args, compiled: compiled.clone(), guards });
+        let index = state.entries.len() - 1;
+        state.by_hash.entry(hash).or_default().push(index);
+        Ok((compiled, Some(index)))
+    }
+
+    /// Where each input of a captured graph comes from.
+    fn sources(&self, captured: &Captured) -> Vec<Source> {
+        captured
+            .inputs
+            .iter()
+            .map(|s| {
+                let addr = storage_addr(s);
+                if let Some(i) = self.args.iter().position(|(a, _)| *a == addr) {
+                    Source::Arg(i)
+                } else if let Some(&(graph, output)) = self.produced.get(&addr) {
+                    Source::GraphOutput { graph, output }
+                } else {
+                    Source::Captured
+                }
+            })
+            .collect()
+    }
+}
+
+/// Runs `f` on `args` inside `frame`, then computes its outputs (the last graph, not a
+/// break). Returns the outputs and the frame.
+pub(super) fn run_frame<F>(f: &F, args: &[&Tensor], frame: Frame) -> Result<(Vec<Tensor>, Frame)>
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>> + ?Sized,
+{
+    let args: Vec<Tensor> = args.iter().map(|&t| t.clone()).collect();
+    let outputs = {
+        let pushed = PushedFrame::push(frame);
+        let outputs = f(&args);
+        (outputs, pushed.pop())
+    };
+    let (outputs, mut frame) = outputs;
+    let outputs = outputs?;
+    frame.run_graphs(outputs.clone())?;
+    Ok((outputs, frame))
+}
+
+/// A frame on this thread's stack; popped on drop, so a panicking function leaves no frame.
+pub(crate) struct PushedFrame(bool);
+
+impl PushedFrame {
+    pub(crate) fn push(frame: Frame) -> PushedFrame {
+        FRAMES.with(|f| f.borrow_mut().push(frame));
+        PushedFrame(true)
+    }
+
+    pub(crate) fn pop(mut self) -> Frame {
+        self.0 = false;
+        FRAMES.with(|f| f.borrow_mut().pop()).expect("a pushed frame")
+    }
+}
+
+impl Drop for PushedFrame {
+    fn drop(&mut self) {
+        if self.0 {
+            FRAMES.with(|f| f.borrow_mut().pop());
+        }
+    }
+}
+
+/// Whether a compiled function (or `explain`) is running on this thread.
+pub(crate) fn tracing() -> bool {
+    FRAMES.with(|f| !f.borrow().is_empty())
+}
+
+/// [`crate::realize::realize`] while tracing: a graph break. The frame is taken off the stack
+/// while its graph compiles and runs, so nothing in there can re-enter it.
+pub(crate) fn host_read(outputs: &[&Tensor], caller: &'static Location<'static>) -> Result<()> {
+    let (kind, location) = READ.with(|r| r.get()).unwrap_or((BreakKind::Realize, Some(caller)));
+    let pending: Vec<Tensor> = outputs.iter().filter(|t| !t.is_realized()).map(|&t| t.clone()).collect();
+    if pending.is_empty() && !kind.reads_value() {
+        return Ok(());
+    }
+    let mut taken = TakenFrame(FRAMES.with(|f| f.borrow_mut().pop()));
+    taken.0.as_mut().expect("tracing").graph_break(kind, location, pending)
+}
+
+/// A frame taken off the stack; put back on drop (a panic included), so the stack stays
+/// balanced for [`PushedFrame`].
+struct TakenFrame(Option<Frame>);
+
+impl Drop for TakenFrame {
+    fn drop(&mut self) {
+        if let Some(frame) = self.0.take() {
+            FRAMES.with(|f| f.borrow_mut().push(frame));
+        }
+    }
+}
+
+/// The pending values inside the graph of `requested` that something outside that graph still
+/// holds (the user's variables, later ops): they become outputs of the graph at a break, so the
+/// graphs after it read them instead of computing them again. Leaves (constants, iota, random)
+/// are cheaper to recompute than to store.
+fn live_values(requested: &[Tensor]) -> Vec<Tensor> {
+    let key = |t: &Tensor| Arc::as_ptr(&t.0) as usize;
+    let outputs: HashSet<usize> = requested.iter().map(key).collect();
+    let mut seen = HashSet::new();
+    let mut nodes: Vec<Tensor> = vec![];
+    let mut stack: Vec<Tensor> = requested.to_vec();
+    while let Some(t) = stack.pop() {
+        if t.is_realized() || !seen.insert(key(&t)) {
+            continue;
+        }
+        stack.extend(t.0.srcs.iter().cloned());
+        nodes.push(t);
+    }
+    // Every operand edge inside the graph holds one reference; `nodes` holds one more.
+    let mut inside: HashMap<usize, usize> = HashMap::new();
+    for t in &nodes {
+        for s in &t.0.srcs {
+            *inside.entry(key(s)).or_default() += 1;
+        }
+    }
+    nodes
+        .into_iter()
+        .filter(|t| {
+            let k = key(t);
+            !outputs.contains(&k)
+                && !t.0.op.is_leaf()
+                && Arc::strong_count(&t.0) > 1 + inside.get(&k).copied().unwrap_or(0)
+        })
+        .collect()
+}
+
+/// The address of a computed tensor's elements: identifies arguments among graph inputs.
+fn storage_addr(s: &Storage) -> usize {
+    match s {
+        Storage::Host(b) => Arc::as_ptr(b) as *const u8 as usize,
+        Storage::Cuda(b) => Arc::as_ptr(b) as *const u8 as usize,
+    }
+}
+
+/// `1st`, `2nd`, `3rd`, `4th`, ..., `11th`, `21st`.
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}

@@ -1,0 +1,363 @@
+//! Compiled functions: graph breaks, guards, recompiles and `explain` (TorchDynamo's part of
+//! `torch.compile`).
+//!
+//! [`compile`] wraps a function of tensors into a [`CompiledFn`]. In Rust there is no bytecode
+//! to trace: each call simply runs the function again, which only records lazy nodes (cheap),
+//! and every graph it produces is looked up in the function's **guarded cache**
+//! ([`guards`]): a structural hash finds the candidate, a node-by-node comparison confirms it,
+//! and only a miss compiles. A miss where the function already has a graph at that place is a
+//! **recompile**; coil says which guard failed, with old and new values
+//! (`COIL_LOGS=recompiles`), and after [`RECOMPILE_LIMIT`] recompiles it runs new graphs
+//! eagerly (the reference interpreter) and warns once.
+//!
+//! While a compiled function runs, anything that needs a value on the host before the
+//! function returns (`item`, `to_vec`, `Display`, `buffer`, `realize`, an opaque
+//! [`Tensor::map_host`]) is a **graph break** ([`GraphBreak`]): the pending work it needs is
+//! compiled and run as one graph, together with every pending value the function still holds
+//! (so nothing is computed twice), and capture goes on after it. Each break has a stable id, a
+//! reason, a hint and the user's line (`COIL_LOGS=graph_breaks`). [`explain`] reports all of
+//! it; a [`Stance`] turns breaks or recompiles into errors for CI.
+//!
+//! Shapes are static: every size is guarded. Symbolic (dynamic) sizes are a later step.
+
+pub mod explain;
+mod frame;
+pub mod guards;
+
+pub use explain::{explain, ExplainReport, GraphInfo};
+pub use guards::{same_structure, structural_hash, Guard, Source};
+
+pub(crate) use frame::{host_read, tracing};
+
+use crate::Tensor;
+use coil_ir::{Graph, Result};
+use coil_runtime::Device;
+use explain::ExplainLog;
+use frame::{run_frame, Entry, Frame};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::Location;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// After this many recompiles of one function, its new graphs run eagerly (uncompiled, on the
+/// reference interpreter) and coil warns once; graphs already compiled keep serving hits.
+pub const RECOMPILE_LIMIT: usize = 8;
+
+/// How compiled functions treat graph breaks and recompiles on this thread
+/// (`torch.compiler.set_stance`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Stance {
+    /// Break graphs and recompile as needed.
+    #[default]
+    Default,
+    /// A graph break is an [`Error`] (kind `Unsupported`) naming the reason, hint and line.
+    FailOnGraphBreak,
+    /// A recompile is an [`Error`] (kind `Unsupported`) naming the failed guard.
+    FailOnRecompile,
+}
+
+thread_local! {
+    static STANCE: Cell<Stance> = const { Cell::new(Stance::Default) };
+    /// The outermost host read in progress (`item` calls `to_vec` calls `realize`: the break is
+    /// the `item`, at the user's line).
+    static READ: Cell<Option<(BreakKind, Option<&'static Location<'static>>)>> = const { Cell::new(None) };
+}
+
+/// Sets this thread's stance; returns the previous one.
+///
+/// ```
+/// use coil_frontend::dynamo::{set_stance, Stance};
+/// let before = set_stance(Stance::FailOnGraphBreak);
+/// // ... run compiled functions that must capture whole ...
+/// set_stance(before);
+/// ```
+pub fn set_stance(stance: Stance) -> Stance {
+    STANCE.with(|s| s.replace(stance))
+}
+
+/// This thread's stance.
+pub fn stance() -> Stance {
+    STANCE.with(|s| s.get())
+}
+
+/// What made a graph break: one kind per API that needs computed values (named by
+/// [`BreakKind::api`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BreakKind {
+    Item,
+    ToVec,
+    Display,
+    Buffer,
+    Storage,
+    Realize,
+    ToDevice,
+    MapHost,
+}
+
+impl BreakKind {
+    /// The API that broke the graph.
+    pub fn api(self) -> &'static str {
+        match self {
+            BreakKind::Item => "item",
+            BreakKind::ToVec => "to_vec",
+            BreakKind::Display => "Display",
+            BreakKind::Buffer => "buffer",
+            BreakKind::Storage => "storage",
+            BreakKind::Realize => "realize",
+            BreakKind::ToDevice => "to_device",
+            BreakKind::MapHost => "map_host",
+        }
+    }
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            BreakKind::Item => "host read of a tensor value (`item`)",
+            BreakKind::ToVec => "host read of tensor values (`to_vec`)",
+            BreakKind::Display => "printing a tensor (`Display`)",
+            BreakKind::Buffer => "host read of tensor values (`buffer`)",
+            BreakKind::Storage => "read of a tensor's storage (`storage`)",
+            BreakKind::Realize => "explicit realization (`realize`)",
+            BreakKind::ToDevice => "device copy of a pending value (`to_device`)",
+            BreakKind::MapHost => "opaque host function (`map_host`)",
+        }
+    }
+
+    pub fn hint(self) -> &'static str {
+        match self {
+            BreakKind::Item => "keep the value on the device: use `where` instead of branching on `x.sum().item()`",
+            BreakKind::ToVec | BreakKind::Buffer | BreakKind::Storage => {
+                "return the tensor from the compiled function and read it after the call"
+            }
+            BreakKind::Display => "print outside the compiled function: return the tensor and print the result",
+            BreakKind::Realize => "remove the `realize`: a compiled function realizes its outputs when it returns",
+            BreakKind::ToDevice => "move inputs to the device before calling the compiled function",
+            BreakKind::MapHost => "express it with tensor ops, or move it outside the compiled function",
+        }
+    }
+
+    /// Reads of values break even when nothing is pending (they are host syncs in the
+    /// function); a `realize` or `to_device` of computed values does nothing, so breaks nothing.
+    fn reads_value(self) -> bool {
+        !matches!(self, BreakKind::Realize | BreakKind::Storage | BreakKind::ToDevice)
+    }
+}
+
+/// One place where a compiled function's graph was cut.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphBreak {
+    /// `GB0001`, `GB0002`, ...: one per distinct (kind, location) of a function, numbered in
+    /// order of first occurrence, so the same program always gets the same ids.
+    pub id: String,
+    pub kind: BreakKind,
+    pub reason: String,
+    pub hint: String,
+    /// The user's line (for `Display`: where the printed tensor was computed, since formatting
+    /// machinery hides the caller).
+    pub location: Option<&'static Location<'static>>,
+}
+
+impl GraphBreak {
+    /// `file:line`, or `unknown location`.
+    pub fn location_text(&self) -> String {
+        self.location.map_or("unknown location".into(), |l| format!("{}:{}", l.file(), l.line()))
+    }
+}
+
+impl fmt::Display for GraphBreak {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at {}: {}; hint: {}", self.id, self.location_text(), self.reason, self.hint)
+    }
+}
+
+/// Marks the outermost host read in progress; the graph break it causes is reported as that
+/// API at that line. Inner reads (`item` -> `to_vec` -> ...) leave it alone.
+pub(crate) struct HostRead(bool);
+
+impl HostRead {
+    pub(crate) fn enter(kind: BreakKind, location: Option<&'static Location<'static>>) -> HostRead {
+        READ.with(|r| match r.get() {
+            Some(_) => HostRead(false),
+            None => {
+                r.set(Some((kind, location)));
+                HostRead(true)
+            }
+        })
+    }
+}
+
+impl Drop for HostRead {
+    fn drop(&mut self) {
+        if self.0 {
+            READ.with(|r| r.set(None));
+        }
+    }
+}
+
+/// Time and counts of a compiled function's calls.
+#[derive(Clone, Debug, Default)]
+pub struct CallStats {
+    pub calls: usize,
+    /// Graphs served by the cache, and graphs that missed it (compiled or run eagerly).
+    pub graph_hits: usize,
+    pub graph_misses: usize,
+    /// Time from a graph's capture to its cached executable on hits: capturing the graph,
+    /// hashing it, finding and confirming the entry (the guard check).
+    pub hit_check: Duration,
+    /// Time running graphs (compiled code or the interpreter).
+    pub run: Duration,
+    /// Whole calls, function body included.
+    pub total: Duration,
+}
+
+/// A function compiled by [`compile`]: call it like the function; see the module docs. It
+/// belongs to the thread that made it (stances and running frames are per thread).
+pub struct CompiledFn<F> {
+    f: F,
+    state: Rc<RefCell<FnState>>,
+}
+
+/// Compiles `f` (lazily: graphs compile on first use, and again when a guard fails).
+///
+/// ```
+/// use coil_frontend::{dynamo, Tensor};
+/// let f = dynamo::compile(|a: &[Tensor]| Ok(vec![(a[0].exp()? + 1.0).log()?]));
+/// let x = Tensor::from_vec(vec![0.0f32, 1.0], &[2]).unwrap();
+/// let y = &f.call(&[&x]).unwrap()[0];
+/// assert!((y.to_vec::<f32>().unwrap()[0] - 2f32.ln()).abs() < 1e-6);
+/// f.call(&[&x]).unwrap();
+/// assert_eq!(f.compile_count(), 1); // the second call hit the cache
+/// ```
+pub fn compile<F>(f: F) -> CompiledFn<F>
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    let state = FnState::new(name_of::<F>());
+    CompiledFn { f, state: Rc::new(RefCell::new(state)) }
+}
+
+/// A readable name from a function's type: `two_breaks` for a fn item, `closure in my_test`
+/// for a closure.
+pub(crate) fn name_of<F>() -> String {
+    let full = std::any::type_name::<F>();
+    let parts: Vec<&str> = full.split("::").collect();
+    match parts.iter().rposition(|p| *p != "{{closure}}") {
+        Some(i) if i + 1 < parts.len() => format!("closure in {}", parts[i]),
+        Some(i) => parts[i].to_string(),
+        None => full.to_string(),
+    }
+}
+
+impl<F> CompiledFn<F>
+where
+    F: Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    /// The name logs and errors use (by default derived from the function's type).
+    pub fn named(self, name: impl Into<String>) -> Self {
+        self.state.borrow_mut().name = name.into();
+        self
+    }
+
+    /// Runs the function: arguments are computed first, its graphs come from the guarded
+    /// cache (compiled on a miss), and the outputs are computed when it returns.
+    #[track_caller]
+    pub fn call(&self, args: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let start = Instant::now();
+        let frame = Frame::new(self.state.clone(), args, Location::caller(), None)?;
+        let result = run_frame(&self.f, args, frame).map(|(outputs, _)| outputs);
+        let mut state = self.state.borrow_mut();
+        state.stats.calls += 1;
+        state.stats.total += start.elapsed();
+        result
+    }
+
+    /// Runs the function once under [`explain`]'s recording, with a cache of its own (this
+    /// function's cache and counters are left as they are).
+    #[track_caller]
+    pub fn explain(&self, args: &[&Tensor]) -> Result<ExplainReport> {
+        let state = Rc::new(RefCell::new(FnState::new(self.state.borrow().name.clone())));
+        let frame = Frame::new(state, args, Location::caller(), Some(ExplainLog::default()))?;
+        let (outputs, frame) = run_frame(&self.f, args, frame)?;
+        Ok(ExplainReport::new(frame.log.unwrap_or_default(), outputs))
+    }
+
+    /// Graphs compiled for this function (cache misses, recompiles included; eager runs past
+    /// the recompile limit excluded).
+    pub fn compile_count(&self) -> usize {
+        self.state.borrow().entries.len()
+    }
+
+    /// Recompiles so far.
+    pub fn recompile_count(&self) -> usize {
+        self.state.borrow().recompiles
+    }
+
+    /// One line per recompile, naming the failed guard with old and new values, e.g.
+    /// `recompiling f (2nd time): input 0 dtype f32 -> bf16`.
+    pub fn recompile_reasons(&self) -> Vec<String> {
+        self.state.borrow().recompile_reasons.clone()
+    }
+
+    /// The distinct graph breaks seen so far, in order of first occurrence.
+    pub fn graph_breaks(&self) -> Vec<GraphBreak> {
+        self.state.borrow().breaks.clone()
+    }
+
+    /// Warnings given (the recompile limit), each also printed once on stderr.
+    pub fn warnings(&self) -> Vec<String> {
+        self.state.borrow().warnings.clone()
+    }
+
+    /// Whether the recompile limit was reached (new graphs run eagerly).
+    pub fn is_eager(&self) -> bool {
+        self.state.borrow().eager
+    }
+
+    /// The guards of every compiled graph, in compile order.
+    pub fn guards(&self) -> Vec<Vec<Guard>> {
+        self.state.borrow().entries.iter().map(|e| e.guards.clone()).collect()
+    }
+
+    pub fn stats(&self) -> CallStats {
+        self.state.borrow().stats.clone()
+    }
+}
+
+/// A function's guarded cache and what it has seen.
+pub(crate) struct FnState {
+    name: String,
+    entries: Vec<Entry>,
+    by_hash: HashMap<u64, Vec<usize>>,
+    breaks: Vec<GraphBreak>,
+    recompiles: usize,
+    recompile_reasons: Vec<String>,
+    eager: bool,
+    warnings: Vec<String>,
+    stats: CallStats,
+}
+
+impl FnState {
+    pub(crate) fn new(name: String) -> FnState {
+        FnState {
+            name,
+            entries: vec![],
+            by_hash: HashMap::new(),
+            breaks: vec![],
+            recompiles: 0,
+            recompile_reasons: vec![],
+            eager: false,
+            warnings: vec![],
+            stats: CallStats::default(),
+        }
+    }
+
+    /// The entry holding this graph on this device: hash first, then the full comparison.
+    fn lookup(&self, hash: u64, graph: &Graph, device: Device) -> Option<usize> {
+        let candidates = self.by_hash.get(&hash)?;
+        candidates
+            .iter()
+            .copied()
+            .find(|&i| self.entries[i].device == device && same_structure(&self.entries[i].graph, graph))
+    }
+}

@@ -1,0 +1,302 @@
+//! Compiled functions: graph breaks and `explain`, guards and recompiles, stances, the recompile
+//! limit, and the cost of a cache hit.
+
+use coil::{Backend, Buffer, DType, ErrorKind, Result, Stance, Tensor};
+
+/// Computed data: a function's inputs and weights are values, not part of its graphs.
+#[track_caller]
+fn randn(shape: &[usize], dtype: DType) -> Tensor {
+    let t = Tensor::randn(shape, dtype).unwrap();
+    t.realize().unwrap();
+    t
+}
+
+/// `file:line` of the line `back` lines above the macro's.
+macro_rules! line_above {
+    ($back:expr) => {
+        format!("{}:{}", file!(), line!() - $back)
+    };
+}
+
+/// Two breaks: a branch on a value read with `item`, and an opaque host function.
+fn two_breaks(args: &[Tensor]) -> Result<Vec<Tensor>> {
+    let x = &args[0];
+    let y = (x.abs()? + 1.0).log()?;
+    let s = y.sum_all()?;
+    let y = if s.item::<f32>()? > 0.0 { y.exp()? } else { y.neg()? };
+    let reversed = y.map_host(|b| {
+        let v: Vec<f32> = b.to_vec::<f32>().into_iter().rev().collect();
+        Ok(Buffer::from_vec(v, b.meta().shape))
+    })?;
+    Ok(vec![(reversed * 2.0).sqrt()? + &y])
+}
+
+/// The same function run eagerly on the interpreter.
+fn reference(f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> Vec<Vec<f64>> {
+    let before = coil::backend();
+    coil::set_backend(Backend::Interpreter);
+    let out = f(args).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
+    coil::set_backend(before);
+    out
+}
+
+fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+#[test]
+fn explain_reports_two_breaks_with_reasons_hints_and_lines() {
+    coil::manual_seed(0);
+    let x = randn(&[8], DType::F32);
+    let report = coil::explain(|| two_breaks(std::slice::from_ref(&x))).unwrap();
+    assert_eq!((report.graph_count, report.graph_break_count), (3, 2), "{report}");
+    assert_eq!(report.breaks[0].id, "GB0001");
+    assert_eq!(report.breaks[0].location_text(), "tests/explain.rs:26");
+    assert_eq!(report.breaks[1].location_text(), "tests/explain.rs:27");
+    let expected = reference(two_breaks, std::slice::from_ref(&x));
+    assert!(close(&report.outputs[0].to_vec::<f64>().unwrap(), &expected[0], 1e-5));
+    // The branch's operand `y` is held across the break: graph 1 returns it with the sum, and
+    // graph 2 reads it instead of computing it again.
+    assert_eq!(report.graphs[0].graph.outputs.len(), 2, "{report}");
+    // Timings only in the alternate form.
+    assert!(!report.to_string().contains("Compile Times"));
+    assert!(format!("{report:#}").contains("Compile Times"));
+
+    // The compiled function's own explain says the same, and names its arguments in guards.
+    let f = coil::compile(two_breaks);
+    let own = f.explain(&[&x]).unwrap();
+    assert_eq!((own.op_count, &own.breaks), (report.op_count, &report.breaks));
+    assert_eq!(f.compile_count(), 0, "explain leaves the function's cache alone");
+    insta::assert_snapshot!(own.to_string());
+}
+
+#[test]
+fn compiled_function_with_breaks_compiles_pieces_once_and_matches_the_interpreter() {
+    coil::manual_seed(1);
+    let x = randn(&[16], DType::F32);
+    let f = coil::compile(two_breaks);
+    let expected = reference(two_breaks, std::slice::from_ref(&x));
+    for _ in 0..3 {
+        let out = f.call(&[&x]).unwrap();
+        assert!(close(&out[0].to_vec::<f64>().unwrap(), &expected[0], 1e-5));
+    }
+    assert_eq!(f.compile_count(), 3, "three graphs, each compiled once");
+    assert_eq!(f.recompile_count(), 0);
+    let breaks = f.graph_breaks();
+    assert_eq!(breaks.iter().map(|b| b.id.as_str()).collect::<Vec<_>>(), ["GB0001", "GB0002"]);
+    assert_eq!(breaks[1].reason, "opaque host function (`map_host`)");
+    let stats = f.stats();
+    assert_eq!((stats.calls, stats.graph_hits, stats.graph_misses), (3, 6, 3));
+}
+
+#[test]
+fn dtype_guard_failure_recompiles_and_says_why() {
+    let f = coil::compile(|a: &[Tensor]| Ok(vec![a[0].softmax(-1)? * 2.0])).named("f");
+    let x = randn(&[4, 8], DType::F32);
+    f.call(&[&x]).unwrap();
+    f.call(&[&x]).unwrap();
+    assert_eq!(f.compile_count(), 1);
+    let xb = x.to_dtype(DType::BF16).unwrap();
+    let out = f.call(&[&xb]).unwrap();
+    assert_eq!(out[0].dtype(), DType::BF16);
+    assert_eq!(f.compile_count(), 2);
+    assert_eq!(f.recompile_reasons(), ["recompiling f (2nd time): input 0 dtype f32 -> bf16"]);
+    // Both entries now serve hits.
+    f.call(&[&x]).unwrap();
+    f.call(&[&xb]).unwrap();
+    assert_eq!(f.compile_count(), 2);
+    let guards: Vec<String> = f.guards()[1].iter().map(|g| g.to_string()).collect();
+    assert_eq!(guards[0], "TENSOR_MATCH graph input 0 (args[0]): bf16[4, 8] on cpu, static sizes");
+}
+
+#[test]
+fn shape_mismatch_inside_the_function_is_an_error_at_the_users_line_not_a_recompile() {
+    let f = coil::compile(|a: &[Tensor]| {
+        let y = a[0].matmul(&a[1])?;
+        Ok(vec![y.relu()?])
+    });
+    let at = line_above!(3);
+    let x = randn(&[4, 8], DType::F32);
+    f.call(&[&x, &randn(&[8, 3], DType::F32)]).unwrap();
+    let e = f.call(&[&x, &randn(&[5, 3], DType::F32)]).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Shape);
+    assert!(e.to_string().contains(&at), "{e} should point at {at}");
+    assert_eq!((f.compile_count(), f.recompile_count()), (1, 0));
+}
+
+/// Sizes 1, 2, 17, 64 and 1000 along the sequence dim: with static shapes every new size is a
+/// recompile, so exactly 5 compiles. (Issue 6's automatic dynamic shapes will serve sizes after
+/// the second from one symbolic graph; this count changes then.)
+#[test]
+fn each_new_size_compiles_once_with_static_shapes_and_values_match() {
+    let w = randn(&[16], DType::F32);
+    let body = move |a: &[Tensor]| {
+        let h = (&a[0] * &w).layer_norm(&[16], None, None, 1e-5)?;
+        Ok(vec![h.gelu(true)?.softmax(0)?])
+    };
+    let f = coil::compile(body.clone()).named("f");
+    for (i, n) in [1usize, 2, 17, 64, 1000].into_iter().enumerate() {
+        let x = randn(&[n, 16], DType::F32);
+        let expected = reference(&body, std::slice::from_ref(&x));
+        for _ in 0..2 {
+            let out = f.call(&[&x]).unwrap();
+            assert!(close(&out[0].to_vec::<f64>().unwrap(), &expected[0], 1e-5), "size {n}");
+        }
+        assert_eq!(f.compile_count(), i + 1, "size {n}");
+    }
+    let reasons = f.recompile_reasons();
+    assert_eq!(reasons.len(), 4);
+    assert_eq!(reasons[0], "recompiling f (2nd time): input 0 size[0] 1 -> 2");
+    assert_eq!(reasons[3], "recompiling f (5th time): input 0 size[0] 64 -> 1000");
+}
+
+#[test]
+fn fail_on_graph_break_stance_names_reason_hint_and_line() {
+    let f = coil::compile(|a: &[Tensor]| {
+        let s = a[0].sum_all()?;
+        let y = if s.item::<f32>()? > 0.0 { a[0].exp()? } else { a[0].neg()? };
+        Ok(vec![y])
+    });
+    let at = line_above!(3);
+    let x = randn(&[8], DType::F32);
+    let before = coil::set_stance(Stance::FailOnGraphBreak);
+    let e = f.call(&[&x]).unwrap_err();
+    coil::set_stance(before);
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    let msg = e.to_string();
+    assert!(msg.contains("host read of a tensor value (`item`)"), "{msg}");
+    assert!(msg.contains("use `where` instead of branching"), "{msg}");
+    assert!(msg.contains(&at), "{msg} should point at {at}");
+    // In the default stance the same call breaks the graph and runs.
+    assert_eq!(f.call(&[&x]).unwrap()[0].shape(), &[8]);
+}
+
+#[test]
+fn fail_on_recompile_stance_names_the_failed_guard() {
+    let f = coil::compile(|a: &[Tensor]| Ok(vec![a[0].exp()?])).named("f");
+    let x = randn(&[8], DType::F32);
+    let before = coil::set_stance(Stance::FailOnRecompile);
+    f.call(&[&x]).unwrap(); // the first compile is not a recompile
+    f.call(&[&x]).unwrap();
+    let e = f.call(&[&x.to_dtype(DType::BF16).unwrap()]).unwrap_err();
+    let at = line_above!(1);
+    coil::set_stance(before);
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert!(e.to_string().contains("input 0 dtype f32 -> bf16"), "{e}");
+    assert!(e.to_string().contains(&at), "{e} should point at {at}");
+    assert_eq!(f.compile_count(), 1);
+}
+
+#[test]
+fn past_the_recompile_limit_new_graphs_run_eagerly_with_one_warning() {
+    let body = |a: &[Tensor]| Ok(vec![(a[0].tanh()? * 3.0).softmax(-1)?]);
+    let f = coil::compile(body);
+    let limit = coil::RECOMPILE_LIMIT;
+    for n in 1..=limit + 4 {
+        let x = randn(&[2, n], DType::F32);
+        let out = f.call(&[&x]).unwrap();
+        let expected = reference(body, std::slice::from_ref(&x));
+        assert!(close(&out[0].to_vec::<f64>().unwrap(), &expected[0], 1e-5), "size {n}");
+    }
+    assert_eq!(f.compile_count(), limit + 1, "the first compile and {limit} recompiles");
+    assert!(f.is_eager());
+    assert_eq!(f.warnings().len(), 1, "{:?}", f.warnings());
+    assert!(f.warnings()[0].contains("recompiled 8 times"), "{:?}", f.warnings());
+    // Graphs compiled before the limit still serve hits.
+    f.call(&[&randn(&[2, 3], DType::F32)]).unwrap();
+    assert_eq!(f.compile_count(), limit + 1);
+}
+
+#[test]
+fn dumps_carry_guards_per_graph() {
+    let dir = std::env::temp_dir().join(format!("coil_guards_dump_{}", std::process::id()));
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "dtype_guard_failure_recompiles_and_says_why", "--nocapture"])
+        .env("COIL_DEBUG", &dir)
+        .env("COIL_BACKEND", "compiled") // dumps come from compilations
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+    let mut found = vec![];
+    for g in std::fs::read_dir(&run).unwrap() {
+        let path = g.unwrap().path().join("guards.txt");
+        if path.is_file() {
+            found.push(std::fs::read_to_string(path).unwrap());
+        }
+    }
+    assert_eq!(found.len(), 2, "one guards.txt per compiled graph of f");
+    assert!(found.iter().any(|t| t.contains("bf16[4, 8]")), "{found:?}");
+    assert!(found.iter().all(|t| t.contains("GRAPH_STRUCTURE") && t.contains("hash 0x")), "{found:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One GPT-2 block forward (as in `tests/kernels.rs`), weights made outside the function.
+struct Block {
+    ln: [Tensor; 4],
+    qkv: (Tensor, Tensor),
+    proj: (Tensor, Tensor),
+    fc: (Tensor, Tensor),
+    out: (Tensor, Tensor),
+    heads: usize,
+}
+
+impl Block {
+    fn new(c: usize, heads: usize) -> Block {
+        let dt = DType::F32;
+        Block {
+            ln: [randn(&[c], dt), randn(&[c], dt), randn(&[c], dt), randn(&[c], dt)],
+            qkv: (randn(&[3 * c, c], dt), randn(&[3 * c], dt)),
+            proj: (randn(&[c, c], dt), randn(&[c], dt)),
+            fc: (randn(&[4 * c, c], dt), randn(&[4 * c], dt)),
+            out: (randn(&[c, 4 * c], dt), randn(&[c], dt)),
+            heads,
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, c) = (x.shape()[0] as i64, x.shape()[1] as i64, x.shape()[2] as i64);
+        let (cu, hd, heads) = (c as usize, c / self.heads as i64, self.heads as i64);
+        let h = x.layer_norm(&[cu], Some(&self.ln[0]), Some(&self.ln[1]), 1e-5)?;
+        let parts = h.linear(&self.qkv.0, Some(&self.qkv.1))?.split(cu, -1)?;
+        let heads_of = |p: &Tensor| p.reshape(&[b, t, heads, hd])?.transpose(1, 2);
+        let (q, k, v) = (heads_of(&parts[0])?, heads_of(&parts[1])?, heads_of(&parts[2])?);
+        let scores = q.matmul(&k.transpose(-2, -1)?)? * (1.0 / (hd as f64).sqrt());
+        let causal = Tensor::ones(&[t as usize, t as usize], DType::Bool).tril(0)?;
+        let probs = coil::where_(&causal, &scores, f64::NEG_INFINITY)?.softmax(-1)?;
+        let attn = probs.matmul(&v)?.transpose(1, 2)?.reshape(&[b, t, c])?;
+        let x = x + attn.linear(&self.proj.0, Some(&self.proj.1))?;
+        let m = x.layer_norm(&[cu], Some(&self.ln[2]), Some(&self.ln[3]), 1e-5)?;
+        let m = m.linear(&self.fc.0, Some(&self.fc.1))?.gelu(true)?.linear(&self.out.0, Some(&self.out.1))?;
+        Ok(&x + &m)
+    }
+}
+
+/// The guard check and cache lookup of a compiled GPT-2 block, per call (printed, not
+/// asserted: timings are noisy).
+#[test]
+fn gpt2_block_cache_hit_overhead_is_measured() {
+    coil::manual_seed(3);
+    let block = Block::new(32, 2);
+    let x = randn(&[2, 8, 32], DType::F32);
+    let f = coil::compile(move |a: &[Tensor]| Ok(vec![block.forward(&a[0])?]));
+    f.call(&[&x]).unwrap(); // compiles
+    let warm = f.stats();
+    let reps = 200;
+    for _ in 0..reps {
+        f.call(&[&x]).unwrap();
+    }
+    let s = f.stats();
+    assert_eq!((f.compile_count(), s.graph_hits - warm.graph_hits), (1, reps));
+    let per = |d: std::time::Duration, d0: std::time::Duration| (d - d0).as_secs_f64() * 1e6 / reps as f64;
+    let (check, run, total) = (per(s.hit_check, warm.hit_check), per(s.run, warm.run), per(s.total, warm.total));
+    let nodes = f.guards()[0].iter().find_map(|g| match g {
+        coil::Guard::GraphStructure { nodes, .. } => Some(*nodes),
+        _ => None,
+    });
+    println!("per-call overhead: {check:.1} us (guard check + cache lookup: capture, hash, confirm; {nodes:?} nodes)");
+    println!(
+        "per call: {total:.1} us in all = {:.1} us re-running the body to record + {check:.1} us lookup + {run:.1} us running the kernels",
+        total - check - run
+    );
+}
