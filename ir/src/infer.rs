@@ -415,9 +415,18 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             shape.push(w.shape[1]);
             Ok(TensorMeta::new(shape, w.dtype))
         }
-        Op::CrossEntropy { reduction, label_smoothing, .. } => {
-            arity(2)?;
+        Op::CrossEntropy { reduction, label_smoothing, weight, .. } => {
+            arity(2 + *weight as usize)?;
             let (logits, target) = (float_input(inputs[0].meta, op)?, inputs[1].meta);
+            if *weight {
+                let (w, classes) = (inputs[2].meta, logits.shape[logits.rank() - 1]);
+                if w.shape != [classes] || w.dtype != logits.dtype {
+                    return Err(Error::shape(format!(
+                        "weight must be a {} tensor of shape [{classes}] (one per class), got {w}",
+                        logits.dtype
+                    )));
+                }
+            }
             check_index_dtype(target)?;
             let batch: Shape = match logits.rank() {
                 1 => vec![],

@@ -422,11 +422,13 @@ pub enum Op {
     },
     /// `F.embedding(indices, weight)`: inputs are `(weight, indices)`.
     Embedding,
-    /// `F.cross_entropy(logits, target)` with class-index targets; logits `[N, C]` or `[C]`.
+    /// `F.cross_entropy(logits, target, weight?)` with class-index targets; logits `[N, C]` or
+    /// `[C]`; with `weight`, a third operand `[C]` weighs each class.
     CrossEntropy {
         ignore_index: i64,
         reduction: LossReduction,
         label_smoothing: f64,
+        weight: bool,
     },
     MseLoss {
         reduction: LossReduction,
@@ -622,10 +624,11 @@ impl Op {
                 put("seed", seed.to_string());
                 put("offset", offset.to_string());
             }
-            Op::CrossEntropy { ignore_index, reduction, label_smoothing } => {
+            Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight } => {
                 put("ignore_index", ignore_index.to_string());
                 put("reduction", reduction.name().into());
                 put("label_smoothing", Scalar::Float(*label_smoothing).to_string());
+                put("weight", weight.to_string());
             }
             Op::MseLoss { reduction } => put("reduction", reduction.name().into()),
             Op::Attention { causal, scale, mask } => {

@@ -97,6 +97,7 @@ fn case(name: &str, i: &Inputs) -> coil::Result<Option<Vec<Tensor>>> {
 
         // ---- cross_entropy / mse_loss ----
         "cross_entropy_mean" => vec![a().cross_entropy(t(), ce())?],
+        "cross_entropy_weight" => vec![a().cross_entropy_weighted(t(), w(), ce())?],
         "cross_entropy_sum" => {
             vec![a().cross_entropy(t(), CrossEntropyOptions { reduction: LossReduction::Sum, ..ce() })?]
         }

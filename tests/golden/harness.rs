@@ -44,7 +44,6 @@ pub type Outputs = coil::Result<Vec<Tensor>>;
 
 /// Cases coil does not reproduce, with the reason; the test prints them.
 const NOT_APPLICABLE: &[(&str, &str)] = &[
-    ("cross_entropy_weight", "class weights (`weight=`) are not supported by coil's cross_entropy yet"),
     ("err_view_noncontig", "coil tensors are lazy and have no strides: view of a transposed tensor is a valid reshape"),
     ("err_bitwise_not_float", "coil has no bitwise ops yet"),
 ];

@@ -184,8 +184,36 @@ impl Tensor {
     pub fn cross_entropy(&self, target: &Tensor, options: CrossEntropyOptions) -> Result<Tensor> {
         let CrossEntropyOptions { ignore_index, reduction, label_smoothing } = options;
         Tensor::record(
-            Op::CrossEntropy { ignore_index, reduction, label_smoothing },
+            Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight: false },
             &[self, target],
+            Location::caller(),
+        )
+    }
+
+    /// `F.cross_entropy(logits, target, weight=weight, ...)`: as [`Tensor::cross_entropy`], each
+    /// row's loss scaled by its target class's weight (`weight` is `[C]`, the logits' dtype);
+    /// `mean` divides by the total weight of the counted rows.
+    ///
+    /// ```
+    /// use coil_frontend::{ops::nn::CrossEntropyOptions, Tensor};
+    /// let logits = Tensor::from_vec(vec![0.0f32, 0.0, 0.0, 0.0], &[2, 2])?;
+    /// let target = Tensor::from_vec(vec![0i64, 1], &[2])?;
+    /// let weight = Tensor::from_vec(vec![1.0f32, 3.0], &[2])?;
+    /// let loss = logits.cross_entropy_weighted(&target, &weight, CrossEntropyOptions::default())?;
+    /// assert!((loss.item::<f32>()? - 2f32.ln()).abs() < 1e-5); // (1*ln2 + 3*ln2) / (1 + 3)
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn cross_entropy_weighted(
+        &self,
+        target: &Tensor,
+        weight: &Tensor,
+        options: CrossEntropyOptions,
+    ) -> Result<Tensor> {
+        let CrossEntropyOptions { ignore_index, reduction, label_smoothing } = options;
+        Tensor::record(
+            Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight: true },
+            &[self, target, weight],
             Location::caller(),
         )
     }
@@ -349,7 +377,12 @@ mod tests {
         assert_eq!(l.shape(), &[] as &[usize]);
         assert_eq!(
             l.0.op,
-            Op::CrossEntropy { ignore_index: -100, reduction: LossReduction::Mean, label_smoothing: 0.0 }
+            Op::CrossEntropy {
+                ignore_index: -100,
+                reduction: LossReduction::Mean,
+                label_smoothing: 0.0,
+                weight: false
+            }
         );
         let opts = CrossEntropyOptions { reduction: LossReduction::None, ..Default::default() };
         assert_eq!(logits.cross_entropy(&target, opts).unwrap().shape(), &[8]);

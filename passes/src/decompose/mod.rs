@@ -177,8 +177,9 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
         Op::Triu { k } => pointwise::tri(b, x[0], *k, true),
         Op::Dropout { p, seed, offset } => pointwise::dropout(b, x[0], *p, *seed, *offset),
         Op::Embedding => nn::embedding(b, x[0], x[1]),
-        Op::CrossEntropy { ignore_index, reduction, label_smoothing } => {
-            nn::cross_entropy(b, x[0], x[1], *ignore_index, *reduction, *label_smoothing)
+        Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight } => {
+            let weight = weight.then(|| x[2]);
+            nn::cross_entropy(b, x[0], x[1], weight, *ignore_index, *reduction, *label_smoothing)
         }
         Op::MseLoss { reduction } => nn::mse_loss(b, x[0], x[1], *reduction, meta.dtype),
         Op::Attention { causal, scale, mask } => {

@@ -146,10 +146,12 @@ fn reduce_loss(b: &mut Builder, loss: NodeId, reduction: LossReduction, count: O
 /// where `target == ignore_index`; with label smoothing `eps` the per-row loss is
 /// `(1 - eps) * nll + eps / C * -sum(logp)` (masked alike). `Mean` divides by the number of
 /// rows not ignored (NaN when all are, as in PyTorch).
+#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy(
     b: &mut Builder,
     logits: NodeId,
     target: NodeId,
+    weight: Option<NodeId>,
     ignore_index: i64,
     reduction: LossReduction,
     label_smoothing: f64,
@@ -169,21 +171,45 @@ pub fn cross_entropy(
     let picked = b.gather(logp, 1, index)?;
     let picked = b.reshape(picked, &[n])?;
     let nll = b.neg(picked)?;
+    // With class weights (PyTorch's formula): each row's loss is scaled by the weight of its
+    // target class, the smoothing term weighs every class, and `mean` divides by the total
+    // weight of the counted rows instead of their number.
+    let weight = weight.map(|w| b.upcast(w)).transpose()?;
+    let row_weight = match weight {
+        Some(w) => {
+            let picked = b.index_select(w, 0, safe)?;
+            Some(b.where_(valid, picked, zero(ct))?)
+        }
+        None => None,
+    };
+    let nll = match row_weight {
+        Some(rw) => b.mul(nll, rw)?,
+        None => nll,
+    };
     let mut loss = b.where_(valid, nll, zero(ct))?;
     if label_smoothing > 0.0 {
-        let total = b.sum(logp, &[1], false)?;
+        let weighted = match weight {
+            Some(w) => {
+                let w = b.broadcast_to(w, &[n, c])?;
+                b.mul(logp, w)?
+            }
+            None => logp,
+        };
+        let total = b.sum(weighted, &[1], false)?;
         let smooth = b.neg(total)?;
         let smooth = b.where_(valid, smooth, zero(ct))?;
         let hard = b.mul(loss, 1.0 - label_smoothing)?;
         let soft = b.mul(smooth, label_smoothing / c as f64)?;
         loss = b.add(hard, soft)?;
     }
-    let count = if reduction == LossReduction::Mean {
-        let ones = b.cast(valid, DType::I64)?;
-        let count = b.sum(ones, &[0], false)?;
-        Some(b.cast(count, ct)?)
-    } else {
-        None
+    let count = match (reduction, row_weight) {
+        (LossReduction::Mean, Some(rw)) => Some(b.sum(rw, &[0], false)?),
+        (LossReduction::Mean, None) => {
+            let ones = b.cast(valid, DType::I64)?;
+            let count = b.sum(ones, &[0], false)?;
+            Some(b.cast(count, ct)?)
+        }
+        _ => None,
     };
     let loss = if unbatched && reduction == LossReduction::None { b.reshape(loss, &[])? } else { loss };
     let loss = reduce_loss(b, loss, reduction, count)?;

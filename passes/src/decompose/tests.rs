@@ -111,7 +111,8 @@ fn gelu_tanh_snapshot() {
 
 #[test]
 fn cross_entropy_ignore_index_snapshot() {
-    let op = Op::CrossEntropy { ignore_index: -100, reduction: LossReduction::Mean, label_smoothing: 0.0 };
+    let op =
+        Op::CrossEntropy { ignore_index: -100, reduction: LossReduction::Mean, label_smoothing: 0.0, weight: false };
     snap("decompose_cross_entropy_ignore_index", &case(op, &[(&[3, 5], F32), (&[3], I64)]));
 }
 
@@ -414,7 +415,7 @@ fn embedding() {
 fn cross_entropy_variants() {
     for reduction in [LossReduction::None, LossReduction::Sum, LossReduction::Mean] {
         for smoothing in [0.0, 0.1] {
-            let op = Op::CrossEntropy { ignore_index: 1, reduction, label_smoothing: smoothing };
+            let op = Op::CrossEntropy { ignore_index: 1, reduction, label_smoothing: smoothing, weight: false };
             case(op.clone(), &[(&[4, 5], F32), (&[4], I64)]);
             case(op.clone(), &[(&[4, 5], BF16), (&[4], I32)]);
             case(op, &[(&[5], F32), (&[], I64)]);
