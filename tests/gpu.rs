@@ -50,3 +50,31 @@ fn cpu_and_cuda_tensors_in_one_op_is_an_error() {
         assert!(e.to_string().contains("cpu") && e.to_string().contains("cuda:0"), "{e}");
     }
 }
+
+#[test]
+fn compiled_functions_run_on_cuda_with_breaks_and_guards() {
+    if let Some(device) = gpu() {
+        coil::set_backend(coil::Backend::Compiled);
+        let f = coil::compile(|a: &[coil::Tensor]| {
+            let s = a[0].softmax(-1)?;
+            // a host read inside the function: a graph break, the rest compiles separately
+            let scale = if s.amax(&[], false)?.item::<f32>()? > 0.5 { 2.0 } else { 1.0 };
+            Ok(vec![s * scale])
+        });
+        let x = coil::Tensor::from_vec((0..32).map(|i| (i as f32 * 0.37).sin()).collect(), &[4, 8]).unwrap();
+        let on_gpu = x.to_device(device).unwrap();
+        let first = f.call(&[&on_gpu]).unwrap()[0].to_vec::<f32>().unwrap();
+        let again = f.call(&[&on_gpu]).unwrap()[0].to_vec::<f32>().unwrap();
+        assert_eq!(first, again);
+        let compiles = f.compile_count();
+        f.call(&[&on_gpu]).unwrap();
+        assert_eq!(f.compile_count(), compiles, "a third call with the same guards compiles nothing");
+        assert_eq!(f.graph_breaks().len(), 1);
+        // the same function on the CPU agrees
+        coil::set_default_device(coil::Device::Cpu);
+        let on_cpu = f.call(&[&x]).unwrap()[0].to_vec::<f32>().unwrap();
+        for (a, b) in first.iter().zip(&on_cpu) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+}
