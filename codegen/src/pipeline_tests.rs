@@ -129,7 +129,7 @@ fn cross_entropy_with_gather() {
     let mut g = Graph::new();
     let logits = g.input(m(&[n, c], DType::F32));
     let target = g.input(m(&[n], DType::I64));
-    let ce = CrossEntropy { ignore_index: -100, reduction: LossReduction::Mean, label_smoothing: 0.0 };
+    let ce = CrossEntropy { ignore_index: -100, reduction: LossReduction::Mean, label_smoothing: 0.0, weight: false };
     let y = op(&mut g, ce, &[logits, target]);
     let lv = data(n * c, 6);
     let tv = vec![0i64, 4, -100, 2];

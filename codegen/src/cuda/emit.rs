@@ -11,9 +11,29 @@ use super::ops;
 use coil_ir::kernel::{rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
 use coil_ir::sym::{Expr, ExprKind};
-use coil_ir::{DType, ReduceOp};
+use coil_ir::{BinaryOp, DType, ReduceOp};
 use indexmap::{IndexMap, IndexSet};
 use std::fmt::Write;
+
+/// The element to store for a value `e` of `val` into a buffer of `buf`: [`ops::store_value`],
+/// except that an f32 (or f16/bf16 compute) value goes into an f16/bf16 buffer with one
+/// rounding (`coil_f32_to_bf16(x)` is `coil_f32_to_bf16(coil_round_bf16(x))`, NaN included).
+fn store_value(e: &str, val: DType, buf: DType) -> String {
+    match buf {
+        DType::F16 | DType::BF16 if matches!(val, DType::F32 | DType::F16 | DType::BF16) => {
+            let f = if buf == DType::F16 { "coil_f32_to_f16" } else { "coil_f32_to_bf16" };
+            format!("{f}({e})")
+        }
+        _ => ops::store_value(e, val, buf),
+    }
+}
+
+/// Whether a vector store of pieces of `piece` elements of a value of `val` into a buffer of
+/// `buf` keeps the values in f32 and rounds them in pairs at the store (`coil_store_bf16`,
+/// `coil_store_f16`: one `cvt.rn.*x2.f32` per pair), with the same bits as [`store_value`].
+fn packed_store(piece: usize, val: DType, buf: DType) -> bool {
+    piece >= 2 && matches!(buf, DType::F16 | DType::BF16) && matches!(val, DType::F32 | DType::F16 | DType::BF16)
+}
 
 /// Every statement of a body, loops flattened.
 pub(super) fn flat(stmts: &[TileStmt]) -> Vec<&TileStmt> {
@@ -238,6 +258,8 @@ pub(super) struct Gen<'a> {
     group: Option<Group>,
     /// Per argument, the alignment in bytes its vector accesses need (checked at run time).
     align: IndexMap<usize, usize>,
+    /// Values that are float constants equal to 2 (`pow(x, 2)` becomes `x * x`).
+    twos: IndexSet<Var>,
     /// The type of index variables and arithmetic ([`index_type`]).
     pub(super) it: &'static str,
 }
@@ -246,10 +268,16 @@ impl<'a> Gen<'a> {
     pub(super) fn new(k: &'a TileKernel, plan: Plan, xnumel: i64, rnumel: i64) -> Gen<'a> {
         let mut dtypes = IndexMap::new();
         let mut acc_source = IndexMap::new();
+        let mut twos = IndexSet::new();
         for s in flat(&k.body) {
             match s {
-                TileStmt::Let { var, dtype, .. } => {
+                TileStmt::Let { var, dtype, op, .. } => {
                     dtypes.insert(*var, *dtype);
+                    if let TileOp::Constant(c) = op {
+                        if c.as_f64() == 2.0 {
+                            twos.insert(*var);
+                        }
+                    }
                 }
                 TileStmt::Reduce { var, dtype, source, .. } => {
                     dtypes.insert(*var, *dtype);
@@ -276,6 +304,7 @@ impl<'a> Gen<'a> {
             uniform: IndexSet::new(),
             group: None,
             align: IndexMap::new(),
+            twos,
             it: index_type(k, xnumel, rnumel),
         }
     }
@@ -480,6 +509,11 @@ impl<'a> Gen<'a> {
                 TileStmt::Let { var, .. } => self.line(&format!(
                     "const coil_elems<{t}, {vec}> w{var} = coil_load<{t}, {vec}, {piece}>({name} + ({at}), aligned);"
                 )),
+                TileStmt::Store { value, .. } if packed_store(piece, self.dtype(*value), self.k.args[arg].dtype) => {
+                    let kind = if self.k.args[arg].dtype == DType::F16 { "f16" } else { "bf16" };
+                    self.line(&format!("coil_elems<float, {vec}> s{n};"));
+                    stores.push(format!("coil_store_{kind}<{vec}, {piece}>({name} + ({at}), s{n}, aligned);"));
+                }
                 _ => {
                     self.line(&format!("coil_elems<{t}, {vec}> s{n};"));
                     stores.push(format!("coil_store<{t}, {vec}, {piece}>({name} + ({at}), s{n}, aligned);"));
@@ -492,8 +526,14 @@ impl<'a> Gen<'a> {
         self.open(&format!("for (int i = 0; i < {vec}; i++) {{"));
         for (n, s) in stmts.iter().enumerate() {
             match (s, self.vector_access(s)) {
+                (TileStmt::Store { value, .. }, Some((arg, _, piece)))
+                    if packed_store(piece, self.dtype(*value), self.k.args[arg].dtype) =>
+                {
+                    // the f32 value; `coil_store_bf16` / `_f16` round pairs of them
+                    self.line(&format!("s{n}.v[i] = {};", self.r(*value)));
+                }
                 (TileStmt::Store { value, .. }, Some((arg, ..))) => {
-                    let v = ops::store_value(&self.r(*value), self.dtype(*value), self.k.args[arg].dtype);
+                    let v = store_value(&self.r(*value), self.dtype(*value), self.k.args[arg].dtype);
                     self.line(&format!("s{n}.v[i] = {v};"));
                 }
                 _ => self.stmt(s),
@@ -521,7 +561,7 @@ impl<'a> Gen<'a> {
             }
             TileStmt::Store { arg, index, value, dims } => {
                 let a = &self.k.args[*arg];
-                let v = ops::store_value(&self.r(*value), self.dtype(*value), a.dtype);
+                let v = store_value(&self.r(*value), self.dtype(*value), a.dtype);
                 // A row's value is stored by the row's first thread only.
                 let row = self.k.kind != KernelKind::Pointwise && *dims == Dims::X;
                 let guard = if row { "if (rlane == 0) " } else { "" };
@@ -569,6 +609,13 @@ impl<'a> Gen<'a> {
                 ops::convert(&e, DType::F64, out)
             }
             TileOp::Unary(u, a) => ops::unary(*u, &self.r(*a), self.dtype(*a), out),
+            // pow(x, 2) is x * x: IEEE pow with exponent 2 is the correctly rounded square
+            // (signed zeros, infinities and NaN included), which one multiply gives; CUDA's
+            // powf is a long routine (and up to 2 ulp off).
+            TileOp::Binary(BinaryOp::Pow, x, y) if out.is_float() && self.twos.contains(y) => {
+                let a = self.r(*x);
+                ops::binary(BinaryOp::Mul, &a, self.dtype(*x), &a, self.dtype(*x), out)
+            }
             TileOp::Binary(b, x, y) => ops::binary(*b, &self.r(*x), self.dtype(*x), &self.r(*y), self.dtype(*y), out),
             TileOp::Where(c, x, y) => {
                 let x = ops::convert(&self.r(*x), self.dtype(*x), out);

@@ -208,7 +208,8 @@ fn pointwise_bf16_vectorized() {
     // 32 bf16: 4 groups of 8, one 16-byte load and store each, one warp
     assert_eq!(launch, Launch { grid: 1, block: 32, shared_bytes: 0 });
     assert!(src.contains("coil_load<uint16_t, 8, 8>(in_ptr0 + (8*xvec), aligned)"), "{src}");
-    assert!(src.contains("coil_store<uint16_t, 8, 8>(out_ptr0 + (8*xvec), s"), "{src}");
+    // stored from f32 values, rounded in pairs (one cvt.rn.bf16x2.f32 each)
+    assert!(src.contains("coil_store_bf16<8, 8>(out_ptr0 + (8*xvec), s"), "{src}");
     snapshot("cuda_pointwise_bf16", src);
     // a tail: the partial group goes element by element
     let (p, k) = pointwise_n(4099, DType::F32);
