@@ -2,8 +2,8 @@
 //! compile, shared by the CPU and CUDA backends: inputs are the caller's, outputs fresh,
 //! temporaries in memory-plan slots; kernel status words become errors.
 
-use coil_ir::kernel::Schedule;
-use coil_ir::loops::{BufferId, ExternCall, LoopProgram};
+use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
+use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{Error, Result};
 
 /// Where a buffer's bytes are during a run.
@@ -87,4 +87,80 @@ pub(crate) fn check_status(kernel: &str, status: &[i64]) -> Result<()> {
         s => Error::runtime(format!("unknown status {s} ({}, {}, {})", status[1], status[2], status[3])),
     };
     Err(e.in_op(kernel, vec![]))
+}
+
+/// A compiled graph's launches, checked before anything is compiled: per scheduled kernel its
+/// tile kernel (`Ok`) or, for extern calls, the loop node (`Err`); where each buffer lives; and
+/// the byte size of each memory-plan slot. The error says what is inconsistent.
+pub(crate) struct CheckedLaunches<'a> {
+    pub steps: Vec<std::result::Result<&'a TileKernel, usize>>,
+    pub storage: Vec<Storage>,
+    pub slot_bytes: Vec<usize>,
+}
+
+/// Checks a schedule, its tile kernels and its extern calls against the program (both backends
+/// run the same checks).
+pub(crate) fn check_launches<'a>(
+    program: &LoopProgram,
+    schedule: &Schedule,
+    kernels: &'a [Option<TileKernel>],
+) -> std::result::Result<CheckedLaunches<'a>, String> {
+    if kernels.len() != schedule.kernels.len() {
+        return Err(format!("{} tile kernels for {} scheduled kernels", kernels.len(), schedule.kernels.len()));
+    }
+    // Check everything before paying for a compile.
+    let mut plan: Vec<std::result::Result<&'a TileKernel, usize>> = Vec::new();
+    // Buffers some launch touches: only they need memory.
+    let mut used = vec![false; program.buffers.len()];
+    for (fused, tile) in schedule.kernels.iter().zip(kernels) {
+        match (fused.kind, tile) {
+            (KernelKind::Extern, None) => {
+                for &node in &fused.nodes {
+                    let n = program.nodes.get(node).ok_or_else(|| format!("{}: no node {node}", fused.name))?;
+                    let LoopKind::Extern { call, inputs } = &n.kind else {
+                        return Err(format!("{}: node {node} is not extern", fused.name));
+                    };
+                    check_extern(program, call, inputs, n.output).map_err(|m| format!("{}: {m}", fused.name))?;
+                    for b in inputs.iter().chain([&n.output]) {
+                        used[b.0] = true;
+                    }
+                    plan.push(Err(node));
+                }
+            }
+            (KernelKind::Extern, Some(_)) => return Err(format!("{} is extern but has a tile kernel", fused.name)),
+            (_, None) => return Err(format!("{} has no tile kernel", fused.name)),
+            (_, Some(tile)) => {
+                for arg in &tile.args {
+                    let buf = program
+                        .buffers
+                        .get(arg.buffer.0)
+                        .ok_or_else(|| format!("{}: no buffer {}", tile.name, arg.buffer.0))?;
+                    if buf.meta.dtype != arg.dtype {
+                        return Err(format!(
+                            "{}: {} is {} but {} is {}",
+                            tile.name, arg.name, arg.dtype, buf.name, buf.meta
+                        ));
+                    }
+                    if arg.written && program.inputs.contains(&arg.buffer) {
+                        return Err(format!("{} writes the input {}", tile.name, buf.name));
+                    }
+                    used[arg.buffer.0] = true;
+                }
+                plan.push(Ok(tile));
+            }
+        }
+    }
+    let (storage, slot_bytes) = plan_storage(program, schedule, &used)?;
+    // An extern call reads its operands through slices while writing its output: they must
+    // not share a slot (the generated kernels handle in-place updates themselves).
+    for step in &plan {
+        if let Err(node) = step {
+            let n = &program.nodes[*node];
+            if n.reads().iter().any(|b| matches!(storage[b.0], Storage::Slot(_)) && storage[b.0] == storage[n.output.0])
+            {
+                return Err(format!("extern {} shares a memory slot with its operand", program.buffer(n.output).name));
+            }
+        }
+    }
+    Ok(CheckedLaunches { steps: plan, storage, slot_bytes })
 }

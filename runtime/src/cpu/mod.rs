@@ -23,9 +23,9 @@ mod tests;
 pub use compiler::{c_compiler, default_cache_dir, CCompiler, CompiledObject};
 pub use module::{Kernel, KernelLibrary};
 
-use crate::plan::{check_extern, check_status, plan_storage, Storage};
+use crate::plan::{check_launches, check_status, CheckedLaunches, Storage};
 use crate::{interpret, Buffer, HostData};
-use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
+use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{Error, Graph, Result};
 use std::path::{Path, PathBuf};
@@ -76,76 +76,8 @@ impl CompiledGraph {
         cache_dir: &Path,
     ) -> Result<CompiledGraph> {
         let bad = |msg: String| Error::runtime(format!("inconsistent compiled graph: {msg}"));
-        if kernels.len() != schedule.kernels.len() {
-            return Err(bad(format!(
-                "{} tile kernels for {} scheduled kernels",
-                kernels.len(),
-                schedule.kernels.len()
-            )));
-        }
-        // Check everything before paying for a compile.
-        let mut plan = Vec::new();
-        // Buffers some launch touches: only they need memory.
-        let mut used = vec![false; program.buffers.len()];
-        for (fused, tile) in schedule.kernels.iter().zip(&kernels) {
-            match (fused.kind, tile) {
-                (KernelKind::Extern, None) => {
-                    for &node in &fused.nodes {
-                        let n =
-                            program.nodes.get(node).ok_or_else(|| bad(format!("{}: no node {node}", fused.name)))?;
-                        let LoopKind::Extern { call, inputs } = &n.kind else {
-                            return Err(bad(format!("{}: node {node} is not extern", fused.name)));
-                        };
-                        check_extern(&program, call, inputs, n.output)
-                            .map_err(|m| bad(format!("{}: {m}", fused.name)))?;
-                        for b in inputs.iter().chain([&n.output]) {
-                            used[b.0] = true;
-                        }
-                        plan.push(Err(node));
-                    }
-                }
-                (KernelKind::Extern, Some(_)) => {
-                    return Err(bad(format!("{} is extern but has a tile kernel", fused.name)))
-                }
-                (_, None) => return Err(bad(format!("{} has no tile kernel", fused.name))),
-                (_, Some(tile)) => {
-                    for arg in &tile.args {
-                        let buf = program
-                            .buffers
-                            .get(arg.buffer.0)
-                            .ok_or_else(|| bad(format!("{}: no buffer {}", tile.name, arg.buffer.0)))?;
-                        if buf.meta.dtype != arg.dtype {
-                            return Err(bad(format!(
-                                "{}: {} is {} but {} is {}",
-                                tile.name, arg.name, arg.dtype, buf.name, buf.meta
-                            )));
-                        }
-                        if arg.written && program.inputs.contains(&arg.buffer) {
-                            return Err(bad(format!("{} writes the input {}", tile.name, buf.name)));
-                        }
-                        used[arg.buffer.0] = true;
-                    }
-                    plan.push(Ok(tile));
-                }
-            }
-        }
-        let (storage, slot_bytes) = plan_storage(&program, &schedule, &used).map_err(bad)?;
-        // An extern call reads its operands through slices while writing its output: they must
-        // not share a slot (the generated kernels handle in-place updates themselves).
-        for step in &plan {
-            if let Err(node) = step {
-                let n = &program.nodes[*node];
-                if n.reads()
-                    .iter()
-                    .any(|b| matches!(storage[b.0], Storage::Slot(_)) && storage[b.0] == storage[n.output.0])
-                {
-                    return Err(bad(format!(
-                        "extern {} shares a memory slot with its operand",
-                        program.buffer(n.output).name
-                    )));
-                }
-            }
-        }
+        let CheckedLaunches { steps: plan, storage, slot_bytes } =
+            check_launches(&program, &schedule, &kernels).map_err(bad)?;
 
         let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
         let (library, object) = if names.is_empty() {

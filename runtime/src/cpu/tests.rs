@@ -4,6 +4,7 @@
 use super::compiler::looks_complete;
 use super::gemm::{bmm, BmmSpec};
 use super::*;
+use coil_ir::kernel::KernelKind;
 use coil_ir::kernel::{FusedKernel, MemoryPlan, TileArg};
 use coil_ir::loops::{Body, LoopBuffer, LoopNode, ScalarOp, StridedOperand};
 use coil_ir::sym::Expr;

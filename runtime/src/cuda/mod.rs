@@ -31,11 +31,11 @@ pub use compiler::{CompiledCubin, LoadedModule};
 pub use device::{cuda_available, cuda_status, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
 
-use crate::plan::{check_extern, check_status, plan_storage, Storage};
+use crate::plan::{check_launches, check_status, CheckedLaunches, Storage};
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Launch};
-use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
+use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{Error, Graph, Result};
 use cudarc::driver::{result as drv, sys};
@@ -127,80 +127,23 @@ impl CudaCompiledGraph {
         cache_dir: &Path,
     ) -> Result<CudaCompiledGraph> {
         let bad = |msg: String| Error::runtime(format!("inconsistent CUDA compiled graph: {msg}"));
-        if kernels.len() != schedule.kernels.len() {
-            return Err(bad(format!(
-                "{} tile kernels for {} scheduled kernels",
-                kernels.len(),
-                schedule.kernels.len()
-            )));
-        }
-        // Check everything before paying for a compile.
-        let mut plan: Vec<std::result::Result<(&TileKernel, Launch), usize>> = Vec::new();
-        let mut used = vec![false; program.buffers.len()];
-        for (fused, tile) in schedule.kernels.iter().zip(&kernels) {
-            match (fused.kind, tile) {
-                (KernelKind::Extern, None) => {
-                    for &node in &fused.nodes {
-                        let n =
-                            program.nodes.get(node).ok_or_else(|| bad(format!("{}: no node {node}", fused.name)))?;
-                        let LoopKind::Extern { call, inputs } = &n.kind else {
-                            return Err(bad(format!("{}: node {node} is not extern", fused.name)));
-                        };
-                        check_extern(&program, call, inputs, n.output)
-                            .map_err(|m| bad(format!("{}: {m}", fused.name)))?;
-                        for b in inputs.iter().chain([&n.output]) {
-                            used[b.0] = true;
-                        }
-                        plan.push(Err(node));
-                    }
-                }
-                (KernelKind::Extern, Some(_)) => {
-                    return Err(bad(format!("{} is extern but has a tile kernel", fused.name)))
-                }
-                (_, None) => return Err(bad(format!("{} has no tile kernel", fused.name))),
-                (_, Some(tile)) => {
-                    for arg in &tile.args {
-                        let buf = program
-                            .buffers
-                            .get(arg.buffer.0)
-                            .ok_or_else(|| bad(format!("{}: no buffer {}", tile.name, arg.buffer.0)))?;
-                        if buf.meta.dtype != arg.dtype {
-                            return Err(bad(format!(
-                                "{}: {} is {} but {} is {}",
-                                tile.name, arg.name, arg.dtype, buf.name, buf.meta
-                            )));
-                        }
-                        if arg.written && program.inputs.contains(&arg.buffer) {
-                            return Err(bad(format!("{} writes the input {}", tile.name, buf.name)));
-                        }
-                        used[arg.buffer.0] = true;
-                    }
+        let CheckedLaunches { steps, storage, slot_bytes } =
+            check_launches(&program, &schedule, &kernels).map_err(bad)?;
+        let plan = steps
+            .into_iter()
+            .map(|step| match step {
+                Ok(tile) => {
                     let launch = module
                         .kernels
                         .iter()
                         .find(|k| k.name == tile.name)
                         .map(|k| k.launch)
                         .ok_or_else(|| bad(format!("the CUDA module has no kernel {}", tile.name)))?;
-                    plan.push(Ok((tile, launch)));
+                    Ok(Ok((tile, launch)))
                 }
-            }
-        }
-        let (storage, slot_bytes) = plan_storage(&program, &schedule, &used).map_err(bad)?;
-        // An extern call reads its operands while writing its output: they must not share a slot.
-        for step in &plan {
-            if let Err(node) = step {
-                let n = &program.nodes[*node];
-                if n.reads()
-                    .iter()
-                    .any(|b| matches!(storage[b.0], Storage::Slot(_)) && storage[b.0] == storage[n.output.0])
-                {
-                    return Err(bad(format!(
-                        "extern {} shares a memory slot with its operand",
-                        program.buffer(n.output).name
-                    )));
-                }
-            }
-        }
+                Err(node) => Ok(Err(node)),
+            })
+            .collect::<Result<Vec<std::result::Result<(&TileKernel, Launch), usize>>>>()?;
 
         let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
         let (loaded, cubin) = if names.is_empty() {

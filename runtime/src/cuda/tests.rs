@@ -12,6 +12,7 @@ use super::*;
 use crate::cpu::gemm::{bmm_bytes, BmmSpec};
 use crate::Device;
 use coil_codegen::cuda::CudaKernel;
+use coil_ir::kernel::KernelKind;
 use coil_ir::kernel::{FusedKernel, TileArg};
 use coil_ir::loops::{BiasOperand, Body, LoopBuffer, LoopNode, ScalarOp, StridedOperand};
 use coil_ir::sym::Expr;
