@@ -22,6 +22,8 @@ pub mod cuda;
 pub mod device;
 pub mod interp;
 mod plan;
+#[cfg(test)]
+mod test_graphs;
 
 pub use buffer::{Buffer, Element, HostData};
 pub use cpu::{c_compiler, CCompiler, CompiledGraph};

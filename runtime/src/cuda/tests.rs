@@ -10,12 +10,11 @@ use super::loader::{self, CudaLib};
 use super::memory::size_class;
 use super::*;
 use crate::cpu::gemm::{bmm_bytes, BmmSpec};
+use crate::test_graphs::{buffer, fused, pointwise, tile};
 use crate::Device;
 use coil_codegen::cuda::CudaKernel;
 use coil_ir::kernel::KernelKind;
-use coil_ir::kernel::{FusedKernel, TileArg};
-use coil_ir::loops::{BiasOperand, Body, LoopBuffer, LoopNode, ScalarOp, StridedOperand};
-use coil_ir::sym::Expr;
+use coil_ir::loops::{BiasOperand, LoopNode, StridedOperand};
 use coil_ir::{BinaryOp, DType, ErrorKind, Op, TensorMeta};
 
 /// A fresh directory, removed when dropped.
@@ -172,52 +171,6 @@ fn the_allocator_reuses_freed_blocks() {
 }
 
 // ---------------------------------------------------------------- compiled graphs
-
-fn buffer(name: &str, shape: &[usize], dtype: DType) -> LoopBuffer {
-    LoopBuffer { name: name.into(), meta: TensorMeta::new(shape.to_vec(), dtype) }
-}
-
-/// A pointwise node `out = a OP b` over `n` elements (the body is for show: the CUDA is by hand).
-fn pointwise(out: usize, n: usize, loads: &[usize], op: BinaryOp, dtype: DType) -> LoopNode {
-    let mut body = Body::default();
-    let x = Expr::index("x0", n as i64);
-    let vals: Vec<_> =
-        loads.iter().map(|&b| body.push(ScalarOp::Load { buffer: BufferId(b), index: x }, dtype)).collect();
-    body.result = if vals.len() == 2 { body.push(ScalarOp::Binary(op, vals[0], vals[1]), dtype) } else { vals[0] };
-    LoopNode {
-        output: BufferId(out),
-        origins: vec![op.name()],
-        kind: LoopKind::Pointwise { ranges: vec![Expr::int(n as i64)], body },
-    }
-}
-
-fn fused(name: &str, kind: KernelKind, node: usize, n: usize, stores: &[usize]) -> FusedKernel {
-    FusedKernel {
-        name: name.into(),
-        kind,
-        nodes: vec![node],
-        xnumel: Expr::int(n as i64),
-        rnumel: None,
-        stores: stores.iter().map(|&b| BufferId(b)).collect(),
-    }
-}
-
-/// A tile kernel with arguments `(name, buffer, dtype, written)`; only the signature matters.
-fn tile(name: &str, n: usize, args: &[(&str, usize, DType, bool)]) -> TileKernel {
-    TileKernel {
-        name: name.into(),
-        kind: KernelKind::Pointwise,
-        args: args
-            .iter()
-            .map(|&(a, b, dtype, w)| TileArg { name: a.into(), buffer: BufferId(b), dtype, read: !w, written: w })
-            .collect(),
-        xnumel: Expr::int(n as i64),
-        rnumel: None,
-        xblock: 256,
-        rblock: 1,
-        body: vec![],
-    }
-}
 
 fn module(source: &str, name: &str, grid: u32) -> CudaModule {
     CudaModule {
