@@ -39,7 +39,7 @@ use std::time::Instant;
 
 const HELP: &str = "\
 usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
-             [--warmup N] [--reps N] [--compare-interpreter] [--help]
+             [--warmup N] [--reps N] [--compare-interpreter] [--dynamic] [--help]
 
   --device D              cpu or cuda (default: cpu; cuda exits with status 2 when no GPU is usable)
   --only NAMES            run only these workloads (comma-separated WORKLOADS.md names)
@@ -53,6 +53,9 @@ usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
   --reps N                timed runs; the median is reported (default 20)
   --compare-interpreter   also time the reference interpreter (one run, no warm-up: capture,
                           decompose, interpret) and print the speedup of the compiled graph
+  --dynamic               also compile each workload with its leading dim symbolic (dynamic
+                          shapes: sizes passed to the kernels) and print its time next to the
+                          static graph's (dyn_us, dyn/static; `static` when it fell back)
   --help                  this text
 ";
 
@@ -292,10 +295,22 @@ struct Opts {
     warmup: usize,
     reps: usize,
     interp: bool,
+    /// Also compile with the leading (row) dim symbolic and time that graph.
+    dynamic: bool,
     device: coil::Device,
 }
 
+/// The same workload compiled with its leading dim symbolic (`--dynamic`).
+struct DynamicRow {
+    us: f64,
+    /// Whether the graph really compiled for symbolic sizes (else it fell back to static).
+    symbolic: bool,
+    /// Largest relative difference from the static graph's outputs.
+    relerr: f64,
+}
+
 struct Row {
+    dynamic: Option<DynamicRow>,
     us: f64,
     kernels: u64,
     compile_s: f64,
@@ -395,9 +410,11 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
         None
     };
 
+    let dynamic = if o.dynamic { Some(run_dynamic(c, o, &on_device, &bufs, &result)?) } else { None };
     let summary: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap_or_default();
     let count = |k: &str| summary[k].as_u64().unwrap_or(0);
     Ok(Row {
+        dynamic,
         us: median(times),
         kernels: count("generated_kernels") + count("extern_calls"),
         compile_s: compiled.times.total,
@@ -408,13 +425,46 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     })
 }
 
+/// `--dynamic`: the program compiled again with the leading dim of every input that shares
+/// input 0's leading size marked dynamic (one symbol), timed on the same inputs, and compared
+/// with the static graph's outputs.
+fn run_dynamic(
+    c: &Case,
+    o: &Opts,
+    on_device: &[Tensor],
+    bufs: &[&Buffer],
+    static_out: &[Buffer],
+) -> Result<DynamicRow> {
+    let lead = on_device[0].shape().first().copied();
+    for t in on_device {
+        if t.shape().first().copied() == lead {
+            t.mark_dynamic(0)?;
+        }
+    }
+    coil::set_default_device(o.device);
+    let outs = (c.program)(on_device);
+    coil::set_default_device(coil::Device::Cpu);
+    let compiled = coil::inspect(&refs(&outs?))?;
+    let symbolic = compiled.kernels.iter().flatten().any(|k| !k.sizes.is_empty());
+    let times = compiled.time_runs(bufs, o.warmup, o.reps.max(1))?;
+    let result = compiled.run_host(bufs)?;
+    let mut relerr: f64 = 0.0;
+    for (got, want) in result.iter().zip(static_out) {
+        let (got, want) = (got.to_vec::<f64>(), want.to_vec::<f64>());
+        let diff: f64 = got.iter().zip(&want).map(|(g, w)| (g - w) * (g - w)).sum();
+        let norm: f64 = want.iter().map(|w| w * w).sum();
+        relerr = relerr.max(diff.sqrt() / (norm.sqrt() + 1e-30));
+    }
+    Ok(DynamicRow { us: median(times), symbolic, relerr })
+}
+
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
     format!("panic: {}", msg.unwrap_or_else(|| "(no message)".into()))
 }
 
 fn parse_args() -> std::result::Result<(Opts, Vec<String>, Option<String>), String> {
-    let mut o = Opts { scale: f64::NAN, warmup: 3, reps: 20, interp: false, device: coil::Device::Cpu };
+    let mut o = Opts { scale: f64::NAN, warmup: 3, reps: 20, interp: false, dynamic: false, device: coil::Device::Cpu };
     let (mut only, mut json) = (Vec::new(), None);
     let mut args = std::env::args().skip(1);
     let mut device = coil::Device::default().to_string();
@@ -437,6 +487,7 @@ fn parse_args() -> std::result::Result<(Opts, Vec<String>, Option<String>), Stri
             "--warmup" => o.warmup = num(value()?)? as usize,
             "--reps" => o.reps = (num(value()?)? as usize).max(1),
             "--compare-interpreter" => o.interp = true,
+            "--dynamic" => o.dynamic = true,
             _ => return Err(format!("unknown argument {a:?}\n\n{HELP}")),
         }
     }
@@ -494,6 +545,9 @@ fn main() {
     if o.interp {
         header += &format!(" {:>12} {:>8}", "interp_us", "speedup");
     }
+    if o.dynamic {
+        header += &format!(" {:>10} {:>11} {:>8}", "dyn_us", "dyn/static", "dyn_err");
+    }
     println!("{header}\n{}", "-".repeat(header.len()));
     let (mut json_rows, mut failures) = (Vec::new(), Vec::new());
     for &(name, make) in WORKLOADS.iter().filter(|(n, _)| only.is_empty() || only.iter().any(|o| o == n)) {
@@ -529,6 +583,10 @@ fn main() {
         if let Some(i) = r.interp_us {
             line += &format!(" {:>12.0} {:>7.1}x", i, i / r.us);
         }
+        if let Some(d) = &r.dynamic {
+            let ratio = if d.symbolic { format!("{:.3}", d.us / r.us) } else { "static".to_string() };
+            line += &format!(" {:>10.1} {:>11} {:>8.1e}", d.us, ratio, d.relerr);
+        }
         println!("{line}");
         json_rows.push(serde_json::json!({
             "name": name, "us": r.us, "kernels": r.kernels, "compile_s": r.compile_s,
@@ -538,6 +596,10 @@ fn main() {
     println!("(us: median device time of one compiled run; rate: WORKLOADS.md min bytes or flops at this scale / us;");
     println!(" kern: generated kernels + extern calls; compile_s: cold compile; cc: C compiler seconds, or");
     println!(" `cached` on a disk-cache hit; relerr: against the same program in f64 (interpreter on the CPU, compiled on the GPU))");
+    if o.dynamic {
+        println!(" dyn_us: compiled with the leading dim symbolic (one kernel set for every size); dyn/static: its time over");
+        println!(" the static graph's (`static`: it could not be generalized); dyn_err: its difference from the static outputs)");
+    }
     for (name, e) in &failures {
         println!("\n{name} failed:\n{e}");
     }

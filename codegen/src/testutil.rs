@@ -3,7 +3,8 @@
 
 use coil_ir::kernel::{FusedKernel, KernelKind, TileKernel};
 use coil_ir::loops::{
-    range_var, reduction_var, Body, BufferId, LoopBuffer, LoopKind, LoopNode, LoopProgram, ScalarOp, ValueId,
+    range_var, reduction_var, Body, BufferId, LoopBuffer, LoopKind, LoopNode, LoopProgram, ScalarOp, SizeSymbol,
+    ValueId,
 };
 use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, ReduceOp, TensorMeta, UnaryOp};
@@ -32,18 +33,34 @@ pub fn rs(r: &[usize]) -> Vec<Expr> {
 }
 
 impl Prog {
-    fn buffer(&mut self, name: String, shape: &[usize], dtype: DType) -> BufferId {
-        self.p.buffers.push(LoopBuffer { name, meta: TensorMeta::new(shape.to_vec(), dtype) });
+    /// Declares the size symbol `name`: dim `dim` of input `input`, compiled at `hint`.
+    pub fn symbol(&mut self, name: &str, input: usize, dim: usize, hint: i64) -> Expr {
+        let symbol = Expr::size(name);
+        self.p.symbols.push(SizeSymbol { symbol, input, dim, hint });
+        symbol
+    }
+
+    /// A buffer of sizes `shape` (its meta at the symbols' hints).
+    fn buffer(&mut self, name: String, shape: &[Expr], dtype: DType) -> BufferId {
+        let hints = self.p.hints();
+        let sizes: Vec<usize> =
+            shape.iter().map(|e| e.eval(&hints).expect("symbols declared first") as usize).collect();
+        self.p.buffers.push(LoopBuffer { name, meta: TensorMeta::new(sizes, dtype), shape: shape.to_vec() });
         BufferId(self.p.buffers.len() - 1)
     }
 
     pub fn input(&mut self, shape: &[usize], dtype: DType) -> BufferId {
+        self.input_e(&exprs(shape), dtype)
+    }
+
+    /// An input of sizes `shape` (expressions of the size symbols).
+    pub fn input_e(&mut self, shape: &[Expr], dtype: DType) -> BufferId {
         let b = self.buffer(format!("arg{}", self.p.inputs.len()), shape, dtype);
         self.p.inputs.push(b);
         b
     }
 
-    fn node(&mut self, shape: &[usize], dtype: DType, origins: Vec<&'static str>, kind: LoopKind) -> BufferId {
+    fn node(&mut self, shape: &[Expr], dtype: DType, origins: Vec<&'static str>, kind: LoopKind) -> BufferId {
         let b = self.buffer(format!("buf{}", self.p.nodes.len()), shape, dtype);
         self.p.nodes.push(LoopNode { output: b, origins, kind });
         b
@@ -51,13 +68,23 @@ impl Prog {
 
     /// A pointwise node over `shape`.
     pub fn pointwise(&mut self, shape: &[usize], dtype: DType, body: Body) -> BufferId {
-        let kind = LoopKind::Pointwise { ranges: exprs(shape), body };
+        self.pointwise_e(&exprs(shape), dtype, body)
+    }
+
+    /// A pointwise node over `shape` (expressions of the size symbols).
+    pub fn pointwise_e(&mut self, shape: &[Expr], dtype: DType, body: Body) -> BufferId {
+        let kind = LoopKind::Pointwise { ranges: shape.to_vec(), body };
         self.node(shape, dtype, vec!["pointwise"], kind)
     }
 
     /// A reduction node with output shape `ranges`.
     pub fn reduction(&mut self, ranges: &[usize], red: &[usize], op: ReduceOp, dtype: DType, body: Body) -> BufferId {
-        let kind = LoopKind::Reduction { ranges: exprs(ranges), reduction_ranges: exprs(red), op, body };
+        self.reduction_e(&exprs(ranges), &exprs(red), op, dtype, body)
+    }
+
+    /// A reduction node with output shape `ranges` (expressions of the size symbols).
+    pub fn reduction_e(&mut self, ranges: &[Expr], red: &[Expr], op: ReduceOp, dtype: DType, body: Body) -> BufferId {
+        let kind = LoopKind::Reduction { ranges: ranges.to_vec(), reduction_ranges: red.to_vec(), op, body };
         self.node(ranges, dtype, vec![op.name()], kind)
     }
 
@@ -100,7 +127,19 @@ pub fn kernel(
     rnumel: Option<usize>,
     stores: Vec<BufferId>,
 ) -> FusedKernel {
-    FusedKernel { name: name.into(), kind, nodes, xnumel: Expr::from(xnumel), rnumel: rnumel.map(Expr::from), stores }
+    kernel_e(name, kind, nodes, Expr::from(xnumel), rnumel.map(Expr::from), stores)
+}
+
+/// [`kernel`] with extents that may name size symbols.
+pub fn kernel_e(
+    name: &str,
+    kind: KernelKind,
+    nodes: Vec<usize>,
+    xnumel: Expr,
+    rnumel: Option<Expr>,
+    stores: Vec<BufferId>,
+) -> FusedKernel {
+    FusedKernel { name: name.into(), kind, nodes, xnumel, rnumel, stores }
 }
 
 /// `softmax(x, dim=-1)` of an f32 `[rows, cols]` input as lowering produces it (amax; sum of the
@@ -184,6 +223,14 @@ pub fn compile(src: &str) -> CLib {
 impl CLib {
     /// Calls kernel `name` on buffers `args`; returns the status words.
     pub fn run(&self, name: &str, args: &[*mut u8]) -> [i64; 4] {
+        self.run_sized(name, args, &[])
+    }
+
+    /// Calls kernel `name` on buffers `args` and the values of its size symbols (the pointer
+    /// after the buffers, as the runtime passes it); returns the status words.
+    pub fn run_sized(&self, name: &str, args: &[*mut u8], sizes: &[i64]) -> [i64; 4] {
+        let mut args = args.to_vec();
+        args.push(sizes.as_ptr() as *mut u8);
         let mut status = [0i64; 4];
         unsafe {
             let f: libloading::Symbol<unsafe extern "C" fn(*const *mut u8, *mut i64)> =

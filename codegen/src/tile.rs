@@ -69,22 +69,48 @@ pub fn build_kernel(program: &LoopProgram, kernel: &FusedKernel) -> TileKernel {
         KernelKind::LoopedReduction => b.place_looped(&live),
         KernelKind::Extern => unreachable!(),
     };
-    let rnumel = kernel.rnumel.map(|r| r.const_value().expect("static rnumel") as usize);
+    // A persistent row is static: the scheduler makes symbolic rows looped.
+    let rnumel = kernel.rnumel.and_then(|r| r.const_value()).map(|r| r as usize);
     let (xblock, rblock) = match kernel.kind {
         KernelKind::Pointwise => (POINTWISE_XBLOCK, 1),
         KernelKind::PersistentReduction => (1, rnumel.unwrap_or(1).next_power_of_two()),
         _ => (1, LOOPED_RBLOCK),
     };
+    let body = renumber(body);
+    let sizes = size_symbols(program, kernel, &body);
     TileKernel {
         name: kernel.name.clone(),
         kind: kernel.kind,
         args: b.tile_args(),
         xnumel: kernel.xnumel,
         rnumel: kernel.rnumel,
+        sizes,
         xblock,
         rblock,
-        body: renumber(body),
+        body,
     }
+}
+
+/// The program's size symbols that a kernel's extents or indices mention, in program order.
+fn size_symbols(program: &LoopProgram, kernel: &FusedKernel, body: &[TileStmt]) -> Vec<Expr> {
+    fn collect(stmts: &[TileStmt], out: &mut Vec<Expr>) {
+        for st in stmts {
+            match st {
+                TileStmt::Let { op, .. } => out.extend(exprs(op)),
+                TileStmt::Store { index, .. } => out.push(*index),
+                TileStmt::RLoop(body) => collect(body, out),
+                _ => {}
+            }
+        }
+    }
+    if program.symbols.is_empty() {
+        return vec![];
+    }
+    let mut used = vec![kernel.xnumel];
+    used.extend(kernel.rnumel);
+    collect(body, &mut used);
+    let free: Vec<Expr> = used.iter().flat_map(|e| e.free_symbols()).collect();
+    program.symbols.iter().map(|s| s.symbol).filter(|s| free.contains(s)).collect()
 }
 
 /// The substitution [`build_kernel`] applies to the index variables of `kernel`'s member node
@@ -131,9 +157,9 @@ struct Builder<'a> {
     kernel: &'a FusedKernel,
     xindex: Expr,
     rindex: Option<Expr>,
-    xnumel: i64,
+    xnumel: Expr,
     /// Row length (1 for a pointwise kernel).
-    rnumel: i64,
+    rnumel: Expr,
     defs: Vec<Def>,
     /// Level of each def (see the module docs).
     levels: Vec<u32>,
@@ -144,8 +170,8 @@ struct Builder<'a> {
     stores: Vec<StoreDef>,
 }
 
-fn numel(ranges: &[Expr]) -> i64 {
-    ranges.iter().map(|r| r.const_value().expect("static range")).product()
+fn numel(ranges: &[Expr]) -> Expr {
+    ranges.iter().copied().product()
 }
 
 /// Row-major coordinates of `flat` over `ranges`, by successive division from the innermost
@@ -157,7 +183,7 @@ fn delinearize(flat: Expr, ranges: &[Expr]) -> Vec<Expr> {
     let mut rest = flat;
     let mut out = vec![Expr::int(0); ranges.len()];
     for d in (0..ranges.len()).rev() {
-        let n = ranges[d].const_value().expect("static range");
+        let n = ranges[d];
         out[d] = if d == 0 { rest } else { rest.modulo(n) };
         rest = rest.floor_div(n);
     }
@@ -225,10 +251,21 @@ fn indices_agree(a: Expr, b: Expr, syms: &[Expr]) -> bool {
         }
     };
     let (xs, rs) = (points(&syms[0]), syms.get(1).map_or(vec![0], points));
-    xs.iter().all(|&x| {
-        rs.iter().all(|&r| {
-            let env = |s: Expr| if s == syms[0] { Some(x) } else { Some(r) };
-            a.eval_with(env) == b.eval_with(env)
+    // Size symbols (dynamic shapes) take a few values of their own.
+    [2, 3, 17, 64].iter().all(|&size| {
+        xs.iter().all(|&x| {
+            rs.iter().all(|&r| {
+                let env = |s: Expr| {
+                    Some(if s == syms[0] {
+                        x
+                    } else if Some(&s) == syms.get(1) {
+                        r
+                    } else {
+                        size
+                    })
+                };
+                a.eval_with(env) == b.eval_with(env)
+            })
         })
     })
 }
@@ -241,8 +278,8 @@ impl<'a> Builder<'a> {
             // A kernel without elements still gets symbols (of extent 1); its loops never run.
             xindex: xindex(&kernel.xnumel.max(1)),
             rindex: kernel.rnumel.map(|r| rindex(&r.max(1))),
-            xnumel: kernel.xnumel.const_value().expect("static xnumel"),
-            rnumel: kernel.rnumel.map_or(1, |r| r.const_value().expect("static rnumel")),
+            xnumel: kernel.xnumel,
+            rnumel: kernel.rnumel.unwrap_or(Expr::int(1)),
             defs: Vec::new(),
             levels: Vec::new(),
             args: Vec::new(),
@@ -314,7 +351,7 @@ impl<'a> Builder<'a> {
         };
         let name = &self.kernel.name;
         assert!(fits, "{name}: node {n} has {size} elements, which fits neither signature of the kernel");
-        if size == 0 || rnumel == 0 {
+        if size == Expr::int(0) || rnumel == Expr::int(0) {
             return (map, self.xindex); // no element: no index variable either
         }
         let flat = match (&node.kind, self.rindex) {

@@ -8,10 +8,11 @@
 //! cached on disk by the runtime.
 
 use crate::debug::{self, Dump};
+use crate::dynamo::dynamic::DynamicSpec;
 use crate::logs;
 use crate::storage::Storage;
 use coil_ir::kernel::{KernelKind, TileKernel};
-use coil_ir::{Graph, Result};
+use coil_ir::{Error, Graph, Result};
 use coil_runtime::cpu::CompiledGraph;
 use coil_runtime::cuda::{CudaBuffer, CudaCompiledGraph, CudaDevice};
 use coil_runtime::{Buffer, Device};
@@ -67,9 +68,29 @@ pub struct Compiled {
 ///     assert_eq!(compiled.kernels.iter().flatten().count(), 1); // softmax is one kernel
 /// }
 /// ```
+///
+/// Dims marked with [`crate::Tensor::mark_dynamic`] on the inputs are symbolic: the graph is
+/// compiled for every size of them (or, when it cannot be, for its static sizes; `COIL_LOGS=
+/// recompiles` says why).
 pub fn inspect(outputs: &[&crate::Tensor]) -> Result<Arc<Compiled>> {
     let captured = crate::capture(outputs);
-    compile(&captured.graph, captured.device)
+    let graph = &captured.graph;
+    let mut dims = Vec::new();
+    for (j, &bits) in captured.marked.iter().enumerate() {
+        let shape = &graph.meta(graph.inputs[j]).shape;
+        dims.extend((0..shape.len()).filter(|&d| bits >> d & 1 == 1 && shape[d] >= 2).map(|d| (j, d)));
+    }
+    if !dims.is_empty() {
+        let dynamic = crate::dynamo::dynamic::resolve(graph, &dims)
+            .map_err(|why| Error::unsupported(format!("dynamic shapes: {why}")))
+            .and_then(|spec| compile_dynamic(graph, captured.device, &spec));
+        match dynamic {
+            Ok(compiled) => return Ok(compiled),
+            Err(e) if e.kind == coil_ir::ErrorKind::Unsupported => logs::recompile(&format!("sizes kept static: {e}")),
+            Err(e) => return Err(e),
+        }
+    }
+    compile(graph, captured.device)
 }
 
 impl Compiled {
@@ -156,30 +177,62 @@ pub fn compile(captured: &Graph, device: Device) -> Result<Arc<Compiled>> {
     if let Some(hit) = find(&cache().lock().expect("compile cache")) {
         return Ok(hit);
     }
-    let compiled = Arc::new(compile_uncached(captured, device)?);
+    let compiled = Arc::new(compile_uncached(captured, device, None)?);
     cache().lock().expect("compile cache").entry(key).or_default().push((captured.clone(), device, compiled.clone()));
     Ok(compiled)
 }
 
-fn compile_uncached(captured: &Graph, device: Device) -> Result<Compiled> {
+/// Compiles a captured graph for every size its symbols can take (see
+/// [`crate::dynamo::dynamic`]): one set of kernels, the sizes passed to them at run time. An
+/// error of kind `Unsupported` says why the graph cannot be compiled that way (the caller then
+/// compiles it for static sizes). Not cached here: compiled functions keep their own cache.
+pub fn compile_dynamic(captured: &Graph, device: Device, spec: &DynamicSpec) -> Result<Arc<Compiled>> {
+    compile_uncached(captured, device, Some(spec)).map(Arc::new)
+}
+
+fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSpec>) -> Result<Compiled> {
     let start = Instant::now();
     let mut times = StageTimes::default();
     let dump = Dump::new_graph();
     dump.write("graph_captured.txt", || captured.print(true));
+    let options = coil_passes::RewriteOptions::from_env();
 
-    let t = Instant::now();
-    let primitive = coil_passes::decompose(captured)?;
-    times.decompose = t.elapsed().as_secs_f64();
-    dump.write("graph_decomposed.txt", || primitive.print(true));
+    let (program, rewrites) = match dynamic {
+        None => {
+            let t = Instant::now();
+            let primitive = coil_passes::decompose(captured)?;
+            times.decompose = t.elapsed().as_secs_f64();
+            dump.write("graph_decomposed.txt", || primitive.print(true));
 
-    let t = Instant::now();
-    let (primitive, rewrites) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::from_env())?;
-    times.rewrite = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let (primitive, rewrites) = coil_passes::simplify(&primitive, &options)?;
+            times.rewrite = t.elapsed().as_secs_f64();
+
+            let t = Instant::now();
+            let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
+            times.lower = t.elapsed().as_secs_f64();
+            (program, rewrites)
+        }
+        Some(spec) => {
+            // Decomposition and rewriting run at probe sizes (timed together as `decompose`).
+            let t = Instant::now();
+            let symbols: Vec<_> = spec.symbols.iter().map(|s| s.symbol).collect();
+            let d = coil_passes::dynamic::generalize(captured, &spec.sizes, &symbols, &options)
+                .map_err(|why| Error::unsupported(format!("dynamic shapes: {why}")))?;
+            times.decompose = t.elapsed().as_secs_f64();
+            dump.write("graph_decomposed.txt", || d.primitive.print(true));
+
+            let t = Instant::now();
+            let program = coil_passes::split_reductions(&coil_passes::lower_dynamic(
+                &d.primitive,
+                &d.sizes,
+                spec.symbols.clone(),
+            )?);
+            times.lower = t.elapsed().as_secs_f64();
+            (program, d.rewrites)
+        }
+    };
     dump.write("rewrites.txt", || rewrites.to_string());
-
-    let t = Instant::now();
-    let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
-    times.lower = t.elapsed().as_secs_f64();
     let pre_fusion = program.to_string();
     dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
 

@@ -179,15 +179,21 @@ pub fn summary_json(
                 "name": k.name,
                 "kind": k.kind.name(),
                 "ops": ops,
-                "xnumel": k.xnumel.const_value(),
-                "rnumel": k.rnumel.and_then(|r| r.const_value()),
+                "xnumel": extent(k.xnumel),
+                "rnumel": k.rnumel.map(extent),
                 "bytes_read": read,
                 "bytes_written": written,
             })
         })
         .collect();
     let generated = schedule.kernels.iter().filter(|k| k.kind != KernelKind::Extern).count();
+    let symbols: Vec<serde_json::Value> = program
+        .symbols
+        .iter()
+        .map(|s| serde_json::json!({"name": s.symbol.to_string(), "input": s.input, "dim": s.dim, "hint": s.hint}))
+        .collect();
     let summary = serde_json::json!({
+        "size_symbols": symbols,
         "kernels": list,
         "generated_kernels": generated,
         "extern_calls": schedule.kernels.len() - generated,
@@ -209,4 +215,12 @@ pub fn summary_json(
         },
     });
     serde_json::to_string_pretty(&summary).expect("json") + "\n"
+}
+
+/// A kernel extent for `summary.json`: a number, or the expression (`"4*s0"`) when symbolic.
+fn extent(e: coil_ir::sym::Expr) -> serde_json::Value {
+    match e.const_value() {
+        Some(n) => n.into(),
+        None => e.to_string().into(),
+    }
 }

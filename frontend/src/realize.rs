@@ -47,6 +47,8 @@ pub struct Captured {
     pub inputs: Vec<Storage>,
     /// The device the graph runs on (its outputs' device).
     pub device: Device,
+    /// Per graph input, the dims marked dynamic ([`Tensor::mark_dynamic`]), one bit per dim.
+    pub marked: Vec<u64>,
 }
 
 /// Records the pending computation behind `outputs` as one graph.
@@ -87,10 +89,12 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
     // Inputs (computed tensors) first, then the pending nodes in walk order.
     let mut graph = Graph::new();
     let mut inputs = Vec::new();
+    let mut marked = Vec::new();
     let mut ids: AddrMap<NodeId> = AddrMap::default();
     for t in order.iter().filter(|t| t.is_realized()) {
         ids.insert(key(t), graph.input(t.meta().clone()));
         inputs.push(t.0.storage.get().expect("realized").clone());
+        marked.push(t.0.dynamic.load(std::sync::atomic::Ordering::Relaxed));
     }
     for t in order.iter().filter(|t| !t.is_realized()) {
         let id = if t.0.op.is_leaf() {
@@ -106,7 +110,7 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
     }
     graph.outputs = outputs.iter().map(|t| ids[&key(t)]).collect();
     let device = outputs.first().map_or(Device::Cpu, |t| t.device());
-    Captured { graph, inputs, device }
+    Captured { graph, inputs, device, marked }
 }
 
 /// Computes every pending tensor among `outputs` and binds the results to them: one graph per

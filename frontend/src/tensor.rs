@@ -9,6 +9,7 @@ use coil_runtime::{Buffer, Device, Element};
 use std::cell::Cell;
 use std::fmt;
 use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// A lazily computed tensor.
@@ -37,6 +38,8 @@ pub(crate) struct TensorNode {
     pub(crate) location: Option<&'static Location<'static>>,
     /// Set once the value is computed (or at creation for data).
     pub(crate) storage: OnceLock<Storage>,
+    /// Dims marked dynamic ([`Tensor::mark_dynamic`]), one bit per dim.
+    pub(crate) dynamic: AtomicU64,
 }
 
 thread_local! {
@@ -75,7 +78,47 @@ impl Tensor {
     /// A pending leaf (constant, iota, random) on this thread's default device.
     fn leaf(op: Op, meta: TensorMeta, location: Option<&'static Location<'static>>) -> Tensor {
         let device = default_device();
-        Tensor(Arc::new(TensorNode { op, srcs: vec![], meta, device, location, storage: OnceLock::new() }))
+        Tensor(Arc::new(TensorNode {
+            op,
+            srcs: vec![],
+            meta,
+            device,
+            location,
+            storage: OnceLock::new(),
+            dynamic: AtomicU64::new(0),
+        }))
+    }
+
+    /// Makes dim `dim` of this tensor symbolic for compiled functions that take it as an
+    /// argument (`torch._dynamo.mark_dynamic`): the first compile already serves every size of
+    /// that dim (sizes 0 and 1 excepted: those are specialized), instead of waiting for a size to
+    /// change. The mark stays with the tensor (and its clones).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![0.0f32; 12], &[3, 4]).unwrap();
+    /// x.mark_dynamic(0).unwrap();
+    /// assert_eq!(x.dynamic_dims(), vec![0]);
+    /// assert!(x.mark_dynamic(2).is_err());
+    /// ```
+    #[track_caller]
+    pub fn mark_dynamic(&self, dim: usize) -> Result<()> {
+        if dim >= self.meta().rank() || dim >= 64 {
+            return Err(Error::shape(format!(
+                "Dimension out of range (expected to be in range of [0, {}], but got {dim})",
+                self.meta().rank().saturating_sub(1)
+            ))
+            .in_op("mark_dynamic", vec![self.meta().to_string()])
+            .at(Location::caller()));
+        }
+        self.0.dynamic.fetch_or(1 << dim, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The dims marked with [`Tensor::mark_dynamic`], in increasing order.
+    pub fn dynamic_dims(&self) -> Vec<usize> {
+        let bits = self.0.dynamic.load(Ordering::Relaxed);
+        (0..64).filter(|d| bits >> d & 1 == 1).collect()
     }
 
     /// A tensor holding a computed host buffer.
@@ -92,6 +135,7 @@ impl Tensor {
             device: storage.device(),
             location: None,
             storage: OnceLock::new(),
+            dynamic: AtomicU64::new(0),
         };
         let _ = node.storage.set(storage);
         Tensor(Arc::new(node))
@@ -119,6 +163,7 @@ impl Tensor {
                 device,
                 location: self.0.location,
                 storage: OnceLock::new(),
+                dynamic: AtomicU64::new(self.0.dynamic.load(Ordering::Relaxed)),
             };
             return Ok(Tensor(Arc::new(node)));
         }
@@ -268,6 +313,7 @@ impl Tensor {
             device,
             location: Some(location),
             storage: OnceLock::new(),
+            dynamic: AtomicU64::new(0),
         })))
     }
 

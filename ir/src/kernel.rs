@@ -104,14 +104,35 @@ pub struct Schedule {
     pub memory: MemoryPlan,
 }
 
+impl Schedule {
+    /// The schedule of `program.instantiate(bindings)` (`program` being the instantiated one):
+    /// kernel extents at `bindings`, memory slots as large as their largest buffer there.
+    pub fn instantiate(&self, program: &crate::loops::LoopProgram, bindings: &crate::loops::Bindings) -> Schedule {
+        let at = |e: Expr| e.substitute_with(|s| bindings.get(&s).map(|&v| Expr::int(v)));
+        let mut s = self.clone();
+        for k in &mut s.kernels {
+            k.xnumel = at(k.xnumel);
+            k.rnumel = k.rnumel.map(at);
+        }
+        let mut slots = vec![0usize; s.memory.slots.len()];
+        for (b, slot) in s.memory.slot_of.iter().enumerate() {
+            if let (Some(slot), Some(buf)) = (slot, program.buffers.get(b)) {
+                slots[*slot] = slots[*slot].max(buf.meta.nbytes());
+            }
+        }
+        s.memory.slots = slots;
+        s
+    }
+}
+
 /// The symbol for the block's output index, `0 <= xindex < xnumel`.
 pub fn xindex(xnumel: &Expr) -> Expr {
-    Expr::index("xindex", xnumel.const_value().expect("static xnumel"))
+    Expr::index_upto("xindex", *xnumel)
 }
 
 /// The symbol for the position along the reduction, `0 <= rindex < rnumel`.
 pub fn rindex(rnumel: &Expr) -> Expr {
-    Expr::index("rindex", rnumel.const_value().expect("static rnumel"))
+    Expr::index_upto("rindex", *rnumel)
 }
 
 /// Block shape of a value.
@@ -180,6 +201,9 @@ pub struct TileKernel {
     pub args: Vec<TileArg>,
     pub xnumel: Expr,
     pub rnumel: Option<Expr>,
+    /// The size symbols the kernel reads (in `xnumel`, `rnumel` or an index), passed after the
+    /// buffers as `i64` arguments, in this order; empty for static shapes.
+    pub sizes: Vec<Expr>,
     /// Suggested block sizes: outputs per program, and row elements per block.
     pub xblock: usize,
     pub rblock: usize,
@@ -253,7 +277,12 @@ impl fmt::Display for TileKernel {
     /// Triton-like text.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = String::new();
-        let params: Vec<String> = self.args.iter().map(|a| format!("{}: *{}", a.name, a.dtype)).collect();
+        let params: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| format!("{}: *{}", a.name, a.dtype))
+            .chain(self.sizes.iter().map(|s| format!("{s}: i64")))
+            .collect();
         let _ = writeln!(s, "# kind: {}", self.kind.name());
         let _ = writeln!(s, "@kernel\ndef {}({}):", self.name, params.join(", "));
         let _ = writeln!(s, "    xnumel = {}", self.xnumel);

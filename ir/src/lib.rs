@@ -14,6 +14,7 @@
 //! It depends on nothing else in coil.
 
 pub mod dtype;
+pub mod dynamic;
 pub mod error;
 pub mod graph;
 pub mod infer;

@@ -22,18 +22,40 @@ use crate::dtype::{DType, Scalar};
 use crate::graph::TensorMeta;
 use crate::op::{BinaryOp, Op, RandDist, ReduceOp, UnaryOp};
 use crate::sym::Expr;
+use indexmap::IndexMap;
 use std::fmt::{self, Write};
 
 /// Index of a buffer in [`LoopProgram::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufferId(pub usize);
 
-/// A buffer: contiguous, row-major, of a static shape.
+/// A buffer: contiguous, row-major.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoopBuffer {
     /// `arg0, arg1, ...` for graph inputs, `buf<N>` for the rest (N = the writing node's index).
     pub name: String,
+    /// Dtype and sizes; in a program with size symbols, the sizes at the symbols' hints.
     pub meta: TensorMeta,
+    /// The sizes as expressions of the program's size symbols (constants when static).
+    pub shape: Vec<Expr>,
+}
+
+impl LoopBuffer {
+    /// A buffer of static sizes.
+    pub fn new(name: impl Into<String>, meta: TensorMeta) -> LoopBuffer {
+        let shape = meta.shape.iter().map(|&n| Expr::from(n)).collect();
+        LoopBuffer { name: name.into(), meta, shape }
+    }
+
+    /// `f32[s0, 64]`: the dtype and the sizes as expressions.
+    pub fn type_text(&self) -> String {
+        format!("{}{}", self.meta.dtype, exprs(&self.shape))
+    }
+
+    /// Number of elements, as an expression of the size symbols.
+    pub fn numel(&self) -> Expr {
+        self.shape.iter().copied().product()
+    }
 }
 
 /// Index of a value in [`Body::values`].
@@ -143,37 +165,71 @@ pub enum ExternCall {
     /// `out[b] = a[b] @ b[b] (+ bias)` for every batch index; each operand is a strided view of
     /// its buffer (a transpose is a stride swap, never a copy). The optional bias is added to
     /// every row inside the call, as an epilogue (`linear(x, w, b)` is one call).
-    Bmm {
-        a: StridedOperand,
-        b: StridedOperand,
-        bias: Option<BiasOperand>,
-        batch: Vec<usize>,
-        m: usize,
-        n: usize,
-        k: usize,
-    },
+    Bmm { a: StridedOperand, b: StridedOperand, bias: Option<BiasOperand>, batch: Vec<Expr>, m: Expr, n: Expr, k: Expr },
     /// A primitive op run by the reference interpreter on its operand buffers (an op with no
     /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
     Fallback { op: Op },
 }
 
-/// A matrix operand given as a strided view of a buffer, in elements.
+/// A matrix operand given as a strided view of a buffer, in elements. In the loop IR the
+/// numbers are expressions of the size symbols (`S = Expr`); a backend runs an instantiated
+/// program, where they are constants, and reads them as `StridedOperand<usize>`
+/// ([`StridedOperand::to_usize`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct StridedOperand {
+pub struct StridedOperand<S = Expr> {
     pub buffer: BufferId,
-    pub offset: usize,
+    pub offset: S,
     /// One stride per batch dim (0 for a broadcast batch dim).
-    pub batch_strides: Vec<usize>,
-    pub row_stride: usize,
-    pub col_stride: usize,
+    pub batch_strides: Vec<S>,
+    pub row_stride: S,
+    pub col_stride: S,
 }
 
 /// A bias row: column `j` of every output row gets `buffer[offset + stride * j]` added.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BiasOperand {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BiasOperand<S = Expr> {
     pub buffer: BufferId,
-    pub offset: usize,
-    pub stride: usize,
+    pub offset: S,
+    pub stride: S,
+}
+
+/// A constant, non-negative expression as a `usize` (`None` when symbolic).
+pub fn const_usize(e: &Expr) -> Option<usize> {
+    e.const_value().and_then(|v| usize::try_from(v).ok())
+}
+
+impl StridedOperand {
+    /// The operand of an instantiated program (all numbers constant).
+    pub fn to_usize(&self) -> Option<StridedOperand<usize>> {
+        Some(StridedOperand {
+            buffer: self.buffer,
+            offset: const_usize(&self.offset)?,
+            batch_strides: self.batch_strides.iter().map(const_usize).collect::<Option<_>>()?,
+            row_stride: const_usize(&self.row_stride)?,
+            col_stride: const_usize(&self.col_stride)?,
+        })
+    }
+
+    fn map(&self, f: &impl Fn(Expr) -> Expr) -> StridedOperand {
+        StridedOperand {
+            buffer: self.buffer,
+            offset: f(self.offset),
+            batch_strides: self.batch_strides.iter().map(|&e| f(e)).collect(),
+            row_stride: f(self.row_stride),
+            col_stride: f(self.col_stride),
+        }
+    }
+}
+
+impl BiasOperand {
+    /// The bias of an instantiated program (all numbers constant).
+    pub fn to_usize(&self) -> Option<BiasOperand<usize>> {
+        Some(BiasOperand {
+            buffer: self.buffer,
+            offset: const_usize(&self.offset)?,
+            stride: const_usize(&self.stride)?,
+        })
+    }
 }
 
 /// What a loop node computes.
@@ -214,17 +270,38 @@ impl LoopNode {
 
 /// The index variable of range `i` of a node: `x<i>` in `[0, extent)`.
 pub fn range_var(i: usize, extent: &Expr) -> Expr {
-    Expr::index(&format!("x{i}"), extent.const_value().expect("static extent"))
+    Expr::index_upto(&format!("x{i}"), *extent)
 }
 
 /// The index variable of reduction range `i`: `r<i>` in `[0, extent)`.
 pub fn reduction_var(i: usize, extent: &Expr) -> Expr {
-    Expr::index(&format!("r{i}"), extent.const_value().expect("static extent"))
+    Expr::index_upto(&format!("r{i}"), *extent)
 }
 
+/// A size symbol of a program with dynamic shapes: its value comes from dim `dim` of input
+/// `input` at run time; `hint` is the value it was compiled at (for heuristics and dumps).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SizeSymbol {
+    /// The symbol (an [`Expr::size`]: at least 2).
+    pub symbol: Expr,
+    pub input: usize,
+    pub dim: usize,
+    pub hint: i64,
+}
+
+/// Values of a program's size symbols for one run.
+pub type Bindings = IndexMap<Expr, i64>;
+
 /// A lowered program: buffers, inputs, outputs and nodes in execution order.
+///
+/// With dynamic shapes, sizes and index expressions mention the [`SizeSymbol`]s; one run binds
+/// them from its inputs ([`LoopProgram::bind`]) and the backends launch an
+/// [`instantiated`](LoopProgram::instantiate) copy whose sizes are constants, passing the
+/// symbols' values to the kernels, which were compiled once for every size.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoopProgram {
+    /// Size symbols, in order (empty for static shapes).
+    pub symbols: Vec<SizeSymbol>,
     pub buffers: Vec<LoopBuffer>,
     /// Graph inputs, in order.
     pub inputs: Vec<BufferId>,
@@ -241,6 +318,70 @@ impl LoopProgram {
     /// Index of the node writing `buffer`, if any (inputs have none).
     pub fn producer(&self, buffer: BufferId) -> Option<usize> {
         self.nodes.iter().position(|n| n.output == buffer)
+    }
+
+    /// The symbols' values for inputs of these shapes; an error when a symbolic size is below
+    /// 2 (sizes 0 and 1 are specialized) or an input's shape disagrees with its expressions.
+    pub fn bind(&self, inputs: &[&[usize]]) -> Result<Bindings, String> {
+        if inputs.len() != self.inputs.len() {
+            return Err(format!("the compiled graph takes {} inputs, got {}", self.inputs.len(), inputs.len()));
+        }
+        let mut bindings = Bindings::new();
+        for s in &self.symbols {
+            let value =
+                inputs[s.input].get(s.dim).copied().ok_or_else(|| format!("input {} has no dim {}", s.input, s.dim))?;
+            if value < 2 {
+                return Err(format!(
+                    "{} = {value} (input {} dim {}): symbolic sizes are at least 2",
+                    s.symbol, s.input, s.dim
+                ));
+            }
+            bindings.insert(s.symbol, value as i64);
+        }
+        for (k, (&id, shape)) in self.inputs.iter().zip(inputs).enumerate() {
+            let want = &self.buffer(id).shape;
+            let ok = want.len() == shape.len()
+                && want.iter().zip(shape.iter()).all(|(e, &n)| e.eval(&bindings) == Ok(n as i64));
+            if !ok {
+                let want: Vec<String> = want.iter().map(|e| e.to_string()).collect();
+                return Err(format!("input {k}: expected shape [{}], got {shape:?}", want.join(", ")));
+            }
+        }
+        Ok(bindings)
+    }
+
+    /// A copy with every size at `bindings` (buffer shapes and metas, ranges, extern calls):
+    /// what a backend launches. Bodies keep their symbols: kernels take the sizes as arguments.
+    pub fn instantiate(&self, bindings: &Bindings) -> LoopProgram {
+        let at = |e: Expr| e.substitute_with(|s| bindings.get(&s).map(|&v| Expr::int(v)));
+        let mut p = self.clone();
+        p.symbols.clear();
+        for b in &mut p.buffers {
+            b.shape = b.shape.iter().map(|&e| at(e)).collect();
+            b.meta.shape = b.shape.iter().map(|e| const_usize(e).expect("every size symbol bound")).collect();
+        }
+        for n in &mut p.nodes {
+            match &mut n.kind {
+                LoopKind::Pointwise { ranges, .. } => ranges.iter_mut().for_each(|e| *e = at(*e)),
+                LoopKind::Reduction { ranges, reduction_ranges, .. } => {
+                    ranges.iter_mut().chain(reduction_ranges.iter_mut()).for_each(|e| *e = at(*e))
+                }
+                LoopKind::Extern { call: ExternCall::Bmm { a, b, bias, batch, m, n, k }, .. } => {
+                    (*a, *b) = (a.map(&at), b.map(&at));
+                    if let Some(bias) = bias {
+                        (bias.offset, bias.stride) = (at(bias.offset), at(bias.stride));
+                    }
+                    batch.iter_mut().chain([m, n, k]).for_each(|e| *e = at(*e));
+                }
+                LoopKind::Extern { .. } => {}
+            }
+        }
+        p
+    }
+
+    /// The hint value of every size symbol.
+    pub fn hints(&self) -> Bindings {
+        self.symbols.iter().map(|s| (s.symbol, s.hint)).collect()
     }
 }
 
@@ -280,9 +421,19 @@ impl fmt::Display for LoopProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = String::new();
         let names = |ids: &[BufferId]| ids.iter().map(|b| self.buffer(*b).name.clone()).collect::<Vec<_>>().join(", ");
+        for sym in &self.symbols {
+            let _ = writeln!(
+                s,
+                "symbol {} = {}.size({}) (hint {})",
+                sym.symbol,
+                self.buffer(self.inputs[sym.input]).name,
+                sym.dim,
+                sym.hint
+            );
+        }
         let _ = writeln!(s, "inputs: {}", names(&self.inputs));
         for id in &self.inputs {
-            let _ = writeln!(s, "  {}: {}", self.buffer(*id).name, self.buffer(*id).meta);
+            let _ = writeln!(s, "  {}: {}", self.buffer(*id).name, self.buffer(*id).type_text());
         }
         for node in &self.nodes {
             let out = self.buffer(node.output);
@@ -293,7 +444,7 @@ impl fmt::Display for LoopProgram {
                         s,
                         "{}: {} = pointwise ranges={} origins=[{origins}]",
                         out.name,
-                        out.meta,
+                        out.type_text(),
                         exprs(ranges)
                     );
                     write_body(&mut s, self, body);
@@ -303,7 +454,7 @@ impl fmt::Display for LoopProgram {
                         s,
                         "{}: {} = reduction {} ranges={} reduction_ranges={} origins=[{origins}]",
                         out.name,
-                        out.meta,
+                        out.type_text(),
                         op.name(),
                         exprs(ranges),
                         exprs(reduction_ranges)
@@ -314,7 +465,7 @@ impl fmt::Display for LoopProgram {
                     let what = match call {
                         ExternCall::Bmm { batch, m, n, k, bias, .. } => {
                             let epilogue = if bias.is_some() { " +bias" } else { "" };
-                            format!("bmm{epilogue} batch={batch:?} m={m} n={n} k={k}")
+                            format!("bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
                         }
                         ExternCall::Fallback { op } => format!("fallback {op}"),
                     };
@@ -322,7 +473,7 @@ impl fmt::Display for LoopProgram {
                         s,
                         "{}: {} = extern {what}({}) origins=[{origins}]",
                         out.name,
-                        out.meta,
+                        out.type_text(),
                         names(inputs)
                     );
                 }

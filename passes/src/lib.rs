@@ -20,16 +20,20 @@
 //!   greedy, deterministic fusion of loop nodes into kernels ([`coil_ir::kernel::Schedule`]),
 //!   every refused fusion with its reason, and the memory plan.
 //!
+//! * dynamic shapes ([`mod@dynamic`], entry point [`dynamic::generalize`]): the passes above run
+//!   at probe sizes and the sizes of the result are read back as expressions of size symbols.
+//!
 //! The contracts between these steps are in `docs/compiler.md`. It depends only on `coil-ir`.
 
 pub mod decompose;
+pub mod dynamic;
 pub mod lower;
 pub mod rewrite;
 pub mod schedule;
 pub mod split;
 
 pub use decompose::decompose;
-pub use lower::lower;
+pub use lower::{lower, lower_dynamic};
 pub use rewrite::{simplify, RewriteOptions, RewriteReport};
 pub use schedule::{print_schedule, schedule, schedule_with, ScheduleOptions};
 pub use split::split_reductions;

@@ -106,10 +106,7 @@ fn split(buffers: &mut Vec<LoopBuffer>, program: &LoopProgram, node: &LoopNode, 
     // A reduction's ranges are its output shape (kept size-1 dims included).
     let mut partial_shape: Vec<usize> = ranges.iter().map(|e| e.const_value().unwrap() as usize).collect();
     partial_shape.push(splits as usize);
-    buffers.push(LoopBuffer {
-        name: format!("{}_partial", out.name),
-        meta: TensorMeta::new(partial_shape, partial_dtype),
-    });
+    buffers.push(LoopBuffer::new(format!("{}_partial", out.name), TensorMeta::new(partial_shape, partial_dtype)));
     let partial = BufferId(buffers.len() - 1);
     let mut first_ranges = ranges.clone();
     first_ranges.push(Expr::int(splits));

@@ -1,10 +1,17 @@
 //! Where each buffer of a compiled graph lives during a run, and the checks made before any
 //! compile, shared by the CPU and CUDA backends: inputs are the caller's, outputs fresh,
 //! temporaries in memory-plan slots; kernel status words become errors.
+//!
+//! With size symbols (dynamic shapes), each run binds the symbols from its input shapes and
+//! gets the [`Instance`] at those sizes from [`Instances`]: the program and schedule with
+//! constant sizes, and where each buffer lives, made once per set of sizes.
 
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
-use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
+use coil_ir::loops::{Bindings, BufferId, ExternCall, LoopKind, LoopProgram};
+use coil_ir::sym::Expr;
 use coil_ir::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Where a buffer's bytes are during a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -163,4 +170,168 @@ pub(crate) fn check_launches<'a>(
         }
     }
     Ok(CheckedLaunches { steps: plan, storage, slot_bytes })
+}
+
+/// One launch of a run, in schedule order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The generated kernel `kernels[i]` (`kernels` parallel to `schedule.kernels`).
+    Kernel(usize),
+    /// The extern node `program.nodes[n]`.
+    Extern(usize),
+}
+
+/// A compiled graph at one run's sizes: what a backend allocates and launches. Every size in
+/// it is a constant; the kernels, compiled once for every size, take the symbols' values.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    /// The program at these sizes ([`LoopProgram::instantiate`]: constant buffer metas, ranges
+    /// and extern calls; bodies still name the symbols).
+    pub program: LoopProgram,
+    /// The schedule at these sizes (constant kernel extents, memory slots resized).
+    pub schedule: Schedule,
+    /// Where each buffer of `program` lives.
+    pub storage: Vec<Storage>,
+    /// Bytes of each storage slot: the memory plan's, then one per temporary it left out.
+    pub slot_bytes: Vec<usize>,
+    /// The values of the program's size symbols, in `program.symbols` order (empty if static).
+    pub sizes: Vec<i64>,
+    /// Per entry of `kernels`: the values of its [`TileKernel::sizes`], in order (what the
+    /// kernel takes after its buffers; empty for static kernels and extern entries).
+    pub kernel_sizes: Vec<Vec<i64>>,
+}
+
+impl Instance {
+    /// The instance at `bindings` (empty for a static program, which is then taken as it is),
+    /// checked by [`check_launches`].
+    fn new(
+        program: &LoopProgram,
+        schedule: &Schedule,
+        kernels: &[Option<TileKernel>],
+        bindings: &Bindings,
+    ) -> std::result::Result<Instance, String> {
+        let (program, schedule) = if program.symbols.is_empty() {
+            (program.clone(), schedule.clone())
+        } else {
+            let p = program.instantiate(bindings);
+            let s = schedule.instantiate(&p, bindings);
+            (p, s)
+        };
+        let CheckedLaunches { storage, slot_bytes, .. } = check_launches(&program, &schedule, kernels)?;
+        let kernel_sizes = kernels
+            .iter()
+            .map(|k| {
+                let Some(tile) = k else { return Ok(vec![]) };
+                let value = |s: &Expr| {
+                    let no = || format!("{} reads {s}, which is not a size symbol of the program", tile.name);
+                    bindings.get(s).copied().ok_or_else(no)
+                };
+                tile.sizes.iter().map(value).collect()
+            })
+            .collect::<std::result::Result<Vec<Vec<i64>>, String>>()?;
+        Ok(Instance {
+            program,
+            schedule,
+            storage,
+            slot_bytes,
+            sizes: bindings.values().copied().collect(),
+            kernel_sizes,
+        })
+    }
+}
+
+/// Most instances of one graph kept at once; past it the cache starts over (each instance is
+/// a copy of the program, so unbounded growth would follow every new size forever).
+const MAX_INSTANCES: usize = 256;
+
+/// A compiled graph's instances, shared by the CPU and CUDA backends. A static program has one,
+/// made at construction, and a run costs one shape comparison per input; a program with size
+/// symbols gets one per set of symbol values met, made on first use and cached.
+///
+/// The graph's `program`, `schedule` and `kernels` (one per schedule kernel, `None` for extern
+/// ones) are not held here: every call passes the same ones.
+#[derive(Debug)]
+pub(crate) struct Instances {
+    /// The launches, in order (the same at every size).
+    pub steps: Vec<Step>,
+    /// The instance of a static program.
+    fixed: Option<Arc<Instance>>,
+    /// A dynamic program's instances, by the values of its symbols.
+    by_sizes: Mutex<HashMap<Vec<i64>, Arc<Instance>>>,
+}
+
+impl Instances {
+    /// Checks the pieces against each other before anything is compiled: at the program's
+    /// own sizes, or at the symbols' hints (that instance is kept). The error says what is
+    /// inconsistent.
+    pub fn new(
+        program: &LoopProgram,
+        schedule: &Schedule,
+        kernels: &[Option<TileKernel>],
+    ) -> std::result::Result<Instances, String> {
+        let hints = program.hints();
+        let first = Instance::new(program, schedule, kernels, &hints)?;
+        let checked = check_launches(&first.program, &first.schedule, kernels)?;
+        let steps = checked
+            .steps
+            .iter()
+            .map(|s| match s {
+                Ok(tile) => Step::Kernel(
+                    kernels
+                        .iter()
+                        .position(|k| k.as_ref().is_some_and(|k| std::ptr::eq(k, *tile)))
+                        .expect("one of them"),
+                ),
+                Err(node) => Step::Extern(*node),
+            })
+            .collect();
+        let first = Arc::new(first);
+        let (fixed, by_sizes) = if program.symbols.is_empty() {
+            (Some(first), HashMap::new())
+        } else {
+            (None, HashMap::from([(first.sizes.clone(), first)]))
+        };
+        Ok(Instances { steps, fixed, by_sizes: Mutex::new(by_sizes) })
+    }
+
+    /// The instance for inputs of these shapes: a shape error (naming the expected, possibly
+    /// symbolic, shape) when they do not fit the program, or when a size symbol would be 0 or 1.
+    pub fn get(
+        &self,
+        program: &LoopProgram,
+        schedule: &Schedule,
+        kernels: &[Option<TileKernel>],
+        input_shapes: &[&[usize]],
+    ) -> Result<Arc<Instance>> {
+        if let Some(fixed) = &self.fixed {
+            if input_shapes.len() != program.inputs.len() {
+                let n = program.inputs.len();
+                return Err(Error::value(format!("the compiled graph takes {n} inputs, got {}", input_shapes.len())));
+            }
+            for (k, (&id, &shape)) in program.inputs.iter().zip(input_shapes).enumerate() {
+                let want = &program.buffer(id).meta;
+                if want.shape != shape {
+                    return Err(Error::shape(format!("input {k}: expected {want}, got shape {shape:?}")));
+                }
+            }
+            return Ok(fixed.clone());
+        }
+        let bindings = program.bind(input_shapes).map_err(Error::shape)?;
+        let sizes: Vec<i64> = bindings.values().copied().collect();
+        if let Some(hit) = self.by_sizes.lock().unwrap_or_else(|e| e.into_inner()).get(&sizes) {
+            return Ok(hit.clone());
+        }
+        // Made outside the lock: another thread may make the same one meanwhile (both agree).
+        let instance = Instance::new(program, schedule, kernels, &bindings).map_err(|m| {
+            let at: Vec<String> = bindings.iter().map(|(s, v)| format!("{s} = {v}")).collect();
+            Error::runtime(format!("inconsistent compiled graph at {}: {m}", at.join(", ")))
+        })?;
+        let instance = Arc::new(instance);
+        let mut cache = self.by_sizes.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= MAX_INSTANCES {
+            cache.clear();
+        }
+        cache.insert(sizes, instance.clone());
+        Ok(instance)
+    }
 }

@@ -2,12 +2,18 @@
 //! and CUDA tests build the same graphs around hand-written kernels).
 
 use coil_ir::kernel::{FusedKernel, KernelKind, TileArg, TileKernel};
-use coil_ir::loops::{Body, BufferId, LoopBuffer, LoopKind, LoopNode, ScalarOp};
+use coil_ir::loops::{Bindings, Body, BufferId, LoopBuffer, LoopKind, LoopNode, ScalarOp};
 use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, TensorMeta};
 
 pub(crate) fn buffer(name: &str, shape: &[usize], dtype: DType) -> LoopBuffer {
-    LoopBuffer { name: name.into(), meta: TensorMeta::new(shape.to_vec(), dtype) }
+    LoopBuffer::new(name, TensorMeta::new(shape.to_vec(), dtype))
+}
+
+/// A buffer whose sizes may name size symbols; its meta at `hints` (the program's hints).
+pub(crate) fn buffer_e(name: &str, shape: &[Expr], dtype: DType, hints: &Bindings) -> LoopBuffer {
+    let sizes: Vec<usize> = shape.iter().map(|e| e.eval(hints).expect("every symbol has a hint") as usize).collect();
+    LoopBuffer { name: name.into(), meta: TensorMeta::new(sizes, dtype), shape: shape.to_vec() }
 }
 
 /// A pointwise node `out = a OP b` over `n` elements (the body is for show: the C is by hand).
@@ -46,6 +52,7 @@ pub(crate) fn tile(name: &str, n: usize, args: &[(&str, usize, DType, bool)]) ->
             .collect(),
         xnumel: Expr::int(n as i64),
         rnumel: None,
+        sizes: vec![],
         xblock: 1024,
         rblock: 1,
         body: vec![],

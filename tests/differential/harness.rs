@@ -191,3 +191,73 @@ pub fn check_all(device: coil::Device) {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     assert!(valid >= 200, "only {valid} of the random programs were valid");
 }
+
+/// Inputs of `shape` with random values.
+fn inputs_of(rng: &mut Rng, shape: &[usize]) -> Inputs {
+    let n: usize = shape.iter().product();
+    let mut make = || (0..n).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
+    let (a, b) = (make(), make());
+    Inputs(vec![(shape.to_vec(), a), (shape.to_vec(), b)])
+}
+
+/// Dynamic shapes: each random program as a compiled function whose inputs have dim 0 marked
+/// dynamic, called at three sizes of that dim; every call must agree with the same program
+/// compiled for static sizes. Most
+/// programs compile once; a program whose sizes do not follow from the symbol (or that coil
+/// guessed wrong at the first size) recompiles, which costs time but never a wrong value.
+pub fn check_all_dynamic(device: coil::Device) {
+    let (mut failures, mut valid, mut once) = (Vec::new(), 0, 0);
+    let seeds: Vec<u64> = match std::env::var("COIL_DIFF_SEED") {
+        Ok(s) => vec![s.parse().expect("COIL_DIFF_SEED is a number")],
+        Err(_) => (0..60).collect(),
+    };
+    for seed in seeds {
+        let mut rng = Rng(seed ^ 0xD1A);
+        let mut shape = Inputs::new(&mut rng).0[0].0.clone();
+        shape[0] = shape[0].max(2);
+        let f = coil::compile(move |a: &[Tensor]| program(seed, a).map(|(outs, _)| outs));
+        let mut ok = true;
+        for n in [shape[0], shape[0] + 3, 2 * shape[0] + 5] {
+            shape[0] = n;
+            let inputs = inputs_of(&mut rng, &shape);
+            // The reference: the same program compiled for these static sizes (itself checked
+            // against the interpreter by `check_all`).
+            let Some((Ok(reference), bf16)) = run(seed, &inputs, Backend::Compiled, device) else {
+                ok = false;
+                break;
+            };
+            coil::set_backend(Backend::Compiled);
+            coil::set_default_device(device);
+            let args = inputs.tensors(device);
+            for t in &args {
+                t.mark_dynamic(0).unwrap();
+            }
+            let got: coil::Result<Vec<Vec<f64>>> =
+                f.call(&args.iter().collect::<Vec<_>>()).and_then(|o| o.iter().map(|t| t.to_vec::<f64>()).collect());
+            let tolerance = if bf16 { 1e-2 } else { 1e-5 };
+            match got {
+                Ok(got) => {
+                    for (k, (c, r)) in got.iter().zip(&reference).enumerate() {
+                        let err = rel_error(c, r);
+                        if err > tolerance {
+                            failures.push(format!("seed {seed} at {shape:?}: output {k} differs ({err:.2e})"));
+                        }
+                    }
+                }
+                Err(e) => failures.push(format!("seed {seed} at {shape:?}: {e}")),
+            }
+        }
+        if ok {
+            valid += 1;
+            once += (f.compile_count() == 1) as usize;
+        }
+    }
+    println!(
+        "dynamic differential on {device}: {valid} valid programs, {once} compiled once, {} disagree",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // (A single seed from COIL_DIFF_SEED is one program.)
+    let enough = if std::env::var("COIL_DIFF_SEED").is_ok() { 1 } else { 40 };
+    assert!(valid >= enough && once * 2 >= valid, "{valid} valid programs, only {once} served by one compile");
+}

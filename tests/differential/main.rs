@@ -7,3 +7,8 @@ mod harness;
 fn compiled_programs_agree_with_the_interpreter() {
     harness::check_all(coil::Device::Cpu);
 }
+
+#[test]
+fn dynamic_programs_agree_with_the_interpreter_at_every_size() {
+    harness::check_all_dynamic(coil::Device::Cpu);
+}

@@ -2,11 +2,15 @@
 //! OpenMP.
 //!
 //! Each kernel becomes `void NAME(char *const *args, int64_t *status)`; `args` holds one pointer
-//! per [`TileKernel::args`] entry, in order, and `status` (at least 3 words, zeroed by the
-//! caller) receives the first error of the launch ([`status`]). Blocks become plain loops: one
+//! per [`TileKernel::args`] entry, in order, then one more: a pointer to the values of
+//! [`TileKernel::sizes`] (`int64_t`, in that order; read into `const int64_t s0 = ...` locals, so
+//! index expressions print as they are; a kernel without sizes never reads it, so callers may
+//! pass it always). `status` (at least 3 words, zeroed by the caller) receives the first error
+//! of the launch ([`status`]). Blocks become plain loops: one
 //! OpenMP-parallel loop over `xindex`, and inside it loops over `rindex` (a CPU thread handles a
 //! whole row, so `XBLOCK` and `RBLOCK` are advisory here and no lane masks are needed). Kernels
-//! under [`PARALLEL_MIN_ELEMENTS`] elements stay on the calling thread.
+//! under [`PARALLEL_MIN_ELEMENTS`] elements stay on the calling thread (with symbolic sizes, an
+//! OpenMP `if` clause decides at run time).
 //!
 //! * **Pointwise**: the body of the `xindex` loop, which is `parallel for simd` unless some
 //!   statement may write `status` (an indirect load, integer division or power).
@@ -32,6 +36,7 @@ pub use prelude::{prelude, status};
 
 use coil_ir::kernel::{Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
+use coil_ir::sym::Expr;
 use coil_ir::{DType, ReduceOp};
 use indexmap::{IndexMap, IndexSet};
 use std::fmt::Write;
@@ -79,7 +84,16 @@ struct Emitter<'a> {
     arrays: IndexSet<Var>,
     /// Inside an `rindex` loop.
     in_loop: bool,
-    rnumel: i64,
+    /// Row length (1 for a pointwise kernel); symbolic in a looped reduction.
+    rnumel: Expr,
+}
+
+/// When the `xindex` loop runs on the OpenMP team.
+enum Parallel {
+    Never,
+    Always,
+    /// When this C condition holds (symbolic sizes).
+    If(String),
 }
 
 /// Every statement of a body, loops flattened.
@@ -132,7 +146,7 @@ impl<'a> Emitter<'a> {
                 _ => {}
             }
         }
-        let rnumel = k.rnumel.map_or(1, |r| r.const_value().expect("static rnumel"));
+        let rnumel = k.rnumel.unwrap_or(Expr::int(1));
         Emitter { k, out: String::new(), indent: 0, vars, acc_source, arrays: IndexSet::new(), in_loop: false, rnumel }
     }
 
@@ -153,10 +167,30 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Whether the `xindex` loop is worth the OpenMP team: more than one row and at least
+    /// [`PARALLEL_MIN_ELEMENTS`] elements (decided here when the sizes are constant).
+    fn parallel(&self) -> Parallel {
+        let xnumel = self.k.xnumel;
+        let total = xnumel * self.rnumel;
+        let at_least = |e: Expr, n: i64| e.bounds().0.is_some_and(|lo| lo >= n);
+        match (xnumel.const_value(), total.const_value()) {
+            (Some(x), _) if x <= 1 => Parallel::Never,
+            (_, Some(t)) if t < PARALLEL_MIN_ELEMENTS => Parallel::Never,
+            (_, Some(_)) => Parallel::Always,
+            _ if at_least(xnumel, 2) && at_least(total, PARALLEL_MIN_ELEMENTS) => Parallel::Always,
+            _ => {
+                let mut cond = format!("{} >= {PARALLEL_MIN_ELEMENTS}", total.to_c());
+                if !at_least(xnumel, 2) {
+                    cond = format!("{} > 1 && {cond}", xnumel.to_c());
+                }
+                Parallel::If(cond)
+            }
+        }
+    }
+
     fn function(&mut self) {
         let k = self.k;
-        let xnumel = k.xnumel.const_value().expect("static xnumel");
-        let mut header = format!("/* {}: {}, xnumel = {xnumel}", k.name, k.kind.name());
+        let mut header = format!("/* {}: {}, xnumel = {}", k.name, k.kind.name(), k.xnumel);
         if let Some(r) = k.rnumel {
             let _ = write!(header, ", rnumel = {r}");
         }
@@ -169,23 +203,30 @@ impl<'a> Emitter<'a> {
             let c = if a.written { "" } else { "const " };
             self.line(&format!("{c}{t} *{} = ({c}{t} *)args[{i}]; /* {}, buffer {} */", a.name, a.dtype, a.buffer.0));
         }
+        for (i, s) in k.sizes.iter().enumerate() {
+            let n = k.args.len();
+            self.line(&format!("const int64_t {} = ((const int64_t *)args[{n}])[{i}];", s.to_c()));
+        }
         self.line("(void)status;");
         let may_fail = flat(&k.body).iter().any(|s| match s {
             TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } => true,
             TileStmt::Let { op: TileOp::Binary(op, ..), dtype, .. } => ops::binary_may_fail(*op, *dtype),
             _ => false,
         });
-        let parallel = xnumel > 1 && xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS;
-        let pragma = match (parallel, k.kind == KernelKind::Pointwise && !may_fail) {
-            (true, true) => Some("#pragma omp parallel for simd"),
-            (true, false) => Some("#pragma omp parallel for"),
-            (false, true) => Some("#pragma omp simd"),
-            (false, false) => None,
+        let simd = k.kind == KernelKind::Pointwise && !may_fail;
+        let pragma = match (self.parallel(), simd) {
+            (Parallel::Always, true) => Some("#pragma omp parallel for simd".to_string()),
+            (Parallel::Always, false) => Some("#pragma omp parallel for".to_string()),
+            // `parallel:` so that the clause leaves `simd` on when the team is not worth it.
+            (Parallel::If(c), true) => Some(format!("#pragma omp parallel for simd if(parallel: {c})")),
+            (Parallel::If(c), false) => Some(format!("#pragma omp parallel for if({c})")),
+            (Parallel::Never, true) => Some("#pragma omp simd".to_string()),
+            (Parallel::Never, false) => None,
         };
         if let Some(p) = pragma {
-            self.line(p);
+            self.line(&p);
         }
-        self.line(&format!("for (int64_t xindex = 0; xindex < {xnumel}; xindex++) {{"));
+        self.line(&format!("for (int64_t xindex = 0; xindex < {}; xindex++) {{", k.xnumel.to_c()));
         self.indent += 1;
         match k.kind {
             KernelKind::PersistentReduction => self.persistent_body(),
@@ -206,7 +247,7 @@ impl<'a> Emitter<'a> {
                 TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
                 TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
                 TileStmt::RLoop(body) => {
-                    self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel));
+                    self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel.to_c()));
                     self.indent += 1;
                     self.in_loop = true;
                     self.stmts(body);
@@ -276,14 +317,14 @@ impl<'a> Emitter<'a> {
         for s in stmts {
             match s {
                 TileStmt::Let { var, dtype, .. } if self.arrays.contains(var) => {
-                    let len = self.rnumel.max(1); // C has no empty arrays
+                    let len = self.rnumel.const_value().expect("a persistent row is static").max(1); // C has no empty arrays
                     self.line(&format!("{} tmp{var}[{len}];", ops::compute_type(*dtype)));
                 }
                 TileStmt::Reduce { var, op, dtype, .. } => self.acc_init(*var, *op, *dtype),
                 _ => {}
             }
         }
-        self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel));
+        self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel.to_c()));
         self.indent += 1;
         self.in_loop = true;
         for s in stmts {

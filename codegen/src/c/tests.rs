@@ -4,7 +4,8 @@ use super::*;
 use crate::testutil::*;
 use crate::tile::build_kernel;
 use coil_ir::kernel::FusedKernel;
-use coil_ir::loops::{LoopProgram, ScalarOp};
+use coil_ir::loops::{range_var, reduction_var, LoopProgram, ScalarOp};
+use coil_ir::sym::Expr;
 use coil_ir::{philox, BinaryOp, DType, ReduceOp, UnaryOp};
 use half::{bf16, f16};
 
@@ -440,4 +441,83 @@ fn reductions_over_empty_rows_give_the_identity() {
     let (mut s, mut q) = (vec![7f32; 3], vec![7f32; 3]);
     lib.run("per_fused_prod_sum_0", &[ptr(&mut s), ptr(&mut q)]);
     assert_eq!((s, q), (vec![0.0; 3], vec![1.0; 3]));
+}
+
+/// Dynamic shapes: `arg0: f32[s0, 4]`; one kernel compiled once runs at every `s0`.
+mod dynamic {
+    use super::*;
+
+    /// `buf0[s0, 4] = exp(arg0) + 1` (pointwise, xnumel `4*s0`).
+    #[test]
+    fn pointwise_takes_its_sizes() {
+        let f = DType::F32;
+        let mut p = Prog::default();
+        let s0 = p.symbol("s0", 0, 0, 8);
+        let x = p.input_e(&[s0, Expr::int(4)], f);
+        let v: Vec<Expr> = [s0, Expr::int(4)].iter().enumerate().map(|(i, e)| range_var(i, e)).collect();
+        let mut b = B::default();
+        let l = b.load(x, v[0] * 4 + v[1], f);
+        let e = b.unary(UnaryOp::Exp, l, f);
+        let one = b.constant(1.0f32, f);
+        let r = b.binary(BinaryOp::Add, e, one, f);
+        let out = p.pointwise_e(&[s0, Expr::int(4)], f, b.done(r));
+        p.output(out);
+        let k = kernel_e("poi_fused_exp_0", KernelKind::Pointwise, vec![0], s0 * 4, None, vec![out]);
+        let (lib, tiles) = build_and_compile(&p.p, &[k]);
+        assert_eq!(tiles[0].sizes, vec![s0]);
+        let c = emit_kernel(&tiles[0]);
+        assert!(c.contains("const int64_t s0 = ((const int64_t *)args[2])[0];\n"), "{c}");
+        assert!(c.contains("#pragma omp parallel for simd if(parallel: 4*s0 >= 32768)\n"), "{c}");
+        assert!(c.contains("xindex < 4*s0;"), "{c}");
+        for n in [2usize, 3, 17, 10_000] {
+            let mut xv: Vec<f32> = (0..4 * n).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+            let mut o = vec![0f32; 4 * n];
+            assert_eq!(lib.run_sized("poi_fused_exp_0", &[ptr(&mut xv), ptr(&mut o)], &[n as i64]), [0; 4]);
+            for i in 0..4 * n {
+                let want = (xv[i] as f64).exp() + 1.0;
+                assert!(close(o[i] as f64, want, 1e-6), "s0 = {n}, {i}: {} vs {want}", o[i]);
+            }
+        }
+    }
+
+    /// Row sums both ways: rows of 4 (persistent, xnumel `s0`) and columns of `s0` (looped,
+    /// rnumel `s0`), from `arg0: f32[s0, 4]`.
+    #[test]
+    fn reductions_over_and_along_a_symbolic_dim() {
+        let f = DType::F32;
+        let mut p = Prog::default();
+        let s0 = p.symbol("s0", 0, 0, 8);
+        let four = Expr::int(4);
+        let x = p.input_e(&[s0, four], f);
+        let (xv, rv) = (range_var(0, &s0), reduction_var(0, &four));
+        let mut b = B::default();
+        let l = b.load(x, xv * 4 + rv, f);
+        let rows = p.reduction_e(&[s0], &[four], ReduceOp::Sum, f, b.done(l));
+        let (xv, rv) = (range_var(0, &four), reduction_var(0, &s0));
+        let mut b = B::default();
+        let l = b.load(x, rv * 4 + xv, f);
+        let cols = p.reduction_e(&[four], &[s0], ReduceOp::Max, f, b.done(l));
+        p.output(rows);
+        p.output(cols);
+        let per = kernel_e("per_fused_sum_0", KernelKind::PersistentReduction, vec![0], s0, Some(four), vec![rows]);
+        let red = kernel_e("red_fused_amax_1", KernelKind::LoopedReduction, vec![1], four, Some(s0), vec![cols]);
+        let (lib, tiles) = build_and_compile(&p.p, &[per, red]);
+        assert_eq!((tiles[0].sizes.clone(), tiles[1].sizes.clone()), (vec![s0], vec![s0]));
+        let c = emit_kernel(&tiles[1]);
+        assert!(c.contains("rindex < s0;") && c.contains("#pragma omp parallel for if(4*s0 >= 32768)"), "{c}");
+        for n in [2usize, 3, 17, 9000] {
+            let mut xv: Vec<f32> = (0..4 * n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+            let (mut sums, mut maxes) = (vec![0f32; n], vec![0f32; 4]);
+            assert_eq!(lib.run_sized("per_fused_sum_0", &[ptr(&mut xv), ptr(&mut sums)], &[n as i64]), [0; 4]);
+            assert_eq!(lib.run_sized("red_fused_amax_1", &[ptr(&mut xv), ptr(&mut maxes)], &[n as i64]), [0; 4]);
+            for r in 0..n {
+                let want: f64 = xv[4 * r..4 * r + 4].iter().map(|&v| v as f64).sum();
+                assert!(close(sums[r] as f64, want, 1e-6), "s0 = {n}, row {r}: {} vs {want}", sums[r]);
+            }
+            for c in 0..4 {
+                let want = (0..n).map(|r| xv[4 * r + c]).fold(f32::NEG_INFINITY, f32::max);
+                assert_eq!(maxes[c], want, "s0 = {n}, column {c}");
+            }
+        }
+    }
 }

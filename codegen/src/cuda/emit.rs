@@ -58,7 +58,7 @@ fn reads(s: &TileStmt) -> Vec<Var> {
 }
 
 /// Whether `e` is a multiple of `n` for every binding (from its canonical form).
-fn divisible(e: Expr, n: i64) -> bool {
+pub(super) fn divisible(e: Expr, n: i64) -> bool {
     if n == 1 || e.modulo(n).const_value() == Some(0) {
         return true;
     }
@@ -109,8 +109,12 @@ fn magnitude(e: Expr) -> Option<i128> {
 /// division and remainder are emulated (a call of dozens of instructions), so a kernel such as
 /// a bias broadcast paid more in index arithmetic than in memory traffic. Decided per kernel
 /// from its static sizes; data-dependent (indirect) offsets stay 64-bit regardless, since the
-/// loaded index is an `int64_t`.
-fn index_type(k: &TileKernel, xnumel: i64, rnumel: i64) -> &'static str {
+/// loaded index is an `int64_t`. A kernel of symbolic sizes is 64-bit throughout (its size
+/// symbols have no upper bound).
+fn index_type(k: &TileKernel) -> &'static str {
+    let (Some(xnumel), Some(rnumel)) = (k.xnumel.const_value(), k.rnumel.map_or(Some(1), |r| r.const_value())) else {
+        return "int64_t";
+    };
     // Grid-stride counters reach below `2 * count + block`: keep a wide margin.
     let counters = i128::from(xnumel.max(1)) * i128::from(rnumel.max(1)) * 2 + (1 << 20);
     let mut exprs = vec![xindex(&k.xnumel)];
@@ -166,9 +170,10 @@ struct Group {
 }
 
 impl Group {
-    /// `groups` full groups: the substitution `fast -> vec * group + i` respects `fast`'s range.
-    fn new(fast: Expr, group: &str, groups: i64, vec: usize, arr: &str) -> Group {
-        let g = Expr::index(group, groups);
+    /// `groups` full groups (at least one, or symbolic): the substitution
+    /// `fast -> vec * group + i` respects `fast`'s range.
+    fn new(fast: Expr, group: &str, groups: Expr, vec: usize, arr: &str) -> Group {
+        let g = Expr::index_upto(group, groups);
         // A group of one needs no `i` in its indices.
         let i = if vec > 1 { Expr::index("i", vec as i64) } else { Expr::int(0) };
         let base = g * vec as i64;
@@ -243,8 +248,13 @@ impl Group {
 pub(super) struct Gen<'a> {
     k: &'a TileKernel,
     plan: Plan,
-    xnumel: i64,
-    rnumel: i64,
+    /// Outputs (or rows) and the row length (1 for a pointwise kernel): constants, or
+    /// expressions of the kernel's size parameters.
+    xnumel: Expr,
+    rnumel: Expr,
+    /// The prefix of the arrays of vector stores: `s` (`s4`), or `st` in a kernel with size
+    /// parameters, which are named `s0, s1, ...`.
+    st: &'static str,
     pub(super) out: String,
     indent: usize,
     dtypes: IndexMap<Var, DType>,
@@ -265,7 +275,7 @@ pub(super) struct Gen<'a> {
 }
 
 impl<'a> Gen<'a> {
-    pub(super) fn new(k: &'a TileKernel, plan: Plan, xnumel: i64, rnumel: i64) -> Gen<'a> {
+    pub(super) fn new(k: &'a TileKernel, plan: Plan) -> Gen<'a> {
         let mut dtypes = IndexMap::new();
         let mut acc_source = IndexMap::new();
         let mut twos = IndexSet::new();
@@ -294,8 +304,9 @@ impl<'a> Gen<'a> {
         Gen {
             k,
             plan,
-            xnumel,
-            rnumel,
+            xnumel: k.xnumel,
+            rnumel: k.rnumel.unwrap_or(Expr::int(1)),
+            st: if k.sizes.is_empty() { "s" } else { "st" },
             out: String::new(),
             indent: 0,
             dtypes,
@@ -305,7 +316,7 @@ impl<'a> Gen<'a> {
             group: None,
             align: IndexMap::new(),
             twos,
-            it: index_type(k, xnumel, rnumel),
+            it: index_type(k),
         }
     }
 
@@ -400,7 +411,12 @@ impl<'a> Gen<'a> {
         if k.rnumel.is_some() {
             let _ = write!(header, ", rnumel = {}", self.rnumel);
         }
-        let _ = write!(header, "; grid {} x block {}; groups of {}", p.launch.grid, p.launch.block, p.vec);
+        if self.xnumel.const_value().is_some() {
+            let _ = write!(header, "; grid {}", p.launch.grid);
+        } else {
+            let _ = write!(header, "; grid ceil(xnumel / {})", p.launch.per_block);
+        }
+        let _ = write!(header, " x block {}; groups of {}", p.launch.block, p.vec);
         if k.kind != KernelKind::Pointwise {
             let _ = write!(header, ", {} threads per row", p.lanes);
         }
@@ -408,12 +424,13 @@ impl<'a> Gen<'a> {
         let mut params: Vec<String> = (k.args.iter())
             .map(|a| format!("{}{} *{}", if a.written { "" } else { "const " }, ops::storage_type(a.dtype), a.name))
             .collect();
+        params.extend(k.sizes.iter().map(|s| format!("int64_t {}", s.to_c())));
         params.push("int64_t *status".into());
         let head = format!("extern \"C\" __global__ void __launch_bounds__({}) {}", p.launch.block, k.name);
         self.line(&format!("{head}({})", params.join(", ")));
         self.open("{");
         self.line("(void)status;");
-        self.line(&format!("const {} xnumel = {};", self.it, self.xnumel));
+        self.line(&format!("const {} xnumel = {};", self.it, self.xnumel.to_c()));
         match k.kind {
             KernelKind::Pointwise => self.pointwise(),
             _ => self.reduction(),
@@ -422,13 +439,18 @@ impl<'a> Gen<'a> {
     }
 
     /// A grid-stride loop over groups of `vec` outputs: full groups take the vector path,
-    /// the last partial one goes element by element.
+    /// the last partial one goes element by element. With a symbolic `xnumel`, whether there
+    /// are full groups and a partial one is decided at run time (`xvec < full`).
     fn pointwise(&mut self) {
         let vec = self.plan.vec as i64;
         let k = self.k;
         let body: Vec<&TileStmt> = k.body.iter().collect();
-        let (groups, full) = ((self.xnumel + vec - 1) / vec, self.xnumel / vec);
-        if full > 0 {
+        let (groups, full) = ((self.xnumel + (vec - 1)).floor_div(vec), self.xnumel.floor_div(vec));
+        // Provably none / provably all: nothing to decide at run time.
+        let some_full = full != Expr::int(0);
+        let partial = full != groups;
+        let (groups_c, full_c) = (groups.to_c(), full.to_c());
+        if some_full {
             self.group = Some(Group::new(xindex(&k.xnumel), "xvec", full, vec as usize, "i"));
             self.note_alignment(&body);
             self.find_uniform(&body);
@@ -436,12 +458,12 @@ impl<'a> Gen<'a> {
         self.alignment_check();
         let it = self.it;
         self.open(&format!(
-            "for ({it} xvec = ({it})blockIdx.x * blockDim.x + threadIdx.x; xvec < {groups}; \
+            "for ({it} xvec = ({it})blockIdx.x * blockDim.x + threadIdx.x; xvec < {groups_c}; \
              xvec += ({it})gridDim.x * blockDim.x) {{"
         ));
-        if full > 0 {
-            if full < groups {
-                self.open(&format!("if (xvec < {full}) {{"));
+        if some_full {
+            if partial {
+                self.open(&format!("if (xvec < {full_c}) {{"));
             }
             self.line(&format!("/* a full group: xindex = {vec}*xvec + i */"));
             let (uniform, rest): (Vec<&TileStmt>, Vec<&TileStmt>) = body.iter().partition(|s| self.is_uniform(s));
@@ -450,12 +472,12 @@ impl<'a> Gen<'a> {
             }
             self.group_body(&rest);
             self.group = None;
-            if full < groups {
+            if partial {
                 self.indent -= 1;
                 self.open("} else {");
             }
         }
-        if full < groups {
+        if partial {
             self.line("/* the last, partial group: element by element */");
             self.open(&format!("for (int i = 0; i < {vec}; i++) {{"));
             self.line(&format!("const {} xindex = {vec} * xvec + i;", self.it));
@@ -464,7 +486,7 @@ impl<'a> Gen<'a> {
                 self.stmt(s);
             }
             self.close();
-            if full > 0 {
+            if some_full {
                 self.close();
             }
         }
@@ -510,13 +532,14 @@ impl<'a> Gen<'a> {
                     "const coil_elems<{t}, {vec}> w{var} = coil_load<{t}, {vec}, {piece}>({name} + ({at}), aligned);"
                 )),
                 TileStmt::Store { value, .. } if packed_store(piece, self.dtype(*value), self.k.args[arg].dtype) => {
-                    let kind = if self.k.args[arg].dtype == DType::F16 { "f16" } else { "bf16" };
-                    self.line(&format!("coil_elems<float, {vec}> s{n};"));
-                    stores.push(format!("coil_store_{kind}<{vec}, {piece}>({name} + ({at}), s{n}, aligned);"));
+                    let (kind, st) = (if self.k.args[arg].dtype == DType::F16 { "f16" } else { "bf16" }, self.st);
+                    self.line(&format!("coil_elems<float, {vec}> {st}{n};"));
+                    stores.push(format!("coil_store_{kind}<{vec}, {piece}>({name} + ({at}), {st}{n}, aligned);"));
                 }
                 _ => {
-                    self.line(&format!("coil_elems<{t}, {vec}> s{n};"));
-                    stores.push(format!("coil_store<{t}, {vec}, {piece}>({name} + ({at}), s{n}, aligned);"));
+                    let st = self.st;
+                    self.line(&format!("coil_elems<{t}, {vec}> {st}{n};"));
+                    stores.push(format!("coil_store<{t}, {vec}, {piece}>({name} + ({at}), {st}{n}, aligned);"));
                 }
             }
         }
@@ -530,11 +553,11 @@ impl<'a> Gen<'a> {
                     if packed_store(piece, self.dtype(*value), self.k.args[arg].dtype) =>
                 {
                     // the f32 value; `coil_store_bf16` / `_f16` round pairs of them
-                    self.line(&format!("s{n}.v[i] = {};", self.r(*value)));
+                    self.line(&format!("{}{n}.v[i] = {};", self.st, self.r(*value)));
                 }
                 (TileStmt::Store { value, .. }, Some((arg, ..))) => {
                     let v = store_value(&self.r(*value), self.dtype(*value), self.k.args[arg].dtype);
-                    self.line(&format!("s{n}.v[i] = {v};"));
+                    self.line(&format!("{}{n}.v[i] = {v};", self.st));
                 }
                 _ => self.stmt(s),
             }

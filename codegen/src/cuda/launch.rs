@@ -5,7 +5,7 @@
 //! kernels need 16-byte accesses, coalesced across the warp, and a few of them in flight per
 //! thread.
 
-use super::emit::flat;
+use super::emit::{divisible, flat};
 use super::Launch;
 use coil_ir::kernel::{rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt};
 use coil_ir::sym::Expr;
@@ -65,35 +65,46 @@ fn min_elem_bytes(k: &TileKernel) -> usize {
     k.args.iter().map(|a| a.dtype.size_bytes()).min().unwrap_or(4).max(1)
 }
 
-/// Chooses the launch of a (non-extern) kernel with `xnumel` outputs or rows of `rnumel`.
+/// Chooses the launch of a (non-extern) kernel from its `xnumel` outputs (or rows) and its rows
+/// of `rnumel`, either of which may be an expression of size symbols (dynamic shapes):
 ///
 /// * **Pointwise**: `vec` = one 16-byte access of the narrowest buffer (at least 4, at most
 ///   8 elements: 4 for f32, 8 for f16/bf16, 4 for f64 as two accesses); blocks of 256
-///   threads (fewer, in whole warps, for tiny kernels); enough blocks for every group.
-/// * **Persistent reduction**: rows up to [`WARP_ROW_MAX`] get one warp (and a block holds up
-///   to 8 rows, fewer while that leaves under two blocks per SM); longer rows get a block of
-///   64..256 threads (whole warps) sized for about two groups per thread. `vec` divides the row, so a
-///   group lies wholly inside it or outside.
+///   threads (fewer, in whole warps, for tiny kernels of a constant size); enough blocks for
+///   every group.
+/// * **Persistent reduction** (a constant row): rows up to [`WARP_ROW_MAX`] get one warp (and a
+///   block holds up to 8 rows, fewer while that leaves under two blocks per SM; 8 when the
+///   number of rows is symbolic); longer rows get a block of 64..256 threads (whole warps)
+///   sized for about two groups per thread. `vec` divides the row, so a group lies wholly
+///   inside it or outside.
 /// * **Looped reduction**: one block per row, 256..1024 threads sized for about four groups
-///   per thread per pass.
-pub fn plan(k: &TileKernel, xnumel: i64, rnumel: i64) -> Plan {
-    let xn = xnumel.max(0) as usize;
-    let rn = rnumel.max(0) as usize;
+///   per thread per pass (512 for a row of symbolic length); `vec` provably divides the row.
+///
+/// The grid is `ceil(xnumel / per_block)` ([`Launch::grid_for`]): fixed here for a constant
+/// `xnumel`, computed by the runtime for each run's sizes otherwise (`Launch::grid` is then 0).
+pub fn plan(k: &TileKernel) -> Plan {
+    let rnumel = k.rnumel.unwrap_or(Expr::int(1));
+    let xn = k.xnumel.const_value().map(|x| x.max(0) as usize);
+    let rn = rnumel.const_value().map(|r| r.max(0) as usize);
     let access = (MAX_ACCESS_BYTES / min_elem_bytes(k)).clamp(1, 8);
-    if k.kind != KernelKind::Pointwise && k.kind != KernelKind::Extern && column_like(k, xnumel, rnumel) {
+    if k.kind != KernelKind::Pointwise && k.kind != KernelKind::Extern && column_like(k) {
         return column_plan(k, xn, rn);
     }
     match k.kind {
         KernelKind::Pointwise | KernelKind::Extern => {
             let vec = access.max(4);
-            let groups = xn.div_ceil(vec).max(1);
-            let block = groups.next_multiple_of(32).min(POINTWISE_BLOCK);
-            let grid = groups.div_ceil(block).min(MAX_GRID);
-            Plan { launch: launch(grid, block), vec, lanes: 1, rows_per_block: 1, chunks: 1, col: false }
+            let block = match xn {
+                Some(xn) => xn.div_ceil(vec).max(1).next_multiple_of(32).min(POINTWISE_BLOCK),
+                None => POINTWISE_BLOCK,
+            };
+            let pl =
+                Plan { launch: launch(block, vec * block), vec, lanes: 1, rows_per_block: 1, chunks: 1, col: false };
+            pl.at(xn)
         }
         KernelKind::PersistentReduction => {
+            let rn = rn.expect("a persistent reduction has a constant row");
             let mut vec = largest_pow2_dividing(access, rn);
-            let lanes = if rnumel <= WARP_ROW_MAX {
+            let lanes = if rn as i64 <= WARP_ROW_MAX {
                 // No wider groups than keep all 32 lanes busy.
                 while vec > 1 && vec * 32 > rn {
                     vec /= 2;
@@ -105,17 +116,40 @@ pub fn plan(k: &TileKernel, xnumel: i64, rnumel: i64) -> Plan {
             };
             let chunks = (rn / vec).div_ceil(lanes);
             let mut rows = if lanes == 32 { 8 } else { 1 };
-            while rows > 1 && xn.div_ceil(rows) < 2 * TARGET_SMS {
-                rows /= 2;
+            if let Some(xn) = xn {
+                while rows > 1 && xn.div_ceil(rows) < 2 * TARGET_SMS {
+                    rows /= 2;
+                }
             }
-            let grid = xn.div_ceil(rows).min(MAX_GRID);
-            Plan { launch: launch(grid, lanes * rows), vec, lanes, rows_per_block: rows, chunks, col: false }
+            let launch = launch(lanes * rows, rows);
+            Plan { launch, vec, lanes, rows_per_block: rows, chunks, col: false }.at(xn)
         }
         KernelKind::LoopedReduction => {
-            let vec = largest_pow2_dividing(access, rn);
-            let lanes = (rn / vec / 4).next_power_of_two().clamp(256, 1024);
-            Plan { launch: launch(xn.min(MAX_GRID), lanes), vec, lanes, rows_per_block: 1, chunks: 1, col: false }
+            let vec = (1..=access.ilog2()).map(|p| 1 << p).take_while(|&v| divisible(rnumel, v as i64)).last();
+            let vec = vec.unwrap_or(1);
+            let lanes = rn.map_or(SYMBOLIC_ROW_LANES, |rn| (rn / vec / 4).next_power_of_two().clamp(256, 1024));
+            Plan { launch: launch(lanes, 1), vec, lanes, rows_per_block: 1, chunks: 1, col: false }.at(xn)
         }
+    }
+}
+
+/// Threads per row of a looped reduction whose row length is symbolic.
+const SYMBOLIC_ROW_LANES: usize = 512;
+
+impl Launch {
+    /// The grid for `xnumel` outputs (or rows): `ceil(xnumel / per_block)`, at least 1 and at
+    /// most `2^31 - 1` (the kernels' grid-stride loops cover the rest).
+    pub fn grid_for(&self, xnumel: i64) -> u32 {
+        let n = usize::try_from(xnumel).unwrap_or(0);
+        n.div_ceil(self.per_block.max(1) as usize).clamp(1, MAX_GRID) as u32
+    }
+}
+
+impl Plan {
+    /// With the grid for a constant `xnumel` (`None`: symbolic, the grid is left 0).
+    fn at(mut self, xnumel: Option<usize>) -> Plan {
+        self.launch.grid = xnumel.map_or(0, |x| self.launch.grid_for(x as i64));
+        self
     }
 }
 
@@ -123,11 +157,12 @@ pub fn plan(k: &TileKernel, xnumel: i64, rnumel: i64) -> Plan {
 /// along `rindex`, and some `XR` load steps by 1 along `xindex` and by a nonzero stride along
 /// `rindex` (`x.sum(dim=0)`: `x[stride*rindex + xindex]`). One block per row
 /// would read such rows one element per thread at `stride` apart; see [`Plan::col`].
-/// Needs whole blocks of outputs (`xnumel % 32 == 0`): every thread of a block then runs the
-/// same iterations, as the block stage's barriers require.
-pub fn column_like(k: &TileKernel, xnumel: i64, rnumel: i64) -> bool {
+/// Needs whole blocks of outputs (`xnumel` provably a multiple of 32): every thread of a block
+/// then runs the same iterations, as the block stage's barriers require.
+pub fn column_like(k: &TileKernel) -> bool {
     let Some(r) = k.rnumel else { return false };
-    if xnumel <= 0 || xnumel % COL_OUTPUTS as i64 != 0 || rnumel < 2 {
+    if !k.xnumel.is_known_positive() || !divisible(k.xnumel, COL_OUTPUTS as i64) || r.bounds().0.is_none_or(|lo| lo < 2)
+    {
         return false;
     }
     let (x, r) = (xindex(&k.xnumel), rindex(&r));
@@ -149,23 +184,28 @@ pub fn column_like(k: &TileKernel, xnumel: i64, rnumel: i64) -> bool {
 
 /// The launch of a column reduction: blocks of [`COL_OUTPUTS`] outputs times up to 32 threads
 /// along the reduced dim (fewer for short rows, about 8 positions per thread, and fewer where
-/// the block stages' shared memory would pass [`COL_SMEM_BYTES`]). Accesses go element by
-/// element (`vec = 1`): consecutive in the warp, not in the thread.
-fn column_plan(k: &TileKernel, xn: usize, rn: usize) -> Plan {
+/// the block stages' shared memory would pass [`COL_SMEM_BYTES`]; 32 for a symbolic row).
+/// Accesses go element by element (`vec = 1`): consecutive in the warp, not in the thread.
+fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
     let reductions = flat(&k.body).iter().filter(|s| matches!(s, TileStmt::Reduce { .. })).count().max(1);
     let smem_lanes = (COL_SMEM_BYTES / (COL_OUTPUTS * 16 * reductions)).max(1);
-    let mut lanes = rn.div_ceil(8).next_power_of_two().min(32);
+    let mut lanes = rn.map_or(32, |rn| rn.div_ceil(8).next_power_of_two().min(32));
     while lanes > smem_lanes {
         lanes /= 2;
     }
-    let chunks = if k.kind == KernelKind::PersistentReduction { rn.div_ceil(lanes) } else { 1 };
-    let grid = (xn / COL_OUTPUTS).min(MAX_GRID);
-    Plan { launch: launch(grid, COL_OUTPUTS * lanes), vec: 1, lanes, rows_per_block: COL_OUTPUTS, chunks, col: true }
+    let chunks = match rn {
+        Some(rn) if k.kind == KernelKind::PersistentReduction => rn.div_ceil(lanes),
+        _ => 1,
+    };
+    let launch = launch(COL_OUTPUTS * lanes, COL_OUTPUTS);
+    Plan { launch, vec: 1, lanes, rows_per_block: COL_OUTPUTS, chunks, col: true }.at(xn)
 }
 
-fn launch(grid: usize, block: usize) -> Launch {
+/// A launch of `block` threads covering `per_block` outputs (or rows) per block; the grid
+/// comes from [`Plan::at`].
+fn launch(block: usize, per_block: usize) -> Launch {
     // Shared memory is static (`__shared__` arrays sized at generation), so none is dynamic.
-    Launch { grid: grid.max(1) as u32, block: block as u32, shared_bytes: 0 }
+    Launch { grid: 0, block: block as u32, shared_bytes: 0, per_block: per_block as u32 }
 }
 
 /// The largest power of two `<= limit` that divides `n` (`n = 0` counts as divisible).

@@ -2,12 +2,14 @@
 //!
 //! One translation unit per graph ([`emit_cuda`]): the [`prelude`] and one kernel per
 //! [`TileKernel`], in order. Each generated kernel is
-//! `extern "C" __global__ void NAME(<one typed pointer per TileKernel arg, in order>, long long *status)`
-//! (`int64_t` is a typedef of `long long`; read-only buffers are `const`), launched with the
-//! [`Launch`] shape the generator chose. `status` has 4 words, zeroed by the caller; it is set as
-//! in the C backend ([`crate::status`]), first error wins (atomicCAS). The source depends on no
-//! CUDA header: f16/bf16 are 16-bit integers converted by the prelude. Compile it without
-//! `--use_fast_math` (NaN tests are `x != x`, and division and `expf` must be IEEE).
+//! `extern "C" __global__ void NAME(<one typed pointer per TileKernel arg, in order>,
+//! <one long long per TileKernel size, in order>, long long *status)`
+//! (`int64_t` is a typedef of `long long`; read-only buffers are `const`; a static kernel has
+//! no sizes), launched with the [`Launch`] shape the generator chose. `status` has 4 words,
+//! zeroed by the caller; it is set as in the C backend ([`crate::status`]), first error wins
+//! (atomicCAS). The source depends on no CUDA header: f16/bf16 are 16-bit integers converted by
+//! the prelude. Compile it without `--use_fast_math` (NaN tests are `x != x`, and division and
+//! `expf` must be IEEE).
 //!
 //! Code shapes ([`launch::plan`] picks the numbers):
 //! * **Pointwise**: a grid-stride loop over *groups* of `vec` consecutive `xindex` values per
@@ -32,6 +34,15 @@
 //!
 //! Index arithmetic is 32-bit (`int`) in a kernel whose every index fits (decided from the static
 //! sizes), else 64-bit; inside a group an index is written `e0 + c*i`, `e0` once per group.
+//!
+//! **Dynamic shapes**: a kernel compiled once for every size reads its size symbols
+//! ([`TileKernel::sizes`]) as `int64_t` parameters named as the symbols, and its `xnumel`,
+//! `rnumel` and indices are C expressions of them (64-bit arithmetic). Its block is fixed here;
+//! its grid is [`Launch::grid_for`] of each run's `xnumel`. A vector access needs its offset
+//! provably aligned for every size (`4096*x0 + r` is; `s0*x0 + r` is not and goes element by
+//! element), a looped reduction's `vec` provably divides the row, and a pointwise kernel's
+//! partial last group is guarded at run time (`xvec < xnumel / vec`). Persistent reductions
+//! have constant rows (the scheduler makes symbolic rows looped).
 //!
 //! Accumulation: float sums and products of f16, bf16 and f32 accumulate in f32 (per thread,
 //! then a tree across threads, whose error stays near pairwise summation's), f64 ones in f64,
@@ -64,12 +75,16 @@ use coil_ir::{BinaryOp, Error, Result, UnaryOp};
 /// Launch shape of one kernel: a 1-D grid of 1-D blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
-    /// Blocks.
+    /// Blocks, for a constant `xnumel`; 0 when `xnumel` is symbolic: the runtime takes
+    /// [`Launch::grid_for`] of each run's value.
     pub grid: u32,
     /// Threads per block.
     pub block: u32,
     /// Dynamic shared memory, in bytes.
     pub shared_bytes: u32,
+    /// Outputs (pointwise) or rows (reductions) one block covers in one grid-stride step: the
+    /// grid is `ceil(xnumel / per_block)`.
+    pub per_block: u32,
 }
 
 /// One kernel of a [`CudaModule`].
@@ -93,8 +108,9 @@ pub struct CudaModule {
 /// One translation unit for `kernels`: the [`prelude`], then each kernel.
 ///
 /// # Errors
-/// `Unsupported` for an extern kernel, a kernel with symbolic sizes, and ops the interpreter
-/// rejects on their dtypes (an integer result of true division or of a float-only function).
+/// `Unsupported` for an extern kernel, a persistent reduction with a symbolic row, a size symbol
+/// whose name the generated code uses itself, and ops the interpreter rejects on their dtypes
+/// (an integer result of true division or of a float-only function).
 pub fn emit_cuda(kernels: &[TileKernel]) -> Result<CudaModule> {
     let mut source = prelude().to_string();
     let mut out = Vec::new();
@@ -123,22 +139,35 @@ fn emit_one(k: &TileKernel) -> Result<(String, Launch)> {
     if k.kind == KernelKind::Extern {
         return unsupported("an extern call has no generated code".into());
     }
-    let Some(xnumel) = k.xnumel.const_value() else { return unsupported(format!("symbolic xnumel {}", k.xnumel)) };
-    let rnumel = match k.rnumel {
-        None => 1,
-        Some(r) => match r.const_value() {
-            Some(r) => r,
-            None => return unsupported(format!("symbolic rnumel {r}")),
-        },
-    };
     if k.kind != KernelKind::Pointwise && k.rnumel.is_none() {
         return unsupported("a reduction without rnumel".into());
     }
+    if let Some(r) = k.rnumel.filter(|r| k.kind == KernelKind::PersistentReduction && r.const_value().is_none()) {
+        return unsupported(format!("a persistent reduction needs a constant row, not {r}"));
+    }
+    if let Some(s) = k.sizes.iter().find(|s| s.as_symbol().is_none_or(|s| reserved(&s.name))) {
+        return unsupported(format!("size symbol `{s}` is not a symbol of a free name"));
+    }
     check_ops(k)?;
-    let plan = launch::plan(k, xnumel, rnumel);
-    let mut g = emit::Gen::new(k, plan, xnumel, rnumel);
+    let plan = launch::plan(k);
+    let mut g = emit::Gen::new(k, plan);
     g.kernel();
     Ok((g.out, plan.launch))
+}
+
+/// Whether the generated code declares a name of this form itself (a size parameter of that
+/// name would clash with it).
+fn reserved(name: &str) -> bool {
+    const FIXED: [&str; 12] =
+        ["xnumel", "rnumel", "xindex", "rindex", "xvec", "rchunk", "rlane", "i", "k", "status", "aligned", "int64_t"];
+    const NUMBERED: [&str; 8] = ["tmp", "acc", "red", "w", "st", "smem", "in_ptr", "out_ptr"];
+    let numbered =
+        |p: &str| name.strip_prefix(p).is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
+    FIXED.contains(&name)
+        || NUMBERED.iter().any(|p| numbered(p))
+        || name.starts_with("in_out_ptr")
+        || name.to_ascii_lowercase().starts_with("coil_")
+        || name.starts_with("__")
 }
 
 /// Rejects what the shared scalar ops would refuse (they panic: the IR is malformed).

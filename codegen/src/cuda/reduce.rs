@@ -36,8 +36,9 @@ impl<'a> Gen<'a> {
             }
         }
         let pieces = if self.k.kind == KernelKind::PersistentReduction { self.pieces() } else { vec![] };
-        let nchunk = self.rnumel / p.vec as i64;
-        if nchunk > 0 {
+        // The plan's `vec` divides the row (provably, for a symbolic one).
+        let nchunk = self.rnumel.floor_div(p.vec as i64);
+        if nchunk != Expr::int(0) {
             let arr = if p.chunks > 1 { format!("k * {} + i", p.vec) } else { "i".to_string() };
             self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, &arr));
             let all = flat(&self.k.body);
@@ -127,16 +128,16 @@ impl<'a> Gen<'a> {
 
     /// One pass of a persistent reduction over the thread's `chunks` groups in registers,
     /// then the block-wide reductions it folded.
-    fn persistent_pass(&mut self, stmts: &[&TileStmt], nchunk: i64) {
+    fn persistent_pass(&mut self, stmts: &[&TileStmt], nchunk: Expr) {
         let p = self.plan;
         for s in stmts {
             if let TileStmt::Reduce { var, op, .. } = s {
                 self.acc_init(*var, *op);
             }
         }
-        if nchunk > 0 {
+        if nchunk != Expr::int(0) {
             let arr = if p.chunks > 1 { format!("k * {} + i", p.vec) } else { "i".to_string() };
-            let all_full = (p.chunks * p.lanes) as i64 == nchunk;
+            let all_full = Expr::int((p.chunks * p.lanes) as i64) == nchunk;
             if p.chunks > 1 {
                 // Fully unrolled, so per-thread arrays stay in registers; a long column plan
                 // (hundreds of chunks) unrolls partly (its arrays, if any, go to local memory).
@@ -148,7 +149,7 @@ impl<'a> Gen<'a> {
                 self.line(&format!("const {} rchunk = rlane;", self.it));
             }
             if !all_full {
-                self.open(&format!("if (rchunk < {nchunk}) {{"));
+                self.open(&format!("if (rchunk < {}) {{", nchunk.to_c()));
             }
             self.line(&format!("/* rindex = {}*rchunk + i */", p.vec));
             self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, &arr));
@@ -169,15 +170,15 @@ impl<'a> Gen<'a> {
     /// One pass of a looped reduction: the row's threads stride over its groups.
     pub(super) fn rloop(&mut self, body: &[TileStmt]) {
         let p = self.plan;
-        let nchunk = self.rnumel / p.vec as i64;
-        if nchunk == 0 {
+        let nchunk = self.rnumel.floor_div(p.vec as i64);
+        if nchunk == Expr::int(0) {
             return;
         }
         if p.col {
             // One element per thread and step: a few steps' loads in flight.
             self.line("#pragma unroll 4");
         }
-        self.open(&format!("for ({} rchunk = rlane; rchunk < {nchunk}; rchunk += {}) {{", self.it, p.lanes));
+        self.open(&format!("for ({} rchunk = rlane; rchunk < {}; rchunk += {}) {{", self.it, nchunk.to_c(), p.lanes));
         self.line(&format!("/* rindex = {}*rchunk + i */", p.vec));
         self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, "i"));
         let stmts: Vec<&TileStmt> = body.iter().collect();

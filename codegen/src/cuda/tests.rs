@@ -206,7 +206,7 @@ fn pointwise_bf16_vectorized() {
     let t = build_kernel(&p, &k);
     let (src, launch) = emit_cuda_kernel(&t).unwrap();
     // 32 bf16: 4 groups of 8, one 16-byte load and store each, one warp
-    assert_eq!(launch, Launch { grid: 1, block: 32, shared_bytes: 0 });
+    assert_eq!(launch, Launch { grid: 1, block: 32, shared_bytes: 0, per_block: 256 });
     assert!(src.contains("coil_load<uint16_t, 8, 8>(in_ptr0 + (8*xvec), aligned)"), "{src}");
     // stored from f32 values, rounded in pairs (one cvt.rn.bf16x2.f32 each)
     assert!(src.contains("coil_store_bf16<8, 8>(out_ptr0 + (8*xvec), s"), "{src}");
@@ -223,7 +223,7 @@ fn softmax_persistent_warp_per_row() {
     let (p, k) = softmax(32, 128, KernelKind::PersistentReduction, "per_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     // 128 f32 per row: a warp, one 16-byte group per lane; 32 rows: one row per block
-    assert_eq!(launch, Launch { grid: 32, block: 32, shared_bytes: 0 });
+    assert_eq!(launch, Launch { grid: 32, block: 32, shared_bytes: 0, per_block: 1 });
     assert!(src.contains("coil_reduce<1>(acc1, coil_max_f32(), smem1)"), "{src}");
     // x is loaded once: the later passes read it from registers
     assert_eq!(src.matches("coil_load<").count(), 1, "{src}");
@@ -234,7 +234,7 @@ fn softmax_persistent_warp_per_row() {
 fn softmax_looped() {
     let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
-    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0 });
+    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0, per_block: 1 });
     // small sizes: 32-bit index arithmetic
     assert!(src.contains("for (int rchunk = rlane; rchunk < 500; rchunk += 256) {"), "{src}");
     snapshot("cuda_softmax_looped", src);
@@ -245,7 +245,7 @@ fn layer_norm_block_per_row() {
     let (p, k) = layer_norm(37, 768, KernelKind::PersistentReduction);
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     // 768 f32: 192 groups of 4, two on each of 96 threads (3 warps, a shared-memory stage)
-    assert_eq!(launch, Launch { grid: 37, block: 96, shared_bytes: 0 });
+    assert_eq!(launch, Launch { grid: 37, block: 96, shared_bytes: 0, per_block: 1 });
     assert!(src.contains("coil_reduce<3>(") && !src.contains("if (rchunk <"), "{src}");
     // the weights are contiguous along the row: vector loads too
     assert_eq!(src.matches("coil_load<float, 4, 4>").count(), 3, "{src}");
@@ -270,10 +270,7 @@ fn embedding_checks_bounds() {
 
 #[test]
 fn launch_heuristic() {
-    let plan_of = |p: &LoopProgram, k: &FusedKernel| {
-        let t = build_kernel(p, k);
-        launch::plan(&t, t.xnumel.const_value().unwrap(), t.rnumel.map_or(1, |r| r.const_value().unwrap()))
-    };
+    let plan_of = |p: &LoopProgram, k: &FusedKernel| launch::plan(&build_kernel(p, k));
     let (p, k) = pointwise_n(1 << 20, DType::BF16);
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.launch.block, pl.launch.grid), (8, 256, 512));
@@ -307,20 +304,20 @@ fn col_sum(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgram, FusedKer
 fn column_reduction_coalesces() {
     let (p, k) = col_sum(64, 256, KernelKind::PersistentReduction);
     let t = build_kernel(&p, &k);
-    assert!(launch::column_like(&t, 256, 64));
+    assert!(launch::column_like(&t));
     let (src, launch) = emit_cuda_kernel(&t).unwrap();
     // 32 outputs per block (one per lane) times 8 threads along the 64 rows, 8 rows each
-    assert_eq!(launch, Launch { grid: 8, block: 256, shared_bytes: 0 });
+    assert_eq!(launch, Launch { grid: 8, block: 256, shared_bytes: 0, per_block: 32 });
     assert!(src.contains("const int rlane = threadIdx.x / 32;"), "{src}");
     assert!(src.contains("xindex = (int)blockIdx.x * 32 + threadIdx.x % 32;"), "{src}");
     assert!(src.contains("coil_reduce_col<8, 32>(acc1, coil_add(), smem1)"), "{src}");
     // rows (contiguous along r) keep the row plan
     let (p, k) = softmax(64, 256, KernelKind::PersistentReduction, "s");
     let t = build_kernel(&p, &k);
-    assert!(!launch::column_like(&t, 64, 256));
+    assert!(!launch::column_like(&t));
     // outputs not a multiple of 32: the row plan (its barriers need whole blocks)
     let (p, k) = col_sum(64, 100, KernelKind::PersistentReduction);
-    assert!(!launch::column_like(&build_kernel(&p, &k), 100, 64));
+    assert!(!launch::column_like(&build_kernel(&p, &k)));
 }
 
 #[test]
@@ -456,4 +453,161 @@ fn every_op_and_dtype_generates() {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(format!("{dir}/ops.cu"), &m.source).unwrap();
     }
+}
+
+// ---------------------------------------------------------------- dynamic shapes
+
+/// A program over an f32 input `[s0, 4]` (`s0` = input 0 dim 0, hint 8) with one kernel of each
+/// shape a size symbol can take, all outputs:
+/// * `poi_fused_relu_0`: `relu(2x + 1)` over `4*s0` elements (symbolic xnumel, vectorizable);
+/// * `red_fused_sum_1`: column sums, 4 rows of `s0` (looped, symbolic row, strided reads);
+/// * `per_fused_sum_2`: row sums, `s0` rows of 4 (persistent, symbolic xnumel);
+/// * `poi_fused_sub_3`: `x[:, 0] - x[:, 3]` over `s0` elements (partial groups at run time);
+/// * `red_fused_sum_4`: the sum of squares, one row of `4*s0` (looped, vectorizable row).
+pub(crate) fn dynamic_program() -> (LoopProgram, Vec<FusedKernel>) {
+    use coil_ir::loops::{range_var, reduction_var, LoopBuffer, LoopKind, LoopNode, SizeSymbol};
+    use coil_ir::sym::Expr;
+    use coil_ir::TensorMeta;
+    let f = DType::F32;
+    let s0 = Expr::size("s0");
+    let hint = 8usize;
+    let buffer = |name: &str, shape: Vec<Expr>| {
+        let at_hint = |e: &Expr| e.eval(&[(s0, hint as i64)].into()).unwrap() as usize;
+        let meta = TensorMeta::new(shape.iter().map(at_hint).collect::<Vec<usize>>(), f);
+        LoopBuffer { name: name.into(), meta, shape }
+    };
+    let x = coil_ir::loops::BufferId(0);
+    let mut buffers = vec![buffer("arg0", vec![s0, Expr::int(4)])];
+    let mut nodes = Vec::new();
+    let mut kernels = Vec::new();
+    let mut add = |name: &str, kind: KernelKind, shape: Vec<Expr>, lk: LoopKind, xn: Expr, rn: Option<Expr>| {
+        let out = coil_ir::loops::BufferId(buffers.len());
+        buffers.push(buffer(&format!("buf{}", nodes.len() + 1), shape));
+        kernels.push(FusedKernel {
+            name: name.into(),
+            kind,
+            nodes: vec![nodes.len()],
+            xnumel: xn,
+            rnumel: rn,
+            stores: vec![out],
+        });
+        nodes.push(LoopNode { output: out, origins: vec!["test"], kind: lk });
+    };
+    // relu(2x + 1) over [s0, 4]
+    let (x0, x1) = (range_var(0, &s0), range_var(1, &Expr::int(4)));
+    let mut b = B::default();
+    let l = b.load(x, x0 * 4 + x1, f);
+    let (two, one, zero) = (b.constant(2.0, f), b.constant(1.0, f), b.constant(0.0, f));
+    let m = b.binary(BinaryOp::Mul, l, two, f);
+    let a = b.binary(BinaryOp::Add, m, one, f);
+    let r = b.binary(BinaryOp::Maximum, a, zero, f);
+    let ranges = vec![s0, Expr::int(4)];
+    let lk = LoopKind::Pointwise { ranges: ranges.clone(), body: b.done(r) };
+    add("poi_fused_relu_0", KernelKind::Pointwise, ranges, lk, s0 * 4, None);
+    // column sums: out[x0] = sum over r0 < s0 of x[4*r0 + x0]
+    let (x0, r0) = (range_var(0, &Expr::int(4)), reduction_var(0, &s0));
+    let mut b = B::default();
+    let l = b.load(x, r0 * 4 + x0, f);
+    let lk = LoopKind::Reduction {
+        ranges: vec![Expr::int(4)],
+        reduction_ranges: vec![s0],
+        op: ReduceOp::Sum,
+        body: b.done(l),
+    };
+    add("red_fused_sum_1", KernelKind::LoopedReduction, vec![Expr::int(4)], lk, Expr::int(4), Some(s0));
+    // row sums: out[x0] = sum over r0 < 4 of x[4*x0 + r0]
+    let (x0, r0) = (range_var(0, &s0), reduction_var(0, &Expr::int(4)));
+    let mut b = B::default();
+    let l = b.load(x, x0 * 4 + r0, f);
+    let lk = LoopKind::Reduction {
+        ranges: vec![s0],
+        reduction_ranges: vec![Expr::int(4)],
+        op: ReduceOp::Sum,
+        body: b.done(l),
+    };
+    add("per_fused_sum_2", KernelKind::PersistentReduction, vec![s0], lk, s0, Some(Expr::int(4)));
+    // x[:, 0] - x[:, 3]
+    let x0 = range_var(0, &s0);
+    let mut b = B::default();
+    let (p, q) = (b.load(x, x0 * 4, f), b.load(x, x0 * 4 + 3, f));
+    let d = b.binary(BinaryOp::Sub, p, q, f);
+    let lk = LoopKind::Pointwise { ranges: vec![s0], body: b.done(d) };
+    add("poi_fused_sub_3", KernelKind::Pointwise, vec![s0], lk, s0, None);
+    // sum of squares of everything: one row of 4*s0
+    let r0 = reduction_var(0, &(s0 * 4));
+    let mut b = B::default();
+    let l = b.load(x, r0, f);
+    let sq = b.binary(BinaryOp::Mul, l, l, f);
+    let lk = LoopKind::Reduction {
+        ranges: vec![Expr::int(1)],
+        reduction_ranges: vec![s0 * 4],
+        op: ReduceOp::Sum,
+        body: b.done(sq),
+    };
+    add("red_fused_sum_4", KernelKind::LoopedReduction, vec![Expr::int(1)], lk, Expr::int(1), Some(s0 * 4));
+    let outputs = (1..buffers.len()).map(coil_ir::loops::BufferId).collect();
+    let program = LoopProgram {
+        symbols: vec![SizeSymbol { symbol: s0, input: 0, dim: 0, hint: hint as i64 }],
+        buffers,
+        inputs: vec![x],
+        outputs,
+        nodes,
+    };
+    (program, kernels)
+}
+
+#[test]
+fn symbolic_sizes_are_kernel_parameters() {
+    let (p, ks) = dynamic_program();
+    let tiles: Vec<TileKernel> = ks.iter().map(|k| build_kernel(&p, k)).collect();
+    let s0 = coil_ir::sym::Expr::size("s0");
+    for t in &tiles {
+        assert_eq!(t.sizes, vec![s0], "{}", t.name);
+    }
+    let m = emit_cuda(&tiles).unwrap();
+    syntax_check(&m.source);
+    let src = |i: usize| emit_cuda_kernel(&tiles[i]).unwrap();
+    // symbolic xnumel: the size is a parameter after the buffers, the grid is left to each run
+    let (poi, launch) = src(0);
+    assert!(poi.contains("(const float *in_ptr0, float *out_ptr0, int64_t s0, int64_t *status)"), "{poi}");
+    assert!(poi.contains("const int64_t xnumel = 4*s0;"), "{poi}");
+    assert_eq!(launch, Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1024 });
+    assert_eq!((launch.grid_for(8), launch.grid_for(1024), launch.grid_for(1025)), (1, 1, 2));
+    // 4*s0 elements: groups of 4 are always full, and vector accesses stay
+    assert!(poi.contains("xvec < s0;") && !poi.contains("xindex >= xnumel"), "{poi}");
+    assert!(poi.contains("coil_load<float, 4, 4>(in_ptr0 + (4*xvec), aligned)"), "{poi}");
+    assert!(poi.contains("coil_store<float, 4, 4>(out_ptr0 + (4*xvec), st"), "{poi}");
+    snapshot("cuda_dynamic_pointwise", poi);
+    // a row of symbolic length: a looped reduction over `s0` positions, element by element
+    let (red, launch) = src(1);
+    assert_eq!((launch.grid, launch.per_block), (4, 1));
+    assert!(red.contains("for (int64_t rchunk = rlane; rchunk < s0; rchunk += 512) {"), "{red}");
+    // symbolic rows of a constant length
+    let (per, launch) = src(2);
+    assert_eq!((launch.grid, launch.block, launch.per_block), (0, 256, 8));
+    assert!(per.contains("const int64_t xnumel = s0;") && per.contains("xindex < xnumel"), "{per}");
+    // s0 elements in groups of 4: whether a group is full is decided at run time
+    let (sub, _) = src(3);
+    assert!(sub.contains("xvec < (s0 + 3) / 4;") && sub.contains("if (xvec < s0 / 4) {"), "{sub}");
+    assert!(sub.contains("if (xindex >= xnumel) break;"), "{sub}");
+    // a row of 4*s0: groups of 4 divide it, so vector loads
+    let (sum, _) = src(4);
+    assert!(
+        sum.contains("rchunk < s0;") && sum.contains("coil_load<float, 4, 4>(in_ptr0 + (4*rchunk), aligned)"),
+        "{sum}"
+    );
+    // static kernels keep their signature
+    let (p, k) = pointwise_n(64, DType::F32);
+    let (stat, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert!(stat.contains("float *out_ptr1, int64_t *status)") && !stat.contains("int64_t s0"), "{stat}");
+}
+
+#[test]
+fn size_names_the_kernel_uses_are_refused() {
+    let (p, ks) = dynamic_program();
+    let mut t = build_kernel(&p, &ks[0]);
+    assert!(emit_cuda_kernel(&t).is_ok());
+    t.sizes = vec![coil_ir::sym::Expr::size("xvec")];
+    let e = emit_cuda_kernel(&t).unwrap_err();
+    assert!(e.message.contains("xvec"), "{}", e.message);
 }

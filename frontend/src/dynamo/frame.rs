@@ -1,6 +1,7 @@
 //! One running call of a compiled function: the frame stack, graph breaks, and the guarded
 //! cache lookup of each graph (hit, compile, recompile, or eager past the limit).
 
+use super::dynamic::{self, DynamicSpec};
 use super::explain::ExplainLog;
 use super::guards::{self, structural_hash, ArgMeta, Guard, Source};
 use super::{stance, BreakKind, FnState, GraphBreak, GraphInfo, Stance, READ, RECOMPILE_LIMIT};
@@ -9,7 +10,7 @@ use crate::debug::Dump;
 use crate::realize::{backend, capture, Backend, Captured};
 use crate::storage::Storage;
 use crate::{logs, Tensor};
-use coil_ir::{Error, Graph, Result};
+use coil_ir::{Error, ErrorKind, Graph, Result};
 use coil_runtime::Device;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -33,6 +34,8 @@ pub(super) struct Entry {
     args: Vec<ArgMeta>,
     compiled: Option<Arc<Compiled>>,
     pub(super) guards: Vec<Guard>,
+    /// The symbolic sizes it was compiled for; `None` for static sizes.
+    pub(super) dynamic: Option<DynamicSpec>,
 }
 
 /// One running call of a compiled function (or of `explain`).
@@ -141,27 +144,36 @@ impl Frame {
         let start = Instant::now();
         let captured = capture(outputs);
         let device = captured.device;
-        let hash = structural_hash(&captured.graph, device);
+        let hash = || structural_hash(&captured.graph, device);
         let state_rc = self.state.clone();
         let mut state = state_rc.borrow_mut();
-        let (executable, entry) = match state.lookup(hash, &captured.graph, device) {
+        // Entries for symbolic sizes first (the most recent kind of entry; one hash without
+        // sizes), then the exact sizes (which also hold what sizes 0 and 1 specialize).
+        let found =
+            state.lookup_dynamic(&captured.graph, device).or_else(|| state.lookup(hash(), &captured.graph, device));
+        let (executable, entry) = match found {
             Some(i) => {
                 state.stats.graph_hits += 1;
                 state.stats.hit_check += start.elapsed();
                 if state.entries[i].compiled.is_none() && backend() == Backend::Compiled {
                     // Cached while the interpreter was the backend: compile now.
-                    state.entries[i].compiled = Some(crate::compile::compile(&captured.graph, device)?);
+                    let e = &state.entries[i];
+                    let compiled = match &e.dynamic {
+                        Some(spec) => crate::compile::compile_dynamic(&e.graph, device, spec)?,
+                        None => crate::compile::compile(&captured.graph, device)?,
+                    };
+                    state.entries[i].compiled = Some(compiled);
                 }
                 (state.entries[i].compiled.clone(), Some(i))
             }
             None => {
                 state.stats.graph_misses += 1;
-                self.miss(&mut state, &captured, hash)?
+                self.miss(&mut state, &captured, hash())?
             }
         };
         let guards = match entry {
             Some(i) if self.log.is_some() => state.entries[i].guards.clone(),
-            _ if self.log.is_some() => guards::guards_of(&captured.graph, device, hash, &self.sources(&captured)),
+            _ if self.log.is_some() => guards::guards_of(&captured.graph, device, hash(), &self.sources(&captured)),
             _ => vec![],
         };
         drop(state);
@@ -227,20 +239,78 @@ impl Frame {
             logs::recompile(&message);
             state.recompile_reasons.push(message);
         }
-        let compiled = match backend() {
-            Backend::Compiled => Some(crate::compile::compile(graph, device)?),
-            Backend::Interpreter => None,
+        let (dynamic, compiled) = self.compile_entry(state, captured)?;
+        if let (Some(spec), true) = (&dynamic, before > 0) {
+            // Say which sizes the recompile made symbolic.
+            if let Some(reason) = state.recompile_reasons.last_mut() {
+                reason.push_str(&format!("; now dynamic: {}", spec.symbol_text()));
+            }
+        }
+        let guards = match &dynamic {
+            Some(spec) => guards::dynamic_guards_of(graph, device, guards::erased_hash(graph, device), &sources, spec),
+            None => guards::guards_of(graph, device, hash, &sources),
         };
-        let guards = guards::guards_of(graph, device, hash, &sources);
         let text = guards::guards_text(&state.name, position + 1, &guards);
         logs::guards(&text);
         if let Some(c) = &compiled {
             Dump::at(c.dump_dir.clone()).write("guards.txt", || text.clone());
         }
-        state.entries.push(Entry { graph: graph.clone(), device, position, args, compiled: compiled.clone(), guards });
-        let index = state.entries.len() - 1;
-        state.by_hash.entry(hash).or_default().push(index);
+        let index = state.entries.len();
+        match &dynamic {
+            Some(_) => state.by_erased.entry(guards::erased_hash(graph, device)).or_default().push(index),
+            None => state.by_hash.entry(hash).or_default().push(index),
+        }
+        state.entries.push(Entry {
+            graph: graph.clone(),
+            device,
+            position,
+            args,
+            compiled: compiled.clone(),
+            guards,
+            dynamic,
+        });
         Ok((compiled, Some(index)))
+    }
+
+    /// Compiles a missed graph: for symbolic sizes when some input dims are dynamic (marked
+    /// with `mark_dynamic`, dynamic in an earlier entry of the same program, or different from
+    /// an earlier entry's), else for static sizes. A graph that cannot be generalized compiles
+    /// static, and the log says why.
+    fn compile_entry(
+        &self,
+        state: &FnState,
+        captured: &Captured,
+    ) -> Result<(Option<DynamicSpec>, Option<Arc<Compiled>>)> {
+        let (graph, device) = (&captured.graph, captured.device);
+        let dims = dynamic_dims(state, captured, self.position);
+        let compile_static = || match backend() {
+            Backend::Compiled => crate::compile::compile(graph, device).map(Some),
+            Backend::Interpreter => Ok(None),
+        };
+        if dims.is_empty() {
+            return Ok((None, compile_static()?));
+        }
+        let spec = match dynamic::resolve(graph, &dims) {
+            Ok(spec) => spec,
+            Err(why) => {
+                logs::recompile(&format!("{}: sizes kept static: {why}", state.name));
+                return Ok((None, compile_static()?));
+            }
+        };
+        match backend() {
+            Backend::Interpreter => Ok((Some(spec), None)),
+            Backend::Compiled => match crate::compile::compile_dynamic(graph, device, &spec) {
+                Ok(c) => {
+                    logs::recompile(&format!("{}: compiled for dynamic sizes: {}", state.name, spec.symbol_text()));
+                    Ok((Some(spec), Some(c)))
+                }
+                Err(e) if e.kind == ErrorKind::Unsupported => {
+                    logs::recompile(&format!("{}: sizes kept static: {}", state.name, e.message));
+                    Ok((None, compile_static()?))
+                }
+                Err(e) => Err(e),
+            },
+        }
     }
 
     /// Where each input of a captured graph comes from.
@@ -260,6 +330,36 @@ impl Frame {
             })
             .collect()
     }
+}
+
+/// The graph input dims a missed graph should make symbolic: dims marked dynamic, and, against
+/// the latest entry at the same place that is the same program up to sizes, the dims that entry
+/// already had symbolic and the dims whose size changed. Dims of size 0 or 1 stay static.
+fn dynamic_dims(state: &FnState, captured: &Captured, position: usize) -> Vec<(usize, usize)> {
+    let graph = &captured.graph;
+    let mut dims: Vec<(usize, usize)> = Vec::new();
+    for (j, &bits) in captured.marked.iter().enumerate() {
+        dims.extend((0..graph.meta(graph.inputs[j]).rank()).filter(|d| bits >> d & 1 == 1).map(|d| (j, d)));
+    }
+    let previous = state.entries.iter().rev().find(|e| {
+        e.position == position && e.device == captured.device && coil_ir::dynamic::same_up_to_sizes(&e.graph, graph)
+    });
+    if let Some(prev) = previous {
+        for (j, (&a, &b)) in prev.graph.inputs.iter().zip(&graph.inputs).enumerate() {
+            let (old, new) = (&prev.graph.meta(a).shape, &graph.meta(b).shape);
+            dims.extend((0..new.len()).filter(|&d| old[d] != new[d]).map(|d| (j, d)));
+        }
+        if let Some(spec) = &prev.dynamic {
+            for (j, &id) in prev.graph.inputs.iter().enumerate() {
+                let shape = spec.sizes.shape(id.0, prev.graph.meta(id).rank());
+                dims.extend((0..shape.len()).filter(|&d| shape[d].const_value().is_none()).map(|d| (j, d)));
+            }
+        }
+    }
+    dims.sort_unstable();
+    dims.dedup();
+    dims.retain(|&(j, d)| graph.meta(graph.inputs[j]).shape[d] >= 2);
+    dims
 }
 
 /// Runs `f` on `args` inside `frame`, then computes its outputs (the last graph, not a

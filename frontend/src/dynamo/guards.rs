@@ -12,7 +12,10 @@
 //! graph input (dtype, device, static sizes) and one `GRAPH_STRUCTURE`. Sizes are static: every
 //! size is part of the guard, so sizes 0 and 1 are specialized like all others.
 
-use coil_ir::{Graph, Op, TensorMeta};
+use super::dynamic::DynamicSpec;
+use coil_ir::dynamic::has_size_attrs;
+use coil_ir::sym::Expr;
+use coil_ir::{DType, Graph, Op, TensorMeta};
 use coil_runtime::Device;
 use std::fmt::{self, Write};
 use std::hash::{Hash, Hasher};
@@ -148,6 +151,15 @@ pub enum Guard {
     /// The captured graph is this one: ops, attributes, metas and edges (hash, then a
     /// node-by-node comparison).
     GraphStructure { hash: u64, nodes: usize, inputs: usize, outputs: usize },
+    /// Graph input `input` has this dtype and device, and sizes that are these expressions of
+    /// the size symbols (a constant is exact).
+    DynamicTensorMatch { input: usize, source: Source, dtype: DType, shape: Vec<Expr>, device: Device },
+    /// A size symbol: graph input `input`'s size at `dim`, at least 2 (0 and 1 are specialized).
+    SizeSymbol { symbol: Expr, input: usize, dim: usize },
+    /// The captured graph is this one up to its sizes (hash of the graph without its sizes,
+    /// then a node-by-node comparison), and each of its sizes is its expression at the
+    /// symbols' values.
+    GraphStructureUpToSizes { hash: u64, nodes: usize, sizes: usize },
 }
 
 impl fmt::Display for Guard {
@@ -157,6 +169,20 @@ impl fmt::Display for Guard {
         match self {
             Guard::TensorMatch { input, source, meta, device } => {
                 write!(f, "TENSOR_MATCH graph input {input} ({source}): {meta} on {device}, static sizes")
+            }
+            Guard::DynamicTensorMatch { input, source, dtype, shape, device } => {
+                let dims: Vec<String> = shape.iter().map(|e| e.to_string()).collect();
+                write!(f, "TENSOR_MATCH graph input {input} ({source}): {dtype}[{}] on {device}", dims.join(", "))
+            }
+            Guard::SizeSymbol { symbol, input, dim } => {
+                write!(f, "SYMBOLIC_SIZE {symbol} = size[{dim}] of graph input {input}, {symbol} >= 2")
+            }
+            Guard::GraphStructureUpToSizes { hash, nodes, sizes } => {
+                write!(f, "GRAPH_STRUCTURE up to sizes: {nodes} nodes, {sizes} symbolic sizes checked")?;
+                if f.alternate() {
+                    write!(f, ", hash {hash:#018x}")?;
+                }
+                Ok(())
             }
             Guard::GraphStructure { hash, nodes, inputs, outputs } => {
                 let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
@@ -174,6 +200,64 @@ impl fmt::Display for Guard {
             }
         }
     }
+}
+
+/// The guards of a graph compiled for every size of its symbols (`spec`), whose inputs come
+/// from `sources`; `hash` is its [`erased_hash`].
+pub(crate) fn dynamic_guards_of(
+    graph: &Graph,
+    device: Device,
+    hash: u64,
+    sources: &[Source],
+    spec: &DynamicSpec,
+) -> Vec<Guard> {
+    let mut guards: Vec<Guard> = graph
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| Guard::DynamicTensorMatch {
+            input: i,
+            source: sources.get(i).copied().unwrap_or(Source::Captured),
+            dtype: graph.meta(id).dtype,
+            shape: spec.sizes.shape(id.0, graph.meta(id).rank()).to_vec(),
+            device,
+        })
+        .collect();
+    guards.extend(spec.symbols.iter().map(|s| Guard::SizeSymbol { symbol: s.symbol, input: s.input, dim: s.dim }));
+    let symbolic = spec.sizes.nodes.iter().flatten().filter(|e| e.const_value().is_none()).count();
+    guards.push(Guard::GraphStructureUpToSizes { hash, nodes: graph.nodes.len(), sizes: symbolic });
+    guards
+}
+
+/// The hash of a graph on a device with its sizes left out (ops with size attributes zeroed,
+/// metas as dtype and rank): equal for the same program at other sizes, so it finds the
+/// candidate entries compiled for symbolic sizes.
+pub fn erased_hash(graph: &Graph, device: Device) -> u64 {
+    let mut h = Fnv::new();
+    device.hash(&mut h);
+    graph.nodes.len().hash(&mut h);
+    for node in &graph.nodes {
+        // Ops with sizes among their attributes hash by name: equal names are then confirmed
+        // by the comparison up to sizes.
+        if has_size_attrs(&node.op) {
+            node.op.name().hash(&mut h);
+        } else {
+            let _ = write!(h, "{:?}", node.op);
+        }
+        node.inputs.len().hash(&mut h);
+        for i in &node.inputs {
+            i.0.hash(&mut h);
+        }
+        node.meta.dtype.hash(&mut h);
+        node.meta.rank().hash(&mut h);
+    }
+    for i in &graph.inputs {
+        i.0.hash(&mut h);
+    }
+    for o in &graph.outputs {
+        o.0.hash(&mut h);
+    }
+    h.finish()
 }
 
 /// The guards of a graph whose inputs come from `sources`.

@@ -18,8 +18,13 @@
 //! reason, a hint and the user's line (`COIL_LOGS=graph_breaks`). [`explain`] reports all of
 //! it; a [`Stance`] turns breaks or recompiles into errors for CI.
 //!
-//! Shapes are static: every size is guarded. Symbolic (dynamic) sizes are a later step.
+//! **Dynamic shapes** ([`dynamic`]): shapes are static first (every size guarded). When a
+//! graph misses only because some input sizes changed, coil recompiles it once with those
+//! dims symbolic (automatic dynamic; [`Tensor::mark_dynamic`] makes a dim symbolic from the
+//! first call) and serves every later size from that graph: its kernels take the sizes as
+//! arguments. Sizes 0 and 1 are specialized (a symbol is at least 2).
 
+pub mod dynamic;
 pub mod explain;
 mod frame;
 pub mod guards;
@@ -329,6 +334,8 @@ pub(crate) struct FnState {
     name: String,
     entries: Vec<Entry>,
     by_hash: HashMap<u64, Vec<usize>>,
+    /// Entries compiled for symbolic sizes, by [`guards::erased_hash`].
+    by_erased: HashMap<u64, Vec<usize>>,
     breaks: Vec<GraphBreak>,
     recompiles: usize,
     recompile_reasons: Vec<String>,
@@ -343,6 +350,7 @@ impl FnState {
             name,
             entries: vec![],
             by_hash: HashMap::new(),
+            by_erased: HashMap::new(),
             breaks: vec![],
             recompiles: 0,
             recompile_reasons: vec![],
@@ -359,5 +367,20 @@ impl FnState {
             .iter()
             .copied()
             .find(|&i| self.entries[i].device == device && same_structure(&self.entries[i].graph, graph))
+    }
+
+    /// The entry compiled for symbolic sizes that serves this graph: same program up to sizes,
+    /// and every size the expression of the compiled one at this graph's symbol values.
+    fn lookup_dynamic(&self, graph: &Graph, device: Device) -> Option<usize> {
+        if self.by_erased.is_empty() {
+            return None;
+        }
+        let candidates = self.by_erased.get(&guards::erased_hash(graph, device))?;
+        candidates.iter().copied().find(|&i| {
+            let e = &self.entries[i];
+            e.device == device
+                && coil_ir::dynamic::same_up_to_sizes(&e.graph, graph)
+                && e.dynamic.as_ref().is_some_and(|spec| spec.bind(graph).is_some())
+        })
     }
 }

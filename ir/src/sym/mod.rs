@@ -551,6 +551,15 @@ impl Expr {
         Expr::symbol(name, Some(0), Some(extent - 1))
     }
 
+    /// A loop index `0 <= name < extent` for a symbolic extent: a constant extent gives
+    /// [`Expr::index`]; a symbolic one only the fact `name >= 0` (facts are constants).
+    pub fn index_upto(name: &str, extent: Expr) -> Expr {
+        match extent.const_value() {
+            Some(n) => Expr::index(name, n),
+            None => Expr::symbol(name, Some(0), None),
+        }
+    }
+
     /// A dynamic size `name >= 2`: coil specializes sizes 0 and 1, so a symbolic size is at
     /// least 2 (as in TorchInductor). Use [`Expr::symbol`] for other facts.
     pub fn size(name: &str) -> Expr {

@@ -160,15 +160,31 @@ pub fn cross_entropy(
     let ls = b.shape(logits);
     let unbatched = ls.len() == 1;
     let (n, c) = if unbatched { (1, ls[0]) } else { (ls[0], ls[1]) };
-    let logits = b.reshape(logits, &[n, c])?;
+    let raw = b.reshape(logits, &[n, c])?;
     let target = b.reshape(target, &[n])?;
-    let logits = b.upcast(logits)?;
+    let logits = b.upcast(raw)?;
     let ct = b.dtype(logits);
-    let logp = log_softmax_in(b, logits, 1)?;
     let valid = b.ne(target, ignore_index)?;
     let safe = b.where_(valid, target, zero(b.dtype(target)))?;
     let index = b.reshape(safe, &[n, 1])?;
-    let picked = b.gather(logp, 1, index)?;
+    // Label smoothing sums every class's log-probability; without it, only the target's is
+    // needed: `logp[t] = (x[t] - max) - log(sum(exp(x - max)))`, one logit gathered per row
+    // from the input instead of a whole log-softmax written to memory (the same values).
+    let logp = if label_smoothing > 0.0 { Some(log_softmax_in(b, logits, 1)?) } else { None };
+    let picked = match logp {
+        Some(logp) => b.gather(logp, 1, index)?,
+        None => {
+            let m = b.amax(logits, &[1], true)?;
+            let shifted = b.sub(logits, m)?;
+            let e = b.exp(shifted)?;
+            let s = b.sum(e, &[1], true)?;
+            let l = b.log(s)?;
+            let xt = b.gather(raw, 1, index)?;
+            let xt = b.upcast(xt)?;
+            let xt = b.sub(xt, m)?;
+            b.sub(xt, l)?
+        }
+    };
     let picked = b.reshape(picked, &[n])?;
     let nll = b.neg(picked)?;
     // With class weights (PyTorch's formula): each row's loss is scaled by the weight of its
@@ -188,6 +204,7 @@ pub fn cross_entropy(
     };
     let mut loss = b.where_(valid, nll, zero(ct))?;
     if label_smoothing > 0.0 {
+        let logp = logp.expect("computed with label smoothing");
         let weighted = match weight {
             Some(w) => {
                 let w = b.broadcast_to(w, &[n, c])?;

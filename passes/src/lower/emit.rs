@@ -9,14 +9,14 @@ use super::{flat, offset_error, Emit, Lowerer};
 use crate::decompose::{scalar_as, zero};
 use coil_ir::loops::{BufferId, ScalarOp, ValueId};
 use coil_ir::sym::Expr;
-use coil_ir::{BinaryOp, DType, NodeId, Op, ReduceOp, Result, Scalar};
+use coil_ir::{BinaryOp, DType, NodeId, Op, ReduceOp, Result, Scalar, UnaryOp};
 
 impl Lowerer<'_> {
     /// `n`'s value at `idx`: a load when `n` has a buffer, else its computation, inlined.
     /// Under `mask`, loads are masked (their other value, 0, is never selected).
     pub(crate) fn emit(&mut self, e: &mut Emit, n: NodeId, idx: &[Expr], mask: Option<ValueId>) -> Result<ValueId> {
         if let Some(b) = self.buf[n.0] {
-            return Ok(self.load(e, b, flat(idx, &self.meta(n).shape), mask));
+            return Ok(self.load(e, b, flat(idx, self.shape(n)), mask));
         }
         let key = (n, idx.to_vec(), mask);
         if let Some(&v) = e.memo.get(&key) {
@@ -58,25 +58,28 @@ impl Lowerer<'_> {
             // Masked lanes read 0s: an index value would be garbage, an integer division could
             // trap. Compute it in its own buffer and read that through the mask instead.
             let b = self.realize(n)?;
-            return Ok(self.load(e, b, flat(idx, &node.meta.shape), mask));
+            return Ok(self.load(e, b, flat(idx, self.shape(n)), mask));
         }
         let arg = |i: usize| node.inputs[i];
         Ok(match &node.op {
+            // A value that depends on the sizes (the count of a mean over a dynamic dim).
+            Op::Full(_) if self.attrs(n).first().is_some_and(|a| a.const_value().is_none()) => {
+                let i = e.push(ScalarOp::Index(self.attrs(n)[0]), DType::I64);
+                cast(e, i, dtype)
+            }
             Op::Full(v) => e.push(ScalarOp::Constant(scalar_as(*v, dtype)), dtype),
             Op::Iota { dim } => {
                 let i = e.push(ScalarOp::Index(idx.get(*dim).copied().unwrap_or(Expr::int(0))), DType::I64);
                 cast(e, i, dtype)
             }
             Op::Rand { dist, seed, offset } => {
-                let base = i64::try_from(*offset).map_err(|_| offset_error(*offset))?;
-                let counter = Expr::int(base) + flat(idx, &node.meta.shape);
+                i64::try_from(*offset).map_err(|_| offset_error(*offset))?;
+                let counter = self.attrs(n)[0] + flat(idx, self.shape(n));
                 e.push(ScalarOp::Rand { dist: *dist, seed: *seed, counter }, dtype)
             }
             Op::Unary(u) => {
                 let a = self.emit(e, arg(0), idx, mask)?;
-                // Float-only ops on ints compute in the result type: make the conversion explicit.
-                let a = if u.returns_bool() { a } else { cast(e, a, dtype) };
-                e.push(ScalarOp::Unary(*u, a), dtype)
+                unary(e, *u, a, dtype)
             }
             Op::Binary(b) => {
                 let (mut x, mut y) = (self.emit(e, arg(0), idx, mask)?, self.emit(e, arg(1), idx, mask)?);
@@ -100,16 +103,18 @@ impl Lowerer<'_> {
                 self.emit(e, x, &xi, mask)?
             }
             Op::Pad { pads, value } => {
-                let xs = &self.meta(arg(0)).shape;
+                let xs = self.shape(arg(0));
+                let widths = self.attrs(n);
                 let mut conds = Vec::new();
                 let mut xi = idx.to_vec();
                 for (d, &(before, after)) in pads.iter().enumerate() {
-                    xi[d] = idx[d] - Expr::from(before);
+                    let b = widths[2 * d];
+                    xi[d] = idx[d] - b;
                     if before > 0 {
-                        conds.push(compare(e, BinaryOp::Ge, idx[d], before));
+                        conds.push(compare(e, BinaryOp::Ge, idx[d], b));
                     }
                     if after > 0 {
-                        conds.push(compare(e, BinaryOp::Lt, idx[d], before + xs[d]));
+                        conds.push(compare(e, BinaryOp::Lt, idx[d], b + xs[d]));
                     }
                 }
                 let m = conds.into_iter().fold(mask, |m, c| Some(and(e, m, c)));
@@ -133,7 +138,7 @@ impl Lowerer<'_> {
             Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } => {
                 // `prepare` realizes these before any reader is built; kept total regardless.
                 let b = self.realize(n)?;
-                self.load(e, b, flat(idx, &node.meta.shape), mask)
+                self.load(e, b, flat(idx, self.shape(n)), mask)
             }
             op => unreachable!("{op} in a primitive graph"),
         })
@@ -152,7 +157,7 @@ impl Lowerer<'_> {
         let dtype = self.meta(x).dtype;
         let (base, bidx) = self.resolve(x, idx);
         if let Some(buffer) = self.buf[base.0] {
-            let index = flat(&bidx, &self.meta(base).shape);
+            let index = flat(&bidx, self.shape(base));
             return Ok(e.push(ScalarOp::MaskedLoad { buffer, index, mask: m, other }, dtype));
         }
         let v = self.emit(e, x, idx, Some(m))?;
@@ -165,19 +170,19 @@ impl Lowerer<'_> {
     fn cat(&mut self, e: &mut Emit, n: NodeId, dim: usize, idx: &[Expr], mask: Option<ValueId>) -> Result<ValueId> {
         let node = self.g.node(n);
         let mut parts = Vec::new();
-        let mut start = 0;
+        let mut start = Expr::int(0);
         for &x in &node.inputs {
-            let len = self.meta(x).shape[dim];
-            if len > 0 {
+            let len = self.shape(x)[dim];
+            if self.meta(x).shape[dim] > 0 {
                 parts.push((x, start, len));
             }
-            start += len;
+            start = start + len;
         }
         let last = parts.len() - 1;
         let mut values = Vec::new();
         for (k, &(x, start, len)) in parts.iter().enumerate() {
             let mut xi = idx.to_vec();
-            xi[dim] = idx[dim] - Expr::from(start);
+            xi[dim] = idx[dim] - start;
             let mut m = mask;
             if k > 0 {
                 let c = compare(e, BinaryOp::Ge, idx[dim], start);
@@ -200,19 +205,38 @@ impl Lowerer<'_> {
     /// `xi[dim]` about to be replaced by the value `v`. The view chain of `x` is folded when it
     /// is affine in that dim; otherwise `x` is copied into a contiguous buffer first.
     fn indirect(&mut self, e: &mut Emit, x: NodeId, xi: &mut [Expr], dim: usize, v: ValueId) -> Result<ValueId> {
+        // A gather of a cast or unary op is that op of a gather: only the picked elements are
+        // converted (a gather from `logits.to(f32)` reads bf16 logits, no f32 copy of them).
+        let node = self.g.node(x);
+        if self.buf[x.0].is_none() && !self.degenerate(x) {
+            match node.op {
+                Op::Cast(t) => {
+                    let a = self.indirect(e, node.inputs[0], xi, dim, v)?;
+                    e.folded.push(x);
+                    return Ok(cast(e, a, t));
+                }
+                Op::Unary(u) => {
+                    let a = self.indirect(e, node.inputs[0], xi, dim, v)?;
+                    e.folded.push(x);
+                    return Ok(unary(e, u, a, node.meta.dtype));
+                }
+                _ => {}
+            }
+        }
         let xm = self.meta(x);
         let (dtype, rank) = (xm.dtype, xm.shape.len());
         // A 0-d operand behaves as a 1-element 1-D one (PyTorch treats its size along dim 0 as 1).
-        let size = if rank == 0 { 1 } else { xm.shape[dim] };
-        let t = if size >= 2 { Expr::index("t", size as i64) } else { Expr::int(0) };
+        let size = if rank == 0 { Expr::int(1) } else { self.shape(x)[dim] };
+        let varies = rank > 0 && xm.shape[dim] >= 2;
+        let t = if varies { Expr::index_upto("t", size) } else { Expr::int(0) };
         if rank > 0 {
             xi[dim] = t;
         }
         let (base, bidx) = self.resolve(x, xi);
         let access = |l: &Self, base: NodeId, bidx: &[Expr]| {
-            let f = flat(bidx, &l.meta(base).shape);
+            let f = flat(bidx, l.shape(base));
             let at = |k: i64| f.substitute_with(|s| (s == t).then(|| Expr::int(k)));
-            let (index, stride) = if size >= 2 { (at(0), at(1) - at(0)) } else { (f, Expr::int(0)) };
+            let (index, stride) = if varies { (at(0), at(1) - at(0)) } else { (f, Expr::int(0)) };
             (index + stride * t == f).then_some((index, stride))
         };
         let (buffer, (index, stride)) = match access(self, base, &bidx) {
@@ -223,8 +247,7 @@ impl Lowerer<'_> {
                 (b, access(self, x, &contiguous).expect("a contiguous buffer is affine in each dim"))
             }
         };
-        let bound = Expr::from(size);
-        Ok(e.push(ScalarOp::IndirectLoad { buffer, index, indirect: v, stride, bound }, dtype))
+        Ok(e.push(ScalarOp::IndirectLoad { buffer, index, indirect: v, stride, bound: size }, dtype))
     }
 }
 
@@ -233,6 +256,13 @@ fn unsafe_under_mask(op: &Op, dtype: DType) -> bool {
     let int_div =
         matches!(op, Op::Binary(BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder | BinaryOp::Pow));
     matches!(op, Op::Gather { .. } | Op::IndexSelect { .. }) || (int_div && !dtype.is_float())
+}
+
+/// `u(a)` with result `dtype`; float-only ops on ints compute in the result type (the
+/// conversion made explicit).
+fn unary(e: &mut Emit, u: UnaryOp, a: ValueId, dtype: DType) -> ValueId {
+    let a = if u.returns_bool() { a } else { cast(e, a, dtype) };
+    e.push(ScalarOp::Unary(u, a), dtype)
 }
 
 /// `v` converted to `dtype` (no op when it already has it).
@@ -245,9 +275,12 @@ fn cast(e: &mut Emit, v: ValueId, dtype: DType) -> ValueId {
 }
 
 /// `index <op> bound` as a bool value.
-fn compare(e: &mut Emit, op: BinaryOp, index: Expr, bound: usize) -> ValueId {
+fn compare(e: &mut Emit, op: BinaryOp, index: Expr, bound: Expr) -> ValueId {
     let i = e.push(ScalarOp::Index(index), DType::I64);
-    let b = e.push(ScalarOp::Constant(Scalar::Int(bound as i64)), DType::I64);
+    let b = match bound.const_value() {
+        Some(c) => e.push(ScalarOp::Constant(Scalar::Int(c)), DType::I64),
+        None => e.push(ScalarOp::Index(bound), DType::I64),
+    };
     e.push(ScalarOp::Binary(op, i, b), DType::Bool)
 }
 

@@ -35,10 +35,10 @@ mod emit;
 pub(crate) mod tests;
 mod view;
 
-use coil_ir::graph::{contiguous_strides, numel};
+use coil_ir::dynamic::SymSizes;
 use coil_ir::loops::{
-    range_var, reduction_var, BiasOperand, Body, BufferId, ExternCall, LoopBuffer, LoopKind, LoopNode, LoopProgram,
-    ScalarOp, StridedOperand, ValueId,
+    range_var, reduction_var, BiasOperand, Bindings, Body, BufferId, ExternCall, LoopBuffer, LoopKind, LoopNode,
+    LoopProgram, ScalarOp, SizeSymbol, StridedOperand, ValueId,
 };
 use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, Error, Graph, NodeId, Op, ReduceOp, Result, TensorMeta};
@@ -53,10 +53,19 @@ pub const BODY_CAP: usize = 128;
 /// order, first), then `buf<N>` written by `nodes[N]`. An output that is an input, or the same
 /// node as another output, reuses that buffer.
 pub fn lower(graph: &Graph) -> Result<LoopProgram> {
+    lower_dynamic(graph, &SymSizes::constant(graph), vec![])
+}
+
+/// [`lower`] with symbolic sizes: `sizes` gives every size number of `graph` as an expression
+/// of `symbols` (see [`coil_ir::dynamic`]), and the program computes with those expressions, so
+/// one program serves every binding of the symbols. Buffer metas are taken at the hints.
+pub fn lower_dynamic(graph: &Graph, sizes: &SymSizes, symbols: Vec<SizeSymbol>) -> Result<LoopProgram> {
     graph.verify_primitive()?;
-    let mut l = Lowerer::new(graph);
+    let mut l = Lowerer::new(graph, sizes);
+    l.hints = symbols.iter().map(|s| (s.symbol, s.hint)).collect();
+    l.prog.symbols = symbols;
     for (k, &id) in graph.inputs.iter().enumerate() {
-        let b = l.new_buffer(format!("arg{k}"), graph.meta(id).clone());
+        let b = l.new_buffer(format!("arg{k}"), id);
         l.prog.inputs.push(b);
         l.buf[id.0] = Some(b);
     }
@@ -77,6 +86,10 @@ pub fn lower(graph: &Graph) -> Result<LoopProgram> {
 /// The state of one lowering.
 pub(crate) struct Lowerer<'g> {
     g: &'g Graph,
+    /// Every node's size numbers as expressions (constants for static shapes).
+    sizes: &'g SymSizes,
+    /// The size symbols' hints: buffer metas are taken there.
+    hints: Bindings,
     prog: LoopProgram,
     /// The buffer holding each graph node's value, once realized.
     buf: Vec<Option<BufferId>>,
@@ -110,32 +123,63 @@ impl Emit {
 /// The index variables of a shape: `make(i, extent)` for extents >= 2, the constant 0 for
 /// extent 1 (extent 0 never reaches here: empty nodes are constants). `make` is [`range_var`]
 /// or [`reduction_var`]; the scheduler rebuilds a node's variables with this same function.
-pub(crate) fn vars(shape: &[usize], make: fn(usize, &Expr) -> Expr) -> Vec<Expr> {
-    shape.iter().enumerate().map(|(i, &n)| if n == 1 { Expr::int(0) } else { make(i, &Expr::from(n)) }).collect()
+pub(crate) fn vars(shape: &[Expr], make: fn(usize, &Expr) -> Expr) -> Vec<Expr> {
+    shape.iter().enumerate().map(|(i, n)| if *n == Expr::int(1) { Expr::int(0) } else { make(i, n) }).collect()
+}
+
+/// Row-major strides of a contiguous tensor of `shape`.
+pub(crate) fn strides(shape: &[Expr]) -> Vec<Expr> {
+    let mut out = vec![Expr::int(1); shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        out[i] = out[i + 1] * shape[i + 1];
+    }
+    out
 }
 
 /// Row-major flat index of `idx` in a contiguous tensor of `shape`.
-pub(crate) fn flat(idx: &[Expr], shape: &[usize]) -> Expr {
-    idx.iter().zip(contiguous_strides(shape)).map(|(&i, s)| i * Expr::from(s)).sum()
-}
-
-fn exprs(shape: &[usize]) -> Vec<Expr> {
-    shape.iter().map(|&n| Expr::from(n)).collect()
+pub(crate) fn flat(idx: &[Expr], shape: &[Expr]) -> Expr {
+    idx.iter().zip(strides(shape)).map(|(&i, s)| i * s).sum()
 }
 
 impl<'g> Lowerer<'g> {
-    fn new(g: &'g Graph) -> Lowerer<'g> {
-        let epilogues = bias_epilogues(g);
-        Lowerer { g, prog: LoopProgram::default(), buf: vec![None; g.nodes.len()], epilogues }
+    fn new(g: &'g Graph, sizes: &'g SymSizes) -> Lowerer<'g> {
+        let mut l = Lowerer {
+            g,
+            sizes,
+            hints: Bindings::new(),
+            prog: LoopProgram::default(),
+            buf: vec![None; g.nodes.len()],
+            epilogues: HashMap::new(),
+        };
+        l.epilogues = bias_epilogues(&l);
+        l
     }
 
-    fn new_buffer(&mut self, name: String, meta: TensorMeta) -> BufferId {
-        self.prog.buffers.push(LoopBuffer { name, meta });
+    /// A buffer holding node `n`'s value.
+    fn new_buffer(&mut self, name: String, n: NodeId) -> BufferId {
+        let shape = self.shape(n).to_vec();
+        let mut meta = self.meta(n).clone();
+        if !self.hints.is_empty() {
+            meta.shape = shape.iter().map(|e| e.eval(&self.hints).map_or(0, |v| v.max(0) as usize)).collect();
+        }
+        self.prog.buffers.push(LoopBuffer { name, meta, shape });
         BufferId(self.prog.buffers.len() - 1)
     }
 
+    /// Dtype and sizes of `n` (at the sizes the graph was built with; for decisions that hold
+    /// at every size, such as "this dim is 1", and dtypes).
     fn meta(&self, n: NodeId) -> &'g TensorMeta {
         self.g.meta(n)
+    }
+
+    /// `n`'s dims as expressions of the size symbols.
+    pub(crate) fn shape(&self, n: NodeId) -> &'g [Expr] {
+        self.sizes.shape(n.0, self.g.meta(n).rank())
+    }
+
+    /// `n`'s size attributes as expressions ([`coil_ir::dynamic::size_numbers`] order).
+    pub(crate) fn attrs(&self, n: NodeId) -> &'g [Expr] {
+        self.sizes.attrs(n.0, self.g.meta(n).rank())
     }
 
     /// Whether a node needs no loop: it is inlined as a constant (see the module docs).
@@ -184,7 +228,7 @@ impl<'g> Lowerer<'g> {
     /// a small multiple of the cap.
     fn cap(&mut self, n: NodeId) -> Result<()> {
         let mut scratch = Emit::new();
-        let idx = vars(&self.meta(n).shape, range_var);
+        let idx = vars(self.shape(n), range_var);
         self.emit(&mut scratch, n, &idx, None)?;
         if scratch.body.values.len() <= BODY_CAP {
             return Ok(());
@@ -219,7 +263,7 @@ impl<'g> Lowerer<'g> {
             _ => self.pointwise(n)?,
         };
         let origins = self.origins(folded);
-        let output = self.new_buffer(format!("buf{}", self.prog.nodes.len()), node.meta.clone());
+        let output = self.new_buffer(format!("buf{}", self.prog.nodes.len()), n);
         self.prog.nodes.push(LoopNode { output, origins, kind });
         self.buf[n.0] = Some(output);
         Ok(output)
@@ -250,12 +294,12 @@ impl<'g> Lowerer<'g> {
     }
 
     fn pointwise(&mut self, n: NodeId) -> Result<(LoopKind, Vec<NodeId>)> {
-        let shape = &self.meta(n).shape;
+        let shape = self.shape(n);
         let mut e = Emit::new();
         // An empty node has no index to vary (and extent-0 variables cannot exist).
-        let idx = if numel(shape) == 0 { vec![Expr::int(0); shape.len()] } else { vars(shape, range_var) };
+        let idx = if self.meta(n).numel() == 0 { vec![Expr::int(0); shape.len()] } else { vars(shape, range_var) };
         e.body.result = self.compute(&mut e, n, &idx, None)?;
-        Ok((LoopKind::Pointwise { ranges: exprs(shape), body: e.body }, e.folded))
+        Ok((LoopKind::Pointwise { ranges: shape.to_vec(), body: e.body }, e.folded))
     }
 
     /// A reduction node: `ranges` are the output dims (kept size-1 dims included), the
@@ -263,11 +307,11 @@ impl<'g> Lowerer<'g> {
     fn reduction(&mut self, n: NodeId, op: ReduceOp, dims: &[usize], keepdim: bool) -> Result<(LoopKind, Vec<NodeId>)> {
         let node = self.g.node(n);
         let x = node.inputs[0];
-        let xs = &self.meta(x).shape;
+        let xs = self.shape(x);
         let mut reduced: Vec<usize> = dims.to_vec();
         reduced.sort_unstable();
-        let rshape: Vec<usize> = reduced.iter().map(|&d| xs[d]).collect();
-        let (xv, rv) = (vars(&node.meta.shape, range_var), vars(&rshape, reduction_var));
+        let rshape: Vec<Expr> = reduced.iter().map(|&d| xs[d]).collect();
+        let (xv, rv) = (vars(self.shape(n), range_var), vars(&rshape, reduction_var));
         let mut kept = 0;
         let idx: Vec<Expr> = (0..xs.len())
             .map(|d| match reduced.iter().position(|&r| r == d) {
@@ -289,8 +333,7 @@ impl<'g> Lowerer<'g> {
             v = e.push(ScalarOp::Cast(v), node.meta.dtype);
         }
         e.body.result = v;
-        let kind =
-            LoopKind::Reduction { ranges: exprs(&node.meta.shape), reduction_ranges: exprs(&rshape), op, body: e.body };
+        let kind = LoopKind::Reduction { ranges: self.shape(n).to_vec(), reduction_ranges: rshape, op, body: e.body };
         Ok((kind, e.folded))
     }
 
@@ -299,18 +342,17 @@ impl<'g> Lowerer<'g> {
     fn bmm(&mut self, n: NodeId, epilogue: Option<(NodeId, NodeId)>) -> Result<LoopKind> {
         let node = self.g.node(n);
         let (a, c) = (self.strided(node.inputs[0])?, self.strided(node.inputs[1])?);
-        let out = &node.meta.shape;
+        let out = self.shape(n);
         let r = out.len();
         let (m, nn) = (out[r - 2], out[r - 1]);
-        let k = self.meta(node.inputs[0]).shape[r - 1];
+        let k = self.shape(node.inputs[0])[r - 1];
         let mut inputs = vec![a.buffer, c.buffer];
         let bias = match epilogue {
             Some((add, bias)) => {
-                let shape = &self.meta(add).shape;
-                let syms: Vec<Expr> = vars(shape, |i, n| Expr::index(&format!("s{i}"), n.const_value().unwrap()));
+                let syms = view_vars(self.shape(add));
                 let (base, bidx) = self.resolve(bias, &syms);
                 let (offset, strides) =
-                    affine(flat(&bidx, &self.meta(base).shape), &syms).expect("checked by bias_epilogues");
+                    affine(flat(&bidx, self.shape(base)), &syms).expect("checked by bias_epilogues");
                 let buffer = self.realize(base)?;
                 inputs.push(buffer);
                 Some(BiasOperand { buffer, offset, stride: strides[strides.len() - 1] })
@@ -324,13 +366,13 @@ impl<'g> Lowerer<'g> {
     /// `x` as a strided view of a buffer: the view chain is folded when it is affine over its
     /// base (which is realized if needed); otherwise `x` is copied into a contiguous buffer.
     fn strided(&mut self, x: NodeId) -> Result<StridedOperand> {
-        let shape = &self.meta(x).shape;
-        let syms: Vec<Expr> = vars(shape, |i, n| Expr::index(&format!("s{i}"), n.const_value().unwrap()));
+        let shape = self.shape(x);
+        let syms = view_vars(shape);
         let (base, bidx) = self.resolve(x, &syms);
-        let found = affine(flat(&bidx, &self.meta(base).shape), &syms);
+        let found = affine(flat(&bidx, self.shape(base)), &syms);
         let (buffer, offset, strides) = match found {
             Some((offset, strides)) if !self.degenerate(base) => (self.realize(base)?, offset, strides),
-            _ => (self.realize(x)?, 0, contiguous_strides(shape)),
+            _ => (self.realize(x)?, Expr::int(0), self::strides(shape)),
         };
         let r = shape.len();
         Ok(StridedOperand {
@@ -350,7 +392,8 @@ impl<'g> Lowerer<'g> {
 /// dim (so the add's column is the product's column), with no other reader anywhere along the
 /// way and not a graph output; the other operand reads a fixed row, `bias[offset + stride * j]`
 /// for column `j`, whatever the other indices.
-fn bias_epilogues(g: &Graph) -> HashMap<NodeId, (NodeId, NodeId)> {
+fn bias_epilogues(l: &Lowerer) -> HashMap<NodeId, (NodeId, NodeId)> {
+    let g = l.g;
     let mut readers = vec![0usize; g.nodes.len()];
     for n in g.live_nodes() {
         for x in &g.node(n).inputs {
@@ -366,14 +409,14 @@ fn bias_epilogues(g: &Graph) -> HashMap<NodeId, (NodeId, NodeId)> {
         if node.op != Op::Binary(BinaryOp::Add) || node.meta.shape.len() < 2 {
             continue;
         }
-        let last = *node.meta.shape.last().unwrap();
+        let last = *l.shape(n).last().unwrap();
         for (mm_side, bias_side) in [(node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])] {
             let mut m = mm_side;
             while matches!(g.node(m).op, Op::Reshape { .. }) && readers[m.0] == 1 {
                 m = g.node(m).inputs[0];
             }
-            let is_product = g.node(m).op == Op::Bmm && readers[m.0] == 1 && g.meta(m).shape.last() == Some(&last);
-            if is_product && reads_a_row(g, bias_side, &node.meta.shape) && !found.values().any(|&(p, _)| p == m) {
+            let is_product = g.node(m).op == Op::Bmm && readers[m.0] == 1 && l.shape(m).last() == Some(&last);
+            if is_product && reads_a_row(l, bias_side, l.shape(n)) && !found.values().any(|&(p, _)| p == m) {
                 found.insert(n, (m, bias_side));
                 break;
             }
@@ -384,43 +427,57 @@ fn bias_epilogues(g: &Graph) -> HashMap<NodeId, (NodeId, NodeId)> {
 
 /// Whether `x` (of `shape`, through its views) reads `offset + stride * j` for column `j`,
 /// independent of the other indices: a broadcast row.
-fn reads_a_row(g: &Graph, x: NodeId, shape: &[usize]) -> bool {
+fn reads_a_row(l: &Lowerer, x: NodeId, shape: &[Expr]) -> bool {
+    let g = l.g;
     let mut n = x;
     while g.node(n).op.is_view() {
         n = g.node(n).inputs[0];
     }
-    if g.meta(n).rank() != 1 && g.meta(n).numel() != *shape.last().unwrap() {
+    let last = *shape.last().unwrap();
+    if g.meta(n).rank() != 1 && l.shape(n).iter().copied().product::<Expr>() != last {
         return false;
     }
     // Walk the views symbolically, as lowering will.
-    let syms: Vec<Expr> = vars(shape, |i, e| Expr::index(&format!("s{i}"), e.const_value().unwrap()));
+    let syms = view_vars(shape);
     let mut idx = syms.clone();
     let mut m = x;
-    let probe = Lowerer { g, prog: LoopProgram::default(), buf: vec![None; g.nodes.len()], epilogues: HashMap::new() };
     while g.node(m).op.is_view() {
-        (m, idx) = probe.view_step(m, &idx);
+        (m, idx) = l.view_step(m, &idx);
     }
-    match affine(flat(&idx, &g.meta(m).shape), &syms) {
-        Some((_, strides)) => strides[..strides.len() - 1].iter().all(|&s| s == 0),
+    match affine(flat(&idx, l.shape(m)), &syms) {
+        Some((_, strides)) => strides[..strides.len() - 1].iter().all(|&s| s == Expr::int(0)),
         None => false,
     }
 }
 
-/// `e` as `offset + sum(stride_i * syms_i)` with constant, non-negative offset and strides, if
-/// it is one (a dim whose symbol is the constant 0 gets stride 0).
-fn affine(e: Expr, syms: &[Expr]) -> Option<(usize, Vec<usize>)> {
+/// Index variables `t0, t1, ...` over `shape` for finding a view's strides ([`affine`]).
+fn view_vars(shape: &[Expr]) -> Vec<Expr> {
+    vars(shape, |i, n| Expr::index_upto(&format!("t{i}"), *n))
+}
+
+/// `e` as `offset + sum(stride_i * syms_i)` with offset and strides free of `syms` and known
+/// non-negative (constants, or expressions of the size symbols), if it is one (a dim whose
+/// symbol is the constant 0 gets stride 0).
+fn affine(e: Expr, syms: &[Expr]) -> Option<(Expr, Vec<Expr>)> {
     let at = |one: Option<Expr>| {
         e.substitute_with(|s| if Some(s) == one { Some(Expr::int(1)) } else { syms.contains(&s).then(|| Expr::int(0)) })
     };
-    let offset = at(None).const_value()?;
-    let mut strides = Vec::with_capacity(syms.len());
-    let mut rebuilt = Expr::int(offset);
-    for &s in syms {
-        let stride = if s.const_value().is_some() { 0 } else { at(Some(s)).const_value()? - offset };
-        rebuilt = rebuilt + s * stride;
-        strides.push(usize::try_from(stride).ok()?);
+    let free = |x: Expr| x.is_known_nonnegative() && x.free_symbols().iter().all(|s| !syms.contains(s));
+    let offset = at(None);
+    if !free(offset) {
+        return None;
     }
-    (rebuilt == e).then_some((usize::try_from(offset).ok()?, strides))
+    let mut strides = Vec::with_capacity(syms.len());
+    let mut rebuilt = offset;
+    for &s in syms {
+        let stride = if s.const_value().is_some() { Expr::int(0) } else { at(Some(s)) - offset };
+        if !free(stride) {
+            return None;
+        }
+        rebuilt = rebuilt + s * stride;
+        strides.push(stride);
+    }
+    (rebuilt == e).then_some((offset, strides))
 }
 
 /// The error for a `Rand` offset that does not fit the i64 index algebra.

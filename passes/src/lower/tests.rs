@@ -141,7 +141,15 @@ fn linear_is_a_bmm_of_strided_views() {
     let p = lowered_composite(g, &[y]);
     snap("lower_linear", &p);
     let LoopKind::Extern { call: ExternCall::Bmm { a, b, .. }, .. } = &p.nodes[0].kind else { panic!("{p}") };
-    assert_eq!((a.row_stride, a.col_stride, b.row_stride, b.col_stride), (4, 1, 1, 4));
+    assert_eq!(
+        (
+            a.to_usize().unwrap().row_stride,
+            a.to_usize().unwrap().col_stride,
+            b.to_usize().unwrap().row_stride,
+            b.to_usize().unwrap().col_stride
+        ),
+        (4, 1, 1, 4)
+    );
 }
 
 #[test]
@@ -160,6 +168,7 @@ fn bmm_operand_that_is_not_affine_is_copied() {
     let p = lowered(g, &[y]);
     snap("lower_bmm_copy", &p);
     let LoopKind::Extern { call: ExternCall::Bmm { a, b, .. }, .. } = &p.nodes[2].kind else { panic!("{p}") };
+    let (a, b) = (a.to_usize().unwrap(), b.to_usize().unwrap());
     assert_eq!((a.buffer, a.offset, a.row_stride, a.col_stride), (p.nodes[0].output, 0, 4, 1));
     assert_eq!((b.buffer, b.offset, b.row_stride, b.col_stride), (p.nodes[1].output, 1, 5, 2));
 }

@@ -2,7 +2,6 @@
 //! operand, so a chain of views folds into one symbolic index expression of the base buffer.
 
 use super::Lowerer;
-use coil_ir::graph::numel;
 use coil_ir::sym::Expr;
 use coil_ir::{NodeId, Op};
 
@@ -29,7 +28,7 @@ impl Lowerer<'_> {
     pub(crate) fn view_step(&self, n: NodeId, idx: &[Expr]) -> (NodeId, Vec<Expr>) {
         let node = self.g.node(n);
         let x = node.inputs[0];
-        let xs = &self.g.meta(x).shape;
+        let xs = self.shape(x);
         let out = match &node.op {
             Op::Permute { perm } => {
                 let mut v = vec![Expr::int(0); idx.len()];
@@ -40,55 +39,57 @@ impl Lowerer<'_> {
             }
             Op::Expand { shape } => {
                 let lead = shape.len() - xs.len();
-                (0..xs.len()).map(|i| if xs[i] == 1 { Expr::int(0) } else { idx[lead + i] }).collect()
+                (0..xs.len()).map(|i| if xs[i] == Expr::int(1) { Expr::int(0) } else { idx[lead + i] }).collect()
             }
-            Op::Slice { dim, start, step, .. } => {
+            Op::Slice { dim, step, .. } => {
                 let mut v = idx.to_vec();
-                v[*dim] = Expr::from(*start) + idx[*dim] * *step;
+                v[*dim] = self.attrs(n)[0] + idx[*dim] * *step;
                 v
             }
-            Op::Reshape { shape } => reshape_index(xs, shape, idx),
+            Op::Reshape { .. } => reshape_index(xs, self.shape(n), &self.g.meta(x).shape, &node.meta.shape, idx),
             op => unreachable!("{op} is not a view"),
         };
         (x, out)
     }
 }
 
-/// The index into a tensor of shape `from` that its reshape to `to` reads at `idx`.
+/// The index into a tensor of shape `from` that its reshape to `to` reads at `idx`. The
+/// shapes are expressions (of the size symbols, if any); `from_n` and `to_n` are the same
+/// shapes as numbers at some binding, which decide how dims group.
 ///
 /// Dims are matched in groups of equal products (size-1 dims aside, their index is 0), and
 /// only within a group is the index linearized and delinearized: a split or merged dim then
 /// reads `x0 // 4` and `x0 % 4`, never a `//`/`%` of the whole flat index that the
 /// simplifier could not see through.
-pub(crate) fn reshape_index(from: &[usize], to: &[usize], idx: &[Expr]) -> Vec<Expr> {
+pub(crate) fn reshape_index(from: &[Expr], to: &[Expr], from_n: &[usize], to_n: &[usize], idx: &[Expr]) -> Vec<Expr> {
     let mut out = vec![Expr::int(0); from.len()];
-    if numel(from) == 0 {
+    if from_n.contains(&0) {
         return out;
     }
-    let ins: Vec<usize> = (0..from.len()).filter(|&d| from[d] != 1).collect();
-    let outs: Vec<usize> = (0..to.len()).filter(|&d| to[d] != 1).collect();
+    let ins: Vec<usize> = (0..from.len()).filter(|&d| from_n[d] != 1).collect();
+    let outs: Vec<usize> = (0..to.len()).filter(|&d| to_n[d] != 1).collect();
     let (mut i, mut o) = (0, 0);
     while i < ins.len() && o < outs.len() {
         let (i0, o0) = (i, o);
-        let (mut pi, mut po) = (from[ins[i]], to[outs[o]]);
+        let (mut pi, mut po) = (from_n[ins[i]], to_n[outs[o]]);
         (i, o) = (i + 1, o + 1);
         while pi != po {
             if pi < po {
-                pi *= from[ins[i]];
+                pi *= from_n[ins[i]];
                 i += 1;
             } else {
-                po *= to[outs[o]];
+                po *= to_n[outs[o]];
                 o += 1;
             }
         }
         let mut linear = Expr::int(0);
         for &d in &outs[o0..o] {
-            linear = linear * Expr::from(to[d]) + idx[d];
+            linear = linear * to[d] + idx[d];
         }
         // Successive divisions, innermost first: each one simplifies on its own.
         for (k, &d) in ins[i0..i].iter().enumerate().rev() {
-            out[d] = if k == 0 { linear } else { linear.modulo(Expr::from(from[d])) };
-            linear = linear.floor_div(Expr::from(from[d]));
+            out[d] = if k == 0 { linear } else { linear.modulo(from[d]) };
+            linear = linear.floor_div(from[d]);
         }
     }
     out

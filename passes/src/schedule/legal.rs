@@ -13,18 +13,14 @@ use indexmap::IndexMap;
 pub(crate) enum Sig {
     /// A library call or fallback: fuses with nothing.
     Extern,
-    /// `numel` independent elements.
-    Pointwise(i64),
+    /// `numel` independent elements (expressions of the size symbols, if any).
+    Pointwise(Expr),
     /// `x` rows of `r` elements each.
-    Reduction(i64, i64),
+    Reduction(Expr, Expr),
 }
 
-fn extent(e: &Expr) -> i64 {
-    e.const_value().expect("static extents")
-}
-
-fn numel(ranges: &[Expr]) -> i64 {
-    ranges.iter().map(extent).product()
+fn numel(ranges: &[Expr]) -> Expr {
+    ranges.iter().copied().product()
 }
 
 impl Sig {
@@ -57,8 +53,8 @@ impl Sig {
     pub(crate) fn of_kernel(k: &FusedKernel) -> Sig {
         match (k.kind, &k.rnumel) {
             (KernelKind::Extern, _) => Sig::Extern,
-            (_, Some(r)) => Sig::Reduction(extent(&k.xnumel), extent(r)),
-            (_, None) => Sig::Pointwise(extent(&k.xnumel)),
+            (_, Some(r)) => Sig::Reduction(k.xnumel, *r),
+            (_, None) => Sig::Pointwise(k.xnumel),
         }
     }
 }
@@ -71,7 +67,7 @@ pub(crate) fn delinearize(index: Expr, shape: &[Expr]) -> Vec<Expr> {
     let mut rest = index;
     let mut out = vec![Expr::int(0); shape.len()];
     for d in (0..shape.len()).rev() {
-        let n = extent(&shape[d]);
+        let n = shape[d];
         out[d] = if d == 0 { rest } else { rest.modulo(n) };
         rest = rest.floor_div(n);
     }
@@ -87,10 +83,6 @@ fn bind(map: &mut IndexMap<Expr, Expr>, vars: &[Expr], values: Vec<Expr>) {
     }
 }
 
-fn shape_of(ranges: &[Expr]) -> Vec<usize> {
-    ranges.iter().map(|e| extent(e) as usize).collect()
-}
-
 /// The substitution taking `node`'s index variables to expressions over the kernel's `xindex`
 /// (and `rindex`), for a kernel of signature `sig` (docs/compiler.md, "Kernel IR"):
 /// a pointwise kernel delinearizes `xindex` over the node's ranges; in a reduction kernel a
@@ -102,22 +94,23 @@ pub(crate) fn index_map(node: &LoopNode, sig: Sig) -> IndexMap<Expr, Expr> {
     let mut map = IndexMap::new();
     let (x, r) = match sig {
         Sig::Extern => return map,
-        Sig::Pointwise(x) => (x, 1),
+        Sig::Pointwise(x) => (x, Expr::int(1)),
         Sig::Reduction(x, r) => (x, r),
     };
-    if x == 0 || r == 0 {
+    let zero = Expr::int(0);
+    if x == zero || r == zero {
         return map;
     }
-    let xi = xindex(&Expr::int(x));
+    let xi = xindex(&x);
     match &node.kind {
-        LoopKind::Pointwise { ranges, .. } if numel(ranges) > 0 => {
-            let linear = if numel(ranges) == x { xi } else { xi * r + rindex(&Expr::int(r)) };
-            bind(&mut map, &vars(&shape_of(ranges), range_var), delinearize(linear, ranges));
+        LoopKind::Pointwise { ranges, .. } if numel(ranges) != zero => {
+            let linear = if numel(ranges) == x { xi } else { xi * r + rindex(&r) };
+            bind(&mut map, &vars(ranges, range_var), delinearize(linear, ranges));
         }
         LoopKind::Reduction { ranges, reduction_ranges, .. } => {
-            bind(&mut map, &vars(&shape_of(ranges), range_var), delinearize(xi, ranges));
-            let ri = rindex(&Expr::int(r));
-            let rv = vars(&shape_of(reduction_ranges), reduction_var);
+            bind(&mut map, &vars(ranges, range_var), delinearize(xi, ranges));
+            let ri = rindex(&r);
+            let rv = vars(reduction_ranges, reduction_var);
             bind(&mut map, &rv, delinearize(ri, reduction_ranges));
         }
         _ => {}
@@ -128,8 +121,7 @@ pub(crate) fn index_map(node: &LoopNode, sig: Sig) -> IndexMap<Expr, Expr> {
 /// The index `node` writes its output at, in kernel space (`map` from [`index_map`]).
 pub(crate) fn write_index(node: &LoopNode, map: &IndexMap<Expr, Expr>) -> Expr {
     let ranges = node.ranges();
-    let shape = shape_of(ranges);
-    flat(&vars(&shape, range_var), &shape).substitute(map)
+    flat(&vars(ranges, range_var), ranges).substitute(map)
 }
 
 /// The index map of a scheduled kernel's member node: how `node` (an index into

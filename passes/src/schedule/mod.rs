@@ -332,14 +332,13 @@ impl<'p> Scheduler<'p> {
             })
             .collect();
         let (kind, xnumel, rnumel) = match sig {
-            Sig::Extern => {
-                (KernelKind::Extern, Expr::from(self.p.buffer(self.p.nodes[nodes[0]].output).meta.numel()), None)
+            Sig::Extern => (KernelKind::Extern, self.p.buffer(self.p.nodes[nodes[0]].output).numel(), None),
+            Sig::Pointwise(n) => (KernelKind::Pointwise, n, None),
+            // A row held in registers needs a static length.
+            Sig::Reduction(x, r) if r.const_value().is_some_and(|r| r <= self.options.persistent_max_rnumel) => {
+                (KernelKind::PersistentReduction, x, Some(r))
             }
-            Sig::Pointwise(n) => (KernelKind::Pointwise, Expr::int(n), None),
-            Sig::Reduction(x, r) if r <= self.options.persistent_max_rnumel => {
-                (KernelKind::PersistentReduction, Expr::int(x), Some(Expr::int(r)))
-            }
-            Sig::Reduction(x, r) => (KernelKind::LoopedReduction, Expr::int(x), Some(Expr::int(r))),
+            Sig::Reduction(x, r) => (KernelKind::LoopedReduction, x, Some(r)),
         };
         let name = match &self.p.nodes[nodes[0]].kind {
             LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => format!("ext_bmm_{index}"),

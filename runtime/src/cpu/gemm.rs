@@ -8,32 +8,42 @@
 //!   interpreter on a one-node graph (operands gathered to contiguous buffers first).
 
 use crate::{interpret, Buffer, HostData};
-use coil_ir::loops::{BiasOperand, ExternCall, StridedOperand};
+use coil_ir::loops::{const_usize, BiasOperand, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Graph, Op, Result, TensorMeta};
 use gemm::Parallelism;
 use half::{bf16, f16};
 
-/// The shape of a batched product: the fields of [`ExternCall::Bmm`].
-#[derive(Clone, Copy, Debug)]
-pub struct BmmSpec<'a> {
-    pub a: &'a StridedOperand,
-    pub b: &'a StridedOperand,
+/// The shape of a batched product: the fields of [`ExternCall::Bmm`] at one run's sizes.
+#[derive(Clone, Debug)]
+pub struct BmmSpec {
+    pub a: StridedOperand<usize>,
+    pub b: StridedOperand<usize>,
     /// Batch dims of the output (`out` is `[*batch, m, n]`, contiguous).
-    pub batch: &'a [usize],
+    pub batch: Vec<usize>,
     pub m: usize,
     pub n: usize,
     pub k: usize,
     /// A row added to every output row (the epilogue of `linear`).
-    pub bias: Option<&'a BiasOperand>,
+    pub bias: Option<BiasOperand<usize>>,
 }
 
-impl<'a> BmmSpec<'a> {
-    /// The spec of a `Bmm` call; `None` for other extern calls.
-    pub fn from_call(call: &'a ExternCall) -> Option<BmmSpec<'a>> {
+impl BmmSpec {
+    /// The spec of a `Bmm` call of an instantiated program (constant sizes); `None` for other
+    /// extern calls or symbolic sizes.
+    pub fn from_call(call: &ExternCall) -> Option<BmmSpec> {
         match call {
-            ExternCall::Bmm { a, b, bias, batch, m, n, k } => {
-                Some(BmmSpec { a, b, batch, m: *m, n: *n, k: *k, bias: bias.as_ref() })
-            }
+            ExternCall::Bmm { a, b, bias, batch, m, n, k } => Some(BmmSpec {
+                a: a.to_usize()?,
+                b: b.to_usize()?,
+                batch: batch.iter().map(const_usize).collect::<Option<_>>()?,
+                m: const_usize(m)?,
+                n: const_usize(n)?,
+                k: const_usize(k)?,
+                bias: match bias {
+                    Some(bias) => Some(bias.to_usize()?),
+                    None => None,
+                },
+            }),
             ExternCall::Fallback { .. } => None,
         }
     }
@@ -47,9 +57,10 @@ impl<'a> BmmSpec<'a> {
         let mut out = Vec::with_capacity(self.batch_count());
         let mut idx = vec![0usize; self.batch.len()];
         for _ in 0..self.batch_count() {
-            let off =
-                |op: &StridedOperand| op.offset + idx.iter().zip(&op.batch_strides).map(|(i, s)| i * s).sum::<usize>();
-            out.push((off(self.a), off(self.b)));
+            let off = |op: &StridedOperand<usize>| {
+                op.offset + idx.iter().zip(&op.batch_strides).map(|(i, s)| i * s).sum::<usize>()
+            };
+            out.push((off(&self.a), off(&self.b)));
             // Odometer increment, last dim fastest.
             for d in (0..idx.len()).rev() {
                 idx[d] += 1;
@@ -80,7 +91,7 @@ impl<'a> BmmSpec<'a> {
         if out_len == 0 {
             return Ok(());
         }
-        if let Some(bias) = self.bias {
+        if let Some(bias) = &self.bias {
             let last = bias.offset + (self.n - 1) * bias.stride;
             if last >= bias_len {
                 return bad(format!("bias view reaches element {last} of {bias_len}"));
@@ -89,13 +100,13 @@ impl<'a> BmmSpec<'a> {
         if self.k == 0 {
             return Ok(());
         }
-        let last = |op: &StridedOperand, rows: usize, cols: usize| {
+        let last = |op: &StridedOperand<usize>, rows: usize, cols: usize| {
             op.offset
                 + self.batch.iter().zip(&op.batch_strides).map(|(n, s)| (n - 1) * s).sum::<usize>()
                 + (rows - 1) * op.row_stride
                 + (cols - 1) * op.col_stride
         };
-        let (la, lb) = (last(self.a, self.m, self.k), last(self.b, self.k, self.n));
+        let (la, lb) = (last(&self.a, self.m, self.k), last(&self.b, self.k, self.n));
         if la >= a_len || lb >= b_len {
             return bad(format!("operand view reaches element {la} of {a_len} / {lb} of {b_len}"));
         }
@@ -235,9 +246,10 @@ fn integer_bmm(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8]) -> Result<HostD
     let (a, b) = (HostData::from_bytes(dtype, a)?.to_i64_vec(), HostData::from_bytes(dtype, b)?.to_i64_vec());
     let (mut ca, mut cb) = (Vec::new(), Vec::new());
     for (ao, bo) in spec.batch_offsets() {
-        let at = |op: &StridedOperand, base: usize, i: usize, j: usize| base + i * op.row_stride + j * op.col_stride;
-        ca.extend((0..m).flat_map(|i| (0..k).map(move |j| (i, j))).map(|(i, j)| a[at(spec.a, ao, i, j)]));
-        cb.extend((0..k).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| b[at(spec.b, bo, i, j)]));
+        let at =
+            |op: &StridedOperand<usize>, base: usize, i: usize, j: usize| base + i * op.row_stride + j * op.col_stride;
+        ca.extend((0..m).flat_map(|i| (0..k).map(move |j| (i, j))).map(|(i, j)| a[at(&spec.a, ao, i, j)]));
+        cb.extend((0..k).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| b[at(&spec.b, bo, i, j)]));
     }
     let dims = |r: usize, c: usize| spec.batch.iter().copied().chain([r, c]).collect::<Vec<_>>();
     let a_buf = Buffer::new(dims(m, k), HostData::from_i64_slice(dtype, &ca))?;

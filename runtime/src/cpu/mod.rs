@@ -4,10 +4,13 @@
 //! shared object built from the C translation unit the code generator emitted for it (compiled
 //! and cached by [`compiler`], loaded by [`module`]). Running it:
 //!
-//! 1. checks the inputs against the program's input metas;
+//! 1. checks the inputs against the program's inputs and, when the program has size symbols
+//!    (dynamic shapes), binds them from the input shapes and takes the program at those sizes
+//!    (made once per set of sizes, then cached: `plan::Instances`);
 //! 2. allocates the outputs, and one allocation per [`MemoryPlan`](coil_ir::kernel::MemoryPlan)
-//!    slot for the temporaries (buffers whose lives do not overlap share a slot);
-//! 3. launches the kernels in schedule order: generated kernels through their C entry point,
+//!    slot for the temporaries (buffers whose lives do not overlap share a slot), at those sizes;
+//! 3. launches the kernels in schedule order: generated kernels through their C entry point
+//!    (with the values of the size symbols they read: one compiled kernel serves every size),
 //!    `Bmm` through [`gemm`], fallback ops through the reference interpreter;
 //! 4. returns the outputs in `program.outputs` order.
 //!
@@ -19,11 +22,13 @@ pub mod gemm;
 pub mod module;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_dynamic;
 
 pub use compiler::{c_compiler, default_cache_dir, CCompiler, CompiledObject};
 pub use module::{Kernel, KernelLibrary};
 
-use crate::plan::{check_launches, check_status, CheckedLaunches, Storage};
+use crate::plan::{check_status, Instance, Instances, Step, Storage};
 use crate::{interpret, Buffer, HostData};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
@@ -35,22 +40,15 @@ use std::path::{Path, PathBuf};
 pub struct CompiledGraph {
     program: LoopProgram,
     schedule: Schedule,
-    steps: Vec<Step>,
-    /// Where each buffer of the program lives during a run.
-    storage: Vec<Storage>,
-    /// Bytes of each storage slot: the memory plan's, then one per temporary it left out.
-    slot_bytes: Vec<usize>,
+    /// One per schedule kernel: the tile kernel it was generated from (`None`: extern).
+    tiles: Vec<Option<TileKernel>>,
+    /// One per schedule kernel: the loaded kernel and the buffer of each argument, in argument
+    /// order (`None`: extern).
+    kernels: Vec<Option<(Kernel, Vec<BufferId>)>>,
+    /// The launches, and the program at each run's sizes.
+    instances: Instances,
     /// The compiled kernels; `None` when every kernel is extern (nothing to compile).
     object: Option<CompiledObject>,
-}
-
-/// One launch.
-#[derive(Debug)]
-enum Step {
-    /// A generated kernel and the buffer of each argument, in argument order.
-    Generated { kernel: Kernel, args: Vec<BufferId> },
-    /// An extern node (`Bmm` or a fallback op), by index in `program.nodes`.
-    Extern { node: usize },
 }
 
 impl CompiledGraph {
@@ -76,8 +74,7 @@ impl CompiledGraph {
         cache_dir: &Path,
     ) -> Result<CompiledGraph> {
         let bad = |msg: String| Error::runtime(format!("inconsistent compiled graph: {msg}"));
-        let CheckedLaunches { steps: plan, storage, slot_bytes } =
-            check_launches(&program, &schedule, &kernels).map_err(bad)?;
+        let instances = Instances::new(&program, &schedule, &kernels).map_err(bad)?;
 
         let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
         let (library, object) = if names.is_empty() {
@@ -89,20 +86,18 @@ impl CompiledGraph {
             let (lib, object) = module::load_or_build(compiler, c_source, cache_dir, &names)?;
             (Some(lib), Some(object))
         };
-        let steps = plan
-            .into_iter()
-            .map(|p| match p {
-                Ok(tile) => Ok(Step::Generated {
-                    kernel: library.as_ref().expect("compiled when any kernel is generated").kernel(&tile.name)?,
-                    args: tile.args.iter().map(|a| a.buffer).collect(),
-                }),
-                Err(node) => Ok(Step::Extern { node }),
+        let loaded = kernels
+            .iter()
+            .map(|tile| {
+                let Some(tile) = tile else { return Ok(None) };
+                let kernel = library.as_ref().expect("compiled when any kernel is generated").kernel(&tile.name)?;
+                Ok(Some((kernel, tile.args.iter().map(|a| a.buffer).collect())))
             })
-            .collect::<Result<Vec<Step>>>()?;
-        Ok(CompiledGraph { program, schedule, steps, storage, slot_bytes, object })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CompiledGraph { program, schedule, tiles: kernels, kernels: loaded, instances, object })
     }
 
-    /// The program it runs.
+    /// The program it runs (with its size symbols, if any).
     pub fn program(&self) -> &LoopProgram {
         &self.program
     }
@@ -132,47 +127,51 @@ impl CompiledGraph {
         self.object.as_ref().map(|o| o.source_path.clone())
     }
 
-    /// Runs the graph on `inputs` (matching the program's input metas) and returns the outputs
-    /// in `program.outputs` order. Data errors a kernel detects (an index out of bounds, an
-    /// integer division by zero, ...) are errors naming the kernel.
+    /// Runs the graph on `inputs` (matching the program's inputs: any sizes for which its size
+    /// symbols bind, at least 2 each) and returns the outputs in `program.outputs` order, at the
+    /// inputs' sizes. Data errors a kernel detects (an index out of bounds, an integer division
+    /// by zero, ...) are errors naming the kernel.
     pub fn run(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
-        self.check_inputs(inputs)?;
-        let p = &self.program;
+        let inst = self.check_inputs(inputs)?;
+        let p = &inst.program;
         let mut outputs: Vec<Option<HostData>> = (0..p.buffers.len())
             .map(|i| {
-                (self.storage[i] == Storage::Output)
+                (inst.storage[i] == Storage::Output)
                     .then(|| HostData::zeros(p.buffers[i].meta.dtype, p.buffers[i].meta.numel()))
             })
             .collect();
         // u64 words: every dtype's alignment divides 8.
-        let mut slots: Vec<Vec<u64>> = self.slot_bytes.iter().map(|&b| vec![0u64; b.div_ceil(8)]).collect();
+        let mut slots: Vec<Vec<u64>> = inst.slot_bytes.iter().map(|&b| vec![0u64; b.div_ceil(8)]).collect();
         // The pointers are taken once, after every allocation: nothing reallocates while they
         // are in use. Inputs are only ever read through theirs (checked in `new_in`).
         let ptrs: Vec<*mut u8> = (0..p.buffers.len())
-            .map(|i| match self.storage[i] {
+            .map(|i| match inst.storage[i] {
                 Storage::Input(k) => inputs[k].data.as_ptr() as *mut u8,
                 Storage::Output => outputs[i].as_mut().expect("allocated above").as_mut_ptr(),
                 Storage::Slot(s) => slots[s].as_mut_ptr() as *mut u8,
                 Storage::Unused => std::ptr::null_mut(),
             })
             .collect();
-        for step in &self.steps {
+        for &step in &self.instances.steps {
             match step {
-                Step::Generated { kernel, args } => {
-                    let args: Vec<*mut u8> = args.iter().map(|b| ptrs[b.0]).collect();
+                Step::Kernel(i) => {
+                    let (kernel, buffers) = self.kernels[i].as_ref().expect("a generated kernel");
+                    // The buffers, then the values of the sizes the kernel reads (module docs).
+                    let mut args: Vec<*mut u8> = buffers.iter().map(|b| ptrs[b.0]).collect();
+                    args.push(inst.kernel_sizes[i].as_ptr() as *mut u8);
                     let mut status = [0i64; 4];
                     // SAFETY: each pointer addresses a live allocation of at least the buffer's
-                    // size and dtype, as the kernel was generated for.
+                    // size and dtype at this run's sizes, which the kernel is given.
                     unsafe { kernel.call(&args, &mut status) };
                     check_status(kernel.name(), &status)?;
                 }
-                Step::Extern { node } => self.run_extern(*node, &ptrs, inputs)?,
+                Step::Extern(node) => self.run_extern(&inst, node, &ptrs, inputs)?,
             }
         }
         drop(slots);
         let mut result: Vec<Buffer> = Vec::with_capacity(p.outputs.len());
         for (k, &o) in p.outputs.iter().enumerate() {
-            let buf = match self.storage[o.0] {
+            let buf = match inst.storage[o.0] {
                 Storage::Input(i) => inputs[i].clone(),
                 _ => match outputs[o.0].take() {
                     Some(data) => Buffer::new(p.buffer(o).meta.shape.clone(), data)?,
@@ -187,7 +186,8 @@ impl CompiledGraph {
         Ok(result)
     }
 
-    fn check_inputs(&self, inputs: &[&Buffer]) -> Result<()> {
+    /// Checks the inputs and returns the instance at their sizes.
+    fn check_inputs(&self, inputs: &[&Buffer]) -> Result<std::sync::Arc<Instance>> {
         let p = &self.program;
         if inputs.len() != p.inputs.len() {
             return Err(Error::value(format!(
@@ -196,25 +196,25 @@ impl CompiledGraph {
                 inputs.len()
             )));
         }
-        for (k, (id, buf)) in p.inputs.iter().zip(inputs).enumerate() {
-            let want = &p.buffer(*id).meta;
-            if buf.shape != want.shape || buf.numel() != want.numel() {
-                return Err(Error::shape(format!(
-                    "input {k}: expected {want}, got {} ({} elements)",
-                    buf.meta(),
-                    buf.numel()
-                )));
-            }
-            if buf.dtype() != want.dtype {
-                return Err(Error::dtype(format!("input {k}: expected {want}, got {}", buf.meta())));
+        for (k, buf) in inputs.iter().enumerate() {
+            if buf.numel() != buf.shape.iter().product::<usize>() {
+                return Err(Error::shape(format!("input {k}: {} elements for shape {:?}", buf.numel(), buf.shape)));
             }
         }
-        Ok(())
+        let shapes: Vec<&[usize]> = inputs.iter().map(|b| b.shape.as_slice()).collect();
+        let inst = self.instances.get(p, &self.schedule, &self.tiles, &shapes)?;
+        for (k, (id, buf)) in p.inputs.iter().zip(inputs).enumerate() {
+            let want = p.buffer(*id);
+            if buf.dtype() != want.meta.dtype {
+                return Err(Error::dtype(format!("input {k}: expected {}, got {}", want.type_text(), buf.meta())));
+            }
+        }
+        Ok(inst)
     }
 
     /// Runs one extern node on the run's memory.
-    fn run_extern(&self, node: usize, ptrs: &[*mut u8], inputs: &[&Buffer]) -> Result<()> {
-        let p = &self.program;
+    fn run_extern(&self, inst: &Instance, node: usize, ptrs: &[*mut u8], inputs: &[&Buffer]) -> Result<()> {
+        let p = &inst.program;
         let LoopKind::Extern { call, inputs: operands } = &p.nodes[node].kind else {
             unreachable!("checked in new_in")
         };
@@ -226,7 +226,7 @@ impl CompiledGraph {
         let view = |b: BufferId| unsafe { std::slice::from_raw_parts(ptrs[b.0] as *const u8, bytes(b)) };
         match call {
             ExternCall::Bmm { a, b, bias, .. } => {
-                let spec = gemm::BmmSpec::from_call(call).expect("a bmm call");
+                let spec = gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map_or(&[][..], |bias| view(bias.buffer));
                 gemm::bmm_bytes(&spec, p.buffer(out_id).meta.dtype, view(a.buffer), view(b.buffer), bias, out)
             }
@@ -236,7 +236,7 @@ impl CompiledGraph {
                 let mut owned = Vec::new();
                 for &b in operands {
                     ids.push(g.input(p.buffer(b).meta.clone()));
-                    if !matches!(self.storage[b.0], Storage::Input(_)) {
+                    if !matches!(inst.storage[b.0], Storage::Input(_)) {
                         let meta = &p.buffer(b).meta;
                         owned.push((b, Buffer::new(meta.shape.clone(), HostData::from_bytes(meta.dtype, view(b))?)?));
                     }
@@ -245,7 +245,7 @@ impl CompiledGraph {
                 g.outputs.push(y);
                 let args: Vec<&Buffer> = operands
                     .iter()
-                    .map(|b| match self.storage[b.0] {
+                    .map(|b| match inst.storage[b.0] {
                         Storage::Input(k) => inputs[k],
                         _ => &owned.iter().find(|(x, _)| x == b).expect("copied above").1,
                     })

@@ -1,7 +1,9 @@
 //! Loading compiled kernels: a shared object opened with `libloading`, and its kernel functions.
 //!
 //! Every generated kernel has the C signature `void NAME(char *const *args, int64_t *status)`
-//! (see `docs/compiler.md`). A [`Kernel`] holds its function pointer together with a reference
+//! (see `docs/compiler.md`): `args` holds the buffer pointers, then a pointer to the `int64_t`
+//! values of the size symbols the kernel reads (`TileKernel::sizes`; never read by a kernel
+//! without any, so the runtime always passes it). A [`Kernel`] holds its function pointer together with a reference
 //! count on the [`libloading::Library`], so the code stays mapped for as long as any kernel of
 //! it can still be called.
 //!
@@ -17,8 +19,9 @@ use std::ffi::c_char;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// The C ABI of a generated kernel: the argument pointers, in `TileKernel::args` order, and a
-/// zeroed `int64_t[4]` status the kernel fills on a data error.
+/// The C ABI of a generated kernel: the argument pointers, in `TileKernel::args` order followed
+/// by a pointer to the `TileKernel::sizes` values (`int64_t`), and a zeroed `int64_t[4]` status
+/// the kernel fills on a data error.
 pub type KernelFn = unsafe extern "C" fn(args: *const *mut c_char, status: *mut i64);
 
 /// An opened shared object of kernels.
@@ -80,7 +83,8 @@ impl Kernel {
     ///
     /// # Safety
     /// `args` must point to live buffers of the sizes and dtypes the kernel was generated for,
-    /// the written ones not aliased by anything else in use.
+    /// the written ones not aliased by anything else in use, followed (for a kernel that reads
+    /// size symbols) by a pointer to their values, which the buffer sizes must agree with.
     pub unsafe fn call(&self, args: &[*mut u8], status: &mut [i64; 4]) {
         (self.func)(args.as_ptr() as *const *mut c_char, status.as_mut_ptr())
     }

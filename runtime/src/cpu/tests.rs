@@ -12,10 +12,10 @@ use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, ErrorKind, Op, TensorMeta};
 
 /// A fresh directory, removed when dropped.
-struct TempDir(PathBuf);
+pub(super) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    fn new(name: &str) -> TempDir {
+    pub(super) fn new(name: &str) -> TempDir {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let dir = std::env::temp_dir().join(format!("coil-test-{name}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -30,7 +30,7 @@ impl Drop for TempDir {
 }
 
 /// The system compiler, or `None` (the test then checks nothing: there is nothing to compile).
-fn cc() -> Option<&'static CCompiler> {
+pub(super) fn cc() -> Option<&'static CCompiler> {
     let c = c_compiler();
     if c.is_none() {
         eprintln!("no C compiler: skipping");
@@ -39,7 +39,7 @@ fn cc() -> Option<&'static CCompiler> {
 }
 
 /// Deterministic pseudo-random values in [-1, 1) (xorshift64*).
-fn randoms(seed: u64, n: usize) -> Vec<f64> {
+pub(super) fn randoms(seed: u64, n: usize) -> Vec<f64> {
     let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
     (0..n)
         .map(|_| {
@@ -73,6 +73,7 @@ void poi_fused_add_0(char *const *args, int64_t *status) {
 fn add_graph(dir: &Path) -> Result<CompiledGraph> {
     let f = DType::F32;
     let program = LoopProgram {
+        symbols: vec![],
         buffers: vec![buffer("arg0", &[1000], f), buffer("arg1", &[1000], f), buffer("buf2", &[1000], f)],
         inputs: vec![BufferId(0), BufferId(1)],
         outputs: vec![BufferId(2), BufferId(0), BufferId(2)],
@@ -209,6 +210,7 @@ void poi_fused_index_select_0(char *const *args, int64_t *status) {
 }
 "#;
     let program = LoopProgram {
+        symbols: vec![],
         buffers: vec![
             buffer("arg0", &[5], DType::F32),
             buffer("arg1", &[3], DType::I64),
@@ -257,6 +259,7 @@ void poi_fused_add_1(char *const *args, int64_t *status) {
         kind: LoopKind::Extern { call: ExternCall::Fallback { op: Op::Cumsum { dim: 1 } }, inputs: vec![BufferId(1)] },
     };
     let program = LoopProgram {
+        symbols: vec![],
         buffers: vec![
             buffer("arg0", &[3, 4], d),
             buffer("buf1", &[3, 4], d),
@@ -312,10 +315,21 @@ fn reference_bmm(a: &Buffer, b: &Buffer, (m, n, k): (usize, usize, usize)) -> Bu
 
 /// The same product as [`reference_bmm`], as strided operands: `a` transposed by a stride swap,
 /// `b` with batch stride 0.
-fn strided_spec(m: usize, n: usize, k: usize) -> (StridedOperand, StridedOperand) {
+fn strided_spec(m: usize, n: usize, k: usize) -> (StridedOperand<usize>, StridedOperand<usize>) {
     let a = StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![k * m], row_stride: 1, col_stride: m };
     let b = StridedOperand { buffer: BufferId(1), offset: 0, batch_strides: vec![0], row_stride: n, col_stride: 1 };
     (a, b)
+}
+
+/// A strided operand of the loop IR (constant expressions).
+fn to_expr(op: StridedOperand<usize>) -> StridedOperand {
+    StridedOperand {
+        buffer: op.buffer,
+        offset: Expr::from(op.offset),
+        batch_strides: op.batch_strides.iter().map(|&s| Expr::from(s)).collect(),
+        row_stride: Expr::from(op.row_stride),
+        col_stride: Expr::from(op.col_stride),
+    }
 }
 
 #[test]
@@ -323,7 +337,7 @@ fn gemm_matches_the_interpreter_with_strides_and_broadcast_batch() {
     // Big enough to take gemm's blocked (and, for the largest, parallel) paths.
     for (m, n, k) in [(3, 5, 4), (33, 17, 65), (70, 80, 90)] {
         let (sa, sb) = strided_spec(m, n, k);
-        let spec = BmmSpec { a: &sa, b: &sb, batch: &[2], m, n, k, bias: None };
+        let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias: None };
         for (dtype, tol) in
             [(DType::F32, 1e-5), (DType::F64, 1e-12), (DType::BF16, 1e-2), (DType::F16, 2e-3), (DType::I32, 0.0)]
         {
@@ -351,7 +365,7 @@ fn gemm_matches_the_interpreter_with_strides_and_broadcast_batch() {
 fn gemm_rejects_views_outside_the_buffer() {
     let (mut sa, sb) = strided_spec(3, 5, 4);
     sa.offset = 1;
-    let spec = BmmSpec { a: &sa, b: &sb, batch: &[2], m: 3, n: 5, k: 4, bias: None };
+    let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m: 3, n: 5, k: 4, bias: None };
     let a = Buffer::from_vec(vec![0f32; 24], vec![2, 4, 3]);
     let b = Buffer::from_vec(vec![0f32; 20], vec![4, 5]);
     assert_eq!(bmm(&spec, &a, &b).unwrap_err().kind, ErrorKind::Runtime);
@@ -368,7 +382,15 @@ fn extern_only_graph_runs_without_compiling() {
         output: BufferId(2),
         origins: vec!["bmm"],
         kind: LoopKind::Extern {
-            call: ExternCall::Bmm { a: sa, b: sb, bias: None, batch: vec![2], m, n, k },
+            call: ExternCall::Bmm {
+                a: to_expr(sa),
+                b: to_expr(sb),
+                bias: None,
+                batch: vec![Expr::int(2)],
+                m: Expr::from(m),
+                n: Expr::from(n),
+                k: Expr::from(k),
+            },
             inputs: vec![BufferId(0), BufferId(1)],
         },
     };
@@ -378,6 +400,7 @@ fn extern_only_graph_runs_without_compiling() {
         kind: LoopKind::Extern { call: ExternCall::Fallback { op: Op::Cumsum { dim: 2 } }, inputs: vec![BufferId(2)] },
     };
     let program = LoopProgram {
+        symbols: vec![],
         buffers: vec![
             buffer("arg0", &[2, k, m], f),
             buffer("arg1", &[k, n], f),
@@ -412,6 +435,7 @@ fn extern_only_graph_runs_without_compiling() {
 fn inconsistent_pieces_are_rejected() {
     let dir = TempDir::new("inconsistent");
     let program = LoopProgram {
+        symbols: vec![],
         buffers: vec![buffer("arg0", &[4], DType::F32)],
         inputs: vec![BufferId(0)],
         outputs: vec![BufferId(0)],

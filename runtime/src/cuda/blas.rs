@@ -190,7 +190,7 @@ fn check(spec: &BmmSpec, a_len: usize, b_len: usize, bias_len: usize, out_len: u
     if spec.k == 0 {
         return Ok(());
     }
-    let (la, lb) = (last(spec.a, spec.batch, spec.m, spec.k), last(spec.b, spec.batch, spec.k, spec.n));
+    let (la, lb) = (last(&spec.a, &spec.batch, spec.m, spec.k), last(&spec.b, &spec.batch, spec.k, spec.n));
     if la >= a_len || lb >= b_len {
         return bad(format!("operand view reaches element {la} of {a_len} / {lb} of {b_len}"));
     }
@@ -198,7 +198,7 @@ fn check(spec: &BmmSpec, a_len: usize, b_len: usize, bias_len: usize, out_len: u
 }
 
 /// The last element a (non-empty) view reaches.
-fn last(op: &StridedOperand, batch: &[usize], rows: usize, cols: usize) -> usize {
+fn last(op: &StridedOperand<usize>, batch: &[usize], rows: usize, cols: usize) -> usize {
     op.offset
         + batch.iter().zip(&op.batch_strides).map(|(n, s)| (n - 1) * s).sum::<usize>()
         + (rows - 1) * op.row_stride
@@ -222,7 +222,7 @@ struct LtView {
 }
 
 /// `op` as a cuBLASLt view, or `None` when it needs a gather first.
-fn lt_view(op: &StridedOperand, batch: &[usize], rows: usize, cols: usize) -> Option<LtView> {
+fn lt_view(op: &StridedOperand<usize>, batch: &[usize], rows: usize, cols: usize) -> Option<LtView> {
     let (rs, cs) = (op.row_stride, op.col_stride);
     // Batch dims: drop size-1 dims, then they must collapse into one stride.
     let dims: Vec<(usize, usize)> =
@@ -345,23 +345,24 @@ fn lt_matmul(
     let count: usize = spec.batch.iter().product();
     let mut temps: Vec<DeviceMemory> = Vec::new();
     // Each operand as (address of batch 0, view), gathered when needed.
-    let mut prepare = |op: &StridedOperand, buf: DevOperand, rows: usize, cols: usize| -> Result<(u64, LtView)> {
-        if !gather_all {
-            if let Some(v) = lt_view(op, spec.batch, rows, cols) {
-                return Ok((buf.ptr + (v.offset * size) as u64, v));
+    let mut prepare =
+        |op: &StridedOperand<usize>, buf: DevOperand, rows: usize, cols: usize| -> Result<(u64, LtView)> {
+            if !gather_all {
+                if let Some(v) = lt_view(op, &spec.batch, rows, cols) {
+                    return Ok((buf.ptr + (v.offset * size) as u64, v));
+                }
             }
-        }
-        let tmp = DeviceMemory::alloc(dev, count * rows * cols * size)?;
-        let sizes: Vec<usize> = spec.batch.iter().copied().chain([rows, cols]).collect();
-        let strides: Vec<usize> = op.batch_strides.iter().copied().chain([op.row_stride, op.col_stride]).collect();
-        // SAFETY: `check` bounded the view inside `buf`; `tmp` is fresh and large enough.
-        unsafe { gather(dev, buf.ptr + (op.offset * size) as u64, tmp.ptr(), size, &sizes, &strides)? };
-        let ptr = tmp.ptr();
-        temps.push(tmp);
-        Ok((ptr, contiguous_view(rows, cols)))
-    };
-    let (pa, va) = prepare(spec.a, a, m, k)?;
-    let (pb, vb) = prepare(spec.b, b, k, n)?;
+            let tmp = DeviceMemory::alloc(dev, count * rows * cols * size)?;
+            let sizes: Vec<usize> = spec.batch.iter().copied().chain([rows, cols]).collect();
+            let strides: Vec<usize> = op.batch_strides.iter().copied().chain([op.row_stride, op.col_stride]).collect();
+            // SAFETY: `check` bounded the view inside `buf`; `tmp` is fresh and large enough.
+            unsafe { gather(dev, buf.ptr + (op.offset * size) as u64, tmp.ptr(), size, &sizes, &strides)? };
+            let ptr = tmp.ptr();
+            temps.push(tmp);
+            Ok((ptr, contiguous_view(rows, cols)))
+        };
+    let (pa, va) = prepare(&spec.a, a, m, k)?;
+    let (pb, vb) = prepare(&spec.b, b, k, n)?;
     // The epilogue wants a contiguous, aligned bias of n elements.
     let bias_ptr = match (spec.bias, bias) {
         (Some(view), Some(buf)) => {
@@ -512,7 +513,7 @@ mod layout_tests {
     use super::*;
     use coil_ir::loops::BufferId;
 
-    fn op(offset: usize, batch_strides: Vec<usize>, row_stride: usize, col_stride: usize) -> StridedOperand {
+    fn op(offset: usize, batch_strides: Vec<usize>, row_stride: usize, col_stride: usize) -> StridedOperand<usize> {
         StridedOperand { buffer: BufferId(0), offset, batch_strides, row_stride, col_stride }
     }
 

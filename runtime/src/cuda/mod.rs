@@ -5,12 +5,18 @@
 //! (`coil_codegen::cuda::emit_cuda`; compiled and cached by [`compiler`]). Running it mirrors
 //! the CPU backend ([`crate::cpu::CompiledGraph`]):
 //!
-//! 1. checks the inputs ([`CudaBuffer`]s on the same device) against the program's input metas;
-//! 2. allocates the outputs, and one allocation per memory-plan slot for the temporaries, from
-//!    the device's caching allocator ([`memory`]);
+//! 1. checks the inputs ([`CudaBuffer`]s on the same device) against the program's inputs and
+//!    takes the program at their sizes (`plan::Instances`: with size symbols, bound from the
+//!    input shapes and instantiated once per set of sizes, then cached; a static program has
+//!    one instance, and a run costs a shape comparison per input);
+//! 2. allocates the outputs, and one allocation per memory-plan slot for the temporaries, at
+//!    the instance's sizes, from the device's caching allocator ([`memory`]);
 //! 3. enqueues the kernels in schedule order on the device's stream: generated kernels with
-//!    their launch shape, `Bmm` through cuBLASLt ([`blas`]), fallback ops by copying their
-//!    operands to the host and running the reference interpreter;
+//!    their launch shape (block fixed at generation; grid fixed too for a constant `xnumel`,
+//!    else [`Launch::grid_for`] of the instance's) and, after the buffer pointers, the values
+//!    of the size symbols each reads ([`TileKernel::sizes`]); `Bmm` through cuBLASLt ([`blas`])
+//!    at the instance's sizes; fallback ops by copying their operands to the host and running
+//!    the reference interpreter;
 //! 4. copies all kernels' status words to the host once, after the graph (each kernel has its
 //!    own 4 words, so the first failing kernel in launch order is named), and returns the
 //!    outputs in `program.outputs` order.
@@ -31,7 +37,7 @@ pub use compiler::{CompiledCubin, LoadedModule};
 pub use device::{cuda_available, cuda_status, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
 
-use crate::plan::{check_launches, check_status, CheckedLaunches, Storage};
+use crate::plan::{self, check_status, Instance, Instances, Storage};
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Launch};
@@ -48,7 +54,8 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelAttributes {
     pub name: String,
-    /// Blocks in the (1-D) grid.
+    /// Blocks in the (1-D) grid; for a kernel of symbolic `xnumel`, at the size symbols' hints
+    /// (each run computes its own).
     pub grid: u32,
     /// Threads per (1-D) block.
     pub block: u32,
@@ -67,9 +74,11 @@ pub struct CudaCompiledGraph {
     device: Arc<CudaDevice>,
     program: LoopProgram,
     schedule: Schedule,
+    /// One per schedule kernel: the tile kernel it was generated from (`None`: extern).
+    tiles: Vec<Option<TileKernel>>,
+    /// The program at each run's sizes.
+    instances: Instances,
     steps: Vec<Step>,
-    storage: Vec<Storage>,
-    slot_bytes: Vec<usize>,
     /// Number of generated kernels (4 status words each).
     generated: usize,
     attributes: Vec<KernelAttributes>,
@@ -87,15 +96,18 @@ unsafe impl Sync for CudaCompiledGraph {}
 /// One launch.
 #[derive(Debug)]
 enum Step {
-    /// A generated kernel: its function, launch shape, the buffer of each argument in order,
-    /// and the index of its status words.
-    Generated { name: String, func: sys::CUfunction, launch: Launch, args: Vec<BufferId>, status: usize },
+    /// A generated kernel: its function, launch shape (`launch.grid` is 0 when each run
+    /// computes it), its index among the schedule's kernels, the buffer of each argument in
+    /// order, and the index of its status words.
+    Generated { name: String, func: sys::CUfunction, launch: Launch, kernel: usize, args: Vec<BufferId>, status: usize },
     /// An extern node (`Bmm` or a fallback op), by index in `program.nodes`.
     Extern { node: usize },
 }
 
 /// A run enqueued on the stream but not yet checked.
 struct Pending {
+    /// The program at the run's sizes.
+    inst: Arc<Instance>,
     outputs: Vec<Option<CudaBuffer>>,
     status: DeviceMemory,
     /// Kept until the status is read (the kernels use them); then back to the cache.
@@ -127,23 +139,26 @@ impl CudaCompiledGraph {
         cache_dir: &Path,
     ) -> Result<CudaCompiledGraph> {
         let bad = |msg: String| Error::runtime(format!("inconsistent CUDA compiled graph: {msg}"));
-        let CheckedLaunches { steps, storage, slot_bytes } =
-            check_launches(&program, &schedule, &kernels).map_err(bad)?;
-        let plan = steps
-            .into_iter()
-            .map(|step| match step {
-                Ok(tile) => {
+        let instances = Instances::new(&program, &schedule, &kernels).map_err(bad)?;
+        let hints = program.hints();
+        let launches = (instances.steps.iter())
+            .map(|&step| match step {
+                plan::Step::Kernel(i) => {
+                    let tile = kernels[i].as_ref().expect("a generated kernel");
                     let launch = module
                         .kernels
                         .iter()
                         .find(|k| k.name == tile.name)
                         .map(|k| k.launch)
                         .ok_or_else(|| bad(format!("the CUDA module has no kernel {}", tile.name)))?;
-                    Ok(Ok((tile, launch)))
+                    if launch.grid == 0 && tile.xnumel.const_value().is_some() {
+                        return Err(bad(format!("{} has a constant xnumel but no grid", tile.name)));
+                    }
+                    Ok(Ok((i, tile, launch)))
                 }
-                Err(node) => Ok(Err(node)),
+                plan::Step::Extern(node) => Ok(Err(node)),
             })
-            .collect::<Result<Vec<std::result::Result<(&TileKernel, Launch), usize>>>>()?;
+            .collect::<Result<Vec<std::result::Result<(usize, &TileKernel, Launch), usize>>>>()?;
 
         let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
         let (loaded, cubin) = if names.is_empty() {
@@ -152,18 +167,22 @@ impl CudaCompiledGraph {
             let (m, c) = compiler::load_or_build(&device, &module.source, &names, cache_dir)?;
             (Some(m), Some(c))
         };
-        let mut steps = Vec::with_capacity(plan.len());
+        let mut steps = Vec::with_capacity(launches.len());
         let mut attributes = Vec::new();
-        for p in plan {
+        for p in launches {
             match p {
-                Ok((tile, launch)) => {
+                Ok((kernel, tile, launch)) => {
                     let m = loaded.as_ref().expect("loaded when any kernel is generated");
                     let func = m.function(&tile.name)?;
                     compiler::allow_dynamic_shared(&device, func, launch.shared_bytes)?;
                     let (registers, static_shared_bytes) = compiler::function_resources(&device, func)?;
+                    let grid = match launch.grid {
+                        0 => launch.grid_for(tile.xnumel.eval(&hints).unwrap_or(0)),
+                        g => g,
+                    };
                     attributes.push(KernelAttributes {
                         name: tile.name.clone(),
-                        grid: launch.grid,
+                        grid,
                         block: launch.block,
                         registers,
                         static_shared_bytes,
@@ -171,7 +190,7 @@ impl CudaCompiledGraph {
                     });
                     let status = attributes.len() - 1;
                     let args = tile.args.iter().map(|a| a.buffer).collect();
-                    steps.push(Step::Generated { name: tile.name.clone(), func, launch, args, status });
+                    steps.push(Step::Generated { name: tile.name.clone(), func, launch, kernel, args, status });
                 }
                 Err(node) => steps.push(Step::Extern { node }),
             }
@@ -181,9 +200,9 @@ impl CudaCompiledGraph {
             device,
             program,
             schedule,
+            tiles: kernels,
+            instances,
             steps,
-            storage,
-            slot_bytes,
             generated,
             attributes,
             module: loaded,
@@ -196,7 +215,7 @@ impl CudaCompiledGraph {
         &self.device
     }
 
-    /// The program it runs.
+    /// The program it runs (with its size symbols, if any).
     pub fn program(&self) -> &LoopProgram {
         &self.program
     }
@@ -231,9 +250,10 @@ impl CudaCompiledGraph {
         &self.attributes
     }
 
-    /// Runs the graph on `inputs` (on this graph's device, matching the program's input metas)
-    /// and returns the outputs in `program.outputs` order. Data errors a kernel detects (an
-    /// index out of bounds, ...) are errors naming the kernel, as on the CPU.
+    /// Runs the graph on `inputs` (on this graph's device, matching the program's inputs: any
+    /// sizes for which its size symbols bind, at least 2 each) and returns the outputs in
+    /// `program.outputs` order, at the inputs' sizes. Data errors a kernel detects (an index out
+    /// of bounds, ...) are errors naming the kernel, as on the CPU.
     pub fn run(&self, inputs: &[&CudaBuffer]) -> Result<Vec<CudaBuffer>> {
         let pending = self.enqueue(inputs)?;
         self.finish(inputs, pending)
@@ -271,7 +291,8 @@ impl CudaCompiledGraph {
         Ok(times)
     }
 
-    fn check_inputs(&self, inputs: &[&CudaBuffer]) -> Result<()> {
+    /// Checks the inputs and returns the program at their sizes.
+    fn check_inputs(&self, inputs: &[&CudaBuffer]) -> Result<Arc<Instance>> {
         let p = &self.program;
         if inputs.len() != p.inputs.len() {
             return Err(Error::value(format!(
@@ -280,13 +301,16 @@ impl CudaCompiledGraph {
                 inputs.len()
             )));
         }
-        for (k, (id, buf)) in p.inputs.iter().zip(inputs).enumerate() {
-            let want = &p.buffer(*id).meta;
-            if buf.meta().shape != want.shape || buf.bytes() < want.nbytes() {
-                return Err(Error::shape(format!("input {k}: expected {want}, got {}", buf.meta())));
-            }
+        let shapes: Vec<&[usize]> = inputs.iter().map(|b| b.meta().shape.as_slice()).collect();
+        let inst = self.instances.get(p, &self.schedule, &self.tiles, &shapes)?;
+        for (k, (id, buf)) in inst.program.inputs.iter().zip(inputs).enumerate() {
+            let want = &inst.program.buffer(*id).meta;
             if buf.dtype() != want.dtype {
-                return Err(Error::dtype(format!("input {k}: expected {want}, got {}", buf.meta())));
+                let text = p.buffer(*id).type_text();
+                return Err(Error::dtype(format!("input {k}: expected {text}, got {}", buf.meta())));
+            }
+            if buf.bytes() < want.nbytes() {
+                return Err(Error::shape(format!("input {k}: {} bytes for {want}", buf.bytes())));
             }
             if buf.device().ordinal() != self.device.ordinal() {
                 return Err(Error::value(format!(
@@ -296,28 +320,28 @@ impl CudaCompiledGraph {
                 )));
             }
         }
-        Ok(())
+        Ok(inst)
     }
 
     /// Allocates and enqueues everything; fallback ops synchronise on the way.
     fn enqueue(&self, inputs: &[&CudaBuffer]) -> Result<Pending> {
-        self.check_inputs(inputs)?;
-        let p = &self.program;
+        let inst = self.check_inputs(inputs)?;
+        let p = &inst.program;
         let dev = &self.device;
         // Outputs are not zeroed: every output is fully written by the kernel that produces it.
         let outputs: Vec<Option<CudaBuffer>> = (0..p.buffers.len())
             .map(|i| {
-                (self.storage[i] == Storage::Output)
+                (inst.storage[i] == Storage::Output)
                     .then(|| CudaBuffer::alloc(dev, p.buffers[i].meta.clone()))
                     .transpose()
             })
             .collect::<Result<_>>()?;
         let slots: Vec<DeviceMemory> =
-            self.slot_bytes.iter().map(|&b| DeviceMemory::alloc(dev, b)).collect::<Result<_>>()?;
+            inst.slot_bytes.iter().map(|&b| DeviceMemory::alloc(dev, b)).collect::<Result<_>>()?;
         let status = DeviceMemory::alloc(dev, self.generated * 32)?;
         status.zero(self.generated * 32)?;
         let ptrs: Vec<u64> = (0..p.buffers.len())
-            .map(|i| match self.storage[i] {
+            .map(|i| match inst.storage[i] {
                 Storage::Input(k) => inputs[k].ptr(),
                 Storage::Output => outputs[i].as_ref().expect("allocated above").ptr(),
                 Storage::Slot(s) => slots[s].ptr(),
@@ -326,22 +350,34 @@ impl CudaCompiledGraph {
             .collect();
         for step in &self.steps {
             match step {
-                Step::Generated { name, func, launch, args, status: s } => {
-                    if launch.grid == 0 || launch.block == 0 {
-                        continue; // nothing to compute (an empty tensor)
+                Step::Generated { name, func, launch, kernel, args, status: s } => {
+                    if launch.block == 0 {
+                        continue; // nothing to compute
                     }
+                    let grid = match launch.grid {
+                        // A symbolic xnumel: the grid of this run's.
+                        0 => {
+                            let xnumel = inst.schedule.kernels[*kernel].xnumel.const_value();
+                            launch.grid_for(xnumel.expect("an instance has constant extents"))
+                        }
+                        g => g,
+                    };
+                    // The buffers' pointers, the sizes' values, then the status pointer: 8 bytes each.
                     let mut values: Vec<u64> = args.iter().map(|b| ptrs[b.0]).collect();
+                    values.extend(inst.kernel_sizes[*kernel].iter().map(|&v| v as u64));
                     values.push(status.ptr() + (*s as u64) * 32);
                     let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
                     dev.bind()?;
-                    // SAFETY: the kernel's ABI is one device pointer per argument then the status
-                    // pointer; each argument's pointer addresses a live allocation of at least
-                    // its buffer's size and dtype (checked in `new_in`), kept alive until the
-                    // status is read; `params` outlives the call (the driver copies it).
+                    // SAFETY: the kernel's ABI is one device pointer per argument, one `int64_t`
+                    // per size symbol it reads (in `TileKernel::sizes` order, their values at this
+                    // run), then the status pointer; each argument's pointer addresses a live
+                    // allocation of at least its buffer's size and dtype at this run's sizes
+                    // (checked by `Instances`), kept alive until the status is read; `params`
+                    // outlives the call (the driver copies it).
                     unsafe {
                         drv::launch_kernel(
                             *func,
-                            (launch.grid, 1, 1),
+                            (grid, 1, 1),
                             (launch.block, 1, 1),
                             launch.shared_bytes,
                             dev.cu_stream(),
@@ -351,7 +387,7 @@ impl CudaCompiledGraph {
                     .map_err(|e| driver_error(&format!("cuLaunchKernel({name})"), e))?;
                 }
                 Step::Extern { node } => {
-                    if let Err(e) = self.run_extern(*node, &ptrs) {
+                    if let Err(e) = self.run_extern(&inst, *node, &ptrs) {
                         // A failing kernel earlier in the graph explains garbage operands best.
                         self.check_status_words(&status)?;
                         return Err(e);
@@ -359,17 +395,17 @@ impl CudaCompiledGraph {
                 }
             }
         }
-        Ok(Pending { outputs, status, _slots: slots })
+        Ok(Pending { inst, outputs, status, _slots: slots })
     }
 
     /// Waits for the run, checks its status words, and collects the outputs.
     fn finish(&self, inputs: &[&CudaBuffer], pending: Pending) -> Result<Vec<CudaBuffer>> {
         self.check_status_words(&pending.status)?;
-        let Pending { mut outputs, .. } = pending;
-        let p = &self.program;
+        let Pending { inst, mut outputs, .. } = pending;
+        let p = &inst.program;
         let mut result: Vec<CudaBuffer> = Vec::with_capacity(p.outputs.len());
         for (k, &o) in p.outputs.iter().enumerate() {
-            let buf = match self.storage[o.0] {
+            let buf = match inst.storage[o.0] {
                 Storage::Input(i) => inputs[i].try_clone()?,
                 _ => match outputs[o.0].take() {
                     Some(buf) => buf,
@@ -398,9 +434,9 @@ impl CudaCompiledGraph {
         Ok(())
     }
 
-    /// Enqueues one extern node on the run's memory.
-    fn run_extern(&self, node: usize, ptrs: &[u64]) -> Result<()> {
-        let p = &self.program;
+    /// Enqueues one extern node on the run's memory, at the run's sizes.
+    fn run_extern(&self, inst: &Instance, node: usize, ptrs: &[u64]) -> Result<()> {
+        let p = &inst.program;
         let LoopKind::Extern { call, inputs: operands } = &p.nodes[node].kind else {
             unreachable!("checked in new_in")
         };
@@ -408,7 +444,7 @@ impl CudaCompiledGraph {
         let operand = |b: BufferId| DevOperand { ptr: ptrs[b.0], bytes: p.buffer(b).meta.nbytes() };
         match call {
             ExternCall::Bmm { a, b, bias, .. } => {
-                let spec = crate::cpu::gemm::BmmSpec::from_call(call).expect("a bmm call");
+                let spec = crate::cpu::gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map(|x| operand(x.buffer));
                 blas::bmm(
                     &self.device,

@@ -15,6 +15,7 @@ use crate::Device;
 use coil_codegen::cuda::CudaKernel;
 use coil_ir::kernel::KernelKind;
 use coil_ir::loops::{BiasOperand, LoopNode, StridedOperand};
+use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, ErrorKind, Op, TensorMeta};
 
 /// A fresh directory, removed when dropped.
@@ -65,6 +66,9 @@ fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
         assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: element {i}: {g} vs {w}");
     }
 }
+
+#[path = "dynamic_tests.rs"]
+mod dynamic;
 
 // ---------------------------------------------------------------- without a GPU
 
@@ -175,7 +179,10 @@ fn the_allocator_reuses_freed_blocks() {
 fn module(source: &str, name: &str, grid: u32) -> CudaModule {
     CudaModule {
         source: source.into(),
-        kernels: vec![CudaKernel { name: name.into(), launch: Launch { grid, block: 256, shared_bytes: 0 } }],
+        kernels: vec![CudaKernel {
+            name: name.into(),
+            launch: Launch { grid, block: 256, shared_bytes: 0, per_block: 256 },
+        }],
     }
 }
 
@@ -191,6 +198,7 @@ extern "C" __global__ void poi_fused_add_0(const float* in_ptr0, const float* in
 fn add_graph(dev: &Arc<CudaDevice>, dir: &Path, source: &str) -> Result<CudaCompiledGraph> {
     let f = DType::F32;
     let program = LoopProgram {
+        symbols: vec![],
         buffers: vec![buffer("arg0", &[1000], f), buffer("arg1", &[1000], f), buffer("buf2", &[1000], f)],
         inputs: vec![BufferId(0), BufferId(1)],
         outputs: vec![BufferId(2), BufferId(0), BufferId(2)],
@@ -277,6 +285,7 @@ extern "C" __global__ void poi_fused_index_select_0(const float* in_ptr0, const 
 }
 "#;
     let program = LoopProgram {
+        symbols: vec![],
         buffers: vec![
             buffer("arg0", &[5], DType::F32),
             buffer("arg1", &[3], DType::I64),
@@ -312,7 +321,7 @@ extern "C" __global__ void poi_fused_index_select_0(const float* in_ptr0, const 
 
 // ---------------------------------------------------------------- matrix products
 
-fn operand(offset: usize, batch_strides: Vec<usize>, row_stride: usize, col_stride: usize) -> StridedOperand {
+fn operand(offset: usize, batch_strides: Vec<usize>, row_stride: usize, col_stride: usize) -> StridedOperand<usize> {
     StridedOperand { buffer: BufferId(0), offset, batch_strides, row_stride, col_stride }
 }
 
@@ -323,11 +332,11 @@ fn check_bmm(
     dtype: DType,
     batch: &[usize],
     (m, n, k): (usize, usize, usize),
-    a: StridedOperand,
+    a: StridedOperand<usize>,
     a_len: usize,
-    b: StridedOperand,
+    b: StridedOperand<usize>,
     b_len: usize,
-    bias: Option<(BiasOperand, usize)>,
+    bias: Option<(BiasOperand<usize>, usize)>,
     what: &str,
 ) {
     let count: usize = batch.iter().product();
@@ -339,7 +348,7 @@ fn check_bmm(
     };
     let (ha, hb) = (bytes_of(1, a_len), bytes_of(2, b_len));
     let hbias = bias.as_ref().map_or(Vec::new(), |(_, len)| bytes_of(3, *len));
-    let spec = BmmSpec { a: &a, b: &b, batch, m, n, k, bias: bias.as_ref().map(|(x, _)| x) };
+    let spec = BmmSpec { a, b, batch: batch.to_vec(), m, n, k, bias: bias.as_ref().map(|(x, _)| *x) };
     let out_bytes = count * m * n * dtype.size_bytes();
     let mut want = vec![0u64; out_bytes.div_ceil(8)];
     let want = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut want)[..out_bytes];
@@ -407,7 +416,7 @@ fn bmm_matches_the_cpu_for_layouts_bias_and_dtypes() {
             2 * m * k,
             contiguous_b.clone(),
             2 * k * n,
-            Some(bias.clone()),
+            Some(bias),
             "bias",
         );
         // a transposed (stored [2, k, m]), b broadcast over the batch (stride 0).
@@ -478,7 +487,7 @@ fn bmm_matches_the_cpu_for_layouts_bias_and_dtypes() {
     let d = DeviceMemory::alloc(&dev, 64).unwrap();
     let op = DevOperand { ptr: d.ptr(), bytes: 64 };
     let (a, b) = (operand(0, vec![], 4, 1), operand(0, vec![], 4, 1));
-    let spec = BmmSpec { a: &a, b: &b, batch: &[], m: 8, n: 4, k: 4, bias: None };
+    let spec = BmmSpec { a, b, batch: vec![], m: 8, n: 4, k: 4, bias: None };
     let out = DeviceMemory::alloc(&dev, 128).unwrap();
     let e = blas::bmm(&dev, &spec, DType::F32, op, op, None, DevOperand { ptr: out.ptr(), bytes: 128 }).unwrap_err();
     assert!(e.message.contains("reaches element"), "{}", e.message);
@@ -491,14 +500,26 @@ fn extern_only_graph_runs_without_compiling() {
     let dir = TempDir::new("extern");
     let (m, n, k) = (4, 3, 5);
     let f = DType::F32;
-    let sa =
-        StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![k * m], row_stride: 1, col_stride: m };
-    let sb = StridedOperand { buffer: BufferId(1), offset: 0, batch_strides: vec![0], row_stride: n, col_stride: 1 };
+    let e = |v: usize| Expr::from(v);
+    let sa = StridedOperand {
+        buffer: BufferId(0),
+        offset: e(0),
+        batch_strides: vec![e(k * m)],
+        row_stride: e(1),
+        col_stride: e(m),
+    };
+    let sb = StridedOperand {
+        buffer: BufferId(1),
+        offset: e(0),
+        batch_strides: vec![e(0)],
+        row_stride: e(n),
+        col_stride: e(1),
+    };
     let bmm_node = LoopNode {
         output: BufferId(2),
         origins: vec!["bmm"],
         kind: LoopKind::Extern {
-            call: ExternCall::Bmm { a: sa, b: sb, bias: None, batch: vec![2], m, n, k },
+            call: ExternCall::Bmm { a: sa, b: sb, bias: None, batch: vec![e(2)], m: e(m), n: e(n), k: e(k) },
             inputs: vec![BufferId(0), BufferId(1)],
         },
     };
@@ -508,6 +529,7 @@ fn extern_only_graph_runs_without_compiling() {
         kind: LoopKind::Extern { call: ExternCall::Fallback { op: Op::Cumsum { dim: 2 } }, inputs: vec![BufferId(2)] },
     };
     let program = LoopProgram {
+        symbols: vec![],
         buffers: vec![
             buffer("arg0", &[2, k, m], f),
             buffer("arg1", &[k, n], f),
