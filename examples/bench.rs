@@ -69,6 +69,9 @@ struct Case {
     /// WORKLOADS.md's min bytes (bandwidth workloads) or flops (matmul workloads); the other is 0.
     bytes: f64,
     flops: f64,
+    /// The inputs whose dim 0 is the batch (`--dynamic` marks it); `None`: input 0 and the
+    /// inputs of rank >= 2 with the same leading size.
+    batched: Option<Vec<usize>>,
 }
 
 /// Builds a workload's case at a scale.
@@ -130,7 +133,7 @@ fn nbytes(numel: usize, d: DType) -> f64 {
 }
 
 fn case(shape: String, inputs: Vec<Tensor>, program: Program, bytes: f64, flops: f64) -> Case {
-    Case { shape, inputs, program, bytes, flops }
+    Case { shape, inputs, program, bytes, flops, batched: None }
 }
 
 // ---- the workloads (torch_suite.py holds the PyTorch definitions) ----
@@ -222,7 +225,8 @@ fn cross_entropy(s: f64) -> Result<Case> {
     let inputs = vec![randn(&[r, v], DType::BF16, 1.0)?, Tensor::from_vec(targets, &[r])?];
     let p: Program =
         |a| Ok(vec![a[0].to_dtype(wide(a[0].dtype()))?.cross_entropy(&a[1], CrossEntropyOptions::default())?]);
-    Ok(case(format!("logits[{r},{v}] bf16"), inputs, p, nbytes(r * v, DType::BF16), 0.0))
+    let c = case(format!("logits[{r},{v}] bf16"), inputs, p, nbytes(r * v, DType::BF16), 0.0);
+    Ok(Case { batched: Some(vec![0, 1]), ..c })
 }
 
 fn mlp(s: f64) -> Result<Case> {
@@ -425,9 +429,8 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     })
 }
 
-/// `--dynamic`: the program compiled again with the leading dim of every input that shares
-/// input 0's leading size marked dynamic (one symbol), timed on the same inputs, and compared
-/// with the static graph's outputs.
+/// `--dynamic`: the program compiled again with dim 0 of its batched inputs marked dynamic
+/// (one symbol), timed on the same inputs, and compared with the static graph's outputs.
 fn run_dynamic(
     c: &Case,
     o: &Opts,
@@ -436,10 +439,12 @@ fn run_dynamic(
     static_out: &[Buffer],
 ) -> Result<DynamicRow> {
     let lead = on_device[0].shape().first().copied();
-    for t in on_device {
-        if t.shape().first().copied() == lead {
-            t.mark_dynamic(0)?;
-        }
+    let batched = c.batched.clone().unwrap_or_else(|| {
+        let same = |t: &Tensor| t.rank() >= 2 && t.shape().first().copied() == lead;
+        (0..on_device.len()).filter(|&i| i == 0 || same(&on_device[i])).collect()
+    });
+    for &i in &batched {
+        on_device[i].mark_dynamic(0)?;
     }
     coil::set_default_device(o.device);
     let outs = (c.program)(on_device);

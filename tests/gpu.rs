@@ -41,6 +41,13 @@ fn compiled_cuda_programs_agree_with_the_interpreter() {
 }
 
 #[test]
+fn dynamic_cuda_programs_agree_with_static_ones_at_every_size() {
+    if let Some(device) = gpu() {
+        differential::check_all_dynamic(device);
+    }
+}
+
+#[test]
 fn cpu_and_cuda_tensors_in_one_op_is_an_error() {
     if let Some(device) = gpu() {
         let x = coil::Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();

@@ -22,6 +22,9 @@ const MIN_ROW: i64 = 1 << 16;
 const MIN_CHUNK: i64 = 1 << 12;
 /// At most this many chunks per row.
 const MAX_SPLITS: i64 = 512;
+/// Chunks per row when the row's length is symbolic (dynamic shapes): the same kernels serve
+/// every length, so the split cannot follow it.
+const SYMBOLIC_SPLITS: i64 = 256;
 
 /// Splits every reduction that has few outputs and long rows. Other nodes are unchanged; buffer
 /// ids stay valid: partial buffers are appended after the existing ones and named after the
@@ -59,17 +62,20 @@ fn split_plan(node: &LoopNode) -> Option<i64> {
         return None;
     }
     let rows: i64 = ranges.iter().map(|e| e.const_value()).product::<Option<i64>>()?;
-    let row: i64 = reduction_ranges.iter().map(|e| e.const_value()).product::<Option<i64>>()?;
-    if rows > MAX_ROWS || row < MIN_ROW {
+    if rows > MAX_ROWS {
         return None;
     }
-    Some((row / MIN_CHUNK).min(MAX_SPLITS))
+    match reduction_ranges.iter().map(|e| e.const_value()).product::<Option<i64>>() {
+        Some(row) if row < MIN_ROW => None,
+        Some(row) => Some((row / MIN_CHUNK).min(MAX_SPLITS)),
+        None => Some(SYMBOLIC_SPLITS),
+    }
 }
 
 fn split(buffers: &mut Vec<LoopBuffer>, program: &LoopProgram, node: &LoopNode, splits: i64) -> (LoopNode, LoopNode) {
     let LoopKind::Reduction { ranges, reduction_ranges, op, body } = &node.kind else { unreachable!() };
-    let row: i64 = reduction_ranges.iter().map(|e| e.const_value().unwrap()).product();
-    let chunk = (row + splits - 1) / splits;
+    let row: Expr = reduction_ranges.iter().copied().product();
+    let chunk = (row + (splits - 1)).floor_div(splits);
     let out = program.buffer(node.output);
 
     // Stage 1: ranges + [S], reduction over one chunk; the original reduction position is
@@ -77,23 +83,27 @@ fn split(buffers: &mut Vec<LoopBuffer>, program: &LoopProgram, node: &LoopNode, 
     // overhang the row, the position is clamped (loads stay in bounds) and the overhanging lanes
     // contribute the reduction's identity.
     let s_var = range_var(ranges.len(), &Expr::int(splits));
-    let c_var = reduction_var(0, &Expr::int(chunk));
+    let c_var = reduction_var(0, &chunk);
     let flat = s_var * chunk + c_var;
-    let tail = splits * chunk != row;
+    let tail = chunk * splits != row;
     let position = if tail { flat.min(row - 1) } else { flat };
     let mut map = IndexMap::new();
-    let mut stride = row;
-    for (i, extent) in reduction_ranges.iter().enumerate() {
-        let size = extent.const_value().unwrap();
-        stride /= size;
-        map.insert(reduction_var(i, extent), position.floor_div(stride).modulo(size));
+    let mut stride = Expr::int(1);
+    for (i, extent) in reduction_ranges.iter().enumerate().rev() {
+        // The outermost coordinate needs no modulo: the position lies inside the row.
+        let coordinate = position.floor_div(stride);
+        map.insert(reduction_var(i, extent), if i == 0 { coordinate } else { coordinate.modulo(*extent) });
+        stride = stride * *extent;
     }
     let mut first_body = substitute(body, &map);
     if tail {
         let value = first_body.result;
         let dtype = first_body.value(value).dtype;
         let at = first_body.push(ScalarOp::Index(flat), DType::I64);
-        let end = first_body.push(ScalarOp::Constant(Scalar::Int(row)), DType::I64);
+        let end = match row.const_value() {
+            Some(n) => first_body.push(ScalarOp::Constant(Scalar::Int(n)), DType::I64),
+            None => first_body.push(ScalarOp::Index(row), DType::I64),
+        };
         let inside = first_body.push(ScalarOp::Binary(BinaryOp::Lt, at, end), DType::Bool);
         let identity = first_body.push(ScalarOp::Constant(identity(*op, dtype)), dtype);
         first_body.result = first_body.push(ScalarOp::Where(inside, value, identity), dtype);
@@ -115,7 +125,7 @@ fn split(buffers: &mut Vec<LoopBuffer>, program: &LoopProgram, node: &LoopNode, 
         origins: node.origins.clone(),
         kind: LoopKind::Reduction {
             ranges: first_ranges,
-            reduction_ranges: vec![Expr::int(chunk)],
+            reduction_ranges: vec![chunk],
             op: *op,
             body: first_body,
         },
