@@ -13,7 +13,6 @@
 //! size is part of the guard, so sizes 0 and 1 are specialized like all others.
 
 use super::dynamic::DynamicSpec;
-use coil_ir::dynamic::has_size_attrs;
 use coil_ir::sym::Expr;
 use coil_ir::{DType, Graph, Op, TensorMeta};
 use coil_runtime::Device;
@@ -229,21 +228,17 @@ pub(crate) fn dynamic_guards_of(
     guards
 }
 
-/// The hash of a graph on a device with its sizes left out (ops with size attributes zeroed,
-/// metas as dtype and rank): equal for the same program at other sizes, so it finds the
+/// The hash of a graph on a device with its sizes left out (ops by name, metas as dtype and
+/// rank): equal for the same program at other sizes, so it finds the
 /// candidate entries compiled for symbolic sizes.
 pub fn erased_hash(graph: &Graph, device: Device) -> u64 {
     let mut h = Fnv::new();
     device.hash(&mut h);
     graph.nodes.len().hash(&mut h);
     for node in &graph.nodes {
-        // Ops with sizes among their attributes hash by name: equal names are then confirmed
-        // by the comparison up to sizes.
-        if has_size_attrs(&node.op) {
-            node.op.name().hash(&mut h);
-        } else {
-            let _ = write!(h, "{:?}", node.op);
-        }
+        // Ops hash by name only (no formatting of attributes, which may hold sizes): equal
+        // hashes are confirmed by the comparison up to sizes.
+        node.op.name().hash(&mut h);
         node.inputs.len().hash(&mut h);
         for i in &node.inputs {
             i.0.hash(&mut h);
