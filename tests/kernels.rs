@@ -157,8 +157,61 @@ fn gpt2_block_fuses_everything_but_the_matmuls_into_few_kernels() {
     let (c, s) = summary(&[&y]);
     let externs = s["extern_calls"].as_u64().unwrap();
     assert_eq!(externs, 6, "every matmul is an extern call: {s}");
-    assert!(generated(&s) <= 6, "{} generated kernels: {:?}", generated(&s), names(&s));
+    // layer_norm 1, softmax, the heads' gather for the output projection, residual + layer_norm
+    // 2, the final residual. The MLP's gelu_tanh is no kernel: it is the fc product's epilogue
+    // (`bmm +bias +gelu_tanh`, cuBLASLt's GELU_BIAS on CUDA), so the fc output is written once,
+    // already activated, and never read back by a pointwise kernel (6 kernels before).
+    assert_eq!(generated(&s), 5, "{} generated kernels: {:?}", generated(&s), names(&s));
+    assert!(c.pre_fusion.contains("extern bmm +bias +gelu_tanh"), "{}", c.pre_fusion);
     insta::assert_snapshot!(snapshot_text(&c));
+}
+
+/// The bf16 MLP (`linear -> gelu(tanh) -> linear`): two GEMM calls, the first with the bias and
+/// the gelu as its epilogue, the second with its bias; no generated kernel at all.
+#[test]
+fn mlp_is_two_gemm_calls_with_the_gelu_in_the_first() {
+    let x = randn(&[16, 32], DType::BF16);
+    let (w1, b1) = (randn(&[128, 32], DType::BF16), randn(&[128], DType::BF16));
+    let (w2, b2) = (randn(&[32, 128], DType::BF16), randn(&[32], DType::BF16));
+    let y = x.linear(&w1, Some(&b1)).unwrap().gelu(true).unwrap().linear(&w2, Some(&b2)).unwrap();
+    let (c, s) = summary(&[&y]);
+    assert_eq!(s["extern_calls"].as_u64().unwrap(), 2, "{s}");
+    assert_eq!(generated(&s), 0, "{:?}", names(&s));
+    assert!(c.pre_fusion.contains("extern bmm +bias +gelu_tanh"), "{}", c.pre_fusion);
+    // With the batch dim symbolic (dynamic shapes) the gelu folds the same way.
+    let xd = randn(&[16, 32], DType::BF16);
+    xd.mark_dynamic(0).unwrap();
+    let y = xd.linear(&w1, Some(&b1)).unwrap().gelu(true).unwrap().linear(&w2, Some(&b2)).unwrap();
+    let (c, s) = summary(&[&y]);
+    assert!(c.pre_fusion.starts_with("symbol s0"), "{}", c.pre_fusion);
+    assert!(c.pre_fusion.contains("extern bmm +bias +gelu_tanh"), "{}", c.pre_fusion);
+    assert_eq!(generated(&s), 0, "{:?}", names(&s));
+    // The exact gelu stays a kernel of its own.
+    let y = x.linear(&w1, Some(&b1)).unwrap().gelu(false).unwrap().linear(&w2, Some(&b2)).unwrap();
+    let (_, s) = summary(&[&y]);
+    assert_eq!(generated(&s), 1, "{:?}", names(&s));
+}
+
+/// The bf16 MLP with the fused gelu against the interpreter on the unfused graph: the fused call
+/// does not round the fc product to bf16 before the gelu, a difference within bf16 rounding.
+#[test]
+fn mlp_with_the_fused_gelu_matches_the_interpreter() {
+    let run = |backend| {
+        coil::set_backend(backend);
+        coil::manual_seed(3);
+        let x = randn(&[16, 64], DType::BF16);
+        let (w1, b1) = (randn(&[256, 64], DType::BF16), randn(&[256], DType::BF16));
+        let (w2, b2) = (randn(&[64, 256], DType::BF16), randn(&[64], DType::BF16));
+        // |x @ w1^T| ~ 2: both sides of the gelu's bend.
+        let w1 = w1 * 0.2;
+        w1.realize().unwrap();
+        let h = x.linear(&w1, Some(&b1)).unwrap().gelu(true).unwrap();
+        h.linear(&w2, Some(&b2)).unwrap().to_vec::<f64>().unwrap()
+    };
+    let (interp, compiled) = (run(coil::Backend::Interpreter), run(coil::Backend::Compiled));
+    let num: f64 = interp.iter().zip(&compiled).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = interp.iter().map(|a| a * a).sum();
+    assert!((num / den).sqrt() < 1e-2, "relative error {}", (num / den).sqrt());
 }
 
 #[test]

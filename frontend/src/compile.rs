@@ -292,7 +292,11 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
     let schedule_text = debug::schedule_text(&program_view, &schedule_view, &kernels);
     dump.write("schedule.txt", || schedule_text.clone());
     logs::schedule(&schedule_text);
-    let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times, &rewrites);
+    let launches = match &executable {
+        Executable::Cuda(g) => g.kernel_attributes().to_vec(),
+        Executable::Cpu(_) => vec![],
+    };
+    let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times, &rewrites, &launches);
     dump.write("summary.json", || summary.clone());
     Ok(Compiled { executable, device, times, kernels, pre_fusion, post_fusion, summary, dump_dir: dump.dir().cloned() })
 }

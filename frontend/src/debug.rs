@@ -160,6 +160,7 @@ pub fn summary_json(
     kernels: &[Option<TileKernel>],
     times: &StageTimes,
     rewrites: &coil_passes::RewriteReport,
+    launches: &[coil_runtime::cuda::KernelAttributes],
 ) -> String {
     let list: Vec<serde_json::Value> = schedule
         .kernels
@@ -183,6 +184,13 @@ pub fn summary_json(
                 "rnumel": k.rnumel.map(extent),
                 "bytes_read": read,
                 "bytes_written": written,
+                "launch": launches.iter().find(|l| l.name == k.name).map(|l| serde_json::json!({
+                    "grid": l.grid,
+                    "block": l.block,
+                    "registers": l.registers,
+                    "static_shared_bytes": l.static_shared_bytes,
+                    "dynamic_shared_bytes": l.dynamic_shared_bytes,
+                })),
             })
         })
         .collect();

@@ -162,13 +162,73 @@ impl Body {
 /// A call coil does not generate a kernel for.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ExternCall {
-    /// `out[b] = a[b] @ b[b] (+ bias)` for every batch index; each operand is a strided view of
-    /// its buffer (a transpose is a stride swap, never a copy). The optional bias is added to
-    /// every row inside the call, as an epilogue (`linear(x, w, b)` is one call).
-    Bmm { a: StridedOperand, b: StridedOperand, bias: Option<BiasOperand>, batch: Vec<Expr>, m: Expr, n: Expr, k: Expr },
+    /// `out[b] = act(a[b] @ b[b] (+ bias))` for every batch index; each operand is a strided view
+    /// of its buffer (a transpose is a stride swap, never a copy). The optional bias is added to
+    /// every row inside the call, as an epilogue (`linear(x, w, b)` is one call); the optional
+    /// [`Activation`] is applied after it, also inside the call (`gelu_tanh(linear(x, w, b))` is
+    /// one call). Without an activation the printer shows `bmm` / `bmm +bias`, with one
+    /// `bmm +bias +gelu_tanh`.
+    Bmm {
+        a: StridedOperand,
+        b: StridedOperand,
+        bias: Option<BiasOperand>,
+        activation: Option<Activation>,
+        batch: Vec<Expr>,
+        m: Expr,
+        n: Expr,
+        k: Expr,
+    },
     /// A primitive op run by the reference interpreter on its operand buffers (an op with no
     /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
     Fallback { op: Op },
+}
+
+/// A pointwise function an [`ExternCall::Bmm`] applies to its result inside the call, after the
+/// bias (an epilogue, as cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS`).
+///
+/// It is computed in f32 on the f32 value of the product plus the bias (in f64 for an f64
+/// product), and the result rounded once to the output dtype. For f16 / bf16 outputs that
+/// differs from the unfused graph (which rounds the product plus bias to the output dtype before
+/// the activation reads it back) by at most the output dtype's rounding; lowering folds an
+/// activation only into f32, f16 and bf16 products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// gelu with the tanh approximation (PyTorch's `gelu(x, approximate='tanh')`):
+    /// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`.
+    GeluTanh,
+}
+
+impl Activation {
+    /// The name the printer shows (`bmm +bias +gelu_tanh`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::GeluTanh => "gelu_tanh",
+        }
+    }
+
+    /// The activation at one value, in f32, with the operations in the order of the primitive
+    /// graph `gelu(x, tanh=True)` decomposes to (so a CPU result matches the unfused kernel's):
+    /// `(x * 0.5) * (tanh((x + ((x * x) * x) * 0.044715) * sqrt(2 / pi)) + 1)`.
+    pub fn apply_f32(self, x: f32) -> f32 {
+        match self {
+            Activation::GeluTanh => {
+                let cubic = x * x * x * 0.044715f64 as f32;
+                let scaled = (x + cubic) * (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2) as f32;
+                (x * 0.5f32) * (scaled.tanh() + 1.0f32)
+            }
+        }
+    }
+
+    /// [`Activation::apply_f32`] in f64.
+    pub fn apply_f64(self, x: f64) -> f64 {
+        match self {
+            Activation::GeluTanh => {
+                let scaled =
+                    (x + x * x * x * 0.044715) * (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
+                (x * 0.5) * (scaled.tanh() + 1.0)
+            }
+        }
+    }
 }
 
 /// A matrix operand given as a strided view of a buffer, in elements. In the loop IR the
@@ -366,7 +426,8 @@ impl LoopProgram {
                 LoopKind::Reduction { ranges, reduction_ranges, .. } => {
                     ranges.iter_mut().chain(reduction_ranges.iter_mut()).for_each(|e| *e = at(*e))
                 }
-                LoopKind::Extern { call: ExternCall::Bmm { a, b, bias, batch, m, n, k }, .. } => {
+                // The activation (not a size) is carried over by the clone.
+                LoopKind::Extern { call: ExternCall::Bmm { a, b, bias, batch, m, n, k, .. }, .. } => {
                     (*a, *b) = (a.map(&at), b.map(&at));
                     if let Some(bias) = bias {
                         (bias.offset, bias.stride) = (at(bias.offset), at(bias.stride));
@@ -463,8 +524,11 @@ impl fmt::Display for LoopProgram {
                 }
                 LoopKind::Extern { call, inputs } => {
                     let what = match call {
-                        ExternCall::Bmm { batch, m, n, k, bias, .. } => {
-                            let epilogue = if bias.is_some() { " +bias" } else { "" };
+                        ExternCall::Bmm { batch, m, n, k, bias, activation, .. } => {
+                            let mut epilogue = if bias.is_some() { " +bias" } else { "" }.to_string();
+                            if let Some(act) = activation {
+                                epilogue = format!("{epilogue} +{}", act.name());
+                            }
                             format!("bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
                         }
                         ExternCall::Fallback { op } => format!("fallback {op}"),

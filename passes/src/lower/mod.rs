@@ -18,6 +18,10 @@
 //! * the operand (behind its views) of a node whose inlined body would exceed [`BODY_CAP`]
 //!   values, so that bodies stay bounded however long the pointwise chain.
 //!
+//! A matrix product may take the nodes after it into its call (`epilogue` module): the add of a
+//! bias row (`linear`), then a gelu with the tanh approximation. Those nodes get no buffer and no
+//! loop; the call writes the buffer of the last one.
+//!
 //! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements,
 //! a reduction over an empty dim (its identity), a matrix product with `k = 0` (zeros), an arg
 //! reduction over no dims (index 0); a reduction over no dims is a pointwise copy (a cast when
@@ -31,6 +35,7 @@
 //! 0) appears in expressions.
 
 mod emit;
+mod epilogue;
 #[cfg(test)]
 pub(crate) mod tests;
 mod view;
@@ -41,8 +46,9 @@ use coil_ir::loops::{
     LoopProgram, ScalarOp, SizeSymbol, StridedOperand, ValueId,
 };
 use coil_ir::sym::Expr;
-use coil_ir::{BinaryOp, DType, Error, Graph, NodeId, Op, ReduceOp, Result, TensorMeta};
-use std::collections::HashMap;
+use coil_ir::{DType, Error, Graph, NodeId, Op, ReduceOp, Result, TensorMeta};
+use epilogue::Epilogue;
+use std::collections::{HashMap, HashSet};
 
 /// Most values a node's body may have before its producers are realized instead of inlined.
 pub const BODY_CAP: usize = 128;
@@ -93,8 +99,11 @@ pub(crate) struct Lowerer<'g> {
     prog: LoopProgram,
     /// The buffer holding each graph node's value, once realized.
     buf: Vec<Option<BufferId>>,
-    /// `add` nodes computed as the bias epilogue of a matrix product: add -> (bmm, bias operand).
-    epilogues: HashMap<NodeId, (NodeId, NodeId)>,
+    /// Matrix products computed with the nodes after them (a bias add, a gelu) in one call, by
+    /// the node whose buffer the call writes (`epilogue` module).
+    epilogues: HashMap<NodeId, Epilogue>,
+    /// The other nodes those calls compute (products included): no buffer, no loop.
+    inside: HashSet<NodeId>,
 }
 
 /// One body under construction: the values, a memo of emitted `(node, index, mask)` triples
@@ -150,8 +159,9 @@ impl<'g> Lowerer<'g> {
             prog: LoopProgram::default(),
             buf: vec![None; g.nodes.len()],
             epilogues: HashMap::new(),
+            inside: HashSet::new(),
         };
-        l.epilogues = bias_epilogues(&l);
+        (l.epilogues, l.inside) = epilogue::epilogues(&l);
         l
     }
 
@@ -209,11 +219,12 @@ impl<'g> Lowerer<'g> {
             return Ok(());
         }
         match &node.op {
-            // A product whose only reader adds a bias row is computed by that add (one call).
-            Op::Bmm if self.epilogues.values().any(|&(mm, _)| mm == n) => {}
+            // A product whose only reader adds a bias row (and maybe applies a gelu) is computed
+            // by the call that writes the last node's buffer.
             _ if self.epilogues.contains_key(&n) => {
                 self.realize(n)?;
             }
+            _ if self.inside.contains(&n) => {}
             Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } => {
                 self.realize(n)?;
             }
@@ -251,8 +262,9 @@ impl<'g> Lowerer<'g> {
         let (kind, folded) = match &node.op {
             _ if self.degenerate(n) => self.pointwise(n)?,
             _ if self.epilogues.contains_key(&n) => {
-                let (mm, bias) = self.epilogues[&n];
-                (self.bmm(mm, Some((n, bias)))?, vec![mm, n])
+                let ep = self.epilogues[&n].clone();
+                let folded = [ep.mm].into_iter().chain(ep.inside.iter().copied()).chain([n]).collect();
+                (self.bmm(ep.mm, Some(&ep))?, folded)
             }
             Op::Reduce { op, dims, keepdim } => self.reduction(n, *op, dims, *keepdim)?,
             Op::Bmm => (self.bmm(n, None)?, vec![n]),
@@ -337,9 +349,9 @@ impl<'g> Lowerer<'g> {
         Ok((kind, e.folded))
     }
 
-    /// `out[b] = a[b] @ c[b]`, each operand a strided view of a buffer; with `epilogue =
-    /// (add, bias)`, the add of the bias row is part of the call.
-    fn bmm(&mut self, n: NodeId, epilogue: Option<(NodeId, NodeId)>) -> Result<LoopKind> {
+    /// `out[b] = a[b] @ c[b]`, each operand a strided view of a buffer; with an epilogue, the
+    /// add of its bias row and its activation are part of the call.
+    fn bmm(&mut self, n: NodeId, epilogue: Option<&Epilogue>) -> Result<LoopKind> {
         let node = self.g.node(n);
         let (a, c) = (self.strided(node.inputs[0])?, self.strided(node.inputs[1])?);
         let out = self.shape(n);
@@ -347,19 +359,20 @@ impl<'g> Lowerer<'g> {
         let (m, nn) = (out[r - 2], out[r - 1]);
         let k = self.shape(node.inputs[0])[r - 1];
         let mut inputs = vec![a.buffer, c.buffer];
-        let bias = match epilogue {
+        let bias = match epilogue.and_then(|ep| ep.bias) {
             Some((add, bias)) => {
                 let syms = view_vars(self.shape(add));
                 let (base, bidx) = self.resolve(bias, &syms);
                 let (offset, strides) =
-                    affine(flat(&bidx, self.shape(base)), &syms).expect("checked by bias_epilogues");
+                    affine(flat(&bidx, self.shape(base)), &syms).expect("checked by epilogue::bias_epilogues");
                 let buffer = self.realize(base)?;
                 inputs.push(buffer);
                 Some(BiasOperand { buffer, offset, stride: strides[strides.len() - 1] })
             }
             None => None,
         };
-        let call = ExternCall::Bmm { a, b: c, bias, batch: out[..r - 2].to_vec(), m, n: nn, k };
+        let activation = epilogue.and_then(|ep| ep.activation);
+        let call = ExternCall::Bmm { a, b: c, bias, activation, batch: out[..r - 2].to_vec(), m, n: nn, k };
         Ok(LoopKind::Extern { call, inputs })
     }
 
@@ -382,71 +395,6 @@ impl<'g> Lowerer<'g> {
             row_stride: strides[r - 2],
             col_stride: strides[r - 1],
         })
-    }
-}
-
-/// The `add` nodes that are the bias epilogue of a matrix product (`linear(x, w, b)` decomposes
-/// to `bmm`, a reshape back, and an add of the broadcast bias): `add -> (bmm, bias operand)`.
-///
-/// The pattern: one operand of the add is the product, seen through reshapes that keep its last
-/// dim (so the add's column is the product's column), with no other reader anywhere along the
-/// way and not a graph output; the other operand reads a fixed row, `bias[offset + stride * j]`
-/// for column `j`, whatever the other indices.
-fn bias_epilogues(l: &Lowerer) -> HashMap<NodeId, (NodeId, NodeId)> {
-    let g = l.g;
-    let mut readers = vec![0usize; g.nodes.len()];
-    for n in g.live_nodes() {
-        for x in &g.node(n).inputs {
-            readers[x.0] += 1;
-        }
-    }
-    for o in &g.outputs {
-        readers[o.0] += 1;
-    }
-    let mut found = HashMap::new();
-    for n in g.live_nodes() {
-        let node = g.node(n);
-        if node.op != Op::Binary(BinaryOp::Add) || node.meta.shape.len() < 2 {
-            continue;
-        }
-        let last = *l.shape(n).last().unwrap();
-        for (mm_side, bias_side) in [(node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])] {
-            let mut m = mm_side;
-            while matches!(g.node(m).op, Op::Reshape { .. }) && readers[m.0] == 1 {
-                m = g.node(m).inputs[0];
-            }
-            let is_product = g.node(m).op == Op::Bmm && readers[m.0] == 1 && l.shape(m).last() == Some(&last);
-            if is_product && reads_a_row(l, bias_side, l.shape(n)) && !found.values().any(|&(p, _)| p == m) {
-                found.insert(n, (m, bias_side));
-                break;
-            }
-        }
-    }
-    found
-}
-
-/// Whether `x` (of `shape`, through its views) reads `offset + stride * j` for column `j`,
-/// independent of the other indices: a broadcast row.
-fn reads_a_row(l: &Lowerer, x: NodeId, shape: &[Expr]) -> bool {
-    let g = l.g;
-    let mut n = x;
-    while g.node(n).op.is_view() {
-        n = g.node(n).inputs[0];
-    }
-    let last = *shape.last().unwrap();
-    if g.meta(n).rank() != 1 && l.shape(n).iter().copied().product::<Expr>() != last {
-        return false;
-    }
-    // Walk the views symbolically, as lowering will.
-    let syms = view_vars(shape);
-    let mut idx = syms.clone();
-    let mut m = x;
-    while g.node(m).op.is_view() {
-        (m, idx) = l.view_step(m, &idx);
-    }
-    match affine(flat(&idx, l.shape(m)), &syms) {
-        Some((_, strides)) => strides[..strides.len() - 1].iter().all(|&s| s == Expr::int(0)),
-        None => false,
     }
 }
 

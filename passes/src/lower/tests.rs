@@ -2,7 +2,7 @@
 //! the realization rules.
 
 use super::{lower, BODY_CAP};
-use coil_ir::loops::{ExternCall, LoopKind, LoopProgram};
+use coil_ir::loops::{Activation, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, TensorMeta, UnaryOp};
 
 const F32: DType = DType::F32;
@@ -382,4 +382,129 @@ fn random_view_chains_fold_into_exact_indices() {
             assert_eq!(got, Ok(positions[k]), "{base:?} {chain:?} at {c:?}: {index}");
         }
     }
+}
+
+// ---------------------------------------------------------------- gelu_tanh epilogues
+
+/// Decomposes, simplifies (as the pipeline does) and lowers.
+fn lowered_simplified(mut g: Graph, outputs: &[NodeId]) -> LoopProgram {
+    g.outputs.extend_from_slice(outputs);
+    let d = crate::decompose(&g).unwrap();
+    let (s, _) = crate::simplify(&d, &Default::default()).unwrap();
+    lower(&s).unwrap_or_else(|e| panic!("{e}\n{s}"))
+}
+
+/// `gelu(linear(x, w, b?), tanh)` in `dtype`, x of `x_shape`, `w` `[5, in]`.
+fn linear_gelu(dtype: DType, x_shape: &[usize], bias: bool, tanh: bool) -> (Graph, NodeId, NodeId) {
+    let mut g = Graph::new();
+    let k = *x_shape.last().unwrap();
+    let x = g.input(m(x_shape, dtype));
+    let w = g.input(m(&[5, k], dtype));
+    let mut args = vec![x, w];
+    if bias {
+        args.push(g.input(m(&[5], dtype)));
+    }
+    let y = op(&mut g, Op::Linear { bias }, &args);
+    let z = op(&mut g, Op::Gelu { tanh }, &[y]);
+    (g, y, z)
+}
+
+/// The products of a program: (has a bias, activation).
+fn products(p: &LoopProgram) -> Vec<(bool, Option<Activation>)> {
+    p.nodes
+        .iter()
+        .filter_map(|n| match &n.kind {
+            LoopKind::Extern { call: ExternCall::Bmm { bias, activation, .. }, .. } => {
+                Some((bias.is_some(), *activation))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn pointwise_nodes(p: &LoopProgram) -> usize {
+    p.nodes.iter().filter(|n| matches!(n.kind, LoopKind::Pointwise { .. })).count()
+}
+
+#[test]
+fn gelu_tanh_of_linear_is_one_bmm_call() {
+    for (dtype, shape) in [(F32, vec![2, 3, 4]), (DType::BF16, vec![6, 4]), (DType::F16, vec![2, 3, 4])] {
+        for bias in [true, false] {
+            let (g, _, z) = linear_gelu(dtype, &shape, bias, true);
+            let p = lowered_simplified(g, &[z]);
+            assert_eq!(products(&p), [(bias, Some(Activation::GeluTanh))], "{dtype} bias={bias}\n{p}");
+            assert_eq!(p.nodes.len(), 1, "no pointwise node is left ({dtype}):\n{p}");
+            // The call writes the gelu's buffer (the graph output) in the output dtype.
+            assert_eq!(p.outputs, [p.nodes[0].output]);
+            assert_eq!(
+                p.buffer(p.outputs[0]).meta,
+                TensorMeta::new(shape[..shape.len() - 1].iter().copied().chain([5]).collect::<Vec<_>>(), dtype)
+            );
+            let text = p.to_string();
+            let want = if bias {
+                "extern bmm +bias +gelu_tanh batch=[] m=6 n=5 k=4"
+            } else {
+                "extern bmm +gelu_tanh batch=[]"
+            };
+            assert!(text.contains(want), "{text}");
+            assert!(text.contains("tanh]"), "origins name the folded ops: {text}");
+        }
+    }
+    // Without `simplify` (COIL_REWRITE=0) the graph is the same.
+    let (g, _, z) = linear_gelu(DType::BF16, &[6, 4], true, true);
+    assert_eq!(products(&lowered_composite(g, &[z])), [(true, Some(Activation::GeluTanh))]);
+}
+
+#[test]
+fn other_gelus_and_shared_values_are_not_folded() {
+    let unfused = |p: &LoopProgram, what: &str| {
+        assert_eq!(products(p), [(true, None)], "{what}:\n{p}");
+        assert_eq!(pointwise_nodes(p), 1, "{what}:\n{p}");
+    };
+    // The exact gelu (erf).
+    let (g, _, z) = linear_gelu(F32, &[6, 4], true, false);
+    unfused(&lowered_simplified(g, &[z]), "tanh = false");
+    let (g, _, z) = linear_gelu(DType::BF16, &[6, 4], true, false);
+    unfused(&lowered_simplified(g, &[z]), "tanh = false, bf16");
+    // The gelu's input is also an output, or read by another node.
+    for dtype in [F32, DType::BF16] {
+        let (g, y, z) = linear_gelu(dtype, &[6, 4], true, true);
+        unfused(&lowered_simplified(g, &[z, y]), "input is an output");
+        let (mut g, y, z) = linear_gelu(dtype, &[6, 4], true, true);
+        let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[y]);
+        let p = lowered_simplified(g, &[z, e]);
+        assert_eq!(products(&p), [(true, None)], "input read by exp:\n{p}");
+    }
+    // An intermediate of the formula read by another node (in the primitive graph).
+    let (mut g, _, z) = linear_gelu(F32, &[6, 4], true, true);
+    g.outputs.push(z);
+    let mut d = crate::decompose(&g).unwrap();
+    let t = (0..d.nodes.len()).map(NodeId).find(|&n| d.node(n).op == Op::Unary(UnaryOp::Tanh)).unwrap();
+    let extra = op(&mut d, Op::Unary(UnaryOp::Exp), &[t]);
+    d.outputs.push(extra);
+    let p = lower(&d).unwrap();
+    assert_eq!(products(&p), [(true, None)], "tanh read elsewhere:\n{p}");
+    // A constant that differs from gelu_tanh's.
+    let (mut g, _, z) = linear_gelu(F32, &[6, 4], true, true);
+    g.outputs.push(z);
+    let mut d = crate::decompose(&g).unwrap();
+    let c = d.nodes.iter().position(|n| n.op == Op::Full(Scalar::Float(0.044715))).unwrap();
+    d.nodes[c].op = Op::Full(Scalar::Float(0.0447));
+    let p = lower(&d).unwrap();
+    unfused(&p, "another constant");
+    // A bf16 product whose gelu computes and returns f32: the call could not write that dtype.
+    let mut g = Graph::new();
+    let x = g.input(m(&[6, 4], DType::BF16));
+    let w = g.input(m(&[5, 4], DType::BF16));
+    let b = g.input(m(&[5], DType::BF16));
+    let y = op(&mut g, Op::Linear { bias: true }, &[x, w, b]);
+    let y = op(&mut g, Op::Cast(F32), &[y]);
+    let z = op(&mut g, Op::Gelu { tanh: true }, &[y]);
+    unfused(&lowered_simplified(g, &[z]), "bf16 product, f32 gelu");
+    // gelu(gelu(linear)): the inner one folds, the outer one is a kernel.
+    let (mut g, _, z) = linear_gelu(F32, &[6, 4], true, true);
+    let z2 = op(&mut g, Op::Gelu { tanh: true }, &[z]);
+    let p = lowered_simplified(g, &[z2]);
+    assert_eq!(products(&p), [(true, Some(Activation::GeluTanh))], "{p}");
+    assert_eq!(pointwise_nodes(&p), 1, "{p}");
 }

@@ -4,11 +4,14 @@
 //!   batch strides are passed as they are, so a transposed or broadcast operand is never copied;
 //! * f16 and bf16 operands are widened to f32, multiplied by `gemm` in f32 and the result
 //!   rounded to nearest even, as PyTorch's CPU kernels compute half types in float;
+//! * a bias row is the product's starting value; an activation ([`Activation`], the call's
+//!   epilogue) is applied after it, on the f32 (f64) result, before the one rounding to a half
+//!   type, as cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS` computes it;
 //! * integer products are rare and need exact wrapping arithmetic, so they go to the reference
 //!   interpreter on a one-node graph (operands gathered to contiguous buffers first).
 
 use crate::{interpret, Buffer, HostData};
-use coil_ir::loops::{const_usize, BiasOperand, ExternCall, StridedOperand};
+use coil_ir::loops::{const_usize, Activation, BiasOperand, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Graph, Op, Result, TensorMeta};
 use gemm::Parallelism;
 use half::{bf16, f16};
@@ -25,6 +28,8 @@ pub struct BmmSpec {
     pub k: usize,
     /// A row added to every output row (the epilogue of `linear`).
     pub bias: Option<BiasOperand<usize>>,
+    /// Applied to every output element after the bias (floats only).
+    pub activation: Option<Activation>,
 }
 
 impl BmmSpec {
@@ -32,7 +37,7 @@ impl BmmSpec {
     /// extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<BmmSpec> {
         match call {
-            ExternCall::Bmm { a, b, bias, batch, m, n, k } => Some(BmmSpec {
+            ExternCall::Bmm { a, b, bias, activation, batch, m, n, k } => Some(BmmSpec {
                 a: a.to_usize()?,
                 b: b.to_usize()?,
                 batch: batch.iter().map(const_usize).collect::<Option<_>>()?,
@@ -43,6 +48,7 @@ impl BmmSpec {
                     Some(bias) => Some(bias.to_usize()?),
                     None => None,
                 },
+                activation: *activation,
             }),
             ExternCall::Fallback { .. } => None,
         }
@@ -114,17 +120,32 @@ impl BmmSpec {
     }
 }
 
-/// `out = a @ b (+ bias)` per batch, on the raw bytes of the buffers (all of `dtype`; `bias` is
-/// empty without a bias). `out` must not overlap the operands.
+/// `out = act(a @ b (+ bias))` per batch, on the raw bytes of the buffers (all of `dtype`;
+/// `bias` is empty without a bias). `out` must not overlap the operands.
 pub fn bmm_bytes(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]) -> Result<()> {
     let size = dtype.size_bytes();
     spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size)?;
     match dtype {
-        DType::F32 => gemm_float::<f32>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, 0.0, 1.0),
-        DType::F64 => gemm_float::<f64>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, 0.0, 1.0),
+        DType::F32 => {
+            let out = cast_mut::<f32>(out)?;
+            gemm_float::<f32>(spec, cast(a)?, cast(b)?, cast(bias)?, out, 0.0, 1.0);
+            if let Some(act) = spec.activation {
+                out.iter_mut().for_each(|o| *o = act.apply_f32(*o));
+            }
+        }
+        DType::F64 => {
+            let out = cast_mut::<f64>(out)?;
+            gemm_float::<f64>(spec, cast(a)?, cast(b)?, cast(bias)?, out, 0.0, 1.0);
+            if let Some(act) = spec.activation {
+                out.iter_mut().for_each(|o| *o = act.apply_f64(*o));
+            }
+        }
         DType::F16 => via_f32::<f16>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, f16::to_f32, f16::from_f32),
         DType::BF16 => {
             via_f32::<bf16>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32)
+        }
+        _ if spec.activation.is_some() => {
+            return Err(Error::unsupported(format!("a {dtype} matrix product with an activation epilogue")));
         }
         _ => {
             let mut product = integer_bmm(spec, dtype, a, b)?.to_i64_vec();
@@ -223,15 +244,16 @@ fn gemm_float<T: Copy + 'static>(spec: &BmmSpec, a: &[T], b: &[T], bias: &[T], o
 }
 
 /// Half types: widen both operands (whole buffers, so the strides still apply), multiply in f32,
-/// round once.
+/// add the bias and apply the activation in f32, round once.
 fn via_f32<T: Copy>(spec: &BmmSpec, a: &[T], b: &[T], bias: &[T], out: &mut [T], up: fn(T) -> f32, down: fn(f32) -> T) {
     let a32: Vec<f32> = a.iter().map(|&x| up(x)).collect();
     let b32: Vec<f32> = b.iter().map(|&x| up(x)).collect();
     let bias32: Vec<f32> = bias.iter().map(|&x| up(x)).collect();
     let mut o32 = vec![0f32; out.len()];
     gemm_float::<f32>(spec, &a32, &b32, &bias32, &mut o32, 0.0, 1.0);
+    let act = |x: f32| spec.activation.map_or(x, |act| act.apply_f32(x));
     for (o, x) in out.iter_mut().zip(o32) {
-        *o = down(x);
+        *o = down(act(x));
     }
 }
 

@@ -337,7 +337,7 @@ fn gemm_matches_the_interpreter_with_strides_and_broadcast_batch() {
     // Big enough to take gemm's blocked (and, for the largest, parallel) paths.
     for (m, n, k) in [(3, 5, 4), (33, 17, 65), (70, 80, 90)] {
         let (sa, sb) = strided_spec(m, n, k);
-        let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias: None };
+        let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias: None, activation: None };
         for (dtype, tol) in
             [(DType::F32, 1e-5), (DType::F64, 1e-12), (DType::BF16, 1e-2), (DType::F16, 2e-3), (DType::I32, 0.0)]
         {
@@ -365,7 +365,7 @@ fn gemm_matches_the_interpreter_with_strides_and_broadcast_batch() {
 fn gemm_rejects_views_outside_the_buffer() {
     let (mut sa, sb) = strided_spec(3, 5, 4);
     sa.offset = 1;
-    let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m: 3, n: 5, k: 4, bias: None };
+    let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m: 3, n: 5, k: 4, bias: None, activation: None };
     let a = Buffer::from_vec(vec![0f32; 24], vec![2, 4, 3]);
     let b = Buffer::from_vec(vec![0f32; 20], vec![4, 5]);
     assert_eq!(bmm(&spec, &a, &b).unwrap_err().kind, ErrorKind::Runtime);
@@ -386,6 +386,7 @@ fn extern_only_graph_runs_without_compiling() {
                 a: to_expr(sa),
                 b: to_expr(sb),
                 bias: None,
+                activation: None,
                 batch: vec![Expr::int(2)],
                 m: Expr::from(m),
                 n: Expr::from(n),
@@ -561,4 +562,103 @@ fn end_to_end_with_the_code_generator() {
     let e = cg.run(&[&xb, &yb, &bad]).unwrap_err();
     assert_eq!(e.message, "index 8 is out of bounds for dim of size 8", "{e}");
     assert!(e.op.as_deref().unwrap().contains("index_select"), "{e}");
+}
+
+/// `gelu(linear(x, w, b?), tanh)` lowers to one `Bmm` call with the activation (no kernel to
+/// compile), and the CPU's fused product (bias, then gelu_tanh in f32, one rounding) matches
+/// the interpreter on the unfused primitive graph (the product and the bias add rounded to the
+/// dtype, then the gelu's own nodes).
+#[test]
+fn fused_gelu_tanh_product_matches_the_unfused_graph() {
+    let dir = TempDir::new("gelu-epilogue");
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
+        for bias in [true, false] {
+            let (k, n) = (65, 40);
+            let mut g = Graph::new();
+            let x = g.input(TensorMeta::new(vec![2, 7, k], dtype));
+            let w = g.input(TensorMeta::new(vec![n, k], dtype));
+            let mut args = vec![x, w];
+            if bias {
+                args.push(g.input(TensorMeta::new(vec![n], dtype)));
+            }
+            let y = g.push(Op::Linear { bias }, &args, None).unwrap();
+            let z = g.push(Op::Gelu { tanh: true }, &[y], None).unwrap();
+            g.outputs.push(z);
+            let prim = coil_passes::decompose(&g).unwrap();
+            let (simple, _) = coil_passes::simplify(&prim, &Default::default()).unwrap();
+            let program = coil_passes::lower(&simple).unwrap();
+            assert_eq!(program.nodes.len(), 1, "{program}");
+            let LoopKind::Extern { call: ExternCall::Bmm { activation, .. }, .. } = &program.nodes[0].kind else {
+                panic!("{program}")
+            };
+            assert_eq!(*activation, Some(coil_ir::loops::Activation::GeluTanh), "{program}");
+            let schedule = per_node_schedule(&program);
+            let cg = CompiledGraph::new_in(program, schedule, vec![None], "", &dir.0).unwrap();
+
+            // Inputs scaled so the gelu sees values on both sides of its bend (|x @ w^T| ~ 3).
+            let data = |seed: u64, shape: &[usize], scale: f64| {
+                let len = shape.iter().product();
+                let xs: Vec<f64> = randoms(seed, len).iter().map(|v| v * scale).collect();
+                Buffer::new(shape.to_vec(), HostData::from_f64_slice(dtype, &xs)).unwrap()
+            };
+            let inputs = [data(1, &[2, 7, k], 1.0), data(2, &[n, k], 0.6), data(3, &[n], 1.0)];
+            let inputs: Vec<&Buffer> = inputs.iter().take(args.len()).collect();
+            let got = cg.run(&inputs).unwrap().remove(0);
+            let want = interpret(&prim, &inputs).unwrap().remove(0);
+            assert_close(&got, &want, tol);
+            // Negative inputs really were bent (not a linear map that happens to agree).
+            assert!(want.data.to_f64_vec().iter().any(|&v| v < -0.05), "{dtype}");
+        }
+    }
+}
+
+/// The activation at the spec level: `bmm_bytes` with `GeluTanh` is `bmm_bytes` without it, then
+/// gelu_tanh on each f32 element (k = 0 included: the gelu of the bias), and f64 computes in f64.
+#[test]
+fn gemm_applies_the_activation_after_the_bias() {
+    use coil_ir::loops::{Activation, BiasOperand};
+    let (m, n, k) = (5, 6, 7);
+    for k in [k, 0] {
+        for dtype in [DType::F32, DType::F64] {
+            let (sa, sb) = strided_spec(m, n, k);
+            let bias = Some(BiasOperand { buffer: BufferId(2), offset: 1, stride: 2 });
+            let plain = BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias, activation: None };
+            let fused = BmmSpec { activation: Some(Activation::GeluTanh), ..plain.clone() };
+            let bytes = |seed: u64, len: usize| HostData::from_f64_slice(dtype, &randoms(seed, len.max(1))).to_bytes();
+            let (a, b, bias) = (bytes(1, 2 * k * m), bytes(2, k * n), bytes(3, 2 * n + 1));
+            let out_len = 2 * m * n * dtype.size_bytes();
+            // Operands and outputs in u64 words, so aligned for the element casts.
+            let (wa, wb, wbias) = (aligned(&a), aligned(&b), aligned(&bias));
+            let bytes_of = |w: &[u64], len: usize| bytemuck::cast_slice::<u64, u8>(w)[..len].to_vec();
+            let run = |spec: &BmmSpec| {
+                let mut words = vec![0u64; out_len / 8];
+                let (a, b) = (&bytemuck::cast_slice::<u64, u8>(&wa)[..a.len()], &bytemuck::cast_slice(&wb)[..b.len()]);
+                let bias = &bytemuck::cast_slice::<u64, u8>(&wbias)[..bias.len()];
+                super::gemm::bmm_bytes(spec, dtype, a, b, bias, bytemuck::cast_slice_mut(&mut words)).unwrap();
+                bytes_of(&words, out_len)
+            };
+            let (want, got) = (run(&plain), run(&fused));
+            let got = HostData::from_bytes(dtype, &got).unwrap().to_f64_vec();
+            for (i, (g, w)) in got.iter().zip(HostData::from_bytes(dtype, &want).unwrap().to_f64_vec()).enumerate() {
+                let expect = match dtype {
+                    DType::F32 => Activation::GeluTanh.apply_f32(w as f32) as f64,
+                    _ => Activation::GeluTanh.apply_f64(w),
+                };
+                assert_eq!(*g, expect, "{dtype} k={k} element {i}");
+            }
+        }
+    }
+    // Integers have no activation.
+    let (sa, sb) = strided_spec(m, n, k);
+    let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias: None, activation: Some(Activation::GeluTanh) };
+    let a = Buffer::from_vec(vec![1i32; 2 * k * m], vec![2, k, m]);
+    let b = Buffer::from_vec(vec![1i32; k * n], vec![k, n]);
+    assert_eq!(bmm(&spec, &a, &b).unwrap_err().kind, ErrorKind::Unsupported);
+}
+
+/// `bytes` in u64 words (aligned for any element type).
+fn aligned(bytes: &[u8]) -> Vec<u64> {
+    let mut w = vec![0u64; bytes.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut w)[..bytes.len()].copy_from_slice(bytes);
+    w
 }

@@ -68,6 +68,7 @@ fn dynamic_program() -> LoopProgram {
             a: operand(5, 4),
             b: operand(1, 3),
             bias: None,
+            activation: None,
             batch: vec![],
             m: s0,
             n: three,

@@ -3,7 +3,16 @@
 //! * f32, f16, bf16 (and f64) run through cuBLASLt (`cublasLtMatmul`): compute type
 //!   `CUBLAS_COMPUTE_32F` — plain fp32 accumulation, **TF32 off** (that would take
 //!   `CUBLAS_COMPUTE_32F_FAST_TF32`) — with the output in the input dtype, f64 in
-//!   `CUBLAS_COMPUTE_64F`. A bias row is fused as the `CUBLASLT_EPILOGUE_BIAS` epilogue.
+//!   `CUBLAS_COMPUTE_64F`. A bias row is fused as the `CUBLASLT_EPILOGUE_BIAS` epilogue; an
+//!   activation ([`Activation::GeluTanh`], after the bias) as `CUBLASLT_EPILOGUE_GELU_BIAS`
+//!   (`CUBLASLT_EPILOGUE_GELU` without a bias): cuBLASLt's GELU is the tanh approximation,
+//!   computed in the compute type (f32) on the accumulator plus bias, rounded once to the output.
+//! * Activation fallbacks (correctness first): when the heuristic finds no algorithm with the
+//!   GELU epilogue (for the views as they are, nor gathered), the product runs with the plain
+//!   (bias) epilogue and a built-in in-place kernel applies the activation to the output
+//!   ([`apply_activation`]: f32 in f32; f16 / bf16 read, computed in f32, rounded again; f64 in
+//!   f64); for `k = 0` (the bias, or zeros) the same kernel follows; the host path applies it in
+//!   [`bmm_bytes`].
 //! * Layout: the output `[*batch, m, n]` is row-major, i.e. column-major `n x m`; so cuBLASLt
 //!   computes `out^T = b^T a^T`, each operand's row/column strides expressed as a leading
 //!   dimension and a transpose flag. Batch dims that collapse into one stride (a broadcast
@@ -13,17 +22,18 @@
 //! * Integer products (rare, exact wrapping arithmetic) and any product cuBLASLt has no
 //!   algorithm for go to the host: operands downloaded, [`crate::cpu::gemm`], result uploaded.
 
+use super::compiler::{compile, LoadedModule};
 use super::device::{driver_error, CudaDevice};
 use super::gather::gather;
 use super::loader::{require, CudaLib};
 use super::memory::{download, upload, DeviceMemory};
 use crate::cpu::gemm::{bmm_bytes, BmmSpec};
-use coil_ir::loops::StridedOperand;
+use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// cuBLASLt workspace: 32 MiB, what NVIDIA recommends for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -33,6 +43,8 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 pub struct Blas {
     handle: lt_sys::cublasLtHandle_t,
     workspace: sys::CUdeviceptr,
+    /// The activation kernels, built the first time a product needs one ([`apply_activation`]).
+    activation: OnceLock<std::result::Result<ActivationKernels, String>>,
 }
 
 // SAFETY: a cuBLASLt handle is thread safe; the workspace is only used in stream order.
@@ -50,7 +62,7 @@ impl Blas {
                 // SAFETY: a plain allocation, kept for good.
                 let workspace = unsafe { drv::malloc_sync(WORKSPACE_BYTES) }
                     .map_err(|e| format!("cannot allocate the cuBLASLt workspace: {e}"))?;
-                Ok(Blas { handle, workspace })
+                Ok(Blas { handle, workspace, activation: OnceLock::new() })
             })
             .as_ref()
             .map_err(|e| Error::runtime(e.clone()))
@@ -64,9 +76,9 @@ pub struct DevOperand {
     pub bytes: usize,
 }
 
-/// Enqueues `out = a @ b (+ bias)` per batch for `spec` (all operands and `out` of `dtype`;
-/// `out` is the contiguous `[*batch, m, n]` output, not overlapping any operand). Every view is
-/// bounds-checked against its buffer first.
+/// Enqueues `out = act(a @ b (+ bias))` per batch for `spec` (all operands and `out` of
+/// `dtype`; `out` is the contiguous `[*batch, m, n]` output, not overlapping any operand).
+/// Every view is bounds-checked against its buffer first.
 pub fn bmm(
     dev: &Arc<CudaDevice>,
     spec: &BmmSpec,
@@ -83,32 +95,60 @@ pub fn bmm(
     if count * m * n == 0 {
         return Ok(());
     }
+    if spec.activation.is_some() && !dtype.is_float() {
+        return Err(Error::unsupported(format!("a {dtype} matrix product with an activation epilogue")));
+    }
     if k == 0 {
-        // An empty sum: the bias broadcast over the rows, or zeros.
-        return match (spec.bias, bias) {
+        // An empty sum: the bias broadcast over the rows, or zeros; then the activation.
+        match (spec.bias, bias) {
             // SAFETY: `check` bounded the bias view; `out` holds count*m*n elements.
             (Some(view), Some(buf)) => unsafe {
-                gather(dev, buf.ptr + (view.offset * size) as u64, out.ptr, size, &[count * m, n], &[0, view.stride])
+                gather(dev, buf.ptr + (view.offset * size) as u64, out.ptr, size, &[count * m, n], &[0, view.stride])?
             },
             _ => {
                 dev.bind()?;
                 // SAFETY: `out` holds count*m*n elements.
                 unsafe { drv::memset_d8_async(out.ptr, 0, count * m * n * size, dev.cu_stream()) }
-                    .map_err(|e| driver_error("cuMemsetD8Async", e))
+                    .map_err(|e| driver_error("cuMemsetD8Async", e))?
             }
+        }
+        return match spec.activation {
+            // SAFETY: `out` holds count*m*n elements of `dtype`.
+            Some(act) => unsafe { apply_activation(dev, act, dtype, out.ptr, count * m * n) },
+            None => Ok(()),
         };
     }
     if matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64) {
-        match lt_matmul(dev, spec, dtype, a, b, bias, out, false) {
-            Err(LtError::NoAlgorithm) => match lt_matmul(dev, spec, dtype, a, b, bias, out, true) {
-                Err(LtError::NoAlgorithm) => {}
-                other => return other.map_err(LtError::into_error),
-            },
-            other => return other.map_err(LtError::into_error),
+        // The activation in cuBLASLt's epilogue first; then without it, followed by our kernel.
+        let in_library: &[Option<Activation>] = match spec.activation {
+            Some(act) => &[Some(act), None],
+            None => &[None],
+        };
+        for &act in in_library {
+            for gather_all in [false, true] {
+                match lt_matmul(dev, spec, dtype, a, b, bias, out, gather_all, act) {
+                    Err(LtError::NoAlgorithm) => {}
+                    Err(LtError::Other(e)) => return Err(e),
+                    Ok(()) => {
+                        return match spec.activation.filter(|_| act.is_none()) {
+                            Some(act) => {
+                                ACTIVATION_KERNELS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                // SAFETY: `out` holds count*m*n elements of `dtype`.
+                                unsafe { apply_activation(dev, act, dtype, out.ptr, count * m * n) }
+                            }
+                            None => Ok(()),
+                        };
+                    }
+                }
+            }
         }
     }
     on_host(dev, spec, dtype, a, b, bias, out)
 }
+
+/// Products whose activation cuBLASLt could not take, applied by [`apply_activation`] after
+/// the product instead (tests check which way a product went).
+pub(crate) static ACTIVATION_KERNELS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Products that took the host path so far (tests check that float products never do).
 pub(crate) static HOST_PRODUCTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -268,15 +308,6 @@ enum LtError {
     Other(Error),
 }
 
-impl LtError {
-    fn into_error(self) -> Error {
-        match self {
-            LtError::NoAlgorithm => Error::runtime("cuBLASLt has no algorithm for this product"),
-            LtError::Other(e) => e,
-        }
-    }
-}
-
 impl From<Error> for LtError {
     fn from(e: Error) -> LtError {
         LtError::Other(e)
@@ -327,7 +358,9 @@ fn alignment(ptr: u64) -> u32 {
 }
 
 /// One cuBLASLt product (see the module doc). `gather_all` copies every operand to a
-/// contiguous temporary first (the retry when the heuristic finds nothing for the views).
+/// contiguous temporary first (the retry when the heuristic finds nothing for the views);
+/// `activation` is the activation to apply in the epilogue (`None`: the bias alone, whatever
+/// `spec.activation` says).
 #[allow(clippy::too_many_arguments)]
 fn lt_matmul(
     dev: &Arc<CudaDevice>,
@@ -338,6 +371,7 @@ fn lt_matmul(
     bias: Option<DevOperand>,
     out: DevOperand,
     gather_all: bool,
+    activation: Option<Activation>,
 ) -> std::result::Result<(), LtError> {
     let blas = Blas::get(dev)?;
     let size = dtype.size_bytes();
@@ -439,9 +473,19 @@ fn lt_matmul(
     let (ta, tb) = (vb.transpose as i32, va.transpose as i32);
     set(D::CUBLASLT_MATMUL_DESC_TRANSA, (&ta as *const i32).cast(), 4)?;
     set(D::CUBLASLT_MATMUL_DESC_TRANSB, (&tb as *const i32).cast(), 4)?;
-    if let Some(p) = bias_ptr {
-        let epilogue = lt_sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
+    use lt_sys::cublasLtEpilogue_t as E;
+    let epilogue = match (bias_ptr.is_some(), activation) {
+        (false, None) => None,
+        (true, None) => Some(E::CUBLASLT_EPILOGUE_BIAS),
+        (true, Some(Activation::GeluTanh)) => Some(E::CUBLASLT_EPILOGUE_GELU_BIAS),
+        (false, Some(Activation::GeluTanh)) => Some(E::CUBLASLT_EPILOGUE_GELU),
+    };
+    if let Some(epilogue) = epilogue {
+        // cublasLtEpilogue_t is a uint32 attribute.
+        let epilogue = epilogue as u32;
         set(D::CUBLASLT_MATMUL_DESC_EPILOGUE, (&epilogue as *const u32).cast(), 4)?;
+    }
+    if let Some(p) = bias_ptr {
         let ptr = p as *const c_void;
         set(
             D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -506,6 +550,104 @@ fn lt_matmul(
     .map_err(|e| lt_err("cublasLtMatmul", e))?;
     drop(temps);
     Ok(())
+}
+
+/// The built-in activation kernels: one per float dtype, each in place over `n` elements.
+struct ActivationKernels {
+    _module: LoadedModule,
+    /// f32, f16, bf16, f64.
+    gelu_tanh: [sys::CUfunction; 4],
+}
+
+// SAFETY: function handles are immutable and usable from any thread with the context bound.
+unsafe impl Send for ActivationKernels {}
+// SAFETY: as above.
+unsafe impl Sync for ActivationKernels {}
+
+/// gelu_tanh in the order of `Activation::apply_f32` (the decomposition's), f16 / bf16 through
+/// f32 with the conversion unit (round to nearest even). No CUDA headers (NVRTC declares
+/// `tanhf` / `tanh`); built like the gather kernels, through the disk cache.
+const ACTIVATION_SOURCE: &str = r#"
+#define COIL_GELU_TANH(T, x) (((x) * (T)0.5) * (tanh_of((((x) + (x) * (x) * (x) * (T)0.044715) * (T)0.7978845608028654)) + (T)1.0))
+__device__ __forceinline__ float tanh_of(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh_of(double x) { return tanh(x); }
+__device__ __forceinline__ float gelu_f32(float x) { return COIL_GELU_TANH(float, x); }
+extern "C" __global__ void coil_gelu_tanh_f32(float *x, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = gelu_f32(x[i]);
+}
+extern "C" __global__ void coil_gelu_tanh_f64(double *x, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = COIL_GELU_TANH(double, x[i]);
+}
+extern "C" __global__ void coil_gelu_tanh_f16(unsigned short *x, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float f;
+        unsigned short h = x[i];
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+        f = gelu_f32(f);
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+        x[i] = h;
+    }
+}
+extern "C" __global__ void coil_gelu_tanh_bf16(unsigned short *x, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float f = __uint_as_float((unsigned int)x[i] << 16);
+        f = gelu_f32(f);
+        unsigned short h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+        x[i] = h;
+    }
+}
+"#;
+
+/// Enqueues `x[i] = act(x[i])` for the `n` elements of `dtype` at `ptr` (the fallback when
+/// cuBLASLt could not apply the activation itself).
+///
+/// # Safety
+/// `ptr` must address `n` elements of `dtype` on `dev`.
+pub(crate) unsafe fn apply_activation(
+    dev: &Arc<CudaDevice>,
+    act: Activation,
+    dtype: DType,
+    ptr: sys::CUdeviceptr,
+    n: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let blas = Blas::get(dev)?;
+    let kernels = blas
+        .activation
+        .get_or_init(|| {
+            let build = || -> Result<ActivationKernels> {
+                let (cubin, _) = compile(ACTIVATION_SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
+                let module = LoadedModule::load(dev, &cubin)?;
+                let f = |t: &str| module.function(&format!("coil_gelu_tanh_{t}"));
+                let gelu_tanh = [f("f32")?, f("f16")?, f("bf16")?, f("f64")?];
+                Ok(ActivationKernels { _module: module, gelu_tanh })
+            };
+            build().map_err(|e| e.message)
+        })
+        .as_ref()
+        .map_err(|e| Error::runtime(e.clone()))?;
+    let Activation::GeluTanh = act;
+    let f = kernels.gelu_tanh[match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::F64 => 3,
+        _ => return Err(Error::unsupported(format!("a {dtype} activation"))),
+    }];
+    let (mut ptr, mut n64) = (ptr, n as i64);
+    let mut params: [*mut c_void; 2] = [(&mut ptr as *mut u64).cast(), (&mut n64 as *mut i64).cast()];
+    let block = 256u32;
+    let grid = (n.div_ceil(block as usize)).min(dev.sm_count() as usize * 32).max(1) as u32;
+    dev.bind()?;
+    // SAFETY: the parameters match the kernel's signature and live until the call returns (the
+    // driver copies them); the memory contract is the caller's.
+    unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), &mut params) }
+        .map_err(|e| driver_error("cuLaunchKernel(coil_gelu_tanh)", e))
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::test_graphs::{buffer, fused, pointwise, tile};
 use crate::Device;
 use coil_codegen::cuda::CudaKernel;
 use coil_ir::kernel::KernelKind;
-use coil_ir::loops::{BiasOperand, LoopNode, StridedOperand};
+use coil_ir::loops::{Activation, BiasOperand, LoopNode, StridedOperand};
 use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, ErrorKind, Op, TensorMeta};
 
@@ -331,7 +331,7 @@ fn check_bmm(
     dev: &Arc<CudaDevice>,
     dtype: DType,
     batch: &[usize],
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     a: StridedOperand<usize>,
     a_len: usize,
     b: StridedOperand<usize>,
@@ -339,16 +339,41 @@ fn check_bmm(
     bias: Option<(BiasOperand<usize>, usize)>,
     what: &str,
 ) {
+    check_bmm_act(dev, dtype, batch, mnk, a, a_len, b, b_len, bias, None, what)
+}
+
+/// [`check_bmm`] with an activation epilogue.
+#[allow(clippy::too_many_arguments)]
+fn check_bmm_act(
+    dev: &Arc<CudaDevice>,
+    dtype: DType,
+    batch: &[usize],
+    (m, n, k): (usize, usize, usize),
+    a: StridedOperand<usize>,
+    a_len: usize,
+    b: StridedOperand<usize>,
+    b_len: usize,
+    bias: Option<(BiasOperand<usize>, usize)>,
+    activation: Option<Activation>,
+    what: &str,
+) {
     let count: usize = batch.iter().product();
-    // Integers in [-8, 8), floats in [-1, 1).
-    let scale = if dtype.is_float() { 1.0 } else { 8.0 };
+    // Integers in [-8, 8), floats in [-1, 1) (in [-2, 2) under an activation, so that the sums
+    // reach both sides of the gelu's bend).
+    let scale = if !dtype.is_float() {
+        8.0
+    } else if activation.is_some() {
+        2.0
+    } else {
+        1.0
+    };
     let bytes_of = |seed: u64, len: usize| {
         let xs: Vec<f64> = randoms(seed, len).iter().map(|x| x * scale).collect();
         HostData::from_f64_slice(dtype, &xs).to_bytes()
     };
     let (ha, hb) = (bytes_of(1, a_len), bytes_of(2, b_len));
     let hbias = bias.as_ref().map_or(Vec::new(), |(_, len)| bytes_of(3, *len));
-    let spec = BmmSpec { a, b, batch: batch.to_vec(), m, n, k, bias: bias.as_ref().map(|(x, _)| *x) };
+    let spec = BmmSpec { a, b, batch: batch.to_vec(), m, n, k, bias: bias.as_ref().map(|(x, _)| *x), activation };
     let out_bytes = count * m * n * dtype.size_bytes();
     let mut want = vec![0u64; out_bytes.div_ceil(8)];
     let want = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut want)[..out_bytes];
@@ -370,6 +395,8 @@ fn check_bmm(
     let tol = match dtype {
         DType::F32 => 1e-5,
         DType::BF16 | DType::F16 => 1e-2,
+        // cuBLASLt's f64 gelu differs from the CPU's in the last bits (seen: 2e-10 relative).
+        DType::F64 => 1e-9,
         _ => 0.0,
     };
     let f = |b: &[u8]| HostData::from_bytes(dtype, b).unwrap().to_f64_vec();
@@ -487,10 +514,75 @@ fn bmm_matches_the_cpu_for_layouts_bias_and_dtypes() {
     let d = DeviceMemory::alloc(&dev, 64).unwrap();
     let op = DevOperand { ptr: d.ptr(), bytes: 64 };
     let (a, b) = (operand(0, vec![], 4, 1), operand(0, vec![], 4, 1));
-    let spec = BmmSpec { a, b, batch: vec![], m: 8, n: 4, k: 4, bias: None };
+    let spec = BmmSpec { a, b, batch: vec![], m: 8, n: 4, k: 4, bias: None, activation: None };
     let out = DeviceMemory::alloc(&dev, 128).unwrap();
     let e = blas::bmm(&dev, &spec, DType::F32, op, op, None, DevOperand { ptr: out.ptr(), bytes: 128 }).unwrap_err();
     assert!(e.message.contains("reaches element"), "{}", e.message);
+}
+
+/// The gelu_tanh epilogue (`CUBLASLT_EPILOGUE_GELU_BIAS` / `_GELU`, or the product followed by
+/// the built-in activation kernel where cuBLASLt has no algorithm with it) against the CPU,
+/// which computes bias then gelu in f32 and rounds once.
+#[test]
+fn bmm_gelu_epilogue_matches_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    let (m, n, k) = (33, 24, 17);
+    let gelu = Some(Activation::GeluTanh);
+    let counter = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+        let (host_before, kernels_before) = (counter(&blas::HOST_PRODUCTS), counter(&blas::ACTIVATION_KERNELS));
+        let a = operand(0, vec![m * k], k, 1);
+        let b = operand(0, vec![0], 1, k); // a weight [n, k] used transposed, as linear does
+        let bias = (BiasOperand { buffer: BufferId(2), offset: 0, stride: 1 }, n);
+        let args = |a: &StridedOperand<usize>, b: &StridedOperand<usize>| (a.clone(), 2 * m * k, b.clone(), n * k);
+        let (pa, la, pb, lb) = args(&a, &b);
+        check_bmm_act(&dev, dtype, &[2], (m, n, k), pa, la, pb, lb, Some(bias), gelu, "linear + gelu");
+        let lib_kernels = counter(&blas::ACTIVATION_KERNELS) - kernels_before;
+        let (pa, la, pb, lb) = args(&a, &b);
+        check_bmm_act(&dev, dtype, &[2], (m, n, k), pa, la, pb, lb, None, gelu, "no bias + gelu");
+        let odd_bias = (BiasOperand { buffer: BufferId(2), offset: 1, stride: 2 }, 2 * n + 1);
+        let (pa, la, pb, lb) = args(&a, &b);
+        check_bmm_act(&dev, dtype, &[2], (m, n, k), pa, la, pb, lb, Some(odd_bias), gelu, "strided bias + gelu");
+        let every_other = operand(1, vec![2 * m * k], 2 * k, 2);
+        let (_, _, pb, lb) = args(&a, &b);
+        check_bmm_act(&dev, dtype, &[2], (m, n, k), every_other, 4 * m * k + 1, pb, lb, Some(bias), gelu, "gathered");
+        let zero = operand(0, vec![0], 0, 1);
+        check_bmm_act(&dev, dtype, &[2], (m, n, 0), zero.clone(), 1, zero, 1, Some(bias), gelu, "k = 0");
+        let kernels = counter(&blas::ACTIVATION_KERNELS) - kernels_before;
+        eprintln!("{dtype}: {kernels} of 4 products with k > 0 applied the gelu in a follow-up kernel");
+        assert_eq!(counter(&blas::HOST_PRODUCTS), host_before, "{dtype}: no product went to the host");
+        // The MLP's case (bf16 / f16 / f32 linear + gelu) must be one cuBLASLt call.
+        if dtype != DType::F64 {
+            assert_eq!(lib_kernels, 0, "{dtype}: cuBLASLt did not take CUBLASLT_EPILOGUE_GELU_BIAS");
+        }
+    }
+    // The follow-up kernel on its own, each dtype, against the CPU's definition.
+    for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+        let xs: Vec<f64> = randoms(9, 1000).iter().map(|x| x * 4.0).collect();
+        let host = HostData::from_f64_slice(dtype, &xs);
+        let mem = DeviceMemory::alloc(&dev, host.to_bytes().len()).unwrap();
+        // SAFETY: the allocation holds the bytes uploaded, 1000 elements of `dtype`.
+        unsafe {
+            memory::upload(&dev, mem.ptr(), &host.to_bytes()).unwrap();
+            blas::apply_activation(&dev, Activation::GeluTanh, dtype, mem.ptr(), 1000).unwrap();
+        }
+        // SAFETY: as above.
+        let got = unsafe { memory::download(&dev, mem.ptr(), mem.bytes()).unwrap() };
+        let got = HostData::from_bytes(dtype, &got[..host.to_bytes().len()]).unwrap().to_f64_vec();
+        let want: Vec<f64> = host
+            .to_f64_vec()
+            .iter()
+            .map(|&x| match dtype {
+                DType::F64 => Activation::GeluTanh.apply_f64(x),
+                _ => Activation::GeluTanh.apply_f32(x as f32) as f64,
+            })
+            .collect();
+        let want = HostData::from_f64_slice(dtype, &want).to_f64_vec();
+        let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+        // Half types: one rounding of nearly equal f32 values may differ in the last bit.
+        let tol = if matches!(dtype, DType::BF16 | DType::F16) { 1e-2 } else { tol };
+        assert_close(&got, &want, tol, &format!("activation kernel ({dtype})"));
+    }
 }
 
 /// `bmm` (extern, cuBLASLt) then a fallback cumsum reading it from a slot, no kernel compiled.
@@ -519,7 +611,16 @@ fn extern_only_graph_runs_without_compiling() {
         output: BufferId(2),
         origins: vec!["bmm"],
         kind: LoopKind::Extern {
-            call: ExternCall::Bmm { a: sa, b: sb, bias: None, batch: vec![e(2)], m: e(m), n: e(n), k: e(k) },
+            call: ExternCall::Bmm {
+                a: sa,
+                b: sb,
+                bias: None,
+                activation: None,
+                batch: vec![e(2)],
+                m: e(m),
+                n: e(n),
+                k: e(k),
+            },
             inputs: vec![BufferId(0), BufferId(1)],
         },
     };
