@@ -57,6 +57,9 @@ usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
                           shapes: sizes passed to the kernels) and print its time next to the
                           static graph's (dyn_us, dyn/static; `static` when it fell back)
   --help                  this text
+
+With COIL_PROFILE=1 each workload also prints the device time of each of its launches
+(median over --reps runs, CUDA events between launches).
 ";
 
 type Program = fn(&[Tensor]) -> Result<Vec<Tensor>>;
@@ -315,6 +318,8 @@ struct DynamicRow {
 
 struct Row {
     dynamic: Option<DynamicRow>,
+    /// Time per launch (`COIL_PROFILE=1`).
+    profile: Vec<(String, f64)>,
     us: f64,
     kernels: u64,
     compile_s: f64,
@@ -415,10 +420,15 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     };
 
     let dynamic = if o.dynamic { Some(run_dynamic(c, o, &on_device, &bufs, &result)?) } else { None };
+    let profile = match std::env::var("COIL_PROFILE") {
+        Ok(v) if !v.is_empty() && v != "0" => compiled.profile(&bufs, o.warmup, o.reps.max(1))?,
+        _ => vec![],
+    };
     let summary: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap_or_default();
     let count = |k: &str| summary[k].as_u64().unwrap_or(0);
     Ok(Row {
         dynamic,
+        profile,
         us: median(times),
         kernels: count("generated_kernels") + count("extern_calls"),
         compile_s: compiled.times.total,
@@ -593,6 +603,9 @@ fn main() {
             line += &format!(" {:>10.1} {:>11} {:>8.1e}", d.us, ratio, d.relerr);
         }
         println!("{line}");
+        for (kernel, us) in &r.profile {
+            println!("    {us:>10.1} us  {kernel}");
+        }
         json_rows.push(serde_json::json!({
             "name": name, "us": r.us, "kernels": r.kernels, "compile_s": r.compile_s,
             "relerr": r.relerr, "peak_bytes": r.peak_bytes,

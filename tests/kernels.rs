@@ -269,3 +269,18 @@ fn full_sum_splits_into_two_reductions_and_matches_the_interpreter() {
     assert_eq!(kernels, Some(2), "partial sums, then the sum of the partials");
     assert!((compiled - reference).abs() <= 1e-5 * reference.abs().max(1.0), "{compiled} vs {reference}");
 }
+
+/// `Compiled::profile` (and `COIL_PROFILE=1`) times every launch, named as in the schedule.
+#[test]
+fn profile_times_every_launch_by_name() {
+    let x = randn(&[32, 64], DType::F32);
+    let w = randn(&[64, 64], DType::F32);
+    let y = x.matmul(&w).unwrap().softmax(-1).unwrap().exp().unwrap();
+    let (compiled, s) = summary(&[&y]);
+    let hosts: Vec<_> = coil::capture(&[&y]).inputs.iter().map(|s| s.to_host().unwrap()).collect();
+    let times = compiled.profile(&hosts.iter().map(|b| b.as_ref()).collect::<Vec<_>>(), 1, 3).unwrap();
+    let launches: Vec<String> =
+        s["kernels"].as_array().unwrap().iter().map(|k| k["name"].as_str().unwrap().into()).collect();
+    assert_eq!(times.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(), launches);
+    assert!(times.iter().all(|(_, t)| t.is_finite() && *t >= 0.0), "{times:?}");
+}

@@ -54,6 +54,8 @@ pub struct Compiled {
     pub summary: String,
     /// The dump folder of this graph, when `COIL_DEBUG` is set.
     pub dump_dir: Option<std::path::PathBuf>,
+    /// Time per launch from the first run, with `COIL_PROFILE=1` ([`Compiled::profile`]).
+    pub profiled: OnceLock<Vec<(String, f64)>>,
 }
 
 /// Compiles the pending computation behind `outputs` without running it, and returns what the
@@ -94,8 +96,51 @@ pub fn inspect(outputs: &[&crate::Tensor]) -> Result<Arc<Compiled>> {
 }
 
 impl Compiled {
+    /// Device time of each launch (generated kernel or extern call, named as in the schedule),
+    /// in microseconds: the median of `reps` runs after `warmup` (CUDA events between launches
+    /// on the GPU, the wall clock on the CPU). Inputs are host buffers.
+    pub fn profile(&self, inputs: &[&Buffer], warmup: usize, reps: usize) -> Result<Vec<(String, f64)>> {
+        match &self.executable {
+            Executable::Cpu(g) => g.profile(inputs, warmup, reps),
+            Executable::Cuda(g) => {
+                let device = CudaDevice::get(match self.device {
+                    Device::Cuda(n) => n,
+                    Device::Cpu => 0,
+                })?;
+                let on_device = inputs.iter().map(|b| CudaBuffer::from_host(&device, b)).collect::<Result<Vec<_>>>()?;
+                g.profile(&on_device.iter().collect::<Vec<_>>(), warmup, reps)
+            }
+        }
+    }
+
+    /// With `COIL_PROFILE=1`, the first run of a compiled graph also profiles it
+    /// ([`Compiled::profile`]: 2 warm-up runs, median of 10): the times go to
+    /// [`Compiled::profiled`], to `summary.json` in the dump folder (`time_us` per kernel) and,
+    /// with `COIL_LOGS=schedule`, to stderr.
+    fn profile_once(&self, inputs: &[Storage]) -> Result<()> {
+        if self.profiled.get().is_some() || std::env::var("COIL_PROFILE").map_or(true, |v| v.is_empty() || v == "0") {
+            return Ok(());
+        }
+        let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
+        let times = self.profile(&hosts.iter().map(|b| b.as_ref()).collect::<Vec<_>>(), 2, 10)?;
+        let mut summary: serde_json::Value = serde_json::from_str(&self.summary).unwrap_or_default();
+        if let Some(kernels) = summary["kernels"].as_array_mut() {
+            for k in kernels {
+                let time = times.iter().filter(|(name, _)| k["name"] == name.as_str()).map(|(_, t)| t).sum::<f64>();
+                k["time_us"] = time.into();
+            }
+        }
+        let lines: Vec<String> = times.iter().map(|(name, t)| format!("{t:>10.1} us  {name}")).collect();
+        logs::schedule(&format!("profile (median of 10 runs):\n{}", lines.join("\n")));
+        Dump::at(self.dump_dir.clone())
+            .write("summary.json", || serde_json::to_string_pretty(&summary).expect("json") + "\n");
+        let _ = self.profiled.set(times);
+        Ok(())
+    }
+
     /// Runs on inputs already on the graph's device (as [`crate::capture`] binds them).
     pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
+        self.profile_once(inputs)?;
         match &self.executable {
             Executable::Cpu(g) => {
                 let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
@@ -298,5 +343,16 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
     };
     let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times, &rewrites, &launches);
     dump.write("summary.json", || summary.clone());
-    Ok(Compiled { executable, device, times, kernels, pre_fusion, post_fusion, summary, dump_dir: dump.dir().cloned() })
+    let dump_dir = dump.dir().cloned();
+    Ok(Compiled {
+        executable,
+        device,
+        times,
+        kernels,
+        pre_fusion,
+        post_fusion,
+        summary,
+        dump_dir,
+        profiled: OnceLock::new(),
+    })
 }

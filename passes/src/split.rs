@@ -123,12 +123,7 @@ fn split(buffers: &mut Vec<LoopBuffer>, program: &LoopProgram, node: &LoopNode, 
     let first = LoopNode {
         output: partial,
         origins: node.origins.clone(),
-        kind: LoopKind::Reduction {
-            ranges: first_ranges,
-            reduction_ranges: vec![chunk],
-            op: *op,
-            body: first_body,
-        },
+        kind: LoopKind::Reduction { ranges: first_ranges, reduction_ranges: vec![chunk], op: *op, body: first_body },
     };
 
     // Stage 2: reduce the S partials of each row.

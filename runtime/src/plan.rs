@@ -335,3 +335,9 @@ impl Instances {
         Ok(instance)
     }
 }
+
+/// The median of some timings (sorted in place; 0 for none).
+pub(crate) fn median(times: &mut [f64]) -> f64 {
+    times.sort_by(|a, b| a.total_cmp(b));
+    times.get(times.len() / 2).copied().unwrap_or(0.0)
+}

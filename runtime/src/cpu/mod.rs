@@ -132,6 +132,38 @@ impl CompiledGraph {
     /// inputs' sizes. Data errors a kernel detects (an index out of bounds, an integer division
     /// by zero, ...) are errors naming the kernel.
     pub fn run(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+        self.run_timed(inputs, None)
+    }
+
+    /// Wall time of each launch (a generated kernel or an extern call, in launch order, named
+    /// as in the schedule), in microseconds: the median over `reps` runs after `warmup`
+    /// (`COIL_PROFILE=1`).
+    pub fn profile(&self, inputs: &[&Buffer], warmup: usize, reps: usize) -> Result<Vec<(String, f64)>> {
+        for _ in 0..warmup {
+            self.run(inputs)?;
+        }
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); self.instances.steps.len()];
+        for _ in 0..reps.max(1) {
+            let mut times = Vec::with_capacity(samples.len());
+            self.run_timed(inputs, Some(&mut times))?;
+            for (sample, t) in samples.iter_mut().zip(times) {
+                sample.push(t);
+            }
+        }
+        let name = |step: &Step| match *step {
+            Step::Kernel(i) => self.schedule.kernels[i].name.clone(),
+            Step::Extern(node) => self
+                .schedule
+                .kernels
+                .iter()
+                .find(|k| k.nodes.contains(&node))
+                .map_or_else(|| format!("extern node {node}"), |k| k.name.clone()),
+        };
+        Ok(self.instances.steps.iter().zip(samples).map(|(s, mut t)| (name(s), crate::plan::median(&mut t))).collect())
+    }
+
+    /// [`run`](Self::run), pushing each launch's wall time (microseconds) to `times` if given.
+    fn run_timed(&self, inputs: &[&Buffer], mut times: Option<&mut Vec<f64>>) -> Result<Vec<Buffer>> {
         let inst = self.check_inputs(inputs)?;
         let p = &inst.program;
         let mut outputs: Vec<Option<HostData>> = (0..p.buffers.len())
@@ -153,6 +185,7 @@ impl CompiledGraph {
             })
             .collect();
         for &step in &self.instances.steps {
+            let start = std::time::Instant::now();
             match step {
                 Step::Kernel(i) => {
                     let (kernel, buffers) = self.kernels[i].as_ref().expect("a generated kernel");
@@ -166,6 +199,9 @@ impl CompiledGraph {
                     check_status(kernel.name(), &status)?;
                 }
                 Step::Extern(node) => self.run_extern(&inst, node, &ptrs, inputs)?,
+            }
+            if let Some(times) = times.as_deref_mut() {
+                times.push(start.elapsed().as_secs_f64() * 1e6);
             }
         }
         drop(slots);

@@ -255,8 +255,48 @@ impl CudaCompiledGraph {
     /// `program.outputs` order, at the inputs' sizes. Data errors a kernel detects (an index out
     /// of bounds, ...) are errors naming the kernel, as on the CPU.
     pub fn run(&self, inputs: &[&CudaBuffer]) -> Result<Vec<CudaBuffer>> {
-        let pending = self.enqueue(inputs)?;
+        let pending = self.enqueue(inputs, None)?;
         self.finish(inputs, pending)
+    }
+
+    /// Device time of each launch (a generated kernel or an extern call, in launch order, named
+    /// as in the schedule), in microseconds: the median over `reps` runs after `warmup`, from
+    /// CUDA events recorded on the stream between consecutive launches (`COIL_PROFILE=1`).
+    pub fn profile(&self, inputs: &[&CudaBuffer], warmup: usize, reps: usize) -> Result<Vec<(String, f64)>> {
+        for _ in 0..warmup {
+            self.run(inputs)?;
+        }
+        let ctx = self.device.context();
+        let events = (0..=self.steps.len())
+            .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| driver_error("cuEventCreate", e))?;
+        let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); self.steps.len()];
+        for _ in 0..reps.max(1) {
+            let pending = self.enqueue(inputs, Some(&events))?;
+            self.finish(inputs, pending)?;
+            for (i, sample) in samples.iter_mut().enumerate() {
+                let ms = events[i].elapsed_ms(&events[i + 1]).map_err(|e| driver_error("cuEventElapsedTime", e))?;
+                sample.push(ms as f64 * 1000.0);
+            }
+        }
+        Ok(self
+            .steps
+            .iter()
+            .zip(samples)
+            .map(|(step, mut t)| (self.step_name(step), crate::plan::median(&mut t)))
+            .collect())
+    }
+
+    /// The schedule's name for a launch.
+    fn step_name(&self, step: &Step) -> String {
+        match step {
+            Step::Generated { name, .. } => name.clone(),
+            Step::Extern { node } => {
+                let kernel = self.schedule.kernels.iter().find(|k| k.nodes.contains(node));
+                kernel.map_or_else(|| format!("extern node {node}"), |k| k.name.clone())
+            }
+        }
     }
 
     /// [`run`](Self::run) on host buffers: uploads the inputs, runs, downloads the outputs.
@@ -282,7 +322,7 @@ impl CudaCompiledGraph {
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps {
             start.record(self.device.stream()).map_err(|e| driver_error("cuEventRecord", e))?;
-            let pending = self.enqueue(inputs)?;
+            let pending = self.enqueue(inputs, None)?;
             end.record(self.device.stream()).map_err(|e| driver_error("cuEventRecord", e))?;
             self.finish(inputs, pending)?;
             let ms = start.elapsed_ms(&end).map_err(|e| driver_error("cuEventElapsedTime", e))?;
@@ -324,7 +364,9 @@ impl CudaCompiledGraph {
     }
 
     /// Allocates and enqueues everything; fallback ops synchronise on the way.
-    fn enqueue(&self, inputs: &[&CudaBuffer]) -> Result<Pending> {
+    /// Enqueues one run; with `marks` (one event per launch and one more), records
+    /// `marks[i]` before launch `i` and the last one after the last launch.
+    fn enqueue(&self, inputs: &[&CudaBuffer], marks: Option<&[cudarc::driver::CudaEvent]>) -> Result<Pending> {
         let inst = self.check_inputs(inputs)?;
         let p = &inst.program;
         let dev = &self.device;
@@ -348,7 +390,12 @@ impl CudaCompiledGraph {
                 Storage::Unused => 0,
             })
             .collect();
-        for step in &self.steps {
+        let mark = |i: usize| match marks {
+            Some(events) => events[i].record(dev.stream()).map_err(|e| driver_error("cuEventRecord", e)),
+            None => Ok(()),
+        };
+        for (i, step) in self.steps.iter().enumerate() {
+            mark(i)?;
             match step {
                 Step::Generated { name, func, launch, kernel, args, status: s } => {
                     if launch.block == 0 {
@@ -395,6 +442,7 @@ impl CudaCompiledGraph {
                 }
             }
         }
+        mark(self.steps.len())?;
         Ok(Pending { inst, outputs, status, _slots: slots })
     }
 
