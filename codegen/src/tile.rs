@@ -17,7 +17,8 @@
 //!    of one level is contiguous and a backend computes it in one pass over the row, keeping only
 //!    values that later passes read. Looped kernels make one [`TileStmt::RLoop`] per reduction,
 //!    recomputing the `XR` values that reduction needs inside it, and a final `RLoop` for the
-//!    `XR` epilogue and its stores.
+//!    `XR` epilogue and its stores; except that `amax(x)` and `sum(exp(x - amax(x)))` share one
+//!    `RLoop` (online softmax: the rule and its conditions are in the `online` module).
 //!
 //! Block variables are numbered in order of definition in the final body, so the numbering
 //! depends only on the kernel, never on construction details.
@@ -561,11 +562,13 @@ impl<'a> Builder<'a> {
         (0..self.defs.len() as Var).filter(|&v| need[v as usize]).collect()
     }
 
-    /// Looped reductions: one pass per reduction, `X` values outside the passes, and a final pass
-    /// for the `XR` epilogue and stores.
+    /// Looped reductions: one pass per reduction (one for both of an online softmax pair, at the
+    /// place of its maximum), `X` values outside the passes, and a final pass for the `XR`
+    /// epilogue and stores.
     fn place_looped(&self, live: &[bool]) -> Vec<TileStmt> {
         let mut body = Vec::new();
         let mut emitted = vec![false; self.defs.len()];
+        let pairs = self.online_pairs(live);
         let mut reduces: Vec<Var> = (0..self.defs.len() as Var)
             .filter(|&v| live[v as usize] && matches!(self.defs[v as usize], Def::Reduce { .. }))
             .collect();
@@ -586,6 +589,19 @@ impl<'a> Builder<'a> {
             inner
         };
         for &r in &reduces {
+            if pairs.iter().any(|p| p.sum == r) {
+                continue; // finished with its maximum
+            }
+            if let Some(p) = pairs.iter().find(|p| p.max == r) {
+                let mut pass = outer(self.pass_deps([p.value]), &mut body, &mut emitted);
+                pass.push(TileStmt::AccUpdateOnlineSoftmax { max_acc: p.max, sum_acc: p.sum, value: p.value });
+                body.push(TileStmt::AccInit { acc: p.max, op: ReduceOp::Max, dtype: p.dtype });
+                body.push(TileStmt::AccInit { acc: p.sum, op: ReduceOp::Sum, dtype: p.dtype });
+                body.push(TileStmt::RLoop(pass));
+                let (max, sum, dtype, finite_shift) = (p.max, p.sum, p.dtype, p.finite_shift);
+                body.push(TileStmt::ReduceOnlineSoftmax { max, sum, dtype, finite_shift });
+                continue;
+            }
             let Def::Reduce { op, dtype, source } = self.defs[r as usize] else { unreachable!() };
             let mut pass = outer(self.pass_deps([source]), &mut body, &mut emitted);
             pass.push(TileStmt::AccUpdate { acc: r, op, value: source });
@@ -634,15 +650,21 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// Renumbers block variables `0, 1, ...` in order of definition (a `Let` or a `Reduce`; an
-/// accumulator takes the number of the reduction that finishes it).
+/// Renumbers block variables `0, 1, ...` in order of definition (a `Let` or a `Reduce`, an
+/// online softmax's maximum then its sum; an accumulator takes the number of the reduction
+/// that finishes it).
 fn renumber(body: Vec<TileStmt>) -> Vec<TileStmt> {
+    fn define(v: Var, order: &mut IndexMap<Var, Var>) {
+        let n = order.len() as Var;
+        order.entry(v).or_insert(n);
+    }
     fn collect(stmts: &[TileStmt], order: &mut IndexMap<Var, Var>) {
         for s in stmts {
             match s {
-                TileStmt::Let { var, .. } | TileStmt::Reduce { var, .. } => {
-                    let n = order.len() as Var;
-                    order.entry(*var).or_insert(n);
+                TileStmt::Let { var, .. } | TileStmt::Reduce { var, .. } => define(*var, order),
+                TileStmt::ReduceOnlineSoftmax { max, sum, .. } => {
+                    define(*max, order);
+                    define(*sum, order);
                 }
                 TileStmt::RLoop(inner) => collect(inner, order),
                 _ => {}
@@ -660,6 +682,12 @@ fn renumber(body: Vec<TileStmt>) -> Vec<TileStmt> {
                 TileStmt::Store { arg, index, value, dims } => TileStmt::Store { arg, index, value: f(value), dims },
                 TileStmt::AccInit { acc, op, dtype } => TileStmt::AccInit { acc: f(acc), op, dtype },
                 TileStmt::AccUpdate { acc, op, value } => TileStmt::AccUpdate { acc: f(acc), op, value: f(value) },
+                TileStmt::AccUpdateOnlineSoftmax { max_acc, sum_acc, value } => {
+                    TileStmt::AccUpdateOnlineSoftmax { max_acc: f(max_acc), sum_acc: f(sum_acc), value: f(value) }
+                }
+                TileStmt::ReduceOnlineSoftmax { max, sum, dtype, finite_shift } => {
+                    TileStmt::ReduceOnlineSoftmax { max: f(max), sum: f(sum), dtype, finite_shift }
+                }
                 TileStmt::RLoop(inner) => TileStmt::RLoop(rewrite(inner, m)),
                 TileStmt::Reduce { var, op, dtype, source } => {
                     TileStmt::Reduce { var: f(var), op, dtype, source: f(source) }
@@ -672,5 +700,6 @@ fn renumber(body: Vec<TileStmt>) -> Vec<TileStmt> {
     rewrite(body, &order)
 }
 
+mod online;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -14,7 +14,9 @@
 //!   in the body, and [`TileStmt::Reduce`] reduces a block value along `r`;
 //! * **looped**: each pass over the row is a [`TileStmt::RLoop`] whose `XR` statements see
 //!   `RBLOCK` elements at a time and fold them into accumulators ([`TileStmt::AccUpdate`]);
-//!   after the loop, [`TileStmt::Reduce`] finishes the accumulator.
+//!   after the loop, [`TileStmt::Reduce`] finishes the accumulator. A `Max` reduction and a `Sum`
+//!   of `exp(x - max)` over the same values share one pass ("online softmax":
+//!   [`TileStmt::AccUpdateOnlineSoftmax`], finished by [`TileStmt::ReduceOnlineSoftmax`]).
 //!
 //! The printer renders Triton-like text: the `.tile` files of the debug dump.
 
@@ -186,6 +188,24 @@ pub enum TileStmt {
     /// `acc<acc> = combine(acc<acc>, value)` inside an [`TileStmt::RLoop`]; arg reductions
     /// also track the position (`rindex`) of the best value.
     AccUpdate { acc: Var, op: ReduceOp, value: Var },
+    /// `acc<max_acc>, acc<sum_acc> = combine_online_softmax(acc<max_acc>, acc<sum_acc>, value)`
+    /// inside an [`TileStmt::RLoop`] (Milakov & Gimelshein 2018): the running maximum `m` of
+    /// `value` and the sum `s` of `exp(value - m)`, rescaled when `m` grows:
+    /// `m' = max(m, v)`, `s' = s * exp(m - m') + exp(v - m')`. While `m` is still `-inf` (only
+    /// `-inf` values so far) `s` stays 0. A backend may fold several values at once (their
+    /// maximum first, then one rescale): the same `m`, and `s` up to rounding. Both
+    /// accumulators start as [`TileStmt::AccInit`]s (`Max` and `Sum`); only
+    /// [`TileStmt::ReduceOnlineSoftmax`] finishes them.
+    AccUpdateOnlineSoftmax { max_acc: Var, sum_acc: Var, value: Var },
+    /// `tmp<max>, tmp<sum> = online_softmax(acc<max>, acc<sum>, axis=r)`, after the pass of a
+    /// [`TileStmt::AccUpdateOnlineSoftmax`]: the lanes' `(m_i, s_i)` pairs combine as
+    /// `m = max m_i`, `s = sum s_i * exp(m_i - m)`; `tmp<max>` is the row's maximum and
+    /// `tmp<sum>` is `sum(exp(x - shift))` over the row, both of `dtype` and exactly what the two
+    /// reductions give (up to rounding). `shift` is `tmp<max>`, so a row that is all `-inf`
+    /// has a NaN sum (each term is `exp(-inf - -inf)`); with `finite_shift` it is
+    /// `where(isinf(tmp<max>), c, tmp<max>)` for a finite constant `c` (logsumexp's), so an
+    /// infinite maximum gives 0 (`-inf`) or `+inf` (`+inf`), whatever `c`.
+    ReduceOnlineSoftmax { max: Var, sum: Var, dtype: DType, finite_shift: bool },
     /// `for roffset in range(0, rnumel, RBLOCK)`: one pass over the rows of a looped reduction.
     RLoop(Vec<TileStmt>),
     /// `tmp<var> = reduce(op, source, axis=r)`: `source` is an XR value (persistent) or an
@@ -254,6 +274,16 @@ fn write_stmts(s: &mut String, k: &TileKernel, stmts: &[TileStmt], indent: usize
             }
             TileStmt::AccUpdate { acc, op, value } => {
                 let _ = writeln!(s, "{pad}acc{acc} = combine_{}(acc{acc}, tmp{value})", op.name());
+            }
+            TileStmt::AccUpdateOnlineSoftmax { max_acc: m, sum_acc: a, value } => {
+                let _ = writeln!(s, "{pad}acc{m}, acc{a} = combine_online_softmax(acc{m}, acc{a}, tmp{value})");
+            }
+            TileStmt::ReduceOnlineSoftmax { max, sum, dtype, finite_shift } => {
+                let shift = if *finite_shift { ", shift=finite" } else { "" };
+                let _ = writeln!(
+                    s,
+                    "{pad}tmp{max}, tmp{sum} = online_softmax(acc{max}, acc{sum}, axis=1{shift})[:, None]  # {dtype}[XBLOCK, 1]"
+                );
             }
             TileStmt::RLoop(body) => {
                 let _ = writeln!(s, "{pad}for roffset in range(0, rnumel, RBLOCK):");

@@ -20,7 +20,10 @@
 //!   value lives in a stack array of `rnumel` elements only when a later loop reads it;
 //!   otherwise it is a scalar of its loop, like every value of a looped reduction.
 //! * **Looped reduction**: each [`TileStmt::RLoop`] is one `rindex` loop; accumulators are
-//!   scalars of the `xindex` iteration.
+//!   scalars of the `xindex` iteration. An online softmax pass runs in blocks of
+//!   [`ONLINE_BLOCK`] positions, each folded into the maximum and the `double` sum of
+//!   exponentials at once (`coil_online_softmax_f32`: the block's maximum, at most one rescale
+//!   of the sum, then the block's exponentials).
 //!
 //! Reductions accumulate sums and products of floats in `double` (the interpreter sums in f64
 //! and rounds once, and f32 accumulation drifts on long rows), integers in wrapping `int64_t`;
@@ -44,6 +47,9 @@ use std::fmt::Write;
 /// Below this many elements (`xnumel * rnumel`) a kernel runs on the calling thread: waking
 /// the OpenMP team costs more than the work.
 pub const PARALLEL_MIN_ELEMENTS: i64 = 1 << 15;
+
+/// Row positions an online softmax pass folds at once (see `Emitter::online_rloop`).
+pub const ONLINE_BLOCK: usize = 32;
 
 /// One C translation unit: the [`prelude`] and one function per kernel, in order.
 pub fn emit_c(kernels: &[TileKernel]) -> String {
@@ -112,7 +118,9 @@ fn reads(s: &TileStmt) -> Vec<Var> {
             TileOp::Where(c, a, b) => vec![c, a, b],
             _ => vec![],
         },
-        TileStmt::Store { value, .. } | TileStmt::AccUpdate { value, .. } => vec![*value],
+        TileStmt::Store { value, .. }
+        | TileStmt::AccUpdate { value, .. }
+        | TileStmt::AccUpdateOnlineSoftmax { value, .. } => vec![*value],
         TileStmt::Reduce { source, .. } => vec![*source],
         _ => vec![],
     }
@@ -142,6 +150,14 @@ impl<'a> Emitter<'a> {
                 }
                 TileStmt::AccUpdate { acc, value, .. } => {
                     acc_source.insert(*acc, *value);
+                }
+                TileStmt::AccUpdateOnlineSoftmax { max_acc, sum_acc, value } => {
+                    acc_source.insert(*max_acc, *value);
+                    acc_source.insert(*sum_acc, *value);
+                }
+                TileStmt::ReduceOnlineSoftmax { max, sum, dtype, .. } => {
+                    vars.insert(*max, VarInfo { dtype: *dtype });
+                    vars.insert(*sum, VarInfo { dtype: *dtype });
                 }
                 _ => {}
             }
@@ -246,6 +262,19 @@ impl<'a> Emitter<'a> {
                 TileStmt::AccInit { acc, op, dtype } => self.acc_init(*acc, *op, *dtype),
                 TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
                 TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
+                // inside a blocked loop (`online_rloop`), which folds the block after its loop
+                TileStmt::AccUpdateOnlineSoftmax { max_acc, value, .. } => {
+                    self.line(&format!("ox{max_acc}[rindex - rblock] = {};", self.r(*value)))
+                }
+                TileStmt::ReduceOnlineSoftmax { max, sum, dtype, finite_shift } => {
+                    self.acc_finish(*max, ReduceOp::Max, *dtype, *max);
+                    let f = if *finite_shift { "coil_online_sum_finite" } else { "coil_online_sum" };
+                    let value = ops::convert(&format!("{f}(acc{max}, acc{sum})"), DType::F64, *dtype);
+                    self.line(&format!("{} tmp{sum} = {value};", ops::compute_type(*dtype)));
+                }
+                TileStmt::RLoop(body) if body.iter().any(|s| matches!(s, TileStmt::AccUpdateOnlineSoftmax { .. })) => {
+                    self.online_rloop(body)
+                }
                 TileStmt::RLoop(body) => {
                     self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel.to_c()));
                     self.indent += 1;
@@ -257,6 +286,39 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+    }
+
+    /// An `RLoop` with online softmax updates, in blocks of [`ONLINE_BLOCK`] positions: the
+    /// block's values go to `ox<max>[]`, then one call folds them (the block's maximum first,
+    /// so the sum is rescaled at most once per block and its exponentials are independent).
+    fn online_rloop(&mut self, body: &[TileStmt]) {
+        let (rn, b) = (self.rnumel.to_c(), ONLINE_BLOCK);
+        self.line(&format!("for (int64_t rblock = 0; rblock < {rn}; rblock += {b}) {{"));
+        self.indent += 1;
+        let left =
+            if self.rnumel.const_value().is_some() { format!("{rn} - rblock") } else { format!("({rn}) - rblock") };
+        self.line(&format!("const int64_t rcount = {left} < {b} ? {left} : {b};"));
+        let mut folds = Vec::new();
+        for s in body {
+            if let TileStmt::AccUpdateOnlineSoftmax { max_acc: m, sum_acc: a, value } = s {
+                let d = self.dtype(*value);
+                self.line(&format!("{} ox{m}[{b}];", ops::compute_type(d)));
+                let f = if d == DType::F64 { "_f64" } else { "_f32" };
+                folds.push(format!("coil_online_softmax{f}(&acc{m}, &acc{a}, ox{m}, rcount);"));
+            }
+        }
+        self.line("for (int64_t rindex = rblock; rindex < rblock + rcount; rindex++) {");
+        self.indent += 1;
+        self.in_loop = true;
+        self.stmts(body);
+        self.in_loop = false;
+        self.indent -= 1;
+        self.line("}");
+        for f in folds {
+            self.line(&f);
+        }
+        self.indent -= 1;
+        self.line("}");
     }
 
     /// Splits a persistent body into scalar statements and `rindex` loops (see the module docs).

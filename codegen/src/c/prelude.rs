@@ -158,6 +158,16 @@ static inline double coil_rand_uniform(uint64_t seed, uint64_t index) {
     coil_philox(seed, index, w);
     return (double)(w[0] >> 8) * 5.9604644775390625e-8;
 }
+/* ---- online softmax (Milakov & Gimelshein 2018): max and sum(exp(x - max)) in one pass ------- */
+/* coil_online_softmax_f32 / _f64 (below) fold elements into (m, s); while m is -inf (only
+   -inf elements so far) s stays 0 instead of exp(-inf - -inf) = NaN. The sum of a finished
+   row: relative to m, a row of -inf has NaN terms only; relative to logsumexp's shift
+   where(isinf(m), c, m) with c finite, an infinite m gives 0 (-inf) or inf (+inf). */
+static inline double coil_online_sum(double m, double s) { return m == -INFINITY ? NAN : s; }
+static inline double coil_online_sum_finite(double m, double s) {
+    return m == -INFINITY ? 0.0 : m == INFINITY ? INFINITY : s;
+}
+
 /* Standard normal by Box-Muller in f64, as the definition; the caller rounds once. */
 static inline double coil_rand_normal(uint64_t seed, uint64_t index) {
     uint32_t w[4];
@@ -194,6 +204,18 @@ static inline $T coil_remainder$S($T a, $T b) {
 static inline $T coil_maximum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 static inline $T coil_minimum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 static inline $T coil_sign$S($T a) { return ($T)((0 < a) - (a < 0)); }
+/* Online softmax: n elements into the running maximum *m (folded as coil_maximum$S folds them,
+   bit for bit) and the sum *s of exp(x - *m), rescaled (once) when the maximum grows. */
+static inline void coil_online_softmax$S($T *m, double *s, const $T *x, int64_t n) {
+    $T mn = *m;
+    for (int64_t i = 0; i < n; i++) mn = coil_maximum$S(mn, x[i]);
+    double acc = *s;
+    if (mn != *m) acc *= exp((double)*m - (double)mn);
+    if (mn != -INFINITY)
+        for (int64_t i = 0; i < n; i++) acc += (double)exp$M(x[i] - mn);
+    *m = mn;
+    *s = acc;
+}
 "#;
 
 static PRELUDE: LazyLock<String> = LazyLock::new(|| {

@@ -51,7 +51,9 @@ fn reads(s: &TileStmt) -> Vec<Var> {
             TileOp::Where(c, a, b) => vec![c, a, b],
             _ => vec![],
         },
-        TileStmt::Store { value, .. } | TileStmt::AccUpdate { value, .. } => vec![*value],
+        TileStmt::Store { value, .. }
+        | TileStmt::AccUpdate { value, .. }
+        | TileStmt::AccUpdateOnlineSoftmax { value, .. } => vec![*value],
         TileStmt::Reduce { source, .. } => vec![*source],
         _ => vec![],
     }
@@ -298,6 +300,14 @@ impl<'a> Gen<'a> {
                 TileStmt::AccUpdate { acc, value, .. } => {
                     acc_source.insert(*acc, *value);
                 }
+                TileStmt::AccUpdateOnlineSoftmax { max_acc, sum_acc, value } => {
+                    acc_source.insert(*max_acc, *value);
+                    acc_source.insert(*sum_acc, *value);
+                }
+                TileStmt::ReduceOnlineSoftmax { max, sum, dtype, .. } => {
+                    dtypes.insert(*max, *dtype);
+                    dtypes.insert(*sum, *dtype);
+                }
                 _ => {}
             }
         }
@@ -524,6 +534,13 @@ impl<'a> Gen<'a> {
         let vec = self.group.as_ref().expect("inside a group").vec;
         let mut stores = Vec::new();
         for (n, s) in stmts.iter().enumerate() {
+            // An online softmax folds the group's values at once: one rescale per group, and
+            // independent exponentials.
+            if let TileStmt::AccUpdateOnlineSoftmax { max_acc: m, sum_acc: a, value } = s {
+                let t = ops::compute_type(self.dtype(*value));
+                self.line(&format!("{t} ox{m}[{vec}];"));
+                stores.push(format!("coil_online_group<{t}, {vec}>(acc{m}, acc{a}, ox{m});"));
+            }
             let Some((arg, index, piece)) = self.vector_access(s) else { continue };
             let (name, t) = (&self.k.args[arg].name, ops::storage_type(self.k.args[arg].dtype));
             let at = self.base_c(index);
@@ -596,6 +613,13 @@ impl<'a> Gen<'a> {
                 self.acc_finish(*var, *op, *dtype, *source)
             }
             TileStmt::Reduce { var, op, source, .. } => self.acc_update(*var, *op, *source),
+            // inside a group (see `group_body`), which folds the values after the element loop
+            TileStmt::AccUpdateOnlineSoftmax { max_acc, value, .. } => {
+                self.line(&format!("ox{max_acc}[i] = {};", self.r(*value)))
+            }
+            TileStmt::ReduceOnlineSoftmax { max, sum, dtype, finite_shift } => {
+                self.online_finish(*max, *sum, *dtype, *finite_shift)
+            }
             TileStmt::RLoop(body) => self.rloop(body),
         }
     }

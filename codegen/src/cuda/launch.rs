@@ -187,7 +187,11 @@ pub fn column_like(k: &TileKernel) -> bool {
 /// the block stages' shared memory would pass [`COL_SMEM_BYTES`]; 32 for a symbolic row).
 /// Accesses go element by element (`vec = 1`): consecutive in the warp, not in the thread.
 fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
-    let reductions = flat(&k.body).iter().filter(|s| matches!(s, TileStmt::Reduce { .. })).count().max(1);
+    let reductions = flat(&k.body)
+        .iter()
+        .filter(|s| matches!(s, TileStmt::Reduce { .. } | TileStmt::ReduceOnlineSoftmax { .. }))
+        .count()
+        .max(1);
     let smem_lanes = (COL_SMEM_BYTES / (COL_OUTPUTS * 16 * reductions)).max(1);
     let mut lanes = rn.map_or(32, |rn| rn.div_ceil(8).next_power_of_two().min(32));
     while lanes > smem_lanes {

@@ -26,7 +26,11 @@
 //!   Each reduction folds into a per-thread accumulator, then `coil_reduce`: warp shuffles and,
 //!   for several warps, a shared-memory stage.
 //! * **Looped reduction**: one block per row; each `RLoop` strides over the row's groups with
-//!   vector loads where contiguous, into per-thread accumulators, then a block reduction.
+//!   vector loads where contiguous, into per-thread accumulators, then a block reduction. An
+//!   online softmax pass folds each group into the thread's `(max, sum of exp)` pair at once
+//!   (`coil_online_group`: the group's maximum, at most one rescale, independent
+//!   exponentials); the pairs combine pairwise (`coil_online`) in warp shuffles of both
+//!   halves, then the first warp folds the warps' pairs (`coil_reduce_costly`).
 //! * **Column reduction** (either kind, when the rows run down memory, e.g. `x.sum(dim=0)`;
 //!   [`launch::column_like`]): a block holds 32 consecutive outputs, one per lane, times up to
 //!   32 threads along the reduced dim, so each warp load is 32 consecutive elements; the block
@@ -160,7 +164,7 @@ fn emit_one(k: &TileKernel) -> Result<(String, Launch)> {
 fn reserved(name: &str) -> bool {
     const FIXED: [&str; 12] =
         ["xnumel", "rnumel", "xindex", "rindex", "xvec", "rchunk", "rlane", "i", "k", "status", "aligned", "int64_t"];
-    const NUMBERED: [&str; 8] = ["tmp", "acc", "red", "w", "st", "smem", "in_ptr", "out_ptr"];
+    const NUMBERED: [&str; 9] = ["tmp", "acc", "red", "w", "st", "smem", "ox", "in_ptr", "out_ptr"];
     let numbered =
         |p: &str| name.strip_prefix(p).is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
     FIXED.contains(&name)

@@ -356,6 +356,56 @@ template <typename T> COIL_D coil_arg<T> coil_shfl0(coil_arg<T> a) {
     a.i = coil_shfl0(a.i);
     return a;
 }
+/* Online softmax (Milakov & Gimelshein 2018): a row's maximum m and the sum s of exp(x - m) in
+   one pass. Each thread folds its groups of N elements with coil_online_group (m as
+   coil_maximum_* folds them, bit for bit; s rescaled once per group when m grows; while m is
+   -inf, s stays 0 instead of exp(-inf - -inf) = NaN); the threads' pairs combine as
+   m = max(m_a, m_b), s = s_a exp(m_a - m) + s_b exp(m_b - m), {-inf, 0} being the identity. */
+template <typename T> struct coil_ms { T m; T s; };
+COIL_D float coil_exp(float x) { return expf(x); }
+COIL_D double coil_exp(double x) { return exp(x); }
+COIL_D float coil_abs(float x) { return fabsf(x); }
+COIL_D double coil_abs(double x) { return fabs(x); }
+COIL_D float coil_maximum(float a, float b) { return coil_maximum_f32(a, b); }
+COIL_D double coil_maximum(double a, double b) { return coil_maximum_f64(a, b); }
+template <typename T, int N> COIL_D void coil_online_group(T &m, T &s, const T (&x)[N]) {
+    T mn = m;
+#pragma unroll
+    for (int i = 0; i < N; i++) mn = coil_maximum(mn, x[i]);
+    if (mn != m) s *= coil_exp(m - mn);
+    m = mn;
+    if (mn != -(T)INFINITY) {
+#pragma unroll
+        for (int i = 0; i < N; i++) s += coil_exp(x[i] - mn);
+    }
+}
+/* The sum of the pair with the smaller m is rescaled by exp(-|m_a - m_b|) (one exponential):
+   NaN when an m is NaN, and s is NaN already where m is +inf. */
+struct coil_online {
+    template <typename T> __device__ coil_ms<T> operator()(coil_ms<T> a, coil_ms<T> b) const {
+        const T m = coil_maximum(a.m, b.m);
+        if (m == -(T)INFINITY) return coil_ms<T>{m, (T)0};
+        const T e = coil_exp(-coil_abs(a.m - b.m));
+        return coil_ms<T>{m, a.m < b.m ? a.s * e + b.s : a.s + b.s * e};
+    }
+};
+template <typename T> COIL_D coil_ms<T> coil_shfl_down(coil_ms<T> a, int o) {
+    a.m = coil_shfl_down(a.m, o);
+    a.s = coil_shfl_down(a.s, o);
+    return a;
+}
+template <typename T> COIL_D coil_ms<T> coil_shfl0(coil_ms<T> a) {
+    a.m = coil_shfl0(a.m);
+    a.s = coil_shfl0(a.s);
+    return a;
+}
+/* The sum of exp(x - shift) over a finished row: relative to m, a row of -inf has NaN terms
+   only; relative to logsumexp's where(isinf(m), c, m) with c finite, an infinite m gives 0
+   (-inf) or inf (+inf). */
+template <typename T> COIL_D T coil_online_sum(coil_ms<T> r) { return r.m == -(T)INFINITY ? (T)NAN : r.s; }
+template <typename T> COIL_D T coil_online_sum_finite(coil_ms<T> r) {
+    return r.m == -(T)INFINITY ? (T)0 : r.m == (T)INFINITY ? (T)INFINITY : r.s;
+}
 /* Reduces `v` over the threads of a row: a shuffle tree in each warp, broadcast from lane 0
    (so every lane holds the same bits, signed zeros included), then, for W > 1 warps per row,
    a shared-memory stage that every thread reads in the same order. W = 1 has no barrier, so
@@ -375,6 +425,30 @@ template <int W, typename T, typename Op> COIL_D T coil_reduce(T v, Op op, T *sm
     }
     return v;
 }
+/* coil_reduce for a costly combine (online softmax's): the W warps' partials are folded by
+   the first warp alone, in a shuffle tree, instead of by every thread; smem has W + 1 slots. */
+template <int W, typename T, typename Op> COIL_D T coil_reduce_costly(T v, Op op, T *smem) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = op(v, coil_shfl_down(v, o));
+    v = coil_shfl0(v);
+    if (W > 1) {
+        if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            v = smem[threadIdx.x < W ? threadIdx.x : 0];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const T u = coil_shfl_down(v, o);
+                if (threadIdx.x + o < W) v = op(v, u);
+            }
+            if (threadIdx.x == 0) smem[W] = v;
+        }
+        __syncthreads();
+        v = smem[W];
+        __syncthreads();
+    }
+    return v;
+}
 /* Column reductions: a block of X consecutive outputs (threadIdx.x % X) times R threads along
    the reduced dim (threadIdx.x / X), smem of R * X slots. Every thread folds the R partials of
    its output in the same order, so all of them hold the same bits. The closing barrier lets
@@ -386,6 +460,22 @@ template <int R, int X, typename T, typename Op> COIL_D T coil_reduce_col(T v, O
     v = smem[x];
 #pragma unroll
     for (int r = 1; r < R; r++) v = op(v, smem[r * X + x]);
+    __syncthreads();
+    return v;
+}
+/* coil_reduce_col for a costly combine: the first X threads (r = 0) fold their output's R
+   partials and leave the result in slot x, which every thread of the output then reads. */
+template <int R, int X, typename T, typename Op> COIL_D T coil_reduce_col_costly(T v, Op op, T *smem) {
+    smem[threadIdx.x] = v;
+    __syncthreads();
+    const int x = threadIdx.x % X;
+    if (threadIdx.x < X) {
+#pragma unroll
+        for (int r = 1; r < R; r++) v = op(v, smem[r * X + x]);
+        smem[x] = v;
+    }
+    __syncthreads();
+    v = smem[x];
     __syncthreads();
     return v;
 }

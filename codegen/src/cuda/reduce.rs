@@ -30,9 +30,17 @@ impl<'a> Gen<'a> {
         }
         let slots = if p.col { p.launch.block as usize } else { p.warps_per_row() };
         for s in flat(&self.k.body) {
-            if let TileStmt::Reduce { var, op, .. } = s {
-                let acc = self.acc(*var, *op);
-                self.line(&format!("__shared__ {} smem{var}[{slots}];", acc.ty));
+            match s {
+                TileStmt::Reduce { var, op, .. } => {
+                    let acc = self.acc(*var, *op);
+                    self.line(&format!("__shared__ {} smem{var}[{slots}];", acc.ty));
+                }
+                TileStmt::ReduceOnlineSoftmax { max, dtype, .. } => {
+                    // `coil_reduce_costly` keeps the row's result in one more slot
+                    let (t, n) = (ops::compute_type(*dtype), if p.col { slots } else { slots + 1 });
+                    self.line(&format!("__shared__ coil_ms<{t}> smem{max}[{n}];"));
+                }
+                _ => {}
             }
         }
         let pieces = if self.k.kind == KernelKind::PersistentReduction { self.pieces() } else { vec![] };
@@ -266,15 +274,37 @@ impl<'a> Gen<'a> {
         self.line(&line);
     }
 
+    /// The block reduction of the plan: `coil_reduce<warps>` or `coil_reduce_col<lanes, rows>`,
+    /// or their `_costly` forms (the combine is worth doing once per partial, not per thread).
+    fn block_reduce(&self, costly: bool) -> String {
+        let p = self.plan;
+        let c = if costly { "_costly" } else { "" };
+        if p.col {
+            format!("coil_reduce_col{c}<{}, {}>", p.lanes, p.rows_per_block)
+        } else {
+            format!("coil_reduce{c}<{}>", p.warps_per_row())
+        }
+    }
+
+    /// Defines `tmp<max>` and `tmp<sum>` of an online softmax pass: the threads' `(m, s)` pairs
+    /// (`acc<max>`, `acc<sum>`, both in the value's compute type) combined across the row by
+    /// the pairwise rule (`coil_online`, an exponential each: the `_costly` block reduction),
+    /// then the sum relative to the row's shift.
+    pub(super) fn online_finish(&mut self, max: Var, sum: Var, dtype: DType, finite_shift: bool) {
+        let t = ops::compute_type(dtype);
+        let reduce = self.block_reduce(true);
+        let pair = format!("coil_ms<{t}>{{acc{max}, acc{sum}}}");
+        self.line(&format!("const coil_ms<{t}> red{max} = {reduce}({pair}, coil_online(), smem{max});"));
+        self.line(&format!("const {t} tmp{max} = red{max}.m;"));
+        let f = if finite_shift { "coil_online_sum_finite" } else { "coil_online_sum" };
+        let value = ops::convert(&format!("{f}(red{max})"), Self::acc_dtype(t), dtype);
+        self.line(&format!("const {t} tmp{sum} = {value};"));
+    }
+
     /// Defines `tmp<var>`: the row-wide reduction of the threads' accumulators `acc`.
     pub(super) fn acc_finish(&mut self, var: Var, op: ReduceOp, out: DType, acc: Var) {
         let a = self.acc(acc, op);
-        let p = self.plan;
-        let reduce = if p.col {
-            format!("coil_reduce_col<{}, {}>", p.lanes, p.rows_per_block)
-        } else {
-            format!("coil_reduce<{}>", p.warps_per_row())
-        };
+        let reduce = self.block_reduce(false);
         self.line(&format!("const {} red{var} = {reduce}(acc{acc}, {}(), smem{var});", a.ty, a.combine));
         let src = self.dtype(self.acc_source[&acc]);
         let value = match op {

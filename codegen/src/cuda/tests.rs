@@ -5,6 +5,7 @@
 use super::*;
 use crate::testutil::*;
 use crate::tile::build_kernel;
+use crate::tile::tests::{online, Online};
 use coil_ir::kernel::FusedKernel;
 use coil_ir::loops::{LoopProgram, ScalarOp};
 use coil_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
@@ -197,7 +198,25 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
         let (p, k) = crate::tile::tests::mean_var(kind, c);
         v.push(tile(&p, &k, &format!("mean_var_{c}")));
     }
+    // online softmax passes: each result kind, f64, bf16, a column plan, long rows for timing
+    for (what, cols, d, transposed) in online_cases() {
+        let (p, k) = online(64, cols, d, what, transposed);
+        let name = format!("online_{what:?}_{d}_{}{}", cols.map_or("s0".into(), |c| c.to_string()), transposed);
+        v.push(tile(&p, &k, &name.to_lowercase()));
+    }
     v
+}
+
+/// The online softmax kernels of [`all_kernels`]: `(what, row length, input dtype, transposed)`.
+fn online_cases() -> Vec<(Online, Option<usize>, DType, bool)> {
+    vec![
+        (Online::LogSoftmax, Some(3000), DType::F32, false),
+        (Online::LogSumExp, Some(50304), DType::F32, false),
+        (Online::Stats, Some(2000), DType::F64, false),
+        (Online::Softmax, Some(65536), DType::BF16, false),
+        (Online::Softmax, None, DType::F32, false),
+        (Online::LogSumExp, Some(3000), DType::F16, true),
+    ]
 }
 
 #[test]
@@ -610,4 +629,39 @@ fn size_names_the_kernel_uses_are_refused() {
     t.sizes = vec![coil_ir::sym::Expr::size("xvec")];
     let e = emit_cuda_kernel(&t).unwrap_err();
     assert!(e.message.contains("xvec"), "{}", e.message);
+}
+
+#[test]
+fn online_softmax_one_pass_and_pairwise_block_combine() {
+    // softmax: the max and the sum in one pass over the row, the stores in a second
+    let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert_eq!(src.matches("coil_load<").count(), 2, "{src}");
+    assert!(src.contains("__shared__ coil_ms<float> smem1[9];"), "{src}");
+    assert!(src.contains("float ox1[4];") && src.contains("ox1[i] = tmp0;"), "{src}");
+    assert!(src.contains("coil_online_group<float, 4>(acc1, acc2, ox1);"), "{src}");
+    assert!(src.contains("coil_reduce_costly<8>(coil_ms<float>{acc1, acc2}, coil_online(), smem1);"), "{src}");
+    assert!(src.contains("const float tmp2 = coil_online_sum(red1);") && !src.contains("coil_max_f32()"), "{src}");
+    // logsumexp: one pass; the sum relative to where(isinf(max), 0, max)
+    let (p, k) = online(4, Some(50304), DType::F32, Online::LogSumExp, false);
+    let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert_eq!((launch.block, src.matches("coil_load<").count()), (1024, 1), "{src}");
+    assert!(src.contains("coil_reduce_costly<32>(coil_ms<float>{acc1, acc2}, coil_online(), smem1);"), "{src}");
+    assert!(src.contains("const float tmp2 = coil_online_sum_finite(red1);"), "{src}");
+    // f64 pairs; a column plan combines through shared memory
+    let (p, k) = online(64, Some(2000), DType::F64, Online::Stats, true);
+    let t = build_kernel(&p, &k);
+    assert!(launch::plan(&t).col);
+    let (src, _) = emit_cuda_kernel(&t).unwrap();
+    assert!(src.contains("coil_online_group<double, 1>(acc1, acc2, ox1);"), "{src}");
+    assert!(
+        src.contains("coil_reduce_col_costly<") && src.contains("(coil_ms<double>{acc1, acc2}, coil_online(), smem1)"),
+        "{src}"
+    );
+    // bf16 in, f32 pairs, a symbolic row
+    let (p, k) = online(8, None, DType::BF16, Online::Softmax, false);
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert!(src.contains("coil_online_group<float, 1>(acc2, acc3, ox2);") && src.contains("rchunk < s0;"), "{src}");
+    let module = emit_cuda(&all_kernels()).unwrap();
+    syntax_check(&module.source);
 }

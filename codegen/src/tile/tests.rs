@@ -243,3 +243,215 @@ fn persistent_values_are_computed_in_the_pass_that_needs_them() {
     let load_w = pos(&|s| matches!(s, TileStmt::Let { op: TileOp::Load { arg: 1, .. }, .. }));
     assert!(load_x < reduce && reduce < load_w, "{t}");
 }
+
+/// What a kernel of [`online`] computes over the rows of its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Online {
+    /// `softmax(x, -1)`.
+    Softmax,
+    /// `log_softmax(x, -1)`: `(x - amax) - log(sum(exp(x - amax)))`.
+    LogSoftmax,
+    /// `logsumexp(x, -1)`: `log(sum(exp(x - M))) + M` with `M = where(isinf(amax), 0, amax)`.
+    LogSumExp,
+    /// `amax(x, -1)` and `sum(exp(x - amax), -1)`, both stored (cross-entropy's statistics).
+    Stats,
+}
+
+/// `what` over the rows of `x: [rows, cols]` (`cols` = `None`: the size symbol `s0`, dim 1 of
+/// the input, hint 3000) of dtype `input`, computed in f32 for f16/bf16 (`cast(load)`, results
+/// cast back), as lowering produces it, in one looped kernel. `transposed`: `x` is stored as
+/// `[cols, rows]` (the rows run down memory, a column reduction on the GPU).
+pub(crate) fn online(
+    rows: usize,
+    cols: Option<usize>,
+    input: DType,
+    what: Online,
+    transposed: bool,
+) -> (LoopProgram, FusedKernel) {
+    use coil_ir::loops::{range_var, reduction_var};
+    let f = if input.size_bytes() == 2 { DType::F32 } else { input };
+    let mut p = Prog::default();
+    let n = cols.map_or_else(|| p.symbol("s0", 0, if transposed { 0 } else { 1 }, 3000), Expr::from);
+    let r = Expr::from(rows);
+    let x = p.input_e(&if transposed { [n, r] } else { [r, n] }, input);
+    let at = |row: Expr, col: Expr| if transposed { col * rows as i64 + row } else { row * n + col };
+    let value = |b: &mut B, index: Expr| {
+        let l = b.load(x, index, input);
+        if input == f {
+            l
+        } else {
+            b.push(ScalarOp::Cast(l), f)
+        }
+    };
+    let back = |b: &mut B, v| if input == f { v } else { b.push(ScalarOp::Cast(v), input) };
+    let (xv, rv) = (range_var(0, &r), reduction_var(0, &n));
+    let mut b = B::default();
+    let v = value(&mut b, at(xv, rv));
+    let amax = p.reduction_e(&[r], &[n], ReduceOp::Max, f, b.done(v));
+    let shift = |b: &mut B, row: Expr| {
+        let m = b.load(amax, row, f);
+        if what != Online::LogSumExp {
+            return m;
+        }
+        let inf = b.unary(UnaryOp::IsInf, m, DType::Bool);
+        let zero = b.constant(0.0, f);
+        b.push(ScalarOp::Where(inf, zero, m), f)
+    };
+    let mut b = B::default();
+    let v = value(&mut b, at(xv, rv));
+    let m = shift(&mut b, xv);
+    let d = b.binary(BinaryOp::Sub, v, m, f);
+    let e = b.unary(UnaryOp::Exp, d, f);
+    let sum = p.reduction_e(&[r], &[n], ReduceOp::Sum, f, b.done(e));
+    let (x0, x1) = (range_var(0, &r), range_var(1, &n));
+    let mut b = B::default();
+    let outs = match what {
+        Online::Softmax | Online::LogSoftmax => {
+            let v = value(&mut b, at(x0, x1));
+            let m = b.load(amax, x0, f);
+            let d = b.binary(BinaryOp::Sub, v, m, f);
+            let s = b.load(sum, x0, f);
+            let y = if what == Online::Softmax {
+                let e = b.unary(UnaryOp::Exp, d, f);
+                b.binary(BinaryOp::Div, e, s, f)
+            } else {
+                let l = b.unary(UnaryOp::Log, s, f);
+                b.binary(BinaryOp::Sub, d, l, f)
+            };
+            let y = back(&mut b, y);
+            vec![p.pointwise_e(&[r, n], input, b.done(y))]
+        }
+        Online::LogSumExp => {
+            let s = b.load(sum, x0, f);
+            let l = b.unary(UnaryOp::Log, s, f);
+            let m = shift(&mut b, x0);
+            let y = b.binary(BinaryOp::Add, l, m, f);
+            let y = back(&mut b, y);
+            vec![p.pointwise_e(&[r], input, b.done(y))]
+        }
+        Online::Stats => vec![amax, sum],
+    };
+    outs.iter().for_each(|&o| p.output(o));
+    let nodes = (0..p.p.nodes.len()).collect();
+    let name = format!("red_fused_{what:?}_0").to_lowercase();
+    (p.p, kernel_e(&name, KernelKind::LoopedReduction, nodes, r, Some(n), outs))
+}
+
+fn rloops(t: &TileKernel) -> usize {
+    t.body.iter().filter(|s| matches!(s, TileStmt::RLoop(_))).count()
+}
+
+/// `(online softmax updates, their finishes with finite_shift, plain max updates)` of `t`.
+fn online_stmts(t: &TileKernel) -> (usize, Vec<bool>, usize) {
+    let mut all: Vec<&TileStmt> = Vec::new();
+    for s in &t.body {
+        match s {
+            TileStmt::RLoop(inner) => all.extend(inner),
+            s => all.push(s),
+        }
+    }
+    let updates = all.iter().filter(|s| matches!(s, TileStmt::AccUpdateOnlineSoftmax { .. })).count();
+    let finishes = all
+        .iter()
+        .filter_map(|s| match s {
+            TileStmt::ReduceOnlineSoftmax { finite_shift, .. } => Some(*finite_shift),
+            _ => None,
+        })
+        .collect();
+    let maxes = all.iter().filter(|s| matches!(s, TileStmt::AccUpdate { op: ReduceOp::Max, .. })).count();
+    (updates, finishes, maxes)
+}
+
+#[test]
+fn online_softmax_reads_the_row_once_for_max_and_sum() {
+    for (what, passes) in [(Online::Softmax, 2), (Online::LogSoftmax, 2), (Online::LogSumExp, 1), (Online::Stats, 1)] {
+        for (cols, input, transposed) in
+            [(Some(8192), DType::F32, false), (None, DType::BF16, false), (Some(2000), DType::F64, true)]
+        {
+            let (p, k) = online(64, cols, input, what, transposed);
+            let t = build_kernel(&p, &k);
+            let case = format!("{what:?} {cols:?} {input}");
+            assert_eq!(rloops(&t), passes, "{case}\n{t}");
+            assert_eq!(online_stmts(&t), (1, vec![what == Online::LogSumExp], 0), "{case}\n{t}");
+            // the pair is finished once, max then sum, right after its pass
+            let at = t.body.iter().position(|s| matches!(s, TileStmt::ReduceOnlineSoftmax { .. })).unwrap();
+            assert!(matches!(t.body[at - 1], TileStmt::RLoop(_)), "{case}\n{t}");
+            let TileStmt::ReduceOnlineSoftmax { max, sum, dtype, .. } = t.body[at] else { unreachable!() };
+            assert_eq!((sum, dtype), (max + 1, if input == DType::F64 { input } else { DType::F32 }), "{t}");
+        }
+    }
+    let (p, k) = online(2, Some(2000), DType::F32, Online::LogSumExp, false);
+    snapshot("tile_logsumexp_looped", build_kernel(&p, &k).to_string());
+}
+
+#[test]
+fn online_softmax_through_the_passes() {
+    use coil_ir::{Graph, LossReduction, Op, TensorMeta};
+    let options = coil_passes::ScheduleOptions { persistent_max_rnumel: 1024 };
+    // (op, input dtype, whether a target input, looped kernels' passes)
+    let ce = |label_smoothing| Op::CrossEntropy {
+        ignore_index: -100,
+        reduction: LossReduction::Mean,
+        label_smoothing,
+        weight: false,
+    };
+    let cases = [
+        (Op::Softmax { dim: 1 }, DType::F32, false, 2, false),
+        (Op::Softmax { dim: 1 }, DType::BF16, false, 2, false),
+        (Op::LogSoftmax { dim: 1 }, DType::F32, false, 2, false),
+        (Op::LogSumExp { dims: vec![1], keepdim: false }, DType::F16, false, 1, true),
+        (ce(0.0), DType::F32, true, 1, false),
+        // the smoothing term sums the log-probabilities: one more pass, not fused
+        (ce(0.1), DType::BF16, true, 3, false),
+    ];
+    for (op, d, target, passes, finite_shift) in cases {
+        let mut g = Graph::new();
+        let x = g.input(TensorMeta::new(vec![4, 4096], d));
+        let inputs = if target { vec![x, g.input(TensorMeta::new(vec![4], DType::I64))] } else { vec![x] };
+        let y = g.push(op.clone(), &inputs, None).unwrap();
+        g.outputs.push(y);
+        let program = coil_passes::lower(&coil_passes::decompose(&g).unwrap()).unwrap();
+        let sched = coil_passes::schedule_with(&program, &options);
+        let looped: Vec<&FusedKernel> =
+            sched.kernels.iter().filter(|k| k.kind == KernelKind::LoopedReduction).collect();
+        assert_eq!(looped.len(), 1, "{op:?}");
+        let t = build_kernel(&program, looped[0]);
+        assert_eq!(rloops(&t), passes, "{op:?}\n{t}");
+        assert_eq!(online_stmts(&t), (1, vec![finite_shift], 0), "{op:?}\n{t}");
+    }
+}
+
+#[test]
+fn online_softmax_needs_the_max_of_the_same_values() {
+    // sum(exp(x - amax(y))): the maximum of other values, two passes as before
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let (x, y) = (p.input(&[2, 3000], f), p.input(&[2, 3000], f));
+    let (xv, rv) = (xs(&[2])[0], rs(&[3000])[0]);
+    let mut b = B::default();
+    let l = b.load(y, xv * 3000 + rv, f);
+    let amax = p.reduction(&[2], &[3000], ReduceOp::Max, f, b.done(l));
+    let mut b = B::default();
+    let l = b.load(x, xv * 3000 + rv, f);
+    let m = b.load(amax, xv, f);
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let e = b.unary(UnaryOp::Exp, d, f);
+    let sum = p.reduction(&[2], &[3000], ReduceOp::Sum, f, b.done(e));
+    p.output(sum);
+    let k = kernel("red_fused_amax_exp_sub_sum_0", KernelKind::LoopedReduction, vec![0, 1], 2, Some(3000), vec![sum]);
+    let t = build_kernel(&p.p, &k);
+    assert_eq!((rloops(&t), online_stmts(&t)), (2, (0, vec![], 1)), "{t}");
+    // amax alone: one plain pass
+    let mut p = Prog::default();
+    let x = p.input(&[2, 3000], f);
+    let mut b = B::default();
+    let l = b.load(x, xv * 3000 + rv, f);
+    let amax = p.reduction(&[2], &[3000], ReduceOp::Max, f, b.done(l));
+    p.output(amax);
+    let k = kernel("red_fused_amax_0", KernelKind::LoopedReduction, vec![0], 2, Some(3000), vec![amax]);
+    let t = build_kernel(&p.p, &k);
+    assert_eq!((rloops(&t), online_stmts(&t)), (1, (0, vec![], 1)), "{t}");
+    // persistent rows are read once anyway
+    let (p, k) = softmax(4, 8, KernelKind::PersistentReduction, "per_fused_softmax_0");
+    assert_eq!(online_stmts(&build_kernel(&p, &k)), (0, vec![], 0));
+}
