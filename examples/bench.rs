@@ -460,7 +460,9 @@ fn run_dynamic(
     let outs = (c.program)(on_device);
     coil::set_default_device(coil::Device::Cpu);
     let compiled = coil::inspect(&refs(&outs?))?;
-    let symbolic = compiled.kernels.iter().flatten().any(|k| !k.sizes.is_empty());
+    // Symbolic when the program has size symbols (extern-only graphs have no kernel to ask).
+    let summary: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap_or_default();
+    let symbolic = summary["size_symbols"].as_array().is_some_and(|s| !s.is_empty());
     let times = compiled.time_runs(bufs, o.warmup, o.reps.max(1))?;
     let result = compiled.run_host(bufs)?;
     let mut relerr: f64 = 0.0;
