@@ -124,9 +124,18 @@ pub fn bmm(
             Some(act) => &[Some(act), None],
             None => &[None],
         };
+        let parts = outer_split(spec);
         for &act in in_library {
             for gather_all in [false, true] {
-                match lt_matmul(dev, spec, dtype, a, b, bias, out, gather_all, act) {
+                let mut result = Ok(());
+                for (part, first) in &parts {
+                    let out = DevOperand { ptr: out.ptr + (first * size) as u64, bytes: out.bytes - first * size };
+                    result = lt_matmul(dev, part, dtype, a, b, bias, out, gather_all, act);
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                match result {
                     Err(LtError::NoAlgorithm) => {}
                     Err(LtError::Other(e)) => return Err(e),
                     Ok(()) => {
@@ -144,6 +153,37 @@ pub fn bmm(
         }
     }
     on_host(dev, spec, dtype, a, b, bias, out)
+}
+
+/// The calls that compute `spec` on cuBLASLt, each with the first output element it writes:
+/// `spec` itself, or, when its operands' batch dims do not collapse into one stride (heads
+/// viewed out of a fused QKV product: `[B, H]` with strides `T*3C` and `hd`) but do without
+/// the outermost dim, one call per index of that dim, which spares gathering the operands.
+fn outer_split(spec: &BmmSpec) -> Vec<(BmmSpec, usize)> {
+    let whole = |op: &StridedOperand<usize>, rows, cols| lt_view(op, &spec.batch, rows, cols).is_some();
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    if spec.batch.len() < 2 || (whole(&spec.a, m, k) && whole(&spec.b, k, n)) {
+        return vec![(spec.clone(), 0)];
+    }
+    let inner = |op: &StridedOperand<usize>, i: usize| StridedOperand {
+        buffer: op.buffer,
+        offset: op.offset + i * op.batch_strides[0],
+        batch_strides: op.batch_strides[1..].to_vec(),
+        row_stride: op.row_stride,
+        col_stride: op.col_stride,
+    };
+    let rest = &spec.batch[1..];
+    let fits = |op: &StridedOperand<usize>, rows, cols| lt_view(&inner(op, 0), rest, rows, cols).is_some();
+    if !(fits(&spec.a, m, k) && fits(&spec.b, k, n)) {
+        return vec![(spec.clone(), 0)];
+    }
+    let per = rest.iter().product::<usize>() * m * n;
+    (0..spec.batch[0])
+        .map(|i| {
+            let part = BmmSpec { a: inner(&spec.a, i), b: inner(&spec.b, i), batch: rest.to_vec(), ..spec.clone() };
+            (part, i * per)
+        })
+        .collect()
 }
 
 /// Products whose activation cuBLASLt could not take, applied by [`apply_activation`] after
@@ -679,5 +719,23 @@ mod layout_tests {
         assert_eq!((v.rows, v.cols, v.ld), (1, 3, 1));
         assert_eq!(alignment(0x1000), 256);
         assert_eq!(alignment(0x1004), 4);
+    }
+
+    /// Attention heads viewed out of a fused QKV product `[B=2, T=4, 3C]` (C = 3 heads of 2):
+    /// q `[2, 3, 4, 2]` and k^T `[2, 3, 2, 4]` have batch strides (72, 2) that do not collapse,
+    /// so the product runs as one call per batch index, each over the 3 heads.
+    #[test]
+    fn head_views_split_the_outer_batch_instead_of_gathering() {
+        let (q, kt) = (op(0, vec![72, 2], 18, 1), op(6, vec![72, 2], 1, 18));
+        let spec = BmmSpec { a: q, b: kt, batch: vec![2, 3], m: 4, n: 4, k: 2, bias: None, activation: None };
+        let parts = outer_split(&spec);
+        assert_eq!(parts.len(), 2);
+        let (second, first) = &parts[1];
+        assert_eq!(*first, 3 * 4 * 4);
+        assert_eq!((second.batch.as_slice(), second.a.offset, second.b.offset), (&[3][..], 72, 78));
+        assert_eq!(lt_view(&second.a, &second.batch, 4, 2).map(|v| v.batch_stride), Some(2));
+        // Operands whose batch collapses stay one call.
+        let flat = BmmSpec { a: op(0, vec![24, 8], 2, 1), b: op(0, vec![24, 8], 4, 1), ..spec.clone() };
+        assert_eq!(outer_split(&flat).len(), 1);
     }
 }
