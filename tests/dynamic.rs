@@ -4,21 +4,8 @@
 
 mod common;
 
-use coil::{Backend, DType, Result, Tensor};
-use common::{randn, Block};
-
-/// The same function run eagerly on the interpreter.
-fn reference(f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> Vec<Vec<f64>> {
-    let before = coil::backend();
-    coil::set_backend(Backend::Interpreter);
-    let out = f(args).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
-    coil::set_backend(before);
-    out
-}
-
-fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
-}
+use coil::{DType, Result, Tensor};
+use common::{close, randn, reference, Block};
 
 fn check(
     f: &coil::CompiledFn<impl Fn(&[Tensor]) -> Result<Vec<Tensor>>>,

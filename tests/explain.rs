@@ -3,8 +3,8 @@
 
 mod common;
 
-use coil::{Backend, Buffer, DType, ErrorKind, Result, Stance, Tensor};
-use common::{randn, Block};
+use coil::{Buffer, DType, ErrorKind, Result, Stance, Tensor};
+use common::{close, randn, reference, Block};
 
 /// `file:line` of the line `back` lines above the macro's.
 macro_rules! line_above {
@@ -24,19 +24,6 @@ fn two_breaks(args: &[Tensor]) -> Result<Vec<Tensor>> {
         Ok(Buffer::from_vec(v, b.meta().shape))
     })?;
     Ok(vec![(reversed * 2.0).sqrt()? + &y])
-}
-
-/// The same function run eagerly on the interpreter.
-fn reference(f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> Vec<Vec<f64>> {
-    let before = coil::backend();
-    coil::set_backend(Backend::Interpreter);
-    let out = f(args).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
-    coil::set_backend(before);
-    out
-}
-
-fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
 }
 
 #[test]

@@ -96,20 +96,22 @@ pub fn inspect(outputs: &[&crate::Tensor]) -> Result<Arc<Compiled>> {
 }
 
 impl Compiled {
+    /// Host buffers copied to this graph's GPU (once, for timing).
+    fn upload(&self, inputs: &[&Buffer]) -> Result<Vec<CudaBuffer>> {
+        let device = CudaDevice::get(match self.device {
+            Device::Cuda(n) => n,
+            Device::Cpu => 0,
+        })?;
+        inputs.iter().map(|b| CudaBuffer::from_host(&device, b)).collect()
+    }
+
     /// Device time of each launch (generated kernel or extern call, named as in the schedule),
     /// in microseconds: the median of `reps` runs after `warmup` (CUDA events between launches
     /// on the GPU, the wall clock on the CPU). Inputs are host buffers.
     pub fn profile(&self, inputs: &[&Buffer], warmup: usize, reps: usize) -> Result<Vec<(String, f64)>> {
         match &self.executable {
             Executable::Cpu(g) => g.profile(inputs, warmup, reps),
-            Executable::Cuda(g) => {
-                let device = CudaDevice::get(match self.device {
-                    Device::Cuda(n) => n,
-                    Device::Cpu => 0,
-                })?;
-                let on_device = inputs.iter().map(|b| CudaBuffer::from_host(&device, b)).collect::<Result<Vec<_>>>()?;
-                g.profile(&on_device.iter().collect::<Vec<_>>(), warmup, reps)
-            }
+            Executable::Cuda(g) => g.profile(&self.upload(inputs)?.iter().collect::<Vec<_>>(), warmup, reps),
         }
     }
 
@@ -185,14 +187,7 @@ impl Compiled {
                     })
                     .collect()
             }
-            Executable::Cuda(g) => {
-                let device = CudaDevice::get(match self.device {
-                    Device::Cuda(n) => n,
-                    Device::Cpu => 0,
-                })?;
-                let on_device = inputs.iter().map(|b| CudaBuffer::from_host(&device, b)).collect::<Result<Vec<_>>>()?;
-                g.time_runs(&on_device.iter().collect::<Vec<_>>(), warmup, reps)
-            }
+            Executable::Cuda(g) => g.time_runs(&self.upload(inputs)?.iter().collect::<Vec<_>>(), warmup, reps),
         }
     }
 }

@@ -44,6 +44,38 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     strides
 }
 
+/// How a reshape from `from` to `to` (equal element counts, none zero) maps dims: groups of
+/// consecutive dims with equal products, each as (dims of `from`, dims of `to`); size-1 dims
+/// belong to no group. A merge is one group with several `from` dims, a split one with several
+/// `to` dims.
+///
+/// ```
+/// use coil_ir::graph::reshape_groups;
+/// assert_eq!(reshape_groups(&[2, 3, 4], &[6, 1, 4]), vec![(vec![0, 1], vec![0]), (vec![2], vec![2])]);
+/// ```
+pub fn reshape_groups(from: &[usize], to: &[usize]) -> Vec<(Vec<usize>, Vec<usize>)> {
+    let ins: Vec<usize> = (0..from.len()).filter(|&d| from[d] != 1).collect();
+    let outs: Vec<usize> = (0..to.len()).filter(|&d| to[d] != 1).collect();
+    let (mut i, mut o) = (0, 0);
+    let mut groups = Vec::new();
+    while i < ins.len() && o < outs.len() {
+        let (i0, o0) = (i, o);
+        let (mut pi, mut po) = (from[ins[i]], to[outs[o]]);
+        (i, o) = (i + 1, o + 1);
+        while pi != po {
+            if pi < po {
+                pi *= from[ins[i]];
+                i += 1;
+            } else {
+                po *= to[outs[o]];
+                o += 1;
+            }
+        }
+        groups.push((ins[i0..i].to_vec(), outs[o0..o].to_vec()));
+    }
+    groups
+}
+
 /// Shape and dtype of a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorMeta {

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)] // each test crate uses its own part
 
-use coil::{DType, Result, Tensor};
+use coil::{Backend, DType, Result, Tensor};
 
 /// Computed data: a function's inputs and weights are values, not part of its graphs.
 #[track_caller]
@@ -10,6 +10,20 @@ pub fn randn(shape: &[usize], dtype: DType) -> Tensor {
     let t = Tensor::randn(shape, dtype).unwrap();
     t.realize().unwrap();
     t
+}
+
+/// The same function run eagerly on the interpreter.
+pub fn reference(f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>, args: &[Tensor]) -> Vec<Vec<f64>> {
+    let before = coil::backend();
+    coil::set_backend(Backend::Interpreter);
+    let out = f(args).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
+    coil::set_backend(before);
+    out
+}
+
+/// Elementwise `|a - b| <= tol * (1 + |b|)`.
+pub fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
 }
 
 /// One GPT-2 block forward (as in `tests/kernels.rs`), weights made outside the function.

@@ -13,6 +13,7 @@
 //! expression at its symbols' values ([`DynamicSpec::bind`]).
 
 use coil_ir::dynamic::{decode, has_size_attrs, size_attrs, size_numbers, with_sizes, Probe, SymSizes};
+use coil_ir::graph::reshape_groups;
 use coil_ir::loops::{Bindings, SizeSymbol};
 use coil_ir::sym::Expr;
 use coil_ir::{Graph, Node, Op, TensorMeta};
@@ -251,24 +252,7 @@ fn reshape_target(xs: &[Expr], xn: &[usize], to: &[usize], by_hint: &dyn Fn(usiz
     if xn.contains(&0) {
         return out;
     }
-    let ins: Vec<usize> = (0..xn.len()).filter(|&d| xn[d] != 1).collect();
-    let outs: Vec<usize> = (0..to.len()).filter(|&d| to[d] != 1).collect();
-    let (mut i, mut o) = (0, 0);
-    while i < ins.len() && o < outs.len() {
-        let (i0, o0) = (i, o);
-        let (mut pi, mut po) = (xn[ins[i]], to[outs[o]]);
-        (i, o) = (i + 1, o + 1);
-        while pi != po {
-            if pi < po {
-                pi *= xn[ins[i]];
-                i += 1;
-            } else {
-                po *= to[outs[o]];
-                o += 1;
-            }
-        }
-        let group: Vec<usize> = ins[i0..i].to_vec();
-        let targets: Vec<usize> = outs[o0..o].to_vec();
+    for (group, targets) in reshape_groups(xn, to) {
         let product: Expr = group.iter().map(|&d| xs[d]).product();
         if product.const_value().is_some() {
             continue; // a static group splits into static dims

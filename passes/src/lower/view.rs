@@ -2,6 +2,7 @@
 //! operand, so a chain of views folds into one symbolic index expression of the base buffer.
 
 use super::Lowerer;
+use coil_ir::graph::reshape_groups;
 use coil_ir::sym::Expr;
 use coil_ir::{NodeId, Op};
 
@@ -66,28 +67,13 @@ pub(crate) fn reshape_index(from: &[Expr], to: &[Expr], from_n: &[usize], to_n: 
     if from_n.contains(&0) {
         return out;
     }
-    let ins: Vec<usize> = (0..from.len()).filter(|&d| from_n[d] != 1).collect();
-    let outs: Vec<usize> = (0..to.len()).filter(|&d| to_n[d] != 1).collect();
-    let (mut i, mut o) = (0, 0);
-    while i < ins.len() && o < outs.len() {
-        let (i0, o0) = (i, o);
-        let (mut pi, mut po) = (from_n[ins[i]], to_n[outs[o]]);
-        (i, o) = (i + 1, o + 1);
-        while pi != po {
-            if pi < po {
-                pi *= from_n[ins[i]];
-                i += 1;
-            } else {
-                po *= to_n[outs[o]];
-                o += 1;
-            }
-        }
+    for (ins, outs) in reshape_groups(from_n, to_n) {
         let mut linear = Expr::int(0);
-        for &d in &outs[o0..o] {
+        for &d in &outs {
             linear = linear * to[d] + idx[d];
         }
         // Successive divisions, innermost first: each one simplifies on its own.
-        for (k, &d) in ins[i0..i].iter().enumerate().rev() {
+        for (k, &d) in ins.iter().enumerate().rev() {
             out[d] = if k == 0 { linear } else { linear.modulo(from[d]) };
             linear = linear.floor_div(from[d]);
         }
