@@ -341,3 +341,9 @@ pub(crate) fn median(times: &mut [f64]) -> f64 {
     times.sort_by(|a, b| a.total_cmp(b));
     times.get(times.len() / 2).copied().unwrap_or(0.0)
 }
+
+/// The schedule's name of the kernel holding extern node `node` (its launch in profiles).
+pub(crate) fn extern_name(schedule: &Schedule, node: usize) -> String {
+    let kernel = schedule.kernels.iter().find(|k| k.nodes.contains(&node));
+    kernel.map_or_else(|| format!("extern node {node}"), |k| k.name.clone())
+}

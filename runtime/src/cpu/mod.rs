@@ -152,12 +152,7 @@ impl CompiledGraph {
         }
         let name = |step: &Step| match *step {
             Step::Kernel(i) => self.schedule.kernels[i].name.clone(),
-            Step::Extern(node) => self
-                .schedule
-                .kernels
-                .iter()
-                .find(|k| k.nodes.contains(&node))
-                .map_or_else(|| format!("extern node {node}"), |k| k.name.clone()),
+            Step::Extern(node) => crate::plan::extern_name(&self.schedule, node),
         };
         Ok(self.instances.steps.iter().zip(samples).map(|(s, mut t)| (name(s), crate::plan::median(&mut t))).collect())
     }

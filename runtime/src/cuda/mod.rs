@@ -292,10 +292,7 @@ impl CudaCompiledGraph {
     fn step_name(&self, step: &Step) -> String {
         match step {
             Step::Generated { name, .. } => name.clone(),
-            Step::Extern { node } => {
-                let kernel = self.schedule.kernels.iter().find(|k| k.nodes.contains(node));
-                kernel.map_or_else(|| format!("extern node {node}"), |k| k.name.clone())
-            }
+            Step::Extern { node } => crate::plan::extern_name(&self.schedule, *node),
         }
     }
 
