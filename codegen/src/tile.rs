@@ -201,18 +201,6 @@ fn bind(map: &mut IndexMap<Expr, Expr>, ranges: &[Expr], coords: Vec<Expr>, var:
     }
 }
 
-/// The block variables an op reads.
-fn operands(op: &TileOp) -> Vec<Var> {
-    match *op {
-        TileOp::MaskedLoad { mask, .. } => vec![mask],
-        TileOp::IndirectLoad { indirect, .. } => vec![indirect],
-        TileOp::Unary(_, a) | TileOp::Cast(a) => vec![a],
-        TileOp::Binary(_, a, b) => vec![a, b],
-        TileOp::Where(c, a, b) => vec![c, a, b],
-        TileOp::Load { .. } | TileOp::Constant(_) | TileOp::Index(_) | TileOp::Rand { .. } => vec![],
-    }
-}
-
 /// The index expressions an op evaluates.
 fn exprs(op: &TileOp) -> Vec<Expr> {
     match op {
@@ -306,7 +294,7 @@ impl<'a> Builder<'a> {
             return i as Var;
         }
         let level = match &def {
-            Def::Let { op, .. } => operands(op).iter().map(|&v| self.levels[v as usize]).max().unwrap_or(0),
+            Def::Let { op, .. } => op.operands().iter().map(|&v| self.levels[v as usize]).max().unwrap_or(0),
             Def::Reduce { source, .. } => self.levels[*source as usize] + 1,
         };
         self.defs.push(def);
@@ -315,7 +303,7 @@ impl<'a> Builder<'a> {
     }
 
     fn push_let(&mut self, dtype: DType, op: TileOp) -> Var {
-        let xr = operands(&op).iter().any(|&v| self.dims(v) == Dims::XR)
+        let xr = op.operands().iter().any(|&v| self.dims(v) == Dims::XR)
             || exprs(&op).into_iter().any(|e| self.uses_rindex(e));
         self.push(Def::Let { dims: if xr { Dims::XR } else { Dims::X }, dtype, op })
     }
@@ -474,7 +462,7 @@ impl<'a> Builder<'a> {
                 continue;
             }
             match &self.defs[i] {
-                Def::Let { op, .. } => operands(op).into_iter().for_each(|v| live[v as usize] = true),
+                Def::Let { op, .. } => op.operands().into_iter().for_each(|v| live[v as usize] = true),
                 Def::Reduce { source, .. } => live[*source as usize] = true,
             }
         }
@@ -514,7 +502,7 @@ impl<'a> Builder<'a> {
                     if *dims == Dims::XR {
                         place[v] = first_use[v].unwrap_or(self.levels[v]);
                     }
-                    operands(op).into_iter().for_each(|o| used_at(o, place[v], &mut first_use));
+                    op.operands().into_iter().for_each(|o| used_at(o, place[v], &mut first_use));
                 }
                 Def::Reduce { source, .. } => used_at(*source, self.levels[v] - 1, &mut first_use),
             }
@@ -556,7 +544,7 @@ impl<'a> Builder<'a> {
                 continue;
             }
             if let Def::Let { op, .. } = &self.defs[v as usize] {
-                stack.extend(operands(op));
+                stack.extend(op.operands());
             }
         }
         (0..self.defs.len() as Var).filter(|&v| need[v as usize]).collect()

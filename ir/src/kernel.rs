@@ -213,6 +213,39 @@ pub enum TileStmt {
     Reduce { var: Var, op: ReduceOp, dtype: DType, source: Var },
 }
 
+impl TileOp {
+    /// The block variables the op reads.
+    pub fn operands(&self) -> Vec<Var> {
+        match *self {
+            TileOp::MaskedLoad { mask, .. } => vec![mask],
+            TileOp::IndirectLoad { indirect, .. } => vec![indirect],
+            TileOp::Unary(_, a) | TileOp::Cast(a) => vec![a],
+            TileOp::Binary(_, a, b) => vec![a, b],
+            TileOp::Where(c, a, b) => vec![c, a, b],
+            TileOp::Load { .. } | TileOp::Constant(_) | TileOp::Index(_) | TileOp::Rand { .. } => vec![],
+        }
+    }
+}
+
+impl TileStmt {
+    /// The block variables the statement reads (accumulators aside).
+    pub fn reads(&self) -> Vec<Var> {
+        match self {
+            TileStmt::Let { op, .. } => op.operands(),
+            TileStmt::Store { value, .. }
+            | TileStmt::AccUpdate { value, .. }
+            | TileStmt::AccUpdateOnlineSoftmax { value, .. } => vec![*value],
+            TileStmt::Reduce { source, .. } => vec![*source],
+            _ => vec![],
+        }
+    }
+}
+
+/// Every statement of a body, loops flattened (in order).
+pub fn flat_stmts(stmts: &[TileStmt]) -> Vec<&TileStmt> {
+    stmts.iter().flat_map(|s| if let TileStmt::RLoop(b) = s { flat_stmts(b) } else { vec![s] }).collect()
+}
+
 /// A block-level kernel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TileKernel {

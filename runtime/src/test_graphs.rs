@@ -1,10 +1,12 @@
 //! Small loop programs, schedules and tile-kernel signatures for the backends' tests (the CPU
 //! and CUDA tests build the same graphs around hand-written kernels).
 
-use coil_ir::kernel::{FusedKernel, KernelKind, TileArg, TileKernel};
-use coil_ir::loops::{Bindings, Body, BufferId, LoopBuffer, LoopKind, LoopNode, ScalarOp};
+use coil_ir::kernel::{FusedKernel, KernelKind, Schedule, TileArg, TileKernel};
+use coil_ir::loops::{
+    Bindings, Body, BufferId, ExternCall, LoopBuffer, LoopKind, LoopNode, LoopProgram, ScalarOp, StridedOperand,
+};
 use coil_ir::sym::Expr;
-use coil_ir::{BinaryOp, DType, TensorMeta};
+use coil_ir::{BinaryOp, DType, Op, TensorMeta};
 
 pub(crate) fn buffer(name: &str, shape: &[usize], dtype: DType) -> LoopBuffer {
     LoopBuffer::new(name, TensorMeta::new(shape.to_vec(), dtype))
@@ -57,4 +59,57 @@ pub(crate) fn tile(name: &str, n: usize, args: &[(&str, usize, DType, bool)]) ->
         rblock: 1,
         body: vec![],
     }
+}
+
+/// An all-extern program: `buf2 = arg0^T @ arg1` per batch (`arg0: f32[2, k, m]` read
+/// transposed, `arg1: f32[k, n]` broadcast over the batch), then a fallback cumsum of it along
+/// the last dim into `buf3`, the output; no kernel to compile.
+pub(crate) fn extern_only(m: usize, n: usize, k: usize) -> (LoopProgram, Schedule) {
+    let f = DType::F32;
+    let e = |v: usize| Expr::from(v);
+    let a = StridedOperand {
+        buffer: BufferId(0),
+        offset: e(0),
+        batch_strides: vec![e(k * m)],
+        row_stride: e(1),
+        col_stride: e(m),
+    };
+    let b = StridedOperand {
+        buffer: BufferId(1),
+        offset: e(0),
+        batch_strides: vec![e(0)],
+        row_stride: e(n),
+        col_stride: e(1),
+    };
+    let call = ExternCall::Bmm { a, b, bias: None, activation: None, batch: vec![e(2)], m: e(m), n: e(n), k: e(k) };
+    let bmm = LoopNode {
+        output: BufferId(2),
+        origins: vec!["bmm"],
+        kind: LoopKind::Extern { call, inputs: vec![BufferId(0), BufferId(1)] },
+    };
+    let cumsum = LoopNode {
+        output: BufferId(3),
+        origins: vec!["cumsum"],
+        kind: LoopKind::Extern { call: ExternCall::Fallback { op: Op::Cumsum { dim: 2 } }, inputs: vec![BufferId(2)] },
+    };
+    let program = LoopProgram {
+        symbols: vec![],
+        buffers: vec![
+            buffer("arg0", &[2, k, m], f),
+            buffer("arg1", &[k, n], f),
+            buffer("buf2", &[2, m, n], f),
+            buffer("buf3", &[2, m, n], f),
+        ],
+        inputs: vec![BufferId(0), BufferId(1)],
+        outputs: vec![BufferId(3)],
+        nodes: vec![bmm, cumsum],
+    };
+    let schedule = Schedule {
+        kernels: vec![
+            fused("ext_bmm_0", KernelKind::Extern, 0, 2 * m * n, &[2]),
+            fused("ext_cumsum_1", KernelKind::Extern, 1, 2 * m * n, &[3]),
+        ],
+        ..Default::default()
+    };
+    (program, schedule)
 }

@@ -37,7 +37,7 @@ mod prelude;
 
 pub use prelude::{prelude, status};
 
-use coil_ir::kernel::{Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
+use coil_ir::kernel::{flat_stmts, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
 use coil_ir::sym::Expr;
 use coil_ir::{DType, ReduceOp};
@@ -102,30 +102,6 @@ enum Parallel {
     If(String),
 }
 
-/// Every statement of a body, loops flattened.
-fn flat(stmts: &[TileStmt]) -> Vec<&TileStmt> {
-    stmts.iter().flat_map(|s| if let TileStmt::RLoop(b) = s { flat(b) } else { vec![s] }).collect()
-}
-
-/// The variables a statement reads.
-fn reads(s: &TileStmt) -> Vec<Var> {
-    match s {
-        TileStmt::Let { op, .. } => match *op {
-            TileOp::MaskedLoad { mask, .. } => vec![mask],
-            TileOp::IndirectLoad { indirect, .. } => vec![indirect],
-            TileOp::Unary(_, a) | TileOp::Cast(a) => vec![a],
-            TileOp::Binary(_, a, b) => vec![a, b],
-            TileOp::Where(c, a, b) => vec![c, a, b],
-            _ => vec![],
-        },
-        TileStmt::Store { value, .. }
-        | TileStmt::AccUpdate { value, .. }
-        | TileStmt::AccUpdateOnlineSoftmax { value, .. } => vec![*value],
-        TileStmt::Reduce { source, .. } => vec![*source],
-        _ => vec![],
-    }
-}
-
 /// A top-level piece of a persistent kernel: one statement, or an `rindex` loop of `XR`
 /// statements and the reductions folded in it.
 enum Piece<'s> {
@@ -137,7 +113,7 @@ impl<'a> Emitter<'a> {
     fn new(k: &'a TileKernel) -> Emitter<'a> {
         let mut vars = IndexMap::new();
         let mut acc_source = IndexMap::new();
-        for s in flat(&k.body) {
+        for s in flat_stmts(&k.body) {
             match s {
                 TileStmt::Let { var, dtype, .. } => {
                     vars.insert(*var, VarInfo { dtype: *dtype });
@@ -224,7 +200,7 @@ impl<'a> Emitter<'a> {
             self.line(&format!("const int64_t {} = ((const int64_t *)args[{n}])[{i}];", s.to_c()));
         }
         self.line("(void)status;");
-        let may_fail = flat(&k.body).iter().any(|s| match s {
+        let may_fail = flat_stmts(&k.body).iter().any(|s| match s {
             TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } => true,
             TileStmt::Let { op: TileOp::Binary(op, ..), dtype, .. } => ops::binary_may_fail(*op, *dtype),
             _ => false,
@@ -336,7 +312,7 @@ impl<'a> Emitter<'a> {
                 pieces.push(Piece::Scalar(s));
                 continue;
             }
-            if open.as_ref().is_some_and(|(_, pending)| reads(s).iter().any(|v| pending.contains(v))) {
+            if open.as_ref().is_some_and(|(_, pending)| s.reads().iter().any(|v| pending.contains(v))) {
                 pieces.extend(open.take().map(|(l, _)| Piece::Loop(l)));
             }
             let (stmts, pending) = open.get_or_insert_with(Default::default);
@@ -359,7 +335,7 @@ impl<'a> Emitter<'a> {
                     if let TileStmt::Let { var, .. } = s {
                         home.insert(*var, i);
                     }
-                    for v in reads(s) {
+                    for v in s.reads() {
                         if home.get(&v).is_some_and(|&h| h != i) {
                             self.arrays.insert(v);
                         }

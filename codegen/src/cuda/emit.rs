@@ -8,7 +8,7 @@
 
 use super::launch::{Plan, MAX_ACCESS_BYTES};
 use super::ops;
-use coil_ir::kernel::{rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
+use coil_ir::kernel::{flat_stmts, rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
 use coil_ir::sym::{Expr, ExprKind};
 use coil_ir::{BinaryOp, DType, ReduceOp};
@@ -33,30 +33,6 @@ fn store_value(e: &str, val: DType, buf: DType) -> String {
 /// `coil_store_f16`: one `cvt.rn.*x2.f32` per pair), with the same bits as [`store_value`].
 fn packed_store(piece: usize, val: DType, buf: DType) -> bool {
     piece >= 2 && matches!(buf, DType::F16 | DType::BF16) && matches!(val, DType::F32 | DType::F16 | DType::BF16)
-}
-
-/// Every statement of a body, loops flattened.
-pub(super) fn flat(stmts: &[TileStmt]) -> Vec<&TileStmt> {
-    stmts.iter().flat_map(|s| if let TileStmt::RLoop(b) = s { flat(b) } else { vec![s] }).collect()
-}
-
-/// The variables a statement reads.
-fn reads(s: &TileStmt) -> Vec<Var> {
-    match s {
-        TileStmt::Let { op, .. } => match *op {
-            TileOp::MaskedLoad { mask, .. } => vec![mask],
-            TileOp::IndirectLoad { indirect, .. } => vec![indirect],
-            TileOp::Unary(_, a) | TileOp::Cast(a) => vec![a],
-            TileOp::Binary(_, a, b) => vec![a, b],
-            TileOp::Where(c, a, b) => vec![c, a, b],
-            _ => vec![],
-        },
-        TileStmt::Store { value, .. }
-        | TileStmt::AccUpdate { value, .. }
-        | TileStmt::AccUpdateOnlineSoftmax { value, .. } => vec![*value],
-        TileStmt::Reduce { source, .. } => vec![*source],
-        _ => vec![],
-    }
 }
 
 /// Whether `e` is a multiple of `n` for every binding (from its canonical form).
@@ -123,7 +99,7 @@ fn index_type(k: &TileKernel) -> &'static str {
     if let Some(r) = k.rnumel {
         exprs.push(rindex(&r));
     }
-    for s in flat(&k.body) {
+    for s in flat_stmts(&k.body) {
         match s {
             TileStmt::Let { op, .. } => match op {
                 TileOp::Load { index, .. } | TileOp::MaskedLoad { index, .. } | TileOp::Index(index) => {
@@ -281,7 +257,7 @@ impl<'a> Gen<'a> {
         let mut dtypes = IndexMap::new();
         let mut acc_source = IndexMap::new();
         let mut twos = IndexSet::new();
-        for s in flat(&k.body) {
+        for s in flat_stmts(&k.body) {
             match s {
                 TileStmt::Let { var, dtype, op, .. } => {
                     dtypes.insert(*var, *dtype);
@@ -516,7 +492,7 @@ impl<'a> Gen<'a> {
                 TileOp::Rand { counter, .. } => same(*counter),
                 TileOp::MaskedLoad { index, mask, .. } => same(*index) && self.uniform.contains(mask),
                 TileOp::IndirectLoad { index, indirect, .. } => same(*index) && self.uniform.contains(indirect),
-                _ => reads(s).iter().all(|v| self.uniform.contains(v)),
+                _ => s.reads().iter().all(|v| self.uniform.contains(v)),
             };
             if u {
                 self.uniform.insert(*var);

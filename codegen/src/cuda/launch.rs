@@ -5,9 +5,9 @@
 //! kernels need 16-byte accesses, coalesced across the warp, and a few of them in flight per
 //! thread.
 
-use super::emit::{divisible, flat};
+use super::emit::divisible;
 use super::Launch;
-use coil_ir::kernel::{rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt};
+use coil_ir::kernel::{flat_stmts, rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt};
 use coil_ir::sym::Expr;
 use indexmap::IndexMap;
 
@@ -168,7 +168,7 @@ pub fn column_like(k: &TileKernel) -> bool {
     let (x, r) = (xindex(&k.xnumel), rindex(&r));
     let step = |e: Expr, v: Expr| e.substitute(&IndexMap::from([(v, v + 1)])) - e;
     let mut col = false;
-    for s in flat(&k.body) {
+    for s in flat_stmts(&k.body) {
         let TileStmt::Let { dims: Dims::XR, op: TileOp::Load { index, .. } | TileOp::MaskedLoad { index, .. }, .. } = s
         else {
             continue;
@@ -187,7 +187,7 @@ pub fn column_like(k: &TileKernel) -> bool {
 /// the block stages' shared memory would pass [`COL_SMEM_BYTES`]; 32 for a symbolic row).
 /// Accesses go element by element (`vec = 1`): consecutive in the warp, not in the thread.
 fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
-    let reductions = flat(&k.body)
+    let reductions = flat_stmts(&k.body)
         .iter()
         .filter(|s| matches!(s, TileStmt::Reduce { .. } | TileStmt::ReduceOnlineSoftmax { .. }))
         .count()

@@ -73,7 +73,7 @@ mod tests;
 
 pub use prelude::prelude;
 
-use coil_ir::kernel::{KernelKind, TileKernel, TileOp, TileStmt};
+use coil_ir::kernel::{flat_stmts, KernelKind, TileKernel, TileOp, TileStmt};
 use coil_ir::{BinaryOp, Error, Result, UnaryOp};
 
 /// Launch shape of one kernel: a 1-D grid of 1-D blocks.
@@ -177,7 +177,7 @@ fn reserved(name: &str) -> bool {
 /// Rejects what the shared scalar ops would refuse (they panic: the IR is malformed).
 fn check_ops(k: &TileKernel) -> Result<()> {
     use UnaryOp::*;
-    for s in emit::flat(&k.body) {
+    for s in flat_stmts(&k.body) {
         let TileStmt::Let { dtype, op, var, .. } = s else { continue };
         let bad = match op {
             TileOp::Unary(u, _) => {

@@ -29,7 +29,7 @@ impl<'a> Gen<'a> {
             self.line(&format!("const int rlane = threadIdx.x % {};", p.lanes));
         }
         let slots = if p.col { p.launch.block as usize } else { p.warps_per_row() };
-        for s in flat(&self.k.body) {
+        for s in flat_stmts(&self.k.body) {
             match s {
                 TileStmt::Reduce { var, op, .. } => {
                     let acc = self.acc(*var, *op);
@@ -49,7 +49,7 @@ impl<'a> Gen<'a> {
         if nchunk != Expr::int(0) {
             let arr = if p.chunks > 1 { format!("k * {} + i", p.vec) } else { "i".to_string() };
             self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, &arr));
-            let all = flat(&self.k.body);
+            let all = flat_stmts(&self.k.body);
             self.note_alignment(&all);
             self.find_arrays(&pieces);
             self.group = None;
@@ -102,7 +102,7 @@ impl<'a> Gen<'a> {
                 pieces.push(Piece::Row(s));
                 continue;
             }
-            if open.as_ref().is_some_and(|(_, pending)| reads(s).iter().any(|v| pending.contains(v))) {
+            if open.as_ref().is_some_and(|(_, pending)| s.reads().iter().any(|v| pending.contains(v))) {
                 pieces.extend(open.take().map(|(l, _)| Piece::Pass(l)));
             }
             let (stmts, pending) = open.get_or_insert_with(Default::default);
@@ -124,7 +124,7 @@ impl<'a> Gen<'a> {
                     if let TileStmt::Let { var, .. } = s {
                         home.insert(*var, n);
                     }
-                    for v in reads(s) {
+                    for v in s.reads() {
                         if home.get(&v).is_some_and(|&h| h != n) {
                             self.arrays.insert(v);
                         }

@@ -321,17 +321,6 @@ fn strided_spec(m: usize, n: usize, k: usize) -> (StridedOperand<usize>, Strided
     (a, b)
 }
 
-/// A strided operand of the loop IR (constant expressions).
-fn to_expr(op: StridedOperand<usize>) -> StridedOperand {
-    StridedOperand {
-        buffer: op.buffer,
-        offset: Expr::from(op.offset),
-        batch_strides: op.batch_strides.iter().map(|&s| Expr::from(s)).collect(),
-        row_stride: Expr::from(op.row_stride),
-        col_stride: Expr::from(op.col_stride),
-    }
-}
-
 #[test]
 fn gemm_matches_the_interpreter_with_strides_and_broadcast_batch() {
     // Big enough to take gemm's blocked (and, for the largest, parallel) paths.
@@ -376,49 +365,8 @@ fn gemm_rejects_views_outside_the_buffer() {
 fn extern_only_graph_runs_without_compiling() {
     let dir = TempDir::new("extern");
     let (m, n, k) = (4, 3, 5);
-    let (sa, sb) = strided_spec(m, n, k);
     let f = DType::F32;
-    let bmm_node = LoopNode {
-        output: BufferId(2),
-        origins: vec!["bmm"],
-        kind: LoopKind::Extern {
-            call: ExternCall::Bmm {
-                a: to_expr(sa),
-                b: to_expr(sb),
-                bias: None,
-                activation: None,
-                batch: vec![Expr::int(2)],
-                m: Expr::from(m),
-                n: Expr::from(n),
-                k: Expr::from(k),
-            },
-            inputs: vec![BufferId(0), BufferId(1)],
-        },
-    };
-    let cumsum = LoopNode {
-        output: BufferId(3),
-        origins: vec!["cumsum"],
-        kind: LoopKind::Extern { call: ExternCall::Fallback { op: Op::Cumsum { dim: 2 } }, inputs: vec![BufferId(2)] },
-    };
-    let program = LoopProgram {
-        symbols: vec![],
-        buffers: vec![
-            buffer("arg0", &[2, k, m], f),
-            buffer("arg1", &[k, n], f),
-            buffer("buf2", &[2, m, n], f),
-            buffer("buf3", &[2, m, n], f),
-        ],
-        inputs: vec![BufferId(0), BufferId(1)],
-        outputs: vec![BufferId(3)],
-        nodes: vec![bmm_node, cumsum],
-    };
-    let schedule = Schedule {
-        kernels: vec![
-            fused("ext_bmm_0", KernelKind::Extern, 0, 24, &[2]),
-            fused("ext_cumsum_1", KernelKind::Extern, 1, 24, &[3]),
-        ],
-        ..Default::default()
-    };
+    let (program, schedule) = crate::test_graphs::extern_only(m, n, k);
     let g = CompiledGraph::new_in(program, schedule, vec![None, None], "", &dir.0).unwrap();
     assert!(g.library_path().is_none() && !g.cache_hit() && g.compile_seconds() == 0.0);
     let a = Buffer::new(vec![2, k, m], HostData::from_f64_slice(f, &randoms(5, 2 * k * m))).unwrap();

@@ -16,7 +16,7 @@ use coil_codegen::cuda::CudaKernel;
 use coil_ir::kernel::KernelKind;
 use coil_ir::loops::{Activation, BiasOperand, LoopNode, StridedOperand};
 use coil_ir::sym::Expr;
-use coil_ir::{BinaryOp, DType, ErrorKind, Op, TensorMeta};
+use coil_ir::{BinaryOp, DType, ErrorKind, TensorMeta};
 
 /// A fresh directory, removed when dropped.
 struct TempDir(PathBuf);
@@ -592,62 +592,7 @@ fn extern_only_graph_runs_without_compiling() {
     let dir = TempDir::new("extern");
     let (m, n, k) = (4, 3, 5);
     let f = DType::F32;
-    let e = |v: usize| Expr::from(v);
-    let sa = StridedOperand {
-        buffer: BufferId(0),
-        offset: e(0),
-        batch_strides: vec![e(k * m)],
-        row_stride: e(1),
-        col_stride: e(m),
-    };
-    let sb = StridedOperand {
-        buffer: BufferId(1),
-        offset: e(0),
-        batch_strides: vec![e(0)],
-        row_stride: e(n),
-        col_stride: e(1),
-    };
-    let bmm_node = LoopNode {
-        output: BufferId(2),
-        origins: vec!["bmm"],
-        kind: LoopKind::Extern {
-            call: ExternCall::Bmm {
-                a: sa,
-                b: sb,
-                bias: None,
-                activation: None,
-                batch: vec![e(2)],
-                m: e(m),
-                n: e(n),
-                k: e(k),
-            },
-            inputs: vec![BufferId(0), BufferId(1)],
-        },
-    };
-    let cumsum = LoopNode {
-        output: BufferId(3),
-        origins: vec!["cumsum"],
-        kind: LoopKind::Extern { call: ExternCall::Fallback { op: Op::Cumsum { dim: 2 } }, inputs: vec![BufferId(2)] },
-    };
-    let program = LoopProgram {
-        symbols: vec![],
-        buffers: vec![
-            buffer("arg0", &[2, k, m], f),
-            buffer("arg1", &[k, n], f),
-            buffer("buf2", &[2, m, n], f),
-            buffer("buf3", &[2, m, n], f),
-        ],
-        inputs: vec![BufferId(0), BufferId(1)],
-        outputs: vec![BufferId(3)],
-        nodes: vec![bmm_node, cumsum],
-    };
-    let schedule = Schedule {
-        kernels: vec![
-            fused("ext_bmm_0", KernelKind::Extern, 0, 24, &[2]),
-            fused("ext_cumsum_1", KernelKind::Extern, 1, 24, &[3]),
-        ],
-        ..Default::default()
-    };
+    let (program, schedule) = crate::test_graphs::extern_only(m, n, k);
     let module = CudaModule { source: String::new(), kernels: vec![] };
     let g =
         CudaCompiledGraph::new_in(dev, program.clone(), schedule.clone(), vec![None, None], &module, &dir.0).unwrap();
