@@ -39,7 +39,7 @@ use std::time::Instant;
 
 const HELP: &str = "\
 usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
-             [--warmup N] [--reps N] [--compare-interpreter] [--dynamic] [--help]
+             [--warmup N] [--reps N] [--compare-interpreter] [--dynamic] [--emit-cuda DIR] [--help]
 
   --device D              cpu or cuda (default: cpu; cuda exits with status 2 when no GPU is usable)
   --only NAMES            run only these workloads (comma-separated WORKLOADS.md names)
@@ -56,6 +56,8 @@ usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
   --dynamic               also compile each workload with its leading dim symbolic (dynamic
                           shapes: sizes passed to the kernels) and print its time next to the
                           static graph's (dyn_us, dyn/static; `static` when it fell back)
+  --emit-cuda DIR          run nothing: write the CUDA kernels each workload compiles to (at --scale,
+                          default 1) to DIR/<workload>/<kernel>.cu; needs no GPU
   --help                  this text
 
 With COIL_PROFILE=1 each workload also prints the device time of each of its launches
@@ -305,6 +307,8 @@ struct Opts {
     /// Also compile with the leading (row) dim symbolic and time that graph.
     dynamic: bool,
     device: coil::Device,
+    /// `--emit-cuda DIR`: write the workloads' CUDA kernels there instead of running them.
+    emit_cuda: Option<String>,
 }
 
 /// The same workload compiled with its leading dim symbolic (`--dynamic`).
@@ -318,8 +322,8 @@ struct DynamicRow {
 
 struct Row {
     dynamic: Option<DynamicRow>,
-    /// Time per launch (`COIL_PROFILE=1`).
-    profile: Vec<(String, f64)>,
+    /// Time per launch (`COIL_PROFILE=1`), with the launch shape of generated kernels.
+    profile: Vec<(String, f64, String)>,
     us: f64,
     kernels: u64,
     compile_s: f64,
@@ -420,11 +424,27 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     };
 
     let dynamic = if o.dynamic { Some(run_dynamic(c, o, &on_device, &bufs, &result)?) } else { None };
+    let summary: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap_or_default();
     let profile = match std::env::var("COIL_PROFILE") {
         Ok(v) if !v.is_empty() && v != "0" => compiled.profile(&bufs, o.warmup, o.reps.max(1))?,
         _ => vec![],
     };
-    let summary: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap_or_default();
+    // Each generated kernel's launch, from the summary: grid x block, registers per thread.
+    let launch_of = |name: &str| {
+        let kernels = summary["kernels"].as_array().cloned().unwrap_or_default();
+        let l = kernels.iter().find(|k| k["name"] == name).map(|k| k["launch"].clone()).unwrap_or_default();
+        match (l["grid"].as_u64(), l["block"].as_u64(), l["registers"].as_u64()) {
+            (Some(g), Some(b), Some(r)) => format!("  (grid {g} x {b}, {r} registers)"),
+            _ => String::new(),
+        }
+    };
+    let profile = profile
+        .into_iter()
+        .map(|(k, us)| {
+            let l = launch_of(&k);
+            (k, us, l)
+        })
+        .collect();
     let count = |k: &str| summary[k].as_u64().unwrap_or(0);
     Ok(Row {
         dynamic,
@@ -475,13 +495,54 @@ fn run_dynamic(
     Ok(DynamicRow { us: median(times), symbolic, relerr })
 }
 
+/// `--emit-cuda DIR`: each workload's CUDA kernels, generated on this machine (no GPU needed);
+/// returns the exit status.
+fn emit_cuda(o: &Opts, only: &[String], dir: &str, home: Backend) -> i32 {
+    let mut status = 0;
+    for &(name, make) in WORKLOADS.iter().filter(|(n, _)| only.is_empty() || only.iter().any(|o| o == n)) {
+        let Some(make) = make else { continue };
+        coil::manual_seed(0);
+        let sources = make(o.scale).and_then(|c| {
+            if coil::realize(&refs(&c.inputs)).is_err() {
+                with_backend(Backend::Interpreter, home, || coil::realize(&refs(&c.inputs)))?;
+            }
+            let outs = (c.program)(&c.inputs)?;
+            coil_frontend::compile::cuda_sources(&coil::capture(&refs(&outs)).graph)
+        });
+        let written = sources.map_err(|e| e.to_string()).and_then(|sources| {
+            let folder = std::path::Path::new(dir).join(name);
+            std::fs::create_dir_all(&folder).map_err(|e| e.to_string())?;
+            for (kernel, source) in &sources {
+                std::fs::write(folder.join(format!("{kernel}.cu")), source).map_err(|e| e.to_string())?;
+            }
+            Ok(sources.len())
+        });
+        match written {
+            Ok(n) => println!("{name}: {n} kernels in {dir}/{name}"),
+            Err(e) => {
+                println!("{name}: FAILED: {e}");
+                status = 1;
+            }
+        }
+    }
+    status
+}
+
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
     format!("panic: {}", msg.unwrap_or_else(|| "(no message)".into()))
 }
 
 fn parse_args() -> std::result::Result<(Opts, Vec<String>, Option<String>), String> {
-    let mut o = Opts { scale: f64::NAN, warmup: 3, reps: 20, interp: false, dynamic: false, device: coil::Device::Cpu };
+    let mut o = Opts {
+        scale: f64::NAN,
+        warmup: 3,
+        reps: 20,
+        interp: false,
+        dynamic: false,
+        device: coil::Device::Cpu,
+        emit_cuda: None,
+    };
     let (mut only, mut json) = (Vec::new(), None);
     let mut args = std::env::args().skip(1);
     let mut device = coil::Device::default().to_string();
@@ -505,6 +566,7 @@ fn parse_args() -> std::result::Result<(Opts, Vec<String>, Option<String>), Stri
             "--reps" => o.reps = (num(value()?)? as usize).max(1),
             "--compare-interpreter" => o.interp = true,
             "--dynamic" => o.dynamic = true,
+            "--emit-cuda" => o.emit_cuda = Some(value()?),
             _ => return Err(format!("unknown argument {a:?}\n\n{HELP}")),
         }
     }
@@ -521,7 +583,7 @@ fn parse_args() -> std::result::Result<(Opts, Vec<String>, Option<String>), Stri
     };
     if o.scale.is_nan() {
         // Full size on the GPU; on a small CPU, a scale that runs the suite in about a minute.
-        o.scale = if o.device == coil::Device::Cpu { 0.05 } else { 1.0 };
+        o.scale = if o.device == coil::Device::Cpu && o.emit_cuda.is_none() { 0.05 } else { 1.0 };
     }
     if o.scale <= 0.0 {
         return Err(format!("--scale must be > 0, got {}", o.scale));
@@ -554,6 +616,9 @@ fn main() {
         coil::Device::Cuda(n) => coil_runtime::cuda::CudaDevice::get(n).map_or("cuda".into(), |d| d.name().to_string()),
     };
     let home = coil::backend();
+    if let Some(dir) = &o.emit_cuda {
+        std::process::exit(emit_cuda(&o, &only, dir, home));
+    }
     println!("coil bench on {device}, scale {}, warmup {}, reps {} (median)", o.scale, o.warmup, o.reps);
     let mut header = format!(
         "{:30} {:24} {:>10} {:>14} {:>4} {:>9} {:>8} {:>8}",
@@ -605,8 +670,8 @@ fn main() {
             line += &format!(" {:>10.1} {:>11} {:>8.1e}", d.us, ratio, d.relerr);
         }
         println!("{line}");
-        for (kernel, us) in &r.profile {
-            println!("    {us:>10.1} us  {kernel}");
+        for (kernel, us, launch) in &r.profile {
+            println!("    {us:>10.1} us  {kernel}{launch}");
         }
         json_rows.push(serde_json::json!({
             "name": name, "us": r.us, "kernels": r.kernels, "compile_s": r.compile_s,

@@ -230,6 +230,43 @@ pub fn compile_dynamic(captured: &Graph, device: Device, spec: &DynamicSpec) -> 
     compile_uncached(captured, device, Some(spec)).map(Arc::new)
 }
 
+/// The scheduler's options for `device`: a GPU block holds rows up to 8192 long in registers
+/// (one read per row for every pass).
+fn schedule_options(device: Device) -> coil_passes::ScheduleOptions {
+    match device {
+        Device::Cuda(_) => coil_passes::ScheduleOptions { persistent_max_rnumel: 8192 },
+        Device::Cpu => Default::default(),
+    }
+}
+
+/// The CUDA C source of each kernel `captured` compiles to (static sizes), as `(name, source)`
+/// in launch order, without a GPU: what `kernels/<name>.cu` would hold in a CUDA dump. For
+/// reading and diffing generated GPU code on a machine that has none.
+///
+/// ```
+/// use coil_frontend::{capture, compile::cuda_sources, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+/// let y = x.softmax(-1).unwrap();
+/// let sources = cuda_sources(&capture(&[&y]).graph).unwrap();
+/// assert_eq!(sources.len(), 1);
+/// assert!(sources[0].1.contains("__global__"));
+/// ```
+pub fn cuda_sources(captured: &Graph) -> Result<Vec<(String, String)>> {
+    let primitive = coil_passes::decompose(captured)?;
+    let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::from_env())?;
+    let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
+    let schedule = coil_passes::schedule_with(&program, &schedule_options(Device::Cuda(0)));
+    schedule
+        .kernels
+        .iter()
+        .filter(|k| k.kind != KernelKind::Extern)
+        .map(|k| {
+            let tile = coil_codegen::build_kernel(&program, k);
+            Ok((tile.name.clone(), coil_codegen::cuda::emit_cuda(std::slice::from_ref(&tile))?.source))
+        })
+        .collect()
+}
+
 fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSpec>) -> Result<Compiled> {
     let start = Instant::now();
     let mut times = StageTimes::default();
@@ -277,14 +314,7 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
     dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
 
     let t = Instant::now();
-    // A GPU block holds rows up to 8192 long in registers (one read per row for every pass).
-    let schedule = coil_passes::schedule_with(
-        &program,
-        &match device {
-            Device::Cuda(_) => coil_passes::ScheduleOptions { persistent_max_rnumel: 8192 },
-            Device::Cpu => Default::default(),
-        },
-    );
+    let schedule = coil_passes::schedule_with(&program, &schedule_options(device));
     times.schedule = t.elapsed().as_secs_f64();
     let post_fusion = coil_passes::print_schedule(&program, &schedule);
     dump.write("ir_post_fusion.txt", || post_fusion.clone());

@@ -11,7 +11,7 @@ use super::ops;
 use coil_ir::kernel::{flat_stmts, rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
 use coil_ir::sym::{Expr, ExprKind};
-use coil_ir::{BinaryOp, DType, ReduceOp};
+use coil_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use indexmap::{IndexMap, IndexSet};
 use std::fmt::Write;
 
@@ -248,6 +248,10 @@ pub(super) struct Gen<'a> {
     align: IndexMap<usize, usize>,
     /// Values that are float constants equal to 2 (`pow(x, 2)` becomes `x * x`).
     twos: IndexSet<Var>,
+    /// Values that are float constants equal to 1, and `tanh(z)` values by their `z` (computed
+    /// in f32): `tanh(z) + 1` becomes `coil_one_plus_tanh(z)` (see [`fast_one_plus_tanh`]).
+    ones: IndexSet<Var>,
+    tanh_of: IndexMap<Var, Var>,
     /// The type of index variables and arithmetic ([`index_type`]).
     pub(super) it: &'static str,
 }
@@ -256,15 +260,18 @@ impl<'a> Gen<'a> {
     pub(super) fn new(k: &'a TileKernel, plan: Plan) -> Gen<'a> {
         let mut dtypes = IndexMap::new();
         let mut acc_source = IndexMap::new();
-        let mut twos = IndexSet::new();
+        let (mut twos, mut ones, mut tanh_of) = (IndexSet::new(), IndexSet::new(), IndexMap::new());
         for s in flat_stmts(&k.body) {
             match s {
                 TileStmt::Let { var, dtype, op, .. } => {
                     dtypes.insert(*var, *dtype);
-                    if let TileOp::Constant(c) = op {
-                        if c.as_f64() == 2.0 {
-                            twos.insert(*var);
+                    match op {
+                        TileOp::Constant(c) if c.as_f64() == 2.0 => _ = twos.insert(*var),
+                        TileOp::Constant(c) if c.as_f64() == 1.0 => _ = ones.insert(*var),
+                        TileOp::Unary(UnaryOp::Tanh, z) if single_float(*dtype) && dtypes.get(z).is_some_and(|d| single_float(*d)) => {
+                            _ = tanh_of.insert(*var, *z)
                         }
+                        _ => {}
                     }
                 }
                 TileStmt::Reduce { var, dtype, source, .. } => {
@@ -302,6 +309,8 @@ impl<'a> Gen<'a> {
             group: None,
             align: IndexMap::new(),
             twos,
+            ones,
+            tanh_of,
             it: index_type(k),
         }
     }
@@ -631,6 +640,9 @@ impl<'a> Gen<'a> {
                 let e = format!("{f}(UINT64_C({seed}), (uint64_t)({}))", self.index_c(*counter));
                 ops::convert(&e, DType::F64, out)
             }
+            TileOp::Unary(UnaryOp::Exp, a) if out == DType::F32 && single_float(self.dtype(*a)) => {
+                format!("coil_exp_f32({})", self.r(*a))
+            }
             TileOp::Unary(u, a) => ops::unary(*u, &self.r(*a), self.dtype(*a), out),
             // pow(x, 2) is x * x: IEEE pow with exponent 2 is the correctly rounded square
             // (signed zeros, infinities and NaN included), which one multiply gives; CUDA's
@@ -638,6 +650,22 @@ impl<'a> Gen<'a> {
             TileOp::Binary(BinaryOp::Pow, x, y) if out.is_float() && self.twos.contains(y) => {
                 let a = self.r(*x);
                 ops::binary(BinaryOp::Mul, &a, self.dtype(*x), &a, self.dtype(*x), out)
+            }
+            TileOp::Binary(BinaryOp::Add, x, y) if single_float(out) && fast_one_plus_tanh() => {
+                let z = match (self.tanh_of.get(x), self.tanh_of.get(y)) {
+                    (Some(z), _) if self.ones.contains(y) => Some(*z),
+                    (_, Some(z)) if self.ones.contains(x) => Some(*z),
+                    _ => None,
+                };
+                match z {
+                    Some(z) => ops::convert(&format!("coil_one_plus_tanh({})", self.r(z)), DType::F32, out),
+                    None => ops::binary(BinaryOp::Add, &self.r(*x), self.dtype(*x), &self.r(*y), self.dtype(*y), out),
+                }
+            }
+            TileOp::Binary(BinaryOp::Div, x, y)
+                if single_float(out) && single_float(self.dtype(*x)) && single_float(self.dtype(*y)) =>
+            {
+                format!("coil_div_f32({}, {})", self.r(*x), self.r(*y))
             }
             TileOp::Binary(b, x, y) => ops::binary(*b, &self.r(*x), self.dtype(*x), &self.r(*y), self.dtype(*y), out),
             TileOp::Where(c, x, y) => {
@@ -648,6 +676,19 @@ impl<'a> Gen<'a> {
             TileOp::Cast(a) => ops::convert(&self.r(*a), self.dtype(*a), out),
         }
     }
+}
+
+/// Whether values of `d` are computed in f32 (f32, f16, bf16).
+fn single_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Whether `tanh(z) + 1` (gelu's tanh form) is computed as `2 / (1 + exp(-2z))`
+/// (`coil_one_plus_tanh`: an `ex2` and an `rcp`, a few ulp) instead of `tanhf` (a long routine,
+/// and cancellation where `tanh(z)` is near -1). `COIL_CUDA_PLAIN_TANH=1` turns it off, to
+/// compare.
+fn fast_one_plus_tanh() -> bool {
+    std::env::var_os("COIL_CUDA_PLAIN_TANH").is_none_or(|v| v != "1")
 }
 
 /// Reduction kernels: a child module, so that it shares the emitter's private state.

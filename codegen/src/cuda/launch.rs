@@ -18,8 +18,11 @@ pub const POINTWISE_BLOCK: usize = 256;
 pub const TARGET_SMS: usize = 132;
 /// Widest access of one thread, in bytes (`LDG.128`).
 pub const MAX_ACCESS_BYTES: usize = 16;
-/// Rows up to this long get one warp each in a persistent reduction; longer rows a block.
-pub const WARP_ROW_MAX: i64 = 256;
+/// Rows up to this long get one warp each in a persistent reduction (up to 32 values per
+/// thread; the row's reductions are shuffles, no barrier); longer rows a block. Measured on
+/// the H100 with a causal softmax over bf16 rows of 1024: a warp per row 237 us, 64 threads
+/// 251 us, 128 threads 266 us.
+pub const WARP_ROW_MAX: i64 = 1024;
 /// Outputs per block of a column reduction (one warp wide).
 pub const COL_OUTPUTS: usize = 32;
 /// Shared memory of a column reduction's block stages, at most (16 bytes per slot, the widest
@@ -74,11 +77,13 @@ fn min_elem_bytes(k: &TileKernel) -> usize {
 ///   every group.
 /// * **Persistent reduction** (a constant row): rows up to [`WARP_ROW_MAX`] get one warp (and a
 ///   block holds up to 8 rows, fewer while that leaves under two blocks per SM; 8 when the
-///   number of rows is symbolic); longer rows get a block of 64..256 threads (whole warps)
-///   sized for about two groups per thread. `vec` divides the row, so a group lies wholly
-///   inside it or outside.
+///   number of rows is symbolic); longer rows get a block of 64..256 threads (whole warps;
+///   up to 1024 when there are fewer rows than SMs) sized for about two groups per thread.
+///   `vec` divides the row, so a group lies wholly inside it or outside.
 /// * **Looped reduction**: one block per row, 256..1024 threads sized for about four groups
 ///   per thread per pass (512 for a row of symbolic length); `vec` provably divides the row.
+///   A kernel that reads its rows twice caps its grid so that the second read hits L2
+///   ([`rereading_grid_cap`]).
 ///
 /// The grid is `ceil(xnumel / per_block)` ([`Launch::grid_for`]): fixed here for a constant
 /// `xnumel`, computed by the runtime for each run's sizes otherwise (`Launch::grid` is then 0).
@@ -104,15 +109,20 @@ pub fn plan(k: &TileKernel) -> Plan {
         KernelKind::PersistentReduction => {
             let rn = rn.expect("a persistent reduction has a constant row");
             let mut vec = largest_pow2_dividing(access, rn);
-            let lanes = if rn as i64 <= WARP_ROW_MAX {
+            let lanes = if let Some(lanes) = row_threads_override() {
+                lanes
+            } else if rn as i64 <= WARP_ROW_MAX {
                 // No wider groups than keep all 32 lanes busy.
                 while vec > 1 && vec * 32 > rn {
                     vec /= 2;
                 }
                 32
             } else {
-                // Whole warps for about two groups each, so that few lanes idle.
-                (rn / vec).div_ceil(2).next_multiple_of(32).clamp(64, 256)
+                // Whole warps for about two groups each, so that few lanes idle; up to 1024
+                // threads when there are too few rows to fill the GPU anyway (a whole-tensor
+                // reduction: more of its loads in flight at once).
+                let most = if xn.is_some_and(|x| x < TARGET_SMS) { 1024 } else { 256 };
+                (rn / vec).div_ceil(2).next_multiple_of(32).clamp(64, most)
             };
             let chunks = (rn / vec).div_ceil(lanes);
             let mut rows = if lanes == 32 { 8 } else { 1 };
@@ -128,9 +138,37 @@ pub fn plan(k: &TileKernel) -> Plan {
             let vec = (1..=access.ilog2()).map(|p| 1 << p).take_while(|&v| divisible(rnumel, v as i64)).last();
             let vec = vec.unwrap_or(1);
             let lanes = rn.map_or(SYMBOLIC_ROW_LANES, |rn| (rn / vec / 4).next_power_of_two().clamp(256, 1024));
-            Plan { launch: launch(lanes, 1), vec, lanes, rows_per_block: 1, chunks: 1, col: false }.at(xn)
+            let mut launch = launch(lanes, 1);
+            launch.max_grid = rereading_grid_cap(k, rn);
+            Plan { launch, vec, lanes, rows_per_block: 1, chunks: 1, col: false }.at(xn)
         }
     }
+}
+
+/// `COIL_ROW_THREADS=N` (a multiple of 32, at most 1024): threads per row of every persistent
+/// reduction, in place of the heuristic's choice. A tuning knob for comparing plans on a GPU;
+/// rows of one warp are packed 8 to a block.
+fn row_threads_override() -> Option<usize> {
+    let n: usize = std::env::var("COIL_ROW_THREADS").ok()?.parse().ok()?;
+    (n >= 32 && n <= 1024 && n.is_multiple_of(32)).then_some(n)
+}
+
+/// Bytes of rows a looped reduction that reads its rows twice may keep in flight: about the
+/// share of the 50 MB L2 of an H100 that the second pass can count on.
+const L2_ROW_BUDGET: usize = 24 << 20;
+
+/// The grid cap of a looped reduction ([`Launch::max_grid`]): a kernel of two or more passes
+/// over its rows runs at most `L2_ROW_BUDGET / row bytes` rows at once (but at least one block
+/// per SM), so that its later passes read the row from L2 instead of HBM (short rows get a
+/// cap above any grid they need); 0 (no cap) for one pass. `COIL_LOOPED_GRID=N` sets the cap of every looped reduction, for tuning.
+fn rereading_grid_cap(k: &TileKernel, rn: Option<usize>) -> u32 {
+    if let Some(n) = std::env::var("COIL_LOOPED_GRID").ok().and_then(|v| v.parse::<u32>().ok()) {
+        return n;
+    }
+    let passes = k.body.iter().filter(|s| matches!(s, TileStmt::RLoop(_))).count();
+    let (Some(rn), true) = (rn, passes >= 2) else { return 0 };
+    let row_bytes = rn * k.args.iter().map(|a| a.dtype.size_bytes()).max().unwrap_or(4);
+    (L2_ROW_BUDGET / row_bytes.max(1)).clamp(TARGET_SMS, MAX_GRID) as u32
 }
 
 /// Threads per row of a looped reduction whose row length is symbolic.
@@ -141,7 +179,8 @@ impl Launch {
     /// most `2^31 - 1` (the kernels' grid-stride loops cover the rest).
     pub fn grid_for(&self, xnumel: i64) -> u32 {
         let n = usize::try_from(xnumel).unwrap_or(0);
-        n.div_ceil(self.per_block.max(1) as usize).clamp(1, MAX_GRID) as u32
+        let cap = if self.max_grid == 0 { MAX_GRID } else { self.max_grid as usize };
+        n.div_ceil(self.per_block.max(1) as usize).clamp(1, cap.min(MAX_GRID)) as u32
     }
 }
 
@@ -209,7 +248,7 @@ fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
 /// comes from [`Plan::at`].
 fn launch(block: usize, per_block: usize) -> Launch {
     // Shared memory is static (`__shared__` arrays sized at generation), so none is dynamic.
-    Launch { grid: 0, block: block as u32, shared_bytes: 0, per_block: per_block as u32 }
+    Launch { grid: 0, block: block as u32, shared_bytes: 0, per_block: per_block as u32, max_grid: 0 }
 }
 
 /// The largest power of two `<= limit` that divides `n` (`n = 0` counts as divisible).

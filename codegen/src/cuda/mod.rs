@@ -89,6 +89,9 @@ pub struct Launch {
     /// Outputs (pointwise) or rows (reductions) one block covers in one grid-stride step: the
     /// grid is `ceil(xnumel / per_block)`.
     pub per_block: u32,
+    /// At most this many blocks (0: no cap besides the hardware's): a looped reduction that
+    /// reads its rows twice keeps few enough rows in flight that the second read hits L2.
+    pub max_grid: u32,
 }
 
 /// One kernel of a [`CudaModule`].

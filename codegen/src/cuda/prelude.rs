@@ -231,9 +231,41 @@ COIL_D $T coil_remainder$S($T a, $T b) {
     if (m != 0 && ((b < 0) != (m < 0))) m += b;
     return m;
 }
-COIL_D $T coil_maximum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
-COIL_D $T coil_minimum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 COIL_D $T coil_sign$S($T a) { return ($T)((0 < a) - (a < 0)); }
+"#;
+
+/// NaN-propagating max/min (the C prelude's, bit for bit) of doubles, and of floats before
+/// sm_80; float division as written.
+const MAXMIN_PORTABLE: &str = r#"
+COIL_D double coil_maximum_f64(double a, double b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+COIL_D double coil_minimum_f64(double a, double b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
+/* f32 max/min: one FMNMX.NAN from sm_80 (NaN if either is NaN: the canonical NaN, where the C
+   prelude keeps an operand's payload), else the portable form. */
+COIL_D float coil_maximum_f32(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return (a != a || b != b) ? a + b : (a > b ? a : b);
+#endif
+}
+COIL_D float coil_minimum_f32(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return (a != a || b != b) ? a + b : (a < b ? a : b);
+#endif
+}
+/* f32 division as Triton does it: div.full.f32, at most 2 ulp from the rounded quotient over
+   the whole range, a few instructions where IEEE division (div.rn) is a subroutine. */
+COIL_D float coil_div_f32(float a, float b) {
+    float r;
+    asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
 "#;
 
 /// Vector accesses and reductions.
@@ -362,7 +394,24 @@ template <typename T> COIL_D coil_arg<T> coil_shfl0(coil_arg<T> a) {
    -inf, s stays 0 instead of exp(-inf - -inf) = NaN); the threads' pairs combine as
    m = max(m_a, m_b), s = s_a exp(m_a - m) + s_b exp(m_b - m), {-inf, 0} being the identity. */
 template <typename T> struct coil_ms { T m; T s; };
-COIL_D float coil_exp(float x) { return expf(x); }
+/* exp of f32 as Triton computes it: MUFU.EX2 of x log2(e) (ex2.approx.ftz: about 2 ulp, plus
+   the rounding of the product, |x| * 6e-8 relative: under f32's 1e-5 for |x| < 88, where it
+   does not overflow), where expf is a subroutine; results below 2^-126 flush to 0. */
+COIL_D float coil_exp_f32(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.44269504088896341f));
+    return r;
+}
+COIL_D float coil_exp(float x) { return coil_exp_f32(x); }
+/* 1 + tanh(z) (gelu's tanh form) as 2 / (1 + 2^(-2 z log2 e)): MUFU.EX2 and MUFU.RCP, a few
+   ulp, where tanhf is a long routine and 1 + tanhf(z) cancels for z << 0. z = -inf gives 0,
+   +inf gives 2, NaN gives NaN. */
+COIL_D float coil_one_plus_tanh(float z) {
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -2.88539008177792681f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+    return 2.0f * r;
+}
 COIL_D double coil_exp(double x) { return exp(x); }
 COIL_D float coil_abs(float x) { return fabsf(x); }
 COIL_D double coil_abs(double x) { return fabs(x); }
@@ -483,7 +532,8 @@ template <int R, int X, typename T, typename Op> COIL_D T coil_reduce_col_costly
 
 static PRELUDE: LazyLock<String> = LazyLock::new(|| {
     let float = |t: &str, s: &str, m: &str| FLOAT_TEMPLATE.replace("$T", t).replace("$S", s).replace("$M", m);
-    format!("{HEADER}{C_HELPERS}{COMMON}{}{}{BLOCK}", float("float", "_f32", "f"), float("double", "_f64", ""))
+    let (f32, f64) = (float("float", "_f32", "f"), float("double", "_f64", ""));
+    format!("{HEADER}{C_HELPERS}{COMMON}{f32}{f64}{MAXMIN_PORTABLE}{BLOCK}")
 });
 
 /// The prelude every CUDA translation unit starts with.

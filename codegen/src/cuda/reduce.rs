@@ -182,10 +182,9 @@ impl<'a> Gen<'a> {
         if nchunk == Expr::int(0) {
             return;
         }
-        if p.col {
-            // One element per thread and step: a few steps' loads in flight.
-            self.line("#pragma unroll 4");
-        }
+        // A few steps' loads in flight before the first of them is used (the accumulators
+        // chain the steps, the loads do not).
+        self.line("#pragma unroll 4");
         self.open(&format!("for ({} rchunk = rlane; rchunk < {}; rchunk += {}) {{", self.it, nchunk.to_c(), p.lanes));
         self.line(&format!("/* rindex = {}*rchunk + i */", p.vec));
         self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, "i"));

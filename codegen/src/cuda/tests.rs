@@ -225,7 +225,7 @@ fn pointwise_bf16_vectorized() {
     let t = build_kernel(&p, &k);
     let (src, launch) = emit_cuda_kernel(&t).unwrap();
     // 32 bf16: 4 groups of 8, one 16-byte load and store each, one warp
-    assert_eq!(launch, Launch { grid: 1, block: 32, shared_bytes: 0, per_block: 256 });
+    assert_eq!(launch, Launch { grid: 1, block: 32, shared_bytes: 0, per_block: 256, max_grid: 0 });
     assert!(src.contains("coil_load<uint16_t, 8, 8>(in_ptr0 + (8*xvec), aligned)"), "{src}");
     // stored from f32 values, rounded in pairs (one cvt.rn.bf16x2.f32 each)
     assert!(src.contains("coil_store_bf16<8, 8>(out_ptr0 + (8*xvec), s"), "{src}");
@@ -242,7 +242,7 @@ fn softmax_persistent_warp_per_row() {
     let (p, k) = softmax(32, 128, KernelKind::PersistentReduction, "per_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     // 128 f32 per row: a warp, one 16-byte group per lane; 32 rows: one row per block
-    assert_eq!(launch, Launch { grid: 32, block: 32, shared_bytes: 0, per_block: 1 });
+    assert_eq!(launch, Launch { grid: 32, block: 32, shared_bytes: 0, per_block: 1, max_grid: 0 });
     assert!(src.contains("coil_reduce<1>(acc1, coil_max_f32(), smem1)"), "{src}");
     // x is loaded once: the later passes read it from registers
     assert_eq!(src.matches("coil_load<").count(), 1, "{src}");
@@ -253,7 +253,8 @@ fn softmax_persistent_warp_per_row() {
 fn softmax_looped() {
     let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
-    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0, per_block: 1 });
+    // two passes over rows of 8000 bytes: at most 24 MiB of rows in flight
+    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0, per_block: 1, max_grid: 3145 });
     // small sizes: 32-bit index arithmetic
     assert!(src.contains("for (int rchunk = rlane; rchunk < 500; rchunk += 256) {"), "{src}");
     snapshot("cuda_softmax_looped", src);
@@ -261,11 +262,11 @@ fn softmax_looped() {
 
 #[test]
 fn layer_norm_block_per_row() {
-    let (p, k) = layer_norm(37, 768, KernelKind::PersistentReduction);
+    let (p, k) = layer_norm(37, 1536, KernelKind::PersistentReduction);
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
-    // 768 f32: 192 groups of 4, two on each of 96 threads (3 warps, a shared-memory stage)
-    assert_eq!(launch, Launch { grid: 37, block: 96, shared_bytes: 0, per_block: 1 });
-    assert!(src.contains("coil_reduce<3>(") && !src.contains("if (rchunk <"), "{src}");
+    // 1536 f32: 384 groups of 4, two on each of 192 threads (6 warps, a shared-memory stage)
+    assert_eq!(launch, Launch { grid: 37, block: 192, shared_bytes: 0, per_block: 1, max_grid: 0 });
+    assert!(src.contains("coil_reduce<6>(") && !src.contains("if (rchunk <"), "{src}");
     // the weights are contiguous along the row: vector loads too
     assert_eq!(src.matches("coil_load<float, 4, 4>").count(), 3, "{src}");
     snapshot("cuda_layer_norm", src);
@@ -297,10 +298,14 @@ fn launch_heuristic() {
     let (p, k) = softmax(8192, 64, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.rows_per_block, pl.chunks, pl.launch.grid), (2, 32, 8, 1, 1024));
-    // an odd row: scalar groups
+    // an odd row up to 1024 long: a warp, scalar groups
     let (p, k) = softmax(4, 333, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
-    assert_eq!((pl.vec, pl.lanes, pl.chunks), (1, 192, 2));
+    assert_eq!((pl.vec, pl.lanes, pl.chunks), (1, 32, 11));
+    // a longer row, and fewer rows than SMs: a block of up to 1024 threads, two groups each
+    let (p, k) = softmax(4, 1333, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.chunks), (1, 672, 2));
     let (p, k) = softmax(4, 1 << 16, KernelKind::LoopedReduction, "s");
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.launch.grid), (4, 1024, 4));
@@ -326,7 +331,7 @@ fn column_reduction_coalesces() {
     assert!(launch::column_like(&t));
     let (src, launch) = emit_cuda_kernel(&t).unwrap();
     // 32 outputs per block (one per lane) times 8 threads along the 64 rows, 8 rows each
-    assert_eq!(launch, Launch { grid: 8, block: 256, shared_bytes: 0, per_block: 32 });
+    assert_eq!(launch, Launch { grid: 8, block: 256, shared_bytes: 0, per_block: 32, max_grid: 0 });
     assert!(src.contains("const int rlane = threadIdx.x / 32;"), "{src}");
     assert!(src.contains("xindex = (int)blockIdx.x * 32 + threadIdx.x % 32;"), "{src}");
     assert!(src.contains("coil_reduce_col<8, 32>(acc1, coil_add(), smem1)"), "{src}");
@@ -590,7 +595,7 @@ fn symbolic_sizes_are_kernel_parameters() {
     let (poi, launch) = src(0);
     assert!(poi.contains("(const float *in_ptr0, float *out_ptr0, int64_t s0, int64_t *status)"), "{poi}");
     assert!(poi.contains("const int64_t xnumel = 4*s0;"), "{poi}");
-    assert_eq!(launch, Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1024 });
+    assert_eq!(launch, Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1024, max_grid: 0 });
     assert_eq!((launch.grid_for(8), launch.grid_for(1024), launch.grid_for(1025)), (1, 1, 2));
     // 4*s0 elements: groups of 4 are always full, and vector accesses stay
     assert!(poi.contains("xvec < s0;") && !poi.contains("xindex >= xnumel"), "{poi}");
