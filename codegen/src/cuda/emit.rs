@@ -268,7 +268,9 @@ impl<'a> Gen<'a> {
                     match op {
                         TileOp::Constant(c) if c.as_f64() == 2.0 => _ = twos.insert(*var),
                         TileOp::Constant(c) if c.as_f64() == 1.0 => _ = ones.insert(*var),
-                        TileOp::Unary(UnaryOp::Tanh, z) if single_float(*dtype) && dtypes.get(z).is_some_and(|d| single_float(*d)) => {
+                        TileOp::Unary(UnaryOp::Tanh, z)
+                            if single_float(*dtype) && dtypes.get(z).is_some_and(|d| single_float(*d)) =>
+                        {
                             _ = tanh_of.insert(*var, *z)
                         }
                         _ => {}
