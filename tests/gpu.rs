@@ -13,6 +13,9 @@ mod golden;
 #[path = "differential/harness.rs"]
 mod differential;
 
+#[path = "attention/cases.rs"]
+mod attention;
+
 /// The GPU, or `None` after saying why the test is skipped.
 fn gpu() -> Option<coil::Device> {
     if coil::cuda_available() {
@@ -44,6 +47,16 @@ fn compiled_cuda_programs_agree_with_the_interpreter() {
 fn dynamic_cuda_programs_agree_with_static_ones_at_every_size() {
     if let Some(device) = gpu() {
         differential::check_all_dynamic(device);
+    }
+}
+
+/// The attention template's CUDA kernels (tensor-core for f16 / bf16, the simple one for f32)
+/// against the interpreter: GPT-2's head views written out and through
+/// `scaled_dot_product_attention` (B=2, H=3, T=200 causal bf16, D=64), L != S, D 8 to 128.
+#[test]
+fn attention_template_agrees_with_the_interpreter_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::check_all(device);
     }
 }
 

@@ -252,7 +252,7 @@ fn schedule_options(device: Device) -> coil_passes::ScheduleOptions {
 /// assert!(sources[0].1.contains("__global__"));
 /// ```
 pub fn cuda_sources(captured: &Graph) -> Result<Vec<(String, String)>> {
-    let primitive = coil_passes::decompose(captured)?;
+    let primitive = coil_passes::decompose_with(captured, &COMPILE_DECOMPOSITION)?;
     let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::from_env())?;
     let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
     let schedule = coil_passes::schedule_with(&program, &schedule_options(Device::Cuda(0)));
@@ -267,6 +267,11 @@ pub fn cuda_sources(captured: &Graph) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// The compile path's decomposition: attention (written out, or `scaled_dot_product_attention`)
+/// stays one template node where the template supports it, for one flash-attention call. The
+/// reference interpreter decomposes it fully (`coil_passes::decompose`).
+const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions = coil_passes::DecomposeOptions { fused_attention: true };
+
 fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSpec>) -> Result<Compiled> {
     let start = Instant::now();
     let mut times = StageTimes::default();
@@ -277,7 +282,7 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
     let (program, rewrites) = match dynamic {
         None => {
             let t = Instant::now();
-            let primitive = coil_passes::decompose(captured)?;
+            let primitive = coil_passes::decompose_with(captured, &COMPILE_DECOMPOSITION)?;
             times.decompose = t.elapsed().as_secs_f64();
             dump.write("graph_decomposed.txt", || primitive.print(true));
 
@@ -294,8 +299,14 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
             // Decomposition and rewriting run at probe sizes (timed together as `decompose`).
             let t = Instant::now();
             let symbols: Vec<_> = spec.symbols.iter().map(|s| s.symbol).collect();
-            let d = coil_passes::dynamic::generalize(captured, &spec.sizes, &symbols, &options)
-                .map_err(|why| Error::unsupported(format!("dynamic shapes: {why}")))?;
+            let d = coil_passes::dynamic::generalize_with(
+                captured,
+                &spec.sizes,
+                &symbols,
+                &options,
+                &COMPILE_DECOMPOSITION,
+            )
+            .map_err(|why| Error::unsupported(format!("dynamic shapes: {why}")))?;
             times.decompose = t.elapsed().as_secs_f64();
             dump.write("graph_decomposed.txt", || d.primitive.print(true));
 

@@ -5,8 +5,8 @@
 //!
 //! * **pointwise**: `out[flat(x)] = body(x)` for every `x` in `ranges`;
 //! * **reduction**: `out[flat(x)] = reduce over r in reduction_ranges of body(x, r)`;
-//! * **extern**: a call coil does not generate code for (a matrix product, or a fallback op run
-//!   by the reference interpreter).
+//! * **extern**: a call coil does not generate code for (a matrix product, the attention
+//!   template, or a fallback op run by the reference interpreter).
 //!
 //! A [`Body`] is a small SSA list of scalar ops ([`ScalarOp`]). It reads buffers through
 //! symbolic index expressions ([`crate::sym::Expr`]) over the node's index variables: `x0, x1, ...`
@@ -178,9 +178,93 @@ pub enum ExternCall {
         n: Expr,
         k: Expr,
     },
+    /// The attention template: `out[b] = softmax(scale * q[b] @ k[b]^T (causal: -inf where
+    /// col > row)) @ v[b]` for every batch index, as one call that never materializes the
+    /// `[*batch, l, s]` scores (flash-attention style). `q` is `[*batch, l, d]`, `k` and `v`
+    /// `[*batch, s, d]`, each a strided view of its buffer (attention heads are views of one
+    /// QKV projection, never copied); `out` says where element `(b, row, col)` of the
+    /// `[*batch, l, d]` result lands in the node's output buffer (`out.buffer` is that buffer):
+    /// row-major, or the layout of a following permute that keeps the last dim (so a
+    /// `transpose(1, 2)` of the heads costs no copy). Scores and the softmax are computed in
+    /// f32 (f64 for f64) and the result is rounded once. `causal` is top-left aligned, as
+    /// PyTorch's `is_causal`: query row `i` sees keys `j <= i`.
+    Attention {
+        q: StridedOperand,
+        k: StridedOperand,
+        v: StridedOperand,
+        out: StridedOperand,
+        /// Batch dims of q, k, v and the result.
+        batch: Vec<Expr>,
+        /// Query rows.
+        l: Expr,
+        /// Keys (and values).
+        s: Expr,
+        /// Head dim of q, k and v.
+        d: Expr,
+        causal: bool,
+        /// The factor on `q . k` (`1 / sqrt(d)` unless given).
+        scale: f64,
+    },
     /// A primitive op run by the reference interpreter on its operand buffers (an op with no
     /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
     Fallback { op: Op },
+}
+
+impl ExternCall {
+    /// What the printers call it: `bmm`, `attention`, `fallback`.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            ExternCall::Bmm { .. } => "bmm",
+            ExternCall::Attention { .. } => "attention",
+            ExternCall::Fallback { .. } => "fallback",
+        }
+    }
+}
+
+impl fmt::Display for ExternCall {
+    /// What `ir_pre_fusion.txt` shows after `extern`: `bmm +bias batch=[2] m=4 n=8 k=16`,
+    /// `attention causal scale=0.125 batch=[1, 2] l=144 s=144 d=64` (with `out=[strides]` when
+    /// the result is not written row-major), `fallback cumsum[dim=0]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExternCall::Bmm { batch, m, n, k, bias, activation, .. } => {
+                let mut epilogue = if bias.is_some() { " +bias" } else { "" }.to_string();
+                if let Some(act) = activation {
+                    epilogue = format!("{epilogue} +{}", act.name());
+                }
+                write!(f, "bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
+            }
+            ExternCall::Attention { out, batch, l, s, d, causal, scale, .. } => {
+                let causal = if *causal { " causal" } else { "" };
+                write!(
+                    f,
+                    "attention{causal} scale={} batch={} l={l} s={s} d={d}",
+                    Scalar::Float(*scale),
+                    exprs(batch)
+                )?;
+                let dims: Vec<Expr> = batch.iter().copied().chain([*l, *d]).collect();
+                let mut strides = out.batch_strides.clone();
+                strides.extend([out.row_stride, out.col_stride]);
+                if strides != row_major_strides(&dims) || out.offset != Expr::int(0) {
+                    write!(f, " out={}", exprs(&strides))?;
+                    if out.offset != Expr::int(0) {
+                        write!(f, "+{}", out.offset)?;
+                    }
+                }
+                Ok(())
+            }
+            ExternCall::Fallback { op } => write!(f, "fallback {op}"),
+        }
+    }
+}
+
+/// Row-major strides of a tensor of `shape` (size-1 dims get their row-major stride too).
+fn row_major_strides(shape: &[Expr]) -> Vec<Expr> {
+    let mut out = vec![Expr::int(1); shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        out[i] = out[i + 1] * shape[i + 1];
+    }
+    out
 }
 
 /// A pointwise function an [`ExternCall::Bmm`] applies to its result inside the call, after the
@@ -434,7 +518,11 @@ impl LoopProgram {
                     }
                     batch.iter_mut().chain([m, n, k]).for_each(|e| *e = at(*e));
                 }
-                LoopKind::Extern { .. } => {}
+                LoopKind::Extern { call: ExternCall::Attention { q, k, v, out, batch, l, s, d, .. }, .. } => {
+                    (*q, *k, *v, *out) = (q.map(&at), k.map(&at), v.map(&at), out.map(&at));
+                    batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
+                }
+                LoopKind::Extern { call: ExternCall::Fallback { .. }, .. } => {}
             }
         }
         p
@@ -523,19 +611,9 @@ impl fmt::Display for LoopProgram {
                     write_body(&mut s, self, body);
                 }
                 LoopKind::Extern { call, inputs } => {
-                    let what = match call {
-                        ExternCall::Bmm { batch, m, n, k, bias, activation, .. } => {
-                            let mut epilogue = if bias.is_some() { " +bias" } else { "" }.to_string();
-                            if let Some(act) = activation {
-                                epilogue = format!("{epilogue} +{}", act.name());
-                            }
-                            format!("bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
-                        }
-                        ExternCall::Fallback { op } => format!("fallback {op}"),
-                    };
                     let _ = writeln!(
                         s,
-                        "{}: {} = extern {what}({}) origins=[{origins}]",
+                        "{}: {} = extern {call}({}) origins=[{origins}]",
                         out.name,
                         out.type_text(),
                         names(inputs)

@@ -5,7 +5,10 @@
 //! * **Primitives** ([`Op::is_primitive`]) are the closed set every later stage understands:
 //!   leaves (inputs, constants, iota, random), pointwise math ([`UnaryOp`], [`BinaryOp`],
 //!   `where`, casts), reductions ([`ReduceOp`]), `cumsum`, views (reshape, permute, expand,
-//!   slice), data movement (pad, cat, gather, index_select, scatter) and `bmm`.
+//!   slice), data movement (pad, cat, gather, index_select, scatter), `bmm`, and one
+//!   *template*: attention without an explicit mask ([`Op::Attention`] with `mask: false`),
+//!   which the compile path keeps whole (one flash-attention call) where it supports its shapes
+//!   and dtypes; the reference decomposition always expands it.
 //!   A *primitive graph* also makes broadcasting and type promotion explicit: the operands of a
 //!   pointwise node have the node's shape, and one dtype (see [`crate::Graph::verify_primitive`]).
 //! * **Composite** ops (softmax, layer_norm, gelu, cross_entropy, linear, ...) are what users call.
@@ -497,8 +500,20 @@ impl Op {
         }
     }
 
-    /// Whether the op belongs to the closed primitive set (see the module docs).
+    /// Whether the op belongs to the closed primitive set (see the module docs; the attention
+    /// template, [`Op::is_template`], included).
     pub fn is_primitive(&self) -> bool {
+        self.is_template() || self.is_basic_primitive()
+    }
+
+    /// Templates: composite ops a primitive graph may keep whole, for a backend to run as one
+    /// call (attention without an explicit mask). Decomposing them is always correct too.
+    pub fn is_template(&self) -> bool {
+        matches!(self, Op::Attention { mask: false, .. })
+    }
+
+    /// The primitives that are not templates.
+    fn is_basic_primitive(&self) -> bool {
         matches!(
             self,
             Op::Input { .. }

@@ -29,6 +29,7 @@
 //! assert!(d.sizes.nodes.iter().all(|n| n.first().map_or(true, |&r| r == s0 || r == Expr::int(1))));
 //! ```
 
+use crate::decompose::DecomposeOptions;
 use crate::rewrite::{simplify, RewriteOptions, RewriteReport};
 use coil_ir::dynamic::{instantiate, same_up_to_sizes, Probe, SymSizes};
 use coil_ir::sym::Expr;
@@ -44,13 +45,27 @@ pub struct DynamicGraph {
     pub rewrites: RewriteReport,
 }
 
-/// Decomposes and simplifies `captured` (whose size numbers are `sizes`, in `symbols`) for
-/// every size at once; see the module docs.
+/// Decomposes (the reference decomposition) and simplifies `captured` (whose size numbers are
+/// `sizes`, in `symbols`) for every size at once; see the module docs.
 pub fn generalize(
     captured: &Graph,
     sizes: &SymSizes,
     symbols: &[Expr],
     options: &RewriteOptions,
+) -> Result<DynamicGraph, String> {
+    generalize_with(captured, sizes, symbols, options, &DecomposeOptions::default())
+}
+
+/// [`generalize`] with the compile path's decomposition choices. The attention pattern is
+/// matched at every probe (it depends on no size, only on head dims, which a template keeps
+/// static), so a kept template node is the same at every probe, its sizes (L, S) expressions
+/// like any other; a graph where that is not so fails the probes' agreement and compiles static.
+pub fn generalize_with(
+    captured: &Graph,
+    sizes: &SymSizes,
+    symbols: &[Expr],
+    options: &RewriteOptions,
+    decomposition: &DecomposeOptions,
 ) -> Result<DynamicGraph, String> {
     if symbols.is_empty() || symbols.len() > 3 {
         return Err(format!("{} size symbols (1 to 3 are supported)", symbols.len()));
@@ -58,7 +73,7 @@ pub fn generalize(
     let probe = Probe::new(symbols.to_vec(), (0..symbols.len() as i64).map(|i| 1009 + 100 * i).collect());
     let front = |values: &[i64]| -> Result<(Graph, RewriteReport), String> {
         let g = instantiate(captured, sizes, &probe, values).map_err(|e| e.to_string())?;
-        let primitive = crate::decompose(&g).map_err(|e| e.to_string())?;
+        let primitive = crate::decompose_with(&g, decomposition).map_err(|e| e.to_string())?;
         simplify(&primitive, options).map_err(|e| e.to_string())
     };
     let mut graphs = Vec::with_capacity(probe.count());

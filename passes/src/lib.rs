@@ -22,9 +22,15 @@
 //!
 //! * dynamic shapes ([`mod@dynamic`], entry point [`dynamic::generalize`]): the passes above run
 //!   at probe sizes and the sizes of the result are read back as expressions of size symbols.
+//! * the attention template ([`mod@attention`], entry point [`attention::fuse_attention`]):
+//!   written-out attention in a captured graph becomes one `scaled_dot_product_attention` node,
+//!   which the compile path's decomposition ([`decompose_with`] with
+//!   [`DecomposeOptions::fused_attention`]) keeps whole and lowering turns into one
+//!   flash-attention call.
 //!
 //! The contracts between these steps are in `docs/compiler.md`. It depends only on `coil-ir`.
 
+pub mod attention;
 pub mod decompose;
 pub mod dynamic;
 pub mod lower;
@@ -32,7 +38,7 @@ pub mod rewrite;
 pub mod schedule;
 pub mod split;
 
-pub use decompose::decompose;
+pub use decompose::{decompose, decompose_with, DecomposeOptions};
 pub use lower::{lower, lower_dynamic};
 pub use rewrite::{simplify, RewriteOptions, RewriteReport};
 pub use schedule::{print_schedule, schedule, schedule_with, ScheduleOptions};

@@ -7,12 +7,14 @@
 //!   It is the oracle every compiled path is tested against, so it favours clarity over speed;
 //! * [`cpu`]: the CPU backend that runs compiled graphs ([`CompiledGraph`]): the system C
 //!   compiler and its on-disk cache of shared objects, kernel loading, matrix products through
-//!   the `gemm` crate, and fallback ops through the interpreter. Without a C compiler
+//!   the `gemm` crate, the attention template ([`cpu::attention`]), and fallback ops through the
+//!   interpreter. Without a C compiler
 //!   ([`c_compiler`] is `None`) callers run graphs with the interpreter instead;
 //! * [`cuda`]: the GPU backend ([`CudaCompiledGraph`]): devices and their streams
 //!   ([`CudaDevice`]), device buffers from a caching allocator ([`CudaBuffer`]), NVRTC
-//!   compilation to CUBINs with an on-disk cache, matrix products through cuBLASLt, fallback ops
-//!   through the interpreter. The CUDA libraries are loaded at run time: without them (or
+//!   compilation to CUBINs with an on-disk cache, matrix products through cuBLASLt, the
+//!   attention template through a built-in flash-attention kernel ([`cuda::attention`]),
+//!   fallback ops through the interpreter. The CUDA libraries are loaded at run time: without them (or
 //!   without a GPU) everything else works, [`cuda_available`] is false, and the CUDA entry
 //!   points return an error saying what was searched.
 

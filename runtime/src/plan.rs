@@ -37,12 +37,21 @@ pub(crate) fn check_extern(
     if let Some(b) = inputs.iter().chain([&out]).find(|b| b.0 >= n) {
         return Err(format!("no buffer {}", b.0));
     }
-    if let ExternCall::Bmm { a, b, bias, .. } = call {
-        for buffer in [a.buffer, b.buffer].into_iter().chain(bias.as_ref().map(|b| b.buffer)) {
-            // Only the node's inputs get memory: an operand outside them would be unbacked.
-            if !inputs.contains(&buffer) || p.buffer(buffer).meta.dtype != p.buffer(out).meta.dtype {
-                return Err(format!("bmm operand buffer {} is not a node input of the output's dtype", buffer.0));
+    let operands: Vec<BufferId> = match call {
+        ExternCall::Bmm { a, b, bias, .. } => [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).collect(),
+        ExternCall::Attention { q, k, v, out: o, .. } => {
+            if o.buffer != out {
+                return Err(format!("attention writes buffer {} but its node's output is {}", o.buffer.0, out.0));
             }
+            vec![q.buffer, k.buffer, v.buffer]
+        }
+        ExternCall::Fallback { .. } => vec![],
+    };
+    for buffer in operands {
+        // Only the node's inputs get memory: an operand outside them would be unbacked.
+        if buffer.0 >= n || !inputs.contains(&buffer) || p.buffer(buffer).meta.dtype != p.buffer(out).meta.dtype {
+            let what = call.kind_name();
+            return Err(format!("{what} operand buffer {} is not a node input of the output's dtype", buffer.0));
         }
     }
     Ok(())

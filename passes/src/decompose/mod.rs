@@ -40,10 +40,35 @@ pub use builder::{compute_dtype, scalar_as, upcast_and_back, zero, Arg, Builder}
 
 use coil_ir::{DType, Error, Graph, NodeId, Op, Result, TensorMeta};
 
-/// Decomposes a captured graph into a primitive graph (see the module docs).
+/// Decomposes a captured graph into a primitive graph (see the module docs): the reference
+/// decomposition, which expands every composite op (what the interpreter, the oracle, runs).
 ///
 /// Errors name the captured op, its operands and the user's source line.
 pub fn decompose(graph: &Graph) -> Result<Graph> {
+    decompose_with(graph, &DecomposeOptions::default())
+}
+
+/// Where the compile path's decomposition differs from the reference one ([`decompose`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecomposeOptions {
+    /// Recognise written-out attention ([`crate::attention::fuse_attention`]) and keep every
+    /// `scaled_dot_product_attention` the template supports
+    /// ([`crate::attention::template_supports`], no explicit mask) as one primitive node, for
+    /// lowering to run as one flash-attention call. Off: attention is decomposed into its
+    /// matrix products and softmax.
+    pub fused_attention: bool,
+}
+
+/// [`decompose`] with the compile path's choices (see [`DecomposeOptions`]).
+pub fn decompose_with(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
+    if options.fused_attention {
+        let fused = crate::attention::fuse_attention(graph);
+        return decompose_graph(&fused, options);
+    }
+    decompose_graph(graph, options)
+}
+
+fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
     let mut out = Graph::new();
     let mut values: Vec<Option<Arg>> = vec![None; graph.nodes.len()];
     for (index, &id) in graph.inputs.iter().enumerate() {
@@ -63,6 +88,17 @@ pub fn decompose(graph: &Graph) -> Result<Graph> {
                 return Err(Error::runtime(format!("{id} is an input that is not among the graph's inputs")));
             }
             op if op.is_leaf() => Arg::Node(out.leaf(op.clone(), node.meta.clone(), node.location)),
+            op if options.fused_attention && op.is_template() && keeps_template(graph, node) => {
+                let args: Vec<NodeId> = node
+                    .inputs
+                    .iter()
+                    .map(|x| match values[x.0].expect("operands come first") {
+                        Arg::Node(n) => n,
+                        Arg::Scalar(_) => unreachable!("attention operands are tensors (checked)"),
+                    })
+                    .collect();
+                Arg::Node(out.push(op.clone(), &args, node.location)?)
+            }
             op => {
                 let args: Vec<Arg> = node.inputs.iter().map(|x| values[x.0].expect("operands come first")).collect();
                 let mut b = Builder::new(&mut out, node.location);
@@ -100,6 +136,16 @@ pub fn decompose(graph: &Graph) -> Result<Graph> {
         out.outputs.push(y);
     }
     Ok(out)
+}
+
+/// Whether a template node of a captured graph stays whole: attention the template supports,
+/// on tensor operands (not Rust scalars).
+fn keeps_template(graph: &Graph, node: &coil_ir::Node) -> bool {
+    let tensors = node.inputs.iter().all(|&x| !matches!(graph.node(x).op, Op::Scalar(_)));
+    let metas: Vec<&TensorMeta> = node.inputs.iter().map(|&x| graph.meta(x)).collect();
+    tensors
+        && matches!(node.op, Op::Attention { mask: false, .. })
+        && crate::attention::template_supports(metas[0], metas[1], metas[2]).is_ok()
 }
 
 /// The decomposition table: emits the primitive nodes computing `op` on `args` (the

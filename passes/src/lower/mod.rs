@@ -7,7 +7,7 @@
 //!
 //! * a graph input (buffer `arg<k>`, no node) or a graph output;
 //! * a reduction (reductions always write a buffer, their consumers load it), a matrix product,
-//!   `cumsum` or `scatter` (extern calls);
+//!   attention, `cumsum` or `scatter` (extern calls);
 //! * an extern operand that is not an affine view of a buffer (copied into a contiguous one);
 //!   when the view *is* affine over an unrealized producer, that producer is realized instead;
 //! * the data operand of a gather / index_select that is not an affine view of a buffer along
@@ -22,6 +22,9 @@
 //! bias row (`linear`), then a gelu with the tanh approximation. Those nodes get no buffer and no
 //! loop; the call writes the buffer of the last one.
 //!
+//! The attention template (`attention` module) is one extern call on strided views of q, k and
+//! v; it writes its own buffer, or that of the permute after it when that is its only reader.
+//!
 //! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements,
 //! a reduction over an empty dim (its identity), a matrix product with `k = 0` (zeros), an arg
 //! reduction over no dims (index 0); a reduction over no dims is a pointwise copy (a cast when
@@ -34,6 +37,7 @@
 //! a dim of extent 1 has the constant index 0, so no variable (and no `+ x1` whose only value is
 //! 0) appears in expressions.
 
+mod attention;
 mod emit;
 mod epilogue;
 #[cfg(test)]
@@ -104,6 +108,9 @@ pub(crate) struct Lowerer<'g> {
     epilogues: HashMap<NodeId, Epilogue>,
     /// The other nodes those calls compute (products included): no buffer, no loop.
     inside: HashSet<NodeId>,
+    /// Attention nodes computed by the call that writes the buffer of the permute after them,
+    /// by permute (the attention nodes are in `inside`).
+    attention_roots: HashMap<NodeId, NodeId>,
 }
 
 /// One body under construction: the values, a memo of emitted `(node, index, mask)` triples
@@ -160,8 +167,11 @@ impl<'g> Lowerer<'g> {
             buf: vec![None; g.nodes.len()],
             epilogues: HashMap::new(),
             inside: HashSet::new(),
+            attention_roots: HashMap::new(),
         };
         (l.epilogues, l.inside) = epilogue::epilogues(&l);
+        l.attention_roots = attention::permuted_outputs(&l);
+        l.inside.extend(l.attention_roots.values().copied());
         l
     }
 
@@ -225,7 +235,10 @@ impl<'g> Lowerer<'g> {
                 self.realize(n)?;
             }
             _ if self.inside.contains(&n) => {}
-            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } => {
+            _ if self.attention_roots.contains_key(&n) => {
+                self.realize(n)?;
+            }
+            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } | Op::Attention { .. } => {
                 self.realize(n)?;
             }
             op if op.is_pointwise() || matches!(op, Op::Pad { .. } | Op::Cat { .. }) => self.cap(n)?,
@@ -266,8 +279,13 @@ impl<'g> Lowerer<'g> {
                 let folded = [ep.mm].into_iter().chain(ep.inside.iter().copied()).chain([n]).collect();
                 (self.bmm(ep.mm, Some(&ep))?, folded)
             }
+            _ if self.attention_roots.contains_key(&n) => {
+                let att = self.attention_roots[&n];
+                (self.attention(att, n)?, vec![att, n])
+            }
             Op::Reduce { op, dims, keepdim } => self.reduction(n, *op, dims, *keepdim)?,
             Op::Bmm => (self.bmm(n, None)?, vec![n]),
+            Op::Attention { .. } => (self.attention(n, n)?, vec![n]),
             Op::Cumsum { .. } | Op::Scatter { .. } => {
                 let inputs = node.inputs.iter().map(|&x| self.realize(x)).collect::<Result<Vec<_>>>()?;
                 (LoopKind::Extern { call: ExternCall::Fallback { op: node.op.clone() }, inputs }, vec![n])
@@ -276,6 +294,11 @@ impl<'g> Lowerer<'g> {
         };
         let origins = self.origins(folded);
         let output = self.new_buffer(format!("buf{}", self.prog.nodes.len()), n);
+        let mut kind = kind;
+        if let LoopKind::Extern { call: ExternCall::Attention { out, .. }, .. } = &mut kind {
+            // The call writes the buffer just made for it.
+            out.buffer = output;
+        }
         self.prog.nodes.push(LoopNode { output, origins, kind });
         self.buf[n.0] = Some(output);
         Ok(output)

@@ -144,8 +144,10 @@ pub fn region(graph: &Graph, live: &[NodeId], dd: &Dedup) -> Option<Region> {
         }
     }
     // Leaves are cheaper to bring in as themselves than as region nodes: they stay outside.
+    // So do templates (attention), which no rule rewrites: they enter as opaque values.
     for &id in &canonical {
-        if graph.node(id).op.is_leaf() {
+        let op = &graph.node(id).op;
+        if op.is_leaf() || op.is_template() {
             inside[id.0] = false;
         }
     }

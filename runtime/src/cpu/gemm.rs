@@ -50,7 +50,7 @@ impl BmmSpec {
                 },
                 activation: *activation,
             }),
-            ExternCall::Fallback { .. } => None,
+            _ => None,
         }
     }
 

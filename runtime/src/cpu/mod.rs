@@ -11,12 +11,14 @@
 //!    slot for the temporaries (buffers whose lives do not overlap share a slot), at those sizes;
 //! 3. launches the kernels in schedule order: generated kernels through their C entry point
 //!    (with the values of the size symbols they read: one compiled kernel serves every size),
-//!    `Bmm` through [`gemm`], fallback ops through the reference interpreter;
+//!    `Bmm` through [`gemm`], the attention template through [`attention`], fallback ops
+//!    through the reference interpreter;
 //! 4. returns the outputs in `program.outputs` order.
 //!
 //! Every buffer is seen as raw bytes here, as the generated code sees it: bool as one byte 0/1,
 //! f16/bf16 as their 16 bits.
 
+pub mod attention;
 pub mod compiler;
 pub mod gemm;
 pub mod module;
@@ -260,6 +262,11 @@ impl CompiledGraph {
                 let spec = gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map_or(&[][..], |bias| view(bias.buffer));
                 gemm::bmm_bytes(&spec, p.buffer(out_id).meta.dtype, view(a.buffer), view(b.buffer), bias, out)
+            }
+            ExternCall::Attention { q, k, v, .. } => {
+                let spec = attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
+                let dtype = p.buffer(out_id).meta.dtype;
+                attention::attention_bytes(&spec, dtype, view(q.buffer), view(k.buffer), view(v.buffer), out)
             }
             ExternCall::Fallback { op } => {
                 let mut g = Graph::new();

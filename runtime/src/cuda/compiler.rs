@@ -1,7 +1,7 @@
 //! NVRTC: CUDA C to a CUBIN for the device's own architecture, cached on disk, and loading it.
 //!
 //! One translation unit (a whole graph's kernels) becomes one CUBIN, compiled with
-//! `--gpu-architecture=sm_XY --std=c++17 -default-device` for the device's compute capability.
+//! `--gpu-architecture=sm_XY --std=c++17 -default-device -minimal` for the device's compute capability.
 //! A CUBIN (not PTX) is cached, so a cache hit costs no compilation at all, not even the
 //! driver's PTX JIT. Entries are keyed by a 128-bit FNV-1a hash of the source, the architecture,
 //! the NVRTC version and the options, as the C backend's cache is (same directory root):
@@ -28,8 +28,11 @@ use std::time::Instant;
 /// Bumped when the way entries are built changes, so stale entries are never reused.
 const CACHE_FORMAT: &str = "coil-cuda-cache-v1";
 
-/// Options besides the architecture.
-const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
+/// Options besides the architecture. `-minimal` leaves out what generated kernels never use
+/// (textures, surfaces, the device runtime API) and with it most of NVRTC's built-in headers:
+/// on the H100 machine, a third off each compile (27 -> 19 ms for a bias-gelu kernel, 16 -> 9 ms
+/// for an empty one).
+const OPTIONS: [&str; 3] = ["--std=c++17", "-default-device", "-minimal"];
 
 /// Where a translation unit's CUBIN lies, and what producing it cost.
 #[derive(Clone, Debug, PartialEq)]

@@ -15,7 +15,8 @@
 //!    their launch shape (block fixed at generation; grid fixed too for a constant `xnumel`,
 //!    else [`Launch::grid_for`] of the instance's) and, after the buffer pointers, the values
 //!    of the size symbols each reads ([`TileKernel::sizes`]); `Bmm` through cuBLASLt ([`blas`])
-//!    at the instance's sizes; fallback ops by copying their operands to the host and running
+//!    and the attention template through its built-in kernel ([`attention`]) at the instance's
+//!    sizes; fallback ops by copying their operands to the host and running
 //!    the reference interpreter;
 //! 4. copies all kernels' status words to the host once, after the graph (each kernel has its
 //!    own 4 words, so the first failing kernel in launch order is named), and returns the
@@ -24,6 +25,7 @@
 //! Nothing here needs CUDA to be installed to build or load: the libraries are found at run
 //! time ([`loader`]), and [`cuda_available`] says whether a GPU can be used.
 
+pub mod attention;
 pub mod blas;
 pub mod compiler;
 pub mod device;
@@ -103,7 +105,7 @@ enum Step {
     /// computes it), its index among the schedule's kernels, the buffer of each argument in
     /// order, and the index of its status words.
     Generated { name: String, func: sys::CUfunction, launch: Launch, kernel: usize, args: Vec<BufferId>, status: usize },
-    /// An extern node (`Bmm` or a fallback op), by index in `program.nodes`.
+    /// An extern node (`Bmm`, attention or a fallback op), by index in `program.nodes`.
     Extern { node: usize },
 }
 
@@ -522,6 +524,13 @@ impl CudaCompiledGraph {
                     bias,
                     operand(out_id),
                 )
+            }
+            ExternCall::Attention { q, k, v, .. } => {
+                let spec =
+                    crate::cpu::attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
+                let dtype = p.buffer(out_id).meta.dtype;
+                let (q, k, v) = (operand(q.buffer), operand(k.buffer), operand(v.buffer));
+                attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id))
             }
             ExternCall::Fallback { op } => {
                 let mut g = Graph::new();

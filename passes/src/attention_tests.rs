@@ -1,0 +1,324 @@
+//! The attention matcher on captured graphs built as the frontend records them (GPT-2's
+//! written-out attention, and its variants), checked on the printed graphs.
+
+use super::*;
+use crate::{decompose, decompose_with, lower, DecomposeOptions};
+use coil_ir::loops::{ExternCall, LoopKind};
+use coil_ir::{DType, Graph, NodeId, Op, Scalar, TensorMeta};
+
+fn m(shape: &[usize], dtype: DType) -> TensorMeta {
+    TensorMeta::new(shape.to_vec(), dtype)
+}
+
+/// A captured graph under construction.
+struct Capture {
+    g: Graph,
+}
+
+impl Capture {
+    fn new() -> Capture {
+        Capture { g: Graph::new() }
+    }
+    fn input(&mut self, shape: &[usize], dtype: DType) -> NodeId {
+        self.g.input(m(shape, dtype))
+    }
+    fn scalar(&mut self, s: impl Into<Scalar>) -> NodeId {
+        let s = s.into();
+        self.g.leaf(Op::Scalar(s), m(&[], s.dtype()), None)
+    }
+    fn full(&mut self, v: impl Into<Scalar>, shape: &[usize], dtype: DType) -> NodeId {
+        self.g.full(v.into(), shape.to_vec(), dtype, None)
+    }
+    fn op(&mut self, op: Op, inputs: &[NodeId]) -> NodeId {
+        self.g.push(op, inputs, None).unwrap_or_else(|e| panic!("{e}\n{}", self.g))
+    }
+    fn permute(&mut self, x: NodeId, perm: &[usize]) -> NodeId {
+        self.op(Op::Permute { perm: perm.to_vec() }, &[x])
+    }
+}
+
+/// How the test attention is written.
+#[derive(Clone, Copy)]
+struct Form {
+    dtype: DType,
+    /// `where(mask, s, -inf)` (Some(true)), `where(!mask, -inf, s)` (Some(false)), or no mask.
+    mask: Option<bool>,
+    /// Cast to f32 around the softmax (f16 / bf16).
+    wide_softmax: bool,
+    /// `s / sqrt(d)` instead of `s * (1 / sqrt(d))`.
+    divide: bool,
+    /// The probabilities are also a graph output.
+    probs_out: bool,
+    /// The causal mask's `tril` diagonal.
+    tril_k: i64,
+    /// The keep mask as `iota(col) <= iota(row)` instead of `tril(ones)`.
+    iota_mask: bool,
+    /// The merged heads go through a projection (a matrix product) instead of out.
+    project: bool,
+    /// With `wide_softmax`, the cast to f32 right after the product (scale and mask in f32).
+    cast_first: bool,
+    head_dim: usize,
+}
+
+const GPT2: Form = Form {
+    dtype: DType::BF16,
+    mask: Some(true),
+    wide_softmax: true,
+    divide: false,
+    probs_out: false,
+    tril_k: 0,
+    iota_mask: false,
+    project: false,
+    cast_first: false,
+    head_dim: 8,
+};
+
+/// GPT-2's attention as `examples/bench.rs` writes it: q, k, v are head views (slice, reshape,
+/// transpose) of one `[B, T, 3C]` QKV projection (here an input), and the result is
+/// transposed back and reshaped to `[B, T, C]`.
+fn gpt2(form: Form) -> Graph {
+    let (b, t, h, d) = (2, 5, 2, form.head_dim);
+    let c = h * d;
+    let mut g = Capture::new();
+    let qkv = g.input(&[b, t, 3 * c], form.dtype);
+    let head = |g: &mut Capture, i: usize| {
+        let part = g.op(Op::Slice { dim: 2, start: i * c, len: c, step: 1 }, &[qkv]);
+        let split = g.op(Op::Reshape { shape: vec![b, t, h, d] }, &[part]);
+        g.permute(split, &[0, 2, 1, 3])
+    };
+    let (q, k, v) = (head(&mut g, 0), head(&mut g, 1), head(&mut g, 2));
+    let kt = g.permute(k, &[0, 1, 3, 2]);
+    let mut s = g.op(Op::Matmul, &[q, kt]);
+    if form.wide_softmax && form.cast_first {
+        s = g.op(Op::Cast(DType::F32), &[s]);
+    }
+    s = if form.divide {
+        let c = g.scalar((d as f64).sqrt());
+        g.op(Op::Binary(BinaryOp::Div), &[s, c])
+    } else {
+        let c = g.scalar(1.0 / (d as f64).sqrt());
+        g.op(Op::Binary(BinaryOp::Mul), &[s, c])
+    };
+    if let Some(keep) = form.mask {
+        let tril = if form.iota_mask {
+            let rows = g.g.leaf(Op::Iota { dim: 0 }, m(&[t, t], DType::I64), None);
+            let cols = g.g.leaf(Op::Iota { dim: 1 }, m(&[t, t], DType::I64), None);
+            g.op(Op::Binary(BinaryOp::Le), &[cols, rows])
+        } else {
+            let ones = g.full(1, &[t, t], DType::Bool);
+            g.op(Op::Tril { k: form.tril_k }, &[ones])
+        };
+        let ninf = g.scalar(f64::NEG_INFINITY);
+        s = if keep {
+            g.op(Op::Where, &[tril, s, ninf])
+        } else {
+            let drop = g.op(Op::Unary(UnaryOp::LogicalNot), &[tril]);
+            g.op(Op::Where, &[drop, ninf, s])
+        };
+    }
+    let probs = if form.wide_softmax {
+        let up = if form.cast_first { s } else { g.op(Op::Cast(DType::F32), &[s]) };
+        let p = g.op(Op::Softmax { dim: 3 }, &[up]);
+        g.op(Op::Cast(form.dtype), &[p])
+    } else {
+        g.op(Op::Softmax { dim: 3 }, &[s])
+    };
+    let y = g.op(Op::Matmul, &[probs, v]);
+    let yt = g.permute(y, &[0, 2, 1, 3]);
+    let mut out = g.op(Op::Reshape { shape: vec![b, t, c] }, &[yt]);
+    if form.project {
+        let w = g.input(&[c, c], form.dtype);
+        out = g.op(Op::Matmul, &[out, w]);
+    }
+    g.g.outputs.push(out);
+    if form.probs_out {
+        g.g.outputs.push(probs);
+    }
+    g.g
+}
+
+#[test]
+fn gpt2_attention_becomes_one_node() {
+    let g = gpt2(GPT2);
+    let found = find_attention(&g);
+    assert_eq!(found.len(), 1, "{g}");
+    assert!(found[0].causal);
+    assert_eq!(found[0].scale, 1.0 / 8f64.sqrt());
+    assert_eq!(found[0].intermediates.len(), 6, "cast, softmax, cast, where, mul, matmul");
+    let fused = fuse_attention(&g);
+    assert_eq!(
+        fused.to_string(),
+        "\
+graph(%0: bf16[2, 5, 48]) {
+  %1: bf16[2, 5, 16] = slice(%0, dim=2, start=0, len=16, step=1)
+  %2: bf16[2, 5, 2, 8] = reshape(%1, shape=[2, 5, 2, 8])
+  %3: bf16[2, 2, 5, 8] = permute(%2, perm=[0, 2, 1, 3])
+  %4: bf16[2, 5, 16] = slice(%0, dim=2, start=16, len=16, step=1)
+  %5: bf16[2, 5, 2, 8] = reshape(%4, shape=[2, 5, 2, 8])
+  %6: bf16[2, 2, 5, 8] = permute(%5, perm=[0, 2, 1, 3])
+  %7: bf16[2, 5, 16] = slice(%0, dim=2, start=32, len=16, step=1)
+  %8: bf16[2, 5, 2, 8] = reshape(%7, shape=[2, 5, 2, 8])
+  %9: bf16[2, 2, 5, 8] = permute(%8, perm=[0, 2, 1, 3])
+  %10: bf16[2, 2, 5, 8] = scaled_dot_product_attention(%3, %6, %9, causal=true, scale=0.35355339059327373, mask=false)
+  %11: bf16[2, 5, 2, 8] = permute(%10, perm=[0, 2, 1, 3])
+  %12: bf16[2, 5, 16] = reshape(%11, shape=[2, 5, 16])
+  return (%12)
+}
+"
+    );
+}
+
+#[test]
+fn variants_that_mean_the_same_match() {
+    // f32 without casts, `s / sqrt(d)`, and `masked_fill(~mask, -inf)` written as a where.
+    let f32 = Form { dtype: DType::F32, wide_softmax: false, divide: true, mask: Some(false), ..GPT2 };
+    let found = find_attention(&gpt2(f32));
+    assert_eq!(found.len(), 1);
+    assert!(found[0].causal);
+    assert!((found[0].scale - 1.0 / 8f64.sqrt()).abs() < 1e-15);
+    // A bf16 softmax without the f32 detour; no mask (not causal).
+    let plain = Form { wide_softmax: false, mask: None, ..GPT2 };
+    let found = find_attention(&gpt2(plain));
+    assert_eq!(found.len(), 1);
+    assert!(!found[0].causal);
+    // The cast to f32 first (scale and mask in f32), as `tests/kernels.rs` writes it.
+    let found = find_attention(&gpt2(Form { cast_first: true, ..GPT2 }));
+    assert_eq!(found.len(), 1);
+    assert!(found[0].causal);
+    // f16 and larger head dims.
+    for d in [32, 64, 128] {
+        assert_eq!(find_attention(&gpt2(Form { dtype: DType::F16, head_dim: d, ..GPT2 })).len(), 1, "d = {d}");
+    }
+}
+
+#[test]
+fn an_intermediate_that_is_also_an_output_keeps_the_graph() {
+    let g = gpt2(Form { probs_out: true, ..GPT2 });
+    assert!(find_attention(&g).is_empty());
+    assert_eq!(fuse_attention(&g), g);
+}
+
+#[test]
+fn masks_other_than_causal_do_not_match() {
+    for k in [-1, 1] {
+        assert!(find_attention(&gpt2(Form { tril_k: k, ..GPT2 })).is_empty(), "tril(k={k})");
+    }
+    // triu(ones, 0) keeps col >= row: not causal.
+    let mut g = gpt2(GPT2);
+    let tril = g.nodes.iter().position(|n| matches!(n.op, Op::Tril { .. })).unwrap();
+    g.nodes[tril].op = Op::Triu { k: 0 };
+    assert!(find_attention(&g).is_empty());
+    // triu(ones, 1) is what is dropped: `where(triu(ones, 1), -inf, s)` is causal.
+    g.nodes[tril].op = Op::Triu { k: 1 };
+    let w = g.nodes.iter().position(|n| n.op == Op::Where).unwrap();
+    g.nodes[w].inputs.swap(1, 2);
+    let found = find_attention(&g);
+    assert_eq!(found.len(), 1);
+    assert!(found[0].causal);
+    // A where with a finite value is not a mask.
+    let ninf = g.nodes.iter().position(|n| n.op == Op::Scalar(Scalar::Float(f64::NEG_INFINITY))).unwrap();
+    g.nodes[ninf].op = Op::Scalar(Scalar::Float(-1e9));
+    assert!(find_attention(&g).is_empty());
+}
+
+#[test]
+fn the_decompositions_own_iota_mask_matches() {
+    // `where(iota(col) <= iota(row), s, -inf)`, as `nn::attention` builds it.
+    let found = find_attention(&gpt2(Form { iota_mask: true, ..GPT2 }));
+    assert_eq!(found.len(), 1);
+    assert!(found[0].causal);
+}
+
+#[test]
+fn dtypes_and_shapes_outside_the_template_do_not_match() {
+    // The probabilities cast to f16 for bf16 values.
+    let mut g = gpt2(GPT2);
+    let back = g.nodes.iter().rposition(|n| n.op == Op::Cast(DType::BF16)).unwrap();
+    g.nodes[back].op = Op::Cast(DType::F16);
+    g.nodes[back].meta.dtype = DType::F16;
+    assert!(find_attention(&g).is_empty());
+    // Head dims the template does not run.
+    for d in [4, 12, 136] {
+        assert!(find_attention(&gpt2(Form { head_dim: d, ..GPT2 })).is_empty(), "d = {d}");
+    }
+    // f64 stays decomposed.
+    assert!(find_attention(&gpt2(Form { dtype: DType::F64, wide_softmax: false, ..GPT2 })).is_empty());
+    // A softmax over another dim.
+    let mut g = gpt2(GPT2);
+    let sm = g.nodes.iter().position(|n| matches!(n.op, Op::Softmax { .. })).unwrap();
+    g.nodes[sm].op = Op::Softmax { dim: 2 };
+    assert!(find_attention(&g).is_empty());
+    // Keys not transposed (a product with k itself, s = L = 5, d = 8 mismatched).
+    assert!(
+        template_supports(&m(&[2, 5, 8], DType::F32), &m(&[2, 6, 8], DType::F32), &m(&[2, 6, 16], DType::F32)).is_err()
+    );
+    assert!(
+        template_supports(&m(&[2, 5, 8], DType::F32), &m(&[1, 6, 8], DType::F32), &m(&[2, 6, 8], DType::F32)).is_err()
+    );
+    assert!(template_supports(&m(&[5, 8], DType::F32), &m(&[6, 8], DType::F32), &m(&[6, 8], DType::F32)).is_err());
+    assert!(
+        template_supports(&m(&[2, 5, 8], DType::F32), &m(&[2, 6, 8], DType::F32), &m(&[2, 6, 8], DType::F32)).is_ok()
+    );
+}
+
+#[test]
+fn the_compile_path_keeps_the_template_and_the_reference_decomposes_it() {
+    let g = gpt2(GPT2);
+    let is_attention = |g: &Graph| g.nodes.iter().any(|n| n.op.is_template());
+    let reference = decompose(&g).unwrap();
+    assert!(!is_attention(&reference));
+    reference.verify_primitive().unwrap();
+    let fused = decompose_with(&g, &DecomposeOptions { fused_attention: true }).unwrap();
+    fused.verify_primitive().unwrap();
+    assert!(is_attention(&fused), "{fused}");
+    // A user's scaled_dot_product_attention with an unsupported head dim is decomposed.
+    let mut c = Capture::new();
+    let q = c.input(&[2, 3, 5, 12], DType::F32);
+    let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, q, q]);
+    c.g.outputs.push(y);
+    let p = decompose_with(&c.g, &DecomposeOptions { fused_attention: true }).unwrap();
+    assert!(!is_attention(&p), "{p}");
+}
+
+#[test]
+fn lowering_makes_one_call_on_the_head_views_writing_the_transposed_layout() {
+    let g = gpt2(Form { project: true, ..GPT2 });
+    let fused = decompose_with(&g, &DecomposeOptions { fused_attention: true }).unwrap();
+    let (fused, _) = crate::simplify(&fused, &crate::RewriteOptions::default()).unwrap();
+    let p = lower(&fused).unwrap();
+    let calls: Vec<&ExternCall> = p
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.kind {
+            LoopKind::Extern { call: call @ ExternCall::Attention { .. }, .. } => Some(call),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls.len(), 1, "{p}");
+    let ExternCall::Attention { q, k, v, out, .. } = calls[0] else { unreachable!() };
+    // Head views of the QKV input: strides [T*3C, D, 3C, 1], offsets 0, C, 2C; no copies.
+    assert_eq!(p.nodes.len(), 3, "the call, the projection, the output copy: {p}");
+    let strides = |o: &coil_ir::loops::StridedOperand| {
+        let o = o.to_usize().unwrap();
+        (o.offset, o.batch_strides, o.row_stride, o.col_stride)
+    };
+    assert_eq!(strides(q), (0, vec![240, 8], 48, 1));
+    assert_eq!(strides(k), (16, vec![240, 8], 48, 1));
+    assert_eq!(strides(v), (32, vec![240, 8], 48, 1));
+    // The result goes straight into `[B, T, H, D]` (the transpose back costs nothing).
+    assert_eq!(strides(out), (0, vec![80, 8], 16, 1));
+    assert_eq!(
+        p.to_string(),
+        "\
+inputs: arg0, arg1
+  arg0: bf16[2, 5, 48]
+  arg1: bf16[16, 16]
+buf0: bf16[2, 5, 2, 8] = extern attention causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 out=[80, 8, 16, 1](arg0, arg0, arg0) origins=[scaled_dot_product_attention]
+buf1: bf16[10, 16] = extern bmm batch=[] m=10 n=16 k=16(buf0, arg1) origins=[bmm]
+buf2: bf16[2, 5, 16] = pointwise ranges=[2, 5, 16] origins=[reshape]
+    v0: bf16 = load(buf1, 80*x0 + 16*x1 + x2)
+    return v0
+outputs: buf2
+"
+    );
+}
