@@ -355,15 +355,19 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
                 .inspect_err(|_| dump.write("kernels/graph.c", || source.clone()))
         }
         Device::Cuda(n) => {
-            let module = coil_codegen::cuda::emit_cuda(&generated)?;
+            // One translation unit per kernel, each with only the helpers it uses: the runtime
+            // compiles them in parallel, and the disk cache serves a kernel whatever graph it
+            // appears in. A failed build keeps every unit's source in the dump (written here).
+            let units: Vec<_> = generated
+                .iter()
+                .map(|k| coil_codegen::cuda::emit_cuda(std::slice::from_ref(k)))
+                .collect::<Result<_>>()?;
             times.codegen = t.elapsed().as_secs_f64();
-            for k in &generated {
-                let one = coil_codegen::cuda::emit_cuda(std::slice::from_ref(k))?;
-                dump.write(&format!("kernels/{}.cu", k.name), || one.source.clone());
+            for (k, unit) in generated.iter().zip(&units) {
+                dump.write(&format!("kernels/{}.cu", k.name), || unit.source.clone());
             }
-            CudaCompiledGraph::new(CudaDevice::get(n)?, program, schedule, kernels.clone(), &module)
+            CudaCompiledGraph::new(CudaDevice::get(n)?, program, schedule, kernels.clone(), &units)
                 .map(|g| (g.compile_seconds(), Executable::Cuda(g)))
-                .inspect_err(|_| dump.write("kernels/graph.cu", || module.source.clone()))
         }
     };
     // A failed build keeps the source that failed next to the other dumps (written above).

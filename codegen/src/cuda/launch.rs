@@ -97,7 +97,7 @@ pub fn plan(k: &TileKernel) -> Plan {
     }
     match k.kind {
         KernelKind::Pointwise | KernelKind::Extern => {
-            let vec = access.max(4);
+            let vec = pointwise_vec_override().unwrap_or(access.max(4));
             let block = match xn {
                 Some(xn) => xn.div_ceil(vec).max(1).next_multiple_of(32).min(POINTWISE_BLOCK),
                 None => POINTWISE_BLOCK,
@@ -143,6 +143,13 @@ pub fn plan(k: &TileKernel) -> Plan {
             Plan { launch, vec, lanes, rows_per_block: 1, chunks: 1, col: false }.at(xn)
         }
     }
+}
+
+/// `COIL_POINTWISE_VEC=N` (a power of two, 1..32): elements per thread of every pointwise
+/// kernel, in place of one 16-byte access of the narrowest buffer. A tuning knob.
+fn pointwise_vec_override() -> Option<usize> {
+    let n: usize = std::env::var("COIL_POINTWISE_VEC").ok()?.parse().ok()?;
+    (n.is_power_of_two() && n <= 32).then_some(n)
 }
 
 /// `COIL_ROW_THREADS=N` (a multiple of 32, at most 1024): threads per row of every persistent

@@ -1,7 +1,8 @@
 //! CUDA C from the kernel IR, compiled at run time by NVRTC (see `docs/compiler.md`).
 //!
-//! One translation unit per graph ([`emit_cuda`]): the [`prelude`] and one kernel per
-//! [`TileKernel`], in order. Each generated kernel is
+//! A translation unit ([`emit_cuda`]) holds the [`prelude`] helpers its kernels use
+//! ([`prelude_for`]) and one kernel per [`TileKernel`], in order (the frontend makes one unit
+//! per kernel, compiled in parallel). Each generated kernel is
 //! `extern "C" __global__ void NAME(<one typed pointer per TileKernel arg, in order>,
 //! <one long long per TileKernel size, in order>, long long *status)`
 //! (`int64_t` is a typedef of `long long`; read-only buffers are `const`; a static kernel has
@@ -71,7 +72,7 @@ mod prelude;
 #[cfg(test)]
 mod tests;
 
-pub use prelude::prelude;
+pub use prelude::{prelude, prelude_for};
 
 use coil_ir::kernel::{flat_stmts, KernelKind, TileKernel, TileOp, TileStmt};
 use coil_ir::{BinaryOp, Error, Result, UnaryOp};
@@ -112,28 +113,29 @@ pub struct CudaModule {
     pub kernels: Vec<CudaKernel>,
 }
 
-/// One translation unit for `kernels`: the [`prelude`], then each kernel.
+/// One translation unit for `kernels`: the helpers of the [`prelude`] they use ([`prelude_for`]),
+/// then each kernel.
 ///
 /// # Errors
 /// `Unsupported` for an extern kernel, a persistent reduction with a symbolic row, a size symbol
 /// whose name the generated code uses itself, and ops the interpreter rejects on their dtypes
 /// (an integer result of true division or of a float-only function).
 pub fn emit_cuda(kernels: &[TileKernel]) -> Result<CudaModule> {
-    let mut source = prelude().to_string();
+    let mut code = String::new();
     let mut out = Vec::new();
     for k in kernels {
         let (text, launch) = emit_one(k)?;
-        source.push('\n');
-        source.push_str(&text);
+        code.push('\n');
+        code.push_str(&text);
         out.push(CudaKernel { name: k.name.clone(), launch });
     }
-    Ok(CudaModule { source, kernels: out })
+    Ok(CudaModule { source: format!("{}{code}", prelude_for(&code)), kernels: out })
 }
 
 /// One kernel with the prelude before it: a complete translation unit, for dumps
 /// (`kernels/<name>.cu`). Errors as [`emit_cuda`].
 pub fn emit_cuda_kernel_source(kernel: &TileKernel) -> Result<String> {
-    Ok(format!("{}\n{}", prelude(), emit_one(kernel)?.0))
+    Ok(emit_cuda(std::slice::from_ref(kernel))?.source)
 }
 
 /// The text of one kernel (it needs the [`prelude`]) and its launch.

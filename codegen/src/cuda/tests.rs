@@ -250,6 +250,23 @@ fn softmax_persistent_warp_per_row() {
 }
 
 #[test]
+fn a_unit_gets_only_the_helpers_it_uses() {
+    let (p, k) = softmax(32, 3000, KernelKind::LoopedReduction, "red_fused_softmax_0");
+    let module = emit_cuda(&[build_kernel(&p, &k)]).unwrap();
+    let src = &module.source;
+    // what the kernel calls, and what those call in turn
+    for used in ["coil_exp_f32(", "coil_reduce_costly<", "coil_online_group<", "coil_shfl_down(", "coil_div_f32("] {
+        assert!(src.contains(used), "{used} missing:\n{src}");
+    }
+    // nothing it does not: random numbers, f64 floor division, arg reductions
+    for unused in ["coil_philox(", "coil_floordiv_f64(", "coil_argbest", "coil_store_half<"] {
+        assert!(!src.contains(unused), "{unused} kept:\n{src}");
+    }
+    assert!(src.len() * 2 < prelude().len(), "{} of {} bytes", src.len(), prelude().len());
+    syntax_check(src);
+}
+
+#[test]
 fn softmax_looped() {
     let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();

@@ -1,6 +1,6 @@
 //! NVRTC: CUDA C to a CUBIN for the device's own architecture, cached on disk, and loading it.
 //!
-//! One translation unit (a whole graph's kernels) becomes one CUBIN, compiled with
+//! One translation unit (a kernel, or several) becomes one CUBIN, compiled with
 //! `--gpu-architecture=sm_XY --std=c++17 -default-device -minimal` for the device's compute capability.
 //! A CUBIN (not PTX) is cached, so a cache hit costs no compilation at all, not even the
 //! driver's PTX JIT. Entries are keyed by a 128-bit FNV-1a hash of the source, the architecture,

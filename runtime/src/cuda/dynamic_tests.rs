@@ -121,7 +121,8 @@ fn one_compiled_graph_runs_at_every_size() {
     assert_eq!(grids, vec![0, 4, 0, 0, 1]);
     let Some(dev) = gpu() else { return };
     let dir = TempDir::new("dynamic");
-    let g = CudaCompiledGraph::new_in(dev.clone(), program, schedule, tiles, &module, &dir.0).unwrap();
+    let g = CudaCompiledGraph::new_in(dev.clone(), program, schedule, tiles, std::slice::from_ref(&module), &dir.0)
+        .unwrap();
     // Dumps show the grids at the hint (s0 = 8).
     let attrs: Vec<u32> = g.kernel_attributes().iter().map(|a| a.grid).collect();
     assert_eq!(attrs, vec![1, 4, 1, 1, 1]);

@@ -84,15 +84,17 @@ pub struct CudaCompiledGraph {
     /// Number of generated kernels (4 status words each).
     generated: usize,
     attributes: Vec<KernelAttributes>,
-    /// The loaded CUBIN; `None` when every kernel is extern.
-    module: Option<Arc<LoadedModule>>,
-    cubin: Option<CompiledCubin>,
+    /// The loaded CUBINs, one per translation unit (none when every kernel is extern).
+    modules: Vec<Arc<LoadedModule>>,
+    cubins: Vec<CompiledCubin>,
+    /// Wall-clock seconds of the NVRTC compiles (run in parallel; 0 when all were cached).
+    compile_seconds: f64,
     /// Status words of finished runs that reported no error, so still all zero: the next run
     /// takes one instead of allocating and zeroing its own (a memset on the device per run).
     clean_status: Mutex<Vec<DeviceMemory>>,
 }
 
-// SAFETY: the raw `CUfunction` handles in `steps` are immutable, belong to `module` (kept alive
+// SAFETY: the raw `CUfunction` handles in `steps` are immutable, belong to `modules` (kept alive
 // here) and are used only with the device's context bound; everything else is plain data.
 unsafe impl Send for CudaCompiledGraph {}
 // SAFETY: as above; `run` takes `&self` and mutates nothing shared.
@@ -120,18 +122,18 @@ struct Pending {
 }
 
 impl CudaCompiledGraph {
-    /// Compiles `module`'s source with NVRTC for `device` (through the cache in
+    /// Compiles `modules` (translation units, compiled in parallel) with NVRTC for `device` (through the cache in
     /// [`crate::cpu::default_cache_dir`]) and prepares the launches. `kernels` has one entry per
     /// schedule kernel: the tile kernel it was generated from, `None` for an extern kernel;
-    /// `module` must hold a kernel (with its launch shape) of each tile kernel's name.
+    /// some module must hold a kernel (with its launch shape) of each tile kernel's name.
     pub fn new(
         device: Arc<CudaDevice>,
         program: LoopProgram,
         schedule: Schedule,
         kernels: Vec<Option<TileKernel>>,
-        module: &CudaModule,
+        modules: &[CudaModule],
     ) -> Result<CudaCompiledGraph> {
-        CudaCompiledGraph::new_in(device, program, schedule, kernels, module, &crate::cpu::default_cache_dir())
+        CudaCompiledGraph::new_in(device, program, schedule, kernels, modules, &crate::cpu::default_cache_dir())
     }
 
     /// [`CudaCompiledGraph::new`] with an explicit cache directory.
@@ -140,7 +142,7 @@ impl CudaCompiledGraph {
         program: LoopProgram,
         schedule: Schedule,
         kernels: Vec<Option<TileKernel>>,
-        module: &CudaModule,
+        modules: &[CudaModule],
         cache_dir: &Path,
     ) -> Result<CudaCompiledGraph> {
         let bad = |msg: String| Error::runtime(format!("inconsistent CUDA compiled graph: {msg}"));
@@ -150,12 +152,10 @@ impl CudaCompiledGraph {
             .map(|&step| match step {
                 plan::Step::Kernel(i) => {
                     let tile = kernels[i].as_ref().expect("a generated kernel");
-                    let launch = module
-                        .kernels
-                        .iter()
+                    let launch = (modules.iter().flat_map(|m| &m.kernels))
                         .find(|k| k.name == tile.name)
                         .map(|k| k.launch)
-                        .ok_or_else(|| bad(format!("the CUDA module has no kernel {}", tile.name)))?;
+                        .ok_or_else(|| bad(format!("no CUDA module has the kernel {}", tile.name)))?;
                     if launch.grid == 0 && tile.xnumel.const_value().is_some() {
                         return Err(bad(format!("{} has a constant xnumel but no grid", tile.name)));
                     }
@@ -165,20 +165,38 @@ impl CudaCompiledGraph {
             })
             .collect::<Result<Vec<std::result::Result<(usize, &TileKernel, Launch), usize>>>>()?;
 
-        let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
-        let (loaded, cubin) = if names.is_empty() {
-            (None, None)
-        } else {
-            let (m, c) = compiler::load_or_build(&device, &module.source, &names, cache_dir)?;
-            (Some(m), Some(c))
-        };
+        // Each translation unit is compiled (or found in the cache) and loaded on a thread of
+        // its own: NVRTC compiles are independent, so a graph's compile takes its slowest one.
+        let start = std::time::Instant::now();
+        let built: Vec<Result<(Arc<LoadedModule>, CompiledCubin)>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (modules.iter().filter(|m| !m.kernels.is_empty()))
+                .map(|m| {
+                    let device = &device;
+                    scope.spawn(move || {
+                        let names: Vec<&str> = m.kernels.iter().map(|k| k.name.as_str()).collect();
+                        compiler::load_or_build(device, &m.source, &names, cache_dir)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        });
+        let (mut loaded, mut cubins) = (Vec::new(), Vec::new());
+        for b in built {
+            let (m, c) = b?;
+            loaded.push(m);
+            cubins.push(c);
+        }
+        let compile_seconds = if cubins.iter().all(|c| c.cache_hit) { 0.0 } else { start.elapsed().as_secs_f64() };
         let mut steps = Vec::with_capacity(launches.len());
         let mut attributes = Vec::new();
         for p in launches {
             match p {
                 Ok((kernel, tile, launch)) => {
-                    let m = loaded.as_ref().expect("loaded when any kernel is generated");
-                    let func = m.function(&tile.name)?;
+                    let unit = modules
+                        .iter()
+                        .filter(|m| !m.kernels.is_empty())
+                        .position(|m| m.kernels.iter().any(|k| k.name == tile.name));
+                    let func = loaded[unit.expect("found above")].function(&tile.name)?;
                     compiler::allow_dynamic_shared(&device, func, launch.shared_bytes)?;
                     let (registers, static_shared_bytes) = compiler::function_resources(&device, func)?;
                     let grid = match launch.grid {
@@ -210,8 +228,9 @@ impl CudaCompiledGraph {
             steps,
             generated,
             attributes,
-            module: loaded,
-            cubin,
+            modules: loaded,
+            cubins,
+            compile_seconds,
             clean_status: Mutex::new(Vec::new()),
         })
     }
@@ -233,22 +252,22 @@ impl CudaCompiledGraph {
 
     /// Seconds NVRTC ran to build it (0 when the cache had it or nothing was compiled).
     pub fn compile_seconds(&self) -> f64 {
-        self.cubin.as_ref().map_or(0.0, |c| c.compile_seconds)
+        self.compile_seconds
     }
 
-    /// True when the CUBIN came from the disk cache.
+    /// True when every CUBIN came from the disk cache (false when there is none).
     pub fn cache_hit(&self) -> bool {
-        self.cubin.as_ref().is_some_and(|c| c.cache_hit)
+        !self.cubins.is_empty() && self.cubins.iter().all(|c| c.cache_hit)
     }
 
-    /// The cached CUBIN's path (`None` when every kernel is extern).
+    /// The first translation unit's cached CUBIN (`None` when every kernel is extern).
     pub fn cubin_path(&self) -> Option<&Path> {
-        self.cubin.as_ref().map(|c| c.path.as_path())
+        self.cubins.first().map(|c| c.path.as_path())
     }
 
-    /// The cached CUDA source's path (`None` when every kernel is extern).
+    /// The first translation unit's cached CUDA source (`None` when every kernel is extern).
     pub fn source_path(&self) -> Option<PathBuf> {
-        self.cubin.as_ref().map(|c| c.source_path.clone())
+        self.cubins.first().map(|c| c.source_path.clone())
     }
 
     /// Launch shape, registers and shared memory of each generated kernel, in launch order.
@@ -564,8 +583,8 @@ impl CudaCompiledGraph {
         }
     }
 
-    /// The loaded module (`None` when every kernel is extern).
-    pub fn module(&self) -> Option<&Arc<LoadedModule>> {
-        self.module.as_ref()
+    /// The loaded modules, one per translation unit (none when every kernel is extern).
+    pub fn modules(&self) -> &[Arc<LoadedModule>] {
+        &self.modules
     }
 }

@@ -210,7 +210,14 @@ fn add_graph(dev: &Arc<CudaDevice>, dir: &Path, source: &str) -> Result<CudaComp
     };
     let k =
         tile("poi_fused_add_0", 1000, &[("in_ptr0", 0, f, false), ("in_ptr1", 1, f, false), ("out_ptr0", 2, f, true)]);
-    CudaCompiledGraph::new_in(dev.clone(), program, schedule, vec![Some(k)], &module(source, "poi_fused_add_0", 4), dir)
+    CudaCompiledGraph::new_in(
+        dev.clone(),
+        program,
+        schedule,
+        vec![Some(k)],
+        &[module(source, "poi_fused_add_0", 4)],
+        dir,
+    )
 }
 
 #[test]
@@ -304,7 +311,7 @@ extern "C" __global__ void poi_fused_index_select_0(const float* in_ptr0, const 
         program,
         schedule,
         vec![Some(tile(name, 3, &args))],
-        &module(cu, name, 1),
+        &[module(cu, name, 1)],
         &dir.0,
     )
     .unwrap();
@@ -594,8 +601,15 @@ fn extern_only_graph_runs_without_compiling() {
     let f = DType::F32;
     let (program, schedule) = crate::test_graphs::extern_only(m, n, k);
     let module = CudaModule { source: String::new(), kernels: vec![] };
-    let g =
-        CudaCompiledGraph::new_in(dev, program.clone(), schedule.clone(), vec![None, None], &module, &dir.0).unwrap();
+    let g = CudaCompiledGraph::new_in(
+        dev,
+        program.clone(),
+        schedule.clone(),
+        vec![None, None],
+        std::slice::from_ref(&module),
+        &dir.0,
+    )
+    .unwrap();
     assert!(g.cubin_path().is_none() && !g.cache_hit() && g.compile_seconds() == 0.0);
     let a = Buffer::new(vec![2, k, m], HostData::from_f64_slice(f, &randoms(5, 2 * k * m))).unwrap();
     let b = Buffer::new(vec![k, n], HostData::from_f64_slice(f, &randoms(6, k * n))).unwrap();
