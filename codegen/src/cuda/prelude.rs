@@ -3,7 +3,8 @@
 //! accesses, and the reduction machinery (combine functors, warp shuffles, the block stage).
 //!
 //! The scalar helpers are the C prelude's, line for line where possible, so both backends agree
-//! bit for bit on conversions, Philox, integer arithmetic, floor division and remainder; only
+//! bit for bit on conversions (NaN payloads aside: the CUDA ones use the conversion unit),
+//! Philox, integer arithmetic, floor division and remainder; only
 //! the bit casts (`__float_as_uint` instead of `memcpy`) and the error recording (`atomicCAS`
 //! instead of an OpenMP critical section) differ. No CUDA header is included: NVRTC declares
 //! the math functions (`expf`, `erff`, ...) and intrinsics itself.
@@ -106,80 +107,33 @@ COIL_D int64_t coil_f2i(double x) {
     return (int64_t)x;
 }
 
-/* ---- f16 / bf16 <-> f32 on uint16_t bits, round to nearest even (as the C prelude) --------
-   The `_sw` versions are the C prelude's line for line. The plain ones are what kernels call:
-   the conversion unit (cvt.rn.*, no .ftz: subnormals kept, overflow to inf) for numbers, and
-   the `_sw` path for NaN only, where the hardware's canonical NaN would lose the sign and
-   payload that the C backend keeps. Bit for bit the same functions. */
+/* ---- f16 / bf16 <-> f32 on uint16_t bits, round to nearest even ---------------------------
+   The conversion unit (cvt.rn.*, no .ftz: subnormals kept, overflow to inf): the C prelude's
+   results bit for bit for every number. A NaN stays a NaN but, unlike the C backend (which
+   follows the interpreter), not bit for bit: bf16 -> f32 keeps the bits (a signalling NaN is
+   quieted by the first arithmetic on it), and f32 -> f16 / bf16 gives the canonical NaN. The
+   C backend's sign and payload handling cost about 3 instructions per element. */
 COIL_D float coil_bits_f32(uint32_t u) { return __uint_as_float(u); }
 COIL_D uint32_t coil_f32_bits(float f) { return __float_as_uint(f); }
-COIL_D float coil_f16_to_f32_sw(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0x1f)
-        return coil_bits_f32(sign | 0x7f800000u | (man ? 0x400000u | (man << 13) : 0));
-    if (exp == 0) {
-        float f = (float)man * 5.9604644775390625e-8f;
-        return sign ? -f : f;
-    }
-    return coil_bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-COIL_D uint16_t coil_f32_to_f16_sw(float f) {
-    uint32_t x = coil_f32_bits(f);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* __fadd_rn: rounds to even, never contracted or flushed */
-        float r = __fadd_rn(coil_bits_f32(ax), 0.5f);
-        return (uint16_t)(sign | (coil_f32_bits(r) - 0x3f000000u));
-    }
-    ax += ((uint32_t)(15 - 127) << 23) + 0xfffu + ((ax >> 13) & 1u);
-    return (uint16_t)(sign | (ax >> 13));
-}
-COIL_D float coil_bf16_to_f32_sw(uint16_t h) {
-    uint32_t quiet = (h & 0x7fffu) > 0x7f80u ? 0x400000u : 0;
-    return coil_bits_f32(((uint32_t)h << 16) | quiet);
-}
-COIL_D uint16_t coil_f32_to_bf16_sw(float f) {
-    uint32_t x = coil_f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
 COIL_D float coil_f16_to_f32(uint16_t h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f != f ? coil_f16_to_f32_sw(h) : f;
+    return f;
 }
 COIL_D uint16_t coil_f32_to_f16(float f) {
     uint16_t h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return f != f ? coil_f32_to_f16_sw(f) : h;
+    return h;
 }
-/* bf16 -> f32 is the bits moved up; a NaN is made quiet (bit 22), as in the C prelude. */
-COIL_D float coil_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    return (h & 0x7fffu) > 0x7f80u ? coil_bits_f32(u | 0x400000u) : coil_bits_f32(u);
-}
+COIL_D float coil_bf16_to_f32(uint16_t h) { return coil_bits_f32((uint32_t)h << 16); }
 COIL_D uint16_t coil_f32_to_bf16(float f) {
     uint16_t h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return f != f ? (uint16_t)((coil_f32_bits(f) >> 16) | 0x0040u) : h;
+    return h;
 }
-/* Rounds a value computed in f32 to the nearest f16 / bf16 (explicit casts, reductions); for
-   NaN, the C prelude's round trip: sign and top payload bits kept, quiet bit set. */
-COIL_D float coil_round_f16(float f) {
-    uint16_t h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    float r;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
-    return f != f ? coil_bits_f32((coil_f32_bits(f) & 0x807fe000u) | 0x7fc00000u) : r;
-}
-COIL_D float coil_round_bf16(float f) {
-    uint16_t h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return f != f ? coil_bits_f32((coil_f32_bits(f) & 0xffff0000u) | 0x400000u) : coil_bits_f32((uint32_t)h << 16);
-}
+/* Rounds a value computed in f32 to the nearest f16 / bf16 (explicit casts, reductions). */
+COIL_D float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to_f16(f)); }
+COIL_D float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_to_bf16(f)); }
 
 /* ---- Philox 4x32-10, exactly as coil_ir::philox ------------------------------------------- */
 COIL_D void coil_philox(uint64_t seed, uint64_t index, uint32_t w[4]) {
@@ -309,16 +263,16 @@ template <typename T, int N, int P> COIL_D void coil_store(T *p, const coil_elem
 
 /* Stores of f32 values into f16 / bf16 buffers: pairs rounded by one cvt.rn.{bf16,f16}x2.f32
    (the first element in the low half, as memory has it), bit for bit coil_f32_to_bf16 /
-   coil_f32_to_f16 of each (a pair with a NaN takes those). P >= 2 elements per access. */
+   coil_f32_to_f16 of each. P >= 2 elements per access. */
 COIL_D uint32_t coil_pack_bf16(float lo, float hi) {
     uint32_t r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return (lo != lo || hi != hi) ? (uint32_t)coil_f32_to_bf16(lo) | ((uint32_t)coil_f32_to_bf16(hi) << 16) : r;
+    return r;
 }
 COIL_D uint32_t coil_pack_f16(float lo, float hi) {
     uint32_t r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return (lo != lo || hi != hi) ? (uint32_t)coil_f32_to_f16(lo) | ((uint32_t)coil_f32_to_f16(hi) << 16) : r;
+    return r;
 }
 template <bool F16, int N, int P> COIL_D void coil_store_half(uint16_t *p, const coil_elems<float, N> &r, bool vec) {
     if (vec) {

@@ -427,6 +427,11 @@ impl CudaCompiledGraph {
                 Storage::Unused => 0,
             })
             .collect();
+        // Generated kernels make 16-byte vector accesses with no fallback for unaligned
+        // buffers: every buffer is an allocation start (the allocator's are 256-byte aligned).
+        if let Some(p) = ptrs.iter().find(|&&p| p % 16 != 0) {
+            return Err(Error::runtime(format!("a buffer at {p:#x} is not 16-byte aligned")));
+        }
         let mark = |i: usize| match marks {
             Some(events) => events[i].record(dev.stream()).map_err(|e| driver_error("cuEventRecord", e)),
             None => Ok(()),
