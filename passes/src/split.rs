@@ -23,8 +23,8 @@ const MIN_CHUNK: i64 = 1 << 12;
 /// At most this many chunks per row.
 const MAX_SPLITS: i64 = 512;
 /// Chunks per row when the row's length is symbolic (dynamic shapes): the same kernels serve
-/// every length, so the split cannot follow it.
-const SYMBOLIC_SPLITS: i64 = 256;
+/// every length, so the split cannot follow it. As many as a static split of a long row.
+const SYMBOLIC_SPLITS: i64 = 512;
 
 /// Splits every reduction that has few outputs and long rows. Other nodes are unchanged; buffer
 /// ids stay valid: partial buffers are appended after the existing ones and named after the

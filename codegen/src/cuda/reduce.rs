@@ -183,8 +183,9 @@ impl<'a> Gen<'a> {
             return;
         }
         // A few steps' loads in flight before the first of them is used (the accumulators
-        // chain the steps, the loads do not).
-        self.line("#pragma unroll 4");
+        // chain the steps, the loads do not). `COIL_ROW_UNROLL=N` sets the factor, for tuning.
+        let unroll = std::env::var("COIL_ROW_UNROLL").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(4);
+        self.line(&format!("#pragma unroll {unroll}"));
         self.open(&format!("for ({} rchunk = rlane; rchunk < {}; rchunk += {}) {{", self.it, nchunk.to_c(), p.lanes));
         self.line(&format!("/* rindex = {}*rchunk + i */", p.vec));
         self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, "i"));

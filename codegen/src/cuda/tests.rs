@@ -623,7 +623,7 @@ fn symbolic_sizes_are_kernel_parameters() {
     // a row of symbolic length: a looped reduction over `s0` positions, element by element
     let (red, launch) = src(1);
     assert_eq!((launch.grid, launch.per_block), (4, 1));
-    assert!(red.contains("for (int64_t rchunk = rlane; rchunk < s0; rchunk += 512) {"), "{red}");
+    assert!(red.contains("for (int64_t rchunk = rlane; rchunk < s0; rchunk += 1024) {"), "{red}");
     // symbolic rows of a constant length
     let (per, launch) = src(2);
     assert_eq!((launch.grid, launch.block, launch.per_block), (0, 256, 8));
