@@ -4,38 +4,9 @@
 use super::*;
 use crate::{decompose, decompose_with, lower, DecomposeOptions};
 use coil_ir::loops::{ExternCall, LoopKind};
-use coil_ir::{DType, Graph, NodeId, Op, Scalar, TensorMeta};
+use coil_ir::{DType, Graph, Op, Scalar};
 
-fn m(shape: &[usize], dtype: DType) -> TensorMeta {
-    TensorMeta::new(shape.to_vec(), dtype)
-}
-
-/// A captured graph under construction.
-struct Capture {
-    g: Graph,
-}
-
-impl Capture {
-    fn new() -> Capture {
-        Capture { g: Graph::new() }
-    }
-    fn input(&mut self, shape: &[usize], dtype: DType) -> NodeId {
-        self.g.input(m(shape, dtype))
-    }
-    fn scalar(&mut self, s: impl Into<Scalar>) -> NodeId {
-        let s = s.into();
-        self.g.leaf(Op::Scalar(s), m(&[], s.dtype()), None)
-    }
-    fn full(&mut self, v: impl Into<Scalar>, shape: &[usize], dtype: DType) -> NodeId {
-        self.g.full(v.into(), shape.to_vec(), dtype, None)
-    }
-    fn op(&mut self, op: Op, inputs: &[NodeId]) -> NodeId {
-        self.g.push(op, inputs, None).unwrap_or_else(|e| panic!("{e}\n{}", self.g))
-    }
-    fn permute(&mut self, x: NodeId, perm: &[usize]) -> NodeId {
-        self.op(Op::Permute { perm: perm.to_vec() }, &[x])
-    }
-}
+use crate::test_graph::{m, Capture};
 
 /// How the test attention is written.
 #[derive(Clone, Copy)]

@@ -43,3 +43,6 @@ pub use lower::{lower, lower_dynamic};
 pub use rewrite::{simplify, RewriteOptions, RewriteReport};
 pub use schedule::{print_schedule, schedule, schedule_with, ScheduleOptions};
 pub use split::split_reductions;
+
+#[cfg(test)]
+mod test_graph;

@@ -3,42 +3,8 @@
 //! (Numbers are checked against PyTorch by the golden tests, which run the interpreter.)
 
 use super::decompose;
-use coil_ir::{BinaryOp, DType, Graph, LossReduction, NodeId, Op, ReduceOp, Scalar, TensorMeta, UnaryOp};
-use std::panic::Location;
-
-/// The line every captured op in these tests is recorded at.
-fn here() -> &'static Location<'static> {
-    Location::caller()
-}
-
-fn m(shape: &[usize], dtype: DType) -> TensorMeta {
-    TensorMeta::new(shape.to_vec(), dtype)
-}
-
-/// A captured graph under construction.
-struct Capture {
-    g: Graph,
-}
-
-impl Capture {
-    fn new() -> Capture {
-        Capture { g: Graph::new() }
-    }
-    fn input(&mut self, shape: &[usize], dtype: DType) -> NodeId {
-        self.g.input(m(shape, dtype))
-    }
-    fn scalar(&mut self, s: impl Into<Scalar>) -> NodeId {
-        let s = s.into();
-        self.g.leaf(Op::Scalar(s), m(&[], s.dtype()), Some(here()))
-    }
-    fn op(&mut self, op: Op, inputs: &[NodeId]) -> NodeId {
-        self.g.push(op, inputs, Some(here())).unwrap()
-    }
-    fn out(mut self, outputs: &[NodeId]) -> Graph {
-        self.g.outputs.extend_from_slice(outputs);
-        self.g
-    }
-}
+use crate::test_graph::{here, m, Capture};
+use coil_ir::{BinaryOp, DType, Graph, LossReduction, NodeId, Op, ReduceOp, Scalar, UnaryOp};
 
 /// Decomposes and checks the contract: primitive, same input and output metas, locations
 /// inherited, only live nodes, deterministic.

@@ -87,6 +87,7 @@ impl CudaDevice {
         }
         let dev = Arc::new(CudaDevice::open(ordinal)?);
         table.insert(ordinal, dev.clone());
+        super::compiler::warm_up(&dev.arch());
         Ok(dev)
     }
 
