@@ -222,6 +222,13 @@ pub fn compile(captured: &Graph, device: Device) -> Result<Arc<Compiled>> {
     Ok(compiled)
 }
 
+/// Compiles a captured graph without looking in this process's cache of compiled graphs (the
+/// disk caches of generated code still apply): what another process pays to compile it. With
+/// a warm disk cache that is the warm-start compile time (`times.total`).
+pub fn compile_fresh(captured: &Graph, device: Device) -> Result<Compiled> {
+    compile_uncached(captured, device, None)
+}
+
 /// Compiles a captured graph for every size its symbols can take (see
 /// [`crate::dynamo::dynamic`]): one set of kernels, the sizes passed to them at run time. An
 /// error of kind `Unsupported` says why the graph cannot be compiled that way (the caller then
