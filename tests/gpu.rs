@@ -43,6 +43,14 @@ fn compiled_cuda_programs_agree_with_the_interpreter() {
     }
 }
 
+/// Rows of 12289 to 65536 elements: split over clusters of blocks on an H100.
+#[test]
+fn long_row_reductions_agree_with_the_interpreter_on_cuda() {
+    if let Some(device) = gpu() {
+        differential::check_long_rows(device);
+    }
+}
+
 #[test]
 fn dynamic_cuda_programs_agree_with_static_ones_at_every_size() {
     if let Some(device) = gpu() {

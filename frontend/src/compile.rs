@@ -237,17 +237,28 @@ pub fn compile_dynamic(captured: &Graph, device: Device, spec: &DynamicSpec) -> 
     compile_uncached(captured, device, Some(spec)).map(Arc::new)
 }
 
-/// The scheduler's options for `device`: a GPU block holds rows up to 8192 long in registers
-/// (one read per row for every pass).
-fn schedule_options(device: Device) -> coil_passes::ScheduleOptions {
+/// The scheduler's options for `device`: a GPU block holds rows up to 8192 long in registers,
+/// a cluster of blocks (sm_90 and later) rows up to 65536, so that every pass over a row reads
+/// it once. `COIL_PERSISTENT_MAX=N` sets the longest persistent row on CUDA, for measuring
+/// (the codegen holds at most 65536).
+fn schedule_options(device: Device) -> Result<coil_passes::ScheduleOptions> {
     match device {
-        Device::Cuda(_) => coil_passes::ScheduleOptions { persistent_max_rnumel: 8192 },
-        Device::Cpu => Default::default(),
+        Device::Cuda(n) => Ok(cuda_schedule_options(CudaDevice::get(n)?.compute_capability().0 >= 9)),
+        Device::Cpu => Ok(Default::default()),
     }
 }
 
+/// [`schedule_options`] of a CUDA device, with or without thread-block clusters.
+fn cuda_schedule_options(clusters: bool) -> coil_passes::ScheduleOptions {
+    use coil_codegen::cuda::launch::{BLOCK_ROW_MAX, CLUSTER_ROW_MAX};
+    let most = if clusters { CLUSTER_ROW_MAX } else { BLOCK_ROW_MAX };
+    let knob = std::env::var("COIL_PERSISTENT_MAX").ok().and_then(|v| v.parse::<i64>().ok());
+    coil_passes::ScheduleOptions { persistent_max_rnumel: knob.map_or(most, |n| n.min(CLUSTER_ROW_MAX)) }
+}
+
 /// The CUDA C source of each kernel `captured` compiles to (static sizes), as `(name, source)`
-/// in launch order, without a GPU: what `kernels/<name>.cu` would hold in a CUDA dump. For
+/// in launch order, without a GPU: what `kernels/<name>.cu` would hold in the dump of a GPU with
+/// thread-block clusters (an H100). For
 /// reading and diffing generated GPU code on a machine that has none.
 ///
 /// ```
@@ -262,7 +273,8 @@ pub fn cuda_sources(captured: &Graph) -> Result<Vec<(String, String)>> {
     let primitive = coil_passes::decompose_with(captured, &COMPILE_DECOMPOSITION)?;
     let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::from_env())?;
     let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
-    let schedule = coil_passes::schedule_with(&program, &schedule_options(Device::Cuda(0)));
+    let mut schedule = coil_passes::schedule_with(&program, &cuda_schedule_options(true));
+    coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule);
     schedule
         .kernels
         .iter()
@@ -332,7 +344,10 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
     dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
 
     let t = Instant::now();
-    let schedule = coil_passes::schedule_with(&program, &schedule_options(device));
+    let mut schedule = coil_passes::schedule_with(&program, &schedule_options(device)?);
+    if matches!(device, Device::Cuda(_)) {
+        coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule);
+    }
     times.schedule = t.elapsed().as_secs_f64();
     let post_fusion = coil_passes::print_schedule(&program, &schedule);
     dump.write("ir_post_fusion.txt", || post_fusion.clone());

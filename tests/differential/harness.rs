@@ -108,16 +108,30 @@ fn program(seed: u64, inputs: &[Tensor]) -> coil::Result<(Vec<Tensor>, bool)> {
     Ok((outs, bf16))
 }
 
-/// Runs the program on one backend; `None` when it is not a valid program (shape errors).
+/// A program over the inputs: its outputs, and whether it rounds through bf16.
+type Program<'p> = &'p dyn Fn(&[Tensor]) -> coil::Result<(Vec<Tensor>, bool)>;
+
+/// Runs random program `seed` on one backend; `None` when it is not a valid program (shape
+/// errors).
 fn run(
     seed: u64,
     inputs: &Inputs,
     backend: Backend,
     device: coil::Device,
 ) -> Option<(coil::Result<Vec<Vec<f64>>>, bool)> {
+    run_program(&|a| program(seed, a), inputs, backend, device)
+}
+
+/// [`run`] for any program.
+fn run_program(
+    program: Program,
+    inputs: &Inputs,
+    backend: Backend,
+    device: coil::Device,
+) -> Option<(coil::Result<Vec<Vec<f64>>>, bool)> {
     coil::set_backend(backend);
     coil::set_default_device(device);
-    let (outs, bf16) = program(seed, &inputs.tensors(device)).ok()?;
+    let (outs, bf16) = program(&inputs.tensors(device)).ok()?;
     Some((outs.iter().map(|t| t.to_vec::<f64>()).collect(), bf16))
 }
 
@@ -141,14 +155,23 @@ fn rel_error(a: &[f64], b: &[f64]) -> f64 {
 fn check(seed: u64, device: coil::Device) -> Result<bool, String> {
     let mut rng = Rng(seed ^ 0xC011);
     let inputs = Inputs::new(&mut rng);
-    let Some((reference, bf16)) = run(seed, &inputs, Backend::Interpreter, coil::Device::Cpu) else { return Ok(false) };
+    check_program(&format!("seed {seed}"), &|a| program(seed, a), &inputs, device)
+}
+
+/// Whether `program` compiled on `device` agrees with the interpreter on `inputs`: `Ok(false)`
+/// when it is not a valid program, `Err` (naming it `what`) when they disagree.
+fn check_program(what: &str, program: Program, inputs: &Inputs, device: coil::Device) -> Result<bool, String> {
+    let Some((reference, bf16)) = run_program(program, inputs, Backend::Interpreter, coil::Device::Cpu) else {
+        return Ok(false);
+    };
     let (compiled, _) =
-        run(seed, &inputs, Backend::Compiled, device).expect("the program was valid on the interpreter");
+        run_program(program, inputs, Backend::Compiled, device).expect("the program was valid on the interpreter");
     let tolerance = if bf16 { 2e-2 } else { 1e-4 };
+    let seed = what;
     let describe = || {
         coil::set_backend(Backend::Interpreter);
         coil::set_default_device(coil::Device::Cpu);
-        let (outs, _) = program(seed, &inputs.tensors(coil::Device::Cpu)).unwrap();
+        let (outs, _) = program(&inputs.tensors(coil::Device::Cpu)).unwrap();
         coil::capture(&outs.iter().collect::<Vec<_>>()).graph.to_string()
     };
     match (reference, compiled) {
@@ -157,13 +180,13 @@ fn check(seed: u64, device: coil::Device) -> Result<bool, String> {
             for (k, (r, c)) in r.iter().zip(&c).enumerate() {
                 let err = rel_error(c, r);
                 if err > tolerance {
-                    return Err(format!("seed {seed}: output {k} differs (relative error {err:.2e})\n{}", describe()));
+                    return Err(format!("{seed}: output {k} differs (relative error {err:.2e})\n{}", describe()));
                 }
             }
             Ok(true)
         }
         (r, c) => Err(format!(
-            "seed {seed}: interpreter gives {:?}, compiled gives {:?}\n{}",
+            "{seed}: interpreter gives {:?}, compiled gives {:?}\n{}",
             r.map(|_| "values"),
             c.map(|_| "values"),
             describe()
@@ -190,6 +213,44 @@ pub fn check_all(device: coil::Device) {
     println!("differential on {device}: {valid} valid programs, {} disagree", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     assert!(valid >= 200, "only {valid} of the random programs were valid");
+}
+
+/// Rows long enough to be split over a cluster of blocks on sm_90 (8193 to 65536 elements):
+/// the random programs on inputs of such shapes, and softmax, log_softmax, argmax, variance and
+/// a bf16 layer norm along the long dim, against the interpreter.
+pub fn check_long_rows(device: coil::Device) {
+    type Fixed = fn(&[Tensor]) -> coil::Result<(Vec<Tensor>, bool)>;
+    let fixed: [(&str, Fixed); 5] = [
+        ("softmax", |a| Ok((vec![a[0].softmax(-1)?], false))),
+        ("log_softmax", |a| Ok((vec![a[0].add(&a[1])?.log_softmax(-1)?], false))),
+        ("argmax", |a| Ok((vec![a[0].argmax(Some(-1), true)?.to_dtype(DType::F32)?], false))),
+        ("var", |a| Ok((vec![a[0].var(&[-1], 1.0, true)?.mul(&a[1])?], false))),
+        ("layer_norm_bf16", |a| {
+            let n = *a[0].shape().last().unwrap();
+            Ok((vec![a[0].to_dtype(DType::BF16)?.layer_norm(&[n], None, None, 1e-5)?.to_dtype(DType::F32)?], true))
+        }),
+    ];
+    let (mut failures, mut valid) = (Vec::new(), 0);
+    for (n, shape) in [[3usize, 20000], [2, 65536], [5, 12289]].iter().enumerate() {
+        let mut rng = Rng(n as u64 ^ 0x10E6);
+        let inputs = inputs_of(&mut rng, shape);
+        let mut outcome = |what: String, r: Result<bool, String>| match r {
+            Ok(ok) => valid += ok as usize,
+            Err(e) => failures.push(format!("{what} at {shape:?}: {e}")),
+        };
+        for (name, f) in fixed {
+            outcome(name.to_string(), check_program(name, &f, &inputs, device));
+        }
+        for seed in 0..8 {
+            outcome(
+                format!("seed {seed}"),
+                check_program(&format!("seed {seed}"), &|a| program(seed, a), &inputs, device),
+            );
+        }
+    }
+    println!("long rows on {device}: {valid} valid programs, {} disagree", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert!(valid >= 20, "only {valid} of the long-row programs were valid");
 }
 
 /// Inputs of `shape` with random values.

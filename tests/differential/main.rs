@@ -12,3 +12,8 @@ fn compiled_programs_agree_with_the_interpreter() {
 fn dynamic_programs_agree_with_the_interpreter_at_every_size() {
     harness::check_all_dynamic(coil::Device::Cpu);
 }
+
+#[test]
+fn long_row_reductions_agree_with_the_interpreter() {
+    harness::check_long_rows(coil::Device::Cpu);
+}

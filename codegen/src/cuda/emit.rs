@@ -416,7 +416,9 @@ impl<'a> Gen<'a> {
             let _ = write!(header, "; grid ceil(xnumel / {})", p.launch.per_block);
         }
         let _ = write!(header, " x block {}; groups of {}", p.launch.block, p.vec);
-        if k.kind != KernelKind::Pointwise {
+        if p.cluster > 1 {
+            let _ = write!(header, ", clusters of {} blocks, {} threads per row", p.cluster, p.row_threads());
+        } else if k.kind != KernelKind::Pointwise {
             let _ = write!(header, ", {} threads per row", p.lanes);
         }
         self.line(&(header + " */"));
@@ -429,7 +431,11 @@ impl<'a> Gen<'a> {
             Some(m) if k.kind != KernelKind::Pointwise => format!("{}, {m}", p.launch.block),
             _ => p.launch.block.to_string(),
         };
-        let head = format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {}", k.name);
+        let cluster = match p.cluster {
+            1 => String::new(),
+            c => format!("__cluster_dims__({c}, 1, 1) "),
+        };
+        let head = format!("extern \"C\" __global__ void {cluster}__launch_bounds__({bounds}) {}", k.name);
         self.line(&format!("{head}({})", params.join(", ")));
         self.open("{");
         self.line("(void)status;");

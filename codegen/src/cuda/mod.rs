@@ -25,7 +25,11 @@
 //!   registers (compile-time-unrolled loops only). The body is split into passes as in the C
 //!   backend; an `XR` value read by a later pass stays in a per-thread array, never reloaded.
 //!   Each reduction folds into a per-thread accumulator, then `coil_reduce`: warp shuffles and,
-//!   for several warps, a shared-memory stage.
+//!   for several warps, a shared-memory stage. A row longer than one block holds
+//!   ([`launch::BLOCK_ROW_MAX`], sm_90 and later) is split over a thread-block cluster
+//!   (`__cluster_dims__`): each block reduces its share, and the blocks' results meet in
+//!   distributed shared memory (`coil_reduce_cluster`); such rows stay on chip only where a
+//!   looped kernel would read them twice ([`launch::settle_row_kinds`]).
 //! * **Looped reduction**: one block per row; each `RLoop` strides over the row's groups with
 //!   vector loads where contiguous, into per-thread accumulators, then a block reduction. An
 //!   online softmax pass folds each group into the thread's `(max, sum of exp)` pair at once
@@ -93,6 +97,9 @@ pub struct Launch {
     /// At most this many blocks (0: no cap besides the hardware's): a looped reduction that
     /// reads its rows twice keeps few enough rows in flight that the second read hits L2.
     pub max_grid: u32,
+    /// Blocks per thread-block cluster (1: none). The kernel declares it
+    /// (`__cluster_dims__`), so a plain launch forms the clusters; `grid` is a multiple of it.
+    pub cluster: u32,
 }
 
 /// One kernel of a [`CudaModule`].

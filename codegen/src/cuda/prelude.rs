@@ -452,6 +452,31 @@ template <int W, typename T, typename Op> COIL_D T coil_reduce_costly(T v, Op op
     }
     return v;
 }
+/* Thread-block clusters (sm_90 and later). coil_cluster_sync: a barrier of every thread of the
+   cluster, whose shared-memory writes before it are visible to the cluster after it.
+   coil_cluster_map: the address of the same shared variable in the cluster's block `rank`
+   (a generic address: plain loads read it). */
+COIL_D void coil_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+template <typename T> COIL_D const T *coil_cluster_map(const T *p, unsigned rank) {
+    uint64_t q;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
+    return (const T *)q;
+}
+/* Reduces `v` over a row split across the C blocks of a cluster: coil_reduce in each block,
+   whose first thread leaves the block's result in smem[W]; after the cluster's barrier every
+   thread folds the C results in block order (the same bits in every thread of every block).
+   The caller syncs the cluster again before smem[W] is written anew or a block exits. */
+template <int C, int W, typename T, typename Op> COIL_D T coil_reduce_cluster(T v, Op op, T *smem) {
+    v = coil_reduce<W>(v, op, smem);
+    if (threadIdx.x == 0) smem[W] = v;
+    coil_cluster_sync();
+    v = *coil_cluster_map(smem + W, 0);
+#pragma unroll
+    for (int c = 1; c < C; c++) v = op(v, *coil_cluster_map(smem + W, c));
+    return v;
+}
 /* Column reductions: a block of X consecutive outputs (threadIdx.x % X) times R threads along
    the reduced dim (threadIdx.x / X), smem of R * X slots. Every thread folds the R partials of
    its output in the same order, so all of them hold the same bits. The closing barrier lets

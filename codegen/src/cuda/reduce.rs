@@ -25,10 +25,15 @@ impl<'a> Gen<'a> {
         // A column plan's row threads are `rows_per_block` apart (see `Plan::col`).
         if p.col {
             self.line(&format!("const int rlane = threadIdx.x / {};", p.rows_per_block));
+        } else if p.cluster > 1 {
+            // the block's place in its cluster (`%cluster_ctarank`: clusters are consecutive
+            // blocks of the 1-D grid)
+            self.line(&format!("const int rlane = (int)(blockIdx.x % {}) * {} + threadIdx.x;", p.cluster, p.lanes));
         } else {
             self.line(&format!("const int rlane = threadIdx.x % {};", p.lanes));
         }
-        let slots = if p.col { p.launch.block as usize } else { p.warps_per_row() };
+        // A cluster's block reductions leave the block's result in one more slot.
+        let slots = if p.col { p.launch.block as usize } else { p.warps_per_row() + usize::from(p.cluster > 1) };
         for s in flat_stmts(&self.k.body) {
             match s {
                 TileStmt::Reduce { var, op, .. } => {
@@ -55,14 +60,18 @@ impl<'a> Gen<'a> {
             self.group = None;
         }
         self.alignment_check();
-        let first = if p.col {
+        let first = if p.cluster > 1 {
+            format!("({})(blockIdx.x / {})", self.it, p.cluster)
+        } else if p.col {
             format!("({})blockIdx.x * {} + threadIdx.x % {}", self.it, p.rows_per_block, p.rows_per_block)
         } else if p.rows_per_block > 1 {
             format!("({})blockIdx.x * {} + threadIdx.x / {}", self.it, p.rows_per_block, p.lanes)
         } else {
             format!("({})blockIdx.x", self.it)
         };
-        let step = if p.rows_per_block > 1 {
+        let step = if p.cluster > 1 {
+            format!("({})(gridDim.x / {})", self.it, p.cluster)
+        } else if p.rows_per_block > 1 {
             format!("({})gridDim.x * {}", self.it, p.rows_per_block)
         } else {
             format!("({})gridDim.x", self.it)
@@ -83,6 +92,11 @@ impl<'a> Gen<'a> {
                     Piece::Row(s) => self.stmt(s),
                     Piece::Pass(stmts) => self.persistent_pass(&stmts, nchunk),
                 }
+            }
+            if p.cluster > 1 {
+                // Every block has read this row's partial results from the others' shared
+                // memory before the next row overwrites them, or a block exits.
+                self.line("coil_cluster_sync();");
             }
         }
         self.close();
@@ -145,13 +159,13 @@ impl<'a> Gen<'a> {
         }
         if nchunk != Expr::int(0) {
             let arr = if p.chunks > 1 { format!("k * {} + i", p.vec) } else { "i".to_string() };
-            let all_full = Expr::int((p.chunks * p.lanes) as i64) == nchunk;
+            let all_full = Expr::int((p.chunks * p.row_threads()) as i64) == nchunk;
             if p.chunks > 1 {
                 // Fully unrolled, so per-thread arrays stay in registers; a long column plan
                 // (hundreds of chunks) unrolls partly (its arrays, if any, go to local memory).
                 self.line(if p.chunks <= 32 { "#pragma unroll" } else { "#pragma unroll 8" });
                 self.open(&format!("for (int k = 0; k < {}; k++) {{", p.chunks));
-                self.line(&format!("const {} rchunk = k * {} + rlane;", self.it, p.lanes));
+                self.line(&format!("const {} rchunk = k * {} + rlane;", self.it, p.row_threads()));
             } else {
                 self.open("{");
                 self.line(&format!("const {} rchunk = rlane;", self.it));
@@ -275,11 +289,16 @@ impl<'a> Gen<'a> {
     }
 
     /// The block reduction of the plan: `coil_reduce<warps>` or `coil_reduce_col<lanes, rows>`,
-    /// or their `_costly` forms (the combine is worth doing once per partial, not per thread).
+    /// or their `_costly` forms (the combine is worth doing once per partial, not per thread);
+    /// over a cluster, `coil_reduce_cluster<blocks, warps>` (persistent reductions only, whose
+    /// combines are cheap).
     fn block_reduce(&self, costly: bool) -> String {
         let p = self.plan;
         let c = if costly { "_costly" } else { "" };
-        if p.col {
+        if p.cluster > 1 {
+            assert!(!costly && !p.col, "a cluster plan is a persistent row plan");
+            format!("coil_reduce_cluster<{}, {}>", p.cluster, p.warps_per_row())
+        } else if p.col {
             format!("coil_reduce_col{c}<{}, {}>", p.lanes, p.rows_per_block)
         } else {
             format!("coil_reduce{c}<{}>", p.warps_per_row())

@@ -91,6 +91,7 @@ const HARNESS: &str = r#"
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 struct coil_dim3 { unsigned x, y, z; };
 extern coil_dim3 threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
@@ -173,6 +174,13 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
     }
     let (p, k) = softmax(16, 8192, KernelKind::PersistentReduction, "softmax");
     v.push(tile(&p, &k, "softmax_persistent_16x8192"));
+    // rows split over a cluster of blocks (sm_90): a partial last chunk, and a whole one
+    for (r, c) in [(3, 12289), (1024, 1 << 16)] {
+        let (p, k) = softmax(r, c, KernelKind::PersistentReduction, "softmax");
+        v.push(tile(&p, &k, &format!("softmax_cluster_{r}x{c}")));
+    }
+    let (p, k) = layer_norm(5, 20000, KernelKind::PersistentReduction);
+    v.push(tile(&p, &k, "layer_norm_cluster_5x20000"));
     for (r, c) in [(37, 768), (5, 3000), (3, 5)] {
         let kind = if c <= 1024 { KernelKind::PersistentReduction } else { KernelKind::LoopedReduction };
         let (p, k) = layer_norm(r, c, kind);
@@ -225,7 +233,7 @@ fn pointwise_bf16_vectorized() {
     let t = build_kernel(&p, &k);
     let (src, launch) = emit_cuda_kernel(&t).unwrap();
     // 32 bf16: 4 groups of 8, one 16-byte load and store each, one warp
-    assert_eq!(launch, Launch { grid: 1, block: 32, shared_bytes: 0, per_block: 256, max_grid: 0 });
+    assert_eq!(launch, Launch { grid: 1, block: 32, shared_bytes: 0, per_block: 256, max_grid: 0, cluster: 1 });
     assert!(src.contains("coil_load<uint16_t, 8, 8>(in_ptr0 + (8*xvec), aligned)"), "{src}");
     // stored from f32 values, rounded in pairs (one cvt.rn.bf16x2.f32 each)
     assert!(src.contains("coil_store_bf16<8, 8>(out_ptr0 + (8*xvec), s"), "{src}");
@@ -242,7 +250,7 @@ fn softmax_persistent_warp_per_row() {
     let (p, k) = softmax(32, 128, KernelKind::PersistentReduction, "per_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     // 128 f32 per row: a warp, one 16-byte group per lane; 32 rows: one row per block
-    assert_eq!(launch, Launch { grid: 32, block: 32, shared_bytes: 0, per_block: 1, max_grid: 0 });
+    assert_eq!(launch, Launch { grid: 32, block: 32, shared_bytes: 0, per_block: 1, max_grid: 0, cluster: 1 });
     assert!(src.contains("coil_reduce<1>(acc1, coil_max_f32(), smem1)"), "{src}");
     // x is loaded once: the later passes read it from registers
     assert_eq!(src.matches("coil_load<").count(), 1, "{src}");
@@ -272,7 +280,7 @@ fn softmax_looped() {
     let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     // two passes over rows of 8000 bytes: at most 24 MiB of rows in flight
-    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0, per_block: 1, max_grid: 3145 });
+    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0, per_block: 1, max_grid: 3145, cluster: 1 });
     // small sizes: 32-bit index arithmetic
     assert!(src.contains("for (int rchunk = rlane; rchunk < 500; rchunk += 256) {"), "{src}");
     snapshot("cuda_softmax_looped", src);
@@ -283,7 +291,7 @@ fn layer_norm_block_per_row() {
     let (p, k) = layer_norm(37, 1536, KernelKind::PersistentReduction);
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     // 1536 f32: 384 groups of 4, two on each of 192 threads (6 warps, a shared-memory stage)
-    assert_eq!(launch, Launch { grid: 37, block: 192, shared_bytes: 0, per_block: 1, max_grid: 0 });
+    assert_eq!(launch, Launch { grid: 37, block: 192, shared_bytes: 0, per_block: 1, max_grid: 0, cluster: 1 });
     assert!(src.contains("coil_reduce<6>(") && !src.contains("if (rchunk <"), "{src}");
     // the weights are contiguous along the row: vector loads too
     assert_eq!(src.matches("coil_load<float, 4, 4>").count(), 3, "{src}");
@@ -327,6 +335,40 @@ fn launch_heuristic() {
     let (p, k) = softmax(4, 1 << 16, KernelKind::LoopedReduction, "s");
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.launch.grid), (4, 1024, 4));
+    assert_eq!(pl.cluster, 1);
+    // a row too long for one block: clusters of 8 blocks of 256 threads, 8 groups each
+    let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks), (4, 256, 8, 8));
+    assert_eq!((pl.launch.grid, pl.launch.cluster, pl.launch.per_block), (8192, 8, 1));
+    // an odd row just over a block's: two blocks of scalar groups, the last chunk partial
+    let (p, k) = softmax(3, 12289, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks, pl.launch.grid), (1, 1024, 2, 7, 6));
+    // a grid of whole clusters, also when capped
+    let l = Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1, max_grid: 0, cluster: 8 };
+    assert_eq!((l.grid_for(5), l.grid_for(0)), (40, 8));
+    assert_eq!(Launch { max_grid: 20, ..l }.grid_for(5), 16);
+}
+
+#[test]
+fn cluster_rows_meet_in_distributed_shared_memory() {
+    let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    for want in [
+        "__cluster_dims__(8, 1, 1) __launch_bounds__(256)",
+        "const int rlane = (int)(blockIdx.x % 8) * 256 + threadIdx.x;",
+        "__shared__ float smem1[9];",
+        "xindex = (int)(blockIdx.x / 8); xindex < xnumel; xindex += (int)(gridDim.x / 8)",
+        "const int rchunk = k * 2048 + rlane;",
+        "coil_reduce_cluster<8, 8>(acc1, coil_max_f32(), smem1)",
+    ] {
+        assert!(src.contains(want), "{want} missing in\n{src}");
+    }
+    // besides the one in each reduction, a cluster barrier at the end of each row
+    assert_eq!(src.matches("coil_cluster_sync();").count(), 1, "{src}");
+    let module = emit_cuda(&[build_kernel(&p, &k)]).unwrap();
+    assert!(module.source.contains("mapa.u64") && module.source.contains("barrier.cluster.arrive.release"));
 }
 
 /// `x.sum(dim=0)` of f32 `[rows, cols]`: a reduction down the columns (`x[cols*r + x]`).
@@ -349,7 +391,7 @@ fn column_reduction_coalesces() {
     assert!(launch::column_like(&t));
     let (src, launch) = emit_cuda_kernel(&t).unwrap();
     // 32 outputs per block (one per lane) times 8 threads along the 64 rows, 8 rows each
-    assert_eq!(launch, Launch { grid: 8, block: 256, shared_bytes: 0, per_block: 32, max_grid: 0 });
+    assert_eq!(launch, Launch { grid: 8, block: 256, shared_bytes: 0, per_block: 32, max_grid: 0, cluster: 1 });
     assert!(src.contains("const int rlane = threadIdx.x / 32;"), "{src}");
     assert!(src.contains("xindex = (int)blockIdx.x * 32 + threadIdx.x % 32;"), "{src}");
     assert!(src.contains("coil_reduce_col<8, 32>(acc1, coil_add(), smem1)"), "{src}");
@@ -613,7 +655,7 @@ fn symbolic_sizes_are_kernel_parameters() {
     let (poi, launch) = src(0);
     assert!(poi.contains("(const float *in_ptr0, float *out_ptr0, int64_t s0, int64_t *status)"), "{poi}");
     assert!(poi.contains("const int64_t xnumel = 4*s0;"), "{poi}");
-    assert_eq!(launch, Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1024, max_grid: 0 });
+    assert_eq!(launch, Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1024, max_grid: 0, cluster: 1 });
     assert_eq!((launch.grid_for(8), launch.grid_for(1024), launch.grid_for(1025)), (1, 1, 2));
     // 4*s0 elements: groups of 4 are always full, and vector accesses stay
     assert!(poi.contains("xvec < s0;") && !poi.contains("xindex >= xnumel"), "{poi}");
@@ -687,4 +729,29 @@ fn online_softmax_one_pass_and_pairwise_block_combine() {
     assert!(src.contains("coil_online_group<float, 1>(acc2, acc3, ox2);") && src.contains("rchunk < s0;"), "{src}");
     let module = emit_cuda(&all_kernels()).unwrap();
     syntax_check(&module.source);
+}
+
+#[test]
+fn long_rows_stay_on_chip_only_where_the_loop_would_read_them_twice() {
+    use coil_ir::kernel::Schedule;
+    let settle = |p: &LoopProgram, k: FusedKernel| {
+        let mut s = Schedule { kernels: vec![k], refusals: vec![], memory: Default::default() };
+        launch::settle_row_kinds(p, &mut s);
+        let k = s.kernels.pop().unwrap();
+        (k.kind, k.name)
+    };
+    let persistent = |mut k: FusedKernel| {
+        k.kind = KernelKind::PersistentReduction;
+        k.name = k.name.replacen("red_", "per_", 1);
+        k
+    };
+    // a softmax loops twice over its rows: a cluster holds them
+    let (p, k) = online(64, Some(1 << 16), DType::F32, Online::Softmax, false);
+    assert_eq!(settle(&p, persistent(k)), (KernelKind::PersistentReduction, "per_fused_softmax_0".into()));
+    // a logsumexp loops once: looped
+    let (p, k) = online(64, Some(50304), DType::BF16, Online::LogSumExp, false);
+    assert_eq!(settle(&p, persistent(k)), (KernelKind::LoopedReduction, "red_fused_logsumexp_0".into()));
+    // a row one block holds stays persistent
+    let (p, k) = online(64, Some(8192), DType::BF16, Online::LogSumExp, false);
+    assert_eq!(settle(&p, persistent(k)).0, KernelKind::PersistentReduction);
 }

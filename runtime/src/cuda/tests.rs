@@ -181,7 +181,7 @@ fn module(source: &str, name: &str, grid: u32) -> CudaModule {
         source: source.into(),
         kernels: vec![CudaKernel {
             name: name.into(),
-            launch: Launch { grid, block: 256, shared_bytes: 0, per_block: 256, max_grid: 0 },
+            launch: Launch { grid, block: 256, shared_bytes: 0, per_block: 256, max_grid: 0, cluster: 1 },
         }],
     }
 }
