@@ -85,6 +85,183 @@ impl Plan {
     }
 }
 
+/// Overrides of the heuristic's choices ([`plan_with`]); `None` keeps the heuristic's. The
+/// knobs of the environment make one ([`Tuning::from_env`]), and the runtime's autotuner
+/// tries a few per kernel ([`candidates`]) and caches the fastest in its text form
+/// (`Display` / `FromStr`: `row_threads=512 cluster=4`, or `heuristic` when nothing is set).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Tuning {
+    /// Threads per row of a persistent reduction (a multiple of 32, at most 1024; rows of one
+    /// warp are packed 8 to a block). `COIL_ROW_THREADS`.
+    pub row_threads: Option<usize>,
+    /// Blocks per row of a persistent reduction (a power of two, at most [`MAX_CLUSTER`]; more
+    /// than 1 needs sm_90 or later). `COIL_CLUSTER`.
+    pub cluster: Option<usize>,
+    /// Threads per row of a looped reduction (a multiple of 32, at most 1024).
+    /// `COIL_LOOPED_THREADS`.
+    pub looped_threads: Option<usize>,
+    /// Most blocks of a looped reduction ([`Launch::max_grid`]; 0: no cap). `COIL_LOOPED_GRID`.
+    pub looped_grid: Option<u32>,
+    /// Elements per thread of a pointwise kernel (a power of two, at most 32).
+    /// `COIL_POINTWISE_VEC`.
+    pub pointwise_vec: Option<usize>,
+}
+
+/// Each knob of [`Tuning`]: its name in the text form, and its environment variable. The
+/// order is that of [`Tuning::fields`].
+const KNOBS: [(&str, &str); 5] = [
+    ("row_threads", "COIL_ROW_THREADS"),
+    ("cluster", "COIL_CLUSTER"),
+    ("looped_threads", "COIL_LOOPED_THREADS"),
+    ("looped_grid", "COIL_LOOPED_GRID"),
+    ("pointwise_vec", "COIL_POINTWISE_VEC"),
+];
+
+/// Whether knob `name` takes the value `n` (the one check of every way a value comes in).
+fn accepts(name: &str, n: usize) -> bool {
+    let whole_warps = (32..=1024).contains(&n) && n.is_multiple_of(32);
+    match name {
+        "row_threads" | "looped_threads" => whole_warps,
+        "cluster" => n.is_power_of_two() && n <= MAX_CLUSTER,
+        "looped_grid" => u32::try_from(n).is_ok(),
+        "pointwise_vec" => n.is_power_of_two() && n <= 32,
+        _ => false,
+    }
+}
+
+impl Tuning {
+    /// The tuning knobs of the environment (`COIL_ROW_THREADS`, `COIL_CLUSTER`,
+    /// `COIL_LOOPED_THREADS`, `COIL_LOOPED_GRID`, `COIL_POINTWISE_VEC`, each a number); a value
+    /// outside the knob's range is ignored. The one place they are read.
+    pub fn from_env() -> Tuning {
+        let value = |(name, var): (&str, &str)| {
+            let n = std::env::var(var).ok()?.trim().parse::<usize>().ok()?;
+            accepts(name, n).then_some(n)
+        };
+        Tuning::from_fields(KNOBS.map(value))
+    }
+
+    /// True when nothing is overridden.
+    pub fn is_heuristic(&self) -> bool {
+        *self == Tuning::default()
+    }
+
+    /// The knobs' values in [`KNOBS`] order.
+    fn fields(&self) -> [Option<usize>; 5] {
+        let grid = self.looped_grid.map(|g| g as usize);
+        [self.row_threads, self.cluster, self.looped_threads, grid, self.pointwise_vec]
+    }
+
+    /// The inverse of [`Tuning::fields`] (values already checked).
+    fn from_fields([row_threads, cluster, looped_threads, grid, pointwise_vec]: [Option<usize>; 5]) -> Tuning {
+        let looped_grid = grid.and_then(|g| u32::try_from(g).ok());
+        Tuning { row_threads, cluster, looped_threads, looped_grid, pointwise_vec }
+    }
+
+    /// Without the values outside their knob's range (a struct built in code may hold any).
+    fn checked(&self) -> Tuning {
+        let fields = self.fields();
+        Tuning::from_fields(std::array::from_fn(|i| fields[i].filter(|&n| accepts(KNOBS[i].0, n))))
+    }
+}
+
+impl std::fmt::Display for Tuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_heuristic() {
+            return f.write_str("heuristic");
+        }
+        let set: Vec<String> =
+            (KNOBS.iter().zip(self.fields())).filter_map(|((name, _), v)| Some(format!("{name}={}", v?))).collect();
+        f.write_str(&set.join(" "))
+    }
+}
+
+impl std::str::FromStr for Tuning {
+    type Err = String;
+
+    /// The `Display` form back: `heuristic`, or `knob=value` pairs separated by spaces.
+    fn from_str(text: &str) -> Result<Tuning, String> {
+        let text = text.trim();
+        let mut fields = [None; 5];
+        if text == "heuristic" {
+            return Ok(Tuning::default());
+        }
+        for pair in text.split_whitespace() {
+            let (name, value) = pair.split_once('=').ok_or_else(|| format!("`{pair}` is not knob=value"))?;
+            let i = KNOBS.iter().position(|(n, _)| *n == name).ok_or_else(|| format!("unknown knob `{name}`"))?;
+            let n = value.parse::<usize>().ok().filter(|&n| accepts(name, n));
+            fields[i] = Some(n.ok_or_else(|| format!("`{pair}`: not a value {name} takes"))?);
+        }
+        if fields.iter().all(Option::is_none) {
+            return Err(format!("`{text}` sets no knob"));
+        }
+        Ok(Tuning::from_fields(fields))
+    }
+}
+
+/// Most alternatives to the heuristic's plan that [`candidates`] offers: each costs a compile
+/// and a timing when autotuning.
+pub const MAX_CANDIDATES: usize = 3;
+
+/// The plans worth timing for `k`: the heuristic's own first (`Tuning::default()`), then at
+/// most [`MAX_CANDIDATES`] alternatives, only where the heuristic is unsure:
+///
+/// * a persistent reduction of rows longer than [`WARP_ROW_MAX`] (a block or a cluster per
+///   row): half and double the heuristic's threads per row (whole warps, 64..1024, each
+///   thread holding at least one group); for a cluster plan also half the cluster with twice
+///   the threads (the same threads per row, fewer and larger blocks);
+/// * a looped reduction: 256, 512 and 1024 threads per row besides the heuristic's.
+///
+/// Pointwise kernels, warp-per-row reductions and column reductions get none (the
+/// heuristic's choice alone): their plans were measured across the workloads. Every
+/// candidate is a plan the generator emits correctly (any whole number of warps per row and
+/// any cluster of [`plan_with`]: `chunks` follows, and partial chunks are guarded), and no two
+/// have the same plan, so no two emit the same source.
+pub fn candidates(k: &TileKernel) -> Vec<Tuning> {
+    let heuristic = plan_with(k, &Tuning::default());
+    let mut out = vec![Tuning::default()];
+    if heuristic.col {
+        return out;
+    }
+    let mut alternatives = Vec::new();
+    match k.kind {
+        KernelKind::PersistentReduction if k.rnumel.and_then(|r| r.const_value()).is_some_and(|r| r > WARP_ROW_MAX) => {
+            let (lanes, cluster) = (heuristic.lanes, heuristic.cluster);
+            let groups = k.rnumel.and_then(|r| r.const_value()).unwrap_or(0) as usize / heuristic.vec;
+            let useful = |threads: usize, cluster: usize| {
+                threads != lanes && (64..=1024).contains(&threads) && threads * cluster <= groups
+            };
+            for threads in [(lanes / 2).next_multiple_of(32), lanes * 2] {
+                if useful(threads, cluster) {
+                    alternatives.push(Tuning { row_threads: Some(threads), ..Tuning::default() });
+                }
+            }
+            if cluster > 1 && lanes * 2 <= 1024 {
+                alternatives.push(Tuning {
+                    row_threads: Some(lanes * 2),
+                    cluster: Some(cluster / 2),
+                    ..Tuning::default()
+                });
+            }
+        }
+        KernelKind::LoopedReduction => {
+            for threads in [256, 512, 1024] {
+                alternatives.push(Tuning { looped_threads: Some(threads), ..Tuning::default() });
+            }
+        }
+        _ => {}
+    }
+    let mut plans = vec![heuristic];
+    for t in alternatives {
+        let p = plan_with(k, &t);
+        if out.len() <= MAX_CANDIDATES && !plans.contains(&p) {
+            plans.push(p);
+            out.push(t);
+        }
+    }
+    out
+}
+
 /// The smallest element size among the kernel's buffers: it decides how many elements make a
 /// 16-byte access.
 fn min_elem_bytes(k: &TileKernel) -> usize {
@@ -112,7 +289,16 @@ fn min_elem_bytes(k: &TileKernel) -> usize {
 ///
 /// The grid is `ceil(xnumel / per_block)` ([`Launch::grid_for`]): fixed here for a constant
 /// `xnumel`, computed by the runtime for each run's sizes otherwise (`Launch::grid` is then 0).
+///
+/// The tuning knobs of the environment ([`Tuning::from_env`]) override these choices.
 pub fn plan(k: &TileKernel) -> Plan {
+    plan_with(k, &Tuning::from_env())
+}
+
+/// [`plan`] with the choices `tuning` sets in place of the heuristic's (values outside a
+/// knob's range, see [`Tuning`], are ignored). Column reductions keep their plan.
+pub fn plan_with(k: &TileKernel, tuning: &Tuning) -> Plan {
+    let t = tuning.checked();
     let rnumel = k.rnumel.unwrap_or(Expr::int(1));
     let xn = k.xnumel.const_value().map(|x| x.max(0) as usize);
     let rn = rnumel.const_value().map(|r| r.max(0) as usize);
@@ -122,7 +308,7 @@ pub fn plan(k: &TileKernel) -> Plan {
     }
     match k.kind {
         KernelKind::Pointwise | KernelKind::Extern => {
-            let vec = pointwise_vec_override().unwrap_or(access.max(4));
+            let vec = t.pointwise_vec.unwrap_or(access.max(4));
             let block = match xn {
                 Some(xn) => xn.div_ceil(vec).max(1).next_multiple_of(32).min(POINTWISE_BLOCK),
                 None => POINTWISE_BLOCK,
@@ -141,10 +327,9 @@ pub fn plan(k: &TileKernel) -> Plan {
         KernelKind::PersistentReduction => {
             let rn = rn.expect("a persistent reduction has a constant row");
             let mut vec = largest_pow2_dividing(access, rn);
-            let cluster = cluster_override()
-                .unwrap_or_else(|| rn.div_ceil(BLOCK_ROW_MAX as usize).next_power_of_two())
-                .min(MAX_CLUSTER);
-            let lanes = if let Some(lanes) = row_threads_override() {
+            let cluster =
+                t.cluster.unwrap_or_else(|| rn.div_ceil(BLOCK_ROW_MAX as usize).next_power_of_two()).min(MAX_CLUSTER);
+            let lanes = if let Some(lanes) = t.row_threads {
                 lanes
             } else if rn as i64 <= WARP_ROW_MAX {
                 // No wider groups than keep all 32 lanes busy.
@@ -173,9 +358,10 @@ pub fn plan(k: &TileKernel) -> Plan {
         KernelKind::LoopedReduction => {
             let vec = (1..=access.ilog2()).map(|p| 1 << p).take_while(|&v| divisible(rnumel, v as i64)).last();
             let vec = vec.unwrap_or(1);
-            let lanes = rn.map_or(SYMBOLIC_ROW_LANES, |rn| (rn / vec / 4).next_power_of_two().clamp(256, 1024));
+            let heuristic = || rn.map_or(SYMBOLIC_ROW_LANES, |rn| (rn / vec / 4).next_power_of_two().clamp(256, 1024));
+            let lanes = t.looped_threads.unwrap_or_else(heuristic);
             let mut launch = launch(lanes, 1);
-            launch.max_grid = rereading_grid_cap(k, rn);
+            launch.max_grid = t.looped_grid.unwrap_or_else(|| rereading_grid_cap(k, rn));
             Plan { launch, vec, lanes, rows_per_block: 1, chunks: 1, col: false, cluster: 1 }.at(xn)
         }
     }
@@ -207,28 +393,6 @@ pub fn settle_row_kinds(program: &LoopProgram, schedule: &mut Schedule) {
     }
 }
 
-/// `COIL_POINTWISE_VEC=N` (a power of two, 1..32): elements per thread of every pointwise
-/// kernel, in place of one 16-byte access of the narrowest buffer. A tuning knob.
-fn pointwise_vec_override() -> Option<usize> {
-    let n: usize = std::env::var("COIL_POINTWISE_VEC").ok()?.parse().ok()?;
-    (n.is_power_of_two() && n <= 32).then_some(n)
-}
-
-/// `COIL_CLUSTER=N` (a power of two, 1..8): blocks per row of every persistent reduction, in
-/// place of the heuristic's choice. A tuning knob (sm_90 and later only: a cluster needs one).
-fn cluster_override() -> Option<usize> {
-    let n: usize = std::env::var("COIL_CLUSTER").ok()?.parse().ok()?;
-    (n.is_power_of_two() && n <= MAX_CLUSTER).then_some(n)
-}
-
-/// `COIL_ROW_THREADS=N` (a multiple of 32, at most 1024): threads per row of every persistent
-/// reduction, in place of the heuristic's choice. A tuning knob for comparing plans on a GPU;
-/// rows of one warp are packed 8 to a block.
-fn row_threads_override() -> Option<usize> {
-    let n: usize = std::env::var("COIL_ROW_THREADS").ok()?.parse().ok()?;
-    (n >= 32 && n <= 1024 && n.is_multiple_of(32)).then_some(n)
-}
-
 /// Bytes of rows a looped reduction that reads its rows twice may keep in flight: about the
 /// share of the 50 MB L2 of an H100 that the second pass can count on.
 const L2_ROW_BUDGET: usize = 24 << 20;
@@ -236,11 +400,8 @@ const L2_ROW_BUDGET: usize = 24 << 20;
 /// The grid cap of a looped reduction ([`Launch::max_grid`]): a kernel of two or more passes
 /// over its rows runs at most `L2_ROW_BUDGET / row bytes` rows at once (but at least one block
 /// per SM), so that its later passes read the row from L2 instead of HBM (short rows get a
-/// cap above any grid they need); 0 (no cap) for one pass. `COIL_LOOPED_GRID=N` sets the cap of every looped reduction, for tuning.
+/// cap above any grid they need); 0 (no cap) for one pass. [`Tuning::looped_grid`] overrides it.
 fn rereading_grid_cap(k: &TileKernel, rn: Option<usize>) -> u32 {
-    if let Some(n) = std::env::var("COIL_LOOPED_GRID").ok().and_then(|v| v.parse::<u32>().ok()) {
-        return n;
-    }
     let passes = k.body.iter().filter(|s| matches!(s, TileStmt::RLoop(_))).count();
     let (Some(rn), true) = (rn, passes >= 2) else { return 0 };
     let row_bytes = rn * k.args.iter().map(|a| a.dtype.size_bytes()).max().unwrap_or(4);

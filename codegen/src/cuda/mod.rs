@@ -12,7 +12,8 @@
 //! the prelude. Compile it without `--use_fast_math` (NaN tests are `x != x`, and division and
 //! `expf` must be IEEE).
 //!
-//! Code shapes ([`launch::plan`] picks the numbers):
+//! Code shapes ([`launch::plan`] picks the numbers; [`Tuning`] overrides them: the
+//! environment's tuning knobs, or the runtime's autotuner through [`emit_cuda_with`]):
 //! * **Pointwise**: a grid-stride loop over *groups* of `vec` consecutive `xindex` values per
 //!   thread. In a full group, a load or store whose index is `xindex + c` with a suitably
 //!   aligned offset is one vector access (16 bytes at most per piece, [`prelude`]'s
@@ -76,6 +77,7 @@ mod prelude;
 #[cfg(test)]
 mod tests;
 
+pub use launch::Tuning;
 pub use prelude::{prelude, prelude_for};
 
 use coil_ir::kernel::{flat_stmts, KernelKind, TileKernel, TileOp, TileStmt};
@@ -128,10 +130,17 @@ pub struct CudaModule {
 /// whose name the generated code uses itself, and ops the interpreter rejects on their dtypes
 /// (an integer result of true division or of a float-only function).
 pub fn emit_cuda(kernels: &[TileKernel]) -> Result<CudaModule> {
+    emit_cuda_with(kernels, &Tuning::from_env())
+}
+
+/// [`emit_cuda`] with the launch plans of `tuning` ([`launch::plan_with`]) in place of the
+/// environment's knobs: the runtime's autotuner builds its candidates ([`launch::candidates`])
+/// with it. Errors as [`emit_cuda`].
+pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaModule> {
     let mut code = String::new();
     let mut out = Vec::new();
     for k in kernels {
-        let (text, launch) = emit_one(k)?;
+        let (text, launch) = emit_one(k, tuning)?;
         code.push('\n');
         code.push_str(&text);
         out.push(CudaKernel { name: k.name.clone(), launch });
@@ -147,10 +156,10 @@ pub fn emit_cuda_kernel_source(kernel: &TileKernel) -> Result<String> {
 
 /// The text of one kernel (it needs the [`prelude`]) and its launch.
 pub fn emit_cuda_kernel(kernel: &TileKernel) -> Result<(String, Launch)> {
-    emit_one(kernel)
+    emit_one(kernel, &Tuning::from_env())
 }
 
-fn emit_one(k: &TileKernel) -> Result<(String, Launch)> {
+fn emit_one(k: &TileKernel, tuning: &Tuning) -> Result<(String, Launch)> {
     let unsupported = |what: String| Err(Error::unsupported(format!("CUDA kernel {}: {what}", k.name)));
     if k.kind == KernelKind::Extern {
         return unsupported("an extern call has no generated code".into());
@@ -165,7 +174,7 @@ fn emit_one(k: &TileKernel) -> Result<(String, Launch)> {
         return unsupported(format!("size symbol `{s}` is not a symbol of a free name"));
     }
     check_ops(k)?;
-    let plan = launch::plan(k);
+    let plan = launch::plan_with(k, tuning);
     let mut g = emit::Gen::new(k, plan);
     g.kernel();
     Ok((g.out, plan.launch))

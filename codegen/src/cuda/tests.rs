@@ -755,3 +755,115 @@ fn long_rows_stay_on_chip_only_where_the_loop_would_read_them_twice() {
     let (p, k) = online(64, Some(8192), DType::BF16, Online::LogSumExp, false);
     assert_eq!(settle(&p, persistent(k)).0, KernelKind::PersistentReduction);
 }
+
+#[test]
+fn tunings_read_back_from_their_text() {
+    use launch::Tuning;
+    let t = Tuning { row_threads: Some(512), cluster: Some(4), ..Tuning::default() };
+    assert_eq!(t.to_string(), "row_threads=512 cluster=4");
+    assert_eq!("row_threads=512 cluster=4".parse::<Tuning>(), Ok(t));
+    assert_eq!(Tuning::default().to_string(), "heuristic");
+    assert_eq!(" heuristic\n".parse::<Tuning>(), Ok(Tuning::default()));
+    let all = Tuning {
+        row_threads: Some(96),
+        cluster: Some(2),
+        looped_threads: Some(1024),
+        looped_grid: Some(0),
+        pointwise_vec: Some(16),
+    };
+    assert_eq!(all.to_string().parse::<Tuning>(), Ok(all));
+    // each knob's range, unknown knobs, and text that sets nothing are refused
+    for bad in ["row_threads=33", "row_threads=2048", "cluster=3", "cluster=16", "pointwise_vec=64", "speed=9", "", "x"]
+    {
+        assert!(bad.parse::<Tuning>().is_err(), "{bad:?} accepted");
+    }
+}
+
+#[test]
+fn plan_with_overrides_the_heuristic() {
+    use launch::{plan_with, Tuning};
+    let heuristic = Tuning::default();
+    // a block per row: threads per row, and the chunks follow
+    let (p, k) = layer_norm(37, 1536, KernelKind::PersistentReduction);
+    let t = build_kernel(&p, &k);
+    assert_eq!(plan_with(&t, &heuristic), launch::plan(&t));
+    let pl = plan_with(&t, &Tuning { row_threads: Some(96), ..heuristic });
+    assert_eq!((pl.lanes, pl.chunks, pl.launch.block, pl.launch.grid), (96, 4, 96, 37));
+    // a value outside the knob's range is ignored, as the environment's are
+    assert_eq!(plan_with(&t, &Tuning { row_threads: Some(100), ..heuristic }), launch::plan(&t));
+    // a cluster of 8 halved, with twice the threads: the same threads per row
+    let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
+    let t = build_kernel(&p, &k);
+    let pl = plan_with(&t, &Tuning { row_threads: Some(512), cluster: Some(4), ..heuristic });
+    assert_eq!((pl.lanes, pl.cluster, pl.row_threads(), pl.chunks), (512, 4, 2048, 8));
+    assert_eq!((pl.launch.block, pl.launch.cluster, pl.launch.grid), (512, 4, 4096));
+    // looped rows: threads per row and the grid cap
+    let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "s");
+    let t = build_kernel(&p, &k);
+    let pl = plan_with(&t, &Tuning { looped_threads: Some(1024), looped_grid: Some(2), ..heuristic });
+    assert_eq!((pl.lanes, pl.launch.block, pl.launch.max_grid, pl.launch.grid), (1024, 1024, 2, 2));
+    // the persistent knobs leave looped kernels alone, and the other way round
+    assert_eq!(plan_with(&t, &Tuning { row_threads: Some(512), ..heuristic }).lanes, 256);
+    let (p, k) = pointwise_n(1 << 20, DType::BF16);
+    let t = build_kernel(&p, &k);
+    assert_eq!(plan_with(&t, &Tuning { looped_threads: Some(512), ..heuristic }), launch::plan(&t));
+    let pl = plan_with(&t, &Tuning { pointwise_vec: Some(2), ..heuristic });
+    assert_eq!((pl.vec, pl.launch.block, pl.launch.grid), (2, 256, 2048));
+}
+
+#[test]
+fn autotuning_candidates_only_where_the_heuristic_is_unsure() {
+    use launch::{candidates, Tuning};
+    let tunings = |k: &TileKernel| -> Vec<String> { candidates(k).iter().map(Tuning::to_string).collect() };
+    let of = |(p, k): (LoopProgram, FusedKernel)| build_kernel(&p, &k);
+    // none: pointwise, a warp per row, column reductions
+    assert_eq!(tunings(&of(pointwise_n(1 << 20, DType::BF16))), ["heuristic"]);
+    assert_eq!(tunings(&of(softmax(300, 256, KernelKind::PersistentReduction, "s"))), ["heuristic"]);
+    assert_eq!(tunings(&of(col_sum(8192, 64, KernelKind::PersistentReduction))), ["heuristic"]);
+    assert_eq!(tunings(&of(col_sum(3000, 96, KernelKind::LoopedReduction))), ["heuristic"]);
+    // a block per row (192 threads): half (whole warps) and double
+    let ln = of(layer_norm(37, 1536, KernelKind::PersistentReduction));
+    assert_eq!(tunings(&ln), ["heuristic", "row_threads=96", "row_threads=384"]);
+    // a cluster of 8 x 256: half and double the threads, and half the cluster with double
+    let cl = of(softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s"));
+    assert_eq!(tunings(&cl), ["heuristic", "row_threads=128", "row_threads=512", "row_threads=512 cluster=4"]);
+    // a cluster of 2 x 1024 threads already: only fewer threads, and no fewer blocks
+    let odd = of(softmax(3, 12289, KernelKind::PersistentReduction, "s"));
+    assert_eq!(tunings(&odd), ["heuristic", "row_threads=512"]);
+    // looped rows: the other two of 256, 512, 1024 (also for a row of symbolic length)
+    let looped = of(softmax(3, 2000, KernelKind::LoopedReduction, "s"));
+    assert_eq!(tunings(&looped), ["heuristic", "looped_threads=512", "looped_threads=1024"]);
+    let (p, k) = online(64, None, DType::F32, Online::Softmax, false);
+    assert_eq!(tunings(&build_kernel(&p, &k)), ["heuristic", "looped_threads=256", "looped_threads=512"]);
+
+    // Every candidate generates (distinct source for each, the g++ check on them all) and is
+    // a valid plan: whole warps, at most 1024 threads, every row element covered.
+    let mut all = Vec::new();
+    for (n, k) in
+        [ln, cl, odd, looped, of(layer_norm(5, 20000, KernelKind::PersistentReduction))].into_iter().enumerate()
+    {
+        let mut sources = Vec::new();
+        for (i, t) in candidates(&k).iter().enumerate() {
+            let pl = launch::plan_with(&k, t);
+            let groups = k.rnumel.unwrap().const_value().unwrap() as usize / pl.vec;
+            assert!(pl.lanes.is_multiple_of(32) && pl.launch.block <= 1024, "{} with {t}: {pl:?}", k.name);
+            if k.kind == KernelKind::PersistentReduction {
+                assert!(pl.chunks * pl.row_threads() >= groups && pl.row_threads() <= groups, "{} with {t}", k.name);
+            }
+            let mut renamed = k.clone();
+            renamed.name = format!("{}_{n}_{i}", k.name);
+            sources.push(emit_cuda_with(std::slice::from_ref(&k), t).unwrap().source);
+            let unit = emit_cuda_with(std::slice::from_ref(&renamed), t).unwrap().source;
+            // the kernel without its unit's prelude: one prelude for them all
+            all.push(unit[unit.find(&format!("\n/* {}:", renamed.name)).expect("a kernel header")..].to_string());
+        }
+        let mut distinct = sources.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), sources.len(), "{}", k.name);
+        assert!(sources.len() <= 1 + launch::MAX_CANDIDATES);
+        // the heuristic's candidate is what `emit_cuda` generates
+        assert_eq!(sources[0], emit_cuda(std::slice::from_ref(&k)).unwrap().source);
+    }
+    syntax_check(&format!("{}{}", prelude(), all.concat()));
+}

@@ -22,10 +22,15 @@
 //!    own 4 words, so the first failing kernel in launch order is named), and returns the
 //!    outputs in `program.outputs` order.
 //!
+//! With the autotuner on (`COIL_AUTOTUNE=1`, [`autotune`]) the first run also times a few
+//! launch plans of each kernel where the heuristic is unsure, as it reaches the kernel, and it
+//! and later runs launch the fastest.
+//!
 //! Nothing here needs CUDA to be installed to build or load: the libraries are found at run
 //! time ([`loader`]), and [`cuda_available`] says whether a GPU can be used.
 
 pub mod attention;
+pub mod autotune;
 pub mod blas;
 pub mod compiler;
 pub mod device;
@@ -35,6 +40,7 @@ pub mod memory;
 #[cfg(test)]
 mod tests;
 
+pub use autotune::AutotuneChoice;
 pub use compiler::{CompiledCubin, LoadedModule};
 pub use device::{cuda_available, cuda_status, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
@@ -46,11 +52,11 @@ use coil_codegen::cuda::{CudaModule, Launch};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{Error, Graph, Result};
-use cudarc::driver::{result as drv, sys};
+use cudarc::driver::{result as drv, sys, CudaEvent};
 use device::driver_error;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Launch shape and resources of one generated kernel, for dumps (`summary.json`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +98,14 @@ pub struct CudaCompiledGraph {
     /// Status words of finished runs that reported no error, so still all zero: the next run
     /// takes one instead of allocating and zeroing its own (a memset on the device per run).
     clean_status: Mutex<Vec<DeviceMemory>>,
+    /// The kernel cache it was built through (the autotuner's candidates and choices go there).
+    cache_dir: PathBuf,
+    /// Whether the first run autotunes the launches ([`autotune`]; `COIL_AUTOTUNE=1`).
+    autotune: bool,
+    /// The autotuner's variants, set by the first run when it tunes (unset otherwise).
+    tuned: OnceLock<autotune::Tuned>,
+    /// Held by the run that tunes, so that a run started meanwhile waits for its choices.
+    tuning: Mutex<()>,
 }
 
 // SAFETY: the raw `CUfunction` handles in `steps` are immutable, belong to `modules` (kept alive
@@ -165,21 +179,9 @@ impl CudaCompiledGraph {
             })
             .collect::<Result<Vec<std::result::Result<(usize, &TileKernel, Launch), usize>>>>()?;
 
-        // Each translation unit is compiled (or found in the cache) and loaded on a thread of
-        // its own: NVRTC compiles are independent, so a graph's compile takes its slowest one.
         let start = std::time::Instant::now();
-        let built: Vec<Result<(Arc<LoadedModule>, CompiledCubin)>> = std::thread::scope(|scope| {
-            let threads: Vec<_> = (modules.iter().filter(|m| !m.kernels.is_empty()))
-                .map(|m| {
-                    let device = &device;
-                    scope.spawn(move || {
-                        let names: Vec<&str> = m.kernels.iter().map(|k| k.name.as_str()).collect();
-                        compiler::load_or_build(device, &m.source, &names, cache_dir)
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-        });
+        let units: Vec<&CudaModule> = modules.iter().filter(|m| !m.kernels.is_empty()).collect();
+        let built = build_units(&device, &units, cache_dir);
         let (mut loaded, mut cubins) = (Vec::new(), Vec::new());
         for b in built {
             let (m, c) = b?;
@@ -232,7 +234,24 @@ impl CudaCompiledGraph {
             cubins,
             compile_seconds,
             clean_status: Mutex::new(Vec::new()),
+            cache_dir: cache_dir.to_path_buf(),
+            autotune: autotune::enabled_by_env(),
+            tuned: OnceLock::new(),
+            tuning: Mutex::new(()),
         })
+    }
+
+    /// With the launch autotuner on or off ([`autotune`]; the default is on when
+    /// `COIL_AUTOTUNE=1`). Takes effect at the first run; call it before that.
+    pub fn with_autotune(mut self, on: bool) -> CudaCompiledGraph {
+        self.autotune = on;
+        self
+    }
+
+    /// The autotuner's choice for each kernel it considered (empty before the first run, or
+    /// when it is off), in launch order.
+    pub fn autotune_choices(&self) -> &[AutotuneChoice] {
+        self.tuned.get().map_or(&[], |t| t.choices.as_slice())
     }
 
     /// The device it runs on.
@@ -288,21 +307,17 @@ impl CudaCompiledGraph {
     /// as in the schedule), in microseconds: the median over `reps` runs after `warmup`, from
     /// CUDA events recorded on the stream between consecutive launches (`COIL_PROFILE=1`).
     pub fn profile(&self, inputs: &[&CudaBuffer], warmup: usize, reps: usize) -> Result<Vec<(String, f64)>> {
+        self.tune_before_timing(inputs)?;
         for _ in 0..warmup {
             self.run(inputs)?;
         }
-        let ctx = self.device.context();
-        let events = (0..=self.steps.len())
-            .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| driver_error("cuEventCreate", e))?;
+        let events = timing_events(&self.device, self.steps.len() + 1)?;
         let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); self.steps.len()];
         for _ in 0..reps.max(1) {
             let pending = self.enqueue(inputs, Some(&events))?;
             self.finish(inputs, pending)?;
             for (i, sample) in samples.iter_mut().enumerate() {
-                let ms = events[i].elapsed_ms(&events[i + 1]).map_err(|e| driver_error("cuEventElapsedTime", e))?;
-                sample.push(ms as f64 * 1000.0);
+                sample.push(elapsed_us(&events[i], &events[i + 1])?);
             }
         }
         Ok(self
@@ -339,26 +354,31 @@ impl CudaCompiledGraph {
     /// starts with a cold L2, and the host's work to enqueue the run overlaps that memset
     /// instead of leaving the GPU idle inside the timed window.
     pub fn time_runs(&self, inputs: &[&CudaBuffer], warmup: usize, reps: usize) -> Result<Vec<f64>> {
+        self.tune_before_timing(inputs)?;
         for _ in 0..warmup {
             self.run(inputs)?;
         }
         const FLUSH_BYTES: usize = 256 << 20;
         let flush = DeviceMemory::alloc(&self.device, FLUSH_BYTES)?;
-        let ctx = self.device.context();
-        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = ctx.new_event(timing).map_err(|e| driver_error("cuEventCreate", e))?;
-        let end = ctx.new_event(timing).map_err(|e| driver_error("cuEventCreate", e))?;
+        let [start, end]: [CudaEvent; 2] = timing_events(&self.device, 2)?.try_into().expect("two events");
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps {
             flush.zero(FLUSH_BYTES)?;
-            start.record(self.device.stream()).map_err(|e| driver_error("cuEventRecord", e))?;
+            record(&self.device, &start)?;
             let pending = self.enqueue(inputs, None)?;
-            end.record(self.device.stream()).map_err(|e| driver_error("cuEventRecord", e))?;
+            record(&self.device, &end)?;
             self.finish(inputs, pending)?;
-            let ms = start.elapsed_ms(&end).map_err(|e| driver_error("cuEventElapsedTime", e))?;
-            times.push(ms as f64 * 1000.0);
+            times.push(elapsed_us(&start, &end)?);
         }
         Ok(times)
+    }
+
+    /// Runs once first when that run would autotune, so that no timing includes the tuning.
+    fn tune_before_timing(&self, inputs: &[&CudaBuffer]) -> Result<()> {
+        if self.autotune && self.tuned.get().is_none() {
+            self.run(inputs)?;
+        }
+        Ok(())
     }
 
     /// Checks the inputs and returns the program at their sizes.
@@ -396,7 +416,7 @@ impl CudaCompiledGraph {
     /// Allocates and enqueues everything; fallback ops synchronise on the way.
     /// Enqueues one run; with `marks` (one event per launch and one more), records
     /// `marks[i]` before launch `i` and the last one after the last launch.
-    fn enqueue(&self, inputs: &[&CudaBuffer], marks: Option<&[cudarc::driver::CudaEvent]>) -> Result<Pending> {
+    fn enqueue(&self, inputs: &[&CudaBuffer], marks: Option<&[CudaEvent]>) -> Result<Pending> {
         let inst = self.check_inputs(inputs)?;
         let p = &inst.program;
         let dev = &self.device;
@@ -433,47 +453,34 @@ impl CudaCompiledGraph {
             return Err(Error::runtime(format!("a buffer at {p:#x} is not 16-byte aligned")));
         }
         let mark = |i: usize| match marks {
-            Some(events) => events[i].record(dev.stream()).map_err(|e| driver_error("cuEventRecord", e)),
+            Some(events) => record(dev, &events[i]),
             None => Ok(()),
         };
+        // The first run with the autotuner on picks each kernel's variant as it reaches it;
+        // later runs launch the variants picked.
+        let mut tuner = self.begin_autotune(&inst)?;
+        let tuned = self.tuned.get();
         for (i, step) in self.steps.iter().enumerate() {
             mark(i)?;
             match step {
                 Step::Generated { name, func, launch, kernel, args, status: s } => {
+                    let (func, launch) = match (&mut tuner, tuned) {
+                        (Some(tuner), _) => tuner.choose(i, &inst, &ptrs)?,
+                        (None, Some(tuned)) => tuned.variant(i).unwrap_or((*func, *launch)),
+                        (None, None) => (*func, *launch),
+                    };
                     if launch.block == 0 {
                         continue; // nothing to compute
                     }
-                    let grid = match launch.grid {
-                        // A symbolic xnumel: the grid of this run's.
-                        0 => {
-                            let xnumel = inst.schedule.kernels[*kernel].xnumel.const_value();
-                            launch.grid_for(xnumel.expect("an instance has constant extents"))
-                        }
-                        g => g,
-                    };
-                    // The buffers' pointers, the sizes' values, then the status pointer: 8 bytes each.
-                    let mut values: Vec<u64> = args.iter().map(|b| ptrs[b.0]).collect();
-                    values.extend(inst.kernel_sizes[*kernel].iter().map(|&v| v as u64));
-                    values.push(status.ptr() + (*s as u64) * 32);
-                    let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
-                    dev.bind()?;
-                    // SAFETY: the kernel's ABI is one device pointer per argument, one `int64_t`
-                    // per size symbol it reads (in `TileKernel::sizes` order, their values at this
-                    // run), then the status pointer; each argument's pointer addresses a live
-                    // allocation of at least its buffer's size and dtype at this run's sizes
-                    // (checked by `Instances`), kept alive until the status is read; `params`
-                    // outlives the call (the driver copies it).
+                    let buffers: Vec<u64> = args.iter().map(|b| ptrs[b.0]).collect();
+                    let status = status.ptr() + (*s as u64) * 32;
+                    let mut params = kernel_params(&buffers, &inst.kernel_sizes[*kernel], status);
+                    // SAFETY: each argument's pointer addresses a live allocation of at least its
+                    // buffer's size and dtype at this run's sizes (checked by `Instances`), kept
+                    // alive until the status is read; the status words are this kernel's 4.
                     unsafe {
-                        drv::launch_kernel(
-                            *func,
-                            (grid, 1, 1),
-                            (launch.block, 1, 1),
-                            launch.shared_bytes,
-                            dev.cu_stream(),
-                            &mut params,
-                        )
-                    }
-                    .map_err(|e| driver_error(&format!("cuLaunchKernel({name})"), e))?;
+                        launch_generated(dev, name, func, &launch, grid_at(&launch, &inst, *kernel), &mut params)
+                    }?;
                 }
                 Step::Extern { node } => {
                     if let Err(e) = self.run_extern(&inst, *node, &ptrs) {
@@ -485,6 +492,9 @@ impl CudaCompiledGraph {
             }
         }
         mark(self.steps.len())?;
+        if let Some(tuner) = tuner {
+            tuner.finish();
+        }
         Ok(Pending { inst, outputs, status, _slots: slots })
     }
 
@@ -515,10 +525,7 @@ impl CudaCompiledGraph {
     /// One device-to-host copy of every kernel's status (waits for the stream); the first
     /// failing kernel in launch order is reported.
     fn check_status_words(&self, status: &DeviceMemory) -> Result<()> {
-        // SAFETY: the status allocation holds `generated * 32` bytes.
-        let bytes = unsafe { memory::download(&self.device, status.ptr(), self.generated * 32) }
-            .map_err(|e| Error::runtime(format!("the CUDA graph failed: {e}")))?;
-        let words: Vec<i64> = bytes.chunks_exact(8).map(bytemuck::pod_read_unaligned).collect();
+        let words = status_words(&self.device, status, self.generated)?;
         for step in &self.steps {
             if let Step::Generated { name, status: s, .. } = step {
                 check_status(name, &words[s * 4..s * 4 + 4])?;
@@ -592,4 +599,107 @@ impl CudaCompiledGraph {
     pub fn modules(&self) -> &[Arc<LoadedModule>] {
         &self.modules
     }
+}
+
+/// Compiles (or finds in the cache) and loads each translation unit on a thread of its own:
+/// NVRTC compiles are independent, so the whole takes about its slowest one. One result per
+/// unit, in order.
+fn build_units(
+    device: &Arc<CudaDevice>,
+    units: &[&CudaModule],
+    cache_dir: &Path,
+) -> Vec<Result<(Arc<LoadedModule>, CompiledCubin)>> {
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (units.iter())
+            .map(|m| {
+                scope.spawn(move || {
+                    let names: Vec<&str> = m.kernels.iter().map(|k| k.name.as_str()).collect();
+                    compiler::load_or_build(device, &m.source, &names, cache_dir)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
+}
+
+/// The grid of generated kernel `kernel` at the instance's sizes: the launch's own, or for a
+/// symbolic `xnumel` (`launch.grid` 0) [`Launch::grid_for`] of this instance's.
+fn grid_at(launch: &Launch, inst: &Instance, kernel: usize) -> u32 {
+    match launch.grid {
+        0 => {
+            let xnumel = inst.schedule.kernels[kernel].xnumel.const_value();
+            launch.grid_for(xnumel.expect("an instance has constant extents"))
+        }
+        g => g,
+    }
+}
+
+/// A generated kernel's parameter values (8 bytes each): its buffers' pointers, the values of
+/// its size symbols (in `TileKernel::sizes` order), then the pointer to its 4 status words.
+fn kernel_params(buffers: &[u64], sizes: &[i64], status: u64) -> Vec<u64> {
+    let mut values = buffers.to_vec();
+    values.extend(sizes.iter().map(|&v| v as u64));
+    values.push(status);
+    values
+}
+
+/// Enqueues generated kernel `name` on the device's stream with [`kernel_params`] `params`.
+///
+/// # Safety
+/// `func` must be a kernel of a module loaded on `dev` whose parameters `params` match; every
+/// pointer in them must address live device memory of at least the bytes the kernel reaches
+/// at these sizes, kept alive until the stream has run it.
+unsafe fn launch_generated(
+    dev: &CudaDevice,
+    name: &str,
+    func: sys::CUfunction,
+    launch: &Launch,
+    grid: u32,
+    params: &mut [u64],
+) -> Result<()> {
+    let mut pointers: Vec<*mut c_void> = params.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+    dev.bind()?;
+    // SAFETY: the caller's contract; `pointers` and `params` outlive the call (the driver
+    // copies the values).
+    unsafe {
+        drv::launch_kernel(
+            func,
+            (grid, 1, 1),
+            (launch.block, 1, 1),
+            launch.shared_bytes,
+            dev.cu_stream(),
+            &mut pointers,
+        )
+    }
+    .map_err(|e| driver_error(&format!("cuLaunchKernel({name})"), e))
+}
+
+/// The status words of `kernels` generated kernels (4 each) in `status`, copied to the host
+/// (which waits for the stream).
+fn status_words(dev: &CudaDevice, status: &DeviceMemory, kernels: usize) -> Result<Vec<i64>> {
+    assert!(status.bytes() >= kernels * 32, "status words past the allocation");
+    // SAFETY: the allocation holds `kernels * 32` bytes (checked above).
+    let bytes = unsafe { memory::download(dev, status.ptr(), kernels * 32) }
+        .map_err(|e| Error::runtime(format!("the CUDA graph failed: {e}")))?;
+    Ok(bytes.chunks_exact(8).map(bytemuck::pod_read_unaligned).collect())
+}
+
+/// `n` events for timing the stream (CUDA events with timing on).
+fn timing_events(dev: &CudaDevice, n: usize) -> Result<Vec<CudaEvent>> {
+    let ctx = dev.context();
+    (0..n)
+        .map(|_| ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| driver_error("cuEventCreate", e))
+}
+
+/// Records `event` on the device's stream.
+fn record(dev: &CudaDevice, event: &CudaEvent) -> Result<()> {
+    event.record(dev.stream()).map_err(|e| driver_error("cuEventRecord", e))
+}
+
+/// Microseconds between two recorded events (waits for the later one).
+fn elapsed_us(start: &CudaEvent, end: &CudaEvent) -> Result<f64> {
+    let ms = start.elapsed_ms(end).map_err(|e| driver_error("cuEventElapsedTime", e))?;
+    Ok(ms as f64 * 1000.0)
 }
