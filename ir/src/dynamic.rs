@@ -100,11 +100,17 @@ pub fn same_op_up_to_sizes(a: &Op, b: &Op) -> bool {
 
 /// Whether an op has size attributes (see [`size_numbers`]); cheap, no allocation.
 pub fn has_size_attrs(op: &Op) -> bool {
-    match op {
-        Op::Reshape { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Pad { .. } => true,
-        Op::Rand { .. } | Op::Dropout { .. } | Op::Full(_) | Op::Scalar(_) => true,
-        _ => false,
-    }
+    matches!(
+        op,
+        Op::Reshape { .. }
+            | Op::Expand { .. }
+            | Op::Slice { .. }
+            | Op::Pad { .. }
+            | Op::Rand { .. }
+            | Op::Dropout { .. }
+            | Op::Full(_)
+            | Op::Scalar(_)
+    )
 }
 
 /// The size attributes of an op (the numbers after its meta's dims in [`size_numbers`]).

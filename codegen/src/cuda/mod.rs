@@ -65,6 +65,8 @@
 
 mod emit;
 pub mod launch;
+#[cfg(test)]
+mod launch_tests;
 /// The C backend's scalar ops (types, conversions, literals, unary and binary ops), compiled
 /// once more here: the CUDA prelude defines every helper they call under the same name, so
 /// both backends share one definition of each op's semantics.

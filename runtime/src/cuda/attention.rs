@@ -463,7 +463,7 @@ impl Variant {
         let dp = d.div_ceil(16) * 16;
         match dtype {
             // Whole 16-byte chunks per row (d a multiple of 8): the copies never pass a row's end.
-            DType::F16 | DType::BF16 if sm_major >= 8 && d % 8 == 0 => {
+            DType::F16 | DType::BF16 if sm_major >= 8 && d.is_multiple_of(8) => {
                 Ok(Variant::Mma { bf16: dtype == DType::BF16, dp })
             }
             DType::F16 | DType::BF16 | DType::F32 => Ok(Variant::Simple { dtype, dp }),
@@ -582,7 +582,7 @@ fn row_major(sizes: &[usize]) -> Vec<usize> {
 /// 16-byte aligned (offset and strides multiples of 8 elements of 2 bytes, base aligned).
 fn mma_readable(op: &StridedOperand<usize>, base: u64, d: usize) -> bool {
     (op.col_stride == 1 || d == 1)
-        && base % 16 == 0
+        && base.is_multiple_of(16)
         && [op.offset, op.row_stride].iter().chain(&op.batch_strides).all(|x| x % 8 == 0)
 }
 
@@ -624,7 +624,7 @@ pub fn attention(
     // The tensor-core kernel stores pairs of elements: the output needs unit column stride and
     // 4-byte aligned pairs, else the simple kernel writes it.
     let pairs = (spec.out.col_stride == 1 || spec.d == 1)
-        && out.ptr % 4 == 0
+        && out.ptr.is_multiple_of(4)
         && [spec.out.offset, spec.out.row_stride].iter().chain(&spec.out.batch_strides).all(|x| x % 2 == 0);
     if let (Variant::Mma { dp, .. }, false) = (variant, pairs) {
         variant = Variant::Simple { dtype, dp };

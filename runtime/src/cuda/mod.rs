@@ -31,6 +31,8 @@
 
 pub mod attention;
 pub mod autotune;
+#[cfg(test)]
+mod autotune_tests;
 pub mod blas;
 pub mod compiler;
 pub mod device;

@@ -1,0 +1,205 @@
+//! The launch heuristic and its alternatives: plans for each kernel shape, clusters of
+//! blocks for long rows, and the autotuner's candidates and tunings.
+
+use super::tests::*;
+use super::*;
+use crate::testutil::*;
+use crate::tile::build_kernel;
+use crate::tile::tests::{online, Online};
+use coil_ir::kernel::FusedKernel;
+use coil_ir::loops::LoopProgram;
+use coil_ir::DType;
+
+#[test]
+fn launch_heuristic() {
+    let plan_of = |p: &LoopProgram, k: &FusedKernel| launch::plan(&build_kernel(p, k));
+    let (p, k) = pointwise_n(1 << 20, DType::BF16);
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.launch.block, pl.launch.grid), (8, 256, 512));
+    // short rows: a warp each, 8 rows per block once there are enough blocks
+    let (p, k) = softmax(8192, 64, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.rows_per_block, pl.chunks, pl.launch.grid), (2, 32, 8, 1, 1024));
+    // an odd row up to 1024 long: a warp, scalar groups
+    let (p, k) = softmax(4, 333, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.chunks), (1, 32, 11));
+    // a longer row, and fewer rows than SMs: a block of up to 1024 threads, two groups each
+    let (p, k) = softmax(4, 1333, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.chunks), (1, 672, 2));
+    let (p, k) = softmax(4, 1 << 16, KernelKind::LoopedReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.launch.grid), (4, 1024, 4));
+    assert_eq!(pl.cluster, 1);
+    // a row too long for one block: clusters of 8 blocks of 256 threads, 8 groups each
+    let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks), (4, 256, 8, 8));
+    assert_eq!((pl.launch.grid, pl.launch.cluster, pl.launch.per_block), (8192, 8, 1));
+    // an odd row just over a block's: two blocks of scalar groups, the last chunk partial
+    let (p, k) = softmax(3, 12289, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks, pl.launch.grid), (1, 1024, 2, 7, 6));
+    // a grid of whole clusters, also when capped
+    let l = Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1, max_grid: 0, cluster: 8 };
+    assert_eq!((l.grid_for(5), l.grid_for(0)), (40, 8));
+    assert_eq!(Launch { max_grid: 20, ..l }.grid_for(5), 16);
+}
+
+#[test]
+fn cluster_rows_meet_in_distributed_shared_memory() {
+    let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    for want in [
+        "__cluster_dims__(8, 1, 1) __launch_bounds__(256)",
+        "const int rlane = (int)(blockIdx.x % 8) * 256 + threadIdx.x;",
+        "__shared__ float smem1[9];",
+        "xindex = (int)(blockIdx.x / 8); xindex < xnumel; xindex += (int)(gridDim.x / 8)",
+        "const int rchunk = k * 2048 + rlane;",
+        "coil_reduce_cluster<8, 8>(acc1, coil_max_f32(), smem1)",
+    ] {
+        assert!(src.contains(want), "{want} missing in\n{src}");
+    }
+    // besides the one in each reduction, a cluster barrier at the end of each row
+    assert_eq!(src.matches("coil_cluster_sync();").count(), 1, "{src}");
+    let module = emit_cuda(&[build_kernel(&p, &k)]).unwrap();
+    assert!(module.source.contains("mapa.u64") && module.source.contains("barrier.cluster.arrive.release"));
+}
+
+#[test]
+fn long_rows_stay_on_chip_only_where_the_loop_would_read_them_twice() {
+    use coil_ir::kernel::Schedule;
+    let settle = |p: &LoopProgram, k: FusedKernel| {
+        let mut s = Schedule { kernels: vec![k], refusals: vec![], memory: Default::default() };
+        launch::settle_row_kinds(p, &mut s);
+        let k = s.kernels.pop().unwrap();
+        (k.kind, k.name)
+    };
+    let persistent = |mut k: FusedKernel| {
+        k.kind = KernelKind::PersistentReduction;
+        k.name = k.name.replacen("red_", "per_", 1);
+        k
+    };
+    // a softmax loops twice over its rows: a cluster holds them
+    let (p, k) = online(64, Some(1 << 16), DType::F32, Online::Softmax, false);
+    assert_eq!(settle(&p, persistent(k)), (KernelKind::PersistentReduction, "per_fused_softmax_0".into()));
+    // a logsumexp loops once: looped
+    let (p, k) = online(64, Some(50304), DType::BF16, Online::LogSumExp, false);
+    assert_eq!(settle(&p, persistent(k)), (KernelKind::LoopedReduction, "red_fused_logsumexp_0".into()));
+    // a row one block holds stays persistent
+    let (p, k) = online(64, Some(8192), DType::BF16, Online::LogSumExp, false);
+    assert_eq!(settle(&p, persistent(k)).0, KernelKind::PersistentReduction);
+}
+
+#[test]
+fn tunings_read_back_from_their_text() {
+    use launch::Tuning;
+    let t = Tuning { row_threads: Some(512), cluster: Some(4), ..Tuning::default() };
+    assert_eq!(t.to_string(), "row_threads=512 cluster=4");
+    assert_eq!("row_threads=512 cluster=4".parse::<Tuning>(), Ok(t));
+    assert_eq!(Tuning::default().to_string(), "heuristic");
+    assert_eq!(" heuristic\n".parse::<Tuning>(), Ok(Tuning::default()));
+    let all = Tuning {
+        row_threads: Some(96),
+        cluster: Some(2),
+        looped_threads: Some(1024),
+        looped_grid: Some(0),
+        pointwise_vec: Some(16),
+    };
+    assert_eq!(all.to_string().parse::<Tuning>(), Ok(all));
+    // each knob's range, unknown knobs, and text that sets nothing are refused
+    for bad in ["row_threads=33", "row_threads=2048", "cluster=3", "cluster=16", "pointwise_vec=64", "speed=9", "", "x"]
+    {
+        assert!(bad.parse::<Tuning>().is_err(), "{bad:?} accepted");
+    }
+}
+
+#[test]
+fn plan_with_overrides_the_heuristic() {
+    use launch::{plan_with, Tuning};
+    let heuristic = Tuning::default();
+    // a block per row: threads per row, and the chunks follow
+    let (p, k) = layer_norm(37, 1536, KernelKind::PersistentReduction);
+    let t = build_kernel(&p, &k);
+    assert_eq!(plan_with(&t, &heuristic), launch::plan(&t));
+    let pl = plan_with(&t, &Tuning { row_threads: Some(96), ..heuristic });
+    assert_eq!((pl.lanes, pl.chunks, pl.launch.block, pl.launch.grid), (96, 4, 96, 37));
+    // a value outside the knob's range is ignored, as the environment's are
+    assert_eq!(plan_with(&t, &Tuning { row_threads: Some(100), ..heuristic }), launch::plan(&t));
+    // a cluster of 8 halved, with twice the threads: the same threads per row
+    let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
+    let t = build_kernel(&p, &k);
+    let pl = plan_with(&t, &Tuning { row_threads: Some(512), cluster: Some(4), ..heuristic });
+    assert_eq!((pl.lanes, pl.cluster, pl.row_threads(), pl.chunks), (512, 4, 2048, 8));
+    assert_eq!((pl.launch.block, pl.launch.cluster, pl.launch.grid), (512, 4, 4096));
+    // looped rows: threads per row and the grid cap
+    let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "s");
+    let t = build_kernel(&p, &k);
+    let pl = plan_with(&t, &Tuning { looped_threads: Some(1024), looped_grid: Some(2), ..heuristic });
+    assert_eq!((pl.lanes, pl.launch.block, pl.launch.max_grid, pl.launch.grid), (1024, 1024, 2, 2));
+    // the persistent knobs leave looped kernels alone, and the other way round
+    assert_eq!(plan_with(&t, &Tuning { row_threads: Some(512), ..heuristic }).lanes, 256);
+    let (p, k) = pointwise_n(1 << 20, DType::BF16);
+    let t = build_kernel(&p, &k);
+    assert_eq!(plan_with(&t, &Tuning { looped_threads: Some(512), ..heuristic }), launch::plan(&t));
+    let pl = plan_with(&t, &Tuning { pointwise_vec: Some(2), ..heuristic });
+    assert_eq!((pl.vec, pl.launch.block, pl.launch.grid), (2, 256, 2048));
+}
+
+#[test]
+fn autotuning_candidates_only_where_the_heuristic_is_unsure() {
+    use launch::{candidates, Tuning};
+    let tunings = |k: &TileKernel| -> Vec<String> { candidates(k).iter().map(Tuning::to_string).collect() };
+    let of = |(p, k): (LoopProgram, FusedKernel)| build_kernel(&p, &k);
+    // none: pointwise, a warp per row, column reductions
+    assert_eq!(tunings(&of(pointwise_n(1 << 20, DType::BF16))), ["heuristic"]);
+    assert_eq!(tunings(&of(softmax(300, 256, KernelKind::PersistentReduction, "s"))), ["heuristic"]);
+    assert_eq!(tunings(&of(col_sum(8192, 64, KernelKind::PersistentReduction))), ["heuristic"]);
+    assert_eq!(tunings(&of(col_sum(3000, 96, KernelKind::LoopedReduction))), ["heuristic"]);
+    // a block per row (192 threads): half (whole warps) and double
+    let ln = of(layer_norm(37, 1536, KernelKind::PersistentReduction));
+    assert_eq!(tunings(&ln), ["heuristic", "row_threads=96", "row_threads=384"]);
+    // a cluster of 8 x 256: half and double the threads, and half the cluster with double
+    let cl = of(softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s"));
+    assert_eq!(tunings(&cl), ["heuristic", "row_threads=128", "row_threads=512", "row_threads=512 cluster=4"]);
+    // a cluster of 2 x 1024 threads already: only fewer threads, and no fewer blocks
+    let odd = of(softmax(3, 12289, KernelKind::PersistentReduction, "s"));
+    assert_eq!(tunings(&odd), ["heuristic", "row_threads=512"]);
+    // looped rows: the other two of 256, 512, 1024 (also for a row of symbolic length)
+    let looped = of(softmax(3, 2000, KernelKind::LoopedReduction, "s"));
+    assert_eq!(tunings(&looped), ["heuristic", "looped_threads=512", "looped_threads=1024"]);
+    let (p, k) = online(64, None, DType::F32, Online::Softmax, false);
+    assert_eq!(tunings(&build_kernel(&p, &k)), ["heuristic", "looped_threads=256", "looped_threads=512"]);
+
+    // Every candidate generates (distinct source for each, the g++ check on them all) and is
+    // a valid plan: whole warps, at most 1024 threads, every row element covered.
+    let mut all = Vec::new();
+    for (n, k) in
+        [ln, cl, odd, looped, of(layer_norm(5, 20000, KernelKind::PersistentReduction))].into_iter().enumerate()
+    {
+        let mut sources = Vec::new();
+        for (i, t) in candidates(&k).iter().enumerate() {
+            let pl = launch::plan_with(&k, t);
+            let groups = k.rnumel.unwrap().const_value().unwrap() as usize / pl.vec;
+            assert!(pl.lanes.is_multiple_of(32) && pl.launch.block <= 1024, "{} with {t}: {pl:?}", k.name);
+            if k.kind == KernelKind::PersistentReduction {
+                assert!(pl.chunks * pl.row_threads() >= groups && pl.row_threads() <= groups, "{} with {t}", k.name);
+            }
+            let mut renamed = k.clone();
+            renamed.name = format!("{}_{n}_{i}", k.name);
+            sources.push(emit_cuda_with(std::slice::from_ref(&k), t).unwrap().source);
+            let unit = emit_cuda_with(std::slice::from_ref(&renamed), t).unwrap().source;
+            // the kernel without its unit's prelude: one prelude for them all
+            all.push(unit[unit.find(&format!("\n/* {}:", renamed.name)).expect("a kernel header")..].to_string());
+        }
+        let mut distinct = sources.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), sources.len(), "{}", k.name);
+        assert!(sources.len() <= 1 + launch::MAX_CANDIDATES);
+        // the heuristic's candidate is what `emit_cuda` generates
+        assert_eq!(sources[0], emit_cuda(std::slice::from_ref(&k)).unwrap().source);
+    }
+    syntax_check(&format!("{}{}", prelude(), all.concat()));
+}
