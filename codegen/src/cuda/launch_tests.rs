@@ -32,15 +32,16 @@ fn launch_heuristic() {
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.launch.grid), (4, 1024, 4));
     assert_eq!(pl.cluster, 1);
-    // a row too long for one block: clusters of 8 blocks of 256 threads, 8 groups each
+    // a row too long for one block: clusters of 8 blocks of 128 threads, 64 values each
     let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
-    assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks), (4, 256, 8, 8));
+    assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks), (4, 128, 8, 16));
     assert_eq!((pl.launch.grid, pl.launch.cluster, pl.launch.per_block), (8192, 8, 1));
-    // an odd row just over a block's: two blocks of scalar groups, the last chunk partial
+    // an odd row just over a block's: two blocks of scalar groups, at most 32 per thread, the
+    // last chunk partial
     let (p, k) = softmax(3, 12289, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
-    assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks, pl.launch.grid), (1, 1024, 2, 7, 6));
+    assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks, pl.launch.grid), (1, 224, 2, 28, 6));
     // a grid of whole clusters, also when capped
     let l = Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1, max_grid: 0, cluster: 8 };
     assert_eq!((l.grid_for(5), l.grid_for(0)), (40, 8));
@@ -52,12 +53,12 @@ fn cluster_rows_meet_in_distributed_shared_memory() {
     let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
     let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     for want in [
-        "__cluster_dims__(8, 1, 1) __launch_bounds__(256)",
-        "const int rlane = (int)(blockIdx.x % 8) * 256 + threadIdx.x;",
-        "__shared__ float smem1[9];",
+        "__cluster_dims__(8, 1, 1) __launch_bounds__(128)",
+        "const int rlane = (int)(blockIdx.x % 8) * 128 + threadIdx.x;",
+        "__shared__ float smem1[5];",
         "xindex = (int)(blockIdx.x / 8); xindex < xnumel; xindex += (int)(gridDim.x / 8)",
-        "const int rchunk = k * 2048 + rlane;",
-        "coil_reduce_cluster<8, 8>(acc1, coil_max_f32(), smem1)",
+        "const int rchunk = k * 1024 + rlane;",
+        "coil_reduce_cluster<8, 4>(acc1, coil_max_f32(), smem1)",
     ] {
         assert!(src.contains(want), "{want} missing in\n{src}");
     }
@@ -160,12 +161,12 @@ fn autotuning_candidates_only_where_the_heuristic_is_unsure() {
     // a block per row (192 threads): half (whole warps) and double
     let ln = of(layer_norm(37, 1536, KernelKind::PersistentReduction));
     assert_eq!(tunings(&ln), ["heuristic", "row_threads=96", "row_threads=384"]);
-    // a cluster of 8 x 256: half and double the threads, and half the cluster with double
+    // a cluster of 8 x 128: half and double the threads, and half the cluster with double
     let cl = of(softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s"));
-    assert_eq!(tunings(&cl), ["heuristic", "row_threads=128", "row_threads=512", "row_threads=512 cluster=4"]);
-    // a cluster of 2 x 1024 threads already: only fewer threads, and no fewer blocks
+    assert_eq!(tunings(&cl), ["heuristic", "row_threads=64", "row_threads=256", "row_threads=256 cluster=4"]);
+    // a cluster of 2 x 224 threads: half and double the threads, and one block of double
     let odd = of(softmax(3, 12289, KernelKind::PersistentReduction, "s"));
-    assert_eq!(tunings(&odd), ["heuristic", "row_threads=512"]);
+    assert_eq!(tunings(&odd), ["heuristic", "row_threads=128", "row_threads=448", "row_threads=448 cluster=1"]);
     // looped rows: the other two of 256, 512, 1024 (also for a row of symbolic length)
     let looped = of(softmax(3, 2000, KernelKind::LoopedReduction, "s"));
     assert_eq!(tunings(&looped), ["heuristic", "looped_threads=512", "looped_threads=1024"]);
