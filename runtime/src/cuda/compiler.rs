@@ -35,13 +35,12 @@ const CACHE_FORMAT: &str = "coil-cuda-cache-v1";
 /// (`-minimal` needs NVRTC 12.4 or later; older ones get the rest.)
 const OPTIONS: [&str; 3] = ["--std=c++17", "-default-device", "-minimal"];
 
-/// The options this NVRTC takes (see [`OPTIONS`]).
-fn options(nvrtc: (i32, i32)) -> &'static [&'static str] {
-    if nvrtc >= (12, 4) {
-        &OPTIONS
-    } else {
-        &OPTIONS[..2]
-    }
+/// The options this NVRTC takes (see [`OPTIONS`]), then those of `COIL_NVRTC_OPTIONS`
+/// (whitespace-separated, for measuring; they are part of the cache key).
+fn options(nvrtc: (i32, i32)) -> Vec<String> {
+    let fixed = if nvrtc >= (12, 4) { &OPTIONS[..] } else { &OPTIONS[..2] };
+    let extra = std::env::var("COIL_NVRTC_OPTIONS").unwrap_or_default();
+    fixed.iter().map(|s| s.to_string()).chain(extra.split_whitespace().map(String::from)).collect()
 }
 
 /// Where a translation unit's CUBIN lies, and what producing it cost.
@@ -146,7 +145,7 @@ fn nvrtc_cubin(source: &str, arch: &str, source_path: &Path) -> Result<Vec<u8>> 
     let prog =
         rtc::create_program(&src, Some(&name)).map_err(|e| Error::runtime(format!("nvrtcCreateProgram: {e}")))?;
     let mut options = vec![format!("--gpu-architecture={arch}")];
-    options.extend(self::options(nvrtc_version()?).iter().map(|s| s.to_string()));
+    options.extend(self::options(nvrtc_version()?));
     // SAFETY: `prog` was just created and is destroyed once, below; `src` and `name` outlive it.
     let result = unsafe {
         let compiled = rtc::compile_program(prog, &options);
