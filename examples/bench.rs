@@ -435,14 +435,15 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
         Ok(v) if !v.is_empty() && v != "0" => compiled.profile(&bufs, o.warmup, o.reps.max(1))?,
         _ => vec![],
     };
-    // Each generated kernel's launch, from the summary: grid x block, registers per thread.
-    let launch_of = |name: &str| {
-        let kernels = summary["kernels"].as_array().cloned().unwrap_or_default();
-        let l = kernels.iter().find(|k| k["name"] == name).map(|k| k["launch"].clone()).unwrap_or_default();
-        match (l["grid"].as_u64(), l["block"].as_u64(), l["registers"].as_u64()) {
-            (Some(g), Some(b), Some(r)) => format!("  (grid {g} x {b}, {r} registers)"),
-            _ => String::new(),
+    // Each generated kernel's launch as it ran: grid x block, registers per thread, and the
+    // autotuner's plan where it chose one.
+    let launches = compiled.launches();
+    let launch_of = |name: &str| match launches.iter().find(|l| l.name == name) {
+        Some(l) => {
+            let tuned = l.tuning.as_ref().map_or(String::new(), |t| format!(", tuned: {t}"));
+            format!("  (grid {} x {}, {} registers{tuned})", l.grid, l.block, l.registers)
         }
+        None => String::new(),
     };
     let profile = profile
         .into_iter()

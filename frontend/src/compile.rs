@@ -105,6 +105,15 @@ impl Compiled {
         inputs.iter().map(|b| CudaBuffer::from_host(&device, b)).collect()
     }
 
+    /// Launch shape, registers and shared memory of each generated CUDA kernel as it runs (after
+    /// the first run, the autotuner's choices when `COIL_AUTOTUNE=1`); empty on the CPU.
+    pub fn launches(&self) -> Vec<coil_runtime::cuda::KernelAttributes> {
+        match &self.executable {
+            Executable::Cuda(g) => g.kernel_attributes(),
+            Executable::Cpu(_) => vec![],
+        }
+    }
+
     /// Device time of each launch (generated kernel or extern call, named as in the schedule),
     /// in microseconds: the median of `reps` runs after `warmup` (CUDA events between launches
     /// on the GPU, the wall clock on the CPU). Inputs are host buffers.
@@ -126,10 +135,15 @@ impl Compiled {
         let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
         let times = self.profile(&hosts.iter().map(|b| b.as_ref()).collect::<Vec<_>>(), 2, 10)?;
         let mut summary: serde_json::Value = serde_json::from_str(&self.summary).unwrap_or_default();
+        // The launches as run: the autotuner (`COIL_AUTOTUNE=1`) chose them in the first run.
+        let launches = self.launches();
         if let Some(kernels) = summary["kernels"].as_array_mut() {
             for k in kernels {
                 let time = times.iter().filter(|(name, _)| k["name"] == name.as_str()).map(|(_, t)| t).sum::<f64>();
                 k["time_us"] = time.into();
+                if let Some(l) = launches.iter().find(|l| k["name"] == l.name.as_str()) {
+                    k["launch"] = debug::launch_json(l);
+                }
             }
         }
         let lines: Vec<String> = times.iter().map(|(name, t)| format!("{t:>10.1} us  {name}")).collect();
@@ -400,7 +414,7 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
     dump.write("schedule.txt", || schedule_text.clone());
     logs::schedule(&schedule_text);
     let launches = match &executable {
-        Executable::Cuda(g) => g.kernel_attributes().to_vec(),
+        Executable::Cuda(g) => g.kernel_attributes(),
         Executable::Cpu(_) => vec![],
     };
     let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times, &rewrites, &launches);

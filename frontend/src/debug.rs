@@ -153,6 +153,22 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
     s
 }
 
+/// A kernel's `launch` entry in `summary.json`: grid, block, registers, shared memory, and the
+/// autotuner's plan when it replaced the heuristic's.
+pub fn launch_json(l: &coil_runtime::cuda::KernelAttributes) -> serde_json::Value {
+    let mut launch = serde_json::json!({
+        "grid": l.grid,
+        "block": l.block,
+        "registers": l.registers,
+        "static_shared_bytes": l.static_shared_bytes,
+        "dynamic_shared_bytes": l.dynamic_shared_bytes,
+    });
+    if let Some(t) = &l.tuning {
+        launch["tuning"] = t.as_str().into();
+    }
+    launch
+}
+
 /// `summary.json`: kernels (name, kind, ops, estimated bytes), compile time per stage, peak
 /// bytes, and the rewrite pass's estimated bytes and flops before and after.
 pub fn summary_json(
@@ -185,13 +201,7 @@ pub fn summary_json(
                 "rnumel": k.rnumel.map(extent),
                 "bytes_read": read,
                 "bytes_written": written,
-                "launch": launches.iter().find(|l| l.name == k.name).map(|l| serde_json::json!({
-                    "grid": l.grid,
-                    "block": l.block,
-                    "registers": l.registers,
-                    "static_shared_bytes": l.static_shared_bytes,
-                    "dynamic_shared_bytes": l.dynamic_shared_bytes,
-                })),
+                "launch": launches.iter().find(|l| l.name == k.name).map(launch_json),
             })
         })
         .collect();

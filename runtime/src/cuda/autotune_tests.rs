@@ -194,6 +194,11 @@ fn autotuned_softmax_matches_the_heuristic_plans() {
             let g = graph(true);
             check(&g.run_host(&refs).unwrap(), &want, &format!("{} with {t}", tile.name));
             assert_eq!(g.autotune_choices()[k].tuning, t);
+            // the attributes (summary.json, COIL_PROFILE) describe the launch as it ran
+            let a = &g.kernel_attributes()[k];
+            let want_block = emit_cuda_with(std::slice::from_ref(tile), &t).unwrap().kernels[0].launch.block;
+            assert_eq!(a.block, want_block, "{} with {t}", tile.name);
+            assert_eq!(a.tuning, (!t.is_heuristic()).then(|| t.to_string()), "{} with {t}", tile.name);
         }
     }
 }

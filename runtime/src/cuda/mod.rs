@@ -75,6 +75,9 @@ pub struct KernelAttributes {
     pub static_shared_bytes: u32,
     /// Dynamic shared memory per block, as launched.
     pub dynamic_shared_bytes: u32,
+    /// The autotuner's plan when it replaced the heuristic's (`row_threads=512`, ...; see
+    /// [`autotune`]), else `None`.
+    pub tuning: Option<String>,
 }
 
 /// A graph compiled for a GPU, ready to run any number of times (also from several threads:
@@ -214,6 +217,7 @@ impl CudaCompiledGraph {
                         registers,
                         static_shared_bytes,
                         dynamic_shared_bytes: launch.shared_bytes,
+                        tuning: None,
                     });
                     let status = attributes.len() - 1;
                     let args = tile.args.iter().map(|a| a.buffer).collect();
@@ -292,8 +296,26 @@ impl CudaCompiledGraph {
     }
 
     /// Launch shape, registers and shared memory of each generated kernel, in launch order.
-    pub fn kernel_attributes(&self) -> &[KernelAttributes] {
-        &self.attributes
+    pub fn kernel_attributes(&self) -> Vec<KernelAttributes> {
+        let mut attributes = self.attributes.clone();
+        let Some(tuned) = self.tuned.get() else { return attributes };
+        for (i, step) in self.steps.iter().enumerate() {
+            let (Step::Generated { status, kernel, .. }, Some((func, launch))) = (step, tuned.variant(i)) else {
+                continue;
+            };
+            let a = &mut attributes[*status];
+            if let Ok((registers, static_shared_bytes)) = compiler::function_resources(&self.device, func) {
+                (a.registers, a.static_shared_bytes) = (registers, static_shared_bytes);
+            }
+            a.block = launch.block;
+            let xnumel = self.tiles[*kernel].as_ref().and_then(|t| t.xnumel.eval(&self.program.hints()).ok());
+            a.grid = match launch.grid {
+                0 => launch.grid_for(xnumel.unwrap_or(0)),
+                g => g,
+            };
+            a.tuning = tuned.choices.iter().find(|c| c.kernel == a.name).map(|c| c.tuning.to_string());
+        }
+        attributes
     }
 
     /// Runs the graph on `inputs` (on this graph's device, matching the program's inputs: any
