@@ -38,6 +38,8 @@ pub const MAX_CLUSTER: usize = 8;
 pub const CLUSTER_ROW_MAX: i64 = BLOCK_ROW_MAX * MAX_CLUSTER as i64;
 /// Outputs per block of a column reduction (one warp wide).
 pub const COL_OUTPUTS: usize = 32;
+/// Fewest blocks of a column reduction with two warps of outputs per block: about one per SM.
+const WIDE_COL_MIN_BLOCKS: usize = 128;
 /// Shared memory of a column reduction's block stages, at most (16 bytes per slot, the widest
 /// accumulator; NVRTC's static limit is 48 KiB).
 const COL_SMEM_BYTES: usize = 40 << 10;
@@ -475,8 +477,9 @@ pub fn column_like(k: &TileKernel) -> bool {
     col
 }
 
-/// The launch of a column reduction: blocks of [`COL_OUTPUTS`] outputs times up to 32 threads
-/// along the reduced dim (fewer for short rows, about 8 positions per thread, and fewer where
+/// The launch of a column reduction: blocks of [`COL_OUTPUTS`] outputs (twice that when that
+/// still makes [`WIDE_COL_MIN_BLOCKS`] blocks) times up to 32 threads along the reduced dim
+/// (fewer for short rows, about 8 positions per thread, at most 1024 threads, and fewer where
 /// the block stages' shared memory would pass [`COL_SMEM_BYTES`]; 32 for a symbolic row).
 /// Accesses go element by element (`vec = 1`): consecutive in the warp, not in the thread.
 fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
@@ -485,7 +488,13 @@ fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
         .filter(|s| matches!(s, TileStmt::Reduce { .. } | TileStmt::ReduceOnlineSoftmax { .. }))
         .count()
         .max(1);
-    let smem_lanes = (COL_SMEM_BYTES / (COL_OUTPUTS * 16 * reductions)).max(1);
+    // Two warps side by side read 256 contiguous bytes of a row per step where there are
+    // outputs enough for a block on about every SM anyway. H100, an f32 [8192, 8192] sum over
+    // dim 0: 64 outputs (16 threads along the column) 101.9 us, 32 (32 threads) 103.7 us,
+    // 128 (8 threads) 116.8 us.
+    let wide = 2 * COL_OUTPUTS;
+    let outputs = if xn.is_some_and(|x| x % wide == 0 && x / wide >= WIDE_COL_MIN_BLOCKS) { wide } else { COL_OUTPUTS };
+    let smem_lanes = (COL_SMEM_BYTES / (outputs * 16 * reductions)).max(1).min(1024 / outputs);
     let mut lanes = rn.map_or(32, |rn| rn.div_ceil(8).next_power_of_two().min(32));
     while lanes > smem_lanes {
         lanes /= 2;
@@ -494,8 +503,8 @@ fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
         Some(rn) if k.kind == KernelKind::PersistentReduction => rn.div_ceil(lanes),
         _ => 1,
     };
-    let launch = launch(COL_OUTPUTS * lanes, COL_OUTPUTS);
-    Plan { launch, vec: 1, lanes, rows_per_block: COL_OUTPUTS, chunks, col: true, cluster: 1 }.at(xn)
+    let launch = launch(outputs * lanes, outputs);
+    Plan { launch, vec: 1, lanes, rows_per_block: outputs, chunks, col: true, cluster: 1 }.at(xn)
 }
 
 /// A launch of `block` threads covering `per_block` outputs (or rows) per block; the grid

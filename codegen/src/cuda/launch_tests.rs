@@ -42,6 +42,14 @@ fn launch_heuristic() {
     let (p, k) = softmax(3, 12289, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks, pl.launch.grid), (1, 224, 2, 28, 6));
+    // a column sum with outputs for 128 blocks of two warps each reads 256 bytes of a row per
+    // step; fewer outputs keep one warp per block
+    let (p, k) = col_sum(8192, 8192, KernelKind::PersistentReduction);
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.col, pl.rows_per_block, pl.lanes, pl.launch.block, pl.launch.grid), (true, 64, 16, 1024, 128));
+    let (p, k) = col_sum(8192, 4096, KernelKind::PersistentReduction);
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.rows_per_block, pl.lanes, pl.launch.grid), (32, 32, 128));
     // a grid of whole clusters, also when capped
     let l = Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1, max_grid: 0, cluster: 8 };
     assert_eq!((l.grid_for(5), l.grid_for(0)), (40, 8));
