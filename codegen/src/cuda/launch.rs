@@ -477,8 +477,8 @@ pub fn column_like(k: &TileKernel) -> bool {
     col
 }
 
-/// The launch of a column reduction: blocks of [`COL_OUTPUTS`] outputs (twice that when that
-/// still makes [`WIDE_COL_MIN_BLOCKS`] blocks) times up to 32 threads along the reduced dim
+/// The launch of a column reduction: blocks of [`COL_OUTPUTS`] outputs (twice that for a
+/// persistent one when that still makes [`WIDE_COL_MIN_BLOCKS`] blocks) times up to 32 threads along the reduced dim
 /// (fewer for short rows, about 8 positions per thread, at most 1024 threads, and fewer where
 /// the block stages' shared memory would pass [`COL_SMEM_BYTES`]; 32 for a symbolic row).
 /// Accesses go element by element (`vec = 1`): consecutive in the warp, not in the thread.
@@ -491,9 +491,15 @@ fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
     // Two warps side by side read 256 contiguous bytes of a row per step where there are
     // outputs enough for a block on about every SM anyway. H100, an f32 [8192, 8192] sum over
     // dim 0: 64 outputs (16 threads along the column) 101.9 us, 32 (32 threads) 103.7 us,
-    // 128 (8 threads) 116.8 us.
+    // 128 (8 threads) 116.8 us. Persistent only: the same sum with its rows symbolic (looped)
+    // took 113.3 us with 64 outputs against 102.1 us with 32.
     let wide = 2 * COL_OUTPUTS;
-    let outputs = if xn.is_some_and(|x| x % wide == 0 && x / wide >= WIDE_COL_MIN_BLOCKS) { wide } else { COL_OUTPUTS };
+    let persistent = k.kind == KernelKind::PersistentReduction;
+    let outputs = if persistent && xn.is_some_and(|x| x % wide == 0 && x / wide >= WIDE_COL_MIN_BLOCKS) {
+        wide
+    } else {
+        COL_OUTPUTS
+    };
     let smem_lanes = (COL_SMEM_BYTES / (outputs * 16 * reductions)).max(1).min(1024 / outputs);
     let mut lanes = rn.map_or(32, |rn| rn.div_ceil(8).next_power_of_two().min(32));
     while lanes > smem_lanes {

@@ -50,6 +50,8 @@ fn launch_heuristic() {
     let (p, k) = col_sum(8192, 4096, KernelKind::PersistentReduction);
     let pl = plan_of(&p, &k);
     assert_eq!((pl.rows_per_block, pl.lanes, pl.launch.grid), (32, 32, 128));
+    let (p, k) = col_sum(8192, 8192, KernelKind::LoopedReduction);
+    assert_eq!(plan_of(&p, &k).rows_per_block, 32);
     // a grid of whole clusters, also when capped
     let l = Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1, max_grid: 0, cluster: 8 };
     assert_eq!((l.grid_for(5), l.grid_for(0)), (40, 8));
