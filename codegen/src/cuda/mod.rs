@@ -39,8 +39,9 @@
 //!   halves, then the first warp folds the warps' pairs (`coil_reduce_costly`).
 //! * **Column reduction** (either kind, when the rows run down memory, e.g. `x.sum(dim=0)`;
 //!   [`launch::column_like`]): a block holds 32 consecutive outputs, one per lane, times up to
-//!   32 threads along the reduced dim, so each warp load is 32 consecutive elements; the block
-//!   stage goes through shared memory (`coil_reduce_col`).
+//!   32 threads along the reduced dim, so each warp load is 32 consecutive elements (a large
+//!   persistent one: 64 outputs, two warps side by side, times 16 threads); the block stage goes
+//!   through shared memory (`coil_reduce_col`).
 //!
 //! Index arithmetic is 32-bit (`int`) in a kernel whose every index fits (decided from the static
 //! sizes), else 64-bit; inside a group an index is written `e0 + c*i`, `e0` once per group.
