@@ -289,7 +289,7 @@ fn min_elem_bytes(k: &TileKernel) -> usize {
 /// * **Looped reduction**: one block per row, 256..1024 threads sized for about four groups
 ///   per thread per pass (1024 for a row of symbolic length); `vec` provably divides the row.
 ///   A kernel that reads its rows twice caps its grid so that the second read hits L2
-///   ([`rereading_grid_cap`]).
+///   (`rereading_grid_cap`).
 ///
 /// The grid is `ceil(xnumel / per_block)` ([`Launch::grid_for`]): fixed here for a constant
 /// `xnumel`, computed by the runtime for each run's sizes otherwise (`Launch::grid` is then 0).
