@@ -441,7 +441,10 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     let launch_of = |name: &str| match launches.iter().find(|l| l.name == name) {
         Some(l) => {
             let tuned = l.tuning.as_ref().map_or(String::new(), |t| format!(", tuned: {t}"));
-            format!("  (grid {} x {}, {} registers{tuned})", l.grid, l.block, l.registers)
+            // the cold compile's own NVRTC and module-load time of the kernel's unit
+            let ms = |us: u64| us as f64 / 1e3;
+            let nvrtc = format!(", nvrtc {:.1} ms, load {:.1} ms", ms(l.nvrtc_us), ms(l.load_us));
+            format!("  (grid {} x {}, {} registers{tuned}{nvrtc})", l.grid, l.block, l.registers)
         }
         None => String::new(),
     };

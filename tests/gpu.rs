@@ -52,6 +52,13 @@ fn long_row_reductions_agree_with_the_interpreter_on_cuda() {
 }
 
 #[test]
+fn wide_column_reductions_agree_with_the_interpreter_on_cuda() {
+    if let Some(device) = gpu() {
+        differential::check_wide_columns(device);
+    }
+}
+
+#[test]
 fn dynamic_cuda_programs_agree_with_static_ones_at_every_size() {
     if let Some(device) = gpu() {
         differential::check_all_dynamic(device);

@@ -215,11 +215,13 @@ pub fn check_all(device: coil::Device) {
     assert!(valid >= 200, "only {valid} of the random programs were valid");
 }
 
+/// A program of fixed ops over the inputs: its outputs, and whether it rounds through bf16.
+type Fixed = fn(&[Tensor]) -> coil::Result<(Vec<Tensor>, bool)>;
+
 /// Rows long enough to be split over a cluster of blocks on sm_90 (8193 to 65536 elements):
 /// the random programs on inputs of such shapes, and softmax, log_softmax, argmax, variance and
 /// a bf16 layer norm along the long dim, against the interpreter.
 pub fn check_long_rows(device: coil::Device) {
-    type Fixed = fn(&[Tensor]) -> coil::Result<(Vec<Tensor>, bool)>;
     let fixed: [(&str, Fixed); 5] = [
         ("softmax", |a| Ok((vec![a[0].softmax(-1)?], false))),
         ("log_softmax", |a| Ok((vec![a[0].add(&a[1])?.log_softmax(-1)?], false))),
@@ -230,8 +232,36 @@ pub fn check_long_rows(device: coil::Device) {
             Ok((vec![a[0].to_dtype(DType::BF16)?.layer_norm(&[n], None, None, 1e-5)?.to_dtype(DType::F32)?], true))
         }),
     ];
+    check_shapes("long rows", &[&[3, 20000], &[2, 65536], &[5, 12289]], &fixed, 8, 20, device);
+}
+
+/// Reductions down the columns of wide inputs (8192 outputs or more: the GPU's column plan
+/// with vectors of outputs per thread, where it is one pass): the random programs on such
+/// shapes, and sums, means, maxima, argmax, variance and a bf16 sum over dim 0.
+pub fn check_wide_columns(device: coil::Device) {
+    let fixed: [(&str, Fixed); 6] = [
+        ("sum", |a| Ok((vec![a[0].sum(&[0], false)?], false))),
+        ("mean_of_product", |a| Ok((vec![a[0].mul(&a[1])?.mean(&[0], true)?.add(&a[1])?], false))),
+        ("amax", |a| Ok((vec![a[0].amax(&[0], false)?.exp()?], false))),
+        ("argmax", |a| Ok((vec![a[0].argmax(Some(0), false)?.to_dtype(DType::F32)?], false))),
+        ("var", |a| Ok((vec![a[0].var(&[0], 1.0, false)?], false))),
+        ("sum_bf16", |a| Ok((vec![a[0].to_dtype(DType::BF16)?.sum(&[0], false)?.to_dtype(DType::F32)?], true))),
+    ];
+    check_shapes("wide columns", &[&[40, 8192], &[7, 16384], &[300, 8192]], &fixed, 6, 20, device);
+}
+
+/// The `fixed` programs and random programs `0..seeds` on inputs of each of `shapes`, against
+/// the interpreter; at least `min_valid` of them must be valid programs.
+fn check_shapes(
+    what: &str,
+    shapes: &[&[usize]],
+    fixed: &[(&str, Fixed)],
+    seeds: u64,
+    min_valid: usize,
+    device: coil::Device,
+) {
     let (mut failures, mut valid) = (Vec::new(), 0);
-    for (n, shape) in [[3usize, 20000], [2, 65536], [5, 12289]].iter().enumerate() {
+    for (n, shape) in shapes.iter().enumerate() {
         let mut rng = Rng(n as u64 ^ 0x10E6);
         let inputs = inputs_of(&mut rng, shape);
         let mut outcome = |what: String, r: Result<bool, String>| match r {
@@ -239,18 +269,18 @@ pub fn check_long_rows(device: coil::Device) {
             Err(e) => failures.push(format!("{what} at {shape:?}: {e}")),
         };
         for (name, f) in fixed {
-            outcome(name.to_string(), check_program(name, &f, &inputs, device));
+            outcome(name.to_string(), check_program(name, f, &inputs, device));
         }
-        for seed in 0..8 {
+        for seed in 0..seeds {
             outcome(
                 format!("seed {seed}"),
                 check_program(&format!("seed {seed}"), &|a| program(seed, a), &inputs, device),
             );
         }
     }
-    println!("long rows on {device}: {valid} valid programs, {} disagree", failures.len());
+    println!("{what} on {device}: {valid} valid programs, {} disagree", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    assert!(valid >= 20, "only {valid} of the long-row programs were valid");
+    assert!(valid >= min_valid, "only {valid} of the {what} programs were valid");
 }
 
 /// Inputs of `shape` with random values.

@@ -17,3 +17,8 @@ fn dynamic_programs_agree_with_the_interpreter_at_every_size() {
 fn long_row_reductions_agree_with_the_interpreter() {
     harness::check_long_rows(coil::Device::Cpu);
 }
+
+#[test]
+fn wide_column_reductions_agree_with_the_interpreter() {
+    harness::check_wide_columns(coil::Device::Cpu);
+}

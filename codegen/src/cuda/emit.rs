@@ -145,6 +145,9 @@ struct Group {
     vec: usize,
     /// How the element loop indexes per-thread arrays (persistent values read by later passes).
     arr: String,
+    /// Other index variables fixed for the whole group (a column plan's group of outputs is
+    /// at one reduced position: `rindex -> rchunk`).
+    fixed: IndexMap<Expr, Expr>,
 }
 
 impl Group {
@@ -155,11 +158,19 @@ impl Group {
         // A group of one needs no `i` in its indices.
         let i = if vec > 1 { Expr::index("i", vec as i64) } else { Expr::int(0) };
         let base = g * vec as i64;
-        Group { fast, pos: base + i, base, i, vec, arr: arr.to_string() }
+        Group { fast, pos: base + i, base, i, vec, arr: arr.to_string(), fixed: IndexMap::new() }
+    }
+
+    /// The same group with `var` replaced by `value` in every index.
+    fn fixing(mut self, var: Expr, value: Expr) -> Group {
+        self.fixed.insert(var, value);
+        self
     }
 
     fn at(&self, index: Expr, p: Expr) -> Expr {
-        index.substitute(&IndexMap::from([(self.fast, p)]))
+        let mut map = self.fixed.clone();
+        map.insert(self.fast, p);
+        index.substitute(&map)
     }
 
     /// `index` at the group's element `base + i` as `(e0, c)`: `e0 + c*i` for every `i` in
@@ -244,6 +255,12 @@ pub(super) struct Gen<'a> {
     uniform: IndexSet<Var>,
     /// Inside a group: how indices map.
     group: Option<Group>,
+    /// How the current statement indexes its accumulators: `None` for scalars, `Some("i")`
+    /// where each thread folds one per output of its column group ([`Plan::col_vec`]).
+    pub(super) acc_at: Option<&'static str>,
+    /// Inside `column_vectors`' epilogue: each thread computes and stores one output of its
+    /// own (row values are otherwise stored by the row's first thread only).
+    pub(super) own_output: bool,
     /// Per argument, the alignment in bytes its vector accesses need (checked at run time).
     align: IndexMap<usize, usize>,
     /// Values that are float constants equal to 2 (`pow(x, 2)` becomes `x * x`).
@@ -309,6 +326,8 @@ impl<'a> Gen<'a> {
             arrays: IndexSet::new(),
             uniform: IndexSet::new(),
             group: None,
+            acc_at: None,
+            own_output: false,
             align: IndexMap::new(),
             twos,
             ones,
@@ -420,6 +439,9 @@ impl<'a> Gen<'a> {
             let _ = write!(header, ", clusters of {} blocks, {} threads per row", p.cluster, p.row_threads());
         } else if k.kind != KernelKind::Pointwise {
             let _ = write!(header, ", {} threads per row", p.lanes);
+        }
+        if p.col_vec > 1 {
+            let _ = write!(header, ", {} outputs per thread", p.col_vec);
         }
         self.line(&(header + " */"));
         let mut params: Vec<String> = (k.args.iter())
@@ -602,7 +624,7 @@ impl<'a> Gen<'a> {
                 let a = &self.k.args[*arg];
                 let v = store_value(&self.r(*value), self.dtype(*value), a.dtype);
                 // A row's value is stored by the row's first thread only.
-                let row = self.k.kind != KernelKind::Pointwise && *dims == Dims::X;
+                let row = self.k.kind != KernelKind::Pointwise && *dims == Dims::X && !self.own_output;
                 let guard = if row { "if (rlane == 0) " } else { "" };
                 self.line(&format!("{guard}{}[{}] = {v};", a.name, self.index_c(*index)));
             }
@@ -656,6 +678,9 @@ impl<'a> Gen<'a> {
             }
             TileOp::Unary(UnaryOp::Exp, a) if out == DType::F32 && single_float(self.dtype(*a)) => {
                 format!("coil_exp_f32({})", self.r(*a))
+            }
+            TileOp::Unary(UnaryOp::Rsqrt, a) if out == DType::F32 && single_float(self.dtype(*a)) => {
+                format!("coil_rsqrt_f32({})", self.r(*a))
             }
             TileOp::Unary(u, a) => ops::unary(*u, &self.r(*a), self.dtype(*a), out),
             // pow(x, 2) is x * x: IEEE pow with exponent 2 is the correctly rounded square

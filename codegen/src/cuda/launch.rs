@@ -38,6 +38,8 @@ pub const MAX_CLUSTER: usize = 8;
 pub const CLUSTER_ROW_MAX: i64 = BLOCK_ROW_MAX * MAX_CLUSTER as i64;
 /// Outputs per block of a column reduction (one warp wide).
 pub const COL_OUTPUTS: usize = 32;
+/// Outputs per thread of a wide one-pass column reduction ([`Plan::col_vec`]).
+pub const COL_VEC: usize = 4;
 /// Fewest blocks of a column reduction with two warps of outputs per block: about one per SM.
 const WIDE_COL_MIN_BLOCKS: usize = 128;
 /// Shared memory of a column reduction's block stages, at most (16 bytes per slot, the widest
@@ -73,6 +75,10 @@ pub struct Plan {
     /// t`, and the blocks' partial results meet in distributed shared memory
     /// (`coil_reduce_cluster`). Rows longer than [`BLOCK_ROW_MAX`] only.
     pub cluster: usize,
+    /// Consecutive outputs each thread of a column plan holds (1 otherwise): the block's
+    /// `rows_per_block` outputs are `rows_per_block / col_vec` threads across, each loading its
+    /// outputs' elements of a row as one vector ([`col_threads`](Plan::col_threads)).
+    pub col_vec: usize,
 }
 
 impl Plan {
@@ -85,6 +91,12 @@ impl Plan {
     /// groups.
     pub fn row_threads(&self) -> usize {
         self.lanes * self.cluster
+    }
+
+    /// Threads across a column plan's outputs: `threadIdx.x % col_threads` picks the thread's
+    /// outputs, `threadIdx.x / col_threads` its place along the reduced dim.
+    pub fn col_threads(&self) -> usize {
+        self.rows_per_block / self.col_vec
     }
 }
 
@@ -325,6 +337,7 @@ pub fn plan_with(k: &TileKernel, tuning: &Tuning) -> Plan {
                 chunks: 1,
                 col: false,
                 cluster: 1,
+                col_vec: 1,
             };
             pl.at(xn)
         }
@@ -366,7 +379,7 @@ pub fn plan_with(k: &TileKernel, tuning: &Tuning) -> Plan {
             }
             let mut launch = launch(lanes * rows, rows);
             launch.cluster = cluster as u32;
-            Plan { launch, vec, lanes, rows_per_block: rows, chunks, col: false, cluster }.at(xn)
+            Plan { launch, vec, lanes, rows_per_block: rows, chunks, col: false, cluster, col_vec: 1 }.at(xn)
         }
         KernelKind::LoopedReduction => {
             let vec = (1..=access.ilog2()).map(|p| 1 << p).take_while(|&v| divisible(rnumel, v as i64)).last();
@@ -375,7 +388,7 @@ pub fn plan_with(k: &TileKernel, tuning: &Tuning) -> Plan {
             let lanes = t.looped_threads.unwrap_or_else(heuristic);
             let mut launch = launch(lanes, 1);
             launch.max_grid = t.looped_grid.unwrap_or_else(|| rereading_grid_cap(k, rn));
-            Plan { launch, vec, lanes, rows_per_block: 1, chunks: 1, col: false, cluster: 1 }.at(xn)
+            Plan { launch, vec, lanes, rows_per_block: 1, chunks: 1, col: false, cluster: 1, col_vec: 1 }.at(xn)
         }
     }
 }
@@ -481,7 +494,10 @@ pub fn column_like(k: &TileKernel) -> bool {
 /// persistent one when that still makes [`WIDE_COL_MIN_BLOCKS`] blocks) times up to 32 threads along the reduced dim
 /// (fewer for short rows, about 8 positions per thread, at most 1024 threads, and fewer where
 /// the block stages' shared memory would pass [`COL_SMEM_BYTES`]; 32 for a symbolic row).
-/// Accesses go element by element (`vec = 1`): consecutive in the warp, not in the thread.
+/// Accesses go element by element (`vec = 1`): consecutive in the warp, not in the thread;
+/// except in a wide plan of one pass ([`single_pass`]), where each thread takes
+/// [`COL_VEC`] consecutive outputs, loaded as one vector per row, and up to 64 threads go along
+/// the reduced dim.
 fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
     let reductions = flat_stmts(&k.body)
         .iter()
@@ -495,22 +511,65 @@ fn column_plan(k: &TileKernel, xn: Option<usize>, rn: Option<usize>) -> Plan {
     // took 113.3 us with 64 outputs against 102.1 us with 32.
     let wide = 2 * COL_OUTPUTS;
     let persistent = k.kind == KernelKind::PersistentReduction;
-    let outputs = if persistent && xn.is_some_and(|x| x % wide == 0 && x / wide >= WIDE_COL_MIN_BLOCKS) {
-        wide
-    } else {
-        COL_OUTPUTS
-    };
-    let smem_lanes = (COL_SMEM_BYTES / (outputs * 16 * reductions)).max(1).min(1024 / outputs);
-    let mut lanes = rn.map_or(32, |rn| rn.div_ceil(8).next_power_of_two().min(32));
-    while lanes > smem_lanes {
+    let is_wide = persistent && xn.is_some_and(|x| x % wide == 0 && x / wide >= WIDE_COL_MIN_BLOCKS);
+    let outputs = if is_wide { wide } else { COL_OUTPUTS };
+    // 4 outputs per thread, 16-byte loads of f32 (hand-written kernels, same run, the sum
+    // above: 16 threads across x 64 along 99.5 us, 16 x 32 100.0 us, 32 x 32 101.0 us,
+    // against 101.7 us for the scalar plan).
+    // (arg reductions keep one output per thread: their index is the reduced position)
+    let no_arg = !flat_stmts(&k.body).iter().any(|s| matches!(s, TileStmt::Reduce { op, .. } if op.is_arg()));
+    let col_vec = if is_wide && no_arg && single_pass(k) { COL_VEC } else { 1 };
+    let across = outputs / col_vec;
+    // shared memory: a slot per thread and output (16 bytes: the widest accumulator; with
+    // vectors of outputs, 8: arg reductions keep one output per thread)
+    let slot = if col_vec > 1 { 8 * col_vec } else { 16 };
+    let smem_lanes = (COL_SMEM_BYTES / (across * slot * reductions)).max(1).min(1024 / across);
+    let most = if col_vec > 1 { 64 } else { 32 };
+    // (at least one thread along the reduced dim per output of a vector, which folds it)
+    let mut lanes = rn.map_or(32, |rn| rn.div_ceil(8).next_power_of_two().clamp(col_vec, most));
+    while lanes > smem_lanes && lanes > col_vec {
         lanes /= 2;
     }
     let chunks = match rn {
-        Some(rn) if k.kind == KernelKind::PersistentReduction => rn.div_ceil(lanes),
+        Some(rn) if persistent => rn.div_ceil(lanes),
         _ => 1,
     };
-    let launch = launch(outputs * lanes, outputs);
-    Plan { launch, vec: 1, lanes, rows_per_block: outputs, chunks, col: true, cluster: 1 }.at(xn)
+    let launch = launch(across * lanes, outputs);
+    Plan { launch, vec: 1, lanes, rows_per_block: outputs, chunks, col: true, cluster: 1, col_vec }.at(xn)
+}
+
+/// Whether a persistent kernel is one pass between row statements: row values (the pass reads
+/// only the constants among them), then `XR` statements and the reductions they fold (none
+/// reading another's result), then row statements. A column plan with [`Plan::col_vec`] `> 1`
+/// emits that shape as the constants, the pass over vectors of outputs, then the other row
+/// statements output by output.
+pub fn single_pass(k: &TileKernel) -> bool {
+    let mut phase = 0; // 0: row values, 1: the pass, 2: row statements after it
+    let (mut early, mut reduced) = (Vec::new(), Vec::new());
+    for s in &k.body {
+        let xr = match s {
+            TileStmt::Let { dims, .. } | TileStmt::Store { dims, .. } => *dims == Dims::XR,
+            TileStmt::Reduce { .. } => true,
+            _ => return false,
+        };
+        if xr && s.reads().iter().any(|v| reduced.contains(v) || early.contains(v)) {
+            return false;
+        }
+        match s {
+            TileStmt::Reduce { var, .. } => reduced.push(*var),
+            TileStmt::Let { var, op, .. } if !xr && phase == 0 && !matches!(op, TileOp::Constant(_)) => {
+                early.push(*var)
+            }
+            _ => {}
+        }
+        phase = match (phase, xr, s) {
+            (0, false, TileStmt::Let { .. }) => 0,
+            (0 | 1, true, _) => 1,
+            (1 | 2, false, _) => 2,
+            _ => return false,
+        };
+    }
+    phase == 2
 }
 
 /// A launch of `block` threads covering `per_block` outputs (or rows) per block; the grid

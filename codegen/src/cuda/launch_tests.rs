@@ -42,11 +42,12 @@ fn launch_heuristic() {
     let (p, k) = softmax(3, 12289, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.cluster, pl.chunks, pl.launch.grid), (1, 224, 2, 28, 6));
-    // a column sum with outputs for 128 blocks of two warps each reads 256 bytes of a row per
-    // step; fewer outputs keep one warp per block
+    // a column sum with outputs for 128 blocks of 64: 16 threads across, 4 outputs each (one
+    // 16-byte load per row), 64 along the column; fewer outputs keep one warp per block
     let (p, k) = col_sum(8192, 8192, KernelKind::PersistentReduction);
     let pl = plan_of(&p, &k);
-    assert_eq!((pl.col, pl.rows_per_block, pl.lanes, pl.launch.block, pl.launch.grid), (true, 64, 16, 1024, 128));
+    assert_eq!((pl.col, pl.rows_per_block, pl.col_vec, pl.lanes), (true, 64, 4, 64));
+    assert_eq!((pl.col_threads(), pl.chunks, pl.launch.block, pl.launch.grid), (16, 128, 1024, 128));
     let (p, k) = col_sum(8192, 4096, KernelKind::PersistentReduction);
     let pl = plan_of(&p, &k);
     assert_eq!((pl.rows_per_block, pl.lanes, pl.launch.grid), (32, 32, 128));

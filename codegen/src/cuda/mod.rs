@@ -41,7 +41,12 @@
 //!   [`launch::column_like`]): a block holds 32 consecutive outputs, one per lane, times up to
 //!   32 threads along the reduced dim, so each warp load is 32 consecutive elements (a large
 //!   persistent one: 64 outputs, two warps side by side, times 16 threads); the block stage goes
-//!   through shared memory (`coil_reduce_col`).
+//!   through shared memory (`coil_reduce_col`). A large persistent one of a single pass
+//!   ([`launch::single_pass`]) gives each thread 4 consecutive outputs instead (16 threads
+//!   across, up to 64 along the reduced dim), loaded as one vector per reduced position into 4
+//!   accumulators; the accumulators are staged in shared memory once (`coil_col_stage`), and
+//!   the first 4 threads along the reduced dim fold one output each and run its row
+//!   statements (`coil_col_fold`).
 //!
 //! Index arithmetic is 32-bit (`int`) in a kernel whose every index fits (decided from the static
 //! sizes), else 64-bit; inside a group an index is written `e0 + c*i`, `e0` once per group.

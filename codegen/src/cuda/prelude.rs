@@ -357,6 +357,14 @@ COIL_D float coil_exp_f32(float x) {
     return r;
 }
 COIL_D float coil_exp(float x) { return coil_exp_f32(x); }
+/* 1 / sqrt(x) of f32 as CUDA's rsqrtf and Triton compute it: MUFU.RSQ (rsqrt.approx, subnormals
+   kept; at most 2^-22.9 relative error), where 1.0f / sqrtf(x) is two IEEE subroutines (on the
+   H100, 14 ms less ptxas time for a layer norm). 0 gives inf, -0 -inf, x < 0 NaN, inf 0. */
+COIL_D float coil_rsqrt_f32(float x) {
+    float r;
+    asm("rsqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
 /* 1 + tanh(z) (gelu's tanh form) as 2 / (1 + 2^(-2 z log2 e)): MUFU.EX2 and MUFU.RCP, a few
    ulp, where tanhf is a long routine and 1 + tanhf(z) cancels for z << 0. z = -inf gives 0,
    +inf gives 2, NaN gives NaN. */
@@ -505,6 +513,21 @@ template <int R, int X, typename T, typename Op> COIL_D T coil_reduce_col_costly
     __syncthreads();
     v = smem[x];
     __syncthreads();
+    return v;
+}
+/* Column plans with V outputs per thread: coil_col_stage puts a thread's V accumulators in V
+   planes of the block's shared memory (plane i, slot threadIdx.x); after a barrier the thread
+   at r = i folds plane i's R partials of its output x in order (coil_col_fold), so each output
+   is folded once, by one thread, in the order of coil_reduce_col. */
+template <int V, typename T> COIL_D void coil_col_stage(const T (&acc)[V], T *smem) {
+#pragma unroll
+    for (int i = 0; i < V; i++) smem[i * blockDim.x + threadIdx.x] = acc[i];
+}
+template <int R, int X, typename T, typename Op> COIL_D T coil_col_fold(const T *plane, Op op) {
+    const int x = threadIdx.x % X;
+    T v = plane[x];
+#pragma unroll
+    for (int r = 1; r < R; r++) v = op(v, plane[r * X + x]);
     return v;
 }
 "#;

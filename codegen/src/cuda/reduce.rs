@@ -22,9 +22,9 @@ impl<'a> Gen<'a> {
     /// per block and `lanes` threads per row.
     pub(super) fn reduction(&mut self) {
         let p = self.plan;
-        // A column plan's row threads are `rows_per_block` apart (see `Plan::col`).
+        // A column plan's row threads are `col_threads` apart (see `Plan::col`).
         if p.col {
-            self.line(&format!("const int rlane = threadIdx.x / {};", p.rows_per_block));
+            self.line(&format!("const int rlane = threadIdx.x / {};", p.col_threads()));
         } else if p.cluster > 1 {
             // the block's place in its cluster (`%cluster_ctarank`: clusters are consecutive
             // blocks of the 1-D grid)
@@ -33,7 +33,9 @@ impl<'a> Gen<'a> {
             self.line(&format!("const int rlane = threadIdx.x % {};", p.lanes));
         }
         // A cluster's block reductions leave the block's result in one more slot.
-        let slots = if p.col { p.launch.block as usize } else { p.warps_per_row() + usize::from(p.cluster > 1) };
+        // (a column plan with `col_vec` outputs per thread stages them in as many planes)
+        let slots =
+            if p.col { p.launch.block as usize * p.col_vec } else { p.warps_per_row() + usize::from(p.cluster > 1) };
         for s in flat_stmts(&self.k.body) {
             match s {
                 TileStmt::Reduce { var, op, .. } => {
@@ -53,13 +55,29 @@ impl<'a> Gen<'a> {
         let nchunk = self.rnumel.floor_div(p.vec as i64);
         if nchunk != Expr::int(0) {
             let arr = if p.chunks > 1 { format!("k * {} + i", p.vec) } else { "i".to_string() };
-            self.group = Some(Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, &arr));
+            self.group = Some(if p.col_vec > 1 {
+                self.column_group(nchunk)
+            } else {
+                Group::new(rindex(&self.k.rnumel.unwrap()), "rchunk", nchunk, p.vec, &arr)
+            });
             let all = flat_stmts(&self.k.body);
             self.note_alignment(&all);
             self.find_arrays(&pieces);
             self.group = None;
         }
         self.alignment_check();
+        if p.col_vec > 1 {
+            // a grid-stride loop over the groups of `col_vec` outputs
+            let (it, across) = (self.it, p.col_threads());
+            let groups = self.xnumel.floor_div(p.col_vec as i64).to_c();
+            self.open(&format!(
+                "for ({it} xg = ({it})blockIdx.x * {across} + threadIdx.x % {across}; xg < {groups}; \
+                 xg += ({it})gridDim.x * {across}) {{"
+            ));
+            self.column_vectors(pieces, nchunk);
+            self.close();
+            return;
+        }
         let first = if p.cluster > 1 {
             format!("({})(blockIdx.x / {})", self.it, p.cluster)
         } else if p.col {
@@ -189,6 +207,78 @@ impl<'a> Gen<'a> {
         }
     }
 
+    /// The group of a column plan's `col_vec` outputs `col_vec*xg + i`, at reduced position
+    /// `rchunk` (whose elements are consecutive in memory where the input runs along `x`).
+    fn column_group(&self, nchunk: Expr) -> Group {
+        let groups = self.xnumel.floor_div(self.plan.col_vec as i64);
+        Group::new(xindex(&self.k.xnumel), "xg", groups, self.plan.col_vec, "i")
+            .fixing(rindex(&self.k.rnumel.unwrap()), Expr::index_upto("rchunk", nchunk))
+    }
+
+    /// The body of a column plan with `col_vec > 1` ([`launch::single_pass`]): the constants,
+    /// then the pass, each thread folding one accumulator per output over its share of the
+    /// reduced positions with one vector access per position; then the accumulators go to
+    /// shared memory (`coil_col_stage`), and the first `col_vec` threads along the reduced dim
+    /// take one output each (`xindex = col_vec*xg + rlane`): its reductions (`coil_col_fold`)
+    /// and row statements.
+    fn column_vectors(&mut self, pieces: Vec<Piece<'a>>, nchunk: Expr) {
+        let (p, v) = (self.plan, self.plan.col_vec);
+        let (mut pass, mut after) = (None, Vec::new());
+        for piece in pieces {
+            match piece {
+                // constants once; the other row values (the pass does not read them) per output
+                Piece::Row(s @ TileStmt::Let { op: TileOp::Constant(_), .. }) if pass.is_none() => self.stmt(s),
+                Piece::Row(s) => after.push(s),
+                Piece::Pass(stmts) => pass = Some(stmts),
+            }
+        }
+        let stmts = pass.expect("a single-pass kernel");
+        let reduces: Vec<(Var, ReduceOp, DType)> = (stmts.iter())
+            .filter_map(|s| match s {
+                TileStmt::Reduce { var, op, dtype, .. } => Some((*var, *op, *dtype)),
+                _ => None,
+            })
+            .collect();
+        for &(var, op, _) in &reduces {
+            let a = self.acc(var, op);
+            let init = vec![a.init; v].join(", ");
+            self.line(&format!("{} acc{var}[{v}] = {{{init}}};", a.ty));
+        }
+        let all_full = Expr::int((p.chunks * p.lanes) as i64) == nchunk;
+        self.line(if p.chunks <= 32 { "#pragma unroll" } else { "#pragma unroll 8" });
+        self.open(&format!("for (int k = 0; k < {}; k++) {{", p.chunks));
+        self.line(&format!("const {} rchunk = k * {} + rlane;", self.it, p.lanes));
+        if !all_full {
+            self.open(&format!("if (rchunk < {}) {{", nchunk.to_c()));
+        }
+        self.line(&format!("/* rindex = rchunk, xindex = {v}*xg + i */"));
+        (self.group, self.acc_at) = (Some(self.column_group(nchunk)), Some("i"));
+        self.group_body(&stmts);
+        self.group = None;
+        if !all_full {
+            self.close();
+        }
+        self.close();
+        self.acc_at = None;
+        for &(var, _, _) in &reduces {
+            self.line(&format!("coil_col_stage<{v}>(acc{var}, smem{var});"));
+        }
+        self.line("__syncthreads();");
+        self.open(&format!("if (rlane < {v}) {{"));
+        self.line(&format!("const {} xindex = {v} * xg + rlane;", self.it));
+        self.own_output = true;
+        for &(var, op, dtype) in &reduces {
+            self.acc_finish(var, op, dtype, var);
+        }
+        for s in after {
+            self.stmt(s);
+        }
+        self.own_output = false;
+        self.close();
+        // the next group's stage overwrites the planes
+        self.line("__syncthreads();");
+    }
+
     /// One pass of a looped reduction: the row's threads stride over its groups.
     pub(super) fn rloop(&mut self, body: &[TileStmt]) {
         let p = self.plan;
@@ -267,23 +357,31 @@ impl<'a> Gen<'a> {
         self.line(&format!("{} acc{acc} = {};", a.ty, a.init));
     }
 
+    /// How the current statement names accumulator `acc` ([`Gen::acc_at`]).
+    fn acc_ref(&self, acc: Var) -> String {
+        match self.acc_at {
+            Some(i) => format!("acc{acc}[{i}]"),
+            None => format!("acc{acc}"),
+        }
+    }
+
     /// Folds `value` (the element at the group's position) into the thread's accumulator.
     pub(super) fn acc_update(&mut self, acc: Var, op: ReduceOp, value: Var) {
         let a = self.acc(acc, op);
-        let (src, v) = (self.dtype(value), self.r(value));
+        let (src, v, at) = (self.dtype(value), self.r(value), self.acc_ref(acc));
         let line = if op.is_arg() {
             let t = a.ty.trim_start_matches("coil_arg<").trim_end_matches('>');
             let v = ops::convert(&v, src, Self::acc_dtype(t));
             let g = self.group.as_ref().expect("an update inside a pass");
-            let at = g.pos.to_c();
-            format!("acc{acc} = {}()(acc{acc}, {}{{{v}, {at}}});", a.combine, a.ty)
+            let pos = g.pos.to_c();
+            format!("{at} = {}()({at}, {}{{{v}, {pos}}});", a.combine, a.ty)
         } else {
             let v = match (op, src.is_float()) {
                 // max/min of floats compare in the source's own compute type
                 (ReduceOp::Max | ReduceOp::Min, true) => v,
                 _ => ops::convert(&v, src, Self::acc_dtype(&a.ty)),
             };
-            format!("acc{acc} = {}()(acc{acc}, {v});", a.combine)
+            format!("{at} = {}()({at}, {v});", a.combine)
         };
         self.line(&line);
     }
@@ -299,7 +397,7 @@ impl<'a> Gen<'a> {
             assert!(!costly && !p.col, "a cluster plan is a persistent row plan");
             format!("coil_reduce_cluster<{}, {}>", p.cluster, p.warps_per_row())
         } else if p.col {
-            format!("coil_reduce_col{c}<{}, {}>", p.lanes, p.rows_per_block)
+            format!("coil_reduce_col{c}<{}, {}>", p.lanes, p.col_threads())
         } else {
             format!("coil_reduce{c}<{}>", p.warps_per_row())
         }
@@ -324,7 +422,15 @@ impl<'a> Gen<'a> {
     pub(super) fn acc_finish(&mut self, var: Var, op: ReduceOp, out: DType, acc: Var) {
         let a = self.acc(acc, op);
         let reduce = self.block_reduce(false);
-        self.line(&format!("const {} red{var} = {reduce}(acc{acc}, {}(), smem{var});", a.ty, a.combine));
+        let p = self.plan;
+        let red = if self.own_output {
+            // this thread's output alone, from its plane of shared memory (`column_vectors`)
+            let (lanes, across, block) = (p.lanes, p.col_threads(), p.launch.block);
+            format!("coil_col_fold<{lanes}, {across}>(smem{var} + rlane * {block}, {}())", a.combine)
+        } else {
+            format!("{reduce}({}, {}(), smem{var})", self.acc_ref(acc), a.combine)
+        };
+        self.line(&format!("const {} red{var} = {red};", a.ty));
         let src = self.dtype(self.acc_source[&acc]);
         let value = match op {
             ReduceOp::ArgMax | ReduceOp::ArgMin => {

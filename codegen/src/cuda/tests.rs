@@ -172,6 +172,8 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
         let (p, k) = col_sum(r, c, kind);
         v.push(tile(&p, &k, &format!("col_sum_{r}x{c}")));
     }
+    let (p, k) = col_mean(37, 8192);
+    v.push(tile(&p, &k, "col_mean_37x8192"));
     let (p, k) = softmax(16, 8192, KernelKind::PersistentReduction, "softmax");
     v.push(tile(&p, &k, "softmax_persistent_16x8192"));
     // rows split over a cluster of blocks (sm_90): a partial last chunk, and a whole one
@@ -345,6 +347,64 @@ fn column_reduction_coalesces() {
     // outputs not a multiple of 32: the row plan (its barriers need whole blocks)
     let (p, k) = col_sum(64, 100, KernelKind::PersistentReduction);
     assert!(!launch::column_like(&build_kernel(&p, &k)));
+}
+
+/// `(2 * x).sum(0) / rows + bias` of f32 `[rows, cols]`: a column reduction with a constant
+/// before its pass and row statements after it.
+pub(super) fn col_mean(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let (x, bias) = (p.input(&[rows, cols], f), p.input(&[cols], f));
+    let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
+    let mut b = B::default();
+    let (l, two) = (b.load(x, rv * cols as i64 + xv, f), b.constant(2.0, f));
+    let m = b.binary(BinaryOp::Mul, l, two, f);
+    let sum = p.reduction(&[cols], &[rows], ReduceOp::Sum, f, b.done(m));
+    let mut b = B::default();
+    let (s, n, bl) = (b.load(sum, xv, f), b.constant(rows as f64, f), b.load(bias, xv, f));
+    let q = b.binary(BinaryOp::Div, s, n, f);
+    let y = b.binary(BinaryOp::Add, q, bl, f);
+    let out = p.pointwise(&[cols], f, b.done(y));
+    p.output(out);
+    (p.p, kernel("per_fused_col_mean_0", KernelKind::PersistentReduction, vec![0, 1], cols, Some(rows), vec![out]))
+}
+
+#[test]
+fn wide_column_reduction_takes_vectors_of_outputs() {
+    // 8192 outputs: 128 blocks of 64, each thread 4 consecutive outputs, one 16-byte load per
+    // reduced position, an accumulator per output; then one shared-memory stage, and each
+    // output's fold and row statements in a thread of its own
+    let (p, k) = col_mean(300, 8192);
+    let t = build_kernel(&p, &k);
+    assert!(launch::single_pass(&t));
+    let pl = launch::plan(&t);
+    assert_eq!((pl.col_vec, pl.col_threads(), pl.lanes, pl.chunks, pl.launch.grid), (4, 16, 64, 5, 128));
+    let (src, _) = emit_cuda_kernel(&t).unwrap();
+    for want in [
+        "xg < 2048; xg += (int)gridDim.x * 16",
+        "coil_load<float, 4, 4>(in_ptr0 + (8192*rchunk + 4*xg), aligned)",
+        "if (rchunk < 300) {",
+        "acc5[i] = coil_add()(acc5[i], tmp4);",
+        // 4 planes of 1024 slots; the threads at rlane 0..3 fold one output each, once
+        "__shared__ float smem5[4096];",
+        "coil_col_stage<4>(acc5, smem5);",
+        "if (rlane < 4) {",
+        "const int xindex = 4 * xg + rlane;",
+        "coil_col_fold<64, 16>(smem5 + rlane * 1024, coil_add())",
+        // the bias, a row value the pass does not read, is loaded per output after it
+        "const float tmp2 = in_ptr1[xindex];",
+        "    out_ptr0[xindex] = tmp7;",
+    ] {
+        assert!(src.contains(want), "{want} not in\n{src}");
+    }
+    snapshot("cuda_col_mean_vectors", src.clone());
+    syntax_check(&format!("{}\n{src}", prelude()));
+    // fewer outputs, or two passes (layer norm: its second pass reads the first's sum), keep
+    // one output per thread
+    let (p, k) = col_mean(300, 4096);
+    assert_eq!(launch::plan(&build_kernel(&p, &k)).col_vec, 1);
+    let (p, k) = layer_norm(37, 768, KernelKind::PersistentReduction);
+    assert!(!launch::single_pass(&build_kernel(&p, &k)));
 }
 
 #[test]

@@ -291,6 +291,7 @@ mod tests {
     }
 
     /// The definition, in f64.
+    #[allow(clippy::too_many_arguments)] // the attention problem, spelled out for the test
     fn reference(q: &[f64], k: &[f64], v: &[f64], l: usize, s: usize, d: usize, causal: bool, scale: f64) -> Vec<f64> {
         let mut out = vec![0.0; l * d];
         for i in 0..l {

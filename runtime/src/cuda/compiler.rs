@@ -58,6 +58,9 @@ pub struct CompiledCubin {
     pub cache_hit: bool,
     /// Seconds NVRTC ran (0 on a cache hit).
     pub compile_seconds: f64,
+    /// Seconds `cuModuleLoadData` and the function look-ups took ([`load_or_build`]; 0 until
+    /// loaded).
+    pub load_seconds: f64,
 }
 
 /// NVRTC's version `(major, minor)`; fails (without panicking) when NVRTC cannot be loaded.
@@ -99,8 +102,15 @@ pub fn compile(source: &str, arch: &str, cache_dir: &Path) -> Result<(Vec<u8>, C
     let source_path = dir.join(format!("{key}.cu"));
     if looks_complete(&path) {
         if let Ok(bytes) = std::fs::read(&path) {
-            let object =
-                CompiledCubin { path, source_path, key, arch: arch.to_string(), cache_hit: true, compile_seconds: 0.0 };
+            let object = CompiledCubin {
+                path,
+                source_path,
+                key,
+                arch: arch.to_string(),
+                cache_hit: true,
+                compile_seconds: 0.0,
+                load_seconds: 0.0,
+            };
             return Ok((bytes, object));
         }
     }
@@ -118,7 +128,18 @@ fn build(source: &str, arch: &str, dir: &Path, key: String) -> Result<(Vec<u8>, 
     let cubin = nvrtc_cubin(source, arch, &source_path)?;
     let compile_seconds = start.elapsed().as_secs_f64();
     write_atomically(&path, &cubin)?;
-    Ok((cubin, CompiledCubin { path, source_path, key, arch: arch.to_string(), cache_hit: false, compile_seconds }))
+    Ok((
+        cubin,
+        CompiledCubin {
+            path,
+            source_path,
+            key,
+            arch: arch.to_string(),
+            cache_hit: false,
+            compile_seconds,
+            load_seconds: 0.0,
+        },
+    ))
 }
 
 /// Starts NVRTC on a thread of its own by compiling an empty kernel for `arch`, once per
@@ -248,15 +269,21 @@ pub fn load_or_build(
         }
         Ok(module)
     };
+    let timed = |cubin: &[u8], mut object: CompiledCubin| -> Result<(Arc<LoadedModule>, CompiledCubin)> {
+        let start = Instant::now();
+        let module = attempt(cubin)?;
+        object.load_seconds = start.elapsed().as_secs_f64();
+        Ok((Arc::new(module), object))
+    };
     let (cubin, object) = compile(source, &arch, cache_dir)?;
-    match attempt(&cubin) {
-        Ok(m) => Ok((Arc::new(m), object)),
-        Err(_) if object.cache_hit => {
-            let dir = cache_dir.join("cuda");
-            let (cubin, object) = build(source, &arch, &dir, object.key)?;
-            Ok((Arc::new(attempt(&cubin)?), object))
+    let (cache_hit, key) = (object.cache_hit, object.key.clone());
+    match timed(&cubin, object) {
+        // a cache entry the driver refuses (truncated, another driver's) is compiled again
+        Err(_) if cache_hit => {
+            let (cubin, object) = build(source, &arch, &cache_dir.join("cuda"), key)?;
+            timed(&cubin, object)
         }
-        Err(e) => Err(e),
+        r => r,
     }
 }
 

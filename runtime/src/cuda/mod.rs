@@ -78,6 +78,10 @@ pub struct KernelAttributes {
     /// The autotuner's plan when it replaced the heuristic's (`row_threads=512`, ...; see
     /// [`autotune`]), else `None`.
     pub tuning: Option<String>,
+    /// Microseconds NVRTC took on the kernel's translation unit in this process (0: a disk-cache
+    /// hit), and loading its CUBIN (`cuModuleLoadData`, function look-ups).
+    pub nvrtc_us: u64,
+    pub load_us: u64,
 }
 
 /// A graph compiled for a GPU, ready to run any number of times (also from several threads:
@@ -203,7 +207,8 @@ impl CudaCompiledGraph {
                         .iter()
                         .filter(|m| !m.kernels.is_empty())
                         .position(|m| m.kernels.iter().any(|k| k.name == tile.name));
-                    let func = loaded[unit.expect("found above")].function(&tile.name)?;
+                    let unit = unit.expect("found above");
+                    let func = loaded[unit].function(&tile.name)?;
                     compiler::allow_dynamic_shared(&device, func, launch.shared_bytes)?;
                     let (registers, static_shared_bytes) = compiler::function_resources(&device, func)?;
                     let grid = match launch.grid {
@@ -218,6 +223,8 @@ impl CudaCompiledGraph {
                         static_shared_bytes,
                         dynamic_shared_bytes: launch.shared_bytes,
                         tuning: None,
+                        nvrtc_us: (cubins[unit].compile_seconds * 1e6) as u64,
+                        load_us: (cubins[unit].load_seconds * 1e6) as u64,
                     });
                     let status = attributes.len() - 1;
                     let args = tile.args.iter().map(|a| a.buffer).collect();

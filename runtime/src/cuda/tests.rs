@@ -233,6 +233,8 @@ fn hand_written_kernel_runs_and_the_second_build_hits_the_cache() {
     assert_eq!(attrs.len(), 1);
     assert_eq!((attrs[0].name.as_str(), attrs[0].grid, attrs[0].block), ("poi_fused_add_0", 4, 256));
     assert!(attrs[0].registers > 0);
+    // the unit's own NVRTC and load times (NVRTC takes milliseconds even for this kernel)
+    assert!(attrs[0].nvrtc_us > 1000 && attrs[0].load_us > 0, "{:?}", attrs[0]);
 
     let a: Vec<f32> = (0..1000).map(|i| i as f32).collect();
     let b: Vec<f32> = (0..1000).map(|i| 0.5 * i as f32).collect();
@@ -245,6 +247,7 @@ fn hand_written_kernel_runs_and_the_second_build_hits_the_cache() {
 
     let again = add_graph(&dev, &dir.0, ADD_CU).unwrap();
     assert!(again.cache_hit() && again.compile_seconds() == 0.0);
+    assert_eq!(again.kernel_attributes()[0].nvrtc_us, 0);
     assert_eq!(again.run_host(&[&ha, &hb]).unwrap()[0].to_vec::<f32>(), want);
 
     // Device time per run, from events.
