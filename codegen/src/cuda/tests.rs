@@ -329,6 +329,33 @@ pub(super) fn col_sum(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgra
     (p.p, kernel("per_fused_sum_0", kind, vec![0], cols, Some(rows), vec![s]))
 }
 
+/// `x.sum(-1)` of f32 `[rows, cols]`.
+fn row_sum(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let x = p.input(&[rows, cols], f);
+    let (xv, rv) = (xs(&[rows])[0], rs(&[cols])[0]);
+    let mut b = B::default();
+    let l = b.load(x, xv * cols as i64 + rv, f);
+    let s = p.reduction(&[rows], &[cols], ReduceOp::Sum, f, b.done(l));
+    p.output(s);
+    (p.p, kernel("per_fused_sum_0", KernelKind::PersistentReduction, vec![0], rows, Some(cols), vec![s]))
+}
+
+#[test]
+fn one_block_kernels_keep_their_chunk_loop() {
+    // one row of 8192 f32: one block of 1024 threads, 2 chunks of 4 each; a latency-bound tail
+    // whose chunk loop stays a loop (less NVRTC time); with rows for many blocks (256 threads,
+    // 8 chunks) it unrolls
+    for (rows, block, chunks, want) in [(1, 1024, 2, "#pragma unroll 1\n"), (300, 256, 8, "#pragma unroll\n")] {
+        let (p, k) = row_sum(rows, 8192);
+        let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+        assert_eq!((launch.grid, launch.block), (rows as u32, block));
+        let at = src.find(&format!("for (int k = 0; k < {chunks}; k++)")).expect("a chunk loop");
+        assert!(src[..at].ends_with(&format!("        {want}        ")), "{want:?} before the chunk loop in\n{src}");
+    }
+}
+
 #[test]
 fn column_reduction_coalesces() {
     let (p, k) = col_sum(64, 256, KernelKind::PersistentReduction);
