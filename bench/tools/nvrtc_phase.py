@@ -10,6 +10,8 @@
 #   link      the driver's JIT of that PTX to a CUBIN (cuLinkAddData/cuLinkComplete, cache off)
 #   Ofc=min   cubin with --Ofast-compile=min
 #   O1        cubin with -Xptxas -O1
+#   fe, nvvm, ptxas   NVRTC's own phase times of one cubin compile (its -time option): the C++
+#             front end, the NVVM optimizer, PTX to SASS
 import ctypes, glob, itertools, os, sys, time
 
 os.environ["CUDA_CACHE_DISABLE"] = "1"
@@ -46,6 +48,21 @@ def compile_src(src, opts, want_ptx=False):
     return dt, ptx
 
 
+def phases(src, opts):
+    """Seconds of NVRTC's front end, NVVM optimizer and PTX translation for one compile."""
+    path = f"/tmp/nvrtc_phase_{os.getpid()}.csv"
+    if os.path.exists(path):
+        os.remove(path)
+    compile_src(src, opts + [f"-time={path}"])
+    ms = {}
+    for line in open(path).read().strip().splitlines()[1:]:  # file, phase, value, unit
+        cells = [c.strip() for c in line.split(",")]
+        ms[cells[1]] = float(cells[2]) / 1e3
+    os.remove(path)
+    return [ms.get("CUDA C++ Frontend", float("nan")), ms.get("NVVM Optimizer", float("nan")),
+            ms.get("PTX Translation", float("nan"))]
+
+
 def link(ptx):
     """Seconds the driver took to JIT `ptx` to a CUBIN."""
     state, cubin, size = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
@@ -70,7 +87,7 @@ def main(folder):
     sm90 = BASE + ["--gpu-architecture=sm_90"]
     compile_src(open(files[0]).read(), sm90)  # NVRTC's one-time start-up, outside the table
     best = lambda f: min(f() for _ in range(3))
-    columns = ["cubin", "ptx", "link", "Ofc=min", "O1"]
+    columns = ["cubin", "ptx", "link", "Ofc=min", "O1", "fe", "nvvm", "ptxas"]
     print(f"{'kernel':46}" + "".join(f"{c:>9}" for c in columns))
     totals = [0.0] * len(columns)
     for f in files:
@@ -82,6 +99,7 @@ def main(folder):
             best(lambda: link(ptx)) if ptx else float("nan"),
             best(lambda: compile_src(src, sm90 + ["--Ofast-compile=min"])[0]),
             best(lambda: compile_src(src, sm90 + ["-Xptxas", "-O1"])[0]),
+            *phases(src, sm90),
         ]
         totals = [t + r for t, r in zip(totals, row)]
         label = (os.path.basename(os.path.dirname(f))[:18] + "/" + os.path.basename(f)[:-3])[:46]
