@@ -318,28 +318,22 @@ fn embedding_checks_bounds() {
 
 /// `x.sum(dim=0)` of f32 `[rows, cols]`: a reduction down the columns (`x[cols*r + x]`).
 pub(super) fn col_sum(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
-    let f = DType::F32;
-    let mut p = Prog::default();
-    let x = p.input(&[rows, cols], f);
-    let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
-    let mut b = B::default();
-    let l = b.load(x, rv * cols as i64 + xv, f);
-    let s = p.reduction(&[cols], &[rows], ReduceOp::Sum, f, b.done(l));
-    p.output(s);
-    (p.p, kernel("per_fused_sum_0", kind, vec![0], cols, Some(rows), vec![s]))
+    sum_dim(rows, cols, 0, kind)
 }
 
-/// `x.sum(-1)` of f32 `[rows, cols]`.
-fn row_sum(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
+/// `x.sum(dim)` of f32 `[rows, cols]`, `dim` 0 or 1.
+fn sum_dim(rows: usize, cols: usize, dim: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
     let f = DType::F32;
     let mut p = Prog::default();
     let x = p.input(&[rows, cols], f);
-    let (xv, rv) = (xs(&[rows])[0], rs(&[cols])[0]);
+    let (outs, red) = if dim == 0 { (cols, rows) } else { (rows, cols) };
+    let (xv, rv) = (xs(&[outs])[0], rs(&[red])[0]);
+    let index = if dim == 0 { rv * cols as i64 + xv } else { xv * cols as i64 + rv };
     let mut b = B::default();
-    let l = b.load(x, xv * cols as i64 + rv, f);
-    let s = p.reduction(&[rows], &[cols], ReduceOp::Sum, f, b.done(l));
+    let l = b.load(x, index, f);
+    let s = p.reduction(&[outs], &[red], ReduceOp::Sum, f, b.done(l));
     p.output(s);
-    (p.p, kernel("per_fused_sum_0", KernelKind::PersistentReduction, vec![0], rows, Some(cols), vec![s]))
+    (p.p, kernel("per_fused_sum_0", kind, vec![0], outs, Some(red), vec![s]))
 }
 
 #[test]
@@ -348,7 +342,7 @@ fn one_block_kernels_keep_their_chunk_loop() {
     // whose chunk loop stays a loop (less NVRTC time); with rows for many blocks (256 threads,
     // 8 chunks) it unrolls
     for (rows, block, chunks, want) in [(1, 1024, 2, "#pragma unroll 1\n"), (300, 256, 8, "#pragma unroll\n")] {
-        let (p, k) = row_sum(rows, 8192);
+        let (p, k) = sum_dim(rows, 8192, 1, KernelKind::PersistentReduction);
         let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
         assert_eq!((launch.grid, launch.block), (rows as u32, block));
         let at = src.find(&format!("for (int k = 0; k < {chunks}; k++)")).expect("a chunk loop");
