@@ -20,7 +20,7 @@
 //! Scale (`--scale F`, default 0.05 on the CPU and 1 on the GPU): the leading dim (rows, batch; the length of a
 //! 1-D workload) is `max(1, round(n * F))`; other dims stay as WORKLOADS.md defines them, so rows
 //! keep their length (col_sum's summed dim is its leading dim and shrinks). The two matmul
-//! workloads also shrink their inner dims when F < 1: mlp's D and H become
+//! workloads (and the training step) also shrink their inner dims when F < 1: mlp's D and H become
 //! `max(64, round(n * sqrt(F) / 64) * 64)`; the GPT-2 block's T becomes the same with 16 instead of
 //! 64, and its heads `max(1, round(12 * sqrt(F)))` of 64 channels each (C = 64 * heads).
 //! GB/s and TFLOP/s use WORKLOADS.md's min bytes / flops at the scaled sizes.
@@ -28,8 +28,9 @@
 //! Inputs: `coil::manual_seed(0)` + `Tensor::randn` (weights times 0.02 as in torch_suite.py;
 //! the GPT-2 block's layer-norm weights are `1 + 0.1 * randn` and its biases `0.02 * randn`
 //! instead of torch_suite's ones and zeros, so no input is constant); class targets are i64 in
-//! range. `mlp_train_step_f32` needs autodiff and is reported as skipped. `--json` writes
-//! WORKLOADS.md's schema (failed and skipped workloads are left out of its rows); the exit status
+//! range. `mlp_train_step_f32` returns the gradients of its loss (`coil::grad`): forward and
+//! backward compile as one graph, as torch.compile's AOTAutograd does. `--json` writes
+//! WORKLOADS.md's schema (failed workloads are left out of its rows); the exit status
 //! is 1 when a workload failed. Run with `--help` for the flags. On the 2-core build machine the
 //! whole suite with `--compare-interpreter` takes about a minute at the default scale.
 
@@ -83,24 +84,22 @@ struct Case {
 /// Builds a workload's case at a scale.
 type MakeCase = fn(f64) -> Result<Case>;
 
-/// The suite, in WORKLOADS.md's order; `None` marks a workload coil cannot run yet.
-const WORKLOADS: &[(&str, Option<MakeCase>)] = &[
-    ("pointwise_chain_f32", Some(pointwise_chain)),
-    ("bias_gelu_bf16", Some(bias_gelu)),
-    ("softmax_f32_8192x4096", Some(|s| softmax(s, 8192, 4096))),
-    ("softmax_f32_1024x65536", Some(|s| softmax(s, 1024, 65536))),
-    ("layernorm_bf16_8192x4096", Some(layernorm)),
-    ("rmsnorm_bf16_8192x4096", Some(rmsnorm)),
-    ("add_layernorm_bf16_8192x4096", Some(add_layernorm)),
-    ("col_sum_f32_8192x8192", Some(col_sum)),
-    ("full_sum_f32_256M", Some(full_sum)),
-    ("cross_entropy_bf16_8192x50304", Some(cross_entropy)),
-    ("mlp_bf16_8192x4096x16384", Some(mlp)),
-    ("gpt2_block_fwd_bf16_b8_t1024", Some(gpt2_block)),
-    ("mlp_train_step_f32", None),
+/// The suite, in WORKLOADS.md's order.
+const WORKLOADS: &[(&str, MakeCase)] = &[
+    ("pointwise_chain_f32", pointwise_chain),
+    ("bias_gelu_bf16", bias_gelu),
+    ("softmax_f32_8192x4096", |s| softmax(s, 8192, 4096)),
+    ("softmax_f32_1024x65536", |s| softmax(s, 1024, 65536)),
+    ("layernorm_bf16_8192x4096", layernorm),
+    ("rmsnorm_bf16_8192x4096", rmsnorm),
+    ("add_layernorm_bf16_8192x4096", add_layernorm),
+    ("col_sum_f32_8192x8192", col_sum),
+    ("full_sum_f32_256M", full_sum),
+    ("cross_entropy_bf16_8192x50304", cross_entropy),
+    ("mlp_bf16_8192x4096x16384", mlp),
+    ("gpt2_block_fwd_bf16_b8_t1024", gpt2_block),
+    ("mlp_train_step_f32", mlp_train_step),
 ];
-const SKIP_REASON: &str = "skipped: needs autodiff (not implemented)";
-
 // ---- scaling and inputs ----
 
 /// The scaled leading dim: `max(1, round(n * f))`.
@@ -218,20 +217,47 @@ fn full_sum(s: f64) -> Result<Case> {
 
 fn cross_entropy(s: f64) -> Result<Case> {
     let (r, v) = (rows(8192, s), 50304);
-    // Class targets in [0, v), from a splitmix64 stream (deterministic, exactly in range).
+    let inputs = vec![randn(&[r, v], DType::BF16, 1.0)?, class_targets(r, v)?];
+    let p: Program =
+        |a| Ok(vec![a[0].to_dtype(wide(a[0].dtype()))?.cross_entropy(&a[1], CrossEntropyOptions::default())?]);
+    let c = case(format!("logits[{r},{v}] bf16"), inputs, p, nbytes(r * v, DType::BF16), 0.0);
+    Ok(Case { batched: Some(vec![0, 1]), ..c })
+}
+
+/// `n` class targets in [0, classes), from a splitmix64 stream (deterministic, exactly in range).
+fn class_targets(n: usize, classes: usize) -> Result<Tensor> {
     let mut z = 0x9E37_79B9_7F4A_7C15u64;
-    let targets: Vec<i64> = (0..r)
+    let targets: Vec<i64> = (0..n)
         .map(|_| {
             z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
             let mut x = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((x ^ (x >> 31)) % v as u64) as i64
+            ((x ^ (x >> 31)) % classes as u64) as i64
         })
         .collect();
-    let inputs = vec![randn(&[r, v], DType::BF16, 1.0)?, Tensor::from_vec(targets, &[r])?];
-    let p: Program =
-        |a| Ok(vec![a[0].to_dtype(wide(a[0].dtype()))?.cross_entropy(&a[1], CrossEntropyOptions::default())?]);
-    let c = case(format!("logits[{r},{v}] bf16"), inputs, p, nbytes(r * v, DType::BF16), 0.0);
+    Tensor::from_vec(targets, &[n])
+}
+
+/// Gradients of a 3-layer MLP's cross-entropy loss with respect to its weights (one training
+/// step's forward and backward, as torch_suite.py's `torch.autograd.grad`).
+fn mlp_train_step(s: f64) -> Result<Case> {
+    let (n, d, h, k) = (rows(4096, s), inner(1024, s, 64), inner(4096, s, 64), inner(1000, s, 8));
+    let f = DType::F32;
+    let inputs = vec![
+        randn(&[n, d], f, 1.0)?,
+        class_targets(n, k)?,
+        randn(&[h, d], f, 0.02)?,
+        randn(&[h, h], f, 0.02)?,
+        randn(&[k, h], f, 0.02)?,
+    ];
+    let p: Program = |a| {
+        let x = a[0].linear(&a[2], None)?.gelu(false)?;
+        let x = x.linear(&a[3], None)?.gelu(false)?;
+        let loss = x.linear(&a[4], None)?.cross_entropy(&a[1], CrossEntropyOptions::default())?;
+        coil::grad(&loss, &[&a[2], &a[3], &a[4]])
+    };
+    let flops = 3.0 * 2.0 * (n * (d * h + h * h + h * k)) as f64;
+    let c = case(format!("N{n} D{d} H{h} K{k} f32"), inputs, p, 0.0, flops);
     Ok(Case { batched: Some(vec![0, 1]), ..c })
 }
 
@@ -511,7 +537,6 @@ fn run_dynamic(
 fn emit_cuda(o: &Opts, only: &[String], dir: &str, home: Backend) -> i32 {
     let mut status = 0;
     for &(name, make) in WORKLOADS.iter().filter(|(n, _)| only.is_empty() || only.iter().any(|o| o == n)) {
-        let Some(make) = make else { continue };
         coil::manual_seed(0);
         let sources = make(o.scale).and_then(|c| {
             if coil::realize(&refs(&c.inputs)).is_err() {
@@ -652,10 +677,6 @@ fn main() {
     println!("{header}\n{}", "-".repeat(header.len()));
     let (mut json_rows, mut failures) = (Vec::new(), Vec::new());
     for &(name, make) in WORKLOADS.iter().filter(|(n, _)| only.is_empty() || only.iter().any(|o| o == n)) {
-        let Some(make) = make else {
-            println!("{name:30} {SKIP_REASON}");
-            continue;
-        };
         coil::set_backend(home);
         coil::manual_seed(0);
         let outcome = catch_unwind(AssertUnwindSafe(|| {

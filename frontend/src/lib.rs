@@ -3,12 +3,15 @@
 //! It owns:
 //! * [`Tensor`]: a lazy tensor whose ops record nodes with the caller's source line;
 //! * the op methods (`ops`), with PyTorch's names, semantics and errors;
+//! * gradients ([`grad`], [`value_and_grad`]): reverse mode on the decomposed graph, as more
+//!   lazy tensors;
 //! * [`capture`] (tensors to a [`coil_ir::Graph`]) and realization: capture, then either the
 //!   compile driver ([`compile`]: decompose, lower, fuse, generate C, build, run) or the
 //!   reference interpreter ([`Backend`]);
 //! * debug dumps (`COIL_DEBUG`, [`debug`]) and logs (`COIL_LOGS`, [`logs`]);
 //! * compiled functions ([`dynamo`]): guarded caches, graph breaks, recompiles, `explain`.
 
+pub mod autodiff;
 pub mod compile;
 pub mod debug;
 pub mod dynamo;
@@ -18,6 +21,7 @@ pub mod realize;
 pub mod storage;
 pub mod tensor;
 
+pub use autodiff::{grad, value_and_grad};
 pub use dynamo::{explain, set_stance, CompiledFn, ExplainReport, GraphBreak, Stance};
 pub use ops::linalg::linear;
 pub use ops::movement::{cat, stack};

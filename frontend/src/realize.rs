@@ -64,6 +64,15 @@ pub struct Captured {
 /// assert_eq!(g.to_string(), "graph(%0: f32[2]) {\n  %1: f32[2] = exp(%0)\n  return (%1)\n}\n");
 /// ```
 pub fn capture(outputs: &[&Tensor]) -> Captured {
+    capture_walk(outputs, false).0
+}
+
+/// [`capture`], and the tensors bound to the graph's inputs, in input order. With `recompute`,
+/// computed tensors that an op produced enter the graph as that op again (their operands
+/// followed), so only data (tensors no op produced) are inputs: what a gradient needs, since it
+/// differentiates through every op back to the data.
+pub(crate) fn capture_walk(outputs: &[&Tensor], recompute: bool) -> (Captured, Vec<Tensor>) {
+    let is_input = |t: &Tensor| t.is_realized() && (!recompute || t.0.srcs.is_empty());
     // Keyed by node address only to find shared nodes; the numbering follows the walk. The walk
     // borrows (no reference counting) and the maps hash addresses cheaply: a compiled
     // function captures on every call, so this is on its hot path.
@@ -77,7 +86,7 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
             if seen.contains_key(&key(t)) {
                 continue;
             }
-            if !expanded && !t.is_realized() {
+            if !expanded && !is_input(t) {
                 stack.push((t, true));
                 stack.extend(t.0.srcs.iter().rev().map(|s| (s, false)));
                 continue;
@@ -91,12 +100,14 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
     let mut inputs = Vec::new();
     let mut marked = Vec::new();
     let mut ids: AddrMap<NodeId> = AddrMap::default();
-    for t in order.iter().filter(|t| t.is_realized()) {
+    let mut input_tensors = Vec::new();
+    for &t in order.iter().filter(|&&t| is_input(t)) {
         ids.insert(key(t), graph.input(t.meta().clone()));
         inputs.push(t.0.storage.get().expect("realized").clone());
+        input_tensors.push(t.clone());
         marked.push(t.0.dynamic.load(std::sync::atomic::Ordering::Relaxed));
     }
-    for t in order.iter().filter(|t| !t.is_realized()) {
+    for &t in order.iter().filter(|&&t| !is_input(t)) {
         let id = if t.0.op.is_leaf() {
             graph.leaf(t.0.op.clone(), t.meta().clone(), t.0.location)
         } else {
@@ -110,7 +121,7 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
     }
     graph.outputs = outputs.iter().map(|t| ids[&key(t)]).collect();
     let device = outputs.first().map_or(Device::Cpu, |t| t.device());
-    Captured { graph, inputs, device, marked }
+    (Captured { graph, inputs, device, marked }, input_tensors)
 }
 
 /// Computes every pending tensor among `outputs` and binds the results to them: one graph per

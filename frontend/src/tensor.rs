@@ -77,7 +77,16 @@ pub(crate) fn next_random(n: usize) -> (u64, u64) {
 impl Tensor {
     /// A pending leaf (constant, iota, random) on this thread's default device.
     fn leaf(op: Op, meta: TensorMeta, location: Option<&'static Location<'static>>) -> Tensor {
-        let device = default_device();
+        Tensor::leaf_on(op, meta, default_device(), location)
+    }
+
+    /// A pending leaf on `device`.
+    pub(crate) fn leaf_on(
+        op: Op,
+        meta: TensorMeta,
+        device: Device,
+        location: Option<&'static Location<'static>>,
+    ) -> Tensor {
         Tensor(Arc::new(TensorNode {
             op,
             srcs: vec![],

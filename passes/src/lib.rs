@@ -20,6 +20,9 @@
 //!   greedy, deterministic fusion of loop nodes into kernels ([`coil_ir::kernel::Schedule`]),
 //!   every refused fusion with its reason, and the memory plan.
 //!
+//! * reverse-mode differentiation ([`mod@autodiff`], entry point [`autodiff::backward`]): the
+//!   gradient of a primitive graph's output appended to it as more primitive nodes, one rule per
+//!   primitive;
 //! * dynamic shapes ([`mod@dynamic`], entry point [`dynamic::generalize`]): the passes above run
 //!   at probe sizes and the sizes of the result are read back as expressions of size symbols.
 //! * the attention template ([`mod@attention`], entry point [`attention::fuse_attention`]):
@@ -31,6 +34,7 @@
 //! The contracts between these steps are in `docs/compiler.md`. It depends only on `coil-ir`.
 
 pub mod attention;
+pub mod autodiff;
 pub mod decompose;
 pub mod dynamic;
 pub mod lower;

@@ -15,6 +15,8 @@
 
 #[path = "cases_creation.rs"]
 mod cases_creation;
+#[path = "cases_grad.rs"]
+mod cases_grad;
 #[path = "cases_nn.rs"]
 mod cases_nn;
 #[path = "cases_pointwise.rs"]
@@ -114,6 +116,7 @@ fn run_case(name: &str, inputs: &Inputs) -> Option<Outputs> {
         .or_else(|| cases_reduce::run(name, inputs))
         .or_else(|| cases_shape::run(name, inputs))
         .or_else(|| cases_nn::run(name, inputs))
+        .or_else(|| cases_grad::run(name, inputs))
 }
 
 fn tolerance(dtype: DType) -> f64 {

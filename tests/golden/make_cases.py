@@ -645,6 +645,42 @@ case("composite_linear_cross_entropy", "F.cross_entropy(F.linear(a, w), t)", a=r
 case("composite_sigmoid_tanh_bcast", "torch.sigmoid(a * 2.0 + 1.0) * torch.tanh(b)", a=r(3, 4), b=r(4))
 case("composite_centered_var", "(a - a.mean(-1, keepdim=True)).pow(2).mean(-1)", a=r(3, 8))
 
+# ------------------------------------------------------------------------------------- gradients
+# torch.autograd.grad of a scalar loss with respect to fresh leaves (detach().requires_grad_(), so
+# the stored inputs stay plain tensors); outputs are the gradients in the listed order.
+def grad_case(name, params, loss, **inputs):
+    """`loss` is an expression over the inputs; `params` (a string of input names) are differentiated."""
+    names = ", ".join(params)
+    leaves = ", ".join(f"{p}.detach().requires_grad_()" for p in params)
+    case(name, f"(lambda {names}: torch.autograd.grad({loss}, [{names}]))({leaves})", **inputs)
+
+
+grad_case("grad_mlp_train_step", "bcd",
+          "F.cross_entropy(F.linear(F.gelu(F.linear(F.gelu(F.linear(a, b)), c)), d), t)",
+          a=r(6, 8), b=r(12, 8), c=r(12, 12), d=r(5, 12), t=ints(0, 5, 6))
+grad_case("grad_softmax_weighted", "a", "(torch.softmax(a, -1) * b).sum()", a=r(3, 5), b=r(3, 5))
+grad_case("grad_layer_norm_affine", "awc", "(F.layer_norm(a, (6,), w, c) * d).sum()",
+          a=r(3, 6), w=r(6), c=r(6), d=r(3, 6))
+grad_case("grad_pointwise_chain", "abc",
+          "(torch.tanh(a) * torch.sigmoid(b) + torch.exp(a * 0.3) / (b * b + 1) + torch.sqrt(c) * torch.log(c)"
+          " + torch.rsqrt(c) + torch.erf(a) * torch.sin(b) - torch.cos(a) + torch.abs(b) * c.reciprocal()).sum()",
+          a=r(3, 4), b=r(3, 4), c=pos(3, 4))
+grad_case("grad_pow_tensor", "ab", "(a ** b).sum()", a=pos(3, 4), b=r(3, 4))
+grad_case("grad_amax_ties", "a", "(a.amax(1) * b).sum()", a=vals([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]]), b=r(2))
+grad_case("grad_maximum_ties", "ab", "(torch.maximum(a, b) * c).sum()", a=vals([1.0, 2.0, 3.0, -1.0]),
+          b=vals([1.0, 0.5, 4.0, -1.0]), c=r(4))
+grad_case("grad_views", "ac", "((a.permute(1, 0)[1:, ::2] + c).sum(0) * b).sum()", a=r(5, 4), c=r(3, 1), b=r(3))
+grad_case("grad_cat_pad_flip", "a", "(torch.cat([F.pad(a, (1, 2)), a.flip(1)], 1) * b).sum()", a=r(2, 3), b=r(2, 9))
+grad_case("grad_cumsum", "a", "(torch.cumsum(a, 1) * b).sum()", a=r(3, 5), b=r(3, 5))
+grad_case("grad_embedding", "w", "(F.embedding(idx, w) * b).sum()", idx=vals([[0, 2, 0], [3, 2, 2]], "i64"),
+          w=r(4, 3), b=r(2, 3, 3))
+grad_case("grad_gather", "a", "(torch.gather(a, 1, idx) * b).sum()", a=r(3, 4),
+          idx=vals([[0, 0, 3], [1, 2, 1], [3, 3, 3]], "i64"), b=r(3, 3))
+grad_case("grad_bmm", "ab", "(torch.bmm(a, b) * c).sum()", a=r(2, 3, 4), b=r(2, 4, 5), c=r(2, 3, 5))
+grad_case("grad_mse_var", "a", "F.mse_loss(a, b) + a.var(1).sum()", a=r(3, 5), b=r(3, 5))
+grad_case("grad_bf16_linear_gelu", "aw", "F.gelu(F.linear(a, w)).float().sum()", a=r(4, 8, dt="bf16"),
+          w=r(6, 8, dt="bf16"))
+
 # ----------------------------------------------------------------------- errors (PyTorch raises)
 case("err_add_shape", "a + b", a=r(3, 4), b=r(5, 4))
 case("err_matmul_inner", "a @ b", a=r(3, 4), b=r(5, 2))
@@ -683,6 +719,9 @@ case("err_int_pow_negative", "torch.pow(a, -1)", a=ints(1, 5, 4))
 case("err_bitwise_not_float", "~a", a=r(4))
 case("err_layer_norm_shape", "F.layer_norm(a, (5,))", a=r(3, 4))
 case("err_cross_entropy_target_oob", "F.cross_entropy(a, t)", a=r(2, 5), t=vals([1, 7], "i64"))
+case("err_grad_nonscalar", "(lambda a: torch.autograd.grad(a * 2, [a]))(a.detach().requires_grad_())", a=r(3))
+case("err_grad_unused", "(lambda a, b: torch.autograd.grad((a * 2).sum(), [a, b]))(a.detach().requires_grad_(), "
+     "b.detach().requires_grad_())", a=r(3), b=r(3))
 case("err_sdpa_head_dim", "F.scaled_dot_product_attention(q, k, v)", q=r(1, 2, 5, 8), k=r(1, 2, 5, 4),
      v=r(1, 2, 5, 8))
 

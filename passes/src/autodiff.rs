@@ -1,0 +1,526 @@
+//! Reverse-mode automatic differentiation of primitive graphs (`torch.autograd.grad`).
+//!
+//! [`backward`] appends to a primitive graph the nodes that compute the gradient of one output
+//! with respect to chosen nodes. It walks the graph once from the output back (node ids are a
+//! topological order), and each primitive contributes its vector-Jacobian product, written with
+//! the same [`Builder`] the decompositions use, so the gradient nodes are ordinary primitives:
+//! they are simplified, fused and compiled with the forward nodes they read, as one graph.
+//! Composite ops never reach this pass: the frontend decomposes first, so one rule per primitive
+//! covers every composite op (the way JAX and tinygrad differentiate their primitive sets).
+//!
+//! The rules follow PyTorch's `derivatives.yaml` where it makes a choice: ties of `amax` share the
+//! gradient evenly, `maximum(a, b)` gives half to each side on a tie, `floor`, `round` and the
+//! like have zero gradient, and gradients keep the dtype of the value they belong to.
+//!
+//! ```
+//! use coil_ir::{DType, Graph, Op, TensorMeta, UnaryOp};
+//! use coil_passes::autodiff::backward;
+//!
+//! let mut g = Graph::new();
+//! let x = g.input(TensorMeta::new(vec![3], DType::F32));
+//! let y = g.push(Op::Unary(UnaryOp::Exp), &[x], None).unwrap();
+//! let s = g.push(Op::Reduce { op: coil_ir::ReduceOp::Sum, dims: vec![0], keepdim: false }, &[y], None).unwrap();
+//! let dx = backward(&mut g, s, None, &[x]).unwrap();
+//! assert_eq!(g.meta(dx[0]), g.meta(x)); // d/dx sum(exp(x)) = exp(x)
+//! ```
+
+use crate::decompose::Builder;
+use coil_ir::{BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
+use indexmap::IndexMap;
+use std::f64::consts::{LN_2, PI};
+
+/// Appends the gradient of `output` with respect to each of `wrt` to `graph` and returns the
+/// gradient nodes, in `wrt`'s order.
+///
+/// `seed` is the gradient flowing into `output` (`grad_outputs` in PyTorch), of its shape and
+/// dtype; without one, `output` must have one element and the seed is 1. A node of `wrt` that
+/// `output` depends on only through ops with zero derivative (comparisons, `floor`, integer
+/// casts) gets a zero gradient; one that `output` does not depend on at all is an error, as in
+/// PyTorch. `graph` must be primitive ([`Graph::verify_primitive`]).
+pub fn backward(graph: &mut Graph, output: NodeId, seed: Option<NodeId>, wrt: &[NodeId]) -> Result<Vec<NodeId>> {
+    let location = graph.node(output).location;
+    let at = |e: Error| match location {
+        Some(l) => e.in_op("grad", vec![]).at(l),
+        None => e.in_op("grad", vec![]),
+    };
+    let out_meta = graph.meta(output).clone();
+    if !out_meta.dtype.is_float() {
+        return Err(at(Error::dtype(format!(
+            "grad of a {} tensor: only floating outputs have gradients",
+            out_meta.dtype
+        ))));
+    }
+    for &w in wrt {
+        let m = graph.meta(w);
+        if !m.dtype.is_float() {
+            return Err(at(Error::dtype(format!(
+                "only floating tensors can have gradients, but one of the inputs is {m}"
+            ))));
+        }
+    }
+    let seed = match seed {
+        Some(s) if graph.meta(s) == &out_meta => s,
+        Some(s) => {
+            return Err(at(Error::shape(format!(
+                "the seed gradient is {} but the output is {out_meta}",
+                graph.meta(s)
+            ))))
+        }
+        None if out_meta.numel() == 1 => graph.full(1.0.into(), out_meta.shape.clone(), out_meta.dtype, location),
+        None => {
+            return Err(at(Error::shape(format!(
+                "grad can be implicitly created only for outputs of one element, got {out_meta}"
+            ))))
+        }
+    };
+
+    // Nodes that depend on some node of `wrt`: only their gradients are needed.
+    let mut needed = vec![false; graph.nodes.len()];
+    for &w in wrt {
+        needed[w.0] = true;
+    }
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if node.inputs.iter().any(|x| needed[x.0]) {
+            needed[i] = true;
+        }
+    }
+    for (k, &w) in wrt.iter().enumerate() {
+        if w != output && !depends_on(graph, output, w) {
+            return Err(at(Error::value(format!(
+                "input {k} of grad ({}) is not used in computing the output",
+                graph.meta(w)
+            ))));
+        }
+    }
+
+    let mut grads: IndexMap<NodeId, NodeId> = IndexMap::new();
+    grads.insert(output, seed);
+    for i in (0..=output.0).rev() {
+        let y = NodeId(i);
+        let Some(&g) = grads.get(&y) else { continue };
+        let node = graph.node(y).clone();
+        if node.op.is_leaf() || !node.inputs.iter().any(|x| needed[x.0]) {
+            continue;
+        }
+        let mut b = Builder::new(graph, node.location);
+        let contributions = vjp(&mut b, y, &node, g, &needed)?;
+        for (&x, dx) in node.inputs.iter().zip(contributions) {
+            let Some(dx) = dx else { continue };
+            if !needed[x.0] || !node_is_float(&b, x) {
+                continue;
+            }
+            let dx = b.cast(dx, b.dtype(x))?;
+            let total = match grads.get(&x) {
+                Some(&prev) => b.add(prev, dx)?,
+                None => dx,
+            };
+            grads.insert(x, total);
+        }
+    }
+    wrt.iter()
+        .map(|&w| match grads.get(&w) {
+            Some(&g) => Ok(g),
+            None => {
+                let m = graph.meta(w).clone();
+                Ok(graph.full(0.0.into(), m.shape, m.dtype, location))
+            }
+        })
+        .collect()
+}
+
+/// Whether `x` is among the operands, direct or not, of `y`.
+fn depends_on(graph: &Graph, y: NodeId, x: NodeId) -> bool {
+    let mut seen = vec![false; y.0 + 1];
+    let mut stack = vec![y];
+    while let Some(n) = stack.pop() {
+        if n == x {
+            return true;
+        }
+        if n.0 < x.0 || std::mem::replace(&mut seen[n.0], true) {
+            continue;
+        }
+        stack.extend(graph.node(n).inputs.iter().copied());
+    }
+    false
+}
+
+/// The gradient contributions of node `y` (= `node`) to each of its operands, given the
+/// gradient `g` of `y`; `None` where an operand gets none (it is not a float, or the derivative
+/// is zero).
+fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> Result<Vec<Option<NodeId>>> {
+    let x = &node.inputs;
+    let wanted: Vec<bool> = x.iter().map(|&xk| needed[xk.0] && node_is_float(b, xk)).collect();
+    let wants = |k: usize| wanted[k];
+    Ok(match &node.op {
+        Op::Unary(u) => vec![unary(b, *u, x[0], y, g)?],
+        Op::Binary(op) => {
+            let (da, db) = binary(b, *op, x[0], x[1], y, g, wants(0), wants(1))?;
+            vec![da, db]
+        }
+        Op::Where => {
+            let c = x[0];
+            vec![None, side(b, wants(1), |b| b.where_(c, g, 0.0))?, side(b, wants(2), |b| b.where_(c, 0.0, g))?]
+        }
+        Op::Cast(_) => vec![node_is_float(b, x[0]).then_some(g)],
+        Op::Reduce { op, dims, .. } => vec![reduce(b, *op, dims, x[0], y, g, node)?],
+        Op::Cumsum { dim } => {
+            let flipped = flip(b, g, *dim)?;
+            let summed = b.push(Op::Cumsum { dim: *dim }, &[flipped])?;
+            vec![Some(flip(b, summed, *dim)?)]
+        }
+        Op::Reshape { .. } => {
+            let shape = b.shape(x[0]);
+            vec![Some(b.reshape(g, &shape)?)]
+        }
+        Op::Permute { perm } => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            vec![Some(b.permute(g, &inverse)?)]
+        }
+        Op::Expand { shape } => vec![Some(sum_to(b, g, shape, &b.shape(x[0]))?)],
+        Op::Slice { dim, start, len, step } => vec![Some(unslice(b, g, x[0], *dim, *start, *len, *step)?)],
+        Op::Pad { pads, .. } => {
+            let mut dx = g;
+            for (d, &(before, _)) in pads.iter().enumerate() {
+                let len = b.shape(x[0])[d];
+                if b.shape(dx)[d] != len {
+                    dx = b.push(Op::Slice { dim: d, start: before, len, step: 1 }, &[dx])?;
+                }
+            }
+            vec![Some(dx)]
+        }
+        Op::Cat { dim } => {
+            let mut start = 0;
+            let mut parts = Vec::with_capacity(x.len());
+            for &part in x {
+                let len = b.shape(part)[*dim];
+                parts.push(Some(b.push(Op::Slice { dim: *dim, start, len, step: 1 }, &[g])?));
+                start += len;
+            }
+            parts
+        }
+        Op::Gather { dim } => {
+            let zeros = zeros_like(b, x[0]);
+            vec![Some(b.push(Op::Scatter { dim: *dim, add: true }, &[zeros, x[1], g])?), None]
+        }
+        Op::IndexSelect { dim } => {
+            // index_select's gradient is index_add: a scatter_add with the index spread over g.
+            let (rank, gshape) = (b.rank(x[0]), b.shape(g));
+            let mut index_shape = vec![1; rank];
+            index_shape[*dim] = gshape[*dim];
+            let index = b.reshape(x[1], &index_shape)?;
+            let index = b.expand(index, &gshape)?;
+            let zeros = zeros_like(b, x[0]);
+            vec![Some(b.push(Op::Scatter { dim: *dim, add: true }, &[zeros, index, g])?), None]
+        }
+        Op::Scatter { dim, add } => {
+            let dx = if *add {
+                g
+            } else {
+                // Overwritten positions do not reach the result: their gradient is zero.
+                let index_shape = b.shape(x[1]);
+                let zeros = b.full(0.0, &index_shape, b.dtype(g));
+                b.push(Op::Scatter { dim: *dim, add: false }, &[g, x[1], zeros])?
+            };
+            let dsrc = b.gather(g, *dim, x[1])?;
+            // src may be larger than the index: its other elements are not read.
+            let (have, want) = (b.shape(dsrc), b.shape(x[2]));
+            let pads: Vec<(usize, usize)> = have.iter().zip(want.iter()).map(|(h, w)| (0, w - h)).collect();
+            let dsrc = if have == want { dsrc } else { b.push(Op::Pad { pads, value: 0.0.into() }, &[dsrc])? };
+            vec![Some(dx), None, Some(dsrc)]
+        }
+        Op::Bmm => {
+            let r = b.rank(x[0]);
+            let da = if wants(0) {
+                let bt = b.transpose(x[1], r - 2, r - 1)?;
+                Some(b.bmm(g, bt)?)
+            } else {
+                None
+            };
+            let db = if wants(1) {
+                let at = b.transpose(x[0], r - 2, r - 1)?;
+                Some(b.bmm(at, g)?)
+            } else {
+                None
+            };
+            vec![da, db]
+        }
+        op => {
+            let e = Error::value(format!("no gradient rule for {op}: it is not a primitive the autodiff pass knows"));
+            return Err(match node.location {
+                Some(l) => e.in_op("grad", vec![]).at(l),
+                None => e.in_op("grad", vec![]),
+            });
+        }
+    })
+}
+
+fn node_is_float(b: &Builder, x: NodeId) -> bool {
+    b.dtype(x).is_float()
+}
+
+/// A zero tensor of x's shape and dtype.
+fn zeros_like(b: &mut Builder, x: NodeId) -> NodeId {
+    let (shape, dtype) = (b.shape(x), b.dtype(x));
+    b.full(0.0, &shape, dtype)
+}
+
+/// `x` reversed along `dim`.
+fn flip(b: &mut Builder, x: NodeId, dim: usize) -> Result<NodeId> {
+    let n = b.shape(x)[dim];
+    if n <= 1 {
+        return Ok(x);
+    }
+    b.push(Op::Slice { dim, start: n - 1, len: n, step: -1 }, &[x])
+}
+
+/// Sums `g` (of the expanded `shape`) back to `to`: over the leading dims an expand added and
+/// over the dims it stretched from 1.
+fn sum_to(b: &mut Builder, g: NodeId, shape: &[usize], to: &[usize]) -> Result<NodeId> {
+    let lead = shape.len() - to.len();
+    let leading: Vec<usize> = (0..lead).collect();
+    let g = b.sum(g, &leading, false)?;
+    let stretched: Vec<usize> = (0..to.len()).filter(|&d| to[d] == 1 && shape[lead + d] != 1).collect();
+    let g = b.sum(g, &stretched, true)?;
+    b.reshape(g, to)
+}
+
+/// The gradient of a slice: `g` placed where the slice read `x`, zeros elsewhere.
+fn unslice(b: &mut Builder, g: NodeId, x: NodeId, dim: usize, start: usize, len: usize, step: i64) -> Result<NodeId> {
+    let n = b.shape(x)[dim];
+    let rank = b.rank(x);
+    let pad = |b: &mut Builder, g: NodeId, before: usize| {
+        let mut pads = vec![(0, 0); rank];
+        pads[dim] = (before, n - before - len);
+        b.push(Op::Pad { pads, value: 0.0.into() }, &[g])
+    };
+    match step {
+        1 => pad(b, g, start),
+        -1 => {
+            let forward = flip(b, g, dim)?;
+            pad(b, forward, start + 1 - len)
+        }
+        _ => {
+            // Strided: scatter g to start + i * step along dim.
+            let gshape = b.shape(g);
+            let iota = b.iota(&gshape, dim);
+            let scaled = b.mul(iota, step)?;
+            let index = b.add(scaled, start as i64)?;
+            let zeros = zeros_like(b, x);
+            b.push(Op::Scatter { dim, add: false }, &[zeros, index, g])
+        }
+    }
+}
+
+fn unary(b: &mut Builder, u: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Result<Option<NodeId>> {
+    use UnaryOp::*;
+    if !node_is_float(b, x) || u.returns_bool() {
+        return Ok(None);
+    }
+    let dx = match u {
+        Neg => b.neg(g)?,
+        Abs => {
+            let s = b.unary(Sign, x)?;
+            b.mul(g, s)?
+        }
+        Sign | Floor | Ceil | Round | Trunc => return Ok(None),
+        Exp => b.mul(g, y)?,
+        Exp2 => {
+            let gy = b.mul(g, y)?;
+            b.mul(gy, LN_2)?
+        }
+        Expm1 => {
+            let e = b.add(y, 1.0)?;
+            b.mul(g, e)?
+        }
+        Log => b.div(g, x)?,
+        Log2 => {
+            let d = b.mul(x, LN_2)?;
+            b.div(g, d)?
+        }
+        Log1p => {
+            let d = b.add(x, 1.0)?;
+            b.div(g, d)?
+        }
+        Sqrt => {
+            let d = b.mul(y, 2.0)?;
+            b.div(g, d)?
+        }
+        Rsqrt => {
+            // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
+            let y2 = b.mul(y, y)?;
+            let y3 = b.mul(y2, y)?;
+            let gy3 = b.mul(g, y3)?;
+            b.mul(gy3, -0.5)?
+        }
+        Sin => {
+            let c = b.unary(Cos, x)?;
+            b.mul(g, c)?
+        }
+        Cos => {
+            let s = b.unary(Sin, x)?;
+            let gs = b.mul(g, s)?;
+            b.neg(gs)?
+        }
+        Tan => {
+            let y2 = b.mul(y, y)?;
+            let d = b.add(y2, 1.0)?;
+            b.mul(g, d)?
+        }
+        Tanh => {
+            let y2 = b.mul(y, y)?;
+            let d = b.sub(1.0, y2)?;
+            b.mul(g, d)?
+        }
+        Sigmoid => {
+            let one_minus = b.sub(1.0, y)?;
+            let d = b.mul(y, one_minus)?;
+            b.mul(g, d)?
+        }
+        Erf => {
+            // d/dx erf(x) = 2/sqrt(pi) exp(-x^2)
+            let x2 = b.mul(x, x)?;
+            let nx2 = b.neg(x2)?;
+            let e = b.exp(nx2)?;
+            let d = b.mul(e, 2.0 / PI.sqrt())?;
+            b.mul(g, d)?
+        }
+        Reciprocal => {
+            let y2 = b.mul(y, y)?;
+            let gy2 = b.mul(g, y2)?;
+            b.neg(gy2)?
+        }
+        LogicalNot | IsNan | IsInf => return Ok(None),
+    };
+    Ok(Some(dx))
+}
+
+/// `f(b)` when the operand wants a gradient: the other side's nodes would be dead weight.
+fn side(b: &mut Builder, want: bool, f: impl FnOnce(&mut Builder) -> Result<NodeId>) -> Result<Option<NodeId>> {
+    if want {
+        f(b).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn binary(
+    b: &mut Builder,
+    op: BinaryOp,
+    a: NodeId,
+    c: NodeId,
+    y: NodeId,
+    g: NodeId,
+    want_a: bool,
+    want_c: bool,
+) -> Result<(Option<NodeId>, Option<NodeId>)> {
+    use BinaryOp::*;
+    if op.returns_bool() || !node_is_float(b, a) {
+        return Ok((None, None));
+    }
+    Ok(match op {
+        Add => (want_a.then_some(g), want_c.then_some(g)),
+        Sub => (want_a.then_some(g), side(b, want_c, |b| b.neg(g))?),
+        Mul => (side(b, want_a, |b| b.mul(g, c))?, side(b, want_c, |b| b.mul(g, a))?),
+        Div => (
+            side(b, want_a, |b| b.div(g, c))?,
+            side(b, want_c, |b| {
+                // d/dc a/c = -a/c^2 = -y/c
+                let q = b.div(y, c)?;
+                let gq = b.mul(g, q)?;
+                b.neg(gq)
+            })?,
+        ),
+        Pow => (
+            side(b, want_a, |b| {
+                // c a^(c-1), and 0 where c == 0 (PyTorch's choice, also for a == 0)
+                let cm1 = b.sub(c, 1.0)?;
+                let p = b.pow(a, cm1)?;
+                let d = b.mul(p, c)?;
+                let gd = b.mul(g, d)?;
+                let zero_exp = b.eq(c, 0.0)?;
+                b.where_(zero_exp, 0.0, gd)
+            })?,
+            side(b, want_c, |b| {
+                // y ln a, and 0 where a == 0 and c >= 0 (the limit PyTorch takes)
+                let ln = b.log(a)?;
+                let d = b.mul(y, ln)?;
+                let gd = b.mul(g, d)?;
+                let a0 = b.eq(a, 0.0)?;
+                let c_nonneg = b.ge(c, 0.0)?;
+                let zero = b.binary(LogicalAnd, a0, c_nonneg)?;
+                b.where_(zero, 0.0, gd)
+            })?,
+        ),
+        Maximum | Minimum => {
+            // The larger (smaller) side takes g; a tie gives each side half.
+            let tie = b.eq(a, c)?;
+            let half = b.mul(g, 0.5)?;
+            let shared = b.where_(tie, half, g)?;
+            let (lose_a, lose_c) = if op == Maximum { (Lt, Gt) } else { (Gt, Lt) };
+            (
+                side(b, want_a, |b| {
+                    let lost = b.binary(lose_a, a, c)?;
+                    b.where_(lost, 0.0, shared)
+                })?,
+                side(b, want_c, |b| {
+                    let lost = b.binary(lose_c, a, c)?;
+                    b.where_(lost, 0.0, shared)
+                })?,
+            )
+        }
+        Remainder => (
+            want_a.then_some(g),
+            side(b, want_c, |b| {
+                let q = b.binary(FloorDiv, a, c)?;
+                let gq = b.mul(g, q)?;
+                b.neg(gq)
+            })?,
+        ),
+        FloorDiv | TruncDiv => (None, None),
+        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => (None, None),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reduce(
+    b: &mut Builder,
+    op: ReduceOp,
+    dims: &[usize],
+    x: NodeId,
+    y: NodeId,
+    g: NodeId,
+    node: &Node,
+) -> Result<Option<NodeId>> {
+    if !node_is_float(b, x) || op.is_arg() {
+        return Ok(None);
+    }
+    let shape = b.shape(x);
+    let kept: Vec<usize> = (0..shape.len()).map(|d| if dims.contains(&d) { 1 } else { shape[d] }).collect();
+    let gk = b.reshape(g, &kept)?;
+    Ok(Some(match op {
+        ReduceOp::Sum => b.expand(gk, &shape)?,
+        ReduceOp::Max | ReduceOp::Min => {
+            // The elements equal to the extreme share g evenly (PyTorch's amax/amin rule).
+            let yk = b.reshape(y, &kept)?;
+            let ye = b.expand(yk, &shape)?;
+            let hit = b.eq(x, ye)?;
+            let ones = b.cast(hit, b.dtype(x))?;
+            let count = b.sum(ones, dims, true)?;
+            let share = b.div(gk, count)?;
+            let share = b.expand(share, &shape)?;
+            b.where_(hit, share, 0.0)?
+        }
+        ReduceOp::Prod => {
+            let e = Error::value("no gradient rule for prod yet (its zeros need PyTorch's special case)");
+            return Err(match node.location {
+                Some(l) => e.in_op("grad", vec![]).at(l),
+                None => e.in_op("grad", vec![]),
+            });
+        }
+        ReduceOp::ArgMax | ReduceOp::ArgMin => unreachable!("arg reductions return early"),
+    }))
+}
