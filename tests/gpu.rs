@@ -113,3 +113,49 @@ fn compiled_functions_run_on_cuda_with_breaks_and_guards() {
         }
     }
 }
+
+/// `scatter` / `scatter_add` (the gradients of embedding and gather) run by the device kernel:
+/// every dtype it takes, repeated indices (atomic adds), a source larger than the index, against
+/// the interpreter; an index out of range is an error, as on the host.
+#[test]
+fn device_scatter_agrees_with_the_interpreter() {
+    use coil::{Backend, DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let index = Tensor::from_vec(vec![0i64, 3, 3, 1, 3, 0, 2, 2, 3, 3, 3, 3], &[3, 4]).unwrap();
+    for (dtype, add) in [
+        (DType::F32, true),
+        (DType::F64, true),
+        (DType::BF16, true),
+        (DType::F16, true),
+        (DType::I64, true),
+        (DType::I32, true),
+        (DType::F32, false),
+        (DType::BF16, false),
+        (DType::I64, false),
+        (DType::Bool, false),
+    ] {
+        let run = |backend: Backend, device: coil::Device| -> Vec<f64> {
+            coil::set_backend(backend);
+            let x = Tensor::randn(&[5, 6], DType::F32).unwrap().mul(3.0).unwrap().to_dtype(dtype).unwrap();
+            let src = Tensor::randn(&[4, 5], DType::F32).unwrap().mul(3.0).unwrap().to_dtype(dtype).unwrap();
+            let (x, src, index) =
+                (x.to_device(device).unwrap(), src.to_device(device).unwrap(), index.to_device(device).unwrap());
+            let y = if add { x.scatter_add(0, &index, &src) } else { x.scatter(0, &index, &src) };
+            y.unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
+        };
+        coil::manual_seed(7);
+        let want = run(Backend::Interpreter, coil::Device::Cpu);
+        coil::manual_seed(7);
+        let got = run(Backend::Compiled, device);
+        let tol = if matches!(dtype, DType::BF16 | DType::F16) { 2e-2 } else { 1e-6 };
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{dtype} add={add}: element {k}: {g} vs {w}");
+        }
+    }
+    coil::set_backend(Backend::Compiled);
+    let x = Tensor::zeros(&[3], DType::F32).to_device(device).unwrap();
+    let bad = Tensor::from_vec(vec![0i64, 3], &[2]).unwrap().to_device(device).unwrap();
+    let src = Tensor::ones(&[2], DType::F32).to_device(device).unwrap();
+    let e = x.scatter_add(0, &bad, &src).and_then(|y| y.to_vec::<f32>()).unwrap_err();
+    assert!(e.to_string().contains("out of bounds"), "{e}");
+}

@@ -201,6 +201,16 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             }
             parts
         }
+        Op::Gather { dim } if gathers_one_per_row(b, x[0], x[1], *dim) => {
+            // One element per row (cross-entropy's target logit): a one-hot mask, pointwise, so
+            // it fuses into its consumer where a scatter would be a kernel of its own.
+            let shape = b.shape(x[0]);
+            let iota = b.iota(&shape, *dim);
+            let index = b.expand(x[1], &shape)?;
+            let hit = b.eq(iota, index)?;
+            let ge = b.expand(g, &shape)?;
+            vec![Some(b.where_(hit, ge, 0.0)?), None]
+        }
         Op::Gather { dim } => {
             let zeros = zeros_like(b, x[0]);
             vec![Some(b.push(Op::Scatter { dim: *dim, add: true }, &[zeros, x[1], g])?), None]
@@ -259,6 +269,13 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
 
 fn node_is_float(b: &Builder, x: NodeId) -> bool {
     b.dtype(x).is_float()
+}
+
+/// Whether `gather(x, dim, index)` takes one element of each row along `dim` (index of size 1
+/// there, of x's size elsewhere).
+fn gathers_one_per_row(b: &Builder, x: NodeId, index: NodeId, dim: usize) -> bool {
+    let (xs, is) = (b.shape(x), b.shape(index));
+    xs.len() == is.len() && (0..xs.len()).all(|d| if d == dim { is[d] == 1 } else { is[d] == xs[d] })
 }
 
 /// A zero tensor of x's shape and dtype.

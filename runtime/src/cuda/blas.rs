@@ -555,7 +555,7 @@ fn lt_matmul(
         }
     }
     // SAFETY: every descriptor is live (owned by `descs`).
-    let heuristic = unsafe { lt::get_matmul_algo_heuristic(blas.handle, desc, la, lb, ld, ld, pref) }
+    let heuristic = unsafe { heuristic_choice(blas.handle, desc, la, lb, ld, pref) }
         .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", e))?;
     let (alpha32, beta32, alpha64, beta64) = (1f32, 0f32, 1f64, 0f64);
     let (alpha, beta): (*const c_void, *const c_void) = if scale == 64 {
@@ -590,6 +590,31 @@ fn lt_matmul(
     .map_err(|e| lt_err("cublasLtMatmul", e))?;
     drop(temps);
     Ok(())
+}
+
+/// The heuristic's first algorithm, or with `COIL_GEMM_ALGO=i` (a measuring knob) its `i`-th of
+/// up to 8 (the last when it returns fewer).
+unsafe fn heuristic_choice(
+    handle: lt_sys::cublasLtHandle_t,
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    la: lt_sys::cublasLtMatrixLayout_t,
+    lb: lt_sys::cublasLtMatrixLayout_t,
+    ld: lt_sys::cublasLtMatrixLayout_t,
+    pref: lt_sys::cublasLtMatmulPreference_t,
+) -> std::result::Result<lt_sys::cublasLtMatmulHeuristicResult_t, lt::CublasError> {
+    let pick: usize = std::env::var("COIL_GEMM_ALGO").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if pick == 0 {
+        return lt::get_matmul_algo_heuristic(handle, desc, la, lb, ld, ld, pref);
+    }
+    let mut results: [std::mem::MaybeUninit<lt_sys::cublasLtMatmulHeuristicResult_t>; 8] =
+        [std::mem::MaybeUninit::uninit(); 8];
+    let mut count = 0;
+    lt_sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 8, results[0].as_mut_ptr(), &mut count)
+        .result()?;
+    if count == 0 {
+        return Err(lt::CublasError(lt_sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED));
+    }
+    Ok(results[pick.min(count as usize - 1)].assume_init())
 }
 
 /// The built-in activation kernels: one per float dtype, each in place over `n` elements.

@@ -39,6 +39,7 @@ pub mod device;
 pub mod gather;
 pub mod loader;
 pub mod memory;
+pub mod scatter;
 #[cfg(test)]
 mod tests;
 
@@ -53,7 +54,7 @@ use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Launch};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
-use coil_ir::{Error, Graph, Result};
+use coil_ir::{Error, Graph, Op, Result};
 use cudarc::driver::{result as drv, sys, CudaEvent};
 use device::driver_error;
 use std::ffi::c_void;
@@ -593,6 +594,14 @@ impl CudaCompiledGraph {
                 let dtype = p.buffer(out_id).meta.dtype;
                 let (q, k, v) = (operand(q.buffer), operand(k.buffer), operand(v.buffer));
                 attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id))
+            }
+            ExternCall::Fallback { op: Op::Scatter { dim, add } }
+                if scatter::supports(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *add) =>
+            {
+                let arg = |k: usize| (ptrs[operands[k].0], &p.buffer(operands[k]).meta);
+                // SAFETY: every buffer of the program is contiguous, of its meta, and distinct
+                // from the others (the output is a buffer of its own).
+                unsafe { scatter::scatter(&self.device, *dim, *add, arg(0), arg(1), arg(2), ptrs[out_id.0]) }
             }
             ExternCall::Fallback { op } => {
                 let mut g = Graph::new();

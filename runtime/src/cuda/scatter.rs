@@ -1,0 +1,211 @@
+//! `scatter` and `scatter_add` on the device: the fallback op the gradients of `embedding`,
+//! `index_select` and `gather` produce, run by a built-in kernel instead of on the host.
+//!
+//! The result starts as a copy of `x`; each thread then takes elements of `index` (row-major),
+//! finds the element of `x` it names (the index's own position, with the scattered dim replaced
+//! by the index value) and stores `src` there or adds it atomically (f32, f64, i32, i64 natively;
+//! f16 and bf16 by a compare-and-swap on the 32-bit word holding them, the sum rounded once per
+//! add, as PyTorch's CUDA kernel does). An index out of range sets a flag that the call checks,
+//! so a bad index is the same error as on the host. Other dtypes stay on the host path.
+//! Built-in CUDA C, compiled by NVRTC (through the disk cache) the first time a device needs it.
+
+use super::compiler::{compile, LoadedModule};
+use super::device::{driver_error, CudaDevice};
+use super::memory::{copy_device, download, DeviceMemory};
+use coil_ir::{DType, Error, Result, TensorMeta};
+use cudarc::driver::{result as drv, sys};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Most dims a scatter handles.
+const SCATTER_DIMS: usize = 8;
+
+const SCATTER_SOURCE: &str = r#"
+struct CoilScatterDims { long long size[8]; long long xstride[8]; long long sstride[8]; };
+__device__ __forceinline__ float coil_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short coil_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float coil_b2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+__device__ __forceinline__ unsigned short coil_f2b(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+/* A 16-bit float add by compare-and-swap on the aligned 32-bit word that holds it. */
+#define COIL_ADD16(NAME, TOF, FROMF)                                                            \
+__device__ __forceinline__ void NAME(unsigned short *p, unsigned short v) {                    \
+    unsigned *w = (unsigned *)((unsigned long long)p & ~3ULL);                                 \
+    const unsigned shift = ((unsigned long long)p & 2) ? 16 : 0;                               \
+    unsigned old = *w, assumed;                                                                \
+    do {                                                                                       \
+        assumed = old;                                                                         \
+        const unsigned short sum = FROMF(TOF((unsigned short)(assumed >> shift)) + TOF(v));    \
+        const unsigned next = (assumed & ~(0xffffu << shift)) | ((unsigned)sum << shift);      \
+        old = atomicCAS(w, assumed, next);                                                     \
+    } while (old != assumed);                                                                  \
+}
+COIL_ADD16(coil_add_f16, coil_h2f, coil_f2h)
+COIL_ADD16(coil_add_bf16, coil_b2f, coil_f2b)
+#define COIL_SCATTER(NAME, T, UPDATE)                                                         \
+extern "C" __global__ void NAME(T *out, const long long *__restrict__ index,                   \
+                                const T *__restrict__ src, long long n, int ndim, int dim,    \
+                                long long dim_size, CoilScatterDims d, int *bad) {            \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;                \
+         i += (long long)gridDim.x * blockDim.x) {                                             \
+        long long rem = i, xo = 0, so = 0;                                                     \
+        for (int k = ndim - 1; k >= 0; --k) {                                                  \
+            const long long q = rem / d.size[k], c = rem - q * d.size[k];                      \
+            rem = q;                                                                           \
+            so += c * d.sstride[k];                                                            \
+            if (k != dim) xo += c * d.xstride[k];                                              \
+        }                                                                                      \
+        const long long j = index[i];                                                          \
+        if (j < 0 || j >= dim_size) { *bad = 1; continue; }                                    \
+        T *p = out + xo + j * d.xstride[dim];                                                  \
+        UPDATE;                                                                                \
+    }                                                                                          \
+}
+COIL_SCATTER(coil_scatter_1, unsigned char, *p = src[so])
+COIL_SCATTER(coil_scatter_2, unsigned short, *p = src[so])
+COIL_SCATTER(coil_scatter_4, unsigned int, *p = src[so])
+COIL_SCATTER(coil_scatter_8, unsigned long long, *p = src[so])
+COIL_SCATTER(coil_scatter_add_f32, float, atomicAdd(p, src[so]))
+COIL_SCATTER(coil_scatter_add_f64, double, atomicAdd(p, src[so]))
+COIL_SCATTER(coil_scatter_add_i32, int, atomicAdd(p, src[so]))
+COIL_SCATTER(coil_scatter_add_i64, unsigned long long, atomicAdd(p, src[so]))
+COIL_SCATTER(coil_scatter_add_f16, unsigned short, coil_add_f16(p, src[so]))
+COIL_SCATTER(coil_scatter_add_bf16, unsigned short, coil_add_bf16(p, src[so]))
+"#;
+
+/// The kernel argument `CoilScatterDims`, laid out as the C struct.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ScatterDims {
+    size: [i64; SCATTER_DIMS],
+    xstride: [i64; SCATTER_DIMS],
+    sstride: [i64; SCATTER_DIMS],
+}
+
+/// The built-in scatter kernels of one device.
+pub struct ScatterKernels {
+    module: LoadedModule,
+}
+
+// SAFETY: the module's function handles are immutable and usable from any thread with the
+// context bound.
+unsafe impl Send for ScatterKernels {}
+// SAFETY: as above.
+unsafe impl Sync for ScatterKernels {}
+
+impl ScatterKernels {
+    fn get(dev: &Arc<CudaDevice>) -> Result<&ScatterKernels> {
+        dev.scatter
+            .get_or_init(|| {
+                let build = || -> Result<ScatterKernels> {
+                    let (cubin, _) = compile(SCATTER_SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
+                    Ok(ScatterKernels { module: LoadedModule::load(dev, &cubin)? })
+                };
+                build().map_err(|e| e.message)
+            })
+            .as_ref()
+            .map_err(|e| Error::runtime(e.clone()))
+    }
+}
+
+/// The kernel for `dtype`, if the device path handles it.
+fn kernel_name(dtype: DType, add: bool) -> Option<String> {
+    if !add {
+        return Some(format!("coil_scatter_{}", dtype.size_bytes()));
+    }
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => return None,
+    };
+    Some(format!("coil_scatter_add_{suffix}"))
+}
+
+/// Whether [`scatter`] runs `scatter(x, dim, index, src)` of these operands on the device
+/// (an i64 index, a dtype it has a kernel for, at most 8 dims).
+pub fn supports(x: &TensorMeta, index: &TensorMeta, add: bool) -> bool {
+    index.dtype == DType::I64 && x.rank() <= SCATTER_DIMS && kernel_name(x.dtype, add).is_some()
+}
+
+/// Row-major strides of `shape`, in elements.
+fn strides(shape: &[usize]) -> Vec<i64> {
+    let mut s = vec![1i64; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * shape[k + 1] as i64;
+    }
+    s
+}
+
+/// `out = scatter(x, dim, index, src)` (`scatter_add` when `add`) on contiguous device buffers,
+/// waiting for the result to check the indices.
+///
+/// # Safety
+/// Each pointer must address a contiguous buffer of its meta on `dev`; `out` (the shape of `x`)
+/// must not overlap `index` or `src`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn scatter(
+    dev: &Arc<CudaDevice>,
+    dim: usize,
+    add: bool,
+    (x, xm): (sys::CUdeviceptr, &TensorMeta),
+    (index, im): (sys::CUdeviceptr, &TensorMeta),
+    (src, sm): (sys::CUdeviceptr, &TensorMeta),
+    out: sys::CUdeviceptr,
+) -> Result<()> {
+    let name = kernel_name(xm.dtype, add).filter(|_| supports(xm, im, add));
+    let Some(name) = name else {
+        return Err(Error::unsupported(format!("a device scatter of {xm} with a {} index", im.dtype)));
+    };
+    if out != x {
+        // SAFETY: both hold x's bytes (caller); distinct buffers of the program do not overlap.
+        unsafe { copy_device(dev, out, x, xm.nbytes())? };
+    }
+    let n = im.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let kernels = ScatterKernels::get(dev)?;
+    let f = kernels.module.function(&name)?;
+    let mut d = ScatterDims { size: [1; SCATTER_DIMS], xstride: [0; SCATTER_DIMS], sstride: [0; SCATTER_DIMS] };
+    let (xs, ss) = (strides(&xm.shape), strides(&sm.shape));
+    for k in 0..xm.rank() {
+        d.size[k] = im.shape[k] as i64;
+        d.xstride[k] = xs[k];
+        d.sstride[k] = ss[k];
+    }
+    let bad = DeviceMemory::alloc(dev, 4)?;
+    bad.zero(4)?;
+    let (mut out_p, mut index_p, mut src_p, mut bad_p) = (out, index, src, bad.ptr());
+    let (mut n64, mut ndim, mut dim32, mut dim_size) =
+        (n as i64, xm.rank().max(1) as i32, dim as i32, xm.shape.get(dim).copied().unwrap_or(1) as i64);
+    let mut params: [*mut c_void; 9] = [
+        (&mut out_p as *mut u64).cast(),
+        (&mut index_p as *mut u64).cast(),
+        (&mut src_p as *mut u64).cast(),
+        (&mut n64 as *mut i64).cast(),
+        (&mut ndim as *mut i32).cast(),
+        (&mut dim32 as *mut i32).cast(),
+        (&mut dim_size as *mut i64).cast(),
+        (&mut d as *mut ScatterDims).cast(),
+        (&mut bad_p as *mut u64).cast(),
+    ];
+    let block = 256u32;
+    let grid = n.div_ceil(block as usize).min(dev.sm_count() as usize * 32).max(1) as u32;
+    dev.bind()?;
+    // SAFETY: the parameters match the kernel's signature and live until the call returns (the
+    // driver copies them); the memory contract is the caller's.
+    unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), &mut params) }
+        .map_err(|e| driver_error("cuLaunchKernel(coil_scatter)", e))?;
+    // SAFETY: `bad` holds 4 bytes; the download waits for the kernel.
+    let flag = unsafe { download(dev, bad.ptr(), 4)? };
+    if flag != [0, 0, 0, 0] {
+        return Err(Error::value(format!(
+            "scatter: an index is out of bounds for dim {dim} of size {dim_size} (index {:?}, input {:?})",
+            im.shape, xm.shape
+        )));
+    }
+    Ok(())
+}
