@@ -121,7 +121,10 @@ fn compiled_functions_run_on_cuda_with_breaks_and_guards() {
 fn device_scatter_agrees_with_the_interpreter() {
     use coil::{Backend, DType, Tensor};
     let Some(device) = gpu() else { return };
-    let index = Tensor::from_vec(vec![0i64, 3, 3, 1, 3, 0, 2, 2, 3, 3, 3, 3], &[3, 4]).unwrap();
+    // Repeated targets for the adds; distinct ones down each column for the stores (with
+    // repeats, which store wins is unspecified, as in PyTorch).
+    let repeated = Tensor::from_vec(vec![0i64, 3, 3, 1, 3, 0, 2, 2, 3, 3, 3, 3], &[3, 4]).unwrap();
+    let distinct = Tensor::from_vec(vec![0i64, 3, 1, 4, 2, 0, 4, 1, 4, 1, 0, 2], &[3, 4]).unwrap();
     for (dtype, add) in [
         (DType::F32, true),
         (DType::F64, true),
@@ -134,6 +137,7 @@ fn device_scatter_agrees_with_the_interpreter() {
         (DType::I64, false),
         (DType::Bool, false),
     ] {
+        let index = if add { &repeated } else { &distinct };
         let run = |backend: Backend, device: coil::Device| -> Vec<f64> {
             coil::set_backend(backend);
             let x = Tensor::randn(&[5, 6], DType::F32).unwrap().mul(3.0).unwrap().to_dtype(dtype).unwrap();

@@ -18,7 +18,8 @@
 //! unless the two nodes ended up in one kernel after all. Nodes without elements are in no kernel: there is
 //! nothing to compute, and their (empty) buffers need no writer.
 //!
-//! Kernels launch in topological order, the ready kernel with the first node first; names are
+//! Kernels launch in topological order: among the ready kernels, the first (by first node) that
+//! frees at least the bytes it stores, else the one with the first node; names are
 //! `<poi|per|red>_fused_<origins>_<launch index>` or `ext_bmm_<i>` / `ext_fallback_<op>_<i>`.
 
 mod legal;
@@ -306,8 +307,18 @@ impl<'p> Scheduler<'p> {
             }
         }
         let mut order = Vec::with_capacity(groups.len());
-        while let Some((&g, _)) = preds.iter().find(|(_, &n)| n == 0) {
+        let mut done = vec![false; self.members.len()];
+        // A ready kernel that frees at least the bytes it stores goes first (the last reader of
+        // a temporary: a weight gradient reading an activation frees it before the rest of the
+        // backward pass allocates more); otherwise the ready kernel with the first node.
+        loop {
+            let ready: Vec<usize> = preds.iter().filter(|(_, &n)| n == 0).map(|(&g, _)| g).collect();
+            let Some(g) = ready.iter().copied().find(|&g| self.net_freed(g, &done) >= 0).or(ready.first().copied())
+            else {
+                break;
+            };
             preds.remove(&g);
+            done[g] = true;
             for h in self.successors(g) {
                 *preds.get_mut(&h).expect("successors launch later") -= 1;
             }
@@ -316,6 +327,30 @@ impl<'p> Scheduler<'p> {
         assert!(preds.is_empty(), "the fused kernels form a cycle");
         let kernel_of = |n: usize| order.iter().position(|&g| g == self.group[n]);
         order.iter().enumerate().map(|(i, &g)| self.kernel(i, g, &kernel_of)).collect()
+    }
+
+    /// Bytes group `g` frees (temporaries it reads last, every other reader `done`) minus the
+    /// bytes it stores (buffers read outside it, and program outputs).
+    fn net_freed(&self, g: usize, done: &[bool]) -> i64 {
+        let outputs = &self.p.outputs;
+        let mut seen: Vec<BufferId> = Vec::new();
+        let mut net = 0i64;
+        for &n in &self.members[g] {
+            for b in self.p.nodes[n].reads() {
+                let temporary = self.deps.producer[b.0].is_some_and(|w| self.group[w] != g) && !outputs.contains(&b);
+                if temporary && !seen.contains(&b) {
+                    seen.push(b);
+                    if self.deps.readers[b.0].iter().all(|&r| self.group[r] == g || done[self.group[r]]) {
+                        net += self.bytes(b) as i64;
+                    }
+                }
+            }
+            let b = self.p.nodes[n].output;
+            if outputs.contains(&b) || self.deps.readers[b.0].iter().any(|&r| self.group[r] != g) {
+                net -= self.bytes(b) as i64;
+            }
+        }
+        net
     }
 
     fn kernel(&self, index: usize, g: usize, kernel_of: &dyn Fn(usize) -> Option<usize>) -> FusedKernel {

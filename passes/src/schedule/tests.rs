@@ -201,6 +201,30 @@ fn memory_plan_reuses_a_dead_temporary() {
     assert_eq!(s.memory.peak_bytes, 128);
 }
 
+#[test]
+fn a_ready_kernel_that_frees_memory_launches_first() {
+    // h and g are matrix products (temporaries); out1 = (g @ w) @ w is a chain, out2 =
+    // sum(h * g) reads both. In node order the chain comes first and keeps h alive through it;
+    // the reduction is the last reader of h and stores one row, so it launches as soon as it is
+    // ready (how a weight gradient frees its activation early in a backward pass).
+    let mut g = Graph::new();
+    let x = g.input(m(&[64, 64]));
+    let w = g.input(m(&[64, 64]));
+    let w2 = g.input(m(&[64, 64]));
+    let h = op(&mut g, Op::Matmul, &[x, w]);
+    let gr = op(&mut g, Op::Matmul, &[x, w2]);
+    let c = op(&mut g, Op::Matmul, &[gr, w]);
+    let out1 = op(&mut g, Op::Matmul, &[c, w]);
+    let hg = op(&mut g, Op::Binary(BinaryOp::Mul), &[h, gr]);
+    let out2 = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: false }, &[hg]);
+    let (_, s, text) = scheduled(g, &[out1, out2]);
+    let kinds: Vec<KernelKind> = s.kernels.iter().map(|k| k.kind).collect();
+    assert_eq!(kinds.len(), 5, "{text}");
+    assert_ne!(kinds[2], KernelKind::Extern, "the reduction launches third: {text}");
+    // Live at most: two 64x64 f32 matrices and the reduction's row.
+    assert_eq!(s.memory.peak_bytes, 2 * 64 * 64 * 4 + 64 * 4, "{text}");
+}
+
 /// A GPT-2 block: attention (layer_norm, qkv projection, causal softmax attention, output
 /// projection, residual) and MLP (layer_norm, fc, gelu, projection, residual).
 fn gpt2_block() -> (Graph, NodeId) {
