@@ -3,13 +3,18 @@
 //! Time is the kernel launch index. A stored temporary (a buffer some kernel stores and a later
 //! kernel reads, that is neither a graph input nor a graph output) lives from the kernel that
 //! writes it to the last kernel that reads it. Temporaries are placed in order of their first
-//! kernel; each takes a slot whose last occupant died in an *earlier* kernel (a kernel may not
-//! read a slot and overwrite it), preferring a slot of exactly its size, then the smallest slot
-//! it fits in, else a new slot. Outputs live from their kernel to the end; inputs are the
-//! caller's. `peak_bytes` is the most, over kernels, of the live outputs plus the slots in use.
+//! kernel; each takes a slot whose last occupant died in an *earlier* kernel, preferring a slot
+//! of exactly its size, then the smallest slot it fits in, else a new slot. A kernel may read a
+//! slot and overwrite it only *in place*: a pointwise kernel that stores one buffer may take the
+//! slot of a temporary of its size that dies in it, when it reads that temporary only at the
+//! element it writes (each thread then reads an element before it writes it, and no other
+//! thread touches it; Inductor's in-place reuse). Outputs live from their kernel to the end;
+//! inputs are the caller's. `peak_bytes` is the most, over kernels, of the live outputs plus the
+//! slots in use.
 
-use coil_ir::kernel::{FusedKernel, MemoryPlan};
-use coil_ir::loops::LoopProgram;
+use super::legal::{kernel_index_map, write_index};
+use coil_ir::kernel::{FusedKernel, KernelKind, MemoryPlan};
+use coil_ir::loops::{BufferId, LoopKind, LoopProgram, ScalarOp};
 
 pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
     let nb = p.buffers.len();
@@ -37,18 +42,31 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
 
     let mut slots: Vec<usize> = Vec::new();
     let mut free_after: Vec<usize> = Vec::new();
+    // The temporary that last took each slot.
+    let mut occupant: Vec<usize> = Vec::new();
     let mut slot_of = vec![None; nb];
     for &t in &temps {
         let (start, need) = (def[t].expect("stored"), bytes(t));
+        let in_place = (0..slots.len()).find(|&s| {
+            let u = occupant[s];
+            free_after[s] == start
+                && last_use[u] == start
+                && slots[s] == need
+                && bytes(u) == need
+                && p.buffers[u].meta.dtype.size_bytes() == p.buffers[t].meta.dtype.size_bytes()
+                && overwrites_in_place(p, &kernels[start], BufferId(u), BufferId(t))
+        });
         let free = |s: &usize| free_after[*s] < start;
-        let exact = (0..slots.len()).filter(free).find(|&s| slots[s] == need);
+        let exact = in_place.or_else(|| (0..slots.len()).filter(free).find(|&s| slots[s] == need));
         let fit = (0..slots.len()).filter(free).filter(|&s| slots[s] >= need).min_by_key(|&s| (slots[s], s));
         let s = exact.or(fit).unwrap_or_else(|| {
             slots.push(need);
             free_after.push(0);
+            occupant.push(t);
             slots.len() - 1
         });
         slot_of[t] = Some(s);
+        occupant[s] = t;
         free_after[s] = last_use[t].max(start);
     }
 
@@ -65,4 +83,23 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
         peak = peak.max(out + live.iter().map(|&s| slots[s]).sum::<usize>());
     }
     MemoryPlan { slots, slot_of, peak_bytes: peak }
+}
+
+/// Whether `kernel` may write `t` over `u`: a pointwise kernel storing only `t`, reading `u`
+/// only through plain loads at the index it writes `t` at.
+fn overwrites_in_place(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
+    if kernel.kind != KernelKind::Pointwise || kernel.stores != [t] {
+        return false;
+    }
+    let Some(&writer) = kernel.nodes.iter().find(|&&n| p.nodes[n].output == t) else { return false };
+    let written = write_index(&p.nodes[writer], &kernel_index_map(p, kernel, writer));
+    kernel.nodes.iter().all(|&n| {
+        let LoopKind::Pointwise { body, .. } = &p.nodes[n].kind else { return false };
+        let map = kernel_index_map(p, kernel, n);
+        body.values.iter().all(|v| match &v.op {
+            ScalarOp::Load { buffer, index } if *buffer == u => index.substitute(&map) == written,
+            ScalarOp::MaskedLoad { buffer, .. } | ScalarOp::IndirectLoad { buffer, .. } => *buffer != u,
+            _ => true,
+        })
+    })
 }

@@ -194,11 +194,32 @@ fn memory_plan_reuses_a_dead_temporary() {
     let y = op(&mut g, Op::Matmul, &[y, w]);
     let (p, s, text) = scheduled(g, &[y]);
     snap("schedule_memory_reuse", &text);
-    // buf0 (dead after kernel 1) lends its slot to buf2, buf1 to buf3.
+    // Each relu writes in place over the product it reads (which dies there); each product
+    // takes the slot the previous relu's value leaves when the product has read it.
     assert_eq!(s.memory.slots, vec![64, 64], "{text}");
     let slot = |k: usize| s.memory.slot_of[p.nodes[k].output.0];
-    assert_eq!([slot(0), slot(1), slot(2), slot(3), slot(4)], [Some(0), Some(1), Some(0), Some(1), None]);
+    assert_eq!([slot(0), slot(1), slot(2), slot(3), slot(4)], [Some(0), Some(0), Some(1), Some(1), None]);
     assert_eq!(s.memory.peak_bytes, 128);
+}
+
+#[test]
+fn memory_plan_writes_in_place_only_at_the_index_read() {
+    // relu(mm) reads mm where it writes: in place. exp(mm^T) reads mm transposed: another
+    // thread's element may be overwritten first, so it takes a slot of its own.
+    for transposed in [false, true] {
+        let mut g = Graph::new();
+        let x = g.input(m(&[4, 4]));
+        let w = g.input(m(&[4, 4]));
+        let mm = op(&mut g, Op::Matmul, &[x, w]);
+        let v = if transposed { op(&mut g, Op::Permute { perm: vec![1, 0] }, &[mm]) } else { mm };
+        let y = op(&mut g, Op::Unary(UnaryOp::Exp), &[v]);
+        let z = op(&mut g, Op::Matmul, &[y, w]);
+        let (p, s, text) = scheduled(g, &[z]);
+        let slot = |b: coil_ir::loops::BufferId| s.memory.slot_of[b.0];
+        let exp = s.kernels.iter().find(|k| k.kind == KernelKind::Pointwise).expect("a pointwise kernel");
+        let bmm = p.nodes[s.kernels[0].nodes[0]].output;
+        assert_eq!(slot(exp.stores[0]) == slot(bmm), !transposed, "{text}");
+    }
 }
 
 #[test]
