@@ -166,6 +166,28 @@ fn gradients_through_computed_tensors_recompute_them() {
 }
 
 #[test]
+fn detach_stops_gradients_and_softmax_shifts_get_none() {
+    coil::set_backend(Backend::Interpreter);
+    let w = data(&[4], 15, 0.0);
+    // d/dw sum(w * detach(w)^2) = detach(w)^2
+    let loss = w.mul(w.detach().unwrap().pow(2).unwrap()).unwrap().sum_all().unwrap();
+    let g = coil::grad(&loss, &[&w]).unwrap()[0].to_vec::<f64>().unwrap();
+    let wv = w.to_vec::<f64>().unwrap();
+    for i in 0..4 {
+        assert!((g[i] - wv[i] * wv[i]).abs() < 1e-12, "{g:?}");
+    }
+    // Only data feeding a detached value: unused, as in PyTorch.
+    assert!(coil::grad(&w.detach().unwrap().sum_all().unwrap(), &[&w]).is_err());
+    // The softmax family's stabilizing maximum is detached: its gradient graph has no amax
+    // tie mask (an `eq` of the input with its maximum).
+    let x = data(&[3, 5], 16, 0.0);
+    let loss = x.log_softmax(1).unwrap().mul(&x).unwrap().sum_all().unwrap();
+    let g = coil::grad(&loss, &[&x]).unwrap();
+    let text = coil::capture(&[&g[0]]).graph.to_string();
+    assert!(!text.contains(" = eq("), "{text}");
+}
+
+#[test]
 fn bad_requests_are_clear_errors() {
     coil::set_backend(Backend::Interpreter);
     let a = data(&[3], 10, 0.0);

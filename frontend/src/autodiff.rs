@@ -40,7 +40,8 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
     let mut roots = vec![output];
     roots.extend_from_slice(wrt);
     let (captured, inputs) = capture_walk(&roots, true);
-    let mut graph = coil_passes::decompose(&captured.graph)?;
+    let options = coil_passes::DecomposeOptions { fused_attention: false, keep_detach: true };
+    let mut graph = coil_passes::decompose_with(&captured.graph, &options)?;
     let (out, targets) = (graph.outputs[0], graph.outputs[1..].to_vec());
     let grads = coil_passes::autodiff::backward(&mut graph, out, None, &targets).map_err(|mut e| {
         // Errors of the whole request point at the caller of grad.
@@ -57,6 +58,8 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
         let node = graph.node(id);
         let t = match &node.op {
             Op::Input { index } => inputs[*index].clone(),
+            // Differentiated already: the value is the operand's.
+            Op::Detach => tensors[node.inputs[0].0].clone().expect("operands come first"),
             op if op.is_leaf() => Tensor::leaf_on(op.clone(), node.meta.clone(), captured.device, node.location),
             op => {
                 let srcs: Vec<&Tensor> =

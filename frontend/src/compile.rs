@@ -303,7 +303,8 @@ pub fn cuda_sources(captured: &Graph) -> Result<Vec<(String, String)>> {
 /// The compile path's decomposition: attention (written out, or `scaled_dot_product_attention`)
 /// stays one template node where the template supports it, for one flash-attention call. The
 /// reference interpreter decomposes it fully (`coil_passes::decompose`).
-const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions = coil_passes::DecomposeOptions { fused_attention: true };
+const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions =
+    coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false };
 
 fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSpec>) -> Result<Compiled> {
     let start = Instant::now();

@@ -334,7 +334,7 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             }
             Ok(TensorMeta::new(shape, x.dtype))
         }
-        Op::Relu => same(x.unwrap()),
+        Op::Relu | Op::Detach => same(x.unwrap()),
         Op::Gelu { .. } | Op::Silu | Op::Softplus { .. } | Op::Dropout { .. } => {
             let x = float_input(x.unwrap(), op)?;
             if let Op::Dropout { p, .. } = op {

@@ -342,6 +342,10 @@ pub enum Op {
         bias: bool,
     },
     Relu,
+    /// `x.detach()`: the same values, cut off from gradients. The reference decomposition is the
+    /// identity; the one gradients use (`DecomposeOptions::keep_detach`) keeps the node, which
+    /// `coil_passes::autodiff` gives no gradient.
+    Detach,
     Gelu {
         tanh: bool,
     },
@@ -474,6 +478,7 @@ impl Op {
             Op::Matmul => "matmul",
             Op::Linear { .. } => "linear",
             Op::Relu => "relu",
+            Op::Detach => "detach",
             Op::Gelu { .. } => "gelu",
             Op::Silu => "silu",
             Op::Softplus { .. } => "softplus",
@@ -651,7 +656,15 @@ impl Op {
                 put("scale", opt(&scale.map(Scalar::Float)));
                 put("mask", mask.to_string());
             }
-            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Bmm | Op::Matmul | Op::Relu | Op::Silu | Op::Embedding => {}
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Bmm
+            | Op::Matmul
+            | Op::Relu
+            | Op::Detach
+            | Op::Silu
+            | Op::Embedding => {}
         }
         s
     }

@@ -128,7 +128,7 @@ pub fn backward(graph: &mut Graph, output: NodeId, seed: Option<NodeId>, wrt: &[
         .collect()
 }
 
-/// Whether `x` is among the operands, direct or not, of `y`.
+/// Whether `x` is among the operands, direct or not, of `y`, other than through a `detach`.
 fn depends_on(graph: &Graph, y: NodeId, x: NodeId) -> bool {
     let mut seen = vec![false; y.0 + 1];
     let mut stack = vec![y];
@@ -136,7 +136,7 @@ fn depends_on(graph: &Graph, y: NodeId, x: NodeId) -> bool {
         if n == x {
             return true;
         }
-        if n.0 < x.0 || std::mem::replace(&mut seen[n.0], true) {
+        if n.0 < x.0 || std::mem::replace(&mut seen[n.0], true) || graph.node(n).op == Op::Detach {
             continue;
         }
         stack.extend(graph.node(n).inputs.iter().copied());
@@ -162,6 +162,7 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             vec![None, side(b, wants(1), |b| b.where_(c, g, 0.0))?, side(b, wants(2), |b| b.where_(c, 0.0, g))?]
         }
         Op::Cast(_) => vec![node_is_float(b, x[0]).then_some(g)],
+        Op::Detach => vec![None],
         Op::Reduce { op, dims, .. } => vec![reduce(b, *op, dims, x[0], y, g, node)?],
         Op::Cumsum { dim } => {
             let flipped = flip(b, g, *dim)?;

@@ -160,6 +160,20 @@ impl Tensor {
         Tensor::record(Op::NanToNum { nan, posinf, neginf }, &[self], Location::caller())
     }
 
+    /// `x.detach()`: the same values, through which no gradient flows ([`crate::grad`]).
+    ///
+    /// ```
+    /// use coil_frontend::{grad, Tensor};
+    /// let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+    /// let loss = w.mul(&w.detach()?)?.sum_all()?; // w * stop_gradient(w)
+    /// assert_eq!(grad(&loss, &[&w])?[0].to_vec::<f32>()?, vec![1.0, 2.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn detach(&self) -> Result<Tensor> {
+        Tensor::record(Op::Detach, &[self], Location::caller())
+    }
+
     #[track_caller]
     pub fn relu(&self) -> Result<Tensor> {
         Tensor::record(Op::Relu, &[self], Location::caller())

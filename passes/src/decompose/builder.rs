@@ -82,12 +82,14 @@ pub struct Builder<'g> {
     graph: &'g mut Graph,
     /// The source line every emitted node inherits (the captured node being decomposed).
     pub location: Option<&'static Location<'static>>,
+    /// Emit `detach` nodes ([`Builder::detach`]) rather than the identity.
+    pub keep_detach: bool,
 }
 
 impl<'g> Builder<'g> {
     /// A builder appending to `graph`.
     pub fn new(graph: &'g mut Graph, location: Option<&'static Location<'static>>) -> Builder<'g> {
-        Builder { graph, location }
+        Builder { graph, location, keep_detach: false }
     }
 
     /// The graph built so far.
@@ -163,6 +165,15 @@ impl<'g> Builder<'g> {
             return Ok(x);
         }
         self.push(Op::Cast(dtype), &[x])
+    }
+
+    /// `x` cut off from gradients: a `detach` node when the builder keeps them, else `x`.
+    pub fn detach(&mut self, x: NodeId) -> Result<NodeId> {
+        if self.keep_detach {
+            self.push(Op::Detach, &[x])
+        } else {
+            Ok(x)
+        }
     }
 
     /// Casts f16/bf16 to f32 (see [`compute_dtype`]); other dtypes are left alone.

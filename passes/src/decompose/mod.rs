@@ -57,6 +57,10 @@ pub struct DecomposeOptions {
     /// lowering to run as one flash-attention call. Off: attention is decomposed into its
     /// matrix products and softmax.
     pub fused_attention: bool,
+    /// Keep `detach` nodes (and mark the stabilizing maximum of softmax, log_softmax,
+    /// logsumexp and cross_entropy with one, as PyTorch's backward formulas treat it as a
+    /// constant) for [`crate::autodiff`]; otherwise `detach` is the identity.
+    pub keep_detach: bool,
 }
 
 /// [`decompose`] with the compile path's choices (see [`DecomposeOptions`]).
@@ -102,6 +106,7 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
             op => {
                 let args: Vec<Arg> = node.inputs.iter().map(|x| values[x.0].expect("operands come first")).collect();
                 let mut b = Builder::new(&mut out, node.location);
+                b.keep_detach = options.keep_detach;
                 let y = decompose_node(&mut b, op, &args, &node.meta).map_err(|mut e| {
                     // The user called `op`: name it (not the primitive that failed inside it).
                     e.op = Some(op.name().to_string());
@@ -199,6 +204,7 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
         Op::Matmul => nn::matmul(b, x[0], x[1]),
         Op::Linear { bias } => nn::linear(b, x[0], x[1], bias.then(|| x[2])),
         Op::Relu => pointwise::relu(b, x[0]),
+        Op::Detach => b.detach(x[0]),
         Op::Gelu { tanh } => pointwise::gelu(b, x[0], *tanh),
         Op::Silu => pointwise::silu(b, x[0]),
         Op::Softplus { beta, threshold } => pointwise::softplus(b, x[0], *beta, *threshold),

@@ -175,6 +175,7 @@ pub fn cross_entropy(
         Some(logp) => b.gather(logp, 1, index)?,
         None => {
             let m = b.amax(logits, &[1], true)?;
+            let m = b.detach(m)?;
             let shifted = b.sub(logits, m)?;
             let e = b.exp(shifted)?;
             let s = b.sum(e, &[1], true)?;

@@ -38,7 +38,9 @@ pub fn logsumexp(b: &mut Builder, x: NodeId, dims: &[usize], keepdim: bool) -> R
         return Ok(b.full(f64::NEG_INFINITY, &reduced_shape(&shape, dims, keepdim), out));
     }
     let x = b.cast(x, compute_dtype(out))?;
+    // The result does not depend on the shift: no gradient flows through it (as in PyTorch).
     let m = b.amax(x, dims, true)?;
+    let m = b.detach(m)?;
     let inf = b.unary(UnaryOp::IsInf, m)?;
     let m = b.where_(inf, 0.0, m)?;
     let shifted = b.sub(x, m)?;
@@ -122,6 +124,7 @@ pub fn softmax_in(b: &mut Builder, x: NodeId, dim: usize) -> Result<NodeId> {
     }
     along_dim(b, x, dim, |b, x, dim| {
         let m = b.amax(x, &[dim], true)?;
+        let m = b.detach(m)?;
         let shifted = b.sub(x, m)?;
         let e = b.exp(shifted)?;
         let s = b.sum(e, &[dim], true)?;
@@ -136,6 +139,7 @@ pub fn log_softmax_in(b: &mut Builder, x: NodeId, dim: usize) -> Result<NodeId> 
     }
     along_dim(b, x, dim, |b, x, dim| {
         let m = b.amax(x, &[dim], true)?;
+        let m = b.detach(m)?;
         let shifted = b.sub(x, m)?;
         let e = b.exp(shifted)?;
         let s = b.sum(e, &[dim], true)?;
