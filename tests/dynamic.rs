@@ -135,3 +135,26 @@ fn gpt2_block_with_a_dynamic_sequence_length() {
     let check_us = (s.hit_check - warm.hit_check).as_secs_f64() * 1e6 / reps as f64;
     println!("dynamic GPT-2 block: guard check + cache lookup {check_us:.1} us per call");
 }
+
+/// A training step's gradients over a dynamic batch: one compile serves every batch size, even
+/// when the first batch size equals the hidden width (the gradient graph's constants are made
+/// at the graph's sizes, not pinned to the numbers of the first call).
+#[test]
+fn gradients_over_a_dynamic_batch_compile_once() {
+    let w1 = randn(&[64, 16], DType::F32);
+    let w2 = randn(&[5, 64], DType::F32);
+    let body = move |a: &[Tensor]| {
+        let h = coil::linear(&a[0], &w1, None)?.gelu(false)?;
+        let loss = coil::linear(&h, &w2, None)?.cross_entropy(&a[1], Default::default())?;
+        coil::grad(&loss, &[&w1, &w2])
+    };
+    let f = coil::compile(body.clone());
+    for n in [64usize, 17, 100] {
+        let x = randn(&[n, 16], DType::F32);
+        let t = Tensor::from_vec((0..n as i64).map(|i| (i * 3) % 5).collect::<Vec<i64>>(), &[n]).unwrap();
+        x.mark_dynamic(0).unwrap();
+        t.mark_dynamic(0).unwrap();
+        check(&f, &body, &[x, t], 1e-4);
+    }
+    assert_eq!((f.compile_count(), f.recompile_count()), (1, 0), "{:?}", f.recompile_reasons());
+}

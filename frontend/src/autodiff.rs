@@ -64,11 +64,48 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
             op => {
                 let srcs: Vec<&Tensor> =
                     node.inputs.iter().map(|x| tensors[x.0].as_ref().expect("operands come first")).collect();
-                Tensor::record(op.clone(), &srcs, node.location.unwrap_or(caller))?
+                let location = node.location.unwrap_or(caller);
+                match with_weak_constants(&graph, id, &srcs, captured.device, location) {
+                    Some(t) => t,
+                    None => Tensor::record(op.clone(), &srcs, location)?,
+                }
             }
         };
         tensors[id.0] = Some(t);
     }
     let take = |id: coil_ir::NodeId| tensors[id.0].clone().expect("live");
     Ok((take(out), grads.into_iter().map(take).collect()))
+}
+
+/// Node `id` (pointwise) recorded with its constant operands as Rust scalars, when it has one
+/// and the result is the same: the decomposition then makes the constants at the graph's sizes.
+/// A constant of a concrete shape would pin a size that a compiled function may take as
+/// symbolic (`mark_dynamic`) whenever it equals that size (duck sizing).
+fn with_weak_constants(
+    graph: &coil_ir::Graph,
+    id: coil_ir::NodeId,
+    srcs: &[&Tensor],
+    device: coil_runtime::Device,
+    location: &'static Location<'static>,
+) -> Option<Tensor> {
+    let node = graph.node(id);
+    if !matches!(node.op, Op::Binary(_) | Op::Where) {
+        return None;
+    }
+    let constant = |k: usize| match graph.node(node.inputs[k]).op {
+        Op::Full(v) => Some(v),
+        _ => None,
+    };
+    let data = (0..srcs.len()).filter(|&k| constant(k).is_none()).count();
+    if data == 0 || data == srcs.len() {
+        return None;
+    }
+    let weak: Vec<Tensor> = (0..srcs.len())
+        .map(|k| match constant(k) {
+            Some(v) => Tensor::leaf_on(Op::Scalar(v), coil_ir::TensorMeta::new(vec![], v.dtype()), device, None),
+            None => srcs[k].clone(),
+        })
+        .collect();
+    let refs: Vec<&Tensor> = weak.iter().collect();
+    Tensor::record(node.op.clone(), &refs, location).ok().filter(|t| t.meta() == &node.meta)
 }
