@@ -188,6 +188,28 @@ fn detach_stops_gradients_and_softmax_shifts_get_none() {
 }
 
 #[test]
+fn a_training_loop_does_not_recapture_its_history() {
+    // Plain SGD on sum((x w - y)^2): each step's gradient graph reads the updated weight as data,
+    // so it stays the same size however many steps came before.
+    coil::set_backend(Backend::Interpreter);
+    let x = data(&[6, 3], 17, 0.0);
+    let y = data(&[6, 1], 18, 0.0);
+    let mut w = data(&[3, 1], 19, 0.0);
+    let mut sizes = Vec::new();
+    let mut losses = Vec::new();
+    for _ in 0..4 {
+        let loss = x.matmul(&w).unwrap().sub(&y).unwrap().pow(2).unwrap().sum_all().unwrap();
+        let (value, g) = coil::value_and_grad(&loss, &[&w]).unwrap();
+        sizes.push(coil::capture(&[&g[0]]).graph.nodes.len());
+        losses.push(value.item::<f64>().unwrap());
+        w = w.sub(&g[0].mul(0.02).unwrap()).unwrap();
+        w.realize().unwrap();
+    }
+    assert!(sizes.windows(2).all(|p| p[0] == p[1]), "gradient graph sizes {sizes:?}");
+    assert!(losses.windows(2).all(|p| p[1] < p[0]), "losses {losses:?}");
+}
+
+#[test]
 fn bad_requests_are_clear_errors() {
     coil::set_backend(Backend::Interpreter);
     let a = data(&[3], 10, 0.0);

@@ -1,7 +1,8 @@
 //! Gradients of lazy tensors: [`grad`] (`torch.autograd.grad`) and [`value_and_grad`].
 //!
 //! A gradient is more lazy tensors, not a number: [`grad`] captures the graph behind the output
-//! (through computed tensors too, back to the data), decomposes it to primitives, lets
+//! (through the computed tensors that depend on what it differentiates with respect to),
+//! decomposes it to primitives, lets
 //! [`coil_passes::autodiff::backward`] append the gradient nodes, and records every node the
 //! gradients need as a pending tensor. Realizing the gradients then compiles forward and
 //! backward as one graph, fused and scheduled together (what AOTAutograd gives torch.compile),
@@ -39,7 +40,7 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
     let caller = Location::caller();
     let mut roots = vec![output];
     roots.extend_from_slice(wrt);
-    let (captured, inputs) = capture_walk(&roots, true);
+    let (captured, inputs) = capture_walk(&roots, wrt);
     let options = coil_passes::DecomposeOptions { fused_attention: false, keep_detach: true };
     let mut graph = coil_passes::decompose_with(&captured.graph, &options)?;
     let (out, targets) = (graph.outputs[0], graph.outputs[1..].to_vec());

@@ -64,19 +64,21 @@ pub struct Captured {
 /// assert_eq!(g.to_string(), "graph(%0: f32[2]) {\n  %1: f32[2] = exp(%0)\n  return (%1)\n}\n");
 /// ```
 pub fn capture(outputs: &[&Tensor]) -> Captured {
-    capture_walk(outputs, false).0
+    capture_walk(outputs, &[]).0
 }
 
-/// [`capture`], and the tensors bound to the graph's inputs, in input order. With `recompute`,
-/// computed tensors that an op produced enter the graph as that op again (their operands
-/// followed), so only data (tensors no op produced) are inputs: what a gradient needs, since it
-/// differentiates through every op back to the data.
-pub(crate) fn capture_walk(outputs: &[&Tensor], recompute: bool) -> (Captured, Vec<Tensor>) {
-    let is_input = |t: &Tensor| t.is_realized() && (!recompute || t.0.srcs.is_empty());
+/// [`capture`], and the tensors bound to the graph's inputs, in input order. A computed tensor
+/// that an op produced from one of `wrt` (not through a `detach`) enters the graph as that op
+/// again, its operands followed, so that a gradient with respect to `wrt` sees every path; other
+/// computed tensors are inputs, as in [`capture`] (an updated weight does not drag the steps
+/// that made it into the graph).
+pub(crate) fn capture_walk(outputs: &[&Tensor], wrt: &[&Tensor]) -> (Captured, Vec<Tensor>) {
     // Keyed by node address only to find shared nodes; the numbering follows the walk. The walk
     // borrows (no reference counting) and the maps hash addresses cheaply: a compiled
     // function captures on every call, so this is on its hot path.
     let key = |t: &Tensor| Arc::as_ptr(&t.0) as usize;
+    let after_wrt = if wrt.is_empty() { AddrMap::default() } else { descends_from(outputs, wrt) };
+    let is_input = |t: &Tensor| t.is_realized() && !after_wrt.get(&key(t)).copied().unwrap_or(false);
     let mut order: Vec<&Tensor> = Vec::new();
     let mut seen: AddrMap<()> = AddrMap::default();
     for &out in outputs {
@@ -122,6 +124,32 @@ pub(crate) fn capture_walk(outputs: &[&Tensor], recompute: bool) -> (Captured, V
     graph.outputs = outputs.iter().map(|t| ids[&key(t)]).collect();
     let device = outputs.first().map_or(Device::Cpu, |t| t.device());
     (Captured { graph, inputs, device, marked }, input_tensors)
+}
+
+/// For every tensor behind `outputs` (computed ones included), whether one of `wrt` is among its
+/// operands, direct or not, other than through a `detach`. Iterative: a long training loop's
+/// history is deep.
+fn descends_from(outputs: &[&Tensor], wrt: &[&Tensor]) -> AddrMap<bool> {
+    let key = |t: &Tensor| Arc::as_ptr(&t.0) as usize;
+    let targets: AddrMap<()> = wrt.iter().map(|&t| (key(t), ())).collect();
+    let mut memo: AddrMap<bool> = AddrMap::default();
+    for &out in outputs {
+        let mut stack: Vec<(&Tensor, bool)> = vec![(out, false)];
+        while let Some((t, expanded)) = stack.pop() {
+            if memo.contains_key(&key(t)) {
+                continue;
+            }
+            let srcs: &[Tensor] = if t.0.op == coil_ir::Op::Detach { &[] } else { &t.0.srcs };
+            if !expanded {
+                stack.push((t, true));
+                stack.extend(srcs.iter().filter(|s| !memo.contains_key(&key(s))).map(|s| (s, false)));
+                continue;
+            }
+            let reached = srcs.iter().any(|s| targets.contains_key(&key(s)) || memo[&key(s)]);
+            memo.insert(key(t), reached);
+        }
+    }
+    memo
 }
 
 /// Computes every pending tensor among `outputs` and binds the results to them: one graph per
