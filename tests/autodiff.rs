@@ -202,7 +202,7 @@ fn a_training_loop_does_not_recapture_its_history() {
         let (value, g) = coil::value_and_grad(&loss, &[&w]).unwrap();
         sizes.push(coil::capture(&[&g[0]]).graph.nodes.len());
         losses.push(value.item::<f64>().unwrap());
-        w = w.sub(&g[0].mul(0.02).unwrap()).unwrap();
+        w = w.sub(g[0].mul(0.02).unwrap()).unwrap();
         w.realize().unwrap();
     }
     assert!(sizes.windows(2).all(|p| p[0] == p[1]), "gradient graph sizes {sizes:?}");
