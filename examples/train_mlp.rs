@@ -3,8 +3,8 @@
 //!
 //! The training step (forward, cross-entropy, gradients) is one compiled function: `coil::grad`
 //! returns the gradients as lazy tensors, so forward and backward are captured, fused and
-//! compiled as one graph, once; later steps reuse it. The weights are updated outside it and
-//! realized, so each step starts from data.
+//! compiled as one graph, once; later steps reuse it. The weights are updated outside it,
+//! computed and detached, so each step starts from data and nothing of earlier steps is kept.
 //!
 //! Run with `cargo run --release --example train_mlp`.
 
@@ -22,9 +22,10 @@ fn main() -> coil::Result<()> {
     let labels = x.matmul(&teacher)?.argmax(Some(1), false)?;
     coil::realize(&[&x, &labels])?;
 
-    let mut w1 = (Tensor::randn(&[hidden, d], DType::F32)? * 0.25).detach()?;
-    let mut w2 = (Tensor::randn(&[classes, hidden], DType::F32)? * 0.125).detach()?;
+    let w1 = Tensor::randn(&[hidden, d], DType::F32)? * 0.25;
+    let w2 = Tensor::randn(&[classes, hidden], DType::F32)? * 0.125;
     coil::realize(&[&w1, &w2])?;
+    let (mut w1, mut w2) = (w1.detach()?, w2.detach()?);
 
     // One training step: the loss and its gradients with respect to the weights.
     let step = coil::compile(|a: &[Tensor]| {
@@ -45,10 +46,11 @@ fn main() -> coil::Result<()> {
         if i % 10 == 0 {
             println!("step {i:3}: loss {loss:.4}");
         }
-        // SGD; `detach` keeps each new weight from carrying the steps that made it.
-        w1 = (&w1 - &(&out[1] * lr)).detach()?;
-        w2 = (&w2 - &(&out[2] * lr)).detach()?;
-        coil::realize(&[&w1, &w2])?;
+        // SGD. Computed, then detached: the new weights keep none of the steps that made them,
+        // so the old weights and gradients are freed.
+        let (n1, n2) = (&w1 - &(&out[1] * lr), &w2 - &(&out[2] * lr));
+        coil::realize(&[&n1, &n2])?;
+        (w1, w2) = (n1.detach()?, n2.detach()?);
     }
 
     let logits = coil::linear(&coil::linear(&x, &w1, None)?.gelu(false)?, &w2, None)?;

@@ -178,6 +178,13 @@ fn detach_stops_gradients_and_softmax_shifts_get_none() {
     }
     // Only data feeding a detached value: unused, as in PyTorch.
     assert!(coil::grad(&w.detach().unwrap().sum_all().unwrap(), &[&w]).is_err());
+    // A computed tensor's detach is data: no history behind it, for gradients or capture.
+    let e = w.exp().unwrap();
+    e.realize().unwrap();
+    let d = e.detach().unwrap();
+    assert_eq!(d.to_vec::<f64>().unwrap(), e.to_vec::<f64>().unwrap());
+    let gd = coil::grad(&d.mul(&w).unwrap().sum_all().unwrap(), &[&w]).unwrap();
+    assert_eq!(gd[0].to_vec::<f64>().unwrap(), d.to_vec::<f64>().unwrap(), "d/dw (d w) = d");
     // The softmax family's stabilizing maximum is detached: its gradient graph has no amax
     // tie mask (an `eq` of the input with its maximum).
     let x = data(&[3, 5], 16, 0.0);

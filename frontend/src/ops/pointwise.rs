@@ -160,7 +160,10 @@ impl Tensor {
         Tensor::record(Op::NanToNum { nan, posinf, neginf }, &[self], Location::caller())
     }
 
-    /// `x.detach()`: the same values, through which no gradient flows ([`crate::grad`]).
+    /// `x.detach()`: the same values, through which no gradient flows ([`crate::grad`]). A
+    /// computed tensor's detach shares its storage and keeps none of its history (outside a
+    /// compiled function's trace): how a training loop's updated weights let the earlier steps'
+    /// weights and gradients go.
     ///
     /// ```
     /// use coil_frontend::{grad, Tensor};
@@ -171,7 +174,17 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn detach(&self) -> Result<Tensor> {
-        Tensor::record(Op::Detach, &[self], Location::caller())
+        match self.0.storage.get() {
+            Some(storage) if !crate::dynamo::tracing() => {
+                let t = Tensor::from_storage(storage.clone());
+                t.0.dynamic.store(
+                    self.0.dynamic.load(std::sync::atomic::Ordering::Relaxed),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                Ok(t)
+            }
+            _ => Tensor::record(Op::Detach, &[self], Location::caller()),
+        }
     }
 
     #[track_caller]
