@@ -8,8 +8,7 @@
 //! Each workload is a function that builds its (random normal) inputs at a scale and names a
 //! program `fn(&[Tensor]) -> Result<Vec<Tensor>>`; one mechanism ([`run`]) compiles the program
 //! once with `coil::inspect` (cold: the first compile of that graph in this process; the `cc`
-//! column says whether the C or NVRTC compiler ran or the disk cache answered; `compile_s` is the
-//! median of that compile and two more, each into an empty kernel cache), then times only
+//! column says whether the C or NVRTC compiler ran or the disk cache answered), then times only
 //! the compiled runs with `Compiled::time_runs`: `--warmup` runs, then `--reps` timed runs,
 //! median; CUDA events around each run on the GPU (`--device cuda`, full size by default), the
 //! wall clock on the CPU. Outputs are checked against the reference interpreter run on float64 copies of the same
@@ -456,7 +455,6 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     let dynamic = if o.dynamic { Some(run_dynamic(c, o, &on_device, &bufs, &result)?) } else { None };
     // A second process's compile: the same graph again, outside this process's graph cache,
     // its kernels now in the disk cache.
-    let cold_s = cold_compile_median(&captured.graph, o.device, compiled.times.total)?;
     let warm_s = coil_frontend::compile::compile_fresh(&captured.graph, o.device)?.times.total;
     let summary: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap_or_default();
     let profile = match std::env::var("COIL_PROFILE") {
@@ -489,33 +487,13 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
         profile,
         us: median(times),
         kernels: count("generated_kernels") + count("extern_calls"),
-        compile_s: cold_s,
+        compile_s: compiled.times.total,
         cc_s: compiled.times.cc,
         warm_s,
         relerr,
         peak_bytes: count("peak_bytes"),
         interp_us,
     })
-}
-
-/// The median of three cold compiles of `graph`: `first` (the one timed runs use) and two more,
-/// each into an empty kernel cache of its own. One compile's NVRTC time varies by up to 30%.
-fn cold_compile_median(graph: &coil::Graph, device: coil::Device, first: f64) -> Result<f64> {
-    let home = std::env::var_os("COIL_CACHE_DIR");
-    let mut times = vec![first];
-    for k in 0..2 {
-        let dir = std::env::temp_dir().join(format!("coil-bench-cold-{}-{k}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::env::set_var("COIL_CACHE_DIR", &dir);
-        let t = coil_frontend::compile::compile_fresh(graph, device).map(|c| c.times.total);
-        match &home {
-            Some(h) => std::env::set_var("COIL_CACHE_DIR", h),
-            None => std::env::remove_var("COIL_CACHE_DIR"),
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        times.push(t?);
-    }
-    Ok(median(times))
 }
 
 /// `--dynamic`: the program compiled again with dim 0 of its batched inputs marked dynamic
@@ -748,7 +726,7 @@ fn main() {
         }));
     }
     println!("(us: median device time of one compiled run; rate: WORKLOADS.md min bytes or flops at this scale / us;");
-    println!(" kern: generated kernels + extern calls; compile_s: cold compile (median of 3, each into an empty kernel cache); cc: C compiler");
+    println!(" kern: generated kernels + extern calls; compile_s: cold compile (a fresh kernel cache); cc: C compiler");
     println!(
         " seconds, or `cached` on a disk-cache hit; warm_ms: the same graph compiled again with the disk cache warm"
     );
