@@ -542,3 +542,89 @@ fn reduce(
         ReduceOp::ArgMax | ReduceOp::ArgMin => unreachable!("arg reductions return early"),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::backward;
+    use crate::decompose::{decompose_with, DecomposeOptions};
+    use coil_ir::{DType, Graph, LossReduction, NodeId, Op, ReduceOp, TensorMeta, UnaryOp};
+
+    const GRAD: DecomposeOptions = DecomposeOptions { fused_attention: false, keep_detach: true };
+
+    fn m(shape: &[usize]) -> TensorMeta {
+        TensorMeta::new(shape.to_vec(), DType::F32)
+    }
+
+    /// The primitive graph of `g` (outputs: the loss, then `wrt`) with its gradients appended as
+    /// outputs after the loss.
+    fn differentiated(g: &Graph) -> Graph {
+        let mut p = decompose_with(g, &GRAD).unwrap();
+        let (loss, wrt) = (p.outputs[0], p.outputs[1..].to_vec());
+        let grads = backward(&mut p, loss, None, &wrt).unwrap();
+        p.outputs = std::iter::once(loss).chain(grads).collect();
+        p
+    }
+
+    /// Only the live nodes, renumbered: what the frontend records.
+    fn pruned(g: &Graph) -> String {
+        let mut out = Graph::new();
+        let mut ids: Vec<Option<NodeId>> = vec![None; g.nodes.len()];
+        for id in g.live_nodes() {
+            let n = g.node(id);
+            ids[id.0] = Some(match n.op {
+                Op::Input { .. } => out.input(n.meta.clone()),
+                ref op if op.is_leaf() => out.leaf(op.clone(), n.meta.clone(), None),
+                ref op => {
+                    out.push(op.clone(), &n.inputs.iter().map(|x| ids[x.0].unwrap()).collect::<Vec<_>>(), None).unwrap()
+                }
+            });
+        }
+        out.outputs = g.outputs.iter().map(|o| ids[o.0].unwrap()).collect();
+        out.to_string()
+    }
+
+    #[test]
+    fn linear_cross_entropy_gradient_snapshot() {
+        // loss = cross_entropy(x @ w^T, t): the weight's gradient is (softmax - onehot)^T x / n,
+        // with the maximum detached and the target's logit as a one-hot mask (no scatter).
+        let mut g = Graph::new();
+        let x = g.input(m(&[4, 3]));
+        let w = g.input(m(&[5, 3]));
+        let t = g.input(TensorMeta::new(vec![4], DType::I64));
+        let logits = g.push(Op::Linear { bias: false }, &[x, w], None).unwrap();
+        let ce = Op::CrossEntropy {
+            ignore_index: -100,
+            reduction: LossReduction::Mean,
+            label_smoothing: 0.0,
+            weight: false,
+        };
+        let loss = g.push(ce, &[logits, t], None).unwrap();
+        g.outputs = vec![loss, w];
+        let text = pruned(&differentiated(&g));
+        assert!(!text.contains("scatter") && text.matches("amax(").count() == 1 && text.contains("detach("), "{text}");
+        insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false }, {
+            insta::assert_snapshot!("autodiff_linear_cross_entropy", text);
+        });
+    }
+
+    #[test]
+    fn only_nodes_between_the_inputs_and_the_loss_get_gradients() {
+        // y = exp(a) * b + sum(c): differentiating with respect to a alone emits no node for
+        // b's or c's gradient.
+        let mut g = Graph::new();
+        let a = g.input(m(&[3]));
+        let b = g.input(m(&[3]));
+        let c = g.input(m(&[3]));
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[a], None).unwrap();
+        let p = g.push(Op::Binary(coil_ir::BinaryOp::Mul), &[e, b], None).unwrap();
+        let s = g.push(Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[p], None).unwrap();
+        let sc = g.push(Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[c], None).unwrap();
+        let y = g.push(Op::Binary(coil_ir::BinaryOp::Add), &[s, sc], None).unwrap();
+        let before = g.nodes.len();
+        let da = backward(&mut g, y, None, &[a]).unwrap()[0];
+        // The seed, its reshape and expand to [3], times b, times exp(a): nothing for b or c.
+        let added: Vec<&str> = g.nodes[before..].iter().map(|n| n.op.name()).collect();
+        assert_eq!(added, ["full", "reshape", "expand", "mul", "mul"]);
+        assert_eq!(g.meta(da), &m(&[3]));
+    }
+}
