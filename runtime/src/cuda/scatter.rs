@@ -124,7 +124,7 @@ fn kernel_name(dtype: DType, add: bool) -> Option<String> {
     Some(format!("coil_scatter_add_{suffix}"))
 }
 
-/// Whether [`scatter`] runs `scatter(x, dim, index, src)` of these operands on the device
+/// Whether the device kernel runs `scatter(x, dim, index, src)` of these operands
 /// (an i64 index, a dtype it has a kernel for, at most 8 dims).
 pub fn supports(x: &TensorMeta, index: &TensorMeta, add: bool) -> bool {
     index.dtype == DType::I64 && x.rank() <= SCATTER_DIMS && kernel_name(x.dtype, add).is_some()
