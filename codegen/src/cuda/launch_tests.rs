@@ -67,7 +67,8 @@ fn cluster_rows_meet_in_distributed_shared_memory() {
         "__cluster_dims__(8, 1, 1) __launch_bounds__(128)",
         "const int rlane = (int)(blockIdx.x % 8) * 128 + threadIdx.x;",
         "__shared__ float smem1[5];",
-        "xindex = (int)(blockIdx.x / 8); xindex < xnumel; xindex += (int)(gridDim.x / 8)",
+        // 1024 rows in 8192 blocks: one row per cluster, no grid-stride loop
+        "const int xindex = (int)(blockIdx.x / 8);\n    {",
         "const int rchunk = k * 1024 + rlane;",
         "coil_reduce_cluster<8, 4>(acc1, coil_max_f32(), smem1)",
     ] {
@@ -150,6 +151,10 @@ fn plan_with_overrides_the_heuristic() {
     let t = build_kernel(&p, &k);
     let pl = plan_with(&t, &Tuning { looped_threads: Some(1024), looped_grid: Some(2), ..heuristic });
     assert_eq!((pl.lanes, pl.launch.block, pl.launch.max_grid, pl.launch.grid), (1024, 1024, 2, 2));
+    // 2 blocks for 3 rows: the grid-stride loop stays (a grid that covers every row has none)
+    let tuned = crate::cuda::emit_cuda_with(std::slice::from_ref(&t), &Tuning { looped_grid: Some(2), ..heuristic });
+    let src = tuned.unwrap().source;
+    assert!(src.contains("for (int xindex = (int)blockIdx.x; xindex < xnumel; xindex += (int)gridDim.x) {"), "{src}");
     // the persistent knobs leave looped kernels alone, and the other way round
     assert_eq!(plan_with(&t, &Tuning { row_threads: Some(512), ..heuristic }).lanes, 256);
     let (p, k) = pointwise_n(1 << 20, DType::BF16);

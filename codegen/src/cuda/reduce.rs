@@ -69,11 +69,15 @@ impl<'a> Gen<'a> {
         if p.col_vec > 1 {
             // a grid-stride loop over the groups of `col_vec` outputs
             let (it, across) = (self.it, p.col_threads());
-            let groups = self.xnumel.floor_div(p.col_vec as i64).to_c();
-            self.open(&format!(
-                "for ({it} xg = ({it})blockIdx.x * {across} + threadIdx.x % {across}; xg < {groups}; \
-                 xg += ({it})gridDim.x * {across}) {{"
-            ));
+            let groups = self.xnumel.floor_div(p.col_vec as i64);
+            let per_step = p.launch.grid as u64 * across as u64;
+            self.open_grid_loop(
+                "xg",
+                &format!("({it})blockIdx.x * {across} + threadIdx.x % {across}"),
+                (&groups, &groups.to_c()),
+                &format!("({it})gridDim.x * {across}"),
+                per_step,
+            );
             self.column_vectors(pieces, nchunk);
             self.close();
             return;
@@ -94,7 +98,9 @@ impl<'a> Gen<'a> {
         } else {
             format!("({})gridDim.x", self.it)
         };
-        self.open(&format!("for ({} xindex = {first}; xindex < xnumel; xindex += {step}) {{", self.it));
+        let per_step = (p.launch.grid / p.launch.cluster.max(1)) as u64 * p.launch.per_block as u64;
+        let xnumel = self.xnumel;
+        self.open_grid_loop("xindex", &first, (&xnumel, "xnumel"), &step, per_step);
         if self.k.kind == KernelKind::LoopedReduction {
             let k = self.k;
             for s in &k.body {

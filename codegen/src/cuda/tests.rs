@@ -245,6 +245,11 @@ fn pointwise_bf16_vectorized() {
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     assert_eq!((launch.grid, launch.block), (5, 256));
     assert!(src.contains("if (xvec < 1024) {") && src.contains("if (xindex >= xnumel) break;"), "{src}");
+    // 1025 groups, 1280 threads: no grid-stride loop, the extra threads skip the body
+    assert!(
+        src.contains("const int xvec = (int)blockIdx.x * blockDim.x + threadIdx.x;\n    if (xvec < 1025) {"),
+        "{src}"
+    );
 }
 
 #[test]
@@ -402,7 +407,8 @@ fn wide_column_reduction_takes_vectors_of_outputs() {
     assert_eq!((pl.col_vec, pl.col_threads(), pl.lanes, pl.chunks, pl.launch.grid), (4, 16, 64, 5, 128));
     let (src, _) = emit_cuda_kernel(&t).unwrap();
     for want in [
-        "xg < 2048; xg += (int)gridDim.x * 16",
+        // 128 blocks of 16 groups cover the 2048 groups of 4 outputs: no grid-stride loop
+        "const int xg = (int)blockIdx.x * 16 + threadIdx.x % 16;\n    {",
         "coil_load<float, 4, 4>(in_ptr0 + (8192*rchunk + 4*xg), aligned)",
         "if (rchunk < 300) {",
         "acc5[i] = coil_add()(acc5[i], tmp4);",
@@ -443,11 +449,12 @@ fn broadcast_operand_is_one_vector_load_and_wide_kernels_keep_64_bit() {
     let k = kernel("poi_fused_add_0", KernelKind::Pointwise, vec![0], 64 * 1024, None, vec![out]);
     let (src, _) = emit_cuda_kernel(&build_kernel(&p.p, &k)).unwrap();
     assert!(src.contains("coil_load<uint16_t, 8, 8>(in_ptr1 + (8*(xvec % 128)), aligned)"), "{src}");
-    assert!(src.contains("for (int xvec = (int)blockIdx.x"), "{src}");
+    // 8192 groups in 32 blocks of 256 threads: covered at once, no grid-stride loop
+    assert!(src.contains("const int xvec = (int)blockIdx.x * blockDim.x + threadIdx.x;\n    {"), "{src}");
     // 2^31 elements: indices need 64 bits
     let (p, k) = pointwise_n(1 << 31, DType::BF16);
     let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
-    assert!(src.contains("for (int64_t xvec = (int64_t)blockIdx.x"), "{src}");
+    assert!(src.contains("const int64_t xvec = (int64_t)blockIdx.x"), "{src}");
     syntax_check(&format!("{}\n{src}", prelude()));
 }
 
