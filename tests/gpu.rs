@@ -163,3 +163,35 @@ fn device_scatter_agrees_with_the_interpreter() {
     let e = x.scatter_add(0, &bad, &src).and_then(|y| y.to_vec::<f32>()).unwrap_err();
     assert!(e.to_string().contains("out of bounds"), "{e}");
 }
+
+/// `cumsum` (a fallback op) run by the device kernel: every dtype it takes, along every dim of a
+/// few shapes, against the interpreter (the same f64 sums, rounded per output).
+#[test]
+fn device_cumsum_agrees_with_the_interpreter() {
+    use coil::{Backend, DType, Tensor};
+    let Some(device) = gpu() else { return };
+    for (shape, dims) in [(vec![5usize, 7], vec![0i64, 1]), (vec![3, 4, 6], vec![1, 2]), (vec![1000], vec![0])] {
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64] {
+            for &dim in &dims {
+                let run = |backend: Backend, device: coil::Device| -> Vec<f64> {
+                    coil::set_backend(backend);
+                    let x = Tensor::randn(&shape, DType::F32).unwrap().mul(4.0).unwrap().to_dtype(dtype).unwrap();
+                    let y = x.to_device(device).unwrap().cumsum(dim).unwrap();
+                    y.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
+                };
+                coil::manual_seed(11);
+                let want = run(Backend::Interpreter, coil::Device::Cpu);
+                coil::manual_seed(11);
+                let got = run(Backend::Compiled, device);
+                let tol = if matches!(dtype, DType::BF16 | DType::F16) { 1e-2 } else { 1e-9 };
+                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= tol * (1.0 + w.abs()),
+                        "{dtype} {shape:?} dim {dim}: element {k}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+    coil::set_backend(Backend::Compiled);
+}

@@ -60,8 +60,8 @@ pub struct CudaDevice {
     pub(crate) blas: OnceLock<std::result::Result<super::blas::Blas, String>>,
     /// The built-in helper kernels (strided gather), compiled on first use.
     pub(crate) helpers: OnceLock<std::result::Result<super::gather::Helpers, String>>,
-    /// The built-in scatter kernels, compiled on first use.
-    pub(crate) scatter: OnceLock<std::result::Result<super::scatter::ScatterKernels, String>>,
+    /// The built-in kernels of ops without generated code (scatter, cumsum), compiled on first use.
+    pub(crate) fallback: OnceLock<std::result::Result<super::fallback::FallbackKernels, String>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -117,7 +117,7 @@ impl CudaDevice {
             allocator: CachingAllocator::default(),
             blas: OnceLock::new(),
             helpers: OnceLock::new(),
-            scatter: OnceLock::new(),
+            fallback: OnceLock::new(),
         })
     }
 

@@ -36,10 +36,10 @@ mod autotune_tests;
 pub mod blas;
 pub mod compiler;
 pub mod device;
+pub mod fallback;
 pub mod gather;
 pub mod loader;
 pub mod memory;
-pub mod scatter;
 #[cfg(test)]
 mod tests;
 
@@ -596,12 +596,19 @@ impl CudaCompiledGraph {
                 attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id))
             }
             ExternCall::Fallback { op: Op::Scatter { dim, add } }
-                if scatter::supports(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *add) =>
+                if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *add) =>
             {
                 let arg = |k: usize| (ptrs[operands[k].0], &p.buffer(operands[k]).meta);
                 // SAFETY: every buffer of the program is contiguous, of its meta, and distinct
                 // from the others (the output is a buffer of its own).
-                unsafe { scatter::scatter(&self.device, *dim, *add, arg(0), arg(1), arg(2), ptrs[out_id.0]) }
+                unsafe { fallback::scatter(&self.device, *dim, *add, arg(0), arg(1), arg(2), ptrs[out_id.0]) }
+            }
+            ExternCall::Fallback { op: Op::Cumsum { dim } }
+                if fallback::supports_cumsum(&p.buffer(operands[0]).meta, &p.buffer(out_id).meta) =>
+            {
+                let x = (ptrs[operands[0].0], &p.buffer(operands[0]).meta);
+                // SAFETY: both buffers are contiguous, of the checked meta, and distinct.
+                unsafe { fallback::cumsum(&self.device, *dim, x, ptrs[out_id.0]) }
             }
             ExternCall::Fallback { op } => {
                 let mut g = Graph::new();

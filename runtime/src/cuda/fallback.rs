@@ -1,13 +1,21 @@
-//! `scatter` and `scatter_add` on the device: the fallback op the gradients of `embedding`,
-//! `index_select` and `gather` produce, run by a built-in kernel instead of on the host.
+//! Built-in kernels for the fallback ops (ops with no generated kernel yet): `scatter` /
+//! `scatter_add` (the gradients of `embedding`, `index_select` and `gather`) and `cumsum`, run
+//! on the device instead of on the host.
 //!
-//! The result starts as a copy of `x`; each thread then takes elements of `index` (row-major),
-//! finds the element of `x` it names (the index's own position, with the scattered dim replaced
-//! by the index value) and stores `src` there or adds it atomically (f32, f64, i32, i64 natively;
-//! f16 and bf16 by a compare-and-swap on the 32-bit word holding them, the sum rounded once per
-//! add, as PyTorch's CUDA kernel does). An index out of range sets a flag that the call checks,
-//! so a bad index is the same error as on the host. Other dtypes stay on the host path.
-//! Built-in CUDA C, compiled by NVRTC (through the disk cache) the first time a device needs it.
+//! **Scatter.** The result starts as a copy of `x`; each thread then takes elements of `index`
+//! (row-major), finds the element of `x` it names (the index's own position, with the scattered
+//! dim replaced by the index value) and stores `src` there or adds it atomically (f32, f64, i32,
+//! i64 natively; f16 and bf16 by a compare-and-swap on the 32-bit word holding them, the sum
+//! rounded once per add, as PyTorch's CUDA kernel does). An index out of range sets a flag that
+//! the call checks, so a bad index is the same error as on the host.
+//!
+//! **Cumsum.** One thread per line along the scanned dim (consecutive threads take consecutive
+//! inner positions, so loads coalesce unless the dim is the last), summing in f64 (i64 for
+//! integers, wrapping) and rounding each output to the dtype: the reference interpreter's
+//! values, bit for bit. A long line is one thread's sequential work, still no host round trip.
+//!
+//! Other dtypes stay on the host path. Built-in CUDA C, compiled by NVRTC (through the disk
+//! cache) the first time a device needs it.
 
 use super::compiler::{compile, LoadedModule};
 use super::device::{driver_error, CudaDevice};
@@ -20,7 +28,7 @@ use std::sync::Arc;
 /// Most dims a scatter handles.
 const SCATTER_DIMS: usize = 8;
 
-const SCATTER_SOURCE: &str = r#"
+const FALLBACK_SOURCE: &str = r#"
 struct CoilScatterDims { long long size[8]; long long xstride[8]; long long sstride[8]; };
 __device__ __forceinline__ float coil_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short coil_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -70,6 +78,30 @@ COIL_SCATTER(coil_scatter_add_i32, int, atomicAdd(p, src[so]))
 COIL_SCATTER(coil_scatter_add_i64, unsigned long long, atomicAdd(p, src[so]))
 COIL_SCATTER(coil_scatter_add_f16, unsigned short, coil_add_f16(p, src[so]))
 COIL_SCATTER(coil_scatter_add_bf16, unsigned short, coil_add_bf16(p, src[so]))
+#define COIL_CUMSUM(NAME, T, ACC, LOAD, STORE)                                                 \
+extern "C" __global__ void NAME(const T *__restrict__ x, T *__restrict__ y, long long lines,     \
+                                long long len, long long inner) {                               \
+    for (long long l = blockIdx.x * (long long)blockDim.x + threadIdx.x; l < lines;              \
+         l += (long long)gridDim.x * blockDim.x) {                                              \
+        const long long o = l / inner, base = o * len * inner + (l - o * inner);                \
+        ACC acc = 0;                                                                            \
+        for (long long j = 0; j < len; j++) {                                                   \
+            acc += LOAD(x[base + j * inner]);                                                   \
+            y[base + j * inner] = STORE(acc);                                                   \
+        }                                                                                       \
+    }                                                                                           \
+}
+#define COIL_SAME(v) (v)
+#define COIL_TO_F32(v) ((float)(v))
+#define COIL_H2D(v) ((double)coil_h2f(v))
+#define COIL_D2H(v) coil_f2h((float)(v))
+#define COIL_B2D(v) ((double)coil_b2f(v))
+#define COIL_D2B(v) coil_f2b((float)(v))
+COIL_CUMSUM(coil_cumsum_f32, float, double, COIL_SAME, COIL_TO_F32)
+COIL_CUMSUM(coil_cumsum_f64, double, double, COIL_SAME, COIL_SAME)
+COIL_CUMSUM(coil_cumsum_i64, unsigned long long, unsigned long long, COIL_SAME, COIL_SAME)
+COIL_CUMSUM(coil_cumsum_f16, unsigned short, double, COIL_H2D, COIL_D2H)
+COIL_CUMSUM(coil_cumsum_bf16, unsigned short, double, COIL_B2D, COIL_D2B)
 "#;
 
 /// The kernel argument `CoilScatterDims`, laid out as the C struct.
@@ -81,24 +113,24 @@ struct ScatterDims {
     sstride: [i64; SCATTER_DIMS],
 }
 
-/// The built-in scatter kernels of one device.
-pub struct ScatterKernels {
+/// The built-in fallback kernels of one device.
+pub struct FallbackKernels {
     module: LoadedModule,
 }
 
 // SAFETY: the module's function handles are immutable and usable from any thread with the
 // context bound.
-unsafe impl Send for ScatterKernels {}
+unsafe impl Send for FallbackKernels {}
 // SAFETY: as above.
-unsafe impl Sync for ScatterKernels {}
+unsafe impl Sync for FallbackKernels {}
 
-impl ScatterKernels {
-    fn get(dev: &Arc<CudaDevice>) -> Result<&ScatterKernels> {
-        dev.scatter
+impl FallbackKernels {
+    fn get(dev: &Arc<CudaDevice>) -> Result<&FallbackKernels> {
+        dev.fallback
             .get_or_init(|| {
-                let build = || -> Result<ScatterKernels> {
-                    let (cubin, _) = compile(SCATTER_SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
-                    Ok(ScatterKernels { module: LoadedModule::load(dev, &cubin)? })
+                let build = || -> Result<FallbackKernels> {
+                    let (cubin, _) = compile(FALLBACK_SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
+                    Ok(FallbackKernels { module: LoadedModule::load(dev, &cubin)? })
                 };
                 build().map_err(|e| e.message)
             })
@@ -107,8 +139,8 @@ impl ScatterKernels {
     }
 }
 
-/// The kernel for `dtype`, if the device path handles it.
-fn kernel_name(dtype: DType, add: bool) -> Option<String> {
+/// The scatter kernel for `dtype`, if the device path handles it.
+fn scatter_kernel(dtype: DType, add: bool) -> Option<String> {
     if !add {
         return Some(format!("coil_scatter_{}", dtype.size_bytes()));
     }
@@ -126,8 +158,8 @@ fn kernel_name(dtype: DType, add: bool) -> Option<String> {
 
 /// Whether the device kernel runs `scatter(x, dim, index, src)` of these operands
 /// (an i64 index, a dtype it has a kernel for, at most 8 dims).
-pub fn supports(x: &TensorMeta, index: &TensorMeta, add: bool) -> bool {
-    index.dtype == DType::I64 && x.rank() <= SCATTER_DIMS && kernel_name(x.dtype, add).is_some()
+pub fn supports_scatter(x: &TensorMeta, index: &TensorMeta, add: bool) -> bool {
+    index.dtype == DType::I64 && x.rank() <= SCATTER_DIMS && scatter_kernel(x.dtype, add).is_some()
 }
 
 /// Row-major strides of `shape`, in elements.
@@ -155,7 +187,7 @@ pub(crate) unsafe fn scatter(
     (src, sm): (sys::CUdeviceptr, &TensorMeta),
     out: sys::CUdeviceptr,
 ) -> Result<()> {
-    let name = kernel_name(xm.dtype, add).filter(|_| supports(xm, im, add));
+    let name = scatter_kernel(xm.dtype, add).filter(|_| supports_scatter(xm, im, add));
     let Some(name) = name else {
         return Err(Error::unsupported(format!("a device scatter of {xm} with a {} index", im.dtype)));
     };
@@ -167,7 +199,7 @@ pub(crate) unsafe fn scatter(
     if n == 0 {
         return Ok(());
     }
-    let kernels = ScatterKernels::get(dev)?;
+    let kernels = FallbackKernels::get(dev)?;
     let f = kernels.module.function(&name)?;
     let mut d = ScatterDims { size: [1; SCATTER_DIMS], xstride: [0; SCATTER_DIMS], sstride: [0; SCATTER_DIMS] };
     let (xs, ss) = (strides(&xm.shape), strides(&sm.shape));
@@ -208,4 +240,61 @@ pub(crate) unsafe fn scatter(
         )));
     }
     Ok(())
+}
+
+/// The cumsum kernel for `dtype`, if the device path handles it (integers arrive as i64: the
+/// decomposition casts them).
+fn cumsum_kernel(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::F32 => "coil_cumsum_f32",
+        DType::F64 => "coil_cumsum_f64",
+        DType::I64 => "coil_cumsum_i64",
+        DType::F16 => "coil_cumsum_f16",
+        DType::BF16 => "coil_cumsum_bf16",
+        _ => return None,
+    })
+}
+
+/// Whether the device kernel runs `cumsum(x, dim)` with this output (of x's dtype).
+pub fn supports_cumsum(x: &TensorMeta, out: &TensorMeta) -> bool {
+    x.dtype == out.dtype && x.shape == out.shape && cumsum_kernel(x.dtype).is_some()
+}
+
+/// `out = cumsum(x, dim)` on contiguous device buffers of x's meta.
+///
+/// # Safety
+/// `x` and `out` must address contiguous buffers of `xm` on `dev`, not overlapping.
+pub(crate) unsafe fn cumsum(
+    dev: &Arc<CudaDevice>,
+    dim: usize,
+    (x, xm): (sys::CUdeviceptr, &TensorMeta),
+    out: sys::CUdeviceptr,
+) -> Result<()> {
+    let Some(name) = cumsum_kernel(xm.dtype) else {
+        return Err(Error::unsupported(format!("a device cumsum of {xm}")));
+    };
+    let n = xm.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    // A 0-d tensor is one line of one element.
+    let len = xm.shape.get(dim).copied().unwrap_or(1);
+    let inner: usize = xm.shape.get(dim + 1..).map_or(1, |s| s.iter().product());
+    let f = FallbackKernels::get(dev)?.module.function(name)?;
+    let (mut x_p, mut out_p) = (x, out);
+    let (mut lines, mut len64, mut inner64) = ((n / len) as i64, len as i64, inner as i64);
+    let mut params: [*mut c_void; 5] = [
+        (&mut x_p as *mut u64).cast(),
+        (&mut out_p as *mut u64).cast(),
+        (&mut lines as *mut i64).cast(),
+        (&mut len64 as *mut i64).cast(),
+        (&mut inner64 as *mut i64).cast(),
+    ];
+    let block = 256u32;
+    let grid = (lines as usize).div_ceil(block as usize).min(dev.sm_count() as usize * 32).max(1) as u32;
+    dev.bind()?;
+    // SAFETY: the parameters match the kernel's signature and live until the call returns (the
+    // driver copies them); the memory contract is the caller's.
+    unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), &mut params) }
+        .map_err(|e| driver_error("cuLaunchKernel(coil_cumsum)", e))
 }
