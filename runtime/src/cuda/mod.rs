@@ -16,8 +16,9 @@
 //!    else [`Launch::grid_for`] of the instance's) and, after the buffer pointers, the values
 //!    of the size symbols each reads ([`TileKernel::sizes`]); `Bmm` through cuBLASLt ([`blas`])
 //!    and the attention template through its built-in kernel ([`attention`]) at the instance's
-//!    sizes; fallback ops by copying their operands to the host and running
-//!    the reference interpreter;
+//!    sizes; fallback ops by their built-in kernels ([`fallback`]: scatter, cumsum) where the
+//!    dtypes allow, else by copying their operands to the host and running the reference
+//!    interpreter;
 //! 4. copies all kernels' status words to the host once, after the graph (each kernel has its
 //!    own 4 words, so the first failing kernel in launch order is named), and returns the
 //!    outputs in `program.outputs` order.
