@@ -18,10 +18,11 @@
 //! cache) the first time a device needs it.
 
 use super::compiler::{compile, LoadedModule};
-use super::device::{driver_error, CudaDevice};
+use super::device::CudaDevice;
+use super::gather::launch_grid_stride;
 use super::memory::{copy_device, download, DeviceMemory};
 use coil_ir::{DType, Error, Result, TensorMeta};
-use cudarc::driver::{result as drv, sys};
+use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -224,13 +225,9 @@ pub(crate) unsafe fn scatter(
         (&mut d as *mut ScatterDims).cast(),
         (&mut bad_p as *mut u64).cast(),
     ];
-    let block = 256u32;
-    let grid = n.div_ceil(block as usize).min(dev.sm_count() as usize * 32).max(1) as u32;
-    dev.bind()?;
-    // SAFETY: the parameters match the kernel's signature and live until the call returns (the
-    // driver copies them); the memory contract is the caller's.
-    unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), &mut params) }
-        .map_err(|e| driver_error("cuLaunchKernel(coil_scatter)", e))?;
+    // SAFETY: the parameters match the scatter kernels' signature; the memory contract is the
+    // caller's.
+    unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_scatter")? };
     // SAFETY: `bad` holds 4 bytes; the download waits for the kernel.
     let flag = unsafe { download(dev, bad.ptr(), 4)? };
     if flag != [0, 0, 0, 0] {
@@ -290,11 +287,7 @@ pub(crate) unsafe fn cumsum(
         (&mut len64 as *mut i64).cast(),
         (&mut inner64 as *mut i64).cast(),
     ];
-    let block = 256u32;
-    let grid = (lines as usize).div_ceil(block as usize).min(dev.sm_count() as usize * 32).max(1) as u32;
-    dev.bind()?;
-    // SAFETY: the parameters match the kernel's signature and live until the call returns (the
-    // driver copies them); the memory contract is the caller's.
-    unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), &mut params) }
-        .map_err(|e| driver_error("cuLaunchKernel(coil_cumsum)", e))
+    // SAFETY: the parameters match the cumsum kernels' signature; the memory contract is the
+    // caller's.
+    unsafe { launch_grid_stride(dev, f, lines as usize, &mut params, "coil_cumsum") }
 }

@@ -131,11 +131,27 @@ pub(crate) unsafe fn gather(
         (&mut ndim as *mut i32).cast(),
         (&mut d as *mut GatherDims).cast(),
     ];
+    // SAFETY: the parameters match coil_gather's signature; the memory contract is the caller's.
+    unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_gather") }
+}
+
+/// Launches a built-in grid-stride kernel over `n` items: blocks of 256 threads, at most 32
+/// blocks per SM (the loop covers the rest).
+///
+/// # Safety
+/// `params` must match `f`'s signature and point at values that live until the call returns (the
+/// driver copies them); whatever memory the kernel touches is the caller's to guarantee.
+pub(crate) unsafe fn launch_grid_stride(
+    dev: &Arc<CudaDevice>,
+    f: sys::CUfunction,
+    n: usize,
+    params: &mut [*mut c_void],
+    name: &str,
+) -> Result<()> {
     let block = 256u32;
-    let grid = (n.div_ceil(block as usize)).min(dev.sm_count() as usize * 32).max(1) as u32;
+    let grid = n.div_ceil(block as usize).min(dev.sm_count() as usize * 32).max(1) as u32;
     dev.bind()?;
-    // SAFETY: the parameters match the kernel's signature and live until the call returns
-    // (the driver copies them); the memory contract is the caller's.
-    unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), &mut params) }
-        .map_err(|e| driver_error("cuLaunchKernel(coil_gather)", e))
+    // SAFETY: the caller's contract.
+    unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), params) }
+        .map_err(|e| driver_error(&format!("cuLaunchKernel({name})"), e))
 }
