@@ -59,7 +59,8 @@ usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
                           shapes: sizes passed to the kernels) and print its time next to the
                           static graph's (dyn_us, dyn/static; `static` when it fell back)
   --emit-cuda DIR          run nothing: write the CUDA kernels each workload compiles to (at --scale,
-                          default 1) to DIR/<workload>/<kernel>.cu; needs no GPU
+                          default 1) to DIR/<workload>/<kernel>.cu, and their PTX for sm_90 where
+                          the PTX emitter covers them (<kernel>.ptx); needs no GPU
   --help                  this text
 
 With COIL_PROFILE=1 each workload also prints the device time of each of its launches
@@ -467,9 +468,9 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     let launch_of = |name: &str| match launches.iter().find(|l| l.name == name) {
         Some(l) => {
             let tuned = l.tuning.as_ref().map_or(String::new(), |t| format!(", tuned: {t}"));
-            // the cold compile's own NVRTC and module-load time of the kernel's unit
+            // the cold compile's own compiler (NVRTC, or ptxas for PTX) and module-load time of the kernel's unit
             let ms = |us: u64| us as f64 / 1e3;
-            let nvrtc = format!(", nvrtc {:.1} ms, load {:.1} ms", ms(l.nvrtc_us), ms(l.load_us));
+            let nvrtc = format!(", {} {:.1} ms, load {:.1} ms", l.compiler, ms(l.compile_us), ms(l.load_us));
             format!("  (grid {} x {}, {} registers{tuned}{nvrtc})", l.grid, l.block, l.registers)
         }
         None => String::new(),
@@ -543,13 +544,22 @@ fn emit_cuda(o: &Opts, only: &[String], dir: &str, home: Backend) -> i32 {
                 with_backend(Backend::Interpreter, home, || coil::realize(&refs(&c.inputs)))?;
             }
             let outs = (c.program)(&c.inputs)?;
-            coil_frontend::compile::cuda_sources(&coil::capture(&refs(&outs)).graph)
+            let graph = coil::capture(&refs(&outs)).graph;
+            Ok((coil_frontend::compile::cuda_sources(&graph)?, coil_frontend::compile::ptx_sources(&graph, 90)?))
         });
-        let written = sources.map_err(|e| e.to_string()).and_then(|sources| {
+        let written = sources.map_err(|e| e.to_string()).and_then(|(sources, ptx)| {
             let folder = std::path::Path::new(dir).join(name);
             std::fs::create_dir_all(&folder).map_err(|e| e.to_string())?;
             for (kernel, source) in &sources {
                 std::fs::write(folder.join(format!("{kernel}.cu")), source).map_err(|e| e.to_string())?;
+            }
+            for (kernel, source) in &ptx {
+                match source {
+                    Ok(text) => {
+                        std::fs::write(folder.join(format!("{kernel}.ptx")), text).map_err(|e| e.to_string())?
+                    }
+                    Err(why) => println!("  {kernel}: no PTX form ({why})"),
+                }
             }
             Ok(sources.len())
         });

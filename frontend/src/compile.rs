@@ -284,20 +284,35 @@ fn cuda_schedule_options(clusters: bool) -> coil_passes::ScheduleOptions {
 /// assert!(sources[0].1.contains("__global__"));
 /// ```
 pub fn cuda_sources(captured: &Graph) -> Result<Vec<(String, String)>> {
+    generated_tiles(captured)?
+        .iter()
+        .map(|tile| Ok((tile.name.clone(), coil_codegen::cuda::emit_cuda(std::slice::from_ref(tile))?.source)))
+        .collect()
+}
+
+/// The PTX of each generated kernel of a graph for compute capability `arch` (`90` for sm_90),
+/// by name, or why the kernel has no PTX form (it then compiles from CUDA C); needs no GPU.
+pub fn ptx_sources(captured: &Graph, arch: u32) -> Result<Vec<(String, std::result::Result<String, String>)>> {
+    let tuning = coil_codegen::cuda::Tuning::from_env();
+    Ok(generated_tiles(captured)?
+        .iter()
+        .map(|tile| (tile.name.clone(), coil_codegen::cuda::ptx::emit_ptx(tile, arch, &tuning).map(|m| m.source)))
+        .collect())
+}
+
+/// The generated (not extern) kernels of a graph as compiled for CUDA.
+fn generated_tiles(captured: &Graph) -> Result<Vec<coil_ir::kernel::TileKernel>> {
     let primitive = coil_passes::decompose_with(captured, &COMPILE_DECOMPOSITION)?;
     let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::from_env())?;
     let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
     let mut schedule = coil_passes::schedule_with(&program, &cuda_schedule_options(true));
     coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule);
-    schedule
+    Ok(schedule
         .kernels
         .iter()
         .filter(|k| k.kind != KernelKind::Extern)
-        .map(|k| {
-            let tile = coil_codegen::build_kernel(&program, k);
-            Ok((tile.name.clone(), coil_codegen::cuda::emit_cuda(std::slice::from_ref(&tile))?.source))
-        })
-        .collect()
+        .map(|k| coil_codegen::build_kernel(&program, k))
+        .collect())
 }
 
 /// The compile path's decomposition: attention (written out, or `scaled_dot_product_attention`)
@@ -395,15 +410,28 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
             // One translation unit per kernel, each with only the helpers it uses: the runtime
             // compiles them in parallel, and the disk cache serves a kernel whatever graph it
             // appears in. A failed build keeps every unit's source in the dump (written here).
-            let units: Vec<_> = generated
-                .iter()
-                .map(|k| coil_codegen::cuda::emit_cuda(std::slice::from_ref(k)))
-                .collect::<Result<_>>()?;
+            // PTX where the PTX emitter covers the kernel (no NVRTC front end or optimizer in a
+            // cold compile), else CUDA C; the dump has the CUDA C of every kernel either way.
+            let dev = CudaDevice::get(n)?;
+            let (major, minor) = dev.compute_capability();
+            let arch = major * 10 + minor;
+            let units: Vec<_> =
+                generated.iter().map(|k| coil_codegen::cuda::emit_for_device(k, arch)).collect::<Result<_>>()?;
             times.codegen = t.elapsed().as_secs_f64();
             for (k, unit) in generated.iter().zip(&units) {
-                dump.write(&format!("kernels/{}.cu", k.name), || unit.source.clone());
+                match unit.language {
+                    coil_codegen::cuda::Language::CudaC => {
+                        dump.write(&format!("kernels/{}.cu", k.name), || unit.source.clone())
+                    }
+                    coil_codegen::cuda::Language::Ptx => {
+                        dump.write(&format!("kernels/{}.ptx", k.name), || unit.source.clone());
+                        dump.write(&format!("kernels/{}.cu", k.name), || {
+                            coil_codegen::cuda::emit_cuda_kernel_source(k).unwrap_or_else(|e| format!("/* {e} */"))
+                        });
+                    }
+                }
             }
-            CudaCompiledGraph::new(CudaDevice::get(n)?, program, schedule, kernels.clone(), &units)
+            CudaCompiledGraph::new(dev, program, schedule, kernels.clone(), &units)
                 .map(|g| (g.compile_seconds(), Executable::Cuda(g)))
         }
     };

@@ -162,7 +162,8 @@ pub fn launch_json(l: &coil_runtime::cuda::KernelAttributes) -> serde_json::Valu
         "registers": l.registers,
         "static_shared_bytes": l.static_shared_bytes,
         "dynamic_shared_bytes": l.dynamic_shared_bytes,
-        "nvrtc_us": l.nvrtc_us,
+        "compiler": l.compiler,
+        "compile_us": l.compile_us,
         "load_us": l.load_us,
     });
     if let Some(t) = &l.tuning {

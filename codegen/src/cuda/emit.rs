@@ -89,7 +89,7 @@ fn magnitude(e: Expr) -> Option<i128> {
 /// from its static sizes; data-dependent (indirect) offsets stay 64-bit regardless, since the
 /// loaded index is an `int64_t`. A kernel of symbolic sizes is 64-bit throughout (its size
 /// symbols have no upper bound).
-fn index_type(k: &TileKernel) -> &'static str {
+pub(super) fn index_type(k: &TileKernel) -> &'static str {
     let (Some(xnumel), Some(rnumel)) = (k.xnumel.const_value(), k.rnumel.map_or(Some(1), |r| r.const_value())) else {
         return "int64_t";
     };
@@ -124,7 +124,7 @@ fn index_type(k: &TileKernel) -> &'static str {
 
 /// How the elements of a thread's group reach a buffer.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Access {
+pub(super) enum Access {
     /// The same element for the whole group.
     Uniform,
     /// Consecutive elements from an offset that is a multiple of `piece`: vector accesses.
@@ -136,13 +136,13 @@ enum Access {
 /// A thread's group of `vec` consecutive positions along the fast index (`xindex` of a
 /// pointwise kernel, `rindex` of a reduction): position `vec * group + i`.
 #[derive(Clone)]
-struct Group {
-    fast: Expr,
+pub(super) struct Group {
+    pub(super) fast: Expr,
     /// `vec * group + i`, and `vec * group` (the first element).
-    pos: Expr,
-    base: Expr,
-    i: Expr,
-    vec: usize,
+    pub(super) pos: Expr,
+    pub(super) base: Expr,
+    pub(super) i: Expr,
+    pub(super) vec: usize,
     /// How the element loop indexes per-thread arrays (persistent values read by later passes).
     arr: String,
     /// Other index variables fixed for the whole group (a column plan's group of outputs is
@@ -153,7 +153,7 @@ struct Group {
 impl Group {
     /// `groups` full groups (at least one, or symbolic): the substitution
     /// `fast -> vec * group + i` respects `fast`'s range.
-    fn new(fast: Expr, group: &str, groups: Expr, vec: usize, arr: &str) -> Group {
+    pub(super) fn new(fast: Expr, group: &str, groups: Expr, vec: usize, arr: &str) -> Group {
         let g = Expr::index_upto(group, groups);
         // A group of one needs no `i` in its indices.
         let i = if vec > 1 { Expr::index("i", vec as i64) } else { Expr::int(0) };
@@ -162,12 +162,12 @@ impl Group {
     }
 
     /// The same group with `var` replaced by `value` in every index.
-    fn fixing(mut self, var: Expr, value: Expr) -> Group {
+    pub(super) fn fixing(mut self, var: Expr, value: Expr) -> Group {
         self.fixed.insert(var, value);
         self
     }
 
-    fn at(&self, index: Expr, p: Expr) -> Expr {
+    pub(super) fn at(&self, index: Expr, p: Expr) -> Expr {
         let mut map = self.fixed.clone();
         map.insert(self.fast, p);
         index.substitute(&map)
@@ -182,7 +182,7 @@ impl Group {
     /// uniform, and leaves no `% m` inside the element loop: `e0` is computed once per group
     /// (the unrolled loop only adds `i`), where `(8*xvec + i) % 8192` cost one 64-bit
     /// remainder per element. `None` when the index is not of that form.
-    fn peel(&self, index: Expr) -> Option<(Expr, i64)> {
+    pub(super) fn peel(&self, index: Expr) -> Option<(Expr, i64)> {
         self.peel_at(self.at(index, self.pos))
     }
 
@@ -223,7 +223,7 @@ impl Group {
         }
     }
 
-    fn access(&self, index: Expr, dtype: DType) -> Access {
+    pub(super) fn access(&self, index: Expr, dtype: DType) -> Access {
         let piece = self.vec.min((MAX_ACCESS_BYTES / dtype.size_bytes()).max(1));
         match self.peel(index) {
             Some((_, 0)) => Access::Uniform,
@@ -549,25 +549,10 @@ impl<'a> Gen<'a> {
         self.close();
     }
 
-    /// Pointwise values the same for every element of a group: constants, broadcast loads and
-    /// what is computed from them only.
+    /// Pointwise values the same for every element of a group ([`uniform_values`]).
     fn find_uniform(&mut self, body: &[&TileStmt]) {
-        for s in body {
-            let TileStmt::Let { var, op, .. } = s else { continue };
-            let g = self.group.as_ref().expect("inside a group");
-            let same = |e: Expr| g.access(e, DType::I64) == Access::Uniform;
-            let u = match op {
-                TileOp::Constant(_) => true,
-                TileOp::Load { index, .. } | TileOp::Index(index) => same(*index),
-                TileOp::Rand { counter, .. } => same(*counter),
-                TileOp::MaskedLoad { index, mask, .. } => same(*index) && self.uniform.contains(mask),
-                TileOp::IndirectLoad { index, indirect, .. } => same(*index) && self.uniform.contains(indirect),
-                _ => s.reads().iter().all(|v| self.uniform.contains(v)),
-            };
-            if u {
-                self.uniform.insert(*var);
-            }
-        }
+        let g = self.group.as_ref().expect("inside a group");
+        self.uniform = uniform_values(g, body);
     }
 
     fn is_uniform(&self, s: &TileStmt) -> bool {
@@ -742,8 +727,31 @@ impl<'a> Gen<'a> {
     }
 }
 
+/// The values of `body` that are the same for every element of group `g`: constants, broadcast
+/// loads and what is computed from them only (computed once per group). Both CUDA emitters
+/// use it.
+pub(super) fn uniform_values(g: &Group, body: &[&TileStmt]) -> IndexSet<Var> {
+    let mut uniform = IndexSet::new();
+    for s in body {
+        let TileStmt::Let { var, op, .. } = s else { continue };
+        let same = |e: Expr| g.access(e, DType::I64) == Access::Uniform;
+        let u = match op {
+            TileOp::Constant(_) => true,
+            TileOp::Load { index, .. } | TileOp::Index(index) => same(*index),
+            TileOp::Rand { counter, .. } => same(*counter),
+            TileOp::MaskedLoad { index, mask, .. } => same(*index) && uniform.contains(mask),
+            TileOp::IndirectLoad { index, indirect, .. } => same(*index) && uniform.contains(indirect),
+            _ => s.reads().iter().all(|v| uniform.contains(v)),
+        };
+        if u {
+            uniform.insert(*var);
+        }
+    }
+    uniform
+}
+
 /// Whether values of `d` are computed in f32 (f32, f16, bf16).
-fn single_float(d: DType) -> bool {
+pub(super) fn single_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
 }
 
@@ -757,10 +765,10 @@ fn min_blocks_override() -> Option<u32> {
 /// (`coil_one_plus_tanh`: an `ex2` and an `rcp`, a few ulp) instead of `tanhf` (a long routine,
 /// and cancellation where `tanh(z)` is near -1). `COIL_CUDA_PLAIN_TANH=1` turns it off, to
 /// compare.
-fn fast_one_plus_tanh() -> bool {
+pub(super) fn fast_one_plus_tanh() -> bool {
     std::env::var_os("COIL_CUDA_PLAIN_TANH").is_none_or(|v| v != "1")
 }
 
 /// Reduction kernels: a child module, so that it shares the emitter's private state.
 #[path = "reduce.rs"]
-mod reduce;
+pub(super) mod reduce;

@@ -82,8 +82,9 @@ mod launch_tests;
 #[path = "../c/ops.rs"]
 mod ops;
 mod prelude;
+pub mod ptx;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use launch::Tuning;
 pub use prelude::{prelude, prelude_for};
@@ -121,13 +122,24 @@ pub struct CudaKernel {
     pub launch: Launch,
 }
 
+/// What a [`CudaModule`]'s source is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Language {
+    /// CUDA C, compiled by NVRTC.
+    CudaC,
+    /// PTX ([`ptx`]), assembled by the driver.
+    Ptx,
+}
+
 /// A graph's CUDA source and how to launch each of its kernels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CudaModule {
-    /// One translation unit for NVRTC.
+    /// One translation unit for NVRTC, or one PTX module.
     pub source: String,
     /// The kernels of `source`, in the order given.
     pub kernels: Vec<CudaKernel>,
+    /// The language of `source`.
+    pub language: Language,
 }
 
 /// One translation unit for `kernels`: the helpers of the [`prelude`] they use ([`prelude_for`]),
@@ -153,7 +165,26 @@ pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaMod
         code.push_str(&text);
         out.push(CudaKernel { name: k.name.clone(), launch });
     }
-    Ok(CudaModule { source: format!("{}{code}", prelude_for(&code)), kernels: out })
+    Ok(CudaModule { source: format!("{}{code}", prelude_for(&code)), kernels: out, language: Language::CudaC })
+}
+
+/// One kernel for a GPU of compute capability `arch` (`90` for sm_90): as PTX where the [`ptx`]
+/// emitter covers it (a cold compile skips NVRTC's front end and optimizer), else as CUDA C.
+/// `COIL_CUDA_PTX=0` turns the PTX path off (to compare). Errors as [`emit_cuda`].
+pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<CudaModule> {
+    let tuning = Tuning::from_env();
+    if ptx_enabled() {
+        match ptx::emit_ptx(kernel, arch, &tuning) {
+            Ok(module) => return Ok(module),
+            Err(why) => tracing::debug!("{}: CUDA C (no PTX form: {why})", kernel.name),
+        }
+    }
+    emit_cuda_with(std::slice::from_ref(kernel), &tuning)
+}
+
+/// Whether [`emit_for_device`] tries PTX first (`COIL_CUDA_PTX` is not `0`).
+pub fn ptx_enabled() -> bool {
+    std::env::var_os("COIL_CUDA_PTX").is_none_or(|v| v != "0")
 }
 
 /// One kernel with the prelude before it: a complete translation unit, for dumps
@@ -168,6 +199,15 @@ pub fn emit_cuda_kernel(kernel: &TileKernel) -> Result<(String, Launch)> {
 }
 
 fn emit_one(k: &TileKernel, tuning: &Tuning) -> Result<(String, Launch)> {
+    validate(k)?;
+    let plan = launch::plan_with(k, tuning);
+    let mut g = emit::Gen::new(k, plan);
+    g.kernel();
+    Ok((g.out, plan.launch))
+}
+
+/// What every CUDA kernel must be (errors as [`emit_cuda`]).
+fn validate(k: &TileKernel) -> Result<()> {
     let unsupported = |what: String| Err(Error::unsupported(format!("CUDA kernel {}: {what}", k.name)));
     if k.kind == KernelKind::Extern {
         return unsupported("an extern call has no generated code".into());
@@ -181,11 +221,7 @@ fn emit_one(k: &TileKernel, tuning: &Tuning) -> Result<(String, Launch)> {
     if let Some(s) = k.sizes.iter().find(|s| s.as_symbol().is_none_or(|s| reserved(&s.name))) {
         return unsupported(format!("size symbol `{s}` is not a symbol of a free name"));
     }
-    check_ops(k)?;
-    let plan = launch::plan_with(k, tuning);
-    let mut g = emit::Gen::new(k, plan);
-    g.kernel();
-    Ok((g.out, plan.launch))
+    check_ops(k)
 }
 
 /// Whether the generated code declares a name of this form itself (a size parameter of that

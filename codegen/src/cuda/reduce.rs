@@ -5,9 +5,59 @@ use super::*;
 
 /// A top-level piece of a persistent kernel: one statement, or a pass of `XR` statements and
 /// the reductions folded in it (as the C backend splits it).
-enum Piece<'s> {
+pub(in crate::cuda) enum Piece<'s> {
     Row(&'s TileStmt),
     Pass(Vec<&'s TileStmt>),
+}
+
+/// Splits a persistent body into row statements and passes (as the C backend does): a pass
+/// ends where a statement reads a reduction folded in it.
+pub(in crate::cuda) fn pieces(body: &[TileStmt]) -> Vec<Piece<'_>> {
+    let mut pieces = Vec::new();
+    let mut open: Option<(Vec<&TileStmt>, Vec<Var>)> = None; // statements, reductions in it
+    for s in body {
+        let xr = match s {
+            TileStmt::Let { dims, .. } | TileStmt::Store { dims, .. } => *dims == Dims::XR,
+            _ => true,
+        };
+        if !xr {
+            pieces.extend(open.take().map(|(l, _)| Piece::Pass(l)));
+            pieces.push(Piece::Row(s));
+            continue;
+        }
+        if open.as_ref().is_some_and(|(_, pending)| s.reads().iter().any(|v| pending.contains(v))) {
+            pieces.extend(open.take().map(|(l, _)| Piece::Pass(l)));
+        }
+        let (stmts, pending) = open.get_or_insert_with(Default::default);
+        stmts.push(s);
+        if let TileStmt::Reduce { var, .. } = s {
+            pending.push(*var);
+        }
+    }
+    pieces.extend(open.map(|(l, _)| Piece::Pass(l)));
+    pieces
+}
+
+/// The persistent `XR` values read by a later pass than their own: they stay in per-thread
+/// arrays (registers), never reloaded.
+pub(in crate::cuda) fn persistent_arrays(pieces: &[Piece]) -> IndexSet<Var> {
+    let mut arrays = IndexSet::new();
+    let mut home = IndexMap::new();
+    for (n, p) in pieces.iter().enumerate() {
+        if let Piece::Pass(stmts) = p {
+            for s in stmts {
+                if let TileStmt::Let { var, .. } = s {
+                    home.insert(*var, n);
+                }
+                for v in s.reads() {
+                    if home.get(&v).is_some_and(|&h| h != n) {
+                        arrays.insert(v);
+                    }
+                }
+            }
+        }
+    }
+    arrays
 }
 
 /// The accumulator of a reduction: its C type, identity and combine functor.
@@ -50,7 +100,7 @@ impl<'a> Gen<'a> {
                 _ => {}
             }
         }
-        let pieces = if self.k.kind == KernelKind::PersistentReduction { self.pieces() } else { vec![] };
+        let pieces = if self.k.kind == KernelKind::PersistentReduction { pieces(&self.k.body) } else { vec![] };
         // The plan's `vec` divides the row (provably, for a symbolic one).
         let nchunk = self.rnumel.floor_div(p.vec as i64);
         if nchunk != Expr::int(0) {
@@ -126,50 +176,9 @@ impl<'a> Gen<'a> {
         self.close();
     }
 
-    /// Splits a persistent body into row statements and passes (see the C backend).
-    fn pieces(&self) -> Vec<Piece<'a>> {
-        let mut pieces = Vec::new();
-        let mut open: Option<(Vec<&TileStmt>, Vec<Var>)> = None; // statements, reductions in it
-        for s in &self.k.body {
-            let xr = match s {
-                TileStmt::Let { dims, .. } | TileStmt::Store { dims, .. } => *dims == Dims::XR,
-                _ => true,
-            };
-            if !xr {
-                pieces.extend(open.take().map(|(l, _)| Piece::Pass(l)));
-                pieces.push(Piece::Row(s));
-                continue;
-            }
-            if open.as_ref().is_some_and(|(_, pending)| s.reads().iter().any(|v| pending.contains(v))) {
-                pieces.extend(open.take().map(|(l, _)| Piece::Pass(l)));
-            }
-            let (stmts, pending) = open.get_or_insert_with(Default::default);
-            stmts.push(s);
-            if let TileStmt::Reduce { var, .. } = s {
-                pending.push(*var);
-            }
-        }
-        pieces.extend(open.map(|(l, _)| Piece::Pass(l)));
-        pieces
-    }
-
-    /// Persistent `XR` values read by a later pass than their own stay in per-thread arrays.
+    /// Persistent `XR` values read by a later pass ([`persistent_arrays`]).
     fn find_arrays(&mut self, pieces: &[Piece]) {
-        let mut home = IndexMap::new();
-        for (n, p) in pieces.iter().enumerate() {
-            if let Piece::Pass(stmts) = p {
-                for s in stmts {
-                    if let TileStmt::Let { var, .. } = s {
-                        home.insert(*var, n);
-                    }
-                    for v in s.reads() {
-                        if home.get(&v).is_some_and(|&h| h != n) {
-                            self.arrays.insert(v);
-                        }
-                    }
-                }
-            }
-        }
+        self.arrays = persistent_arrays(pieces);
     }
 
     /// One pass of a persistent reduction over the thread's `chunks` groups in registers,

@@ -322,7 +322,7 @@ fn embedding_checks_bounds() {
 }
 
 /// `x.sum(dim=0)` of f32 `[rows, cols]`: a reduction down the columns (`x[cols*r + x]`).
-pub(super) fn col_sum(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
+pub(crate) fn col_sum(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
     sum_dim(rows, cols, 0, kind)
 }
 

@@ -1,13 +1,17 @@
-//! NVRTC: CUDA C to a CUBIN for the device's own architecture, cached on disk, and loading it.
+//! NVRTC and the driver's PTX assembler: kernel sources to a CUBIN for the device's own
+//! architecture, cached on disk, and loading it.
 //!
-//! One translation unit (a kernel, or several) becomes one CUBIN, compiled with
-//! `--gpu-architecture=sm_XY --std=c++17 -default-device -minimal` for the device's compute capability.
-//! A CUBIN (not PTX) is cached, so a cache hit costs no compilation at all, not even the
-//! driver's PTX JIT. Entries are keyed by a 128-bit FNV-1a hash of the source, the architecture,
-//! the NVRTC version and the options, as the C backend's cache is (same directory root):
+//! One CUDA C translation unit (a kernel, or several) becomes one CUBIN, compiled with
+//! `--gpu-architecture=sm_XY --std=c++17 -default-device -minimal` for the device's compute
+//! capability. One PTX module (`coil_codegen::cuda::ptx`) becomes one CUBIN through the
+//! driver's linker (`cuLinkAddData` of the PTX, `cuLinkComplete`): the same ptxas NVRTC ends
+//! with, without NVRTC's front end and NVVM. A CUBIN (not PTX) is cached, so a cache hit costs
+//! no compilation at all. Entries are keyed by a 128-bit FNV-1a hash of the source, the
+//! architecture, the compiler's version (NVRTC's, or the driver's for PTX) and the options, as
+//! the C backend's cache is (same directory root):
 //!
 //! ```text
-//! <cache dir>/cuda/<key>.cu      the source, kept for humans (and for compile errors)
+//! <cache dir>/cuda/<key>.cu      the source, kept for humans (and for compile errors); .ptx for PTX
 //! <cache dir>/cuda/<key>.cubin   the CUBIN
 //! ```
 //!
@@ -17,6 +21,7 @@
 use super::device::{driver_error, CudaDevice};
 use super::loader::{require, CudaLib};
 use crate::cpu::compiler::{looks_complete, write_atomically, Fnv128};
+use coil_codegen::cuda::Language;
 use coil_ir::{Error, Result};
 use cudarc::driver::{result as drv, sys};
 use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
@@ -56,7 +61,7 @@ pub struct CompiledCubin {
     pub arch: String,
     /// True when the CUBIN was already in the cache.
     pub cache_hit: bool,
-    /// Seconds NVRTC ran (0 on a cache hit).
+    /// Seconds NVRTC (or the PTX assembler) ran (0 on a cache hit).
     pub compile_seconds: f64,
     /// Seconds `cuModuleLoadData` and the function look-ups took ([`load_or_build`]; 0 until
     /// loaded).
@@ -82,24 +87,49 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 
 /// The cache key of `source` compiled for `arch` by this NVRTC.
 pub fn cache_key(source: &str, arch: &str, nvrtc: (i32, i32)) -> String {
-    let mut h = Fnv128::new();
     let version = format!("{}.{}", nvrtc.0, nvrtc.1);
-    for part in [CACHE_FORMAT, arch, &version, &options(nvrtc).join(" "), source] {
+    hash_parts(&[CACHE_FORMAT, arch, &version, &options(nvrtc).join(" "), source])
+}
+
+/// The cache key of PTX `source` assembled for `arch` by the driver of version `driver`.
+fn ptx_cache_key(source: &str, arch: &str, driver: i32) -> String {
+    hash_parts(&[CACHE_FORMAT, arch, "ptx", &format!("driver {driver}"), source])
+}
+
+fn hash_parts(parts: &[&str]) -> String {
+    let mut h = Fnv128::new();
+    for part in parts {
         h.write(&(part.len() as u64).to_le_bytes());
         h.write(part.as_bytes());
     }
     format!("{:032x}", h.finish())
 }
 
+/// The driver's CUDA version (`13000` for 13.0).
+fn driver_version() -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: one out-pointer to a live integer; the driver is loaded (a device exists).
+    unsafe { sys::cuDriverGetVersion(&mut v) }.result().map_err(|e| driver_error("cuDriverGetVersion", e))?;
+    Ok(v)
+}
+
 /// The CUBIN for `source` on `arch`, from `cache_dir` when a complete entry is there, else
 /// compiled (and stored). Returns its bytes too. A compile error carries NVRTC's log and the
 /// path of the kept source.
 pub fn compile(source: &str, arch: &str, cache_dir: &Path) -> Result<(Vec<u8>, CompiledCubin)> {
-    let nvrtc = nvrtc_version()?;
+    compile_as(source, Language::CudaC, arch, cache_dir)
+}
+
+/// [`compile`] of a source in `language`. PTX needs the device's context bound on this thread
+/// (the driver assembles it).
+pub fn compile_as(source: &str, language: Language, arch: &str, cache_dir: &Path) -> Result<(Vec<u8>, CompiledCubin)> {
     let dir = cache_dir.join("cuda");
-    let key = cache_key(source, arch, nvrtc);
+    let key = match language {
+        Language::CudaC => cache_key(source, arch, nvrtc_version()?),
+        Language::Ptx => ptx_cache_key(source, arch, driver_version()?),
+    };
     let path = dir.join(format!("{key}.cubin"));
-    let source_path = dir.join(format!("{key}.cu"));
+    let source_path = dir.join(format!("{key}.{}", extension(language)));
     if looks_complete(&path) {
         if let Ok(bytes) = std::fs::read(&path) {
             let object = CompiledCubin {
@@ -114,18 +144,28 @@ pub fn compile(source: &str, arch: &str, cache_dir: &Path) -> Result<(Vec<u8>, C
             return Ok((bytes, object));
         }
     }
-    build(source, arch, &dir, key)
+    build(source, language, arch, &dir, key)
+}
+
+fn extension(language: Language) -> &'static str {
+    match language {
+        Language::CudaC => "cu",
+        Language::Ptx => "ptx",
+    }
 }
 
 /// Compiles into the cache unconditionally, replacing any entry.
-fn build(source: &str, arch: &str, dir: &Path, key: String) -> Result<(Vec<u8>, CompiledCubin)> {
+fn build(source: &str, language: Language, arch: &str, dir: &Path, key: String) -> Result<(Vec<u8>, CompiledCubin)> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::runtime(format!("cannot create the kernel cache {}: {e}", dir.display())))?;
     let path = dir.join(format!("{key}.cubin"));
-    let source_path = dir.join(format!("{key}.cu"));
+    let source_path = dir.join(format!("{key}.{}", extension(language)));
     write_atomically(&source_path, source.as_bytes())?;
     let start = Instant::now();
-    let cubin = nvrtc_cubin(source, arch, &source_path)?;
+    let cubin = match language {
+        Language::CudaC => nvrtc_cubin(source, arch, &source_path)?,
+        Language::Ptx => ptx_cubin(source, &source_path)?,
+    };
     let compile_seconds = start.elapsed().as_secs_f64();
     write_atomically(&path, &cubin)?;
     Ok((
@@ -142,17 +182,25 @@ fn build(source: &str, arch: &str, dir: &Path, key: String) -> Result<(Vec<u8>, 
     ))
 }
 
-/// Starts NVRTC on a thread of its own by compiling an empty kernel for `arch`, once per
-/// process: its first compile loads and initialises the library (about 0.1 s on the H100
-/// machine), which then overlaps whatever the program does before its first graph compiles
-/// instead of adding to that compile. Failures are ignored (the real compile reports them).
-pub fn warm_up(arch: &str) {
+/// Starts NVRTC and the driver's PTX assembler on a thread of their own, once per process, by
+/// compiling an empty kernel with each for `device`: their first compile loads and initialises
+/// the library (about 0.1 s for NVRTC on the H100 machine), which then overlaps whatever the
+/// program does before its first graph compiles instead of adding to that compile. Failures
+/// are ignored (the real compile reports them).
+pub fn warm_up(device: &Arc<CudaDevice>) {
     static STARTED: std::sync::Once = std::sync::Once::new();
-    let arch = arch.to_string();
+    let device = device.clone();
     STARTED.call_once(|| {
         std::thread::spawn(move || {
+            let (major, minor) = device.compute_capability();
+            if device.bind().is_ok() {
+                if let Some(ptx) = coil_codegen::cuda::ptx::empty_module(major * 10 + minor) {
+                    let _ = ptx_cubin(&ptx, Path::new("warm_up.ptx"));
+                }
+            }
             if nvrtc_version().is_ok() {
-                let _ = nvrtc_cubin("extern \"C\" __global__ void coil_warm_up() {}\n", &arch, Path::new("warm_up.cu"));
+                let source = "extern \"C\" __global__ void coil_warm_up() {}\n";
+                let _ = nvrtc_cubin(source, &device.arch(), Path::new("warm_up.cu"));
             }
         });
     });
@@ -187,6 +235,54 @@ fn nvrtc_cubin(source: &str, arch: &str, source_path: &Path) -> Result<Vec<u8>> 
         out
     };
     result
+}
+
+/// The driver's assembly of a PTX module into a CUBIN for the current context's device
+/// (`cuLinkCreate`, `cuLinkAddData` of the PTX, `cuLinkComplete`); an error carries the
+/// assembler's log and the path of the kept source.
+pub(crate) fn ptx_cubin(ptx: &str, source_path: &Path) -> Result<Vec<u8>> {
+    use sys::CUjit_option::{CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    let text = CString::new(ptx).map_err(|_| Error::runtime("PTX source contains a NUL byte"))?;
+    let name = CString::new(source_path.file_name().unwrap_or_default().to_string_lossy().as_bytes())
+        .unwrap_or_else(|_| c"coil.ptx".to_owned());
+    let mut log = vec![0u8; 16 << 10];
+    let mut options = [CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+    let mut values = [log.as_mut_ptr().cast::<std::ffi::c_void>(), log.len() as *mut std::ffi::c_void];
+    let failed = |what: &str, e: sys::CUresult, log: &[u8]| {
+        let log = CStr::from_bytes_until_nul(log).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+        Error::runtime(format!("{what} failed ({e:?}) assembling {}:\n{}", source_path.display(), log.trim_end()))
+    };
+    let mut state: sys::CUlinkState = std::ptr::null_mut();
+    // SAFETY: the option arrays hold 2 entries each, the log buffer outlives the link state
+    // (destroyed below), and the CUBIN is copied out before the state is destroyed.
+    unsafe {
+        let r = sys::cuLinkCreate_v2(2, options.as_mut_ptr(), values.as_mut_ptr(), &mut state);
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(failed("cuLinkCreate", r, &log));
+        }
+        let added = sys::cuLinkAddData_v2(
+            state,
+            sys::CUjitInputType::CU_JIT_INPUT_PTX,
+            text.as_ptr() as *mut std::ffi::c_void,
+            text.as_bytes_with_nul().len(),
+            name.as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        let mut cubin: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mut size = 0usize;
+        let out = if added != sys::CUresult::CUDA_SUCCESS {
+            Err(failed("cuLinkAddData", added, &log))
+        } else {
+            match sys::cuLinkComplete(state, &mut cubin, &mut size) {
+                sys::CUresult::CUDA_SUCCESS => Ok(std::slice::from_raw_parts(cubin.cast::<u8>(), size).to_vec()),
+                r => Err(failed("cuLinkComplete", r, &log)),
+            }
+        };
+        let _ = sys::cuLinkDestroy(state);
+        out
+    }
 }
 
 /// The CUBIN of a compiled program.
@@ -258,6 +354,7 @@ impl Drop for LoadedModule {
 pub fn load_or_build(
     device: &Arc<CudaDevice>,
     source: &str,
+    language: Language,
     names: &[&str],
     cache_dir: &Path,
 ) -> Result<(Arc<LoadedModule>, CompiledCubin)> {
@@ -275,12 +372,14 @@ pub fn load_or_build(
         object.load_seconds = start.elapsed().as_secs_f64();
         Ok((Arc::new(module), object))
     };
-    let (cubin, object) = compile(source, &arch, cache_dir)?;
+    // the driver assembles PTX in the device's context
+    device.bind()?;
+    let (cubin, object) = compile_as(source, language, &arch, cache_dir)?;
     let (cache_hit, key) = (object.cache_hit, object.key.clone());
     match timed(&cubin, object) {
         // a cache entry the driver refuses (truncated, another driver's) is compiled again
         Err(_) if cache_hit => {
-            let (cubin, object) = build(source, &arch, &cache_dir.join("cuda"), key)?;
+            let (cubin, object) = build(source, language, &arch, &cache_dir.join("cuda"), key)?;
             timed(&cubin, object)
         }
         r => r,

@@ -89,7 +89,7 @@ impl CudaDevice {
         }
         let dev = Arc::new(CudaDevice::open(ordinal)?);
         table.insert(ordinal, dev.clone());
-        super::compiler::warm_up(&dev.arch());
+        super::compiler::warm_up(&dev);
         Ok(dev)
     }
 

@@ -52,7 +52,7 @@ pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
 use crate::plan::{self, check_status, Instance, Instances, Storage};
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
-use coil_codegen::cuda::{CudaModule, Launch};
+use coil_codegen::cuda::{CudaModule, Language, Launch};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{Error, Graph, Op, Result};
@@ -80,9 +80,11 @@ pub struct KernelAttributes {
     /// The autotuner's plan when it replaced the heuristic's (`row_threads=512`, ...; see
     /// [`autotune`]), else `None`.
     pub tuning: Option<String>,
-    /// Microseconds NVRTC took on the kernel's translation unit in this process (0: a disk-cache
-    /// hit), and loading its CUBIN (`cuModuleLoadData`, function look-ups).
-    pub nvrtc_us: u64,
+    /// What compiled the kernel's unit: `nvrtc` (CUDA C) or `ptxas` (PTX, through the driver).
+    pub compiler: &'static str,
+    /// Microseconds the compiler took on the kernel's translation unit in this process (0: a
+    /// disk-cache hit), and loading its CUBIN (`cuModuleLoadData`, function look-ups).
+    pub compile_us: u64,
     pub load_us: u64,
 }
 
@@ -225,7 +227,11 @@ impl CudaCompiledGraph {
                         static_shared_bytes,
                         dynamic_shared_bytes: launch.shared_bytes,
                         tuning: None,
-                        nvrtc_us: (cubins[unit].compile_seconds * 1e6) as u64,
+                        compiler: match units[unit].language {
+                            Language::CudaC => "nvrtc",
+                            Language::Ptx => "ptxas",
+                        },
+                        compile_us: (cubins[unit].compile_seconds * 1e6) as u64,
                         load_us: (cubins[unit].load_seconds * 1e6) as u64,
                     });
                     let status = attributes.len() - 1;
@@ -662,7 +668,7 @@ fn build_units(
             .map(|m| {
                 scope.spawn(move || {
                     let names: Vec<&str> = m.kernels.iter().map(|k| k.name.as_str()).collect();
-                    compiler::load_or_build(device, &m.source, &names, cache_dir)
+                    compiler::load_or_build(device, &m.source, m.language, &names, cache_dir)
                 })
             })
             .collect();

@@ -1,0 +1,120 @@
+//! The generated PTX: snapshots of the classic kernels (read them beside the CUDA C ones),
+//! which shapes have a PTX form, and an assembly check with `ptxas` where one is installed
+//! (`COIL_PTXAS`, or `ptxas` on the `PATH`; the GPU tests run the kernels).
+
+use super::*;
+use crate::cuda::tests::{all_kernels, col_mean, layer_norm};
+use crate::testutil::softmax;
+use crate::tile::build_kernel;
+use coil_ir::kernel::KernelKind;
+use coil_ir::DType;
+
+fn snapshot(name: &str, text: String) {
+    insta::with_settings!({ snapshot_path => "../../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_snapshot!(name, text);
+    });
+}
+
+fn ptx(k: &TileKernel) -> String {
+    emit_ptx(k, 90, &Tuning::default()).unwrap_or_else(|why| panic!("{}: no PTX: {why}", k.name)).source
+}
+
+#[test]
+fn pointwise_bf16_loads_words_and_rounds_pairs() {
+    let (p, k) = crate::tile::tests::pointwise_chain(DType::BF16);
+    let src = ptx(&build_kernel(&p, &k));
+    // 8 bf16 per thread: one 16-byte load, one 16-byte store of 4 rounded pairs
+    assert_eq!(src.matches("ld.global.v4.b32").count(), 1, "{src}");
+    assert_eq!(src.matches("cvt.rn.bf16x2.f32").count(), 4, "{src}");
+    assert_eq!(src.matches("st.global.v4.b32").count(), 1, "{src}");
+    snapshot("ptx_pointwise_bf16", src);
+}
+
+#[test]
+fn layer_norm_chunks_share_their_addresses() {
+    let (p, k) = layer_norm(37, 1536, KernelKind::PersistentReduction);
+    let src = ptx(&build_kernel(&p, &k));
+    // two chunks of 4 f32 per thread: x is loaded once (the later passes read registers), the
+    // second chunk at an immediate offset from the first (192 threads * 4 * 4 bytes)
+    assert_eq!(src.matches("ld.global.v4.f32").count(), 2 + 2 * 2, "{src}");
+    assert!(src.contains("+3072]"), "{src}");
+    // 6 warps per row: the shared-memory stage between two barriers, twice
+    assert_eq!(src.matches("bar.sync 0").count(), 4, "{src}");
+    snapshot("ptx_layer_norm", src);
+}
+
+#[test]
+fn looped_softmax_folds_groups_online() {
+    let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
+    let t = build_kernel(&p, &k);
+    let src = ptx(&t);
+    // the online pass and the epilogue: four groups per loop step, then one
+    assert!(src.contains("max.NaN.f32") && src.contains("ex2.approx.ftz.f32"), "{src}");
+    assert_eq!(src.matches("bra.uni").count(), 4, "{src}");
+    // 256 threads: no occupancy directive (only 1024-thread looped kernels get one)
+    assert!(!src.contains(".minnctapersm"), "{src}");
+    assert_eq!(src, ptx(&t), "deterministic");
+    snapshot("ptx_softmax_looped", src);
+}
+
+#[test]
+fn wide_column_mean_takes_vectors_of_outputs() {
+    // 8192 outputs, 4 per thread: one 16-byte load per reduced position, eight positions per
+    // loop step; the accumulators staged in 4 planes, each output folded by one thread
+    let (p, k) = col_mean(300, 8192);
+    let src = ptx(&build_kernel(&p, &k));
+    assert_eq!(src.matches("ld.global.v4.f32").count(), 8 + 1, "{src}");
+    assert!(src.contains(".shared .align 8 .b8 col_mean_0_smem5[16384];") || src.contains("[16384];"), "{src}");
+    assert_eq!(src.matches("st.shared.f32").count(), 4, "{src}");
+    // 63 partials after the first, per output
+    assert_eq!(src.matches("ld.shared.f32").count(), 64, "{src}");
+    snapshot("ptx_col_mean_vectors", src);
+}
+
+#[test]
+fn shapes_without_a_ptx_form_say_why() {
+    let kernels = all_kernels();
+    let mut covered = 0;
+    for k in &kernels {
+        match emit_ptx(k, 90, &Tuning::default()) {
+            Ok(m) => {
+                covered += 1;
+                assert_eq!(m.language, Language::Ptx);
+                assert_eq!(m.kernels[0].launch, crate::cuda::launch::plan_with(k, &Tuning::default()).launch);
+            }
+            Err(why) => {
+                let known = ["cluster", "column plan", "f64", "arg reduction", "random", "values per thread"];
+                assert!(known.iter().any(|w| why.contains(w)), "{}: unexpected reason {why:?}", k.name);
+            }
+        }
+    }
+    // everything but clusters, f64 rows, arg reductions and one-output column plans
+    assert!(covered * 10 >= kernels.len() * 7, "{covered} of {}", kernels.len());
+    // no target for GPUs before sm_80 (max.NaN) or unknown ones
+    assert!(emit_ptx(&kernels[0], 75, &Tuning::default()).unwrap_err().contains("sm_75"));
+}
+
+/// Every PTX module of [`all_kernels`] through `ptxas -arch=sm_90`, where it is installed.
+#[test]
+fn every_module_assembles_where_ptxas_is_installed() {
+    let ptxas = std::env::var("COIL_PTXAS").unwrap_or_else(|_| "ptxas".into());
+    if std::process::Command::new(&ptxas).arg("--version").output().is_err() {
+        eprintln!("skipped: no ptxas ({ptxas}); set COIL_PTXAS to check the PTX assembles");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("coil_ptx_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for k in all_kernels() {
+        let Ok(m) = emit_ptx(&k, 90, &Tuning::default()) else { continue };
+        let path = dir.join(format!("{}.ptx", k.name));
+        std::fs::write(&path, &m.source).unwrap();
+        let out = std::process::Command::new(&ptxas)
+            .args(["-arch=sm_90", "-o"])
+            .arg(dir.join(format!("{}.cubin", k.name)))
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}: {}", k.name, String::from_utf8_lossy(&out.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
