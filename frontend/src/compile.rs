@@ -415,8 +415,14 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
             let dev = CudaDevice::get(n)?;
             let (major, minor) = dev.compute_capability();
             let arch = major * 10 + minor;
-            let units: Vec<_> =
-                generated.iter().map(|k| coil_codegen::cuda::emit_for_device(k, arch)).collect::<Result<_>>()?;
+            let mut units = Vec::with_capacity(generated.len());
+            for k in &generated {
+                let (unit, why) = coil_codegen::cuda::emit_for_device(k, arch)?;
+                if let Some(why) = why {
+                    logs::output_code(&k.name, &format!("CUDA C through NVRTC (no PTX form: {why})"));
+                }
+                units.push(unit);
+            }
             times.codegen = t.elapsed().as_secs_f64();
             for (k, unit) in generated.iter().zip(&units) {
                 match unit.language {

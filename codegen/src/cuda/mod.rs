@@ -169,17 +169,20 @@ pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaMod
 }
 
 /// One kernel for a GPU of compute capability `arch` (`90` for sm_90): as PTX where the [`ptx`]
-/// emitter covers it (a cold compile skips NVRTC's front end and optimizer), else as CUDA C.
-/// `COIL_CUDA_PTX=0` turns the PTX path off (to compare). Errors as [`emit_cuda`].
-pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<CudaModule> {
+/// emitter covers it (a cold compile skips NVRTC's front end and optimizer), else as CUDA C,
+/// with the reason it has no PTX form. `COIL_CUDA_PTX=0` turns the PTX path off (to compare).
+/// Errors as [`emit_cuda`].
+pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
     let tuning = Tuning::from_env();
-    if ptx_enabled() {
+    let why = if ptx_enabled() {
         match ptx::emit_ptx(kernel, arch, &tuning) {
-            Ok(module) => return Ok(module),
-            Err(why) => tracing::debug!("{}: CUDA C (no PTX form: {why})", kernel.name),
+            Ok(module) => return Ok((module, None)),
+            Err(why) => why,
         }
-    }
-    emit_cuda_with(std::slice::from_ref(kernel), &tuning)
+    } else {
+        "COIL_CUDA_PTX=0".to_string()
+    };
+    Ok((emit_cuda_with(std::slice::from_ref(kernel), &tuning)?, Some(why)))
 }
 
 /// Whether [`emit_for_device`] tries PTX first (`COIL_CUDA_PTX` is not `0`).

@@ -182,26 +182,31 @@ fn build(source: &str, language: Language, arch: &str, dir: &Path, key: String) 
     ))
 }
 
-/// Starts NVRTC and the driver's PTX assembler on a thread of their own, once per process, by
-/// compiling an empty kernel with each for `device`: their first compile loads and initialises
-/// the library (about 0.1 s for NVRTC on the H100 machine), which then overlaps whatever the
-/// program does before its first graph compiles instead of adding to that compile. Failures
-/// are ignored (the real compile reports them).
+/// Starts NVRTC and the driver's PTX assembler in the background, once per process, by
+/// compiling an empty kernel with each for `device`: NVRTC's first compile loads and
+/// initialises the library (about 0.1 s on the H100 machine), and the assembler sets up once
+/// per thread (15 ms for an empty module on a fresh thread, 8 ms after), so every thread of
+/// rayon's pool, where graphs compile, assembles one. This then overlaps whatever the program
+/// does before its first graph compiles instead of adding to that compile. Failures are
+/// ignored (the real compile reports them).
 pub fn warm_up(device: &Arc<CudaDevice>) {
     static STARTED: std::sync::Once = std::sync::Once::new();
-    let device = device.clone();
     STARTED.call_once(|| {
+        let (dev, arch) = (device.clone(), device.arch());
         std::thread::spawn(move || {
-            let (major, minor) = device.compute_capability();
-            if device.bind().is_ok() {
-                if let Some(ptx) = coil_codegen::cuda::ptx::empty_module(major * 10 + minor) {
-                    let _ = ptx_cubin(&ptx, Path::new("warm_up.ptx"));
-                }
-            }
             if nvrtc_version().is_ok() {
                 let source = "extern \"C\" __global__ void coil_warm_up() {}\n";
-                let _ = nvrtc_cubin(source, &device.arch(), Path::new("warm_up.cu"));
+                let _ = nvrtc_cubin(source, &arch, Path::new("warm_up.cu"));
             }
+        });
+        std::thread::spawn(move || {
+            let (major, minor) = dev.compute_capability();
+            let Some(ptx) = coil_codegen::cuda::ptx::empty_module(major * 10 + minor) else { return };
+            rayon::broadcast(|_| {
+                if dev.bind().is_ok() {
+                    let _ = ptx_cubin(&ptx, Path::new("warm_up.ptx"));
+                }
+            });
         });
     });
 }

@@ -31,7 +31,7 @@ use coil_ir::kernel::TileKernel;
 /// this emitter knows (sm_80 and later: it uses `max.NaN`).
 fn isa_version(arch: u32) -> Option<&'static str> {
     match arch {
-        80..=90 => Some("7.8"),
+        80..=90 => Some("8.0"),
         100 | 101 => Some("8.6"),
         120 => Some("8.7"),
         _ => None,

@@ -118,3 +118,17 @@ fn every_module_assembles_where_ptxas_is_installed() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn cluster_rows_meet_in_distributed_shared_memory() {
+    // 12289 f32 per row: more than a block holds, split over a cluster of blocks
+    let (p, k) = softmax(3, 12289, KernelKind::PersistentReduction, "per_fused_softmax_0");
+    let t = build_kernel(&p, &k);
+    let plan = crate::cuda::launch::plan_with(&t, &Tuning::default());
+    assert!(plan.cluster > 1, "{plan:?}");
+    let src = ptx(&t);
+    assert!(src.contains(&format!(".reqnctapercluster {}, 1, 1", plan.cluster)), "{src}");
+    // two reductions, each folding the blocks' results in block order, then the row's end
+    assert_eq!(src.matches("mapa.shared::cluster.u32").count(), 2 * plan.cluster, "{src}");
+    assert_eq!(src.matches("barrier.cluster.wait.acquire.aligned").count(), 3, "{src}");
+}

@@ -1,0 +1,631 @@
+//! Reductions in PTX: the accumulators, the block-wide combines (shuffle trees, shared-memory
+//! stages, online-softmax pairs), persistent passes, looped passes and column plans; the
+//! shapes of the CUDA emitter's `reduce.rs`.
+
+use super::*;
+
+impl<'a> PtxGen<'a> {
+    /// Folds a group's values into the thread's online-softmax pair (the prelude's
+    /// `coil_online_group`): their maximum first, one rescale of the sum if it grew, then the
+    /// exponentials, unless the maximum is still -inf.
+    pub(super) fn online_group(&mut self, m: Var, s: Var, xs: &[Reg]) {
+        use Class::*;
+        let (macc, sacc) = (self.accs[&(m, 0)], self.accs[&(s, 0)]);
+        let mut mn = macc;
+        for &x in xs {
+            mn = self.a.op(F32, "max.NaN.f32", &[mn.into(), x.into()]);
+        }
+        let grew = self.a.op(Pred, "setp.neu.f32", &[mn.into(), macc.into()]);
+        let d = self.a.op(F32, "sub.f32", &[macc.into(), mn.into()]);
+        let e = scalar::exp_f32(&mut self.a, d);
+        let scaled = self.a.op(F32, "mul.f32", &[sacc.into(), e.into()]);
+        let s1 = self.a.op(F32, "selp.f32", &[scaled.into(), sacc.into(), grew.into()]);
+        self.a.op_into(macc, "mov.f32", &[mn.into()]);
+        let mut sum = s1;
+        for &x in xs {
+            let d = self.a.op(F32, "sub.f32", &[x.into(), mn.into()]);
+            let e = scalar::exp_f32(&mut self.a, d);
+            sum = self.a.op(F32, "add.f32", &[sum.into(), e.into()]);
+        }
+        let finite = self.a.op(Pred, "setp.neu.f32", &[mn.into(), Opnd::F32(f32::NEG_INFINITY)]);
+        self.a.op_into(sacc, "selp.f32", &[sum.into(), s1.into(), finite.into()]);
+    }
+
+    // ---- reductions -----------------------------------------------------------------------
+
+    /// The accumulator class and identity of reduction `acc` (the CUDA emitter's `acc`).
+    fn acc_kind(&self, acc: Var, op: ReduceOp) -> R<(DType, Opnd)> {
+        let (src, out) = (self.dtype(self.acc_source[&acc]), self.dtype(acc));
+        Ok(match op {
+            ReduceOp::Sum | ReduceOp::Prod if out.is_float() => {
+                class_of(out)?;
+                (DType::F32, Opnd::F32(if op == ReduceOp::Sum { 0.0 } else { 1.0 }))
+            }
+            ReduceOp::Sum => (DType::I64, Opnd::Int(0)),
+            ReduceOp::Prod => (DType::I64, Opnd::Int(1)),
+            ReduceOp::Max | ReduceOp::Min if src.is_float() => {
+                class_of(src)?;
+                let inf = if op == ReduceOp::Max { f32::NEG_INFINITY } else { f32::INFINITY };
+                (DType::F32, Opnd::F32(inf))
+            }
+            ReduceOp::Max => (DType::I64, Opnd::Int(i64::MIN)),
+            ReduceOp::Min => (DType::I64, Opnd::Int(i64::MAX)),
+            ReduceOp::ArgMax | ReduceOp::ArgMin => return Err("an arg reduction".into()),
+        })
+    }
+
+    fn combine_instr(op: ReduceOp, acc: DType) -> &'static str {
+        let float = acc == DType::F32;
+        match (op, float) {
+            (ReduceOp::Sum, true) => "add.f32",
+            (ReduceOp::Sum, false) => "add.s64",
+            (ReduceOp::Prod, true) => "mul.f32",
+            (ReduceOp::Prod, false) => "mul.lo.s64",
+            (ReduceOp::Max, true) => "max.NaN.f32",
+            (ReduceOp::Max, false) => "max.s64",
+            (ReduceOp::Min, true) => "min.NaN.f32",
+            (_, _) => "min.s64",
+        }
+    }
+
+    pub(super) fn acc_init(&mut self, acc: Var, op: ReduceOp) -> R<()> {
+        let (d, init) = self.acc_kind(acc, op)?;
+        let r = if d == DType::F32 {
+            self.a.op(Class::F32, "mov.f32", &[init])
+        } else {
+            self.a.op(Class::B64, "mov.b64", &[init])
+        };
+        self.accs.insert((acc, 0), r);
+        Ok(())
+    }
+
+    pub(super) fn acc_update(&mut self, acc: Var, op: ReduceOp, value: Var) -> R<()> {
+        let (d, _) = self.acc_kind(acc, op)?;
+        let (v, src) = (self.val(value)?, self.dtype(value));
+        // max/min of floats compare in the source's compute type (f32 here)
+        let v = scalar::convert(&mut self.a, v, src, if src.is_float() && d == DType::F32 { DType::F32 } else { d })?;
+        let slot = if self.per_output { self.elem.unwrap_or(0) } else { 0 };
+        let r = self.accs[&(acc, slot)];
+        self.a.op_into(r, Self::combine_instr(op, d), &[r.into(), v.into()]);
+        Ok(())
+    }
+
+    /// A value shuffled from lane `lane ^ ...`: `shfl.sync.{mode}` of a 32- or 64-bit register.
+    fn shuffle(&mut self, v: Reg, mode: &str, by: i64) -> Reg {
+        if v.class == Class::B64 {
+            let (lo, hi) = (self.a.reg(Class::B32), self.a.reg(Class::B32));
+            self.a.ins(format!("mov.b64 {{{lo}, {hi}}}, {v}"));
+            let instr = format!("shfl.sync.{mode}.b32");
+            let l2 = self.a.op(Class::B32, &instr, &[lo.into(), Opnd::Int(by), Opnd::Int(31), Opnd::Int(-1)]);
+            let h2 = self.a.op(Class::B32, &instr, &[hi.into(), Opnd::Int(by), Opnd::Int(31), Opnd::Int(-1)]);
+            let r = self.a.reg(Class::B64);
+            self.a.ins(format!("mov.b64 {r}, {{{l2}, {h2}}}"));
+            r
+        } else {
+            self.a.op(
+                v.class,
+                &format!("shfl.sync.{mode}.b32"),
+                &[v.into(), Opnd::Int(by), Opnd::Int(31), Opnd::Int(-1)],
+            )
+        }
+    }
+
+    /// The row-wide combination of every thread's `acc` (the prelude's `coil_reduce<W>`): a
+    /// shuffle tree in each warp, broadcast from lane 0, then for several warps a
+    /// shared-memory stage read by every thread in the same order, between two barriers.
+    fn block_reduce(&mut self, acc: Var, op: ReduceOp) -> R<Reg> {
+        let (d, _) = self.acc_kind(acc, op)?;
+        let instr = Self::combine_instr(op, d);
+        let mut v = self.accs[&(acc, 0)];
+        for o in [16, 8, 4, 2, 1] {
+            let t = self.shuffle(v, "down", o);
+            v = self.a.op(v.class, instr, &[v.into(), t.into()]);
+        }
+        v = self.shuffle(v, "idx", 0);
+        let (warps, cluster) = (self.plan.warps_per_row(), self.plan.cluster);
+        if warps == 1 && cluster == 1 {
+            return Ok(v);
+        }
+        let (ty, bytes) = if d == DType::F32 { ("f32", 4) } else { ("b64", 8) };
+        let name = format!("{}_smem{acc}", self.k.name);
+        // a cluster's blocks leave their results in one more slot
+        self.shared.push((name.clone(), (warps + usize::from(cluster > 1)) * bytes));
+        let tid = self.tid.expect("the thread index");
+        let base = self.a.reg(Class::B32);
+        self.a.ins(format!("mov.u32 {base}, {name}"));
+        if warps > 1 {
+            let lane = self.a.op(Class::B32, "and.b32", &[tid.into(), Opnd::Int(31)]);
+            let first = self.a.op(Class::Pred, "setp.eq.u32", &[lane.into(), Opnd::Int(0)]);
+            let warp = self.a.op(Class::B32, "shr.u32", &[tid.into(), Opnd::Int(5)]);
+            let slot = self.a.op(Class::B32, "mad.lo.u32", &[warp.into(), Opnd::Int(bytes as i64), base.into()]);
+            self.a.ins(format!("@{first} st.shared.{ty} [{slot}], {v}"));
+            self.a.ins("bar.sync 0");
+            let mut r = self.shared_load(v.class, ty, base, 0);
+            for w in 1..warps {
+                let t = self.shared_load(v.class, ty, base, w * bytes);
+                r = self.a.op(v.class, instr, &[r.into(), t.into()]);
+            }
+            self.a.ins("bar.sync 0");
+            v = r;
+        }
+        if cluster > 1 {
+            // the prelude's `coil_reduce_cluster`: each block's result in slot W, then after the
+            // cluster's barrier every thread folds the blocks' results in block order, read
+            // from their shared memory (the caller syncs the cluster before the slot is reused)
+            let first = self.a.op(Class::Pred, "setp.eq.u32", &[tid.into(), Opnd::Int(0)]);
+            let slot = warps * bytes;
+            self.a.ins(format!("@{first} st.shared.{ty} [{base}+{slot}], {v}"));
+            self.cluster_sync();
+            let local = self.a.op(Class::B32, "add.u32", &[base.into(), Opnd::Int(slot as i64)]);
+            let mut r: Option<Reg> = None;
+            for c in 0..cluster {
+                let remote = self.a.op(Class::B32, "mapa.shared::cluster.u32", &[local.into(), Opnd::Int(c as i64)]);
+                let t = self.a.reg(v.class);
+                self.a.ins(format!("ld.shared::cluster.{ty} {t}, [{remote}]"));
+                r = Some(match r {
+                    None => t,
+                    Some(acc) => self.a.op(v.class, instr, &[acc.into(), t.into()]),
+                });
+            }
+            v = r.expect("a cluster of blocks");
+        }
+        Ok(v)
+    }
+
+    /// A barrier of every thread of the cluster, whose shared-memory writes before it are
+    /// visible to the whole cluster after it.
+    fn cluster_sync(&mut self) {
+        self.a.ins("barrier.cluster.arrive.release.aligned");
+        self.a.ins("barrier.cluster.wait.acquire.aligned");
+    }
+
+    fn shared_load(&mut self, class: Class, ty: &str, base: Reg, off: usize) -> Reg {
+        let r = self.a.reg(class);
+        self.a.ins(format!("ld.shared.{ty} {r}, [{base}+{off}]"));
+        r
+    }
+
+    /// Defines `tmp<var>`, the row's reduction, from the threads' accumulators `acc`.
+    pub(super) fn acc_finish(&mut self, var: Var, op: ReduceOp, acc: Var) -> R<()> {
+        let (d, _) = self.acc_kind(acc, op)?;
+        let red = self.block_reduce(acc, op)?;
+        let (src, out) = (self.dtype(self.acc_source[&acc]), self.dtype(var));
+        let from = if matches!(op, ReduceOp::Max | ReduceOp::Min) && src.is_float() { src } else { d };
+        let v = scalar::convert(&mut self.a, red, from, out)?;
+        self.define(var, v);
+        Ok(())
+    }
+
+    /// The online-softmax pair `(m, s)` of two partials (the prelude's `coil_online`): the
+    /// larger maximum, and the sum of the one with the smaller maximum rescaled by
+    /// `exp(-|m_a - m_b|)`; `(-inf, 0)` when both maxima are -inf.
+    fn online_combine(&mut self, a: (Reg, Reg), b: (Reg, Reg)) -> (Reg, Reg) {
+        use Class::*;
+        let m = self.a.op(F32, "max.NaN.f32", &[a.0.into(), b.0.into()]);
+        let empty = self.a.op(Pred, "setp.eq.f32", &[m.into(), Opnd::F32(f32::NEG_INFINITY)]);
+        let d = self.a.op(F32, "sub.f32", &[a.0.into(), b.0.into()]);
+        let ad = self.a.op(F32, "abs.f32", &[d.into()]);
+        let nd = self.a.op(F32, "neg.f32", &[ad.into()]);
+        let e = scalar::exp_f32(&mut self.a, nd);
+        let lt = self.a.op(Pred, "setp.lt.f32", &[a.0.into(), b.0.into()]);
+        let sa = self.a.op(F32, "mul.f32", &[a.1.into(), e.into()]);
+        let sa = self.a.op(F32, "add.f32", &[sa.into(), b.1.into()]);
+        let sb = self.a.op(F32, "mul.f32", &[b.1.into(), e.into()]);
+        let sb = self.a.op(F32, "add.f32", &[a.1.into(), sb.into()]);
+        let s = self.a.op(F32, "selp.f32", &[sa.into(), sb.into(), lt.into()]);
+        let s = self.a.op(F32, "selp.f32", &[Opnd::F32(0.0), s.into(), empty.into()]);
+        (m, s)
+    }
+
+    /// The row's online-softmax pair from the threads' pairs (the prelude's
+    /// `coil_reduce_costly` with `coil_online`): a shuffle tree per warp, broadcast from lane
+    /// 0; for several warps, the first warp combines the warps' pairs (a shuffle tree over
+    /// shared memory) and publishes the result in one more slot. Then `tmp<max>` and
+    /// `tmp<sum>` (the sum relative to the row's shift, as `coil_online_sum[_finite]`).
+    pub(super) fn online_finish(&mut self, max: Var, sum: Var, dtype: DType, finite_shift: bool) -> R<()> {
+        use Class::*;
+        class_of(dtype)?;
+        let mut v = (self.accs[&(max, 0)], self.accs[&(sum, 0)]);
+        let shfl =
+            |g: &mut Self, v: (Reg, Reg), mode: &str, by: i64| (g.shuffle(v.0, mode, by), g.shuffle(v.1, mode, by));
+        for o in [16, 8, 4, 2, 1] {
+            let u = shfl(self, v, "down", o);
+            v = self.online_combine(v, u);
+        }
+        v = shfl(self, v, "idx", 0);
+        let warps = self.plan.warps_per_row();
+        if warps > 1 {
+            let name = format!("{}_smem{max}", self.k.name);
+            self.shared.push((name.clone(), (warps + 1) * 8));
+            let tid = self.tid.expect("the thread index");
+            let base = self.a.reg(B32);
+            self.a.ins(format!("mov.u32 {base}, {name}"));
+            let lane = self.a.op(B32, "and.b32", &[tid.into(), Opnd::Int(31)]);
+            let first = self.a.op(Pred, "setp.eq.u32", &[lane.into(), Opnd::Int(0)]);
+            let warp = self.a.op(B32, "shr.u32", &[tid.into(), Opnd::Int(5)]);
+            let slot = self.a.op(B32, "mad.lo.u32", &[warp.into(), Opnd::Int(8), base.into()]);
+            self.a.ins(format!("@{first} st.shared.v2.f32 [{slot}], {{{}, {}}}", v.0, v.1));
+            self.a.ins("bar.sync 0");
+            let skip = self.a.label();
+            let outside = self.a.op(Pred, "setp.ge.u32", &[tid.into(), Opnd::Int(32)]);
+            self.a.branch_if(outside, false, &skip);
+            // the first warp: lane t < W holds warp t's pair
+            let inside = self.a.op(Pred, "setp.lt.u32", &[tid.into(), Opnd::Int(warps as i64)]);
+            let t = self.a.op(B32, "selp.b32", &[tid.into(), Opnd::Int(0), inside.into()]);
+            let at = self.a.op(B32, "mad.lo.u32", &[t.into(), Opnd::Int(8), base.into()]);
+            let (mut m, mut s) = (self.a.reg(F32), self.a.reg(F32));
+            self.a.ins(format!("ld.shared.v2.f32 {{{m}, {s}}}, [{at}]"));
+            for o in [16, 8, 4, 2, 1] {
+                let u = shfl(self, (m, s), "down", o);
+                let c = self.online_combine((m, s), u);
+                let to = self.a.op(B32, "add.u32", &[tid.into(), Opnd::Int(o)]);
+                let take = self.a.op(Pred, "setp.lt.u32", &[to.into(), Opnd::Int(warps as i64)]);
+                m = self.a.op(F32, "selp.f32", &[c.0.into(), m.into(), take.into()]);
+                s = self.a.op(F32, "selp.f32", &[c.1.into(), s.into(), take.into()]);
+            }
+            let zero = self.a.op(Pred, "setp.eq.u32", &[tid.into(), Opnd::Int(0)]);
+            self.a.ins(format!("@{zero} st.shared.v2.f32 [{base}+{}], {{{m}, {s}}}", warps * 8));
+            self.a.place(&skip);
+            self.a.ins("bar.sync 0");
+            let (rm, rs) = (self.a.reg(F32), self.a.reg(F32));
+            self.a.ins(format!("ld.shared.v2.f32 {{{rm}, {rs}}}, [{base}+{}]", warps * 8));
+            self.a.ins("bar.sync 0");
+            v = (rm, rs);
+        }
+        let (m, s) = v;
+        let ninf = self.a.op(Pred, "setp.eq.f32", &[m.into(), Opnd::F32(f32::NEG_INFINITY)]);
+        let total = if finite_shift {
+            let pinf = self.a.op(Pred, "setp.eq.f32", &[m.into(), Opnd::F32(f32::INFINITY)]);
+            let t = self.a.op(F32, "selp.f32", &[Opnd::F32(f32::INFINITY), s.into(), pinf.into()]);
+            self.a.op(F32, "selp.f32", &[Opnd::F32(0.0), t.into(), ninf.into()])
+        } else {
+            self.a.op(F32, "selp.f32", &[Opnd::F32(f32::NAN), s.into(), ninf.into()])
+        };
+        // `tmp<max>` is the maximum as a value of the row's dtype, as is the sum
+        let mv = scalar::convert(&mut self.a, m, DType::F32, dtype)?;
+        let sv = scalar::convert(&mut self.a, total, DType::F32, dtype)?;
+        self.define(max, mv);
+        self.define(sum, sv);
+        Ok(())
+    }
+
+    /// One pass of a looped reduction: the row's threads stride over its groups, four groups
+    /// per step (their loads issued together, as the CUDA emitter's `#pragma unroll 4`), then
+    /// the remaining groups one per step.
+    pub(super) fn rloop(&mut self, body: &[TileStmt]) -> R<()> {
+        let p = self.plan;
+        let nchunk = self.rnumel().floor_div(p.vec as i64);
+        if nchunk == Expr::int(0) {
+            return Ok(());
+        }
+        let unroll = std::env::var("COIL_ROW_UNROLL").ok().and_then(|v| v.parse::<i64>().ok()).unwrap_or(4).max(1);
+        let stmts: Vec<&TileStmt> = body.iter().collect();
+        let group = Group::new(rindex(&self.rnumel()), "rchunk", nchunk, p.vec, "i");
+        let rlane = self.rlane.expect("the lane");
+        self.strided_groups(&stmts, group, nchunk, rlane, p.lanes as i64, unroll)
+    }
+
+    /// The groups `rchunk = first, first + step, ...` below `nchunk` of `stmts` (in `group`,
+    /// whose indices name `rchunk`): `unroll` groups per loop step, their loads issued
+    /// together, then the rest one per step. Each copy substitutes `rchunk` as the step's
+    /// counter plus a constant, so the copies share address registers.
+    fn strided_groups(
+        &mut self,
+        stmts: &[&TileStmt],
+        group: Group,
+        nchunk: Expr,
+        first: Opnd,
+        step: i64,
+        unroll: i64,
+    ) -> R<()> {
+        let (c, t) = self.itype();
+        let rchunk_sym = Expr::index_upto("rchunk", nchunk);
+        let step_sym = Expr::index_upto("rstep", nchunk);
+        let ctr = self.a.reg(c);
+        self.a.op_into(ctr, &format!("mov.{}", t.replace('s', "b")), &[first]);
+        let n = self.expr(nchunk)?;
+        let widths: &[i64] = if unroll > 1 { &[unroll, 1] } else { &[1] };
+        for &width in widths {
+            let (top, end) = (self.a.label(), self.a.label());
+            self.a.place(&top);
+            let last = match width {
+                1 => ctr,
+                _ => self.a.op(c, &format!("add.{t}"), &[ctr.into(), Opnd::Int((width - 1) * step)]),
+            };
+            let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[last.into(), n]);
+            self.a.branch_if(out, false, &end);
+            self.push();
+            self.syms.insert("rstep".into(), ctr.into());
+            self.group = Some(group.clone());
+            let mut loads = vec![];
+            for u in 0..width {
+                self.rchunk_as = Some((rchunk_sym, step_sym + u * step));
+                loads.push(self.group_loads(stmts)?);
+            }
+            for (u, loaded) in loads.iter().enumerate() {
+                self.rchunk_as = Some((rchunk_sym, step_sym + u as i64 * step));
+                self.group_elements(stmts, loaded)?;
+            }
+            self.rchunk_as = None;
+            self.group = None;
+            self.pop();
+            self.a.op_into(ctr, &format!("add.{t}"), &[ctr.into(), Opnd::Int(width * step)]);
+            self.a.jump(&top);
+            self.a.place(&end);
+        }
+        Ok(())
+    }
+
+    /// A column plan with `col_vec` outputs per thread ([`Plan::col_vec`]; one pass): each
+    /// thread folds one accumulator per output over its share of the reduced positions, one
+    /// vector access per position; the accumulators go to shared memory (one plane per
+    /// output place), and the first `col_vec` threads along the reduced dim fold one output
+    /// each and run its row statements (the CUDA emitter's `column_vectors`).
+    fn column_vectors(&mut self, pieces: &[Piece], nchunk: Expr) -> R<()> {
+        let p = self.plan;
+        let v = p.col_vec;
+        let (mut pass, mut after) = (None, Vec::new());
+        for piece in pieces {
+            match piece {
+                Piece::Row(s @ TileStmt::Let { op: TileOp::Constant(_), .. }) if pass.is_none() => self.stmt(s)?,
+                Piece::Row(s) => after.push(*s),
+                Piece::Pass(stmts) => pass = Some(stmts.clone()),
+            }
+        }
+        let stmts = pass.ok_or("a column plan without a pass")?;
+        let reduces: Vec<(Var, ReduceOp)> = (stmts.iter())
+            .filter_map(|s| match s {
+                TileStmt::Reduce { var, op, .. } => Some((*var, *op)),
+                _ => None,
+            })
+            .collect();
+        for &(var, op) in &reduces {
+            let (d, init) = self.acc_kind(var, op)?;
+            for i in 0..v {
+                let r = match d {
+                    DType::F32 => self.a.op(Class::F32, "mov.f32", &[init]),
+                    _ => self.a.op(Class::B64, "mov.b64", &[init]),
+                };
+                self.accs.insert((var, i), r);
+            }
+        }
+        let groups = self.k.xnumel.floor_div(v as i64);
+        let group = Group::new(xindex(&self.k.xnumel), "xg", groups, v, "i")
+            .fixing(rindex(&self.rnumel()), Expr::index_upto("rchunk", nchunk));
+        let rlane = self.rlane.expect("the lane");
+        self.per_output = true;
+        self.strided_groups(&stmts, group, nchunk, rlane, p.lanes as i64, 8)?;
+        self.per_output = false;
+        // stage: plane i holds every thread's accumulator of output place i
+        let block = p.launch.block as usize;
+        let tid = self.tid.expect("the thread index");
+        let mut planes = IndexMap::new();
+        for &(var, op) in &reduces {
+            let (d, _) = self.acc_kind(var, op)?;
+            let (ty, bytes) = if d == DType::F32 { ("f32", 4) } else { ("b64", 8) };
+            let name = format!("{}_smem{var}", self.k.name);
+            self.shared.push((name.clone(), block * v * bytes));
+            let base = self.a.reg(Class::B32);
+            self.a.ins(format!("mov.u32 {base}, {name}"));
+            let mine = self.a.op(Class::B32, "mad.lo.u32", &[tid.into(), Opnd::Int(bytes as i64), base.into()]);
+            for i in 0..v {
+                let r = self.accs[&(var, i)];
+                self.a.ins(format!("st.shared.{ty} [{mine}+{}], {r}", i * block * bytes));
+            }
+            planes.insert(var, (base, ty, bytes, d));
+        }
+        self.a.ins("bar.sync 0");
+        // the first `v` threads along the reduced dim: output `v * xg + rlane` each
+        let (c, t) = self.itype();
+        let skip = self.a.label();
+        let r = self.in_reg(rlane);
+        let idle = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[r.into(), Opnd::Int(v as i64)]);
+        self.a.branch_if(idle, false, &skip);
+        self.push();
+        let xg = self.syms["xg"];
+        let xi = self.iop("mad.lo", &[xg, Opnd::Int(v as i64), rlane]);
+        self.syms.insert("xindex".into(), xi);
+        let across = p.col_threads();
+        let x = self.a.op(Class::B32, "rem.u32", &[tid.into(), Opnd::Int(across as i64)]);
+        let rl32 = if c == Class::B64 { self.a.op(Class::B32, "cvt.u32.u64", &[r.into()]) } else { r };
+        for &(var, op) in &reduces {
+            let (base, ty, bytes, d) = planes[&var];
+            // plane `rlane`, slot `x`, then `x + across`, ... (the order of coil_col_fold)
+            let plane =
+                self.a.op(Class::B32, "mad.lo.u32", &[rl32.into(), Opnd::Int((block * bytes) as i64), base.into()]);
+            let at = self.a.op(Class::B32, "mad.lo.u32", &[x.into(), Opnd::Int(bytes as i64), plane.into()]);
+            let class = if d == DType::F32 { Class::F32 } else { Class::B64 };
+            let mut acc = self.a.reg(class);
+            self.a.ins(format!("ld.shared.{ty} {acc}, [{at}]"));
+            for row in 1..p.lanes {
+                let u = self.a.reg(class);
+                self.a.ins(format!("ld.shared.{ty} {u}, [{at}+{}]", row * across * bytes));
+                acc = self.a.op(class, Self::combine_instr(op, d), &[acc.into(), u.into()]);
+            }
+            let src = self.dtype(self.acc_source[&var]);
+            let from = if matches!(op, ReduceOp::Max | ReduceOp::Min) && src.is_float() { src } else { d };
+            let value = scalar::convert(&mut self.a, acc, from, self.dtypes[&var])?;
+            self.define(var, value);
+        }
+        self.own_output = true;
+        for s in after {
+            self.stmt(s)?;
+        }
+        self.own_output = false;
+        self.pop();
+        self.a.place(&skip);
+        // the next group's stage overwrites the planes
+        self.a.ins("bar.sync 0");
+        Ok(())
+    }
+
+    // ---- kernel shapes --------------------------------------------------------------------
+
+    pub(super) fn rnumel(&self) -> Expr {
+        self.k.rnumel.expect("a reduction's row")
+    }
+
+    /// A persistent or looped reduction: `lanes` threads per row, `rows_per_block` rows per
+    /// block, a grid-stride loop over the rows.
+    pub(super) fn reduction(&mut self) -> R<()> {
+        let p = self.plan;
+        let persistent = self.k.kind == KernelKind::PersistentReduction;
+        if p.cluster > 1 && !persistent {
+            return Err("a looped row split over a cluster".into());
+        }
+        if p.col && (p.col_vec == 1 || !persistent) {
+            return Err("a column plan of one output per thread".into());
+        }
+        if p.warps_per_row() > 1 && p.rows_per_block != 1 && !p.col {
+            return Err("several multi-warp rows per block".into());
+        }
+        if persistent && !p.col && p.chunks * p.vec > MAX_ROW_VALUES {
+            return Err(format!("{} values per thread", p.chunks * p.vec));
+        }
+        let tid = self.a.op(Class::B32, "mov.u32", &[Opnd::Text("%tid.x")]);
+        self.tid = Some(tid);
+        let lanes = p.lanes as i64;
+        let rl = if p.col {
+            self.a.op(Class::B32, "div.u32", &[tid.into(), Opnd::Int(p.col_threads() as i64)])
+        } else if p.cluster > 1 {
+            // the block's place in its cluster (clusters are consecutive blocks of the grid)
+            let ctaid = self.a.op(Class::B32, "mov.u32", &[Opnd::Text("%ctaid.x")]);
+            let rank = self.a.op(Class::B32, "rem.u32", &[ctaid.into(), Opnd::Int(p.cluster as i64)]);
+            self.a.op(Class::B32, "mad.lo.u32", &[rank.into(), Opnd::Int(lanes), tid.into()])
+        } else if lanes == p.launch.block as i64 {
+            tid
+        } else {
+            self.a.op(Class::B32, "rem.u32", &[tid.into(), Opnd::Int(lanes)])
+        };
+        let rlane = if self.wide { self.a.op(Class::B64, "cvt.u64.u32", &[rl.into()]) } else { rl };
+        self.rlane = Some(rlane.into());
+        if p.col {
+            // a grid-stride loop over the groups of `col_vec` outputs
+            let across = p.col_threads() as i64;
+            let (ctaid, t) = (self.special("%ctaid.x"), self.special("%tid.x"));
+            let (c, ty) = self.itype();
+            let within = self.a.op(c, &format!("rem.{}", ty.replace('s', "u")), &[t.into(), Opnd::Int(across)]);
+            let first = self.iop("mad.lo", &[ctaid.into(), Opnd::Int(across), within.into()]);
+            let groups = self.k.xnumel.floor_div(p.col_vec as i64);
+            let pieces = pieces(&self.k.body);
+            let nchunk = self.rnumel().floor_div(p.vec as i64);
+            let per_step = p.launch.grid as u64 * across as u64;
+            let mut run = |g: &mut Self| g.column_vectors(&pieces, nchunk);
+            return self.grid_loop("xg", first, groups, Step { mul: across, div: 1 }, per_step, &mut run);
+        }
+        let ctaid = self.special("%ctaid.x");
+        let first = if p.cluster > 1 {
+            let (c, ty) = self.itype();
+            self.a.op(c, &format!("div.{}", ty.replace('s', "u")), &[ctaid.into(), Opnd::Int(p.cluster as i64)]).into()
+        } else if p.rows_per_block > 1 {
+            let t = self.special("%tid.x");
+            let tr = self.in_reg(t.into());
+            let (c, ty) = self.itype();
+            let within = self.a.op(c, &format!("div.{}", ty.replace('s', "u")), &[tr.into(), Opnd::Int(lanes)]);
+            self.iop("mad.lo", &[ctaid.into(), Opnd::Int(p.rows_per_block as i64), within.into()])
+        } else {
+            ctaid.into()
+        };
+        let k = self.k;
+        let pieces = if persistent { pieces(&k.body) } else { vec![] };
+        self.arrays = persistent_arrays(&pieces);
+        let nchunk = self.rnumel().floor_div(p.vec as i64);
+        let per_step = (p.launch.grid / p.launch.cluster.max(1)) as u64 * p.launch.per_block as u64;
+        let xn = k.xnumel;
+        let mut run = |g: &mut Self| -> R<()> {
+            if !persistent {
+                return k.body.iter().try_for_each(|s| g.stmt(s));
+            }
+            for piece in &pieces {
+                match piece {
+                    Piece::Row(s) => g.stmt(s)?,
+                    Piece::Pass(stmts) => g.pass(stmts, nchunk)?,
+                }
+            }
+            if p.cluster > 1 {
+                // every block has read this row's results from the others' shared memory
+                // before the next row overwrites them, or a block exits
+                g.cluster_sync();
+            }
+            Ok(())
+        };
+        let step = Step { mul: p.rows_per_block as i64, div: p.cluster as i64 };
+        self.grid_loop("xindex", first, xn, step, per_step, &mut run)
+    }
+
+    /// One pass of a persistent reduction over the thread's chunks, then its reductions.
+    /// The chunks are written out one after the other, sharing index and address registers
+    /// ([`PtxGen::rchunk_as`]); except in a kernel of one block whose passes keep no values
+    /// (the last stage of a split reduction, a mean over a batch: latency-bound, as the CUDA
+    /// emitter's `#pragma unroll 1` says), where a loop over the chunks keeps the code short.
+    fn pass(&mut self, stmts: &[&TileStmt], nchunk: Expr) -> R<()> {
+        let p = self.plan;
+        for s in stmts {
+            if let TileStmt::Reduce { var, op, .. } = s {
+                self.acc_init(*var, *op)?;
+            }
+        }
+        if nchunk != Expr::int(0) {
+            let rnumel = self.k.rnumel.expect("a reduction's row");
+            let rt = p.row_threads() as i64;
+            let rchunk_sym = Expr::index_upto("rchunk", nchunk);
+            let rlane = self.rlane.expect("the lane");
+            let (c, t) = self.itype();
+            let one_block = p.launch.grid == 1 && p.chunks > 1;
+            if one_block && self.arrays.is_empty() {
+                let ctr = self.a.reg(c);
+                self.a.op_into(ctr, &format!("mov.{}", t.replace('s', "b")), &[rlane]);
+                let (top, end) = (self.a.label(), self.a.label());
+                self.a.place(&top);
+                let n = self.expr(nchunk)?;
+                let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[ctr.into(), n]);
+                self.a.branch_if(out, false, &end);
+                self.syms.insert("rchunk".into(), ctr.into());
+                self.group = Some(Group::new(rindex(&rnumel), "rchunk", nchunk, p.vec, "i"));
+                self.push();
+                self.group_body(stmts)?;
+                self.pop();
+                self.group = None;
+                self.a.op_into(ctr, &format!("add.{t}"), &[ctr.into(), Opnd::Int(rt)]);
+                self.a.jump(&top);
+                self.a.place(&end);
+            } else {
+                let all_full = Expr::int(p.chunks as i64 * rt) == nchunk;
+                self.syms.insert("rlane".into(), rlane);
+                let rlane_sym = Expr::index("rlane", p.lanes as i64);
+                for k in 0..p.chunks {
+                    let skip = self.a.label();
+                    // a chunk some threads skip keeps what it computes to itself
+                    if !all_full {
+                        let rchunk = self.expr(rlane_sym + k as i64 * rt)?;
+                        let n = self.expr(nchunk)?;
+                        let r = self.in_reg(rchunk);
+                        let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[r.into(), n]);
+                        self.a.branch_if(out, false, &skip);
+                        self.push();
+                    } else {
+                        self.scopes.push(IndexMap::new());
+                    }
+                    self.rchunk_as = Some((rchunk_sym, rlane_sym + k as i64 * rt));
+                    self.group = Some(Group::new(rindex(&rnumel), "rchunk", nchunk, p.vec, "i"));
+                    self.chunk = k;
+                    self.group_body(stmts)?;
+                    self.group = None;
+                    self.rchunk_as = None;
+                    if !all_full {
+                        self.pop();
+                    } else {
+                        self.scopes.pop();
+                    }
+                    self.a.place(&skip);
+                }
+            }
+        }
+        for s in stmts {
+            if let TileStmt::Reduce { var, op, .. } = s {
+                self.acc_finish(*var, *op, *var)?;
+            }
+        }
+        Ok(())
+    }
+}
