@@ -74,20 +74,6 @@ struct Step {
     div: i64,
 }
 
-/// The raw words of a group's vector load of a buffer of `buf`.
-struct Words {
-    buf: DType,
-    words: Vec<Reg>,
-}
-
-fn mem(addr: Reg, off: i64) -> String {
-    if off == 0 {
-        format!("[{addr}]")
-    } else {
-        format!("[{addr}+{off}]")
-    }
-}
-
 impl<'a> PtxGen<'a> {
     pub(super) fn new(k: &'a TileKernel, plan: Plan) -> PtxGen<'a> {
         let mut dtypes = IndexMap::new();
@@ -365,28 +351,6 @@ impl<'a> PtxGen<'a> {
         }
     }
 
-    /// The address of element `idx + extra` of argument `arg`, as a register and a byte offset.
-    fn address(&mut self, arg: usize, idx: Opnd, extra: i64) -> (Reg, i64) {
-        let size = self.k.args[arg].dtype.size_bytes() as i64;
-        let base = self.ptrs[arg];
-        match idx {
-            Opnd::Reg(r) => {
-                if let Some(a) = self.addresses.iter().rev().find_map(|m| m.get(&(arg, r))) {
-                    return (*a, extra * size);
-                }
-                let instr = if r.class == Class::B64 { "mul.lo.s64" } else { "mul.wide.s32" };
-                let off = self.a.op(Class::B64, instr, &[r.into(), Opnd::Int(size)]);
-                let a = self.a.op(Class::B64, "add.s64", &[base.into(), off.into()]);
-                self.addresses.last_mut().expect("a scope").insert((arg, r), a);
-                (a, extra * size)
-            }
-            Opnd::Int(c) => (base, (c + extra) * size),
-            _ => unreachable!("an index is a register or a constant"),
-        }
-    }
-
-    // ---- values ---------------------------------------------------------------------------
-
     fn val(&self, v: Var) -> R<Reg> {
         if let (Some(g), Some(i)) = (&self.group, self.elem) {
             if self.arrays.contains(&v) {
@@ -419,174 +383,6 @@ impl<'a> PtxGen<'a> {
         self.addresses.pop();
         self.scopes.pop();
     }
-
-    /// A scalar load of element `idx + extra` of `arg` as a value of `val`; under `guard` only
-    /// (else the raw element is 0).
-    fn load(&mut self, arg: usize, idx: Opnd, extra: i64, val: DType, guard: Option<Reg>) -> R<Reg> {
-        let buf = self.k.args[arg].dtype;
-        let (ty, class) = (mem_type(buf)?, raw_class(buf)?);
-        let (addr, off) = self.address(arg, idx, extra);
-        let raw = self.a.reg(class);
-        let text = format!("ld.global.{ty} {raw}, {}", mem(addr, off));
-        match guard {
-            Some(p) => {
-                let zero = match class {
-                    Class::F32 => Opnd::F32(0.0),
-                    _ => Opnd::Int(0),
-                };
-                let mov = match class {
-                    Class::F32 => "mov.f32",
-                    Class::B16 => "mov.b16",
-                    _ => "mov.b64",
-                };
-                self.a.op_into(raw, mov, &[zero]);
-                self.a.ins(format!("@{p} {text}"));
-            }
-            None => self.a.ins(text),
-        }
-        scalar::from_storage(&mut self.a, raw, buf, val)
-    }
-
-    /// A scalar store of `v` (a value of `val`) into element `idx + extra` of `arg`.
-    fn store(&mut self, arg: usize, idx: Opnd, extra: i64, v: Reg, val: DType, guard: Option<Reg>) -> R<()> {
-        let buf = self.k.args[arg].dtype;
-        let raw = scalar::to_storage(&mut self.a, v, val, buf)?;
-        let (addr, off) = self.address(arg, idx, extra);
-        let g = guard.map_or(String::new(), |p| format!("@{p} "));
-        self.a.ins(format!("{g}st.global.{} {}, {raw}", mem_type(buf)?, mem(addr, off)));
-        Ok(())
-    }
-
-    /// How the current group reaches `arg` at `index`: as the CUDA emitter does, except that
-    /// 1-byte elements go one by one.
-    fn access(&self, arg: usize, index: Expr) -> Access {
-        let dtype = self.k.args[arg].dtype;
-        match &self.group {
-            Some(g) => match g.access(index, dtype) {
-                Access::Vector { .. } if dtype.size_bytes() == 1 => Access::Scalar,
-                a => a,
-            },
-            None => Access::Scalar,
-        }
-    }
-
-    /// The group's vector load of `arg` at `index`: the raw words, decoded element by element
-    /// where each is used ([`PtxGen::element`]), so that only the words are live across the
-    /// group's other loads.
-    fn load_vector(&mut self, arg: usize, index: Expr, piece: usize) -> R<Words> {
-        let g = self.group.clone().expect("a vector load inside a group");
-        let base = g.peel(index).map_or_else(|| g.at(index, g.base), |(e0, _)| e0);
-        let (b, c0) = self.split_constant(base)?;
-        let buf = self.k.args[arg].dtype;
-        let size = buf.size_bytes();
-        let (addr, off0) = self.address(arg, b, c0);
-        // (register class, PTX element type, registers per access)
-        let (class, ty, n) = match buf {
-            DType::F32 => (Class::F32, "f32", piece),
-            DType::I32 => (Class::B32, "b32", piece),
-            DType::I64 => (Class::B64, "b64", piece),
-            DType::F16 | DType::BF16 if piece >= 2 => (Class::B32, "b32", piece / 2),
-            DType::F16 | DType::BF16 => (Class::B16, "b16", 1),
-            _ => return Err(format!("a vector load of {buf}")),
-        };
-        let mut words = Vec::new();
-        for c in 0..g.vec / piece {
-            let at = mem(addr, off0 + (c * piece * size) as i64);
-            let regs: Vec<Reg> = (0..n).map(|_| self.a.reg(class)).collect();
-            let list: Vec<String> = regs.iter().map(|r| r.to_string()).collect();
-            match n {
-                1 => self.a.ins(format!("ld.global.{ty} {}, {at}", list[0])),
-                _ => self.a.ins(format!("ld.global.v{n}.{ty} {{{}}}, {at}", list.join(", "))),
-            }
-            words.extend(regs);
-        }
-        Ok(Words { buf, words })
-    }
-
-    /// Element `i` of a vector load as a value of `val`.
-    fn element(&mut self, w: &Words, i: usize, val: DType) -> R<Reg> {
-        let pairs = w.words[0].class == Class::B32 && matches!(w.buf, DType::F16 | DType::BF16);
-        let e = match w.buf {
-            DType::I32 => self.a.op(Class::B64, "cvt.s64.s32", &[w.words[i].into()]),
-            DType::BF16 if pairs => {
-                let word = w.words[i / 2];
-                let bits = if i % 2 == 0 {
-                    self.a.op(Class::B32, "shl.b32", &[word.into(), Opnd::Int(16)])
-                } else {
-                    self.a.op(Class::B32, "and.b32", &[word.into(), Opnd::Int(0xffff_0000u32 as i64)])
-                };
-                self.a.op(Class::F32, "mov.b32", &[bits.into()])
-            }
-            DType::F16 if pairs => {
-                let (lo, hi) = (self.a.reg(Class::B16), self.a.reg(Class::B16));
-                self.a.ins(format!("mov.b32 {{{lo}, {hi}}}, {}", w.words[i / 2]));
-                self.a.op(Class::F32, "cvt.f32.f16", &[if i % 2 == 0 { lo } else { hi }.into()])
-            }
-            DType::F16 => self.a.op(Class::F32, "cvt.f32.f16", &[w.words[i].into()]),
-            DType::BF16 => scalar::bf16_to_f32(&mut self.a, w.words[i]),
-            _ => w.words[i],
-        };
-        // a value of the buffer's dtype (in its register class)
-        scalar::convert(&mut self.a, e, w.buf, val)
-    }
-
-    /// The group's vector store of `values` (one per element, with their dtypes) into `arg`.
-    fn store_vector(&mut self, arg: usize, index: Expr, piece: usize, values: &[(Reg, DType)]) -> R<()> {
-        let g = self.group.clone().expect("a vector store inside a group");
-        let base = g.peel(index).map_or_else(|| g.at(index, g.base), |(e0, _)| e0);
-        let (b, c0) = self.split_constant(base)?;
-        let buf = self.k.args[arg].dtype;
-        let size = buf.size_bytes();
-        let (addr, off0) = self.address(arg, b, c0);
-        for c in 0..g.vec / piece {
-            let at = mem(addr, off0 + (c * piece * size) as i64);
-            let elems = &values[c * piece..(c + 1) * piece];
-            let (ty, regs): (&str, Vec<Reg>) = match buf {
-                DType::F32 => {
-                    let regs = elems.iter().map(|&(v, d)| scalar::convert(&mut self.a, v, d, DType::F32));
-                    ("f32", regs.collect::<R<_>>()?)
-                }
-                DType::I64 => {
-                    let regs = elems.iter().map(|&(v, d)| scalar::convert(&mut self.a, v, d, DType::I64));
-                    ("b64", regs.collect::<R<_>>()?)
-                }
-                DType::I32 => {
-                    let mut regs = vec![];
-                    for &(v, d) in elems {
-                        let w = scalar::convert(&mut self.a, v, d, DType::I32)?;
-                        regs.push(self.a.op(Class::B32, "cvt.u32.u64", &[w.into()]));
-                    }
-                    ("b32", regs)
-                }
-                DType::F16 | DType::BF16 if piece >= 2 => {
-                    let mut regs = vec![];
-                    let instr = if buf == DType::F16 { "cvt.rn.f16x2.f32" } else { "cvt.rn.bf16x2.f32" };
-                    for pair in elems.chunks(2) {
-                        let mut f = vec![];
-                        for &(v, d) in pair {
-                            f.push(if single_float(d) { v } else { scalar::convert(&mut self.a, v, d, DType::F32)? });
-                        }
-                        // the first element in the low half, as memory has it
-                        regs.push(self.a.op(Class::B32, instr, &[f[1].into(), f[0].into()]));
-                    }
-                    ("b32", regs)
-                }
-                DType::F16 | DType::BF16 => {
-                    let (v, d) = elems[0];
-                    ("b16", vec![scalar::to_storage(&mut self.a, v, d, buf)?])
-                }
-                _ => return Err(format!("a vector store of {buf}")),
-            };
-            let list: Vec<String> = regs.iter().map(|r| r.to_string()).collect();
-            match regs.len() {
-                1 => self.a.ins(format!("st.global.{ty} {at}, {}", list[0])),
-                n => self.a.ins(format!("st.global.v{n}.{ty} {at}, {{{}}}", list.join(", "))),
-            }
-        }
-        Ok(())
-    }
-
-    // ---- statements -----------------------------------------------------------------------
 
     /// The value `op` defines, of dtype `out`.
     fn let_value(&mut self, op: &TileOp, out: DType) -> R<Reg> {
@@ -647,50 +443,6 @@ impl<'a> PtxGen<'a> {
                 scalar::convert(&mut self.a, xv, self.dtypes[x], out)?
             }
         })
-    }
-
-    /// `arg[index + stride * v]` for the loaded index `v` in `0..bound`; out of range, the
-    /// first failing thread of the launch records `(1, v, bound)` in `status` and the value
-    /// is 0 (the CUDA prelude's `coil_index_error`).
-    fn indirect_load(
-        &mut self,
-        arg: usize,
-        index: Expr,
-        indirect: Var,
-        stride: Expr,
-        bound: Expr,
-        out: DType,
-    ) -> R<Reg> {
-        use Class::*;
-        let v = self.val(indirect)?;
-        let v = scalar::convert(&mut self.a, v, self.dtypes[&indirect], DType::I64)?;
-        let bound = self.expr(bound)?;
-        let bound = self.wide_index(bound);
-        let stride = self.expr(stride)?;
-        let stride = self.wide_index(stride);
-        let (b, off) = self.index_parts(index)?;
-        let b = self.wide_index(b);
-        let lo = self.a.op(Pred, "setp.ge.s64", &[v.into(), Opnd::Int(0)]);
-        let hi = self.a.op(Pred, "setp.lt.s64", &[v.into(), bound]);
-        let ok = self.a.op(Pred, "and.pred", &[lo.into(), hi.into()]);
-        let pos = match stride {
-            Opnd::Int(1) => self.a.op(B64, "add.s64", &[v.into(), b]),
-            s => self.a.op(B64, "mad.lo.s64", &[v.into(), s, b]),
-        };
-        let value = self.load(arg, pos.into(), off, out, Some(ok))?;
-        let status = self.status.expect("the status pointer");
-        let bad = self.a.op(Pred, "not.pred", &[ok.into()]);
-        let old = self.a.op(B64, "mov.b64", &[Opnd::Int(1)]);
-        self.a.ins(format!("@{bad} atom.global.cas.b64 {old}, [{status}], 0, 1"));
-        let won = self.a.op(Pred, "setp.eq.s64", &[old.into(), Opnd::Int(0)]);
-        self.a.ins(format!("@{won} st.global.b64 [{status}+8], {v}"));
-        let br = match bound {
-            Opnd::Int(c) => self.a.op(B64, "mov.b64", &[Opnd::Int(c)]),
-            Opnd::Reg(r) => r,
-            _ => unreachable!(),
-        };
-        self.a.ins(format!("@{won} st.global.b64 [{status}+16], {br}"));
-        Ok(value)
     }
 
     /// Whether this thread stores the row's values (its first thread).
@@ -986,3 +738,8 @@ impl<'a> PtxGen<'a> {
 /// Reductions: a child module, so that it shares the emitter's private state.
 #[path = "reduce.rs"]
 mod reduce;
+
+/// Loads and stores: a child module, so that it shares the emitter's private state.
+#[path = "memory.rs"]
+mod memory;
+use memory::Words;
