@@ -93,7 +93,14 @@ pub fn cache_key(source: &str, arch: &str, nvrtc: (i32, i32)) -> String {
 
 /// The cache key of PTX `source` assembled for `arch` by the driver of version `driver`.
 fn ptx_cache_key(source: &str, arch: &str, driver: i32) -> String {
-    hash_parts(&[CACHE_FORMAT, arch, "ptx", &format!("driver {driver}"), source])
+    let level = ptxas_level().map_or(String::new(), |l| format!("O{l}"));
+    hash_parts(&[CACHE_FORMAT, arch, "ptx", &format!("driver {driver}"), &level, source])
+}
+
+/// `COIL_PTXAS_OPT=N` (0-4): the driver assembler's optimization level (default 4, the
+/// highest), for measuring compile time against run time. Part of the cache key.
+fn ptxas_level() -> Option<u32> {
+    std::env::var("COIL_PTXAS_OPT").ok()?.trim().parse().ok().filter(|&l| l <= 4)
 }
 
 fn hash_parts(parts: &[&str]) -> String {
@@ -251,17 +258,21 @@ pub(crate) fn ptx_cubin(ptx: &str, source_path: &Path) -> Result<Vec<u8>> {
     let name = CString::new(source_path.file_name().unwrap_or_default().to_string_lossy().as_bytes())
         .unwrap_or_else(|_| c"coil.ptx".to_owned());
     let mut log = vec![0u8; 16 << 10];
-    let mut options = [CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
-    let mut values = [log.as_mut_ptr().cast::<std::ffi::c_void>(), log.len() as *mut std::ffi::c_void];
+    let mut options = vec![CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+    let mut values = vec![log.as_mut_ptr().cast::<std::ffi::c_void>(), log.len() as *mut std::ffi::c_void];
+    if let Some(level) = ptxas_level() {
+        options.push(sys::CUjit_option::CU_JIT_OPTIMIZATION_LEVEL);
+        values.push(level as usize as *mut std::ffi::c_void);
+    }
     let failed = |what: &str, e: sys::CUresult, log: &[u8]| {
         let log = CStr::from_bytes_until_nul(log).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
         Error::runtime(format!("{what} failed ({e:?}) assembling {}:\n{}", source_path.display(), log.trim_end()))
     };
     let mut state: sys::CUlinkState = std::ptr::null_mut();
-    // SAFETY: the option arrays hold 2 entries each, the log buffer outlives the link state
+    // SAFETY: the option arrays hold one value per option, the log buffer outlives the link state
     // (destroyed below), and the CUBIN is copied out before the state is destroyed.
     unsafe {
-        let r = sys::cuLinkCreate_v2(2, options.as_mut_ptr(), values.as_mut_ptr(), &mut state);
+        let r = sys::cuLinkCreate_v2(options.len() as u32, options.as_mut_ptr(), values.as_mut_ptr(), &mut state);
         if r != sys::CUresult::CUDA_SUCCESS {
             return Err(failed("cuLinkCreate", r, &log));
         }
