@@ -174,7 +174,7 @@ pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaMod
 /// Errors as [`emit_cuda`].
 pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
     let tuning = Tuning::from_env();
-    let why = if !kernel.sizes.is_empty() {
+    let why = if !kernel.sizes.is_empty() && !ptx_for_symbolic_sizes() {
         // Kernels of symbolic sizes ran slower as PTX on the H100 (dynamic pointwise chain
         // 1.25x, bias + gelu 1.10x, layer norm 1.05x the static kernel's time, against 1.00 from
         // NVRTC); not understood yet, so they stay on NVRTC.
@@ -193,6 +193,11 @@ pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<(CudaModule, Op
 /// Whether [`emit_for_device`] tries PTX first (`COIL_CUDA_PTX` is not `0`).
 pub fn ptx_enabled() -> bool {
     std::env::var_os("COIL_CUDA_PTX").is_none_or(|v| v != "0")
+}
+
+/// `COIL_CUDA_PTX=all`: kernels of symbolic sizes too (for measuring them).
+fn ptx_for_symbolic_sizes() -> bool {
+    std::env::var_os("COIL_CUDA_PTX").is_some_and(|v| v == "all")
 }
 
 /// One kernel with the prelude before it: a complete translation unit, for dumps

@@ -65,6 +65,8 @@ pub enum Opnd {
     Reg(Reg),
     Int(i64),
     F32(f32),
+    /// An integer immediate written in hex (`0x...`: a bit pattern, such as a multiplier).
+    Hex(u64),
     /// A special register (`%tid.x`) or other verbatim text.
     Text(&'static str),
 }
@@ -81,6 +83,7 @@ impl Display for Opnd {
             Opnd::Reg(r) => r.fmt(f),
             Opnd::Int(i) => i.fmt(f),
             Opnd::F32(x) => write!(f, "0f{:08X}", x.to_bits()),
+            Opnd::Hex(x) => write!(f, "0x{x:X}"),
             Opnd::Text(t) => f.write_str(t),
         }
     }

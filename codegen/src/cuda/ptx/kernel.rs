@@ -67,6 +67,16 @@ pub(super) struct PtxGen<'a> {
     rlane: Option<Opnd>,
 }
 
+/// The multiplier `m` and shift `s` with `x / d == (x * m) >> (bits + 1 + s)` for every
+/// `x < 2^bits` (`bits` 31 or 63; `d >= 2`): `m = ceil(2^(bits + l) / d)` with
+/// `l = ceil(log2 d)`, `s = l - 1`. `m` fits in `bits + 1` bits, so `mul.hi` of the register
+/// width gives `(x * m) >> (bits + 1)`.
+pub(super) fn division_magic(d: u64, bits: u32) -> (u64, u32) {
+    let l = 64 - (d - 1).leading_zeros();
+    let m = ((1u128 << (bits + l)) + u128::from(d) - 1) / u128::from(d);
+    (m as u64, l - 1)
+}
+
 /// The stride of a grid-stride loop: `gridDim.x * mul / div` (`div`: blocks per cluster).
 #[derive(Clone, Copy)]
 struct Step {
@@ -277,7 +287,9 @@ impl<'a> PtxGen<'a> {
                 let div = matches!(&*e.kind(), ExprKind::FloorDiv(..));
                 let (xv, yv) = (self.expr(*x)?, self.expr(*y)?);
                 let positive = y.bounds().0.is_some_and(|l| l >= 1);
-                if nonneg(*x) && positive {
+                if let Some(d) = y.const_value().filter(|&d| d >= 1 && (nonneg(*x) || d.count_ones() == 1)) {
+                    self.div_by_constant(xv, d, div)
+                } else if nonneg(*x) && positive {
                     // C's `/` and `%` agree with floor division here; unsigned is cheaper
                     let (c, t) = self.itype();
                     let t = t.replace('s', "u");
@@ -295,6 +307,58 @@ impl<'a> PtxGen<'a> {
         };
         self.memo.last_mut().expect("a scope").insert(e, o);
         Ok(o)
+    }
+
+    /// `x // d` or `x % d` (floor) for a constant `d >= 1`, without a division instruction:
+    /// ptxas emits its division routine even for an immediate divisor (a bias broadcast's
+    /// `xindex % 8192` cost bias + gelu 1%, and a 64-bit one per thread made a dynamic
+    /// pointwise kernel 25% slower). A power of two is a shift and a mask (exact floor for
+    /// negative `x` too, in two's complement); any other `d` (only for `x >= 0`) multiplies by
+    /// `m = ceil(2^(N+l) / d)`, `l = ceil(log2 d)`, `N` the dividend's magnitude bits (31 or
+    /// 63: index values are nonnegative and fit), and takes the high half shifted by `l - 1`:
+    /// exact for every `x < 2^N` (Granlund & Montgomery 1994), `m` fits in 32 or 64 bits.
+    fn div_by_constant(&mut self, x: Opnd, d: i64, div: bool) -> Opnd {
+        let (c, t) = self.itype();
+        if let Opnd::Int(v) = x {
+            return Opnd::Int(if div { v.div_euclid(d) } else { v.rem_euclid(d) });
+        }
+        let xr = self.in_reg(x);
+        if d.count_ones() == 1 && d > 1 {
+            // also for negative `x`: an arithmetic shift floors, the mask is the floor modulo
+            let shift = d.trailing_zeros() as i64;
+            return if div {
+                self.a.op(c, &format!("shr.{t}"), &[xr.into(), Opnd::Int(shift)]).into()
+            } else {
+                self.a.op(c, &format!("and.{}", t.replace('s', "b")), &[xr.into(), Opnd::Int(d - 1)]).into()
+            };
+        }
+        self.udiv_const(c, xr, d, div).into()
+    }
+
+    /// `x / d` or `x % d` of a nonnegative register of `class` (`B32` or `B64`, below 2^31 or
+    /// 2^63) by a constant `d >= 1` ([`division_magic`], or a shift and a mask for a power of
+    /// two).
+    fn udiv_const(&mut self, class: Class, x: Reg, d: i64, div: bool) -> Reg {
+        let (bits, w) = if class == Class::B64 { (63u32, 64) } else { (31, 32) };
+        if d == 1 {
+            return if div { x } else { self.a.op(class, &format!("mov.b{w}"), &[Opnd::Int(0)]) };
+        }
+        if d.count_ones() == 1 {
+            return if div {
+                self.a.op(class, &format!("shr.u{w}"), &[x.into(), Opnd::Int(d.trailing_zeros() as i64)])
+            } else {
+                self.a.op(class, &format!("and.b{w}"), &[x.into(), Opnd::Int(d - 1)])
+            };
+        }
+        let (m, shift) = division_magic(d as u64, bits);
+        let hi = self.a.op(class, &format!("mul.hi.u{w}"), &[x.into(), Opnd::Hex(m)]);
+        let q = self.a.op(class, &format!("shr.u{w}"), &[hi.into(), Opnd::Int(i64::from(shift))]);
+        if div {
+            q
+        } else {
+            let qd = self.a.op(class, &format!("mul.lo.u{w}"), &[q.into(), Opnd::Int(d)]);
+            self.a.op(class, &format!("sub.u{w}"), &[x.into(), qd.into()])
+        }
     }
 
     /// Floor division or modulo of signed operands: C's truncating ones, corrected when the
@@ -605,9 +669,9 @@ impl<'a> PtxGen<'a> {
                 let nct = self.special("%nctaid.x");
                 let mut s = self.iop("mul.lo", &[nct.into(), Opnd::Int(step.mul)]);
                 if step.div > 1 {
-                    let (c, t) = self.itype();
+                    let (c, _) = self.itype();
                     let sr = self.in_reg(s);
-                    s = self.a.op(c, &format!("div.{}", t.replace('s', "u")), &[sr.into(), Opnd::Int(step.div)]).into();
+                    s = self.udiv_const(c, sr, step.div, true).into();
                 }
                 self.a.op_into(ctr, &format!("add.{t}"), &[ctr.into(), s]);
                 self.a.jump(&top);

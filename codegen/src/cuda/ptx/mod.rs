@@ -16,7 +16,7 @@
 //! reason: such a kernel is compiled from CUDA C by NVRTC as before.
 
 mod asm;
-mod kernel;
+pub(crate) mod kernel;
 mod scalar;
 #[cfg(test)]
 mod tests;

@@ -426,7 +426,7 @@ impl<'a> PtxGen<'a> {
         let xi = self.iop("mad.lo", &[xg, Opnd::Int(v as i64), rlane]);
         self.syms.insert("xindex".into(), xi);
         let across = p.col_threads();
-        let x = self.a.op(Class::B32, "rem.u32", &[tid.into(), Opnd::Int(across as i64)]);
+        let x = self.udiv_const(Class::B32, tid, across as i64, false);
         let rl32 = if c == Class::B64 { self.a.op(Class::B32, "cvt.u32.u64", &[r.into()]) } else { r };
         for &(var, op) in &reduces {
             let (base, ty, bytes, d) = planes[&var];
@@ -486,16 +486,16 @@ impl<'a> PtxGen<'a> {
         self.tid = Some(tid);
         let lanes = p.lanes as i64;
         let rl = if p.col {
-            self.a.op(Class::B32, "div.u32", &[tid.into(), Opnd::Int(p.col_threads() as i64)])
+            self.udiv_const(Class::B32, tid, p.col_threads() as i64, true)
         } else if p.cluster > 1 {
             // the block's place in its cluster (clusters are consecutive blocks of the grid)
             let ctaid = self.a.op(Class::B32, "mov.u32", &[Opnd::Text("%ctaid.x")]);
-            let rank = self.a.op(Class::B32, "rem.u32", &[ctaid.into(), Opnd::Int(p.cluster as i64)]);
+            let rank = self.udiv_const(Class::B32, ctaid, p.cluster as i64, false);
             self.a.op(Class::B32, "mad.lo.u32", &[rank.into(), Opnd::Int(lanes), tid.into()])
         } else if lanes == p.launch.block as i64 {
             tid
         } else {
-            self.a.op(Class::B32, "rem.u32", &[tid.into(), Opnd::Int(lanes)])
+            self.udiv_const(Class::B32, tid, lanes, false)
         };
         let rlane = if self.wide { self.a.op(Class::B64, "cvt.u64.u32", &[rl.into()]) } else { rl };
         self.rlane = Some(rlane.into());
@@ -503,8 +503,8 @@ impl<'a> PtxGen<'a> {
             // a grid-stride loop over the groups of `col_vec` outputs
             let across = p.col_threads() as i64;
             let (ctaid, t) = (self.special("%ctaid.x"), self.special("%tid.x"));
-            let (c, ty) = self.itype();
-            let within = self.a.op(c, &format!("rem.{}", ty.replace('s', "u")), &[t.into(), Opnd::Int(across)]);
+            let (c, _) = self.itype();
+            let within = self.udiv_const(c, t, across, false);
             let first = self.iop("mad.lo", &[ctaid.into(), Opnd::Int(across), within.into()]);
             let groups = self.k.xnumel.floor_div(p.col_vec as i64);
             let pieces = pieces(&self.k.body);
@@ -515,13 +515,13 @@ impl<'a> PtxGen<'a> {
         }
         let ctaid = self.special("%ctaid.x");
         let first = if p.cluster > 1 {
-            let (c, ty) = self.itype();
-            self.a.op(c, &format!("div.{}", ty.replace('s', "u")), &[ctaid.into(), Opnd::Int(p.cluster as i64)]).into()
+            let (c, _) = self.itype();
+            self.udiv_const(c, ctaid, p.cluster as i64, true).into()
         } else if p.rows_per_block > 1 {
             let t = self.special("%tid.x");
             let tr = self.in_reg(t.into());
-            let (c, ty) = self.itype();
-            let within = self.a.op(c, &format!("div.{}", ty.replace('s', "u")), &[tr.into(), Opnd::Int(lanes)]);
+            let (c, _) = self.itype();
+            let within = self.udiv_const(c, tr, lanes, true);
             self.iop("mad.lo", &[ctaid.into(), Opnd::Int(p.rows_per_block as i64), within.into()])
         } else {
             ctaid.into()

@@ -132,3 +132,23 @@ fn cluster_rows_meet_in_distributed_shared_memory() {
     assert_eq!(src.matches("mapa.shared::cluster.u32").count(), 2 * plan.cluster, "{src}");
     assert_eq!(src.matches("barrier.cluster.wait.acquire.aligned").count(), 3, "{src}");
 }
+
+#[test]
+fn division_by_a_constant_is_exact_for_every_index() {
+    use super::kernel::division_magic;
+    for bits in [31u32, 63] {
+        let top = (1u128 << bits) - 1;
+        for d in (2u64..3000).chain([4095, 4097, 8191, 50304, 1 << 20, 1_000_003, (1 << 31) - 1]) {
+            let (m, s) = division_magic(d, bits);
+            let q = |x: u128| ((x * u128::from(m)) >> (bits + 1)) >> s;
+            let samples = [0, 1, u128::from(d) - 1, u128::from(d), 3 * u128::from(d) - 1, top - 1, top, top / 3];
+            for x in samples.into_iter().filter(|&x| x <= top) {
+                assert_eq!(q(x), x / u128::from(d), "x {x} / d {d} ({bits} bits)");
+            }
+        }
+    }
+    // the emitted code: a power of two is a mask, another constant a multiply-high
+    let (p, k) = crate::tile::tests::pointwise_chain(DType::BF16);
+    let src = ptx(&build_kernel(&p, &k));
+    assert!(!src.contains("div.") && !src.contains("rem."), "{src}");
+}
