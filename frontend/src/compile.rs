@@ -415,9 +415,13 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
             let dev = CudaDevice::get(n)?;
             let (major, minor) = dev.compute_capability();
             let arch = major * 10 + minor;
+            let emitted: Vec<_> = {
+                use rayon::prelude::*;
+                generated.par_iter().map(|k| coil_codegen::cuda::emit_for_device(k, arch)).collect()
+            };
             let mut units = Vec::with_capacity(generated.len());
-            for k in &generated {
-                let (unit, why) = coil_codegen::cuda::emit_for_device(k, arch)?;
+            for (k, e) in generated.iter().zip(emitted) {
+                let (unit, why) = e?;
                 if let Some(why) = why {
                     logs::output_code(&k.name, &format!("CUDA C through NVRTC (no PTX form: {why})"));
                 }

@@ -112,12 +112,16 @@ fn hash_parts(parts: &[&str]) -> String {
     format!("{:032x}", h.finish())
 }
 
-/// The driver's CUDA version (`13000` for 13.0).
+/// The driver's CUDA version (`13000` for 13.0), asked once.
 fn driver_version() -> Result<i32> {
+    static VERSION: OnceLock<i32> = OnceLock::new();
+    if let Some(&v) = VERSION.get() {
+        return Ok(v);
+    }
     let mut v = 0;
     // SAFETY: one out-pointer to a live integer; the driver is loaded (a device exists).
     unsafe { sys::cuDriverGetVersion(&mut v) }.result().map_err(|e| driver_error("cuDriverGetVersion", e))?;
-    Ok(v)
+    Ok(*VERSION.get_or_init(|| v))
 }
 
 /// The CUBIN for `source` on `arch`, from `cache_dir` when a complete entry is there, else

@@ -45,6 +45,11 @@ pub(super) struct PtxGen<'a> {
     /// indices, so that every chunk shares the address registers of chunk 0 and differs by an
     /// immediate offset).
     rchunk_as: Option<(Expr, Expr)>,
+    /// [`PtxGen::index_parts`]' pure rewrites by (group, index, `rchunk_as`, element when the
+    /// index does not peel): the computed part, the constant, the coefficient of `i`.
+    index_cache: IndexMap<IndexKey, (Expr, i64, i64)>,
+    /// Counts [`PtxGen::set_group`] calls: the group of the cache's keys.
+    group_id: u32,
     /// Values by scope (row, group, element).
     scopes: Vec<IndexMap<Var, Reg>>,
     /// Persistent values read by later passes: one register per (value, chunk * vec + i).
@@ -76,6 +81,9 @@ pub(super) fn division_magic(d: u64, bits: u32) -> (u64, u32) {
     let m = ((1u128 << (bits + l)) + u128::from(d) - 1) / u128::from(d);
     (m as u64, l - 1)
 }
+
+/// A key of [`PtxGen::index_cache`].
+type IndexKey = (u32, Expr, Option<(Expr, Expr)>, Option<i64>);
 
 /// The stride of a grid-stride loop: `gridDim.x * mul / div` (`div`: blocks per cluster).
 #[derive(Clone, Copy)]
@@ -140,6 +148,8 @@ impl<'a> PtxGen<'a> {
             memo: vec![IndexMap::new()],
             addresses: vec![IndexMap::new()],
             rchunk_as: None,
+            index_cache: IndexMap::new(),
+            group_id: 0,
             scopes: vec![IndexMap::new()],
             arrays: IndexSet::new(),
             array_regs: IndexMap::new(),
@@ -387,32 +397,61 @@ impl<'a> PtxGen<'a> {
     /// (`c` folds into the address). Inside a group it is the group's `e0 + c*i` form where
     /// [`Group::peel`] finds it.
     fn index_parts(&mut self, index: Expr) -> R<(Opnd, i64)> {
-        let Some(g) = &self.group else { return self.split_constant(index) };
         let i = self.elem.unwrap_or(0) as i64;
-        let (base, off) = match g.peel(index) {
-            Some((e0, c)) => (e0, c * i),
+        // the pure rewrites (peeling, substitutions) once per group and index: Expr
+        // arithmetic dominated the emitter's time when it ran per element
+        let peeled = (self.group_id, index, self.rchunk_as, None);
+        if let Some(&(base, k, c)) = self.index_cache.get(&peeled) {
+            return Ok((self.expr(base)?, k + c * i));
+        }
+        let at_element = (self.group_id, index, self.rchunk_as, Some(i));
+        if let Some(&(base, k, _)) = self.index_cache.get(&at_element) {
+            return Ok((self.expr(base)?, k));
+        }
+        let (key, base, k, c) = match &self.group {
             None => {
-                let at = g.at(index, g.pos);
-                (at.substitute(&IndexMap::from([(g.i, Expr::int(i))])), 0)
+                let (b, k) = self.split_expr(index);
+                (peeled, b, k, 0)
             }
+            Some(g) => match g.peel(index) {
+                Some((e0, c)) => {
+                    let (b, k) = self.split_expr(e0);
+                    (peeled, b, k, c)
+                }
+                None => {
+                    let at = g.at(index, g.pos).substitute(&IndexMap::from([(g.i, Expr::int(i))]));
+                    let (b, k) = self.split_expr(at);
+                    (at_element, b, k, 0)
+                }
+            },
         };
-        let (b, c) = self.split_constant(base)?;
-        Ok((b, c + off))
+        self.index_cache.insert(key, (base, k, c));
+        let off = if key.3.is_none() { c * i } else { 0 };
+        Ok((self.expr(base)?, k + off))
     }
 
-    /// `e` (with the chunk's `rchunk` substituted) as a computed part and a constant one.
-    fn split_constant(&mut self, e: Expr) -> R<(Opnd, i64)> {
+    /// `e` with the chunk's `rchunk` substituted, as a computed part and a constant one.
+    fn split_expr(&self, e: Expr) -> (Expr, i64) {
         let e = match self.rchunk_as {
             Some((from, to)) => e.substitute(&IndexMap::from([(from, to)])),
             None => e,
         };
         match &*e.kind() {
-            ExprKind::Add { constant, .. } if *constant != 0 => {
-                let c = *constant;
-                Ok((self.expr(e - c)?, c))
-            }
-            _ => Ok((self.expr(e)?, 0)),
+            ExprKind::Add { constant, .. } if *constant != 0 => (e - *constant, *constant),
+            _ => (e, 0),
         }
+    }
+
+    /// [`PtxGen::split_expr`], the computed part in a register.
+    fn split_constant(&mut self, e: Expr) -> R<(Opnd, i64)> {
+        let (b, k) = self.split_expr(e);
+        Ok((self.expr(b)?, k))
+    }
+
+    /// Enters (or leaves, with `None`) a group: indices are peeled anew.
+    fn set_group(&mut self, g: Option<Group>) {
+        self.group = g;
+        self.group_id += 1;
     }
 
     fn val(&self, v: Var) -> R<Reg> {
@@ -587,11 +626,12 @@ impl<'a> PtxGen<'a> {
         let vec = self.group.as_ref().expect("inside a group").vec;
         let mut stores: IndexMap<usize, Vec<(Reg, DType)>> = IndexMap::new();
         let mut online: IndexMap<(Var, Var), Vec<Reg>> = IndexMap::new();
+        let access: Vec<_> = stmts.iter().map(|s| self.vector_access(s)).collect();
         for i in 0..vec {
             self.elem = Some(i);
             self.scopes.push(IndexMap::new());
             for (n, s) in stmts.iter().enumerate() {
-                match (s, self.vector_access(s)) {
+                match (s, access[n]) {
                     (TileStmt::Let { var, dtype, .. }, Some(_)) => {
                         if let Some(words) = loaded.get(var) {
                             let v = self.element(words, i, *dtype)?;
@@ -614,7 +654,7 @@ impl<'a> PtxGen<'a> {
         }
         self.elem = None;
         for (n, values) in stores {
-            let (arg, index, piece) = self.vector_access(stmts[n]).expect("a vector store");
+            let (arg, index, piece) = access[n].expect("a vector store");
             self.store_vector(arg, index, piece, &values)?;
         }
         for ((m, s), xs) in online {
@@ -705,7 +745,7 @@ impl<'a> PtxGen<'a> {
                     let p = g.a.op(Class::Pred, &format!("setp.ge.{t}"), &[xr.into(), f]);
                     g.a.branch_if(p, false, &rest);
                 }
-                g.group = group.clone();
+                g.set_group(group.clone());
                 g.push();
                 let (uni, other): (Vec<&TileStmt>, Vec<&TileStmt>) =
                     body.iter().partition(|s| matches!(s, TileStmt::Let { var, .. } if uniform.contains(var)));
@@ -714,7 +754,7 @@ impl<'a> PtxGen<'a> {
                 }
                 g.group_body(&other)?;
                 g.pop();
-                g.group = None;
+                g.set_group(None);
                 if partial {
                     g.a.jump(&done);
                     g.a.place(&rest);

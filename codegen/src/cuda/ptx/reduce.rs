@@ -336,7 +336,7 @@ impl<'a> PtxGen<'a> {
             self.a.branch_if(out, false, &end);
             self.push();
             self.syms.insert("rstep".into(), ctr.into());
-            self.group = Some(group.clone());
+            self.set_group(Some(group.clone()));
             let mut loads = vec![];
             for u in 0..width {
                 self.rchunk_as = Some((rchunk_sym, step_sym + u * step));
@@ -347,7 +347,7 @@ impl<'a> PtxGen<'a> {
                 self.group_elements(stmts, loaded)?;
             }
             self.rchunk_as = None;
-            self.group = None;
+            self.set_group(None);
             self.pop();
             self.a.op_into(ctr, &format!("add.{t}"), &[ctr.into(), Opnd::Int(width * step)]);
             self.a.jump(&top);
@@ -581,11 +581,11 @@ impl<'a> PtxGen<'a> {
                 let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[ctr.into(), n]);
                 self.a.branch_if(out, false, &end);
                 self.syms.insert("rchunk".into(), ctr.into());
-                self.group = Some(Group::new(rindex(&rnumel), "rchunk", nchunk, p.vec, "i"));
+                self.set_group(Some(Group::new(rindex(&rnumel), "rchunk", nchunk, p.vec, "i")));
                 self.push();
                 self.group_body(stmts)?;
                 self.pop();
-                self.group = None;
+                self.set_group(None);
                 self.a.op_into(ctr, &format!("add.{t}"), &[ctr.into(), Opnd::Int(rt)]);
                 self.a.jump(&top);
                 self.a.place(&end);
@@ -593,6 +593,8 @@ impl<'a> PtxGen<'a> {
                 let all_full = Expr::int(p.chunks as i64 * rt) == nchunk;
                 self.syms.insert("rlane".into(), rlane);
                 let rlane_sym = Expr::index("rlane", p.lanes as i64);
+                let group = Group::new(rindex(&rnumel), "rchunk", nchunk, p.vec, "i");
+                self.set_group(Some(group.clone()));
                 for k in 0..p.chunks {
                     let skip = self.a.label();
                     // a chunk some threads skip keeps what it computes to itself
@@ -607,7 +609,7 @@ impl<'a> PtxGen<'a> {
                         self.scopes.push(IndexMap::new());
                     }
                     self.rchunk_as = Some((rchunk_sym, rlane_sym + k as i64 * rt));
-                    self.group = Some(Group::new(rindex(&rnumel), "rchunk", nchunk, p.vec, "i"));
+                    self.group = Some(group.clone());
                     self.chunk = k;
                     self.group_body(stmts)?;
                     self.group = None;
