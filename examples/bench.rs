@@ -349,6 +349,8 @@ struct DynamicRow {
 }
 
 struct Row {
+    /// The warm compile's stages (printed with `COIL_PROFILE=1`).
+    warm_stages: coil_frontend::compile::StageTimes,
     dynamic: Option<DynamicRow>,
     /// Time per launch (`COIL_PROFILE=1`), with the launch shape of generated kernels.
     profile: Vec<(String, f64, String)>,
@@ -456,7 +458,8 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     let dynamic = if o.dynamic { Some(run_dynamic(c, o, &on_device, &bufs, &result)?) } else { None };
     // A second process's compile: the same graph again, outside this process's graph cache,
     // its kernels now in the disk cache.
-    let warm_s = coil_frontend::compile::compile_fresh(&captured.graph, o.device)?.times.total;
+    let warm = coil_frontend::compile::compile_fresh(&captured.graph, o.device)?.times;
+    let warm_s = warm.total;
     let summary: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap_or_default();
     let profile = match std::env::var("COIL_PROFILE") {
         Ok(v) if !v.is_empty() && v != "0" => compiled.profile(&bufs, o.warmup, o.reps.max(1))?,
@@ -491,6 +494,7 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
         compile_s: compiled.times.total,
         cc_s: compiled.times.cc,
         warm_s,
+        warm_stages: warm,
         relerr,
         peak_bytes: count("peak_bytes"),
         interp_us,
@@ -727,6 +731,21 @@ fn main() {
             line += &format!(" {:>10.1} {:>11} {:>8.1e}", d.us, ratio, d.relerr);
         }
         println!("{line}");
+        if !r.profile.is_empty() {
+            // where a second process's compile goes (the rest: capture, module loads, set-up)
+            let t = &r.warm_stages;
+            let ms = |s: f64| s * 1e3;
+            println!(
+                "         warm compile {:.1} ms: decompose {:.1}, rewrite {:.1}, lower {:.1}, schedule {:.1}, codegen {:.1}, other {:.1}",
+                ms(t.total),
+                ms(t.decompose),
+                ms(t.rewrite),
+                ms(t.lower),
+                ms(t.schedule),
+                ms(t.codegen),
+                ms(t.total - t.decompose - t.rewrite - t.lower - t.schedule - t.codegen)
+            );
+        }
         for (kernel, us, launch) in &r.profile {
             println!("    {us:>10.1} us  {kernel}{launch}");
         }
