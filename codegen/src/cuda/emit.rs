@@ -233,48 +233,21 @@ impl Group {
     }
 }
 
-/// The emitter of one kernel.
-pub(super) struct Gen<'a> {
-    k: &'a TileKernel,
-    plan: Plan,
-    /// Outputs (or rows) and the row length (1 for a pointwise kernel): constants, or
-    /// expressions of the kernel's size parameters.
-    xnumel: Expr,
-    rnumel: Expr,
-    /// The prefix of the arrays of vector stores: `s` (`s4`), or `st` in a kernel with size
-    /// parameters, which are named `s0, s1, ...`.
-    st: &'static str,
-    pub(super) out: String,
-    indent: usize,
-    dtypes: IndexMap<Var, DType>,
+/// What both CUDA emitters know of a kernel's values, from one walk of its body.
+pub(super) struct KernelFacts {
+    pub(super) dtypes: IndexMap<Var, DType>,
     /// The value each accumulator folds.
-    acc_source: IndexMap<Var, Var>,
-    /// Persistent `XR` values read by a later pass: per-thread arrays indexed by `Group::arr`.
-    arrays: IndexSet<Var>,
-    /// Pointwise values that are the same for a whole group: computed once per group.
-    uniform: IndexSet<Var>,
-    /// Inside a group: how indices map.
-    group: Option<Group>,
-    /// How the current statement indexes its accumulators: `None` for scalars, `Some("i")`
-    /// where each thread folds one per output of its column group ([`Plan::col_vec`]).
-    pub(super) acc_at: Option<&'static str>,
-    /// Inside `column_vectors`' epilogue: each thread computes and stores one output of its
-    /// own (row values are otherwise stored by the row's first thread only).
-    pub(super) own_output: bool,
-    /// Per argument, the alignment in bytes its vector accesses need (checked at run time).
-    align: IndexMap<usize, usize>,
-    /// Values that are float constants equal to 2 (`pow(x, 2)` becomes `x * x`).
-    twos: IndexSet<Var>,
-    /// Values that are float constants equal to 1, and `tanh(z)` values by their `z` (computed
-    /// in f32): `tanh(z) + 1` becomes `coil_one_plus_tanh(z)` (see [`fast_one_plus_tanh`]).
-    ones: IndexSet<Var>,
-    tanh_of: IndexMap<Var, Var>,
-    /// The type of index variables and arithmetic ([`index_type`]).
-    pub(super) it: &'static str,
+    pub(super) acc_source: IndexMap<Var, Var>,
+    /// Float constants equal to 2 (`pow(x, 2)` is `x * x`).
+    pub(super) twos: IndexSet<Var>,
+    /// Float constants equal to 1, and `tanh(z)` values by their `z` (computed in f32):
+    /// `tanh(z) + 1` becomes `coil_one_plus_tanh(z)` (see [`fast_one_plus_tanh`]).
+    pub(super) ones: IndexSet<Var>,
+    pub(super) tanh_of: IndexMap<Var, Var>,
 }
 
-impl<'a> Gen<'a> {
-    pub(super) fn new(k: &'a TileKernel, plan: Plan) -> Gen<'a> {
+impl KernelFacts {
+    pub(super) fn new(k: &TileKernel) -> KernelFacts {
         let mut dtypes = IndexMap::new();
         let mut acc_source = IndexMap::new();
         let (mut twos, mut ones, mut tanh_of) = (IndexSet::new(), IndexSet::new(), IndexMap::new());
@@ -299,6 +272,7 @@ impl<'a> Gen<'a> {
                         acc_source.insert(*var, *source);
                     }
                 }
+                TileStmt::AccInit { acc, dtype, .. } => _ = dtypes.entry(*acc).or_insert(*dtype),
                 TileStmt::AccUpdate { acc, value, .. } => {
                     acc_source.insert(*acc, *value);
                 }
@@ -313,6 +287,57 @@ impl<'a> Gen<'a> {
                 _ => {}
             }
         }
+        KernelFacts { dtypes, acc_source, twos, ones, tanh_of }
+    }
+
+    /// The `z` of `x + y` (a value of `out`) when it is `1 + tanh(z)` computed in f32.
+    pub(super) fn one_plus_tanh(&self, x: Var, y: Var, out: DType) -> Option<Var> {
+        if !single_float(out) || !fast_one_plus_tanh() {
+            return None;
+        }
+        match (self.tanh_of.get(&x), self.tanh_of.get(&y)) {
+            (Some(z), _) if self.ones.contains(&y) => Some(*z),
+            (_, Some(z)) if self.ones.contains(&x) => Some(*z),
+            _ => None,
+        }
+    }
+}
+
+/// The emitter of one kernel.
+pub(super) struct Gen<'a> {
+    k: &'a TileKernel,
+    plan: Plan,
+    /// Outputs (or rows) and the row length (1 for a pointwise kernel): constants, or
+    /// expressions of the kernel's size parameters.
+    xnumel: Expr,
+    rnumel: Expr,
+    /// The prefix of the arrays of vector stores: `s` (`s4`), or `st` in a kernel with size
+    /// parameters, which are named `s0, s1, ...`.
+    st: &'static str,
+    pub(super) out: String,
+    indent: usize,
+    /// The kernel's values: dtypes, accumulators' sources, the fast-path patterns.
+    facts: KernelFacts,
+    /// Persistent `XR` values read by a later pass: per-thread arrays indexed by `Group::arr`.
+    arrays: IndexSet<Var>,
+    /// Pointwise values that are the same for a whole group: computed once per group.
+    uniform: IndexSet<Var>,
+    /// Inside a group: how indices map.
+    group: Option<Group>,
+    /// How the current statement indexes its accumulators: `None` for scalars, `Some("i")`
+    /// where each thread folds one per output of its column group ([`Plan::col_vec`]).
+    pub(super) acc_at: Option<&'static str>,
+    /// Inside `column_vectors`' epilogue: each thread computes and stores one output of its
+    /// own (row values are otherwise stored by the row's first thread only).
+    pub(super) own_output: bool,
+    /// Per argument, the alignment in bytes its vector accesses need (checked at run time).
+    align: IndexMap<usize, usize>,
+    /// The type of index variables and arithmetic ([`index_type`]).
+    pub(super) it: &'static str,
+}
+
+impl<'a> Gen<'a> {
+    pub(super) fn new(k: &'a TileKernel, plan: Plan) -> Gen<'a> {
         Gen {
             k,
             plan,
@@ -321,17 +346,13 @@ impl<'a> Gen<'a> {
             st: if k.sizes.is_empty() { "s" } else { "st" },
             out: String::new(),
             indent: 0,
-            dtypes,
-            acc_source,
+            facts: KernelFacts::new(k),
             arrays: IndexSet::new(),
             uniform: IndexSet::new(),
             group: None,
             acc_at: None,
             own_output: false,
             align: IndexMap::new(),
-            twos,
-            ones,
-            tanh_of,
             it: index_type(k),
         }
     }
@@ -372,7 +393,7 @@ impl<'a> Gen<'a> {
     }
 
     fn dtype(&self, v: Var) -> DType {
-        self.dtypes[&v]
+        self.facts.dtypes[&v]
     }
 
     /// How the current statement reads `v`.
@@ -696,17 +717,12 @@ impl<'a> Gen<'a> {
             // pow(x, 2) is x * x: IEEE pow with exponent 2 is the correctly rounded square
             // (signed zeros, infinities and NaN included), which one multiply gives; CUDA's
             // powf is a long routine (and up to 2 ulp off).
-            TileOp::Binary(BinaryOp::Pow, x, y) if out.is_float() && self.twos.contains(y) => {
+            TileOp::Binary(BinaryOp::Pow, x, y) if out.is_float() && self.facts.twos.contains(y) => {
                 let a = self.r(*x);
                 ops::binary(BinaryOp::Mul, &a, self.dtype(*x), &a, self.dtype(*x), out)
             }
             TileOp::Binary(BinaryOp::Add, x, y) if single_float(out) && fast_one_plus_tanh() => {
-                let z = match (self.tanh_of.get(x), self.tanh_of.get(y)) {
-                    (Some(z), _) if self.ones.contains(y) => Some(*z),
-                    (_, Some(z)) if self.ones.contains(x) => Some(*z),
-                    _ => None,
-                };
-                match z {
+                match self.facts.one_plus_tanh(*x, *y, out) {
                     Some(z) => ops::convert(&format!("coil_one_plus_tanh({})", self.r(z)), DType::F32, out),
                     None => ops::binary(BinaryOp::Add, &self.r(*x), self.dtype(*x), &self.r(*y), self.dtype(*y), out),
                 }

@@ -328,7 +328,7 @@ impl<'a> Gen<'a> {
     /// tree across lanes, which keeps the error near pairwise summation's; f64 halves the
     /// shuffle and register budget) and f64 ones in f64.
     fn acc(&self, acc: Var, op: ReduceOp) -> Acc {
-        let src = self.dtype(self.acc_source[&acc]);
+        let src = self.dtype(self.facts.acc_source[&acc]);
         let out = self.dtype(acc);
         let max = matches!(op, ReduceOp::Max | ReduceOp::ArgMax);
         let float = if src == DType::F64 { "double" } else { "float" };
@@ -455,7 +455,7 @@ impl<'a> Gen<'a> {
             format!("{reduce}({}, {}(), smem{var})", self.acc_ref(acc), a.combine)
         };
         self.line(&format!("const {} red{var} = {red};", a.ty));
-        let src = self.dtype(self.acc_source[&acc]);
+        let src = self.dtype(self.facts.acc_source[&acc]);
         let value = match op {
             ReduceOp::ArgMax | ReduceOp::ArgMin => {
                 ops::convert(&format!("(red{var}.i == COIL_NO_INDEX ? 0 : red{var}.i)"), DType::I64, out)

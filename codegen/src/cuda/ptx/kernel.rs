@@ -6,11 +6,11 @@
 use super::asm::{Asm, Class, Opnd, Reg};
 use super::scalar::{self, class_of, mem_type, raw_class, R};
 use crate::cuda::emit::reduce::{persistent_arrays, pieces, Piece};
-use crate::cuda::emit::{fast_one_plus_tanh, index_type, single_float, uniform_values, Access, Group};
+use crate::cuda::emit::{index_type, single_float, uniform_values, Access, Group, KernelFacts};
 use crate::cuda::launch::Plan;
 use coil_ir::kernel::{flat_stmts, rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::sym::{Expr, ExprKind};
-use coil_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
+use coil_ir::{BinaryOp, DType, ReduceOp};
 use indexmap::{IndexMap, IndexSet};
 use std::fmt::Write;
 
@@ -25,12 +25,8 @@ pub(super) struct PtxGen<'a> {
     a: Asm,
     /// 64-bit index arithmetic (the CUDA emitter's `int64_t` kernels).
     wide: bool,
-    dtypes: IndexMap<Var, DType>,
-    acc_source: IndexMap<Var, Var>,
-    twos: IndexSet<Var>,
-    /// `tmp<v> = 1 + tanh(z)` candidates: constants 1 and the `z` of each tanh.
-    ones: IndexSet<Var>,
-    tanh_of: IndexMap<Var, Var>,
+    /// The kernel's values: dtypes, accumulators' sources, the fast-path patterns.
+    facts: KernelFacts,
     /// Values some store or reduction needs (the others are never computed).
     needed: IndexSet<Var>,
     ptrs: Vec<Reg>,
@@ -94,53 +90,12 @@ struct Step {
 
 impl<'a> PtxGen<'a> {
     pub(super) fn new(k: &'a TileKernel, plan: Plan) -> PtxGen<'a> {
-        let mut dtypes = IndexMap::new();
-        let mut acc_source = IndexMap::new();
-        let (mut twos, mut ones, mut tanh_of) = (IndexSet::new(), IndexSet::new(), IndexMap::new());
-        for s in flat_stmts(&k.body) {
-            match s {
-                TileStmt::Let { var, dtype, op, .. } => {
-                    dtypes.insert(*var, *dtype);
-                    match op {
-                        TileOp::Constant(c) if c.as_f64() == 2.0 => _ = twos.insert(*var),
-                        TileOp::Constant(c) if c.as_f64() == 1.0 => _ = ones.insert(*var),
-                        TileOp::Unary(UnaryOp::Tanh, z)
-                            if single_float(*dtype) && dtypes.get(z).is_some_and(|d| single_float(*d)) =>
-                        {
-                            _ = tanh_of.insert(*var, *z)
-                        }
-                        _ => {}
-                    }
-                }
-                TileStmt::Reduce { var, dtype, source, .. } => {
-                    dtypes.insert(*var, *dtype);
-                    if k.kind == KernelKind::PersistentReduction {
-                        acc_source.insert(*var, *source);
-                    }
-                }
-                TileStmt::AccInit { acc, dtype, .. } => _ = dtypes.entry(*acc).or_insert(*dtype),
-                TileStmt::AccUpdate { acc, value, .. } => _ = acc_source.insert(*acc, *value),
-                TileStmt::AccUpdateOnlineSoftmax { max_acc, sum_acc, value } => {
-                    acc_source.insert(*max_acc, *value);
-                    acc_source.insert(*sum_acc, *value);
-                }
-                TileStmt::ReduceOnlineSoftmax { max, sum, dtype, .. } => {
-                    dtypes.insert(*max, *dtype);
-                    dtypes.insert(*sum, *dtype);
-                }
-                _ => {}
-            }
-        }
         let mut g = PtxGen {
             k,
             plan,
             a: Asm::default(),
             wide: index_type(k) != "int",
-            dtypes,
-            acc_source,
-            twos,
-            ones,
-            tanh_of,
+            facts: KernelFacts::new(k),
             needed: IndexSet::new(),
             ptrs: vec![],
             status: None,
@@ -167,30 +122,18 @@ impl<'a> PtxGen<'a> {
         g
     }
 
-    /// The `z` of `x + y` when it is `1 + tanh(z)` (computed as `coil_one_plus_tanh`).
-    fn one_plus_tanh(&self, x: Var, y: Var, out: DType) -> Option<Var> {
-        if !single_float(out) || !fast_one_plus_tanh() {
-            return None;
-        }
-        match (self.tanh_of.get(&x), self.tanh_of.get(&y)) {
-            (Some(z), _) if self.ones.contains(&y) => Some(*z),
-            (_, Some(z)) if self.ones.contains(&x) => Some(*z),
-            _ => None,
-        }
-    }
-
     fn needed_values(&self) -> IndexSet<Var> {
         let mut needed = IndexSet::new();
         for s in flat_stmts(&self.k.body).into_iter().rev() {
             match s {
                 TileStmt::Let { var, .. } if !needed.contains(var) => {}
                 TileStmt::Let { op: TileOp::Binary(BinaryOp::Add, x, y), dtype, .. }
-                    if self.one_plus_tanh(*x, *y, *dtype).is_some() =>
+                    if self.facts.one_plus_tanh(*x, *y, *dtype).is_some() =>
                 {
-                    needed.insert(self.one_plus_tanh(*x, *y, *dtype).expect("matched"));
+                    needed.insert(self.facts.one_plus_tanh(*x, *y, *dtype).expect("matched"));
                 }
                 TileStmt::Let { op: TileOp::Binary(BinaryOp::Pow, x, y), dtype, .. }
-                    if dtype.is_float() && self.twos.contains(y) =>
+                    if dtype.is_float() && self.facts.twos.contains(y) =>
                 {
                     needed.insert(*x);
                 }
@@ -201,7 +144,7 @@ impl<'a> PtxGen<'a> {
     }
 
     fn dtype(&self, v: Var) -> DType {
-        self.dtypes[&v]
+        self.facts.dtypes[&v]
     }
 
     /// The index class and its PTX type suffix.
@@ -517,33 +460,33 @@ impl<'a> PtxGen<'a> {
             TileOp::Rand { .. } => return Err("random numbers".into()),
             TileOp::Unary(u, x) => {
                 let xv = self.val(*x)?;
-                scalar::unary(&mut self.a, *u, xv, self.dtypes[x], out)?
+                scalar::unary(&mut self.a, *u, xv, self.facts.dtypes[x], out)?
             }
-            TileOp::Binary(BinaryOp::Pow, x, y) if out.is_float() && self.twos.contains(y) => {
+            TileOp::Binary(BinaryOp::Pow, x, y) if out.is_float() && self.facts.twos.contains(y) => {
                 // pow(x, 2) is x * x, as the CUDA emitter computes it
                 let (xv, dx) = (self.val(*x)?, self.dtype(*x));
                 scalar::binary(&mut self.a, BinaryOp::Mul, xv, dx, xv, dx, out)?
             }
-            TileOp::Binary(BinaryOp::Add, x, y) if self.one_plus_tanh(*x, *y, out).is_some() => {
-                let z = self.one_plus_tanh(*x, *y, out).expect("matched");
+            TileOp::Binary(BinaryOp::Add, x, y) if self.facts.one_plus_tanh(*x, *y, out).is_some() => {
+                let z = self.facts.one_plus_tanh(*x, *y, out).expect("matched");
                 let zv = self.val(z)?;
-                let zf = scalar::convert(&mut self.a, zv, self.dtypes[&z], DType::F32)?;
+                let zf = scalar::convert(&mut self.a, zv, self.facts.dtypes[&z], DType::F32)?;
                 let r = scalar::one_plus_tanh_f32(&mut self.a, zf);
                 scalar::convert(&mut self.a, r, DType::F32, out)?
             }
             TileOp::Binary(b, x, y) => {
                 let (xv, yv) = (self.val(*x)?, self.val(*y)?);
-                scalar::binary(&mut self.a, *b, xv, self.dtypes[x], yv, self.dtypes[y], out)?
+                scalar::binary(&mut self.a, *b, xv, self.facts.dtypes[x], yv, self.facts.dtypes[y], out)?
             }
             TileOp::Where(c, x, y) => {
                 let (cv, xv, yv) = (self.val(*c)?, self.val(*x)?, self.val(*y)?);
-                let xo = scalar::convert(&mut self.a, xv, self.dtypes[x], out)?;
-                let yo = scalar::convert(&mut self.a, yv, self.dtypes[y], out)?;
+                let xo = scalar::convert(&mut self.a, xv, self.facts.dtypes[x], out)?;
+                let yo = scalar::convert(&mut self.a, yv, self.facts.dtypes[y], out)?;
                 scalar::select(&mut self.a, cv, xo, yo, out)?
             }
             TileOp::Cast(x) => {
                 let xv = self.val(*x)?;
-                scalar::convert(&mut self.a, xv, self.dtypes[x], out)?
+                scalar::convert(&mut self.a, xv, self.facts.dtypes[x], out)?
             }
         })
     }
@@ -644,7 +587,7 @@ impl<'a> PtxGen<'a> {
                     }
                     (TileStmt::AccUpdateOnlineSoftmax { max_acc, sum_acc, value }, _) => {
                         let v = self.val(*value)?;
-                        let v = scalar::convert(&mut self.a, v, self.dtypes[value], DType::F32)?;
+                        let v = scalar::convert(&mut self.a, v, self.facts.dtypes[value], DType::F32)?;
                         online.entry((*max_acc, *sum_acc)).or_default().push(v);
                     }
                     _ => self.stmt(s)?,

@@ -223,7 +223,7 @@ impl<'a> PtxGen<'a> {
     ) -> R<Reg> {
         use Class::*;
         let v = self.val(indirect)?;
-        let v = scalar::convert(&mut self.a, v, self.dtypes[&indirect], DType::I64)?;
+        let v = scalar::convert(&mut self.a, v, self.facts.dtypes[&indirect], DType::I64)?;
         let bound = self.expr(bound)?;
         let bound = self.wide_index(bound);
         let stride = self.expr(stride)?;

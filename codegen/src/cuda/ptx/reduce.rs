@@ -35,7 +35,7 @@ impl<'a> PtxGen<'a> {
 
     /// The accumulator class and identity of reduction `acc` (the CUDA emitter's `acc`).
     fn acc_kind(&self, acc: Var, op: ReduceOp) -> R<(DType, Opnd)> {
-        let (src, out) = (self.dtype(self.acc_source[&acc]), self.dtype(acc));
+        let (src, out) = (self.dtype(self.facts.acc_source[&acc]), self.dtype(acc));
         Ok(match op {
             ReduceOp::Sum | ReduceOp::Prod if out.is_float() => {
                 class_of(out)?;
@@ -189,7 +189,7 @@ impl<'a> PtxGen<'a> {
     pub(super) fn acc_finish(&mut self, var: Var, op: ReduceOp, acc: Var) -> R<()> {
         let (d, _) = self.acc_kind(acc, op)?;
         let red = self.block_reduce(acc, op)?;
-        let (src, out) = (self.dtype(self.acc_source[&acc]), self.dtype(var));
+        let (src, out) = (self.dtype(self.facts.acc_source[&acc]), self.dtype(var));
         let from = if matches!(op, ReduceOp::Max | ReduceOp::Min) && src.is_float() { src } else { d };
         let v = scalar::convert(&mut self.a, red, from, out)?;
         self.define(var, v);
@@ -442,9 +442,9 @@ impl<'a> PtxGen<'a> {
                 self.a.ins(format!("ld.shared.{ty} {u}, [{at}+{}]", row * across * bytes));
                 acc = self.a.op(class, Self::combine_instr(op, d), &[acc.into(), u.into()]);
             }
-            let src = self.dtype(self.acc_source[&var]);
+            let src = self.dtype(self.facts.acc_source[&var]);
             let from = if matches!(op, ReduceOp::Max | ReduceOp::Min) && src.is_float() { src } else { d };
-            let value = scalar::convert(&mut self.a, acc, from, self.dtypes[&var])?;
+            let value = scalar::convert(&mut self.a, acc, from, self.facts.dtypes[&var])?;
             self.define(var, value);
         }
         self.own_output = true;
