@@ -256,7 +256,7 @@ fn nvrtc_cubin(source: &str, arch: &str, source_path: &Path) -> Result<Vec<u8>> 
 /// The driver's assembly of a PTX module into a CUBIN for the current context's device
 /// (`cuLinkCreate`, `cuLinkAddData` of the PTX, `cuLinkComplete`); an error carries the
 /// assembler's log and the path of the kept source.
-pub(crate) fn ptx_cubin(ptx: &str, source_path: &Path) -> Result<Vec<u8>> {
+fn ptx_cubin(ptx: &str, source_path: &Path) -> Result<Vec<u8>> {
     use sys::CUjit_option::{CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     let text = CString::new(ptx).map_err(|_| Error::runtime("PTX source contains a NUL byte"))?;
     let name = CString::new(source_path.file_name().unwrap_or_default().to_string_lossy().as_bytes())

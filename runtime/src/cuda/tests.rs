@@ -623,23 +623,3 @@ fn extern_only_graph_runs_without_compiling() {
     let want = cpu.run(&[&a, &b]).unwrap().remove(0);
     assert_close(&got.data.to_f64_vec(), &want.data.to_f64_vec(), 1e-5, "bmm + cumsum");
 }
-
-/// Not a check: how long the driver takes to assemble PTX (an empty module and a layer norm's),
-/// on one thread and on fresh threads, to see what part is fixed cost.
-/// `runtime_tests cuda::tests::ptx_assembly_cost --ignored --nocapture` on the GPU machine.
-#[test]
-#[ignore]
-fn ptx_assembly_cost() {
-    let Some(dev) = gpu() else { return };
-    let (major, minor) = dev.compute_capability();
-    let empty = coil_codegen::cuda::ptx::empty_module(major * 10 + minor).expect("a PTX target");
-    let time = |ptx: &str| {
-        dev.bind().unwrap();
-        let start = std::time::Instant::now();
-        super::compiler::ptx_cubin(ptx, std::path::Path::new("probe.ptx")).unwrap();
-        start.elapsed().as_secs_f64() * 1e3
-    };
-    let same: Vec<f64> = (0..4).map(|_| time(&empty)).collect();
-    let fresh: Vec<f64> = (0..3).map(|_| std::thread::scope(|s| s.spawn(|| time(&empty)).join().unwrap())).collect();
-    println!("empty module, one thread: {same:.1?} ms; fresh threads: {fresh:.1?} ms");
-}
