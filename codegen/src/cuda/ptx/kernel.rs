@@ -64,6 +64,9 @@ pub(super) struct PtxGen<'a> {
     /// The element of the group being emitted (`None`: values of the whole group).
     elem: Option<usize>,
     chunk: usize,
+    /// `rcp.rn` of divisors defined outside a group's elements, by the divisor's register
+    /// (emitted where the divisor is, so it is set wherever the divisor is).
+    reciprocals: IndexMap<Reg, Reg>,
     tid: Option<Reg>,
     rlane: Option<Opnd>,
 }
@@ -115,6 +118,7 @@ impl<'a> PtxGen<'a> {
             group: None,
             elem: None,
             chunk: 0,
+            reciprocals: IndexMap::new(),
             tid: None,
             rlane: None,
         };
@@ -416,6 +420,10 @@ impl<'a> PtxGen<'a> {
             }
         }
         self.scopes.last_mut().expect("a scope").insert(v, r);
+        if self.elem.is_none() && self.facts.divisors.contains(&v) {
+            let rcp = self.a.op(Class::F32, "rcp.rn.f32", &[r.into()]);
+            self.reciprocals.insert(r, rcp);
+        }
     }
 
     fn push(&mut self) {
@@ -473,6 +481,14 @@ impl<'a> PtxGen<'a> {
                 let zf = scalar::convert(&mut self.a, zv, self.facts.dtypes[&z], DType::F32)?;
                 let r = scalar::one_plus_tanh_f32(&mut self.a, zf);
                 scalar::convert(&mut self.a, r, DType::F32, out)?
+            }
+            TileOp::Binary(BinaryOp::Div, x, y)
+                if out == DType::F32 && self.reciprocals.contains_key(&self.val(*y)?) =>
+            {
+                let rcp = self.reciprocals[&self.val(*y)?];
+                let xv = self.val(*x)?;
+                let xf = scalar::convert(&mut self.a, xv, self.facts.dtypes[x], out)?;
+                self.a.op(Class::F32, "mul.f32", &[xf.into(), rcp.into()])
             }
             TileOp::Binary(b, x, y) => {
                 let (xv, yv) = (self.val(*x)?, self.val(*y)?);

@@ -3,7 +3,8 @@
 //! stored), bools in predicates, every integer dtype in a `.b64` register wrapped to its
 //! dtype's width after each op that can leave it. The math functions are the CUDA prelude's
 //! where it has its own (`exp` and `rsqrt` as `ex2`/`rsqrt.approx`, f32 division as
-//! `div.full`), IEEE instructions where C's operator is IEEE (`/` of a reciprocal, `sqrt`),
+//! `div.full`; the kernel emitter turns division by a row's or a group's value into one
+//! `rcp.rn` and multiplies), IEEE instructions where C's operator is IEEE (`/` of a reciprocal, `sqrt`),
 //! and two routines of our own, `log` (a degree-7 polynomial after splitting off the exponent,
 //! within 2 ulp) and `erf` (two polynomial fits, within 3 ulp). What has no PTX form here (f64 values, `sin`, `tanh`, integer division, ...)
 //! is [`Unsupported`]: the kernel goes through NVRTC instead.

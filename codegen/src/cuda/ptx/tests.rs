@@ -54,6 +54,10 @@ fn looped_softmax_folds_groups_online() {
     // 256 threads: no occupancy directive (only 1024-thread looped kernels get one)
     assert!(!src.contains(".minnctapersm"), "{src}");
     assert_eq!(src, ptx(&t), "deterministic");
+    // the division by the row's sum: one reciprocal before the epilogue's loop, then multiplies
+    assert_eq!(src.matches("rcp.rn.f32").count(), 1, "{src}");
+    assert!(!src.contains("div.full.f32"), "{src}");
+    assert!(src.find("rcp.rn.f32") < src.rfind("bra.uni"), "{src}");
     snapshot("ptx_softmax_looped", src);
 }
 
