@@ -174,12 +174,7 @@ pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaMod
 /// Errors as [`emit_cuda`].
 pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
     let tuning = Tuning::from_env();
-    let why = if !kernel.sizes.is_empty() && !ptx_for_symbolic_sizes() {
-        // Kernels of symbolic sizes stay on NVRTC: as PTX (`COIL_CUDA_PTX=all`) the dynamic
-        // layer norm ran 4% slower than NVRTC's on the H100 (52.3 against 50.1 us), the
-        // others within 0.5% or faster; not understood yet.
-        "symbolic sizes (kept on NVRTC)".to_string()
-    } else if ptx_enabled() {
+    let why = if ptx_enabled() {
         match ptx::emit_ptx(kernel, arch, &tuning) {
             Ok(module) => return Ok((module, None)),
             Err(why) => why,
@@ -193,11 +188,6 @@ pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<(CudaModule, Op
 /// Whether [`emit_for_device`] tries PTX first (`COIL_CUDA_PTX` is not `0`).
 pub fn ptx_enabled() -> bool {
     std::env::var_os("COIL_CUDA_PTX").is_none_or(|v| v != "0")
-}
-
-/// `COIL_CUDA_PTX=all`: kernels of symbolic sizes too (for measuring them).
-fn ptx_for_symbolic_sizes() -> bool {
-    std::env::var_os("COIL_CUDA_PTX").is_some_and(|v| v == "all")
 }
 
 /// One kernel with the prelude before it: a complete translation unit, for dumps

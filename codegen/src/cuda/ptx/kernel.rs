@@ -77,18 +77,20 @@ pub(super) struct PtxGen<'a> {
 /// width gives `(x * m) >> (bits + 1)`.
 pub(super) fn division_magic(d: u64, bits: u32) -> (u64, u32) {
     let l = 64 - (d - 1).leading_zeros();
-    let m = ((1u128 << (bits + l)) + u128::from(d) - 1) / u128::from(d);
+    let m = (1u128 << (bits + l)).div_ceil(u128::from(d));
     (m as u64, l - 1)
 }
 
 /// A key of [`PtxGen::index_cache`].
 type IndexKey = (u32, Expr, Option<(Expr, Expr)>, Option<i64>);
 
-/// The stride of a grid-stride loop: `gridDim.x * mul / div` (`div`: blocks per cluster).
+/// The stride of a grid-stride loop: `gridDim.x * mul / div` (`div`: blocks per cluster);
+/// `covers`: the launch's grid covers every value of a symbolic count (no loop needed).
 #[derive(Clone, Copy)]
 struct Step {
     mul: i64,
     div: i64,
+    covers: bool,
 }
 
 impl<'a> PtxGen<'a> {
@@ -623,7 +625,8 @@ impl<'a> PtxGen<'a> {
     }
 
     /// `for (name = first; name < count; name += gridDim.x * step.mul / step.div)`, or, when the grid covers `count` at
-    /// once (`per_step` values per step), the body once behind `name < count` (none if exact).
+    /// once (`per_step` values per step, or `step.covers`), the body once behind `name < count`
+    /// (none if exact).
     fn grid_loop(
         &mut self,
         name: &str,
@@ -634,17 +637,21 @@ impl<'a> PtxGen<'a> {
         body: &mut dyn FnMut(&mut Self) -> R<()>,
     ) -> R<()> {
         let (c, t) = self.itype();
-        let covered = count.const_value().filter(|&n| self.plan.launch.grid > 0 && per_step as i64 >= n);
+        // Some(exact): one step covers the count, exactly or behind a guard; None: a loop
+        let covered = match count.const_value() {
+            Some(n) => (self.plan.launch.grid > 0 && per_step as i64 >= n).then_some(per_step as i64 == n),
+            None => step.covers.then_some(false),
+        };
         let end = self.a.label();
         let n = self.expr(count)?;
         match covered {
-            Some(exact) if exact == per_step as i64 => {
+            Some(true) => {
                 self.syms.insert(name.into(), first);
                 self.push();
                 body(self)?;
                 self.pop();
             }
-            Some(_) => {
+            Some(false) => {
                 let f = self.in_reg(first);
                 let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[f.into(), n]);
                 self.a.branch_if(out, false, &end);
@@ -739,7 +746,7 @@ impl<'a> PtxGen<'a> {
             g.a.place(&done);
             Ok(())
         };
-        self.grid_loop("xvec", first, groups, Step { mul: block, div: 1 }, per_step, &mut run)
+        self.grid_loop("xvec", first, groups, Step { mul: block, div: 1, covers: false }, per_step, &mut run)
     }
 
     /// The kernel's `.entry` (and the `.shared` arrays it uses), or why it has no PTX form.

@@ -131,7 +131,7 @@ impl<'a> PtxGen<'a> {
             DType::I32 => self.a.op(Class::B64, "cvt.s64.s32", &[w.words[i].into()]),
             DType::BF16 if pairs => {
                 let word = w.words[i / 2];
-                let bits = if i % 2 == 0 {
+                let bits = if i.is_multiple_of(2) {
                     self.a.op(Class::B32, "shl.b32", &[word.into(), Opnd::Int(16)])
                 } else {
                     self.a.op(Class::B32, "and.b32", &[word.into(), Opnd::Int(0xffff_0000u32 as i64)])
@@ -141,7 +141,7 @@ impl<'a> PtxGen<'a> {
             DType::F16 if pairs => {
                 let (lo, hi) = (self.a.reg(Class::B16), self.a.reg(Class::B16));
                 self.a.ins(format!("mov.b32 {{{lo}, {hi}}}, {}", w.words[i / 2]));
-                self.a.op(Class::F32, "cvt.f32.f16", &[if i % 2 == 0 { lo } else { hi }.into()])
+                self.a.op(Class::F32, "cvt.f32.f16", &[if i.is_multiple_of(2) { lo } else { hi }.into()])
             }
             DType::F16 => self.a.op(Class::F32, "cvt.f32.f16", &[w.words[i].into()]),
             DType::BF16 => scalar::bf16_to_f32(&mut self.a, w.words[i]),

@@ -511,7 +511,14 @@ impl<'a> PtxGen<'a> {
             let nchunk = self.rnumel().floor_div(p.vec as i64);
             let per_step = p.launch.grid as u64 * across as u64;
             let mut run = |g: &mut Self| g.column_vectors(&pieces, nchunk);
-            return self.grid_loop("xg", first, groups, Step { mul: across, div: 1 }, per_step, &mut run);
+            return self.grid_loop(
+                "xg",
+                first,
+                groups,
+                Step { mul: across, div: 1, covers: false },
+                per_step,
+                &mut run,
+            );
         }
         let ctaid = self.special("%ctaid.x");
         let first = if p.cluster > 1 {
@@ -549,7 +556,7 @@ impl<'a> PtxGen<'a> {
             }
             Ok(())
         };
-        let step = Step { mul: p.rows_per_block as i64, div: p.cluster as i64 };
+        let step = Step { mul: p.rows_per_block as i64, div: p.cluster as i64, covers: p.grid_covers_rows(k) };
         self.grid_loop("xindex", first, xn, step, per_step, &mut run)
     }
 

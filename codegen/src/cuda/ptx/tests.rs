@@ -156,3 +156,16 @@ fn division_by_a_constant_is_exact_for_every_index() {
     let src = ptx(&build_kernel(&p, &k));
     assert!(!src.contains("div.") && !src.contains("rem."), "{src}");
 }
+
+#[test]
+fn symbolic_rows_of_a_block_each_take_a_guard_not_a_loop() {
+    let (p, k) = layer_norm(37, 1536, KernelKind::PersistentReduction);
+    let mut t = build_kernel(&p, &k);
+    let s0 = coil_ir::sym::Expr::size("s0");
+    (t.xnumel, t.sizes) = (s0, vec![s0]);
+    assert!(crate::cuda::launch::plan(&t).grid_covers_rows(&t));
+    let src = ptx(&t);
+    // a block per row, the grid sized at each run: `xindex < s0`, and no branch back
+    assert!(src.contains("setp.ge.s64"), "{src}");
+    assert!(!src.contains("bra.uni"), "{src}");
+}
