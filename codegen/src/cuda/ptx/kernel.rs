@@ -54,6 +54,8 @@ pub(super) struct PtxGen<'a> {
     /// Accumulators by (reduction, slot): slot 0, or in a column plan with `col_vec` outputs
     /// per thread the output's place `i` in the thread's group.
     accs: IndexMap<(Var, usize), Reg>,
+    /// An arg reduction's index (`.b64`) beside its value in `accs`, by the same key.
+    arg_index: IndexMap<(Var, usize), Reg>,
     /// Inside a column plan's pass: accumulators are per output (slot = element).
     per_output: bool,
     /// In a column plan's epilogue each thread stores its own output (no row-leader guard).
@@ -114,6 +116,7 @@ impl<'a> PtxGen<'a> {
             arrays: IndexSet::new(),
             array_regs: IndexMap::new(),
             accs: IndexMap::new(),
+            arg_index: IndexMap::new(),
             per_output: false,
             own_output: false,
             shared: vec![],

@@ -50,8 +50,70 @@ impl<'a> PtxGen<'a> {
             }
             ReduceOp::Max => (DType::I64, Opnd::Int(i64::MIN)),
             ReduceOp::Min => (DType::I64, Opnd::Int(i64::MAX)),
-            ReduceOp::ArgMax | ReduceOp::ArgMin => return Err("an arg reduction".into()),
+            // the value half of a (value, index) pair; the index starts at NO_INDEX
+            ReduceOp::ArgMax | ReduceOp::ArgMin if src.is_float() => {
+                class_of(src)?;
+                let inf = if op == ReduceOp::ArgMax { f32::NEG_INFINITY } else { f32::INFINITY };
+                (DType::F32, Opnd::F32(inf))
+            }
+            ReduceOp::ArgMax => (DType::I64, Opnd::Int(i64::MIN)),
+            ReduceOp::ArgMin => (DType::I64, Opnd::Int(i64::MAX)),
         })
+    }
+
+    /// Whether pair `b` beats pair `a` in an arg reduction (the prelude's `coil_argbest`): the
+    /// better value, NaN counting as the best; ties, and NaN against NaN, go to the lower
+    /// index, so any tree order finds the first best index.
+    fn arg_takes(&mut self, a: (Reg, Reg), b: (Reg, Reg), max: bool, d: DType) -> Reg {
+        use Class::*;
+        let lower = self.a.op(Pred, "setp.lt.s64", &[b.1.into(), a.1.into()]);
+        let (ty, cmp) = if d == DType::F32 {
+            ("f32", if max { "gt" } else { "lt" })
+        } else {
+            ("s64", if max { "gt" } else { "lt" })
+        };
+        let better = self.a.op(Pred, &format!("setp.{cmp}.{ty}"), &[b.0.into(), a.0.into()]);
+        let same = self.a.op(Pred, &format!("setp.eq.{ty}"), &[b.0.into(), a.0.into()]);
+        let tie = self.a.op(Pred, "and.pred", &[same.into(), lower.into()]);
+        let take = self.a.op(Pred, "or.pred", &[better.into(), tie.into()]);
+        if d != DType::F32 {
+            return take;
+        }
+        // comparisons with NaN are false, so `take` is false there and only NaN decides
+        let a_nan = self.a.op(Pred, "setp.nan.f32", &[a.0.into(), a.0.into()]);
+        let b_nan = self.a.op(Pred, "setp.nan.f32", &[b.0.into(), b.0.into()]);
+        let a_num = self.a.op(Pred, "not.pred", &[a_nan.into()]);
+        let over = self.a.op(Pred, "or.pred", &[a_num.into(), lower.into()]);
+        let nan = self.a.op(Pred, "and.pred", &[b_nan.into(), over.into()]);
+        self.a.op(Pred, "or.pred", &[take.into(), nan.into()])
+    }
+
+    /// The better of two arg pairs, in new registers.
+    fn arg_pick(&mut self, a: (Reg, Reg), b: (Reg, Reg), max: bool, d: DType) -> (Reg, Reg) {
+        let take = self.arg_takes(a, b, max, d);
+        let sel = if d == DType::F32 { "selp.f32" } else { "selp.b64" };
+        let v = self.a.op(a.0.class, sel, &[b.0.into(), a.0.into(), take.into()]);
+        let i = self.a.op(Class::B64, "selp.b64", &[b.1.into(), a.1.into(), take.into()]);
+        (v, i)
+    }
+
+    /// The reduced position of the group's current element, as a 64-bit register.
+    fn position(&mut self) -> R<Reg> {
+        let fast = self.group.as_ref().ok_or("an arg reduction outside a group")?.fast;
+        let (b, off) = self.index_parts(fast)?;
+        Ok(match self.wide_index(b) {
+            Opnd::Int(c) => self.a.op(Class::B64, "mov.b64", &[Opnd::Int(c + off)]),
+            o if off == 0 => self.in_reg_b64(o),
+            o => self.a.op(Class::B64, "add.s64", &[o, Opnd::Int(off)]),
+        })
+    }
+
+    /// A 64-bit operand in a register.
+    fn in_reg_b64(&mut self, o: Opnd) -> Reg {
+        match o {
+            Opnd::Reg(r) => r,
+            o => self.a.op(Class::B64, "mov.b64", &[o]),
+        }
     }
 
     fn combine_instr(op: ReduceOp, acc: DType) -> &'static str {
@@ -76,6 +138,10 @@ impl<'a> PtxGen<'a> {
             self.a.op(Class::B64, "mov.b64", &[init])
         };
         self.accs.insert((acc, 0), r);
+        if op.is_arg() {
+            let i = self.a.op(Class::B64, "mov.b64", &[Opnd::Int(i64::MAX)]);
+            self.arg_index.insert((acc, 0), i);
+        }
         Ok(())
     }
 
@@ -86,6 +152,14 @@ impl<'a> PtxGen<'a> {
         let v = scalar::convert(&mut self.a, v, src, if src.is_float() && d == DType::F32 { DType::F32 } else { d })?;
         let slot = if self.per_output { self.elem.unwrap_or(0) } else { 0 };
         let r = self.accs[&(acc, slot)];
+        if op.is_arg() {
+            let (i, at) = (self.arg_index[&(acc, slot)], self.position()?);
+            let take = self.arg_takes((r, i), (v, at), op == ReduceOp::ArgMax, d);
+            let sel = if d == DType::F32 { "selp.f32" } else { "selp.b64" };
+            self.a.op_into(r, sel, &[v.into(), r.into(), take.into()]);
+            self.a.op_into(i, "selp.b64", &[at.into(), i.into(), take.into()]);
+            return Ok(());
+        }
         self.a.op_into(r, Self::combine_instr(op, d), &[r.into(), v.into()]);
         Ok(())
     }
@@ -172,6 +246,50 @@ impl<'a> PtxGen<'a> {
         Ok(v)
     }
 
+    /// The row's best (value, index) pair of arg reduction `acc` ([`PtxGen::block_reduce`]'s
+    /// shapes with [`PtxGen::arg_pick`]): a shuffle tree per warp, broadcast from lane 0, then
+    /// for several warps a shared-memory stage that every thread folds in warp order.
+    fn arg_block_reduce(&mut self, acc: Var, op: ReduceOp) -> R<(Reg, Reg)> {
+        let (d, _) = self.acc_kind(acc, op)?;
+        if self.plan.cluster > 1 {
+            return Err("an arg reduction over a cluster".into());
+        }
+        let max = op == ReduceOp::ArgMax;
+        let mut v = (self.accs[&(acc, 0)], self.arg_index[&(acc, 0)]);
+        for o in [16, 8, 4, 2, 1] {
+            let u = (self.shuffle(v.0, "down", o), self.shuffle(v.1, "down", o));
+            v = self.arg_pick(v, u, max, d);
+        }
+        v = (self.shuffle(v.0, "idx", 0), self.shuffle(v.1, "idx", 0));
+        let warps = self.plan.warps_per_row();
+        if warps == 1 {
+            return Ok(v);
+        }
+        let (ty, bytes) = if d == DType::F32 { ("f32", 4) } else { ("b64", 8) };
+        let (values, indices) = (format!("{}_smem{acc}", self.k.name), format!("{}_smem{acc}_i", self.k.name));
+        self.shared.push((values.clone(), warps * bytes));
+        self.shared.push((indices.clone(), warps * 8));
+        let tid = self.tid.expect("the thread index");
+        let (vb, ib) = (self.a.reg(Class::B32), self.a.reg(Class::B32));
+        self.a.ins(format!("mov.u32 {vb}, {values}"));
+        self.a.ins(format!("mov.u32 {ib}, {indices}"));
+        let lane = self.a.op(Class::B32, "and.b32", &[tid.into(), Opnd::Int(31)]);
+        let first = self.a.op(Class::Pred, "setp.eq.u32", &[lane.into(), Opnd::Int(0)]);
+        let warp = self.a.op(Class::B32, "shr.u32", &[tid.into(), Opnd::Int(5)]);
+        let vslot = self.a.op(Class::B32, "mad.lo.u32", &[warp.into(), Opnd::Int(bytes as i64), vb.into()]);
+        let islot = self.a.op(Class::B32, "mad.lo.u32", &[warp.into(), Opnd::Int(8), ib.into()]);
+        self.a.ins(format!("@{first} st.shared.{ty} [{vslot}], {}", v.0));
+        self.a.ins(format!("@{first} st.shared.b64 [{islot}], {}", v.1));
+        self.a.ins("bar.sync 0");
+        let mut r = (self.shared_load(v.0.class, ty, vb, 0), self.shared_load(Class::B64, "b64", ib, 0));
+        for w in 1..warps {
+            let t = (self.shared_load(v.0.class, ty, vb, w * bytes), self.shared_load(Class::B64, "b64", ib, w * 8));
+            r = self.arg_pick(r, t, max, d);
+        }
+        self.a.ins("bar.sync 0");
+        Ok(r)
+    }
+
     /// A barrier of every thread of the cluster, whose shared-memory writes before it are
     /// visible to the whole cluster after it.
     fn cluster_sync(&mut self) {
@@ -188,6 +306,16 @@ impl<'a> PtxGen<'a> {
     /// Defines `tmp<var>`, the row's reduction, from the threads' accumulators `acc`.
     pub(super) fn acc_finish(&mut self, var: Var, op: ReduceOp, acc: Var) -> R<()> {
         let (d, _) = self.acc_kind(acc, op)?;
+        if op.is_arg() {
+            // the index of the best value; 0 for an empty row (no index)
+            let (_, i) = self.arg_block_reduce(acc, op)?;
+            let none = self.a.op(Class::Pred, "setp.eq.s64", &[i.into(), Opnd::Int(i64::MAX)]);
+            let i = self.a.op(Class::B64, "selp.b64", &[Opnd::Int(0), i.into(), none.into()]);
+            let out = self.dtype(var);
+            let v = scalar::convert(&mut self.a, i, DType::I64, out)?;
+            self.define(var, v);
+            return Ok(());
+        }
         let red = self.block_reduce(acc, op)?;
         let (src, out) = (self.dtype(self.facts.acc_source[&acc]), self.dtype(var));
         let from = if matches!(op, ReduceOp::Max | ReduceOp::Min) && src.is_float() { src } else { d };
@@ -379,6 +507,9 @@ impl<'a> PtxGen<'a> {
                 _ => None,
             })
             .collect();
+        if reduces.iter().any(|(_, op)| op.is_arg()) {
+            return Err("an arg reduction in a column plan".into());
+        }
         for &(var, op) in &reduces {
             let (d, init) = self.acc_kind(var, op)?;
             for i in 0..v {

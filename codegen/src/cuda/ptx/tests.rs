@@ -92,7 +92,7 @@ fn shapes_without_a_ptx_form_say_why() {
             }
         }
     }
-    // everything but clusters, f64 rows, arg reductions and one-output column plans
+    // everything but f64 rows, random numbers and one-output column plans
     assert!(covered * 10 >= kernels.len() * 7, "{covered} of {}", kernels.len());
     // no target for GPUs before sm_80 (max.NaN) or unknown ones
     assert!(emit_ptx(&kernels[0], 75, &Tuning::default()).unwrap_err().contains("sm_75"));
@@ -168,4 +168,22 @@ fn symbolic_rows_of_a_block_each_take_a_guard_not_a_loop() {
     // a block per row, the grid sized at each run: `xindex < s0`, and no branch back
     assert!(src.contains("setp.ge.s64"), "{src}");
     assert!(!src.contains("bra.uni"), "{src}");
+}
+
+#[test]
+fn arg_reductions_carry_value_index_pairs() {
+    // a warp per row: the pair through a shuffle tree (the index in two 32-bit halves)
+    let (p, k) = crate::tile::tests::argmax(4, 5);
+    let src = ptx(&build_kernel(&p, &k));
+    assert!(src.contains("setp.nan.f32") && src.contains("selp.b64"), "{src}");
+    assert!(!src.contains("bar.sync"), "{src}");
+    // rows of several warps: a shared-memory stage of values and indices between two barriers
+    let (p, k) = crate::tile::tests::argmax(4, 3000);
+    let t = build_kernel(&p, &k);
+    let src = ptx(&t);
+    assert!(src.contains("_i[") && src.contains("st.shared.b64"), "{src}");
+    assert_eq!(src.matches("bar.sync 0").count(), 2, "{src}");
+    // an empty row's index is 0, not the identity's
+    assert!(src.contains("9223372036854775807"), "{src}");
+    snapshot("ptx_argmax_block", src);
 }
