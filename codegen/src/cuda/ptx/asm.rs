@@ -20,10 +20,12 @@ pub enum Class {
     B64,
     /// `.f32 %f`.
     F32,
+    /// `.f64 %fd`: only inside the routines that compute in f64 (random normals).
+    F64,
 }
 
 impl Class {
-    const ALL: [Class; 5] = [Class::Pred, Class::B16, Class::B32, Class::B64, Class::F32];
+    const ALL: [Class; 6] = [Class::Pred, Class::B16, Class::B32, Class::B64, Class::F32, Class::F64];
 
     fn prefix(self) -> &'static str {
         match self {
@@ -32,6 +34,7 @@ impl Class {
             Class::B32 => "r",
             Class::B64 => "rd",
             Class::F32 => "f",
+            Class::F64 => "fd",
         }
     }
 
@@ -42,6 +45,7 @@ impl Class {
             Class::B32 => ".b32",
             Class::B64 => ".b64",
             Class::F32 => ".f32",
+            Class::F64 => ".f64",
         }
     }
 }
@@ -65,6 +69,8 @@ pub enum Opnd {
     Reg(Reg),
     Int(i64),
     F32(f32),
+    /// An f64 immediate, `0dXXXXXXXXXXXXXXXX` (exact).
+    F64(f64),
     /// An integer immediate written in hex (`0x...`: a bit pattern, such as a multiplier).
     Hex(u64),
     /// A special register (`%tid.x`) or other verbatim text.
@@ -83,6 +89,7 @@ impl Display for Opnd {
             Opnd::Reg(r) => r.fmt(f),
             Opnd::Int(i) => i.fmt(f),
             Opnd::F32(x) => write!(f, "0f{:08X}", x.to_bits()),
+            Opnd::F64(x) => write!(f, "0d{:016X}", x.to_bits()),
             Opnd::Hex(x) => write!(f, "0x{x:X}"),
             Opnd::Text(t) => f.write_str(t),
         }
@@ -93,7 +100,7 @@ impl Display for Opnd {
 #[derive(Default)]
 pub struct Asm {
     body: String,
-    counts: [u32; 5],
+    counts: [u32; 6],
     labels: u32,
 }
 

@@ -4,6 +4,7 @@
 //! (grid-stride loops, where the grid does not cover the work) become branches.
 
 use super::asm::{Asm, Class, Opnd, Reg};
+use super::random;
 use super::scalar::{self, class_of, mem_type, raw_class, R};
 use crate::cuda::emit::reduce::{persistent_arrays, pieces, Piece};
 use crate::cuda::emit::{index_type, single_float, uniform_values, Access, Group, KernelFacts};
@@ -394,6 +395,16 @@ impl<'a> PtxGen<'a> {
         }
     }
 
+    /// Index expression `e` at the current element, as a 64-bit register.
+    pub(super) fn index_b64(&mut self, e: Expr) -> R<Reg> {
+        let (b, off) = self.index_parts(e)?;
+        Ok(match self.wide_index(b) {
+            Opnd::Int(c) => self.a.op(Class::B64, "mov.b64", &[Opnd::Int(c + off)]),
+            Opnd::Reg(r) if off == 0 => r,
+            o => self.a.op(Class::B64, "add.s64", &[o, Opnd::Int(off)]),
+        })
+    }
+
     /// [`PtxGen::split_expr`], the computed part in a register.
     fn split_constant(&mut self, e: Expr) -> R<(Opnd, i64)> {
         let (b, k) = self.split_expr(e);
@@ -470,7 +481,15 @@ impl<'a> PtxGen<'a> {
                 };
                 scalar::convert(&mut self.a, i, DType::I64, out)?
             }
-            TileOp::Rand { .. } => return Err("random numbers".into()),
+            TileOp::Rand { dist, seed, counter } => {
+                if !single_float(out) {
+                    return Err(format!("random numbers of {out}"));
+                }
+                let at = self.index_b64(*counter)?;
+                let v = random::random_f64(&mut self.a, *dist, *seed, at);
+                let f = self.a.op(Class::F32, "cvt.rn.f32.f64", &[v.into()]);
+                scalar::convert(&mut self.a, f, DType::F32, out)?
+            }
             TileOp::Unary(u, x) => {
                 let xv = self.val(*x)?;
                 scalar::unary(&mut self.a, *u, xv, self.facts.dtypes[x], out)?

@@ -7,18 +7,20 @@
 //! computed once), persistent reductions with rows over one warp, one block or a cluster of
 //! blocks (chunks of groups held in registers, passes, shuffle trees, a shared-memory stage,
 //! distributed shared memory), looped reductions (online softmax included), column sums with
-//! vectors of outputs, and arg reductions as (value, index) pairs. Every loop the C code
+//! vectors of outputs, arg reductions as (value, index) pairs, and random numbers (Philox, and
+//! Box-Muller in f64 with a `log` and a `cos` of our own: [`random`]). Every loop the C code
 //! unrolls is written out here; ptxas allocates registers and schedules. The scalar ops follow
 //! the C backend's semantics ([`scalar`]), with the CUDA prelude's fast forms where it has
 //! them, so the two paths compute alike (not bit for bit: `log` is our own routine, and NVVM
 //! may contract or reorder differently).
 //!
 //! What is not covered here (one-output column plans, arg reductions over a cluster or down
-//! columns, f64 values, random numbers, `sin`, a bare `tanh`, integer division, ...) is
+//! columns, f64 values, `sin`, a bare `tanh`, integer division, ...) is
 //! [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as before.
 
 mod asm;
 pub(crate) mod kernel;
+mod random;
 mod scalar;
 #[cfg(test)]
 mod tests;

@@ -100,20 +100,7 @@ impl<'a> PtxGen<'a> {
     /// The reduced position of the group's current element, as a 64-bit register.
     fn position(&mut self) -> R<Reg> {
         let fast = self.group.as_ref().ok_or("an arg reduction outside a group")?.fast;
-        let (b, off) = self.index_parts(fast)?;
-        Ok(match self.wide_index(b) {
-            Opnd::Int(c) => self.a.op(Class::B64, "mov.b64", &[Opnd::Int(c + off)]),
-            o if off == 0 => self.in_reg_b64(o),
-            o => self.a.op(Class::B64, "add.s64", &[o, Opnd::Int(off)]),
-        })
-    }
-
-    /// A 64-bit operand in a register.
-    fn in_reg_b64(&mut self, o: Opnd) -> Reg {
-        match o {
-            Opnd::Reg(r) => r,
-            o => self.a.op(Class::B64, "mov.b64", &[o]),
-        }
+        self.index_b64(fast)
     }
 
     fn combine_instr(op: ReduceOp, acc: DType) -> &'static str {

@@ -92,35 +92,44 @@ fn shapes_without_a_ptx_form_say_why() {
             }
         }
     }
-    // everything but f64 rows, random numbers and one-output column plans
+    // everything but f64 rows and one-output column plans
     assert!(covered * 10 >= kernels.len() * 7, "{covered} of {}", kernels.len());
     // no target for GPUs before sm_80 (max.NaN) or unknown ones
     assert!(emit_ptx(&kernels[0], 75, &Tuning::default()).unwrap_err().contains("sm_75"));
 }
 
-/// Every PTX module of [`all_kernels`] through `ptxas -arch=sm_90`, where it is installed.
-#[test]
-fn every_module_assembles_where_ptxas_is_installed() {
+/// `ptxas -arch=sm_90` on each module (name, PTX), where it is installed (`COIL_PTXAS`, or
+/// `ptxas` on the `PATH`); `false` when it is not.
+fn assemble(modules: &[(String, String)]) -> bool {
     let ptxas = std::env::var("COIL_PTXAS").unwrap_or_else(|_| "ptxas".into());
     if std::process::Command::new(&ptxas).arg("--version").output().is_err() {
         eprintln!("skipped: no ptxas ({ptxas}); set COIL_PTXAS to check the PTX assembles");
-        return;
+        return false;
     }
-    let dir = std::env::temp_dir().join(format!("coil_ptx_{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("coil_ptx_{}_{}", std::process::id(), modules[0].0));
     std::fs::create_dir_all(&dir).unwrap();
-    for k in all_kernels() {
-        let Ok(m) = emit_ptx(&k, 90, &Tuning::default()) else { continue };
-        let path = dir.join(format!("{}.ptx", k.name));
-        std::fs::write(&path, &m.source).unwrap();
+    for (name, source) in modules {
+        let path = dir.join(format!("{name}.ptx"));
+        std::fs::write(&path, source).unwrap();
         let out = std::process::Command::new(&ptxas)
             .args(["-arch=sm_90", "-o"])
-            .arg(dir.join(format!("{}.cubin", k.name)))
+            .arg(dir.join(format!("{name}.cubin")))
             .arg(&path)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}: {}", k.name, String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
     }
     let _ = std::fs::remove_dir_all(&dir);
+    true
+}
+
+/// Every PTX module of [`all_kernels`] through `ptxas`, where it is installed.
+#[test]
+fn every_module_assembles_where_ptxas_is_installed() {
+    let modules: Vec<(String, String)> = (all_kernels().iter())
+        .filter_map(|k| emit_ptx(k, 90, &Tuning::default()).ok().map(|m| (k.name.clone(), m.source)))
+        .collect();
+    assemble(&modules);
 }
 
 #[test]
@@ -186,4 +195,32 @@ fn arg_reductions_carry_value_index_pairs() {
     // an empty row's index is 0, not the identity's
     assert!(src.contains("9223372036854775807"), "{src}");
     snapshot("ptx_argmax_block", src);
+}
+
+#[test]
+fn random_numbers_are_philox_rounds_and_f64_box_muller() {
+    use crate::testutil::{kernel, xs, Prog, B};
+    use coil_ir::loops::ScalarOp;
+    let mut p = Prog::default();
+    let v = xs(&[64])[0];
+    let mut outs = Vec::new();
+    for (dist, d) in [(coil_ir::RandDist::Uniform, DType::F32), (coil_ir::RandDist::Normal, DType::BF16)] {
+        let mut b = B::default();
+        let r = b.push(ScalarOp::Rand { dist, seed: 0x1234_5678_9abc, counter: v + (1i64 << 32) - 5 }, d);
+        outs.push(p.pointwise(&[64], d, b.done(r)));
+    }
+    let k = kernel("poi_fused_rand_0", KernelKind::Pointwise, vec![0, 1], 64, None, outs);
+    let src = ptx(&build_kernel(&p.p, &k));
+    // ten rounds of two products per value (the keys are immediates), f64 log and cos
+    assert_eq!(src.matches("mul.hi.u32").count() % 20, 0, "{src}");
+    assert!(src.contains("0xD2511F53") && src.contains("0xCD9E8D57"), "{src}");
+    assert!(src.contains("div.rn.f64") && src.contains("sqrt.rn.f64") && src.contains(".reg .f64"), "{src}");
+    assemble(&[("poi_fused_rand_0".into(), src)]);
+    // an f64 output has no PTX form (f64 values go to NVRTC)
+    let mut p = Prog::default();
+    let mut b = B::default();
+    let r = b.push(ScalarOp::Rand { dist: coil_ir::RandDist::Uniform, seed: 1, counter: v }, DType::F64);
+    let out = p.pointwise(&[64], DType::F64, b.done(r));
+    let k = kernel("poi_fused_rand_1", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
+    assert!(emit_ptx(&build_kernel(&p.p, &k), 90, &Tuning::default()).is_err());
 }

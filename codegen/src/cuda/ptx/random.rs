@@ -1,0 +1,206 @@
+//! Random numbers in PTX, as the CUDA prelude's `coil_rand_uniform` and `coil_rand_normal`
+//! compute them (and `coil_ir::philox` on the host): Philox 4x32-10 of a 64-bit counter under
+//! the op's seed, then a uniform value in `[0, 1)` from the first word's top 24 bits, or a
+//! normal one by Box-Muller in f64, `sqrt(-2 log u1) * cos(2 pi u2)`.
+//!
+//! PTX has no f64 `log` or `cos`, so both are written here for the arguments Box-Muller gives
+//! them (`u1` in `[2^-24, 1]`, `u2` a multiple of `2^-24` in `[0, 1)`), to within a few f64
+//! ulp: a result rounded to f32 matches the interpreter's except where the exact value lies
+//! within about `1e-15` of a rounding boundary (then it is one f32 ulp off).
+
+use super::asm::{Asm, Class, Opnd, Reg};
+use coil_ir::op::RandDist;
+
+/// `2^-24`: the spacing of the 24-bit uniforms.
+const STEP: f64 = 5.960_464_477_539_063e-8;
+/// The mantissa bits of `sqrt(2)`: larger mantissas take the next exponent in `log_f64`.
+const SQRT2_BITS: u64 = 0x6_A09E_667F_3BCD;
+/// `ln 2 = LN2_HI + LN2_LO`, `LN2_HI` with trailing zero bits (so `e * LN2_HI` is exact).
+const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+
+/// The Taylor coefficient `(-1)^k / n!` of `cos` (`n = 2k`) or `sin` (`n = 2k + 1`).
+fn taylor_coeff(n: u32) -> f64 {
+    let fact: f64 = (1..=n).map(f64::from).product();
+    if (n / 2).is_multiple_of(2) {
+        1.0 / fact
+    } else {
+        -1.0 / fact
+    }
+}
+
+/// The value of `dist` at `counter` (a 64-bit register) under `seed`, in an f64 register.
+pub fn random_f64(a: &mut Asm, dist: RandDist, seed: u64, counter: Reg) -> Reg {
+    let w = philox(a, seed, counter);
+    let top24 = |a: &mut Asm, w: Reg| {
+        let t = a.op(Class::B32, "shr.u32", &[w.into(), Opnd::Int(8)]);
+        a.op(Class::F64, "cvt.rn.f64.u32", &[t.into()])
+    };
+    let u = top24(a, w[0]);
+    match dist {
+        RandDist::Uniform => a.op(Class::F64, "mul.f64", &[u.into(), Opnd::F64(STEP)]),
+        RandDist::Normal => {
+            let u1 = a.op(Class::F64, "add.f64", &[u.into(), Opnd::F64(1.0)]);
+            let u1 = a.op(Class::F64, "mul.f64", &[u1.into(), Opnd::F64(STEP)]);
+            let u2 = top24(a, w[1]);
+            let u2 = a.op(Class::F64, "mul.f64", &[u2.into(), Opnd::F64(STEP)]);
+            let l = log_f64(a, u1);
+            let l = a.op(Class::F64, "mul.f64", &[l.into(), Opnd::F64(-2.0)]);
+            let r = a.op(Class::F64, "sqrt.rn.f64", &[l.into()]);
+            let c = cos_2pi_f64(a, u2);
+            a.op(Class::F64, "mul.f64", &[r.into(), c.into()])
+        }
+    }
+}
+
+/// Philox 4x32-10 (Salmon et al. 2011) of `counter` under the constant `seed`: the round
+/// keys are constants, each round two 32x32 products and two xors.
+fn philox(a: &mut Asm, seed: u64, counter: Reg) -> [Reg; 4] {
+    use Class::*;
+    let mut c0 = a.op(B32, "cvt.u32.u64", &[counter.into()]);
+    let hi = a.op(B64, "shr.u64", &[counter.into(), Opnd::Int(32)]);
+    let mut c1 = a.op(B32, "cvt.u32.u64", &[hi.into()]);
+    let mut c2 = a.op(B32, "mov.b32", &[Opnd::Int(0)]);
+    let mut c3 = a.op(B32, "mov.b32", &[Opnd::Int(0)]);
+    let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
+    for round in 0..10 {
+        if round > 0 {
+            k0 = k0.wrapping_add(0x9E37_79B9);
+            k1 = k1.wrapping_add(0xBB67_AE85);
+        }
+        let p0_hi = a.op(B32, "mul.hi.u32", &[c0.into(), Opnd::Hex(0xD251_1F53)]);
+        let p0_lo = a.op(B32, "mul.lo.u32", &[c0.into(), Opnd::Hex(0xD251_1F53)]);
+        let p1_hi = a.op(B32, "mul.hi.u32", &[c2.into(), Opnd::Hex(0xCD9E_8D57)]);
+        let p1_lo = a.op(B32, "mul.lo.u32", &[c2.into(), Opnd::Hex(0xCD9E_8D57)]);
+        let n0 = a.op(B32, "xor.b32", &[p1_hi.into(), c1.into()]);
+        let n0 = a.op(B32, "xor.b32", &[n0.into(), Opnd::Hex(u64::from(k0))]);
+        let n2 = a.op(B32, "xor.b32", &[p0_hi.into(), c3.into()]);
+        let n2 = a.op(B32, "xor.b32", &[n2.into(), Opnd::Hex(u64::from(k1))]);
+        (c0, c1, c2, c3) = (n0, p1_lo, n2, p0_lo);
+    }
+    [c0, c1, c2, c3]
+}
+
+/// `log(x)` for a positive normal f64 `x`: `x = m 2^e` with `m` in `[sqrt(1/2), sqrt(2))`,
+/// `log m = 2 atanh(s)` with `s = (m - 1) / (m + 1)`, `|s| < 0.172`, as the odd series
+/// `2 (s + s^3/3 + ... + s^23/23)` (the next term is below `1e-18`), plus `e ln 2` in two parts.
+fn log_f64(a: &mut Asm, x: Reg) -> Reg {
+    use Class::*;
+    const MANTISSA: u64 = (1 << 52) - 1;
+    let bits = a.op(B64, "mov.b64", &[x.into()]);
+    let biased = a.op(B64, "shr.u64", &[bits.into(), Opnd::Int(52)]);
+    let mant = a.op(B64, "and.b64", &[bits.into(), Opnd::Hex(MANTISSA)]);
+    let big = a.op(Pred, "setp.gt.u64", &[mant.into(), Opnd::Hex(SQRT2_BITS)]);
+    let bump = a.op(B64, "selp.b64", &[Opnd::Int(1), Opnd::Int(0), big.into()]);
+    let e = a.op(B64, "add.s64", &[biased.into(), bump.into()]);
+    let e = a.op(B64, "sub.s64", &[e.into(), Opnd::Int(1023)]);
+    let exp_bits = a.op(B64, "selp.b64", &[Opnd::Hex(0x3FE << 52), Opnd::Hex(0x3FF << 52), big.into()]);
+    let m = a.op(B64, "or.b64", &[mant.into(), exp_bits.into()]);
+    let m = a.op(F64, "mov.b64", &[m.into()]);
+    let num = a.op(F64, "sub.f64", &[m.into(), Opnd::F64(1.0)]);
+    let den = a.op(F64, "add.f64", &[m.into(), Opnd::F64(1.0)]);
+    let s = a.op(F64, "div.rn.f64", &[num.into(), den.into()]);
+    let z = a.op(F64, "mul.f64", &[s.into(), s.into()]);
+    // P(z) = sum z^k / (2k + 1), k = 1..11; log m = 2s + 2s z P(z)
+    let mut p = a.op(F64, "mov.f64", &[Opnd::F64(1.0 / 23.0)]);
+    for k in (1..11).rev() {
+        p = a.op(F64, "fma.rn.f64", &[p.into(), z.into(), Opnd::F64(1.0 / (2 * k + 1) as f64)]);
+    }
+    let s2 = a.op(F64, "add.f64", &[s.into(), s.into()]);
+    let s2z = a.op(F64, "mul.f64", &[s2.into(), z.into()]);
+    let log_m = a.op(F64, "fma.rn.f64", &[s2z.into(), p.into(), s2.into()]);
+    let ef = a.op(F64, "cvt.rn.f64.s64", &[e.into()]);
+    let low = a.op(F64, "fma.rn.f64", &[ef.into(), Opnd::F64(LN2_LO), log_m.into()]);
+    a.op(F64, "fma.rn.f64", &[ef.into(), Opnd::F64(LN2_HI), low.into()])
+}
+
+/// `cos(2 pi u)` for `u` in `[0, 1)`: `4u = q + f` with `q` the nearest integer and `|f| <= 1/2`
+/// (both exact), so the angle is `q pi/2 + a` with `a = f pi/2` in `[-pi/4, pi/4]`; `cos a` and
+/// `sin a` by their Taylor series to the `a^16` and `a^17` terms (the next below `1e-18`), and
+/// the quadrant `q mod 4` picks `cos a`, `-sin a`, `-cos a` or `sin a`.
+fn cos_2pi_f64(a: &mut Asm, u: Reg) -> Reg {
+    use Class::*;
+    let t = a.op(F64, "mul.f64", &[u.into(), Opnd::F64(4.0)]);
+    let q = a.op(F64, "cvt.rni.f64.f64", &[t.into()]);
+    let f = a.op(F64, "sub.f64", &[t.into(), q.into()]);
+    let x = a.op(F64, "mul.f64", &[f.into(), Opnd::F64(std::f64::consts::FRAC_PI_2)]);
+    let x2 = a.op(F64, "mul.f64", &[x.into(), x.into()]);
+    // sum over k = 0..8 of taylor_coeff(first + 2k) x^2k
+    let series = |a: &mut Asm, first: u32| {
+        let mut p = a.op(F64, "mov.f64", &[Opnd::F64(taylor_coeff(first + 16))]);
+        for k in (0..8).rev() {
+            p = a.op(F64, "fma.rn.f64", &[p.into(), x2.into(), Opnd::F64(taylor_coeff(first + 2 * k))]);
+        }
+        p
+    };
+    let cos = series(a, 0);
+    let sin_over_x = series(a, 1);
+    let sin = a.op(F64, "mul.f64", &[sin_over_x.into(), x.into()]);
+    let qi = a.op(B32, "cvt.rzi.s32.f64", &[q.into()]);
+    let odd_bit = a.op(B32, "and.b32", &[qi.into(), Opnd::Int(1)]);
+    let odd = a.op(Pred, "setp.ne.u32", &[odd_bit.into(), Opnd::Int(0)]);
+    let v = a.op(F64, "selp.f64", &[sin.into(), cos.into(), odd.into()]);
+    // quadrants 1 and 2 are negative: bit 1 of q + 1
+    let q1 = a.op(B32, "add.u32", &[qi.into(), Opnd::Int(1)]);
+    let neg_bit = a.op(B32, "and.b32", &[q1.into(), Opnd::Int(2)]);
+    let neg = a.op(Pred, "setp.ne.u32", &[neg_bit.into(), Opnd::Int(0)]);
+    let nv = a.op(F64, "neg.f64", &[v.into()]);
+    a.op(F64, "selp.f64", &[nv.into(), v.into(), neg.into()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The series of `log_f64` and `cos_2pi_f64`, evaluated on the host in the same order,
+    /// against `std` over the arguments Box-Muller gives them.
+    #[test]
+    fn the_f64_series_match_std() {
+        let log = |x: f64| {
+            let bits = x.to_bits();
+            let mant = bits & ((1 << 52) - 1);
+            let big = mant > SQRT2_BITS;
+            let e = (bits >> 52) as i64 + i64::from(big) - 1023;
+            let m = f64::from_bits(mant | if big { 0x3FE << 52 } else { 0x3FF << 52 });
+            let s = (m - 1.0) / (m + 1.0);
+            let z = s * s;
+            let mut p: f64 = 1.0 / 23.0;
+            for k in (1..11).rev() {
+                p = p.mul_add(z, 1.0 / (2 * k + 1) as f64);
+            }
+            let s2 = s + s;
+            let log_m = (s2 * z).mul_add(p, s2);
+            let ef = e as f64;
+            ef.mul_add(LN2_HI, ef.mul_add(LN2_LO, log_m))
+        };
+        for k in (0..1u64 << 24).step_by(997).chain([0, 1, 2, (1 << 24) - 1]) {
+            let u1 = (k as f64 + 1.0) * STEP;
+            let (got, want) = (log(u1), u1.ln());
+            assert!((got - want).abs() <= 4e-16 * want.abs().max(1e-300) + 1e-300, "log {u1}: {got} vs {want}");
+        }
+        let cos2pi = |u: f64| {
+            let t = u * 4.0;
+            let q = t.round_ties_even();
+            let x = (t - q) * std::f64::consts::FRAC_PI_2;
+            let x2 = x * x;
+            let series = |first: u32| {
+                let mut p = taylor_coeff(first + 16);
+                for k in (0..8).rev() {
+                    p = p.mul_add(x2, taylor_coeff(first + 2 * k));
+                }
+                p
+            };
+            let v = if q as i32 % 2 == 1 { series(1) * x } else { series(0) };
+            if (q as i32 + 1) & 2 != 0 {
+                -v
+            } else {
+                v
+            }
+        };
+        for k in (0..1u64 << 24).step_by(991).chain([0, 1 << 21, 1 << 22, 3 << 22, (1 << 24) - 1]) {
+            let u2 = k as f64 * STEP;
+            let (got, want) = (cos2pi(u2), (2.0 * std::f64::consts::PI * u2).cos());
+            assert!((got - want).abs() <= 2e-15, "cos(2 pi {u2}): {got} vs {want}");
+        }
+    }
+}
