@@ -5,9 +5,10 @@
 //! where it has its own (`exp` and `rsqrt` as `ex2`/`rsqrt.approx`, f32 division as
 //! `div.full`; the kernel emitter turns division by a row's or a group's value into one
 //! `rcp.rn` and multiplies), IEEE instructions where C's operator is IEEE (`/` of a reciprocal, `sqrt`),
-//! and two routines of our own, `log` (a degree-7 polynomial after splitting off the exponent,
-//! within 2 ulp) and `erf` (two polynomial fits, within 3 ulp). What has no PTX form here (f64 values, `sin`, `tanh`, integer division, ...)
-//! is [`Unsupported`]: the kernel goes through NVRTC instead.
+//! and routines of our own: `log` (a degree-7 polynomial after splitting off the exponent,
+//! within 2 ulp), `erf` (two polynomial fits, within 3 ulp) and `tanh` (an odd polynomial near
+//! zero, else through `ex2`, within 2 ulp). What has no PTX form here (f64 values, `sin`,
+//! integer division, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 use coil_ir::{BinaryOp, DType, Scalar, UnaryOp};
@@ -205,6 +206,37 @@ pub fn one_plus_tanh_f32(a: &mut Asm, z: Reg) -> Reg {
     a.op(Class::F32, "mul.f32", &[r.into(), f32_const(2.0)])
 }
 
+/// `Q` in `tanh(x) = x + x^3 Q(x^2)` on `[0, TANH_SPLIT]`: a least-squares fit (within 0.8 ulp
+/// in a sweep emulated in f32).
+const TANH_SMALL: [f32; 6] =
+    [-0.333_333_3, 0.133_332_54, -0.053_953_22, 0.021_738_842, -0.008_278_836_5, 0.002_242_647_6];
+/// Below this, [`TANH_SMALL`]; above, `1 - 2 / (e^(2|x|) + 1)` (within 1.6 ulp emulated, where
+/// the subtraction loses at most a bit).
+const TANH_SPLIT: f32 = 0.6;
+
+/// `tanh(x)` of f32 (the C backend's `tanhf` is a long routine): an odd polynomial near zero,
+/// else `1 - 2 / (e^(2|x|) + 1)` with `ex2` and the sign of `x` copied on. `+-inf` gives
+/// `+-1`, NaN NaN, `-0` `-0`.
+pub fn tanh_f32(a: &mut Asm, x: Reg) -> Reg {
+    use Class::*;
+    let ax = a.op(F32, "abs.f32", &[x.into()]);
+    let x2 = a.op(F32, "mul.f32", &[x.into(), x.into()]);
+    let mut q = a.op(F32, "mov.f32", &[f32_const(TANH_SMALL[5])]);
+    for &c in TANH_SMALL[..5].iter().rev() {
+        q = a.op(F32, "fma.rn.f32", &[q.into(), x2.into(), f32_const(c)]);
+    }
+    let x3 = a.op(F32, "mul.f32", &[x2.into(), x.into()]);
+    let small = a.op(F32, "fma.rn.f32", &[x3.into(), q.into(), x.into()]);
+    let t = a.op(F32, "mul.f32", &[ax.into(), f32_const(2.0 * LOG2E)]);
+    let e = a.op(F32, "ex2.approx.ftz.f32", &[t.into()]);
+    let d = a.op(F32, "add.f32", &[e.into(), f32_const(1.0)]);
+    let r = a.op(F32, "div.full.f32", &[f32_const(2.0), d.into()]);
+    let large = a.op(F32, "sub.f32", &[f32_const(1.0), r.into()]);
+    let large = a.op(F32, "copysign.f32", &[x.into(), large.into()]);
+    let far = a.op(Pred, "setp.ge.f32", &[ax.into(), f32_const(TANH_SPLIT)]);
+    a.op(F32, "selp.f32", &[large.into(), small.into(), far.into()])
+}
+
 /// Coefficients `c0..c7` of `P` in `log1p(f) = f - f^2/2 + f^3 P(f)` on `[sqrt(1/2) - 1,
 /// sqrt(2) - 1]`: a least-squares fit at Chebyshev nodes (relative error of `log1p` under
 /// 4e-8 in f32 arithmetic).
@@ -339,6 +371,7 @@ pub fn unary(a: &mut Asm, op: UnaryOp, x: Reg, dx: DType, out: DType) -> R<Reg> 
             Sqrt => f(a, "sqrt.rn.f32"),
             Rsqrt => f(a, "rsqrt.approx.f32"),
             Erf => erf_f32(a, x),
+            Tanh => tanh_f32(a, x),
             Reciprocal => a.op(F32, "div.rn.f32", &[f32_const(1.0), x.into()]),
             Sigmoid => {
                 let n = f(a, "neg.f32");

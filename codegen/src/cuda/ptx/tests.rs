@@ -224,3 +224,22 @@ fn random_numbers_are_philox_rounds_and_f64_box_muller() {
     let k = kernel("poi_fused_rand_1", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
     assert!(emit_ptx(&build_kernel(&p.p, &k), 90, &Tuning::default()).is_err());
 }
+
+#[test]
+fn a_bare_tanh_is_a_polynomial_or_an_exponential() {
+    use crate::testutil::{kernel, xs, Prog, B};
+    let mut p = Prog::default();
+    let x = p.input(&[64], DType::F32);
+    let v = xs(&[64])[0];
+    let mut b = B::default();
+    let l = b.load(x, v, DType::F32);
+    let t = b.unary(coil_ir::UnaryOp::Tanh, l, DType::F32);
+    let out = p.pointwise(&[64], DType::F32, b.done(t));
+    let k = kernel("poi_fused_tanh_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
+    let src = ptx(&build_kernel(&p.p, &k));
+    // per element (4 per thread): both forms, then a select rather than a branch
+    assert_eq!(src.matches("copysign.f32").count(), 4, "{src}");
+    assert_eq!(src.matches("ex2.approx.ftz.f32").count(), 4, "{src}");
+    assert_eq!(src.matches("selp.f32").count(), 4, "{src}");
+    assemble(&[("poi_fused_tanh_0".into(), src)]);
+}
