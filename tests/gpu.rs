@@ -230,3 +230,20 @@ fn random_tensors_match_the_interpreter_on_cuda() {
         }
     }
 }
+
+/// Integer floor and truncating division and remainder on the GPU (PTX): torch's results,
+/// `i64::MIN` by -1 wrapping as the CPU does, and a zero divisor reported as an error.
+#[test]
+fn integer_division_matches_torch_and_reports_zero_on_cuda() {
+    use coil::Tensor;
+    let Some(device) = gpu() else { return };
+    let on = |v: Vec<i64>| Tensor::from_vec(v, &[5]).unwrap().to_device(device).unwrap();
+    let (a, b) = (on(vec![7, -7, 7, -7, i64::MIN]), on(vec![2, 2, -2, -2, -1]));
+    let get = |t: coil::Result<Tensor>| t.unwrap().to_vec::<i64>().unwrap();
+    assert_eq!(get(a.floor_divide(&b)), [3, -4, -4, 3, i64::MIN]);
+    assert_eq!(get(a.trunc_divide(&b)), [3, -3, -3, 3, i64::MIN]);
+    assert_eq!(get(a.remainder(&b)), [1, 1, -1, -1, 0]);
+    let zero = on(vec![2, 2, 0, 2, 2]);
+    let e = a.floor_divide(&zero).and_then(|q| q.to_vec::<i64>()).unwrap_err();
+    assert!(e.to_string().contains("division by zero"), "{e}");
+}

@@ -514,6 +514,15 @@ impl<'a> PtxGen<'a> {
                 let xf = scalar::convert(&mut self.a, xv, self.facts.dtypes[x], out)?;
                 self.a.op(Class::F32, "mul.f32", &[xf.into(), rcp.into()])
             }
+            TileOp::Binary(op @ (BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder), x, y)
+                if !out.is_float() && out != DType::Bool =>
+            {
+                let (xv, yv) = (self.val(*x)?, self.val(*y)?);
+                let xi = scalar::convert(&mut self.a, xv, self.facts.dtypes[x], out)?;
+                let yi = scalar::convert(&mut self.a, yv, self.facts.dtypes[y], out)?;
+                let r = self.integer_division(*op, xi, yi);
+                scalar::convert(&mut self.a, r, DType::I64, out)?
+            }
             TileOp::Binary(b, x, y) => {
                 let (xv, yv) = (self.val(*x)?, self.val(*y)?);
                 scalar::binary(&mut self.a, *b, xv, self.facts.dtypes[x], yv, self.facts.dtypes[y], out)?
@@ -529,6 +538,48 @@ impl<'a> PtxGen<'a> {
                 scalar::convert(&mut self.a, xv, self.facts.dtypes[x], out)?
             }
         })
+    }
+
+    /// Floor or truncating division or `torch.remainder` of two `.s64` values, as the prelude's
+    /// `coil_ifloordiv`, `coil_itruncdiv` and `coil_iremainder`: a zero divisor records error 3
+    /// in the status and yields 0; a divisor of -1 negates (wrapping) or leaves 0, so that
+    /// `i64::MIN / -1` never reaches the hardware division.
+    fn integer_division(&mut self, op: BinaryOp, a: Reg, b: Reg) -> Reg {
+        use Class::*;
+        let zero = self.a.op(Pred, "setp.eq.s64", &[b.into(), Opnd::Int(0)]);
+        let minus_one = self.a.op(Pred, "setp.eq.s64", &[b.into(), Opnd::Int(-1)]);
+        let special = self.a.op(Pred, "or.pred", &[zero.into(), minus_one.into()]);
+        let safe = self.a.op(B64, "selp.b64", &[Opnd::Int(1), b.into(), special.into()]);
+        let q = self.a.op(B64, "div.s64", &[a.into(), safe.into()]);
+        let r = self.a.op(B64, "rem.s64", &[a.into(), safe.into()]);
+        // floor: a nonzero remainder of the other sign than the divisor steps once more
+        let nonzero = self.a.op(Pred, "setp.ne.s64", &[r.into(), Opnd::Int(0)]);
+        let r_neg = self.a.op(Pred, "setp.lt.s64", &[r.into(), Opnd::Int(0)]);
+        let b_neg = self.a.op(Pred, "setp.lt.s64", &[b.into(), Opnd::Int(0)]);
+        let signs = self.a.op(Pred, "xor.pred", &[r_neg.into(), b_neg.into()]);
+        let fix = self.a.op(Pred, "and.pred", &[nonzero.into(), signs.into()]);
+        let (plain, by_minus_one) = match op {
+            BinaryOp::FloorDiv => {
+                let q1 = self.a.op(B64, "sub.s64", &[q.into(), Opnd::Int(1)]);
+                (self.a.op(B64, "selp.b64", &[q1.into(), q.into(), fix.into()]), self.a.op(B64, "neg.s64", &[a.into()]))
+            }
+            BinaryOp::TruncDiv => (q, self.a.op(B64, "neg.s64", &[a.into()])),
+            _ => {
+                let rb = self.a.op(B64, "add.s64", &[r.into(), b.into()]);
+                let m = self.a.op(B64, "selp.b64", &[rb.into(), r.into(), fix.into()]);
+                (m, self.a.op(B64, "mov.b64", &[Opnd::Int(0)]))
+            }
+        };
+        let v = self.a.op(B64, "selp.b64", &[by_minus_one.into(), plain.into(), minus_one.into()]);
+        let v = self.a.op(B64, "selp.b64", &[Opnd::Int(0), v.into(), zero.into()]);
+        let status = self.status.expect("the status pointer");
+        let old = self.a.op(B64, "mov.b64", &[Opnd::Int(1)]);
+        self.a.ins(format!("@{zero} atom.global.cas.b64 {old}, [{status}], 0, 3"));
+        let won = self.a.op(Pred, "setp.eq.s64", &[old.into(), Opnd::Int(0)]);
+        let nothing = self.a.op(B64, "mov.b64", &[Opnd::Int(0)]);
+        self.a.ins(format!("@{won} st.global.b64 [{status}+8], {nothing}"));
+        self.a.ins(format!("@{won} st.global.b64 [{status}+16], {nothing}"));
+        v
     }
 
     /// Whether this thread stores the row's values (its first thread).

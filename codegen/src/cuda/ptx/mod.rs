@@ -15,7 +15,7 @@
 //! may contract or reorder differently).
 //!
 //! What is not covered here (one-output column plans, arg reductions over a cluster or down
-//! columns, f64 values, `sin`/`cos`/`tan`, integer division, ...) is
+//! columns, f64 values, `sin`/`cos`/`tan`, `pow` and `log1p` of floats, ...) is
 //! [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as before.
 
 mod asm;

@@ -8,7 +8,7 @@
 //! and routines of our own: `log` (a degree-7 polynomial after splitting off the exponent,
 //! within 2 ulp), `erf` (two polynomial fits, within 3 ulp) and `tanh` (an odd polynomial near
 //! zero, else through `ex2`, within 2 ulp). What has no PTX form here (f64 values, `sin`,
-//! integer division, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
+//! `pow` of floats, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 use coil_ir::{BinaryOp, DType, Scalar, UnaryOp};

@@ -243,3 +243,23 @@ fn a_bare_tanh_is_a_polynomial_or_an_exponential() {
     assert_eq!(src.matches("selp.f32").count(), 4, "{src}");
     assemble(&[("poi_fused_tanh_0".into(), src)]);
 }
+
+#[test]
+fn integer_division_guards_zero_and_minus_one() {
+    use crate::testutil::{kernel, xs, Prog, B};
+    for op in [coil_ir::BinaryOp::FloorDiv, coil_ir::BinaryOp::TruncDiv, coil_ir::BinaryOp::Remainder] {
+        let mut p = Prog::default();
+        let (a, b) = (p.input(&[64], DType::I64), p.input(&[64], DType::I32));
+        let v = xs(&[64])[0];
+        let mut body = B::default();
+        let (la, lb) = (body.load(a, v, DType::I64), body.load(b, v, DType::I32));
+        let q = body.binary(op, la, lb, DType::I64);
+        let out = p.pointwise(&[64], DType::I64, body.done(q));
+        let k = kernel("poi_fused_div_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
+        let src = ptx(&build_kernel(&p.p, &k));
+        // the hardware division never sees 0 or -1; a zero divisor records error 3
+        assert!(src.contains("div.s64") && src.contains("selp.b64"), "{op:?}: {src}");
+        assert!(src.contains("atom.global.cas.b64") && src.contains(", 0, 3;"), "{op:?}: {src}");
+        assemble(&[(format!("poi_fused_div_{op:?}"), src)]);
+    }
+}
