@@ -6,16 +6,16 @@
 //! pointwise kernels (groups of `vec` elements, vector accesses, values uniform over a group
 //! computed once), persistent reductions with rows over one warp, one block or a cluster of
 //! blocks (chunks of groups held in registers, passes, shuffle trees, a shared-memory stage,
-//! distributed shared memory), looped reductions (online softmax included), column sums with
-//! vectors of outputs, arg reductions as (value, index) pairs, and random numbers (Philox, and
+//! distributed shared memory), looped reductions (online softmax included), one-pass column
+//! reductions (one or a vector of outputs per thread), arg reductions as (value, index) pairs, and random numbers (Philox, and
 //! Box-Muller in f64 with a `log` and a `cos` of our own: [`random`]). Every loop the C code
 //! unrolls is written out here; ptxas allocates registers and schedules. The scalar ops follow
 //! the C backend's semantics ([`scalar`]), with the CUDA prelude's fast forms where it has
 //! them, so the two paths compute alike (not bit for bit: `log` is our own routine, and NVVM
 //! may contract or reorder differently).
 //!
-//! What is not covered here (one-output column plans, arg reductions over a cluster or down
-//! columns, f64 values, `sin`/`cos`/`tan`, `pow` and `log1p` of floats, ...) is
+//! What is not covered here (column plans of several passes or looped ones, arg reductions over
+//! a cluster or down columns, f64 values, `sin`/`cos`/`tan`, `pow` and `log1p` of floats, ...) is
 //! [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as before.
 
 mod asm;

@@ -591,8 +591,9 @@ impl<'a> PtxGen<'a> {
         if p.cluster > 1 && !persistent {
             return Err("a looped row split over a cluster".into());
         }
-        if p.col && (p.col_vec == 1 || !persistent) {
-            return Err("a column plan of one output per thread".into());
+        // column plans of one pass (the shape `column_vectors` writes), any outputs per thread
+        if p.col && (!persistent || !crate::cuda::launch::single_pass(self.k)) {
+            return Err("a column plan of several passes or a looped one".into());
         }
         if p.warps_per_row() > 1 && p.rows_per_block != 1 && !p.col {
             return Err("several multi-warp rows per block".into());

@@ -92,7 +92,7 @@ fn shapes_without_a_ptx_form_say_why() {
             }
         }
     }
-    // everything but f64 rows and one-output column plans
+    // everything but f64 rows and column plans of several passes
     assert!(covered * 10 >= kernels.len() * 7, "{covered} of {}", kernels.len());
     // no target for GPUs before sm_80 (max.NaN) or unknown ones
     assert!(emit_ptx(&kernels[0], 75, &Tuning::default()).unwrap_err().contains("sm_75"));
@@ -262,4 +262,17 @@ fn integer_division_guards_zero_and_minus_one() {
         assert!(src.contains("atom.global.cas.b64") && src.contains(", 0, 3;"), "{op:?}: {src}");
         assemble(&[(format!("poi_fused_div_{op:?}"), src)]);
     }
+}
+
+#[test]
+fn narrow_column_sums_take_one_output_per_thread() {
+    // 256 outputs (under the 8192 that get vectors): one plane, one folding thread per output
+    let (p, k) = crate::cuda::tests::col_sum(300, 256, KernelKind::PersistentReduction);
+    let t = build_kernel(&p, &k);
+    let plan = crate::cuda::launch::plan_with(&t, &Tuning::default());
+    assert!(plan.col && plan.col_vec == 1, "{plan:?}");
+    let src = ptx(&t);
+    assert_eq!(src.matches("st.shared.f32").count(), 1, "{src}");
+    assert_eq!(src.matches("ld.shared.f32").count(), plan.lanes, "{src}");
+    assemble(&[("col_sum_300x256".into(), src)]);
 }
