@@ -43,21 +43,17 @@ impl<'a> PtxGen<'a> {
             }
             ReduceOp::Sum => (DType::I64, Opnd::Int(0)),
             ReduceOp::Prod => (DType::I64, Opnd::Int(1)),
-            ReduceOp::Max | ReduceOp::Min if src.is_float() => {
-                class_of(src)?;
-                let inf = if op == ReduceOp::Max { f32::NEG_INFINITY } else { f32::INFINITY };
-                (DType::F32, Opnd::F32(inf))
+            // (for arg reductions the value half of a (value, index) pair; the index starts at
+            // NO_INDEX)
+            _ => {
+                let max = matches!(op, ReduceOp::Max | ReduceOp::ArgMax);
+                if src.is_float() {
+                    class_of(src)?;
+                    (DType::F32, Opnd::F32(if max { f32::NEG_INFINITY } else { f32::INFINITY }))
+                } else {
+                    (DType::I64, Opnd::Int(if max { i64::MIN } else { i64::MAX }))
+                }
             }
-            ReduceOp::Max => (DType::I64, Opnd::Int(i64::MIN)),
-            ReduceOp::Min => (DType::I64, Opnd::Int(i64::MAX)),
-            // the value half of a (value, index) pair; the index starts at NO_INDEX
-            ReduceOp::ArgMax | ReduceOp::ArgMin if src.is_float() => {
-                class_of(src)?;
-                let inf = if op == ReduceOp::ArgMax { f32::NEG_INFINITY } else { f32::INFINITY };
-                (DType::F32, Opnd::F32(inf))
-            }
-            ReduceOp::ArgMax => (DType::I64, Opnd::Int(i64::MIN)),
-            ReduceOp::ArgMin => (DType::I64, Opnd::Int(i64::MAX)),
         })
     }
 
