@@ -7,8 +7,9 @@
 //! `rcp.rn` and multiplies), IEEE instructions where C's operator is IEEE (`/` of a reciprocal, `sqrt`),
 //! and routines of our own: `log` (a degree-7 polynomial after splitting off the exponent,
 //! within 2 ulp), `erf` (two polynomial fits, within 3 ulp) and `tanh` (an odd polynomial near
-//! zero, else through `ex2`, within 2 ulp). What has no PTX form here (f64 values, `sin`,
-//! `pow` of floats, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
+//! zero, else through `ex2`, within 2 ulp), with `log1p` and `expm1` from `log` and `exp` by
+//! Goldberg's and Kahan's corrections. What has no PTX form here (f64 values, `sin`, `pow` of
+//! floats, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 use coil_ir::{BinaryOp, DType, Scalar, UnaryOp};
@@ -206,6 +207,40 @@ pub fn one_plus_tanh_f32(a: &mut Asm, z: Reg) -> Reg {
     a.op(Class::F32, "mul.f32", &[r.into(), f32_const(2.0)])
 }
 
+/// `log(1 + x)` of f32 (Goldberg's correction): `u = 1 + x` rounded, then `log(u) * x / (u - 1)`,
+/// which cancels `u`'s rounding error to first order; `x` itself where `u` rounds to 1, `inf`
+/// for `inf`. Within a few ulp of `log1pf` (the error of [`log_f32`] and two roundings).
+pub fn log1p_f32(a: &mut Asm, x: Reg) -> Reg {
+    use Class::*;
+    let u = a.op(F32, "add.f32", &[x.into(), f32_const(1.0)]);
+    let l = log_f32(a, u, false);
+    let d = a.op(F32, "sub.f32", &[u.into(), f32_const(1.0)]);
+    let q = a.op(F32, "div.rn.f32", &[x.into(), d.into()]);
+    let r = a.op(F32, "mul.f32", &[l.into(), q.into()]);
+    let one = a.op(Pred, "setp.eq.f32", &[u.into(), f32_const(1.0)]);
+    let r = a.op(F32, "selp.f32", &[x.into(), r.into(), one.into()]);
+    let inf = a.op(Pred, "setp.eq.f32", &[x.into(), f32_const(f32::INFINITY)]);
+    a.op(F32, "selp.f32", &[x.into(), r.into(), inf.into()])
+}
+
+/// `exp(x) - 1` of f32 (Kahan's correction): `u = exp(x)`, then `(u - 1) * x / log(u)`, which
+/// cancels `u`'s error to first order; `x` where `u` rounds to 1, `-1` where it is 0, `inf` for
+/// `inf`. Within a few ulp of `expm1f`.
+pub fn expm1_f32(a: &mut Asm, x: Reg) -> Reg {
+    use Class::*;
+    let u = exp_f32(a, x);
+    let d = a.op(F32, "sub.f32", &[u.into(), f32_const(1.0)]);
+    let l = log_f32(a, u, false);
+    let q = a.op(F32, "div.rn.f32", &[x.into(), l.into()]);
+    let r = a.op(F32, "mul.f32", &[d.into(), q.into()]);
+    let one = a.op(Pred, "setp.eq.f32", &[u.into(), f32_const(1.0)]);
+    let r = a.op(F32, "selp.f32", &[x.into(), r.into(), one.into()]);
+    let zero = a.op(Pred, "setp.eq.f32", &[u.into(), f32_const(0.0)]);
+    let r = a.op(F32, "selp.f32", &[f32_const(-1.0), r.into(), zero.into()]);
+    let inf = a.op(Pred, "setp.eq.f32", &[u.into(), f32_const(f32::INFINITY)]);
+    a.op(F32, "selp.f32", &[u.into(), r.into(), inf.into()])
+}
+
 /// `Q` in `tanh(x) = x + x^3 Q(x^2)` on `[0, TANH_SPLIT]`: a least-squares fit (within 0.8 ulp
 /// in a sweep emulated in f32).
 const TANH_SMALL: [f32; 6] =
@@ -372,6 +407,15 @@ pub fn unary(a: &mut Asm, op: UnaryOp, x: Reg, dx: DType, out: DType) -> R<Reg> 
             Rsqrt => f(a, "rsqrt.approx.f32"),
             Erf => erf_f32(a, x),
             Tanh => tanh_f32(a, x),
+            Log1p => log1p_f32(a, x),
+            Expm1 => expm1_f32(a, x),
+            Sign => {
+                // (0 < x) - (x < 0), as the prelude's coil_sign (NaN and -0 give +0)
+                let pos = a.op(Pred, "setp.gt.f32", &[x.into(), f32_const(0.0)]);
+                let neg = a.op(Pred, "setp.lt.f32", &[x.into(), f32_const(0.0)]);
+                let s = a.op(F32, "selp.f32", &[f32_const(-1.0), f32_const(0.0), neg.into()]);
+                a.op(F32, "selp.f32", &[f32_const(1.0), s.into(), pos.into()])
+            }
             Reciprocal => a.op(F32, "div.rn.f32", &[f32_const(1.0), x.into()]),
             Sigmoid => {
                 let n = f(a, "neg.f32");
@@ -400,6 +444,13 @@ pub fn unary(a: &mut Asm, op: UnaryOp, x: Reg, dx: DType, out: DType) -> R<Reg> 
             wrap(a, n, out)
         }
         Floor | Ceil | Round | Trunc => x,
+        Sign => {
+            let pos = a.op(Pred, "setp.gt.s64", &[x.into(), Opnd::Int(0)]);
+            let neg = a.op(Pred, "setp.lt.s64", &[x.into(), Opnd::Int(0)]);
+            let s = a.op(B64, "selp.b64", &[Opnd::Int(-1), Opnd::Int(0), neg.into()]);
+            let s = a.op(B64, "selp.b64", &[Opnd::Int(1), s.into(), pos.into()]);
+            wrap(a, s, out)
+        }
         _ => return Err(format!("{} of an integer", op.name())),
     })
 }

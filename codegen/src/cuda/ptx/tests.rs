@@ -276,3 +276,21 @@ fn narrow_column_sums_take_one_output_per_thread() {
     assert_eq!(src.matches("ld.shared.f32").count(), plan.lanes, "{src}");
     assemble(&[("col_sum_300x256".into(), src)]);
 }
+
+#[test]
+fn log1p_expm1_and_sign_have_ptx_forms() {
+    use crate::testutil::{kernel, xs, Prog, B};
+    use coil_ir::UnaryOp::{Expm1, Log1p, Sign};
+    for (op, d) in [(Log1p, DType::F32), (Expm1, DType::BF16), (Sign, DType::F32), (Sign, DType::I64)] {
+        let mut p = Prog::default();
+        let x = p.input(&[64], d);
+        let v = xs(&[64])[0];
+        let mut b = B::default();
+        let l = b.load(x, v, d);
+        let y = b.unary(op, l, d);
+        let out = p.pointwise(&[64], d, b.done(y));
+        let k = kernel("poi_fused_unary_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
+        let src = ptx(&build_kernel(&p.p, &k));
+        assemble(&[(format!("poi_fused_{}_{d}", op.name()), src)]);
+    }
+}
