@@ -63,11 +63,7 @@ impl<'a> PtxGen<'a> {
     fn arg_takes(&mut self, a: (Reg, Reg), b: (Reg, Reg), max: bool, d: DType) -> Reg {
         use Class::*;
         let lower = self.a.op(Pred, "setp.lt.s64", &[b.1.into(), a.1.into()]);
-        let (ty, cmp) = if d == DType::F32 {
-            ("f32", if max { "gt" } else { "lt" })
-        } else {
-            ("s64", if max { "gt" } else { "lt" })
-        };
+        let (ty, cmp) = (if d == DType::F32 { "f32" } else { "s64" }, if max { "gt" } else { "lt" });
         let better = self.a.op(Pred, &format!("setp.{cmp}.{ty}"), &[b.0.into(), a.0.into()]);
         let same = self.a.op(Pred, &format!("setp.eq.{ty}"), &[b.0.into(), a.0.into()]);
         let tie = self.a.op(Pred, "and.pred", &[same.into(), lower.into()]);
