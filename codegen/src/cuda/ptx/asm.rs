@@ -102,6 +102,8 @@ pub struct Asm {
     body: String,
     counts: [u32; 6],
     labels: u32,
+    /// Module-level declarations the body needs (`.const` tables), each once.
+    globals: Vec<String>,
 }
 
 impl Asm {
@@ -132,6 +134,18 @@ impl Asm {
             let _ = write!(text, ", {a}");
         }
         self.ins(text);
+    }
+
+    /// Declares `text` at module level (once, however often it is asked for).
+    pub fn declare(&mut self, text: &str) {
+        if !self.globals.iter().any(|g| g == text) {
+            self.globals.push(text.to_string());
+        }
+    }
+
+    /// The module-level declarations, in the order first asked for.
+    pub fn globals(&self) -> &[String] {
+        &self.globals
     }
 
     /// A fresh label name.

@@ -594,6 +594,9 @@ impl<'a> PtxGen<'a> {
         }
         self.a.ins("ret");
         let mut out = String::new();
+        for g in self.a.globals() {
+            let _ = writeln!(out, "{g}");
+        }
         for (name, bytes) in &self.shared {
             let _ = writeln!(out, ".shared .align 8 .b8 {name}[{bytes}];");
         }

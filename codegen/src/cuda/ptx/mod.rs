@@ -15,7 +15,7 @@
 //! may contract or reorder differently).
 //!
 //! What is not covered here (column plans of several passes or looped ones, arg reductions over
-//! a cluster or down columns, f64 values, `sin`/`cos`/`tan`, `pow` of floats, ...) is
+//! a cluster or down columns, f64 values, `pow`, float floor division, ...) is
 //! [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as before.
 
 mod asm;
@@ -24,6 +24,7 @@ mod random;
 mod scalar;
 #[cfg(test)]
 mod tests;
+mod trig;
 
 pub use scalar::Unsupported;
 

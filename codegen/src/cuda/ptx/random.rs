@@ -20,7 +20,7 @@ const LN2_HI: f64 = 6.931_471_803_691_238e-1;
 const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
 
 /// The Taylor coefficient `(-1)^k / n!` of `cos` (`n = 2k`) or `sin` (`n = 2k + 1`).
-fn taylor_coeff(n: u32) -> f64 {
+pub(super) fn taylor_coeff(n: u32) -> f64 {
     let fact: f64 = (1..=n).map(f64::from).product();
     if (n / 2).is_multiple_of(2) {
         1.0 / fact

@@ -8,8 +8,8 @@
 //! and routines of our own: `log` (a degree-7 polynomial after splitting off the exponent,
 //! within 2 ulp), `erf` (two polynomial fits, within 3 ulp) and `tanh` (an odd polynomial near
 //! zero, else through `ex2`, within 2 ulp), with `log1p` and `expm1` from `log` and `exp` by
-//! Goldberg's and Kahan's corrections. What has no PTX form here (f64 values, `sin`, `pow` of
-//! floats, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
+//! Goldberg's and Kahan's corrections. `sin`, `cos` and `tan` are in `trig`. What has no PTX form
+//! here (f64 values, `pow` of floats, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 use coil_ir::{BinaryOp, DType, Scalar, UnaryOp};
@@ -407,6 +407,9 @@ pub fn unary(a: &mut Asm, op: UnaryOp, x: Reg, dx: DType, out: DType) -> R<Reg> 
             Rsqrt => f(a, "rsqrt.approx.f32"),
             Erf => erf_f32(a, x),
             Tanh => tanh_f32(a, x),
+            Sin => super::trig::trig_f32(a, x, super::trig::Trig::Sin),
+            Cos => super::trig::trig_f32(a, x, super::trig::Trig::Cos),
+            Tan => super::trig::trig_f32(a, x, super::trig::Trig::Tan),
             Log1p => log1p_f32(a, x),
             Expm1 => expm1_f32(a, x),
             Sign => {

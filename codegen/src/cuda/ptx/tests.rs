@@ -294,3 +294,24 @@ fn log1p_expm1_and_sign_have_ptx_forms() {
         assemble(&[(format!("poi_fused_{}_{d}", op.name()), src)]);
     }
 }
+
+#[test]
+fn sin_cos_and_tan_reduce_in_f64_through_a_table() {
+    use crate::testutil::{kernel, xs, Prog, B};
+    use coil_ir::UnaryOp::{Cos, Sin, Tan};
+    for op in [Sin, Cos, Tan] {
+        let mut p = Prog::default();
+        let x = p.input(&[64], DType::F32);
+        let v = xs(&[64])[0];
+        let mut b = B::default();
+        let l = b.load(x, v, DType::F32);
+        let y = b.unary(op, l, DType::F32);
+        let out = p.pointwise(&[64], DType::F32, b.done(y));
+        let k = kernel("poi_fused_trig_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
+        let src = ptx(&build_kernel(&p.p, &k));
+        // the tables once per module, read per element
+        assert_eq!(src.matches(".const .align 8 .b64 coil_pow2_mod_2pi_hi[104]").count(), 1, "{src}");
+        assert_eq!(src.matches("ld.const.f64").count(), 2 * 4, "{src}");
+        assemble(&[(format!("poi_fused_{}", op.name()), src)]);
+    }
+}
