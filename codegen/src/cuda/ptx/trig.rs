@@ -306,26 +306,26 @@ pub fn trig_f32(a: &mut Asm, x: Reg, which: Trig) -> Reg {
     // the quadrant: sin takes (s, c, -s, -c), cos (c, -s, -c, s); tan is sin / cos
     let odd_bit = a.op(B32, "and.b32", &[q.into(), Opnd::Int(1)]);
     let odd = a.op(Pred, "setp.ne.u32", &[odd_bit.into(), Opnd::Int(0)]);
+    // the quadrant's sign (none for tan, whose two forms carry it), then the sign of x for the
+    // odd functions (of -0 too)
     let shifted = if which == Trig::Cos { a.op(B32, "add.u32", &[q.into(), Opnd::Int(1)]) } else { q };
     let neg_bit = a.op(B32, "and.b32", &[shifted.into(), Opnd::Int(2)]);
-    let mut neg = a.op(Pred, "setp.ne.u32", &[neg_bit.into(), Opnd::Int(0)]);
-    let v = match which {
-        Trig::Sin => a.op(F64, "selp.f64", &[cos_r.into(), sin_r.into(), odd.into()]),
-        Trig::Cos => a.op(F64, "selp.f64", &[sin_r.into(), cos_r.into(), odd.into()]),
+    let quadrant_neg = a.op(Pred, "setp.ne.u32", &[neg_bit.into(), Opnd::Int(0)]);
+    let x_neg = a.op(Pred, "setp.lt.s32", &[bits.into(), Opnd::Int(0)]);
+    let (v, neg) = match which {
+        Trig::Sin => {
+            let v = a.op(F64, "selp.f64", &[cos_r.into(), sin_r.into(), odd.into()]);
+            (v, a.op(Pred, "xor.pred", &[quadrant_neg.into(), x_neg.into()]))
+        }
+        Trig::Cos => (a.op(F64, "selp.f64", &[sin_r.into(), cos_r.into(), odd.into()]), quadrant_neg),
         Trig::Tan => {
             // tan(r + q pi/2): sin r / cos r for even q, -cos r / sin r for odd q
             let even = a.op(F64, "div.rn.f64", &[sin_r.into(), cos_r.into()]);
             let ratio = a.op(F64, "div.rn.f64", &[cos_r.into(), sin_r.into()]);
             let oddv = a.op(F64, "neg.f64", &[ratio.into()]);
-            neg = a.op(Pred, "setp.ne.u32", &[Opnd::Int(0), Opnd::Int(0)]);
-            a.op(F64, "selp.f64", &[oddv.into(), even.into(), odd.into()])
+            (a.op(F64, "selp.f64", &[oddv.into(), even.into(), odd.into()]), x_neg)
         }
     };
-    if which != Trig::Cos {
-        // sin and tan are odd: the sign of x (of -0 too)
-        let signed = a.op(Pred, "setp.lt.s32", &[bits.into(), Opnd::Int(0)]);
-        neg = a.op(Pred, "xor.pred", &[neg.into(), signed.into()]);
-    }
     let nv = a.op(F64, "neg.f64", &[v.into()]);
     let v = a.op(F64, "selp.f64", &[nv.into(), v.into(), neg.into()]);
     let f = a.op(F32, "cvt.rn.f32.f64", &[v.into()]);
