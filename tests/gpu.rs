@@ -281,3 +281,35 @@ fn trigonometry_is_accurate_over_the_whole_f32_range_on_cuda() {
     let nan = Tensor::from_vec(vec![f32::INFINITY, f32::NAN], &[2]).unwrap().to_device(device).unwrap();
     assert!(nan.sin().unwrap().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
 }
+
+/// `pow` of f32 on the GPU (PTX: through f64 `log` and `exp`) against Rust's `powf` (C99's
+/// special cases): zeros, infinities, NaN, negative bases with integer and other exponents.
+#[test]
+fn pow_matches_powf_with_every_special_case_on_cuda() {
+    use coil::Tensor;
+    let Some(device) = gpu() else { return };
+    let vals = [0.0f32, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 2.5, 1e-3, 1e3, 1e-40, 7.3, -7.3];
+    let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+    let all: Vec<f32> = vals.iter().chain(&specials).copied().collect();
+    let (mut xs, mut ys) = (vec![], vec![]);
+    for &x in &all {
+        for &y in &all {
+            xs.push(x);
+            ys.push(y);
+        }
+    }
+    let n = xs.len();
+    let on = |v: &[f32]| Tensor::from_vec(v.to_vec(), &[n]).unwrap().to_device(device).unwrap();
+    let got = on(&xs).pow(on(&ys)).unwrap().to_vec::<f32>().unwrap();
+    for k in 0..n {
+        let want = xs[k].powf(ys[k]);
+        let ok = if want.is_nan() {
+            got[k].is_nan()
+        } else if want == 0.0 || want.is_infinite() {
+            got[k] == want && got[k].is_sign_negative() == want.is_sign_negative()
+        } else {
+            (got[k] - want).abs() <= 2.0 * f32::EPSILON * want.abs()
+        };
+        assert!(ok, "pow({:e}, {:e}) = {:e}, want {want:e}", xs[k], ys[k], got[k]);
+    }
+}

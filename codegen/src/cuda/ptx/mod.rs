@@ -7,18 +7,21 @@
 //! computed once), persistent reductions with rows over one warp, one block or a cluster of
 //! blocks (chunks of groups held in registers, passes, shuffle trees, a shared-memory stage,
 //! distributed shared memory), looped reductions (online softmax included), one-pass column
-//! reductions (one or a vector of outputs per thread), arg reductions as (value, index) pairs, and random numbers (Philox, and
-//! Box-Muller in f64 with a `log` and a `cos` of our own: [`random`]). Every loop the C code
-//! unrolls is written out here; ptxas allocates registers and schedules. The scalar ops follow
-//! the C backend's semantics ([`scalar`]), with the CUDA prelude's fast forms where it has
-//! them, so the two paths compute alike (not bit for bit: `log` is our own routine, and NVVM
-//! may contract or reorder differently).
+//! reductions (one or a vector of outputs per thread) and arg reductions as (value, index)
+//! pairs. Every loop the C code unrolls is written out here; ptxas allocates registers and
+//! schedules. The scalar ops follow the C backend's semantics (`scalar`), with the CUDA
+//! prelude's fast forms where it has them, so the two paths compute alike (not bit for bit:
+//! `log` is our own routine, and NVVM may contract or reorder differently). What PTX has no
+//! instruction for is written out: random numbers (`random`: Philox, and Box-Muller in f64),
+//! `sin`/`cos`/`tan` reduced in f64 (`trig`), and f64 `log` and `exp` with `pow` through them
+//! (`f64math`).
 //!
 //! What is not covered here (column plans of several passes or looped ones, arg reductions over
-//! a cluster or down columns, f64 values, `pow`, float floor division, ...) is
+//! a cluster or down columns, f64 values, `pow` of integers, float floor division, ...) is
 //! [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as before.
 
 mod asm;
+mod f64math;
 pub(crate) mod kernel;
 mod random;
 mod scalar;

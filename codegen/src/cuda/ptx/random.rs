@@ -9,26 +9,11 @@
 //! within about `1e-15` of a rounding boundary (then it is one f32 ulp off).
 
 use super::asm::{Asm, Class, Opnd, Reg};
+use super::f64math::{log_f64, taylor_coeff};
 use coil_ir::op::RandDist;
 
 /// `2^-24`: the spacing of the 24-bit uniforms.
 const STEP: f64 = 5.960_464_477_539_063e-8;
-/// The mantissa bits of `sqrt(2)`: larger mantissas take the next exponent in `log_f64`.
-const SQRT2_BITS: u64 = 0x6_A09E_667F_3BCD;
-/// `ln 2 = LN2_HI + LN2_LO`, `LN2_HI` with trailing zero bits (so `e * LN2_HI` is exact).
-const LN2_HI: f64 = 6.931_471_803_691_238e-1;
-const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-
-/// The Taylor coefficient `(-1)^k / n!` of `cos` (`n = 2k`) or `sin` (`n = 2k + 1`).
-pub(super) fn taylor_coeff(n: u32) -> f64 {
-    let fact: f64 = (1..=n).map(f64::from).product();
-    if (n / 2).is_multiple_of(2) {
-        1.0 / fact
-    } else {
-        -1.0 / fact
-    }
-}
-
 /// The value of `dist` at `counter` (a 64-bit register) under `seed`, in an f64 register.
 pub fn random_f64(a: &mut Asm, dist: RandDist, seed: u64, counter: Reg) -> Reg {
     let w = philox(a, seed, counter);
@@ -81,39 +66,6 @@ fn philox(a: &mut Asm, seed: u64, counter: Reg) -> [Reg; 4] {
     [c0, c1, c2, c3]
 }
 
-/// `log(x)` for a positive normal f64 `x`: `x = m 2^e` with `m` in `[sqrt(1/2), sqrt(2))`,
-/// `log m = 2 atanh(s)` with `s = (m - 1) / (m + 1)`, `|s| < 0.172`, as the odd series
-/// `2 (s + s^3/3 + ... + s^23/23)` (the next term is below `1e-18`), plus `e ln 2` in two parts.
-fn log_f64(a: &mut Asm, x: Reg) -> Reg {
-    use Class::*;
-    const MANTISSA: u64 = (1 << 52) - 1;
-    let bits = a.op(B64, "mov.b64", &[x.into()]);
-    let biased = a.op(B64, "shr.u64", &[bits.into(), Opnd::Int(52)]);
-    let mant = a.op(B64, "and.b64", &[bits.into(), Opnd::Hex(MANTISSA)]);
-    let big = a.op(Pred, "setp.gt.u64", &[mant.into(), Opnd::Hex(SQRT2_BITS)]);
-    let bump = a.op(B64, "selp.b64", &[Opnd::Int(1), Opnd::Int(0), big.into()]);
-    let e = a.op(B64, "add.s64", &[biased.into(), bump.into()]);
-    let e = a.op(B64, "sub.s64", &[e.into(), Opnd::Int(1023)]);
-    let exp_bits = a.op(B64, "selp.b64", &[Opnd::Hex(0x3FE << 52), Opnd::Hex(0x3FF << 52), big.into()]);
-    let m = a.op(B64, "or.b64", &[mant.into(), exp_bits.into()]);
-    let m = a.op(F64, "mov.b64", &[m.into()]);
-    let num = a.op(F64, "sub.f64", &[m.into(), Opnd::F64(1.0)]);
-    let den = a.op(F64, "add.f64", &[m.into(), Opnd::F64(1.0)]);
-    let s = a.op(F64, "div.rn.f64", &[num.into(), den.into()]);
-    let z = a.op(F64, "mul.f64", &[s.into(), s.into()]);
-    // P(z) = sum z^k / (2k + 1), k = 1..11; log m = 2s + 2s z P(z)
-    let mut p = a.op(F64, "mov.f64", &[Opnd::F64(1.0 / 23.0)]);
-    for k in (1..11).rev() {
-        p = a.op(F64, "fma.rn.f64", &[p.into(), z.into(), Opnd::F64(1.0 / (2 * k + 1) as f64)]);
-    }
-    let s2 = a.op(F64, "add.f64", &[s.into(), s.into()]);
-    let s2z = a.op(F64, "mul.f64", &[s2.into(), z.into()]);
-    let log_m = a.op(F64, "fma.rn.f64", &[s2z.into(), p.into(), s2.into()]);
-    let ef = a.op(F64, "cvt.rn.f64.s64", &[e.into()]);
-    let low = a.op(F64, "fma.rn.f64", &[ef.into(), Opnd::F64(LN2_LO), log_m.into()]);
-    a.op(F64, "fma.rn.f64", &[ef.into(), Opnd::F64(LN2_HI), low.into()])
-}
-
 /// `cos(2 pi u)` for `u` in `[0, 1)`: `4u = q + f` with `q` the nearest integer and `|f| <= 1/2`
 /// (both exact), so the angle is `q pi/2 + a` with `a = f pi/2` in `[-pi/4, pi/4]`; `cos a` and
 /// `sin a` by their Taylor series to the `a^16` and `a^17` terms (the next below `1e-18`), and
@@ -150,6 +102,7 @@ fn cos_2pi_f64(a: &mut Asm, u: Reg) -> Reg {
 
 #[cfg(test)]
 mod tests {
+    use super::super::f64math::{LN2_HI, LN2_LO, SQRT2_BITS};
     use super::*;
 
     /// The series of `log_f64` and `cos_2pi_f64`, evaluated on the host in the same order,

@@ -315,3 +315,19 @@ fn sin_cos_and_tan_reduce_in_f64_through_a_table() {
         assemble(&[(format!("poi_fused_{}", op.name()), src)]);
     }
 }
+
+#[test]
+fn pow_of_floats_goes_through_f64() {
+    use crate::testutil::{kernel, xs, Prog, B};
+    let mut p = Prog::default();
+    let (x, y) = (p.input(&[64], DType::F32), p.input(&[64], DType::BF16));
+    let v = xs(&[64])[0];
+    let mut b = B::default();
+    let (lx, ly) = (b.load(x, v, DType::F32), b.load(y, v, DType::BF16));
+    let r = b.binary(coil_ir::BinaryOp::Pow, lx, ly, DType::F32);
+    let out = p.pointwise(&[64], DType::F32, b.done(r));
+    let k = kernel("poi_fused_pow_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
+    let src = ptx(&build_kernel(&p.p, &k));
+    assert!(src.contains("div.rn.f64") && src.contains("cvt.rni.f64.f64"), "{src}");
+    assemble(&[("poi_fused_pow_0".into(), src)]);
+}

@@ -12,7 +12,7 @@
 //! give NaN.
 
 use super::asm::{Asm, Class, Opnd, Reg};
-use super::random::taylor_coeff;
+use super::f64math::taylor_coeff;
 
 /// Which function.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

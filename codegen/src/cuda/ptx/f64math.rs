@@ -1,0 +1,163 @@
+//! f64 routines the PTX emitter writes out where PTX has no instruction: `log` and `exp` of
+//! f64 (for random normals and `pow`), the Taylor coefficients of `sin` and `cos` (for those and
+//! Box-Muller's `cos`), and `pow` of f32 computed through them.
+
+use super::asm::{Asm, Class, Opnd, Reg};
+
+/// The mantissa bits of `sqrt(2)`: larger mantissas take the next exponent in `log_f64`.
+pub(super) const SQRT2_BITS: u64 = 0x6_A09E_667F_3BCD;
+/// `ln 2 = LN2_HI + LN2_LO`, `LN2_HI` with trailing zero bits (so `e * LN2_HI` is exact).
+pub(super) const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+pub(super) const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+
+/// The Taylor coefficient `(-1)^k / n!` of `cos` (`n = 2k`) or `sin` (`n = 2k + 1`).
+pub(super) fn taylor_coeff(n: u32) -> f64 {
+    let fact: f64 = (1..=n).map(f64::from).product();
+    if (n / 2).is_multiple_of(2) {
+        1.0 / fact
+    } else {
+        -1.0 / fact
+    }
+}
+
+/// `log(x)` for a positive normal f64 `x`: `x = m 2^e` with `m` in `[sqrt(1/2), sqrt(2))`,
+/// `log m = 2 atanh(s)` with `s = (m - 1) / (m + 1)`, `|s| < 0.172`, as the odd series
+/// `2 (s + s^3/3 + ... + s^23/23)` (the next term is below `1e-18`), plus `e ln 2` in two parts.
+pub(super) fn log_f64(a: &mut Asm, x: Reg) -> Reg {
+    use Class::*;
+    const MANTISSA: u64 = (1 << 52) - 1;
+    let bits = a.op(B64, "mov.b64", &[x.into()]);
+    let biased = a.op(B64, "shr.u64", &[bits.into(), Opnd::Int(52)]);
+    let mant = a.op(B64, "and.b64", &[bits.into(), Opnd::Hex(MANTISSA)]);
+    let big = a.op(Pred, "setp.gt.u64", &[mant.into(), Opnd::Hex(SQRT2_BITS)]);
+    let bump = a.op(B64, "selp.b64", &[Opnd::Int(1), Opnd::Int(0), big.into()]);
+    let e = a.op(B64, "add.s64", &[biased.into(), bump.into()]);
+    let e = a.op(B64, "sub.s64", &[e.into(), Opnd::Int(1023)]);
+    let exp_bits = a.op(B64, "selp.b64", &[Opnd::Hex(0x3FE << 52), Opnd::Hex(0x3FF << 52), big.into()]);
+    let m = a.op(B64, "or.b64", &[mant.into(), exp_bits.into()]);
+    let m = a.op(F64, "mov.b64", &[m.into()]);
+    let num = a.op(F64, "sub.f64", &[m.into(), Opnd::F64(1.0)]);
+    let den = a.op(F64, "add.f64", &[m.into(), Opnd::F64(1.0)]);
+    let s = a.op(F64, "div.rn.f64", &[num.into(), den.into()]);
+    let z = a.op(F64, "mul.f64", &[s.into(), s.into()]);
+    // P(z) = sum z^k / (2k + 1), k = 1..11; log m = 2s + 2s z P(z)
+    let mut p = a.op(F64, "mov.f64", &[Opnd::F64(1.0 / 23.0)]);
+    for k in (1..11).rev() {
+        p = a.op(F64, "fma.rn.f64", &[p.into(), z.into(), Opnd::F64(1.0 / (2 * k + 1) as f64)]);
+    }
+    let s2 = a.op(F64, "add.f64", &[s.into(), s.into()]);
+    let s2z = a.op(F64, "mul.f64", &[s2.into(), z.into()]);
+    let log_m = a.op(F64, "fma.rn.f64", &[s2z.into(), p.into(), s2.into()]);
+    let ef = a.op(F64, "cvt.rn.f64.s64", &[e.into()]);
+    let low = a.op(F64, "fma.rn.f64", &[ef.into(), Opnd::F64(LN2_LO), log_m.into()]);
+    a.op(F64, "fma.rn.f64", &[ef.into(), Opnd::F64(LN2_HI), low.into()])
+}
+
+/// `exp(t)` for an f64 `t` in `[-110, 110]` (callers clamp: past that an f32 result is 0 or
+/// inf anyway): `t = k ln 2 + f` with `k` the nearest integer to `t / ln 2` and `|f| <= 0.35`
+/// (two fma steps, `k LN2_HI` exact), `e^f` by its Taylor series to `f^13` (the next term is
+/// below `1e-17` relative), times `2^k` built in the exponent bits.
+pub(super) fn exp_f64(a: &mut Asm, t: Reg) -> Reg {
+    use Class::*;
+    let k = a.op(F64, "mul.f64", &[t.into(), Opnd::F64(std::f64::consts::LOG2_E)]);
+    let k = a.op(F64, "cvt.rni.f64.f64", &[k.into()]);
+    let nk = a.op(F64, "neg.f64", &[k.into()]);
+    let f = a.op(F64, "fma.rn.f64", &[nk.into(), Opnd::F64(LN2_HI), t.into()]);
+    let f = a.op(F64, "fma.rn.f64", &[nk.into(), Opnd::F64(LN2_LO), f.into()]);
+    let mut p = a.op(F64, "mov.f64", &[Opnd::F64(1.0 / factorial(13))]);
+    for n in (0..13).rev() {
+        p = a.op(F64, "fma.rn.f64", &[p.into(), f.into(), Opnd::F64(1.0 / factorial(n))]);
+    }
+    let ki = a.op(B64, "cvt.rzi.s64.f64", &[k.into()]);
+    let biased = a.op(B64, "add.s64", &[ki.into(), Opnd::Int(1023)]);
+    let bits = a.op(B64, "shl.b64", &[biased.into(), Opnd::Int(52)]);
+    let scale = a.op(F64, "mov.b64", &[bits.into()]);
+    a.op(F64, "mul.f64", &[p.into(), scale.into()])
+}
+
+fn factorial(n: u32) -> f64 {
+    (1..=n).map(f64::from).product()
+}
+
+/// `pow(x, y)` of f32 with C99's special cases (as `powf`): `|x|^y = exp(y log |x|)` in f64
+/// (within about `1e-14` relative, far below an f32 ulp), the sign `(-1)^y` for negative `x` and
+/// an integer `y`, NaN for a negative `x` and another finite `y`; then zeros, infinities and NaN
+/// by the standard's table, `pow(x, 0) = pow(1, y) = 1` last (even for NaN).
+pub(super) fn pow_f32(a: &mut Asm, x: Reg, y: Reg) -> Reg {
+    use Class::*;
+    let xd = a.op(F64, "cvt.f64.f32", &[x.into()]);
+    let yd = a.op(F64, "cvt.f64.f32", &[y.into()]);
+    let ax = a.op(F64, "abs.f64", &[xd.into()]);
+    // y an integer, and odd (f32 integers from 2^24 up are even)
+    let yt = a.op(F64, "cvt.rzi.f64.f64", &[yd.into()]);
+    let y_int = a.op(Pred, "setp.eq.f64", &[yt.into(), yd.into()]);
+    let half = a.op(F64, "mul.f64", &[yd.into(), Opnd::F64(0.5)]);
+    let half_t = a.op(F64, "cvt.rzi.f64.f64", &[half.into()]);
+    let half_frac = a.op(Pred, "setp.ne.f64", &[half_t.into(), half.into()]);
+    let y_odd = a.op(Pred, "and.pred", &[y_int.into(), half_frac.into()]);
+    let x_bits = a.op(B32, "mov.b32", &[x.into()]);
+    let x_neg = a.op(Pred, "setp.lt.s32", &[x_bits.into(), Opnd::Int(0)]);
+    // the finite, nonzero case
+    let l = log_f64(a, ax);
+    let t = a.op(F64, "mul.f64", &[yd.into(), l.into()]);
+    let t = a.op(F64, "max.f64", &[t.into(), Opnd::F64(-110.0)]);
+    let t = a.op(F64, "min.f64", &[t.into(), Opnd::F64(110.0)]);
+    let mag = exp_f64(a, t);
+    let mag = a.op(F32, "cvt.rn.f32.f64", &[mag.into()]);
+    let neg_mag = a.op(F32, "neg.f32", &[mag.into()]);
+    let neg_result = a.op(Pred, "and.pred", &[x_neg.into(), y_odd.into()]);
+    let mut r = a.op(F32, "selp.f32", &[neg_mag.into(), mag.into(), neg_result.into()]);
+    let y_frac = a.op(Pred, "not.pred", &[y_int.into()]);
+    let nan_case = a.op(Pred, "and.pred", &[x_neg.into(), y_frac.into()]);
+    r = a.op(F32, "selp.f32", &[Opnd::F32(f32::NAN), r.into(), nan_case.into()]);
+    let y_pos = a.op(Pred, "setp.gt.f32", &[y.into(), Opnd::F32(0.0)]);
+    // x = +-0 or +-inf: 0 or inf by the sign of y (swapped for inf), signed for an odd y and a
+    // negative x
+    let ax32 = a.op(F32, "abs.f32", &[x.into()]);
+    let zero = a.op(Pred, "setp.eq.f32", &[ax32.into(), Opnd::F32(0.0)]);
+    let inf = a.op(Pred, "setp.eq.f32", &[ax32.into(), Opnd::F32(f32::INFINITY)]);
+    let to_zero = a.op(Pred, "xor.pred", &[inf.into(), y_pos.into()]);
+    let edge = a.op(F32, "selp.f32", &[Opnd::F32(0.0), Opnd::F32(f32::INFINITY), to_zero.into()]);
+    let neg_edge = a.op(F32, "neg.f32", &[edge.into()]);
+    let edge = a.op(F32, "selp.f32", &[neg_edge.into(), edge.into(), neg_result.into()]);
+    let zero_or_inf = a.op(Pred, "or.pred", &[zero.into(), inf.into()]);
+    r = a.op(F32, "selp.f32", &[edge.into(), r.into(), zero_or_inf.into()]);
+    // y = +-inf: by |x| against 1 (|x| = 1 gives 1)
+    let ay = a.op(F32, "abs.f32", &[y.into()]);
+    let y_inf = a.op(Pred, "setp.eq.f32", &[ay.into(), Opnd::F32(f32::INFINITY)]);
+    let above = a.op(Pred, "setp.gt.f32", &[ax32.into(), Opnd::F32(1.0)]);
+    let vanishes = a.op(Pred, "xor.pred", &[above.into(), y_pos.into()]);
+    let lim = a.op(F32, "selp.f32", &[Opnd::F32(0.0), Opnd::F32(f32::INFINITY), vanishes.into()]);
+    let unit = a.op(Pred, "setp.eq.f32", &[ax32.into(), Opnd::F32(1.0)]);
+    let lim = a.op(F32, "selp.f32", &[Opnd::F32(1.0), lim.into(), unit.into()]);
+    r = a.op(F32, "selp.f32", &[lim.into(), r.into(), y_inf.into()]);
+    // NaN in, NaN out; then pow(x, 0) = pow(1, y) = 1
+    let nan = a.op(Pred, "setp.nan.f32", &[x.into(), y.into()]);
+    r = a.op(F32, "selp.f32", &[Opnd::F32(f32::NAN), r.into(), nan.into()]);
+    let y_zero = a.op(Pred, "setp.eq.f32", &[y.into(), Opnd::F32(0.0)]);
+    let x_one = a.op(Pred, "setp.eq.f32", &[x.into(), Opnd::F32(1.0)]);
+    let one = a.op(Pred, "or.pred", &[y_zero.into(), x_one.into()]);
+    a.op(F32, "selp.f32", &[Opnd::F32(1.0), r.into(), one.into()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `exp_f64`'s steps on the host against `std` over the range its callers pass.
+    #[test]
+    fn the_exp_series_matches_std() {
+        for i in -22_000..=22_000 {
+            let t = f64::from(i) * 0.005 + 1e-3;
+            let k = (t * std::f64::consts::LOG2_E).round_ties_even();
+            let f = (-k).mul_add(LN2_LO, (-k).mul_add(LN2_HI, t));
+            let mut p = 1.0 / factorial(13);
+            for n in (0..13).rev() {
+                p = p.mul_add(f, 1.0 / factorial(n));
+            }
+            let got = p * f64::from_bits(((k as i64 + 1023) as u64) << 52);
+            let want = t.exp();
+            assert!((got - want).abs() <= 4e-16 * want, "exp({t}): {got:e} vs {want:e}");
+        }
+    }
+}
