@@ -53,6 +53,24 @@ pub(super) fn log_f64(a: &mut Asm, x: Reg) -> Reg {
     a.op(F64, "fma.rn.f64", &[ef.into(), Opnd::F64(LN2_HI), low.into()])
 }
 
+/// `(sin x, cos x)` for an f64 `x` in about `[-pi/4, pi/4]`: Taylor series to the `x^17` and
+/// `x^16` terms (the next below `1e-18`).
+pub(super) fn sin_cos_f64(a: &mut Asm, x: Reg) -> (Reg, Reg) {
+    use Class::*;
+    let x2 = a.op(F64, "mul.f64", &[x.into(), x.into()]);
+    // sum over k = 0..8 of taylor_coeff(first + 2k) x^2k
+    let series = |a: &mut Asm, first: u32| {
+        let mut p = a.op(F64, "mov.f64", &[Opnd::F64(taylor_coeff(first + 16))]);
+        for k in (0..8).rev() {
+            p = a.op(F64, "fma.rn.f64", &[p.into(), x2.into(), Opnd::F64(taylor_coeff(first + 2 * k))]);
+        }
+        p
+    };
+    let cos = series(a, 0);
+    let sin_over_x = series(a, 1);
+    (a.op(F64, "mul.f64", &[sin_over_x.into(), x.into()]), cos)
+}
+
 /// `exp(t)` for an f64 `t` in `[-110, 110]` (callers clamp: past that an f32 result is 0 or
 /// inf anyway): `t = k ln 2 + f` with `k` the nearest integer to `t / ln 2` and `|f| <= 0.35`
 /// (two fma steps, `k LN2_HI` exact), `e^f` by its Taylor series to `f^13` (the next term is

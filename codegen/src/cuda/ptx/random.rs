@@ -9,7 +9,7 @@
 //! within about `1e-15` of a rounding boundary (then it is one f32 ulp off).
 
 use super::asm::{Asm, Class, Opnd, Reg};
-use super::f64math::{log_f64, taylor_coeff};
+use super::f64math::{log_f64, sin_cos_f64};
 use coil_ir::op::RandDist;
 
 /// `2^-24`: the spacing of the 24-bit uniforms.
@@ -76,18 +76,7 @@ fn cos_2pi_f64(a: &mut Asm, u: Reg) -> Reg {
     let q = a.op(F64, "cvt.rni.f64.f64", &[t.into()]);
     let f = a.op(F64, "sub.f64", &[t.into(), q.into()]);
     let x = a.op(F64, "mul.f64", &[f.into(), Opnd::F64(std::f64::consts::FRAC_PI_2)]);
-    let x2 = a.op(F64, "mul.f64", &[x.into(), x.into()]);
-    // sum over k = 0..8 of taylor_coeff(first + 2k) x^2k
-    let series = |a: &mut Asm, first: u32| {
-        let mut p = a.op(F64, "mov.f64", &[Opnd::F64(taylor_coeff(first + 16))]);
-        for k in (0..8).rev() {
-            p = a.op(F64, "fma.rn.f64", &[p.into(), x2.into(), Opnd::F64(taylor_coeff(first + 2 * k))]);
-        }
-        p
-    };
-    let cos = series(a, 0);
-    let sin_over_x = series(a, 1);
-    let sin = a.op(F64, "mul.f64", &[sin_over_x.into(), x.into()]);
+    let (sin, cos) = sin_cos_f64(a, x);
     let qi = a.op(B32, "cvt.rzi.s32.f64", &[q.into()]);
     let odd_bit = a.op(B32, "and.b32", &[qi.into(), Opnd::Int(1)]);
     let odd = a.op(Pred, "setp.ne.u32", &[odd_bit.into(), Opnd::Int(0)]);
@@ -102,7 +91,7 @@ fn cos_2pi_f64(a: &mut Asm, u: Reg) -> Reg {
 
 #[cfg(test)]
 mod tests {
-    use super::super::f64math::{LN2_HI, LN2_LO, SQRT2_BITS};
+    use super::super::f64math::{taylor_coeff, LN2_HI, LN2_LO, SQRT2_BITS};
     use super::*;
 
     /// The series of `log_f64` and `cos_2pi_f64`, evaluated on the host in the same order,

@@ -12,7 +12,7 @@
 //! give NaN.
 
 use super::asm::{Asm, Class, Opnd, Reg};
-use super::f64math::taylor_coeff;
+use super::f64math::sin_cos_f64;
 
 /// Which function.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -291,18 +291,7 @@ pub fn trig_f32(a: &mut Asm, x: Reg, which: Trig) -> Reg {
     let c = a.op(F64, "fma.rn.f64", &[nj.into(), Opnd::F64(P1), lo.into()]);
     let r = a.op(F64, "add.f64", &[r1.into(), c.into()]);
     let q = a.op(B32, "cvt.rzi.s32.f64", &[j.into()]);
-    // sin r and cos r
-    let r2 = a.op(F64, "mul.f64", &[r.into(), r.into()]);
-    let series = |a: &mut Asm, first: u32| {
-        let mut p = a.op(F64, "mov.f64", &[Opnd::F64(taylor_coeff(first + 16))]);
-        for k in (0..8).rev() {
-            p = a.op(F64, "fma.rn.f64", &[p.into(), r2.into(), Opnd::F64(taylor_coeff(first + 2 * k))]);
-        }
-        p
-    };
-    let cos_r = series(a, 0);
-    let sin_r = series(a, 1);
-    let sin_r = a.op(F64, "mul.f64", &[sin_r.into(), r.into()]);
+    let (sin_r, cos_r) = sin_cos_f64(a, r);
     // the quadrant: sin takes (s, c, -s, -c), cos (c, -s, -c, s); tan is sin / cos
     let odd_bit = a.op(B32, "and.b32", &[q.into(), Opnd::Int(1)]);
     let odd = a.op(Pred, "setp.ne.u32", &[odd_bit.into(), Opnd::Int(0)]);
@@ -336,6 +325,7 @@ pub fn trig_f32(a: &mut Asm, x: Reg, which: Trig) -> Reg {
 
 #[cfg(test)]
 mod tests {
+    use super::super::f64math::taylor_coeff;
     use super::*;
 
     /// The reduction and the series on the host, step for step as emitted, against `std`'s f64
