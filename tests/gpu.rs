@@ -313,3 +313,47 @@ fn pow_matches_powf_with_every_special_case_on_cuda() {
         assert!(ok, "pow({:e}, {:e}) = {:e}, want {want:e}", xs[k], ys[k], got[k]);
     }
 }
+
+/// Division by a row's value (here its max) on the GPU: the PTX path takes the divisor's
+/// reciprocal once (`rcp.approx` and a Newton step) and multiplies; within 2 ulp of IEEE division
+/// where the reciprocal is a normal number (divisors of magnitude 2^-126 to 2^126), and IEEE's
+/// zeros, infinities and NaN for divisors of zero, infinity and NaN. (Outside that range the
+/// reciprocal loses bits or overflows: docs/compiler.md.)
+#[test]
+fn division_by_a_rows_value_matches_ieee_division_on_cuda() {
+    use coil::Tensor;
+    let Some(device) = gpu() else { return };
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let rows: Vec<[f32; 4]> = vec![
+        [1.0, 0.5, -1.0, 0.25],
+        [3.0, 1.0, 2.0, -7.0],
+        [7.0, 6.9, 1e-3, -1e3],
+        [-5.5, -6.0, -7.0, -100.0],
+        [1e10, 1.0, 3e9, -2e10],
+        [1e-10, 3e-11, -1.0, 7e-11],
+        [2e-38, 1e-38, -1.0, 1.5e-38],
+        [8e37, 1e37, -8e37, 7.9e37],
+        [0.0, -1.0, -2.0, -0.5],
+        [inf, 1.0, -1.0, 0.0],
+        [-inf, -inf, -inf, -inf],
+        [nan, 1.0, 2.0, 3.0],
+    ];
+    let n = rows.len();
+    let xs: Vec<f32> = rows.iter().flatten().copied().collect();
+    let x = Tensor::from_vec(xs.clone(), &[n, 4]).unwrap().to_device(device).unwrap();
+    let got = x.div(&x.amax(&[1], true).unwrap()).unwrap().to_vec::<f32>().unwrap();
+    for (r, row) in rows.iter().enumerate() {
+        let d = row.iter().copied().fold(f32::NEG_INFINITY, |m, v| if m.is_nan() || v.is_nan() { nan } else { m.max(v) });
+        for (c, &v) in row.iter().enumerate() {
+            let (g, want) = (got[r * 4 + c], v / d);
+            let ok = if want.is_nan() {
+                g.is_nan()
+            } else if want == 0.0 || want.is_infinite() {
+                g == want && g.is_sign_negative() == want.is_sign_negative()
+            } else {
+                (g - want).abs() <= 2.0 * f32::EPSILON * want.abs()
+            };
+            assert!(ok, "{v:e} / {d:e} = {g:e}, want {want:e} (row {r})");
+        }
+    }
+}

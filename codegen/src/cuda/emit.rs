@@ -250,6 +250,8 @@ pub(super) struct KernelFacts {
     /// and the driver assembled the cluster softmax (64 `div.full`s of one divisor per thread)
     /// in 70 ms instead of 98 (H100 machine).
     pub(super) divisors: IndexSet<Var>,
+    /// Values of `Constant` lets, so that a literal divisor's reciprocal is folded.
+    pub(super) constants: IndexMap<Var, f64>,
 }
 
 impl KernelFacts {
@@ -257,11 +259,14 @@ impl KernelFacts {
         let mut dtypes = IndexMap::new();
         let mut acc_source = IndexMap::new();
         let (mut twos, mut ones, mut tanh_of) = (IndexSet::new(), IndexSet::new(), IndexMap::new());
-        let mut divisors = IndexSet::new();
+        let (mut divisors, mut constants) = (IndexSet::new(), IndexMap::new());
         for s in flat_stmts(&k.body) {
             match s {
                 TileStmt::Let { var, dtype, op, .. } => {
                     dtypes.insert(*var, *dtype);
+                    if let TileOp::Constant(c) = op {
+                        constants.insert(*var, c.as_f64());
+                    }
                     match op {
                         TileOp::Constant(c) if c.as_f64() == 2.0 => _ = twos.insert(*var),
                         TileOp::Constant(c) if c.as_f64() == 1.0 => _ = ones.insert(*var),
@@ -301,7 +306,7 @@ impl KernelFacts {
                 _ => {}
             }
         }
-        KernelFacts { dtypes, acc_source, twos, ones, tanh_of, divisors }
+        KernelFacts { dtypes, acc_source, twos, ones, tanh_of, divisors, constants }
     }
 
     /// The `z` of `x + y` (a value of `out`) when it is `1 + tanh(z)` computed in f32.

@@ -67,7 +67,7 @@ pub(super) struct PtxGen<'a> {
     /// The element of the group being emitted (`None`: values of the whole group).
     elem: Option<usize>,
     chunk: usize,
-    /// `rcp.rn` of divisors defined outside a group's elements, by the divisor's register
+    /// Reciprocals of divisors defined outside a group's elements, by the divisor's register
     /// (emitted where the divisor is, so it is set wherever the divisor is).
     reciprocals: IndexMap<Reg, Reg>,
     tid: Option<Reg>,
@@ -219,7 +219,12 @@ impl<'a> PtxGen<'a> {
         }
         self.scopes.last_mut().expect("a scope").insert(v, r);
         if self.elem.is_none() && self.facts.divisors.contains(&v) {
-            let rcp = self.a.op(Class::F32, "rcp.rn.f32", &[r.into()]);
+            let rcp = match self.facts.constants.get(&v) {
+                // IEEE division on the host is what `rcp.rn` would give; a literal's costs nothing
+                // (and the assembler took a quarter longer over the RMSNorm kernel's `rcp.rn` of 4096)
+                Some(&c) => self.a.op(Class::F32, "mov.f32", &[Opnd::F32(1.0 / c as f32)]),
+                None => scalar::reciprocal_f32(&mut self.a, r),
+            };
             self.reciprocals.insert(r, rcp);
         }
     }
