@@ -52,6 +52,13 @@ pub(super) struct PtxGen<'a> {
     /// Persistent values read by later passes: one register per (value, chunk * vec + i).
     arrays: IndexSet<Var>,
     array_regs: IndexMap<(Var, usize), Reg>,
+    /// Loads of a later pass issued in the first pass of a persistent reduction
+    /// ([`PtxGen::early_loads`]): (value, buffer, index), and once loaded their words by
+    /// (value, chunk) until the later pass takes them.
+    early: Vec<(Var, usize, Expr)>,
+    early_words: IndexMap<(Var, usize), Words>,
+    /// Whether the pass being written issues the `early` loads.
+    issuing_early: bool,
     /// Accumulators by (reduction, slot): slot 0, or in a column plan with `col_vec` outputs
     /// per thread the output's place `i` in the thread's group.
     accs: IndexMap<(Var, usize), Reg>,
@@ -106,6 +113,9 @@ impl<'a> PtxGen<'a> {
             scopes: vec![IndexMap::new()],
             arrays: IndexSet::new(),
             array_regs: IndexMap::new(),
+            early: vec![],
+            early_words: IndexMap::new(),
+            issuing_early: false,
             accs: IndexMap::new(),
             arg_index: IndexMap::new(),
             per_output: false,
@@ -382,16 +392,28 @@ impl<'a> PtxGen<'a> {
     /// other, then its vector stores.
     fn group_body(&mut self, stmts: &[&TileStmt]) -> R<()> {
         let loaded = self.group_loads(stmts)?;
+        if self.issuing_early {
+            for (var, arg, index) in self.early.clone() {
+                if let Access::Vector { piece } = self.access(arg, index) {
+                    let words = self.load_vector(arg, index, piece)?;
+                    self.early_words.insert((var, self.chunk), words);
+                }
+            }
+        }
         self.group_elements(stmts, &loaded)
     }
 
-    /// The group's vector loads: one value per element, by variable.
+    /// The group's vector loads: one value per element, by variable (those an earlier pass
+    /// issued taken from it).
     fn group_loads(&mut self, stmts: &[&TileStmt]) -> R<IndexMap<Var, Words>> {
         let mut loaded = IndexMap::new();
         for s in stmts {
             if let (TileStmt::Let { var, .. }, Some((arg, index, piece))) = (s, self.vector_access(s)) {
                 if self.needed.contains(var) {
-                    let words = self.load_vector(arg, index, piece)?;
+                    let words = match self.early_words.shift_remove(&(*var, self.chunk)) {
+                        Some(words) => words,
+                        None => self.load_vector(arg, index, piece)?,
+                    };
                     loaded.insert(*var, words);
                 }
             }

@@ -40,6 +40,8 @@ fn layer_norm_chunks_share_their_addresses() {
     assert!(src.contains("+3072]"), "{src}");
     // 6 warps per row: the shared-memory stage between two barriers, twice
     assert_eq!(src.matches("bar.sync 0").count(), 4, "{src}");
+    // the weights and biases, read after the mean and the variance, are loaded with the row
+    assert!(src.rfind("ld.global.v4.f32") < src.find("bar.sync 0"), "{src}");
     snapshot("ptx_layer_norm", src);
 }
 
