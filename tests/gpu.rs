@@ -59,6 +59,13 @@ fn wide_column_reductions_agree_with_the_interpreter_on_cuda() {
 }
 
 #[test]
+fn long_column_reductions_agree_with_the_interpreter_on_cuda() {
+    if let Some(device) = gpu() {
+        differential::check_long_columns(device);
+    }
+}
+
+#[test]
 fn dynamic_cuda_programs_agree_with_static_ones_at_every_size() {
     if let Some(device) = gpu() {
         differential::check_all_dynamic(device);
@@ -341,7 +348,7 @@ fn division_by_a_rows_value_matches_ieee_division_on_cuda() {
     let n = rows.len();
     let xs: Vec<f32> = rows.iter().flatten().copied().collect();
     let x = Tensor::from_vec(xs.clone(), &[n, 4]).unwrap().to_device(device).unwrap();
-    let got = x.div(&x.amax(&[1], true).unwrap()).unwrap().to_vec::<f32>().unwrap();
+    let got = x.div(x.amax(&[1], true).unwrap()).unwrap().to_vec::<f32>().unwrap();
     for (r, row) in rows.iter().enumerate() {
         let d = row.iter().copied().fold(f32::NEG_INFINITY, |m, v| if m.is_nan() || v.is_nan() { nan } else { m.max(v) });
         for (c, &v) in row.iter().enumerate() {

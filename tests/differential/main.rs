@@ -22,3 +22,8 @@ fn long_row_reductions_agree_with_the_interpreter() {
 fn wide_column_reductions_agree_with_the_interpreter() {
     harness::check_wide_columns(coil::Device::Cpu);
 }
+
+#[test]
+fn long_column_reductions_agree_with_the_interpreter() {
+    harness::check_long_columns(coil::Device::Cpu);
+}

@@ -463,14 +463,9 @@ impl<'a> PtxGen<'a> {
         Ok(())
     }
 
-    /// A column plan with `col_vec` outputs per thread ([`Plan::col_vec`]; one pass): each
-    /// thread folds one accumulator per output over its share of the reduced positions, one
-    /// vector access per position; the accumulators go to shared memory (one plane per
-    /// output place), and the first `col_vec` threads along the reduced dim fold one output
-    /// each and run its row statements (the CUDA emitter's `column_vectors`).
+    /// A persistent column plan of one pass: its `Reduce` statements accumulate, each into
+    /// its own result; row statements after the pass run per output ([`Self::column_fold`]).
     fn column_vectors(&mut self, pieces: &[Piece], nchunk: Expr) -> R<()> {
-        let p = self.plan;
-        let v = p.col_vec;
         let (mut pass, mut after) = (None, Vec::new());
         for piece in pieces {
             match piece {
@@ -480,23 +475,71 @@ impl<'a> PtxGen<'a> {
             }
         }
         let stmts = pass.ok_or("a column plan without a pass")?;
-        let reduces: Vec<(Var, ReduceOp)> = (stmts.iter())
+        let folds: Vec<(Var, ReduceOp, Var)> = (stmts.iter())
             .filter_map(|s| match s {
-                TileStmt::Reduce { var, op, .. } => Some((*var, *op)),
+                TileStmt::Reduce { var, op, .. } => Some((*var, *op, *var)),
                 _ => None,
             })
             .collect();
-        if reduces.iter().any(|(_, op)| op.is_arg()) {
+        self.column_fold(&stmts, &folds, &after, nchunk, 8)
+    }
+
+    /// A looped column plan of one [`TileStmt::RLoop`] (the rows symbolic or too long to
+    /// unroll): the loop's `AccUpdate`s accumulate, the `Reduce`s of its accumulators after it
+    /// are the column folds, the other statements after it run per output.
+    fn column_looped(&mut self, nchunk: Expr) -> R<()> {
+        let body = &self.k.body;
+        let at = body.iter().position(|s| matches!(s, TileStmt::RLoop(_))).ok_or("a looped column plan without a loop")?;
+        let TileStmt::RLoop(pass) = &body[at] else { unreachable!("found above") };
+        if body[at + 1..].iter().any(|s| matches!(s, TileStmt::RLoop(_)))
+            || pass.iter().any(|s| matches!(s, TileStmt::AccUpdateOnlineSoftmax { .. }))
+        {
+            return Err("a column plan of several passes or an online softmax".into());
+        }
+        for s in &body[..at] {
+            if !matches!(s, TileStmt::AccInit { .. }) {
+                self.stmt(s)?;
+            }
+        }
+        let (mut folds, mut after) = (Vec::new(), Vec::new());
+        for s in &body[at + 1..] {
+            match s {
+                TileStmt::Reduce { var, op, source, .. } => folds.push((*source, *op, *var)),
+                s => after.push(s),
+            }
+        }
+        let stmts: Vec<&TileStmt> = pass.iter().collect();
+        self.column_fold(&stmts, &folds, &after, nchunk, 4)
+    }
+
+    /// A column plan with `col_vec` outputs per thread ([`Plan::col_vec`]; one pass): each
+    /// thread folds one accumulator per output over its share of the reduced positions
+    /// (`stmts`, `unroll` positions per loop step), one vector access per position; the
+    /// accumulators go to shared memory (one plane per output place), and the first `col_vec`
+    /// threads along the reduced dim fold one output each into the results of `folds`
+    /// (accumulator, op, result) and run the row statements `after` (the CUDA emitter's
+    /// `column_vectors`).
+    fn column_fold(
+        &mut self,
+        stmts: &[&TileStmt],
+        folds: &[(Var, ReduceOp, Var)],
+        after: &[&TileStmt],
+        nchunk: Expr,
+        unroll: i64,
+    ) -> R<()> {
+        let p = self.plan;
+        let v = p.col_vec;
+        if folds.iter().any(|(_, op, _)| op.is_arg()) {
             return Err("an arg reduction in a column plan".into());
         }
-        for &(var, op) in &reduces {
-            let (d, init) = self.acc_kind(var, op)?;
+        for &(acc, op, _) in folds {
+            let (d, init) = self.acc_kind(acc, op)?;
             for i in 0..v {
                 let r = match d {
                     DType::F32 => self.a.op(Class::F32, "mov.f32", &[init]),
                     _ => self.a.op(Class::B64, "mov.b64", &[init]),
                 };
-                self.accs.insert((var, i), r);
+                self.accs.insert((acc, i), r);
             }
         }
         let groups = self.k.xnumel.floor_div(v as i64);
@@ -504,13 +547,13 @@ impl<'a> PtxGen<'a> {
             .fixing(rindex(&self.rnumel()), Expr::index_upto("rchunk", nchunk));
         let rlane = self.rlane.expect("the lane");
         self.per_output = true;
-        self.strided_groups(&stmts, group, nchunk, rlane, p.lanes as i64, 8)?;
+        self.strided_groups(stmts, group, nchunk, rlane, p.lanes as i64, unroll)?;
         self.per_output = false;
         // stage: plane i holds every thread's accumulator of output place i
         let block = p.launch.block as usize;
         let tid = self.tid.expect("the thread index");
         let mut planes = IndexMap::new();
-        for &(var, op) in &reduces {
+        for &(var, op, _) in folds {
             let (d, _) = self.acc_kind(var, op)?;
             let (ty, bytes) = if d == DType::F32 { ("f32", 4) } else { ("b64", 8) };
             let name = format!("{}_smem{var}", self.k.name);
@@ -538,7 +581,7 @@ impl<'a> PtxGen<'a> {
         let across = p.col_threads();
         let x = self.udiv_const(Class::B32, tid, across as i64, false);
         let rl32 = if c == Class::B64 { self.a.op(Class::B32, "cvt.u32.u64", &[r.into()]) } else { r };
-        for &(var, op) in &reduces {
+        for &(var, op, result) in folds {
             let (base, ty, bytes, d) = planes[&var];
             // plane `rlane`, slot `x`, then `x + across`, ... (the order of coil_col_fold)
             let plane =
@@ -554,8 +597,8 @@ impl<'a> PtxGen<'a> {
             }
             let src = self.dtype(self.facts.acc_source[&var]);
             let from = if matches!(op, ReduceOp::Max | ReduceOp::Min) && src.is_float() { src } else { d };
-            let value = scalar::convert(&mut self.a, acc, from, self.facts.dtypes[&var])?;
-            self.define(var, value);
+            let value = scalar::convert(&mut self.a, acc, from, self.facts.dtypes[&result])?;
+            self.define(result, value);
         }
         self.own_output = true;
         for s in after {
@@ -583,9 +626,9 @@ impl<'a> PtxGen<'a> {
         if p.cluster > 1 && !persistent {
             return Err("a looped row split over a cluster".into());
         }
-        // column plans of one pass (the shape `column_vectors` writes), any outputs per thread
-        if p.col && (!persistent || !crate::cuda::launch::single_pass(self.k)) {
-            return Err("a column plan of several passes or a looped one".into());
+        // column plans of one pass (the shapes `column_fold` writes), any outputs per thread
+        if p.col && persistent && !crate::cuda::launch::single_pass(self.k) {
+            return Err("a persistent column plan of several passes".into());
         }
         if p.warps_per_row() > 1 && p.rows_per_block != 1 && !p.col {
             return Err("several multi-warp rows per block".into());
@@ -618,10 +661,13 @@ impl<'a> PtxGen<'a> {
             let within = self.udiv_const(c, t, across, false);
             let first = self.iop("mad.lo", &[ctaid.into(), Opnd::Int(across), within.into()]);
             let groups = self.k.xnumel.floor_div(p.col_vec as i64);
-            let pieces = pieces(&self.k.body);
+            let pieces = if persistent { pieces(&self.k.body) } else { vec![] };
             let nchunk = self.rnumel().floor_div(p.vec as i64);
             let per_step = p.launch.grid as u64 * across as u64;
-            let mut run = |g: &mut Self| g.column_vectors(&pieces, nchunk);
+            let mut run = |g: &mut Self| match persistent {
+                true => g.column_vectors(&pieces, nchunk),
+                false => g.column_looped(nchunk),
+            };
             return self.grid_loop(
                 "xg",
                 first,

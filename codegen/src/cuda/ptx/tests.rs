@@ -3,7 +3,7 @@
 //! (`COIL_PTXAS`, or `ptxas` on the `PATH`; the GPU tests run the kernels).
 
 use super::*;
-use crate::cuda::tests::{all_kernels, col_mean, layer_norm};
+use crate::cuda::tests::{all_kernels, col_mean, col_sum, layer_norm};
 use crate::testutil::softmax;
 use crate::tile::build_kernel;
 use coil_ir::kernel::KernelKind;
@@ -78,6 +78,21 @@ fn wide_column_mean_takes_vectors_of_outputs() {
     // the mean's division by the literal 300 is a multiply by its reciprocal, folded here
     assert!(!src.contains("rcp.") && !src.contains("div."), "{src}");
     snapshot("ptx_col_mean_vectors", src);
+}
+
+#[test]
+fn looped_column_sum_strides_down_its_rows() {
+    // 3000 rows: looped; 32 outputs per block, one per lane, 32 threads along the rows, four
+    // rows per loop step then one; the partials staged in one plane, folded by lane 0's row
+    let (p, k) = col_sum(3000, 256, KernelKind::LoopedReduction);
+    let t = build_kernel(&p, &k);
+    let src = ptx(&t);
+    assert_eq!(src.matches("ld.global.f32").count(), 4 + 1, "{src}");
+    assert_eq!(src.matches("st.shared.f32").count(), 1, "{src}");
+    assert_eq!(src.matches("ld.shared.f32").count(), 32, "{src}");
+    assert_eq!(src.matches("st.global.f32").count(), 1, "{src}");
+    assert_eq!(emit_ptx(&t, 90, &Tuning::default()).unwrap().kernels[0].launch.grid, 8);
+    assert!(assemble(&[("col_sum_looped".into(), src)]) || std::env::var("COIL_PTXAS").is_err());
 }
 
 #[test]
