@@ -761,3 +761,30 @@ fn online_softmax_one_pass_and_pairwise_block_combine() {
     let module = emit_cuda(&all_kernels()).unwrap();
     syntax_check(&module.source);
 }
+
+/// `x.var(0, correction=0)` of f32 `[rows, cols]`: a column reduction of two passes (the
+/// mean, then the squared deviations from it).
+pub(crate) fn col_var(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let x = p.input(&[rows, cols], f);
+    let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
+    let mut b = B::default();
+    let l = b.load(x, rv * cols as i64 + xv, f);
+    let sum = p.reduction(&[cols], &[rows], ReduceOp::Sum, f, b.done(l));
+    let mut b = B::default();
+    let (s, n) = (b.load(sum, xv, f), b.constant(rows as f64, f));
+    let q = b.binary(BinaryOp::Div, s, n, f);
+    let mean = p.pointwise(&[cols], f, b.done(q));
+    let mut b = B::default();
+    let (l, m) = (b.load(x, rv * cols as i64 + xv, f), b.load(mean, xv, f));
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let sq = b.binary(BinaryOp::Mul, d, d, f);
+    let ss = p.reduction(&[cols], &[rows], ReduceOp::Sum, f, b.done(sq));
+    let mut b = B::default();
+    let (s, n) = (b.load(ss, xv, f), b.constant(rows as f64, f));
+    let q = b.binary(BinaryOp::Div, s, n, f);
+    let var = p.pointwise(&[cols], f, b.done(q));
+    p.output(var);
+    (p.p, kernel("per_fused_col_var_0", KernelKind::PersistentReduction, vec![0, 1, 2, 3], cols, Some(rows), vec![var]))
+}

@@ -7,8 +7,8 @@
 //! computed once), persistent reductions with rows over one warp, one block or a cluster of
 //! blocks (chunks of groups held in registers, passes, shuffle trees, a shared-memory stage,
 //! distributed shared memory), looped reductions (online softmax included), column reductions
-//! of one pass, persistent (one or a vector of outputs per thread) or looped (rows symbolic or
-//! long), and arg reductions as (value, index)
+//! (one pass, persistent with one or a vector of outputs per thread or looped over symbolic or
+//! long rows; several passes over rows held in registers), and arg reductions as (value, index)
 //! pairs. Every loop the C code unrolls is written out here; ptxas allocates registers and
 //! schedules. The scalar ops follow the C backend's semantics (`scalar`), with the CUDA
 //! prelude's fast forms where it has them, so the two paths compute alike (not bit for bit:
@@ -17,7 +17,7 @@
 //! `sin`/`cos`/`tan` reduced in f64 (`trig`), and f64 `log` and `exp` with `pow` through them
 //! (`f64math`).
 //!
-//! What is not covered here (persistent column plans of several passes, arg reductions over
+//! What is not covered here (column plans of several passes over long rows, arg reductions over
 //! a cluster or down columns, f64 values, `pow` of integers, float floor division, ...) is
 //! [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as before.
 

@@ -167,6 +167,9 @@ impl<'a> PtxGen<'a> {
     /// shuffle tree in each warp, broadcast from lane 0, then for several warps a
     /// shared-memory stage read by every thread in the same order, between two barriers.
     fn block_reduce(&mut self, acc: Var, op: ReduceOp) -> R<Reg> {
+        if self.plan.col {
+            return self.column_reduce(acc, op);
+        }
         let (d, _) = self.acc_kind(acc, op)?;
         let instr = Self::combine_instr(op, d);
         let mut v = self.accs[&(acc, 0)];
@@ -225,6 +228,33 @@ impl<'a> PtxGen<'a> {
         Ok(v)
     }
 
+    /// A column plan's fold of one output per thread in a pass of several (the prelude's
+    /// `coil_reduce_col`): the partials go to shared memory (slot `threadIdx.x`), and every
+    /// thread folds its output's `lanes` partials in order, so all of them hold the same bits;
+    /// the closing barrier lets the next reduction reuse the slots.
+    fn column_reduce(&mut self, acc: Var, op: ReduceOp) -> R<Reg> {
+        let (d, _) = self.acc_kind(acc, op)?;
+        let (class, ty, bytes) = if d == DType::F32 { (Class::F32, "f32", 4) } else { (Class::B64, "b64", 8) };
+        let (block, across) = (self.plan.launch.block as usize, self.plan.col_threads());
+        let name = format!("{}_smem{acc}", self.k.name);
+        self.shared.push((name.clone(), block * bytes));
+        let tid = self.tid.expect("the thread index");
+        let base = self.a.reg(Class::B32);
+        self.a.ins(format!("mov.u32 {base}, {name}"));
+        let mine = self.a.op(Class::B32, "mad.lo.u32", &[tid.into(), Opnd::Int(bytes as i64), base.into()]);
+        self.a.ins(format!("st.shared.{ty} [{mine}], {}", self.accs[&(acc, 0)]));
+        self.a.ins("bar.sync 0");
+        let x = self.udiv_const(Class::B32, tid, across as i64, false);
+        let at = self.a.op(Class::B32, "mad.lo.u32", &[x.into(), Opnd::Int(bytes as i64), base.into()]);
+        let mut v = self.shared_load(class, ty, at, 0);
+        for r in 1..self.plan.lanes {
+            let t = self.shared_load(class, ty, at, r * across * bytes);
+            v = self.a.op(class, Self::combine_instr(op, d), &[v.into(), t.into()]);
+        }
+        self.a.ins("bar.sync 0");
+        Ok(v)
+    }
+
     /// The row's best (value, index) pair of arg reduction `acc` ([`PtxGen::block_reduce`]'s
     /// shapes with [`PtxGen::arg_pick`]): a shuffle tree per warp, broadcast from lane 0, then
     /// for several warps a shared-memory stage that every thread folds in warp order.
@@ -232,6 +262,9 @@ impl<'a> PtxGen<'a> {
         let (d, _) = self.acc_kind(acc, op)?;
         if self.plan.cluster > 1 {
             return Err("an arg reduction over a cluster".into());
+        }
+        if self.plan.col {
+            return Err("an arg reduction in a column plan".into());
         }
         let max = op == ReduceOp::ArgMax;
         let mut v = (self.accs[&(acc, 0)], self.arg_index[&(acc, 0)]);
@@ -626,14 +659,14 @@ impl<'a> PtxGen<'a> {
         if p.cluster > 1 && !persistent {
             return Err("a looped row split over a cluster".into());
         }
-        // column plans of one pass (the shapes `column_fold` writes), any outputs per thread
-        if p.col && persistent && !crate::cuda::launch::single_pass(self.k) {
-            return Err("a persistent column plan of several passes".into());
-        }
+        // column plans of one pass: the shapes `column_fold` writes, any outputs per thread;
+        // of several passes: the row shape, one output per thread (`col_vec` 1), every thread
+        // folding its output's partials (`column_reduce`)
+        let col_passes = p.col && persistent && !crate::cuda::launch::single_pass(self.k);
         if p.warps_per_row() > 1 && p.rows_per_block != 1 && !p.col {
             return Err("several multi-warp rows per block".into());
         }
-        if persistent && !p.col && p.chunks * p.vec > MAX_ROW_VALUES {
+        if persistent && (!p.col || col_passes) && p.chunks * p.vec > MAX_ROW_VALUES {
             return Err(format!("{} values per thread", p.chunks * p.vec));
         }
         let tid = self.a.op(Class::B32, "mov.u32", &[Opnd::Text("%tid.x")]);
@@ -653,7 +686,7 @@ impl<'a> PtxGen<'a> {
         };
         let rlane = if self.wide { self.a.op(Class::B64, "cvt.u64.u32", &[rl.into()]) } else { rl };
         self.rlane = Some(rlane.into());
-        if p.col {
+        if p.col && !col_passes {
             // a grid-stride loop over the groups of `col_vec` outputs
             let across = p.col_threads() as i64;
             let (ctaid, t) = (self.special("%ctaid.x"), self.special("%tid.x"));
@@ -681,6 +714,12 @@ impl<'a> PtxGen<'a> {
         let first = if p.cluster > 1 {
             let (c, _) = self.itype();
             self.udiv_const(c, ctaid, p.cluster as i64, true).into()
+        } else if p.col {
+            // consecutive outputs across the block's threads
+            let t = self.special("%tid.x");
+            let (c, _) = self.itype();
+            let within = self.udiv_const(c, t, p.col_threads() as i64, false);
+            self.iop("mad.lo", &[ctaid.into(), Opnd::Int(p.rows_per_block as i64), within.into()])
         } else if p.rows_per_block > 1 {
             let t = self.special("%tid.x");
             let tr = self.in_reg(t.into());

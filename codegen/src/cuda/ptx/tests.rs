@@ -3,7 +3,7 @@
 //! (`COIL_PTXAS`, or `ptxas` on the `PATH`; the GPU tests run the kernels).
 
 use super::*;
-use crate::cuda::tests::{all_kernels, col_mean, col_sum, layer_norm};
+use crate::cuda::tests::{all_kernels, col_mean, col_sum, col_var, layer_norm};
 use crate::testutil::softmax;
 use crate::tile::build_kernel;
 use coil_ir::kernel::KernelKind;
@@ -93,6 +93,22 @@ fn looped_column_sum_strides_down_its_rows() {
     assert_eq!(src.matches("st.global.f32").count(), 1, "{src}");
     assert_eq!(emit_ptx(&t, 90, &Tuning::default()).unwrap().kernels[0].launch.grid, 8);
     assert!(assemble(&[("col_sum_looped".into(), src)]) || std::env::var("COIL_PTXAS").is_err());
+}
+
+#[test]
+fn column_variance_folds_each_pass_in_every_thread() {
+    // 300 rows over 32 threads along them: 10 chunks held in registers between the mean's pass
+    // and the deviations'; each pass's 32 partials per output folded by every thread (32
+    // shared loads each), the variance stored by the threads of lane 0
+    let (p, k) = col_var(300, 256);
+    let t = build_kernel(&p, &k);
+    let src = ptx(&t);
+    assert_eq!(src.matches("ld.global.f32").count(), 10, "{src}");
+    assert_eq!(src.matches("st.shared.f32").count(), 2, "{src}");
+    assert_eq!(src.matches("ld.shared.f32").count(), 2 * 32, "{src}");
+    assert_eq!(src.matches("bar.sync 0").count(), 4, "{src}");
+    assert_eq!(src.matches("st.global.f32").count(), 1, "{src}");
+    assert!(assemble(&[("col_var".into(), src)]) || std::env::var("COIL_PTXAS").is_err());
 }
 
 #[test]
