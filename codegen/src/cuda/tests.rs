@@ -762,9 +762,22 @@ fn online_softmax_one_pass_and_pairwise_block_combine() {
     syntax_check(&module.source);
 }
 
+/// `x.argmax(0)` of f32 `[rows, cols]`: an arg reduction down the columns.
+pub(crate) fn col_argmax(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let x = p.input(&[rows, cols], f);
+    let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
+    let mut b = B::default();
+    let l = b.load(x, rv * cols as i64 + xv, f);
+    let a = p.reduction(&[cols], &[rows], ReduceOp::ArgMax, DType::I64, b.done(l));
+    p.output(a);
+    (p.p, kernel("per_fused_argmax_0", KernelKind::PersistentReduction, vec![0], cols, Some(rows), vec![a]))
+}
+
 /// `x.var(0, correction=0)` of f32 `[rows, cols]`: a column reduction of two passes (the
 /// mean, then the squared deviations from it).
-pub(crate) fn col_var(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
+pub(crate) fn col_var(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
     let f = DType::F32;
     let mut p = Prog::default();
     let x = p.input(&[rows, cols], f);
@@ -786,5 +799,5 @@ pub(crate) fn col_var(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
     let q = b.binary(BinaryOp::Div, s, n, f);
     let var = p.pointwise(&[cols], f, b.done(q));
     p.output(var);
-    (p.p, kernel("per_fused_col_var_0", KernelKind::PersistentReduction, vec![0, 1, 2, 3], cols, Some(rows), vec![var]))
+    (p.p, kernel("per_fused_col_var_0", kind, vec![0, 1, 2, 3], cols, Some(rows), vec![var]))
 }

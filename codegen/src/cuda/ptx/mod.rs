@@ -17,9 +17,10 @@
 //! `sin`/`cos`/`tan` reduced in f64 (`trig`), and f64 `log` and `exp` with `pow` through them
 //! (`f64math`).
 //!
-//! What is not covered here (column plans of several passes over long rows, arg reductions over
-//! a cluster or down columns, f64 values, `pow` of integers, float floor division, ...) is
-//! [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as before.
+//! What is not covered here (column plans of several passes or an arg reduction over long
+//! rows, arg reductions over a cluster, f64 values, `pow` of integers, float floor division,
+//! ...) is [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as
+//! before.
 
 mod asm;
 mod f64math;

@@ -168,7 +168,7 @@ impl<'a> PtxGen<'a> {
     /// shared-memory stage read by every thread in the same order, between two barriers.
     fn block_reduce(&mut self, acc: Var, op: ReduceOp) -> R<Reg> {
         if self.plan.col {
-            return self.column_reduce(acc, op);
+            return Ok(self.column_reduce(acc, op)?.0);
         }
         let (d, _) = self.acc_kind(acc, op)?;
         let instr = Self::combine_instr(op, d);
@@ -228,31 +228,51 @@ impl<'a> PtxGen<'a> {
         Ok(v)
     }
 
-    /// A column plan's fold of one output per thread in a pass of several (the prelude's
-    /// `coil_reduce_col`): the partials go to shared memory (slot `threadIdx.x`), and every
-    /// thread folds its output's `lanes` partials in order, so all of them hold the same bits;
-    /// the closing barrier lets the next reduction reuse the slots.
-    fn column_reduce(&mut self, acc: Var, op: ReduceOp) -> R<Reg> {
+    /// A column plan's fold of one output per thread in a row-shaped plan (several passes, or
+    /// an arg reduction; the prelude's `coil_reduce_col`): the partials go to shared memory
+    /// (slot `threadIdx.x`; an arg reduction's indices to a second array), and every thread
+    /// folds its output's `lanes` partials in order, so all of them hold the same bits; the
+    /// closing barrier lets the next reduction reuse the slots.
+    fn column_reduce(&mut self, acc: Var, op: ReduceOp) -> R<(Reg, Option<Reg>)> {
         let (d, _) = self.acc_kind(acc, op)?;
         let (class, ty, bytes) = if d == DType::F32 { (Class::F32, "f32", 4) } else { (Class::B64, "b64", 8) };
         let (block, across) = (self.plan.launch.block as usize, self.plan.col_threads());
-        let name = format!("{}_smem{acc}", self.k.name);
-        self.shared.push((name.clone(), block * bytes));
         let tid = self.tid.expect("the thread index");
-        let base = self.a.reg(Class::B32);
-        self.a.ins(format!("mov.u32 {base}, {name}"));
-        let mine = self.a.op(Class::B32, "mad.lo.u32", &[tid.into(), Opnd::Int(bytes as i64), base.into()]);
-        self.a.ins(format!("st.shared.{ty} [{mine}], {}", self.accs[&(acc, 0)]));
-        self.a.ins("bar.sync 0");
         let x = self.udiv_const(Class::B32, tid, across as i64, false);
-        let at = self.a.op(Class::B32, "mad.lo.u32", &[x.into(), Opnd::Int(bytes as i64), base.into()]);
+        // (base, this thread's slot, its output's first slot) of an array of `size`-byte slots
+        let array = |g: &mut Self, name: String, size: usize| {
+            g.shared.push((name.clone(), block * size));
+            let base = g.a.reg(Class::B32);
+            g.a.ins(format!("mov.u32 {base}, {name}"));
+            let mine = g.a.op(Class::B32, "mad.lo.u32", &[tid.into(), Opnd::Int(size as i64), base.into()]);
+            let first = g.a.op(Class::B32, "mad.lo.u32", &[x.into(), Opnd::Int(size as i64), base.into()]);
+            (mine, first)
+        };
+        let (mine, at) = array(self, format!("{}_smem{acc}", self.k.name), bytes);
+        self.a.ins(format!("st.shared.{ty} [{mine}], {}", self.accs[&(acc, 0)]));
+        let index = if op.is_arg() {
+            let (mine, at) = array(self, format!("{}_smem{acc}_i", self.k.name), 8);
+            self.a.ins(format!("st.shared.b64 [{mine}], {}", self.arg_index[&(acc, 0)]));
+            Some(at)
+        } else {
+            None
+        };
+        self.a.ins("bar.sync 0");
         let mut v = self.shared_load(class, ty, at, 0);
+        let mut i = index.map(|at| self.shared_load(Class::B64, "b64", at, 0));
         for r in 1..self.plan.lanes {
             let t = self.shared_load(class, ty, at, r * across * bytes);
-            v = self.a.op(class, Self::combine_instr(op, d), &[v.into(), t.into()]);
+            match (index, i) {
+                (Some(ia), Some(best)) => {
+                    let u = self.shared_load(Class::B64, "b64", ia, r * across * 8);
+                    let (nv, ni) = self.arg_pick((v, best), (t, u), op == ReduceOp::ArgMax, d);
+                    (v, i) = (nv, Some(ni));
+                }
+                _ => v = self.a.op(class, Self::combine_instr(op, d), &[v.into(), t.into()]),
+            }
         }
         self.a.ins("bar.sync 0");
-        Ok(v)
+        Ok((v, i))
     }
 
     /// The row's best (value, index) pair of arg reduction `acc` ([`PtxGen::block_reduce`]'s
@@ -264,7 +284,8 @@ impl<'a> PtxGen<'a> {
             return Err("an arg reduction over a cluster".into());
         }
         if self.plan.col {
-            return Err("an arg reduction in a column plan".into());
+            let (v, i) = self.column_reduce(acc, op)?;
+            return Ok((v, i.expect("an arg reduction's index")));
         }
         let max = op == ReduceOp::ArgMax;
         let mut v = (self.accs[&(acc, 0)], self.arg_index[&(acc, 0)]);
@@ -365,6 +386,9 @@ impl<'a> PtxGen<'a> {
     pub(super) fn online_finish(&mut self, max: Var, sum: Var, dtype: DType, finite_shift: bool) -> R<()> {
         use Class::*;
         class_of(dtype)?;
+        if self.plan.col {
+            return Err("an online softmax in a column plan".into());
+        }
         let mut v = (self.accs[&(max, 0)], self.accs[&(sum, 0)]);
         let shfl =
             |g: &mut Self, v: (Reg, Reg), mode: &str, by: i64| (g.shuffle(v.0, mode, by), g.shuffle(v.1, mode, by));
@@ -524,10 +548,8 @@ impl<'a> PtxGen<'a> {
         let body = &self.k.body;
         let at = body.iter().position(|s| matches!(s, TileStmt::RLoop(_))).ok_or("a looped column plan without a loop")?;
         let TileStmt::RLoop(pass) = &body[at] else { unreachable!("found above") };
-        if body[at + 1..].iter().any(|s| matches!(s, TileStmt::RLoop(_)))
-            || pass.iter().any(|s| matches!(s, TileStmt::AccUpdateOnlineSoftmax { .. }))
-        {
-            return Err("a column plan of several passes or an online softmax".into());
+        if pass.iter().any(|s| matches!(s, TileStmt::AccUpdateOnlineSoftmax { .. })) {
+            return Err("an online softmax in a column plan".into());
         }
         for s in &body[..at] {
             if !matches!(s, TileStmt::AccInit { .. }) {
@@ -660,9 +682,19 @@ impl<'a> PtxGen<'a> {
             return Err("a looped row split over a cluster".into());
         }
         // column plans of one pass: the shapes `column_fold` writes, any outputs per thread;
-        // of several passes: the row shape, one output per thread (`col_vec` 1), every thread
-        // folding its output's partials (`column_reduce`)
-        let col_passes = p.col && persistent && !crate::cuda::launch::single_pass(self.k);
+        // of several passes (persistent or looped) or with an arg reduction: the row shape, one
+        // output per thread (`col_vec` 1), every thread folding its output's partials
+        // (`column_reduce`)
+        let arg = flat_stmts(&self.k.body).iter().any(|s| match s {
+            TileStmt::Reduce { op, .. } | TileStmt::AccUpdate { op, .. } => op.is_arg(),
+            _ => false,
+        });
+        let col_passes = p.col
+            && (arg
+                || match persistent {
+                    true => !crate::cuda::launch::single_pass(self.k),
+                    false => self.k.body.iter().filter(|s| matches!(s, TileStmt::RLoop(_))).count() > 1,
+                });
         if p.warps_per_row() > 1 && p.rows_per_block != 1 && !p.col {
             return Err("several multi-warp rows per block".into());
         }

@@ -3,7 +3,7 @@
 //! (`COIL_PTXAS`, or `ptxas` on the `PATH`; the GPU tests run the kernels).
 
 use super::*;
-use crate::cuda::tests::{all_kernels, col_mean, col_sum, col_var, layer_norm};
+use crate::cuda::tests::{all_kernels, col_argmax, col_mean, col_sum, col_var, layer_norm};
 use crate::testutil::softmax;
 use crate::tile::build_kernel;
 use coil_ir::kernel::KernelKind;
@@ -100,7 +100,7 @@ fn column_variance_folds_each_pass_in_every_thread() {
     // 300 rows over 32 threads along them: 10 chunks held in registers between the mean's pass
     // and the deviations'; each pass's 32 partials per output folded by every thread (32
     // shared loads each), the variance stored by the threads of lane 0
-    let (p, k) = col_var(300, 256);
+    let (p, k) = col_var(300, 256, KernelKind::PersistentReduction);
     let t = build_kernel(&p, &k);
     let src = ptx(&t);
     assert_eq!(src.matches("ld.global.f32").count(), 10, "{src}");
@@ -109,6 +109,27 @@ fn column_variance_folds_each_pass_in_every_thread() {
     assert_eq!(src.matches("bar.sync 0").count(), 4, "{src}");
     assert_eq!(src.matches("st.global.f32").count(), 1, "{src}");
     assert!(assemble(&[("col_var".into(), src)]) || std::env::var("COIL_PTXAS").is_err());
+    // 3000 rows: two looped passes (four rows per step, then one), the same folds
+    let (p, k) = col_var(3000, 256, KernelKind::LoopedReduction);
+    let src = ptx(&build_kernel(&p, &k));
+    assert_eq!(src.matches("bra.uni").count(), 2 * 2, "{src}");
+    assert_eq!(src.matches("ld.global.f32").count(), 2 * (4 + 1), "{src}");
+    assert_eq!(src.matches("ld.shared.f32").count(), 2 * 32, "{src}");
+    assert!(assemble(&[("col_var_looped".into(), src)]) || std::env::var("COIL_PTXAS").is_err());
+}
+
+#[test]
+fn column_argmax_folds_value_index_pairs() {
+    // 300 rows over 32 threads along them: each thread's best (value, index) over its rows,
+    // then both staged and every thread picking its output's best of 32 in order
+    let (p, k) = col_argmax(300, 256);
+    let src = ptx(&build_kernel(&p, &k));
+    assert_eq!(src.matches("ld.global.f32").count(), 10, "{src}");
+    assert_eq!(src.matches("st.shared.b64").count(), 1, "{src}");
+    assert_eq!(src.matches("ld.shared.f32").count(), 32, "{src}");
+    assert_eq!(src.matches("ld.shared.b64").count(), 32, "{src}");
+    assert_eq!(src.matches("st.global.s64").count(), 1, "{src}");
+    assert!(assemble(&[("col_argmax".into(), src)]) || std::env::var("COIL_PTXAS").is_err());
 }
 
 #[test]
