@@ -350,7 +350,8 @@ fn division_by_a_rows_value_matches_ieee_division_on_cuda() {
     let x = Tensor::from_vec(xs.clone(), &[n, 4]).unwrap().to_device(device).unwrap();
     let got = x.div(x.amax(&[1], true).unwrap()).unwrap().to_vec::<f32>().unwrap();
     for (r, row) in rows.iter().enumerate() {
-        let d = row.iter().copied().fold(f32::NEG_INFINITY, |m, v| if m.is_nan() || v.is_nan() { nan } else { m.max(v) });
+        let d =
+            row.iter().copied().fold(f32::NEG_INFINITY, |m, v| if m.is_nan() || v.is_nan() { nan } else { m.max(v) });
         for (c, &v) in row.iter().enumerate() {
             let (g, want) = (got[r * 4 + c], v / d);
             let ok = if want.is_nan() {

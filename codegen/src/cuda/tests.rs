@@ -7,7 +7,8 @@ use crate::testutil::*;
 use crate::tile::build_kernel;
 use crate::tile::tests::{online, Online};
 use coil_ir::kernel::FusedKernel;
-use coil_ir::loops::{LoopProgram, ScalarOp};
+use coil_ir::loops::{BufferId, LoopProgram, ScalarOp};
+use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use std::process::Command;
 
@@ -24,6 +25,25 @@ fn tile(p: &LoopProgram, k: &FusedKernel, name: &str) -> TileKernel {
     t
 }
 
+/// The two reductions of a variance of f32 `x` (element `index` of output `xs(&[outs])[0]` at
+/// reduced position `rs(&[red])[0]`): the mean, then the sum of squared deviations from it.
+fn mean_and_squares(p: &mut Prog, x: BufferId, index: Expr, outs: usize, red: usize) -> (BufferId, BufferId) {
+    let f = DType::F32;
+    let xv = xs(&[outs])[0];
+    let mut b = B::default();
+    let l = b.load(x, index, f);
+    let sum = p.reduction(&[outs], &[red], ReduceOp::Sum, f, b.done(l));
+    let mut b = B::default();
+    let (s, n) = (b.load(sum, xv, f), b.constant(red as f64, f));
+    let q = b.binary(BinaryOp::Div, s, n, f);
+    let mean = p.pointwise(&[outs], f, b.done(q));
+    let mut b = B::default();
+    let (l, m) = (b.load(x, index, f), b.load(mean, xv, f));
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let sq = b.binary(BinaryOp::Mul, d, d, f);
+    (mean, p.reduction(&[outs], &[red], ReduceOp::Sum, f, b.done(sq)))
+}
+
 /// `layer_norm(x, [cols], w, b, eps=1e-5)` of f32 `[rows, cols]` as lowering produces it:
 /// two row sums, per-row epilogues, and the normalizing per-element epilogue with broadcast
 /// weights.
@@ -34,18 +54,7 @@ pub(crate) fn layer_norm(rows: usize, cols: usize, kind: KernelKind) -> (LoopPro
     let w = p.input(&[cols], f);
     let bias = p.input(&[cols], f);
     let (xv, rv) = (xs(&[rows])[0], rs(&[cols])[0]);
-    let mut b = B::default();
-    let l = b.load(x, xv * cols as i64 + rv, f);
-    let sum = p.reduction(&[rows], &[cols], ReduceOp::Sum, f, b.done(l));
-    let mut b = B::default();
-    let (s, n) = (b.load(sum, xv, f), b.constant(cols as f64, f));
-    let q = b.binary(BinaryOp::Div, s, n, f);
-    let mean = p.pointwise(&[rows], f, b.done(q));
-    let mut b = B::default();
-    let (l, m) = (b.load(x, xv * cols as i64 + rv, f), b.load(mean, xv, f));
-    let d = b.binary(BinaryOp::Sub, l, m, f);
-    let sq = b.binary(BinaryOp::Mul, d, d, f);
-    let ss = p.reduction(&[rows], &[cols], ReduceOp::Sum, f, b.done(sq));
+    let (mean, ss) = mean_and_squares(&mut p, x, xv * cols as i64 + rv, rows, cols);
     let mut b = B::default();
     let (s, n, eps) = (b.load(ss, xv, f), b.constant(cols as f64, f), b.constant(1e-5, f));
     let q = b.binary(BinaryOp::Div, s, n, f);
@@ -782,18 +791,7 @@ pub(crate) fn col_var(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgra
     let mut p = Prog::default();
     let x = p.input(&[rows, cols], f);
     let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
-    let mut b = B::default();
-    let l = b.load(x, rv * cols as i64 + xv, f);
-    let sum = p.reduction(&[cols], &[rows], ReduceOp::Sum, f, b.done(l));
-    let mut b = B::default();
-    let (s, n) = (b.load(sum, xv, f), b.constant(rows as f64, f));
-    let q = b.binary(BinaryOp::Div, s, n, f);
-    let mean = p.pointwise(&[cols], f, b.done(q));
-    let mut b = B::default();
-    let (l, m) = (b.load(x, rv * cols as i64 + xv, f), b.load(mean, xv, f));
-    let d = b.binary(BinaryOp::Sub, l, m, f);
-    let sq = b.binary(BinaryOp::Mul, d, d, f);
-    let ss = p.reduction(&[cols], &[rows], ReduceOp::Sum, f, b.done(sq));
+    let (_, ss) = mean_and_squares(&mut p, x, rv * cols as i64 + xv, cols, rows);
     let mut b = B::default();
     let (s, n) = (b.load(ss, xv, f), b.constant(rows as f64, f));
     let q = b.binary(BinaryOp::Div, s, n, f);

@@ -652,6 +652,10 @@ impl<'a> PtxGen<'a> {
 #[path = "reduce.rs"]
 mod reduce;
 
+/// Column reductions: the same.
+#[path = "column.rs"]
+mod column;
+
 /// Loads and stores: a child module, so that it shares the emitter's private state.
 #[path = "index.rs"]
 mod index;
