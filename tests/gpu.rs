@@ -241,7 +241,7 @@ fn random_tensors_match_the_interpreter_on_cuda() {
 /// Integer floor and truncating division and remainder on the GPU (PTX): torch's results,
 /// `i64::MIN` by -1 wrapping as the CPU does, and a zero divisor reported as an error.
 #[test]
-fn integer_division_matches_torch_and_reports_zero_on_cuda() {
+fn integer_division_and_pow_match_torch_and_report_errors_on_cuda() {
     use coil::Tensor;
     let Some(device) = gpu() else { return };
     let on = |v: Vec<i64>| Tensor::from_vec(v, &[5]).unwrap().to_device(device).unwrap();
@@ -253,6 +253,11 @@ fn integer_division_matches_torch_and_reports_zero_on_cuda() {
     let zero = on(vec![2, 2, 0, 2, 2]);
     let e = a.floor_divide(&zero).and_then(|q| q.to_vec::<i64>()).unwrap_err();
     assert!(e.to_string().contains("division by zero"), "{e}");
+    // integer pow: square and multiply, wrapping; a negative exponent is an error
+    let (x, y) = (on(vec![3, -2, 7, 2, 0]), on(vec![4, 3, 0, 63, 0]));
+    assert_eq!(get(x.pow(&y)), [81, -8, 1, i64::MIN, 1]);
+    let e = x.pow(&on(vec![1, 1, -1, 1, 1])).and_then(|q| q.to_vec::<i64>()).unwrap_err();
+    assert!(e.to_string().contains("negative"), "{e}");
 }
 
 /// `sin`, `cos` and `tan` of f32 on the GPU (PTX: reduced in f64, through a table of

@@ -253,13 +253,45 @@ impl PtxGen<'_> {
         };
         let v = self.a.op(B64, "selp.b64", &[by_minus_one.into(), plain.into(), minus_one.into()]);
         let v = self.a.op(B64, "selp.b64", &[Opnd::Int(0), v.into(), zero.into()]);
+        self.record_error(zero, 3);
+        v
+    }
+
+    /// `pow` of two `.s64` values as the prelude's `coil_ipow`: square and multiply over the
+    /// exponent's bits (wrapping); a negative exponent records error 2 and yields 0.
+    pub(super) fn integer_pow(&mut self, a: Reg, b: Reg) -> Reg {
+        use Class::*;
+        let negative = self.a.op(Pred, "setp.lt.s64", &[b.into(), Opnd::Int(0)]);
+        let (acc, base, e) = (self.a.reg(B64), self.a.reg(B64), self.a.reg(B64));
+        self.a.op_into(acc, "mov.b64", &[Opnd::Int(1)]);
+        self.a.op_into(base, "mov.b64", &[a.into()]);
+        self.a.op_into(e, "mov.b64", &[b.into()]);
+        let (top, end) = (self.a.label(), self.a.label());
+        self.a.place(&top);
+        let done = self.a.op(Pred, "setp.eq.s64", &[e.into(), Opnd::Int(0)]);
+        self.a.branch_if(done, false, &end);
+        let bit = self.a.op(B64, "and.b64", &[e.into(), Opnd::Int(1)]);
+        let odd = self.a.op(Pred, "setp.ne.s64", &[bit.into(), Opnd::Int(0)]);
+        let product = self.a.op(B64, "mul.lo.s64", &[acc.into(), base.into()]);
+        self.a.op_into(acc, "selp.b64", &[product.into(), acc.into(), odd.into()]);
+        self.a.op_into(base, "mul.lo.s64", &[base.into(), base.into()]);
+        self.a.op_into(e, "shr.u64", &[e.into(), Opnd::Int(1)]);
+        self.a.jump(&top);
+        self.a.place(&end);
+        self.record_error(negative, 2);
+        self.a.op(B64, "selp.b64", &[Opnd::Int(0), acc.into(), negative.into()])
+    }
+
+    /// Where `when` holds, the prelude's `coil_fail(status, code, 0, 0)`: the first error of
+    /// the launch wins the status word (compare-and-swap from 0), its two operands are zeroed.
+    fn record_error(&mut self, when: Reg, code: i64) {
+        use Class::*;
         let status = self.status.expect("the status pointer");
         let old = self.a.op(B64, "mov.b64", &[Opnd::Int(1)]);
-        self.a.ins(format!("@{zero} atom.global.cas.b64 {old}, [{status}], 0, 3"));
+        self.a.ins(format!("@{when} atom.global.cas.b64 {old}, [{status}], 0, {code}"));
         let won = self.a.op(Pred, "setp.eq.s64", &[old.into(), Opnd::Int(0)]);
         let nothing = self.a.op(B64, "mov.b64", &[Opnd::Int(0)]);
         self.a.ins(format!("@{won} st.global.b64 [{status}+8], {nothing}"));
         self.a.ins(format!("@{won} st.global.b64 [{status}+16], {nothing}"));
-        v
     }
 }

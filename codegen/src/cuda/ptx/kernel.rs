@@ -320,6 +320,13 @@ impl<'a> PtxGen<'a> {
                 let r = self.integer_division(*op, xi, yi);
                 scalar::convert(&mut self.a, r, DType::I64, out)?
             }
+            TileOp::Binary(BinaryOp::Pow, x, y) if !out.is_float() && out != DType::Bool => {
+                let (xv, yv) = (self.val(*x)?, self.val(*y)?);
+                let xi = scalar::convert(&mut self.a, xv, self.facts.dtypes[x], out)?;
+                let yi = scalar::convert(&mut self.a, yv, self.facts.dtypes[y], out)?;
+                let r = self.integer_pow(xi, yi);
+                scalar::convert(&mut self.a, r, DType::I64, out)?
+            }
             TileOp::Binary(b, x, y) => {
                 let (xv, yv) = (self.val(*x)?, self.val(*y)?);
                 scalar::binary(&mut self.a, *b, xv, self.facts.dtypes[x], yv, self.facts.dtypes[y], out)?

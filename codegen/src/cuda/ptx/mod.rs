@@ -18,7 +18,7 @@
 //! (`f64math`).
 //!
 //! What is not covered here (column plans of several passes or an arg reduction over long
-//! rows, arg reductions over a cluster, f64 values, `pow` of integers, float floor division,
+//! rows, arg reductions over a cluster, f64 values, float floor division and remainder,
 //! ...) is [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as
 //! before.
 

@@ -9,7 +9,7 @@
 //! within 2 ulp), `erf` (two polynomial fits, within 3 ulp) and `tanh` (an odd polynomial near
 //! zero, else through `ex2`, within 2 ulp), with `log1p` and `expm1` from `log` and `exp` by
 //! Goldberg's and Kahan's corrections. `sin`, `cos` and `tan` are in `trig`, `pow` in `f64math`. What
-//! has no PTX form here (f64 values, `pow` of integers, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
+//! has no PTX form here (f64 values, float floor division, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 use coil_ir::{BinaryOp, DType, Scalar, UnaryOp};
@@ -546,6 +546,11 @@ pub fn binary(a: &mut Asm, op: BinaryOp, x: Reg, dx: DType, y: Reg, dy: DType, o
             Mul => two(a, F32, "mul.f32"),
             Div if single(dx) && single(dy) => two(a, F32, "div.full.f32"),
             Div => two(a, F32, "div.rn.f32"),
+            // C's `truncf(a / b)`: the IEEE quotient, rounded toward zero
+            TruncDiv => {
+                let q = two(a, F32, "div.rn.f32");
+                a.op(F32, "cvt.rzi.f32.f32", &[q.into()])
+            }
             Pow => super::f64math::pow_f32(a, xo, yo),
             Maximum => two(a, F32, "max.NaN.f32"),
             Minimum => two(a, F32, "min.NaN.f32"),

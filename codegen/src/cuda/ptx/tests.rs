@@ -322,6 +322,24 @@ fn integer_division_guards_zero_and_minus_one() {
 }
 
 #[test]
+fn integer_pow_squares_and_multiplies() {
+    use crate::testutil::{kernel, xs, Prog, B};
+    let mut p = Prog::default();
+    let (a, b) = (p.input(&[64], DType::I64), p.input(&[64], DType::I32));
+    let v = xs(&[64])[0];
+    let mut body = B::default();
+    let (la, lb) = (body.load(a, v, DType::I64), body.load(b, v, DType::I32));
+    let q = body.binary(coil_ir::BinaryOp::Pow, la, lb, DType::I64);
+    let out = p.pointwise(&[64], DType::I64, body.done(q));
+    let k = kernel("poi_fused_pow_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
+    let src = ptx(&build_kernel(&p.p, &k));
+    // a loop over the exponent's bits; a negative exponent records error 2
+    assert!(src.contains("shr.u64") && src.contains("mul.lo.s64") && src.contains("bra.uni"), "{src}");
+    assert!(src.contains("atom.global.cas.b64") && src.contains(", 0, 2;"), "{src}");
+    assemble(&[("poi_fused_pow".into(), src)]);
+}
+
+#[test]
 fn narrow_column_sums_take_one_output_per_thread() {
     // 256 outputs (under the 8192 that get vectors): one plane, one folding thread per output
     let (p, k) = crate::cuda::tests::col_sum(300, 256, KernelKind::PersistentReduction);
