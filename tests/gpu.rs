@@ -370,3 +370,35 @@ fn division_by_a_rows_value_matches_ieee_division_on_cuda() {
         }
     }
 }
+
+/// Floor division and remainder of f32 on the GPU (PTX: an exact `fmod` reduced in f64) against
+/// the same ops on the CPU (C's `fmodf`), bit for bit: quotients from below 1 to the whole
+/// exponent range, signed zeros, infinities, NaN and zero divisors.
+#[test]
+fn float_floor_division_and_remainder_match_the_cpu_on_cuda() {
+    use coil::Tensor;
+    let Some(device) = gpu() else { return };
+    let vals = [
+        0.0f32, -0.0, 1.0, -1.0, 0.1, -0.1, 3.0, -7.5, 2.5, 1e-45, 1e-38, 3.4e38, -3.4e38, 16_777_217.0, 1e20, -1e-20,
+        f32::INFINITY, f32::NEG_INFINITY, f32::NAN,
+    ];
+    let (mut xs, mut ys) = (vec![], vec![]);
+    for &x in &vals {
+        for &y in &vals {
+            xs.push(x);
+            ys.push(y);
+        }
+    }
+    let n = xs.len();
+    let on = |v: &[f32], d: coil::Device| Tensor::from_vec(v.to_vec(), &[n]).unwrap().to_device(d).unwrap();
+    type Op = fn(&Tensor, &Tensor) -> coil::Result<Tensor>;
+    let ops: [(&str, Op); 2] = [("remainder", |x, y| x.remainder(y)), ("floor_divide", |x, y| x.floor_divide(y))];
+    for (name, op) in ops {
+        let run = |d: coil::Device| op(&on(&xs, d), &on(&ys, d)).unwrap().to_vec::<f32>().unwrap();
+        let (got, want) = (run(device), run(coil::Device::Cpu));
+        for k in 0..n {
+            let same = got[k].to_bits() == want[k].to_bits() || (got[k].is_nan() && want[k].is_nan());
+            assert!(same, "{name}({:e}, {:e}) = {:e} on cuda, {:e} on the cpu", xs[k], ys[k], got[k], want[k]);
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! f64 routines the PTX emitter writes out where PTX has no instruction: `log` and `exp` of
 //! f64 (for random normals and `pow`), the Taylor coefficients of `sin` and `cos` (for those and
-//! Box-Muller's `cos`), and `pow` of f32 computed through them.
+//! Box-Muller's `cos`), `pow` of f32 computed through them, and an exact `fmod` of f32.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 
@@ -158,9 +158,106 @@ pub(super) fn pow_f32(a: &mut Asm, x: Reg, y: Reg) -> Reg {
     a.op(F32, "selp.f32", &[Opnd::F32(1.0), r.into(), one.into()])
 }
 
+/// `fmodf(x, y)` of f32 values, exact as C's: in f64, `r = |x|` is reduced by `D = |y| 2^k`
+/// with `k` chosen so that the quotient `q = trunc(r / D)` stays below `2^52`; `r - q D` by
+/// one `fma` is exact (a multiple of `D`'s ulp below `2 D`), and one step back by `D` where the
+/// rounded quotient overshot. Each step takes about 51 bits off the exponent gap (at most 277
+/// for f32), down to `k = 0`. NaN for a zero divisor, an infinite or NaN operand; `x` for an
+/// infinite divisor; the sign of `x`.
+pub(super) fn fmod_f32(a: &mut Asm, x: Reg, y: Reg) -> Reg {
+    use Class::*;
+    let xd = a.op(F64, "cvt.f64.f32", &[x.into()]);
+    let yd = a.op(F64, "cvt.f64.f32", &[y.into()]);
+    let r = a.op(F64, "abs.f64", &[xd.into()]);
+    let d = a.op(F64, "abs.f64", &[yd.into()]);
+    let (top, end) = (a.label(), a.label());
+    a.place(&top);
+    // (NaN compares false: a NaN `r` or `d` leaves the loop at once)
+    let more = a.op(Pred, "setp.ge.f64", &[r.into(), d.into()]);
+    let finite = a.op(Pred, "testp.finite.f64", &[r.into()]);
+    let go = a.op(Pred, "and.pred", &[more.into(), finite.into()]);
+    a.branch_if(go, true, &end);
+    let t = a.op(F64, "div.rn.f64", &[r.into(), d.into()]);
+    let bits = a.op(B64, "mov.b64", &[t.into()]);
+    let e = a.op(B64, "shr.u64", &[bits.into(), Opnd::Int(52)]);
+    let k = a.op(B64, "sub.s64", &[e.into(), Opnd::Int(1023 + 51)]);
+    let k = a.op(B64, "max.s64", &[k.into(), Opnd::Int(0)]);
+    let scale = a.op(B64, "add.s64", &[k.into(), Opnd::Int(1023)]);
+    let scale = a.op(B64, "shl.b64", &[scale.into(), Opnd::Int(52)]);
+    let scale = a.op(F64, "mov.b64", &[scale.into()]);
+    let big = a.op(F64, "mul.rn.f64", &[d.into(), scale.into()]);
+    let t = a.op(F64, "div.rn.f64", &[r.into(), big.into()]);
+    let q = a.op(F64, "cvt.rzi.f64.f64", &[t.into()]);
+    let nq = a.op(F64, "neg.f64", &[q.into()]);
+    a.op_into(r, "fma.rn.f64", &[nq.into(), big.into(), r.into()]);
+    let over = a.op(Pred, "setp.lt.f64", &[r.into(), Opnd::F64(0.0)]);
+    let back = a.op(F64, "add.rn.f64", &[r.into(), big.into()]);
+    a.op_into(r, "selp.f64", &[back.into(), r.into(), over.into()]);
+    a.jump(&top);
+    a.place(&end);
+    let m = a.op(F32, "cvt.rn.f32.f64", &[r.into()]);
+    // the sign of x; NaN where y is 0 or x is not finite (NaN operands stay NaN)
+    let mbits = a.op(B32, "mov.b32", &[m.into()]);
+    let xbits = a.op(B32, "mov.b32", &[x.into()]);
+    let sign = a.op(B32, "and.b32", &[xbits.into(), Opnd::Hex(0x8000_0000)]);
+    let signed = a.op(B32, "or.b32", &[mbits.into(), sign.into()]);
+    let m = a.op(F32, "mov.b32", &[signed.into()]);
+    let zero = a.op(Pred, "setp.eq.f32", &[y.into(), Opnd::F32(0.0)]);
+    let inf = a.op(Pred, "testp.infinite.f32", &[x.into()]);
+    let bad = a.op(Pred, "or.pred", &[zero.into(), inf.into()]);
+    let nan = a.op(F32, "add.f32", &[x.into(), y.into()]);
+    let nan = a.op(F32, "selp.f32", &[Opnd::F32(f32::NAN), nan.into(), bad.into()]);
+    let any_nan = a.op(Pred, "testp.notanumber.f32", &[nan.into()]);
+    a.op(F32, "selp.f32", &[nan.into(), m.into(), any_nan.into()])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `fmod_f32`'s reduction on the host (the same f64 steps) against Rust's `%` (C's `fmodf`,
+    /// exact) on quotients from below 1 to the whole f32 exponent range, and the special cases.
+    #[test]
+    fn the_fmod_reduction_is_exact() {
+        fn reduce(x: f32, y: f32) -> f32 {
+            let (mut r, d) = (f64::from(x).abs(), f64::from(y).abs());
+            while r >= d && r.is_finite() {
+                let t = r / d;
+                let k = ((t.to_bits() >> 52) as i64 - (1023 + 51)).max(0);
+                let big = d * f64::from_bits(((k + 1023) as u64) << 52);
+                let q = (r / big).trunc();
+                r = (-q).mul_add(big, r);
+                if r < 0.0 {
+                    r += big;
+                }
+            }
+            let m = f32::from_bits((r as f32).to_bits() | (x.to_bits() & 0x8000_0000));
+            if y == 0.0 || x.is_infinite() || (x + y).is_nan() {
+                f32::NAN
+            } else {
+                m
+            }
+        }
+        let mut vals = vec![0.0f32, -0.0, 1.0, -1.0, 0.1, 3.0, -7.5, 1e-45, 1e-38, 3.4e38, -3.4e38, 16_777_217.0];
+        vals.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MAX, f32::MIN_POSITIVE]);
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..4000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let bits = (state as u32) & 0x7FFF_FFFF;
+            if f32::from_bits(bits).is_finite() {
+                vals.push(if state >> 40 & 1 == 1 { -f32::from_bits(bits) } else { f32::from_bits(bits) });
+            }
+        }
+        for (i, &x) in vals.iter().enumerate() {
+            for &y in vals.iter().skip(i % 7).step_by(7).take(600) {
+                let (got, want) = (reduce(x, y), x % y);
+                let same = got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan());
+                assert!(same, "fmod({x:e}, {y:e}) = {got:e}, want {want:e}");
+            }
+        }
+    }
 
     /// `exp_f64`'s steps on the host against `std` over the range its callers pass.
     #[test]

@@ -14,13 +14,12 @@
 //! prelude's fast forms where it has them, so the two paths compute alike (not bit for bit:
 //! `log` is our own routine, and NVVM may contract or reorder differently). What PTX has no
 //! instruction for is written out: random numbers (`random`: Philox, and Box-Muller in f64),
-//! `sin`/`cos`/`tan` reduced in f64 (`trig`), and f64 `log` and `exp` with `pow` through them
-//! (`f64math`).
+//! `sin`/`cos`/`tan` reduced in f64 (`trig`), f64 `log` and `exp` with `pow` through them,
+//! and an exact `fmod` for floor division and remainder (`f64math`).
 //!
 //! What is not covered here (column plans of several passes or an arg reduction over long
-//! rows, arg reductions over a cluster, f64 values, float floor division and remainder,
-//! ...) is [`Unsupported`], with the reason: such a kernel is compiled from CUDA C by NVRTC as
-//! before.
+//! rows, arg reductions over a cluster, f64 values, ...) is [`Unsupported`], with the reason:
+//! such a kernel is compiled from CUDA C by NVRTC as before.
 
 mod asm;
 mod f64math;

@@ -9,7 +9,7 @@
 //! within 2 ulp), `erf` (two polynomial fits, within 3 ulp) and `tanh` (an odd polynomial near
 //! zero, else through `ex2`, within 2 ulp), with `log1p` and `expm1` from `log` and `exp` by
 //! Goldberg's and Kahan's corrections. `sin`, `cos` and `tan` are in `trig`, `pow` in `f64math`. What
-//! has no PTX form here (f64 values, float floor division, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
+//! has no PTX form here (f64 values, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 use coil_ir::{BinaryOp, DType, Scalar, UnaryOp};
@@ -546,6 +546,8 @@ pub fn binary(a: &mut Asm, op: BinaryOp, x: Reg, dx: DType, y: Reg, dy: DType, o
             Mul => two(a, F32, "mul.f32"),
             Div if single(dx) && single(dy) => two(a, F32, "div.full.f32"),
             Div => two(a, F32, "div.rn.f32"),
+            FloorDiv => floor_divide_f32(a, xo, yo),
+            Remainder => remainder_f32(a, xo, yo),
             // C's `truncf(a / b)`: the IEEE quotient, rounded toward zero
             TruncDiv => {
                 let q = two(a, F32, "div.rn.f32");
@@ -569,6 +571,54 @@ pub fn binary(a: &mut Asm, op: BinaryOp, x: Reg, dx: DType, y: Reg, dy: DType, o
         }
         _ => Err(format!("{} into a bool", op.name())),
     }
+}
+
+/// `torch.remainder` of f32 as the prelude's `coil_remainder`: `fmod`, moved by the divisor
+/// where its sign differs from the divisor's.
+fn remainder_f32(a: &mut Asm, x: Reg, y: Reg) -> Reg {
+    let m = super::f64math::fmod_f32(a, x, y);
+    let fix = differs_in_sign(a, m, y);
+    let moved = a.op(Class::F32, "add.rn.f32", &[m.into(), y.into()]);
+    a.op(Class::F32, "selp.f32", &[moved.into(), m.into(), fix.into()])
+}
+
+/// Whether `m != 0` (C's, so NaN too) and `m < 0` differs from `y < 0`: where a remainder
+/// takes the divisor's sign.
+fn differs_in_sign(a: &mut Asm, m: Reg, y: Reg) -> Reg {
+    use Class::*;
+    let nonzero = a.op(Pred, "setp.neu.f32", &[m.into(), Opnd::F32(0.0)]);
+    let m_neg = a.op(Pred, "setp.lt.f32", &[m.into(), Opnd::F32(0.0)]);
+    let y_neg = a.op(Pred, "setp.lt.f32", &[y.into(), Opnd::F32(0.0)]);
+    let signs = a.op(Pred, "xor.pred", &[m_neg.into(), y_neg.into()]);
+    a.op(Pred, "and.pred", &[nonzero.into(), signs.into()])
+}
+
+/// `torch.floor_divide` of f32 as the prelude's `coil_floordiv` (Python's algorithm): `(x -
+/// fmod(x, y)) / y`, one less where the remainder's sign differs from `y`'s, then rounded to
+/// the nearest integer from below; `x / y` for a zero divisor, a signed zero for a zero
+/// quotient.
+fn floor_divide_f32(a: &mut Asm, x: Reg, y: Reg) -> Reg {
+    use Class::*;
+    let m = super::f64math::fmod_f32(a, x, y);
+    let num = a.op(F32, "sub.rn.f32", &[x.into(), m.into()]);
+    let div = a.op(F32, "div.rn.f32", &[num.into(), y.into()]);
+    let fix = differs_in_sign(a, m, y);
+    let less = a.op(F32, "sub.rn.f32", &[div.into(), Opnd::F32(1.0)]);
+    let div = a.op(F32, "selp.f32", &[less.into(), div.into(), fix.into()]);
+    let fd = a.op(F32, "cvt.rmi.f32.f32", &[div.into()]);
+    let frac = a.op(F32, "sub.rn.f32", &[div.into(), fd.into()]);
+    let up = a.op(Pred, "setp.gt.f32", &[frac.into(), Opnd::F32(0.5)]);
+    let fd1 = a.op(F32, "add.rn.f32", &[fd.into(), Opnd::F32(1.0)]);
+    let fd = a.op(F32, "selp.f32", &[fd1.into(), fd.into(), up.into()]);
+    // div == 0: copysign(0, x / y); y == 0: x / y
+    let q = a.op(F32, "div.rn.f32", &[x.into(), y.into()]);
+    let qbits = a.op(B32, "mov.b32", &[q.into()]);
+    let sign = a.op(B32, "and.b32", &[qbits.into(), Opnd::Hex(0x8000_0000)]);
+    let zero = a.op(F32, "mov.b32", &[sign.into()]);
+    let div_zero = a.op(Pred, "setp.eq.f32", &[div.into(), Opnd::F32(0.0)]);
+    let r = a.op(F32, "selp.f32", &[zero.into(), fd.into(), div_zero.into()]);
+    let y_zero = a.op(Pred, "setp.eq.f32", &[y.into(), Opnd::F32(0.0)]);
+    a.op(F32, "selp.f32", &[q.into(), r.into(), y_zero.into()])
 }
 
 /// `c ? x : y` of values of `out` (operands already converted to it).

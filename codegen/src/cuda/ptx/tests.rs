@@ -340,6 +340,25 @@ fn integer_pow_squares_and_multiplies() {
 }
 
 #[test]
+fn float_floor_division_reduces_an_exact_fmod_in_f64() {
+    use crate::testutil::{kernel, xs, Prog, B};
+    for op in [coil_ir::BinaryOp::FloorDiv, coil_ir::BinaryOp::Remainder, coil_ir::BinaryOp::TruncDiv] {
+        let mut p = Prog::default();
+        let (a, b) = (p.input(&[64], DType::F32), p.input(&[64], DType::F32));
+        let v = xs(&[64])[0];
+        let mut body = B::default();
+        let (la, lb) = (body.load(a, v, DType::F32), body.load(b, v, DType::F32));
+        let q = body.binary(op, la, lb, DType::F32);
+        let out = p.pointwise(&[64], DType::F32, body.done(q));
+        let k = kernel("poi_fused_fdiv_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
+        let src = ptx(&build_kernel(&p.p, &k));
+        let fmod = src.contains("cvt.rzi.f64.f64") && src.contains("fma.rn.f64") && src.contains("bra.uni");
+        assert_eq!(fmod, op != coil_ir::BinaryOp::TruncDiv, "{op:?}: {src}");
+        assemble(&[(format!("poi_fused_fdiv_{op:?}"), src)]);
+    }
+}
+
+#[test]
 fn narrow_column_sums_take_one_output_per_thread() {
     // 256 outputs (under the 8192 that get vectors): one plane, one folding thread per output
     let (p, k) = crate::cuda::tests::col_sum(300, 256, KernelKind::PersistentReduction);
