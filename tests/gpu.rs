@@ -294,6 +294,11 @@ fn trigonometry_is_accurate_over_the_whole_f32_range_on_cuda() {
     assert!(nan.sin().unwrap().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
 }
 
+/// Every pair `(x, y)` of `vals`, as the two operand lists.
+fn pairs(vals: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    vals.iter().flat_map(|&x| vals.iter().map(move |&y| (x, y))).unzip()
+}
+
 /// `pow` of f32 on the GPU (PTX: through f64 `log` and `exp`) against Rust's `powf` (C99's
 /// special cases): zeros, infinities, NaN, negative bases with integer and other exponents.
 #[test]
@@ -303,13 +308,7 @@ fn pow_matches_powf_with_every_special_case_on_cuda() {
     let vals = [0.0f32, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 2.5, 1e-3, 1e3, 1e-40, 7.3, -7.3];
     let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
     let all: Vec<f32> = vals.iter().chain(&specials).copied().collect();
-    let (mut xs, mut ys) = (vec![], vec![]);
-    for &x in &all {
-        for &y in &all {
-            xs.push(x);
-            ys.push(y);
-        }
-    }
+    let (xs, ys) = pairs(&all);
     let n = xs.len();
     let on = |v: &[f32]| Tensor::from_vec(v.to_vec(), &[n]).unwrap().to_device(device).unwrap();
     let got = on(&xs).pow(on(&ys)).unwrap().to_vec::<f32>().unwrap();
@@ -380,13 +379,7 @@ fn float_floor_division_and_remainder_match_the_cpu_on_cuda() {
     let Some(device) = gpu() else { return };
     let mut vals = vec![0.0f32, -0.0, 1.0, -1.0, 0.1, -0.1, 3.0, -7.5, 2.5, 1e-45, 1e-38, 16_777_217.0, 1e20, -1e-20];
     vals.extend([3.4e38, -3.4e38, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
-    let (mut xs, mut ys) = (vec![], vec![]);
-    for &x in &vals {
-        for &y in &vals {
-            xs.push(x);
-            ys.push(y);
-        }
-    }
+    let (xs, ys) = pairs(&vals);
     let n = xs.len();
     let on = |v: &[f32], d: coil::Device| Tensor::from_vec(v.to_vec(), &[n]).unwrap().to_device(d).unwrap();
     type Op = fn(&Tensor, &Tensor) -> coil::Result<Tensor>;

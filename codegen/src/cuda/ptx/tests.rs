@@ -301,19 +301,24 @@ fn a_bare_tanh_is_a_polynomial_or_an_exponential() {
     assemble(&[("poi_fused_tanh_0".into(), src)]);
 }
 
+/// The PTX of `op(a, b)` over 64 elements: `a` of `da`, `b` of `db`, the result of `out`.
+fn binary_ptx(op: coil_ir::BinaryOp, da: DType, db: DType, out: DType) -> String {
+    use crate::testutil::{kernel, xs, Prog, B};
+    let mut p = Prog::default();
+    let (a, b) = (p.input(&[64], da), p.input(&[64], db));
+    let v = xs(&[64])[0];
+    let mut body = B::default();
+    let (la, lb) = (body.load(a, v, da), body.load(b, v, db));
+    let q = body.binary(op, la, lb, out);
+    let o = p.pointwise(&[64], out, body.done(q));
+    let k = kernel("poi_fused_binary_0", KernelKind::Pointwise, vec![0], 64, None, vec![o]);
+    ptx(&build_kernel(&p.p, &k))
+}
+
 #[test]
 fn integer_division_guards_zero_and_minus_one() {
-    use crate::testutil::{kernel, xs, Prog, B};
     for op in [coil_ir::BinaryOp::FloorDiv, coil_ir::BinaryOp::TruncDiv, coil_ir::BinaryOp::Remainder] {
-        let mut p = Prog::default();
-        let (a, b) = (p.input(&[64], DType::I64), p.input(&[64], DType::I32));
-        let v = xs(&[64])[0];
-        let mut body = B::default();
-        let (la, lb) = (body.load(a, v, DType::I64), body.load(b, v, DType::I32));
-        let q = body.binary(op, la, lb, DType::I64);
-        let out = p.pointwise(&[64], DType::I64, body.done(q));
-        let k = kernel("poi_fused_div_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
-        let src = ptx(&build_kernel(&p.p, &k));
+        let src = binary_ptx(op, DType::I64, DType::I32, DType::I64);
         // the hardware division never sees 0 or -1; a zero divisor records error 3
         assert!(src.contains("div.s64") && src.contains("selp.b64"), "{op:?}: {src}");
         assert!(src.contains("atom.global.cas.b64") && src.contains(", 0, 3;"), "{op:?}: {src}");
@@ -323,16 +328,7 @@ fn integer_division_guards_zero_and_minus_one() {
 
 #[test]
 fn integer_pow_squares_and_multiplies() {
-    use crate::testutil::{kernel, xs, Prog, B};
-    let mut p = Prog::default();
-    let (a, b) = (p.input(&[64], DType::I64), p.input(&[64], DType::I32));
-    let v = xs(&[64])[0];
-    let mut body = B::default();
-    let (la, lb) = (body.load(a, v, DType::I64), body.load(b, v, DType::I32));
-    let q = body.binary(coil_ir::BinaryOp::Pow, la, lb, DType::I64);
-    let out = p.pointwise(&[64], DType::I64, body.done(q));
-    let k = kernel("poi_fused_pow_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
-    let src = ptx(&build_kernel(&p.p, &k));
+    let src = binary_ptx(coil_ir::BinaryOp::Pow, DType::I64, DType::I32, DType::I64);
     // a loop over the exponent's bits; a negative exponent records error 2
     assert!(src.contains("shr.u64") && src.contains("mul.lo.s64") && src.contains("bra.uni"), "{src}");
     assert!(src.contains("atom.global.cas.b64") && src.contains(", 0, 2;"), "{src}");
@@ -341,17 +337,8 @@ fn integer_pow_squares_and_multiplies() {
 
 #[test]
 fn float_floor_division_reduces_an_exact_fmod_in_f64() {
-    use crate::testutil::{kernel, xs, Prog, B};
     for op in [coil_ir::BinaryOp::FloorDiv, coil_ir::BinaryOp::Remainder, coil_ir::BinaryOp::TruncDiv] {
-        let mut p = Prog::default();
-        let (a, b) = (p.input(&[64], DType::F32), p.input(&[64], DType::F32));
-        let v = xs(&[64])[0];
-        let mut body = B::default();
-        let (la, lb) = (body.load(a, v, DType::F32), body.load(b, v, DType::F32));
-        let q = body.binary(op, la, lb, DType::F32);
-        let out = p.pointwise(&[64], DType::F32, body.done(q));
-        let k = kernel("poi_fused_fdiv_0", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
-        let src = ptx(&build_kernel(&p.p, &k));
+        let src = binary_ptx(op, DType::F32, DType::F32, DType::F32);
         let fmod = src.contains("cvt.rzi.f64.f64") && src.contains("fma.rn.f64") && src.contains("bra.uni");
         assert_eq!(fmod, op != coil_ir::BinaryOp::TruncDiv, "{op:?}: {src}");
         assemble(&[(format!("poi_fused_fdiv_{op:?}"), src)]);
