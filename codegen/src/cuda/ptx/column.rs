@@ -87,8 +87,10 @@ impl<'a> PtxGen<'a> {
             return Err("an online softmax in a column plan".into());
         }
         for s in &body[..at] {
-            if !matches!(s, TileStmt::AccInit { .. }) {
-                self.stmt(s)?;
+            match s {
+                TileStmt::AccInit { .. } => {}
+                TileStmt::Let { op: TileOp::Constant(_), .. } => self.stmt(s)?,
+                _ => return Err("a row value before a looped column pass".into()),
             }
         }
         let (mut folds, mut after) = (Vec::new(), Vec::new());
