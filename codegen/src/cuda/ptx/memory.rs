@@ -196,6 +196,25 @@ impl<'a> PtxGen<'a> {
                     let (v, d) = elems[0];
                     ("b16", vec![scalar::to_storage(&mut self.a, v, d, buf)?])
                 }
+                DType::I16 => {
+                    // wrapped to 16 bits, two to a word (the first in the low half)
+                    let mut halves = vec![];
+                    for &(v, d) in elems {
+                        let w = scalar::convert(&mut self.a, v, d, DType::I16)?;
+                        let w = self.a.op(Class::B32, "cvt.u32.u64", &[w.into()]);
+                        halves.push(self.a.op(Class::B32, "and.b32", &[w.into(), Opnd::Hex(0xFFFF)]));
+                    }
+                    match halves[..] {
+                        [h] => ("b16", vec![self.a.op(Class::B16, "cvt.u16.u32", &[h.into()])]),
+                        _ => {
+                            let words = halves.chunks(2).map(|pair| {
+                                let high = self.a.op(Class::B32, "shl.b32", &[pair[1].into(), Opnd::Int(16)]);
+                                self.a.op(Class::B32, "or.b32", &[pair[0].into(), high.into()])
+                            });
+                            ("b32", words.collect())
+                        }
+                    }
+                }
                 _ => return Err(format!("a vector store of {buf}")),
             };
             let list: Vec<String> = regs.iter().map(|r| r.to_string()).collect();

@@ -569,7 +569,13 @@ pub fn binary(a: &mut Asm, op: BinaryOp, x: Reg, dx: DType, y: Reg, dy: DType, o
             };
             Ok(wrap(a, r, out))
         }
-        _ => Err(format!("{} into a bool", op.name())),
+        // bools as the C backend computes them: 0/1 integers, the result `!= 0`
+        _ => Ok(match op {
+            Add | Maximum => two(a, Pred, "or.pred"),
+            Mul | Minimum => two(a, Pred, "and.pred"),
+            Sub => two(a, Pred, "xor.pred"),
+            _ => return Err(format!("{} into a bool", op.name())),
+        }),
     }
 }
 

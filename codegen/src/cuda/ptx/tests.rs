@@ -346,6 +346,23 @@ fn float_floor_division_reduces_an_exact_fmod_in_f64() {
 }
 
 #[test]
+fn bool_arithmetic_is_logic() {
+    // true + true is true (the C backend's `!= 0` of the integer sum), true - true is false
+    for (op, want) in [(coil_ir::BinaryOp::Add, "or.pred"), (coil_ir::BinaryOp::Sub, "xor.pred")] {
+        let src = binary_ptx(op, DType::Bool, DType::Bool, DType::Bool);
+        assert!(src.contains(want), "{op:?}: {src}");
+        assemble(&[(format!("poi_fused_bool_{op:?}"), src)]);
+    }
+}
+
+#[test]
+fn i16_results_are_stored_two_to_a_word() {
+    let src = binary_ptx(coil_ir::BinaryOp::Add, DType::I32, DType::I32, DType::I16);
+    assert!(src.contains("shl.b32") && src.contains("st.global.v4.b32"), "{src}");
+    assemble(&[("poi_fused_i16".into(), src)]);
+}
+
+#[test]
 fn narrow_column_sums_take_one_output_per_thread() {
     // 256 outputs (under the 8192 that get vectors): one plane, one folding thread per output
     let (p, k) = crate::cuda::tests::col_sum(300, 256, KernelKind::PersistentReduction);
