@@ -246,7 +246,7 @@ pub(super) struct KernelFacts {
     pub(super) tanh_of: IndexMap<Var, Var>,
     /// f32 values that divide f32 values into f32 quotients. Where such a value is defined
     /// outside a group's elements (a row's sum, a group's uniform load), the PTX emitter takes
-    /// its reciprocal once (`rcp.rn`) and multiplies: within 1 ulp (`div.full` is within 2),
+    /// its reciprocal once and multiplies: within 1 ulp (`div.full` is within 2),
     /// and the driver assembled the cluster softmax (64 `div.full`s of one divisor per thread)
     /// in 70 ms instead of 98 (H100 machine).
     pub(super) divisors: IndexSet<Var>,

@@ -4,12 +4,13 @@
 //! dtype's width after each op that can leave it. The math functions are the CUDA prelude's
 //! where it has its own (`exp` and `rsqrt` as `ex2`/`rsqrt.approx`, f32 division as
 //! `div.full`; the kernel emitter turns division by a row's or a group's value into one
-//! `rcp.rn` and multiplies), IEEE instructions where C's operator is IEEE (`/` of a reciprocal, `sqrt`),
-//! and routines of our own: `log` (a degree-7 polynomial after splitting off the exponent,
-//! within 2 ulp), `erf` (two polynomial fits, within 3 ulp) and `tanh` (an odd polynomial near
-//! zero, else through `ex2`, within 2 ulp), with `log1p` and `expm1` from `log` and `exp` by
-//! Goldberg's and Kahan's corrections. `sin`, `cos` and `tan` are in `trig`, `pow` in `f64math`. What
-//! has no PTX form here (f64 values, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
+//! reciprocal, [`reciprocal_f32`], and multiplies), IEEE instructions where C's operator is
+//! IEEE (`sqrt`, the division inside floor division), and routines of our own: `log` (a
+//! degree-7 polynomial after splitting off the exponent, within 2 ulp), `erf` (two polynomial
+//! fits, within 3 ulp) and `tanh` (an odd polynomial near zero, else through `ex2`, within 2
+//! ulp), with `log1p` and `expm1` from `log` and `exp` by Goldberg's and Kahan's corrections.
+//! `sin`, `cos` and `tan` are in `trig`, `pow` and `fmod` in `f64math`. What has no PTX form
+//! here (f64 values, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 use coil_ir::{BinaryOp, DType, Scalar, UnaryOp};
