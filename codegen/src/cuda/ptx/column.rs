@@ -18,7 +18,7 @@ impl<'a> PtxGen<'a> {
         let (block, across) = (self.plan.launch.block as usize, self.plan.col_threads());
         let tid = self.tid.expect("the thread index");
         let x = self.udiv_const(Class::B32, tid, across as i64, false);
-        // (base, this thread's slot, its output's first slot) of an array of `size`-byte slots
+        // (this thread's slot, its output's first slot) in an array of `size`-byte slots
         let array = |g: &mut Self, name: String, size: usize| {
             g.shared.push((name.clone(), block * size));
             let base = g.a.reg(Class::B32);
