@@ -235,33 +235,29 @@ pub fn check_long_rows(device: coil::Device) {
     check_shapes("long rows", &[&[3, 20000], &[2, 65536], &[5, 12289]], &fixed, 8, 20, device);
 }
 
+/// Sums, means, maxima, argmax and variance over dim 0: the fixed programs of the column checks.
+const COLUMN_PROGRAMS: [(&str, Fixed); 5] = [
+    ("sum", |a| Ok((vec![a[0].sum(&[0], false)?], false))),
+    ("mean_of_product", |a| Ok((vec![a[0].mul(&a[1])?.mean(&[0], true)?.add(&a[1])?], false))),
+    ("amax", |a| Ok((vec![a[0].amax(&[0], false)?.exp()?], false))),
+    ("argmax", |a| Ok((vec![a[0].argmax(Some(0), false)?.to_dtype(DType::F32)?], false))),
+    ("var", |a| Ok((vec![a[0].var(&[0], 1.0, false)?], false))),
+];
+
 /// Reductions down the columns of wide inputs (8192 outputs or more: the GPU's column plan
 /// with vectors of outputs per thread, where it is one pass): the random programs on such
-/// shapes, and sums, means, maxima, argmax, variance and a bf16 sum over dim 0.
+/// shapes, [`COLUMN_PROGRAMS`] and a bf16 sum over dim 0.
 pub fn check_wide_columns(device: coil::Device) {
-    let fixed: [(&str, Fixed); 6] = [
-        ("sum", |a| Ok((vec![a[0].sum(&[0], false)?], false))),
-        ("mean_of_product", |a| Ok((vec![a[0].mul(&a[1])?.mean(&[0], true)?.add(&a[1])?], false))),
-        ("amax", |a| Ok((vec![a[0].amax(&[0], false)?.exp()?], false))),
-        ("argmax", |a| Ok((vec![a[0].argmax(Some(0), false)?.to_dtype(DType::F32)?], false))),
-        ("var", |a| Ok((vec![a[0].var(&[0], 1.0, false)?], false))),
-        ("sum_bf16", |a| Ok((vec![a[0].to_dtype(DType::BF16)?.sum(&[0], false)?.to_dtype(DType::F32)?], true))),
-    ];
+    let mut fixed = COLUMN_PROGRAMS.to_vec();
+    fixed.push(("sum_bf16", |a| Ok((vec![a[0].to_dtype(DType::BF16)?.sum(&[0], false)?.to_dtype(DType::F32)?], true))));
     check_shapes("wide columns", &[&[40, 8192], &[7, 16384], &[300, 8192]], &fixed, 6, 20, device);
 }
 
 /// Reductions down long columns (more rows than a persistent kernel holds, 65536 on sm_90;
 /// a multiple of 32 columns: the GPU's looped column plan): the random programs on such a
-/// shape, and sums, means, maxima, argmax and variance over dim 0.
+/// shape, and [`COLUMN_PROGRAMS`].
 pub fn check_long_columns(device: coil::Device) {
-    let fixed: [(&str, Fixed); 5] = [
-        ("sum", |a| Ok((vec![a[0].sum(&[0], false)?], false))),
-        ("mean_of_product", |a| Ok((vec![a[0].mul(&a[1])?.mean(&[0], true)?.add(&a[1])?], false))),
-        ("amax", |a| Ok((vec![a[0].amax(&[0], false)?.exp()?], false))),
-        ("argmax", |a| Ok((vec![a[0].argmax(Some(0), false)?.to_dtype(DType::F32)?], false))),
-        ("var", |a| Ok((vec![a[0].var(&[0], 1.0, false)?], false))),
-    ];
-    check_shapes("long columns", &[&[66000, 64]], &fixed, 6, 7, device);
+    check_shapes("long columns", &[&[66000, 64]], &COLUMN_PROGRAMS, 6, 7, device);
 }
 
 /// The `fixed` programs and random programs `0..seeds` on inputs of each of `shapes`, against
