@@ -433,7 +433,7 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
                     coil_codegen::cuda::Language::CudaC => {
                         dump.write(&format!("kernels/{}.cu", k.name), || unit.source.clone())
                     }
-                    coil_codegen::cuda::Language::Ptx => {
+                    coil_codegen::cuda::Language::Ptx { .. } => {
                         dump.write(&format!("kernels/{}.ptx", k.name), || unit.source.clone());
                         dump.write(&format!("kernels/{}.cu", k.name), || {
                             coil_codegen::cuda::emit_cuda_kernel_source(k).unwrap_or_else(|e| format!("/* {e} */"))

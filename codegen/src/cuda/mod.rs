@@ -127,8 +127,12 @@ pub struct CudaKernel {
 pub enum Language {
     /// CUDA C, compiled by NVRTC.
     CudaC,
-    /// PTX ([`ptx`]), assembled by the driver.
-    Ptx,
+    /// PTX ([`ptx`]), assembled by the driver at optimization `level` (0-4; see
+    /// [`ptx::assembler_level`]).
+    Ptx {
+        /// The driver assembler's optimization level.
+        level: u32,
+    },
 }
 
 /// A graph's CUDA source and how to launch each of its kernels.

@@ -91,16 +91,10 @@ pub fn cache_key(source: &str, arch: &str, nvrtc: (i32, i32)) -> String {
     hash_parts(&[CACHE_FORMAT, arch, &version, &options(nvrtc).join(" "), source])
 }
 
-/// The cache key of PTX `source` assembled for `arch` by the driver of version `driver`.
-fn ptx_cache_key(source: &str, arch: &str, driver: i32) -> String {
-    let level = ptxas_level().map_or(String::new(), |l| format!("O{l}"));
-    hash_parts(&[CACHE_FORMAT, arch, "ptx", &format!("driver {driver}"), &level, source])
-}
-
-/// `COIL_PTXAS_OPT=N` (0-4): the driver assembler's optimization level (default 4, the
-/// highest), for measuring compile time against run time. Part of the cache key.
-fn ptxas_level() -> Option<u32> {
-    std::env::var("COIL_PTXAS_OPT").ok()?.trim().parse().ok().filter(|&l| l <= 4)
+/// The cache key of PTX `source` assembled for `arch` at optimization `level` by the driver
+/// of version `driver`.
+fn ptx_cache_key(source: &str, arch: &str, driver: i32, level: u32) -> String {
+    hash_parts(&[CACHE_FORMAT, arch, "ptx", &format!("driver {driver}"), &format!("O{level}"), source])
 }
 
 fn hash_parts(parts: &[&str]) -> String {
@@ -137,7 +131,7 @@ pub fn compile_as(source: &str, language: Language, arch: &str, cache_dir: &Path
     let dir = cache_dir.join("cuda");
     let key = match language {
         Language::CudaC => cache_key(source, arch, nvrtc_version()?),
-        Language::Ptx => ptx_cache_key(source, arch, driver_version()?),
+        Language::Ptx { level } => ptx_cache_key(source, arch, driver_version()?, level),
     };
     let path = dir.join(format!("{key}.cubin"));
     let source_path = dir.join(format!("{key}.{}", extension(language)));
@@ -161,7 +155,7 @@ pub fn compile_as(source: &str, language: Language, arch: &str, cache_dir: &Path
 fn extension(language: Language) -> &'static str {
     match language {
         Language::CudaC => "cu",
-        Language::Ptx => "ptx",
+        Language::Ptx { .. } => "ptx",
     }
 }
 
@@ -175,7 +169,7 @@ fn build(source: &str, language: Language, arch: &str, dir: &Path, key: String) 
     let start = Instant::now();
     let cubin = match language {
         Language::CudaC => nvrtc_cubin(source, arch, &source_path)?,
-        Language::Ptx => ptx_cubin(source, &source_path)?,
+        Language::Ptx { level } => ptx_cubin(source, &source_path, level)?,
     };
     let compile_seconds = start.elapsed().as_secs_f64();
     write_atomically(&path, &cubin)?;
@@ -215,7 +209,7 @@ pub fn warm_up(device: &Arc<CudaDevice>) {
             let Some(ptx) = coil_codegen::cuda::ptx::empty_module(major * 10 + minor) else { return };
             rayon::broadcast(|_| {
                 if dev.bind().is_ok() {
-                    let _ = ptx_cubin(&ptx, Path::new("warm_up.ptx"));
+                    let _ = ptx_cubin(&ptx, Path::new("warm_up.ptx"), 4);
                 }
             });
         });
@@ -256,18 +250,18 @@ fn nvrtc_cubin(source: &str, arch: &str, source_path: &Path) -> Result<Vec<u8>> 
 /// The driver's assembly of a PTX module into a CUBIN for the current context's device
 /// (`cuLinkCreate`, `cuLinkAddData` of the PTX, `cuLinkComplete`); an error carries the
 /// assembler's log and the path of the kept source.
-fn ptx_cubin(ptx: &str, source_path: &Path) -> Result<Vec<u8>> {
-    use sys::CUjit_option::{CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+fn ptx_cubin(ptx: &str, source_path: &Path, level: u32) -> Result<Vec<u8>> {
+    use sys::CUjit_option::{CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_OPTIMIZATION_LEVEL};
     let text = CString::new(ptx).map_err(|_| Error::runtime("PTX source contains a NUL byte"))?;
     let name = CString::new(source_path.file_name().unwrap_or_default().to_string_lossy().as_bytes())
         .unwrap_or_else(|_| c"coil.ptx".to_owned());
     let mut log = vec![0u8; 16 << 10];
-    let mut options = vec![CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
-    let mut values = vec![log.as_mut_ptr().cast::<std::ffi::c_void>(), log.len() as *mut std::ffi::c_void];
-    if let Some(level) = ptxas_level() {
-        options.push(sys::CUjit_option::CU_JIT_OPTIMIZATION_LEVEL);
-        values.push(level as usize as *mut std::ffi::c_void);
-    }
+    let mut options = vec![CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_OPTIMIZATION_LEVEL];
+    let mut values = vec![
+        log.as_mut_ptr().cast::<std::ffi::c_void>(),
+        log.len() as *mut std::ffi::c_void,
+        level as usize as *mut std::ffi::c_void,
+    ];
     let failed = |what: &str, e: sys::CUresult, log: &[u8]| {
         let log = CStr::from_bytes_until_nul(log).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
         Error::runtime(format!("{what} failed ({e:?}) assembling {}:\n{}", source_path.display(), log.trim_end()))

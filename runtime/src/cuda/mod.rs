@@ -80,7 +80,8 @@ pub struct KernelAttributes {
     /// The autotuner's plan when it replaced the heuristic's (`row_threads=512`, ...; see
     /// [`autotune`]), else `None`.
     pub tuning: Option<String>,
-    /// What compiled the kernel's unit: `nvrtc` (CUDA C) or `ptxas` (PTX, through the driver).
+    /// What compiled the kernel's unit: `nvrtc` (CUDA C) or `ptxas -O<level>` (PTX, through the
+    /// driver's assembler at that optimization level).
     pub compiler: &'static str,
     /// Microseconds the compiler took on the kernel's translation unit in this process (0: a
     /// disk-cache hit), and loading its CUBIN (`cuModuleLoadData`, function look-ups).
@@ -229,7 +230,11 @@ impl CudaCompiledGraph {
                         tuning: None,
                         compiler: match units[unit].language {
                             Language::CudaC => "nvrtc",
-                            Language::Ptx => "ptxas",
+                            Language::Ptx { level: 0 } => "ptxas -O0",
+                            Language::Ptx { level: 1 } => "ptxas -O1",
+                            Language::Ptx { level: 2 } => "ptxas -O2",
+                            Language::Ptx { level: 3 } => "ptxas -O3",
+                            Language::Ptx { .. } => "ptxas -O4",
                         },
                         compile_us: (cubins[unit].compile_seconds * 1e6) as u64,
                         load_us: (cubins[unit].load_seconds * 1e6) as u64,

@@ -399,19 +399,11 @@ impl<'a> PtxGen<'a> {
     /// other, then its vector stores.
     fn group_body(&mut self, stmts: &[&TileStmt]) -> R<()> {
         let loaded = self.group_loads(stmts)?;
-        if self.issuing_early {
-            for (var, arg, index) in self.early.clone() {
-                if let Access::Vector { piece } = self.access(arg, index) {
-                    let words = self.load_vector(arg, index, piece)?;
-                    self.early_words.insert((var, self.chunk), words);
-                }
-            }
-        }
         self.group_elements(stmts, &loaded)
     }
 
     /// The group's vector loads: one value per element, by variable (those an earlier pass
-    /// issued taken from it).
+    /// issued taken from it); in a pass that issues a later pass's loads, those too.
     fn group_loads(&mut self, stmts: &[&TileStmt]) -> R<IndexMap<Var, Words>> {
         let mut loaded = IndexMap::new();
         for s in stmts {
@@ -422,6 +414,14 @@ impl<'a> PtxGen<'a> {
                         None => self.load_vector(arg, index, piece)?,
                     };
                     loaded.insert(*var, words);
+                }
+            }
+        }
+        if self.issuing_early {
+            for (var, arg, index) in self.early.clone() {
+                if let Access::Vector { piece } = self.access(arg, index) {
+                    let words = self.load_vector(arg, index, piece)?;
+                    self.early_words.insert((var, self.chunk), words);
                 }
             }
         }

@@ -32,9 +32,9 @@ mod trig;
 
 pub use scalar::Unsupported;
 
-use super::launch::{plan_with, Tuning};
+use super::launch::{plan_with, Plan, Tuning};
 use super::{validate, CudaKernel, CudaModule, Language};
-use coil_ir::kernel::TileKernel;
+use coil_ir::kernel::{KernelKind, TileKernel};
 
 /// The PTX ISA version that targets compute capability `arch` (`90` for sm_90), for the GPUs
 /// this emitter knows (sm_80 and later: it uses `max.NaN`).
@@ -83,8 +83,35 @@ pub fn emit_ptx(kernel: &TileKernel, arch: u32, tuning: &Tuning) -> Result<CudaM
     Ok(CudaModule {
         source,
         kernels: vec![CudaKernel { name: kernel.name.clone(), launch: plan.launch }],
-        language: Language::Ptx,
+        language: Language::Ptx { level: assembler_level(kernel, &plan) },
     })
+}
+
+/// The driver assembler's optimization level for `kernel` under `plan`: `COIL_PTXAS_OPT`
+/// (0-4) where set; else 1 for a persistent reduction of many rows whose chunks are all full,
+/// and 4 (the highest) for the rest.
+///
+/// Such a kernel's PTX already issues each pass's loads together (`reduce.rs`, `pass`), which
+/// is the one thing the memory-bound kernel needs from the scheduler. On the H100 (session 10,
+/// one bench run each level, same call), level 1 against 4: softmax over rows of 65536 f32 ran
+/// 190.5 us against 192.4-192.5 and assembled in 29 ms against 48-57 (cold compile 0.030 s
+/// against 0.050-0.059); the norms and softmax over rows of 4096 ran alike (within 0.4 us) and
+/// assembled in 15-29 ms against 16-35. Kernels of one block (the last stage of a split
+/// reduction, cross-entropy's mean) are latency-bound and ran slower at level 1 (10.6 ->
+/// 15.1 us), so they keep level 4, as does everything not measured.
+pub fn assembler_level(kernel: &TileKernel, plan: &Plan) -> u32 {
+    if let Some(level) = std::env::var("COIL_PTXAS_OPT").ok().and_then(|v| v.trim().parse().ok()).filter(|&l| l <= 4) {
+        return level;
+    }
+    let full_chunks = kernel
+        .rnumel
+        .and_then(|r| r.const_value())
+        .is_some_and(|r| r == (plan.chunks * plan.row_threads() * plan.vec) as i64);
+    let many_rows = plan.launch.grid > 1;
+    match kernel.kind == KernelKind::PersistentReduction && !plan.col && many_rows && full_chunks {
+        true => 1,
+        false => 4,
+    }
 }
 
 /// A PTX module of one empty kernel (`coil_warm_up`) for compute capability `arch`, or `None`

@@ -638,7 +638,7 @@ impl<'a> PtxGen<'a> {
 
     /// One pass of a persistent reduction over the thread's chunks, then its reductions.
     /// The chunks are written out one after the other, sharing index and address registers
-    /// ([`PtxGen::rchunk_as`]); except in a kernel of one block whose passes keep no values
+    /// ([`PtxGen::rchunk_as`]), all their loads first when no thread skips one; except in a kernel of one block whose passes keep no values
     /// (the last stage of a split reduction, a mean over a batch: latency-bound, as the CUDA
     /// emitter's `#pragma unroll 1` says), where a loop over the chunks keeps the code short.
     fn pass(&mut self, stmts: &[&TileStmt], nchunk: Expr) -> R<()> {
@@ -680,30 +680,42 @@ impl<'a> PtxGen<'a> {
                 let rlane_sym = Expr::index("rlane", p.lanes as i64);
                 let group = Group::new(rindex(&rnumel), "rchunk", nchunk, p.vec, "i");
                 self.set_group(Some(group.clone()));
-                for k in 0..p.chunks {
+                if all_full {
+                    // every chunk's loads, then every chunk's elements: the PTX itself keeps the
+                    // row's loads in flight together, whatever the assembler's scheduling does
+                    let mut loaded = Vec::with_capacity(p.chunks);
+                    for loads in [true, false] {
+                        for k in 0..p.chunks {
+                            self.scopes.push(IndexMap::new());
+                            self.rchunk_as = Some((rchunk_sym, rlane_sym + k as i64 * rt));
+                            self.group = Some(group.clone());
+                            self.chunk = k;
+                            match loads {
+                                true => loaded.push(self.group_loads(stmts)?),
+                                false => self.group_elements(stmts, &loaded[k])?,
+                            }
+                            self.group = None;
+                            self.rchunk_as = None;
+                            self.scopes.pop();
+                        }
+                    }
+                }
+                for k in (0..p.chunks).filter(|_| !all_full) {
                     let skip = self.a.label();
                     // a chunk some threads skip keeps what it computes to itself
-                    if !all_full {
-                        let rchunk = self.expr(rlane_sym + k as i64 * rt)?;
-                        let n = self.expr(nchunk)?;
-                        let r = self.in_reg(rchunk);
-                        let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[r.into(), n]);
-                        self.a.branch_if(out, false, &skip);
-                        self.push();
-                    } else {
-                        self.scopes.push(IndexMap::new());
-                    }
+                    let rchunk = self.expr(rlane_sym + k as i64 * rt)?;
+                    let n = self.expr(nchunk)?;
+                    let r = self.in_reg(rchunk);
+                    let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[r.into(), n]);
+                    self.a.branch_if(out, false, &skip);
+                    self.push();
                     self.rchunk_as = Some((rchunk_sym, rlane_sym + k as i64 * rt));
                     self.group = Some(group.clone());
                     self.chunk = k;
                     self.group_body(stmts)?;
                     self.group = None;
                     self.rchunk_as = None;
-                    if !all_full {
-                        self.pop();
-                    } else {
-                        self.scopes.pop();
-                    }
+                    self.pop();
                     self.a.place(&skip);
                 }
             }

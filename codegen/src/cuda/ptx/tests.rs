@@ -42,7 +42,29 @@ fn layer_norm_chunks_share_their_addresses() {
     assert_eq!(src.matches("bar.sync 0").count(), 4, "{src}");
     // the weights and biases, read after the mean and the variance, are loaded with the row
     assert!(src.rfind("ld.global.v4.f32") < src.find("bar.sync 0"), "{src}");
+    // both chunks' loads come before the first chunk's arithmetic
+    assert!(src.match_indices("ld.global.v4.f32").nth(5).map(|(i, _)| i) < src.find("add.f32"), "{src}");
     snapshot("ptx_layer_norm", src);
+}
+
+#[test]
+fn memory_bound_rows_assemble_at_level_1() {
+    let plan = |k: &TileKernel| crate::cuda::launch::plan_with(k, &Tuning::default());
+    // rows over many blocks, every chunk full: level 1
+    let (p, k) = layer_norm(4096, 1536, KernelKind::PersistentReduction);
+    let norm = build_kernel(&p, &k);
+    assert_eq!(assembler_level(&norm, &plan(&norm)), 1);
+    // the same rows in one block (latency-bound): the highest level
+    let one_block = Plan { launch: crate::cuda::Launch { grid: 1, ..plan(&norm).launch }, ..plan(&norm) };
+    assert_eq!(assembler_level(&norm, &one_block), 4);
+    // a chunk some threads skip (1000 = 192 * 5 + 40), a looped reduction, a column plan: the
+    // highest level
+    let (p, k) = layer_norm(4096, 1000, KernelKind::PersistentReduction);
+    let (q, l) = softmax(4096, 2048, KernelKind::LoopedReduction, "red_fused_softmax_0");
+    let (r, m) = col_sum(4096, 8192, KernelKind::PersistentReduction);
+    for k in [build_kernel(&p, &k), build_kernel(&q, &l), build_kernel(&r, &m)] {
+        assert_eq!(assembler_level(&k, &plan(&k)), 4, "{}", k.name);
+    }
 }
 
 #[test]
@@ -140,7 +162,7 @@ fn shapes_without_a_ptx_form_say_why() {
         match emit_ptx(k, 90, &Tuning::default()) {
             Ok(m) => {
                 covered += 1;
-                assert_eq!(m.language, Language::Ptx);
+                assert!(matches!(m.language, Language::Ptx { .. }));
                 assert_eq!(m.kernels[0].launch, crate::cuda::launch::plan_with(k, &Tuning::default()).launch);
             }
             Err(why) => {
