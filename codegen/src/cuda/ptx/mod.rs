@@ -92,13 +92,12 @@ pub fn emit_ptx(kernel: &TileKernel, arch: u32, tuning: &Tuning) -> Result<CudaM
 /// and 4 (the highest) for the rest.
 ///
 /// Such a kernel's PTX already issues each pass's loads together (`reduce.rs`, `pass`), which
-/// is the one thing the memory-bound kernel needs from the scheduler. On the H100 (session 10,
-/// one bench run each level, same call), level 1 against 4: softmax over rows of 65536 f32 ran
-/// 190.5 us against 192.4-192.5 and assembled in 29 ms against 48-57 (cold compile 0.030 s
-/// against 0.050-0.059); the norms and softmax over rows of 4096 ran alike (within 0.4 us) and
-/// assembled in 15-29 ms against 16-35. Kernels of one block (the last stage of a split
-/// reduction, cross-entropy's mean) are latency-bound and ran slower at level 1 (10.6 ->
-/// 15.1 us), so they keep level 4, as does everything not measured.
+/// is the one thing the memory-bound kernel needs from the scheduler, and level 1 keeps that
+/// order. On the H100 (session 10, bench runs alternating levels in one call): the softmax over
+/// rows of 65536 f32 ran 191.5 us against 193.0-193.6 and assembled in 28.5-43.3 ms against
+/// 33.0-56.7; the norms and the softmax over rows of 4096 ran alike (within 0.4 us). Kernels of
+/// one block (the last stage of a split reduction, cross-entropy's mean) are latency-bound and
+/// ran slower at level 1 (10.6 -> 15.1 us), so they keep level 4, as does everything else.
 pub fn assembler_level(kernel: &TileKernel, plan: &Plan) -> u32 {
     if let Some(level) = std::env::var("COIL_PTXAS_OPT").ok().and_then(|v| v.trim().parse().ok()).filter(|&l| l <= 4) {
         return level;
