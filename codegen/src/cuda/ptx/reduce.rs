@@ -680,43 +680,31 @@ impl<'a> PtxGen<'a> {
                 let rlane_sym = Expr::index("rlane", p.lanes as i64);
                 let group = Group::new(rindex(&rnumel), "rchunk", nchunk, p.vec, "i");
                 self.set_group(Some(group.clone()));
+                let at = |k: usize| (rchunk_sym, rlane_sym + k as i64 * rt);
                 if all_full {
                     // every chunk's loads, then every chunk's elements: the PTX itself keeps the
                     // row's loads in flight together, whatever the assembler's scheduling does
                     let mut loaded = Vec::with_capacity(p.chunks);
-                    for loads in [true, false] {
-                        for k in 0..p.chunks {
-                            self.scopes.push(IndexMap::new());
-                            self.rchunk_as = Some((rchunk_sym, rlane_sym + k as i64 * rt));
-                            self.group = Some(group.clone());
-                            self.chunk = k;
-                            match loads {
-                                true => loaded.push(self.group_loads(stmts)?),
-                                false => self.group_elements(stmts, &loaded[k])?,
-                            }
-                            self.group = None;
-                            self.rchunk_as = None;
-                            self.scopes.pop();
-                        }
+                    for k in 0..p.chunks {
+                        loaded.push(self.in_chunk(k, at(k), &group, |g| g.group_loads(stmts))?);
                     }
-                }
-                for k in (0..p.chunks).filter(|_| !all_full) {
-                    let skip = self.a.label();
-                    // a chunk some threads skip keeps what it computes to itself
-                    let rchunk = self.expr(rlane_sym + k as i64 * rt)?;
-                    let n = self.expr(nchunk)?;
-                    let r = self.in_reg(rchunk);
-                    let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[r.into(), n]);
-                    self.a.branch_if(out, false, &skip);
-                    self.push();
-                    self.rchunk_as = Some((rchunk_sym, rlane_sym + k as i64 * rt));
-                    self.group = Some(group.clone());
-                    self.chunk = k;
-                    self.group_body(stmts)?;
-                    self.group = None;
-                    self.rchunk_as = None;
-                    self.pop();
-                    self.a.place(&skip);
+                    for (k, words) in loaded.iter().enumerate() {
+                        self.in_chunk(k, at(k), &group, |g| g.group_elements(stmts, words))?;
+                    }
+                } else {
+                    for k in 0..p.chunks {
+                        // a chunk some threads skip keeps what it computes to itself
+                        let skip = self.a.label();
+                        let rchunk = self.expr(at(k).1)?;
+                        let n = self.expr(nchunk)?;
+                        let r = self.in_reg(rchunk);
+                        let out = self.a.op(Class::Pred, &format!("setp.ge.{t}"), &[r.into(), n]);
+                        self.a.branch_if(out, false, &skip);
+                        self.push();
+                        self.in_chunk(k, at(k), &group, |g| g.group_body(stmts))?;
+                        self.pop();
+                        self.a.place(&skip);
+                    }
                 }
             }
         }
@@ -726,5 +714,19 @@ impl<'a> PtxGen<'a> {
             }
         }
         Ok(())
+    }
+
+    /// `f` on chunk `k` of a persistent pass in `group`, `rchunk` read as `at` (its symbol and
+    /// the expression that replaces it), in a scope of its own.
+    fn in_chunk<T>(&mut self, k: usize, at: (Expr, Expr), group: &Group, f: impl FnOnce(&mut Self) -> R<T>) -> R<T> {
+        self.scopes.push(IndexMap::new());
+        self.rchunk_as = Some(at);
+        self.group = Some(group.clone());
+        self.chunk = k;
+        let out = f(self);
+        self.group = None;
+        self.rchunk_as = None;
+        self.scopes.pop();
+        out
     }
 }
