@@ -127,8 +127,9 @@ pub struct CudaKernel {
 pub enum Language {
     /// CUDA C, compiled by NVRTC.
     CudaC,
-    /// PTX ([`ptx`]), assembled by the driver at optimization `level` (0-4; see
-    /// [`ptx::assembler_level`]).
+    /// PTX ([`ptx`]), assembled by the driver at optimization `level` (0-4: 1 for memory-bound
+    /// row reductions whose loads the PTX already groups, 4 for the rest; `COIL_PTXAS_OPT` sets
+    /// one level for all).
     Ptx {
         /// The driver assembler's optimization level.
         level: u32,

@@ -2,7 +2,7 @@
 //! (its C++ front end and NVVM's optimizer take about 60% of it; see `docs/compiler.md`) go to
 //! the driver's PTX assembler directly.
 //!
-//! The code shapes are the CUDA C emitter's, from the same [`Plan`](super::launch::Plan):
+//! The code shapes are the CUDA C emitter's, from the same [`Plan`]:
 //! pointwise kernels (groups of `vec` elements, vector accesses, values uniform over a group
 //! computed once), persistent reductions with rows over one warp, one block or a cluster of
 //! blocks (chunks of groups held in registers, passes, shuffle trees, a shared-memory stage,
@@ -98,7 +98,7 @@ pub fn emit_ptx(kernel: &TileKernel, arch: u32, tuning: &Tuning) -> Result<CudaM
 /// 33.0-56.7; the norms and the softmax over rows of 4096 ran alike (within 0.4 us). Kernels of
 /// one block (the last stage of a split reduction, cross-entropy's mean) are latency-bound and
 /// ran slower at level 1 (10.6 -> 15.1 us), so they keep level 4, as does everything else.
-pub fn assembler_level(kernel: &TileKernel, plan: &Plan) -> u32 {
+pub(crate) fn assembler_level(kernel: &TileKernel, plan: &Plan) -> u32 {
     if let Some(level) = std::env::var("COIL_PTXAS_OPT").ok().and_then(|v| v.trim().parse().ok()).filter(|&l| l <= 4) {
         return level;
     }
