@@ -53,8 +53,8 @@ pub use coil_frontend::ops::linalg::*;
 pub use coil_frontend::ops::movement::*;
 pub use coil_frontend::ops::nn::*;
 pub use coil_frontend::{
-    backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_default_device, value_and_grad,
-    where_, Backend, Captured, IntoTensor, Storage, Tensor,
+    backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_default_device,
+    update_in_place, value_and_grad, where_, Backend, Captured, IntoTensor, Storage, Tensor,
 };
 pub use coil_ir::{DType, Error, ErrorKind, Graph, LossReduction, Result, Scalar, TensorMeta};
 pub use coil_passes::decompose;

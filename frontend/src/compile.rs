@@ -11,7 +11,7 @@ use crate::debug::{self, Dump};
 use crate::dynamo::dynamic::DynamicSpec;
 use crate::logs;
 use crate::storage::Storage;
-use coil_ir::kernel::{KernelKind, TileKernel};
+use coil_ir::kernel::{Donation, KernelKind, TileKernel};
 use coil_ir::{Error, Graph, Result};
 use coil_runtime::cpu::CompiledGraph;
 use coil_runtime::cuda::{CudaBuffer, CudaCompiledGraph, CudaDevice};
@@ -155,24 +155,29 @@ impl Compiled {
     }
 
     /// Runs on inputs already on the graph's device (as [`crate::capture`] binds them).
+    ///
+    /// An output compiled to be written over a donated input ([`compile_donating`]) is written
+    /// there: its storage is that input's allocation at a new version, and every older handle
+    /// to it is stale ([`Storage::check_current`]).
     pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
         self.profile_once(inputs)?;
+        let donated = |k: usize| {
+            // The buffer the run wrote is the one the input's handle addresses (same device).
+            Ok(inputs[k].overwritten())
+        };
         match &self.executable {
             Executable::Cpu(g) => {
                 let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
-                Ok(g.run(&refs)?.into_iter().map(|b| Storage::Host(Arc::new(b))).collect())
+                let outputs = g.run_donating(&refs)?.into_iter();
+                outputs.map(|o| o.map(|b| Storage::host(Arc::new(b))).or_input(donated)).collect()
             }
             Executable::Cuda(g) => {
                 let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
-                let refs: Vec<&CudaBuffer> = on_device
-                    .iter()
-                    .map(|s| match s {
-                        Storage::Cuda(b) => b.as_ref(),
-                        Storage::Host(_) => unreachable!("moved to the device above"),
-                    })
-                    .collect();
-                Ok(g.run(&refs)?.into_iter().map(|b| Storage::Cuda(Arc::new(b))).collect())
+                let refs: Vec<&CudaBuffer> =
+                    on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
+                let outputs = g.run_donating(&refs)?.into_iter();
+                outputs.map(|o| o.map(|b| Storage::cuda(Arc::new(b))).or_input(donated)).collect()
             }
         }
     }
@@ -206,8 +211,9 @@ impl Compiled {
     }
 }
 
-/// Compiled graphs by structural hash; each keeps its graph to confirm a hit (no false hits).
-type Cache = HashMap<u64, Vec<(Graph, Device, Arc<Compiled>)>>;
+/// Compiled graphs by structural hash; each keeps its graph (and the donations it was compiled
+/// with) to confirm a hit (no false hits).
+type Cache = HashMap<u64, Vec<(Graph, Device, Vec<Donation>, Arc<Compiled>)>>;
 
 fn cache() -> &'static Mutex<Cache> {
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
@@ -222,17 +228,26 @@ pub fn compile_count() -> usize {
 /// Compiles a captured graph for a device, or returns the cached compilation of an identical
 /// one.
 pub fn compile(captured: &Graph, device: Device) -> Result<Arc<Compiled>> {
+    compile_donating(captured, device, &[])
+}
+
+/// [`compile`], with each of `donations` asking for an output to be written over the buffer of
+/// an input the caller will not read again (honoured where the schedule allows:
+/// [`coil_passes::donate`]; `ir_post_fusion.txt` lists each one taken or refused, and why).
+pub fn compile_donating(captured: &Graph, device: Device, donations: &[Donation]) -> Result<Arc<Compiled>> {
     let key = crate::dynamo::structural_hash(captured, device);
     let find = |cache: &Cache| {
-        let same =
-            |(g, d, _): &&(Graph, Device, Arc<Compiled>)| *d == device && crate::dynamo::same_structure(g, captured);
-        cache.get(&key).and_then(|v| v.iter().find(same)).map(|(_, _, c)| c.clone())
+        let same = |(g, d, don, _): &&(Graph, Device, Vec<Donation>, Arc<Compiled>)| {
+            *d == device && don == donations && crate::dynamo::same_structure(g, captured)
+        };
+        cache.get(&key).and_then(|v| v.iter().find(same)).map(|(_, _, _, c)| c.clone())
     };
     if let Some(hit) = find(&cache().lock().expect("compile cache")) {
         return Ok(hit);
     }
-    let compiled = Arc::new(compile_uncached(captured, device, None)?);
-    cache().lock().expect("compile cache").entry(key).or_default().push((captured.clone(), device, compiled.clone()));
+    let compiled = Arc::new(compile_uncached(captured, device, None, donations)?);
+    let entry = (captured.clone(), device, donations.to_vec(), compiled.clone());
+    cache().lock().expect("compile cache").entry(key).or_default().push(entry);
     Ok(compiled)
 }
 
@@ -240,7 +255,7 @@ pub fn compile(captured: &Graph, device: Device) -> Result<Arc<Compiled>> {
 /// disk caches of generated code still apply): what another process pays to compile it. With
 /// a warm disk cache that is the warm-start compile time (`times.total`).
 pub fn compile_fresh(captured: &Graph, device: Device) -> Result<Compiled> {
-    compile_uncached(captured, device, None)
+    compile_uncached(captured, device, None, &[])
 }
 
 /// Compiles a captured graph for every size its symbols can take (see
@@ -248,7 +263,7 @@ pub fn compile_fresh(captured: &Graph, device: Device) -> Result<Compiled> {
 /// error of kind `Unsupported` says why the graph cannot be compiled that way (the caller then
 /// compiles it for static sizes). Not cached here: compiled functions keep their own cache.
 pub fn compile_dynamic(captured: &Graph, device: Device, spec: &DynamicSpec) -> Result<Arc<Compiled>> {
-    compile_uncached(captured, device, Some(spec)).map(Arc::new)
+    compile_uncached(captured, device, Some(spec), &[]).map(Arc::new)
 }
 
 /// The scheduler's options for `device`: a GPU block holds rows up to 8192 long in registers,
@@ -321,7 +336,12 @@ fn generated_tiles(captured: &Graph) -> Result<Vec<coil_ir::kernel::TileKernel>>
 const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions =
     coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false };
 
-fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSpec>) -> Result<Compiled> {
+fn compile_uncached(
+    captured: &Graph,
+    device: Device,
+    dynamic: Option<&DynamicSpec>,
+    donations: &[Donation],
+) -> Result<Compiled> {
     let start = Instant::now();
     let mut times = StageTimes::default();
     let dump = Dump::new_graph();
@@ -378,6 +398,7 @@ fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSp
     if matches!(device, Device::Cuda(_)) {
         coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule);
     }
+    coil_passes::donate(&program, &mut schedule, donations);
     times.schedule = t.elapsed().as_secs_f64();
     let post_fusion = coil_passes::print_schedule(&program, &schedule);
     dump.write("ir_post_fusion.txt", || post_fusion.clone());

@@ -15,6 +15,7 @@ pub mod autodiff;
 pub mod compile;
 pub mod debug;
 pub mod dynamo;
+pub mod inplace;
 pub mod logs;
 pub mod ops;
 pub mod realize;
@@ -23,6 +24,7 @@ pub mod tensor;
 
 pub use autodiff::{grad, value_and_grad};
 pub use dynamo::{explain, set_stance, CompiledFn, ExplainReport, GraphBreak, Stance};
+pub use inplace::update_in_place;
 pub use ops::linalg::linear;
 pub use ops::movement::{cat, stack};
 pub use ops::nn::{embedding, scaled_dot_product_attention, CrossEntropyOptions, LossReduction};

@@ -227,5 +227,5 @@ pub(crate) fn interpret(captured: &Captured) -> Result<Vec<Storage>> {
     let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
     let inputs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
     let outputs = coil_runtime::interpret(&primitive, &inputs)?;
-    outputs.into_iter().map(|b| Storage::Host(Arc::new(b)).to_device(captured.device)).collect()
+    outputs.into_iter().map(|b| Storage::host(Arc::new(b)).to_device(captured.device)).collect()
 }

@@ -1,49 +1,129 @@
-//! Where a computed tensor's elements live: host memory or a CUDA device.
+//! Where a computed tensor's elements live: host memory or a CUDA device, and which version of
+//! them a tensor holds.
+//!
+//! An allocation can be written in place ([`crate::update_in_place`]: an optimizer step writes
+//! new parameters over the old ones). Every handle to an allocation shares one version counter;
+//! an in-place write bumps it and returns a handle of the new version, so a tensor that still
+//! holds the old version is *stale*: reading it, or computing with it, is an error naming what
+//! happened (PyTorch's "modified by an inplace operation"), never a silent read of new values.
 
-use coil_ir::{Result, TensorMeta};
+use coil_ir::{Error, ErrorKind, Result, TensorMeta};
 use coil_runtime::cuda::{CudaBuffer, CudaDevice};
 use coil_runtime::{Buffer, Device};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// A computed tensor's elements.
+/// A computed tensor's elements, at one version of their allocation.
 #[derive(Clone)]
-pub enum Storage {
+pub struct Storage {
+    data: Data,
+    /// The allocation's version, shared by every handle to it.
+    version: Arc<AtomicU64>,
+    /// The version this handle holds.
+    seen: u64,
+}
+
+/// The allocation itself.
+#[derive(Clone)]
+enum Data {
     Host(Arc<Buffer>),
     Cuda(Arc<CudaBuffer>),
 }
 
 impl Storage {
+    /// Host elements, as a fresh allocation.
+    pub fn host(buffer: Arc<Buffer>) -> Storage {
+        Storage::fresh(Data::Host(buffer))
+    }
+
+    /// Device elements, as a fresh allocation.
+    pub fn cuda(buffer: Arc<CudaBuffer>) -> Storage {
+        Storage::fresh(Data::Cuda(buffer))
+    }
+
+    fn fresh(data: Data) -> Storage {
+        Storage { data, version: Arc::new(AtomicU64::new(0)), seen: 0 }
+    }
+
     pub fn device(&self) -> Device {
-        match self {
-            Storage::Host(_) => Device::Cpu,
-            Storage::Cuda(b) => Device::Cuda(b.device_ordinal()),
+        match &self.data {
+            Data::Host(_) => Device::Cpu,
+            Data::Cuda(b) => Device::Cuda(b.device_ordinal()),
         }
     }
 
     pub fn meta(&self) -> TensorMeta {
-        match self {
-            Storage::Host(b) => b.meta(),
-            Storage::Cuda(b) => b.meta.clone(),
+        match &self.data {
+            Data::Host(b) => b.meta(),
+            Data::Cuda(b) => b.meta.clone(),
         }
     }
 
-    /// The elements in host memory (a copy from the device for CUDA storage).
+    /// The device buffer, if the elements are on a CUDA device (whatever their version).
+    pub(crate) fn cuda_buffer(&self) -> Option<&Arc<CudaBuffer>> {
+        match &self.data {
+            Data::Cuda(b) => Some(b),
+            Data::Host(_) => None,
+        }
+    }
+
+    /// An address that identifies the allocation (equal for every handle to it).
+    pub(crate) fn addr(&self) -> usize {
+        match &self.data {
+            Data::Host(b) => Arc::as_ptr(b) as *const u8 as usize,
+            Data::Cuda(b) => Arc::as_ptr(b) as *const u8 as usize,
+        }
+    }
+
+    /// Whether this handle holds the allocation's current elements (no in-place write since).
+    pub fn is_current(&self) -> bool {
+        self.version.load(Ordering::Acquire) == self.seen
+    }
+
+    /// An error unless this handle holds the current elements.
+    pub fn check_current(&self) -> Result<()> {
+        if self.is_current() {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Value,
+            format!(
+                "a {} tensor's elements were overwritten in place (update_in_place, an optimizer step) after this \
+                 tensor took them (version {} of its buffer, now {}): use the tensor the update returned",
+                self.meta(),
+                self.seen,
+                self.version.load(Ordering::Acquire)
+            ),
+        ))
+    }
+
+    /// Marks the allocation as overwritten and returns a handle to the new elements: every
+    /// other handle (the old tensor, its `detach`ed aliases) is stale from now on.
+    pub(crate) fn overwritten(&self) -> Storage {
+        let seen = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+        Storage { data: self.data.clone(), version: self.version.clone(), seen }
+    }
+
+    /// The elements in host memory (a copy from the device for CUDA storage); an error when
+    /// they were overwritten in place since this handle took them.
     pub fn to_host(&self) -> Result<Arc<Buffer>> {
-        match self {
-            Storage::Host(b) => Ok(b.clone()),
-            Storage::Cuda(b) => Ok(Arc::new(b.to_host()?)),
+        self.check_current()?;
+        match &self.data {
+            Data::Host(b) => Ok(b.clone()),
+            Data::Cuda(b) => Ok(Arc::new(b.to_host()?)),
         }
     }
 
     /// The elements on `device`: shared when already there, else copied.
     pub fn to_device(&self, device: Device) -> Result<Storage> {
-        match (self, device) {
-            (Storage::Host(_), Device::Cpu) => Ok(self.clone()),
-            (Storage::Cuda(b), Device::Cuda(n)) if b.device_ordinal() == n => Ok(self.clone()),
-            (_, Device::Cpu) => Ok(Storage::Host(self.to_host()?)),
+        self.check_current()?;
+        match (&self.data, device) {
+            (Data::Host(_), Device::Cpu) => Ok(self.clone()),
+            (Data::Cuda(b), Device::Cuda(n)) if b.device_ordinal() == n => Ok(self.clone()),
+            (_, Device::Cpu) => Ok(Storage::host(self.to_host()?)),
             (_, Device::Cuda(n)) => {
                 let host = self.to_host()?;
-                Ok(Storage::Cuda(Arc::new(CudaBuffer::from_host(&CudaDevice::get(n)?, &host)?)))
+                Ok(Storage::cuda(Arc::new(CudaBuffer::from_host(&CudaDevice::get(n)?, &host)?)))
             }
         }
     }

@@ -132,7 +132,7 @@ impl Tensor {
 
     /// A tensor holding a computed host buffer.
     pub fn from_buffer(buffer: Buffer) -> Tensor {
-        Tensor::from_storage(Storage::Host(Arc::new(buffer)))
+        Tensor::from_storage(Storage::host(Arc::new(buffer)))
     }
 
     /// A tensor holding computed elements, on the storage's device.

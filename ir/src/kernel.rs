@@ -96,6 +96,30 @@ pub struct MemoryPlan {
     pub slot_of: Vec<Option<usize>>,
     /// The most bytes alive at once: outputs and temporaries (inputs excluded).
     pub peak_bytes: usize,
+    /// Outputs written into the buffer of a graph input that the caller donated
+    /// (`coil_passes::donate`): the run writes the new value over the input's elements and
+    /// hands that buffer back as the output.
+    pub donated: Vec<Donation>,
+    /// Donations the caller asked for and the plan refused, each with its reason (the output
+    /// then gets a fresh buffer, and the dump says why).
+    pub declined: Vec<(Donation, String)>,
+}
+
+/// A graph output written in place over a graph input's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Donation {
+    /// Position in the graph's outputs.
+    pub output: usize,
+    /// Position in the graph's inputs.
+    pub input: usize,
+}
+
+impl MemoryPlan {
+    /// The graph input whose buffer output `output` (a position in the outputs) is written
+    /// into, if it was donated.
+    pub fn donor_of(&self, output: usize) -> Option<usize> {
+        self.donated.iter().find(|d| d.output == output).map(|d| d.input)
+    }
 }
 
 /// The scheduler's result: kernels in launch order, the refused fusions, the memory plan.

@@ -45,7 +45,7 @@ pub mod split;
 pub use decompose::{decompose, decompose_with, DecomposeOptions};
 pub use lower::{lower, lower_dynamic};
 pub use rewrite::{simplify, RewriteOptions, RewriteReport};
-pub use schedule::{print_schedule, schedule, schedule_with, ScheduleOptions};
+pub use schedule::{donate, print_schedule, schedule, schedule_with, ScheduleOptions};
 pub use split::split_reductions;
 
 #[cfg(test)]

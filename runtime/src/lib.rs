@@ -32,3 +32,4 @@ pub use cpu::{c_compiler, CCompiler, CompiledGraph};
 pub use cuda::{cuda_available, CudaBuffer, CudaCompiledGraph, CudaDevice};
 pub use device::Device;
 pub use interp::interpret;
+pub use plan::RunOutput;

@@ -1,6 +1,7 @@
 //! Where each buffer of a compiled graph lives during a run, and the checks made before any
-//! compile, shared by the CPU and CUDA backends: inputs are the caller's, outputs fresh,
-//! temporaries in memory-plan slots; kernel status words become errors.
+//! compile, shared by the CPU and CUDA backends: inputs are the caller's, outputs fresh (or
+//! written over an input the caller donated), temporaries in memory-plan slots; kernel status
+//! words become errors.
 //!
 //! With size symbols (dynamic shapes), each run binds the symbols from its input shapes and
 //! gets the [`Instance`] at those sizes from [`Instances`]: the program and schedule with
@@ -18,12 +19,42 @@ use std::sync::{Arc, Mutex};
 pub(crate) enum Storage {
     /// The caller's input `k` (read only).
     Input(usize),
+    /// The caller's input `k`, which it donated: this output is written over it
+    /// (`MemoryPlan::donated`).
+    Donated(usize),
     /// A fresh allocation, returned to the caller.
     Output,
     /// A temporary in slot `s`.
     Slot(usize),
     /// Never in memory (lives in registers inside a fused kernel).
     Unused,
+}
+
+/// One output of a run: a fresh buffer, or the caller's donated input, now holding the output.
+#[derive(Debug)]
+pub enum RunOutput<B> {
+    /// A buffer of its own.
+    New(B),
+    /// Written over the caller's input `k` (donated; see `MemoryPlan::donated`).
+    Donated(usize),
+}
+
+impl<B> RunOutput<B> {
+    /// The same output with a fresh buffer converted by `f`.
+    pub fn map<C>(self, f: impl FnOnce(B) -> C) -> RunOutput<C> {
+        match self {
+            RunOutput::New(b) => RunOutput::New(f(b)),
+            RunOutput::Donated(k) => RunOutput::Donated(k),
+        }
+    }
+
+    /// The buffer, with a donated output resolved to a copy of the (updated) input.
+    pub fn or_input(self, input: impl FnOnce(usize) -> Result<B>) -> Result<B> {
+        match self {
+            RunOutput::New(b) => Ok(b),
+            RunOutput::Donated(k) => input(k),
+        }
+    }
 }
 
 /// Checks an extern node's operands against its call (ids in range, dtypes agreeing).
@@ -74,6 +105,15 @@ pub(crate) fn plan_storage(
     for &b in &p.outputs {
         if storage[b.0] == Storage::Unused {
             storage[b.0] = Storage::Output;
+        }
+    }
+    for d in &plan.donated {
+        let (out, input) = (p.outputs.get(d.output), p.inputs.get(d.input));
+        match (out, input) {
+            (Some(&o), Some(&i)) if storage[o.0] == Storage::Output && p.buffer(o).meta == p.buffer(i).meta => {
+                storage[o.0] = Storage::Donated(d.input)
+            }
+            _ => return Err(format!("donation of input {} to output {} does not fit the program", d.input, d.output)),
         }
     }
     for (i, buf) in p.buffers.iter().enumerate() {

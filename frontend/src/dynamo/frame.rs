@@ -469,10 +469,7 @@ fn live_values(requested: &[Tensor]) -> Vec<Tensor> {
 
 /// The address of a computed tensor's elements: identifies arguments among graph inputs.
 fn storage_addr(s: &Storage) -> usize {
-    match s {
-        Storage::Host(b) => Arc::as_ptr(b) as *const u8 as usize,
-        Storage::Cuda(b) => Arc::as_ptr(b) as *const u8 as usize,
-    }
+    s.addr()
 }
 
 /// `1st`, `2nd`, `3rd`, `4th`, ..., `11th`, `21st`.

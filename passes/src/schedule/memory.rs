@@ -12,9 +12,9 @@
 //! inputs are the caller's. `peak_bytes` is the most, over kernels, of the live outputs plus the
 //! slots in use.
 
-use super::legal::{kernel_index_map, write_index};
-use coil_ir::kernel::{FusedKernel, KernelKind, MemoryPlan};
-use coil_ir::loops::{BufferId, LoopKind, LoopProgram, ScalarOp};
+use super::donate::reads_only_where_written;
+use coil_ir::kernel::{FusedKernel, MemoryPlan};
+use coil_ir::loops::{BufferId, LoopProgram};
 
 pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
     let nb = p.buffers.len();
@@ -82,24 +82,11 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
         live.dedup();
         peak = peak.max(out + live.iter().map(|&s| slots[s]).sum::<usize>());
     }
-    MemoryPlan { slots, slot_of, peak_bytes: peak }
+    MemoryPlan { slots, slot_of, peak_bytes: peak, ..Default::default() }
 }
 
 /// Whether `kernel` may write `t` over `u`: a pointwise kernel storing only `t`, reading `u`
 /// only through plain loads at the index it writes `t` at.
 fn overwrites_in_place(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
-    if kernel.kind != KernelKind::Pointwise || kernel.stores != [t] {
-        return false;
-    }
-    let Some(&writer) = kernel.nodes.iter().find(|&&n| p.nodes[n].output == t) else { return false };
-    let written = write_index(&p.nodes[writer], &kernel_index_map(p, kernel, writer));
-    kernel.nodes.iter().all(|&n| {
-        let LoopKind::Pointwise { body, .. } = &p.nodes[n].kind else { return false };
-        let map = kernel_index_map(p, kernel, n);
-        body.values.iter().all(|v| match &v.op {
-            ScalarOp::Load { buffer, index } if *buffer == u => index.substitute(&map) == written,
-            ScalarOp::MaskedLoad { buffer, .. } | ScalarOp::IndirectLoad { buffer, .. } => *buffer != u,
-            _ => true,
-        })
-    })
+    kernel.stores == [t] && reads_only_where_written(p, kernel, u, t)
 }

@@ -22,12 +22,14 @@
 //! frees at least the bytes it stores, else the one with the first node; names are
 //! `<poi|per|red>_fused_<origins>_<launch index>` or `ext_bmm_<i>` / `ext_fallback_<op>_<i>`.
 
+mod donate;
 mod legal;
 mod memory;
 mod print;
 #[cfg(test)]
 mod tests;
 
+pub use donate::donate;
 pub use legal::kernel_index_map;
 pub use print::print_schedule;
 

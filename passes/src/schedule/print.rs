@@ -6,7 +6,8 @@ use std::fmt::Write;
 
 /// Prints a schedule: per kernel (in launch order) its name, kind, `xnumel` / `rnumel`, member
 /// nodes (buffer, what it is, origins) and stores; then every refused fusion with its reason;
-/// then the memory plan (slots and their buffers, outputs) and the peak bytes. Deterministic.
+/// then the memory plan (slots and their buffers, outputs, donated inputs) and the peak bytes.
+/// Deterministic.
 pub fn print_schedule(program: &LoopProgram, schedule: &Schedule) -> String {
     let mut s = String::new();
     let name = |b: coil_ir::loops::BufferId| program.buffer(b).name.clone();
@@ -55,6 +56,13 @@ pub fn print_schedule(program: &LoopProgram, schedule: &Schedule) -> String {
         }
     }
     let _ = writeln!(s, "  outputs: [{}]", outputs.join(", "));
+    for d in &plan.donated {
+        let (o, i) = (name(program.outputs[d.output]), name(program.inputs[d.input]));
+        let _ = writeln!(s, "  in place: output {} ({o}) written over input {} ({i})", d.output, d.input);
+    }
+    for (d, why) in &plan.declined {
+        let _ = writeln!(s, "  not in place: output {} over input {}: {why}", d.output, d.input);
+    }
     let _ = writeln!(s, "  peak bytes: {}", plan.peak_bytes);
     s
 }

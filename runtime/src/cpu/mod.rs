@@ -30,7 +30,7 @@ mod tests_dynamic;
 pub use compiler::{c_compiler, default_cache_dir, CCompiler, CompiledObject};
 pub use module::{Kernel, KernelLibrary};
 
-use crate::plan::{check_status, Instance, Instances, Step, Storage};
+use crate::plan::{check_status, Instance, Instances, RunOutput, Step, Storage};
 use crate::{interpret, Buffer, HostData};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
@@ -133,7 +133,20 @@ impl CompiledGraph {
     /// symbols bind, at least 2 each) and returns the outputs in `program.outputs` order, at the
     /// inputs' sizes. Data errors a kernel detects (an index out of bounds, an integer division
     /// by zero, ...) are errors naming the kernel.
+    ///
+    /// An output the schedule writes over a donated input ([`coil_ir::kernel::MemoryPlan`]'s
+    /// `donated`) is written there, so that input changes; here it is returned as a copy.
     pub fn run(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+        let outputs = self.run_donating(inputs)?;
+        outputs.into_iter().map(|o| o.or_input(|k| Ok(inputs[k].clone()))).collect()
+    }
+
+    /// [`run`](Self::run), with each output written over a donated input returned as
+    /// [`RunOutput::Donated`]: the caller's input buffer now holds it.
+    ///
+    /// The caller must not read a donated input's old elements afterwards, and nothing may
+    /// read it while the graph runs: it is written through the pointer the caller lent.
+    pub fn run_donating(&self, inputs: &[&Buffer]) -> Result<Vec<RunOutput<Buffer>>> {
         self.run_timed(inputs, None)
     }
 
@@ -142,7 +155,7 @@ impl CompiledGraph {
     /// (`COIL_PROFILE=1`).
     pub fn profile(&self, inputs: &[&Buffer], warmup: usize, reps: usize) -> Result<Vec<(String, f64)>> {
         for _ in 0..warmup {
-            self.run(inputs)?;
+            self.run_donating(inputs)?;
         }
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); self.instances.steps.len()];
         for _ in 0..reps.max(1) {
@@ -160,7 +173,7 @@ impl CompiledGraph {
     }
 
     /// [`run`](Self::run), pushing each launch's wall time (microseconds) to `times` if given.
-    fn run_timed(&self, inputs: &[&Buffer], mut times: Option<&mut Vec<f64>>) -> Result<Vec<Buffer>> {
+    fn run_timed(&self, inputs: &[&Buffer], mut times: Option<&mut Vec<f64>>) -> Result<Vec<RunOutput<Buffer>>> {
         let inst = self.check_inputs(inputs)?;
         let p = &inst.program;
         let mut outputs: Vec<Option<HostData>> = (0..p.buffers.len())
@@ -175,7 +188,9 @@ impl CompiledGraph {
         // are in use. Inputs are only ever read through theirs (checked in `new_in`).
         let ptrs: Vec<*mut u8> = (0..p.buffers.len())
             .map(|i| match inst.storage[i] {
-                Storage::Input(k) => inputs[k].data.as_ptr() as *mut u8,
+                // A donated input is written through the pointer the caller lent
+                // (`run_donating`'s contract).
+                Storage::Input(k) | Storage::Donated(k) => inputs[k].data.as_ptr() as *mut u8,
                 Storage::Output => outputs[i].as_mut().expect("allocated above").as_mut_ptr(),
                 Storage::Slot(s) => slots[s].as_mut_ptr() as *mut u8,
                 Storage::Unused => std::ptr::null_mut(),
@@ -202,19 +217,25 @@ impl CompiledGraph {
             }
         }
         drop(slots);
-        let mut result: Vec<Buffer> = Vec::with_capacity(p.outputs.len());
+        let mut result: Vec<RunOutput<Buffer>> = Vec::with_capacity(p.outputs.len());
         for (k, &o) in p.outputs.iter().enumerate() {
             let buf = match inst.storage[o.0] {
                 Storage::Input(i) => inputs[i].clone(),
+                Storage::Donated(i) => {
+                    result.push(RunOutput::Donated(i));
+                    continue;
+                }
                 _ => match outputs[o.0].take() {
                     Some(data) => Buffer::new(p.buffer(o).meta.shape.clone(), data)?,
-                    // The same buffer returned twice: the earlier copy.
-                    None => {
-                        result[p.outputs.iter().position(|&x| x == o).filter(|&j| j < k).expect("taken before")].clone()
-                    }
+                    // The same buffer returned twice: the earlier copy (never a donated one:
+                    // a donated output is returned once).
+                    None => match &result[p.outputs.iter().position(|&x| x == o).filter(|&j| j < k).expect("taken")] {
+                        RunOutput::New(b) => b.clone(),
+                        RunOutput::Donated(_) => unreachable!("a donated output is returned once"),
+                    },
                 },
             };
-            result.push(buf);
+            result.push(RunOutput::New(buf));
         }
         Ok(result)
     }

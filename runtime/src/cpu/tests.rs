@@ -277,7 +277,12 @@ void poi_fused_add_1(char *const *args, int64_t *status) {
             fused("ext_cumsum_2", KernelKind::Extern, 2, 12, &[3]),
         ],
         refusals: vec![],
-        memory: MemoryPlan { slots: vec![96], slot_of: vec![None, Some(0), None, None], peak_bytes: 3 * 96 },
+        memory: MemoryPlan {
+            slots: vec![96],
+            slot_of: vec![None, Some(0), None, None],
+            peak_bytes: 3 * 96,
+            ..Default::default()
+        },
     };
     let kernels = vec![
         Some(tile("poi_fused_mul_0", 12, &[("in_ptr0", 0, d, false), ("out_ptr0", 1, d, true)])),

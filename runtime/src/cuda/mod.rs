@@ -49,7 +49,7 @@ pub use compiler::{CompiledCubin, LoadedModule};
 pub use device::{cuda_available, cuda_status, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
 
-use crate::plan::{self, check_status, Instance, Instances, Storage};
+use crate::plan::{self, check_status, Instance, Instances, RunOutput, Storage};
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Language, Launch};
@@ -342,7 +342,18 @@ impl CudaCompiledGraph {
     /// sizes for which its size symbols bind, at least 2 each) and returns the outputs in
     /// `program.outputs` order, at the inputs' sizes. Data errors a kernel detects (an index out
     /// of bounds, ...) are errors naming the kernel, as on the CPU.
+    ///
+    /// An output the schedule writes over a donated input ([`coil_ir::kernel::MemoryPlan`]'s
+    /// `donated`) is written there, so that input changes; here it is returned as a copy.
     pub fn run(&self, inputs: &[&CudaBuffer]) -> Result<Vec<CudaBuffer>> {
+        let outputs = self.run_donating(inputs)?;
+        outputs.into_iter().map(|o| o.or_input(|k| inputs[k].try_clone())).collect()
+    }
+
+    /// [`run`](Self::run), with each output written over a donated input returned as
+    /// [`RunOutput::Donated`]: the caller's input buffer now holds it. The caller must not read
+    /// a donated input's old elements afterwards.
+    pub fn run_donating(&self, inputs: &[&CudaBuffer]) -> Result<Vec<RunOutput<CudaBuffer>>> {
         let pending = self.enqueue(inputs, None)?;
         self.finish(inputs, pending)
     }
@@ -485,7 +496,7 @@ impl CudaCompiledGraph {
         };
         let ptrs: Vec<u64> = (0..p.buffers.len())
             .map(|i| match inst.storage[i] {
-                Storage::Input(k) => inputs[k].ptr(),
+                Storage::Input(k) | Storage::Donated(k) => inputs[k].ptr(),
                 Storage::Output => outputs[i].as_ref().expect("allocated above").ptr(),
                 Storage::Slot(s) => slots[s].ptr(),
                 Storage::Unused => 0,
@@ -543,25 +554,32 @@ impl CudaCompiledGraph {
     }
 
     /// Waits for the run, checks its status words, and collects the outputs.
-    fn finish(&self, inputs: &[&CudaBuffer], pending: Pending) -> Result<Vec<CudaBuffer>> {
+    fn finish(&self, inputs: &[&CudaBuffer], pending: Pending) -> Result<Vec<RunOutput<CudaBuffer>>> {
         self.check_status_words(&pending.status)?;
         let Pending { inst, mut outputs, status, .. } = pending;
         if let Ok(mut pool) = self.clean_status.lock() {
             pool.push(status);
         }
         let p = &inst.program;
-        let mut result: Vec<CudaBuffer> = Vec::with_capacity(p.outputs.len());
+        let mut result: Vec<RunOutput<CudaBuffer>> = Vec::with_capacity(p.outputs.len());
         for (k, &o) in p.outputs.iter().enumerate() {
             let buf = match inst.storage[o.0] {
                 Storage::Input(i) => inputs[i].try_clone()?,
+                Storage::Donated(i) => {
+                    result.push(RunOutput::Donated(i));
+                    continue;
+                }
                 _ => match outputs[o.0].take() {
                     Some(buf) => buf,
-                    // The same buffer returned twice: a copy of the earlier one.
-                    None => result[p.outputs.iter().position(|&x| x == o).filter(|&j| j < k).expect("taken before")]
-                        .try_clone()?,
+                    // The same buffer returned twice: a copy of the earlier one (never a donated
+                    // one: a donated output is returned once).
+                    None => match &result[p.outputs.iter().position(|&x| x == o).filter(|&j| j < k).expect("taken")] {
+                        RunOutput::New(b) => b.try_clone()?,
+                        RunOutput::Donated(_) => unreachable!("a donated output is returned once"),
+                    },
                 },
             };
-            result.push(buf);
+            result.push(RunOutput::New(buf));
         }
         Ok(result)
     }

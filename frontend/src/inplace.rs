@@ -1,0 +1,206 @@
+//! In-place updates: new values written over the elements of computed tensors.
+//!
+//! [`update_in_place`] is how an optimizer step writes new parameters and moments over the old
+//! ones, as PyTorch's optimizers do under `no_grad`: the new values are computed in one graph
+//! whose outputs are *donated* the old tensors' buffers ([`crate::compile::compile_donating`]),
+//! so a training loop's memory does not grow and no step keeps the previous one alive. The old
+//! tensors (and anything sharing their elements, such as `detach`ed aliases) become stale: using
+//! them afterwards is an error ([`crate::Storage::check_current`]), never a silent read of the
+//! new values.
+
+use crate::compile::compile_donating;
+use crate::realize::{backend, capture, interpret, Backend};
+use crate::storage::Storage;
+use crate::tensor::Tensor;
+use coil_ir::kernel::Donation;
+use coil_ir::{Error, ErrorKind, Result};
+use std::panic::Location;
+
+/// Computes every `value` and writes it over its `target`'s elements, all in one graph; returns
+/// the updated tensors, in order (computed, with no history: they keep nothing of the graph
+/// that made them alive).
+///
+/// Each target must be computed, current and of its value's shape, dtype and device; targets
+/// must be distinct. After the call every target is stale: use the returned tensors. Where the
+/// compiler cannot write a value over its target (the target is read after the value is
+/// written, or the value is not computed by a kernel), it writes a new buffer instead; the
+/// result is the same and `ir_post_fusion.txt` says why.
+///
+/// ```
+/// use coil_frontend::{update_in_place, Tensor};
+/// let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap();
+/// let g = Tensor::from_vec(vec![0.5f32, 0.5, 0.5], &[3]).unwrap();
+/// let new = (&w - &(&g * 0.1));
+/// let w2 = update_in_place(&[(&w, &new)]).unwrap().remove(0);
+/// assert_eq!(w2.to_vec::<f32>().unwrap(), vec![0.95, 1.95, 2.95]);
+/// assert!(w.to_vec::<f32>().is_err()); // overwritten: w is stale
+/// ```
+#[track_caller]
+pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
+    let caller = Location::caller();
+    let fail = |kind: ErrorKind, message: String| Error::new(kind, message).in_op("update_in_place", vec![]).at(caller);
+    if crate::dynamo::tracing() {
+        return Err(fail(
+            ErrorKind::Unsupported,
+            "in-place updates inside a compiled function are not supported yet: update outside coil::compile".into(),
+        ));
+    }
+    let mut targets: Vec<Storage> = Vec::with_capacity(updates.len());
+    for (k, (target, value)) in updates.iter().enumerate() {
+        let Some(storage) = target.0.storage.get() else {
+            return Err(fail(ErrorKind::Value, format!("target {k} ({}) is not computed", target.meta())));
+        };
+        storage.check_current().map_err(|e| e.in_op("update_in_place", vec![]).at(caller))?;
+        if target.meta() != value.meta() || target.device() != value.device() {
+            return Err(fail(
+                ErrorKind::Shape,
+                format!(
+                    "update {k}: the value is {} on {}, its target {} on {}",
+                    value.meta(),
+                    value.device(),
+                    target.meta(),
+                    target.device()
+                ),
+            ));
+        }
+        if value.device() != updates[0].1.device() {
+            return Err(fail(
+                ErrorKind::Device,
+                format!("update {k} is on {}, update 0 on {}", value.device(), updates[0].1.device()),
+            ));
+        }
+        if targets.iter().any(|t| t.addr() == storage.addr()) {
+            return Err(fail(
+                ErrorKind::Value,
+                format!("update {k}: its target's elements are another update's target"),
+            ));
+        }
+        targets.push(storage.clone());
+    }
+
+    let values: Vec<&Tensor> = updates.iter().map(|(_, v)| *v).collect();
+    let results = run_donating(&values, &targets).map_err(|e| e.at(caller))?;
+    let mut updated = Vec::with_capacity(results.len());
+    for ((target, value), storage) in targets.iter().zip(&values).zip(results) {
+        // A target whose buffer was not written is consumed all the same, so that every target
+        // is stale afterwards whatever the compiler chose.
+        if storage.addr() != target.addr() {
+            let _ = target.overwritten();
+        }
+        let _ = value.0.storage.set(storage.clone());
+        updated.push(Tensor::from_storage(storage));
+    }
+    Ok(updated)
+}
+
+/// Computes `values` (one graph per call), each output donated the buffer of its target when
+/// the target is among the graph's inputs and shares its elements with no other input.
+fn run_donating(values: &[&Tensor], targets: &[Storage]) -> Result<Vec<Storage>> {
+    let device = values.first().map_or(coil_runtime::Device::Cpu, |t| t.device());
+    let pending: Vec<&Tensor> = values.iter().copied().filter(|t| !t.is_realized()).collect();
+    if pending.is_empty() {
+        return Ok(values.iter().map(|v| v.0.storage.get().expect("computed").clone()).collect());
+    }
+    let captured = capture(&pending);
+    let mut donations = Vec::new();
+    for (output, value) in pending.iter().enumerate() {
+        let k = values.iter().position(|v| std::ptr::eq(*v, *value)).expect("one of values");
+        let addr = targets[k].addr();
+        let mut inputs = captured.inputs.iter().enumerate().filter(|(_, s)| s.addr() == addr);
+        if let (Some((input, _)), None) = (inputs.next(), inputs.next()) {
+            donations.push(Donation { output, input });
+        }
+    }
+    let mut results = match backend() {
+        Backend::Interpreter => interpret(&captured)?,
+        Backend::Compiled => compile_donating(&captured.graph, device, &donations)?.run(&captured.inputs)?,
+    }
+    .into_iter();
+    // Values computed already are their own result.
+    values
+        .iter()
+        .map(|v| match v.0.storage.get() {
+            Some(s) => Ok(s.clone()),
+            None => results.next().ok_or_else(|| Error::runtime("update_in_place: a value was not computed")),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coil_ir::DType;
+
+    fn t(v: &[f32]) -> Tensor {
+        Tensor::from_vec(v.to_vec(), &[v.len()]).unwrap()
+    }
+
+    fn addr(t: &Tensor) -> usize {
+        t.0.storage.get().expect("computed").addr()
+    }
+
+    #[test]
+    fn sgd_steps_write_over_the_same_buffers() {
+        let mut w = t(&[1.0, 2.0, 3.0, 4.0]);
+        let mut m = Tensor::zeros(&[4], DType::F32);
+        m.realize().unwrap();
+        let (w0, m0) = (addr(&w), addr(&m));
+        let g = t(&[1.0, -1.0, 0.5, 0.0]);
+        for _ in 0..3 {
+            let m_new = &(&m * 0.9) + &g;
+            let w_new = &w - &(&m_new * 0.1);
+            let out = update_in_place(&[(&w, &w_new), (&m, &m_new)]).unwrap();
+            (w, m) = (out[0].clone(), out[1].clone());
+            assert_eq!((addr(&w), addr(&m)), (w0, m0), "written in place");
+        }
+        // m = g (1 + 0.9 + 0.81); w -= 0.1 (g + 1.9 g + 2.71 g)
+        let want: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .zip([1.0f32, -1.0, 0.5, 0.0])
+            .map(|(w, g)| w - 0.1 * g * (1.0 + 1.9 + 2.71))
+            .collect();
+        let got = w.to_vec::<f32>().unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn old_tensors_and_their_aliases_are_stale() {
+        let w = t(&[1.0, 2.0]);
+        let alias = w.detach().unwrap();
+        let lazy = &w * 3.0; // recorded before the update, computed after
+        let w2 = update_in_place(&[(&w, &(&w + 1.0))]).unwrap().remove(0);
+        assert_eq!(w2.to_vec::<f32>().unwrap(), vec![2.0, 3.0]);
+        for stale in [&w, &alias, &lazy] {
+            let e = stale.to_vec::<f32>().unwrap_err();
+            assert!(e.to_string().contains("overwritten in place"), "{e}");
+        }
+        assert!(update_in_place(&[(&w, &w2)]).is_err(), "a stale target");
+    }
+
+    #[test]
+    fn a_target_read_after_its_new_value_is_written_still_gives_the_right_values() {
+        // The sum reads w in a kernel that may run after the one writing w + 1: the compiler
+        // must not write over w then.
+        let w = t(&[1.0, 2.0, 3.0]);
+        let s = t(&[0.0]);
+        let new_w = &w + 1.0;
+        let new_s = &s + &w.sum(&[0], true).unwrap();
+        let out = update_in_place(&[(&w, &new_w), (&s, &new_s)]).unwrap();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0]);
+        assert_eq!(out[1].to_vec::<f32>().unwrap(), vec![6.0]);
+    }
+
+    #[test]
+    fn mismatched_or_repeated_targets_are_errors() {
+        let w = t(&[1.0, 2.0]);
+        let e = update_in_place(&[(&w, &t(&[1.0, 2.0, 3.0]))]).unwrap_err();
+        assert!(e.to_string().contains("update_in_place") && e.to_string().contains("f32[3]"), "{e}");
+        let alias = w.detach().unwrap();
+        let v = &w * 2.0;
+        assert!(update_in_place(&[(&w, &v), (&alias, &v)]).is_err());
+        let lazy = &w * 2.0;
+        assert!(update_in_place(&[(&lazy, &v)]).is_err(), "a target that is not computed");
+    }
+}
