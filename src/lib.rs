@@ -61,5 +61,8 @@ pub use coil_passes::decompose;
 pub use coil_runtime::cuda::cuda_available;
 pub use coil_runtime::{Buffer, Device, Element, HostData};
 
+/// Modules, named parameters, optimizers and models (`torch.nn`, `torch.optim`).
+pub use coil_nn as nn;
+
 /// The IR, for programs that inspect graphs.
 pub use coil_ir as ir;

@@ -87,43 +87,31 @@ pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
         if storage.addr() != target.addr() {
             let _ = target.overwritten();
         }
-        let _ = value.0.storage.set(storage.clone());
+        if !value.is_realized() {
+            let _ = value.0.storage.set(storage.clone());
+        }
         updated.push(Tensor::from_storage(storage));
     }
     Ok(updated)
 }
 
-/// Computes `values` (one graph per call), each output donated the buffer of its target when
-/// the target is among the graph's inputs and shares its elements with no other input.
+/// Computes `values` (one graph), each output donated the buffer of its target when the target
+/// is among the graph's inputs and shares its elements with no other input. A value computed
+/// already passes through the graph, which copies it: a result never shares a value's buffer.
 fn run_donating(values: &[&Tensor], targets: &[Storage]) -> Result<Vec<Storage>> {
     let device = values.first().map_or(coil_runtime::Device::Cpu, |t| t.device());
-    let pending: Vec<&Tensor> = values.iter().copied().filter(|t| !t.is_realized()).collect();
-    if pending.is_empty() {
-        return Ok(values.iter().map(|v| v.0.storage.get().expect("computed").clone()).collect());
-    }
-    let captured = capture(&pending);
+    let captured = capture(values);
     let mut donations = Vec::new();
-    for (output, value) in pending.iter().enumerate() {
-        let k = values.iter().position(|v| std::ptr::eq(*v, *value)).expect("one of values");
-        let addr = targets[k].addr();
-        let mut inputs = captured.inputs.iter().enumerate().filter(|(_, s)| s.addr() == addr);
+    for (output, target) in targets.iter().enumerate() {
+        let mut inputs = captured.inputs.iter().enumerate().filter(|(_, s)| s.addr() == target.addr());
         if let (Some((input, _)), None) = (inputs.next(), inputs.next()) {
             donations.push(Donation { output, input });
         }
     }
-    let mut results = match backend() {
-        Backend::Interpreter => interpret(&captured)?,
-        Backend::Compiled => compile_donating(&captured.graph, device, &donations)?.run(&captured.inputs)?,
+    match backend() {
+        Backend::Interpreter => interpret(&captured),
+        Backend::Compiled => compile_donating(&captured.graph, device, &donations)?.run(&captured.inputs),
     }
-    .into_iter();
-    // Values computed already are their own result.
-    values
-        .iter()
-        .map(|v| match v.0.storage.get() {
-            Some(s) => Ok(s.clone()),
-            None => results.next().ok_or_else(|| Error::runtime("update_in_place: a value was not computed")),
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,147 @@
+//! GPT-2 (Radford et al. 2019) as nanoGPT and Hugging Face's `GPT2LMHeadModel` write it: learned
+//! token and position embeddings, pre-norm blocks of causal self-attention and a GELU MLP, a
+//! final layer norm, and the output projection tied to the token embedding. Parameter names and
+//! layouts are Hugging Face's (`h.0.attn.c_attn.weight`, Conv1D weights `[in, out]`), so a
+//! `model.safetensors` from the Hub loads by name.
+
+use crate::modules::layers::{Dropout, Embedding, LayerNorm};
+use crate::modules::transformer::{CausalSelfAttention, Mlp};
+use crate::param::{Init, Mode, Path};
+use crate::Module;
+use coil_frontend::{CrossEntropyOptions, Tensor};
+use coil_ir::{DType, Error, Result};
+
+/// GPT-2's sizes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gpt2Config {
+    pub vocab_size: usize,
+    /// The longest sequence (`n_positions`).
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub dropout: f64,
+    pub layer_norm_eps: f64,
+}
+
+impl Gpt2Config {
+    /// GPT-2 small (124M parameters) with the vocabulary padded to 50304 (a multiple of 64, as
+    /// nanoGPT trains it); the Hub's checkpoint has 50257.
+    pub fn gpt2_124m() -> Gpt2Config {
+        Gpt2Config {
+            vocab_size: 50304,
+            block_size: 1024,
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            dropout: 0.0,
+            layer_norm_eps: 1e-5,
+        }
+    }
+}
+
+/// One transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub ln_1: LayerNorm,
+    pub attn: CausalSelfAttention,
+    pub ln_2: LayerNorm,
+    pub mlp: Mlp,
+}
+
+impl Module for Block {
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
+        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+    }
+}
+
+/// GPT-2 with its language-model head.
+///
+/// ```
+/// use coil_nn::models::gpt2::{Gpt2, Gpt2Config};
+/// use coil_nn::ParamStore;
+/// use coil_frontend::Tensor;
+/// use coil_ir::DType;
+/// let cfg = Gpt2Config { vocab_size: 11, block_size: 8, n_layer: 1, n_head: 2, n_embd: 8, dropout: 0.0, layer_norm_eps: 1e-5 };
+/// let store = ParamStore::new();
+/// let model = Gpt2::new(&store.root(coil_runtime::Device::Cpu, DType::F32), cfg)?;
+/// assert!(store.names().contains(&"h.0.attn.c_attn.weight".to_string()));
+/// let idx = Tensor::from_vec(vec![1i64, 2, 3, 4], &[1, 4])?;
+/// assert_eq!(model.forward(&idx)?.shape(), &[1, 4, 11]);
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Gpt2 {
+    pub config: Gpt2Config,
+    pub wte: Embedding,
+    pub wpe: Embedding,
+    pub h: Vec<Block>,
+    pub ln_f: LayerNorm,
+    drop: Dropout,
+    mode: Mode,
+}
+
+impl Gpt2 {
+    /// A GPT-2 with nanoGPT's initialization: `N(0, 0.02)` for embeddings and projections,
+    /// `N(0, 0.02 / sqrt(2 n_layer))` for the projections into the residual stream, zero biases.
+    #[track_caller]
+    pub fn new(path: &Path, config: Gpt2Config) -> Result<Gpt2> {
+        let c = config.n_embd;
+        let normal = Init::Normal { mean: 0.0, std: 0.02 };
+        let proj_std = 0.02 / ((2 * config.n_layer.max(1)) as f64).sqrt();
+        let wte = Embedding::with_init(&path.pp("wte"), config.vocab_size, c, normal)?;
+        let wpe = Embedding::with_init(&path.pp("wpe"), config.block_size, c, normal)?;
+        let mut h = Vec::with_capacity(config.n_layer);
+        for i in 0..config.n_layer {
+            let p = path.pp("h").pp(i);
+            h.push(Block {
+                ln_1: LayerNorm::new(&p.pp("ln_1"), c, config.layer_norm_eps)?,
+                attn: CausalSelfAttention::gpt2(&p.pp("attn"), c, config.n_head, config.dropout, proj_std)?,
+                ln_2: LayerNorm::new(&p.pp("ln_2"), c, config.layer_norm_eps)?,
+                mlp: Mlp::gpt2(&p.pp("mlp"), c, config.dropout, proj_std)?,
+            });
+        }
+        let ln_f = LayerNorm::new(&path.pp("ln_f"), c, config.layer_norm_eps)?;
+        Ok(Gpt2 { config, wte, wpe, h, ln_f, drop: Dropout::new(path, config.dropout), mode: path.mode() })
+    }
+
+    /// The final hidden states `[B, T, C]` of token ids `idx` `[B, T]` (i64).
+    #[track_caller]
+    pub fn hidden(&self, idx: &Tensor) -> Result<Tensor> {
+        let &[_, t] = idx.shape() else {
+            return Err(
+                Error::shape(format!("GPT-2 expects token ids [B, T], got {}", idx.meta())).in_op("Gpt2", vec![])
+            );
+        };
+        if t > self.config.block_size {
+            return Err(Error::shape(format!("{t} tokens exceed the block size {}", self.config.block_size))
+                .in_op("Gpt2", vec![idx.meta().to_string()]));
+        }
+        let pos = Tensor::arange(0, t as i64, 1, DType::I64)?.to_device(idx.device())?;
+        let mut x = self.drop.forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?)?;
+        for block in &self.h {
+            x = block.forward(&x)?;
+        }
+        self.ln_f.forward(&x)
+    }
+
+    /// The logits `[B, T, vocab]` (the output projection shares `wte`'s weight).
+    #[track_caller]
+    pub fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+        let x = self.hidden(idx)?;
+        let dtype = self.mode.compute_dtype(x.dtype());
+        coil_frontend::linear(&x.to_dtype(dtype)?, &self.wte.weight.tensor().to_dtype(dtype)?, None)
+    }
+
+    /// The mean cross-entropy of the next-token predictions against `targets` `[B, T]`,
+    /// computed in f32.
+    #[track_caller]
+    pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let logits = self.forward(idx)?;
+        let v = self.config.vocab_size as i64;
+        let logits = logits.reshape(&[-1, v])?.to_dtype(DType::F32)?;
+        logits.cross_entropy(&targets.reshape(&[-1])?, CrossEntropyOptions::default())
+    }
+}

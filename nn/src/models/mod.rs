@@ -1,0 +1,3 @@
+//! Whole models written with the modules of this crate, with Hugging Face's parameter names.
+
+pub mod gpt2;

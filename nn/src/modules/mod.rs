@@ -1,0 +1,4 @@
+//! The modules: layers ([`layers`]) and transformer pieces ([`transformer`]).
+
+pub mod layers;
+pub mod transformer;

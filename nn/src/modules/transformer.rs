@@ -1,0 +1,269 @@
+//! Transformer pieces: causal self-attention (GPT-2's fused projection, or Llama's separate
+//! ones with grouped-query heads and rotary embeddings), the GELU MLP, the gated (SwiGLU) MLP,
+//! and rotary position embeddings.
+
+use crate::modules::layers::{Dropout, Layout, Linear};
+use crate::param::{Init, Mode, Path};
+use crate::Module;
+use coil_frontend::{scaled_dot_product_attention, Tensor};
+use coil_ir::{DType, Error, Result};
+use coil_runtime::Device;
+
+/// Causal multi-head self-attention through `scaled_dot_product_attention`.
+///
+/// Two parameter layouts, by name:
+/// * GPT-2 ([`CausalSelfAttention::gpt2`]): `c_attn` (`[C, 3C]`, Conv1D layout, with bias)
+///   projects to q, k and v at once, `c_proj` projects back;
+/// * Llama ([`CausalSelfAttention::llama`]): `q_proj`, `k_proj`, `v_proj`, `o_proj` (`nn.Linear`
+///   layout, no bias), with fewer key/value heads than query heads (grouped-query attention)
+///   and rotary position embeddings.
+#[derive(Clone, Debug)]
+pub struct CausalSelfAttention {
+    projections: Projections,
+    out: Linear,
+    n_head: usize,
+    n_kv_head: usize,
+    rotary: Option<Rotary>,
+    attn_dropout: f64,
+    resid_dropout: Dropout,
+    mode: Mode,
+}
+
+#[derive(Clone, Debug)]
+enum Projections {
+    Fused(Linear),
+    Separate { q: Linear, k: Linear, v: Linear },
+}
+
+impl CausalSelfAttention {
+    /// GPT-2's attention over `n_embd` features in `n_head` heads: parameters `c_attn.weight`
+    /// `[C, 3C]`, `c_attn.bias`, `c_proj.weight` `[C, C]`, `c_proj.bias`. `c_proj` draws from
+    /// `N(0, proj_std)` (GPT-2 scales it by `1/sqrt(2 n_layer)`).
+    #[track_caller]
+    pub fn gpt2(path: &Path, n_embd: usize, n_head: usize, dropout: f64, proj_std: f64) -> Result<Self> {
+        check_heads(n_embd, n_head, n_head)?;
+        let c_attn = Linear::conv1d(&path.pp("c_attn"), n_embd, 3 * n_embd)?;
+        let proj = Init::Normal { mean: 0.0, std: proj_std };
+        let c_proj = Linear::with_init(&path.pp("c_proj"), n_embd, n_embd, true, Layout::InOut, proj, Init::Zeros)?;
+        Ok(CausalSelfAttention {
+            projections: Projections::Fused(c_attn),
+            out: c_proj,
+            n_head,
+            n_kv_head: n_head,
+            rotary: None,
+            attn_dropout: dropout,
+            resid_dropout: Dropout::new(path, dropout),
+            mode: path.mode(),
+        })
+    }
+
+    /// Llama's attention: `q_proj` `[C, C]`, `k_proj` and `v_proj` `[n_kv_head * D, C]`,
+    /// `o_proj` `[C, C]` (no biases), rotary embeddings with base `rope_theta` over positions
+    /// up to `max_positions`.
+    #[track_caller]
+    pub fn llama(
+        path: &Path,
+        n_embd: usize,
+        n_head: usize,
+        n_kv_head: usize,
+        max_positions: usize,
+        rope_theta: f64,
+    ) -> Result<Self> {
+        check_heads(n_embd, n_head, n_kv_head)?;
+        let d = n_embd / n_head;
+        let q = Linear::new(&path.pp("q_proj"), n_embd, n_embd, false)?;
+        let k = Linear::new(&path.pp("k_proj"), n_embd, n_kv_head * d, false)?;
+        let v = Linear::new(&path.pp("v_proj"), n_embd, n_kv_head * d, false)?;
+        let o = Linear::new(&path.pp("o_proj"), n_embd, n_embd, false)?;
+        Ok(CausalSelfAttention {
+            projections: Projections::Separate { q, k, v },
+            out: o,
+            n_head,
+            n_kv_head,
+            rotary: Some(Rotary::new(d, max_positions, rope_theta, path.device())?),
+            attn_dropout: 0.0,
+            resid_dropout: Dropout::new(path, 0.0),
+            mode: path.mode(),
+        })
+    }
+}
+
+fn check_heads(n_embd: usize, n_head: usize, n_kv_head: usize) -> Result<()> {
+    if n_head == 0 || n_kv_head == 0 || n_embd % n_head != 0 || n_head % n_kv_head != 0 {
+        return Err(Error::value(format!(
+            "attention: {n_embd} features do not split into {n_head} heads with {n_kv_head} key/value heads"
+        ))
+        .in_op("CausalSelfAttention", vec![]));
+    }
+    Ok(())
+}
+
+impl Module for CausalSelfAttention {
+    /// `x` is `[B, T, C]`; so is the result.
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let &[b, t, c] = x.shape() else {
+            return Err(Error::shape(format!("attention expects [B, T, C] input, got {}", x.meta()))
+                .in_op("CausalSelfAttention", vec![x.meta().to_string()]));
+        };
+        let (h, hkv) = (self.n_head as i64, self.n_kv_head as i64);
+        let d = (c / self.n_head) as i64;
+        let (b, t) = (b as i64, t as i64);
+        let heads = |y: &Tensor, n: i64| y.reshape(&[b, t, n, d])?.transpose(1, 2);
+        let (q, k, v) = match &self.projections {
+            Projections::Fused(c_attn) => {
+                let qkv = c_attn.forward(x)?.split(c, 2)?;
+                (heads(&qkv[0], h)?, heads(&qkv[1], h)?, heads(&qkv[2], h)?)
+            }
+            Projections::Separate { q, k, v } => {
+                (heads(&q.forward(x)?, h)?, heads(&k.forward(x)?, hkv)?, heads(&v.forward(x)?, hkv)?)
+            }
+        };
+        let (q, k) = match &self.rotary {
+            Some(r) => (r.apply(&q, 0)?, r.apply(&k, 0)?),
+            None => (q, k),
+        };
+        let (k, v) = (repeat_kv(&k, h / hkv)?, repeat_kv(&v, h / hkv)?);
+        let y = if self.attn_dropout > 0.0 && self.mode.training() {
+            attention_with_dropout(&q, &k, &v, self.attn_dropout)?
+        } else {
+            scaled_dot_product_attention(&q, &k, &v, None, true, None)?
+        };
+        let y = y.transpose(1, 2)?.reshape(&[b, t, c as i64])?;
+        self.resid_dropout.forward(&self.out.forward(&y)?)
+    }
+}
+
+/// Each of `n_rep` query heads shares a key/value head: `[B, Hkv, T, D]` to `[B, Hkv*n_rep, T, D]`.
+fn repeat_kv(x: &Tensor, n_rep: i64) -> Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(x.clone());
+    }
+    let s: Vec<i64> = x.shape().iter().map(|&n| n as i64).collect();
+    x.unsqueeze(2)?.expand(&[s[0], s[1], n_rep, s[2], s[3]])?.reshape(&[s[0], s[1] * n_rep, s[2], s[3]])
+}
+
+/// Causal attention with dropout on the probabilities, written out (the attention template
+/// has no dropout yet), softmax in f32 as the template computes it.
+fn attention_with_dropout(q: &Tensor, k: &Tensor, v: &Tensor, p: f64) -> Result<Tensor> {
+    let (t, d) = (q.shape()[2], q.shape()[3]);
+    let scores = q.matmul(&k.transpose(-2, -1)?)?.to_dtype(DType::F32)?.mul(1.0 / (d as f64).sqrt())?;
+    let keep = Tensor::ones(&[t, t], DType::Bool).to_device(q.device())?.tril(0)?;
+    let probs = coil_frontend::where_(&keep, &scores, f64::NEG_INFINITY)?.softmax(-1)?;
+    probs.dropout(p, true)?.to_dtype(v.dtype())?.matmul(v)
+}
+
+/// GPT-2's MLP: `c_proj(gelu_tanh(c_fc(x)))` with Conv1D-layout projections `c_fc` `[C, 4C]`
+/// and `c_proj` `[4C, C]`, then dropout.
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    pub c_fc: Linear,
+    pub c_proj: Linear,
+    dropout: Dropout,
+}
+
+impl Mlp {
+    /// `c_proj` draws from `N(0, proj_std)` (GPT-2 scales it by `1/sqrt(2 n_layer)`).
+    #[track_caller]
+    pub fn gpt2(path: &Path, n_embd: usize, dropout: f64, proj_std: f64) -> Result<Mlp> {
+        let c_fc = Linear::conv1d(&path.pp("c_fc"), n_embd, 4 * n_embd)?;
+        let proj = Init::Normal { mean: 0.0, std: proj_std };
+        let c_proj = Linear::with_init(&path.pp("c_proj"), 4 * n_embd, n_embd, true, Layout::InOut, proj, Init::Zeros)?;
+        Ok(Mlp { c_fc, c_proj, dropout: Dropout::new(path, dropout) })
+    }
+}
+
+impl Module for Mlp {
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.dropout.forward(&self.c_proj.forward(&self.c_fc.forward(x)?.gelu(true)?)?)
+    }
+}
+
+/// The gated MLP of Llama (SwiGLU): `down_proj(silu(gate_proj(x)) * up_proj(x))`, `nn.Linear`
+/// layouts without bias.
+#[derive(Clone, Debug)]
+pub struct GatedMlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl GatedMlp {
+    #[track_caller]
+    pub fn new(path: &Path, dim: usize, hidden: usize) -> Result<GatedMlp> {
+        Ok(GatedMlp {
+            gate_proj: Linear::new(&path.pp("gate_proj"), dim, hidden, false)?,
+            up_proj: Linear::new(&path.pp("up_proj"), dim, hidden, false)?,
+            down_proj: Linear::new(&path.pp("down_proj"), hidden, dim, false)?,
+        })
+    }
+}
+
+impl Module for GatedMlp {
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = self.gate_proj.forward(x)?.silu()?;
+        self.down_proj.forward(&gate.mul(&self.up_proj.forward(x)?)?)
+    }
+}
+
+/// Rotary position embeddings (RoPE) in Hugging Face Llama's convention: position `p` rotates
+/// the pair `(x[i], x[i + D/2])` by `p * base^(-2i/D)` (`rotate_half`).
+///
+/// ```
+/// use coil_nn::Rotary;
+/// use coil_frontend::Tensor;
+/// use coil_ir::DType;
+/// let rope = Rotary::new(4, 16, 10000.0, coil_runtime::Device::Cpu)?;
+/// let q = Tensor::ones(&[1, 1, 3, 4], DType::F32);
+/// let r = rope.apply(&q, 0)?.to_vec::<f32>()?;
+/// assert_eq!(&r[..4], &[1.0, 1.0, 1.0, 1.0]); // position 0: no rotation
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Rotary {
+    /// `[max_positions, D]` tables, f32, computed.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rotary {
+    /// Tables for head dim `dim` (even) over positions `0..max_positions`, on `device`.
+    #[track_caller]
+    pub fn new(dim: usize, max_positions: usize, base: f64, device: Device) -> Result<Rotary> {
+        if dim % 2 != 0 || dim == 0 {
+            return Err(
+                Error::value(format!("rotary embeddings need an even head dim, got {dim}")).in_op("Rotary", vec![])
+            );
+        }
+        let half = dim / 2;
+        // Angles in f64, rounded once to f32 (HF computes inv_freq in f32; the difference is
+        // within f32 rounding of the angle).
+        let mut cos = Vec::with_capacity(max_positions * dim);
+        let mut sin = Vec::with_capacity(max_positions * dim);
+        for p in 0..max_positions {
+            for i in 0..dim {
+                let inv_freq = base.powf(-2.0 * (i % half) as f64 / dim as f64);
+                let angle = p as f64 * inv_freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        let table = |v: Vec<f32>| Tensor::from_vec(v, &[max_positions, dim])?.to_device(device);
+        Ok(Rotary { cos: table(cos)?, sin: table(sin)? })
+    }
+
+    /// `x` (`[..., T, D]`) at positions `start..start + T`, rotated.
+    #[track_caller]
+    pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
+        let rank = x.rank();
+        let (t, d) = (x.shape()[rank - 2], x.shape()[rank - 1]);
+        let cos = self.cos.narrow(0, start as i64, t)?.to_dtype(x.dtype())?;
+        let sin = self.sin.narrow(0, start as i64, t)?.to_dtype(x.dtype())?;
+        let half = (d / 2) as i64;
+        let (lo, hi) = (x.narrow(-1, 0, d / 2)?, x.narrow(-1, half, d / 2)?);
+        let rotated = coil_frontend::cat(&[&hi.neg()?, &lo], -1)?;
+        x.mul(&cos)?.add(&rotated.mul(&sin)?)
+    }
+}
