@@ -5,9 +5,9 @@
 //! XLA's input/output aliasing). [`donate`] accepts a request only when writing the output over
 //! the input cannot change what any kernel reads:
 //!
-//! * the output is stored by a generated pointwise kernel (not an extern call, not an input
-//!   passed through), and is no other output;
-//! * no kernel after that one reads the input;
+//! * the output is stored by a generated kernel (not an extern call, not an input passed
+//!   through), and is no other output;
+//! * no kernel after that one reads the input, nor does a later node of that kernel;
 //! * that kernel reads the input only through plain loads at the index it writes the output
 //!   (each thread reads an element before it writes it, and no other thread touches it).
 //!
@@ -86,15 +86,26 @@ fn check(p: &LoopProgram, kernels: &[FusedKernel], d: Donation, accepted: &[Dona
     Ok(())
 }
 
-/// Whether `kernel` (pointwise) reads `u` only through plain loads at the index it writes `t`.
+/// Whether `kernel` may write `t` over `u`: it reads `u` only through plain loads at the index
+/// it writes `t` (mapped into the kernel's index space), and no node after `t`'s writer reads
+/// `u`. Then each element of `u` is read, within one pass over it, by the thread that writes
+/// that element of `t`, before it writes it; a reduction's earlier passes end at a barrier
+/// before the next pass begins.
 pub(super) fn reads_only_where_written(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
-    if kernel.kind != KernelKind::Pointwise || !kernel.stores.contains(&t) {
+    if kernel.kind == KernelKind::Extern || !kernel.stores.contains(&t) {
         return false;
     }
-    let Some(&writer) = kernel.nodes.iter().find(|&&n| p.nodes[n].output == t) else { return false };
+    let Some(at) = kernel.nodes.iter().position(|&n| p.nodes[n].output == t) else { return false };
+    let writer = kernel.nodes[at];
     let written = write_index(&p.nodes[writer], &kernel_index_map(p, kernel, writer));
-    kernel.nodes.iter().all(|&n| {
-        let LoopKind::Pointwise { body, .. } = &p.nodes[n].kind else { return false };
+    if kernel.nodes[at + 1..].iter().any(|&n| p.nodes[n].reads().contains(&u)) {
+        return false;
+    }
+    kernel.nodes[..=at].iter().all(|&n| {
+        let body = match &p.nodes[n].kind {
+            LoopKind::Pointwise { body, .. } | LoopKind::Reduction { body, .. } => body,
+            LoopKind::Extern { .. } => return false,
+        };
         let map = kernel_index_map(p, kernel, n);
         body.values.iter().all(|v| match &v.op {
             ScalarOp::Load { buffer, index } if *buffer == u => index.substitute(&map) == written,

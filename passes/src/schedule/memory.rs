@@ -88,5 +88,7 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
 /// Whether `kernel` may write `t` over `u`: a pointwise kernel storing only `t`, reading `u`
 /// only through plain loads at the index it writes `t` at.
 fn overwrites_in_place(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
-    kernel.stores == [t] && reads_only_where_written(p, kernel, u, t)
+    kernel.kind == coil_ir::kernel::KernelKind::Pointwise
+        && kernel.stores == [t]
+        && reads_only_where_written(p, kernel, u, t)
 }
