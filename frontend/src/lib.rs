@@ -9,7 +9,8 @@
 //!   compile driver ([`compile`]: decompose, lower, fuse, generate C, build, run) or the
 //!   reference interpreter ([`Backend`]);
 //! * debug dumps (`COIL_DEBUG`, [`debug`]) and logs (`COIL_LOGS`, [`logs`]);
-//! * compiled functions ([`dynamo`]): guarded caches, graph breaks, recompiles, `explain`.
+//! * compiled functions ([`dynamo`]): guarded caches, graph breaks, recompiles, `explain`;
+//! * weights in safetensors files ([`safetensors`]): memory-mapped loading, checking, saving.
 
 pub mod autodiff;
 pub mod compile;
@@ -19,6 +20,7 @@ pub mod inplace;
 pub mod logs;
 pub mod ops;
 pub mod realize;
+pub mod safetensors;
 pub mod storage;
 pub mod tensor;
 

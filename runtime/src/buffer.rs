@@ -197,19 +197,30 @@ impl HostData {
         with_host_data!(self, v => v.as_mut_ptr().cast::<u8>())
     }
 
-    /// The raw little-endian bytes (bool as one byte 0/1), as safetensors stores them.
+    /// The raw bytes in the target's byte order, little-endian on every target coil runs on
+    /// (bool as one byte 0/1), as safetensors stores them.
     pub fn to_bytes(&self) -> Vec<u8> {
+        self.as_bytes().to_vec()
+    }
+
+    /// The elements' bytes, borrowed (see [`HostData::to_bytes`]).
+    pub fn as_bytes(&self) -> &[u8] {
         match self {
-            HostData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
-            HostData::U8(v) => v.clone(),
-            HostData::I8(v) => bytemuck::cast_slice(v).to_vec(),
-            HostData::I16(v) => bytemuck::cast_slice(v).to_vec(),
-            HostData::I32(v) => bytemuck::cast_slice(v).to_vec(),
-            HostData::I64(v) => bytemuck::cast_slice(v).to_vec(),
-            HostData::F16(v) => bytemuck::cast_slice(v).to_vec(),
-            HostData::BF16(v) => bytemuck::cast_slice(v).to_vec(),
-            HostData::F32(v) => bytemuck::cast_slice(v).to_vec(),
-            HostData::F64(v) => bytemuck::cast_slice(v).to_vec(),
+            // A Rust `bool` is one byte holding 0 or 1, the layout kernels and files use.
+            HostData::Bool(v) => {
+                // SAFETY: `bool` has size and alignment 1 and every `bool` is a valid `u8`; the
+                // slice borrows `v` for the returned lifetime.
+                unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len()) }
+            }
+            HostData::U8(v) => v,
+            HostData::I8(v) => bytemuck::cast_slice(v),
+            HostData::I16(v) => bytemuck::cast_slice(v),
+            HostData::I32(v) => bytemuck::cast_slice(v),
+            HostData::I64(v) => bytemuck::cast_slice(v),
+            HostData::F16(v) => bytemuck::cast_slice(v),
+            HostData::BF16(v) => bytemuck::cast_slice(v),
+            HostData::F32(v) => bytemuck::cast_slice(v),
+            HostData::F64(v) => bytemuck::cast_slice(v),
         }
     }
 
@@ -218,8 +229,19 @@ impl HostData {
         if !bytes.len().is_multiple_of(dtype.size_bytes()) {
             return Err(Error::value(format!("{} bytes is not a whole number of {dtype} elements", bytes.len())));
         }
+        // One copy, whatever the source's alignment (a memory-mapped file's bytes may sit at
+        // any offset).
         fn read<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
-            bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+            let n = bytes.len() / std::mem::size_of::<T>();
+            let mut v: Vec<T> = Vec::with_capacity(n);
+            // SAFETY: the capacity holds `n` elements, `bytes.len()` bytes (a whole number of
+            // elements, checked above); `T` is `Pod`, so any bytes are a valid `T`; the source
+            // is another allocation, so the ranges do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len());
+                v.set_len(n);
+            }
+            v
         }
         Ok(match dtype {
             DType::Bool => HostData::Bool(bytes.iter().map(|&b| b != 0).collect()),

@@ -251,13 +251,23 @@ impl CudaBuffer {
 
     /// Copies a host buffer to `device`.
     pub fn from_host(device: &Arc<CudaDevice>, host: &Buffer) -> Result<CudaBuffer> {
-        let buf = CudaBuffer::alloc(device, host.meta())?;
-        // SAFETY: `as_ptr` addresses `byte_len` initialised bytes of the host data (bool is one
-        // byte 0/1), borrowed for this call; the allocation holds `nbytes` = `byte_len` bytes.
-        unsafe {
-            let bytes = std::slice::from_raw_parts(host.data.as_ptr(), host.data.byte_len());
-            upload(device, buf.ptr(), bytes)?;
+        CudaBuffer::from_bytes(device, host.meta(), host.data.as_bytes())
+    }
+
+    /// Copies the raw bytes of a tensor of `meta` (row-major, as [`HostData::as_bytes`] lays
+    /// them out: bool as one byte 0/1) to `device`, straight from `bytes` (e.g. a memory-mapped
+    /// file: no host copy first). An error if the length is not `meta.nbytes()`.
+    pub fn from_bytes(device: &Arc<CudaDevice>, meta: TensorMeta, bytes: &[u8]) -> Result<CudaBuffer> {
+        if bytes.len() != meta.nbytes() {
+            return Err(Error::value(format!(
+                "{} bytes do not hold a {meta} tensor ({} bytes)",
+                bytes.len(),
+                meta.nbytes()
+            )));
         }
+        let buf = CudaBuffer::alloc(device, meta)?;
+        // SAFETY: the allocation holds `nbytes` = `bytes.len()` bytes.
+        unsafe { upload(device, buf.ptr(), bytes)? };
         Ok(buf)
     }
 
