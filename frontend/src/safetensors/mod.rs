@@ -421,10 +421,10 @@ impl WeightFile {
         let storage = match device {
             Device::Cpu => HostData::from_bytes(dtype, bytes)
                 .and_then(|data| Buffer::new(info.shape.clone(), data))
-                .map(|buffer| Storage::Host(Arc::new(buffer))),
+                .map(|buffer| Storage::host(Arc::new(buffer))),
             Device::Cuda(ordinal) => CudaDevice::get(ordinal)
                 .and_then(|cuda| CudaBuffer::from_bytes(&cuda, TensorMeta::new(info.shape.clone(), dtype), bytes))
-                .map(|buffer| Storage::Cuda(Arc::new(buffer))),
+                .map(|buffer| Storage::cuda(Arc::new(buffer))),
         }
         .map_err(|e| fail(e.kind, format!("cannot load onto {device}: {}", e.message)))?;
         Ok(Tensor::from_storage(storage))
