@@ -10,7 +10,9 @@
 //!   embeddings, all behind the [`Module`] trait;
 //! * optimizers ([`optim`]): [`Sgd`], [`AdamW`], [`clip_grad_norm`], learning-rate schedules;
 //!   a step updates parameters and state in place, in one compiled graph;
-//! * models ([`models`]): GPT-2 with Hugging Face's parameter names.
+//! * models ([`models`]): GPT-2 with Hugging Face's parameter names;
+//! * saving and loading ([`io`]): parameters and optimizer state as safetensors files, by name,
+//!   checked before anything is bound.
 //!
 //! Why a store and paths, not a derive macro: a module is a plain struct of its parts, built
 //! from the [`Path`] of its parameters (candle's `VarBuilder` pattern). The names are fixed
@@ -34,11 +36,13 @@
 //! # Ok::<(), coil_ir::Error>(())
 //! ```
 
+pub mod io;
 pub mod models;
 pub mod modules;
 pub mod optim;
 pub mod param;
 
+pub use io::{load_optimizer, save_optimizer, LoadOptions};
 pub use modules::layers::{Dropout, Embedding, LayerNorm, Layout, Linear, RmsNorm};
 pub use modules::transformer::{CausalSelfAttention, GatedMlp, Mlp, Rotary};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig, Constant, LrSchedule, Optimizer, Sgd, SgdConfig, WarmupCosine};
@@ -46,6 +50,14 @@ pub use param::{Init, Mode, Param, ParamStore, Path, Precision};
 
 use coil_frontend::Tensor;
 use coil_ir::Result;
+
+/// `loss` recomputed with its gradient with respect to each of `params` (their current values),
+/// in order: `coil::value_and_grad` over a model's parameters.
+#[track_caller]
+pub fn value_and_grad(loss: &Tensor, params: &[Param]) -> Result<(Tensor, Vec<Tensor>)> {
+    let values: Vec<Tensor> = params.iter().map(Param::tensor).collect();
+    coil_frontend::value_and_grad(loss, &values.iter().collect::<Vec<_>>())
+}
 
 /// A layer or model: a function of one tensor with parameters.
 pub trait Module {

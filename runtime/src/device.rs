@@ -46,3 +46,27 @@ impl fmt::Display for Device {
         }
     }
 }
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    /// `cpu`, `cuda` (the first GPU) or `cuda:N`, as PyTorch spells devices.
+    ///
+    /// ```
+    /// use coil_runtime::Device;
+    /// assert_eq!("cuda:1".parse::<Device>(), Ok(Device::Cuda(1)));
+    /// assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
+    /// assert!("gpu".parse::<Device>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device '{s}' (cpu, cuda or cuda:N)")),
+        }
+    }
+}

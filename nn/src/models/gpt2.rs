@@ -8,8 +8,10 @@ use crate::modules::layers::{Dropout, Embedding, LayerNorm};
 use crate::modules::transformer::{CausalSelfAttention, Mlp};
 use crate::param::{Init, Mode, Path};
 use crate::Module;
+use coil_frontend::safetensors::WeightFile;
 use coil_frontend::{CrossEntropyOptions, Tensor};
 use coil_ir::{DType, Error, Result};
+use std::collections::BTreeMap;
 
 /// GPT-2's sizes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,6 +27,78 @@ pub struct Gpt2Config {
 }
 
 impl Gpt2Config {
+    /// The sizes as safetensors metadata (`gpt2.n_layer` = `12`, ...), for checkpoints.
+    pub fn metadata(&self) -> Vec<(String, String)> {
+        let mut m: Vec<(String, String)> = [
+            ("vocab_size", self.vocab_size),
+            ("block_size", self.block_size),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_embd", self.n_embd),
+        ]
+        .iter()
+        .map(|(k, v)| (format!("gpt2.{k}"), v.to_string()))
+        .collect();
+        m.push(("gpt2.dropout".into(), self.dropout.to_string()));
+        m.push(("gpt2.layer_norm_eps".into(), self.layer_norm_eps.to_string()));
+        m
+    }
+
+    /// The sizes saved by [`Gpt2Config::metadata`].
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Gpt2Config> {
+        let get = |k: &str| -> Result<f64> {
+            let v = metadata.get(&format!("gpt2.{k}"));
+            v.and_then(|v| v.parse().ok())
+                .ok_or_else(|| Error::value(format!("no gpt2.{k} in the checkpoint's metadata")))
+        };
+        Ok(Gpt2Config {
+            vocab_size: get("vocab_size")? as usize,
+            block_size: get("block_size")? as usize,
+            n_layer: get("n_layer")? as usize,
+            n_head: get("n_head")? as usize,
+            n_embd: get("n_embd")? as usize,
+            dropout: get("dropout")?,
+            layer_norm_eps: get("layer_norm_eps")?,
+        })
+    }
+
+    /// The sizes of the GPT-2 in a Hugging Face checkpoint, read from its tensors' shapes
+    /// (every GPT-2 has heads of 64 features).
+    pub fn from_hf(file: &WeightFile) -> Result<Gpt2Config> {
+        let shape = |n: &str| {
+            let info = file.info(n).or_else(|| file.info(&format!("transformer.{n}")));
+            info.map(|i| i.shape.clone()).ok_or_else(|| Error::value(format!("{}: no {n}", file.path().display())))
+        };
+        let (wte, wpe) = (shape("wte.weight")?, shape("wpe.weight")?);
+        let n_layer = (0..).take_while(|i| shape(&format!("h.{i}.ln_1.weight")).is_ok()).count();
+        let n_embd = wte[1];
+        Ok(Gpt2Config {
+            vocab_size: wte[0],
+            block_size: wpe[0],
+            n_layer,
+            n_head: n_embd / 64,
+            n_embd,
+            dropout: 0.0,
+            layer_norm_eps: 1e-5,
+        })
+    }
+
+    /// The store's name for a tensor of a Hugging Face GPT-2 checkpoint: without the
+    /// `transformer.` prefix that `GPT2LMHeadModel` saves; `None` for the attention-mask
+    /// buffers and the output projection (tied to `wte`).
+    ///
+    /// ```
+    /// use coil_nn::models::gpt2::Gpt2Config;
+    /// assert_eq!(Gpt2Config::hf_name("transformer.h.0.attn.c_attn.weight").as_deref(), Some("h.0.attn.c_attn.weight"));
+    /// assert_eq!(Gpt2Config::hf_name("h.3.attn.bias"), None);
+    /// assert_eq!(Gpt2Config::hf_name("lm_head.weight"), None);
+    /// ```
+    pub fn hf_name(name: &str) -> Option<String> {
+        let name = name.strip_prefix("transformer.").unwrap_or(name);
+        let buffer = name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+        (!buffer && name != "lm_head.weight").then(|| name.to_string())
+    }
+
     /// GPT-2 small (124M parameters) with the vocabulary padded to 50304 (a multiple of 64, as
     /// nanoGPT trains it); the Hub's checkpoint has 50257.
     pub fn gpt2_124m() -> Gpt2Config {

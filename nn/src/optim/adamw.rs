@@ -1,6 +1,6 @@
 //! Adam with decoupled weight decay (`torch.optim.AdamW`).
 
-use super::{check_grads, hyperparameters, zeros_like_all, Optimizer};
+use super::{check_grads, hyperparameters, restore, zeros_like_all, Optimizer};
 use crate::param::Param;
 use coil_frontend::{update_in_place, Tensor};
 use coil_ir::{Error, Result};
@@ -78,52 +78,6 @@ impl AdamW {
         let exp_avg_sq = zeros_like_all(&params)?;
         Ok(AdamW { params, weight_decay, config, exp_avg, exp_avg_sq, steps: 0 })
     }
-
-    /// The moments by parameter name (`<name>.exp_avg`, `<name>.exp_avg_sq`), as PyTorch's
-    /// `state_dict` holds them.
-    pub fn state(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::with_capacity(2 * self.params.len());
-        for ((p, m), v) in self.params.iter().zip(&self.exp_avg).zip(&self.exp_avg_sq) {
-            out.push((format!("{}.exp_avg", p.name()), m.clone()));
-            out.push((format!("{}.exp_avg_sq", p.name()), v.clone()));
-        }
-        out
-    }
-
-    /// Restores the moments and the step count saved by [`AdamW::state`] (every name must be
-    /// there, of the parameter's shape and dtype).
-    #[track_caller]
-    pub fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
-        let location = Location::caller();
-        let find = |name: String, like: &Tensor| -> Result<Tensor> {
-            let t = state.iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone());
-            let t = t.ok_or_else(|| Error::value(format!("no optimizer state {name}")))?;
-            if t.meta() != like.meta() {
-                return Err(Error::shape(format!("optimizer state {name} is {}, expected {}", t.meta(), like.meta())));
-            }
-            t.to_device(like.device())
-        };
-        let mut m = Vec::new();
-        let mut v = Vec::new();
-        for ((p, m0), v0) in self.params.iter().zip(&self.exp_avg).zip(&self.exp_avg_sq) {
-            m.push(
-                find(format!("{}.exp_avg", p.name()), m0)
-                    .map_err(|e| e.in_op("AdamW::load_state", vec![]).at(location))?,
-            );
-            v.push(
-                find(format!("{}.exp_avg_sq", p.name()), v0)
-                    .map_err(|e| e.in_op("AdamW::load_state", vec![]).at(location))?,
-            );
-        }
-        // Copies of their own: the next steps write over them.
-        let copies: Vec<Tensor> = m.iter().chain(&v).map(|t| t.mul(1.0)).collect::<Result<_>>()?;
-        coil_frontend::realize(&copies.iter().collect::<Vec<_>>())?;
-        let n = self.params.len();
-        self.exp_avg = copies[..n].to_vec();
-        self.exp_avg_sq = copies[n..].to_vec();
-        self.steps = steps;
-        Ok(())
-    }
 }
 
 impl Optimizer for AdamW {
@@ -190,5 +144,35 @@ impl Optimizer for AdamW {
 
     fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// The moments by parameter name (`<name>.exp_avg`, `<name>.exp_avg_sq`).
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::with_capacity(2 * self.params.len());
+        for ((p, m), v) in self.params.iter().zip(&self.exp_avg).zip(&self.exp_avg_sq) {
+            out.push((format!("{}.exp_avg", p.name()), m.clone()));
+            out.push((format!("{}.exp_avg_sq", p.name()), v.clone()));
+        }
+        out
+    }
+
+    #[track_caller]
+    fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        let location = Location::caller();
+        let mut restored = Vec::with_capacity(2 * self.params.len());
+        for ((p, m), v) in self.params.iter().zip(&self.exp_avg).zip(&self.exp_avg_sq) {
+            restored.push(restore(state, &format!("{}.exp_avg", p.name()), m));
+            restored.push(restore(state, &format!("{}.exp_avg_sq", p.name()), v));
+        }
+        let restored: Vec<Tensor> = restored
+            .into_iter()
+            .collect::<Result<_>>()
+            .map_err(|e| e.in_op("AdamW::load_state", vec![]).at(location))?;
+        coil_frontend::realize(&restored.iter().collect::<Vec<_>>())?;
+        for (i, pair) in restored.chunks(2).enumerate() {
+            (self.exp_avg[i], self.exp_avg_sq[i]) = (pair[0].detach()?, pair[1].detach()?);
+        }
+        self.steps = steps;
+        Ok(())
     }
 }

@@ -33,6 +33,22 @@ pub trait Optimizer {
     fn set_lr(&mut self, lr: f64);
     /// Steps taken so far.
     fn steps(&self) -> u64;
+    /// The state tensors by name (`<param>.exp_avg`, `<param>.momentum_buffer`, ...), as
+    /// PyTorch's `state_dict` holds them.
+    fn state(&self) -> Vec<(String, Tensor)>;
+    /// Restores the state saved by [`Optimizer::state`] and the step count.
+    fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()>;
+}
+
+/// The state tensor `name` of `state`, checked against `like` and copied into a buffer of its
+/// own on `like`'s device (the next steps write over it).
+fn restore(state: &[(String, Tensor)], name: &str, like: &Tensor) -> Result<Tensor> {
+    let found = state.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+    let t = found.ok_or_else(|| Error::value(format!("no optimizer state {name}")))?;
+    if t.meta() != like.meta() {
+        return Err(Error::shape(format!("optimizer state {name} is {}, expected {}", t.meta(), like.meta())));
+    }
+    t.to_device(like.device())?.mul(1.0)
 }
 
 /// Scales `grads` so that their global L2 norm is at most `max_norm`

@@ -1,7 +1,7 @@
 //! Stochastic gradient descent with momentum, Nesterov momentum and weight decay
 //! (`torch.optim.SGD`).
 
-use super::{check_grads, hyperparameters, zeros_like_all, Optimizer};
+use super::{check_grads, hyperparameters, restore, zeros_like_all, Optimizer};
 use crate::param::Param;
 use coil_frontend::{update_in_place, Tensor};
 use coil_ir::{Error, Result};
@@ -63,16 +63,6 @@ impl Sgd {
         let momentum = if config.momentum != 0.0 { zeros_like_all(&params)? } else { vec![] };
         Ok(Sgd { params, config, momentum, steps: 0 })
     }
-
-    /// The momentum buffers by parameter name (`<name>.momentum_buffer`; none without
-    /// momentum).
-    pub fn state(&self) -> Vec<(String, Tensor)> {
-        self.params
-            .iter()
-            .zip(&self.momentum)
-            .map(|(p, b)| (format!("{}.momentum_buffer", p.name()), b.clone()))
-            .collect()
-    }
 }
 
 impl Optimizer for Sgd {
@@ -131,5 +121,31 @@ impl Optimizer for Sgd {
 
     fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// The momentum buffers by parameter name (`<name>.momentum_buffer`; none without
+    /// momentum).
+    fn state(&self) -> Vec<(String, Tensor)> {
+        self.params
+            .iter()
+            .zip(&self.momentum)
+            .map(|(p, b)| (format!("{}.momentum_buffer", p.name()), b.clone()))
+            .collect()
+    }
+
+    #[track_caller]
+    fn load_state(&mut self, state: &[(String, Tensor)], steps: u64) -> Result<()> {
+        let location = Location::caller();
+        let restored: Vec<Tensor> = self
+            .params
+            .iter()
+            .zip(&self.momentum)
+            .map(|(p, b)| restore(state, &format!("{}.momentum_buffer", p.name()), b))
+            .collect::<Result<_>>()
+            .map_err(|e| e.in_op("Sgd::load_state", vec![]).at(location))?;
+        coil_frontend::realize(&restored.iter().collect::<Vec<_>>())?;
+        self.momentum = restored.iter().map(|t| t.detach()).collect::<Result<_>>()?;
+        self.steps = steps;
+        Ok(())
     }
 }
