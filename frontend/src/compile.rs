@@ -12,7 +12,7 @@ use crate::dynamo::dynamic::DynamicSpec;
 use crate::logs;
 use crate::storage::Storage;
 use coil_ir::kernel::{KernelKind, TileKernel};
-use coil_ir::{Error, Graph, Result};
+use coil_ir::{Error, Graph, RandomState, Result};
 use coil_runtime::cpu::CompiledGraph;
 use coil_runtime::cuda::{CudaBuffer, CudaCompiledGraph, CudaDevice};
 use coil_runtime::{Buffer, Device};
@@ -154,14 +154,15 @@ impl Compiled {
         Ok(())
     }
 
-    /// Runs on inputs already on the graph's device (as [`crate::capture`] binds them).
-    pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
+    /// Runs on inputs already on the graph's device, with the random streams `random` (as
+    /// [`crate::capture`] binds them: [`crate::Captured::random`]).
+    pub fn run(&self, inputs: &[Storage], random: &[RandomState]) -> Result<Vec<Storage>> {
         self.profile_once(inputs)?;
         match &self.executable {
             Executable::Cpu(g) => {
                 let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
-                Ok(g.run(&refs)?.into_iter().map(|b| Storage::Host(Arc::new(b))).collect())
+                Ok(g.run_with(&refs, random)?.into_iter().map(|b| Storage::Host(Arc::new(b))).collect())
             }
             Executable::Cuda(g) => {
                 let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
@@ -172,7 +173,7 @@ impl Compiled {
                         Storage::Host(_) => unreachable!("moved to the device above"),
                     })
                     .collect();
-                Ok(g.run(&refs)?.into_iter().map(|b| Storage::Cuda(Arc::new(b))).collect())
+                Ok(g.run_with(&refs, random)?.into_iter().map(|b| Storage::Cuda(Arc::new(b))).collect())
             }
         }
     }
