@@ -215,7 +215,20 @@ fn cache() -> &'static Mutex<Cache> {
     CACHE.get_or_init(Default::default)
 }
 
-/// Number of graphs compiled by this process (cache misses), for tests and reports.
+/// Number of graphs compiled by this process for [`crate::realize`] (cache misses of its
+/// compiled-graph cache, shared by every thread), for tests and reports. A program realized
+/// again (the next step of a training loop, with new data and new random numbers) is a hit.
+///
+/// ```
+/// use coil_frontend::{compile::compile_count, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32; 64], &[64]).unwrap();
+/// let step = || x.dropout(0.5, true).unwrap().to_vec::<f32>().unwrap();
+/// let first = step();
+/// let before = compile_count();
+/// let second = step(); // the same graph: no compile (in this single-threaded example)
+/// assert_eq!(compile_count(), before);
+/// assert_ne!(first, second); // new numbers
+/// ```
 pub fn compile_count() -> usize {
     cache().lock().map(|c| c.values().map(Vec::len).sum()).unwrap_or(0)
 }
