@@ -178,7 +178,8 @@ impl Compiled {
         }
     }
 
-    /// Runs on host buffers and returns host buffers (copies to and from the device for CUDA).
+    /// Runs on host buffers and returns host buffers (copies to and from the device for CUDA),
+    /// without random streams (a graph that draws random numbers runs with [`Compiled::run`]).
     pub fn run_host(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
         match &self.executable {
             Executable::Cpu(g) => g.run(inputs),
