@@ -265,7 +265,8 @@ fn compiled_random_ops_on_cuda_compile_once_and_match_the_interpreter() {
         let got: Vec<Vec<f64>> = f.call(&[&on_gpu]).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
         seed_for(call);
         coil::set_backend(Backend::Interpreter);
-        let want: Vec<Vec<f64>> = body(&[ones.clone()]).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
+        let want: Vec<Vec<f64>> =
+            body(std::slice::from_ref(&ones)).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
         coil::set_backend(Backend::Compiled);
         // dropout and uniform values exactly; normal ones to an ulp (f64 Box-Muller routines)
         for (k, ulp) in [(0, 0.0), (1, 0.0), (2, 1.2e-7), (3, 0.0), (4, 1e-15)] {

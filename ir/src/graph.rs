@@ -239,17 +239,6 @@ impl Graph {
         Ok(())
     }
 
-    /// How many random streams the graph's random ops draw from (one more than the highest
-    /// `stream` of an [`Op::Rand`] or [`Op::Dropout`]; 0 when it draws none): a run passes at
-    /// least that many [`crate::RandomState`]s.
-    pub fn random_streams(&self) -> usize {
-        let stream = |op: &Op| match op {
-            Op::Rand { stream, .. } | Op::Dropout { stream, .. } => Some(*stream),
-            _ => None,
-        };
-        self.nodes.iter().filter_map(|n| stream(&n.op)).map(|s| s + 1).max().unwrap_or(0)
-    }
-
     /// Ids of the nodes the outputs depend on, in topological order.
     pub fn live_nodes(&self) -> Vec<NodeId> {
         let mut live = vec![false; self.nodes.len()];
