@@ -15,8 +15,8 @@
 //!    their launch shape (block fixed at generation; grid fixed too for a constant `xnumel`,
 //!    else [`Launch::grid_for`] of the instance's) and, after the buffer pointers, the values
 //!    of the size symbols each reads ([`TileKernel::sizes`]) and the key and first counter of
-//!    each random stream it draws from ([`TileKernel::random`], the run's values); `Bmm` through cuBLASLt ([`blas`])
-//!    and the attention template through its built-in kernel ([`attention`]) at the instance's
+//!    each random stream it draws from ([`TileKernel::random`], the run's values); `Bmm`
+//!    through cuBLASLt ([`blas`]) and the attention template through its built-in kernel ([`attention`]) at the instance's
 //!    sizes; fallback ops by their built-in kernels ([`fallback`]: scatter, cumsum) where the
 //!    dtypes allow, else by copying their operands to the host and running the reference
 //!    interpreter;

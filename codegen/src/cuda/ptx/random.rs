@@ -5,9 +5,9 @@
 //!
 //! The key and the first counter of each random stream are kernel parameters (they change from
 //! run to run; the kernel does not): [`stream_registers`] loads them once at the kernel's entry
-//! and computes the ten rounds' keys there, so each draw costs what it cost with the keys as
-//! immediates (the keys are the same for every thread, and the assembler keeps such values in
-//! uniform registers where the GPU has them).
+//! and computes the ten rounds' keys there (18 adds per stream and kernel), so a draw has the
+//! instructions it had when the keys were immediates, its xors reading registers that hold the
+//! same value in every thread, plus one 64-bit add for the stream's first counter.
 //!
 //! PTX has no f64 `log` or `cos`, so both are written here for the arguments Box-Muller gives
 //! them (`u1` in `[2^-24, 1]`, `u2` a multiple of `2^-24` in `[0, 1)`), to within a few f64
@@ -76,7 +76,7 @@ pub fn random_f64(a: &mut Asm, dist: RandDist, stream: &StreamRegs, counter: Reg
 }
 
 /// Philox 4x32-10 (Salmon et al. 2011) of `counter` under the round keys `keys` (registers):
-/// each round two 32x32 products and two xors with the round's key.
+/// each round two 32x32 products and four xors, two of them with the round's keys.
 fn philox(a: &mut Asm, keys: &[[Reg; 2]; ROUNDS], counter: Reg) -> [Reg; 4] {
     use Class::*;
     let mut c0 = a.op(B32, "cvt.u32.u64", &[counter.into()]);
