@@ -5,8 +5,6 @@
 //! the compiled CPU code draws what the interpreter draws. Also: `*_like` constructors take
 //! the tensor's device and dtype.
 
-mod common;
-
 use coil::{Backend, DType, Device, Result, Tensor};
 use std::sync::Mutex;
 
