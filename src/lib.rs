@@ -44,7 +44,7 @@
 //! the op set, the graph), `coil-passes` (decomposition), `coil-codegen`, `coil-runtime`
 //! (buffers, devices, the reference interpreter), `coil-frontend` (the `Tensor` API).
 
-pub use coil_frontend::compile::{inspect, Compiled, Executable, StageTimes};
+pub use coil_frontend::compile::{compile_count, inspect, Compiled, Executable, StageTimes};
 pub use coil_frontend::dynamo::{
     compile, explain, set_stance, stance, BreakKind, CallStats, CompiledFn, ExplainReport, GraphBreak, GraphInfo,
     Guard, Source, Stance, RECOMPILE_LIMIT,
@@ -57,7 +57,7 @@ pub use coil_frontend::{
     backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_default_device,
     update_in_place, value_and_grad, where_, Backend, Captured, IntoTensor, Storage, Tensor,
 };
-pub use coil_ir::{DType, Error, ErrorKind, Graph, LossReduction, Result, Scalar, TensorMeta};
+pub use coil_ir::{DType, Error, ErrorKind, Graph, LossReduction, RandomState, Result, Scalar, TensorMeta};
 pub use coil_passes::decompose;
 pub use coil_runtime::cuda::cuda_available;
 pub use coil_runtime::{Buffer, Device, Element, HostData};

@@ -238,6 +238,65 @@ fn random_tensors_match_the_interpreter_on_cuda() {
     }
 }
 
+/// Dropout masks, uniform and normal numbers drawn by a compiled function on the GPU: it
+/// compiles once over 10 calls, and each call draws what the interpreter draws from the same
+/// seed. The streams' keys and first counters are kernel parameters: f32 values through PTX,
+/// f64 ones through CUDA C (no PTX form); a key with both words set and counters crossing 2^32.
+#[test]
+fn compiled_random_ops_on_cuda_compile_once_and_match_the_interpreter() {
+    use coil::{Backend, DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let body = |a: &[Tensor]| -> coil::Result<Vec<Tensor>> {
+        let x = &a[0];
+        let wide = x.to_dtype(DType::F64)?;
+        Ok(vec![x.dropout(0.25, true)?, x.rand_like()?, x.randn_like()?, wide.rand_like()?, wide.randn_like()?])
+    };
+    let f = coil::compile(body);
+    let ones = Tensor::ones(&[3, 1000], DType::F32);
+    ones.realize().unwrap();
+    let on_gpu = ones.to_device(device).unwrap();
+    // The same seed and a skip of 2^32 - 1500 counters (a pending draw, never run) before each.
+    let seed_for = |call: u64| {
+        coil::manual_seed(0xDEAD_BEEF_0123_4567 ^ call);
+        let _skip = Tensor::rand(&[(1usize << 32) - 1500], DType::F32).unwrap();
+    };
+    for call in 0..10 {
+        seed_for(call);
+        let got: Vec<Vec<f64>> = f.call(&[&on_gpu]).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
+        seed_for(call);
+        coil::set_backend(Backend::Interpreter);
+        let want: Vec<Vec<f64>> =
+            body(std::slice::from_ref(&ones)).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
+        coil::set_backend(Backend::Compiled);
+        // dropout and uniform values exactly; normal ones to an ulp (f64 Box-Muller routines)
+        for (k, ulp) in [(0, 0.0), (1, 0.0), (2, 1.2e-7), (3, 0.0), (4, 1e-15)] {
+            for (i, (g, w)) in got[k].iter().zip(&want[k]).enumerate() {
+                assert!((g - w).abs() <= ulp * w.abs().max(1e-3), "call {call} output {k} element {i}: {g} vs {w}");
+            }
+        }
+        assert!(got[2].iter().any(|&g| g != got[2][0]), "a constant tensor");
+    }
+    assert_eq!((f.compile_count(), f.is_eager()), (1, false), "{:?}", f.recompile_reasons());
+}
+
+/// `zeros_like`, `ones_like`, `full_like`, `rand_like` and `randn_like` of a CUDA tensor are
+/// on its device, of its dtype, whatever the thread's default device.
+#[test]
+fn like_constructors_stay_on_the_cuda_device() {
+    use coil::{DType, Device, Tensor};
+    let Some(device) = gpu() else { return };
+    coil::set_default_device(Device::Cpu);
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap().to_dtype(DType::BF16).unwrap();
+    let x = x.to_device(device).unwrap();
+    let made = [x.zeros_like(), x.ones_like(), x.full_like(2), x.rand_like().unwrap(), x.randn_like().unwrap()];
+    for t in &made {
+        assert_eq!((t.device(), t.dtype()), (device, DType::BF16));
+    }
+    let y = x.add(&made[0]).unwrap().add(&made[1]).unwrap().mul(&made[2]).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![4.0, 6.0, 8.0]);
+    assert!(made[3].to_vec::<f32>().unwrap().iter().all(|v| (0.0..1.0).contains(v)));
+}
+
 /// Integer floor and truncating division and remainder on the GPU (PTX): torch's results,
 /// `i64::MIN` by -1 wrapping as the CPU does, and a zero divisor reported as an error.
 #[test]

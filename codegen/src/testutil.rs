@@ -229,8 +229,16 @@ impl CLib {
     /// Calls kernel `name` on buffers `args` and the values of its size symbols (the pointer
     /// after the buffers, as the runtime passes it); returns the status words.
     pub fn run_sized(&self, name: &str, args: &[*mut u8], sizes: &[i64]) -> [i64; 4] {
+        self.run_with(name, args, sizes, &[])
+    }
+
+    /// Calls kernel `name` on buffers `args`, the values of its size symbols and its random
+    /// streams' words (key, first counter, per stream), as the runtime passes them; returns
+    /// the status words.
+    pub fn run_with(&self, name: &str, args: &[*mut u8], sizes: &[i64], random: &[u64]) -> [i64; 4] {
         let mut args = args.to_vec();
         args.push(sizes.as_ptr() as *mut u8);
+        args.push(random.as_ptr() as *mut u8);
         let mut status = [0i64; 4];
         unsafe {
             let f: libloading::Symbol<unsafe extern "C" fn(*const *mut u8, *mut i64)> =

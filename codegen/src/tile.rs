@@ -23,7 +23,9 @@
 //! Block variables are numbered in order of definition in the final body, so the numbering
 //! depends only on the kernel, never on construction details.
 
-use coil_ir::kernel::{rindex, xindex, Dims, FusedKernel, KernelKind, TileArg, TileKernel, TileOp, TileStmt, Var};
+use coil_ir::kernel::{
+    flat_stmts, rindex, xindex, Dims, FusedKernel, KernelKind, TileArg, TileKernel, TileOp, TileStmt, Var,
+};
 use coil_ir::loops::{range_var, reduction_var, Body, BufferId, LoopKind, LoopProgram, ScalarOp, ValueId};
 use coil_ir::sym::Expr;
 use coil_ir::{DType, ReduceOp};
@@ -79,6 +81,7 @@ pub fn build_kernel(program: &LoopProgram, kernel: &FusedKernel) -> TileKernel {
     };
     let body = renumber(body);
     let sizes = size_symbols(program, kernel, &body);
+    let random = random_streams(&body);
     TileKernel {
         name: kernel.name.clone(),
         kind: kernel.kind,
@@ -86,6 +89,7 @@ pub fn build_kernel(program: &LoopProgram, kernel: &FusedKernel) -> TileKernel {
         xnumel: kernel.xnumel,
         rnumel: kernel.rnumel,
         sizes,
+        random,
         xblock,
         rblock,
         body,
@@ -112,6 +116,20 @@ fn size_symbols(program: &LoopProgram, kernel: &FusedKernel, body: &[TileStmt]) 
     collect(body, &mut used);
     let free: Vec<Expr> = used.iter().flat_map(|e| e.free_symbols()).collect();
     program.symbols.iter().map(|s| s.symbol).filter(|s| free.contains(s)).collect()
+}
+
+/// The random streams a kernel's body draws from, in increasing order.
+fn random_streams(body: &[TileStmt]) -> Vec<usize> {
+    let mut streams: Vec<usize> = flat_stmts(body)
+        .into_iter()
+        .filter_map(|s| match s {
+            TileStmt::Let { op: TileOp::Rand { stream, .. }, .. } => Some(*stream),
+            _ => None,
+        })
+        .collect();
+    streams.sort_unstable();
+    streams.dedup();
+    streams
 }
 
 /// The substitution [`build_kernel`] applies to the index variables of `kernel`'s member node
@@ -437,8 +455,8 @@ impl<'a> Builder<'a> {
                 }
                 ScalarOp::Constant(c) => TileOp::Constant(*c),
                 ScalarOp::Index(e) => TileOp::Index(sub(e)),
-                ScalarOp::Rand { dist, seed, counter } => {
-                    TileOp::Rand { dist: *dist, seed: *seed, counter: sub(counter) }
+                ScalarOp::Rand { dist, stream, counter } => {
+                    TileOp::Rand { dist: *dist, stream: *stream, counter: sub(counter) }
                 }
                 ScalarOp::Unary(u, a) => TileOp::Unary(*u, v(a)),
                 ScalarOp::Binary(op, a, b) => TileOp::Binary(*op, v(a), v(b)),

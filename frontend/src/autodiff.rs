@@ -61,6 +61,11 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
             Op::Input { index } => inputs[*index].clone(),
             // Differentiated already: the value is the operand's.
             Op::Detach => tensors[node.inputs[0].0].clone().expect("operands come first"),
+            // The numbers the forward graph drew: its stream's start, plus the offset.
+            Op::Rand { dist, stream, offset } => {
+                let draw = captured.random[*stream].advanced(*offset);
+                Tensor::random_leaf_on(*dist, node.meta.clone(), captured.device, draw, node.location)
+            }
             op if op.is_leaf() => Tensor::leaf_on(op.clone(), node.meta.clone(), captured.device, node.location),
             op => {
                 let srcs: Vec<&Tensor> =

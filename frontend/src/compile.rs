@@ -12,7 +12,7 @@ use crate::dynamo::dynamic::DynamicSpec;
 use crate::logs;
 use crate::storage::Storage;
 use coil_ir::kernel::{Donation, KernelKind, TileKernel};
-use coil_ir::{Error, Graph, Result};
+use coil_ir::{Error, Graph, RandomState, Result};
 use coil_runtime::cpu::CompiledGraph;
 use coil_runtime::cuda::{CudaBuffer, CudaCompiledGraph, CudaDevice};
 use coil_runtime::{Buffer, Device};
@@ -154,12 +154,13 @@ impl Compiled {
         Ok(())
     }
 
-    /// Runs on inputs already on the graph's device (as [`crate::capture`] binds them).
+    /// Runs on inputs already on the graph's device, with the random streams `random` (as
+    /// [`crate::capture`] binds them: [`crate::Captured::random`]).
     ///
     /// An output compiled to be written over a donated input ([`compile_donating`]) is written
     /// there: its storage is that input's allocation at a new version, and every older handle
     /// to it is stale ([`Storage::check_current`]).
-    pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
+    pub fn run(&self, inputs: &[Storage], random: &[RandomState]) -> Result<Vec<Storage>> {
         self.profile_once(inputs)?;
         let donated = |k: usize| {
             // The buffer the run wrote is the one the input's handle addresses (same device).
@@ -169,20 +170,21 @@ impl Compiled {
             Executable::Cpu(g) => {
                 let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
-                let outputs = g.run_donating(&refs)?.into_iter();
+                let outputs = g.run_donating(&refs, random)?.into_iter();
                 outputs.map(|o| o.map(|b| Storage::host(Arc::new(b))).or_input(donated)).collect()
             }
             Executable::Cuda(g) => {
                 let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&CudaBuffer> =
                     on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
-                let outputs = g.run_donating(&refs)?.into_iter();
+                let outputs = g.run_donating(&refs, random)?.into_iter();
                 outputs.map(|o| o.map(|b| Storage::cuda(Arc::new(b))).or_input(donated)).collect()
             }
         }
     }
 
-    /// Runs on host buffers and returns host buffers (copies to and from the device for CUDA).
+    /// Runs on host buffers and returns host buffers (copies to and from the device for CUDA),
+    /// without random streams (a graph that draws random numbers runs with [`Compiled::run`]).
     pub fn run_host(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
         match &self.executable {
             Executable::Cpu(g) => g.run(inputs),
@@ -220,7 +222,20 @@ fn cache() -> &'static Mutex<Cache> {
     CACHE.get_or_init(Default::default)
 }
 
-/// Number of graphs compiled by this process (cache misses), for tests and reports.
+/// Number of graphs compiled by this process for [`crate::realize`] (cache misses of its
+/// compiled-graph cache, shared by every thread), for tests and reports. A program realized
+/// again (the next step of a training loop, with new data and new random numbers) is a hit.
+///
+/// ```
+/// use coil_frontend::{compile::compile_count, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32; 64], &[64]).unwrap();
+/// let step = || x.dropout(0.5, true).unwrap().to_vec::<f32>().unwrap();
+/// let first = step();
+/// let before = compile_count();
+/// let second = step(); // the same graph: no compile (in this single-threaded example)
+/// assert_eq!(compile_count(), before);
+/// assert_ne!(first, second); // new numbers
+/// ```
 pub fn compile_count() -> usize {
     cache().lock().map(|c| c.values().map(Vec::len).sum()).unwrap_or(0)
 }

@@ -216,6 +216,7 @@ pub fn summary_json(
         .collect();
     let summary = serde_json::json!({
         "size_symbols": symbols,
+        "random_streams": program.random_streams(),
         "kernels": list,
         "generated_kernels": generated,
         "extern_calls": schedule.kernels.len() - generated,

@@ -110,7 +110,9 @@ fn run_donating(values: &[&Tensor], targets: &[Storage]) -> Result<Vec<Storage>>
     }
     match backend() {
         Backend::Interpreter => interpret(&captured),
-        Backend::Compiled => compile_donating(&captured.graph, device, &donations)?.run(&captured.inputs),
+        Backend::Compiled => {
+            compile_donating(&captured.graph, device, &donations)?.run(&captured.inputs, &captured.random)
+        }
     }
 }
 

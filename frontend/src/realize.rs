@@ -6,7 +6,7 @@
 
 use crate::storage::Storage;
 use crate::tensor::Tensor;
-use coil_ir::{Graph, Node, NodeId, Result};
+use coil_ir::{Graph, Node, NodeId, RandomState, Result};
 use coil_runtime::{Buffer, Device};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -45,6 +45,9 @@ pub struct Captured {
     pub graph: Graph,
     /// One computed tensor's elements per graph input, in input order.
     pub inputs: Vec<Storage>,
+    /// Where each of the graph's random streams starts, in stream order: the run-time
+    /// arguments of its random ops (see [`capture`]).
+    pub random: Vec<RandomState>,
     /// The device the graph runs on (its outputs' device).
     pub device: Device,
     /// Per graph input, the dims marked dynamic ([`Tensor::mark_dynamic`]), one bit per dim.
@@ -55,6 +58,13 @@ pub struct Captured {
 ///
 /// The graph's outputs are `outputs` in order. Nodes are numbered in a depth-first post-order
 /// from the outputs, so the same program always prints the same graph.
+///
+/// Random ops (`rand`, `randn`, `dropout`) draw from the graph's *random streams*, one per key
+/// (seed) they use, in order of first appearance; a stream starts at the first counter drawn
+/// with its key, and each op keeps its offset from there as an attribute. The streams' values
+/// ([`Captured::random`]) are arguments of the run, not part of the graph: a program that
+/// draws new numbers each time (a training step's dropout) is the same graph each time, and
+/// compiles once.
 ///
 /// ```
 /// use coil_frontend::{capture, Tensor};
@@ -97,6 +107,7 @@ pub(crate) fn capture_walk(outputs: &[&Tensor], wrt: &[&Tensor]) -> (Captured, V
             order.push(t);
         }
     }
+    let random = random_streams(&order, is_input);
     // Inputs (computed tensors) first, then the pending nodes in walk order.
     let mut graph = Graph::new();
     let mut inputs = Vec::new();
@@ -110,20 +121,41 @@ pub(crate) fn capture_walk(outputs: &[&Tensor], wrt: &[&Tensor]) -> (Captured, V
         marked.push(t.0.dynamic.load(std::sync::atomic::Ordering::Relaxed));
     }
     for &t in order.iter().filter(|&&t| !is_input(t)) {
-        let id = if t.0.op.is_leaf() {
-            graph.leaf(t.0.op.clone(), t.meta().clone(), t.0.location)
+        let op = match t.0.draw {
+            Some(draw) => {
+                let stream = random.iter().position(|s| s.seed == draw.seed).expect("every key has a stream");
+                t.0.op.with_stream(stream, draw.offset.wrapping_sub(random[stream].offset))
+            }
+            None => t.0.op.clone(),
+        };
+        let id = if op.is_leaf() {
+            graph.leaf(op, t.meta().clone(), t.0.location)
         } else {
             // The meta was inferred when the op was recorded, from these same operands:
             // inferring it again would only cost time.
             let inputs: Vec<NodeId> = t.0.srcs.iter().map(|s| ids[&key(s)]).collect();
-            graph.nodes.push(Node { op: t.0.op.clone(), inputs, meta: t.meta().clone(), location: t.0.location });
+            graph.nodes.push(Node { op, inputs, meta: t.meta().clone(), location: t.0.location });
             NodeId(graph.nodes.len() - 1)
         };
         ids.insert(key(t), id);
     }
     graph.outputs = outputs.iter().map(|t| ids[&key(t)]).collect();
     let device = outputs.first().map_or(Device::Cpu, |t| t.device());
-    (Captured { graph, inputs, device, marked }, input_tensors)
+    (Captured { graph, inputs, random, device, marked }, input_tensors)
+}
+
+/// The random streams of the pending nodes among `order`: one per key, in order of first
+/// appearance, each starting at the lowest counter drawn with that key (so every offset from
+/// it is small and non-negative, and the same program draws at the same offsets).
+fn random_streams(order: &[&Tensor], is_input: impl Fn(&Tensor) -> bool) -> Vec<RandomState> {
+    let mut streams: Vec<RandomState> = Vec::new();
+    for draw in order.iter().filter(|t| !is_input(t)).filter_map(|t| t.0.draw) {
+        match streams.iter_mut().find(|s| s.seed == draw.seed) {
+            Some(s) => s.offset = s.offset.min(draw.offset),
+            None => streams.push(draw),
+        }
+    }
+    streams
 }
 
 /// For every tensor behind `outputs` (computed ones included), whether one of `wrt` is among its
@@ -216,7 +248,9 @@ pub fn backend() -> Backend {
 fn run(captured: &Captured) -> Result<Vec<Storage>> {
     match backend() {
         Backend::Interpreter => interpret(captured),
-        Backend::Compiled => crate::compile::compile(&captured.graph, captured.device)?.run(&captured.inputs),
+        Backend::Compiled => {
+            crate::compile::compile(&captured.graph, captured.device)?.run(&captured.inputs, &captured.random)
+        }
     }
 }
 
@@ -226,6 +260,6 @@ pub(crate) fn interpret(captured: &Captured) -> Result<Vec<Storage>> {
     let primitive = coil_passes::decompose(&captured.graph)?;
     let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
     let inputs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
-    let outputs = coil_runtime::interpret(&primitive, &inputs)?;
+    let outputs = coil_runtime::interpret_with(&primitive, &inputs, &captured.random)?;
     outputs.into_iter().map(|b| Storage::host(Arc::new(b)).to_device(captured.device)).collect()
 }

@@ -4,7 +4,7 @@ use crate::dynamo::{BreakKind, HostRead};
 use crate::realize;
 use crate::storage::Storage;
 use coil_ir::infer::{self, Operand};
-use coil_ir::{DType, Error, Op, RandDist, Result, Scalar, TensorMeta};
+use coil_ir::{DType, Error, Op, RandDist, RandomState, Result, Scalar, TensorMeta};
 use coil_runtime::{Buffer, Device, Element};
 use std::cell::Cell;
 use std::fmt;
@@ -40,11 +40,38 @@ pub(crate) struct TensorNode {
     pub(crate) storage: OnceLock<Storage>,
     /// Dims marked dynamic ([`Tensor::mark_dynamic`]), one bit per dim.
     pub(crate) dynamic: AtomicU64,
+    /// For a random op (`rand`, `randn`, `dropout`): where its numbers start in the thread's
+    /// stream. Its op's `stream` and `offset` are placeholders (0) until capture makes them the
+    /// graph's (a stream per key, offsets relative to the stream's start: `capture_walk`), so
+    /// the graph's structure does not depend on them.
+    pub(crate) draw: Option<RandomState>,
+}
+
+impl TensorNode {
+    /// A pending node: no storage, no dims marked dynamic, no draw.
+    fn pending(
+        op: Op,
+        srcs: Vec<Tensor>,
+        meta: TensorMeta,
+        device: Device,
+        location: Option<&'static Location<'static>>,
+    ) -> TensorNode {
+        TensorNode {
+            op,
+            srcs,
+            meta,
+            device,
+            location,
+            storage: OnceLock::new(),
+            dynamic: AtomicU64::new(0),
+            draw: None,
+        }
+    }
 }
 
 thread_local! {
-    /// The random stream: (seed, next offset). Each random op takes `numel` counters.
-    static RNG: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// The random stream: the key and the next counter. Each random op takes `numel` counters.
+    static RNG: Cell<RandomState> = const { Cell::new(RandomState { seed: 0, offset: 0 }) };
     /// Where creation functions (`zeros`, `full`, `arange`, `randn`, ...) put new tensors.
     static DEFAULT_DEVICE: Cell<Device> = const { Cell::new(Device::Cpu) };
 }
@@ -60,17 +87,18 @@ pub fn default_device() -> Device {
     DEFAULT_DEVICE.with(|d| d.get())
 }
 
-/// Seeds the thread's random stream (like `torch.manual_seed`).
+/// Seeds the thread's random stream (like `torch.manual_seed`): the random ops recorded after
+/// it draw the same numbers in every run, compiled or not, on every device.
 pub fn manual_seed(seed: u64) {
-    RNG.with(|r| r.set((seed, 0)));
+    RNG.with(|r| r.set(RandomState { seed, offset: 0 }));
 }
 
-/// Takes `n` counters from the random stream: returns (seed, offset).
-pub(crate) fn next_random(n: usize) -> (u64, u64) {
+/// Takes `n` counters from the random stream: returns where they start.
+pub(crate) fn next_random(n: usize) -> RandomState {
     RNG.with(|r| {
-        let (seed, offset) = r.get();
-        r.set((seed, offset + n as u64));
-        (seed, offset)
+        let start = r.get();
+        r.set(start.advanced(n as u64));
+        start
     })
 }
 
@@ -87,15 +115,20 @@ impl Tensor {
         device: Device,
         location: Option<&'static Location<'static>>,
     ) -> Tensor {
-        Tensor(Arc::new(TensorNode {
-            op,
-            srcs: vec![],
-            meta,
-            device,
-            location,
-            storage: OnceLock::new(),
-            dynamic: AtomicU64::new(0),
-        }))
+        Tensor(Arc::new(TensorNode::pending(op, vec![], meta, device, location)))
+    }
+
+    /// A pending `rand` / `randn` leaf on `device` whose numbers start at `draw`.
+    pub(crate) fn random_leaf_on(
+        dist: RandDist,
+        meta: TensorMeta,
+        device: Device,
+        draw: RandomState,
+        location: Option<&'static Location<'static>>,
+    ) -> Tensor {
+        let mut node = TensorNode::pending(Op::Rand { dist, stream: 0, offset: 0 }, vec![], meta, device, location);
+        node.draw = Some(draw);
+        Tensor(Arc::new(node))
     }
 
     /// Makes dim `dim` of this tensor symbolic for compiled functions that take it as an
@@ -137,15 +170,7 @@ impl Tensor {
 
     /// A tensor holding computed elements, on the storage's device.
     pub fn from_storage(storage: Storage) -> Tensor {
-        let node = TensorNode {
-            op: Op::Input { index: 0 },
-            srcs: vec![],
-            meta: storage.meta(),
-            device: storage.device(),
-            location: None,
-            storage: OnceLock::new(),
-            dynamic: AtomicU64::new(0),
-        };
+        let node = TensorNode::pending(Op::Input { index: 0 }, vec![], storage.meta(), storage.device(), None);
         let _ = node.storage.set(storage);
         Tensor(Arc::new(node))
     }
@@ -165,15 +190,9 @@ impl Tensor {
             return Ok(self.clone());
         }
         if self.0.op.is_leaf() && !self.is_realized() {
-            let node = TensorNode {
-                op: self.0.op.clone(),
-                srcs: vec![],
-                meta: self.meta().clone(),
-                device,
-                location: self.0.location,
-                storage: OnceLock::new(),
-                dynamic: AtomicU64::new(self.0.dynamic.load(Ordering::Relaxed)),
-            };
+            let mut node = TensorNode::pending(self.0.op.clone(), vec![], self.meta().clone(), device, self.0.location);
+            node.dynamic = AtomicU64::new(self.0.dynamic.load(Ordering::Relaxed));
+            node.draw = self.0.draw;
             return Ok(Tensor(Arc::new(node)));
         }
         let storage = {
@@ -233,19 +252,32 @@ impl Tensor {
         Tensor::full(shape, 1, dtype)
     }
 
+    /// Zeros of this tensor's shape and dtype, on its device (`torch.zeros_like`).
     #[track_caller]
     pub fn zeros_like(&self) -> Tensor {
-        Tensor::zeros(self.shape(), self.dtype())
+        self.full_like(0)
     }
 
+    /// Ones of this tensor's shape and dtype, on its device (`torch.ones_like`).
     #[track_caller]
     pub fn ones_like(&self) -> Tensor {
-        Tensor::ones(self.shape(), self.dtype())
+        self.full_like(1)
     }
 
+    /// `value` in this tensor's shape and dtype, on its device (`torch.full_like`).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// let x = Tensor::from_vec(vec![1.5f64, 2.5], &[2]).unwrap();
+    /// let y = x.full_like(7);
+    /// assert_eq!((y.dtype(), y.device()), (DType::F64, x.device()));
+    /// assert_eq!(y.to_vec::<f64>().unwrap(), vec![7.0, 7.0]);
+    /// ```
     #[track_caller]
     pub fn full_like(&self, value: impl Into<Scalar>) -> Tensor {
-        Tensor::full(self.shape(), value, self.dtype())
+        let meta = TensorMeta::new(self.shape().to_vec(), self.dtype());
+        Tensor::leaf_on(Op::Full(value.into()), meta, self.device(), Some(Location::caller()))
     }
 
     /// i64 tensor of `shape` whose value is each element's index along `dim`.
@@ -262,44 +294,56 @@ impl Tensor {
     /// Uniform random numbers in `[0, 1)` from the thread's Philox stream ([`manual_seed`]).
     #[track_caller]
     pub fn rand(shape: &[usize], dtype: DType) -> Result<Tensor> {
-        Tensor::random(shape, dtype, RandDist::Uniform)
+        Tensor::random(shape, dtype, RandDist::Uniform, default_device())
     }
 
     /// Standard normal random numbers from the thread's Philox stream ([`manual_seed`]).
     #[track_caller]
     pub fn randn(shape: &[usize], dtype: DType) -> Result<Tensor> {
-        Tensor::random(shape, dtype, RandDist::Normal)
+        Tensor::random(shape, dtype, RandDist::Normal, default_device())
     }
 
+    /// Uniform random numbers of this tensor's shape and dtype, on its device
+    /// (`torch.rand_like`); an error for a dtype that is not floating.
     #[track_caller]
     pub fn rand_like(&self) -> Result<Tensor> {
-        Tensor::rand(self.shape(), self.dtype())
+        Tensor::random(self.shape(), self.dtype(), RandDist::Uniform, self.device())
     }
 
+    /// Standard normal random numbers of this tensor's shape and dtype, on its device
+    /// (`torch.randn_like`); an error for a dtype that is not floating.
     #[track_caller]
     pub fn randn_like(&self) -> Result<Tensor> {
-        Tensor::randn(self.shape(), self.dtype())
+        Tensor::random(self.shape(), self.dtype(), RandDist::Normal, self.device())
     }
 
+    /// A random leaf on `device` drawing the thread stream's next `numel` counters.
     #[track_caller]
-    fn random(shape: &[usize], dtype: DType, dist: RandDist) -> Result<Tensor> {
+    fn random(shape: &[usize], dtype: DType, dist: RandDist, device: Device) -> Result<Tensor> {
         let name = if dist == RandDist::Uniform { "rand" } else { "randn" };
         if !dtype.is_float() {
             return Err(Error::dtype(format!("{name} expects a floating dtype, got {dtype}"))
                 .in_op(name, vec![])
                 .at(Location::caller()));
         }
-        let (seed, offset) = next_random(shape.iter().product());
-        Ok(Tensor::leaf(
-            Op::Rand { dist, seed, offset },
-            TensorMeta::new(shape.to_vec(), dtype),
-            Some(Location::caller()),
-        ))
+        let draw = next_random(shape.iter().product());
+        let meta = TensorMeta::new(shape.to_vec(), dtype);
+        Ok(Tensor::random_leaf_on(dist, meta, device, draw, Some(Location::caller())))
     }
 
     /// Records `op` applied to `srcs`: infers the meta, and on error names the op, the operands
     /// and the caller's line. Rust scalars take the device of the tensors they meet.
     pub(crate) fn record(op: Op, srcs: &[&Tensor], location: &'static Location<'static>) -> Result<Tensor> {
+        Tensor::record_drawing(op, srcs, None, location)
+    }
+
+    /// [`Tensor::record`] of a random op (`dropout`) whose numbers start at `draw`.
+    pub(crate) fn record_drawing(
+        op: Op,
+        srcs: &[&Tensor],
+        draw: Option<RandomState>,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let describe = || srcs.iter().map(|t| t.meta().to_string()).collect::<Vec<_>>();
         let tensors = || srcs.iter().filter(|t| !t.is_weak_scalar());
         let device = tensors().next().map_or(Device::Cpu, |t| t.device());
@@ -315,15 +359,9 @@ impl Tensor {
             srcs.iter().map(|t| Operand { meta: &t.0.meta, scalar: t.is_weak_scalar() }).collect();
         let meta = infer::infer(&op, &operands).map_err(|e| e.in_op(op.name(), describe()).at(location))?;
         let srcs = srcs.iter().map(|&t| if t.is_weak_scalar() { t.to_device(device) } else { Ok(t.clone()) });
-        Ok(Tensor(Arc::new(TensorNode {
-            op,
-            srcs: srcs.collect::<Result<Vec<_>>>()?,
-            meta,
-            device,
-            location: Some(location),
-            storage: OnceLock::new(),
-            dynamic: AtomicU64::new(0),
-        })))
+        let mut node = TensorNode::pending(op, srcs.collect::<Result<Vec<_>>>()?, meta, device, Some(location));
+        node.draw = draw;
+        Ok(Tensor(Arc::new(node)))
     }
 
     /// An error in `op` on this tensor's operands, at the caller's line.

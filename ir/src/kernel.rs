@@ -23,6 +23,7 @@
 use crate::dtype::{DType, Scalar};
 use crate::loops::BufferId;
 use crate::op::{BinaryOp, RandDist, ReduceOp, UnaryOp};
+use crate::philox;
 use crate::sym::Expr;
 use std::fmt::{self, Write};
 
@@ -188,12 +189,32 @@ pub type Var = u32;
 /// operands being block variables and buffers being kernel arguments.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TileOp {
-    Load { arg: usize, index: Expr },
-    MaskedLoad { arg: usize, index: Expr, mask: Var, other: Scalar },
-    IndirectLoad { arg: usize, index: Expr, indirect: Var, stride: Expr, bound: Expr },
+    Load {
+        arg: usize,
+        index: Expr,
+    },
+    MaskedLoad {
+        arg: usize,
+        index: Expr,
+        mask: Var,
+        other: Scalar,
+    },
+    IndirectLoad {
+        arg: usize,
+        index: Expr,
+        indirect: Var,
+        stride: Expr,
+        bound: Expr,
+    },
     Constant(Scalar),
     Index(Expr),
-    Rand { dist: RandDist, seed: u64, counter: Expr },
+    /// A Philox number of random stream `stream` at counter `offset<stream> + counter`
+    /// (see [`crate::loops::ScalarOp::Rand`]); the stream is one of [`TileKernel::random`].
+    Rand {
+        dist: RandDist,
+        stream: usize,
+        counter: Expr,
+    },
     Unary(UnaryOp, Var),
     Binary(BinaryOp, Var, Var),
     Where(Var, Var, Var),
@@ -281,6 +302,10 @@ pub struct TileKernel {
     /// The size symbols the kernel reads (in `xnumel`, `rnumel` or an index), passed after the
     /// buffers as `i64` arguments, in this order; empty for static shapes.
     pub sizes: Vec<Expr>,
+    /// The random streams the kernel draws from, in increasing order: each passed after the
+    /// sizes as two 64-bit arguments, the stream's key and first counter
+    /// ([`crate::RandomState`]: `seed<k>`, `offset<k>`); empty when it draws none.
+    pub random: Vec<usize>,
     /// Suggested block sizes: outputs per program, and row elements per block.
     pub xblock: usize,
     pub rblock: usize,
@@ -299,9 +324,9 @@ fn op_text(k: &TileKernel, op: &TileOp) -> String {
         }
         TileOp::Constant(c) => format!("{c}"),
         TileOp::Index(e) => format!("({e})"),
-        TileOp::Rand { dist, seed, counter } => {
+        TileOp::Rand { dist, stream, counter } => {
             let name = if *dist == RandDist::Normal { "randn" } else { "rand" };
-            format!("{name}(seed={seed}, offset={counter})")
+            format!("{name}({}, {} + ({counter}))", philox::seed_name(*stream), philox::offset_name(*stream))
         }
         TileOp::Unary(u, a) => format!("{}(tmp{a})", u.name()),
         TileOp::Binary(b, x, y) => format!("{}(tmp{x}, tmp{y})", b.name()),
@@ -369,6 +394,12 @@ impl fmt::Display for TileKernel {
             .iter()
             .map(|a| format!("{}: *{}", a.name, a.dtype))
             .chain(self.sizes.iter().map(|s| format!("{s}: i64")))
+            .chain(
+                self.random
+                    .iter()
+                    .flat_map(|&k| [philox::seed_name(k), philox::offset_name(k)])
+                    .map(|n| format!("{n}: u64")),
+            )
             .collect();
         let _ = writeln!(s, "# kind: {}", self.kind.name());
         let _ = writeln!(s, "@kernel\ndef {}({}):", self.name, params.join(", "));

@@ -28,3 +28,4 @@ pub use dtype::{DType, Scalar};
 pub use error::{Error, ErrorKind, Result};
 pub use graph::{Graph, Node, NodeId, Shape, TensorMeta};
 pub use op::{BinaryOp, LossReduction, Op, RandDist, ReduceOp, UnaryOp};
+pub use philox::RandomState;

@@ -21,6 +21,7 @@
 use crate::dtype::{DType, Scalar};
 use crate::graph::TensorMeta;
 use crate::op::{BinaryOp, Op, RandDist, ReduceOp, UnaryOp};
+use crate::philox;
 use crate::sym::Expr;
 use indexmap::IndexMap;
 use std::fmt::{self, Write};
@@ -96,10 +97,12 @@ pub enum ScalarOp {
     Constant(Scalar),
     /// The i64 value of an index expression (iota; the masks of pad, cat, tril).
     Index(Expr),
-    /// Philox random number with key `seed` and counter `counter` ([`crate::philox`]).
+    /// Philox random number of the program's random stream `stream` ([`crate::philox`]):
+    /// key `seed<stream>`, counter `offset<stream> + counter` (wrapping), the stream's
+    /// [`crate::RandomState`] being a run-time argument; `counter` is relative to it.
     Rand {
         dist: RandDist,
-        seed: u64,
+        stream: usize,
         counter: Expr,
     },
     Unary(UnaryOp, ValueId),
@@ -442,6 +445,9 @@ pub type Bindings = IndexMap<Expr, i64>;
 /// them from its inputs ([`LoopProgram::bind`]) and the backends launch an
 /// [`instantiated`](LoopProgram::instantiate) copy whose sizes are constants, passing the
 /// symbols' values to the kernels, which were compiled once for every size.
+///
+/// Random numbers come from the run's random streams ([`LoopProgram::random_streams`]), each a
+/// [`crate::RandomState`] passed to the kernels that draw from it, whatever the sizes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoopProgram {
     /// Size symbols, in order (empty for static shapes).
@@ -528,6 +534,21 @@ impl LoopProgram {
         p
     }
 
+    /// How many random streams the program's bodies draw from (one more than the highest
+    /// stream of a [`ScalarOp::Rand`]; 0 for none): a run passes at least that many
+    /// [`crate::RandomState`]s.
+    pub fn random_streams(&self) -> usize {
+        let bodies = self.nodes.iter().filter_map(|n| match &n.kind {
+            LoopKind::Pointwise { body, .. } | LoopKind::Reduction { body, .. } => Some(body),
+            LoopKind::Extern { .. } => None,
+        });
+        let streams = bodies.flat_map(|b| &b.values).filter_map(|v| match v.op {
+            ScalarOp::Rand { stream, .. } => Some(stream + 1),
+            _ => None,
+        });
+        streams.max().unwrap_or(0)
+    }
+
     /// The hint value of every size symbol.
     pub fn hints(&self) -> Bindings {
         self.symbols.iter().map(|s| (s.symbol, s.hint)).collect()
@@ -547,9 +568,9 @@ fn write_body(s: &mut String, p: &LoopProgram, body: &Body) {
             }
             ScalarOp::Constant(c) => format!("constant({c})"),
             ScalarOp::Index(e) => format!("index({e})"),
-            ScalarOp::Rand { dist, seed, counter } => {
+            ScalarOp::Rand { dist, stream, counter } => {
                 let name = if *dist == RandDist::Normal { "randn" } else { "rand" };
-                format!("{name}(seed={seed}, counter={counter})")
+                format!("{name}({}, {} + ({counter}))", philox::seed_name(*stream), philox::offset_name(*stream))
             }
             ScalarOp::Unary(op, a) => format!("{}({a})", op.name()),
             ScalarOp::Binary(op, a, b) => format!("{}({a}, {b})", op.name()),
@@ -579,6 +600,9 @@ impl fmt::Display for LoopProgram {
                 sym.dim,
                 sym.hint
             );
+        }
+        for k in 0..self.random_streams() {
+            let _ = writeln!(s, "random stream {k}: {}, {}", philox::seed_name(k), philox::offset_name(k));
         }
         let _ = writeln!(s, "inputs: {}", names(&self.inputs));
         for id in &self.inputs {

@@ -263,11 +263,14 @@ pub enum Op {
     Iota {
         dim: usize,
     },
-    /// Counter-based (Philox 4x32-10) random numbers: element `i` uses counter `offset + i`
-    /// and key `seed`, so every device draws the same numbers.
+    /// Counter-based (Philox 4x32-10) random numbers from the graph's random stream `stream`:
+    /// element `i` draws at counter `base + offset + i` under the stream's key, where the key
+    /// and `base` are the stream's [`crate::RandomState`], an argument of each run
+    /// ([`crate::philox`]). So every device draws the same numbers, and a graph's structure
+    /// does not depend on which numbers it draws.
     Rand {
         dist: RandDist,
-        seed: u64,
+        stream: usize,
         offset: u64,
     },
 
@@ -422,9 +425,10 @@ pub enum Op {
         k: i64,
     },
     /// Inverted dropout: keep with probability `1 - p`, scale kept values by `1 / (1 - p)`.
+    /// The mask draws uniform numbers as `Rand { stream, offset }` of the operand's shape.
     Dropout {
         p: f64,
-        seed: u64,
+        stream: usize,
         offset: u64,
     },
     /// `F.embedding(indices, weight)`: inputs are `(weight, indices)`.
@@ -554,6 +558,16 @@ impl Op {
         matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
     }
 
+    /// A random op ([`Op::Rand`], [`Op::Dropout`]) drawing from `stream` at `offset`; any
+    /// other op as it is.
+    pub fn with_stream(&self, stream: usize, offset: u64) -> Op {
+        match self {
+            Op::Rand { dist, .. } => Op::Rand { dist: *dist, stream, offset },
+            Op::Dropout { p, .. } => Op::Dropout { p: *p, stream, offset },
+            op => op.clone(),
+        }
+    }
+
     /// Views: the output is the operand's data seen through a different index map.
     pub fn is_view(&self) -> bool {
         matches!(self, Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. })
@@ -577,8 +591,8 @@ impl Op {
             Op::Iota { dim } | Op::Cumsum { dim } | Op::Cat { dim } | Op::Gather { dim } => put("dim", dim.to_string()),
             Op::IndexSelect { dim } | Op::Scatter { dim, .. } => put("dim", dim.to_string()),
             Op::Softmax { dim } | Op::LogSoftmax { dim } => put("dim", dim.to_string()),
-            Op::Rand { seed, offset, .. } => {
-                put("seed", seed.to_string());
+            Op::Rand { stream, offset, .. } => {
+                put("stream", stream.to_string());
                 put("offset", offset.to_string());
             }
             Op::Cast(t) => put("dtype", t.to_string()),
@@ -639,9 +653,9 @@ impl Op {
                 put("weight", weight.to_string());
             }
             Op::Tril { k } | Op::Triu { k } => put("k", k.to_string()),
-            Op::Dropout { p, seed, offset } => {
+            Op::Dropout { p, stream, offset } => {
                 put("p", Scalar::Float(*p).to_string());
-                put("seed", seed.to_string());
+                put("stream", stream.to_string());
                 put("offset", offset.to_string());
             }
             Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight } => {

@@ -4,11 +4,18 @@
 //! maps a 128-bit counter and a 64-bit key to 128 random bits with no state, so any element of
 //! a random tensor can be computed independently, on any device, in any order.
 //!
+//! **Where the numbers come from.** A random op of a graph names one of the graph's *random
+//! streams* and an offset relative to it (`Rand { stream, offset }`); the stream's
+//! [`RandomState`] (key `seed`, first counter `offset`) is a run-time argument of the graph
+//! and of its kernels, never part of the graph, so the same program compiles once whatever the
+//! numbers it draws. Element `i` of `Rand { stream: s, offset }` run with streams `states`
+//! draws at key `states[s].seed` and counter `states[s].offset + offset + i`.
+//!
 //! **This module is the definition.** The reference interpreter calls it, and the CUDA C and C
 //! code generators must reproduce exactly these bits and exactly these formulas:
 //!
-//! * element `i` of `Rand { seed, offset }` uses counter
-//!   `(lo32(offset + i), hi32(offset + i), 0, 0)` (the addition wraps modulo 2^64) and key
+//! * element `i` of a draw at key `seed` from counter `offset` uses counter
+//!   `(lo32(offset + i), hi32(offset + i), 0, 0)` (the additions wrap modulo 2^64) and key
 //!   `(lo32(seed), hi32(seed))`, and gets the words `w0..w3` of [`philox4x32_10`];
 //! * uniform on `[0, 1)`: `(w0 >> 8) * 2^-24` ([`uniform`]);
 //! * standard normal by Box–Muller: `u1 = ((w0 >> 8) + 1) * 2^-24` in `(0, 1]`,
@@ -26,6 +33,32 @@
 //! let u = philox::uniform(42, 7);
 //! assert!((0.0..1.0).contains(&u));
 //! ```
+
+/// A position in the Philox streams: key `seed`, counter `offset`. As a graph's run-time
+/// argument it is where one random stream starts (its ops' offsets are relative to it); for a
+/// pending random tensor, where its own draw starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RandomState {
+    pub seed: u64,
+    pub offset: u64,
+}
+
+impl RandomState {
+    /// The state `n` counters further on the same key (wrapping).
+    pub fn advanced(self, n: u64) -> RandomState {
+        RandomState { seed: self.seed, offset: self.offset.wrapping_add(n) }
+    }
+}
+
+/// The name of stream `stream`'s key in printed IR and generated code: `seed0`, `seed1`, ...
+pub fn seed_name(stream: usize) -> String {
+    format!("seed{stream}")
+}
+
+/// The name of stream `stream`'s first counter in printed IR and generated code: `offset0`, ...
+pub fn offset_name(stream: usize) -> String {
+    format!("offset{stream}")
+}
 
 /// Round multiplier for words 0 and 1.
 pub const M0: u32 = 0xD251_1F53;

@@ -31,5 +31,5 @@ pub use buffer::{Buffer, Element, HostData};
 pub use cpu::{c_compiler, CCompiler, CompiledGraph};
 pub use cuda::{cuda_available, CudaBuffer, CudaCompiledGraph, CudaDevice};
 pub use device::Device;
-pub use interp::interpret;
+pub use interp::{interpret, interpret_with};
 pub use plan::RunOutput;

@@ -10,7 +10,7 @@
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
 use coil_ir::loops::{Bindings, BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::sym::Expr;
-use coil_ir::{Error, Result};
+use coil_ir::{Error, RandomState, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -383,6 +383,28 @@ impl Instances {
         cache.insert(sizes, instance.clone());
         Ok(instance)
     }
+}
+
+/// The words a generated kernel takes for its random streams in a run with streams `random`:
+/// key and first counter of each stream in [`TileKernel::random`] order (empty when it draws
+/// none); an error naming the kernel when it draws from a stream the run does not give.
+pub(crate) fn random_words(tile: &TileKernel, random: &[RandomState]) -> Result<Vec<u64>> {
+    tile.random
+        .iter()
+        .map(|&s| {
+            let state = random.get(s).ok_or_else(|| {
+                let n = random.len();
+                Error::value(format!("{} draws from random stream {s}, but the run has {n} random streams", tile.name))
+            })?;
+            Ok([state.seed, state.offset])
+        })
+        .collect::<Result<Vec<[u64; 2]>>>()
+        .map(|w| w.concat())
+}
+
+/// Streams for runs whose numbers do not matter (timing): `n` streams of key 0 from counter 0.
+pub(crate) fn timing_streams(n: usize) -> Vec<RandomState> {
+    vec![RandomState::default(); n]
 }
 
 /// The median of some timings (sorted in place; 0 for none).

@@ -55,6 +55,7 @@ pub(crate) fn tile(name: &str, n: usize, args: &[(&str, usize, DType, bool)]) ->
         xnumel: Expr::int(n as i64),
         rnumel: None,
         sizes: vec![],
+        random: vec![],
         xblock: 1024,
         rblock: 1,
         body: vec![],

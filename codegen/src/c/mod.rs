@@ -2,10 +2,12 @@
 //! OpenMP.
 //!
 //! Each kernel becomes `void NAME(char *const *args, int64_t *status)`; `args` holds one pointer
-//! per [`TileKernel::args`] entry, in order, then one more: a pointer to the values of
+//! per [`TileKernel::args`] entry, in order, then two more: a pointer to the values of
 //! [`TileKernel::sizes`] (`int64_t`, in that order; read into `const int64_t s0 = ...` locals, so
-//! index expressions print as they are; a kernel without sizes never reads it, so callers may
-//! pass it always). `status` (at least 3 words, zeroed by the caller) receives the first error
+//! index expressions print as they are), and a pointer to the random streams of
+//! [`TileKernel::random`] (two `uint64_t` each, key and first counter, in that order; read into
+//! `seed0`, `offset0`, ...). A kernel without sizes or random numbers never reads its pointer,
+//! so callers may pass both always. `status` (at least 3 words, zeroed by the caller) receives the first error
 //! of the launch ([`status`]). Blocks become plain loops: one
 //! OpenMP-parallel loop over `xindex`, and inside it loops over `rindex` (a CPU thread handles a
 //! whole row, so `XBLOCK` and `RBLOCK` are advisory here and no lane masks are needed). Kernels
@@ -39,6 +41,7 @@ pub use prelude::{prelude, status};
 
 use coil_ir::kernel::{flat_stmts, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
+use coil_ir::philox;
 use coil_ir::sym::Expr;
 use coil_ir::{DType, ReduceOp};
 use indexmap::{IndexMap, IndexSet};
@@ -195,9 +198,14 @@ impl<'a> Emitter<'a> {
             let c = if a.written { "" } else { "const " };
             self.line(&format!("{c}{t} *{} = ({c}{t} *)args[{i}]; /* {}, buffer {} */", a.name, a.dtype, a.buffer.0));
         }
+        let n = k.args.len();
         for (i, s) in k.sizes.iter().enumerate() {
-            let n = k.args.len();
             self.line(&format!("const int64_t {} = ((const int64_t *)args[{n}])[{i}];", s.to_c()));
+        }
+        for (i, &stream) in k.random.iter().enumerate() {
+            let (seed, offset) = (philox::seed_name(stream), philox::offset_name(stream));
+            let at = |word: usize| format!("((const uint64_t *)args[{}])[{word}]", n + 1);
+            self.line(&format!("const uint64_t {seed} = {}, {offset} = {};", at(2 * i), at(2 * i + 1)));
         }
         self.line("(void)status;");
         let may_fail = flat_stmts(&k.body).iter().any(|s| match s {
@@ -426,9 +434,12 @@ impl<'a> Emitter<'a> {
             }
             TileOp::Constant(c) => ops::literal(*c, out),
             TileOp::Index(e) => ops::convert(&format!("(int64_t)({})", e.to_c()), DType::I64, out),
-            TileOp::Rand { dist, seed, counter } => {
+            TileOp::Rand { dist, stream, counter } => {
                 let f = if *dist == RandDist::Normal { "coil_rand_normal" } else { "coil_rand_uniform" };
-                ops::convert(&format!("{f}(UINT64_C({seed}), (uint64_t)({}))", counter.to_c()), DType::F64, out)
+                let (seed, offset) = (philox::seed_name(*stream), philox::offset_name(*stream));
+                // unsigned: the counter wraps modulo 2^64, as the definition says
+                let call = format!("{f}({seed}, {offset} + (uint64_t)({}))", counter.to_c());
+                ops::convert(&call, DType::F64, out)
             }
             TileOp::Unary(u, a) => ops::unary(*u, &self.r(*a), self.dtype(*a), out),
             TileOp::Binary(b, x, y) => ops::binary(*b, &self.r(*x), self.dtype(*x), &self.r(*y), self.dtype(*y), out),

@@ -369,29 +369,42 @@ fn half_round_trip_through_kernels() {
 
 #[test]
 fn philox_matches_the_definition() {
+    // Streams 0 and 2 (1 unused): keys and first counters are arguments of the run.
     let mut p = Prog::default();
     let v = xs(&[64])[0];
     let mut outs = Vec::new();
-    for (dist, d) in [
-        (coil_ir::RandDist::Uniform, DType::F64),
-        (coil_ir::RandDist::Uniform, DType::F32),
-        (coil_ir::RandDist::Normal, DType::F64),
+    for (dist, d, stream) in [
+        (coil_ir::RandDist::Uniform, DType::F64, 2),
+        (coil_ir::RandDist::Uniform, DType::F32, 2),
+        (coil_ir::RandDist::Normal, DType::F64, 2),
+        (coil_ir::RandDist::Uniform, DType::F32, 0),
     ] {
         let mut b = B::default();
-        let r = b.push(ScalarOp::Rand { dist, seed: 0x1234_5678_9abc, counter: v + (1i64 << 32) - 5 }, d);
+        let r = b.push(ScalarOp::Rand { dist, stream, counter: v + 5 }, d);
         outs.push(p.pointwise(&[64], d, b.done(r)));
     }
-    let k = kernel("poi_fused_rand_0", KernelKind::Pointwise, vec![0, 1, 2], 64, None, outs);
-    let (lib, _) = build_and_compile(&p.p, &[k]);
-    let (mut u64_, mut u32_, mut n64) = (vec![0f64; 64], vec![0f32; 64], vec![0f64; 64]);
-    lib.run("poi_fused_rand_0", &[ptr(&mut u64_), ptr(&mut u32_), ptr(&mut n64)]);
-    for i in 0..64u64 {
-        let index = (1u64 << 32) - 5 + i; // crosses into the counter's high word
-        let u = philox::uniform(0x1234_5678_9abc, index);
-        assert_eq!(u64_[i as usize], u, "uniform {i}");
-        assert_eq!(u32_[i as usize], u as f32, "uniform f32 {i}");
-        let n = philox::normal(0x1234_5678_9abc, index);
-        assert!(close(n64[i as usize], n, 1e-15), "normal {i}: {} vs {n}", n64[i as usize]);
+    let k = kernel("poi_fused_rand_0", KernelKind::Pointwise, vec![0, 1, 2, 3], 64, None, outs);
+    let (lib, tiles) = build_and_compile(&p.p, &[k]);
+    assert_eq!(tiles[0].random, vec![0, 2]);
+    let src = emit_kernel(&tiles[0]);
+    assert!(src.contains("coil_rand_uniform(seed2, offset2 + (uint64_t)(xindex + 5))"), "{src}");
+    // Two runs of the same kernel: new arguments, new numbers.
+    for (seed, offset) in [(0x1234_5678_9abc_u64, (1u64 << 32) - 10), (u64::MAX - 3, u64::MAX - 40)] {
+        let (mut u64_, mut u32_, mut n64, mut other) = (vec![0f64; 64], vec![0f32; 64], vec![0f64; 64], vec![0f32; 64]);
+        // stream 0: key 7 from counter 3; stream 2: the case's
+        let words = [7, 3, seed, offset];
+        let args = [ptr(&mut u64_), ptr(&mut u32_), ptr(&mut n64), ptr(&mut other)];
+        assert_eq!(lib.run_with("poi_fused_rand_0", &args, &[], &words), [0; 4]);
+        for i in 0..64u64 {
+            // crosses into the counter's high word, or wraps past 2^64
+            let index = offset.wrapping_add(5 + i);
+            let u = philox::uniform(seed, index);
+            assert_eq!(u64_[i as usize], u, "uniform {i}");
+            assert_eq!(u32_[i as usize], u as f32, "uniform f32 {i}");
+            let n = philox::normal(seed, index);
+            assert!(close(n64[i as usize], n, 1e-15), "normal {i}: {} vs {n}", n64[i as usize]);
+            assert_eq!(other[i as usize], philox::uniform(7, 3 + 5 + i) as f32, "stream 0 {i}");
+        }
     }
 }
 

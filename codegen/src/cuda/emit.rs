@@ -10,6 +10,7 @@ use super::launch::{Plan, MAX_ACCESS_BYTES};
 use super::ops;
 use coil_ir::kernel::{flat_stmts, rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
+use coil_ir::philox;
 use coil_ir::sym::{Expr, ExprKind};
 use coil_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use indexmap::{IndexMap, IndexSet};
@@ -509,6 +510,9 @@ impl<'a> Gen<'a> {
             .map(|a| format!("{}{} *{}", if a.written { "" } else { "const " }, ops::storage_type(a.dtype), a.name))
             .collect();
         params.extend(k.sizes.iter().map(|s| format!("int64_t {}", s.to_c())));
+        for &stream in &k.random {
+            params.push(format!("uint64_t {}, uint64_t {}", philox::seed_name(stream), philox::offset_name(stream)));
+        }
         params.push("int64_t *status".into());
         let bounds = match min_blocks_override() {
             Some(m) if k.kind != KernelKind::Pointwise => format!("{}, {m}", p.launch.block),
@@ -721,9 +725,11 @@ impl<'a> Gen<'a> {
             }
             TileOp::Constant(c) => ops::literal(*c, out),
             TileOp::Index(e) => ops::convert(&format!("(int64_t)({})", self.index_c(*e)), DType::I64, out),
-            TileOp::Rand { dist, seed, counter } => {
+            TileOp::Rand { dist, stream, counter } => {
                 let f = if *dist == RandDist::Normal { "coil_rand_normal" } else { "coil_rand_uniform" };
-                let e = format!("{f}(UINT64_C({seed}), (uint64_t)({}))", self.index_c(*counter));
+                let (seed, offset) = (philox::seed_name(*stream), philox::offset_name(*stream));
+                // unsigned: the counter wraps modulo 2^64, as the definition says
+                let e = format!("{f}({seed}, {offset} + (uint64_t)({}))", self.index_c(*counter));
                 ops::convert(&e, DType::F64, out)
             }
             TileOp::Unary(UnaryOp::Exp, a) if out == DType::F32 && single_float(self.dtype(*a)) => {

@@ -4,9 +4,10 @@
 //! ([`prelude_for`]) and one kernel per [`TileKernel`], in order (the frontend makes one unit
 //! per kernel, compiled in parallel). Each generated kernel is
 //! `extern "C" __global__ void NAME(<one typed pointer per TileKernel arg, in order>,
-//! <one long long per TileKernel size, in order>, long long *status)`
+//! <one long long per TileKernel size, in order>, <two unsigned long long per TileKernel random
+//! stream, its key and first counter: seed0, offset0, ...>, long long *status)`
 //! (`int64_t` is a typedef of `long long`; read-only buffers are `const`; a static kernel has
-//! no sizes), launched with the [`Launch`] shape the generator chose. `status` has 4 words,
+//! no sizes, a kernel that draws no random numbers no streams), launched with the [`Launch`] shape the generator chose. `status` has 4 words,
 //! zeroed by the caller; it is set as in the C backend ([`crate::status`]), first error wins
 //! (atomicCAS). The source depends on no CUDA header: f16/bf16 are 16-bit integers converted by
 //! the prelude. Compile it without `--use_fast_math` (NaN tests are `x != x`, and division and
@@ -237,7 +238,7 @@ fn validate(k: &TileKernel) -> Result<()> {
 fn reserved(name: &str) -> bool {
     const FIXED: [&str; 12] =
         ["xnumel", "rnumel", "xindex", "rindex", "xvec", "rchunk", "rlane", "i", "k", "status", "aligned", "int64_t"];
-    const NUMBERED: [&str; 9] = ["tmp", "acc", "red", "w", "st", "smem", "ox", "in_ptr", "out_ptr"];
+    const NUMBERED: [&str; 11] = ["tmp", "acc", "red", "w", "st", "smem", "ox", "in_ptr", "out_ptr", "seed", "offset"];
     let numbered =
         |p: &str| name.strip_prefix(p).is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
     FIXED.contains(&name)

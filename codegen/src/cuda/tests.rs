@@ -291,6 +291,35 @@ fn a_unit_gets_only_the_helpers_it_uses() {
     syntax_check(src);
 }
 
+/// A dropout-like kernel drawing from random streams 0 and 3: their keys and first counters are
+/// parameters after the sizes, named as the streams' arguments, read by the Philox calls.
+#[test]
+fn random_streams_are_parameters() {
+    let mut p = Prog::default();
+    let x = p.input(&[4096], DType::F32);
+    let v = xs(&[4096])[0];
+    let mut b = B::default();
+    let l = b.load(x, v, DType::F32);
+    let u = b.push(ScalarOp::Rand { dist: coil_ir::RandDist::Uniform, stream: 3, counter: v + 4096 }, DType::F32);
+    let n = b.push(ScalarOp::Rand { dist: coil_ir::RandDist::Normal, stream: 0, counter: v }, DType::F32);
+    let s = b.binary(BinaryOp::Add, u, n, DType::F32);
+    let y = b.binary(BinaryOp::Mul, l, s, DType::F32);
+    let out = p.pointwise(&[4096], DType::F32, b.done(y));
+    let k = kernel("poi_fused_rand_0", KernelKind::Pointwise, vec![0], 4096, None, vec![out]);
+    let t = build_kernel(&p.p, &k);
+    assert_eq!(t.random, vec![0, 3]);
+    let (src, _) = emit_cuda_kernel(&t).unwrap();
+    assert!(
+        src.contains("uint64_t seed0, uint64_t offset0, uint64_t seed3, uint64_t offset3, int64_t *status)"),
+        "{src}"
+    );
+    assert!(src.contains("coil_rand_uniform(seed3, offset3 + (uint64_t)("), "{src}");
+    assert!(src.contains("coil_rand_normal(seed0, offset0 + (uint64_t)("), "{src}");
+    // small relative counters: 32-bit index arithmetic
+    assert!(src.contains("const int xnumel"), "{src}");
+    syntax_check(&emit_cuda(&[t]).unwrap().source);
+}
+
 #[test]
 fn softmax_looped() {
     let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");

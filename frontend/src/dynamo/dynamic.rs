@@ -200,8 +200,33 @@ pub fn resolve(graph: &Graph, dims: &[(usize, usize)]) -> Result<DynamicSpec, St
         numbers.extend(attrs);
         sizes.nodes.push(numbers);
     }
+    random_offsets(graph, &mut sizes);
     let polys = sizes.nodes.iter().map(|n| n.iter().map(|&e| Poly::of(e, &syms)).collect()).collect();
     Ok(DynamicSpec { sizes, symbols, polys })
+}
+
+/// The offsets of the random ops (from their stream's start) as expressions: an op that starts
+/// where an earlier draw of its stream ends starts at that end's expression (a second dropout
+/// after the first's `16*s0` numbers), any other at its constant offset. Each expression is
+/// its offset at the hints; at other sizes the guard ([`DynamicSpec::bind`]) checks it.
+fn random_offsets(graph: &Graph, sizes: &mut SymSizes) {
+    let mut draws: Vec<(usize, u64, usize)> = (graph.nodes.iter().enumerate())
+        .filter_map(|(i, n)| match n.op {
+            Op::Rand { stream, offset, .. } | Op::Dropout { stream, offset, .. } => Some((stream, offset, i)),
+            _ => None,
+        })
+        .collect();
+    draws.sort_unstable();
+    // (stream, counter, its expression) where some draw ends
+    let mut ends: Vec<(usize, u64, Expr)> = Vec::new();
+    for (stream, offset, i) in draws {
+        let at = ends.iter().find(|(s, v, _)| (*s, *v) == (stream, offset)).map(|e| e.2);
+        let start = at.unwrap_or_else(|| Expr::int(offset as i64));
+        let rank = graph.nodes[i].meta.rank();
+        sizes.nodes[i][rank] = start;
+        let numel: Expr = sizes.nodes[i][..rank].iter().copied().product();
+        ends.push((stream, offset + graph.nodes[i].meta.numel() as u64, start + numel));
+    }
 }
 
 /// A node's size attributes as expressions, from its operands' symbolic shapes (see the

@@ -180,7 +180,7 @@ impl Frame {
 
         let t = Instant::now();
         let results = match (&executable, backend()) {
-            (Some(c), Backend::Compiled) => c.run(&captured.inputs)?,
+            (Some(c), Backend::Compiled) => c.run(&captured.inputs, &captured.random)?,
             _ => crate::realize::interpret(&captured)?,
         };
         self.position += 1;

@@ -165,8 +165,8 @@ impl Tensor {
             // PyTorch returns `x * 0` without drawing random numbers.
             return self.mul(0.0);
         }
-        let (seed, offset) = next_random(self.numel());
-        Tensor::record(Op::Dropout { p, seed, offset }, &[self], loc)
+        let draw = next_random(self.numel());
+        Tensor::record_drawing(Op::Dropout { p, stream: 0, offset: 0 }, &[self], Some(draw), loc)
     }
 
     /// `F.cross_entropy(logits, target, ...)` with class-index targets: logits `[N, C]` (or
@@ -350,8 +350,14 @@ mod tests {
         crate::manual_seed(7);
         let a = x.dropout(0.25, true).unwrap();
         let b = x.dropout(0.25, true).unwrap();
-        assert_eq!(a.0.op, Op::Dropout { p: 0.25, seed: 7, offset: 0 });
-        assert_eq!(b.0.op, Op::Dropout { p: 0.25, seed: 7, offset: 20 });
+        // each draws its own counters; the graph gets them as one stream at offsets 0 and 20
+        assert_eq!(a.0.draw, Some(coil_ir::RandomState { seed: 7, offset: 0 }));
+        assert_eq!(b.0.draw, Some(coil_ir::RandomState { seed: 7, offset: 20 }));
+        let captured = crate::capture(&[&b, &a]);
+        assert_eq!(captured.random, vec![coil_ir::RandomState { seed: 7, offset: 0 }]);
+        let ops: Vec<&Op> = captured.graph.nodes.iter().map(|n| &n.op).collect();
+        assert!(ops.contains(&&Op::Dropout { p: 0.25, stream: 0, offset: 20 }), "{}", captured.graph);
+        assert!(ops.contains(&&Op::Dropout { p: 0.25, stream: 0, offset: 0 }), "{}", captured.graph);
         assert_eq!(x.dropout(1.0, true).unwrap().shape(), &[4, 5]);
         assert_err(x.dropout(1.5, false), "dropout");
         assert_err(x.dropout(-0.1, true), "dropout");

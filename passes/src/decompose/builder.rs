@@ -144,9 +144,10 @@ impl<'g> Builder<'g> {
         self.leaf(Op::Iota { dim }, TensorMeta::new(shape.to_vec(), DType::I64))
     }
 
-    /// Counter-based random numbers of `shape` and `dtype`.
-    pub fn rand(&mut self, dist: RandDist, seed: u64, offset: u64, shape: &[usize], dtype: DType) -> NodeId {
-        self.leaf(Op::Rand { dist, seed, offset }, TensorMeta::new(shape.to_vec(), dtype))
+    /// Counter-based random numbers of `shape` and `dtype` from random stream `stream`, at
+    /// `offset` from its start.
+    pub fn rand(&mut self, dist: RandDist, stream: usize, offset: u64, shape: &[usize], dtype: DType) -> NodeId {
+        self.leaf(Op::Rand { dist, stream, offset }, TensorMeta::new(shape.to_vec(), dtype))
     }
 
     /// `arg` as a node: a scalar becomes a 0-d `Full` of its own dtype.

@@ -227,7 +227,7 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
         Op::RmsNorm { ndim, eps, weight } => nn::rms_norm(b, x[0], weight.then(|| x[1]), *ndim, *eps),
         Op::Tril { k } => pointwise::tri(b, x[0], *k, false),
         Op::Triu { k } => pointwise::tri(b, x[0], *k, true),
-        Op::Dropout { p, seed, offset } => pointwise::dropout(b, x[0], *p, *seed, *offset),
+        Op::Dropout { p, stream, offset } => pointwise::dropout(b, x[0], *p, *stream, *offset),
         Op::Embedding => nn::embedding(b, x[0], x[1]),
         Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight } => {
             let weight = weight.then(|| x[2]);

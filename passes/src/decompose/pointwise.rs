@@ -106,9 +106,9 @@ pub fn tri(b: &mut Builder, x: NodeId, k: i64, upper: bool) -> Result<NodeId> {
     b.where_(keep, x, z)
 }
 
-/// Inverted dropout: `u = rand(seed, offset)` (f32, x's shape), keep where `u >= p`, scale
+/// Inverted dropout: `u = rand(stream, offset)` (f32, x's shape), keep where `u >= p`, scale
 /// kept values by `1 / (1 - p)`. `p = 0` is the identity, `p = 1` gives zeros.
-pub fn dropout(b: &mut Builder, x: NodeId, p: f64, seed: u64, offset: u64) -> Result<NodeId> {
+pub fn dropout(b: &mut Builder, x: NodeId, p: f64, stream: usize, offset: u64) -> Result<NodeId> {
     if p == 0.0 {
         return Ok(x);
     }
@@ -117,7 +117,7 @@ pub fn dropout(b: &mut Builder, x: NodeId, p: f64, seed: u64, offset: u64) -> Re
         return Ok(b.full_like(z, x));
     }
     let shape = b.shape(x);
-    let u = b.rand(RandDist::Uniform, seed, offset, &shape, DType::F32);
+    let u = b.rand(RandDist::Uniform, stream, offset, &shape, DType::F32);
     let keep = b.ge(u, p)?;
     let scaled = b.mul(x, 1.0 / (1.0 - p))?;
     b.where_(keep, scaled, z)

@@ -362,11 +362,11 @@ fn tril_triu() {
 
 #[test]
 fn dropout() {
-    let g = case(Op::Dropout { p: 0.25, seed: 7, offset: 3 }, &[(&[4, 5], BF16)]);
-    assert_eq!(count(&g, |o| *o == Op::Rand { dist: coil_ir::RandDist::Uniform, seed: 7, offset: 3 }), 1);
-    let g = case(Op::Dropout { p: 0.0, seed: 7, offset: 3 }, &[(&[4, 5], F32)]);
+    let g = case(Op::Dropout { p: 0.25, stream: 1, offset: 3 }, &[(&[4, 5], BF16)]);
+    assert_eq!(count(&g, |o| *o == Op::Rand { dist: coil_ir::RandDist::Uniform, stream: 1, offset: 3 }), 1);
+    let g = case(Op::Dropout { p: 0.0, stream: 0, offset: 3 }, &[(&[4, 5], F32)]);
     assert_eq!(g.nodes.len(), 1);
-    let g = case(Op::Dropout { p: 1.0, seed: 7, offset: 3 }, &[(&[4, 5], F32)]);
+    let g = case(Op::Dropout { p: 1.0, stream: 0, offset: 3 }, &[(&[4, 5], F32)]);
     assert_eq!(g.node(g.outputs[0]).op, Op::Full(Scalar::Float(0.0)));
 }
 

@@ -72,10 +72,10 @@ impl Lowerer<'_> {
                 let i = e.push(ScalarOp::Index(idx.get(*dim).copied().unwrap_or(Expr::int(0))), DType::I64);
                 cast(e, i, dtype)
             }
-            Op::Rand { dist, seed, offset } => {
+            Op::Rand { dist, stream, offset } => {
                 i64::try_from(*offset).map_err(|_| offset_error(*offset))?;
                 let counter = self.attrs(n)[0] + flat(idx, self.shape(n));
-                e.push(ScalarOp::Rand { dist: *dist, seed: *seed, counter }, dtype)
+                e.push(ScalarOp::Rand { dist: *dist, stream: *stream, counter }, dtype)
             }
             Op::Unary(u) => {
                 let a = self.emit(e, arg(0), idx, mask)?;

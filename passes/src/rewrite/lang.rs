@@ -100,7 +100,7 @@ pub enum Prim {
     },
     Rand {
         dist: Ordered<RandDist>,
-        seed: u64,
+        stream: usize,
         offset: u64,
         shape: Vec<usize>,
         dtype: DType,
@@ -161,8 +161,8 @@ impl Prim {
             Op::Input { index } => Prim::Input { index: *index, shape, dtype },
             Op::Full(v) => Prim::Full { value: ScalarKey::new(*v), shape, dtype },
             Op::Iota { dim } => Prim::Iota { dim: *dim, shape },
-            Op::Rand { dist, seed, offset } => {
-                Prim::Rand { dist: Ordered(*dist), seed: *seed, offset: *offset, shape, dtype }
+            Op::Rand { dist, stream, offset } => {
+                Prim::Rand { dist: Ordered(*dist), stream: *stream, offset: *offset, shape, dtype }
             }
             Op::Unary(u) => Prim::Unary(Ordered(*u)),
             Op::Binary(b) => Prim::Binary(Ordered(*b)),
@@ -195,8 +195,8 @@ impl Prim {
             Prim::Input { index, shape, dtype } => (Op::Input { index: *index }, leaf(shape, *dtype)),
             Prim::Full { value, shape, dtype } => (Op::Full(value.scalar()), leaf(shape, *dtype)),
             Prim::Iota { dim, shape } => (Op::Iota { dim: *dim }, leaf(shape, DType::I64)),
-            Prim::Rand { dist, seed, offset, shape, dtype } => {
-                (Op::Rand { dist: dist.0, seed: *seed, offset: *offset }, leaf(shape, *dtype))
+            Prim::Rand { dist, stream, offset, shape, dtype } => {
+                (Op::Rand { dist: dist.0, stream: *stream, offset: *offset }, leaf(shape, *dtype))
             }
             Prim::Unary(u) => (Op::Unary(u.0), None),
             Prim::Binary(b) => (Op::Binary(b.0), None),

@@ -10,7 +10,8 @@
 //! 2. allocates the outputs, and one allocation per [`MemoryPlan`](coil_ir::kernel::MemoryPlan)
 //!    slot for the temporaries (buffers whose lives do not overlap share a slot), at those sizes;
 //! 3. launches the kernels in schedule order: generated kernels through their C entry point
-//!    (with the values of the size symbols they read: one compiled kernel serves every size),
+//!    (with the values of the size symbols they read: one compiled kernel serves every size;
+//!    and the run's random streams they draw from: one compiled kernel serves every seed),
 //!    `Bmm` through [`gemm`], the attention template through [`attention`], fallback ops
 //!    through the reference interpreter;
 //! 4. returns the outputs in `program.outputs` order.
@@ -30,11 +31,11 @@ mod tests_dynamic;
 pub use compiler::{c_compiler, default_cache_dir, CCompiler, CompiledObject};
 pub use module::{Kernel, KernelLibrary};
 
-use crate::plan::{check_status, Instance, Instances, RunOutput, Step, Storage};
+use crate::plan::{check_status, random_words, timing_streams, Instance, Instances, RunOutput, Step, Storage};
 use crate::{interpret, Buffer, HostData};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
-use coil_ir::{Error, Graph, Result};
+use coil_ir::{Error, Graph, RandomState, Result};
 use std::path::{Path, PathBuf};
 
 /// A graph compiled for the CPU, ready to run any number of times (also from several threads).
@@ -132,35 +133,44 @@ impl CompiledGraph {
     /// Runs the graph on `inputs` (matching the program's inputs: any sizes for which its size
     /// symbols bind, at least 2 each) and returns the outputs in `program.outputs` order, at the
     /// inputs' sizes. Data errors a kernel detects (an index out of bounds, an integer division
-    /// by zero, ...) are errors naming the kernel.
+    /// by zero, ...) are errors naming the kernel. The run has no random streams:
+    /// [`CompiledGraph::run_with`] runs programs that draw random numbers.
     ///
     /// An output the schedule writes over a donated input ([`coil_ir::kernel::MemoryPlan`]'s
     /// `donated`) is written there, so that input changes; here it is returned as a copy.
     pub fn run(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
-        let outputs = self.run_donating(inputs)?;
+        self.run_with(inputs, &[])
+    }
+
+    /// [`CompiledGraph::run`] with the run's random streams: `random[s]` is where the program's
+    /// stream `s` starts (key and first counter; see `coil_ir::philox`).
+    pub fn run_with(&self, inputs: &[&Buffer], random: &[RandomState]) -> Result<Vec<Buffer>> {
+        let outputs = self.run_donating(inputs, random)?;
         outputs.into_iter().map(|o| o.or_input(|k| Ok(inputs[k].clone()))).collect()
     }
 
-    /// [`run`](Self::run), with each output written over a donated input returned as
+    /// [`run_with`](Self::run_with), with each output written over a donated input returned as
     /// [`RunOutput::Donated`]: the caller's input buffer now holds it.
     ///
     /// The caller must not read a donated input's old elements afterwards, and nothing may
     /// read it while the graph runs: it is written through the pointer the caller lent.
-    pub fn run_donating(&self, inputs: &[&Buffer]) -> Result<Vec<RunOutput<Buffer>>> {
-        self.run_timed(inputs, None)
+    pub fn run_donating(&self, inputs: &[&Buffer], random: &[RandomState]) -> Result<Vec<RunOutput<Buffer>>> {
+        self.run_timed(inputs, random, None)
     }
 
     /// Wall time of each launch (a generated kernel or an extern call, in launch order, named
     /// as in the schedule), in microseconds: the median over `reps` runs after `warmup`
-    /// (`COIL_PROFILE=1`).
+    /// (`COIL_PROFILE=1`). Random numbers are drawn from key 0 (what they are does not change
+    /// the time).
     pub fn profile(&self, inputs: &[&Buffer], warmup: usize, reps: usize) -> Result<Vec<(String, f64)>> {
+        let random = timing_streams(self.program.random_streams());
         for _ in 0..warmup {
-            self.run_donating(inputs)?;
+            self.run_donating(inputs, &random)?;
         }
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); self.instances.steps.len()];
         for _ in 0..reps.max(1) {
             let mut times = Vec::with_capacity(samples.len());
-            self.run_timed(inputs, Some(&mut times))?;
+            self.run_timed(inputs, &random, Some(&mut times))?;
             for (sample, t) in samples.iter_mut().zip(times) {
                 sample.push(t);
             }
@@ -172,8 +182,14 @@ impl CompiledGraph {
         Ok(self.instances.steps.iter().zip(samples).map(|(s, mut t)| (name(s), crate::plan::median(&mut t))).collect())
     }
 
-    /// [`run`](Self::run), pushing each launch's wall time (microseconds) to `times` if given.
-    fn run_timed(&self, inputs: &[&Buffer], mut times: Option<&mut Vec<f64>>) -> Result<Vec<RunOutput<Buffer>>> {
+    /// [`run_donating`](Self::run_donating), pushing each launch's wall time (microseconds) to
+    /// `times` if given.
+    fn run_timed(
+        &self,
+        inputs: &[&Buffer],
+        random: &[RandomState],
+        mut times: Option<&mut Vec<f64>>,
+    ) -> Result<Vec<RunOutput<Buffer>>> {
         let inst = self.check_inputs(inputs)?;
         let p = &inst.program;
         let mut outputs: Vec<Option<HostData>> = (0..p.buffers.len())
@@ -201,9 +217,12 @@ impl CompiledGraph {
             match step {
                 Step::Kernel(i) => {
                     let (kernel, buffers) = self.kernels[i].as_ref().expect("a generated kernel");
-                    // The buffers, then the values of the sizes the kernel reads (module docs).
+                    let words = random_words(self.tiles[i].as_ref().expect("a generated kernel"), random)?;
+                    // The buffers, then the values of the sizes the kernel reads and the words
+                    // of its random streams (`coil_codegen::c`).
                     let mut args: Vec<*mut u8> = buffers.iter().map(|b| ptrs[b.0]).collect();
                     args.push(inst.kernel_sizes[i].as_ptr() as *mut u8);
+                    args.push(words.as_ptr() as *mut u8);
                     let mut status = [0i64; 4];
                     // SAFETY: each pointer addresses a live allocation of at least the buffer's
                     // size and dtype at this run's sizes, which the kernel is given.

@@ -14,8 +14,9 @@
 //! 3. enqueues the kernels in schedule order on the device's stream: generated kernels with
 //!    their launch shape (block fixed at generation; grid fixed too for a constant `xnumel`,
 //!    else [`Launch::grid_for`] of the instance's) and, after the buffer pointers, the values
-//!    of the size symbols each reads ([`TileKernel::sizes`]); `Bmm` through cuBLASLt ([`blas`])
-//!    and the attention template through its built-in kernel ([`attention`]) at the instance's
+//!    of the size symbols each reads ([`TileKernel::sizes`]) and the key and first counter of
+//!    each random stream it draws from ([`TileKernel::random`], the run's values); `Bmm`
+//!    through cuBLASLt ([`blas`]) and the attention template through its built-in kernel ([`attention`]) at the instance's
 //!    sizes; fallback ops by their built-in kernels ([`fallback`]: scatter, cumsum) where the
 //!    dtypes allow, else by copying their operands to the host and running the reference
 //!    interpreter;
@@ -55,7 +56,7 @@ use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Language, Launch};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
-use coil_ir::{Error, Graph, Op, Result};
+use coil_ir::{Error, Graph, Op, RandomState, Result};
 use cudarc::driver::{result as drv, sys, CudaEvent};
 use device::driver_error;
 use std::ffi::c_void;
@@ -341,35 +342,44 @@ impl CudaCompiledGraph {
     /// Runs the graph on `inputs` (on this graph's device, matching the program's inputs: any
     /// sizes for which its size symbols bind, at least 2 each) and returns the outputs in
     /// `program.outputs` order, at the inputs' sizes. Data errors a kernel detects (an index out
-    /// of bounds, ...) are errors naming the kernel, as on the CPU.
+    /// of bounds, ...) are errors naming the kernel, as on the CPU. The run has no random
+    /// streams: [`CudaCompiledGraph::run_with`] runs programs that draw random numbers.
     ///
     /// An output the schedule writes over a donated input ([`coil_ir::kernel::MemoryPlan`]'s
     /// `donated`) is written there, so that input changes; here it is returned as a copy.
     pub fn run(&self, inputs: &[&CudaBuffer]) -> Result<Vec<CudaBuffer>> {
-        let outputs = self.run_donating(inputs)?;
+        self.run_with(inputs, &[])
+    }
+
+    /// [`CudaCompiledGraph::run`] with the run's random streams: `random[s]` is where the
+    /// program's stream `s` starts (key and first counter; see `coil_ir::philox`).
+    pub fn run_with(&self, inputs: &[&CudaBuffer], random: &[RandomState]) -> Result<Vec<CudaBuffer>> {
+        let outputs = self.run_donating(inputs, random)?;
         outputs.into_iter().map(|o| o.or_input(|k| inputs[k].try_clone())).collect()
     }
 
-    /// [`run`](Self::run), with each output written over a donated input returned as
+    /// [`run_with`](Self::run_with), with each output written over a donated input returned as
     /// [`RunOutput::Donated`]: the caller's input buffer now holds it. The caller must not read
     /// a donated input's old elements afterwards.
-    pub fn run_donating(&self, inputs: &[&CudaBuffer]) -> Result<Vec<RunOutput<CudaBuffer>>> {
-        let pending = self.enqueue(inputs, None)?;
+    pub fn run_donating(&self, inputs: &[&CudaBuffer], random: &[RandomState]) -> Result<Vec<RunOutput<CudaBuffer>>> {
+        let pending = self.enqueue(inputs, random, None)?;
         self.finish(inputs, pending)
     }
 
     /// Device time of each launch (a generated kernel or an extern call, in launch order, named
     /// as in the schedule), in microseconds: the median over `reps` runs after `warmup`, from
     /// CUDA events recorded on the stream between consecutive launches (`COIL_PROFILE=1`).
+    /// Random numbers are drawn from key 0 (what they are does not change the time).
     pub fn profile(&self, inputs: &[&CudaBuffer], warmup: usize, reps: usize) -> Result<Vec<(String, f64)>> {
-        self.tune_before_timing(inputs)?;
+        let random = plan::timing_streams(self.program.random_streams());
+        self.tune_before_timing(inputs, &random)?;
         for _ in 0..warmup {
-            self.run(inputs)?;
+            self.run_with(inputs, &random)?;
         }
         let events = timing_events(&self.device, self.steps.len() + 1)?;
         let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); self.steps.len()];
         for _ in 0..reps.max(1) {
-            let pending = self.enqueue(inputs, Some(&events))?;
+            let pending = self.enqueue(inputs, &random, Some(&events))?;
             self.finish(inputs, pending)?;
             for (i, sample) in samples.iter_mut().enumerate() {
                 sample.push(elapsed_us(&events[i], &events[i + 1])?);
@@ -407,11 +417,13 @@ impl CudaCompiledGraph {
     /// Before each timed run the stream zeroes a 256 MiB scratch buffer, as
     /// `triton.testing.do_bench` (which times PyTorch in `torch_suite.py`) does: every run
     /// starts with a cold L2, and the host's work to enqueue the run overlaps that memset
-    /// instead of leaving the GPU idle inside the timed window.
+    /// instead of leaving the GPU idle inside the timed window. Random numbers are drawn from
+    /// key 0.
     pub fn time_runs(&self, inputs: &[&CudaBuffer], warmup: usize, reps: usize) -> Result<Vec<f64>> {
-        self.tune_before_timing(inputs)?;
+        let random = plan::timing_streams(self.program.random_streams());
+        self.tune_before_timing(inputs, &random)?;
         for _ in 0..warmup {
-            self.run(inputs)?;
+            self.run_with(inputs, &random)?;
         }
         const FLUSH_BYTES: usize = 256 << 20;
         let flush = DeviceMemory::alloc(&self.device, FLUSH_BYTES)?;
@@ -420,7 +432,7 @@ impl CudaCompiledGraph {
         for _ in 0..reps {
             flush.zero(FLUSH_BYTES)?;
             record(&self.device, &start)?;
-            let pending = self.enqueue(inputs, None)?;
+            let pending = self.enqueue(inputs, &random, None)?;
             record(&self.device, &end)?;
             self.finish(inputs, pending)?;
             times.push(elapsed_us(&start, &end)?);
@@ -429,9 +441,9 @@ impl CudaCompiledGraph {
     }
 
     /// Runs once first when that run would autotune, so that no timing includes the tuning.
-    fn tune_before_timing(&self, inputs: &[&CudaBuffer]) -> Result<()> {
+    fn tune_before_timing(&self, inputs: &[&CudaBuffer], random: &[RandomState]) -> Result<()> {
         if self.autotune && self.tuned.get().is_none() {
-            self.run(inputs)?;
+            self.run_with(inputs, random)?;
         }
         Ok(())
     }
@@ -471,8 +483,12 @@ impl CudaCompiledGraph {
     /// Allocates and enqueues everything; fallback ops synchronise on the way.
     /// Enqueues one run; with `marks` (one event per launch and one more), records
     /// `marks[i]` before launch `i` and the last one after the last launch.
-    fn enqueue(&self, inputs: &[&CudaBuffer], marks: Option<&[CudaEvent]>) -> Result<Pending> {
+    fn enqueue(&self, inputs: &[&CudaBuffer], random: &[RandomState], marks: Option<&[CudaEvent]>) -> Result<Pending> {
         let inst = self.check_inputs(inputs)?;
+        // The words of each kernel's random streams, checked before anything is enqueued.
+        let words: Vec<Vec<u64>> = (self.tiles.iter())
+            .map(|t| t.as_ref().map_or(Ok(vec![]), |t| plan::random_words(t, random)))
+            .collect::<Result<_>>()?;
         let p = &inst.program;
         let dev = &self.device;
         // Outputs are not zeroed: every output is fully written by the kernel that produces it.
@@ -529,7 +545,7 @@ impl CudaCompiledGraph {
                     }
                     let buffers: Vec<u64> = args.iter().map(|b| ptrs[b.0]).collect();
                     let status = status.ptr() + (*s as u64) * 32;
-                    let mut params = kernel_params(&buffers, &inst.kernel_sizes[*kernel], status);
+                    let mut params = kernel_params(&buffers, &inst.kernel_sizes[*kernel], &words[*kernel], status);
                     // SAFETY: each argument's pointer addresses a live allocation of at least its
                     // buffer's size and dtype at this run's sizes (checked by `Instances`), kept
                     // alive until the status is read; the status words are this kernel's 4.
@@ -710,10 +726,12 @@ fn grid_at(launch: &Launch, inst: &Instance, kernel: usize) -> u32 {
 }
 
 /// A generated kernel's parameter values (8 bytes each): its buffers' pointers, the values of
-/// its size symbols (in `TileKernel::sizes` order), then the pointer to its 4 status words.
-fn kernel_params(buffers: &[u64], sizes: &[i64], status: u64) -> Vec<u64> {
+/// its size symbols (in `TileKernel::sizes` order), the key and first counter of each of its
+/// random streams (`random`: [`plan::random_words`]), then the pointer to its 4 status words.
+fn kernel_params(buffers: &[u64], sizes: &[i64], random: &[u64], status: u64) -> Vec<u64> {
     let mut values = buffers.to_vec();
     values.extend(sizes.iter().map(|&v| v as u64));
+    values.extend_from_slice(random);
     values.push(status);
     values
 }

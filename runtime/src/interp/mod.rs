@@ -29,7 +29,7 @@ mod tests;
 mod tests_movement;
 
 use crate::{Buffer, HostData};
-use coil_ir::{philox, DType, Error, Graph, Node, Op, RandDist, Result, Scalar};
+use coil_ir::{philox, DType, Error, Graph, Node, Op, RandDist, RandomState, Result, Scalar};
 use half::{bf16, f16};
 use layout::Layout;
 
@@ -37,8 +37,16 @@ use layout::Layout;
 /// output, in order.
 ///
 /// The inputs must match the graph's input metas (shape and dtype). Only the nodes the outputs
-/// depend on run; an intermediate value is freed after its last use.
+/// depend on run; an intermediate value is freed after its last use. The run has no random
+/// streams: [`interpret_with`] runs graphs that draw random numbers.
 pub fn interpret(graph: &Graph, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+    interpret_with(graph, inputs, &[])
+}
+
+/// [`interpret`] with the run's random streams: `random[s]` is where the graph's stream `s`
+/// starts (its key and first counter, [`coil_ir::philox`]). A random op of a stream past the
+/// end of `random` is an error naming it.
+pub fn interpret_with(graph: &Graph, inputs: &[&Buffer], random: &[RandomState]) -> Result<Vec<Buffer>> {
     check_inputs(graph, inputs)?;
     graph.verify_primitive()?;
     let live = graph.live_nodes();
@@ -57,7 +65,7 @@ pub fn interpret(graph: &Graph, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
         let node = graph.node(id);
         let args: Vec<&Value> =
             node.inputs.iter().map(|x| values[x.0].as_ref().expect("operands run before their users")).collect();
-        let value = eval(node, &args, inputs).map_err(|e| {
+        let value = eval(node, &args, inputs, random).map_err(|e| {
             let operands = node.inputs.iter().map(|&x| graph.meta(x).to_string()).collect();
             let e = e.in_op(node.op.name(), operands);
             match node.location {
@@ -96,7 +104,7 @@ fn check_inputs(graph: &Graph, inputs: &[&Buffer]) -> Result<()> {
 }
 
 /// Evaluates one node on its operands' values.
-fn eval(node: &Node, args: &[&Value], inputs: &[&Buffer]) -> Result<Value> {
+fn eval(node: &Node, args: &[&Value], inputs: &[&Buffer], random: &[RandomState]) -> Result<Value> {
     let meta = &node.meta;
     let (shape, dtype) = (&meta.shape, meta.dtype);
     let done = |data: Data| Ok(Value { shape: shape.clone(), dtype, data });
@@ -116,12 +124,16 @@ fn eval(node: &Node, args: &[&Value], inputs: &[&Buffer]) -> Result<Value> {
             };
             Ok(Value::from_ints(shape, DType::I64, iota).cast(dtype))
         }
-        Op::Rand { dist, seed, offset } => {
+        Op::Rand { dist, stream, offset } => {
+            let start = random.get(*stream).ok_or_else(|| {
+                Error::value(format!("random stream {stream} is not given ({} random streams)", random.len()))
+            })?;
+            let first = start.advanced(*offset);
             let draw = |i: usize| {
-                let index = offset.wrapping_add(i as u64);
+                let index = first.offset.wrapping_add(i as u64);
                 match dist {
-                    RandDist::Uniform => philox::uniform(*seed, index),
-                    RandDist::Normal => philox::normal(*seed, index),
+                    RandDist::Uniform => philox::uniform(first.seed, index),
+                    RandDist::Normal => philox::normal(first.seed, index),
                 }
             };
             let xs = (0..meta.numel()).map(draw).collect();

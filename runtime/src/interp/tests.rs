@@ -3,7 +3,9 @@
 
 use super::interpret;
 use crate::Buffer;
-use coil_ir::{philox, BinaryOp, DType, Error, Graph, Op, RandDist, ReduceOp, Result, Scalar, TensorMeta, UnaryOp};
+use coil_ir::{
+    philox, BinaryOp, DType, Error, Graph, Op, RandDist, RandomState, ReduceOp, Result, Scalar, TensorMeta, UnaryOp,
+};
 use half::{bf16, f16};
 
 /// Runs one op on graph inputs bound to `inputs`; returns its single output.
@@ -48,10 +50,15 @@ fn same_f32(got: &[f32], want: &[f32]) {
 }
 
 fn leaf(op: Op, meta: TensorMeta) -> Buffer {
+    random_leaf(op, meta, &[]).unwrap()
+}
+
+/// A leaf run with random streams `random`.
+fn random_leaf(op: Op, meta: TensorMeta, random: &[RandomState]) -> Result<Buffer> {
     let mut g = Graph::new();
     let x = g.leaf(op, meta, None);
     g.outputs.push(x);
-    interpret(&g, &[]).unwrap().remove(0)
+    Ok(super::interpret_with(&g, &[], random)?.remove(0))
 }
 
 #[test]
@@ -69,13 +76,26 @@ fn full_iota_rand() {
     let b = leaf(Op::Iota { dim: 0 }, TensorMeta::new(vec![2, 3], DType::I64));
     assert_eq!(b.to_vec::<i64>(), vec![0, 0, 0, 1, 1, 1]);
 
-    let (seed, offset) = (99, 1000);
-    let b = leaf(Op::Rand { dist: RandDist::Uniform, seed, offset }, TensorMeta::new(vec![2, 3], DType::F32));
+    // stream 1 starts at counter 1000; the op draws 7 counters further on
+    let (seed, offset) = (99, 1007);
+    let streams = [RandomState { seed: 5, offset: 0 }, RandomState { seed, offset: 1000 }];
+    let uniform = Op::Rand { dist: RandDist::Uniform, stream: 1, offset: 7 };
+    let b = random_leaf(uniform.clone(), TensorMeta::new(vec![2, 3], DType::F32), &streams).unwrap();
     let want: Vec<f32> = (0..6).map(|i| philox::uniform(seed, offset + i) as f32).collect();
     same_f32(&b.to_vec::<f32>(), &want);
-    let b = leaf(Op::Rand { dist: RandDist::Normal, seed, offset }, TensorMeta::new(vec![4], DType::BF16));
+    let normal = Op::Rand { dist: RandDist::Normal, stream: 1, offset: 7 };
+    let b = random_leaf(normal, TensorMeta::new(vec![4], DType::BF16), &streams).unwrap();
     let want: Vec<bf16> = (0..4).map(|i| bf16::from_f32(philox::normal(seed, offset + i) as f32)).collect();
     assert_eq!(b.to_vec::<bf16>(), want);
+    // the counter wraps modulo 2^64
+    let end = [RandomState { seed, offset: u64::MAX - 2 }];
+    let first = Op::Rand { dist: RandDist::Uniform, stream: 0, offset: 7 };
+    let b = random_leaf(first, TensorMeta::new(vec![6], DType::F64), &end[..]).unwrap();
+    let want: Vec<f64> = (0..6).map(|i| philox::uniform(seed, (u64::MAX - 2).wrapping_add(7 + i))).collect();
+    assert_eq!(b.to_vec::<f64>(), want);
+    // a stream the run does not give
+    let e = random_leaf(uniform, TensorMeta::new(vec![2], DType::F32), &end[..]).unwrap_err();
+    assert!(e.to_string().contains("random stream 1 is not given"), "{e}");
 }
 
 #[test]

@@ -32,6 +32,8 @@ pub(super) struct PtxGen<'a> {
     needed: IndexSet<Var>,
     ptrs: Vec<Reg>,
     status: Option<Reg>,
+    /// The random streams the kernel draws from ([`TileKernel::random`]), loaded at the entry.
+    streams: IndexMap<usize, random::StreamRegs>,
     /// Index symbols by name: their registers or constants.
     syms: IndexMap<String, Opnd>,
     /// Index expressions already computed, and element addresses `(arg, index register)`, per
@@ -104,6 +106,7 @@ impl<'a> PtxGen<'a> {
             needed: IndexSet::new(),
             ptrs: vec![],
             status: None,
+            streams: IndexMap::new(),
             syms: IndexMap::new(),
             memo: vec![IndexMap::new()],
             addresses: vec![IndexMap::new()],
@@ -278,12 +281,14 @@ impl<'a> PtxGen<'a> {
                 };
                 scalar::convert(&mut self.a, i, DType::I64, out)?
             }
-            TileOp::Rand { dist, seed, counter } => {
+            TileOp::Rand { dist, stream, counter } => {
                 if !single_float(out) {
                     return Err(format!("random numbers of {out}"));
                 }
-                let at = self.index_b64(*counter)?;
-                let v = random::random_f64(&mut self.a, *dist, *seed, at);
+                let regs = *self.streams.get(stream).ok_or_else(|| format!("random stream {stream} not loaded"))?;
+                let relative = self.index_b64(*counter)?;
+                let at = self.a.op(Class::B64, "add.u64", &[regs.offset.into(), relative.into()]);
+                let v = random::random_f64(&mut self.a, *dist, &regs, at);
                 let f = self.a.op(Class::F32, "cvt.rn.f32.f64", &[v.into()]);
                 scalar::convert(&mut self.a, f, DType::F32, out)?
             }
@@ -617,6 +622,11 @@ impl<'a> PtxGen<'a> {
             self.a.ins(format!("ld.param.u64 {r}, [{}]", param(n)));
             self.syms.insert(name, r.into());
             n += 1;
+        }
+        for &stream in &k.random {
+            let regs = random::stream_registers(&mut self.a, &param(n), &param(n + 1));
+            self.streams.insert(stream, regs);
+            n += 2;
         }
         let raw = self.a.reg(Class::B64);
         self.a.ins(format!("ld.param.u64 {raw}, [{}]", param(n)));

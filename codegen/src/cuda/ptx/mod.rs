@@ -60,7 +60,7 @@ fn isa_version(arch: u32) -> Option<&'static str> {
 ///     name: "poi_fused_exp_0".into(),
 ///     kind: KernelKind::Pointwise,
 ///     args: vec![arg("in_ptr0", false), arg("out_ptr0", true)],
-///     xnumel: Expr::int(4096), rnumel: None, sizes: vec![], xblock: 1024, rblock: 1,
+///     xnumel: Expr::int(4096), rnumel: None, sizes: vec![], random: vec![], xblock: 1024, rblock: 1,
 ///     body: vec![
 ///         TileStmt::Let { var: 0, dims: Dims::X, dtype: DType::F32, op: TileOp::Load { arg: 0, index: x } },
 ///         TileStmt::Let { var: 1, dims: Dims::X, dtype: DType::F32, op: TileOp::Unary(coil_ir::UnaryOp::Exp, 0) },

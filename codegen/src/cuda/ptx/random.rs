@@ -1,7 +1,13 @@
 //! Random numbers in PTX, as the CUDA prelude's `coil_rand_uniform` and `coil_rand_normal`
 //! compute them (and `coil_ir::philox` on the host): Philox 4x32-10 of a 64-bit counter under
-//! the op's seed, then a uniform value in `[0, 1)` from the first word's top 24 bits, or a
+//! the stream's key, then a uniform value in `[0, 1)` from the first word's top 24 bits, or a
 //! normal one by Box-Muller in f64, `sqrt(-2 log u1) * cos(2 pi u2)`.
+//!
+//! The key and the first counter of each random stream are kernel parameters (they change from
+//! run to run; the kernel does not): [`stream_registers`] loads them once at the kernel's entry
+//! and computes the ten rounds' keys there (18 adds per stream and kernel), so a draw has the
+//! instructions it had when the keys were immediates, its xors reading registers that hold the
+//! same value in every thread, plus one 64-bit add for the stream's first counter.
 //!
 //! PTX has no f64 `log` or `cos`, so both are written here for the arguments Box-Muller gives
 //! them (`u1` in `[2^-24, 1]`, `u2` a multiple of `2^-24` in `[0, 1)`), to within a few f64
@@ -11,12 +17,43 @@
 use super::asm::{Asm, Class, Opnd, Reg};
 use super::f64math::{log_f64, sin_cos_f64};
 use coil_ir::op::RandDist;
+use coil_ir::philox::{self, ROUNDS};
 
 /// `2^-24`: the spacing of the 24-bit uniforms.
 const STEP: f64 = 5.960_464_477_539_063e-8;
-/// The value of `dist` at `counter` (a 64-bit register) under `seed`, in an f64 register.
-pub fn random_f64(a: &mut Asm, dist: RandDist, seed: u64, counter: Reg) -> Reg {
-    let w = philox(a, seed, counter);
+/// One random stream in registers: the key words of each Philox round, and the stream's first
+/// counter (`.b64`).
+#[derive(Clone, Copy, Debug)]
+pub struct StreamRegs {
+    pub round_keys: [[Reg; 2]; ROUNDS],
+    pub offset: Reg,
+}
+
+/// The registers of a stream whose key (`seed`) and first counter (`offset`) are the `.u64`
+/// kernel parameters `seed_param` and `offset_param`.
+pub fn stream_registers(a: &mut Asm, seed_param: &str, offset_param: &str) -> StreamRegs {
+    use Class::*;
+    let seed = a.reg(B64);
+    a.ins(format!("ld.param.u64 {seed}, [{seed_param}]"));
+    let offset = a.reg(B64);
+    a.ins(format!("ld.param.u64 {offset}, [{offset_param}]"));
+    let hi = a.op(B64, "shr.u64", &[seed.into(), Opnd::Int(32)]);
+    let mut key = [a.op(B32, "cvt.u32.u64", &[seed.into()]), a.op(B32, "cvt.u32.u64", &[hi.into()])];
+    let mut round_keys = [key; ROUNDS];
+    for keys in round_keys.iter_mut().skip(1) {
+        key = [
+            a.op(B32, "add.u32", &[key[0].into(), Opnd::Hex(u64::from(philox::W0))]),
+            a.op(B32, "add.u32", &[key[1].into(), Opnd::Hex(u64::from(philox::W1))]),
+        ];
+        *keys = key;
+    }
+    StreamRegs { round_keys, offset }
+}
+
+/// The value of `dist` at `counter` (a 64-bit register, the stream's first counter already
+/// added) under `stream`'s key, in an f64 register.
+pub fn random_f64(a: &mut Asm, dist: RandDist, stream: &StreamRegs, counter: Reg) -> Reg {
+    let w = philox(a, &stream.round_keys, counter);
     let top24 = |a: &mut Asm, w: Reg| {
         let t = a.op(Class::B32, "shr.u32", &[w.into(), Opnd::Int(8)]);
         a.op(Class::F64, "cvt.rn.f64.u32", &[t.into()])
@@ -38,29 +75,24 @@ pub fn random_f64(a: &mut Asm, dist: RandDist, seed: u64, counter: Reg) -> Reg {
     }
 }
 
-/// Philox 4x32-10 (Salmon et al. 2011) of `counter` under the constant `seed`: the round
-/// keys are constants, each round two 32x32 products and two xors.
-fn philox(a: &mut Asm, seed: u64, counter: Reg) -> [Reg; 4] {
+/// Philox 4x32-10 (Salmon et al. 2011) of `counter` under the round keys `keys` (registers):
+/// each round two 32x32 products and four xors, two of them with the round's keys.
+fn philox(a: &mut Asm, keys: &[[Reg; 2]; ROUNDS], counter: Reg) -> [Reg; 4] {
     use Class::*;
     let mut c0 = a.op(B32, "cvt.u32.u64", &[counter.into()]);
     let hi = a.op(B64, "shr.u64", &[counter.into(), Opnd::Int(32)]);
     let mut c1 = a.op(B32, "cvt.u32.u64", &[hi.into()]);
     let mut c2 = a.op(B32, "mov.b32", &[Opnd::Int(0)]);
     let mut c3 = a.op(B32, "mov.b32", &[Opnd::Int(0)]);
-    let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
-    for round in 0..10 {
-        if round > 0 {
-            k0 = k0.wrapping_add(0x9E37_79B9);
-            k1 = k1.wrapping_add(0xBB67_AE85);
-        }
-        let p0_hi = a.op(B32, "mul.hi.u32", &[c0.into(), Opnd::Hex(0xD251_1F53)]);
-        let p0_lo = a.op(B32, "mul.lo.u32", &[c0.into(), Opnd::Hex(0xD251_1F53)]);
-        let p1_hi = a.op(B32, "mul.hi.u32", &[c2.into(), Opnd::Hex(0xCD9E_8D57)]);
-        let p1_lo = a.op(B32, "mul.lo.u32", &[c2.into(), Opnd::Hex(0xCD9E_8D57)]);
+    for [k0, k1] in keys {
+        let p0_hi = a.op(B32, "mul.hi.u32", &[c0.into(), Opnd::Hex(u64::from(philox::M0))]);
+        let p0_lo = a.op(B32, "mul.lo.u32", &[c0.into(), Opnd::Hex(u64::from(philox::M0))]);
+        let p1_hi = a.op(B32, "mul.hi.u32", &[c2.into(), Opnd::Hex(u64::from(philox::M1))]);
+        let p1_lo = a.op(B32, "mul.lo.u32", &[c2.into(), Opnd::Hex(u64::from(philox::M1))]);
         let n0 = a.op(B32, "xor.b32", &[p1_hi.into(), c1.into()]);
-        let n0 = a.op(B32, "xor.b32", &[n0.into(), Opnd::Hex(u64::from(k0))]);
+        let n0 = a.op(B32, "xor.b32", &[n0.into(), (*k0).into()]);
         let n2 = a.op(B32, "xor.b32", &[p0_hi.into(), c3.into()]);
-        let n2 = a.op(B32, "xor.b32", &[n2.into(), Opnd::Hex(u64::from(k1))]);
+        let n2 = a.op(B32, "xor.b32", &[n2.into(), (*k1).into()]);
         (c0, c1, c2, c3) = (n0, p1_lo, n2, p0_lo);
     }
     [c0, c1, c2, c3]

@@ -285,20 +285,36 @@ fn random_numbers_are_philox_rounds_and_f64_box_muller() {
     let mut outs = Vec::new();
     for (dist, d) in [(coil_ir::RandDist::Uniform, DType::F32), (coil_ir::RandDist::Normal, DType::BF16)] {
         let mut b = B::default();
-        let r = b.push(ScalarOp::Rand { dist, seed: 0x1234_5678_9abc, counter: v + (1i64 << 32) - 5 }, d);
+        let r = b.push(ScalarOp::Rand { dist, stream: 1, counter: v + 5 }, d);
         outs.push(p.pointwise(&[64], d, b.done(r)));
     }
     let k = kernel("poi_fused_rand_0", KernelKind::Pointwise, vec![0, 1], 64, None, outs);
-    let src = ptx(&build_kernel(&p.p, &k));
-    // ten rounds of two products per value (the keys are immediates), f64 log and cos
-    assert_eq!(src.matches("mul.hi.u32").count() % 20, 0, "{src}");
+    let tile = build_kernel(&p.p, &k);
+    assert_eq!(tile.random, vec![1]);
+    let src = ptx(&tile);
+    // the stream's key and first counter are the parameters after the buffers; the rounds'
+    // keys are computed once, at the entry, from the key's two words
+    let params: Vec<&str> = src.lines().filter(|l| l.trim_start().starts_with(".param")).collect();
+    assert_eq!(params.len(), 5, "{src}");
+    assert!(src.contains("[poi_fused_rand_0_param_2]") && src.contains("[poi_fused_rand_0_param_3]"), "{src}");
+    assert_eq!(src.matches("0x9E3779B9").count(), 9, "{src}");
+    assert_eq!(src.matches("0xBB67AE85").count(), 9, "{src}");
+    // ten rounds of two products and four xors per value, none with an immediate key; the
+    // counter offset by the stream's first; then f64 log and cos
+    let products = src.matches("mul.hi.u32").count();
+    assert_eq!(products % 20, 0, "{src}");
+    assert_eq!(src.matches("xor.b32").count(), 2 * products, "{src}");
+    assert!(!src.lines().any(|l| l.contains("xor.b32") && l.contains("0x")), "{src}");
+    let first = src.lines().find(|l| l.contains("[poi_fused_rand_0_param_3]")).expect("loaded");
+    let first = first.trim().trim_start_matches("ld.param.u64 ").split(',').next().expect("a register");
+    assert!(src.lines().any(|l| l.contains("add.u64") && l.contains(&format!(", {first}, "))), "{src}");
     assert!(src.contains("0xD2511F53") && src.contains("0xCD9E8D57"), "{src}");
     assert!(src.contains("div.rn.f64") && src.contains("sqrt.rn.f64") && src.contains(".reg .f64"), "{src}");
     assemble(&[("poi_fused_rand_0".into(), src)]);
     // an f64 output has no PTX form (f64 values go to NVRTC)
     let mut p = Prog::default();
     let mut b = B::default();
-    let r = b.push(ScalarOp::Rand { dist: coil_ir::RandDist::Uniform, seed: 1, counter: v }, DType::F64);
+    let r = b.push(ScalarOp::Rand { dist: coil_ir::RandDist::Uniform, stream: 0, counter: v }, DType::F64);
     let out = p.pointwise(&[64], DType::F64, b.done(r));
     let k = kernel("poi_fused_rand_1", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
     assert!(emit_ptx(&build_kernel(&p.p, &k), 90, &Tuning::default()).is_err());
