@@ -38,9 +38,17 @@ gradients, optimizer state, the batch, activations); `*_resident_bytes` is what 
 the call began. Compile time (`torch_compile_s`): the wall time of the first call of the compiled
 model (Dynamo, AOTAutograd, Inductor, Triton; for the training step both the forward and the backward
 graphs) minus the median steady wall time of a call; `torch_compile_first_call_s` is the first call
-itself. Each row's compile is cold: Inductor's and Triton's caches go to a fresh directory for this
-process and Inductor's caches are disabled (force_disable_caches), so no row reuses another's work.
-Eager runs first in each row, so CUDA, cuBLAS and cuDNN start-up costs are not counted as compile time.
+itself. Compiles are cold: Inductor's and Triton's caches go to a fresh directory for this process
+and Inductor's own caches (FX graph, AOTAutograd, autotuning) are disabled (force_disable_caches), so
+no row reuses another row's graphs; Triton's kernel cache is per process, so a Triton kernel with the
+same source as one the forward row built would be found by the training row (run one row per process
+with --rows to rule that out). Inductor's compile worker pool starts on the first compile and is
+counted there. Eager runs first in each row, so CUDA, cuBLAS and cuDNN start-up costs are not counted
+as compile time.
+
+Expected run time on an H100 (estimated, not yet measured): 2-5 minutes, nearly all of it
+torch.compile (~20-40 s for the forward, ~40-90 s for the training step); the timed calls take
+seconds. Memory: the training step of 124M at B=8, T=1024 needs well under 40 GB.
 
 Output: a table, and with --json {"device", "torch", "config", "precision", "timing", "rows": [{"name",
 "torch_compile_ms", "torch_eager_ms", "torch_peak_bytes" (compiled), "torch_eager_peak_bytes",
@@ -474,8 +482,13 @@ def main(argv=None):
         (a @ a).sum().item()
         F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().item()
 
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
     res = dict(
-        device=device_name, torch=torch.__version__, config=args.config,
+        device=device_name, torch=torch.__version__, triton=triton_version, config=args.config,
         model=dict(vars(ctx.gpt), B=ctx.B, T=ctx.T), precision=PRECISION,
         timing=("device ms: median of CUDA-event times of --reps calls after --warmup, each after a 256 MiB "
                 "L2 flush, no sync between calls; wall ms: host clock per call, synchronized; peak: "
