@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""The PyTorch side of the models table (issue 18, deliverable 7): GPT-2 124M forward and training step.
+
+Run on the GPU machine (Python 3.12, PyTorch 2.11, Triton 3.6; no network needed):
+
+    python3 bench/models_torch.py --device cuda --json $OUT/models_torch.json
+
+and on a CPU, to check that every path runs (tiny model, a few seconds):
+
+    python3 bench/models_torch.py --device cpu --config tiny --reps 3 --json /tmp/models_torch.json
+
+The model is GPT-2 as nanoGPT writes it: learned position embeddings, pre-norm blocks with LayerNorm
+(bias, eps 1e-5), a fused QKV linear, `F.scaled_dot_product_attention(is_causal=True)`, an MLP of 4x
+width with GELU (tanh approximation, as GPT-2 uses), dropout 0, the LM head tied to the token embedding,
+nanoGPT's initialization (normal 0.02, residual projections 0.02/sqrt(2*n_layer), zero biases).
+Precision is nanoGPT's training mode: parameters in float32, the model run under
+`torch.autocast(device, dtype=torch.bfloat16)` (matrix products and attention in bf16; layer norm,
+softmax and cross-entropy in f32 by autocast's rules). TF32 is off, as in torch_suite.py.
+
+Rows (each for PyTorch eager and `torch.compile(model)`, default mode):
+  gpt2_124m_fwd_bf16          forward to the loss (logits of every position, cross-entropy against
+                              targets), under torch.no_grad(): an inference forward.
+  gpt2_124m_train_step_bf16   zero_grad(set_to_none=True), forward, loss, backward,
+                              clip_grad_norm_(1.0), fused AdamW step (lr 6e-4, betas (0.9, 0.95),
+                              eps 1e-8, weight decay 0.1 on parameters of 2+ dims only). The model is
+                              compiled, the optimizer and the clipping are not (as nanoGPT does).
+With `--config tiny` the rows are named gpt2_tiny_* instead, so tiny results cannot pass for 124M ones.
+
+Timing, the method of ../shared/bench/torch_suite.py (triton.testing.do_bench) with counts instead of
+milliseconds: `--warmup` untimed calls, then `--reps` calls, each preceded by a 256 MiB memset that
+flushes the L2 cache and bracketed by CUDA events, recorded without synchronizing between calls;
+the median event time is the row's device time (`*_ms`). Then `--reps` more calls, each after the same
+flush and a synchronize, timed by the host clock up to a synchronize after the call: the wall clock per
+call as a user sees it (`*_wall_ms`). On the CPU both are the host clock and there is no flush.
+Peak memory (`*_peak_bytes`): torch.cuda.max_memory_allocated over one steady call, after
+reset_peak_memory_stats, with the flush buffer not allocated; it counts everything live (parameters,
+gradients, optimizer state, the batch, activations); `*_resident_bytes` is what was allocated when
+the call began. Compile time (`torch_compile_s`): the wall time of the first call of the compiled
+model (Dynamo, AOTAutograd, Inductor, Triton; for the training step both the forward and the backward
+graphs) minus the median steady wall time of a call; `torch_compile_first_call_s` is the first call
+itself. Compiles are cold: Inductor's and Triton's caches go to a fresh directory for this process
+and Inductor's own caches (FX graph, AOTAutograd, autotuning) are disabled (force_disable_caches), so
+no row reuses another row's graphs; Triton's kernel cache is per process, so a Triton kernel with the
+same source as one the forward row built would be found by the training row (run one row per process
+with --rows to rule that out). Inductor's compile worker pool starts on the first compile and is
+counted there. Eager runs first in each row, so CUDA, cuBLAS and cuDNN start-up costs are not counted
+as compile time.
+
+Expected run time on an H100 (estimated, not yet measured): 2-5 minutes, nearly all of it
+torch.compile (~20-40 s for the forward, ~40-90 s for the training step); the timed calls take
+seconds. Memory: the training step of 124M at B=8, T=1024 needs well under 40 GB.
+
+Output: a table, and with --json {"device", "torch", "config", "precision", "timing", "rows": [{"name",
+"torch_compile_ms", "torch_eager_ms", "torch_peak_bytes" (compiled), "torch_eager_peak_bytes",
+"torch_compile_s", "notes", ...extra keys}]}. A row that fails keeps its name and an "error" key, and
+the exit status is 1. bench/models_table.py merges this with coil's JSON into the models table.
+
+Adding rows (e.g. issue 21's decode rows): write a `setup(ctx, compiled) -> step` function and add a
+`RowSpec` to ROWS; `compile_mode` picks torch.compile's mode (e.g. "reduce-overhead") and `per_call`
+divides the times (e.g. by the number of tokens one call generates, for time per token).
+"""
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+# A fresh cache directory for Inductor and Triton, set before torch is imported so that every
+# compile in this process is cold (see the module doc); --warm-cache keeps the user's caches.
+if "--warm-cache" not in sys.argv:
+    _cache = tempfile.mkdtemp(prefix="models_torch_cache_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_cache, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(_cache, "triton")
+
+import torch  # noqa: E402
+import torch._inductor.config  # noqa: E402  (force_disable_caches below)
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+FLUSH_BYTES = 256 * 1024 * 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# The model: GPT-2 as nanoGPT writes it (written here from the GPT-2 description, not copied).
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int
+    block_size: int
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=True)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=True)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # [B, T, C] -> [B, heads, T, head_dim]
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=True)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=True)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
+            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+            h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
+            ln_f=nn.LayerNorm(cfg.n_embd, eps=1e-5),
+        ))
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # residual projections, scaled as GPT-2 does
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+
+def make_adamw(model: nn.Module, fused: bool) -> torch.optim.AdamW:
+    """nanoGPT's optimizer: weight decay on parameters of 2 or more dims only (matmul weights and
+    embeddings), none on biases and layer-norm parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows.
+
+CONFIGS = {
+    "124m": dict(gpt=GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024), B=8, T=1024),
+    "tiny": dict(gpt=GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=256, block_size=64), B=2, T=64),
+}
+
+
+@dataclass
+class Ctx:
+    """What a row's setup needs: the model configuration, the device and the precision policy."""
+    config: str
+    gpt: GPTConfig
+    B: int
+    T: int
+    device: torch.device
+    seed: int = 1234
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def batch(self):
+        """Token ids and targets, uniform over the vocabulary, from a fixed seed."""
+        g = torch.Generator().manual_seed(self.seed + 1)
+        idx = torch.randint(0, self.gpt.vocab_size, (self.B, self.T), generator=g)
+        tgt = torch.randint(0, self.gpt.vocab_size, (self.B, self.T), generator=g)
+        return idx.to(self.device), tgt.to(self.device)
+
+    def model(self):
+        """A fresh model with the same weights every time (eager and compiled start equal)."""
+        torch.manual_seed(self.seed)
+        with torch.device(self.device):
+            return GPT(self.gpt)
+
+
+@dataclass
+class RowSpec:
+    """One row of the models table. `setup(ctx, compile)` builds everything the row needs and
+    returns the step to time (a call that returns a tensor); `compile` is None for the eager column,
+    else the function that compiles a module (torch.compile with the row's `compile_mode`; None =
+    default mode); `per_call` divides the times (e.g. tokens per call)."""
+    name: str  # "{size}" is replaced by the config name (124m, tiny)
+    setup: Callable[[Ctx, Optional[Callable[[nn.Module], nn.Module]]], Callable[[], torch.Tensor]]
+    notes: str
+    compile_mode: Optional[str] = None
+    per_call: Callable[[Ctx], int] = field(default=lambda ctx: 1)
+
+
+def setup_forward(ctx: Ctx, compile):
+    model = ctx.model().eval()
+    run = compile(model) if compile else model
+    idx, tgt = ctx.batch()
+
+    def step():
+        with torch.no_grad(), ctx.autocast():
+            _, loss = run(idx, tgt)
+        return loss
+
+    return step
+
+
+def setup_train_step(ctx: Ctx, compile):
+    model = ctx.model().train()
+    run = compile(model) if compile else model
+    opt = make_adamw(model, fused=True)
+    idx, tgt = ctx.batch()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with ctx.autocast():
+            _, loss = run(idx, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    return step
+
+
+PRECISION = ("parameters f32; torch.autocast(bfloat16): matmuls and attention in bf16, layer norm, softmax "
+             "and cross-entropy in f32; TF32 off")
+
+ROWS = [
+    RowSpec(
+        "gpt2_{size}_fwd_bf16", setup_forward,
+        "forward to the loss (logits at every position + cross-entropy with targets) under torch.no_grad(); "
+        "compiled: torch.compile(model), default mode"),
+    RowSpec(
+        "gpt2_{size}_train_step_bf16", setup_train_step,
+        "zero_grad(set_to_none) + forward + loss + backward + clip_grad_norm_(1.0) + AdamW(fused=True, lr 6e-4, "
+        "betas (0.9, 0.95), eps 1e-8, wd 0.1 on 2-D params) step; compiled: torch.compile(model) default mode, "
+        "the optimizer step and the clipping run eagerly (as nanoGPT)"),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurement.
+
+
+class Clock:
+    """Device time and wall clock of a step, the torch_suite.py way (see the module doc)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def device_ms(self, step, reps):
+        if not self.cuda:
+            return self.wall_ms(step, reps)
+        flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=self.device)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        self.sync()
+        for s, e in zip(starts, ends):
+            flush.zero_()
+            s.record()
+            step()
+            e.record()
+        self.sync()
+        del flush
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+    def wall_ms(self, step, reps):
+        flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=self.device) if self.cuda else None
+        times = []
+        for _ in range(reps):
+            if flush is not None:
+                flush.zero_()
+            self.sync()
+            t0 = time.perf_counter()
+            step()
+            self.sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        del flush
+        return times
+
+    def first_call_s(self, step):
+        self.sync()
+        t0 = time.perf_counter()
+        out = step()
+        self.sync()
+        return time.perf_counter() - t0, out
+
+    def memory(self, step):
+        """(resident bytes when the call begins, peak bytes during it); None on the CPU."""
+        if not self.cuda:
+            step()
+            return None, None
+        self.sync()
+        resident = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        step()
+        self.sync()
+        return resident, torch.cuda.max_memory_allocated(self.device)
+
+
+def reset_compiler():
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measure(spec: RowSpec, ctx: Ctx, compiled: bool, clock: Clock, warmup: int, reps: int) -> dict:
+    """Times one row in one mode; returns its numbers under mode-neutral keys."""
+    reset_compiler()
+    # torch.compile is lazy: nothing compiles before the first call, timed below
+    compile = (lambda m: torch.compile(m, mode=spec.compile_mode)) if compiled else None
+    step = spec.setup(ctx, compile)
+    first_s, out = clock.first_call_s(step)
+    first_loss = float(out.float().item())
+    for _ in range(warmup):
+        step()
+    resident, peak = clock.memory(step)
+    dev = clock.device_ms(step, reps)
+    wall = clock.wall_ms(step, reps)
+    div = spec.per_call(ctx)
+    res = dict(
+        ms=statistics.median(dev) / div,
+        ms_min=min(dev) / div,
+        ms_max=max(dev) / div,
+        wall_ms=statistics.median(wall) / div,
+        peak_bytes=peak,
+        resident_bytes=resident,
+        first_call_s=first_s,
+        first_loss=first_loss,
+        last_loss=float(step().float().item()),
+    )
+    # compile time = time to the first result minus a steady call (wall clock, whole call)
+    res["compile_s"] = first_s - statistics.median(wall) / 1e3
+    del step, out
+    reset_compiler()
+    return res
+
+
+def run_row(spec: RowSpec, ctx: Ctx, modes, clock: Clock, warmup: int, reps: int) -> dict:
+    name = spec.name.format(size=ctx.config)
+    row = dict(name=name, torch_compile_ms=None, torch_eager_ms=None, torch_peak_bytes=None,
+               torch_eager_peak_bytes=None, torch_compile_s=None, notes=spec.notes,
+               compile_mode=spec.compile_mode or "default", precision=PRECISION, warmup=warmup, reps=reps)
+    for mode in ("eager", "compile"):
+        if mode not in modes:
+            continue
+        try:
+            r = measure(spec, ctx, mode == "compile", clock, warmup, reps)
+        except Exception as e:  # keep the other rows and modes; the exit status says it failed
+            import traceback
+            traceback.print_exc()
+            row.setdefault("error", {})[mode] = repr(e)[:400]
+            reset_compiler()
+            continue
+        row[f"torch_{mode}_ms"] = r["ms"]
+        row[f"torch_{mode}_ms_min"] = r["ms_min"]
+        row[f"torch_{mode}_ms_max"] = r["ms_max"]
+        row[f"torch_{mode}_wall_ms"] = r["wall_ms"]
+        row["torch_peak_bytes" if mode == "compile" else "torch_eager_peak_bytes"] = r["peak_bytes"]
+        row[f"torch_{mode}_resident_bytes"] = r["resident_bytes"]
+        row[f"torch_{mode}_first_call_s"] = r["first_call_s"]
+        row[f"torch_{mode}_first_loss"] = r["first_loss"]
+        row[f"torch_{mode}_last_loss"] = r["last_loss"]
+        if mode == "compile":
+            row["torch_compile_s"] = r["compile_s"]
+        print(f"  {name} {mode}: {r['ms']:.3f} ms device, {r['wall_ms']:.3f} ms wall, first call "
+              f"{r['first_call_s']:.2f} s, loss {r['first_loss']:.4f}", flush=True)
+    return row
+
+
+def fmt(v, scale=1.0, spec="{:.3f}"):
+    return "-" if v is None else spec.format(v * scale)
+
+
+def table(res: dict) -> str:
+    lines = [f"device: {res['device']}  torch {res['torch']}  config {res['config']}",
+             f"precision: {res['precision']}",
+             f"{'row':32s} {'eager ms':>9s} {'compile ms':>10s} {'eager wall':>10s} {'cmp wall':>9s} "
+             f"{'eager/cmp':>9s} {'eager MiB':>9s} {'cmp MiB':>8s} {'compile s':>9s}"]
+    for r in res["rows"]:
+        e, c = r.get("torch_eager_ms"), r.get("torch_compile_ms")
+        ratio = e / c if e and c else None
+        lines.append(
+            f"{r['name']:32s} {fmt(e):>9s} {fmt(c):>10s} {fmt(r.get('torch_eager_wall_ms')):>10s} "
+            f"{fmt(r.get('torch_compile_wall_ms')):>9s} {fmt(ratio, spec='{:.2f}'):>9s} "
+            f"{fmt(r.get('torch_eager_peak_bytes'), 2**-20, '{:.0f}'):>9s} "
+            f"{fmt(r.get('torch_peak_bytes'), 2**-20, '{:.0f}'):>8s} {fmt(r.get('torch_compile_s'), spec='{:.1f}'):>9s}"
+            + (f"  ERROR {r['error']}" if "error" in r else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--config", default="124m", choices=sorted(CONFIGS))
+    ap.add_argument("--rows", default="", help="comma-separated row names (gpt2_124m_* or gpt2_{size}_*); all if empty")
+    ap.add_argument("--modes", default="eager,compile", help="eager, compile or both")
+    ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--reps", type=int, default=30, help="timed calls per measurement (median)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed calls after the first")
+    ap.add_argument("--warm-cache", action="store_true", help="keep Inductor's and Triton's caches (not cold)")
+    args = ap.parse_args(argv)
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("models_torch: --device cuda but no CUDA device is usable", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if not args.warm_cache and hasattr(torch._inductor.config, "force_disable_caches"):
+        torch._inductor.config.force_disable_caches = True
+
+    cfg = CONFIGS[args.config]
+    ctx = Ctx(config=args.config, gpt=cfg["gpt"], B=cfg["B"], T=cfg["T"], device=torch.device(args.device))
+    wanted = [w for w in args.rows.split(",") if w]
+    specs = [s for s in ROWS if not wanted or s.name.format(size=args.config) in wanted or s.name in wanted
+             or s.name.format(size="124m") in wanted]
+    unknown = [w for w in wanted if not any(w in (s.name, s.name.format(size=args.config), s.name.format(size="124m"))
+                                            for s in ROWS)]
+    if unknown:
+        print(f"models_torch: unknown rows {unknown}; rows are {[s.name.format(size=args.config) for s in ROWS]}",
+              file=sys.stderr)
+        return 2
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in ("eager", "compile") for m in modes):
+        print(f"models_torch: --modes takes eager and/or compile, not {args.modes!r}", file=sys.stderr)
+        return 2
+
+    clock = Clock(ctx.device)
+    device_name = torch.cuda.get_device_name(ctx.device) if clock.cuda else "cpu"
+    # Start the device, cuBLAS and the attention kernels before anything is timed.
+    with ctx.autocast():
+        a = torch.randn(256, 256, device=ctx.device)
+        q = torch.randn(1, 2, 16, 64, device=ctx.device)
+        (a @ a).sum().item()
+        F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().item()
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    res = dict(
+        device=device_name, torch=torch.__version__, triton=triton_version, config=args.config,
+        model=dict(vars(ctx.gpt), B=ctx.B, T=ctx.T), precision=PRECISION,
+        timing=("device ms: median of CUDA-event times of --reps calls after --warmup, each after a 256 MiB "
+                "L2 flush, no sync between calls; wall ms: host clock per call, synchronized; peak: "
+                "max_memory_allocated over one steady call; compile s: first call of the compiled model minus "
+                "a steady call, cold caches" + (" (warm caches kept)" if args.warm_cache else "")),
+        rows=[],
+    )
+    t_start = time.time()
+    for spec in specs:
+        print(f"{spec.name.format(size=args.config)}:", flush=True)
+        res["rows"].append(run_row(spec, ctx, modes, clock, args.warmup, args.reps))
+    res["total_s"] = time.time() - t_start
+    print(table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 1 if any("error" in r for r in res["rows"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
