@@ -126,8 +126,22 @@ fn binary_float(op: BinaryOp, x: f64, y: f64, r: impl Fn(f64) -> f64) -> f64 {
         Pow => x.powf(y),
         Maximum if x.is_nan() || y.is_nan() => f64::NAN,
         Minimum if x.is_nan() || y.is_nan() => f64::NAN,
-        Maximum => x.max(y),
-        Minimum => x.min(y),
+        // A tie (`+0.0` against `-0.0`) gives the first operand, as PyTorch's relu and clamp
+        // keep `x`: `relu(-0.0)` is `-0.0` (docs/compiler.md, "Values in generated code").
+        Maximum => {
+            if y > x {
+                y
+            } else {
+                x
+            }
+        }
+        Minimum => {
+            if y < x {
+                y
+            } else {
+                x
+            }
+        }
         _ => unreachable!("{} returns bool", op.name()),
     }
 }
