@@ -18,7 +18,8 @@
 //! would check one file and map another whenever the entry is replaced between the check and
 //! the `dlopen` (a concurrent process rebuilding it, a user copying files about); a shared
 //! object cannot carry the entry's header in front of it either. The private copy sits in the
-//! cache directory, where shared objects are known to be loadable (a temp dir may be `noexec`).
+//! cache directory, where shared objects are known to be loadable (a temp dir may be `noexec`;
+//! it serves only when the cache directory takes no new files).
 //! Its removal leaves the mapping (and so the inode) alive, since libraries are never closed:
 //! a later private copy can never share its inode, which `dlopen` would take for the same
 //! library.
@@ -64,23 +65,13 @@ impl KernelLibrary {
         if let Some(lib) = table.get(&object.key) {
             return Ok(KernelLibrary { lib: lib.clone(), path });
         }
-        let private = cache_entry::temp_name(&object.path, "load");
-        let failed = |e: &dyn std::fmt::Display| {
-            Error::runtime(format!(
-                "cannot load compiled kernels {} (through {}): {e}",
-                path.display(),
-                private.display()
-            ))
-        };
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&private)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, library));
+        let failed =
+            |e: &dyn std::fmt::Display| Error::runtime(format!("cannot load compiled kernels {}: {e}", path.display()));
+        let private = write_private_copy(&object.path, library).map_err(|e| failed(&e))?;
         // SAFETY: the library is one we built from generated C (its bytes checked against the
         // entry's checksum): it has no initialisers beyond the C runtime's and OpenMP's, which
         // are safe to run at any time.
-        let lib = written.map_err(|e| failed(&e)).and_then(|()| unsafe { open(&private) }.map_err(|e| failed(&e)));
+        let lib = unsafe { open(&private) }.map_err(|e| failed(&format!("{e} (through {})", private.display())));
         let _ = std::fs::remove_file(&private);
         let lib = Arc::new(lib?);
         table.insert(object.key.clone(), lib.clone());
@@ -117,6 +108,21 @@ impl Kernel {
     pub unsafe fn call(&self, args: &[*mut u8], status: &mut [i64; 4]) {
         (self.func)(args.as_ptr() as *const *mut c_char, status.as_mut_ptr())
     }
+}
+
+/// Writes `library` to a new file of a name no one else uses, beside `entry` (or, where its
+/// directory takes no new files, in the temp dir), and returns its path.
+fn write_private_copy(entry: &Path, library: &[u8]) -> std::io::Result<PathBuf> {
+    let write = |path: PathBuf| {
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+        std::io::Write::write_all(&mut file, library).inspect_err(|_| {
+            let _ = std::fs::remove_file(&path);
+        })?;
+        Ok(path)
+    };
+    write(cache_entry::temp_name(entry, "load")).or_else(|_: std::io::Error| {
+        write(cache_entry::temp_name(&std::env::temp_dir().join(entry.file_name().unwrap_or_default()), "load"))
+    })
 }
 
 #[cfg(unix)]
