@@ -414,23 +414,8 @@ pub fn fold(op: &Prim, args: &[Konst], out: DType) -> Option<Konst> {
                 Sub => a - b,
                 Mul => a * b,
                 Div => a / b,
-                // NaN propagates; a tie (+0.0 against -0.0) gives the first operand, as the
-                // interpreter and the kernels do.
-                Maximum | Minimum if a.is_nan() || b.is_nan() => f64::NAN,
-                Maximum => {
-                    if b > a {
-                        b
-                    } else {
-                        a
-                    }
-                }
-                Minimum => {
-                    if b < a {
-                        b
-                    } else {
-                        a
-                    }
-                }
+                // as the interpreter and the kernels: NaN propagates, a tie of zeros gives `a`
+                Maximum | Minimum => op.max_min(a, b),
                 Eq => return bool_k(a == b),
                 Ne => return bool_k(a != b),
                 Lt => return bool_k(a < b),

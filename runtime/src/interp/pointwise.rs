@@ -124,24 +124,7 @@ fn binary_float(op: BinaryOp, x: f64, y: f64, r: impl Fn(f64) -> f64) -> f64 {
         TruncDiv => r(x / y).trunc(),
         Remainder => math::remainder(x, y),
         Pow => x.powf(y),
-        Maximum if x.is_nan() || y.is_nan() => f64::NAN,
-        Minimum if x.is_nan() || y.is_nan() => f64::NAN,
-        // A tie (`+0.0` against `-0.0`) gives the first operand, as PyTorch's relu and clamp
-        // keep `x`: `relu(-0.0)` is `-0.0` (docs/compiler.md, "Values in generated code").
-        Maximum => {
-            if y > x {
-                y
-            } else {
-                x
-            }
-        }
-        Minimum => {
-            if y < x {
-                y
-            } else {
-                x
-            }
-        }
+        Maximum | Minimum => op.max_min(x, y),
         _ => unreachable!("{} returns bool", op.name()),
     }
 }
