@@ -16,6 +16,9 @@ mod differential;
 #[path = "attention/cases.rs"]
 mod attention;
 
+#[path = "signed_zeros/cases.rs"]
+mod signed_zeros;
+
 /// The GPU, or `None` after saying why the test is skipped.
 fn gpu() -> Option<coil::Device> {
     if coil::cuda_available() {
@@ -33,6 +36,16 @@ fn gpu() -> Option<coil::Device> {
 fn golden_cases_match_pytorch_on_cuda() {
     if let Some(device) = gpu() {
         golden::check_all(coil::Backend::Compiled, device);
+    }
+}
+
+/// `0.0` and `-0.0` constants in one kernel, relu, clamp at +-0.0, maximum / minimum ties and
+/// `where`, bit for bit as PyTorch's CPU (PTX for f32 / f16 / bf16, CUDA C for f64; run with
+/// `COIL_CUDA_PTX=0` too for CUDA C throughout).
+#[test]
+fn signed_zeros_match_pytorch_on_cuda() {
+    if let Some(device) = gpu() {
+        signed_zeros::check_all(coil::Backend::Compiled, device);
     }
 }
 

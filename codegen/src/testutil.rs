@@ -172,6 +172,37 @@ pub fn softmax(rows: usize, cols: usize, kind: KernelKind, name: &str) -> (LoopP
     (p.p, k)
 }
 
+/// One pointwise kernel over f32 inputs `a` and `b` of 4 elements, five outputs where the sign
+/// of a zero shows: `maximum(a, b)`, `minimum(a, b)`, `a * 0.0`, `a * -0.0` and
+/// `(a + 0.0) / -0.0` (both zero constants in one body, and in one kernel).
+pub fn signed_zeros() -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let (a, b_) = (p.input(&[4], f), p.input(&[4], f));
+    let v = xs(&[4])[0];
+    let mut outs = Vec::new();
+    for which in 0..5 {
+        let mut b = B::default();
+        let (la, lb) = (b.load(a, v, f), b.load(b_, v, f));
+        let r = match which {
+            0 => b.binary(BinaryOp::Maximum, la, lb, f),
+            1 => b.binary(BinaryOp::Minimum, la, lb, f),
+            2 | 3 => {
+                let zero = b.constant(if which == 2 { 0.0 } else { -0.0 }, f);
+                b.binary(BinaryOp::Mul, la, zero, f)
+            }
+            _ => {
+                let (zero, negative_zero) = (b.constant(0.0, f), b.constant(-0.0, f));
+                let s = b.binary(BinaryOp::Add, la, zero, f);
+                b.binary(BinaryOp::Div, s, negative_zero, f)
+            }
+        };
+        outs.push(p.pointwise(&[4], f, b.done(r)));
+    }
+    outs.iter().for_each(|&o| p.output(o));
+    (p.p, kernel("poi_fused_signed_zeros_0", KernelKind::Pointwise, (0..5).collect(), 4, None, outs))
+}
+
 /// Reference softmax of one row, in f64.
 pub fn softmax_ref(row: &[f32]) -> Vec<f64> {
     let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));

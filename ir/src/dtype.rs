@@ -171,12 +171,29 @@ impl fmt::Display for DType {
 /// A Rust scalar taking part in an expression (`x * 2.5`, `x.clamp(0, 6)`).
 ///
 /// A scalar is "weak": it only changes the result dtype across categories (see [`result_type`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
+///
+/// Equality is by bit pattern for floats: `0.0` and `-0.0` are different constants (`1 / x`
+/// tells them apart), and a NaN equals itself. Everything that deduplicates constants (value
+/// numbering of loop bodies, tile programs, graph CSE) compares through this.
+#[derive(Clone, Copy, Debug)]
 pub enum Scalar {
     Bool(bool),
     Int(i64),
     Float(f64),
 }
+
+impl PartialEq for Scalar {
+    fn eq(&self, other: &Scalar) -> bool {
+        match (self, other) {
+            (Scalar::Bool(a), Scalar::Bool(b)) => a == b,
+            (Scalar::Int(a), Scalar::Int(b)) => a == b,
+            (Scalar::Float(a), Scalar::Float(b)) => a.to_bits() == b.to_bits(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Scalar {}
 
 impl Scalar {
     /// The dtype PyTorch gives a wrapped number: i64 for integers, the default float for floats.
@@ -311,6 +328,15 @@ mod tests {
         assert_eq!(t, DType::F64);
         let t = result_type(&[Operand::ZeroDim(DType::F64), Operand::Dimensioned(DType::F16)]);
         assert_eq!(t, DType::F16);
+    }
+
+    #[test]
+    fn scalars_are_equal_by_bit_pattern() {
+        assert_ne!(Scalar::Float(0.0), Scalar::Float(-0.0));
+        assert_eq!(Scalar::Float(-0.0), Scalar::Float(-0.0));
+        assert_eq!(Scalar::Float(f64::NAN), Scalar::Float(f64::NAN));
+        assert_ne!(Scalar::Float(1.0), Scalar::Int(1));
+        assert_ne!(Scalar::Int(0), Scalar::Bool(false));
     }
 
     #[test]

@@ -135,7 +135,8 @@ pub enum BinaryOp {
     /// `torch.remainder`: the result has the sign of the divisor.
     Remainder,
     Pow,
-    /// `torch.maximum`: NaN propagates.
+    /// `torch.maximum`: NaN propagates; a tie of `+0.0` and `-0.0` gives the first operand
+    /// ([`BinaryOp::max_min`]).
     Maximum,
     Minimum,
     Eq,
@@ -185,6 +186,19 @@ impl BinaryOp {
     pub fn returns_bool(self) -> bool {
         use BinaryOp::*;
         matches!(self, Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr)
+    }
+
+    /// [`BinaryOp::Maximum`] (else [`BinaryOp::Minimum`]) of two floats, as every backend
+    /// computes it: NaN if either is NaN; on a tie of `+0.0` and `-0.0`, the first operand, so
+    /// that `relu(x) = maximum(x, 0)` of `-0.0` is `-0.0` and `clamp` keeps `x` at an equal
+    /// bound, as PyTorch's do.
+    pub fn max_min(self, a: f64, b: f64) -> f64 {
+        let b_wins = if self == BinaryOp::Maximum { b > a } else { b < a };
+        match () {
+            _ if a.is_nan() || b.is_nan() => f64::NAN,
+            _ if b_wins => b,
+            _ => a,
+        }
     }
 }
 

@@ -19,6 +19,7 @@
 //!   points return an error saying what was searched.
 
 pub mod buffer;
+pub mod cache_entry;
 pub mod cpu;
 pub mod cuda;
 pub mod device;

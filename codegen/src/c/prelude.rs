@@ -201,8 +201,9 @@ static inline $T coil_remainder$S($T a, $T b) {
     if (m != 0 && ((b < 0) != (m < 0))) m += b;
     return m;
 }
-static inline $T coil_maximum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
-static inline $T coil_minimum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
+/* NaN-propagating; a tie (+0.0 against -0.0) gives the first operand, as relu(-0.0) is -0.0. */
+static inline $T coil_maximum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a < b ? b : a); }
+static inline $T coil_minimum$S($T a, $T b) { return (a != a || b != b) ? a + b : (b < a ? b : a); }
 static inline $T coil_sign$S($T a) { return ($T)((0 < a) - (a < 0)); }
 /* Online softmax: n elements into the running maximum *m (folded as coil_maximum$S folds them,
    bit for bit) and the sum *s of exp(x - *m), rescaled (once) when the maximum grows. */

@@ -272,6 +272,26 @@ void f32_to_bf16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < 
 }
 
 #[test]
+fn signed_zeros_keep_their_sign() {
+    let (p, k) = signed_zeros();
+    let (lib, _) = build_and_compile(&p, &[k]);
+    let mut a = vec![-0.0f32, 0.0, 1.0, -1.0];
+    let mut b = vec![0.0f32, -0.0, -0.0, 2.0];
+    let mut outs = vec![vec![0f32; 4]; 5];
+    let mut args = vec![ptr(&mut a), ptr(&mut b)];
+    args.extend(outs.iter_mut().map(|o| ptr(o)));
+    assert_eq!(lib.run("poi_fused_signed_zeros_0", &args), [0; 4]);
+    let bits = |v: &[f32]| v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
+    // a tie of zeros gives the first operand; 0.0 and -0.0 stay apart
+    assert_eq!(bits(&outs[0]), bits(&[-0.0, 0.0, 1.0, 2.0]), "maximum");
+    assert_eq!(bits(&outs[1]), bits(&[-0.0, 0.0, -0.0, -1.0]), "minimum");
+    assert_eq!(bits(&outs[2]), bits(&[-0.0, 0.0, 0.0, -0.0]), "a * 0.0");
+    assert_eq!(bits(&outs[3]), bits(&[0.0, -0.0, -0.0, 0.0]), "a * -0.0");
+    let inf = f32::INFINITY;
+    assert_eq!(bits(&outs[4]), bits(&[f32::NAN, f32::NAN, -inf, inf]), "(a + 0.0) / -0.0");
+}
+
+#[test]
 fn half_conversions_match_the_half_crate() {
     let lib = conversion_lib();
     // every f16 and bf16 bit pattern up

@@ -189,28 +189,29 @@ COIL_D $T coil_sign$S($T a) { return ($T)((0 < a) - (a < 0)); }
 "#;
 
 /// NaN-propagating max/min (the C prelude's, bit for bit) of doubles, and of floats before
-/// sm_80; float division as written.
+/// sm_80; float division as written. A tie (+0.0 against -0.0) gives the first operand.
 const MAXMIN_PORTABLE: &str = r#"
-COIL_D double coil_maximum_f64(double a, double b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
-COIL_D double coil_minimum_f64(double a, double b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
-/* f32 max/min: one FMNMX.NAN from sm_80 (NaN if either is NaN: the canonical NaN, where the C
-   prelude keeps an operand's payload), else the portable form. */
+COIL_D double coil_maximum_f64(double a, double b) { return (a != a || b != b) ? a + b : (a < b ? b : a); }
+COIL_D double coil_minimum_f64(double a, double b) { return (a != a || b != b) ? a + b : (b < a ? b : a); }
+/* f32 max/min: FMNMX.NAN from sm_80 (NaN if either is NaN: the canonical NaN, where the C
+   prelude keeps an operand's payload), else the portable form. FMNMX orders -0.0 below +0.0;
+   coil's rule keeps the first operand on that tie (relu(-0.0) is -0.0), hence the select. */
 COIL_D float coil_maximum_f32(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float r;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
+    return a == b ? a : r;
 #else
-    return (a != a || b != b) ? a + b : (a > b ? a : b);
+    return (a != a || b != b) ? a + b : (a < b ? b : a);
 #endif
 }
 COIL_D float coil_minimum_f32(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float r;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
+    return a == b ? a : r;
 #else
-    return (a != a || b != b) ? a + b : (a < b ? a : b);
+    return (a != a || b != b) ? a + b : (b < a ? b : a);
 #endif
 }
 /* f32 division as Triton does it: div.full.f32, at most 2 ulp from the rounded quotient over

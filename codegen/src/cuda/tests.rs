@@ -211,6 +211,8 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
     }
     let (p, k) = crate::tile::tests::embedding();
     v.push(tile(&p, &k, "embedding"));
+    let (p, k) = signed_zeros();
+    v.push(tile(&p, &k, "signed_zeros"));
     let (p, k) = crate::tile::tests::pointwise_chain(DType::F16);
     v.push(tile(&p, &k, "poi_f16_chain"));
     for (kind, c) in [(KernelKind::PersistentReduction, 6), (KernelKind::LoopedReduction, 1500)] {
@@ -519,6 +521,16 @@ fn module_is_deterministic_and_passes_the_syntax_check() {
             .collect();
         std::fs::write(format!("{dir}/launches.txt"), launches).unwrap();
     }
+}
+
+#[test]
+fn signed_zeros_keep_their_sign_in_cuda_c() {
+    let (p, k) = signed_zeros();
+    let src = emit_cuda_kernel_source(&tile(&p, &k, "signed_zeros")).unwrap();
+    // both zero constants, and max / min with the tie select (FMNMX orders -0.0 below +0.0)
+    assert!(src.contains(" = 0.0f;") && src.contains(" = -0.0f;"), "{src}");
+    assert!(src.contains("coil_maximum_f32(") && src.contains("return a == b ? a : r;"), "{src}");
+    syntax_check(&src);
 }
 
 #[test]

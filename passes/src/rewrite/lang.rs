@@ -414,12 +414,8 @@ pub fn fold(op: &Prim, args: &[Konst], out: DType) -> Option<Konst> {
                 Sub => a - b,
                 Mul => a * b,
                 Div => a / b,
-                // NaN propagates; which zero max(-0.0, 0.0) gives is left to the kernels.
-                Maximum | Minimum if a == 0.0 && b == 0.0 => return None,
-                Maximum if a.is_nan() || b.is_nan() => f64::NAN,
-                Maximum => a.max(b),
-                Minimum if a.is_nan() || b.is_nan() => f64::NAN,
-                Minimum => a.min(b),
+                // as the interpreter and the kernels: NaN propagates, a tie of zeros gives `a`
+                Maximum | Minimum => op.max_min(a, b),
                 Eq => return bool_k(a == b),
                 Ne => return bool_k(a != b),
                 Lt => return bool_k(a < b),

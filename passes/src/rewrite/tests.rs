@@ -31,9 +31,13 @@ fn folding_rounds_like_the_interpreter() {
     // Integers wrap to their width.
     let Some(Konst::I(w)) = fold(&add, &[Konst::I(127), Konst::I(1)], DType::I8) else { panic!() };
     assert_eq!(w, -128);
-    // Which zero max(-0.0, 0.0) is, and transcendental functions, are left to run.
-    let max = Prim::Binary(Ordered(BinaryOp::Maximum));
-    assert!(fold(&max, &[Konst::F(-0.0), Konst::F(0.0)], DType::F32).is_none());
+    // A tie of zeros gives the first operand (as the kernels do); transcendental functions are
+    // left to run.
+    let (max, min) = (Prim::Binary(Ordered(BinaryOp::Maximum)), Prim::Binary(Ordered(BinaryOp::Minimum)));
+    for (op, a, b) in [(&max, -0.0, 0.0), (&max, 0.0, -0.0), (&min, 0.0, -0.0), (&min, -0.0, 0.0)] {
+        let Some(Konst::F(r)) = fold(op, &[Konst::F(a), Konst::F(b)], DType::F32) else { panic!() };
+        assert_eq!(r.to_bits(), a.to_bits(), "{op:?}({a}, {b})");
+    }
     assert!(fold(&Prim::Unary(Ordered(UnaryOp::Exp)), &[Konst::F(1.0)], DType::F32).is_none());
     // NaN to an integer is not folded (C leaves it undefined).
     assert!(Konst::F(f64::NAN).cast(DType::I32).is_none());

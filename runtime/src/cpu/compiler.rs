@@ -6,20 +6,22 @@
 //! the source, the compiler's version line and the flags:
 //!
 //! ```text
-//! <cache dir>/c/<key>.c    the source, kept for humans (and for compile errors)
-//! <cache dir>/c/<key>.so   the shared object
+//! <cache dir>/c/<key>.c          the source, kept for humans (and for compile errors)
+//! <cache dir>/c/<key>.so.entry   the shared object, as a verified cache entry
 //! ```
 //!
-//! Every file is written to a private temporary name and renamed into place, so concurrent
-//! processes compiling the same source never see a partial file; at worst both compile and the
-//! last rename wins (the contents are equivalent). An entry that is empty or truncated is
-//! detected ([`looks_complete`]) and rebuilt; one that fails to load is rebuilt by the caller
-//! ([`crate::cpu::module::load_or_build`]).
+//! The entry carries its key and a checksum of the library ([`crate::cache_entry`]); one that
+//! is empty, truncated, damaged or another key's is logged and rebuilt, never loaded. Every file
+//! is written to a private temporary name and renamed into place, so concurrent processes
+//! compiling the same source never see a partial file; at worst both compile and the last
+//! rename wins (each entry is whole and right for the key). The library is loaded from the
+//! bytes that were checked ([`crate::cpu::module`]).
 
+use crate::cache_entry::{self, Kind};
 use coil_ir::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -28,7 +30,7 @@ use std::time::Instant;
 const BASE_FLAGS: [&str; 4] = ["-O3", "-march=native", "-shared", "-fPIC"];
 
 /// Bumped when the way entries are built changes, so stale entries are never reused.
-const CACHE_FORMAT: &str = "coil-c-cache-v1";
+const CACHE_FORMAT: &str = "coil-c-cache-v2";
 
 /// A working C compiler.
 #[derive(Debug)]
@@ -47,7 +49,7 @@ pub struct CCompiler {
 /// Where a translation unit's shared object lies, and what producing it cost.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompiledObject {
-    /// `<cache dir>/c/<key>.so`.
+    /// `<cache dir>/c/<key>.so.entry`.
     pub path: PathBuf,
     /// `<cache dir>/c/<key>.c`.
     pub source_path: PathBuf,
@@ -57,6 +59,9 @@ pub struct CompiledObject {
     pub cache_hit: bool,
     /// Seconds spent running the compiler (0 on a cache hit).
     pub compile_seconds: f64,
+    /// Why the cached entry was not used and the library was compiled again (it was damaged,
+    /// another key's, or did not load); `None` on a hit or a plain miss.
+    pub rebuilt_because: Option<String>,
 }
 
 impl CCompiler {
@@ -109,67 +114,79 @@ impl CCompiler {
     /// worked: whether `-fopenmp` links is a property of the installed compiler, so one key
     /// always maps to one build, and a process never recompiles just to learn it again.
     pub fn cache_key(&self, source: &str) -> String {
-        let mut h = Fnv128::new();
-        for part in [CACHE_FORMAT, &self.version, &BASE_FLAGS.join(" "), "-fopenmp -lm", source] {
-            h.write(&(part.len() as u64).to_le_bytes());
-            h.write(part.as_bytes());
-        }
-        format!("{:032x}", h.finish())
+        cache_entry::key(&[CACHE_FORMAT, &self.version, &BASE_FLAGS.join(" "), "-fopenmp -lm", source])
     }
 
-    /// Returns the shared object for `source`, from `cache_dir` when a complete entry is there,
-    /// else by compiling it. A compile failure is a runtime error carrying the compiler's
-    /// stderr and the path of the kept source.
-    pub fn compile(&self, source: &str, cache_dir: &Path) -> Result<CompiledObject> {
+    /// The shared object for `source` (its bytes, and where it lies): from `cache_dir` when a
+    /// valid entry for its key is there, else compiled and stored; an invalid entry is logged
+    /// and rebuilt ([`CompiledObject::rebuilt_because`]). A compile failure is a runtime error
+    /// carrying the compiler's stderr and the path of the kept source.
+    pub fn compile(&self, source: &str, cache_dir: &Path) -> Result<(Vec<u8>, CompiledObject)> {
+        self.through_cache(source, cache_dir, None)
+    }
+
+    /// Compiles `source` into the cache unconditionally, replacing its entry, which was not
+    /// used `because` (the caller logged why).
+    pub fn rebuild(&self, source: &str, cache_dir: &Path, because: String) -> Result<(Vec<u8>, CompiledObject)> {
+        self.through_cache(source, cache_dir, Some(because))
+    }
+
+    /// [`CCompiler::compile`], or with `rebuild_because`, [`CCompiler::rebuild`].
+    fn through_cache(
+        &self,
+        source: &str,
+        cache_dir: &Path,
+        rebuild_because: Option<String>,
+    ) -> Result<(Vec<u8>, CompiledObject)> {
         let dir = cache_dir.join("c");
         let key = self.cache_key(source);
-        let path = dir.join(format!("{key}.so"));
+        let path = cache_entry::path(&dir, &key, Kind::SharedObject);
         let source_path = dir.join(format!("{key}.c"));
-        if looks_complete(&path) {
-            return Ok(CompiledObject { path, source_path, key, cache_hit: true, compile_seconds: 0.0 });
-        }
-        self.build(source, &dir, key)
+        let mut compile_seconds = 0.0;
+        let build = || {
+            let start = Instant::now();
+            let library = self.build(source, &path, &source_path);
+            compile_seconds = start.elapsed().as_secs_f64();
+            library
+        };
+        let fetched = match rebuild_because {
+            None => cache_entry::fetch_or_build(&path, Kind::SharedObject, &key, build)?,
+            because => cache_entry::rebuild(&path, Kind::SharedObject, &key, because, build)?,
+        };
+        let cache_entry::Fetched { payload, cache_hit, rebuilt_because } = fetched;
+        Ok((payload, CompiledObject { path, source_path, key, cache_hit, compile_seconds, rebuilt_because }))
     }
 
-    /// Compiles `source` into the cache unconditionally, replacing any entry (used when an
-    /// entry that looked complete fails to load).
-    pub fn rebuild(&self, source: &str, cache_dir: &Path) -> Result<CompiledObject> {
-        self.build(source, &cache_dir.join("c"), self.cache_key(source))
-    }
-
-    fn build(&self, source: &str, dir: &Path, key: String) -> Result<CompiledObject> {
+    /// Compiles `source` (first kept at `source_path`) into a shared object next to `entry`, and
+    /// returns its bytes.
+    fn build(&self, source: &str, entry: &Path, source_path: &Path) -> Result<Vec<u8>> {
+        let dir = entry.parent().expect("an entry lies in a directory");
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::runtime(format!("cannot create the kernel cache {}: {e}", dir.display())))?;
-        let path = dir.join(format!("{key}.so"));
-        let source_path = dir.join(format!("{key}.c"));
-        write_atomically(&source_path, source.as_bytes())?;
-        let tmp = temp_name(&path);
-        let start = Instant::now();
-        let mut result = self.run(&source_path, &tmp, self.openmp());
+        cache_entry::write_atomically(source_path, source.as_bytes())?;
+        let tmp = cache_entry::temp_name(entry, "cc");
+        let mut result = self.run(source_path, &tmp, self.openmp());
         if result.is_err() && self.openmp() {
             // Most often libgomp is missing. Any real error in the source shows up again below,
             // without the OpenMP noise.
-            let retry = self.run(&source_path, &tmp, false);
+            let retry = self.run(source_path, &tmp, false);
             if retry.is_ok() {
                 self.openmp.store(false, Ordering::Relaxed);
             }
             result = retry;
         }
-        let compile_seconds = start.elapsed().as_secs_f64();
-        if let Err(stderr) = result {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::runtime(format!(
+        let library = match result {
+            Ok(()) => std::fs::read(&tmp)
+                .map_err(|e| Error::runtime(format!("cannot read the compiled kernels {}: {e}", tmp.display()))),
+            Err(stderr) => Err(Error::runtime(format!(
                 "the C compiler ({}) failed on {}:\n{}",
                 self.command(),
                 source_path.display(),
                 stderr.trim_end()
-            )));
-        }
-        std::fs::rename(&tmp, &path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::runtime(format!("cannot move the compiled kernels to {}: {e}", path.display()))
-        })?;
-        Ok(CompiledObject { path, source_path, key, cache_hit: false, compile_seconds })
+            ))),
+        };
+        let _ = std::fs::remove_file(&tmp);
+        library
     }
 
     /// Runs the compiler once; `Err(stderr)` on failure.
@@ -203,72 +220,4 @@ pub fn default_cache_dir() -> PathBuf {
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("coil")))
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("coil")))
         .unwrap_or_else(|| std::env::temp_dir().join("coil-cache"))
-}
-
-/// Whether a cached shared object is plausibly whole: non-empty and, for ELF files, long enough
-/// to hold the section header table (the linker writes it last, so any truncation cuts it).
-pub fn looks_complete(path: &Path) -> bool {
-    use std::io::Read;
-    let Ok(file) = std::fs::File::open(path) else { return false };
-    let Ok(len) = file.metadata().map(|m| m.len()) else { return false };
-    let mut header = Vec::with_capacity(64);
-    let n = file.take(64).read_to_end(&mut header).unwrap_or(0);
-    if len == 0 || n == 0 {
-        return false;
-    }
-    if header.starts_with(b"\x7fELF") {
-        if n < 64 {
-            return false;
-        }
-        // ELF64 little-endian only (x86-64, aarch64); other ELF kinds are left to the loader.
-        if header[4] == 2 && header[5] == 1 {
-            let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().unwrap());
-            let u16_at = |o: usize| u16::from_le_bytes(header[o..o + 2].try_into().unwrap()) as u64;
-            let end = u64_at(0x28).saturating_add(u16_at(0x3a) * u16_at(0x3c));
-            return end <= len;
-        }
-    }
-    true
-}
-
-/// Writes a file atomically: a private temporary name in the same directory, then a rename.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = temp_name(path);
-    std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::runtime(format!("cannot write {}: {e}", path.display()))
-    })
-}
-
-/// `<path>.tmp-<pid>-<n>`: unique across processes (pid) and threads (counter).
-fn temp_name(path: &Path) -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp-{}-{n}", std::process::id()));
-    path.with_file_name(name)
-}
-
-/// 128-bit FNV-1a: tiny, stable across Rust versions and platforms (unlike `DefaultHasher`),
-/// and wide enough that accidental collisions between cached sources are not a concern.
-pub(crate) struct Fnv128(u128);
-
-impl Fnv128 {
-    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
-    const PRIME: u128 = 0x0000000001000000000000000000013b;
-
-    pub fn new() -> Fnv128 {
-        Fnv128(Self::OFFSET)
-    }
-
-    pub fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= b as u128;
-            self.0 = self.0.wrapping_mul(Self::PRIME);
-        }
-    }
-
-    pub fn finish(&self) -> u128 {
-        self.0
-    }
 }

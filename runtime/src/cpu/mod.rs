@@ -120,7 +120,13 @@ impl CompiledGraph {
         self.object.as_ref().is_some_and(|o| o.cache_hit)
     }
 
-    /// The shared object's path (`None` when every kernel is extern).
+    /// Why the shared object's cache entry was not used and the kernels were compiled again
+    /// (the entry was damaged, another key's, or did not load; also logged on stderr).
+    pub fn cache_rebuilt_because(&self) -> Option<&str> {
+        self.object.as_ref().and_then(|o| o.rebuilt_because.as_deref())
+    }
+
+    /// The shared object's cache entry (`None` when every kernel is extern).
     pub fn library_path(&self) -> Option<&Path> {
         self.object.as_ref().map(|o| o.path.as_path())
     }

@@ -10,9 +10,22 @@
 //! Libraries are in fact never closed: a process-wide table keeps each one open once loaded.
 //! Closing a library built with `-fopenmp` would drop the last reference to libgomp and unmap
 //! it while its idle worker threads still run its code (they crash). Loaded code is small, and
-//! the table also means one path is opened once, however many graphs share it.
+//! the table also means one cache key is opened once, however many graphs share it.
+//!
+//! **What is loaded is what was checked.** The cache entry's bytes are read once and verified
+//! (`crate::cache_entry`); those bytes are written to a private file (a name no other process
+//! uses, created here), `dlopen`ed, and the file is removed. Loading the cache file itself
+//! would check one file and map another whenever the entry is replaced between the check and
+//! the `dlopen` (a concurrent process rebuilding it, a user copying files about); a shared
+//! object cannot carry the entry's header in front of it either. The private copy sits in the
+//! cache directory, where shared objects are known to be loadable (a temp dir may be `noexec`;
+//! it serves only when the cache directory takes no new files).
+//! Its removal leaves the mapping (and so the inode) alive, since libraries are never closed:
+//! a later private copy can never share its inode, which `dlopen` would take for the same
+//! library.
 
 use super::compiler::{CCompiler, CompiledObject};
+use crate::cache_entry;
 use coil_ir::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::c_char;
@@ -40,25 +53,32 @@ pub struct Kernel {
 }
 
 impl KernelLibrary {
-    /// Opens a shared object. All its symbols are resolved now (`RTLD_NOW`), so a library with
-    /// an undefined reference fails here rather than at the first call.
-    pub fn load(path: &Path) -> Result<KernelLibrary> {
-        static LOADED: Mutex<Option<HashMap<PathBuf, Arc<libloading::Library>>>> = Mutex::new(None);
+    /// Opens the shared object `library`, the verified bytes of the cache entry `object`
+    /// (through a private copy: see the module doc), or returns the one already open for its
+    /// key. All its symbols are resolved now (`RTLD_NOW`), so a library with an undefined
+    /// reference fails here rather than at the first call.
+    pub fn load(object: &CompiledObject, library: &[u8]) -> Result<KernelLibrary> {
+        static LOADED: Mutex<Option<HashMap<String, Arc<libloading::Library>>>> = Mutex::new(None);
+        let path = object.path.clone();
         let mut table = LOADED.lock().unwrap_or_else(|e| e.into_inner());
         let table = table.get_or_insert_with(HashMap::new);
-        if let Some(lib) = table.get(path) {
-            return Ok(KernelLibrary { lib: lib.clone(), path: path.to_path_buf() });
+        if let Some(lib) = table.get(&object.key) {
+            return Ok(KernelLibrary { lib: lib.clone(), path });
         }
-        // SAFETY: the library is one we built from generated C: it has no initialisers beyond
-        // the C runtime's and OpenMP's, which are safe to run at any time.
-        let lib = unsafe { open(path) }
-            .map_err(|e| Error::runtime(format!("cannot load compiled kernels {}: {e}", path.display())))?;
-        let lib = Arc::new(lib);
-        table.insert(path.to_path_buf(), lib.clone());
-        Ok(KernelLibrary { lib, path: path.to_path_buf() })
+        let failed =
+            |e: &dyn std::fmt::Display| Error::runtime(format!("cannot load compiled kernels {}: {e}", path.display()));
+        let private = write_private_copy(&object.path, library).map_err(|e| failed(&e))?;
+        // SAFETY: the library is one we built from generated C (its bytes checked against the
+        // entry's checksum): it has no initialisers beyond the C runtime's and OpenMP's, which
+        // are safe to run at any time.
+        let lib = unsafe { open(&private) }.map_err(|e| failed(&format!("{e} (through {})", private.display())));
+        let _ = std::fs::remove_file(&private);
+        let lib = Arc::new(lib?);
+        table.insert(object.key.clone(), lib.clone());
+        Ok(KernelLibrary { lib, path })
     }
 
-    /// The file it was loaded from.
+    /// The cache entry it was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -90,6 +110,21 @@ impl Kernel {
     }
 }
 
+/// Writes `library` to a new file of a name no one else uses, beside `entry` (or, where its
+/// directory takes no new files, in the temp dir), and returns its path.
+fn write_private_copy(entry: &Path, library: &[u8]) -> std::io::Result<PathBuf> {
+    let write = |path: PathBuf| {
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+        std::io::Write::write_all(&mut file, library).inspect_err(|_| {
+            let _ = std::fs::remove_file(&path);
+        })?;
+        Ok(path)
+    };
+    write(cache_entry::temp_name(entry, "load")).or_else(|_: std::io::Error| {
+        write(cache_entry::temp_name(&std::env::temp_dir().join(entry.file_name().unwrap_or_default()), "load"))
+    })
+}
+
 #[cfg(unix)]
 unsafe fn open(path: &Path) -> std::result::Result<libloading::Library, libloading::Error> {
     use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
@@ -102,30 +137,33 @@ unsafe fn open(path: &Path) -> std::result::Result<libloading::Library, libloadi
 }
 
 /// The loaded shared object for `source`, compiled through the cache, with every symbol of
-/// `kernels` checked present. A cached entry that fails to load (a corrupt file the size checks
-/// missed) is rebuilt once; a fresh build that fails so is an error.
+/// `kernels` checked present. A verified cached entry that still fails to load (one written
+/// wrong: its bytes are the ones that were stored) is logged and rebuilt once; a fresh build
+/// that fails so is an error.
 pub fn load_or_build(
     compiler: &CCompiler,
     source: &str,
     cache_dir: &Path,
     kernels: &[&str],
 ) -> Result<(KernelLibrary, CompiledObject)> {
-    let object = compiler.compile(source, cache_dir)?;
-    let attempt = |object: &CompiledObject| -> Result<KernelLibrary> {
-        let lib = KernelLibrary::load(&object.path)?;
+    let (library, object) = compiler.compile(source, cache_dir)?;
+    let attempt = |library: &[u8], object: &CompiledObject| -> Result<KernelLibrary> {
+        let lib = KernelLibrary::load(object, library)?;
         for name in kernels {
             lib.kernel(name)?;
         }
         Ok(lib)
     };
-    match attempt(&object) {
+    match attempt(&library, &object) {
         Ok(lib) => Ok((lib, object)),
-        Err(_) if object.cache_hit => {
-            // A library that opened but lacks a kernel stays open under its path (see the
-            // module doc), so only a file that failed to open is really replaced in this
-            // process; with keys hashing the source, that is the case that happens.
-            let object = compiler.rebuild(source, cache_dir)?;
-            Ok((attempt(&object)?, object))
+        Err(e) if object.cache_hit => {
+            // A library that opened but lacks a kernel stays open under its key (see the
+            // module doc), so only one that failed to open is really replaced in this process;
+            // with keys hashing the source, that is the case that happens.
+            let why = format!("it does not load: {}", e.message);
+            cache_entry::log_invalid(&object.path, &why);
+            let (library, object) = compiler.rebuild(source, cache_dir, why)?;
+            Ok((attempt(&library, &object)?, object))
         }
         Err(e) => Err(e),
     }

@@ -1,7 +1,6 @@
 //! Tests of the CPU backend with hand-written C (the code generator is tested on its own).
 //! Every test uses its own cache directory, so tests running in parallel never share entries.
 
-use super::compiler::looks_complete;
 use super::gemm::{bmm, BmmSpec};
 use super::*;
 use crate::test_graphs::{buffer, fused, pointwise, tile};
@@ -71,6 +70,11 @@ void poi_fused_add_0(char *const *args, int64_t *status) {
 
 /// `buf2 = arg0 + arg1` over 1000 f32; outputs `(buf2, arg0, buf2)`.
 fn add_graph(dir: &Path) -> Result<CompiledGraph> {
+    graph_of_c(dir, ADD_C)
+}
+
+/// [`add_graph`]'s program and schedule with kernel `poi_fused_add_0` compiled from `c_source`.
+fn graph_of_c(dir: &Path, c_source: &str) -> Result<CompiledGraph> {
     let f = DType::F32;
     let program = LoopProgram {
         symbols: vec![],
@@ -85,7 +89,7 @@ fn add_graph(dir: &Path) -> Result<CompiledGraph> {
     };
     let k =
         tile("poi_fused_add_0", 1000, &[("in_ptr0", 0, f, false), ("in_ptr1", 1, f, false), ("out_ptr0", 2, f, true)]);
-    CompiledGraph::new_in(program, schedule, vec![Some(k)], ADD_C, dir)
+    CompiledGraph::new_in(program, schedule, vec![Some(k)], c_source, dir)
 }
 
 #[test]
@@ -125,43 +129,84 @@ fn add_kernel_runs_and_second_build_hits_the_cache() {
 fn cache_layout_and_key() {
     let Some(cc) = cc() else { return };
     let dir = TempDir::new("layout");
-    let obj = cc.compile("int f(void) { return 1; }\n", &dir.0).unwrap();
+    let (library, obj) = cc.compile("int f(void) { return 1; }\n", &dir.0).unwrap();
+    assert!(library.starts_with(b"\x7fELF"), "the payload is the shared object itself");
     assert_eq!(obj.key.len(), 32);
-    assert_eq!(obj.path, dir.0.join("c").join(format!("{}.so", obj.key)));
+    assert_eq!(obj.path, dir.0.join("c").join(format!("{}.so.entry", obj.key)));
     assert_eq!(obj.source_path, dir.0.join("c").join(format!("{}.c", obj.key)));
     assert_eq!(cc.cache_key("int f(void) { return 1; }\n"), obj.key, "the key is stable");
     assert_ne!(cc.cache_key("int f(void) { return 2; }\n"), obj.key);
-    // Nothing but the two entries is left behind (no temporary files).
+    // The entry: a header line naming the kind and the key, then the library.
+    let entry = std::fs::read(&obj.path).unwrap();
+    let header_len = entry.iter().position(|&b| b == b'\n').unwrap() + 1;
+    let header = std::str::from_utf8(&entry[..header_len]).unwrap();
+    assert!(header.starts_with(&format!("coil-cache-entry 1 so {} {} ", obj.key, library.len())), "{header}");
+    assert_eq!(&entry[header_len..], &library[..]);
+    // Nothing but the two entries is left behind (no temporary files, no private copies).
+    module::load_or_build(cc, "int f(void) { return 1; }\n", &dir.0, &["f"]).unwrap();
     let mut names: Vec<String> =
         std::fs::read_dir(dir.0.join("c")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
-    assert_eq!(names, vec![format!("{}.c", obj.key), format!("{}.so", obj.key)]);
+    assert_eq!(names, vec![format!("{}.c", obj.key), format!("{}.so.entry", obj.key)]);
 }
 
+/// Every kind of damage to a cached library: detected before loading, logged (the reason is
+/// kept: [`CompiledGraph::cache_rebuilt_because`]), rebuilt once, and the graph computes the
+/// right thing; the rebuilt entry then serves the next build. Each case has a source (and so a
+/// key) of its own, its entry made without loading it, so that what the graph runs is what was
+/// loaded from that entry (a process opens each key's library once).
 #[test]
-fn corrupt_cache_entries_are_rebuilt() {
+fn damaged_or_swapped_cache_entries_are_rebuilt_never_loaded() {
     let Some(cc) = cc() else { return };
     let dir = TempDir::new("corrupt");
-    let src = "#include <stdint.h>\nvoid k(char *const *a, int64_t *s) { s[3] = 42; }\n";
-    let first = cc.compile(src, &dir.0).unwrap();
-    let len = std::fs::metadata(&first.path).unwrap().len();
-    // Truncated to nothing, and to half: detected before loading.
-    for cut in [0, len / 2] {
-        std::fs::OpenOptions::new().write(true).open(&first.path).unwrap().set_len(cut).unwrap();
-        assert!(!looks_complete(&first.path));
-        let obj = cc.compile(src, &dir.0).unwrap();
-        assert!(!obj.cache_hit, "cut to {cut} bytes");
-        assert_eq!(obj.path, first.path);
-        assert!(looks_complete(&obj.path));
+    let add_c = |case: usize| format!("{ADD_C}/* case {case} */\n");
+    // the same kernel name computing a product: another graph's library that would load
+    let mul_c = ADD_C.replace(" + ", " * ");
+    let (library, mul) = cc.compile(&mul_c, &dir.0).unwrap();
+    let good_mul = std::fs::read(&mul.path).unwrap();
+    let header_len = |e: &[u8]| e.iter().position(|&b| b == b'\n').unwrap() + 1;
+    let hm = header_len(&good_mul);
+    assert_eq!(&good_mul[hm..], &library[..]);
+
+    let a: Vec<f32> = randoms(1, 1000).iter().map(|&x| x as f32).collect();
+    let b: Vec<f32> = randoms(2, 1000).iter().map(|&x| x as f32).collect();
+    let (ba, bb) = (Buffer::from_vec(a.clone(), vec![1000]), Buffer::from_vec(b.clone(), vec![1000]));
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+
+    type Damage = fn(&[u8], usize, &[u8], usize) -> Vec<u8>;
+    let cases: [(&str, Damage, &str); 11] = [
+        ("a flipped byte in the ELF header", |e, h, _, _| flip(e, h + 20), "checksum mismatch"),
+        ("a flipped byte in the middle", |e, h, _, _| flip(e, h + (e.len() - h) / 2), "checksum mismatch"),
+        ("a flipped last byte", |e, _, _, _| flip(e, e.len() - 1), "checksum mismatch"),
+        ("truncated to half", |e, _, _, _| e[..e.len() / 2].to_vec(), "payload bytes"),
+        ("truncated to its header", |e, h, _, _| e[..h].to_vec(), "the file has 0"),
+        ("empty", |_, _, _, _| Vec::new(), "empty"),
+        ("garbage", |_, _, _, _| b"not a shared object at all".to_vec(), "no entry header"),
+        ("a bare shared object", |e, h, _, _| e[h..].to_vec(), "no entry header"),
+        ("another graph's entry", |_, _, m, _| m.to_vec(), "built for key"),
+        ("another graph's header (swapped manifests)", |e, h, m, hm| [&m[..hm], &e[h..]].concat(), "built for key"),
+        ("another graph's library under this header", |e, h, m, hm| [&e[..h], &m[hm..]].concat(), "checksum"),
+    ];
+    for (case, (what, damage, why)) in cases.into_iter().enumerate() {
+        let source = add_c(case);
+        let (_, entry) = cc.compile(&source, &dir.0).unwrap();
+        let good = std::fs::read(&entry.path).unwrap();
+        std::fs::write(&entry.path, damage(&good, header_len(&good), &good_mul, hm)).unwrap();
+        let g = graph_of_c(&dir.0, &source).unwrap();
+        assert!(!g.cache_hit() && g.compile_seconds() > 0.0, "{what}: rebuilt");
+        let logged = g.cache_rebuilt_because().unwrap_or_else(|| panic!("{what}: no reason kept"));
+        assert!(logged.contains(why), "{what}: {logged}");
+        assert_eq!(g.run(&[&ba, &bb]).unwrap()[0].to_vec::<f32>(), want, "{what}");
+        let again = graph_of_c(&dir.0, &source).unwrap();
+        assert!(again.cache_hit() && again.cache_rebuilt_because().is_none(), "{what}: the rebuilt entry serves");
     }
-    // Garbage that passes the size checks: found when loading, and rebuilt.
-    std::fs::write(&first.path, b"not a shared object at all").unwrap();
-    assert!(cc.compile(src, &dir.0).unwrap().cache_hit);
-    let (lib, obj) = module::load_or_build(cc, src, &dir.0, &["k"]).unwrap();
-    assert!(!obj.cache_hit);
-    let mut status = [0i64; 4];
-    unsafe { lib.kernel("k").unwrap().call(&[], &mut status) };
-    assert_eq!(status, [0, 0, 0, 42]);
+}
+
+/// `entry` with byte `at` changed.
+fn flip(entry: &[u8], at: usize) -> Vec<u8> {
+    let mut e = entry.to_vec();
+    e[at] ^= 0x5a;
+    e
 }
 
 #[test]
@@ -169,12 +214,55 @@ fn concurrent_compiles_of_one_source_agree() {
     let Some(cc) = cc() else { return };
     let dir = TempDir::new("concurrent");
     let src = "#include <stdint.h>\nvoid k(char *const *a, int64_t *s) { s[1] = 7; }\n";
-    let paths: Vec<PathBuf> = std::thread::scope(|s| {
+    let objects: Vec<CompiledObject> = std::thread::scope(|s| {
         let handles: Vec<_> =
-            (0..4).map(|_| s.spawn(|| module::load_or_build(cc, src, &dir.0, &["k"]).unwrap().1.path)).collect();
+            (0..4).map(|_| s.spawn(|| module::load_or_build(cc, src, &dir.0, &["k"]).unwrap().1)).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert!(paths.iter().all(|p| p == &paths[0] && looks_complete(p)));
+    assert!(objects.iter().all(|o| o.path == objects[0].path && o.rebuilt_because.is_none()));
+    // whoever renamed last, the entry is whole and serves the next process
+    let (library, again) = cc.compile(src, &dir.0).unwrap();
+    assert!(again.cache_hit && library.starts_with(b"\x7fELF"));
+}
+
+/// Two processes building one key at once (this test binary, run again with
+/// `COIL_TEST_CACHE_CHILD` naming the cache): both compile, both run the kernel, and the entry
+/// left serves a third.
+#[test]
+fn two_processes_building_one_key_both_succeed() {
+    let Some(cc) = cc() else { return };
+    const SRC: &str = "#include <stdint.h>\nvoid k(char *const *a, int64_t *s) { s[0] = 0; s[3] = 11; }\n";
+    let run = |dir: &Path| {
+        let (lib, _) = module::load_or_build(cc, SRC, dir, &["k"]).unwrap();
+        let mut status = [0i64; 4];
+        unsafe { lib.kernel("k").unwrap().call(&[], &mut status) };
+        assert_eq!(status[3], 11);
+    };
+    if let Some(dir) = std::env::var_os("COIL_TEST_CACHE_CHILD") {
+        return run(Path::new(&dir));
+    }
+    let dir = TempDir::new("two-processes");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "cpu::tests::two_processes_building_one_key_both_succeed", "--nocapture"])
+                .env("COIL_TEST_CACHE_CHILD", &dir.0)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        assert!(!text.contains("rejected"), "no process saw a partial entry: {text}");
+    }
+    let (_, obj) = cc.compile(SRC, &dir.0).unwrap();
+    assert!(obj.cache_hit);
+    run(&dir.0);
 }
 
 #[test]

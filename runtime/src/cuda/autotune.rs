@@ -17,11 +17,13 @@
 //!   median of [`REPS`], each between two CUDA events. A candidate that fails to build or to
 //!   launch, or that reports an error in its status words, is discarded. The fastest wins
 //!   unless it is within [`TIE`] of the heuristic's plan, which then stays.
-//! * **Cache**: the choice goes to `<cache dir>/autotune/<key>.txt` ([`choice_key`]: the
-//!   heuristic's source, the architecture, the GPU's name and the kernel's size values), its
-//!   first line the chosen [`Tuning`] (`heuristic`, `looped_threads=512`, ...), then a comment
-//!   with the timings. A later process finds it and loads the chosen variant without timing;
-//!   a cached choice that is no longer a candidate is timed again.
+//! * **Cache**: the choice goes to `<cache dir>/autotune/<key>.choice.entry` ([`choice_key`]:
+//!   the heuristic's source, the architecture, the GPU's name and the kernel's size values), a
+//!   verified cache entry ([`crate::cache_entry`]: key and checksum checked, an invalid one
+//!   logged and timed again) whose payload's first line is the chosen [`Tuning`] (`heuristic`,
+//!   `looped_threads=512`, ...), then a comment with the timings. A later process finds it and
+//!   loads the chosen variant without timing; a cached choice that is no longer a candidate is
+//!   timed again.
 //!
 //! Not tuned: kernels without alternatives, and kernels whose launch is not the heuristic's
 //! (the environment's tuning knobs are set, and win; a hand-written module). A kernel of
@@ -31,7 +33,7 @@
 //! [`CudaCompiledGraph::autotune_choices`].
 
 use super::*;
-use crate::cpu::compiler::{write_atomically, Fnv128};
+use crate::cache_entry::{self, Kind, Lookup};
 use coil_codegen::cuda::{emit_cuda_with, launch, Tuning};
 use std::sync::MutexGuard;
 
@@ -44,7 +46,7 @@ pub const REPS: usize = 10;
 pub const TIE: f64 = 0.02;
 
 /// Bumped when the key or the file's meaning changes, so stale choices are never read.
-const CHOICE_FORMAT: &str = "coil-autotune-v1";
+const CHOICE_FORMAT: &str = "coil-autotune-v2";
 
 /// What the autotuner chose for one kernel.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,33 +72,38 @@ pub fn enabled_by_env() -> bool {
 /// architecture, the GPU's name (GPUs of one architecture differ in SMs and bandwidth) and the
 /// values of the kernel's size symbols at the run that tuned it (empty for static kernels).
 pub fn choice_key(source: &str, arch: &str, device_name: &str, sizes: &[i64]) -> String {
-    let mut h = Fnv128::new();
     let sizes: Vec<String> = sizes.iter().map(i64::to_string).collect();
-    for part in [CHOICE_FORMAT, arch, device_name, &sizes.join(","), source] {
-        h.write(&(part.len() as u64).to_le_bytes());
-        h.write(part.as_bytes());
-    }
-    format!("{:032x}", h.finish())
+    cache_entry::key(&[CHOICE_FORMAT, arch, device_name, &sizes.join(","), source])
 }
 
-/// `<cache dir>/autotune/<key>.txt`.
+/// `<cache dir>/autotune/<key>.choice.entry`.
 pub fn choice_path(cache_dir: &Path, key: &str) -> PathBuf {
-    cache_dir.join("autotune").join(format!("{key}.txt"))
+    cache_entry::path(&cache_dir.join("autotune"), key, Kind::Choice)
 }
 
-/// The choice cached under `key`, if a readable one is there (its first line).
+/// The choice cached under `key`, if a valid entry is there and its first line names a
+/// tuning; an invalid entry (or one that names none) is logged, and the kernel is timed again.
 pub fn read_choice(cache_dir: &Path, key: &str) -> Option<Tuning> {
-    let text = std::fs::read_to_string(choice_path(cache_dir, key)).ok()?;
-    text.lines().next()?.parse().ok()
+    let path = choice_path(cache_dir, key);
+    let why = match cache_entry::read(&path, Kind::Choice, key) {
+        Lookup::Missing => return None,
+        Lookup::Found(text) => {
+            let first = String::from_utf8_lossy(&text).lines().next().unwrap_or("").to_string();
+            match first.parse() {
+                Ok(tuning) => return Some(tuning),
+                Err(_) => format!("it names no tuning: {first:?}"),
+            }
+        }
+        Lookup::Invalid(why) => why,
+    };
+    cache_entry::log_invalid(&path, &why);
+    None
 }
 
 /// Caches `tuning` under `key`, with `note` (the timings, for people) as a comment line.
 pub fn write_choice(cache_dir: &Path, key: &str, tuning: &Tuning, note: &str) -> Result<()> {
-    let path = choice_path(cache_dir, key);
-    let dir = path.parent().expect("a file in a directory");
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::runtime(format!("cannot create the autotune cache {}: {e}", dir.display())))?;
-    write_atomically(&path, format!("{tuning}\n# {}\n", note.replace('\n', " ")).as_bytes())
+    let text = format!("{tuning}\n# {}\n", note.replace('\n', " "));
+    cache_entry::write(&choice_path(cache_dir, key), Kind::Choice, key, text.as_bytes())
 }
 
 /// Prints `text` on the `schedule` log channel (`COIL_LOGS=schedule` or `all`), as the

@@ -33,14 +33,27 @@ fn autotune_choices_round_trip_through_the_cache() {
     write_choice(&dir.0, &key, &t, "k on sm_90: heuristic 10.0 us, looped_threads=512 9.0 us").unwrap();
     assert_eq!(read_choice(&dir.0, &key), Some(t));
     let path = choice_path(&dir.0, &key);
-    assert!(path.starts_with(dir.0.join("autotune")), "{}", path.display());
-    let text = std::fs::read_to_string(&path).unwrap();
-    assert_eq!(text, "looped_threads=512\n# k on sm_90: heuristic 10.0 us, looped_threads=512 9.0 us\n");
-    // the heuristic's plan is a choice too; a file that says nothing readable is none
+    assert_eq!(path, dir.0.join("autotune").join(format!("{key}.choice.entry")));
+    // a verified cache entry whose payload is the choice, then the timings
+    let text = crate::cache_entry::read(&path, crate::cache_entry::Kind::Choice, &key);
+    let want = "looped_threads=512\n# k on sm_90: heuristic 10.0 us, looped_threads=512 9.0 us\n";
+    assert_eq!(text, crate::cache_entry::Lookup::Found(want.as_bytes().to_vec()));
+    // the heuristic's plan is a choice too
     write_choice(&dir.0, &key, &Tuning::default(), "kept").unwrap();
     assert_eq!(read_choice(&dir.0, &key), Some(Tuning::default()));
-    std::fs::write(&path, "faster please\n").unwrap();
+    // none from a damaged entry, another kernel's, or one that names no tuning (all logged)
+    let mut damaged = std::fs::read(&path).unwrap();
+    *damaged.last_mut().unwrap() ^= 1;
+    std::fs::write(&path, &damaged).unwrap();
     assert_eq!(read_choice(&dir.0, &key), None);
+    let other = choice_key("src2", "sm_90", "NVIDIA H100", &[]);
+    write_choice(&dir.0, &other, &t, "another kernel's").unwrap();
+    std::fs::copy(choice_path(&dir.0, &other), &path).unwrap();
+    assert_eq!(read_choice(&dir.0, &key), None);
+    crate::cache_entry::write(&path, crate::cache_entry::Kind::Choice, &key, b"faster please\n").unwrap();
+    assert_eq!(read_choice(&dir.0, &key), None);
+    std::fs::write(&path, "looped_threads=512\n").unwrap();
+    assert_eq!(read_choice(&dir.0, &key), None, "a bare choice (no entry header) is not trusted");
 
     // The fastest wins by more than 2%; else, and when the heuristic failed, it stays.
     let row = |n: usize| Tuning { row_threads: Some(n), ..Tuning::default() };

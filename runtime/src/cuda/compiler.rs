@@ -11,16 +11,19 @@
 //! the C backend's cache is (same directory root):
 //!
 //! ```text
-//! <cache dir>/cuda/<key>.cu      the source, kept for humans (and for compile errors); .ptx for PTX
-//! <cache dir>/cuda/<key>.cubin   the CUBIN
+//! <cache dir>/cuda/<key>.cu            the source, kept for humans (and for compile errors); .ptx for PTX
+//! <cache dir>/cuda/<key>.cubin.entry   the CUBIN, as a verified cache entry
 //! ```
 //!
-//! Files are written under a private temporary name and renamed into place. An entry that is
-//! truncated ([`looks_complete`]) or that the driver refuses to load is rebuilt once.
+//! The entry carries its key and a checksum of the CUBIN ([`crate::cache_entry`], as the C
+//! backend's): one that is empty, truncated, damaged or another key's is logged and rebuilt,
+//! never loaded; the CUBIN loaded is the bytes that were checked. Files are written under a
+//! private temporary name and renamed into place. A verified entry that the driver still
+//! refuses (another driver's, say) is logged and rebuilt once.
 
 use super::device::{driver_error, CudaDevice};
 use super::loader::{require, CudaLib};
-use crate::cpu::compiler::{looks_complete, write_atomically, Fnv128};
+use crate::cache_entry::{self, Kind};
 use coil_codegen::cuda::Language;
 use coil_ir::{Error, Result};
 use cudarc::driver::{result as drv, sys};
@@ -31,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 /// Bumped when the way entries are built changes, so stale entries are never reused.
-const CACHE_FORMAT: &str = "coil-cuda-cache-v1";
+const CACHE_FORMAT: &str = "coil-cuda-cache-v2";
 
 /// Options besides the architecture. `-minimal` leaves out what generated kernels never use
 /// (textures, surfaces, the device runtime API) and with it most of NVRTC's built-in headers:
@@ -51,7 +54,7 @@ fn options(nvrtc: (i32, i32)) -> Vec<String> {
 /// Where a translation unit's CUBIN lies, and what producing it cost.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompiledCubin {
-    /// `<cache dir>/cuda/<key>.cubin`.
+    /// `<cache dir>/cuda/<key>.cubin.entry`.
     pub path: PathBuf,
     /// `<cache dir>/cuda/<key>.cu`.
     pub source_path: PathBuf,
@@ -66,6 +69,9 @@ pub struct CompiledCubin {
     /// Seconds `cuModuleLoadData` and the function look-ups took ([`load_or_build`]; 0 until
     /// loaded).
     pub load_seconds: f64,
+    /// Why the cached entry was not used and the CUBIN was compiled again (it was damaged,
+    /// another key's, or the driver refused it); `None` on a hit or a plain miss.
+    pub rebuilt_because: Option<String>,
 }
 
 /// NVRTC's version `(major, minor)`; fails (without panicking) when NVRTC cannot be loaded.
@@ -88,22 +94,13 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 /// The cache key of `source` compiled for `arch` by this NVRTC.
 pub fn cache_key(source: &str, arch: &str, nvrtc: (i32, i32)) -> String {
     let version = format!("{}.{}", nvrtc.0, nvrtc.1);
-    hash_parts(&[CACHE_FORMAT, arch, &version, &options(nvrtc).join(" "), source])
+    cache_entry::key(&[CACHE_FORMAT, arch, &version, &options(nvrtc).join(" "), source])
 }
 
 /// The cache key of PTX `source` assembled for `arch` at optimization `level` by the driver
 /// of version `driver`.
 fn ptx_cache_key(source: &str, arch: &str, driver: i32, level: u32) -> String {
-    hash_parts(&[CACHE_FORMAT, arch, "ptx", &format!("driver {driver}"), &format!("O{level}"), source])
-}
-
-fn hash_parts(parts: &[&str]) -> String {
-    let mut h = Fnv128::new();
-    for part in parts {
-        h.write(&(part.len() as u64).to_le_bytes());
-        h.write(part.as_bytes());
-    }
-    format!("{:032x}", h.finish())
+    cache_entry::key(&[CACHE_FORMAT, arch, "ptx", &format!("driver {driver}"), &format!("O{level}"), source])
 }
 
 /// The driver's CUDA version (`13000` for 13.0), asked once.
@@ -118,9 +115,10 @@ fn driver_version() -> Result<i32> {
     Ok(*VERSION.get_or_init(|| v))
 }
 
-/// The CUBIN for `source` on `arch`, from `cache_dir` when a complete entry is there, else
-/// compiled (and stored). Returns its bytes too. A compile error carries NVRTC's log and the
-/// path of the kept source.
+/// The CUBIN for `source` on `arch`, from `cache_dir` when a valid entry for its key is there,
+/// else compiled (and stored); an invalid entry is logged and rebuilt
+/// ([`CompiledCubin::rebuilt_because`]). Returns its bytes too. A compile error carries NVRTC's
+/// log and the path of the kept source.
 pub fn compile(source: &str, arch: &str, cache_dir: &Path) -> Result<(Vec<u8>, CompiledCubin)> {
     compile_as(source, Language::CudaC, arch, cache_dir)
 }
@@ -128,28 +126,48 @@ pub fn compile(source: &str, arch: &str, cache_dir: &Path) -> Result<(Vec<u8>, C
 /// [`compile`] of a source in `language`. PTX needs the device's context bound on this thread
 /// (the driver assembles it).
 pub fn compile_as(source: &str, language: Language, arch: &str, cache_dir: &Path) -> Result<(Vec<u8>, CompiledCubin)> {
+    through_cache(source, language, arch, cache_dir, None)
+}
+
+/// [`compile_as`], or with `rebuild_because` (why the cached entry was not used; the caller
+/// logged it), compiled into the cache unconditionally, replacing the entry.
+fn through_cache(
+    source: &str,
+    language: Language,
+    arch: &str,
+    cache_dir: &Path,
+    rebuild_because: Option<String>,
+) -> Result<(Vec<u8>, CompiledCubin)> {
     let dir = cache_dir.join("cuda");
     let key = match language {
         Language::CudaC => cache_key(source, arch, nvrtc_version()?),
         Language::Ptx { level } => ptx_cache_key(source, arch, driver_version()?, level),
     };
-    let path = dir.join(format!("{key}.cubin"));
+    let path = cache_entry::path(&dir, &key, Kind::Cubin);
     let source_path = dir.join(format!("{key}.{}", extension(language)));
-    if looks_complete(&path) {
-        if let Ok(bytes) = std::fs::read(&path) {
-            let object = CompiledCubin {
-                path,
-                source_path,
-                key,
-                arch: arch.to_string(),
-                cache_hit: true,
-                compile_seconds: 0.0,
-                load_seconds: 0.0,
-            };
-            return Ok((bytes, object));
-        }
-    }
-    build(source, language, arch, &dir, key)
+    let mut compile_seconds = 0.0;
+    let build = || {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::runtime(format!("cannot create the kernel cache {}: {e}", dir.display())))?;
+        cache_entry::write_atomically(&source_path, source.as_bytes())?;
+        let start = Instant::now();
+        let cubin = match language {
+            Language::CudaC => nvrtc_cubin(source, arch, &source_path),
+            Language::Ptx { level } => ptx_cubin(source, &source_path, level),
+        };
+        compile_seconds = start.elapsed().as_secs_f64();
+        cubin
+    };
+    let fetched = match rebuild_because {
+        None => cache_entry::fetch_or_build(&path, Kind::Cubin, &key, build)?,
+        because => cache_entry::rebuild(&path, Kind::Cubin, &key, because, build)?,
+    };
+    let cache_entry::Fetched { payload, cache_hit, rebuilt_because } = fetched;
+    let arch = arch.to_string();
+    Ok((
+        payload,
+        CompiledCubin { path, source_path, key, arch, cache_hit, compile_seconds, load_seconds: 0.0, rebuilt_because },
+    ))
 }
 
 fn extension(language: Language) -> &'static str {
@@ -157,34 +175,6 @@ fn extension(language: Language) -> &'static str {
         Language::CudaC => "cu",
         Language::Ptx { .. } => "ptx",
     }
-}
-
-/// Compiles into the cache unconditionally, replacing any entry.
-fn build(source: &str, language: Language, arch: &str, dir: &Path, key: String) -> Result<(Vec<u8>, CompiledCubin)> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::runtime(format!("cannot create the kernel cache {}: {e}", dir.display())))?;
-    let path = dir.join(format!("{key}.cubin"));
-    let source_path = dir.join(format!("{key}.{}", extension(language)));
-    write_atomically(&source_path, source.as_bytes())?;
-    let start = Instant::now();
-    let cubin = match language {
-        Language::CudaC => nvrtc_cubin(source, arch, &source_path)?,
-        Language::Ptx { level } => ptx_cubin(source, &source_path, level)?,
-    };
-    let compile_seconds = start.elapsed().as_secs_f64();
-    write_atomically(&path, &cubin)?;
-    Ok((
-        cubin,
-        CompiledCubin {
-            path,
-            source_path,
-            key,
-            arch: arch.to_string(),
-            cache_hit: false,
-            compile_seconds,
-            load_seconds: 0.0,
-        },
-    ))
 }
 
 /// Starts NVRTC and the driver's PTX assembler in the background, once per process, by
@@ -389,11 +379,13 @@ pub fn load_or_build(
     // the driver assembles PTX in the device's context
     device.bind()?;
     let (cubin, object) = compile_as(source, language, &arch, cache_dir)?;
-    let (cache_hit, key) = (object.cache_hit, object.key.clone());
+    let (cache_hit, path) = (object.cache_hit, object.path.clone());
     match timed(&cubin, object) {
-        // a cache entry the driver refuses (truncated, another driver's) is compiled again
-        Err(_) if cache_hit => {
-            let (cubin, object) = build(source, language, &arch, &cache_dir.join("cuda"), key)?;
+        // a verified entry the driver refuses (another driver's) is compiled again
+        Err(e) if cache_hit => {
+            let why = format!("the driver refuses it: {}", e.message);
+            cache_entry::log_invalid(&path, &why);
+            let (cubin, object) = through_cache(source, language, &arch, cache_dir, Some(why))?;
             timed(&cubin, object)
         }
         r => r,

@@ -306,7 +306,14 @@ impl CudaCompiledGraph {
         !self.cubins.is_empty() && self.cubins.iter().all(|c| c.cache_hit)
     }
 
-    /// The first translation unit's cached CUBIN (`None` when every kernel is extern).
+    /// Why a translation unit's cache entry was not used and its CUBIN was compiled again (the
+    /// entry was damaged, another key's, or refused by the driver; also logged on stderr): the
+    /// first such unit's reason.
+    pub fn cache_rebuilt_because(&self) -> Option<&str> {
+        self.cubins.iter().find_map(|c| c.rebuilt_because.as_deref())
+    }
+
+    /// The first translation unit's cached CUBIN entry (`None` when every kernel is extern).
     pub fn cubin_path(&self) -> Option<&Path> {
         self.cubins.first().map(|c| c.path.as_path())
     }

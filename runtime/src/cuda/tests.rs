@@ -228,7 +228,7 @@ fn hand_written_kernel_runs_and_the_second_build_hits_the_cache() {
     let g = add_graph(&dev, &dir.0, ADD_CU).unwrap();
     assert!(!g.cache_hit() && g.compile_seconds() > 0.0);
     let cubin = g.cubin_path().unwrap().to_path_buf();
-    assert!(cubin.starts_with(dir.0.join("cuda")) && cubin.extension().unwrap() == "cubin");
+    assert!(cubin.starts_with(dir.0.join("cuda")) && cubin.to_string_lossy().ends_with(".cubin.entry"));
     assert!(g.source_path().unwrap().exists());
     let attrs = g.kernel_attributes();
     assert_eq!(attrs.len(), 1);
@@ -257,11 +257,28 @@ fn hand_written_kernel_runs_and_the_second_build_hits_the_cache() {
     assert_eq!(times.len(), 5);
     assert!(times.iter().all(|&t| t > 0.0 && t < 1e6), "{times:?}");
 
-    // A corrupt entry (truncated CUBIN) is rebuilt.
-    std::fs::write(&cubin, b"\x7fELF garbage").unwrap();
+    // Damaged entries, and another unit's (a kernel of the same name that multiplies), are
+    // rebuilt with the reason kept, and never loaded.
+    let good = std::fs::read(&cubin).unwrap();
+    let mul = add_graph(&dev, &dir.0, &ADD_CU.replace("in_ptr0[x] + in_ptr1[x]", "in_ptr0[x] * in_ptr1[x]")).unwrap();
+    let other = std::fs::read(mul.cubin_path().unwrap()).unwrap();
+    let mut flipped = good.clone();
+    let middle = good.len() / 2;
+    flipped[middle] ^= 0x40;
+    for (what, bytes, why) in [
+        ("garbage", b"\x7fELF garbage".to_vec(), "no entry header"),
+        ("truncated", good[..good.len() - 100].to_vec(), "payload bytes"),
+        ("a flipped byte", flipped, "checksum mismatch"),
+        ("another unit's entry", other, "built for key"),
+    ] {
+        std::fs::write(&cubin, bytes).unwrap();
+        let rebuilt = add_graph(&dev, &dir.0, ADD_CU).unwrap();
+        assert!(!rebuilt.cache_hit(), "{what}");
+        assert!(rebuilt.cache_rebuilt_because().is_some_and(|r| r.contains(why)), "{what}");
+        assert_eq!(rebuilt.run_host(&[&ha, &hb]).unwrap()[0].to_vec::<f32>(), want, "{what}");
+    }
     let rebuilt = add_graph(&dev, &dir.0, ADD_CU).unwrap();
-    assert!(!rebuilt.cache_hit());
-    assert_eq!(rebuilt.run_host(&[&ha, &hb]).unwrap()[0].to_vec::<f32>(), want);
+    assert!(rebuilt.cache_hit() && rebuilt.cache_rebuilt_because().is_none());
     // Wrong inputs are errors.
     assert_eq!(rebuilt.run(&[&da]).unwrap_err().kind, ErrorKind::Value);
 }

@@ -124,10 +124,7 @@ fn binary_float(op: BinaryOp, x: f64, y: f64, r: impl Fn(f64) -> f64) -> f64 {
         TruncDiv => r(x / y).trunc(),
         Remainder => math::remainder(x, y),
         Pow => x.powf(y),
-        Maximum if x.is_nan() || y.is_nan() => f64::NAN,
-        Minimum if x.is_nan() || y.is_nan() => f64::NAN,
-        Maximum => x.max(y),
-        Minimum => x.min(y),
+        Maximum | Minimum => op.max_min(x, y),
         _ => unreachable!("{} returns bool", op.name()),
     }
 }

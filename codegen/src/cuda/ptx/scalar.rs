@@ -555,8 +555,8 @@ pub fn binary(a: &mut Asm, op: BinaryOp, x: Reg, dx: DType, y: Reg, dy: DType, o
                 a.op(F32, "cvt.rzi.f32.f32", &[q.into()])
             }
             Pow => super::f64math::pow_f32(a, xo, yo),
-            Maximum => two(a, F32, "max.NaN.f32"),
-            Minimum => two(a, F32, "min.NaN.f32"),
+            Maximum => max_min_f32(a, xo, yo, "max.NaN.f32"),
+            Minimum => max_min_f32(a, xo, yo, "min.NaN.f32"),
             _ => return Err(format!("{} of floats", op.name())),
         }),
         B64 => {
@@ -578,6 +578,15 @@ pub fn binary(a: &mut Asm, op: BinaryOp, x: Reg, dx: DType, y: Reg, dy: DType, o
             _ => return Err(format!("{} into a bool", op.name())),
         }),
     }
+}
+
+/// NaN-propagating maximum or minimum (`instr`) of f32 as the prelude's `coil_maximum_f32`:
+/// `max.NaN` orders `-0.0` below `+0.0`, coil's rule gives the first operand on that tie
+/// (`relu(-0.0)` is `-0.0`), so equal operands (never NaN) select `x`.
+fn max_min_f32(a: &mut Asm, x: Reg, y: Reg, instr: &str) -> Reg {
+    let m = a.op(Class::F32, instr, &[x.into(), y.into()]);
+    let tie = a.op(Class::Pred, "setp.eq.f32", &[x.into(), y.into()]);
+    a.op(Class::F32, "selp.f32", &[x.into(), m.into(), tie.into()])
 }
 
 /// `torch.remainder` of f32 as the prelude's `coil_remainder`: `fmod`, moved by the divisor

@@ -394,6 +394,20 @@ fn bool_arithmetic_is_logic() {
 }
 
 #[test]
+fn signed_zeros_keep_their_sign() {
+    let (p, k) = crate::testutil::signed_zeros();
+    let src = ptx(&build_kernel(&p, &k));
+    // both zero constants, as bit patterns
+    assert!(src.contains("0f80000000") && src.contains("0f00000000"), "{src}");
+    // max.NaN / min.NaN order -0.0 below +0.0: a tie selects the first operand instead (four
+    // elements per thread)
+    assert_eq!(src.matches("max.NaN.f32").count(), 4, "{src}");
+    assert_eq!(src.matches("min.NaN.f32").count(), 4, "{src}");
+    assert_eq!(src.matches("setp.eq.f32").count(), 8, "{src}");
+    assemble(&[("poi_fused_signed_zeros_0".into(), src)]);
+}
+
+#[test]
 fn i16_results_are_stored_two_to_a_word() {
     let src = binary_ptx(coil_ir::BinaryOp::Add, DType::I32, DType::I32, DType::I16);
     assert!(src.contains("shl.b32") && src.contains("st.global.v4.b32"), "{src}");
