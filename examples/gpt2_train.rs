@@ -95,7 +95,7 @@ fn main() -> coil::Result<()> {
     let params = store.trainable();
     // nanoGPT's groups: weight decay on the matrices, none on biases and norms.
     let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|p| p.shape().len() >= 2);
-    let adamw = AdamWConfig { lr: 1e-3, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1 };
+    let adamw = AdamWConfig { lr: 1e-3, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, amsgrad: false };
     let mut opt = AdamW::with_groups(vec![(decay, 0.1), (no_decay, 0.0)], adamw)?;
     let schedule = WarmupCosine { max_lr: 1e-3, min_lr: 1e-4, warmup: steps / 20, total: steps };
     let ordered: Vec<_> = opt.params().to_vec();

@@ -13,11 +13,13 @@ pub struct AdamWConfig {
     pub betas: (f64, f64),
     pub eps: f64,
     pub weight_decay: f64,
+    /// Divide by the running maximum of the second moment (AMSGrad).
+    pub amsgrad: bool,
 }
 
 impl Default for AdamWConfig {
     fn default() -> AdamWConfig {
-        AdamWConfig { lr: 1e-3, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 1e-2 }
+        AdamWConfig { lr: 1e-3, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 1e-2, amsgrad: false }
     }
 }
 
@@ -48,6 +50,8 @@ pub struct AdamW {
     config: AdamWConfig,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
+    /// The running maximum of `exp_avg_sq` (AMSGrad only).
+    max_exp_avg_sq: Vec<Tensor>,
     steps: u64,
 }
 
@@ -76,7 +80,8 @@ impl AdamW {
         }
         let exp_avg = zeros_like_all(&params)?;
         let exp_avg_sq = zeros_like_all(&params)?;
-        Ok(AdamW { params, weight_decay, config, exp_avg, exp_avg_sq, steps: 0 })
+        let max_exp_avg_sq = if config.amsgrad { zeros_like_all(&params)? } else { vec![] };
+        Ok(AdamW { params, weight_decay, config, exp_avg, exp_avg_sq, max_exp_avg_sq, steps: 0 })
     }
 }
 
@@ -103,8 +108,8 @@ impl Optimizer for AdamW {
         let (step_size, bc2_sqrt) = (&h[decays.len()], &h[decays.len() + 1]);
 
         let n = self.params.len();
-        let mut targets = Vec::with_capacity(3 * n);
-        let mut news = Vec::with_capacity(3 * n);
+        let mut targets = Vec::with_capacity(4 * n);
+        let mut news = Vec::with_capacity(4 * n);
         for i in 0..n {
             let p = self.params[i].tensor();
             let g = grads[i].to_dtype(p.dtype())?;
@@ -114,17 +119,30 @@ impl Optimizer for AdamW {
             // lerp(m, g, w) = m + w (g - m) for w < 0.5, as PyTorch computes it.
             let m_new = m.add(&g.sub(m)?.mul(1.0 - beta1)?)?;
             let v_new = v.mul(beta2)?.add(&g.mul(&g)?.mul(1.0 - beta2)?)?;
-            let denom = v_new.sqrt()?.div(bc2_sqrt)?.add(eps)?;
+            let v_max = match self.max_exp_avg_sq.get(i) {
+                Some(max) => Some((max, max.maximum(&v_new)?)),
+                None => None,
+            };
+            let v_used = v_max.as_ref().map_or(&v_new, |(_, m)| m);
+            let denom = v_used.sqrt()?.div(bc2_sqrt)?.add(eps)?;
             let p_new = p.sub(&m_new.div(&denom)?.mul(step_size)?)?;
             targets.extend([self.params[i].tensor(), m.clone(), v.clone()]);
             news.extend([p_new, m_new, v_new]);
+            if let Some((max, max_new)) = v_max {
+                targets.push(max.clone());
+                news.push(max_new);
+            }
         }
         let pairs: Vec<(&Tensor, &Tensor)> = targets.iter().zip(&news).collect();
         let updated = update_in_place(&pairs).map_err(|e| e.at(location))?;
-        for (i, chunk) in updated.chunks(3).enumerate() {
+        let per = if self.config.amsgrad { 4 } else { 3 };
+        for (i, chunk) in updated.chunks(per).enumerate() {
             self.params[i].set(chunk[0].clone())?;
             self.exp_avg[i] = chunk[1].clone();
             self.exp_avg_sq[i] = chunk[2].clone();
+            if let Some(max) = chunk.get(3) {
+                self.max_exp_avg_sq[i] = max.clone();
+            }
         }
         self.steps += 1;
         Ok(())
@@ -146,12 +164,16 @@ impl Optimizer for AdamW {
         self.steps
     }
 
-    /// The moments by parameter name (`<name>.exp_avg`, `<name>.exp_avg_sq`).
+    /// The moments by parameter name (`<name>.exp_avg`, `<name>.exp_avg_sq`, with AMSGrad
+    /// `<name>.max_exp_avg_sq`).
     fn state(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::with_capacity(2 * self.params.len());
-        for ((p, m), v) in self.params.iter().zip(&self.exp_avg).zip(&self.exp_avg_sq) {
-            out.push((format!("{}.exp_avg", p.name()), m.clone()));
-            out.push((format!("{}.exp_avg_sq", p.name()), v.clone()));
+        let mut out = Vec::with_capacity(3 * self.params.len());
+        for (i, p) in self.params.iter().enumerate() {
+            out.push((format!("{}.exp_avg", p.name()), self.exp_avg[i].clone()));
+            out.push((format!("{}.exp_avg_sq", p.name()), self.exp_avg_sq[i].clone()));
+            if let Some(max) = self.max_exp_avg_sq.get(i) {
+                out.push((format!("{}.max_exp_avg_sq", p.name()), max.clone()));
+            }
         }
         out
     }
