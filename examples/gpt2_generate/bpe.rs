@@ -15,8 +15,10 @@ pub struct Bpe {
 impl Bpe {
     /// Reads `vocab.json` and `merges.txt` from `dir`.
     pub fn load(dir: &std::path::Path) -> Result<Bpe, String> {
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).map_err(|e| format!("{}: {e}", dir.join(f).display()));
-        let vocab: HashMap<String, i64> = serde_json::from_str(&read("vocab.json")?).map_err(|e| format!("vocab.json: {e}"))?;
+        let read =
+            |f: &str| std::fs::read_to_string(dir.join(f)).map_err(|e| format!("{}: {e}", dir.join(f).display()));
+        let vocab: HashMap<String, i64> =
+            serde_json::from_str(&read("vocab.json")?).map_err(|e| format!("vocab.json: {e}"))?;
         let merges = read("merges.txt")?;
         let ranks = merges
             .lines()

@@ -178,6 +178,16 @@ impl CudaDevice {
         self.allocator.stats().cached_bytes
     }
 
+    /// The allocator's counters: bytes in use, their peak, bytes cached.
+    pub fn memory_stats(&self) -> super::memory::AllocatorStats {
+        self.allocator.stats()
+    }
+
+    /// Restarts the peak of bytes in use at the bytes in use now.
+    pub fn reset_peak_memory(&self) {
+        self.allocator.reset_peak()
+    }
+
     /// Returns every cached block to the driver (after the stream drains).
     pub fn empty_cache(&self) -> Result<()> {
         self.synchronize()?;

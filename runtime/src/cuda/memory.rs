@@ -35,6 +35,9 @@ pub fn size_class(bytes: usize) -> usize {
 pub struct AllocatorStats {
     /// Bytes in blocks handed out and not yet freed.
     pub in_use_bytes: usize,
+    /// The most `in_use_bytes` has been since the allocator started or since
+    /// [`CachingAllocator::reset_peak`] (`torch.cuda.max_memory_allocated`, in size classes).
+    pub peak_in_use_bytes: usize,
     /// Bytes in freed blocks kept for reuse.
     pub cached_bytes: usize,
     /// Blocks obtained from the driver (`cuMemAlloc`) so far.
@@ -55,10 +58,24 @@ struct Pools {
     stats: AllocatorStats,
 }
 
+impl Pools {
+    /// Counts a block of `class` bytes handed out.
+    fn take(&mut self, class: usize) {
+        self.stats.in_use_bytes += class;
+        self.stats.peak_in_use_bytes = self.stats.peak_in_use_bytes.max(self.stats.in_use_bytes);
+    }
+}
+
 impl CachingAllocator {
     /// Its counters.
     pub fn stats(&self) -> AllocatorStats {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    /// Restarts the peak at the bytes in use now (`torch.cuda.reset_peak_memory_stats`).
+    pub fn reset_peak(&self) {
+        let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        pools.stats.peak_in_use_bytes = pools.stats.in_use_bytes;
     }
 
     /// A block of at least `bytes` (exactly its size class); `0` for zero bytes.
@@ -71,8 +88,8 @@ impl CachingAllocator {
             let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(ptr) = pools.free.get_mut(&class).and_then(Vec::pop) {
                 pools.stats.cached_bytes -= class;
-                pools.stats.in_use_bytes += class;
                 pools.stats.cache_hits += 1;
+                pools.take(class);
                 return Ok((ptr, class));
             }
         }
@@ -96,8 +113,8 @@ impl CachingAllocator {
             }
         };
         let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        pools.stats.in_use_bytes += class;
         pools.stats.driver_allocations += 1;
+        pools.take(class);
         Ok((ptr, class))
     }
 

@@ -803,3 +803,29 @@ fn elapsed_us(start: &CudaEvent, end: &CudaEvent) -> Result<f64> {
     let ms = start.elapsed_ms(end).map_err(|e| driver_error("cuEventElapsedTime", e))?;
     Ok(ms as f64 * 1000.0)
 }
+
+/// Device time between two points of a device's stream, from CUDA events: how a benchmark times
+/// a sequence of compiled graphs (a training step) as `torch.cuda.Event` does.
+pub struct StreamTimer {
+    device: Arc<CudaDevice>,
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+impl StreamTimer {
+    pub fn new(device: &Arc<CudaDevice>) -> Result<StreamTimer> {
+        let [start, end]: [CudaEvent; 2] = timing_events(device, 2)?.try_into().expect("two events");
+        Ok(StreamTimer { device: device.clone(), start, end })
+    }
+
+    /// Marks the start on the stream (after the work enqueued so far).
+    pub fn start(&self) -> Result<()> {
+        record(&self.device, &self.start)
+    }
+
+    /// Marks the end on the stream and returns the microseconds since the start (waits for it).
+    pub fn stop(&self) -> Result<f64> {
+        record(&self.device, &self.end)?;
+        elapsed_us(&self.start, &self.end)
+    }
+}

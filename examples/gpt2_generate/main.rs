@@ -1,0 +1,175 @@
+//! Samples text from a GPT-2: a checkpoint of `gpt2_train` (byte-level), or a Hugging Face GPT-2
+//! `model.safetensors` with its tokenizer files (`vocab.json`, `merges.txt`) and `config.json`
+//! beside it (as the Hub's `gpt2` repository has them).
+//!
+//! ```sh
+//! cargo run --release --example gpt2_generate -- --checkpoint ckpt/gpt2-bytes --prompt "fn main"
+//! cargo run --release --example gpt2_generate -- --hf path/to/gpt2/model.safetensors \
+//!     --prompt "The meaning of life is" --tokens 40 --temperature 0.8
+//! ```
+//!
+//! Greedy decoding by default (`--temperature 0`), else sampling from the softmax at that
+//! temperature (`--seed`). Each token runs the model over the whole sequence so far (no key/value
+//! cache yet): one compiled function with the sequence length dynamic, so it compiles once for
+//! every length.
+
+mod bpe;
+
+use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
+use coil::nn::{LoadOptions, ParamStore};
+use coil::safetensors::WeightFile;
+use coil::{DType, Device, Tensor};
+use std::path::PathBuf;
+use std::time::Instant;
+
+struct Args {
+    checkpoint: Option<PathBuf>,
+    hf: Option<PathBuf>,
+    prompt: String,
+    tokens: usize,
+    temperature: f64,
+    seed: u64,
+    device: Device,
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        checkpoint: None,
+        hf: None,
+        prompt: "fn main".into(),
+        tokens: 64,
+        temperature: 0.0,
+        seed: 0,
+        device: Device::default(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+        match k.as_str() {
+            "--checkpoint" => a.checkpoint = Some(v().into()),
+            "--hf" => a.hf = Some(v().into()),
+            "--prompt" => a.prompt = v(),
+            "--tokens" => a.tokens = v().parse().expect("--tokens N"),
+            "--temperature" => a.temperature = v().parse().expect("--temperature T"),
+            "--seed" => a.seed = v().parse().expect("--seed N"),
+            "--device" => a.device = v().parse().expect("--device cpu|cuda|cuda:N"),
+            _ => panic!("unknown argument {k} (see the example's docs)"),
+        }
+    }
+    if a.checkpoint.is_none() && a.hf.is_none() {
+        a.checkpoint = Some("ckpt/gpt2-bytes".into());
+    }
+    a
+}
+
+/// How text becomes token ids and back: bytes for `gpt2_train`'s models, BPE for GPT-2's.
+enum Tokenizer {
+    Bytes,
+    Bpe(bpe::Bpe),
+}
+
+impl Tokenizer {
+    fn encode(&self, text: &str) -> Vec<i64> {
+        match self {
+            Tokenizer::Bytes => text.bytes().map(i64::from).collect(),
+            Tokenizer::Bpe(b) => b.encode(text),
+        }
+    }
+
+    fn decode(&self, ids: &[i64]) -> String {
+        match self {
+            Tokenizer::Bytes => String::from_utf8_lossy(&ids.iter().map(|&i| i as u8).collect::<Vec<_>>()).into_owned(),
+            Tokenizer::Bpe(b) => b.decode(ids),
+        }
+    }
+}
+
+fn main() -> coil::Result<()> {
+    let args = parse();
+    let device = args.device;
+    let store = ParamStore::new();
+    store.eval();
+    let (model, tokenizer) = if let Some(path) = &args.hf {
+        let file = WeightFile::open(path)?;
+        let mut config = Gpt2Config::from_hf(&file)?;
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        // The head count is not in the weights: Hugging Face's config.json says it.
+        if let Ok(text) = std::fs::read_to_string(dir.join("config.json")) {
+            let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            if let Some(n) = json["n_head"].as_u64() {
+                config.n_head = n as usize;
+            }
+        }
+        let model = Gpt2::new(&store.root(device, DType::F32), config)?;
+        let rename = |n: &str| Gpt2Config::hf_name(n);
+        store.load_with(path, &LoadOptions { rename: Some(&rename), cast: true, ..Default::default() })?;
+        let bpe = bpe::Bpe::load(dir).map_err(|e| coil::Error::runtime(format!("GPT-2's tokenizer: {e}")))?;
+        (model, Tokenizer::Bpe(bpe))
+    } else {
+        let dir = args.checkpoint.clone().expect("a checkpoint");
+        let file = dir.join("model.safetensors");
+        let config = Gpt2Config::from_metadata(WeightFile::open(&file)?.metadata())?;
+        let model = Gpt2::new(&store.root(device, DType::F32), config)?;
+        store.load(&file)?;
+        (model, Tokenizer::Bytes)
+    };
+    let block = model.config.block_size;
+    println!(
+        "GPT-2: {} layers, {} features, {:.1}M parameters, on {device}",
+        model.config.n_layer,
+        model.config.n_embd,
+        store.num_elements() as f64 / 1e6
+    );
+
+    // The logits of the last position, for a sequence of any length (one compile).
+    let next_logits = coil::compile(|a: &[Tensor]| {
+        let logits = model.forward(&a[0])?;
+        let t = logits.shape()[1] as i64;
+        Ok(vec![logits.select(1, t - 1)?.to_dtype(DType::F32)?])
+    });
+    let mut ids = tokenizer.encode(&args.prompt);
+    if ids.is_empty() {
+        ids.push(0);
+    }
+    let prompt_len = ids.len();
+    let mut rng = args.seed ^ 0x2545_f491_4f6c_dd1d;
+    let start = Instant::now();
+    for _ in 0..args.tokens {
+        let window = &ids[ids.len().saturating_sub(block)..];
+        let x = Tensor::from_vec(window.to_vec(), &[1, window.len()])?.to_device(device)?;
+        x.mark_dynamic(1)?;
+        let logits = next_logits.call(&[&x])?[0].to_vec::<f32>()?;
+        ids.push(pick(&logits, args.temperature, &mut rng));
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    println!("{}", tokenizer.decode(&ids));
+    println!(
+        "-- {} tokens after a prompt of {prompt_len} in {seconds:.2} s ({:.1} tokens/s), {} compile(s)",
+        args.tokens,
+        args.tokens as f64 / seconds,
+        next_logits.compile_count()
+    );
+    Ok(())
+}
+
+/// The next token: the most likely one at temperature 0, else one drawn from
+/// `softmax(logits / temperature)`.
+fn pick(logits: &[f32], temperature: f64, rng: &mut u64) -> i64 {
+    let best = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap_or(0);
+    if temperature <= 0.0 {
+        return best as i64;
+    }
+    let top = logits[best] as f64;
+    let weights: Vec<f64> = logits.iter().map(|&l| ((l as f64 - top) / temperature).exp()).collect();
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    let mut u = (*rng >> 11) as f64 / (1u64 << 53) as f64 * weights.iter().sum::<f64>();
+    for (i, w) in weights.iter().enumerate() {
+        u -= w;
+        if u <= 0.0 {
+            return i as i64;
+        }
+    }
+    best as i64
+}

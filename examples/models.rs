@@ -1,0 +1,247 @@
+//! The models benchmark, coil's side: GPT-2 124M (B=8, T=1024, vocabulary 50304, dropout 0,
+//! f32 parameters with bf16 matrix products and attention) written with `coil::nn`, timed
+//! forward (to the loss, no gradients) and for a whole training step (forward, backward,
+//! gradient clipping, AdamW). `bench/models_torch.py` times the same model in PyTorch (eager
+//! and torch.compile) and `bench/models_table.py` sets them side by side.
+//!
+//! ```sh
+//! cargo run --release --example models -- --json coil_models.json            # GPU, 124M
+//! cargo run --release --example models -- --device cpu --config tiny         # a quick check
+//! ```
+//!
+//! Timing follows `torch_suite.py`: warm-up calls, then each timed call after a 256 MiB memset
+//! (a cold L2), CUDA events around the call on the device's stream (the wall clock on the CPU);
+//! the median. The wall clock of a call is measured too (`coil_wall_ms`). The compile time is
+//! the first call's wall time minus a steady call's; the peak is the allocator's most bytes in
+//! use over one steady call (parameters, optimizer state and activations included).
+
+use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
+use coil::nn::{clip_grad_norm, AdamW, AdamWConfig, Optimizer, ParamStore, Precision};
+use coil::{DType, Device, Tensor};
+use coil_runtime::cuda::{CudaDevice, DeviceMemory, StreamTimer};
+use std::time::Instant;
+
+struct Opts {
+    device: Device,
+    tiny: bool,
+    rows: Vec<String>,
+    warmup: usize,
+    reps: usize,
+    json: Option<String>,
+}
+
+fn parse() -> Opts {
+    let mut o = Opts { device: Device::default(), tiny: false, rows: vec![], warmup: 3, reps: 20, json: None };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut v = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--device" => o.device = v().parse().expect("--device cpu|cuda|cuda:N"),
+            "--config" => o.tiny = v() == "tiny",
+            "--rows" => o.rows = v().split(',').map(String::from).collect(),
+            "--warmup" => o.warmup = v().parse().expect("--warmup N"),
+            "--reps" => o.reps = v().parse().expect("--reps N"),
+            "--json" => o.json = Some(v()),
+            _ => panic!("unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json"),
+        }
+    }
+    o
+}
+
+/// One timed call: device microseconds (events; the wall clock on the CPU) and wall microseconds.
+struct Timer {
+    cuda: Option<(std::sync::Arc<CudaDevice>, StreamTimer, DeviceMemory)>,
+}
+
+const FLUSH_BYTES: usize = 256 << 20;
+
+impl Timer {
+    fn new(device: Device) -> coil::Result<Timer> {
+        Ok(Timer {
+            cuda: match device {
+                Device::Cuda(n) => {
+                    let dev = CudaDevice::get(n)?;
+                    let timer = StreamTimer::new(&dev)?;
+                    let flush = DeviceMemory::alloc(&dev, FLUSH_BYTES)?;
+                    Some((dev, timer, flush))
+                }
+                Device::Cpu => None,
+            },
+        })
+    }
+
+    fn time(&self, f: &mut dyn FnMut() -> coil::Result<()>) -> coil::Result<(f64, f64)> {
+        let Some((dev, timer, flush)) = &self.cuda else {
+            let t = Instant::now();
+            f()?;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            return Ok((us, us));
+        };
+        flush.zero(FLUSH_BYTES)?;
+        dev.synchronize()?;
+        let wall = Instant::now();
+        timer.start()?;
+        f()?;
+        let device_us = timer.stop()?;
+        Ok((device_us, wall.elapsed().as_secs_f64() * 1e6))
+    }
+
+    fn reset_peak(&self) {
+        if let Some((dev, ..)) = &self.cuda {
+            dev.reset_peak_memory();
+        }
+    }
+
+    fn peak(&self) -> usize {
+        self.cuda.as_ref().map_or(0, |(dev, ..)| dev.memory_stats().peak_in_use_bytes)
+    }
+}
+
+struct Row {
+    name: String,
+    device_ms: f64,
+    wall_ms: f64,
+    peak: usize,
+    compile_s: f64,
+    notes: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times `step`: the first call (compiles), `warmup` more, then `reps` timed; the peak over one
+/// more call.
+fn bench(
+    name: &str,
+    o: &Opts,
+    timer: &Timer,
+    notes: &str,
+    step: &mut dyn FnMut() -> coil::Result<()>,
+) -> coil::Result<Row> {
+    let first = Instant::now();
+    step()?;
+    let first_s = first.elapsed().as_secs_f64();
+    for _ in 0..o.warmup {
+        step()?;
+    }
+    let (mut device, mut wall) = (Vec::new(), Vec::new());
+    for _ in 0..o.reps.max(1) {
+        let (d, w) = timer.time(step)?;
+        device.push(d / 1e3);
+        wall.push(w / 1e3);
+    }
+    timer.reset_peak();
+    step()?;
+    let (device_ms, wall_ms) = (median(device), median(wall));
+    let row = Row {
+        name: name.into(),
+        device_ms,
+        wall_ms,
+        peak: timer.peak(),
+        compile_s: (first_s - wall_ms / 1e3).max(0.0),
+        notes: notes.into(),
+    };
+    eprintln!(
+        "{:<28} {:9.3} ms device  {:9.3} ms wall  peak {:7.1} MB  compile {:6.2} s",
+        row.name,
+        row.device_ms,
+        row.wall_ms,
+        row.peak as f64 / 1e6,
+        row.compile_s
+    );
+    Ok(row)
+}
+
+fn main() -> coil::Result<()> {
+    let o = parse();
+    let device = o.device;
+    let (config, batch, seq, prefix) = if o.tiny {
+        let c = Gpt2Config {
+            vocab_size: 256,
+            block_size: 64,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 64,
+            dropout: 0.0,
+            layer_norm_eps: 1e-5,
+        };
+        (c, 2, 64, "gpt2_tiny")
+    } else {
+        (Gpt2Config::gpt2_124m(), 8, 1024, "gpt2_124m")
+    };
+    coil::manual_seed(0);
+    let store = ParamStore::new();
+    store.set_precision(Precision::autocast(DType::BF16));
+    let model = Gpt2::new(&store.root(device, DType::F32), config)?;
+    store.realize_pending()?;
+    eprintln!("GPT-2 with {} parameters on {device}", store.num_elements());
+
+    // Token ids uniform over the vocabulary, from a fixed seed.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut ids = |n: usize| -> coil::Result<Tensor> {
+        let v: Vec<i64> = (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 33) % config.vocab_size as u64) as i64
+            })
+            .collect();
+        Tensor::from_vec(v, &[batch, seq])?.to_device(device)
+    };
+    let (x, y) = (ids(batch * seq)?, ids(batch * seq)?);
+    let timer = Timer::new(device)?;
+    let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
+    let mut rows = Vec::new();
+
+    let fwd_name = format!("{prefix}_fwd_bf16");
+    if wanted(&fwd_name) {
+        store.eval();
+        let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?])).named("forward");
+        let mut step = || forward.call(&[&x, &y]).map(|_| ());
+        let notes = "forward to the mean cross-entropy loss, no gradients (as under torch.no_grad)";
+        rows.push(bench(&fwd_name, &o, &timer, notes, &mut step)?);
+        store.train();
+    }
+
+    let train_name = format!("{prefix}_train_step_bf16");
+    if wanted(&train_name) {
+        let params = store.trainable();
+        let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|p| p.shape().len() >= 2);
+        let adamw = AdamWConfig { lr: 6e-4, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, amsgrad: false };
+        let mut opt = AdamW::with_groups(vec![(decay, 0.1), (no_decay, 0.0)], adamw)?;
+        let order = opt.params().to_vec();
+        let grads = coil::compile(|a: &[Tensor]| {
+            let (loss, grads) = coil::nn::value_and_grad(&model.loss(&a[0], &a[1])?, &order)?;
+            Ok(std::iter::once(loss).chain(grads).collect())
+        })
+        .named("train_step");
+        let mut step = || -> coil::Result<()> {
+            let out = grads.call(&[&x, &y])?;
+            let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
+            opt.step(&clipped)
+        };
+        let notes = "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)";
+        rows.push(bench(&train_name, &o, &timer, notes, &mut step)?);
+    }
+
+    let device_name = match device {
+        Device::Cuda(n) => CudaDevice::get(n)?.name().to_string(),
+        Device::Cpu => "cpu".to_string(),
+    };
+    let json_rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"name\": \"{}\", \"coil_ms\": {:.4}, \"coil_wall_ms\": {:.4}, \"coil_peak_bytes\": {}, \"coil_compile_s\": {:.3}, \"notes\": \"{}\"}}",
+                r.name, r.device_ms, r.wall_ms, r.peak, r.compile_s, r.notes
+            )
+        })
+        .collect();
+    let json = format!("{{\"device\": \"{device_name}\", \"rows\": [\n  {}\n]}}\n", json_rows.join(",\n  "));
+    match &o.json {
+        Some(path) => std::fs::write(path, &json).map_err(|e| coil::Error::runtime(format!("{path}: {e}")))?,
+        None => print!("{json}"),
+    }
+    Ok(())
+}
