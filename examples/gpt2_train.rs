@@ -82,6 +82,9 @@ fn main() -> coil::Result<()> {
     let (config, batch, default_steps, precision) = setup(device);
     let steps = if args.steps > 0 { args.steps } else { default_steps };
     let (train, val) = corpus();
+    if val.len() < 2 * config.block_size {
+        return Err(coil::Error::runtime("no corpus: run from the repository's root (its docs and sources are the text)"));
+    }
     println!(
         "corpus: {} bytes of this repository's docs and sources ({} for training, {} held out)",
         train.len() + val.len(),
@@ -183,7 +186,11 @@ fn save(store: &ParamStore, opt: &AdamW, config: &Gpt2Config, dir: &Path) -> coi
 /// This repository's docs and Rust sources as bytes, in a fixed order: the first 90% for
 /// training, the rest held out.
 fn corpus() -> (Vec<u8>, Vec<u8>) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The checkout this example was built from, else the current directory (a binary run
+    // elsewhere, from a copy of the repository).
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = if built.join("README.md").exists() { built.to_path_buf() } else { PathBuf::from(".") };
+    let root = root.as_path();
     let mut files = vec![root.join("README.md")];
     for dir in ["docs", "ir/src", "passes/src", "codegen/src", "runtime/src", "frontend/src", "nn/src", "examples"] {
         collect(&root.join(dir), &mut files);

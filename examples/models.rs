@@ -223,6 +223,27 @@ fn main() -> coil::Result<()> {
         };
         let notes = "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)";
         rows.push(bench(&train_name, &o, &timer, notes, &mut step)?);
+        // Where a step's time goes: the gradients' graph, then the optimizer's.
+        let (mut g, mut u) = (Vec::new(), Vec::new());
+        for _ in 0..o.reps.clamp(1, 10) {
+            let mut out = Vec::new();
+            g.push(timer.time(&mut || {
+                out = grads.call(&[&x, &y])?;
+                Ok(())
+            })?);
+            u.push(timer.time(&mut || {
+                let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
+                opt.step(&clipped)
+            })?);
+        }
+        let med = |v: &[(f64, f64)], k: usize| median(v.iter().map(|t| (if k == 0 { t.0 } else { t.1 }) / 1e3).collect());
+        eprintln!(
+            "  of which: gradients {:.3} ms device ({:.3} wall), clipping + AdamW {:.3} ms device ({:.3} wall)",
+            med(&g, 0),
+            med(&g, 1),
+            med(&u, 0),
+            med(&u, 1)
+        );
     }
 
     let device_name = match device {
