@@ -367,3 +367,20 @@ fn dropout_modules_follow_train_and_eval_mode() {
     store.eval();
     assert_eq!(drop.forward(&x).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 64]);
 }
+
+#[test]
+fn bf16_attention_gradients_stay_within_bf16_rounding_of_f32() {
+    let _lock = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    // Gradients of half-precision attention take their products in bf16 (tensor cores): they
+    // must stay within bf16's rounding of the f32 computation.
+    let (q, k, v) = (g("rotary.in.q"), g("rotary.in.k"), g("rotary.in.upstream_k_rot"));
+    let attn = |q: &Tensor, k: &Tensor, v: &Tensor| coil::scaled_dot_product_attention(q, k, v, None, true, None);
+    let up = g("rotary.in.upstream_q_rot");
+    let loss = |y: Tensor| y.to_dtype(DType::F32).unwrap().mul(&up).unwrap().sum(&[], false).unwrap();
+    let want = coil::grad(&loss(attn(&q, &k, &v).unwrap()), &[&q, &k, &v]).unwrap();
+    let half: Vec<Tensor> = [&q, &k, &v].iter().map(|t| t.to_dtype(DType::BF16).unwrap()).collect();
+    let got = coil::grad(&loss(attn(&half[0], &half[1], &half[2]).unwrap()), &[&half[0], &half[1], &half[2]]).unwrap();
+    for (name, (a, b)) in ["q", "k", "v"].iter().zip(got.iter().zip(&want)) {
+        assert_close(&format!("d/d{name} in bf16"), &a.to_dtype(DType::F32).unwrap(), b, 3e-2);
+    }
+}

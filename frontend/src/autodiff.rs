@@ -41,7 +41,9 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
     let mut roots = vec![output];
     roots.extend_from_slice(wrt);
     let (captured, inputs) = capture_walk(&roots, wrt);
-    let options = coil_passes::DecomposeOptions { fused_attention: false, keep_detach: true };
+    // Half-precision attention takes its products on tensor cores, forward and backward (the
+    // attention template serves graphs without gradients only).
+    let options = coil_passes::DecomposeOptions { fused_attention: false, keep_detach: true, half_products: true };
     let mut graph = coil_passes::decompose_with(&captured.graph, &options)?;
     let (out, targets) = (graph.outputs[0], graph.outputs[1..].to_vec());
     let grads = coil_passes::autodiff::backward(&mut graph, out, None, &targets).map_err(|mut e| {

@@ -349,7 +349,7 @@ fn generated_tiles(captured: &Graph) -> Result<Vec<coil_ir::kernel::TileKernel>>
 /// stays one template node where the template supports it, for one flash-attention call. The
 /// reference interpreter decomposes it fully (`coil_passes::decompose`).
 const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions =
-    coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false };
+    coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false };
 
 fn compile_uncached(
     captured: &Graph,

@@ -239,7 +239,9 @@ fn the_compile_path_keeps_the_template_and_the_reference_decomposes_it() {
     let reference = decompose(&g).unwrap();
     assert!(!is_attention(&reference));
     reference.verify_primitive().unwrap();
-    let fused = decompose_with(&g, &DecomposeOptions { fused_attention: true, keep_detach: false }).unwrap();
+    let fused =
+        decompose_with(&g, &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false })
+            .unwrap();
     fused.verify_primitive().unwrap();
     assert!(is_attention(&fused), "{fused}");
     // A user's scaled_dot_product_attention with an unsupported head dim is decomposed.
@@ -247,14 +249,17 @@ fn the_compile_path_keeps_the_template_and_the_reference_decomposes_it() {
     let q = c.input(&[2, 3, 5, 12], DType::F32);
     let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, q, q]);
     c.g.outputs.push(y);
-    let p = decompose_with(&c.g, &DecomposeOptions { fused_attention: true, keep_detach: false }).unwrap();
+    let p = decompose_with(&c.g, &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false })
+        .unwrap();
     assert!(!is_attention(&p), "{p}");
 }
 
 #[test]
 fn lowering_makes_one_call_on_the_head_views_writing_the_transposed_layout() {
     let g = gpt2(Form { project: true, ..GPT2 });
-    let fused = decompose_with(&g, &DecomposeOptions { fused_attention: true, keep_detach: false }).unwrap();
+    let fused =
+        decompose_with(&g, &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false })
+            .unwrap();
     let (fused, _) = crate::simplify(&fused, &crate::RewriteOptions::default()).unwrap();
     let p = lower(&fused).unwrap();
     let calls: Vec<&ExternCall> = p

@@ -549,7 +549,7 @@ mod tests {
     use crate::decompose::{decompose_with, DecomposeOptions};
     use coil_ir::{DType, Graph, LossReduction, NodeId, Op, ReduceOp, TensorMeta, UnaryOp};
 
-    const GRAD: DecomposeOptions = DecomposeOptions { fused_attention: false, keep_detach: true };
+    const GRAD: DecomposeOptions = DecomposeOptions { fused_attention: false, keep_detach: true, half_products: false };
 
     fn m(shape: &[usize]) -> TensorMeta {
         TensorMeta::new(shape.to_vec(), DType::F32)

@@ -84,12 +84,15 @@ pub struct Builder<'g> {
     pub location: Option<&'static Location<'static>>,
     /// Emit `detach` nodes ([`Builder::detach`]) rather than the identity.
     pub keep_detach: bool,
+    /// Attention's matrix products of f16/bf16 operands in their dtype
+    /// ([`super::DecomposeOptions::half_products`]).
+    pub half_products: bool,
 }
 
 impl<'g> Builder<'g> {
     /// A builder appending to `graph`.
     pub fn new(graph: &'g mut Graph, location: Option<&'static Location<'static>>) -> Builder<'g> {
-        Builder { graph, location, keep_detach: false }
+        Builder { graph, location, keep_detach: false, half_products: false }
     }
 
     /// The graph built so far.

@@ -61,6 +61,12 @@ pub struct DecomposeOptions {
     /// logsumexp and cross_entropy with one, as PyTorch's backward formulas treat it as a
     /// constant) for [`crate::autodiff`]; otherwise `detach` is the identity.
     pub keep_detach: bool,
+    /// Decompose f16/bf16 attention with its two matrix products in the operands' dtype (f32
+    /// accumulation inside the product, the result rounded to the dtype), the softmax in f32 and
+    /// the probabilities rounded to the dtype for `P @ V`, as FlashAttention and PyTorch's math
+    /// backend on CUDA compute it: the products run on tensor cores, forward and backward. Off
+    /// (the reference): q, k and v are upcast to f32 and the result rounded once.
+    pub half_products: bool,
 }
 
 /// [`decompose`] with the compile path's choices (see [`DecomposeOptions`]).
@@ -107,6 +113,7 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
                 let args: Vec<Arg> = node.inputs.iter().map(|x| values[x.0].expect("operands come first")).collect();
                 let mut b = Builder::new(&mut out, node.location);
                 b.keep_detach = options.keep_detach;
+                b.half_products = options.half_products;
                 let y = decompose_node(&mut b, op, &args, &node.meta).map_err(|mut e| {
                     // The user called `op`: name it (not the primitive that failed inside it).
                     e.op = Some(op.name().to_string());

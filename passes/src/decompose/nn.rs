@@ -249,7 +249,8 @@ pub fn mse_loss(b: &mut Builder, a: NodeId, c: NodeId, reduction: LossReduction,
 /// `scaled_dot_product_attention(q, k, v, mask)`: `scores = (q @ k^T) * scale` (default
 /// `1 / sqrt(E)`, batch dims broadcast); `causal` keeps `col <= row` (top-left aligned) and
 /// sets the rest to `-inf`; a bool mask keeps where true, a float mask is added; then
-/// `softmax(scores, -1) @ v`. f16/bf16 compute in f32 and round once.
+/// `softmax(scores, -1) @ v`. f16/bf16 compute in f32 and round once, or, with
+/// [`Builder::half_products`], take both products in their dtype around an f32 softmax.
 pub fn attention(
     b: &mut Builder,
     q: NodeId,
@@ -264,11 +265,11 @@ pub fn attention(
     let r = qs.len();
     let (l, e, s) = (qs[r - 2], qs[r - 1], b.shape(k)[r - 2]);
     let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
-    let q = b.upcast(q)?;
-    let k = b.upcast(k)?;
-    let v = b.upcast(v)?;
+    let half = b.half_products && matches!(t, DType::F16 | DType::BF16);
+    let (q, k, v) = if half { (q, k, v) } else { (b.upcast(q)?, b.upcast(k)?, b.upcast(v)?) };
     let kt = b.transpose(k, r - 2, r - 1)?;
     let qk = matmul(b, q, kt)?;
+    let qk = b.upcast(qk)?;
     let mut scores = b.mul(qk, scale)?;
     if causal {
         let rows = b.iota(&[l, s], 0);
@@ -286,6 +287,7 @@ pub fn attention(
     }
     let last = b.rank(scores) - 1;
     let p = softmax_in(b, scores, last)?;
+    let p = if half { b.cast(p, t)? } else { p };
     let y = matmul(b, p, v)?;
     b.cast(y, t)
 }

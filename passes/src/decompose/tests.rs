@@ -2,7 +2,7 @@
 //! that passes `verify_primitive`, keeps the captured metas and inherits the user's line.
 //! (Numbers are checked against PyTorch by the golden tests, which run the interpreter.)
 
-use super::decompose;
+use super::{decompose, decompose_with, DecomposeOptions};
 use crate::test_graph::{here, m, Capture};
 use coil_ir::{BinaryOp, DType, Graph, LossReduction, NodeId, Op, ReduceOp, Scalar, UnaryOp};
 
@@ -412,4 +412,19 @@ fn attention_variants() {
         &[(q, BF16), (k, BF16), (v, BF16), (&[2, 1, 3, 5], BF16)],
     );
     case(Op::Attention { causal: true, scale: None, mask: false }, &[(&[3, 8], F16), (&[5, 8], F16), (&[5, 8], F16)]);
+}
+
+#[test]
+fn half_attention_takes_its_products_in_its_dtype_only_when_asked() {
+    let mut c = Capture::new();
+    let q = c.input(&[2, 4, 8], BF16);
+    let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, q, q]);
+    let g = c.out(&[y]);
+    let bmm_dtypes = |options: &DecomposeOptions| -> Vec<DType> {
+        let p = decompose_with(&g, options).unwrap();
+        p.nodes.iter().filter(|n| n.op == Op::Bmm).map(|n| n.meta.dtype).collect()
+    };
+    let reference = DecomposeOptions { fused_attention: false, keep_detach: false, half_products: false };
+    assert_eq!(bmm_dtypes(&reference), vec![F32, F32]);
+    assert_eq!(bmm_dtypes(&DecomposeOptions { half_products: true, ..reference }), vec![BF16, BF16]);
 }
