@@ -65,7 +65,7 @@ fn parse() -> Args {
 /// How text becomes token ids and back: bytes for `gpt2_train`'s models, BPE for GPT-2's.
 enum Tokenizer {
     Bytes,
-    Bpe(bpe::Bpe),
+    Bpe(Box<bpe::Bpe>),
 }
 
 impl Tokenizer {
@@ -104,7 +104,7 @@ fn main() -> coil::Result<()> {
         let rename = |n: &str| Gpt2Config::hf_name(n);
         store.load_with(path, &LoadOptions { rename: Some(&rename), cast: true, ..Default::default() })?;
         let bpe = bpe::Bpe::load(dir).map_err(|e| coil::Error::runtime(format!("GPT-2's tokenizer: {e}")))?;
-        (model, Tokenizer::Bpe(bpe))
+        (model, Tokenizer::Bpe(Box::new(bpe)))
     } else {
         let dir = args.checkpoint.clone().expect("a checkpoint");
         let file = dir.join("model.safetensors");

@@ -15,12 +15,15 @@ use std::collections::BTreeMap;
 use std::panic::Location;
 use std::path::Path;
 
+/// The store's name for a file's tensor, or `None` to skip it.
+pub type Rename<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 /// How [`ParamStore::load_with`] reads a file.
 #[derive(Clone, Copy, Default)]
 pub struct LoadOptions<'a> {
     /// The store's name for a file's tensor, or `None` to skip it; the names as they are when
     /// unset.
-    pub rename: Option<&'a dyn Fn(&str) -> Option<String>>,
+    pub rename: Option<Rename<'a>>,
     /// Cast floating tensors whose dtype differs from their parameter's (in one graph), instead
     /// of reporting the difference.
     pub cast: bool,

@@ -89,7 +89,7 @@ impl CausalSelfAttention {
 }
 
 fn check_heads(n_embd: usize, n_head: usize, n_kv_head: usize) -> Result<()> {
-    if n_head == 0 || n_kv_head == 0 || n_embd % n_head != 0 || n_head % n_kv_head != 0 {
+    if n_head == 0 || n_kv_head == 0 || !n_embd.is_multiple_of(n_head) || !n_head.is_multiple_of(n_kv_head) {
         return Err(Error::value(format!(
             "attention: {n_embd} features do not split into {n_head} heads with {n_kv_head} key/value heads"
         ))
@@ -232,7 +232,7 @@ impl Rotary {
     /// Tables for head dim `dim` (even) over positions `0..max_positions`, on `device`.
     #[track_caller]
     pub fn new(dim: usize, max_positions: usize, base: f64, device: Device) -> Result<Rotary> {
-        if dim % 2 != 0 || dim == 0 {
+        if !dim.is_multiple_of(2) || dim == 0 {
             return Err(
                 Error::value(format!("rotary embeddings need an even head dim, got {dim}")).in_op("Rotary", vec![])
             );
