@@ -83,7 +83,9 @@ fn main() -> coil::Result<()> {
     let steps = if args.steps > 0 { args.steps } else { default_steps };
     let (train, val) = corpus();
     if val.len() < 2 * config.block_size {
-        return Err(coil::Error::runtime("no corpus: run from the repository's root (its docs and sources are the text)"));
+        return Err(coil::Error::runtime(
+            "no corpus: run from the repository's root (its docs and sources are the text)",
+        ));
     }
     println!(
         "corpus: {} bytes of this repository's docs and sources ({} for training, {} held out)",

@@ -236,7 +236,8 @@ fn main() -> coil::Result<()> {
                 opt.step(&clipped)
             })?);
         }
-        let med = |v: &[(f64, f64)], k: usize| median(v.iter().map(|t| (if k == 0 { t.0 } else { t.1 }) / 1e3).collect());
+        let med =
+            |v: &[(f64, f64)], k: usize| median(v.iter().map(|t| (if k == 0 { t.0 } else { t.1 }) / 1e3).collect());
         eprintln!(
             "  of which: gradients {:.3} ms device ({:.3} wall), clipping + AdamW {:.3} ms device ({:.3} wall)",
             med(&g, 0),

@@ -447,7 +447,10 @@ fn loads_onto_a_gpu_as_on_the_cpu() {
         let want = file.load(name, Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
         let got = got.to_vec::<f32>().unwrap();
         let same = |a: &f32, b: &f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-        assert!(got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| same(a, b)), "{name}: {got:?} vs {want:?}");
+        assert!(
+            got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| same(a, b)),
+            "{name}: {got:?} vs {want:?}"
+        );
     }
     // Saving a GPU tensor brings it to the host.
     let dir = Scratch::new("gpu");
