@@ -16,19 +16,12 @@ use std::collections::HashMap;
 /// Attention nodes whose call writes the buffer of the permute after them: by permute.
 pub(crate) fn permuted_outputs(l: &Lowerer) -> HashMap<NodeId, NodeId> {
     let g = l.g;
-    let live = g.live_nodes();
-    let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.nodes.len()];
-    for &n in &live {
-        for x in &g.node(n).inputs {
-            readers[x.0].push(n);
-        }
-    }
     let mut found = HashMap::new();
-    for &n in &live {
-        if !g.node(n).op.is_template() || g.outputs.contains(&n) || readers[n.0].len() != 1 {
+    for n in g.live_nodes() {
+        if !g.node(n).op.is_template() || g.outputs.contains(&n) || l.readers[n.0].len() != 1 {
             continue;
         }
-        let p = readers[n.0][0];
+        let p = l.readers[n.0][0];
         if let Op::Permute { perm } = &g.node(p).op {
             if perm.last() == Some(&(perm.len() - 1)) {
                 found.insert(p, n);

@@ -56,23 +56,18 @@ pub(crate) struct Epilogue {
 /// (products included).
 pub(crate) fn epilogues(l: &Lowerer) -> (HashMap<NodeId, Epilogue>, HashSet<NodeId>) {
     let g = l.g;
-    let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.nodes.len()];
+    let readers = &l.readers;
     let live = g.live_nodes();
-    for &n in &live {
-        for x in &g.node(n).inputs {
-            readers[x.0].push(n);
-        }
-    }
     let mut output = vec![false; g.nodes.len()];
     for o in &g.outputs {
         output[o.0] = true;
     }
-    let mut found: HashMap<NodeId, Epilogue> = bias_epilogues(l, &readers, &output)
+    let mut found: HashMap<NodeId, Epilogue> = bias_epilogues(l, readers, &output)
         .into_iter()
         .map(|(add, (mm, bias))| (add, Epilogue { mm, bias: Some((add, bias)), activation: None, inside: vec![] }))
         .collect();
     for &n in &live {
-        if let Some(ep) = gelu_epilogue(l, n, &found, &readers, &output) {
+        if let Some(ep) = gelu_epilogue(l, n, &found, readers, &output) {
             // The bias epilogue it extends is replaced; no product is in two calls.
             let replaced = ep.bias.map(|(add, _)| add);
             if found.iter().any(|(&r, e)| e.mm == ep.mm && Some(r) != replaced) {

@@ -16,7 +16,13 @@
 //!   cat mask: masked lanes see made-up zeros, which would make a garbage index or a division
 //!   by zero (that generated code reports as an error);
 //! * the operand (behind its views) of a node whose inlined body would exceed [`BODY_CAP`]
-//!   values, so that bodies stay bounded however long the pointwise chain.
+//!   values, so that bodies stay bounded however long the pointwise chain;
+//! * a pointwise node (or pad, or cat) that costs more inlined than stored (`realize` module):
+//!   several readers and a body that loads more than [`REALIZE_READS_THRESHOLD`] buffers or
+//!   has more than [`REALIZE_OPCOUNT_THRESHOLD`] values; a body that loads more than
+//!   [`REALIZE_ACC_READS_THRESHOLD`] buffers; or several readers reading it element for element
+//!   and a body that loads at least [`REALIZE_MIN_FULL_READS`] buffers of its own size (a
+//!   residual stream is then written once per block, not recomputed by every later reader).
 //!
 //! A matrix product may take the nodes after it into its call (`epilogue` module): the add of a
 //! bias row (`linear`), then a gelu with the tanh approximation. Those nodes get no buffer and no
@@ -40,9 +46,14 @@
 mod attention;
 mod emit;
 mod epilogue;
+mod realize;
 #[cfg(test)]
 pub(crate) mod tests;
 mod view;
+
+pub use realize::{
+    REALIZE_ACC_READS_THRESHOLD, REALIZE_MIN_FULL_READS, REALIZE_OPCOUNT_THRESHOLD, REALIZE_READS_THRESHOLD,
+};
 
 use coil_ir::dynamic::SymSizes;
 use coil_ir::loops::{
@@ -111,6 +122,8 @@ pub(crate) struct Lowerer<'g> {
     /// Attention nodes computed by the call that writes the buffer of the permute after them,
     /// by permute (the attention nodes are in `inside`).
     attention_roots: HashMap<NodeId, NodeId>,
+    /// The live nodes reading each node, once per operand that reads it.
+    readers: Vec<Vec<NodeId>>,
 }
 
 /// One body under construction: the values, a memo of emitted `(node, index, mask)` triples
@@ -168,7 +181,13 @@ impl<'g> Lowerer<'g> {
             epilogues: HashMap::new(),
             inside: HashSet::new(),
             attention_roots: HashMap::new(),
+            readers: vec![Vec::new(); g.nodes.len()],
         };
+        for n in g.live_nodes() {
+            for x in &g.node(n).inputs {
+                l.readers[x.0].push(n);
+            }
+        }
         (l.epilogues, l.inside) = epilogue::epilogues(&l);
         l.attention_roots = attention::permuted_outputs(&l);
         l.inside.extend(l.attention_roots.values().copied());
@@ -241,29 +260,41 @@ impl<'g> Lowerer<'g> {
             Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } | Op::Attention { .. } => {
                 self.realize(n)?;
             }
-            op if op.is_pointwise() || matches!(op, Op::Pad { .. } | Op::Cat { .. }) => self.cap(n)?,
+            op if op.is_pointwise() || matches!(op, Op::Pad { .. } | Op::Cat { .. }) => self.settle(n)?,
             _ => {}
         }
         Ok(())
     }
 
-    /// Realizes the producers of `n` (behind their views) when inlining them would make `n`'s
-    /// body exceed [`BODY_CAP`]. Each producer passed this check itself, so bodies stay within
-    /// a small multiple of the cap.
-    fn cap(&mut self, n: NodeId) -> Result<()> {
+    /// Decides a pointwise node (or pad, or cat): its producers (behind their views) are
+    /// realized when inlining them would make `n`'s body exceed [`BODY_CAP`] values (each
+    /// producer passed this check itself, so bodies stay within a small multiple of the cap);
+    /// then `n` is realized when inlining it into its readers costs more than storing it
+    /// (`realize` module).
+    fn settle(&mut self, n: NodeId) -> Result<()> {
+        let mut body = self.inlined_body(n)?;
+        if body.values.len() > BODY_CAP {
+            for &x in &self.g.node(n).inputs {
+                let base = self.view_base(x);
+                if self.buf[base.0].is_none() && !self.g.node(base).op.is_leaf() && !self.degenerate(base) {
+                    self.realize(base)?;
+                }
+            }
+            body = self.inlined_body(n)?;
+        }
+        if self.costs_more_inlined(n, &body) {
+            self.realize(n)?;
+        }
+        Ok(())
+    }
+
+    /// `n`'s body as it would be inlined now (its realized producers loaded, the others
+    /// inlined), for the decisions above.
+    fn inlined_body(&mut self, n: NodeId) -> Result<Body> {
         let mut scratch = Emit::new();
         let idx = vars(self.shape(n), range_var);
         self.emit(&mut scratch, n, &idx, None)?;
-        if scratch.body.values.len() <= BODY_CAP {
-            return Ok(());
-        }
-        for &x in &self.g.node(n).inputs {
-            let base = self.view_base(x);
-            if self.buf[base.0].is_none() && !self.g.node(base).op.is_leaf() && !self.degenerate(base) {
-                self.realize(base)?;
-            }
-        }
-        Ok(())
+        Ok(scratch.body)
     }
 
     /// Gives `n` a buffer (if it has none): a node computing it, after any node it needs.

@@ -1,8 +1,8 @@
 //! Lowering tests: the printed loop program of small graphs (snapshots, checked by eye), and
 //! the realization rules.
 
-use super::{lower, BODY_CAP};
-use coil_ir::loops::{Activation, ExternCall, LoopKind, LoopProgram};
+use super::{lower, BODY_CAP, REALIZE_ACC_READS_THRESHOLD, REALIZE_OPCOUNT_THRESHOLD, REALIZE_READS_THRESHOLD};
+use coil_ir::loops::{Activation, BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, TensorMeta, UnaryOp};
 
 const F32: DType = DType::F32;
@@ -237,6 +237,100 @@ fn long_chains_are_cut_at_the_body_cap() {
         let LoopKind::Pointwise { body, .. } = &n.kind else { panic!() };
         assert!(body.values.len() <= BODY_CAP + 2, "{}", body.values.len());
     }
+}
+
+/// The buffers each loop node's body loads, by name (extern calls: none).
+fn loads(p: &LoopProgram) -> Vec<Vec<String>> {
+    let name = |b: &BufferId| p.buffer(*b).name.clone();
+    p.nodes
+        .iter()
+        .map(|n| match &n.kind {
+            LoopKind::Pointwise { body, .. } | LoopKind::Reduction { body, .. } => {
+                body.reads().iter().map(name).collect()
+            }
+            LoopKind::Extern { .. } => vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn a_node_its_readers_would_each_reload_is_stored_once() {
+    // `x + y` loads two buffers of its size and has two readers: inlined, both would load both.
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8], F32));
+    let y = g.input(m(&[4, 8], F32));
+    let s = op(&mut g, Op::Binary(BinaryOp::Add), &[x, y]);
+    let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[s]);
+    let r = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: false }, &[s]);
+    let p = lowered(g, &[e, r]);
+    assert_eq!(loads(&p), [vec!["arg0", "arg1"], vec!["buf0"], vec!["buf0"]], "{p}");
+}
+
+#[test]
+fn broadcast_rows_and_broadcast_readers_keep_a_node_inlined() {
+    let mut g = Graph::new();
+    // `x * w` with `w` a broadcast row: one load of its size; its two readers reload `w` from
+    // cache, so it stays inlined in both (as a layer norm's `x - mean` does).
+    let x = g.input(m(&[4, 8], F32));
+    let w = g.input(m(&[8], F32));
+    let we = op(&mut g, Op::Expand { shape: vec![4, 8] }, &[w]);
+    let t = op(&mut g, Op::Binary(BinaryOp::Mul), &[x, we]);
+    let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[t]);
+    let r = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: false }, &[t]);
+    // `a + b` of two scalars, read by its readers through broadcasts: recomputing it costs them
+    // nothing, where a buffer would cost a one-element kernel.
+    let (a, b) = (g.input(m(&[], F32)), g.input(m(&[], F32)));
+    let c = op(&mut g, Op::Binary(BinaryOp::Add), &[a, b]);
+    let ce = op(&mut g, Op::Expand { shape: vec![4, 8] }, &[c]);
+    let u = op(&mut g, Op::Binary(BinaryOp::Mul), &[e, ce]);
+    let v = op(&mut g, Op::Binary(BinaryOp::Sub), &[x, ce]);
+    let p = lowered(g, &[r, u, v]);
+    assert_eq!(
+        loads(&p),
+        [vec!["arg0", "arg1"], vec!["arg0", "arg1", "arg2", "arg3"], vec!["arg0", "arg2", "arg3"]],
+        "{p}"
+    );
+}
+
+#[test]
+fn a_reused_node_loading_many_buffers_or_computing_much_is_stored() {
+    // Inductor's reuse rules: two readers and more than REALIZE_READS_THRESHOLD loads (here
+    // of broadcast rows, which the size rule leaves alone), or more than
+    // REALIZE_OPCOUNT_THRESHOLD values.
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8], F32));
+    let mut t = x;
+    for _ in 0..REALIZE_READS_THRESHOLD {
+        let w = g.input(m(&[8], F32));
+        let we = op(&mut g, Op::Expand { shape: vec![4, 8] }, &[w]);
+        t = op(&mut g, Op::Binary(BinaryOp::Add), &[t, we]);
+    }
+    let mut u = x;
+    for _ in 0..REALIZE_OPCOUNT_THRESHOLD {
+        u = op(&mut g, Op::Unary(UnaryOp::Sin), &[u]);
+    }
+    let outputs: Vec<NodeId> =
+        [t, u].iter().flat_map(|&n| [UnaryOp::Exp, UnaryOp::Cos].map(|f| op(&mut g, Op::Unary(f), &[n]))).collect();
+    let p = lowered(g, &outputs);
+    let l = loads(&p);
+    assert_eq!(l.len(), 6, "{p}");
+    assert_eq!(l[0].len(), REALIZE_READS_THRESHOLD + 1, "{p}");
+    assert!(l[1..].iter().all(|l| l.len() == 1), "{p}");
+}
+
+#[test]
+fn loads_piling_up_along_a_chain_are_stored() {
+    // One reader each, but a sum of many inputs: stored once it loads more than
+    // REALIZE_ACC_READS_THRESHOLD buffers, and the chain goes on from that buffer.
+    let mut g = Graph::new();
+    let mut acc = g.input(m(&[8], F32));
+    for _ in 0..REALIZE_ACC_READS_THRESHOLD + 2 {
+        let x = g.input(m(&[8], F32));
+        acc = op(&mut g, Op::Binary(BinaryOp::Add), &[acc, x]);
+    }
+    let p = lowered(g, &[acc]);
+    let l = loads(&p);
+    assert_eq!(l.iter().map(Vec::len).collect::<Vec<_>>(), [REALIZE_ACC_READS_THRESHOLD + 1, 3], "{p}");
 }
 
 #[test]
