@@ -160,6 +160,9 @@ pub fn realize(outputs: &[&Tensor]) -> Result<()> {
         return crate::dynamo::host_read(outputs, std::panic::Location::caller());
     }
     let pending: Vec<&Tensor> = outputs.iter().copied().filter(|t| !t.is_realized()).collect();
+    if let Some(e) = pending.iter().find_map(|t| t.invalid()) {
+        return Err(e.clone());
+    }
     let mut devices: Vec<Device> = pending.iter().map(|t| t.device()).collect();
     devices.dedup();
     for device in devices {

@@ -3,6 +3,7 @@
 use crate::dynamo::{BreakKind, HostRead};
 use crate::realize;
 use crate::storage::Storage;
+use coil_ir::graph::check_shape;
 use coil_ir::infer::{self, Operand};
 use coil_ir::{DType, Error, Op, RandDist, Result, Scalar, TensorMeta};
 use coil_runtime::{Buffer, Device, Element};
@@ -40,6 +41,10 @@ pub(crate) struct TensorNode {
     pub(crate) storage: OnceLock<Storage>,
     /// Dims marked dynamic ([`Tensor::mark_dynamic`]), one bit per dim.
     pub(crate) dynamic: AtomicU64,
+    /// Why this tensor cannot exist, for a creation function that returns a `Tensor`, not a
+    /// `Result` ([`Tensor::full`] of a shape whose size overflows): the error, naming that call
+    /// and its line, that every op using the tensor and every realize of it returns.
+    pub(crate) invalid: Option<Error>,
 }
 
 thread_local! {
@@ -69,7 +74,7 @@ pub fn manual_seed(seed: u64) {
 pub(crate) fn next_random(n: usize) -> (u64, u64) {
     RNG.with(|r| {
         let (seed, offset) = r.get();
-        r.set((seed, offset + n as u64));
+        r.set((seed, offset.wrapping_add(n as u64)));
         (seed, offset)
     })
 }
@@ -95,7 +100,26 @@ impl Tensor {
             location,
             storage: OnceLock::new(),
             dynamic: AtomicU64::new(0),
+            invalid: None,
         }))
+    }
+
+    /// A leaf of `op` of `shape`, or the error naming `name` at `location` when no tensor can
+    /// have that shape ([`coil_ir::graph::check_shape`]).
+    fn checked_leaf(
+        op: Op,
+        shape: &[usize],
+        dtype: DType,
+        name: &str,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        check_shape(shape).map_err(|e| e.in_op(name, vec![]).at(location))?;
+        Ok(Tensor::leaf(op, TensorMeta::new(shape.to_vec(), dtype), Some(location)))
+    }
+
+    /// The error this tensor stands for, if it could not be made (see `TensorNode::invalid`).
+    pub(crate) fn invalid(&self) -> Option<&Error> {
+        self.0.invalid.as_ref()
     }
 
     /// Makes dim `dim` of this tensor symbolic for compiled functions that take it as an
@@ -145,6 +169,7 @@ impl Tensor {
             location: None,
             storage: OnceLock::new(),
             dynamic: AtomicU64::new(0),
+            invalid: None,
         };
         let _ = node.storage.set(storage);
         Tensor(Arc::new(node))
@@ -173,6 +198,7 @@ impl Tensor {
                 location: self.0.location,
                 storage: OnceLock::new(),
                 dynamic: AtomicU64::new(self.0.dynamic.load(Ordering::Relaxed)),
+                invalid: self.0.invalid.clone(),
             };
             return Ok(Tensor(Arc::new(node)));
         }
@@ -191,11 +217,13 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let location = Location::caller();
+        check_shape(shape).map_err(|e| e.in_op("from_vec", vec![]).at(location))?;
+        let n = coil_ir::graph::numel(shape);
         if data.len() != n {
             return Err(Error::shape(format!("{} values do not fill shape {shape:?} ({n} elements)", data.len()))
                 .in_op("from_vec", vec![])
-                .at(Location::caller()));
+                .at(location));
         }
         Ok(Tensor::from_buffer(Buffer::from_vec(data, shape.to_vec())))
     }
@@ -218,9 +246,31 @@ impl Tensor {
     }
 
     /// A tensor filled with `value`.
+    ///
+    /// A shape no tensor can have (its size overflows: `&[usize::MAX, 2]`) gives a tensor that
+    /// stands for the error, named `full` at the caller's line: every op that uses it and every
+    /// realize of it returns that error.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// let x = Tensor::full(&[usize::MAX, 2], 0.0, DType::F32);
+    /// let e = x.sum_all().unwrap_err();
+    /// assert_eq!(e.op.as_deref(), Some("full"));
+    /// assert!(e.to_string().contains(file!()));
+    /// ```
     #[track_caller]
     pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Tensor {
-        Tensor::leaf(Op::Full(value.into()), TensorMeta::new(shape.to_vec(), dtype), Some(Location::caller()))
+        let (op, location) = (Op::Full(value.into()), Location::caller());
+        match Tensor::checked_leaf(op.clone(), shape, dtype, "full", location) {
+            Ok(t) => t,
+            Err(e) => {
+                let meta = TensorMeta::new(shape.to_vec(), dtype);
+                let mut node = Arc::into_inner(Tensor::leaf(op, meta, Some(location)).0).expect("a new node");
+                node.invalid = Some(e);
+                Tensor(Arc::new(node))
+            }
+        }
     }
 
     #[track_caller]
@@ -256,7 +306,7 @@ impl Tensor {
                 .in_op("iota", vec![])
                 .at(Location::caller()));
         }
-        Ok(Tensor::leaf(Op::Iota { dim }, TensorMeta::new(shape.to_vec(), DType::I64), Some(Location::caller())))
+        Tensor::checked_leaf(Op::Iota { dim }, shape, DType::I64, "iota", Location::caller())
     }
 
     /// Uniform random numbers in `[0, 1)` from the thread's Philox stream ([`manual_seed`]).
@@ -289,7 +339,8 @@ impl Tensor {
                 .in_op(name, vec![])
                 .at(Location::caller()));
         }
-        let (seed, offset) = next_random(shape.iter().product());
+        check_shape(shape).map_err(|e| e.in_op(name, vec![]).at(Location::caller()))?;
+        let (seed, offset) = next_random(coil_ir::graph::numel(shape));
         Ok(Tensor::leaf(
             Op::Rand { dist, seed, offset },
             TensorMeta::new(shape.to_vec(), dtype),
@@ -300,6 +351,9 @@ impl Tensor {
     /// Records `op` applied to `srcs`: infers the meta, and on error names the op, the operands
     /// and the caller's line. Rust scalars take the device of the tensors they meet.
     pub(crate) fn record(op: Op, srcs: &[&Tensor], location: &'static Location<'static>) -> Result<Tensor> {
+        if let Some(e) = srcs.iter().find_map(|t| t.invalid()) {
+            return Err(e.clone());
+        }
         let describe = || srcs.iter().map(|t| t.meta().to_string()).collect::<Vec<_>>();
         let tensors = || srcs.iter().filter(|t| !t.is_weak_scalar());
         let device = tensors().next().map_or(Device::Cpu, |t| t.device());
@@ -323,6 +377,7 @@ impl Tensor {
             location: Some(location),
             storage: OnceLock::new(),
             dynamic: AtomicU64::new(0),
+            invalid: None,
         })))
     }
 

@@ -238,7 +238,11 @@ impl Gen {
     /// A tensor of random values of `dtype` and `shape` (with NaN, infinities, -0.0, extremes),
     /// on the trial's device: (the script's text for it, the tensor).
     pub fn data(&mut self, dtype: DType, shape: &[usize]) -> Result<(String, Tensor)> {
-        let n: usize = shape.iter().product();
+        let n = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX);
+        if n > RUN_LIMIT {
+            // Only a huge tensor made earlier has such a shape: stand in a lazy one.
+            return Ok((format!("Ok(Tensor::zeros(&{shape:?}, DType::{dtype:?}))"), Tensor::zeros(shape, dtype)));
+        }
         let specials = self.rng.chance(40);
         let values: Vec<f64> = (0..n).map(|_| self.value(dtype, specials)).collect();
         let text = format!("input(DType::{dtype:?}, &{shape:?}, &{values:?})");
@@ -247,7 +251,10 @@ impl Gen {
 
     /// An integer tensor of `shape` with values in `lo..=hi` (i64, sometimes i32).
     pub fn indices(&mut self, shape: &[usize], lo: i64, hi: i64) -> Result<(String, Tensor)> {
-        let n: usize = shape.iter().product();
+        let n = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX);
+        if n > RUN_LIMIT {
+            return Ok((format!("Ok(Tensor::zeros(&{shape:?}, DType::I64))"), Tensor::zeros(shape, DType::I64)));
+        }
         let values: Vec<f64> = (0..n).map(|_| self.rng.range(lo, hi.max(lo)) as f64).collect();
         let dtype = if self.rng.chance(80) { DType::I64 } else { DType::I32 };
         let text = format!("input(DType::{dtype:?}, &{shape:?}, &{values:?})");

@@ -84,8 +84,8 @@ impl Gen {
     fn cross_entropy(&mut self, name: String, x: Tensor) -> Result<()> {
         let classes = x.shape().last().copied().unwrap_or(1);
         let batch: Vec<usize> = if x.rank() >= 2 { vec![x.shape()[0]] } else { vec![] };
-        let (text, target) = if self.rng.chance(20) {
-            let n: usize = batch.iter().product();
+        let n = coil::ir::graph::numel(&batch);
+        let (text, target) = if self.rng.chance(20) && n <= crate::gen::RUN_LIMIT {
             let values: Vec<f64> = (0..n).map(|_| self.rng.pick(&[-100.0, 0.0])).collect();
             let text = format!("input(DType::I64, &{batch:?}, &{values:?})");
             (text, crate::gen::input(DType::I64, &batch, &values)?.to_device(x.device())?)

@@ -353,7 +353,7 @@ impl Gen {
         if self.wild() {
             return vec![self.huge_size() as i64, 2, -1];
         }
-        let numel: usize = shape.iter().product();
+        let numel = coil::ir::graph::numel(shape);
         match self.rng.below(4) {
             0 => vec![-1],
             1 => shape.iter().rev().map(|&s| s as i64).collect(),
@@ -474,7 +474,11 @@ impl Gen {
         }
         // Distinct positions along `d`: each line takes a prefix of a permutation of the dim.
         let along = wrapped_dim(shape.len(), d);
-        let n: usize = shape.iter().product();
+        let n = coil::ir::graph::numel(&shape);
+        if n > crate::gen::RUN_LIMIT || size > crate::gen::RUN_LIMIT {
+            let (text, index) = self.indices(&shape, 0, 0)?;
+            return self.push(format!("{name}.scatter({d}, &{text}, &{src_text})"), x.scatter(d, &index, &src));
+        }
         let len = shape.get(along).copied().unwrap_or(1).max(1);
         let mut values = Vec::with_capacity(n);
         let mut perm: Vec<usize> = (0..size.max(1)).collect();

@@ -170,7 +170,11 @@ impl Tensor {
         // [s0, s1] -> [1, s0, 1, s1] -> expand [r0, s0, r1, s1] -> [r0*s0, r1*s1]
         let interleaved: Vec<usize> = padded.iter().flat_map(|&s| [1, s]).collect();
         let expanded: Vec<usize> = repeats.iter().zip(&padded).flat_map(|(&r, &s)| [r, s]).collect();
-        let out: Vec<usize> = repeats.iter().zip(&padded).map(|(&r, &s)| r * s).collect();
+        let out = repeats.iter().zip(&padded).map(|(&r, &s)| r.checked_mul(s)).collect::<Option<Vec<usize>>>();
+        let Some(out) = out else {
+            let e = Error::shape(format!("repeating {:?} by {repeats:?} overflows its size", self.shape()));
+            return self.fail("repeat", e, loc);
+        };
         let x = renamed(self.reshape_to(interleaved, loc), "repeat")?;
         let x = renamed(Tensor::record(Op::Expand { shape: expanded }, &[&x], loc), "repeat")?;
         renamed(x.reshape_to(out, loc), "repeat")
@@ -239,8 +243,9 @@ impl Tensor {
         let mut cropped = false;
         for (i, pair) in pads.chunks(2).enumerate() {
             let d = rank - 1 - i;
-            let (l, r) = (pair[0], pair[1]);
-            let size = self.shape()[d] as i64;
+            // In i128: pads from the user may be anything.
+            let (l, r) = (pair[0] as i128, pair[1] as i128);
+            let size = self.shape()[d] as i128;
             let (crop_l, crop_r) = ((-l).max(0), (-r).max(0));
             if size + l + r < 0 || crop_l + crop_r > size {
                 return self.fail(
@@ -256,6 +261,7 @@ impl Tensor {
                 x = renamed(x.slice_to(d, if len == 0 { 0 } else { crop_l as usize }, len, 1, loc), "pad")?;
                 cropped = true;
             }
+            // At most i64::MAX each; their sum with the size is checked when recorded.
             pairs[d] = (l.max(0) as usize, r.max(0) as usize);
         }
         if cropped && pairs.iter().all(|&p| p == (0, 0)) {

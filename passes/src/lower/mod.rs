@@ -140,7 +140,10 @@ impl Emit {
 /// extent 1 (extent 0 never reaches here: empty nodes are constants). `make` is [`range_var`]
 /// or [`reduction_var`]; the scheduler rebuilds a node's variables with this same function.
 pub(crate) fn vars(shape: &[Expr], make: fn(usize, &Expr) -> Expr) -> Vec<Expr> {
-    shape.iter().enumerate().map(|(i, n)| if *n == Expr::int(1) { Expr::int(0) } else { make(i, n) }).collect()
+    // A dim of one element has index 0; a dim of none has no index at all (nothing reads it):
+    // 0 stands for it, as an index needs a positive extent.
+    let single = |n: &Expr| *n == Expr::int(1) || *n == Expr::int(0);
+    shape.iter().enumerate().map(|(i, n)| if single(n) { Expr::int(0) } else { make(i, n) }).collect()
 }
 
 /// Row-major strides of a contiguous tensor of `shape`.
