@@ -322,6 +322,11 @@ const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions =
     coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false };
 
 fn compile_uncached(captured: &Graph, device: Device, dynamic: Option<&DynamicSpec>) -> Result<Compiled> {
+    crate::guard::guard("compiling", captured, || compile_stages(captured, device, dynamic))
+}
+
+/// Every stage of [`compile_uncached`].
+fn compile_stages(captured: &Graph, device: Device, dynamic: Option<&DynamicSpec>) -> Result<Compiled> {
     let start = Instant::now();
     let mut times = StageTimes::default();
     let dump = Dump::new_graph();

@@ -15,6 +15,7 @@ pub mod autodiff;
 pub mod compile;
 pub mod debug;
 pub mod dynamo;
+mod guard;
 pub mod logs;
 pub mod ops;
 pub mod realize;

@@ -219,12 +219,19 @@ pub fn backend() -> Backend {
 fn run(captured: &Captured) -> Result<Vec<Storage>> {
     match backend() {
         Backend::Interpreter => interpret(captured),
-        Backend::Compiled => crate::compile::compile(&captured.graph, captured.device)?.run(&captured.inputs),
+        Backend::Compiled => {
+            let compiled = crate::compile::compile(&captured.graph, captured.device)?;
+            crate::guard::guard("running", &captured.graph, || compiled.run(&captured.inputs))
+        }
     }
 }
 
 /// Runs a captured graph on the reference interpreter (also how compiled functions run eagerly).
 pub(crate) fn interpret(captured: &Captured) -> Result<Vec<Storage>> {
+    crate::guard::guard("interpreting", &captured.graph, || interpret_unguarded(captured))
+}
+
+fn interpret_unguarded(captured: &Captured) -> Result<Vec<Storage>> {
     // The oracle runs on the host whatever the device; results go back to the device.
     let primitive = coil_passes::decompose(&captured.graph)?;
     let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;

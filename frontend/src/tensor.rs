@@ -202,11 +202,13 @@ impl Tensor {
             };
             return Ok(Tensor(Arc::new(node)));
         }
+        // The caller's line, taken here: inside a closure `Location::caller()` is the closure's.
+        let location = Location::caller();
         let storage = {
-            let _read = HostRead::enter(BreakKind::ToDevice, Some(Location::caller()));
-            self.storage().map_err(|e| e.at(Location::caller()))?
+            let _read = HostRead::enter(BreakKind::ToDevice, Some(location));
+            self.storage().map_err(|e| e.at(location))?
         };
-        Ok(Tensor::from_storage(storage.to_device(device).map_err(|e| e.at(Location::caller()))?))
+        Ok(Tensor::from_storage(storage.to_device(device).map_err(|e| e.at(location))?))
     }
 
     /// A tensor from row-major data.
@@ -339,13 +341,10 @@ impl Tensor {
                 .in_op(name, vec![])
                 .at(Location::caller()));
         }
-        check_shape(shape).map_err(|e| e.in_op(name, vec![]).at(Location::caller()))?;
+        let location = Location::caller();
+        check_shape(shape).map_err(|e| e.in_op(name, vec![]).at(location))?;
         let (seed, offset) = next_random(coil_ir::graph::numel(shape));
-        Ok(Tensor::leaf(
-            Op::Rand { dist, seed, offset },
-            TensorMeta::new(shape.to_vec(), dtype),
-            Some(Location::caller()),
-        ))
+        Ok(Tensor::leaf(Op::Rand { dist, seed, offset }, TensorMeta::new(shape.to_vec(), dtype), Some(location)))
     }
 
     /// Records `op` applied to `srcs`: infers the meta, and on error names the op, the operands
@@ -458,8 +457,9 @@ impl Tensor {
     /// Computes the value (and every pending value it needs) now.
     #[track_caller]
     pub fn realize(&self) -> Result<()> {
-        let _read = HostRead::enter(BreakKind::Realize, Some(Location::caller()));
-        realize::realize(&[self]).map_err(|e| e.at(Location::caller()))
+        let location = Location::caller();
+        let _read = HostRead::enter(BreakKind::Realize, Some(location));
+        realize::realize(&[self]).map_err(|e| e.at(location))
     }
 
     /// The computed elements on the tensor's device, realizing first.
@@ -473,8 +473,9 @@ impl Tensor {
     /// The computed elements in host memory (copied from the device for a CUDA tensor).
     #[track_caller]
     pub fn buffer(&self) -> Result<Arc<Buffer>> {
-        let _read = HostRead::enter(BreakKind::Buffer, Some(Location::caller()));
-        self.storage()?.to_host().map_err(|e| e.at(Location::caller()))
+        let location = Location::caller();
+        let _read = HostRead::enter(BreakKind::Buffer, Some(location));
+        self.storage()?.to_host().map_err(|e| e.at(location))
     }
 
     /// The elements in row-major order, converted to `T` as a cast would.

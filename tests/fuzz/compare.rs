@@ -10,9 +10,10 @@
 //! counted apart, as *tolerated*, not as agreements (issue 24 fixes them elsewhere):
 //! * **signed zero**: the values agree except for the sign of some zeros;
 //! * **half precision**: an f16 / bf16 tensor took part, and the values differ by more than
-//!   the output dtype allows but less than 5e-2, or an infinity / NaN appears on one side only:
-//!   the compiled kernels keep f16 / bf16 intermediates in f32, the interpreter rounds after
-//!   every op;
+//!   the output dtype allows, or an infinity / NaN appears on one side only: the compiled
+//!   kernels keep f16 / bf16 intermediates in f32, the interpreter rounds after every op, and
+//!   an op after a rounded one (a trunc, a comparison, a cos of a large value) can turn one ulp
+//!   into any difference;
 //! * **rounding into integers**: an integer or bool value computed from floats (a cast, a
 //!   comparison, an argmax, `floor`) differs in at most one element in eight: a float one ulp
 //!   apart (the C compiler contracts `a * b + c` into a fused multiply-add; the interpreter
@@ -122,6 +123,11 @@ pub fn judge(seed: u64, devices: &[Device], verbose: bool) -> Verdict {
         println!("# interpreter: {}", reference.summary());
     }
     if let Outcome::Failed(e) = &reference {
+        // `full` (`zeros`, `ones`) of a shape that cannot exist returns a tensor standing for
+        // the error: realizing it is how that refusal shows.
+        if e.op.as_deref() == Some("full") && e.kind == ErrorKind::Shape {
+            return judge_rejection(e);
+        }
         if e.kind != ErrorKind::Value {
             return Verdict::Internal(format!("the interpreter failed at realize: {e}"));
         }
@@ -237,7 +243,7 @@ pub fn compare(reference: &Outcome, other: &Outcome, tol: Tolerance) -> Result<O
             return Err(format!("output {k}: {} from the interpreter, {} compiled", r.meta, o.meta));
         }
         let found = match (&r.values, &o.values) {
-            (Values::Int(a), Values::Int(b)) => compare_ints(a, b, tol.rounding),
+            (Values::Int(a), Values::Int(b)) => compare_ints(a, b, tol),
             (Values::Float(a), Values::Float(b)) => compare_floats(a, b, r.meta.dtype, tol.half),
             _ => Err("different kinds of values".into()),
         }
@@ -248,11 +254,12 @@ pub fn compare(reference: &Outcome, other: &Outcome, tol: Tolerance) -> Result<O
 }
 
 /// Integer values `b` (compiled) against `a` (the interpreter).
-fn compare_ints(a: &[i64], b: &[i64], rounding: bool) -> Result<Option<&'static str>, String> {
+fn compare_ints(a: &[i64], b: &[i64], tol: Tolerance) -> Result<Option<&'static str>, String> {
     let differ: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
     match differ.first() {
         None => Ok(None),
-        Some(_) if rounding && differ.len() <= 1 + a.len() / 8 => Ok(Some("rounding into integers")),
+        Some(_) if tol.rounding && tol.half => Ok(Some("half precision")),
+        Some(_) if tol.rounding && differ.len() <= 1 + a.len() / 8 => Ok(Some("rounding into integers")),
         Some(&i) => Err(format!(
             "{} elements differ, first {i}: {} from the interpreter, {} compiled",
             differ.len(),
@@ -274,22 +281,27 @@ fn tolerance(dtype: DType) -> f64 {
 
 /// Float values `b` (compiled) against `a` (the interpreter).
 fn compare_floats(a: &[f64], b: &[f64], dtype: DType, half: bool) -> Result<Option<&'static str>, String> {
+    // Scaled by the largest finite magnitude, so that squares of huge values do not overflow.
+    let finite = |v: &[f64]| v.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+    let scale = finite(a).max(finite(b)).max(f64::MIN_POSITIVE);
     let (mut num, mut den, mut signed_zero, mut special) = (0.0, 0.0, false, None);
     for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
         if x.is_finite() && y.is_finite() {
-            num += (x - y) * (x - y);
-            den += x * x;
+            num += ((x - y) / scale).powi(2);
+            den += (x / scale).powi(2);
             signed_zero |= x == 0.0 && y == 0.0 && x.is_sign_negative() != y.is_sign_negative();
         } else if !(x.is_nan() && y.is_nan()) && x != y {
             special = special.or(Some(format!("element {i}: {x} from the interpreter, {y} compiled")));
         }
     }
-    let err = if den == 0.0 { num.sqrt() } else { (num / den).sqrt() };
+    let err = if den == 0.0 { num.sqrt() * scale } else { (num / den).sqrt() };
     match special {
-        Some(_) if half => Ok(Some("half precision")),
+        // f16 / bf16 intermediates: rounded after every op by the interpreter, kept in f32 by the
+        // compiled kernels. The difference is not bounded: a trunc, a comparison or a cos of a
+        // large value after a rounded op turns one ulp into anything.
+        _ if half && (special.is_some() || err > tolerance(dtype)) => Ok(Some("half precision")),
         Some(why) => Err(why),
         None if err <= tolerance(dtype) => Ok(signed_zero.then_some("signed zero")),
-        None if half && err <= 5e-2 => Ok(Some("half precision")),
         None => Err(format!("relative error {err:.2e} (tolerance {:.0e})", tolerance(dtype))),
     }
 }

@@ -16,7 +16,10 @@
 //!   cat mask: masked lanes see made-up zeros, which would make a garbage index or a division
 //!   by zero (that generated code reports as an error);
 //! * the operand (behind its views) of a node whose inlined body would exceed [`BODY_CAP`]
-//!   values, so that bodies stay bounded however long the pointwise chain.
+//!   values, so that bodies stay bounded however long the pointwise chain;
+//! * the operand (behind its views) of a node without elements, when computing it can report a
+//!   data error (an index out of bounds, an integer division by zero): nothing reads it, but
+//!   PyTorch computes every op and reports the error, so it is computed.
 //!
 //! A matrix product may take the nodes after it into its call (`epilogue` module): the add of a
 //! bias row (`linear`), then a gelu with the tanh approximation. Those nodes get no buffer and no
@@ -25,7 +28,9 @@
 //! The attention template (`attention` module) is one extern call on strided views of q, k and
 //! v; it writes its own buffer, or that of the permute after it when that is its only reader.
 //!
-//! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements,
+//! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements
+//! (but a gather, index_select or scatter with indices to check, which runs as a fallback call
+//! so that an index out of bounds is an error, as in PyTorch),
 //! a reduction over an empty dim (its identity), a matrix product with `k = 0` (zeros), an arg
 //! reduction over no dims (index 0); a reduction over no dims is a pointwise copy (a cast when
 //! the result dtype differs, e.g. a sum of ints).
@@ -209,7 +214,7 @@ impl<'g> Lowerer<'g> {
     fn degenerate(&self, n: NodeId) -> bool {
         let node = self.g.node(n);
         if node.meta.numel() == 0 {
-            return true;
+            return !self.checks_indices_only(n);
         }
         match &node.op {
             Op::Reduce { op, dims, .. } => {
@@ -224,10 +229,54 @@ impl<'g> Lowerer<'g> {
         }
     }
 
+    /// Whether `n` is an indexing op (gather, index_select, scatter) with no elements to
+    /// compute but index values to check: PyTorch refuses an index out of bounds even then, so
+    /// it runs as a fallback call (the interpreter checks every index) instead of vanishing as
+    /// a constant.
+    fn checks_indices_only(&self, n: NodeId) -> bool {
+        let node = self.g.node(n);
+        let indexing = matches!(node.op, Op::Gather { .. } | Op::IndexSelect { .. } | Op::Scatter { .. });
+        indexing && node.meta.numel() == 0 && self.meta(node.inputs[1]).numel() > 0
+    }
+
+    /// Realizes the operands of the empty node `n` that can report a data error: nothing
+    /// reads their values, but PyTorch computes every op, and so reports the error.
+    fn realize_failing_operands(&mut self, n: NodeId) -> Result<()> {
+        for &x in &self.g.node(n).inputs {
+            let base = self.view_base(x);
+            if self.meta(base).numel() > 0 && self.may_fail(base, &mut HashSet::new()) {
+                self.realize(base)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether computing `n`, with the producers not realized inlined into it, can report a
+    /// data error: an index out of bounds, an integer division by zero, an integer raised to a
+    /// negative power.
+    fn may_fail(&self, n: NodeId, seen: &mut HashSet<NodeId>) -> bool {
+        if !seen.insert(n) || self.buf[n.0].is_some() {
+            return false;
+        }
+        let node = self.g.node(n);
+        let checks = match &node.op {
+            Op::Gather { .. } | Op::IndexSelect { .. } | Op::Scatter { .. } => true,
+            Op::Binary(b) => {
+                use coil_ir::BinaryOp::{FloorDiv, Pow, Remainder, TruncDiv};
+                node.meta.dtype.is_integral() && matches!(b, FloorDiv | TruncDiv | Remainder | Pow)
+            }
+            _ => false,
+        };
+        checks || node.inputs.iter().any(|&x| self.may_fail(x, seen))
+    }
+
     /// Decides, in graph order, which nodes get buffers (see the module docs); outputs are
     /// realized by the caller.
     fn prepare(&mut self, n: NodeId) -> Result<()> {
         let node = self.g.node(n);
+        if self.buf[n.0].is_none() && node.meta.numel() == 0 {
+            self.realize_failing_operands(n)?;
+        }
         if self.buf[n.0].is_some() || self.degenerate(n) {
             return Ok(());
         }
@@ -242,6 +291,9 @@ impl<'g> Lowerer<'g> {
                 self.realize(n)?;
             }
             Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } | Op::Attention { .. } => {
+                self.realize(n)?;
+            }
+            _ if self.checks_indices_only(n) => {
                 self.realize(n)?;
             }
             op if op.is_pointwise() || matches!(op, Op::Pad { .. } | Op::Cat { .. }) => self.cap(n)?,
@@ -289,7 +341,7 @@ impl<'g> Lowerer<'g> {
             Op::Reduce { op, dims, keepdim } => self.reduction(n, *op, dims, *keepdim)?,
             Op::Bmm => (self.bmm(n, None)?, vec![n]),
             Op::Attention { .. } => (self.attention(n, n)?, vec![n]),
-            Op::Cumsum { .. } | Op::Scatter { .. } => {
+            _ if self.checks_indices_only(n) || matches!(node.op, Op::Cumsum { .. } | Op::Scatter { .. }) => {
                 let inputs = node.inputs.iter().map(|&x| self.realize(x)).collect::<Result<Vec<_>>>()?;
                 (LoopKind::Extern { call: ExternCall::Fallback { op: node.op.clone() }, inputs }, vec![n])
             }
