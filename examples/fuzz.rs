@@ -22,5 +22,5 @@ mod ops;
 mod runner;
 
 fn main() -> std::process::ExitCode {
-    runner::main(10_000)
+    runner::main(10_000, false)
 }

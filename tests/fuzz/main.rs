@@ -17,5 +17,6 @@ mod runner;
 const CI_TRIALS: u64 = 3000;
 
 fn main() -> std::process::ExitCode {
-    runner::main(CI_TRIALS)
+    // First a self-test: a crash and a panic injected into a child are caught with their seeds.
+    runner::main(CI_TRIALS, true)
 }

@@ -33,9 +33,19 @@ pub struct Config {
     pub verbose: bool,
     /// A child silent this long is killed.
     pub timeout: Duration,
+    /// Faults the children inject, to test this runner: abort at one seed, panic at another.
+    pub inject: Inject,
 }
 
-const USAGE: &str = "options: --seed S (first seed, default 0) --trials N --device cpu|cuda|all \
+/// Faults a child injects (`--abort-at S`, `--panic-at S`): how [`self_test`] checks that
+/// crashes and panics are caught with their seeds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Inject {
+    pub abort_at: Option<u64>,
+    pub panic_at: Option<u64>,
+}
+
+const USAGE: &str = "options: --seed S (first seed, default 0) --trials N --device cpu|cuda|all|none \
     --jobs J (children at once) --batch B (seeds per child) --timeout SECS --verbose";
 
 /// What the command line asks for.
@@ -57,6 +67,7 @@ fn parse(args: &[String], default_trials: u64) -> Result<Mode, String> {
         batch: 100,
         verbose: false,
         timeout: Duration::from_secs(120),
+        inject: Inject::default(),
     };
     let (mut child, mut filters) = (false, Vec::new());
     let mut it = args.iter();
@@ -71,6 +82,8 @@ fn parse(args: &[String], default_trials: u64) -> Result<Mode, String> {
             "--timeout" => cfg.timeout = Duration::from_secs(number(value("--timeout")?)?),
             "--device" => cfg.devices = devices(value("--device")?)?,
             "--verbose" => cfg.verbose = true,
+            "--abort-at" => cfg.inject.abort_at = Some(number(value("--abort-at")?)?),
+            "--panic-at" => cfg.inject.panic_at = Some(number(value("--panic-at")?)?),
             "--child" => child = true,
             "--help" | "-h" => return Err(USAGE.into()),
             "--list" => {
@@ -90,9 +103,13 @@ fn parse(args: &[String], default_trials: u64) -> Result<Mode, String> {
     Ok(if child { Mode::Child(cfg) } else { Mode::Parent(cfg) })
 }
 
-/// The CPU, and the first GPU when one is usable.
+/// The CPU (when coil compiles there: a C compiler exists), and the first GPU when one is
+/// usable.
 fn default_devices() -> Vec<Device> {
-    let mut d = vec![Device::Cpu];
+    let mut d = Vec::new();
+    if coil::backend() == coil::Backend::Compiled {
+        d.push(Device::Cpu);
+    }
     if coil::cuda_available() {
         d.push(Device::Cuda(0));
     }
@@ -104,12 +121,14 @@ fn devices(spec: &str) -> Result<Vec<Device>, String> {
         "cpu" => Ok(vec![Device::Cpu]),
         "cuda" => Ok(vec![Device::Cuda(0)]),
         "all" | "cpu,cuda" => Ok(vec![Device::Cpu, Device::Cuda(0)]),
+        "none" => Ok(vec![]),
         _ => Err(format!("unknown device {spec}; {USAGE}")),
     }
 }
 
 fn device_spec(devices: &[Device]) -> &'static str {
     match devices {
+        [] => "none",
         [Device::Cpu] => "cpu",
         [Device::Cuda(_)] => "cuda",
         _ => "all",
@@ -117,8 +136,9 @@ fn device_spec(devices: &[Device]) -> &'static str {
 }
 
 /// The fuzzer's entry point, for the test (`tests/fuzz/main.rs`) and the command
-/// (`examples/fuzz.rs`): `default_trials` unless `--trials` says otherwise.
-pub fn main(default_trials: u64) -> ExitCode {
+/// (`examples/fuzz.rs`): `default_trials` unless `--trials` says otherwise; with `self_test`,
+/// [`self_test`] first.
+pub fn main(default_trials: u64, self_test: bool) -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match parse(&args, default_trials) {
         Err(e) => {
@@ -131,6 +151,10 @@ pub fn main(default_trials: u64) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(Mode::Parent(cfg)) => {
+            if let Err(e) = self_test.then(self::self_test).unwrap_or(Ok(())) {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
             let start = Instant::now();
             let report = parent(&cfg);
             report.print(&cfg, start.elapsed());
@@ -141,6 +165,26 @@ pub fn main(default_trials: u64) -> ExitCode {
             }
         }
     }
+}
+
+/// Checks the runner itself on seeds 0..6 with an abort injected at seed 2 and a panic at
+/// seed 4: each must be reported with its seed, and every other trial run. Returns what went
+/// wrong, if anything.
+pub fn self_test() -> Result<(), String> {
+    let mut cfg = match parse(&[], 6) {
+        Ok(Mode::Parent(cfg)) => cfg,
+        _ => return Err("the default configuration does not parse".into()),
+    };
+    cfg.inject = Inject { abort_at: Some(2), panic_at: Some(4) };
+    let report = Mutex::new(Report::default());
+    run_range(&cfg, 0, 6, &report);
+    let report = report.into_inner().expect("report");
+    let failures: Vec<(u64, &str)> = report.failures.iter().map(|(s, c, _)| (*s, c.as_str())).collect();
+    let trials: u64 = report.counts.values().sum();
+    if failures != [(2, "crash"), (4, "panic")] || trials != 6 {
+        return Err(format!("the runner's self-test expected a crash at seed 2, a panic at seed 4 and 6 trials; got {failures:?} in {trials} trials"));
+    }
+    Ok(())
 }
 
 /// The last panic's message and location, set by the child's panic hook.
@@ -167,7 +211,13 @@ fn child(cfg: &Config) {
     let mut out = std::io::stdout();
     for seed in cfg.seed..cfg.seed + cfg.trials {
         let _ = writeln!(out, "start\t{seed}").and_then(|_| out.flush());
-        let run = std::panic::catch_unwind(|| judge(seed, &cfg.devices, cfg.verbose));
+        if cfg.inject.abort_at == Some(seed) {
+            std::process::abort();
+        }
+        let run = std::panic::catch_unwind(|| {
+            assert!(cfg.inject.panic_at != Some(seed), "a panic injected at seed {seed}");
+            judge(seed, &cfg.devices, cfg.verbose)
+        });
         let verdict = run.unwrap_or_else(|_| {
             Verdict::Panic(PANIC.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default())
         });
@@ -179,14 +229,18 @@ fn child(cfg: &Config) {
     }
 }
 
-/// The innermost frame of a backtrace in this workspace's code (not the standard library's,
-/// a dependency's or the panic hook's): where a panic really comes from.
+/// The innermost frame of a backtrace in this workspace's code (paths relative to it, unlike
+/// the standard library's, a dependency's or the C library's; not the panic hook's): where a
+/// panic really comes from.
 fn innermost_frame(backtrace: &str) -> Option<String> {
+    const WORKSPACE_DIRS: [&str; 8] =
+        ["ir/", "passes/", "codegen/", "runtime/", "frontend/", "src/", "tests/", "examples/"];
     backtrace
         .lines()
         .filter_map(|l| l.trim().strip_prefix("at "))
-        .find(|at| !at.starts_with("/rustc/") && !at.contains("/.cargo/") && !at.contains("fuzz/runner.rs"))
-        .map(|at| at.trim_start_matches("./").to_string())
+        .filter_map(|at| at.strip_prefix("./"))
+        .find(|at| WORKSPACE_DIRS.iter().any(|d| at.starts_with(d)) && !at.contains("fuzz/runner.rs"))
+        .map(|at| at.to_string())
 }
 
 /// Counts per class, and the failing trials.
@@ -303,7 +357,7 @@ fn run_range(cfg: &Config, start: u64, end: u64, report: &Mutex<Report>) {
                 report.lock().expect("report").add(seed, "hang", &format!("no output for {:?}", cfg.timeout));
                 next = seed + 1;
             }
-            Stopped::Exited(status) => {
+            Stopped::Exited(code) => {
                 let seed = run.started.filter(|&s| s >= finished).unwrap_or(finished);
                 let alone = if seed == next {
                     "it was the child's first trial".to_string()
@@ -315,7 +369,9 @@ fn run_range(cfg: &Config, start: u64, end: u64, report: &Mutex<Report>) {
                         format!("alone it does not crash: it needs the trials from seed {next} before it")
                     }
                 };
-                let detail = format!("exit {status:?}; {alone}; stderr: {}", run.stderr_tail);
+                let how =
+                    code.map_or(format!("killed by signal {}", run.signal.unwrap_or(0)), |c| format!("exit code {c}"));
+                let detail = format!("{how}; {alone}; stderr: {}", run.stderr_tail);
                 report.lock().expect("report").add(seed, "crash", &detail);
                 next = seed + 1;
             }
@@ -337,6 +393,8 @@ struct ChildRun {
     /// The last trial it started.
     started: Option<u64>,
     stopped: Stopped,
+    /// The signal that killed it (6: an abort, 11: a segfault).
+    signal: Option<i32>,
     /// Its last lines on stderr.
     stderr_tail: String,
 }
@@ -349,6 +407,11 @@ fn run_child(cfg: &Config, seed: u64, count: u64) -> ChildRun {
     cmd.args(["--device", device_spec(&cfg.devices)]);
     if cfg.verbose {
         cmd.arg("--verbose");
+    }
+    for (flag, seed) in [("--abort-at", cfg.inject.abort_at), ("--panic-at", cfg.inject.panic_at)] {
+        if let Some(seed) = seed {
+            cmd.args([flag, &seed.to_string()]);
+        }
     }
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn a fuzz child");
     let (tx, rx) = mpsc::channel();
@@ -375,7 +438,8 @@ fn run_child(cfg: &Config, seed: u64, count: u64) -> ChildRun {
         }
         tail.join(" | ")
     });
-    let mut run = ChildRun { done: vec![], started: None, stopped: Stopped::Hung, stderr_tail: String::new() };
+    let mut run =
+        ChildRun { done: vec![], started: None, stopped: Stopped::Hung, signal: None, stderr_tail: String::new() };
     loop {
         match rx.recv_timeout(cfg.timeout) {
             Ok(line) => {
@@ -395,7 +459,9 @@ fn run_child(cfg: &Config, seed: u64, count: u64) -> ChildRun {
                 break;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                run.stopped = Stopped::Exited(child.wait().ok().and_then(|s| s.code()));
+                let status = child.wait().ok();
+                run.signal = status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s));
+                run.stopped = Stopped::Exited(status.and_then(|s| s.code()));
                 break;
             }
         }
