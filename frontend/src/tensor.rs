@@ -117,6 +117,21 @@ impl Tensor {
         Ok(Tensor::leaf(op, TensorMeta::new(shape.to_vec(), dtype), Some(location)))
     }
 
+    /// A new leaf that stands for `error` (see `TensorNode::invalid`), in place of this one.
+    fn standing_for(self, error: Error) -> Tensor {
+        let node = &self.0;
+        Tensor(Arc::new(TensorNode {
+            op: node.op.clone(),
+            srcs: vec![],
+            meta: node.meta.clone(),
+            device: node.device,
+            location: node.location,
+            storage: OnceLock::new(),
+            dynamic: AtomicU64::new(0),
+            invalid: Some(error),
+        }))
+    }
+
     /// The error this tensor stands for, if it could not be made (see `TensorNode::invalid`).
     pub(crate) fn invalid(&self) -> Option<&Error> {
         self.0.invalid.as_ref()
@@ -263,15 +278,11 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Tensor {
-        let (op, location) = (Op::Full(value.into()), Location::caller());
-        match Tensor::checked_leaf(op.clone(), shape, dtype, "full", location) {
-            Ok(t) => t,
-            Err(e) => {
-                let meta = TensorMeta::new(shape.to_vec(), dtype);
-                let mut node = Arc::into_inner(Tensor::leaf(op, meta, Some(location)).0).expect("a new node");
-                node.invalid = Some(e);
-                Tensor(Arc::new(node))
-            }
+        let location = Location::caller();
+        let t = Tensor::leaf(Op::Full(value.into()), TensorMeta::new(shape.to_vec(), dtype), Some(location));
+        match check_shape(shape) {
+            Ok(()) => t,
+            Err(e) => t.standing_for(e.in_op("full", vec![]).at(location)),
         }
     }
 

@@ -129,22 +129,6 @@ impl HostData {
         })
     }
 
-    /// Zero-filled data of a dtype.
-    pub fn zeros(dtype: DType, len: usize) -> HostData {
-        match dtype {
-            DType::Bool => HostData::Bool(vec![false; len]),
-            DType::U8 => HostData::U8(vec![0; len]),
-            DType::I8 => HostData::I8(vec![0; len]),
-            DType::I16 => HostData::I16(vec![0; len]),
-            DType::I32 => HostData::I32(vec![0; len]),
-            DType::I64 => HostData::I64(vec![0; len]),
-            DType::F16 => HostData::F16(vec![f16::ZERO; len]),
-            DType::BF16 => HostData::BF16(vec![bf16::ZERO; len]),
-            DType::F32 => HostData::F32(vec![0.0; len]),
-            DType::F64 => HostData::F64(vec![0.0; len]),
-        }
-    }
-
     /// Every element as f64 (exact for every dtype but i64 beyond 2^53).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         with_host_data!(self, v => v.iter().map(|x| x.to_f64()).collect())

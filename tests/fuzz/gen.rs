@@ -154,6 +154,11 @@ impl Gen {
         (format!("t{i}"), self.pool[i].clone())
     }
 
+    /// The device the trial's tensors are made on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
     /// True for the share of arguments that are chosen without regard to validity.
     pub fn wild(&mut self) -> bool {
         self.rng.chance(7)

@@ -215,13 +215,17 @@ impl Gen {
                 let d = self.rng.below(shape.len() + 1);
                 self.push(format!("Tensor::iota(&{shape:?}, {d})"), Tensor::iota(&shape, d))
             }
-            7 => self.push("Ok(Tensor::scalar(-0.0f32))".into(), Ok(Tensor::scalar(-0.0f32))),
+            7 => {
+                let device = self.device();
+                self.push("Ok(Tensor::scalar(-0.0f32))".into(), Tensor::scalar(-0.0f32).to_device(device))
+            }
             _ => {
                 // Data that does not fill its shape (a shape whose product wraps, when wild).
                 let n = shape.iter().fold(1usize, |a, &s| a.wrapping_mul(s));
                 let len = if self.rng.chance(50) { n.wrapping_add(1) % 64 } else { n % 64 };
                 let call = format!("Tensor::from_vec(vec![1.0f32; {len}], &{shape:?})");
-                self.push(call, Tensor::from_vec(vec![1.0f32; len], &shape))
+                let device = self.device();
+                self.push(call, Tensor::from_vec(vec![1.0f32; len], &shape).and_then(|t| t.to_device(device)))
             }
         }
     }

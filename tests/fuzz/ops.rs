@@ -357,7 +357,7 @@ impl Gen {
         match self.rng.below(4) {
             0 => vec![-1],
             1 => shape.iter().rev().map(|&s| s as i64).collect(),
-            2 if numel > 0 && numel % 2 == 0 => vec![2, -1, 1],
+            2 if numel >= 2 && numel & 1 == 0 => vec![2, -1, 1],
             _ => {
                 let mut out: Vec<i64> = shape.iter().map(|&s| s as i64).collect();
                 out.insert(self.rng.below(out.len() + 1), 1);
@@ -484,7 +484,7 @@ impl Gen {
         let mut perm: Vec<usize> = (0..size.max(1)).collect();
         let stride: usize = shape.iter().skip(along + 1).product();
         for i in 0..n {
-            if (i / stride) % len == 0 {
+            if i % (stride * len) < stride {
                 for j in (1..perm.len()).rev() {
                     perm.swap(j, self.rng.below(j + 1));
                 }

@@ -142,7 +142,7 @@ impl Emit {
 }
 
 /// The index variables of a shape: `make(i, extent)` for extents >= 2, the constant 0 for
-/// extent 1 (extent 0 never reaches here: empty nodes are constants). `make` is [`range_var`]
+/// extents 1 and 0 (nothing is read at an extent of 0). `make` is [`range_var`]
 /// or [`reduction_var`]; the scheduler rebuilds a node's variables with this same function.
 pub(crate) fn vars(shape: &[Expr], make: fn(usize, &Expr) -> Expr) -> Vec<Expr> {
     // A dim of one element has index 0; a dim of none has no index at all (nothing reads it):
@@ -244,7 +244,7 @@ impl<'g> Lowerer<'g> {
     fn realize_failing_operands(&mut self, n: NodeId) -> Result<()> {
         for &x in &self.g.node(n).inputs {
             let base = self.view_base(x);
-            if self.meta(base).numel() > 0 && self.may_fail(base, &mut HashSet::new()) {
+            if self.meta(base).numel() > 0 && self.may_fail(base) {
                 self.realize(base)?;
             }
         }
@@ -254,20 +254,27 @@ impl<'g> Lowerer<'g> {
     /// Whether computing `n`, with the producers not realized inlined into it, can report a
     /// data error: an index out of bounds, an integer division by zero, an integer raised to a
     /// negative power.
-    fn may_fail(&self, n: NodeId, seen: &mut HashSet<NodeId>) -> bool {
-        if !seen.insert(n) || self.buf[n.0].is_some() {
-            return false;
-        }
-        let node = self.g.node(n);
-        let checks = match &node.op {
-            Op::Gather { .. } | Op::IndexSelect { .. } | Op::Scatter { .. } => true,
-            Op::Binary(b) => {
-                use coil_ir::BinaryOp::{FloorDiv, Pow, Remainder, TruncDiv};
-                node.meta.dtype.is_integral() && matches!(b, FloorDiv | TruncDiv | Remainder | Pow)
+    fn may_fail(&self, n: NodeId) -> bool {
+        let (mut stack, mut seen) = (vec![n], HashSet::new());
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) || self.buf[n.0].is_some() {
+                continue;
             }
-            _ => false,
-        };
-        checks || node.inputs.iter().any(|&x| self.may_fail(x, seen))
+            let node = self.g.node(n);
+            let checks = match &node.op {
+                Op::Gather { .. } | Op::IndexSelect { .. } | Op::Scatter { .. } => true,
+                Op::Binary(b) => {
+                    use coil_ir::BinaryOp::{FloorDiv, Pow, Remainder, TruncDiv};
+                    node.meta.dtype.is_integral() && matches!(b, FloorDiv | TruncDiv | Remainder | Pow)
+                }
+                _ => false,
+            };
+            if checks {
+                return true;
+            }
+            stack.extend(node.inputs.iter().copied());
+        }
+        false
     }
 
     /// Decides, in graph order, which nodes get buffers (see the module docs); outputs are
