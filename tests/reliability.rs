@@ -212,3 +212,55 @@ fn indexing_with_no_elements_to_compute_still_checks_its_indices() {
         assert_eq!(r.unwrap(), Vec::<f32>::new());
     }
 }
+
+#[test]
+fn linear_refuses_a_bias_that_does_not_expand_to_its_output() {
+    // A bias of 2 features on 1 output feature was accepted, and the decomposition then made
+    // a result of another shape ("produced f32[1, 2] where the captured graph has f32[1, 1]").
+    // Found by the fuzzer, seed 41455. PyTorch refuses it.
+    let x = Tensor::ones(&[3, 4], DType::F32);
+    let e = x.linear(&Tensor::ones(&[1, 4], DType::F32), Some(&Tensor::ones(&[2], DType::F32))).unwrap_err();
+    assert_error_at(&e, ErrorKind::Shape, "linear", &here!());
+    // A bias that expands is fine: one value, or a row per output row.
+    let w = Tensor::ones(&[2, 4], DType::F32);
+    for bias in [Tensor::ones(&[1], DType::F32), Tensor::ones(&[3, 2], DType::F32)] {
+        for r in on_both(|| x.linear(&w, Some(&bias))?.to_vec::<f32>()) {
+            assert_eq!(r.unwrap(), vec![5.0; 6]);
+        }
+    }
+}
+
+#[test]
+fn a_value_recomputed_in_two_kernels_is_the_same_value() {
+    // Softmax along a middle dim runs as two kernels that both compute gelu(x) * y: the C
+    // compiler contracted `x * y - max` into a fused multiply-add in one of them, so `x - max`
+    // was the product's rounding error (1e31 near the largest f32) instead of 0, and the
+    // softmax gave inf where it is 1. Found by the fuzzer, seed 41079.
+    let mut x = vec![1.0f32; 2 * 3 * 2 * 7];
+    for (b, v) in [-1.5e-45f32, 4.53125, 1e38].into_iter().enumerate() {
+        x[((3 + b) * 2) * 7 + 1] = v; // [1, b, 0, 1]
+    }
+    let x = Tensor::from_vec(x, &[2, 3, 2, 7]).unwrap();
+    let mut y = vec![1.0f32; 14];
+    y[1] = 2.109375;
+    let y = Tensor::from_vec(y, &[2, 7]).unwrap();
+    for r in on_both(|| x.gelu(false)?.mul(&y)?.softmax(1)?.to_vec::<f32>()) {
+        let v = r.unwrap();
+        assert_eq!(v[((3 + 2) * 2) * 7 + 1], 1.0);
+        assert!(v.iter().all(|p| (0.0..=1.0).contains(p)), "{v:?}");
+    }
+}
+
+#[test]
+fn splitting_into_more_pieces_than_the_host_can_hold_is_an_error() {
+    // `split(1)` of a dim of 2^42 aborted the process allocating the pieces' sizes. Found by
+    // the fuzzer, seed 61990.
+    let x = Tensor::zeros(&[1 << 42, 2], DType::F32);
+    let e = x.split(1, 0).unwrap_err();
+    assert_error_at(&e, ErrorKind::Runtime, "split", &here!());
+    assert!(e.to_string().contains("out of memory"), "{e}");
+    let e = Tensor::zeros(&[0], DType::F32).chunk(usize::MAX, 0).unwrap_err();
+    assert_error_at(&e, ErrorKind::Runtime, "chunk", &here!());
+    let e = Tensor::zeros(&[3], DType::F32).split_sizes(&[usize::MAX, 4], 0).unwrap_err();
+    assert_error_at(&e, ErrorKind::Shape, "split_with_sizes", &here!());
+}

@@ -351,7 +351,13 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             if *bias {
                 let b = inputs[2].meta;
                 check_matmul_dtypes(x, b)?;
-                broadcast_shapes(&shape, &b.shape)?;
+                // The bias is expanded to the output (PyTorch adds it in place).
+                if broadcast_shapes(&shape, &b.shape)? != shape {
+                    return Err(Error::shape(format!(
+                        "the bias {:?} does not expand to the output {shape:?}",
+                        b.shape
+                    )));
+                }
             }
             Ok(TensorMeta::new(shape, x.dtype))
         }

@@ -14,12 +14,15 @@
 //!   kernels keep f16 / bf16 intermediates in f32, the interpreter rounds after every op, and
 //!   an op after a rounded one (a trunc, a comparison, a cos of a large value) can turn one ulp
 //!   into any difference;
+//! * **product overflow**: a matrix product of values near their dtype's largest, and an
+//!   infinity or NaN on one side only: compiled f32 products accumulate in f32 (the gemm crate,
+//!   as PyTorch's BLAS does), the interpreter in f64, so one overflows where the other does not;
 //! * **rounding into integers**: an integer or bool value computed from floats (a cast, a
 //!   comparison, an argmax, `floor`) differs in at most one element in eight: a float one ulp
-//!   apart (the C compiler contracts `a * b + c` into a fused multiply-add; the interpreter
-//!   rounds each op) lands on the other side of an integer or of a tie.
+//!   apart (the C library's `expf` against the interpreter's f64 `exp` rounded once) lands on
+//!   the other side of an integer or of a tie.
 
-use crate::gen::{self, Built};
+use crate::gen::{self, Built, Trial};
 use coil::{Backend, DType, Device, Error, ErrorKind, Tensor, TensorMeta};
 
 /// What one backend made of a trial.
@@ -117,7 +120,7 @@ pub fn judge(seed: u64, devices: &[Device], verbose: bool) -> Verdict {
     if trial.too_large {
         return Verdict::TooLarge;
     }
-    let tolerance = Tolerance { half: trial.half, rounding: floats_into_integers(&trial.outputs) };
+    let tolerance = Tolerance::of(&trial);
     let reference = realize(&trial.outputs);
     if verbose {
         println!("# interpreter: {}", reference.summary());
@@ -219,14 +222,23 @@ pub struct Tolerance {
     pub half: bool,
     /// An integer or bool value is computed from floats.
     pub rounding: bool,
+    /// A matrix product of values near their dtype's largest.
+    pub overflow: bool,
 }
 
-/// Whether the graph behind `outputs` (decomposed) computes an integer or bool value from
-/// float ones.
-fn floats_into_integers(outputs: &[Tensor]) -> bool {
-    let refs: Vec<&Tensor> = outputs.iter().collect();
-    let Ok(graph) = coil::decompose(&coil::capture(&refs).graph) else { return true };
-    graph.nodes.iter().any(|n| !n.meta.dtype.is_float() && n.inputs.iter().any(|&i| graph.meta(i).dtype.is_float()))
+impl Tolerance {
+    /// The classes `trial` may fall in, from what it computes (its graph, decomposed, before it
+    /// runs).
+    fn of(trial: &Trial) -> Tolerance {
+        let refs: Vec<&Tensor> = trial.outputs.iter().collect();
+        let graph = coil::decompose(&coil::capture(&refs).graph);
+        let any = |f: &dyn Fn(&coil::ir::Graph, &coil::ir::Node) -> bool| {
+            graph.as_ref().map_or(true, |g| g.nodes.iter().any(|n| f(g, n)))
+        };
+        let rounding = any(&|g, n| !n.meta.dtype.is_float() && n.inputs.iter().any(|&i| g.meta(i).dtype.is_float()));
+        let products = any(&|_, n| matches!(n.op, coil::ir::Op::Bmm | coil::ir::Op::Attention { .. }));
+        Tolerance { half: trial.half, rounding, overflow: trial.huge && products }
+    }
 }
 
 /// Compares another backend's outcome with the reference's: `Ok(None)` when they agree,
@@ -244,7 +256,7 @@ pub fn compare(reference: &Outcome, other: &Outcome, tol: Tolerance) -> Result<O
         }
         let found = match (&r.values, &o.values) {
             (Values::Int(a), Values::Int(b)) => compare_ints(a, b, tol),
-            (Values::Float(a), Values::Float(b)) => compare_floats(a, b, r.meta.dtype, tol.half),
+            (Values::Float(a), Values::Float(b)) => compare_floats(a, b, r.meta.dtype, tol),
             _ => Err("different kinds of values".into()),
         }
         .map_err(|why| format!("output {k} ({}): {why}", r.meta))?;
@@ -280,7 +292,7 @@ fn tolerance(dtype: DType) -> f64 {
 }
 
 /// Float values `b` (compiled) against `a` (the interpreter).
-fn compare_floats(a: &[f64], b: &[f64], dtype: DType, half: bool) -> Result<Option<&'static str>, String> {
+fn compare_floats(a: &[f64], b: &[f64], dtype: DType, tol: Tolerance) -> Result<Option<&'static str>, String> {
     // Scaled by the largest finite magnitude, so that squares of huge values do not overflow.
     let finite = |v: &[f64]| v.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
     let scale = finite(a).max(finite(b)).max(f64::MIN_POSITIVE);
@@ -299,7 +311,11 @@ fn compare_floats(a: &[f64], b: &[f64], dtype: DType, half: bool) -> Result<Opti
         // f16 / bf16 intermediates: rounded after every op by the interpreter, kept in f32 by the
         // compiled kernels. The difference is not bounded: a trunc, a comparison or a cos of a
         // large value after a rounded op turns one ulp into anything.
-        _ if half && (special.is_some() || err > tolerance(dtype)) => Ok(Some("half precision")),
+        _ if tol.half && (special.is_some() || err > tolerance(dtype)) => Ok(Some("half precision")),
+        // f32 products accumulate in f32 compiled (the gemm crate, as PyTorch's BLAS), in f64
+        // on the interpreter: with values near the largest, one overflows where the other
+        // does not (inf against NaN, or against a finite value).
+        Some(_) if tol.overflow => Ok(Some("product overflow")),
         Some(why) => Err(why),
         None if err <= tolerance(dtype) => Ok(signed_zero.then_some("signed zero")),
         None => Err(format!("relative error {err:.2e} (tolerance {:.0e})", tolerance(dtype))),

@@ -71,7 +71,10 @@ pub struct Trial {
     /// An f16 or bf16 tensor took part (see `compare.rs`: the compiled backends keep such
     /// intermediates in f32, the interpreter rounds after every op).
     pub half: bool,
-    /// Some tensor exceeds [`RUN_LIMIT`]: the trial is not run.
+    /// A value near its dtype's largest took part (see `compare.rs`: matrix products of such
+    /// values overflow at different points on different backends).
+    pub huge: bool,
+    /// Some tensor the outputs need exceeds [`RUN_LIMIT`]: the trial is not run.
     pub too_large: bool,
 }
 
@@ -89,12 +92,17 @@ pub enum Built {
 pub fn build(seed: u64, device: Device) -> Built {
     coil::manual_seed(seed);
     coil::set_default_device(device);
-    let mut g = Gen { rng: Rng::new(seed), device, pool: vec![], script: vec![], half: false };
+    let mut g = Gen { rng: Rng::new(seed), device, pool: vec![], script: vec![], half: false, huge: false };
     match g.program() {
         Err(error) => Built::Rejected { error, script: g.script },
         Ok(outputs) => {
-            let too_large = g.pool.iter().any(|t| t.numel() > RUN_LIMIT);
-            Built::Ready(Trial { outputs, script: g.script, half: g.half, too_large })
+            // Every tensor the outputs need counts: operands made on the side, and the
+            // intermediates of composite ops (a norm over an empty dim has a full-size mean).
+            let refs: Vec<&Tensor> = outputs.iter().collect();
+            let graph = coil::capture(&refs).graph;
+            let graph = coil::decompose(&graph).unwrap_or(graph);
+            let too_large = graph.nodes.iter().any(|n| n.meta.numel() > RUN_LIMIT);
+            Built::Ready(Trial { outputs, script: g.script, half: g.half, huge: g.huge, too_large })
         }
     }
 }
@@ -107,6 +115,7 @@ pub struct Gen {
     pool: Vec<Tensor>,
     script: Vec<String>,
     half: bool,
+    huge: bool,
 }
 
 impl Gen {
@@ -273,7 +282,20 @@ impl Gen {
             DType::Bool => self.rng.below(2) as f64,
             _ if dtype.is_float() && special => {
                 let (huge, tiny) = extremes(dtype);
-                self.rng.pick(&[f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, 0.0, huge, -huge, tiny, -tiny, 1.0])
+                let v = self.rng.pick(&[
+                    f64::NAN,
+                    f64::INFINITY,
+                    f64::NEG_INFINITY,
+                    -0.0,
+                    0.0,
+                    huge,
+                    -huge,
+                    tiny,
+                    -tiny,
+                    1.0,
+                ]);
+                self.huge |= v.abs() == huge;
+                v
             }
             _ if dtype.is_float() => (self.rng.normal() * 4.0 * 64.0).round() / 64.0,
             _ if special => {
