@@ -264,3 +264,31 @@ fn splitting_into_more_pieces_than_the_host_can_hold_is_an_error() {
     let e = Tensor::zeros(&[3], DType::F32).split_sizes(&[usize::MAX, 4], 0).unwrap_err();
     assert_error_at(&e, ErrorKind::Shape, "split_with_sizes", &here!());
 }
+
+#[test]
+fn ops_pytorch_has_no_bool_kernel_for_are_refused_when_recorded() {
+    // Accepted before (PyTorch: "abs_cpu" not implemented for 'Bool', "argmax(): does not
+    // support bool input", "div_floor_cpu" not implemented for 'Bool').
+    let b = Tensor::from_vec(vec![true, false], &[2]).unwrap();
+    for (op, r) in [
+        ("abs", b.abs()),
+        ("floor", b.floor()),
+        ("ceil", b.ceil()),
+        ("round", b.round()),
+        ("trunc", b.trunc()),
+        ("floor_divide", b.floor_divide(&b)),
+        ("trunc_divide", b.trunc_divide(&b)),
+        ("remainder", b.remainder(&b)),
+        ("argmax", b.argmax(None, false)),
+        ("argmin", b.argmin(Some(0), false)),
+    ] {
+        let e = r.unwrap_err();
+        assert_eq!((e.kind, e.op.as_deref()), (ErrorKind::DType, Some(op)), "{e}");
+    }
+    // What PyTorch allows on bool stays allowed: the max along a dim (with its argmax), a
+    // division by an integer, the sign.
+    let (values, indices) = b.max_dim(0, false).unwrap();
+    assert_eq!((values.item::<bool>().unwrap(), indices.item::<i64>().unwrap()), (true, 0));
+    assert_eq!(b.floor_divide(2).unwrap().to_vec::<i64>().unwrap(), vec![0, 0]);
+    assert_eq!(b.sign().unwrap().to_vec::<bool>().unwrap(), vec![true, false]);
+}

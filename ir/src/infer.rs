@@ -544,6 +544,11 @@ fn unary(u: UnaryOp, x: &TensorMeta) -> Result<TensorMeta> {
         x.dtype.to_float()
     } else if u == UnaryOp::Neg && x.dtype == DType::Bool {
         return Err(Error::dtype("negation, the `-` operator, on a bool tensor is not supported; use logical_not"));
+    } else if x.dtype == DType::Bool
+        && matches!(u, UnaryOp::Abs | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc)
+    {
+        // As PyTorch, which has no kernel of these for bool.
+        return Err(Error::dtype(format!("{} is not supported on bool tensors", u.name())));
     } else {
         x.dtype
     };
@@ -556,6 +561,9 @@ fn binary(b: BinaryOp, x: Operand, y: Operand) -> Result<TensorMeta> {
     let dtype = match b {
         _ if b.returns_bool() => DType::Bool,
         BinaryOp::Div => common.to_float(),
+        BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder if common == DType::Bool => {
+            return Err(Error::dtype(format!("{} of two bool operands is not supported", b.name())))
+        }
         BinaryOp::Sub if x.meta.dtype == DType::Bool && y.meta.dtype == DType::Bool => {
             return Err(Error::dtype(
                 "subtraction, the `-` operator, with two bool tensors is not supported; use logical_xor",
