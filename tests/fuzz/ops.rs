@@ -450,15 +450,16 @@ impl Gen {
         out
     }
 
-    /// An index tensor of `shape` for a dim of `size`: in bounds, or out of them when wild
-    /// (an error only the values show: at realize).
+    /// An index tensor of `shape` for a dim of `size`: in bounds; when wild, of floats (refused
+    /// when recorded) or out of bounds (an error only the values show, at realize).
     fn index_tensor(&mut self, shape: &[usize], size: usize) -> Result<(String, Tensor)> {
-        let (lo, hi) = if self.wild() { (-2, size as i64 + 1) } else { (0, size as i64 - 1) };
         if self.wild() {
-            let (text, t) = self.data(DType::F32, shape)?;
-            return Ok((text, t));
+            return self.data(DType::F32, shape);
         }
-        self.indices(shape, lo, hi.max(0))
+        if self.wild() {
+            return self.indices(shape, -2, size as i64 + 1);
+        }
+        self.indices(shape, 0, (size as i64 - 1).max(0))
     }
 
     /// `scatter` (indices distinct along `d`: PyTorch leaves the winner of a repeated index
