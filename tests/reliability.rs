@@ -206,6 +206,19 @@ fn indexing_with_no_elements_to_compute_still_checks_its_indices() {
     for r in on_both(|| ints.floor_divide(0)?.expand(&[2, 0])?.to_vec::<i64>()) {
         assert_eq!(r.unwrap_err().kind, ErrorKind::Value);
     }
+    // Nor when only part of the result is read: a slice, or rows picked by another index
+    // (seed 35651: the compiled backend computed only the selected element).
+    let x = Tensor::from_vec(vec![-0.75f32, -3.75], &[2]).unwrap();
+    for r in on_both(|| x.gather(0, &index(&[1, 1, 2]))?.select(0, 1)?.gelu(true)?.to_vec::<f32>()) {
+        assert_eq!(r.unwrap_err().kind, ErrorKind::Value);
+    }
+    for r in on_both(|| x.gather(0, &index(&[1, 1, 2]))?.exp()?.index_select(0, &index(&[0]))?.to_vec::<f32>()) {
+        assert_eq!(r.unwrap_err().kind, ErrorKind::Value);
+    }
+    let ints = Tensor::from_vec(vec![4i64, 2, 0], &[3]).unwrap();
+    for r in on_both(|| Tensor::full(&[3], 8i64, DType::I64).floor_divide(&ints)?.narrow(0, 0, 2)?.to_vec::<i64>()) {
+        assert_eq!(r.unwrap_err().kind, ErrorKind::Value);
+    }
     // In bounds, the empty result is fine.
     let x = Tensor::zeros(&[4, 3, 0], DType::F32);
     for r in on_both(|| x.index_select(0, &index(&[3, 1]))?.to_vec::<f32>()) {

@@ -17,9 +17,10 @@
 //!   by zero (that generated code reports as an error);
 //! * the operand (behind its views) of a node whose inlined body would exceed [`BODY_CAP`]
 //!   values, so that bodies stay bounded however long the pointwise chain;
-//! * the operand (behind its views) of a node without elements, when computing it can report a
-//!   data error (an index out of bounds, an integer division by zero): nothing reads it, but
-//!   PyTorch computes every op and reports the error, so it is computed.
+//! * the operand (behind its views) that a node reads only in part (the node has no elements,
+//!   is a shorter slice, or picks from it as a gather or index_select does), when computing it
+//!   can report a data error (an index out of bounds, an integer division by zero): PyTorch
+//!   computes every element of every op and reports the error, so all of it is computed.
 //!
 //! A matrix product may take the nodes after it into its call (`epilogue` module): the add of a
 //! bias row (`linear`), then a gelu with the tanh approximation. Those nodes get no buffer and no
@@ -239,12 +240,22 @@ impl<'g> Lowerer<'g> {
         indexing && node.meta.numel() == 0 && self.meta(node.inputs[1]).numel() > 0
     }
 
-    /// Realizes the operands of the empty node `n` that can report a data error: nothing
-    /// reads their values, but PyTorch computes every op, and so reports the error.
-    fn realize_failing_operands(&mut self, n: NodeId) -> Result<()> {
-        for &x in &self.g.node(n).inputs {
+    /// Realizes the operands `n` reads only in part, when computing them can report a data
+    /// error (an index out of bounds, an integer division by zero): PyTorch computes every
+    /// element of every op, and so reports an error in any of them. A node reads an operand in
+    /// part when it has no elements itself, when it is a slice shorter than its operand, or when
+    /// the operand is the data a gather or index_select picks from.
+    fn realize_partly_read(&mut self, n: NodeId) -> Result<()> {
+        let node = self.g.node(n);
+        for (k, &x) in node.inputs.iter().enumerate() {
+            let partly = node.meta.numel() == 0
+                || match &node.op {
+                    Op::Slice { dim, len, .. } => *len < self.meta(x).shape[*dim],
+                    Op::Gather { .. } | Op::IndexSelect { .. } => k == 0,
+                    _ => false,
+                };
             let base = self.view_base(x);
-            if self.meta(base).numel() > 0 && self.may_fail(base) {
+            if partly && self.meta(base).numel() > 0 && self.may_fail(base) {
                 self.realize(base)?;
             }
         }
@@ -281,8 +292,8 @@ impl<'g> Lowerer<'g> {
     /// realized by the caller.
     fn prepare(&mut self, n: NodeId) -> Result<()> {
         let node = self.g.node(n);
-        if self.buf[n.0].is_none() && node.meta.numel() == 0 {
-            self.realize_failing_operands(n)?;
+        if self.buf[n.0].is_none() {
+            self.realize_partly_read(n)?;
         }
         if self.buf[n.0].is_some() || self.degenerate(n) {
             return Ok(());
