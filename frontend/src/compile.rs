@@ -357,6 +357,16 @@ fn compile_uncached(
     dynamic: Option<&DynamicSpec>,
     donations: &[Donation],
 ) -> Result<Compiled> {
+    crate::guard::guard("compiling", captured, || compile_stages(captured, device, dynamic, donations))
+}
+
+/// Every stage of [`compile_uncached`].
+fn compile_stages(
+    captured: &Graph,
+    device: Device,
+    dynamic: Option<&DynamicSpec>,
+    donations: &[Donation],
+) -> Result<Compiled> {
     let start = Instant::now();
     let mut times = StageTimes::default();
     let dump = Dump::new_graph();

@@ -192,6 +192,9 @@ pub fn realize(outputs: &[&Tensor]) -> Result<()> {
         return crate::dynamo::host_read(outputs, std::panic::Location::caller());
     }
     let pending: Vec<&Tensor> = outputs.iter().copied().filter(|t| !t.is_realized()).collect();
+    if let Some(e) = pending.iter().find_map(|t| t.invalid()) {
+        return Err(e.clone());
+    }
     let mut devices: Vec<Device> = pending.iter().map(|t| t.device()).collect();
     devices.dedup();
     for device in devices {
@@ -249,13 +252,18 @@ fn run(captured: &Captured) -> Result<Vec<Storage>> {
     match backend() {
         Backend::Interpreter => interpret(captured),
         Backend::Compiled => {
-            crate::compile::compile(&captured.graph, captured.device)?.run(&captured.inputs, &captured.random)
+            let compiled = crate::compile::compile(&captured.graph, captured.device)?;
+            crate::guard::guard("running", &captured.graph, || compiled.run(&captured.inputs, &captured.random))
         }
     }
 }
 
 /// Runs a captured graph on the reference interpreter (also how compiled functions run eagerly).
 pub(crate) fn interpret(captured: &Captured) -> Result<Vec<Storage>> {
+    crate::guard::guard("interpreting", &captured.graph, || interpret_unguarded(captured))
+}
+
+fn interpret_unguarded(captured: &Captured) -> Result<Vec<Storage>> {
     // The oracle runs on the host whatever the device; results go back to the device.
     let primitive = coil_passes::decompose(&captured.graph)?;
     let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;

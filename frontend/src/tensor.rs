@@ -3,6 +3,7 @@
 use crate::dynamo::{BreakKind, HostRead};
 use crate::realize;
 use crate::storage::Storage;
+use coil_ir::graph::check_shape;
 use coil_ir::infer::{self, Operand};
 use coil_ir::{DType, Error, Op, RandDist, RandomState, Result, Scalar, TensorMeta};
 use coil_runtime::{Buffer, Device, Element};
@@ -45,6 +46,10 @@ pub(crate) struct TensorNode {
     /// graph's (a stream per key, offsets relative to the stream's start: `capture_walk`), so
     /// the graph's structure does not depend on them.
     pub(crate) draw: Option<RandomState>,
+    /// Why this tensor cannot exist, for a creation function that returns a `Tensor`, not a
+    /// `Result` ([`Tensor::full`] of a shape whose size overflows): the error, naming that call
+    /// and its line, that every op using the tensor and every realize of it returns.
+    pub(crate) invalid: Option<Error>,
 }
 
 impl TensorNode {
@@ -65,6 +70,7 @@ impl TensorNode {
             storage: OnceLock::new(),
             dynamic: AtomicU64::new(0),
             draw: None,
+            invalid: None,
         }
     }
 }
@@ -131,6 +137,32 @@ impl Tensor {
         Tensor(Arc::new(node))
     }
 
+    /// A leaf of `op` of `shape`, or the error naming `name` at `location` when no tensor can
+    /// have that shape ([`coil_ir::graph::check_shape`]).
+    fn checked_leaf(
+        op: Op,
+        shape: &[usize],
+        dtype: DType,
+        name: &str,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        check_shape(shape).map_err(|e| e.in_op(name, vec![]).at(location))?;
+        Ok(Tensor::leaf(op, TensorMeta::new(shape.to_vec(), dtype), Some(location)))
+    }
+
+    /// A new leaf that stands for `error` (see `TensorNode::invalid`), in place of this one.
+    fn standing_for(self, error: Error) -> Tensor {
+        let node = &self.0;
+        let mut standing = TensorNode::pending(node.op.clone(), vec![], node.meta.clone(), node.device, node.location);
+        standing.invalid = Some(error);
+        Tensor(Arc::new(standing))
+    }
+
+    /// The error this tensor stands for, if it could not be made (see `TensorNode::invalid`).
+    pub(crate) fn invalid(&self) -> Option<&Error> {
+        self.0.invalid.as_ref()
+    }
+
     /// Makes dim `dim` of this tensor symbolic for compiled functions that take it as an
     /// argument (`torch._dynamo.mark_dynamic`): the first compile already serves every size of
     /// that dim (sizes 0 and 1 excepted: those are specialized), instead of waiting for a size to
@@ -193,13 +225,16 @@ impl Tensor {
             let mut node = TensorNode::pending(self.0.op.clone(), vec![], self.meta().clone(), device, self.0.location);
             node.dynamic = AtomicU64::new(self.0.dynamic.load(Ordering::Relaxed));
             node.draw = self.0.draw;
+            node.invalid = self.0.invalid.clone();
             return Ok(Tensor(Arc::new(node)));
         }
+        // The caller's line, taken here: inside a closure `Location::caller()` is the closure's.
+        let location = Location::caller();
         let storage = {
-            let _read = HostRead::enter(BreakKind::ToDevice, Some(Location::caller()));
-            self.storage().map_err(|e| e.at(Location::caller()))?
+            let _read = HostRead::enter(BreakKind::ToDevice, Some(location));
+            self.storage().map_err(|e| e.at(location))?
         };
-        Ok(Tensor::from_storage(storage.to_device(device).map_err(|e| e.at(Location::caller()))?))
+        Ok(Tensor::from_storage(storage.to_device(device).map_err(|e| e.at(location))?))
     }
 
     /// A tensor from row-major data.
@@ -210,11 +245,13 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let location = Location::caller();
+        check_shape(shape).map_err(|e| e.in_op("from_vec", vec![]).at(location))?;
+        let n = coil_ir::graph::numel(shape);
         if data.len() != n {
             return Err(Error::shape(format!("{} values do not fill shape {shape:?} ({n} elements)", data.len()))
                 .in_op("from_vec", vec![])
-                .at(Location::caller()));
+                .at(location));
         }
         Ok(Tensor::from_buffer(Buffer::from_vec(data, shape.to_vec())))
     }
@@ -237,9 +274,27 @@ impl Tensor {
     }
 
     /// A tensor filled with `value`.
+    ///
+    /// A shape no tensor can have (its size overflows: `&[usize::MAX, 2]`) gives a tensor that
+    /// stands for the error, named `full` at the caller's line: every op that uses it and every
+    /// realize of it returns that error.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// let x = Tensor::full(&[usize::MAX, 2], 0.0, DType::F32);
+    /// let e = x.sum_all().unwrap_err();
+    /// assert_eq!(e.op.as_deref(), Some("full"));
+    /// assert!(e.to_string().contains(file!()));
+    /// ```
     #[track_caller]
     pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Tensor {
-        Tensor::leaf(Op::Full(value.into()), TensorMeta::new(shape.to_vec(), dtype), Some(Location::caller()))
+        let location = Location::caller();
+        let t = Tensor::leaf(Op::Full(value.into()), TensorMeta::new(shape.to_vec(), dtype), Some(location));
+        match check_shape(shape) {
+            Ok(()) => t,
+            Err(e) => t.standing_for(e.in_op("full", vec![]).at(location)),
+        }
     }
 
     #[track_caller]
@@ -288,7 +343,7 @@ impl Tensor {
                 .in_op("iota", vec![])
                 .at(Location::caller()));
         }
-        Ok(Tensor::leaf(Op::Iota { dim }, TensorMeta::new(shape.to_vec(), DType::I64), Some(Location::caller())))
+        Tensor::checked_leaf(Op::Iota { dim }, shape, DType::I64, "iota", Location::caller())
     }
 
     /// Uniform random numbers in `[0, 1)` from the thread's Philox stream ([`manual_seed`]).
@@ -326,9 +381,11 @@ impl Tensor {
                 .in_op(name, vec![])
                 .at(Location::caller()));
         }
-        let draw = next_random(shape.iter().product());
+        let location = Location::caller();
+        check_shape(shape).map_err(|e| e.in_op(name, vec![]).at(location))?;
+        let draw = next_random(coil_ir::graph::numel(shape));
         let meta = TensorMeta::new(shape.to_vec(), dtype);
-        Ok(Tensor::random_leaf_on(dist, meta, device, draw, Some(Location::caller())))
+        Ok(Tensor::random_leaf_on(dist, meta, device, draw, Some(location)))
     }
 
     /// Records `op` applied to `srcs`: infers the meta, and on error names the op, the operands
@@ -344,6 +401,9 @@ impl Tensor {
         draw: Option<RandomState>,
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
+        if let Some(e) = srcs.iter().find_map(|t| t.invalid()) {
+            return Err(e.clone());
+        }
         let describe = || srcs.iter().map(|t| t.meta().to_string()).collect::<Vec<_>>();
         let tensors = || srcs.iter().filter(|t| !t.is_weak_scalar());
         let device = tensors().next().map_or(Device::Cpu, |t| t.device());
@@ -441,8 +501,9 @@ impl Tensor {
     /// Computes the value (and every pending value it needs) now.
     #[track_caller]
     pub fn realize(&self) -> Result<()> {
-        let _read = HostRead::enter(BreakKind::Realize, Some(Location::caller()));
-        realize::realize(&[self]).map_err(|e| e.at(Location::caller()))
+        let location = Location::caller();
+        let _read = HostRead::enter(BreakKind::Realize, Some(location));
+        realize::realize(&[self]).map_err(|e| e.at(location))
     }
 
     /// The computed elements on the tensor's device, realizing first.
@@ -456,8 +517,9 @@ impl Tensor {
     /// The computed elements in host memory (copied from the device for a CUDA tensor).
     #[track_caller]
     pub fn buffer(&self) -> Result<Arc<Buffer>> {
-        let _read = HostRead::enter(BreakKind::Buffer, Some(Location::caller()));
-        self.storage()?.to_host().map_err(|e| e.at(Location::caller()))
+        let location = Location::caller();
+        let _read = HostRead::enter(BreakKind::Buffer, Some(location));
+        self.storage()?.to_host().map_err(|e| e.at(location))
     }
 
     /// The elements in row-major order, converted to `T` as a cast would.

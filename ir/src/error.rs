@@ -20,8 +20,11 @@ pub enum ErrorKind {
     Device,
     /// The op or this use of it is not supported (yet).
     Unsupported,
-    /// Failure while running (compiler not found, I/O, backend error).
+    /// Failure while running (compiler not found, I/O, backend error, out of memory).
     Runtime,
+    /// A bug in coil: an invariant of its own broke (a panic caught at the boundary of
+    /// realize, reported with the graph's ops and the user's line instead of unwinding).
+    Internal,
 }
 
 impl fmt::Display for ErrorKind {
@@ -33,6 +36,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Device => "device",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Runtime => "runtime",
+            ErrorKind::Internal => "internal",
         })
     }
 }
@@ -78,6 +82,9 @@ impl Error {
     }
     pub fn runtime(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Runtime, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Internal, message)
     }
 
     /// Names the op and its operands, unless an inner step already did.

@@ -30,9 +30,41 @@ use std::panic::Location;
 /// expressions ([`crate::sym`]) once the graph is lowered.
 pub type Shape = Vec<usize>;
 
-/// Number of elements of a shape (1 for a 0-d tensor).
+/// Number of elements of a shape (1 for a 0-d tensor). Every recorded tensor's shape passes
+/// [`check_shape`], so this is exact for them; for a shape that fails it, it saturates at
+/// `usize::MAX` instead of overflowing.
 pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    match shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+        Some(n) => n,
+        None if shape.contains(&0) => 0,
+        None => usize::MAX,
+    }
+}
+
+/// The most elements a tensor may hold: PyTorch's sizes, strides and element counts are i64.
+pub const MAX_NUMEL: usize = i64::MAX as usize;
+
+/// Checks that a tensor of `shape` can exist, as PyTorch does: its element count, and every
+/// stride of it (each dim counted as at least 1), at most [`MAX_NUMEL`]. Every size computation
+/// of a valid shape then fits in an `i64`.
+///
+/// ```
+/// use coil_ir::graph::check_shape;
+/// assert!(check_shape(&[1 << 31, 1 << 31]).is_ok());
+/// assert!(check_shape(&[usize::MAX, 2]).is_err());
+/// assert!(check_shape(&[0, 1 << 62, 4]).is_err()); // no elements, but its strides overflow
+/// ```
+pub fn check_shape(shape: &[usize]) -> Result<()> {
+    let mut strides: u128 = 1;
+    for &d in shape {
+        strides = strides.saturating_mul(d.max(1) as u128);
+        if strides > MAX_NUMEL as u128 {
+            return Err(Error::shape(format!(
+                "a tensor of shape {shape:?} cannot exist: its size overflows (at most 2^63 - 1 elements, counting each empty dim as 1)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Row-major (C-contiguous) strides of a shape, in elements.
@@ -93,9 +125,10 @@ impl TensorMeta {
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
-    /// Bytes the tensor takes when contiguous.
+    /// Bytes the tensor takes when contiguous (saturating: a valid shape's bytes may exceed
+    /// `usize` only on a 32-bit host, where no allocation of them can succeed anyway).
     pub fn nbytes(&self) -> usize {
-        self.numel() * self.dtype.size_bytes()
+        self.numel().saturating_mul(self.dtype.size_bytes())
     }
 }
 
@@ -197,6 +230,22 @@ impl Graph {
         })?;
         self.nodes.push(Node { op, inputs: inputs.to_vec(), meta, location });
         Ok(NodeId(self.nodes.len() - 1))
+    }
+
+    /// Checks that every node's shape can exist ([`check_shape`]); the error names the first
+    /// node that cannot and its source line. Recording checks every shape already; this guards
+    /// graphs built by other means.
+    pub fn check_shapes(&self) -> Result<()> {
+        for node in &self.nodes {
+            check_shape(&node.meta.shape).map_err(|e| {
+                let e = e.in_op(node.op.name(), vec![]);
+                match node.location {
+                    Some(l) => e.at(l),
+                    None => e,
+                }
+            })?;
+        }
+        Ok(())
     }
 
     /// Checks the invariants of a primitive graph: every op is primitive, operands of pointwise

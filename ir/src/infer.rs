@@ -13,7 +13,7 @@
 
 use crate::dtype::{self, result_type, DType};
 use crate::error::{Error, Result};
-use crate::graph::{numel, Shape, TensorMeta};
+use crate::graph::{check_shape, numel, Shape, TensorMeta};
 use crate::op::{BinaryOp, LossReduction, Op, ReduceOp, UnaryOp};
 
 /// An operand as type promotion sees it: its meta, and whether it is a Rust scalar.
@@ -74,8 +74,15 @@ pub fn promote(operands: &[Operand]) -> DType {
 }
 
 /// Infers the meta of a non-leaf op applied to `inputs`. Errors carry no op name or location;
-/// the caller adds them ([`Error::in_op`], [`Error::at`]).
+/// the caller adds them ([`Error::in_op`], [`Error::at`]). The result's shape is checked to be
+/// one a tensor can have ([`crate::graph::check_shape`]).
 pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
+    let meta = infer_unchecked(op, inputs)?;
+    check_shape(&meta.shape)?;
+    Ok(meta)
+}
+
+fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
     let arity = |n: usize| -> Result<()> {
         if inputs.len() == n {
             Ok(())
@@ -141,6 +148,7 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
         Op::Reshape { shape } => {
             arity(1)?;
             let x = x.unwrap();
+            check_shape(shape)?;
             if numel(shape) != x.numel() {
                 return Err(Error::shape(format!(
                     "shape {shape:?} is invalid for input of size {} (shape {:?})",
@@ -190,8 +198,9 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
                 return Err(Error::value("slice step cannot be zero"));
             }
             if *len > 0 {
-                let last = *start as i64 + (*len as i64 - 1) * step;
-                if *start as i64 >= size || last < 0 || last >= size {
+                // In i128: a length or step from the user may be anything.
+                let last = *start as i128 + (*len as i128 - 1) * *step as i128;
+                if *start as i128 >= size as i128 || last < 0 || last >= size as i128 {
                     return Err(Error::value(format!(
                         "slice start={start} len={len} step={step} is out of bounds for dim {dim} of size {size}"
                     )));
@@ -211,7 +220,10 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
                     x.rank()
                 )));
             }
-            let shape = x.shape.iter().zip(pads).map(|(d, (b, a))| d + b + a).collect::<Shape>();
+            let padded = |(d, (b, a)): (&usize, &(usize, usize))| d.checked_add(*b)?.checked_add(*a);
+            let shape = x.shape.iter().zip(pads).map(padded).collect::<Option<Shape>>();
+            let shape =
+                shape.ok_or_else(|| Error::shape(format!("padding {pads:?} overflows the size of {:?}", x.shape)))?;
             Ok(TensorMeta::new(shape, x.dtype))
         }
         Op::Cat { dim } => {
@@ -228,7 +240,9 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
                         first.shape, m.shape
                     )));
                 }
-                shape[*dim] += m.shape[*dim];
+                shape[*dim] = shape[*dim]
+                    .checked_add(m.shape[*dim])
+                    .ok_or_else(|| Error::shape(format!("the concatenated size along dim {dim} overflows")))?;
             }
             Ok(TensorMeta::new(shape, promote(inputs)))
         }
@@ -258,6 +272,13 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             check_dims(&[*dim], x.rank().max(1))?;
             if index.rank() > 1 {
                 return Err(Error::shape(format!("index_select expects a 1-D index, got {:?}", index.shape)));
+            }
+            if x.rank() == 0 && index.numel() != 1 {
+                // A 0-d input has one element to select: PyTorch refuses any other count.
+                return Err(Error::shape(format!(
+                    "index to a 0-d tensor can have only 1 value, got {} value(s)",
+                    index.numel()
+                )));
             }
             let mut shape = x.shape.clone();
             if !shape.is_empty() {
@@ -330,10 +351,17 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             if *bias {
                 let b = inputs[2].meta;
                 check_matmul_dtypes(x, b)?;
-                broadcast_shapes(&shape, &b.shape)?;
+                // The bias is expanded to the output (PyTorch adds it in place).
+                if broadcast_shapes(&shape, &b.shape)? != shape {
+                    return Err(Error::shape(format!(
+                        "the bias {:?} does not expand to the output {shape:?}",
+                        b.shape
+                    )));
+                }
             }
             Ok(TensorMeta::new(shape, x.dtype))
         }
+        Op::Relu if x.unwrap().dtype == DType::Bool => Err(Error::dtype("relu is not supported on bool tensors")),
         Op::Relu | Op::Detach => same(x.unwrap()),
         Op::Gelu { .. } | Op::Silu | Op::Softplus { .. } | Op::Dropout { .. } => {
             let x = float_input(x.unwrap(), op)?;
@@ -418,6 +446,9 @@ pub fn infer(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
         Op::CrossEntropy { reduction, label_smoothing, weight, .. } => {
             arity(2 + *weight as usize)?;
             let (logits, target) = (float_input(inputs[0].meta, op)?, inputs[1].meta);
+            if logits.rank() == 0 {
+                return Err(Error::shape("cross_entropy expects logits [N, C] or [C], got a 0-d tensor"));
+            }
             if *weight {
                 let (w, classes) = (inputs[2].meta, logits.shape[logits.rank() - 1]);
                 if w.shape != [classes] || w.dtype != logits.dtype {
@@ -513,6 +544,11 @@ fn unary(u: UnaryOp, x: &TensorMeta) -> Result<TensorMeta> {
         x.dtype.to_float()
     } else if u == UnaryOp::Neg && x.dtype == DType::Bool {
         return Err(Error::dtype("negation, the `-` operator, on a bool tensor is not supported; use logical_not"));
+    } else if x.dtype == DType::Bool
+        && matches!(u, UnaryOp::Abs | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc)
+    {
+        // As PyTorch, which has no kernel of these for bool.
+        return Err(Error::dtype(format!("{} is not supported on bool tensors", u.name())));
     } else {
         x.dtype
     };
@@ -525,6 +561,9 @@ fn binary(b: BinaryOp, x: Operand, y: Operand) -> Result<TensorMeta> {
     let dtype = match b {
         _ if b.returns_bool() => DType::Bool,
         BinaryOp::Div => common.to_float(),
+        BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder if common == DType::Bool => {
+            return Err(Error::dtype(format!("{} of two bool operands is not supported", b.name())))
+        }
         BinaryOp::Sub if x.meta.dtype == DType::Bool && y.meta.dtype == DType::Bool => {
             return Err(Error::dtype(
                 "subtraction, the `-` operator, with two bool tensors is not supported; use logical_xor",

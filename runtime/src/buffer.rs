@@ -112,20 +112,21 @@ impl HostData {
         self.len() == 0
     }
 
-    /// Zero-filled data of a dtype.
-    pub fn zeros(dtype: DType, len: usize) -> HostData {
-        match dtype {
-            DType::Bool => HostData::Bool(vec![false; len]),
-            DType::U8 => HostData::U8(vec![0; len]),
-            DType::I8 => HostData::I8(vec![0; len]),
-            DType::I16 => HostData::I16(vec![0; len]),
-            DType::I32 => HostData::I32(vec![0; len]),
-            DType::I64 => HostData::I64(vec![0; len]),
-            DType::F16 => HostData::F16(vec![f16::ZERO; len]),
-            DType::BF16 => HostData::BF16(vec![bf16::ZERO; len]),
-            DType::F32 => HostData::F32(vec![0.0; len]),
-            DType::F64 => HostData::F64(vec![0.0; len]),
-        }
+    /// Zero-filled data of a dtype, or an error when the host cannot allocate it (the
+    /// outputs and temporaries of a run are made this way: never an abort).
+    pub fn try_zeros(dtype: DType, len: usize) -> Result<HostData> {
+        Ok(match dtype {
+            DType::Bool => HostData::Bool(try_zeroed_vec(len)?),
+            DType::U8 => HostData::U8(try_zeroed_vec(len)?),
+            DType::I8 => HostData::I8(try_zeroed_vec(len)?),
+            DType::I16 => HostData::I16(try_zeroed_vec(len)?),
+            DType::I32 => HostData::I32(try_zeroed_vec(len)?),
+            DType::I64 => HostData::I64(try_zeroed_vec(len)?),
+            DType::F16 => HostData::F16(try_zeroed_vec(len)?),
+            DType::BF16 => HostData::BF16(try_zeroed_vec(len)?),
+            DType::F32 => HostData::F32(try_zeroed_vec(len)?),
+            DType::F64 => HostData::F64(try_zeroed_vec(len)?),
+        })
     }
 
     /// Every element as f64 (exact for every dtype but i64 beyond 2^53).
@@ -291,6 +292,43 @@ fn dispatch_dtype<A: ?Sized>(
     }
 }
 
+/// `len` zeroed elements (lazily zeroed pages, as `vec![0; len]`), or an error naming the
+/// bytes when the host cannot allocate them: an allocation failure is an error, not an abort.
+///
+/// ```
+/// use coil_runtime::buffer::try_zeroed_vec;
+/// assert_eq!(try_zeroed_vec::<f32>(3).unwrap(), vec![0.0; 3]);
+/// assert!(try_zeroed_vec::<u64>(1 << 60).is_err());
+/// ```
+pub fn try_zeroed_vec<T: bytemuck::Zeroable>(len: usize) -> Result<Vec<T>> {
+    if len == 0 || std::mem::size_of::<T>() == 0 {
+        return Ok(Vec::new());
+    }
+    let bytes = len.saturating_mul(std::mem::size_of::<T>());
+    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| out_of_memory(bytes))?;
+    // SAFETY: the layout has a non-zero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(out_of_memory(bytes));
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `len` elements of
+    // `T` (the layout `Vec` frees with), and all-zero bytes are a valid `T` (`Zeroable`).
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+/// Checks that the host can allocate `bytes` now (for code that builds its values through
+/// iterators, such as the interpreter): an error naming the bytes instead of an abort later.
+/// A check, not a reservation: the memory is given back at once.
+pub fn check_allocation(bytes: usize) -> Result<()> {
+    let mut probe: Vec<u8> = Vec::new();
+    probe.try_reserve_exact(bytes).map_err(|_| out_of_memory(bytes))
+}
+
+/// The error of a host allocation that failed.
+pub fn out_of_memory(bytes: usize) -> Error {
+    Error::runtime(format!("out of memory: cannot allocate {bytes} bytes on the host"))
+}
+
 /// A contiguous tensor in host memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Buffer {
@@ -301,13 +339,13 @@ pub struct Buffer {
 impl Buffer {
     /// A buffer from row-major values. Panics if `data.len()` is not the shape's element count.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: Shape) -> Buffer {
-        assert_eq!(data.len(), shape.iter().product::<usize>(), "data length does not match shape {shape:?}");
+        assert_eq!(data.len(), coil_ir::graph::numel(&shape), "data length does not match shape {shape:?}");
         Buffer { shape, data: T::wrap(data) }
     }
 
     /// A buffer from data whose length must match the shape.
     pub fn new(shape: Shape, data: HostData) -> Result<Buffer> {
-        let n: usize = shape.iter().product();
+        let n = coil_ir::graph::numel(&shape);
         if data.len() != n {
             return Err(Error::shape(format!("{} elements do not fill shape {shape:?} ({n} elements)", data.len())));
         }

@@ -180,7 +180,9 @@ impl Frame {
 
         let t = Instant::now();
         let results = match (&executable, backend()) {
-            (Some(c), Backend::Compiled) => c.run(&captured.inputs, &captured.random)?,
+            (Some(c), Backend::Compiled) => {
+                crate::guard::guard("running", &captured.graph, || c.run(&captured.inputs, &captured.random))?
+            }
             _ => crate::realize::interpret(&captured)?,
         };
         self.position += 1;

@@ -77,8 +77,7 @@ impl Tensor {
             );
         }
         let n = if split_size == 0 { 1 } else { size.div_ceil(split_size).max(1) };
-        let sizes: Vec<usize> = (0..n).map(|i| split_size.min(size - (i * split_size).min(size))).collect();
-        self.split_pieces(d, &sizes, "split", loc)
+        self.split_pieces(d, n, |i| split_size.min(size - (i * split_size).min(size)), "split", loc)
     }
 
     /// `torch.split(x, [sizes], dim)` (`split_with_sizes`): pieces of the given sizes, which must
@@ -88,14 +87,14 @@ impl Tensor {
         let loc = Location::caller();
         let d = self.dim_of_sized(dim, "split_with_sizes", loc)?;
         let size = self.shape()[d];
-        if sizes.iter().sum::<usize>() != size {
+        if sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s)) != Some(size) {
             return self.fail(
                 "split_with_sizes",
                 Error::shape(format!("split sizes {sizes:?} must sum exactly to {size} (the input's size at dim {d})")),
                 loc,
             );
         }
-        self.split_pieces(d, sizes, "split_with_sizes", loc)
+        self.split_pieces(d, sizes.len(), |i| sizes[i], "split_with_sizes", loc)
     }
 
     /// `torch.chunk(x, chunks, dim)`: pieces of `ceil(size / chunks)` along `dim`; there may be
@@ -119,18 +118,30 @@ impl Tensor {
         let size = self.shape()[d];
         if size == 0 {
             // PyTorch keeps the number of chunks when they are all empty.
-            return self.split_pieces(d, &vec![0; chunks], "chunk", loc);
+            return self.split_pieces(d, chunks, |_| 0, "chunk", loc);
         }
         let split_size = size.div_ceil(chunks);
         let n = size.div_ceil(split_size);
-        let sizes: Vec<usize> = (0..n).map(|i| split_size.min(size - i * split_size)).collect();
-        self.split_pieces(d, &sizes, "chunk", loc)
+        self.split_pieces(d, n, |i| split_size.min(size - i * split_size), "chunk", loc)
     }
 
-    fn split_pieces(&self, d: usize, sizes: &[usize], op: &str, loc: Loc) -> Result<Vec<Tensor>> {
+    /// The `n` pieces along dim `d`, piece `i` of `size_of(i)` elements. `n` follows from the
+    /// user's arguments (a split of size 1 of a dim of 2^42): more pieces than the host can
+    /// hold is an error, not an abort.
+    fn split_pieces(
+        &self,
+        d: usize,
+        n: usize,
+        size_of: impl Fn(usize) -> usize,
+        op: &str,
+        loc: Loc,
+    ) -> Result<Vec<Tensor>> {
+        let mut out = Vec::new();
+        if out.try_reserve_exact(n).is_err() {
+            return self.fail(op, Error::runtime(format!("out of memory: cannot make {n} pieces")), loc);
+        }
         let mut start = 0;
-        let mut out = Vec::with_capacity(sizes.len());
-        for &len in sizes {
+        for len in (0..n).map(size_of) {
             out.push(renamed(self.slice_to(d, if len == 0 { 0 } else { start }, len, 1, loc), op)?);
             start += len;
         }
@@ -170,7 +181,11 @@ impl Tensor {
         // [s0, s1] -> [1, s0, 1, s1] -> expand [r0, s0, r1, s1] -> [r0*s0, r1*s1]
         let interleaved: Vec<usize> = padded.iter().flat_map(|&s| [1, s]).collect();
         let expanded: Vec<usize> = repeats.iter().zip(&padded).flat_map(|(&r, &s)| [r, s]).collect();
-        let out: Vec<usize> = repeats.iter().zip(&padded).map(|(&r, &s)| r * s).collect();
+        let out = repeats.iter().zip(&padded).map(|(&r, &s)| r.checked_mul(s)).collect::<Option<Vec<usize>>>();
+        let Some(out) = out else {
+            let e = Error::shape(format!("repeating {:?} by {repeats:?} overflows its size", self.shape()));
+            return self.fail("repeat", e, loc);
+        };
         let x = renamed(self.reshape_to(interleaved, loc), "repeat")?;
         let x = renamed(Tensor::record(Op::Expand { shape: expanded }, &[&x], loc), "repeat")?;
         renamed(x.reshape_to(out, loc), "repeat")
@@ -239,8 +254,9 @@ impl Tensor {
         let mut cropped = false;
         for (i, pair) in pads.chunks(2).enumerate() {
             let d = rank - 1 - i;
-            let (l, r) = (pair[0], pair[1]);
-            let size = self.shape()[d] as i64;
+            // In i128: pads from the user may be anything.
+            let (l, r) = (pair[0] as i128, pair[1] as i128);
+            let size = self.shape()[d] as i128;
             let (crop_l, crop_r) = ((-l).max(0), (-r).max(0));
             if size + l + r < 0 || crop_l + crop_r > size {
                 return self.fail(
@@ -256,6 +272,7 @@ impl Tensor {
                 x = renamed(x.slice_to(d, if len == 0 { 0 } else { crop_l as usize }, len, 1, loc), "pad")?;
                 cropped = true;
             }
+            // At most i64::MAX each; their sum with the size is checked when recorded.
             pairs[d] = (l.max(0) as usize, r.max(0) as usize);
         }
         if cropped && pairs.iter().all(|&p| p == (0, 0)) {

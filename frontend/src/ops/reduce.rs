@@ -7,7 +7,7 @@
 
 use crate::ops::shape::renamed;
 use crate::tensor::Tensor;
-use coil_ir::{Error, Op, ReduceOp, Result};
+use coil_ir::{DType, Error, Op, ReduceOp, Result};
 use std::panic::Location;
 
 type Loc = &'static Location<'static>;
@@ -154,6 +154,10 @@ impl Tensor {
 
     fn arg_reduce(&self, op: ReduceOp, dim: Option<i64>, keepdim: bool, loc: Loc) -> Result<Tensor> {
         let name = op.name();
+        if self.dtype() == DType::Bool {
+            // As PyTorch (`max_dim` of bools, which reduces with an argmax, is fine).
+            return self.fail(name, Error::dtype(format!("{name} does not support bool input")), loc);
+        }
         let reduce =
             |x: &Tensor, d: usize, keepdim: bool| Tensor::record(Op::Reduce { op, dims: vec![d], keepdim }, &[x], loc);
         match dim {

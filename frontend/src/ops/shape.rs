@@ -343,7 +343,7 @@ impl Tensor {
             );
         }
         let start = if start < 0 { start + size } else { start };
-        if start + length as i64 > size {
+        if start as i128 + length as i128 > size as i128 {
             return self.fail(
                 "narrow",
                 Error::value(format!("start ({start}) + length ({length}) exceeds dimension size ({size})")),
@@ -377,7 +377,7 @@ impl Tensor {
         let clamp = |i: i64| (if i < 0 { i + size } else { i }).clamp(0, size);
         let start = clamp(start.unwrap_or(0));
         let end = clamp(end.unwrap_or(size)).max(start);
-        let len = ((end - start) + step - 1) / step;
+        let len = if end == start { 0 } else { (end - start - 1) / step + 1 };
         let start = if len == 0 { 0 } else { start as usize };
         self.slice_to(d, start, len as usize, step, loc)
     }

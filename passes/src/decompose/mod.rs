@@ -71,6 +71,7 @@ pub struct DecomposeOptions {
 
 /// [`decompose`] with the compile path's choices (see [`DecomposeOptions`]).
 pub fn decompose_with(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
+    graph.check_shapes()?;
     if options.fused_attention {
         let fused = crate::attention::fuse_attention(graph);
         return decompose_graph(&fused, options);

@@ -100,7 +100,8 @@ fn bias_epilogues(l: &Lowerer, readers: &[Vec<NodeId>], output: &[bool]) -> Hash
     let mut found = HashMap::new();
     for n in g.live_nodes() {
         let node = g.node(n);
-        if node.op != Op::Binary(BinaryOp::Add) || node.meta.shape.len() < 2 {
+        // An empty sum has no elements to compute: nothing to fuse.
+        if node.op != Op::Binary(BinaryOp::Add) || node.meta.shape.len() < 2 || node.meta.numel() == 0 {
             continue;
         }
         let last = *l.shape(n).last().unwrap();

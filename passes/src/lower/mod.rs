@@ -22,7 +22,11 @@
 //!   has more than [`REALIZE_OPCOUNT_THRESHOLD`] values; a body that loads more than
 //!   [`REALIZE_ACC_READS_THRESHOLD`] buffers; or several readers reading it element for element
 //!   and a body that loads at least [`REALIZE_MIN_FULL_READS`] buffers of its own size (a
-//!   residual stream is then written once per block, not recomputed by every later reader).
+//!   residual stream is then written once per block, not recomputed by every later reader);
+//! * the operand (behind its views) that a node reads only in part (the node has no elements,
+//!   is a shorter slice, or picks from it as a gather or index_select does), when computing it
+//!   can report a data error (an index out of bounds, an integer division by zero): PyTorch
+//!   computes every element of every op and reports the error, so all of it is computed.
 //!
 //! A matrix product may take the nodes after it into its call (`epilogue` module): the add of a
 //! bias row (`linear`), then a gelu with the tanh approximation. Those nodes get no buffer and no
@@ -31,7 +35,9 @@
 //! The attention template (`attention` module) is one extern call on strided views of q, k and
 //! v; it writes its own buffer, or that of the permute after it when that is its only reader.
 //!
-//! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements,
+//! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements
+//! (but a gather, index_select or scatter with indices to check, which runs as a fallback call
+//! so that an index out of bounds is an error, as in PyTorch),
 //! a reduction over an empty dim (its identity), a matrix product with `k = 0` (zeros), an arg
 //! reduction over no dims (index 0); a reduction over no dims is a pointwise copy (a cast when
 //! the result dtype differs, e.g. a sum of ints).
@@ -150,10 +156,13 @@ impl Emit {
 }
 
 /// The index variables of a shape: `make(i, extent)` for extents >= 2, the constant 0 for
-/// extent 1 (extent 0 never reaches here: empty nodes are constants). `make` is [`range_var`]
+/// extents 1 and 0 (nothing is read at an extent of 0). `make` is [`range_var`]
 /// or [`reduction_var`]; the scheduler rebuilds a node's variables with this same function.
 pub(crate) fn vars(shape: &[Expr], make: fn(usize, &Expr) -> Expr) -> Vec<Expr> {
-    shape.iter().enumerate().map(|(i, n)| if *n == Expr::int(1) { Expr::int(0) } else { make(i, n) }).collect()
+    // A dim of one element has index 0; a dim of none has no index at all (nothing reads it):
+    // 0 stands for it, as an index needs a positive extent.
+    let single = |n: &Expr| *n == Expr::int(1) || *n == Expr::int(0);
+    shape.iter().enumerate().map(|(i, n)| if single(n) { Expr::int(0) } else { make(i, n) }).collect()
 }
 
 /// Row-major strides of a contiguous tensor of `shape`.
@@ -225,7 +234,7 @@ impl<'g> Lowerer<'g> {
     fn degenerate(&self, n: NodeId) -> bool {
         let node = self.g.node(n);
         if node.meta.numel() == 0 {
-            return true;
+            return !self.checks_indices_only(n);
         }
         match &node.op {
             Op::Reduce { op, dims, .. } => {
@@ -240,10 +249,71 @@ impl<'g> Lowerer<'g> {
         }
     }
 
+    /// Whether `n` is an indexing op (gather, index_select, scatter) with no elements to
+    /// compute but index values to check: PyTorch refuses an index out of bounds even then, so
+    /// it runs as a fallback call (the interpreter checks every index) instead of vanishing as
+    /// a constant.
+    fn checks_indices_only(&self, n: NodeId) -> bool {
+        let node = self.g.node(n);
+        let indexing = matches!(node.op, Op::Gather { .. } | Op::IndexSelect { .. } | Op::Scatter { .. });
+        indexing && node.meta.numel() == 0 && self.meta(node.inputs[1]).numel() > 0
+    }
+
+    /// Realizes the operands `n` reads only in part, when computing them can report a data
+    /// error (an index out of bounds, an integer division by zero): PyTorch computes every
+    /// element of every op, and so reports an error in any of them. A node reads an operand in
+    /// part when it has no elements itself, when it is a slice shorter than its operand, or when
+    /// the operand is the data a gather or index_select picks from.
+    fn realize_partly_read(&mut self, n: NodeId) -> Result<()> {
+        let node = self.g.node(n);
+        for (k, &x) in node.inputs.iter().enumerate() {
+            let partly = node.meta.numel() == 0
+                || match &node.op {
+                    Op::Slice { dim, len, .. } => *len < self.meta(x).shape[*dim],
+                    Op::Gather { .. } | Op::IndexSelect { .. } => k == 0,
+                    _ => false,
+                };
+            let base = self.view_base(x);
+            if partly && self.meta(base).numel() > 0 && self.may_fail(base) {
+                self.realize(base)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether computing `n`, with the producers not realized inlined into it, can report a
+    /// data error: an index out of bounds, an integer division by zero, an integer raised to a
+    /// negative power.
+    fn may_fail(&self, n: NodeId) -> bool {
+        let (mut stack, mut seen) = (vec![n], HashSet::new());
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) || self.buf[n.0].is_some() {
+                continue;
+            }
+            let node = self.g.node(n);
+            let checks = match &node.op {
+                Op::Gather { .. } | Op::IndexSelect { .. } | Op::Scatter { .. } => true,
+                Op::Binary(b) => {
+                    use coil_ir::BinaryOp::{FloorDiv, Pow, Remainder, TruncDiv};
+                    node.meta.dtype.is_integral() && matches!(b, FloorDiv | TruncDiv | Remainder | Pow)
+                }
+                _ => false,
+            };
+            if checks {
+                return true;
+            }
+            stack.extend(node.inputs.iter().copied());
+        }
+        false
+    }
+
     /// Decides, in graph order, which nodes get buffers (see the module docs); outputs are
     /// realized by the caller.
     fn prepare(&mut self, n: NodeId) -> Result<()> {
         let node = self.g.node(n);
+        if self.buf[n.0].is_none() {
+            self.realize_partly_read(n)?;
+        }
         if self.buf[n.0].is_some() || self.degenerate(n) {
             return Ok(());
         }
@@ -258,6 +328,9 @@ impl<'g> Lowerer<'g> {
                 self.realize(n)?;
             }
             Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } | Op::Attention { .. } => {
+                self.realize(n)?;
+            }
+            _ if self.checks_indices_only(n) => {
                 self.realize(n)?;
             }
             op if op.is_pointwise() || matches!(op, Op::Pad { .. } | Op::Cat { .. }) => self.settle(n)?,
@@ -317,7 +390,7 @@ impl<'g> Lowerer<'g> {
             Op::Reduce { op, dims, keepdim } => self.reduction(n, *op, dims, *keepdim)?,
             Op::Bmm => (self.bmm(n, None)?, vec![n]),
             Op::Attention { .. } => (self.attention(n, n)?, vec![n]),
-            Op::Cumsum { .. } | Op::Scatter { .. } => {
+            _ if self.checks_indices_only(n) || matches!(node.op, Op::Cumsum { .. } | Op::Scatter { .. }) => {
                 let inputs = node.inputs.iter().map(|&x| self.realize(x)).collect::<Result<Vec<_>>>()?;
                 (LoopKind::Extern { call: ExternCall::Fallback { op: node.op.clone() }, inputs }, vec![n])
             }

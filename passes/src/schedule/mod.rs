@@ -16,7 +16,8 @@
 //!
 //! Every refused pair is recorded (in node order) with the reason it was last refused for,
 //! unless the two nodes ended up in one kernel after all. Nodes without elements are in no kernel: there is
-//! nothing to compute, and their (empty) buffers need no writer.
+//! nothing to compute, and their (empty) buffers need no writer; but a fallback call without
+//! elements runs (an indexing op checking its indices, see `lower`).
 //!
 //! Kernels launch in topological order: among the ready kernels, the first (by first node) that
 //! frees at least the bytes it stores, else the one with the first node; names are
@@ -100,7 +101,9 @@ impl Deps {
         let mut readers = vec![Vec::new(); p.buffers.len()];
         let mut sig = Vec::with_capacity(p.nodes.len());
         for (i, n) in p.nodes.iter().enumerate() {
-            let empty = p.buffer(n.output).meta.numel() == 0;
+            // A fallback call with no elements to write still checks its indices.
+            let checks = matches!(n.kind, LoopKind::Extern { call: ExternCall::Fallback { .. }, .. });
+            let empty = p.buffer(n.output).meta.numel() == 0 && !checks;
             sig.push((!empty).then(|| Sig::of(n)));
             if empty {
                 continue;
@@ -363,8 +366,11 @@ impl<'p> Scheduler<'p> {
             .iter()
             .map(|&n| self.p.nodes[n].output)
             .filter(|b| {
+                // A buffer nobody reads is computed for its checks (bounds, divisions by zero;
+                // see `lower`): stored, so that its computation is not dropped as dead.
                 sig == Sig::Extern
                     || program_outputs.contains(b)
+                    || self.deps.readers[b.0].is_empty()
                     || self.deps.readers[b.0].iter().any(|&r| kernel_of(r) != Some(index))
             })
             .collect();

@@ -1,9 +1,9 @@
 //! The system C compiler and the on-disk cache of the shared objects it builds.
 //!
 //! One C translation unit (a whole graph's kernels) becomes one shared object:
-//! `cc -O3 -march=native -fopenmp -shared -fPIC SOURCE -o OUT -lm`. Compiling takes tens to
-//! hundreds of milliseconds, so results are cached on disk, keyed by a 128-bit FNV-1a hash of
-//! the source, the compiler's version line and the flags:
+//! `cc -O3 -march=native -ffp-contract=off -fopenmp -shared -fPIC SOURCE -o OUT -lm`. Compiling
+//! takes tens to hundreds of milliseconds, so results are cached on disk, keyed by a 128-bit
+//! FNV-1a hash of the source, the compiler's version line and the flags:
 //!
 //! ```text
 //! <cache dir>/c/<key>.c          the source, kept for humans (and for compile errors)
@@ -27,7 +27,12 @@ use std::time::Instant;
 
 /// Flags every shared object is built with (besides `-fopenmp`, which is dropped when the
 /// compiler cannot link it, and `-lm`, which must follow the source).
-const BASE_FLAGS: [&str; 4] = ["-O3", "-march=native", "-shared", "-fPIC"];
+///
+/// `-ffp-contract=off`: every operation rounds as written, as in the interpreter. Contracting
+/// `a * b - c` into a fused multiply-add made a value recomputed in two kernels differ: a
+/// softmax's `x - max(x)` came out as the product's rounding error instead of 0, which near the
+/// largest floats is 1e31, and its exp infinite (found by the API fuzzer, `tests/fuzz`).
+const BASE_FLAGS: [&str; 5] = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"];
 
 /// Bumped when the way entries are built changes, so stale entries are never reused.
 const CACHE_FORMAT: &str = "coil-c-cache-v2";

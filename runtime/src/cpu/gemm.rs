@@ -167,7 +167,7 @@ pub fn bmm(spec: &BmmSpec, a: &Buffer, b: &Buffer) -> Result<Buffer> {
         return Err(Error::dtype(format!("bmm operands differ in dtype: {} and {}", a.dtype(), b.dtype())));
     }
     let shape: Vec<usize> = spec.batch.iter().copied().chain([spec.m, spec.n]).collect();
-    let mut out = HostData::zeros(a.dtype(), shape.iter().product());
+    let mut out = HostData::try_zeros(a.dtype(), shape.iter().product())?;
     let (a_bytes, b_bytes) = (a.data.to_bytes(), b.data.to_bytes());
     let mut out_bytes = out.to_bytes();
     bmm_bytes(spec, a.dtype(), &a_bytes, &b_bytes, &[], &mut out_bytes)?;
@@ -263,7 +263,7 @@ fn integer_bmm(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8]) -> Result<HostD
     let (m, n, k) = (spec.m, spec.n, spec.k);
     if spec.batch_count() * m * n == 0 || k == 0 {
         // Nothing to read (and `check` proved nothing in bounds): an empty sum is 0.
-        return Ok(HostData::zeros(dtype, spec.batch_count() * m * n));
+        return HostData::try_zeros(dtype, spec.batch_count() * m * n);
     }
     let (a, b) = (HostData::from_bytes(dtype, a)?.to_i64_vec(), HostData::from_bytes(dtype, b)?.to_i64_vec());
     let (mut ca, mut cb) = (Vec::new(), Vec::new());

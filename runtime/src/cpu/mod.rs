@@ -200,12 +200,13 @@ impl CompiledGraph {
         let p = &inst.program;
         let mut outputs: Vec<Option<HostData>> = (0..p.buffers.len())
             .map(|i| {
-                (inst.storage[i] == Storage::Output)
-                    .then(|| HostData::zeros(p.buffers[i].meta.dtype, p.buffers[i].meta.numel()))
+                let meta = &p.buffers[i].meta;
+                (inst.storage[i] == Storage::Output).then(|| HostData::try_zeros(meta.dtype, meta.numel())).transpose()
             })
-            .collect();
+            .collect::<Result<_>>()?;
         // u64 words: every dtype's alignment divides 8.
-        let mut slots: Vec<Vec<u64>> = inst.slot_bytes.iter().map(|&b| vec![0u64; b.div_ceil(8)]).collect();
+        let mut slots: Vec<Vec<u64>> =
+            inst.slot_bytes.iter().map(|&b| crate::buffer::try_zeroed_vec(b.div_ceil(8))).collect::<Result<_>>()?;
         // The pointers are taken once, after every allocation: nothing reallocates while they
         // are in use. Inputs are only ever read through theirs (checked in `new_in`).
         let ptrs: Vec<*mut u8> = (0..p.buffers.len())

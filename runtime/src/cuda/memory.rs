@@ -26,7 +26,8 @@ pub fn size_class(bytes: usize) -> usize {
     } else if bytes <= SMALL {
         bytes.div_ceil(512) * 512
     } else {
-        bytes.div_ceil(2 << 20) * (2 << 20)
+        // Saturating: a request beyond any device fails in the driver, as an error.
+        bytes.div_ceil(2 << 20).saturating_mul(2 << 20)
     }
 }
 
@@ -218,7 +219,7 @@ pub(crate) unsafe fn upload(dev: &CudaDevice, dst: CUdeviceptr, src: &[u8]) -> R
 /// # Safety
 /// `src` must address at least `len` bytes of device memory of `dev`.
 pub(crate) unsafe fn download(dev: &CudaDevice, src: CUdeviceptr, len: usize) -> Result<Vec<u8>> {
-    let mut out = vec![0u8; len];
+    let mut out = crate::buffer::try_zeroed_vec::<u8>(len)?;
     if len > 0 {
         dev.bind()?;
         // SAFETY: `src` is valid for `len` bytes (caller); `out` stays alive and unmoved until

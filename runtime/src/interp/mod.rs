@@ -65,14 +65,18 @@ pub fn interpret_with(graph: &Graph, inputs: &[&Buffer], random: &[RandomState])
         let node = graph.node(id);
         let args: Vec<&Value> =
             node.inputs.iter().map(|x| values[x.0].as_ref().expect("operands run before their users")).collect();
-        let value = eval(node, &args, inputs, random).map_err(|e| {
-            let operands = node.inputs.iter().map(|&x| graph.meta(x).to_string()).collect();
-            let e = e.in_op(node.op.name(), operands);
-            match node.location {
-                Some(l) => e.at(l),
-                None => e,
-            }
-        })?;
+        // Values are f64 or i64 here: an allocation the host cannot make is an error naming
+        // the op, not an abort.
+        let value = crate::buffer::check_allocation(node.meta.numel().saturating_mul(8))
+            .and_then(|()| eval(node, &args, inputs, random))
+            .map_err(|e| {
+                let operands = node.inputs.iter().map(|&x| graph.meta(x).to_string()).collect();
+                let e = e.in_op(node.op.name(), operands);
+                match node.location {
+                    Some(l) => e.at(l),
+                    None => e,
+                }
+            })?;
         debug_assert_eq!(value.shape, node.meta.shape, "{} at {id}", node.op);
         debug_assert_eq!(value.dtype, node.meta.dtype, "{} at {id}", node.op);
         debug_assert_eq!(value.data.len(), node.meta.numel(), "{} at {id}", node.op);
