@@ -3,9 +3,11 @@
 //! the translation unit exports only the kernels.
 //!
 //! The helpers reproduce the reference interpreter (`coil_runtime::interp`) bit for bit where
-//! it is exact (conversions, Philox, integer arithmetic, floor division and remainder), and
-//! use the C library's functions for transcendental math (a few ulp).
+//! it is exact (conversions, Philox, integer arithmetic, floor division and remainder). Float
+//! math of f32 (and f16, bf16) is the prelude's own ([`super::vecmath`]: vectorizable, within
+//! 0.5-2.4 ulp); f64 math is the C library's.
 
+use super::vecmath::vecmath;
 use coil_ir::sym::C_HELPERS;
 use std::sync::LazyLock;
 
@@ -35,13 +37,10 @@ const COMMON: &str = r#"
 #define COIL_PI 3.14159265358979323846
 
 /* ---- errors -------------------------------------------------------------------------------- */
-/* Records the first error of a launch. Errors are rare, so a critical section costs nothing in
-   practice, and it keeps the three status words consistent when several threads fail. */
+/* Records the first error of a call. A call runs on one thread (the runtime gives each thread
+   its own range of xindex and its own status words). */
 static inline void coil_fail(int64_t *status, int64_t code, int64_t a, int64_t b) {
-#pragma omp critical(coil_status)
-    {
-        if (status[0] == 0) { status[0] = code; status[1] = a; status[2] = b; }
-    }
+    if (status[0] == 0) { status[0] = code; status[1] = a; status[2] = b; }
 }
 /* An out-of-range data-dependent index: records it and yields 0 instead of reading memory. */
 static inline int64_t coil_index_error(int64_t *status, int64_t index, int64_t bound) {
@@ -179,7 +178,8 @@ static inline double coil_rand_normal(uint64_t seed, uint64_t index) {
 "#;
 
 /// Float helpers, instantiated for `float` (suffix `_f32`; f16, bf16 and f32 values) and
-/// `double` (`_f64`). `$T` is the type, `$S` the name suffix, `$M` the libm suffix.
+/// `double` (`_f64`). `$T` is the type, `$S` the name suffix, `$M` the libm suffix, `$EXP` the
+/// exponential.
 const FLOAT_TEMPLATE: &str = r#"
 /* ---- $T: PyTorch's floor division and remainder, NaN-propagating max/min, sign ---------------- */
 /* div_floor_floating: the quotient of the exact fmod-adjusted dividend, rounded toward the
@@ -205,23 +205,40 @@ static inline $T coil_remainder$S($T a, $T b) {
 static inline $T coil_maximum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a < b ? b : a); }
 static inline $T coil_minimum$S($T a, $T b) { return (a != a || b != b) ? a + b : (b < a ? b : a); }
 static inline $T coil_sign$S($T a) { return ($T)((0 < a) - (a < 0)); }
-/* Online softmax: n elements into the running maximum *m (folded as coil_maximum$S folds them,
-   bit for bit) and the sum *s of exp(x - *m), rescaled (once) when the maximum grows. */
+/* Online softmax: n elements into the running maximum *m and the sum *s of exp(x - *m),
+   rescaled (once) when the maximum grows. Both loops vectorize: the maximum of the non-NaN
+   elements in lanes, a NaN anywhere making it NaN (as coil_maximum$S propagates it; which of
+   +0.0 and -0.0 wins a tie may differ, which no later value can tell), then the exponentials. */
 static inline void coil_online_softmax$S($T *m, double *s, const $T *x, int64_t n) {
-    $T mn = *m;
-    for (int64_t i = 0; i < n; i++) mn = coil_maximum$S(mn, x[i]);
+    $T mx = *m;
+    int32_t nan = *m != *m;
+#pragma omp simd reduction(max:mx) reduction(|:nan)
+    for (int64_t i = 0; i < n; i++) {
+        mx = x[i] > mx ? x[i] : mx;
+        nan |= x[i] != x[i];
+    }
+    $T mn = nan ? ($T)NAN : mx;
     double acc = *s;
     if (mn != *m) acc *= exp((double)*m - (double)mn);
-    if (mn != -INFINITY)
-        for (int64_t i = 0; i < n; i++) acc += (double)exp$M(x[i] - mn);
+    if (mn != -INFINITY) {
+#pragma omp simd reduction(+:acc)
+        for (int64_t i = 0; i < n; i++) acc += (double)$EXP(x[i] - mn);
+    }
     *m = mn;
     *s = acc;
 }
 "#;
 
 static PRELUDE: LazyLock<String> = LazyLock::new(|| {
-    let float = |t: &str, s: &str, m: &str| FLOAT_TEMPLATE.replace("$T", t).replace("$S", s).replace("$M", m);
-    format!("{HEADER}\n{C_HELPERS}{COMMON}{}{}", float("float", "_f32", "f"), float("double", "_f64", ""))
+    let float = |t: &str, s: &str, m: &str, exp: &str| {
+        FLOAT_TEMPLATE.replace("$T", t).replace("$S", s).replace("$M", m).replace("$EXP", exp)
+    };
+    format!(
+        "{HEADER}\n{C_HELPERS}{COMMON}{}{}{}",
+        vecmath(),
+        float("float", "_f32", "f", "coil_exp_f32"),
+        float("double", "_f64", "", "exp")
+    )
 });
 
 /// The prelude every translation unit starts with.
