@@ -38,7 +38,7 @@ pub(super) struct Column<'s> {
 }
 
 /// How an index moves when `s` does: the constant difference, if any.
-fn step(e: Expr, s: Expr) -> Option<i64> {
+pub(super) fn step(e: Expr, s: Expr) -> Option<i64> {
     let mut map = IndexMap::new();
     map.insert(s, s + 1);
     (e.substitute(&map) - e).const_value()

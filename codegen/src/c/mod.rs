@@ -44,6 +44,7 @@
 //! `tmpN`), so a kernel's `.tile` and `.c` read side by side. The text is deterministic.
 
 mod column;
+mod narrow;
 mod nest;
 mod ops;
 mod prelude;
@@ -138,6 +139,8 @@ struct Emitter<'a> {
     nest: Option<nest::Nest>,
     /// `[xi]` while accumulators are arrays of a column kernel's block, else empty.
     acc_at: &'static str,
+    /// The cut of the `rindex` loop being emitted, if any.
+    narrow: Option<narrow::Narrow>,
 }
 
 /// `(e, bound)` when `index` is `min(e, bound)` with `bound` free of `xindex` and `rindex`: the
@@ -215,6 +218,7 @@ impl<'a> Emitter<'a> {
             rnumel,
             nest,
             acc_at: "",
+            narrow: None,
         }
     }
 
@@ -366,11 +370,14 @@ impl<'a> Emitter<'a> {
                     if let Some(pragma) = self.simd_pragma(body) {
                         self.line(&pragma);
                     }
-                    self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel.to_c()));
+                    self.narrow = self.cut_of(body);
+                    let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
+                    self.line(&format!("for (int64_t rindex = 0; rindex < {end}; rindex++) {{"));
                     self.indent += 1;
                     self.in_loop = true;
                     self.stmts(body);
                     self.in_loop = false;
+                    self.narrow = None;
                     self.indent -= 1;
                     self.line("}");
                 }
@@ -482,7 +489,9 @@ impl<'a> Emitter<'a> {
         if let Some(pragma) = self.simd_pragma(stmts.iter().copied()) {
             self.line(&pragma);
         }
-        self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel.to_c()));
+        self.narrow = if self.arrays.is_empty() { self.cut_of(stmts.iter().copied()) } else { None };
+        let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
+        self.line(&format!("for (int64_t rindex = 0; rindex < {end}; rindex++) {{"));
         self.indent += 1;
         self.in_loop = true;
         for s in stmts {
@@ -492,6 +501,7 @@ impl<'a> Emitter<'a> {
             }
         }
         self.in_loop = false;
+        self.narrow = None;
         self.indent -= 1;
         self.line("}");
         for s in stmts {
@@ -505,7 +515,14 @@ impl<'a> Emitter<'a> {
     fn simple(&mut self, s: &TileStmt) {
         match s {
             TileStmt::Let { var, dtype, op, .. } => {
-                let rhs = self.op_expr(op, *dtype);
+                let rhs = match op {
+                    // inside a cut loop the position is in the row: the test is true (its
+                    // operands stay referenced, so no variable goes unused)
+                    TileOp::Binary(_, a, b) if self.narrow.as_ref().is_some_and(|n| n.cond == *var) => {
+                        format!("((void){}, (void){}, (uint8_t)1)", self.r(*a), self.r(*b))
+                    }
+                    _ => self.op_expr(op, *dtype),
+                };
                 if self.in_loop && self.arrays.contains(var) {
                     self.line(&format!("tmp{var}[rindex] = {rhs};"));
                 } else {
@@ -528,6 +545,10 @@ impl<'a> Emitter<'a> {
             TileOp::Load { arg: i, index } => {
                 let (p, d) = arg(*i);
                 match clamped(*index) {
+                    // inside a cut loop (`narrow`) the position is in the row: no clamp
+                    Some((e, _)) if self.narrow.as_ref().is_some_and(|n| n.position == e) => {
+                        ops::load(p, &self.c(e), d, out)
+                    }
                     // The unselected load is never made; in a vector loop this one is a masked
                     // contiguous load, where `p[min(e, bound)]` would be a gather.
                     Some((e, bound)) => format!(

@@ -132,9 +132,15 @@ static inline uint16_t coil_f32_to_bf16(float f) {
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
 }
-/* Rounds a value computed in f32 to the nearest f16 / bf16 (explicit casts, reductions). */
+/* Rounds a value computed in f32 to the nearest f16 / bf16 (explicit casts, reductions). bf16's
+   is coil_bf16_to_f32(coil_f32_to_bf16(f)) in place on the f32 bits (half the vector work). */
 static inline float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to_f16(f)); }
-static inline float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_to_bf16(f)); }
+static inline float coil_round_bf16(float f) {
+    uint32_t x = coil_f32_bits(f);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+    uint32_t nan = (x | 0x400000u) & 0xffff0000u; /* quiet, as the round trip makes it */
+    return coil_bits_f32((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
 
 /* ---- Philox 4x32-10, exactly as coil_ir::philox ------------------------------------------------ */
 static inline void coil_philox(uint64_t seed, uint64_t index, uint32_t w[4]) {

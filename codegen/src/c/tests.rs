@@ -275,6 +275,7 @@ void f16_to_f32(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *
 void f32_to_f16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((uint16_t *)a[1])[i] = coil_f32_to_f16(((float *)a[0])[i]); }
 void bf16_to_f32(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((float *)a[1])[i] = coil_bf16_to_f32(((uint16_t *)a[0])[i]); }
 void f32_to_bf16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((uint16_t *)a[1])[i] = coil_f32_to_bf16(((float *)a[0])[i]); }
+void round_bf16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((float *)a[1])[i] = coil_round_bf16(((float *)a[0])[i]); }
 "#;
     compile(&format!("{}{harness}", prelude()))
 }
@@ -340,6 +341,8 @@ fn half_conversions_match_the_half_crate() {
         5.960_464_5e-8,
         2.980_232_2e-8,
     ]);
+    // NaNs with payloads in the bits bf16 drops, signaling or not
+    xs.extend([0x7f80_0001u32, 0xff80_0001, 0x7fc0_0001, 0x7fff_ffff, 0xffbf_ffff].map(f32::from_bits));
     let mut n = xs.len() as i64;
     let mut out = vec![0u16; xs.len()];
     for (name, down) in [
@@ -351,6 +354,13 @@ fn half_conversions_match_the_half_crate() {
             let want: u16 = down(x);
             assert_eq!(o, want, "{name}({x:e} = {:#010x})", x.to_bits());
         }
+    }
+    // the in-place bf16 rounding is the round trip down and up
+    let mut rounded = vec![0f32; xs.len()];
+    lib.run("round_bf16", &[ptr(&mut xs), ptr(&mut rounded), ptr(std::slice::from_mut(&mut n))]);
+    for (&x, &r) in xs.iter().zip(&rounded) {
+        let want = bf16::from_f32(x).to_f32();
+        assert_eq!(r.to_bits(), want.to_bits(), "round_bf16({x:e} = {:#010x})", x.to_bits());
     }
 }
 
