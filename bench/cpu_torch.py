@@ -22,7 +22,7 @@ last-level cache), bytes read + written / time, min over the round's repetitions
 GPU suite's ceiling is measured. GB/s of a workload = WORKLOADS.md's min bytes at these shapes / time.
 
 Writes OUT.txt (the table) and OUT.json:
-    {"device", "torch", "scale", "threads", "rounds", "copy_gbs",
+    {"device", "torch", "scale", "threads", "rounds", "load_averages", "copy_gbs",
      "rows": [{"name", "shape", "coil_us", "torch_compile_us", "torch_eager_us", "min_bytes", "flops",
                "coil_<NAME>_us" for every other coil binary}]}
 `coil_us` is the first `--coil` binary's time (the one the table's ratios use).
@@ -289,9 +289,10 @@ def main():
     cases = {n: W[n](args.scale) for n in names}
     compiled = {}
     samples = {n: {"eager": [], "compile": [], **{c: [] for c, _ in coils}} for n in names}
-    copies = []
+    copies, loads = [], []
     device = ""
     for r in range(args.rounds):
+        loads.append(os.getloadavg()[0])
         for cname, path in coils:
             got, device = run_coil(path, args, names)
             for n in names:
@@ -336,6 +337,8 @@ def main():
         f"(each: {', '.join(c for c, _ in coils)}, torch eager + compile, copy), warmup {args.warmup}, reps {args.reps}",
         f"each figure: min over rounds of the round's median; copy bandwidth {copy:.1f} GB/s (read + written, "
         f"{args.copy_mib} MiB, best round; rounds: {', '.join(f'{c:.1f}' for c in copies)})",
+        f"1-minute load average of the machine as each round began: {', '.join(f'{l:.1f}' for l in loads)} "
+        f"(on {os.cpu_count()} CPUs; other processes' load slows every column alike only on average)",
     ]
     text = "\n".join(intro + ["", header, "-" * len(header)] + table_rows) + "\n"
     print(text)
@@ -343,7 +346,7 @@ def main():
         with open(args.out + ".txt", "w") as f:
             f.write(text)
         doc = {"device": device or cpu, "torch": torch.__version__, "scale": args.scale, "threads": threads,
-               "rounds": args.rounds, "copy_gbs": copy, "rows": json_rows}
+               "rounds": args.rounds, "load_averages": loads, "copy_gbs": copy, "rows": json_rows}
         with open(args.out + ".json", "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
