@@ -196,7 +196,22 @@ impl CudaCompiledGraph {
 
         let start = std::time::Instant::now();
         let units: Vec<&CudaModule> = modules.iter().filter(|m| !m.kernels.is_empty()).collect();
-        let built = build_units(&device, &units, cache_dir);
+        // Kernels that differ only in their names (each layer of a model has the same ones) are
+        // built once: a one-kernel unit is compiled under a canonical name, so identical code
+        // is one source, one compile and one disk-cache entry, in this graph and across graphs.
+        let canonical: Vec<CudaModule> = units.iter().map(|m| canonical_unit(m)).collect();
+        let mut distinct: Vec<&CudaModule> = Vec::new();
+        let unit_of: Vec<usize> = canonical
+            .iter()
+            .map(|c| match distinct.iter().position(|d| d.source == c.source && d.language == c.language) {
+                Some(i) => i,
+                None => {
+                    distinct.push(c);
+                    distinct.len() - 1
+                }
+            })
+            .collect();
+        let built = build_units(&device, &distinct, cache_dir);
         let (mut loaded, mut cubins) = (Vec::new(), Vec::new());
         for b in built {
             let (m, c) = b?;
@@ -214,7 +229,11 @@ impl CudaCompiledGraph {
                         .filter(|m| !m.kernels.is_empty())
                         .position(|m| m.kernels.iter().any(|k| k.name == tile.name));
                     let unit = unit.expect("found above");
-                    let func = loaded[unit].function(&tile.name)?;
+                    let symbol = (canonical[unit].kernels.iter().zip(&units[unit].kernels))
+                        .find(|(_, k)| k.name == tile.name)
+                        .map(|(c, _)| c.name.clone())
+                        .expect("the unit has the kernel");
+                    let func = loaded[unit_of[unit]].function(&symbol)?;
                     compiler::allow_dynamic_shared(&device, func, launch.shared_bytes)?;
                     let (registers, static_shared_bytes) = compiler::function_resources(&device, func)?;
                     let grid = match launch.grid {
@@ -706,6 +725,21 @@ impl CudaCompiledGraph {
 /// threads live on, so the driver's per-thread set-up for assembling PTX (about 7 ms on the
 /// H100 machine, paid again by every fresh thread) is paid once per thread, at start-up
 /// ([`compiler::warm_up`]). One result per unit, in order.
+/// The symbol a one-kernel unit is compiled under: its code, not its name, tells it apart.
+const CANONICAL_KERNEL: &str = "coil_kernel";
+
+/// `unit` with its kernel renamed to [`CANONICAL_KERNEL`] when it has exactly one kernel
+/// (every occurrence: the name also prefixes PTX parameter names and heads the comment);
+/// otherwise `unit` as it is.
+fn canonical_unit(unit: &CudaModule) -> CudaModule {
+    let mut canonical = unit.clone();
+    if let [kernel] = unit.kernels.as_slice() {
+        canonical.source = unit.source.replace(&kernel.name, CANONICAL_KERNEL);
+        canonical.kernels[0].name = CANONICAL_KERNEL.to_string();
+    }
+    canonical
+}
+
 fn build_units(
     device: &Arc<CudaDevice>,
     units: &[&CudaModule],
