@@ -384,3 +384,34 @@ fn bf16_attention_gradients_stay_within_bf16_rounding_of_f32() {
         assert_close(&format!("d/d{name} in bf16"), &a.to_dtype(DType::F32).unwrap(), b, 3e-2);
     }
 }
+
+#[test]
+fn decoding_with_a_kv_cache_gives_the_full_forward_logits_and_compiles_once() {
+    let _lock = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let (_store, model) = tiny_gpt2("gpt2_tiny_hf.safetensors");
+    let idx = g("gpt2_tiny.in.idx");
+    let full = model.forward(&idx).unwrap(); // [2, 8, 37]
+    let full: Vec<Tensor> = (0..8).map(|t| full.select(1, t).unwrap()).collect();
+    coil::realize(&full.iter().collect::<Vec<_>>()).unwrap();
+    let mut cache = model.new_cache(2, 8).unwrap();
+    // Prefill 5 tokens, then decode the other 3 one at a time.
+    let (logits, written) =
+        model.forward_cached(&idx.narrow(1, 0, 5).unwrap(), &cache.position().unwrap(), &cache).unwrap();
+    cache.commit(&written, 5, &[&logits]).unwrap();
+    assert_close("prefill logits", &logits, &full[4], TOL);
+    let mut after_first = 0;
+    let ids = idx.to_vec::<i64>().unwrap();
+    for t in 5..8 {
+        // The next tokens come from the host, as a sampler gives them.
+        let next = Tensor::from_vec(vec![ids[t], ids[8 + t]], &[2, 1]).unwrap();
+        let (logits, written) = model.forward_cached(&next, &cache.position().unwrap(), &cache).unwrap();
+        cache.commit(&written, 1, &[&logits]).unwrap();
+        assert_close(&format!("logits at {t}"), &logits, &full[t], TOL);
+        if t == 5 {
+            after_first = coil::compile_count();
+        }
+    }
+    assert_eq!(coil::compile_count(), after_first, "later decode steps reuse the first one's graph");
+    assert_eq!(cache.len(), 8);
+    assert!(cache.commit(&[], 1, &[]).is_err(), "a full cache says so");
+}

@@ -99,7 +99,10 @@ pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) ->
     let values: Vec<&Tensor> = updates.iter().map(|(_, v)| *v).collect();
     if let Some(other) = also.iter().find(|t| Some(t.device()) != values.first().map(|v| v.device())) {
         if !values.is_empty() {
-            return Err(fail(ErrorKind::Device, format!("a tensor to compute with the updates is on {}", other.device())));
+            return Err(fail(
+                ErrorKind::Device,
+                format!("a tensor to compute with the updates is on {}", other.device()),
+            ));
         }
     }
     let pending: Vec<&Tensor> = also.iter().copied().filter(|t| !t.is_realized()).collect();
