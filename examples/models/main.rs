@@ -15,13 +15,15 @@
 //! the first call's wall time minus a steady call's; the peak is the allocator's most bytes in
 //! use over one steady call (parameters, optimizer state and activations included).
 
+mod decode;
+
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::{clip_grad_norm, AdamW, AdamWConfig, Optimizer, ParamStore, Precision};
 use coil::{DType, Device, Tensor};
 use coil_runtime::cuda::{CudaDevice, DeviceMemory, StreamTimer};
 use std::time::Instant;
 
-struct Opts {
+pub struct Opts {
     device: Device,
     tiny: bool,
     rows: Vec<String>,
@@ -49,7 +51,7 @@ fn parse() -> Opts {
 }
 
 /// One timed call: device microseconds (events; the wall clock on the CPU) and wall microseconds.
-struct Timer {
+pub struct Timer {
     cuda: Option<(std::sync::Arc<CudaDevice>, StreamTimer, DeviceMemory)>,
 }
 
@@ -70,7 +72,7 @@ impl Timer {
         })
     }
 
-    fn time(&self, f: &mut dyn FnMut() -> coil::Result<()>) -> coil::Result<(f64, f64)> {
+    pub fn time(&self, f: &mut dyn FnMut() -> coil::Result<()>) -> coil::Result<(f64, f64)> {
         let Some((dev, timer, flush)) = &self.cuda else {
             let t = Instant::now();
             f()?;
@@ -92,12 +94,12 @@ impl Timer {
         }
     }
 
-    fn peak(&self) -> usize {
+    pub fn peak(&self) -> usize {
         self.cuda.as_ref().map_or(0, |(dev, ..)| dev.memory_stats().peak_in_use_bytes)
     }
 }
 
-struct Row {
+pub struct Row {
     name: String,
     device_ms: f64,
     wall_ms: f64,
@@ -106,7 +108,7 @@ struct Row {
     notes: String,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -154,10 +156,15 @@ fn bench(
     Ok(row)
 }
 
-fn main() -> coil::Result<()> {
-    let o = parse();
+/// The forward and training-step rows (GPT-2 124M, f32 parameters, bf16 autocast).
+fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
     let device = o.device;
-    let (config, batch, seq, prefix) = if o.tiny {
+    let prefix = if o.tiny { "gpt2_tiny" } else { "gpt2_124m" };
+    let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
+    if !wanted(&format!("{prefix}_fwd_bf16")) && !wanted(&format!("{prefix}_train_step_bf16")) {
+        return Ok(vec![]);
+    }
+    let (config, batch, seq) = if o.tiny {
         let c = Gpt2Config {
             vocab_size: 256,
             block_size: 64,
@@ -167,9 +174,9 @@ fn main() -> coil::Result<()> {
             dropout: 0.0,
             layer_norm_eps: 1e-5,
         };
-        (c, 2, 64, "gpt2_tiny")
+        (c, 2, 64)
     } else {
-        (Gpt2Config::gpt2_124m(), 8, 1024, "gpt2_124m")
+        (Gpt2Config::gpt2_124m(), 8, 1024)
     };
     coil::manual_seed(0);
     let store = ParamStore::new();
@@ -190,8 +197,6 @@ fn main() -> coil::Result<()> {
         Tensor::from_vec(v, &[batch, seq])?.to_device(device)
     };
     let (x, y) = (ids(batch * seq)?, ids(batch * seq)?);
-    let timer = Timer::new(device)?;
-    let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
     let mut rows = Vec::new();
 
     let fwd_name = format!("{prefix}_fwd_bf16");
@@ -200,7 +205,7 @@ fn main() -> coil::Result<()> {
         let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?])).named("forward");
         let mut step = || forward.call(&[&x, &y]).map(|_| ());
         let notes = "forward to the mean cross-entropy loss, no gradients (as under torch.no_grad)";
-        rows.push(bench(&fwd_name, &o, &timer, notes, &mut step)?);
+        rows.push(bench(&fwd_name, o, timer, notes, &mut step)?);
         store.train();
     }
 
@@ -222,7 +227,7 @@ fn main() -> coil::Result<()> {
             opt.step(&clipped)
         };
         let notes = "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)";
-        rows.push(bench(&train_name, &o, &timer, notes, &mut step)?);
+        rows.push(bench(&train_name, o, timer, notes, &mut step)?);
         // Where a step's time goes: the gradients' graph, then the optimizer's.
         let (mut g, mut u) = (Vec::new(), Vec::new());
         for _ in 0..o.reps.clamp(1, 10) {
@@ -247,6 +252,15 @@ fn main() -> coil::Result<()> {
         );
     }
 
+    Ok(rows)
+}
+
+fn main() -> coil::Result<()> {
+    let o = parse();
+    let device = o.device;
+    let timer = Timer::new(device)?;
+    let mut rows = training_rows(&o, &timer)?;
+    rows.extend(decode::rows(&o, &timer)?);
     let device_name = match device {
         Device::Cuda(n) => CudaDevice::get(n)?.name().to_string(),
         Device::Cpu => "cpu".to_string(),
