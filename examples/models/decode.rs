@@ -74,13 +74,15 @@ fn generate(
     Ok((prefill, decode))
 }
 
+/// Builds a model with random weights on a device (tiny or full size).
+type Build = fn(&ParamStore, Device, bool) -> coil::Result<Box<dyn Decoder>>;
+
 /// The decode (and prefill) rows `o` asks for.
 pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
     let (prompt_len, new_tokens) = if o.tiny { (16, 8) } else { (512, 256) };
     let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
     let mut out = Vec::new();
-    let models: [(&str, fn(&ParamStore, Device, bool) -> coil::Result<Box<dyn Decoder>>); 2] =
-        [("gpt2_124m", gpt2), ("llama_1b", llama)];
+    let models: [(&str, Build); 2] = [("gpt2_124m", gpt2), ("llama_1b", llama)];
     for (prefix, build) in models {
         let prefix = if o.tiny { prefix.replace("124m", "tiny").replace("1b", "tiny") } else { prefix.to_string() };
         let names: Vec<String> = [1, 16]
