@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""The PyTorch side of the models table (issue 18, deliverable 7): GPT-2 124M forward and training step.
+"""The PyTorch side of the models table: GPT-2 124M forward and training step (issue 18, deliverable 7);
+decode with a static KV cache for GPT-2 124M and a Llama of 1B, and the Llama's prefill (issue 21,
+deliverable 7; the models and the decode loop are in models_torch_decode.py next to this file).
 
 Run on the GPU machine (Python 3.12, PyTorch 2.11, Triton 3.6; no network needed):
 
-    python3 bench/models_torch.py --device cuda --json $OUT/models_torch.json
+    python3 bench/models_torch.py --device cuda --check          # tiny models, ~1 min: decode paths vs full forward
+    python3 bench/models_torch.py --device cuda --json $OUT/models_torch.json                  # every row
+    python3 bench/models_torch.py --device cuda --rows '*decode*,*prefill*' --json $OUT/t.json  # issue 21's rows
 
-and on a CPU, to check that every path runs (tiny model, a few seconds):
+and on a CPU, to check that every path runs (tiny models; the self-check ~1.5 min, the rows ~2 min on 2 cores):
 
-    python3 bench/models_torch.py --device cpu --config tiny --reps 3 --json /tmp/models_torch.json
+    python3 bench/models_torch.py --device cpu --check
+    python3 bench/models_torch.py --device cpu --config tiny --reps 3 --loop-reps 2 --json /tmp/models_torch.json
 
 The model is GPT-2 as nanoGPT writes it: learned position embeddings, pre-norm blocks with LayerNorm
 (bias, eps 1e-5), a fused QKV linear, `F.scaled_dot_product_attention(is_causal=True)`, an MLP of 4x
@@ -24,7 +29,54 @@ Rows (each for PyTorch eager and `torch.compile(model)`, default mode):
                               clip_grad_norm_(1.0), fused AdamW step (lr 6e-4, betas (0.9, 0.95),
                               eps 1e-8, weight decay 0.1 on parameters of 2+ dims only). The model is
                               compiled, the optimizer and the clipping are not (as nanoGPT does).
-With `--config tiny` the rows are named gpt2_tiny_* instead, so tiny results cannot pass for 124M ones.
+Issue 21's rows, time per token (`per_token: true`), bf16 weights (model.to(torch.bfloat16), no
+autocast), random weights from torch.manual_seed(0), greedy decoding, a static KV cache of capacity
+512 + 256 (models_torch_decode.py says how the cache, the mask and GQA are done):
+  gpt2_124m_decode_b1_bf16    256 decode steps after a 512-token prompt, batch 1: ms per step
+  gpt2_124m_decode_b16_bf16   the same at batch 16 (ms per step; each step makes 16 tokens)
+  llama_1b_decode_b1_bf16     Llama 3.2 1B's sizes (vocab 128256, hidden 2048, MLP 8192, 16 layers,
+  llama_1b_decode_b16_bf16    32 heads, 8 key/value heads, rope_theta 500000, eps 1e-5, tied head)
+  llama_1b_prefill_bf16       the 512-token prompt at batch 1 into the empty cache: ms per prompt token
+                              (and tokens/s); compiled with torch.compile default mode
+The decode rows compile the one-token decode step (not the loop) with
+torch.compile(step, mode="reduce-overhead", fullgraph=True): CUDA graphs, replayed once per token.
+The position is a 0-d tensor, so one graph serves all 256 positions: `torch_compiles` (Dynamo graphs
+compiled over all of the row's calls, from torch._dynamo.utils.counters) must be 1 and
+`torch_cudagraph_skips` 0. The prefill (eager, untimed) is in the row's setup; one call of a decode
+row is the loop of 256 steps (models_torch_decode.decode_loop), timed --loop-reps times after
+--loop-warmup, and divided by 256.
+With `--config tiny` the rows are named gpt2_tiny_* and llama_tiny_* instead (GPT-2 of 2 layers, a
+Llama of 2 layers with 8 query and 2 key/value heads; prompt 16, 8 decode steps), so tiny results
+cannot pass for full-size ones. --rows takes names or fnmatch patterns ('llama_*', '*decode_b1*');
+a full-size name also selects its tiny row under --config tiny.
+
+What coil's side must do for the decode rows to compare like for like (bench/models_table.py
+pairs rows by name; coil's row must carry "per_token": true and "batch", and should carry
+"coil_compiles"):
+  - Same sizes, bf16 weights and bf16 key/value cache of capacity 768 per layer, random weights,
+    prompt of 512 random token ids per sequence (values do not matter), greedy decoding.
+  - Untimed setup: build the model, allocate the cache, prefill the prompt (positions 0..511) and
+    take its argmax as the first input token (position 512). Warm-up: at least one whole loop.
+  - The timed call is one decode loop of 256 steps: step i feeds the B tokens at position 512 + i
+    (i = 0..255; the last writes cache slot 767) and produces the next B tokens by argmax on the
+    device; the produced tokens are the next step's input without a host round trip; the position is
+    a run-time value (device tensor or equivalent), not a recompile. Nothing is copied to the host
+    and nothing synchronizes inside the loop (a per-step blocking copy of the token to the host
+    would add latency the torch side does not pay); the B x 256 tokens stay on the device. Each
+    call restarts at position 512 over the same prefilled cache (slots >= 512 are overwritten
+    before they are read).
+  - coil_ms = device time of one whole loop / 256 (CUDA events recorded on the stream before the
+    first step's first launch and after the 256th step's last; median of 5 loops, each loop after
+    a 256 MiB L2 flush, no synchronize between loops); coil_wall_ms = host clock from before the
+    loop to after a synchronize at its end, / 256, median of 5 (synchronize before each).
+  - coil_compile_s = wall time of the first loop (which compiles the decode step and captures its
+    CUDA graph) minus a steady loop's; coil_compiles = graphs compiled over every loop of the row
+    (the target is 1); coil_peak_bytes = peak device bytes over one steady loop, everything live
+    counted (weights, cache, graph buffers).
+  - Prefill row: one call = the 512-token prompt at batch 1 written into the empty cache from
+    position 0 plus the argmax of the last position's logits (the head on the last position only);
+    coil_ms = its device time / 512 (median of 30 calls after 5 warm-up calls, L2 flushed before
+    each); coil_compile_s = first call minus a steady call.
 
 Timing, the method of ../shared/bench/torch_suite.py (triton.testing.do_bench) with counts instead of
 milliseconds: `--warmup` untimed calls, then `--reps` calls, each preceded by a 256 MiB memset that
@@ -46,18 +98,27 @@ with --rows to rule that out). Inductor's compile worker pool starts on the firs
 counted there. Eager runs first in each row, so CUDA, cuBLAS and cuDNN start-up costs are not counted
 as compile time.
 
-Expected run time on an H100 (estimated, not yet measured): 2-5 minutes, nearly all of it
-torch.compile (~20-40 s for the forward, ~40-90 s for the training step); the timed calls take
-seconds. Memory: the training step of 124M at B=8, T=1024 needs well under 40 GB.
+Expected run time on an H100 (estimated from the first run's compile times, the decode rows not yet
+measured): about 4-5 minutes for every row, at most ~6.5. The forward and training rows ~1 min (their
+cold compiles were 12 s and 21 s). The decode rows ~3 min: eager decode is bound by the host's
+launch rate (GPT-2 ~3 ms, Llama ~5-8 ms per step: 13 loops of 256 steps per row and mode, ~25 s
+per Llama row), each compiled row ~15-40 s of cold compile plus seconds of replay; the prefill row
+~30 s (its compile). Subsets: --rows 'gpt2_124m_fwd_bf16,gpt2_124m_train_step_bf16' (~1 min),
+--rows '*decode*' (~2.5 min), --rows '*prefill*' (~0.5 min), --modes compile (skips eager, ~1 min
+less), --loop-reps 3 (fewer loops). Memory: the training step of 124M at B=8, T=1024 needs well
+under 40 GB; Llama 1B decode at batch 16 ~3 GB (2.5 GB weights, 0.4 GB cache).
 
 Output: a table, and with --json {"device", "torch", "config", "precision", "timing", "rows": [{"name",
 "torch_compile_ms", "torch_eager_ms", "torch_peak_bytes" (compiled), "torch_eager_peak_bytes",
-"torch_compile_s", "notes", ...extra keys}]}. A row that fails keeps its name and an "error" key, and
-the exit status is 1. bench/models_table.py merges this with coil's JSON into the models table.
+"torch_compile_s", "notes", "compile_mode", ...extra keys}]}; the per-token rows add "per_token": true,
+"batch", "tokens_per_call", "torch_{eager,compile}_tokens_per_s" (batch * 1000 / ms), "torch_compiles",
+"torch_cudagraph_skips" and the first 16 generated tokens of sequence 0 ("torch_{mode}_first_tokens").
+A row that fails keeps its name and an "error" key, and the exit status is 1. bench/models_table.py
+merges this with coil's JSON into the models table.
 
-Adding rows (e.g. issue 21's decode rows): write a `setup(ctx, compiled) -> step` function and add a
-`RowSpec` to ROWS; `compile_mode` picks torch.compile's mode (e.g. "reduce-overhead") and `per_call`
-divides the times (e.g. by the number of tokens one call generates, for time per token).
+Adding rows: write a `setup(ctx, compiled) -> step` function and add a `RowSpec` to ROWS;
+`compile_mode` picks torch.compile's mode (e.g. "reduce-overhead") and `per_call` divides the times
+(e.g. by the number of tokens one call generates, for time per token).
 """
 import argparse
 import fnmatch
@@ -211,7 +272,7 @@ class Ctx:
     llama_name: str
     prompt: int
     new_tokens: int
-    loop_warmup: int = 2
+    loop_warmup: int = 1
     loop_reps: int = 5
     seed: int = 1234
     decode_seed: int = 0
@@ -475,7 +536,8 @@ def measure(spec: RowSpec, ctx: Ctx, compiled: bool, clock: Clock, warmup: int, 
     resident, peak = clock.memory(step)
     dev = clock.device_ms(step, reps)
     wall = clock.wall_ms(step, reps)
-    last = summarize(step())
+    # a loop row's calls are long and give the same tokens every time: no extra call for the last value
+    last = {} if spec.loop else summarize(step())
     graphs, skips = dec.compile_counts()
     div = spec.per_call(ctx)
     res = dict(
@@ -631,7 +693,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=30, help="timed calls per measurement (median)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls after the first")
     ap.add_argument("--loop-reps", type=int, default=5, help="timed calls of a decode row (each a whole loop)")
-    ap.add_argument("--loop-warmup", type=int, default=2, help="untimed decode loops after the first")
+    ap.add_argument("--loop-warmup", type=int, default=1, help="untimed decode loops after the first")
     ap.add_argument("--warm-cache", action="store_true", help="keep Inductor's and Triton's caches (not cold)")
     ap.add_argument("--check", action="store_true", help="run the self-check of the decode paths (tiny models, "
                     "whatever --config says) and exit")
