@@ -1,9 +1,11 @@
-//! The decode rows: a prompt of 512 tokens (prefill), then 256 tokens decoded one per step with
-//! a key/value cache, greedy, bf16 weights (random, from a fixed seed): GPT-2 124M and a Llama of
-//! Llama 3.2 1B's sizes, at batch 1 and 16. Each step's next token is the argmax on the device,
-//! computed in the step's graph with the cache written in place, and fed to the next step
-//! without a host round trip. A row's time is per token: the device time of the whole 256-token
-//! loop (CUDA events around it) over 256; the prefill row is the prefill's time over 512.
+//! The decode rows, as `bench/models_torch.py` measures them: a prompt of 512 tokens (prefill,
+//! untimed for the decode rows), then 256 decode steps (positions 512..767 of a cache of 768),
+//! greedy, bf16 weights (random, from a fixed seed): GPT-2 124M and a Llama of Llama 3.2 1B's
+//! sizes, at batch 1 and 16. Each step's next token is the argmax on the device, computed in the
+//! step's graph with the cache written in place, and fed to the next step without a host round
+//! trip. A row's time is per step: the device time of the 256-step loop (CUDA events around it,
+//! after a 256 MiB L2 flush) over 256, median of the loops; the prefill row is the prefill's
+//! time over 512.
 
 use super::{median, Opts, Row, Timer};
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
@@ -63,7 +65,7 @@ fn generate(
         Ok(())
     })?;
     let decode = timer.time(&mut || {
-        for _ in 1..new_tokens {
+        for _ in 0..new_tokens {
             let (logits, written) = model.step(next.as_ref().expect("prefilled"), &cache.position()?, &cache)?;
             let token = logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?;
             cache.commit(&written, 1, &[&token])?;
@@ -109,18 +111,24 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             let prompt = random_ids(batch, prompt_len, model.vocab())?.to_device(o.device)?;
             let first = Instant::now();
             let capacity = prompt_len + new_tokens;
+            let compiles = coil::compile_count();
             generate(model.as_ref(), &prompt, 3, capacity, timer)?; // compiles the prefill and decode graphs
             let compile_s = first.elapsed().as_secs_f64();
             let (mut pre, mut dec) = (Vec::new(), Vec::new());
-            for _ in 0..o.reps.clamp(1, 5) {
+            let loops = o.reps.clamp(1, 5);
+            for i in 0..loops {
+                if i + 1 == loops {
+                    timer.reset_peak();
+                }
                 let (p, d) = generate(model.as_ref(), &prompt, new_tokens, capacity, timer)?;
                 pre.push(p);
                 dec.push(d);
             }
+            let graphs = coil::compile_count() - compiles;
             let per = |v: &[(f64, f64)], k: usize, n: usize| {
                 median(v.iter().map(|t| (if k == 0 { t.0 } else { t.1 }) / 1e3 / n as f64).collect())
             };
-            let steps = new_tokens - 1;
+            let steps = new_tokens;
             if wanted(&name) {
                 let row = Row {
                     name: name.clone(),
@@ -129,8 +137,9 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                     peak: timer.peak(),
                     compile_s: (compile_s - per(&pre, 1, 1) / 1e3).max(0.0),
                     notes: format!(
-                        "per token: {steps} greedy decode steps after a {prompt_len}-token prefill, batch {batch}, static KV cache, argmax on the device"
+                        "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device; {graphs} graphs compiled (cache, prefill, decode)"
                     ),
+                    per_token_batch: Some(batch),
                 };
                 eprintln!("{:<28} {:9.3} ms/token device  {:9.3} wall", row.name, row.device_ms, row.wall_ms);
                 out.push(row);
@@ -143,6 +152,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                     peak: timer.peak(),
                     compile_s: 0.0,
                     notes: format!("per token: a {prompt_len}-token prefill at batch 1 over {prompt_len}"),
+                    per_token_batch: Some(1),
                 };
                 eprintln!("{:<28} {:9.4} ms/token device  {:9.4} wall", row.name, row.device_ms, row.wall_ms);
                 out.push(row);

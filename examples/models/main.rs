@@ -88,7 +88,7 @@ impl Timer {
         Ok((device_us, wall.elapsed().as_secs_f64() * 1e6))
     }
 
-    fn reset_peak(&self) {
+    pub fn reset_peak(&self) {
         if let Some((dev, ..)) = &self.cuda {
             dev.reset_peak_memory();
         }
@@ -106,6 +106,8 @@ pub struct Row {
     peak: usize,
     compile_s: f64,
     notes: String,
+    /// For per-token rows (decode, prefill): the batch; `None` for per-call rows.
+    per_token_batch: Option<usize>,
 }
 
 pub fn median(mut v: Vec<f64>) -> f64 {
@@ -144,6 +146,7 @@ fn bench(
         peak: timer.peak(),
         compile_s: (first_s - wall_ms / 1e3).max(0.0),
         notes: notes.into(),
+        per_token_batch: None,
     };
     eprintln!(
         "{:<28} {:9.3} ms device  {:9.3} ms wall  peak {:7.1} MB  compile {:6.2} s",
@@ -268,8 +271,9 @@ fn main() -> coil::Result<()> {
     let json_rows: Vec<String> = rows
         .iter()
         .map(|r| {
+            let per_token = r.per_token_batch.map_or(String::new(), |b| format!(", \"per_token\": true, \"batch\": {b}"));
             format!(
-                "{{\"name\": \"{}\", \"coil_ms\": {:.4}, \"coil_wall_ms\": {:.4}, \"coil_peak_bytes\": {}, \"coil_compile_s\": {:.3}, \"notes\": \"{}\"}}",
+                "{{\"name\": \"{}\", \"coil_ms\": {:.4}, \"coil_wall_ms\": {:.4}, \"coil_peak_bytes\": {}, \"coil_compile_s\": {:.3}, \"notes\": \"{}\"{per_token}}}",
                 r.name, r.device_ms, r.wall_ms, r.peak, r.compile_s, r.notes
             )
         })
