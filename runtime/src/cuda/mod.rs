@@ -256,8 +256,8 @@ impl CudaCompiledGraph {
                             Language::Ptx { level: 3 } => "ptxas -O3",
                             Language::Ptx { .. } => "ptxas -O4",
                         },
-                        compile_us: (cubins[unit].compile_seconds * 1e6) as u64,
-                        load_us: (cubins[unit].load_seconds * 1e6) as u64,
+                        compile_us: (cubins[unit_of[unit]].compile_seconds * 1e6) as u64,
+                        load_us: (cubins[unit_of[unit]].load_seconds * 1e6) as u64,
                     });
                     let status = attributes.len() - 1;
                     let args = tile.args.iter().map(|a| a.buffer).collect();
