@@ -404,14 +404,19 @@ impl CausalSelfAttention {
             None => (q, k),
         };
         let (k_all, v_all) = (write_positions(k_cache, &k, pos)?, write_positions(v_cache, &v, pos)?);
-        // Query i (at pos + i) sees the keys at positions up to its own.
+        // The query heads that share a key/value head are rows of one matrix (no copy of the
+        // cache per query head): row r of group g is head g * rep + r / T at position pos + r % T.
+        let rep = h / hkv;
+        let (bi, ti) = (b as i64, t as i64);
+        let q = q.reshape(&[bi, hkv, rep * ti, d])?;
+        let rows = Tensor::arange(0, rep * ti, 1, DType::I64)?.to_device(device)?.remainder(ti)?.add(pos)?;
+        // Row r sees the keys at positions up to its own.
         let cap = k_cache.shape()[2];
         let keys = Tensor::iota(&[1, cap], 1)?.to_device(device)?;
-        let mask = keys.le(&positions.reshape(&[t as i64, 1])?)?;
-        let (kr, vr) =
-            (repeat_kv(&k_all.to_dtype(q.dtype())?, h / hkv)?, repeat_kv(&v_all.to_dtype(q.dtype())?, h / hkv)?);
-        let y = scaled_dot_product_attention(&q, &kr, &vr, Some(&mask), false, None)?;
-        let y = y.transpose(1, 2)?.reshape(&[b as i64, t as i64, c as i64])?;
+        let mask = keys.le(&rows.reshape(&[rep * ti, 1])?)?;
+        let (k_all_q, v_all_q) = (k_all.to_dtype(q.dtype())?, v_all.to_dtype(q.dtype())?);
+        let y = scaled_dot_product_attention(&q, &k_all_q, &v_all_q, Some(&mask), false, None)?;
+        let y = y.reshape(&[bi, h, ti, d])?.transpose(1, 2)?.reshape(&[bi, ti, c as i64])?;
         Ok((self.resid_dropout.forward(&self.out.forward(&y)?)?, k_all, v_all))
     }
 
