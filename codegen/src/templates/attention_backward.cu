@@ -33,23 +33,47 @@ extern __shared__ coil_chunk coil_dynamic_shared[];
 #define COIL_DYNAMIC_SHARED ((coil_u16 *)coil_dynamic_shared)
 #endif
 
+/* Whether a warp holds its 16 rows of the operands that stay fixed through a block's walk (K
+   and V for dK, dV; Q and dO for dQ) as A fragments in registers: up to head dim 64. Their
+   tiles are then free after the first load, and the walk double-buffers the other two operands
+   in them (the next block's copies overlap this block's products). Wider heads keep all four
+   tiles and read the fragments again at each step (registers). */
+template <int DP> struct CoilHold { static constexpr bool value = DP <= 64; };
+
 /* dK and dV of 64 keys (warp w: keys 16w .. 16w + 15), by the transposed products: the warp
    holds S^T and dP^T (16 keys x 64 query rows) as accumulators, which are A fragments of the
-   next products. */
+   next products. Tiles (TILE elements each): K, V in 2, 3; Q, dO in 0, 1 (and, holding, the
+   next block's Q, dO in 2, 3, alternating). */
 template <int DP, bool BF16>
 COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
                                     const float *lse, const float *delta, coil_u16 *dk, coil_u16 *dv,
                                     const CoilAttnBwdParams &p, int kblock) {
-    constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8;
-    coil_u16 *sk = COIL_DYNAMIC_SHARED, *sv = sk + BLOCK * PITCH, *sq = sv + BLOCK * PITCH, *sdo = sq + BLOCK * PITCH;
-    float *s_lse = (float *)(sdo + BLOCK * PITCH), *s_delta = s_lse + BLOCK;
+    constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8, TILE = BLOCK * PITCH;
+    constexpr bool HOLD = CoilHold<DP>::value;
+    coil_u16 *smem = COIL_DYNAMIC_SHARED;
+    float *s_lse = (float *)(smem + 4 * TILE), *s_delta = s_lse + BLOCK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int key0 = kblock * BLOCK;
     const coil_u16 *qb = q + coil_batch_base(p.q, p.heads), *dob = dout + coil_batch_base(p.dout, p.heads);
-    coil_tile_load<DP>(sk, k + coil_batch_base(p.k, p.heads), p.k.row, key0, p.s, p.d);
-    coil_tile_load<DP>(sv, v + coil_batch_base(p.v, p.heads), p.v.row, key0, p.s, p.d);
+    /* Query blocks whose rows see a key of this block: all, or (causal) from the diagonal on. */
+    const int qblocks = (p.l + BLOCK - 1) / BLOCK, first = p.causal ? kblock : 0;
+    coil_tile_load<DP>(smem + 2 * TILE, k + coil_batch_base(p.k, p.heads), p.k.row, key0, p.s, p.d);
+    coil_tile_load<DP>(smem + 3 * TILE, v + coil_batch_base(p.v, p.heads), p.v.row, key0, p.s, p.d);
     coil_cp_async_commit();
+    if (first < qblocks) {
+        coil_tile_load<DP>(smem, qb, p.q.row, first * BLOCK, p.l, p.d);
+        coil_tile_load<DP>(smem + TILE, dob, p.dout.row, first * BLOCK, p.l, p.d);
+    }
+    coil_cp_async_commit();
+    coil_u32 kf[HOLD ? KC : 1][4], vf[HOLD ? KC : 1][4];
+    if constexpr (HOLD) {
+        coil_cp_async_wait<1>(); /* K and V landed */
+        __syncthreads();
+        coil_a_frags<DP>(smem + 2 * TILE, warp * 16, kf);
+        coil_a_frags<DP>(smem + 3 * TILE, warp * 16, vf);
+        __syncthreads(); /* every warp holds its K and V: tiles 2, 3 are free */
+    }
 
     float dk_acc[NT][4], dv_acc[NT][4];
 #pragma unroll
@@ -57,31 +81,40 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.f;
     }
-    /* Query blocks whose rows see a key of this block: all, or (causal) from the diagonal on. */
-    const int qblocks = (p.l + BLOCK - 1) / BLOCK;
-    for (int qbi = p.causal ? kblock : 0; qbi < qblocks; ++qbi) {
+    for (int qbi = first, stage = 0; qbi < qblocks; ++qbi, stage ^= 1) {
         const int row0 = qbi * BLOCK;
-        coil_tile_load<DP>(sq, qb, p.q.row, row0, p.l, p.d);
-        coil_tile_load<DP>(sdo, dob, p.dout.row, row0, p.l, p.d);
-        coil_cp_async_commit();
+        coil_u16 *sq = smem + (HOLD ? 2 * stage : 0) * TILE, *sdo = sq + TILE;
+        if (HOLD && qbi + 1 < qblocks) {
+            coil_u16 *next = smem + 2 * (stage ^ 1) * TILE;
+            coil_tile_load<DP>(next, qb, p.q.row, row0 + BLOCK, p.l, p.d);
+            coil_tile_load<DP>(next + TILE, dob, p.dout.row, row0 + BLOCK, p.l, p.d);
+        } else if (!HOLD && qbi > first) {
+            coil_tile_load<DP>(sq, qb, p.q.row, row0, p.l, p.d);
+            coil_tile_load<DP>(sdo, dob, p.dout.row, row0, p.l, p.d);
+        }
+        coil_cp_async_commit(); /* maybe empty: the waits below count alike */
         if (threadIdx.x < BLOCK) {
             s_lse[threadIdx.x] = coil_lse2(lse, row0 + threadIdx.x, p.l);
             s_delta[threadIdx.x] = coil_row_stat(delta, row0 + threadIdx.x, p.l);
         }
-        coil_cp_async_wait<0>();
+        if constexpr (HOLD) {
+            coil_cp_async_wait<1>(); /* this block's Q, dO landed (the next block's may not have) */
+        } else {
+            coil_cp_async_wait<0>();
+        }
         __syncthreads();
 
         /* S^T = K Q^T: this warp's 16 keys x 64 rows; then P^T in place, 0 where masked (rows
            past the end, keys after the row when causal). */
-        coil_u32 af[KC][4];
+        coil_u32 af[HOLD ? 1 : KC][4];
         float st[8][4], dpt[8][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
         }
-        coil_a_frags<DP>(sk, warp * 16, af);
-        coil_mma_abt<DP, BF16>(st, af, sq);
+        if constexpr (!HOLD) coil_a_frags<DP>(smem + 2 * TILE, warp * 16, af);
+        coil_mma_abt<DP, BF16>(st, HOLD ? kf : af, sq);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -93,67 +126,92 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
         }
         coil_mma_ab<DP, BF16>(dv_acc, st, sdo); /* dV += P^T dO */
         /* dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place. */
-        coil_a_frags<DP>(sv, warp * 16, af);
-        coil_mma_abt<DP, BF16>(dpt, af, sdo);
+        if constexpr (!HOLD) coil_a_frags<DP>(smem + 3 * TILE, warp * 16, af);
+        coil_mma_abt<DP, BF16>(dpt, HOLD ? vf : af, sdo);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - s_delta[j * 8 + 2 * t + (e & 1)]);
         }
         coil_mma_ab<DP, BF16>(dk_acc, dpt, sq); /* dK += dS^T Q (scaled at the end) */
-        __syncthreads(); /* every warp is done with the Q and dO tiles and the statistics */
+        __syncthreads(); /* every warp is done with these tiles and the statistics */
     }
     coil_cp_async_wait<0>(); /* no copy outlives the block (when no query block sees these keys) */
     const float one[2] = {1.f, 1.f}, scale[2] = {p.scale, p.scale};
-    const int first = key0 + warp * 16;
-    if (dk) coil_store_rows<DP, BF16>(dk + coil_batch_base(p.dk, p.heads), p.dk.row, first, p.s, p.d, dk_acc, scale);
-    if (dv) coil_store_rows<DP, BF16>(dv + coil_batch_base(p.dv, p.heads), p.dv.row, first, p.s, p.d, dv_acc, one);
+    const int row = key0 + warp * 16;
+    if (dk) coil_store_rows<DP, BF16>(dk + coil_batch_base(p.dk, p.heads), p.dk.row, row, p.s, p.d, dk_acc, scale);
+    if (dv) coil_store_rows<DP, BF16>(dv + coil_batch_base(p.dv, p.heads), p.dv.row, row, p.s, p.d, dv_acc, one);
 }
 
-/* dQ of 64 query rows (warp w: rows 16w .. 16w + 15). */
+/* dQ of 64 query rows (warp w: rows 16w .. 16w + 15). Tiles: Q, dO in 0, 1 (holding: staged
+   in 2, 3); K, V in 2, 3 (holding: in 0, 1 and 2, 3, alternating). */
 template <int DP, bool BF16>
 COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
                                   const float *lse, const float *delta, coil_u16 *dq, const CoilAttnBwdParams &p,
                                   int qblock) {
-    constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8;
-    coil_u16 *sq = COIL_DYNAMIC_SHARED, *sdo = sq + BLOCK * PITCH, *sk = sdo + BLOCK * PITCH, *sv = sk + BLOCK * PITCH;
+    constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8, TILE = BLOCK * PITCH;
+    constexpr bool HOLD = CoilHold<DP>::value;
+    coil_u16 *smem = COIL_DYNAMIC_SHARED;
+    coil_u16 *sq = smem + (HOLD ? 2 : 0) * TILE, *sdo = sq + TILE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = qblock * BLOCK, first = row0 + warp * 16;
     const coil_u16 *kb = k + coil_batch_base(p.k, p.heads), *vb = v + coil_batch_base(p.v, p.heads);
+    int kblocks = (p.s + BLOCK - 1) / BLOCK;
+    if (p.causal) kblocks = coil_imin(kblocks, qblock + 1);
     coil_tile_load<DP>(sq, q + coil_batch_base(p.q, p.heads), p.q.row, row0, p.l, p.d);
     coil_tile_load<DP>(sdo, dout + coil_batch_base(p.dout, p.heads), p.dout.row, row0, p.l, p.d);
+    coil_cp_async_commit();
+    coil_tile_load<DP>(smem + (HOLD ? 0 : 2) * TILE, kb, p.k.row, 0, p.s, p.d);
+    coil_tile_load<DP>(smem + (HOLD ? 1 : 3) * TILE, vb, p.v.row, 0, p.s, p.d);
     coil_cp_async_commit();
     /* This thread's rows g and g + 8: the logsumexp (log2 units) and delta. */
     const float lse2[2] = {coil_lse2(lse, first + g, p.l), coil_lse2(lse, first + g + 8, p.l)};
     const float dl[2] = {coil_row_stat(delta, first + g, p.l), coil_row_stat(delta, first + g + 8, p.l)};
+    coil_u32 qf[HOLD ? KC : 1][4], gf[HOLD ? KC : 1][4];
+    if constexpr (HOLD) {
+        coil_cp_async_wait<1>(); /* Q and dO landed */
+        __syncthreads();
+        coil_a_frags<DP>(sq, warp * 16, qf);
+        coil_a_frags<DP>(sdo, warp * 16, gf);
+        __syncthreads(); /* every warp holds its Q and dO: tiles 2, 3 are free */
+    }
 
     float dq_acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.f;
-    int kblocks = (p.s + BLOCK - 1) / BLOCK;
-    if (p.causal) kblocks = coil_imin(kblocks, qblock + 1);
-    for (int kbi = 0; kbi < kblocks; ++kbi) {
+    for (int kbi = 0, stage = 0; kbi < kblocks; ++kbi, stage ^= 1) {
         const int key0 = kbi * BLOCK;
-        coil_tile_load<DP>(sk, kb, p.k.row, key0, p.s, p.d);
-        coil_tile_load<DP>(sv, vb, p.v.row, key0, p.s, p.d);
-        coil_cp_async_commit();
-        coil_cp_async_wait<0>();
+        coil_u16 *sk = smem + (HOLD ? 2 * stage : 2) * TILE, *sv = sk + TILE;
+        if (HOLD && kbi + 1 < kblocks) {
+            coil_u16 *next = smem + 2 * (stage ^ 1) * TILE;
+            coil_tile_load<DP>(next, kb, p.k.row, key0 + BLOCK, p.s, p.d);
+            coil_tile_load<DP>(next + TILE, vb, p.v.row, key0 + BLOCK, p.s, p.d);
+        } else if (!HOLD && kbi > 0) {
+            coil_tile_load<DP>(sk, kb, p.k.row, key0, p.s, p.d);
+            coil_tile_load<DP>(sv, vb, p.v.row, key0, p.s, p.d);
+        }
+        coil_cp_async_commit(); /* maybe empty: the waits below count alike */
+        if constexpr (HOLD) {
+            coil_cp_async_wait<1>(); /* this block's K, V landed (the next block's may not have) */
+        } else {
+            coil_cp_async_wait<0>();
+        }
         __syncthreads();
 
         /* S = Q K^T and P in place (0 for keys past the end, and after the row when causal);
            dP = dO V^T and dS = P (dP - delta) in place. */
-        coil_u32 af[KC][4];
+        coil_u32 af[HOLD ? 1 : KC][4];
         float s[8][4], dp[8][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
         }
-        coil_a_frags<DP>(sq, warp * 16, af);
-        coil_mma_abt<DP, BF16>(s, af, sk);
-        coil_a_frags<DP>(sdo, warp * 16, af);
-        coil_mma_abt<DP, BF16>(dp, af, sv);
+        if constexpr (!HOLD) coil_a_frags<DP>(sq, warp * 16, af);
+        coil_mma_abt<DP, BF16>(s, HOLD ? qf : af, sk);
+        if constexpr (!HOLD) coil_a_frags<DP>(sdo, warp * 16, af);
+        coil_mma_abt<DP, BF16>(dp, HOLD ? gf : af, sv);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -167,6 +225,7 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
         coil_mma_ab<DP, BF16>(dq_acc, s, sk); /* dQ += dS K (scaled at the end) */
         __syncthreads(); /* every warp is done with the K and V tiles */
     }
+    coil_cp_async_wait<0>();
     const float scale[2] = {p.scale, p.scale};
     coil_store_rows<DP, BF16>(dq + coil_batch_base(p.dq, p.heads), p.dq.row, first, p.l, p.d, dq_acc, scale);
 }
