@@ -65,6 +65,55 @@ fn attention_with_a_dynamic_sequence_length() {
     assert!(ir.contains("extern attention causal scale=0.35355339059327373 batch=[2, 2] l=s0 s=s0 d=8"), "{ir}");
 }
 
+/// Gradients through the templates in a compiled function whose sequence length is dynamic:
+/// one compile (a forward and a backward call with the length symbolic) serves every length,
+/// and every length agrees with the interpreter.
+#[test]
+fn attention_gradients_with_a_dynamic_sequence_length() {
+    let body = |a: &[Tensor]| -> coil::Result<Vec<Tensor>> {
+        let (b, t, h, d) = (a[0].shape()[0] as i64, a[0].shape()[1] as i64, 2i64, 8i64);
+        let heads = |x: &Tensor| x.view(&[b, t, h, d])?.transpose(1, 2);
+        let (q, k, v) = (heads(&a[0])?, heads(&a[1])?, heads(&a[2])?);
+        let y = coil::scaled_dot_product_attention(&q, &k, &v, None, true, None)?;
+        let loss = y.mul(&y)?.sum_all()?;
+        let (loss, grads) = coil::value_and_grad(&loss, &[&a[0], &a[1], &a[2]])?;
+        Ok(std::iter::once(loss).chain(grads).collect())
+    };
+    let f = coil::compile(body).named("attention_grad");
+    coil::set_backend(coil::Backend::Compiled);
+    coil::set_default_device(Device::Cpu);
+    let make = |t: usize, seed: usize| {
+        let v: Vec<f32> = (0..2 * t * 16).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
+        let x = Tensor::from_vec(v, &[2, t, 16]).unwrap();
+        x.mark_dynamic(1).unwrap();
+        x
+    };
+    for t in [5usize, 9, 70] {
+        let args = [make(t, 1), make(t, 2), make(t, 3)];
+        let got: Vec<Vec<f64>> =
+            f.call(&args.iter().collect::<Vec<_>>()).unwrap().iter().map(|x| x.to_vec::<f64>().unwrap()).collect();
+        coil::set_backend(coil::Backend::Interpreter);
+        let want: Vec<Vec<f64>> = body(&args).unwrap().iter().map(|x| x.to_vec::<f64>().unwrap()).collect();
+        coil::set_backend(coil::Backend::Compiled);
+        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+            let err = cases::rel_error(x, y);
+            assert!(err <= 1e-5, "T = {t}: output {i} (0: the loss) differs by {err:.2e}");
+        }
+    }
+    assert_eq!(f.compile_count(), 1, "one compile serves every length");
+    let args = [make(12, 1), make(12, 2), make(12, 3)];
+    let outputs = body(&args).unwrap();
+    let ir = &coil::inspect(&outputs.iter().collect::<Vec<_>>()).unwrap().pre_fusion;
+    assert!(ir.starts_with("symbol s0"), "{ir}");
+    assert!(ir.contains("= extern attention causal scale=0.35355339059327373 batch=[2, 2] l=s0 s=s0 d=8"), "{ir}");
+    assert!(
+        ir.contains(
+            "= extern attention_backward causal scale=0.35355339059327373 batch=[2, 2] l=s0 s=s0 d=8 grads=[q, k, v]"
+        ),
+        "{ir}"
+    );
+}
+
 /// A GPT-2 training step (`coil::nn`, causal `scaled_dot_product_attention` in every block,
 /// gradients of every parameter) lowers with each layer's attention one template call forward
 /// and one backward, and no buffer of the `[B, H, T, T]` scores: in bf16 (the passes alone, as
