@@ -128,7 +128,7 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
                 let what = match &node.kind {
                     LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => "gemm".to_string(),
                     LoopKind::Extern { call: ExternCall::Attention { .. }, .. } => "attention template".to_string(),
-                    LoopKind::Extern { call: ExternCall::AttentionBackward { .. }, .. } => {
+                    LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
                         "attention backward template".to_string()
                     }
                     LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => {

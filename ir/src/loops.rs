@@ -213,41 +213,53 @@ pub enum ExternCall {
         /// The factor on `q . k` (`1 / sqrt(d)` unless given).
         scale: f64,
     },
-    /// The attention backward template (FlashAttention-2 style): the gradients of
-    /// [`ExternCall::Attention`] with respect to q, k and v, the probabilities recomputed from
-    /// the saved logsumexp and never stored. With `P = exp(scale * q k^T - lse)` (0 where
-    /// masked) and `dS = P * (grad_out v^T - delta)`: `dq = scale * dS k`,
-    /// `dk = scale * dS^T q`, `dv = P^T grad_out`, accumulated in f32 (f64 for f64) and rounded
-    /// once. `q`, `k`, `v` and `grad_out` (`[*batch, l, d]`) are strided views of their
-    /// buffers; `lse` and `delta` (`delta = sum(grad_out * out, -1)`) are `[*batch, l]`
-    /// row-major buffers of the statistics' dtype (f32, f64 for f64). Each wanted gradient is
-    /// written through its operand (`dq` `[*batch, l, d]`, `dk` and `dv` `[*batch, s, d]`); at
-    /// least one is, and the node's output buffer is the first of them.
-    AttentionBackward {
-        q: StridedOperand,
-        k: StridedOperand,
-        v: StridedOperand,
-        grad_out: StridedOperand,
-        lse: BufferId,
-        delta: BufferId,
-        dq: Option<StridedOperand>,
-        dk: Option<StridedOperand>,
-        dv: Option<StridedOperand>,
-        /// Batch dims of every operand.
-        batch: Vec<Expr>,
-        /// Query rows.
-        l: Expr,
-        /// Keys (and values).
-        s: Expr,
-        /// Head dim of q, k and v.
-        d: Expr,
-        causal: bool,
-        /// The factor on `q . k`.
-        scale: f64,
-    },
+    /// The attention backward template (FlashAttention-2 style): see [`AttentionBackwardCall`]
+    /// (boxed: the largest call by far).
+    AttentionBackward(Box<AttentionBackwardCall>),
     /// A primitive op run by the reference interpreter on its operand buffers (an op with no
     /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
     Fallback { op: Op },
+}
+
+/// The attention backward template's call ([`ExternCall::AttentionBackward`]): the gradients of
+/// [`ExternCall::Attention`] with respect to q, k and v, the probabilities recomputed from the
+/// saved logsumexp and never stored. With `P = exp(scale * q k^T - lse)` (0 where masked) and
+/// `dS = P * (grad_out v^T - delta)`: `dq = scale * dS k`, `dk = scale * dS^T q`,
+/// `dv = P^T grad_out`, accumulated in f32 (f64 for f64) and rounded once. `q`, `k`, `v` and
+/// `grad_out` (`[*batch, l, d]`) are strided views of their buffers; `lse` and `delta`
+/// (`delta = sum(grad_out * out, -1)`) are `[*batch, l]` row-major buffers of the statistics'
+/// dtype (f32, f64 for f64). Each wanted gradient is written through its operand (`dq`
+/// `[*batch, l, d]`, `dk` and `dv` `[*batch, s, d]`); at least one is, and the node's output
+/// buffer is the first of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionBackwardCall {
+    pub q: StridedOperand,
+    pub k: StridedOperand,
+    pub v: StridedOperand,
+    pub grad_out: StridedOperand,
+    pub lse: BufferId,
+    pub delta: BufferId,
+    pub dq: Option<StridedOperand>,
+    pub dk: Option<StridedOperand>,
+    pub dv: Option<StridedOperand>,
+    /// Batch dims of every operand.
+    pub batch: Vec<Expr>,
+    /// Query rows.
+    pub l: Expr,
+    /// Keys (and values).
+    pub s: Expr,
+    /// Head dim of q, k and v.
+    pub d: Expr,
+    pub causal: bool,
+    /// The factor on `q . k`.
+    pub scale: f64,
+}
+
+impl AttentionBackwardCall {
+    /// The wanted gradients' views, in q, k, v order.
+    pub fn grads(&self) -> [&Option<StridedOperand>; 3] {
+        [&self.dq, &self.dk, &self.dv]
+    }
 }
 
 impl ExternCall {
@@ -256,7 +268,7 @@ impl ExternCall {
         match self {
             ExternCall::Bmm { .. } => "bmm",
             ExternCall::Attention { .. } => "attention",
-            ExternCall::AttentionBackward { .. } => "attention_backward",
+            ExternCall::AttentionBackward(_) => "attention_backward",
             ExternCall::Fallback { .. } => "fallback",
         }
     }
@@ -267,9 +279,7 @@ impl ExternCall {
     pub fn written(&self) -> Vec<BufferId> {
         match self {
             ExternCall::Attention { out, lse, .. } => std::iter::once(out.buffer).chain(*lse).collect(),
-            ExternCall::AttentionBackward { dq, dk, dv, .. } => {
-                [dq, dk, dv].into_iter().flatten().map(|o| o.buffer).collect()
-            }
+            ExternCall::AttentionBackward(call) => call.grads().into_iter().flatten().map(|o| o.buffer).collect(),
             ExternCall::Bmm { .. } | ExternCall::Fallback { .. } => vec![],
         }
     }
@@ -299,7 +309,8 @@ impl fmt::Display for ExternCall {
                 let dims: Vec<Expr> = batch.iter().copied().chain([*l, *d]).collect();
                 write_layout(f, "out", out, &dims)
             }
-            ExternCall::AttentionBackward { dq, dk, dv, batch, l, s, d, causal, scale, .. } => {
+            ExternCall::AttentionBackward(call) => {
+                let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
                 let causal = if *causal { " causal" } else { "" };
                 let grads: Vec<&str> =
                     [(dq, "q"), (dk, "k"), (dv, "v")].iter().filter(|(g, _)| g.is_some()).map(|(_, n)| *n).collect();
@@ -613,10 +624,8 @@ impl LoopProgram {
                     (*q, *k, *v, *out) = (q.map(&at), k.map(&at), v.map(&at), out.map(&at));
                     batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
                 }
-                LoopKind::Extern {
-                    call: ExternCall::AttentionBackward { q, k, v, grad_out, dq, dk, dv, batch, l, s, d, .. },
-                    ..
-                } => {
+                LoopKind::Extern { call: ExternCall::AttentionBackward(call), .. } => {
+                    let AttentionBackwardCall { q, k, v, grad_out, dq, dk, dv, batch, l, s, d, .. } = &mut **call;
                     (*q, *k, *v, *grad_out) = (q.map(&at), k.map(&at), v.map(&at), grad_out.map(&at));
                     for g in [dq, dk, dv].into_iter().flatten() {
                         *g = g.map(&at);

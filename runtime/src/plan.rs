@@ -90,7 +90,8 @@ pub(crate) fn check_extern(
             }
             vec![(q.buffer, dtype), (k.buffer, dtype), (v.buffer, dtype)]
         }
-        ExternCall::AttentionBackward { q, k, v, grad_out, lse, delta, .. } => {
+        ExternCall::AttentionBackward(call) => {
+            let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, .. } = &**call;
             if let Some(g) = written.iter().find(|g| p.buffer(**g).meta.dtype != dtype) {
                 return Err(format!("attention_backward writes buffer {} of another dtype than {dtype}", g.0));
             }

@@ -68,13 +68,12 @@ fn decomposed(case: &Case, a: &[Tensor]) -> Result<Tensor> {
     y.transpose(1, 2)?.contiguous().view(&[b, t, c])
 }
 
+/// The loss and the gradients as f64 vectors, and the compiled program when there is one.
+type Gradients = (Vec<Vec<f64>>, Option<std::sync::Arc<coil::Compiled>>);
+
 /// `sum(y * w)` in f32 for a fixed `w` of y's shape, and its gradients with respect to the
 /// inputs, as f64 vectors (the loss first); the compiled program when it was compiled.
-fn gradients(
-    case: &Case,
-    device: Device,
-    program: fn(&Case, &[Tensor]) -> Result<Tensor>,
-) -> Result<(Vec<Vec<f64>>, Option<std::sync::Arc<coil::Compiled>>)> {
+fn gradients(case: &Case, device: Device, program: fn(&Case, &[Tensor]) -> Result<Tensor>) -> Result<Gradients> {
     let a = inputs(case, device)?;
     let y = program(case, &a)?;
     let w = tensor(&normals(7, y.shape().iter().product()), y.shape(), DType::F32, device)?;

@@ -141,7 +141,7 @@ fn gpt2_training_step_keeps_attention_templates_both_ways() {
     for dtype in [DType::BF16, DType::F32] {
         coil::manual_seed(3);
         let store = ParamStore::new();
-        let model = Gpt2::new(&store.root(Device::Cpu, dtype), config.clone()).unwrap();
+        let model = Gpt2::new(&store.root(Device::Cpu, dtype), config).unwrap();
         let tokens = |seed: i64| -> Tensor {
             let v: Vec<i64> = (0..(b * t) as i64).map(|i| (i * 7 + seed * 13) % 50).collect();
             Tensor::from_vec(v, &[b, t]).unwrap()

@@ -15,7 +15,7 @@
 //! puts it, and the permute costs nothing.
 
 use super::{strides, Lowerer};
-use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopNode, StridedOperand};
+use coil_ir::loops::{AttentionBackwardCall, BufferId, ExternCall, LoopKind, LoopNode, StridedOperand};
 use coil_ir::sym::Expr;
 use coil_ir::{AttentionInput, Error, NodeId, Op, Result};
 use std::collections::HashMap;
@@ -195,7 +195,7 @@ impl Lowerer<'_> {
         let output = grads.iter().flatten().next().expect("a group has a member").buffer;
         let inputs = vec![qv.buffer, kv.buffer, vv.buffer, gv.buffer, lse, delta];
         let [dq, dk, dv] = grads;
-        let call = ExternCall::AttentionBackward {
+        let call = ExternCall::AttentionBackward(Box::new(AttentionBackwardCall {
             q: qv,
             k: kv,
             v: vv,
@@ -211,7 +211,7 @@ impl Lowerer<'_> {
             d,
             causal,
             scale,
-        };
+        }));
         self.push_template(output, group.to_vec(), LoopKind::Extern { call, inputs });
         Ok(())
     }

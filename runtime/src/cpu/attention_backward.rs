@@ -9,7 +9,7 @@
 //! rounded once to the dtype; operands are read, and gradients written, through their strides.
 
 use super::attention::{cast, cast_mut, check_views, dot, rows_of, write_rows, Real};
-use coil_ir::loops::{const_usize, ExternCall, StridedOperand};
+use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -51,10 +51,8 @@ impl AttentionBackwardSpec {
     /// The spec of an `AttentionBackward` call of an instantiated program (constant sizes);
     /// `None` for other extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<AttentionBackwardSpec> {
-        let ExternCall::AttentionBackward { q, k, v, grad_out, dq, dk, dv, batch, l, s, d, causal, scale, .. } = call
-        else {
-            return None;
-        };
+        let ExternCall::AttentionBackward(call) = call else { return None };
+        let AttentionBackwardCall { q, k, v, grad_out, dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
         let grad = |g: &Option<StridedOperand>| match g {
             Some(g) => g.to_usize().map(Some),
             None => Some(None),

@@ -319,7 +319,9 @@ impl CompiledGraph {
                 let (out, lse) = (written(out_id), lse.map(written));
                 attention::attention_bytes(&spec, dtype, view(q.buffer), view(k.buffer), view(v.buffer), out, lse)
             }
-            ExternCall::AttentionBackward { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } => {
+            ExternCall::AttentionBackward(backward) => {
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =
+                    &**backward;
                 let spec = attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
                 let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| written(g.buffer));

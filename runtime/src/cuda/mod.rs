@@ -648,7 +648,9 @@ impl CudaCompiledGraph {
                 let (q, k, v) = (operand(q.buffer), operand(k.buffer), operand(v.buffer));
                 attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id), lse.map(operand))
             }
-            ExternCall::AttentionBackward { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } => {
+            ExternCall::AttentionBackward(backward) => {
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =
+                    &**backward;
                 let spec = crate::cpu::attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
                 let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| operand(g.buffer));
