@@ -95,6 +95,25 @@ fn attention_template_agrees_with_the_interpreter_on_cuda() {
     }
 }
 
+/// Gradients through the attention templates on CUDA (the backward kernels: tensor-core for
+/// f16 / bf16, the simple one for f32) against the interpreter and the decomposed path: causal
+/// and not, L and S not multiples of 64, head dims 32 to 128, GPT-2's head views.
+#[test]
+fn attention_gradients_through_the_templates_agree_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::grad::check_grad_all(device);
+    }
+}
+
+/// GPT-2-sized attention gradients (bf16, B=2, H=4, T=1000 causal, D=64, and f16 T=777 not
+/// causal, D=128) on CUDA against the CPU's compiled templates.
+#[test]
+fn large_attention_gradients_agree_with_the_cpu_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::grad::check_grad_large(device);
+    }
+}
+
 #[test]
 fn cpu_and_cuda_tensors_in_one_op_is_an_error() {
     if let Some(device) = gpu() {

@@ -41,9 +41,11 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
     let mut roots = vec![output];
     roots.extend_from_slice(wrt);
     let (captured, inputs) = capture_walk(&roots, wrt);
-    // Half-precision attention takes its products on tensor cores, forward and backward (the
-    // attention template serves graphs without gradients only).
-    let options = coil_passes::DecomposeOptions { fused_attention: false, keep_detach: true, half_products: true };
+    // Attention the template supports stays one template node (written out or
+    // `scaled_dot_product_attention`), and its gradients become the backward template: neither
+    // direction materializes the scores. Attention it does not support decomposes, the products
+    // of half-precision attention on tensor cores, forward and backward.
+    let options = coil_passes::DecomposeOptions { fused_attention: true, keep_detach: true, half_products: true };
     let mut graph = coil_passes::decompose_with(&captured.graph, &options)?;
     let (out, targets) = (graph.outputs[0], graph.outputs[1..].to_vec());
     let grads = coil_passes::autodiff::backward(&mut graph, out, None, &targets).map_err(|mut e| {

@@ -660,12 +660,31 @@ impl CudaCompiledGraph {
                     operand(out_id),
                 )
             }
-            ExternCall::Attention { q, k, v, .. } => {
+            ExternCall::Attention { q, k, v, lse, .. } => {
                 let spec =
                     crate::cpu::attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 let dtype = p.buffer(out_id).meta.dtype;
                 let (q, k, v) = (operand(q.buffer), operand(k.buffer), operand(v.buffer));
-                attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id))
+                attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id), lse.map(operand))
+            }
+            ExternCall::AttentionBackward(backward) => {
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =
+                    &**backward;
+                let spec = crate::cpu::attention_backward::AttentionBackwardSpec::from_call(call)
+                    .expect("an attention backward call of constant sizes");
+                let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| operand(g.buffer));
+                let bufs = attention::DevBackward {
+                    q: operand(q.buffer),
+                    k: operand(k.buffer),
+                    v: operand(v.buffer),
+                    grad_out: operand(grad_out.buffer),
+                    lse: operand(*lse),
+                    delta: operand(*delta),
+                    dq: grad(dq),
+                    dk: grad(dk),
+                    dv: grad(dv),
+                };
+                attention::attention_backward(&self.device, &spec, p.buffer(q.buffer).meta.dtype, bufs)
             }
             ExternCall::Fallback { op: Op::Scatter { dim, add } }
                 if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *add) =>
