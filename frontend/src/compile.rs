@@ -9,8 +9,9 @@
 
 use crate::debug::{self, Dump};
 use crate::dynamo::dynamic::DynamicSpec;
-use crate::logs;
 use crate::storage::Storage;
+use crate::walk::Walk;
+use crate::{logs, profile};
 use coil_ir::kernel::{Donation, KernelKind, TileKernel};
 use coil_ir::{Error, Graph, RandomState, Result};
 use coil_runtime::cpu::CompiledGraph;
@@ -161,6 +162,17 @@ impl Compiled {
     /// there: its storage is that input's allocation at a new version, and every older handle
     /// to it is stale ([`Storage::check_current`]).
     pub fn run(&self, inputs: &[Storage], random: &[RandomState]) -> Result<Vec<Storage>> {
+        let start = Instant::now();
+        let outputs = self.run_untimed(inputs, random);
+        profile::record(|t| {
+            t.graphs += 1;
+            t.run += start.elapsed();
+        });
+        outputs
+    }
+
+    /// [`Compiled::run`], without adding to the host times.
+    fn run_untimed(&self, inputs: &[Storage], random: &[RandomState]) -> Result<Vec<Storage>> {
         self.profile_once(inputs)?;
         let donated = |k: usize| {
             // The buffer the run wrote is the one the input's handle addresses (same device).
@@ -215,7 +227,57 @@ impl Compiled {
 
 /// Compiled graphs by structural hash; each keeps its graph (and the donations it was compiled
 /// with) to confirm a hit (no false hits).
-type Cache = HashMap<u64, Vec<(Graph, Device, Vec<Donation>, Arc<Compiled>)>>;
+type Cache = HashMap<u64, Vec<CacheEntry>>;
+
+/// A compiled graph as the cache keeps it: the captured graph, its device and donations.
+#[derive(Clone)]
+struct CacheEntry {
+    graph: Arc<Graph>,
+    device: Device,
+    donations: Vec<Donation>,
+    compiled: Arc<Compiled>,
+}
+
+/// How many of its most recently run graphs a thread compares a new capture with before
+/// hashing it ([`compiled_walk`]): a training step's few graphs.
+const RECENT: usize = 8;
+
+thread_local! {
+    /// This thread's most recently run compiled graphs, most recent first.
+    static RECENTLY_RUN: std::cell::RefCell<Vec<CacheEntry>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The compiled form of the graph `walk` captures (with `donations`), and that graph. A program
+/// realized again (the next step of a training loop) is one of the graphs this thread ran
+/// recently: compared with them node by node ([`Walk::matches`]: a mismatch shows within the
+/// first few nodes), it costs no graph and no hash. Anything else goes through
+/// [`compile_donating`]'s cache.
+pub(crate) fn compiled_walk(walk: &Walk, donations: &[Donation]) -> Result<(Arc<Compiled>, Arc<Graph>)> {
+    let device = walk.device();
+    let t = Instant::now();
+    let recent = RECENTLY_RUN.with(|r| {
+        let mut r = r.borrow_mut();
+        let i = r.iter().position(|e| e.device == device && e.donations == donations && walk.matches(&e.graph))?;
+        let e = r.remove(i);
+        r.insert(0, e.clone());
+        Some(e)
+    });
+    profile::spent(t, |t| &mut t.confirm);
+    if let Some(e) = recent {
+        return Ok((e.compiled, e.graph));
+    }
+    let t = Instant::now();
+    let graph = Arc::new(walk.graph());
+    profile::spent(t, |t| &mut t.capture);
+    let compiled = compile_donating(&graph, device, donations)?;
+    let entry = CacheEntry { graph: graph.clone(), device, donations: donations.to_vec(), compiled: compiled.clone() };
+    RECENTLY_RUN.with(|r| {
+        let mut r = r.borrow_mut();
+        r.insert(0, entry);
+        r.truncate(RECENT);
+    });
+    Ok((compiled, graph))
+}
 
 fn cache() -> &'static Mutex<Cache> {
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
@@ -250,18 +312,26 @@ pub fn compile(captured: &Graph, device: Device) -> Result<Arc<Compiled>> {
 /// an input the caller will not read again (honoured where the schedule allows:
 /// [`coil_passes::donate`]; `ir_post_fusion.txt` lists each one taken or refused, and why).
 pub fn compile_donating(captured: &Graph, device: Device, donations: &[Donation]) -> Result<Arc<Compiled>> {
+    let t = Instant::now();
     let key = crate::dynamo::structural_hash(captured, device);
+    profile::spent(t, |t| &mut t.hash);
     let find = |cache: &Cache| {
-        let same = |(g, d, don, _): &&(Graph, Device, Vec<Donation>, Arc<Compiled>)| {
-            *d == device && don == donations && crate::dynamo::same_structure(g, captured)
+        let same = |e: &&CacheEntry| {
+            e.device == device && e.donations == donations && crate::dynamo::same_structure(&e.graph, captured)
         };
-        cache.get(&key).and_then(|v| v.iter().find(same)).map(|(_, _, _, c)| c.clone())
+        cache.get(&key).and_then(|v| v.iter().find(same)).map(|e| e.compiled.clone())
     };
-    if let Some(hit) = find(&cache().lock().expect("compile cache")) {
+    let t = Instant::now();
+    let hit = find(&cache().lock().expect("compile cache"));
+    profile::spent(t, |t| &mut t.confirm);
+    if let Some(hit) = hit {
         return Ok(hit);
     }
+    let t = Instant::now();
     let compiled = Arc::new(compile_uncached(captured, device, None, donations)?);
-    let entry = (captured.clone(), device, donations.to_vec(), compiled.clone());
+    profile::spent(t, |t| &mut t.compile);
+    let graph = Arc::new(captured.clone());
+    let entry = CacheEntry { graph, device, donations: donations.to_vec(), compiled: compiled.clone() };
     cache().lock().expect("compile cache").entry(key).or_default().push(entry);
     Ok(compiled)
 }
@@ -278,7 +348,10 @@ pub fn compile_fresh(captured: &Graph, device: Device) -> Result<Compiled> {
 /// error of kind `Unsupported` says why the graph cannot be compiled that way (the caller then
 /// compiles it for static sizes). Not cached here: compiled functions keep their own cache.
 pub fn compile_dynamic(captured: &Graph, device: Device, spec: &DynamicSpec) -> Result<Arc<Compiled>> {
-    compile_uncached(captured, device, Some(spec), &[]).map(Arc::new)
+    let t = Instant::now();
+    let compiled = compile_uncached(captured, device, Some(spec), &[]).map(Arc::new);
+    profile::spent(t, |t| &mut t.compile);
+    compiled
 }
 
 /// The scheduler's options for `device`: a GPU block holds rows up to 8192 long in registers,

@@ -20,10 +20,12 @@ mod guard;
 pub mod inplace;
 pub mod logs;
 pub mod ops;
+pub mod profile;
 pub mod realize;
 pub mod safetensors;
 pub mod storage;
 pub mod tensor;
+mod walk;
 
 pub use autodiff::{grad, value_and_grad};
 pub use dynamo::{explain, set_stance, CompiledFn, ExplainReport, GraphBreak, Stance};

@@ -34,6 +34,9 @@ pub use guards::{same_structure, structural_hash, Guard, Source};
 
 pub(crate) use frame::{host_read, tracing};
 
+use crate::autodiff::Differentiated;
+use crate::profile::{host_times, HostTimes};
+use crate::walk::Walk;
 use crate::Tensor;
 use coil_ir::{Graph, Result};
 use coil_runtime::Device;
@@ -45,6 +48,10 @@ use std::fmt;
 use std::panic::Location;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+/// The most differentiated graphs a compiled function keeps (the most recently used ones):
+/// one per `value_and_grad` of its body, and a few sizes of a dynamic one.
+pub const DIFFERENTIATED_LIMIT: usize = 8;
 
 /// After this many recompiles of one function, its new graphs run eagerly (uncompiled, on the
 /// reference interpreter) and coil warns once; graphs already compiled keep serving hits.
@@ -214,6 +221,10 @@ pub struct CallStats {
     pub run: Duration,
     /// Whole calls, function body included.
     pub total: Duration,
+    /// The host's time in these calls by phase ([`crate::profile`]): capture, hash, structural
+    /// comparison, guards, compiles, runs, differentiation (and how many forward graphs were
+    /// differentiated, or found differentiated).
+    pub host: HostTimes,
 }
 
 /// A function compiled by [`compile`]: call it like the function; see the module docs. It
@@ -268,12 +279,13 @@ where
     /// cache (compiled on a miss), and the outputs are computed when it returns.
     #[track_caller]
     pub fn call(&self, args: &[&Tensor]) -> Result<Vec<Tensor>> {
-        let start = Instant::now();
+        let (start, host) = (Instant::now(), host_times());
         let frame = Frame::new(self.state.clone(), args, Location::caller(), None)?;
         let result = run_frame(&self.f, args, frame).map(|(outputs, _)| outputs);
         let mut state = self.state.borrow_mut();
         state.stats.calls += 1;
         state.stats.total += start.elapsed();
+        state.stats.host.add(&host_times().since(&host));
         result
     }
 
@@ -333,9 +345,15 @@ where
 pub(crate) struct FnState {
     name: String,
     entries: Vec<Entry>,
+    /// The entry that served each graph of the last call (by its place in the call), when one
+    /// did: what the next call's graph at that place is compared with first.
+    served: Vec<Option<usize>>,
     by_hash: HashMap<u64, Vec<usize>>,
     /// Entries compiled for symbolic sizes, by [`guards::erased_hash`].
     by_erased: HashMap<u64, Vec<usize>>,
+    /// The forward graphs its `value_and_grad` calls differentiated, most recently used first
+    /// (at most [`DIFFERENTIATED_LIMIT`]).
+    differentiated: Vec<Rc<Differentiated>>,
     breaks: Vec<GraphBreak>,
     recompiles: usize,
     recompile_reasons: Vec<String>,
@@ -349,8 +367,10 @@ impl FnState {
         FnState {
             name,
             entries: vec![],
+            served: vec![],
             by_hash: HashMap::new(),
             by_erased: HashMap::new(),
+            differentiated: vec![],
             breaks: vec![],
             recompiles: 0,
             recompile_reasons: vec![],
@@ -358,6 +378,14 @@ impl FnState {
             warnings: vec![],
             stats: CallStats::default(),
         }
+    }
+
+    /// Remembers which entry served the graph at `position` of a call (`None`: it ran eagerly).
+    fn serve(&mut self, position: usize, entry: Option<usize>) {
+        if self.served.len() <= position {
+            self.served.resize(position + 1, None);
+        }
+        self.served[position] = entry;
     }
 
     /// The entry holding this graph on this device: hash first, then the full comparison.
@@ -382,5 +410,40 @@ impl FnState {
                 && coil_ir::dynamic::same_up_to_sizes(&e.graph, graph)
                 && e.dynamic.as_ref().is_some_and(|spec| spec.bind(graph).is_some())
         })
+    }
+}
+
+/// The differentiated graphs of the compiled function running on this thread (the innermost):
+/// [`crate::value_and_grad`] looks there before it differentiates. `None` outside compiled
+/// functions.
+pub(crate) fn differentiated_cache() -> Option<DifferentiatedCache> {
+    frame::innermost_state().map(DifferentiatedCache)
+}
+
+/// A compiled function's differentiated graphs (see [`differentiated_cache`]).
+pub(crate) struct DifferentiatedCache(Rc<RefCell<FnState>>);
+
+impl DifferentiatedCache {
+    /// The differentiation of the forward graph `walk` is, if the function made it before:
+    /// compared node by node with each forward graph kept, most recently used first (a
+    /// mismatch shows within the first few nodes, so no hash is needed to pick candidates).
+    pub(crate) fn find(&self, walk: &Walk) -> Option<Rc<Differentiated>> {
+        let t = Instant::now();
+        let mut state = self.0.borrow_mut();
+        let kept = &mut state.differentiated;
+        let found = kept.iter().position(|d| walk.matches(&d.forward)).map(|i| {
+            let d = kept.remove(i);
+            kept.insert(0, d.clone());
+            d
+        });
+        crate::profile::spent(t, |t| &mut t.confirm);
+        found
+    }
+
+    /// Keeps a new differentiation (forgetting the least recently used past the limit).
+    pub(crate) fn insert(&self, differentiated: Rc<Differentiated>) {
+        let kept = &mut self.0.borrow_mut().differentiated;
+        kept.insert(0, differentiated);
+        kept.truncate(DIFFERENTIATED_LIMIT);
     }
 }
