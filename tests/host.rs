@@ -149,3 +149,16 @@ fn host_times_split_a_call_by_phase() {
     assert_eq!((hit.hash, hit.compile), (std::time::Duration::ZERO, std::time::Duration::ZERO), "{hit:?}");
     assert!(hit.capture > std::time::Duration::ZERO && hit.run > std::time::Duration::ZERO, "{hit:?}");
 }
+
+#[test]
+fn the_cpu_reports_a_kernel_error_at_the_run_that_found_it() {
+    // CPU runs are synchronous: the realize fails, at its line (a GPU's run would return, and
+    // the error surface at the next synchronization point: `tests/gpu.rs`).
+    let x = randn(&[4, 3], DType::F32);
+    let bad = Tensor::from_vec(vec![0i64, 7], &[2]).unwrap();
+    let y = x.index_select(0, &bad).unwrap();
+    let e = y.realize().unwrap_err();
+    assert!(e.to_string().contains("index 7 is out of bounds"), "{e}");
+    assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), line!() - 2)));
+    coil::synchronize().unwrap();
+}

@@ -162,8 +162,22 @@ impl Compiled {
     /// there: its storage is that input's allocation at a new version, and every older handle
     /// to it is stale ([`Storage::check_current`]).
     pub fn run(&self, inputs: &[Storage], random: &[RandomState]) -> Result<Vec<Storage>> {
+        self.run_at(inputs, random, None)
+    }
+
+    /// [`Compiled::run`] for values the user asked for at `origin`. On a GPU the run returns
+    /// without waiting for its kernels: a data error one of them reports (an index out of
+    /// bounds, ...) surfaces at the next synchronization point (a host read such as `to_vec`
+    /// or `item`, [`crate::synchronize`]), named by its kernel and `origin`. The CPU runs
+    /// synchronously and reports it here.
+    pub fn run_at(
+        &self,
+        inputs: &[Storage],
+        random: &[RandomState],
+        origin: Option<&'static std::panic::Location<'static>>,
+    ) -> Result<Vec<Storage>> {
         let start = Instant::now();
-        let outputs = self.run_untimed(inputs, random);
+        let outputs = self.run_untimed(inputs, random, origin);
         profile::record(|t| {
             t.graphs += 1;
             t.run += start.elapsed();
@@ -172,7 +186,12 @@ impl Compiled {
     }
 
     /// [`Compiled::run`], without adding to the host times.
-    fn run_untimed(&self, inputs: &[Storage], random: &[RandomState]) -> Result<Vec<Storage>> {
+    fn run_untimed(
+        &self,
+        inputs: &[Storage],
+        random: &[RandomState],
+        origin: Option<&'static std::panic::Location<'static>>,
+    ) -> Result<Vec<Storage>> {
         self.profile_once(inputs)?;
         let donated = |k: usize| {
             // The buffer the run wrote is the one the input's handle addresses (same device).
@@ -189,7 +208,7 @@ impl Compiled {
                 let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&CudaBuffer> =
                     on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
-                let outputs = g.run_donating(&refs, random)?.into_iter();
+                let outputs = g.run_donating_at(&refs, random, origin)?.into_iter();
                 outputs.map(|o| o.map(|b| Storage::cuda(Arc::new(b))).or_input(donated)).collect()
             }
         }

@@ -80,7 +80,7 @@ pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
     }
 
     let values: Vec<&Tensor> = updates.iter().map(|(_, v)| *v).collect();
-    let results = run_donating(&values, &targets).map_err(|e| e.at(caller))?;
+    let results = run_donating(&values, &targets, caller).map_err(|e| e.at(caller))?;
     let mut updated = Vec::with_capacity(results.len());
     for ((target, value), storage) in targets.iter().zip(&values).zip(results) {
         // A target whose buffer was not written is consumed all the same, so that every target
@@ -99,7 +99,7 @@ pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
 /// Computes `values` (one graph), each output donated the buffer of its target when the target
 /// is among the graph's inputs and shares its elements with no other input. A value computed
 /// already passes through the graph, which copies it: a result never shares a value's buffer.
-fn run_donating(values: &[&Tensor], targets: &[Storage]) -> Result<Vec<Storage>> {
+fn run_donating(values: &[&Tensor], targets: &[Storage], origin: &'static Location<'static>) -> Result<Vec<Storage>> {
     let start = std::time::Instant::now();
     let walk = Walk::new(values, &[]);
     crate::profile::spent(start, |t| &mut t.capture);
@@ -115,7 +115,7 @@ fn run_donating(values: &[&Tensor], targets: &[Storage]) -> Result<Vec<Storage>>
         Backend::Interpreter => interpret(&walk.captured()),
         Backend::Compiled => {
             let (compiled, graph) = compiled_walk(&walk, &donations)?;
-            crate::guard::guard("running", &graph, || compiled.run(&inputs, walk.random()))
+            crate::guard::guard("running", &graph, || compiled.run_at(&inputs, walk.random(), Some(origin)))
         }
     }
 }

@@ -53,7 +53,8 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
 }
 
 /// Computes every pending tensor among `outputs` and binds the results to them: one graph per
-/// device. Inside a compiled function this is a graph break ([`crate::dynamo`]).
+/// device. Inside a compiled function this is a graph break ([`crate::dynamo`]). On a GPU the
+/// run is enqueued, not waited for (see [`synchronize`]).
 #[track_caller]
 pub fn realize(outputs: &[&Tensor]) -> Result<()> {
     if crate::dynamo::tracing() {
@@ -70,7 +71,7 @@ pub fn realize(outputs: &[&Tensor]) -> Result<()> {
         let start = std::time::Instant::now();
         let walk = Walk::new(&group, &[]);
         crate::profile::spent(start, |t| &mut t.capture);
-        let results = run(&walk)?;
+        let results = run(&walk, std::panic::Location::caller())?;
         for (t, storage) in group.iter().zip(results) {
             let _ = t.0.storage.set(storage);
         }
@@ -117,16 +118,32 @@ pub fn backend() -> Backend {
     })
 }
 
-/// Runs the graph of a walk on the current backend and its device.
-fn run(walk: &Walk) -> Result<Vec<Storage>> {
+/// Runs the graph of a walk on the current backend and its device, for values the user asked
+/// for at `origin`.
+fn run(walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Vec<Storage>> {
     match backend() {
         Backend::Interpreter => interpret(&walk.captured()),
         Backend::Compiled => {
             let (compiled, graph) = crate::compile::compiled_walk(walk, &[])?;
             let inputs = walk.input_storages();
-            crate::guard::guard("running", &graph, || compiled.run(&inputs, walk.random()))
+            crate::guard::guard("running", &graph, || compiled.run_at(&inputs, walk.random(), Some(origin)))
         }
     }
+}
+
+/// Waits for every GPU's queued work and reports the first data error one of its kernels
+/// found (an index out of bounds, ...) since the last synchronization point, named by the
+/// kernel and the line that asked for its run (`torch.cuda.synchronize`). Runs on a GPU return
+/// without waiting for their kernels; host reads (`to_vec`, `item`, printing) synchronize
+/// too. Nothing to do on the CPU, whose runs are synchronous.
+///
+/// ```
+/// let x = coil_frontend::Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+/// x.exp().unwrap().realize().unwrap();
+/// coil_frontend::synchronize().unwrap();
+/// ```
+pub fn synchronize() -> Result<()> {
+    coil_runtime::cuda::synchronize_all()
 }
 
 /// Runs a captured graph on the reference interpreter (also how compiled functions run eagerly).

@@ -513,7 +513,10 @@ impl Tensor {
         self.0.storage.get().is_some()
     }
 
-    /// Computes the value (and every pending value it needs) now.
+    /// Computes the value (and every pending value it needs) now. On a GPU the kernels are
+    /// enqueued and this returns without waiting for them: a data error one of them finds
+    /// (an index out of bounds) surfaces at the next synchronization point ([`crate::synchronize`],
+    /// a host read such as [`Tensor::to_vec`]), with this line.
     #[track_caller]
     pub fn realize(&self) -> Result<()> {
         let location = Location::caller();

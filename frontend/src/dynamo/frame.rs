@@ -99,7 +99,7 @@ impl Frame {
             return Ok(());
         }
         let live = live_values(&pending);
-        self.run_graphs(pending.into_iter().chain(live).collect())
+        self.run_graphs(pending.into_iter().chain(live).collect(), location.unwrap_or(self.call_site))
     }
 
     /// The break's id (new ones are numbered and logged), and its occurrence for `explain`.
@@ -125,7 +125,8 @@ impl Frame {
     }
 
     /// Computes `tensors` (pending ones), one graph per device.
-    fn run_graphs(&mut self, tensors: Vec<Tensor>) -> Result<()> {
+    /// `origin`: the user's line that asked for them (reported with a data error of a kernel).
+    fn run_graphs(&mut self, tensors: Vec<Tensor>, origin: &'static Location<'static>) -> Result<()> {
         let pending: Vec<Tensor> = tensors.into_iter().filter(|t| !t.is_realized()).collect();
         let mut devices: Vec<Device> = vec![];
         for t in &pending {
@@ -135,13 +136,13 @@ impl Frame {
         }
         for device in devices {
             let group: Vec<&Tensor> = pending.iter().filter(|t| t.device() == device).collect();
-            self.run_graph(&group)?;
+            self.run_graph(&group, origin)?;
         }
         Ok(())
     }
 
     /// Captures one graph, finds it in the guarded cache (compiling on a miss) and runs it.
-    fn run_graph(&mut self, outputs: &[&Tensor]) -> Result<()> {
+    fn run_graph(&mut self, outputs: &[&Tensor], origin: &'static Location<'static>) -> Result<()> {
         let start = Instant::now();
         let expected = self.expected(outputs);
         let (walk, matches) = match &expected {
@@ -160,7 +161,8 @@ impl Frame {
             Some((compiled, graph)) => {
                 let t = Instant::now();
                 let (inputs, random) = (walk.input_storages(), walk.random());
-                let results = crate::guard::guard("running", &graph, || compiled.run(&inputs, random))?;
+                let results =
+                    crate::guard::guard("running", &graph, || compiled.run_at(&inputs, random, Some(origin)))?;
                 self.state.borrow_mut().stats.run += t.elapsed();
                 results
             }
@@ -168,7 +170,7 @@ impl Frame {
                 let t = Instant::now();
                 let captured = walk.captured();
                 profile::spent(t, |t| &mut t.capture);
-                self.run_captured(&captured, start)?
+                self.run_captured(&captured, start, origin)?
             }
         };
         self.position += 1;
@@ -198,7 +200,12 @@ impl Frame {
     }
 
     /// Finds a captured graph in the guarded cache (compiling on a miss) and runs it.
-    fn run_captured(&mut self, captured: &Captured, start: Instant) -> Result<Vec<Storage>> {
+    fn run_captured(
+        &mut self,
+        captured: &Captured,
+        start: Instant,
+        origin: &'static Location<'static>,
+    ) -> Result<Vec<Storage>> {
         let device = captured.device;
         let hashed = std::cell::OnceCell::new();
         let hash = || {
@@ -254,7 +261,8 @@ impl Frame {
         let t = Instant::now();
         let results = match (&executable, backend()) {
             (Some(c), Backend::Compiled) => {
-                crate::guard::guard("running", &captured.graph, || c.run(&captured.inputs, &captured.random))?
+                let (inputs, random) = (&captured.inputs, &captured.random);
+                crate::guard::guard("running", &captured.graph, || c.run_at(inputs, random, Some(origin)))?
             }
             _ => crate::realize::interpret(captured)?,
         };
@@ -446,7 +454,8 @@ where
     };
     let (outputs, mut frame) = outputs;
     let outputs = outputs?;
-    frame.run_graphs(outputs.clone())?;
+    let call_site = frame.call_site;
+    frame.run_graphs(outputs.clone(), call_site)?;
     Ok((outputs, frame))
 }
 

@@ -4,8 +4,13 @@
 //! [`compile`] wraps a function of tensors into a [`CompiledFn`]. In Rust there is no bytecode
 //! to trace: each call simply runs the function again, which only records lazy nodes (cheap),
 //! and every graph it produces is looked up in the function's **guarded cache**
-//! ([`guards`]): a structural hash finds the candidate, a node-by-node comparison confirms it,
-//! and only a miss compiles. A miss where the function already has a graph at that place is a
+//! ([`guards`]). The common hit costs one walk over the lazy nodes: the walk is compared, node
+//! by node as it goes, with the graph that served the same place of the call last time (which
+//! checks every guard of a static entry; nothing is built or hashed). Otherwise the graph is
+//! captured, a structural hash finds the candidates, a node-by-node comparison confirms one,
+//! and only a miss compiles. The function also keeps the forward graphs its `value_and_grad`
+//! calls differentiated ([`DIFFERENTIATED_LIMIT`]), so a training step differentiates once.
+//! A miss where the function already has a graph at that place is a
 //! **recompile**; coil says which guard failed, with old and new values
 //! (`COIL_LOGS=recompiles`), and after [`RECOMPILE_LIMIT`] recompiles it runs new graphs
 //! eagerly (the reference interpreter) and warns once.

@@ -8,6 +8,7 @@
 
 use super::loader::{require, CudaLib};
 use super::memory::CachingAllocator;
+use super::status::StatusBoard;
 use coil_ir::{Error, Result};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaStream};
 use std::collections::HashMap;
@@ -41,6 +42,29 @@ fn device_count() -> Result<usize> {
     Ok(n as usize)
 }
 
+/// The devices set up so far, by ordinal.
+static DEVICES: Mutex<Option<HashMap<usize, Arc<CudaDevice>>>> = Mutex::new(None);
+
+/// [`CudaDevice::synchronize`] on every device set up so far (none without CUDA): waits for
+/// all of coil's work on GPUs, and returns the first data error a kernel of an unchecked run
+/// reported (`torch.cuda.synchronize`).
+pub fn synchronize_all() -> Result<()> {
+    let devices: Vec<Arc<CudaDevice>> = {
+        let table = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        let mut devices: Vec<_> = table.iter().flat_map(|t| t.values().cloned()).collect();
+        devices.sort_by_key(|d| d.ordinal);
+        devices
+    };
+    let mut first = Ok(());
+    for dev in devices {
+        let checked = dev.synchronize();
+        if first.is_ok() {
+            first = checked;
+        }
+    }
+    first
+}
+
 /// A driver error as a coil runtime error naming the call.
 pub(crate) fn driver_error(call: &str, e: drv::DriverError) -> Error {
     Error::runtime(format!("CUDA {call} failed: {e}"))
@@ -62,6 +86,8 @@ pub struct CudaDevice {
     pub(crate) helpers: OnceLock<std::result::Result<super::gather::Helpers, String>>,
     /// The built-in kernels of ops without generated code (scatter, cumsum), compiled on first use.
     pub(crate) fallback: OnceLock<std::result::Result<super::fallback::FallbackKernels, String>>,
+    /// The status words of runs not checked yet ([`super::status`]).
+    pub(crate) status: StatusBoard,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -80,7 +106,6 @@ impl CudaDevice {
     /// Fails with the reason when CUDA is unavailable (see [`cuda_status`]) or the ordinal is
     /// out of range.
     pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
-        static DEVICES: Mutex<Option<HashMap<usize, Arc<CudaDevice>>>> = Mutex::new(None);
         cuda_status()?;
         let mut table = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
         let table = table.get_or_insert_with(HashMap::new);
@@ -118,6 +143,7 @@ impl CudaDevice {
             blas: OnceLock::new(),
             helpers: OnceLock::new(),
             fallback: OnceLock::new(),
+            status: StatusBoard::default(),
         })
     }
 
@@ -166,9 +192,18 @@ impl CudaDevice {
         self.ctx.bind_to_thread().map_err(|e| driver_error("cuCtxSetCurrent", e))
     }
 
-    /// Waits until all work enqueued on the stream is done; an asynchronous error of earlier
-    /// work (an illegal address in a kernel, ...) surfaces here.
+    /// Waits until all work enqueued on the stream is done, and checks the status words of the
+    /// runs not checked yet ([`super::status`]): the first data error a kernel reported (an
+    /// index out of bounds, ...) surfaces here, named by its kernel and the line of its run,
+    /// as does an asynchronous error of earlier work (an illegal address in a kernel, ...).
     pub fn synchronize(&self) -> Result<()> {
+        self.wait()?;
+        self.status.check(self)
+    }
+
+    /// Waits until all work enqueued on the stream is done, leaving the runs' status words for
+    /// the next [`CudaDevice::synchronize`] (driver errors still surface).
+    pub(crate) fn wait(&self) -> Result<()> {
         self.bind()?;
         self.stream.synchronize().map_err(|e| driver_error("cuStreamSynchronize", e))
     }
@@ -190,7 +225,7 @@ impl CudaDevice {
 
     /// Returns every cached block to the driver (after the stream drains).
     pub fn empty_cache(&self) -> Result<()> {
-        self.synchronize()?;
+        self.wait()?;
         self.allocator.release_all(self)
     }
 }

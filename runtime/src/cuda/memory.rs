@@ -101,7 +101,7 @@ impl CachingAllocator {
             Ok(ptr) => ptr,
             Err(_) => {
                 // Out of memory (most likely): give the cache back to the driver and retry.
-                dev.synchronize()?;
+                dev.wait()?;
                 self.release_all(dev)?;
                 // SAFETY: as above.
                 unsafe { drv::malloc_sync(class) }.map_err(|e| {
@@ -214,7 +214,8 @@ pub(crate) unsafe fn upload(dev: &CudaDevice, dst: CUdeviceptr, src: &[u8]) -> R
 }
 
 /// Copies `len` bytes at `src` to the host, waiting for the stream (and so for all work
-/// enqueued before, whose asynchronous errors surface here).
+/// enqueued before, whose asynchronous driver errors surface here; kernels' status words are
+/// left for the caller: [`CudaBuffer::to_host`] checks them).
 ///
 /// # Safety
 /// `src` must address at least `len` bytes of device memory of `dev`.
@@ -227,7 +228,7 @@ pub(crate) unsafe fn download(dev: &CudaDevice, src: CUdeviceptr, len: usize) ->
         unsafe { drv::memcpy_dtoh_async(&mut out[..], src, dev.cu_stream()) }
             .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))?;
     }
-    dev.synchronize()?;
+    dev.wait()?;
     Ok(out)
 }
 
@@ -289,10 +290,14 @@ impl CudaBuffer {
         Ok(buf)
     }
 
-    /// Copies it back to the host (waits for the stream).
+    /// Copies it back to the host: a synchronization point. It waits for the stream, and the
+    /// first data error a kernel of an unchecked run reported is returned instead of the
+    /// values ([`super::CudaDevice::synchronize`]).
     pub fn to_host(&self) -> Result<Buffer> {
+        let dev = &self.mem.device;
         // SAFETY: the allocation holds `bytes()` bytes.
-        let bytes = unsafe { download(&self.mem.device, self.ptr(), self.bytes())? };
+        let bytes = unsafe { download(dev, self.ptr(), self.bytes())? };
+        dev.status.check(dev)?;
         Buffer::new(self.meta.shape.clone(), HostData::from_bytes(self.meta.dtype, &bytes)?)
     }
 
