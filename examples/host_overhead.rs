@@ -1,89 +1,195 @@
-//! Baseline host-time probe (temporary).
+//! Where the host's time goes in a GPT-2 training step (forward, backward, clipping, AdamW),
+//! per phase, median over the calls after the first: recording the lazy ops, differentiating,
+//! capture and guards of the gradients' graph, running it (binding inputs, enqueueing; on the
+//! CPU also executing), and the same for the optimizer's graph.
+//!
+//! ```sh
+//! cargo run --release --example host_overhead                           # 12 layers, small sizes, CPU
+//! cargo run --release --example host_overhead -- --config 124m --device cuda --batch 8 --seq 1024
+//! cargo run --release --example host_overhead -- --config 124m --no-run # 124M's graph on the CPU
+//! ```
+//!
+//! `--config 12l` (the default) is GPT-2 124M's graph (12 layers, 12 heads, the same ops and
+//! edges) at small sizes, so that the CPU runs it; `--no-run` builds the step's graphs and times
+//! capturing them without running anything.
+
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::{clip_grad_norm, AdamW, AdamWConfig, Optimizer, ParamStore, Precision};
+use coil::profile::{host_times, HostTimes};
 use coil::{DType, Device, Tensor};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-fn us(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e6
+struct Opts {
+    device: Device,
+    config: String,
+    batch: usize,
+    seq: usize,
+    calls: usize,
+    run: bool,
 }
 
-fn main() -> coil::Result<()> {
-    let layers: usize = std::env::args().nth(1).map_or(2, |s| s.parse().unwrap());
-    let device = Device::Cpu;
-    let config = Gpt2Config {
+fn parse() -> Opts {
+    let mut o = Opts { device: Device::Cpu, config: "12l".into(), batch: 2, seq: 64, calls: 20, run: true };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut v = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--device" => o.device = v().parse().expect("--device cpu|cuda|cuda:N"),
+            "--config" => o.config = v(),
+            "--batch" => o.batch = v().parse().expect("--batch N"),
+            "--seq" => o.seq = v().parse().expect("--seq N"),
+            "--calls" => o.calls = v().parse().expect("--calls N"),
+            "--no-run" => o.run = false,
+            _ => panic!("unknown argument {a}: --device, --config tiny|12l|124m, --batch, --seq, --calls, --no-run"),
+        }
+    }
+    o
+}
+
+fn config(name: &str) -> Gpt2Config {
+    let small = |n_layer, n_head, n_embd| Gpt2Config {
         vocab_size: 256,
         block_size: 64,
-        n_layer: layers,
-        n_head: if layers == 12 { 12 } else { 2 },
-        n_embd: if layers == 12 { 96 } else { 64 },
+        n_layer,
+        n_head,
+        n_embd,
         dropout: 0.0,
         layer_norm_eps: 1e-5,
     };
-    let (batch, seq) = (2, 64);
+    match name {
+        "tiny" => small(2, 2, 64),
+        "12l" => small(12, 12, 96),
+        "124m" => Gpt2Config::gpt2_124m(),
+        _ => panic!("--config tiny|12l|124m"),
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One call's times: the whole call, the body's own recording, and the host phases.
+struct Sample {
+    call: f64,
+    record: f64,
+    host: HostTimes,
+}
+
+fn report(what: &str, samples: &[Sample]) {
+    let m = |f: &dyn Fn(&Sample) -> f64| median(samples.iter().map(f).collect());
+    let h = |f: fn(&HostTimes) -> Duration| m(&|s: &Sample| us(f(&s.host)));
+    println!(
+        "{what}: {:.0} us per call (median of {}): record {:.0}, differentiate {:.0}, capture {:.0}, hash {:.0}, \
+         confirm {:.0}, guards {:.0}, run {:.0} (differentiations {}, hits {})",
+        m(&|s| s.call),
+        samples.len(),
+        m(&|s| s.record),
+        h(|t| t.differentiate),
+        h(|t| t.capture),
+        h(|t| t.hash),
+        h(|t| t.confirm),
+        h(|t| t.guards),
+        h(|t| t.run),
+        samples.iter().map(|s| s.host.differentiations).sum::<u64>(),
+        samples.iter().map(|s| s.host.differentiation_hits).sum::<u64>(),
+    );
+}
+
+fn main() -> coil::Result<()> {
+    let o = parse();
+    let device = o.device;
+    let config = config(&o.config);
     coil::manual_seed(0);
     let store = ParamStore::new();
     store.set_precision(Precision::autocast(DType::BF16));
     let model = Gpt2::new(&store.root(device, DType::F32), config)?;
     store.realize_pending()?;
-    let v: Vec<i64> = (0..batch * seq).map(|i| (i * 7 % 256) as i64).collect();
-    let x = Tensor::from_vec(v.clone(), &[batch, seq])?;
-    let y = Tensor::from_vec(v.iter().map(|a| (a + 1) % 256).collect(), &[batch, seq])?;
+    let ids = |shift: i64| -> coil::Result<Tensor> {
+        let v: Vec<i64> = (0..o.batch * o.seq).map(|i| (i as i64 * 7 + shift) % config.vocab_size as i64).collect();
+        Tensor::from_vec(v, &[o.batch, o.seq])?.to_device(device)
+    };
+    let (x, y) = (ids(0)?, ids(1)?);
     let params = store.trainable();
+
+    if !o.run {
+        // The step's gradients graph, captured and compared without running anything.
+        let (mut record, mut differentiate, mut capture, mut hash, mut confirm) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        let mut nodes = 0;
+        for _ in 0..o.calls.max(2) {
+            let t = Instant::now();
+            let loss = model.loss(&x, &y)?;
+            record.push(us(t.elapsed()));
+            let t = Instant::now();
+            let (loss, grads) = coil::nn::value_and_grad(&loss, &params)?;
+            differentiate.push(us(t.elapsed()));
+            let outs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
+            let t = Instant::now();
+            let captured = coil::capture(&outs);
+            capture.push(us(t.elapsed()));
+            let t = Instant::now();
+            let _ = coil_frontend::dynamo::structural_hash(&captured.graph, device);
+            hash.push(us(t.elapsed()));
+            let again = coil::capture(&outs);
+            let t = Instant::now();
+            assert!(coil_frontend::dynamo::same_structure(&captured.graph, &again.graph));
+            confirm.push(us(t.elapsed()));
+            nodes = captured.graph.nodes.len();
+        }
+        println!(
+            "gradients graph of {nodes} nodes, not run (medians, us): record {:.0}, value_and_grad {:.0} (outside a \
+             compiled function: differentiated each time), capture with graph {:.0}, hash {:.0}, confirm {:.0}",
+            median(record),
+            median(differentiate),
+            median(capture),
+            median(hash),
+            median(confirm)
+        );
+        return Ok(());
+    }
+
     let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|p| p.shape().len() >= 2);
     let adamw = AdamWConfig { lr: 6e-4, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, amsgrad: false };
     let mut opt = AdamW::with_groups(vec![(decay, 0.1), (no_decay, 0.0)], adamw)?;
     let order = opt.params().to_vec();
-
-    // Phases outside a compiled function.
-    for _ in 0..3 {
-        let t = Instant::now();
-        let loss = model.loss(&x, &y)?;
-        let record = us(t);
-        let t = Instant::now();
-        let (loss, grads) = coil::nn::value_and_grad(&loss, &order)?;
-        let vg = us(t);
-        let outs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
-        let t = Instant::now();
-        let c = coil::capture(&outs);
-        let cap = us(t);
-        let t = Instant::now();
-        let h = coil_frontend::dynamo::structural_hash(&c.graph, device);
-        let hash = us(t);
-        let c2 = coil::capture(&outs);
-        let t = Instant::now();
-        let same = coil_frontend::dynamo::same_structure(&c.graph, &c2.graph);
-        let confirm = us(t);
-        eprintln!(
-            "nodes {} record {record:.0} us, value_and_grad {vg:.0} us, capture {cap:.0} us, hash {hash:.0} us, confirm {confirm:.0} us ({h:x} {same})",
-            c.graph.nodes.len()
-        );
-    }
-
+    let recorded = std::cell::Cell::new(Duration::ZERO);
     let grads_fn = coil::compile(|a: &[Tensor]| {
-        let (loss, grads) = coil::nn::value_and_grad(&model.loss(&a[0], &a[1])?, &order)?;
+        let t = Instant::now();
+        let loss = model.loss(&a[0], &a[1])?;
+        recorded.set(t.elapsed());
+        let (loss, grads) = coil::nn::value_and_grad(&loss, &order)?;
         Ok(std::iter::once(loss).chain(grads).collect())
     });
-    for i in 0..6 {
-        let before = grads_fn.stats();
-        let t = Instant::now();
+    let (mut grads_samples, mut opt_samples) = (Vec::new(), Vec::new());
+    for call in 0..=o.calls {
+        let (t, before) = (Instant::now(), host_times());
         let out = grads_fn.call(&[&x, &y])?;
-        let call = us(t);
-        let s = grads_fn.stats();
-        let h = s.host.since(&before.host);
-        let h0 = coil_frontend::profile::host_times();
-        let t = Instant::now();
+        let grads_call =
+            Sample { call: us(t.elapsed()), record: us(recorded.get()), host: host_times().since(&before) };
+        let (t, before) = (Instant::now(), host_times());
         let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
         opt.step(&clipped)?;
-        let step = us(t);
-        let o = coil_frontend::profile::host_times().since(&h0);
-        let d = |d: std::time::Duration| d.as_secs_f64() * 1e6;
-        eprintln!(
-            "call {i}: {call:.0} us: hit_check {:.0}, capture {:.0}, hash {:.0}, confirm {:.0}, guards {:.0}, run {:.0}, differentiate {:.0} ({} new, {} hits); optimizer {step:.0} us: capture {:.0} hash {:.0} confirm {:.0} run {:.0}",
-            (s.hit_check - before.hit_check).as_secs_f64() * 1e6,
-            d(h.capture), d(h.hash), d(h.confirm), d(h.guards), d(h.run), d(h.differentiate), h.differentiations, h.differentiation_hits,
-            d(o.capture), d(o.hash), d(o.confirm), d(o.run)
-        );
+        let step = us(t.elapsed());
+        let host = host_times().since(&before);
+        // Everything but the optimizer graph's capture, lookup and run is recording.
+        let record = step - us(host.capture + host.hash + host.confirm + host.guards + host.compile + host.run);
+        if call > 0 {
+            grads_samples.push(grads_call);
+            opt_samples.push(Sample { call: step, record, host });
+        }
     }
+    coil::synchronize()?;
+    let nodes = grads_fn.guards()[0].iter().find_map(|g| match g {
+        coil::Guard::GraphStructure { nodes, .. } => Some(*nodes),
+        _ => None,
+    });
+    println!("GPT-2 {} on {device}, batch {} x {}; gradients graph of {nodes:?} nodes", o.config, o.batch, o.seq);
+    report("gradients (compiled function)", &grads_samples);
+    report("clip_grad_norm + AdamW (update_in_place)", &opt_samples);
     Ok(())
 }
