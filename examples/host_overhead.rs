@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --example host_overhead                           # 12 layers, small sizes, CPU
-//! cargo run --release --example host_overhead -- --config 124m --device cuda --batch 8 --seq 1024
+//! cargo run --release --example host_overhead -- --config 124m --device cuda --batch 8 --seq 1024 [--cuda-graphs]
 //! cargo run --release --example host_overhead -- --config 124m --no-run # 124M's graph on the CPU
 //! ```
 //!
@@ -26,10 +26,12 @@ struct Opts {
     seq: usize,
     calls: usize,
     run: bool,
+    cuda_graphs: bool,
 }
 
 fn parse() -> Opts {
-    let mut o = Opts { device: Device::Cpu, config: "12l".into(), batch: 2, seq: 64, calls: 20, run: true };
+    let mut o =
+        Opts { device: Device::Cpu, config: "12l".into(), batch: 2, seq: 64, calls: 20, run: true, cuda_graphs: false };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut v = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -40,7 +42,10 @@ fn parse() -> Opts {
             "--seq" => o.seq = v().parse().expect("--seq N"),
             "--calls" => o.calls = v().parse().expect("--calls N"),
             "--no-run" => o.run = false,
-            _ => panic!("unknown argument {a}: --device, --config tiny|12l|124m, --batch, --seq, --calls, --no-run"),
+            "--cuda-graphs" => o.cuda_graphs = true,
+            _ => panic!(
+                "unknown argument {a}: --device, --config tiny|12l|124m, --batch, --seq, --calls, --no-run, --cuda-graphs"
+            ),
         }
     }
     o
@@ -164,7 +169,8 @@ fn main() -> coil::Result<()> {
         recorded.set(t.elapsed());
         let (loss, grads) = coil::nn::value_and_grad(&loss, &order)?;
         Ok(std::iter::once(loss).chain(grads).collect())
-    });
+    })
+    .cuda_graphs(o.cuda_graphs);
     let (mut grads_samples, mut opt_samples) = (Vec::new(), Vec::new());
     for call in 0..=o.calls {
         let (t, before) = (Instant::now(), host_times());

@@ -162,3 +162,18 @@ fn the_cpu_reports_a_kernel_error_at_the_run_that_found_it() {
     assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), line!() - 2)));
     coil::synchronize().unwrap();
 }
+
+#[test]
+fn cuda_graphs_change_nothing_on_the_cpu() {
+    // The option replays graphs on a GPU only (tests/gpu.rs); on the CPU earlier outputs stay
+    // valid and every call runs as usual.
+    let f = coil::compile(|a: &[Tensor]| Ok(vec![(&a[0] * 0.5 + 1.0)])).cuda_graphs(true);
+    let mut x = Tensor::zeros(&[16], DType::F32);
+    let mut earlier = Vec::new();
+    for _ in 0..4 {
+        x = f.call(&[&x]).unwrap().remove(0);
+        earlier.push(x.clone());
+    }
+    assert_eq!(earlier[0].to_vec::<f32>().unwrap(), vec![1.0; 16]);
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![1.875; 16]);
+}

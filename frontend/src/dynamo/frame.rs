@@ -161,8 +161,7 @@ impl Frame {
             Some((compiled, graph)) => {
                 let t = Instant::now();
                 let (inputs, random) = (walk.input_storages(), walk.random());
-                let results =
-                    crate::guard::guard("running", &graph, || compiled.run_at(&inputs, random, Some(origin)))?;
+                let results = crate::guard::guard("running", &graph, || self.run(&compiled, &inputs, random, origin))?;
                 self.state.borrow_mut().stats.run += t.elapsed();
                 results
             }
@@ -262,7 +261,7 @@ impl Frame {
         let results = match (&executable, backend()) {
             (Some(c), Backend::Compiled) => {
                 let (inputs, random) = (&captured.inputs, &captured.random);
-                crate::guard::guard("running", &captured.graph, || c.run_at(inputs, random, Some(origin)))?
+                crate::guard::guard("running", &captured.graph, || self.run(c, inputs, random, origin))?
             }
             _ => crate::realize::interpret(captured)?,
         };
@@ -271,6 +270,23 @@ impl Frame {
             log.graphs.push(GraphInfo::new(captured, guards, executable.map(|c| c.times.clone())));
         }
         Ok(results)
+    }
+
+    /// Runs a compiled graph of the function: replayed from a CUDA graph when the function
+    /// asks for that ([`super::CompiledFn::cuda_graphs`]) and the graph can be, else as usual.
+    fn run(
+        &self,
+        compiled: &Compiled,
+        inputs: &[Storage],
+        random: &[coil_ir::RandomState],
+        origin: &'static Location<'static>,
+    ) -> Result<Vec<Storage>> {
+        if self.state.borrow().cuda_graphs {
+            if let Some(outputs) = compiled.run_replayed(inputs, Some(origin))? {
+                return Ok(outputs);
+            }
+        }
+        compiled.run_at(inputs, random, Some(origin))
     }
 
     /// A cache miss: say why when it is a recompile, then compile (or, past the limit, run

@@ -280,6 +280,26 @@ where
         self
     }
 
+    /// Replays its graphs on a GPU from CUDA graphs (torch.compile's `mode="reduce-overhead"`;
+    /// off by default): a graph's launches are captured at its second call and replayed with
+    /// one launch from then on, which spares the host a launch per kernel. Graphs of symbolic
+    /// sizes or that draw random numbers run as usual, as does anything on the CPU. An input at
+    /// another address than at the capture is copied into the graph's own buffer first. The
+    /// outputs are the graph's buffers, written again by the next call: use a value before the
+    /// next call (or copy it); a tensor of an earlier call's output is stale afterwards (an
+    /// error on use). See `coil_runtime::cuda::graphs`.
+    ///
+    /// ```
+    /// use coil_frontend::{dynamo, Tensor};
+    /// let f = dynamo::compile(|a: &[Tensor]| Ok(vec![a[0].exp()?])).cuda_graphs(true);
+    /// let x = Tensor::from_vec(vec![0.0f32, 1.0], &[2]).unwrap();
+    /// assert_eq!(f.call(&[&x]).unwrap()[0].to_vec::<f32>().unwrap()[0], 1.0);
+    /// ```
+    pub fn cuda_graphs(self, on: bool) -> Self {
+        self.state.borrow_mut().cuda_graphs = on;
+        self
+    }
+
     /// Runs the function: arguments are computed first, its graphs come from the guarded
     /// cache (compiled on a miss), and the outputs are computed when it returns.
     #[track_caller]
@@ -360,6 +380,8 @@ pub(crate) struct FnState {
     /// (at most [`DIFFERENTIATED_LIMIT`]).
     differentiated: Vec<Rc<Differentiated>>,
     breaks: Vec<GraphBreak>,
+    /// Whether its graphs are replayed from CUDA graphs ([`CompiledFn::cuda_graphs`]).
+    cuda_graphs: bool,
     recompiles: usize,
     recompile_reasons: Vec<String>,
     eager: bool,
@@ -377,6 +399,7 @@ impl FnState {
             by_erased: HashMap::new(),
             differentiated: vec![],
             breaks: vec![],
+            cuda_graphs: false,
             recompiles: 0,
             recompile_reasons: vec![],
             eager: false,

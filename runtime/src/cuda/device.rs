@@ -88,6 +88,14 @@ pub struct CudaDevice {
     pub(crate) fallback: OnceLock<std::result::Result<super::fallback::FallbackKernels, String>>,
     /// The status words of runs not checked yet ([`super::status`]).
     pub(crate) status: StatusBoard,
+    /// The stream CUDA graphs are captured on ([`super::graphs`]): a capturing thread's work
+    /// goes there, never mixed with other threads' work on `stream`.
+    capture_stream: OnceLock<Arc<CudaStream>>,
+}
+
+thread_local! {
+    /// The device this thread is capturing a CUDA graph on, if any.
+    static CAPTURING: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -144,6 +152,7 @@ impl CudaDevice {
             helpers: OnceLock::new(),
             fallback: OnceLock::new(),
             status: StatusBoard::default(),
+            capture_stream: OnceLock::new(),
         })
     }
 
@@ -182,9 +191,70 @@ impl CudaDevice {
         &self.stream
     }
 
-    /// The raw stream handle, for driver and library calls.
+    /// The raw stream handle, for driver and library calls: the device's stream, or, while
+    /// the calling thread captures a CUDA graph on it, the capture stream.
     pub(crate) fn cu_stream(&self) -> sys::CUstream {
-        self.stream.cu_stream()
+        match self.capture_stream.get() {
+            Some(capture) if self.capturing() => capture.cu_stream(),
+            _ => self.stream.cu_stream(),
+        }
+    }
+
+    /// Whether the calling thread is capturing a CUDA graph on this device.
+    pub(crate) fn capturing(&self) -> bool {
+        CAPTURING.with(|c| c.get()) == Some(self.ordinal)
+    }
+
+    /// An error naming `what` while the calling thread captures a CUDA graph: host copies and
+    /// waits cannot be part of a graph (the capture then fails, and the graph runs uncaptured).
+    pub(crate) fn refuse_while_capturing(&self, what: &str) -> Result<()> {
+        match self.capturing() {
+            true => Err(Error::unsupported(format!("{what} cannot be captured in a CUDA graph"))),
+            false => Ok(()),
+        }
+    }
+
+    /// Starts capturing the calling thread's work on this device into a CUDA graph: launches
+    /// go to the capture stream, and the blocks it is handed belong to the graph.
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        if self.capturing() {
+            return Err(Error::runtime("a CUDA graph capture is in progress on this thread"));
+        }
+        let stream = match self.capture_stream.get() {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.ctx.new_stream().map_err(|e| driver_error("cuStreamCreate", e))?;
+                self.capture_stream.get_or_init(|| s).clone()
+            }
+        };
+        self.allocator.begin_capture()?;
+        self.bind()?;
+        // Relaxed: a block the allocator needs from the driver during the capture is allowed;
+        // the graph keeps it (`graphs::pool`).
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: the stream is this device's, idle on the host's side (nothing captures on it).
+        if let Err(e) = unsafe { drv::stream::begin_capture(stream.cu_stream(), mode) } {
+            self.allocator.abort_capture();
+            return Err(driver_error("cuStreamBeginCapture", e));
+        }
+        CAPTURING.with(|c| c.set(Some(self.ordinal)));
+        Ok(())
+    }
+
+    /// Ends the calling thread's capture: the graph and the blocks it holds, or why the
+    /// capture failed (its blocks are then the cache's again).
+    pub(crate) fn end_capture(&self) -> Result<(sys::CUgraph, Vec<(sys::CUdeviceptr, usize)>)> {
+        CAPTURING.with(|c| c.set(None));
+        let stream = self.capture_stream.get().expect("a capture began").cu_stream();
+        self.bind()?;
+        // SAFETY: the capture began on this stream, on this thread.
+        match unsafe { drv::stream::end_capture(stream) } {
+            Ok(graph) => Ok((graph, self.allocator.end_capture())),
+            Err(e) => {
+                self.allocator.abort_capture();
+                Err(driver_error("cuStreamEndCapture", e))
+            }
+        }
     }
 
     /// Makes the context current on the calling thread; every raw driver call needs it.
@@ -204,6 +274,7 @@ impl CudaDevice {
     /// Waits until all work enqueued on the stream is done, leaving the runs' status words for
     /// the next [`CudaDevice::synchronize`] (driver errors still surface).
     pub(crate) fn wait(&self) -> Result<()> {
+        self.refuse_while_capturing("waiting for the device")?;
         self.bind()?;
         self.stream.synchronize().map_err(|e| driver_error("cuStreamSynchronize", e))
     }

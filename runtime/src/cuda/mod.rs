@@ -41,6 +41,7 @@ pub mod compiler;
 pub mod device;
 pub mod fallback;
 pub mod gather;
+pub mod graphs;
 pub mod loader;
 pub mod memory;
 mod status;
@@ -122,6 +123,8 @@ pub struct CudaCompiledGraph {
     tuned: OnceLock<autotune::Tuned>,
     /// Held by the run that tunes, so that a run started meanwhile waits for its choices.
     tuning: Mutex<()>,
+    /// Its CUDA graph, for [`CudaCompiledGraph::run_replayed`].
+    replay: Mutex<graphs::Replay>,
 }
 
 // SAFETY: the raw `CUfunction` handles in `steps` are immutable, belong to `modules` (kept alive
@@ -146,6 +149,14 @@ enum Step {
     },
     /// An extern node (`Bmm`, attention or a fallback op), by index in `program.nodes`.
     Extern { node: usize },
+}
+
+/// Where a run's launches report data errors.
+enum RunStatus {
+    /// Words taken from the device's status board, the run recorded as asked for at this line.
+    Board(Option<&'static Location<'static>>),
+    /// The 4 words per step at this address (a CUDA graph's own).
+    At(u64),
 }
 
 /// A run enqueued on the stream: its outputs, not yet collected. Its temporaries went back
@@ -278,6 +289,7 @@ impl CudaCompiledGraph {
             autotune: autotune::enabled_by_env(),
             tuned: OnceLock::new(),
             tuning: Mutex::new(()),
+            replay: Mutex::new(graphs::Replay::default()),
         })
     }
 
@@ -394,7 +406,7 @@ impl CudaCompiledGraph {
         random: &[RandomState],
         origin: Option<&'static Location<'static>>,
     ) -> Result<Vec<RunOutput<CudaBuffer>>> {
-        let pending = self.enqueue(inputs, random, None, origin)?;
+        let pending = self.enqueue(inputs, random, None, RunStatus::Board(origin))?;
         self.finish(inputs, pending)
     }
 
@@ -411,7 +423,7 @@ impl CudaCompiledGraph {
         let events = timing_events(&self.device, self.steps.len() + 1)?;
         let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); self.steps.len()];
         for _ in 0..reps.max(1) {
-            let pending = self.enqueue(inputs, &random, Some(&events), None)?;
+            let pending = self.enqueue(inputs, &random, Some(&events), RunStatus::Board(None))?;
             self.finish(inputs, pending)?;
             for (i, sample) in samples.iter_mut().enumerate() {
                 sample.push(elapsed_us(&events[i], &events[i + 1])?);
@@ -465,7 +477,7 @@ impl CudaCompiledGraph {
         for _ in 0..reps {
             flush.zero(FLUSH_BYTES)?;
             record(&self.device, &start)?;
-            let pending = self.enqueue(inputs, &random, None, None)?;
+            let pending = self.enqueue(inputs, &random, None, RunStatus::Board(None))?;
             record(&self.device, &end)?;
             self.finish(inputs, pending)?;
             times.push(elapsed_us(&start, &end)?);
@@ -515,14 +527,14 @@ impl CudaCompiledGraph {
     }
 
     /// Allocates and enqueues one run (fallback ops synchronise on the way); its status words
-    /// are checked later, reported with `origin`. With `marks` (one event per launch and one
-    /// more), records `marks[i]` before launch `i` and the last one after the last launch.
+    /// are checked later ([`RunStatus`]). With `marks` (one event per launch and one more),
+    /// records `marks[i]` before launch `i` and the last one after the last launch.
     fn enqueue(
         &self,
         inputs: &[&CudaBuffer],
         random: &[RandomState],
         marks: Option<&[CudaEvent]>,
-        origin: Option<&'static Location<'static>>,
+        status: RunStatus,
     ) -> Result<Pending> {
         let inst = self.check_inputs(inputs)?;
         // The words of each kernel's random streams, checked before anything is enqueued.
@@ -541,9 +553,10 @@ impl CudaCompiledGraph {
             .collect::<Result<_>>()?;
         let slots: Vec<DeviceMemory> =
             inst.slot_bytes.iter().map(|&b| DeviceMemory::alloc(dev, b)).collect::<Result<_>>()?;
-        let status = match self.steps.len() {
-            0 => 0,
-            _ => dev.status.take(dev, &self.status_kernels, origin)?,
+        let status = match status {
+            RunStatus::Board(_) if self.steps.is_empty() => 0,
+            RunStatus::Board(origin) => dev.status.take(dev, &self.status_kernels, origin)?,
+            RunStatus::At(words) => words,
         };
         // Launch `i`'s status words.
         let status_of = |i: usize| status + (i * status::KERNEL_STATUS_BYTES) as u64;
@@ -715,6 +728,16 @@ impl CudaCompiledGraph {
     /// The loaded modules, one per translation unit (none when every kernel is extern).
     pub fn modules(&self) -> &[Arc<LoadedModule>] {
         &self.modules
+    }
+}
+
+/// Prints `text` on the `schedule` log channel (`COIL_LOGS=schedule` or `all`), as the frontend
+/// prints its schedule: how the launches run (autotuning, CUDA graphs).
+fn schedule_log(text: &str) {
+    let on =
+        std::env::var("COIL_LOGS").is_ok_and(|v| v.split(',').map(str::trim).any(|c| c == "schedule" || c == "all"));
+    if on {
+        eprintln!("[coil:schedule] {text}");
     }
 }
 
