@@ -43,7 +43,7 @@ use std::sync::Arc;
 pub(crate) struct Replay {
     /// Calls so far (the first runs uncaptured).
     calls: usize,
-    captured: Option<Captured>,
+    captured: Option<Box<Captured>>,
     /// Why the graph is not replayed, once that is known.
     off: Option<String>,
 }
@@ -144,7 +144,7 @@ impl CudaCompiledGraph {
             };
             replay.captured = None;
             match self.capture(inputs, &copied) {
-                Ok(c) => replay.captured = Some(c),
+                Ok(c) => replay.captured = Some(Box::new(c)),
                 Err(e) => {
                     log(&format!("not replayed: the capture failed: {}", e.message));
                     replay.off = Some(e.message);
