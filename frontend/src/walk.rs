@@ -332,3 +332,67 @@ fn descends_from(outputs: &[&Tensor], wrt: &[&Tensor]) -> AddrMap<bool> {
     }
     memo
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dynamo::same_structure;
+    use coil_ir::DType;
+
+    /// A small random program over `x` and `y` (both `[4, 4]`): eight ops drawn from `seed`,
+    /// each on earlier values (so some are shared), random ones included. `mutate`: one step
+    /// whose draw is nudged (another op, other operands or another constant).
+    fn program(seed: u64, mutate: Option<usize>, x: &Tensor, y: &Tensor) -> Vec<Tensor> {
+        let mut z = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut vals = vec![x.clone(), y.clone()];
+        for step in 0..8 {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            let r = if mutate == Some(step) { z.wrapping_add(1 + (z >> 40) % 5) } else { z };
+            let a = vals[(r >> 8) as usize % vals.len()].clone();
+            let b = vals[(r >> 16) as usize % vals.len()].clone();
+            let v = match r % 9 {
+                0 => &a + &b,
+                1 => &a * &b,
+                2 => a.exp().unwrap(),
+                3 => &a + &a.sum(&[1], true).unwrap(),
+                4 => a.permute(&[1, 0]).unwrap(),
+                5 => a.reshape(&[16]).unwrap().reshape(&[4, 4]).unwrap(),
+                6 => &a * ((r >> 24) % 3) as f64,
+                7 => a.dropout(0.5, true).unwrap(),
+                _ => a.to_dtype(DType::F64).unwrap().to_dtype(DType::F32).unwrap(),
+            };
+            vals.push(v);
+        }
+        vals.split_off(vals.len() - 2)
+    }
+
+    #[test]
+    fn the_walks_comparison_agrees_with_building_and_comparing_the_graphs() {
+        let x = Tensor::from_vec((0..16).map(|i| i as f32).collect(), &[4, 4]).unwrap();
+        let y = Tensor::from_vec((0..16).map(|i| 1.0 - i as f32).collect(), &[4, 4]).unwrap();
+        let (mut same, mut different) = (0, 0);
+        for seed in 0..300 {
+            let a = program(seed, None, &x, &y);
+            let graph = crate::capture(&a.iter().collect::<Vec<_>>()).graph;
+            for mutate in [None, Some((seed % 8) as usize), Some(((seed + 3) % 8) as usize)] {
+                let b = program(seed, mutate, &x, &y);
+                let outputs: Vec<&Tensor> = b.iter().collect();
+                let built = crate::capture(&outputs).graph;
+                let want = same_structure(&built, &graph);
+                let (walk, matched) = Walk::matching(&outputs, &graph);
+                assert_eq!(matched, want, "seed {seed}, mutation {mutate:?}:\n{graph}\nvs\n{built}");
+                assert_eq!(walk.matches(&graph), want, "seed {seed}, mutation {mutate:?}");
+                assert!(same_structure(&walk.graph(), &built), "the walk builds the captured graph");
+                if want {
+                    same += 1;
+                } else {
+                    different += 1;
+                }
+            }
+        }
+        // Both outcomes are exercised (a nudged draw sometimes picks the same op again).
+        assert!(same >= 300 && different >= 300, "{same} same, {different} different");
+    }
+}
