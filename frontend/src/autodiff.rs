@@ -10,7 +10,7 @@
 
 use crate::profile;
 use crate::tensor::Tensor;
-use crate::walk::Walk;
+use crate::walk::{Expected, Walk};
 use coil_ir::infer::Operand;
 use coil_ir::{Graph, NodeId, Op, Result, TensorMeta};
 use std::panic::Location;
@@ -75,8 +75,9 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
 /// A forward graph and its gradients, decomposed to primitives: what [`value_and_grad`]
 /// records as lazy tensors.
 pub(crate) struct Differentiated {
-    /// The captured forward graph (outputs: the value, then each of `wrt`).
-    pub(crate) forward: Graph,
+    /// The captured forward graph (outputs: the value, then each of `wrt`), laid out for
+    /// comparing later walks with it.
+    pub(crate) forward: Expected,
     /// Forward and backward as one primitive graph; outputs: the value, then the gradients.
     graph: Graph,
     /// The nodes the outputs need, in order.
@@ -104,7 +105,7 @@ impl Differentiated {
         graph.outputs = std::iter::once(out).chain(grads).collect();
         let live = graph.live_nodes();
         let weak = (0..graph.nodes.len()).map(|i| weak_constants(&graph, NodeId(i))).collect();
-        Ok(Differentiated { forward, graph, live, weak })
+        Ok(Differentiated { forward: Expected::new(&forward), graph, live, weak })
     }
 
     /// Records every node the value and the gradients read as a pending tensor, on the

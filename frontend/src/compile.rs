@@ -10,7 +10,7 @@
 use crate::debug::{self, Dump};
 use crate::dynamo::dynamic::DynamicSpec;
 use crate::storage::Storage;
-use crate::walk::Walk;
+use crate::walk::{Expected, Walk};
 use crate::{logs, profile};
 use coil_ir::kernel::{Donation, KernelKind, TileKernel};
 use coil_ir::{Error, Graph, RandomState, Result};
@@ -292,13 +292,20 @@ struct CacheEntry {
     compiled: Arc<Compiled>,
 }
 
+/// A recently run graph: its cache entry and its layout for comparisons with walks.
+#[derive(Clone)]
+struct Recent {
+    entry: CacheEntry,
+    expected: Arc<Expected>,
+}
+
 /// How many of its most recently run graphs a thread compares a new capture with before
 /// hashing it ([`compiled_walk`]): a training step's few graphs.
 const RECENT: usize = 8;
 
 thread_local! {
     /// This thread's most recently run compiled graphs, most recent first.
-    static RECENTLY_RUN: std::cell::RefCell<Vec<CacheEntry>> = const { std::cell::RefCell::new(Vec::new()) };
+    static RECENTLY_RUN: std::cell::RefCell<Vec<Recent>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The compiled form of the graph `walk` captures (with `donations`), and that graph. A program
@@ -311,10 +318,11 @@ pub(crate) fn compiled_walk(walk: &Walk, donations: &[Donation]) -> Result<(Arc<
     let t = Instant::now();
     let recent = RECENTLY_RUN.with(|r| {
         let mut r = r.borrow_mut();
-        let i = r.iter().position(|e| e.device == device && e.donations == donations && walk.matches(&e.graph))?;
-        let e = r.remove(i);
-        r.insert(0, e.clone());
-        Some(e)
+        let same = |e: &CacheEntry| e.device == device && e.donations == donations;
+        let i = r.iter().position(|x| same(&x.entry) && walk.matches(&x.expected))?;
+        let x = r.remove(i);
+        r.insert(0, x.clone());
+        Some(x.entry)
     });
     profile::spent(t, |t| &mut t.confirm);
     if let Some(e) = recent {
@@ -325,9 +333,10 @@ pub(crate) fn compiled_walk(walk: &Walk, donations: &[Donation]) -> Result<(Arc<
     profile::spent(t, |t| &mut t.capture);
     let compiled = compile_donating(&graph, device, donations)?;
     let entry = CacheEntry { graph: graph.clone(), device, donations: donations.to_vec(), compiled: compiled.clone() };
+    let expected = Arc::new(Expected::new(&graph));
     RECENTLY_RUN.with(|r| {
         let mut r = r.borrow_mut();
-        r.insert(0, entry);
+        r.insert(0, Recent { entry, expected });
         r.truncate(RECENT);
     });
     Ok((compiled, graph))

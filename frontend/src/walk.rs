@@ -5,8 +5,9 @@
 //! thousands of nodes, so this is coil's hottest host path. [`Walk::new`] visits each node once
 //! (one lookup in an address map per edge, nothing cloned); then either [`Walk::graph`] builds
 //! the [`Graph`] (a cache miss, or a first capture), or [`Walk::matches`] compares the walk with
-//! a cached graph node by node, without building anything: equal ops and attributes, metas,
-//! edges, inputs and outputs, exactly what [`crate::dynamo::same_structure`] compares. A match
+//! a cached graph node by node ([`Expected`]: the graph laid out for that), without building
+//! anything: equal ops and attributes, metas, edges, inputs and outputs, exactly what
+//! [`crate::dynamo::same_structure`] compares. A match
 //! is a hit whose guards all hold (a captured graph carries every size and dtype it was compiled
 //! for), so the hit costs the walk and the comparison, no hashing and no graph.
 
@@ -81,11 +82,11 @@ impl<'a> Walk<'a> {
 
     /// [`Walk::new`], compared with `expected` on the way: also whether the walk is that graph
     /// ([`Walk::matches`]). One pass over the nodes: a compiled function's cache hit.
-    pub(crate) fn matching(outputs: &'a [&'a Tensor], expected: &Graph) -> (Walk<'a>, bool) {
+    pub(crate) fn matching(outputs: &'a [&'a Tensor], expected: &Expected) -> (Walk<'a>, bool) {
         Walk::compared(outputs, &[], Some(expected))
     }
 
-    fn compared(outputs: &'a [&'a Tensor], wrt: &[&Tensor], expected: Option<&Graph>) -> (Walk<'a>, bool) {
+    fn compared(outputs: &'a [&'a Tensor], wrt: &[&Tensor], expected: Option<&Expected>) -> (Walk<'a>, bool) {
         let after_wrt = if wrt.is_empty() { None } else { Some(descends_from(outputs, wrt)) };
         let is_input = |t: &Tensor| {
             t.is_realized() && !after_wrt.as_ref().is_some_and(|m| m.get(&key(t)).copied().unwrap_or(false))
@@ -93,11 +94,17 @@ impl<'a> Walk<'a> {
         let hint = SIZE_HINT.with(|h| h.get());
         let mut ids: AddrMap<u32> = AddrMap::with_capacity_and_hasher(hint, Default::default());
         let (mut inputs, mut pending): (Vec<&'a Tensor>, Vec<&'a Tensor>) = (Vec::new(), Vec::with_capacity(hint));
-        // Compared as the walk goes while it matches; random ops after it (their attributes
-        // need the streams, known at the end).
+        // Compared as the walk goes, while it matches (random ops after it: their attributes
+        // need the streams, known at the end). Inputs and pending nodes each come in the
+        // order of their ids, so each kind reads its part of the layout in order.
         let mut same = expected;
+        let (mut input_at, mut node_at) = (0, expected.map_or(0, |e| e.pending_at));
         let mut random_ops: Vec<usize> = Vec::new();
         let mut stack: Vec<(&'a Tensor, bool)> = Vec::with_capacity(64);
+        // The walk ids of the operands visited so far whose consumer is not numbered yet, in
+        // order: a node's operands are the top of it when the node is numbered (each visit of
+        // an operand leaves exactly one id), so no lookup finds them again.
+        let mut operands: Vec<u32> = Vec::with_capacity(64);
         for &out in outputs {
             // Iterative post-order: (tensor, operands pushed yet?). A node is expanded once:
             // a second copy on the stack lies below the first's operands, so it is popped
@@ -105,40 +112,40 @@ impl<'a> Walk<'a> {
             stack.push((out, false));
             while let Some((t, expanded)) = stack.pop() {
                 if !expanded {
-                    if ids.contains_key(&key(t)) {
+                    if let Some(&id) = ids.get(&key(t)) {
+                        operands.push(id);
                         continue;
                     }
                     if is_input(t) {
-                        ids.insert(key(t), inputs.len() as u32);
-                        inputs.push(t);
-                        if let Some(g) = same {
-                            let k = inputs.len() - 1;
-                            same = (g.inputs.get(k) == Some(&NodeId(k)) && same_meta(&g.nodes[k].meta, &t.0.meta))
-                                .then_some(g);
+                        let id = inputs.len() as u32;
+                        ids.insert(key(t), id);
+                        operands.push(id);
+                        if let Some(e) = same {
+                            same = e.input(&mut input_at, inputs.len(), t).then_some(e);
                         }
+                        inputs.push(t);
                         continue;
                     }
                     stack.push((t, true));
                     stack.extend(t.0.srcs.iter().rev().map(|s| (s, false)));
                     continue;
                 }
-                if let Some(g) = same {
-                    let id = g.inputs.len() + pending.len();
-                    let node_matches = g.nodes.get(id).is_some_and(|node| {
-                        let edge = |(i, s): (&NodeId, &Tensor)| walk_id(ids[&key(s)], g.inputs.len()) == *i;
-                        same_meta(&node.meta, &t.0.meta)
-                            && node.inputs.len() == t.0.srcs.len()
-                            && node.inputs.iter().zip(&t.0.srcs).all(edge)
-                            && (t.0.draw.is_some() || same_op(&node.op, &t.0.op))
-                    });
-                    same = node_matches.then_some(g);
+                let first = operands.len() - t.0.srcs.len();
+                if let Some(e) = same {
+                    let id = e.inputs + pending.len();
+                    let ids = operands[first..].iter().map(|&w| walk_id(w, e.inputs));
+                    same = e.node(&mut node_at, id, t, ids).then_some(e);
                     if t.0.draw.is_some() {
                         random_ops.push(id);
                     }
                 }
-                ids.insert(key(t), PENDING | pending.len() as u32);
+                operands.truncate(first);
+                let id = PENDING | pending.len() as u32;
+                ids.insert(key(t), id);
+                operands.push(id);
                 pending.push(t);
             }
+            operands.clear();
         }
         let n_inputs = inputs.len();
         let mut nodes = inputs;
@@ -146,11 +153,11 @@ impl<'a> Walk<'a> {
         SIZE_HINT.with(|h| h.set(nodes.len()));
         let random = random_streams(&nodes[n_inputs..]);
         let walk = Walk { nodes, inputs: n_inputs, ids, outputs, random };
-        let matches = same.is_some_and(|g| {
-            g.nodes.len() == walk.nodes.len()
-                && g.inputs.len() == walk.inputs
-                && walk.outputs_match(g)
-                && random_ops.iter().all(|&id| g.nodes[id].op == walk.op(walk.nodes[id]))
+        let matches = same.is_some_and(|e| {
+            e.ops.len() == walk.nodes.len()
+                && e.inputs == walk.inputs
+                && walk.outputs_match(e)
+                && random_ops.iter().all(|&id| e.ops[id] == walk.op(walk.nodes[id]))
         });
         (walk, matches)
     }
@@ -192,28 +199,24 @@ impl<'a> Walk<'a> {
         }
     }
 
-    fn outputs_match(&self, graph: &Graph) -> bool {
-        graph.outputs.len() == self.outputs.len()
-            && self.outputs.iter().zip(&graph.outputs).all(|(t, &o)| self.id(t) == o)
+    fn outputs_match(&self, expected: &Expected) -> bool {
+        expected.outputs.len() == self.outputs.len()
+            && self.outputs.iter().zip(&expected.outputs).all(|(t, &o)| self.id(t) == o)
     }
 
-    /// Whether the walk is `graph`: the captured graph it would build has `graph`'s ops and
-    /// attributes, metas, edges, inputs and outputs (source lines aside). Builds nothing.
-    pub(crate) fn matches(&self, graph: &Graph) -> bool {
-        if graph.nodes.len() != self.nodes.len() || graph.inputs.len() != self.inputs || !self.outputs_match(graph) {
+    /// Whether the walk is the graph laid out in `expected`: the captured graph it would build
+    /// has its ops and attributes, metas, edges, inputs and outputs (source lines aside).
+    /// Builds nothing.
+    pub(crate) fn matches(&self, expected: &Expected) -> bool {
+        if expected.ops.len() != self.nodes.len() || expected.inputs != self.inputs || !self.outputs_match(expected) {
             return false;
         }
-        let inputs_match = (self.nodes[..self.inputs].iter().enumerate())
-            .all(|(k, t)| graph.inputs[k] == NodeId(k) && same_meta(&graph.nodes[k].meta, &t.0.meta));
-        inputs_match
-            && (self.nodes[self.inputs..].iter().zip(&graph.nodes[self.inputs..])).all(|(t, node)| {
-                same_meta(&node.meta, &t.0.meta)
-                    && node.inputs.len() == t.0.srcs.len()
-                    && node.inputs.iter().zip(&t.0.srcs).all(|(&i, s)| self.id(s) == i)
-                    && match t.0.draw {
-                        None => same_op(&node.op, &t.0.op),
-                        Some(_) => node.op == self.op(t),
-                    }
+        let mut at = 0;
+        let inputs = self.nodes[..self.inputs].iter().enumerate();
+        inputs.clone().all(|(k, t)| expected.input(&mut at, k, t))
+            && (self.nodes.iter().enumerate().skip(self.inputs)).all(|(id, t)| {
+                expected.node(&mut at, id, t, t.0.srcs.iter().map(|s| self.id(s)))
+                    && (t.0.draw.is_none() || expected.ops[id] == self.op(t))
             })
     }
 
@@ -257,14 +260,81 @@ impl<'a> Walk<'a> {
     }
 }
 
-/// `a == b`, element by element: shapes are short, and the slice comparison calls `memcmp`,
-/// which costs more than the comparison itself (a third of a hit's walk).
-fn same_meta(a: &TensorMeta, b: &TensorMeta) -> bool {
-    a.dtype == b.dtype && a.shape.len() == b.shape.len() && a.shape.iter().zip(&b.shape).all(|(x, y)| x == y)
+/// A captured graph laid out for comparing walks with it ([`Walk::matching`],
+/// [`Walk::matches`]): each node's operand ids, dtype and sizes in one array, in node order.
+/// A hit compares thousands of nodes, each of whose [`Node`] keeps its operands and sizes in
+/// allocations of their own: reading those waited on memory for most of the comparison's
+/// time, where one array read in order costs almost nothing. (Sizes are compared element by
+/// element: a `memcmp` call per shape cost more than the comparison.)
+pub(crate) struct Expected {
+    /// How many of the nodes are graph inputs (they come first).
+    inputs: usize,
+    outputs: Vec<NodeId>,
+    /// Each node's op, attributes included.
+    ops: Vec<Op>,
+    /// Per node, in order: its operand count, its operands' ids, its dtype, its rank, its sizes.
+    words: Vec<u64>,
+    /// Where the first node after the inputs starts in `words`.
+    pending_at: usize,
+}
+
+impl Expected {
+    /// The layout of a captured graph (inputs first, as captures number them).
+    pub(crate) fn new(graph: &Graph) -> Expected {
+        let mut words = Vec::with_capacity(graph.nodes.len() * 8);
+        let mut pending_at = 0;
+        for (id, node) in graph.nodes.iter().enumerate() {
+            if id == graph.inputs.len() {
+                pending_at = words.len();
+            }
+            words.push(node.inputs.len() as u64);
+            words.extend(node.inputs.iter().map(|i| i.0 as u64));
+            words.extend([node.meta.dtype as u64, node.meta.rank() as u64]);
+            words.extend(node.meta.shape.iter().map(|&d| d as u64));
+        }
+        if graph.nodes.len() == graph.inputs.len() {
+            pending_at = words.len();
+        }
+        let ops = graph.nodes.iter().map(|n| n.op.clone()).collect();
+        Expected { inputs: graph.inputs.len(), outputs: graph.outputs.clone(), ops, words, pending_at }
+    }
+
+    /// Whether graph input `k` (its words at `*at`) has tensor `t`'s meta; moves `at` past it.
+    fn input(&self, at: &mut usize, k: usize, t: &Tensor) -> bool {
+        let meta = &t.0.meta;
+        let Some(w) = self.words.get(*at..*at + 3 + meta.rank()) else { return false };
+        *at += w.len();
+        k < self.inputs
+            && matches!(self.ops[k], Op::Input { index } if index == k)
+            && w[0] == 0
+            && same_meta(&w[1..], meta)
+    }
+
+    /// Whether node `id` (its words at `*at`) has tensor `t`'s operands (whose ids are
+    /// `operands`), meta and op (a random op's attributes aside: they need the walk's
+    /// streams); moves `at` past it.
+    fn node(&self, at: &mut usize, id: usize, t: &Tensor, operands: impl Iterator<Item = NodeId>) -> bool {
+        let meta = &t.0.meta;
+        let n = t.0.srcs.len();
+        let Some(w) = self.words.get(*at..*at + n + 3 + meta.rank()) else { return false };
+        *at += w.len();
+        id < self.ops.len()
+            && w[0] == n as u64
+            && operands.zip(&w[1..]).all(|(s, &i)| s.0 as u64 == i)
+            && same_meta(&w[n + 1..], meta)
+            && (t.0.draw.is_some() || same_op(&self.ops[id], &t.0.op))
+    }
+}
+
+/// Whether a node's words from its dtype on (dtype, rank, sizes) are `meta`'s.
+fn same_meta(w: &[u64], meta: &TensorMeta) -> bool {
+    w[0] == meta.dtype as u64
+        && w[1] == meta.rank() as u64
+        && meta.shape.iter().zip(&w[2..]).all(|(&d, &e)| d as u64 == e)
 }
 
 /// [`guards::same_op`], with the attributes of the commonest ops that hold sizes (views,
-/// reductions) compared element by element, for the reason of [`same_meta`].
+/// reductions) compared element by element (see [`Expected`]).
 fn same_op(a: &Op, b: &Op) -> bool {
     let same = |x: &[usize], y: &[usize]| x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p == q);
     match (a, b) {
@@ -381,9 +451,10 @@ mod tests {
                 let outputs: Vec<&Tensor> = b.iter().collect();
                 let built = crate::capture(&outputs).graph;
                 let want = same_structure(&built, &graph);
-                let (walk, matched) = Walk::matching(&outputs, &graph);
+                let expected = Expected::new(&graph);
+                let (walk, matched) = Walk::matching(&outputs, &expected);
                 assert_eq!(matched, want, "seed {seed}, mutation {mutate:?}:\n{graph}\nvs\n{built}");
-                assert_eq!(walk.matches(&graph), want, "seed {seed}, mutation {mutate:?}");
+                assert_eq!(walk.matches(&expected), want, "seed {seed}, mutation {mutate:?}");
                 assert!(same_structure(&walk.graph(), &built), "the walk builds the captured graph");
                 if want {
                     same += 1;

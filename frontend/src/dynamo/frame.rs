@@ -9,7 +9,7 @@ use crate::compile::Compiled;
 use crate::debug::Dump;
 use crate::realize::{backend, Backend, Captured};
 use crate::storage::Storage;
-use crate::walk::Walk;
+use crate::walk::{Expected, Walk};
 use crate::{logs, profile, Tensor};
 use coil_ir::{Error, ErrorKind, Graph, Result};
 use coil_runtime::Device;
@@ -28,6 +28,8 @@ thread_local! {
 /// One compiled graph of a function.
 pub(super) struct Entry {
     pub(super) graph: Arc<Graph>,
+    /// The graph laid out for comparing walks with it (a hit's check).
+    expected: Arc<Expected>,
     pub(super) device: Device,
     /// Which graph of a call it was (0 for the first; later ones follow graph breaks).
     position: usize,
@@ -146,12 +148,12 @@ impl Frame {
         let start = Instant::now();
         let expected = self.expected(outputs);
         let (walk, matches) = match &expected {
-            Some((_, graph)) => Walk::matching(outputs, graph),
+            Some((_, _, layout)) => Walk::matching(outputs, layout),
             None => (Walk::new(outputs, &[]), false),
         };
         // The comparison is part of the walk: count it all as capture.
         profile::spent(start, |t| &mut t.capture);
-        let hit = expected.filter(|_| matches);
+        let hit = expected.filter(|_| matches).map(|(compiled, graph, _)| (compiled, graph));
         if hit.is_some() {
             let mut state = self.state.borrow_mut();
             state.stats.graph_hits += 1;
@@ -185,7 +187,7 @@ impl Frame {
     /// walk is compared with, node by node, which checks every guard of a static entry (no
     /// graph built, nothing hashed). This is a training loop's hit; anything else takes
     /// [`Frame::run_captured`]'s way (entries for symbolic sizes, `explain`, the interpreter).
-    fn expected(&self, outputs: &[&Tensor]) -> Option<(Arc<Compiled>, Arc<Graph>)> {
+    fn expected(&self, outputs: &[&Tensor]) -> Option<(Arc<Compiled>, Arc<Graph>, Arc<Expected>)> {
         if self.log.is_some() || backend() != Backend::Compiled {
             return None;
         }
@@ -195,7 +197,7 @@ impl Frame {
         if e.dynamic.is_some() || e.device != device {
             return None;
         }
-        Some((e.compiled.clone()?, e.graph.clone()))
+        Some((e.compiled.clone()?, e.graph.clone(), e.expected.clone()))
     }
 
     /// Finds a captured graph in the guarded cache (compiling on a miss) and runs it.
@@ -356,6 +358,7 @@ impl Frame {
         }
         state.entries.push(Entry {
             graph: Arc::new(graph.clone()),
+            expected: Arc::new(Expected::new(graph)),
             device,
             position,
             args,
