@@ -9,7 +9,8 @@
 //! checks every guard of a static entry; nothing is built or hashed). Otherwise the graph is
 //! captured, a structural hash finds the candidates, a node-by-node comparison confirms one,
 //! and only a miss compiles. The function also keeps the forward graphs its `value_and_grad`
-//! calls differentiated ([`DIFFERENTIATED_LIMIT`]), so a training step differentiates once.
+//! calls differentiated ([`DIFFERENTIATED_LIMIT`]), so a training step differentiates once,
+//! and, with [`CompiledFn::cuda_graphs`], replays its static graphs on a GPU from CUDA graphs.
 //! A miss where the function already has a graph at that place is a
 //! **recompile**; coil says which guard failed, with old and new values
 //! (`COIL_LOGS=recompiles`), and after [`RECOMPILE_LIMIT`] recompiles it runs new graphs

@@ -183,19 +183,17 @@ impl CudaCompiledGraph {
 
         dev.begin_capture()?;
         let run = self.enqueue(&bound, &[], None, RunStatus::At(status.ptr())).and_then(|p| self.finish(&bound, p));
-        let ended = dev.end_capture();
-        let (graph, blocks) = ended?;
-        let captured = |exec| Captured {
+        let (graph, blocks) = dev.end_capture()?;
+        // Destroys the graph (and gives its blocks back) on every way out below.
+        let mut c = Captured {
             device: dev.clone(),
             graph,
-            exec,
+            exec: std::ptr::null_mut(),
             inputs: Vec::new(),
             outputs: Vec::new(),
-            status: status.clone(),
-            blocks: blocks.clone(),
+            status,
+            blocks,
         };
-        // Destroys the graph (and gives its blocks back) on every way out below.
-        let mut c = captured(std::ptr::null_mut());
         let outputs = run?;
         c.outputs = (outputs.into_iter())
             .map(|o| match o {
