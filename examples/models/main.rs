@@ -7,6 +7,7 @@
 //! ```sh
 //! cargo run --release --example models -- --json coil_models.json            # GPU, 124M
 //! cargo run --release --example models -- --device cpu --config tiny         # a quick check
+//! cargo run --release --example models -- --cuda-graphs                       # replayed from CUDA graphs
 //! ```
 //!
 //! Timing follows `torch_suite.py`: warm-up calls, then each timed call after a 256 MiB memset
@@ -30,10 +31,20 @@ pub struct Opts {
     warmup: usize,
     reps: usize,
     json: Option<String>,
+    /// Replay the compiled functions from CUDA graphs (`CompiledFn::cuda_graphs`).
+    cuda_graphs: bool,
 }
 
 fn parse() -> Opts {
-    let mut o = Opts { device: Device::default(), tiny: false, rows: vec![], warmup: 3, reps: 20, json: None };
+    let mut o = Opts {
+        device: Device::default(),
+        tiny: false,
+        rows: vec![],
+        warmup: 3,
+        reps: 20,
+        json: None,
+        cuda_graphs: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut v = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -44,7 +55,10 @@ fn parse() -> Opts {
             "--warmup" => o.warmup = v().parse().expect("--warmup N"),
             "--reps" => o.reps = v().parse().expect("--reps N"),
             "--json" => o.json = Some(v()),
-            _ => panic!("unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json"),
+            "--cuda-graphs" => o.cuda_graphs = true,
+            _ => panic!(
+                "unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json, --cuda-graphs"
+            ),
         }
     }
     o
@@ -205,7 +219,9 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
     let fwd_name = format!("{prefix}_fwd_bf16");
     if wanted(&fwd_name) {
         store.eval();
-        let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?])).named("forward");
+        let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?]))
+            .named("forward")
+            .cuda_graphs(o.cuda_graphs);
         let mut step = || forward.call(&[&x, &y]).map(|_| ());
         let notes = "forward to the mean cross-entropy loss, no gradients (as under torch.no_grad)";
         rows.push(bench(&fwd_name, o, timer, notes, &mut step)?);
@@ -223,7 +239,8 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             let (loss, grads) = coil::nn::value_and_grad(&model.loss(&a[0], &a[1])?, &order)?;
             Ok(std::iter::once(loss).chain(grads).collect())
         })
-        .named("train_step");
+        .named("train_step")
+        .cuda_graphs(o.cuda_graphs);
         let mut step = || -> coil::Result<()> {
             let out = grads.call(&[&x, &y])?;
             let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;

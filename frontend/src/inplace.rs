@@ -8,10 +8,11 @@
 //! them afterwards is an error ([`crate::Storage::check_current`]), never a silent read of the
 //! new values.
 
-use crate::compile::compile_donating;
-use crate::realize::{backend, capture, interpret, Backend};
+use crate::compile::compiled_walk;
+use crate::realize::{backend, interpret, Backend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
+use crate::walk::Walk;
 use coil_ir::kernel::Donation;
 use coil_ir::{Error, ErrorKind, Result};
 use std::panic::Location;
@@ -106,7 +107,7 @@ pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) ->
         }
     }
     let pending: Vec<&Tensor> = also.iter().copied().filter(|t| !t.is_realized()).collect();
-    let mut results = run_donating(&values, &pending, &targets).map_err(|e| e.at(caller))?;
+    let mut results = run_donating(&values, &pending, &targets, caller).map_err(|e| e.at(caller))?;
     for (t, storage) in pending.iter().zip(results.split_off(values.len())) {
         let _ = t.0.storage.set(storage);
     }
@@ -128,21 +129,29 @@ pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) ->
 /// Computes `values` and then `also` (one graph), each value donated the buffer of its target
 /// when the target is among the graph's inputs and shares its elements with no other input. A value computed
 /// already passes through the graph, which copies it: a result never shares a value's buffer.
-fn run_donating(values: &[&Tensor], also: &[&Tensor], targets: &[Storage]) -> Result<Vec<Storage>> {
-    let device = values.first().or(also.first()).map_or(coil_runtime::Device::Cpu, |t| t.device());
+fn run_donating(
+    values: &[&Tensor],
+    also: &[&Tensor],
+    targets: &[Storage],
+    origin: &'static Location<'static>,
+) -> Result<Vec<Storage>> {
+    let start = std::time::Instant::now();
     let outputs: Vec<&Tensor> = values.iter().chain(also).copied().collect();
-    let captured = capture(&outputs);
+    let walk = Walk::new(&outputs, &[]);
+    crate::profile::spent(start, |t| &mut t.capture);
+    let inputs = walk.input_storages();
     let mut donations = Vec::new();
     for (output, target) in targets.iter().enumerate() {
-        let mut inputs = captured.inputs.iter().enumerate().filter(|(_, s)| s.addr() == target.addr());
-        if let (Some((input, _)), None) = (inputs.next(), inputs.next()) {
+        let mut same = inputs.iter().enumerate().filter(|(_, s)| s.addr() == target.addr());
+        if let (Some((input, _)), None) = (same.next(), same.next()) {
             donations.push(Donation { output, input });
         }
     }
     match backend() {
-        Backend::Interpreter => interpret(&captured),
+        Backend::Interpreter => interpret(&walk.captured()),
         Backend::Compiled => {
-            compile_donating(&captured.graph, device, &donations)?.run(&captured.inputs, &captured.random)
+            let (compiled, graph) = compiled_walk(&walk, &donations)?;
+            crate::guard::guard("running", &graph, || compiled.run_at(&inputs, walk.random(), Some(origin)))
         }
     }
 }
