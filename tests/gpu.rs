@@ -95,6 +95,25 @@ fn attention_template_agrees_with_the_interpreter_on_cuda() {
     }
 }
 
+/// Gradients through the attention templates on CUDA (the backward kernels: tensor-core for
+/// f16 / bf16, the simple one for f32) against the interpreter and the decomposed path: causal
+/// and not, L and S not multiples of 64, head dims 32 to 128, GPT-2's head views.
+#[test]
+fn attention_gradients_through_the_templates_agree_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::grad::check_grad_all(device);
+    }
+}
+
+/// GPT-2-sized attention gradients (bf16, B=2, H=4, T=1000 causal, D=64, and f16 T=777 not
+/// causal, D=128) on CUDA against the CPU's compiled templates.
+#[test]
+fn large_attention_gradients_agree_with_the_cpu_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::grad::check_grad_large(device);
+    }
+}
+
 #[test]
 fn cpu_and_cuda_tensors_in_one_op_is_an_error() {
     if let Some(device) = gpu() {
@@ -463,5 +482,142 @@ fn float_floor_division_and_remainder_match_the_cpu_on_cuda() {
             let same = got[k].to_bits() == want[k].to_bits() || (got[k].is_nan() && want[k].is_nan());
             assert!(same, "{name}({:e}, {:e}) = {:e} on cuda, {:e} on the cpu", xs[k], ys[k], got[k], want[k]);
         }
+    }
+}
+
+/// Runs on the GPU return without waiting for their kernels: a data error a kernel reports
+/// surfaces at the next synchronization point (`coil::synchronize`, a host read of any tensor
+/// on the device), named by the kernel and the line that asked for the run; the device is
+/// clean afterwards. A compiled function's call returns the same way.
+#[test]
+fn kernel_errors_surface_at_the_next_synchronization_with_the_run_line_on_cuda() {
+    use coil::{DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let x = Tensor::ones(&[4, 3], DType::F32).to_device(device).unwrap();
+    x.realize().unwrap();
+    let bad = Tensor::from_vec(vec![0i64, 7], &[2]).unwrap().to_device(device).unwrap();
+    let y = x.index_select(0, &bad).unwrap();
+    y.realize().unwrap(); // enqueued: no error yet
+    let run_line = line!() - 1;
+    let z = (&x * 2.0).exp().unwrap();
+    z.realize().unwrap(); // a later run
+    let e = coil::synchronize().unwrap_err();
+    assert!(e.to_string().contains("index 7 is out of bounds"), "{e}");
+    assert!(e.op.as_deref().is_some_and(|op| op.contains("index_select")), "{e}");
+    assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), run_line)), "{e}");
+    // Reported once: the device is clean, and the later run's values are right.
+    coil::synchronize().unwrap();
+    assert!(z.to_vec::<f32>().unwrap().iter().all(|&v| (v - 2f32.exp()).abs() < 1e-5));
+    // A host read of another tensor is a synchronization point too.
+    let y = x.index_select(0, &bad).unwrap();
+    y.realize().unwrap();
+    let w = &x + 1.0;
+    let e = w.to_vec::<f32>().unwrap_err();
+    assert!(e.to_string().contains("out of bounds"), "{e}");
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![2.0; 12]);
+    // The call of a compiled function returns before its kernels run.
+    let f = coil::compile(|a: &[Tensor]| Ok(vec![a[0].index_select(0, &a[1])?.sum_all()?]));
+    let out = f.call(&[&x, &bad]).unwrap();
+    let call_line = line!() - 1;
+    let e = out[0].item::<f32>().unwrap_err();
+    assert_eq!(e.location.map(|l| l.line()), Some(call_line), "{e}");
+    // A scatter (an embedding's gradient) reports a bad index the same way.
+    let table = Tensor::zeros(&[3], DType::F32).to_device(device).unwrap();
+    let src = Tensor::ones(&[2], DType::F32).to_device(device).unwrap();
+    let s = table.scatter_add(0, &Tensor::from_vec(vec![0i64, 3], &[2]).unwrap().to_device(device).unwrap(), &src);
+    s.unwrap().realize().unwrap();
+    assert!(coil::synchronize().unwrap_err().to_string().contains("out of bounds"));
+}
+
+/// Many runs without a synchronization point fill the status board; the run that finds it full
+/// checks it (and reports an earlier error there); values stay right throughout.
+#[test]
+fn a_long_loop_without_host_reads_keeps_running_on_cuda() {
+    use coil::{DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let mut x = Tensor::zeros(&[1000], DType::F32).to_device(device).unwrap();
+    // One launch (4 status words) per run: 40000 runs fill the 1 MiB board once. (Each new
+    // value starts a history of its own: a chain of 40000 lazy nodes would be dropped
+    // recursively.)
+    for _ in 0..40_000 {
+        x = Tensor::from_storage((&x + 1.0).storage().unwrap());
+    }
+    assert_eq!(x.to_vec::<f32>().unwrap()[999], 40_000.0);
+}
+
+/// A compiled function replayed from CUDA graphs (`cuda_graphs(true)`) computes what plain runs
+/// compute, call after call: new data each call (at reused or new addresses), weights updated
+/// in place between calls by an optimizer, an output fed back as the next input. The previous
+/// call's outputs are stale after a replay; graphs that draw random numbers run as usual.
+#[test]
+fn cuda_graph_replays_match_plain_runs_on_cuda() {
+    use coil::nn::{AdamW, AdamWConfig, Init, Optimizer, ParamStore};
+    use coil::{DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let train = |cuda_graphs: bool| -> Vec<f32> {
+        coil::manual_seed(11);
+        let store = ParamStore::new();
+        let root = store.root(device, DType::F32);
+        root.param("w1", &[16, 32], Init::Normal { mean: 0.0, std: 0.2 }).unwrap();
+        root.param("w2", &[32, 4], Init::Normal { mean: 0.0, std: 0.2 }).unwrap();
+        store.realize_pending().unwrap();
+        let mut opt = AdamW::new(store.trainable(), AdamWConfig { lr: 0.01, ..Default::default() }).unwrap();
+        let params = opt.params().to_vec();
+        let step = coil::compile(|a: &[Tensor]| {
+            let h = a[0].matmul(&params[0].tensor())?.gelu(true)?;
+            let y = h.matmul(&params[1].tensor())?;
+            let loss = (&y * &y).mean(&[], false)?;
+            let (loss, grads) = coil::nn::value_and_grad(&loss, &params)?;
+            Ok(std::iter::once(loss).chain(grads).collect())
+        })
+        .cuda_graphs(cuda_graphs);
+        let (mut losses, mut kept) = (Vec::new(), Vec::new());
+        for call in 0..6 {
+            let x = Tensor::randn(&[8, 16], DType::F32).unwrap().to_device(device).unwrap();
+            x.realize().unwrap();
+            let out = step.call(&[&x]).unwrap();
+            losses.push(out[0].item::<f32>().unwrap());
+            opt.step(&out[1..]).unwrap();
+            if call == 3 {
+                kept.push(x); // the next inputs land elsewhere: copied into the graph's buffer
+            }
+        }
+        losses
+    };
+    let (plain, replayed) = (train(false), train(true));
+    for (k, (a, b)) in plain.iter().zip(&replayed).enumerate() {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "step {k}: plain {a}, replayed {b}");
+    }
+
+    // An output fed back, and the staleness of earlier outputs.
+    let f = coil::compile(|a: &[Tensor]| Ok(vec![(&a[0] * 0.5 + 1.0)])).cuda_graphs(true);
+    let mut x = Tensor::zeros(&[1000], DType::F32).to_device(device).unwrap();
+    let mut earlier = Vec::new();
+    for _ in 0..8 {
+        x = f.call(&[&x]).unwrap().remove(0);
+        earlier.push(x.clone());
+    }
+    let want = (0..8).fold(0.0f32, |v, _| v * 0.5 + 1.0);
+    assert!(x.to_vec::<f32>().unwrap().iter().all(|&v| (v - want).abs() < 1e-6));
+    let e = earlier[3].to_vec::<f32>().unwrap_err();
+    assert!(e.to_string().contains("overwritten"), "{e}");
+
+    // Random numbers: new ones at every call, as without CUDA graphs.
+    let d = coil::compile(|a: &[Tensor]| Ok(vec![a[0].dropout(0.5, true)?])).cuda_graphs(true);
+    let ones = Tensor::ones(&[4096], DType::F32).to_device(device).unwrap();
+    let draws: Vec<Vec<f32>> = (0..3).map(|_| d.call(&[&ones]).unwrap()[0].to_vec::<f32>().unwrap()).collect();
+    assert!(draws[0] != draws[1] && draws[1] != draws[2]);
+}
+
+/// A graph whose run goes through the host (an integer product: cuBLASLt has none, the host
+/// computes it) cannot be captured: it runs as usual, with the right values, call after call.
+#[test]
+fn graphs_that_cannot_be_captured_run_as_usual_on_cuda() {
+    use coil::Tensor;
+    let Some(device) = gpu() else { return };
+    let f = coil::compile(|a: &[Tensor]| Ok(vec![(a[0].matmul(&a[0])? + 1)])).cuda_graphs(true);
+    let x = Tensor::from_vec(vec![1i64, 2, 3, 4], &[2, 2]).unwrap().to_device(device).unwrap();
+    for _ in 0..4 {
+        assert_eq!(f.call(&[&x]).unwrap()[0].to_vec::<i64>().unwrap(), vec![8, 11, 16, 23]);
     }
 }

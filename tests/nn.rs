@@ -384,3 +384,62 @@ fn bf16_attention_gradients_stay_within_bf16_rounding_of_f32() {
         assert_close(&format!("d/d{name} in bf16"), &a.to_dtype(DType::F32).unwrap(), b, 3e-2);
     }
 }
+
+#[test]
+fn decoding_with_a_kv_cache_gives_the_full_forward_logits_and_compiles_once() {
+    let _lock = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let (_store, model) = tiny_gpt2("gpt2_tiny_hf.safetensors");
+    let idx = g("gpt2_tiny.in.idx");
+    let full = model.forward(&idx).unwrap(); // [2, 8, 37]
+    let full: Vec<Tensor> = (0..8).map(|t| full.select(1, t).unwrap()).collect();
+    coil::realize(&full.iter().collect::<Vec<_>>()).unwrap();
+    let mut cache = model.new_cache(2, 8).unwrap();
+    // Prefill 5 tokens, then decode the other 3 one at a time.
+    let (logits, written) =
+        model.forward_cached(&idx.narrow(1, 0, 5).unwrap(), &cache.position().unwrap(), &cache).unwrap();
+    cache.commit(&written, 5, &[&logits]).unwrap();
+    assert_close("prefill logits", &logits, &full[4], TOL);
+    let mut after_first = 0;
+    let ids = idx.to_vec::<i64>().unwrap();
+    for t in 5..8 {
+        // The next tokens come from the host, as a sampler gives them.
+        let next = Tensor::from_vec(vec![ids[t], ids[8 + t]], &[2, 1]).unwrap();
+        let (logits, written) = model.forward_cached(&next, &cache.position().unwrap(), &cache).unwrap();
+        cache.commit(&written, 1, &[&logits]).unwrap();
+        assert_close(&format!("logits at {t}"), &logits, &full[t], TOL);
+        if t == 5 {
+            after_first = coil::compile_count();
+        }
+    }
+    assert_eq!(coil::compile_count(), after_first, "later decode steps reuse the first one's graph");
+    assert_eq!(cache.len(), 8);
+    assert!(cache.commit(&[], 1, &[]).is_err(), "a full cache says so");
+}
+
+#[test]
+fn llama_loads_a_hugging_face_checkpoint_and_matches_its_logits_cached_or_not() {
+    use coil::nn::models::llama::{Llama, LlamaConfig};
+    let _lock = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let config = std::fs::read_to_string(format!("{DIR}/llama_tiny/config.json")).unwrap();
+    let config = LlamaConfig::from_hf_json(&config).unwrap();
+    assert_eq!((config.n_head, config.n_kv_head, config.tie_word_embeddings), (4, 2, false));
+    let store = ParamStore::new();
+    let model = Llama::new(&root(&store), config).unwrap();
+    store.load(format!("{DIR}/llama_tiny/model.safetensors")).unwrap();
+    let golden = coil::safetensors::load(format!("{DIR}/llama_tiny_golden.safetensors"), Device::Cpu).unwrap();
+    let (idx, want) = (&golden["idx"], &golden["logits"]);
+    assert_close("llama logits", &model.forward(idx).unwrap(), want, 1e-5);
+    let (x, y) = (idx.narrow(1, 0, 6).unwrap(), idx.narrow(1, 1, 6).unwrap());
+    assert_close("llama loss", &model.loss(&x, &y).unwrap(), &golden["loss"], 1e-5);
+    // Prefill 4 tokens, decode 3: the last position's logits each time.
+    let mut cache = model.new_cache(2, 8).unwrap();
+    let ids = idx.to_vec::<i64>().unwrap();
+    for (start, len) in [(0, 4), (4, 1), (5, 1), (6, 1)] {
+        let step: Vec<i64> = (0..2).flat_map(|b| ids[b * 7 + start..b * 7 + start + len].to_vec()).collect();
+        let step = Tensor::from_vec(step, &[2, len]).unwrap();
+        let (logits, written) = model.forward_cached(&step, &cache.position().unwrap(), &cache).unwrap();
+        cache.commit(&written, len, &[&logits]).unwrap();
+        let last = want.select(1, (start + len - 1) as i64).unwrap();
+        assert_close(&format!("cached logits at {}", start + len - 1), &logits, &last, 1e-5);
+    }
+}

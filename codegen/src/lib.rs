@@ -9,6 +9,8 @@
 //!   `void NAME(char *const *args, int64_t *status)`.
 //! * [`cuda`]: [`emit_cuda`] turns tile kernels into one CUDA C translation unit for NVRTC,
 //!   with each kernel's launch shape ([`CudaModule`]).
+//! * [`templates`]: the hand-written CUDA kernels (attention forward and backward): their
+//!   source, the shapes and dtypes each serves, and their launch rules.
 //!
 //! The contracts between these steps and their neighbours are in `docs/compiler.md`.
 
@@ -16,6 +18,7 @@ pub mod c;
 pub mod cuda;
 #[cfg(test)]
 mod pipeline_tests;
+pub mod templates;
 #[cfg(test)]
 mod testutil;
 pub mod tile;

@@ -9,8 +9,9 @@
 
 use crate::debug::{self, Dump};
 use crate::dynamo::dynamic::DynamicSpec;
-use crate::logs;
 use crate::storage::Storage;
+use crate::walk::{Expected, Walk};
+use crate::{logs, profile};
 use coil_ir::kernel::{Donation, KernelKind, TileKernel};
 use coil_ir::{Error, Graph, RandomState, Result};
 use coil_runtime::cpu::CompiledGraph;
@@ -56,6 +57,9 @@ pub struct Compiled {
     pub dump_dir: Option<std::path::PathBuf>,
     /// Time per launch from the first run, with `COIL_PROFILE=1` ([`Compiled::profile`]).
     pub profiled: OnceLock<Vec<(String, f64)>>,
+    /// The outputs of the last replay of its CUDA graph ([`Compiled::run_replayed`]), made
+    /// stale by the next one.
+    replayed: Mutex<Vec<Storage>>,
 }
 
 /// Compiles the pending computation behind `outputs` without running it, and returns what the
@@ -161,6 +165,68 @@ impl Compiled {
     /// there: its storage is that input's allocation at a new version, and every older handle
     /// to it is stale ([`Storage::check_current`]).
     pub fn run(&self, inputs: &[Storage], random: &[RandomState]) -> Result<Vec<Storage>> {
+        self.run_at(inputs, random, None)
+    }
+
+    /// [`Compiled::run`] for values the user asked for at `origin`. On a GPU the run returns
+    /// without waiting for its kernels: a data error one of them reports (an index out of
+    /// bounds, ...) surfaces at the next synchronization point (a host read such as `to_vec`
+    /// or `item`, [`crate::synchronize`]), named by its kernel and `origin`. The CPU runs
+    /// synchronously and reports it here.
+    pub fn run_at(
+        &self,
+        inputs: &[Storage],
+        random: &[RandomState],
+        origin: Option<&'static std::panic::Location<'static>>,
+    ) -> Result<Vec<Storage>> {
+        let start = Instant::now();
+        let outputs = self.run_untimed(inputs, random, origin);
+        profile::record(|t| {
+            t.graphs += 1;
+            t.run += start.elapsed();
+        });
+        outputs
+    }
+
+    /// [`Compiled::run_at`] from a CUDA graph of the run's launches, replayed with one launch
+    /// (`CompiledFn::cuda_graphs`; see `coil_runtime::cuda::graphs`): `Ok(None)` when this call
+    /// runs as usual instead (on the CPU, on a graph's first call, for a graph that cannot be
+    /// replayed). The outputs are the graph's own buffers, written again by the next replay:
+    /// the tensors of the previous replay's outputs are stale from then on (an error on use,
+    /// never a silent read of the new values).
+    pub fn run_replayed(
+        &self,
+        inputs: &[Storage],
+        origin: Option<&'static std::panic::Location<'static>>,
+    ) -> Result<Option<Vec<Storage>>> {
+        let Executable::Cuda(g) = &self.executable else { return Ok(None) };
+        let start = Instant::now();
+        let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&CudaBuffer> =
+            on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
+        let Some(buffers) = g.run_replayed(&refs, origin)? else { return Ok(None) };
+        let mut last = self.replayed.lock().unwrap_or_else(|e| e.into_inner());
+        let same = last.len() == buffers.len()
+            && last.iter().zip(&buffers).all(|(s, b)| s.cuda_buffer().is_some_and(|x| Arc::ptr_eq(x, b)));
+        let outputs: Vec<Storage> = match same {
+            true => last.iter().map(Storage::overwritten).collect(),
+            false => buffers.into_iter().map(Storage::cuda).collect(),
+        };
+        *last = outputs.clone();
+        profile::record(|t| {
+            t.graphs += 1;
+            t.run += start.elapsed();
+        });
+        Ok(Some(outputs))
+    }
+
+    /// [`Compiled::run`], without adding to the host times.
+    fn run_untimed(
+        &self,
+        inputs: &[Storage],
+        random: &[RandomState],
+        origin: Option<&'static std::panic::Location<'static>>,
+    ) -> Result<Vec<Storage>> {
         self.profile_once(inputs)?;
         let donated = |k: usize| {
             // The buffer the run wrote is the one the input's handle addresses (same device).
@@ -177,7 +243,7 @@ impl Compiled {
                 let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&CudaBuffer> =
                     on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
-                let outputs = g.run_donating(&refs, random)?.into_iter();
+                let outputs = g.run_donating_at(&refs, random, origin)?.into_iter();
                 outputs.map(|o| o.map(|b| Storage::cuda(Arc::new(b))).or_input(donated)).collect()
             }
         }
@@ -215,7 +281,66 @@ impl Compiled {
 
 /// Compiled graphs by structural hash; each keeps its graph (and the donations it was compiled
 /// with) to confirm a hit (no false hits).
-type Cache = HashMap<u64, Vec<(Graph, Device, Vec<Donation>, Arc<Compiled>)>>;
+type Cache = HashMap<u64, Vec<CacheEntry>>;
+
+/// A compiled graph as the cache keeps it: the captured graph, its device and donations.
+#[derive(Clone)]
+struct CacheEntry {
+    graph: Arc<Graph>,
+    device: Device,
+    donations: Vec<Donation>,
+    compiled: Arc<Compiled>,
+}
+
+/// A recently run graph: its cache entry and its layout for comparisons with walks.
+#[derive(Clone)]
+struct Recent {
+    entry: CacheEntry,
+    expected: Arc<Expected>,
+}
+
+/// How many of its most recently run graphs a thread compares a new capture with before
+/// hashing it ([`compiled_walk`]): a training step's few graphs.
+const RECENT: usize = 8;
+
+thread_local! {
+    /// This thread's most recently run compiled graphs, most recent first.
+    static RECENTLY_RUN: std::cell::RefCell<Vec<Recent>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The compiled form of the graph `walk` captures (with `donations`), and that graph. A program
+/// realized again (the next step of a training loop) is one of the graphs this thread ran
+/// recently: compared with them node by node ([`Walk::matches`]: a mismatch shows within the
+/// first few nodes), it costs no graph and no hash. Anything else goes through
+/// [`compile_donating`]'s cache.
+pub(crate) fn compiled_walk(walk: &Walk, donations: &[Donation]) -> Result<(Arc<Compiled>, Arc<Graph>)> {
+    let device = walk.device();
+    let t = Instant::now();
+    let recent = RECENTLY_RUN.with(|r| {
+        let mut r = r.borrow_mut();
+        let same = |e: &CacheEntry| e.device == device && e.donations == donations;
+        let i = r.iter().position(|x| same(&x.entry) && walk.matches(&x.expected))?;
+        let x = r.remove(i);
+        r.insert(0, x.clone());
+        Some(x.entry)
+    });
+    profile::spent(t, |t| &mut t.confirm);
+    if let Some(e) = recent {
+        return Ok((e.compiled, e.graph));
+    }
+    let t = Instant::now();
+    let graph = Arc::new(walk.graph());
+    profile::spent(t, |t| &mut t.capture);
+    let compiled = compile_donating(&graph, device, donations)?;
+    let entry = CacheEntry { graph: graph.clone(), device, donations: donations.to_vec(), compiled: compiled.clone() };
+    let expected = Arc::new(Expected::new(&graph));
+    RECENTLY_RUN.with(|r| {
+        let mut r = r.borrow_mut();
+        r.insert(0, Recent { entry, expected });
+        r.truncate(RECENT);
+    });
+    Ok((compiled, graph))
+}
 
 fn cache() -> &'static Mutex<Cache> {
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
@@ -250,18 +375,26 @@ pub fn compile(captured: &Graph, device: Device) -> Result<Arc<Compiled>> {
 /// an input the caller will not read again (honoured where the schedule allows:
 /// [`coil_passes::donate`]; `ir_post_fusion.txt` lists each one taken or refused, and why).
 pub fn compile_donating(captured: &Graph, device: Device, donations: &[Donation]) -> Result<Arc<Compiled>> {
+    let t = Instant::now();
     let key = crate::dynamo::structural_hash(captured, device);
+    profile::spent(t, |t| &mut t.hash);
     let find = |cache: &Cache| {
-        let same = |(g, d, don, _): &&(Graph, Device, Vec<Donation>, Arc<Compiled>)| {
-            *d == device && don == donations && crate::dynamo::same_structure(g, captured)
+        let same = |e: &&CacheEntry| {
+            e.device == device && e.donations == donations && crate::dynamo::same_structure(&e.graph, captured)
         };
-        cache.get(&key).and_then(|v| v.iter().find(same)).map(|(_, _, _, c)| c.clone())
+        cache.get(&key).and_then(|v| v.iter().find(same)).map(|e| e.compiled.clone())
     };
-    if let Some(hit) = find(&cache().lock().expect("compile cache")) {
+    let t = Instant::now();
+    let hit = find(&cache().lock().expect("compile cache"));
+    profile::spent(t, |t| &mut t.confirm);
+    if let Some(hit) = hit {
         return Ok(hit);
     }
+    let t = Instant::now();
     let compiled = Arc::new(compile_uncached(captured, device, None, donations)?);
-    let entry = (captured.clone(), device, donations.to_vec(), compiled.clone());
+    profile::spent(t, |t| &mut t.compile);
+    let graph = Arc::new(captured.clone());
+    let entry = CacheEntry { graph, device, donations: donations.to_vec(), compiled: compiled.clone() };
     cache().lock().expect("compile cache").entry(key).or_default().push(entry);
     Ok(compiled)
 }
@@ -278,7 +411,10 @@ pub fn compile_fresh(captured: &Graph, device: Device) -> Result<Compiled> {
 /// error of kind `Unsupported` says why the graph cannot be compiled that way (the caller then
 /// compiles it for static sizes). Not cached here: compiled functions keep their own cache.
 pub fn compile_dynamic(captured: &Graph, device: Device, spec: &DynamicSpec) -> Result<Arc<Compiled>> {
-    compile_uncached(captured, device, Some(spec), &[]).map(Arc::new)
+    let t = Instant::now();
+    let compiled = compile_uncached(captured, device, Some(spec), &[]).map(Arc::new);
+    profile::spent(t, |t| &mut t.compile);
+    compiled
 }
 
 /// The scheduler's options for `device`: a GPU block holds rows up to 8192 long in registers,
@@ -515,5 +651,6 @@ fn compile_stages(
         summary,
         dump_dir,
         profiled: OnceLock::new(),
+        replayed: Mutex::new(Vec::new()),
     })
 }

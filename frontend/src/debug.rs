@@ -93,7 +93,7 @@ fn kernel_bytes(program: &LoopProgram, schedule: &Schedule, index: usize, tile: 
         None => {
             let k = &schedule.kernels[index];
             let node = &program.nodes[k.nodes[0]];
-            (node.reads().into_iter().map(nbytes).sum(), nbytes(node.output))
+            (node.reads().into_iter().map(nbytes).sum(), node.writes().into_iter().map(nbytes).sum())
         }
     }
 }
@@ -128,6 +128,9 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
                 let what = match &node.kind {
                     LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => "gemm".to_string(),
                     LoopKind::Extern { call: ExternCall::Attention { .. }, .. } => "attention template".to_string(),
+                    LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
+                        "attention backward template".to_string()
+                    }
                     LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => {
                         format!("reference interpreter: {op}")
                     }
@@ -137,7 +140,9 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
                 for b in node.reads() {
                     let _ = writeln!(s, "    in  {}", buffer(b));
                 }
-                let _ = writeln!(s, "    out {}", buffer(node.output));
+                for b in node.writes() {
+                    let _ = writeln!(s, "    out {}", buffer(b));
+                }
             }
         }
     }

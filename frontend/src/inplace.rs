@@ -8,10 +8,11 @@
 //! them afterwards is an error ([`crate::Storage::check_current`]), never a silent read of the
 //! new values.
 
-use crate::compile::compile_donating;
-use crate::realize::{backend, capture, interpret, Backend};
+use crate::compile::compiled_walk;
+use crate::realize::{backend, interpret, Backend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
+use crate::walk::Walk;
 use coil_ir::kernel::Donation;
 use coil_ir::{Error, ErrorKind, Result};
 use std::panic::Location;
@@ -37,6 +38,24 @@ use std::panic::Location;
 /// ```
 #[track_caller]
 pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
+    update_in_place_with(updates, &[])
+}
+
+/// [`update_in_place`], computing `also` in the same graph (bound to those tensors, as
+/// [`crate::realize`] does): a decode step's logits with its key/value cache written in place,
+/// an optimizer step's gradient norm with the parameters.
+///
+/// ```
+/// use coil_frontend::{update_in_place_with, Tensor};
+/// let cache = Tensor::from_vec(vec![0.0f32; 4], &[4]).unwrap();
+/// let pos = Tensor::from_vec(vec![2i64], &[]).unwrap();
+/// let written = coil_frontend::where_(&Tensor::iota(&[4], 0).unwrap().eq(&pos).unwrap(), 7.0, &cache).unwrap();
+/// let total = written.sum(&[0], false).unwrap();
+/// let cache = update_in_place_with(&[(&cache, &written)], &[&total]).unwrap().remove(0);
+/// assert_eq!((cache.to_vec::<f32>().unwrap(), total.item::<f32>().unwrap()), (vec![0.0, 0.0, 7.0, 0.0], 7.0));
+/// ```
+#[track_caller]
+pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) -> Result<Vec<Tensor>> {
     let caller = Location::caller();
     let fail = |kind: ErrorKind, message: String| Error::new(kind, message).in_op("update_in_place", vec![]).at(caller);
     if crate::dynamo::tracing() {
@@ -79,7 +98,19 @@ pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
     }
 
     let values: Vec<&Tensor> = updates.iter().map(|(_, v)| *v).collect();
-    let results = run_donating(&values, &targets).map_err(|e| e.at(caller))?;
+    if let Some(other) = also.iter().find(|t| Some(t.device()) != values.first().map(|v| v.device())) {
+        if !values.is_empty() {
+            return Err(fail(
+                ErrorKind::Device,
+                format!("a tensor to compute with the updates is on {}", other.device()),
+            ));
+        }
+    }
+    let pending: Vec<&Tensor> = also.iter().copied().filter(|t| !t.is_realized()).collect();
+    let mut results = run_donating(&values, &pending, &targets, caller).map_err(|e| e.at(caller))?;
+    for (t, storage) in pending.iter().zip(results.split_off(values.len())) {
+        let _ = t.0.storage.set(storage);
+    }
     let mut updated = Vec::with_capacity(results.len());
     for ((target, value), storage) in targets.iter().zip(&values).zip(results) {
         // A target whose buffer was not written is consumed all the same, so that every target
@@ -95,23 +126,32 @@ pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
     Ok(updated)
 }
 
-/// Computes `values` (one graph), each output donated the buffer of its target when the target
-/// is among the graph's inputs and shares its elements with no other input. A value computed
+/// Computes `values` and then `also` (one graph), each value donated the buffer of its target
+/// when the target is among the graph's inputs and shares its elements with no other input. A value computed
 /// already passes through the graph, which copies it: a result never shares a value's buffer.
-fn run_donating(values: &[&Tensor], targets: &[Storage]) -> Result<Vec<Storage>> {
-    let device = values.first().map_or(coil_runtime::Device::Cpu, |t| t.device());
-    let captured = capture(values);
+fn run_donating(
+    values: &[&Tensor],
+    also: &[&Tensor],
+    targets: &[Storage],
+    origin: &'static Location<'static>,
+) -> Result<Vec<Storage>> {
+    let start = std::time::Instant::now();
+    let outputs: Vec<&Tensor> = values.iter().chain(also).copied().collect();
+    let walk = Walk::new(&outputs, &[]);
+    crate::profile::spent(start, |t| &mut t.capture);
+    let inputs = walk.input_storages();
     let mut donations = Vec::new();
     for (output, target) in targets.iter().enumerate() {
-        let mut inputs = captured.inputs.iter().enumerate().filter(|(_, s)| s.addr() == target.addr());
-        if let (Some((input, _)), None) = (inputs.next(), inputs.next()) {
+        let mut same = inputs.iter().enumerate().filter(|(_, s)| s.addr() == target.addr());
+        if let (Some((input, _)), None) = (same.next(), same.next()) {
             donations.push(Donation { output, input });
         }
     }
     match backend() {
-        Backend::Interpreter => interpret(&captured),
+        Backend::Interpreter => interpret(&walk.captured()),
         Backend::Compiled => {
-            compile_donating(&captured.graph, device, &donations)?.run(&captured.inputs, &captured.random)
+            let (compiled, graph) = compiled_walk(&walk, &donations)?;
+            crate::guard::guard("running", &graph, || compiled.run_at(&inputs, walk.random(), Some(origin)))
         }
     }
 }

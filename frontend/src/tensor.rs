@@ -31,25 +31,28 @@ use std::sync::{Arc, OnceLock};
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<TensorNode>);
 
+/// The fields a capture reads of every node come first, in this order (`repr(C)`), so that a
+/// walk over thousands of nodes touches two or three cache lines of each, not five.
+#[repr(C)]
 pub(crate) struct TensorNode {
-    pub(crate) op: Op,
     pub(crate) srcs: Vec<Tensor>,
-    pub(crate) meta: TensorMeta,
-    pub(crate) device: Device,
-    pub(crate) location: Option<&'static Location<'static>>,
     /// Set once the value is computed (or at creation for data).
     pub(crate) storage: OnceLock<Storage>,
-    /// Dims marked dynamic ([`Tensor::mark_dynamic`]), one bit per dim.
-    pub(crate) dynamic: AtomicU64,
     /// For a random op (`rand`, `randn`, `dropout`): where its numbers start in the thread's
     /// stream. Its op's `stream` and `offset` are placeholders (0) until capture makes them the
     /// graph's (a stream per key, offsets relative to the stream's start: `capture_walk`), so
     /// the graph's structure does not depend on them.
     pub(crate) draw: Option<RandomState>,
+    pub(crate) meta: TensorMeta,
+    pub(crate) op: Op,
+    pub(crate) device: Device,
+    pub(crate) location: Option<&'static Location<'static>>,
+    /// Dims marked dynamic ([`Tensor::mark_dynamic`]), one bit per dim.
+    pub(crate) dynamic: AtomicU64,
     /// Why this tensor cannot exist, for a creation function that returns a `Tensor`, not a
     /// `Result` ([`Tensor::full`] of a shape whose size overflows): the error, naming that call
     /// and its line, that every op using the tensor and every realize of it returns.
-    pub(crate) invalid: Option<Error>,
+    pub(crate) invalid: Option<Box<Error>>,
 }
 
 impl TensorNode {
@@ -154,13 +157,13 @@ impl Tensor {
     fn standing_for(self, error: Error) -> Tensor {
         let node = &self.0;
         let mut standing = TensorNode::pending(node.op.clone(), vec![], node.meta.clone(), node.device, node.location);
-        standing.invalid = Some(error);
+        standing.invalid = Some(Box::new(error));
         Tensor(Arc::new(standing))
     }
 
     /// The error this tensor stands for, if it could not be made (see `TensorNode::invalid`).
     pub(crate) fn invalid(&self) -> Option<&Error> {
-        self.0.invalid.as_ref()
+        self.0.invalid.as_deref()
     }
 
     /// Makes dim `dim` of this tensor symbolic for compiled functions that take it as an
@@ -394,6 +397,18 @@ impl Tensor {
         Tensor::record_drawing(op, srcs, None, location)
     }
 
+    /// A pending node of `op` on `srcs` (all on `device`) whose meta is known: inferred when
+    /// the graph it comes from was built. Records without checking or inferring again.
+    pub(crate) fn recorded(
+        op: Op,
+        srcs: Vec<Tensor>,
+        meta: TensorMeta,
+        device: Device,
+        location: &'static Location<'static>,
+    ) -> Tensor {
+        Tensor(Arc::new(TensorNode::pending(op, srcs, meta, device, Some(location))))
+    }
+
     /// [`Tensor::record`] of a random op (`dropout`) whose numbers start at `draw`.
     pub(crate) fn record_drawing(
         op: Op,
@@ -498,7 +513,10 @@ impl Tensor {
         self.0.storage.get().is_some()
     }
 
-    /// Computes the value (and every pending value it needs) now.
+    /// Computes the value (and every pending value it needs) now. On a GPU the kernels are
+    /// enqueued and this returns without waiting for them: a data error one of them finds
+    /// (an index out of bounds) surfaces at the next synchronization point ([`crate::synchronize`],
+    /// a host read such as [`Tensor::to_vec`]), with this line.
     #[track_caller]
     pub fn realize(&self) -> Result<()> {
         let location = Location::caller();

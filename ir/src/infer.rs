@@ -495,31 +495,13 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
         }
         Op::Attention { mask, .. } => {
             arity(3 + *mask as usize)?;
-            let (q, k, v) = (inputs[0].meta, inputs[1].meta, inputs[2].meta);
-            let q = float_input(q, op)?;
-            if q.dtype != k.dtype || q.dtype != v.dtype {
-                return Err(Error::dtype(format!(
-                    "query, key and value must share a dtype, got {}, {}, {}",
-                    q.dtype, k.dtype, v.dtype
-                )));
-            }
+            let (q, v) = (inputs[0].meta, inputs[2].meta);
+            let batch = attention_batch(op, inputs)?;
             let r = q.rank();
-            if r < 2
-                || k.rank() != r
-                || v.rank() != r
-                || q.shape[r - 1] != k.shape[r - 1]
-                || k.shape[r - 2] != v.shape[r - 2]
-            {
-                return Err(Error::shape(format!(
-                    "attention expects q [..., L, E], k [..., S, E], v [..., S, Ev]; got {:?}, {:?}, {:?}",
-                    q.shape, k.shape, v.shape
-                )));
-            }
-            let batch = broadcast_shapes(&broadcast_shapes(&q.shape[..r - 2], &k.shape[..r - 2])?, &v.shape[..r - 2])?;
             if *mask {
                 let m = inputs[3].meta;
                 let mut scores = batch.clone();
-                scores.extend([q.shape[r - 2], k.shape[r - 2]]);
+                scores.extend([q.shape[r - 2], inputs[1].meta.shape[r - 2]]);
                 if broadcast_shapes(&scores, &m.shape)? != scores {
                     return Err(Error::shape(format!(
                         "attention mask {:?} does not broadcast to the scores {scores:?}",
@@ -534,7 +516,66 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             shape.extend([q.shape[r - 2], v.shape[r - 1]]);
             Ok(TensorMeta::new(shape, q.dtype))
         }
+        Op::AttentionLogsumexp { .. } => {
+            arity(3)?;
+            let q = inputs[0].meta;
+            let mut shape = attention_batch(op, inputs)?;
+            shape.push(q.shape[q.rank() - 2]);
+            Ok(TensorMeta::new(shape, attention_stats_dtype(q.dtype)))
+        }
+        Op::AttentionBackward { input, .. } => {
+            arity(6)?;
+            let (q, v) = (inputs[0].meta, inputs[2].meta);
+            let batch = attention_batch(op, inputs)?;
+            let r = q.rank();
+            if (0..3).any(|i| inputs[i].meta.shape[..r - 2] != batch[..]) {
+                return Err(Error::shape(format!(
+                    "the attention backward expects q, k and v of equal batch dims, got {:?}, {:?}, {:?}",
+                    q.shape, inputs[1].meta.shape, v.shape
+                )));
+            }
+            let out = TensorMeta::new([&batch[..], &[q.shape[r - 2], v.shape[r - 1]]].concat(), q.dtype);
+            let stats = TensorMeta::new([&batch[..], &[q.shape[r - 2]]].concat(), attention_stats_dtype(q.dtype));
+            for (k, want, what) in
+                [(3, &out, "the output gradient"), (4, &stats, "the logsumexp"), (5, &stats, "delta")]
+            {
+                if inputs[k].meta != want {
+                    return Err(Error::shape(format!("{what} must be {want}, got {}", inputs[k].meta)));
+                }
+            }
+            Ok(inputs[input.index()].meta.clone())
+        }
     }
+}
+
+/// The dtype of attention's row statistics (logsumexp, delta): f32, or f64 for f64 operands.
+pub fn attention_stats_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Checks attention's operands q `[..., L, E]`, k `[..., S, E]`, v `[..., S, Ev]` (floating,
+/// one dtype) and returns their broadcast batch dims.
+fn attention_batch(op: &Op, inputs: &[Operand]) -> Result<Shape> {
+    let (q, k, v) = (inputs[0].meta, inputs[1].meta, inputs[2].meta);
+    let q = float_input(q, op)?;
+    if q.dtype != k.dtype || q.dtype != v.dtype {
+        return Err(Error::dtype(format!(
+            "query, key and value must share a dtype, got {}, {}, {}",
+            q.dtype, k.dtype, v.dtype
+        )));
+    }
+    let r = q.rank();
+    if r < 2 || k.rank() != r || v.rank() != r || q.shape[r - 1] != k.shape[r - 1] || k.shape[r - 2] != v.shape[r - 2] {
+        return Err(Error::shape(format!(
+            "attention expects q [..., L, E], k [..., S, E], v [..., S, Ev]; got {:?}, {:?}, {:?}",
+            q.shape, k.shape, v.shape
+        )));
+    }
+    broadcast_shapes(&broadcast_shapes(&q.shape[..r - 2], &k.shape[..r - 2])?, &v.shape[..r - 2])
 }
 
 fn unary(u: UnaryOp, x: &TensorMeta) -> Result<TensorMeta> {

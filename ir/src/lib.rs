@@ -27,5 +27,5 @@ pub mod sym;
 pub use dtype::{DType, Scalar};
 pub use error::{Error, ErrorKind, Result};
 pub use graph::{Graph, Node, NodeId, Shape, TensorMeta};
-pub use op::{BinaryOp, LossReduction, Op, RandDist, ReduceOp, UnaryOp};
+pub use op::{AttentionInput, BinaryOp, LossReduction, Op, RandDist, ReduceOp, UnaryOp};
 pub use philox::RandomState;

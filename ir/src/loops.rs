@@ -1,12 +1,13 @@
 //! The loop-level IR: what a primitive graph becomes before fusion.
 //!
 //! A [`LoopProgram`] is a list of buffers and a list of [`LoopNode`]s in execution order. Each
-//! node writes one buffer, contiguously (row-major), and is one of:
+//! node writes one buffer, contiguously (row-major) (but the attention templates' calls, which
+//! write several, [`LoopNode::writes`]), and is one of:
 //!
 //! * **pointwise**: `out[flat(x)] = body(x)` for every `x` in `ranges`;
 //! * **reduction**: `out[flat(x)] = reduce over r in reduction_ranges of body(x, r)`;
 //! * **extern**: a call coil does not generate code for (a matrix product, the attention
-//!   template, or a fallback op run by the reference interpreter).
+//!   templates, or a fallback op run by the reference interpreter).
 //!
 //! A [`Body`] is a small SSA list of scalar ops ([`ScalarOp`]). It reads buffers through
 //! symbolic index expressions ([`crate::sym::Expr`]) over the node's index variables: `x0, x1, ...`
@@ -196,6 +197,10 @@ pub enum ExternCall {
         k: StridedOperand,
         v: StridedOperand,
         out: StridedOperand,
+        /// A second buffer the call writes, when an attention backward needs it: the row
+        /// logsumexp of the scaled (masked) scores, natural log, `[*batch, l]` row-major, f32
+        /// (f64 for f64 operands).
+        lse: Option<BufferId>,
         /// Batch dims of q, k, v and the result.
         batch: Vec<Expr>,
         /// Query rows.
@@ -208,18 +213,74 @@ pub enum ExternCall {
         /// The factor on `q . k` (`1 / sqrt(d)` unless given).
         scale: f64,
     },
+    /// The attention backward template (FlashAttention-2 style): see [`AttentionBackwardCall`]
+    /// (boxed: the largest call by far).
+    AttentionBackward(Box<AttentionBackwardCall>),
     /// A primitive op run by the reference interpreter on its operand buffers (an op with no
     /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
     Fallback { op: Op },
 }
 
+/// The attention backward template's call ([`ExternCall::AttentionBackward`]): the gradients of
+/// [`ExternCall::Attention`] with respect to q, k and v, the probabilities recomputed from the
+/// saved logsumexp and never stored. With `P = exp(scale * q k^T - lse)` (0 where masked) and
+/// `dS = P * (grad_out v^T - delta)`: `dq = scale * dS k`, `dk = scale * dS^T q`,
+/// `dv = P^T grad_out`, accumulated in f32 (f64 for f64) and rounded once. `q`, `k`, `v` and
+/// `grad_out` (`[*batch, l, d]`) are strided views of their buffers; `lse` and `delta`
+/// (`delta = sum(grad_out * out, -1)`) are `[*batch, l]` row-major buffers of the statistics'
+/// dtype (f32, f64 for f64). Each wanted gradient is written through its operand (`dq`
+/// `[*batch, l, d]`, `dk` and `dv` `[*batch, s, d]`); at least one is, and the node's output
+/// buffer is the first of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionBackwardCall {
+    pub q: StridedOperand,
+    pub k: StridedOperand,
+    pub v: StridedOperand,
+    pub grad_out: StridedOperand,
+    pub lse: BufferId,
+    pub delta: BufferId,
+    pub dq: Option<StridedOperand>,
+    pub dk: Option<StridedOperand>,
+    pub dv: Option<StridedOperand>,
+    /// Batch dims of every operand.
+    pub batch: Vec<Expr>,
+    /// Query rows.
+    pub l: Expr,
+    /// Keys (and values).
+    pub s: Expr,
+    /// Head dim of q, k and v.
+    pub d: Expr,
+    pub causal: bool,
+    /// The factor on `q . k`.
+    pub scale: f64,
+}
+
+impl AttentionBackwardCall {
+    /// The wanted gradients' views, in q, k, v order.
+    pub fn grads(&self) -> [&Option<StridedOperand>; 3] {
+        [&self.dq, &self.dk, &self.dv]
+    }
+}
+
 impl ExternCall {
-    /// What the printers call it: `bmm`, `attention`, `fallback`.
+    /// What the printers call it: `bmm`, `attention`, `attention_backward`, `fallback`.
     pub fn kind_name(&self) -> &'static str {
         match self {
             ExternCall::Bmm { .. } => "bmm",
             ExternCall::Attention { .. } => "attention",
+            ExternCall::AttentionBackward(_) => "attention_backward",
             ExternCall::Fallback { .. } => "fallback",
+        }
+    }
+
+    /// The buffers the call names as written (the attention templates': the output and the
+    /// logsumexp, or the gradients), in the call's order; empty for calls that write only
+    /// their node's output without naming it (bmm, fallback).
+    pub fn written(&self) -> Vec<BufferId> {
+        match self {
+            ExternCall::Attention { out, lse, .. } => std::iter::once(out.buffer).chain(*lse).collect(),
+            ExternCall::AttentionBackward(call) => call.grads().into_iter().flatten().map(|o| o.buffer).collect(),
+            ExternCall::Bmm { .. } | ExternCall::Fallback { .. } => vec![],
         }
     }
 }
@@ -246,12 +307,24 @@ impl fmt::Display for ExternCall {
                     exprs(batch)
                 )?;
                 let dims: Vec<Expr> = batch.iter().copied().chain([*l, *d]).collect();
-                let mut strides = out.batch_strides.clone();
-                strides.extend([out.row_stride, out.col_stride]);
-                if strides != row_major_strides(&dims) || out.offset != Expr::int(0) {
-                    write!(f, " out={}", exprs(&strides))?;
-                    if out.offset != Expr::int(0) {
-                        write!(f, "+{}", out.offset)?;
+                write_layout(f, "out", out, &dims)
+            }
+            ExternCall::AttentionBackward(call) => {
+                let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
+                let causal = if *causal { " causal" } else { "" };
+                let grads: Vec<&str> =
+                    [(dq, "q"), (dk, "k"), (dv, "v")].iter().filter(|(g, _)| g.is_some()).map(|(_, n)| *n).collect();
+                write!(
+                    f,
+                    "attention_backward{causal} scale={} batch={} l={l} s={s} d={d} grads=[{}]",
+                    Scalar::Float(*scale),
+                    exprs(batch),
+                    grads.join(", ")
+                )?;
+                for (g, name, rows) in [(dq, "dq", l), (dk, "dk", s), (dv, "dv", s)] {
+                    if let Some(g) = g {
+                        let dims: Vec<Expr> = batch.iter().copied().chain([*rows, *d]).collect();
+                        write_layout(f, name, g, &dims)?;
                     }
                 }
                 Ok(())
@@ -259,6 +332,19 @@ impl fmt::Display for ExternCall {
             ExternCall::Fallback { op } => write!(f, "fallback {op}"),
         }
     }
+}
+
+/// ` name=[strides](+offset)` when `op` does not write a `dims` tensor row-major from offset 0.
+fn write_layout(f: &mut fmt::Formatter<'_>, name: &str, op: &StridedOperand, dims: &[Expr]) -> fmt::Result {
+    let mut strides = op.batch_strides.clone();
+    strides.extend([op.row_stride, op.col_stride]);
+    if strides != row_major_strides(dims) || op.offset != Expr::int(0) {
+        write!(f, " {name}={}", exprs(&strides))?;
+        if op.offset != Expr::int(0) {
+            write!(f, "+{}", op.offset)?;
+        }
+    }
+    Ok(())
 }
 
 /// Row-major strides of a tensor of `shape` (size-1 dims get their row-major stride too).
@@ -398,6 +484,16 @@ pub struct LoopNode {
 }
 
 impl LoopNode {
+    /// Every buffer the node writes: its `output`, then the other buffers its extern call
+    /// writes ([`ExternCall::written`]: the attention templates write several).
+    pub fn writes(&self) -> Vec<BufferId> {
+        let mut out = vec![self.output];
+        if let LoopKind::Extern { call, .. } = &self.kind {
+            out.extend(call.written().into_iter().filter(|&b| b != self.output));
+        }
+        out
+    }
+
     /// The buffers the node reads.
     pub fn reads(&self) -> Vec<BufferId> {
         match &self.kind {
@@ -467,7 +563,7 @@ impl LoopProgram {
 
     /// Index of the node writing `buffer`, if any (inputs have none).
     pub fn producer(&self, buffer: BufferId) -> Option<usize> {
-        self.nodes.iter().position(|n| n.output == buffer)
+        self.nodes.iter().position(|n| n.writes().contains(&buffer))
     }
 
     /// The symbols' values for inputs of these shapes; an error when a symbolic size is below
@@ -526,6 +622,14 @@ impl LoopProgram {
                 }
                 LoopKind::Extern { call: ExternCall::Attention { q, k, v, out, batch, l, s, d, .. }, .. } => {
                     (*q, *k, *v, *out) = (q.map(&at), k.map(&at), v.map(&at), out.map(&at));
+                    batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
+                }
+                LoopKind::Extern { call: ExternCall::AttentionBackward(call), .. } => {
+                    let AttentionBackwardCall { q, k, v, grad_out, dq, dk, dv, batch, l, s, d, .. } = &mut **call;
+                    (*q, *k, *v, *grad_out) = (q.map(&at), k.map(&at), v.map(&at), grad_out.map(&at));
+                    for g in [dq, dk, dv].into_iter().flatten() {
+                        *g = g.map(&at);
+                    }
                     batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
                 }
                 LoopKind::Extern { call: ExternCall::Fallback { .. }, .. } => {}
@@ -635,13 +739,14 @@ impl fmt::Display for LoopProgram {
                     write_body(&mut s, self, body);
                 }
                 LoopKind::Extern { call, inputs } => {
-                    let _ = writeln!(
-                        s,
-                        "{}: {} = extern {call}({}) origins=[{origins}]",
-                        out.name,
-                        out.type_text(),
-                        names(inputs)
-                    );
+                    // Every buffer the call writes, the node's output first.
+                    let written: Vec<String> = node
+                        .writes()
+                        .iter()
+                        .map(|&b| format!("{}: {}", self.buffer(b).name, self.buffer(b).type_text()))
+                        .collect();
+                    let _ =
+                        writeln!(s, "{} = extern {call}({}) origins=[{origins}]", written.join(", "), names(inputs));
                 }
             }
         }

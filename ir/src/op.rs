@@ -5,10 +5,12 @@
 //! * **Primitives** ([`Op::is_primitive`]) are the closed set every later stage understands:
 //!   leaves (inputs, constants, iota, random), pointwise math ([`UnaryOp`], [`BinaryOp`],
 //!   `where`, casts), reductions ([`ReduceOp`]), `cumsum`, views (reshape, permute, expand,
-//!   slice), data movement (pad, cat, gather, index_select, scatter), `bmm`, and one
-//!   *template*: attention without an explicit mask ([`Op::Attention`] with `mask: false`),
-//!   which the compile path keeps whole (one flash-attention call) where it supports its shapes
-//!   and dtypes; the reference decomposition always expands it.
+//!   slice), data movement (pad, cat, gather, index_select, scatter), `bmm`, and the
+//!   *templates* of attention: attention without an explicit mask ([`Op::Attention`] with
+//!   `mask: false`), the row logsumexp of its scores ([`Op::AttentionLogsumexp`]) and its
+//!   gradients ([`Op::AttentionBackward`]), which the compile path keeps whole (one
+//!   flash-attention call forward, one backward) where it supports their shapes and dtypes;
+//!   the reference decomposition always expands them.
 //!   A *primitive graph* also makes broadcasting and type promotion explicit: the operands of a
 //!   pointwise node have the node's shape, and one dtype (see [`crate::Graph::verify_primitive`]).
 //! * **Composite** ops (softmax, layer_norm, gelu, cross_entropy, linear, ...) are what users call.
@@ -251,6 +253,33 @@ impl LossReduction {
     }
 }
 
+/// Which operand of attention a gradient is taken with respect to ([`Op::AttentionBackward`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionInput {
+    Query,
+    Key,
+    Value,
+}
+
+impl AttentionInput {
+    /// `q`, `k` or `v`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionInput::Query => "q",
+            AttentionInput::Key => "k",
+            AttentionInput::Value => "v",
+        }
+    }
+
+    /// The operand's position among attention's operands (q 0, k 1, v 2).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// All three, in operand order.
+    pub const ALL: [AttentionInput; 3] = [AttentionInput::Query, AttentionInput::Key, AttentionInput::Value];
+}
+
 /// Distribution of a [`Op::Rand`] leaf.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RandDist {
@@ -464,6 +493,27 @@ pub enum Op {
         scale: Option<f64>,
         mask: bool,
     },
+    /// The row logsumexp of attention's scores, `logsumexp(scale * q @ k^T (causal: -inf where
+    /// col > row), -1)`: `[*batch, L]`, f32 (f64 for f64 operands). Its operands are those of
+    /// the (maskless) [`Op::Attention`] it belongs to, v included, and so are its attributes:
+    /// the compile path computes both in one call, and the attention backward
+    /// ([`Op::AttentionBackward`]) recomputes the probabilities from it.
+    AttentionLogsumexp {
+        causal: bool,
+        scale: Option<f64>,
+    },
+    /// The gradient of maskless attention with respect to `input` (q, k or v), as
+    /// FlashAttention's backward computes it. Operands `(q, k, v, grad_out, logsumexp, delta)`:
+    /// attention's operands, the gradient of its output, the [`Op::AttentionLogsumexp`] of the
+    /// same operands, and `delta = sum(grad_out * out, -1)` (`[*batch, L]`, the logsumexp's
+    /// dtype). With `P = exp(scale * q @ k^T - logsumexp)` (0 where masked) and
+    /// `dS = P * (grad_out @ v^T - delta)`: `dq = scale * dS @ k`, `dk = scale * dS^T @ q`,
+    /// `dv = P^T @ grad_out`, in the operands' dtype. q, k and v have equal batch dims.
+    AttentionBackward {
+        causal: bool,
+        scale: Option<f64>,
+        input: AttentionInput,
+    },
 }
 
 impl Op {
@@ -520,6 +570,8 @@ impl Op {
             Op::CrossEntropy { .. } => "cross_entropy",
             Op::MseLoss { .. } => "mse_loss",
             Op::Attention { .. } => "scaled_dot_product_attention",
+            Op::AttentionLogsumexp { .. } => "attention_logsumexp",
+            Op::AttentionBackward { .. } => "attention_backward",
         }
     }
 
@@ -530,9 +582,10 @@ impl Op {
     }
 
     /// Templates: composite ops a primitive graph may keep whole, for a backend to run as one
-    /// call (attention without an explicit mask). Decomposing them is always correct too.
+    /// call (attention without an explicit mask, its logsumexp and its gradients). Decomposing
+    /// them is always correct too.
     pub fn is_template(&self) -> bool {
-        matches!(self, Op::Attention { mask: false, .. })
+        matches!(self, Op::Attention { mask: false, .. } | Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. })
     }
 
     /// The primitives that are not templates.
@@ -683,6 +736,15 @@ impl Op {
                 put("causal", causal.to_string());
                 put("scale", opt(&scale.map(Scalar::Float)));
                 put("mask", mask.to_string());
+            }
+            Op::AttentionLogsumexp { causal, scale } => {
+                put("causal", causal.to_string());
+                put("scale", opt(&scale.map(Scalar::Float)));
+            }
+            Op::AttentionBackward { causal, scale, input } => {
+                put("causal", causal.to_string());
+                put("scale", opt(&scale.map(Scalar::Float)));
+                put("input", input.name().into());
             }
             Op::Unary(_)
             | Op::Binary(_)

@@ -44,7 +44,7 @@ pub mod param;
 
 pub use io::{load_optimizer, save_optimizer, LoadOptions};
 pub use modules::layers::{Dropout, Embedding, LayerNorm, Layout, Linear, RmsNorm};
-pub use modules::transformer::{CausalSelfAttention, GatedMlp, Mlp, Rotary};
+pub use modules::transformer::{CausalSelfAttention, GatedMlp, KvCache, Mlp, Rotary};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig, Constant, LrSchedule, Optimizer, Sgd, SgdConfig, WarmupCosine};
 pub use param::{Init, Mode, Param, ParamStore, Path, Precision};
 

@@ -1,7 +1,10 @@
 //! The attention template: written-out attention in a captured graph becomes one
 //! [`Op::Attention`] node, which the compile path keeps whole ([`template_supports`]) and
 //! lowering turns into one flash-attention call (`ExternCall::Attention`) that never writes
-//! the `[*batch, L, S]` scores to memory.
+//! the `[*batch, L, S]` scores to memory. Its gradients are templates too
+//! ([`Op::AttentionLogsumexp`], [`Op::AttentionBackward`], emitted by [`crate::autodiff`]), kept
+//! under the same [`template_supports`] and lowered to one backward call
+//! (`ExternCall::AttentionBackward`).
 //!
 //! [`fuse_attention`] matches, on the captured (composite-level) graph, the chain PyTorch
 //! programs write (GPT-2's attention):

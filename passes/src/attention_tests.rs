@@ -298,3 +298,119 @@ outputs: buf2
 "
     );
 }
+
+/// The compile path's options, and the gradient decomposition's (`value_and_grad`).
+const COMPILE: DecomposeOptions = DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false };
+const GRADIENTS: DecomposeOptions = DecomposeOptions { fused_attention: true, keep_detach: true, half_products: true };
+
+/// `sum(cast(graph's first output, f32))` differentiated with respect to the inputs `wrt` (by
+/// index) as `value_and_grad` does it, then decomposed as the compile path does: the loss and
+/// the gradients are the outputs.
+fn differentiated(g: &Graph, wrt: &[usize]) -> Graph {
+    let mut p = decompose_with(g, &GRADIENTS).unwrap();
+    let y = p.outputs[0];
+    let rank = p.meta(y).rank();
+    let wide = p.push(Op::Cast(DType::F32), &[y], None).unwrap();
+    let loss = p
+        .push(Op::Reduce { op: coil_ir::ReduceOp::Sum, dims: (0..rank).collect(), keepdim: false }, &[wide], None)
+        .unwrap();
+    let targets: Vec<_> = wrt.iter().map(|&i| p.inputs[i]).collect();
+    let grads = crate::autodiff::backward(&mut p, loss, None, &targets).unwrap();
+    p.outputs = std::iter::once(loss).chain(grads).collect();
+    let p = decompose_with(&p, &COMPILE).unwrap();
+    p.verify_primitive().unwrap();
+    p
+}
+
+fn count(g: &Graph, f: impl Fn(&Op) -> bool) -> usize {
+    g.live_nodes().iter().filter(|&&n| f(&g.node(n).op)).count()
+}
+
+/// The extern calls of a program, printed.
+fn calls(p: &coil_ir::loops::LoopProgram) -> Vec<String> {
+    let text = p.to_string();
+    text.lines().filter(|l| l.contains(" = extern attention")).map(str::to_string).collect()
+}
+
+#[test]
+fn gradients_of_the_template_are_templates_and_lower_to_one_call_each_way() {
+    let g = gpt2(Form { project: true, ..GPT2 });
+    let p = differentiated(&g, &[0, 1]);
+    assert_eq!(count(&p, |op| matches!(op, Op::Attention { .. })), 1, "{p}");
+    assert_eq!(count(&p, |op| matches!(op, Op::AttentionLogsumexp { .. })), 1, "{p}");
+    assert_eq!(count(&p, |op| matches!(op, Op::AttentionBackward { .. })), 3, "{p}");
+    // No softmax, no exp: neither direction computes the probabilities outside the calls.
+    assert_eq!(count(&p, |op| matches!(op, Op::Unary(UnaryOp::Exp))), 0, "{p}");
+    let (p, _) = crate::simplify(&p, &crate::RewriteOptions::default()).unwrap();
+    let program = lower(&p).unwrap();
+    // One call each way: the forward writes its output and the logsumexp, the backward the
+    // three gradients, each reading q, k and v in place (the QKV input's head views) and the
+    // backward the output's gradient (buf5, the projection's) through its transposed view.
+    assert_eq!(
+        calls(&program),
+        [
+            "buf0: bf16[2, 2, 5, 8], buf0_lse: f32[2, 2, 5] = extern attention causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8(arg0, arg0, arg0) origins=[scaled_dot_product_attention, attention_logsumexp]",
+            "buf8: bf16[2, 2, 5, 8], buf8_dk: bf16[2, 2, 5, 8], buf8_dv: bf16[2, 2, 5, 8] = extern attention_backward causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 grads=[q, k, v](arg0, arg0, arg0, buf5, buf0_lse, buf7) origins=[attention_backward]",
+        ],
+        "{program}"
+    );
+    assert!(!program.buffers.iter().any(|b| b.meta.shape.ends_with(&[5, 5])), "{program}");
+    // The scheduler keeps each call a kernel of its own that stores everything it writes.
+    let schedule = crate::schedule(&program);
+    let backward = schedule.kernels.iter().find(|k| k.name.starts_with("ext_attention_backward")).unwrap();
+    assert_eq!(backward.stores.len(), 3);
+    let forward = schedule.kernels.iter().find(|k| k.name.starts_with("ext_attention_")).unwrap();
+    assert_eq!(forward.stores.len(), 2, "{}", crate::print_schedule(&program, &schedule));
+}
+
+#[test]
+fn only_the_wanted_gradients_are_computed() {
+    // d/dv alone: one backward node, and a call writing dv only.
+    let mut c = Capture::new();
+    let (q, k, v) =
+        (c.input(&[2, 7, 16], DType::F32), c.input(&[2, 9, 16], DType::F32), c.input(&[2, 9, 16], DType::F32));
+    let y = c.op(Op::Attention { causal: false, scale: Some(0.5), mask: false }, &[q, k, v]);
+    let p = differentiated(&c.out(&[y]), &[2]);
+    let backward: Vec<&Op> =
+        p.nodes.iter().map(|n| &n.op).filter(|op| matches!(op, Op::AttentionBackward { .. })).collect();
+    assert_eq!(
+        backward,
+        [&Op::AttentionBackward { causal: false, scale: Some(0.5), input: coil_ir::AttentionInput::Value }]
+    );
+    let program = lower(&p).unwrap();
+    let text = calls(&program).join("\n");
+    // The output gradient is ones (a constant read through zero strides).
+    let want = "buf4: f32[2, 9, 16] = extern attention_backward scale=0.5 batch=[2] l=7 s=9 d=16 grads=[v]";
+    assert!(text.contains(want), "{program}");
+}
+
+#[test]
+fn the_gradient_decomposition_expands_the_backward_templates() {
+    // Gradients of gradients: the backward templates have no rule of their own, so a graph
+    // decomposed to be differentiated expands them (and keeps the forward template).
+    let mut c = Capture::new();
+    let q = c.input(&[2, 3, 5, 8], DType::F32);
+    let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, q, q]);
+    let p = differentiated(&c.out(&[y]), &[0]);
+    let again = decompose_with(&p, &GRADIENTS).unwrap();
+    assert_eq!(count(&again, |op| matches!(op, Op::Attention { .. })), 1, "{again}");
+    assert_eq!(count(&again, |op| matches!(op, Op::AttentionBackward { .. } | Op::AttentionLogsumexp { .. })), 0);
+    // The reference decomposition expands them all.
+    assert_eq!(count(&decompose(&p).unwrap(), |op| op.is_template()), 0);
+}
+
+#[test]
+fn a_logsumexp_without_its_attention_gets_a_call_of_its_own() {
+    let mut c = Capture::new();
+    let (q, k) = (c.input(&[3, 4, 8], DType::F16), c.input(&[3, 6, 8], DType::F16));
+    let lse = c.op(Op::AttentionLogsumexp { causal: true, scale: None }, &[q, k, k]);
+    let p = decompose_with(&c.out(&[lse]), &COMPILE).unwrap();
+    let program = lower(&p).unwrap();
+    // The call's output goes to a buffer nothing reads; the logsumexp is the graph's output.
+    assert_eq!(
+        calls(&program),
+        ["buf0: f16[3, 4, 8], buf0_lse: f32[3, 4] = extern attention causal scale=0.35355339059327373 batch=[3] l=4 s=6 d=8(arg0, arg1, arg1) origins=[attention_logsumexp]"],
+        "{program}"
+    );
+    assert_eq!(program.buffer(program.outputs[0]).name, "buf0_lse");
+}

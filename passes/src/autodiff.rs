@@ -25,7 +25,7 @@
 //! ```
 
 use crate::decompose::Builder;
-use coil_ir::{BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
+use coil_ir::{AttentionInput, BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
 use indexmap::IndexMap;
 use std::f64::consts::{LN_2, PI};
 
@@ -258,6 +258,7 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             };
             vec![da, db]
         }
+        Op::Attention { causal, scale, mask: false } => attention(b, y, node, g, &wanted, *causal, *scale)?,
         op => {
             let e = Error::value(format!("no gradient rule for {op}: it is not a primitive the autodiff pass knows"));
             return Err(match node.location {
@@ -266,6 +267,37 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             });
         }
     })
+}
+
+/// The gradients of the attention template `y = attention(q, k, v)`, as templates too: the
+/// logsumexp of its scores (which the compile path computes in the forward call itself),
+/// `delta = sum(g * y, -1)` in the logsumexp's dtype, and one [`Op::AttentionBackward`] per
+/// wanted operand (the compile path computes them in one call).
+fn attention(
+    b: &mut Builder,
+    y: NodeId,
+    node: &Node,
+    g: NodeId,
+    wanted: &[bool],
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<Vec<Option<NodeId>>> {
+    if !wanted.iter().any(|&w| w) {
+        return Ok(vec![None; 3]);
+    }
+    let qkv = &node.inputs[..3];
+    let lse = b.push(Op::AttentionLogsumexp { causal, scale }, qkv)?;
+    let stats = b.dtype(lse);
+    let (gs, ys) = (b.cast(g, stats)?, b.cast(y, stats)?);
+    let product = b.mul(gs, ys)?;
+    let delta = b.sum(product, &[b.rank(y) - 1], false)?;
+    let operands = [qkv[0], qkv[1], qkv[2], g, lse, delta];
+    AttentionInput::ALL
+        .iter()
+        .map(|&input| {
+            side(b, wanted[input.index()], |b| b.push(Op::AttentionBackward { causal, scale, input }, &operands))
+        })
+        .collect()
 }
 
 fn node_is_float(b: &Builder, x: NodeId) -> bool {

@@ -29,7 +29,7 @@
 //!   written-out attention in a captured graph becomes one `scaled_dot_product_attention` node,
 //!   which the compile path's decomposition ([`decompose_with`] with
 //!   [`DecomposeOptions::fused_attention`]) keeps whole and lowering turns into one
-//!   flash-attention call.
+//!   flash-attention call; its gradients ([`mod@autodiff`]) become one backward call.
 //!
 //! The contracts between these steps are in `docs/compiler.md`. It depends only on `coil-ir`.
 

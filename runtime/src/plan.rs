@@ -10,7 +10,7 @@
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
 use coil_ir::loops::{Bindings, BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::sym::Expr;
-use coil_ir::{Error, RandomState, Result};
+use coil_ir::{DType, Error, RandomState, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -57,7 +57,9 @@ impl<B> RunOutput<B> {
     }
 }
 
-/// Checks an extern node's operands against its call (ids in range, dtypes agreeing).
+/// Checks an extern node's operands against its call: ids in range, every operand among the
+/// node's inputs (only they get memory), dtypes agreeing, and the buffers the call writes
+/// starting with the node's output.
 pub(crate) fn check_extern(
     p: &LoopProgram,
     call: &ExternCall,
@@ -65,24 +67,42 @@ pub(crate) fn check_extern(
     out: BufferId,
 ) -> std::result::Result<(), String> {
     let n = p.buffers.len();
-    if let Some(b) = inputs.iter().chain([&out]).find(|b| b.0 >= n) {
+    let written = call.written();
+    if let Some(b) = inputs.iter().chain([&out]).chain(&written).find(|b| b.0 >= n) {
         return Err(format!("no buffer {}", b.0));
     }
-    let operands: Vec<BufferId> = match call {
-        ExternCall::Bmm { a, b, bias, .. } => [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).collect(),
-        ExternCall::Attention { q, k, v, out: o, .. } => {
-            if o.buffer != out {
-                return Err(format!("attention writes buffer {} but its node's output is {}", o.buffer.0, out.0));
+    let what = call.kind_name();
+    if !written.is_empty() && written[0] != out {
+        return Err(format!("{what} writes buffer {} first but its node's output is {}", written[0].0, out.0));
+    }
+    let dtype = p.buffer(out).meta.dtype;
+    let stats = coil_ir::infer::attention_stats_dtype(dtype);
+    // (buffer, the dtype it must have)
+    let operands: Vec<(BufferId, DType)> = match call {
+        ExternCall::Bmm { a, b, bias, .. } => {
+            [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).map(|b| (b, dtype)).collect()
+        }
+        ExternCall::Attention { q, k, v, lse, .. } => {
+            if let Some(lse) = lse {
+                if p.buffer(*lse).meta.dtype != stats {
+                    return Err(format!("attention's logsumexp buffer {} is not {stats}", lse.0));
+                }
             }
-            vec![q.buffer, k.buffer, v.buffer]
+            vec![(q.buffer, dtype), (k.buffer, dtype), (v.buffer, dtype)]
+        }
+        ExternCall::AttentionBackward(call) => {
+            let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, .. } = &**call;
+            if let Some(g) = written.iter().find(|g| p.buffer(**g).meta.dtype != dtype) {
+                return Err(format!("attention_backward writes buffer {} of another dtype than {dtype}", g.0));
+            }
+            let views = [q, k, v, grad_out].map(|x| (x.buffer, dtype));
+            views.into_iter().chain([(*lse, stats), (*delta, stats)]).collect()
         }
         ExternCall::Fallback { .. } => vec![],
     };
-    for buffer in operands {
-        // Only the node's inputs get memory: an operand outside them would be unbacked.
-        if buffer.0 >= n || !inputs.contains(&buffer) || p.buffer(buffer).meta.dtype != p.buffer(out).meta.dtype {
-            let what = call.kind_name();
-            return Err(format!("{what} operand buffer {} is not a node input of the output's dtype", buffer.0));
+    for (buffer, want) in operands {
+        if buffer.0 >= n || !inputs.contains(&buffer) || p.buffer(buffer).meta.dtype != want {
+            return Err(format!("{what} operand buffer {} is not a node input of dtype {want}", buffer.0));
         }
     }
     Ok(())
@@ -177,7 +197,7 @@ pub(crate) fn check_launches<'a>(
                         return Err(format!("{}: node {node} is not extern", fused.name));
                     };
                     check_extern(program, call, inputs, n.output).map_err(|m| format!("{}: {m}", fused.name))?;
-                    for b in inputs.iter().chain([&n.output]) {
+                    for b in inputs.iter().copied().chain(n.writes()) {
                         used[b.0] = true;
                     }
                     plan.push(Err(node));
@@ -207,14 +227,19 @@ pub(crate) fn check_launches<'a>(
         }
     }
     let (storage, slot_bytes) = plan_storage(program, schedule, &used)?;
-    // An extern call reads its operands through slices while writing its output: they must
-    // not share a slot (the generated kernels handle in-place updates themselves).
+    // An extern call reads its operands through slices while writing its outputs: no two of
+    // them may share a slot (the generated kernels handle in-place updates themselves).
     for step in &plan {
         if let Err(node) = step {
             let n = &program.nodes[*node];
-            if n.reads().iter().any(|b| matches!(storage[b.0], Storage::Slot(_)) && storage[b.0] == storage[n.output.0])
-            {
-                return Err(format!("extern {} shares a memory slot with its operand", program.buffer(n.output).name));
+            let writes = n.writes();
+            for (i, w) in writes.iter().enumerate() {
+                let others = n.reads().into_iter().chain(writes[i + 1..].iter().copied());
+                if matches!(storage[w.0], Storage::Slot(_)) && others.into_iter().any(|b| storage[b.0] == storage[w.0])
+                {
+                    let name = &program.buffer(*w).name;
+                    return Err(format!("extern {name} shares a memory slot with an operand or another output"));
+                }
             }
         }
     }

@@ -8,6 +8,9 @@
 use coil::{Backend, DType, Device, Result, Tensor};
 use half::{bf16, f16};
 
+#[path = "grad.rs"]
+pub mod grad;
+
 /// How a case writes its attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Form {
@@ -35,7 +38,7 @@ pub struct Case {
 }
 
 impl Case {
-    fn name(&self) -> String {
+    pub fn name(&self) -> String {
         let causal = if self.causal { " causal" } else { "" };
         format!("{:?} {} {:?} L={} S={} D={}{causal}", self.form, self.dtype, self.batch, self.l, self.s, self.d)
     }
@@ -62,7 +65,7 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// splitmix64 normals: the same inputs on every backend.
-fn normals(seed: u64, n: usize) -> Vec<f32> {
+pub fn normals(seed: u64, n: usize) -> Vec<f32> {
     let mut state = seed;
     let mut next = move || {
         state = state.wrapping_add(0x9E3779B97F4A7C15);
@@ -80,7 +83,7 @@ fn normals(seed: u64, n: usize) -> Vec<f32> {
 }
 
 /// A realized input tensor of `dtype` holding `values` (rounded to the dtype), on `device`.
-fn tensor(values: &[f32], shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+pub fn tensor(values: &[f32], shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
     let t = match dtype {
         DType::BF16 => Tensor::from_vec(values.iter().map(|&x| bf16::from_f32(x)).collect(), shape)?,
         DType::F16 => Tensor::from_vec(values.iter().map(|&x| f16::from_f32(x)).collect(), shape)?,
@@ -90,7 +93,7 @@ fn tensor(values: &[f32], shape: &[usize], dtype: DType, device: Device) -> Resu
 }
 
 /// The case's inputs: `[qkv]` (`[B, T, 3C]`) for the GPT-2 forms, else `[q, k, v]`.
-fn inputs(case: &Case, device: Device) -> Result<Vec<Tensor>> {
+pub fn inputs(case: &Case, device: Device) -> Result<Vec<Tensor>> {
     let batch: usize = case.batch.iter().product();
     let with = |rows: usize| -> Vec<usize> { case.batch.iter().copied().chain([rows, case.d]).collect() };
     match case.form {
@@ -108,7 +111,7 @@ fn inputs(case: &Case, device: Device) -> Result<Vec<Tensor>> {
 }
 
 /// The case's program on its inputs.
-fn program(case: &Case, a: &[Tensor]) -> Result<Tensor> {
+pub fn program(case: &Case, a: &[Tensor]) -> Result<Tensor> {
     if case.form == Form::Sdpa {
         return coil::scaled_dot_product_attention(&a[0], &a[1], &a[2], None, case.causal, None);
     }
@@ -132,7 +135,7 @@ fn program(case: &Case, a: &[Tensor]) -> Result<Tensor> {
 }
 
 /// Relative RMS error of `got` against `want` (infinite when only one side is not finite).
-fn rel_error(got: &[f64], want: &[f64]) -> f64 {
+pub fn rel_error(got: &[f64], want: &[f64]) -> f64 {
     let (mut num, mut den) = (0.0, 0.0);
     for (x, y) in got.iter().zip(want) {
         if !x.is_finite() || !y.is_finite() {

@@ -69,11 +69,31 @@ use std::fmt::Write;
 pub const ONLINE_BLOCK: usize = 256;
 
 /// One C translation unit: the [`prelude`] and one function per kernel, in order.
+///
+/// A kernel whose code is an earlier one's under another name (each layer of a model has the
+/// same kernels) is emitted as a call of that one, so the C compiler builds each body once.
 pub fn emit_c(kernels: &[TileKernel]) -> String {
     let mut s = prelude().to_string();
+    // Each distinct body (the kernel's C with its name taken out) and the first kernel with it.
+    let mut bodies: Vec<(String, &str)> = Vec::new();
     for k in kernels {
+        let text = emit_kernel(k);
+        let body = text.replace(&k.name, "");
         s.push('\n');
-        s.push_str(&emit_kernel(k));
+        match bodies.iter().find(|(b, _)| *b == body) {
+            Some((_, first)) => {
+                let _ = writeln!(s, "/* {}: the same code as {first} */", k.name);
+                let _ = writeln!(
+                    s,
+                    "void {}(char *const *args, int64_t *status)\n{{\n    {first}(args, status);\n}}",
+                    k.name
+                );
+            }
+            None => {
+                s.push_str(&text);
+                bodies.push((body, &k.name));
+            }
+        }
     }
     s
 }

@@ -809,3 +809,14 @@ fn column_reductions_run_along_the_rows_in_vectors() {
         }
     }
 }
+
+#[test]
+fn kernels_with_the_same_code_are_emitted_once() {
+    let (p, k) = crate::tile::tests::pointwise_chain(DType::F32);
+    let (_, tiles) = build_and_compile(&p, &[k]);
+    let mut twin = tiles[0].clone();
+    twin.name = "poi_fused_add_mul_relu_7".into();
+    let source = emit_c(&[tiles[0].clone(), twin]);
+    assert_eq!(source.matches("(void)status;").count(), 1, "one body:\n{source}");
+    assert!(source.contains("poi_fused_add_mul_relu_0(args, status);"), "{source}");
+}

@@ -7,9 +7,10 @@ use super::guards::{self, structural_hash, ArgMeta, Guard, Source};
 use super::{stance, BreakKind, FnState, GraphBreak, GraphInfo, Stance, READ, RECOMPILE_LIMIT};
 use crate::compile::Compiled;
 use crate::debug::Dump;
-use crate::realize::{backend, capture, Backend, Captured};
+use crate::realize::{backend, Backend, Captured};
 use crate::storage::Storage;
-use crate::{logs, Tensor};
+use crate::walk::{Expected, Walk};
+use crate::{logs, profile, Tensor};
 use coil_ir::{Error, ErrorKind, Graph, Result};
 use coil_runtime::Device;
 use std::cell::RefCell;
@@ -26,7 +27,9 @@ thread_local! {
 
 /// One compiled graph of a function.
 pub(super) struct Entry {
-    pub(super) graph: Graph,
+    pub(super) graph: Arc<Graph>,
+    /// The graph laid out for comparing walks with it (a hit's check).
+    expected: Arc<Expected>,
     pub(super) device: Device,
     /// Which graph of a call it was (0 for the first; later ones follow graph breaks).
     position: usize,
@@ -98,7 +101,7 @@ impl Frame {
             return Ok(());
         }
         let live = live_values(&pending);
-        self.run_graphs(pending.into_iter().chain(live).collect())
+        self.run_graphs(pending.into_iter().chain(live).collect(), location.unwrap_or(self.call_site))
     }
 
     /// The break's id (new ones are numbered and logged), and its occurrence for `explain`.
@@ -124,7 +127,8 @@ impl Frame {
     }
 
     /// Computes `tensors` (pending ones), one graph per device.
-    fn run_graphs(&mut self, tensors: Vec<Tensor>) -> Result<()> {
+    /// `origin`: the user's line that asked for them (reported with a data error of a kernel).
+    fn run_graphs(&mut self, tensors: Vec<Tensor>, origin: &'static Location<'static>) -> Result<()> {
         let pending: Vec<Tensor> = tensors.into_iter().filter(|t| !t.is_realized()).collect();
         let mut devices: Vec<Device> = vec![];
         for t in &pending {
@@ -134,23 +138,99 @@ impl Frame {
         }
         for device in devices {
             let group: Vec<&Tensor> = pending.iter().filter(|t| t.device() == device).collect();
-            self.run_graph(&group)?;
+            self.run_graph(&group, origin)?;
         }
         Ok(())
     }
 
     /// Captures one graph, finds it in the guarded cache (compiling on a miss) and runs it.
-    fn run_graph(&mut self, outputs: &[&Tensor]) -> Result<()> {
+    fn run_graph(&mut self, outputs: &[&Tensor], origin: &'static Location<'static>) -> Result<()> {
         let start = Instant::now();
-        let captured = capture(outputs);
+        let expected = self.expected(outputs);
+        let (walk, matches) = match &expected {
+            Some((_, _, layout)) => Walk::matching(outputs, layout),
+            None => (Walk::new(outputs, &[]), false),
+        };
+        // The comparison is part of the walk: count it all as capture.
+        profile::spent(start, |t| &mut t.capture);
+        let hit = expected.filter(|_| matches).map(|(compiled, graph, _)| (compiled, graph));
+        if hit.is_some() {
+            let mut state = self.state.borrow_mut();
+            state.stats.graph_hits += 1;
+            state.stats.hit_check += start.elapsed();
+        }
+        let results = match hit {
+            Some((compiled, graph)) => {
+                let t = Instant::now();
+                let (inputs, random) = (walk.input_storages(), walk.random());
+                let results = crate::guard::guard("running", &graph, || self.run(&compiled, &inputs, random, origin))?;
+                self.state.borrow_mut().stats.run += t.elapsed();
+                results
+            }
+            None => {
+                let t = Instant::now();
+                let captured = walk.captured();
+                profile::spent(t, |t| &mut t.capture);
+                self.run_captured(&captured, start, origin)?
+            }
+        };
+        self.position += 1;
+        for (j, (t, storage)) in outputs.iter().zip(results).enumerate() {
+            self.produced.insert(storage_addr(&storage), (self.position, j));
+            let _ = t.0.storage.set(storage);
+        }
+        Ok(())
+    }
+
+    /// The compiled graph that served this place of the call last time, if it can serve again
+    /// when the new capture is that graph (a static entry on the outputs' device): what the
+    /// walk is compared with, node by node, which checks every guard of a static entry (no
+    /// graph built, nothing hashed). This is a training loop's hit; anything else takes
+    /// [`Frame::run_captured`]'s way (entries for symbolic sizes, `explain`, the interpreter).
+    fn expected(&self, outputs: &[&Tensor]) -> Option<(Arc<Compiled>, Arc<Graph>, Arc<Expected>)> {
+        if self.log.is_some() || backend() != Backend::Compiled {
+            return None;
+        }
+        let state = self.state.borrow();
+        let e = &state.entries[state.served.get(self.position).copied().flatten()?];
+        let device = outputs.first().map_or(Device::Cpu, |t| t.device());
+        if e.dynamic.is_some() || e.device != device {
+            return None;
+        }
+        Some((e.compiled.clone()?, e.graph.clone(), e.expected.clone()))
+    }
+
+    /// Finds a captured graph in the guarded cache (compiling on a miss) and runs it.
+    fn run_captured(
+        &mut self,
+        captured: &Captured,
+        start: Instant,
+        origin: &'static Location<'static>,
+    ) -> Result<Vec<Storage>> {
         let device = captured.device;
-        let hash = || structural_hash(&captured.graph, device);
+        let hashed = std::cell::OnceCell::new();
+        let hash = || {
+            *hashed.get_or_init(|| {
+                let t = Instant::now();
+                let h = structural_hash(&captured.graph, device);
+                profile::spent(t, |t| &mut t.hash);
+                h
+            })
+        };
         let state_rc = self.state.clone();
         let mut state = state_rc.borrow_mut();
         // Entries for symbolic sizes first (the most recent kind of entry; one hash without
         // sizes), then the exact sizes (which also hold what sizes 0 and 1 specialize).
-        let found =
-            state.lookup_dynamic(&captured.graph, device).or_else(|| state.lookup(hash(), &captured.graph, device));
+        let t = Instant::now();
+        let dynamic = state.lookup_dynamic(&captured.graph, device);
+        profile::spent(t, |t| &mut t.guards);
+        let found = dynamic.or_else(|| {
+            let h = hash();
+            let t = Instant::now();
+            let found = state.lookup(h, &captured.graph, device);
+            profile::spent(t, |t| &mut t.confirm);
+            found
+        });
         let (executable, entry) = match found {
             Some(i) => {
                 state.stats.graph_hits += 1;
@@ -168,12 +248,13 @@ impl Frame {
             }
             None => {
                 state.stats.graph_misses += 1;
-                self.miss(&mut state, &captured, hash())?
+                self.miss(&mut state, captured, hash())?
             }
         };
+        state.serve(self.position, entry);
         let guards = match entry {
             Some(i) if self.log.is_some() => state.entries[i].guards.clone(),
-            _ if self.log.is_some() => guards::guards_of(&captured.graph, device, hash(), &self.sources(&captured)),
+            _ if self.log.is_some() => guards::guards_of(&captured.graph, device, hash(), &self.sources(captured)),
             _ => vec![],
         };
         drop(state);
@@ -181,20 +262,33 @@ impl Frame {
         let t = Instant::now();
         let results = match (&executable, backend()) {
             (Some(c), Backend::Compiled) => {
-                crate::guard::guard("running", &captured.graph, || c.run(&captured.inputs, &captured.random))?
+                let (inputs, random) = (&captured.inputs, &captured.random);
+                crate::guard::guard("running", &captured.graph, || self.run(c, inputs, random, origin))?
             }
-            _ => crate::realize::interpret(&captured)?,
+            _ => crate::realize::interpret(captured)?,
         };
-        self.position += 1;
-        for (j, (t, storage)) in outputs.iter().zip(results).enumerate() {
-            self.produced.insert(storage_addr(&storage), (self.position, j));
-            let _ = t.0.storage.set(storage);
-        }
         self.state.borrow_mut().stats.run += t.elapsed();
         if let Some(log) = &mut self.log {
-            log.graphs.push(GraphInfo::new(&captured, guards, executable.map(|c| c.times.clone())));
+            log.graphs.push(GraphInfo::new(captured, guards, executable.map(|c| c.times.clone())));
         }
-        Ok(())
+        Ok(results)
+    }
+
+    /// Runs a compiled graph of the function: replayed from a CUDA graph when the function
+    /// asks for that ([`super::CompiledFn::cuda_graphs`]) and the graph can be, else as usual.
+    fn run(
+        &self,
+        compiled: &Compiled,
+        inputs: &[Storage],
+        random: &[coil_ir::RandomState],
+        origin: &'static Location<'static>,
+    ) -> Result<Vec<Storage>> {
+        if self.state.borrow().cuda_graphs {
+            if let Some(outputs) = compiled.run_replayed(inputs, Some(origin))? {
+                return Ok(outputs);
+            }
+        }
+        compiled.run_at(inputs, random, Some(origin))
     }
 
     /// A cache miss: say why when it is a recompile, then compile (or, past the limit, run
@@ -263,7 +357,8 @@ impl Frame {
             None => state.by_hash.entry(hash).or_default().push(index),
         }
         state.entries.push(Entry {
-            graph: graph.clone(),
+            graph: Arc::new(graph.clone()),
+            expected: Arc::new(Expected::new(graph)),
             device,
             position,
             args,
@@ -378,7 +473,8 @@ where
     };
     let (outputs, mut frame) = outputs;
     let outputs = outputs?;
-    frame.run_graphs(outputs.clone())?;
+    let call_site = frame.call_site;
+    frame.run_graphs(outputs.clone(), call_site)?;
     Ok((outputs, frame))
 }
 
@@ -403,6 +499,11 @@ impl Drop for PushedFrame {
             FRAMES.with(|f| f.borrow_mut().pop());
         }
     }
+}
+
+/// The state of the innermost compiled function running on this thread, if one is.
+pub(super) fn innermost_state() -> Option<Rc<RefCell<FnState>>> {
+    FRAMES.with(|f| f.borrow().last().map(|frame| frame.state.clone()))
 }
 
 /// Whether a compiled function (or `explain`) is running on this thread.

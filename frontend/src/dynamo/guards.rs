@@ -115,7 +115,7 @@ pub fn same_structure(a: &Graph, b: &Graph) -> bool {
 
 /// Op equality where a NaN attribute equals itself (as in the printed graph that used to key the
 /// cache): otherwise a graph holding a NaN constant would never hit.
-fn same_op(a: &Op, b: &Op) -> bool {
+pub(crate) fn same_op(a: &Op, b: &Op) -> bool {
     a == b || format!("{a:?}") == format!("{b:?}")
 }
 

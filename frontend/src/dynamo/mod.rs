@@ -4,8 +4,14 @@
 //! [`compile`] wraps a function of tensors into a [`CompiledFn`]. In Rust there is no bytecode
 //! to trace: each call simply runs the function again, which only records lazy nodes (cheap),
 //! and every graph it produces is looked up in the function's **guarded cache**
-//! ([`guards`]): a structural hash finds the candidate, a node-by-node comparison confirms it,
-//! and only a miss compiles. A miss where the function already has a graph at that place is a
+//! ([`guards`]). The common hit costs one walk over the lazy nodes: the walk is compared, node
+//! by node as it goes, with the graph that served the same place of the call last time (which
+//! checks every guard of a static entry; nothing is built or hashed). Otherwise the graph is
+//! captured, a structural hash finds the candidates, a node-by-node comparison confirms one,
+//! and only a miss compiles. The function also keeps the forward graphs its `value_and_grad`
+//! calls differentiated ([`DIFFERENTIATED_LIMIT`]), so a training step differentiates once,
+//! and, with [`CompiledFn::cuda_graphs`], replays its static graphs on a GPU from CUDA graphs.
+//! A miss where the function already has a graph at that place is a
 //! **recompile**; coil says which guard failed, with old and new values
 //! (`COIL_LOGS=recompiles`), and after [`RECOMPILE_LIMIT`] recompiles it runs new graphs
 //! eagerly (the reference interpreter) and warns once.
@@ -34,6 +40,9 @@ pub use guards::{same_structure, structural_hash, Guard, Source};
 
 pub(crate) use frame::{host_read, tracing};
 
+use crate::autodiff::Differentiated;
+use crate::profile::{host_times, HostTimes};
+use crate::walk::Walk;
 use crate::Tensor;
 use coil_ir::{Graph, Result};
 use coil_runtime::Device;
@@ -45,6 +54,10 @@ use std::fmt;
 use std::panic::Location;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+/// The most differentiated graphs a compiled function keeps (the most recently used ones):
+/// one per `value_and_grad` of its body, and a few sizes of a dynamic one.
+pub const DIFFERENTIATED_LIMIT: usize = 8;
 
 /// After this many recompiles of one function, its new graphs run eagerly (uncompiled, on the
 /// reference interpreter) and coil warns once; graphs already compiled keep serving hits.
@@ -214,6 +227,10 @@ pub struct CallStats {
     pub run: Duration,
     /// Whole calls, function body included.
     pub total: Duration,
+    /// The host's time in these calls by phase ([`crate::profile`]): capture, hash, structural
+    /// comparison, guards, compiles, runs, differentiation (and how many forward graphs were
+    /// differentiated, or found differentiated).
+    pub host: HostTimes,
 }
 
 /// A function compiled by [`compile`]: call it like the function; see the module docs. It
@@ -264,16 +281,37 @@ where
         self
     }
 
+    /// Replays its graphs on a GPU from CUDA graphs (torch.compile's `mode="reduce-overhead"`;
+    /// off by default): a graph's launches are captured at its second call and replayed with
+    /// one launch from then on, which spares the host a launch per kernel. Graphs of symbolic
+    /// sizes or that draw random numbers run as usual, as does anything on the CPU. An input at
+    /// another address than at the capture is copied into the graph's own buffer first. The
+    /// outputs are the graph's buffers, written again by the next call: use a value before the
+    /// next call (or copy it); a tensor of an earlier call's output is stale afterwards (an
+    /// error on use). See `coil_runtime::cuda::graphs`.
+    ///
+    /// ```
+    /// use coil_frontend::{dynamo, Tensor};
+    /// let f = dynamo::compile(|a: &[Tensor]| Ok(vec![a[0].exp()?])).cuda_graphs(true);
+    /// let x = Tensor::from_vec(vec![0.0f32, 1.0], &[2]).unwrap();
+    /// assert_eq!(f.call(&[&x]).unwrap()[0].to_vec::<f32>().unwrap()[0], 1.0);
+    /// ```
+    pub fn cuda_graphs(self, on: bool) -> Self {
+        self.state.borrow_mut().cuda_graphs = on;
+        self
+    }
+
     /// Runs the function: arguments are computed first, its graphs come from the guarded
     /// cache (compiled on a miss), and the outputs are computed when it returns.
     #[track_caller]
     pub fn call(&self, args: &[&Tensor]) -> Result<Vec<Tensor>> {
-        let start = Instant::now();
+        let (start, host) = (Instant::now(), host_times());
         let frame = Frame::new(self.state.clone(), args, Location::caller(), None)?;
         let result = run_frame(&self.f, args, frame).map(|(outputs, _)| outputs);
         let mut state = self.state.borrow_mut();
         state.stats.calls += 1;
         state.stats.total += start.elapsed();
+        state.stats.host.add(&host_times().since(&host));
         result
     }
 
@@ -333,10 +371,18 @@ where
 pub(crate) struct FnState {
     name: String,
     entries: Vec<Entry>,
+    /// The entry that served each graph of the last call (by its place in the call), when one
+    /// did: what the next call's graph at that place is compared with first.
+    served: Vec<Option<usize>>,
     by_hash: HashMap<u64, Vec<usize>>,
     /// Entries compiled for symbolic sizes, by [`guards::erased_hash`].
     by_erased: HashMap<u64, Vec<usize>>,
+    /// The forward graphs its `value_and_grad` calls differentiated, most recently used first
+    /// (at most [`DIFFERENTIATED_LIMIT`]).
+    differentiated: Vec<Rc<Differentiated>>,
     breaks: Vec<GraphBreak>,
+    /// Whether its graphs are replayed from CUDA graphs ([`CompiledFn::cuda_graphs`]).
+    cuda_graphs: bool,
     recompiles: usize,
     recompile_reasons: Vec<String>,
     eager: bool,
@@ -349,15 +395,26 @@ impl FnState {
         FnState {
             name,
             entries: vec![],
+            served: vec![],
             by_hash: HashMap::new(),
             by_erased: HashMap::new(),
+            differentiated: vec![],
             breaks: vec![],
+            cuda_graphs: false,
             recompiles: 0,
             recompile_reasons: vec![],
             eager: false,
             warnings: vec![],
             stats: CallStats::default(),
         }
+    }
+
+    /// Remembers which entry served the graph at `position` of a call (`None`: it ran eagerly).
+    fn serve(&mut self, position: usize, entry: Option<usize>) {
+        if self.served.len() <= position {
+            self.served.resize(position + 1, None);
+        }
+        self.served[position] = entry;
     }
 
     /// The entry holding this graph on this device: hash first, then the full comparison.
@@ -382,5 +439,40 @@ impl FnState {
                 && coil_ir::dynamic::same_up_to_sizes(&e.graph, graph)
                 && e.dynamic.as_ref().is_some_and(|spec| spec.bind(graph).is_some())
         })
+    }
+}
+
+/// The differentiated graphs of the compiled function running on this thread (the innermost):
+/// [`crate::value_and_grad`] looks there before it differentiates. `None` outside compiled
+/// functions.
+pub(crate) fn differentiated_cache() -> Option<DifferentiatedCache> {
+    frame::innermost_state().map(DifferentiatedCache)
+}
+
+/// A compiled function's differentiated graphs (see [`differentiated_cache`]).
+pub(crate) struct DifferentiatedCache(Rc<RefCell<FnState>>);
+
+impl DifferentiatedCache {
+    /// The differentiation of the forward graph `walk` is, if the function made it before:
+    /// compared node by node with each forward graph kept, most recently used first (a
+    /// mismatch shows within the first few nodes, so no hash is needed to pick candidates).
+    pub(crate) fn find(&self, walk: &Walk) -> Option<Rc<Differentiated>> {
+        let t = Instant::now();
+        let mut state = self.0.borrow_mut();
+        let kept = &mut state.differentiated;
+        let found = kept.iter().position(|d| walk.matches(&d.forward)).map(|i| {
+            let d = kept.remove(i);
+            kept.insert(0, d.clone());
+            d
+        });
+        crate::profile::spent(t, |t| &mut t.confirm);
+        found
+    }
+
+    /// Keeps a new differentiation (forgetting the least recently used past the limit).
+    pub(crate) fn insert(&self, differentiated: Rc<Differentiated>) {
+        let kept = &mut self.0.borrow_mut().differentiated;
+        kept.insert(0, differentiated);
+        kept.truncate(DIFFERENTIATED_LIMIT);
     }
 }

@@ -5,7 +5,7 @@
 //! `model.safetensors` from the Hub loads by name.
 
 use crate::modules::layers::{Dropout, Embedding, LayerNorm};
-use crate::modules::transformer::{CausalSelfAttention, Mlp};
+use crate::modules::transformer::{CausalSelfAttention, KvCache, Mlp};
 use crate::param::{Init, Mode, Path};
 use crate::Module;
 use coil_frontend::safetensors::WeightFile;
@@ -207,6 +207,57 @@ impl Gpt2 {
         let x = self.hidden(idx)?;
         let dtype = self.mode.compute_dtype(x.dtype());
         coil_frontend::linear(&x.to_dtype(dtype)?, &self.wte.weight.tensor().to_dtype(dtype)?, None)
+    }
+
+    /// One step of incremental decoding (or a prefill): token ids `idx` (`[B, T]`) at positions
+    /// `pos..pos + T` (`pos` a 0-d i64 tensor, [`KvCache::position`]), attending to `cache`'s
+    /// earlier positions. Returns the logits of the last position (`[B, vocab]`, f32) and each
+    /// layer's keys and values with this step's written (for [`KvCache::commit`]). Every
+    /// decode step is the same graph: it compiles once.
+    #[track_caller]
+    pub fn forward_cached(
+        &self,
+        idx: &Tensor,
+        pos: &Tensor,
+        cache: &KvCache,
+    ) -> Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        let &[_, t] = idx.shape() else {
+            return Err(
+                Error::shape(format!("GPT-2 expects token ids [B, T], got {}", idx.meta())).in_op("Gpt2", vec![])
+            );
+        };
+        if t == 0 || cache.len() + t > cache.capacity().min(self.config.block_size) {
+            return Err(Error::shape(format!(
+                "{t} more tokens after {} do not fit the cache ({}) or the block size ({})",
+                cache.len(),
+                cache.capacity(),
+                self.config.block_size
+            ))
+            .in_op("Gpt2::forward_cached", vec![idx.meta().to_string()]));
+        }
+        let positions = Tensor::arange(0, t as i64, 1, DType::I64)?.to_device(idx.device())?.add(pos)?;
+        let mut x = self.drop.forward(&self.wte.forward(idx)?.add(&self.wpe.forward(&positions)?)?)?;
+        let mut written = Vec::with_capacity(self.h.len());
+        for (layer, block) in self.h.iter().enumerate() {
+            let (y, k, v) =
+                block.attn.forward_cached(&block.ln_1.forward(&x)?, pos, &cache.k[layer], &cache.v[layer])?;
+            x = x.add(&y)?;
+            x = x.add(&block.mlp.forward(&block.ln_2.forward(&x)?)?)?;
+            written.push((k, v));
+        }
+        let last = self.ln_f.forward(&x.select(1, t as i64 - 1)?)?;
+        let dtype = self.mode.compute_dtype(last.dtype());
+        let logits = coil_frontend::linear(&last.to_dtype(dtype)?, &self.wte.weight.tensor().to_dtype(dtype)?, None)?;
+        Ok((logits.to_dtype(DType::F32)?, written))
+    }
+
+    /// An empty key/value cache for `batch` sequences of up to `capacity` tokens, in the dtype
+    /// attention computes in.
+    #[track_caller]
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
+        let (heads, d) = self.h.first().map_or((self.config.n_head, 0), |b| b.attn.kv_shape());
+        let dtype = self.mode.compute_dtype(self.wte.weight.dtype());
+        KvCache::new(self.h.len(), batch, heads, capacity, d, dtype, self.wte.weight.device())
     }
 
     /// The mean cross-entropy of the next-token predictions against `targets` `[B, T]`,

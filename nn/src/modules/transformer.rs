@@ -259,11 +259,189 @@ impl Rotary {
     pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
         let rank = x.rank();
         let (t, d) = (x.shape()[rank - 2], x.shape()[rank - 1]);
-        let cos = self.cos.narrow(0, start as i64, t)?.to_dtype(x.dtype())?;
-        let sin = self.sin.narrow(0, start as i64, t)?.to_dtype(x.dtype())?;
-        let half = (d / 2) as i64;
-        let (lo, hi) = (x.narrow(-1, 0, d / 2)?, x.narrow(-1, half, d / 2)?);
-        let rotated = coil_frontend::cat(&[&hi.neg()?, &lo], -1)?;
-        x.mul(&cos)?.add(&rotated.mul(&sin)?)
+        let cos = self.cos.narrow(0, start as i64, t)?;
+        let sin = self.sin.narrow(0, start as i64, t)?;
+        rotate(x, &cos, &sin, d)
     }
+}
+
+/// Keys and values of the positions seen so far, per layer, in buffers of a fixed capacity
+/// (`[batch, kv_heads, capacity, head_dim]`). A step writes its positions into them in place
+/// (at a position given as a tensor) and attends to the valid prefix through a mask, so a decode
+/// step is the same graph at every position: it compiles once.
+///
+/// ```
+/// use coil_nn::KvCache;
+/// use coil_ir::DType;
+/// let cache = KvCache::new(2, 1, 4, 16, 8, DType::F32, coil_runtime::Device::Cpu)?;
+/// assert_eq!((cache.len(), cache.capacity()), (0, 16));
+/// assert_eq!(cache.k[1].shape(), &[1, 4, 16, 8]);
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    /// Per layer, the keys.
+    pub k: Vec<Tensor>,
+    /// Per layer, the values.
+    pub v: Vec<Tensor>,
+    len: usize,
+}
+
+impl KvCache {
+    /// An empty cache (zeros, computed).
+    #[track_caller]
+    pub fn new(
+        layers: usize,
+        batch: usize,
+        kv_heads: usize,
+        capacity: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: Device,
+    ) -> Result<KvCache> {
+        let shape = [batch, kv_heads, capacity, head_dim];
+        let zeros = |_| Tensor::zeros(&shape, dtype).to_device(device);
+        let (k, v): (Vec<Tensor>, Vec<Tensor>) =
+            ((0..layers).map(zeros).collect::<Result<_>>()?, (0..layers).map(zeros).collect::<Result<_>>()?);
+        coil_frontend::realize(&k.iter().chain(&v).collect::<Vec<_>>())?;
+        let k = k.iter().map(Tensor::detach).collect::<Result<_>>()?;
+        let v = v.iter().map(Tensor::detach).collect::<Result<_>>()?;
+        Ok(KvCache { k, v, len: 0 })
+    }
+
+    /// Positions written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.k.first().map_or(0, |k| k.shape()[2])
+    }
+
+    /// The position of the next step as a 0-d i64 tensor on the cache's device (a run-time
+    /// value: the step's graph does not depend on it).
+    pub fn position(&self) -> Result<Tensor> {
+        let device = self.k.first().map_or(Device::Cpu, |k| k.device());
+        Tensor::from_vec(vec![self.len as i64], &[])?.to_device(device)
+    }
+
+    /// Writes a step's new keys and values (`updates[layer] = (k, v)`, as
+    /// [`CausalSelfAttention::forward_cached`] returns them) over the cache in place, computing
+    /// `also` (the step's logits) in the same graph; the step covered `steps` positions.
+    #[track_caller]
+    pub fn commit(&mut self, updates: &[(Tensor, Tensor)], steps: usize, also: &[&Tensor]) -> Result<()> {
+        if self.len + steps > self.capacity() {
+            return Err(Error::value(format!(
+                "the cache holds {} positions: {} + {steps} do not fit",
+                self.capacity(),
+                self.len
+            ))
+            .in_op("KvCache::commit", vec![]));
+        }
+        let mut pairs: Vec<(&Tensor, &Tensor)> = Vec::with_capacity(2 * updates.len());
+        for (layer, (k, v)) in updates.iter().enumerate() {
+            pairs.push((&self.k[layer], k));
+            pairs.push((&self.v[layer], v));
+        }
+        let written = coil_frontend::update_in_place_with(&pairs, also)?;
+        for (layer, kv) in written.chunks(2).enumerate() {
+            (self.k[layer], self.v[layer]) = (kv[0].clone(), kv[1].clone());
+        }
+        self.len += steps;
+        Ok(())
+    }
+}
+
+/// `cache` with `new` (`[B, H, T, D]`) written at positions `pos..pos + T` (`pos` a 0-d i64
+/// tensor); every element of the result reads the cache or `new` at its own position, so the
+/// write can be made over the cache's buffer.
+fn write_positions(cache: &Tensor, new: &Tensor, pos: &Tensor) -> Result<Tensor> {
+    let (cap, t) = (cache.shape()[2], new.shape()[2]);
+    let offset = Tensor::iota(&[cap], 0)?.to_device(cache.device())?.sub(pos)?;
+    let inside = offset.ge(0)?.logical_and(&offset.lt(t as i64)?)?;
+    let picked = new.to_dtype(cache.dtype())?.index_select(2, &offset.clamp(Some(0), Some(t as i64 - 1))?)?;
+    coil_frontend::where_(&inside.reshape(&[1, 1, cap as i64, 1])?, &picked, cache)
+}
+
+impl CausalSelfAttention {
+    /// One step of incremental decoding (or a prefill): `x` (`[B, T, C]`) at positions
+    /// `pos..pos + T` attends to the cache's earlier positions and to itself, causally. Returns
+    /// the output and the layer's cache with this step's keys and values written (commit them
+    /// with [`KvCache::commit`]).
+    #[track_caller]
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        pos: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let &[b, t, c] = x.shape() else {
+            return Err(Error::shape(format!("attention expects [B, T, C] input, got {}", x.meta()))
+                .in_op("CausalSelfAttention", vec![x.meta().to_string()]));
+        };
+        let (h, hkv, d) = (self.n_head as i64, self.n_kv_head as i64, (c / self.n_head) as i64);
+        let heads = |y: &Tensor, n: i64| y.reshape(&[b as i64, t as i64, n, d])?.transpose(1, 2);
+        let (q, k, v) = match &self.projections {
+            Projections::Fused(c_attn) => {
+                let qkv = c_attn.forward(x)?.split(c, 2)?;
+                (heads(&qkv[0], h)?, heads(&qkv[1], h)?, heads(&qkv[2], h)?)
+            }
+            Projections::Separate { q, k, v } => {
+                (heads(&q.forward(x)?, h)?, heads(&k.forward(x)?, hkv)?, heads(&v.forward(x)?, hkv)?)
+            }
+        };
+        let device = x.device();
+        let positions = Tensor::arange(0, t as i64, 1, DType::I64)?.to_device(device)?.add(pos)?;
+        let (q, k) = match &self.rotary {
+            Some(r) => (r.apply_at(&q, &positions)?, r.apply_at(&k, &positions)?),
+            None => (q, k),
+        };
+        let (k_all, v_all) = (write_positions(k_cache, &k, pos)?, write_positions(v_cache, &v, pos)?);
+        // The query heads that share a key/value head are rows of one matrix (no copy of the
+        // cache per query head): row r of group g is head g * rep + r / T at position pos + r % T.
+        let rep = h / hkv;
+        let (bi, ti) = (b as i64, t as i64);
+        let q = q.reshape(&[bi, hkv, rep * ti, d])?;
+        let rows = Tensor::arange(0, rep * ti, 1, DType::I64)?.to_device(device)?.remainder(ti)?.add(pos)?;
+        // Row r sees the keys at positions up to its own.
+        let cap = k_cache.shape()[2];
+        let keys = Tensor::iota(&[1, cap], 1)?.to_device(device)?;
+        let mask = keys.le(&rows.reshape(&[rep * ti, 1])?)?;
+        let (k_all_q, v_all_q) = (k_all.to_dtype(q.dtype())?, v_all.to_dtype(q.dtype())?);
+        let y = scaled_dot_product_attention(&q, &k_all_q, &v_all_q, Some(&mask), false, None)?;
+        let y = y.reshape(&[bi, h, ti, d])?.transpose(1, 2)?.reshape(&[bi, ti, c as i64])?;
+        Ok((self.resid_dropout.forward(&self.out.forward(&y)?)?, k_all, v_all))
+    }
+
+    /// The layer's key/value heads and head size (for sizing a [`KvCache`]).
+    pub fn kv_shape(&self) -> (usize, usize) {
+        let d = match &self.projections {
+            Projections::Fused(c_attn) => c_attn.weight.shape()[0] / self.n_head,
+            Projections::Separate { q, .. } => q.weight.shape()[1] / self.n_head,
+        };
+        (self.n_kv_head, d)
+    }
+}
+
+impl Rotary {
+    /// `x` (`[..., T, D]`) rotated at `positions` (`[T]` i64, run-time values).
+    #[track_caller]
+    pub fn apply_at(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
+        let d = x.shape()[x.rank() - 1];
+        rotate(x, &self.cos.index_select(0, positions)?, &self.sin.index_select(0, positions)?, d)
+    }
+}
+
+/// `x cos + rotate_half(x) sin`, with `rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])`.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor, d: usize) -> Result<Tensor> {
+    let (lo, hi) = (x.narrow(-1, 0, d / 2)?, x.narrow(-1, (d / 2) as i64, d / 2)?);
+    let rotated = coil_frontend::cat(&[&hi.neg()?, &lo], -1)?;
+    x.mul(&cos.to_dtype(x.dtype())?)?.add(&rotated.mul(&sin.to_dtype(x.dtype())?)?)
 }

@@ -54,12 +54,15 @@ pub struct DecomposeOptions {
     /// Recognise written-out attention ([`crate::attention::fuse_attention`]) and keep every
     /// `scaled_dot_product_attention` the template supports
     /// ([`crate::attention::template_supports`], no explicit mask) as one primitive node, for
-    /// lowering to run as one flash-attention call. Off: attention is decomposed into its
-    /// matrix products and softmax.
+    /// lowering to run as one flash-attention call; so too its logsumexp and gradients (the
+    /// attention backward template), unless `keep_detach`. Off: attention is decomposed into
+    /// its matrix products and softmax.
     pub fused_attention: bool,
     /// Keep `detach` nodes (and mark the stabilizing maximum of softmax, log_softmax,
     /// logsumexp and cross_entropy with one, as PyTorch's backward formulas treat it as a
-    /// constant) for [`crate::autodiff`]; otherwise `detach` is the identity.
+    /// constant) for [`crate::autodiff`]; otherwise `detach` is the identity. The graph is to be
+    /// differentiated: the attention backward templates, which have no gradient rule, are
+    /// decomposed.
     pub keep_detach: bool,
     /// Decompose f16/bf16 attention with its two matrix products in the operands' dtype (f32
     /// accumulation inside the product, the result rounded to the dtype), the softmax in f32 and
@@ -99,7 +102,7 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
                 return Err(Error::runtime(format!("{id} is an input that is not among the graph's inputs")));
             }
             op if op.is_leaf() => Arg::Node(out.leaf(op.clone(), node.meta.clone(), node.location)),
-            op if options.fused_attention && op.is_template() && keeps_template(graph, node) => {
+            op if options.fused_attention && op.is_template() && keeps_template(graph, node, options) => {
                 let args: Vec<NodeId> = node
                     .inputs
                     .iter()
@@ -151,14 +154,20 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
     Ok(out)
 }
 
-/// Whether a template node of a captured graph stays whole: attention the template supports,
-/// on tensor operands (not Rust scalars).
-fn keeps_template(graph: &Graph, node: &coil_ir::Node) -> bool {
+/// Whether a template node of a captured graph stays whole: attention the template supports
+/// ([`crate::attention::template_supports`]), on tensor operands (not Rust scalars), with its
+/// logsumexp and gradients. Those two have no gradient rule of their own: a graph decomposed
+/// for differentiation ([`DecomposeOptions::keep_detach`]) expands them, so that gradients of
+/// gradients differentiate their decomposition.
+fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOptions) -> bool {
     let tensors = node.inputs.iter().all(|&x| !matches!(graph.node(x).op, Op::Scalar(_)));
     let metas: Vec<&TensorMeta> = node.inputs.iter().map(|&x| graph.meta(x)).collect();
-    tensors
-        && matches!(node.op, Op::Attention { mask: false, .. })
-        && crate::attention::template_supports(metas[0], metas[1], metas[2]).is_ok()
+    let kept = match node.op {
+        Op::Attention { mask: false, .. } => true,
+        Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. } => !options.keep_detach,
+        _ => false,
+    };
+    kept && tensors && crate::attention::template_supports(metas[0], metas[1], metas[2]).is_ok()
 }
 
 /// The decomposition table: emits the primitive nodes computing `op` on `args` (the
@@ -245,5 +254,7 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
         Op::Attention { causal, scale, mask } => {
             nn::attention(b, x[0], x[1], x[2], mask.then(|| x[3]), *causal, *scale)
         }
+        Op::AttentionLogsumexp { causal, scale } => nn::attention_logsumexp(b, x[0], x[1], *causal, *scale),
+        Op::AttentionBackward { causal, scale, input } => nn::attention_backward(b, &x, *causal, *scale, *input),
     }
 }

@@ -2,10 +2,10 @@
 //! attention.
 
 use super::builder::{compute_dtype, zero, Builder};
-use super::reduce::{log_softmax_in, softmax_in};
+use super::reduce::{log_softmax_in, logsumexp, softmax_in};
 use coil_ir::graph::numel;
 use coil_ir::infer::{broadcast_shapes, matmul_shape};
-use coil_ir::{DType, LossReduction, NodeId, Result, Shape};
+use coil_ir::{AttentionInput, DType, LossReduction, NodeId, Result, Shape};
 
 /// `torch.matmul`: a 1-D operand gains a dim (prepended for `a`, appended for `c`) that the
 /// result loses again. A batched `a` times a matrix folds the batch into the rows of one
@@ -261,22 +261,10 @@ pub fn attention(
     scale: Option<f64>,
 ) -> Result<NodeId> {
     let t = b.dtype(q);
-    let qs = b.shape(q);
-    let r = qs.len();
-    let (l, e, s) = (qs[r - 2], qs[r - 1], b.shape(k)[r - 2]);
-    let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
+    let scale = attention_scale(b, q, scale);
     let half = b.half_products && matches!(t, DType::F16 | DType::BF16);
     let (q, k, v) = if half { (q, k, v) } else { (b.upcast(q)?, b.upcast(k)?, b.upcast(v)?) };
-    let kt = b.transpose(k, r - 2, r - 1)?;
-    let qk = matmul(b, q, kt)?;
-    let qk = b.upcast(qk)?;
-    let mut scores = b.mul(qk, scale)?;
-    if causal {
-        let rows = b.iota(&[l, s], 0);
-        let cols = b.iota(&[l, s], 1);
-        let keep = b.le(cols, rows)?;
-        scores = b.where_(keep, scores, f64::NEG_INFINITY)?;
-    }
+    let mut scores = scaled_scores(b, q, k, scale, causal)?;
     if let Some(mask) = mask {
         if b.dtype(mask) == DType::Bool {
             scores = b.where_(mask, scores, f64::NEG_INFINITY)?;
@@ -290,4 +278,78 @@ pub fn attention(
     let p = if half { b.cast(p, t)? } else { p };
     let y = matmul(b, p, v)?;
     b.cast(y, t)
+}
+
+/// The factor on attention's scores: `scale`, else `1 / sqrt(E)` (q's last dim).
+fn attention_scale(b: &Builder, q: NodeId, scale: Option<f64>) -> f64 {
+    scale.unwrap_or_else(|| 1.0 / (*b.shape(q).last().expect("rank >= 2") as f64).sqrt())
+}
+
+/// `(q @ k^T) * scale` in f32 (f64 for f64; the product in q's dtype when it is f16 / bf16),
+/// `-inf` where the causal mask drops a key (`col > row`, top-left aligned).
+fn scaled_scores(b: &mut Builder, q: NodeId, k: NodeId, scale: f64, causal: bool) -> Result<NodeId> {
+    let r = b.rank(q);
+    let (l, s) = (b.shape(q)[r - 2], b.shape(k)[r - 2]);
+    let kt = b.transpose(k, r - 2, r - 1)?;
+    let qk = matmul(b, q, kt)?;
+    let qk = b.upcast(qk)?;
+    let scores = b.mul(qk, scale)?;
+    if !causal {
+        return Ok(scores);
+    }
+    let rows = b.iota(&[l, s], 0);
+    let cols = b.iota(&[l, s], 1);
+    let keep = b.le(cols, rows)?;
+    b.where_(keep, scores, f64::NEG_INFINITY)
+}
+
+/// `attention_logsumexp(q, k, v)` ([`coil_ir::Op::AttentionLogsumexp`]): the logsumexp of the
+/// scaled, causally masked scores over the keys, in f32 (f64 for f64).
+pub fn attention_logsumexp(b: &mut Builder, q: NodeId, k: NodeId, causal: bool, scale: Option<f64>) -> Result<NodeId> {
+    let scale = attention_scale(b, q, scale);
+    let (q, k) = (b.upcast(q)?, b.upcast(k)?);
+    let scores = scaled_scores(b, q, k, scale, causal)?;
+    let last = b.rank(scores) - 1;
+    logsumexp(b, scores, &[last], false)
+}
+
+/// One gradient of maskless attention ([`coil_ir::Op::AttentionBackward`]) from operands
+/// `[q, k, v, grad_out, logsumexp, delta]`: the probabilities `P = exp(scores - logsumexp)`
+/// recomputed, `dv = P^T @ grad_out`, `dS = P * (grad_out @ v^T - delta)`,
+/// `dq = scale * dS @ k`, `dk = scale * dS^T @ q`; in f32 (f64 for f64), rounded once to the
+/// operands' dtype.
+pub fn attention_backward(
+    b: &mut Builder,
+    x: &[NodeId],
+    causal: bool,
+    scale: Option<f64>,
+    input: AttentionInput,
+) -> Result<NodeId> {
+    let t = b.dtype(x[0]);
+    let scale = attention_scale(b, x[0], scale);
+    let (q, k, v, g) = (b.upcast(x[0])?, b.upcast(x[1])?, b.upcast(x[2])?, b.upcast(x[3])?);
+    let scores = scaled_scores(b, q, k, scale, causal)?;
+    let r = b.rank(scores);
+    let lse = b.unsqueeze(x[4], r - 1)?;
+    let shifted = b.sub(scores, lse)?;
+    let p = b.exp(shifted)?;
+    let grad = if input == AttentionInput::Value {
+        let pt = b.transpose(p, r - 2, r - 1)?;
+        matmul(b, pt, g)?
+    } else {
+        let vt = b.transpose(v, r - 2, r - 1)?;
+        let dp = matmul(b, g, vt)?;
+        let delta = b.unsqueeze(x[5], r - 1)?;
+        let centered = b.sub(dp, delta)?;
+        let ds = b.mul(p, centered)?;
+        let product = match input {
+            AttentionInput::Query => matmul(b, ds, k)?,
+            _ => {
+                let dst = b.transpose(ds, r - 2, r - 1)?;
+                matmul(b, dst, q)?
+            }
+        };
+        b.mul(product, scale)?
+    };
+    b.cast(grad, t)
 }

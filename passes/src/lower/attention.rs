@@ -1,16 +1,23 @@
-//! The attention template: an [`Op::Attention`] node (kept whole by the compile path's
-//! decomposition) becomes one [`ExternCall::Attention`], its q, k and v strided views of their
-//! buffers (head views of a QKV projection are never copied).
+//! The attention templates: template nodes become extern calls that never write the
+//! `[*batch, L, S]` scores to memory, their q, k, v (and output gradient) strided views of
+//! their buffers (head views of a QKV projection are never copied).
 //!
-//! The call writes `[*batch, L, D]` row-major, or, when the only reader of the attention is a
-//! permute that keeps the last dim (the `transpose(1, 2)` that merges the heads back), the
-//! permute's own row-major buffer: the call writes each element where the permute puts it, and
-//! the permute costs nothing.
+//! One call computes a *group* of template nodes ([`template_groups`]): an [`Op::Attention`]
+//! with the [`Op::AttentionLogsumexp`] of the same operands (an [`ExternCall::Attention`] that
+//! also writes the logsumexp a backward reads), or the [`Op::AttentionBackward`] nodes of one
+//! attention, one per gradient (one [`ExternCall::AttentionBackward`] writing each). The call
+//! is one loop node writing several buffers: the first member's (its `output`) and the
+//! others'.
+//!
+//! The forward call writes `[*batch, L, D]` row-major, or, when the only reader of the
+//! attention is a permute that keeps the last dim (the `transpose(1, 2)` that merges the heads
+//! back), the permute's own row-major buffer: the call writes each element where the permute
+//! puts it, and the permute costs nothing.
 
 use super::{strides, Lowerer};
-use coil_ir::loops::{BufferId, ExternCall, LoopKind, StridedOperand};
+use coil_ir::loops::{AttentionBackwardCall, BufferId, ExternCall, LoopKind, LoopNode, StridedOperand};
 use coil_ir::sym::Expr;
-use coil_ir::{Error, NodeId, Op, Result};
+use coil_ir::{AttentionInput, Error, NodeId, Op, Result};
 use std::collections::HashMap;
 
 /// Attention nodes whose call writes the buffer of the permute after them: by permute.
@@ -18,7 +25,8 @@ pub(crate) fn permuted_outputs(l: &Lowerer) -> HashMap<NodeId, NodeId> {
     let g = l.g;
     let mut found = HashMap::new();
     for n in g.live_nodes() {
-        if !g.node(n).op.is_template() || g.outputs.contains(&n) || l.readers[n.0].len() != 1 {
+        let attention = matches!(g.node(n).op, Op::Attention { mask: false, .. });
+        if !attention || g.outputs.contains(&n) || l.readers[n.0].len() != 1 {
             continue;
         }
         let p = l.readers[n.0][0];
@@ -31,43 +39,186 @@ pub(crate) fn permuted_outputs(l: &Lowerer) -> HashMap<NodeId, NodeId> {
     found
 }
 
-impl Lowerer<'_> {
-    /// The call computing attention node `att` into the buffer of `root`: `att` itself, or the
-    /// permute reading it ([`permuted_outputs`]). `out.buffer` is a placeholder: the caller
-    /// sets it to the buffer it makes for `root`.
-    pub(crate) fn attention(&mut self, att: NodeId, root: NodeId) -> Result<LoopKind> {
-        let node = self.g.node(att);
-        let Op::Attention { causal, scale, mask: false } = node.op else {
-            return Err(Error::unsupported(format!("{} as a template (an explicit mask)", node.op)));
+/// The template nodes one call computes together, in graph order: the live template nodes
+/// grouped by operands and attributes, the forward ops (attention, its logsumexp) apart from
+/// the gradients, at most one node of each op (and gradient) per group. By node, the index of
+/// its group in the returned list.
+pub(crate) fn template_groups(l: &Lowerer) -> (HashMap<NodeId, usize>, Vec<Vec<NodeId>>) {
+    let g = l.g;
+    // (backward?, operands, causal, scale bits) of each group, and the group.
+    let mut keys: Vec<(bool, Vec<NodeId>, bool, Option<u64>)> = Vec::new();
+    let mut groups: Vec<Vec<NodeId>> = Vec::new();
+    let mut group_of = HashMap::new();
+    for n in g.live_nodes() {
+        let node = g.node(n);
+        let key = match node.op {
+            Op::Attention { causal, scale, mask: false } | Op::AttentionLogsumexp { causal, scale } => {
+                (false, node.inputs[..3].to_vec(), causal, scale.map(f64::to_bits))
+            }
+            Op::AttentionBackward { causal, scale, .. } => (true, node.inputs.clone(), causal, scale.map(f64::to_bits)),
+            _ => continue,
         };
-        let (q, k, v) = (node.inputs[0], node.inputs[1], node.inputs[2]);
+        let found = (0..groups.len()).find(|&i| keys[i] == key && groups[i].iter().all(|&m| g.node(m).op != node.op));
+        let i = found.unwrap_or_else(|| {
+            keys.push(key);
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(n);
+        group_of.insert(n, i);
+    }
+    (group_of, groups)
+}
+
+impl Lowerer<'_> {
+    /// The buffer holding template node `n`, or the permute an attention writes
+    /// ([`permuted_outputs`]): the call of `n`'s group is made first if it is not yet.
+    pub(crate) fn realize_template(&mut self, n: NodeId) -> Result<BufferId> {
+        if let Some(b) = self.buf[n.0] {
+            return Ok(b);
+        }
+        let member = self.attention_roots.get(&n).copied().unwrap_or(n);
+        let group = self.groups[self.group_of[&member]].clone();
+        let backward = matches!(self.g.node(group[0]).op, Op::AttentionBackward { .. });
+        if backward {
+            self.attention_backward(&group)?;
+        } else {
+            self.attention(&group)?;
+        }
+        self.buf[n.0].ok_or_else(|| {
+            let what = self.g.node(n).op.name();
+            Error::runtime(format!("the attention call of {n} ({what}) does not write it"))
+        })
+    }
+
+    /// The forward call of a group: the attention (into its buffer or its permute's) and the
+    /// logsumexp, whichever the group has (without the attention, the output goes to a buffer
+    /// of its own that nothing reads).
+    fn attention(&mut self, group: &[NodeId]) -> Result<()> {
+        let att = group.iter().copied().find(|&m| matches!(self.g.node(m).op, Op::Attention { .. }));
+        let lse = group.iter().copied().find(|&m| matches!(self.g.node(m).op, Op::AttentionLogsumexp { .. }));
+        let first = self.g.node(group[0]);
+        let (Op::Attention { causal, scale, .. } | Op::AttentionLogsumexp { causal, scale }) = first.op else {
+            unreachable!("a forward group")
+        };
+        let (q, k, v) = (first.inputs[0], first.inputs[1], first.inputs[2]);
         let (qv, kv, vv) = (self.strided(q)?, self.strided(k)?, self.strided(v)?);
         let qs = self.shape(q);
         let r = qs.len();
         let (l, d, s) = (qs[r - 2], qs[r - 1], self.shape(k)[r - 2]);
         let scale = scale.unwrap_or(1.0 / (self.meta(q).shape[r - 1] as f64).sqrt());
-        let out_strides = if root == att {
-            strides(self.shape(att))
-        } else {
-            // Dim `perm[j]` of the attention is dim `j` of the permute's row-major buffer.
-            let Op::Permute { perm } = &self.g.node(root).op else { unreachable!("a permute root") };
-            let permuted = strides(self.shape(root));
-            let mut out = vec![Expr::int(0); r];
-            for (j, &p) in perm.iter().enumerate() {
-                out[p] = permuted[j];
+        let batch = qs[..r - 2].to_vec();
+        let name = format!("buf{}", self.prog.nodes.len());
+        // Where the output goes: the attention's buffer, its permute's, or one of its own.
+        let root = att.map(|a| self.attention_roots.iter().find(|(_, &x)| x == a).map_or(a, |(&p, _)| p));
+        let (output, out_strides) = match (att, root) {
+            (Some(a), Some(root)) if root != a => {
+                // Dim `perm[j]` of the attention is dim `j` of the permute's row-major buffer.
+                let Op::Permute { perm } = &self.g.node(root).op else { unreachable!("a permute root") };
+                let permuted = strides(self.shape(root));
+                let mut out = vec![Expr::int(0); r];
+                for (j, &p) in perm.iter().enumerate() {
+                    out[p] = permuted[j];
+                }
+                (self.new_buffer(name.clone(), root), out)
             }
-            out
+            (Some(a), _) => (self.new_buffer(name.clone(), a), strides(self.shape(a))),
+            (None, _) => {
+                let shape: Vec<Expr> = batch.iter().copied().chain([l, self.shape(v)[r - 1]]).collect();
+                let out = strides(&shape);
+                (self.new_buffer_of(name.clone(), shape, self.meta(q).dtype), out)
+            }
         };
         let out = StridedOperand {
-            buffer: BufferId(usize::MAX),
+            buffer: output,
             offset: Expr::int(0),
             batch_strides: out_strides[..r - 2].to_vec(),
             row_stride: out_strides[r - 2],
             col_stride: out_strides[r - 1],
         };
+        let lse_buffer = lse.map(|m| self.new_buffer(format!("{name}_lse"), m));
         let inputs = vec![qv.buffer, kv.buffer, vv.buffer];
-        let batch = self.shape(att)[..r - 2].to_vec();
-        let call = ExternCall::Attention { q: qv, k: kv, v: vv, out, batch, l, s, d, causal, scale };
-        Ok(LoopKind::Extern { call, inputs })
+        let call = ExternCall::Attention { q: qv, k: kv, v: vv, out, lse: lse_buffer, batch, l, s, d, causal, scale };
+        let folded: Vec<NodeId> = group.iter().copied().chain(root).collect();
+        self.push_template(output, folded, LoopKind::Extern { call, inputs });
+        if let (Some(root), Some(a)) = (root, att) {
+            // The attention itself gets no buffer when the call writes its permute's.
+            self.buf[root.0] = Some(output);
+            if root == a {
+                self.buf[a.0] = Some(output);
+            }
+        }
+        if let (Some(m), Some(b)) = (lse, lse_buffer) {
+            self.buf[m.0] = Some(b);
+        }
+        Ok(())
+    }
+
+    /// The backward call of a group: one gradient buffer per member, the first the node's
+    /// output.
+    fn attention_backward(&mut self, group: &[NodeId]) -> Result<()> {
+        let first = self.g.node(group[0]);
+        let Op::AttentionBackward { causal, scale, .. } = first.op else { unreachable!("a backward group") };
+        let x = first.inputs.clone();
+        let (qv, kv, vv, gv) = (self.strided(x[0])?, self.strided(x[1])?, self.strided(x[2])?, self.strided(x[3])?);
+        let (lse, delta) = (self.realize(x[4])?, self.realize(x[5])?);
+        let qs = self.shape(x[0]);
+        let r = qs.len();
+        let (l, d, s) = (qs[r - 2], qs[r - 1], self.shape(x[1])[r - 2]);
+        let scale = scale.unwrap_or(1.0 / (self.meta(x[0]).shape[r - 1] as f64).sqrt());
+        let name = format!("buf{}", self.prog.nodes.len());
+        // Members in gradient order (q, k, v): the first writes the node's output buffer.
+        let mut members: Vec<(AttentionInput, NodeId)> = group
+            .iter()
+            .map(|&m| match self.g.node(m).op {
+                Op::AttentionBackward { input, .. } => (input, m),
+                _ => unreachable!("a backward group"),
+            })
+            .collect();
+        members.sort_by_key(|(input, _)| input.index());
+        let mut grads: [Option<StridedOperand>; 3] = [None, None, None];
+        for (i, &(input, m)) in members.iter().enumerate() {
+            let buffer = match i {
+                0 => self.new_buffer(name.clone(), m),
+                _ => self.new_buffer(format!("{name}_d{}", input.name()), m),
+            };
+            let st = strides(self.shape(m));
+            grads[input.index()] = Some(StridedOperand {
+                buffer,
+                offset: Expr::int(0),
+                batch_strides: st[..r - 2].to_vec(),
+                row_stride: st[r - 2],
+                col_stride: st[r - 1],
+            });
+            self.buf[m.0] = Some(buffer);
+        }
+        let output = grads.iter().flatten().next().expect("a group has a member").buffer;
+        let inputs = vec![qv.buffer, kv.buffer, vv.buffer, gv.buffer, lse, delta];
+        let [dq, dk, dv] = grads;
+        let call = ExternCall::AttentionBackward(Box::new(AttentionBackwardCall {
+            q: qv,
+            k: kv,
+            v: vv,
+            grad_out: gv,
+            lse,
+            delta,
+            dq,
+            dk,
+            dv,
+            batch: qs[..r - 2].to_vec(),
+            l,
+            s,
+            d,
+            causal,
+            scale,
+        }));
+        self.push_template(output, group.to_vec(), LoopKind::Extern { call, inputs });
+        Ok(())
+    }
+
+    /// Appends a template call's loop node.
+    fn push_template(&mut self, output: BufferId, folded: Vec<NodeId>, kind: LoopKind) {
+        let origins = self.origins(folded);
+        self.prog.nodes.push(LoopNode { output, origins, kind });
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! * a graph input (buffer `arg<k>`, no node) or a graph output;
 //! * a reduction (reductions always write a buffer, their consumers load it), a matrix product,
-//!   attention, `cumsum` or `scatter` (extern calls);
+//!   an attention template, `cumsum` or `scatter` (extern calls);
 //! * an extern operand that is not an affine view of a buffer (copied into a contiguous one);
 //!   when the view *is* affine over an unrealized producer, that producer is realized instead;
 //! * the data operand of a gather / index_select that is not an affine view of a buffer along
@@ -32,8 +32,10 @@
 //! bias row (`linear`), then a gelu with the tanh approximation. Those nodes get no buffer and no
 //! loop; the call writes the buffer of the last one.
 //!
-//! The attention template (`attention` module) is one extern call on strided views of q, k and
-//! v; it writes its own buffer, or that of the permute after it when that is its only reader.
+//! The attention templates (`attention` module) are extern calls on strided views of q, k and
+//! v: the forward writes its own buffer (or that of the permute after it when that is its only
+//! reader) and the logsumexp a backward needs; the backward writes the gradients of q, k and v,
+//! one call per attention.
 //!
 //! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements
 //! (but a gather, index_select or scatter with indices to check, which runs as a fallback call
@@ -128,6 +130,10 @@ pub(crate) struct Lowerer<'g> {
     /// Attention nodes computed by the call that writes the buffer of the permute after them,
     /// by permute (the attention nodes are in `inside`).
     attention_roots: HashMap<NodeId, NodeId>,
+    /// The attention template nodes one call computes together (`attention` module), and each
+    /// template node's group.
+    groups: Vec<Vec<NodeId>>,
+    group_of: HashMap<NodeId, usize>,
     /// The live nodes reading each node, once per operand that reads it.
     readers: Vec<Vec<NodeId>>,
 }
@@ -190,6 +196,8 @@ impl<'g> Lowerer<'g> {
             epilogues: HashMap::new(),
             inside: HashSet::new(),
             attention_roots: HashMap::new(),
+            groups: Vec::new(),
+            group_of: HashMap::new(),
             readers: vec![Vec::new(); g.nodes.len()],
         };
         for n in g.live_nodes() {
@@ -200,17 +208,23 @@ impl<'g> Lowerer<'g> {
         (l.epilogues, l.inside) = epilogue::epilogues(&l);
         l.attention_roots = attention::permuted_outputs(&l);
         l.inside.extend(l.attention_roots.values().copied());
+        (l.group_of, l.groups) = attention::template_groups(&l);
         l
     }
 
     /// A buffer holding node `n`'s value.
     fn new_buffer(&mut self, name: String, n: NodeId) -> BufferId {
-        let shape = self.shape(n).to_vec();
-        let mut meta = self.meta(n).clone();
-        if !self.hints.is_empty() {
-            meta.shape = shape.iter().map(|e| e.eval(&self.hints).map_or(0, |v| v.max(0) as usize)).collect();
-        }
-        self.prog.buffers.push(LoopBuffer { name, meta, shape });
+        self.new_buffer_of(name, self.shape(n).to_vec(), self.meta(n).dtype)
+    }
+
+    /// A buffer of `shape` (expressions of the size symbols) and `dtype`.
+    fn new_buffer_of(&mut self, name: String, shape: Vec<Expr>, dtype: DType) -> BufferId {
+        let dims: Vec<usize> = if self.hints.is_empty() {
+            shape.iter().map(|e| coil_ir::loops::const_usize(e).expect("static sizes are constants")).collect()
+        } else {
+            shape.iter().map(|e| e.eval(&self.hints).map_or(0, |v| v.max(0) as usize)).collect()
+        };
+        self.prog.buffers.push(LoopBuffer { name, meta: TensorMeta::new(dims, dtype), shape });
         BufferId(self.prog.buffers.len() - 1)
     }
 
@@ -327,7 +341,10 @@ impl<'g> Lowerer<'g> {
             _ if self.attention_roots.contains_key(&n) => {
                 self.realize(n)?;
             }
-            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } | Op::Attention { .. } => {
+            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } => {
+                self.realize(n)?;
+            }
+            op if op.is_template() => {
                 self.realize(n)?;
             }
             _ if self.checks_indices_only(n) => {
@@ -376,6 +393,9 @@ impl<'g> Lowerer<'g> {
             return Ok(b);
         }
         let node = self.g.node(n);
+        if node.op.is_template() || self.attention_roots.contains_key(&n) {
+            return self.realize_template(n);
+        }
         let (kind, folded) = match &node.op {
             _ if self.degenerate(n) => self.pointwise(n)?,
             _ if self.epilogues.contains_key(&n) => {
@@ -383,13 +403,8 @@ impl<'g> Lowerer<'g> {
                 let folded = [ep.mm].into_iter().chain(ep.inside.iter().copied()).chain([n]).collect();
                 (self.bmm(ep.mm, Some(&ep))?, folded)
             }
-            _ if self.attention_roots.contains_key(&n) => {
-                let att = self.attention_roots[&n];
-                (self.attention(att, n)?, vec![att, n])
-            }
             Op::Reduce { op, dims, keepdim } => self.reduction(n, *op, dims, *keepdim)?,
             Op::Bmm => (self.bmm(n, None)?, vec![n]),
-            Op::Attention { .. } => (self.attention(n, n)?, vec![n]),
             _ if self.checks_indices_only(n) || matches!(node.op, Op::Cumsum { .. } | Op::Scatter { .. }) => {
                 let inputs = node.inputs.iter().map(|&x| self.realize(x)).collect::<Result<Vec<_>>>()?;
                 (LoopKind::Extern { call: ExternCall::Fallback { op: node.op.clone() }, inputs }, vec![n])
@@ -398,11 +413,6 @@ impl<'g> Lowerer<'g> {
         };
         let origins = self.origins(folded);
         let output = self.new_buffer(format!("buf{}", self.prog.nodes.len()), n);
-        let mut kind = kind;
-        if let LoopKind::Extern { call: ExternCall::Attention { out, .. }, .. } = &mut kind {
-            // The call writes the buffer just made for it.
-            out.buffer = output;
-        }
         self.prog.nodes.push(LoopNode { output, origins, kind });
         self.buf[n.0] = Some(output);
         Ok(output)

@@ -21,7 +21,9 @@
 //!
 //! Kernels launch in topological order: among the ready kernels, the first (by first node) that
 //! frees at least the bytes it stores, else the one with the first node; names are
-//! `<poi|per|red>_fused_<origins>_<launch index>` or `ext_bmm_<i>` / `ext_fallback_<op>_<i>`.
+//! `<poi|per|red>_fused_<origins>_<launch index>` or `ext_bmm_<i>` / `ext_attention_<i>` /
+//! `ext_attention_backward_<i>` / `ext_fallback_<op>_<i>`. An extern node may write several
+//! buffers (the attention templates'): each is its kernel's store.
 
 mod donate;
 mod legal;
@@ -108,7 +110,9 @@ impl Deps {
             if empty {
                 continue;
             }
-            producer[n.output.0] = Some(i);
+            for b in n.writes() {
+                producer[b.0] = Some(i);
+            }
             for b in n.reads() {
                 if readers[b.0].last() != Some(&i) {
                     readers[b.0].push(i);
@@ -262,10 +266,12 @@ impl<'p> Scheduler<'p> {
     fn successors(&self, g: usize) -> Vec<usize> {
         let mut out = Vec::new();
         for &n in &self.members[g] {
-            for &r in &self.deps.readers[self.p.nodes[n].output.0] {
-                let h = self.group[r];
-                if h != g && !out.contains(&h) {
-                    out.push(h);
+            for b in self.p.nodes[n].writes() {
+                for &r in &self.deps.readers[b.0] {
+                    let h = self.group[r];
+                    if h != g && !out.contains(&h) {
+                        out.push(h);
+                    }
                 }
             }
         }
@@ -350,9 +356,10 @@ impl<'p> Scheduler<'p> {
                     }
                 }
             }
-            let b = self.p.nodes[n].output;
-            if outputs.contains(&b) || self.deps.readers[b.0].iter().any(|&r| self.group[r] != g) {
-                net -= self.bytes(b) as i64;
+            for b in self.p.nodes[n].writes() {
+                if outputs.contains(&b) || self.deps.readers[b.0].iter().any(|&r| self.group[r] != g) {
+                    net -= self.bytes(b) as i64;
+                }
             }
         }
         net
@@ -364,7 +371,7 @@ impl<'p> Scheduler<'p> {
         let program_outputs = &self.p.outputs;
         let stores = nodes
             .iter()
-            .map(|&n| self.p.nodes[n].output)
+            .flat_map(|&n| self.p.nodes[n].writes())
             .filter(|b| {
                 // A buffer nobody reads is computed for its checks (bounds, divisions by zero;
                 // see `lower`): stored, so that its computation is not dropped as dead.
@@ -386,6 +393,9 @@ impl<'p> Scheduler<'p> {
         let name = match &self.p.nodes[nodes[0]].kind {
             LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => format!("ext_bmm_{index}"),
             LoopKind::Extern { call: ExternCall::Attention { .. }, .. } => format!("ext_attention_{index}"),
+            LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
+                format!("ext_attention_backward_{index}")
+            }
             LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => format!("ext_fallback_{}_{index}", op.name()),
             _ => {
                 let mut origins: Vec<&str> =

@@ -24,10 +24,14 @@ pub fn print_schedule(program: &LoopProgram, schedule: &Schedule) -> String {
                 LoopKind::Reduction { op, .. } => format!("reduction {}", op.name()),
                 LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => "extern bmm".to_string(),
                 LoopKind::Extern { call: ExternCall::Attention { .. }, .. } => "extern attention".to_string(),
+                LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
+                    "extern attention_backward".to_string()
+                }
                 LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => format!("extern fallback {op}"),
             };
-            let meta = &program.buffer(node.output).meta;
-            let _ = writeln!(s, "  {}: {meta} = {what} origins=[{}]", name(node.output), node.origins.join(", "));
+            let written: Vec<String> =
+                node.writes().iter().map(|&b| format!("{}: {}", name(b), program.buffer(b).meta)).collect();
+            let _ = writeln!(s, "  {} = {what} origins=[{}]", written.join(", "), node.origins.join(", "));
         }
         let stores: Vec<String> = k.stores.iter().map(|&b| name(b)).collect();
         let _ = writeln!(s, "  stores: [{}]", stores.join(", "));

@@ -4,8 +4,10 @@
 //! Per query row `i`: the scores `q_i . k_j * scale` for the keys it sees (`j <= i` when causal,
 //! top-left aligned as PyTorch's `is_causal`), a numerically stable softmax (the row maximum
 //! subtracted before `exp`), then `sum_j p_j v_j / sum_j p_j`, all in f32 (f64 for f64) from
-//! the operands' own values, rounded once to the output dtype. The operands are read through
-//! their strides (head views are not copied); the output is written through its strides.
+//! the operands' own values, rounded once to the output dtype; with a logsumexp buffer, also
+//! `max + ln(sum_j p_j)` there (f32, f64 for f64). The operands are read through their strides
+//! (head views are not copied); the output is written through its strides. The backward is in
+//! `attention_backward`.
 
 use coil_ir::loops::{const_usize, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
@@ -45,7 +47,7 @@ impl AttentionSpec {
     /// other extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<AttentionSpec> {
         match call {
-            ExternCall::Attention { q, k, v, out, batch, l, s, d, causal, scale } => Some(AttentionSpec {
+            ExternCall::Attention { q, k, v, out, batch, l, s, d, causal, scale, .. } => Some(AttentionSpec {
                 q: q.to_usize()?,
                 k: k.to_usize()?,
                 v: v.to_usize()?,
@@ -67,61 +69,81 @@ impl AttentionSpec {
     }
 
     /// Element offset of batch index `b` (row-major over `batch`) in an operand.
-    pub fn batch_offset(&self, op: &StridedOperand<usize>, mut b: usize) -> usize {
-        let mut off = op.offset;
-        for (n, stride) in self.batch.iter().zip(&op.batch_strides).rev() {
-            off += (b % n) * stride;
-            b /= n;
-        }
-        off
+    pub fn batch_offset(&self, op: &StridedOperand<usize>, b: usize) -> usize {
+        batch_offset(&self.batch, op, b)
     }
 
     /// Checks that every element the call reads or writes lies inside its buffer (lengths in
     /// elements), so the strided accesses cannot leave the buffers whatever the IR says.
     pub fn check(&self, q_len: usize, k_len: usize, v_len: usize, out_len: usize) -> Result<()> {
-        let bad = |msg: String| Err(Error::runtime(format!("scaled_dot_product_attention: {msg}")));
-        let ops = [
+        let views = [
             (&self.q, self.l, q_len, "query"),
             (&self.k, self.s, k_len, "key"),
             (&self.v, self.s, v_len, "value"),
             (&self.out, self.l, out_len, "output"),
         ];
-        for (op, _, _, what) in &ops {
-            if op.batch_strides.len() != self.batch.len() {
-                return bad(format!("{} batch dims but {what} strides {:?}", self.batch.len(), op.batch_strides));
-            }
-        }
-        if self.batch_count() * self.l * self.d == 0 {
-            return Ok(());
-        }
-        if self.s == 0 {
-            return bad(format!("no keys for {} query rows", self.l));
-        }
-        let last = |op: &StridedOperand<usize>, rows: usize| {
-            op.offset
-                + self.batch.iter().zip(&op.batch_strides).map(|(n, s)| (n - 1) * s).sum::<usize>()
-                + (rows - 1) * op.row_stride
-                + (self.d - 1) * op.col_stride
-        };
-        for (op, rows, len, what) in &ops {
-            let at = last(op, *rows);
-            if at >= *len {
-                return bad(format!("the {what} view reaches element {at} of {len}"));
-            }
-        }
-        Ok(())
+        check_views("scaled_dot_product_attention", &self.batch, self.l, self.s, self.d, &views)
     }
 }
 
-/// The float type the call computes in (f32 for f16 / bf16 / f32, f64 for f64).
-trait Real: Copy + Send + Sync + PartialOrd + std::ops::AddAssign + 'static {
+/// Element offset of batch index `b` (row-major over `batch`) in a view.
+pub(crate) fn batch_offset(batch: &[usize], op: &StridedOperand<usize>, mut b: usize) -> usize {
+    let mut off = op.offset;
+    for (n, stride) in batch.iter().zip(&op.batch_strides).rev() {
+        off += (b % n) * stride;
+        b /= n;
+    }
+    off
+}
+
+/// Checks views of `[*batch, rows, d]` (each with its rows, its buffer's length in elements and
+/// what it is) against their buffers: every element inside. `op` names the call in errors.
+pub(crate) fn check_views(
+    op: &str,
+    batch: &[usize],
+    l: usize,
+    s: usize,
+    d: usize,
+    views: &[(&StridedOperand<usize>, usize, usize, &str)],
+) -> Result<()> {
+    let bad = |msg: String| Err(Error::runtime(format!("{op}: {msg}")));
+    for (view, _, _, what) in views {
+        if view.batch_strides.len() != batch.len() {
+            return bad(format!("{} batch dims but {what} strides {:?}", batch.len(), view.batch_strides));
+        }
+    }
+    if batch.iter().product::<usize>() * l * d == 0 {
+        return Ok(());
+    }
+    if s == 0 {
+        return bad(format!("no keys for {l} query rows"));
+    }
+    let last = |view: &StridedOperand<usize>, rows: usize| {
+        view.offset
+            + batch.iter().zip(&view.batch_strides).map(|(n, s)| (n - 1) * s).sum::<usize>()
+            + (rows - 1) * view.row_stride
+            + (d - 1) * view.col_stride
+    };
+    for (view, rows, len, what) in views {
+        let at = last(view, *rows);
+        if at >= *len {
+            return bad(format!("the {what} view reaches element {at} of {len}"));
+        }
+    }
+    Ok(())
+}
+
+/// The float type the calls compute in (f32 for f16 / bf16 / f32, f64 for f64).
+pub(crate) trait Real: Copy + Send + Sync + PartialOrd + std::ops::AddAssign + bytemuck::Pod + 'static {
     const ZERO: Self;
     const NEG_INFINITY: Self;
     fn mul_add(self, a: Self, b: Self) -> Self;
     fn sub_exp(self, max: Self) -> Self;
     fn mul(self, b: Self) -> Self;
+    fn sub(self, b: Self) -> Self;
     fn from_f64(x: f64) -> Self;
     fn recip(self) -> Self;
+    fn ln(self) -> Self;
 }
 
 macro_rules! real {
@@ -138,6 +160,12 @@ macro_rules! real {
             fn mul(self, b: Self) -> Self {
                 self * b
             }
+            fn sub(self, b: Self) -> Self {
+                self - b
+            }
+            fn ln(self) -> Self {
+                self.ln()
+            }
             fn from_f64(x: f64) -> Self {
                 x as $t
             }
@@ -151,50 +179,99 @@ real!(f32);
 real!(f64);
 
 /// `out = softmax(scale * q k^T (causal)) v` per batch index, on the raw bytes of the buffers
-/// (all of `dtype`; `q`, `k`, `v` may be the same buffer). `out` must not overlap them.
-pub fn attention_bytes(spec: &AttentionSpec, dtype: DType, q: &[u8], k: &[u8], v: &[u8], out: &mut [u8]) -> Result<()> {
+/// (all of `dtype`; `q`, `k`, `v` may be the same buffer), and with `lse` the row logsumexp of
+/// the scaled scores, `[*batch, l]` row-major, f32 (f64 for f64). `out` and `lse` must not
+/// overlap the operands.
+pub fn attention_bytes(
+    spec: &AttentionSpec,
+    dtype: DType,
+    q: &[u8],
+    k: &[u8],
+    v: &[u8],
+    out: &mut [u8],
+    lse: Option<&mut [u8]>,
+) -> Result<()> {
     let size = dtype.size_bytes();
     spec.check(q.len() / size, k.len() / size, v.len() / size, out.len() / size)?;
+    let rows = spec.batch_count() * spec.l;
     match dtype {
-        DType::F32 => run::<f32, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, |x| x, |x| x),
-        DType::F64 => run::<f64, f64>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, |x| x, |x| x),
-        DType::F16 => run::<f16, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, f16::to_f32, f16::from_f32),
+        DType::F32 => {
+            run::<f32, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, stats(lse, rows)?, |x| x, |x| x)
+        }
+        DType::F64 => {
+            run::<f64, f64>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, stats(lse, rows)?, |x| x, |x| x)
+        }
+        DType::F16 => {
+            let (up, down) = (f16::to_f32, f16::from_f32);
+            run::<f16, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, stats(lse, rows)?, up, down)
+        }
         DType::BF16 => {
-            run::<bf16, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32)
+            let (up, down) = (bf16::to_f32, bf16::from_f32);
+            run::<bf16, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, stats(lse, rows)?, up, down)
         }
         _ => return Err(Error::unsupported(format!("scaled_dot_product_attention of {dtype} values"))),
     }
     Ok(())
 }
 
-fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
+/// A statistics buffer (`[*batch, l]` of `A`) of at least `rows` elements, if any.
+pub(crate) fn stats<A: Real>(bytes: Option<&mut [u8]>, rows: usize) -> Result<Option<&mut [A]>> {
+    let Some(bytes) = bytes else { return Ok(None) };
+    let x: &mut [A] = cast_mut(bytes)?;
+    if x.len() < rows {
+        return Err(Error::runtime(format!("attention: a statistics buffer of {} elements for {rows} rows", x.len())));
+    }
+    Ok(Some(x))
+}
+
+pub(crate) fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
     bytemuck::try_cast_slice(bytes).map_err(|e| Error::runtime(format!("attention operand memory: {e}")))
 }
 
-fn cast_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
+pub(crate) fn cast_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
     bytemuck::try_cast_slice_mut(bytes).map_err(|e| Error::runtime(format!("attention output memory: {e}")))
 }
 
-/// The rows `rows` of batch index `b`, as `[rows.len(), d]` values in `A`.
-fn rows_of<T: Copy, A: Real>(
-    spec: &AttentionSpec,
+/// The rows `rows` of batch index `b` of a `[*batch, rows, d]` view, as `[rows.len(), d]`
+/// values in `A`.
+pub(crate) fn rows_of<T: Copy, A: Real>(
+    (batch, d): (&[usize], usize),
     op: &StridedOperand<usize>,
     data: &[T],
     b: usize,
     rows: std::ops::Range<usize>,
     up: fn(T) -> A,
 ) -> Vec<A> {
-    let base = spec.batch_offset(op, b);
-    let mut out = Vec::with_capacity(rows.len() * spec.d);
+    let base = batch_offset(batch, op, b);
+    let mut out = Vec::with_capacity(rows.len() * d);
     for i in rows {
         let row = base + i * op.row_stride;
-        out.extend((0..spec.d).map(|c| up(data[row + c * op.col_stride])));
+        out.extend((0..d).map(|c| up(data[row + c * op.col_stride])));
     }
     out
 }
 
+/// Writes `[rows, d]` values (from row `first` on) into batch index `b` of a view, rounded.
+pub(crate) fn write_rows<T: Copy, A: Real>(
+    (batch, d): (&[usize], usize),
+    op: &StridedOperand<usize>,
+    out: &mut [T],
+    b: usize,
+    first: usize,
+    values: &[A],
+    down: fn(A) -> T,
+) {
+    let base = batch_offset(batch, op, b);
+    for (r, row) in values.chunks_exact(d).enumerate() {
+        let at = base + (first + r) * op.row_stride;
+        for (c, &x) in row.iter().enumerate() {
+            out[at + c * op.col_stride] = down(x);
+        }
+    }
+}
+
 /// `a . b` with eight partial sums (vectorizable; the order is fixed, so results repeat).
-fn dot<A: Real>(a: &[A], b: &[A]) -> A {
+pub(crate) fn dot<A: Real>(a: &[A], b: &[A]) -> A {
     let mut acc = [A::ZERO; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -214,12 +291,14 @@ fn dot<A: Real>(a: &[A], b: &[A]) -> A {
 }
 
 /// The call in `A` on operands of `T`.
+#[allow(clippy::too_many_arguments)] // the operands, the statistics and the two conversions
 fn run<T: Copy + Send + Sync, A: Real>(
     spec: &AttentionSpec,
     q: &[T],
     k: &[T],
     v: &[T],
     out: &mut [T],
+    mut lse: Option<&mut [A]>,
     up: fn(T) -> A,
     down: fn(A) -> T,
 ) {
@@ -230,18 +309,21 @@ fn run<T: Copy + Send + Sync, A: Real>(
     let scale = A::from_f64(spec.scale);
     let tasks: Vec<(usize, usize)> =
         (0..spec.batch_count()).flat_map(|b| (0..l).step_by(ROWS_PER_TASK).map(move |r| (b, r))).collect();
-    // Each task returns its block of results; they are written through the output's strides
-    // after (blocks of different tasks may interleave in memory, e.g. heads merged back).
-    let blocks: Vec<Vec<A>> = tasks
+    // Each task returns its block of results and their logsumexps; they are written through
+    // the output's strides after (blocks of different tasks may interleave in memory, e.g.
+    // heads merged back).
+    let blocks: Vec<(Vec<A>, Vec<A>)> = tasks
         .par_iter()
         .map(|&(b, first)| {
             let rows = first..(first + ROWS_PER_TASK).min(l);
             // Keys a row of this block can see: all, or up to its last row (causal).
             let seen = if spec.causal { s.min(rows.end) } else { s };
-            let keys = rows_of(spec, &spec.k, k, b, 0..seen, up);
-            let values = rows_of(spec, &spec.v, v, b, 0..seen, up);
-            let queries = rows_of(spec, &spec.q, q, b, rows.clone(), up);
+            let shape = (&spec.batch[..], d);
+            let keys = rows_of(shape, &spec.k, k, b, 0..seen, up);
+            let values = rows_of(shape, &spec.v, v, b, 0..seen, up);
+            let queries = rows_of(shape, &spec.q, q, b, rows.clone(), up);
             let mut result = vec![A::ZERO; rows.len() * d];
+            let mut lses = vec![A::NEG_INFINITY; rows.len()];
             let mut scores = vec![A::ZERO; seen];
             for (r, i) in rows.enumerate() {
                 let n = if spec.causal { seen.min(i + 1) } else { seen };
@@ -266,18 +348,19 @@ fn run<T: Copy + Send + Sync, A: Real>(
                 }
                 let inv = total.recip();
                 o.iter_mut().for_each(|x| *x = x.mul(inv));
+                if n > 0 {
+                    lses[r] = total.ln();
+                    lses[r] += shift;
+                }
             }
-            result
+            (result, lses)
         })
         .collect();
-    for (&(b, first), block) in tasks.iter().zip(blocks) {
-        let base = spec.batch_offset(&spec.out, b);
-        for (r, row) in block.chunks_exact(d).enumerate() {
-            let at = base + (first + r) * spec.out.row_stride;
-            for (c, &x) in row.iter().enumerate() {
-                out[at + c * spec.out.col_stride] = down(x);
-            }
+    for (&(b, first), (block, lses)) in tasks.iter().zip(blocks) {
+        if let Some(lse) = lse.as_deref_mut() {
+            lse[b * l + first..b * l + first + lses.len()].copy_from_slice(&lses);
         }
+        write_rows((&spec.batch[..], d), &spec.out, out, b, first, &block, down);
     }
 }
 
@@ -328,7 +411,18 @@ mod tests {
             };
             let to_bytes = |x: &[f64]| bytemuck::cast_slice::<f64, u8>(x).to_vec();
             let mut out = vec![0u8; l * d * 8];
-            attention_bytes(&spec, DType::F64, &to_bytes(&q), &to_bytes(&k), &to_bytes(&v), &mut out).unwrap();
+            let mut lse = vec![0u8; l * 8];
+            attention_bytes(&spec, DType::F64, &to_bytes(&q), &to_bytes(&k), &to_bytes(&v), &mut out, Some(&mut lse))
+                .unwrap();
+            let lse: &[f64] = bytemuck::cast_slice(&lse);
+            for (i, &x) in lse.iter().enumerate() {
+                let n = if causal { s.min(i + 1) } else { s };
+                let want = (0..n)
+                    .map(|j| ((0..d).map(|c| q[i * d + c] * k[j * d + c]).sum::<f64>() * 0.3).exp())
+                    .sum::<f64>()
+                    .ln();
+                assert!((x - want).abs() < 1e-12, "{l} {s} {causal}: logsumexp {x} vs {want}");
+            }
             let got: &[f64] = bytemuck::cast_slice(&out);
             let want = reference(&q, &k, &v, l, s, d, causal, 0.3);
             for (a, b) in got.iter().zip(&want) {
@@ -354,8 +448,8 @@ mod tests {
         };
         let buf = vec![0u8; 2 * 4 * d * 4];
         let mut out = buf.clone();
-        let e = attention_bytes(&spec, DType::F32, &buf, &buf, &buf, &mut out).unwrap_err();
+        let e = attention_bytes(&spec, DType::F32, &buf, &buf, &buf, &mut out, None).unwrap_err();
         assert!(e.to_string().contains("key view reaches element 71 of 64"), "{e}");
-        assert!(attention_bytes(&spec, DType::I32, &buf, &buf, &buf, &mut out).is_err());
+        assert!(attention_bytes(&spec, DType::I32, &buf, &buf, &buf, &mut out, None).is_err());
     }
 }

@@ -20,6 +20,7 @@
 //! f16/bf16 as their 16 bits.
 
 pub mod attention;
+pub mod attention_backward;
 pub mod compiler;
 pub mod gemm;
 pub mod launch;
@@ -303,20 +304,42 @@ impl CompiledGraph {
         };
         let out_id = p.nodes[node].output;
         let bytes = |b: BufferId| p.buffer(b).meta.nbytes();
-        // SAFETY: every buffer's pointer addresses at least its size in bytes; the output's
-        // memory overlaps no operand's (separate allocations, or slots checked distinct).
-        let out = unsafe { std::slice::from_raw_parts_mut(ptrs[out_id.0], bytes(out_id)) };
+        // SAFETY (both): every buffer's pointer addresses at least its size in bytes; the
+        // buffers a node writes overlap neither each other nor any operand (separate
+        // allocations, or slots checked distinct), and each is borrowed mutably once.
+        let written = |b: BufferId| unsafe { std::slice::from_raw_parts_mut(ptrs[b.0], bytes(b)) };
         let view = |b: BufferId| unsafe { std::slice::from_raw_parts(ptrs[b.0] as *const u8, bytes(b)) };
         match call {
             ExternCall::Bmm { a, b, bias, .. } => {
                 let spec = gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map_or(&[][..], |bias| view(bias.buffer));
+                let out = written(out_id);
                 gemm::bmm_bytes(&spec, p.buffer(out_id).meta.dtype, view(a.buffer), view(b.buffer), bias, out)
             }
-            ExternCall::Attention { q, k, v, .. } => {
+            ExternCall::Attention { q, k, v, lse, .. } => {
                 let spec = attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 let dtype = p.buffer(out_id).meta.dtype;
-                attention::attention_bytes(&spec, dtype, view(q.buffer), view(k.buffer), view(v.buffer), out)
+                let (out, lse) = (written(out_id), lse.map(written));
+                attention::attention_bytes(&spec, dtype, view(q.buffer), view(k.buffer), view(v.buffer), out, lse)
+            }
+            ExternCall::AttentionBackward(backward) => {
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =
+                    &**backward;
+                let spec = attention_backward::AttentionBackwardSpec::from_call(call)
+                    .expect("an attention backward call of constant sizes");
+                let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| written(g.buffer));
+                let bufs = attention_backward::BackwardBuffers {
+                    q: view(q.buffer),
+                    k: view(k.buffer),
+                    v: view(v.buffer),
+                    grad_out: view(grad_out.buffer),
+                    lse: view(*lse),
+                    delta: view(*delta),
+                    dq: grad(dq),
+                    dk: grad(dk),
+                    dv: grad(dv),
+                };
+                attention_backward::attention_backward_bytes(&spec, p.buffer(q.buffer).meta.dtype, bufs)
             }
             ExternCall::Fallback { op } => {
                 let mut g = Graph::new();
@@ -346,7 +369,7 @@ impl CompiledGraph {
                         p.buffer(out_id).meta
                     )));
                 }
-                out.copy_from_slice(&value.data.to_bytes());
+                written(out_id).copy_from_slice(&value.data.to_bytes());
                 Ok(())
             }
         }

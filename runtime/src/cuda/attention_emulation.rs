@@ -1,322 +1,200 @@
-//! The attention kernels run on the host: [`ATTENTION_SOURCE`] compiled by `g++` with the
-//! warp-level PTX instructions emulated in C++ from their PTX ISA definitions (`ldmatrix` and
+//! The attention templates run on the host: each variant's source (from
+//! `coil_codegen::templates`) compiled by `g++` with the warp-level PTX instructions emulated
+//! in C++ from their PTX ISA definitions (`attention_emulation.h`: `ldmatrix` and
 //! `mma.m16n8k16` fragment layouts, `cp.async` groups, quad shuffles), one `std::thread` per
-//! CUDA thread with real block and warp barriers. That checks the kernels' index math (fragment
-//! layouts, masks, tails, strides, the online softmax, the pipeline's waits) against the CPU
-//! implementation without a GPU. Copies run eagerly (at issue) and lazily (at the wait), so a
-//! read before its wait or a write before the last read of a tile changes the result.
-//! Skipped (passing) without a host `g++`.
+//! CUDA thread with real block and warp barriers (`attention_emulation_main.cpp`). That checks
+//! the kernels' index math (fragment layouts, masks, tails, strides, the online softmax, the
+//! backward's recomputed probabilities, the pipeline's waits) against the CPU implementations
+//! without a GPU. Copies run eagerly (at issue) and lazily (at the wait), so a read before its
+//! wait or a write before the last read of a tile changes the result; dynamic shared memory
+//! starts as NaNs and outputs as NaNs, so a read of what was never written, or an element never
+//! stored, shows. Skipped (passing) without a host `g++`.
 
 use super::*;
 use crate::cpu::attention::attention_bytes;
+use crate::cpu::attention_backward::{attention_backward_bytes, BackwardBuffers};
 use coil_ir::loops::BufferId;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The warp-level helpers `ATTENTION_SOURCE` leaves to the includer, in C++.
-const EMULATION_HEADER: &str = r#"
-#include <cmath>
-#include <condition_variable>
-#include <cstdint>
-#include <cstring>
-#include <mutex>
-#include <thread>
-#include <vector>
-#define COIL_ATTENTION_EMULATED 1
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __launch_bounds__(n)
-#define __restrict__
-struct coil_dim3 { unsigned x, y, z; };
-inline thread_local coil_dim3 threadIdx;
-inline coil_dim3 blockIdx, gridDim, blockDim;
-inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
-inline unsigned coil_emu_bits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+/// The warp-level helpers the templates leave to the includer, in C++.
+const EMULATION_HEADER: &str = include_str!("attention_emulation.h");
 
-/* A reusable barrier of n threads (generation counting). */
-struct CoilEmuBarrier {
-    explicit CoilEmuBarrier(unsigned n) : n(n) {}
-    void arrive_and_wait() {
-        std::unique_lock<std::mutex> lock(m);
-        const unsigned gen = generation;
-        if (++arrived == n) {
-            arrived = 0;
-            ++generation;
-            cv.notify_all();
-        } else {
-            cv.wait(lock, [&] { return generation != gen; });
+/// The host program launching a grid.
+const RUNNER: &str = include_str!("attention_emulation_main.cpp");
+
+/// One kernel variant as the runner calls it.
+struct Emulated {
+    name: String,
+    source: String,
+    /// The call, on `buf[i]` (the buffers in argument order) and `p`.
+    call: String,
+    /// The parameter struct's C name.
+    params: &'static str,
+    block: u32,
+}
+
+fn forward_kernel(kernel: AttentionKernel) -> Emulated {
+    let call = match kernel {
+        AttentionKernel::Mma { .. } => {
+            "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (coil_u16 *)buf[3], (float *)buf[4], p"
         }
-    }
-    std::mutex m;
-    std::condition_variable cv;
-    unsigned n, arrived = 0, generation = 0;
-};
-
-/* Synchronization: the block's barrier and one per warp, with per-lane exchange slots. */
-inline CoilEmuBarrier *coil_emu_block;
-struct CoilEmuWarp { CoilEmuBarrier *bar; unsigned long long slot[32][8]; };
-inline CoilEmuWarp coil_emu_warps[4];
-inline void __syncthreads() { coil_emu_block->arrive_and_wait(); }
-inline int coil_emu_lane() { return threadIdx.x & 31; }
-inline CoilEmuWarp &coil_emu_warp() { return coil_emu_warps[threadIdx.x >> 5]; }
-inline void coil_emu_warp_sync() { coil_emu_warp().bar->arrive_and_wait(); }
-
-/* Shared addresses: 32-bit offsets from an anchor in the same image as the static tiles. */
-inline char coil_emu_anchor;
-inline unsigned coil_smem(const void *p) { return (unsigned)((std::uintptr_t)p - (std::uintptr_t)&coil_emu_anchor); }
-inline unsigned short *coil_emu_at(unsigned a) {
-    return (unsigned short *)((std::uintptr_t)&coil_emu_anchor + (std::intptr_t)(std::int32_t)a);
-}
-
-/* cp.async: groups of 16-byte copies, run at issue (eager) or at the wait that covers them. */
-struct CoilEmuCopy { unsigned dst; const void *src; bool valid; };
-inline bool coil_emu_lazy;
-inline thread_local std::vector<CoilEmuCopy> coil_emu_open;
-inline thread_local std::vector<std::vector<CoilEmuCopy>> coil_emu_groups;
-inline void coil_emu_copy(const CoilEmuCopy &c) {
-    if (c.valid) std::memcpy(coil_emu_at(c.dst), c.src, 16);
-    else std::memset(coil_emu_at(c.dst), 0, 16);
-}
-inline void coil_cp_async16(unsigned dst, const void *src, bool valid) {
-    if (coil_emu_lazy) coil_emu_open.push_back({dst, src, valid});
-    else coil_emu_copy({dst, src, valid});
-}
-inline void coil_cp_async_commit() {
-    coil_emu_groups.push_back(coil_emu_open);
-    coil_emu_open.clear();
-}
-template <int N> inline void coil_cp_async_wait() {
-    while ((int)coil_emu_groups.size() > N) {
-        for (const CoilEmuCopy &c : coil_emu_groups.front()) coil_emu_copy(c);
-        coil_emu_groups.erase(coil_emu_groups.begin());
+        AttentionKernel::Simple { .. } => "buf[0], buf[1], buf[2], buf[3], (float *)buf[4], p",
+    };
+    Emulated {
+        name: kernel.name(),
+        source: kernel.source(),
+        call: format!("{}({call})", kernel.name()),
+        params: "CoilAttnParams",
+        block: kernel.block(),
     }
 }
 
-/* Half types (IEEE binary16, round to nearest even; no compiler extension needed). */
-inline float coil_f16_to_f32(unsigned short h) {
-    const int e = (h >> 10) & 31, m = h & 1023;
-    const float mag = e == 0 ? std::ldexp((float)m, -24)
-                      : e == 31 ? (m ? NAN : INFINITY)
-                                : std::ldexp((float)(m | 1024), e - 25);
-    return (h & 0x8000) ? -mag : mag;
-}
-inline unsigned short coil_f32_to_f16(float f) {
-    const unsigned u = coil_emu_bits(f), sign = (u >> 16) & 0x8000u;
-    if (f != f) return (unsigned short)(sign | 0x7e00u);
-    const float a = std::fabs(f);
-    if (a == 0.f) return (unsigned short)sign;
-    if (a >= 65520.f) return (unsigned short)(sign | 0x7c00u); /* rounds past the largest half */
-    /* Scale to units of the result's last place, round to nearest even, rebuild. */
-    int e;
-    std::frexp(a, &e); /* a = x * 2^e, x in [0.5, 1) */
-    const int exp = e - 1 < -14 ? -14 : e - 1;          /* the half exponent (subnormals: -14) */
-    const double units = std::nearbyint((double)a * std::ldexp(1.0, 10 - exp)); /* mantissa units */
-    unsigned bits = (unsigned)units;
-    if (exp == -14 && bits < 1024) return (unsigned short)(sign | bits); /* subnormal (or zero) */
-    int be = exp + 15;
-    if (bits >= 2048) { bits >>= 1; ++be; } /* rounding carried into the next binade */
-    return (unsigned short)(sign | (unsigned)be << 10 | (bits & 1023u));
-}
-inline unsigned short coil_f32_to_bf16(float f) {
-    unsigned u = coil_emu_bits(f);
-    if (f != f) return 0x7fc0;
-    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-template <bool BF16> inline float coil_emu_half(unsigned bits) {
-    bits &= 0xffffu;
-    return BF16 ? __uint_as_float(bits << 16) : coil_f16_to_f32((unsigned short)bits);
-}
-template <bool BF16> inline unsigned coil_pack(float lo, float hi) {
-    unsigned a = BF16 ? coil_f32_to_bf16(lo) : coil_f32_to_f16(lo);
-    unsigned b = BF16 ? coil_f32_to_bf16(hi) : coil_f32_to_f16(hi);
-    return a | b << 16;
-}
-inline float coil_exp2(float x) { return std::exp2(x); }
-
-/* ldmatrix .x4 (.trans): lane l addresses row l % 8 of matrix l / 8; r[m] gets row l / 4,
-   columns 2 (l % 4) + {0, 1} of matrix m (transposed: rows 2 (l % 4) + {0, 1}, column l / 4). */
-inline void coil_emu_ldmatrix(unsigned addr, unsigned *r, bool trans) {
-    CoilEmuWarp &w = coil_emu_warp();
-    const int lane = coil_emu_lane();
-    w.slot[lane][0] = addr;
-    coil_emu_warp_sync();
-    for (int m = 0; m < 4; ++m) {
-        unsigned lo, hi;
-        if (!trans) {
-            const unsigned short *row = coil_emu_at((unsigned)w.slot[8 * m + lane / 4][0]);
-            lo = row[2 * (lane % 4)];
-            hi = row[2 * (lane % 4) + 1];
-        } else {
-            lo = coil_emu_at((unsigned)w.slot[8 * m + 2 * (lane % 4)][0])[lane / 4];
-            hi = coil_emu_at((unsigned)w.slot[8 * m + 2 * (lane % 4) + 1][0])[lane / 4];
+fn backward_kernel(kernel: AttentionBackwardKernel) -> Emulated {
+    let call = match kernel {
+        AttentionBackwardKernel::Mma { .. } => {
+            "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (const coil_u16 *)buf[3], \
+             (const float *)buf[4], (const float *)buf[5], (coil_u16 *)buf[6], (coil_u16 *)buf[7], (coil_u16 *)buf[8], p"
         }
-        r[m] = lo | hi << 16;
-    }
-    coil_emu_warp_sync();
-}
-inline void coil_ldmatrix_x4(unsigned addr, unsigned *r) { coil_emu_ldmatrix(addr, r, false); }
-inline void coil_ldmatrix_x4_trans(unsigned addr, unsigned *r) { coil_emu_ldmatrix(addr, r, true); }
-
-/* mma.m16n8k16.row.col, f32 accumulators. PTX ISA fragment layouts (g = lane / 4, t = lane % 4):
-   A register j of lane (g, t): rows g + 8 (j % 2), columns 2t + 8 (j / 2) + {0, 1};
-   B register j: rows (k) 2t + 8 j + {0, 1}, column (n) g; C element i: row g + 8 (i / 2),
-   column 2t + i % 2. The low half of a register is the element of the smaller index. */
-template <bool BF16> inline void coil_mma(float *c, const unsigned *a, unsigned b0, unsigned b1) {
-    CoilEmuWarp &w = coil_emu_warp();
-    const int lane = coil_emu_lane();
-    for (int i = 0; i < 4; ++i) w.slot[lane][i] = a[i];
-    w.slot[lane][4] = b0;
-    w.slot[lane][5] = b1;
-    coil_emu_warp_sync();
-    const int g = lane >> 2, t = lane & 3;
-    float d[4];
-    for (int i = 0; i < 4; ++i) {
-        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-        float acc = c[i];
-        for (int kk = 0; kk < 16; ++kk) {
-            const unsigned ar = (unsigned)w.slot[4 * (row % 8) + (kk % 8) / 2][row / 8 + 2 * (kk / 8)];
-            const unsigned br = (unsigned)w.slot[4 * col + (kk % 8) / 2][4 + kk / 8];
-            acc += coil_emu_half<BF16>(ar >> (16 * (kk % 2))) * coil_emu_half<BF16>(br >> (16 * (kk % 2)));
+        AttentionBackwardKernel::Simple { .. } => {
+            "buf[0], buf[1], buf[2], buf[3], (const float *)buf[4], (const float *)buf[5], buf[6], buf[7], buf[8], p"
         }
-        d[i] = acc;
+    };
+    assert!(kernel.shared_bytes() as usize <= 96 * 1024, "the emulation's dynamic shared memory is 96 KiB");
+    Emulated {
+        name: kernel.name(),
+        source: kernel.source(),
+        call: format!("{}({call})", kernel.name()),
+        params: "CoilAttnBwdParams",
+        block: kernel.block(),
     }
-    coil_emu_warp_sync();
-    for (int i = 0; i < 4; ++i) c[i] = d[i];
 }
 
-inline float coil_emu_shfl_xor(float x, int mask) {
-    CoilEmuWarp &w = coil_emu_warp();
-    const int lane = coil_emu_lane();
-    w.slot[lane][0] = coil_emu_bits(x);
-    coil_emu_warp_sync();
-    const float y = __uint_as_float((unsigned)w.slot[lane ^ mask][0]);
-    coil_emu_warp_sync();
-    return y;
+/// Compiles a variant's module with the emulation (once per variant and test run).
+fn build(dir: &Path, kernel: &Emulated) -> std::result::Result<PathBuf, String> {
+    std::fs::write(dir.join("emu.h"), EMULATION_HEADER).unwrap();
+    std::fs::write(dir.join("module.cu"), &kernel.source).unwrap();
+    std::fs::write(dir.join("main.cpp"), RUNNER).unwrap();
+    let exe = dir.join("emu");
+    let out = Command::new("g++")
+        .args(["-std=c++17", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused", "-include", "emu.h"])
+        .arg(format!("-DCOIL_EMU_CALL={}", kernel.call))
+        .arg(format!("-DCOIL_EMU_PARAMS={}", kernel.params))
+        .args(["-x", "c++", "main.cpp", "-o"])
+        .arg(&exe)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| format!("no g++ ({e})"))?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "g++ rejected {}:\n{log}", kernel.name);
+    assert!(!log.contains("warning"), "g++ warns about {}:\n{log}", kernel.name);
+    Ok(exe)
 }
-inline float coil_quad_max(float x) {
-    x = std::fmax(x, coil_emu_shfl_xor(x, 1));
-    return std::fmax(x, coil_emu_shfl_xor(x, 2));
-}
-inline float coil_quad_sum(float x) {
-    x += coil_emu_shfl_xor(x, 1);
-    return x + coil_emu_shfl_xor(x, 2);
-}
-"#;
 
-/// Runs the module: reads `params.bin`, `q.bin`, `k.bin`, `v.bin`, `o.bin` from the directory
-/// in argv[1], launches the grid (argv[2], argv[3]) of argv[4] threads per block (argv[5]:
-/// lazy copies), writes `out.bin`.
-const RUNNER: &str = r#"
-#include "module.cu"
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <memory>
-#include <string>
-static std::vector<char> coil_read(const std::string &path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+/// The bytes of a `repr(C)` parameter struct.
+fn param_bytes<P: Copy>(params: &P) -> Vec<u8> {
+    // SAFETY: the parameter structs are plain `repr(C)` data (integers and floats), read as
+    // bytes within their size.
+    unsafe { std::slice::from_raw_parts((params as *const P).cast::<u8>(), std::mem::size_of::<P>()).to_vec() }
 }
-/* 64-byte aligned copies, as device allocations are (256). */
-static char *coil_aligned(const std::vector<char> &bytes) {
-    char *p = (char *)std::aligned_alloc(64, (bytes.size() + 63) / 64 * 64);
-    std::memcpy(p, bytes.data(), bytes.size());
-    return p;
+
+/// Emulated launches of the grid over `buffers` (empty: a null pointer), with eager and with
+/// lazy copies, run side by side (each in a directory of its own under `dir`); every buffer
+/// after each, eager first.
+fn launch(
+    exe: &Path,
+    dir: &Path,
+    params: &[u8],
+    grid: (u32, u32, u32),
+    block: u32,
+    buffers: &[Vec<u8>],
+) -> [Vec<Vec<u8>>; 2] {
+    let runs = [false, true].map(|lazy| {
+        let dir = dir.join(if lazy { "lazy" } else { "eager" });
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("params.bin"), params).unwrap();
+        for (i, b) in buffers.iter().enumerate() {
+            std::fs::write(dir.join(format!("b{i}.bin")), b).unwrap();
+        }
+        let child = Command::new(exe)
+            .arg(&dir)
+            .args([grid.0, grid.1, block, lazy as u32].map(|x| x.to_string()))
+            .arg(buffers.len().to_string())
+            .spawn()
+            .unwrap();
+        (dir, child)
+    });
+    runs.map(|(dir, mut child)| {
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the emulation failed ({status})");
+        (0..buffers.len())
+            .map(|i| if buffers[i].is_empty() { vec![] } else { std::fs::read(dir.join(format!("r{i}.bin"))).unwrap() })
+            .collect()
+    })
 }
-int main(int argc, char **argv) {
-    if (argc != 6) return 2;
-    const std::string dir = argv[1];
-    const unsigned gx = std::atoi(argv[2]), gy = std::atoi(argv[3]), block = std::atoi(argv[4]);
-    coil_emu_lazy = std::atoi(argv[5]) != 0;
-    std::vector<char> pb = coil_read(dir + "/params.bin");
-    if (pb.size() != sizeof(CoilAttnParams)) { std::fprintf(stderr, "params: %zu bytes, want %zu\n", pb.size(), sizeof(CoilAttnParams)); return 3; }
-    CoilAttnParams p;
-    std::memcpy(&p, pb.data(), sizeof p);
-    char *q = coil_aligned(coil_read(dir + "/q.bin")), *k = coil_aligned(coil_read(dir + "/k.bin"));
-    char *v = coil_aligned(coil_read(dir + "/v.bin"));
-    std::vector<char> ob = coil_read(dir + "/o.bin");
-    char *o = coil_aligned(ob);
-    gridDim = {gx, gy, 1};
-    blockDim = {block, 1, 1};
-    for (unsigned y = 0; y < gy; ++y) {
-        for (unsigned x = 0; x < gx; ++x) {
-            blockIdx = {x, y, 0};
-            CoilEmuBarrier bar(block);
-            coil_emu_block = &bar;
-            std::vector<std::unique_ptr<CoilEmuBarrier>> warps;
-            for (unsigned w = 0; w < block / 32; ++w) {
-                warps.push_back(std::make_unique<CoilEmuBarrier>(32));
-                coil_emu_warps[w].bar = warps.back().get();
+
+/// A built variant per name, compiled once per test run; `None` without g++.
+struct Builds {
+    root: PathBuf,
+    built: Vec<(String, PathBuf)>,
+}
+
+impl Builds {
+    fn new(what: &str) -> Builds {
+        Builds { root: std::env::temp_dir().join(format!("coil-{what}-emu-{}", std::process::id())), built: vec![] }
+    }
+
+    fn get(&mut self, kernel: &Emulated) -> Option<PathBuf> {
+        if let Some((_, exe)) = self.built.iter().find(|(n, _)| *n == kernel.name) {
+            return Some(exe.clone());
+        }
+        let dir = self.root.join(&kernel.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        match build(&dir, kernel) {
+            Ok(exe) => {
+                self.built.push((kernel.name.clone(), exe.clone()));
+                Some(exe)
             }
-            std::vector<std::thread> threads;
-            for (unsigned i = 0; i < block; ++i)
-                threads.emplace_back([=] {
-                    threadIdx = {i, 0, 0};
-                    COIL_EMU_CALL;
-                });
-            for (std::thread &t : threads) t.join();
+            Err(why) => {
+                eprintln!("attention emulation skipped: {why}");
+                None
+            }
         }
     }
-    std::ofstream(dir + "/out.bin", std::ios::binary).write(o, ob.size());
-    return 0;
 }
-"#;
 
-/// One emulated launch: the variant, the call, the operands' values (q, k, v in one buffer
-/// when `shared_qkv`), and whether copies are lazy.
-struct EmuCase {
-    variant: Variant,
-    dtype: DType,
-    spec: AttentionSpec,
-    /// q, k, v views of one buffer (GPT-2's head views), else three contiguous buffers.
-    shared_qkv: bool,
+impl Drop for Builds {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
 }
 
 fn strided(offset: usize, batch_strides: Vec<usize>, row_stride: usize) -> StridedOperand<usize> {
     StridedOperand { buffer: BufferId(0), offset, batch_strides, row_stride, col_stride: 1 }
 }
 
+/// Contiguous `[*batch, rows, d]`.
+fn contiguous(batch: &[usize], rows: usize, d: usize) -> StridedOperand<usize> {
+    let strides = (0..batch.len()).map(|i| batch[i + 1..].iter().product::<usize>() * rows * d).collect();
+    strided(0, strides, d)
+}
+
 /// `[B, H, L, D]` attention on GPT-2's head views of a `[B, T, 3HD]` buffer, written into a
-/// `[B, L, H, D]` output (heads merged), or contiguous `[*batch, rows, D]` operands.
-fn emu_case(variant: Variant, dtype: DType, batch: &[usize], l: usize, s: usize, d: usize, causal: bool) -> EmuCase {
-    let heads = batch.len() == 2 && l == s;
-    let spec = if heads {
+/// `[B, L, H, D]` output (heads merged) when `heads` (batch `[B, H]`, `l == s`), else contiguous
+/// `[*batch, rows, D]` operands; scale `1/sqrt(d)` or 0.3.
+fn forward_spec(batch: &[usize], l: usize, s: usize, d: usize, causal: bool, heads: bool) -> AttentionSpec {
+    if heads {
         let (b, h) = (batch[0], batch[1]);
         let c = h * d;
         let head = |part: usize| strided(part * c, vec![l * 3 * c, d], 3 * c);
-        AttentionSpec {
-            q: head(0),
-            k: head(1),
-            v: head(2),
-            out: strided(0, vec![l * c, d], c),
-            batch: vec![b, h],
-            l,
-            s,
-            d,
-            causal,
-            scale: 1.0 / (d as f64).sqrt(),
-        }
+        let out = strided(0, vec![l * c, d], c);
+        let scale = 1.0 / (d as f64).sqrt();
+        AttentionSpec { q: head(0), k: head(1), v: head(2), out, batch: vec![b, h], l, s, d, causal, scale }
     } else {
-        let n = |rows: usize| -> Vec<usize> {
-            (0..batch.len()).map(|i| batch[i + 1..].iter().product::<usize>() * rows * d).collect()
-        };
-        AttentionSpec {
-            q: strided(0, n(l), d),
-            k: strided(0, n(s), d),
-            v: strided(0, n(s), d),
-            out: strided(0, n(l), d),
-            batch: batch.to_vec(),
-            l,
-            s,
-            d,
-            causal,
-            scale: 0.3,
-        }
-    };
-    EmuCase { variant, dtype, spec, shared_qkv: heads }
+        let (q, k) = (contiguous(batch, l, d), contiguous(batch, s, d));
+        let (v, out) = (k.clone(), q.clone());
+        AttentionSpec { q, k, v, out, batch: batch.to_vec(), l, s, d, causal, scale: 0.3 }
+    }
 }
 
 fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
@@ -335,135 +213,222 @@ fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
     }
 }
 
-/// Compiles the variant's module with the emulation (once per variant and test run).
-fn build(dir: &Path, variant: Variant) -> std::result::Result<std::path::PathBuf, String> {
-    std::fs::write(dir.join("emu.h"), EMULATION_HEADER).unwrap();
-    std::fs::write(dir.join("module.cu"), variant.source()).unwrap();
-    std::fs::write(dir.join("main.cpp"), RUNNER).unwrap();
-    let call = match variant {
-        Variant::Mma { .. } => format!(
-            "{}((const coil_u16 *)q, (const coil_u16 *)k, (const coil_u16 *)v, (coil_u16 *)o, p)",
-            variant.name()
-        ),
-        Variant::Simple { .. } => format!("{}(q, k, v, o, p)", variant.name()),
-    };
-    let exe = dir.join("emu");
-    let out = Command::new("g++")
-        .args(["-std=c++17", "-O1", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused", "-include", "emu.h"])
-        .arg(format!("-DCOIL_EMU_CALL={call}"))
-        .args(["-x", "c++", "main.cpp", "-o"])
-        .arg(&exe)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| format!("no g++ ({e})"))?;
-    assert!(out.status.success(), "g++ rejected the attention kernels:\n{}", String::from_utf8_lossy(&out.stderr));
-    let warnings = String::from_utf8_lossy(&out.stderr);
-    assert!(!warnings.contains("warning"), "g++ warns about the attention kernels:\n{warnings}");
-    Ok(exe)
+/// Deterministic values of the dtype.
+fn seeded(dtype: DType, seed: u32, n: usize) -> Vec<u8> {
+    let x: Vec<f32> =
+        (0..n).map(|i| (i as f32 * 0.7548 + seed as f32 * 1.37).sin() * 1.7 + (i % 7) as f32 * 0.05).collect();
+    encode(dtype, &x)
 }
 
-/// Runs one case emulated (eager and lazy copies) and compares with the CPU implementation.
-fn run(exe: &Path, dir: &Path, case: &EmuCase) {
-    let spec = &case.spec;
-    let size = case.dtype.size_bytes();
-    let batch = spec.batch_count();
-    let seeded = |seed: u32, n: usize| -> Vec<f32> {
-        (0..n).map(|i| (i as f32 * 0.7548 + seed as f32 * 1.37).sin() * 1.7 + (i % 7) as f32 * 0.05).collect()
-    };
-    let (q, k, v) = if case.shared_qkv {
-        let all = encode(case.dtype, &seeded(1, batch * spec.l * 3 * spec.d));
-        (all.clone(), all.clone(), all)
-    } else {
-        (
-            encode(case.dtype, &seeded(1, batch * spec.l * spec.d)),
-            encode(case.dtype, &seeded(2, batch * spec.s * spec.d)),
-            encode(case.dtype, &seeded(3, batch * spec.s * spec.d)),
-        )
-    };
-    let out_len = batch * spec.l * spec.d * size;
-    let mut want = vec![0u8; out_len];
-    attention_bytes(spec, case.dtype, &q, &k, &v, &mut want).unwrap();
-    let want = decode(case.dtype, &want);
-    let params = launch_params(spec, [&spec.q, &spec.k, &spec.v]);
-    // SAFETY: `AttnParams` is plain `repr(C)` data (integers and a float).
-    let bytes = unsafe {
-        std::slice::from_raw_parts((&params as *const AttnParams).cast::<u8>(), std::mem::size_of::<AttnParams>())
-    };
-    std::fs::write(dir.join("params.bin"), bytes).unwrap();
-    for (name, data) in [("q", &q), ("k", &k), ("v", &v)] {
-        std::fs::write(dir.join(format!("{name}.bin")), data).unwrap();
-    }
-    std::fs::write(dir.join("o.bin"), vec![0xffu8; out_len]).unwrap();
-    let (gx, gy, _) = grid(spec);
-    for lazy in ["0", "1"] {
-        let status = Command::new(exe)
-            .arg(dir)
-            .args([gx.to_string(), gy.to_string(), case.variant.block().to_string(), lazy.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "{:?}: the emulation failed ({status})", case.variant);
-        let got = decode(case.dtype, &std::fs::read(dir.join("out.bin")).unwrap());
-        let tolerance = if case.dtype == DType::F32 { 1e-5 } else { 1e-2 };
-        let (mut num, mut den, mut worst) = (0.0, 0.0, (0usize, 0.0f64));
-        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-            assert!(x.is_finite(), "{:?} lazy={lazy}: element {i} is {x}", case.variant);
-            num += (x - y) * (x - y);
-            den += y * y;
-            if (x - y).abs() > worst.1 {
-                worst = (i, (x - y).abs());
-            }
+/// Relative RMS error of `got` against `want`, and the worst element; panics on a non-finite
+/// element (never written, or NaN read).
+fn error(what: &str, got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let (mut num, mut den, mut worst) = (0.0, 0.0, (0usize, 0.0f64));
+    for (i, (x, y)) in got.iter().zip(want).enumerate() {
+        assert!(x.is_finite(), "{what}: element {i} is {x}");
+        num += (x - y) * (x - y);
+        den += y * y;
+        if (x - y).abs() > worst.1 {
+            worst = (i, (x - y).abs());
         }
-        let err = (num / den).sqrt();
-        assert!(
-            err <= tolerance,
-            "{:?} {:?} L={} S={} causal={} lazy={lazy}: relative error {err:.2e}, worst element {} ({} vs {})",
-            case.variant,
-            spec.batch,
-            spec.l,
-            spec.s,
-            spec.causal,
-            worst.0,
-            got[worst.0],
-            want[worst.0]
-        );
+    }
+    let err = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+    eprintln!("{what}: relative error {err:.2e}, worst element {} ({} vs {})", worst.0, got[worst.0], want[worst.0]);
+    err
+}
+
+/// The forward's operands: q, k, v bytes (the same buffer for head views).
+fn operands(dtype: DType, spec: &AttentionSpec, heads: bool) -> [Vec<u8>; 3] {
+    let batch = spec.batch_count();
+    if heads {
+        let all = seeded(dtype, 1, batch * spec.l * 3 * spec.d);
+        [all.clone(), all.clone(), all]
+    } else {
+        [
+            seeded(dtype, 1, batch * spec.l * spec.d),
+            seeded(dtype, 2, batch * spec.s * spec.d),
+            seeded(dtype, 3, batch * spec.s * spec.d),
+        ]
     }
 }
 
 #[test]
-fn kernels_emulated_on_the_host_match_the_cpu_implementation() {
-    let root = std::env::temp_dir().join(format!("coil-attention-emu-{}", std::process::id()));
-    let bf16 = Variant::Mma { bf16: true, dp: 64 };
+fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
+    let mut builds = Builds::new("attention");
+    let bf16 = AttentionKernel::Mma { bf16: true, dp: 64 };
     let cases = [
         // GPT-2 head views, heads merged on output, causal, a tail block (130 = 2 * 64 + 2).
-        emu_case(bf16, DType::BF16, &[1, 2], 130, 130, 64, true),
+        (bf16, DType::BF16, vec![1, 2], 130, 130, 64, true, true),
         // Not causal, L != S, contiguous.
-        emu_case(bf16, DType::BF16, &[2], 20, 100, 64, false),
+        (bf16, DType::BF16, vec![2], 20, 100, 64, false, false),
         // f16, a head dim padded from 40 to 48.
-        emu_case(Variant::Mma { bf16: false, dp: 48 }, DType::F16, &[2], 70, 70, 40, true),
+        (AttentionKernel::Mma { bf16: false, dp: 48 }, DType::F16, vec![2], 70, 70, 40, true, false),
         // The largest head dim, L > S causal (rows past S see every key).
-        emu_case(Variant::Mma { bf16: true, dp: 128 }, DType::BF16, &[1], 80, 50, 128, true),
+        (AttentionKernel::Mma { bf16: true, dp: 128 }, DType::BF16, vec![1], 80, 50, 128, true, false),
         // The simple kernel: f32 and bf16 (before sm_80).
-        emu_case(Variant::Simple { dtype: DType::F32, dp: 16 }, DType::F32, &[1, 2], 33, 33, 16, true),
-        emu_case(Variant::Simple { dtype: DType::BF16, dp: 32 }, DType::BF16, &[2], 20, 45, 24, false),
+        (AttentionKernel::Simple { dtype: DType::F32, dp: 16 }, DType::F32, vec![1, 2], 33, 33, 16, true, true),
+        (AttentionKernel::Simple { dtype: DType::BF16, dp: 32 }, DType::BF16, vec![2], 20, 45, 24, false, false),
     ];
-    let mut built: Vec<(Variant, std::path::PathBuf)> = Vec::new();
-    for (i, case) in cases.iter().enumerate() {
-        let dir = root.join(format!("{i}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = match built.iter().find(|(v, _)| *v == case.variant) {
-            Some((_, exe)) => exe.clone(),
-            None => match build(&dir, case.variant) {
-                Ok(exe) => {
-                    built.push((case.variant, exe.clone()));
-                    exe
-                }
-                Err(why) => {
-                    eprintln!("attention emulation skipped: {why}");
-                    return;
-                }
-            },
-        };
-        run(&exe, &dir, case);
+    for (kernel, dtype, batch, l, s, d, causal, heads) in cases {
+        let emulated = forward_kernel(kernel);
+        let Some(exe) = builds.get(&emulated) else { return };
+        let spec = forward_spec(&batch, l, s, d, causal, heads);
+        let [q, k, v] = operands(dtype, &spec, heads);
+        let rows = spec.batch_count() * l;
+        let (mut want, mut want_lse) = (vec![0u8; rows * d * dtype.size_bytes()], vec![0u8; rows * 4]);
+        attention_bytes(&spec, dtype, &q, &k, &v, &mut want, Some(&mut want_lse)).unwrap();
+        let params = param_bytes(&launch_params(&spec, [&spec.q, &spec.k, &spec.v]));
+        let grid = AttentionKernel::grid(spec.batch_count(), l);
+        let buffers = [q.clone(), k.clone(), v.clone(), vec![0xff; want.len()], vec![0xff; want_lse.len()]];
+        let runs = launch(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
+        for (got, lazy) in runs.iter().zip([false, true]) {
+            let what = format!("{} {batch:?} L={l} S={s} causal={causal} lazy={lazy}", emulated.name);
+            let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            let err = error(&what, &decode(dtype, &got[3]), &decode(dtype, &want));
+            assert!(err <= tolerance, "{what}: output error {err:.2e}");
+            let err = error(&what, &decode(DType::F32, &got[4]), &decode(DType::F32, &want_lse));
+            assert!(err <= 1e-5, "{what}: logsumexp error {err:.2e}");
+        }
     }
-    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// One backward case: the kernel, the dtype, the forward's layout, which gradients are wanted.
+struct BackwardCase {
+    kernel: AttentionBackwardKernel,
+    dtype: DType,
+    batch: Vec<usize>,
+    l: usize,
+    s: usize,
+    d: usize,
+    causal: bool,
+    heads: bool,
+    /// dq, dk, dv wanted.
+    wanted: [bool; 3],
+}
+
+#[test]
+fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
+    let mut builds = Builds::new("attention-backward");
+    let mma = |bf16, dp| AttentionBackwardKernel::Mma { bf16, dp };
+    let case = |kernel, dtype, batch: &[usize], (l, s, d), causal, heads, wanted| BackwardCase {
+        kernel,
+        dtype,
+        batch: batch.to_vec(),
+        l,
+        s,
+        d,
+        causal,
+        heads,
+        wanted,
+    };
+    let all = [true; 3];
+    let cases = [
+        // GPT-2 head views, causal, tail blocks of both kinds (100 = 64 + 36).
+        case(mma(true, 64), DType::BF16, &[1, 1], (100, 100, 64), true, true, all),
+        // Not causal, L != S; dK and dV only.
+        case(mma(true, 64), DType::BF16, &[2], (20, 100, 64), false, false, [false, true, true]),
+        // f16, head dim 40 padded to 48, causal; dQ only.
+        case(mma(false, 48), DType::F16, &[2], (70, 70, 40), true, false, [true, false, false]),
+        // The largest head dim, L > S causal.
+        case(mma(true, 128), DType::BF16, &[1], (80, 50, 128), true, false, all),
+        // Head dim 32, S > L causal (the last key blocks are seen by no row).
+        case(mma(true, 32), DType::BF16, &[1, 1], (40, 150, 32), true, false, all),
+        // The simple kernel: f32 and bf16.
+        case(
+            AttentionBackwardKernel::Simple { dtype: DType::F32, dp: 16 },
+            DType::F32,
+            &[1, 2],
+            (33, 33, 16),
+            true,
+            true,
+            all,
+        ),
+        case(
+            AttentionBackwardKernel::Simple { dtype: DType::BF16, dp: 32 },
+            DType::BF16,
+            &[2],
+            (20, 45, 24),
+            false,
+            false,
+            all,
+        ),
+    ];
+    for c in cases {
+        let emulated = backward_kernel(c.kernel);
+        let Some(exe) = builds.get(&emulated) else { return };
+        let (dtype, size, d) = (c.dtype, c.dtype.size_bytes(), c.d);
+        // The forward on the CPU: its output and logsumexp; then delta = rowsum(dO * O) of the
+        // output rounded to the dtype, as the graph computes it.
+        let fwd = forward_spec(&c.batch, c.l, c.s, d, c.causal, c.heads);
+        let [q, k, v] = operands(dtype, &fwd, c.heads);
+        let rows = fwd.batch_count() * c.l;
+        let out_view = contiguous(&c.batch, c.l, d);
+        let (mut dense, mut lse) = (vec![0u8; rows * d * size], vec![0u8; rows * 4]);
+        let fwd_dense = AttentionSpec { out: out_view.clone(), ..fwd.clone() };
+        attention_bytes(&fwd_dense, dtype, &q, &k, &v, &mut dense, Some(&mut lse)).unwrap();
+        let grad_out = seeded(dtype, 5, rows * d);
+        let (o, g) = (decode(dtype, &dense), decode(dtype, &grad_out));
+        let delta: Vec<f32> =
+            (0..rows).map(|r| (0..d).map(|c| o[r * d + c] * g[r * d + c]).sum::<f64>() as f32).collect();
+        let delta = encode(DType::F32, &delta);
+        let lens = [rows * d, fwd.batch_count() * c.s * d, fwd.batch_count() * c.s * d];
+        let views = [contiguous(&c.batch, c.l, d), contiguous(&c.batch, c.s, d), contiguous(&c.batch, c.s, d)];
+        let grad = |i: usize| c.wanted[i].then(|| views[i].clone());
+        let spec = AttentionBackwardSpec {
+            q: fwd.q.clone(),
+            k: fwd.k.clone(),
+            v: fwd.v.clone(),
+            grad_out: out_view,
+            dq: grad(0),
+            dk: grad(1),
+            dv: grad(2),
+            batch: c.batch.clone(),
+            l: c.l,
+            s: c.s,
+            d,
+            causal: c.causal,
+            scale: fwd.scale,
+        };
+        let mut want: Vec<Vec<u8>> =
+            (0..3).map(|i| if c.wanted[i] { vec![0u8; lens[i] * size] } else { vec![] }).collect();
+        {
+            let [wq, wk, wv] = &mut want[..] else { unreachable!() };
+            fn out(w: &mut [u8]) -> Option<&mut [u8]> {
+                (!w.is_empty()).then_some(w)
+            }
+            let bufs = BackwardBuffers {
+                q: &q,
+                k: &k,
+                v: &v,
+                grad_out: &grad_out,
+                lse: &lse,
+                delta: &delta,
+                dq: out(wq),
+                dk: out(wk),
+                dv: out(wv),
+            };
+            attention_backward_bytes(&spec, dtype, bufs).unwrap();
+        }
+        let count = spec.batch_count();
+        let (grid, key_blocks) = backward_grid(count, c.l, c.s, c.wanted[0], c.wanted[1] || c.wanted[2]);
+        let params = param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks));
+        let outputs = (0..3).map(|i| vec![0xffu8; want[i].len()]);
+        let buffers: Vec<Vec<u8>> = [q, k, v, grad_out, lse, delta].into_iter().chain(outputs).collect();
+        let runs = launch(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
+        for (got, lazy) in runs.iter().zip([false, true]) {
+            for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
+                if !c.wanted[i] {
+                    continue;
+                }
+                let what = format!(
+                    "{} {:?} L={} S={} causal={} lazy={lazy} {name}",
+                    emulated.name, c.batch, c.l, c.s, c.causal
+                );
+                let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+                let err = error(&what, &decode(dtype, &got[6 + i]), &decode(dtype, &want[i]));
+                assert!(err <= tolerance, "{what}: relative error {err:.2e} (tolerance {tolerance:.0e})");
+            }
+        }
+    }
 }

@@ -106,14 +106,9 @@ pub fn write_choice(cache_dir: &Path, key: &str, tuning: &Tuning, note: &str) ->
     cache_entry::write(&choice_path(cache_dir, key), Kind::Choice, key, text.as_bytes())
 }
 
-/// Prints `text` on the `schedule` log channel (`COIL_LOGS=schedule` or `all`), as the
-/// frontend prints its schedule: the choices belong with the launches.
+/// Prints `text` on the `schedule` log channel: the choices belong with the launches.
 fn log(text: &str) {
-    let on =
-        std::env::var("COIL_LOGS").is_ok_and(|v| v.split(',').map(str::trim).any(|c| c == "schedule" || c == "all"));
-    if on {
-        eprintln!("[coil:schedule] autotune: {text}");
-    }
+    super::schedule_log(&format!("autotune: {text}"));
 }
 
 /// A loaded kernel variant.

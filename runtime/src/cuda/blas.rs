@@ -229,7 +229,7 @@ fn on_host(
     unsafe { upload(dev, out.ptr, host_out) }?;
     // Pageable memory is staged by the driver before the upload returns; waiting anyway keeps
     // the host path from ever racing its own buffer.
-    dev.synchronize()
+    dev.wait()
 }
 
 /// An operand's bytes on the host, in u64 words (so aligned for any element type).

@@ -346,7 +346,7 @@ impl LoadedModule {
 impl Drop for LoadedModule {
     fn drop(&mut self) {
         // Kernels of it may still be queued: let them finish before the code goes away.
-        if self.device.synchronize().is_ok() {
+        if self.device.wait().is_ok() {
             // SAFETY: nothing uses the module any more (its holders are gone, the stream idle).
             let _ = unsafe { drv::module::unload(self.module) };
         }

@@ -8,6 +8,7 @@
 
 use super::loader::{require, CudaLib};
 use super::memory::CachingAllocator;
+use super::status::StatusBoard;
 use coil_ir::{Error, Result};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaStream};
 use std::collections::HashMap;
@@ -41,6 +42,29 @@ fn device_count() -> Result<usize> {
     Ok(n as usize)
 }
 
+/// The devices set up so far, by ordinal.
+static DEVICES: Mutex<Option<HashMap<usize, Arc<CudaDevice>>>> = Mutex::new(None);
+
+/// [`CudaDevice::synchronize`] on every device set up so far (none without CUDA): waits for
+/// all of coil's work on GPUs, and returns the first data error a kernel of an unchecked run
+/// reported (`torch.cuda.synchronize`).
+pub fn synchronize_all() -> Result<()> {
+    let devices: Vec<Arc<CudaDevice>> = {
+        let table = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        let mut devices: Vec<_> = table.iter().flat_map(|t| t.values().cloned()).collect();
+        devices.sort_by_key(|d| d.ordinal);
+        devices
+    };
+    let mut first = Ok(());
+    for dev in devices {
+        let checked = dev.synchronize();
+        if first.is_ok() {
+            first = checked;
+        }
+    }
+    first
+}
+
 /// A driver error as a coil runtime error naming the call.
 pub(crate) fn driver_error(call: &str, e: drv::DriverError) -> Error {
     Error::runtime(format!("CUDA {call} failed: {e}"))
@@ -62,6 +86,16 @@ pub struct CudaDevice {
     pub(crate) helpers: OnceLock<std::result::Result<super::gather::Helpers, String>>,
     /// The built-in kernels of ops without generated code (scatter, cumsum), compiled on first use.
     pub(crate) fallback: OnceLock<std::result::Result<super::fallback::FallbackKernels, String>>,
+    /// The status words of runs not checked yet ([`super::status`]).
+    pub(crate) status: StatusBoard,
+    /// The stream CUDA graphs are captured on ([`super::graphs`]): a capturing thread's work
+    /// goes there, never mixed with other threads' work on `stream`.
+    capture_stream: OnceLock<Arc<CudaStream>>,
+}
+
+thread_local! {
+    /// The device this thread is capturing a CUDA graph on, if any.
+    static CAPTURING: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -80,7 +114,6 @@ impl CudaDevice {
     /// Fails with the reason when CUDA is unavailable (see [`cuda_status`]) or the ordinal is
     /// out of range.
     pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
-        static DEVICES: Mutex<Option<HashMap<usize, Arc<CudaDevice>>>> = Mutex::new(None);
         cuda_status()?;
         let mut table = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
         let table = table.get_or_insert_with(HashMap::new);
@@ -118,6 +151,8 @@ impl CudaDevice {
             blas: OnceLock::new(),
             helpers: OnceLock::new(),
             fallback: OnceLock::new(),
+            status: StatusBoard::default(),
+            capture_stream: OnceLock::new(),
         })
     }
 
@@ -156,9 +191,70 @@ impl CudaDevice {
         &self.stream
     }
 
-    /// The raw stream handle, for driver and library calls.
+    /// The raw stream handle, for driver and library calls: the device's stream, or, while
+    /// the calling thread captures a CUDA graph on it, the capture stream.
     pub(crate) fn cu_stream(&self) -> sys::CUstream {
-        self.stream.cu_stream()
+        match self.capture_stream.get() {
+            Some(capture) if self.capturing() => capture.cu_stream(),
+            _ => self.stream.cu_stream(),
+        }
+    }
+
+    /// Whether the calling thread is capturing a CUDA graph on this device.
+    pub(crate) fn capturing(&self) -> bool {
+        CAPTURING.with(|c| c.get()) == Some(self.ordinal)
+    }
+
+    /// An error naming `what` while the calling thread captures a CUDA graph: host copies and
+    /// waits cannot be part of a graph (the capture then fails, and the graph runs uncaptured).
+    pub(crate) fn refuse_while_capturing(&self, what: &str) -> Result<()> {
+        match self.capturing() {
+            true => Err(Error::unsupported(format!("{what} cannot be captured in a CUDA graph"))),
+            false => Ok(()),
+        }
+    }
+
+    /// Starts capturing the calling thread's work on this device into a CUDA graph: launches
+    /// go to the capture stream, and the blocks it is handed belong to the graph.
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        if self.capturing() {
+            return Err(Error::runtime("a CUDA graph capture is in progress on this thread"));
+        }
+        let stream = match self.capture_stream.get() {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.ctx.new_stream().map_err(|e| driver_error("cuStreamCreate", e))?;
+                self.capture_stream.get_or_init(|| s).clone()
+            }
+        };
+        self.allocator.begin_capture()?;
+        self.bind()?;
+        // Relaxed: a block the allocator needs from the driver during the capture is allowed;
+        // the graph keeps it (`graphs::pool`).
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: the stream is this device's, idle on the host's side (nothing captures on it).
+        if let Err(e) = unsafe { drv::stream::begin_capture(stream.cu_stream(), mode) } {
+            self.allocator.abort_capture();
+            return Err(driver_error("cuStreamBeginCapture", e));
+        }
+        CAPTURING.with(|c| c.set(Some(self.ordinal)));
+        Ok(())
+    }
+
+    /// Ends the calling thread's capture: the graph and the blocks it holds, or why the
+    /// capture failed (its blocks are then the cache's again).
+    pub(crate) fn end_capture(&self) -> Result<(sys::CUgraph, Vec<(sys::CUdeviceptr, usize)>)> {
+        CAPTURING.with(|c| c.set(None));
+        let stream = self.capture_stream.get().expect("a capture began").cu_stream();
+        self.bind()?;
+        // SAFETY: the capture began on this stream, on this thread.
+        match unsafe { drv::stream::end_capture(stream) } {
+            Ok(graph) => Ok((graph, self.allocator.end_capture())),
+            Err(e) => {
+                self.allocator.abort_capture();
+                Err(driver_error("cuStreamEndCapture", e))
+            }
+        }
     }
 
     /// Makes the context current on the calling thread; every raw driver call needs it.
@@ -166,9 +262,19 @@ impl CudaDevice {
         self.ctx.bind_to_thread().map_err(|e| driver_error("cuCtxSetCurrent", e))
     }
 
-    /// Waits until all work enqueued on the stream is done; an asynchronous error of earlier
-    /// work (an illegal address in a kernel, ...) surfaces here.
+    /// Waits until all work enqueued on the stream is done, and checks the status words of the
+    /// runs not checked yet ([`super::status`]): the first data error a kernel reported (an
+    /// index out of bounds, ...) surfaces here, named by its kernel and the line of its run,
+    /// as does an asynchronous error of earlier work (an illegal address in a kernel, ...).
     pub fn synchronize(&self) -> Result<()> {
+        self.wait()?;
+        self.status.check(self)
+    }
+
+    /// Waits until all work enqueued on the stream is done, leaving the runs' status words for
+    /// the next [`CudaDevice::synchronize`] (driver errors still surface).
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.refuse_while_capturing("waiting for the device")?;
         self.bind()?;
         self.stream.synchronize().map_err(|e| driver_error("cuStreamSynchronize", e))
     }
@@ -190,7 +296,7 @@ impl CudaDevice {
 
     /// Returns every cached block to the driver (after the stream drains).
     pub fn empty_cache(&self) -> Result<()> {
-        self.synchronize()?;
+        self.wait()?;
         self.allocator.release_all(self)
     }
 }

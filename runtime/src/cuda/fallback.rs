@@ -6,8 +6,10 @@
 //! (row-major), finds the element of `x` it names (the index's own position, with the scattered
 //! dim replaced by the index value) and stores `src` there or adds it atomically (f32, f64, i32,
 //! i64 natively; f16 and bf16 by a compare-and-swap on the 32-bit word holding them, the sum
-//! rounded once per add, as PyTorch's CUDA kernel does). An index out of range sets a flag that
-//! the call checks, so a bad index is the same error as on the host.
+//! rounded once per add, as PyTorch's CUDA kernel does). An index out of range is reported in
+//! status words of the run's, as generated kernels report theirs ([`super::status`]: code 1,
+//! the index, the dim's size), checked at the next synchronization point: the call does not
+//! wait for the kernel.
 //!
 //! **Cumsum.** One thread per line along the scanned dim (consecutive threads take consecutive
 //! inner positions, so loads coalesce unless the dim is the last), summing in f64 (i64 for
@@ -20,7 +22,7 @@
 use super::compiler::{compile, LoadedModule};
 use super::device::CudaDevice;
 use super::gather::launch_grid_stride;
-use super::memory::{copy_device, download, DeviceMemory};
+use super::memory::copy_device;
 use coil_ir::{DType, Error, Result, TensorMeta};
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -53,7 +55,7 @@ COIL_ADD16(coil_add_bf16, coil_b2f, coil_f2b)
 #define COIL_SCATTER(NAME, T, UPDATE)                                                         \
 extern "C" __global__ void NAME(T *out, const long long *__restrict__ index,                   \
                                 const T *__restrict__ src, long long n, int ndim, int dim,    \
-                                long long dim_size, CoilScatterDims d, int *bad) {            \
+                                long long dim_size, CoilScatterDims d, long long *status) {   \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;                \
          i += (long long)gridDim.x * blockDim.x) {                                             \
         long long rem = i, xo = 0, so = 0;                                                     \
@@ -64,7 +66,10 @@ extern "C" __global__ void NAME(T *out, const long long *__restrict__ index,    
             if (k != dim) xo += c * d.xstride[k];                                              \
         }                                                                                      \
         const long long j = index[i];                                                          \
-        if (j < 0 || j >= dim_size) { *bad = 1; continue; }                                    \
+        if (j < 0 || j >= dim_size) {                                                          \
+            if (status[0] == 0) { status[0] = 1; status[1] = j; status[2] = dim_size; }        \
+            continue;                                                                          \
+        }                                                                                      \
         T *p = out + xo + j * d.xstride[dim];                                                  \
         UPDATE;                                                                                \
     }                                                                                          \
@@ -172,12 +177,12 @@ fn strides(shape: &[usize]) -> Vec<i64> {
     s
 }
 
-/// `out = scatter(x, dim, index, src)` (`scatter_add` when `add`) on contiguous device buffers,
-/// waiting for the result to check the indices.
+/// Enqueues `out = scatter(x, dim, index, src)` (`scatter_add` when `add`) on contiguous device
+/// buffers; an index out of range is reported in the 4 status words at `status` (zero before).
 ///
 /// # Safety
 /// Each pointer must address a contiguous buffer of its meta on `dev`; `out` (the shape of `x`)
-/// must not overlap `index` or `src`.
+/// must not overlap `index` or `src`; `status` must address 4 `i64` words on `dev`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn scatter(
     dev: &Arc<CudaDevice>,
@@ -187,6 +192,7 @@ pub(crate) unsafe fn scatter(
     (index, im): (sys::CUdeviceptr, &TensorMeta),
     (src, sm): (sys::CUdeviceptr, &TensorMeta),
     out: sys::CUdeviceptr,
+    status: sys::CUdeviceptr,
 ) -> Result<()> {
     let name = scatter_kernel(xm.dtype, add).filter(|_| supports_scatter(xm, im, add));
     let Some(name) = name else {
@@ -209,9 +215,7 @@ pub(crate) unsafe fn scatter(
         d.xstride[k] = xs[k];
         d.sstride[k] = ss[k];
     }
-    let bad = DeviceMemory::alloc(dev, 4)?;
-    bad.zero(4)?;
-    let (mut out_p, mut index_p, mut src_p, mut bad_p) = (out, index, src, bad.ptr());
+    let (mut out_p, mut index_p, mut src_p, mut status_p) = (out, index, src, status);
     let (mut n64, mut ndim, mut dim32, mut dim_size) =
         (n as i64, xm.rank().max(1) as i32, dim as i32, xm.shape.get(dim).copied().unwrap_or(1) as i64);
     let mut params: [*mut c_void; 9] = [
@@ -223,20 +227,11 @@ pub(crate) unsafe fn scatter(
         (&mut dim32 as *mut i32).cast(),
         (&mut dim_size as *mut i64).cast(),
         (&mut d as *mut ScatterDims).cast(),
-        (&mut bad_p as *mut u64).cast(),
+        (&mut status_p as *mut u64).cast(),
     ];
     // SAFETY: the parameters match the scatter kernels' signature; the memory contract is the
     // caller's.
-    unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_scatter")? };
-    // SAFETY: `bad` holds 4 bytes; the download waits for the kernel.
-    let flag = unsafe { download(dev, bad.ptr(), 4)? };
-    if flag != [0, 0, 0, 0] {
-        return Err(Error::value(format!(
-            "scatter: an index is out of bounds for dim {dim} of size {dim_size} (index {:?}, input {:?})",
-            im.shape, xm.shape
-        )));
-    }
-    Ok(())
+    unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_scatter") }
 }
 
 /// The cumsum kernel for `dtype`, if the device path handles it (integers arrive as i64: the

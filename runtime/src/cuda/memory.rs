@@ -12,6 +12,7 @@
 //! tried once more; if it still fails, that is an error (never a panic).
 
 use super::device::{driver_error, CudaDevice};
+use super::graphs::pool::GraphPools;
 use crate::{Buffer, HostData};
 use coil_ir::{DType, Error, Result, TensorMeta};
 use cudarc::driver::{result as drv, sys::CUdeviceptr};
@@ -57,6 +58,8 @@ pub struct CachingAllocator {
 struct Pools {
     free: HashMap<usize, Vec<CUdeviceptr>>,
     stats: AllocatorStats,
+    /// The blocks CUDA graphs hold, and those of a capture in progress (counted in use).
+    graphs: GraphPools,
 }
 
 impl Pools {
@@ -64,6 +67,15 @@ impl Pools {
     fn take(&mut self, class: usize) {
         self.stats.in_use_bytes += class;
         self.stats.peak_in_use_bytes = self.stats.peak_in_use_bytes.max(self.stats.in_use_bytes);
+    }
+
+    /// Puts blocks back in the cache.
+    fn cache(&mut self, blocks: &[(CUdeviceptr, usize)]) {
+        for &(ptr, class) in blocks {
+            self.stats.in_use_bytes -= class;
+            self.stats.cached_bytes += class;
+            self.free.entry(class).or_default().push(ptr);
+        }
     }
 }
 
@@ -87,10 +99,14 @@ impl CachingAllocator {
         }
         {
             let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(ptr) = pools.graphs.reuse(class) {
+                return Ok((ptr, class));
+            }
             if let Some(ptr) = pools.free.get_mut(&class).and_then(Vec::pop) {
                 pools.stats.cached_bytes -= class;
                 pools.stats.cache_hits += 1;
                 pools.take(class);
+                pools.graphs.handed_out(ptr, class);
                 return Ok((ptr, class));
             }
         }
@@ -101,7 +117,7 @@ impl CachingAllocator {
             Ok(ptr) => ptr,
             Err(_) => {
                 // Out of memory (most likely): give the cache back to the driver and retry.
-                dev.synchronize()?;
+                dev.wait()?;
                 self.release_all(dev)?;
                 // SAFETY: as above.
                 unsafe { drv::malloc_sync(class) }.map_err(|e| {
@@ -116,6 +132,7 @@ impl CachingAllocator {
         let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         pools.stats.driver_allocations += 1;
         pools.take(class);
+        pools.graphs.handed_out(ptr, class);
         Ok((ptr, class))
     }
 
@@ -126,9 +143,38 @@ impl CachingAllocator {
             return;
         }
         let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        pools.stats.in_use_bytes -= class;
-        pools.stats.cached_bytes += class;
-        pools.free.entry(class).or_default().push(ptr);
+        if pools.graphs.give_back(ptr, class) {
+            pools.cache(&[(ptr, class)]);
+        }
+    }
+
+    /// Starts a CUDA graph's capture on the calling thread: every block it is handed until
+    /// [`CachingAllocator::end_capture`] belongs to the graph ([`GraphPools`]).
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        pools.graphs.begin().map_err(Error::runtime)
+    }
+
+    /// Ends the capture: the blocks the graph holds (to pass to
+    /// [`CachingAllocator::release_graph`] when it is destroyed).
+    pub(crate) fn end_capture(&self) -> Vec<(CUdeviceptr, usize)> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).graphs.end()
+    }
+
+    /// Abandons a capture that failed.
+    pub(crate) fn abort_capture(&self) {
+        let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let free = pools.graphs.abort();
+        pools.cache(&free);
+    }
+
+    /// A graph is destroyed: its blocks go back to the cache (those no handle holds now, the
+    /// others when their handle drops them). The graph's launches are before, in stream order,
+    /// any work of the blocks' next owners.
+    pub(crate) fn release_graph(&self, blocks: &[(CUdeviceptr, usize)]) {
+        let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let free = pools.graphs.release(blocks);
+        pools.cache(&free);
     }
 
     /// Frees every cached block to the driver. The caller has synchronised the stream (no
@@ -199,11 +245,13 @@ impl Drop for DeviceMemory {
     }
 }
 
-/// Enqueues a host-to-device copy of `src` to `dst`.
+/// Enqueues a host-to-device copy of `src` to `dst`. An error while the calling thread
+/// captures a CUDA graph (the graph would keep the host address).
 ///
 /// # Safety
 /// `dst` must address at least `src.len()` bytes of device memory of `dev`.
 pub(crate) unsafe fn upload(dev: &CudaDevice, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
+    dev.refuse_while_capturing("a copy from host memory")?;
     if src.is_empty() {
         return Ok(());
     }
@@ -214,11 +262,14 @@ pub(crate) unsafe fn upload(dev: &CudaDevice, dst: CUdeviceptr, src: &[u8]) -> R
 }
 
 /// Copies `len` bytes at `src` to the host, waiting for the stream (and so for all work
-/// enqueued before, whose asynchronous errors surface here).
+/// enqueued before, whose asynchronous driver errors surface here; kernels' status words are
+/// left for the caller: [`CudaBuffer::to_host`] checks them). An error while the calling
+/// thread captures a CUDA graph.
 ///
 /// # Safety
 /// `src` must address at least `len` bytes of device memory of `dev`.
 pub(crate) unsafe fn download(dev: &CudaDevice, src: CUdeviceptr, len: usize) -> Result<Vec<u8>> {
+    dev.refuse_while_capturing("a copy to host memory")?;
     let mut out = crate::buffer::try_zeroed_vec::<u8>(len)?;
     if len > 0 {
         dev.bind()?;
@@ -227,7 +278,7 @@ pub(crate) unsafe fn download(dev: &CudaDevice, src: CUdeviceptr, len: usize) ->
         unsafe { drv::memcpy_dtoh_async(&mut out[..], src, dev.cu_stream()) }
             .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))?;
     }
-    dev.synchronize()?;
+    dev.wait()?;
     Ok(out)
 }
 
@@ -289,10 +340,14 @@ impl CudaBuffer {
         Ok(buf)
     }
 
-    /// Copies it back to the host (waits for the stream).
+    /// Copies it back to the host: a synchronization point. It waits for the stream, and the
+    /// first data error a kernel of an unchecked run reported is returned instead of the
+    /// values ([`super::CudaDevice::synchronize`]).
     pub fn to_host(&self) -> Result<Buffer> {
+        let dev = &self.mem.device;
         // SAFETY: the allocation holds `bytes()` bytes.
-        let bytes = unsafe { download(&self.mem.device, self.ptr(), self.bytes())? };
+        let bytes = unsafe { download(dev, self.ptr(), self.bytes())? };
+        dev.status.check(dev)?;
         Buffer::new(self.meta.shape.clone(), HostData::from_bytes(self.meta.dtype, &bytes)?)
     }
 

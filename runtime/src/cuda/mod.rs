@@ -20,9 +20,10 @@
 //!    sizes; fallback ops by their built-in kernels ([`fallback`]: scatter, cumsum) where the
 //!    dtypes allow, else by copying their operands to the host and running the reference
 //!    interpreter;
-//! 4. copies all kernels' status words to the host once, after the graph (each kernel has its
-//!    own 4 words, so the first failing kernel in launch order is named), and returns the
-//!    outputs in `program.outputs` order.
+//! 4. returns the outputs in `program.outputs` order without waiting for the kernels. Each
+//!    kernel has 4 status words of its own on the device's status board ([`status`]), read at
+//!    the next synchronization point (a copy to the host, [`CudaDevice::synchronize`], a full
+//!    board): the first failing kernel in launch order is named there, with the run's line.
 //!
 //! With the autotuner on (`COIL_AUTOTUNE=1`, [`autotune`]) the first run also times a few
 //! launch plans of each kernel where the heuristic is unsure, as it reaches the kernel, and it
@@ -40,14 +41,16 @@ pub mod compiler;
 pub mod device;
 pub mod fallback;
 pub mod gather;
+pub mod graphs;
 pub mod loader;
 pub mod memory;
+mod status;
 #[cfg(test)]
 mod tests;
 
 pub use autotune::AutotuneChoice;
 pub use compiler::{CompiledCubin, LoadedModule};
-pub use device::{cuda_available, cuda_status, CudaDevice};
+pub use device::{cuda_available, cuda_status, synchronize_all, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
 
 use crate::plan::{self, check_status, Instance, Instances, RunOutput, Storage};
@@ -60,6 +63,7 @@ use coil_ir::{Error, Graph, Op, RandomState, Result};
 use cudarc::driver::{result as drv, sys, CudaEvent};
 use device::driver_error;
 use std::ffi::c_void;
+use std::panic::Location;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -102,17 +106,15 @@ pub struct CudaCompiledGraph {
     /// The program at each run's sizes.
     instances: Instances,
     steps: Vec<Step>,
-    /// Number of generated kernels (4 status words each).
-    generated: usize,
+
     attributes: Vec<KernelAttributes>,
     /// The loaded CUBINs, one per translation unit (none when every kernel is extern).
     modules: Vec<Arc<LoadedModule>>,
     cubins: Vec<CompiledCubin>,
     /// Wall-clock seconds of the NVRTC compiles (run in parallel; 0 when all were cached).
     compile_seconds: f64,
-    /// Status words of finished runs that reported no error, so still all zero: the next run
-    /// takes one instead of allocating and zeroing its own (a memset on the device per run).
-    clean_status: Mutex<Vec<DeviceMemory>>,
+    /// The launch that owns each 4 status words of a run (one per step, in launch order).
+    status_kernels: Arc<[String]>,
     /// The kernel cache it was built through (the autotuner's candidates and choices go there).
     cache_dir: PathBuf,
     /// Whether the first run autotunes the launches ([`autotune`]; `COIL_AUTOTUNE=1`).
@@ -121,6 +123,8 @@ pub struct CudaCompiledGraph {
     tuned: OnceLock<autotune::Tuned>,
     /// Held by the run that tunes, so that a run started meanwhile waits for its choices.
     tuning: Mutex<()>,
+    /// Its CUDA graph, for [`CudaCompiledGraph::run_replayed`].
+    replay: Mutex<graphs::Replay>,
 }
 
 // SAFETY: the raw `CUfunction` handles in `steps` are immutable, belong to `modules` (kept alive
@@ -134,20 +138,33 @@ unsafe impl Sync for CudaCompiledGraph {}
 enum Step {
     /// A generated kernel: its function, launch shape (`launch.grid` is 0 when each run
     /// computes it), its index among the schedule's kernels, the buffer of each argument in
-    /// order, and the index of its status words.
-    Generated { name: String, func: sys::CUfunction, launch: Launch, kernel: usize, args: Vec<BufferId>, status: usize },
+    /// order, and its index among the generated kernels (in `attributes`).
+    Generated {
+        name: String,
+        func: sys::CUfunction,
+        launch: Launch,
+        kernel: usize,
+        args: Vec<BufferId>,
+        attribute: usize,
+    },
     /// An extern node (`Bmm`, attention or a fallback op), by index in `program.nodes`.
     Extern { node: usize },
 }
 
-/// A run enqueued on the stream but not yet checked.
+/// Where a run's launches report data errors.
+enum RunStatus {
+    /// Words taken from the device's status board, the run recorded as asked for at this line.
+    Board(Option<&'static Location<'static>>),
+    /// The 4 words per step at this address (a CUDA graph's own).
+    At(u64),
+}
+
+/// A run enqueued on the stream: its outputs, not yet collected. Its temporaries went back
+/// to the allocator's cache when it was enqueued (a later owner's work follows on the stream).
 struct Pending {
     /// The program at the run's sizes.
     inst: Arc<Instance>,
     outputs: Vec<Option<CudaBuffer>>,
-    status: DeviceMemory,
-    /// Kept until the status is read (the kernels use them); then back to the cache.
-    _slots: Vec<DeviceMemory>,
 }
 
 impl CudaCompiledGraph {
@@ -196,7 +213,22 @@ impl CudaCompiledGraph {
 
         let start = std::time::Instant::now();
         let units: Vec<&CudaModule> = modules.iter().filter(|m| !m.kernels.is_empty()).collect();
-        let built = build_units(&device, &units, cache_dir);
+        // Kernels that differ only in their names (each layer of a model has the same ones) are
+        // built once: a one-kernel unit is compiled under a canonical name, so identical code
+        // is one source, one compile and one disk-cache entry, in this graph and across graphs.
+        let canonical: Vec<CudaModule> = units.iter().map(|m| canonical_unit(m)).collect();
+        let mut distinct: Vec<&CudaModule> = Vec::new();
+        let unit_of: Vec<usize> = canonical
+            .iter()
+            .map(|c| match distinct.iter().position(|d| d.source == c.source && d.language == c.language) {
+                Some(i) => i,
+                None => {
+                    distinct.push(c);
+                    distinct.len() - 1
+                }
+            })
+            .collect();
+        let built = build_units(&device, &distinct, cache_dir);
         let (mut loaded, mut cubins) = (Vec::new(), Vec::new());
         for b in built {
             let (m, c) = b?;
@@ -214,7 +246,11 @@ impl CudaCompiledGraph {
                         .filter(|m| !m.kernels.is_empty())
                         .position(|m| m.kernels.iter().any(|k| k.name == tile.name));
                     let unit = unit.expect("found above");
-                    let func = loaded[unit].function(&tile.name)?;
+                    let symbol = (canonical[unit].kernels.iter().zip(&units[unit].kernels))
+                        .find(|(_, k)| k.name == tile.name)
+                        .map(|(c, _)| c.name.clone())
+                        .expect("the unit has the kernel");
+                    let func = loaded[unit_of[unit]].function(&symbol)?;
                     compiler::allow_dynamic_shared(&device, func, launch.shared_bytes)?;
                     let (registers, static_shared_bytes) = compiler::function_resources(&device, func)?;
                     let grid = match launch.grid {
@@ -237,17 +273,25 @@ impl CudaCompiledGraph {
                             Language::Ptx { level: 3 } => "ptxas -O3",
                             Language::Ptx { .. } => "ptxas -O4",
                         },
-                        compile_us: (cubins[unit].compile_seconds * 1e6) as u64,
-                        load_us: (cubins[unit].load_seconds * 1e6) as u64,
+                        compile_us: (cubins[unit_of[unit]].compile_seconds * 1e6) as u64,
+                        load_us: (cubins[unit_of[unit]].load_seconds * 1e6) as u64,
                     });
-                    let status = attributes.len() - 1;
+                    let attribute = attributes.len() - 1;
                     let args = tile.args.iter().map(|a| a.buffer).collect();
-                    steps.push(Step::Generated { name: tile.name.clone(), func, launch, kernel, args, status });
+                    steps.push(Step::Generated { name: tile.name.clone(), func, launch, kernel, args, attribute });
                 }
                 Err(node) => steps.push(Step::Extern { node }),
             }
         }
-        let generated = attributes.len();
+        // One slot of 4 status words per launch (generated kernels and the device scatter
+        // report data errors there; the other extern calls leave theirs zero).
+        let status_kernels = steps
+            .iter()
+            .map(|step| match step {
+                Step::Generated { name, .. } => name.clone(),
+                Step::Extern { node } => crate::plan::extern_name(&schedule, *node),
+            })
+            .collect();
         Ok(CudaCompiledGraph {
             device,
             program,
@@ -255,16 +299,16 @@ impl CudaCompiledGraph {
             tiles: kernels,
             instances,
             steps,
-            generated,
             attributes,
             modules: loaded,
             cubins,
             compile_seconds,
-            clean_status: Mutex::new(Vec::new()),
+            status_kernels,
             cache_dir: cache_dir.to_path_buf(),
             autotune: autotune::enabled_by_env(),
             tuned: OnceLock::new(),
             tuning: Mutex::new(()),
+            replay: Mutex::new(graphs::Replay::default()),
         })
     }
 
@@ -328,10 +372,10 @@ impl CudaCompiledGraph {
         let mut attributes = self.attributes.clone();
         let Some(tuned) = self.tuned.get() else { return attributes };
         for (i, step) in self.steps.iter().enumerate() {
-            let (Step::Generated { status, kernel, .. }, Some((func, launch))) = (step, tuned.variant(i)) else {
+            let (Step::Generated { attribute, kernel, .. }, Some((func, launch))) = (step, tuned.variant(i)) else {
                 continue;
             };
-            let a = &mut attributes[*status];
+            let a = &mut attributes[*attribute];
             if let Ok((registers, static_shared_bytes)) = compiler::function_resources(&self.device, func) {
                 (a.registers, a.static_shared_bytes) = (registers, static_shared_bytes);
             }
@@ -369,7 +413,19 @@ impl CudaCompiledGraph {
     /// [`RunOutput::Donated`]: the caller's input buffer now holds it. The caller must not read
     /// a donated input's old elements afterwards.
     pub fn run_donating(&self, inputs: &[&CudaBuffer], random: &[RandomState]) -> Result<Vec<RunOutput<CudaBuffer>>> {
-        let pending = self.enqueue(inputs, random, None)?;
+        self.run_donating_at(inputs, random, None)
+    }
+
+    /// [`run_donating`](Self::run_donating) for a run the user asked for at `origin`: a data
+    /// error one of its kernels reports is named with that line when it surfaces, at the next
+    /// synchronization point (see [`status`]; a run returns without waiting for its kernels).
+    pub fn run_donating_at(
+        &self,
+        inputs: &[&CudaBuffer],
+        random: &[RandomState],
+        origin: Option<&'static Location<'static>>,
+    ) -> Result<Vec<RunOutput<CudaBuffer>>> {
+        let pending = self.enqueue(inputs, random, None, RunStatus::Board(origin))?;
         self.finish(inputs, pending)
     }
 
@@ -386,12 +442,13 @@ impl CudaCompiledGraph {
         let events = timing_events(&self.device, self.steps.len() + 1)?;
         let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); self.steps.len()];
         for _ in 0..reps.max(1) {
-            let pending = self.enqueue(inputs, &random, Some(&events))?;
+            let pending = self.enqueue(inputs, &random, Some(&events), RunStatus::Board(None))?;
             self.finish(inputs, pending)?;
             for (i, sample) in samples.iter_mut().enumerate() {
                 sample.push(elapsed_us(&events[i], &events[i + 1])?);
             }
         }
+        self.device.synchronize()?;
         Ok(self
             .steps
             .iter()
@@ -439,11 +496,12 @@ impl CudaCompiledGraph {
         for _ in 0..reps {
             flush.zero(FLUSH_BYTES)?;
             record(&self.device, &start)?;
-            let pending = self.enqueue(inputs, &random, None)?;
+            let pending = self.enqueue(inputs, &random, None, RunStatus::Board(None))?;
             record(&self.device, &end)?;
             self.finish(inputs, pending)?;
             times.push(elapsed_us(&start, &end)?);
         }
+        self.device.synchronize()?;
         Ok(times)
     }
 
@@ -487,10 +545,16 @@ impl CudaCompiledGraph {
         Ok(inst)
     }
 
-    /// Allocates and enqueues everything; fallback ops synchronise on the way.
-    /// Enqueues one run; with `marks` (one event per launch and one more), records
-    /// `marks[i]` before launch `i` and the last one after the last launch.
-    fn enqueue(&self, inputs: &[&CudaBuffer], random: &[RandomState], marks: Option<&[CudaEvent]>) -> Result<Pending> {
+    /// Allocates and enqueues one run (fallback ops synchronise on the way); its status words
+    /// are checked later ([`RunStatus`]). With `marks` (one event per launch and one more),
+    /// records `marks[i]` before launch `i` and the last one after the last launch.
+    fn enqueue(
+        &self,
+        inputs: &[&CudaBuffer],
+        random: &[RandomState],
+        marks: Option<&[CudaEvent]>,
+        status: RunStatus,
+    ) -> Result<Pending> {
         let inst = self.check_inputs(inputs)?;
         // The words of each kernel's random streams, checked before anything is enqueued.
         let words: Vec<Vec<u64>> = (self.tiles.iter())
@@ -508,15 +572,13 @@ impl CudaCompiledGraph {
             .collect::<Result<_>>()?;
         let slots: Vec<DeviceMemory> =
             inst.slot_bytes.iter().map(|&b| DeviceMemory::alloc(dev, b)).collect::<Result<_>>()?;
-        let reused = self.clean_status.lock().ok().and_then(|mut pool| pool.pop());
-        let status = match reused {
-            Some(status) => status,
-            None => {
-                let status = DeviceMemory::alloc(dev, self.generated * 32)?;
-                status.zero(self.generated * 32)?;
-                status
-            }
+        let status = match status {
+            RunStatus::Board(_) if self.steps.is_empty() => 0,
+            RunStatus::Board(origin) => dev.status.take(dev, &self.status_kernels, origin)?,
+            RunStatus::At(words) => words,
         };
+        // Launch `i`'s status words.
+        let status_of = |i: usize| status + (i * status::KERNEL_STATUS_BYTES) as u64;
         let ptrs: Vec<u64> = (0..p.buffers.len())
             .map(|i| match inst.storage[i] {
                 Storage::Input(k) | Storage::Donated(k) => inputs[k].ptr(),
@@ -541,7 +603,7 @@ impl CudaCompiledGraph {
         for (i, step) in self.steps.iter().enumerate() {
             mark(i)?;
             match step {
-                Step::Generated { name, func, launch, kernel, args, status: s } => {
+                Step::Generated { name, func, launch, kernel, args, .. } => {
                     let (func, launch) = match (&mut tuner, tuned) {
                         (Some(tuner), _) => tuner.choose(i, &inst, &ptrs)?,
                         (None, Some(tuned)) => tuned.variant(i).unwrap_or((*func, *launch)),
@@ -551,19 +613,21 @@ impl CudaCompiledGraph {
                         continue; // nothing to compute
                     }
                     let buffers: Vec<u64> = args.iter().map(|b| ptrs[b.0]).collect();
-                    let status = status.ptr() + (*s as u64) * 32;
-                    let mut params = kernel_params(&buffers, &inst.kernel_sizes[*kernel], &words[*kernel], status);
+                    let mut params =
+                        kernel_params(&buffers, &inst.kernel_sizes[*kernel], &words[*kernel], status_of(i));
                     // SAFETY: each argument's pointer addresses a live allocation of at least its
-                    // buffer's size and dtype at this run's sizes (checked by `Instances`), kept
-                    // alive until the status is read; the status words are this kernel's 4.
+                    // buffer's size and dtype at this run's sizes (checked by `Instances`), whose
+                    // next owner's work follows on the stream; the status words are this
+                    // kernel's 4 on the device's status board.
                     unsafe {
                         launch_generated(dev, name, func, &launch, grid_at(&launch, &inst, *kernel), &mut params)
                     }?;
                 }
                 Step::Extern { node } => {
-                    if let Err(e) = self.run_extern(&inst, *node, &ptrs) {
-                        // A failing kernel earlier in the graph explains garbage operands best.
-                        self.check_status_words(&status)?;
+                    if let Err(e) = self.run_extern(&inst, *node, &ptrs, status_of(i)) {
+                        // A failing kernel earlier in the graph (or in an earlier run) explains
+                        // garbage operands best.
+                        dev.synchronize()?;
                         return Err(e);
                     }
                 }
@@ -573,16 +637,12 @@ impl CudaCompiledGraph {
         if let Some(tuner) = tuner {
             tuner.finish();
         }
-        Ok(Pending { inst, outputs, status, _slots: slots })
+        Ok(Pending { inst, outputs })
     }
 
-    /// Waits for the run, checks its status words, and collects the outputs.
+    /// Collects the outputs of an enqueued run (without waiting for it).
     fn finish(&self, inputs: &[&CudaBuffer], pending: Pending) -> Result<Vec<RunOutput<CudaBuffer>>> {
-        self.check_status_words(&pending.status)?;
-        let Pending { inst, mut outputs, status, .. } = pending;
-        if let Ok(mut pool) = self.clean_status.lock() {
-            pool.push(status);
-        }
+        let Pending { inst, mut outputs } = pending;
         let p = &inst.program;
         let mut result: Vec<RunOutput<CudaBuffer>> = Vec::with_capacity(p.outputs.len());
         for (k, &o) in p.outputs.iter().enumerate() {
@@ -607,20 +667,9 @@ impl CudaCompiledGraph {
         Ok(result)
     }
 
-    /// One device-to-host copy of every kernel's status (waits for the stream); the first
-    /// failing kernel in launch order is reported.
-    fn check_status_words(&self, status: &DeviceMemory) -> Result<()> {
-        let words = status_words(&self.device, status, self.generated)?;
-        for step in &self.steps {
-            if let Step::Generated { name, status: s, .. } = step {
-                check_status(name, &words[s * 4..s * 4 + 4])?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Enqueues one extern node on the run's memory, at the run's sizes.
-    fn run_extern(&self, inst: &Instance, node: usize, ptrs: &[u64]) -> Result<()> {
+    /// Enqueues one extern node on the run's memory, at the run's sizes; `status`: its 4
+    /// status words.
+    fn run_extern(&self, inst: &Instance, node: usize, ptrs: &[u64], status: u64) -> Result<()> {
         let p = &inst.program;
         let LoopKind::Extern { call, inputs: operands } = &p.nodes[node].kind else {
             unreachable!("checked in new_in")
@@ -641,12 +690,31 @@ impl CudaCompiledGraph {
                     operand(out_id),
                 )
             }
-            ExternCall::Attention { q, k, v, .. } => {
+            ExternCall::Attention { q, k, v, lse, .. } => {
                 let spec =
                     crate::cpu::attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 let dtype = p.buffer(out_id).meta.dtype;
                 let (q, k, v) = (operand(q.buffer), operand(k.buffer), operand(v.buffer));
-                attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id))
+                attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id), lse.map(operand))
+            }
+            ExternCall::AttentionBackward(backward) => {
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =
+                    &**backward;
+                let spec = crate::cpu::attention_backward::AttentionBackwardSpec::from_call(call)
+                    .expect("an attention backward call of constant sizes");
+                let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| operand(g.buffer));
+                let bufs = attention::DevBackward {
+                    q: operand(q.buffer),
+                    k: operand(k.buffer),
+                    v: operand(v.buffer),
+                    grad_out: operand(grad_out.buffer),
+                    lse: operand(*lse),
+                    delta: operand(*delta),
+                    dq: grad(dq),
+                    dk: grad(dk),
+                    dv: grad(dv),
+                };
+                attention::attention_backward(&self.device, &spec, p.buffer(q.buffer).meta.dtype, bufs)
             }
             ExternCall::Fallback { op: Op::Scatter { dim, add } }
                 if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *add) =>
@@ -654,7 +722,7 @@ impl CudaCompiledGraph {
                 let arg = |k: usize| (ptrs[operands[k].0], &p.buffer(operands[k]).meta);
                 // SAFETY: every buffer of the program is contiguous, of its meta, and distinct
                 // from the others (the output is a buffer of its own).
-                unsafe { fallback::scatter(&self.device, *dim, *add, arg(0), arg(1), arg(2), ptrs[out_id.0]) }
+                unsafe { fallback::scatter(&self.device, *dim, *add, arg(0), arg(1), arg(2), ptrs[out_id.0], status) }
             }
             ExternCall::Fallback { op: Op::Cumsum { dim } }
                 if fallback::supports_cumsum(&p.buffer(operands[0]).meta, &p.buffer(out_id).meta) =>
@@ -690,7 +758,7 @@ impl CudaCompiledGraph {
                 unsafe { memory::upload(&self.device, ptrs[out_id.0], &bytes)? };
                 // `bytes` is dropped on return: the driver staged the pageable copy already,
                 // but a synchronisation keeps this rare path obviously sound.
-                self.device.synchronize()
+                self.device.wait()
             }
         }
     }
@@ -701,11 +769,36 @@ impl CudaCompiledGraph {
     }
 }
 
+/// Prints `text` on the `schedule` log channel (`COIL_LOGS=schedule` or `all`), as the frontend
+/// prints its schedule: how the launches run (autotuning, CUDA graphs).
+fn schedule_log(text: &str) {
+    let on =
+        std::env::var("COIL_LOGS").is_ok_and(|v| v.split(',').map(str::trim).any(|c| c == "schedule" || c == "all"));
+    if on {
+        eprintln!("[coil:schedule] {text}");
+    }
+}
+
 /// Compiles (or finds in the cache) and loads each translation unit on a thread of rayon's
 /// pool: compiles are independent, so the whole takes about its slowest one. The pool's
 /// threads live on, so the driver's per-thread set-up for assembling PTX (about 7 ms on the
 /// H100 machine, paid again by every fresh thread) is paid once per thread, at start-up
 /// ([`compiler::warm_up`]). One result per unit, in order.
+/// The symbol a one-kernel unit is compiled under: its code, not its name, tells it apart.
+const CANONICAL_KERNEL: &str = "coil_kernel";
+
+/// `unit` with its kernel renamed to [`CANONICAL_KERNEL`] when it has exactly one kernel
+/// (every occurrence: the name also prefixes PTX parameter names and heads the comment);
+/// otherwise `unit` as it is.
+fn canonical_unit(unit: &CudaModule) -> CudaModule {
+    let mut canonical = unit.clone();
+    if let [kernel] = unit.kernels.as_slice() {
+        canonical.source = unit.source.replace(&kernel.name, CANONICAL_KERNEL);
+        canonical.kernels[0].name = CANONICAL_KERNEL.to_string();
+    }
+    canonical
+}
+
 fn build_units(
     device: &Arc<CudaDevice>,
     units: &[&CudaModule],

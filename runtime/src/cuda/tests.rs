@@ -640,3 +640,22 @@ fn extern_only_graph_runs_without_compiling() {
     let want = cpu.run(&[&a, &b]).unwrap().remove(0);
     assert_close(&got.data.to_f64_vec(), &want.data.to_f64_vec(), 1e-5, "bmm + cumsum");
 }
+
+#[test]
+fn kernels_differing_only_in_their_names_compile_as_one_unit() {
+    let unit = |name: &str, body: &str| CudaModule {
+        source: format!(
+            "// {name}: pointwise\n.visible .entry {name}(\n\t.param .u64 {name}_param_0\n)\n{{\n{body}\n}}\n"
+        ),
+        kernels: vec![CudaKernel {
+            name: name.to_string(),
+            launch: Launch { grid: 1, block: 32, shared_bytes: 0, per_block: 32, max_grid: 0, cluster: 1 },
+        }],
+        language: Language::Ptx { level: 4 },
+    };
+    let (a, b) = (canonical_unit(&unit("poi_fused_add_3", "ret;")), canonical_unit(&unit("poi_fused_add_30", "ret;")));
+    assert_eq!(a.source, b.source);
+    assert_eq!(a.kernels[0].name, CANONICAL_KERNEL);
+    assert!(!a.source.contains("poi_fused"), "{}", a.source);
+    assert_ne!(a.source, canonical_unit(&unit("poi_fused_add_3", "exit;")).source);
+}

@@ -7,6 +7,7 @@
 //! ```sh
 //! cargo run --release --example models -- --json coil_models.json            # GPU, 124M
 //! cargo run --release --example models -- --device cpu --config tiny         # a quick check
+//! cargo run --release --example models -- --cuda-graphs                       # replayed from CUDA graphs
 //! ```
 //!
 //! Timing follows `torch_suite.py`: warm-up calls, then each timed call after a 256 MiB memset
@@ -15,23 +16,35 @@
 //! the first call's wall time minus a steady call's; the peak is the allocator's most bytes in
 //! use over one steady call (parameters, optimizer state and activations included).
 
+mod decode;
+
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::{clip_grad_norm, AdamW, AdamWConfig, Optimizer, ParamStore, Precision};
 use coil::{DType, Device, Tensor};
 use coil_runtime::cuda::{CudaDevice, DeviceMemory, StreamTimer};
 use std::time::Instant;
 
-struct Opts {
+pub struct Opts {
     device: Device,
     tiny: bool,
     rows: Vec<String>,
     warmup: usize,
     reps: usize,
     json: Option<String>,
+    /// Replay the compiled functions from CUDA graphs (`CompiledFn::cuda_graphs`).
+    cuda_graphs: bool,
 }
 
 fn parse() -> Opts {
-    let mut o = Opts { device: Device::default(), tiny: false, rows: vec![], warmup: 3, reps: 20, json: None };
+    let mut o = Opts {
+        device: Device::default(),
+        tiny: false,
+        rows: vec![],
+        warmup: 3,
+        reps: 20,
+        json: None,
+        cuda_graphs: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut v = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -42,14 +55,17 @@ fn parse() -> Opts {
             "--warmup" => o.warmup = v().parse().expect("--warmup N"),
             "--reps" => o.reps = v().parse().expect("--reps N"),
             "--json" => o.json = Some(v()),
-            _ => panic!("unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json"),
+            "--cuda-graphs" => o.cuda_graphs = true,
+            _ => panic!(
+                "unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json, --cuda-graphs"
+            ),
         }
     }
     o
 }
 
 /// One timed call: device microseconds (events; the wall clock on the CPU) and wall microseconds.
-struct Timer {
+pub struct Timer {
     cuda: Option<(std::sync::Arc<CudaDevice>, StreamTimer, DeviceMemory)>,
 }
 
@@ -70,7 +86,7 @@ impl Timer {
         })
     }
 
-    fn time(&self, f: &mut dyn FnMut() -> coil::Result<()>) -> coil::Result<(f64, f64)> {
+    pub fn time(&self, f: &mut dyn FnMut() -> coil::Result<()>) -> coil::Result<(f64, f64)> {
         let Some((dev, timer, flush)) = &self.cuda else {
             let t = Instant::now();
             f()?;
@@ -86,27 +102,29 @@ impl Timer {
         Ok((device_us, wall.elapsed().as_secs_f64() * 1e6))
     }
 
-    fn reset_peak(&self) {
+    pub fn reset_peak(&self) {
         if let Some((dev, ..)) = &self.cuda {
             dev.reset_peak_memory();
         }
     }
 
-    fn peak(&self) -> usize {
+    pub fn peak(&self) -> usize {
         self.cuda.as_ref().map_or(0, |(dev, ..)| dev.memory_stats().peak_in_use_bytes)
     }
 }
 
-struct Row {
+pub struct Row {
     name: String,
     device_ms: f64,
     wall_ms: f64,
     peak: usize,
     compile_s: f64,
     notes: String,
+    /// For per-token rows (decode, prefill): the batch; `None` for per-call rows.
+    per_token_batch: Option<usize>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -142,6 +160,7 @@ fn bench(
         peak: timer.peak(),
         compile_s: (first_s - wall_ms / 1e3).max(0.0),
         notes: notes.into(),
+        per_token_batch: None,
     };
     eprintln!(
         "{:<28} {:9.3} ms device  {:9.3} ms wall  peak {:7.1} MB  compile {:6.2} s",
@@ -154,10 +173,15 @@ fn bench(
     Ok(row)
 }
 
-fn main() -> coil::Result<()> {
-    let o = parse();
+/// The forward and training-step rows (GPT-2 124M, f32 parameters, bf16 autocast).
+fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
     let device = o.device;
-    let (config, batch, seq, prefix) = if o.tiny {
+    let prefix = if o.tiny { "gpt2_tiny" } else { "gpt2_124m" };
+    let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
+    if !wanted(&format!("{prefix}_fwd_bf16")) && !wanted(&format!("{prefix}_train_step_bf16")) {
+        return Ok(vec![]);
+    }
+    let (config, batch, seq) = if o.tiny {
         let c = Gpt2Config {
             vocab_size: 256,
             block_size: 64,
@@ -167,9 +191,9 @@ fn main() -> coil::Result<()> {
             dropout: 0.0,
             layer_norm_eps: 1e-5,
         };
-        (c, 2, 64, "gpt2_tiny")
+        (c, 2, 64)
     } else {
-        (Gpt2Config::gpt2_124m(), 8, 1024, "gpt2_124m")
+        (Gpt2Config::gpt2_124m(), 8, 1024)
     };
     coil::manual_seed(0);
     let store = ParamStore::new();
@@ -190,17 +214,17 @@ fn main() -> coil::Result<()> {
         Tensor::from_vec(v, &[batch, seq])?.to_device(device)
     };
     let (x, y) = (ids(batch * seq)?, ids(batch * seq)?);
-    let timer = Timer::new(device)?;
-    let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
     let mut rows = Vec::new();
 
     let fwd_name = format!("{prefix}_fwd_bf16");
     if wanted(&fwd_name) {
         store.eval();
-        let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?])).named("forward");
+        let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?]))
+            .named("forward")
+            .cuda_graphs(o.cuda_graphs);
         let mut step = || forward.call(&[&x, &y]).map(|_| ());
         let notes = "forward to the mean cross-entropy loss, no gradients (as under torch.no_grad)";
-        rows.push(bench(&fwd_name, &o, &timer, notes, &mut step)?);
+        rows.push(bench(&fwd_name, o, timer, notes, &mut step)?);
         store.train();
     }
 
@@ -215,14 +239,15 @@ fn main() -> coil::Result<()> {
             let (loss, grads) = coil::nn::value_and_grad(&model.loss(&a[0], &a[1])?, &order)?;
             Ok(std::iter::once(loss).chain(grads).collect())
         })
-        .named("train_step");
+        .named("train_step")
+        .cuda_graphs(o.cuda_graphs);
         let mut step = || -> coil::Result<()> {
             let out = grads.call(&[&x, &y])?;
             let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
             opt.step(&clipped)
         };
         let notes = "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)";
-        rows.push(bench(&train_name, &o, &timer, notes, &mut step)?);
+        rows.push(bench(&train_name, o, timer, notes, &mut step)?);
         // Where a step's time goes: the gradients' graph, then the optimizer's.
         let (mut g, mut u) = (Vec::new(), Vec::new());
         for _ in 0..o.reps.clamp(1, 10) {
@@ -247,6 +272,15 @@ fn main() -> coil::Result<()> {
         );
     }
 
+    Ok(rows)
+}
+
+fn main() -> coil::Result<()> {
+    let o = parse();
+    let device = o.device;
+    let timer = Timer::new(device)?;
+    let mut rows = training_rows(&o, &timer)?;
+    rows.extend(decode::rows(&o, &timer)?);
     let device_name = match device {
         Device::Cuda(n) => CudaDevice::get(n)?.name().to_string(),
         Device::Cpu => "cpu".to_string(),
@@ -254,8 +288,9 @@ fn main() -> coil::Result<()> {
     let json_rows: Vec<String> = rows
         .iter()
         .map(|r| {
+            let per_token = r.per_token_batch.map_or(String::new(), |b| format!(", \"per_token\": true, \"batch\": {b}"));
             format!(
-                "{{\"name\": \"{}\", \"coil_ms\": {:.4}, \"coil_wall_ms\": {:.4}, \"coil_peak_bytes\": {}, \"coil_compile_s\": {:.3}, \"notes\": \"{}\"}}",
+                "{{\"name\": \"{}\", \"coil_ms\": {:.4}, \"coil_wall_ms\": {:.4}, \"coil_peak_bytes\": {}, \"coil_compile_s\": {:.3}, \"notes\": \"{}\"{per_token}}}",
                 r.name, r.device_ms, r.wall_ms, r.peak, r.compile_s, r.notes
             )
         })

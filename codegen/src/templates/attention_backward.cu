@@ -1,0 +1,366 @@
+/* coil attention template: FlashAttention-2-style backward (see
+   codegen/src/templates/attention_backward.rs). Follows attention_common.cuh.
+
+   The grid's y dim has two kinds of blocks. The first key_blocks take 64 keys each and walk the
+   query blocks that see them: dV = P^T dO and dK = scale dS^T Q, accumulated on chip. The others
+   take 64 query rows each and walk the key blocks they see: dQ = scale dS K. P = exp2(S scale_log2
+   - lse log2(e)) is recomputed from the saved logsumexp, dS = P (dO V^T - delta); neither is
+   ever stored, and no two blocks write one element (no atomics: results repeat exactly). */
+
+struct CoilAttnBwdParams {
+    CoilAttnOperand q, k, v, dout, dq, dk, dv;
+    int heads;        /* batch indices per outer index: blockIdx.x = b * heads + h */
+    int l, s, d;      /* query rows, keys, head dim */
+    float scale;      /* the factor on q . k */
+    float scale_log2; /* scale * log2(e) */
+    int causal;       /* query row i sees keys j <= i (top-left aligned) */
+    int key_blocks;   /* blocks (of the grid's y dim) computing dK and dV; the rest compute dQ */
+};
+
+/* The rows of statistics (lse in log2 units, delta) the backward reads, per batch index. */
+COIL_D float coil_lse2(const float *lse, int row, int l) {
+    return row < l ? lse[(long long)blockIdx.x * l + row] * COIL_LOG2E : 0.f;
+}
+COIL_D float coil_row_stat(const float *x, int row, int l) { return row < l ? x[(long long)blockIdx.x * l + row] : 0.f; }
+
+#ifdef COIL_ATTENTION_EMULATED
+#define COIL_DYNAMIC_SHARED ((coil_u16 *)coil_emu_dynamic_shared)
+#else
+/* Dynamic shared memory: four tiles and two rows of statistics (more than 48 KiB at head dim
+   96 and up, which the launch allows). */
+struct alignas(16) coil_chunk { coil_u32 w[4]; };
+extern __shared__ coil_chunk coil_dynamic_shared[];
+#define COIL_DYNAMIC_SHARED ((coil_u16 *)coil_dynamic_shared)
+#endif
+
+/* Whether a warp holds its 16 rows of the operands that stay fixed through a block's walk (K
+   and V for dK, dV; Q and dO for dQ) as A fragments in registers: up to head dim 64. Their
+   tiles are then free after the first load, and the walk double-buffers the other two operands
+   in them (the next block's copies overlap this block's products). Wider heads keep all four
+   tiles and read the fragments again at each step (registers). */
+template <int DP> struct CoilHold { static constexpr bool value = DP <= 64; };
+
+/* dK and dV of 64 keys (warp w: keys 16w .. 16w + 15), by the transposed products: the warp
+   holds S^T and dP^T (16 keys x 64 query rows) as accumulators, which are A fragments of the
+   next products. Tiles (TILE elements each): K, V in 2, 3; Q, dO in 0, 1 (and, holding, the
+   next block's Q, dO in 2, 3, alternating). */
+template <int DP, bool BF16>
+COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
+                                    const float *lse, const float *delta, coil_u16 *dk, coil_u16 *dv,
+                                    const CoilAttnBwdParams &p, int kblock) {
+    constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8, TILE = BLOCK * PITCH;
+    constexpr bool HOLD = CoilHold<DP>::value;
+    coil_u16 *smem = COIL_DYNAMIC_SHARED;
+    float *s_lse = (float *)(smem + 4 * TILE), *s_delta = s_lse + BLOCK;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int key0 = kblock * BLOCK;
+    const coil_u16 *qb = q + coil_batch_base(p.q, p.heads), *dob = dout + coil_batch_base(p.dout, p.heads);
+    /* Query blocks whose rows see a key of this block: all, or (causal) from the diagonal on. */
+    const int qblocks = (p.l + BLOCK - 1) / BLOCK, first = p.causal ? kblock : 0;
+    coil_tile_load<DP>(smem + 2 * TILE, k + coil_batch_base(p.k, p.heads), p.k.row, key0, p.s, p.d);
+    coil_tile_load<DP>(smem + 3 * TILE, v + coil_batch_base(p.v, p.heads), p.v.row, key0, p.s, p.d);
+    coil_cp_async_commit();
+    if (first < qblocks) {
+        coil_tile_load<DP>(smem, qb, p.q.row, first * BLOCK, p.l, p.d);
+        coil_tile_load<DP>(smem + TILE, dob, p.dout.row, first * BLOCK, p.l, p.d);
+    }
+    coil_cp_async_commit();
+    coil_u32 kf[HOLD ? KC : 1][4], vf[HOLD ? KC : 1][4];
+    if constexpr (HOLD) {
+        coil_cp_async_wait<1>(); /* K and V landed */
+        __syncthreads();
+        coil_a_frags<DP>(smem + 2 * TILE, warp * 16, kf);
+        coil_a_frags<DP>(smem + 3 * TILE, warp * 16, vf);
+        __syncthreads(); /* every warp holds its K and V: tiles 2, 3 are free */
+    }
+
+    float dk_acc[NT][4], dv_acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.f;
+    }
+    for (int qbi = first, stage = 0; qbi < qblocks; ++qbi, stage ^= 1) {
+        const int row0 = qbi * BLOCK;
+        coil_u16 *sq = smem + (HOLD ? 2 * stage : 0) * TILE, *sdo = sq + TILE;
+        if (HOLD && qbi + 1 < qblocks) {
+            coil_u16 *next = smem + 2 * (stage ^ 1) * TILE;
+            coil_tile_load<DP>(next, qb, p.q.row, row0 + BLOCK, p.l, p.d);
+            coil_tile_load<DP>(next + TILE, dob, p.dout.row, row0 + BLOCK, p.l, p.d);
+        } else if (!HOLD && qbi > first) {
+            coil_tile_load<DP>(sq, qb, p.q.row, row0, p.l, p.d);
+            coil_tile_load<DP>(sdo, dob, p.dout.row, row0, p.l, p.d);
+        }
+        coil_cp_async_commit(); /* maybe empty: the waits below count alike */
+        if (threadIdx.x < BLOCK) {
+            s_lse[threadIdx.x] = coil_lse2(lse, row0 + threadIdx.x, p.l);
+            s_delta[threadIdx.x] = coil_row_stat(delta, row0 + threadIdx.x, p.l);
+        }
+        if constexpr (HOLD) {
+            coil_cp_async_wait<1>(); /* this block's Q, dO landed (the next block's may not have) */
+        } else {
+            coil_cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        /* S^T = K Q^T: this warp's 16 keys x 64 rows; then P^T in place, 0 where masked (rows
+           past the end, keys after the row when causal). */
+        coil_u32 af[HOLD ? 1 : KC][4];
+        float st[8][4], dpt[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+        }
+        if constexpr (!HOLD) coil_a_frags<DP>(smem + 2 * TILE, warp * 16, af);
+        coil_mma_abt<DP, BF16>(st, HOLD ? kf : af, sq);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = key0 + warp * 16 + g + (e >> 1) * 8, i = j * 8 + 2 * t + (e & 1), row = row0 + i;
+                const bool seen = row < p.l && !(p.causal && key > row);
+                st[j][e] = seen ? coil_exp2(st[j][e] * p.scale_log2 - s_lse[i]) : 0.f;
+            }
+        }
+        coil_mma_ab<DP, BF16>(dv_acc, st, sdo); /* dV += P^T dO */
+        /* dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place. */
+        if constexpr (!HOLD) coil_a_frags<DP>(smem + 3 * TILE, warp * 16, af);
+        coil_mma_abt<DP, BF16>(dpt, HOLD ? vf : af, sdo);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - s_delta[j * 8 + 2 * t + (e & 1)]);
+        }
+        coil_mma_ab<DP, BF16>(dk_acc, dpt, sq); /* dK += dS^T Q (scaled at the end) */
+        __syncthreads(); /* every warp is done with these tiles and the statistics */
+    }
+    coil_cp_async_wait<0>(); /* no copy outlives the block (when no query block sees these keys) */
+    const float one[2] = {1.f, 1.f}, scale[2] = {p.scale, p.scale};
+    const int row = key0 + warp * 16;
+    if (dk) coil_store_rows<DP, BF16>(dk + coil_batch_base(p.dk, p.heads), p.dk.row, row, p.s, p.d, dk_acc, scale);
+    if (dv) coil_store_rows<DP, BF16>(dv + coil_batch_base(p.dv, p.heads), p.dv.row, row, p.s, p.d, dv_acc, one);
+}
+
+/* dQ of 64 query rows (warp w: rows 16w .. 16w + 15). Tiles: Q, dO in 0, 1 (holding: staged
+   in 2, 3); K, V in 2, 3 (holding: in 0, 1 and 2, 3, alternating). */
+template <int DP, bool BF16>
+COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
+                                  const float *lse, const float *delta, coil_u16 *dq, const CoilAttnBwdParams &p,
+                                  int qblock) {
+    constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8, TILE = BLOCK * PITCH;
+    constexpr bool HOLD = CoilHold<DP>::value;
+    coil_u16 *smem = COIL_DYNAMIC_SHARED;
+    coil_u16 *sq = smem + (HOLD ? 2 : 0) * TILE, *sdo = sq + TILE;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = qblock * BLOCK, first = row0 + warp * 16;
+    const coil_u16 *kb = k + coil_batch_base(p.k, p.heads), *vb = v + coil_batch_base(p.v, p.heads);
+    int kblocks = (p.s + BLOCK - 1) / BLOCK;
+    if (p.causal) kblocks = coil_imin(kblocks, qblock + 1);
+    coil_tile_load<DP>(sq, q + coil_batch_base(p.q, p.heads), p.q.row, row0, p.l, p.d);
+    coil_tile_load<DP>(sdo, dout + coil_batch_base(p.dout, p.heads), p.dout.row, row0, p.l, p.d);
+    coil_cp_async_commit();
+    coil_tile_load<DP>(smem + (HOLD ? 0 : 2) * TILE, kb, p.k.row, 0, p.s, p.d);
+    coil_tile_load<DP>(smem + (HOLD ? 1 : 3) * TILE, vb, p.v.row, 0, p.s, p.d);
+    coil_cp_async_commit();
+    /* This thread's rows g and g + 8: the logsumexp (log2 units) and delta. */
+    const float lse2[2] = {coil_lse2(lse, first + g, p.l), coil_lse2(lse, first + g + 8, p.l)};
+    const float dl[2] = {coil_row_stat(delta, first + g, p.l), coil_row_stat(delta, first + g + 8, p.l)};
+    coil_u32 qf[HOLD ? KC : 1][4], gf[HOLD ? KC : 1][4];
+    if constexpr (HOLD) {
+        coil_cp_async_wait<1>(); /* Q and dO landed */
+        __syncthreads();
+        coil_a_frags<DP>(sq, warp * 16, qf);
+        coil_a_frags<DP>(sdo, warp * 16, gf);
+        __syncthreads(); /* every warp holds its Q and dO: tiles 2, 3 are free */
+    }
+
+    float dq_acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.f;
+    for (int kbi = 0, stage = 0; kbi < kblocks; ++kbi, stage ^= 1) {
+        const int key0 = kbi * BLOCK;
+        coil_u16 *sk = smem + (HOLD ? 2 * stage : 2) * TILE, *sv = sk + TILE;
+        if (HOLD && kbi + 1 < kblocks) {
+            coil_u16 *next = smem + 2 * (stage ^ 1) * TILE;
+            coil_tile_load<DP>(next, kb, p.k.row, key0 + BLOCK, p.s, p.d);
+            coil_tile_load<DP>(next + TILE, vb, p.v.row, key0 + BLOCK, p.s, p.d);
+        } else if (!HOLD && kbi > 0) {
+            coil_tile_load<DP>(sk, kb, p.k.row, key0, p.s, p.d);
+            coil_tile_load<DP>(sv, vb, p.v.row, key0, p.s, p.d);
+        }
+        coil_cp_async_commit(); /* maybe empty: the waits below count alike */
+        if constexpr (HOLD) {
+            coil_cp_async_wait<1>(); /* this block's K, V landed (the next block's may not have) */
+        } else {
+            coil_cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        /* S = Q K^T and P in place (0 for keys past the end, and after the row when causal);
+           dP = dO V^T and dS = P (dP - delta) in place. */
+        coil_u32 af[HOLD ? 1 : KC][4];
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+        }
+        if constexpr (!HOLD) coil_a_frags<DP>(sq, warp * 16, af);
+        coil_mma_abt<DP, BF16>(s, HOLD ? qf : af, sk);
+        if constexpr (!HOLD) coil_a_frags<DP>(sdo, warp * 16, af);
+        coil_mma_abt<DP, BF16>(dp, HOLD ? gf : af, sv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = key0 + j * 8 + 2 * t + (e & 1), row = first + g + (e >> 1) * 8;
+                const bool seen = key < p.s && !(p.causal && key > row);
+                const float pj = seen ? coil_exp2(s[j][e] * p.scale_log2 - lse2[e >> 1]) : 0.f;
+                s[j][e] = pj * (dp[j][e] - dl[e >> 1]);
+            }
+        }
+        coil_mma_ab<DP, BF16>(dq_acc, s, sk); /* dQ += dS K (scaled at the end) */
+        __syncthreads(); /* every warp is done with the K and V tiles */
+    }
+    coil_cp_async_wait<0>();
+    const float scale[2] = {p.scale, p.scale};
+    coil_store_rows<DP, BF16>(dq + coil_batch_base(p.dq, p.heads), p.dq.row, first, p.l, p.d, dq_acc, scale);
+}
+
+/* The tensor-core backward: 4 warps; block y < key_blocks: dK, dV of key block y (the first
+   have the most query rows to walk when causal); the others: dQ of a query block, the last
+   (most keys when causal) first. dq, dk, dv may be null: not wanted. */
+template <int DP, bool BF16>
+COIL_D void coil_attention_bwd_mma(const coil_u16 *__restrict__ q, const coil_u16 *__restrict__ k,
+                                   const coil_u16 *__restrict__ v, const coil_u16 *__restrict__ dout,
+                                   const float *__restrict__ lse, const float *__restrict__ delta,
+                                   coil_u16 *__restrict__ dq, coil_u16 *__restrict__ dk, coil_u16 *__restrict__ dv,
+                                   const CoilAttnBwdParams &p) {
+    const int y = blockIdx.y;
+    if (y < p.key_blocks) {
+        coil_attention_bwd_dkdv<DP, BF16>(q, k, v, dout, lse, delta, dk, dv, p, y);
+    } else {
+        coil_attention_bwd_dq<DP, BF16>(q, k, v, dout, lse, delta, dq, p, gridDim.y - 1 - y);
+    }
+}
+
+/* The simple backward: 64 threads, one key (dK, dV blocks) or one query row (dQ blocks) each;
+   the rows it walks staged in blocks of 16 in shared memory (f32); any strides. */
+template <int DP, int KIND>
+COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *v, const void *dout, const float *lse,
+                                      const float *delta, void *dq, void *dk, void *dv, const CoilAttnBwdParams &p) {
+    constexpr int ROWS = 16;
+    __shared__ float sa[ROWS][DP], sb[ROWS][DP], s_lse[ROWS], s_delta[ROWS];
+    const long long qb = coil_batch_base(p.q, p.heads), kb = coil_batch_base(p.k, p.heads);
+    const long long vb = coil_batch_base(p.v, p.heads), gb = coil_batch_base(p.dout, p.heads);
+    const int y = blockIdx.y;
+    if (y < p.key_blocks) {
+        /* This thread's key; the query rows that see the block's keys, 16 at a time. */
+        const int key0 = y * 64, key = key0 + threadIdx.x;
+        float kr[DP], vr[DP], dk_acc[DP], dv_acc[DP];
+#pragma unroll
+        for (int c = 0; c < DP; ++c) {
+            const bool in = key < p.s && c < p.d;
+            kr[c] = in ? coil_att_load<KIND>(k, kb + key * p.k.row + c * p.k.col) : 0.f;
+            vr[c] = in ? coil_att_load<KIND>(v, vb + key * p.v.row + c * p.v.col) : 0.f;
+            dk_acc[c] = dv_acc[c] = 0.f;
+        }
+        for (int row0 = p.causal ? key0 : 0; row0 < p.l; row0 += ROWS) {
+            __syncthreads(); /* every thread is done with the previous rows */
+            for (int i = threadIdx.x; i < ROWS * DP; i += 64) {
+                const int r = i / DP, c = i - r * DP, row = row0 + r;
+                const bool in = row < p.l && c < p.d;
+                sa[r][c] = in ? coil_att_load<KIND>(q, qb + row * p.q.row + c * p.q.col) : 0.f;
+                sb[r][c] = in ? coil_att_load<KIND>(dout, gb + row * p.dout.row + c * p.dout.col) : 0.f;
+            }
+            if (threadIdx.x < ROWS) {
+                s_lse[threadIdx.x] = coil_lse2(lse, row0 + threadIdx.x, p.l);
+                s_delta[threadIdx.x] = coil_row_stat(delta, row0 + threadIdx.x, p.l);
+            }
+            __syncthreads();
+            for (int j = 0; j < ROWS; ++j) {
+                const int row = row0 + j;
+                if (row >= p.l || key >= p.s || (p.causal && key > row)) continue;
+                float x = 0.f, dp = 0.f;
+#pragma unroll
+                for (int c = 0; c < DP; ++c) {
+                    x += sa[j][c] * kr[c];
+                    dp += sb[j][c] * vr[c];
+                }
+                const float pj = coil_exp2(x * p.scale_log2 - s_lse[j]), ds = pj * (dp - s_delta[j]);
+#pragma unroll
+                for (int c = 0; c < DP; ++c) {
+                    dv_acc[c] += pj * sb[j][c];
+                    dk_acc[c] += ds * sa[j][c];
+                }
+            }
+        }
+        if (key < p.s) {
+            const long long kout = coil_batch_base(p.dk, p.heads), vout = coil_batch_base(p.dv, p.heads);
+#pragma unroll
+            for (int c = 0; c < DP; ++c) {
+                if (c >= p.d) continue;
+                if (dk) coil_att_store<KIND>(dk, kout + key * p.dk.row + c * p.dk.col, dk_acc[c] * p.scale);
+                if (dv) coil_att_store<KIND>(dv, vout + key * p.dv.row + c * p.dv.col, dv_acc[c]);
+            }
+        }
+    } else {
+        /* This thread's query row; the keys it sees, 16 at a time. */
+        const int row0 = (gridDim.y - 1 - y) * 64, row = row0 + threadIdx.x;
+        float qr[DP], gr[DP], dq_acc[DP];
+#pragma unroll
+        for (int c = 0; c < DP; ++c) {
+            const bool in = row < p.l && c < p.d;
+            qr[c] = in ? coil_att_load<KIND>(q, qb + row * p.q.row + c * p.q.col) : 0.f;
+            gr[c] = in ? coil_att_load<KIND>(dout, gb + row * p.dout.row + c * p.dout.col) : 0.f;
+            dq_acc[c] = 0.f;
+        }
+        const float lse2 = coil_lse2(lse, row, p.l), dl = coil_row_stat(delta, row, p.l);
+        const int keys = p.causal ? coil_imin(p.s, row0 + 64) : p.s;
+        for (int key0 = 0; key0 < keys; key0 += ROWS) {
+            __syncthreads(); /* every thread is done with the previous keys */
+            for (int i = threadIdx.x; i < ROWS * DP; i += 64) {
+                const int r = i / DP, c = i - r * DP, key = key0 + r;
+                const bool in = key < p.s && c < p.d;
+                sa[r][c] = in ? coil_att_load<KIND>(k, kb + key * p.k.row + c * p.k.col) : 0.f;
+                sb[r][c] = in ? coil_att_load<KIND>(v, vb + key * p.v.row + c * p.v.col) : 0.f;
+            }
+            __syncthreads();
+            for (int j = 0; j < ROWS; ++j) {
+                const int key = key0 + j;
+                if (row >= p.l || key >= p.s || (p.causal && key > row)) continue;
+                float x = 0.f, dp = 0.f;
+#pragma unroll
+                for (int c = 0; c < DP; ++c) {
+                    x += qr[c] * sa[j][c];
+                    dp += gr[c] * sb[j][c];
+                }
+                const float ds = coil_exp2(x * p.scale_log2 - lse2) * (dp - dl);
+#pragma unroll
+                for (int c = 0; c < DP; ++c) dq_acc[c] += ds * sa[j][c];
+            }
+        }
+        if (row < p.l) {
+            const long long qout = coil_batch_base(p.dq, p.heads);
+#pragma unroll
+            for (int c = 0; c < DP; ++c)
+                if (c < p.d) coil_att_store<KIND>(dq, qout + row * p.dq.row + c * p.dq.col, dq_acc[c] * p.scale);
+        }
+    }
+}
+
+#define COIL_ATTENTION_BWD_MMA(NAME, DP, BF16)                                                               \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        NAME(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout, const float *lse, \
+             const float *delta, coil_u16 *dq, coil_u16 *dk, coil_u16 *dv, CoilAttnBwdParams p) {             \
+        coil_attention_bwd_mma<DP, BF16>(q, k, v, dout, lse, delta, dq, dk, dv, p);                           \
+    }
+#define COIL_ATTENTION_BWD_SIMPLE(NAME, DP, KIND)                                                            \
+    extern "C" __global__ void __launch_bounds__(64)                                                          \
+        NAME(const void *q, const void *k, const void *v, const void *dout, const float *lse,                 \
+             const float *delta, void *dq, void *dk, void *dv, CoilAttnBwdParams p) {                         \
+        coil_attention_bwd_simple<DP, KIND>(q, k, v, dout, lse, delta, dq, dk, dv, p);                        \
+    }

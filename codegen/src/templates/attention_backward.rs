@@ -1,0 +1,185 @@
+//! The attention backward template (`ExternCall::AttentionBackward` on CUDA): FlashAttention-2's
+//! backward, the probabilities recomputed from the logsumexp the forward saved, so the
+//! `[*batch, L, S]` scores and probabilities never exist in memory.
+//!
+//! One launch; the grid's y dim holds two kinds of blocks, each of one batch index:
+//!
+//! * **dK, dV blocks** (the first [`key blocks`](backward_grid)): 64 keys each, walking the
+//!   query blocks that see them (causal: from the diagonal block on). Per query block: `S^T =
+//!   K Q^T`, `P^T = exp2(S^T scale log2(e) - lse log2(e))` (0 where masked), `dV += P^T dO`,
+//!   `dP^T = V dO^T`, `dS^T = P^T (dP^T - delta)`, `dK += dS^T Q`; dK is scaled at the end.
+//! * **dQ blocks**: 64 query rows each, walking the key blocks they see (causal: up to the
+//!   diagonal block): `S`, `P`, `dP = dO V^T`, `dS`, `dQ += dS K`, scaled at the end.
+//!
+//! No block writes what another writes, so there are no atomics and results repeat exactly; the
+//! price is that `S` and `dP` are computed twice (7 products of `L x S x D` where FlashAttention-2
+//! with atomic dQ has 5). `delta = rowsum(dO * O)` is an operand: the graph computes it (a
+//! reduction the scheduler fuses), as FlashAttention's preprocessing kernel does.
+//!
+//! * **f16 / bf16 on sm_80 and newer** ([`AttentionBackwardKernel::Mma`],
+//!   `coil_attention_bwd_mma_*`): 4 warps, each 16 keys (or rows) of the block; all five
+//!   products on tensor cores (`mma.sync.m16n8k16`, f32 accumulators) with operands from four
+//!   64-row shared tiles (`cp.async` in, `ldmatrix` out; K, V and Q, dO) and P / dS turned
+//!   into A fragments in registers (rounded to the dtype, as FlashAttention does). The tiles
+//!   take `4 * 64 * (DP + 8) * 2` bytes of dynamic shared memory plus 512 bytes of statistics
+//!   ([`AttentionBackwardKernel::shared_bytes`]: 37.4 KB at head dim 64, 70.1 KB at 128; the
+//!   launch allows more than 48 KB). Operands: 16-byte aligned rows with unit column stride
+//!   (else gathered), gradients written as 4-byte aligned pairs (else the simple kernel runs).
+//! * **f32, and any dtype before sm_80** ([`AttentionBackwardKernel::Simple`],
+//!   `coil_attention_bwd_simple_*`): one thread per key (dK, dV blocks) or query row (dQ
+//!   blocks), the rows it walks staged 16 at a time in shared memory as f32, any strides.
+//!
+//! Entry points (all variants):
+//!
+//! ```text
+//! extern "C" __global__ void coil_attention_bwd_{mma,simple}_{bf16,f16,f32}_d{16,32,..,128}(
+//!     const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *delta,
+//!     T *dq, T *dk, T *dv /* each null when not wanted */, CoilAttnBwdParams p)
+//! grid (batch indices, key blocks + query blocks), block 128 (mma) or 64 (simple) threads,
+//! dynamic shared memory `shared_bytes()` (mma) or none (simple).
+//! ```
+
+use super::attention::{choose_kind, element_kind, AttnOperand, BLOCK_ROWS, COMMON_SOURCE};
+use coil_ir::{DType, Result};
+
+/// The backward kernels.
+pub const BACKWARD_SOURCE: &str = include_str!("attention_backward.cu");
+
+/// The kernel argument `CoilAttnBwdParams`, laid out as the C struct.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttnBwdParams {
+    /// Queries, keys, values, the output's gradient, and the three gradients (an operand of a
+    /// gradient that is not wanted is all zeros).
+    pub q: AttnOperand,
+    pub k: AttnOperand,
+    pub v: AttnOperand,
+    pub dout: AttnOperand,
+    pub dq: AttnOperand,
+    pub dk: AttnOperand,
+    pub dv: AttnOperand,
+    /// Inner batch dim's size: block `x` is batch index `(x / heads, x % heads)`.
+    pub heads: i32,
+    /// Query rows, keys, head dim.
+    pub l: i32,
+    pub s: i32,
+    pub d: i32,
+    /// The factor on `q . k`.
+    pub scale: f32,
+    /// `scale * log2(e)`.
+    pub scale_log2: f32,
+    /// 1 for causal attention.
+    pub causal: i32,
+    /// Blocks of the grid's y dim computing dK and dV (the rest compute dQ).
+    pub key_blocks: i32,
+}
+
+/// Which backward kernel runs a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionBackwardKernel {
+    /// The tensor-core kernel (f16 / bf16 on sm_80+): `bf16` or f16, head dim padded to `dp`.
+    Mma { bf16: bool, dp: usize },
+    /// The one-row-per-thread kernel: `dtype` f32, f16 or bf16, head dim padded to `dp`.
+    Simple { dtype: DType, dp: usize },
+}
+
+impl AttentionBackwardKernel {
+    /// The kernel for `dtype` and head dim `d` on a device of compute capability major
+    /// `sm_major` (the forward's rule); an error for what no kernel runs.
+    pub fn choose(dtype: DType, d: usize, sm_major: u32) -> Result<AttentionBackwardKernel> {
+        Ok(match choose_kind("attention backward", dtype, d, sm_major)? {
+            (Some(bf16), dp) => AttentionBackwardKernel::Mma { bf16, dp },
+            (None, dp) => AttentionBackwardKernel::Simple { dtype, dp },
+        })
+    }
+
+    /// The entry point's name, e.g. `coil_attention_bwd_mma_bf16_d64`.
+    pub fn name(self) -> String {
+        match self {
+            AttentionBackwardKernel::Mma { bf16, dp } => {
+                format!("coil_attention_bwd_mma_{}_d{dp}", if bf16 { "bf16" } else { "f16" })
+            }
+            AttentionBackwardKernel::Simple { dtype, dp } => format!("coil_attention_bwd_simple_{dtype}_d{dp}"),
+        }
+    }
+
+    /// The variant's whole translation unit.
+    pub fn source(self) -> String {
+        let entry = match self {
+            AttentionBackwardKernel::Mma { bf16, dp } => {
+                format!("COIL_ATTENTION_BWD_MMA({}, {dp}, {bf16})\n", self.name())
+            }
+            AttentionBackwardKernel::Simple { dtype, dp } => {
+                format!("COIL_ATTENTION_BWD_SIMPLE({}, {dp}, {})\n", self.name(), element_kind(dtype))
+            }
+        };
+        format!("{COMMON_SOURCE}\n{BACKWARD_SOURCE}\n{entry}")
+    }
+
+    /// The simple variant of the same dtype and head dim.
+    pub fn simple(self, dtype: DType) -> AttentionBackwardKernel {
+        match self {
+            AttentionBackwardKernel::Mma { dp, .. } | AttentionBackwardKernel::Simple { dp, .. } => {
+                AttentionBackwardKernel::Simple { dtype, dp }
+            }
+        }
+    }
+
+    /// Threads per block.
+    pub fn block(self) -> u32 {
+        match self {
+            AttentionBackwardKernel::Mma { .. } => 128,
+            AttentionBackwardKernel::Simple { .. } => 64,
+        }
+    }
+
+    /// Bytes of dynamic shared memory per block: four 64-row tiles of `dp + 8` half elements
+    /// (K, V, Q, dO) and two rows of 64 f32 statistics for the tensor-core kernel; none for the
+    /// simple one (static).
+    pub fn shared_bytes(self) -> u32 {
+        match self {
+            AttentionBackwardKernel::Mma { dp, .. } => (4 * BLOCK_ROWS * (dp + 8) * 2 + 2 * BLOCK_ROWS * 4) as u32,
+            AttentionBackwardKernel::Simple { .. } => 0,
+        }
+    }
+}
+
+/// The grid for `batch` batch indices, `l` query rows and `s` keys, with dQ and (dK or dV)
+/// wanted or not: `(grid, key blocks)`, one block per (batch index, block of 64 keys) for dK and
+/// dV, then one per (batch index, block of 64 query rows) for dQ.
+pub fn backward_grid(batch: usize, l: usize, s: usize, dq: bool, dkv: bool) -> ((u32, u32, u32), u32) {
+    let key_blocks = if dkv { s.div_ceil(BLOCK_ROWS) } else { 0 };
+    let query_blocks = if dq { l.div_ceil(BLOCK_ROWS) } else { 0 };
+    ((batch as u32, (key_blocks + query_blocks) as u32, 1), key_blocks as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_by_dtype_head_dim_and_architecture() {
+        let mma = AttentionBackwardKernel::choose(DType::BF16, 64, 9).unwrap();
+        assert_eq!(mma, AttentionBackwardKernel::Mma { bf16: true, dp: 64 });
+        assert_eq!(mma.name(), "coil_attention_bwd_mma_bf16_d64");
+        assert!(mma.source().ends_with("COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64, 64, true)\n"));
+        assert_eq!(mma.shared_bytes(), 4 * 64 * 72 * 2 + 512);
+        let simple = AttentionBackwardKernel::choose(DType::F32, 40, 9).unwrap();
+        assert_eq!(simple, AttentionBackwardKernel::Simple { dtype: DType::F32, dp: 48 });
+        assert_eq!(simple.name(), "coil_attention_bwd_simple_f32_d48");
+        assert_eq!(simple.shared_bytes(), 0);
+        assert!(AttentionBackwardKernel::choose(DType::F64, 64, 9).is_err());
+        assert_eq!(backward_grid(12, 130, 70, true, true), ((12, 5, 1), 2));
+        assert_eq!(backward_grid(12, 130, 70, false, true), ((12, 2, 1), 2));
+        assert_eq!(backward_grid(12, 130, 70, true, false), ((12, 3, 1), 0));
+    }
+
+    #[test]
+    fn params_are_laid_out_as_the_c_struct() {
+        // Seven operands of five i64, then eight 4-byte fields: 312 bytes, 8-aligned.
+        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 312);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, heads), 280);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, scale), 296);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, key_blocks), 308);
+    }
+}

@@ -1,0 +1,219 @@
+/* coil attention templates: what the forward and the backward kernels share (see
+   codegen/src/templates/attention.rs). No headers: NVRTC has none here. */
+typedef unsigned short coil_u16;
+typedef unsigned int coil_u32;
+#define COIL_D __device__ __forceinline__
+#define COIL_NEG_INF (-__int_as_float(0x7f800000))
+#define COIL_LOG2E 1.4426950408889634f
+#define COIL_LN2 0.6931471805599453f
+
+/* One operand: element (b, h, row, col) is at offset + b*outer + h*inner + row*row + col*col. */
+struct CoilAttnOperand { long long offset, outer, inner, row, col; };
+
+/* The warp-level PTX helpers. With COIL_ATTENTION_EMULATED defined they are left to the
+   includer: a host emulation of the instructions, for testing the kernels' index math off a
+   GPU (runtime/src/cuda/attention_emulation.rs). */
+#ifndef COIL_ATTENTION_EMULATED
+/* The shared-state-space address of a generic pointer into shared memory. */
+COIL_D coil_u32 coil_smem(const void *p) {
+    coil_u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+/* 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is then not read). */
+COIL_D void coil_cp_async16(coil_u32 dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+COIL_D void coil_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+/* Waits until at most N committed groups are in flight. */
+template <int N> COIL_D void coil_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+/* Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8 and receives,
+   in r[m], row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix m (transposed: rows
+   2 (l % 4) and 2 (l % 4) + 1 of column l / 4). */
+COIL_D void coil_ldmatrix_x4(coil_u32 addr, coil_u32 *r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+COIL_D void coil_ldmatrix_x4_trans(coil_u32 addr, coil_u32 *r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+/* c (16x8 f32) += a (16x16, row) * b (16x8, col) on tensor cores. */
+template <bool BF16> COIL_D void coil_mma(float *c, const coil_u32 *a, coil_u32 b0, coil_u32 b1) {
+    if constexpr (BF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+/* Two f32 rounded to nearest even, packed: lo in the low half (the first in memory). */
+template <bool BF16> COIL_D coil_u32 coil_pack(float lo, float hi) {
+    coil_u32 r;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+COIL_D float coil_exp2(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+COIL_D float coil_log2(float x) {
+    float y;
+    asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+COIL_D float coil_f16_to_f32(coil_u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+COIL_D coil_u16 coil_f32_to_f16(float f) {
+    coil_u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+/* Round to nearest even in integer arithmetic (cvt to bf16 needs sm_80; this runs anywhere). */
+COIL_D coil_u16 coil_f32_to_bf16(float f) {
+    const coil_u32 u = __float_as_uint(f);
+    return f != f ? (coil_u16)0x7fc0 : (coil_u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+COIL_D float coil_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+COIL_D float coil_quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+#endif
+
+COIL_D int coil_imin(int a, int b) { return a < b ? a : b; }
+
+/* A shared tile of N half-type elements, 16-byte aligned (cp.async and ldmatrix rows). */
+template <int N> struct alignas(16) coil_tile { coil_u16 e[N]; };
+
+/* The first element of batch index blockIdx.x (= b * heads + h) in an operand. */
+COIL_D long long coil_batch_base(const CoilAttnOperand &x, int heads) {
+    const int bx = blockIdx.x, b = bx / heads, h = bx - b * heads;
+    return x.offset + (long long)b * x.outer + (long long)h * x.inner;
+}
+
+/* Rows [first, first + 64) of an operand (unit column stride, 16-byte aligned rows) into a
+   shared tile of PITCH-element rows by cp.async, 128 threads; rows >= nrows and columns >= d
+   read as zeros. */
+template <int DP>
+COIL_D void coil_tile_load(coil_u16 *tile, const coil_u16 *base, long long row_stride, int first, int nrows, int d) {
+    constexpr int CHUNKS = DP / 8, PITCH = DP + 8;
+#pragma unroll
+    for (int it = 0; it < 64 * CHUNKS / 128; ++it) {
+        const int i = threadIdx.x + it * 128;
+        const int r = i / CHUNKS, c = i - r * CHUNKS;
+        const bool valid = first + r < nrows && c * 8 < d;
+        const coil_u16 *src = valid ? base + (long long)(first + r) * row_stride + c * 8 : base;
+        coil_cp_async16(coil_smem(tile + r * PITCH + c * 8), src, valid);
+    }
+}
+
+/* Element loads and stores of the simple kernels (any strides): KIND 0 f32, 1 f16, 2 bf16. */
+template <int KIND> COIL_D float coil_att_load(const void *p, long long i) {
+    if constexpr (KIND == 0) {
+        return ((const float *)p)[i];
+    } else if constexpr (KIND == 1) {
+        return coil_f16_to_f32(((const coil_u16 *)p)[i]);
+    } else {
+        return __uint_as_float((coil_u32)((const coil_u16 *)p)[i] << 16);
+    }
+}
+template <int KIND> COIL_D void coil_att_store(void *p, long long i, float x) {
+    if constexpr (KIND == 0) {
+        ((float *)p)[i] = x;
+    } else if constexpr (KIND == 1) {
+        ((coil_u16 *)p)[i] = coil_f32_to_f16(x);
+    } else {
+        ((coil_u16 *)p)[i] = coil_f32_to_bf16(x);
+    }
+}
+
+/* The warp's A fragments of rows [r0, r0 + 16) of a shared tile of DP columns (PITCH-element
+   rows), one per 16 columns. */
+template <int DP> COIL_D void coil_a_frags(const coil_u16 *tile, int r0, coil_u32 (*a)[4]) {
+    constexpr int PITCH = DP + 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < DP / 16; ++kc)
+        coil_ldmatrix_x4(coil_smem(tile + (r0 + (lane & 15)) * PITCH + kc * 16 + (lane >> 4) * 8), a[kc]);
+}
+
+/* acc (16 x 64: 8 n-tiles of 8) += A (16 x DP, fragments) B^T, where B is the 64 rows of a
+   shared tile (the n dim) over its DP columns (the k dim): S = Q K^T. */
+template <int DP, bool BF16> COIL_D void coil_mma_abt(float (*acc)[4], coil_u32 (*a)[4], const coil_u16 *tile) {
+    constexpr int PITCH = DP + 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < DP / 16; ++kc) {
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            /* Matrices: rows of n-tiles j, j+1 (lane / 16) x column halves of chunk kc ((lane / 8) % 2). */
+            coil_u32 b[4];
+            coil_ldmatrix_x4(coil_smem(tile + ((j + (lane >> 4)) * 8 + (lane & 7)) * PITCH + kc * 16 + ((lane >> 3) & 1) * 8), b);
+            coil_mma<BF16>(acc[j], a[kc], b[0], b[1]);
+            coil_mma<BF16>(acc[j + 1], a[kc], b[2], b[3]);
+        }
+    }
+}
+
+/* acc (16 x DP: DP / 8 n-tiles of 8) += P B, where P (16 x 64) is the accumulator fragments of 8
+   n-tiles, rounded to the half type (an accumulator's layout is an A fragment's), and B the 64
+   rows (the k dim) x DP columns of a shared tile: O = P V. */
+template <int DP, bool BF16> COIL_D void coil_mma_ab(float (*acc)[4], float (*p)[4], const coil_u16 *tile) {
+    constexpr int PITCH = DP + 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+        coil_u32 pa[4];
+        pa[0] = coil_pack<BF16>(p[2 * kc][0], p[2 * kc][1]);
+        pa[1] = coil_pack<BF16>(p[2 * kc][2], p[2 * kc][3]);
+        pa[2] = coil_pack<BF16>(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+        pa[3] = coil_pack<BF16>(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+#pragma unroll
+        for (int n = 0; n < DP / 8; n += 2) {
+            /* Matrices: row halves of chunk kc ((lane / 8) % 2) x column tiles n, n+1 (lane / 16). */
+            coil_u32 b[4];
+            coil_ldmatrix_x4_trans(coil_smem(tile + (kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * PITCH + (n + (lane >> 4)) * 8), b);
+            coil_mma<BF16>(acc[n], pa, b[0], b[1]);
+            coil_mma<BF16>(acc[n + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+/* Stores this thread's rows g and g + 8 of a warp's 16 x DP accumulator, row g + 8r times
+   factor[r], rounded to the half type, two elements at a time (unit column stride, 4-byte
+   aligned pairs), as rows r0 + g + 8r of `dst` (row stride `row_stride`): those below `nrows`,
+   columns below `d`. */
+template <int DP, bool BF16>
+COIL_D void coil_store_rows(coil_u16 *dst, long long row_stride, int r0, int nrows, int d, float (*acc)[4],
+                            const float *factor) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = r0 + g + r * 8;
+        if (row < nrows) {
+            coil_u16 *out = dst + (long long)row * row_stride;
+#pragma unroll
+            for (int n = 0; n < DP / 8; ++n) {
+                const int col = n * 8 + 2 * t;
+                if (col < d) *(coil_u32 *)(out + col) = coil_pack<BF16>(acc[n][2 * r] * factor[r], acc[n][2 * r + 1] * factor[r]);
+            }
+        }
+    }
+}

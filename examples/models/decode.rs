@@ -1,0 +1,212 @@
+//! The decode rows, as `bench/models_torch.py` measures them: a prompt of 512 tokens (prefill,
+//! untimed for the decode rows), then 256 decode steps (positions 512..767 of a cache of 768),
+//! greedy, bf16 weights (random, from a fixed seed): GPT-2 124M and a Llama of Llama 3.2 1B's
+//! sizes, at batch 1 and 16. Each step's next token is the argmax on the device, computed in the
+//! step's graph with the cache written in place, and fed to the next step without a host round
+//! trip. A row's time is per step: the device time of the 256-step loop (CUDA events around it,
+//! after a 256 MiB L2 flush) over 256, median of the loops; the prefill row is the prefill's
+//! time over 512.
+
+use super::{median, Opts, Row, Timer};
+use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
+use coil::nn::models::llama::{Llama, LlamaConfig};
+use coil::nn::{KvCache, ParamStore};
+use coil::{DType, Device, Tensor};
+use std::time::Instant;
+
+/// A model that decodes with a key/value cache.
+pub trait Decoder {
+    fn step(&self, idx: &Tensor, pos: &Tensor, cache: &KvCache) -> coil::Result<(Tensor, Vec<(Tensor, Tensor)>)>;
+    fn cache(&self, batch: usize, capacity: usize) -> coil::Result<KvCache>;
+    fn vocab(&self) -> usize;
+}
+
+impl Decoder for Gpt2 {
+    fn step(&self, idx: &Tensor, pos: &Tensor, cache: &KvCache) -> coil::Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        self.forward_cached(idx, pos, cache)
+    }
+    fn cache(&self, batch: usize, capacity: usize) -> coil::Result<KvCache> {
+        self.new_cache(batch, capacity)
+    }
+    fn vocab(&self) -> usize {
+        self.config.vocab_size
+    }
+}
+
+impl Decoder for Llama {
+    fn step(&self, idx: &Tensor, pos: &Tensor, cache: &KvCache) -> coil::Result<(Tensor, Vec<(Tensor, Tensor)>)> {
+        self.forward_cached(idx, pos, cache)
+    }
+    fn cache(&self, batch: usize, capacity: usize) -> coil::Result<KvCache> {
+        self.new_cache(batch, capacity)
+    }
+    fn vocab(&self) -> usize {
+        self.config.vocab_size
+    }
+}
+
+/// One prefill then `new_tokens` greedy decode steps with a cache of `capacity` positions;
+/// returns the (prefill, decode loop) device and wall microseconds.
+fn generate(
+    model: &dyn Decoder,
+    prompt: &Tensor,
+    new_tokens: usize,
+    capacity: usize,
+    timer: &Timer,
+) -> coil::Result<((f64, f64), (f64, f64))> {
+    let (batch, len) = (prompt.shape()[0], prompt.shape()[1]);
+    let mut cache = model.cache(batch, capacity)?;
+    let mut next = None;
+    let prefill = timer.time(&mut || {
+        let (logits, written) = model.step(prompt, &cache.position()?, &cache)?;
+        let token = logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?;
+        cache.commit(&written, len, &[&token])?;
+        next = Some(token);
+        Ok(())
+    })?;
+    let decode = timer.time(&mut || {
+        for _ in 0..new_tokens {
+            let (logits, written) = model.step(next.as_ref().expect("prefilled"), &cache.position()?, &cache)?;
+            let token = logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?;
+            cache.commit(&written, 1, &[&token])?;
+            next = Some(token);
+        }
+        Ok(())
+    })?;
+    Ok((prefill, decode))
+}
+
+/// Builds a model with random weights on a device (tiny or full size).
+type Build = fn(&ParamStore, Device, bool) -> coil::Result<Box<dyn Decoder>>;
+
+/// The decode (and prefill) rows `o` asks for.
+pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
+    let (prompt_len, new_tokens) = if o.tiny { (16, 8) } else { (512, 256) };
+    let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
+    let mut out = Vec::new();
+    let models: [(&str, Build); 2] = [("gpt2_124m", gpt2), ("llama_1b", llama)];
+    for (prefix, build) in models {
+        let prefix = if o.tiny { prefix.replace("124m", "tiny").replace("1b", "tiny") } else { prefix.to_string() };
+        let names: Vec<String> = [1, 16]
+            .iter()
+            .map(|b| format!("{prefix}_decode_b{b}_bf16"))
+            .chain(prefix.starts_with("llama").then(|| format!("{prefix}_prefill_bf16")))
+            .collect();
+        if !names.iter().any(|n| wanted(n)) {
+            continue;
+        }
+        coil::manual_seed(0);
+        let store = ParamStore::new();
+        store.eval();
+        let model = build(&store, o.device, o.tiny)?;
+        store.realize_pending()?;
+        eprintln!("{prefix}: {} parameters, bf16", store.num_elements());
+        for batch in [1usize, 16] {
+            let name = format!("{prefix}_decode_b{batch}_bf16");
+            let prefill_name = format!("{prefix}_prefill_bf16");
+            let want_prefill = batch == 1 && prefix.starts_with("llama") && wanted(&prefill_name);
+            if !wanted(&name) && !want_prefill {
+                continue;
+            }
+            let prompt = random_ids(batch, prompt_len, model.vocab())?.to_device(o.device)?;
+            let first = Instant::now();
+            let capacity = prompt_len + new_tokens;
+            let compiles = coil::compile_count();
+            generate(model.as_ref(), &prompt, 3, capacity, timer)?; // compiles the prefill and decode graphs
+            let compile_s = first.elapsed().as_secs_f64();
+            let (mut pre, mut dec) = (Vec::new(), Vec::new());
+            let loops = o.reps.clamp(1, 5);
+            for i in 0..loops {
+                if i + 1 == loops {
+                    timer.reset_peak();
+                }
+                let (p, d) = generate(model.as_ref(), &prompt, new_tokens, capacity, timer)?;
+                pre.push(p);
+                dec.push(d);
+            }
+            let graphs = coil::compile_count() - compiles;
+            let per = |v: &[(f64, f64)], k: usize, n: usize| {
+                median(v.iter().map(|t| (if k == 0 { t.0 } else { t.1 }) / 1e3 / n as f64).collect())
+            };
+            let steps = new_tokens;
+            if wanted(&name) {
+                let row = Row {
+                    name: name.clone(),
+                    device_ms: per(&dec, 0, steps),
+                    wall_ms: per(&dec, 1, steps),
+                    peak: timer.peak(),
+                    compile_s: (compile_s - per(&pre, 1, 1) / 1e3).max(0.0),
+                    notes: format!(
+                        "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device; {graphs} graphs compiled (cache, prefill, decode)"
+                    ),
+                    per_token_batch: Some(batch),
+                };
+                eprintln!("{:<28} {:9.3} ms/token device  {:9.3} wall", row.name, row.device_ms, row.wall_ms);
+                out.push(row);
+            }
+            if want_prefill {
+                let row = Row {
+                    name: prefill_name,
+                    device_ms: per(&pre, 0, prompt_len),
+                    wall_ms: per(&pre, 1, prompt_len),
+                    peak: timer.peak(),
+                    compile_s: 0.0,
+                    notes: format!("per token: a {prompt_len}-token prefill at batch 1 over {prompt_len}"),
+                    per_token_batch: Some(1),
+                };
+                eprintln!("{:<28} {:9.4} ms/token device  {:9.4} wall", row.name, row.device_ms, row.wall_ms);
+                out.push(row);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn gpt2(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn Decoder>> {
+    let config = if tiny {
+        Gpt2Config {
+            vocab_size: 256,
+            block_size: 64,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 64,
+            dropout: 0.0,
+            layer_norm_eps: 1e-5,
+        }
+    } else {
+        Gpt2Config::gpt2_124m()
+    };
+    Ok(Box::new(Gpt2::new(&store.root(device, DType::BF16), config)?))
+}
+
+fn llama(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn Decoder>> {
+    let config = if tiny {
+        LlamaConfig {
+            vocab_size: 256,
+            hidden_size: 64,
+            intermediate_size: 96,
+            n_layer: 2,
+            n_head: 4,
+            n_kv_head: 2,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500000.0,
+            max_positions: 64,
+            tie_word_embeddings: true,
+        }
+    } else {
+        LlamaConfig::llama_1b()
+    };
+    Ok(Box::new(Llama::new(&store.root(device, DType::BF16), config)?))
+}
+
+/// Token ids uniform over the vocabulary, from a fixed seed.
+fn random_ids(batch: usize, len: usize, vocab: usize) -> coil::Result<Tensor> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let v: Vec<i64> = (0..batch * len)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) % vocab as u64) as i64
+        })
+        .collect();
+    Tensor::from_vec(v, &[batch, len])
+}

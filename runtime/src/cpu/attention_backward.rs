@@ -1,0 +1,281 @@
+//! The attention backward template ([`ExternCall::AttentionBackward`]) on the CPU: a
+//! straightforward, exact-order implementation, the probabilities recomputed from the
+//! logsumexp the forward saved, parallel over (batch index, block of rows).
+//!
+//! Per query row `i` and key `j` it sees (`j <= i` when causal): `p = exp(q_i . k_j * scale -
+//! lse_i)`, `ds = p * (g_i . v_j - delta_i)`. dQ tasks take blocks of query rows:
+//! `dq_i = scale * sum_j ds k_j`; dK / dV tasks take blocks of keys: `dv_j = sum_i p g_i`,
+//! `dk_j = scale * sum_i ds q_i`. All in f32 (f64 for f64) from the operands' own values,
+//! rounded once to the dtype; operands are read, and gradients written, through their strides.
+
+use super::attention::{cast, cast_mut, check_views, dot, rows_of, write_rows, Real};
+use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
+use coil_ir::{DType, Error, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Rows (or keys) one parallel task computes.
+const ROWS_PER_TASK: usize = 32;
+
+/// The shape of an attention backward call: the fields of [`ExternCall::AttentionBackward`] at
+/// one run's sizes (the buffers of the statistics and gradients are passed separately).
+#[derive(Clone, Debug)]
+pub struct AttentionBackwardSpec {
+    /// `[*batch, l, d]` queries.
+    pub q: StridedOperand<usize>,
+    /// `[*batch, s, d]` keys.
+    pub k: StridedOperand<usize>,
+    /// `[*batch, s, d]` values.
+    pub v: StridedOperand<usize>,
+    /// `[*batch, l, d]` gradient of the attention's output.
+    pub grad_out: StridedOperand<usize>,
+    /// Where each wanted gradient goes (`dq` `[*batch, l, d]`, `dk` and `dv` `[*batch, s, d]`).
+    pub dq: Option<StridedOperand<usize>>,
+    pub dk: Option<StridedOperand<usize>>,
+    pub dv: Option<StridedOperand<usize>>,
+    /// Batch dims (row-major batch index order).
+    pub batch: Vec<usize>,
+    /// Query rows.
+    pub l: usize,
+    /// Keys (and values).
+    pub s: usize,
+    /// Head dim.
+    pub d: usize,
+    /// Row `i` sees keys `j <= i` only (top-left aligned).
+    pub causal: bool,
+    /// The factor on `q . k`.
+    pub scale: f64,
+}
+
+impl AttentionBackwardSpec {
+    /// The spec of an `AttentionBackward` call of an instantiated program (constant sizes);
+    /// `None` for other extern calls or symbolic sizes.
+    pub fn from_call(call: &ExternCall) -> Option<AttentionBackwardSpec> {
+        let ExternCall::AttentionBackward(call) = call else { return None };
+        let AttentionBackwardCall { q, k, v, grad_out, dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
+        let grad = |g: &Option<StridedOperand>| match g {
+            Some(g) => g.to_usize().map(Some),
+            None => Some(None),
+        };
+        Some(AttentionBackwardSpec {
+            q: q.to_usize()?,
+            k: k.to_usize()?,
+            v: v.to_usize()?,
+            grad_out: grad_out.to_usize()?,
+            dq: grad(dq)?,
+            dk: grad(dk)?,
+            dv: grad(dv)?,
+            batch: batch.iter().map(const_usize).collect::<Option<_>>()?,
+            l: const_usize(l)?,
+            s: const_usize(s)?,
+            d: const_usize(d)?,
+            causal: *causal,
+            scale: *scale,
+        })
+    }
+
+    /// Number of batch indices.
+    pub fn batch_count(&self) -> usize {
+        self.batch.iter().product()
+    }
+
+    /// Checks every view against its buffer's length in elements (q, k, v, grad_out, then the
+    /// wanted gradients' in q, k, v order) and the statistics' lengths.
+    pub fn check(&self, operands: [usize; 4], grads: [Option<usize>; 3], stats: [usize; 2]) -> Result<()> {
+        let mut views = vec![
+            (&self.q, self.l, operands[0], "query"),
+            (&self.k, self.s, operands[1], "key"),
+            (&self.v, self.s, operands[2], "value"),
+            (&self.grad_out, self.l, operands[3], "output gradient"),
+        ];
+        let wanted = [(&self.dq, self.l, "dq"), (&self.dk, self.s, "dk"), (&self.dv, self.s, "dv")];
+        for ((view, rows, what), len) in wanted.into_iter().zip(grads) {
+            match (view, len) {
+                (Some(view), Some(len)) => views.push((view, rows, len, what)),
+                (None, None) => {}
+                _ => {
+                    return Err(Error::runtime(format!("attention backward: {what} has a view or a buffer, not both")))
+                }
+            }
+        }
+        if self.dq.is_none() && self.dk.is_none() && self.dv.is_none() {
+            return Err(Error::runtime("attention backward: no gradient is wanted"));
+        }
+        check_views("attention backward", &self.batch, self.l, self.s, self.d, &views)?;
+        let rows = self.batch_count() * self.l;
+        if stats.iter().any(|&n| n < rows) {
+            return Err(Error::runtime(format!(
+                "attention backward: statistics of {stats:?} elements for {rows} rows"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The buffers of one backward call, as raw bytes: the operands (of the call's dtype; q, k, v
+/// and the output gradient may share buffers), the statistics (`[*batch, l]`, f32, f64 for
+/// f64), and the wanted gradients, which overlap nothing.
+pub struct BackwardBuffers<'a> {
+    pub q: &'a [u8],
+    pub k: &'a [u8],
+    pub v: &'a [u8],
+    pub grad_out: &'a [u8],
+    pub lse: &'a [u8],
+    pub delta: &'a [u8],
+    pub dq: Option<&'a mut [u8]>,
+    pub dk: Option<&'a mut [u8]>,
+    pub dv: Option<&'a mut [u8]>,
+}
+
+/// The gradients of attention ([`AttentionBackwardSpec`]) into the wanted buffers.
+pub fn attention_backward_bytes(spec: &AttentionBackwardSpec, dtype: DType, bufs: BackwardBuffers) -> Result<()> {
+    let size = dtype.size_bytes();
+    let stats_size = if dtype == DType::F64 { 8 } else { 4 };
+    let len = |b: &Option<&mut [u8]>| b.as_ref().map(|b| b.len() / size);
+    spec.check(
+        [bufs.q.len() / size, bufs.k.len() / size, bufs.v.len() / size, bufs.grad_out.len() / size],
+        [len(&bufs.dq), len(&bufs.dk), len(&bufs.dv)],
+        [bufs.lse.len() / stats_size, bufs.delta.len() / stats_size],
+    )?;
+    match dtype {
+        DType::F32 => run::<f32, f32>(spec, bufs, |x| x, |x| x),
+        DType::F64 => run::<f64, f64>(spec, bufs, |x| x, |x| x),
+        DType::F16 => run::<f16, f32>(spec, bufs, f16::to_f32, f16::from_f32),
+        DType::BF16 => run::<bf16, f32>(spec, bufs, bf16::to_f32, bf16::from_f32),
+        _ => Err(Error::unsupported(format!("the attention backward of {dtype} values"))),
+    }
+}
+
+/// The operands of one batch index, converted to `A`, and the statistics' rows.
+struct Batch<'a, T, A> {
+    spec: &'a AttentionBackwardSpec,
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+    g: &'a [T],
+    lse: &'a [A],
+    delta: &'a [A],
+    up: fn(T) -> A,
+}
+
+impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
+    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values.
+    fn p_ds(&self, b: usize, i: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> (A, A) {
+        let row = b * self.spec.l + i;
+        let p = dot(qi, kj).mul(A::from_f64(self.spec.scale)).sub_exp(self.lse[row]);
+        (p, p.mul(dot(gi, vj).sub(self.delta[row])))
+    }
+
+    /// dQ of rows `rows` of batch index `b`, `[rows, d]`.
+    fn dq(&self, b: usize, rows: std::ops::Range<usize>) -> Vec<A> {
+        let (s, d, up) = (self.spec.s, self.spec.d, self.up);
+        let shape = (&self.spec.batch[..], d);
+        let seen = if self.spec.causal { s.min(rows.end) } else { s };
+        let (keys, values) = (
+            rows_of(shape, &self.spec.k, self.k, b, 0..seen, up),
+            rows_of(shape, &self.spec.v, self.v, b, 0..seen, up),
+        );
+        let (queries, grads) = (
+            rows_of(shape, &self.spec.q, self.q, b, rows.clone(), up),
+            rows_of(shape, &self.spec.grad_out, self.g, b, rows.clone(), up),
+        );
+        let mut out = vec![A::ZERO; rows.len() * d];
+        for (r, i) in rows.enumerate() {
+            let n = if self.spec.causal { seen.min(i + 1) } else { seen };
+            let (qi, gi) = (&queries[r * d..(r + 1) * d], &grads[r * d..(r + 1) * d]);
+            let o = &mut out[r * d..(r + 1) * d];
+            for j in 0..n {
+                let kj = &keys[j * d..(j + 1) * d];
+                let (_, ds) = self.p_ds(b, i, qi, gi, kj, &values[j * d..(j + 1) * d]);
+                o.iter_mut().zip(kj).for_each(|(x, &kc)| *x = x.mul_add(ds, kc));
+            }
+        }
+        let scale = A::from_f64(self.spec.scale);
+        out.iter_mut().for_each(|x| *x = x.mul(scale));
+        out
+    }
+
+    /// dK and dV of keys `keys` of batch index `b`, `[keys, d]` each.
+    fn dkdv(&self, b: usize, keys: std::ops::Range<usize>) -> (Vec<A>, Vec<A>) {
+        let (l, d, up) = (self.spec.l, self.spec.d, self.up);
+        let shape = (&self.spec.batch[..], d);
+        // Query rows that see a key of the block: all, or from its first key on (causal).
+        let first = if self.spec.causal { keys.start.min(l) } else { 0 };
+        let (queries, grads) = (
+            rows_of(shape, &self.spec.q, self.q, b, first..l, up),
+            rows_of(shape, &self.spec.grad_out, self.g, b, first..l, up),
+        );
+        let (kb, vb) = (
+            rows_of(shape, &self.spec.k, self.k, b, keys.clone(), up),
+            rows_of(shape, &self.spec.v, self.v, b, keys.clone(), up),
+        );
+        let (mut dk, mut dv) = (vec![A::ZERO; keys.len() * d], vec![A::ZERO; keys.len() * d]);
+        for (r, j) in keys.enumerate() {
+            let (kj, vj) = (&kb[r * d..(r + 1) * d], &vb[r * d..(r + 1) * d]);
+            let start = if self.spec.causal { j.max(first) } else { first };
+            for i in start..l {
+                let (qi, gi) =
+                    (&queries[(i - first) * d..(i - first + 1) * d], &grads[(i - first) * d..(i - first + 1) * d]);
+                let (p, ds) = self.p_ds(b, i, qi, gi, kj, vj);
+                dv[r * d..(r + 1) * d].iter_mut().zip(gi).for_each(|(x, &gc)| *x = x.mul_add(p, gc));
+                dk[r * d..(r + 1) * d].iter_mut().zip(qi).for_each(|(x, &qc)| *x = x.mul_add(ds, qc));
+            }
+        }
+        let scale = A::from_f64(self.spec.scale);
+        dk.iter_mut().for_each(|x| *x = x.mul(scale));
+        (dk, dv)
+    }
+}
+
+/// The call in `A` on operands of `T`.
+fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
+    spec: &AttentionBackwardSpec,
+    bufs: BackwardBuffers,
+    up: fn(T) -> A,
+    down: fn(A) -> T,
+) -> Result<()> {
+    let (l, s, d) = (spec.l, spec.s, spec.d);
+    if spec.batch_count() * d == 0 || l == 0 || s == 0 {
+        return Ok(());
+    }
+    let rows = spec.batch_count() * l;
+    let batch = Batch {
+        spec,
+        q: cast(bufs.q)?,
+        k: cast(bufs.k)?,
+        v: cast(bufs.v)?,
+        g: cast(bufs.grad_out)?,
+        lse: &cast::<A>(bufs.lse)?[..rows],
+        delta: &cast::<A>(bufs.delta)?[..rows],
+        up,
+    };
+    let shape = (&spec.batch[..], d);
+    let blocks = |n: usize| -> Vec<(usize, usize)> {
+        (0..spec.batch_count()).flat_map(|b| (0..n).step_by(ROWS_PER_TASK).map(move |r| (b, r))).collect()
+    };
+    if let (Some(view), Some(out)) = (&spec.dq, bufs.dq) {
+        let out: &mut [T] = cast_mut(out)?;
+        let tasks = blocks(l);
+        let results: Vec<Vec<A>> =
+            tasks.par_iter().map(|&(b, first)| batch.dq(b, first..(first + ROWS_PER_TASK).min(l))).collect();
+        for (&(b, first), block) in tasks.iter().zip(results) {
+            write_rows(shape, view, out, b, first, &block, down);
+        }
+    }
+    if spec.dk.is_some() || spec.dv.is_some() {
+        let tasks = blocks(s);
+        let results: Vec<(Vec<A>, Vec<A>)> =
+            tasks.par_iter().map(|&(b, first)| batch.dkdv(b, first..(first + ROWS_PER_TASK).min(s))).collect();
+        let mut dk: Option<&mut [T]> = bufs.dk.map(cast_mut).transpose()?;
+        let mut dv: Option<&mut [T]> = bufs.dv.map(cast_mut).transpose()?;
+        for (&(b, first), (kblock, vblock)) in tasks.iter().zip(results) {
+            if let (Some(view), Some(out)) = (&spec.dk, dk.as_deref_mut()) {
+                write_rows(shape, view, out, b, first, &kblock, down);
+            }
+            if let (Some(view), Some(out)) = (&spec.dv, dv.as_deref_mut()) {
+                write_rows(shape, view, out, b, first, &vblock, down);
+            }
+        }
+    }
+    Ok(())
+}
