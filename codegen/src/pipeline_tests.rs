@@ -27,10 +27,20 @@ fn f32s(b: &[u8]) -> Vec<f64> {
 
 /// Compiles `g` (outputs `outputs`) and runs it on `inputs` (raw bytes, in graph input order);
 /// returns the outputs' bytes and the tile kernels.
-fn run(mut g: Graph, outputs: &[NodeId], inputs: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<TileKernel>) {
+fn run(g: Graph, outputs: &[NodeId], inputs: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<TileKernel>) {
+    run_with(g, outputs, inputs, |p| p)
+}
+
+/// [`run`] with `pass` applied to the lowered program (e.g. `split_reductions`).
+fn run_with(
+    mut g: Graph,
+    outputs: &[NodeId],
+    inputs: &[Vec<u8>],
+    pass: impl Fn(coil_ir::loops::LoopProgram) -> coil_ir::loops::LoopProgram,
+) -> (Vec<Vec<u8>>, Vec<TileKernel>) {
     g.outputs.extend_from_slice(outputs);
     let prim = coil_passes::decompose(&g).unwrap();
-    let program = coil_passes::lower(&prim).unwrap();
+    let program = pass(coil_passes::lower(&prim).unwrap());
     let sched = coil_passes::schedule(&program);
     for k in &sched.kernels {
         assert_ne!(k.kind, KernelKind::Extern, "{}: no extern calls in these tests", k.name);
@@ -164,4 +174,24 @@ fn gelu_in_bf16() {
         })
         .collect();
     assert_close(&got, &want, 1.6e-2); // bf16 keeps 8 bits
+}
+
+/// A full sum and maximum of 70001 floats, split into chunks that overhang the row (17 of
+/// 4118): the first stage's loops end where the row does (`c::narrow`), and the results are
+/// the row's.
+#[test]
+fn split_reductions_with_an_overhanging_chunk() {
+    let n = 70001;
+    let mut g = Graph::new();
+    let x = g.input(m(&[n], DType::F32));
+    let sum = op(&mut g, Op::Reduce { op: coil_ir::ReduceOp::Sum, dims: vec![0], keepdim: false }, &[x]);
+    let max = op(&mut g, Op::Reduce { op: coil_ir::ReduceOp::Max, dims: vec![0], keepdim: false }, &[x]);
+    let mut xs = data(n, 3);
+    xs[n - 1] = 7.5; // the maximum, in the last (overhanging) chunk
+    let (outs, tiles) = run_with(g, &[sum, max], &[bytes(&xs)], |p| coil_passes::split_reductions(&p));
+    let c = emit_c(&tiles);
+    assert!(c.contains("rindex < coil_max(0, coil_min(4118, 70001 - (4118*xindex)))"), "{c}");
+    let want_sum: f64 = xs.iter().map(|&v| v as f64).sum();
+    assert_close(&f32s(&outs[0]), &[want_sum], 1e-6);
+    assert_eq!(f32s(&outs[1]), [7.5]);
 }

@@ -220,22 +220,29 @@ pub struct CLib {
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-/// Compiles C source as the runtime will (`cc -O2 -fopenmp -shared -fPIC ... -lm`, warnings as
-/// errors) and loads it.
+/// Compiles C source as the runtime will (`cc -O2 -ffp-contract=off -fno-math-errno
+/// -fno-trapping-math -fopenmp-simd -shared -fPIC ... -lm`, warnings as errors) and loads it.
 pub fn compile(src: &str) -> CLib {
+    // COIL_TEST_CFLAGS replaces `-O2` (e.g. with the runtime's `-O3 -march=native`).
+    compile_with(src, &std::env::var("COIL_TEST_CFLAGS").unwrap_or_else(|_| "-O2".into()))
+}
+
+/// [`compile`] with `opt` (e.g. `-O3 -march=native`) in place of `-O2`.
+pub fn compile_with(src: &str, opt: &str) -> CLib {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("coil-codegen-test-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("src.c"), src).unwrap();
-    // COIL_TEST_CFLAGS replaces `-O2` (e.g. with the runtime's `-O3 -march=native`).
-    let opt = std::env::var("COIL_TEST_CFLAGS").unwrap_or_else(|_| "-O2".into());
     let out = Command::new("cc")
         .args(opt.split_whitespace())
         .args([
             "-Wall",
             "-Werror",
             "-Wno-unknown-pragmas",
-            "-fopenmp",
+            "-ffp-contract=off",
+            "-fno-math-errno",
+            "-fno-trapping-math",
+            "-fopenmp-simd",
             "-shared",
             "-fPIC",
             "-o",
@@ -252,6 +259,14 @@ pub fn compile(src: &str) -> CLib {
 }
 
 impl CLib {
+    /// The function `name` of the library, of type `F` (an `extern "C" fn`).
+    ///
+    /// # Safety
+    /// `F` must be the C function's type.
+    pub unsafe fn function<F: Copy>(&self, name: &str) -> F {
+        *self.lib.as_ref().unwrap().get::<F>(name.as_bytes()).expect("symbol")
+    }
+
     /// Calls kernel `name` on buffers `args`; returns the status words.
     pub fn run(&self, name: &str, args: &[*mut u8]) -> [i64; 4] {
         self.run_sized(name, args, &[])
@@ -264,12 +279,25 @@ impl CLib {
     }
 
     /// Calls kernel `name` on buffers `args`, the values of its size symbols and its random
-    /// streams' words (key, first counter, per stream), as the runtime passes them; returns
-    /// the status words.
+    /// streams' words (key, first counter, per stream), as the runtime passes them, over all of
+    /// `xindex` (a null range); returns the status words.
     pub fn run_with(&self, name: &str, args: &[*mut u8], sizes: &[i64], random: &[u64]) -> [i64; 4] {
+        self.run_range(name, args, sizes, random, None)
+    }
+
+    /// [`CLib::run_with`] over the `xindex` range `[start, end)` when given.
+    pub fn run_range(
+        &self,
+        name: &str,
+        args: &[*mut u8],
+        sizes: &[i64],
+        random: &[u64],
+        range: Option<[i64; 2]>,
+    ) -> [i64; 4] {
         let mut args = args.to_vec();
         args.push(sizes.as_ptr() as *mut u8);
         args.push(random.as_ptr() as *mut u8);
+        args.push(range.as_ref().map_or(std::ptr::null_mut(), |r| r.as_ptr() as *mut u8));
         let mut status = [0i64; 4];
         unsafe {
             let f: libloading::Symbol<unsafe extern "C" fn(*const *mut u8, *mut i64)> =
@@ -281,8 +309,7 @@ impl CLib {
 }
 
 impl Drop for CLib {
-    /// Removes the files but never unloads the library: `dlclose` of the last user of libgomp
-    /// unmaps it under its idle worker threads, which then crash the process.
+    /// Removes the files but never unloads the library (as the runtime never does).
     fn drop(&mut self) {
         std::mem::forget(self.lib.take());
         let _ = std::fs::remove_dir_all(&self.dir);

@@ -1,21 +1,26 @@
-//! The C backend: tile kernels to one C translation unit, compiled by the system `cc` with
-//! OpenMP.
+//! The C backend: tile kernels to one C translation unit, compiled by the system `cc`.
 //!
 //! Each kernel becomes `void NAME(char *const *args, int64_t *status)`; `args` holds one pointer
-//! per [`TileKernel::args`] entry, in order, then two more: a pointer to the values of
+//! per [`TileKernel::args`] entry, in order, then three more: a pointer to the values of
 //! [`TileKernel::sizes`] (`int64_t`, in that order; read into `const int64_t s0 = ...` locals, so
-//! index expressions print as they are), and a pointer to the random streams of
+//! index expressions print as they are), a pointer to the random streams of
 //! [`TileKernel::random`] (two `uint64_t` each, key and first counter, in that order; read into
-//! `seed0`, `offset0`, ...). A kernel without sizes or random numbers never reads its pointer,
-//! so callers may pass both always. `status` (at least 3 words, zeroed by the caller) receives the first error
-//! of the launch ([`status`]). Blocks become plain loops: one
-//! OpenMP-parallel loop over `xindex`, and inside it loops over `rindex` (a CPU thread handles a
-//! whole row, so `XBLOCK` and `RBLOCK` are advisory here and no lane masks are needed). Kernels
-//! under [`PARALLEL_MIN_ELEMENTS`] elements stay on the calling thread (with symbolic sizes, an
-//! OpenMP `if` clause decides at run time).
+//! `seed0`, `offset0`, ...), and a pointer to two `int64_t`, the range `[xstart, xend)` of
+//! `xindex` this call computes (null: all of `0..xnumel`). A kernel without sizes or random
+//! numbers never reads their pointers, so callers may pass both always. `status` (at least 3
+//! words, zeroed by the caller) receives the first error of the call ([`status`]).
 //!
-//! * **Pointwise**: the body of the `xindex` loop, which is `parallel for simd` unless some
-//!   statement may write `status` (an indirect load, integer division or power).
+//! There are no threads in the generated code: the runtime splits `xindex` into ranges and runs
+//! them on its one thread pool (rayon, which the matrix products use too), or runs a small
+//! kernel in one call (`coil_runtime::cpu::launch`). Blocks become plain loops: one loop over
+//! the call's `xindex` range, and inside it loops over `rindex` (a thread handles whole rows,
+//! so `XBLOCK` and `RBLOCK` are advisory here and no lane masks are needed). Loops are marked
+//! `omp simd` (compiled with `-fopenmp-simd`: vectorization only, no OpenMP run time) unless a
+//! statement in them may write `status` (an indirect load, integer division or power) or an
+//! arg reduction keeps its first best index; the float math they call is the prelude's own,
+//! which vectorizes ([`vecmath`]).
+//!
+//! * **Pointwise**: the body of the `xindex` loop, which is the `simd` loop.
 //! * **Persistent reduction**: the row's `XR` statements run in `rindex` loops, one per run of
 //!   consecutive `XR` statements (a reduction joins the loop computing its operand and is
 //!   finished after it; a statement that needs a reduction's result starts a new loop). An `XR`
@@ -25,34 +30,43 @@
 //!   scalars of the `xindex` iteration. An online softmax pass runs in blocks of
 //!   [`ONLINE_BLOCK`] positions, each folded into the maximum and the `double` sum of
 //!   exponentials at once (`coil_online_softmax_f32`: the block's maximum, at most one rescale
-//!   of the sum, then the block's exponentials).
+//!   of the sum, then the block's exponentials, each a vector loop).
 //!
-//! Reductions accumulate sums and products of floats in `double` (the interpreter sums in f64
-//! and rounds once, and f32 accumulation drifts on long rows), integers in wrapping `int64_t`;
-//! max/min propagate NaN; argmax/argmin keep the first best index, NaN counting as the best.
+//! Reductions are `simd` reductions (one accumulator per vector lane, combined at the end of
+//! the loop): sums and products of floats in `double` (the interpreter sums in f64 and rounds
+//! once; f32 lanes would drift on long rows, and with f64 lanes a reduction still runs far
+//! faster than memory delivers its operands), integers in wrapping `uint64_t`; max/min keep the
+//! best non-NaN value and a NaN flag (NaN propagates; which of `+0.0` and `-0.0` wins a tie
+//! depends on the lanes); argmax/argmin keep the first best index, NaN counting as the best,
+//! in a scalar loop.
 //!
 //! Variables keep the tile IR's numbers (`tmpN`; `accN` is the accumulator of the reduction
 //! `tmpN`), so a kernel's `.tile` and `.c` read side by side. The text is deterministic.
 
+mod column;
+mod narrow;
+mod nest;
 mod ops;
 mod prelude;
+mod vecmath;
+
+/// Whether f32 math calls the prelude's own functions (`coil_exp_f32`, ...: [`vecmath`]) rather
+/// than the C library's (`expf`); read by the scalar ops `ops.rs`, which CUDA C shares.
+const PRELUDE_MATH: bool = true;
 
 pub use prelude::{prelude, status};
 
 use coil_ir::kernel::{flat_stmts, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
 use coil_ir::philox;
-use coil_ir::sym::Expr;
-use coil_ir::{DType, ReduceOp};
+use coil_ir::sym::{Expr, ExprKind};
+use coil_ir::{BinaryOp, DType, ReduceOp, Scalar};
 use indexmap::{IndexMap, IndexSet};
 use std::fmt::Write;
 
-/// Below this many elements (`xnumel * rnumel`) a kernel runs on the calling thread: waking
-/// the OpenMP team costs more than the work.
-pub const PARALLEL_MIN_ELEMENTS: i64 = 1 << 15;
-
-/// Row positions an online softmax pass folds at once (see `Emitter::online_rloop`).
-pub const ONLINE_BLOCK: usize = 32;
+/// Row positions an online softmax pass folds at once (see `Emitter::online_rloop`): enough
+/// for the fold's two loops to run in vectors, few enough for the block to stay in L1.
+pub const ONLINE_BLOCK: usize = 256;
 
 /// One C translation unit: the [`prelude`] and one function per kernel, in order.
 ///
@@ -84,6 +98,30 @@ pub fn emit_c(kernels: &[TileKernel]) -> String {
     s
 }
 
+/// Name of the support function applying a tanh GELU in place ([`support_source`]).
+pub const SUPPORT_GELU_TANH_F32: &str = "coil_support_gelu_tanh_f32";
+
+/// A translation unit of helpers the CPU runtime calls outside generated kernels, with the
+/// kernels' signature: [`SUPPORT_GELU_TANH_F32`] (`args[0]`: `float *x`, `args[1]`: `const
+/// int64_t *n`) sets `x[i] = gelu_tanh(x[i])` for `i < n`, as the prelude's
+/// `coil_gelu_tanh_f32` (the epilogue of a matrix product, computed as a generated kernel
+/// would: the same function, vectorized).
+pub fn support_source() -> String {
+    format!(
+        "{}
+void {SUPPORT_GELU_TANH_F32}(char *const *args, int64_t *status)
+{{
+    float *x = (float *)args[0];
+    const int64_t n = *(const int64_t *)args[1];
+    (void)status;
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] = coil_gelu_tanh_f32(x[i]);
+}}
+",
+        prelude()
+    )
+}
+
 /// The C function of one kernel (it needs the [`prelude`] before it).
 ///
 /// # Panics
@@ -100,6 +138,8 @@ pub fn emit_kernel(k: &TileKernel) -> String {
 #[derive(Clone, Copy)]
 struct VarInfo {
     dtype: DType,
+    /// Its value, when it is a constant.
+    constant: Option<Scalar>,
 }
 
 struct Emitter<'a> {
@@ -115,14 +155,37 @@ struct Emitter<'a> {
     in_loop: bool,
     /// Row length (1 for a pointwise kernel); symbolic in a looped reduction.
     rnumel: Expr,
+    /// A pointwise kernel's split of `xindex` into an outer and an inner loop.
+    nest: Option<nest::Nest>,
+    /// `[xi]` while accumulators are arrays of a column kernel's block, else empty.
+    acc_at: &'static str,
+    /// The cut of the `rindex` loop being emitted, if any.
+    narrow: Option<narrow::Narrow>,
 }
 
-/// When the `xindex` loop runs on the OpenMP team.
-enum Parallel {
-    Never,
-    Always,
-    /// When this C condition holds (symbolic sizes).
-    If(String),
+/// `(e, bound)` when `index` is `min(e, bound)` with `bound` free of `xindex` and `rindex`: the
+/// position a split reduction's overhanging chunk clamps (`coil_passes::split_reductions`).
+fn clamped(index: Expr) -> Option<(Expr, Expr)> {
+    let ExprKind::Min(a, b) = *index.kind() else { return None };
+    let invariant = |e: Expr| {
+        e.free_symbols().iter().all(|s| s.as_symbol().is_none_or(|s| s.name != "xindex" && s.name != "rindex"))
+    };
+    match (invariant(a), invariant(b)) {
+        (false, true) => Some((a, b)),
+        (true, false) => Some((b, a)),
+        _ => None,
+    }
+}
+
+/// Whether a statement of `stmts` (or of a loop among them) may write `status`: an indirect
+/// load, or integer division, remainder or power. Such loops are not marked `simd`.
+fn may_fail<'s>(stmts: impl IntoIterator<Item = &'s TileStmt>) -> bool {
+    stmts.into_iter().any(|s| match s {
+        TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } => true,
+        TileStmt::Let { op: TileOp::Binary(op, ..), dtype, .. } => ops::binary_may_fail(*op, *dtype),
+        TileStmt::RLoop(body) => may_fail(body),
+        _ => false,
+    })
 }
 
 /// A top-level piece of a persistent kernel: one statement, or an `rindex` loop of `XR`
@@ -138,11 +201,12 @@ impl<'a> Emitter<'a> {
         let mut acc_source = IndexMap::new();
         for s in flat_stmts(&k.body) {
             match s {
-                TileStmt::Let { var, dtype, .. } => {
-                    vars.insert(*var, VarInfo { dtype: *dtype });
+                TileStmt::Let { var, dtype, op, .. } => {
+                    let constant = if let TileOp::Constant(c) = op { Some(*c) } else { None };
+                    vars.insert(*var, VarInfo { dtype: *dtype, constant });
                 }
                 TileStmt::Reduce { var, dtype, source, .. } => {
-                    vars.insert(*var, VarInfo { dtype: *dtype });
+                    vars.insert(*var, VarInfo { dtype: *dtype, constant: None });
                     if k.kind == KernelKind::PersistentReduction {
                         acc_source.insert(*var, *source);
                     }
@@ -155,14 +219,27 @@ impl<'a> Emitter<'a> {
                     acc_source.insert(*sum_acc, *value);
                 }
                 TileStmt::ReduceOnlineSoftmax { max, sum, dtype, .. } => {
-                    vars.insert(*max, VarInfo { dtype: *dtype });
-                    vars.insert(*sum, VarInfo { dtype: *dtype });
+                    vars.insert(*max, VarInfo { dtype: *dtype, constant: None });
+                    vars.insert(*sum, VarInfo { dtype: *dtype, constant: None });
                 }
                 _ => {}
             }
         }
         let rnumel = k.rnumel.unwrap_or(Expr::int(1));
-        Emitter { k, out: String::new(), indent: 0, vars, acc_source, arrays: IndexSet::new(), in_loop: false, rnumel }
+        let nest = nest::Nest::find(k);
+        Emitter {
+            k,
+            out: String::new(),
+            indent: 0,
+            vars,
+            acc_source,
+            arrays: IndexSet::new(),
+            in_loop: false,
+            rnumel,
+            nest,
+            acc_at: "",
+            narrow: None,
+        }
     }
 
     fn line(&mut self, text: &str) {
@@ -179,27 +256,6 @@ impl<'a> Emitter<'a> {
             format!("tmp{v}[rindex]")
         } else {
             format!("tmp{v}")
-        }
-    }
-
-    /// Whether the `xindex` loop is worth the OpenMP team: more than one row and at least
-    /// [`PARALLEL_MIN_ELEMENTS`] elements (decided here when the sizes are constant).
-    fn parallel(&self) -> Parallel {
-        let xnumel = self.k.xnumel;
-        let total = xnumel * self.rnumel;
-        let at_least = |e: Expr, n: i64| e.bounds().0.is_some_and(|lo| lo >= n);
-        match (xnumel.const_value(), total.const_value()) {
-            (Some(x), _) if x <= 1 => Parallel::Never,
-            (_, Some(t)) if t < PARALLEL_MIN_ELEMENTS => Parallel::Never,
-            (_, Some(_)) => Parallel::Always,
-            _ if at_least(xnumel, 2) && at_least(total, PARALLEL_MIN_ELEMENTS) => Parallel::Always,
-            _ => {
-                let mut cond = format!("{} >= {PARALLEL_MIN_ELEMENTS}", total.to_c());
-                if !at_least(xnumel, 2) {
-                    cond = format!("{} > 1 && {cond}", xnumel.to_c());
-                }
-                Parallel::If(cond)
-            }
         }
     }
 
@@ -227,26 +283,32 @@ impl<'a> Emitter<'a> {
             let at = |word: usize| format!("((const uint64_t *)args[{}])[{word}]", n + 1);
             self.line(&format!("const uint64_t {seed} = {}, {offset} = {};", at(2 * i), at(2 * i + 1)));
         }
+        self.line(&format!("const int64_t *xrange = (const int64_t *)args[{}];", n + 2));
+        let xnumel = k.xnumel.to_c();
+        self.line(&format!("const int64_t xstart = xrange ? xrange[0] : 0, xend = xrange ? xrange[1] : {xnumel};"));
         self.line("(void)status;");
-        let may_fail = flat_stmts(&k.body).iter().any(|s| match s {
-            TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } => true,
-            TileStmt::Let { op: TileOp::Binary(op, ..), dtype, .. } => ops::binary_may_fail(*op, *dtype),
-            _ => false,
-        });
-        let simd = k.kind == KernelKind::Pointwise && !may_fail;
-        let pragma = match (self.parallel(), simd) {
-            (Parallel::Always, true) => Some("#pragma omp parallel for simd".to_string()),
-            (Parallel::Always, false) => Some("#pragma omp parallel for".to_string()),
-            // `parallel:` so that the clause leaves `simd` on when the team is not worth it.
-            (Parallel::If(c), true) => Some(format!("#pragma omp parallel for simd if(parallel: {c})")),
-            (Parallel::If(c), false) => Some(format!("#pragma omp parallel for if({c})")),
-            (Parallel::Never, true) => Some("#pragma omp simd".to_string()),
-            (Parallel::Never, false) => None,
-        };
-        if let Some(p) = pragma {
-            self.line(&p);
+        if let Some(c) = self.column() {
+            self.column_body(c);
+            self.indent -= 1;
+            self.line("}");
+            return;
         }
-        self.line(&format!("for (int64_t xindex = 0; xindex < {}; xindex++) {{", k.xnumel.to_c()));
+        let simd = k.kind == KernelKind::Pointwise && !may_fail(k.body.iter());
+        if let Some(period) = self.nest.as_ref().map(|n| n.period) {
+            // xindex = xouter * period + xinner, the call's range cut at whole periods
+            self.line(&format!("for (int64_t xouter = xstart / {period}; xouter * {period} < xend; xouter++) {{"));
+            self.indent += 1;
+            self.line(&format!("const int64_t xbase = xouter * {period};"));
+            self.line("const int64_t xlo = xstart > xbase ? xstart - xbase : 0;");
+            self.line(&format!("const int64_t xhi = xend - xbase < {period} ? xend - xbase : {period};"));
+        }
+        if simd {
+            self.line("#pragma omp simd");
+        }
+        match self.nest {
+            Some(_) => self.line("for (int64_t xinner = xlo; xinner < xhi; xinner++) {"),
+            None => self.line("for (int64_t xindex = xstart; xindex < xend; xindex++) {"),
+        }
         self.indent += 1;
         match k.kind {
             KernelKind::PersistentReduction => self.persistent_body(),
@@ -254,8 +316,53 @@ impl<'a> Emitter<'a> {
         }
         self.indent -= 1;
         self.line("}");
+        if self.nest.is_some() {
+            self.indent -= 1;
+            self.line("}");
+        }
         self.indent -= 1;
         self.line("}");
+    }
+
+    /// An index expression as C (through the nest's rewrite of `xindex`, if any).
+    fn c(&self, e: Expr) -> String {
+        match &self.nest {
+            Some(n) => n.rewrite(e).to_c(),
+            None => e.to_c(),
+        }
+    }
+
+    /// The `omp simd` pragma of an `rindex` loop over `stmts` (nested loops included), with a
+    /// reduction clause per accumulator it folds; `None` when a statement may write `status`
+    /// or an arg reduction keeps its first best index (those loops stay scalar).
+    fn simd_pragma<'s>(&self, stmts: impl IntoIterator<Item = &'s TileStmt> + Clone) -> Option<String> {
+        if may_fail(stmts.clone()) {
+            return None;
+        }
+        let mut clauses: Vec<(&str, String)> = Vec::new();
+        for s in stmts {
+            let (acc, op) = match s {
+                TileStmt::AccUpdate { acc, op, .. } => (*acc, *op),
+                TileStmt::Reduce { var, op, .. } if self.k.kind == KernelKind::PersistentReduction => (*var, *op),
+                _ => continue,
+            };
+            match op {
+                ReduceOp::ArgMax | ReduceOp::ArgMin => return None,
+                ReduceOp::Sum => clauses.push(("+", format!("acc{acc}"))),
+                ReduceOp::Prod => clauses.push(("*", format!("acc{acc}"))),
+                ReduceOp::Max | ReduceOp::Min => {
+                    clauses.push((if op == ReduceOp::Max { "max" } else { "min" }, format!("acc{acc}")));
+                    if self.source_dtype(acc).is_float() {
+                        clauses.push(("|", format!("acc{acc}_nan")));
+                    }
+                }
+            }
+        }
+        let mut pragma = "#pragma omp simd".to_string();
+        for (op, acc) in clauses {
+            let _ = write!(pragma, " reduction({op}:{acc})");
+        }
+        Some(pragma)
     }
 
     /// Statements of a pointwise or looped kernel (the latter with explicit loops).
@@ -280,11 +387,17 @@ impl<'a> Emitter<'a> {
                     self.online_rloop(body)
                 }
                 TileStmt::RLoop(body) => {
-                    self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel.to_c()));
+                    if let Some(pragma) = self.simd_pragma(body) {
+                        self.line(&pragma);
+                    }
+                    self.narrow = self.cut_of(body);
+                    let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
+                    self.line(&format!("for (int64_t rindex = 0; rindex < {end}; rindex++) {{"));
                     self.indent += 1;
                     self.in_loop = true;
                     self.stmts(body);
                     self.in_loop = false;
+                    self.narrow = None;
                     self.indent -= 1;
                     self.line("}");
                 }
@@ -310,6 +423,9 @@ impl<'a> Emitter<'a> {
                 let f = if d == DType::F64 { "_f64" } else { "_f32" };
                 folds.push(format!("coil_online_softmax{f}(&acc{m}, &acc{a}, ox{m}, rcount);"));
             }
+        }
+        if let Some(pragma) = self.simd_pragma(body) {
+            self.line(&pragma);
         }
         self.line("for (int64_t rindex = rblock; rindex < rblock + rcount; rindex++) {");
         self.indent += 1;
@@ -390,7 +506,12 @@ impl<'a> Emitter<'a> {
                 _ => {}
             }
         }
-        self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel.to_c()));
+        if let Some(pragma) = self.simd_pragma(stmts.iter().copied()) {
+            self.line(&pragma);
+        }
+        self.narrow = if self.arrays.is_empty() { self.cut_of(stmts.iter().copied()) } else { None };
+        let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
+        self.line(&format!("for (int64_t rindex = 0; rindex < {end}; rindex++) {{"));
         self.indent += 1;
         self.in_loop = true;
         for s in stmts {
@@ -400,6 +521,7 @@ impl<'a> Emitter<'a> {
             }
         }
         self.in_loop = false;
+        self.narrow = None;
         self.indent -= 1;
         self.line("}");
         for s in stmts {
@@ -413,7 +535,14 @@ impl<'a> Emitter<'a> {
     fn simple(&mut self, s: &TileStmt) {
         match s {
             TileStmt::Let { var, dtype, op, .. } => {
-                let rhs = self.op_expr(op, *dtype);
+                let rhs = match op {
+                    // inside a cut loop the position is in the row: the test is true (its
+                    // operands stay referenced, so no variable goes unused)
+                    TileOp::Binary(_, a, b) if self.narrow.as_ref().is_some_and(|n| n.cond == *var) => {
+                        format!("((void){}, (void){}, (uint8_t)1)", self.r(*a), self.r(*b))
+                    }
+                    _ => self.op_expr(op, *dtype),
+                };
                 if self.in_loop && self.arrays.contains(var) {
                     self.line(&format!("tmp{var}[rindex] = {rhs};"));
                 } else {
@@ -423,7 +552,7 @@ impl<'a> Emitter<'a> {
             TileStmt::Store { arg, index, value, .. } => {
                 let a = &self.k.args[*arg];
                 let v = ops::store_value(&self.r(*value), self.dtype(*value), a.dtype);
-                self.line(&format!("{}[{}] = {v};", a.name, index.to_c()));
+                self.line(&format!("{}[{}] = {v};", a.name, self.c(*index)));
             }
             _ => unreachable!("not a simple statement"),
         }
@@ -435,33 +564,55 @@ impl<'a> Emitter<'a> {
         match op {
             TileOp::Load { arg: i, index } => {
                 let (p, d) = arg(*i);
-                ops::load(p, &index.to_c(), d, out)
+                match clamped(*index) {
+                    // inside a cut loop (`narrow`) the position is in the row: no clamp
+                    Some((e, _)) if self.narrow.as_ref().is_some_and(|n| n.position == e) => {
+                        ops::load(p, &self.c(e), d, out)
+                    }
+                    // The unselected load is never made; in a vector loop this one is a masked
+                    // contiguous load, where `p[min(e, bound)]` would be a gather.
+                    Some((e, bound)) => format!(
+                        "({} <= {} ? {} : {})",
+                        self.c(e),
+                        self.c(bound),
+                        ops::load(p, &self.c(e), d, out),
+                        ops::load(p, &self.c(bound), d, out)
+                    ),
+                    None => ops::load(p, &self.c(*index), d, out),
+                }
             }
             TileOp::MaskedLoad { arg: i, index, mask, other } => {
                 let (p, d) = arg(*i);
                 // The conditional never evaluates the load where the mask is off.
-                format!("{} ? {} : {}", self.r(*mask), ops::load(p, &index.to_c(), d, out), ops::literal(*other, out))
+                format!("{} ? {} : {}", self.r(*mask), ops::load(p, &self.c(*index), d, out), ops::literal(*other, out))
             }
             TileOp::IndirectLoad { arg: i, index, indirect, stride, bound } => {
                 let (p, d) = arg(*i);
                 let v = self.r(*indirect);
-                let at = format!("({}) + ({})*{v}", index.to_c(), stride.to_c());
-                let bound = bound.to_c();
+                let at = format!("({}) + ({})*{v}", self.c(*index), self.c(*stride));
+                let bound = self.c(*bound);
                 format!(
                     "(0 <= {v} && {v} < {bound}) ? {} : coil_index_error(status, {v}, {bound})",
                     ops::load(p, &at, d, out)
                 )
             }
             TileOp::Constant(c) => ops::literal(*c, out),
-            TileOp::Index(e) => ops::convert(&format!("(int64_t)({})", e.to_c()), DType::I64, out),
+            TileOp::Index(e) => ops::convert(&format!("(int64_t)({})", self.c(*e)), DType::I64, out),
             TileOp::Rand { dist, stream, counter } => {
                 let f = if *dist == RandDist::Normal { "coil_rand_normal" } else { "coil_rand_uniform" };
                 let (seed, offset) = (philox::seed_name(*stream), philox::offset_name(*stream));
                 // unsigned: the counter wraps modulo 2^64, as the definition says
-                let call = format!("{f}({seed}, {offset} + (uint64_t)({}))", counter.to_c());
+                let call = format!("{f}({seed}, {offset} + (uint64_t)({}))", self.c(*counter));
                 ops::convert(&call, DType::F64, out)
             }
             TileOp::Unary(u, a) => ops::unary(*u, &self.r(*a), self.dtype(*a), out),
+            // x ** 2 is x * x (one rounding either way), as in RMS norms; f32 only (f64 keeps pow)
+            TileOp::Binary(BinaryOp::Pow, x, y)
+                if out != DType::F64 && out.is_float() && self.vars[y].constant.is_some_and(|c| c.as_f64() == 2.0) =>
+            {
+                let x = ops::convert(&self.r(*x), self.dtype(*x), out);
+                format!("{x} * {x}")
+            }
             TileOp::Binary(b, x, y) => ops::binary(*b, &self.r(*x), self.dtype(*x), &self.r(*y), self.dtype(*y), out),
             TileOp::Where(c, x, y) => {
                 let (x, y) =
@@ -477,51 +628,75 @@ impl<'a> Emitter<'a> {
         self.dtype(self.acc_source[&acc])
     }
 
-    /// Declares the accumulator of a reduction with result dtype `out`.
+    /// The accumulator of `acc` as C (an element of an array in a column kernel).
+    fn acc(&self, acc: Var) -> String {
+        format!("acc{acc}{}", self.acc_at)
+    }
+
+    /// Declares the accumulator of a reduction with result dtype `out`: floats sum and multiply
+    /// in `double`, integers in wrapping `uint64_t`; a float maximum or minimum keeps the best
+    /// non-NaN value and a flag for NaN (two vectorizable reductions; a NaN wins in the end).
+    /// In a column kernel, an array of them, one per column of the block.
     fn acc_init(&mut self, acc: Var, op: ReduceOp, out: DType) {
         let src = self.source_dtype(acc);
         let (t, init) = match op {
             ReduceOp::Sum | ReduceOp::Prod if out.is_float() => {
                 ("double", if op == ReduceOp::Sum { "0.0" } else { "1.0" })
             }
-            ReduceOp::Sum | ReduceOp::Prod => ("int64_t", if op == ReduceOp::Sum { "0" } else { "1" }),
+            ReduceOp::Sum | ReduceOp::Prod => ("uint64_t", if op == ReduceOp::Sum { "0" } else { "1" }),
             _ if src.is_float() => {
                 let max = matches!(op, ReduceOp::Max | ReduceOp::ArgMax);
                 (ops::compute_type(src), if max { "-INFINITY" } else { "INFINITY" })
             }
             _ => ("int64_t", if matches!(op, ReduceOp::Max | ReduceOp::ArgMax) { "INT64_MIN" } else { "INT64_MAX" }),
         };
-        self.line(&format!("{t} acc{acc} = {init};"));
+        let mut vars = vec![(t, format!("acc{acc}"), init)];
         if op.is_arg() {
-            self.line(&format!("int64_t acc{acc}_index = 0;"));
+            vars.push(("int64_t", format!("acc{acc}_index"), "0"));
+        } else if matches!(op, ReduceOp::Max | ReduceOp::Min) && src.is_float() {
+            vars.push(("int32_t", format!("acc{acc}_nan"), "0"));
         }
+        if self.acc_at.is_empty() {
+            for (t, name, init) in vars {
+                self.line(&format!("{t} {name} = {init};"));
+            }
+            return;
+        }
+        let b = column::XBLOCK;
+        for (t, name, _) in &vars {
+            self.line(&format!("{t} {name}[{b}];"));
+        }
+        let inits: Vec<String> = vars.iter().map(|(_, name, init)| format!("{name}[xi] = {init};")).collect();
+        self.line(&format!("for (int64_t xi = 0; xi < {b}; xi++) {{ {} }}", inits.join(" ")));
     }
 
     /// Folds `value` (the element at `rindex`) into the accumulator.
     fn acc_update(&mut self, acc: Var, op: ReduceOp, value: Var) {
         let (src, v) = (self.dtype(value), self.r(value));
         let out = self.dtype(acc);
+        let (a, at) = (self.acc(acc), self.acc_at);
         let line = match op {
-            ReduceOp::Sum if out.is_float() => format!("acc{acc} += {};", ops::convert(&v, src, DType::F64)),
-            ReduceOp::Prod if out.is_float() => format!("acc{acc} *= {};", ops::convert(&v, src, DType::F64)),
-            ReduceOp::Sum => format!("acc{acc} = coil_wadd(acc{acc}, {});", ops::convert(&v, src, DType::I64)),
-            ReduceOp::Prod => format!("acc{acc} = coil_wmul(acc{acc}, {});", ops::convert(&v, src, DType::I64)),
+            ReduceOp::Sum if out.is_float() => format!("{a} += {};", ops::convert(&v, src, DType::F64)),
+            ReduceOp::Prod if out.is_float() => format!("{a} *= {};", ops::convert(&v, src, DType::F64)),
+            ReduceOp::Sum => format!("{a} += (uint64_t){};", ops::convert(&v, src, DType::I64)),
+            ReduceOp::Prod => format!("{a} *= (uint64_t){};", ops::convert(&v, src, DType::I64)),
+            // Strict comparisons keep the accumulator on a tie (the first operand wins, as in
+            // coil_maximum); NaN never enters it but sets the flag.
             ReduceOp::Max | ReduceOp::Min if src.is_float() => {
-                let f = if op == ReduceOp::Max { "coil_maximum" } else { "coil_minimum" };
-                let s = if src == DType::F64 { "_f64" } else { "_f32" };
-                format!("acc{acc} = {f}{s}(acc{acc}, {v});")
+                let cmp = if op == ReduceOp::Max { ">" } else { "<" };
+                format!("{a} = {v} {cmp} {a} ? {v} : {a}; acc{acc}_nan{at} |= {v} != {v};")
             }
-            ReduceOp::Max => format!("acc{acc} = {v} > acc{acc} ? {v} : acc{acc};"),
-            ReduceOp::Min => format!("acc{acc} = {v} < acc{acc} ? {v} : acc{acc};"),
+            ReduceOp::Max => format!("{a} = {v} > {a} ? {v} : {a};"),
+            ReduceOp::Min => format!("{a} = {v} < {a} ? {v} : {a};"),
             ReduceOp::ArgMax | ReduceOp::ArgMin => {
                 let cmp = if op == ReduceOp::ArgMax { ">" } else { "<" };
                 // Strict comparison keeps the first best index; the first NaN wins for good.
                 let better = if src.is_float() {
-                    format!("!isnan(acc{acc}) && (isnan({v}) || {v} {cmp} acc{acc})")
+                    format!("!isnan({a}) && (isnan({v}) || {v} {cmp} {a})")
                 } else {
-                    format!("{v} {cmp} acc{acc}")
+                    format!("{v} {cmp} {a}")
                 };
-                format!("if ({better}) {{ acc{acc} = {v}; acc{acc}_index = rindex; }}")
+                format!("if ({better}) {{ {a} = {v}; acc{acc}_index{at} = rindex; }}")
             }
         };
         self.line(&line);
@@ -530,12 +705,16 @@ impl<'a> Emitter<'a> {
     /// Defines `tmp<var>`, the finished reduction of accumulator `acc`.
     fn acc_finish(&mut self, var: Var, op: ReduceOp, out: DType, acc: Var) {
         let src = self.source_dtype(acc);
+        let (a, at) = (self.acc(acc), self.acc_at);
         let value = match op {
-            ReduceOp::Sum | ReduceOp::Prod if out.is_float() => ops::convert(&format!("acc{acc}"), DType::F64, out),
-            ReduceOp::Sum | ReduceOp::Prod => ops::convert(&format!("acc{acc}"), DType::I64, out),
-            ReduceOp::Max | ReduceOp::Min if src.is_float() => ops::convert(&format!("acc{acc}"), src, out),
-            ReduceOp::Max | ReduceOp::Min => ops::convert(&format!("acc{acc}"), DType::I64, out),
-            ReduceOp::ArgMax | ReduceOp::ArgMin => ops::convert(&format!("acc{acc}_index"), DType::I64, out),
+            ReduceOp::Sum | ReduceOp::Prod if out.is_float() => ops::convert(&a, DType::F64, out),
+            ReduceOp::Sum | ReduceOp::Prod => ops::convert(&format!("(int64_t){a}"), DType::I64, out),
+            ReduceOp::Max | ReduceOp::Min if src.is_float() => {
+                let t = ops::compute_type(src);
+                ops::convert(&format!("(acc{acc}_nan{at} ? ({t})NAN : {a})"), src, out)
+            }
+            ReduceOp::Max | ReduceOp::Min => ops::convert(&a, DType::I64, out),
+            ReduceOp::ArgMax | ReduceOp::ArgMin => ops::convert(&format!("acc{acc}_index{at}"), DType::I64, out),
         };
         self.line(&format!("{} tmp{var} = {value};", ops::compute_type(out)));
     }
@@ -543,3 +722,5 @@ impl<'a> Emitter<'a> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod vecmath_tests;

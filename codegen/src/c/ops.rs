@@ -151,24 +151,29 @@ pub(super) fn unary(op: UnaryOp, a: &str, da: DType, out: DType) -> String {
         let (s, m) = float_suffixes(out);
         let one = if out == DType::F64 { "1.0" } else { "1.0f" };
         let call = |f: &str| format!("{f}{m}({a})");
+        // f32 (f16, bf16) in C: the prelude's vectorizable functions; f64, and CUDA: the
+        // library's.
+        let own = super::PRELUDE_MATH && out != DType::F64;
+        let math = |f: &str| if own { format!("coil_{f}_f32({a})") } else { call(f) };
         return match op {
             Neg => format!("-{a}"),
             Abs => call("fabs"),
             Sign => format!("coil_sign{s}({a})"),
-            Exp => call("exp"),
-            Exp2 => call("exp2"),
-            Expm1 => call("expm1"),
-            Log => call("log"),
-            Log2 => call("log2"),
-            Log1p => call("log1p"),
+            Exp => math("exp"),
+            Exp2 => math("exp2"),
+            Expm1 => math("expm1"),
+            Log => math("log"),
+            Log2 => math("log2"),
+            Log1p => math("log1p"),
             Sqrt => call("sqrt"),
             Rsqrt => format!("{one} / sqrt{m}({a})"),
-            Sin => call("sin"),
-            Cos => call("cos"),
-            Tan => call("tan"),
-            Tanh => call("tanh"),
+            Sin => math("sin"),
+            Cos => math("cos"),
+            Tan => math("tan"),
+            Tanh => math("tanh"),
+            Sigmoid if own => format!("coil_sigmoid_f32({a})"),
             Sigmoid => format!("{one} / ({one} + exp{m}(-{a}))"),
-            Erf => call("erf"),
+            Erf => math("erf"),
             Floor => call("floor"),
             Ceil => call("ceil"),
             Round => call("nearbyint"), // the default rounding mode: half to even
@@ -217,6 +222,7 @@ pub(super) fn binary(op: BinaryOp, a: &str, da: DType, b: &str, db: DType, out: 
             FloorDiv => format!("coil_floordiv{s}({a}, {b})"),
             TruncDiv => format!("trunc{m}({a} / {b})"),
             Remainder => format!("coil_remainder{s}({a}, {b})"),
+            Pow if super::PRELUDE_MATH && out != DType::F64 => format!("coil_pow_f32({a}, {b})"),
             Pow => format!("pow{m}({a}, {b})"),
             Maximum => format!("coil_maximum{s}({a}, {b})"),
             Minimum => format!("coil_minimum{s}({a}, {b})"),

@@ -3,9 +3,11 @@
 //! the translation unit exports only the kernels.
 //!
 //! The helpers reproduce the reference interpreter (`coil_runtime::interp`) bit for bit where
-//! it is exact (conversions, Philox, integer arithmetic, floor division and remainder), and
-//! use the C library's functions for transcendental math (a few ulp).
+//! it is exact (conversions, Philox, integer arithmetic, floor division and remainder). Float
+//! math of f32 (and f16, bf16) is the prelude's own ([`super::vecmath`]: vectorizable, within
+//! 0.5-2.4 ulp); f64 math is the C library's.
 
+use super::vecmath::vecmath;
 use coil_ir::sym::C_HELPERS;
 use std::sync::LazyLock;
 
@@ -35,13 +37,10 @@ const COMMON: &str = r#"
 #define COIL_PI 3.14159265358979323846
 
 /* ---- errors -------------------------------------------------------------------------------- */
-/* Records the first error of a launch. Errors are rare, so a critical section costs nothing in
-   practice, and it keeps the three status words consistent when several threads fail. */
+/* Records the first error of a call. A call runs on one thread (the runtime gives each thread
+   its own range of xindex and its own status words). */
 static inline void coil_fail(int64_t *status, int64_t code, int64_t a, int64_t b) {
-#pragma omp critical(coil_status)
-    {
-        if (status[0] == 0) { status[0] = code; status[1] = a; status[2] = b; }
-    }
+    if (status[0] == 0) { status[0] = code; status[1] = a; status[2] = b; }
 }
 /* An out-of-range data-dependent index: records it and yields 0 instead of reading memory. */
 static inline int64_t coil_index_error(int64_t *status, int64_t index, int64_t bound) {
@@ -133,9 +132,15 @@ static inline uint16_t coil_f32_to_bf16(float f) {
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
 }
-/* Rounds a value computed in f32 to the nearest f16 / bf16 (explicit casts, reductions). */
+/* Rounds a value computed in f32 to the nearest f16 / bf16 (explicit casts, reductions). bf16's
+   is coil_bf16_to_f32(coil_f32_to_bf16(f)) in place on the f32 bits (half the vector work). */
 static inline float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to_f16(f)); }
-static inline float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_to_bf16(f)); }
+static inline float coil_round_bf16(float f) {
+    uint32_t x = coil_f32_bits(f);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+    uint32_t nan = (x | 0x400000u) & 0xffff0000u; /* quiet, as the round trip makes it */
+    return coil_bits_f32((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
 
 /* ---- Philox 4x32-10, exactly as coil_ir::philox ------------------------------------------------ */
 static inline void coil_philox(uint64_t seed, uint64_t index, uint32_t w[4]) {
@@ -179,7 +184,8 @@ static inline double coil_rand_normal(uint64_t seed, uint64_t index) {
 "#;
 
 /// Float helpers, instantiated for `float` (suffix `_f32`; f16, bf16 and f32 values) and
-/// `double` (`_f64`). `$T` is the type, `$S` the name suffix, `$M` the libm suffix.
+/// `double` (`_f64`). `$T` is the type, `$S` the name suffix, `$M` the libm suffix, `$EXP` the
+/// exponential.
 const FLOAT_TEMPLATE: &str = r#"
 /* ---- $T: PyTorch's floor division and remainder, NaN-propagating max/min, sign ---------------- */
 /* div_floor_floating: the quotient of the exact fmod-adjusted dividend, rounded toward the
@@ -205,23 +211,40 @@ static inline $T coil_remainder$S($T a, $T b) {
 static inline $T coil_maximum$S($T a, $T b) { return (a != a || b != b) ? a + b : (a < b ? b : a); }
 static inline $T coil_minimum$S($T a, $T b) { return (a != a || b != b) ? a + b : (b < a ? b : a); }
 static inline $T coil_sign$S($T a) { return ($T)((0 < a) - (a < 0)); }
-/* Online softmax: n elements into the running maximum *m (folded as coil_maximum$S folds them,
-   bit for bit) and the sum *s of exp(x - *m), rescaled (once) when the maximum grows. */
+/* Online softmax: n elements into the running maximum *m and the sum *s of exp(x - *m),
+   rescaled (once) when the maximum grows. Both loops vectorize: the maximum of the non-NaN
+   elements in lanes, a NaN anywhere making it NaN (as coil_maximum$S propagates it; which of
+   +0.0 and -0.0 wins a tie may differ, which no later value can tell), then the exponentials. */
 static inline void coil_online_softmax$S($T *m, double *s, const $T *x, int64_t n) {
-    $T mn = *m;
-    for (int64_t i = 0; i < n; i++) mn = coil_maximum$S(mn, x[i]);
+    $T mx = *m;
+    int32_t nan = *m != *m;
+#pragma omp simd reduction(max:mx) reduction(|:nan)
+    for (int64_t i = 0; i < n; i++) {
+        mx = x[i] > mx ? x[i] : mx;
+        nan |= x[i] != x[i];
+    }
+    $T mn = nan ? ($T)NAN : mx;
     double acc = *s;
     if (mn != *m) acc *= exp((double)*m - (double)mn);
-    if (mn != -INFINITY)
-        for (int64_t i = 0; i < n; i++) acc += (double)exp$M(x[i] - mn);
+    if (mn != -INFINITY) {
+#pragma omp simd reduction(+:acc)
+        for (int64_t i = 0; i < n; i++) acc += (double)$EXP(x[i] - mn);
+    }
     *m = mn;
     *s = acc;
 }
 "#;
 
 static PRELUDE: LazyLock<String> = LazyLock::new(|| {
-    let float = |t: &str, s: &str, m: &str| FLOAT_TEMPLATE.replace("$T", t).replace("$S", s).replace("$M", m);
-    format!("{HEADER}\n{C_HELPERS}{COMMON}{}{}", float("float", "_f32", "f"), float("double", "_f64", ""))
+    let float = |t: &str, s: &str, m: &str, exp: &str| {
+        FLOAT_TEMPLATE.replace("$T", t).replace("$S", s).replace("$M", m).replace("$EXP", exp)
+    };
+    format!(
+        "{HEADER}\n{C_HELPERS}{COMMON}{}{}{}",
+        vecmath(),
+        float("float", "_f32", "f", "coil_exp_f32"),
+        float("double", "_f64", "", "exp")
+    )
 });
 
 /// The prelude every translation unit starts with.

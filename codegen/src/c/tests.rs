@@ -65,8 +65,8 @@ fn check_softmax(rows: usize, cols: usize, kind: KernelKind) -> String {
 }
 
 #[test]
-fn large_pointwise_runs_in_parallel() {
-    // 2^16 elements: `parallel for simd`; one kernel stores f32 and the same value as f16.
+fn large_pointwise_runs_whole_or_in_ranges() {
+    // 2^16 elements in a `simd` loop; one kernel stores f32 and the same value as f16.
     let n = 1 << 16;
     let mut p = Prog::default();
     let x = p.input(&[n], DType::F32);
@@ -81,7 +81,7 @@ fn large_pointwise_runs_in_parallel() {
     }
     let k = kernel("poi_fused_tanh_0", KernelKind::Pointwise, vec![0, 1], n, None, outs);
     let (lib, tiles) = build_and_compile(&p.p, &[k]);
-    assert!(emit_kernel(&tiles[0]).contains("#pragma omp parallel for simd\n"));
+    assert!(emit_kernel(&tiles[0]).contains("#pragma omp simd\n"));
     let mut xv: Vec<f32> = (0..n).map(|i| (i as f32 - 32768.0) / 4096.0).collect();
     let (mut o32, mut o16) = (vec![0f32; n], vec![0u16; n]);
     lib.run("poi_fused_tanh_0", &[ptr(&mut xv), ptr(&mut o32), ptr(&mut o16)]);
@@ -90,6 +90,14 @@ fn large_pointwise_runs_in_parallel() {
         assert!(close(o32[i] as f64, want, 2e-7), "{i}: {} vs {want}", o32[i]);
         assert_eq!(o16[i], f16::from_f32(o32[i]).to_bits(), "{i}");
     }
+    // Two calls over [0, 1000) and [1000, n), as the runtime's threads make them, write the
+    // same elements, and a call writes nothing outside its range.
+    let (mut p32, mut p16) = (vec![7f32; n], vec![0u16; n]);
+    let args = [ptr(&mut xv), ptr(&mut p32), ptr(&mut p16)];
+    lib.run_range("poi_fused_tanh_0", &args, &[], &[], Some([0, 1000]));
+    assert!(p32[..1000] == o32[..1000] && p32[1000..].iter().all(|&v| v == 7.0));
+    lib.run_range("poi_fused_tanh_0", &args, &[], &[], Some([1000, n as i64]));
+    assert!(p32 == o32 && p16 == o16);
 }
 
 #[test]
@@ -267,6 +275,7 @@ void f16_to_f32(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *
 void f32_to_f16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((uint16_t *)a[1])[i] = coil_f32_to_f16(((float *)a[0])[i]); }
 void bf16_to_f32(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((float *)a[1])[i] = coil_bf16_to_f32(((uint16_t *)a[0])[i]); }
 void f32_to_bf16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((uint16_t *)a[1])[i] = coil_f32_to_bf16(((float *)a[0])[i]); }
+void round_bf16(char *const *a, int64_t *s) { (void)s; for (int64_t i = 0; i < *(int64_t *)a[2]; i++) ((float *)a[1])[i] = coil_round_bf16(((float *)a[0])[i]); }
 "#;
     compile(&format!("{}{harness}", prelude()))
 }
@@ -332,6 +341,8 @@ fn half_conversions_match_the_half_crate() {
         5.960_464_5e-8,
         2.980_232_2e-8,
     ]);
+    // NaNs with payloads in the bits bf16 drops, signaling or not
+    xs.extend([0x7f80_0001u32, 0xff80_0001, 0x7fc0_0001, 0x7fff_ffff, 0xffbf_ffff].map(f32::from_bits));
     let mut n = xs.len() as i64;
     let mut out = vec![0u16; xs.len()];
     for (name, down) in [
@@ -343,6 +354,13 @@ fn half_conversions_match_the_half_crate() {
             let want: u16 = down(x);
             assert_eq!(o, want, "{name}({x:e} = {:#010x})", x.to_bits());
         }
+    }
+    // the in-place bf16 rounding is the round trip down and up
+    let mut rounded = vec![0f32; xs.len()];
+    lib.run("round_bf16", &[ptr(&mut xs), ptr(&mut rounded), ptr(std::slice::from_mut(&mut n))]);
+    for (&x, &r) in xs.iter().zip(&rounded) {
+        let want = bf16::from_f32(x).to_f32();
+        assert_eq!(r.to_bits(), want.to_bits(), "round_bf16({x:e} = {:#010x})", x.to_bits());
     }
 }
 
@@ -500,8 +518,8 @@ mod dynamic {
         assert_eq!(tiles[0].sizes, vec![s0]);
         let c = emit_kernel(&tiles[0]);
         assert!(c.contains("const int64_t s0 = ((const int64_t *)args[2])[0];\n"), "{c}");
-        assert!(c.contains("#pragma omp parallel for simd if(parallel: 4*s0 >= 32768)\n"), "{c}");
-        assert!(c.contains("xindex < 4*s0;"), "{c}");
+        assert!(c.contains("#pragma omp simd\n"), "{c}");
+        assert!(c.contains("xend = xrange ? xrange[1] : 4*s0;"), "{c}");
         for n in [2usize, 3, 17, 10_000] {
             let mut xv: Vec<f32> = (0..4 * n).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
             let mut o = vec![0f32; 4 * n];
@@ -537,7 +555,9 @@ mod dynamic {
         let (lib, tiles) = build_and_compile(&p.p, &[per, red]);
         assert_eq!((tiles[0].sizes.clone(), tiles[1].sizes.clone()), (vec![s0], vec![s0]));
         let c = emit_kernel(&tiles[1]);
-        assert!(c.contains("rindex < s0;") && c.contains("#pragma omp parallel for if(4*s0 >= 32768)"), "{c}");
+        // the columns of arg0: the column form (`super::column`)
+        let block = "for (int64_t xblock = xstart; xblock < xend; xblock += 64) {";
+        assert!(c.contains("rindex < s0;") && c.contains(block), "{c}");
         for n in [2usize, 3, 17, 9000] {
             let mut xv: Vec<f32> = (0..4 * n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
             let (mut sums, mut maxes) = (vec![0f32; n], vec![0f32; 4]);
@@ -674,7 +694,8 @@ mod online {
                 let (m, a) = if d == DType::BF16 { (2, 3) } else { (1, 2) }; // after the cast
                 assert!(c.contains(&format!("coil_online_softmax{s}(&acc{m}, &acc{a}, ox{m}, rcount);")), "{c}");
                 assert_eq!(c.matches("for (int64_t rindex").count(), if per_element(what) { 2 } else { 1 }, "{c}");
-                assert!(c.contains("for (int64_t rblock = 0; rblock < 3000; rblock += 32) {"), "{c}");
+                let blocks = format!("for (int64_t rblock = 0; rblock < 3000; rblock += {ONLINE_BLOCK}) {{");
+                assert!(c.contains(&blocks), "{c}");
                 check(&lib, &tiles[0], what, d, 3000, false);
             }
         }
@@ -690,10 +711,100 @@ mod online {
             let (p, k) = online(rows(8).len(), None, DType::F32, what, false);
             let (lib, tiles) = build_and_compile(&p, &[k]);
             let c = emit_kernel(&tiles[0]);
-            assert!(c.contains("rblock < s0;") && c.contains("(s0) - rblock < 32 ? (s0) - rblock : 32;"), "{c}");
+            let b = ONLINE_BLOCK;
+            assert!(
+                c.contains("rblock < s0;") && c.contains(&format!("(s0) - rblock < {b} ? (s0) - rblock : {b};")),
+                "{c}"
+            );
             assert!(c.contains("coil_online_softmax_f32(&acc1, &acc2, ox1, rcount);"), "{c}");
             for n in [2, 3, 17, 3000] {
                 check(&lib, &tiles[0], what, DType::F32, n, true);
+            }
+        }
+    }
+}
+
+/// `tanh(x + bias)` over bf16 `x: [5, 64]`, `bias: [64]`: the broadcast row becomes an inner
+/// loop of 64 (`xindex % 64` is `xinner`, a contiguous load) inside a loop over rows; whole
+/// calls and calls over ranges that cut rows agree with the definition.
+#[test]
+fn a_broadcast_row_is_an_inner_loop() {
+    let (rows, n) = (5usize, 64usize);
+    let mut p = Prog::default();
+    let bf = DType::BF16;
+    let x = p.input(&[rows, n], bf);
+    let bias = p.input(&[n], bf);
+    let v = xs(&[rows, n]);
+    let mut b = B::default();
+    let lx = b.load(x, v[0] * n as i64 + v[1], DType::F32);
+    let lb = b.load(bias, v[1], DType::F32);
+    let sum = b.binary(BinaryOp::Add, lx, lb, DType::F32);
+    let t = b.unary(UnaryOp::Tanh, sum, DType::F32);
+    let c = b.push(ScalarOp::Cast(t), bf);
+    let out = p.pointwise(&[rows, n], bf, b.done(c));
+    p.output(out);
+    let k = kernel("poi_fused_add_tanh_0", KernelKind::Pointwise, vec![0], rows * n, None, vec![out]);
+    let (lib, tiles) = build_and_compile(&p.p, &[k]);
+    let c = emit_kernel(&tiles[0]);
+    assert!(c.contains("for (int64_t xouter = xstart / 64; xouter * 64 < xend; xouter++) {"), "{c}");
+    assert!(c.contains("#pragma omp simd\n") && c.contains("in_ptr1[xinner]"), "{c}");
+    let xf: Vec<f32> = (0..rows * n).map(|i| ((i * 37) % 101) as f32 / 25.0 - 2.0).collect();
+    let bf_: Vec<f32> = (0..n).map(|i| i as f32 / 32.0 - 1.0).collect();
+    let mut xb: Vec<u16> = xf.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+    let mut bb: Vec<u16> = bf_.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+    let want: Vec<u16> = (0..rows * n)
+        .map(|i| {
+            let s = bf16::from_bits(xb[i]).to_f32() + bf16::from_bits(bb[i % n]).to_f32();
+            bf16::from_f64((s as f64).tanh()).to_bits()
+        })
+        .collect();
+    for ranges in [vec![[0, 320]], vec![[0, 100], [100, 101], [101, 320]]] {
+        let mut o = vec![0u16; rows * n];
+        for r in ranges {
+            lib.run_range("poi_fused_add_tanh_0", &[ptr(&mut xb), ptr(&mut bb), ptr(&mut o)], &[], &[], Some(r));
+        }
+        // tanh within 2.5 ulp of f32 rounds to the same bf16 but for rare ties: one bf16 ulp
+        for i in 0..rows * n {
+            assert!((o[i] as i32 - want[i] as i32).abs() <= 1, "{i}: {:#x} vs {:#x}", o[i], want[i]);
+        }
+    }
+}
+
+/// `x.sum(0)` and `x.amax(0)` of `x: f32[37, 200]` (a NaN in column 5), as a looped and as a
+/// persistent reduction: the column form, whole and over ranges that cut its blocks of 64.
+#[test]
+fn column_reductions_run_along_the_rows_in_vectors() {
+    let (r, n) = (37usize, 200usize);
+    for kind in [KernelKind::LoopedReduction, KernelKind::PersistentReduction] {
+        let mut p = Prog::default();
+        let x = p.input(&[r, n], DType::F32);
+        let (xv, rv) = (xs(&[n])[0], rs(&[r])[0]);
+        let mut outs = Vec::new();
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let mut b = B::default();
+            let l = b.load(x, rv * n as i64 + xv, DType::F32);
+            outs.push(p.reduction(&[n], &[r], op, DType::F32, b.done(l)));
+        }
+        outs.iter().for_each(|&o| p.output(o));
+        let k = kernel("red_fused_amax_sum_0", kind, vec![0, 1], n, Some(r), outs);
+        let (lib, tiles) = build_and_compile(&p.p, &[k]);
+        let c = emit_kernel(&tiles[0]);
+        assert!(c.contains("xblock += 64") && c.contains("in_ptr0[200*rindex + xindex]"), "{c}");
+        let mut xv: Vec<f32> = (0..r * n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+        xv[3 * n + 5] = f32::NAN;
+        for ranges in [vec![[0, n as i64]], vec![[0, 70], [70, 71], [71, n as i64]]] {
+            let (mut sums, mut maxes) = (vec![0f32; n], vec![0f32; n]);
+            for range in ranges {
+                let args = [ptr(&mut xv), ptr(&mut sums), ptr(&mut maxes)];
+                assert_eq!(lib.run_range("red_fused_amax_sum_0", &args, &[], &[], Some(range)), [0; 4]);
+            }
+            for col in 0..n {
+                let column = (0..r).map(|row| xv[row * n + col] as f64);
+                let want_sum: f64 = column.clone().sum();
+                let want_max =
+                    column.fold(f64::NEG_INFINITY, |a, v| if a.is_nan() || v.is_nan() { f64::NAN } else { a.max(v) });
+                assert!(close(sums[col] as f64, want_sum, 1e-6), "{kind:?} sum {col}: {} vs {want_sum}", sums[col]);
+                assert!(close(maxes[col] as f64, want_max, 0.0), "{kind:?} max {col}: {} vs {want_max}", maxes[col]);
             }
         }
     }

@@ -78,10 +78,12 @@ mod launch_tests;
 /// once more here: the CUDA prelude defines every helper they call under the same name, so
 /// both backends share one definition of each op's semantics.
 /// (`crate::c` keeps its `ops` private; a `use` would need it `pub(crate)`.)
-#[allow(dead_code)] // `binary_may_fail` serves the C backend's OpenMP pragmas only
+#[allow(dead_code)] // `binary_may_fail` serves the C backend's `simd` pragmas only
 #[allow(clippy::duplicate_mod)]
 #[path = "../c/ops.rs"]
 mod ops;
+/// CUDA C calls the CUDA math library (`expf`, ...), not the C prelude's vector math.
+const PRELUDE_MATH: bool = false;
 mod prelude;
 pub mod ptx;
 #[cfg(test)]

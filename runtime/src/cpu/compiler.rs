@@ -1,7 +1,8 @@
 //! The system C compiler and the on-disk cache of the shared objects it builds.
 //!
 //! One C translation unit (a whole graph's kernels) becomes one shared object:
-//! `cc -O3 -march=native -ffp-contract=off -fopenmp -shared -fPIC SOURCE -o OUT -lm`. Compiling
+//! `cc -O3 -march=native -ffp-contract=off -fno-math-errno -fno-trapping-math -fopenmp-simd
+//! -shared -fPIC SOURCE -o OUT -lm`. Compiling
 //! takes tens to hundreds of milliseconds, so results are cached on disk, keyed by a 128-bit
 //! FNV-1a hash of the source, the compiler's version line and the flags:
 //!
@@ -25,17 +26,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// Flags every shared object is built with (besides `-fopenmp`, which is dropped when the
-/// compiler cannot link it, and `-lm`, which must follow the source).
+/// Flags every shared object is built with (besides `-fopenmp-simd`, which is dropped when the
+/// compiler does not take it, and `-lm`, which must follow the source).
 ///
 /// `-ffp-contract=off`: every operation rounds as written, as in the interpreter. Contracting
 /// `a * b - c` into a fused multiply-add made a value recomputed in two kernels differ: a
 /// softmax's `x - max(x)` came out as the product's rounding error instead of 0, which near the
-/// largest floats is 1e31, and its exp infinite (found by the API fuzzer, `tests/fuzz`).
-const BASE_FLAGS: [&str; 5] = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"];
+/// largest floats is 1e31, and its exp infinite (found by the API fuzzer, `tests/fuzz`). (The
+/// prelude's math uses `fma` explicitly where the target has it: one result either way.)
+///
+/// `-fno-math-errno -fno-trapping-math` change no value (the kernels never read `errno` nor
+/// install floating-point traps) but let `sqrt` and the like inline and selects with a division
+/// or a comparison in them become vector blends: without them gcc leaves such loops scalar.
+const BASE_FLAGS: [&str; 7] =
+    ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"];
+
+/// Honours `#pragma omp simd` (vectorization) without OpenMP's run time: the kernels have no
+/// threads of their own (`crate::cpu::launch` runs them on the rayon pool).
+const SIMD_FLAG: &str = "-fopenmp-simd";
 
 /// Bumped when the way entries are built changes, so stale entries are never reused.
-const CACHE_FORMAT: &str = "coil-c-cache-v2";
+const CACHE_FORMAT: &str = "coil-c-cache-v3";
 
 /// A working C compiler.
 #[derive(Debug)]
@@ -46,9 +57,9 @@ pub struct CCompiler {
     pre_args: Vec<String>,
     /// First line of `--version`: part of the cache key, so upgrading the compiler rebuilds.
     version: String,
-    /// Cleared the first time `-fopenmp` fails to link (no libgomp), so later compiles do not
-    /// pay for a failing attempt.
-    openmp: AtomicBool,
+    /// Cleared the first time [`SIMD_FLAG`] fails (a compiler without it), so later compiles
+    /// do not pay for a failing attempt.
+    simd_pragmas: AtomicBool,
 }
 
 /// Where a translation unit's shared object lies, and what producing it cost.
@@ -90,7 +101,7 @@ impl CCompiler {
         }
         let text = String::from_utf8_lossy(&out.stdout);
         let version = text.lines().next().unwrap_or("").trim().to_string();
-        Some(CCompiler { program, pre_args, version, openmp: AtomicBool::new(true) })
+        Some(CCompiler { program, pre_args, version, simd_pragmas: AtomicBool::new(true) })
     }
 
     /// The first line of `--version`, e.g. `cc (Debian 12.2.0-14) 12.2.0`.
@@ -106,20 +117,21 @@ impl CCompiler {
             .join(" ")
     }
 
-    /// False once `-fopenmp` failed to link; kernels then run single-threaded (the pragmas are
-    /// ignored by the compiler).
-    pub fn openmp(&self) -> bool {
-        self.openmp.load(Ordering::Relaxed)
+    /// False once `-fopenmp-simd` was refused; kernels are then vectorized where the compiler
+    /// manages without the pragmas.
+    pub fn simd_pragmas(&self) -> bool {
+        self.simd_pragmas.load(Ordering::Relaxed)
     }
 
     /// The cache key of `source` for this compiler: hex of a 128-bit FNV-1a hash of the cache
     /// format, the compiler's version line, the flags and the source.
     ///
-    /// The key names the flags *requested* (always with `-fopenmp`), not those that finally
-    /// worked: whether `-fopenmp` links is a property of the installed compiler, so one key
-    /// always maps to one build, and a process never recompiles just to learn it again.
+    /// The key names the flags *requested* (always with `-fopenmp-simd`), not those that
+    /// finally worked: whether the compiler takes it is a property of the installed compiler,
+    /// so one key always maps to one build, and a process never recompiles just to learn it.
     pub fn cache_key(&self, source: &str) -> String {
-        cache_entry::key(&[CACHE_FORMAT, &self.version, &BASE_FLAGS.join(" "), "-fopenmp -lm", source])
+        let simd = format!("{SIMD_FLAG} -lm");
+        cache_entry::key(&[CACHE_FORMAT, &self.version, &BASE_FLAGS.join(" "), &simd, source])
     }
 
     /// The shared object for `source` (its bytes, and where it lies): from `cache_dir` when a
@@ -170,13 +182,13 @@ impl CCompiler {
             .map_err(|e| Error::runtime(format!("cannot create the kernel cache {}: {e}", dir.display())))?;
         cache_entry::write_atomically(source_path, source.as_bytes())?;
         let tmp = cache_entry::temp_name(entry, "cc");
-        let mut result = self.run(source_path, &tmp, self.openmp());
-        if result.is_err() && self.openmp() {
-            // Most often libgomp is missing. Any real error in the source shows up again below,
-            // without the OpenMP noise.
+        let mut result = self.run(source_path, &tmp, self.simd_pragmas());
+        if result.is_err() && self.simd_pragmas() {
+            // A compiler without the flag. Any real error in the source shows up again below,
+            // without the flag's noise.
             let retry = self.run(source_path, &tmp, false);
             if retry.is_ok() {
-                self.openmp.store(false, Ordering::Relaxed);
+                self.simd_pragmas.store(false, Ordering::Relaxed);
             }
             result = retry;
         }
@@ -195,11 +207,11 @@ impl CCompiler {
     }
 
     /// Runs the compiler once; `Err(stderr)` on failure.
-    fn run(&self, source: &Path, out: &Path, openmp: bool) -> std::result::Result<(), String> {
+    fn run(&self, source: &Path, out: &Path, simd_pragmas: bool) -> std::result::Result<(), String> {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.pre_args).args(BASE_FLAGS);
-        if openmp {
-            cmd.arg("-fopenmp");
+        if simd_pragmas {
+            cmd.arg(SIMD_FLAG);
         }
         cmd.arg(source).arg("-o").arg(out).arg("-lm");
         match cmd.output() {

@@ -6,15 +6,23 @@
 //!   rounded to nearest even, as PyTorch's CPU kernels compute half types in float;
 //! * a bias row is the product's starting value; an activation ([`Activation`], the call's
 //!   epilogue) is applied after it, on the f32 (f64) result, before the one rounding to a half
-//!   type, as cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS` computes it;
+//!   type, as cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS` computes it. The f32 tanh GELU is the
+//!   C prelude's (`coil_codegen::c::support_source`, compiled once per process: the function a
+//!   generated kernel computes, vectorized), f64's is Rust's; bias rows, activations and the
+//!   half-type conversions run in parallel on the rayon pool the product uses;
 //! * integer products are rare and need exact wrapping arithmetic, so they go to the reference
 //!   interpreter on a one-node graph (operands gathered to contiguous buffers first).
 
+use super::compiler::{c_compiler, default_cache_dir};
+use super::module::{self, Kernel};
 use crate::{interpret, Buffer, HostData};
+use coil_codegen::c::{support_source, SUPPORT_GELU_TANH_F32};
 use coil_ir::loops::{const_usize, Activation, BiasOperand, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Graph, Op, Result, TensorMeta};
 use gemm::Parallelism;
 use half::{bf16, f16};
+use rayon::prelude::*;
+use std::sync::OnceLock;
 
 /// The shape of a batched product: the fields of [`ExternCall::Bmm`] at one run's sizes.
 #[derive(Clone, Debug)]
@@ -130,20 +138,18 @@ pub fn bmm_bytes(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], bias: &[u8], 
             let out = cast_mut::<f32>(out)?;
             gemm_float::<f32>(spec, cast(a)?, cast(b)?, cast(bias)?, out, 0.0, 1.0);
             if let Some(act) = spec.activation {
-                out.iter_mut().for_each(|o| *o = act.apply_f32(*o));
+                activate_f32(act, out);
             }
         }
         DType::F64 => {
             let out = cast_mut::<f64>(out)?;
             gemm_float::<f64>(spec, cast(a)?, cast(b)?, cast(bias)?, out, 0.0, 1.0);
             if let Some(act) = spec.activation {
-                out.iter_mut().for_each(|o| *o = act.apply_f64(*o));
+                par_map_in_place(out, |o| act.apply_f64(o));
             }
         }
-        DType::F16 => via_f32::<f16>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, f16::to_f32, f16::from_f32),
-        DType::BF16 => {
-            via_f32::<bf16>(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32)
-        }
+        DType::F16 => via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, f16::to_f32, f16::from_f32),
+        DType::BF16 => via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32),
         _ if spec.activation.is_some() => {
             return Err(Error::unsupported(format!("a {dtype} matrix product with an activation epilogue")));
         }
@@ -191,20 +197,93 @@ fn cast_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
 /// rayon pool costs more than it saves.
 const PARALLEL_FLOPS: usize = 1 << 18;
 
+/// Elements per task of the element-wise loops around a product (bias rows, activations,
+/// conversions); a slice no longer than this is done on the calling thread.
+const PAR_CHUNK: usize = 1 << 14;
+
+/// `f` applied to every element of `v`, in parallel chunks.
+fn par_map_in_place<T: Copy + Send>(v: &mut [T], f: impl Fn(T) -> T + Sync) {
+    let run = |c: &mut [T]| c.iter_mut().for_each(|x| *x = f(*x));
+    if v.len() <= PAR_CHUNK {
+        run(v)
+    } else {
+        v.par_chunks_mut(PAR_CHUNK).for_each(run)
+    }
+}
+
+/// `f` of every element of `src`, computed in parallel chunks.
+fn par_convert<T: Copy + Sync, U: Copy + Default + Send>(src: &[T], f: impl Fn(T) -> U + Sync) -> Vec<U> {
+    let mut out = vec![U::default(); src.len()];
+    let run = |(o, s): (&mut [U], &[T])| o.iter_mut().zip(s).for_each(|(o, &s)| *o = f(s));
+    if src.len() <= PAR_CHUNK {
+        run((&mut out, src))
+    } else {
+        out.par_chunks_mut(PAR_CHUNK).zip(src.par_chunks(PAR_CHUNK)).for_each(run)
+    }
+    out
+}
+
+/// The prelude's tanh GELU over a slice ([`SUPPORT_GELU_TANH_F32`]), compiled once per process
+/// through the kernel cache; `None` without a C compiler (or if it fails, said once on stderr).
+fn gelu_support() -> Option<&'static Kernel> {
+    static SUPPORT: OnceLock<Option<Kernel>> = OnceLock::new();
+    SUPPORT
+        .get_or_init(|| {
+            let cc = c_compiler()?;
+            let built = module::load_or_build(cc, &support_source(), &default_cache_dir(), &[SUPPORT_GELU_TANH_F32])
+                .and_then(|(lib, _)| lib.kernel(SUPPORT_GELU_TANH_F32));
+            built.inspect_err(|e| eprintln!("coil: matrix-product epilogues use Rust's tanh: {e}")).ok()
+        })
+        .as_ref()
+}
+
+/// `act` applied to every element of `out`, in parallel chunks (the prelude's vectorized GELU
+/// where it was built).
+fn activate_f32(act: Activation, out: &mut [f32]) {
+    let Some(kernel) = gelu_support().filter(|_| act == Activation::GeluTanh) else {
+        return par_map_in_place(out, |o| act.apply_f32(o));
+    };
+    let run = |c: &mut [f32]| {
+        let n = c.len() as i64;
+        let args = [c.as_mut_ptr() as *mut u8, &n as *const i64 as *mut u8];
+        let mut status = [0i64; 4];
+        // SAFETY: the support function reads `n` and writes `n` floats at `args[0]`.
+        unsafe { kernel.call(&args, &mut status) };
+    };
+    if out.len() <= PAR_CHUNK {
+        run(out)
+    } else {
+        out.par_chunks_mut(PAR_CHUNK).for_each(run)
+    }
+}
+
 /// The `gemm` crate on one batch after another. `zero` and `one` are the type's 0 and 1. With
 /// a bias, each output row starts as the bias and the product accumulates into it.
-fn gemm_float<T: Copy + 'static>(spec: &BmmSpec, a: &[T], b: &[T], bias: &[T], out: &mut [T], zero: T, one: T) {
+fn gemm_float<T: Copy + Send + Sync + 'static>(
+    spec: &BmmSpec,
+    a: &[T],
+    b: &[T],
+    bias: &[T],
+    out: &mut [T],
+    zero: T,
+    one: T,
+) {
     let (m, n, k) = (spec.m, spec.n, spec.k);
     if out.is_empty() {
         return;
     }
     match spec.bias {
-        Some(bias_op) => {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = bias[bias_op.offset + bias_op.stride * (i % n)];
+        Some(bias_op) if n > 0 => {
+            let row = |r: &mut [T]| {
+                r.iter_mut().enumerate().for_each(|(j, o)| *o = bias[bias_op.offset + bias_op.stride * j])
+            };
+            if out.len() <= PAR_CHUNK {
+                out.chunks_mut(n).for_each(row)
+            } else {
+                out.par_chunks_mut(n).for_each(row)
             }
         }
-        None => out.fill(zero),
+        _ => out.fill(zero),
     }
     if k == 0 {
         // An empty sum; `check` allowed arbitrary offsets, so touch no operand.
@@ -245,15 +324,26 @@ fn gemm_float<T: Copy + 'static>(spec: &BmmSpec, a: &[T], b: &[T], bias: &[T], o
 
 /// Half types: widen both operands (whole buffers, so the strides still apply), multiply in f32,
 /// add the bias and apply the activation in f32, round once.
-fn via_f32<T: Copy>(spec: &BmmSpec, a: &[T], b: &[T], bias: &[T], out: &mut [T], up: fn(T) -> f32, down: fn(f32) -> T) {
-    let a32: Vec<f32> = a.iter().map(|&x| up(x)).collect();
-    let b32: Vec<f32> = b.iter().map(|&x| up(x)).collect();
-    let bias32: Vec<f32> = bias.iter().map(|&x| up(x)).collect();
+fn via_f32<T: Copy + Default + Send + Sync>(
+    spec: &BmmSpec,
+    a: &[T],
+    b: &[T],
+    bias: &[T],
+    out: &mut [T],
+    up: impl Fn(T) -> f32 + Sync,
+    down: impl Fn(f32) -> T + Sync,
+) {
+    let (a32, b32, bias32) = (par_convert(a, &up), par_convert(b, &up), par_convert(bias, &up));
     let mut o32 = vec![0f32; out.len()];
     gemm_float::<f32>(spec, &a32, &b32, &bias32, &mut o32, 0.0, 1.0);
-    let act = |x: f32| spec.activation.map_or(x, |act| act.apply_f32(x));
-    for (o, x) in out.iter_mut().zip(o32) {
-        *o = down(act(x));
+    if let Some(act) = spec.activation {
+        activate_f32(act, &mut o32);
+    }
+    let run = |(o, x): (&mut [T], &[f32])| o.iter_mut().zip(x).for_each(|(o, &x)| *o = down(x));
+    if out.len() <= PAR_CHUNK {
+        run((out, &o32))
+    } else {
+        out.par_chunks_mut(PAR_CHUNK).zip(o32.par_chunks(PAR_CHUNK)).for_each(run)
     }
 }
 

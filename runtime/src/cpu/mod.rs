@@ -23,6 +23,7 @@ pub mod attention;
 pub mod attention_backward;
 pub mod compiler;
 pub mod gemm;
+pub mod launch;
 pub mod module;
 #[cfg(test)]
 mod tests;
@@ -36,6 +37,7 @@ use crate::plan::{check_status, random_words, timing_streams, Instance, Instance
 use crate::{interpret, Buffer, HostData};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
+use coil_ir::sym::Expr;
 use coil_ir::{Error, Graph, RandomState, Result};
 use std::path::{Path, PathBuf};
 
@@ -225,16 +227,17 @@ impl CompiledGraph {
             match step {
                 Step::Kernel(i) => {
                     let (kernel, buffers) = self.kernels[i].as_ref().expect("a generated kernel");
-                    let words = random_words(self.tiles[i].as_ref().expect("a generated kernel"), random)?;
+                    let tile = self.tiles[i].as_ref().expect("a generated kernel");
+                    let words = random_words(tile, random)?;
                     // The buffers, then the values of the sizes the kernel reads and the words
-                    // of its random streams (`coil_codegen::c`).
+                    // of its random streams (`coil_codegen::c`; `launch` adds the range).
                     let mut args: Vec<*mut u8> = buffers.iter().map(|b| ptrs[b.0]).collect();
                     args.push(inst.kernel_sizes[i].as_ptr() as *mut u8);
                     args.push(words.as_ptr() as *mut u8);
-                    let mut status = [0i64; 4];
+                    let (xnumel, rnumel) = extents(tile, &inst.kernel_sizes[i])?;
                     // SAFETY: each pointer addresses a live allocation of at least the buffer's
                     // size and dtype at this run's sizes, which the kernel is given.
-                    unsafe { kernel.call(&args, &mut status) };
+                    let status = unsafe { launch::launch(kernel, &args, xnumel, rnumel) };
                     check_status(kernel.name(), &status)?;
                 }
                 Step::Extern(node) => self.run_extern(&inst, node, &ptrs, inputs)?,
@@ -371,4 +374,14 @@ impl CompiledGraph {
             }
         }
     }
+}
+
+/// A kernel's `xnumel` and `rnumel` (1 for a pointwise kernel) at a launch's values of its
+/// size symbols (`tile.sizes`, in order).
+fn extents(tile: &TileKernel, sizes: &[i64]) -> Result<(i64, i64)> {
+    let lookup = |s: Expr| tile.sizes.iter().position(|&t| t == s).map(|k| sizes[k]);
+    let eval = |e: Expr| {
+        e.eval_with(lookup).map_err(|e| Error::runtime(format!("{}: cannot size the launch: {e:?}", tile.name)))
+    };
+    Ok((eval(tile.xnumel)?, tile.rnumel.map_or(Ok(1), eval)?))
 }

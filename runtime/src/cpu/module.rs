@@ -8,9 +8,9 @@
 //! it can still be called.
 //!
 //! Libraries are in fact never closed: a process-wide table keeps each one open once loaded.
-//! Closing a library built with `-fopenmp` would drop the last reference to libgomp and unmap
-//! it while its idle worker threads still run its code (they crash). Loaded code is small, and
-//! the table also means one cache key is opened once, however many graphs share it.
+//! Loaded code is small, and the table means one cache key is opened once, however many graphs
+//! share it. (It began as a guard: when kernels ran on OpenMP's threads, closing the last
+//! library built with `-fopenmp` unmapped libgomp under its idle workers.)
 //!
 //! **What is loaded is what was checked.** The cache entry's bytes are read once and verified
 //! (`crate::cache_entry`); those bytes are written to a private file (a name no other process

@@ -1,0 +1,190 @@
+//! Column reductions: a reduction whose rows run down the columns of its operands (`x.sum(0)`
+//! of a row-major `[r, n]`: element `rindex` of row `xindex` at `n * rindex + xindex`).
+//!
+//! Walking a row there reads one element per cache line, `n * 4` bytes apart (and a vector
+//! loop over `rindex` would gather). Instead a block of [`XBLOCK`] rows (columns of the
+//! operand) is reduced at once: for each `rindex`, an inner vector loop over the block's
+//! `xindex` values reads contiguous memory into one accumulator per column, kept in arrays;
+//! then a vector loop over the block finishes the reductions and stores them. (On the
+//! 2-core build machine, `x.sum(0)` of `[410, 8192]` f32 went from 8.0 ms, a scalar loop per
+//! column, to about 1 ms.)
+//!
+//! A kernel takes this form when its reductions fit one `rindex` loop (a looped reduction's
+//! `RLoop`s, when none reads another's result; a persistent reduction whose row needs one loop
+//! and no arrays), only constants come before the loop, no statement may fail, there is no arg
+//! reduction or online softmax, and no index in the loop is contiguous along `rindex` while at
+//! least one is contiguous along `xindex`.
+
+use super::{may_fail, Emitter, Piece};
+use coil_ir::kernel::{flat_stmts, KernelKind, TileOp, TileStmt, Var};
+use coil_ir::sym::Expr;
+use coil_ir::{DType, ReduceOp};
+use indexmap::IndexMap;
+
+/// Columns reduced at once: their accumulators (8 bytes each) stay in L1.
+pub const XBLOCK: i64 = 64;
+
+/// A kernel's statements arranged for the column form.
+pub(super) struct Column<'s> {
+    /// Constants, before everything.
+    pre: Vec<&'s TileStmt>,
+    /// The accumulators: `(acc, op, result dtype)`.
+    accs: Vec<(Var, ReduceOp, DType)>,
+    /// The loop's statements.
+    body: Vec<&'s TileStmt>,
+    /// After the loop: the finished reductions `(var, op, dtype, acc)`, then the rest.
+    finish: Vec<(Var, ReduceOp, DType, Var)>,
+    post: Vec<&'s TileStmt>,
+}
+
+/// How an index moves when `s` does: the constant difference, if any.
+pub(super) fn step(e: Expr, s: Expr) -> Option<i64> {
+    let mut map = IndexMap::new();
+    map.insert(s, s + 1);
+    (e.substitute(&map) - e).const_value()
+}
+
+impl<'a> Emitter<'a> {
+    /// The column form of this kernel, when it takes one (see the module doc).
+    pub(super) fn column(&self) -> Option<Column<'a>> {
+        let k = self.k;
+        if may_fail(k.body.iter()) {
+            return None;
+        }
+        let mut c = Column { pre: vec![], accs: vec![], body: vec![], finish: vec![], post: vec![] };
+        let constant = |s: &TileStmt| matches!(s, TileStmt::Let { op: TileOp::Constant(_), .. });
+        match k.kind {
+            KernelKind::LoopedReduction => {
+                // Every loop's statements go into one loop: none may read a finished
+                // reduction, and only constants may come before the last loop.
+                let last = k.body.iter().rposition(|s| matches!(s, TileStmt::RLoop(_)))?;
+                for (i, s) in k.body.iter().enumerate() {
+                    match s {
+                        TileStmt::AccInit { acc, op, dtype } => c.accs.push((*acc, *op, *dtype)),
+                        TileStmt::RLoop(body) => {
+                            // a value two loops recompute (the same variable) is defined once
+                            for s in body {
+                                let seen =
+                                    |v: &Var| c.body.iter().any(|t| matches!(t, TileStmt::Let { var, .. } if var == v));
+                                if !matches!(s, TileStmt::Let { var, .. } if seen(var)) {
+                                    c.body.push(s);
+                                }
+                            }
+                        }
+                        TileStmt::Reduce { var, op, dtype, source } => c.finish.push((*var, *op, *dtype, *source)),
+                        s if constant(s) => c.pre.push(s),
+                        TileStmt::Let { .. } | TileStmt::Store { .. } if i > last => c.post.push(s),
+                        _ => return None,
+                    }
+                }
+                let finished: Vec<Var> = c.finish.iter().map(|f| f.0).collect();
+                if c.body.iter().any(|s| s.reads().iter().any(|v| finished.contains(v))) {
+                    return None;
+                }
+            }
+            KernelKind::PersistentReduction => {
+                let pieces = self.pieces();
+                let at = pieces.iter().position(|p| matches!(p, Piece::Loop(_)))?;
+                for p in &pieces[..at] {
+                    match p {
+                        Piece::Scalar(s) if constant(s) => c.pre.push(s),
+                        _ => return None,
+                    }
+                }
+                let Piece::Loop(body) = &pieces[at] else { unreachable!() };
+                for s in body {
+                    if let TileStmt::Reduce { var, op, dtype, .. } = s {
+                        c.accs.push((*var, *op, *dtype));
+                        c.finish.push((*var, *op, *dtype, *var));
+                    }
+                }
+                c.body = body.clone();
+                for p in &pieces[at + 1..] {
+                    match p {
+                        Piece::Scalar(s) => c.post.push(s),
+                        Piece::Loop(_) => return None,
+                    }
+                }
+            }
+            KernelKind::Pointwise | KernelKind::Extern => return None,
+        }
+        if c.accs.iter().any(|(_, op, _)| op.is_arg())
+            || c.body.iter().any(|s| {
+                !matches!(
+                    s,
+                    TileStmt::Let { .. }
+                        | TileStmt::Store { .. }
+                        | TileStmt::AccUpdate { .. }
+                        | TileStmt::Reduce { .. }
+                )
+            })
+        {
+            return None;
+        }
+        if [k.xnumel, self.rnumel].iter().any(|e| e.const_value().is_some_and(|n| n < 1)) {
+            return None; // empty: nothing to arrange
+        }
+        let (x, r) = (coil_ir::kernel::xindex(&k.xnumel), coil_ir::kernel::rindex(&self.rnumel));
+        let (mut along_x, mut along_r) = (false, false);
+        for s in flat_stmts(&k.body) {
+            let index = match s {
+                TileStmt::Store { index, .. } => *index,
+                TileStmt::Let { op: TileOp::Load { index, .. } | TileOp::MaskedLoad { index, .. }, .. } => *index,
+                _ => continue,
+            };
+            along_x |= step(index, x) == Some(1) && step(index, r) != Some(0);
+            along_r |= step(index, r) == Some(1);
+        }
+        (along_x && !along_r).then_some(c)
+    }
+
+    /// The kernel body in column form: blocks of [`XBLOCK`] values of `xindex` in the call's
+    /// range.
+    pub(super) fn column_body(&mut self, c: Column<'a>) {
+        let b = XBLOCK;
+        self.line(&format!("for (int64_t xblock = xstart; xblock < xend; xblock += {b}) {{"));
+        self.indent += 1;
+        self.line(&format!("const int64_t xcount = xend - xblock < {b} ? xend - xblock : {b};"));
+        for s in c.pre {
+            self.simple(s);
+        }
+        self.acc_at = "[xi]";
+        for (acc, op, dtype) in c.accs {
+            self.acc_init(acc, op, dtype);
+        }
+        self.line(&format!("for (int64_t rindex = 0; rindex < {}; rindex++) {{", self.rnumel.to_c()));
+        self.indent += 1;
+        self.line("#pragma omp simd");
+        self.line("for (int64_t xi = 0; xi < xcount; xi++) {");
+        self.indent += 1;
+        self.line("const int64_t xindex = xblock + xi;");
+        self.in_loop = true;
+        for s in c.body {
+            match s {
+                TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
+                TileStmt::Reduce { var, op, source, .. } => self.acc_update(*var, *op, *source),
+                _ => self.simple(s),
+            }
+        }
+        self.in_loop = false;
+        self.indent -= 1;
+        self.line("}");
+        self.indent -= 1;
+        self.line("}");
+        self.line("#pragma omp simd");
+        self.line("for (int64_t xi = 0; xi < xcount; xi++) {");
+        self.indent += 1;
+        self.line("const int64_t xindex = xblock + xi;");
+        for (var, op, dtype, acc) in c.finish {
+            self.acc_finish(var, op, dtype, acc);
+        }
+        self.acc_at = "";
+        for s in c.post {
+            self.simple(s);
+        }
+        self.indent -= 1;
+        self.line("}");
+        self.indent -= 1;
+        self.line("}");
+    }
+}

@@ -1,0 +1,125 @@
+//! Loop nests for pointwise kernels with a broadcast: `xindex` split as
+//! `xouter * period + xinner`.
+//!
+//! A pointwise kernel over `[rows, n]` reading an `[n]` operand (a bias row) indexes it
+//! `xindex % n`; one over `[rows, n]` reading a `[rows]` operand, `xindex / n`. In one flat loop
+//! those are gathers (or, for 16-bit loads, which have no gather, a scalar loop). With `xindex`
+//! split at the period `n`, `xindex % n` is `xinner` (a contiguous load in the inner vector
+//! loop) and `xindex / n` is `xouter` (invariant in it). The split is taken when every index of
+//! the kernel becomes affine in `xinner` (no `/`, `%`, `min` or `max` of it left), trying the
+//! periods of the kernel's `xindex / C` and `xindex % C` from the largest; inner loops shorter
+//! than [`MIN_PERIOD`] are not worth their set-up.
+
+use coil_ir::kernel::{flat_stmts, KernelKind, TileKernel, TileOp, TileStmt};
+use coil_ir::sym::{Expr, ExprKind};
+
+/// The shortest inner loop worth a nest.
+pub const MIN_PERIOD: i64 = 32;
+
+/// A pointwise kernel's split of `xindex`.
+pub(super) struct Nest {
+    /// The inner loop's length.
+    pub period: i64,
+    xindex: Expr,
+    xouter: Expr,
+    xinner: Expr,
+}
+
+/// Every index expression of a kernel's statements.
+fn exprs(k: &TileKernel) -> Vec<Expr> {
+    let mut out = Vec::new();
+    for s in flat_stmts(&k.body) {
+        match s {
+            TileStmt::Store { index, .. } => out.push(*index),
+            TileStmt::Let { op, .. } => match op {
+                TileOp::Load { index, .. } | TileOp::MaskedLoad { index, .. } | TileOp::Index(index) => {
+                    out.push(*index)
+                }
+                TileOp::IndirectLoad { index, stride, bound, .. } => out.extend([*index, *stride, *bound]),
+                TileOp::Rand { counter, .. } => out.push(*counter),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Calls `f` on `e` and every subexpression.
+fn walk(e: Expr, f: &mut impl FnMut(Expr)) {
+    f(e);
+    match &*e.kind() {
+        ExprKind::Add { terms, .. } => terms.iter().for_each(|&(t, _)| walk(t, f)),
+        ExprKind::Mul { factors, .. } => factors.iter().for_each(|&x| walk(x, f)),
+        ExprKind::FloorDiv(a, b) | ExprKind::Mod(a, b) | ExprKind::Min(a, b) | ExprKind::Max(a, b) => {
+            walk(*a, f);
+            walk(*b, f)
+        }
+        ExprKind::Const(_) | ExprKind::Symbol(_) => {}
+    }
+}
+
+impl Nest {
+    /// The nest of a pointwise kernel, when one applies (see the module doc).
+    pub fn find(k: &TileKernel) -> Option<Nest> {
+        if k.kind != KernelKind::Pointwise {
+            return None;
+        }
+        let xindex = coil_ir::kernel::xindex(&k.xnumel);
+        let exprs = exprs(k);
+        let mut periods = Vec::new();
+        for &e in &exprs {
+            walk(e, &mut |s| {
+                if let ExprKind::FloorDiv(a, b) | ExprKind::Mod(a, b) = *s.kind() {
+                    match b.const_value() {
+                        Some(c) if a == xindex && c >= MIN_PERIOD && !periods.contains(&c) => periods.push(c),
+                        _ => {}
+                    }
+                }
+            });
+        }
+        periods.sort_unstable_by(|a, b| b.cmp(a));
+        periods.into_iter().map(|period| Nest::new(xindex, period)).find(|n| exprs.iter().all(|&e| n.affine(e)))
+    }
+
+    fn new(xindex: Expr, period: i64) -> Nest {
+        Nest { period, xindex, xouter: Expr::symbol("xouter", Some(0), None), xinner: Expr::index("xinner", period) }
+    }
+
+    /// `e` with `xindex` as `xouter * period + xinner`, and its `/ period`, `% period` as
+    /// `xouter`, `xinner`.
+    pub fn rewrite(&self, e: Expr) -> Expr {
+        let whole = |a: Expr, b: Expr| a == self.xindex && b.const_value() == Some(self.period);
+        match &*e.kind() {
+            ExprKind::Const(_) => e,
+            ExprKind::Symbol(_) if e == self.xindex => self.xouter * self.period + self.xinner,
+            ExprKind::Symbol(_) => e,
+            ExprKind::Add { terms, constant } => {
+                terms.iter().fold(Expr::int(*constant), |sum, &(t, c)| sum + self.rewrite(t) * c)
+            }
+            ExprKind::Mul { coeff, factors } => factors.iter().fold(Expr::int(*coeff), |p, &x| p * self.rewrite(x)),
+            ExprKind::FloorDiv(a, b) if whole(*a, *b) => self.xouter,
+            ExprKind::Mod(a, b) if whole(*a, *b) => self.xinner,
+            ExprKind::FloorDiv(a, b) => self.rewrite(*a).floor_div(self.rewrite(*b)),
+            ExprKind::Mod(a, b) => self.rewrite(*a).modulo(self.rewrite(*b)),
+            ExprKind::Min(a, b) => self.rewrite(*a).min(self.rewrite(*b)),
+            ExprKind::Max(a, b) => self.rewrite(*a).max(self.rewrite(*b)),
+        }
+    }
+
+    /// Whether `e` rewritten is affine in `xinner`: `xinner` under no `/`, `%`, `min`, `max`.
+    fn affine(&self, e: Expr) -> bool {
+        let mut ok = true;
+        walk(self.rewrite(e), &mut |s| {
+            if let ExprKind::FloorDiv(a, b) | ExprKind::Mod(a, b) | ExprKind::Min(a, b) | ExprKind::Max(a, b) =
+                *s.kind()
+            {
+                let mut inner = false;
+                walk(a, &mut |t| inner |= t == self.xinner);
+                walk(b, &mut |t| inner |= t == self.xinner);
+                ok &= !inner;
+            }
+        });
+        ok
+    }
+}

@@ -1,0 +1,239 @@
+//! The prelude's f32 math ([`super::vecmath`]) against the C library's f64 functions: sweeps
+//! over all exponents, dense ranges where the algorithms switch, and the special values
+//! (NaN, infinities, signed zeros, subnormals, the overflow and underflow thresholds), which
+//! must come out exactly as C99 says. Compiled twice: `-O2` (plain x86-64 or the target's
+//! baseline: no fused multiply-add) and `-O3 -march=native` (the runtime's flags: the vector
+//! loops, with FMA where the machine has it).
+
+use crate::testutil::{compile_with, CLib};
+
+/// A function: its prelude name, the C expression of its f64 reference of `v`, the largest
+/// error allowed in ulps (a little above the exhaustive maximum documented in `vecmath`).
+const UNARY: &[(&str, &str, f64)] = &[
+    ("exp", "exp(v)", 1.0),
+    ("expm1", "expm1(v)", 1.5),
+    ("exp2", "exp2(v)", 1.0),
+    ("log", "log(v)", 1.0),
+    ("log2", "log2(v)", 2.0),
+    ("log1p", "log1p(v)", 1.5),
+    ("tanh", "tanh(v)", 2.5),
+    ("sigmoid", "1.0 / (1.0 + exp(-v))", 2.5),
+    ("erf", "erf(v)", 1.25),
+    ("sin", "sin(v)", 0.51),
+    ("cos", "cos(v)", 0.51),
+    ("tan", "tan(v)", 0.51),
+];
+
+/// The prelude and, per function, `void test_NAME(const float *x, float *got, double *want,
+/// int64_t n)`: the function over `x` in an `omp simd` loop, and the reference.
+fn source() -> String {
+    let mut s = super::prelude().to_string();
+    for (name, reference, _) in UNARY {
+        s += &format!(
+            "void test_{name}(const float *x, float *got, double *want, int64_t n) {{
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) got[i] = coil_{name}_f32(x[i]);
+    for (int64_t i = 0; i < n; i++) {{ double v = x[i]; want[i] = {reference}; }}
+}}
+"
+        );
+    }
+    s += "void test_pow(const float *x, const float *y, float *got, double *want, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) got[i] = coil_pow_f32(x[i], y[i]);
+    for (int64_t i = 0; i < n; i++) want[i] = pow((double)x[i], (double)y[i]);
+}
+void test_gelu(const float *x, float *got, float *want, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) got[i] = coil_gelu_tanh_f32(x[i]);
+    for (int64_t i = 0; i < n; i++) want[i] = (x[i] * 0.5f) * (coil_tanh_f32((x[i] + x[i] * x[i] * x[i] * 0.044715f) * 0.7978846f) + 1.0f);
+}
+";
+    s
+}
+
+/// The error of `got` in ulps of the exact result `want` (f32 ulps at `want`'s magnitude,
+/// subnormal spacing below `f32::MIN_POSITIVE`); infinite when a special value differs: NaN
+/// for non-NaN, an infinity where `want` rounds to a finite value or the other way round, or
+/// a zero of the wrong sign.
+fn ulp_error(got: f32, want: f64) -> f64 {
+    if want.is_nan() || got.is_nan() {
+        return if want.is_nan() && got.is_nan() { 0.0 } else { f64::INFINITY };
+    }
+    let rounded = want as f32;
+    if rounded.is_infinite() || got.is_infinite() {
+        return if got == rounded { 0.0 } else { f64::INFINITY };
+    }
+    if rounded == 0.0 && got == 0.0 {
+        return if got.is_sign_negative() == rounded.is_sign_negative() { 0.0 } else { f64::INFINITY };
+    }
+    let exponent = if want == 0.0 { -149 } else { ((want.abs().to_bits() >> 52) & 0x7ff) as i32 - 1023 };
+    let ulp = 2f64.powi((exponent - 23).max(-149));
+    (got as f64 - want).abs() / ulp
+}
+
+/// Inputs: the special values, every 2^13-th f32 bit pattern, and dense ranges.
+fn inputs() -> Vec<f32> {
+    let mut x = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        -f32::from_bits(1),
+        f32::from_bits(0x007f_ffff),
+        f32::MAX,
+        f32::MIN,
+        1.0,
+        -1.0,
+        0.5,
+        2.0,
+        88.72283,   // exp: the largest argument with a finite result
+        88.72284,   // the first that overflows
+        -87.33654,  // exp: the smallest with a normal result
+        -103.97208, // the subnormals' end
+        -103.97209,
+        -104.0,
+        128.0,  // exp2 overflows
+        -149.0, // exp2: the smallest subnormal
+        -150.0,
+        -0.99999994,  // log1p near -1
+        2.9802322e-8, // 2^-25
+        -2.9802322e-8,
+        2.4414062e-4, // 2^-12
+        3.9,          // erf rounds to 1 from about here
+        9.01,         // tanh rounds to 1
+        std::f32::consts::FRAC_PI_2,
+        std::f32::consts::PI,
+        16777216.0, // 2^24: trig arguments from here are even integers
+        16777218.0,
+        1e30,
+        -1e38,
+    ];
+    x.extend((0..1u64 << 19).map(|i| f32::from_bits((i << 13) as u32 | 0x1357)));
+    x.extend((0..200_000).map(|i| (i as f32 - 100_000.0) * 1e-4)); // [-10, 10]
+    x.extend((0..20_000).map(|i| (i as f32 - 10_000.0) * 1e-2)); // [-100, 100]
+    x
+}
+
+type Unary = unsafe extern "C" fn(*const f32, *mut f32, *mut f64, i64);
+type Binary = unsafe extern "C" fn(*const f32, *const f32, *mut f32, *mut f64, i64);
+
+fn check_unary(lib: &CLib, flags: &str) {
+    let x = inputs();
+    let (mut got, mut want) = (vec![0f32; x.len()], vec![0f64; x.len()]);
+    let mut failures = Vec::new();
+    for &(name, _, bound) in UNARY {
+        let f: Unary = unsafe { lib.function(&format!("test_{name}")) };
+        unsafe { f(x.as_ptr(), got.as_mut_ptr(), want.as_mut_ptr(), x.len() as i64) };
+        let (mut worst, mut at) = (0.0, 0);
+        for i in 0..x.len() {
+            let e = ulp_error(got[i], want[i]);
+            if e > worst || e.is_nan() {
+                (worst, at) = (e, i);
+            }
+        }
+        if worst > bound {
+            failures.push(format!(
+                "{name}({:e} = {:#x}) = {:e}, want {:e}: {worst:.3} ulp > {bound}",
+                x[at],
+                x[at].to_bits(),
+                got[at],
+                want[at]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{flags}:\n{}", failures.join("\n"));
+}
+
+/// `pow` on every pair of special values, integer exponents of negative bases, and random
+/// pairs whose results span the range (C's `pow` in f64 is the reference).
+fn check_pow(lib: &CLib, flags: &str) {
+    let special = [
+        0.0f32,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        2.0,
+        -2.0,
+        3.0,
+        -3.0,
+        -8.0,
+        1.0 / 3.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::from_bits(1),
+        -f32::from_bits(1),
+        f32::MAX,
+        16777216.0,
+        16777215.0,
+        33554432.0,
+        127.0,
+        -149.0,
+        1e10,
+        -1e10,
+        1.0000001,
+        0.99999994,
+    ];
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for &a in &special {
+        for &b in &special {
+            xs.push(a);
+            ys.push(b);
+        }
+    }
+    let mut z = 0x2545_F491_4F6C_DD1Du64; // xorshift64*
+    let mut next = || {
+        z ^= z >> 12;
+        z ^= z << 25;
+        z ^= z >> 27;
+        z.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    for _ in 0..100_000 {
+        let r = next();
+        let base = 1.0 + ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5); // [0.5, 1.5)
+        let exponent = ((r & 0xffff) as f32 / 65536.0 - 0.5) * 400.0; // [-200, 200)
+        xs.push(if r & (1 << 20) != 0 { -base } else { base });
+        ys.push(if r & (1 << 21) != 0 { exponent.round() } else { exponent });
+        xs.push(f32::from_bits((r >> 32) as u32));
+        ys.push(((r & 0xffff_ffff) as f32 / 4294967296.0 - 0.5) * 8.0);
+    }
+    let (mut got, mut want) = (vec![0f32; xs.len()], vec![0f64; xs.len()]);
+    let f: Binary = unsafe { lib.function("test_pow") };
+    unsafe { f(xs.as_ptr(), ys.as_ptr(), got.as_mut_ptr(), want.as_mut_ptr(), xs.len() as i64) };
+    let bad: Vec<String> = (0..xs.len())
+        .filter(|&i| ulp_error(got[i], want[i]) > 0.51)
+        .take(10)
+        .map(|i| format!("pow({:e}, {:e}) = {:e}, want {:e}", xs[i], ys[i], got[i], want[i]))
+        .collect();
+    assert!(bad.is_empty(), "{flags}:\n{}", bad.join("\n"));
+}
+
+/// The GELU helper is the `Activation` formula around `coil_tanh_f32`, bit for bit.
+fn check_gelu(lib: &CLib) {
+    let x = inputs();
+    let (mut got, mut want) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+    let f: unsafe extern "C" fn(*const f32, *mut f32, *mut f32, i64) = unsafe { lib.function("test_gelu") };
+    unsafe { f(x.as_ptr(), got.as_mut_ptr(), want.as_mut_ptr(), x.len() as i64) };
+    for i in 0..x.len() {
+        assert!(got[i].to_bits() == want[i].to_bits() || got[i].is_nan() && want[i].is_nan(), "gelu({:e})", x[i]);
+    }
+}
+
+#[test]
+fn vector_math_is_within_its_error_bounds_and_exact_on_special_values() {
+    let src = source();
+    for flags in ["-O2", "-O3 -march=native"] {
+        let lib = compile_with(&src, flags);
+        check_unary(&lib, flags);
+        check_pow(&lib, flags);
+        check_gelu(&lib);
+    }
+}
