@@ -125,7 +125,7 @@ pub fn program(case: &Case, a: &[Tensor]) -> Result<Tensor> {
     } else {
         let mut att = q.matmul(&k.transpose(-2, -1)?)?.mul(1.0 / (d as f64).sqrt())?;
         if case.causal {
-            let mask = Tensor::ones(&[t, t], DType::Bool).tril(0)?;
+            let mask = Tensor::ones(&[t, t], DType::Bool).to_device(att.device())?.tril(0)?;
             att = coil::where_(&mask, &att, f64::NEG_INFINITY)?;
         }
         let att = att.to_dtype(DType::F32)?.softmax(-1)?.to_dtype(case.dtype)?;
