@@ -621,3 +621,58 @@ fn graphs_that_cannot_be_captured_run_as_usual_on_cuda() {
         assert_eq!(f.call(&[&x]).unwrap()[0].to_vec::<i64>().unwrap(), vec![8, 11, 16, 23]);
     }
 }
+
+/// Greedy decoding with a KV cache written in place (`update_in_place_with`, through
+/// `KvCache::commit`), its realizations replayed from CUDA graphs (`coil::set_cuda_graphs`),
+/// gives the tokens and logits of plain runs: the donated cache is written where it lies,
+/// the fed-back token is copied into the graph's buffer, and an earlier step's logits are
+/// stale after the next replay.
+#[test]
+fn decode_steps_replayed_from_cuda_graphs_match_plain_runs_on_cuda() {
+    use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
+    use coil::nn::ParamStore;
+    use coil::{DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let config = Gpt2Config {
+        vocab_size: 97,
+        block_size: 32,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        dropout: 0.0,
+        layer_norm_eps: 1e-5,
+    };
+    let decode = |replay: bool| -> (Vec<i64>, Vec<f32>, Option<coil::Error>) {
+        coil::manual_seed(5);
+        let store = ParamStore::new();
+        store.eval();
+        let model = Gpt2::new(&store.root(device, DType::F32), config.clone()).unwrap();
+        store.realize_pending().unwrap();
+        let was = coil::set_cuda_graphs(replay);
+        let mut cache = model.new_cache(2, 24).unwrap();
+        let prompt = Tensor::from_vec((0..16).map(|i| (i * 7 % 97) as i64).collect(), &[2, 8]).unwrap();
+        let prompt = prompt.to_device(device).unwrap();
+        let (logits, written) = model.forward_cached(&prompt, &cache.position().unwrap(), &cache).unwrap();
+        let mut next = logits.argmax(Some(-1), false).unwrap().reshape(&[2, 1]).unwrap();
+        cache.commit(&written, 8, &[&next]).unwrap();
+        let (mut tokens, mut last, mut earlier) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..12 {
+            let (logits, written) = model.forward_cached(&next, &cache.position().unwrap(), &cache).unwrap();
+            next = logits.argmax(Some(-1), false).unwrap().reshape(&[2, 1]).unwrap();
+            cache.commit(&written, 1, &[&next, &logits]).unwrap();
+            tokens.extend(next.to_vec::<i64>().unwrap());
+            last = logits.to_vec::<f32>().unwrap();
+            earlier.push(logits);
+        }
+        coil::set_cuda_graphs(was);
+        (tokens, last, earlier[3].to_vec::<f32>().err())
+    };
+    let (plain, replayed) = (decode(false), decode(true));
+    assert_eq!(plain.0, replayed.0, "tokens");
+    for (k, (a, b)) in plain.1.iter().zip(&replayed.1).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "logit {k}: plain {a}, replayed {b}");
+    }
+    assert!(plain.2.is_none(), "plain runs keep every step's logits");
+    let stale = replayed.2.expect("an earlier replay's logits are stale");
+    assert!(stale.to_string().contains("overwritten"), "{stale}");
+}

@@ -112,6 +112,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             let first = Instant::now();
             let capacity = prompt_len + new_tokens;
             let compiles = coil::compile_count();
+            let was = coil::set_cuda_graphs(o.cuda_graphs);
             generate(model.as_ref(), &prompt, 3, capacity, timer)?; // compiles the prefill and decode graphs
             let compile_s = first.elapsed().as_secs_f64();
             let (mut pre, mut dec) = (Vec::new(), Vec::new());
@@ -125,6 +126,8 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                 dec.push(d);
             }
             let graphs = coil::compile_count() - compiles;
+            coil::set_cuda_graphs(was);
+            let replay = if o.cuda_graphs { "replayed from CUDA graphs" } else { "no CUDA graphs" };
             let per = |v: &[(f64, f64)], k: usize, n: usize| {
                 median(v.iter().map(|t| (if k == 0 { t.0 } else { t.1 }) / 1e3 / n as f64).collect())
             };
@@ -137,7 +140,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                     peak: timer.peak(),
                     compile_s: (compile_s - per(&pre, 1, 1) / 1e3).max(0.0),
                     notes: format!(
-                        "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device; {graphs} graphs compiled (cache, prefill, decode)"
+                        "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device, {replay}; {graphs} graphs compiled (cache, prefill, decode)"
                     ),
                     per_token_batch: Some(batch),
                 };

@@ -31,7 +31,8 @@ pub struct Opts {
     warmup: usize,
     reps: usize,
     json: Option<String>,
-    /// Replay the compiled functions from CUDA graphs (`CompiledFn::cuda_graphs`).
+    /// Replay the compiled functions (`CompiledFn::cuda_graphs`) and the decode steps
+    /// (`coil::set_cuda_graphs`) from CUDA graphs.
     cuda_graphs: bool,
 }
 

@@ -16,7 +16,7 @@ use coil_ir::kernel::{Donation, KernelKind, TileKernel};
 use coil_ir::{Error, Graph, RandomState, Result};
 use coil_runtime::cpu::CompiledGraph;
 use coil_runtime::cuda::{CudaBuffer, CudaCompiledGraph, CudaDevice};
-use coil_runtime::{Buffer, Device};
+use coil_runtime::{Buffer, Device, RunOutput};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -206,18 +206,39 @@ impl Compiled {
             on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
         let Some(buffers) = g.run_replayed(&refs, origin)? else { return Ok(None) };
         let mut last = self.replayed.lock().unwrap_or_else(|e| e.into_inner());
-        let same = last.len() == buffers.len()
-            && last.iter().zip(&buffers).all(|(s, b)| s.cuda_buffer().is_some_and(|x| Arc::ptr_eq(x, b)));
-        let outputs: Vec<Storage> = match same {
-            true => last.iter().map(Storage::overwritten).collect(),
-            false => buffers.into_iter().map(Storage::cuda).collect(),
-        };
+        // An output in the buffer of the previous replay's: that tensor is stale from now on.
+        let outputs: Vec<Storage> = (buffers.into_iter().enumerate())
+            .map(|(i, o)| match o {
+                RunOutput::Donated(k) => inputs[k].overwritten(),
+                RunOutput::New(b) => match last.get(i) {
+                    Some(s) if s.cuda_buffer().is_some_and(|x| Arc::ptr_eq(x, &b)) => s.overwritten(),
+                    _ => Storage::cuda(b),
+                },
+            })
+            .collect();
         *last = outputs.clone();
         profile::record(|t| {
             t.graphs += 1;
             t.run += start.elapsed();
         });
         Ok(Some(outputs))
+    }
+
+    /// [`Compiled::run_at`], replayed from a CUDA graph when `replay` asks for it and the graph
+    /// can be ([`Compiled::run_replayed`]).
+    pub fn run_or_replay(
+        &self,
+        replay: bool,
+        inputs: &[Storage],
+        random: &[RandomState],
+        origin: Option<&'static std::panic::Location<'static>>,
+    ) -> Result<Vec<Storage>> {
+        if replay {
+            if let Some(outputs) = self.run_replayed(inputs, origin)? {
+                return Ok(outputs);
+            }
+        }
+        self.run_at(inputs, random, origin)
     }
 
     /// [`Compiled::run`], without adding to the host times.

@@ -151,7 +151,10 @@ fn run_donating(
         Backend::Interpreter => interpret(&walk.captured()),
         Backend::Compiled => {
             let (compiled, graph) = compiled_walk(&walk, &donations)?;
-            crate::guard::guard("running", &graph, || compiled.run_at(&inputs, walk.random(), Some(origin)))
+            let replay = crate::realize::cuda_graphs();
+            crate::guard::guard("running", &graph, || {
+                compiled.run_or_replay(replay, &inputs, walk.random(), Some(origin))
+            })
         }
     }
 }

@@ -91,6 +91,31 @@ pub enum Backend {
 
 thread_local! {
     static BACKEND: Cell<Option<Backend>> = const { Cell::new(None) };
+    static CUDA_GRAPHS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Replays this thread's realizations on a GPU from CUDA graphs (off by default), as
+/// [`crate::dynamo::CompiledFn::cuda_graphs`] does for a compiled function: a graph realized
+/// again and again with the same structure (a decode step, with its KV cache written in place
+/// by [`crate::update_in_place_with`]) is captured at its second run and replayed with one
+/// launch from then on. The outputs are the graph's buffers, written again by its next replay:
+/// a tensor of an earlier replay's output is stale afterwards (an error on use), so use a value
+/// (or copy it) before the same graph runs again. Graphs of symbolic sizes, that draw random
+/// numbers or that run on the CPU run as usual. Returns the previous setting.
+///
+/// ```
+/// let was = coil_frontend::set_cuda_graphs(true);
+/// let x = coil_frontend::Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+/// assert_eq!(x.exp().unwrap().to_vec::<f32>().unwrap()[0], 1.0f32.exp()); // on the CPU: as usual
+/// coil_frontend::set_cuda_graphs(was);
+/// ```
+pub fn set_cuda_graphs(on: bool) -> bool {
+    CUDA_GRAPHS.with(|c| c.replace(on))
+}
+
+/// Whether this thread's realizations replay CUDA graphs ([`set_cuda_graphs`]).
+pub(crate) fn cuda_graphs() -> bool {
+    CUDA_GRAPHS.with(|c| c.get())
 }
 
 /// Chooses the backend for this thread's realizations.
@@ -126,7 +151,10 @@ fn run(walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Ve
         Backend::Compiled => {
             let (compiled, graph) = crate::compile::compiled_walk(walk, &[])?;
             let inputs = walk.input_storages();
-            crate::guard::guard("running", &graph, || compiled.run_at(&inputs, walk.random(), Some(origin)))
+            let replay = cuda_graphs();
+            crate::guard::guard("running", &graph, || {
+                compiled.run_or_replay(replay, &inputs, walk.random(), Some(origin))
+            })
         }
     }
 }

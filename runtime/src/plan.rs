@@ -31,7 +31,7 @@ pub(crate) enum Storage {
 }
 
 /// One output of a run: a fresh buffer, or the caller's donated input, now holding the output.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum RunOutput<B> {
     /// A buffer of its own.
     New(B),

@@ -283,12 +283,8 @@ impl Frame {
         random: &[coil_ir::RandomState],
         origin: &'static Location<'static>,
     ) -> Result<Vec<Storage>> {
-        if self.state.borrow().cuda_graphs {
-            if let Some(outputs) = compiled.run_replayed(inputs, Some(origin))? {
-                return Ok(outputs);
-            }
-        }
-        compiled.run_at(inputs, random, Some(origin))
+        let replay = self.state.borrow().cuda_graphs;
+        compiled.run_or_replay(replay, inputs, random, Some(origin))
     }
 
     /// A cache miss: say why when it is a recompile, then compile (or, past the limit, run

@@ -18,13 +18,16 @@
 //! 4. inputs are baked in by address. An input at another address than at the capture
 //!    (fresh data, an output of the graph fed back) makes the graph capture again, that input
 //!    now copied into a buffer of the graph's before each launch (a device copy, not a
-//!    capture, from then on).
+//!    capture, from then on);
+//! 5. a donated input (an output written over it in place: a KV cache, optimizer state) is
+//!    never copied: the graph writes the caller's buffer, and hands it back as that output.
+//!    When it moves, the graph captures again at its new address.
 //!
 //! Not replayed (they run as usual, and say why once with `COIL_LOGS=schedule`): graphs of
 //! symbolic sizes, graphs that draw random numbers (their streams' values are launch
 //! arguments, new at every call), graphs whose run goes through the host (a fallback op, a
-//! product cuBLASLt has no algorithm for: the capture fails), graphs that write over donated
-//! inputs, and a first run still to autotune.
+//! product cuBLASLt has no algorithm for: the capture fails), and a first run still to
+//! autotune.
 
 pub(crate) mod pool;
 
@@ -56,8 +59,9 @@ struct Captured {
     exec: sys::CUgraphExec,
     /// Per input, the address baked in, or the graph's buffer it is copied into.
     inputs: Vec<Input>,
-    /// The outputs, in `program.outputs` order, written by every launch.
-    outputs: Vec<Arc<CudaBuffer>>,
+    /// The outputs, in `program.outputs` order, written by every launch: the graph's buffers,
+    /// or the caller's donated inputs.
+    outputs: Vec<RunOutput<Arc<CudaBuffer>>>,
     /// The launches' status words (4 per step).
     status: Arc<DeviceMemory>,
     /// The blocks the graph holds (back to the cache when it is destroyed).
@@ -106,13 +110,14 @@ impl CudaCompiledGraph {
 
     /// Runs the graph from a CUDA graph of its launches (see the module doc): `Ok(None)` when
     /// this call runs as usual instead (the first call, or a graph that is not replayed), else
-    /// the outputs, the same buffers as the previous replay's. The run's status words are
-    /// checked at the next synchronization point, reported with `origin`.
+    /// the outputs, the same buffers as the previous replay's (a donated output: the caller's
+    /// input, written over). The run's status words are checked at the next synchronization
+    /// point, reported with `origin`.
     pub fn run_replayed(
         &self,
         inputs: &[&CudaBuffer],
         origin: Option<&'static Location<'static>>,
-    ) -> Result<Option<Vec<Arc<CudaBuffer>>>> {
+    ) -> Result<Option<Vec<RunOutput<Arc<CudaBuffer>>>>> {
         let mut replay = self.replay.lock().unwrap_or_else(|e| e.into_inner());
         if replay.off.is_some() || (self.autotune && self.tuned.get().is_none()) {
             // (A graph still to autotune is tuned by a plain run first.)
@@ -137,11 +142,14 @@ impl CudaCompiledGraph {
             .as_ref()
             .is_none_or(|c| c.inputs.iter().zip(&moved).any(|(i, &moved)| moved && matches!(i, Input::At(_))));
         if recapture {
-            // Inputs copied before, or at another address now, are copied from now on.
+            // Inputs copied before, or at another address now, are copied from now on; a
+            // donated input never is (the output must land in the caller's buffer).
+            let donated = |k: usize| self.schedule.memory.donated.iter().any(|d| d.input == k);
             let copied: Vec<bool> = match &replay.captured {
                 None => moved,
                 Some(c) => c.inputs.iter().zip(&moved).map(|(i, &m)| m || matches!(i, Input::Copied(_))).collect(),
             };
+            let copied: Vec<bool> = copied.into_iter().enumerate().map(|(k, c)| c && !donated(k)).collect();
             replay.captured = None;
             match self.capture(inputs, &copied) {
                 Ok(c) => replay.captured = Some(Box::new(c)),
@@ -197,8 +205,11 @@ impl CudaCompiledGraph {
         let outputs = run?;
         c.outputs = (outputs.into_iter())
             .map(|o| match o {
-                RunOutput::New(b) => Ok(Arc::new(b)),
-                RunOutput::Donated(_) => Err(Error::unsupported("it writes over a donated input")),
+                RunOutput::New(b) => Ok(RunOutput::New(Arc::new(b))),
+                RunOutput::Donated(k) if copied[k] => {
+                    Err(Error::internal(format!("donated input {k} was copied into the graph's buffer")))
+                }
+                RunOutput::Donated(k) => Ok(RunOutput::Donated(k)),
             })
             .collect::<Result<_>>()?;
         dev.bind()?;
