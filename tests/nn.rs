@@ -405,8 +405,14 @@ fn decoding_with_a_kv_cache_gives_the_full_forward_logits_and_compiles_once() {
         // The next tokens come from the host, as a sampler gives them.
         let next = Tensor::from_vec(vec![ids[t], ids[8 + t]], &[2, 1]).unwrap();
         let (logits, written) = model.forward_cached(&next, &cache.position().unwrap(), &cache).unwrap();
+        let before = (cache.k[1].clone(), cache.v[0].clone());
         cache.commit(&written, 1, &[&logits]).unwrap();
         assert_close(&format!("logits at {t}"), &logits, &full[t], TOL);
+        // The step's scatter wrote over the cache's buffers: the old handles are stale.
+        for old in [&before.0, &before.1] {
+            let e = old.to_vec::<f32>().unwrap_err();
+            assert!(e.to_string().contains("overwritten in place"), "the cache is written in place: {e}");
+        }
         if t == 5 {
             after_first = coil::compile_count();
         }

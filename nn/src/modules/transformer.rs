@@ -359,14 +359,14 @@ impl KvCache {
 }
 
 /// `cache` with `new` (`[B, H, T, D]`) written at positions `pos..pos + T` (`pos` a 0-d i64
-/// tensor); every element of the result reads the cache or `new` at its own position, so the
-/// write can be made over the cache's buffer.
+/// tensor, `pos + T` within the capacity: [`KvCache::commit`] checks it): a scatter along the
+/// positions, which the compiler writes over the cache's buffer when the cache is donated,
+/// touching only the `B * H * T * D` new elements (PyTorch's `index_copy_`).
 fn write_positions(cache: &Tensor, new: &Tensor, pos: &Tensor) -> Result<Tensor> {
-    let (cap, t) = (cache.shape()[2], new.shape()[2]);
-    let offset = Tensor::iota(&[cap], 0)?.to_device(cache.device())?.sub(pos)?;
-    let inside = offset.ge(0)?.logical_and(&offset.lt(t as i64)?)?;
-    let picked = new.to_dtype(cache.dtype())?.index_select(2, &offset.clamp(Some(0), Some(t as i64 - 1))?)?;
-    coil_frontend::where_(&inside.reshape(&[1, 1, cap as i64, 1])?, &picked, cache)
+    let t = new.shape()[2];
+    let positions = Tensor::iota(&[t], 0)?.to_device(cache.device())?.add(pos)?.reshape(&[1, 1, t as i64, 1])?;
+    let index = positions.broadcast_to(new.shape())?;
+    cache.scatter(2, &index, &new.to_dtype(cache.dtype())?)
 }
 
 impl CausalSelfAttention {

@@ -5,8 +5,9 @@
 //! XLA's input/output aliasing). [`donate`] accepts a request only when writing the output over
 //! the input cannot change what any kernel reads:
 //!
-//! * the output is stored by a generated kernel (not an extern call, not an input passed
-//!   through), and is no other output;
+//! * the output is stored by a generated kernel (not an input passed through), and is no
+//!   other output; or by a scatter (an extern call) whose base is the input: a KV cache
+//!   written at a few positions, where only the scattered elements are written;
 //! * no kernel after that one reads the input, nor does a later node of that kernel;
 //! * that kernel reads the input only through plain loads at the index it writes the output
 //!   (each thread reads an element before it writes it, and no other thread touches it).
@@ -16,7 +17,8 @@
 
 use super::legal::{kernel_index_map, write_index};
 use coil_ir::kernel::{Donation, FusedKernel, KernelKind, Schedule};
-use coil_ir::loops::{BufferId, LoopKind, LoopProgram, ScalarOp};
+use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram, ScalarOp};
+use coil_ir::Op;
 
 /// Decides which of the requested donations the schedule can honour and records them in its
 /// memory plan ([`coil_ir::kernel::MemoryPlan`]: accepted in `donated`, refused with a reason in
@@ -73,17 +75,32 @@ fn check(p: &LoopProgram, kernels: &[FusedKernel], d: Donation, accepted: &[Dona
         return Err("the output is not written by a kernel (an input or a view of one)".into());
     };
     let kernel = &kernels[writer];
-    if kernel.kind == KernelKind::Extern {
+    if kernel.kind == KernelKind::Extern && !scatters_over(p, kernel, input, out) {
         return Err(format!("the output is written by an extern call ({})", kernel.name));
     }
     let reads = |k: &FusedKernel| k.nodes.iter().any(|&n| p.nodes[n].reads().contains(&input));
     if let Some(later) = kernels[writer + 1..].iter().find(|k| reads(k)) {
         return Err(format!("{} reads the input after {} writes the output", later.name, kernel.name));
     }
-    if reads(kernel) && !reads_only_where_written(p, kernel, input, out) {
+    if kernel.kind != KernelKind::Extern && reads(kernel) && !reads_only_where_written(p, kernel, input, out) {
         return Err(format!("{} reads the input at elements other than the one it writes", kernel.name));
     }
     Ok(())
+}
+
+/// Whether extern `kernel` is `t = scatter(u, index, src)` with neither `index` nor `src`
+/// being `u`: written over `u`, the scatter leaves the other elements as they are and writes
+/// the scattered ones (every backend's scatter copies its base only when the output is
+/// elsewhere).
+fn scatters_over(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
+    let [node] = kernel.nodes[..] else { return false };
+    let node = &p.nodes[node];
+    match &node.kind {
+        LoopKind::Extern { call: ExternCall::Fallback { op: Op::Scatter { .. } }, inputs } => {
+            node.output == t && inputs.first() == Some(&u) && inputs[1..].iter().all(|&b| b != u)
+        }
+        _ => false,
+    }
 }
 
 /// Whether `kernel` may write `t` over `u`: it reads `u` only through plain loads at the index
