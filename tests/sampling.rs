@@ -1,0 +1,154 @@
+//! Sorting and sampling (`sort`, `argsort`, `topk`, `multinomial`, `sample_tokens`) against
+//! PyTorch's results (`tests/sampling/golden.safetensors`, made by `tests/sampling/make_golden.py`)
+//! on the interpreter and the compiled CPU; the compiled CPU's sort agrees with the
+//! interpreter's on random inputs; gradients flow through sorted values; bad arguments are
+//! errors naming the op and the line. `tests/gpu.rs` runs the same cases on CUDA.
+
+#[path = "sampling/cases.rs"]
+mod cases;
+
+use coil::{Backend, DType, Device, Sampling, Tensor};
+
+const BACKENDS: [Backend; 2] = [Backend::Interpreter, Backend::Compiled];
+
+#[test]
+fn sort_and_argsort_match_pytorch() {
+    for backend in BACKENDS {
+        cases::check_sorts(backend, Device::Cpu);
+    }
+}
+
+#[test]
+fn topk_matches_pytorch() {
+    for backend in BACKENDS {
+        cases::check_topk(backend, Device::Cpu);
+    }
+}
+
+#[test]
+fn sampled_tokens_follow_pytorchs_distribution() {
+    for backend in BACKENDS {
+        cases::check_sampling(backend, Device::Cpu);
+    }
+}
+
+#[test]
+fn multinomial_follows_the_weights_and_repeats_under_a_seed() {
+    for backend in BACKENDS {
+        cases::check_multinomial(backend, Device::Cpu);
+    }
+}
+
+/// A small deterministic generator (xorshift), so the inputs need no crate.
+fn values(n: usize, seed: u64, levels: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            match s % 97 {
+                0 => f64::NAN,
+                1 => -0.0,
+                _ => (s % levels) as f64 - (levels / 2) as f64,
+            }
+        })
+        .collect()
+}
+
+/// `f`'s outputs as f64 (NaN as one value) on the interpreter, then compiled.
+fn on_both(f: &dyn Fn() -> Vec<Tensor>) -> [Vec<Vec<u64>>; 2] {
+    BACKENDS.map(|backend| {
+        coil::set_backend(backend);
+        let out = f();
+        coil::realize(&out.iter().collect::<Vec<_>>()).unwrap();
+        out.iter()
+            .map(|t| {
+                t.to_vec::<f64>().unwrap().iter().map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() }).collect()
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn compiled_sorts_agree_with_the_interpreter_on_random_inputs() {
+    let shapes: [&[usize]; 5] = [&[7, 129], &[3, 1000], &[65, 3], &[2, 3, 5, 4], &[1]];
+    for (k, shape) in shapes.iter().enumerate() {
+        let n = shape.iter().product();
+        for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64, DType::I64, DType::I32] {
+            let x = Tensor::from_vec(values(n, k as u64 + 1, 9 + 50 * k as u64), shape).unwrap();
+            let x = if dtype.is_float() {
+                x.to_dtype(dtype).unwrap()
+            } else {
+                x.nan_to_num(0.0, None, None).unwrap().to_dtype(dtype).unwrap()
+            };
+            x.realize().unwrap();
+            for dim in 0..shape.len() as i64 {
+                for descending in [false, true] {
+                    let [interpreted, compiled] = on_both(&|| {
+                        let (v, i) = x.sort(dim, descending).unwrap();
+                        // Work after the sort in the same graph: the positions feed a fused kernel.
+                        let shifted = i.add(1).unwrap().mul(2).unwrap();
+                        vec![v, i, shifted]
+                    });
+                    assert_eq!(interpreted, compiled, "{dtype} {shape:?} dim {dim} descending {descending}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn compiled_multinomial_draws_what_the_interpreter_draws() {
+    let p = Tensor::from_vec(vec![0.5f32, 0.0, 1.5, 2.0, 0.25, 0.25, 0.0, 3.0], &[2, 4]).unwrap();
+    let [interpreted, compiled] = on_both(&|| {
+        coil::manual_seed(11);
+        vec![p.multinomial(257, true).unwrap(), p.multinomial(3, false).unwrap()]
+    });
+    assert_eq!(interpreted, compiled);
+}
+
+/// The gradient of `sum(sort(x) * w)` is `w` scattered back to the sorted positions; of topk's
+/// values, the same on the kept positions and 0 elsewhere.
+#[test]
+fn gradients_flow_back_to_the_sorted_positions() {
+    let x = Tensor::from_vec(vec![3.0f32, -1.0, 2.0, 2.0, 0.5, 7.0, 1.0, -4.0], &[2, 4]).unwrap();
+    let w = Tensor::from_vec(vec![1.0f32, 10.0, 100.0, 1000.0, 2.0, 20.0, 200.0, 2000.0], &[2, 4]).unwrap();
+    for backend in BACKENDS {
+        coil::set_backend(backend);
+        let (v, _) = x.sort(1, false).unwrap();
+        let g = coil::grad(&v.mul(&w).unwrap().sum_all().unwrap(), &[&x]).unwrap();
+        // Row 0 ascending: -1 (1), 2 (2), 2 (3), 3 (0); row 1: -4 (3), 0.5 (0), 1 (2), 7 (1).
+        assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![1000.0, 1.0, 10.0, 100.0, 20.0, 2000.0, 200.0, 2.0]);
+        let (top, _) = x.topk(2, 1, true).unwrap();
+        let w2 = w.narrow(1, 0, 2).unwrap();
+        let g = coil::grad(&top.mul(&w2).unwrap().sum_all().unwrap(), &[&x]).unwrap();
+        assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![1.0, 0.0, 10.0, 0.0, 0.0, 2.0, 20.0, 0.0]);
+    }
+}
+
+#[test]
+fn bad_arguments_are_errors_naming_the_op_and_line() {
+    let x = Tensor::zeros(&[3, 5], DType::F32);
+    let check = |e: coil::Error, op: &str, words: &[&str]| {
+        let text = e.to_string();
+        assert_eq!(e.op.as_deref(), Some(op), "{text}");
+        assert!(text.contains(file!()), "no line: {text}");
+        for w in words {
+            assert!(text.contains(w), "{w:?} missing: {text}");
+        }
+    };
+    check(x.topk(6, -1, true).unwrap_err(), "topk", &["k (6)", "[3, 5]"]);
+    check(x.sort(2, false).unwrap_err(), "sort", &["[3, 5]"]);
+    check(x.argsort(-3, true).unwrap_err(), "argsort", &["[3, 5]"]);
+    let ints = Tensor::zeros(&[5], DType::I64);
+    check(ints.multinomial(1, true).unwrap_err(), "multinomial", &["floating", "i64"]);
+    check(Tensor::zeros(&[2, 2, 2], DType::F32).multinomial(1, true).unwrap_err(), "multinomial", &["[2, 2, 2]"]);
+    check(x.multinomial(6, false).unwrap_err(), "multinomial", &["without replacement"]);
+    check(x.multinomial(0, true).unwrap_err(), "multinomial", &["0 samples"]);
+    let s = Sampling { temperature: 1.0, top_k: None, top_p: Some(1.5) };
+    check(x.sample_tokens(&s).unwrap_err(), "sample_tokens", &["top_p", "1.5"]);
+    check(x.sample_tokens(&Sampling { temperature: -1.0, ..s }).unwrap_err(), "sample_tokens", &["temperature"]);
+    check(x.sample_tokens(&Sampling { top_k: Some(0), top_p: None, ..s }).unwrap_err(), "sample_tokens", &["top_k"]);
+    check(ints.sample_tokens(&Sampling::default()).unwrap_err(), "sample_tokens", &["floating"]);
+}
