@@ -39,63 +39,17 @@ fn multinomial_follows_the_weights_and_repeats_under_a_seed() {
     }
 }
 
-/// A small deterministic generator (xorshift), so the inputs need no crate.
-fn values(n: usize, seed: u64, levels: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            match s % 97 {
-                0 => f64::NAN,
-                1 => -0.0,
-                _ => (s % levels) as f64 - (levels / 2) as f64,
-            }
-        })
-        .collect()
-}
-
-/// `f`'s outputs as f64 (NaN as one value) on the interpreter, then compiled.
+/// `f`'s outputs as f64 bits (NaN as one value) on the interpreter, then compiled.
 fn on_both(f: &dyn Fn() -> Vec<Tensor>) -> [Vec<Vec<u64>>; 2] {
     BACKENDS.map(|backend| {
         coil::set_backend(backend);
-        let out = f();
-        coil::realize(&out.iter().collect::<Vec<_>>()).unwrap();
-        out.iter()
-            .map(|t| {
-                t.to_vec::<f64>().unwrap().iter().map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() }).collect()
-            })
-            .collect()
+        f().iter().map(cases::bits).collect()
     })
 }
 
 #[test]
 fn compiled_sorts_agree_with_the_interpreter_on_random_inputs() {
-    let shapes: [&[usize]; 5] = [&[7, 129], &[3, 1000], &[65, 3], &[2, 3, 5, 4], &[1]];
-    for (k, shape) in shapes.iter().enumerate() {
-        let n = shape.iter().product();
-        for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64, DType::I64, DType::I32] {
-            let x = Tensor::from_vec(values(n, k as u64 + 1, 9 + 50 * k as u64), shape).unwrap();
-            let x = if dtype.is_float() {
-                x.to_dtype(dtype).unwrap()
-            } else {
-                x.nan_to_num(0.0, None, None).unwrap().to_dtype(dtype).unwrap()
-            };
-            x.realize().unwrap();
-            for dim in 0..shape.len() as i64 {
-                for descending in [false, true] {
-                    let [interpreted, compiled] = on_both(&|| {
-                        let (v, i) = x.sort(dim, descending).unwrap();
-                        // Work after the sort in the same graph: the positions feed a fused kernel.
-                        let shifted = i.add(1).unwrap().mul(2).unwrap();
-                        vec![v, i, shifted]
-                    });
-                    assert_eq!(interpreted, compiled, "{dtype} {shape:?} dim {dim} descending {descending}");
-                }
-            }
-        }
-    }
+    cases::check_compiled_against_interpreter(Device::Cpu);
 }
 
 #[test]

@@ -188,3 +188,65 @@ pub fn check_multinomial(backend: Backend, device: Device) {
     }
     check_frequencies("multinomial without replacement", &counts(&first, 4), &[0.1, 0.2, 0.3, 0.4]);
 }
+
+/// A small deterministic generator (xorshift) of values with ties, NaN and -0.0.
+fn random_values(n: usize, seed: u64, levels: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            match s % 97 {
+                0 => f64::NAN,
+                1 => -0.0,
+                _ => (s % levels) as f64 - (levels / 2) as f64,
+            }
+        })
+        .collect()
+}
+
+/// A tensor's elements as f64 bits, every NaN the same.
+pub fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_vec::<f64>().unwrap().iter().map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() }).collect()
+}
+
+/// `sort` compiled on `device` gives the interpreter's values and positions (on the CPU), for
+/// every dtype, dim and direction, short lines and lines of several tiles (50257 long, several
+/// of them; a long middle dim), with work after the sort in the same graph.
+pub fn check_compiled_against_interpreter(device: Device) {
+    let shapes: [&[usize]; 7] = [&[7, 129], &[3, 1000], &[65, 3], &[2, 3, 5, 4], &[1], &[3, 50257], &[2, 4500, 3]];
+    for (k, shape) in shapes.iter().enumerate() {
+        let n = shape.iter().product();
+        let long = n > 10000;
+        let dtypes: &[DType] = if long {
+            &[DType::F32, DType::BF16]
+        } else {
+            &[DType::F32, DType::BF16, DType::F16, DType::F64, DType::I64, DType::I32, DType::Bool]
+        };
+        for &dtype in dtypes {
+            let x = Tensor::from_vec(random_values(n, k as u64 + 1, 9 + 50 * k as u64), shape).unwrap();
+            let x = match dtype {
+                DType::Bool => x.gt(0.0).unwrap(),
+                d if d.is_float() => x.to_dtype(d).unwrap(),
+                d => x.nan_to_num(0.0, None, None).unwrap().to_dtype(d).unwrap(),
+            };
+            x.realize().unwrap();
+            let dims: Vec<i64> = if long { vec![1] } else { (0..shape.len() as i64).collect() };
+            for &dim in &dims {
+                for descending in [false, true] {
+                    let run = |backend: Backend, x: &Tensor| -> Vec<Vec<u64>> {
+                        coil::set_backend(backend);
+                        let (v, i) = x.sort(dim, descending).unwrap();
+                        // Work after the sort in the same graph: the positions feed a fused kernel.
+                        let shifted = i.add(1).unwrap().mul(2).unwrap();
+                        [v, i, shifted].iter().map(bits).collect()
+                    };
+                    let interpreted = run(Backend::Interpreter, &x);
+                    let compiled = run(Backend::Compiled, &x.to_device(device).unwrap());
+                    assert!(interpreted == compiled, "{dtype} {shape:?} dim {dim} descending {descending} on {device}");
+                }
+            }
+        }
+    }
+}
