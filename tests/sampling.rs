@@ -11,8 +11,17 @@ use coil::{Backend, DType, Device, Sampling, Tensor};
 
 const BACKENDS: [Backend; 2] = [Backend::Interpreter, Backend::Compiled];
 
+/// Runs this file's tests one at a time: one of them counts the process's compiles
+/// (`coil::compile_count`, shared by every thread), which the others would add to.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn sort_and_argsort_match_pytorch() {
+    let _serial = serial();
     for backend in BACKENDS {
         cases::check_sorts(backend, Device::Cpu);
     }
@@ -20,6 +29,7 @@ fn sort_and_argsort_match_pytorch() {
 
 #[test]
 fn topk_matches_pytorch() {
+    let _serial = serial();
     for backend in BACKENDS {
         cases::check_topk(backend, Device::Cpu);
     }
@@ -27,6 +37,7 @@ fn topk_matches_pytorch() {
 
 #[test]
 fn sampled_tokens_follow_pytorchs_distribution() {
+    let _serial = serial();
     for backend in BACKENDS {
         cases::check_sampling(backend, Device::Cpu);
     }
@@ -34,6 +45,7 @@ fn sampled_tokens_follow_pytorchs_distribution() {
 
 #[test]
 fn multinomial_follows_the_weights_and_repeats_under_a_seed() {
+    let _serial = serial();
     for backend in BACKENDS {
         cases::check_multinomial(backend, Device::Cpu);
     }
@@ -49,11 +61,13 @@ fn on_both(f: &dyn Fn() -> Vec<Tensor>) -> [Vec<Vec<u64>>; 2] {
 
 #[test]
 fn compiled_sorts_agree_with_the_interpreter_on_random_inputs() {
+    let _serial = serial();
     cases::check_compiled_against_interpreter(Device::Cpu);
 }
 
 #[test]
 fn compiled_multinomial_draws_what_the_interpreter_draws() {
+    let _serial = serial();
     let p = Tensor::from_vec(vec![0.5f32, 0.0, 1.5, 2.0, 0.25, 0.25, 0.0, 3.0], &[2, 4]).unwrap();
     let [interpreted, compiled] = on_both(&|| {
         coil::manual_seed(11);
@@ -66,6 +80,7 @@ fn compiled_multinomial_draws_what_the_interpreter_draws() {
 /// values, the same on the kept positions and 0 elsewhere.
 #[test]
 fn gradients_flow_back_to_the_sorted_positions() {
+    let _serial = serial();
     let x = Tensor::from_vec(vec![3.0f32, -1.0, 2.0, 2.0, 0.5, 7.0, 1.0, -4.0], &[2, 4]).unwrap();
     let w = Tensor::from_vec(vec![1.0f32, 10.0, 100.0, 1000.0, 2.0, 20.0, 200.0, 2000.0], &[2, 4]).unwrap();
     for backend in BACKENDS {
@@ -83,6 +98,7 @@ fn gradients_flow_back_to_the_sorted_positions() {
 
 #[test]
 fn bad_arguments_are_errors_naming_the_op_and_line() {
+    let _serial = serial();
     let x = Tensor::zeros(&[3, 5], DType::F32);
     let check = |e: coil::Error, op: &str, words: &[&str]| {
         let text = e.to_string();
@@ -105,4 +121,54 @@ fn bad_arguments_are_errors_naming_the_op_and_line() {
     check(x.sample_tokens(&Sampling { temperature: -1.0, ..s }).unwrap_err(), "sample_tokens", &["temperature"]);
     check(x.sample_tokens(&Sampling { top_k: Some(0), top_p: None, ..s }).unwrap_err(), "sample_tokens", &["top_k"]);
     check(ints.sample_tokens(&Sampling::default()).unwrap_err(), "sample_tokens", &["floating"]);
+}
+
+/// A decode loop that samples on the device inside each step's graph (as
+/// `examples/gpt2_generate` does) compiles the decode step once: the random numbers' seed and
+/// offset are run-time arguments. Greedy sampling in the step picks the logits' argmax.
+#[test]
+fn sampling_inside_a_decode_step_compiles_once() {
+    let _serial = serial();
+    use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
+    let store = coil::nn::ParamStore::new();
+    let config = Gpt2Config {
+        vocab_size: 61,
+        block_size: 16,
+        n_layer: 1,
+        n_head: 2,
+        n_embd: 16,
+        dropout: 0.0,
+        layer_norm_eps: 1e-5,
+    };
+    let model = Gpt2::new(&store.root(Device::Cpu, DType::F32), config).unwrap();
+    for sampling in [Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.9) }, Sampling::greedy()] {
+        let mut cache = model.new_cache(2, 16).unwrap();
+        let prompt = Tensor::from_vec(vec![1i64, 2, 3, 4, 5, 6], &[2, 3]).unwrap();
+        let (logits, written) = model.forward_cached(&prompt, &cache.position().unwrap(), &cache).unwrap();
+        let mut token = logits.sample_tokens(&sampling).unwrap();
+        cache.commit(&written, 3, &[&token, &logits]).unwrap();
+        let mut logits = logits;
+        let mut after_first = None;
+        for _ in 0..5 {
+            let ids = token.to_vec::<i64>().unwrap();
+            assert!(ids.iter().all(|&t| (0..61).contains(&t)), "{ids:?}");
+            if sampling.temperature == 0.0 {
+                assert_eq!(ids, logits_argmax(&logits.to_vec::<f32>().unwrap()), "greedy picks the argmax");
+            }
+            let x = token.reshape(&[2, 1]).unwrap();
+            let (logits_now, written) = model.forward_cached(&x, &cache.position().unwrap(), &cache).unwrap();
+            token = logits_now.sample_tokens(&sampling).unwrap();
+            cache.commit(&written, 1, &[&token, &logits_now]).unwrap();
+            logits = logits_now;
+            after_first.get_or_insert(coil::compile_count());
+            assert_eq!(coil::compile_count(), after_first.unwrap(), "the decode step compiled again");
+        }
+    }
+}
+
+fn logits_argmax(logits: &[f32]) -> Vec<i64> {
+    logits
+        .chunks(61)
+        .map(|row| (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a))).unwrap() as i64)
+        .collect()
 }

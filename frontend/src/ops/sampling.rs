@@ -164,6 +164,10 @@ impl Tensor {
         let scaled = rows.to_dtype(work)?.div(temperature)?;
         let order = scaled.argsort_at(-1, true, "sample_tokens", loc)?;
         let probs = scaled.gather(-1, &order)?.softmax(-1)?;
+        // The kept tokens are a prefix of the sorted order (by rank, and by the mass before
+        // each): the running sums of all probabilities are the kept ones' table, and the draw's
+        // total is the last kept running sum (the largest kept one), so one cumsum serves both.
+        let cdf = probs.cumsum(-1)?;
         let mut keep: Option<Tensor> = None;
         let mut and = |m: Tensor| -> Result<()> {
             keep = Some(match keep.take() {
@@ -178,14 +182,13 @@ impl Tensor {
             and(rank.lt(k as i64)?)?;
         }
         if let Some(p) = top_p.filter(|&p| p < 1.0) {
-            let before = probs.cumsum(-1)?.sub(&probs)?;
-            and(before.lt(p)?)?;
+            and(cdf.sub(&probs)?.lt(p)?)?;
         }
-        let kept = match keep {
-            Some(m) => crate::where_(&m, &probs, 0.0)?,
-            None => probs,
+        let total = match keep {
+            Some(m) => crate::where_(&m, &cdf, 0.0)?.amax(&[-1], true)?,
+            None => cdf.narrow(-1, vocab as i64 - 1, 1)?,
         };
-        let position = draw_categories(&kept, 1, loc)?;
+        let position = draw_from_table(&cdf, &total, 1, loc)?;
         let token = order.gather(-1, &position)?;
         token.reshape_to_at(&lead, loc)
     }
@@ -196,18 +199,26 @@ impl Tensor {
 }
 
 /// `samples` categories per row of the non-negative weights `p` (`[rows, n]`, f32 or f64),
-/// with replacement: with `cdf` the running sums and `total` the last, a draw `u` in `[0, 1)`
-/// picks the number of entries with `cdf <= u * total`, counting only entries below `total`
-/// (so a draw that rounds up to `total` still lands on the last category of positive weight,
-/// and zero weights, whose `cdf` equals their predecessor's, are never picked). i64 `[rows,
-/// samples]`.
+/// with replacement, from their running sums. i64 `[rows, samples]`.
 #[track_caller]
 fn draw_categories(p: &Tensor, samples: usize, loc: Loc) -> Result<Tensor> {
-    let (rows, n) = (p.shape()[0], p.shape()[1]);
+    let n = p.shape()[1];
     let cdf = p.cumsum(-1)?;
-    let total = cdf.narrow(-1, n as i64 - 1, 1)?; // [rows, 1]
-    let u = Tensor::random(&[rows, samples], p.dtype(), RandDist::Uniform, p.device())?;
-    let target = u.mul(&total)?.unsqueeze(-1)?; // [rows, samples, 1]
+    let total = cdf.narrow(-1, n as i64 - 1, 1)?;
+    draw_from_table(&cdf, &total, samples, loc)
+}
+
+/// `samples` draws per row from the table `cdf` (`[rows, n]`, running sums of non-negative
+/// weights) whose categories end where the running sum reaches `total` (`[rows, 1]`, one of
+/// the row's entries; later entries are not drawn). A draw `u` in `[0, 1)` picks the number
+/// of entries with `cdf <= u * total`, counting only entries below `total`: so a draw that
+/// rounds up to `total` still lands on the last category of positive weight, and a zero weight,
+/// whose running sum equals its predecessor's, is never picked. i64 `[rows, samples]`.
+#[track_caller]
+fn draw_from_table(cdf: &Tensor, total: &Tensor, samples: usize, loc: Loc) -> Result<Tensor> {
+    let rows = cdf.shape()[0];
+    let u = Tensor::random(&[rows, samples], cdf.dtype(), RandDist::Uniform, cdf.device())?;
+    let target = u.mul(total)?.unsqueeze(-1)?; // [rows, samples, 1]
     let table = cdf.unsqueeze(-2)?; // [rows, 1, n]
     let below = table.le(&target)?.logical_and(&table.lt(&total.unsqueeze(-1)?)?)?;
     below.sum(&[-1], false).map_err(|e| e.in_op("multinomial", vec![]).at(loc))

@@ -56,6 +56,9 @@ pub fn argsort_bytes(x: &[u8], meta: &TensorMeta, dim: usize, descending: bool, 
         return Ok(());
     }
     let len = meta.shape.get(dim).copied().unwrap_or(1);
+    if len > u32::MAX as usize {
+        return Err(Error::unsupported(format!("argsort of {meta} along dim {dim}: lines of 2^32 elements or more")));
+    }
     let inner: usize = meta.shape.get(dim + 1..).map_or(1, |s| s.iter().product());
     let lines = numel / len;
     let dtype = meta.dtype;
