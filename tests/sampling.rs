@@ -172,3 +172,26 @@ fn logits_argmax(logits: &[f32]) -> Vec<i64> {
         .map(|row| (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a))).unwrap() as i64)
         .collect()
 }
+
+/// A compiled function that sorts and samples serves every length from one dynamic graph after
+/// its first recompile (the argsort's line length and the sampler's vocabulary are size
+/// symbols), with the interpreter's results.
+#[test]
+fn sorting_and_sampling_compile_once_for_every_length() {
+    let _serial = serial();
+    let body = |args: &[Tensor]| -> coil::Result<Vec<Tensor>> {
+        let (v, i) = args[0].sort(-1, true)?;
+        let s = Sampling { temperature: 1.0, top_k: Some(3), top_p: Some(1e-9) };
+        Ok(vec![v, i, args[0].sample_tokens(&s)?])
+    };
+    let f = coil::compile(body).named("sort_and_sample");
+    for n in [5usize, 6, 17, 300] {
+        let x = Tensor::from_vec((0..3 * n).map(|k| ((k * 7919) % 23) as f32 - 11.0).collect(), &[3, n]).unwrap();
+        let got: Vec<Vec<u64>> = f.call(&[&x]).unwrap().iter().map(cases::bits).collect();
+        coil::set_backend(Backend::Interpreter);
+        let want: Vec<Vec<u64>> = body(std::slice::from_ref(&x)).unwrap().iter().map(cases::bits).collect();
+        coil::set_backend(Backend::Compiled);
+        assert_eq!(got, want, "length {n}");
+    }
+    assert_eq!(f.compile_count(), 2, "{:?}", f.recompile_reasons());
+}
