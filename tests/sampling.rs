@@ -116,6 +116,12 @@ fn bad_arguments_are_errors_naming_the_op_and_line() {
     check(Tensor::zeros(&[2, 2, 2], DType::F32).multinomial(1, true).unwrap_err(), "multinomial", &["[2, 2, 2]"]);
     check(x.multinomial(6, false).unwrap_err(), "multinomial", &["without replacement"]);
     check(x.multinomial(0, true).unwrap_err(), "multinomial", &["0 samples"]);
+    // Weights already computed on the host are checked.
+    let bad = |w: Vec<f32>| Tensor::from_vec(w, &[2, 2]).unwrap();
+    check(bad(vec![0.5, -0.1, 1.0, 1.0]).multinomial(1, true).unwrap_err(), "multinomial", &["below 0", "[2, 2]"]);
+    check(bad(vec![0.5, f32::NAN, 1.0, 1.0]).multinomial(1, true).unwrap_err(), "multinomial", &["NaN"]);
+    check(bad(vec![0.5, 0.5, 0.0, 0.0]).multinomial(1, true).unwrap_err(), "multinomial", &["sum to 0"]);
+    check(bad(vec![0.5, 0.0, 1.0, 1.0]).multinomial(2, false).unwrap_err(), "multinomial", &["1 positive"]);
     let s = Sampling { temperature: 1.0, top_k: None, top_p: Some(1.5) };
     check(x.sample_tokens(&s).unwrap_err(), "sample_tokens", &["top_p", "1.5"]);
     check(x.sample_tokens(&Sampling { temperature: -1.0, ..s }).unwrap_err(), "sample_tokens", &["temperature"]);

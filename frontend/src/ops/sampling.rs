@@ -13,6 +13,7 @@
 use super::shape::Loc;
 use crate::tensor::Tensor;
 use coil_ir::{DType, Error, Op, RandDist, Result, TensorMeta};
+use coil_runtime::Device;
 use std::panic::Location;
 
 /// How [`Tensor::sample_tokens`] picks a token from logits: the logits are divided by
@@ -55,9 +56,11 @@ impl Tensor {
     /// `torch.multinomial(probs, num_samples, replacement)`: for a 1-D tensor of category
     /// weights (or each row of a 2-D one), `num_samples` i64 category indices drawn with
     /// probabilities proportional to the weights, with or without replacement. The weights need
-    /// not sum to 1; they must be non-negative and finite with a positive sum (not checked: the
-    /// values are not known when the op is recorded; a zero-sum row draws category 0). Draws
-    /// come from the thread's random stream ([`crate::manual_seed`]).
+    /// not sum to 1; they must be non-negative and finite with a positive sum in every row (and,
+    /// without replacement, at least `num_samples` positive): an error when the weights are
+    /// already computed in host memory; weights still to be computed (or on a GPU) are not
+    /// checked, to keep the draw on the device (a zero-sum row draws category 0). Draws come
+    /// from the thread's random stream ([`crate::manual_seed`]).
     ///
     /// ```
     /// use coil_frontend::{manual_seed, Tensor};
@@ -94,6 +97,22 @@ impl Tensor {
             return fail(Error::value(format!(
                 "cannot draw {num_samples} samples from {n} categories without replacement"
             )));
+        }
+        if let Some(weights) = computed_host_values(self) {
+            for row in weights.chunks(n) {
+                if row.iter().any(|w| !w.is_finite() || *w < 0.0) {
+                    return fail(Error::value("the probabilities contain inf, NaN or an element below 0"));
+                }
+                if row.iter().sum::<f64>() <= 0.0 {
+                    return fail(Error::value("invalid distribution: the probabilities of a row sum to 0"));
+                }
+                let positive = row.iter().filter(|w| **w > 0.0).count();
+                if !replacement && positive < num_samples {
+                    return fail(Error::value(format!(
+                        "cannot draw {num_samples} samples without replacement from a row of {positive} positive weights"
+                    )));
+                }
+            }
         }
         let rows = if self.rank() == 1 { self.reshape_to_at(&[1, n], loc)? } else { self.clone() };
         let b = rows.shape()[0];
@@ -196,6 +215,16 @@ impl Tensor {
     fn reshape_to_at(&self, shape: &[usize], loc: Loc) -> Result<Tensor> {
         Tensor::record(Op::Reshape { shape: shape.to_vec() }, &[self], loc)
     }
+}
+
+/// `t`'s values when they are already computed and in host memory (reading them costs no
+/// device copy and no graph break), else `None`.
+fn computed_host_values(t: &Tensor) -> Option<Vec<f64>> {
+    if t.device() != Device::Cpu {
+        return None;
+    }
+    let buffer = t.0.storage.get()?.to_host().ok()?;
+    Some(buffer.to_vec::<f64>())
 }
 
 /// `samples` categories per row of the non-negative weights `p` (`[rows, n]`, f32 or f64),
