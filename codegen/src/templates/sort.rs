@@ -27,6 +27,13 @@ pub const TILE_THREADS: usize = 512;
 pub const MERGE_KERNEL: &str = "coil_sort_merge";
 
 /// The tile kernel for elements of `dtype` (bool as bytes).
+///
+/// ```
+/// use coil_codegen::templates::sort::tile_kernel;
+/// use coil_ir::DType;
+/// assert_eq!(tile_kernel(DType::BF16), "coil_sort_tile_bf16");
+/// assert_eq!(tile_kernel(DType::Bool), tile_kernel(DType::U8));
+/// ```
 pub fn tile_kernel(dtype: DType) -> &'static str {
     match dtype {
         DType::F16 => "coil_sort_tile_f16",
@@ -87,6 +94,12 @@ impl SortPlan {
 
     /// Scratch elements (each a 64-bit key and a 32-bit position) per buffer; two buffers
     /// alternate between merge passes. 0 when the tile kernel finishes the sort.
+    ///
+    /// ```
+    /// use coil_codegen::templates::sort::SortPlan;
+    /// assert_eq!(SortPlan::new(8, 100, 1).unwrap().scratch_elements(), 0);
+    /// assert_eq!(SortPlan::new(2, 50257, 1).unwrap().scratch_elements(), 2 * 50257);
+    /// ```
     pub fn scratch_elements(&self) -> usize {
         if self.tiles == 1 {
             0

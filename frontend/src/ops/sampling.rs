@@ -47,6 +47,13 @@ impl Default for Sampling {
 
 impl Sampling {
     /// Greedy decoding: the most likely token.
+    ///
+    /// ```
+    /// use coil_frontend::{ops::sampling::Sampling, Tensor};
+    /// let logits = Tensor::from_vec(vec![0.1f32, 2.0, 2.0, -1.0], &[4])?;
+    /// assert_eq!(logits.sample_tokens(&Sampling::greedy())?.to_vec::<i64>()?, vec![1]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     pub fn greedy() -> Sampling {
         Sampling { temperature: 0.0, ..Sampling::default() }
     }

@@ -10,6 +10,13 @@ use rayon::prelude::*;
 
 /// An unsigned key ordered as PyTorch orders `x` ascending: every NaN above `+inf` (and all
 /// NaNs equal), `-0.0` equal to `0.0`, negative floats below positive ones.
+///
+/// ```
+/// use coil_runtime::cpu::sort::float_key;
+/// assert!(float_key(-1.5) < float_key(-0.0) && float_key(0.0) < float_key(f64::INFINITY));
+/// assert_eq!(float_key(-0.0), float_key(0.0));
+/// assert!(float_key(f64::INFINITY) < float_key(f64::NAN));
+/// ```
 pub fn float_key(x: f64) -> u64 {
     if x.is_nan() {
         return u64::MAX;
@@ -24,6 +31,11 @@ pub fn float_key(x: f64) -> u64 {
 }
 
 /// An unsigned key ordered as the signed integer `v`.
+///
+/// ```
+/// use coil_runtime::cpu::sort::int_key;
+/// assert!(int_key(i64::MIN) < int_key(-1) && int_key(-1) < int_key(0));
+/// ```
 pub fn int_key(v: i64) -> u64 {
     (v as u64) ^ (1 << 63)
 }
@@ -47,6 +59,17 @@ fn key(dtype: DType, bytes: &[u8], i: usize) -> u64 {
 /// Writes to `out` (contiguous i64 of `x`'s shape) the stable sorting positions of each line of
 /// `x` (contiguous bytes of `meta`) along `dim`, as `torch.argsort(x, dim, descending,
 /// stable=True)`.
+///
+/// ```
+/// use coil_ir::{DType, TensorMeta};
+/// use coil_runtime::cpu::sort::argsort_bytes;
+/// let x: Vec<u8> = [2i32, -1, 2, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+/// let mut out = vec![0u8; 4 * 8];
+/// argsort_bytes(&x, &TensorMeta::new(vec![4], DType::I32), 0, true, &mut out)?;
+/// let positions: Vec<i64> = out.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+/// assert_eq!(positions, vec![0, 2, 3, 1]);
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
 pub fn argsort_bytes(x: &[u8], meta: &TensorMeta, dim: usize, descending: bool, out: &mut [u8]) -> Result<()> {
     let numel = meta.numel();
     if x.len() != numel * meta.dtype.size_bytes() || out.len() != numel * 8 {

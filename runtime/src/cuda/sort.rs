@@ -41,6 +41,12 @@ impl SortKernels {
 }
 
 /// Whether the device kernels sort `x` (lines short enough for their 32-bit positions).
+///
+/// ```
+/// use coil_ir::{DType, TensorMeta};
+/// use coil_runtime::cuda::sort::supports_argsort;
+/// assert!(supports_argsort(&TensorMeta::new(vec![4, 50257], DType::BF16), 1));
+/// ```
 pub fn supports_argsort(x: &TensorMeta, dim: usize) -> bool {
     let len = x.shape.get(dim).copied().unwrap_or(1);
     x.numel() == 0 || SortPlan::new(1, len, 1).is_some()
