@@ -141,12 +141,15 @@ impl Tensor {
     }
 
     /// Samples one token id per row of `logits` (`[..., vocab]`, any float dtype) as
-    /// `sampling` says (see [`Sampling`]): an i64 tensor of the leading dims. One graph: the
-    /// logits are sorted (descending, stable), softmaxed, masked by rank and by the running sum
-    /// of probabilities before each token (a token is kept while that sum is below `top_p`: the
-    /// most likely token always is), and one draw from the kept probabilities (renormalized)
-    /// picks a position, mapped back to its token id. Seeded and reproducible through
-    /// [`crate::manual_seed`]; a compiled decode step draws new numbers every call.
+    /// `sampling` says (see [`Sampling`]): an i64 tensor of the leading dims. One graph: with
+    /// `top_p`, the logits are sorted (descending, stable), softmaxed, masked by rank and by the
+    /// running sum of probabilities before each token (a token is kept while that sum is below
+    /// `top_p`: the most likely token always is), and one draw from the kept probabilities
+    /// (renormalized) picks a position, mapped back to its token id. Without `top_p`, the
+    /// Gumbel-max draw (`argmax(logits / temperature + G)`, `G = -log(-log(u))` per token,
+    /// over the `top_k` largest when given): the same distribution, one fused reduction.
+    /// Seeded and reproducible through [`crate::manual_seed`]; a compiled decode step draws new
+    /// numbers every call.
     ///
     /// ```
     /// use coil_frontend::{manual_seed, ops::sampling::Sampling, Tensor};
@@ -188,6 +191,26 @@ impl Tensor {
         let rows = self.reshape_to_at(&[lead.iter().product(), vocab], loc)?;
         let work = if self.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
         let scaled = rows.to_dtype(work)?.div(temperature)?;
+        if top_p.is_none_or(|p| p >= 1.0) {
+            // No nucleus: the Gumbel-max draw, `argmax(x + G)` with `G = -log(-log(u))` per
+            // token, samples `softmax(x)` exactly, with no softmax, cumsum or (without top-k)
+            // sort: one fused reduction.
+            let (values, order) = match top_k.filter(|&k| k < vocab) {
+                Some(k) => {
+                    let (v, o) = scaled.topk(k, -1, true)?;
+                    (v, Some(o))
+                }
+                None => (scaled, None),
+            };
+            let u = Tensor::random(values.shape(), work, RandDist::Uniform, self.device())?;
+            let gumbel = u.log()?.neg()?.log()?.neg()?;
+            let pick = values.add(&gumbel)?.argmax(Some(-1), true)?;
+            let token = match order {
+                Some(o) => o.gather(-1, &pick)?,
+                None => pick,
+            };
+            return token.reshape_to_at(&lead, loc);
+        }
         let order = scaled.argsort_at(-1, true, "sample_tokens", loc)?;
         let probs = scaled.gather(-1, &order)?.softmax(-1)?;
         // The kept tokens are a prefix of the sorted order (by rank, and by the mass before
