@@ -52,6 +52,7 @@ pub use coil_frontend::dynamo::{
 pub use coil_frontend::ops::linalg::*;
 pub use coil_frontend::ops::movement::*;
 pub use coil_frontend::ops::nn::*;
+pub use coil_frontend::ops::sampling::Sampling;
 pub use coil_frontend::{
     backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_cuda_graphs,
     set_default_device, synchronize, update_in_place, update_in_place_with, value_and_grad, where_, Backend, Captured,

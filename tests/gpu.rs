@@ -19,6 +19,9 @@ mod attention;
 #[path = "signed_zeros/cases.rs"]
 mod signed_zeros;
 
+#[path = "sampling/cases.rs"]
+mod sampling;
+
 /// The GPU, or `None` after saying why the test is skipped.
 fn gpu() -> Option<coil::Device> {
     if coil::cuda_available() {
@@ -46,6 +49,20 @@ fn golden_cases_match_pytorch_on_cuda() {
 fn signed_zeros_match_pytorch_on_cuda() {
     if let Some(device) = gpu() {
         signed_zeros::check_all(coil::Backend::Compiled, device);
+    }
+}
+
+/// `sort`, `argsort`, `topk` (the argsort template: bitonic tiles and merge passes, 50257-long
+/// rows included), `multinomial` and `sample_tokens` on CUDA: PyTorch's golden values and
+/// positions, the draws' frequencies, and the interpreter's results on random inputs.
+#[test]
+fn sorting_and_sampling_match_pytorch_on_cuda() {
+    if let Some(device) = gpu() {
+        sampling::check_sorts(coil::Backend::Compiled, device);
+        sampling::check_topk(coil::Backend::Compiled, device);
+        sampling::check_multinomial(coil::Backend::Compiled, device);
+        sampling::check_sampling(coil::Backend::Compiled, device);
+        sampling::check_compiled_against_interpreter(device);
     }
 }
 

@@ -5,20 +5,23 @@
 //! ```sh
 //! cargo run --release --example gpt2_generate -- --checkpoint ckpt/gpt2-bytes --prompt "fn main"
 //! cargo run --release --example gpt2_generate -- --hf path/to/gpt2/model.safetensors \
-//!     --prompt "The meaning of life is" --tokens 40 --temperature 0.8
+//!     --prompt "The meaning of life is" --tokens 40 --temperature 0.8 --top-p 0.95
 //! ```
 //!
 //! Greedy decoding by default (`--temperature 0`), else sampling from the softmax at that
-//! temperature (`--seed`). The prompt fills a key/value cache (prefill), then each token is one
-//! decode step that writes its keys and values into the cache in place; the position is a
-//! tensor, so every decode step is the same graph, compiled once.
+//! temperature, restricted by `--top-k K` and `--top-p P` (nucleus), seeded by `--seed`
+//! ([`Tensor::sample_tokens`]: the token is drawn on the device, in the step's graph, so only
+//! its id comes back to the host). The prompt fills a key/value cache (prefill), then each
+//! token is one decode step that writes its keys and values into the cache in place; the
+//! position is a tensor and the random numbers' seed and offset are run-time arguments, so
+//! every decode step is the same graph, compiled once.
 
 mod bpe;
 
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::{LoadOptions, ParamStore};
 use coil::safetensors::WeightFile;
-use coil::{DType, Device, Tensor};
+use coil::{DType, Device, Sampling, Tensor};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -27,7 +30,7 @@ struct Args {
     hf: Option<PathBuf>,
     prompt: String,
     tokens: usize,
-    temperature: f64,
+    sampling: Sampling,
     seed: u64,
     device: Device,
 }
@@ -38,7 +41,7 @@ fn parse() -> Args {
         hf: None,
         prompt: "fn main".into(),
         tokens: 64,
-        temperature: 0.0,
+        sampling: Sampling::greedy(),
         seed: 0,
         device: Device::default(),
     };
@@ -50,7 +53,9 @@ fn parse() -> Args {
             "--hf" => a.hf = Some(v().into()),
             "--prompt" => a.prompt = v(),
             "--tokens" => a.tokens = v().parse().expect("--tokens N"),
-            "--temperature" => a.temperature = v().parse().expect("--temperature T"),
+            "--temperature" => a.sampling.temperature = v().parse().expect("--temperature T"),
+            "--top-k" => a.sampling.top_k = Some(v().parse().expect("--top-k K")),
+            "--top-p" => a.sampling.top_p = Some(v().parse().expect("--top-p P")),
             "--seed" => a.seed = v().parse().expect("--seed N"),
             "--device" => a.device = v().parse().expect("--device cpu|cuda|cuda:N"),
             _ => panic!("unknown argument {k} (see the example's docs)"),
@@ -131,13 +136,14 @@ fn main() -> coil::Result<()> {
     let prompt_len = ids.len();
     let tokens = args.tokens.min(block - prompt_len);
     let mut cache = model.new_cache(1, block)?;
-    let mut rng = args.seed ^ 0x2545_f491_4f6c_dd1d;
+    coil::manual_seed(args.seed);
     let compiles = coil::compile_count();
     let start = Instant::now();
     let prompt = Tensor::from_vec(ids.clone(), &[1, prompt_len])?.to_device(device)?;
     let (logits, written) = model.forward_cached(&prompt, &cache.position()?, &cache)?;
-    cache.commit(&written, prompt_len, &[&logits])?;
-    let mut next = pick(&logits.to_vec::<f32>()?, args.temperature, &mut rng);
+    let token = logits.sample_tokens(&args.sampling)?;
+    cache.commit(&written, prompt_len, &[&token])?;
+    let mut next = token.to_vec::<i64>()?[0];
     let prefill = start.elapsed().as_secs_f64();
     let start = Instant::now();
     for i in 0..tokens {
@@ -147,8 +153,9 @@ fn main() -> coil::Result<()> {
         }
         let x = Tensor::from_vec(vec![next], &[1, 1])?.to_device(device)?;
         let (logits, written) = model.forward_cached(&x, &cache.position()?, &cache)?;
-        cache.commit(&written, 1, &[&logits])?;
-        next = pick(&logits.to_vec::<f32>()?, args.temperature, &mut rng);
+        let token = logits.sample_tokens(&args.sampling)?;
+        cache.commit(&written, 1, &[&token])?;
+        next = token.to_vec::<i64>()?[0];
     }
     let decode = start.elapsed().as_secs_f64();
     println!("{}", tokenizer.decode(&ids));
@@ -160,26 +167,4 @@ fn main() -> coil::Result<()> {
         coil::compile_count() - compiles
     );
     Ok(())
-}
-
-/// The next token: the most likely one at temperature 0, else one drawn from
-/// `softmax(logits / temperature)`.
-fn pick(logits: &[f32], temperature: f64, rng: &mut u64) -> i64 {
-    let best = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap_or(0);
-    if temperature <= 0.0 {
-        return best as i64;
-    }
-    let top = logits[best] as f64;
-    let weights: Vec<f64> = logits.iter().map(|&l| ((l as f64 - top) / temperature).exp()).collect();
-    *rng ^= *rng << 13;
-    *rng ^= *rng >> 7;
-    *rng ^= *rng << 17;
-    let mut u = (*rng >> 11) as f64 / (1u64 << 53) as f64 * weights.iter().sum::<f64>();
-    for (i, w) in weights.iter().enumerate() {
-        u -= w;
-        if u <= 0.0 {
-            return i as i64;
-        }
-    }
-    best as i64
 }

@@ -377,7 +377,7 @@ impl Tensor {
 
     /// A random leaf on `device` drawing the thread stream's next `numel` counters.
     #[track_caller]
-    fn random(shape: &[usize], dtype: DType, dist: RandDist, device: Device) -> Result<Tensor> {
+    pub(crate) fn random(shape: &[usize], dtype: DType, dist: RandDist, device: Device) -> Result<Tensor> {
         let name = if dist == RandDist::Uniform { "rand" } else { "randn" };
         if !dtype.is_float() {
             return Err(Error::dtype(format!("{name} expects a floating dtype, got {dtype}"))

@@ -145,6 +145,12 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             let dtype = if x.dtype.is_integral() { DType::I64 } else { x.dtype };
             Ok(TensorMeta::new(x.shape.clone(), dtype))
         }
+        Op::Argsort { dim, .. } => {
+            arity(1)?;
+            let x = x.unwrap();
+            check_dims(&[*dim], x.rank().max(1))?;
+            Ok(TensorMeta::new(x.shape.clone(), DType::I64))
+        }
         Op::Reshape { shape } => {
             arity(1)?;
             let x = x.unwrap();

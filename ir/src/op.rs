@@ -4,7 +4,7 @@
 //!
 //! * **Primitives** ([`Op::is_primitive`]) are the closed set every later stage understands:
 //!   leaves (inputs, constants, iota, random), pointwise math ([`UnaryOp`], [`BinaryOp`],
-//!   `where`, casts), reductions ([`ReduceOp`]), `cumsum`, views (reshape, permute, expand,
+//!   `where`, casts), reductions ([`ReduceOp`]), `cumsum`, `argsort`, views (reshape, permute, expand,
 //!   slice), data movement (pad, cat, gather, index_select, scatter), `bmm`, and the
 //!   *templates* of attention: attention without an explicit mask ([`Op::Attention`] with
 //!   `mask: false`), the row logsumexp of its scores ([`Op::AttentionLogsumexp`]) and its
@@ -333,6 +333,14 @@ pub enum Op {
     Cumsum {
         dim: usize,
     },
+    /// The i64 positions that sort each line along `dim` (`torch.argsort(x, dim, descending,
+    /// stable=True)`): stable (equal elements keep their order, in both directions), NaN after
+    /// every number ascending and before every number descending, `-0.0` equal to `0.0`. Sorted
+    /// values are a `gather` of these positions.
+    Argsort {
+        dim: usize,
+        descending: bool,
+    },
 
     // ---- views (primitive) ----
     Reshape {
@@ -532,6 +540,7 @@ impl Op {
             Op::Cast(_) => "cast",
             Op::Reduce { op, .. } => op.name(),
             Op::Cumsum { .. } => "cumsum",
+            Op::Argsort { .. } => "argsort",
             Op::Reshape { .. } => "reshape",
             Op::Permute { .. } => "permute",
             Op::Expand { .. } => "expand",
@@ -602,6 +611,7 @@ impl Op {
                 | Op::Cast(_)
                 | Op::Reduce { .. }
                 | Op::Cumsum { .. }
+                | Op::Argsort { .. }
                 | Op::Reshape { .. }
                 | Op::Permute { .. }
                 | Op::Expand { .. }
@@ -657,6 +667,10 @@ impl Op {
             Op::Scalar(v) | Op::Full(v) => put("value", v.to_string()),
             Op::Iota { dim } | Op::Cumsum { dim } | Op::Cat { dim } | Op::Gather { dim } => put("dim", dim.to_string()),
             Op::IndexSelect { dim } | Op::Scatter { dim, .. } => put("dim", dim.to_string()),
+            Op::Argsort { dim, descending } => {
+                put("dim", dim.to_string());
+                put("descending", descending.to_string());
+            }
             Op::Softmax { dim } | Op::LogSoftmax { dim } => put("dim", dim.to_string()),
             Op::Rand { stream, offset, .. } => {
                 put("stream", stream.to_string());

@@ -163,6 +163,8 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
         }
         Op::Cast(_) => vec![node_is_float(b, x[0]).then_some(g)],
         Op::Detach => vec![None],
+        // Positions: the sorted values are a gather of them, and the gather carries the gradient.
+        Op::Argsort { .. } => vec![None],
         Op::Reduce { op, dims, .. } => vec![reduce(b, *op, dims, x[0], y, g, node)?],
         Op::Cumsum { dim } => {
             let flipped = flip(b, g, *dim)?;

@@ -252,7 +252,20 @@ impl Gen {
             }
             _ => {
                 let dim = self.dim(x.rank());
-                self.push(format!("{name}.cumsum({dim})"), x.cumsum(dim))
+                match self.rng.below(4) {
+                    0 | 1 => self.push(format!("{name}.cumsum({dim})"), x.cumsum(dim)),
+                    2 => {
+                        let descending = self.rng.chance(50);
+                        self.push_all(format!("{name}.sort({dim}, {descending})"), x.sort(dim, descending).map(pair))
+                    }
+                    _ => {
+                        // k up to the dim's size, or past it when wild.
+                        let size = wrapped(x.shape(), dim);
+                        let k = self.rng.below(size + 1) + self.wild() as usize;
+                        let largest = self.rng.chance(50);
+                        self.push_all(format!("{name}.topk({k}, {dim}, {largest})"), x.topk(k, dim, largest).map(pair))
+                    }
+                }
             }
         }
     }

@@ -10,6 +10,8 @@
 //!   logsumexp a backward reads.
 //! * [`attention_backward`]: its backward (`ExternCall::AttentionBackward`): dQ, dK, dV from
 //!   the saved logsumexp, the probabilities recomputed, never stored.
+//! * [`sort`]: argsort along a dim (`Op::Argsort`, the base of `sort`, `topk` and sampling):
+//!   a bitonic sort of tiles in shared memory, then merge passes for lines longer than a tile.
 //!
 //! Both have a tensor-core variant (f16 / bf16 on sm_80 and newer: `mma.sync.m16n8k16`,
 //! `ldmatrix`, `cp.async`, f32 accumulators) and a simple one (f32, or any dtype before
@@ -19,3 +21,4 @@
 
 pub mod attention;
 pub mod attention_backward;
+pub mod sort;

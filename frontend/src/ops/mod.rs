@@ -8,4 +8,6 @@ pub mod nn;
 pub mod overload;
 pub mod pointwise;
 pub mod reduce;
+pub mod sampling;
 pub mod shape;
+pub mod sort;

@@ -215,6 +215,7 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
         | Op::Gather { .. }
         | Op::IndexSelect { .. }
         | Op::Scatter { .. }
+        | Op::Argsort { .. }
         | Op::Bmm => b.push(op.clone(), &x),
 
         // ---- composites ----

@@ -135,7 +135,7 @@ impl Lowerer<'_> {
                 let mut xi = idx.to_vec();
                 self.indirect(e, arg(0), &mut xi, *dim, v)?
             }
-            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } => {
+            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Argsort { .. } | Op::Scatter { .. } => {
                 // `prepare` realizes these before any reader is built; kept total regardless.
                 let b = self.realize(n)?;
                 self.load(e, b, flat(idx, self.shape(n)), mask)

@@ -341,7 +341,7 @@ impl<'g> Lowerer<'g> {
             _ if self.attention_roots.contains_key(&n) => {
                 self.realize(n)?;
             }
-            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Scatter { .. } => {
+            Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Argsort { .. } | Op::Scatter { .. } => {
                 self.realize(n)?;
             }
             op if op.is_template() => {
@@ -405,7 +405,9 @@ impl<'g> Lowerer<'g> {
             }
             Op::Reduce { op, dims, keepdim } => self.reduction(n, *op, dims, *keepdim)?,
             Op::Bmm => (self.bmm(n, None)?, vec![n]),
-            _ if self.checks_indices_only(n) || matches!(node.op, Op::Cumsum { .. } | Op::Scatter { .. }) => {
+            _ if self.checks_indices_only(n)
+                || matches!(node.op, Op::Cumsum { .. } | Op::Argsort { .. } | Op::Scatter { .. }) =>
+            {
                 let inputs = node.inputs.iter().map(|&x| self.realize(x)).collect::<Result<Vec<_>>>()?;
                 (LoopKind::Extern { call: ExternCall::Fallback { op: node.op.clone() }, inputs }, vec![n])
             }

@@ -90,7 +90,7 @@ pub enum Kind {
     Reduce,
     /// Batched matrix product.
     Bmm,
-    /// Scatter and cumsum: fallbacks that read their operands from buffers.
+    /// Scatter, cumsum and argsort: fallbacks that read their operands from buffers.
     Fallback,
     /// Pad, cat, gather, index_select.
     Movement,
@@ -107,7 +107,7 @@ impl Kind {
             op if op.is_pointwise() => Kind::Pointwise,
             Prim::Reduce { .. } => Kind::Reduce,
             Prim::Bmm => Kind::Bmm,
-            Prim::Scatter { .. } | Prim::Cumsum { .. } => Kind::Fallback,
+            Prim::Scatter { .. } | Prim::Cumsum { .. } | Prim::Argsort { .. } => Kind::Fallback,
             _ => Kind::Movement,
         }
     }
@@ -122,7 +122,7 @@ impl Kind {
             op if op.is_pointwise() => Kind::Pointwise,
             Op::Reduce { .. } => Kind::Reduce,
             Op::Bmm => Kind::Bmm,
-            Op::Scatter { .. } | Op::Cumsum { .. } => Kind::Fallback,
+            Op::Scatter { .. } | Op::Cumsum { .. } | Op::Argsort { .. } => Kind::Fallback,
             _ => Kind::Movement,
         }
     }

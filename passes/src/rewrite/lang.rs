@@ -117,6 +117,10 @@ pub enum Prim {
     Cumsum {
         dim: usize,
     },
+    Argsort {
+        dim: usize,
+        descending: bool,
+    },
     Reshape {
         shape: Vec<usize>,
     },
@@ -172,6 +176,7 @@ impl Prim {
                 Prim::Reduce { op: Ordered(*op), dims: dims.clone(), keepdim: *keepdim }
             }
             Op::Cumsum { dim } => Prim::Cumsum { dim: *dim },
+            Op::Argsort { dim, descending } => Prim::Argsort { dim: *dim, descending: *descending },
             Op::Reshape { shape } => Prim::Reshape { shape: shape.clone() },
             Op::Permute { perm } => Prim::Permute { perm: perm.clone() },
             Op::Expand { shape } => Prim::Expand { shape: shape.clone() },
@@ -206,6 +211,7 @@ impl Prim {
                 (Op::Reduce { op: op.0, dims: dims.clone(), keepdim: *keepdim }, None)
             }
             Prim::Cumsum { dim } => (Op::Cumsum { dim: *dim }, None),
+            Prim::Argsort { dim, descending } => (Op::Argsort { dim: *dim, descending: *descending }, None),
             Prim::Reshape { shape } => (Op::Reshape { shape: shape.clone() }, None),
             Prim::Permute { perm } => (Op::Permute { perm: perm.clone() }, None),
             Prim::Expand { shape } => (Op::Expand { shape: shape.clone() }, None),

@@ -12,8 +12,8 @@
 //! 3. launches the kernels in schedule order: generated kernels through their C entry point
 //!    (with the values of the size symbols they read: one compiled kernel serves every size;
 //!    and the run's random streams they draw from: one compiled kernel serves every seed),
-//!    `Bmm` through [`gemm`], the attention template through [`attention`], fallback ops
-//!    through the reference interpreter;
+//!    `Bmm` through [`gemm`], the attention template through [`attention`], `argsort` through
+//!    [`sort`], `cumsum` through [`scan`], other fallback ops through the reference interpreter;
 //! 4. returns the outputs in `program.outputs` order.
 //!
 //! Every buffer is seen as raw bytes here, as the generated code sees it: bool as one byte 0/1,
@@ -25,6 +25,8 @@ pub mod compiler;
 pub mod gemm;
 pub mod launch;
 pub mod module;
+pub mod scan;
+pub mod sort;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -340,6 +342,15 @@ impl CompiledGraph {
                     dv: grad(dv),
                 };
                 attention_backward::attention_backward_bytes(&spec, p.buffer(q.buffer).meta.dtype, bufs)
+            }
+            ExternCall::Fallback { op: coil_ir::Op::Cumsum { dim } }
+                if scan::supports_cumsum(&p.buffer(operands[0]).meta, &p.buffer(out_id).meta) =>
+            {
+                scan::cumsum_bytes(view(operands[0]), &p.buffer(operands[0]).meta, *dim, written(out_id))
+            }
+            ExternCall::Fallback { op: coil_ir::Op::Argsort { dim, descending } } => {
+                let meta = &p.buffer(operands[0]).meta;
+                sort::argsort_bytes(view(operands[0]), meta, *dim, *descending, written(out_id))
             }
             ExternCall::Fallback { op } => {
                 let mut g = Graph::new();

@@ -86,6 +86,8 @@ pub struct CudaDevice {
     pub(crate) helpers: OnceLock<std::result::Result<super::gather::Helpers, String>>,
     /// The built-in kernels of ops without generated code (scatter, cumsum), compiled on first use.
     pub(crate) fallback: OnceLock<std::result::Result<super::fallback::FallbackKernels, String>>,
+    /// The argsort template's kernels, compiled on first use.
+    pub(crate) sort: OnceLock<std::result::Result<super::sort::SortKernels, String>>,
     /// The status words of runs not checked yet ([`super::status`]).
     pub(crate) status: StatusBoard,
     /// The stream CUDA graphs are captured on ([`super::graphs`]): a capturing thread's work
@@ -151,6 +153,7 @@ impl CudaDevice {
             blas: OnceLock::new(),
             helpers: OnceLock::new(),
             fallback: OnceLock::new(),
+            sort: OnceLock::new(),
             status: StatusBoard::default(),
             capture_stream: OnceLock::new(),
         })

@@ -44,6 +44,9 @@ pub mod gather;
 pub mod graphs;
 pub mod loader;
 pub mod memory;
+pub mod sort;
+#[cfg(test)]
+mod sort_emulation;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -730,6 +733,13 @@ impl CudaCompiledGraph {
                 let x = (ptrs[operands[0].0], &p.buffer(operands[0]).meta);
                 // SAFETY: both buffers are contiguous, of the checked meta, and distinct.
                 unsafe { fallback::cumsum(&self.device, *dim, x, ptrs[out_id.0]) }
+            }
+            ExternCall::Fallback { op: Op::Argsort { dim, descending } }
+                if sort::supports_argsort(&p.buffer(operands[0]).meta, *dim) =>
+            {
+                let x = (ptrs[operands[0].0], &p.buffer(operands[0]).meta);
+                // SAFETY: both buffers are contiguous, of their metas, and distinct.
+                unsafe { sort::argsort(&self.device, *dim, *descending, x, ptrs[out_id.0]) }
             }
             ExternCall::Fallback { op } => {
                 let mut g = Graph::new();

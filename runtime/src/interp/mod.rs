@@ -16,13 +16,14 @@
 //! Modules: `layout` (strided indexing), `pointwise` (unary, binary, where; casts are
 //! `Value::cast`), `math` (erf, floor division, remainder), `movement` (pad, cat, gather,
 //! index_select, scatter; views are one layout each, in `eval`), `reduce` (reductions,
-//! cumsum, bmm).
+//! cumsum, bmm), `sort` (argsort).
 
 mod layout;
 mod math;
 mod movement;
 mod pointwise;
 mod reduce;
+mod sort;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -149,6 +150,7 @@ fn eval(node: &Node, args: &[&Value], inputs: &[&Buffer], random: &[RandomState]
         Op::Cast(t) => Ok(args[0].cast(*t)),
         Op::Reduce { op, dims, keepdim: _ } => done(reduce::reduce(*op, args[0], dims, dtype)?),
         Op::Cumsum { dim } => done(reduce::cumsum(args[0], *dim, dtype)),
+        Op::Argsort { dim, descending } => done(sort::argsort(args[0], *dim, *descending)),
         Op::Bmm => done(reduce::bmm(args[0], args[1], dtype)),
         Op::Reshape { .. } => done(args[0].data.clone()),
         Op::Permute { perm } => done(args[0].view(&args[0].layout().permute(perm))),
