@@ -503,10 +503,13 @@ fn generated_tiles(captured: &Graph) -> Result<Vec<coil_ir::kernel::TileKernel>>
 }
 
 /// The compile path's decomposition: attention (written out, or `scaled_dot_product_attention`)
-/// stays one template node where the template supports it, for one flash-attention call. The
-/// reference interpreter decomposes it fully (`coil_passes::decompose`).
+/// stays one template node where the template supports it, for one flash-attention call; where
+/// it does not (an explicit mask: a decode step over its KV cache), f16/bf16 attention takes its
+/// products in the operands' dtype, as PyTorch's kernels do, instead of upcasting the whole
+/// cache to f32 at every step. The reference interpreter decomposes it fully, in f32
+/// (`coil_passes::decompose`).
 const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions =
-    coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false };
+    coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false, half_products: true };
 
 fn compile_uncached(
     captured: &Graph,
