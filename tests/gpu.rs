@@ -663,7 +663,7 @@ fn decode_steps_replayed_from_cuda_graphs_match_plain_runs_on_cuda() {
         coil::manual_seed(5);
         let store = ParamStore::new();
         store.eval();
-        let model = Gpt2::new(&store.root(device, DType::F32), config.clone()).unwrap();
+        let model = Gpt2::new(&store.root(device, DType::F32), config).unwrap();
         store.realize_pending().unwrap();
         let was = coil::set_cuda_graphs(replay);
         let mut cache = model.new_cache(2, 24).unwrap();
