@@ -476,9 +476,11 @@ impl Plan {
     }
 }
 
-/// Whether a reduction reads its rows across memory, down columns: no `XR` load is contiguous
-/// along `rindex`, and some `XR` load steps by 1 along `xindex` and by a nonzero stride along
-/// `rindex` (`x.sum(dim=0)`: `x[stride*rindex + xindex]`). One block per row
+/// Whether a reduction reads its rows across memory, down columns: no `XR` load that differs
+/// between outputs is contiguous along `rindex` (a per-row value, the same for every output, such
+/// as a layer norm's saved statistics in its weight gradient, does not count), and some `XR`
+/// load steps by 1 along `xindex` and by a nonzero stride along `rindex` (`x.sum(dim=0)`:
+/// `x[stride*rindex + xindex]`). One block per row
 /// would read such rows one element per thread at `stride` apart; see [`Plan::col`].
 /// Needs whole blocks of outputs (`xnumel` provably a multiple of 32): every thread of a block
 /// then runs the same iterations, as the block stage's barriers require.
@@ -496,11 +498,11 @@ pub fn column_like(k: &TileKernel) -> bool {
         else {
             continue;
         };
-        let dr = step(*index, r);
-        if dr == Expr::int(1) {
+        let (dr, dx) = (step(*index, r), step(*index, x));
+        if dr == Expr::int(1) && dx != Expr::int(0) {
             return false;
         }
-        col |= dr != Expr::int(0) && step(*index, x) == Expr::int(1);
+        col |= dr != Expr::int(0) && dx == Expr::int(1);
     }
     col
 }

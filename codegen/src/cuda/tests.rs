@@ -415,6 +415,25 @@ fn column_reduction_coalesces() {
     assert!(!launch::column_like(&build_kernel(&p, &k)));
 }
 
+/// `(x * rstd[:, None]).sum(0)` of f32 `x: [rows, cols]`, `rstd: [rows]` (a layer norm's
+/// weight gradient): the per-row value is contiguous along the reduced dim but the same for
+/// every output, so the kernel still reads down columns.
+#[test]
+fn a_column_reduction_with_a_per_row_operand_coalesces() {
+    let (rows, cols) = (256usize, 768usize);
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let (x, rstd) = (p.input(&[rows, cols], f), p.input(&[rows], f));
+    let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
+    let mut b = B::default();
+    let (l, r) = (b.load(x, rv * cols as i64 + xv, f), b.load(rstd, rv, f));
+    let m = b.binary(BinaryOp::Mul, l, r, f);
+    let sum = p.reduction(&[cols], &[rows], ReduceOp::Sum, f, b.done(m));
+    p.output(sum);
+    let k = kernel("per_fused_mul_sum_0", KernelKind::PersistentReduction, vec![0], cols, Some(rows), vec![sum]);
+    assert!(launch::column_like(&build_kernel(&p.p, &k)));
+}
+
 /// `(2 * x).sum(0) / rows + bias` of f32 `[rows, cols]`: a column reduction with a constant
 /// before its pass and row statements after it.
 pub(super) fn col_mean(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
