@@ -247,7 +247,11 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
             opt.step(&clipped)
         };
-        let notes = "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)";
+        let notes = if o.cuda_graphs {
+            "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters); replayed from CUDA graphs"
+        } else {
+            "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)"
+        };
         rows.push(bench(&train_name, o, timer, notes, &mut step)?);
         // Where a step's time goes: the gradients' graph, then the optimizer's.
         let (mut g, mut u) = (Vec::new(), Vec::new());
@@ -278,6 +282,9 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
 
 fn main() -> coil::Result<()> {
     let o = parse();
+    // The optimizer's step and the decode steps are realizations (update_in_place): they replay
+    // too.
+    coil::set_cuda_graphs(o.cuda_graphs);
     let device = o.device;
     let timer = Timer::new(device)?;
     let mut rows = training_rows(&o, &timer)?;
