@@ -1,11 +1,20 @@
 //! The user-facing ops, as `Tensor` methods and a few free functions. Each records one node
 //! (see [`crate::Tensor`]); composite ops are decomposed later by `coil-passes`.
 
+pub mod activation;
+pub(crate) mod composite;
 pub mod creation;
+pub mod einsum;
+pub mod indexing;
 pub mod linalg;
+pub mod loss;
+pub mod math;
 pub mod movement;
 pub mod nn;
 pub mod overload;
 pub mod pointwise;
+pub mod products;
+pub mod random;
 pub mod reduce;
 pub mod shape;
+pub mod stats;

@@ -5,6 +5,7 @@
 //! Each records one composite node, so captured graphs show what the user called; the
 //! decomposition table in `coil-passes` rewrites them to primitives.
 
+use crate::ops::composite::CompositeScope;
 use crate::tensor::{next_random, Tensor};
 use coil_ir::{Error, Op, Result};
 use std::panic::Location;
@@ -180,14 +181,51 @@ impl Tensor {
     /// assert!((loss.item::<f32>()? - 2f32.ln()).abs() < 1e-5);
     /// # Ok::<(), coil_ir::Error>(())
     /// ```
+    ///
+    /// Logits `[N, C, d1, ...]` with targets `[N, d1, ...]` are taken as `N * d1 * ...` rows
+    /// (the class dim moved last); `reduction = none` gives the loss in the target's shape.
     #[track_caller]
     pub fn cross_entropy(&self, target: &Tensor, options: CrossEntropyOptions) -> Result<Tensor> {
+        self.cross_entropy_any(target, None, options, Location::caller())
+    }
+
+    fn cross_entropy_any(
+        &self,
+        target: &Tensor,
+        weight: Option<&Tensor>,
+        options: CrossEntropyOptions,
+        loc: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let CrossEntropyOptions { ignore_index, reduction, label_smoothing } = options;
-        Tensor::record(
-            Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight: false },
-            &[self, target],
-            Location::caller(),
-        )
+        let op = Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight: weight.is_some() };
+        if self.rank() <= 2 {
+            let mut srcs = vec![self, target];
+            srcs.extend(weight);
+            return Tensor::record(op, &srcs, loc);
+        }
+        let mut srcs = vec![self, target];
+        srcs.extend(weight);
+        let _scope = CompositeScope::enter("cross_entropy", &srcs, loc);
+        let mut expected = vec![self.shape()[0]];
+        expected.extend_from_slice(&self.shape()[2..]);
+        if target.shape() != expected.as_slice() {
+            let e = Error::shape(format!(
+                "expected target of shape {expected:?} for logits {:?}, got {:?}",
+                self.shape(),
+                target.shape()
+            ));
+            return Err(Tensor::error("cross_entropy", &srcs, e, loc));
+        }
+        let classes = self.shape()[1] as i64;
+        let rows = self.movedim(1, -1)?.reshape(&[-1, classes])?;
+        let flat_target = target.reshape(&[-1])?;
+        let mut flat = vec![&rows, &flat_target];
+        flat.extend(weight);
+        let loss = Tensor::record(op, &flat, loc)?;
+        match reduction {
+            LossReduction::None => loss.reshape(&expected.iter().map(|&s| s as i64).collect::<Vec<_>>()),
+            _ => Ok(loss),
+        }
     }
 
     /// `F.cross_entropy(logits, target, weight=weight, ...)`: as [`Tensor::cross_entropy`], each
@@ -210,12 +248,7 @@ impl Tensor {
         weight: &Tensor,
         options: CrossEntropyOptions,
     ) -> Result<Tensor> {
-        let CrossEntropyOptions { ignore_index, reduction, label_smoothing } = options;
-        Tensor::record(
-            Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight: true },
-            &[self, target, weight],
-            Location::caller(),
-        )
+        self.cross_entropy_any(target, Some(weight), options, Location::caller())
     }
 
     /// `F.mse_loss(input, target, reduction)`: the squared differences, broadcast, then

@@ -1,0 +1,111 @@
+//! Ops written as compositions of other ops, in the frontend.
+//!
+//! Such an op records the nodes of the ops it is made of, so a failure inside it would name an
+//! inner op (`mul`) and its operands. [`CompositeScope::enter`] marks the outermost composite op
+//! on this thread: while it is alive, every recording error names that op, its operands and its
+//! caller's line, and every node recorded gets that line (also from inside closures, where
+//! `Location::caller()` would be the closure's own line).
+
+use crate::tensor::Tensor;
+use coil_ir::{Error, TensorMeta};
+use std::cell::RefCell;
+use std::panic::Location;
+
+struct Scope {
+    op: &'static str,
+    operands: Vec<TensorMeta>,
+    location: &'static Location<'static>,
+}
+
+thread_local! {
+    static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
+}
+
+/// While alive, errors and nodes recorded on this thread belong to one composite op; nested
+/// composite ops (a `huber_loss` inside a `smooth_l1_loss`) leave the outermost in charge.
+pub(crate) struct CompositeScope {
+    owner: bool,
+}
+
+impl CompositeScope {
+    pub(crate) fn enter(op: &'static str, srcs: &[&Tensor], location: &'static Location<'static>) -> CompositeScope {
+        SCOPE.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.is_some() {
+                return CompositeScope { owner: false };
+            }
+            let operands = srcs.iter().map(|t| t.meta().clone()).collect();
+            *s = Some(Scope { op, operands, location });
+            CompositeScope { owner: true }
+        })
+    }
+}
+
+impl Drop for CompositeScope {
+    fn drop(&mut self) {
+        if self.owner {
+            SCOPE.with(|s| *s.borrow_mut() = None);
+        }
+    }
+}
+
+/// The line of the composite op being recorded, if any.
+pub(crate) fn location() -> Option<&'static Location<'static>> {
+    SCOPE.with(|s| s.borrow().as_ref().map(|s| s.location))
+}
+
+/// `e` as an error of the composite op being recorded, if any: its name, operands and line.
+pub(crate) fn attribute(mut e: Error) -> Error {
+    SCOPE.with(|s| {
+        if let Some(scope) = s.borrow().as_ref() {
+            e.op = Some(scope.op.to_string());
+            e.operands = scope.operands.iter().map(|m| m.to_string()).collect();
+            e.location = Some(scope.location);
+        }
+    });
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Tensor;
+    use coil_ir::{DType, Error, Result};
+
+    fn assert_err(r: Result<Tensor>, op: &str, line: u32) -> Error {
+        let e = r.expect_err("expected an error");
+        assert_eq!(e.op.as_deref(), Some(op), "{e}");
+        let loc = e.location.expect("a location");
+        assert_eq!((loc.file(), loc.line()), (file!(), line), "{e}");
+        e
+    }
+
+    #[test]
+    fn errors_inside_a_composite_name_it_its_operands_and_the_callers_line() {
+        let (a, b) = (Tensor::zeros(&[3, 4], DType::F32), Tensor::zeros(&[5], DType::F32));
+        // The failing op inside is a `sub`: the error still names `lerp` and both operands.
+        let e = assert_err(a.lerp(&b, 0.5), "lerp", line!());
+        assert_eq!(e.operands[..2], ["f32[3, 4]".to_string(), "f32[5]".to_string()], "{e}");
+        assert_err(a.smooth_l1_loss(&b, coil_ir::LossReduction::Mean, 1.0), "smooth_l1_loss", line!());
+        assert_err(Tensor::zeros(&[4], DType::I64).leaky_relu(0.1), "leaky_relu", line!());
+        assert_err(a.cosine_similarity(&b, 1, 1e-8), "cosine_similarity", line!());
+        // After a composite op, plain ops name themselves again.
+        assert_err(a.add(&b), "add", line!());
+    }
+
+    #[test]
+    fn every_node_of_a_composite_carries_the_callers_line() {
+        let (a, b) = (Tensor::ones(&[2, 3], DType::F32), Tensor::ones(&[2, 3], DType::F32));
+        let (y, line) = (a.cosine_similarity(&b, 1, 1e-8).unwrap(), line!());
+        let mut stack = vec![y];
+        let mut seen = 0;
+        while let Some(t) = stack.pop() {
+            if !t.0.srcs.is_empty() {
+                let loc = t.0.location.expect("a recorded node has a line");
+                assert_eq!((loc.file(), loc.line()), (file!(), line), "{:?}", t.0.op);
+                seen += 1;
+            }
+            stack.extend(t.0.srcs.iter().cloned());
+        }
+        assert!(seen > 5, "cosine_similarity should record several nodes, saw {seen}");
+    }
+}

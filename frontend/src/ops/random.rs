@@ -1,0 +1,203 @@
+//! Creation ops written with `rand` / `randn` / `iota` and pointwise ops: `normal`, `uniform`,
+//! `bernoulli`, `randint` (all drawing from the thread's seeded Philox stream, so the same seed
+//! gives the same numbers on every backend and device; the numbers are not PyTorch's), and
+//! `logspace`, `empty`, `tril_indices`, `triu_indices`.
+
+use crate::ops::composite::CompositeScope;
+use crate::tensor::Tensor;
+use coil_ir::{DType, Error, Result, Scalar};
+use std::panic::Location;
+
+impl Tensor {
+    /// `torch.normal(mean, std, size)`: normal random numbers, `randn * std + mean`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// coil_frontend::manual_seed(0);
+    /// let x = Tensor::normal(10.0, 0.5, &[1000], DType::F32)?;
+    /// let mean = x.mean(&[], false)?.item::<f32>()?;
+    /// assert!((mean - 10.0).abs() < 0.1);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn normal(mean: f64, std: f64, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("normal", &[], loc);
+        if std.is_nan() || std < 0.0 {
+            return Err(Error::value(format!("normal expects std >= 0.0, but found std {std}"))
+                .in_op("normal", vec![])
+                .at(loc));
+        }
+        Tensor::randn(shape, dtype)?.mul(std)?.add(mean)
+    }
+
+    /// `torch.empty(size)`: a tensor whose values are unspecified by contract. coil fills it
+    /// with zeros (a lazy graph has no uninitialised memory to hand out), but code must not rely
+    /// on that: as in PyTorch, write every element before reading it.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// let x = Tensor::empty(&[2, 3], DType::F32);
+    /// assert_eq!(x.shape(), &[2, 3]);
+    /// assert_eq!(x.empty_like().dtype(), DType::F32);
+    /// ```
+    #[track_caller]
+    pub fn empty(shape: &[usize], dtype: DType) -> Tensor {
+        Tensor::full(shape, 0, dtype)
+    }
+
+    /// `torch.empty_like(x)`: [`Tensor::empty`] of this tensor's shape, dtype and device.
+    #[track_caller]
+    pub fn empty_like(&self) -> Tensor {
+        self.full_like(0)
+    }
+
+    /// `torch.rand(size) * (high - low) + low` (`Tensor.uniform_`): uniform random numbers in
+    /// `[low, high)`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// let x = Tensor::uniform(-2.0, 2.0, &[100], DType::F32)?.to_vec::<f32>()?;
+    /// assert!(x.iter().all(|&v| (-2.0..2.0).contains(&v)));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn uniform(low: f64, high: f64, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("uniform", &[], loc);
+        if low.is_nan() || high.is_nan() || low > high {
+            let e = Error::value(format!("uniform expects low <= high, but found low={low} > high={high}"));
+            return Err(e.in_op("uniform", vec![]).at(loc));
+        }
+        Tensor::rand(shape, dtype)?.mul(high - low)?.add(low)
+    }
+
+    /// `torch.bernoulli(p)`: 1 with probability `p` (each element of this tensor), else 0, in
+    /// this tensor's dtype.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let p = Tensor::from_vec(vec![0.0f32, 1.0], &[2])?;
+    /// assert_eq!(p.bernoulli()?.to_vec::<f32>()?, vec![0.0, 1.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn bernoulli(&self) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("bernoulli", &[self], Location::caller());
+        self.rand_like()?.lt(self)?.to_dtype(self.dtype())
+    }
+
+    /// `torch.randint(low, high, size, dtype=dtype)`: uniform random integers in `[low, high)`
+    /// (drawn as `floor(u * (high - low)) + low` from f64 uniforms).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// let x = Tensor::randint(3, 6, &[100], DType::I64)?.to_vec::<i64>()?;
+    /// assert!(x.iter().all(|v| (3..6).contains(v)));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn randint(low: i64, high: i64, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("randint", &[], loc);
+        Tensor::randint_on(low, high, shape, dtype, crate::tensor::default_device(), loc)
+    }
+
+    /// `torch.randint_like(x, low, high)`: [`Tensor::randint`] of this tensor's shape, dtype and
+    /// device.
+    #[track_caller]
+    pub fn randint_like(&self, low: i64, high: i64) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("randint_like", &[self], loc);
+        Tensor::randint_on(low, high, self.shape(), self.dtype(), self.device(), loc)
+    }
+
+    fn randint_on(
+        low: i64,
+        high: i64,
+        shape: &[usize],
+        dtype: DType,
+        device: coil_runtime::Device,
+        loc: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        if low >= high {
+            let e =
+                Error::value(format!("random_ expects 'from' to be less than 'to', but got from={low} >= to={high}"));
+            return Err(e.in_op("randint", vec![]).at(loc));
+        }
+        let n = (high as i128 - low as i128) as f64;
+        let u = Tensor::rand(shape, DType::F64)?.to_device(device)?;
+        // u < 1, but u * n may round up to n: clamp.
+        let k = u.mul(n)?.floor()?.clamp(None::<f64>, Some(n - 1.0))?.to_dtype(DType::I64)?;
+        k.add(low)?.to_dtype(dtype)
+    }
+
+    /// `torch.logspace(start, end, steps, base, dtype=dtype)`: `base ** linspace(start, end,
+    /// steps)`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// let x = Tensor::logspace(0.0, 2.0, 3, 10.0, DType::F32)?;
+    /// assert_eq!(x.to_vec::<f32>()?, vec![1.0, 10.0, 100.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn logspace(
+        start: impl Into<Scalar>,
+        end: impl Into<Scalar>,
+        steps: usize,
+        base: f64,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("logspace", &[], loc);
+        let exponents = Tensor::linspace(start, end, steps, if dtype.is_float() { dtype } else { DType::F64 })?;
+        crate::ops::pointwise::pow(base, &exponents)?.to_dtype(dtype)
+    }
+
+    /// `torch.tril_indices(row, col, offset)`: the `[2, n]` i64 coordinates of the lower
+    /// triangle (on and below the `offset` diagonal), row by row.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let i = Tensor::tril_indices(2, 2, 0)?;
+    /// assert_eq!(i.to_vec::<i64>()?, vec![0, 1, 1, 0, 0, 1]);
+    /// let j = Tensor::triu_indices(2, 2, 0)?;
+    /// assert_eq!(j.to_vec::<i64>()?, vec![0, 0, 1, 0, 1, 1]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn tril_indices(row: usize, col: usize, offset: i64) -> Result<Tensor> {
+        Tensor::triangle_indices(row, col, |i, j| j <= i + offset)
+    }
+
+    /// `torch.triu_indices(row, col, offset)`: the coordinates of the upper triangle (on and
+    /// above the `offset` diagonal).
+    #[track_caller]
+    pub fn triu_indices(row: usize, col: usize, offset: i64) -> Result<Tensor> {
+        Tensor::triangle_indices(row, col, |i, j| j >= i + offset)
+    }
+
+    /// The coordinates `(i, j)` of a `row x col` grid where `inside(i, j)`: they depend on the
+    /// arguments only, so they are computed here, as data.
+    #[track_caller]
+    fn triangle_indices(row: usize, col: usize, inside: impl Fn(i64, i64) -> bool) -> Result<Tensor> {
+        let (mut rows, mut cols) = (Vec::new(), Vec::new());
+        for i in 0..row as i64 {
+            for j in 0..col as i64 {
+                if inside(i, j) {
+                    rows.push(i);
+                    cols.push(j);
+                }
+            }
+        }
+        let n = rows.len();
+        rows.extend(cols);
+        Tensor::from_vec(rows, &[2, n])?.to_device(crate::tensor::default_device())
+    }
+}
