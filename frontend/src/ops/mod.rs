@@ -16,5 +16,6 @@ pub mod pointwise;
 pub mod products;
 pub mod random;
 pub mod reduce;
+pub mod registry;
 pub mod shape;
 pub mod stats;
