@@ -134,6 +134,7 @@ fn render() -> String {
         Family::Linalg,
         Family::Nn,
         Family::Loss,
+        Family::Vision,
     ];
     for family in families {
         let ops: Vec<&OpInfo> = OPS.iter().filter(|o| o.family == family).collect();

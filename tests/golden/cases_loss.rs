@@ -86,6 +86,18 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "pairwise_distance_p1_keepdim" => vec![a().pairwise_distance(b(), 1.0, 1e-6, true)?],
         "normalize_dim1" | "normalize_zero_row" => vec![a().normalize(2.0, 1, 1e-12)?],
         "normalize_p1_dim0" => vec![a().normalize(1.0, 0, 1e-12)?],
+        "cosine_embedding_loss_mean" => vec![a().cosine_embedding_loss(b(), y(), 0.2, LossReduction::Mean)?],
+        "cosine_embedding_loss_none_1d" => vec![a().cosine_embedding_loss(b(), y(), 0.0, LossReduction::None)?],
+        "triplet_margin_loss_mean" => {
+            vec![a().triplet_margin_loss(b(), x("c"), 1.0, 2.0, 1e-6, false, LossReduction::Mean)?]
+        }
+        "triplet_margin_loss_swap_p1" => {
+            vec![a().triplet_margin_loss(b(), x("c"), 0.5, 1.0, 1e-6, true, LossReduction::Sum)?]
+        }
+        "multilabel_soft_margin_loss_mean" => vec![a().multilabel_soft_margin_loss(y(), None, LossReduction::Mean)?],
+        "multilabel_soft_margin_loss_weight" => {
+            vec![a().multilabel_soft_margin_loss(y(), Some(z()), LossReduction::None)?]
+        }
         _ => return Ok(None),
     }))
 }

@@ -86,6 +86,11 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "softmin_dim1" => vec![a().softmin(1)?],
         "softmin_3d" => vec![a().softmin(0)?],
         "prelu_channels" | "prelu_single" | "err_prelu_channels" => vec![a().prelu(w())?],
+        "fmax_f32" | "fmax_nan" => vec![a().fmax(b())?],
+        "fmin_f32" | "fmin_nan" => vec![a().fmin(b())?],
+        "signbit_f32" | "signbit_i64" => vec![a().signbit()?],
+        "xlog1py_f32" | "xlog1py_special" => vec![a().xlog1py(b())?],
+        "entr_f32" | "entr_special" => vec![a().entr()?],
         _ => {
             // `<activation>_f32`, `_special`, `_bf16`
             let Some((op, variant)) = name.rsplit_once('_') else { return Ok(None) };

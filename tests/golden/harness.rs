@@ -32,6 +32,8 @@ mod cases_pointwise;
 mod cases_reduce;
 #[path = "cases_shape.rs"]
 mod cases_shape;
+#[path = "cases_vision.rs"]
+mod cases_vision;
 
 use coil::{Buffer, DType, HostData, Tensor};
 use safetensors::SafeTensors;
@@ -131,6 +133,7 @@ fn run_forward(name: &str, inputs: &Inputs) -> Option<Outputs> {
         .or_else(|| cases_math::run(name, inputs))
         .or_else(|| cases_loss::run(name, inputs))
         .or_else(|| cases_index::run(name, inputs))
+        .or_else(|| cases_vision::run(name, inputs))
 }
 
 /// `grad_<forward case>` (`gcase` in `make_cases.py`): the gradients of

@@ -1052,6 +1052,87 @@ case("tril_indices_offset", "torch.tril_indices(4, 3, -1)")
 case("triu_indices_3_3_1", "torch.triu_indices(3, 3, 1)")
 
 
+# pointwise, second batch
+fcase("fmax_f32", "torch.fmax(a, b)", a=r(3, 4), b=r(4))
+case("fmax_nan", "torch.fmax(a, b)", a=vals([NAN, 1.0, NAN, 2.0, -INF]), b=vals([0.0, NAN, NAN, 2.0, 1.0]))
+fcase("fmin_f32", "torch.fmin(a, b)", a=r(3, 4), b=r(3, 4))
+case("fmin_nan", "torch.fmin(a, b)", a=vals([NAN, 1.0, NAN, 2.0, INF]), b=vals([0.0, NAN, NAN, 2.0, 1.0]))
+case("signbit_f32", "torch.signbit(a)", a=vals([-1.0, -0.0, 0.0, 2.0, -INF, INF]))
+case("signbit_i64", "torch.signbit(a)", a=ints(-5, 5, 6))
+fcase("xlog1py_f32", "torch.special.xlog1py(a, b)", a=r(3, 4), b=pos(3, 4))
+case("xlog1py_special", "torch.special.xlog1py(a, b)", a=vals([0.0, 0.0, 1.0, 0.0]), b=vals([-1.0, NAN, -1.0, 3.0]))
+fcase("entr_f32", "torch.special.entr(a)", a=pos(3, 4))
+case("entr_special", "torch.special.entr(a)", a=vals([0.0, -1.0, 1.0, NAN, INF, 0.5]))
+
+# losses, second batch
+fcase("cosine_embedding_loss_mean", "F.cosine_embedding_loss(a, b, y, margin=0.2)", a=r(4, 5), b=r(4, 5),
+      y=vals([1.0, -1.0, 1.0, -1.0]))
+case("cosine_embedding_loss_none_1d", "F.cosine_embedding_loss(a, b, y, reduction='none')", a=r(5), b=r(5),
+     y=vals(-1.0, shape=[]))
+fcase("triplet_margin_loss_mean", "F.triplet_margin_loss(a, b, c)", a=r(4, 5), b=r(4, 5), c=r(4, 5))
+case("triplet_margin_loss_swap_p1", "F.triplet_margin_loss(a, b, c, margin=0.5, p=1, swap=True, reduction='sum')",
+     a=r(4, 5), b=r(4, 5), c=r(4, 5))
+fcase("multilabel_soft_margin_loss_mean", "F.multilabel_soft_margin_loss(a, y)", a=r(3, 5),
+      y=vals([[1.0, 0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0, 0.0]]))
+case("multilabel_soft_margin_loss_weight", "F.multilabel_soft_margin_loss(a, y, weight=z, reduction='none')",
+     a=r(3, 5), y=uni(3, 5), z=pos(5))
+
+# assembling and splitting
+fcase("diff_1", "torch.diff(a)", a=r(3, 5))
+case("diff_2_dim0", "torch.diff(a, n=2, dim=0)", a=r(4, 3))
+fcase("diff_prepend_append", "torch.diff(a, dim=1, prepend=b, append=c)", a=r(2, 3), b=r(2, 1), c=r(2, 2))
+case("diff_bool", "torch.diff(a)", a=bools(6))
+case("diff_i64", "torch.diff(a)", a=ints(-9, 9, 6))
+fcase("block_diag_mixed", "torch.block_diag(a, b, c)", a=r(2, 2), b=r(3), c=r(2, 1))
+case("block_diag_i64", "torch.block_diag(a, b)", a=ints(0, 9, 1, 2), b=ints(0, 9, 2, 2))
+case("cartesian_prod_2", "torch.cartesian_prod(a, b)", a=r(3), b=r(2))
+case("cartesian_prod_3_i64", "torch.cartesian_prod(a, b, c)", a=ints(0, 5, 2), b=ints(0, 5, 2), c=ints(0, 5, 3))
+case("broadcast_tensors_3", "torch.broadcast_tensors(a, b, c)", a=r(3, 1), b=r(4), c=r(2, 1, 1))
+case("err_broadcast_tensors", "torch.broadcast_tensors(a, b)", a=r(3), b=r(4))
+case("tensor_split_sections", "torch.tensor_split(a, 3, dim=1)", a=r(2, 7))
+case("tensor_split_indices", "torch.tensor_split(a, [1, 4, 10], dim=0)", a=r(6, 2))
+case("hsplit_2d", "torch.hsplit(a, 2)", a=r(3, 4))
+case("vsplit_2d", "torch.vsplit(a, 3)", a=r(3, 4))
+case("err_hsplit_uneven", "torch.hsplit(a, 3)", a=r(3, 4))
+fcase("slice_scatter_step", "torch.slice_scatter(a, b, dim=1, start=1, step=2)", a=r(3, 6), b=r(3, 3))
+case("slice_scatter_dim0", "torch.slice_scatter(a, b, start=2, end=4)", a=r(5, 2), b=r(2, 2))
+fcase("select_scatter_dim1", "torch.select_scatter(a, b, 1, -1)", a=r(3, 4), b=r(3))
+
+# normalization, pooling, resampling
+fcase("group_norm_affine", "F.group_norm(a, 2, w, b)", a=r(2, 4, 3), w=r(4), b=r(4))
+case("group_norm_plain_4d", "F.group_norm(a, 3, eps=1e-3)", a=r(2, 6, 2, 2))
+case("err_group_norm_groups", "F.group_norm(a, 3)", a=r(2, 4, 3))
+fcase("instance_norm_affine", "F.instance_norm(a, weight=w, bias=b)", a=r(2, 3, 5), w=r(3), b=r(3))
+case("instance_norm_plain_4d", "F.instance_norm(a)", a=r(2, 3, 2, 3))
+# Running statistics are not differentiated: they are `y` and `z` (PyTorch refuses their gradient).
+fcase("batch_norm_inference", "F.batch_norm(a, y, z, w, b, training=False)", a=r(4, 3, 2), y=r(3), z=pos(3), w=r(3),
+      b=r(3))
+fcase("batch_norm_training_no_stats", "F.batch_norm(a, None, None, w, b, training=True, eps=1e-3)", a=r(4, 3, 2),
+      w=r(3), b=r(3))
+case("batch_norm_training_2d", "F.batch_norm(a, None, None, training=True)", a=r(5, 3))
+fcase("max_pool2d_k2", "F.max_pool2d(a, 2)", a=r(2, 2, 4, 6))
+fcase("max_pool2d_k3_s2_p1", "F.max_pool2d(a, 3, stride=2, padding=1)", a=r(1, 2, 5, 5))
+case("max_pool2d_nan", "F.max_pool2d(a, 2)", a=vals([[[1.0, NAN], [3.0, 2.0]]]))
+case("err_max_pool2d_pad", "F.max_pool2d(a, 2, padding=2)", a=r(1, 2, 5, 5))
+fcase("avg_pool2d_k2", "F.avg_pool2d(a, 2)", a=r(2, 2, 4, 6))
+fcase("avg_pool2d_k3_p1_exclude", "F.avg_pool2d(a, 3, stride=2, padding=1, count_include_pad=False)", a=r(1, 2, 5, 5))
+case("avg_pool2d_k3_p1_include", "F.avg_pool2d(a, 3, stride=2, padding=1)", a=r(1, 2, 5, 5))
+fcase("max_pool1d_k3_s2", "F.max_pool1d(a, 3, stride=2)", a=r(2, 3, 9))
+fcase("avg_pool1d_k2", "F.avg_pool1d(a, 2)", a=r(2, 3, 8))
+fcase("adaptive_avg_pool2d_uneven", "F.adaptive_avg_pool2d(a, (3, 2))", a=r(2, 2, 5, 7))
+case("adaptive_avg_pool2d_global", "F.adaptive_avg_pool2d(a, 1)", a=r(2, 3, 4, 4))
+case("adaptive_avg_pool1d_3", "F.adaptive_avg_pool1d(a, 3)", a=r(2, 3, 8))
+fcase("interpolate_nearest_2d", "F.interpolate(a, size=(5, 3), mode='nearest')", a=r(1, 2, 3, 4))
+case("interpolate_nearest_exact_1d", "F.interpolate(a, size=7, mode='nearest-exact')", a=r(1, 2, 4))
+fcase("interpolate_bilinear", "F.interpolate(a, size=(5, 7), mode='bilinear')", a=r(1, 2, 3, 4))
+fcase("interpolate_bilinear_align", "F.interpolate(a, size=(2, 5), mode='bilinear', align_corners=True)",
+      a=r(2, 1, 4, 3))
+case("interpolate_linear_1d_down", "F.interpolate(a, size=3, mode='linear')", a=r(1, 2, 8))
+fcase("pixel_shuffle_2", "F.pixel_shuffle(a, 2)", a=r(1, 8, 2, 3))
+case("pixel_unshuffle_2", "F.pixel_unshuffle(a, 2)", a=r(1, 2, 4, 6))
+case("err_pixel_shuffle_channels", "F.pixel_shuffle(a, 2)", a=r(1, 6, 2, 2))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

@@ -478,4 +478,108 @@ impl Tensor {
         let _scope = CompositeScope::enter("normalize", &[self], Location::caller());
         self.div(&self.norm(p, &[dim], true)?.clamp_min(eps)?)
     }
+
+    /// `F.cosine_embedding_loss(x1, x2, y, margin, reduction)`: `1 - cos(x1, x2)` where `y` is 1,
+    /// `max(0, cos - margin)` where it is -1, with PyTorch's cosine (`eps = 1e-12` added to each
+    /// squared norm) along the last dim.
+    ///
+    /// ```
+    /// use coil_frontend::{ops::nn::LossReduction, Tensor};
+    /// let a = Tensor::from_vec(vec![1.0f32, 0.0], &[1, 2])?;
+    /// let y = Tensor::from_vec(vec![1.0f32], &[1])?;
+    /// assert!(a.cosine_embedding_loss(&a, &y, 0.0, LossReduction::Mean)?.item::<f32>()?.abs() < 1e-6);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn cosine_embedding_loss(
+        &self,
+        other: &Tensor,
+        target: &Tensor,
+        margin: f64,
+        reduction: LossReduction,
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("cosine_embedding_loss", &[self, other, target], loc);
+        if self.rank() == 0 || self.rank() > 2 || self.shape() != other.shape() {
+            let e = Error::shape(format!(
+                "cosine_embedding_loss expects two 1-D or 2-D inputs of one shape, got {:?} and {:?}",
+                self.shape(),
+                other.shape()
+            ));
+            return Err(Tensor::error("cosine_embedding_loss", &[self, other, target], e, loc));
+        }
+        let dim = self.rank() as i64 - 1;
+        let dot = self.mul(other)?.sum(&[dim], false)?;
+        let m1 = self.mul(self)?.sum(&[dim], false)?.add(1e-12)?;
+        let m2 = other.mul(other)?.sum(&[dim], false)?.add(1e-12)?;
+        let cos = dot.div(&m1.mul(&m2)?.sqrt()?)?;
+        let pos = where_(&target.eq(1)?, &cos.rsub(1)?, 0.0)?;
+        let neg = where_(&target.eq(-1)?, &cos.sub(margin)?.clamp_min(0.0)?, 0.0)?;
+        reduce(pos.add(&neg)?, reduction)
+    }
+
+    /// `F.triplet_margin_loss(anchor, positive, negative, margin, p, eps, swap, reduction)`:
+    /// `max(d(a, p) - d(a, n) + margin, 0)` with `d` the [`Tensor::pairwise_distance`]; `swap`
+    /// uses `min(d(a, n), d(p, n))`.
+    ///
+    /// ```
+    /// use coil_frontend::{ops::nn::LossReduction, Tensor};
+    /// let a = Tensor::from_vec(vec![0.0f32, 0.0], &[1, 2])?;
+    /// let p = Tensor::from_vec(vec![0.0f32, 1.0], &[1, 2])?;
+    /// let n = Tensor::from_vec(vec![3.0f32, 0.0], &[1, 2])?;
+    /// let l = a.triplet_margin_loss(&p, &n, 1.0, 2.0, 0.0, false, LossReduction::Mean)?;
+    /// assert_eq!(l.item::<f32>()?, 0.0);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    #[track_caller]
+    pub fn triplet_margin_loss(
+        &self,
+        positive: &Tensor,
+        negative: &Tensor,
+        margin: f64,
+        p: f64,
+        eps: f64,
+        swap: bool,
+        reduction: LossReduction,
+    ) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("triplet_margin_loss", &[self, positive, negative], Location::caller());
+        let d_pos = self.pairwise_distance(positive, p, eps, false)?;
+        let mut d_neg = self.pairwise_distance(negative, p, eps, false)?;
+        if swap {
+            d_neg = d_neg.minimum(&positive.pairwise_distance(negative, p, eps, false)?)?;
+        }
+        reduce(d_pos.sub(&d_neg)?.add(margin)?.clamp_min(0.0)?, reduction)
+    }
+
+    /// `F.multilabel_soft_margin_loss(input, target, weight, reduction)`: the binary cross
+    /// entropy of each class's logit, averaged over the classes (the last dim).
+    ///
+    /// ```
+    /// use coil_frontend::{ops::nn::LossReduction, Tensor};
+    /// let x = Tensor::zeros(&[1, 2], coil_ir::DType::F32);
+    /// let y = Tensor::from_vec(vec![1.0f32, 0.0], &[1, 2])?;
+    /// let l = x.multilabel_soft_margin_loss(&y, None, LossReduction::Mean)?;
+    /// assert!((l.item::<f32>()? - 2f32.ln()).abs() < 1e-6);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn multilabel_soft_margin_loss(
+        &self,
+        target: &Tensor,
+        weight: Option<&Tensor>,
+        reduction: LossReduction,
+    ) -> Result<Tensor> {
+        let mut srcs = vec![self, target];
+        srcs.extend(weight);
+        let _scope = CompositeScope::enter("multilabel_soft_margin_loss", &srcs, Location::caller());
+        let loss = target.mul(&self.logsigmoid()?)?.add(&target.rsub(1)?.mul(&self.neg()?.logsigmoid()?)?)?.neg()?;
+        let loss = match weight {
+            Some(w) => loss.mul(w)?,
+            None => loss,
+        };
+        let class_dim = self.rank().max(1) as i64 - 1;
+        let classes = if self.rank() == 0 { 1 } else { self.shape()[class_dim as usize] };
+        reduce(loss.sum(&[class_dim], false)?.div(classes as f64)?, reduction)
+    }
 }

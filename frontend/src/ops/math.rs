@@ -581,4 +581,83 @@ impl Tensor {
         let step = self.gt(0)?.to_dtype(self.dtype())?;
         where_(&self.eq(0)?, values, &step)
     }
+
+    /// `torch.fmax(a, b)`: the larger of the two, ignoring NaN (NaN only where both are); on a
+    /// tie the gradient goes to `a`, as in PyTorch.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let a = Tensor::from_vec(vec![1.0f32, f32::NAN, 3.0], &[3])?;
+    /// let b = Tensor::from_vec(vec![2.0f32, 5.0, f32::NAN], &[3])?;
+    /// assert_eq!(a.fmax(&b)?.to_vec::<f32>()?, vec![2.0, 5.0, 3.0]);
+    /// assert_eq!(a.fmin(&b)?.to_vec::<f32>()?, vec![1.0, 5.0, 3.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn fmax(&self, other: &Tensor) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("fmax", &[self, other], Location::caller());
+        where_(&self.ge(other)?.logical_or(&other.isnan()?)?, self, other)
+    }
+
+    /// `torch.fmin(a, b)`: the smaller of the two, ignoring NaN.
+    #[track_caller]
+    pub fn fmin(&self, other: &Tensor) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("fmin", &[self, other], Location::caller());
+        where_(&self.le(other)?.logical_or(&other.isnan()?)?, self, other)
+    }
+
+    /// `torch.signbit(x)`: whether the sign bit is set (`-0.0` included; NaN's sign is not
+    /// seen: false).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![-1.0f32, -0.0, 0.0, 2.0], &[4])?;
+    /// assert_eq!(x.signbit()?.to_vec::<bool>()?, vec![true, true, false, false]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn signbit(&self) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("signbit", &[self], Location::caller());
+        if !self.dtype().is_float() {
+            return self.lt(0);
+        }
+        // -0.0 == 0.0, but 1 / -0.0 is -inf.
+        self.lt(0.0)?.logical_or(&self.eq(0.0)?.logical_and(&self.reciprocal()?.lt(0.0)?)?)
+    }
+
+    /// `torch.special.xlog1py(x, y)`: `x * log1p(y)`, with 0 where `x == 0` (unless `y` is NaN).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![0.0f32, 2.0], &[2])?;
+    /// let y = Tensor::from_vec(vec![-1.0f32, 0.0], &[2])?;
+    /// assert_eq!(x.xlog1py(&y)?.to_vec::<f32>()?, vec![0.0, 0.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn xlog1py(&self, other: &Tensor) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("xlog1py", &[self, other], Location::caller());
+        let x = floating(self)?;
+        let zero = x.eq(0.0)?.logical_and(&other.isnan()?.logical_not()?)?;
+        x.mul(&where_(&zero, 0.0, other)?.log1p()?)
+    }
+
+    /// `torch.special.entr(x)`: `-x log(x)` for positive `x`, 0 at 0, `-inf` below 0.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![0.0f32, 1.0, -1.0], &[3])?;
+    /// assert_eq!(x.entr()?.to_vec::<f32>()?, vec![0.0, 0.0, f32::NEG_INFINITY]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn entr(&self) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("entr", &[self], Location::caller());
+        let x = floating(self)?;
+        let positive = x.gt(0.0)?;
+        let safe = where_(&positive, &x, 1.0)?;
+        let value = safe.mul(&safe.log()?)?.neg()?;
+        let rest = where_(&x.eq(0.0)?, 0.0, &where_(&x.isnan()?, &x, f64::NEG_INFINITY)?)?;
+        where_(&positive, &value, &rest)
+    }
 }

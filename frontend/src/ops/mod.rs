@@ -2,6 +2,7 @@
 //! (see [`crate::Tensor`]); composite ops are decomposed later by `coil-passes`.
 
 pub mod activation;
+pub mod assemble;
 pub(crate) mod composite;
 pub mod creation;
 pub mod einsum;
@@ -19,3 +20,4 @@ pub mod reduce;
 pub mod registry;
 pub mod shape;
 pub mod stats;
+pub mod vision;

@@ -1,0 +1,526 @@
+//! Normalizations, pooling, resampling and pixel shuffles for `[N, C, *spatial]` tensors,
+//! written as compositions of primitives: `group_norm` and `instance_norm` (through
+//! `layer_norm`), `batch_norm` (inference, or batch statistics without running statistics),
+//! `max_pool` / `avg_pool` (one strided slice per kernel offset), `adaptive_avg_pool` (a product
+//! with an averaging matrix per dim), `interpolate` (nearest and linear: `index_select` with
+//! indices and weights computed from the sizes), `pixel_shuffle` / `pixel_unshuffle`.
+//! Convolutions need a primitive of their own and are not here.
+
+use crate::ops::composite::CompositeScope;
+use crate::ops::shape::Loc;
+use crate::tensor::Tensor;
+use coil_ir::{DType, Error, Result};
+use std::panic::Location;
+
+fn sizes(shape: &[usize]) -> Vec<i64> {
+    shape.iter().map(|&s| s as i64).collect()
+}
+
+/// Pooling: the largest element of each window, or the mean.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    Max,
+    /// The mean over the window; `count_include_pad` counts the padding zeros in the divisor
+    /// (PyTorch's default).
+    Avg {
+        count_include_pad: bool,
+    },
+}
+
+/// `F.interpolate`'s modes coil computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interpolation {
+    /// `mode="nearest"`: source index `floor(dst * in / out)`.
+    Nearest,
+    /// `mode="nearest-exact"`: source index `floor((dst + 0.5) * in / out)`.
+    NearestExact,
+    /// `mode="linear"` / `"bilinear"` (by the number of spatial dims), with `align_corners`.
+    Linear { align_corners: bool },
+}
+
+/// An error of `op` on `x` at `loc`.
+fn fail<T>(op: &str, x: &Tensor, msg: String, loc: Loc) -> Result<T> {
+    Err(Tensor::error(op, &[x], Error::shape(msg), loc))
+}
+
+/// A host-computed vector as a tensor of `dtype` on `x`'s device, shaped to broadcast along dim
+/// `dim` of a tensor of rank `rank`.
+fn along(values: Vec<f64>, dim: usize, rank: usize, dtype: DType, x: &Tensor) -> Result<Tensor> {
+    let mut shape = vec![1i64; rank];
+    shape[dim] = values.len() as i64;
+    let n = values.len();
+    Tensor::from_vec(values, &[n])?.to_dtype(dtype)?.to_device(x.device())?.reshape(&shape)
+}
+
+fn indices(values: Vec<i64>, x: &Tensor) -> Result<Tensor> {
+    let n = values.len();
+    Tensor::from_vec(values, &[n])?.to_device(x.device())
+}
+
+impl Tensor {
+    /// Checks a `[N, C, *spatial]` (or `[C, *spatial]`) input with `nd` spatial dims.
+    fn check_spatial(&self, op: &'static str, nd: usize, loc: Loc) -> Result<()> {
+        if self.rank() != nd + 1 && self.rank() != nd + 2 {
+            return fail(op, self, format!("expected {}D or {}D input, got {}D", nd + 1, nd + 2, self.rank()), loc);
+        }
+        if !self.dtype().is_float() {
+            let e = Error::dtype(format!("\"{op}\" not implemented for '{}'", self.dtype()));
+            return Err(Tensor::error(op, &[self], e, loc));
+        }
+        Ok(())
+    }
+
+    /// `F.group_norm(x, num_groups, weight, bias, eps)`: normalizes each group of
+    /// `C / num_groups` channels of each sample (biased variance), then scales and shifts per
+    /// channel.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 3.0, 10.0, 30.0], &[1, 2, 2])?;
+    /// let y = x.group_norm(2, None, None, 0.0)?;
+    /// assert_eq!(y.to_vec::<f32>()?, vec![-1.0, 1.0, -1.0, 1.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn group_norm(
+        &self,
+        num_groups: usize,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let mut srcs = vec![self];
+        srcs.extend(weight);
+        srcs.extend(bias);
+        let _scope = CompositeScope::enter("group_norm", &srcs, loc);
+        if self.rank() < 2 {
+            return fail(
+                "group_norm",
+                self,
+                format!("expected at least 2 dims [N, C, ...], got {:?}", self.shape()),
+                loc,
+            );
+        }
+        let (n, c) = (self.shape()[0], self.shape()[1]);
+        if num_groups == 0 || !c.is_multiple_of(num_groups) {
+            let msg = format!("Expected number of channels in input to be divisible by num_groups, but got input of shape {:?} and num_groups={num_groups}", self.shape());
+            return fail("group_norm", self, msg, loc);
+        }
+        let group_numel = self.numel() / (n * num_groups).max(1);
+        let grouped = self.reshape(&[n as i64, num_groups as i64, group_numel as i64])?;
+        let normalized = grouped.layer_norm(&[group_numel], None, None, eps)?.reshape(&sizes(self.shape()))?;
+        self.affine_per_channel(normalized, weight, bias)
+    }
+
+    /// `y * weight + bias` with `weight` and `bias` (`[C]`) along dim 1 of this tensor's shape.
+    fn affine_per_channel(&self, y: Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>) -> Result<Tensor> {
+        let mut shape = vec![1i64; self.rank()];
+        shape[1] = self.shape()[1] as i64;
+        let y = match weight {
+            Some(w) => y.mul(&w.reshape(&shape)?)?,
+            None => y,
+        };
+        match bias {
+            Some(b) => y.add(&b.reshape(&shape)?),
+            None => Ok(y),
+        }
+    }
+
+    /// `F.instance_norm(x, weight=w, bias=b, eps=eps)` with the input's statistics (no running
+    /// statistics): each channel of each sample normalized over its spatial dims.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 3.0, 10.0, 30.0], &[1, 2, 2])?;
+    /// assert_eq!(x.instance_norm(None, None, 0.0)?.to_vec::<f32>()?, vec![-1.0, 1.0, -1.0, 1.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn instance_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("instance_norm", &[self], loc);
+        if self.rank() < 3 {
+            return fail(
+                "instance_norm",
+                self,
+                format!("expected at least 3 dims [N, C, *spatial], got {:?}", self.shape()),
+                loc,
+            );
+        }
+        self.group_norm(self.shape()[1], weight, bias, eps)
+    }
+
+    /// `F.batch_norm(x, running_mean, running_var, weight, bias, training, eps=eps)`: in
+    /// inference (`training = false`), normalizes with the running statistics; in training,
+    /// with the batch's (biased variance over every dim but the channels). Training with
+    /// running statistics would update them in place, which this function does not do: that is
+    /// an error, not a silent difference.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 3.0], &[2, 1])?;
+    /// let y = x.batch_norm(None, None, None, None, true, 0.0)?;
+    /// assert_eq!(y.to_vec::<f32>()?, vec![-1.0, 1.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    #[track_caller]
+    pub fn batch_norm(
+        &self,
+        running_mean: Option<&Tensor>,
+        running_var: Option<&Tensor>,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        training: bool,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("batch_norm", &[self], loc);
+        if self.rank() < 2 {
+            return fail(
+                "batch_norm",
+                self,
+                format!("expected at least 2 dims [N, C, ...], got {:?}", self.shape()),
+                loc,
+            );
+        }
+        let mut shape = vec![1i64; self.rank()];
+        shape[1] = self.shape()[1] as i64;
+        let (mean, var) = match (training, running_mean, running_var) {
+            (false, Some(m), Some(v)) => (m.reshape(&shape)?, v.reshape(&shape)?),
+            (false, _, _) => {
+                let e = Error::value("batch_norm in inference needs running_mean and running_var");
+                return Err(Tensor::error("batch_norm", &[self], e, loc));
+            }
+            (true, None, None) => {
+                let dims: Vec<i64> = (0..self.rank() as i64).filter(|&d| d != 1).collect();
+                (self.mean(&dims, true)?, self.var(&dims, 0.0, true)?)
+            }
+            (true, _, _) => {
+                let e = Error::unsupported(
+                    "batch_norm in training with running statistics updates them in place; coil's functional batch_norm does not: pass None for both, or training = false",
+                );
+                return Err(Tensor::error("batch_norm", &[self], e, loc));
+            }
+        };
+        let y = self.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
+        self.affine_per_channel(y, weight, bias)
+    }
+
+    /// Pools the last `kernel.len()` dims: one strided slice of the padded input per kernel
+    /// offset, combined with `maximum` or summed.
+    fn pool(
+        &self,
+        op: &'static str,
+        kind: Pool,
+        kernel: &[usize],
+        stride: &[usize],
+        padding: &[usize],
+        loc: Loc,
+    ) -> Result<Tensor> {
+        let nd = kernel.len();
+        self.check_spatial(op, nd, loc)?;
+        let stride: Vec<usize> = if stride.is_empty() { kernel.to_vec() } else { stride.to_vec() };
+        let rank = self.rank();
+        let mut out_sizes = Vec::with_capacity(nd);
+        for i in 0..nd {
+            let (k, s, p, n) = (kernel[i], stride[i], padding[i], self.shape()[rank - nd + i]);
+            if k == 0 || s == 0 {
+                return fail(
+                    op,
+                    self,
+                    format!("kernel size and stride must be positive, got {kernel:?} and {stride:?}"),
+                    loc,
+                );
+            }
+            if 2 * p > k {
+                return fail(
+                    op,
+                    self,
+                    format!("pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k}"),
+                    loc,
+                );
+            }
+            if n + 2 * p < k {
+                return fail(op, self, format!("input size {n} (padded by {p}) is smaller than the kernel {k}"), loc);
+            }
+            out_sizes.push((n + 2 * p - k) / s + 1);
+        }
+        let pads: Vec<i64> = padding.iter().rev().flat_map(|&p| [p as i64, p as i64]).collect();
+        let fill = if kind == Pool::Max { f64::NEG_INFINITY } else { 0.0 };
+        let padded = if padding.iter().any(|&p| p > 0) { self.pad(&pads, fill)? } else { self.clone() };
+        let window = |x: &Tensor, offset: &[usize]| -> Result<Tensor> {
+            let mut w = x.clone();
+            for i in 0..nd {
+                let d = (rank - nd + i) as i64;
+                let start = offset[i] as i64;
+                let end = start + (stride[i] * (out_sizes[i] - 1)) as i64 + 1;
+                w = w.slice(d, Some(start), Some(end), stride[i] as i64)?;
+            }
+            Ok(w)
+        };
+        let offsets: Vec<Vec<usize>> = kernel.iter().fold(vec![vec![]], |acc, &k| {
+            acc.iter().flat_map(|o| (0..k).map(move |j| [o.clone(), vec![j]].concat())).collect()
+        });
+        let mut acc: Option<Tensor> = None;
+        for offset in &offsets {
+            let w = window(&padded, offset)?;
+            acc = Some(match (acc, kind) {
+                (None, _) => w,
+                (Some(a), Pool::Max) => a.maximum(&w)?,
+                (Some(a), Pool::Avg { .. }) => a.add(&w)?,
+            });
+        }
+        let total = acc.expect("a kernel has at least one offset");
+        match kind {
+            Pool::Max => Ok(total),
+            Pool::Avg { count_include_pad: true } => total.div(offsets.len() as f64),
+            Pool::Avg { count_include_pad: false } => {
+                // The same windows over ones padded with zeros count the real elements.
+                let ones = self.ones_like();
+                let ones = if padding.iter().any(|&p| p > 0) { ones.pad(&pads, 0.0)? } else { ones };
+                let mut count: Option<Tensor> = None;
+                for offset in &offsets {
+                    let w = window(&ones, offset)?;
+                    count = Some(match count {
+                        None => w,
+                        Some(c) => c.add(&w)?,
+                    });
+                }
+                total.div(count.expect("a kernel has at least one offset"))
+            }
+        }
+    }
+
+    /// `F.max_pool2d(x, kernel, stride, padding)` on `[N, C, H, W]` or `[C, H, W]` (stride
+    /// defaults to the kernel when empty; no dilation, `ceil_mode=False`).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec((0..16).map(|v| v as f32).collect(), &[1, 4, 4])?;
+    /// assert_eq!(x.max_pool2d([2, 2], &[], [0, 0])?.to_vec::<f32>()?, vec![5.0, 7.0, 13.0, 15.0]);
+    /// assert_eq!(x.avg_pool2d([2, 2], &[], [0, 0], true)?.to_vec::<f32>()?, vec![2.5, 4.5, 10.5, 12.5]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn max_pool2d(&self, kernel: [usize; 2], stride: &[usize], padding: [usize; 2]) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("max_pool2d", &[self], loc);
+        self.pool("max_pool2d", Pool::Max, &kernel, stride, &padding, loc)
+    }
+
+    /// `F.avg_pool2d(x, kernel, stride, padding, count_include_pad=...)`.
+    #[track_caller]
+    pub fn avg_pool2d(
+        &self,
+        kernel: [usize; 2],
+        stride: &[usize],
+        padding: [usize; 2],
+        count_include_pad: bool,
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("avg_pool2d", &[self], loc);
+        self.pool("avg_pool2d", Pool::Avg { count_include_pad }, &kernel, stride, &padding, loc)
+    }
+
+    /// `F.max_pool1d(x, kernel, stride, padding)` on `[N, C, L]` or `[C, L]`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 3.0, 2.0, 5.0], &[1, 4])?;
+    /// assert_eq!(x.max_pool1d(2, None, 0)?.to_vec::<f32>()?, vec![3.0, 5.0]);
+    /// assert_eq!(x.avg_pool1d(2, None, 0, true)?.to_vec::<f32>()?, vec![2.0, 3.5]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn max_pool1d(&self, kernel: usize, stride: Option<usize>, padding: usize) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("max_pool1d", &[self], loc);
+        let stride: Vec<usize> = stride.into_iter().collect();
+        self.pool("max_pool1d", Pool::Max, &[kernel], &stride, &[padding], loc)
+    }
+
+    /// `F.avg_pool1d(x, kernel, stride, padding, count_include_pad=...)`.
+    #[track_caller]
+    pub fn avg_pool1d(
+        &self,
+        kernel: usize,
+        stride: Option<usize>,
+        padding: usize,
+        count_include_pad: bool,
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("avg_pool1d", &[self], loc);
+        let stride: Vec<usize> = stride.into_iter().collect();
+        self.pool("avg_pool1d", Pool::Avg { count_include_pad }, &[kernel], &stride, &[padding], loc)
+    }
+
+    /// `F.adaptive_avg_pool2d(x, (oh, ow))` (and 1-d with one size): output cell `i` averages
+    /// input positions `floor(i * n / o) .. ceil((i + 1) * n / o)` of each spatial dim, as a
+    /// product with an averaging matrix per dim.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec((0..16).map(|v| v as f32).collect(), &[1, 4, 4])?;
+    /// assert_eq!(x.adaptive_avg_pool(&[1, 1])?.to_vec::<f32>()?, vec![7.5]);
+    /// assert_eq!(x.adaptive_avg_pool(&[2, 2])?.to_vec::<f32>()?, vec![2.5, 4.5, 10.5, 12.5]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn adaptive_avg_pool(&self, output_size: &[usize]) -> Result<Tensor> {
+        let loc = Location::caller();
+        let op = if output_size.len() == 1 { "adaptive_avg_pool1d" } else { "adaptive_avg_pool2d" };
+        let _scope = CompositeScope::enter(op, &[self], loc);
+        let nd = output_size.len();
+        if !(1..=2).contains(&nd) {
+            return fail(op, self, format!("expected 1 or 2 output sizes, got {output_size:?}"), loc);
+        }
+        self.check_spatial(op, nd, loc)?;
+        let rank = self.rank();
+        let mut y = self.clone();
+        for (i, &o) in output_size.iter().enumerate() {
+            let d = rank - nd + i;
+            let n = self.shape()[d];
+            if o == 0 {
+                return fail(op, self, format!("output size must be positive, got {output_size:?}"), loc);
+            }
+            let mut a = vec![0.0f64; o * n];
+            for r in 0..o {
+                let (start, end) = (r * n / o, ((r + 1) * n).div_ceil(o));
+                for c in start..end {
+                    a[r * n + c] = 1.0 / (end - start) as f64;
+                }
+            }
+            let a = Tensor::from_vec(a, &[o, n])?.to_dtype(self.dtype())?.to_device(self.device())?;
+            // Contract dim d with the matrix: move it last, multiply by a^T, move it back.
+            y = y.movedim(d as i64, -1)?.matmul(&a.t()?)?.movedim(-1, d as i64)?;
+        }
+        Ok(y)
+    }
+
+    /// `F.interpolate(x, size, mode)` on `[N, C, *spatial]` with one or two spatial dims:
+    /// nearest, nearest-exact, linear / bilinear (with `align_corners`). Source indices and
+    /// weights follow PyTorch's formulas (computed in f32 from the sizes), each spatial dim in
+    /// turn, the last first.
+    ///
+    /// ```
+    /// use coil_frontend::{ops::vision::Interpolation, Tensor};
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[1, 1, 2])?;
+    /// assert_eq!(x.interpolate(&[4], Interpolation::Nearest)?.to_vec::<f32>()?, vec![1.0, 1.0, 2.0, 2.0]);
+    /// let y = x.interpolate(&[4], Interpolation::Linear { align_corners: true })?.to_vec::<f32>()?;
+    /// assert!((y[1] - 4.0 / 3.0).abs() < 1e-6);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn interpolate(&self, size: &[usize], mode: Interpolation) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("interpolate", &[self], loc);
+        let nd = size.len();
+        if !(1..=2).contains(&nd) || self.rank() != nd + 2 {
+            return fail(
+                "interpolate",
+                self,
+                format!("expected [N, C] plus {} spatial dims for output size {size:?}, got {:?}", nd, self.shape()),
+                loc,
+            );
+        }
+        self.check_spatial("interpolate", nd, loc)?;
+        let rank = self.rank();
+        let mut y = self.clone();
+        for i in (0..nd).rev() {
+            let d = rank - nd + i;
+            let (n, o) = (self.shape()[d], size[i]);
+            if o == 0 {
+                return fail("interpolate", self, format!("output size must be positive, got {size:?}"), loc);
+            }
+            let scale = n as f32 / o as f32;
+            match mode {
+                Interpolation::Nearest | Interpolation::NearestExact => {
+                    let shift = if mode == Interpolation::NearestExact { 0.5f32 } else { 0.0 };
+                    let src: Vec<i64> =
+                        (0..o).map(|j| (((j as f32 + shift) * scale).floor() as i64).min(n as i64 - 1)).collect();
+                    y = y.index_select(d as i64, &indices(src, self)?)?;
+                }
+                Interpolation::Linear { align_corners } => {
+                    let (mut i0, mut i1, mut w0, mut w1) = (vec![], vec![], vec![], vec![]);
+                    for j in 0..o {
+                        let src = if align_corners {
+                            let s = if o > 1 { (n as f32 - 1.0) / (o as f32 - 1.0) } else { 0.0 };
+                            s * j as f32
+                        } else {
+                            (scale * (j as f32 + 0.5) - 0.5).max(0.0)
+                        };
+                        let lo = (src.floor() as i64).min(n as i64 - 1);
+                        let hi = if lo < n as i64 - 1 { lo + 1 } else { lo };
+                        let l1 = src - lo as f32;
+                        i0.push(lo);
+                        i1.push(hi);
+                        w0.push((1.0 - l1) as f64);
+                        w1.push(l1 as f64);
+                    }
+                    let a = y.index_select(d as i64, &indices(i0, self)?)?;
+                    let b = y.index_select(d as i64, &indices(i1, self)?)?;
+                    let w0 = along(w0, d, rank, self.dtype(), self)?;
+                    let w1 = along(w1, d, rank, self.dtype(), self)?;
+                    y = a.mul(&w0)?.add(&b.mul(&w1)?)?;
+                }
+            }
+        }
+        Ok(y)
+    }
+
+    /// `F.pixel_shuffle(x, r)`: `[*, C r^2, H, W]` -> `[*, C, H r, W r]`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec((0..4i64).collect(), &[4, 1, 1])?;
+    /// let y = x.pixel_shuffle(2)?;
+    /// assert_eq!((y.shape(), y.to_vec::<i64>()?), (&[1usize, 2, 2][..], vec![0, 1, 2, 3]));
+    /// assert_eq!(y.pixel_unshuffle(2)?.to_vec::<i64>()?, vec![0, 1, 2, 3]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn pixel_shuffle(&self, upscale: usize) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("pixel_shuffle", &[self], loc);
+        let r = self.rank();
+        if r < 3 || upscale == 0 || !self.shape()[r - 3].is_multiple_of(upscale * upscale) {
+            let msg = format!("pixel_shuffle expects [*, C * {upscale}^2, H, W], got {:?}", self.shape());
+            return fail("pixel_shuffle", self, msg, loc);
+        }
+        let (c, h, w) = (self.shape()[r - 3], self.shape()[r - 2], self.shape()[r - 1]);
+        let u = upscale as i64;
+        let batch = sizes(&self.shape()[..r - 3]);
+        let b = batch.len() as i64;
+        let split = [batch.clone(), vec![(c / (upscale * upscale)) as i64, u, u, h as i64, w as i64]].concat();
+        // [*, C, r, r, H, W] -> [*, C, H, r, W, r]
+        let mut perm: Vec<i64> = (0..b).collect();
+        perm.extend([b, b + 3, b + 1, b + 4, b + 2]);
+        let out = [batch, vec![(c / (upscale * upscale)) as i64, h as i64 * u, w as i64 * u]].concat();
+        self.reshape(&split)?.permute(&perm)?.reshape(&out)
+    }
+
+    /// `F.pixel_unshuffle(x, r)`: `[*, C, H r, W r]` -> `[*, C r^2, H, W]`.
+    #[track_caller]
+    pub fn pixel_unshuffle(&self, downscale: usize) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("pixel_unshuffle", &[self], loc);
+        let r = self.rank();
+        let d = downscale;
+        if r < 3 || d == 0 || !self.shape()[r - 2].is_multiple_of(d) || !self.shape()[r - 1].is_multiple_of(d) {
+            let msg = format!("pixel_unshuffle expects [*, C, H * {d}, W * {d}], got {:?}", self.shape());
+            return fail("pixel_unshuffle", self, msg, loc);
+        }
+        let (c, h, w) = (self.shape()[r - 3], self.shape()[r - 2] / d, self.shape()[r - 1] / d);
+        let u = d as i64;
+        let batch = sizes(&self.shape()[..r - 3]);
+        let b = batch.len() as i64;
+        let split = [batch.clone(), vec![c as i64, h as i64, u, w as i64, u]].concat();
+        // [*, C, H, r, W, r] -> [*, C, r, r, H, W]
+        let mut perm: Vec<i64> = (0..b).collect();
+        perm.extend([b, b + 2, b + 4, b + 1, b + 3]);
+        let out = [batch, vec![(c * d * d) as i64, h as i64, w as i64]].concat();
+        self.reshape(&split)?.permute(&perm)?.reshape(&out)
+    }
+}
