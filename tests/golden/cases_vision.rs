@@ -57,6 +57,8 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "interpolate_linear_1d_down" => vec![a().interpolate(&[3], linear(false))?],
         "pixel_shuffle_2" | "err_pixel_shuffle_channels" => vec![a().pixel_shuffle(2)?],
         "pixel_unshuffle_2" => vec![a().pixel_unshuffle(2)?],
+        "unfold_k2" => vec![a().unfold2d([2, 2], [1, 1], [0, 0], [1, 1])?],
+        "unfold_k3_d2_p1_s2" => vec![a().unfold2d([3, 3], [2, 2], [1, 1], [2, 2])?],
         _ => return Ok(None),
     }))
 }

@@ -1133,6 +1133,28 @@ case("pixel_unshuffle_2", "F.pixel_unshuffle(a, 2)", a=r(1, 2, 4, 6))
 case("err_pixel_shuffle_channels", "F.pixel_shuffle(a, 2)", a=r(1, 6, 2, 2))
 
 
+# statistics, integration, searching; im2col
+fcase("cov_2d", "torch.cov(a)", a=r(3, 6))
+case("cov_corr0", "torch.cov(a, correction=0)", a=r(2, 5))
+case("cov_1d_i64", "torch.cov(a)", a=ints(-5, 5, 6))
+case("cov_one_observation", "torch.cov(a)", a=r(2, 1))
+fcase("corrcoef_2d", "torch.corrcoef(a)", a=r(3, 6))
+case("corrcoef_constant_row", "torch.corrcoef(a)", a=vals([[1.0, 2.0, 4.0], [0.0, 0.0, 0.0]]))
+fcase("trapezoid_dx", "torch.trapezoid(a, dx=0.5)", a=r(3, 5))
+case("trapezoid_dim0", "torch.trapezoid(a, dim=0)", a=r(4, 3))
+fcase("cumulative_trapezoid_dx", "torch.cumulative_trapezoid(a, dx=2.0)", a=r(3, 5))
+case("bucketize_left", "torch.bucketize(a, b)", a=vals([NAN, 2.0, 0.0, 5.0, INF, -INF, 1.0, 3.0]),
+     b=vals([1.0, 2.0, 3.0]))
+case("bucketize_right", "torch.bucketize(a, b, right=True)", a=vals([NAN, 2.0, 0.0, 5.0, INF, -INF, 1.0, 3.0]),
+     b=vals([1.0, 2.0, 3.0]))
+case("bucketize_i64", "torch.bucketize(a, b)", a=ints(-5, 10, 3, 4), b=vals([0, 2, 4, 6], "i64"))
+case("searchsorted_2d", "torch.searchsorted(a, b)", a=vals([[1.0, 3.0, 5.0], [2.0, 4.0, 6.0]]),
+     b=vals([[3.0, 6.0], [1.0, 7.0]]))
+case("searchsorted_1d_right", "torch.searchsorted(a, b, right=True)", a=vals([1.0, 2.0, 2.0, 3.0]), b=r(2, 3))
+fcase("unfold_k2", "F.unfold(a, 2)", a=r(2, 3, 4, 5))
+fcase("unfold_k3_d2_p1_s2", "F.unfold(a, 3, dilation=2, padding=1, stride=2)", a=r(1, 2, 6, 7))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

@@ -927,6 +927,41 @@ pub const OPS: &[OpInfo] = &[
     ),
     op("pixel_shuffle", "x.pixel_shuffle(r)", Family::Vision, How::Frontend("reshape, permute"), Grad::Yes, &[]),
     op("pixel_unshuffle", "x.pixel_unshuffle(r)", Family::Vision, How::Frontend("reshape, permute"), Grad::Yes, &[]),
+    op("cov", "x.cov(correction)", Family::Reduction, How::Frontend("mean, sub, matmul, div"), Grad::Yes, &[]),
+    op("corrcoef", "x.corrcoef()", Family::Reduction, How::Frontend("cov, diagonal, sqrt, div, clamp"), Grad::Yes, &[]),
+    op("trapezoid", "y.trapezoid(dx, dim)", Family::Reduction, How::Frontend("sum, select, sub, mul"), Grad::Yes, &[]),
+    op(
+        "cumulative_trapezoid",
+        "y.cumulative_trapezoid(dx, dim)",
+        Family::Reduction,
+        How::Frontend("narrow, add, mul, cumsum"),
+        Grad::Yes,
+        &[],
+    ),
+    op(
+        "bucketize",
+        "x.bucketize(boundaries, right)",
+        Family::Reduction,
+        How::Frontend("lt (le), sum, where (every value against every boundary)"),
+        Grad::None,
+        &[],
+    ),
+    op(
+        "searchsorted",
+        "sorted.searchsorted(values, right)",
+        Family::Reduction,
+        How::Frontend("lt (le), sum, where (every value against every element)"),
+        Grad::None,
+        &[],
+    ),
+    op(
+        "unfold",
+        "x.unfold2d(kernel, dilation, padding, stride) (F.unfold)",
+        Family::Vision,
+        How::Frontend("pad, strided slices, stack, reshape"),
+        Grad::Yes,
+        &[],
+    ),
 ];
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
 //! Reductions written with other reductions and pointwise ops: `var_mean`, `std_mean`,
-//! `aminmax`, `nansum`, `nanmean`, `count_nonzero`, `dist`, `frobenius_norm`.
+//! `aminmax`, `nansum`, `nanmean`, `count_nonzero`, `dist`, `frobenius_norm`, `cov`,
+//! `corrcoef`, `trapezoid`, `cumulative_trapezoid`, and the comparison counts `bucketize` and
+//! `searchsorted` (every value against every boundary: for moderate sizes; a sort-based search
+//! needs its own primitive).
 
 use crate::ops::composite::CompositeScope;
 use crate::ops::pointwise::where_;
@@ -138,5 +141,163 @@ impl Tensor {
             return Err(Tensor::error("frobenius_norm", &[self], e, loc));
         }
         self.norm(2.0, &[-2, -1], keepdim)
+    }
+
+    /// `torch.cov(x, correction)`: the covariance matrix of the variables in the rows of `x`
+    /// (observations in the columns; a 1-D `x` is one variable, with a 0-d result), dividing
+    /// by `N - correction` (clamped at 0, so too few observations give inf or NaN, as PyTorch).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 4.0, 0.0, 1.0, 1.0], &[2, 3])?;
+    /// let c = x.cov(1.0)?.to_vec::<f32>()?;
+    /// assert!((c[0] - 7.0 / 3.0).abs() < 1e-6 && (c[3] - 1.0 / 3.0).abs() < 1e-6);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn cov(&self, correction: f64) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("cov", &[self], loc);
+        if self.rank() > 2 {
+            let e = Error::shape(format!(
+                "cov(): expected input to have two or fewer dimensions but got an input with {} dimensions",
+                self.rank()
+            ));
+            return Err(Tensor::error("cov", &[self], e, loc));
+        }
+        let x = crate::ops::math::floating(self)?;
+        let x = if x.rank() < 2 { x.reshape(&[1, -1])? } else { x };
+        let n = x.shape()[1] as f64;
+        let centered = x.sub(&x.mean(&[1], true)?)?;
+        let c = centered.matmul(&centered.t()?)?.div((n - correction).max(0.0))?;
+        if self.rank() < 2 {
+            return c.reshape(&[]);
+        }
+        Ok(c)
+    }
+
+    /// `torch.corrcoef(x)`: Pearson's correlation coefficients of the rows of `x`,
+    /// `cov / (std_i std_j)`, clipped into `[-1, 1]`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 4.0, 2.0, 4.0, 8.0], &[2, 3])?;
+    /// let r = x.corrcoef()?.to_vec::<f32>()?;
+    /// assert!(r.iter().all(|v| (v - 1.0).abs() < 1e-6));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn corrcoef(&self) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("corrcoef", &[self], Location::caller());
+        let c = self.cov(1.0)?;
+        if c.rank() == 0 {
+            return c.div(&c);
+        }
+        let std = c.diagonal(0, 0, 1)?.sqrt()?;
+        c.div(&std.unsqueeze(1)?)?.div(&std.unsqueeze(0)?)?.clamp(Some(-1.0), Some(1.0))
+    }
+
+    /// `torch.trapezoid(y, dx=dx, dim=dim)`: the trapezoidal rule along `dim` with spacing
+    /// `dx`, as PyTorch computes it: `(sum(y) - (y_first + y_last) / 2) * dx`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let y = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?;
+    /// assert_eq!(y.trapezoid(1.0, -1)?.item::<f32>()?, 4.0);
+    /// assert_eq!(y.cumulative_trapezoid(1.0, -1)?.to_vec::<f32>()?, vec![1.5, 4.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn trapezoid(&self, dx: f64, dim: i64) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("trapezoid", &[self], loc);
+        let d = self.dim_of_sized(dim, "trapezoid", loc)? as i64;
+        if self.shape()[d as usize] == 0 {
+            return crate::ops::math::floating(self)?.sum(&[d], false);
+        }
+        let ends = self.select(d, 0)?.add(&self.select(d, -1)?)?;
+        self.sum(&[d], false)?.sub(&ends.mul(0.5)?)?.mul(dx)
+    }
+
+    /// `torch.cumulative_trapezoid(y, dx=dx, dim=dim)`: the running trapezoidal rule,
+    /// `cumsum((y[1:] + y[:-1]) * dx / 2)`, one shorter along `dim`.
+    #[track_caller]
+    pub fn cumulative_trapezoid(&self, dx: f64, dim: i64) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("cumulative_trapezoid", &[self], loc);
+        let d = self.dim_of_sized(dim, "cumulative_trapezoid", loc)?;
+        let n = self.shape()[d].saturating_sub(1);
+        let pairs = self.narrow(d as i64, 1, n)?.add(&self.narrow(d as i64, 0, n)?)?;
+        pairs.mul(dx / 2.0)?.cumsum(d as i64)
+    }
+
+    /// `torch.bucketize(x, boundaries, right=right)`: for each element, the index of the bucket
+    /// of the sorted 1-D `boundaries` it falls in: the number of boundaries below it (at or below
+    /// it with `right`); NaN goes past the last. Computed by comparing with every boundary.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let b = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?;
+    /// let x = Tensor::from_vec(vec![0.5f32, 2.0, 9.0], &[3])?;
+    /// assert_eq!(x.bucketize(&b, false)?.to_vec::<i64>()?, vec![0, 1, 3]);
+    /// assert_eq!(x.bucketize(&b, true)?.to_vec::<i64>()?, vec![0, 2, 3]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn bucketize(&self, boundaries: &Tensor, right: bool) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("bucketize", &[self, boundaries], loc);
+        if boundaries.rank() != 1 {
+            let e = Error::shape(format!("boundaries tensor must be 1 dimension, but got dim({})", boundaries.rank()));
+            return Err(Tensor::error("bucketize", &[self, boundaries], e, loc));
+        }
+        let n = boundaries.numel() as i64;
+        let x = self.unsqueeze(-1)?;
+        let below = if right { boundaries.le(&x)? } else { boundaries.lt(&x)? };
+        let count = below.sum(&[-1], false)?;
+        if !self.dtype().is_float() {
+            return Ok(count);
+        }
+        where_(&self.isnan()?, n, &count)
+    }
+
+    /// `torch.searchsorted(sorted, values, right=right)`: for each value, the index at which it
+    /// would be inserted into the sorted last dim of `sorted` (1-D, or with the same leading
+    /// dims as `values`).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let s = Tensor::from_vec(vec![1.0f32, 3.0, 5.0, 2.0, 4.0, 6.0], &[2, 3])?;
+    /// let v = Tensor::from_vec(vec![3.0f32, 6.0, 1.0, 7.0], &[2, 2])?;
+    /// assert_eq!(s.searchsorted(&v, false)?.to_vec::<i64>()?, vec![1, 3, 0, 3]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn searchsorted(&self, values: &Tensor, right: bool) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("searchsorted", &[self, values], loc);
+        if self.rank() == 1 {
+            return values.bucketize(self, right);
+        }
+        if self.rank() == 0
+            || self.rank() != values.rank()
+            || self.shape()[..self.rank() - 1] != values.shape()[..values.rank() - 1]
+        {
+            let e = Error::shape(format!(
+                "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value tensor must match, but we got boundaries tensor {:?} and input value tensor {:?}",
+                self.shape(),
+                values.shape()
+            ));
+            return Err(Tensor::error("searchsorted", &[self, values], e, loc));
+        }
+        let n = self.shape()[self.rank() - 1] as i64;
+        let seq = self.unsqueeze(-2)?;
+        let v = values.unsqueeze(-1)?;
+        let below = if right { seq.le(&v)? } else { seq.lt(&v)? };
+        let count = below.sum(&[-1], false)?;
+        if !values.dtype().is_float() {
+            return Ok(count);
+        }
+        where_(&values.isnan()?, n, &count)
     }
 }

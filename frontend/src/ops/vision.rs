@@ -523,4 +523,67 @@ impl Tensor {
         let out = [batch, vec![(c * d * d) as i64, h as i64, w as i64]].concat();
         self.reshape(&split)?.permute(&perm)?.reshape(&out)
     }
+
+    /// `F.unfold(x, kernel, dilation, padding, stride)` (im2col): the `[N, C * kh * kw, L]`
+    /// columns of every sliding `kh x kw` block of `[N, C, H, W]`, channel-major as PyTorch orders
+    /// them; one strided slice per kernel offset.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec((0..9).map(|v| v as f32).collect(), &[1, 1, 3, 3])?;
+    /// let cols = x.unfold2d([2, 2], [1, 1], [0, 0], [1, 1])?;
+    /// assert_eq!(cols.shape(), &[1, 4, 4]);
+    /// assert_eq!(cols.to_vec::<f32>()?[..4], [0.0, 1.0, 3.0, 4.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn unfold2d(
+        &self,
+        kernel: [usize; 2],
+        dilation: [usize; 2],
+        padding: [usize; 2],
+        stride: [usize; 2],
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("unfold", &[self], loc);
+        if self.rank() != 4 {
+            return fail(
+                "unfold",
+                self,
+                format!("Input Error: Only 4D input Tensors are supported (got {}D)", self.rank()),
+                loc,
+            );
+        }
+        let (n, c) = (self.shape()[0] as i64, self.shape()[1] as i64);
+        let mut out = [0usize; 2];
+        for i in 0..2 {
+            let span = dilation[i] * (kernel[i].max(1) - 1) + 1;
+            let size = self.shape()[2 + i] + 2 * padding[i];
+            if kernel[i] == 0 || dilation[i] == 0 || stride[i] == 0 || size < span {
+                let msg = format!("unfold: kernel {kernel:?} (dilation {dilation:?}) does not fit input {:?} padded by {padding:?} with stride {stride:?}", self.shape());
+                return fail("unfold", self, msg, loc);
+            }
+            out[i] = (size - span) / stride[i] + 1;
+        }
+        let x = if padding != [0, 0] {
+            self.pad(&[padding[1] as i64, padding[1] as i64, padding[0] as i64, padding[0] as i64], 0.0)?
+        } else {
+            self.clone()
+        };
+        let mut blocks = Vec::with_capacity(kernel[0] * kernel[1]);
+        for i in 0..kernel[0] {
+            for j in 0..kernel[1] {
+                let mut w = x.clone();
+                for (axis, offset) in [(0, i), (1, j)] {
+                    let start = (offset * dilation[axis]) as i64;
+                    let end = start + (stride[axis] * (out[axis] - 1)) as i64 + 1;
+                    w = w.slice(2 + axis as i64, Some(start), Some(end), stride[axis] as i64)?;
+                }
+                blocks.push(w);
+            }
+        }
+        let stacked = crate::ops::movement::stack(&blocks.iter().collect::<Vec<_>>(), 2)?;
+        let k = (kernel[0] * kernel[1]) as i64;
+        stacked.reshape(&[n, c * k, (out[0] * out[1]) as i64])
+    }
 }
