@@ -108,4 +108,18 @@ mod tests {
         }
         assert!(seen > 5, "cosine_similarity should record several nodes, saw {seen}");
     }
+
+    #[test]
+    fn out_of_range_indices_in_compositions_are_errors_when_the_graph_runs() {
+        let classes = Tensor::from_vec(vec![0i64, 3], &[2]).unwrap();
+        let e = classes.one_hot(3).unwrap().to_vec::<i64>().unwrap_err();
+        assert!(e.to_string().contains(file!()), "{e}");
+        let x = Tensor::zeros(&[2, 3], DType::F32);
+        let past = Tensor::from_vec(vec![3i64], &[1]).unwrap();
+        assert!(x.index_fill(1, &past, 0.0).unwrap().to_vec::<f32>().is_err());
+        assert!(x.take(&past.mul(2).unwrap()).unwrap().to_vec::<f32>().is_err());
+        let target = Tensor::from_vec(vec![0i64, 5], &[2]).unwrap();
+        let nll = x.nll_loss(&target, Default::default()).unwrap();
+        assert!(nll.to_vec::<f32>().is_err());
+    }
 }

@@ -254,8 +254,8 @@ impl Tensor {
 
     /// `F.one_hot(x, num_classes)`: i64 one-hot vectors of the integer classes in `x`, in a new
     /// last dim of `num_classes`. PyTorch's `num_classes=-1` (the largest class + 1) depends on
-    /// the data, which a lazy graph cannot: it must be given. A class out of range gives an
-    /// all-zero row (PyTorch raises).
+    /// the data, which a lazy graph cannot: it must be given. A class out of range is an error
+    /// when the graph runs (rows of an identity matrix are selected by class).
     ///
     /// ```
     /// use coil_frontend::Tensor;
@@ -274,8 +274,10 @@ impl Tensor {
             ));
             return Err(Tensor::error("one_hot", &[self], e, loc));
         }
-        let classes = Tensor::iota(&[num_classes], 0)?.to_device(self.device())?;
-        self.unsqueeze(-1)?.eq(&classes)?.to_dtype(DType::I64)
+        let eye = Tensor::eye(num_classes, None, DType::I64)?.to_device(self.device())?;
+        let mut shape: Vec<i64> = sizes(self.shape());
+        shape.push(num_classes as i64);
+        eye.index_select(0, &self.reshape(&[-1])?)?.reshape(&shape)
     }
 
     /// `torch.repeat_interleave(x, repeats, dim)` with one static repeat count: each element
@@ -375,7 +377,8 @@ impl Tensor {
     }
 
     /// `torch.index_fill(x, dim, index, value)`: `value` at the positions `index` names along
-    /// `dim`.
+    /// `dim` (negative indices count from the end; one out of range is an error when the graph
+    /// runs).
     ///
     /// ```
     /// use coil_frontend::Tensor;
@@ -395,12 +398,12 @@ impl Tensor {
             return Err(Tensor::error("index_fill", &[self, index], e, loc));
         }
         let n = if self.rank() == 0 { 1 } else { self.shape()[d] };
-        // A mask along dim: position p is filled when some index equals p (negative indices
-        // count from the end).
+        // A mask along dim, made by scattering ones to the indices: the scatter checks their
+        // bounds when the graph runs.
         let idx = index.to_dtype(DType::I64)?.reshape(&[-1])?;
         let idx = where_(&idx.lt(0)?, &idx.add(n as i64)?, &idx)?;
-        let positions = Tensor::iota(&[n, 1], 0)?.to_device(self.device())?;
-        let hit = positions.eq(&idx.unsqueeze(0)?)?.any(&[1], false)?;
+        let zeros = Tensor::zeros(&[n], DType::I64).to_device(self.device())?;
+        let hit = zeros.scatter(0, &idx, &idx.ones_like())?.ne(0)?;
         let mut shape = vec![1i64; self.rank()];
         if self.rank() > 0 {
             shape[d] = n as i64;

@@ -112,7 +112,8 @@ impl Tensor {
 
     /// `F.binary_cross_entropy(input, target, weight, reduction)`: `-(t log(x) + (1 - t)
     /// log(1 - x))`, each log clamped at -100 as PyTorch does; `input` holds probabilities and
-    /// must have the target's shape.
+    /// must have the target's shape. An input outside `[0, 1]` gives NaN (PyTorch checks the
+    /// data and raises; a lazy graph has no data check to raise from).
     ///
     /// ```
     /// use coil_frontend::{ops::nn::LossReduction, Tensor};
