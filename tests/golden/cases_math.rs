@@ -86,6 +86,7 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "softmin_dim1" => vec![a().softmin(1)?],
         "softmin_3d" => vec![a().softmin(0)?],
         "prelu_channels" | "prelu_single" | "err_prelu_channels" => vec![a().prelu(w())?],
+        "rrelu_eval" => vec![a().rrelu(0.1, 0.3)?],
         "fmax_f32" | "fmax_nan" => vec![a().fmax(b())?],
         "fmin_f32" | "fmin_nan" => vec![a().fmin(b())?],
         "signbit_f32" | "signbit_i64" => vec![a().signbit()?],

@@ -13,6 +13,9 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
     let x = |n: &str| &i[n];
     let (a, b, c, w, y, z) = (|| x("a"), || x("b"), || x("c"), || x("w"), || x("y"), || x("z"));
     let linear = |align_corners| Interpolation::Linear { align_corners };
+    let bag = |mode, offsets: Option<&Tensor>, weights: Option<&Tensor>, last, padding| {
+        embedding_bag(x("idx"), w(), offsets, mode, weights, last, padding)
+    };
     Ok(Some(match name {
         "diff_1" | "diff_bool" | "diff_i64" => vec![a().diff(1, -1, None, None)?],
         "diff_2_dim0" => vec![a().diff(2, 0, None, None)?],
@@ -57,6 +60,14 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "interpolate_linear_1d_down" => vec![a().interpolate(&[3], linear(false))?],
         "pixel_shuffle_2" | "err_pixel_shuffle_channels" => vec![a().pixel_shuffle(2)?],
         "pixel_unshuffle_2" => vec![a().pixel_unshuffle(2)?],
+        "local_response_norm_3d" => vec![a().local_response_norm(3, 1e-4, 0.75, 1.0)?],
+        "local_response_norm_4d" => vec![a().local_response_norm(2, 0.1, 0.5, 2.0)?],
+        "embedding_bag_mean_offsets" => vec![bag(BagMode::Mean, Some(x("o")), None, false, None)?],
+        "embedding_bag_sum_padding" => vec![bag(BagMode::Sum, Some(x("o")), None, false, Some(4))?],
+        "embedding_bag_include_last_offset" => vec![bag(BagMode::Sum, Some(x("o")), None, true, None)?],
+        "embedding_bag_per_sample_weights" => vec![bag(BagMode::Sum, Some(x("o")), Some(b()), false, None)?],
+        "embedding_bag_2d_max" => vec![bag(BagMode::Max, None, None, false, None)?],
+        "embedding_bag_2d_mean" => vec![bag(BagMode::Mean, None, None, false, None)?],
         "unfold_k2" => vec![a().unfold2d([2, 2], [1, 1], [0, 0], [1, 1])?],
         "unfold_k3_d2_p1_s2" => vec![a().unfold2d([3, 3], [2, 2], [1, 1], [2, 2])?],
         _ => return Ok(None),

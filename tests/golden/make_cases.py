@@ -1158,6 +1158,26 @@ fcase("unfold_k2", "F.unfold(a, 2)", a=r(2, 3, 4, 5))
 fcase("unfold_k3_d2_p1_s2", "F.unfold(a, 3, dilation=2, padding=1, stride=2)", a=r(1, 2, 6, 7))
 
 
+# embedding bags, local response norm, rrelu (evaluation), matrix norms
+fcase("embedding_bag_mean_offsets", "F.embedding_bag(idx, w, o, mode='mean')", idx=vals([1, 2, 4, 4, 3], "i64"), w=r(5, 3),
+      o=vals([0, 2, 2], "i64"))
+case("embedding_bag_sum_padding", "F.embedding_bag(idx, w, o, mode='sum', padding_idx=4)",
+     idx=vals([1, 2, 4, 4, 3], "i64"), w=r(5, 3), o=vals([0, 2, 2], "i64"))
+case("embedding_bag_include_last_offset", "F.embedding_bag(idx, w, o, mode='sum', include_last_offset=True)",
+     idx=vals([1, 2, 4, 4, 3], "i64"), w=r(5, 3), o=vals([0, 2, 2, 5], "i64"))
+fcase("embedding_bag_per_sample_weights", "F.embedding_bag(idx, w, o, mode='sum', per_sample_weights=b)",
+      idx=vals([0, 3, 3, 1], "i64"), w=r(4, 2), o=vals([0, 1], "i64"), b=r(4))
+fcase("embedding_bag_2d_max", "F.embedding_bag(idx, w, mode='max')", idx=ints(0, 6, 3, 4), w=r(6, 3))
+case("embedding_bag_2d_mean", "F.embedding_bag(idx, w)", idx=ints(0, 6, 3, 4), w=r(6, 3))
+fcase("local_response_norm_3d", "F.local_response_norm(a, 3)", a=r(2, 5, 4))
+case("local_response_norm_4d", "F.local_response_norm(a, 2, alpha=0.1, beta=0.5, k=2.0)", a=r(2, 4, 3, 3))
+fcase("rrelu_eval", "F.rrelu(a, 0.1, 0.3, training=False)", a=r(3, 4))
+fcase("matrix_norm_ord1", "torch.linalg.matrix_norm(a, ord=1)", a=r(2, 3, 4))
+case("matrix_norm_ord_neg_inf_keepdim", "torch.linalg.matrix_norm(a, ord=-float('inf'), keepdim=True)", a=r(3, 4))
+case("matrix_norm_ord_inf", "torch.linalg.matrix_norm(a, ord=float('inf'))", a=r(3, 4))
+case("matrix_norm_ord_neg1", "torch.linalg.matrix_norm(a, ord=-1)", a=r(3, 4))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

@@ -343,4 +343,20 @@ impl Tensor {
         };
         where_(&self.gt(0)?, self, &self.mul(&w)?)
     }
+
+    /// `F.rrelu(x, lower, upper, training=False)`: [`Tensor::leaky_relu`] with the mean slope
+    /// `(lower + upper) / 2`. (In training PyTorch draws a slope per element; coil has only the
+    /// evaluation form.)
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![-4.0f32, 2.0], &[2])?;
+    /// assert_eq!(x.rrelu(0.125, 0.375)?.to_vec::<f32>()?, vec![-1.0, 2.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn rrelu(&self, lower: f64, upper: f64) -> Result<Tensor> {
+        let _scope = CompositeScope::enter("rrelu", &[self], Location::caller());
+        self.leaky_relu((lower + upper) / 2.0)
+    }
 }

@@ -234,6 +234,14 @@ pub const NN: &[OpInfo] = &[
         Grad::Yes,
         &["sdpa"],
     ),
+    op(
+        "embedding_bag",
+        "embedding_bag(idx, w, offsets, mode, per_sample_weights, include_last_offset, padding_idx)",
+        Family::Nn,
+        How::Frontend("embedding, where, bucketize, index_add, div (max: amax of [B, L] bags)"),
+        Grad::Yes,
+        &[],
+    ),
 ];
 
 /// The loss ops.
@@ -468,6 +476,14 @@ pub const VISION: &[OpInfo] = &[
         "x.unfold2d(kernel, dilation, padding, stride) (F.unfold)",
         Family::Vision,
         How::Frontend("pad, strided slices, stack, reshape"),
+        Grad::Yes,
+        &[],
+    ),
+    op(
+        "local_response_norm",
+        "x.local_response_norm(size, alpha, beta, k)",
+        Family::Vision,
+        How::Frontend("mul, pad, narrow, add, pow, div"),
         Grad::Yes,
         &[],
     ),

@@ -275,6 +275,14 @@ pub const ACTIVATION: &[OpInfo] = &[
     ),
     op("threshold", "x.threshold(th, value)", Family::Activation, How::Frontend("le, where"), Grad::Yes, &[]),
     op("prelu", "x.prelu(weight)", Family::Activation, How::Frontend("gt, mul, where"), Grad::Yes, &[]),
+    op(
+        "rrelu",
+        "x.rrelu(lower, upper) (training=False)",
+        Family::Activation,
+        How::Frontend("leaky_relu"),
+        Grad::Yes,
+        &[],
+    ),
 ];
 
 /// The reduction ops.
@@ -381,9 +389,9 @@ pub const REDUCTION: &[OpInfo] = &[
     op("dist", "x.dist(y, p)", Family::Reduction, How::Frontend("sub, norm"), Grad::Yes, &[]),
     op(
         "matrix_norm",
-        "x.frobenius_norm(keepdim) (ord='fro')",
+        "x.frobenius_norm(keepdim), x.matrix_norm(ord, keepdim) (ord fro, 1, -1, inf, -inf)",
         Family::Reduction,
-        How::Frontend("norm over the last two dims"),
+        How::Frontend("norm over the last two dims (fro); abs, sum, amax or amin (1, inf)"),
         Grad::Yes,
         &["frobenius_norm"],
     ),

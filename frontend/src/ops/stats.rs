@@ -300,4 +300,43 @@ impl Tensor {
         }
         where_(&values.isnan()?, n, &count)
     }
+
+    /// `torch.linalg.matrix_norm(x, ord)` for `ord` 1, -1 (the largest / smallest column sum of
+    /// magnitudes) and inf, -inf (row sums), over the last two dims; `"fro"` is
+    /// [`Tensor::frobenius_norm`]. The spectral and nuclear norms need singular values, which coil
+    /// does not compute.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, 4.0], &[2, 2])?;
+    /// assert_eq!(x.matrix_norm(1.0, false)?.item::<f32>()?, 6.0);
+    /// assert_eq!(x.matrix_norm(f64::INFINITY, false)?.item::<f32>()?, 7.0);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn matrix_norm(&self, ord: f64, keepdim: bool) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("matrix_norm", &[self], loc);
+        if self.rank() < 2 {
+            let e = Error::shape(format!(
+                "linalg.matrix_norm: The input tensor A must have at least 2 dimensions, got {}",
+                self.rank()
+            ));
+            return Err(Tensor::error("matrix_norm", &[self], e, loc));
+        }
+        let (sum_dim, pick_dim) = match ord.abs() {
+            1.0 => (-2, -1),
+            f if f.is_infinite() => (-1, -2),
+            _ => {
+                let e = Error::unsupported(format!("matrix_norm: ord={ord} needs singular values, which coil does not compute (1, -1, inf, -inf and \"fro\" are supported)"));
+                return Err(Tensor::error("matrix_norm", &[self], e, loc));
+            }
+        };
+        let sums = self.abs()?.sum(&[sum_dim], true)?;
+        let picked = if ord > 0.0 { sums.amax(&[pick_dim], true)? } else { sums.amin(&[pick_dim], true)? };
+        if keepdim {
+            return Ok(picked);
+        }
+        picked.squeeze_dim(-1)?.squeeze_dim(-1)
+    }
 }

@@ -586,4 +586,37 @@ impl Tensor {
         let k = (kernel[0] * kernel[1]) as i64;
         stacked.reshape(&[n, c * k, (out[0] * out[1]) as i64])
     }
+
+    /// `F.local_response_norm(x, size, alpha, beta, k)`: `x / (k + alpha * mean(x^2))^beta`, the
+    /// mean over `size` neighbouring channels (zero-padded, as PyTorch's average pool counts).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::ones(&[1, 2, 1], coil_ir::DType::F32);
+    /// let y = x.local_response_norm(1, 1.0, 1.0, 1.0)?;
+    /// assert_eq!(y.to_vec::<f32>()?, vec![0.5, 0.5]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn local_response_norm(&self, size: usize, alpha: f64, beta: f64, k: f64) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("local_response_norm", &[self], loc);
+        if self.rank() < 3 || size == 0 {
+            let msg = format!(
+                "Expected 3D or higher dimensionality input and a positive size (got {}D, size {size})",
+                self.rank()
+            );
+            return fail("local_response_norm", self, msg, loc);
+        }
+        let channels = self.shape()[1];
+        let mut pads = vec![0i64; 2 * (self.rank() - 2)];
+        pads.extend([(size / 2) as i64, ((size - 1) / 2) as i64]);
+        let squares = self.mul(self)?.pad(&pads, 0.0)?;
+        let mut sum = squares.narrow(1, 0, channels)?;
+        for offset in 1..size {
+            sum = sum.add(&squares.narrow(1, offset as i64, channels)?)?;
+        }
+        let div = sum.div(size as f64)?.mul(alpha)?.add(k)?.pow(beta)?;
+        self.div(&div)
+    }
 }
