@@ -95,7 +95,11 @@ impl Tensor {
         }
         let size = self.shape()[d];
         let (base, extra) = (size / sections, size % sections);
-        let mut bounds = Vec::with_capacity(sections - 1);
+        let mut bounds = Vec::new();
+        if bounds.try_reserve_exact(sections - 1).is_err() {
+            let e = Error::runtime(format!("out of memory: cannot make {sections} pieces"));
+            return Err(Tensor::error("tensor_split", &[self], e, loc));
+        }
         let mut at = 0;
         for i in 0..sections - 1 {
             at += base + (i < extra) as usize;

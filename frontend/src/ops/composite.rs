@@ -88,6 +88,10 @@ mod tests {
         assert_err(a.smooth_l1_loss(&b, coil_ir::LossReduction::Mean, 1.0), "smooth_l1_loss", line!());
         assert_err(Tensor::zeros(&[4], DType::I64).leaky_relu(0.1), "leaky_relu", line!());
         assert_err(a.cosine_similarity(&b, 1, 1e-8), "cosine_similarity", line!());
+        // A failing view inside (`reshape`, which renames its errors) is the composite's too.
+        assert_err(Tensor::zeros(&[3], DType::F32).glu(0), "glu", line!());
+        assert_err(Tensor::zeros(&[2, 5], DType::F32).pixel_shuffle(2), "pixel_shuffle", line!());
+        assert_err(Tensor::zeros(&[2, 3], DType::F32).tensordot(&b, &[1], &[0]), "tensordot", line!());
         // After a composite op, plain ops name themselves again.
         assert_err(a.add(&b), "add", line!());
     }
@@ -107,6 +111,19 @@ mod tests {
             stack.extend(t.0.srcs.iter().cloned());
         }
         assert!(seen > 5, "cosine_similarity should record several nodes, saw {seen}");
+    }
+
+    #[test]
+    fn huge_arguments_are_errors_not_overflows() {
+        let x = Tensor::ones(&[1, 4, 2, 2], DType::F32);
+        assert_err(x.pixel_shuffle(usize::MAX), "pixel_shuffle", line!());
+        assert_err(x.max_pool2d([2, 2], &[], [usize::MAX, 0]), "max_pool2d", line!());
+        assert_err(x.unfold2d([usize::MAX, 1], [usize::MAX, 1], [usize::MAX, 0], [1, 1]), "unfold", line!());
+        assert_err(x.repeat_interleave(usize::MAX, Some(1)), "repeat_interleave", line!());
+        let big = Tensor::ones(&[1 << 40], DType::F32).expand(&[1 << 40]).unwrap();
+        assert_err(big.kron(&big), "kron", line!());
+        assert!(Tensor::tril_indices(1 << 40, 1 << 40, i64::MAX).is_err());
+        assert!(Tensor::zeros(&[0], DType::F32).tensor_split(usize::MAX, 0).is_err());
     }
 
     #[test]

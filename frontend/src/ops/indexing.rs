@@ -84,7 +84,20 @@ impl Tensor {
         let loc = Location::caller();
         let _scope = CompositeScope::enter("unbind", &[self], loc);
         let d = self.dim_of_sized(dim, "unbind", loc)?;
-        (0..self.shape()[d]).map(|i| self.select(d as i64, i as i64)).collect()
+        let n = self.shape()[d];
+        let mut out = Vec::new();
+        if out.try_reserve_exact(n).is_err() {
+            return Err(Tensor::error(
+                "unbind",
+                &[self],
+                Error::runtime(format!("out of memory: cannot make {n} pieces")),
+                loc,
+            ));
+        }
+        for i in 0..n {
+            out.push(self.select(d as i64, i as i64)?);
+        }
+        Ok(out)
     }
 
     /// `torch.roll(x, shifts, dims)`: rotates elements along each of `dims` by its shift
@@ -303,7 +316,11 @@ impl Tensor {
         let mut expanded = sizes(x.shape());
         expanded.insert(d + 1, repeats as i64);
         let mut out = sizes(x.shape());
-        out[d] *= repeats as i64;
+        let Some(n) = (x.shape()[d]).checked_mul(repeats).filter(|&n| n <= i64::MAX as usize) else {
+            let e = Error::shape(format!("repeating dim {d} of {:?} {repeats} times overflows its size", x.shape()));
+            return Err(Tensor::error("repeat_interleave", &[self], e, loc));
+        };
+        out[d] = n as i64;
         x.unsqueeze(d as i64 + 1)?.expand(&expanded)?.reshape(&out)
     }
 

@@ -282,7 +282,8 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn kron(&self, other: &Tensor) -> Result<Tensor> {
-        let _scope = CompositeScope::enter("kron", &[self, other], Location::caller());
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("kron", &[self, other], loc);
         let rank = self.rank().max(other.rank());
         let pad = |t: &Tensor| {
             let mut s = vec![1usize; rank - t.rank()];
@@ -292,7 +293,15 @@ impl Tensor {
         let (sa, sb) = (pad(self), pad(other));
         let a_shape: Vec<i64> = sa.iter().flat_map(|&s| [s as i64, 1]).collect();
         let b_shape: Vec<i64> = sb.iter().flat_map(|&s| [1, s as i64]).collect();
-        let out: Vec<i64> = sa.iter().zip(&sb).map(|(&x, &y)| (x * y) as i64).collect();
+        let out = sa.iter().zip(&sb).map(|(&x, &y)| x.checked_mul(y).map(|n| n as i64)).collect::<Option<Vec<i64>>>();
+        let Some(out) = out else {
+            let e = Error::shape(format!(
+                "the Kronecker product of {:?} and {:?} overflows its size",
+                self.shape(),
+                other.shape()
+            ));
+            return Err(Tensor::error("kron", &[self, other], e, loc));
+        };
         self.reshape(&a_shape)?.mul(&other.reshape(&b_shape)?)?.reshape(&out)
     }
 

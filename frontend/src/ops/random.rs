@@ -173,21 +173,28 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn tril_indices(row: usize, col: usize, offset: i64) -> Result<Tensor> {
-        Tensor::triangle_indices(row, col, |i, j| j <= i + offset)
+        Tensor::triangle_indices("tril_indices", row, col, |i, j| j <= i.saturating_add(offset))
     }
 
     /// `torch.triu_indices(row, col, offset)`: the coordinates of the upper triangle (on and
     /// above the `offset` diagonal).
     #[track_caller]
     pub fn triu_indices(row: usize, col: usize, offset: i64) -> Result<Tensor> {
-        Tensor::triangle_indices(row, col, |i, j| j >= i + offset)
+        Tensor::triangle_indices("triu_indices", row, col, |i, j| j >= i.saturating_add(offset))
     }
 
     /// The coordinates `(i, j)` of a `row x col` grid where `inside(i, j)`: they depend on the
     /// arguments only, so they are computed here, as data.
     #[track_caller]
-    fn triangle_indices(row: usize, col: usize, inside: impl Fn(i64, i64) -> bool) -> Result<Tensor> {
+    fn triangle_indices(op: &str, row: usize, col: usize, inside: impl Fn(i64, i64) -> bool) -> Result<Tensor> {
         let (mut rows, mut cols) = (Vec::new(), Vec::new());
+        // At most row * col of each: refuse what the host cannot hold rather than abort.
+        let cells = row.checked_mul(col).unwrap_or(usize::MAX);
+        if rows.try_reserve(cells).is_err() || cols.try_reserve(cells).is_err() {
+            return Err(Error::runtime(format!("out of memory: the indices of a {row} x {col} matrix"))
+                .in_op(op, vec![])
+                .at(Location::caller()));
+        }
         for i in 0..row as i64 {
             for j in 0..col as i64 {
                 if inside(i, j) {

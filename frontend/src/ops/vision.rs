@@ -234,7 +234,7 @@ impl Tensor {
                     loc,
                 );
             }
-            if 2 * p > k {
+            if p > k / 2 {
                 return fail(
                     op,
                     self,
@@ -242,10 +242,12 @@ impl Tensor {
                     loc,
                 );
             }
-            if n + 2 * p < k {
+            // In u128: the kernel and padding are the user's, any size.
+            let padded = n as u128 + 2 * p as u128;
+            if padded < k as u128 {
                 return fail(op, self, format!("input size {n} (padded by {p}) is smaller than the kernel {k}"), loc);
             }
-            out_sizes.push((n + 2 * p - k) / s + 1);
+            out_sizes.push(((padded - k as u128) / s as u128 + 1) as usize);
         }
         let pads: Vec<i64> = padding.iter().rev().flat_map(|&p| [p as i64, p as i64]).collect();
         let fill = if kind == Pool::Max { f64::NEG_INFINITY } else { 0.0 };
@@ -485,7 +487,8 @@ impl Tensor {
         let loc = Location::caller();
         let _scope = CompositeScope::enter("pixel_shuffle", &[self], loc);
         let r = self.rank();
-        if r < 3 || upscale == 0 || !self.shape()[r - 3].is_multiple_of(upscale * upscale) {
+        let square = upscale.checked_mul(upscale).unwrap_or(0);
+        if r < 3 || square == 0 || !self.shape()[r - 3].is_multiple_of(square) {
             let msg = format!("pixel_shuffle expects [*, C * {upscale}^2, H, W], got {:?}", self.shape());
             return fail("pixel_shuffle", self, msg, loc);
         }
@@ -493,11 +496,11 @@ impl Tensor {
         let u = upscale as i64;
         let batch = sizes(&self.shape()[..r - 3]);
         let b = batch.len() as i64;
-        let split = [batch.clone(), vec![(c / (upscale * upscale)) as i64, u, u, h as i64, w as i64]].concat();
+        let split = [batch.clone(), vec![(c / square) as i64, u, u, h as i64, w as i64]].concat();
         // [*, C, r, r, H, W] -> [*, C, H, r, W, r]
         let mut perm: Vec<i64> = (0..b).collect();
         perm.extend([b, b + 3, b + 1, b + 4, b + 2]);
-        let out = [batch, vec![(c / (upscale * upscale)) as i64, h as i64 * u, w as i64 * u]].concat();
+        let out = [batch, vec![(c / square) as i64, h as i64 * u, w as i64 * u]].concat();
         self.reshape(&split)?.permute(&perm)?.reshape(&out)
     }
 
@@ -557,13 +560,15 @@ impl Tensor {
         let (n, c) = (self.shape()[0] as i64, self.shape()[1] as i64);
         let mut out = [0usize; 2];
         for i in 0..2 {
-            let span = dilation[i] * (kernel[i].max(1) - 1) + 1;
-            let size = self.shape()[2 + i] + 2 * padding[i];
-            if kernel[i] == 0 || dilation[i] == 0 || stride[i] == 0 || size < span {
+            // In u128: the arguments are the user's, any size.
+            let span = dilation[i] as u128 * (kernel[i].max(1) as u128 - 1) + 1;
+            let size = self.shape()[2 + i] as u128 + 2 * padding[i] as u128;
+            if kernel[i] == 0 || dilation[i] == 0 || stride[i] == 0 || size < span || padding[i] > i64::MAX as usize / 2
+            {
                 let msg = format!("unfold: kernel {kernel:?} (dilation {dilation:?}) does not fit input {:?} padded by {padding:?} with stride {stride:?}", self.shape());
                 return fail("unfold", self, msg, loc);
             }
-            out[i] = (size - span) / stride[i] + 1;
+            out[i] = ((size - span) / stride[i] as u128 + 1) as usize;
         }
         let x = if padding != [0, 0] {
             self.pad(&[padding[1] as i64, padding[1] as i64, padding[0] as i64, padding[0] as i64], 0.0)?
