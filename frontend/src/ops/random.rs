@@ -189,7 +189,7 @@ impl Tensor {
     fn triangle_indices(op: &str, row: usize, col: usize, inside: impl Fn(i64, i64) -> bool) -> Result<Tensor> {
         let (mut rows, mut cols) = (Vec::new(), Vec::new());
         // At most row * col of each: refuse what the host cannot hold rather than abort.
-        let cells = row.checked_mul(col).unwrap_or(usize::MAX);
+        let cells = row.saturating_mul(col);
         if rows.try_reserve(cells).is_err() || cols.try_reserve(cells).is_err() {
             return Err(Error::runtime(format!("out of memory: the indices of a {row} x {col} matrix"))
                 .in_op(op, vec![])
