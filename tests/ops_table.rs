@@ -6,7 +6,7 @@
 //! COIL_UPDATE_OPS=1 cargo test --test ops_table
 //! ```
 
-use coil::op_registry::{ops, Grad, OpInfo, FAMILIES};
+use coil::op_registry::{ops, Grad, OpInfo, FAMILIES, NOT_YET};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -158,6 +158,16 @@ fn render() -> String {
     if !unsupported.is_empty() {
         writeln!(s).unwrap();
         writeln!(s, "Gradients not yet supported: {}.", unsupported.join("; ")).unwrap();
+    }
+    writeln!(s).unwrap();
+    writeln!(s, "## Not yet").unwrap();
+    writeln!(s).unwrap();
+    writeln!(s, "PyTorch ops coil does not have, and what they need:").unwrap();
+    writeln!(s).unwrap();
+    writeln!(s, "| ops | needs |").unwrap();
+    writeln!(s, "|---|---|").unwrap();
+    for (names, needs) in NOT_YET {
+        writeln!(s, "| {names} | {needs} |").unwrap();
     }
     s
 }

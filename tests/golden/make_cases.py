@@ -1178,6 +1178,15 @@ case("matrix_norm_ord_inf", "torch.linalg.matrix_norm(a, ord=float('inf'))", a=r
 case("matrix_norm_ord_neg1", "torch.linalg.matrix_norm(a, ord=-1)", a=r(3, 4))
 
 
+# 3-d pooling, adaptive max pooling
+fcase("max_pool3d_k2", "F.max_pool3d(a, 2)", a=r(1, 2, 4, 4, 4))
+case("max_pool3d_k3_s2_p1", "F.max_pool3d(a, 3, stride=2, padding=1)", a=r(1, 1, 5, 4, 5))
+fcase("avg_pool3d_k2_s1", "F.avg_pool3d(a, 2, stride=1)", a=r(1, 2, 3, 3, 3))
+fcase("adaptive_max_pool2d_uneven", "F.adaptive_max_pool2d(a, (3, 2))", a=r(2, 2, 5, 7))
+case("adaptive_max_pool1d_4", "F.adaptive_max_pool1d(a, 4)", a=r(2, 3, 9))
+case("adaptive_max_pool2d_nan", "F.adaptive_max_pool2d(a, 1)", a=vals([[[1.0, NAN], [3.0, 2.0]]]))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

@@ -358,6 +358,84 @@ impl Tensor {
         self.pool("avg_pool1d", Pool::Avg { count_include_pad }, &[kernel], &stride, &[padding], loc)
     }
 
+    /// `F.max_pool3d(x, kernel, stride, padding)` on `[N, C, D, H, W]` or `[C, D, H, W]`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec((0..8).map(|v| v as f32).collect(), &[1, 2, 2, 2])?;
+    /// assert_eq!(x.max_pool3d([2, 2, 2], &[], [0, 0, 0])?.to_vec::<f32>()?, vec![7.0]);
+    /// assert_eq!(x.avg_pool3d([2, 2, 2], &[], [0, 0, 0], true)?.to_vec::<f32>()?, vec![3.5]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn max_pool3d(&self, kernel: [usize; 3], stride: &[usize], padding: [usize; 3]) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("max_pool3d", &[self], loc);
+        self.pool("max_pool3d", Pool::Max, &kernel, stride, &padding, loc)
+    }
+
+    /// `F.avg_pool3d(x, kernel, stride, padding, count_include_pad=...)`.
+    #[track_caller]
+    pub fn avg_pool3d(
+        &self,
+        kernel: [usize; 3],
+        stride: &[usize],
+        padding: [usize; 3],
+        count_include_pad: bool,
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("avg_pool3d", &[self], loc);
+        self.pool("avg_pool3d", Pool::Avg { count_include_pad }, &kernel, stride, &padding, loc)
+    }
+
+    /// `F.adaptive_max_pool2d(x, (oh, ow))` (and 1-d with one size): the largest element of
+    /// the input positions `floor(i * n / o) .. ceil((i + 1) * n / o)` of each spatial dim, one
+    /// dim at a time (a window's maximum is the maximum of its rows' maxima); NaN propagates.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 5.0, 2.0, 4.0, 3.0], &[1, 5])?;
+    /// assert_eq!(x.adaptive_max_pool(&[2])?.to_vec::<f32>()?, vec![5.0, 4.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn adaptive_max_pool(&self, output_size: &[usize]) -> Result<Tensor> {
+        let loc = Location::caller();
+        let op = if output_size.len() == 1 { "adaptive_max_pool1d" } else { "adaptive_max_pool2d" };
+        let _scope = CompositeScope::enter(op, &[self], loc);
+        let nd = output_size.len();
+        if !(1..=2).contains(&nd) {
+            return fail(op, self, format!("expected 1 or 2 output sizes, got {output_size:?}"), loc);
+        }
+        self.check_spatial(op, nd, loc)?;
+        let rank = self.rank();
+        let mut y = self.clone();
+        for (i, &o) in output_size.iter().enumerate() {
+            let d = rank - nd + i;
+            let n = self.shape()[d];
+            if o == 0 || n == 0 {
+                return fail(
+                    op,
+                    self,
+                    format!("output size {output_size:?} and input {:?} must be positive", self.shape()),
+                    loc,
+                );
+            }
+            // Window r along dim d: a [o, n] mask; the others' elements become -inf.
+            let mut inside = vec![false; o * n];
+            for r in 0..o {
+                for c in r * n / o..((r + 1) * n).div_ceil(o) {
+                    inside[r * n + c] = true;
+                }
+            }
+            let mask = Tensor::from_vec(inside, &[o, n])?.to_device(self.device())?;
+            let x = y.movedim(d as i64, -1)?.unsqueeze(-2)?;
+            let windows = crate::ops::pointwise::where_(&mask, &x, f64::NEG_INFINITY)?;
+            y = windows.amax(&[-1], false)?.movedim(-1, d as i64)?;
+        }
+        Ok(y)
+    }
+
     /// `F.adaptive_avg_pool2d(x, (oh, ow))` (and 1-d with one size): output cell `i` averages
     /// input positions `floor(i * n / o) .. ceil((i + 1) * n / o)` of each spatial dim, as a
     /// product with an averaging matrix per dim.
