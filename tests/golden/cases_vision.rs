@@ -74,6 +74,8 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "adaptive_max_pool2d_uneven" => vec![a().adaptive_max_pool(&[3, 2])?],
         "adaptive_max_pool1d_4" => vec![a().adaptive_max_pool(&[4])?],
         "adaptive_max_pool2d_nan" => vec![a().adaptive_max_pool(&[1, 1])?],
+        "fold_k2" | "err_fold_blocks" => vec![a().fold([3, 4], [2, 2], [1, 1], [0, 0], [1, 1])?],
+        "fold_k3_d2_p1_s2" => vec![a().fold([6, 7], [3, 3], [2, 2], [1, 1], [2, 2])?],
         "unfold_k2" => vec![a().unfold2d([2, 2], [1, 1], [0, 0], [1, 1])?],
         "unfold_k3_d2_p1_s2" => vec![a().unfold2d([3, 3], [2, 2], [1, 1], [2, 2])?],
         _ => return Ok(None),

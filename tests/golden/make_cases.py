@@ -1187,6 +1187,12 @@ case("adaptive_max_pool1d_4", "F.adaptive_max_pool1d(a, 4)", a=r(2, 3, 9))
 case("adaptive_max_pool2d_nan", "F.adaptive_max_pool2d(a, 1)", a=vals([[[1.0, NAN], [3.0, 2.0]]]))
 
 
+# col2im
+fcase("fold_k2", "F.fold(a, (3, 4), 2)", a=r(2, 12, 6))
+fcase("fold_k3_d2_p1_s2", "F.fold(a, (6, 7), 3, dilation=2, padding=1, stride=2)", a=r(1, 18, 6))
+case("err_fold_blocks", "F.fold(a, (3, 4), 2)", a=r(2, 12, 5))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

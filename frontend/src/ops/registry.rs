@@ -156,7 +156,7 @@ pub const NOT_YET: &[(&str, &str)] = &[
     ("histc", "binning by data-dependent bounds with PyTorch's rounding; not done"),
     ("conv1d/2d/3d, conv_transpose1d/2d/3d", "a convolution primitive (cuDNN on NVIDIA GPUs, im2col + GEMM elsewhere)"),
     (
-        "fold, max_unpool, dropout1d/2d, alpha_dropout, pooling with dilation or ceil_mode",
+        "max_unpool, dropout1d/2d, alpha_dropout, pooling with dilation or ceil_mode",
         "expressible as compositions; not done yet",
     ),
     ("interpolate bicubic, area, trilinear; grid_sample, affine_grid", "expressible with gathers; not done yet"),

@@ -519,4 +519,12 @@ pub const VISION: &[OpInfo] = &[
         Grad::Yes,
         &[],
     ),
+    op(
+        "fold",
+        "x.fold(output_size, kernel, dilation, padding, stride) (F.fold)",
+        Family::Vision,
+        How::Frontend("select, pad (stride spreading and placement), reshape, add, narrow"),
+        Grad::Yes,
+        &[],
+    ),
 ];
