@@ -307,3 +307,42 @@ fn composite_random_ops_are_seeded_in_range_and_agree_across_backends() {
     assert!(Tensor::normal(0.0, -1.0, &[2], DType::F32).is_err());
     assert!(Tensor::uniform(1.0, 0.0, &[2], DType::F32).is_err());
 }
+
+/// Channel dropout zeroes whole channels with probability p and scales the rest; alpha dropout
+/// keeps a standard normal input's mean and variance; both draw the same numbers interpreted and
+/// compiled.
+#[test]
+fn channel_and_alpha_dropout_draw_per_channel_keep_moments_and_agree_across_backends() {
+    let _serial = serial();
+    let draw = || -> Vec<Vec<f32>> {
+        coil::manual_seed(5);
+        let ones = Tensor::ones(&[64, 32, 3, 3], DType::F32);
+        let channels = ones.feature_dropout(0.25, true, 2).unwrap();
+        let x = Tensor::randn(&[16384], DType::F32).unwrap();
+        let alpha = x.alpha_dropout(0.2, true).unwrap();
+        let feature_alpha = ones.feature_alpha_dropout(0.2, true).unwrap();
+        [channels, alpha, feature_alpha].iter().map(f32s).collect()
+    };
+    coil::set_backend(Backend::Interpreter);
+    let interpreted = draw();
+    coil::set_backend(Backend::Compiled);
+    let compiled = draw();
+    for (a, b) in interpreted.iter().zip(&compiled) {
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "interpreted and compiled differ by {worst}");
+    }
+    let [channels, alpha, feature_alpha] = &compiled[..] else { unreachable!() };
+    let kept = (1.0f64 / 0.75) as f32;
+    assert!(channels.chunks(9).all(|c| c.iter().all(|&v| v == c[0]) && (c[0] == 0.0 || c[0] == kept)));
+    let dropped = channels.chunks(9).filter(|c| c[0] == 0.0).count() as f64 / (64.0 * 32.0);
+    assert!((dropped - 0.25).abs() < 0.04, "dropped {dropped} of the channels for p = 0.25");
+    let n = alpha.len() as f64;
+    let mean = alpha.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = alpha.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.06, "alpha dropout: mean {mean}, variance {var}");
+    assert!(feature_alpha.chunks(9).all(|c| c.iter().all(|&v| v == c[0])), "feature alpha dropout per channel");
+    let x = Tensor::ones(&[4], DType::F32);
+    assert_eq!(f32s(&x.alpha_dropout(1.0, true).unwrap()), vec![0.0; 4]);
+    assert_eq!(f32s(&x.feature_dropout(0.5, false, 1).unwrap()), vec![1.0; 4]);
+    assert!(x.alpha_dropout(1.5, true).is_err());
+}

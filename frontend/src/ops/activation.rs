@@ -170,6 +170,13 @@ impl Tensor {
     }
 
     /// `F.relu6(x)`: `hardtanh(x, 0, 6)`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![-1.0f32, 3.0, 9.0], &[3])?;
+    /// assert_eq!(x.relu6()?.to_vec::<f32>()?, vec![0.0, 3.0, 6.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn relu6(&self) -> Result<Tensor> {
         let _scope = CompositeScope::enter("relu6", &[self], Location::caller());
@@ -282,6 +289,14 @@ impl Tensor {
 
     /// `F.softshrink(x, lambd)`: `x - lambd` above `lambd`, `x + lambd` below `-lambd`, 0
     /// between; NaN stays NaN. `lambd` must not be negative.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![-2.0f32, 0.1, f32::NAN], &[3])?;
+    /// let y = x.softshrink(0.5)?.to_vec::<f32>()?;
+    /// assert!(y[0] == -1.5 && y[1] == 0.0 && y[2].is_nan());
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn softshrink(&self, lambd: f64) -> Result<Tensor> {
         let loc = Location::caller();

@@ -110,6 +110,14 @@ impl Tensor {
 
     /// `torch.tensor_split(x, indices, dim)`: the pieces `[0, i0)`, `[i0, i1)`, ..., `[ik, end)`
     /// along `dim` (indices clamp to the size; negative ones count from the end).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec((0..4i64).collect(), &[4])?;
+    /// let parts = x.tensor_split_at(&[1, -1], 0)?;
+    /// assert_eq!(parts[1].to_vec::<i64>()?, vec![1, 2]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn tensor_split_at(&self, indices: &[i64], dim: i64) -> Result<Vec<Tensor>> {
         let loc = Location::caller();
@@ -146,6 +154,13 @@ impl Tensor {
     }
 
     /// `torch.vsplit(x, n)`: `n` equal pieces along dim 0 (at least 2-D).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::zeros(&[4, 2], coil_ir::DType::F32);
+    /// assert_eq!(x.vsplit(2)?[0].shape(), &[2, 2]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn vsplit(&self, sections: usize) -> Result<Vec<Tensor>> {
         let loc = Location::caller();

@@ -513,6 +513,13 @@ impl Tensor {
     }
 
     /// `torch.swapaxes(x, a, b)` (`swapdims`): [`Tensor::transpose`].
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::zeros(&[2, 3], coil_ir::DType::F32);
+    /// assert_eq!(x.swapaxes(0, 1)?.shape(), &[3, 2]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn swapaxes(&self, axis0: i64, axis1: i64) -> Result<Tensor> {
         let _scope = CompositeScope::enter("swapaxes", &[self], Location::caller());
@@ -539,6 +546,13 @@ impl Tensor {
     }
 
     /// `torch.flipud(x)`: reverses dim 0 (at least 1-D).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1i64, 2, 3], &[3])?;
+    /// assert_eq!(x.flipud()?.to_vec::<i64>()?, vec![3, 2, 1]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn flipud(&self) -> Result<Tensor> {
         let loc = Location::caller();
@@ -597,6 +611,13 @@ impl Tensor {
     }
 
     /// `torch.atleast_2d(x)`: 0-d and 1-d tensors as `[1, n]`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::zeros(&[3], coil_ir::DType::F32);
+    /// assert_eq!(x.atleast_2d()?.shape(), &[1, 3]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn atleast_2d(&self) -> Result<Tensor> {
         let _scope = CompositeScope::enter("atleast_2d", &[self], Location::caller());
@@ -607,6 +628,13 @@ impl Tensor {
     }
 
     /// `torch.atleast_3d(x)`: `[]` -> `[1, 1, 1]`, `[n]` -> `[1, n, 1]`, `[m, n]` -> `[m, n, 1]`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::zeros(&[3], coil_ir::DType::F32);
+    /// assert_eq!(x.atleast_3d()?.shape(), &[1, 3, 1]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn atleast_3d(&self) -> Result<Tensor> {
         let _scope = CompositeScope::enter("atleast_3d", &[self], Location::caller());
@@ -639,6 +667,13 @@ pub fn hstack(tensors: &[&Tensor]) -> Result<Tensor> {
 }
 
 /// `torch.vstack(tensors)`: [`cat`] along dim 0 of [`Tensor::atleast_2d`] of each.
+///
+/// ```
+/// use coil_frontend::{ops::indexing::vstack, Tensor};
+/// let a = Tensor::from_vec(vec![1i64, 2], &[2])?;
+/// assert_eq!(vstack(&[&a, &a])?.to_vec::<i64>()?, vec![1, 2, 1, 2]);
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
 #[track_caller]
 pub fn vstack(tensors: &[&Tensor]) -> Result<Tensor> {
     let _scope = CompositeScope::enter("vstack", tensors, Location::caller());
@@ -647,6 +682,13 @@ pub fn vstack(tensors: &[&Tensor]) -> Result<Tensor> {
 }
 
 /// `torch.dstack(tensors)`: [`cat`] along dim 2 of [`Tensor::atleast_3d`] of each.
+///
+/// ```
+/// use coil_frontend::{ops::indexing::dstack, Tensor};
+/// let a = Tensor::from_vec(vec![1i64, 2], &[2])?;
+/// assert_eq!(dstack(&[&a, &a])?.to_vec::<i64>()?, vec![1, 1, 2, 2]);
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
 #[track_caller]
 pub fn dstack(tensors: &[&Tensor]) -> Result<Tensor> {
     let _scope = CompositeScope::enter("dstack", tensors, Location::caller());

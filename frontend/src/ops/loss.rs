@@ -97,6 +97,14 @@ impl Tensor {
 
     /// `F.huber_loss(input, target, reduction, delta)`: `0.5 d^2` where `|d| < delta`, else
     /// `delta * (|d| - 0.5 delta)`.
+    ///
+    /// ```
+    /// use coil_frontend::{ops::nn::LossReduction, Tensor};
+    /// let x = Tensor::from_vec(vec![0.5f32, 3.0], &[2])?;
+    /// let y = Tensor::zeros(&[2], coil_ir::DType::F32);
+    /// assert_eq!(x.huber_loss(&y, LossReduction::Sum, 1.0)?.item::<f32>()?, 2.625);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn huber_loss(&self, target: &Tensor, reduction: LossReduction, delta: f64) -> Result<Tensor> {
         let loc = Location::caller();

@@ -88,6 +88,13 @@ impl Tensor {
     }
 
     /// `torch.clamp_max(x, max)`: [`Tensor::clamp`] with only an upper bound.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![-1i64, 5], &[2])?;
+    /// assert_eq!(x.clamp_max(2)?.to_vec::<i64>()?, vec![-1, 2]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn clamp_max(&self, max: impl Into<coil_ir::Scalar>) -> Result<Tensor> {
         self.clamp(None::<f64>, Some(max))
@@ -144,6 +151,13 @@ impl Tensor {
     }
 
     /// `torch.isposinf(x)`: equal to +infinity.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![f32::INFINITY, 1.0], &[2])?;
+    /// assert_eq!(x.isposinf()?.to_vec::<bool>()?, vec![true, false]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn isposinf(&self) -> Result<Tensor> {
         let _scope = CompositeScope::enter("isposinf", &[self], Location::caller());
@@ -154,6 +168,13 @@ impl Tensor {
     }
 
     /// `torch.isneginf(x)`: equal to -infinity.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![f32::NEG_INFINITY, 1.0], &[2])?;
+    /// assert_eq!(x.isneginf()?.to_vec::<bool>()?, vec![true, false]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn isneginf(&self) -> Result<Tensor> {
         let _scope = CompositeScope::enter("isneginf", &[self], Location::caller());
@@ -342,6 +363,14 @@ impl Tensor {
 
     /// `torch.addcdiv(x, t1, t2, value=v)`: `x + v * t1 / t2`, broadcast; integer `t1` and `t2`
     /// are an error, as in PyTorch.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32], &[1])?;
+    /// let (a, b) = (Tensor::from_vec(vec![3.0f32], &[1])?, Tensor::from_vec(vec![2.0f32], &[1])?);
+    /// assert_eq!(x.addcdiv(&a, &b, 2.0)?.to_vec::<f32>()?, vec![4.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn addcdiv(&self, tensor1: &Tensor, tensor2: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
         let loc = Location::caller();
@@ -478,6 +507,13 @@ impl Tensor {
     }
 
     /// `torch.logaddexp2(a, b)`: `log2(2^a + 2^b)`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32], &[1])?;
+    /// assert_eq!(x.logaddexp2(&x)?.to_vec::<f32>()?, vec![2.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn logaddexp2(&self, other: &Tensor) -> Result<Tensor> {
         let _scope = CompositeScope::enter("logaddexp2", &[self, other], Location::caller());
@@ -530,6 +566,13 @@ impl Tensor {
     }
 
     /// `torch.rad2deg(x)`: `x * 180 / pi`; integers give f32.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![std::f32::consts::PI], &[1])?;
+    /// assert!((x.rad2deg()?.item::<f32>()? - 180.0).abs() < 1e-4);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn rad2deg(&self) -> Result<Tensor> {
         let _scope = CompositeScope::enter("rad2deg", &[self], Location::caller());
@@ -600,6 +643,14 @@ impl Tensor {
     }
 
     /// `torch.fmin(a, b)`: the smaller of the two, ignoring NaN.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let a = Tensor::from_vec(vec![f32::NAN, 2.0], &[2])?;
+    /// let b = Tensor::from_vec(vec![1.0f32, 3.0], &[2])?;
+    /// assert_eq!(a.fmin(&b)?.to_vec::<f32>()?, vec![1.0, 2.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn fmin(&self, other: &Tensor) -> Result<Tensor> {
         let _scope = CompositeScope::enter("fmin", &[self, other], Location::caller());

@@ -180,6 +180,13 @@ impl Tensor {
     }
 
     /// `torch.vdot(a, b)`: [`Tensor::dot`] (coil has no complex dtypes to conjugate).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let a = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+    /// assert_eq!(a.vdot(&a)?.item::<f32>()?, 5.0);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn vdot(&self, other: &Tensor) -> Result<Tensor> {
         let _scope = CompositeScope::enter("vdot", &[self, other], Location::caller());

@@ -49,6 +49,14 @@ impl Tensor {
     }
 
     /// `torch.empty_like(x)`: [`Tensor::empty`] of this tensor's shape, dtype and device.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1i64, 2], &[2])?;
+    /// let e = x.empty_like();
+    /// assert_eq!((e.shape(), e.dtype()), (x.shape(), x.dtype()));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn empty_like(&self) -> Tensor {
         self.full_like(0)
@@ -109,6 +117,14 @@ impl Tensor {
 
     /// `torch.randint_like(x, low, high)`: [`Tensor::randint`] of this tensor's shape, dtype and
     /// device.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::zeros(&[50], coil_ir::DType::I32);
+    /// let r = x.randint_like(0, 2)?.to_vec::<i32>()?;
+    /// assert!(r.iter().all(|v| *v == 0 || *v == 1));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn randint_like(&self, low: i64, high: i64) -> Result<Tensor> {
         let loc = Location::caller();
@@ -178,6 +194,13 @@ impl Tensor {
 
     /// `torch.triu_indices(row, col, offset)`: the coordinates of the upper triangle (on and
     /// above the `offset` diagonal).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let i = Tensor::triu_indices(2, 3, 1)?;
+    /// assert_eq!(i.to_vec::<i64>()?, vec![0, 0, 1, 1, 2, 2]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn triu_indices(row: usize, col: usize, offset: i64) -> Result<Tensor> {
         Tensor::triangle_indices("triu_indices", row, col, |i, j| j >= i.saturating_add(offset))
@@ -206,5 +229,108 @@ impl Tensor {
         let n = rows.len();
         rows.extend(cols);
         Tensor::from_vec(rows, &[2, n])?.to_device(crate::tensor::default_device())
+    }
+
+    /// `F.dropout1d` / `dropout2d` / `dropout3d(x, p, training)`: in training, zeroes whole
+    /// channels (each with probability `p`, one draw per sample and channel of
+    /// `[N, C, *spatial]` or `[C, *spatial]` with `spatial_dims` trailing dims) and scales the
+    /// rest by `1 / (1 - p)`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// let x = Tensor::ones(&[8, 16, 4, 4], DType::F32);
+    /// let y = x.feature_dropout(0.5, true, 2)?.to_vec::<f32>()?;
+    /// // Each 4 x 4 channel is all zeros or all twos.
+    /// assert!(y.chunks(16).all(|c| c.iter().all(|&v| v == c[0]) && (c[0] == 0.0 || c[0] == 2.0)));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn feature_dropout(&self, p: f64, train: bool, spatial_dims: usize) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("feature_dropout", &[self], loc);
+        self.channel_noise("feature_dropout", p, train, spatial_dims, false, loc)
+    }
+
+    /// `F.alpha_dropout(x, p, training)`: dropout for SELU networks, keeping the mean and
+    /// variance: dropped elements become SELU's negative saturation value, then all are scaled
+    /// and shifted (PyTorch's `a` and `b`).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// use coil_ir::DType;
+    /// coil_frontend::manual_seed(3);
+    /// let x = Tensor::randn(&[20000], DType::F32)?;
+    /// let y = x.alpha_dropout(0.2, true)?;
+    /// let (m, s) = (y.mean(&[], false)?.item::<f32>()?, y.std(&[], 0.0, false)?.item::<f32>()?);
+    /// assert!(m.abs() < 0.05 && (s - 1.0).abs() < 0.05);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn alpha_dropout(&self, p: f64, train: bool) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("alpha_dropout", &[self], loc);
+        self.channel_noise("alpha_dropout", p, train, 0, true, loc)
+    }
+
+    /// `F.feature_alpha_dropout(x, p, training)`: [`Tensor::alpha_dropout`] of whole channels
+    /// (dims 2.. of `[N, C, ...]` share a draw).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::ones(&[2, 3, 4], coil_ir::DType::F32);
+    /// assert_eq!(x.feature_alpha_dropout(0.5, false)?.to_vec::<f32>()?, vec![1.0; 24]);
+    /// let y = x.feature_alpha_dropout(0.5, true)?.to_vec::<f32>()?;
+    /// assert!(y.chunks(4).all(|c| c.iter().all(|&v| v == c[0])));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn feature_alpha_dropout(&self, p: f64, train: bool) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("feature_alpha_dropout", &[self], loc);
+        self.channel_noise("feature_alpha_dropout", p, train, self.rank().saturating_sub(2), true, loc)
+    }
+
+    /// Dropout with one draw per element of the leading `rank - shared_dims` dims (the trailing
+    /// `shared_dims` share it: 0 draws per element); `alpha` selects alpha dropout's affine
+    /// noise.
+    fn channel_noise(
+        &self,
+        op: &'static str,
+        p: f64,
+        train: bool,
+        shared_dims: usize,
+        alpha: bool,
+        loc: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        if !(0.0..=1.0).contains(&p) {
+            let e = Error::value(format!("dropout probability has to be between 0 and 1, but got {p}"));
+            return Err(Tensor::error(op, &[self], e, loc));
+        }
+        if !train || p == 0.0 || self.numel() == 0 {
+            return Ok(self.clone());
+        }
+        if !self.dtype().is_float() {
+            let e = Error::dtype(format!("{op} expects a floating tensor, got {}", self.dtype()));
+            return Err(Tensor::error(op, &[self], e, loc));
+        }
+        let shared = shared_dims.min(self.rank());
+        let mut noise_shape = self.shape().to_vec();
+        for d in noise_shape.iter_mut().skip(self.rank() - shared) {
+            *d = 1;
+        }
+        if p == 1.0 {
+            // PyTorch returns `x * 0` without drawing random numbers.
+            return self.mul(0.0);
+        }
+        let keep = Tensor::rand(&noise_shape, self.dtype())?.to_device(self.device())?.ge(p)?.to_dtype(self.dtype())?;
+        if !alpha {
+            return self.mul(&keep)?.div(1.0 - p);
+        }
+        // PyTorch's constants: alpha' = -scale * alpha of SELU.
+        const ALPHA: f64 = 1.758_099_340_847_376_6;
+        let a = 1.0 / ((ALPHA * ALPHA * p + 1.0) * (1.0 - p)).sqrt();
+        let b = keep.sub(1.0)?.mul(ALPHA * a)?.add(ALPHA * a * p)?;
+        self.mul(&keep.mul(a)?)?.add(&b)
     }
 }

@@ -26,6 +26,12 @@ pub enum Family {
 }
 
 impl Family {
+    /// The heading of this family's section in `docs/ops.md`.
+    ///
+    /// ```
+    /// use coil_frontend::ops::registry::Family;
+    /// assert_eq!(Family::Loss.title(), "Losses and distances");
+    /// ```
     pub fn title(self) -> &'static str {
         match self {
             Family::Creation => "Creation and random",
@@ -58,6 +64,12 @@ pub enum How {
 }
 
 impl How {
+    /// How the table names this way of computing an op.
+    ///
+    /// ```
+    /// use coil_frontend::ops::registry::How;
+    /// assert_eq!(How::Frontend("mul").kind(), "frontend composition");
+    /// ```
     pub fn kind(self) -> &'static str {
         match self {
             How::Leaf(_) => "leaf",
@@ -68,6 +80,12 @@ impl How {
         }
     }
 
+    /// The primitives or ops it becomes.
+    ///
+    /// ```
+    /// use coil_frontend::ops::registry::How;
+    /// assert_eq!(How::Primitive("add").parts(), "add");
+    /// ```
     pub fn parts(self) -> &'static str {
         match self {
             How::Leaf(s) | How::Primitive(s) | How::Decomposed(s) | How::Frontend(s) | How::Template(s) => s,
@@ -155,10 +173,7 @@ pub const NOT_YET: &[(&str, &str)] = &[
     ("masked_select, nonzero, unique, bincount, argwhere", "data-dependent output shapes: graph breaks with a reason"),
     ("histc", "binning by data-dependent bounds with PyTorch's rounding; not done"),
     ("conv1d/2d/3d, conv_transpose1d/2d/3d", "a convolution primitive (cuDNN on NVIDIA GPUs, im2col + GEMM elsewhere)"),
-    (
-        "max_unpool, dropout1d/2d, alpha_dropout, pooling with dilation or ceil_mode",
-        "expressible as compositions; not done yet",
-    ),
+    ("max_unpool, pooling with dilation or ceil_mode", "expressible as compositions; not done yet"),
     ("interpolate bicubic, area, trilinear; grid_sample, affine_grid", "expressible with gathers; not done yet"),
     ("batch_norm in training with running statistics", "an in-place update of the running statistics"),
     (

@@ -242,6 +242,46 @@ pub const NN: &[OpInfo] = &[
         Grad::Yes,
         &[],
     ),
+    op(
+        "dropout1d",
+        "x.feature_dropout(p, train, 1)",
+        Family::Nn,
+        How::Frontend("rand (Philox) per channel, ge, mul, div"),
+        Grad::Yes,
+        &[],
+    ),
+    op(
+        "dropout2d",
+        "x.feature_dropout(p, train, 2)",
+        Family::Nn,
+        How::Frontend("rand (Philox) per channel, ge, mul, div"),
+        Grad::Yes,
+        &[],
+    ),
+    op(
+        "dropout3d",
+        "x.feature_dropout(p, train, 3)",
+        Family::Nn,
+        How::Frontend("rand (Philox) per channel, ge, mul, div"),
+        Grad::Yes,
+        &[],
+    ),
+    op(
+        "alpha_dropout",
+        "x.alpha_dropout(p, train)",
+        Family::Nn,
+        How::Frontend("rand (Philox), ge, mul, add"),
+        Grad::Yes,
+        &[],
+    ),
+    op(
+        "feature_alpha_dropout",
+        "x.feature_alpha_dropout(p, train)",
+        Family::Nn,
+        How::Frontend("rand (Philox) per channel, ge, mul, add"),
+        Grad::Yes,
+        &[],
+    ),
 ];
 
 /// The loss ops.

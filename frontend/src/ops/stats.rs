@@ -30,6 +30,14 @@ impl Tensor {
     }
 
     /// `torch.std_mean(x, dims, correction, keepdim)`: `(std, mean)` over `dims`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 3.0], &[2])?;
+    /// let (std, mean) = x.std_mean(&[], 0.0, false)?;
+    /// assert_eq!((std.item::<f32>()?, mean.item::<f32>()?), (1.0, 2.0));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn std_mean(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<(Tensor, Tensor)> {
         let _scope = CompositeScope::enter("std_mean", &[self], Location::caller());
@@ -74,6 +82,13 @@ impl Tensor {
     /// `torch.nanmean(x, dims, keepdim)`: the mean of the elements that are not NaN (NaN when
     /// there are none); floating dtypes only. The gradient of a slice that is all NaN is 0
     /// (PyTorch's is NaN).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![f32::NAN, 1.0, 3.0], &[3])?;
+    /// assert_eq!(x.nanmean(&[], false)?.item::<f32>()?, 2.0);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn nanmean(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
         let loc = Location::caller();
@@ -221,6 +236,13 @@ impl Tensor {
 
     /// `torch.cumulative_trapezoid(y, dx=dx, dim=dim)`: the running trapezoidal rule,
     /// `cumsum((y[1:] + y[:-1]) * dx / 2)`, one shorter along `dim`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let y = Tensor::from_vec(vec![0.0f32, 2.0, 4.0], &[3])?;
+    /// assert_eq!(y.cumulative_trapezoid(0.5, 0)?.to_vec::<f32>()?, vec![0.5, 2.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn cumulative_trapezoid(&self, dx: f64, dim: i64) -> Result<Tensor> {
         let loc = Location::caller();

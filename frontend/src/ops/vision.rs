@@ -313,6 +313,14 @@ impl Tensor {
     }
 
     /// `F.avg_pool2d(x, kernel, stride, padding, count_include_pad=...)`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::ones(&[1, 3, 3], coil_ir::DType::F32);
+    /// let y = x.avg_pool2d([3, 3], &[1, 1], [1, 1], false)?.to_vec::<f32>()?;
+    /// assert!(y.iter().all(|&v| v == 1.0));
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn avg_pool2d(
         &self,
@@ -344,6 +352,13 @@ impl Tensor {
     }
 
     /// `F.avg_pool1d(x, kernel, stride, padding, count_include_pad=...)`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 3.0, 5.0], &[1, 3])?;
+    /// assert_eq!(x.avg_pool1d(2, Some(1), 0, true)?.to_vec::<f32>()?, vec![2.0, 4.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn avg_pool1d(
         &self,
@@ -375,6 +390,13 @@ impl Tensor {
     }
 
     /// `F.avg_pool3d(x, kernel, stride, padding, count_include_pad=...)`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::ones(&[1, 2, 2, 2], coil_ir::DType::F32);
+    /// assert_eq!(x.avg_pool3d([2, 2, 2], &[], [0, 0, 0], true)?.to_vec::<f32>()?, vec![1.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn avg_pool3d(
         &self,
@@ -583,6 +605,13 @@ impl Tensor {
     }
 
     /// `F.pixel_unshuffle(x, r)`: `[*, C, H r, W r]` -> `[*, C r^2, H, W]`.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::zeros(&[1, 4, 6], coil_ir::DType::F32);
+    /// assert_eq!(x.pixel_unshuffle(2)?.shape(), &[4, 2, 3]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn pixel_unshuffle(&self, downscale: usize) -> Result<Tensor> {
         let loc = Location::caller();
