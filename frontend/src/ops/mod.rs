@@ -6,6 +6,7 @@ pub mod assemble;
 pub(crate) mod composite;
 pub mod creation;
 pub mod einsum;
+pub mod im2col;
 pub mod indexing;
 pub mod linalg;
 pub mod loss;
