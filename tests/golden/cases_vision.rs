@@ -58,6 +58,13 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "interpolate_bilinear" => vec![a().interpolate(&[5, 7], linear(false))?],
         "interpolate_bilinear_align" => vec![a().interpolate(&[2, 5], linear(true))?],
         "interpolate_linear_1d_down" => vec![a().interpolate(&[3], linear(false))?],
+        "interpolate_bicubic_up" => vec![a().interpolate(&[5, 7], Interpolation::Bicubic { align_corners: false })?],
+        "interpolate_bicubic_down_align" => {
+            vec![a().interpolate(&[3, 2], Interpolation::Bicubic { align_corners: true })?]
+        }
+        "interpolate_trilinear" => vec![a().interpolate(&[3, 4, 5], linear(false))?],
+        "interpolate_nearest_3d" => vec![a().interpolate(&[4, 2, 3], Interpolation::Nearest)?],
+        "interpolate_area" => vec![a().interpolate(&[2, 3], Interpolation::Area)?],
         "pixel_shuffle_2" | "err_pixel_shuffle_channels" => vec![a().pixel_shuffle(2)?],
         "pixel_unshuffle_2" => vec![a().pixel_unshuffle(2)?],
         "local_response_norm_3d" => vec![a().local_response_norm(3, 1e-4, 0.75, 1.0)?],

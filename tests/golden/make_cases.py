@@ -1193,6 +1193,15 @@ fcase("fold_k3_d2_p1_s2", "F.fold(a, (6, 7), 3, dilation=2, padding=1, stride=2)
 case("err_fold_blocks", "F.fold(a, (3, 4), 2)", a=r(2, 12, 5))
 
 
+# more interpolation modes
+fcase("interpolate_bicubic_up", "F.interpolate(a, size=(5, 7), mode='bicubic')", a=r(1, 2, 3, 4))
+case("interpolate_bicubic_down_align", "F.interpolate(a, size=(3, 2), mode='bicubic', align_corners=True)",
+     a=r(2, 1, 6, 5))
+fcase("interpolate_trilinear", "F.interpolate(a, size=(3, 4, 5), mode='trilinear')", a=r(1, 2, 2, 3, 4))
+case("interpolate_nearest_3d", "F.interpolate(a, size=(4, 2, 3), mode='nearest')", a=r(1, 1, 2, 3, 3))
+case("interpolate_area", "F.interpolate(a, size=(2, 3), mode='area')", a=r(1, 2, 5, 7))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

@@ -503,9 +503,9 @@ pub const VISION: &[OpInfo] = &[
     ),
     op(
         "interpolate",
-        "x.interpolate(size, mode) (nearest, nearest-exact, linear, bilinear)",
+        "x.interpolate(size, mode) (nearest, nearest-exact, linear, bilinear, trilinear, bicubic, area)",
         Family::Vision,
-        How::Frontend("index_select, mul, add"),
+        How::Frontend("index_select, mul, add (area: adaptive_avg_pool)"),
         Grad::Yes,
         &[],
     ),

@@ -35,8 +35,23 @@ pub enum Interpolation {
     Nearest,
     /// `mode="nearest-exact"`: source index `floor((dst + 0.5) * in / out)`.
     NearestExact,
-    /// `mode="linear"` / `"bilinear"` (by the number of spatial dims), with `align_corners`.
+    /// `mode="linear"` / `"bilinear"` / `"trilinear"` (by the number of spatial dims), with
+    /// `align_corners`.
     Linear { align_corners: bool },
+    /// `mode="bicubic"` (two spatial dims): Keys' cubic convolution with `A = -0.75`, source
+    /// indices clamped into the input, as PyTorch.
+    Bicubic { align_corners: bool },
+    /// `mode="area"`: [`Tensor::adaptive_avg_pool`] to the output size.
+    Area,
+}
+
+/// Keys' cubic convolution weights of the four taps around a source position with fraction
+/// `t`, as PyTorch's `get_cubic_upsample_coefficients` (in f32).
+fn cubic_weights(t: f32) -> [f32; 4] {
+    const A: f32 = -0.75;
+    let near = |x: f32| ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;
+    let far = |x: f32| ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A;
+    [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
 }
 
 /// An error of `op` on `x` at `loc`.
@@ -502,10 +517,10 @@ impl Tensor {
         Ok(y)
     }
 
-    /// `F.interpolate(x, size, mode)` on `[N, C, *spatial]` with one or two spatial dims:
-    /// nearest, nearest-exact, linear / bilinear (with `align_corners`). Source indices and
-    /// weights follow PyTorch's formulas (computed in f32 from the sizes), each spatial dim in
-    /// turn, the last first.
+    /// `F.interpolate(x, size, mode)` on `[N, C, *spatial]` with one to three spatial dims:
+    /// nearest, nearest-exact, linear / bilinear / trilinear and bicubic (with
+    /// `align_corners`), area. Source indices and weights follow PyTorch's formulas (computed in
+    /// f32 from the sizes), each spatial dim in turn, the last first.
     ///
     /// ```
     /// use coil_frontend::{ops::vision::Interpolation, Tensor};
@@ -520,7 +535,18 @@ impl Tensor {
         let loc = Location::caller();
         let _scope = CompositeScope::enter("interpolate", &[self], loc);
         let nd = size.len();
-        if !(1..=2).contains(&nd) || self.rank() != nd + 2 {
+        if mode == Interpolation::Area {
+            return self.adaptive_avg_pool(size);
+        }
+        if matches!(mode, Interpolation::Bicubic { .. }) && nd != 2 {
+            return fail(
+                "interpolate",
+                self,
+                format!("bicubic interpolation takes 2 spatial dims, got output size {size:?}"),
+                loc,
+            );
+        }
+        if !(1..=3).contains(&nd) || self.rank() != nd + 2 {
             return fail(
                 "interpolate",
                 self,
@@ -568,6 +594,40 @@ impl Tensor {
                     let w1 = along(w1, d, rank, self.dtype(), self)?;
                     y = a.mul(&w0)?.add(&b.mul(&w1)?)?;
                 }
+                Interpolation::Bicubic { align_corners } => {
+                    let mut taps = vec![(vec![], vec![]); 4];
+                    for j in 0..o {
+                        let src = if align_corners {
+                            let s = if o > 1 { (n as f32 - 1.0) / (o as f32 - 1.0) } else { 0.0 };
+                            s * j as f32
+                        } else {
+                            scale * (j as f32 + 0.5) - 0.5
+                        };
+                        let base = src.floor();
+                        let weights = cubic_weights(src - base);
+                        for (k, (index, weight)) in taps.iter_mut().enumerate() {
+                            index.push((base as i64 - 1 + k as i64).clamp(0, n as i64 - 1));
+                            weight.push(weights[k] as f64);
+                        }
+                    }
+                    let mut acc: Option<Tensor> = None;
+                    for (index, weight) in taps {
+                        let term = y.index_select(d as i64, &indices(index, self)?)?.mul(&along(
+                            weight,
+                            d,
+                            rank,
+                            self.dtype(),
+                            self,
+                        )?)?;
+                        acc = Some(match acc {
+                            None => term,
+                            Some(a) => a.add(&term)?,
+                        });
+                    }
+                    y = acc.expect("four taps");
+                }
+                // Computed by adaptive_avg_pool before the loop.
+                Interpolation::Area => {}
             }
         }
         Ok(y)
