@@ -1202,6 +1202,16 @@ case("interpolate_nearest_3d", "F.interpolate(a, size=(4, 2, 3), mode='nearest')
 case("interpolate_area", "F.interpolate(a, size=(2, 3), mode='area')", a=r(1, 2, 5, 7))
 
 
+# pooling with ceil_mode and dilation
+fcase("max_pool2d_ceil_dilation", "F.max_pool2d(a, 3, stride=2, padding=1, dilation=2, ceil_mode=True)", a=r(1, 2, 8, 9))
+case("max_pool1d_ceil", "F.max_pool1d(a, 2, stride=2, ceil_mode=True)", a=r(2, 3, 7))
+fcase("avg_pool2d_ceil_include", "F.avg_pool2d(a, 3, stride=2, padding=1, ceil_mode=True)", a=r(1, 2, 6, 6))
+case("avg_pool2d_ceil_exclude", "F.avg_pool2d(a, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)",
+     a=r(1, 2, 6, 6))
+case("avg_pool1d_ceil", "F.avg_pool1d(a, 2, stride=2, ceil_mode=True)", a=r(2, 3, 7))
+case("max_pool3d_dilation", "F.max_pool3d(a, 2, stride=1, dilation=2)", a=r(1, 1, 5, 5, 5))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

@@ -173,7 +173,7 @@ pub const NOT_YET: &[(&str, &str)] = &[
     ("masked_select, nonzero, unique, bincount, argwhere", "data-dependent output shapes: graph breaks with a reason"),
     ("histc", "binning by data-dependent bounds with PyTorch's rounding; not done"),
     ("conv1d/2d/3d, conv_transpose1d/2d/3d", "a convolution primitive (cuDNN on NVIDIA GPUs, im2col + GEMM elsewhere)"),
-    ("max_unpool, pooling with dilation or ceil_mode", "expressible as compositions; not done yet"),
+    ("max_unpool, pooling with return_indices", "indices of window maxima: expressible, not done yet"),
     ("grid_sample, affine_grid", "expressible with gathers; not done yet"),
     ("batch_norm in training with running statistics", "an in-place update of the running statistics"),
     (

@@ -455,7 +455,7 @@ pub const VISION: &[OpInfo] = &[
     ),
     op(
         "max_pool2d",
-        "x.max_pool2d(kernel, stride, padding)",
+        "x.max_pool2d(kernel, stride, padding), x.max_pool(kernel, stride, padding, dilation, ceil_mode)",
         Family::Vision,
         How::Frontend("pad (-inf), strided slices, maximum"),
         Grad::Yes,
@@ -463,7 +463,7 @@ pub const VISION: &[OpInfo] = &[
     ),
     op(
         "avg_pool2d",
-        "x.avg_pool2d(kernel, stride, padding, count_include_pad)",
+        "x.avg_pool2d(kernel, stride, padding, count_include_pad), x.avg_pool(kernel, stride, padding, ceil_mode, count_include_pad)",
         Family::Vision,
         How::Frontend("pad, strided slices, add, div"),
         Grad::Yes,
@@ -471,7 +471,7 @@ pub const VISION: &[OpInfo] = &[
     ),
     op(
         "max_pool1d",
-        "x.max_pool1d(kernel, stride, padding)",
+        "x.max_pool1d(kernel, stride, padding), x.max_pool(kernel, stride, padding, dilation, ceil_mode)",
         Family::Vision,
         How::Frontend("pad (-inf), strided slices, maximum"),
         Grad::Yes,
@@ -479,7 +479,7 @@ pub const VISION: &[OpInfo] = &[
     ),
     op(
         "avg_pool1d",
-        "x.avg_pool1d(kernel, stride, padding, count_include_pad)",
+        "x.avg_pool1d(kernel, stride, padding, count_include_pad), x.avg_pool(kernel, stride, padding, ceil_mode, count_include_pad)",
         Family::Vision,
         How::Frontend("pad, strided slices, add, div"),
         Grad::Yes,
@@ -529,7 +529,7 @@ pub const VISION: &[OpInfo] = &[
     ),
     op(
         "max_pool3d",
-        "x.max_pool3d(kernel, stride, padding)",
+        "x.max_pool3d(kernel, stride, padding), x.max_pool(kernel, stride, padding, dilation, ceil_mode)",
         Family::Vision,
         How::Frontend("pad (-inf), strided slices, maximum"),
         Grad::Yes,
@@ -537,7 +537,7 @@ pub const VISION: &[OpInfo] = &[
     ),
     op(
         "avg_pool3d",
-        "x.avg_pool3d(kernel, stride, padding, count_include_pad)",
+        "x.avg_pool3d(kernel, stride, padding, count_include_pad), x.avg_pool(kernel, stride, padding, ceil_mode, count_include_pad)",
         Family::Vision,
         How::Frontend("pad, strided slices, add, div"),
         Grad::Yes,
