@@ -15,6 +15,7 @@ pub mod movement;
 pub mod nn;
 pub mod overload;
 pub mod pointwise;
+pub mod pooling;
 pub mod products;
 pub mod random;
 pub mod reduce;
