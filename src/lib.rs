@@ -58,7 +58,7 @@ pub use coil_frontend::ops::movement::*;
 pub use coil_frontend::ops::nn::*;
 pub use coil_frontend::ops::products::multi_dot;
 pub use coil_frontend::ops::registry as op_registry;
-pub use coil_frontend::ops::vision::Interpolation;
+pub use coil_frontend::ops::vision::{GridSample, Interpolation};
 pub use coil_frontend::{
     backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_default_device, synchronize,
     update_in_place, update_in_place_with, value_and_grad, where_, Backend, Captured, IntoTensor, Storage, Tensor,

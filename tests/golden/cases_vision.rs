@@ -13,6 +13,7 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
     let x = |n: &str| &i[n];
     let (a, b, c, w, y, z) = (|| x("a"), || x("b"), || x("c"), || x("w"), || x("y"), || x("z"));
     let linear = |align_corners| Interpolation::Linear { align_corners };
+    let sample = |bilinear, border, align_corners| GridSample::Sample { bilinear, border, align_corners };
     let bag = |mode, offsets: Option<&Tensor>, weights: Option<&Tensor>, last, padding| {
         embedding_bag(x("idx"), w(), offsets, mode, weights, last, padding)
     };
@@ -89,6 +90,11 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "avg_pool2d_ceil_exclude" => vec![a().avg_pool(&[3, 3], &[2, 2], &[1, 1], true, false)?],
         "avg_pool1d_ceil" => vec![a().avg_pool(&[2], &[2], &[0], true, true)?],
         "max_pool3d_dilation" => vec![a().max_pool(&[2, 2, 2], &[1, 1, 1], &[0, 0, 0], &[2, 2, 2], false)?],
+        "affine_grid_align" => vec![a().affine_grid([2, 3, 4, 5], true)?],
+        "affine_grid_no_align" => vec![a().affine_grid([1, 1, 3, 2], false)?],
+        "grid_sample_bilinear_zeros" => vec![a().grid_sample(&(b() * 0.8), sample(true, false, false))?],
+        "grid_sample_bilinear_border_align" => vec![a().grid_sample(b(), sample(true, true, true))?],
+        "grid_sample_nearest" => vec![a().grid_sample(&(b() * 0.8), sample(false, false, false))?],
         "unfold_k2" => vec![a().unfold2d([2, 2], [1, 1], [0, 0], [1, 1])?],
         "unfold_k3_d2_p1_s2" => vec![a().unfold2d([3, 3], [2, 2], [1, 1], [2, 2])?],
         _ => return Ok(None),

@@ -1212,6 +1212,16 @@ case("avg_pool1d_ceil", "F.avg_pool1d(a, 2, stride=2, ceil_mode=True)", a=r(2, 3
 case("max_pool3d_dilation", "F.max_pool3d(a, 2, stride=1, dilation=2)", a=r(1, 1, 5, 5, 5))
 
 
+# sampling grids
+fcase("affine_grid_align", "F.affine_grid(a, (2, 3, 4, 5), align_corners=True)", a=r(2, 2, 3))
+fcase("affine_grid_no_align", "F.affine_grid(a, (1, 1, 3, 2), align_corners=False)", a=r(1, 2, 3))
+fcase("grid_sample_bilinear_zeros", "F.grid_sample(a, b * 0.8, align_corners=False)", a=r(2, 3, 4, 5), b=r(2, 3, 2, 2))
+fcase("grid_sample_bilinear_border_align", "F.grid_sample(a, b, padding_mode='border', align_corners=True)",
+      a=r(1, 2, 3, 4), b=r(1, 4, 3, 2))
+case("grid_sample_nearest", "F.grid_sample(a, b * 0.8, mode='nearest', align_corners=False)", a=r(2, 3, 4, 5),
+     b=r(2, 3, 2, 2))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

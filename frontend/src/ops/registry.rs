@@ -174,7 +174,7 @@ pub const NOT_YET: &[(&str, &str)] = &[
     ("histc", "binning by data-dependent bounds with PyTorch's rounding; not done"),
     ("conv1d/2d/3d, conv_transpose1d/2d/3d", "a convolution primitive (cuDNN on NVIDIA GPUs, im2col + GEMM elsewhere)"),
     ("max_unpool, pooling with return_indices", "indices of window maxima: expressible, not done yet"),
-    ("grid_sample, affine_grid", "expressible with gathers; not done yet"),
+    ("grid_sample with reflection padding or bicubic, 3-D affine_grid", "expressible; not done yet"),
     ("batch_norm in training with running statistics", "an in-place update of the running statistics"),
     (
         "inverse, solve, det, slogdet, svd, qr, cholesky, eig, pinv, matrix_norm ord 2/nuc, matrix_power n < 0",

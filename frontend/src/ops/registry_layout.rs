@@ -567,4 +567,6 @@ pub const VISION: &[OpInfo] = &[
         Grad::Yes,
         &[],
     ),
+    op("affine_grid", "theta.affine_grid(size, align_corners) (2-D)", Family::Vision, How::Frontend("linspace, pad, add, mul, sum"), Grad::Yes, &[]),
+    op("grid_sample", "x.grid_sample(grid, mode) (bilinear, nearest; zeros, border)", Family::Vision, How::Frontend("mul, add, clamp, floor, where, gather"), Grad::Yes, &[]),
 ];

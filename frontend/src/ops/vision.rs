@@ -32,6 +32,14 @@ pub enum Interpolation {
     Area,
 }
 
+/// `F.grid_sample`'s modes and padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GridSample {
+    /// `mode="bilinear"`, `"nearest"` (`bilinear = false`); `border` clamps coordinates into
+    /// the input (`padding_mode="border"`), else outside samples are zeros.
+    Sample { bilinear: bool, border: bool, align_corners: bool },
+}
+
 /// Keys' cubic convolution weights of the four taps around a source position with fraction
 /// `t`, as PyTorch's `get_cubic_upsample_coefficients` (in f32).
 fn cubic_weights(t: f32) -> [f32; 4] {
@@ -420,5 +428,129 @@ impl Tensor {
         }
         let div = sum.div(size as f64)?.mul(alpha)?.add(k)?.pow(beta)?;
         self.div(&div)
+    }
+
+    /// `F.affine_grid(theta, size, align_corners)` for 2-D: the `[N, H, W, 2]` sampling grid of
+    /// the affine maps `theta` (`[N, 2, 3]`) over the normalized coordinates of an output of
+    /// `size` `[N, C, H, W]`, computed as PyTorch's decomposition does.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let identity = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 0.0, 1.0, 0.0], &[1, 2, 3])?;
+    /// let grid = identity.affine_grid([1, 1, 1, 2], true)?;
+    /// assert_eq!(grid.to_vec::<f32>()?, vec![-1.0, 0.0, 1.0, 0.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn affine_grid(&self, size: [usize; 4], align_corners: bool) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("affine_grid", &[self], loc);
+        let [n, _, h, w] = size;
+        if self.shape() != [n, 2, 3] || !self.dtype().is_float() {
+            let msg = format!(
+                "Expected a batch of 2D affine matrices of shape Nx2x3 for size {size:?}. Got {}.",
+                self.meta()
+            );
+            return fail("affine_grid", self, msg, loc);
+        }
+        if h == 0 || w == 0 {
+            return fail("affine_grid", self, format!("Expected non-zero, positive output size. Got {size:?}"), loc);
+        }
+        // Normalized coordinates: linspace(-a, a) with a = (s - 1) / s unless align_corners.
+        let line = |steps: usize| -> Result<Tensor> {
+            if steps <= 1 {
+                return Tensor::zeros(&[1], self.dtype()).to_device(self.device());
+            }
+            let a = if align_corners { 1.0 } else { (steps as f64 - 1.0) / steps as f64 };
+            Tensor::linspace(-a, a, steps, self.dtype())?.to_device(self.device())
+        };
+        let xs = line(w)?.reshape(&[1, w as i64, 1])?.pad(&[0, 2], 0)?;
+        let ys = line(h)?.reshape(&[h as i64, 1, 1])?.pad(&[1, 1], 0)?;
+        let ones = Tensor::ones(&[1, 1, 1], self.dtype()).to_device(self.device())?.pad(&[2, 0], 0)?;
+        let base = xs.add(&ys)?.add(&ones)?.reshape(&[-1, 3, 1])?;
+        let grid = base.mul(&self.transpose(1, 2)?.unsqueeze(1)?)?.sum(&[-2], false)?;
+        grid.reshape(&[n as i64, h as i64, w as i64, 2])
+    }
+
+    /// `F.grid_sample(x, grid, mode, padding_mode, align_corners)` for `[N, C, H, W]` input and
+    /// `[N, oH, oW, 2]` grid of normalized `(x, y)` coordinates: bilinear or nearest, with
+    /// zeros or border padding, as PyTorch's decomposition: the corners are gathered from the
+    /// flattened input and weighted (a corner outside the input weighs 0).
+    ///
+    /// ```
+    /// use coil_frontend::{ops::vision::GridSample, Tensor};
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[1, 1, 2, 2])?;
+    /// let centre = Tensor::zeros(&[1, 1, 1, 2], coil_ir::DType::F32);
+    /// let mode = GridSample::Sample { bilinear: true, border: false, align_corners: false };
+    /// assert_eq!(x.grid_sample(&centre, mode)?.to_vec::<f32>()?, vec![2.5]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn grid_sample(&self, grid: &Tensor, mode: GridSample) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("grid_sample", &[self, grid], loc);
+        let GridSample::Sample { bilinear, border, align_corners } = mode;
+        if self.rank() != 4 || grid.rank() != 4 || grid.shape()[3] != 2 || grid.shape()[0] != self.shape()[0] {
+            let msg = format!(
+                "grid_sample expects [N, C, H, W] input and an [N, oH, oW, 2] grid, got {:?} and {:?}",
+                self.shape(),
+                grid.shape()
+            );
+            return Err(Tensor::error("grid_sample", &[self, grid], Error::shape(msg), loc));
+        }
+        if !self.dtype().is_float() || grid.dtype() != self.dtype() {
+            let e = Error::dtype(format!(
+                "grid_sample expects floating input and grid of one dtype, got {} and {}",
+                self.dtype(),
+                grid.dtype()
+            ));
+            return Err(Tensor::error("grid_sample", &[self, grid], e, loc));
+        }
+        let [n, c, h, w] = [self.shape()[0], self.shape()[1], self.shape()[2], self.shape()[3]];
+        let (oh, ow) = (grid.shape()[1], grid.shape()[2]);
+        // Normalized [-1, 1] to pixel coordinates.
+        let source = |coords: Tensor, size: usize| -> Result<Tensor> {
+            let size = size as f64;
+            let scale = if align_corners { size * 0.5 - 0.5 } else { size * 0.5 };
+            let pixel = coords.mul(scale)?.add(size * 0.5 - 0.5)?;
+            if border {
+                return pixel.clamp(Some(0.0), Some(size - 1.0));
+            }
+            Ok(pixel)
+        };
+        let ix = source(grid.select(-1, 0)?, w)?;
+        let iy = source(grid.select(-1, 1)?, h)?;
+        let flat = self.reshape(&[n as i64, c as i64, (h * w) as i64])?;
+        // One corner: its value where it lies inside the input, weighted; 0 outside.
+        let corner = |xs: &Tensor, ys: &Tensor, weight: Option<&Tensor>| -> Result<Tensor> {
+            let inside = xs
+                .ge(0.0)?
+                .logical_and(&xs.lt(w as f64)?)?
+                .logical_and(&ys.ge(0.0)?)?
+                .logical_and(&ys.lt(h as f64)?)?;
+            let x = crate::ops::pointwise::where_(&inside, xs, 0.0)?.to_dtype(DType::I64)?;
+            let y = crate::ops::pointwise::where_(&inside, ys, 0.0)?.to_dtype(DType::I64)?;
+            let index = y.mul(w as i64)?.add(&x)?.reshape(&[n as i64, 1, (oh * ow) as i64])?;
+            let index = index.expand(&[n as i64, c as i64, (oh * ow) as i64])?;
+            let values = flat.gather(2, &index)?.reshape(&[n as i64, c as i64, oh as i64, ow as i64])?;
+            let weight = match weight {
+                Some(wt) => crate::ops::pointwise::where_(&inside, wt, 0.0)?,
+                None => inside.to_dtype(self.dtype())?,
+            };
+            values.mul(&weight.unsqueeze(1)?)
+        };
+        if !bilinear {
+            return corner(&ix.round()?, &iy.round()?, None);
+        }
+        let (x0, y0) = (ix.floor()?, iy.floor()?);
+        let (x1, y1) = (x0.add(1.0)?, y0.add(1.0)?);
+        let w_nw = x1.sub(&ix)?.mul(&y1.sub(&iy)?)?;
+        let w_ne = ix.sub(&x0)?.mul(&y1.sub(&iy)?)?;
+        let w_sw = x1.sub(&ix)?.mul(&iy.sub(&y0)?)?;
+        let w_se = ix.sub(&x0)?.mul(&iy.sub(&y0)?)?;
+        corner(&x0, &y0, Some(&w_nw))?
+            .add(&corner(&x1, &y0, Some(&w_ne))?)?
+            .add(&corner(&x0, &y1, Some(&w_sw))?)?
+            .add(&corner(&x1, &y1, Some(&w_se))?)
     }
 }
