@@ -89,6 +89,17 @@ const UNARY: &[Unary] = &[
     ("avg_pool1d", |t| t.avg_pool1d(2, Some(1), 1, false)),
     ("adaptive_avg_pool1d", |t| t.adaptive_avg_pool(&[3])),
     ("group_norm", |t| t.group_norm(1, None, None, 1e-5)),
+    ("max_pool_ceil", |t| t.max_pool(&[2], &[2], &[1], &[2], true)),
+    ("avg_pool_ceil", |t| t.avg_pool(&[3], &[2], &[1], true, false)),
+    ("interpolate_bicubic", |t| t.interpolate(&[3, 2], coil::Interpolation::Bicubic { align_corners: false })),
+    ("interpolate_linear", |t| t.interpolate(&[5], coil::Interpolation::Linear { align_corners: true })),
+    ("fold", |t| t.fold([2, 2], [1, 1], [1, 1], [0, 0], [1, 1])),
+    ("unfold2d", |t| t.unfold2d([2, 1], [1, 1], [0, 0], [1, 1])),
+    ("local_response_norm", |t| t.local_response_norm(2, 1e-4, 0.75, 1.0)),
+    ("cov", |t| t.cov(1.0)),
+    ("trapezoid", |t| t.trapezoid(0.5, -1)),
+    ("one_hot", |t| t.one_hot(3)),
+    ("take", |t| t.take(&coil::Tensor::from_vec(vec![0i64, -1], &[2])?)),
 ];
 
 /// A binary method's second operand: a tensor, or a Rust scalar (weak in type promotion).
@@ -125,6 +136,8 @@ trait FixedArgs {
     fn smooth_l1_loss_mean(&self, y: &Tensor) -> Result<Tensor>;
     fn cosine_similarity_last(&self, y: &Tensor) -> Result<Tensor>;
     fn cdist2(&self, y: &Tensor) -> Result<Tensor>;
+    fn grid_sample_zeros(&self, y: &Tensor) -> Result<Tensor>;
+    fn bucketize_left(&self, y: &Tensor) -> Result<Tensor>;
 }
 
 impl FixedArgs for Tensor {
@@ -139,6 +152,12 @@ impl FixedArgs for Tensor {
     }
     fn cdist2(&self, y: &Tensor) -> Result<Tensor> {
         self.cdist(y, 2.0)
+    }
+    fn grid_sample_zeros(&self, y: &Tensor) -> Result<Tensor> {
+        self.grid_sample(y, coil::GridSample::Sample { bilinear: true, border: false, align_corners: false })
+    }
+    fn bucketize_left(&self, y: &Tensor) -> Result<Tensor> {
+        self.bucketize(y, false)
     }
 }
 
@@ -181,7 +200,9 @@ const BINARY: &[Binary] = binary_methods!(
     outer,
     dot,
     kron,
-    cdist2
+    cdist2,
+    grid_sample_zeros,
+    bucketize_left
 );
 
 /// Reductions over a list of dims with `keepdim`.
