@@ -102,6 +102,11 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "bucketize_right" => vec![a().bucketize(b(), true)?],
         "searchsorted_2d" => vec![a().searchsorted(b(), false)?],
         "searchsorted_1d_right" => vec![a().searchsorted(b(), true)?],
+        "histc_range" => vec![a().histc(5, 0.0, 5.0)?],
+        "histc_data_range" => vec![a().histc(7, 0.0, 0.0)?],
+        "histc_one_value" => vec![a().histc(4, 0.0, 0.0)?],
+        "histc_f64" => vec![a().histc(10, -2.0, 2.0)?],
+        "err_histc_int" => vec![a().histc(100, 0.0, 0.0)?],
         // products
         "addmm_f32" => vec![a().addmm(b(), c(), 0.5, 2.0)?],
         "addmm_beta0_nan" => vec![a().addmm(b(), c(), 0.0, 1.0)?],

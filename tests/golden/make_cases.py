@@ -1222,6 +1222,14 @@ case("grid_sample_nearest", "F.grid_sample(a, b * 0.8, mode='nearest', align_cor
      b=r(2, 3, 2, 2))
 
 
+# histograms
+case("histc_range", "torch.histc(a, bins=5, min=0, max=5)", a=vals([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 2.5, -1.0, 6.0, NAN]))
+case("histc_data_range", "torch.histc(a, bins=7)", a=r(50))
+case("histc_one_value", "torch.histc(a, bins=4)", a=vals([2.0, 2.0]))
+case("histc_f64", "torch.histc(a, bins=10, min=-2, max=2)", a=r(40, dt="f64"))
+case("err_histc_int", "torch.histc(a)", a=ints(0, 5, 4))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

@@ -171,7 +171,6 @@ pub const NOT_YET: &[(&str, &str)] = &[
     ),
     ("scatter_reduce, index_reduce, embedding_bag max with offsets", "a scatter with a reduction (max, min, prod)"),
     ("masked_select, nonzero, unique, bincount, argwhere", "data-dependent output shapes: graph breaks with a reason"),
-    ("histc", "binning by data-dependent bounds with PyTorch's rounding; not done"),
     ("conv1d/2d/3d, conv_transpose1d/2d/3d", "a convolution primitive (cuDNN on NVIDIA GPUs, im2col + GEMM elsewhere)"),
     ("max_unpool, pooling with return_indices", "indices of window maxima: expressible, not done yet"),
     ("grid_sample with reflection padding or bicubic, 3-D affine_grid", "expressible; not done yet"),

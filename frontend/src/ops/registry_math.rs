@@ -422,4 +422,12 @@ pub const REDUCTION: &[OpInfo] = &[
         Grad::None,
         &[],
     ),
+    op(
+        "histc",
+        "x.histc(bins, min, max)",
+        Family::Reduction,
+        How::Frontend("amin, amax, sub, mul, div, floor, clamp, index_add"),
+        Grad::None,
+        &[],
+    ),
 ];

@@ -361,4 +361,48 @@ impl Tensor {
         }
         picked.squeeze_dim(-1)?.squeeze_dim(-1)
     }
+
+    /// `torch.histc(x, bins, min, max)`: counts of the elements in `bins` equal-width bins over
+    /// `[min, max]` (the last bin includes `max`), in `x`'s dtype; elements outside (and NaN)
+    /// are not counted. `min == max` uses the data's range (widened by 1 each way when that is
+    /// one value), read from the tensor without leaving the graph.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![0.0f32, 1.0, 2.5, 5.0, 6.0], &[5])?;
+    /// assert_eq!(x.histc(5, 0.0, 5.0)?.to_vec::<f32>()?, vec![1.0, 1.0, 1.0, 0.0, 1.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn histc(&self, bins: usize, min: f64, max: f64) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("histc", &[self], loc);
+        if !self.dtype().is_float() {
+            let e = Error::dtype(format!("\"histogram_cpu\" not implemented for '{}'", self.dtype()));
+            return Err(Tensor::error("histc", &[self], e, loc));
+        }
+        if bins == 0 || min > max || !min.is_finite() || !max.is_finite() {
+            let e = Error::value(format!(
+                "histc: expected bins > 0 and finite min <= max, got bins={bins}, min={min}, max={max}"
+            ));
+            return Err(Tensor::error("histc", &[self], e, loc));
+        }
+        let counts = Tensor::zeros(&[bins], self.dtype()).to_device(self.device())?;
+        if self.numel() == 0 {
+            return Ok(counts);
+        }
+        let x = self.reshape(&[-1])?;
+        let (lo, hi) = if min == max {
+            let (lo, hi) = (x.amin(&[], false)?, x.amax(&[], false)?);
+            let same = lo.eq(&hi)?;
+            (where_(&same, &lo.sub(1.0)?, &lo)?, where_(&same, &hi.add(1.0)?, &hi)?)
+        } else {
+            (x.full_like(min).select(0, 0)?, x.full_like(max).select(0, 0)?)
+        };
+        let inside = x.ge(&lo)?.logical_and(&x.le(&hi)?)?;
+        let position = x.sub(&lo)?.mul(bins as f64)?.div(&hi.sub(&lo)?)?;
+        // Outside positions (and NaN) go to bin 0 with weight 0; max itself to the last bin.
+        let bin = where_(&inside, &position, 0.0)?.floor()?.clamp(Some(0.0), Some(bins as f64 - 1.0))?;
+        counts.index_add(0, &bin.to_dtype(DType::I64)?, &inside.to_dtype(self.dtype())?, 1.0)
+    }
 }
