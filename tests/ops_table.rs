@@ -122,7 +122,8 @@ fn render() -> String {
          (or composite ops) an op becomes: a *decomposed* op is one node in captured graphs, rewritten by \
          `coil-passes`; a *frontend composition* records its parts. *golden* counts the op's cases in \
          `tests/golden/` (gradient cases, error cases); gradients are checked against \
-         `torch.autograd.grad`."
+         `torch.autograd.grad`. Random ops draw from coil's Philox stream, not PyTorch's: \
+         `tests/random.rs` checks them (seeding, agreement across backends, moments) instead."
     )
     .unwrap();
     for (family, rows) in FAMILIES {
