@@ -15,8 +15,7 @@ const CASES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/cases.jso
 const REGENERATE: &str = "COIL_UPDATE_OPS=1 cargo test --test ops_table";
 
 /// Golden cases that test several ops together or a rule rather than one op (type promotion,
-/// whole model blocks, `grad` itself), or an op coil lacks (`fmod`: the case checks the
-/// trunc-division formula a user can write): they belong to no row.
+/// whole model blocks, `grad` itself): they belong to no row.
 const CROSS_CUTTING: &[&str] = &[
     "composite_",
     "promo_",
@@ -28,7 +27,6 @@ const CROSS_CUTTING: &[&str] = &[
     "grad_mse_var",
     "err_grad_",
     "err_bitwise_",
-    "fmod_",
 ];
 
 /// Golden case counts of one op.

@@ -185,7 +185,8 @@ const BINARY: &[Binary] = binary_methods!(
     rdiv,
     xlogy,
     copysign,
-    float_power;
+    float_power,
+    fmod;
     tensor: hypot,
     logical_xor,
     logaddexp,

@@ -87,6 +87,8 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "softmin_3d" => vec![a().softmin(0)?],
         "prelu_channels" | "prelu_single" | "err_prelu_channels" => vec![a().prelu(w())?],
         "rrelu_eval" => vec![a().rrelu(0.1, 0.3)?],
+        "fmod_special" | "fmod_random" | "fmod_i64" | "err_fmod_int_zero" => vec![a().fmod(b())?],
+        "fmod_scalar_f64" => vec![a().fmod(1.5)?],
         "fmax_f32" | "fmax_nan" => vec![a().fmax(b())?],
         "fmin_f32" | "fmin_nan" => vec![a().fmin(b())?],
         "signbit_f32" | "signbit_i64" => vec![a().signbit()?],

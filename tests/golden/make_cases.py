@@ -1230,6 +1230,16 @@ case("histc_f64", "torch.histc(a, bins=10, min=-2, max=2)", a=r(40, dt="f64"))
 case("err_histc_int", "torch.histc(a)", a=ints(0, 5, 4))
 
 
+# fmod, exact from remainder
+case("fmod_special", "torch.fmod(a, b)", a=vals([1e30, -1e-30, 7.5, -7.5, 5.0, INF, 3.0, -0.0, 2.0, 1e20, NAN, -3.0]),
+     b=vals([3.0, 1.0, 2.0, 2.0, 0.0, 2.0, INF, 1.0, -0.7, -3.3, 1.0, -INF]))
+fcase("fmod_random", "torch.fmod(a, b)", a=r(3, 4), b=pos(3, 4))
+case("fmod_i64", "torch.fmod(a, b)", a=vals([-7, 7, -7, 7, 0, 5, -9223372036854775807], "i64"),
+     b=vals([2, -2, -2, 2, 3, 9, 2], "i64"))
+case("fmod_scalar_f64", "torch.fmod(a, 1.5)", a=r(8, dt="f64"))
+case("err_fmod_int_zero", "torch.fmod(a, b)", a=vals([1, 2], "i64"), b=vals([1, 0], "i64"))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

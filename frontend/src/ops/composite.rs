@@ -139,4 +139,44 @@ mod tests {
         let nll = x.nll_loss(&target, Default::default()).unwrap();
         assert!(nll.to_vec::<f32>().is_err());
     }
+
+    #[test]
+    fn fmod_from_remainder_is_exact() {
+        // Pairs over a wide range of magnitudes, signs and ratios; Rust's `%` on floats is C's fmod.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let value = |next: &mut dyn FnMut() -> u64| {
+            let r = next();
+            let mantissa = (r & 0xffff) as f32 / 65536.0 + 0.5;
+            let exponent = ((r >> 16) % 80) as i32 - 40;
+            let sign = if (r >> 32) & 1 == 1 { -1.0 } else { 1.0 };
+            sign * mantissa * 2f32.powi(exponent)
+        };
+        let (a, b): (Vec<f32>, Vec<f32>) = (0..4096).map(|_| (value(&mut next), value(&mut next))).unzip();
+        for backend in [crate::Backend::Interpreter, crate::Backend::Compiled] {
+            crate::set_backend(backend);
+            let got = Tensor::from_vec(a.clone(), &[4096])
+                .unwrap()
+                .fmod(Tensor::from_vec(b.clone(), &[4096]).unwrap())
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            for i in 0..a.len() {
+                let want = a[i] % b[i];
+                assert_eq!(
+                    got[i].to_bits(),
+                    want.to_bits(),
+                    "{backend:?}: fmod({}, {}) = {} but C gives {want}",
+                    a[i],
+                    b[i],
+                    got[i]
+                );
+            }
+        }
+    }
 }

@@ -711,4 +711,28 @@ impl Tensor {
         let rest = where_(&x.eq(0.0)?, 0.0, &where_(&x.isnan()?, &x, f64::NEG_INFINITY)?)?;
         where_(&positive, &value, &rest)
     }
+
+    /// `torch.fmod(a, b)`: the remainder of truncated division, with the sign of `a` (C's
+    /// `fmod`). Exact, from [`Tensor::remainder`] (floored, the sign of `b`): where `|a| < |b|`
+    /// the result is `a` itself; elsewhere `remainder`'s result is a multiple of `b`'s ulp, so
+    /// moving it back by `b` where the signs differ rounds nothing. Integer division by zero is
+    /// an error when the graph runs, as in PyTorch.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let a = Tensor::from_vec(vec![-7.5f32, 7.5, -1e-30, 1e30], &[4])?;
+    /// let b = Tensor::from_vec(vec![2.0f32, -2.0, 1.0, 3.0], &[4])?;
+    /// assert_eq!(a.fmod(&b)?.to_vec::<f32>()?, vec![-1.5, 1.5, -1e-30, 0.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn fmod(&self, other: impl IntoTensor) -> Result<Tensor> {
+        let other = other.into_tensor();
+        let _scope = CompositeScope::enter("fmod", &[self, &other], Location::caller());
+        let r = self.remainder(&other)?;
+        let signs_differ = r.lt(0)?.ne(&self.lt(0)?)?;
+        let adjust = r.ne(0)?.logical_and(&signs_differ)?;
+        let truncated = where_(&adjust, &r.sub(&other)?, &r)?;
+        where_(&self.abs()?.lt(&other.abs()?)?, self, &truncated)
+    }
 }

@@ -159,7 +159,6 @@ pub fn ops() -> impl Iterator<Item = &'static OpInfo> {
 pub const NOT_YET: &[(&str, &str)] = &[
     ("asin, acos, atan, atan2", "new unary/binary primitives: no accurate composition of the existing ones"),
     ("erfinv, erfc", "primitives: `1 - erf(x)` loses every digit of erfc for large x"),
-    ("fmod", "a primitive: `remainder`'s sign adjustment can round, so fmod built from it is not exact"),
     ("bitwise_and/or/xor/not, bitwise shifts", "integer bit primitives"),
     (
         "sort, argsort, topk, kthvalue, median, mode, msort, randperm, multinomial",

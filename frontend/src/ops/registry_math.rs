@@ -235,6 +235,14 @@ pub const POINTWISE: &[OpInfo] = &[
         &[],
     ),
     op("entr", "x.entr() (special.entr)", Family::Pointwise, How::Frontend("gt, where, log, mul"), Grad::Yes, &[]),
+    op(
+        "fmod",
+        "x.fmod(y)",
+        Family::Pointwise,
+        How::Frontend("remainder, abs, lt, ne, sub, where (exact)"),
+        Grad::Yes,
+        &[],
+    ),
 ];
 
 /// The activation ops.
