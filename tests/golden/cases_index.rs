@@ -107,6 +107,19 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "histc_one_value" => vec![a().histc(4, 0.0, 0.0)?],
         "histc_f64" => vec![a().histc(10, -2.0, 2.0)?],
         "err_histc_int" => vec![a().histc(100, 0.0, 0.0)?],
+        "cummax_dim1" => pair(a().cummax(1)?),
+        "cummax_ties_nan" => pair(a().cummax(0)?),
+        "cummin_i64" => pair(a().cummin(-1)?),
+        "cummin_dim0" => pair(a().cummin(0)?),
+        "grad_cummax_values" => {
+            let weights = Tensor::linspace(-1.0, 2.0, 18, DType::F32)?.to_device(a().device())?.reshape(&[3, 6])?;
+            grad(&a().cummax(1)?.0.mul(&weights)?.sum_all()?, &[a()])?
+        }
+        "logcumsumexp_dim1" => vec![a().logcumsumexp(1)?],
+        "logcumsumexp_special" => vec![a().logcumsumexp(0)?],
+        "logcumsumexp_bf16" => vec![a().logcumsumexp(-1)?],
+        "cumprod_dim1" => vec![a().cumprod(1)?],
+        "cumprod_i32" | "cumprod_zeros" => vec![a().cumprod(0)?],
         // products
         "addmm_f32" => vec![a().addmm(b(), c(), 0.5, 2.0)?],
         "addmm_beta0_nan" => vec![a().addmm(b(), c(), 0.0, 1.0)?],

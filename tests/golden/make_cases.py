@@ -1240,6 +1240,21 @@ case("fmod_scalar_f64", "torch.fmod(a, 1.5)", a=r(8, dt="f64"))
 case("err_fmod_int_zero", "torch.fmod(a, b)", a=vals([1, 2], "i64"), b=vals([1, 0], "i64"))
 
 
+# scans as prefix reductions
+fcase("cummax_dim1", "torch.cummax(a, 1)", grad=False, a=r(3, 6))
+case("cummax_ties_nan", "torch.cummax(a, 0)", a=vals([1.0, 3.0, 3.0, 2.0, NAN, 5.0, NAN, 0.0]))
+case("cummin_i64", "torch.cummin(a, -1)", a=vals([[3, 1, 1, 2], [0, 5, -2, -2]], "i64"))
+case("cummin_dim0", "torch.cummin(a, 0)", a=r(5, 3))
+gcase_values = "(lambda a: torch.autograd.grad((torch.cummax(a, 1)[0] * torch.linspace(-1, 2, 18).reshape(3, 6)).sum(), [a]))(a.detach().requires_grad_())"
+case("grad_cummax_values", gcase_values, a=r(3, 6))
+fcase("logcumsumexp_dim1", "torch.logcumsumexp(a, 1)", a=r(3, 6))
+case("logcumsumexp_special", "torch.logcumsumexp(a, 0)", a=vals([-INF, 0.0, 1000.0, -1000.0, INF, NAN]))
+case("logcumsumexp_bf16", "torch.logcumsumexp(a, -1)", a=r(2, 8, dt="bf16"))
+case("cumprod_dim1", "torch.cumprod(a, 1)", a=r(3, 6))
+case("cumprod_i32", "torch.cumprod(a, 0)", a=ints(-3, 4, 6, dt="i32"))
+case("cumprod_zeros", "torch.cumprod(a, 0)", a=vals([2.0, 0.0, 3.0, NAN, -1.0]))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

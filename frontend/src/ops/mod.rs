@@ -20,6 +20,7 @@ pub mod products;
 pub mod random;
 pub mod reduce;
 pub mod registry;
+pub mod scans;
 pub mod shape;
 pub mod stats;
 pub mod vision;

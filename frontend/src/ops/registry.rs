@@ -165,8 +165,8 @@ pub const NOT_YET: &[(&str, &str)] = &[
         "the sort / top-k primitive (another issue)",
     ),
     (
-        "cumprod, cummax, cummin, logcumsumexp",
-        "scans beyond cumsum (compositions from cumsum are inexact or lose the gradient at zeros)",
+        "cumulative ops over long rows",
+        "a scan primitive: cummax, cummin, logcumsumexp and cumprod are prefix-mask reductions, n^2 per row",
     ),
     ("scatter_reduce, index_reduce, embedding_bag max with offsets", "a scatter with a reduction (max, min, prod)"),
     ("masked_select, nonzero, unique, bincount, argwhere", "data-dependent output shapes: graph breaks with a reason"),
