@@ -99,6 +99,11 @@ const UNARY: &[Unary] = &[
     ("cov", |t| t.cov(1.0)),
     ("trapezoid", |t| t.trapezoid(0.5, -1)),
     ("one_hot", |t| t.one_hot(3)),
+    ("cummax", |t| t.cummax(-1).map(|p| p.1)),
+    ("cummin", |t| t.cummin(0).map(|p| p.0)),
+    ("logcumsumexp", |t| t.logcumsumexp(0)),
+    ("cumprod", |t| t.cumprod(-1)),
+    ("histc", |t| t.histc(4, 0.0, 0.0)),
     ("take", |t| t.take(&coil::Tensor::from_vec(vec![0i64, -1], &[2])?)),
 ];
 
