@@ -1255,6 +1255,13 @@ case("cumprod_i32", "torch.cumprod(a, 0)", a=ints(-3, 4, 6, dt="i32"))
 case("cumprod_zeros", "torch.cumprod(a, 0)", a=vals([2.0, 0.0, 3.0, NAN, -1.0]))
 
 
+# gradients of forward cases above that had none
+for name in ["float_power_f32", "deg2rad_f32", "rad2deg_f32", "fliplr_2d", "dstack_2d", "column_stack_1d",
+             "cartesian_prod_2", "pixel_unshuffle_2", "adaptive_max_pool1d_4", "adaptive_avg_pool1d_3", "vdot_f64",
+             "rot90_k_neg1_dims", "atleast_3d_2d", "logcumsumexp_special"]:
+    gcase(name)
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}
