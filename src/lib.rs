@@ -49,10 +49,17 @@ pub use coil_frontend::dynamo::{
     compile, explain, set_stance, stance, BreakKind, CallStats, CompiledFn, ExplainReport, GraphBreak, GraphInfo,
     Guard, Source, Stance, RECOMPILE_LIMIT,
 };
+pub use coil_frontend::ops::assemble::{block_diag, broadcast_tensors, cartesian_prod};
+pub use coil_frontend::ops::einsum::einsum;
+pub use coil_frontend::ops::indexing::*;
 pub use coil_frontend::ops::linalg::*;
+pub use coil_frontend::ops::loss::{KlDivReduction, NllLossOptions};
 pub use coil_frontend::ops::movement::*;
 pub use coil_frontend::ops::nn::*;
+pub use coil_frontend::ops::products::multi_dot;
+pub use coil_frontend::ops::registry as op_registry;
 pub use coil_frontend::ops::sampling::Sampling;
+pub use coil_frontend::ops::vision::{GridSample, Interpolation};
 pub use coil_frontend::{
     backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_cuda_graphs,
     set_default_device, synchronize, update_in_place, update_in_place_with, value_and_grad, where_, Backend, Captured,

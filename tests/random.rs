@@ -268,3 +268,81 @@ fn like_constructors_take_the_tensor_device_and_dtype() {
     let e = ints.rand_like().unwrap_err();
     assert!(e.to_string().contains("rand expects a floating dtype, got i64"), "{e}");
 }
+
+/// `normal`, `uniform`, `bernoulli` and `randint` (compositions of `rand` / `randn`) draw from
+/// the seeded stream: a seed gives the same numbers interpreted and compiled, in range, with the
+/// distribution's moments (4096 draws: the tolerances are several standard errors).
+#[test]
+fn composite_random_ops_are_seeded_in_range_and_agree_across_backends() {
+    let _serial = serial();
+    let draw = || -> Vec<Vec<f64>> {
+        coil::manual_seed(11);
+        let normal = Tensor::normal(3.0, 2.0, &[4096], DType::F32).unwrap();
+        let uniform = Tensor::uniform(-1.0, 5.0, &[4096], DType::F32).unwrap();
+        let coin = Tensor::full(&[4096], 0.3, DType::F32).bernoulli().unwrap();
+        let dice = Tensor::randint(-3, 4, &[4096], DType::I64).unwrap();
+        [normal, uniform, coin, dice].iter().map(|t| t.to_vec::<f64>().unwrap()).collect()
+    };
+    coil::set_backend(Backend::Interpreter);
+    let interpreted = draw();
+    coil::set_backend(Backend::Compiled);
+    let compiled = draw();
+    for (i, (a, b)) in interpreted.iter().zip(&compiled).enumerate() {
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(worst <= 1e-5, "draw {i}: interpreted and compiled differ by {worst}");
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let [normal, uniform, coin, dice] = &compiled[..] else { unreachable!() };
+    let m = mean(normal);
+    let sd = (normal.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / normal.len() as f64).sqrt();
+    assert!((m - 3.0).abs() < 0.15 && (sd - 2.0).abs() < 0.15, "normal: mean {m}, std {sd}");
+    assert!(uniform.iter().all(|&x| (-1.0..5.0).contains(&x)), "uniform out of [-1, 5)");
+    assert!((mean(uniform) - 2.0).abs() < 0.15, "uniform mean {}", mean(uniform));
+    assert!(coin.iter().all(|&x| x == 0.0 || x == 1.0) && (mean(coin) - 0.3).abs() < 0.04, "bernoulli");
+    assert!(dice.iter().all(|&x| (-3.0..4.0).contains(&x) && x.fract() == 0.0), "randint out of [-3, 4)");
+    assert!((-3..4).all(|k| dice.contains(&(k as f64))), "randint never drew some value of [-3, 4)");
+    // Random numbers take no part in gradients, and a bad range is an error at the caller's line.
+    let e = Tensor::randint(4, 4, &[2], DType::I64).unwrap_err();
+    assert!(e.to_string().contains(file!()), "{e}");
+    assert!(Tensor::normal(0.0, -1.0, &[2], DType::F32).is_err());
+    assert!(Tensor::uniform(1.0, 0.0, &[2], DType::F32).is_err());
+}
+
+/// Channel dropout zeroes whole channels with probability p and scales the rest; alpha dropout
+/// keeps a standard normal input's mean and variance; both draw the same numbers interpreted and
+/// compiled.
+#[test]
+fn channel_and_alpha_dropout_draw_per_channel_keep_moments_and_agree_across_backends() {
+    let _serial = serial();
+    let draw = || -> Vec<Vec<f32>> {
+        coil::manual_seed(5);
+        let ones = Tensor::ones(&[64, 32, 3, 3], DType::F32);
+        let channels = ones.feature_dropout(0.25, true, 2).unwrap();
+        let x = Tensor::randn(&[16384], DType::F32).unwrap();
+        let alpha = x.alpha_dropout(0.2, true).unwrap();
+        let feature_alpha = ones.feature_alpha_dropout(0.2, true).unwrap();
+        [channels, alpha, feature_alpha].iter().map(f32s).collect()
+    };
+    coil::set_backend(Backend::Interpreter);
+    let interpreted = draw();
+    coil::set_backend(Backend::Compiled);
+    let compiled = draw();
+    for (a, b) in interpreted.iter().zip(&compiled) {
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "interpreted and compiled differ by {worst}");
+    }
+    let [channels, alpha, feature_alpha] = &compiled[..] else { unreachable!() };
+    let kept = (1.0f64 / 0.75) as f32;
+    assert!(channels.chunks(9).all(|c| c.iter().all(|&v| v == c[0]) && (c[0] == 0.0 || c[0] == kept)));
+    let dropped = channels.chunks(9).filter(|c| c[0] == 0.0).count() as f64 / (64.0 * 32.0);
+    assert!((dropped - 0.25).abs() < 0.04, "dropped {dropped} of the channels for p = 0.25");
+    let n = alpha.len() as f64;
+    let mean = alpha.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = alpha.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.06, "alpha dropout: mean {mean}, variance {var}");
+    assert!(feature_alpha.chunks(9).all(|c| c.iter().all(|&v| v == c[0])), "feature alpha dropout per channel");
+    let x = Tensor::ones(&[4], DType::F32);
+    assert_eq!(f32s(&x.alpha_dropout(1.0, true).unwrap()), vec![0.0; 4]);
+    assert_eq!(f32s(&x.feature_dropout(0.5, false, 1).unwrap()), vec![1.0; 4]);
+    assert!(x.alpha_dropout(1.5, true).is_err());
+}

@@ -419,20 +419,25 @@ impl Tensor {
         if let Some(e) = srcs.iter().find_map(|t| t.invalid()) {
             return Err(e.clone());
         }
+        // Inside a composite op, its nodes and errors carry its name and its caller's line.
+        let location = crate::ops::composite::location().unwrap_or(location);
         let describe = || srcs.iter().map(|t| t.meta().to_string()).collect::<Vec<_>>();
         let tensors = || srcs.iter().filter(|t| !t.is_weak_scalar());
         let device = tensors().next().map_or(Device::Cpu, |t| t.device());
         if let Some(other) = tensors().find(|t| t.device() != device) {
-            return Err(Error::new(
-                coil_ir::ErrorKind::Device,
-                format!("expected all tensors on one device, found {device} and {}", other.device()),
-            )
-            .in_op(op.name(), describe())
-            .at(location));
+            return Err(crate::ops::composite::attribute(
+                Error::new(
+                    coil_ir::ErrorKind::Device,
+                    format!("expected all tensors on one device, found {device} and {}", other.device()),
+                )
+                .in_op(op.name(), describe())
+                .at(location),
+            ));
         }
         let operands: Vec<Operand> =
             srcs.iter().map(|t| Operand { meta: &t.0.meta, scalar: t.is_weak_scalar() }).collect();
-        let meta = infer::infer(&op, &operands).map_err(|e| e.in_op(op.name(), describe()).at(location))?;
+        let meta = infer::infer(&op, &operands)
+            .map_err(|e| crate::ops::composite::attribute(e.in_op(op.name(), describe()).at(location)))?;
         let srcs = srcs.iter().map(|&t| if t.is_weak_scalar() { t.to_device(device) } else { Ok(t.clone()) });
         let mut node = TensorNode::pending(op, srcs.collect::<Result<Vec<_>>>()?, meta, device, Some(location));
         node.draw = draw;
@@ -441,7 +446,8 @@ impl Tensor {
 
     /// An error in `op` on this tensor's operands, at the caller's line.
     pub(crate) fn error(op: &str, srcs: &[&Tensor], e: Error, location: &'static Location<'static>) -> Error {
-        e.in_op(op, srcs.iter().map(|t| t.meta().to_string()).collect()).at(location)
+        let e = e.in_op(op, srcs.iter().map(|t| t.meta().to_string()).collect()).at(location);
+        crate::ops::composite::attribute(e)
     }
 
     pub(crate) fn is_weak_scalar(&self) -> bool {

@@ -39,6 +39,72 @@ const UNARY: &[Unary] = &[
     ("silu", |t| t.silu()),
     ("detach", |t| t.detach()),
     ("contiguous", |t| Ok(t.contiguous())),
+    // Compositions written in the frontend (`frontend/src/ops/{math,activation,...}.rs`).
+    ("log10", |t| t.log10()),
+    ("frac", |t| t.frac()),
+    ("isfinite", |t| t.isfinite()),
+    ("isposinf", |t| t.isposinf()),
+    ("isneginf", |t| t.isneginf()),
+    ("signbit", |t| t.signbit()),
+    ("sinh", |t| t.sinh()),
+    ("cosh", |t| t.cosh()),
+    ("asinh", |t| t.asinh()),
+    ("acosh", |t| t.acosh()),
+    ("atanh", |t| t.atanh()),
+    ("square", |t| t.square()),
+    ("sinc", |t| t.sinc()),
+    ("deg2rad", |t| t.deg2rad()),
+    ("logit", |t| t.logit(None)),
+    ("entr", |t| t.entr()),
+    ("leaky_relu", |t| t.leaky_relu(0.1)),
+    ("elu", |t| t.elu(1.0)),
+    ("selu", |t| t.selu()),
+    ("celu", |t| t.celu(0.5)),
+    ("mish", |t| t.mish()),
+    ("hardswish", |t| t.hardswish()),
+    ("hardsigmoid", |t| t.hardsigmoid()),
+    ("hardtanh", |t| t.hardtanh(-1.0, 1.0)),
+    ("relu6", |t| t.relu6()),
+    ("logsigmoid", |t| t.logsigmoid()),
+    ("softsign", |t| t.softsign()),
+    ("tanhshrink", |t| t.tanhshrink()),
+    ("hardshrink", |t| t.hardshrink(0.5)),
+    ("softshrink", |t| t.softshrink(0.5)),
+    ("threshold", |t| t.threshold(0.1, 2.0)),
+    ("glu", |t| t.glu(-1)),
+    ("softmin", |t| t.softmin(0)),
+    ("trace", |t| t.trace()),
+    ("diag", |t| t.diag(1)),
+    ("diagonal", |t| t.diagonal(-1, 0, -1)),
+    ("fliplr", |t| t.fliplr()),
+    ("rot90", |t| t.rot90(1, [0, -1])),
+    ("roll", |t| t.roll(&[2], &[])),
+    ("repeat_interleave", |t| t.repeat_interleave(2, Some(0))),
+    ("atleast_2d", |t| t.atleast_2d()),
+    ("movedim", |t| t.movedim(0, -1)),
+    ("diff", |t| t.diff(1, -1, None, None)),
+    ("normalize", |t| t.normalize(2.0, -1, 1e-12)),
+    ("pixel_shuffle", |t| t.pixel_shuffle(2)),
+    ("max_pool1d", |t| t.max_pool1d(2, None, 0)),
+    ("avg_pool1d", |t| t.avg_pool1d(2, Some(1), 1, false)),
+    ("adaptive_avg_pool1d", |t| t.adaptive_avg_pool(&[3])),
+    ("group_norm", |t| t.group_norm(1, None, None, 1e-5)),
+    ("max_pool_ceil", |t| t.max_pool(&[2], &[2], &[1], &[2], true)),
+    ("avg_pool_ceil", |t| t.avg_pool(&[3], &[2], &[1], true, false)),
+    ("interpolate_bicubic", |t| t.interpolate(&[3, 2], coil::Interpolation::Bicubic { align_corners: false })),
+    ("interpolate_linear", |t| t.interpolate(&[5], coil::Interpolation::Linear { align_corners: true })),
+    ("fold", |t| t.fold([2, 2], [1, 1], [1, 1], [0, 0], [1, 1])),
+    ("unfold2d", |t| t.unfold2d([2, 1], [1, 1], [0, 0], [1, 1])),
+    ("local_response_norm", |t| t.local_response_norm(2, 1e-4, 0.75, 1.0)),
+    ("cov", |t| t.cov(1.0)),
+    ("trapezoid", |t| t.trapezoid(0.5, -1)),
+    ("one_hot", |t| t.one_hot(3)),
+    ("cummax", |t| t.cummax(-1).map(|p| p.1)),
+    ("cummin", |t| t.cummin(0).map(|p| p.0)),
+    ("logcumsumexp", |t| t.logcumsumexp(0)),
+    ("cumprod", |t| t.cumprod(-1)),
+    ("histc", |t| t.histc(4, 0.0, 0.0)),
+    ("take", |t| t.take(&coil::Tensor::from_vec(vec![0i64, -1], &[2])?)),
 ];
 
 /// A binary method's second operand: a tensor, or a Rust scalar (weak in type promotion).
@@ -51,16 +117,53 @@ pub enum Arg {
 
 type Binary = (&'static str, fn(&Tensor, Arg) -> Result<Tensor>);
 
-/// A table of binary methods, each taking an [`Arg`] as the method's `impl IntoTensor`.
+/// A table of binary methods, each taking an [`Arg`] as the method's `impl IntoTensor`; the
+/// methods after `tensor:` take only a `&Tensor`, and get a Rust scalar as a 0-d tensor.
 macro_rules! binary_methods {
-    ($($name:ident),*) => {
+    ($($name:ident),* ; tensor: $($tname:ident),*) => {
         &[$((stringify!($name), |a: &Tensor, b: Arg| match b {
             Arg::T(t) => a.$name(&t),
             Arg::F(v) => a.$name(v),
             Arg::I(v) => a.$name(v),
             Arg::B(v) => a.$name(v),
+        }),)* $((stringify!($tname), |a: &Tensor, b: Arg| match b {
+            Arg::T(t) => a.$tname(&t),
+            Arg::F(v) => a.$tname(&Tensor::full(&[], v, DType::F64)),
+            Arg::I(v) => a.$tname(&Tensor::full(&[], v, DType::I64)),
+            Arg::B(v) => a.$tname(&Tensor::full(&[], v, DType::Bool)),
         })),*]
     };
+}
+
+/// Binary ops with more arguments, fixed, so that the binary table can call them.
+trait FixedArgs {
+    fn l1_loss_mean(&self, y: &Tensor) -> Result<Tensor>;
+    fn smooth_l1_loss_mean(&self, y: &Tensor) -> Result<Tensor>;
+    fn cosine_similarity_last(&self, y: &Tensor) -> Result<Tensor>;
+    fn cdist2(&self, y: &Tensor) -> Result<Tensor>;
+    fn grid_sample_zeros(&self, y: &Tensor) -> Result<Tensor>;
+    fn bucketize_left(&self, y: &Tensor) -> Result<Tensor>;
+}
+
+impl FixedArgs for Tensor {
+    fn l1_loss_mean(&self, y: &Tensor) -> Result<Tensor> {
+        self.l1_loss(y, coil::LossReduction::Mean)
+    }
+    fn smooth_l1_loss_mean(&self, y: &Tensor) -> Result<Tensor> {
+        self.smooth_l1_loss(y, coil::LossReduction::Mean, 0.5)
+    }
+    fn cosine_similarity_last(&self, y: &Tensor) -> Result<Tensor> {
+        self.cosine_similarity(y, -1, 1e-8)
+    }
+    fn cdist2(&self, y: &Tensor) -> Result<Tensor> {
+        self.cdist(y, 2.0)
+    }
+    fn grid_sample_zeros(&self, y: &Tensor) -> Result<Tensor> {
+        self.grid_sample(y, coil::GridSample::Sample { bilinear: true, border: false, align_corners: false })
+    }
+    fn bucketize_left(&self, y: &Tensor) -> Result<Tensor> {
+        self.bucketize(y, false)
+    }
 }
 
 /// Every binary method.
@@ -84,7 +187,28 @@ const BINARY: &[Binary] = binary_methods!(
     logical_and,
     logical_or,
     rsub,
-    rdiv
+    rdiv,
+    xlogy,
+    copysign,
+    float_power,
+    fmod;
+    tensor: hypot,
+    logical_xor,
+    logaddexp,
+    logaddexp2,
+    fmax,
+    fmin,
+    heaviside,
+    xlog1py,
+    l1_loss_mean,
+    smooth_l1_loss_mean,
+    cosine_similarity_last,
+    outer,
+    dot,
+    kron,
+    cdist2,
+    grid_sample_zeros,
+    bucketize_left
 );
 
 /// Reductions over a list of dims with `keepdim`.
@@ -103,6 +227,9 @@ const REDUCE: &[Reduce] = &[
     ("norm", |t, d, k| t.norm(2.0, d, k)),
     ("norm_1", |t, d, k| t.norm(1.0, d, k)),
     ("norm_inf", |t, d, k| t.norm(f64::INFINITY, d, k)),
+    ("nansum", |t, d, k| t.nansum(d, k)),
+    ("nanmean", |t, d, k| t.nanmean(d, k)),
+    ("count_nonzero", |t, d, _| t.count_nonzero(d)),
 ];
 
 /// Whole-tensor reductions.

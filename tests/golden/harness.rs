@@ -6,7 +6,8 @@
 //! * Float outputs: the relative error `||coil - ref64|| / ||ref64||` against PyTorch's float64
 //!   result must be within the dtype's tolerance (f64 1e-10, f32 1e-5, f16/bf16 1e-2), or within
 //!   twice PyTorch's own error in that dtype, whichever is larger; NaN and infinity positions
-//!   must agree exactly.
+//!   must agree exactly (with PyTorch's output, or with its float64 run where that is
+//!   non-finite too).
 //! * Integer and bool outputs must be equal.
 //! * Dtype and shape must be PyTorch's.
 //! * A case PyTorch rejects (`err_*`) must be an error in coil (never a panic).
@@ -17,6 +18,12 @@
 mod cases_creation;
 #[path = "cases_grad.rs"]
 mod cases_grad;
+#[path = "cases_index.rs"]
+mod cases_index;
+#[path = "cases_loss.rs"]
+mod cases_loss;
+#[path = "cases_math.rs"]
+mod cases_math;
 #[path = "cases_nn.rs"]
 mod cases_nn;
 #[path = "cases_pointwise.rs"]
@@ -25,6 +32,8 @@ mod cases_pointwise;
 mod cases_reduce;
 #[path = "cases_shape.rs"]
 mod cases_shape;
+#[path = "cases_vision.rs"]
+mod cases_vision;
 
 use coil::{Buffer, DType, HostData, Tensor};
 use safetensors::SafeTensors;
@@ -111,12 +120,44 @@ fn flatten_json(v: &serde_json::Value) -> Vec<f64> {
 
 /// Runs one case through the tables; `None` when no table knows the case.
 fn run_case(name: &str, inputs: &Inputs) -> Option<Outputs> {
+    run_forward(name, inputs).or_else(|| cases_grad::run(name, inputs)).or_else(|| generic_grad(name, inputs))
+}
+
+/// A forward case (not a gradient one).
+fn run_forward(name: &str, inputs: &Inputs) -> Option<Outputs> {
     cases_creation::run(name, inputs)
         .or_else(|| cases_pointwise::run(name, inputs))
         .or_else(|| cases_reduce::run(name, inputs))
         .or_else(|| cases_shape::run(name, inputs))
         .or_else(|| cases_nn::run(name, inputs))
-        .or_else(|| cases_grad::run(name, inputs))
+        .or_else(|| cases_math::run(name, inputs))
+        .or_else(|| cases_loss::run(name, inputs))
+        .or_else(|| cases_index::run(name, inputs))
+        .or_else(|| cases_vision::run(name, inputs))
+}
+
+/// `grad_<forward case>` (`gcase` in `make_cases.py`): the gradients of
+/// `sum(out * linspace(-1, 2, numel))`, `out` the forward case's first output, with respect to
+/// every floating input but the targets `t`, `y` and the undifferentiated weights `z`, in name
+/// order.
+fn generic_grad(name: &str, inputs: &Inputs) -> Option<Outputs> {
+    let forward = run_forward(name.strip_prefix("grad_")?, inputs)?;
+    Some(forward.and_then(|outs| {
+        let out = &outs[0];
+        let shape: Vec<i64> = out.shape().iter().map(|&s| s as i64).collect();
+        let weights = Tensor::linspace(-1.0, 2.0, out.numel(), DType::F32)?
+            .to_device(out.device())?
+            .reshape(&shape)?
+            .to_dtype(out.dtype())?;
+        let loss = out.mul(&weights)?.sum_all()?;
+        let params: Vec<&Tensor> = inputs
+            .0
+            .iter()
+            .filter(|(k, t)| t.dtype().is_float() && !["t", "y", "z"].contains(&k.as_str()))
+            .map(|(_, t)| t)
+            .collect();
+        coil::grad(&loss, &params)
+    }))
 }
 
 fn tolerance(dtype: DType) -> f64 {
@@ -127,7 +168,8 @@ fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// `||a - b|| / ||b||` over the finite positions (or the absolute norm when `b` is all zeros).
+/// `||a - b|| / ||b||` over the finite positions of `b` (or the absolute norm when `b` is all
+/// zeros); the non-finite positions are compared exactly by [`nonfinite_mismatch`].
 fn rel_error(a: &[f64], b: &[f64]) -> f64 {
     let (mut num, mut den) = (0.0, 0.0);
     for (x, y) in a.iter().zip(b) {
@@ -141,6 +183,19 @@ fn rel_error(a: &[f64], b: &[f64]) -> f64 {
     } else {
         (num / den).sqrt()
     }
+}
+
+/// The first position where PyTorch's output `torch` is NaN or infinite and `got` is not the
+/// same (NaN for NaN, the same infinity for an infinity). Where PyTorch's float64 run `ref64`
+/// is non-finite too but differs (`F.gelu(inf)` is NaN in float32 and inf in float64), either
+/// of PyTorch's answers is accepted.
+fn nonfinite_mismatch(got: &[f64], torch: &[f64], ref64: Option<&[f64]>) -> Option<usize> {
+    let same = |x: f64, y: f64| x.is_nan() && y.is_nan() || x == y;
+    (0..got.len()).find(|&i| {
+        let (g, t) = (got[i], torch[i]);
+        let ref_agrees = ref64.is_some_and(|r| !r[i].is_finite() && same(g, r[i]));
+        !t.is_finite() && !same(g, t) && !ref_agrees
+    })
 }
 
 /// Compares one output; returns a description of the mismatch.
@@ -159,6 +214,10 @@ fn compare(got: &Buffer, torch: &Buffer, ref64: Option<&Buffer>) -> Result<(), S
         };
     }
     let (g, t) = (got.to_vec::<f64>(), torch.to_vec::<f64>());
+    let r64 = ref64.map(|r| r.to_vec::<f64>()).filter(|r| r.len() == g.len());
+    if let Some(i) = nonfinite_mismatch(&g, &t, r64.as_deref()) {
+        return Err(format!("element {i}: {} but PyTorch gives {} (NaN and infinities must agree)", g[i], t[i]));
+    }
     // Pass when coil is as close to PyTorch's float64 result as PyTorch itself is (or within the
     // dtype's tolerance), or within tolerance of PyTorch's output in the case's dtype. The second
     // test serves the cases about dtypes themselves (casts, promotion, dtype-dependent defaults),
@@ -168,7 +227,7 @@ fn compare(got: &Buffer, torch: &Buffer, ref64: Option<&Buffer>) -> Result<(), S
     if vs_torch <= tol {
         return Ok(());
     }
-    if let Some(r) = ref64.map(|r| r.to_vec::<f64>()).filter(|r| r.len() == g.len()) {
+    if let Some(r) = r64 {
         let allowed = tol.max(2.0 * rel_error(&t, &r));
         if rel_error(&g, &r) <= allowed {
             return Ok(());
@@ -262,4 +321,16 @@ pub fn check_all(backend: coil::Backend, device: coil::Device) {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The check the harness once skipped: a finite value where PyTorch has NaN (or the other
+/// infinity) is a failure, wherever the rest of the output is close.
+#[test]
+fn nonfinite_positions_must_agree_exactly() {
+    let buf = |v: Vec<f32>| Buffer::from_vec(v, vec![3]);
+    let torch = buf(vec![1.0, f32::NAN, f32::INFINITY]);
+    assert!(compare(&buf(vec![1.0, f32::NAN, f32::INFINITY]), &torch, None).is_ok());
+    assert!(compare(&buf(vec![1.0, 2.0, f32::INFINITY]), &torch, None).is_err());
+    assert!(compare(&buf(vec![1.0, f32::NAN, f32::NEG_INFINITY]), &torch, None).is_err());
+    assert!(compare(&buf(vec![1.0, f32::NAN, 3e38]), &torch, Some(&torch)).is_err());
 }

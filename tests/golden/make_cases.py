@@ -726,6 +726,542 @@ case("err_sdpa_head_dim", "F.scaled_dot_product_attention(q, k, v)", q=r(1, 2, 5
      v=r(1, 2, 5, 8))
 
 
+# ------------------------------------------------------------------ composite ops (decompositions)
+# Ops coil writes as compositions of its primitives in the frontend. `gcase(name)` adds
+# `grad_<name>`: the gradient of `sum(y * linspace(-1, 2, numel))` (y = the case's output) with
+# respect to every floating input except targets (`t`, `y`) and weights PyTorch does not
+# differentiate (`z`); coil's harness builds the same loss
+# from the forward case.
+def gcase(name):
+    fwd = next(c for c in CASES if c["name"] == name)
+    params = [k for k, spec in sorted(fwd["inputs"].items())
+              if spec["dtype"] in ("float32", "float64", "float16", "bfloat16") and k not in ("t", "y", "z")]
+    names = ", ".join(params)
+    leaves = ", ".join(f"{p}.detach().requires_grad_()" for p in params)
+    loss = (f"(lambda out: (out * torch.linspace(-1, 2, out.numel()).reshape(out.shape).to(out.dtype)).sum())"
+            f"({fwd['expr']})")
+    case(f"grad_{name}", f"(lambda {names}: torch.autograd.grad({loss}, [{names}]))({leaves})", **fwd["inputs"])
+
+
+def fcase(name, expr, grad=True, **inputs):
+    """A forward case and, with `grad`, its gradient case."""
+    case(name, expr, **inputs)
+    if grad:
+        gcase(name)
+
+
+SPECIAL = [NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 0.5]
+# pointwise math
+fcase("log10_f32", "torch.log10(a)", a=pos(4, 6))
+case("log10_special", "torch.log10(a)", a=vals([0.0, -1.0, INF, NAN, 1.0, 10.0, 1e-30, 1000.0]))
+case("log10_i64", "torch.log10(a)", a=ints(1, 1000, 8))
+case("log10_bf16", "torch.log10(a)", a=pos(3, 5, dt="bf16"))
+fcase("frac_f32", "torch.frac(a)", a=r(4, 6))
+case("frac_special", "torch.frac(a)", a=vals([2.5, -2.5, -0.0, INF, -INF, NAN, 1e10, -7.25]))
+case("frac_f64", "torch.frac(a)", a=r(3, 5, dt="f64"))
+case("err_frac_int", "torch.frac(a)", a=ints(0, 5, 4))
+fcase("clamp_min_fn", "torch.clamp_min(a, -0.3)", a=r(3, 4))
+fcase("clamp_max_fn", "torch.clamp_max(a, 0.3)", a=r(3, 4))
+case("clamp_min_fn_i64", "torch.clamp_min(a, 2)", a=ints(-5, 5, 8))
+fcase("clamp_tensor_both", "torch.clamp(a, min=b, max=c)", a=r(3, 4), b=r(3, 4), c=r(4))
+case("clamp_tensor_min_only", "torch.clamp(a, min=b)", a=r(3, 4), b=r(3, 1))
+case("clamp_tensor_nan", "torch.clamp(a, min=b, max=c)", a=vals([NAN, 1.0, 0.5, 5.0]), b=vals([0.0, NAN, 1.0, 0.0]),
+     c=vals([1.0, 2.0, 0.2, 3.0]))
+case("isfinite_f32", "torch.isfinite(a)", a=vals(SPECIAL))
+case("isfinite_i64", "torch.isfinite(a)", a=ints(-5, 5, 6))
+case("isposinf_f32", "torch.isposinf(a)", a=vals(SPECIAL))
+case("isneginf_f32", "torch.isneginf(a)", a=vals(SPECIAL))
+case("isneginf_bf16", "torch.isneginf(a)", a=vals([-INF, INF, NAN, 1.0], "bf16"))
+for op in ["sinh", "cosh", "asinh", "atanh"]:
+    dist = uni(4, 6) if op == "atanh" else r(4, 6)
+    fcase(f"{op}_f32", f"torch.{op}(a)", a=dist)
+    case(f"{op}_f64", f"torch.{op}(a)", a=r(3, 5, dt="f64") if op != "atanh" else uni(3, 5, dt="f64"))
+    case(f"{op}_bf16", f"torch.{op}(a)", a=r(3, 5, dt="bf16") if op != "atanh" else uni(3, 5, dt="bf16"))
+case("sinh_special", "torch.sinh(a)", a=vals([0.0, 1e-8, -1e-5, 20.0, 25.0, -88.0, 89.0, INF, -INF, NAN]))
+case("cosh_special", "torch.cosh(a)", a=vals([0.0, 1e-8, -1e-5, 20.0, 25.0, -88.0, 89.0, INF, -INF, NAN]))
+case("asinh_special", "torch.asinh(a)", a=vals([0.0, 1e-8, -1e-5, 1e9, -1e20, 3e38, INF, -INF, NAN]))
+fcase("acosh_f32", "torch.acosh(a)", a=vals([1.5, 2.0, 3.5, 10.0, 1.01, 100.0]))
+case("acosh_special", "torch.acosh(a)", a=vals([1.0, 1.0000001, 0.5, -2.0, 1e9, 3e38, INF, NAN]))
+case("atanh_special", "torch.atanh(a)", a=vals([0.0, 1e-8, -1e-5, 0.99, -0.999, 1.0, -1.0, 2.0, NAN]))
+case("acosh_f64", "torch.acosh(a)", a=vals([1.5, 2.0, 3.5, 10.0], "f64"))
+fcase("square_f32", "torch.square(a)", a=r(3, 4))
+case("square_i32", "torch.square(a)", a=ints(-9, 9, 6, dt="i32"))
+fcase("lerp_scalar", "torch.lerp(a, b, 0.3)", a=r(3, 4), b=r(3, 4))
+fcase("lerp_tensor_weight", "torch.lerp(a, b, c)", a=r(3, 4), b=r(4), c=uni(3, 4))
+case("lerp_weight_one", "torch.lerp(a, b, 1.0)", a=r(6), b=r(6))
+case("lerp_bf16", "torch.lerp(a, b, 0.75)", a=r(3, 4, dt="bf16"), b=r(3, 4, dt="bf16"))
+case("err_lerp_dtype", "torch.lerp(a, b, 0.5)", a=r(3), b=r(3, dt="f64"))
+fcase("addcmul_f32", "torch.addcmul(a, b, c, value=0.5)", a=r(3, 4), b=r(3, 4), c=r(4))
+case("addcmul_i64", "torch.addcmul(a, b, c, value=2)", a=ints(-5, 5, 6), b=ints(-5, 5, 6), c=ints(-5, 5, 6))
+fcase("addcdiv_f32", "torch.addcdiv(a, b, c, value=-1.5)", a=r(3, 4), b=r(3, 4), c=pos(3, 4))
+case("err_addcdiv_int", "torch.addcdiv(a, b, c)", a=ints(0, 5, 4), b=ints(0, 5, 4), c=ints(1, 5, 4))
+fcase("hypot_f32", "torch.hypot(a, b)", a=r(3, 4), b=r(4))
+case("hypot_special", "torch.hypot(a, b)", a=vals([3.0, 0.0, 3e30, 1e-30, INF, NAN, -INF, 0.0]),
+     b=vals([4.0, 0.0, 4e30, 1e-30, NAN, 1.0, 2.0, -5.0]))
+case("hypot_f64", "torch.hypot(a, b)", a=r(5, dt="f64"), b=r(5, dt="f64"))
+case("logical_xor_bool", "torch.logical_xor(a, b)", a=bools(3, 4), b=bools(3, 4))
+case("logical_xor_mixed", "torch.logical_xor(a, b)", a=vals([0.0, 1.5, NAN, -0.0]), b=vals([0, 0, 3, 2], "i64"))
+fcase("xlogy_f32", "torch.xlogy(a, b)", a=r(3, 4), b=pos(3, 4))
+case("xlogy_special", "torch.xlogy(a, b)", a=vals([0.0, 0.0, 1.0, 2.0, 0.0, -1.0]), b=vals([0.0, NAN, 0.0, INF, -1.0, 2.0]))
+case("xlogy_scalar", "torch.xlogy(a, 3.0)", a=r(6))
+fcase("copysign_f32", "torch.copysign(a, b)", a=r(3, 4), b=r(3, 4))
+case("copysign_special", "torch.copysign(a, b)", a=vals([1.0, 2.0, -3.0, NAN, INF, 0.0]),
+     b=vals([-0.0, 0.0, INF, -1.0, -2.0, -5.0]))
+case("copysign_i64", "torch.copysign(a, b)", a=ints(-5, 5, 6), b=ints(-5, 5, 6))
+case("float_power_f32", "torch.float_power(a, b)", a=pos(3, 4), b=r(3, 4))
+case("float_power_i64", "torch.float_power(a, 2)", a=ints(-5, 5, 6))
+fcase("logaddexp_f32", "torch.logaddexp(a, b)", a=r(3, 4), b=r(3, 4))
+case("logaddexp_special", "torch.logaddexp(a, b)", a=vals([-INF, INF, 1000.0, -1000.0, NAN, -INF, 0.0]),
+     b=vals([-INF, INF, 1000.0, -999.0, 0.0, 3.0, INF]))
+fcase("logaddexp2_f32", "torch.logaddexp2(a, b)", a=r(3, 4), b=r(3, 4))
+fcase("sinc_f32", "torch.sinc(a)", a=r(3, 4))
+case("sinc_special", "torch.sinc(a)", a=vals([0.0, 1.0, -2.0, 0.5, 1e-8, INF, NAN]))
+case("deg2rad_f32", "torch.deg2rad(a)", a=r(3, 4))
+case("deg2rad_i64", "torch.deg2rad(a)", a=ints(-360, 360, 6))
+case("rad2deg_f32", "torch.rad2deg(a)", a=r(3, 4))
+fcase("logit_f32", "torch.logit(a)", a=uni(3, 4))
+case("logit_eps", "torch.logit(a, eps=0.1)", a=vals([0.0, 0.05, 0.5, 0.95, 1.0, NAN]))
+case("heaviside_f32", "torch.heaviside(a, b)", a=vals([-1.5, 0.0, 2.0, -0.0, NAN, INF]), b=vals([0.5]))
+case("err_heaviside_dtype", "torch.heaviside(a, b)", a=r(4), b=r(1, dt="f64"))
+
+# activations
+for op, expr in [("leaky_relu", "F.leaky_relu(a, 0.1)"), ("elu", "F.elu(a, 1.5)"), ("selu", "F.selu(a)"),
+                 ("celu", "F.celu(a, 0.7)"), ("mish", "F.mish(a)"), ("hardswish", "F.hardswish(a)"),
+                 ("hardsigmoid", "F.hardsigmoid(a)"), ("hardtanh", "F.hardtanh(a, -0.5, 0.8)"),
+                 ("relu6", "F.relu6(a * 4)"), ("logsigmoid", "F.logsigmoid(a)"), ("softsign", "F.softsign(a)"),
+                 ("tanhshrink", "F.tanhshrink(a)"), ("hardshrink", "F.hardshrink(a, 0.4)"),
+                 ("softshrink", "F.softshrink(a, 0.4)"), ("threshold", "F.threshold(a, 0.2, -3.0)")]:
+    fcase(f"{op}_f32", expr, a=r(4, 6))
+    case(f"{op}_special", expr, a=vals([NAN, INF, -INF, 0.0, -0.0, 30.0, -30.0, 0.4]))
+    case(f"{op}_bf16", expr, a=r(3, 5, dt="bf16"))
+case("leaky_relu_f64", "F.leaky_relu(a)", a=r(3, 5, dt="f64"))
+case("elu_f16", "F.elu(a)", a=r(3, 5, dt="f16"))
+case("mish_large", "F.mish(a)", a=vals([-100.0, -20.0, 0.0, 20.0, 50.0, 100.0]))
+case("logsigmoid_large", "F.logsigmoid(a)", a=vals([-200.0, -30.0, 0.0, 30.0, 200.0]))
+case("err_leaky_relu_int", "F.leaky_relu(a)", a=ints(-5, 5, 4))
+case("err_celu_alpha0", "F.celu(a, 0.0)", a=r(4))
+case("err_softshrink_negative", "F.softshrink(a, -1.0)", a=r(4))
+fcase("glu_last", "F.glu(a)", a=r(3, 8))
+fcase("glu_dim0", "F.glu(a, 0)", a=r(4, 3))
+case("err_glu_odd", "F.glu(a)", a=r(3, 5))
+fcase("softmin_dim1", "F.softmin(a, dim=1)", a=r(3, 5))
+case("softmin_3d", "F.softmin(a, dim=0)", a=r(2, 3, 4))
+fcase("prelu_channels", "F.prelu(a, w)", a=r(2, 3, 4), w=r(3))
+case("prelu_single", "F.prelu(a, w)", a=r(4, 5), w=vals([0.25]))
+case("err_prelu_channels", "F.prelu(a, w)", a=r(2, 3, 4), w=r(2))
+
+# losses
+for red in ["mean", "sum", "none"]:
+    fcase(f"l1_loss_{red}", f"F.l1_loss(a, y, reduction='{red}')", a=r(3, 4), y=r(3, 4))
+    fcase(f"smooth_l1_loss_{red}", f"F.smooth_l1_loss(a, y, reduction='{red}', beta=0.5)", a=r(3, 4), y=r(3, 4))
+    fcase(f"huber_loss_{red}", f"F.huber_loss(a, y, reduction='{red}', delta=0.7)", a=r(3, 4), y=r(3, 4))
+case("smooth_l1_loss_beta0", "F.smooth_l1_loss(a, y, beta=0.0)", a=r(3, 4), y=r(3, 4))
+case("l1_loss_bf16", "F.l1_loss(a, y)", a=r(3, 4, dt="bf16"), y=r(3, 4, dt="bf16"))
+case("err_huber_loss_delta", "F.huber_loss(a, y, delta=0.0)", a=r(3), y=r(3))
+fcase("binary_cross_entropy_mean", "F.binary_cross_entropy(a, y)", a=uni(3, 4), y=uni(3, 4))
+fcase("binary_cross_entropy_weight_sum", "F.binary_cross_entropy(a, y, weight=z, reduction='sum')", a=uni(3, 4),
+      y=uni(3, 4), z=pos(4))
+case("binary_cross_entropy_edges", "F.binary_cross_entropy(a, y, reduction='none')", a=vals([0.0, 1.0, 0.0, 1.0, 0.5]),
+     y=vals([0.0, 1.0, 1.0, 0.0, 0.3]))
+case("err_binary_cross_entropy_shape", "F.binary_cross_entropy(a, y)", a=uni(3, 4), y=uni(4))
+fcase("binary_cross_entropy_with_logits_mean", "F.binary_cross_entropy_with_logits(a, y)", a=r(3, 4), y=uni(3, 4))
+case("binary_cross_entropy_with_logits_pos_weight",
+     "F.binary_cross_entropy_with_logits(a, y, weight=z, pos_weight=b, reduction='none')", a=r(3, 4), y=uni(3, 4),
+     z=pos(4), b=pos(4))
+fcase("binary_cross_entropy_with_logits_weight", "F.binary_cross_entropy_with_logits(a, y, weight=z, reduction='sum')",
+      a=r(3, 4), y=uni(3, 4), z=pos(4))
+case("binary_cross_entropy_with_logits_large", "F.binary_cross_entropy_with_logits(a, y, reduction='none')",
+     a=vals([-100.0, -30.0, 0.0, 30.0, 100.0]), y=vals([1.0, 0.0, 0.5, 1.0, 0.0]))
+fcase("kl_div_batchmean", "F.kl_div(a, y, reduction='batchmean')", a=r(3, 4), y=uni(3, 4))
+fcase("kl_div_log_target_sum", "F.kl_div(a, y, reduction='sum', log_target=True)", a=r(3, 4), y=r(3, 4))
+case("kl_div_none_zero_target", "F.kl_div(a, y, reduction='none')", a=r(4), y=vals([0.0, 0.5, 0.0, 1.0]))
+case("kl_div_mean", "F.kl_div(a, y, reduction='mean')", a=r(3, 4), y=uni(3, 4))
+fcase("nll_loss_mean", "F.nll_loss(a, t)", a=r(4, 5), t=ints(0, 5, 4))
+fcase("nll_loss_weight_ignore", "F.nll_loss(a, t, weight=z, ignore_index=1)", a=r(6, 5), t=vals([1, 0, 4, 1, 2, 3], "i64"),
+      z=pos(5))
+fcase("nll_loss_none", "F.nll_loss(a, t, reduction='none')", a=r(6, 5), t=T_IGN)
+case("nll_loss_sum", "F.nll_loss(a, t, reduction='sum')", a=r(4, 5), t=ints(0, 5, 4))
+fcase("nll_loss_4d", "F.nll_loss(a, t)", a=r(2, 3, 2, 2), t=ints(0, 3, 2, 2, 2))
+case("nll_loss_4d_none", "F.nll_loss(a, t, reduction='none')", a=r(2, 3, 2, 2), t=ints(0, 3, 2, 2, 2))
+case("nll_loss_1d", "F.nll_loss(a, t)", a=r(5), t=vals(3, "i64", shape=[]))
+case("err_nll_loss_target_shape", "F.nll_loss(a, t)", a=r(4, 5), t=ints(0, 5, 3))
+case("err_nll_loss_target_oob", "F.nll_loss(a, t)", a=r(2, 5), t=vals([1, 7], "i64"))
+fcase("cross_entropy_4d_label_smoothing", "F.cross_entropy(a, t, label_smoothing=0.2)", a=r(2, 4, 3, 2),
+      t=ints(0, 4, 2, 3, 2))
+case("cross_entropy_3d_none", "F.cross_entropy(a, t, reduction='none')", a=r(2, 4, 3), t=ints(0, 4, 2, 3))
+fcase("cross_entropy_3d_weight_ignore", "F.cross_entropy(a, t, weight=z)", a=r(2, 4, 3),
+      t=vals([[1, -100, 3], [0, 2, -100]], "i64"), z=pos(4))
+fcase("margin_ranking_loss_mean", "F.margin_ranking_loss(a, b, y, margin=0.3)", a=r(6), b=r(6),
+      y=vals([1.0, -1.0, 1.0, -1.0, 1.0, 1.0]))
+fcase("soft_margin_loss_mean", "F.soft_margin_loss(a, y)", a=r(3, 4), y=vals([[1.0, -1.0, 1.0, 1.0]] * 3))
+fcase("hinge_embedding_loss_mean", "F.hinge_embedding_loss(a, y, margin=0.8)", a=r(3, 4),
+      y=vals([[1.0, -1.0, 1.0, -1.0]] * 3))
+fcase("poisson_nll_loss_log", "F.poisson_nll_loss(a, y)", a=r(3, 4), y=pos(3, 4))
+fcase("poisson_nll_loss_full", "F.poisson_nll_loss(a, y, log_input=False, full=True, reduction='sum')", a=pos(3, 4),
+      y=vals([[0.0, 1.0, 2.0, 5.0]] * 3))
+fcase("gaussian_nll_loss_mean", "F.gaussian_nll_loss(a, y, b)", a=r(3, 4), y=r(3, 4), b=pos(3, 4))
+case("gaussian_nll_loss_full_sum", "F.gaussian_nll_loss(a, y, b, full=True, reduction='sum')", a=r(3, 4), y=r(3, 4),
+     b=vals([[0.0, 1e-8, 0.5, 2.0]] * 3))
+fcase("cosine_similarity_dim1", "F.cosine_similarity(a, b, dim=1)", a=r(3, 5), b=r(3, 5))
+fcase("cosine_similarity_broadcast", "F.cosine_similarity(a, b, dim=-1)", a=r(2, 3, 4), b=r(4))
+case("cosine_similarity_zero", "F.cosine_similarity(a, b, dim=0)", a=vals([0.0, 0.0, 0.0]), b=vals([1.0, 2.0, 3.0]))
+fcase("pairwise_distance_p2", "F.pairwise_distance(a, b)", a=r(4, 5), b=r(4, 5))
+case("pairwise_distance_p1_keepdim", "F.pairwise_distance(a, b, p=1.0, keepdim=True)", a=r(4, 5), b=r(5))
+fcase("normalize_dim1", "F.normalize(a, dim=1)", a=r(3, 5))
+case("normalize_p1_dim0", "F.normalize(a, p=1.0, dim=0)", a=r(3, 5))
+case("normalize_zero_row", "F.normalize(a)", a=vals([[0.0, 0.0], [3.0, 4.0]]))
+
+# indexing and rearranging
+fcase("masked_fill_f32", "a.masked_fill(m, -2.5)", a=r(3, 4), m=bools(3, 4))
+case("masked_fill_broadcast_i64", "a.masked_fill(m, 7)", a=ints(0, 5, 3, 4), m=bools(4))
+case("masked_fill_nan", "a.masked_fill(m, float('nan'))", a=r(3, 4), m=bools(3, 1))
+case("err_masked_fill_mask_dtype", "a.masked_fill(m, 0.0)", a=r(3, 4), m=ints(0, 2, 3, 4))
+fcase("tile_2d", "torch.tile(a, (2, 3))", a=r(2, 3))
+case("tile_short_reps", "torch.tile(a, (2,))", a=r(2, 3))
+case("tile_long_reps", "torch.tile(a, (2, 1, 2))", a=ints(0, 9, 3))
+case("unbind_dim0", "torch.unbind(a)", a=r(3, 4))
+case("unbind_dim_neg", "torch.unbind(a, -1)", a=r(2, 3))
+fcase("roll_1d", "torch.roll(a, 2)", a=r(6))
+fcase("roll_dims", "torch.roll(a, (1, -2), (0, 1))", a=r(3, 5))
+case("roll_flat_2d", "torch.roll(a, -3)", a=ints(0, 20, 3, 4))
+case("roll_large_shift", "torch.roll(a, 13, 1)", a=r(2, 5))
+fcase("diagonal_main", "torch.diagonal(a)", a=r(4, 4))
+fcase("diagonal_offset_pos", "torch.diagonal(a, 1)", a=r(3, 5))
+case("diagonal_offset_neg", "torch.diagonal(a, -2)", a=r(4, 3))
+fcase("diagonal_batched_dims", "torch.diagonal(a, 0, 0, 2)", a=r(3, 2, 4))
+case("diagonal_empty", "torch.diagonal(a, 5)", a=r(3, 3))
+fcase("diag_vector", "torch.diag(a)", a=r(3))
+fcase("diag_vector_offset", "torch.diag(a, -1)", a=r(3))
+case("diag_vector_offset_pos", "torch.diag(a, 2)", a=ints(1, 9, 3))
+case("diag_matrix", "torch.diag(a, 1)", a=r(3, 4))
+case("err_diag_3d", "torch.diag(a)", a=r(2, 2, 2))
+fcase("diag_embed_batched", "torch.diag_embed(a)", a=r(2, 3))
+case("diag_embed_offset", "torch.diag_embed(a, 1)", a=r(2, 3))
+fcase("trace_f32", "torch.trace(a)", a=r(3, 4))
+case("trace_i64", "torch.trace(a)", a=ints(-5, 5, 3, 3))
+case("one_hot_1d", "F.one_hot(idx, 5)", idx=ints(0, 5, 6))
+case("one_hot_2d", "F.one_hot(idx, 4)", idx=ints(0, 4, 2, 3))
+case("err_one_hot_oob", "F.one_hot(idx, 3)", idx=vals([0, 3, 1], "i64"))
+case("err_one_hot_negative", "F.one_hot(idx, 3)", idx=vals([0, -1], "i64"))
+fcase("repeat_interleave_dim", "torch.repeat_interleave(a, 2, dim=1)", a=r(2, 3))
+case("repeat_interleave_flat", "torch.repeat_interleave(a, 3)", a=ints(0, 9, 2, 2))
+fcase("index_add_dim0", "torch.index_add(a, 0, idx, b, alpha=2.0)", a=r(4, 3), idx=vals([0, 2, 0, 3, 2], "i64"),
+      b=r(5, 3))
+case("index_add_dim1_i64", "torch.index_add(a, 1, idx, b)", a=ints(0, 5, 2, 4), idx=vals([3, 1], "i64"),
+     b=ints(0, 5, 2, 2))
+fcase("index_copy_dim0", "torch.index_copy(a, 0, idx, b)", a=r(4, 3), idx=vals([3, 0], "i64"), b=r(2, 3))
+case("index_copy_dim1", "torch.index_copy(a, 1, idx, b)", a=r(2, 4), idx=vals([1, 2, 0], "i64"), b=r(2, 3))
+case("err_index_copy_shape", "torch.index_copy(a, 0, idx, b)", a=r(4, 3), idx=vals([3, 0], "i64"), b=r(3, 3))
+fcase("index_fill_dim1", "torch.index_fill(a, 1, idx, -1.0)", a=r(3, 4), idx=vals([0, 2, 2], "i64"))
+case("index_fill_negative", "torch.index_fill(a, 0, idx, 9)", a=ints(0, 5, 3, 2), idx=vals([-1], "i64"))
+case("err_index_fill_oob", "torch.index_fill(a, 1, idx, 0.0)", a=r(2, 3), idx=vals([3], "i64"))
+fcase("take_2d", "torch.take(a, idx)", a=r(3, 4), idx=vals([[0, 11], [-1, 5]], "i64"))
+case("err_take_oob", "torch.take(a, idx)", a=r(3, 4), idx=vals([12], "i64"))
+fcase("take_along_dim_1", "torch.take_along_dim(a, idx, 1)", a=r(3, 4), idx=vals([[0, 3], [1, 1], [2, 0]], "i64"))
+case("take_along_dim_broadcast", "torch.take_along_dim(a, idx, 0)", a=r(3, 4), idx=vals([[2, 0, 1, 1]], "i64"))
+fcase("movedim_0_last", "torch.movedim(a, 0, -1)", a=r(2, 3, 4))
+case("movedim_2_0", "torch.movedim(a, 2, 0)", a=r(2, 3, 4))
+case("swapaxes_0_2", "torch.swapaxes(a, 0, 2)", a=r(2, 3, 4))
+case("fliplr_2d", "torch.fliplr(a)", a=r(3, 4))
+case("flipud_2d", "torch.flipud(a)", a=r(3, 4))
+fcase("rot90_k1", "torch.rot90(a)", a=r(2, 3))
+case("rot90_k2", "torch.rot90(a, 2)", a=r(2, 3))
+case("rot90_k_neg1_dims", "torch.rot90(a, -1, (1, 2))", a=r(2, 3, 4))
+fcase("hstack_2d", "torch.hstack([a, b])", a=r(2, 3), b=r(2, 2))
+case("hstack_1d", "torch.hstack([a, b])", a=r(3), b=r(2))
+fcase("vstack_1d", "torch.vstack([a, b])", a=r(3), b=r(3))
+case("dstack_2d", "torch.dstack([a, b])", a=r(2, 3), b=r(2, 3))
+case("column_stack_1d", "torch.column_stack([a, b])", a=r(3), b=r(3, 2))
+case("row_stack_1d", "torch.row_stack([a, b])", a=r(3), b=r(2, 3))
+case("meshgrid_ij", "torch.meshgrid(a, b, indexing='ij')", a=r(3), b=r(4))
+case("meshgrid_xy", "torch.meshgrid(a, b, c, indexing='xy')", a=r(2), b=r(3), c=r(4))
+case("atleast_2d_1d", "torch.atleast_2d(a)", a=r(3))
+case("atleast_3d_2d", "torch.atleast_3d(a)", a=r(2, 3))
+case("atleast_1d_0d", "torch.atleast_1d(a)", a=r())
+
+# reductions
+fcase("var_mean_dim1", "torch.var_mean(a, 1)", grad=False, a=r(3, 5))
+case("var_mean_all_corr0", "torch.var_mean(a, correction=0)", a=r(3, 5))
+case("std_mean_keepdim", "torch.std_mean(a, (0, 2), keepdim=True)", a=r(2, 3, 4))
+case("aminmax_all", "torch.aminmax(a)", a=r(3, 5))
+case("aminmax_dim_keepdim", "torch.aminmax(a, dim=-1, keepdim=True)", a=ints(-9, 9, 3, 5))
+case("aminmax_nan", "torch.aminmax(a, dim=0)", a=vals([[1.0, NAN], [2.0, 3.0]]))
+fcase("nansum_dim", "torch.nansum(a, 1)", a=vals([[1.0, NAN, 2.0], [NAN, NAN, 0.5]]))
+case("nansum_i64", "torch.nansum(a)", a=ints(-5, 5, 6))
+case("nansum_inf", "torch.nansum(a)", a=vals([1.0, NAN, INF]))
+# The gradient of an all-NaN slice is 0 in coil and NaN in PyTorch (0 * 1/0): graded without one.
+fcase("nanmean_dim", "torch.nanmean(a, 1)", a=vals([[1.0, NAN, 2.0], [NAN, NAN, 0.5], [NAN, 3.0, -1.0]]))
+case("nanmean_all_nan_row", "torch.nanmean(a, 1)", a=vals([[1.0, NAN, 2.0], [NAN, NAN, NAN]]))
+case("nanmean_all", "torch.nanmean(a)", a=r(3, 4))
+case("err_nanmean_int", "torch.nanmean(a)", a=ints(0, 5, 4))
+case("count_nonzero_all", "torch.count_nonzero(a)", a=vals([[0.0, 1.0, NAN], [-0.0, 2.0, 0.0]]))
+case("count_nonzero_dim", "torch.count_nonzero(a, dim=0)", a=ints(-1, 2, 3, 4))
+fcase("dist_p2", "torch.dist(a, b)", a=r(3, 4), b=r(4))
+case("dist_p1", "torch.dist(a, b, p=1)", a=r(3, 4), b=r(3, 4))
+case("dist_pinf", "torch.dist(a, b, p=float('inf'))", a=r(3, 4), b=r(3, 4))
+fcase("frobenius_norm_batched", "torch.linalg.matrix_norm(a)", a=r(2, 3, 4))
+
+# linear algebra
+fcase("addmm_f32", "torch.addmm(a, b, c, beta=0.5, alpha=2.0)", a=r(4), b=r(3, 5), c=r(5, 4))
+case("addmm_beta0_nan", "torch.addmm(a, b, c, beta=0.0)", a=vals([NAN, 1.0]), b=r(3, 2), c=r(2, 2))
+case("err_addmm_shape", "torch.addmm(a, b, c)", a=r(3), b=r(3, 5), c=r(5, 4))
+fcase("addmv_f32", "torch.addmv(a, b, c, alpha=0.5)", a=r(3), b=r(3, 4), c=r(4))
+fcase("addr_f32", "torch.addr(a, b, c, beta=2.0)", a=r(3, 4), b=r(3), c=r(4))
+fcase("baddbmm_f32", "torch.baddbmm(a, b, c, beta=0.5, alpha=1.5)", a=r(2, 3, 5), b=r(2, 3, 4), c=r(2, 4, 5))
+fcase("addbmm_f32", "torch.addbmm(a, b, c)", a=r(3, 5), b=r(2, 3, 4), c=r(2, 4, 5))
+fcase("outer_f32", "torch.outer(a, b)", a=r(3), b=r(4))
+case("outer_i64", "torch.outer(a, b)", a=ints(-5, 5, 3), b=ints(-5, 5, 2))
+fcase("dot_f32", "torch.dot(a, b)", a=r(7), b=r(7))
+case("err_dot_size", "torch.dot(a, b)", a=r(3), b=r(4))
+case("err_dot_2d", "torch.dot(a, b)", a=r(3, 1), b=r(3))
+case("vdot_f64", "torch.vdot(a, b)", a=r(5, dt="f64"), b=r(5, dt="f64"))
+fcase("inner_2d", "torch.inner(a, b)", a=r(2, 3), b=r(4, 3))
+fcase("mv_f32", "torch.mv(a, b)", a=r(3, 4), b=r(4))
+case("err_mv_rank", "torch.mv(a, b)", a=r(3, 4), b=r(4, 1))
+fcase("tensordot_2", "torch.tensordot(a, b, dims=([1, 2], [1, 0]))", a=r(2, 3, 4), b=r(4, 3, 5))
+case("tensordot_int_dims", "torch.tensordot(a, b, dims=1)", a=r(2, 3), b=r(3, 4))
+fcase("einsum_matmul", "torch.einsum('ij,jk->ik', a, b)", a=r(3, 4), b=r(4, 5))
+fcase("einsum_batched", "torch.einsum('bij,bjk->bik', a, b)", a=r(2, 3, 4), b=r(2, 4, 5))
+fcase("einsum_attention", "torch.einsum('bhqd,bhkd->bhqk', a, b)", a=r(2, 2, 3, 4), b=r(2, 2, 5, 4))
+case("einsum_trace", "torch.einsum('ii', a)", a=r(4, 4))
+case("einsum_diag", "torch.einsum('ii->i', a)", a=r(4, 4))
+case("einsum_sum", "torch.einsum('ij->', a)", a=r(3, 4))
+case("einsum_transpose_implicit", "torch.einsum('ji', a)", a=r(3, 4))
+case("einsum_outer", "torch.einsum('i,j->ij', a, b)", a=r(3), b=r(4))
+fcase("einsum_three", "torch.einsum('ij,jk,kl->il', a, b, c)", a=r(2, 3), b=r(3, 4), c=r(4, 2))
+case("einsum_bilinear", "torch.einsum('bn,anm,bm->ba', a, b, c)", a=r(2, 3), b=r(4, 3, 5), c=r(2, 5))
+case("einsum_sum_out_single", "torch.einsum('ijk->ik', a)", a=r(2, 3, 4))
+case("err_einsum_sizes", "torch.einsum('ij,jk->ik', a, b)", a=r(3, 4), b=r(5, 2))
+case("err_einsum_operands", "torch.einsum('ij,jk->ik', a)", a=r(3, 4))
+fcase("kron_2d", "torch.kron(a, b)", a=r(2, 3), b=r(2, 2))
+case("kron_mixed_rank", "torch.kron(a, b)", a=ints(1, 5, 2), b=ints(1, 5, 2, 2))
+fcase("cross_f32", "torch.linalg.cross(a, b)", a=r(4, 3), b=r(4, 3))
+case("cross_dim0_broadcast", "torch.linalg.cross(a, b, dim=0)", a=r(3, 4), b=r(3, 1))
+case("err_cross_size", "torch.linalg.cross(a, b)", a=r(4, 2), b=r(4, 2))
+fcase("matrix_power_3", "torch.linalg.matrix_power(a, 3)", a=r(3, 3))
+case("matrix_power_0_batched", "torch.linalg.matrix_power(a, 0)", a=r(2, 3, 3))
+case("matrix_power_5", "torch.linalg.matrix_power(a, 5)", a=r(2, 2))
+fcase("multi_dot_vectors", "torch.linalg.multi_dot([a, b, c])", a=r(3), b=r(3, 4), c=r(4))
+case("multi_dot_matrices", "torch.linalg.multi_dot([a, b, c, d])", a=r(2, 3), b=r(3, 4), c=r(4, 2), d=r(2, 5))
+fcase("cdist_p2", "torch.cdist(a, b)", a=r(3, 4), b=r(5, 4))
+case("cdist_p1_batched", "torch.cdist(a, b, p=1.0)", a=r(2, 3, 4), b=r(2, 2, 4))
+
+# creation
+case("logspace_base10", "torch.logspace(0, 3, 4)")
+case("logspace_base2", "torch.logspace(-2, 2, 5, base=2.0)")
+case("logspace_f64", "torch.logspace(0.5, 1.5, 6, dtype=torch.float64)")
+case("tril_indices_3_4", "torch.tril_indices(3, 4)")
+case("tril_indices_offset", "torch.tril_indices(4, 3, -1)")
+case("triu_indices_3_3_1", "torch.triu_indices(3, 3, 1)")
+
+
+# pointwise, second batch
+fcase("fmax_f32", "torch.fmax(a, b)", a=r(3, 4), b=r(4))
+case("fmax_nan", "torch.fmax(a, b)", a=vals([NAN, 1.0, NAN, 2.0, -INF]), b=vals([0.0, NAN, NAN, 2.0, 1.0]))
+fcase("fmin_f32", "torch.fmin(a, b)", a=r(3, 4), b=r(3, 4))
+case("fmin_nan", "torch.fmin(a, b)", a=vals([NAN, 1.0, NAN, 2.0, INF]), b=vals([0.0, NAN, NAN, 2.0, 1.0]))
+case("signbit_f32", "torch.signbit(a)", a=vals([-1.0, -0.0, 0.0, 2.0, -INF, INF]))
+case("signbit_i64", "torch.signbit(a)", a=ints(-5, 5, 6))
+fcase("xlog1py_f32", "torch.special.xlog1py(a, b)", a=r(3, 4), b=pos(3, 4))
+case("xlog1py_special", "torch.special.xlog1py(a, b)", a=vals([0.0, 0.0, 1.0, 0.0]), b=vals([-1.0, NAN, -1.0, 3.0]))
+fcase("entr_f32", "torch.special.entr(a)", a=pos(3, 4))
+case("entr_special", "torch.special.entr(a)", a=vals([0.0, -1.0, 1.0, NAN, INF, 0.5]))
+
+# losses, second batch
+fcase("cosine_embedding_loss_mean", "F.cosine_embedding_loss(a, b, y, margin=0.2)", a=r(4, 5), b=r(4, 5),
+      y=vals([1.0, -1.0, 1.0, -1.0]))
+case("cosine_embedding_loss_none_1d", "F.cosine_embedding_loss(a, b, y, reduction='none')", a=r(5), b=r(5),
+     y=vals(-1.0, shape=[]))
+fcase("triplet_margin_loss_mean", "F.triplet_margin_loss(a, b, c)", a=r(4, 5), b=r(4, 5), c=r(4, 5))
+case("triplet_margin_loss_swap_p1", "F.triplet_margin_loss(a, b, c, margin=0.5, p=1, swap=True, reduction='sum')",
+     a=r(4, 5), b=r(4, 5), c=r(4, 5))
+fcase("multilabel_soft_margin_loss_mean", "F.multilabel_soft_margin_loss(a, y)", a=r(3, 5),
+      y=vals([[1.0, 0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0, 0.0]]))
+case("multilabel_soft_margin_loss_weight", "F.multilabel_soft_margin_loss(a, y, weight=z, reduction='none')",
+     a=r(3, 5), y=uni(3, 5), z=pos(5))
+
+# assembling and splitting
+fcase("diff_1", "torch.diff(a)", a=r(3, 5))
+case("diff_2_dim0", "torch.diff(a, n=2, dim=0)", a=r(4, 3))
+fcase("diff_prepend_append", "torch.diff(a, dim=1, prepend=b, append=c)", a=r(2, 3), b=r(2, 1), c=r(2, 2))
+case("diff_bool", "torch.diff(a)", a=bools(6))
+case("diff_i64", "torch.diff(a)", a=ints(-9, 9, 6))
+fcase("block_diag_mixed", "torch.block_diag(a, b, c)", a=r(2, 2), b=r(3), c=r(2, 1))
+case("block_diag_i64", "torch.block_diag(a, b)", a=ints(0, 9, 1, 2), b=ints(0, 9, 2, 2))
+case("cartesian_prod_2", "torch.cartesian_prod(a, b)", a=r(3), b=r(2))
+case("cartesian_prod_3_i64", "torch.cartesian_prod(a, b, c)", a=ints(0, 5, 2), b=ints(0, 5, 2), c=ints(0, 5, 3))
+case("broadcast_tensors_3", "torch.broadcast_tensors(a, b, c)", a=r(3, 1), b=r(4), c=r(2, 1, 1))
+case("err_broadcast_tensors", "torch.broadcast_tensors(a, b)", a=r(3), b=r(4))
+case("tensor_split_sections", "torch.tensor_split(a, 3, dim=1)", a=r(2, 7))
+case("tensor_split_indices", "torch.tensor_split(a, [1, 4, 10], dim=0)", a=r(6, 2))
+case("hsplit_2d", "torch.hsplit(a, 2)", a=r(3, 4))
+case("vsplit_2d", "torch.vsplit(a, 3)", a=r(3, 4))
+case("err_hsplit_uneven", "torch.hsplit(a, 3)", a=r(3, 4))
+fcase("slice_scatter_step", "torch.slice_scatter(a, b, dim=1, start=1, step=2)", a=r(3, 6), b=r(3, 3))
+case("slice_scatter_dim0", "torch.slice_scatter(a, b, start=2, end=4)", a=r(5, 2), b=r(2, 2))
+fcase("select_scatter_dim1", "torch.select_scatter(a, b, 1, -1)", a=r(3, 4), b=r(3))
+
+# normalization, pooling, resampling
+fcase("group_norm_affine", "F.group_norm(a, 2, w, b)", a=r(2, 4, 3), w=r(4), b=r(4))
+case("group_norm_plain_4d", "F.group_norm(a, 3, eps=1e-3)", a=r(2, 6, 2, 2))
+case("err_group_norm_groups", "F.group_norm(a, 3)", a=r(2, 4, 3))
+fcase("instance_norm_affine", "F.instance_norm(a, weight=w, bias=b)", a=r(2, 3, 5), w=r(3), b=r(3))
+case("instance_norm_plain_4d", "F.instance_norm(a)", a=r(2, 3, 2, 3))
+# Running statistics are not differentiated: they are `y` and `z` (PyTorch refuses their gradient).
+fcase("batch_norm_inference", "F.batch_norm(a, y, z, w, b, training=False)", a=r(4, 3, 2), y=r(3), z=pos(3), w=r(3),
+      b=r(3))
+fcase("batch_norm_training_no_stats", "F.batch_norm(a, None, None, w, b, training=True, eps=1e-3)", a=r(4, 3, 2),
+      w=r(3), b=r(3))
+case("batch_norm_training_2d", "F.batch_norm(a, None, None, training=True)", a=r(5, 3))
+fcase("max_pool2d_k2", "F.max_pool2d(a, 2)", a=r(2, 2, 4, 6))
+fcase("max_pool2d_k3_s2_p1", "F.max_pool2d(a, 3, stride=2, padding=1)", a=r(1, 2, 5, 5))
+case("max_pool2d_nan", "F.max_pool2d(a, 2)", a=vals([[[1.0, NAN], [3.0, 2.0]]]))
+case("err_max_pool2d_pad", "F.max_pool2d(a, 2, padding=2)", a=r(1, 2, 5, 5))
+fcase("avg_pool2d_k2", "F.avg_pool2d(a, 2)", a=r(2, 2, 4, 6))
+fcase("avg_pool2d_k3_p1_exclude", "F.avg_pool2d(a, 3, stride=2, padding=1, count_include_pad=False)", a=r(1, 2, 5, 5))
+case("avg_pool2d_k3_p1_include", "F.avg_pool2d(a, 3, stride=2, padding=1)", a=r(1, 2, 5, 5))
+fcase("max_pool1d_k3_s2", "F.max_pool1d(a, 3, stride=2)", a=r(2, 3, 9))
+fcase("avg_pool1d_k2", "F.avg_pool1d(a, 2)", a=r(2, 3, 8))
+fcase("adaptive_avg_pool2d_uneven", "F.adaptive_avg_pool2d(a, (3, 2))", a=r(2, 2, 5, 7))
+case("adaptive_avg_pool2d_global", "F.adaptive_avg_pool2d(a, 1)", a=r(2, 3, 4, 4))
+case("adaptive_avg_pool1d_3", "F.adaptive_avg_pool1d(a, 3)", a=r(2, 3, 8))
+fcase("interpolate_nearest_2d", "F.interpolate(a, size=(5, 3), mode='nearest')", a=r(1, 2, 3, 4))
+case("interpolate_nearest_exact_1d", "F.interpolate(a, size=7, mode='nearest-exact')", a=r(1, 2, 4))
+fcase("interpolate_bilinear", "F.interpolate(a, size=(5, 7), mode='bilinear')", a=r(1, 2, 3, 4))
+fcase("interpolate_bilinear_align", "F.interpolate(a, size=(2, 5), mode='bilinear', align_corners=True)",
+      a=r(2, 1, 4, 3))
+case("interpolate_linear_1d_down", "F.interpolate(a, size=3, mode='linear')", a=r(1, 2, 8))
+fcase("pixel_shuffle_2", "F.pixel_shuffle(a, 2)", a=r(1, 8, 2, 3))
+case("pixel_unshuffle_2", "F.pixel_unshuffle(a, 2)", a=r(1, 2, 4, 6))
+case("err_pixel_shuffle_channels", "F.pixel_shuffle(a, 2)", a=r(1, 6, 2, 2))
+
+
+# statistics, integration, searching; im2col
+fcase("cov_2d", "torch.cov(a)", a=r(3, 6))
+case("cov_corr0", "torch.cov(a, correction=0)", a=r(2, 5))
+case("cov_1d_i64", "torch.cov(a)", a=ints(-5, 5, 6))
+case("cov_one_observation", "torch.cov(a)", a=r(2, 1))
+fcase("corrcoef_2d", "torch.corrcoef(a)", a=r(3, 6))
+case("corrcoef_constant_row", "torch.corrcoef(a)", a=vals([[1.0, 2.0, 4.0], [0.0, 0.0, 0.0]]))
+fcase("trapezoid_dx", "torch.trapezoid(a, dx=0.5)", a=r(3, 5))
+case("trapezoid_dim0", "torch.trapezoid(a, dim=0)", a=r(4, 3))
+fcase("cumulative_trapezoid_dx", "torch.cumulative_trapezoid(a, dx=2.0)", a=r(3, 5))
+case("bucketize_left", "torch.bucketize(a, b)", a=vals([NAN, 2.0, 0.0, 5.0, INF, -INF, 1.0, 3.0]),
+     b=vals([1.0, 2.0, 3.0]))
+case("bucketize_right", "torch.bucketize(a, b, right=True)", a=vals([NAN, 2.0, 0.0, 5.0, INF, -INF, 1.0, 3.0]),
+     b=vals([1.0, 2.0, 3.0]))
+case("bucketize_i64", "torch.bucketize(a, b)", a=ints(-5, 10, 3, 4), b=vals([0, 2, 4, 6], "i64"))
+case("searchsorted_2d", "torch.searchsorted(a, b)", a=vals([[1.0, 3.0, 5.0], [2.0, 4.0, 6.0]]),
+     b=vals([[3.0, 6.0], [1.0, 7.0]]))
+case("searchsorted_1d_right", "torch.searchsorted(a, b, right=True)", a=vals([1.0, 2.0, 2.0, 3.0]), b=r(2, 3))
+fcase("unfold_k2", "F.unfold(a, 2)", a=r(2, 3, 4, 5))
+fcase("unfold_k3_d2_p1_s2", "F.unfold(a, 3, dilation=2, padding=1, stride=2)", a=r(1, 2, 6, 7))
+
+
+# embedding bags, local response norm, rrelu (evaluation), matrix norms
+fcase("embedding_bag_mean_offsets", "F.embedding_bag(idx, w, o, mode='mean')", idx=vals([1, 2, 4, 4, 3], "i64"), w=r(5, 3),
+      o=vals([0, 2, 2], "i64"))
+case("embedding_bag_sum_padding", "F.embedding_bag(idx, w, o, mode='sum', padding_idx=4)",
+     idx=vals([1, 2, 4, 4, 3], "i64"), w=r(5, 3), o=vals([0, 2, 2], "i64"))
+case("embedding_bag_include_last_offset", "F.embedding_bag(idx, w, o, mode='sum', include_last_offset=True)",
+     idx=vals([1, 2, 4, 4, 3], "i64"), w=r(5, 3), o=vals([0, 2, 2, 5], "i64"))
+fcase("embedding_bag_per_sample_weights", "F.embedding_bag(idx, w, o, mode='sum', per_sample_weights=b)",
+      idx=vals([0, 3, 3, 1], "i64"), w=r(4, 2), o=vals([0, 1], "i64"), b=r(4))
+fcase("embedding_bag_2d_max", "F.embedding_bag(idx, w, mode='max')", idx=ints(0, 6, 3, 4), w=r(6, 3))
+case("embedding_bag_2d_mean", "F.embedding_bag(idx, w)", idx=ints(0, 6, 3, 4), w=r(6, 3))
+fcase("local_response_norm_3d", "F.local_response_norm(a, 3)", a=r(2, 5, 4))
+case("local_response_norm_4d", "F.local_response_norm(a, 2, alpha=0.1, beta=0.5, k=2.0)", a=r(2, 4, 3, 3))
+fcase("rrelu_eval", "F.rrelu(a, 0.1, 0.3, training=False)", a=r(3, 4))
+fcase("matrix_norm_ord1", "torch.linalg.matrix_norm(a, ord=1)", a=r(2, 3, 4))
+case("matrix_norm_ord_neg_inf_keepdim", "torch.linalg.matrix_norm(a, ord=-float('inf'), keepdim=True)", a=r(3, 4))
+case("matrix_norm_ord_inf", "torch.linalg.matrix_norm(a, ord=float('inf'))", a=r(3, 4))
+case("matrix_norm_ord_neg1", "torch.linalg.matrix_norm(a, ord=-1)", a=r(3, 4))
+
+
+# 3-d pooling, adaptive max pooling
+fcase("max_pool3d_k2", "F.max_pool3d(a, 2)", a=r(1, 2, 4, 4, 4))
+case("max_pool3d_k3_s2_p1", "F.max_pool3d(a, 3, stride=2, padding=1)", a=r(1, 1, 5, 4, 5))
+fcase("avg_pool3d_k2_s1", "F.avg_pool3d(a, 2, stride=1)", a=r(1, 2, 3, 3, 3))
+fcase("adaptive_max_pool2d_uneven", "F.adaptive_max_pool2d(a, (3, 2))", a=r(2, 2, 5, 7))
+case("adaptive_max_pool1d_4", "F.adaptive_max_pool1d(a, 4)", a=r(2, 3, 9))
+case("adaptive_max_pool2d_nan", "F.adaptive_max_pool2d(a, 1)", a=vals([[[1.0, NAN], [3.0, 2.0]]]))
+
+
+# col2im
+fcase("fold_k2", "F.fold(a, (3, 4), 2)", a=r(2, 12, 6))
+fcase("fold_k3_d2_p1_s2", "F.fold(a, (6, 7), 3, dilation=2, padding=1, stride=2)", a=r(1, 18, 6))
+case("err_fold_blocks", "F.fold(a, (3, 4), 2)", a=r(2, 12, 5))
+
+
+# more interpolation modes
+fcase("interpolate_bicubic_up", "F.interpolate(a, size=(5, 7), mode='bicubic')", a=r(1, 2, 3, 4))
+case("interpolate_bicubic_down_align", "F.interpolate(a, size=(3, 2), mode='bicubic', align_corners=True)",
+     a=r(2, 1, 6, 5))
+fcase("interpolate_trilinear", "F.interpolate(a, size=(3, 4, 5), mode='trilinear')", a=r(1, 2, 2, 3, 4))
+case("interpolate_nearest_3d", "F.interpolate(a, size=(4, 2, 3), mode='nearest')", a=r(1, 1, 2, 3, 3))
+case("interpolate_area", "F.interpolate(a, size=(2, 3), mode='area')", a=r(1, 2, 5, 7))
+
+
+# pooling with ceil_mode and dilation
+fcase("max_pool2d_ceil_dilation", "F.max_pool2d(a, 3, stride=2, padding=1, dilation=2, ceil_mode=True)", a=r(1, 2, 8, 9))
+case("max_pool1d_ceil", "F.max_pool1d(a, 2, stride=2, ceil_mode=True)", a=r(2, 3, 7))
+fcase("avg_pool2d_ceil_include", "F.avg_pool2d(a, 3, stride=2, padding=1, ceil_mode=True)", a=r(1, 2, 6, 6))
+case("avg_pool2d_ceil_exclude", "F.avg_pool2d(a, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)",
+     a=r(1, 2, 6, 6))
+case("avg_pool1d_ceil", "F.avg_pool1d(a, 2, stride=2, ceil_mode=True)", a=r(2, 3, 7))
+case("max_pool3d_dilation", "F.max_pool3d(a, 2, stride=1, dilation=2)", a=r(1, 1, 5, 5, 5))
+
+
+# sampling grids
+fcase("affine_grid_align", "F.affine_grid(a, (2, 3, 4, 5), align_corners=True)", a=r(2, 2, 3))
+fcase("affine_grid_no_align", "F.affine_grid(a, (1, 1, 3, 2), align_corners=False)", a=r(1, 2, 3))
+fcase("grid_sample_bilinear_zeros", "F.grid_sample(a, b * 0.8, align_corners=False)", a=r(2, 3, 4, 5), b=r(2, 3, 2, 2))
+fcase("grid_sample_bilinear_border_align", "F.grid_sample(a, b, padding_mode='border', align_corners=True)",
+      a=r(1, 2, 3, 4), b=r(1, 4, 3, 2))
+case("grid_sample_nearest", "F.grid_sample(a, b * 0.8, mode='nearest', align_corners=False)", a=r(2, 3, 4, 5),
+     b=r(2, 3, 2, 2))
+
+
+# histograms
+case("histc_range", "torch.histc(a, bins=5, min=0, max=5)", a=vals([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 2.5, -1.0, 6.0, NAN]))
+case("histc_data_range", "torch.histc(a, bins=7)", a=r(50))
+case("histc_one_value", "torch.histc(a, bins=4)", a=vals([2.0, 2.0]))
+case("histc_f64", "torch.histc(a, bins=10, min=-2, max=2)", a=r(40, dt="f64"))
+case("err_histc_int", "torch.histc(a)", a=ints(0, 5, 4))
+
+
+# fmod, exact from remainder
+case("fmod_special", "torch.fmod(a, b)", a=vals([1e30, -1e-30, 7.5, -7.5, 5.0, INF, 3.0, -0.0, 2.0, 1e20, NAN, -3.0]),
+     b=vals([3.0, 1.0, 2.0, 2.0, 0.0, 2.0, INF, 1.0, -0.7, -3.3, 1.0, -INF]))
+fcase("fmod_random", "torch.fmod(a, b)", a=r(3, 4), b=pos(3, 4))
+case("fmod_i64", "torch.fmod(a, b)", a=vals([-7, 7, -7, 7, 0, 5, -9223372036854775807], "i64"),
+     b=vals([2, -2, -2, 2, 3, 9, 2], "i64"))
+case("fmod_scalar_f64", "torch.fmod(a, 1.5)", a=r(8, dt="f64"))
+case("err_fmod_int_zero", "torch.fmod(a, b)", a=vals([1, 2], "i64"), b=vals([1, 0], "i64"))
+
+
+# scans as prefix reductions
+fcase("cummax_dim1", "torch.cummax(a, 1)", grad=False, a=r(3, 6))
+case("cummax_ties_nan", "torch.cummax(a, 0)", a=vals([1.0, 3.0, 3.0, 2.0, NAN, 5.0, NAN, 0.0]))
+case("cummin_i64", "torch.cummin(a, -1)", a=vals([[3, 1, 1, 2], [0, 5, -2, -2]], "i64"))
+case("cummin_dim0", "torch.cummin(a, 0)", a=r(5, 3))
+gcase_values = "(lambda a: torch.autograd.grad((torch.cummax(a, 1)[0] * torch.linspace(-1, 2, 18).reshape(3, 6)).sum(), [a]))(a.detach().requires_grad_())"
+case("grad_cummax_values", gcase_values, a=r(3, 6))
+fcase("logcumsumexp_dim1", "torch.logcumsumexp(a, 1)", a=r(3, 6))
+case("logcumsumexp_special", "torch.logcumsumexp(a, 0)", a=vals([-INF, 0.0, 1000.0, -1000.0, INF, NAN]))
+case("logcumsumexp_bf16", "torch.logcumsumexp(a, -1)", a=r(2, 8, dt="bf16"))
+case("cumprod_dim1", "torch.cumprod(a, 1)", a=r(3, 6))
+case("cumprod_i32", "torch.cumprod(a, 0)", a=ints(-3, 4, 6, dt="i32"))
+case("cumprod_zeros", "torch.cumprod(a, 0)", a=vals([2.0, 0.0, 3.0, NAN, -1.0]))
+
+
+# gradients of forward cases above that had none
+for name in ["float_power_f32", "deg2rad_f32", "rad2deg_f32", "fliplr_2d", "dstack_2d", "column_stack_1d",
+             "cartesian_prod_2", "pixel_unshuffle_2", "adaptive_max_pool1d_4", "adaptive_avg_pool1d_3", "vdot_f64",
+             "rot90_k_neg1_dims", "atleast_3d_2d", "logcumsumexp_special"]:
+    gcase(name)
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

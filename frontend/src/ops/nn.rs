@@ -5,6 +5,7 @@
 //! Each records one composite node, so captured graphs show what the user called; the
 //! decomposition table in `coil-passes` rewrites them to primitives.
 
+use crate::ops::composite::CompositeScope;
 use crate::tensor::{next_random, Tensor};
 use coil_ir::{Error, Op, Result};
 use std::panic::Location;
@@ -180,14 +181,51 @@ impl Tensor {
     /// assert!((loss.item::<f32>()? - 2f32.ln()).abs() < 1e-5);
     /// # Ok::<(), coil_ir::Error>(())
     /// ```
+    ///
+    /// Logits `[N, C, d1, ...]` with targets `[N, d1, ...]` are taken as `N * d1 * ...` rows
+    /// (the class dim moved last); `reduction = none` gives the loss in the target's shape.
     #[track_caller]
     pub fn cross_entropy(&self, target: &Tensor, options: CrossEntropyOptions) -> Result<Tensor> {
+        self.cross_entropy_any(target, None, options, Location::caller())
+    }
+
+    fn cross_entropy_any(
+        &self,
+        target: &Tensor,
+        weight: Option<&Tensor>,
+        options: CrossEntropyOptions,
+        loc: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let CrossEntropyOptions { ignore_index, reduction, label_smoothing } = options;
-        Tensor::record(
-            Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight: false },
-            &[self, target],
-            Location::caller(),
-        )
+        let op = Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight: weight.is_some() };
+        if self.rank() <= 2 {
+            let mut srcs = vec![self, target];
+            srcs.extend(weight);
+            return Tensor::record(op, &srcs, loc);
+        }
+        let mut srcs = vec![self, target];
+        srcs.extend(weight);
+        let _scope = CompositeScope::enter("cross_entropy", &srcs, loc);
+        let mut expected = vec![self.shape()[0]];
+        expected.extend_from_slice(&self.shape()[2..]);
+        if target.shape() != expected.as_slice() {
+            let e = Error::shape(format!(
+                "expected target of shape {expected:?} for logits {:?}, got {:?}",
+                self.shape(),
+                target.shape()
+            ));
+            return Err(Tensor::error("cross_entropy", &srcs, e, loc));
+        }
+        let classes = self.shape()[1] as i64;
+        let rows = self.movedim(1, -1)?.reshape(&[-1, classes])?;
+        let flat_target = target.reshape(&[-1])?;
+        let mut flat = vec![&rows, &flat_target];
+        flat.extend(weight);
+        let loss = Tensor::record(op, &flat, loc)?;
+        match reduction {
+            LossReduction::None => loss.reshape(&expected.iter().map(|&s| s as i64).collect::<Vec<_>>()),
+            _ => Ok(loss),
+        }
     }
 
     /// `F.cross_entropy(logits, target, weight=weight, ...)`: as [`Tensor::cross_entropy`], each
@@ -210,12 +248,7 @@ impl Tensor {
         weight: &Tensor,
         options: CrossEntropyOptions,
     ) -> Result<Tensor> {
-        let CrossEntropyOptions { ignore_index, reduction, label_smoothing } = options;
-        Tensor::record(
-            Op::CrossEntropy { ignore_index, reduction, label_smoothing, weight: true },
-            &[self, target, weight],
-            Location::caller(),
-        )
+        self.cross_entropy_any(target, Some(weight), options, Location::caller())
     }
 
     /// `F.mse_loss(input, target, reduction)`: the squared differences, broadcast, then
@@ -247,6 +280,112 @@ impl Tensor {
 #[track_caller]
 pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
     Tensor::record(Op::Embedding, &[weight, indices], Location::caller())
+}
+
+/// How [`embedding_bag`] combines the rows of a bag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BagMode {
+    Sum,
+    Mean,
+    /// Only for `[B, L]` indices (bags of one length): 1-D indices with offsets would need a
+    /// scatter with a maximum, which coil does not have.
+    Max,
+}
+
+/// `F.embedding_bag(indices, weight, offsets, mode, per_sample_weights, include_last_offset,
+/// padding_idx)`: the rows of `weight` at `indices`, summed (averaged, maxed) per bag. Bags are
+/// the rows of 2-D `indices`, or the runs of 1-D `indices` starting at each of `offsets`;
+/// an empty bag gives zeros; indices equal to `padding_idx` take no part.
+///
+/// ```
+/// use coil_frontend::ops::nn::{embedding_bag, BagMode};
+/// use coil_frontend::Tensor;
+/// let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3, 1])?;
+/// let idx = Tensor::from_vec(vec![0i64, 1, 2], &[3])?;
+/// let offsets = Tensor::from_vec(vec![0i64, 2], &[2])?;
+/// let y = embedding_bag(&idx, &w, Some(&offsets), BagMode::Sum, None, false, None)?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![3.0, 3.0]);
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn embedding_bag(
+    indices: &Tensor,
+    weight: &Tensor,
+    offsets: Option<&Tensor>,
+    mode: BagMode,
+    per_sample_weights: Option<&Tensor>,
+    include_last_offset: bool,
+    padding_idx: Option<i64>,
+) -> Result<Tensor> {
+    let loc = Location::caller();
+    let mut srcs = vec![indices, weight];
+    srcs.extend(offsets);
+    srcs.extend(per_sample_weights);
+    let _scope = CompositeScope::enter("embedding_bag", &srcs, loc);
+    let fail = |msg: String| Err(Tensor::error("embedding_bag", &srcs, Error::shape(msg), loc));
+    if weight.rank() != 2 {
+        return fail(format!("weight has to be a 2D Tensor, but got Tensor of dimension {}", weight.rank()));
+    }
+    if per_sample_weights.is_some() && mode != BagMode::Sum {
+        let e = Error::value("embedding_bag: per_sample_weights is only supported for mode='sum'");
+        return Err(Tensor::error("embedding_bag", &srcs, e, loc));
+    }
+    let flat = indices.reshape(&[-1])?;
+    let rows = embedding(&flat, weight)?;
+    let rows = match per_sample_weights {
+        Some(w) => rows.mul(&w.reshape(&[-1, 1])?)?,
+        None => rows,
+    };
+    // Which positions count: not the padding index.
+    let kept = match padding_idx {
+        Some(p) => flat.ne(p)?,
+        None => flat.ge(i64::MIN)?,
+    };
+    let rows = crate::ops::pointwise::where_(&kept.unsqueeze(1)?, &rows, 0.0)?;
+    let (bags, bag_of) = match (indices.rank(), offsets) {
+        (2, None) => {
+            let (b, l) = (indices.shape()[0], indices.shape()[1]);
+            (b, Tensor::iota(&[b, l], 0)?.to_device(indices.device())?.reshape(&[-1])?)
+        }
+        (1, Some(offsets)) => {
+            if offsets.rank() != 1 {
+                return fail(format!("offsets has to be a 1D Tensor, but got Tensor of dimension {}", offsets.rank()));
+            }
+            let b = if include_last_offset { offsets.numel().saturating_sub(1) } else { offsets.numel() };
+            let starts = offsets.narrow(0, 0, b)?;
+            // Position i belongs to the last bag that starts at or before it.
+            let positions = Tensor::iota(&[flat.numel()], 0)?.to_device(indices.device())?;
+            (b, positions.bucketize(&starts, true)?.sub(1)?)
+        }
+        _ => {
+            return fail(format!(
+                "expected 2-D indices without offsets or 1-D indices with offsets, got {:?} indices {} offsets",
+                indices.shape(),
+                if offsets.is_some() { "with" } else { "without" }
+            ))
+        }
+    };
+    let dim = weight.shape()[1];
+    if mode == BagMode::Max {
+        if indices.rank() != 2 {
+            let e = Error::unsupported("embedding_bag with mode='max' and offsets needs a scatter with a maximum, which coil does not have: pass [B, L] indices");
+            return Err(Tensor::error("embedding_bag", &srcs, e, loc));
+        }
+        let grid = rows.reshape(&[bags as i64, -1, dim as i64])?;
+        let masked = crate::ops::pointwise::where_(&kept.reshape(&[bags as i64, -1, 1])?, &grid, f64::NEG_INFINITY)?;
+        let out = masked.amax(&[1], false)?;
+        // A bag with nothing kept gives zeros, as in PyTorch.
+        return crate::ops::pointwise::where_(&out.isinf()?.logical_and(&out.lt(0.0)?)?, 0.0, &out);
+    }
+    let zeros = Tensor::zeros(&[bags, dim], weight.dtype()).to_device(weight.device())?;
+    let sums = zeros.index_add(0, &bag_of, &rows, 1.0)?;
+    if mode == BagMode::Sum {
+        return Ok(sums);
+    }
+    let counts = Tensor::zeros(&[bags], weight.dtype()).to_device(weight.device())?;
+    let counts = counts.index_add(0, &bag_of, &kept.to_dtype(weight.dtype())?, 1.0)?;
+    sums.div(&counts.clamp_min(1.0)?.unsqueeze(1)?)
 }
 
 /// `F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)`:

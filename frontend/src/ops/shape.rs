@@ -43,11 +43,12 @@ fn infer_sizes(sizes: &[i64], numel: usize) -> Result<Vec<usize>> {
 }
 
 /// Renames the op of an error raised while recording (for methods that record a node of
-/// another name, e.g. `view` records `reshape`).
+/// another name, e.g. `view` records `reshape`); inside a composite op the error stays that
+/// op's.
 pub(crate) fn renamed(r: Result<Tensor>, op: &str) -> Result<Tensor> {
     r.map_err(|mut e| {
         e.op = Some(op.to_string());
-        e
+        crate::ops::composite::attribute(e)
     })
 }
 
