@@ -104,7 +104,7 @@ const UNARY: &[Unary] = &[
     ("logcumsumexp", |t| t.logcumsumexp(0)),
     ("cumprod", |t| t.cumprod(-1)),
     ("histc", |t| t.histc(4, 0.0, 0.0)),
-    ("take", |t| t.take(&coil::Tensor::from_vec(vec![0i64, -1], &[2])?)),
+    ("take", |t| t.take(&coil::Tensor::from_vec(vec![0i64, -1], &[2])?.to_device(t.device())?)),
 ];
 
 /// A binary method's second operand: a tensor, or a Rust scalar (weak in type promotion).

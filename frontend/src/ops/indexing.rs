@@ -4,7 +4,7 @@
 //! `take_along_dim`, `movedim`, `swapaxes`, `rot90`, `fliplr`, `flipud`, the `*stack` family,
 //! `meshgrid` and `atleast_*d`.
 
-use crate::ops::composite::CompositeScope;
+use crate::ops::composite::{beside, CompositeScope};
 use crate::ops::movement::cat;
 use crate::ops::pointwise::{where_, IntoTensor};
 use crate::tensor::Tensor;
@@ -28,7 +28,7 @@ impl Tensor {
     #[track_caller]
     pub fn masked_fill(&self, mask: &Tensor, value: impl IntoTensor) -> Result<Tensor> {
         let loc = Location::caller();
-        let value = value.into_tensor();
+        let value = beside(self, value)?;
         let _scope = CompositeScope::enter("masked_fill", &[self, mask], loc);
         if mask.dtype() != DType::Bool {
             let e = Error::dtype(format!(
@@ -407,7 +407,7 @@ impl Tensor {
     #[track_caller]
     pub fn index_fill(&self, dim: i64, index: &Tensor, value: impl IntoTensor) -> Result<Tensor> {
         let loc = Location::caller();
-        let value = value.into_tensor();
+        let value = beside(self, value)?;
         let _scope = CompositeScope::enter("index_fill", &[self, index], loc);
         let d = self.dim(dim, "index_fill", loc)?;
         if index.rank() > 1 || !matches!(index.dtype(), DType::I64 | DType::I32) {

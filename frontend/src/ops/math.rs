@@ -5,7 +5,7 @@
 //! so that results agree with PyTorch within the golden tolerance. Gradients come from the
 //! decomposition.
 
-use crate::ops::composite::CompositeScope;
+use crate::ops::composite::{beside, CompositeScope};
 use crate::ops::pointwise::{where_, IntoTensor};
 use crate::ops::shape::Loc;
 use crate::tensor::Tensor;
@@ -324,7 +324,7 @@ impl Tensor {
     #[track_caller]
     pub fn lerp(&self, end: &Tensor, weight: impl IntoTensor) -> Result<Tensor> {
         let loc = Location::caller();
-        let weight = weight.into_tensor();
+        let weight = beside(self, weight)?;
         let _scope = CompositeScope::enter("lerp", &[self, end, &weight], loc);
         require_float("lerp", self, loc)?;
         if end.dtype() != self.dtype() || (!weight.is_weak_scalar() && weight.dtype() != self.dtype()) {
@@ -442,7 +442,7 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn xlogy(&self, other: impl IntoTensor) -> Result<Tensor> {
-        let other = other.into_tensor();
+        let other = beside(self, other)?;
         let _scope = CompositeScope::enter("xlogy", &[self, &other], Location::caller());
         let x = floating(self)?;
         let zero = x.eq(0.0)?.logical_and(&other.isnan()?.logical_not()?)?;
@@ -463,7 +463,7 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn copysign(&self, other: impl IntoTensor) -> Result<Tensor> {
-        let other = other.into_tensor();
+        let other = beside(self, other)?;
         let _scope = CompositeScope::enter("copysign", &[self, &other], Location::caller());
         let a = floating(self)?;
         let b = floating(&other)?;
@@ -485,7 +485,7 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn float_power(&self, exponent: impl IntoTensor) -> Result<Tensor> {
-        let exponent = exponent.into_tensor();
+        let exponent = beside(self, exponent)?;
         let _scope = CompositeScope::enter("float_power", &[self, &exponent], Location::caller());
         self.to_dtype(DType::F64)?.pow(&exponent.to_dtype(DType::F64)?)
     }
@@ -727,7 +727,7 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn fmod(&self, other: impl IntoTensor) -> Result<Tensor> {
-        let other = other.into_tensor();
+        let other = beside(self, other)?;
         let _scope = CompositeScope::enter("fmod", &[self, &other], Location::caller());
         let r = self.remainder(&other)?;
         let signs_differ = r.lt(0)?.ne(&self.lt(0)?)?;
