@@ -423,7 +423,8 @@ impl Tensor {
         let location = crate::ops::composite::location().unwrap_or(location);
         let describe = || srcs.iter().map(|t| t.meta().to_string()).collect::<Vec<_>>();
         let tensors = || srcs.iter().filter(|t| !t.is_weak_scalar());
-        let device = tensors().next().map_or(Device::Cpu, |t| t.device());
+        // (Only weak scalars: where they are, as a composite op places them beside its tensor.)
+        let device = tensors().next().or(srcs.first()).map_or(Device::Cpu, |t| t.device());
         if let Some(other) = tensors().find(|t| t.device() != device) {
             return Err(crate::ops::composite::attribute(
                 Error::new(
