@@ -66,6 +66,18 @@ pub(crate) fn attribute(mut e: Error) -> Error {
     e
 }
 
+/// A composite op's operand, on `x`'s device: a Rust scalar (a weak scalar, made on the CPU)
+/// is made again there, as a primitive op places its weak scalars, so that the composite's
+/// inner ops, which may turn it into an ordinary 0-d tensor (a cast), see one device.
+pub(crate) fn beside(x: &Tensor, other: impl crate::IntoTensor) -> coil_ir::Result<Tensor> {
+    let other = other.into_tensor();
+    if other.is_weak_scalar() && other.device() != x.device() {
+        other.to_device(x.device())
+    } else {
+        Ok(other)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::Tensor;
@@ -178,17 +190,5 @@ mod tests {
                 );
             }
         }
-    }
-}
-
-/// A composite op's operand, on `x`'s device: a Rust scalar (a weak scalar, made on the CPU)
-/// is made again there, as a primitive op places its weak scalars, so that the composite's
-/// inner ops, which may turn it into an ordinary 0-d tensor (a cast), see one device.
-pub(crate) fn beside(x: &Tensor, other: impl crate::IntoTensor) -> coil_ir::Result<Tensor> {
-    let other = other.into_tensor();
-    if other.is_weak_scalar() && other.device() != x.device() {
-        other.to_device(x.device())
-    } else {
-        Ok(other)
     }
 }

@@ -12,6 +12,7 @@ pub mod linalg;
 pub mod loss;
 pub mod math;
 pub mod movement;
+pub mod mutation;
 pub mod nn;
 pub mod overload;
 pub mod pointwise;

@@ -1,0 +1,124 @@
+//! In-place ops (`add_`, `copy_`, `index_copy_`, slice assignment, ...): the functional op written
+//! back over the tensor, PyTorch's values and dtype/shape rules, the old handle stale after a
+//! write over computed elements, and pending tensors rebound lazily.
+
+use coil::{DType, ErrorKind, Tensor};
+use std::sync::Mutex;
+
+/// Held by every test: one of them counts the process's compiles.
+static ALONE: Mutex<()> = Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn t(v: &[f32], shape: &[usize]) -> Tensor {
+    let x = Tensor::from_vec(v.to_vec(), shape).unwrap();
+    x.realize().unwrap();
+    x
+}
+
+#[test]
+fn arithmetic_in_place_writes_over_computed_elements() {
+    let _alone = alone();
+    let mut x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let old = x.clone();
+    x.add_(t(&[10.0, 20.0, 30.0], &[3])).unwrap(); // broadcast along rows
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![11.0, 22.0, 33.0, 14.0, 25.0, 36.0]);
+    let e = old.to_vec::<f32>().unwrap_err();
+    assert!(e.to_string().contains("overwritten"), "the old handle is stale: {e}");
+    x.mul_(2.0).unwrap();
+    x.sub_(1).unwrap();
+    x.div_(t(&[1.0, 2.0, 4.0], &[3])).unwrap();
+    x.clamp_max_(30.0).unwrap();
+    x.clamp_min_(10.0).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![21.0, 21.5, 16.25, 27.0, 24.5, 17.75]);
+    x.pow_(0.5).unwrap();
+    assert!((x.to_vec::<f32>().unwrap()[0] - 21f32.sqrt()).abs() < 1e-6);
+}
+
+#[test]
+fn pending_tensors_are_rebound_lazily() {
+    let _alone = alone();
+    let mut x = Tensor::arange(0, 4, 1, DType::F32).unwrap(); // pending: no buffer to write
+    x.add_(1.0).unwrap();
+    x.mul_(3.0).unwrap();
+    assert!(!x.is_realized());
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![3.0, 6.0, 9.0, 12.0]);
+}
+
+#[test]
+fn results_cast_to_the_tensors_dtype_where_pytorch_allows() {
+    let _alone = alone();
+    let mut f = t(&[1.5, 2.5], &[2]);
+    f.add_(Tensor::from_vec(vec![1i64, 2], &[2]).unwrap()).unwrap(); // int into float: fine
+    assert_eq!((f.dtype(), f.to_vec::<f32>().unwrap()), (DType::F32, vec![2.5, 4.5]));
+    let mut h = t(&[1.0, 2.0], &[2]).to_dtype(DType::BF16).unwrap();
+    h.mul_(t(&[0.5, 0.25], &[2])).unwrap(); // f32 operand: the result is cast back to bf16
+    assert_eq!((h.dtype(), h.to_vec::<f32>().unwrap()), (DType::BF16, vec![0.5, 0.5]));
+
+    let mut i = Tensor::from_vec(vec![1i64, 2], &[2]).unwrap();
+    let line = line!() + 1;
+    let e = i.add_(0.5).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::DType, "{e}");
+    assert!(e.to_string().contains("add_") && e.to_string().contains(&format!("inplace_ops.rs:{line}")), "{e}");
+    assert!(i.div_(2).is_err(), "true division of an integer tensor in place is an error, as in PyTorch");
+    assert_eq!(i.to_vec::<i64>().unwrap(), vec![1, 2], "a refused op leaves the tensor as it was");
+    let mut b = Tensor::from_vec(vec![true, false], &[2]).unwrap();
+    assert!(b.add_(1).is_err(), "only a bool goes into a bool tensor");
+}
+
+#[test]
+fn the_other_operand_broadcasts_to_the_tensor_not_the_reverse() {
+    let _alone = alone();
+    let mut x = t(&[1.0, 2.0, 3.0], &[3]);
+    let line = line!() + 1;
+    let e = x.add_(t(&[0.0; 6], &[2, 3])).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Shape, "{e}");
+    assert!(e.to_string().contains(&format!("inplace_ops.rs:{line}")), "{e}");
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+}
+
+#[test]
+fn copies_fills_and_indexed_writes_match_pytorch() {
+    let _alone = alone();
+    // torch: x = zeros(4, 2); x.copy_(tensor([1, 2])); x.index_copy_(0, tensor([2]), ...)
+    let mut x = Tensor::zeros(&[4, 2], DType::F32);
+    x.realize().unwrap();
+    x.copy_(&Tensor::from_vec(vec![1i64, 2], &[2]).unwrap()).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+    x.index_copy_(0, &Tensor::from_vec(vec![2i64], &[1]).unwrap(), &t(&[7.0, 8.0], &[1, 2])).unwrap();
+    x.index_add_(0, &Tensor::from_vec(vec![0i64, 0], &[2]).unwrap(), &t(&[1.0, 1.0, 2.0, 2.0], &[2, 2]), 10.0).unwrap();
+    x.index_fill_(1, &Tensor::from_vec(vec![1i64], &[1]).unwrap(), -1.0).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![31.0, -1.0, 1.0, -1.0, 7.0, -1.0, 1.0, -1.0]);
+    x.masked_fill_(&Tensor::from_vec(vec![true, false], &[2]).unwrap(), 0.0).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![0.0, -1.0, 0.0, -1.0, 0.0, -1.0, 0.0, -1.0]);
+    // x[1:4:2, :] = tensor([5., 6.])
+    x.slice_assign_(0, Some(1), Some(4), 2, &t(&[5.0, 6.0], &[2])).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![0.0, -1.0, 5.0, 6.0, 0.0, -1.0, 5.0, 6.0]);
+    x.fill_(3).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![3.0; 8]);
+    x.zero_().unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![0.0; 8]);
+}
+
+/// A static cache written at a run-time position, step after step, with `index_copy_`: each
+/// step's write compiles once and serves every position.
+#[test]
+fn a_cache_written_at_run_time_positions_compiles_once() {
+    let _alone = alone();
+    let mut cache = Tensor::zeros(&[8, 3], DType::F32);
+    cache.realize().unwrap();
+    let mut after_second = 0;
+    for step in 0..8i64 {
+        let pos = Tensor::from_vec(vec![step], &[1]).unwrap();
+        let row = Tensor::from_vec(vec![step as f32; 3], &[1, 3]).unwrap(); // data, not a constant
+        cache.index_copy_(0, &pos, &row).unwrap();
+        if step == 1 {
+            after_second = coil::compile_count();
+        }
+    }
+    assert_eq!(coil::compile_count(), after_second, "later steps reuse the step's graph");
+    let want: Vec<f32> = (0..8).flat_map(|s| [s as f32; 3]).collect();
+    assert_eq!(cache.to_vec::<f32>().unwrap(), want);
+}
