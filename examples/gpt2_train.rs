@@ -6,7 +6,7 @@
 //! cargo run --release --example gpt2_train                  # default device, its configuration
 //! cargo run --release --example gpt2_train -- --steps 600 --out ckpt/gpt2-bytes
 //! cargo run --release --example gpt2_train -- --resume      # continue from the checkpoint
-//! cargo run --release --example gpt2_generate -- --checkpoint ckpt/gpt2-bytes --prompt "fn main"
+//! cargo run --release --example generate -- --checkpoint ckpt/gpt2-bytes --prompt "fn main"
 //! ```
 //!
 //! On the CPU the model is small (2 layers of 128 features, 64 bytes of context); on a CUDA GPU

@@ -130,7 +130,7 @@ fn bad_arguments_are_errors_naming_the_op_and_line() {
 }
 
 /// A decode loop that samples on the device inside each step's graph (as
-/// `examples/gpt2_generate` does) compiles the decode step once: the random numbers' seed and
+/// `examples/generate` does) compiles the decode step once: the random numbers' seed and
 /// offset are run-time arguments. Greedy sampling in the step picks the logits' argmax.
 #[test]
 fn sampling_inside_a_decode_step_compiles_once() {

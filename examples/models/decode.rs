@@ -10,55 +10,25 @@
 use super::{median, Opts, Row, Timer};
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::models::llama::{Llama, LlamaConfig};
-use coil::nn::{KvCache, ParamStore};
+use coil::nn::models::CausalLm;
+use coil::nn::ParamStore;
 use coil::{DType, Device, Tensor};
 use std::time::Instant;
-
-/// A model that decodes with a key/value cache.
-pub trait Decoder {
-    fn step(&self, idx: &Tensor, pos: &Tensor, cache: &KvCache) -> coil::Result<(Tensor, Vec<(Tensor, Tensor)>)>;
-    fn cache(&self, batch: usize, capacity: usize) -> coil::Result<KvCache>;
-    fn vocab(&self) -> usize;
-}
-
-impl Decoder for Gpt2 {
-    fn step(&self, idx: &Tensor, pos: &Tensor, cache: &KvCache) -> coil::Result<(Tensor, Vec<(Tensor, Tensor)>)> {
-        self.forward_cached(idx, pos, cache)
-    }
-    fn cache(&self, batch: usize, capacity: usize) -> coil::Result<KvCache> {
-        self.new_cache(batch, capacity)
-    }
-    fn vocab(&self) -> usize {
-        self.config.vocab_size
-    }
-}
-
-impl Decoder for Llama {
-    fn step(&self, idx: &Tensor, pos: &Tensor, cache: &KvCache) -> coil::Result<(Tensor, Vec<(Tensor, Tensor)>)> {
-        self.forward_cached(idx, pos, cache)
-    }
-    fn cache(&self, batch: usize, capacity: usize) -> coil::Result<KvCache> {
-        self.new_cache(batch, capacity)
-    }
-    fn vocab(&self) -> usize {
-        self.config.vocab_size
-    }
-}
 
 /// One prefill then `new_tokens` greedy decode steps with a cache of `capacity` positions;
 /// returns the (prefill, decode loop) device and wall microseconds.
 fn generate(
-    model: &dyn Decoder,
+    model: &dyn CausalLm,
     prompt: &Tensor,
     new_tokens: usize,
     capacity: usize,
     timer: &Timer,
 ) -> coil::Result<((f64, f64), (f64, f64))> {
     let (batch, len) = (prompt.shape()[0], prompt.shape()[1]);
-    let mut cache = model.cache(batch, capacity)?;
+    let mut cache = model.new_cache(batch, capacity)?;
     let mut next = None;
     let prefill = timer.time(&mut || {
-        let (logits, written) = model.step(prompt, &cache.position()?, &cache)?;
+        let (logits, written) = model.forward_cached(prompt, &cache.position()?, &cache)?;
         let token = logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?;
         cache.commit(&written, len, &[&token])?;
         next = Some(token);
@@ -66,7 +36,8 @@ fn generate(
     })?;
     let decode = timer.time(&mut || {
         for _ in 0..new_tokens {
-            let (logits, written) = model.step(next.as_ref().expect("prefilled"), &cache.position()?, &cache)?;
+            let (logits, written) =
+                model.forward_cached(next.as_ref().expect("prefilled"), &cache.position()?, &cache)?;
             let token = logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?;
             cache.commit(&written, 1, &[&token])?;
             next = Some(token);
@@ -77,7 +48,7 @@ fn generate(
 }
 
 /// Builds a model with random weights on a device (tiny or full size).
-type Build = fn(&ParamStore, Device, bool) -> coil::Result<Box<dyn Decoder>>;
+type Build = fn(&ParamStore, Device, bool) -> coil::Result<Box<dyn CausalLm>>;
 
 /// The decode (and prefill) rows `o` asks for.
 pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
@@ -108,7 +79,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             if !wanted(&name) && !want_prefill {
                 continue;
             }
-            let prompt = random_ids(batch, prompt_len, model.vocab())?.to_device(o.device)?;
+            let prompt = random_ids(batch, prompt_len, model.vocab_size())?.to_device(o.device)?;
             let first = Instant::now();
             let capacity = prompt_len + new_tokens;
             let compiles = coil::compile_count();
@@ -165,7 +136,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
     Ok(out)
 }
 
-fn gpt2(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn Decoder>> {
+fn gpt2(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn CausalLm>> {
     let config = if tiny {
         Gpt2Config {
             vocab_size: 256,
@@ -182,7 +153,7 @@ fn gpt2(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn 
     Ok(Box::new(Gpt2::new(&store.root(device, DType::BF16), config)?))
 }
 
-fn llama(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn Decoder>> {
+fn llama(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn CausalLm>> {
     let config = if tiny {
         LlamaConfig {
             vocab_size: 256,
