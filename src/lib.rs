@@ -50,6 +50,7 @@ pub use coil_frontend::dynamo::{
     Guard, Source, Stance, RECOMPILE_LIMIT,
 };
 pub use coil_frontend::ops::assemble::{block_diag, broadcast_tensors, cartesian_prod};
+pub use coil_frontend::ops::conv::ConvOptions;
 pub use coil_frontend::ops::einsum::einsum;
 pub use coil_frontend::ops::indexing::*;
 pub use coil_frontend::ops::linalg::*;

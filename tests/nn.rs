@@ -449,3 +449,36 @@ fn llama_loads_a_hugging_face_checkpoint_and_matches_its_logits_cached_or_not() 
         assert_close(&format!("cached logits at {}", start + len - 1), &logits, &last, 1e-5);
     }
 }
+
+/// A small convolutional network (`Conv2d`, relu, `Conv2d` with stride 2, global average pool,
+/// `Linear`) fits random labels of 16 images with SGD: the gradients through im2col, the grouped
+/// products and `fold` are right enough to train.
+#[test]
+fn a_convolutional_network_learns() {
+    use coil::nn::{Conv2d, Linear};
+    use coil::ConvOptions;
+    coil::manual_seed(3);
+    let store = ParamStore::new();
+    let root = store.root(Device::Cpu, DType::F32);
+    let pad = ConvOptions { padding: [1, 1], ..Default::default() };
+    let c1 = Conv2d::new(&root.pp("c1"), 3, 8, [3, 3], pad, true).unwrap();
+    let c2 = Conv2d::new(&root.pp("c2"), 8, 8, [3, 3], ConvOptions { stride: [2, 2], groups: 2, ..pad }, true).unwrap();
+    let head = Linear::new(&root.pp("head"), 8, 4, true).unwrap();
+    store.realize_pending().unwrap();
+    let x = Tensor::randn(&[16, 3, 8, 8], DType::F32).unwrap();
+    let labels = Tensor::from_vec((0..16).map(|i| (i * 7 % 4) as i64).collect(), &[16]).unwrap();
+    coil::realize(&[&x, &labels]).unwrap();
+    let mut sgd = Sgd::new(store.trainable(), SgdConfig { lr: 0.5, momentum: 0.9, ..Default::default() }).unwrap();
+    let params = sgd.params().to_vec();
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        let h = c2.forward(&c1.forward(&x).unwrap().relu().unwrap()).unwrap().relu().unwrap();
+        let logits = head.forward(&h.mean(&[2, 3], false).unwrap()).unwrap();
+        let loss = logits.cross_entropy(&labels, Default::default()).unwrap();
+        let (loss, grads) = coil::nn::value_and_grad(&loss, &params).unwrap();
+        losses.push(loss.item::<f32>().unwrap());
+        sgd.step(&grads).unwrap();
+    }
+    let (first, last) = (losses[0], losses[losses.len() - 1]);
+    assert!(last < 0.5 * first, "the loss falls: {losses:?}");
+}

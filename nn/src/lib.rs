@@ -43,6 +43,7 @@ pub mod optim;
 pub mod param;
 
 pub use io::{load_optimizer, save_optimizer, LoadOptions};
+pub use modules::conv::{Conv1d, Conv2d};
 pub use modules::layers::{Dropout, Embedding, LayerNorm, Layout, Linear, RmsNorm};
 pub use modules::transformer::{CausalSelfAttention, GatedMlp, KvCache, Mlp, Rotary};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig, Constant, LrSchedule, Optimizer, Sgd, SgdConfig, WarmupCosine};

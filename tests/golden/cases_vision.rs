@@ -13,6 +13,7 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
     let x = |n: &str| &i[n];
     let (a, b, c, w, y, z) = (|| x("a"), || x("b"), || x("c"), || x("w"), || x("y"), || x("z"));
     let linear = |align_corners| Interpolation::Linear { align_corners };
+    let conv = ConvOptions::<2>::default;
     let sample = |bilinear, border, align_corners| GridSample::Sample { bilinear, border, align_corners };
     let bag = |mode, offsets: Option<&Tensor>, weights: Option<&Tensor>, last, padding| {
         embedding_bag(x("idx"), w(), offsets, mode, weights, last, padding)
@@ -97,6 +98,29 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "grid_sample_nearest" => vec![a().grid_sample(&(b() * 0.8), sample(false, false, false))?],
         "unfold_k2" => vec![a().unfold2d([2, 2], [1, 1], [0, 0], [1, 1])?],
         "unfold_k3_d2_p1_s2" => vec![a().unfold2d([3, 3], [2, 2], [1, 1], [2, 2])?],
+        "conv2d_basic" => vec![a().conv2d(w(), Some(b()), ConvOptions::default())?],
+        "conv2d_stride_pad_dil" => {
+            vec![a().conv2d(w(), None, ConvOptions { stride: [2, 2], padding: [1, 1], dilation: [2, 2], groups: 1 })?]
+        }
+        "conv2d_groups" => vec![a().conv2d(w(), Some(b()), ConvOptions { padding: [1, 1], groups: 2, ..conv() })?],
+        "conv2d_depthwise" => {
+            vec![a().conv2d(w(), None, ConvOptions { stride: [1, 2], padding: [2, 1], groups: 3, ..conv() })?]
+        }
+        "conv2d_bf16" => vec![a().conv2d(w(), Some(b()), ConvOptions { padding: [1, 1], ..conv() })?],
+        "err_conv2d_channels" => vec![a().conv2d(w(), None, conv())?],
+        "conv1d_basic" => {
+            vec![a().conv1d(w(), Some(b()), ConvOptions { stride: [2], padding: [1], ..Default::default() })?]
+        }
+        "conv_transpose2d_basic" => {
+            let o = ConvOptions { stride: [2, 2], padding: [1, 1], ..conv() };
+            vec![a().conv_transpose2d(w(), Some(b()), o, [1, 1])?]
+        }
+        "conv_transpose2d_groups_dil" => {
+            vec![a().conv_transpose2d(w(), None, ConvOptions { dilation: [2, 2], groups: 2, ..conv() }, [0, 0])?]
+        }
+        "conv_transpose1d_stride" => {
+            vec![a().conv_transpose1d(w(), None, ConvOptions { stride: [3], ..Default::default() }, 0)?]
+        }
         _ => return Ok(None),
     }))
 }

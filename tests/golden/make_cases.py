@@ -1157,6 +1157,23 @@ case("searchsorted_1d_right", "torch.searchsorted(a, b, right=True)", a=vals([1.
 fcase("unfold_k2", "F.unfold(a, 2)", a=r(2, 3, 4, 5))
 fcase("unfold_k3_d2_p1_s2", "F.unfold(a, 3, dilation=2, padding=1, stride=2)", a=r(1, 2, 6, 7))
 
+# convolutions (im2col + matrix product)
+fcase("conv2d_basic", "F.conv2d(a, w, b)", a=r(2, 3, 6, 7), w=r(4, 3, 3, 3), b=r(4))
+fcase("conv2d_stride_pad_dil", "F.conv2d(a, w, None, stride=2, padding=1, dilation=2)", a=r(1, 2, 9, 8),
+      w=r(3, 2, 3, 2))
+fcase("conv2d_groups", "F.conv2d(a, w, b, padding=1, groups=2)", a=r(2, 4, 5, 5), w=r(6, 2, 3, 3), b=r(6))
+case("conv2d_depthwise", "F.conv2d(a, w, None, stride=(1, 2), padding=(2, 1), groups=3)", a=r(1, 3, 5, 6),
+     w=r(3, 1, 3, 3))
+case("conv2d_bf16", "F.conv2d(a, w, b, padding=1)", a=r(1, 2, 5, 5, dt="bf16"), w=r(3, 2, 3, 3, dt="bf16"),
+     b=r(3, dt="bf16"))
+fcase("conv1d_basic", "F.conv1d(a, w, b, stride=2, padding=1)", a=r(2, 3, 10), w=r(4, 3, 3), b=r(4))
+fcase("conv_transpose2d_basic", "F.conv_transpose2d(a, w, b, stride=2, padding=1, output_padding=1)",
+      a=r(2, 3, 4, 5), w=r(3, 2, 3, 3), b=r(2))
+case("conv_transpose2d_groups_dil", "F.conv_transpose2d(a, w, None, groups=2, dilation=2)", a=r(1, 4, 3, 3),
+     w=r(4, 3, 2, 2))
+fcase("conv_transpose1d_stride", "F.conv_transpose1d(a, w, None, stride=3)", a=r(2, 2, 5), w=r(2, 3, 4))
+case("err_conv2d_channels", "F.conv2d(a, w)", a=r(1, 3, 5, 5), w=r(2, 4, 3, 3))
+
 
 # embedding bags, local response norm, rrelu (evaluation), matrix norms
 fcase("embedding_bag_mean_offsets", "F.embedding_bag(idx, w, o, mode='mean')", idx=vals([1, 2, 4, 4, 3], "i64"), w=r(5, 3),

@@ -4,6 +4,7 @@
 pub mod activation;
 pub mod assemble;
 pub(crate) mod composite;
+pub mod conv;
 pub mod creation;
 pub mod einsum;
 pub mod im2col;

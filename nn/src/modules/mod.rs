@@ -1,4 +1,6 @@
-//! The modules: layers ([`layers`]) and transformer pieces ([`transformer`]).
+//! The modules: layers ([`layers`]), convolutions ([`conv`]) and transformer pieces
+//! ([`transformer`]).
 
+pub mod conv;
 pub mod layers;
 pub mod transformer;

@@ -1,0 +1,99 @@
+//! Convolution layers (`nn.Conv1d`, `nn.Conv2d`) over [`coil_frontend::ops::conv`].
+
+use crate::param::{Init, Mode, Param, Path};
+use crate::Module;
+use coil_frontend::ops::conv::ConvOptions;
+use coil_frontend::Tensor;
+use coil_ir::Result;
+
+/// `nn.Conv2d(in, out, kernel, stride, padding, dilation, groups, bias)` with PyTorch's
+/// initialization (uniform on `±1/sqrt(in / groups * kh * kw)`); parameters `weight`
+/// `[out, in / groups, kh, kw]` and `bias` `[out]`. Computes in the mixed-precision policy's
+/// dtype, as [`crate::Linear`] does.
+///
+/// ```
+/// use coil_nn::{Conv2d, Module, ParamStore};
+/// use coil_frontend::{ops::conv::ConvOptions, Tensor};
+/// # fn main() -> coil_ir::Result<()> {
+/// let store = ParamStore::new();
+/// let conv = Conv2d::new(&store.root(coil_runtime::Device::Cpu, coil_ir::DType::F32), 3, 8, [3, 3],
+///     ConvOptions { padding: [1, 1], ..Default::default() }, true)?;
+/// let y = conv.forward(&Tensor::zeros(&[2, 3, 16, 16], coil_ir::DType::F32))?;
+/// assert_eq!(y.shape(), &[2, 8, 16, 16]);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Conv2d {
+    pub weight: Param,
+    pub bias: Option<Param>,
+    pub options: ConvOptions<2>,
+    mode: Mode,
+}
+
+impl Conv2d {
+    #[track_caller]
+    pub fn new(
+        path: &Path,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        options: ConvOptions<2>,
+        bias: bool,
+    ) -> Result<Conv2d> {
+        let fan_in = in_channels / options.groups.max(1) * kernel[0] * kernel[1];
+        let init = Init::linear_default(fan_in);
+        let shape = [out_channels, in_channels / options.groups.max(1), kernel[0], kernel[1]];
+        let weight = path.param("weight", &shape, init)?;
+        let bias = if bias { Some(path.param("bias", &[out_channels], init)?) } else { None };
+        Ok(Conv2d { weight, bias, options, mode: path.mode() })
+    }
+}
+
+impl Module for Conv2d {
+    /// `[N, in, H, W]` to `[N, out, H', W']`.
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = self.mode.compute_dtype(x.dtype());
+        let w = self.weight.tensor().to_dtype(dtype)?;
+        let b = self.bias.as_ref().map(|b| b.tensor().to_dtype(dtype)).transpose()?;
+        x.to_dtype(dtype)?.conv2d(&w, b.as_ref(), self.options)
+    }
+}
+
+/// `nn.Conv1d(in, out, kernel, ...)`: [`Conv2d`]'s rules over `[N, in, L]`; parameters `weight`
+/// `[out, in / groups, k]` and `bias` `[out]`.
+#[derive(Clone, Debug)]
+pub struct Conv1d {
+    pub weight: Param,
+    pub bias: Option<Param>,
+    pub options: ConvOptions<1>,
+    mode: Mode,
+}
+
+impl Conv1d {
+    #[track_caller]
+    pub fn new(
+        path: &Path,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        options: ConvOptions<1>,
+        bias: bool,
+    ) -> Result<Conv1d> {
+        let init = Init::linear_default(in_channels / options.groups.max(1) * kernel);
+        let weight = path.param("weight", &[out_channels, in_channels / options.groups.max(1), kernel], init)?;
+        let bias = if bias { Some(path.param("bias", &[out_channels], init)?) } else { None };
+        Ok(Conv1d { weight, bias, options, mode: path.mode() })
+    }
+}
+
+impl Module for Conv1d {
+    /// `[N, in, L]` to `[N, out, L']`.
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = self.mode.compute_dtype(x.dtype());
+        let w = self.weight.tensor().to_dtype(dtype)?;
+        let b = self.bias.as_ref().map(|b| b.tensor().to_dtype(dtype)).transpose()?;
+        x.to_dtype(dtype)?.conv1d(&w, b.as_ref(), self.options)
+    }
+}
