@@ -554,6 +554,21 @@ pub struct LoopProgram {
     /// Graph outputs, in order (an output may be an input buffer, and may repeat).
     pub outputs: Vec<BufferId>,
     pub nodes: Vec<LoopNode>,
+    /// The user's ops whose data a kernel checks at run time, by the buffer of the node they
+    /// were folded into: what a kernel's data error is reported as.
+    pub data_checks: Vec<DataCheck>,
+}
+
+/// An op that checks its data at run time (an index within bounds, an integer divisor other
+/// than zero), folded into the node writing `buffer`: a kernel's status `code` (1: index out
+/// of bounds, 2: negative integer power, 3: integer division by zero) there is this op's
+/// error, at the user's line that recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataCheck {
+    pub buffer: BufferId,
+    pub code: i64,
+    pub op: &'static str,
+    pub location: Option<&'static std::panic::Location<'static>>,
 }
 
 impl LoopProgram {

@@ -153,8 +153,32 @@ pub(crate) fn plan_storage(
     Ok((storage, slot_bytes))
 }
 
-/// Turns a kernel's status words into an error (see `docs/compiler.md`), as the CPU backend.
-pub(crate) fn check_status(kernel: &str, status: &[i64]) -> Result<()> {
+/// A launch as its data errors name it: the kernel, and the user's ops folded into it that
+/// check their data at run time ([`coil_ir::loops::DataCheck`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaunchName {
+    pub kernel: String,
+    pub checks: Vec<coil_ir::loops::DataCheck>,
+}
+
+impl LaunchName {
+    /// A launch known by its kernel's name only.
+    pub fn plain(kernel: impl Into<String>) -> LaunchName {
+        LaunchName { kernel: kernel.into(), checks: vec![] }
+    }
+
+    /// The launch of `schedule` kernel `k`, with the data checks of the nodes it runs.
+    pub(crate) fn of(program: &LoopProgram, schedule: &Schedule, k: usize) -> LaunchName {
+        let kernel = &schedule.kernels[k];
+        let written: Vec<BufferId> = kernel.nodes.iter().flat_map(|&n| program.nodes[n].writes()).collect();
+        let checks = program.data_checks.iter().filter(|c| written.contains(&c.buffer)).copied().collect();
+        LaunchName { kernel: kernel.name.clone(), checks }
+    }
+}
+
+/// Turns a launch's status words into an error (see `docs/compiler.md`), named by the user's
+/// op that checks that data and its line where the launch knows it (else by the kernel).
+pub(crate) fn check_status(launch: &LaunchName, status: &[i64]) -> Result<()> {
     let e = match status[0] {
         0 => return Ok(()),
         1 => Error::value(format!("index {} is out of bounds for dim of size {}", status[1], status[2])),
@@ -162,7 +186,17 @@ pub(crate) fn check_status(kernel: &str, status: &[i64]) -> Result<()> {
         3 => Error::value("ZeroDivisionError: integer division by zero"),
         s => Error::runtime(format!("unknown status {s} ({}, {}, {})", status[1], status[2], status[3])),
     };
-    Err(e.in_op(kernel, vec![]))
+    // The ops of that kind in the kernel: one names the error; several are listed, and the
+    // line is given only when they share it.
+    let ops: Vec<_> = launch.checks.iter().filter(|c| c.code == status[0]).collect();
+    let Some(first) = ops.first() else { return Err(e.in_op(&launch.kernel, vec![])) };
+    let mut names: Vec<&str> = ops.iter().map(|c| c.op).collect();
+    names.dedup();
+    let e = e.in_op(format!("{} (kernel {})", names.join(" or "), launch.kernel), vec![]);
+    match first.location {
+        Some(line) if ops.iter().all(|c| c.location == first.location) => Err(e.at(line)),
+        _ => Err(e),
+    }
 }
 
 /// A compiled graph's launches, checked before anything is compiled: per scheduled kernel its

@@ -95,6 +95,7 @@ pub(crate) fn extern_only(m: usize, n: usize, k: usize) -> (LoopProgram, Schedul
     };
     let program = LoopProgram {
         symbols: vec![],
+        data_checks: vec![],
         buffers: vec![
             buffer("arg0", &[2, k, m], f),
             buffer("arg1", &[k, n], f),

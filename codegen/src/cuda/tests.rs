@@ -732,6 +732,7 @@ pub(crate) fn dynamic_program() -> (LoopProgram, Vec<FusedKernel>) {
     let outputs = (1..buffers.len()).map(coil_ir::loops::BufferId).collect();
     let program = LoopProgram {
         symbols: vec![SizeSymbol { symbol: s0, input: 0, dim: 0, hint: hint as i64 }],
+        data_checks: vec![],
         buffers,
         inputs: vec![x],
         outputs,

@@ -65,11 +65,11 @@ pub use realize::{
 
 use coil_ir::dynamic::SymSizes;
 use coil_ir::loops::{
-    range_var, reduction_var, BiasOperand, Bindings, Body, BufferId, ExternCall, LoopBuffer, LoopKind, LoopNode,
-    LoopProgram, ScalarOp, SizeSymbol, StridedOperand, ValueId,
+    range_var, reduction_var, BiasOperand, Bindings, Body, BufferId, DataCheck, ExternCall, LoopBuffer, LoopKind,
+    LoopNode, LoopProgram, ScalarOp, SizeSymbol, StridedOperand, ValueId,
 };
 use coil_ir::sym::Expr;
-use coil_ir::{DType, Error, Graph, NodeId, Op, ReduceOp, Result, TensorMeta};
+use coil_ir::{BinaryOp, DType, Error, Graph, NodeId, Op, ReduceOp, Result, TensorMeta};
 use epilogue::Epilogue;
 use std::collections::{HashMap, HashSet};
 
@@ -413,11 +413,35 @@ impl<'g> Lowerer<'g> {
             }
             _ => self.pointwise(n)?,
         };
-        let origins = self.origins(folded);
+        let origins = self.origins(folded.clone());
         let output = self.new_buffer(format!("buf{}", self.prog.nodes.len()), n);
+        self.record_data_checks(&folded, output);
         self.prog.nodes.push(LoopNode { output, origins, kind });
         self.buf[n.0] = Some(output);
         Ok(output)
+    }
+
+    /// Records the folded graph nodes whose kernels check data at run time (indices within
+    /// bounds, integer divisors, integer powers), so that a kernel's data error names the
+    /// user's op and line ([`coil_ir::loops::DataCheck`]).
+    fn record_data_checks(&mut self, folded: &[NodeId], output: BufferId) {
+        let mut folded = folded.to_vec();
+        folded.sort();
+        folded.dedup();
+        for n in folded {
+            let node = self.g.node(n);
+            let integral = node.meta.dtype.is_integral();
+            let code = match &node.op {
+                Op::IndexSelect { .. } | Op::Gather { .. } | Op::Scatter { .. } => 1,
+                Op::Binary(BinaryOp::Pow) if integral => 2,
+                Op::Binary(BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder) if integral => 3,
+                _ => continue,
+            };
+            let check = DataCheck { buffer: output, code, op: node.op.name(), location: node.location };
+            if !self.prog.data_checks.contains(&check) {
+                self.prog.data_checks.push(check);
+            }
+        }
     }
 
     /// The op names of the folded graph nodes, in graph order, each once. Views and constants

@@ -35,7 +35,9 @@ mod tests_dynamic;
 pub use compiler::{c_compiler, default_cache_dir, CCompiler, CompiledObject};
 pub use module::{Kernel, KernelLibrary};
 
-use crate::plan::{check_status, random_words, timing_streams, Instance, Instances, RunOutput, Step, Storage};
+use crate::plan::{
+    check_status, random_words, timing_streams, Instance, Instances, LaunchName, RunOutput, Step, Storage,
+};
 use crate::{interpret, Buffer, HostData};
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
@@ -240,7 +242,9 @@ impl CompiledGraph {
                     // SAFETY: each pointer addresses a live allocation of at least the buffer's
                     // size and dtype at this run's sizes, which the kernel is given.
                     let status = unsafe { launch::launch(kernel, &args, xnumel, rnumel) };
-                    check_status(kernel.name(), &status)?;
+                    if status[0] != 0 {
+                        check_status(&LaunchName::of(&self.program, &self.schedule, i), &status)?;
+                    }
                 }
                 Step::Extern(node) => self.run_extern(&inst, node, &ptrs, inputs)?,
             }

@@ -78,6 +78,7 @@ fn graph_of_c(dir: &Path, c_source: &str) -> Result<CompiledGraph> {
     let f = DType::F32;
     let program = LoopProgram {
         symbols: vec![],
+        data_checks: vec![],
         buffers: vec![buffer("arg0", &[1000], f), buffer("arg1", &[1000], f), buffer("buf2", &[1000], f)],
         inputs: vec![BufferId(0), BufferId(1)],
         outputs: vec![BufferId(2), BufferId(0), BufferId(2)],
@@ -299,6 +300,7 @@ void poi_fused_index_select_0(char *const *args, int64_t *status) {
 "#;
     let program = LoopProgram {
         symbols: vec![],
+        data_checks: vec![],
         buffers: vec![
             buffer("arg0", &[5], DType::F32),
             buffer("arg1", &[3], DType::I64),
@@ -348,6 +350,7 @@ void poi_fused_add_1(char *const *args, int64_t *status) {
     };
     let program = LoopProgram {
         symbols: vec![],
+        data_checks: vec![],
         buffers: vec![
             buffer("arg0", &[3, 4], d),
             buffer("buf1", &[3, 4], d),
@@ -478,6 +481,7 @@ fn inconsistent_pieces_are_rejected() {
     let dir = TempDir::new("inconsistent");
     let program = LoopProgram {
         symbols: vec![],
+        data_checks: vec![],
         buffers: vec![buffer("arg0", &[4], DType::F32)],
         inputs: vec![BufferId(0)],
         outputs: vec![BufferId(0)],

@@ -90,6 +90,7 @@ fn dynamic_program() -> LoopProgram {
         inputs: vec![BufferId(0), BufferId(1)],
         outputs: [2, 3, 4, 6, 7].map(BufferId).to_vec(),
         nodes,
+        data_checks: vec![],
     }
 }
 

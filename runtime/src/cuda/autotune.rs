@@ -359,7 +359,8 @@ impl Tuner<'_> {
                     record(dev, end)?;
                 }
             }
-            let checked = launched.and_then(|()| check_status(name, &status_words(dev, &status, 1)?));
+            let checked = launched
+                .and_then(|()| check_status(&LaunchName::plain(name.as_str()), &status_words(dev, &status, 1)?));
             if let Err(e) = checked {
                 log(&format!("{name} with {tuning}: discarded: {e}"));
                 medians.push(None);

@@ -119,7 +119,10 @@ fn softmax_graph(shapes: &[(usize, usize, KernelKind)]) -> (LoopProgram, Schedul
         outputs.push(out);
     }
     let inputs = (0..shapes.len()).map(BufferId).collect();
-    (LoopProgram { symbols: vec![], buffers, inputs, outputs, nodes }, Schedule { kernels, ..Default::default() })
+    (
+        LoopProgram { symbols: vec![], buffers, inputs, outputs, nodes, data_checks: vec![] },
+        Schedule { kernels, ..Default::default() },
+    )
 }
 
 /// A softmax of rows a block holds (a persistent kernel of 256 threads per row) and one of rows

@@ -88,6 +88,7 @@ fn dynamic_graph() -> (LoopProgram, Schedule) {
 
     let program = LoopProgram {
         symbols: vec![SizeSymbol { symbol: s0, input: 0, dim: 0, hint }],
+        data_checks: vec![],
         outputs: (1..buffers.len()).map(BufferId).collect(),
         buffers,
         inputs: vec![BufferId(0)],

@@ -56,7 +56,7 @@ pub use compiler::{CompiledCubin, LoadedModule};
 pub use device::{cuda_available, cuda_status, synchronize_all, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
 
-use crate::plan::{self, check_status, Instance, Instances, RunOutput, Storage};
+use crate::plan::{self, check_status, Instance, Instances, LaunchName, RunOutput, Storage};
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Language, Launch};
@@ -117,7 +117,7 @@ pub struct CudaCompiledGraph {
     /// Wall-clock seconds of the NVRTC compiles (run in parallel; 0 when all were cached).
     compile_seconds: f64,
     /// The launch that owns each 4 status words of a run (one per step, in launch order).
-    status_kernels: Arc<[String]>,
+    status_kernels: Arc<[LaunchName]>,
     /// The kernel cache it was built through (the autotuner's candidates and choices go there).
     cache_dir: PathBuf,
     /// Whether the first run autotunes the launches ([`autotune`]; `COIL_AUTOTUNE=1`).
@@ -291,8 +291,11 @@ impl CudaCompiledGraph {
         let status_kernels = steps
             .iter()
             .map(|step| match step {
-                Step::Generated { name, .. } => name.clone(),
-                Step::Extern { node } => crate::plan::extern_name(&schedule, *node),
+                Step::Generated { kernel, .. } => LaunchName::of(&program, &schedule, *kernel),
+                Step::Extern { node } => match schedule.kernels.iter().position(|k| k.nodes.contains(node)) {
+                    Some(k) => LaunchName::of(&program, &schedule, k),
+                    None => LaunchName::plain(crate::plan::extern_name(&schedule, *node)),
+                },
             })
             .collect();
         Ok(CudaCompiledGraph {

@@ -23,7 +23,7 @@
 
 use super::device::CudaDevice;
 use super::memory::{self, DeviceMemory};
-use crate::plan::check_status;
+use crate::plan::{check_status, LaunchName};
 use coil_ir::{Error, Result};
 use std::panic::Location;
 use std::sync::{Arc, Mutex};
@@ -49,7 +49,7 @@ pub(crate) enum Words {
 pub(crate) struct UncheckedRun {
     pub(crate) words: Words,
     /// The kernel that owns each 4 words, in launch order.
-    pub(crate) kernels: Arc<[String]>,
+    pub(crate) kernels: Arc<[LaunchName]>,
     /// Where the user asked for the run (reported with its error).
     pub(crate) origin: Option<&'static Location<'static>>,
 }
@@ -155,7 +155,7 @@ impl StatusBoard {
     pub(crate) fn take(
         &self,
         dev: &Arc<CudaDevice>,
-        kernels: &Arc<[String]>,
+        kernels: &Arc<[LaunchName]>,
         origin: Option<&'static Location<'static>>,
     ) -> Result<u64> {
         let mut board = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -186,7 +186,7 @@ impl StatusBoard {
     pub(crate) fn push_owned(
         &self,
         words: Arc<DeviceMemory>,
-        kernels: &Arc<[String]>,
+        kernels: &Arc<[LaunchName]>,
         origin: Option<&'static Location<'static>>,
     ) {
         let mut board = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -237,7 +237,7 @@ mod tests {
     use super::*;
 
     fn run(offset: usize, kernels: &[&str], origin: Option<&'static Location<'static>>) -> UncheckedRun {
-        let kernels: Arc<[String]> = kernels.iter().map(|k| k.to_string()).collect();
+        let kernels: Arc<[LaunchName]> = kernels.iter().map(|k| LaunchName::plain(*k)).collect();
         UncheckedRun { words: Words::Board(offset), kernels, origin }
     }
 

@@ -200,6 +200,7 @@ fn add_graph(dev: &Arc<CudaDevice>, dir: &Path, source: &str) -> Result<CudaComp
     let f = DType::F32;
     let program = LoopProgram {
         symbols: vec![],
+        data_checks: vec![],
         buffers: vec![buffer("arg0", &[1000], f), buffer("arg1", &[1000], f), buffer("buf2", &[1000], f)],
         inputs: vec![BufferId(0), BufferId(1)],
         outputs: vec![BufferId(2), BufferId(0), BufferId(2)],
@@ -314,6 +315,7 @@ extern "C" __global__ void poi_fused_index_select_0(const float* in_ptr0, const 
 "#;
     let program = LoopProgram {
         symbols: vec![],
+        data_checks: vec![],
         buffers: vec![
             buffer("arg0", &[5], DType::F32),
             buffer("arg1", &[3], DType::I64),
