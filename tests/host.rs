@@ -165,7 +165,7 @@ fn the_cpu_reports_a_kernel_error_at_the_run_that_found_it() {
     assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), op_line)));
     let a = Tensor::from_vec(vec![4i64, 5], &[2]).unwrap();
     let div_line = line!() + 1;
-    let e = (a.remainder(&Tensor::from_vec(vec![2i64, 0], &[2]).unwrap()).unwrap() + 1).realize().unwrap_err();
+    let e = (a.remainder(Tensor::from_vec(vec![2i64, 0], &[2]).unwrap()).unwrap() + 1).realize().unwrap_err();
     assert!(e.op.as_deref().is_some_and(|op| op.starts_with("remainder (kernel")), "{e}");
     assert_eq!(e.location.map(|l| l.line()), Some(div_line), "{e}");
     coil::synchronize().unwrap();
