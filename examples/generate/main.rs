@@ -130,32 +130,11 @@ fn load(args: &Args, store: &ParamStore) -> coil::Result<(Box<dyn CausalLm>, Tok
         // Random weights for timing: bf16 on a GPU (as the models bench), f32 on the CPU.
         let dtype = if matches!(device, Device::Cuda(_)) { DType::BF16 } else { DType::F32 };
         let root = store.root(device, dtype);
-        let tiny_gpt2 = Gpt2Config {
-            vocab_size: 256,
-            block_size: 128,
-            n_layer: 2,
-            n_head: 2,
-            n_embd: 64,
-            dropout: 0.0,
-            layer_norm_eps: 1e-5,
-        };
-        let tiny_llama = LlamaConfig {
-            vocab_size: 256,
-            hidden_size: 64,
-            intermediate_size: 96,
-            n_layer: 2,
-            n_head: 4,
-            n_kv_head: 2,
-            rms_norm_eps: 1e-5,
-            rope_theta: 500000.0,
-            max_positions: 128,
-            tie_word_embeddings: true,
-        };
         let model: Box<dyn CausalLm> = match name.as_str() {
             "gpt2-124m" => Box::new(Gpt2::new(&root, Gpt2Config::gpt2_124m())?),
-            "gpt2-tiny" => Box::new(Gpt2::new(&root, tiny_gpt2)?),
+            "gpt2-tiny" => Box::new(Gpt2::new(&root, Gpt2Config::tiny())?),
             "llama-1b" => Box::new(Llama::new(&root, LlamaConfig::llama_1b())?),
-            "llama-tiny" => Box::new(Llama::new(&root, tiny_llama)?),
+            "llama-tiny" => Box::new(Llama::new(&root, LlamaConfig::tiny())?),
             _ => {
                 return Err(coil::Error::value(format!(
                     "--random {name}: gpt2-124m, gpt2-tiny, llama-1b or llama-tiny"

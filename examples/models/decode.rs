@@ -137,39 +137,12 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
 }
 
 fn gpt2(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn CausalLm>> {
-    let config = if tiny {
-        Gpt2Config {
-            vocab_size: 256,
-            block_size: 64,
-            n_layer: 2,
-            n_head: 2,
-            n_embd: 64,
-            dropout: 0.0,
-            layer_norm_eps: 1e-5,
-        }
-    } else {
-        Gpt2Config::gpt2_124m()
-    };
+    let config = if tiny { Gpt2Config::tiny() } else { Gpt2Config::gpt2_124m() };
     Ok(Box::new(Gpt2::new(&store.root(device, DType::BF16), config)?))
 }
 
 fn llama(store: &ParamStore, device: Device, tiny: bool) -> coil::Result<Box<dyn CausalLm>> {
-    let config = if tiny {
-        LlamaConfig {
-            vocab_size: 256,
-            hidden_size: 64,
-            intermediate_size: 96,
-            n_layer: 2,
-            n_head: 4,
-            n_kv_head: 2,
-            rms_norm_eps: 1e-5,
-            rope_theta: 500000.0,
-            max_positions: 64,
-            tie_word_embeddings: true,
-        }
-    } else {
-        LlamaConfig::llama_1b()
-    };
+    let config = if tiny { LlamaConfig::tiny() } else { LlamaConfig::llama_1b() };
     Ok(Box::new(Llama::new(&store.root(device, DType::BF16), config)?))
 }
 

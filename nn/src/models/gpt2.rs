@@ -99,6 +99,20 @@ impl Gpt2Config {
         (!buffer && name != "lm_head.weight").then(|| name.to_string())
     }
 
+    /// A tiny GPT-2 (2 layers of 64 features, 2 heads, 256 byte tokens, 128 positions): for
+    /// tests and examples that run anywhere in milliseconds.
+    pub fn tiny() -> Gpt2Config {
+        Gpt2Config {
+            vocab_size: 256,
+            block_size: 128,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 64,
+            dropout: 0.0,
+            layer_norm_eps: 1e-5,
+        }
+    }
+
     /// GPT-2 small (124M parameters) with the vocabulary padded to 50304 (a multiple of 64, as
     /// nanoGPT trains it); the Hub's checkpoint has 50257.
     pub fn gpt2_124m() -> Gpt2Config {

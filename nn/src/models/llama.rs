@@ -30,6 +30,23 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// A tiny Llama (2 layers of 64 features, 4 query and 2 key/value heads, 256 tokens, 128
+    /// positions, tied embeddings): for tests and examples.
+    pub fn tiny() -> LlamaConfig {
+        LlamaConfig {
+            vocab_size: 256,
+            hidden_size: 64,
+            intermediate_size: 96,
+            n_layer: 2,
+            n_head: 4,
+            n_kv_head: 2,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500000.0,
+            max_positions: 128,
+            tie_word_embeddings: true,
+        }
+    }
+
     /// Llama 3.2 1B's sizes (1.24B parameters; the rotary tables cut to 4096 positions).
     pub fn llama_1b() -> LlamaConfig {
         LlamaConfig {
