@@ -562,13 +562,12 @@ pub struct LoopProgram {
 /// An op that checks its data at run time (an index within bounds, an integer divisor other
 /// than zero), folded into the node writing `buffer`: a kernel's status `code` (1: index out
 /// of bounds, 2: negative integer power, 3: integer division by zero) there is this op's
-/// error, at the user's line that recorded it.
+/// error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataCheck {
     pub buffer: BufferId,
     pub code: i64,
     pub op: &'static str,
-    pub location: Option<&'static std::panic::Location<'static>>,
 }
 
 impl LoopProgram {

@@ -177,7 +177,7 @@ impl LaunchName {
 }
 
 /// Turns a launch's status words into an error (see `docs/compiler.md`), named by the user's
-/// op that checks that data and its line where the launch knows it (else by the kernel).
+/// ops that check that data where the launch knows them (else by the kernel).
 pub(crate) fn check_status(launch: &LaunchName, status: &[i64]) -> Result<()> {
     let e = match status[0] {
         0 => return Ok(()),
@@ -188,14 +188,13 @@ pub(crate) fn check_status(launch: &LaunchName, status: &[i64]) -> Result<()> {
     };
     // The ops of that kind in the kernel: one names the error; several are listed, and the
     // line is given only when they share it.
-    let ops: Vec<_> = launch.checks.iter().filter(|c| c.code == status[0]).collect();
-    let Some(first) = ops.first() else { return Err(e.in_op(&launch.kernel, vec![])) };
-    let mut names: Vec<&str> = ops.iter().map(|c| c.op).collect();
+    // (Not their lines: a compiled graph serves every capture of the same structure, from
+    // whichever lines recorded it, so the line is the one that asked for the run.)
+    let mut names: Vec<&str> = launch.checks.iter().filter(|c| c.code == status[0]).map(|c| c.op).collect();
     names.dedup();
-    let e = e.in_op(format!("{} (kernel {})", names.join(" or "), launch.kernel), vec![]);
-    match first.location {
-        Some(line) if ops.iter().all(|c| c.location == first.location) => Err(e.at(line)),
-        _ => Err(e),
+    match names.is_empty() {
+        true => Err(e.in_op(&launch.kernel, vec![])),
+        false => Err(e.in_op(format!("{} (kernel {})", names.join(" or "), launch.kernel), vec![])),
     }
 }
 

@@ -423,7 +423,7 @@ impl<'g> Lowerer<'g> {
 
     /// Records the folded graph nodes whose kernels check data at run time (indices within
     /// bounds, integer divisors, integer powers), so that a kernel's data error names the
-    /// user's op and line ([`coil_ir::loops::DataCheck`]).
+    /// user's op ([`coil_ir::loops::DataCheck`]).
     fn record_data_checks(&mut self, folded: &[NodeId], output: BufferId) {
         let mut folded = folded.to_vec();
         folded.sort();
@@ -437,7 +437,7 @@ impl<'g> Lowerer<'g> {
                 Op::Binary(BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder) if integral => 3,
                 _ => continue,
             };
-            let check = DataCheck { buffer: output, code, op: node.op.name(), location: node.location };
+            let check = DataCheck { buffer: output, code, op: node.op.name() };
             if !self.prog.data_checks.contains(&check) {
                 self.prog.data_checks.push(check);
             }
