@@ -16,6 +16,7 @@ pub mod autodiff;
 pub mod compile;
 pub mod debug;
 pub mod dynamo;
+mod generalize;
 mod guard;
 pub mod inplace;
 pub mod logs;
