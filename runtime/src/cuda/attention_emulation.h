@@ -1,55 +1,19 @@
 /* The warp-level helpers the attention templates (codegen/src/templates/attention_common.cuh)
    leave to the includer when COIL_ATTENTION_EMULATED is defined, in C++ for the host, from their
-   PTX ISA definitions; included before the module by the emulation test
-   (runtime/src/cuda/attention_emulation.rs). */
+   PTX ISA definitions; included (after block_emulation.h) before the module by the emulation
+   test (runtime/src/cuda/attention_emulation.rs). */
 #include <cmath>
-#include <condition_variable>
-#include <cstdint>
-#include <cstring>
-#include <mutex>
-#include <thread>
-#include <vector>
 #define COIL_ATTENTION_EMULATED 1
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __launch_bounds__(n)
-#define __restrict__
-struct coil_dim3 { unsigned x, y, z; };
-inline thread_local coil_dim3 threadIdx;
-inline coil_dim3 blockIdx, gridDim, blockDim;
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned coil_emu_bits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-
-/* A reusable barrier of n threads (generation counting). */
-struct CoilEmuBarrier {
-    explicit CoilEmuBarrier(unsigned n) : n(n) {}
-    void arrive_and_wait() {
-        std::unique_lock<std::mutex> lock(m);
-        const unsigned gen = generation;
-        if (++arrived == n) {
-            arrived = 0;
-            ++generation;
-            cv.notify_all();
-        } else {
-            cv.wait(lock, [&] { return generation != gen; });
-        }
-    }
-    std::mutex m;
-    std::condition_variable cv;
-    unsigned n, arrived = 0, generation = 0;
-};
 
 /* Dynamic shared memory (`extern __shared__` in the kernels): one block's worth, 16-byte aligned. */
 alignas(16) inline unsigned char coil_emu_dynamic_shared[96 * 1024];
 
 /* Synchronization: the block's barrier and one per warp, with per-lane exchange slots. */
-inline CoilEmuBarrier *coil_emu_block;
 struct CoilEmuWarp { CoilEmuBarrier *bar; unsigned long long slot[32][8]; };
 inline CoilEmuWarp coil_emu_warps[4];
-inline void __syncthreads() { coil_emu_block->arrive_and_wait(); }
 inline int coil_emu_lane() { return threadIdx.x & 31; }
 inline CoilEmuWarp &coil_emu_warp() { return coil_emu_warps[threadIdx.x >> 5]; }
 inline void coil_emu_warp_sync() { coil_emu_warp().bar->arrive_and_wait(); }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The warp-level helpers the templates leave to the includer, in C++.
-const EMULATION_HEADER: &str = include_str!("attention_emulation.h");
+const EMULATION_HEADER: &str = concat!(include_str!("block_emulation.h"), include_str!("attention_emulation.h"));
 
 /// The host program launching a grid.
 const RUNNER: &str = include_str!("attention_emulation_main.cpp");

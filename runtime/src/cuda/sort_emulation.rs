@@ -19,7 +19,13 @@ fn emulator() -> Option<&'static PathBuf> {
     EXE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("coil_sort_emulation_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let unit = [include_str!("sort_emulation.cpp"), SOURCE, include_str!("sort_emulation_main.cpp")].join("\n");
+        let unit = [
+            include_str!("block_emulation.h"),
+            include_str!("sort_emulation.cpp"),
+            SOURCE,
+            include_str!("sort_emulation_main.cpp"),
+        ]
+        .join("\n");
         std::fs::write(dir.join("emu.cpp"), unit).unwrap();
         let exe = dir.join("emu");
         let out = Command::new("g++")

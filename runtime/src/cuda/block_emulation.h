@@ -1,0 +1,42 @@
+/* A CUDA thread block on the host, for the template emulation tests (attention_emulation.rs,
+   sort_emulation.rs): the CUDA keywords as C++, the thread and block indices (a std::thread per
+   CUDA thread, each with its own threadIdx), and a real block barrier for __syncthreads. Each test
+   puts this first in its translation unit, then its own helpers, the template and a runner. */
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+#define __restrict__
+struct coil_dim3 { unsigned x, y, z; };
+inline thread_local coil_dim3 threadIdx;
+inline coil_dim3 blockIdx, gridDim, blockDim;
+
+/* A reusable barrier of n threads (generation counting). */
+struct CoilEmuBarrier {
+    explicit CoilEmuBarrier(unsigned n) : n(n) {}
+    void arrive_and_wait() {
+        std::unique_lock<std::mutex> lock(m);
+        const unsigned gen = generation;
+        if (++arrived == n) {
+            arrived = 0;
+            ++generation;
+            cv.notify_all();
+        } else {
+            cv.wait(lock, [&] { return generation != gen; });
+        }
+    }
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned n, arrived = 0, generation = 0;
+};
+
+/* The running block's barrier. */
+inline CoilEmuBarrier *coil_emu_block;
+inline void __syncthreads() { coil_emu_block->arrive_and_wait(); }
