@@ -48,6 +48,9 @@ mod narrow;
 mod nest;
 mod ops;
 mod prelude;
+mod quiet;
+mod rloop;
+mod softmax;
 mod vecmath;
 
 /// Whether f32 math calls the prelude's own functions (`coil_exp_f32`, ...: [`vecmath`]) rather
@@ -161,6 +164,14 @@ struct Emitter<'a> {
     acc_at: &'static str,
     /// The cut of the `rindex` loop being emitted, if any.
     narrow: Option<narrow::Narrow>,
+    /// bf16 loads that quiet a NaN ([`quiet`]); the others widen the bits as they are.
+    quiet: IndexSet<Var>,
+    /// Accumulators the loop being emitted sums in f32 lanes ([`rloop`]).
+    lanes: Vec<Var>,
+    /// The online softmaxes that run in two passes, by their maximum ([`softmax`]).
+    two_pass: IndexMap<Var, softmax::TwoPass>,
+    /// Values rounded to bf16 by a cast (`coil_round_bf16`): a bf16 store takes their top bits.
+    rounded_bf16: IndexSet<Var>,
 }
 
 /// `(e, bound)` when `index` is `min(e, bound)` with `bound` free of `xindex` and `rindex`: the
@@ -199,11 +210,18 @@ impl<'a> Emitter<'a> {
     fn new(k: &'a TileKernel) -> Emitter<'a> {
         let mut vars = IndexMap::new();
         let mut acc_source = IndexMap::new();
+        let mut rounded_bf16 = IndexSet::new();
         for s in flat_stmts(&k.body) {
             match s {
                 TileStmt::Let { var, dtype, op, .. } => {
                     let constant = if let TileOp::Constant(c) = op { Some(*c) } else { None };
                     vars.insert(*var, VarInfo { dtype: *dtype, constant });
+                    let from = |a: &Var| vars.get(a).map(|a: &VarInfo| a.dtype);
+                    if let TileOp::Cast(a) = op {
+                        if *dtype == DType::BF16 && from(a).is_some_and(|d| d.is_float() && d != DType::BF16) {
+                            rounded_bf16.insert(*var);
+                        }
+                    }
                 }
                 TileStmt::Reduce { var, dtype, source, .. } => {
                     vars.insert(*var, VarInfo { dtype: *dtype, constant: None });
@@ -227,6 +245,7 @@ impl<'a> Emitter<'a> {
         }
         let rnumel = k.rnumel.unwrap_or(Expr::int(1));
         let nest = nest::Nest::find(k);
+        let two_pass = softmax::plan(k, &vars);
         Emitter {
             k,
             out: String::new(),
@@ -239,6 +258,10 @@ impl<'a> Emitter<'a> {
             nest,
             acc_at: "",
             narrow: None,
+            quiet: quiet::loads_to_quiet(k),
+            lanes: Vec::new(),
+            two_pass,
+            rounded_bf16,
         }
     }
 
@@ -344,14 +367,19 @@ impl<'a> Emitter<'a> {
             let (acc, op) = match s {
                 TileStmt::AccUpdate { acc, op, .. } => (*acc, *op),
                 TileStmt::Reduce { var, op, .. } if self.k.kind == KernelKind::PersistentReduction => (*var, *op),
+                // the first pass of a two-pass softmax takes the maximum
+                TileStmt::AccUpdateOnlineSoftmax { max_acc, .. } if self.two_pass.contains_key(max_acc) => {
+                    (*max_acc, ReduceOp::Max)
+                }
                 _ => continue,
             };
+            let name = self.acc_in_loop(acc);
             match op {
                 ReduceOp::ArgMax | ReduceOp::ArgMin => return None,
-                ReduceOp::Sum => clauses.push(("+", format!("acc{acc}"))),
-                ReduceOp::Prod => clauses.push(("*", format!("acc{acc}"))),
+                ReduceOp::Sum => clauses.push(("+", name)),
+                ReduceOp::Prod => clauses.push(("*", name)),
                 ReduceOp::Max | ReduceOp::Min => {
-                    clauses.push((if op == ReduceOp::Max { "max" } else { "min" }, format!("acc{acc}")));
+                    clauses.push((if op == ReduceOp::Max { "max" } else { "min" }, name));
                     if self.source_dtype(acc).is_float() {
                         clauses.push(("|", format!("acc{acc}_nan")));
                     }
@@ -368,77 +396,40 @@ impl<'a> Emitter<'a> {
     /// Statements of a pointwise or looped kernel (the latter with explicit loops).
     fn stmts(&mut self, stmts: &[TileStmt]) {
         for s in stmts {
-            match s {
-                TileStmt::Let { .. } | TileStmt::Store { .. } => self.simple(s),
-                TileStmt::AccInit { acc, op, dtype } => self.acc_init(*acc, *op, *dtype),
-                TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
-                TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
-                // inside a blocked loop (`online_rloop`), which folds the block after its loop
-                TileStmt::AccUpdateOnlineSoftmax { max_acc, value, .. } => {
-                    self.line(&format!("ox{max_acc}[rindex - rblock] = {};", self.r(*value)))
-                }
-                TileStmt::ReduceOnlineSoftmax { max, sum, dtype, finite_shift } => {
-                    self.acc_finish(*max, ReduceOp::Max, *dtype, *max);
-                    let f = if *finite_shift { "coil_online_sum_finite" } else { "coil_online_sum" };
-                    let value = ops::convert(&format!("{f}(acc{max}, acc{sum})"), DType::F64, *dtype);
-                    self.line(&format!("{} tmp{sum} = {value};", ops::compute_type(*dtype)));
-                }
-                TileStmt::RLoop(body) if body.iter().any(|s| matches!(s, TileStmt::AccUpdateOnlineSoftmax { .. })) => {
-                    self.online_rloop(body)
-                }
-                TileStmt::RLoop(body) => {
-                    if let Some(pragma) = self.simd_pragma(body) {
-                        self.line(&pragma);
-                    }
-                    self.narrow = self.cut_of(body);
-                    let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
-                    self.line(&format!("for (int64_t rindex = 0; rindex < {end}; rindex++) {{"));
-                    self.indent += 1;
-                    self.in_loop = true;
-                    self.stmts(body);
-                    self.in_loop = false;
-                    self.narrow = None;
-                    self.indent -= 1;
-                    self.line("}");
-                }
-            }
+            self.stmt(s);
         }
     }
 
-    /// An `RLoop` with online softmax updates, in blocks of [`ONLINE_BLOCK`] positions: the
-    /// block's values go to `ox<max>[]`, then one call folds them (the block's maximum first,
-    /// so the sum is rescaled at most once per block and its exponentials are independent).
-    fn online_rloop(&mut self, body: &[TileStmt]) {
-        let (rn, b) = (self.rnumel.to_c(), ONLINE_BLOCK);
-        self.line(&format!("for (int64_t rblock = 0; rblock < {rn}; rblock += {b}) {{"));
-        self.indent += 1;
-        let left =
-            if self.rnumel.const_value().is_some() { format!("{rn} - rblock") } else { format!("({rn}) - rblock") };
-        self.line(&format!("const int64_t rcount = {left} < {b} ? {left} : {b};"));
-        let mut folds = Vec::new();
-        for s in body {
-            if let TileStmt::AccUpdateOnlineSoftmax { max_acc: m, sum_acc: a, value } = s {
-                let d = self.dtype(*value);
-                self.line(&format!("{} ox{m}[{b}];", ops::compute_type(d)));
-                let f = if d == DType::F64 { "_f64" } else { "_f32" };
-                folds.push(format!("coil_online_softmax{f}(&acc{m}, &acc{a}, ox{m}, rcount);"));
+    /// One statement of a pointwise or looped kernel.
+    fn stmt(&mut self, s: &TileStmt) {
+        match s {
+            TileStmt::Let { .. } | TileStmt::Store { .. } => self.simple(s),
+            TileStmt::AccInit { acc, op, dtype } => self.acc_init(*acc, *op, *dtype),
+            TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
+            TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
+            // the first pass of a two-pass softmax ([`softmax`]) takes the maximum
+            TileStmt::AccUpdateOnlineSoftmax { max_acc, value, .. } if self.two_pass.contains_key(max_acc) => {
+                self.acc_update(*max_acc, ReduceOp::Max, *value)
+            }
+            // inside a blocked loop (`online_rloop`), which folds the block after its loop
+            TileStmt::AccUpdateOnlineSoftmax { max_acc, value, .. } => {
+                self.line(&format!("ox{max_acc}[rindex - rblock] = {};", self.r(*value)))
+            }
+            TileStmt::ReduceOnlineSoftmax { max, sum, dtype, finite_shift } => {
+                self.finish_online_softmax(*max, *sum, *dtype, *finite_shift)
+            }
+            TileStmt::RLoop(body) if body.iter().any(|s| matches!(s, TileStmt::AccUpdateOnlineSoftmax { .. })) => {
+                self.softmax_rloop(body)
+            }
+            TileStmt::RLoop(body) => {
+                self.narrow = self.cut_of(body);
+                let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
+                // without what only exponentials kept in arrays needed ([`softmax`])
+                let live = self.live_without_cached_exps(body);
+                self.rloop(&live, &end, |e| live.iter().for_each(|s| e.stmt(s)));
+                self.narrow = None;
             }
         }
-        if let Some(pragma) = self.simd_pragma(body) {
-            self.line(&pragma);
-        }
-        self.line("for (int64_t rindex = rblock; rindex < rblock + rcount; rindex++) {");
-        self.indent += 1;
-        self.in_loop = true;
-        self.stmts(body);
-        self.in_loop = false;
-        self.indent -= 1;
-        self.line("}");
-        for f in folds {
-            self.line(&f);
-        }
-        self.indent -= 1;
-        self.line("}");
     }
 
     /// Splits a persistent body into scalar statements and `rindex` loops (see the module docs).
@@ -506,24 +497,17 @@ impl<'a> Emitter<'a> {
                 _ => {}
             }
         }
-        if let Some(pragma) = self.simd_pragma(stmts.iter().copied()) {
-            self.line(&pragma);
-        }
         self.narrow = if self.arrays.is_empty() { self.cut_of(stmts.iter().copied()) } else { None };
         let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
-        self.line(&format!("for (int64_t rindex = 0; rindex < {end}; rindex++) {{"));
-        self.indent += 1;
-        self.in_loop = true;
-        for s in stmts {
-            match s {
-                TileStmt::Reduce { var, op, source, .. } => self.acc_update(*var, *op, *source),
-                _ => self.simple(s),
+        self.rloop(stmts, &end, |e| {
+            for s in stmts {
+                match s {
+                    TileStmt::Reduce { var, op, source, .. } => e.acc_update(*var, *op, *source),
+                    _ => e.simple(s),
+                }
             }
-        }
-        self.in_loop = false;
+        });
         self.narrow = None;
-        self.indent -= 1;
-        self.line("}");
         for s in stmts {
             if let TileStmt::Reduce { var, op, dtype, .. } = s {
                 self.acc_finish(*var, *op, *dtype, *var);
@@ -541,7 +525,7 @@ impl<'a> Emitter<'a> {
                     TileOp::Binary(_, a, b) if self.narrow.as_ref().is_some_and(|n| n.cond == *var) => {
                         format!("((void){}, (void){}, (uint8_t)1)", self.r(*a), self.r(*b))
                     }
-                    _ => self.op_expr(op, *dtype),
+                    _ => self.op_expr(*var, op, *dtype),
                 };
                 if self.in_loop && self.arrays.contains(var) {
                     self.line(&format!("tmp{var}[rindex] = {rhs};"));
@@ -551,50 +535,59 @@ impl<'a> Emitter<'a> {
             }
             TileStmt::Store { arg, index, value, .. } => {
                 let a = &self.k.args[*arg];
-                let v = ops::store_value(&self.r(*value), self.dtype(*value), a.dtype);
+                let v = if a.dtype == DType::BF16 && self.rounded_bf16.contains(value) {
+                    format!("coil_rounded_bf16_bits({})", self.r(*value))
+                } else {
+                    ops::store_value(&self.r(*value), self.dtype(*value), a.dtype)
+                };
                 self.line(&format!("{}[{}] = {v};", a.name, self.c(*index)));
             }
             _ => unreachable!("not a simple statement"),
         }
     }
 
-    /// The C expression of `op`, a value of `out`.
-    fn op_expr(&self, op: &TileOp, out: DType) -> String {
+    /// `ptr[index]` of a buffer of `buf` as a value of `out`, for variable `var`: a bf16 that
+    /// no f32 store can see keeps its NaN bits ([`quiet`]).
+    fn load(&self, var: Var, ptr: &str, index: &str, buf: DType, out: DType) -> String {
+        if buf == DType::BF16 && !self.quiet.contains(&var) {
+            return ops::convert(&format!("coil_bf16_bits_f32({ptr}[{index}])"), buf, out);
+        }
+        ops::load(ptr, index, buf, out)
+    }
+
+    /// The C expression of `op`, the value of `var` (of `out`).
+    fn op_expr(&self, var: Var, op: &TileOp, out: DType) -> String {
         let arg = |i: usize| (&self.k.args[i].name, self.k.args[i].dtype);
+        let load = |p: &str, index: &str, d: DType| self.load(var, p, index, d, out);
         match op {
             TileOp::Load { arg: i, index } => {
                 let (p, d) = arg(*i);
                 match clamped(*index) {
                     // inside a cut loop (`narrow`) the position is in the row: no clamp
-                    Some((e, _)) if self.narrow.as_ref().is_some_and(|n| n.position == e) => {
-                        ops::load(p, &self.c(e), d, out)
-                    }
+                    Some((e, _)) if self.narrow.as_ref().is_some_and(|n| n.position == e) => load(p, &self.c(e), d),
                     // The unselected load is never made; in a vector loop this one is a masked
                     // contiguous load, where `p[min(e, bound)]` would be a gather.
                     Some((e, bound)) => format!(
                         "({} <= {} ? {} : {})",
                         self.c(e),
                         self.c(bound),
-                        ops::load(p, &self.c(e), d, out),
-                        ops::load(p, &self.c(bound), d, out)
+                        load(p, &self.c(e), d),
+                        load(p, &self.c(bound), d)
                     ),
-                    None => ops::load(p, &self.c(*index), d, out),
+                    None => load(p, &self.c(*index), d),
                 }
             }
             TileOp::MaskedLoad { arg: i, index, mask, other } => {
                 let (p, d) = arg(*i);
                 // The conditional never evaluates the load where the mask is off.
-                format!("{} ? {} : {}", self.r(*mask), ops::load(p, &self.c(*index), d, out), ops::literal(*other, out))
+                format!("{} ? {} : {}", self.r(*mask), load(p, &self.c(*index), d), ops::literal(*other, out))
             }
             TileOp::IndirectLoad { arg: i, index, indirect, stride, bound } => {
                 let (p, d) = arg(*i);
                 let v = self.r(*indirect);
                 let at = format!("({}) + ({})*{v}", self.c(*index), self.c(*stride));
                 let bound = self.c(*bound);
-                format!(
-                    "(0 <= {v} && {v} < {bound}) ? {} : coil_index_error(status, {v}, {bound})",
-                    ops::load(p, &at, d, out)
-                )
+                format!("(0 <= {v} && {v} < {bound}) ? {} : coil_index_error(status, {v}, {bound})", load(p, &at, d))
             }
             TileOp::Constant(c) => ops::literal(*c, out),
             TileOp::Index(e) => ops::convert(&format!("(int64_t)({})", self.c(*e)), DType::I64, out),
@@ -674,8 +667,9 @@ impl<'a> Emitter<'a> {
     fn acc_update(&mut self, acc: Var, op: ReduceOp, value: Var) {
         let (src, v) = (self.dtype(value), self.r(value));
         let out = self.dtype(acc);
-        let (a, at) = (self.acc(acc), self.acc_at);
+        let (a, at) = (self.acc_in_loop(acc), self.acc_at);
         let line = match op {
+            ReduceOp::Sum if self.lanes.contains(&acc) => format!("{a} += {};", ops::convert(&v, src, DType::F32)),
             ReduceOp::Sum if out.is_float() => format!("{a} += {};", ops::convert(&v, src, DType::F64)),
             ReduceOp::Prod if out.is_float() => format!("{a} *= {};", ops::convert(&v, src, DType::F64)),
             ReduceOp::Sum => format!("{a} += (uint64_t){};", ops::convert(&v, src, DType::I64)),

@@ -126,12 +126,16 @@ static inline float coil_bf16_to_f32(uint16_t h) {
     uint32_t quiet = (h & 0x7fffu) > 0x7f80u ? 0x400000u : 0; /* NaN made quiet, as for f16 */
     return coil_bits_f32(((uint32_t)h << 16) | quiet);
 }
+/* The bits as they are: a signalling NaN stays one (where no f32 store can see it: c::quiet). */
+static inline float coil_bf16_bits_f32(uint16_t h) { return coil_bits_f32((uint32_t)h << 16); }
+/* The NaN test compares floats, so that in vectors it is one compare into a mask. */
 static inline uint16_t coil_f32_to_bf16(float f) {
     uint32_t x = coil_f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u); /* quiet NaN */
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return (uint16_t)(f != f ? (x >> 16) | 0x0040u : rounded); /* NaN: quiet */
 }
+/* The bf16 bits of a value already rounded to bf16 (coil_round_bf16: low half zero, NaN quiet). */
+static inline uint16_t coil_rounded_bf16_bits(float f) { return (uint16_t)(coil_f32_bits(f) >> 16); }
 /* Rounds a value computed in f32 to the nearest f16 / bf16 (explicit casts, reductions). bf16's
    is coil_bf16_to_f32(coil_f32_to_bf16(f)) in place on the f32 bits (half the vector work). */
 static inline float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to_f16(f)); }
@@ -214,7 +218,8 @@ static inline $T coil_sign$S($T a) { return ($T)((0 < a) - (a < 0)); }
 /* Online softmax: n elements into the running maximum *m and the sum *s of exp(x - *m),
    rescaled (once) when the maximum grows. Both loops vectorize: the maximum of the non-NaN
    elements in lanes, a NaN anywhere making it NaN (as coil_maximum$S propagates it; which of
-   +0.0 and -0.0 wins a tie may differ, which no later value can tell), then the exponentials. */
+   +0.0 and -0.0 wins a tie may differ, which no later value can tell), then the exponentials,
+   summed in lanes of $T and added to the double sum once per call (n is a block of a row). */
 static inline void coil_online_softmax$S($T *m, double *s, const $T *x, int64_t n) {
     $T mx = *m;
     int32_t nan = *m != *m;
@@ -227,8 +232,10 @@ static inline void coil_online_softmax$S($T *m, double *s, const $T *x, int64_t 
     double acc = *s;
     if (mn != *m) acc *= exp((double)*m - (double)mn);
     if (mn != -INFINITY) {
-#pragma omp simd reduction(+:acc)
-        for (int64_t i = 0; i < n; i++) acc += (double)$EXP(x[i] - mn);
+        $T lanes = 0;
+#pragma omp simd reduction(+:lanes)
+        for (int64_t i = 0; i < n; i++) lanes += $EXP(x[i] - mn);
+        acc += (double)lanes;
     }
     *m = mn;
     *s = acc;
