@@ -717,4 +717,8 @@ impl<'a> Emitter<'a> {
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_online;
+#[cfg(test)]
+mod tests_rows;
+#[cfg(test)]
 mod vecmath_tests;

@@ -68,12 +68,21 @@ impl Emitter<'_> {
         let (start, stop) = if lanes.is_empty() || short {
             ("0".to_string(), end.to_string())
         } else {
+            // a computed end (a cut loop's) once, in a name of this loop's
+            let simple = end.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let end = if simple {
+                end.to_string()
+            } else {
+                self.line(&format!("const int64_t rend{} = {end};", lanes[0]));
+                format!("rend{}", lanes[0])
+            };
+            let end = end.as_str();
             self.line(&format!("for (int64_t rblock = 0; rblock < {end}; rblock += {b}) {{"));
             self.indent += 1;
             let count = match end.parse::<i64>() {
                 Ok(n) if n % b == 0 => b.to_string(),
                 _ => {
-                    self.line(&format!("const int64_t rcount = ({end}) - rblock < {b} ? ({end}) - rblock : {b};"));
+                    self.line(&format!("const int64_t rcount = {end} - rblock < {b} ? {end} - rblock : {b};"));
                     "rcount".to_string()
                 }
             };
