@@ -89,6 +89,17 @@ pub(super) fn plan(k: &TileKernel, vars: &IndexMap<Var, VarInfo>) -> IndexMap<Va
     plans
 }
 
+/// `exp(x)` of `x <= 0` (or NaN), a value of `d`: f32 (f16, bf16) values call
+/// `coil_exp_nonpositive_f32`, which gives `coil_exp_f32`'s value there in fewer vector
+/// instructions (the C prelude); f64 ones the library's `exp`.
+fn exp_nonpositive(x: &str, d: DType) -> String {
+    if ops::compute_type(d) == "float" {
+        format!("coil_exp_nonpositive_f32({x})")
+    } else {
+        ops::unary(UnaryOp::Exp, x, d, d) // a call: no parentheses needed
+    }
+}
+
 impl Emitter<'_> {
     /// An `RLoop` with online softmax updates: in two passes when planned, else online.
     pub(super) fn softmax_rloop(&mut self, body: &[TileStmt]) {
@@ -199,14 +210,12 @@ impl Emitter<'_> {
                 let dv = e.dtype(v);
                 let term = match cache {
                     Some((t, x)) => {
+                        // the later loop's `tmp<t>`, and its exp: the same value (see exp_nonpositive)
                         e.simple(defs[&t]);
-                        e.simple(defs[&x]);
+                        e.line(&format!("{} = {};", e.r(x), exp_nonpositive(&format!("tmp{t}"), dv)));
                         e.r(x)
                     }
-                    None => {
-                        let shifted = ops::binary(BinaryOp::Sub, &e.r(v), dv, &format!("tmp{m}"), dv, dv);
-                        ops::unary(UnaryOp::Exp, &shifted, dv, dv) // a call: no parentheses needed
-                    }
+                    None => exp_nonpositive(&ops::binary(BinaryOp::Sub, &e.r(v), dv, &format!("tmp{m}"), dv, dv), dv),
                 };
                 let to = if e.lanes.contains(&a) { DType::F32 } else { DType::F64 };
                 e.line(&format!("{} += {};", e.acc_in_loop(a), ops::convert(&term, dv, to)));
