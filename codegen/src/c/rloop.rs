@@ -3,14 +3,16 @@
 //! A sum of f32 values (f16 and bf16 ones too: they are computed in f32) in a vector loop adds
 //! in f32 lanes, as PyTorch's kernels do: converting each term to `double` cost rmsnorm a fifth
 //! of its time on the build machine. The lanes restart every [`SUM_BLOCK`] positions of the
-//! row, and each block's total (the lanes added as a tree) goes into the `double`
-//! accumulator, so the rounding error does not grow with the row: it is at most about
-//! `(SUM_BLOCK / 16 + 4) * 2^-24 * sum |x_i|` (each of 16 lanes adds at most `SUM_BLOCK / 16`
-//! terms, then the tree), about `1.6e-5 * sum |x_i|`, against `2^-24 * |sum x_i|` for the
-//! interpreter's f64 sum rounded once; rounding errors of random data cancel, so it is
-//! typically `2e-6` of that bound. A row of at most [`SUM_BLOCK`] positions is one block.
-//! Sums in scalar loops (a statement may fail), products, f64 values and integers keep their
-//! `double` (`uint64_t`) accumulators.
+//! row, and each block's total (its lanes added as a tree) goes into the `double`
+//! accumulator, so the rounding error does not grow with the row. With `L` lanes (16 f32 in
+//! AVX-512 vectors, 8 in AVX2; more when the compiler unrolls) each lane adds at most
+//! `SUM_BLOCK / L` terms, so a block's error is at most `(SUM_BLOCK / L + log2 L) * 2^-24 *
+//! sum |x_i|` over the block: about `1.6e-5 * sum |x_i|` for AVX-512, against the
+//! interpreter's f64 sum rounded once (`2^-24 * |sum x_i|`). Rounding errors of real data
+//! mostly cancel, so typical errors are far smaller (`tests_rows` checks the bound on sums
+//! that cancel). A row of at most [`SUM_BLOCK`] positions is one block. Sums in scalar loops
+//! (a statement may fail), products, f64 values and integers keep their `double` (`uint64_t`)
+//! accumulators.
 
 use super::{ops, Emitter};
 use coil_ir::kernel::{KernelKind, TileStmt, Var};

@@ -46,7 +46,8 @@ fn float_sums_add_in_lanes_by_blocks() {
             let exact: f64 = row.iter().map(|&v| v as f64).sum();
             let magnitude: f64 = row.iter().map(|&v| (v as f64).abs()).sum();
             let u = f32::EPSILON as f64 / 2.0;
-            let bound = (block as f64 / 16.0 + 4.0) * u * magnitude + u * exact.abs();
+            // the bound for 8 lanes (AVX2; AVX-512 has 16, half of it)
+            let bound = (block as f64 / 8.0 + 3.0) * u * magnitude + u * exact.abs();
             let err = (out[r] as f64 - exact).abs();
             assert!(err <= bound, "cols {cols} row {r}: {} vs {exact} (error {err:e}, bound {bound:e})", out[r]);
         }
