@@ -56,6 +56,7 @@ mod ops;
 mod prelude;
 mod quiet;
 mod rloop;
+mod rowcache;
 mod softmax;
 mod vecmath;
 
@@ -178,6 +179,10 @@ struct Emitter<'a> {
     two_pass: IndexMap<Var, softmax::TwoPass>,
     /// Values rounded to bf16 by a cast (`coil_round_bf16`): a bf16 store takes their top bits.
     rounded_bf16: IndexSet<Var>,
+    /// Values of a looped reduction's row kept in arrays for later passes ([`rowcache`]).
+    row_cache: Vec<Var>,
+    /// Those of them a pass has computed: later passes read them.
+    row_cached: IndexSet<Var>,
 }
 
 /// `(e, bound)` when `index` is `min(e, bound)` with `bound` free of `xindex` and `rindex`: the
@@ -268,6 +273,8 @@ impl<'a> Emitter<'a> {
             lanes: Vec::new(),
             two_pass,
             rounded_bf16,
+            row_cache: Vec::new(),
+            row_cached: IndexSet::new(),
         }
     }
 
@@ -341,6 +348,16 @@ impl<'a> Emitter<'a> {
         self.indent += 1;
         match k.kind {
             KernelKind::PersistentReduction => self.persistent_body(),
+            KernelKind::LoopedReduction => {
+                // no kept values where a pass stops short of the row (a split reduction's cut)
+                let cut = k.body.iter().any(|s| matches!(s, TileStmt::RLoop(b) if self.cut_of(b).is_some()));
+                if !cut {
+                    self.row_cache = rowcache::plan(k, &self.vars);
+                    self.arrays.extend(self.row_cache.iter().copied());
+                    self.declare_row_cache();
+                }
+                self.stmts(&k.body)
+            }
             _ => self.stmts(&k.body),
         }
         self.indent -= 1;
@@ -430,8 +447,8 @@ impl<'a> Emitter<'a> {
             TileStmt::RLoop(body) => {
                 self.narrow = self.cut_of(body);
                 let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
-                // without what only exponentials kept in arrays needed ([`softmax`])
-                let live = self.live_without_cached_exps(body);
+                // without values kept in arrays ([`softmax`], [`rowcache`]) and what only they needed
+                let live = self.live_without_kept(body);
                 self.rloop(&live, &end, |e| live.iter().for_each(|s| e.stmt(s)));
                 self.narrow = None;
             }
@@ -535,6 +552,9 @@ impl<'a> Emitter<'a> {
                 };
                 if self.in_loop && self.arrays.contains(var) {
                     self.line(&format!("tmp{var}[rindex] = {rhs};"));
+                    if self.row_cache.contains(var) {
+                        self.row_cached.insert(*var);
+                    }
                 } else {
                     self.line(&format!("{} tmp{var} = {rhs};", ops::compute_type(*dtype)));
                 }

@@ -118,17 +118,18 @@ impl Emitter<'_> {
         self.two_pass.values().any(|p| p.cache.is_some_and(|(_, e)| e == var))
     }
 
-    /// The statements of a loop `body` with the exponentials kept in arrays left out, and
-    /// the values only they needed.
-    pub(super) fn live_without_cached_exps<'b>(&self, body: &'b [TileStmt]) -> Vec<&'b TileStmt> {
-        if !body.iter().any(|s| matches!(s, TileStmt::Let { var, .. } if self.is_cached_exp(*var))) {
+    /// The statements of a loop `body` without the values an earlier pass kept in arrays
+    /// (exponentials here, values of the row: [`super::rowcache`]) and what only they needed.
+    pub(super) fn live_without_kept<'b>(&self, body: &'b [TileStmt]) -> Vec<&'b TileStmt> {
+        let kept_before = |v: Var| self.is_cached_exp(v) || self.row_cached.contains(&v);
+        if !body.iter().any(|s| matches!(s, TileStmt::Let { var, .. } if kept_before(*var))) {
             return body.iter().collect();
         }
         let mut live: Vec<Var> = Vec::new();
         let mut kept = Vec::new();
         for s in body.iter().rev() {
             let keep = match s {
-                TileStmt::Let { var, .. } => live.contains(var) && !self.is_cached_exp(*var),
+                TileStmt::Let { var, .. } => live.contains(var) && !kept_before(*var),
                 _ => true,
             };
             if keep {

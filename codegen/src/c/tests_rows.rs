@@ -4,6 +4,7 @@
 use super::*;
 use crate::testutil::*;
 use coil_ir::loops::ScalarOp;
+use coil_ir::UnaryOp;
 use half::bf16;
 
 /// `x.sum(1)` of an f32 `[rows, cols]`, one looped kernel.
@@ -126,5 +127,95 @@ void both(const float *x, float *a, float *b, int64_t n) {{
         let differ: Vec<(f32, f32, f32)> =
             (0..x.len()).filter(|&i| a[i].to_bits() != b[i].to_bits()).map(|i| (x[i], a[i], b[i])).take(5).collect();
         assert!(differ.is_empty(), "{opt}: (x, exp, exp_nonpositive) {differ:?}");
+    }
+}
+
+/// `h = x + y` (an output) and `(h - mean(h)) / sqrt(var(h) + 1e-5)` over rows of `cols`, one
+/// looped kernel: a residual add and a layer norm, whose three passes each need `h`.
+fn add_norm(cols: usize) -> (coil_ir::loops::LoopProgram, coil_ir::kernel::FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let (x, y) = (p.input(&[2, cols], DType::BF16), p.input(&[2, cols], DType::BF16));
+    let v = xs(&[2, cols]);
+    let mut b = B::default();
+    let (lx, ly) =
+        (b.load(x, v[0] * cols as i64 + v[1], DType::BF16), b.load(y, v[0] * cols as i64 + v[1], DType::BF16));
+    let s = b.binary(BinaryOp::Add, lx, ly, DType::BF16);
+    let h = p.pointwise(&[2, cols], DType::BF16, b.done(s));
+    let (xv, rv) = (xs(&[2])[0], rs(&[cols])[0]);
+    let load_h = |b: &mut B| {
+        let l = b.load(h, xv * cols as i64 + rv, DType::BF16);
+        b.push(ScalarOp::Cast(l), f)
+    };
+    let mut b = B::default();
+    let l = load_h(&mut b);
+    let sum = p.reduction(&[2], &[cols], ReduceOp::Sum, f, b.done(l));
+    let mut b = B::default();
+    let (s, n) = (b.load(sum, xv, f), b.constant(cols as f64, f));
+    let q = b.binary(BinaryOp::Div, s, n, f);
+    let mean = p.pointwise(&[2], f, b.done(q));
+    let mut b = B::default();
+    let l = load_h(&mut b);
+    let m = b.load(mean, xv, f);
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let sq = b.binary(BinaryOp::Mul, d, d, f);
+    let ss = p.reduction(&[2], &[cols], ReduceOp::Sum, f, b.done(sq));
+    let mut b = B::default();
+    let (s, n, eps) = (b.load(ss, xv, f), b.constant(cols as f64, f), b.constant(1e-5, f));
+    let q = b.binary(BinaryOp::Div, s, n, f);
+    let q = b.binary(BinaryOp::Add, q, eps, f);
+    let r = b.unary(UnaryOp::Rsqrt, q, f);
+    let rstd = p.pointwise(&[2], f, b.done(r));
+    let mut b = B::default();
+    let l = b.load(h, v[0] * cols as i64 + v[1], DType::BF16);
+    let l = b.push(ScalarOp::Cast(l), f);
+    let (m, r) = (b.load(mean, v[0], f), b.load(rstd, v[0], f));
+    let d = b.binary(BinaryOp::Sub, l, m, f);
+    let o = b.binary(BinaryOp::Mul, d, r, f);
+    let out = p.pointwise(&[2, cols], f, b.done(o));
+    p.output(h);
+    p.output(out);
+    (
+        p.p,
+        kernel(
+            "red_fused_add_norm_0",
+            KernelKind::LoopedReduction,
+            vec![0, 1, 2, 3, 4, 5],
+            2,
+            Some(cols),
+            vec![h, out],
+        ),
+    )
+}
+
+/// The passes after the first read `h` from the array the first one filled (no loads of `x`
+/// and `y` after it), and the results are the definition's.
+#[test]
+fn later_passes_read_kept_values() {
+    let cols = 1500;
+    let (p, k) = add_norm(cols);
+    let (lib, tiles) = build_and_compile(&p, &[k]);
+    let c = emit_kernel(&tiles[0]);
+    let after_first = &c[c.find("acc").unwrap()..];
+    let second_loop = &after_first[after_first.find("(double)").unwrap()..];
+    assert!(c.contains(&format!("[{cols}];")) && !second_loop.contains("in_ptr1["), "{c}");
+    let bits = |i: usize| bf16::from_f32(((i * 7919) % 1000) as f32 / 100.0 - 5.0).to_bits();
+    let mut x: Vec<u16> = (0..2 * cols).map(bits).collect();
+    let mut y: Vec<u16> = (0..2 * cols).map(|i| bits(i + 17)).collect();
+    let (mut h, mut out) = (vec![0u16; 2 * cols], vec![0f32; 2 * cols]);
+    // arguments in order of first use
+    assert_eq!(lib.run("red_fused_add_norm_0", &[ptr(&mut x), ptr(&mut y), ptr(&mut h), ptr(&mut out)]), [0; 4]);
+    for r in 0..2 {
+        // the kernel keeps `h` in f32 (exact here), rounding it only where it stores it
+        let hs: Vec<f32> = (r * cols..(r + 1) * cols)
+            .map(|i| bf16::from_bits(x[i]).to_f32() + bf16::from_bits(y[i]).to_f32())
+            .collect();
+        let mean = hs.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
+        let var = hs.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / cols as f64;
+        for c in 0..cols {
+            assert_eq!(h[r * cols + c], bf16::from_f32(hs[c]).to_bits());
+            let want = (hs[c] as f64 - mean) / (var + 1e-5).sqrt();
+            assert!((out[r * cols + c] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "[{r}, {c}]");
+        }
     }
 }
