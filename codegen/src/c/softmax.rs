@@ -30,6 +30,7 @@ pub const TWO_PASS_MAX_RNUMEL: i64 = 1 << 17;
 pub const EXP_CACHE_BYTES: i64 = 256 << 10;
 
 /// An online softmax that runs in two passes, keyed by its maximum's accumulator.
+#[derive(Clone, Copy)]
 pub(super) struct TwoPass {
     /// The sum's accumulator.
     sum: Var,
@@ -46,7 +47,7 @@ pub(super) struct TwoPass {
 pub(super) fn plan(k: &TileKernel, vars: &IndexMap<Var, VarInfo>) -> IndexMap<Var, TwoPass> {
     let mut plans = IndexMap::new();
     let Some(n) = k.rnumel.and_then(|r| r.const_value()) else { return plans };
-    if k.kind != KernelKind::LoopedReduction || n > TWO_PASS_MAX_RNUMEL || n < 1 {
+    if k.kind != KernelKind::LoopedReduction || !(1..=TWO_PASS_MAX_RNUMEL).contains(&n) {
         return plans;
     }
     for (i, s) in k.body.iter().enumerate() {
@@ -157,26 +158,24 @@ impl Emitter<'_> {
         let rn = self.rnumel.to_c();
         let all: Vec<&TileStmt> = body.iter().collect();
         self.rloop(&all, &rn, |e| e.stmts(body));
-        let updates: Vec<(Var, Var, Var, DType, Option<(Var, Var)>)> = body
+        // (the maximum's accumulator, its plan)
+        let updates: Vec<(Var, TwoPass)> = body
             .iter()
             .filter_map(|s| match s {
-                TileStmt::AccUpdateOnlineSoftmax { max_acc, .. } => {
-                    let p = &self.two_pass[max_acc];
-                    Some((*max_acc, p.sum, p.value, p.dtype, p.cache))
-                }
+                TileStmt::AccUpdateOnlineSoftmax { max_acc, .. } => Some((*max_acc, self.two_pass[max_acc])),
                 _ => None,
             })
             .collect();
-        for &(m, _, _, dtype, cache) in &updates {
-            self.acc_finish(m, ReduceOp::Max, dtype, m);
-            if let Some((_, e)) = cache {
+        for &(m, p) in &updates {
+            self.acc_finish(m, ReduceOp::Max, p.dtype, m);
+            if let Some((_, e)) = p.cache {
                 let t = ops::compute_type(self.dtype(e));
                 self.line(&format!("{t} tmp{e}[{rn}];"));
                 self.arrays.insert(e);
             }
         }
         // the statements the values need, recomputed
-        let mut needed: Vec<Var> = updates.iter().map(|u| u.2).collect();
+        let mut needed: Vec<Var> = updates.iter().map(|u| u.1.value).collect();
         let mut slice = Vec::new();
         for s in body.iter().rev() {
             if let TileStmt::Let { var, op, .. } = s {
@@ -189,10 +188,10 @@ impl Emitter<'_> {
         slice.reverse();
         let vector = !super::may_fail(slice.iter().copied());
         let lanes: Vec<Var> =
-            updates.iter().map(|u| u.1).filter(|&a| vector && self.lane_sum(a, ReduceOp::Sum)).collect();
+            updates.iter().map(|u| u.1.sum).filter(|&a| vector && self.lane_sum(a, ReduceOp::Sum)).collect();
         self.lanes = lanes.clone();
         let pragma = vector.then(|| {
-            let sums: String = updates.iter().map(|u| format!(" reduction(+:{})", self.acc_in_loop(u.1))).collect();
+            let sums: String = updates.iter().map(|u| format!(" reduction(+:{})", self.acc_in_loop(u.1.sum))).collect();
             format!("#pragma omp simd{sums}")
         });
         let defs: IndexMap<Var, &TileStmt> = self
@@ -207,7 +206,7 @@ impl Emitter<'_> {
             for s in &slice {
                 e.simple(s);
             }
-            for &(m, a, v, _, cache) in &updates {
+            for &(m, TwoPass { sum: a, value: v, cache, .. }) in &updates {
                 let dv = e.dtype(v);
                 let term = match cache {
                     Some((t, x)) => {
