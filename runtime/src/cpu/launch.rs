@@ -11,9 +11,17 @@
 //! rather than half the launch. Each range has its own status words; the first range (in
 //! `xindex` order) that failed names the error, so which error is reported does not depend on
 //! the threads' timing.
+//!
+//! The calling thread computes ranges too: it hands one helper job per other pool thread to
+//! rayon and takes ranges from a shared counter with them, so the launch starts at once
+//! instead of after a sleeping worker wakes (tens of microseconds in a virtual machine), and
+//! ends when the last range does, without waking the caller. A helper that starts after the
+//! ranges ran out returns without touching the buffers; the caller waits only for ranges
+//! already taken.
 
 use super::module::Kernel;
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Below this many elements a launch runs in one call on the calling thread.
 pub const PARALLEL_MIN_ELEMENTS: i64 = 1 << 15;
@@ -26,21 +34,50 @@ pub const CHUNKS_PER_THREAD: i64 = 4;
 /// the first range begin on a cache line.
 const ALIGN: i64 = 16;
 
-/// The argument pointers of one launch, shared by the threads running its ranges.
-struct Args<'a>(&'a [*mut u8]);
-
-impl<'a> Args<'a> {
-    /// The pointers (a method, so that closures capture the `Sync` wrapper, not the field).
-    fn get(&self) -> &'a [*mut u8] {
-        self.0
-    }
+/// A parallel launch, shared by the caller and its helpers (`'static` for `rayon::spawn`).
+struct Shared {
+    kernel: Kernel,
+    /// The argument pointers, as addresses.
+    args: Vec<usize>,
+    xnumel: i64,
+    chunks: i64,
+    align: i64,
+    /// The next range to take.
+    next: AtomicI64,
+    /// Ranges finished.
+    done: AtomicI64,
+    /// Each range's status words.
+    statuses: Mutex<Vec<[i64; 4]>>,
 }
 
-// SAFETY: the pointers address the launch's buffers, which outlive it; ranges of `xindex` write
-// disjoint elements (each index computes its own output elements, as every kernel is
-// generated), and inputs are only read.
-unsafe impl Send for Args<'_> {}
-unsafe impl Sync for Args<'_> {}
+impl Shared {
+    /// The start of range `c` (`xnumel` for `c == chunks`).
+    fn bound(&self, c: i64) -> i64 {
+        if c == self.chunks {
+            self.xnumel
+        } else {
+            (self.xnumel * c / self.chunks) / self.align * self.align
+        }
+    }
+
+    /// Takes and computes ranges until none is left.
+    fn help(&self) {
+        loop {
+            let c = self.next.fetch_add(1, Ordering::AcqRel);
+            if c >= self.chunks {
+                return;
+            }
+            let args: Vec<*mut u8> = self.args.iter().map(|&a| a as *mut u8).collect();
+            // SAFETY: the launch's contract, for a sub-range of it taken once; the caller of
+            // `launch` waits for every range taken, so the buffers are alive.
+            let status = unsafe { call_range(&self.kernel, &args, self.bound(c), self.bound(c + 1)) };
+            if status[0] != 0 {
+                self.statuses.lock().unwrap_or_else(|e| e.into_inner())[c as usize] = status;
+            }
+            self.done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
 
 /// Calls `kernel` over `0..xnumel` (`rnumel` elements per index: 1 for a pointwise kernel)
 /// with `args` (the buffers, then the sizes and random-stream pointers), in one call or in
@@ -60,15 +97,34 @@ pub unsafe fn launch(kernel: &Kernel, args: &[*mut u8], xnumel: i64, rnumel: i64
     }
     let chunks = (total / (PARALLEL_MIN_ELEMENTS / 2)).min(CHUNKS_PER_THREAD * threads).min(xnumel).max(2);
     let align = if rnumel <= 1 && xnumel >= chunks * ALIGN { ALIGN } else { 1 };
-    let bound = |c: i64| if c == chunks { xnumel } else { (xnumel * c / chunks) / align * align };
-    let shared = Args(args);
-    let statuses: Vec<[i64; 4]> = (0..chunks as usize)
-        .into_par_iter()
-        .with_max_len(1)
-        // SAFETY: the caller's contract, for disjoint sub-ranges of the launch.
-        .map(|c| unsafe { call_range(kernel, shared.get(), bound(c as i64), bound(c as i64 + 1)) })
-        .collect();
-    statuses.into_iter().find(|s| s[0] != 0).unwrap_or([0; 4])
+    let shared = Arc::new(Shared {
+        kernel: kernel.clone(),
+        args: args.iter().map(|&p| p as usize).collect(),
+        xnumel,
+        chunks,
+        align,
+        next: AtomicI64::new(0),
+        done: AtomicI64::new(0),
+        statuses: Mutex::new(vec![[0; 4]; chunks as usize]),
+    });
+    for _ in 1..threads.min(chunks) {
+        let helper = shared.clone();
+        rayon::spawn(move || helper.help());
+    }
+    shared.help();
+    // Ranges other threads took and have not finished: short waits (a range is a fraction of
+    // the launch), so spin, then give the core away.
+    let mut spins = 0u32;
+    while shared.done.load(Ordering::Acquire) < chunks {
+        if spins < 1 << 12 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    let statuses = shared.statuses.lock().unwrap_or_else(|e| e.into_inner());
+    statuses.iter().copied().find(|s| s[0] != 0).unwrap_or([0; 4])
 }
 
 /// One call of `kernel` over `start..end`; its status words.
