@@ -141,3 +141,46 @@ unsafe fn call_range(kernel: &Kernel, args: &[*mut u8], start: i64, end: i64) ->
     unsafe { kernel.call(&with_range, &mut status) };
     status
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::module;
+    use super::super::tests::TempDir;
+    use super::*;
+    use rayon::prelude::*;
+
+    /// Launches from several threads at once, pool threads among them (a launch inside a
+    /// parallel job): each computes every index of its own buffer once, and none waits on the
+    /// others' helpers.
+    #[test]
+    fn launches_from_pool_threads_and_others_at_once() {
+        let Some(cc) = super::super::tests::cc() else { return };
+        const SRC: &str = "#include <stdint.h>
+void k(char *const *args, int64_t *status) {
+    int32_t *out = (int32_t *)args[0];
+    const int64_t *r = (const int64_t *)args[3];
+    (void)status;
+    for (int64_t x = r[0]; x < r[1]; x++) out[x] += (int32_t)(x % 7) + 1;
+}
+";
+        let dir = TempDir::new("launches");
+        let (lib, _) = module::load_or_build(cc, SRC, &dir.0, &["k"]).unwrap();
+        let kernel = lib.kernel("k").unwrap();
+        let n = 100_003i64;
+        let run = |_: usize| {
+            let mut out = vec![0i32; n as usize];
+            for _ in 0..3 {
+                let args = [out.as_mut_ptr() as *mut u8, std::ptr::null_mut(), std::ptr::null_mut()];
+                // SAFETY: `out` has `n` elements; the kernel reads no sizes or random words.
+                assert_eq!(unsafe { launch(&kernel, &args, n, 1) }, [0; 4]);
+            }
+            out.iter().enumerate().all(|(x, &v)| v == 3 * ((x % 7) as i32 + 1))
+        };
+        let from_pool: Vec<bool> = (0..6).into_par_iter().map(run).collect();
+        let from_threads: Vec<bool> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..3).map(|i| s.spawn(move || run(i))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(from_pool.iter().chain(&from_threads).all(|&ok| ok));
+    }
+}
