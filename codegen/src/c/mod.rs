@@ -65,6 +65,7 @@ mod vecmath;
 const PRELUDE_MATH: bool = true;
 
 pub use prelude::{prelude, status};
+pub use rloop::SUM_BLOCK;
 
 use coil_ir::kernel::{flat_stmts, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::op::RandDist;
