@@ -128,11 +128,12 @@ static inline float coil_bf16_to_f32(uint16_t h) {
 }
 /* The bits as they are: a signalling NaN stays one (where no f32 store can see it: c::quiet). */
 static inline float coil_bf16_bits_f32(uint16_t h) { return coil_bits_f32((uint32_t)h << 16); }
-/* The NaN test compares floats, so that in vectors it is one compare into a mask. */
+/* The NaN test compares floats and selects before the shift, so that in vectors it is one
+   compare into a mask and one blend (a NaN keeps its top bits, made quiet). */
 static inline uint16_t coil_f32_to_bf16(float f) {
     uint32_t x = coil_f32_bits(f);
-    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    return (uint16_t)(f != f ? (x >> 16) | 0x0040u : rounded); /* NaN: quiet */
+    uint32_t r = f != f ? x | 0x400000u : x + 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(r >> 16);
 }
 /* The bf16 bits of a value already rounded to bf16 (coil_round_bf16: low half zero, NaN quiet). */
 static inline uint16_t coil_rounded_bf16_bits(float f) { return (uint16_t)(coil_f32_bits(f) >> 16); }
@@ -141,9 +142,8 @@ static inline uint16_t coil_rounded_bf16_bits(float f) { return (uint16_t)(coil_
 static inline float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to_f16(f)); }
 static inline float coil_round_bf16(float f) {
     uint32_t x = coil_f32_bits(f);
-    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
-    uint32_t nan = (x | 0x400000u) & 0xffff0000u; /* quiet, as the round trip makes it */
-    return coil_bits_f32((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+    uint32_t r = f != f ? x | 0x400000u : x + 0x7fffu + ((x >> 16) & 1u); /* NaN: quiet, as the round trip makes it */
+    return coil_bits_f32(r & 0xffff0000u);
 }
 
 /* ---- Philox 4x32-10, exactly as coil_ir::philox ------------------------------------------------ */
