@@ -21,4 +21,5 @@
 
 pub mod attention;
 pub mod attention_backward;
+pub mod gemm_cpu;
 pub mod sort;

@@ -14,6 +14,7 @@
 //!   interpreter on a one-node graph (operands gathered to contiguous buffers first).
 
 use super::compiler::{c_compiler, default_cache_dir};
+use super::gemm_packed;
 use super::module::{self, Kernel};
 use crate::{interpret, Buffer, HostData};
 use coil_codegen::c::{support_source, SUPPORT_GELU_TANH_F32};
@@ -62,12 +63,12 @@ impl BmmSpec {
         }
     }
 
-    fn batch_count(&self) -> usize {
+    pub(super) fn batch_count(&self) -> usize {
         self.batch.iter().product()
     }
 
     /// Element offsets of each batch's `a` and `b` matrices, in row-major batch order.
-    fn batch_offsets(&self) -> Vec<(usize, usize)> {
+    pub(super) fn batch_offsets(&self) -> Vec<(usize, usize)> {
         let mut out = Vec::with_capacity(self.batch_count());
         let mut idx = vec![0usize; self.batch.len()];
         for _ in 0..self.batch_count() {
@@ -89,7 +90,7 @@ impl BmmSpec {
 
     /// Checks that every element the product reads lies inside its operand, so the unsafe
     /// strided accesses below cannot leave the buffers whatever the IR says.
-    fn check(&self, a_len: usize, b_len: usize, bias_len: usize, out_len: usize) -> Result<()> {
+    pub(super) fn check(&self, a_len: usize, b_len: usize, bias_len: usize, out_len: usize) -> Result<()> {
         let bad = |msg: String| Err(Error::runtime(format!("bmm: {msg}")));
         if self.a.batch_strides.len() != self.batch.len() || self.b.batch_strides.len() != self.batch.len() {
             return bad(format!(
@@ -128,11 +129,47 @@ impl BmmSpec {
     }
 }
 
+/// Which implementation multiplies f32, f16 and bf16 matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmEngine {
+    /// The packed template where this CPU and compiler serve the dtype, else the `gemm` crate.
+    Auto,
+    /// The packed template ([`gemm_packed`](super::gemm_packed)); an error where it cannot run.
+    Packed,
+    /// The `gemm` crate (half types widened to f32).
+    Crate,
+}
+
 /// `out = act(a @ b (+ bias))` per batch, on the raw bytes of the buffers (all of `dtype`;
 /// `bias` is empty without a bias). `out` must not overlap the operands.
 pub fn bmm_bytes(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]) -> Result<()> {
+    bmm_bytes_with(GemmEngine::Auto, spec, dtype, a, b, bias, out)
+}
+
+/// [`bmm_bytes`] by a chosen engine (f64 and integers ignore it).
+pub fn bmm_bytes_with(
+    engine: GemmEngine,
+    spec: &BmmSpec,
+    dtype: DType,
+    a: &[u8],
+    b: &[u8],
+    bias: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
     let size = dtype.size_bytes();
     spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size)?;
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) && engine != GemmEngine::Crate {
+        let packed = gemm_packed::Library::get().and_then(|lib| Some((lib, lib.layout_for(dtype)?)));
+        match (packed, engine) {
+            (Some((lib, layout)), _) => return gemm_packed::bmm(lib, layout, spec, dtype, a, b, bias, out),
+            (None, GemmEngine::Packed) => {
+                return Err(Error::unsupported(format!(
+                    "the packed {dtype} matrix product on this machine (it needs a C compiler and AVX-512)"
+                )))
+            }
+            (None, _) => {}
+        }
+    }
     match dtype {
         DType::F32 => {
             let out = cast_mut::<f32>(out)?;

@@ -23,6 +23,7 @@ pub mod attention;
 pub mod attention_backward;
 pub mod compiler;
 pub mod gemm;
+pub mod gemm_packed;
 pub mod launch;
 pub mod module;
 pub mod scan;
