@@ -25,9 +25,11 @@ use std::process::Command;
 use std::time::Instant;
 
 const HELP: &str = "\
-usage: gemm_bench [--only SUBSTRING] [--rounds N] [--warmup N] [--reps N] [--no-torch]
+usage: gemm_bench [--only SUBSTRING] [--shape D:M:K:N:FORM]... [--rounds N] [--warmup N] [--reps N] [--no-torch]
 
   --only S      only the products whose name contains S (mlp, gpt2, train, ...)
+  --shape P     time this product instead of the suite's (may be given several times): dtype
+                (f32, f16, bf16), m, k, n and form (nt, nn, tn), e.g. bf16:1:4096:4096:nt
   --rounds N    interleaved rounds (default 3); each figure is the min over rounds of the medians
   --warmup N    untimed runs before each timing (default 3)
   --reps N      timed runs, median (default 20)
@@ -140,24 +142,64 @@ fn spec(p: &Product) -> BmmSpec {
     }
 }
 
-/// Median wall time of `f` in microseconds.
-fn median_us(warmup: usize, reps: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warmup {
-        f();
+/// CPU time all threads of this process have run (user + system, `/proc/self/stat`), in
+/// microseconds at the kernel's 10 ms tick (USER_HZ 100 on Linux); `None` where it cannot be read.
+fn process_cpu_us() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // fields after the command name (which may hold spaces) start at field 3
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 * 1e4)
+}
+
+/// A timing: median wall time and median CPU time of one run, in microseconds.
+#[derive(Clone, Copy)]
+struct Timing {
+    wall: f64,
+    cpu: f64,
+}
+
+impl Timing {
+    const NONE: Timing = Timing { wall: f64::INFINITY, cpu: f64::INFINITY };
+
+    fn min(self, o: Timing) -> Timing {
+        Timing { wall: self.wall.min(o.wall), cpu: self.cpu.min(o.cpu) }
     }
-    let mut t: Vec<f64> = (0..reps.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
+}
+
+fn median(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);
     t[t.len() / 2]
 }
 
+/// Median wall time of `f`, and its mean CPU time: the process's CPU time over the timed runs
+/// (repeated until they cover at least 50 ticks of it, so the tick rounds off at most 2 %) per
+/// run. The CPU time counts every thread's work, and so also pool threads waiting busily.
+fn time_runs(warmup: usize, reps: usize, mut f: impl FnMut()) -> Timing {
+    for _ in 0..warmup {
+        f();
+    }
+    let mut wall = Vec::new();
+    let (cpu0, mut runs) = (process_cpu_us(), 0usize);
+    loop {
+        let start = Instant::now();
+        f();
+        wall.push(start.elapsed().as_secs_f64() * 1e6);
+        runs += 1;
+        let spent = match (cpu0, process_cpu_us()) {
+            (Some(a), Some(b)) => b - a,
+            _ => f64::INFINITY,
+        };
+        if runs >= reps.max(1) && (spent >= 50.0 * 1e4 || runs >= 100 * reps.max(1)) {
+            let cpu = if spent.is_finite() { spent / runs as f64 } else { f64::NAN };
+            return Timing { wall: median(wall), cpu };
+        }
+    }
+}
+
 /// coil's time for `p` with `engine`.
-fn time_coil(p: &Product, engine: GemmEngine, warmup: usize, reps: usize) -> f64 {
+fn time_coil(p: &Product, engine: GemmEngine, warmup: usize, reps: usize) -> Timing {
     let size = p.dtype.size_bytes();
     let (a, b, bias) = (operand(p.dtype, p.m * p.k, 1, 1.0), operand(p.dtype, p.k * p.n, 2, 0.02), operand(p.dtype, p.n, 3, 0.02));
     fn bytes(w: &[u64], len: usize) -> &[u8] {
@@ -167,14 +209,14 @@ fn time_coil(p: &Product, engine: GemmEngine, warmup: usize, reps: usize) -> f64
     let bias = if p.bias { bytes(&bias, p.n * size) } else { &[] };
     let mut out = vec![0u64; (p.m * p.n * size).div_ceil(8)];
     let spec = spec(p);
-    median_us(warmup, reps, || {
+    time_runs(warmup, reps, || {
         let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..p.m * p.n * size];
         bmm_bytes_with(engine, &spec, p.dtype, a, b, bias, out).expect("the product runs");
     })
 }
 
 /// PyTorch's times for `products` (one `python3` process), or `None` without torch.
-fn time_torch(products: &[Product], warmup: usize, reps: usize) -> Option<Vec<f64>> {
+fn time_torch(products: &[Product], warmup: usize, reps: usize) -> Option<Vec<Timing>> {
     const SCRIPT: &str = r#"
 import sys, time, torch
 import torch.nn.functional as F
@@ -198,13 +240,14 @@ for spec in sys.argv[3:]:
     with torch.no_grad():
         for _ in range(warmup):
             g()
-        ts = []
+        ts, c0 = [], time.process_time()
         for _ in range(reps):
             t0 = time.perf_counter()
             g()
             ts.append((time.perf_counter() - t0) * 1e6)
+        cpu = (time.process_time() - c0) * 1e6 / reps
     ts.sort()
-    print(ts[len(ts) // 2], flush=True)
+    print(ts[len(ts) // 2], cpu, flush=True)
 "#;
     let dtype = |d: DType| match d {
         DType::F32 => "f32",
@@ -226,19 +269,48 @@ for spec in sys.argv[3:]:
         eprintln!("torch column left out: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
         return None;
     }
-    let times: Vec<f64> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect();
+    let times: Vec<Timing> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().map(|x| x.parse::<f64>().ok());
+            Some(Timing { wall: w.next()??, cpu: w.next()?? })
+        })
+        .collect();
     (times.len() == products.len()).then_some(times)
+}
+
+/// A `--shape` product: `dtype:m:k:n:form`.
+fn parse_shape(text: &str) -> Product {
+    let bad = || -> ! { panic!("--shape {text}: expected D:M:K:N:FORM, e.g. bf16:1:4096:4096:nt\n{HELP}") };
+    let parts: Vec<&str> = text.split(':').collect();
+    let [dtype, m, k, n, form] = parts[..] else { bad() };
+    let dtype = match dtype {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        _ => bad(),
+    };
+    let form = match form {
+        "nt" => Form::Nt,
+        "nn" => Form::Nn,
+        "tn" => Form::Tn,
+        _ => bad(),
+    };
+    let dim = |x: &str| x.parse::<usize>().unwrap_or_else(|_| bad());
+    p("shape", dtype, (dim(m), dim(k), dim(n)), form, false, false)
 }
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut only, mut rounds, mut warmup, mut reps, mut torch) = (String::new(), 3usize, 3usize, 20usize, true);
+    let mut shapes: Vec<Product> = Vec::new();
     while let Some(a) = args.next() {
         let mut num = |what: &str| -> usize {
             args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{what} takes a number\n{HELP}"))
         };
         match a.as_str() {
             "--only" => only = args.next().expect("--only takes a substring"),
+            "--shape" => shapes.push(parse_shape(&args.next().expect("--shape takes D:M:K:N:FORM"))),
             "--rounds" => rounds = num("--rounds"),
             "--warmup" => warmup = num("--warmup"),
             "--reps" => reps = num("--reps"),
@@ -250,10 +322,13 @@ fn main() {
             other => panic!("unknown argument {other}\n{HELP}"),
         }
     }
-    let products: Vec<Product> = PRODUCTS.iter().copied().filter(|p| p.name.contains(&only)).collect();
-    let inf = f64::INFINITY;
-    let (mut packed, mut crate_, mut torch_us) =
-        (vec![inf; products.len()], vec![inf; products.len()], vec![inf; products.len()]);
+    let products: Vec<Product> = if shapes.is_empty() {
+        PRODUCTS.iter().copied().filter(|p| p.name.contains(&only)).collect()
+    } else {
+        shapes
+    };
+    let none = vec![Timing::NONE; products.len()];
+    let (mut packed, mut crate_, mut torch_t) = (none.clone(), none.clone(), none);
     let mut have_torch = torch;
     for _ in 0..rounds.max(1) {
         for (i, p) in products.iter().enumerate() {
@@ -262,19 +337,26 @@ fn main() {
         }
         if have_torch {
             match time_torch(&products, warmup, reps) {
-                Some(t) => torch_us.iter_mut().zip(t).for_each(|(a, b)| *a = a.min(b)),
+                Some(t) => torch_t.iter_mut().zip(t).for_each(|(a, b)| *a = a.min(b)),
                 None => have_torch = false,
             }
         }
     }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "coil GEMM beside PyTorch on the CPU ({} threads), {rounds} interleaved rounds, warmup {warmup}, reps {reps}: min over rounds of the median",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        "coil GEMM beside PyTorch on the CPU ({threads} threads), {rounds} interleaved rounds, warmup {warmup}, reps {reps}: \
+         min over rounds of the median"
     );
     println!(
-        "{:<14} {:<5} {:>14} {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
-        "product", "dtype", "m x k x n", "form", "packed_us", "crate_us", "torch_us", "packed_GF", "crate_GF", "torch_GF", "pk/torch"
+        "wall: median wall-clock time; cpu: mean CPU time of all threads / {threads} (about the wall time of an idle \
+         machine; robust to other processes' load, but it counts threads waiting busily). GF: GFLOP/s of the wall time"
     );
+    println!(
+        "{:<14} {:<5} {:>14} {:<7} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7} | {:>8} {:>8}",
+        "product", "dtype", "m x k x n", "form", "pk_wall", "cr_wall", "th_wall", "pk_cpu", "cr_cpu", "th_cpu",
+        "pk_GF", "cr_GF", "th_GF", "pk/th_w", "pk/th_c"
+    );
+    let t = threads as f64;
     for (i, p) in products.iter().enumerate() {
         let gflops = |us: f64| 2.0 * (p.m * p.n * p.k) as f64 / us / 1e3;
         let epilogue = match (p.bias, p.gelu) {
@@ -282,24 +364,24 @@ fn main() {
             (true, false) => "+b",
             _ => "",
         };
-        let (torch_us, torch_gf, ratio) = if have_torch {
-            (format!("{:.1}", torch_us[i]), format!("{:.1}", gflops(torch_us[i])), format!("{:.2}", packed[i] / torch_us[i]))
-        } else {
-            ("-".into(), "-".into(), "-".into())
-        };
+        let th = |x: f64| if have_torch { format!("{x:.1}") } else { "-".into() };
         println!(
-            "{:<14} {:<5} {:>14} {:<7} {:>10.1} {:>10.1} {:>10} {:>10.1} {:>10.1} {:>10} {:>9}",
+            "{:<14} {:<5} {:>14} {:<7} | {:>9.1} {:>9.1} {:>9} | {:>9.1} {:>9.1} {:>9} | {:>7.0} {:>7.0} {:>7} | {:>8} {:>8}",
             p.name,
             p.dtype.to_string(),
             format!("{}x{}x{}", p.m, p.k, p.n),
             format!("{}{epilogue}", p.form.name()),
-            packed[i],
-            crate_[i],
-            torch_us,
-            gflops(packed[i]),
-            gflops(crate_[i]),
-            torch_gf,
-            ratio
+            packed[i].wall,
+            crate_[i].wall,
+            th(torch_t[i].wall),
+            packed[i].cpu / t,
+            crate_[i].cpu / t,
+            th(torch_t[i].cpu / t),
+            gflops(packed[i].wall),
+            gflops(crate_[i].wall),
+            if have_torch { format!("{:.0}", gflops(torch_t[i].wall)) } else { "-".into() },
+            if have_torch { format!("{:.2}", packed[i].wall / torch_t[i].wall) } else { "-".into() },
+            if have_torch { format!("{:.2}", packed[i].cpu / torch_t[i].cpu) } else { "-".into() },
         );
     }
 }

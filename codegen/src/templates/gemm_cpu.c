@@ -117,8 +117,47 @@ static inline float coil_gemm_load_f32(const void *src, int64_t dtype, int64_t a
     return coil_bf16_to_f32(((const uint16_t *)src)[at]);
 }
 
+/* Panels [lo, hi) of a matrix whose rows are contiguous at each k (B row-major, A
+   column-major), all but the odd k of pairs: k outermost, so that each k's row of the source is
+   read once across the panels (one page per k, not one per panel and k). */
+static void coil_gemm_pack_by_k(const coil_gemm_pack_args *p)
+{
+    const int pairs = p->layout == COIL_GEMM_LAYOUT_BF16_PAIRS;
+    const int64_t P = p->panel, K = p->k, ks = p->ks, groups = pairs ? (K + 1) / 2 : K;
+    const int64_t whole = pairs ? K / 2 : K;
+    const int64_t esize = p->dtype == COIL_GEMM_DT_F32 ? 4 : 2;
+    const uint16_t *h = (const uint16_t *)p->src;
+    /* interleaving the bf16 of k = 2g (x) and 2g + 1 (y) */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t g = 0; g < whole; g++)
+        for (int64_t panel = p->lo; panel < p->hi; panel++) {
+            const int64_t r0 = panel * P, rows = p->rows - r0 < P ? p->rows - r0 : P;
+            uint32_t *dst = (uint32_t *)p->dst + (panel - p->lo) * P * groups + g * P;
+            if (!pairs) {
+                for (int64_t rb = 0; rb < P; rb += 16) {
+                    _mm_prefetch((const char *)p->src + (r0 + rb + (g + COIL_GEMM_PREFETCH_ROWS) * ks) * esize, _MM_HINT_T0);
+                    __m512i w = coil_gemm_load_words(p->src, p->dtype, 0, r0 + rb + g * ks, rows - rb);
+                    _mm512_mask_storeu_epi32(dst + rb, coil_gemm_mask16(P - rb), w);
+                }
+                continue;
+            }
+            for (int64_t rb = 0; rb < P; rb += 32) {
+                const uint16_t *x = h + r0 + rb + 2 * g * ks, *y = x + ks;
+                _mm_prefetch((const char *)(x + 2 * COIL_GEMM_PREFETCH_ROWS * ks), _MM_HINT_T0);
+                _mm_prefetch((const char *)(y + 2 * COIL_GEMM_PREFETCH_ROWS * ks), _MM_HINT_T0);
+                const __mmask32 m = rows - rb >= 32 ? 0xffffffffu : rows - rb <= 0 ? 0 : (1u << (rows - rb)) - 1;
+                const __m512i vx = _mm512_maskz_loadu_epi16(m, x), vy = _mm512_maskz_loadu_epi16(m, y);
+                _mm512_mask_storeu_epi32(dst + rb, coil_gemm_mask16(P - rb), _mm512_permutex2var_epi16(vx, lo, vy));
+                _mm512_mask_storeu_epi32(dst + rb + 16, coil_gemm_mask16(P - rb - 16), _mm512_permutex2var_epi16(vx, hi, vy));
+            }
+        }
+}
+
 /* One panel of P rows from row r0, as 32-bit words: dst[g * P + r] is row r's k group g (a
-   float, or a pair of bf16). */
+   float, or a pair of bf16); with rows contiguous at each k, only what coil_gemm_pack_by_k
+   left (the odd k of pairs). */
 static inline void coil_gemm_pack_panel(const coil_gemm_pack_args *p, int64_t r0, uint32_t *dst)
 {
     const int pairs = p->layout == COIL_GEMM_LAYOUT_BF16_PAIRS;
@@ -153,29 +192,8 @@ static inline void coil_gemm_pack_panel(const coil_gemm_pack_args *p, int64_t r0
             }
         }
         g0 = whole;
-    } else if (rs == 1 && !pairs) {
-        /* the panel's rows contiguous at each k (B row-major, A column-major) */
-        for (; g0 < K; g0++)
-            for (int64_t rb = 0; rb < P; rb += 16) {
-                _mm_prefetch((const char *)p->src + (r0 + rb + (g0 + COIL_GEMM_PREFETCH_ROWS) * ks) * esize, _MM_HINT_T0);
-                __m512i w = coil_gemm_load_words(p->src, p->dtype, 0, r0 + rb + g0 * ks, rows - rb);
-                _mm512_mask_storeu_epi32(dst + g0 * P + rb, coil_gemm_mask16(P - rb), w);
-            }
     } else if (rs == 1) {
-        /* bf16 rows contiguous at each k: interleave the rows of k = 2g and 2g + 1 */
-        const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                            39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-        const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-        for (; g0 < whole; g0++)
-            for (int64_t rb = 0; rb < P; rb += 32) {
-                _mm_prefetch((const char *)(h + r0 + rb + (2 * g0 + COIL_GEMM_PREFETCH_ROWS) * ks), _MM_HINT_T0);
-                _mm_prefetch((const char *)(h + r0 + rb + (2 * g0 + 1 + COIL_GEMM_PREFETCH_ROWS) * ks), _MM_HINT_T0);
-                const __mmask32 m = rows - rb >= 32 ? 0xffffffffu : rows - rb <= 0 ? 0 : (1u << (rows - rb)) - 1;
-                const __m512i x = _mm512_maskz_loadu_epi16(m, h + r0 + rb + 2 * g0 * ks);
-                const __m512i y = _mm512_maskz_loadu_epi16(m, h + r0 + rb + (2 * g0 + 1) * ks);
-                _mm512_mask_storeu_epi32(dst + g0 * P + rb, coil_gemm_mask16(P - rb), _mm512_permutex2var_epi16(x, lo, y));
-                _mm512_mask_storeu_epi32(dst + g0 * P + rb + 16, coil_gemm_mask16(P - rb - 16), _mm512_permutex2var_epi16(x, hi, y));
-            }
+        g0 = whole; /* coil_gemm_pack_by_k packed them */
     }
     /* what is left (other strides, the odd k of pairs), element by element */
     for (int64_t g = g0; g < groups; g++)
@@ -200,6 +218,7 @@ void coil_gemm_pack(char *const *args, int64_t *status)
     (void)status;
 #if defined(COIL_GEMM_HAVE_F32)
     const int64_t groups = p->layout == COIL_GEMM_LAYOUT_BF16_PAIRS ? (p->k + 1) / 2 : p->k;
+    if (p->rs == 1 && p->ks != 1) coil_gemm_pack_by_k(p);
     for (int64_t panel = p->lo; panel < p->hi; panel++)
         coil_gemm_pack_panel(p, panel * p->panel, (uint32_t *)p->dst + (panel - p->lo) * p->panel * groups);
 #else
@@ -218,52 +237,48 @@ typedef struct {
     int64_t nc;               /* B panels packed at once (kept in L2 while the A panels pass) */
     int64_t mc;               /* A panels that pass one B block in a row (they stay in L2 too) */
     int64_t i0, i1, j0, j1;   /* the tiles: A panels [i0, i1) x B panels [j0, j1) */
-    const float *bias;        /* n values, or NULL */
+    const float *bias;        /* n values (m when transposed), or NULL */
     int64_t act;
     void *out;                /* m x n, row stride ldo, of out_dtype */
     int64_t ldo, out_dtype;
     float *acc;               /* partial sums of whole tiles, row stride ldacc (several k blocks) */
     int64_t ldacc;
+    int64_t transposed;       /* out holds the n x m transpose (row stride ldo); the bias runs
+                                 along m */
 } coil_gemm_compute_args;
 
-/* The last step of a tile t[MR][NR] (bias added): activation, rounding, the rows and columns
-   inside the output. */
-static inline void coil_gemm_store_tile(const coil_gemm_compute_args *c, const float *t, int64_t nr,
-                                        int64_t row, int64_t col, int64_t mv, int64_t nv)
+/* The activation over a tile of n floats (a whole tile: one vector loop without a remainder). */
+static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
 {
-    const int gelu = c->act == COIL_GEMM_ACT_GELU_TANH;
-    for (int64_t r = 0; r < mv; r++) {
-        const float *x = t + r * nr;
-        const int64_t at = (row + r) * c->ldo + col;
-        if (c->out_dtype == COIL_GEMM_DT_F32) {
-            float *o = (float *)c->out + at;
-            if (gelu) {
-                #pragma omp simd
-                for (int64_t j = 0; j < nv; j++) o[j] = coil_gelu_tanh_f32(x[j]);
-            } else {
-                memcpy(o, x, (size_t)nv * 4);
-            }
-        } else if (c->out_dtype == COIL_GEMM_DT_BF16) {
-            uint16_t *o = (uint16_t *)c->out + at;
-            if (gelu) {
-                #pragma omp simd
-                for (int64_t j = 0; j < nv; j++) o[j] = coil_f32_to_bf16(coil_gelu_tanh_f32(x[j]));
-            } else {
-                #pragma omp simd
-                for (int64_t j = 0; j < nv; j++) o[j] = coil_f32_to_bf16(x[j]);
-            }
-        } else {
-            uint16_t *o = (uint16_t *)c->out + at;
-            if (gelu) {
-                #pragma omp simd
-                for (int64_t j = 0; j < nv; j++) o[j] = coil_f32_to_f16(coil_gelu_tanh_f32(x[j]));
-            } else {
-                #pragma omp simd
-                for (int64_t j = 0; j < nv; j++) o[j] = coil_f32_to_f16(x[j]);
-            }
-        }
-    }
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) t[i] = coil_gelu_tanh_f32(t[i]);
 }
+
+#if defined(COIL_GEMM_HAVE_F32)
+/* 16 floats rounded to bf16 as coil_f32_to_bf16 rounds one (to nearest even, NaN made quiet). */
+static inline __m256i coil_gemm_bf16x16(__m512 x)
+{
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
+}
+
+/* 16 output elements from `at` (the lanes of `keep`) in the output type. f16: F16C's rounding
+   to nearest even, the prelude's coil_f32_to_f16 (subnormals, overflow to inf, quiet NaN). */
+static inline void coil_gemm_store16(const coil_gemm_compute_args *c, __m512 x, int64_t at, __mmask16 keep)
+{
+    if (c->out_dtype == COIL_GEMM_DT_F32)
+        _mm512_mask_storeu_ps((float *)c->out + at, keep, x);
+    else if (c->out_dtype == COIL_GEMM_DT_BF16)
+        _mm256_mask_storeu_epi16((uint16_t *)c->out + at, keep, coil_gemm_bf16x16(x));
+    else
+        _mm256_mask_storeu_epi16((uint16_t *)c->out + at, keep, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#endif
 
 /* The micro-kernel of one layout: an MR x NR tile in NV vectors per row, over `steps` k groups
    of GROUP elements; a first block starts from zero, a later one from acc; a last block ends in
@@ -295,15 +310,50 @@ static inline void coil_gemm_store_tile(const coil_gemm_compute_args *c, const f
         }                                                                                          \
         const int64_t mv = c->m - row < (MR) ? c->m - row : (MR);                                  \
         const int64_t nv = c->n - col < (NR) ? c->n - col : (NR);                                  \
-        float tile[(MR) * (NR)] __attribute__((aligned(64)));                                      \
-        _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                     \
-            const __m512 bias = c->bias ? _mm512_maskz_loadu_ps(coil_gemm_mask16(nv - 16 * v), c->bias + col + 16 * v) \
-                                        : _mm512_setzero_ps();                                     \
-            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
-                _mm512_store_ps(tile + r * (NR) + 16 * v, _mm512_add_ps(t[r][v], bias));           \
+        if (c->bias && c->transposed) {                                                            \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
+                const __m512 bias = _mm512_set1_ps(row + r < c->m ? c->bias[row + r] : 0.0f);     \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = _mm512_add_ps(t[r][v], bias); \
+            }                                                                                      \
+        } else if (c->bias) {                                                                      \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                 \
+                const __m512 bias = _mm512_maskz_loadu_ps(coil_gemm_mask16(nv - 16 * v), c->bias + col + 16 * v); \
+                _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) t[r][v] = _mm512_add_ps(t[r][v], bias); \
+            }                                                                                      \
         }                                                                                          \
-        coil_gemm_store_tile(c, tile, (NR), row, col, mv, nv);                                     \
+        if (c->act == COIL_GEMM_ACT_GELU_TANH) {                                                   \
+            float tile[(MR) * (NR)] __attribute__((aligned(64)));                                  \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
+                    _mm512_store_ps(tile + r * (NR) + 16 * v, t[r][v]);                            \
+            coil_gemm_gelu_tile(tile, (MR) * (NR));                                                \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
+                    t[r][v] = _mm512_load_ps(tile + r * (NR) + 16 * v);                            \
+        }                                                                                          \
+        /* rounded and stored from the registers */                                                \
+        if (c->transposed) {                                                                       \
+            /* each 16 columns of the tile transposed: 16 rows of out, mv elements each */         \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                 \
+                __m512i w[16];                                                                     \
+                _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)                              \
+                    w[r] = r < (MR) ? _mm512_castps_si512(t[r < (MR) ? r : 0][v]) : _mm512_setzero_si512(); \
+                coil_gemm_transpose16(w);                                                          \
+                for (int64_t q = 0; q < 16 && 16 * v + q < nv; q++)                                \
+                    coil_gemm_store16(c, _mm512_castsi512_ps(w[q]), (col + 16 * v + q) * c->ldo + row, coil_gemm_mask16(mv)); \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                                  \
+            if (r >= mv) break;                                                                    \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
+                coil_gemm_store16(c, t[r][v], (row + r) * c->ldo + col + 16 * v, coil_gemm_mask16(nv - 16 * v)); \
+        }                                                                                          \
     }
+
+#if COIL_GEMM_MR_F32 > 16 || COIL_GEMM_MR_BF16 > 16
+#error "a transposed tile store transposes 16 rows at most"
+#endif
 
 #if defined(COIL_GEMM_HAVE_F32)
 #define COIL_GEMM_LOAD_F32(p) _mm512_loadu_ps(p)

@@ -188,7 +188,7 @@ pub struct ComputeArgs {
     pub i1: i64,
     pub j0: i64,
     pub j1: i64,
-    /// `n` floats added to every row, or null.
+    /// `n` floats added to every row (`m`, one per row, when `transposed`), or null.
     pub bias: *const f32,
     /// [`ACT_NONE`] or [`ACT_GELU_TANH`].
     pub act: i64,
@@ -200,6 +200,10 @@ pub struct ComputeArgs {
     /// row stride `ldacc` (at least `ceil(n / NR) * NR`); else null.
     pub acc: *mut f32,
     pub ldacc: i64,
+    /// Nonzero: `out` holds the `n x m` transpose of the product (row stride `ldo`), and the
+    /// bias has `m` values, one per row of the product (the runtime multiplies `b^T a^T` so
+    /// that the larger operand is B: see `coil_runtime::cpu::gemm_packed`).
+    pub transposed: i64,
 }
 
 /// Cache blocking of one product: `kc` elements of k per block (a multiple of the group), `nc`

@@ -1,15 +1,19 @@
 //! Batched matrix products ([`ExternCall::Bmm`]) on the CPU.
 //!
-//! * f32 and f64 run through the `gemm` crate directly on the operands' memory: row, column and
-//!   batch strides are passed as they are, so a transposed or broadcast operand is never copied;
-//! * f16 and bf16 operands are widened to f32, multiplied by `gemm` in f32 and the result
-//!   rounded to nearest even, as PyTorch's CPU kernels compute half types in float;
-//! * a bias row is the product's starting value; an activation ([`Activation`], the call's
-//!   epilogue) is applied after it, on the f32 (f64) result, before the one rounding to a half
-//!   type, as cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS` computes it. The f32 tanh GELU is the
-//!   C prelude's (`coil_codegen::c::support_source`, compiled once per process: the function a
-//!   generated kernel computes, vectorized), f64's is Rust's; bias rows, activations and the
-//!   half-type conversions run in parallel on the rayon pool the product uses;
+//! * f32, f16 and bf16 run through the packed template ([`gemm_packed`]: AVX-512 micro-kernels,
+//!   `vdpbf16ps` for bf16 where the CPU has it) whenever this machine's compiler and CPU serve
+//!   it; each product accumulates in f32 and is rounded once to its type, as PyTorch's are;
+//! * otherwise (and with [`GemmEngine::Crate`]) the `gemm` crate: f32 and f64 directly on the
+//!   operands' memory (row, column and batch strides passed as they are, so a transposed or
+//!   broadcast operand is never copied); f16 and bf16 operands widened to f32, multiplied by
+//!   `gemm` in f32 and the result rounded to nearest even;
+//! * a bias row and an activation ([`Activation`], the call's epilogue) apply to the f32 (f64)
+//!   sum, before the one rounding to a half type, as cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS`
+//!   computes it. The f32 tanh GELU is the C prelude's (the function a generated kernel
+//!   computes, vectorized: in the template's epilogue, or for the crate's products
+//!   `coil_codegen::c::support_source`, compiled once per process), f64's is Rust's; on the
+//!   crate's path bias rows, activations and the half-type conversions run in parallel on the
+//!   rayon pool the product uses;
 //! * integer products are rare and need exact wrapping arithmetic, so they go to the reference
 //!   interpreter on a one-node graph (operands gathered to contiguous buffers first).
 
@@ -132,7 +136,9 @@ impl BmmSpec {
 /// Which implementation multiplies f32, f16 and bf16 matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmEngine {
-    /// The packed template where this CPU and compiler serve the dtype, else the `gemm` crate.
+    /// The packed template where this CPU and compiler serve the dtype, else the `gemm` crate;
+    /// also the crate for f32 products of few rows or columns
+    /// ([`gemm_packed::skinny`](super::gemm_packed::skinny)).
     Auto,
     /// The packed template ([`gemm_packed`](super::gemm_packed)); an error where it cannot run.
     Packed,
@@ -158,7 +164,8 @@ pub fn bmm_bytes_with(
 ) -> Result<()> {
     let size = dtype.size_bytes();
     spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size)?;
-    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) && engine != GemmEngine::Crate {
+    let skinny = engine == GemmEngine::Auto && dtype == DType::F32 && gemm_packed::skinny(spec.m, spec.n);
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) && engine != GemmEngine::Crate && !skinny {
         let packed = gemm_packed::Library::get().and_then(|lib| Some((lib, lib.layout_for(dtype)?)));
         match (packed, engine) {
             (Some((lib, layout)), _) => return gemm_packed::bmm(lib, layout, spec, dtype, a, b, bias, out),

@@ -18,7 +18,7 @@ use super::compiler::{c_compiler, default_cache_dir};
 use super::gemm::BmmSpec;
 use super::module::{self, Kernel};
 use coil_codegen::templates::gemm_cpu::{self as template, Blocking, ComputeArgs, Layout, PackArgs};
-use coil_ir::loops::Activation;
+use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -33,6 +33,14 @@ const PARALLEL_FLOPS: usize = 1 << 18;
 /// Tasks per pool thread of a parallel product: a thread the OS preempts holds back a small
 /// share, not half the product.
 const TASKS_PER_THREAD: usize = 4;
+
+/// Fewest multiply-adds per task (about 10 us of one core): smaller ones cost more to hand out
+/// than they save.
+const TASK_FLOPS: usize = 1 << 21;
+
+/// Most bytes of packed A packed on the calling thread rather than in parallel tasks (a few
+/// microseconds of work: less than waking the pool for it).
+const SERIAL_PACK_BYTES: usize = 256 << 10;
 
 /// The compiled template.
 pub struct Library {
@@ -76,6 +84,17 @@ impl Library {
     }
 }
 
+/// Rows or columns below which an f32 product is better left to the `gemm` crate: its
+/// matrix-vector kernels read the large operand once, where packing reads and writes it first
+/// (`examples/gemm_bench.rs --shape f32:1:4096:4096:nt`). Half types have no such path there
+/// (the crate widens whole operands to f32), so they always take the packed one.
+pub const SKINNY: usize = 8;
+
+/// Whether an `m x n` f32 product is skinny ([`SKINNY`]).
+pub fn skinny(m: usize, n: usize) -> bool {
+    m < SKINNY || n < SKINNY
+}
+
 /// 64 bytes, the unit of the reused buffers (packed panels are read with aligned loads' speed).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -91,6 +110,9 @@ static POOL: Mutex<Vec<Vec<Line>>> = Mutex::new(Vec::new());
 
 /// Most buffers [`POOL`] keeps.
 const POOL_BUFFERS: usize = 4;
+
+/// Most bytes [`POOL`] keeps (a larger product's buffers are freed after it).
+const POOL_BYTES: usize = 256 << 20;
 
 /// A buffer from [`POOL`] (the smallest that fits, else a new one), given back on drop.
 struct Pooled(Vec<Line>);
@@ -121,10 +143,13 @@ impl Drop for Pooled {
         }
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         pool.push(std::mem::take(&mut self.0));
-        if pool.len() > POOL_BUFFERS {
-            // keep the largest: they serve every product the small ones do
-            let smallest = (0..pool.len()).min_by_key(|&i| pool[i].len()).expect("not empty");
-            pool.swap_remove(smallest);
+        let bytes = |pool: &Vec<Vec<Line>>| pool.iter().map(|b| b.len() * 64).sum::<usize>();
+        while pool.len() > POOL_BUFFERS || bytes(&pool) > POOL_BYTES {
+            // over the count, keep the largest (they serve every product the small ones do);
+            // over the bytes, free the largest
+            let pick = (0..pool.len()).min_by_key(|&i| pool[i].len());
+            let pick = if pool.len() > POOL_BUFFERS { pick } else { (0..pool.len()).max_by_key(|&i| pool[i].len()) };
+            pool.swap_remove(pick.expect("not empty"));
         }
     }
 }
@@ -147,6 +172,10 @@ struct Task {
 /// `out = act(a @ b + bias)` for every batch with the template in `layout`, on the raw bytes of
 /// buffers of `dtype` (f32, f16 or bf16). The caller checked `spec` against the buffers
 /// (`BmmSpec::check`).
+///
+/// The larger operand goes to B, which tasks pack a block at a time as they read it (once,
+/// into L2), where A is packed whole before (read, written, then read again): with `m` at
+/// least twice `n` the template computes `b^T a^T` and stores its tiles transposed.
 pub fn bmm(
     lib: &Library,
     layout: Layout,
@@ -156,6 +185,32 @@ pub fn bmm(
     b: &[u8],
     bias: &[u8],
     out: &mut [u8],
+) -> Result<()> {
+    if spec.m < 2 * spec.n {
+        return run(lib, layout, spec, dtype, a, b, bias, out, false);
+    }
+    let flip = |op: &StridedOperand<usize>| StridedOperand {
+        row_stride: op.col_stride,
+        col_stride: op.row_stride,
+        ..op.clone()
+    };
+    let swapped = BmmSpec { a: flip(&spec.b), b: flip(&spec.a), m: spec.n, n: spec.m, ..spec.clone() };
+    run(lib, layout, &swapped, dtype, b, a, bias, out, true)
+}
+
+/// [`bmm`] in one orientation: with `transposed`, `out` is the `n x m` transpose of the
+/// product and the bias runs along `m`.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    lib: &Library,
+    layout: Layout,
+    spec: &BmmSpec,
+    dtype: DType,
+    a: &[u8],
+    b: &[u8],
+    bias: &[u8],
+    out: &mut [u8],
+    transposed: bool,
 ) -> Result<()> {
     let code = template::dtype_code(dtype)
         .ok_or_else(|| Error::unsupported(format!("the packed matrix product of {dtype}")))?;
@@ -168,9 +223,11 @@ pub fn bmm(
     let (mr, nr) = layout.tile();
     let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
     let blocking = Blocking::choose(layout, k);
+    // The output's row length, and the bias's (one value per output column).
+    let ldo = if transposed { m } else { n };
     let bias_row = spec.bias.map(|view| {
         let at = |j: usize| view.offset + view.stride * j;
-        (0..n).map(|j| element_f32(dtype, bias, at(j))).collect::<Vec<f32>>()
+        (0..ldo).map(|j| element_f32(dtype, bias, at(j))).collect::<Vec<f32>>()
     });
 
     // The distinct A matrices (one for a batch-broadcast A) and which each batch reads.
@@ -193,8 +250,9 @@ pub fn bmm(
     let mut acc = Pooled::take(acc_words * batches.len());
 
     let threads = rayon::current_num_threads();
-    let parallel = threads > 1 && batches.len() * m * n * k >= PARALLEL_FLOPS;
-    let want = if parallel { threads * TASKS_PER_THREAD } else { 1 };
+    let flops = batches.len() * m * n * k;
+    let parallel = threads > 1 && flops >= PARALLEL_FLOPS;
+    let want = if parallel { (threads * TASKS_PER_THREAD).min(flops / TASK_FLOPS).max(threads) } else { 1 };
 
     // Addresses as integers, so that the closures run on the pool (the buffers outlive them).
     let (a_base, b_base, out_base) = (a.as_ptr() as usize, b.as_ptr() as usize, out.as_mut_ptr() as usize);
@@ -227,7 +285,7 @@ pub fn bmm(
             // matrix u lie inside `packed_a`, and no other job writes them.
             unsafe { lib.pack.call(&[&args as *const PackArgs as *mut u8], &mut [0; 4]) };
         };
-        if parallel && jobs.len() > 1 {
+        if parallel && jobs.len() > 1 && a_words * a_offsets.len() * 4 > SERIAL_PACK_BYTES {
             jobs.par_iter().with_max_len(1).for_each(pack);
         } else {
             jobs.iter().for_each(pack);
@@ -280,10 +338,11 @@ pub fn bmm(
                 bias: bias_base as *const f32,
                 act,
                 out: (out_base + task.batch * out_stride) as *mut c_void,
-                ldo: n as i64,
+                ldo: ldo as i64,
                 out_dtype: code,
                 acc: if acc_words == 0 { std::ptr::null_mut() } else { (acc_base + task.batch * acc_words * 4) as *mut f32 },
                 ldacc: ldacc as i64,
+                transposed: transposed as i64,
             };
             // SAFETY: `check` proved B's view inside `b`; A is packed above; the task writes
             // only its own tiles of its batch's output (and of `acc`), which no other task

@@ -294,8 +294,9 @@ fn packed_products_run_batches_with_a_broadcast_operand_a_bias_and_gelu() {
     for layout in [Layout::F32, Layout::Bf16Pairs] {
         let Some(lib) = served(layout) else { continue };
         for &dtype in dtypes(layout) {
-            // the larger runs in parallel tasks over batches, columns and rows
-            for (m, n, k, batches) in [(5, 7, 9, 3), (100, 300, 70, 4), (300, 40, 50, 1)] {
+            // the larger run in parallel tasks over batches, columns and rows; with m >= 2n the
+            // template multiplies b^T a^T and stores transposed tiles
+            for (m, n, k, batches) in [(5, 7, 9, 3), (100, 300, 70, 4), (300, 40, 50, 1), (90, 20, 33, 3)] {
                 for (broadcast_a, bias, gelu) in [(true, true, true), (false, true, false), (false, false, true)] {
                     let case = Case {
                         dtype,
