@@ -17,9 +17,9 @@
 //! on operands of the same layouts. The bias + GELU rows time coil's fused epilogue beside
 //! PyTorch's `gelu(linear(...))`. Threads: all cores on both sides.
 
-use coil_runtime::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
 use coil_ir::DType;
+use coil_runtime::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
 use half::{bf16, f16};
 use std::process::Command;
 use std::time::Instant;
@@ -68,7 +68,14 @@ struct Product {
     gelu: bool,
 }
 
-const fn p(name: &'static str, dtype: DType, (m, k, n): (usize, usize, usize), form: Form, bias: bool, gelu: bool) -> Product {
+const fn p(
+    name: &'static str,
+    dtype: DType,
+    (m, k, n): (usize, usize, usize),
+    form: Form,
+    bias: bool,
+    gelu: bool,
+) -> Product {
     Product { name, dtype, m, n, k, form, bias, gelu }
 }
 
@@ -201,7 +208,8 @@ fn time_runs(warmup: usize, reps: usize, mut f: impl FnMut()) -> Timing {
 /// coil's time for `p` with `engine`.
 fn time_coil(p: &Product, engine: GemmEngine, warmup: usize, reps: usize) -> Timing {
     let size = p.dtype.size_bytes();
-    let (a, b, bias) = (operand(p.dtype, p.m * p.k, 1, 1.0), operand(p.dtype, p.k * p.n, 2, 0.02), operand(p.dtype, p.n, 3, 0.02));
+    let (a, b, bias) =
+        (operand(p.dtype, p.m * p.k, 1, 1.0), operand(p.dtype, p.k * p.n, 2, 0.02), operand(p.dtype, p.n, 3, 0.02));
     fn bytes(w: &[u64], len: usize) -> &[u8] {
         &bytemuck::cast_slice::<u64, u8>(w)[..len]
     }
@@ -322,11 +330,8 @@ fn main() {
             other => panic!("unknown argument {other}\n{HELP}"),
         }
     }
-    let products: Vec<Product> = if shapes.is_empty() {
-        PRODUCTS.iter().copied().filter(|p| p.name.contains(&only)).collect()
-    } else {
-        shapes
-    };
+    let products: Vec<Product> =
+        if shapes.is_empty() { PRODUCTS.iter().copied().filter(|p| p.name.contains(&only)).collect() } else { shapes };
     let none = vec![Timing::NONE; products.len()];
     let (mut packed, mut crate_, mut torch_t) = (none.clone(), none.clone(), none);
     let mut have_torch = torch;
@@ -353,8 +358,21 @@ fn main() {
     );
     println!(
         "{:<14} {:<5} {:>14} {:<7} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7} | {:>8} {:>8}",
-        "product", "dtype", "m x k x n", "form", "pk_wall", "cr_wall", "th_wall", "pk_cpu", "cr_cpu", "th_cpu",
-        "pk_GF", "cr_GF", "th_GF", "pk/th_w", "pk/th_c"
+        "product",
+        "dtype",
+        "m x k x n",
+        "form",
+        "pk_wall",
+        "cr_wall",
+        "th_wall",
+        "pk_cpu",
+        "cr_cpu",
+        "th_cpu",
+        "pk_GF",
+        "cr_GF",
+        "th_GF",
+        "pk/th_w",
+        "pk/th_c"
     );
     let t = threads as f64;
     for (i, p) in products.iter().enumerate() {

@@ -168,7 +168,9 @@ pub fn bmm_bytes_with(
     if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) && engine != GemmEngine::Crate && !skinny {
         let packed = gemm_packed::Library::get().and_then(|lib| Some((lib, lib.layout_for(dtype)?)));
         match (packed, engine) {
-            (Some((lib, layout)), _) => return gemm_packed::bmm(lib, layout, spec, dtype, a, b, bias, out),
+            (Some((lib, layout)), _) => {
+                return gemm_packed::bmm(lib, layout, spec, dtype, gemm_packed::Operands { a, b, bias }, out)
+            }
             (None, GemmEngine::Packed) => {
                 return Err(Error::unsupported(format!(
                     "the packed {dtype} matrix product on this machine (it needs a C compiler and AVX-512)"

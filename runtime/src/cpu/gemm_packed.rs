@@ -61,9 +61,8 @@ impl Library {
                 let names = [template::FEATURES_KERNEL, template::PACK_KERNEL, template::COMPUTE_KERNEL];
                 let loaded = module::load_or_build(cc, &template::source(), &default_cache_dir(), &names)
                     .and_then(|(lib, _)| Ok((lib.kernel(names[0])?, lib.kernel(names[1])?, lib.kernel(names[2])?)));
-                let (features_kernel, pack, compute) = loaded
-                    .inspect_err(|e| eprintln!("coil: matrix products use the gemm crate: {e}"))
-                    .ok()?;
+                let (features_kernel, pack, compute) =
+                    loaded.inspect_err(|e| eprintln!("coil: matrix products use the gemm crate: {e}")).ok()?;
                 let mut features = 0i64;
                 // SAFETY: the features entry point writes one int64_t at args[0].
                 unsafe { features_kernel.call(&[&mut features as *mut i64 as *mut u8], &mut [0; 4]) };
@@ -169,6 +168,14 @@ struct Task {
     j1: usize,
 }
 
+/// The bytes a product reads: its operands and its bias row (empty without one).
+#[derive(Clone, Copy, Debug)]
+pub struct Operands<'a> {
+    pub a: &'a [u8],
+    pub b: &'a [u8],
+    pub bias: &'a [u8],
+}
+
 /// `out = act(a @ b + bias)` for every batch with the template in `layout`, on the raw bytes of
 /// buffers of `dtype` (f32, f16 or bf16). The caller checked `spec` against the buffers
 /// (`BmmSpec::check`).
@@ -176,18 +183,9 @@ struct Task {
 /// The larger operand goes to B, which tasks pack a block at a time as they read it (once,
 /// into L2), where A is packed whole before (read, written, then read again): with `m` at
 /// least twice `n` the template computes `b^T a^T` and stores its tiles transposed.
-pub fn bmm(
-    lib: &Library,
-    layout: Layout,
-    spec: &BmmSpec,
-    dtype: DType,
-    a: &[u8],
-    b: &[u8],
-    bias: &[u8],
-    out: &mut [u8],
-) -> Result<()> {
+pub fn bmm(lib: &Library, layout: Layout, spec: &BmmSpec, dtype: DType, ops: Operands, out: &mut [u8]) -> Result<()> {
     if spec.m < 2 * spec.n {
-        return run(lib, layout, spec, dtype, a, b, bias, out, false);
+        return run(lib, layout, spec, dtype, ops, out, false);
     }
     let flip = |op: &StridedOperand<usize>| StridedOperand {
         row_stride: op.col_stride,
@@ -195,23 +193,21 @@ pub fn bmm(
         ..op.clone()
     };
     let swapped = BmmSpec { a: flip(&spec.b), b: flip(&spec.a), m: spec.n, n: spec.m, ..spec.clone() };
-    run(lib, layout, &swapped, dtype, b, a, bias, out, true)
+    run(lib, layout, &swapped, dtype, Operands { a: ops.b, b: ops.a, ..ops }, out, true)
 }
 
 /// [`bmm`] in one orientation: with `transposed`, `out` is the `n x m` transpose of the
 /// product and the bias runs along `m`.
-#[allow(clippy::too_many_arguments)]
 fn run(
     lib: &Library,
     layout: Layout,
     spec: &BmmSpec,
     dtype: DType,
-    a: &[u8],
-    b: &[u8],
-    bias: &[u8],
+    ops: Operands,
     out: &mut [u8],
     transposed: bool,
 ) -> Result<()> {
+    let Operands { a, b, bias } = ops;
     let code = template::dtype_code(dtype)
         .ok_or_else(|| Error::unsupported(format!("the packed matrix product of {dtype}")))?;
     let (m, n, k) = (spec.m, spec.n, spec.k);
@@ -340,7 +336,11 @@ fn run(
                 out: (out_base + task.batch * out_stride) as *mut c_void,
                 ldo: ldo as i64,
                 out_dtype: code,
-                acc: if acc_words == 0 { std::ptr::null_mut() } else { (acc_base + task.batch * acc_words * 4) as *mut f32 },
+                acc: if acc_words == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    (acc_base + task.batch * acc_words * 4) as *mut f32
+                },
                 ldacc: ldacc as i64,
                 transposed: transposed as i64,
             };
@@ -371,7 +371,9 @@ fn activation_code(act: Option<Activation>) -> i64 {
 fn element_f32(dtype: DType, bytes: &[u8], at: usize) -> f32 {
     match dtype {
         DType::F32 => f32::from_ne_bytes(bytes[4 * at..4 * at + 4].try_into().expect("4 bytes")),
-        DType::F16 => f16::from_bits(u16::from_ne_bytes(bytes[2 * at..2 * at + 2].try_into().expect("2 bytes"))).to_f32(),
+        DType::F16 => {
+            f16::from_bits(u16::from_ne_bytes(bytes[2 * at..2 * at + 2].try_into().expect("2 bytes"))).to_f32()
+        }
         _ => bf16::from_bits(u16::from_ne_bytes(bytes[2 * at..2 * at + 2].try_into().expect("2 bytes"))).to_f32(),
     }
 }

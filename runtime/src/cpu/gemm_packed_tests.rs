@@ -3,8 +3,8 @@
 //! rows, or neither, broadcast batches, a strided bias and the GELU epilogue, in every dtype and
 //! layout this machine serves.
 
+use super::{bmm, Library, Operands};
 use crate::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
-use super::{bmm, Library};
 use coil_codegen::templates::gemm_cpu::{Blocking, Layout};
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
 use coil_ir::{DType, ErrorKind};
@@ -22,7 +22,8 @@ fn served(layout: Layout) -> Option<&'static Library> {
     let cpu = false;
     let lib = Library::get();
     let serves = lib.is_some_and(|l| {
-        l.layout_for(DType::F32) == Some(Layout::F32) && (layout == Layout::F32 || l.layout_for(DType::BF16) == Some(layout))
+        l.layout_for(DType::F32) == Some(Layout::F32)
+            && (layout == Layout::F32 || l.layout_for(DType::BF16) == Some(layout))
     });
     if cpu && crate::cpu::compiler::c_compiler().is_some() {
         assert!(serves, "this CPU has the instructions for {layout:?} but the packed library does not serve it");
@@ -74,7 +75,9 @@ fn stored(dtype: DType, xs: &[f64]) -> (Vec<u8>, Vec<f64>) {
 fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
     match dtype {
         DType::F32 => bytes.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap()) as f64).collect(),
-        DType::F16 => bytes.chunks(2).map(|c| f16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()).collect(),
+        DType::F16 => {
+            bytes.chunks(2).map(|c| f16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()).collect()
+        }
         _ => bytes.chunks(2).map(|c| bf16::from_bits(u16::from_ne_bytes(c.try_into().unwrap())).to_f64()).collect(),
     }
 }
@@ -108,7 +111,14 @@ enum Lay {
 /// An operand of `rows x k` per batch (`batches` of them, or one broadcast when `broadcast`):
 /// its strided view and the buffer length it needs. `row_stride`/`col_stride` are the view's
 /// (A: rows are m; B: the view is `k x n`, so its row stride runs along k).
-fn operand(lay: Lay, rows: usize, k: usize, batches: usize, broadcast: bool, is_b: bool) -> (StridedOperand<usize>, usize) {
+fn operand(
+    lay: Lay,
+    rows: usize,
+    k: usize,
+    batches: usize,
+    broadcast: bool,
+    is_b: bool,
+) -> (StridedOperand<usize>, usize) {
     let (along_rows, along_k, matrix) = match lay {
         Lay::KContiguous => (k, 1, rows * k),
         Lay::RowsContiguous => (1, rows, rows * k),
@@ -143,7 +153,10 @@ struct Case {
 /// Runs `case` with `run` and checks every output element against the f64 reference: within
 /// the f32 accumulation's worst case (`k + 2` roundings of the sum of |products|) plus one
 /// rounding to the output type.
-fn check(case: &Case, run: &dyn Fn(&BmmSpec, &[u8], &[u8], &[u8], &mut [u8])) {
+/// A way to run a product: spec, a, b, bias, out.
+type Runner<'a> = &'a dyn Fn(&BmmSpec, &[u8], &[u8], &[u8], &mut [u8]);
+
+fn check(case: &Case, run: Runner) {
     let Case { dtype, m, n, k, batches, lay_a, lay_b, broadcast_a, bias, gelu } = *case;
     let (sa, la) = operand(lay_a, m, k, batches, broadcast_a, false);
     let (mut sb, lb) = operand(lay_b, n, k, batches, false, true);
@@ -209,7 +222,7 @@ fn packed(lib: &'static Library, layout: Layout, dtype: DType) -> impl Fn(&BmmSp
     move |spec: &BmmSpec, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]| {
         let size = dtype.size_bytes();
         spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size).unwrap();
-        bmm(lib, layout, spec, dtype, a, b, bias, out).unwrap()
+        bmm(lib, layout, spec, dtype, Operands { a, b, bias }, out).unwrap()
     }
 }
 
@@ -262,8 +275,18 @@ fn packed_products_read_every_layout_of_both_operands() {
                 for lay_b in lays {
                     // odd and even k (bf16 pairs read whole words, then the odd one alone)
                     for k in [37, 70] {
-                        let case =
-                            Case { dtype, m: 29, n: 45, k, batches: 1, lay_a, lay_b, broadcast_a: false, bias: false, gelu: false };
+                        let case = Case {
+                            dtype,
+                            m: 29,
+                            n: 45,
+                            k,
+                            batches: 1,
+                            lay_a,
+                            lay_b,
+                            broadcast_a: false,
+                            bias: false,
+                            gelu: false,
+                        };
                         check(&case, &packed(lib, layout, dtype));
                     }
                 }
@@ -346,8 +369,15 @@ fn the_engines_agree_and_packed_is_an_error_where_it_cannot_run() {
     let spec = BmmSpec { a, b, batch: vec![1], m: 2, n: 2, k: 2, bias: None, activation: None };
     let x = Aligned::new(&[0u8; 64]);
     let mut out = [0u64; 4];
-    let f64_result =
-        bmm_bytes_with(GemmEngine::Packed, &spec, DType::F64, x.bytes(), x.bytes(), &[], bytemuck::cast_slice_mut(&mut out));
+    let f64_result = bmm_bytes_with(
+        GemmEngine::Packed,
+        &spec,
+        DType::F64,
+        x.bytes(),
+        x.bytes(),
+        &[],
+        bytemuck::cast_slice_mut(&mut out),
+    );
     assert!(f64_result.is_ok(), "f64 ignores the engine");
     if served(Layout::F32).is_none() {
         let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..16];
