@@ -13,9 +13,12 @@
  * so the micro-kernel reads both operands with unit stride, whatever their strides were.
  *
  * A tile (MR rows x NR columns) accumulates in registers over a block of k in f32 and, after
- * the last block, starts from the bias, gets the activation and is rounded once to the output
- * type (PyTorch's bf16 product: f32 accumulation, one rounding). When k has several blocks the
- * partial sums wait in an f32 scratch of whole tiles. */
+ * the last block, gets the bias and the activation and is rounded once to the output type
+ * (PyTorch's bf16 product: f32 accumulation, one rounding), from the registers (the activation
+ * passes through the tile in memory: it is the prelude's scalar function, vectorized). When k
+ * has several blocks the partial sums wait in an f32 scratch of whole tiles. An output may be
+ * the product's transpose (the runtime multiplies b^T a^T to make the larger operand B): each
+ * 16 columns of a tile are then transposed in registers and stored as rows. */
 #include <immintrin.h>
 
 #define COIL_GEMM_LAYOUT_F32 0

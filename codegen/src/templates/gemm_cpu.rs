@@ -21,7 +21,9 @@
 //!
 //! The runtime packs all of A first (in parallel, [`PackArgs`]), then runs tiles in parallel
 //! ([`ComputeArgs`]): each task packs its B panels a block at a time into its own workspace
-//! (`nc` panels of `kc`, kept in L2) and passes blocks of `mc` A panels over it.
+//! (`nc` panels of `kc`, kept in L2) and passes blocks of `mc` A panels over it. B is thus read
+//! once where A is read, written and read again, so the runtime makes the larger operand B:
+//! for `m >= 2n` it computes `b^T a^T` into a transposed output ([`ComputeArgs::transposed`]).
 //!
 //! Without AVX-512 (F, BW, VL) the library serves nothing ([`FEATURES_KERNEL`] says so) and
 //! the runtime multiplies with the `gemm` crate instead.

@@ -10,6 +10,8 @@
 //!   logsumexp a backward reads.
 //! * [`attention_backward`]: its backward (`ExternCall::AttentionBackward`): dQ, dK, dV from
 //!   the saved logsumexp, the probabilities recomputed, never stored.
+//! * [`gemm_cpu`]: the CPU's matrix product (`ExternCall::Bmm` on f32, f16, bf16): C compiled by
+//!   the system compiler, packed operands and AVX-512 micro-kernels (`vdpbf16ps` for bf16).
 //! * [`sort`]: argsort along a dim (`Op::Argsort`, the base of `sort`, `topk` and sampling):
 //!   a bitonic sort of tiles in shared memory, then merge passes for lines longer than a tile.
 //!

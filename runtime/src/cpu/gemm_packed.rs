@@ -289,23 +289,7 @@ fn run(
     }
 
     // 2. The tiles.
-    let per_batch = want.div_ceil(batches.len()).max(1);
-    let tn = np.min(per_batch);
-    let tm = mp.min(per_batch.div_ceil(tn));
-    let tasks: Vec<Task> = (0..batches.len())
-        .flat_map(|batch| {
-            (0..tm).flat_map(move |ti| {
-                (0..tn).map(move |tj| Task {
-                    batch,
-                    i0: mp * ti / tm,
-                    i1: mp * (ti + 1) / tm,
-                    j0: np * tj / tn,
-                    j1: np * (tj + 1) / tn,
-                })
-            })
-        })
-        .filter(|t| t.i0 < t.i1 && t.j0 < t.j1)
-        .collect();
+    let tasks = tile_tasks(batches.len(), mp, np, want);
     let workspace_lines = lines_for(blocking.workspace_words(layout));
     let (act, out_stride) = (activation_code(spec.activation), m * n * size);
     let compute = |task: &Task| {
@@ -358,6 +342,30 @@ fn run(
     drop(packed_a);
     drop(acc);
     Ok(())
+}
+
+/// About `want` tasks covering `batches` grids of `mp x np` tiles (A panels by B panels), each
+/// tile once: whole batches when there are enough of them, else each batch split along B's
+/// panels first (a task packs the B panels it reads, so splitting A's would pack them twice),
+/// then along A's.
+fn tile_tasks(batches: usize, mp: usize, np: usize, want: usize) -> Vec<Task> {
+    let per_batch = want.div_ceil(batches).max(1);
+    let tn = np.min(per_batch).max(1);
+    let tm = mp.min(per_batch.div_ceil(tn)).max(1);
+    (0..batches)
+        .flat_map(|batch| {
+            (0..tm).flat_map(move |ti| {
+                (0..tn).map(move |tj| Task {
+                    batch,
+                    i0: mp * ti / tm,
+                    i1: mp * (ti + 1) / tm,
+                    j0: np * tj / tn,
+                    j1: np * (tj + 1) / tn,
+                })
+            })
+        })
+        .filter(|t| t.i0 < t.i1 && t.j0 < t.j1)
+        .collect()
 }
 
 fn activation_code(act: Option<Activation>) -> i64 {

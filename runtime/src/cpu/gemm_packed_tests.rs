@@ -3,7 +3,7 @@
 //! rows, or neither, broadcast batches, a strided bias and the GELU epilogue, in every dtype and
 //! layout this machine serves.
 
-use super::{bmm, Library, Operands};
+use super::{bmm, tile_tasks, Library, Operands};
 use crate::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
 use coil_codegen::templates::gemm_cpu::{Blocking, Layout};
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
@@ -383,5 +383,27 @@ fn the_engines_agree_and_packed_is_an_error_where_it_cannot_run() {
         let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..16];
         let err = bmm_bytes_with(GemmEngine::Packed, &spec, DType::F32, x.bytes(), x.bytes(), &[], out).unwrap_err();
         assert_eq!(err.kind, ErrorKind::Unsupported);
+    }
+}
+
+#[test]
+fn tasks_cover_every_tile_once_and_split_columns_first() {
+    for (batches, mp, np, want) in
+        [(1, 35, 114, 8), (1, 19, 6, 8), (3, 2, 2, 8), (12, 5, 7, 8), (1, 1, 1, 8), (2, 4, 3, 1)]
+    {
+        let tasks = tile_tasks(batches, mp, np, want);
+        let mut seen = vec![0u8; batches * mp * np];
+        for t in &tasks {
+            for i in t.i0..t.i1 {
+                for j in t.j0..t.j1 {
+                    seen[(t.batch * mp + i) * np + j] += 1;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1), "{batches} x {mp} x {np}: {tasks:?}");
+        assert!(tasks.len() <= want.max(batches) * 2, "{batches} x {mp} x {np}: {} tasks", tasks.len());
+        if batches == 1 && np >= want {
+            assert!(tasks.iter().all(|t| (t.i0, t.i1) == (0, mp)), "columns are split first");
+        }
     }
 }
