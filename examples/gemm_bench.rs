@@ -10,8 +10,10 @@
 //! Each round times, per product, coil's packed engine, coil's crate engine
 //! (`coil_runtime::cpu::gemm::GemmEngine`), then PyTorch (`python3 -c`, one process per round,
 //! skipped when `python3` cannot import torch): each `--warmup` runs then the median of `--reps`
-//! wall-clock runs. A column's figure is the minimum over rounds of those medians; interleaving
-//! rounds spreads other processes' load over the columns alike. coil's runs go straight to the
+//! wall-clock runs, and the mean CPU time of all the process's threads per run (on a machine
+//! other processes load, CPU time / threads is the steadier estimate of an idle machine's wall
+//! time; it also counts pool threads waiting busily). A column's figure is the minimum over
+//! rounds; interleaving rounds spreads other processes' load over the columns alike. coil's runs go straight to the
 //! product (`bmm_bytes_with` on the operands' bytes: no graph); PyTorch's are `F.linear(x, w,
 //! b)` (`nt`, with a bias where the workload has one), `a @ b` (`nn`) and `a.t() @ b` (`tn`),
 //! on operands of the same layouts. The bias + GELU rows time coil's fused epilogue beside
