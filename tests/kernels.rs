@@ -273,6 +273,27 @@ fn full_sum_splits_into_two_reductions_and_matches_the_interpreter() {
     assert!((compiled - reference).abs() <= 1e-5 * reference.abs().max(1.0), "{compiled} vs {reference}");
 }
 
+#[test]
+fn column_sums_with_few_outputs_split_and_match_the_interpreter() {
+    // A bias gradient's shape in 4 chunks of 257 rows (overhanging the 1026 rows), and a
+    // column max.
+    let run = |backend| {
+        coil::set_backend(backend);
+        coil::manual_seed(5);
+        let dy = randn(&[2, 513, 48], DType::BF16);
+        let sum = dy.sum(&[0, 1], false).unwrap().to_dtype(DType::F32).unwrap();
+        let max = dy.amax(&[0, 1], false).unwrap();
+        let kernels = (backend == coil::Backend::Compiled).then(|| generated(&summary(&[&sum, &max]).1));
+        (sum.to_vec::<f32>().unwrap(), max.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), kernels)
+    };
+    let ((sum_ref, max_ref, _), (sum, max, kernels)) = (run(coil::Backend::Interpreter), run(coil::Backend::Compiled));
+    assert_eq!(kernels, Some(3), "partial sums and maxima in one kernel, then one for each");
+    assert_eq!(max, max_ref);
+    for (a, b) in sum.iter().zip(&sum_ref) {
+        assert!((a - b).abs() <= 1e-2 * b.abs().max(1.0), "{sum:?} vs {sum_ref:?}");
+    }
+}
+
 /// `Compiled::profile` (and `COIL_PROFILE=1`) times every launch, named as in the schedule.
 #[test]
 fn profile_times_every_launch_by_name() {

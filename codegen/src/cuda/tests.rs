@@ -413,6 +413,21 @@ fn column_reduction_coalesces() {
     // outputs not a multiple of 32: the row plan (its barriers need whole blocks)
     let (p, k) = col_sum(64, 100, KernelKind::PersistentReduction);
     assert!(!launch::column_like(&build_kernel(&p, &k)));
+    // the first stage of a split column sum: outputs `[chunks, cols]`, each reading its chunk of
+    // rows down a column (`x[cols*(chunk*s + r) + c]`, `xindex = cols*s + c`); the 32 outputs
+    // of a block are consecutive columns of one chunk
+    let (chunks, rows, cols) = (8, 64, 96);
+    let f = DType::F32;
+    let mut prog = Prog::default();
+    let x = prog.input(&[chunks * rows, cols], f);
+    let [sv, cv] = xs(&[chunks, cols])[..] else { unreachable!() };
+    let rv = rs(&[rows])[0];
+    let mut b = B::default();
+    let l = b.load(x, (sv * rows as i64 + rv) * cols as i64 + cv, f);
+    let s = prog.reduction(&[chunks, cols], &[rows], ReduceOp::Sum, f, b.done(l));
+    prog.output(s);
+    let k = kernel("per_fused_sum_0", KernelKind::PersistentReduction, vec![0], chunks * cols, Some(rows), vec![s]);
+    assert!(launch::column_like(&build_kernel(&prog.p, &k)));
 }
 
 /// `(x * rstd[:, None]).sum(0)` of f32 `x: [rows, cols]`, `rstd: [rows]` (a layer norm's

@@ -33,6 +33,7 @@ mod print;
 mod tests;
 
 pub use donate::donate;
+pub(crate) use legal::delinearize;
 pub use legal::kernel_index_map;
 pub use print::print_schedule;
 
@@ -214,8 +215,19 @@ impl<'p> Scheduler<'p> {
         out.into_iter().map(|(c, _)| c).collect()
     }
 
-    /// Greedy rounds until one fuses nothing.
+    /// Greedy rounds until one fuses nothing, then the independent groups of one signature
+    /// ([`Scheduler::fuse_independent`]), then rounds again if that fused any.
     fn fuse(&mut self) {
+        loop {
+            self.fuse_sharing();
+            if !self.fuse_independent() {
+                break;
+            }
+        }
+    }
+
+    /// Greedy rounds over the groups that share data until one fuses nothing.
+    fn fuse_sharing(&mut self) {
         loop {
             let mut fused = false;
             for c in self.candidates() {
@@ -237,6 +249,40 @@ impl<'p> Scheduler<'p> {
                 break;
             }
         }
+    }
+
+    /// Groups that read nothing computed in the program (a parameter's cast, a gradient's sum
+    /// of squares) may run at any point before their readers, so any two of one signature run
+    /// as one kernel: one launch instead of two, the same bytes (Inductor's combo kernels, for
+    /// equal sizes). In node order, each joins the first such kernel it fits in. Whether any fused.
+    fn fuse_independent(&mut self) -> bool {
+        let mut open: IndexMap<Sig, usize> = IndexMap::new();
+        let mut fused = false;
+        for g in 0..self.members.len() {
+            let Some(sig) = self.gsig[g].filter(|&s| s != Sig::Extern && self.reads_only_inputs(g)) else { continue };
+            let Some(&into) = open.get(&sig) else {
+                open.insert(sig, g);
+                continue;
+            };
+            match self.legal(into, g) {
+                Ok(sig) => {
+                    self.merge(into, g, sig);
+                    fused = true;
+                }
+                Err(_) => {
+                    open.insert(sig, g);
+                }
+            }
+        }
+        fused
+    }
+
+    /// Whether every buffer group `g` reads is a program input or written inside `g`.
+    fn reads_only_inputs(&self, g: usize) -> bool {
+        self.members[g]
+            .iter()
+            .flat_map(|&n| self.p.nodes[n].reads())
+            .all(|b| self.deps.producer[b.0].is_none_or(|w| self.group[w] == g))
     }
 
     /// The signature of `a` and `b` fused, or why they cannot be.
