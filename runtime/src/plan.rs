@@ -79,8 +79,13 @@ pub(crate) fn check_extern(
     let stats = coil_ir::infer::attention_stats_dtype(dtype);
     // (buffer, the dtype it must have)
     let operands: Vec<(BufferId, DType)> = match call {
-        ExternCall::Bmm { a, b, bias, .. } => {
-            [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).map(|b| (b, dtype)).collect()
+        ExternCall::Bmm { a, b, bias, activation, .. } => {
+            // An f16 / bf16 product may write f32 (a widening epilogue: no bias, no activation).
+            let operand = match (p.buffer(a.buffer).meta.dtype, dtype) {
+                (half @ (DType::F16 | DType::BF16), DType::F32) if bias.is_none() && activation.is_none() => half,
+                _ => dtype,
+            };
+            [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).map(|b| (b, operand)).collect()
         }
         ExternCall::Attention { q, k, v, lse, .. } => {
             if let Some(lse) = lse {

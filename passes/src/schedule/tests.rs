@@ -375,6 +375,17 @@ fn independent_kernels_of_one_size_share_a_launch() {
     let stores: Vec<usize> = s.kernels.iter().map(|k| k.stores.len()).collect();
     assert_eq!(stores, [6, 2], "{text}");
     assert_eq!(s.kernels[1].stores, p.outputs[4..6], "{text}");
+
+    // Ten casts writing 2 MiB each: 8 fill a kernel's 16 MiB, the other 2 the next.
+    let mut g = Graph::new();
+    let outs: Vec<NodeId> = (0..10)
+        .map(|_| {
+            let x = g.input(m(&[1024, 1024]));
+            op(&mut g, Op::Cast(DType::BF16), &[x])
+        })
+        .collect();
+    let (_, s, text) = scheduled(g, &outs);
+    assert_eq!(s.kernels.iter().map(|k| k.nodes.len()).collect::<Vec<_>>(), [8, 2], "{text}");
 }
 
 #[test]

@@ -320,7 +320,8 @@ impl CompiledGraph {
                 let spec = gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map_or(&[][..], |bias| view(bias.buffer));
                 let out = written(out_id);
-                gemm::bmm_bytes(&spec, p.buffer(out_id).meta.dtype, view(a.buffer), view(b.buffer), bias, out)
+                let (dtype, out_dtype) = (p.buffer(a.buffer).meta.dtype, p.buffer(out_id).meta.dtype);
+                gemm::bmm_bytes_to(&spec, dtype, out_dtype, view(a.buffer), view(b.buffer), bias, out)
             }
             ExternCall::Attention { q, k, v, lse, .. } => {
                 let spec = attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");

@@ -689,6 +689,7 @@ impl CudaCompiledGraph {
                 blas::bmm(
                     &self.device,
                     &spec,
+                    p.buffer(a.buffer).meta.dtype,
                     p.buffer(out_id).meta.dtype,
                     operand(a.buffer),
                     operand(b.buffer),
