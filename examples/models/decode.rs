@@ -103,17 +103,15 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             let replay = if o.cuda_graphs { "replayed from CUDA graphs" } else { "no CUDA graphs" };
             let per =
                 |v: &[Times], f: fn(&Times) -> f64, n: usize| median(v.iter().map(|t| f(t) / 1e3 / n as f64).collect());
-            let (device, wall, host): (fn(&Times) -> f64, fn(&Times) -> f64, fn(&Times) -> f64) =
-                (|t| t.device, |t| t.wall, |t| t.host);
             let steps = new_tokens;
             if wanted(&name) {
                 let row = Row {
                     name: name.clone(),
-                    device_ms: per(&dec, device, steps),
-                    wall_ms: per(&dec, wall, steps),
-                    host_ms: Some(per(&dec, host, steps)),
+                    device_ms: per(&dec, |t| t.device, steps),
+                    wall_ms: per(&dec, |t| t.wall, steps),
+                    host_ms: Some(per(&dec, |t| t.host, steps)),
                     peak: timer.peak(),
-                    compile_s: (compile_s - per(&pre, wall, 1) / 1e3).max(0.0),
+                    compile_s: (compile_s - per(&pre, |t| t.wall, 1) / 1e3).max(0.0),
                     notes: format!(
                         "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device, {replay}; {graphs} graphs compiled (cache, prefill, decode)"
                     ),
@@ -131,8 +129,8 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             if want_prefill {
                 let row = Row {
                     name: prefill_name,
-                    device_ms: per(&pre, device, prompt_len),
-                    wall_ms: per(&pre, wall, prompt_len),
+                    device_ms: per(&pre, |t| t.device, prompt_len),
+                    wall_ms: per(&pre, |t| t.wall, prompt_len),
                     host_ms: None,
                     peak: timer.peak(),
                     compile_s: 0.0,

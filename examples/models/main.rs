@@ -283,13 +283,12 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             })?);
         }
         let med = |v: &[Times], f: fn(&Times) -> f64| median(v.iter().map(|t| f(t) / 1e3).collect());
-        let (device, wall): (fn(&Times) -> f64, fn(&Times) -> f64) = (|t| t.device, |t| t.wall);
         eprintln!(
             "  of which: gradients {:.3} ms device ({:.3} wall), clipping + AdamW {:.3} ms device ({:.3} wall)",
-            med(&g, device),
-            med(&g, wall),
-            med(&u, device),
-            med(&u, wall)
+            med(&g, |t| t.device),
+            med(&g, |t| t.wall),
+            med(&u, |t| t.device),
+            med(&u, |t| t.wall)
         );
     }
 

@@ -432,6 +432,7 @@ fn split_divisible(a: Expr, d: Expr) -> Option<(Expr, Expr)> {
 /// `g` consecutive values from a multiple of `g` never straddle a multiple of `m`. (A thread's
 /// lane `l < 32` in `32·q + l` stays within a row of 768.) The largest such `g` is tried first.
 fn split_low(a: Expr, m: i64) -> Option<(Expr, i64, Expr)> {
+    type Terms = Vec<(Expr, i64)>;
     if m <= 1 {
         return None;
     }
@@ -441,7 +442,7 @@ fn split_low(a: Expr, m: i64) -> Option<(Expr, i64, Expr)> {
     gs.sort_unstable_by(|x, y| y.cmp(x));
     gs.dedup();
     for g in gs {
-        let (high, low): (Vec<(Expr, i64)>, Vec<(Expr, i64)>) = terms.iter().partition(|&&(_, c)| c % g == 0);
+        let (high, low): (Terms, Terms) = terms.iter().partition(|&&(_, c)| c % g == 0);
         if low.is_empty() && constant == 0 {
             continue; // g divides every term: the gcd rules apply
         }
