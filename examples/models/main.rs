@@ -14,7 +14,8 @@
 //! (a cold L2), CUDA events around the call on the device's stream (the wall clock on the CPU);
 //! the median. The wall clock of a call is measured too (`coil_wall_ms`). The compile time is
 //! the first call's wall time minus a steady call's; the peak is the allocator's most bytes in
-//! use over one steady call (parameters, optimizer state and activations included).
+//! use over one steady call (parameters, optimizer state and activations included; the flush
+//! buffer not).
 
 mod decode;
 
@@ -110,8 +111,12 @@ impl Timer {
         }
     }
 
+    /// The allocator's peak since [`Timer::reset_peak`], less the L2 flush buffer (live all
+    /// along; PyTorch's side measures with it not allocated).
     pub fn peak(&self) -> usize {
-        self.cuda.as_ref().map_or(0, |(dev, ..)| dev.memory_stats().peak_in_use_bytes)
+        self.cuda.as_ref().map_or(0, |(dev, _, flush)| {
+            dev.memory_stats().peak_in_use_bytes - coil_runtime::cuda::memory::size_class(flush.bytes())
+        })
     }
 }
 
