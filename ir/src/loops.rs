@@ -183,8 +183,8 @@ pub enum ExternCall {
         k: Expr,
     },
     /// The attention template: `out[b] = softmax(scale * q[b] @ k[b]^T (causal: -inf where
-    /// col > row)) @ v[b]` for every batch index, as one call that never materializes the
-    /// `[*batch, l, s]` scores (flash-attention style). `q` is `[*batch, l, d]`, `k` and `v`
+    /// col > row) (+ mask[b])) @ v[b]` for every batch index, as one call that never
+    /// materializes the `[*batch, l, s]` scores (flash-attention style). `q` is `[*batch, l, d]`, `k` and `v`
     /// `[*batch, s, d]`, each a strided view of its buffer (attention heads are views of one
     /// QKV projection, never copied); `out` says where element `(b, row, col)` of the
     /// `[*batch, l, d]` result lands in the node's output buffer (`out.buffer` is that buffer):
@@ -212,6 +212,12 @@ pub enum ExternCall {
         causal: bool,
         /// The factor on `q . k` (`1 / sqrt(d)` unless given).
         scale: f64,
+        /// An explicit mask, element `(b, row, key)` of the `[*batch, l, s]` mask its view of
+        /// a buffer (broadcast dims have stride 0; its column stride is the key's): a bool
+        /// mask keeps the keys where it is true (the others score `-inf`), a mask of the
+        /// operands' dtype is added to the scaled scores. A row that keeps no key gives 0 (and
+        /// logsumexp `-inf`), as PyTorch's SDPA.
+        mask: Option<StridedOperand>,
     },
     /// The attention backward template (FlashAttention-2 style): see [`AttentionBackwardCall`]
     /// (boxed: the largest call by far).
@@ -298,7 +304,7 @@ impl fmt::Display for ExternCall {
                 }
                 write!(f, "bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
             }
-            ExternCall::Attention { out, batch, l, s, d, causal, scale, .. } => {
+            ExternCall::Attention { out, batch, l, s, d, causal, scale, mask, .. } => {
                 let causal = if *causal { " causal" } else { "" };
                 write!(
                     f,
@@ -307,7 +313,16 @@ impl fmt::Display for ExternCall {
                     exprs(batch)
                 )?;
                 let dims: Vec<Expr> = batch.iter().copied().chain([*l, *d]).collect();
-                write_layout(f, "out", out, &dims)
+                write_layout(f, "out", out, &dims)?;
+                if let Some(mask) = mask {
+                    let mut strides = mask.batch_strides.clone();
+                    strides.extend([mask.row_stride, mask.col_stride]);
+                    write!(f, " mask={}", exprs(&strides))?;
+                    if mask.offset != Expr::int(0) {
+                        write!(f, "+{}", mask.offset)?;
+                    }
+                }
+                Ok(())
             }
             ExternCall::AttentionBackward(call) => {
                 let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
@@ -634,8 +649,11 @@ impl LoopProgram {
                     }
                     batch.iter_mut().chain([m, n, k]).for_each(|e| *e = at(*e));
                 }
-                LoopKind::Extern { call: ExternCall::Attention { q, k, v, out, batch, l, s, d, .. }, .. } => {
+                LoopKind::Extern { call: ExternCall::Attention { q, k, v, out, batch, l, s, d, mask, .. }, .. } => {
                     (*q, *k, *v, *out) = (q.map(&at), k.map(&at), v.map(&at), out.map(&at));
+                    if let Some(mask) = mask {
+                        *mask = mask.map(&at);
+                    }
                     batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
                 }
                 LoopKind::Extern { call: ExternCall::AttentionBackward(call), .. } => {
