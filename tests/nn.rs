@@ -448,7 +448,11 @@ fn decode_steps_run_attention_as_one_masked_template_call_per_layer() {
         assert_eq!(ir.matches(" mask=[0, 0, ").count(), layers, "the mask broadcast over batch and heads: {ir}");
         let coil::Executable::Cpu(graph) = &compiled.executable else { panic!("a CPU graph") };
         let scores = batch * kv_heads * rows * capacity;
-        let found = graph.program().buffers.iter().find(|b| b.meta.numel() >= scores && b.meta.shape.ends_with(&[rows, capacity]));
+        let found = graph
+            .program()
+            .buffers
+            .iter()
+            .find(|b| b.meta.numel() >= scores && b.meta.shape.ends_with(&[rows, capacity]));
         assert!(found.is_none(), "a buffer of the scores: {:?}", found.map(|b| (&b.name, &b.meta)));
     }
 }

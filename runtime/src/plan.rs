@@ -82,7 +82,8 @@ pub(crate) fn check_extern(
         ExternCall::Bmm { a, b, bias, .. } => {
             [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).map(|b| (b, dtype)).collect()
         }
-        ExternCall::Attention { q, k, v, lse, mask, .. } => {
+        ExternCall::Attention(call) => {
+            let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**call;
             if let Some(lse) = lse {
                 if p.buffer(*lse).meta.dtype != stats {
                     return Err(format!("attention's logsumexp buffer {} is not {stats}", lse.0));

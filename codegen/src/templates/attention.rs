@@ -351,7 +351,13 @@ impl ForwardLaunch {
                 Some(bf16) => AttentionKernel::Mma { bf16, dp },
                 None => AttentionKernel::Simple { dtype, dp },
             };
-            return Ok(ForwardLaunch { kernel, grid: AttentionKernel::grid(count, l), chunk: 0, splits: 1, combine: None });
+            return Ok(ForwardLaunch {
+                kernel,
+                grid: AttentionKernel::grid(count, l),
+                chunk: 0,
+                splits: 1,
+                combine: None,
+            });
         }
         let kernel = match tensor_cores {
             Some(bf16) => AttentionKernel::SplitMma { bf16, dp },
@@ -445,8 +451,14 @@ mod tests {
         assert_eq!(choose(DType::BF16, 7, 12, 1, 768, false).kernel.name(), "coil_attention_split_simple_bf16_d64");
         // More rows, or causal: the row-block kernels.
         let prefill = choose(DType::BF16, 9, 8, 17, 768, false);
-        assert_eq!((prefill.kernel, prefill.grid, prefill.combine), (AttentionKernel::Mma { bf16: true, dp: 64 }, (8, 1, 1), None));
-        assert_eq!(choose(DType::F32, 9, 8, 4, 768, true).kernel, AttentionKernel::Simple { dtype: DType::F32, dp: 64 });
+        assert_eq!(
+            (prefill.kernel, prefill.grid, prefill.combine),
+            (AttentionKernel::Mma { bf16: true, dp: 64 }, (8, 1, 1), None)
+        );
+        assert_eq!(
+            choose(DType::F32, 9, 8, 4, 768, true).kernel,
+            AttentionKernel::Simple { dtype: DType::F32, dp: 64 }
+        );
         let split = AttentionKernel::SplitMma { bf16: false, dp: 128 };
         assert_eq!(split.name(), "coil_attention_split_mma_f16_d128");
         assert!(split.source().ends_with("COIL_ATTENTION_MMA(coil_attention_split_mma_f16_d128, 128, false, true)\n"));

@@ -17,7 +17,7 @@
 //! puts it, and the permute costs nothing.
 
 use super::{strides, Lowerer};
-use coil_ir::loops::{AttentionBackwardCall, BufferId, ExternCall, LoopKind, LoopNode, StridedOperand};
+use coil_ir::loops::{AttentionBackwardCall, AttentionCall, BufferId, ExternCall, LoopKind, LoopNode, StridedOperand};
 use coil_ir::sym::Expr;
 use coil_ir::{AttentionInput, Error, NodeId, Op, Result};
 use std::collections::HashMap;
@@ -150,8 +150,20 @@ impl Lowerer<'_> {
             }
             None => None,
         };
-        let call =
-            ExternCall::Attention { q: qv, k: kv, v: vv, out, lse: lse_buffer, batch, l, s, d, causal, scale, mask };
+        let call = ExternCall::Attention(Box::new(AttentionCall {
+            q: qv,
+            k: kv,
+            v: vv,
+            out,
+            lse: lse_buffer,
+            batch,
+            l,
+            s,
+            d,
+            causal,
+            scale,
+            mask,
+        }));
         let folded: Vec<NodeId> = group.iter().copied().chain(root).collect();
         self.push_template(output, folded, LoopKind::Extern { call, inputs });
         if let (Some(root), Some(a)) = (root, att) {
@@ -174,7 +186,9 @@ impl Lowerer<'_> {
         let mut view = self.strided(mask)?;
         let shape = self.shape(mask);
         let (r, one) = (shape.len(), |e: &Expr| e.const_value() == Some(1));
-        for (stride, size) in view.batch_strides.iter_mut().chain([&mut view.row_stride, &mut view.col_stride]).zip(shape) {
+        for (stride, size) in
+            view.batch_strides.iter_mut().chain([&mut view.row_stride, &mut view.col_stride]).zip(shape)
+        {
             if one(size) {
                 *stride = Expr::int(0);
             }

@@ -61,18 +61,18 @@ impl AttentionSpec {
     /// other extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<AttentionSpec> {
         match call {
-            ExternCall::Attention { q, k, v, out, batch, l, s, d, causal, scale, mask, .. } => Some(AttentionSpec {
-                q: q.to_usize()?,
-                k: k.to_usize()?,
-                v: v.to_usize()?,
-                out: out.to_usize()?,
-                batch: batch.iter().map(const_usize).collect::<Option<_>>()?,
-                l: const_usize(l)?,
-                s: const_usize(s)?,
-                d: const_usize(d)?,
-                causal: *causal,
-                scale: *scale,
-                mask: match mask {
+            ExternCall::Attention(call) => Some(AttentionSpec {
+                q: call.q.to_usize()?,
+                k: call.k.to_usize()?,
+                v: call.v.to_usize()?,
+                out: call.out.to_usize()?,
+                batch: call.batch.iter().map(const_usize).collect::<Option<_>>()?,
+                l: const_usize(&call.l)?,
+                s: const_usize(&call.s)?,
+                d: const_usize(&call.d)?,
+                causal: call.causal,
+                scale: call.scale,
+                mask: match &call.mask {
                     Some(m) => Some(m.to_usize()?),
                     None => None,
                 },
@@ -94,7 +94,14 @@ impl AttentionSpec {
     /// Checks that every element the call reads or writes lies inside its buffer (lengths in
     /// elements; the mask's, when the call has one), so the strided accesses cannot leave the
     /// buffers whatever the IR says.
-    pub fn check(&self, q_len: usize, k_len: usize, v_len: usize, out_len: usize, mask_len: Option<usize>) -> Result<()> {
+    pub fn check(
+        &self,
+        q_len: usize,
+        k_len: usize,
+        v_len: usize,
+        out_len: usize,
+        mask_len: Option<usize>,
+    ) -> Result<()> {
         let what = "scaled_dot_product_attention";
         let views = [
             (&self.q, self.l, q_len, "query"),
@@ -537,8 +544,9 @@ mod tests {
     fn masked_rows_match_the_definition_and_dead_rows_are_zero() {
         let (l, s, d) = (6, 50, 8);
         // Row i keeps keys j <= 7 * i - 1 with j % 5 != 3: row 0 keeps none.
-        let keep = |i: usize, j: usize| j + 1 <= 7 * i && j % 5 != 3;
-        let view = StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![0], row_stride: s, col_stride: 1 };
+        let keep = |i: usize, j: usize| j < 7 * i && j % 5 != 3;
+        let view =
+            StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![0], row_stride: s, col_stride: 1 };
         let spec = AttentionSpec { batch: vec![2], ..spec(l, s, d, false, Some(view)) };
         let (q, k, v) = (vals(2 * l * d, 0.1), vals(2 * s * d, 1.3), vals(2 * s * d, 2.9));
         let bool_mask: Vec<u8> = (0..l * s).map(|x| keep(x / s, x % s) as u8).collect();
@@ -551,8 +559,17 @@ mod tests {
         ];
         for (mask, is_added) in masks {
             let (mut out, mut lse) = (vec![0u8; 2 * l * d * 8], vec![0u8; 2 * l * 8]);
-            attention_bytes(&spec, DType::F64, &bytes(&q), &bytes(&k), &bytes(&v), Some(mask), &mut out, Some(&mut lse))
-                .unwrap();
+            attention_bytes(
+                &spec,
+                DType::F64,
+                &bytes(&q),
+                &bytes(&k),
+                &bytes(&v),
+                Some(mask),
+                &mut out,
+                Some(&mut lse),
+            )
+            .unwrap();
             let (out, lse): (&[f64], &[f64]) = (bytemuck::cast_slice(&out), bytemuck::cast_slice(&lse));
             for b in 0..2 {
                 let term = |i: usize, j: usize| keep(i, j).then(|| if is_added { added[i * s + j] } else { 0.0 });
@@ -569,18 +586,15 @@ mod tests {
     #[test]
     fn views_reaching_outside_their_buffers_are_errors() {
         let d = 8;
-        let spec = AttentionSpec {
-            k: contiguous(4, d, 8),
-            batch: vec![2],
-            ..spec(4, 4, d, false, None)
-        };
+        let spec = AttentionSpec { k: contiguous(4, d, 8), batch: vec![2], ..spec(4, 4, d, false, None) };
         let buf = vec![0u8; 2 * 4 * d * 4];
         let mut out = buf.clone();
         let e = attention_bytes(&spec, DType::F32, &buf, &buf, &buf, None, &mut out, None).unwrap_err();
         assert!(e.to_string().contains("key view reaches element 71 of 64"), "{e}");
         assert!(attention_bytes(&spec, DType::I32, &buf, &buf, &buf, None, &mut out, None).is_err());
         // A [2, 4, 4] mask in 31 bytes; a masked call without its mask.
-        let view = StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![16], row_stride: 4, col_stride: 1 };
+        let view =
+            StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![16], row_stride: 4, col_stride: 1 };
         let masked = AttentionSpec { k: contiguous(4, d, 0), mask: Some(view), ..spec };
         let mask = MaskBytes { bytes: &buf[..31], kind: MaskKind::Bool };
         let e = attention_bytes(&masked, DType::F32, &buf, &buf, &buf, Some(mask), &mut out, None).unwrap_err();

@@ -39,8 +39,8 @@ use crate::plan::{
     check_status, random_words, timing_streams, Instance, Instances, LaunchName, RunOutput, Step, Storage,
 };
 use crate::{interpret, Buffer, HostData};
-use coil_ir::kernel::{Schedule, TileKernel};
 use coil_codegen::templates::attention::MaskKind;
+use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::sym::Expr;
 use coil_ir::{Error, Graph, RandomState, Result};
@@ -323,7 +323,8 @@ impl CompiledGraph {
                 let out = written(out_id);
                 gemm::bmm_bytes(&spec, p.buffer(out_id).meta.dtype, view(a.buffer), view(b.buffer), bias, out)
             }
-            ExternCall::Attention { q, k, v, lse, mask, .. } => {
+            ExternCall::Attention(attention_call) => {
+                let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**attention_call;
                 let spec = attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 let dtype = p.buffer(out_id).meta.dtype;
                 let mask = match mask {

@@ -196,8 +196,7 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
         return Ok(());
     }
     let (sm_major, sm_count) = (dev.compute_capability().0, dev.sm_count());
-    let mut launch =
-        ForwardLaunch::choose(dtype, spec.d, sm_major, sm_count, count, spec.l, spec.s, spec.causal)?;
+    let mut launch = ForwardLaunch::choose(dtype, spec.d, sm_major, sm_count, count, spec.l, spec.s, spec.causal)?;
     check_sizes("attention", &spec.batch, spec.l, spec.s, launch.grid.1 as usize)?;
     if !writable(&spec.out, bufs.out.ptr, spec.d) {
         launch.kernel = launch.kernel.simple(dtype);

@@ -12,8 +12,8 @@
 
 use super::*;
 use crate::cpu::attention::{attention_bytes, MaskBytes};
-use coil_codegen::templates::attention::{AttentionKernel, ForwardLaunch};
 use crate::cpu::attention_backward::{attention_backward_bytes, BackwardBuffers};
+use coil_codegen::templates::attention::{AttentionKernel, ForwardLaunch};
 use coil_ir::loops::BufferId;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -380,7 +380,16 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         case(split(true, 64), DType::BF16, &[1, 2], (1, 250, 64), false, false, None, 2),
         case(split(true, 64), DType::BF16, &[1, 2], (16, 16, 64), false, true, None, 2),
         // The simple split kernel: f32 (D = 64, 3 splits of a decode mask) and bf16 before sm_80.
-        poisoned(case(split_simple(DType::F32, 64), DType::F32, &[2], (1, 300, 64), false, false, bool_mask(prefix, true), 2)),
+        poisoned(case(
+            split_simple(DType::F32, 64),
+            DType::F32,
+            &[2],
+            (1, 300, 64),
+            false,
+            false,
+            bool_mask(prefix, true),
+            2,
+        )),
         case(split_simple(DType::BF16, 32), DType::BF16, &[2], (5, 70, 24), false, false, None, 2),
     ];
     for c in cases {
@@ -389,7 +398,8 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let count = spec.batch_count();
         let launch = match c.kernel {
             AttentionKernel::SplitMma { .. } | AttentionKernel::SplitSimple { .. } => {
-                let sm_major = if matches!(c.kernel, AttentionKernel::SplitSimple { dtype: DType::BF16, .. }) { 7 } else { 9 };
+                let sm_major =
+                    if matches!(c.kernel, AttentionKernel::SplitSimple { dtype: DType::BF16, .. }) { 7 } else { 9 };
                 let launch = ForwardLaunch::choose(dtype, d, sm_major, c.sm_count, count, l, s, c.causal).unwrap();
                 assert_eq!(launch.kernel, c.kernel, "the launch rule's kernel");
                 launch

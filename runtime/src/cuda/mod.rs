@@ -60,8 +60,8 @@ use crate::plan::{self, check_status, Instance, Instances, LaunchName, RunOutput
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Language, Launch};
-use coil_ir::kernel::{Schedule, TileKernel};
 use coil_codegen::templates::attention::MaskKind;
+use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{Error, Graph, Op, RandomState, Result};
 use cudarc::driver::{result as drv, sys, CudaEvent};
@@ -697,7 +697,8 @@ impl CudaCompiledGraph {
                     operand(out_id),
                 )
             }
-            ExternCall::Attention { q, k, v, lse, mask, .. } => {
+            ExternCall::Attention(attention_call) => {
+                let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**attention_call;
                 let spec =
                     crate::cpu::attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 let dtype = p.buffer(out_id).meta.dtype;
