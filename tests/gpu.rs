@@ -112,6 +112,16 @@ fn attention_template_agrees_with_the_interpreter_on_cuda() {
     }
 }
 
+/// Masked attention through the template on CUDA (the split-KV decode kernels for one row or
+/// grouped-query rows against a long key range, the row-block kernels with bool and added
+/// masks, rows that keep no key) against the interpreter.
+#[test]
+fn masked_attention_template_agrees_with_the_interpreter_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::masked::check_masked_all(device);
+    }
+}
+
 /// Gradients through the attention templates on CUDA (the backward kernels: tensor-core for
 /// f16 / bf16, the simple one for f32) against the interpreter and the decomposed path: causal
 /// and not, L and S not multiples of 64, head dims 32 to 128, GPT-2's head views.

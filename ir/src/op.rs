@@ -6,9 +6,9 @@
 //!   leaves (inputs, constants, iota, random), pointwise math ([`UnaryOp`], [`BinaryOp`],
 //!   `where`, casts), reductions ([`ReduceOp`]), `cumsum`, `argsort`, views (reshape, permute, expand,
 //!   slice), data movement (pad, cat, gather, index_select, scatter), `bmm`, and the
-//!   *templates* of attention: attention without an explicit mask ([`Op::Attention`] with
-//!   `mask: false`), the row logsumexp of its scores ([`Op::AttentionLogsumexp`]) and its
-//!   gradients ([`Op::AttentionBackward`]), which the compile path keeps whole (one
+//!   *templates* of attention: attention ([`Op::Attention`], with or without an explicit
+//!   mask), the row logsumexp of maskless attention's scores ([`Op::AttentionLogsumexp`]) and
+//!   its gradients ([`Op::AttentionBackward`]), which the compile path keeps whole (one
 //!   flash-attention call forward, one backward) where it supports their shapes and dtypes;
 //!   the reference decomposition always expands them.
 //!   A *primitive graph* also makes broadcasting and type promotion explicit: the operands of a
@@ -495,7 +495,10 @@ pub enum Op {
     MseLoss {
         reduction: LossReduction,
     },
-    /// `F.scaled_dot_product_attention(q, k, v, mask?)`.
+    /// `F.scaled_dot_product_attention(q, k, v, mask?)`. With `mask`, a fourth operand
+    /// broadcastable to the scores `[*batch, L, S]`: bool (true keeps the key, false scores
+    /// `-inf`) or of q's dtype (added to the scaled scores). A row whose every key is dropped
+    /// gives 0, as PyTorch's SDPA (its `_safe_softmax`).
     Attention {
         causal: bool,
         scale: Option<f64>,
@@ -591,10 +594,10 @@ impl Op {
     }
 
     /// Templates: composite ops a primitive graph may keep whole, for a backend to run as one
-    /// call (attention without an explicit mask, its logsumexp and its gradients). Decomposing
-    /// them is always correct too.
+    /// call (attention, with or without an explicit mask, the logsumexp and the gradients of
+    /// maskless attention). Decomposing them is always correct too.
     pub fn is_template(&self) -> bool {
-        matches!(self, Op::Attention { mask: false, .. } | Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. })
+        matches!(self, Op::Attention { .. } | Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. })
     }
 
     /// The primitives that are not templates.

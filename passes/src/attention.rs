@@ -72,6 +72,20 @@ pub fn template_supports(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta) -> Resu
     Ok(())
 }
 
+/// Whether the attention template takes `mask` as the explicit mask of attention on `q` (whose
+/// shapes [`template_supports`] accepts), and if not, why: bool or q's dtype (as inference
+/// checks), broadcastable to the scores, of rank 2 or more (the lowering reads its last two
+/// dims as rows and keys; broadcast dims get stride 0).
+pub fn mask_supported(q: &TensorMeta, mask: &TensorMeta) -> Result<(), String> {
+    if mask.dtype != DType::Bool && mask.dtype != q.dtype {
+        return Err(format!("a mask of {} for {} operands", mask.dtype, q.dtype));
+    }
+    if mask.rank() < 2 || mask.rank() > q.rank() {
+        return Err(format!("a mask of rank {} for operands of rank {}", mask.rank(), q.rank()));
+    }
+    Ok(())
+}
+
 /// One matched chain: the final `matmul` (replaced) and what replaces it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionMatch {

@@ -632,6 +632,21 @@ case("sdpa_cross_len", "F.scaled_dot_product_attention(q, k, v)", q=r(2, 2, 3, 8
 case("sdpa_3d", "F.scaled_dot_product_attention(q, k, v)", q=r(2, 5, 8), k=r(2, 5, 8), v=r(2, 5, 8))
 case("sdpa_bf16_causal", "F.scaled_dot_product_attention(q, k, v, is_causal=True)", q=r(1, 2, 5, 8, dt="bf16"),
      k=r(1, 2, 5, 8, dt="bf16"), v=r(1, 2, 5, 8, dt="bf16"))
+# Masked attention as the template runs it: rows that keep no key give 0 (PyTorch's _safe_softmax),
+# a decode step's [1, S] prefix mask broadcast over batch and heads, grouped-query rows, masks
+# broadcast over the heads, added masks with -inf.
+DEAD_ROW_MASK = [[[[(i != 2) and ((i + 2 * j + b) % 3 != 1) for j in range(5)] for i in range(5)]]
+                 for b in range(2)]
+case("sdpa_bool_mask_dead_row", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", **QKV,
+     m=vals(DEAD_ROW_MASK, "bool"))
+case("sdpa_decode_mask", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", q=r(2, 3, 1, 16),
+     k=r(2, 3, 40, 16), v=r(2, 3, 40, 16), m=vals([[j <= 17 for j in range(40)]], "bool"))
+case("sdpa_gqa_rows_mask", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", q=r(1, 2, 4, 8),
+     k=r(1, 2, 70, 8), v=r(1, 2, 70, 8), m=vals([[j <= 30 + i for j in range(70)] for i in range(4)], "bool"))
+case("sdpa_bf16_bool_mask", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", q=r(2, 2, 5, 8, dt="bf16"),
+     k=r(2, 2, 5, 8, dt="bf16"), v=r(2, 2, 5, 8, dt="bf16"), m=vals(BOOL_MASK, "bool"))
+case("sdpa_float_mask_neg_inf", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", **QKV,
+     m=vals([[-INF if (i == 3 or (i + j) % 4 == 0) else 0.25 * (j - i) for j in range(5)] for i in range(5)]))
 
 # ------------------------------------------------------------------------------------ composites
 case("composite_softmax_affine", "torch.softmax(a @ b + c, -1)", a=r(3, 4), b=r(4, 5), c=r(5))

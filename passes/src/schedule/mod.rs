@@ -456,7 +456,7 @@ impl<'p> Scheduler<'p> {
         };
         let name = match &self.p.nodes[nodes[0]].kind {
             LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => format!("ext_bmm_{index}"),
-            LoopKind::Extern { call: ExternCall::Attention { .. }, .. } => format!("ext_attention_{index}"),
+            LoopKind::Extern { call: ExternCall::Attention(_), .. } => format!("ext_attention_{index}"),
             LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
                 format!("ext_attention_backward_{index}")
             }
