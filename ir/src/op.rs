@@ -40,9 +40,17 @@ pub enum UnaryOp {
     Sin,
     Cos,
     Tan,
+    /// `torch.atan`, in `[-pi/2, pi/2]`.
+    Atan,
+    /// `torch.asin`: NaN outside `[-1, 1]`.
+    Asin,
+    /// `torch.acos`: NaN outside `[-1, 1]`.
+    Acos,
     Tanh,
     Sigmoid,
     Erf,
+    /// `torch.erfinv`: the inverse of `erf` on `(-1, 1)`; `±1` give `±inf`, `|x| > 1` NaN.
+    Erfinv,
     Floor,
     Ceil,
     /// Round half to even, as `torch.round`.
@@ -52,14 +60,16 @@ pub enum UnaryOp {
     LogicalNot,
     IsNan,
     IsInf,
+    /// `torch.bitwise_not`: `~x` of integers, `logical_not` of bools; no floats.
+    BitwiseNot,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 25] = {
+    pub const ALL: [UnaryOp; 30] = {
         use UnaryOp::*;
         [
-            Neg, Abs, Sign, Exp, Exp2, Expm1, Log, Log2, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Sigmoid, Erf, Floor,
-            Ceil, Round, Trunc, Reciprocal, LogicalNot, IsNan, IsInf,
+            Neg, Abs, Sign, Exp, Exp2, Expm1, Log, Log2, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Atan, Asin, Acos, Tanh,
+            Sigmoid, Erf, Erfinv, Floor, Ceil, Round, Trunc, Reciprocal, LogicalNot, IsNan, IsInf, BitwiseNot,
         ]
     };
 
@@ -80,9 +90,13 @@ impl UnaryOp {
             Sin => "sin",
             Cos => "cos",
             Tan => "tan",
+            Atan => "atan",
+            Asin => "asin",
+            Acos => "acos",
             Tanh => "tanh",
             Sigmoid => "sigmoid",
             Erf => "erf",
+            Erfinv => "erfinv",
             Floor => "floor",
             Ceil => "ceil",
             Round => "round",
@@ -91,6 +105,7 @@ impl UnaryOp {
             LogicalNot => "logical_not",
             IsNan => "isnan",
             IsInf => "isinf",
+            BitwiseNot => "bitwise_not",
         }
     }
 
@@ -109,11 +124,20 @@ impl UnaryOp {
                 | Sin
                 | Cos
                 | Tan
+                | Atan
+                | Asin
+                | Acos
                 | Tanh
                 | Sigmoid
                 | Erf
+                | Erfinv
                 | Reciprocal
         )
+    }
+
+    /// Bit ops take integers and bools only (PyTorch has no kernel of them for floats).
+    pub fn integral_only(self) -> bool {
+        self == UnaryOp::BitwiseNot
     }
 
     /// Ops whose result is `bool` whatever the operand.
@@ -149,14 +173,27 @@ pub enum BinaryOp {
     Ge,
     LogicalAnd,
     LogicalOr,
+    /// `torch.atan2(y, x)`: the angle of the point `(x, y)`, in `[-pi, pi]`; integers divide as
+    /// floats.
+    Atan2,
+    /// `torch.bitwise_and` of integers or bools (`&`).
+    BitwiseAnd,
+    BitwiseOr,
+    BitwiseXor,
+    /// `torch.bitwise_left_shift` of integers (`<<`): a shift by a negative amount or by the
+    /// width or more gives 0 ([`BinaryOp::shift`]).
+    ShiftLeft,
+    /// `torch.bitwise_right_shift` of integers (`>>`), arithmetic for signed dtypes: a shift by
+    /// a negative amount or past the value bits fills with the sign ([`BinaryOp::shift`]).
+    ShiftRight,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 18] = {
+    pub const ALL: [BinaryOp; 24] = {
         use BinaryOp::*;
         [
             Add, Sub, Mul, Div, FloorDiv, TruncDiv, Remainder, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge,
-            LogicalAnd, LogicalOr,
+            LogicalAnd, LogicalOr, Atan2, BitwiseAnd, BitwiseOr, BitwiseXor, ShiftLeft, ShiftRight,
         ]
     };
 
@@ -181,6 +218,12 @@ impl BinaryOp {
             Ge => "ge",
             LogicalAnd => "logical_and",
             LogicalOr => "logical_or",
+            Atan2 => "atan2",
+            BitwiseAnd => "bitwise_and",
+            BitwiseOr => "bitwise_or",
+            BitwiseXor => "bitwise_xor",
+            ShiftLeft => "bitwise_left_shift",
+            ShiftRight => "bitwise_right_shift",
         }
     }
 
@@ -188,6 +231,47 @@ impl BinaryOp {
     pub fn returns_bool(self) -> bool {
         use BinaryOp::*;
         matches!(self, Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr)
+    }
+
+    /// True division and `atan2` compute in floating point: integer operands give the default
+    /// float.
+    pub fn float_only(self) -> bool {
+        matches!(self, BinaryOp::Div | BinaryOp::Atan2)
+    }
+
+    /// Bit ops take integers (and bools, except the shifts) only.
+    pub fn integral_only(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, BitwiseAnd | BitwiseOr | BitwiseXor | ShiftLeft | ShiftRight)
+    }
+
+    /// [`BinaryOp::ShiftLeft`] (else [`BinaryOp::ShiftRight`]) of integers of `dtype` (`a` and
+    /// `b` its values, sign- or zero-extended to i64), as PyTorch's CPU kernels compute it: the
+    /// amount `b` is taken in `dtype` too; a left shift by `b < 0` or `b >= bits` is 0 (bits
+    /// shifted out of the dtype are lost: the caller wraps the result to its width); a right
+    /// shift by `b < 0` or `b >= bits - 1` (signed) / `bits` (`u8`) shifts by that limit, which
+    /// leaves the sign fill: -1 or 0. (`1 << 63` in i64 is `i64::MIN`; `-1 >> 100` is -1.)
+    ///
+    /// ```
+    /// use coil_ir::{BinaryOp, DType};
+    /// assert_eq!(BinaryOp::ShiftLeft.shift(3, 2, DType::I32), 12);
+    /// assert_eq!(BinaryOp::ShiftLeft.shift(3, 32, DType::I32), 0);
+    /// assert_eq!(BinaryOp::ShiftRight.shift(-7, 1, DType::I8), -4);
+    /// assert_eq!(BinaryOp::ShiftRight.shift(-7, -1, DType::I64), -1);
+    /// assert_eq!(BinaryOp::ShiftRight.shift(200, 9, DType::U8), 0);
+    /// ```
+    pub fn shift(self, a: i64, b: i64, dtype: DType) -> i64 {
+        let bits = 8 * dtype.size_bytes() as i64;
+        if self == BinaryOp::ShiftLeft {
+            if (0..bits).contains(&b) {
+                ((a as u64) << b) as i64
+            } else {
+                0
+            }
+        } else {
+            let limit = if dtype == DType::U8 { bits } else { bits - 1 };
+            a >> if (0..limit).contains(&b) { b } else { limit }
+        }
     }
 
     /// [`BinaryOp::Maximum`] (else [`BinaryOp::Minimum`]) of two floats, as every backend
