@@ -63,6 +63,11 @@
 //! fitted (weighted least squares, Lawson's iteration to the minimax) with each coefficient
 //! rounded to f32 before the next ones were refitted.
 //!
+//! **Speed** (ns per f32 element, one core of the AMD EPYC build machine, an `omp simd` loop over
+//! 4M elements, best of 7, the runtime's flags; `bench/tools/vecmath_speed.c`): `atan` 0.69
+//! (the C library's `atanf` 15.9), `asin` 0.99 (11.2), `acos` 1.97 (11.6), `atan2` 2.21 (32.8),
+//! `erfinv` 3.51 (the f64 one, a call per element, 104); `tan` 2.18 for scale.
+//!
 //! f64 keeps the C library (`erfinv` aside, which it lacks): its results must agree with the interpreter to 1e-10, f64 math is
 //! rare in the workloads coil serves, and `double` lanes would halve the gain.
 
