@@ -235,8 +235,10 @@ impl AttentionKernel {
     pub fn source(self) -> String {
         let name = self.name();
         let entry = match self {
-            AttentionKernel::Mma { bf16, dp } => format!("COIL_ATTENTION_MMA({name}, {dp}, {bf16}, false)"),
-            AttentionKernel::SplitMma { bf16, dp } => format!("COIL_ATTENTION_MMA({name}, {dp}, {bf16}, true)"),
+            AttentionKernel::Mma { bf16, dp } => format!(
+                "COIL_ATTENTION_MMA({name}, {dp}, {bf16}, false, false)\nCOIL_ATTENTION_MMA({name}_masked, {dp}, {bf16}, false, true)"
+            ),
+            AttentionKernel::SplitMma { bf16, dp } => format!("COIL_ATTENTION_MMA({name}, {dp}, {bf16}, true, true)"),
             AttentionKernel::Simple { dtype, dp } => {
                 format!("COIL_ATTENTION_SIMPLE({name}, {dp}, {})", element_kind(dtype))
             }
@@ -246,6 +248,17 @@ impl AttentionKernel {
             AttentionKernel::Combine { dtype } => format!("COIL_ATTENTION_COMBINE({name}, {})", element_kind(dtype)),
         };
         format!("{COMMON_SOURCE}\n{FORWARD_SOURCE}\n{entry}\n")
+    }
+
+    /// The entry point for a call with (`masked`) or without an explicit mask: the row-block
+    /// tensor-core kernel has one of each (`<name>_masked`), so that a maskless call runs code
+    /// without the mask's (it ran 81 us against 112 us per GPT-2 layer on the H100); the others
+    /// take either.
+    pub fn entry(self, masked: bool) -> String {
+        match self {
+            AttentionKernel::Mma { .. } if masked => format!("{}_masked", self.name()),
+            _ => self.name(),
+        }
     }
 
     /// The simple variant of the same dtype and head dim (for outputs the tensor-core kernel
@@ -407,7 +420,11 @@ mod tests {
         assert!(AttentionKernel::choose(DType::BF16, 136, 9).is_err());
         let v = AttentionKernel::Mma { bf16: true, dp: 64 };
         assert_eq!(v.name(), "coil_attention_mma_bf16_d64");
-        assert!(v.source().ends_with("COIL_ATTENTION_MMA(coil_attention_mma_bf16_d64, 64, true, false)\n"));
+        assert!(v.source().ends_with(
+            "COIL_ATTENTION_MMA(coil_attention_mma_bf16_d64, 64, true, false, false)\n\
+             COIL_ATTENTION_MMA(coil_attention_mma_bf16_d64_masked, 64, true, false, true)\n"
+        ));
+        assert_eq!((v.entry(false), v.entry(true)), (v.name(), "coil_attention_mma_bf16_d64_masked".to_string()));
         assert_eq!(simple(DType::F32, 32).name(), "coil_attention_simple_f32_d32");
         assert_eq!(AttentionKernel::grid(6, 130), (6, 3, 1));
     }
@@ -461,7 +478,10 @@ mod tests {
         );
         let split = AttentionKernel::SplitMma { bf16: false, dp: 128 };
         assert_eq!(split.name(), "coil_attention_split_mma_f16_d128");
-        assert!(split.source().ends_with("COIL_ATTENTION_MMA(coil_attention_split_mma_f16_d128, 128, false, true)\n"));
+        assert!(split
+            .source()
+            .ends_with("COIL_ATTENTION_MMA(coil_attention_split_mma_f16_d128, 128, false, true, true)\n"));
+        assert_eq!(split.entry(true), split.name());
         assert!(split.copies_rows() && split.simple(DType::F16) == split);
         assert_eq!(AttentionKernel::Combine { dtype: DType::F32 }.name(), "coil_attention_combine_f32");
     }

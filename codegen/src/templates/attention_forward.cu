@@ -27,8 +27,8 @@ COIL_D float coil_mask_term(const void *mask, long long base, const CoilAttnPara
    causal rule, the mask): else the tile is skipped, its keys and values never read. With a mask,
    every one of the block's NT threads must call it (a barrier); the answer is the block's. */
 template <int KIND, int NT, int ROWS, int KEYS>
-COIL_D bool coil_tile_live(const void *mask, long long base, const CoilAttnParams &p, int row0, int key0) {
-    if (p.mask_kind == 0) return key0 < p.s && !(p.causal && key0 > row0 + ROWS - 1);
+COIL_D bool coil_tile_live(const void *mask, long long base, const CoilAttnParams &p, int mask_kind, int row0, int key0) {
+    if (mask_kind == 0) return key0 < p.s && !(p.causal && key0 > row0 + ROWS - 1);
     bool live = false;
     for (int i = threadIdx.x; i < ROWS * KEYS && !live; i += NT) {
         const int row = row0 + i / KEYS, key = key0 + i % KEYS;
@@ -40,8 +40,9 @@ COIL_D bool coil_tile_live(const void *mask, long long base, const CoilAttnParam
 
 /* The first tile of [from, last) (64 keys each) that rows [row0, row0 + ROWS) see, or last. */
 template <int KIND, int ROWS>
-COIL_D int coil_next_live(const void *mask, long long base, const CoilAttnParams &p, int row0, int from, int last) {
-    while (from < last && !coil_tile_live<KIND, 128, ROWS, 64>(mask, base, p, row0, from * 64)) ++from;
+COIL_D int coil_next_live(const void *mask, long long base, const CoilAttnParams &p, int mask_kind, int row0, int from,
+                          int last) {
+    while (from < last && !coil_tile_live<KIND, 128, ROWS, 64>(mask, base, p, mask_kind, row0, from * 64)) ++from;
     return from;
 }
 
@@ -84,7 +85,7 @@ COIL_D void coil_split_store(void *o, float *lse, float *part, const CoilAttnPar
    16w..16w+15 of each tile), the warps' results combined in shared memory at the end, then
    stored by coil_split_store. With `lse`, also the row logsumexp (natural log), at
    lse[batch index * l + row]. */
-template <int DP, bool BF16, bool SPLIT>
+template <int DP, bool BF16, bool SPLIT, bool MASKED>
 COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *__restrict__ k,
                                const coil_u16 *__restrict__ v, coil_u16 *__restrict__ o, float *__restrict__ lse,
                                const void *__restrict__ mask, float *__restrict__ part, const CoilAttnParams &p) {
@@ -103,7 +104,9 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
     const coil_u16 *qb = q + coil_batch_base(p.q, p.heads);
     const coil_u16 *kb = k + coil_batch_base(p.k, p.heads);
     const coil_u16 *vb = v + coil_batch_base(p.v, p.heads);
-    const long long mb = p.mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
+    /* Compiled without the mask's code unless MASKED (a maskless call pays nothing for it). */
+    const int mask_kind = MASKED ? p.mask_kind : 0;
+    const long long mb = mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
     int first = 0, last = (p.s + BLOCK - 1) / BLOCK;
     if (SPLIT) {
         first = blockIdx.y * (p.chunk / BLOCK);
@@ -111,7 +114,7 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
     }
     if (p.causal) last = coil_imin(last, (row0 + ROWS - 1) / BLOCK + 1);
 
-    int cur = coil_next_live<KIND, ROWS>(mask, mb, p, row0, first, last);
+    int cur = coil_next_live<KIND, ROWS>(mask, mb, p, mask_kind, row0, first, last);
     coil_tile_load<DP>(sv, qb, p.q.row, row0, p.l, p.d);
     if (cur < last) coil_tile_load<DP>(sk, kb, p.k.row, cur * BLOCK, p.s, p.d);
     coil_cp_async_commit();
@@ -137,14 +140,14 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
 #pragma unroll
         for (int j = 0; j < JT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         coil_mma_abt<DP, BF16, JT>(s, qf, sk + wkey * PITCH);
-        const int next = coil_next_live<KIND, ROWS>(mask, mb, p, row0, cur + 1, last);
+        const int next = coil_next_live<KIND, ROWS>(mask, mb, p, mask_kind, row0, cur + 1, last);
         __syncthreads(); /* every warp is done with the K tile */
         if (next < last) coil_tile_load<DP>(sk, kb, p.k.row, next * BLOCK, p.s, p.d);
         coil_cp_async_commit(); /* empty after the last tile: the waits below count alike */
 
         /* Scores in log2 units; keys past the end, after the row when causal, or dropped by the
            mask are -inf; an added mask adds. */
-        const bool edge = key0 + BLOCK > p.s || (p.causal && key0 + BLOCK - 1 > row0 + wrow) || p.mask_kind;
+        const bool edge = key0 + BLOCK > p.s || (p.causal && key0 + BLOCK - 1 > row0 + wrow) || mask_kind;
 #pragma unroll
         for (int j = 0; j < JT; ++j) {
 #pragma unroll
@@ -154,7 +157,7 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
                     const int key = key0 + wkey + j * 8 + 2 * t + (e & 1);
                     const int row = row0 + wrow + g + (e >> 1) * 8;
                     if (key >= p.s || (p.causal && key > row)) x = COIL_NEG_INF;
-                    else if (p.mask_kind && row < p.l) x += coil_mask_term<KIND>(mask, mb, p, row, key);
+                    else if (mask_kind && row < p.l) x += coil_mask_term<KIND>(mask, mb, p, row, key);
                 }
                 s[j][e] = x;
             }
@@ -278,7 +281,7 @@ COIL_D void coil_attention_simple(const void *q, const void *k, const void *v, v
     float row_max = COIL_NEG_INF, row_sum = 0.f;
     const int keys = p.causal ? coil_imin(p.s, row0 + 64) : p.s;
     for (int key0 = 0; key0 < keys; key0 += KEYS) {
-        if (!coil_tile_live<KIND, 64, 64, KEYS>(mask, mb, p, row0, key0)) continue;
+        if (!coil_tile_live<KIND, 64, 64, KEYS>(mask, mb, p, p.mask_kind, row0, key0)) continue;
         __syncthreads(); /* every thread is done with the previous tile */
         for (int i = threadIdx.x; i < KEYS * DP; i += 64) {
             const int r = i / DP, c = i - r * DP, key = key0 + r;
@@ -351,7 +354,7 @@ COIL_D void coil_attention_simple_split(const void *q, const void *k, const void
     int last = coil_imin(p.s, first + p.chunk);
     if (p.causal) last = coil_imin(last, ROWS);
     for (int key0 = first; key0 < last; key0 += KEYS) {
-        if (!coil_tile_live<KIND, 128, ROWS, KEYS>(mask, mb, p, 0, key0)) continue;
+        if (!coil_tile_live<KIND, 128, ROWS, KEYS>(mask, mb, p, p.mask_kind, 0, key0)) continue;
         __syncthreads(); /* every thread is done with the previous tile (and sq is written) */
         for (int i = tid; i < KEYS * DP; i += 128) {
             const int r = i / DP, c = i - r * DP, key = key0 + r;
@@ -424,11 +427,12 @@ COIL_D void coil_attention_combine(void *o, float *lse, float *part, const CoilA
 
 /* Every forward entry point takes (q, k, v, o, lse or null, mask or null, split workspace or
    null, params); the combine takes (o, lse or null, workspace, params). */
-#define COIL_ATTENTION_MMA(NAME, DP, BF16, SPLIT)                                                            \
+/* MASKED false: the mask's code compiled out (the row-block kernel's maskless entry point). */
+#define COIL_ATTENTION_MMA(NAME, DP, BF16, SPLIT, MASKED)                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                                        \
         NAME(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, coil_u16 *o, float *lse, const void *mask, \
              float *part, CoilAttnParams p) {                                                                \
-        coil_attention_mma<DP, BF16, SPLIT>(q, k, v, o, lse, mask, part, p);                                 \
+        coil_attention_mma<DP, BF16, SPLIT, MASKED>(q, k, v, o, lse, mask, part, p);                         \
     }
 #define COIL_ATTENTION_SIMPLE(NAME, DP, KIND)                                                                \
     extern "C" __global__ void __launch_bounds__(64) NAME(const void *q, const void *k, const void *v, void *o, \

@@ -207,7 +207,8 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
     let mask_kind = bufs.mask.map(|(_, kind)| kind);
     let mut params = launch_params(spec, [&prepared[0].0, &prepared[1].0, &prepared[2].0], mask_kind, &launch);
     let workspace = DeviceMemory::alloc(dev, launch.workspace_bytes(count, spec.l, spec.d))?;
-    let f = kernel(dev, launch.kernel.name(), || launch.kernel.source(), 0)?.func;
+    let entry = launch.kernel.entry(mask_kind.is_some());
+    let f = kernel(dev, entry.clone(), || launch.kernel.source(), 0)?.func;
     let mut ptrs: [u64; 7] = [
         prepared[0].1,
         prepared[1].1,
@@ -228,7 +229,7 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
     // every split; the temporaries go back to the stream-ordered cache after the launches are
     // enqueued, so no later work reuses them before they ran.
     unsafe { drv::launch_kernel(f, launch.grid, block, 0, dev.cu_stream(), &mut args) }
-        .map_err(|e| driver_error(&format!("cuLaunchKernel({})", launch.kernel.name()), e))?;
+        .map_err(|e| driver_error(&format!("cuLaunchKernel({entry})"), e))?;
     if let Some(combine) = launch.combine {
         let f = kernel(dev, combine.name(), || combine.source(), 0)?.func;
         let mut ptrs = [bufs.out.ptr, bufs.lse.map_or(0, |l| l.ptr), workspace.ptr()];

@@ -35,7 +35,8 @@ struct Emulated {
     block: u32,
 }
 
-fn forward_kernel(kernel: AttentionKernel) -> Emulated {
+/// A forward kernel's entry point for a call with or without a mask.
+fn forward_kernel(kernel: AttentionKernel, masked: bool) -> Emulated {
     let call = match kernel {
         AttentionKernel::Mma { .. } | AttentionKernel::SplitMma { .. } => {
             "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (coil_u16 *)buf[3], \
@@ -46,10 +47,11 @@ fn forward_kernel(kernel: AttentionKernel) -> Emulated {
         }
         AttentionKernel::Combine { .. } => "buf[0], (float *)buf[1], (float *)buf[2], p",
     };
+    let name = kernel.entry(masked);
     Emulated {
-        name: kernel.name(),
+        call: format!("{name}({call})"),
+        name,
         source: kernel.source(),
-        call: format!("{}({call})", kernel.name()),
         params: "CoilAttnParams",
         block: kernel.block(),
     }
@@ -408,7 +410,7 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
                 ForwardLaunch { kernel, grid: AttentionKernel::grid(count, l), chunk: 0, splits: 1, combine: None }
             }
         };
-        let emulated = forward_kernel(launch.kernel);
+        let emulated = forward_kernel(launch.kernel, c.mask.is_some());
         let Some(exe) = builds.get(&emulated) else { return };
         let [q, mut k, mut v] = operands(dtype, &spec, c.heads);
         if let Some(from) = c.poison {
@@ -438,7 +440,7 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let dir = builds.root.join(&emulated.name);
         let mut runs = launch_runs(&exe, &dir, &params, launch.grid, emulated.block, &buffers);
         if let Some(combine) = launch.combine {
-            let emulated = forward_kernel(combine);
+            let emulated = forward_kernel(combine, false);
             let Some(exe) = builds.get(&emulated) else { return };
             let dir = builds.root.join(&emulated.name);
             for got in &mut runs {
