@@ -7,7 +7,9 @@
 //! launches it by these rules; it holds no kernel source.
 //!
 //! * [`attention`]: the FlashAttention-2-style forward (`ExternCall::Attention`), with the row
-//!   logsumexp a backward reads.
+//!   logsumexp a backward reads and an optional mask (key tiles it drops are skipped), and its
+//!   split-KV (flash-decoding) variants for few query rows against many keys, chosen by
+//!   [`attention::ForwardLaunch::choose`].
 //! * [`attention_backward`]: its backward (`ExternCall::AttentionBackward`): dQ, dK, dV from
 //!   the saved logsumexp, the probabilities recomputed, never stored.
 //! * [`gemm_cpu`]: the CPU's matrix product (`ExternCall::Bmm` on f32, f16, bf16): C compiled by

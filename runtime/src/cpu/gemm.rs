@@ -213,6 +213,39 @@ pub fn bmm_bytes_with(
     Ok(())
 }
 
+/// [`bmm_bytes`] with operands (and bias) of `dtype` and `out` of `out_dtype`: the same dtype,
+/// or f16 / bf16 operands widened into an f32 result (a product read only by a cast to f32,
+/// `coil_passes::lower`'s widening epilogue), computed in f32 and not rounded to the operands'
+/// dtype.
+pub fn bmm_bytes_to(
+    spec: &BmmSpec,
+    dtype: DType,
+    out_dtype: DType,
+    a: &[u8],
+    b: &[u8],
+    bias: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
+    if out_dtype == dtype {
+        return bmm_bytes(spec, dtype, a, b, bias, out);
+    }
+    if !matches!((dtype, out_dtype), (DType::F16 | DType::BF16, DType::F32)) {
+        return Err(Error::unsupported(format!("a {dtype} matrix product into a {out_dtype} result")));
+    }
+    if spec.activation.is_some() {
+        return Err(Error::unsupported(format!("a widening {dtype} matrix product with an activation epilogue")));
+    }
+    spec.check(a.len() / 2, b.len() / 2, bias.len() / 2, out.len() / 4)?;
+    let widen = |x: &[u8]| -> Result<Vec<f32>> {
+        Ok(match dtype {
+            DType::F16 => par_convert(cast::<f16>(x)?, |v| v.to_f32()),
+            _ => par_convert(cast::<bf16>(x)?, |v| v.to_f32()),
+        })
+    };
+    gemm_float::<f32>(spec, &widen(a)?, &widen(b)?, &widen(bias)?, cast_mut::<f32>(out)?, 0.0, 1.0);
+    Ok(())
+}
+
 /// `a @ b` per batch as a new contiguous buffer of shape `[*batch, m, n]`.
 pub fn bmm(spec: &BmmSpec, a: &Buffer, b: &Buffer) -> Result<Buffer> {
     if a.dtype() != b.dtype() {
