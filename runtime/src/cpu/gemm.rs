@@ -164,20 +164,8 @@ pub fn bmm_bytes_with(
 ) -> Result<()> {
     let size = dtype.size_bytes();
     spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size)?;
-    let skinny = engine == GemmEngine::Auto && dtype == DType::F32 && gemm_packed::skinny(spec.m, spec.n);
-    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) && engine != GemmEngine::Crate && !skinny {
-        let packed = gemm_packed::Library::get().and_then(|lib| Some((lib, lib.layout_for(dtype)?)));
-        match (packed, engine) {
-            (Some((lib, layout)), _) => {
-                return gemm_packed::bmm(lib, layout, spec, dtype, gemm_packed::Operands { a, b, bias }, out)
-            }
-            (None, GemmEngine::Packed) => {
-                return Err(Error::unsupported(format!(
-                    "the packed {dtype} matrix product on this machine (it needs a C compiler and AVX-512)"
-                )))
-            }
-            (None, _) => {}
-        }
+    if let Some(done) = packed(engine, spec, dtype, dtype, gemm_packed::Operands { a, b, bias }, out) {
+        return done;
     }
     match dtype {
         DType::F32 => {
@@ -213,6 +201,29 @@ pub fn bmm_bytes_with(
     Ok(())
 }
 
+/// The product by the packed template, if `engine` and this machine give it to the template
+/// (`None`: the crate's path computes it).
+fn packed(
+    engine: GemmEngine,
+    spec: &BmmSpec,
+    dtype: DType,
+    out_dtype: DType,
+    ops: gemm_packed::Operands,
+    out: &mut [u8],
+) -> Option<Result<()>> {
+    let skinny = engine == GemmEngine::Auto && dtype == DType::F32 && gemm_packed::skinny(spec.m, spec.n);
+    if engine == GemmEngine::Crate || skinny || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return None;
+    }
+    match gemm_packed::Library::get().and_then(|lib| Some((lib, lib.layout_for(dtype)?))) {
+        Some((lib, layout)) => Some(gemm_packed::bmm(lib, layout, spec, (dtype, out_dtype), ops, out)),
+        None if engine == GemmEngine::Packed => Some(Err(Error::unsupported(format!(
+            "the packed {dtype} matrix product on this machine (it needs a C compiler and AVX-512)"
+        )))),
+        None => None,
+    }
+}
+
 /// [`bmm_bytes`] with operands (and bias) of `dtype` and `out` of `out_dtype`: the same dtype,
 /// or f16 / bf16 operands widened into an f32 result (a product read only by a cast to f32,
 /// `coil_passes::lower`'s widening epilogue), computed in f32 and not rounded to the operands'
@@ -226,8 +237,21 @@ pub fn bmm_bytes_to(
     bias: &[u8],
     out: &mut [u8],
 ) -> Result<()> {
+    bmm_bytes_to_with(GemmEngine::Auto, spec, (dtype, out_dtype), a, b, bias, out)
+}
+
+/// [`bmm_bytes_to`] by a chosen engine.
+pub fn bmm_bytes_to_with(
+    engine: GemmEngine,
+    spec: &BmmSpec,
+    (dtype, out_dtype): (DType, DType),
+    a: &[u8],
+    b: &[u8],
+    bias: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
     if out_dtype == dtype {
-        return bmm_bytes(spec, dtype, a, b, bias, out);
+        return bmm_bytes_with(engine, spec, dtype, a, b, bias, out);
     }
     if !matches!((dtype, out_dtype), (DType::F16 | DType::BF16, DType::F32)) {
         return Err(Error::unsupported(format!("a {dtype} matrix product into a {out_dtype} result")));
@@ -236,6 +260,10 @@ pub fn bmm_bytes_to(
         return Err(Error::unsupported(format!("a widening {dtype} matrix product with an activation epilogue")));
     }
     spec.check(a.len() / 2, b.len() / 2, bias.len() / 2, out.len() / 4)?;
+    let ops = gemm_packed::Operands { a, b, bias };
+    if let Some(done) = packed(engine, spec, dtype, out_dtype, ops, out) {
+        return done;
+    }
     let widen = |x: &[u8]| -> Result<Vec<f32>> {
         Ok(match dtype {
             DType::F16 => par_convert(cast::<f16>(x)?, |v| v.to_f32()),

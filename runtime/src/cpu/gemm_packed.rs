@@ -177,15 +177,23 @@ pub struct Operands<'a> {
 }
 
 /// `out = act(a @ b + bias)` for every batch with the template in `layout`, on the raw bytes of
-/// buffers of `dtype` (f32, f16 or bf16). The caller checked `spec` against the buffers
-/// (`BmmSpec::check`).
+/// operands and bias of `dtype` and an output of `out_dtype` (each f32, f16 or bf16: a half-type
+/// product may be written as f32, its sums never rounded to the half type). The caller checked
+/// `spec` against the buffers (`BmmSpec::check`).
 ///
 /// The larger operand goes to B, which tasks pack a block at a time as they read it (once,
 /// into L2), where A is packed whole before (read, written, then read again): with `m` at
 /// least twice `n` the template computes `b^T a^T` and stores its tiles transposed.
-pub fn bmm(lib: &Library, layout: Layout, spec: &BmmSpec, dtype: DType, ops: Operands, out: &mut [u8]) -> Result<()> {
+pub fn bmm(
+    lib: &Library,
+    layout: Layout,
+    spec: &BmmSpec,
+    (dtype, out_dtype): (DType, DType),
+    ops: Operands,
+    out: &mut [u8],
+) -> Result<()> {
     if spec.m < 2 * spec.n {
-        return run(lib, layout, spec, dtype, ops, out, false);
+        return run(lib, layout, spec, (dtype, out_dtype), ops, out, false);
     }
     let flip = |op: &StridedOperand<usize>| StridedOperand {
         row_stride: op.col_stride,
@@ -193,7 +201,7 @@ pub fn bmm(lib: &Library, layout: Layout, spec: &BmmSpec, dtype: DType, ops: Ope
         ..op.clone()
     };
     let swapped = BmmSpec { a: flip(&spec.b), b: flip(&spec.a), m: spec.n, n: spec.m, ..spec.clone() };
-    run(lib, layout, &swapped, dtype, Operands { a: ops.b, b: ops.a, ..ops }, out, true)
+    run(lib, layout, &swapped, (dtype, out_dtype), Operands { a: ops.b, b: ops.a, ..ops }, out, true)
 }
 
 /// [`bmm`] in one orientation: with `transposed`, `out` is the `n x m` transpose of the
@@ -202,14 +210,15 @@ fn run(
     lib: &Library,
     layout: Layout,
     spec: &BmmSpec,
-    dtype: DType,
+    (dtype, out_dtype): (DType, DType),
     ops: Operands,
     out: &mut [u8],
     transposed: bool,
 ) -> Result<()> {
     let Operands { a, b, bias } = ops;
-    let code = template::dtype_code(dtype)
-        .ok_or_else(|| Error::unsupported(format!("the packed matrix product of {dtype}")))?;
+    let unsupported = || Error::unsupported(format!("the packed matrix product of {dtype} into {out_dtype}"));
+    let code = template::dtype_code(dtype).ok_or_else(unsupported)?;
+    let out_code = template::dtype_code(out_dtype).ok_or_else(unsupported)?;
     let (m, n, k) = (spec.m, spec.n, spec.k);
     let batches = spec.batch_offsets();
     if batches.is_empty() || m == 0 || n == 0 {
@@ -291,7 +300,7 @@ fn run(
     // 2. The tiles.
     let tasks = tile_tasks(batches.len(), mp, np, want);
     let workspace_lines = lines_for(blocking.workspace_words(layout));
-    let (act, out_stride) = (activation_code(spec.activation), m * n * size);
+    let (act, out_stride) = (activation_code(spec.activation), m * n * out_dtype.size_bytes());
     let compute = |task: &Task| {
         WORKSPACE.with_borrow_mut(|ws| {
             if ws.len() < workspace_lines {
@@ -319,7 +328,7 @@ fn run(
                 act,
                 out: (out_base + task.batch * out_stride) as *mut c_void,
                 ldo: ldo as i64,
-                out_dtype: code,
+                out_dtype: out_code,
                 acc: if acc_words == 0 {
                     std::ptr::null_mut()
                 } else {

@@ -157,6 +157,11 @@ struct Case {
 type Runner<'a> = &'a dyn Fn(&BmmSpec, &[u8], &[u8], &[u8], &mut [u8]);
 
 fn check(case: &Case, run: Runner) {
+    check_into(case, case.dtype, run)
+}
+
+/// [`check`] with an output of `out_dtype`: the operands' dtype, or f32 for a widening product.
+fn check_into(case: &Case, out_dtype: DType, run: Runner) {
     let Case { dtype, m, n, k, batches, lay_a, lay_b, broadcast_a, bias, gelu } = *case;
     let (sa, la) = operand(lay_a, m, k, batches, broadcast_a, false);
     let (mut sb, lb) = operand(lay_b, n, k, batches, false, true);
@@ -176,14 +181,14 @@ fn check(case: &Case, run: Runner) {
     let (a_bytes, a) = stored(dtype, &values(seed, la));
     let (b_bytes, b) = stored(dtype, &values(seed + 1, lb));
     let (bias_bytes, bias_values) = stored(dtype, &values(seed + 2, 3 * n + 2));
-    let size = dtype.size_bytes();
+    let size = out_dtype.size_bytes();
     let mut out = vec![0u64; (batches * m * n * size).div_ceil(8)];
     let (wa, wb, wbias) = (Aligned::new(&a_bytes), Aligned::new(&b_bytes), Aligned::new(&bias_bytes));
     let out_bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..batches * m * n * size];
     run(&spec, wa.bytes(), wb.bytes(), if bias { wbias.bytes() } else { &[] }, out_bytes);
-    let got = decode(dtype, out_bytes);
+    let got = decode(out_dtype, out_bytes);
     // one rounding to the output type: relative, and absolute among f16's subnormals
-    let (unit, subnormal) = match dtype {
+    let (unit, subnormal) = match out_dtype {
         DType::F32 => (0.0, 0.0),
         DType::F16 => (2f64.powi(-11), 2f64.powi(-25)),
         _ => (2f64.powi(-8), 0.0),
@@ -222,7 +227,7 @@ fn packed(lib: &'static Library, layout: Layout, dtype: DType) -> impl Fn(&BmmSp
     move |spec: &BmmSpec, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]| {
         let size = dtype.size_bytes();
         spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size).unwrap();
-        bmm(lib, layout, spec, dtype, Operands { a, b, bias }, out).unwrap()
+        bmm(lib, layout, spec, (dtype, dtype), Operands { a, b, bias }, out).unwrap()
     }
 }
 
@@ -404,6 +409,35 @@ fn tasks_cover_every_tile_once_and_split_columns_first() {
         assert!(tasks.len() <= want.max(batches) * 2, "{batches} x {mp} x {np}: {} tasks", tasks.len());
         if batches == 1 && np >= want {
             assert!(tasks.iter().all(|t| (t.i0, t.i1) == (0, mp)), "columns are split first");
+        }
+    }
+}
+
+/// Half-type operands into an f32 result (`bmm_bytes_to`, a weight gradient read only as f32):
+/// the f32 sums unrounded, in both orientations, on the template (where it runs) and the crate.
+#[test]
+fn widening_products_write_unrounded_f32() {
+    use crate::cpu::gemm::bmm_bytes_to_with;
+    for (dtype, engine) in
+        [DType::F16, DType::BF16].into_iter().flat_map(|d| [(d, GemmEngine::Auto), (d, GemmEngine::Crate)])
+    {
+        for (m, n, k) in [(29, 45, 37), (90, 20, 64)] {
+            let case = Case {
+                dtype,
+                m,
+                n,
+                k,
+                batches: 2,
+                lay_a: Lay::RowsContiguous,
+                lay_b: Lay::KContiguous,
+                broadcast_a: false,
+                bias: true,
+                gelu: false,
+            };
+            let run = |spec: &BmmSpec, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]| {
+                bmm_bytes_to_with(engine, spec, (dtype, DType::F32), a, b, bias, out).unwrap()
+            };
+            check_into(&case, DType::F32, &run);
         }
     }
 }
