@@ -5,7 +5,7 @@ usage: models_table.py TORCH.json COIL.json [--out-dir bench/results] [--gpu NAM
 
 TORCH.json is what bench/models_torch.py writes; COIL.json is coil's side:
   {"device": str, "rows": [{"name", "coil_ms", "coil_wall_ms", "coil_peak_bytes", "coil_compile_s", "notes",
-   optional: "per_token", "batch", "coil_compiles"}]}
+   optional: "per_token", "batch", "coil_compiles", "coil_host_ms"}]}
 Writes <out-dir>/models-<gpu>-<date>.txt (a readable table) and .json in the issue's schema:
   {"device": str, "rows": [{"name", "coil_ms", "torch_compile_ms", "torch_eager_ms", "coil_peak_bytes",
    "torch_peak_bytes", "coil_compile_s", "torch_compile_s", ...}]}
@@ -30,7 +30,7 @@ import sys
 
 SCHEMA_KEYS = ["name", "coil_ms", "torch_compile_ms", "torch_eager_ms", "coil_peak_bytes", "torch_peak_bytes",
                "coil_compile_s", "torch_compile_s"]
-COIL_KEYS = ["coil_ms", "coil_wall_ms", "coil_peak_bytes", "coil_compile_s", "coil_compiles"]
+COIL_KEYS = ["coil_ms", "coil_wall_ms", "coil_host_ms", "coil_peak_bytes", "coil_compile_s", "coil_compiles"]
 TORCH_KEYS = ["torch_compile_ms", "torch_eager_ms", "torch_peak_bytes", "torch_compile_s", "torch_compile_wall_ms",
               "torch_eager_wall_ms", "torch_eager_peak_bytes", "torch_compiles", "torch_cudagraph_skips"]
 

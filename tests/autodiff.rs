@@ -76,6 +76,10 @@ fn pointwise_rules_match_finite_differences() {
         }),
         ("trig", |x| x[0].sin()?.mul(&x[1].cos()?)?.add(&x[0].mul(0.5)?.tan()?)?.sum_all()),
         ("tanh_sigmoid_erf", |x| x[0].tanh()?.mul(&x[1].sigmoid()?)?.add(&x[1].erf()?)?.sum_all()),
+        ("atan_asin_acos_erfinv_atan2", |x| {
+            let inverse = x[0].atan()?.mul(&x[1].asin()?)?.add(&x[1].acos()?.mul(&x[0].erfinv()?)?)?;
+            inverse.add(&x[0].atan2(&x[1])?.mul(&x[2])?)?.add(&x[2].atan2(&x[0])?)?.sum_all()
+        }),
         ("neg_abs_div", |x| x[0].neg()?.mul(&x[1].abs()?)?.div(&x[2])?.sum_all()),
         ("pow_both", |x| x[2].pow(&x[1])?.add(&x[0].pow(3)?)?.sum_all()),
         ("sub_remainder", |x| x[0].sub(&x[1])?.mul(&x[0])?.add(&x[0].remainder(&x[2])?)?.sum_all()),

@@ -112,6 +112,16 @@ fn attention_template_agrees_with_the_interpreter_on_cuda() {
     }
 }
 
+/// Masked attention through the template on CUDA (the split-KV decode kernels for one row or
+/// grouped-query rows against a long key range, the row-block kernels with bool and added
+/// masks, rows that keep no key) against the interpreter.
+#[test]
+fn masked_attention_template_agrees_with_the_interpreter_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::masked::check_masked_all(device);
+    }
+}
+
 /// Gradients through the attention templates on CUDA (the backward kernels: tensor-core for
 /// f16 / bf16, the simple one for f32) against the interpreter and the decomposed path: causal
 /// and not, L and S not multiples of 64, head dims 32 to 128, GPT-2's head views.
@@ -173,6 +183,34 @@ fn compiled_functions_run_on_cuda_with_breaks_and_guards() {
 /// `scatter` / `scatter_add` (the gradients of embedding and gather) run by the device kernel:
 /// every dtype it takes, repeated indices (atomic adds), a source larger than the index, against
 /// the interpreter; an index out of range is an error, as on the host.
+/// A training step's gradient shapes on CUDA: bf16 weight gradients cast to f32 (cuBLASLt
+/// writing f32 directly) and bias gradients (column sums split into `[chunks, outputs]`
+/// partials), against the interpreter.
+#[test]
+fn weight_and_bias_gradients_agree_with_the_interpreter_on_cuda() {
+    use coil::{Backend, DType, Tensor};
+    let Some(device) = gpu() else { return };
+    for (rows, cols, k) in [(2048usize, 768usize, 64usize), (1026, 96, 40), (4096, 3072, 16)] {
+        let run = |backend: Backend, device: coil::Device| -> (Vec<f32>, Vec<f32>) {
+            coil::set_backend(backend);
+            coil::manual_seed(3);
+            let x = Tensor::randn(&[rows, k], DType::BF16).unwrap().to_device(device).unwrap();
+            let dy = Tensor::randn(&[rows, cols], DType::BF16).unwrap().to_device(device).unwrap();
+            let dw = x.transpose(0, 1).unwrap().matmul(&dy).unwrap().to_dtype(DType::F32).unwrap();
+            let db = dy.sum(&[0], false).unwrap().to_dtype(DType::F32).unwrap();
+            (dw.to_vec::<f32>().unwrap(), db.to_vec::<f32>().unwrap())
+        };
+        let (want_w, want_b) = run(Backend::Interpreter, coil::Device::Cpu);
+        let (got_w, got_b) = run(Backend::Compiled, device);
+        // The interpreter rounds the product (and the sum) to bf16 first.
+        for (what, got, want) in [("dw", got_w, want_w), ("db", got_b, want_b)] {
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 1e-2 * (1.0 + w.abs()), "{rows}x{cols}x{k} {what}[{i}]: {g} vs {w}");
+            }
+        }
+    }
+}
+
 #[test]
 fn device_scatter_agrees_with_the_interpreter() {
     use coil::{Backend, DType, Tensor};

@@ -217,6 +217,37 @@ fn mlp_with_the_fused_gelu_matches_the_interpreter() {
     assert!((num / den).sqrt() < 1e-2, "relative error {}", (num / den).sqrt());
 }
 
+/// A bf16 weight gradient cast to its f32 parameter's dtype (`(x^T @ dy).to(f32)`): one
+/// product writing f32, no cast kernel; within bf16 rounding of the interpreter, which rounds
+/// the product to bf16 first.
+#[test]
+fn a_half_product_read_by_a_cast_to_f32_writes_f32() {
+    let run = |backend| {
+        coil::set_backend(backend);
+        coil::manual_seed(4);
+        let x = randn(&[2, 24, 16], DType::BF16);
+        let dy = randn(&[2, 24, 40], DType::BF16);
+        let dw = x.reshape(&[48, 16]).unwrap().transpose(0, 1).unwrap().matmul(&dy.reshape(&[48, 40]).unwrap());
+        let dw = dw.unwrap().to_dtype(DType::F32).unwrap();
+        let kernels = (backend == coil::Backend::Compiled).then(|| {
+            let (_, s) = summary(&[&dw]);
+            (s["extern_calls"].as_u64().unwrap(), generated(&s))
+        });
+        (dw.to_vec::<f32>().unwrap(), kernels)
+    };
+    let ((interp, _), (compiled, kernels)) = (run(coil::Backend::Interpreter), run(coil::Backend::Compiled));
+    assert_eq!(kernels, Some((1, 0)), "one product, no cast kernel");
+    // Read by a kernel (logits by a softmax), the product stays bf16: the kernel widens it.
+    let logits = randn(&[48, 16], DType::BF16).matmul(&randn(&[16, 40], DType::BF16)).unwrap();
+    let probs = logits.to_dtype(DType::F32).unwrap().softmax(-1).unwrap();
+    let (c, s) = summary(&[&probs]);
+    assert_eq!(generated(&s), 1, "{:?}", names(&s));
+    assert!(c.pre_fusion.contains("bf16[48, 40] = extern bmm"), "{}", c.pre_fusion);
+    for (a, b) in interp.iter().zip(&compiled) {
+        assert!((a - b).abs() <= 1e-2 * a.abs().max(1.0), "{a} vs {b}");
+    }
+}
+
 #[test]
 fn gpt2_block_compiled_matches_the_interpreter() {
     let run = |backend| {
@@ -271,6 +302,27 @@ fn full_sum_splits_into_two_reductions_and_matches_the_interpreter() {
     let ((reference, _), (compiled, kernels)) = (run(coil::Backend::Interpreter), run(coil::Backend::Compiled));
     assert_eq!(kernels, Some(2), "partial sums, then the sum of the partials");
     assert!((compiled - reference).abs() <= 1e-5 * reference.abs().max(1.0), "{compiled} vs {reference}");
+}
+
+#[test]
+fn column_sums_with_few_outputs_split_and_match_the_interpreter() {
+    // A bias gradient's shape in 4 chunks of 257 rows (overhanging the 1026 rows), and a
+    // column max.
+    let run = |backend| {
+        coil::set_backend(backend);
+        coil::manual_seed(5);
+        let dy = randn(&[2, 513, 48], DType::BF16);
+        let sum = dy.sum(&[0, 1], false).unwrap().to_dtype(DType::F32).unwrap();
+        let max = dy.amax(&[0, 1], false).unwrap();
+        let kernels = (backend == coil::Backend::Compiled).then(|| generated(&summary(&[&sum, &max]).1));
+        (sum.to_vec::<f32>().unwrap(), max.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), kernels)
+    };
+    let ((sum_ref, max_ref, _), (sum, max, kernels)) = (run(coil::Backend::Interpreter), run(coil::Backend::Compiled));
+    assert_eq!(kernels, Some(3), "partial sums and maxima in one kernel, then one for each");
+    assert_eq!(max, max_ref);
+    for (a, b) in sum.iter().zip(&sum_ref) {
+        assert!((a - b).abs() <= 1e-2 * b.abs().max(1.0), "{sum:?} vs {sum_ref:?}");
+    }
 }
 
 /// `Compiled::profile` (and `COIL_PROFILE=1`) times every launch, named as in the schedule.

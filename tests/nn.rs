@@ -422,6 +422,41 @@ fn decoding_with_a_kv_cache_gives_the_full_forward_logits_and_compiles_once() {
     assert!(cache.commit(&[], 1, &[]).is_err(), "a full cache says so");
 }
 
+/// A decode step (GPT-2: one row per head; Llama: 2 grouped-query rows per key/value head)
+/// runs each layer's attention as one masked template call over the cache, whose mask is read
+/// where it lies: no buffer of the `[B, H, rows, capacity]` scores in the compiled graph.
+#[test]
+fn decode_steps_run_attention_as_one_masked_template_call_per_layer() {
+    use coil::nn::models::llama::{Llama, LlamaConfig};
+    use coil::nn::models::CausalLm;
+    let _lock = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    coil::manual_seed(7);
+    let (gpt2_store, llama_store) = (ParamStore::new(), ParamStore::new());
+    let gpt2: Box<dyn CausalLm> = Box::new(Gpt2::new(&root(&gpt2_store), Gpt2Config::tiny()).unwrap());
+    let llama: Box<dyn CausalLm> = Box::new(Llama::new(&root(&llama_store), LlamaConfig::tiny()).unwrap());
+    gpt2_store.realize_pending().unwrap();
+    llama_store.realize_pending().unwrap();
+    let (batch, capacity) = (2usize, 40usize);
+    // (model, layers, key/value heads, rows per key/value head)
+    for (model, layers, kv_heads, rows) in [(gpt2, 2, 2, 1), (llama, 2, 2, 2)] {
+        let cache = model.new_cache(batch, capacity).unwrap();
+        let token = Tensor::from_vec(vec![3i64, 5], &[2, 1]).unwrap();
+        let (logits, _) = model.forward_cached(&token, &cache.position().unwrap(), &cache).unwrap();
+        let compiled = coil::inspect(&[&logits]).unwrap();
+        let ir = &compiled.pre_fusion;
+        assert_eq!(ir.matches("extern attention").count(), layers, "{ir}");
+        assert_eq!(ir.matches(" mask=[0, 0, ").count(), layers, "the mask broadcast over batch and heads: {ir}");
+        let coil::Executable::Cpu(graph) = &compiled.executable else { panic!("a CPU graph") };
+        let scores = batch * kv_heads * rows * capacity;
+        let found = graph
+            .program()
+            .buffers
+            .iter()
+            .find(|b| b.meta.numel() >= scores && b.meta.shape.ends_with(&[rows, capacity]));
+        assert!(found.is_none(), "a buffer of the scores: {:?}", found.map(|b| (&b.name, &b.meta)));
+    }
+}
+
 #[test]
 fn llama_loads_a_hugging_face_checkpoint_and_matches_its_logits_cached_or_not() {
     use coil::nn::models::llama::{Llama, LlamaConfig};

@@ -225,6 +225,41 @@ fn max_of_a_value_with_itself_is_the_value() {
 }
 
 #[test]
+fn bit_ops_cancel_and_absorb() {
+    let mut g = G::default();
+    let (x, b) = (g.input(&[6], DType::I32), g.input(&[6], DType::Bool));
+    let n1 = g.un(UnaryOp::BitwiseNot, x);
+    let n2 = g.un(UnaryOp::BitwiseNot, n1);
+    let m = g.bin(BinaryOp::BitwiseOr, n2, n2);
+    let s = g.bin(BinaryOp::BitwiseXor, m, x); // 0, computed
+    let c1 = g.un(UnaryOp::BitwiseNot, b);
+    let c2 = g.un(UnaryOp::BitwiseNot, c1);
+    let c = g.bin(BinaryOp::BitwiseAnd, c2, c2);
+    let (out, r) = sound(&g.out(&[s, c]), "involution");
+    assert_eq!(r.fired("involution"), 2);
+    assert!(r.fired("idempotent") >= 2, "{r}");
+    assert_eq!(op_names(&out), ["bitwise_xor"], "{out}");
+}
+
+#[test]
+fn shifts_of_constants_fold_as_pytorch_shifts() {
+    // 1 << 33 in i32 and -8 >> 40 (shifts by at least the width) fold to 0 and -1, as the
+    // interpreter computes them
+    let mut g = G::default();
+    let x = g.input(&[3], DType::I32);
+    let one = g.full(Scalar::Int(1), &[3], DType::I32);
+    let far = g.full(Scalar::Int(33), &[3], DType::I32);
+    let l = g.bin(BinaryOp::ShiftLeft, one, far);
+    let neg = g.full(Scalar::Int(-8), &[3], DType::I32);
+    let forty = g.full(Scalar::Int(40), &[3], DType::I32);
+    let r = g.bin(BinaryOp::ShiftRight, neg, forty);
+    let y = g.bin(BinaryOp::Add, x, l);
+    let z = g.bin(BinaryOp::Mul, x, r);
+    let (out, _) = sound(&g.out(&[y, z]), "constant-fold");
+    assert!(!op_names(&out).iter().any(|n| n.contains("shift")), "{out}");
+}
+
+#[test]
 fn where_on_a_constant_condition_selects() {
     let mut g = G::default();
     let (a, b, c) = (g.input(&[4], DType::F32), g.input(&[4], DType::F32), g.input(&[4], DType::Bool));

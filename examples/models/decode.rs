@@ -5,9 +5,11 @@
 //! step's graph with the cache written in place, and fed to the next step without a host round
 //! trip. A row's time is per step: the device time of the 256-step loop (CUDA events around it,
 //! after a 256 MiB L2 flush) over 256, median of the loops; the prefill row is the prefill's
-//! time over 512.
+//! time over 512. A decode row also reports the host's time per step (`coil_host_ms`): until
+//! the loop's calls return, the work enqueued and not waited for (nothing in the loop reads the
+//! device), which is the host's own cost per token while the device keeps up.
 
-use super::{median, Opts, Row, Timer};
+use super::{median, Opts, Row, Timer, Times};
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::models::llama::{Llama, LlamaConfig};
 use coil::nn::models::CausalLm;
@@ -16,14 +18,14 @@ use coil::{DType, Device, Tensor};
 use std::time::Instant;
 
 /// One prefill then `new_tokens` greedy decode steps with a cache of `capacity` positions;
-/// returns the (prefill, decode loop) device and wall microseconds.
+/// returns the times of the prefill and of the decode loop.
 fn generate(
     model: &dyn CausalLm,
     prompt: &Tensor,
     new_tokens: usize,
     capacity: usize,
     timer: &Timer,
-) -> coil::Result<((f64, f64), (f64, f64))> {
+) -> coil::Result<(Times, Times)> {
     let (batch, len) = (prompt.shape()[0], prompt.shape()[1]);
     let mut cache = model.new_cache(batch, capacity)?;
     let mut next = None;
@@ -99,30 +101,37 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             let graphs = coil::compile_count() - compiles;
             coil::set_cuda_graphs(was);
             let replay = if o.cuda_graphs { "replayed from CUDA graphs" } else { "no CUDA graphs" };
-            let per = |v: &[(f64, f64)], k: usize, n: usize| {
-                median(v.iter().map(|t| (if k == 0 { t.0 } else { t.1 }) / 1e3 / n as f64).collect())
-            };
+            let per =
+                |v: &[Times], f: fn(&Times) -> f64, n: usize| median(v.iter().map(|t| f(t) / 1e3 / n as f64).collect());
             let steps = new_tokens;
             if wanted(&name) {
                 let row = Row {
                     name: name.clone(),
-                    device_ms: per(&dec, 0, steps),
-                    wall_ms: per(&dec, 1, steps),
+                    device_ms: per(&dec, |t| t.device, steps),
+                    wall_ms: per(&dec, |t| t.wall, steps),
+                    host_ms: Some(per(&dec, |t| t.host, steps)),
                     peak: timer.peak(),
-                    compile_s: (compile_s - per(&pre, 1, 1) / 1e3).max(0.0),
+                    compile_s: (compile_s - per(&pre, |t| t.wall, 1) / 1e3).max(0.0),
                     notes: format!(
                         "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device, {replay}; {graphs} graphs compiled (cache, prefill, decode)"
                     ),
                     per_token_batch: Some(batch),
                 };
-                eprintln!("{:<28} {:9.3} ms/token device  {:9.3} wall", row.name, row.device_ms, row.wall_ms);
+                eprintln!(
+                    "{:<28} {:9.3} ms/token device  {:9.3} wall  {:7.1} us host",
+                    row.name,
+                    row.device_ms,
+                    row.wall_ms,
+                    row.host_ms.unwrap_or(0.0) * 1e3
+                );
                 out.push(row);
             }
             if want_prefill {
                 let row = Row {
                     name: prefill_name,
-                    device_ms: per(&pre, 0, prompt_len),
-                    wall_ms: per(&pre, 1, prompt_len),
+                    device_ms: per(&pre, |t| t.device, prompt_len),
+                    wall_ms: per(&pre, |t| t.wall, prompt_len),
+                    host_ms: None,
                     peak: timer.peak(),
                     compile_s: 0.0,
                     notes: format!("per token: a {prompt_len}-token prefill at batch 1 over {prompt_len}"),

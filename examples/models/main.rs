@@ -14,7 +14,8 @@
 //! (a cold L2), CUDA events around the call on the device's stream (the wall clock on the CPU);
 //! the median. The wall clock of a call is measured too (`coil_wall_ms`). The compile time is
 //! the first call's wall time minus a steady call's; the peak is the allocator's most bytes in
-//! use over one steady call (parameters, optimizer state and activations included).
+//! use over one steady call (parameters, optimizer state and activations included; the flush
+//! buffer not).
 
 mod decode;
 
@@ -87,20 +88,21 @@ impl Timer {
         })
     }
 
-    pub fn time(&self, f: &mut dyn FnMut() -> coil::Result<()>) -> coil::Result<(f64, f64)> {
+    pub fn time(&self, f: &mut dyn FnMut() -> coil::Result<()>) -> coil::Result<Times> {
         let Some((dev, timer, flush)) = &self.cuda else {
             let t = Instant::now();
             f()?;
             let us = t.elapsed().as_secs_f64() * 1e6;
-            return Ok((us, us));
+            return Ok(Times { device: us, wall: us, host: us });
         };
         flush.zero(FLUSH_BYTES)?;
         dev.synchronize()?;
         let wall = Instant::now();
         timer.start()?;
         f()?;
-        let device_us = timer.stop()?;
-        Ok((device_us, wall.elapsed().as_secs_f64() * 1e6))
+        let host = wall.elapsed().as_secs_f64() * 1e6;
+        let device = timer.stop()?;
+        Ok(Times { device, wall: wall.elapsed().as_secs_f64() * 1e6, host })
     }
 
     pub fn reset_peak(&self) {
@@ -109,15 +111,33 @@ impl Timer {
         }
     }
 
+    /// The allocator's peak since [`Timer::reset_peak`], less the L2 flush buffer (live all
+    /// along; PyTorch's side measures with it not allocated).
     pub fn peak(&self) -> usize {
-        self.cuda.as_ref().map_or(0, |(dev, ..)| dev.memory_stats().peak_in_use_bytes)
+        self.cuda.as_ref().map_or(0, |(dev, _, flush)| {
+            dev.memory_stats().peak_in_use_bytes - coil_runtime::cuda::memory::size_class(flush.bytes())
+        })
     }
+}
+
+/// One timed call, in microseconds.
+#[derive(Clone, Copy)]
+pub struct Times {
+    /// CUDA events around the call (the wall clock on the CPU).
+    pub device: f64,
+    /// Until the call's work finished.
+    pub wall: f64,
+    /// Until the call returned, its work enqueued and not waited for: the host's own time
+    /// while the device keeps up (the wall clock on the CPU).
+    pub host: f64,
 }
 
 pub struct Row {
     name: String,
     device_ms: f64,
     wall_ms: f64,
+    /// The host's time per call or token ([`Times::host`]), where measured.
+    host_ms: Option<f64>,
     peak: usize,
     compile_s: f64,
     notes: String,
@@ -147,9 +167,9 @@ fn bench(
     }
     let (mut device, mut wall) = (Vec::new(), Vec::new());
     for _ in 0..o.reps.max(1) {
-        let (d, w) = timer.time(step)?;
-        device.push(d / 1e3);
-        wall.push(w / 1e3);
+        let t = timer.time(step)?;
+        device.push(t.device / 1e3);
+        wall.push(t.wall / 1e3);
     }
     timer.reset_peak();
     step()?;
@@ -158,6 +178,7 @@ fn bench(
         name: name.into(),
         device_ms,
         wall_ms,
+        host_ms: None,
         peak: timer.peak(),
         compile_s: (first_s - wall_ms / 1e3).max(0.0),
         notes: notes.into(),
@@ -266,14 +287,13 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                 opt.step(&clipped)
             })?);
         }
-        let med =
-            |v: &[(f64, f64)], k: usize| median(v.iter().map(|t| (if k == 0 { t.0 } else { t.1 }) / 1e3).collect());
+        let med = |v: &[Times], f: fn(&Times) -> f64| median(v.iter().map(|t| f(t) / 1e3).collect());
         eprintln!(
             "  of which: gradients {:.3} ms device ({:.3} wall), clipping + AdamW {:.3} ms device ({:.3} wall)",
-            med(&g, 0),
-            med(&g, 1),
-            med(&u, 0),
-            med(&u, 1)
+            med(&g, |t| t.device),
+            med(&g, |t| t.wall),
+            med(&u, |t| t.device),
+            med(&u, |t| t.wall)
         );
     }
 
@@ -297,8 +317,9 @@ fn main() -> coil::Result<()> {
         .iter()
         .map(|r| {
             let per_token = r.per_token_batch.map_or(String::new(), |b| format!(", \"per_token\": true, \"batch\": {b}"));
+            let host = r.host_ms.map_or(String::new(), |h| format!(", \"coil_host_ms\": {h:.4}"));
             format!(
-                "{{\"name\": \"{}\", \"coil_ms\": {:.4}, \"coil_wall_ms\": {:.4}, \"coil_peak_bytes\": {}, \"coil_compile_s\": {:.3}, \"notes\": \"{}\"{per_token}}}",
+                "{{\"name\": \"{}\", \"coil_ms\": {:.4}, \"coil_wall_ms\": {:.4}{host}, \"coil_peak_bytes\": {}, \"coil_compile_s\": {:.3}, \"notes\": \"{}\"{per_token}}}",
                 r.name, r.device_ms, r.wall_ms, r.peak, r.compile_s, r.notes
             )
         })

@@ -127,7 +127,7 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
                 let node = &program.nodes[k.nodes[0]];
                 let what = match &node.kind {
                     LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => "gemm".to_string(),
-                    LoopKind::Extern { call: ExternCall::Attention { .. }, .. } => "attention template".to_string(),
+                    LoopKind::Extern { call: ExternCall::Attention(_), .. } => "attention template".to_string(),
                     LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
                         "attention backward template".to_string()
                     }

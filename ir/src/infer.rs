@@ -589,6 +589,13 @@ fn unary(u: UnaryOp, x: &TensorMeta) -> Result<TensorMeta> {
         DType::Bool
     } else if u.float_only() {
         x.dtype.to_float()
+    } else if u.integral_only() && x.dtype.is_float() {
+        // As PyTorch, which has no kernel of bit ops for floats.
+        return Err(Error::dtype(format!(
+            "{} is not supported on {} tensors, only integers and bool",
+            u.name(),
+            x.dtype
+        )));
     } else if u == UnaryOp::Neg && x.dtype == DType::Bool {
         return Err(Error::dtype("negation, the `-` operator, on a bool tensor is not supported; use logical_not"));
     } else if x.dtype == DType::Bool
@@ -607,7 +614,16 @@ fn binary(b: BinaryOp, x: Operand, y: Operand) -> Result<TensorMeta> {
     let common = promote(&[x, y]);
     let dtype = match b {
         _ if b.returns_bool() => DType::Bool,
-        BinaryOp::Div => common.to_float(),
+        _ if b.float_only() => common.to_float(),
+        _ if b.integral_only() && common.is_float() => {
+            return Err(Error::dtype(format!(
+                "{} is not supported on {common} operands, only integers and bool",
+                b.name()
+            )))
+        }
+        BinaryOp::ShiftLeft | BinaryOp::ShiftRight if common == DType::Bool => {
+            return Err(Error::dtype(format!("{} of two bool operands is not supported", b.name())))
+        }
         BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder if common == DType::Bool => {
             return Err(Error::dtype(format!("{} of two bool operands is not supported", b.name())))
         }

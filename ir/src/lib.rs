@@ -9,7 +9,8 @@
 //!   its deterministic printer;
 //! * the loop-level IR ([`loops`]) that graphs are lowered to before fusion, and the kernel
 //!   level ([`kernel`]): the scheduler's fused kernels and the Triton-style block IR;
-//! * coil's [`Error`] type.
+//! * coil's [`Error`] type;
+//! * the formulas of [`special`] functions every backend shares (`erfinv`).
 //!
 //! It depends on nothing else in coil.
 
@@ -22,6 +23,7 @@ pub mod kernel;
 pub mod loops;
 pub mod op;
 pub mod philox;
+pub mod special;
 pub mod sym;
 
 pub use dtype::{DType, Scalar};

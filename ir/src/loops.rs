@@ -182,43 +182,54 @@ pub enum ExternCall {
         n: Expr,
         k: Expr,
     },
-    /// The attention template: `out[b] = softmax(scale * q[b] @ k[b]^T (causal: -inf where
-    /// col > row)) @ v[b]` for every batch index, as one call that never materializes the
-    /// `[*batch, l, s]` scores (flash-attention style). `q` is `[*batch, l, d]`, `k` and `v`
-    /// `[*batch, s, d]`, each a strided view of its buffer (attention heads are views of one
-    /// QKV projection, never copied); `out` says where element `(b, row, col)` of the
-    /// `[*batch, l, d]` result lands in the node's output buffer (`out.buffer` is that buffer):
-    /// row-major, or the layout of a following permute that keeps the last dim (so a
-    /// `transpose(1, 2)` of the heads costs no copy). Scores and the softmax are computed in
-    /// f32 (f64 for f64) and the result is rounded once. `causal` is top-left aligned, as
-    /// PyTorch's `is_causal`: query row `i` sees keys `j <= i`.
-    Attention {
-        q: StridedOperand,
-        k: StridedOperand,
-        v: StridedOperand,
-        out: StridedOperand,
-        /// A second buffer the call writes, when an attention backward needs it: the row
-        /// logsumexp of the scaled (masked) scores, natural log, `[*batch, l]` row-major, f32
-        /// (f64 for f64 operands).
-        lse: Option<BufferId>,
-        /// Batch dims of q, k, v and the result.
-        batch: Vec<Expr>,
-        /// Query rows.
-        l: Expr,
-        /// Keys (and values).
-        s: Expr,
-        /// Head dim of q, k and v.
-        d: Expr,
-        causal: bool,
-        /// The factor on `q . k` (`1 / sqrt(d)` unless given).
-        scale: f64,
-    },
+    /// The attention template (flash-attention style): see [`AttentionCall`] (boxed, as the
+    /// backward's).
+    Attention(Box<AttentionCall>),
     /// The attention backward template (FlashAttention-2 style): see [`AttentionBackwardCall`]
     /// (boxed: the largest call by far).
     AttentionBackward(Box<AttentionBackwardCall>),
     /// A primitive op run by the reference interpreter on its operand buffers (an op with no
     /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
     Fallback { op: Op },
+}
+
+/// The attention template's call ([`ExternCall::Attention`]): `out[b] = softmax(scale * q[b] @
+/// k[b]^T (causal: -inf where col > row) (+ mask[b])) @ v[b]` for every batch index, as one
+/// call that never materializes the `[*batch, l, s]` scores. `q` is `[*batch, l, d]`, `k` and
+/// `v` `[*batch, s, d]`, each a strided view of its buffer (attention heads are views of one
+/// QKV projection, never copied); `out` says where element `(b, row, col)` of the
+/// `[*batch, l, d]` result lands in the node's output buffer (`out.buffer` is that buffer):
+/// row-major, or the layout of a following permute that keeps the last dim (so a
+/// `transpose(1, 2)` of the heads costs no copy). Scores and the softmax are computed in f32
+/// (f64 for f64) and the result is rounded once. `causal` is top-left aligned, as PyTorch's
+/// `is_causal`: query row `i` sees keys `j <= i`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionCall {
+    pub q: StridedOperand,
+    pub k: StridedOperand,
+    pub v: StridedOperand,
+    pub out: StridedOperand,
+    /// A second buffer the call writes, when an attention backward needs it: the row
+    /// logsumexp of the scaled (masked) scores, natural log, `[*batch, l]` row-major, f32 (f64
+    /// for f64 operands).
+    pub lse: Option<BufferId>,
+    /// Batch dims of q, k, v and the result.
+    pub batch: Vec<Expr>,
+    /// Query rows.
+    pub l: Expr,
+    /// Keys (and values).
+    pub s: Expr,
+    /// Head dim of q, k and v.
+    pub d: Expr,
+    pub causal: bool,
+    /// The factor on `q . k` (`1 / sqrt(d)` unless given).
+    pub scale: f64,
+    /// An explicit mask: element `(b, row, key)` of the `[*batch, l, s]` mask as a view of its
+    /// buffer (broadcast dims have stride 0; its column stride is the key's). A bool mask keeps
+    /// the keys where it is true (the others score `-inf`), a mask of the operands' dtype is
+    /// added to the scaled scores. A row that keeps no key gives 0 (and logsumexp `-inf`), as
+    /// PyTorch's SDPA.
+    pub mask: Option<StridedOperand>,
 }
 
 /// The attention backward template's call ([`ExternCall::AttentionBackward`]): the gradients of
@@ -267,7 +278,7 @@ impl ExternCall {
     pub fn kind_name(&self) -> &'static str {
         match self {
             ExternCall::Bmm { .. } => "bmm",
-            ExternCall::Attention { .. } => "attention",
+            ExternCall::Attention(_) => "attention",
             ExternCall::AttentionBackward(_) => "attention_backward",
             ExternCall::Fallback { .. } => "fallback",
         }
@@ -278,7 +289,7 @@ impl ExternCall {
     /// their node's output without naming it (bmm, fallback).
     pub fn written(&self) -> Vec<BufferId> {
         match self {
-            ExternCall::Attention { out, lse, .. } => std::iter::once(out.buffer).chain(*lse).collect(),
+            ExternCall::Attention(call) => std::iter::once(call.out.buffer).chain(call.lse).collect(),
             ExternCall::AttentionBackward(call) => call.grads().into_iter().flatten().map(|o| o.buffer).collect(),
             ExternCall::Bmm { .. } | ExternCall::Fallback { .. } => vec![],
         }
@@ -298,7 +309,8 @@ impl fmt::Display for ExternCall {
                 }
                 write!(f, "bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
             }
-            ExternCall::Attention { out, batch, l, s, d, causal, scale, .. } => {
+            ExternCall::Attention(call) => {
+                let AttentionCall { out, batch, l, s, d, causal, scale, mask, .. } = &**call;
                 let causal = if *causal { " causal" } else { "" };
                 write!(
                     f,
@@ -307,7 +319,16 @@ impl fmt::Display for ExternCall {
                     exprs(batch)
                 )?;
                 let dims: Vec<Expr> = batch.iter().copied().chain([*l, *d]).collect();
-                write_layout(f, "out", out, &dims)
+                write_layout(f, "out", out, &dims)?;
+                if let Some(mask) = mask {
+                    let mut strides = mask.batch_strides.clone();
+                    strides.extend([mask.row_stride, mask.col_stride]);
+                    write!(f, " mask={}", exprs(&strides))?;
+                    if mask.offset != Expr::int(0) {
+                        write!(f, "+{}", mask.offset)?;
+                    }
+                }
+                Ok(())
             }
             ExternCall::AttentionBackward(call) => {
                 let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
@@ -634,8 +655,12 @@ impl LoopProgram {
                     }
                     batch.iter_mut().chain([m, n, k]).for_each(|e| *e = at(*e));
                 }
-                LoopKind::Extern { call: ExternCall::Attention { q, k, v, out, batch, l, s, d, .. }, .. } => {
+                LoopKind::Extern { call: ExternCall::Attention(call), .. } => {
+                    let AttentionCall { q, k, v, out, batch, l, s, d, mask, .. } = &mut **call;
                     (*q, *k, *v, *out) = (q.map(&at), k.map(&at), v.map(&at), out.map(&at));
+                    if let Some(mask) = mask {
+                        *mask = mask.map(&at);
+                    }
                     batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
                 }
                 LoopKind::Extern { call: ExternCall::AttentionBackward(call), .. } => {

@@ -6,9 +6,9 @@
 //!   leaves (inputs, constants, iota, random), pointwise math ([`UnaryOp`], [`BinaryOp`],
 //!   `where`, casts), reductions ([`ReduceOp`]), `cumsum`, `argsort`, views (reshape, permute, expand,
 //!   slice), data movement (pad, cat, gather, index_select, scatter), `bmm`, and the
-//!   *templates* of attention: attention without an explicit mask ([`Op::Attention`] with
-//!   `mask: false`), the row logsumexp of its scores ([`Op::AttentionLogsumexp`]) and its
-//!   gradients ([`Op::AttentionBackward`]), which the compile path keeps whole (one
+//!   *templates* of attention: attention ([`Op::Attention`], with or without an explicit
+//!   mask), the row logsumexp of maskless attention's scores ([`Op::AttentionLogsumexp`]) and
+//!   its gradients ([`Op::AttentionBackward`]), which the compile path keeps whole (one
 //!   flash-attention call forward, one backward) where it supports their shapes and dtypes;
 //!   the reference decomposition always expands them.
 //!   A *primitive graph* also makes broadcasting and type promotion explicit: the operands of a
@@ -23,186 +23,8 @@
 use crate::dtype::{DType, Scalar};
 use std::fmt::{self, Write};
 
-/// Pointwise functions of one operand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    Neg,
-    Abs,
-    Sign,
-    Exp,
-    Exp2,
-    Expm1,
-    Log,
-    Log2,
-    Log1p,
-    Sqrt,
-    Rsqrt,
-    Sin,
-    Cos,
-    Tan,
-    Tanh,
-    Sigmoid,
-    Erf,
-    Floor,
-    Ceil,
-    /// Round half to even, as `torch.round`.
-    Round,
-    Trunc,
-    Reciprocal,
-    LogicalNot,
-    IsNan,
-    IsInf,
-}
-
-impl UnaryOp {
-    pub const ALL: [UnaryOp; 25] = {
-        use UnaryOp::*;
-        [
-            Neg, Abs, Sign, Exp, Exp2, Expm1, Log, Log2, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Sigmoid, Erf, Floor,
-            Ceil, Round, Trunc, Reciprocal, LogicalNot, IsNan, IsInf,
-        ]
-    };
-
-    pub fn name(self) -> &'static str {
-        use UnaryOp::*;
-        match self {
-            Neg => "neg",
-            Abs => "abs",
-            Sign => "sign",
-            Exp => "exp",
-            Exp2 => "exp2",
-            Expm1 => "expm1",
-            Log => "log",
-            Log2 => "log2",
-            Log1p => "log1p",
-            Sqrt => "sqrt",
-            Rsqrt => "rsqrt",
-            Sin => "sin",
-            Cos => "cos",
-            Tan => "tan",
-            Tanh => "tanh",
-            Sigmoid => "sigmoid",
-            Erf => "erf",
-            Floor => "floor",
-            Ceil => "ceil",
-            Round => "round",
-            Trunc => "trunc",
-            Reciprocal => "reciprocal",
-            LogicalNot => "logical_not",
-            IsNan => "isnan",
-            IsInf => "isinf",
-        }
-    }
-
-    /// Transcendental ops compute in floating point: integer inputs give the default float.
-    pub fn float_only(self) -> bool {
-        use UnaryOp::*;
-        matches!(
-            self,
-            Exp | Exp2
-                | Expm1
-                | Log
-                | Log2
-                | Log1p
-                | Sqrt
-                | Rsqrt
-                | Sin
-                | Cos
-                | Tan
-                | Tanh
-                | Sigmoid
-                | Erf
-                | Reciprocal
-        )
-    }
-
-    /// Ops whose result is `bool` whatever the operand.
-    pub fn returns_bool(self) -> bool {
-        matches!(self, UnaryOp::LogicalNot | UnaryOp::IsNan | UnaryOp::IsInf)
-    }
-}
-
-/// Pointwise functions of two operands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    /// True division: integers divide as floats.
-    Div,
-    /// `div(rounding_mode="floor")`.
-    FloorDiv,
-    /// `div(rounding_mode="trunc")`.
-    TruncDiv,
-    /// `torch.remainder`: the result has the sign of the divisor.
-    Remainder,
-    Pow,
-    /// `torch.maximum`: NaN propagates; a tie of `+0.0` and `-0.0` gives the first operand
-    /// ([`BinaryOp::max_min`]).
-    Maximum,
-    Minimum,
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    LogicalAnd,
-    LogicalOr,
-}
-
-impl BinaryOp {
-    pub const ALL: [BinaryOp; 18] = {
-        use BinaryOp::*;
-        [
-            Add, Sub, Mul, Div, FloorDiv, TruncDiv, Remainder, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge,
-            LogicalAnd, LogicalOr,
-        ]
-    };
-
-    pub fn name(self) -> &'static str {
-        use BinaryOp::*;
-        match self {
-            Add => "add",
-            Sub => "sub",
-            Mul => "mul",
-            Div => "div",
-            FloorDiv => "floor_divide",
-            TruncDiv => "trunc_divide",
-            Remainder => "remainder",
-            Pow => "pow",
-            Maximum => "maximum",
-            Minimum => "minimum",
-            Eq => "eq",
-            Ne => "ne",
-            Lt => "lt",
-            Le => "le",
-            Gt => "gt",
-            Ge => "ge",
-            LogicalAnd => "logical_and",
-            LogicalOr => "logical_or",
-        }
-    }
-
-    /// Comparisons and logical ops return `bool`.
-    pub fn returns_bool(self) -> bool {
-        use BinaryOp::*;
-        matches!(self, Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr)
-    }
-
-    /// [`BinaryOp::Maximum`] (else [`BinaryOp::Minimum`]) of two floats, as every backend
-    /// computes it: NaN if either is NaN; on a tie of `+0.0` and `-0.0`, the first operand, so
-    /// that `relu(x) = maximum(x, 0)` of `-0.0` is `-0.0` and `clamp` keeps `x` at an equal
-    /// bound, as PyTorch's do.
-    pub fn max_min(self, a: f64, b: f64) -> f64 {
-        let b_wins = if self == BinaryOp::Maximum { b > a } else { b < a };
-        match () {
-            _ if a.is_nan() || b.is_nan() => f64::NAN,
-            _ if b_wins => b,
-            _ => a,
-        }
-    }
-}
+mod pointwise;
+pub use pointwise::{BinaryOp, UnaryOp};
 
 /// Reductions over a set of dims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -495,7 +317,10 @@ pub enum Op {
     MseLoss {
         reduction: LossReduction,
     },
-    /// `F.scaled_dot_product_attention(q, k, v, mask?)`.
+    /// `F.scaled_dot_product_attention(q, k, v, mask?)`. With `mask`, a fourth operand
+    /// broadcastable to the scores `[*batch, L, S]`: bool (true keeps the key, false scores
+    /// `-inf`) or of q's dtype (added to the scaled scores). A row whose every key is dropped
+    /// gives 0, as PyTorch's SDPA (its `_safe_softmax`).
     Attention {
         causal: bool,
         scale: Option<f64>,
@@ -591,10 +416,10 @@ impl Op {
     }
 
     /// Templates: composite ops a primitive graph may keep whole, for a backend to run as one
-    /// call (attention without an explicit mask, its logsumexp and its gradients). Decomposing
-    /// them is always correct too.
+    /// call (attention, with or without an explicit mask, the logsumexp and the gradients of
+    /// maskless attention). Decomposing them is always correct too.
     pub fn is_template(&self) -> bool {
-        matches!(self, Op::Attention { mask: false, .. } | Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. })
+        matches!(self, Op::Attention { .. } | Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. })
     }
 
     /// The primitives that are not templates.

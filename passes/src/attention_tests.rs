@@ -266,12 +266,13 @@ fn lowering_makes_one_call_on_the_head_views_writing_the_transposed_layout() {
         .nodes
         .iter()
         .filter_map(|n| match &n.kind {
-            LoopKind::Extern { call: call @ ExternCall::Attention { .. }, .. } => Some(call),
+            LoopKind::Extern { call: call @ ExternCall::Attention(_), .. } => Some(call),
             _ => None,
         })
         .collect();
     assert_eq!(calls.len(), 1, "{p}");
-    let ExternCall::Attention { q, k, v, out, .. } = calls[0] else { unreachable!() };
+    let ExternCall::Attention(call) = calls[0] else { unreachable!() };
+    let coil_ir::loops::AttentionCall { q, k, v, out, .. } = &**call;
     // Head views of the QKV input: strides [T*3C, D, 3C, 1], offsets 0, C, 2C; no copies.
     assert_eq!(p.nodes.len(), 3, "the call, the projection, the output copy: {p}");
     let strides = |o: &coil_ir::loops::StridedOperand| {

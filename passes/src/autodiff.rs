@@ -421,6 +421,23 @@ fn unary(b: &mut Builder, u: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Result
             let d = b.add(y2, 1.0)?;
             b.mul(g, d)?
         }
+        Atan => {
+            let x2 = b.mul(x, x)?;
+            let d = b.add(x2, 1.0)?;
+            b.div(g, d)?
+        }
+        Asin | Acos => {
+            // ±1 / sqrt(1 - x^2), as PyTorch's `(1 - x * x).rsqrt()`
+            let x2 = b.mul(x, x)?;
+            let d = b.sub(1.0, x2)?;
+            let r = b.rsqrt(d)?;
+            let gr = b.mul(g, r)?;
+            if u == Acos {
+                b.neg(gr)?
+            } else {
+                gr
+            }
+        }
         Tanh => {
             let y2 = b.mul(y, y)?;
             let d = b.sub(1.0, y2)?;
@@ -439,12 +456,19 @@ fn unary(b: &mut Builder, u: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Result
             let d = b.mul(e, 2.0 / PI.sqrt())?;
             b.mul(g, d)?
         }
+        Erfinv => {
+            // d/dx erfinv(x) = sqrt(pi)/2 exp(erfinv(x)^2)
+            let y2 = b.mul(y, y)?;
+            let e = b.exp(y2)?;
+            let d = b.mul(e, PI.sqrt() / 2.0)?;
+            b.mul(g, d)?
+        }
         Reciprocal => {
             let y2 = b.mul(y, y)?;
             let gy2 = b.mul(g, y2)?;
             b.neg(gy2)?
         }
-        LogicalNot | IsNan | IsInf => return Ok(None),
+        LogicalNot | IsNan | IsInf | BitwiseNot => return Ok(None),
     };
     Ok(Some(dx))
 }
@@ -532,8 +556,23 @@ fn binary(
                 b.neg(gq)
             })?,
         ),
+        Atan2 => {
+            // d/da atan2(a, c) = c / (a^2 + c^2), d/dc = -a / (a^2 + c^2)
+            let a2 = b.mul(a, a)?;
+            let c2 = b.mul(c, c)?;
+            let r2 = b.add(a2, c2)?;
+            let gr = b.div(g, r2)?;
+            (
+                side(b, want_a, |b| b.mul(gr, c))?,
+                side(b, want_c, |b| {
+                    let ga = b.mul(gr, a)?;
+                    b.neg(ga)
+                })?,
+            )
+        }
         FloorDiv | TruncDiv => (None, None),
         Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => (None, None),
+        BitwiseAnd | BitwiseOr | BitwiseXor | ShiftLeft | ShiftRight => (None, None),
     })
 }
 

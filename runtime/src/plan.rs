@@ -79,16 +79,28 @@ pub(crate) fn check_extern(
     let stats = coil_ir::infer::attention_stats_dtype(dtype);
     // (buffer, the dtype it must have)
     let operands: Vec<(BufferId, DType)> = match call {
-        ExternCall::Bmm { a, b, bias, .. } => {
-            [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).map(|b| (b, dtype)).collect()
+        ExternCall::Bmm { a, b, bias, activation, .. } => {
+            // An f16 / bf16 product may write f32 (a widening epilogue: no bias, no activation).
+            let operand = match (p.buffer(a.buffer).meta.dtype, dtype) {
+                (half @ (DType::F16 | DType::BF16), DType::F32) if bias.is_none() && activation.is_none() => half,
+                _ => dtype,
+            };
+            [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).map(|b| (b, operand)).collect()
         }
-        ExternCall::Attention { q, k, v, lse, .. } => {
+        ExternCall::Attention(call) => {
+            let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**call;
             if let Some(lse) = lse {
                 if p.buffer(*lse).meta.dtype != stats {
                     return Err(format!("attention's logsumexp buffer {} is not {stats}", lse.0));
                 }
             }
-            vec![(q.buffer, dtype), (k.buffer, dtype), (v.buffer, dtype)]
+            let mut operands = vec![(q.buffer, dtype), (k.buffer, dtype), (v.buffer, dtype)];
+            if let Some(mask) = mask {
+                // Bool, or added to the scores in the operands' dtype.
+                let m = if mask.buffer.0 < n { p.buffer(mask.buffer).meta.dtype } else { dtype };
+                operands.push((mask.buffer, if m == DType::Bool { m } else { dtype }));
+            }
+            operands
         }
         ExternCall::AttentionBackward(call) => {
             let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, .. } = &**call;

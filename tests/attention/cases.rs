@@ -11,6 +11,9 @@ use half::{bf16, f16};
 #[path = "grad.rs"]
 pub mod grad;
 
+#[path = "masked.rs"]
+pub mod masked;
+
 /// How a case writes its attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Form {

@@ -140,6 +140,11 @@ fn case(name: &str, i: &Inputs) -> coil::Result<Option<Vec<Tensor>>> {
         "sdpa_cross_len" => vec![scaled_dot_product_attention(q(), k(), v(), None, false, None)?],
         "sdpa_3d" => vec![scaled_dot_product_attention(q(), k(), v(), None, false, None)?],
         "sdpa_bf16_causal" => vec![scaled_dot_product_attention(q(), k(), v(), None, true, None)?],
+        "sdpa_bool_mask_dead_row"
+        | "sdpa_decode_mask"
+        | "sdpa_gqa_rows_mask"
+        | "sdpa_bf16_bool_mask"
+        | "sdpa_float_mask_neg_inf" => vec![scaled_dot_product_attention(q(), k(), v(), Some(m()), false, None)?],
 
         // ---- composites ----
         "composite_softmax_affine" => vec![a().matmul(b())?.add(c())?.softmax(-1)?],

@@ -632,6 +632,21 @@ case("sdpa_cross_len", "F.scaled_dot_product_attention(q, k, v)", q=r(2, 2, 3, 8
 case("sdpa_3d", "F.scaled_dot_product_attention(q, k, v)", q=r(2, 5, 8), k=r(2, 5, 8), v=r(2, 5, 8))
 case("sdpa_bf16_causal", "F.scaled_dot_product_attention(q, k, v, is_causal=True)", q=r(1, 2, 5, 8, dt="bf16"),
      k=r(1, 2, 5, 8, dt="bf16"), v=r(1, 2, 5, 8, dt="bf16"))
+# Masked attention as the template runs it: rows that keep no key give 0 (PyTorch's _safe_softmax),
+# a decode step's [1, S] prefix mask broadcast over batch and heads, grouped-query rows, masks
+# broadcast over the heads, added masks with -inf.
+DEAD_ROW_MASK = [[[[(i != 2) and ((i + 2 * j + b) % 3 != 1) for j in range(5)] for i in range(5)]]
+                 for b in range(2)]
+case("sdpa_bool_mask_dead_row", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", **QKV,
+     m=vals(DEAD_ROW_MASK, "bool"))
+case("sdpa_decode_mask", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", q=r(2, 3, 1, 16),
+     k=r(2, 3, 40, 16), v=r(2, 3, 40, 16), m=vals([[j <= 17 for j in range(40)]], "bool"))
+case("sdpa_gqa_rows_mask", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", q=r(1, 2, 4, 8),
+     k=r(1, 2, 70, 8), v=r(1, 2, 70, 8), m=vals([[j <= 30 + i for j in range(70)] for i in range(4)], "bool"))
+case("sdpa_bf16_bool_mask", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", q=r(2, 2, 5, 8, dt="bf16"),
+     k=r(2, 2, 5, 8, dt="bf16"), v=r(2, 2, 5, 8, dt="bf16"), m=vals(BOOL_MASK, "bool"))
+case("sdpa_float_mask_neg_inf", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", **QKV,
+     m=vals([[-INF if (i == 3 or (i + j) % 4 == 0) else 0.25 * (j - i) for j in range(5)] for i in range(5)]))
 
 # ------------------------------------------------------------------------------------ composites
 case("composite_softmax_affine", "torch.softmax(a @ b + c, -1)", a=r(3, 4), b=r(4, 5), c=r(5))
@@ -1277,6 +1292,87 @@ for name in ["float_power_f32", "deg2rad_f32", "rad2deg_f32", "fliplr_2d", "dsta
              "cartesian_prod_2", "pixel_unshuffle_2", "adaptive_max_pool1d_4", "adaptive_avg_pool1d_3", "vdot_f64",
              "rot90_k_neg1_dims", "atleast_3d_2d", "logcumsumexp_special"]:
     gcase(name)
+
+# ------------------------------------------------------- inverse trigonometry, erfinv and bit ops
+# Primitives of their own (no accurate composition of the others). Edge values: signed zeros,
+# ±1 (where asin, acos and erfinv meet their poles), just inside and outside [-1, 1], the
+# switch points of the atan reduction (tan(pi/8), tan(3pi/8)), infinities, NaN.
+UNIT = [-0.99, -0.7, -0.3, -0.05, 0.0, 0.1, 0.45, 0.8, 0.97, 0.5, -0.5, 0.25]
+UNIT_EDGE = [0.0, -0.0, 1.0, -1.0, 1.0000001, -2.0, INF, -INF, NAN, 1e-30, 0.99999994, -0.99999994]
+fcase("atan_f32", "torch.atan(a)", a=r(4, 6))
+case("atan_f64", "torch.atan(a)", a=r(3, 5, dt="f64"))
+case("atan_bf16", "torch.atan(a)", a=r(3, 5, dt="bf16"))
+case("atan_f16", "torch.atan(a)", a=r(3, 5, dt="f16"))
+case("atan_i64", "torch.atan(a)", a=ints(-5, 5, 8))
+case("atan_special", "torch.atan(a)", a=vals([0.0, -0.0, 1e-30, 1.0, -1.0, 1e30, INF, -INF, NAN, 0.41421357,
+                                              -0.41421354, 2.4142137, 2.4142134, 3e38]))
+case("arctan_alias", "torch.arctan(a)", a=r(5))
+for op in ["asin", "acos"]:
+    fcase(f"{op}_f32", f"torch.{op}(a)", a=vals(UNIT))
+    case(f"{op}_f64", f"torch.{op}(a)", a=vals(UNIT, "f64"))
+    case(f"{op}_bf16", f"torch.{op}(a)", a=vals(UNIT, "bf16"))
+    case(f"{op}_i32", f"torch.{op}(a)", a=ints(-1, 2, 6, dt="i32"))
+    case(f"{op}_special", f"torch.{op}(a)", a=vals(UNIT_EDGE))
+    case(f"{op}_random", f"torch.{op}(a)", a=uni(3, 7))
+case("arcsin_alias", "torch.arcsin(a)", a=uni(5))
+case("arccos_alias", "torch.arccos(a)", a=uni(5))
+fcase("erfinv_f32", "torch.erfinv(a)", a=vals(UNIT))
+case("erfinv_f64", "torch.erfinv(a)", a=vals(UNIT + [0.999999, -0.9999999999, 1e-300], "f64"))
+case("erfinv_bf16", "torch.erfinv(a)", a=vals(UNIT, "bf16"))
+case("erfinv_i64", "torch.erfinv(a)", a=ints(-1, 2, 6))
+case("erfinv_special", "torch.erfinv(a)", a=vals(UNIT_EDGE + [0.998, -0.9981, 0.9999]))
+case("erfinv_random", "torch.erfinv(a)", a=uni(4, 8))
+fcase("atan2_f32", "torch.atan2(a, b)", a=r(3, 4), b=r(3, 4))
+fcase("atan2_broadcast", "torch.atan2(a, b)", a=r(3, 1), b=r(4))
+case("atan2_f64", "torch.atan2(a, b)", a=r(3, 4, dt="f64"), b=r(4, dt="f64"))
+case("atan2_bf16", "torch.atan2(a, b)", a=r(3, 4, dt="bf16"), b=r(3, 4, dt="bf16"))
+case("atan2_i64", "torch.atan2(a, b)", a=ints(-3, 4, 8), b=ints(-3, 4, 8))
+case("atan2_special", "torch.atan2(a, b)",
+     a=vals([0.0, -0.0, 0.0, -0.0, 1.0, -1.0, INF, -INF, INF, 1.0, NAN, 0.0, 2.0, -INF, 1e-30, 5.0]),
+     b=vals([0.0, 0.0, -0.0, -0.0, -INF, INF, INF, -INF, 2.0, NAN, 1.0, -3.0, 2.0, -1.0, -1e30, -0.0]))
+case("atan2_mixed_f32_i64", "torch.atan2(a, b)", a=r(6), b=ints(-3, 4, 6))
+case("arctan2_alias", "torch.arctan2(a, b)", a=r(5), b=r(5))
+IA2 = [12, -7, 5, 1, -1, 0, 255, -128]
+IB2 = [10, 3, 31, 32, -1, 7, 15, 127]
+case("bitwise_and_i64", "torch.bitwise_and(a, b)", a=ints(-100, 100, 12), b=ints(-100, 100, 12))
+case("bitwise_and_values_i32", "a & b", a=vals(IA2, "i32"), b=vals(IB2, "i32"))
+case("bitwise_and_bool", "a & b", a=bools(3, 4), b=bools(3, 4))
+case("bitwise_and_scalar_i32", "a & 6", a=ints(-10, 10, 8, dt="i32"))
+case("bitwise_and_rscalar", "5 & a", a=ints(-10, 10, 8))
+case("bitwise_and_bool_int", "torch.bitwise_and(a, b)", a=bools(6), b=ints(0, 4, 6, dt="i32"))
+case("bitwise_or_u8", "a | b", a=ints(0, 256, 8, dt="u8"), b=ints(0, 256, 8, dt="u8"))
+case("bitwise_or_i16", "torch.bitwise_or(a.short(), b.short())", a=ints(-300, 300, 8, dt="i32"),
+     b=ints(-300, 300, 8, dt="i32"))
+case("bitwise_or_bool", "a | b", a=bools(6), b=bools(6))
+case("bitwise_or_broadcast", "a | b", a=ints(0, 64, 3, 1), b=ints(0, 64, 4))
+case("bitwise_xor_i8", "a ^ b", a=ints(-128, 128, 8, dt="i8"), b=ints(-128, 128, 8, dt="i8"))
+case("bitwise_xor_bool", "torch.bitwise_xor(a, b)", a=bools(6), b=bools(6))
+case("bitwise_xor_scalar_i64", "a ^ -1", a=ints(-50, 50, 6))
+case("bitwise_not_i32", "~a", a=vals(IA2, "i32"))
+case("bitwise_not_i64", "torch.bitwise_not(a)", a=ints(-100, 100, 8))
+case("bitwise_not_u8", "torch.bitwise_not(a)", a=ints(0, 256, 8, dt="u8"))
+case("bitwise_not_bool", "~a", a=bools(6))
+case("bitwise_left_shift_i64", "a << b", a=ints(-1000, 1000, 10), b=ints(0, 12, 10))
+# out of range: a negative amount or the width and more give 0 (PyTorch's CPU kernels)
+case("bitwise_left_shift_large_i64", "torch.bitwise_left_shift(a, b)",
+     a=vals([1, -1, 5, 3, 7, 1, -5, 123], "i64"), b=vals([63, 63, 64, 100, -1, 62, -3, 0], "i64"))
+case("bitwise_left_shift_i32", "a << b", a=vals([1, 3, -1, 1000000, 7, 5], "i32"),
+     b=vals([31, 31, 32, 20, -2, 1], "i32"))
+case("bitwise_left_shift_i8", "a << b", a=vals([1, -1, 100, 3, 1], "i8"), b=vals([7, 8, 2, 127, -128], "i8"))
+case("bitwise_left_shift_u8", "a << b", a=vals([1, 255, 100, 3], "u8"), b=vals([7, 8, 2, 200], "u8"))
+case("bitwise_left_shift_scalar", "a << 3", a=ints(-10, 10, 6, dt="i32"))
+case("bitwise_left_shift_rscalar", "1 << a", a=ints(0, 40, 6))
+case("bitwise_right_shift_i64", "a >> b", a=ints(-1000, 1000, 10), b=ints(0, 12, 10))
+# out of range: a negative amount or 63 and more shift by 63 (the sign fill)
+case("bitwise_right_shift_negative", "torch.bitwise_right_shift(a, b)",
+     a=vals([-7, -1, -1000, 7, -128, 5, -9], "i64"), b=vals([1, 63, 64, 100, -1, -5, 62], "i64"))
+case("bitwise_right_shift_i16", "a.short() >> b.short()", a=vals([-300, 300, -1, 32767, -32768], "i32"),
+     b=vals([3, 15, 16, 14, 40], "i32"))
+case("bitwise_right_shift_u8", "a >> b", a=vals([249, 200, 255, 3], "u8"), b=vals([1, 8, 7, 200], "u8"))
+case("bitwise_right_shift_scalar", "torch.bitwise_right_shift(a, 2)", a=ints(-20, 20, 8, dt="i32"))
+case("err_bitwise_and_f32", "a & b", a=r(3), b=r(3))
+case("err_bitwise_xor_float_scalar", "a ^ 1.5", a=ints(0, 5, 4))
+case("err_bitwise_left_shift_bool", "a << b", a=bools(4), b=bools(4))
 
 
 def check():

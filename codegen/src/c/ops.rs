@@ -170,19 +170,26 @@ pub(super) fn unary(op: UnaryOp, a: &str, da: DType, out: DType) -> String {
             Sin => math("sin"),
             Cos => math("cos"),
             Tan => math("tan"),
+            Atan => math("atan"),
+            Asin => math("asin"),
+            Acos => math("acos"),
             Tanh => math("tanh"),
             Sigmoid if own => format!("coil_sigmoid_f32({a})"),
             Sigmoid => format!("{one} / ({one} + exp{m}(-{a}))"),
             Erf => math("erf"),
+            // C has no erfinv: the preludes define it (CUDA's calls the math library's)
+            Erfinv => format!("coil_erfinv{s}({a})"),
             Floor => call("floor"),
             Ceil => call("ceil"),
             Round => call("nearbyint"), // the default rounding mode: half to even
             Trunc => call("trunc"),
             Reciprocal => format!("{one} / {a}"),
-            LogicalNot | IsNan | IsInf => unreachable!(),
+            LogicalNot | IsNan | IsInf | BitwiseNot => unreachable!(),
         };
     }
     let e = match op {
+        BitwiseNot if out == DType::Bool => format!("({a} == 0)"),
+        BitwiseNot => format!("~{a}"),
         Neg => format!("coil_wneg({a})"),
         Abs => format!("({a} < 0 ? coil_wneg({a}) : {a})"),
         Sign => format!("(int64_t)(({a} > 0) - ({a} < 0))"),
@@ -226,9 +233,15 @@ pub(super) fn binary(op: BinaryOp, a: &str, da: DType, b: &str, db: DType, out: 
             Pow => format!("pow{m}({a}, {b})"),
             Maximum => format!("coil_maximum{s}({a}, {b})"),
             Minimum => format!("coil_minimum{s}({a}, {b})"),
+            Atan2 if super::PRELUDE_MATH && out != DType::F64 => format!("coil_atan2_f32({a}, {b})"),
+            Atan2 => format!("atan2{m}({a}, {b})"),
             _ => unreachable!(),
         };
     }
+    // The shift amount is compared in the operands' dtype (`BinaryOp::shift`): shifting by the
+    // width or more is undefined in C, so the limits are selected before the shift.
+    let bits = 8 * out.size_bytes();
+    let limit = if out == DType::U8 { bits } else { bits - 1 };
     let e = match op {
         Add => format!("coil_wadd({a}, {b})"),
         Sub => format!("coil_wsub({a}, {b})"),
@@ -239,7 +252,12 @@ pub(super) fn binary(op: BinaryOp, a: &str, da: DType, b: &str, db: DType, out: 
         Pow => format!("coil_ipow({a}, {b}, status)"),
         Maximum => format!("({a} > {b} ? {a} : {b})"),
         Minimum => format!("({a} < {b} ? {a} : {b})"),
-        Div => panic!("true division yields a float, not {out}"),
+        BitwiseAnd => format!("({a} & {b})"),
+        BitwiseOr => format!("({a} | {b})"),
+        BitwiseXor => format!("({a} ^ {b})"),
+        ShiftLeft => format!("(({b} < 0 || {b} >= {bits}) ? (int64_t)0 : (int64_t)((uint64_t){a} << {b}))"),
+        ShiftRight => format!("({a} >> (({b} < 0 || {b} >= {limit}) ? (int64_t){limit} : {b}))"),
+        Div | Atan2 => panic!("{} yields a float, not {out}", op.name()),
         _ => unreachable!(),
     };
     wrap(&e, out)

@@ -1,6 +1,7 @@
 //! The prelude's float math: `exp`, `expm1`, `exp2`, `log`, `log2`, `log1p`, `tanh`, `sigmoid`,
-//! `erf`, `sin`, `cos`, `tan`, `pow` and the tanh GELU of f32 (and so of f16 and bf16, which
-//! compute in f32), as inline C functions of the project's own.
+//! `erf`, `erfinv`, `sin`, `cos`, `tan`, `atan`, `asin`, `acos`, `atan2`, `pow` and the tanh GELU
+//! of f32 (and so of f16 and bf16, which compute in f32), as inline C functions of the
+//! project's own; and `erfinv` of f64, which C lacks.
 //!
 //! **Why.** The C library's `expf`, `logf`, `tanhf`, ... are calls gcc and clang cannot vectorize
 //! (without `-ffast-math`, whose vector variants are less accurate and whose other rewrites
@@ -22,7 +23,8 @@
 //! | exp2 | 0.97 | | erf | 1.15 |
 //! | log | 0.82 | | sin, cos, tan | 0.50 |
 //! | log2 | 1.62 | | pow | 0.50 (sweeps) |
-//! | log1p | 1.44 | | | |
+//! | log1p | 1.44 | | atan, asin, acos | 0.50 |
+//! | erfinv | 0.50 | | atan2 | 0.50 (sweeps) |
 //!
 //! The reference interpreter computes these in f64 and rounds once (at most 0.5 ulp); the
 //! golden and differential tests allow far more (1e-5 relative for f32). Special values follow
@@ -30,8 +32,12 @@
 //! same threshold as `expf`; `log(0) = -inf`, `log(x < 0) = NaN`; `tanh(±inf) = ±1`;
 //! `erf(±inf) = ±1`; `sin`, `cos`, `tan` of infinities are NaN; `pow` takes every case of C's
 //! `pow` (`pow(x, ±0) = 1` even for NaN, `pow(-8, 1/3)` NaN, signed zeros and infinities by the
-//! parity of an integer exponent, ...); signed zeros and subnormals pass through where C keeps
-//! them (`expm1`, `log1p`, `tanh`, `erf`, `sin`, `tan` of `-0.0` are `-0.0`).
+//! parity of an integer exponent, ...); `atan2` takes every case of C's (signed zeros,
+//! infinities: `atan2(±0, -0) = ±pi`, `atan2(±inf, -inf) = ±3pi/4`, ...); `asin`, `acos` and
+//! `erfinv` are NaN beyond `[-1, 1]`, `erfinv(±1) = ±inf`; signed zeros and subnormals pass
+//! through where C keeps them (`expm1`, `log1p`, `tanh`, `erf`, `erfinv`, `sin`, `tan`, `atan`,
+//! `asin` of `-0.0` are `-0.0`). `erfinv` has no C reference: the f32 one is checked against
+//! the f64 one, which is checked against 50-digit values.
 //!
 //! **How.** `exp`: `x = n ln2 + r`, `|r| <= ln2/2`, in two steps (Cody and Waite: `ln2` split so
 //! that `n ln2_hi` is exact); `e^r - 1` by a degree-7 polynomial (its own error 5.5e-10
@@ -47,11 +53,22 @@
 //! m 2^e` times 96 bits of `2/pi` from the table row of its exponent: Payne and Hanek, for
 //! every input), then Taylor polynomials of `sin` and `cos` in f64 and one rounding. `pow`:
 //! `2^(y log2|x|)` in f64 (both to about 1e-15), one rounding, and the sign and special cases
-//! by selects. The polynomial coefficients were fitted (weighted least squares, Lawson's
-//! iteration to the minimax) with each coefficient rounded to f32 before the next ones were
-//! refitted.
+//! by selects. `atan`: in f64, Cephes' reduction to `|t| <= tan(pi/8)` by one division, then
+//! Taylor's series to `t^25`, one rounding; `asin x = atan(x / sqrt((1 - x)(1 + x)))`, `acos x
+//! = 2 atan(sqrt((1 - x) / (1 + x)))` (no cancellation near ±1), `atan2` by the octant of
+//! `(x, y)` around `atan(min / max)`. `erfinv`: [`coil_ir::special`]'s polynomials in `w =
+//! -log((1 - x)(1 + x))` evaluated in f64 (the logarithm by the `pow` helper's), one rounding;
+//! the f64 one starts there and takes two Newton steps on the C library's `erf` (`erfc` for
+//! `|x| > 0.5`), one call per element. The polynomial coefficients of `exp` to `erf` were
+//! fitted (weighted least squares, Lawson's iteration to the minimax) with each coefficient
+//! rounded to f32 before the next ones were refitted.
 //!
-//! f64 keeps the C library: its results must agree with the interpreter to 1e-10, f64 math is
+//! **Speed** (ns per f32 element, one core of the AMD EPYC build machine, an `omp simd` loop over
+//! 4M elements, best of 7, the runtime's flags; `bench/tools/vecmath_speed.c`): `atan` 0.69
+//! (the C library's `atanf` 15.9), `asin` 0.99 (11.2), `acos` 1.97 (11.6), `atan2` 2.21 (32.8),
+//! `erfinv` 3.51 (the f64 one, a call per element, 104); `tan` 2.18 for scale.
+//!
+//! f64 keeps the C library (`erfinv` aside, which it lacks): its results must agree with the interpreter to 1e-10, f64 math is
 //! rare in the workloads coil serves, and `double` lanes would halve the gain.
 
 /// Bits of `2/pi` after the binary point, most significant first (288 of them; the reduction
@@ -332,6 +349,58 @@ static inline float coil_pow_f32(float x, float y) {
     v = (x != x || y != y) ? x + y : v;
     return (y == 0.0f || x == 1.0f) ? 1.0f : v;
 }
+/* atan a for a >= 0 (inf and NaN included) in f64: Cephes' reduction to |t| <= tan(pi/8) (t = a;
+   (a - 1)/(a + 1) plus pi/4 above tan(pi/8); -1/a plus pi/2 above tan(3pi/8)), one division,
+   and Taylor's series to t^25 (the next term below 5e-12 relative) */
+static inline double coil_atan_f64_core(double a) {
+    int mid = a > 0.41421356237309503, far = a > 2.414213562373095;
+    double num = far ? -1.0 : (mid ? a - 1.0 : a);
+    double den = far ? a : (mid ? a + 1.0 : 1.0);
+    double base = far ? 0x1.921fb54442d18p+0 : (mid ? 0x1.921fb54442d18p-1 : 0.0);
+    double t = num / den, t2 = t * t;
+    double p = 1.0 / 25.0;
+    p = COIL_FMA(p, t2, -1.0 / 23.0);
+    p = COIL_FMA(p, t2, 1.0 / 21.0);
+    p = COIL_FMA(p, t2, -1.0 / 19.0);
+    p = COIL_FMA(p, t2, 1.0 / 17.0);
+    p = COIL_FMA(p, t2, -1.0 / 15.0);
+    p = COIL_FMA(p, t2, 1.0 / 13.0);
+    p = COIL_FMA(p, t2, -1.0 / 11.0);
+    p = COIL_FMA(p, t2, 1.0 / 9.0);
+    p = COIL_FMA(p, t2, -1.0 / 7.0);
+    p = COIL_FMA(p, t2, 1.0 / 5.0);
+    p = COIL_FMA(p, t2, -1.0 / 3.0);
+    return base + COIL_FMA(t * t2, p, t);
+}
+static inline float coil_atan_f32(float x) {
+    double d = (double)x;
+    return (float)copysign(coil_atan_f64_core(fabs(d)), d);
+}
+/* asin x = atan(x / sqrt(1 - x^2)): |x| = 1 divides by zero (atan(inf) = pi/2), |x| > 1 takes
+   the square root of a negative number (NaN) */
+static inline float coil_asin_f32(float x) {
+    double d = (double)x;
+    double s = sqrt((1.0 - d) * (1.0 + d));
+    return (float)copysign(coil_atan_f64_core(fabs(d) / s), d);
+}
+/* acos x = 2 atan(sqrt((1 - x) / (1 + x))): no cancellation near 1; x = -1 gives 2 atan(inf) */
+static inline float coil_acos_f32(float x) {
+    double d = (double)x;
+    return (float)(2.0 * coil_atan_f64_core(sqrt((1.0 - d) / (1.0 + d))));
+}
+/* C's atan2f: atan of min(|y|, |x|) / max(|y|, |x|) (0 for two zeros, 1 for two infinities),
+   then the octant: pi/2 - r where |y| > |x|, pi - r where x has its sign bit set (-0.0 too),
+   the sign of y */
+static inline float coil_atan2_f32(float y, float x) {
+    double ay = fabs((double)y), ax = fabs((double)x);
+    double hi = ay > ax ? ay : ax, lo = ay > ax ? ax : ay;
+    double q = hi == lo ? (hi == 0.0 ? 0.0 : 1.0) : lo / hi;
+    double r = coil_atan_f64_core(q);
+    r = ay > ax ? 0x1.921fb54442d18p+0 - r : r;
+    r = copysignf(1.0f, x) < 0.0f ? 0x1.921fb54442d18p+1 - r : r;
+    float v = (float)copysign(r, (double)y);
+    return (x != x || y != y) ? x + y : v;
+}
 /* GELU, tanh approximation, in the operation order of coil_ir::loops::Activation::apply_f32 */
 static inline float coil_gelu_tanh_f32(float x) {
     float cubic = x * x * x * 0.044715f;
@@ -340,7 +409,54 @@ static inline float coil_gelu_tanh_f32(float x) {
 }
 "#;
 
+/// `static inline double NAME(double t)`: the polynomial `coeffs` (constant term first) in `t`
+/// by Horner's rule, as [`coil_ir::special::horner`] evaluates it.
+fn polynomial(name: &str, coeffs: &[f64]) -> String {
+    let mut s = format!("static inline double {name}(double t) {{\n    double p = {:?};\n", coeffs[coeffs.len() - 1]);
+    for c in coeffs[..coeffs.len() - 1].iter().rev() {
+        s += &format!("    p = COIL_FMA(p, t, {c:?});\n");
+    }
+    s + "    return p;\n}\n"
+}
+
+/// `erfinv` of f32 (vectorizable: [`coil_ir::special`]'s polynomials in f64, one rounding) and
+/// of f64 (a call per element: the same start and two Newton steps on the C library's `erf` and
+/// `erfc`, as the interpreter's).
+fn erfinv() -> String {
+    use coil_ir::special::*;
+    let mut s = polynomial("coil_erfinv_central", &ERFINV_CENTRAL);
+    s += &polynomial("coil_erfinv_tail", &ERFINV_TAIL);
+    s += &format!(
+        "/* the shared approximation x P(w), w = -log((1 - x)(1 + x)), for finite |x| < 1 */
+static inline double coil_erfinv_approx(double x, double w) {{
+    double c = coil_erfinv_central(w - {ERFINV_CENTRAL_MID:?});
+    double t = coil_erfinv_tail(sqrt(w) - {ERFINV_TAIL_MID:?});
+    return x * (w < {ERFINV_SPLIT:?} ? c : t);
+}}
+static inline float coil_erfinv_f32(float x) {{
+    double d = (double)x, m = (1.0 - d) * (1.0 + d);
+    double w = -0x1.62e42fefa39efp-1 * coil_log2_f64_core(m > 0.0 ? m : 1.0); /* NaN: 1 */
+    float y = (float)coil_erfinv_approx(d, w);
+    y = fabsf(x) == 1.0f ? copysignf(INFINITY, x) : y;
+    return fabsf(x) > 1.0f ? NAN : y;
+}}
+static inline double coil_erfinv_f64(double x) {{
+    double a = fabs(x);
+    if (!(a < 1.0)) return a == 1.0 ? copysign(INFINITY, x) : NAN;
+    double y = coil_erfinv_approx(x, -log((1.0 - x) * (1.0 + x)));
+    for (int i = 0; i < 2 && y != 0.0; i++) {{
+        double slope = 0x1.20dd750429b6dp+0 * exp(-y * y); /* 2 / sqrt(pi) e^-y^2 */
+        if (a <= 0.5) y -= (erf(y) - x) / slope;
+        else y += (erfc(fabs(y)) - (1.0 - a)) * copysign(1.0, y) / slope;
+    }}
+    return y;
+}}
+"
+    );
+    s
+}
+
 /// The C text: the table of `2/pi` bits and the functions.
 pub(super) fn vecmath() -> String {
-    format!("{}{FUNCTIONS}", two_over_pi_table())
+    format!("{}{FUNCTIONS}{}", two_over_pi_table(), erfinv())
 }

@@ -22,6 +22,12 @@ const UNARY: &[(&str, &str, f64)] = &[
     ("sin", "sin(v)", 0.51),
     ("cos", "cos(v)", 0.51),
     ("tan", "tan(v)", 0.51),
+    ("atan", "atan(v)", 0.51),
+    ("asin", "asin(v)", 0.51),
+    ("acos", "acos(v)", 0.51),
+    // C has no erfinv: the prelude's f64 one (Newton-refined on the C library's erf and erfc,
+    // checked against 50-digit values below)
+    ("erfinv", "coil_erfinv_f64(v)", 0.51),
 ];
 
 /// The prelude and, per function, `void test_NAME(const float *x, float *got, double *want,
@@ -42,6 +48,14 @@ fn source() -> String {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) got[i] = coil_pow_f32(x[i], y[i]);
     for (int64_t i = 0; i < n; i++) want[i] = pow((double)x[i], (double)y[i]);
+}
+void test_atan2(const float *x, const float *y, float *got, double *want, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) got[i] = coil_atan2_f32(x[i], y[i]);
+    for (int64_t i = 0; i < n; i++) want[i] = atan2((double)x[i], (double)y[i]);
+}
+void test_erfinv_f64(const double *x, double *got, int64_t n) {
+    for (int64_t i = 0; i < n; i++) got[i] = coil_erfinv_f64(x[i]);
 }
 void test_gelu(const float *x, float *got, float *want, int64_t n) {
 #pragma omp simd
@@ -216,6 +230,58 @@ fn check_pow(lib: &CLib, flags: &str) {
     assert!(bad.is_empty(), "{flags}:\n{}", bad.join("\n"));
 }
 
+/// `atan2(y, x)` on every pair of special values (C99's table: signed zeros, infinities, NaN)
+/// and on pairs spread over the exponents, against C's `atan2` in f64.
+fn check_atan2(lib: &CLib, flags: &str) {
+    let mut special = vec![0.0f32, 1.0, 0.5, 2.0, 1e-30, 1e30, f32::MAX, f32::from_bits(1), f32::INFINITY, f32::NAN];
+    special.extend(special.clone().iter().map(|v| -v));
+    let (mut ys, mut xs) = (Vec::new(), Vec::new());
+    for &a in &special {
+        for &b in &special {
+            ys.push(a);
+            xs.push(b);
+        }
+    }
+    let mut z = 0x2545_F491_4F6C_DD1Du64; // xorshift64*
+    for _ in 0..200_000 {
+        z ^= z >> 12;
+        z ^= z << 25;
+        z ^= z >> 27;
+        let r = z.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        let y = (r >> 32) as u32;
+        // half the x within a factor 2^8 of y (quotients near 1, where the octants meet)
+        let e = (((y >> 23) & 0xff) as i64 + (r >> 56) as i64 % 16 - 8).clamp(1, 254) as u32;
+        let near = (r as u32 & 0x807f_ffff) | (e << 23);
+        ys.push(f32::from_bits(y));
+        xs.push(f32::from_bits(if r & (1 << 20) != 0 { r as u32 } else { near }));
+    }
+    let (mut got, mut want) = (vec![0f32; xs.len()], vec![0f64; xs.len()]);
+    let f: Binary = unsafe { lib.function("test_atan2") };
+    unsafe { f(ys.as_ptr(), xs.as_ptr(), got.as_mut_ptr(), want.as_mut_ptr(), xs.len() as i64) };
+    let bad: Vec<String> = (0..xs.len())
+        .filter(|&i| ulp_error(got[i], want[i]) > 0.51)
+        .take(10)
+        .map(|i| format!("atan2({:e}, {:e}) = {:e}, want {:e}", ys[i], xs[i], got[i], want[i]))
+        .collect();
+    assert!(bad.is_empty(), "{flags}:\n{}", bad.join("\n"));
+}
+
+/// The f64 `erfinv` (the reference of the f32 one) against 50-digit values
+/// ([`coil_ir::special::ERFINV_CHECKS`]).
+fn check_erfinv_f64(lib: &CLib) {
+    let cases = coil_ir::special::ERFINV_CHECKS;
+    let x: Vec<f64> = cases.iter().flat_map(|c| [c.0, -c.0]).chain([1.0, -1.0, 1.5, f64::NAN, -0.0]).collect();
+    let mut got = vec![0f64; x.len()];
+    let f: unsafe extern "C" fn(*const f64, *mut f64, i64) = unsafe { lib.function("test_erfinv_f64") };
+    unsafe { f(x.as_ptr(), got.as_mut_ptr(), x.len() as i64) };
+    for (i, (x, want)) in cases.iter().flat_map(|&(x, y)| [(x, y), (-x, -y)]).enumerate() {
+        assert!((got[i] - want).abs() <= 4e-16 * want.abs(), "erfinv({x}) = {:e}, want {want:e}", got[i]);
+    }
+    let n = 2 * cases.len();
+    assert_eq!(got[n..n + 2], [f64::INFINITY, f64::NEG_INFINITY]);
+    assert!(got[n + 2].is_nan() && got[n + 3].is_nan() && got[n + 4].to_bits() == (-0.0f64).to_bits());
+}
+
 /// The GELU helper is the `Activation` formula around `coil_tanh_f32`, bit for bit.
 fn check_gelu(lib: &CLib) {
     let x = inputs();
@@ -234,6 +300,8 @@ fn vector_math_is_within_its_error_bounds_and_exact_on_special_values() {
         let lib = compile_with(&src, flags);
         check_unary(&lib, flags);
         check_pow(&lib, flags);
+        check_atan2(&lib, flags);
+        check_erfinv_f64(&lib);
         check_gelu(&lib);
     }
 }

@@ -490,7 +490,14 @@ pub fn column_like(k: &TileKernel) -> bool {
     {
         return false;
     }
+    // A block's outputs are `xindex = 32·q + lane`: a load is column-like when it steps by 1
+    // along the lane (within the block's 32 outputs; `xindex % 768` does, a split reduction's
+    // `[chunks, 768]` partials do) and by a nonzero stride along `rindex`.
     let (x, r) = (xindex(&k.xnumel), rindex(&r));
+    let lane = Expr::index("lane", COL_OUTPUTS as i64);
+    let block = Expr::index_upto("block", k.xnumel.floor_div(COL_OUTPUTS as i64));
+    let by_lane = IndexMap::from([(x, block * COL_OUTPUTS as i64 + lane)]);
+    let first_lane = IndexMap::from([(lane, Expr::int(0))]);
     let step = |e: Expr, v: Expr| e.substitute(&IndexMap::from([(v, v + 1)])) - e;
     let mut col = false;
     for s in flat_stmts(&k.body) {
@@ -498,11 +505,12 @@ pub fn column_like(k: &TileKernel) -> bool {
         else {
             continue;
         };
-        let (dr, dx) = (step(*index, r), step(*index, x));
+        let e = index.substitute(&by_lane);
+        let (dr, dx) = (step(e, r), e - e.substitute(&first_lane));
         if dr == Expr::int(1) && dx != Expr::int(0) {
             return false;
         }
-        col |= dr != Expr::int(0) && dx == Expr::int(1);
+        col |= dr != Expr::int(0) && dx == lane;
     }
     col
 }

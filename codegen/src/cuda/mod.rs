@@ -93,7 +93,7 @@ pub use launch::Tuning;
 pub use prelude::{prelude, prelude_for};
 
 use coil_ir::kernel::{flat_stmts, KernelKind, TileKernel, TileOp, TileStmt};
-use coil_ir::{BinaryOp, Error, Result, UnaryOp};
+use coil_ir::{BinaryOp, Error, Result};
 
 /// Launch shape of one kernel: a 1-D grid of 1-D blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -252,13 +252,10 @@ fn reserved(name: &str) -> bool {
 
 /// Rejects what the shared scalar ops would refuse (they panic: the IR is malformed).
 fn check_ops(k: &TileKernel) -> Result<()> {
-    use UnaryOp::*;
     for s in flat_stmts(&k.body) {
         let TileStmt::Let { dtype, op, var, .. } = s else { continue };
         let bad = match op {
-            TileOp::Unary(u, _) => {
-                !dtype.is_float() && !u.returns_bool() && !matches!(u, Neg | Abs | Sign | Floor | Ceil | Round | Trunc)
-            }
+            TileOp::Unary(u, _) => !dtype.is_float() && u.float_only(),
             TileOp::Binary(BinaryOp::Div, ..) => !dtype.is_float(),
             _ => false,
         };

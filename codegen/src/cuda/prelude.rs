@@ -167,7 +167,7 @@ COIL_D double coil_rand_normal(uint64_t seed, uint64_t index) {
 
 /// The C prelude's float helpers, for `float` (`_f32`) and `double` (`_f64`).
 const FLOAT_TEMPLATE: &str = r#"
-/* ---- $T: PyTorch's floor division and remainder, NaN-propagating max/min, sign ------------ */
+/* ---- $T: PyTorch's floor division and remainder, NaN-propagating max/min, sign, erfinv ---- */
 COIL_D $T coil_floordiv$S($T a, $T b) {
     if (b == 0) return a / b;
     $T m = fmod$M(a, b);
@@ -186,6 +186,8 @@ COIL_D $T coil_remainder$S($T a, $T b) {
     return m;
 }
 COIL_D $T coil_sign$S($T a) { return ($T)((0 < a) - (a < 0)); }
+/* C has no erfinv (the C prelude defines its own); CUDA's math library has */
+COIL_D $T coil_erfinv$S($T a) { return erfinv$M(a); }
 "#;
 
 /// NaN-propagating max/min (the C prelude's, bit for bit) of doubles, and of floats before

@@ -114,8 +114,8 @@ float __fadd_rn(float, float);
 #define F1(n) float n##f(float); double n(double);
 #define F2(n) float n##f(float, float); double n(double, double);
 F1(fabs) F1(exp) F1(exp2) F1(expm1) F1(log) F1(log2) F1(log1p) F1(sqrt) F1(sin) F1(cos) F1(tan)
-F1(tanh) F1(erf) F1(floor) F1(ceil) F1(nearbyint) F1(trunc)
-F2(fmod) F2(copysign) F2(pow)
+F1(tanh) F1(erf) F1(floor) F1(ceil) F1(nearbyint) F1(trunc) F1(atan) F1(asin) F1(acos) F1(erfinv)
+F2(fmod) F2(copysign) F2(pow) F2(atan2)
 "#;
 
 /// Checks `src` with `g++ -fsyntax-only` through [`HARNESS`]; skipped without a host `g++`.
@@ -413,6 +413,21 @@ fn column_reduction_coalesces() {
     // outputs not a multiple of 32: the row plan (its barriers need whole blocks)
     let (p, k) = col_sum(64, 100, KernelKind::PersistentReduction);
     assert!(!launch::column_like(&build_kernel(&p, &k)));
+    // the first stage of a split column sum: outputs `[chunks, cols]`, each reading its chunk of
+    // rows down a column (`x[cols*(chunk*s + r) + c]`, `xindex = cols*s + c`); the 32 outputs
+    // of a block are consecutive columns of one chunk
+    let (chunks, rows, cols) = (8, 64, 96);
+    let f = DType::F32;
+    let mut prog = Prog::default();
+    let x = prog.input(&[chunks * rows, cols], f);
+    let [sv, cv] = xs(&[chunks, cols])[..] else { unreachable!() };
+    let rv = rs(&[rows])[0];
+    let mut b = B::default();
+    let l = b.load(x, (sv * rows as i64 + rv) * cols as i64 + cv, f);
+    let s = prog.reduction(&[chunks, cols], &[rows], ReduceOp::Sum, f, b.done(l));
+    prog.output(s);
+    let k = kernel("per_fused_sum_0", KernelKind::PersistentReduction, vec![0], chunks * cols, Some(rows), vec![s]);
+    assert!(launch::column_like(&build_kernel(&prog.p, &k)));
 }
 
 /// `(x * rstd[:, None]).sum(0)` of f32 `x: [rows, cols]`, `rstd: [rows]` (a layer norm's
@@ -573,24 +588,29 @@ fn every_op_and_dtype_generates() {
         let (a, b_) = (p.input(&[16], d), p.input(&[16], d));
         let v = xs(&[16])[0];
         let mut outs = Vec::new();
-        for op in UnaryOp::ALL {
+        // (bit ops of integers and bools only, on their own dtype)
+        for op in UnaryOp::ALL.into_iter().filter(|op| !(op.integral_only() && d.is_float())) {
             let out = if op.returns_bool() {
                 DType::Bool
-            } else if d.is_float() {
+            } else if d.is_float() || op.integral_only() {
                 d
             } else {
                 DType::F32
             };
             let mut b = B::default();
             let l = b.load(a, v, d);
-            let c = if d.is_float() || op.returns_bool() { l } else { b.push(ScalarOp::Cast(l), out) };
+            let c = if out == d || op.returns_bool() { l } else { b.push(ScalarOp::Cast(l), out) };
             let r = b.unary(op, c, out);
             outs.push(p.pointwise(&[16], out, b.done(r)));
         }
-        for op in BinaryOp::ALL {
+        let shift = |op: BinaryOp| matches!(op, BinaryOp::ShiftLeft | BinaryOp::ShiftRight);
+        for op in BinaryOp::ALL
+            .into_iter()
+            .filter(|&op| !(op.integral_only() && (d.is_float() || d == DType::Bool && shift(op))))
+        {
             let out = if op.returns_bool() {
                 DType::Bool
-            } else if op == BinaryOp::Div && !d.is_float() {
+            } else if op.float_only() && !d.is_float() {
                 DType::F32
             } else {
                 d

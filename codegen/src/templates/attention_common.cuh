@@ -154,15 +154,16 @@ template <int DP> COIL_D void coil_a_frags(const coil_u16 *tile, int r0, coil_u3
         coil_ldmatrix_x4(coil_smem(tile + (r0 + (lane & 15)) * PITCH + kc * 16 + (lane >> 4) * 8), a[kc]);
 }
 
-/* acc (16 x 64: 8 n-tiles of 8) += A (16 x DP, fragments) B^T, where B is the 64 rows of a
-   shared tile (the n dim) over its DP columns (the k dim): S = Q K^T. */
-template <int DP, bool BF16> COIL_D void coil_mma_abt(float (*acc)[4], coil_u32 (*a)[4], const coil_u16 *tile) {
+/* acc (16 x 8 JT: JT n-tiles of 8) += A (16 x DP, fragments) B^T, where B is the first 8 JT rows
+   of a shared tile (the n dim) over its DP columns (the k dim): S = Q K^T. JT is even. */
+template <int DP, bool BF16, int JT = 8>
+COIL_D void coil_mma_abt(float (*acc)[4], coil_u32 (*a)[4], const coil_u16 *tile) {
     constexpr int PITCH = DP + 8;
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kc = 0; kc < DP / 16; ++kc) {
 #pragma unroll
-        for (int j = 0; j < 8; j += 2) {
+        for (int j = 0; j < JT; j += 2) {
             /* Matrices: rows of n-tiles j, j+1 (lane / 16) x column halves of chunk kc ((lane / 8) % 2). */
             coil_u32 b[4];
             coil_ldmatrix_x4(coil_smem(tile + ((j + (lane >> 4)) * 8 + (lane & 7)) * PITCH + kc * 16 + ((lane >> 3) & 1) * 8), b);
@@ -172,14 +173,15 @@ template <int DP, bool BF16> COIL_D void coil_mma_abt(float (*acc)[4], coil_u32 
     }
 }
 
-/* acc (16 x DP: DP / 8 n-tiles of 8) += P B, where P (16 x 64) is the accumulator fragments of 8
-   n-tiles, rounded to the half type (an accumulator's layout is an A fragment's), and B the 64
-   rows (the k dim) x DP columns of a shared tile: O = P V. */
-template <int DP, bool BF16> COIL_D void coil_mma_ab(float (*acc)[4], float (*p)[4], const coil_u16 *tile) {
+/* acc (16 x DP: DP / 8 n-tiles of 8) += P B, where P (16 x 16 KCH) is the accumulator fragments
+   of 2 KCH n-tiles, rounded to the half type (an accumulator's layout is an A fragment's), and B
+   the first 16 KCH rows (the k dim) x DP columns of a shared tile: O = P V. */
+template <int DP, bool BF16, int KCH = 4>
+COIL_D void coil_mma_ab(float (*acc)[4], float (*p)[4], const coil_u16 *tile) {
     constexpr int PITCH = DP + 8;
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
+    for (int kc = 0; kc < KCH; ++kc) {
         coil_u32 pa[4];
         pa[0] = coil_pack<BF16>(p[2 * kc][0], p[2 * kc][1]);
         pa[1] = coil_pack<BF16>(p[2 * kc][2], p[2 * kc][3]);

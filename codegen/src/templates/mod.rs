@@ -7,9 +7,13 @@
 //! launches it by these rules; it holds no kernel source.
 //!
 //! * [`attention`]: the FlashAttention-2-style forward (`ExternCall::Attention`), with the row
-//!   logsumexp a backward reads.
+//!   logsumexp a backward reads and an optional mask (key tiles it drops are skipped), and its
+//!   split-KV (flash-decoding) variants for few query rows against many keys, chosen by
+//!   [`attention::ForwardLaunch::choose`].
 //! * [`attention_backward`]: its backward (`ExternCall::AttentionBackward`): dQ, dK, dV from
 //!   the saved logsumexp, the probabilities recomputed, never stored.
+//! * [`gemm_cpu`]: the CPU's matrix product (`ExternCall::Bmm` on f32, f16, bf16): C compiled by
+//!   the system compiler, packed operands and AVX-512 micro-kernels (`vdpbf16ps` for bf16).
 //! * [`sort`]: argsort along a dim (`Op::Argsort`, the base of `sort`, `topk` and sampling):
 //!   a bitonic sort of tiles in shared memory, then merge passes for lines longer than a tile.
 //!
@@ -21,4 +25,5 @@
 
 pub mod attention;
 pub mod attention_backward;
+pub mod gemm_cpu;
 pub mod sort;

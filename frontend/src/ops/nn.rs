@@ -390,9 +390,12 @@ pub fn embedding_bag(
 
 /// `F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)`:
 /// `softmax(q @ k^T * scale + mask) @ v` with q `[..., L, E]`, k `[..., S, E]`, v `[..., S, Ev]`.
-/// `scale` defaults to `1 / sqrt(E)`; a bool mask keeps the `true` positions, a float mask is
-/// added; `causal` masks the upper triangle. A mask and `causal` together are an error, as in
-/// PyTorch.
+/// `scale` defaults to `1 / sqrt(E)`; a mask (broadcastable to `[..., L, S]`) of bool keeps the
+/// `true` positions, one of q's dtype is added; `causal` masks the upper triangle. A mask and
+/// `causal` together are an error, as in PyTorch. A row whose every key is masked out gives 0,
+/// as PyTorch 2.15 does. Compiled, masked attention runs as one template call that reads the
+/// mask where it lies (a decode step's `[rows, capacity]` mask serves every batch index and
+/// head) and skips key tiles it drops; gradients through it take the decomposition.
 ///
 /// ```
 /// use coil_frontend::{ops::nn::scaled_dot_product_attention, Tensor};

@@ -50,12 +50,46 @@ macro_rules! unary_methods {
 unary_methods! {
     neg => Neg, abs => Abs, sign => Sign, exp => Exp, exp2 => Exp2, expm1 => Expm1,
     log => Log, log2 => Log2, log1p => Log1p, sqrt => Sqrt, rsqrt => Rsqrt,
-    sin => Sin, cos => Cos, tan => Tan, tanh => Tanh, sigmoid => Sigmoid, erf => Erf,
+    sin => Sin, cos => Cos, tan => Tan,
+    /// `torch.atan` (`arctan`): in `[-pi/2, pi/2]`; integers give f32.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, f32::NEG_INFINITY], &[2])?;
+    /// assert_eq!(x.atan()?.to_vec::<f32>()?, vec![std::f32::consts::FRAC_PI_4, -std::f32::consts::FRAC_PI_2]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    atan => Atan,
+    /// `torch.asin` (`arcsin`): NaN outside `[-1, 1]`.
+    asin => Asin,
+    /// `torch.acos` (`arccos`): NaN outside `[-1, 1]`.
+    acos => Acos,
+    tanh => Tanh, sigmoid => Sigmoid, erf => Erf,
+    /// `torch.erfinv`: the inverse of `erf` on `(-1, 1)`; `±1` give `±inf`, `|x| > 1` NaN.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![0.5f64, -1.0], &[2])?;
+    /// let y = x.erfinv()?.to_vec::<f64>()?;
+    /// assert!((y[0] - 0.4769362762044699).abs() < 1e-15 && y[1] == f64::NEG_INFINITY);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    erfinv => Erfinv,
     floor => Floor, ceil => Ceil,
     /// Rounds half to even, as `torch.round`.
     round => Round,
     trunc => Trunc, reciprocal => Reciprocal, logical_not => LogicalNot,
     isnan => IsNan, isinf => IsInf,
+    /// `torch.bitwise_not` (`~x`, and `!x` in Rust): every bit flipped for integers,
+    /// `logical_not` for bools; floats are an error.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![0i32, 5, -1], &[3])?;
+    /// assert_eq!(x.bitwise_not()?.to_vec::<i32>()?, vec![-1, -6, 0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    bitwise_not => BitwiseNot,
 }
 
 macro_rules! binary_methods {
@@ -87,6 +121,81 @@ binary_methods! {
     minimum => Minimum,
     eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge,
     logical_and => LogicalAnd, logical_or => LogicalOr,
+    /// `torch.atan2(self, other)` (`arctan2`): the angle of the point `(other, self)` in
+    /// `[-pi, pi]`, as C's `atan2` (signed zeros and infinities included); integers give f32.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let y = Tensor::from_vec(vec![1.0f32, 0.0], &[2])?;
+    /// let x = Tensor::from_vec(vec![-1.0f32, -0.0], &[2])?;
+    /// let pi = std::f32::consts::PI;
+    /// assert_eq!(y.atan2(&x)?.to_vec::<f32>()?, vec![0.75 * pi, pi]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    atan2 => Atan2,
+    /// `torch.bitwise_and` (`&`) of integers or bools.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![12i64, -1], &[2])?;
+    /// assert_eq!(x.bitwise_and(10)?.to_vec::<i64>()?, vec![8, 10]);
+    /// assert_eq!((&x | 3).to_vec::<i64>()?, vec![15, -1]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    bitwise_and => BitwiseAnd,
+    /// `torch.bitwise_or` (`|`) of integers or bools.
+    bitwise_or => BitwiseOr,
+    /// `torch.bitwise_xor` (`^`) of integers or bools.
+    bitwise_xor => BitwiseXor,
+    /// `torch.bitwise_left_shift` (`<<`) of integers: bits shifted past the dtype's width are
+    /// lost, and shifting by a negative amount or by the width or more gives 0, as PyTorch's CPU
+    /// kernels.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1i32, 3, -1], &[3])?;
+    /// let n = Tensor::from_vec(vec![31i32, 32, -1], &[3])?;
+    /// assert_eq!(x.bitwise_left_shift(&n)?.to_vec::<i32>()?, vec![i32::MIN, 0, 0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    bitwise_left_shift => ShiftLeft,
+    /// `torch.bitwise_right_shift` (`>>`) of integers, arithmetic for the signed dtypes: shifting
+    /// by a negative amount or past the value bits leaves the sign fill (0 or -1), as PyTorch's
+    /// CPU kernels.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![-7i64, -7, 7], &[3])?;
+    /// assert_eq!((x >> 1).to_vec::<i64>()?, vec![-4, -4, 3]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    bitwise_right_shift => ShiftRight,
+}
+
+impl Tensor {
+    /// `torch.arctan`, PyTorch's alias of [`Tensor::atan`].
+    #[track_caller]
+    pub fn arctan(&self) -> Result<Tensor> {
+        self.atan()
+    }
+
+    /// `torch.arcsin`, PyTorch's alias of [`Tensor::asin`].
+    #[track_caller]
+    pub fn arcsin(&self) -> Result<Tensor> {
+        self.asin()
+    }
+
+    /// `torch.arccos`, PyTorch's alias of [`Tensor::acos`].
+    #[track_caller]
+    pub fn arccos(&self) -> Result<Tensor> {
+        self.acos()
+    }
+
+    /// `torch.arctan2`, PyTorch's alias of [`Tensor::atan2`].
+    #[track_caller]
+    pub fn arctan2(&self, other: impl IntoTensor) -> Result<Tensor> {
+        self.atan2(other)
+    }
 }
 
 /// `base ** exponent` where the base may be a scalar (`pow(2.0, &x)`).

@@ -157,9 +157,7 @@ pub fn ops() -> impl Iterator<Item = &'static OpInfo> {
 /// PyTorch ops coil does not have yet, with what they need: `docs/ops.md` lists them after
 /// the table, so that the gaps are as visible as the ops.
 pub const NOT_YET: &[(&str, &str)] = &[
-    ("asin, acos, atan, atan2", "new unary/binary primitives: no accurate composition of the existing ones"),
-    ("erfinv, erfc", "primitives: `1 - erf(x)` loses every digit of erfc for large x"),
-    ("bitwise_and/or/xor/not, bitwise shifts", "integer bit primitives"),
+    ("erfc", "a primitive: `1 - erf(x)` loses every digit of erfc for large x"),
     ("kthvalue, median, mode, msort, randperm", "expressible with argsort (as sort and topk are); not done yet"),
     (
         "cumulative ops over long rows",

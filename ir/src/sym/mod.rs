@@ -427,6 +427,34 @@ fn split_divisible(a: Expr, d: Expr) -> Option<(Expr, Expr)> {
     (!q.is_empty() || qc != 0).then(|| (sum(q, qc), sum(r, rc)))
 }
 
+/// Splits `a` into `g·high + low` with `g > 1` dividing `m > 0` and `0 <= low < g` by bounds:
+/// then `floor(a / m) = floor(high / (m/g))` and `a mod m = g·(high mod (m/g)) + low`, since
+/// `g` consecutive values from a multiple of `g` never straddle a multiple of `m`. (A thread's
+/// lane `l < 32` in `32·q + l` stays within a row of 768.) The largest such `g` is tried first.
+fn split_low(a: Expr, m: i64) -> Option<(Expr, i64, Expr)> {
+    type Terms = Vec<(Expr, i64)>;
+    if m <= 1 {
+        return None;
+    }
+    let (terms, constant) = as_sum(a);
+    let mut gs: Vec<i64> =
+        terms.iter().map(|&(_, c)| gcd(c.unsigned_abs(), m as u64) as i64).filter(|&g| g > 1).collect();
+    gs.sort_unstable_by(|x, y| y.cmp(x));
+    gs.dedup();
+    for g in gs {
+        let (high, low): (Terms, Terms) = terms.iter().partition(|&&(_, c)| c % g == 0);
+        if low.is_empty() && constant == 0 {
+            continue; // g divides every term: the gcd rules apply
+        }
+        let low = sum(low, constant);
+        let (lo, hi) = low.bounds();
+        if lo.is_some_and(|lo| lo >= 0) && hi.is_some_and(|hi| hi < g) {
+            return Some((sum(high.into_iter().map(|(t, c)| (t, c / g)).collect::<Vec<_>>(), 0), g, low));
+        }
+    }
+    None
+}
+
 /// The gcd of all coefficients and the constant of `e` (0 for the constant 0).
 fn content(e: Expr) -> u64 {
     let (terms, constant) = as_sum(e);
@@ -460,6 +488,9 @@ fn floor_div(a: Expr, b: Expr) -> Expr {
             return floor_div(div_exact(a, g), Expr::int(c / g));
         }
     }
+    if let Some((high, g, _)) = kb.and_then(|m| split_low(a, m)) {
+        return floor_div(high, Expr::int(kb.unwrap() / g));
+    }
     if let ExprKind::FloorDiv(x, p) = *a.kind() {
         // floor(floor(x / p) / b) = floor(x / (p·b)) needs p > 0 and b > 0.
         if p.is_known_positive() && b.is_known_positive() {
@@ -486,6 +517,9 @@ fn modulo(a: Expr, b: Expr) -> Expr {
         let g = gcd(content(a), c.unsigned_abs()) as i64;
         if g > 1 {
             return modulo(div_exact(a, g), Expr::int(c / g)) * g;
+        }
+        if let Some((high, g, low)) = split_low(a, c) {
+            return modulo(high, Expr::int(c / g)) * g + low;
         }
         if let ExprKind::Mod(x, m) = *a.kind() {
             // (x mod m) ≡ x modulo c whenever c divides m.

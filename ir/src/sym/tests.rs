@@ -427,3 +427,26 @@ fn simplification_preserves_values() {
     }
     assert!(checked > 12_000 && subst_checked > 8_000, "too many skipped cases: {checked}, {subst_checked}");
 }
+
+#[test]
+fn division_of_a_block_that_never_straddles_a_multiple() {
+    // 32 consecutive values starting at a multiple of 32 lie in one row of 768: the row and
+    // the column split into q's and l's parts.
+    let q = Expr::index("q", 1000);
+    let l = Expr::index("l", 32);
+    let x = q * 32 + l;
+    assert_eq!(x.floor_div(768), q.floor_div(24));
+    assert_eq!(x.modulo(768), q.modulo(24) * 32 + l);
+    // l + 1 may reach 32: nothing to split.
+    let y = q * 32 + l + 1;
+    assert!(matches!(*y.floor_div(768).kind(), ExprKind::FloorDiv(..)), "{}", y.floor_div(768));
+    // Checked against the definition.
+    for qv in [0, 23, 24, 25, 999] {
+        for lv in [0, 1, 31] {
+            let b = IndexMap::from([(q, qv), (l, lv)]);
+            let xv = 32 * qv + lv;
+            assert_eq!(x.floor_div(768).eval(&b).unwrap(), xv.div_euclid(768));
+            assert_eq!(x.modulo(768).eval(&b).unwrap(), xv.rem_euclid(768));
+        }
+    }
+}

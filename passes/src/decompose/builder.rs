@@ -293,7 +293,7 @@ impl<'g> Builder<'g> {
     pub fn binary(&mut self, op: BinaryOp, a: impl Into<Arg>, b: impl Into<Arg>) -> Result<NodeId> {
         let args = [a.into(), b.into()];
         let (shape, common) = self.promote(&args).map_err(|e| self.op_error(e, op.name(), &args))?;
-        let dtype = if op == BinaryOp::Div { common.to_float() } else { common };
+        let dtype = if op.float_only() { common.to_float() } else { common };
         let a = self.materialize(args[0], &shape, dtype)?;
         let b = self.materialize(args[1], &shape, dtype)?;
         self.push(Op::Binary(op), &[a, b])

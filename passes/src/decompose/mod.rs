@@ -53,10 +53,11 @@ pub fn decompose(graph: &Graph) -> Result<Graph> {
 pub struct DecomposeOptions {
     /// Recognise written-out attention ([`crate::attention::fuse_attention`]) and keep every
     /// `scaled_dot_product_attention` the template supports
-    /// ([`crate::attention::template_supports`], no explicit mask) as one primitive node, for
-    /// lowering to run as one flash-attention call; so too its logsumexp and gradients (the
-    /// attention backward template), unless `keep_detach`. Off: attention is decomposed into
-    /// its matrix products and softmax.
+    /// ([`crate::attention::template_supports`]) as one primitive node, for lowering to run
+    /// as one flash-attention call; so too its logsumexp and gradients (the attention backward
+    /// template), unless `keep_detach`, and attention with an explicit mask
+    /// ([`crate::attention::mask_supported`]) unless `keep_detach` (its gradients are those of
+    /// the decomposition). Off: attention is decomposed into its matrix products and softmax.
     pub fused_attention: bool,
     /// Keep `detach` nodes (and mark the stabilizing maximum of softmax, log_softmax,
     /// logsumexp and cross_entropy with one, as PyTorch's backward formulas treat it as a
@@ -156,14 +157,18 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
 
 /// Whether a template node of a captured graph stays whole: attention the template supports
 /// ([`crate::attention::template_supports`]), on tensor operands (not Rust scalars), with its
-/// logsumexp and gradients. Those two have no gradient rule of their own: a graph decomposed
-/// for differentiation ([`DecomposeOptions::keep_detach`]) expands them, so that gradients of
-/// gradients differentiate their decomposition.
+/// logsumexp and gradients. Those two, and attention with an explicit mask, have no gradient
+/// rule of their own: a graph decomposed for differentiation
+/// ([`DecomposeOptions::keep_detach`]) expands them, so that gradients (of gradients)
+/// differentiate their decomposition.
 fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOptions) -> bool {
     let tensors = node.inputs.iter().all(|&x| !matches!(graph.node(x).op, Op::Scalar(_)));
     let metas: Vec<&TensorMeta> = node.inputs.iter().map(|&x| graph.meta(x)).collect();
     let kept = match node.op {
         Op::Attention { mask: false, .. } => true,
+        Op::Attention { mask: true, .. } => {
+            !options.keep_detach && tensors && crate::attention::mask_supported(metas[0], metas[3]).is_ok()
+        }
         Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. } => !options.keep_detach,
         _ => false,
     };

@@ -249,8 +249,10 @@ pub fn mse_loss(b: &mut Builder, a: NodeId, c: NodeId, reduction: LossReduction,
 /// `scaled_dot_product_attention(q, k, v, mask)`: `scores = (q @ k^T) * scale` (default
 /// `1 / sqrt(E)`, batch dims broadcast); `causal` keeps `col <= row` (top-left aligned) and
 /// sets the rest to `-inf`; a bool mask keeps where true, a float mask is added; then
-/// `softmax(scores, -1) @ v`. f16/bf16 compute in f32 and round once, or, with
-/// [`Builder::half_products`], take both products in their dtype around an f32 softmax.
+/// `softmax(scores, -1) @ v`. With a mask, a row whose scores are all `-inf` has probabilities
+/// 0 (so its result is 0), as PyTorch's `_safe_softmax`. f16/bf16 compute in f32 and round
+/// once, or, with [`Builder::half_products`], take both products in their dtype around an f32
+/// softmax.
 pub fn attention(
     b: &mut Builder,
     q: NodeId,
@@ -274,7 +276,12 @@ pub fn attention(
         }
     }
     let last = b.rank(scores) - 1;
-    let p = softmax_in(b, scores, last)?;
+    let mut p = softmax_in(b, scores, last)?;
+    if mask.is_some() {
+        let max = b.amax(scores, &[last], true)?;
+        let dead = b.eq(max, f64::NEG_INFINITY)?;
+        p = b.where_(dead, 0.0, p)?;
+    }
     let p = if half { b.cast(p, t)? } else { p };
     let y = matmul(b, p, v)?;
     b.cast(y, t)

@@ -1,6 +1,8 @@
 //! The attention templates: template nodes become extern calls that never write the
 //! `[*batch, L, S]` scores to memory, their q, k, v (and output gradient) strided views of
-//! their buffers (head views of a QKV projection are never copied).
+//! their buffers (head views of a QKV projection are never copied). An explicit mask is a view
+//! too, broadcast to the scores by zero strides: the small mask a decode step builds
+//! (`[rows, capacity]`) is never expanded over the batch and heads.
 //!
 //! One call computes a *group* of template nodes ([`template_groups`]): an [`Op::Attention`]
 //! with the [`Op::AttentionLogsumexp`] of the same operands (an [`ExternCall::Attention`] that
@@ -15,7 +17,7 @@
 //! puts it, and the permute costs nothing.
 
 use super::{strides, Lowerer};
-use coil_ir::loops::{AttentionBackwardCall, BufferId, ExternCall, LoopKind, LoopNode, StridedOperand};
+use coil_ir::loops::{AttentionBackwardCall, AttentionCall, BufferId, ExternCall, LoopKind, LoopNode, StridedOperand};
 use coil_ir::sym::Expr;
 use coil_ir::{AttentionInput, Error, NodeId, Op, Result};
 use std::collections::HashMap;
@@ -25,7 +27,7 @@ pub(crate) fn permuted_outputs(l: &Lowerer) -> HashMap<NodeId, NodeId> {
     let g = l.g;
     let mut found = HashMap::new();
     for n in g.live_nodes() {
-        let attention = matches!(g.node(n).op, Op::Attention { mask: false, .. });
+        let attention = matches!(g.node(n).op, Op::Attention { .. });
         if !attention || g.outputs.contains(&n) || l.readers[n.0].len() != 1 {
             continue;
         }
@@ -51,9 +53,11 @@ pub(crate) fn template_groups(l: &Lowerer) -> (HashMap<NodeId, usize>, Vec<Vec<N
     let mut group_of = HashMap::new();
     for n in g.live_nodes() {
         let node = g.node(n);
+        // A masked attention's operands (its mask among them) are no logsumexp's: a group of
+        // its own.
         let key = match node.op {
-            Op::Attention { causal, scale, mask: false } | Op::AttentionLogsumexp { causal, scale } => {
-                (false, node.inputs[..3].to_vec(), causal, scale.map(f64::to_bits))
+            Op::Attention { causal, scale, .. } | Op::AttentionLogsumexp { causal, scale } => {
+                (false, node.inputs.clone(), causal, scale.map(f64::to_bits))
             }
             Op::AttentionBackward { causal, scale, .. } => (true, node.inputs.clone(), causal, scale.map(f64::to_bits)),
             _ => continue,
@@ -137,8 +141,29 @@ impl Lowerer<'_> {
             col_stride: out_strides[r - 1],
         };
         let lse_buffer = lse.map(|m| self.new_buffer(format!("{name}_lse"), m));
-        let inputs = vec![qv.buffer, kv.buffer, vv.buffer];
-        let call = ExternCall::Attention { q: qv, k: kv, v: vv, out, lse: lse_buffer, batch, l, s, d, causal, scale };
+        let mut inputs = vec![qv.buffer, kv.buffer, vv.buffer];
+        let mask = match first.inputs.get(3) {
+            Some(&m) => {
+                let view = self.mask_view(m, r)?;
+                inputs.push(view.buffer);
+                Some(view)
+            }
+            None => None,
+        };
+        let call = ExternCall::Attention(Box::new(AttentionCall {
+            q: qv,
+            k: kv,
+            v: vv,
+            out,
+            lse: lse_buffer,
+            batch,
+            l,
+            s,
+            d,
+            causal,
+            scale,
+            mask,
+        }));
         let folded: Vec<NodeId> = group.iter().copied().chain(root).collect();
         self.push_template(output, folded, LoopKind::Extern { call, inputs });
         if let (Some(root), Some(a)) = (root, att) {
@@ -152,6 +177,24 @@ impl Lowerer<'_> {
             self.buf[m.0] = Some(b);
         }
         Ok(())
+    }
+
+    /// An attention mask (rank 2 to `rank`, broadcastable to the `[*batch, L, S]` scores of
+    /// rank `rank`) as a view of the scores' shape: its own strides (size-1 dims get stride 0),
+    /// missing leading dims stride 0 too. Nothing of the scores' size is written.
+    fn mask_view(&mut self, mask: NodeId, rank: usize) -> Result<StridedOperand> {
+        let mut view = self.strided(mask)?;
+        let shape = self.shape(mask);
+        let (r, one) = (shape.len(), |e: &Expr| e.const_value() == Some(1));
+        for (stride, size) in
+            view.batch_strides.iter_mut().chain([&mut view.row_stride, &mut view.col_stride]).zip(shape)
+        {
+            if one(size) {
+                *stride = Expr::int(0);
+            }
+        }
+        view.batch_strides.splice(0..0, std::iter::repeat_n(Expr::int(0), rank - r));
+        Ok(view)
     }
 
     /// The backward call of a group: one gradient buffer per member, the first the node's

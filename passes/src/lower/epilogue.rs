@@ -7,6 +7,13 @@
 //!   without a bias add) is the call's [`Activation::GeluTanh`] ([`gelu_epilogue`]): the call
 //!   writes the gelu's buffer, and neither the product nor the bias add is ever materialized.
 //!
+//! * **Widening cast.** `cast(reshape*(bmm), f32)` of an f16 / bf16 product with no bias or
+//!   activation, the cast a graph output ([`widening_epilogue`]: a weight gradient cast back to
+//!   its f32 parameter's dtype): the call writes the f32 result directly, one rounding fewer
+//!   than the unfused graph (which rounds the product to f16 / bf16 first), and no
+//!   half-precision product is stored. A cast that other kernels read stays with them (they
+//!   load the half-precision product and widen it in registers: logits read by a loss).
+//!
 //! The gelu pattern is matched exactly, on the graph `decompose` (then `simplify`) makes of
 //! `gelu(y, tanh=True)` (operands of `add` and `mul` in either order):
 //!
@@ -77,6 +84,13 @@ pub(crate) fn epilogues(l: &Lowerer) -> (HashMap<NodeId, Epilogue>, HashSet<Node
                 found.remove(&add);
             }
             found.insert(n, ep);
+        }
+    }
+    for &n in &live {
+        if let Some(ep) = widening_epilogue(l, n, readers, &output) {
+            if !found.values().any(|e| e.mm == ep.mm) {
+                found.insert(n, ep);
+            }
         }
     }
     let mut inside = HashSet::new();
@@ -213,6 +227,30 @@ fn gelu_epilogue(
     inside.dedup();
     inside.retain(|&n| n != mm);
     Some(Epilogue { mm, bias, activation: Some(Activation::GeluTanh), inside })
+}
+
+/// `root`, a graph output, as `cast(reshape*(bmm), f32)` of an f16 / bf16 product (see the
+/// module docs), every node from the product to the cast read only by the next one and not a
+/// graph output.
+fn widening_epilogue(l: &Lowerer, root: NodeId, readers: &[Vec<NodeId>], output: &[bool]) -> Option<Epilogue> {
+    let g = l.g;
+    if g.node(root).op != Op::Cast(DType::F32) || g.meta(root).numel() == 0 || !output[root.0] {
+        return None;
+    }
+    let private = |n: NodeId| !output[n.0] && readers[n.0].len() == 1;
+    let mut inside = Vec::new();
+    let mut m = g.node(root).inputs[0];
+    while matches!(g.node(m).op, Op::Reshape { .. }) && private(m) {
+        inside.push(m);
+        m = g.node(m).inputs[0];
+    }
+    let half = matches!(g.meta(m).dtype, DType::F16 | DType::BF16);
+    (g.node(m).op == Op::Bmm && half && private(m) && !l.degenerate(m)).then_some(Epilogue {
+        mm: m,
+        bias: None,
+        activation: None,
+        inside,
+    })
 }
 
 /// `f` as `gelu_tanh(x)` computed in f32, the way `decompose` writes it (operands of `add` and

@@ -400,7 +400,7 @@ impl Konst {
 
 /// Constant-folds a pointwise op whose operands are all constants: the value the interpreter
 /// computes (in f64 or i64, rounded or wrapped to the node's dtype). Only exactly-rounded
-/// operations fold (+, -, *, / and comparisons): transcendental functions are left to run,
+/// operations fold (+, -, *, /, comparisons and bit ops): transcendental functions are left to run,
 /// since a C library and the interpreter may differ in their last bit.
 pub fn fold(op: &Prim, args: &[Konst], out: DType) -> Option<Konst> {
     use BinaryOp::*;
@@ -412,6 +412,8 @@ pub fn fold(op: &Prim, args: &[Konst], out: DType) -> Option<Konst> {
             Some(Konst::I(wrap_int(out, i.wrapping_neg())))
         }
         (Prim::Unary(Ordered(UnaryOp::LogicalNot)), [k]) => bool_k(k.as_f64() == 0.0),
+        (Prim::Unary(Ordered(UnaryOp::BitwiseNot)), [Konst::I(i)]) if out == DType::Bool => bool_k(*i == 0),
+        (Prim::Unary(Ordered(UnaryOp::BitwiseNot)), [Konst::I(i)]) => Some(Konst::I(wrap_int(out, !i))),
         (Prim::Where, [c, a, b]) => Some(if c.as_f64() != 0.0 { *a } else { *b }),
         (Prim::Binary(Ordered(op)), [Konst::F(a), Konst::F(b)]) => {
             let (a, b) = (*a, *b);
@@ -448,6 +450,10 @@ pub fn fold(op: &Prim, args: &[Konst], out: DType) -> Option<Konst> {
                 Ge => return bool_k(a >= b),
                 LogicalAnd => return bool_k(a != 0 && b != 0),
                 LogicalOr => return bool_k(a != 0 || b != 0),
+                BitwiseAnd => a & b,
+                BitwiseOr => a | b,
+                BitwiseXor => a ^ b,
+                ShiftLeft | ShiftRight => op.shift(a, b, out),
                 _ => return None,
             };
             Some(Konst::I(wrap_int(out, r)))

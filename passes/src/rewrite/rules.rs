@@ -181,14 +181,15 @@ fn mul_zero_int(eg: &EG, id: Id, n: &ENode) -> Option<Rhs> {
     }
 }
 
-/// `neg(neg x) -> x` (not bool; exact, wrapping integers included) and
-/// `logical_not(logical_not x) -> x` for bool `x`.
+/// `neg(neg x) -> x` (not bool; exact, wrapping integers included),
+/// `logical_not(logical_not x) -> x` for bool `x` and `bitwise_not(bitwise_not x) -> x`.
 fn involution(eg: &EG, _: Id, n: &ENode) -> Option<Rhs> {
     match &n.op {
-        Prim::Unary(Ordered(u @ (UnaryOp::Neg | UnaryOp::LogicalNot))) => {
+        Prim::Unary(Ordered(u @ (UnaryOp::Neg | UnaryOp::LogicalNot | UnaryOp::BitwiseNot))) => {
             let x = child_of(eg, n.args[0], &n.op)?;
             let ok = match u {
                 UnaryOp::Neg => meta(eg, x).dtype != DType::Bool,
+                UnaryOp::BitwiseNot => true,
                 _ => meta(eg, x).dtype == DType::Bool,
             };
             ok.then(|| class(x))
@@ -197,11 +198,16 @@ fn involution(eg: &EG, _: Id, n: &ENode) -> Option<Rhs> {
     }
 }
 
-/// `maximum(x, x) -> x` (and minimum, logical and/or of bools): exact, NaN included.
+/// `maximum(x, x) -> x` (and minimum, logical and/or of bools, bitwise and/or): exact, NaN
+/// included.
 fn idempotent(_: &EG, _: Id, n: &ENode) -> Option<Rhs> {
     use BinaryOp::*;
     match (&n.op, &n.args[..]) {
-        (Prim::Binary(Ordered(Maximum | Minimum | LogicalAnd | LogicalOr)), &[a, b]) if a == b => Some(class(a)),
+        (Prim::Binary(Ordered(Maximum | Minimum | LogicalAnd | LogicalOr | BitwiseAnd | BitwiseOr)), &[a, b])
+            if a == b =>
+        {
+            Some(class(a))
+        }
         _ => None,
     }
 }
@@ -446,16 +452,19 @@ pub fn may_fire(g: &Graph, id: NodeId, rep: &[usize]) -> bool {
     };
     match &n.op {
         Op::Binary(op) => match op {
-            BinaryOp::Maximum | BinaryOp::Minimum | BinaryOp::LogicalAnd | BinaryOp::LogicalOr => {
-                same(n.inputs[0], n.inputs[1])
-            }
+            BinaryOp::Maximum
+            | BinaryOp::Minimum
+            | BinaryOp::LogicalAnd
+            | BinaryOp::LogicalOr
+            | BinaryOp::BitwiseAnd
+            | BinaryOp::BitwiseOr => same(n.inputs[0], n.inputs[1]),
             BinaryOp::Mul => (0..2).any(|i| is(k(i), 1.0) || is(k(i), 0.0)),
             BinaryOp::Div | BinaryOp::Pow => is(k(1), 1.0),
             BinaryOp::Add => (0..2).any(|i| is(k(i), 0.0)),
             BinaryOp::Sub => is(k(1), 0.0),
             _ => false,
         },
-        Op::Unary(UnaryOp::Neg | UnaryOp::LogicalNot) => arg(0) == &n.op,
+        Op::Unary(UnaryOp::Neg | UnaryOp::LogicalNot | UnaryOp::BitwiseNot) => arg(0) == &n.op,
         Op::Where => same(n.inputs[1], n.inputs[2]) || k(0).is_some(),
         Op::Cast(t) => matches!(arg(0), Op::Cast(_)) || g.meta(n.inputs[0]).dtype == *t,
         Op::Reshape { shape } | Op::Expand { shape } => {

@@ -14,6 +14,9 @@
 //!   (data-dependent) or masked load ("index mismatch");
 //! * no path leaves the pair and comes back ("would create cycle").
 //!
+//! When no such pair fuses any more, groups that read only the program's inputs join other such
+//! groups of the same signature (`Scheduler::fuse_independent`), and rounds start again.
+//!
 //! Every refused pair is recorded (in node order) with the reason it was last refused for,
 //! unless the two nodes ended up in one kernel after all. Nodes without elements are in no kernel: there is
 //! nothing to compute, and their (empty) buffers need no writer; but a fallback call without
@@ -33,6 +36,7 @@ mod print;
 mod tests;
 
 pub use donate::donate;
+pub(crate) use legal::delinearize;
 pub use legal::kernel_index_map;
 pub use print::print_schedule;
 
@@ -72,6 +76,12 @@ impl Default for ScheduleOptions {
 pub fn schedule(program: &LoopProgram) -> Schedule {
     schedule_with(program, &ScheduleOptions::default())
 }
+
+/// Most bytes a kernel of independent groups writes ([`Scheduler::fuse_independent`]): its
+/// later members' results are computed early and live longer (an inference graph's weight
+/// casts, all at the start, would hold every cast weight at once). Small groups, where one
+/// launch instead of many pays, stay well under it.
+const INDEPENDENT_STORE_BYTES: usize = 16 << 20;
 
 /// Most origins a kernel name lists.
 const NAME_ORIGINS: usize = 5;
@@ -214,8 +224,19 @@ impl<'p> Scheduler<'p> {
         out.into_iter().map(|(c, _)| c).collect()
     }
 
-    /// Greedy rounds until one fuses nothing.
+    /// Greedy rounds until one fuses nothing, then the independent groups of one signature
+    /// ([`Scheduler::fuse_independent`]), then rounds again if that fused any.
     fn fuse(&mut self) {
+        loop {
+            self.fuse_sharing();
+            if !self.fuse_independent() {
+                break;
+            }
+        }
+    }
+
+    /// Greedy rounds over the groups that share data until one fuses nothing.
+    fn fuse_sharing(&mut self) {
         loop {
             let mut fused = false;
             for c in self.candidates() {
@@ -237,6 +258,49 @@ impl<'p> Scheduler<'p> {
                 break;
             }
         }
+    }
+
+    /// Groups that read nothing computed in the program (a parameter's cast, a gradient's sum
+    /// of squares) may run at any point before their readers, so any two of one signature run
+    /// as one kernel: one launch instead of two, the same bytes (Inductor's combo kernels, for
+    /// equal sizes). In node order, each joins the open kernel of its signature while that
+    /// stores at most [`INDEPENDENT_STORE_BYTES`], else opens the next. Whether any fused.
+    fn fuse_independent(&mut self) -> bool {
+        let mut open: IndexMap<Sig, usize> = IndexMap::new();
+        let mut fused = false;
+        for g in 0..self.members.len() {
+            let Some(sig) = self.gsig[g].filter(|&s| s != Sig::Extern && self.reads_only_inputs(g)) else { continue };
+            let into = match open.get(&sig) {
+                Some(&into) if self.written_bytes(into) + self.written_bytes(g) <= INDEPENDENT_STORE_BYTES => into,
+                _ => {
+                    open.insert(sig, g);
+                    continue;
+                }
+            };
+            match self.legal(into, g) {
+                Ok(sig) => {
+                    self.merge(into, g, sig);
+                    fused = true;
+                }
+                Err(_) => {
+                    open.insert(sig, g);
+                }
+            }
+        }
+        fused
+    }
+
+    /// The bytes of every buffer group `g` writes.
+    fn written_bytes(&self, g: usize) -> usize {
+        self.members[g].iter().flat_map(|&n| self.p.nodes[n].writes()).map(|b| self.bytes(b)).sum()
+    }
+
+    /// Whether every buffer group `g` reads is a program input or written inside `g`.
+    fn reads_only_inputs(&self, g: usize) -> bool {
+        self.members[g]
+            .iter()
+            .flat_map(|&n| self.p.nodes[n].reads())
+            .all(|b| self.deps.producer[b.0].is_none_or(|w| self.group[w] == g))
     }
 
     /// The signature of `a` and `b` fused, or why they cannot be.
@@ -392,7 +456,7 @@ impl<'p> Scheduler<'p> {
         };
         let name = match &self.p.nodes[nodes[0]].kind {
             LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => format!("ext_bmm_{index}"),
-            LoopKind::Extern { call: ExternCall::Attention { .. }, .. } => format!("ext_attention_{index}"),
+            LoopKind::Extern { call: ExternCall::Attention(_), .. } => format!("ext_attention_{index}"),
             LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
                 format!("ext_attention_backward_{index}")
             }

@@ -23,7 +23,7 @@ pub fn print_schedule(program: &LoopProgram, schedule: &Schedule) -> String {
                 LoopKind::Pointwise { .. } => "pointwise".to_string(),
                 LoopKind::Reduction { op, .. } => format!("reduction {}", op.name()),
                 LoopKind::Extern { call: ExternCall::Bmm { .. }, .. } => "extern bmm".to_string(),
-                LoopKind::Extern { call: ExternCall::Attention { .. }, .. } => "extern attention".to_string(),
+                LoopKind::Extern { call: ExternCall::Attention(_), .. } => "extern attention".to_string(),
                 LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
                     "extern attention_backward".to_string()
                 }

@@ -356,3 +356,49 @@ fn scheduling_is_deterministic() {
     let (_, _, again) = scheduled(g, &[y]);
     assert_eq!(again, text);
 }
+
+#[test]
+fn independent_kernels_of_one_size_share_a_launch() {
+    // Casts and sums of squares of inputs (an optimizer's gradient norms, a model's weight
+    // casts): of equal sizes they run as one kernel; another size keeps its own.
+    let mut g = Graph::new();
+    let mut outs = Vec::new();
+    for shape in [[4, 8], [4, 8], [2, 3], [4, 8]] {
+        let x = g.input(m(&shape));
+        outs.push(op(&mut g, Op::Cast(DType::BF16), &[x]));
+        let sq = op(&mut g, Op::Binary(BinaryOp::Mul), &[x, x]);
+        outs.push(op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![0, 1], keepdim: false }, &[sq]));
+    }
+    let (p, s, text) = scheduled(g, &outs);
+    // Each input's cast and sum share it (one kernel each); the three of size 32 then share
+    // one launch, the one of size 6 keeps its own, and every output is still stored.
+    let stores: Vec<usize> = s.kernels.iter().map(|k| k.stores.len()).collect();
+    assert_eq!(stores, [6, 2], "{text}");
+    assert_eq!(s.kernels[1].stores, p.outputs[4..6], "{text}");
+
+    // Ten casts writing 2 MiB each: 8 fill a kernel's 16 MiB, the other 2 the next.
+    let mut g = Graph::new();
+    let outs: Vec<NodeId> = (0..10)
+        .map(|_| {
+            let x = g.input(m(&[1024, 1024]));
+            op(&mut g, Op::Cast(DType::BF16), &[x])
+        })
+        .collect();
+    let (_, s, text) = scheduled(g, &outs);
+    assert_eq!(s.kernels.iter().map(|k| k.nodes.len()).collect::<Vec<_>>(), [8, 2], "{text}");
+}
+
+#[test]
+fn a_kernel_reading_a_computed_buffer_is_not_fused_independently() {
+    // cast(x @ w) waits for the product; cast(y), of the same size, does not join it (it would
+    // then wait too, or the two would need the product earlier).
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8]));
+    let w = g.input(m(&[8, 8]));
+    let y = g.input(m(&[4, 8]));
+    let z = op(&mut g, Op::Matmul, &[x, w]);
+    let cz = op(&mut g, Op::Cast(DType::BF16), &[z]);
+    let cy = op(&mut g, Op::Cast(DType::BF16), &[y]);
+    let (_, s, text) = scheduled(g, &[cz, cy]);
+    assert_eq!(s.kernels.len(), 3, "{text}");
+}

@@ -2,13 +2,17 @@
 //! exact-order implementation, parallel over (batch index, block of query rows).
 //!
 //! Per query row `i`: the scores `q_i . k_j * scale` for the keys it sees (`j <= i` when causal,
-//! top-left aligned as PyTorch's `is_causal`), a numerically stable softmax (the row maximum
-//! subtracted before `exp`), then `sum_j p_j v_j / sum_j p_j`, all in f32 (f64 for f64) from
-//! the operands' own values, rounded once to the output dtype; with a logsumexp buffer, also
-//! `max + ln(sum_j p_j)` there (f32, f64 for f64). The operands are read through their strides
-//! (head views are not copied); the output is written through its strides. The backward is in
-//! `attention_backward`.
+//! top-left aligned as PyTorch's `is_causal`; with a bool mask, where it is true; an added mask
+//! is added to the scaled scores), a numerically stable softmax (the row maximum subtracted
+//! before `exp`), then `sum_j p_j v_j / sum_j p_j`, all in f32 (f64 for f64) from the operands'
+//! own values, rounded once to the output dtype; with a logsumexp buffer, also
+//! `max + ln(sum_j p_j)` there (f32, f64 for f64). A row that sees no key gives 0 and
+//! logsumexp `-inf`, as PyTorch's SDPA (`_safe_softmax`). The operands are read through their
+//! strides (head views are not copied; a mask's broadcast dims have stride 0); the output is
+//! written through its strides; keys no row of a task sees (a decode step's cache beyond its
+//! position) are never read. The backward is in `attention_backward`.
 
+use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
@@ -40,6 +44,16 @@ pub struct AttentionSpec {
     pub causal: bool,
     /// The factor on `q . k`.
     pub scale: f64,
+    /// An explicit mask: element `(batch, row, key)` of the `[*batch, l, s]` mask (broadcast
+    /// dims stride 0).
+    pub mask: Option<StridedOperand<usize>>,
+}
+
+/// A mask's elements and what they hold.
+#[derive(Clone, Copy, Debug)]
+pub struct MaskBytes<'a> {
+    pub bytes: &'a [u8],
+    pub kind: MaskKind,
 }
 
 impl AttentionSpec {
@@ -47,17 +61,21 @@ impl AttentionSpec {
     /// other extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<AttentionSpec> {
         match call {
-            ExternCall::Attention { q, k, v, out, batch, l, s, d, causal, scale, .. } => Some(AttentionSpec {
-                q: q.to_usize()?,
-                k: k.to_usize()?,
-                v: v.to_usize()?,
-                out: out.to_usize()?,
-                batch: batch.iter().map(const_usize).collect::<Option<_>>()?,
-                l: const_usize(l)?,
-                s: const_usize(s)?,
-                d: const_usize(d)?,
-                causal: *causal,
-                scale: *scale,
+            ExternCall::Attention(call) => Some(AttentionSpec {
+                q: call.q.to_usize()?,
+                k: call.k.to_usize()?,
+                v: call.v.to_usize()?,
+                out: call.out.to_usize()?,
+                batch: call.batch.iter().map(const_usize).collect::<Option<_>>()?,
+                l: const_usize(&call.l)?,
+                s: const_usize(&call.s)?,
+                d: const_usize(&call.d)?,
+                causal: call.causal,
+                scale: call.scale,
+                mask: match &call.mask {
+                    Some(m) => Some(m.to_usize()?),
+                    None => None,
+                },
             }),
             _ => None,
         }
@@ -74,15 +92,33 @@ impl AttentionSpec {
     }
 
     /// Checks that every element the call reads or writes lies inside its buffer (lengths in
-    /// elements), so the strided accesses cannot leave the buffers whatever the IR says.
-    pub fn check(&self, q_len: usize, k_len: usize, v_len: usize, out_len: usize) -> Result<()> {
+    /// elements; the mask's, when the call has one), so the strided accesses cannot leave the
+    /// buffers whatever the IR says.
+    pub fn check(
+        &self,
+        q_len: usize,
+        k_len: usize,
+        v_len: usize,
+        out_len: usize,
+        mask_len: Option<usize>,
+    ) -> Result<()> {
+        let what = "scaled_dot_product_attention";
         let views = [
             (&self.q, self.l, q_len, "query"),
             (&self.k, self.s, k_len, "key"),
             (&self.v, self.s, v_len, "value"),
             (&self.out, self.l, out_len, "output"),
         ];
-        check_views("scaled_dot_product_attention", &self.batch, self.l, self.s, self.d, &views)
+        check_views(what, &self.batch, self.l, self.s, self.d, &views)?;
+        match (&self.mask, mask_len) {
+            (None, None) => Ok(()),
+            (Some(mask), Some(len)) => {
+                // The mask is `[*batch, l, s]`: its columns are the keys.
+                check_views(what, &self.batch, self.l, 1, self.s, &[(mask, self.l, len, "mask")])
+            }
+            (Some(_), None) => Err(Error::runtime(format!("{what}: a masked call without its mask buffer"))),
+            (None, Some(_)) => Err(Error::runtime(format!("{what}: a mask buffer for a call without a mask"))),
+        }
     }
 }
 
@@ -178,40 +214,68 @@ macro_rules! real {
 real!(f32);
 real!(f64);
 
-/// `out = softmax(scale * q k^T (causal)) v` per batch index, on the raw bytes of the buffers
-/// (all of `dtype`; `q`, `k`, `v` may be the same buffer), and with `lse` the row logsumexp of
-/// the scaled scores, `[*batch, l]` row-major, f32 (f64 for f64). `out` and `lse` must not
-/// overlap the operands.
+/// `out = softmax(scale * q k^T (causal) (+ mask)) v` per batch index, on the raw bytes of the
+/// buffers (all of `dtype`, the mask bool or `dtype`; `q`, `k`, `v` may be the same buffer),
+/// and with `lse` the row logsumexp of the scaled scores, `[*batch, l]` row-major, f32 (f64 for
+/// f64). `out` and `lse` must not overlap the operands.
+#[allow(clippy::too_many_arguments)] // the call's buffers
 pub fn attention_bytes(
     spec: &AttentionSpec,
     dtype: DType,
     q: &[u8],
     k: &[u8],
     v: &[u8],
+    mask: Option<MaskBytes>,
     out: &mut [u8],
     lse: Option<&mut [u8]>,
 ) -> Result<()> {
     let size = dtype.size_bytes();
-    spec.check(q.len() / size, k.len() / size, v.len() / size, out.len() / size)?;
+    let mask_len = mask.map(|m| m.bytes.len() / if m.kind == MaskKind::Bool { 1 } else { size });
+    spec.check(q.len() / size, k.len() / size, v.len() / size, out.len() / size, mask_len)?;
     let rows = spec.batch_count() * spec.l;
     match dtype {
         DType::F32 => {
-            run::<f32, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, stats(lse, rows)?, |x| x, |x| x)
+            let ops = Operands { q: cast(q)?, k: cast(k)?, v: cast(v)?, mask: mask_of(mask)? };
+            run::<f32, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?, |x| x, |x| x)
         }
         DType::F64 => {
-            run::<f64, f64>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, stats(lse, rows)?, |x| x, |x| x)
+            let ops = Operands { q: cast(q)?, k: cast(k)?, v: cast(v)?, mask: mask_of(mask)? };
+            run::<f64, f64>(spec, ops, cast_mut(out)?, stats(lse, rows)?, |x| x, |x| x)
         }
         DType::F16 => {
-            let (up, down) = (f16::to_f32, f16::from_f32);
-            run::<f16, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, stats(lse, rows)?, up, down)
+            let ops = Operands { q: cast(q)?, k: cast(k)?, v: cast(v)?, mask: mask_of(mask)? };
+            run::<f16, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?, f16::to_f32, f16::from_f32)
         }
         DType::BF16 => {
-            let (up, down) = (bf16::to_f32, bf16::from_f32);
-            run::<bf16, f32>(spec, cast(q)?, cast(k)?, cast(v)?, cast_mut(out)?, stats(lse, rows)?, up, down)
+            let ops = Operands { q: cast(q)?, k: cast(k)?, v: cast(v)?, mask: mask_of(mask)? };
+            run::<bf16, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?, bf16::to_f32, bf16::from_f32)
         }
         _ => return Err(Error::unsupported(format!("scaled_dot_product_attention of {dtype} values"))),
     }
     Ok(())
+}
+
+/// A mask's elements as the call reads them.
+#[derive(Clone, Copy)]
+enum Mask<'a, T> {
+    Bool(&'a [u8]),
+    Added(&'a [T]),
+}
+
+fn mask_of<T: bytemuck::Pod>(mask: Option<MaskBytes<'_>>) -> Result<Option<Mask<'_, T>>> {
+    Ok(match mask {
+        None => None,
+        Some(MaskBytes { bytes, kind: MaskKind::Bool }) => Some(Mask::Bool(bytes)),
+        Some(MaskBytes { bytes, kind: MaskKind::Added }) => Some(Mask::Added(cast(bytes)?)),
+    })
+}
+
+/// The operands of one call, of element type `T`.
+struct Operands<'a, T> {
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+    mask: Option<Mask<'a, T>>,
 }
 
 /// A statistics buffer (`[*batch, l]` of `A`) of at least `rows` elements, if any.
@@ -291,12 +355,9 @@ pub(crate) fn dot<A: Real>(a: &[A], b: &[A]) -> A {
 }
 
 /// The call in `A` on operands of `T`.
-#[allow(clippy::too_many_arguments)] // the operands, the statistics and the two conversions
 fn run<T: Copy + Send + Sync, A: Real>(
     spec: &AttentionSpec,
-    q: &[T],
-    k: &[T],
-    v: &[T],
+    ops: Operands<T>,
     out: &mut [T],
     mut lse: Option<&mut [A]>,
     up: fn(T) -> A,
@@ -316,21 +377,49 @@ fn run<T: Copy + Send + Sync, A: Real>(
         .par_iter()
         .map(|&(b, first)| {
             let rows = first..(first + ROWS_PER_TASK).min(l);
-            // Keys a row of this block can see: all, or up to its last row (causal).
+            // The mask's term of (row, key): `None` drops the key, else what is added.
+            let mask_base = spec.mask.as_ref().map(|m| batch_offset(&spec.batch, m, b));
+            let term = |i: usize, j: usize| -> Option<A> {
+                let (Some(view), Some(base), Some(mask)) = (&spec.mask, mask_base, ops.mask) else {
+                    return Some(A::ZERO);
+                };
+                let at = base + i * view.row_stride + j * view.col_stride;
+                match mask {
+                    Mask::Bool(m) => (m[at] != 0).then_some(A::ZERO),
+                    Mask::Added(m) => Some(up(m[at])).filter(|&x| x != A::NEG_INFINITY),
+                }
+            };
+            // Keys a row of this block can see: all, or up to its last row (causal), narrowed
+            // to those the mask keeps for some row.
             let seen = if spec.causal { s.min(rows.end) } else { s };
+            let (lo, hi) = match spec.mask {
+                None => (0, seen),
+                Some(_) => {
+                    let live = |j: usize| rows.clone().any(|i| !(spec.causal && j > i) && term(i, j).is_some());
+                    let lo = (0..seen).find(|&j| live(j)).unwrap_or(seen);
+                    (lo, (lo..seen).rev().find(|&j| live(j)).map_or(lo, |j| j + 1))
+                }
+            };
             let shape = (&spec.batch[..], d);
-            let keys = rows_of(shape, &spec.k, k, b, 0..seen, up);
-            let values = rows_of(shape, &spec.v, v, b, 0..seen, up);
-            let queries = rows_of(shape, &spec.q, q, b, rows.clone(), up);
+            let keys = rows_of(shape, &spec.k, ops.k, b, lo..hi, up);
+            let values = rows_of(shape, &spec.v, ops.v, b, lo..hi, up);
+            let queries = rows_of(shape, &spec.q, ops.q, b, rows.clone(), up);
             let mut result = vec![A::ZERO; rows.len() * d];
             let mut lses = vec![A::NEG_INFINITY; rows.len()];
-            let mut scores = vec![A::ZERO; seen];
+            let mut scores = vec![A::NEG_INFINITY; hi - lo];
             for (r, i) in rows.enumerate() {
-                let n = if spec.causal { seen.min(i + 1) } else { seen };
+                let n = if spec.causal { hi.min(i + 1).max(lo) } else { hi } - lo;
                 let qi = &queries[r * d..(r + 1) * d];
                 let mut max = A::NEG_INFINITY;
                 for (j, sj) in scores[..n].iter_mut().enumerate() {
-                    *sj = dot(qi, &keys[j * d..(j + 1) * d]).mul(scale);
+                    *sj = match term(i, lo + j) {
+                        Some(add) => {
+                            let mut x = dot(qi, &keys[j * d..(j + 1) * d]).mul(scale);
+                            x += add;
+                            x
+                        }
+                        None => A::NEG_INFINITY,
+                    };
                     if *sj > max {
                         max = *sj;
                     }
@@ -346,9 +435,10 @@ fn run<T: Copy + Send + Sync, A: Real>(
                         *oc = oc.mul_add(p, vc);
                     }
                 }
-                let inv = total.recip();
-                o.iter_mut().for_each(|x| *x = x.mul(inv));
-                if n > 0 {
+                // No key seen: 0, as PyTorch (NaN stays NaN).
+                if total != A::ZERO {
+                    let inv = total.recip();
+                    o.iter_mut().for_each(|x| *x = x.mul(inv));
                     lses[r] = total.ln();
                     lses[r] += shift;
                 }
@@ -373,83 +463,142 @@ mod tests {
         StridedOperand { buffer: BufferId(0), offset, batch_strides: vec![rows * d], row_stride: d, col_stride: 1 }
     }
 
-    /// The definition, in f64.
+    /// The definition, in f64, one batch index: `term(i, j)` is the mask's (`None` drops the
+    /// key); a row that sees no key is 0 with logsumexp -inf.
     #[allow(clippy::too_many_arguments)] // the attention problem, spelled out for the test
-    fn reference(q: &[f64], k: &[f64], v: &[f64], l: usize, s: usize, d: usize, causal: bool, scale: f64) -> Vec<f64> {
-        let mut out = vec![0.0; l * d];
+    fn reference(
+        (q, k, v): (&[f64], &[f64], &[f64]),
+        (l, s, d): (usize, usize, usize),
+        causal: bool,
+        scale: f64,
+        term: &dyn Fn(usize, usize) -> Option<f64>,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (mut out, mut lse) = (vec![0.0; l * d], vec![f64::NEG_INFINITY; l]);
         for i in 0..l {
-            let n = if causal { s.min(i + 1) } else { s };
-            let sc: Vec<f64> =
-                (0..n).map(|j| (0..d).map(|c| q[i * d + c] * k[j * d + c]).sum::<f64>() * scale).collect();
+            let js: Vec<usize> = (0..s).filter(|&j| !(causal && j > i) && term(i, j).is_some()).collect();
+            if js.is_empty() {
+                continue;
+            }
+            let dot = |j: usize| (0..d).map(|c| q[i * d + c] * k[j * d + c]).sum::<f64>();
+            let sc: Vec<f64> = js.iter().map(|&j| dot(j) * scale + term(i, j).unwrap()).collect();
             let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let p: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
             let t: f64 = p.iter().sum();
+            lse[i] = m + t.ln();
             for c in 0..d {
-                out[i * d + c] = (0..n).map(|j| p[j] * v[j * d + c]).sum::<f64>() / t;
+                out[i * d + c] = js.iter().zip(&p).map(|(&j, pj)| pj * v[j * d + c]).sum::<f64>() / t;
             }
         }
-        out
+        (out, lse)
+    }
+
+    fn vals(n: usize, seed: f64) -> Vec<f64> {
+        (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect()
+    }
+
+    fn bytes(x: &[f64]) -> Vec<u8> {
+        bytemuck::cast_slice::<f64, u8>(x).to_vec()
+    }
+
+    fn spec(l: usize, s: usize, d: usize, causal: bool, mask: Option<StridedOperand<usize>>) -> AttentionSpec {
+        AttentionSpec {
+            q: contiguous(l, d, 0),
+            k: contiguous(s, d, 0),
+            v: contiguous(s, d, 0),
+            out: contiguous(l, d, 0),
+            batch: vec![1],
+            l,
+            s,
+            d,
+            causal,
+            scale: 0.3,
+            mask,
+        }
+    }
+
+    fn close(what: &str, got: &[f64], want: &[f64]) {
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(a == b || (a - b).abs() < 1e-12, "{what}: element {i}: {a} vs {b}");
+        }
     }
 
     #[test]
     fn matches_the_definition_causal_and_not_with_l_and_s_apart() {
         for (l, s, causal) in [(37, 37, true), (5, 70, false), (70, 5, true), (3, 9, true)] {
             let d = 16;
-            let vals = |n: usize, seed: f64| -> Vec<f64> { (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect() };
             let (q, k, v) = (vals(l * d, 0.1), vals(s * d, 1.3), vals(s * d, 2.9));
-            let spec = AttentionSpec {
-                q: contiguous(l, d, 0),
-                k: contiguous(s, d, 0),
-                v: contiguous(s, d, 0),
-                out: contiguous(l, d, 0),
-                batch: vec![1],
-                l,
-                s,
-                d,
-                causal,
-                scale: 0.3,
-            };
-            let to_bytes = |x: &[f64]| bytemuck::cast_slice::<f64, u8>(x).to_vec();
-            let mut out = vec![0u8; l * d * 8];
-            let mut lse = vec![0u8; l * 8];
-            attention_bytes(&spec, DType::F64, &to_bytes(&q), &to_bytes(&k), &to_bytes(&v), &mut out, Some(&mut lse))
+            let (mut out, mut lse) = (vec![0u8; l * d * 8], vec![0u8; l * 8]);
+            let spec = spec(l, s, d, causal, None);
+            attention_bytes(&spec, DType::F64, &bytes(&q), &bytes(&k), &bytes(&v), None, &mut out, Some(&mut lse))
                 .unwrap();
-            let lse: &[f64] = bytemuck::cast_slice(&lse);
-            for (i, &x) in lse.iter().enumerate() {
-                let n = if causal { s.min(i + 1) } else { s };
-                let want = (0..n)
-                    .map(|j| ((0..d).map(|c| q[i * d + c] * k[j * d + c]).sum::<f64>() * 0.3).exp())
-                    .sum::<f64>()
-                    .ln();
-                assert!((x - want).abs() < 1e-12, "{l} {s} {causal}: logsumexp {x} vs {want}");
+            let (want, want_lse) = reference((&q, &k, &v), (l, s, d), causal, 0.3, &|_, _| Some(0.0));
+            let what = format!("{l} {s} {causal}");
+            close(&what, bytemuck::cast_slice(&out), &want);
+            close(&what, bytemuck::cast_slice(&lse), &want_lse);
+        }
+    }
+
+    /// A `[l, s]` mask broadcast over 2 batch indices (batch stride 0): a decode-like prefix
+    /// with rows that see no key (0, logsumexp -inf), bool and added.
+    #[test]
+    fn masked_rows_match_the_definition_and_dead_rows_are_zero() {
+        let (l, s, d) = (6, 50, 8);
+        // Row i keeps keys j <= 7 * i - 1 with j % 5 != 3: row 0 keeps none.
+        let keep = |i: usize, j: usize| j < 7 * i && j % 5 != 3;
+        let view =
+            StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![0], row_stride: s, col_stride: 1 };
+        let spec = AttentionSpec { batch: vec![2], ..spec(l, s, d, false, Some(view)) };
+        let (q, k, v) = (vals(2 * l * d, 0.1), vals(2 * s * d, 1.3), vals(2 * s * d, 2.9));
+        let bool_mask: Vec<u8> = (0..l * s).map(|x| keep(x / s, x % s) as u8).collect();
+        let added: Vec<f64> =
+            (0..l * s).map(|x| if keep(x / s, x % s) { (x as f64 * 0.1).cos() } else { f64::NEG_INFINITY }).collect();
+        let added_bytes = bytes(&added);
+        let masks = [
+            (MaskBytes { bytes: &bool_mask, kind: MaskKind::Bool }, false),
+            (MaskBytes { bytes: &added_bytes, kind: MaskKind::Added }, true),
+        ];
+        for (mask, is_added) in masks {
+            let (mut out, mut lse) = (vec![0u8; 2 * l * d * 8], vec![0u8; 2 * l * 8]);
+            attention_bytes(
+                &spec,
+                DType::F64,
+                &bytes(&q),
+                &bytes(&k),
+                &bytes(&v),
+                Some(mask),
+                &mut out,
+                Some(&mut lse),
+            )
+            .unwrap();
+            let (out, lse): (&[f64], &[f64]) = (bytemuck::cast_slice(&out), bytemuck::cast_slice(&lse));
+            for b in 0..2 {
+                let term = |i: usize, j: usize| keep(i, j).then(|| if is_added { added[i * s + j] } else { 0.0 });
+                let operands = (&q[b * l * d..][..l * d], &k[b * s * d..][..s * d], &v[b * s * d..][..s * d]);
+                let (want, want_lse) = reference(operands, (l, s, d), false, 0.3, &term);
+                let what = format!("added={is_added} batch {b}");
+                close(&what, &out[b * l * d..][..l * d], &want);
+                close(&what, &lse[b * l..][..l], &want_lse);
             }
-            let got: &[f64] = bytemuck::cast_slice(&out);
-            let want = reference(&q, &k, &v, l, s, d, causal, 0.3);
-            for (a, b) in got.iter().zip(&want) {
-                assert!((a - b).abs() < 1e-12, "{l} {s} {causal}: {a} vs {b}");
-            }
+            assert!(out[..d].iter().all(|&x| x == 0.0) && lse[0] == f64::NEG_INFINITY);
         }
     }
 
     #[test]
     fn views_reaching_outside_their_buffers_are_errors() {
         let d = 8;
-        let spec = AttentionSpec {
-            q: contiguous(4, d, 0),
-            k: contiguous(4, d, 8),
-            v: contiguous(4, d, 0),
-            out: contiguous(4, d, 0),
-            batch: vec![2],
-            l: 4,
-            s: 4,
-            d,
-            causal: false,
-            scale: 1.0,
-        };
+        let spec = AttentionSpec { k: contiguous(4, d, 8), batch: vec![2], ..spec(4, 4, d, false, None) };
         let buf = vec![0u8; 2 * 4 * d * 4];
         let mut out = buf.clone();
-        let e = attention_bytes(&spec, DType::F32, &buf, &buf, &buf, &mut out, None).unwrap_err();
+        let e = attention_bytes(&spec, DType::F32, &buf, &buf, &buf, None, &mut out, None).unwrap_err();
         assert!(e.to_string().contains("key view reaches element 71 of 64"), "{e}");
-        assert!(attention_bytes(&spec, DType::I32, &buf, &buf, &buf, &mut out, None).is_err());
+        assert!(attention_bytes(&spec, DType::I32, &buf, &buf, &buf, None, &mut out, None).is_err());
+        // A [2, 4, 4] mask in 31 bytes; a masked call without its mask.
+        let view =
+            StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![16], row_stride: 4, col_stride: 1 };
+        let masked = AttentionSpec { k: contiguous(4, d, 0), mask: Some(view), ..spec };
+        let mask = MaskBytes { bytes: &buf[..31], kind: MaskKind::Bool };
+        let e = attention_bytes(&masked, DType::F32, &buf, &buf, &buf, Some(mask), &mut out, None).unwrap_err();
+        assert!(e.to_string().contains("mask view reaches element 31 of 31"), "{e}");
+        assert!(attention_bytes(&masked, DType::F32, &buf, &buf, &buf, None, &mut out, None).is_err());
     }
 }

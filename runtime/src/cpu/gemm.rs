@@ -1,19 +1,24 @@
 //! Batched matrix products ([`ExternCall::Bmm`]) on the CPU.
 //!
-//! * f32 and f64 run through the `gemm` crate directly on the operands' memory: row, column and
-//!   batch strides are passed as they are, so a transposed or broadcast operand is never copied;
-//! * f16 and bf16 operands are widened to f32, multiplied by `gemm` in f32 and the result
-//!   rounded to nearest even, as PyTorch's CPU kernels compute half types in float;
-//! * a bias row is the product's starting value; an activation ([`Activation`], the call's
-//!   epilogue) is applied after it, on the f32 (f64) result, before the one rounding to a half
-//!   type, as cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS` computes it. The f32 tanh GELU is the
-//!   C prelude's (`coil_codegen::c::support_source`, compiled once per process: the function a
-//!   generated kernel computes, vectorized), f64's is Rust's; bias rows, activations and the
-//!   half-type conversions run in parallel on the rayon pool the product uses;
+//! * f32, f16 and bf16 run through the packed template ([`gemm_packed`]: AVX-512 micro-kernels,
+//!   `vdpbf16ps` for bf16 where the CPU has it) whenever this machine's compiler and CPU serve
+//!   it; each product accumulates in f32 and is rounded once to its type, as PyTorch's are;
+//! * otherwise (and with [`GemmEngine::Crate`]) the `gemm` crate: f32 and f64 directly on the
+//!   operands' memory (row, column and batch strides passed as they are, so a transposed or
+//!   broadcast operand is never copied); f16 and bf16 operands widened to f32, multiplied by
+//!   `gemm` in f32 and the result rounded to nearest even;
+//! * a bias row and an activation ([`Activation`], the call's epilogue) apply to the f32 (f64)
+//!   sum, before the one rounding to a half type, as cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS`
+//!   computes it. The f32 tanh GELU is the C prelude's (the function a generated kernel
+//!   computes, vectorized: in the template's epilogue, or for the crate's products
+//!   `coil_codegen::c::support_source`, compiled once per process), f64's is Rust's; on the
+//!   crate's path bias rows, activations and the half-type conversions run in parallel on the
+//!   rayon pool the product uses;
 //! * integer products are rare and need exact wrapping arithmetic, so they go to the reference
 //!   interpreter on a one-node graph (operands gathered to contiguous buffers first).
 
 use super::compiler::{c_compiler, default_cache_dir};
+use super::gemm_packed;
 use super::module::{self, Kernel};
 use crate::{interpret, Buffer, HostData};
 use coil_codegen::c::{support_source, SUPPORT_GELU_TANH_F32};
@@ -62,12 +67,12 @@ impl BmmSpec {
         }
     }
 
-    fn batch_count(&self) -> usize {
+    pub(super) fn batch_count(&self) -> usize {
         self.batch.iter().product()
     }
 
     /// Element offsets of each batch's `a` and `b` matrices, in row-major batch order.
-    fn batch_offsets(&self) -> Vec<(usize, usize)> {
+    pub(super) fn batch_offsets(&self) -> Vec<(usize, usize)> {
         let mut out = Vec::with_capacity(self.batch_count());
         let mut idx = vec![0usize; self.batch.len()];
         for _ in 0..self.batch_count() {
@@ -89,7 +94,7 @@ impl BmmSpec {
 
     /// Checks that every element the product reads lies inside its operand, so the unsafe
     /// strided accesses below cannot leave the buffers whatever the IR says.
-    fn check(&self, a_len: usize, b_len: usize, bias_len: usize, out_len: usize) -> Result<()> {
+    pub(super) fn check(&self, a_len: usize, b_len: usize, bias_len: usize, out_len: usize) -> Result<()> {
         let bad = |msg: String| Err(Error::runtime(format!("bmm: {msg}")));
         if self.a.batch_strides.len() != self.batch.len() || self.b.batch_strides.len() != self.batch.len() {
             return bad(format!(
@@ -128,11 +133,40 @@ impl BmmSpec {
     }
 }
 
+/// Which implementation multiplies f32, f16 and bf16 matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmEngine {
+    /// The packed template where this CPU and compiler serve the dtype, else the `gemm` crate;
+    /// also the crate for f32 products of few rows or columns
+    /// ([`gemm_packed::skinny`](super::gemm_packed::skinny)).
+    Auto,
+    /// The packed template ([`gemm_packed`](super::gemm_packed)); an error where it cannot run.
+    Packed,
+    /// The `gemm` crate (half types widened to f32).
+    Crate,
+}
+
 /// `out = act(a @ b (+ bias))` per batch, on the raw bytes of the buffers (all of `dtype`;
 /// `bias` is empty without a bias). `out` must not overlap the operands.
 pub fn bmm_bytes(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]) -> Result<()> {
+    bmm_bytes_with(GemmEngine::Auto, spec, dtype, a, b, bias, out)
+}
+
+/// [`bmm_bytes`] by a chosen engine (f64 and integers ignore it).
+pub fn bmm_bytes_with(
+    engine: GemmEngine,
+    spec: &BmmSpec,
+    dtype: DType,
+    a: &[u8],
+    b: &[u8],
+    bias: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
     let size = dtype.size_bytes();
     spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size)?;
+    if let Some(done) = packed(engine, spec, dtype, dtype, gemm_packed::Operands { a, b, bias }, out) {
+        return done;
+    }
     match dtype {
         DType::F32 => {
             let out = cast_mut::<f32>(out)?;
@@ -164,6 +198,79 @@ pub fn bmm_bytes(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], bias: &[u8], 
             out.copy_from_slice(&HostData::from_i64_slice(dtype, &product).to_bytes());
         }
     }
+    Ok(())
+}
+
+/// The product by the packed template, if `engine` and this machine give it to the template
+/// (`None`: the crate's path computes it).
+fn packed(
+    engine: GemmEngine,
+    spec: &BmmSpec,
+    dtype: DType,
+    out_dtype: DType,
+    ops: gemm_packed::Operands,
+    out: &mut [u8],
+) -> Option<Result<()>> {
+    let skinny = engine == GemmEngine::Auto && dtype == DType::F32 && gemm_packed::skinny(spec.m, spec.n);
+    if engine == GemmEngine::Crate || skinny || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return None;
+    }
+    match gemm_packed::Library::get().and_then(|lib| Some((lib, lib.layout_for(dtype)?))) {
+        Some((lib, layout)) => Some(gemm_packed::bmm(lib, layout, spec, (dtype, out_dtype), ops, out)),
+        None if engine == GemmEngine::Packed => Some(Err(Error::unsupported(format!(
+            "the packed {dtype} matrix product on this machine (it needs a C compiler and AVX-512)"
+        )))),
+        None => None,
+    }
+}
+
+/// [`bmm_bytes`] with operands (and bias) of `dtype` and `out` of `out_dtype`: the same dtype,
+/// or f16 / bf16 operands widened into an f32 result (a product read only by a cast to f32,
+/// `coil_passes::lower`'s widening epilogue), computed in f32 and not rounded to the operands'
+/// dtype.
+pub fn bmm_bytes_to(
+    spec: &BmmSpec,
+    dtype: DType,
+    out_dtype: DType,
+    a: &[u8],
+    b: &[u8],
+    bias: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
+    bmm_bytes_to_with(GemmEngine::Auto, spec, (dtype, out_dtype), a, b, bias, out)
+}
+
+/// [`bmm_bytes_to`] by a chosen engine.
+pub fn bmm_bytes_to_with(
+    engine: GemmEngine,
+    spec: &BmmSpec,
+    (dtype, out_dtype): (DType, DType),
+    a: &[u8],
+    b: &[u8],
+    bias: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
+    if out_dtype == dtype {
+        return bmm_bytes_with(engine, spec, dtype, a, b, bias, out);
+    }
+    if !matches!((dtype, out_dtype), (DType::F16 | DType::BF16, DType::F32)) {
+        return Err(Error::unsupported(format!("a {dtype} matrix product into a {out_dtype} result")));
+    }
+    if spec.activation.is_some() {
+        return Err(Error::unsupported(format!("a widening {dtype} matrix product with an activation epilogue")));
+    }
+    spec.check(a.len() / 2, b.len() / 2, bias.len() / 2, out.len() / 4)?;
+    let ops = gemm_packed::Operands { a, b, bias };
+    if let Some(done) = packed(engine, spec, dtype, out_dtype, ops, out) {
+        return done;
+    }
+    let widen = |x: &[u8]| -> Result<Vec<f32>> {
+        Ok(match dtype {
+            DType::F16 => par_convert(cast::<f16>(x)?, |v| v.to_f32()),
+            _ => par_convert(cast::<bf16>(x)?, |v| v.to_f32()),
+        })
+    };
+    gemm_float::<f32>(spec, &widen(a)?, &widen(b)?, &widen(bias)?, cast_mut::<f32>(out)?, 0.0, 1.0);
     Ok(())
 }
 

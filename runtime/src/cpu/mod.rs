@@ -23,6 +23,7 @@ pub mod attention;
 pub mod attention_backward;
 pub mod compiler;
 pub mod gemm;
+pub mod gemm_packed;
 pub mod launch;
 pub mod module;
 pub mod scan;
@@ -39,6 +40,7 @@ use crate::plan::{
     check_status, random_words, timing_streams, Instance, Instances, LaunchName, RunOutput, Step, Storage,
 };
 use crate::{interpret, Buffer, HostData};
+use coil_codegen::templates::attention::MaskKind;
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::sym::Expr;
@@ -320,13 +322,23 @@ impl CompiledGraph {
                 let spec = gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map_or(&[][..], |bias| view(bias.buffer));
                 let out = written(out_id);
-                gemm::bmm_bytes(&spec, p.buffer(out_id).meta.dtype, view(a.buffer), view(b.buffer), bias, out)
+                let (dtype, out_dtype) = (p.buffer(a.buffer).meta.dtype, p.buffer(out_id).meta.dtype);
+                gemm::bmm_bytes_to(&spec, dtype, out_dtype, view(a.buffer), view(b.buffer), bias, out)
             }
-            ExternCall::Attention { q, k, v, lse, .. } => {
+            ExternCall::Attention(attention_call) => {
+                let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**attention_call;
                 let spec = attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 let dtype = p.buffer(out_id).meta.dtype;
+                let mask = match mask {
+                    Some(m) => {
+                        let kind = MaskKind::of(p.buffer(m.buffer).meta.dtype, dtype)?;
+                        Some(attention::MaskBytes { bytes: view(m.buffer), kind })
+                    }
+                    None => None,
+                };
                 let (out, lse) = (written(out_id), lse.map(written));
-                attention::attention_bytes(&spec, dtype, view(q.buffer), view(k.buffer), view(v.buffer), out, lse)
+                let (q, k, v) = (view(q.buffer), view(k.buffer), view(v.buffer));
+                attention::attention_bytes(&spec, dtype, q, k, v, mask, out, lse)
             }
             ExternCall::AttentionBackward(backward) => {
                 let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =

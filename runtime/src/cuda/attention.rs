@@ -3,12 +3,15 @@
 //! `coil_codegen::templates` (their CUDA C, variants, parameter layouts and launch rules live
 //! there), so neither the `[*batch, L, S]` scores nor the probabilities ever exist in memory.
 //!
-//! Per call: every view is bounds-checked against its buffer; the variant is chosen by dtype,
-//! head dim and architecture (tensor cores for f16 / bf16 on sm_80+); operands the tensor-core
-//! kernels cannot read in place (rows not 16-byte aligned, or a column stride other than 1) are
-//! gathered into contiguous temporaries first ([`super::gather`]), and outputs they cannot
-//! write as pairs fall back to the simple kernels. Each variant is compiled by NVRTC (through
-//! the disk cache) the first time a graph needs it.
+//! Per call: every view is bounds-checked against its buffer; the kernel is chosen by the
+//! template's launch rule ([`ForwardLaunch::choose`]: dtype, head dim and architecture, tensor
+//! cores for f16 / bf16 on sm_80+; split-KV kernels for few query rows, their splits from the
+//! device's SM count); operands the tensor-core kernels cannot read in place (rows not 16-byte
+//! aligned, or a column stride other than 1) are gathered into contiguous temporaries first
+//! ([`super::gather`]), and outputs the row-block tensor-core kernel cannot write as pairs fall
+//! back to the simple kernel. The split kernels' partial results live in a temporary workspace
+//! between the split kernel and the combine. Each variant is compiled by NVRTC (through the
+//! disk cache) the first time a graph needs it.
 //!
 //! [`ExternCall::Attention`]: coil_ir::loops::ExternCall::Attention
 
@@ -19,7 +22,7 @@ use super::memory::DeviceMemory;
 use crate::cpu::attention::AttentionSpec;
 use crate::cpu::attention_backward::AttentionBackwardSpec;
 use crate::cuda::blas::DevOperand;
-use coil_codegen::templates::attention::{mma_reads, mma_writes, AttentionKernel, AttnOperand, AttnParams, BLOCK_ROWS};
+use coil_codegen::templates::attention::{mma_reads, mma_writes, AttnOperand, AttnParams, ForwardLaunch, MaskKind};
 use coil_codegen::templates::attention_backward::{backward_grid, AttentionBackwardKernel, AttnBwdParams};
 use coil_ir::loops::StridedOperand;
 use coil_ir::{DType, Error, Result};
@@ -136,40 +139,52 @@ fn writable(op: &StridedOperand<usize>, buf: u64, d: usize) -> bool {
     mma_writes(buf, op.offset, &op.batch_strides, op.row_stride, op.col_stride, d)
 }
 
-/// The forward kernel's parameters for `spec`, reading q, k, v through `qkv` (the spec's views,
-/// or contiguous copies of them).
-pub(crate) fn launch_params(spec: &AttentionSpec, qkv: [&StridedOperand<usize>; 3]) -> AttnParams {
+/// The forward kernels' parameters for `spec` run by `launch`, reading q, k, v through `qkv`
+/// (the spec's views, or contiguous copies of them), with a mask of `mask` kind if any.
+pub(crate) fn launch_params(
+    spec: &AttentionSpec,
+    qkv: [&StridedOperand<usize>; 3],
+    mask: Option<MaskKind>,
+    launch: &ForwardLaunch,
+) -> AttnParams {
     AttnParams {
         q: operand(qkv[0]),
         k: operand(qkv[1]),
         v: operand(qkv[2]),
         o: operand(&spec.out),
+        mask: spec.mask.as_ref().map(operand).unwrap_or_default(),
         heads: spec.batch.last().copied().unwrap_or(1) as i32,
         l: spec.l as i32,
         s: spec.s as i32,
         d: spec.d as i32,
         scale_log2: (spec.scale * std::f64::consts::LOG2_E) as f32,
         causal: spec.causal as i32,
+        mask_kind: MaskKind::code(mask),
+        chunk: launch.chunk as i32,
+        splits: launch.splits as i32,
     }
 }
 
-/// Enqueues the attention call `spec` (operands and `out` of `dtype`; `out` overlaps no
-/// operand), and with `lse` the row logsumexp (`[*batch, l]` f32).
-#[allow(clippy::too_many_arguments)] // the call's buffers
-pub fn attention(
-    dev: &Arc<CudaDevice>,
-    spec: &AttentionSpec,
-    dtype: DType,
-    q: DevOperand,
-    k: DevOperand,
-    v: DevOperand,
-    out: DevOperand,
-    lse: Option<DevOperand>,
-) -> Result<()> {
+/// The device buffers of one forward call: the operands (q, k, v and the mask may share
+/// buffers; the mask with what it holds), and the output and logsumexp, which overlap no
+/// operand.
+pub struct DevForward {
+    pub q: DevOperand,
+    pub k: DevOperand,
+    pub v: DevOperand,
+    pub mask: Option<(DevOperand, MaskKind)>,
+    pub out: DevOperand,
+    pub lse: Option<DevOperand>,
+}
+
+/// Enqueues the attention call `spec` (operands and output of `dtype`), and with a logsumexp
+/// buffer the row logsumexp (`[*batch, l]` f32).
+pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs: DevForward) -> Result<()> {
     let size = dtype.size_bytes();
-    spec.check(q.bytes / size, k.bytes / size, v.bytes / size, out.bytes / size)?;
+    let mask_len = bufs.mask.map(|(m, kind)| m.bytes / if kind == MaskKind::Bool { 1 } else { size });
+    spec.check(bufs.q.bytes / size, bufs.k.bytes / size, bufs.v.bytes / size, bufs.out.bytes / size, mask_len)?;
     let count = spec.batch_count();
-    if let Some(lse) = lse {
+    if let Some(lse) = bufs.lse {
         if lse.bytes < count * spec.l * 4 {
             return Err(Error::runtime(format!(
                 "attention: a logsumexp of {} bytes for {count} x {} rows",
@@ -180,37 +195,53 @@ pub fn attention(
     if count * spec.l * spec.d == 0 {
         return Ok(());
     }
-    check_sizes("attention", &spec.batch, spec.l, spec.s, spec.l.div_ceil(BLOCK_ROWS))?;
-    let mut variant = AttentionKernel::choose(dtype, spec.d, dev.compute_capability().0)?;
-    if !writable(&spec.out, out.ptr, spec.d) {
-        variant = variant.simple(dtype);
+    let (sm_major, sm_count) = (dev.compute_capability().0, dev.sm_count());
+    let mut launch = ForwardLaunch::choose(dtype, spec.d, sm_major, sm_count, count, spec.l, spec.s, spec.causal)?;
+    check_sizes("attention", &spec.batch, spec.l, spec.s, launch.grid.1 as usize)?;
+    if !writable(&spec.out, bufs.out.ptr, spec.d) {
+        launch.kernel = launch.kernel.simple(dtype);
     }
-    let mma = matches!(variant, AttentionKernel::Mma { .. });
     let mut temps: Vec<DeviceMemory> = Vec::new();
-    let views = [(&spec.q, q, spec.l), (&spec.k, k, spec.s), (&spec.v, v, spec.s)];
-    let prepared = prepare(dev, (&spec.batch, spec.d, size), &views, mma, &mut temps)?;
-    let mut params = launch_params(spec, [&prepared[0].0, &prepared[1].0, &prepared[2].0]);
-    let f = kernel(dev, variant.name(), || variant.source(), 0)?.func;
-    let (mut qp, mut kp, mut vp, mut op) = (prepared[0].1, prepared[1].1, prepared[2].1, out.ptr);
-    let mut lp = lse.map_or(0, |l| l.ptr);
-    let mut args: [*mut c_void; 6] = [
-        (&mut qp as *mut u64).cast(),
-        (&mut kp as *mut u64).cast(),
-        (&mut vp as *mut u64).cast(),
-        (&mut op as *mut u64).cast(),
-        (&mut lp as *mut u64).cast(),
-        (&mut params as *mut AttnParams).cast(),
+    let views = [(&spec.q, bufs.q, spec.l), (&spec.k, bufs.k, spec.s), (&spec.v, bufs.v, spec.s)];
+    let prepared = prepare(dev, (&spec.batch, spec.d, size), &views, launch.kernel.copies_rows(), &mut temps)?;
+    let mask_kind = bufs.mask.map(|(_, kind)| kind);
+    let mut params = launch_params(spec, [&prepared[0].0, &prepared[1].0, &prepared[2].0], mask_kind, &launch);
+    let workspace = DeviceMemory::alloc(dev, launch.workspace_bytes(count, spec.l, spec.d))?;
+    let entry = launch.kernel.entry(mask_kind.is_some());
+    let f = kernel(dev, entry.clone(), || launch.kernel.source(), 0)?.func;
+    let mut ptrs: [u64; 7] = [
+        prepared[0].1,
+        prepared[1].1,
+        prepared[2].1,
+        bufs.out.ptr,
+        bufs.lse.map_or(0, |l| l.ptr),
+        bufs.mask.map_or(0, |(m, _)| m.ptr),
+        workspace.ptr(),
     ];
+    let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+    args.push((&mut params as *mut AttnParams).cast());
     dev.bind()?;
-    let grid = AttentionKernel::grid(count, spec.l);
-    // SAFETY: the arguments match the kernel's signature (five device pointers, the logsumexp's
-    // possibly null, and the parameter struct, laid out as in C) and live until the call returns
-    // (the driver copies them); every element the kernel touches was bounds-checked above; the
-    // temporaries go back to the stream-ordered cache after this launch is enqueued, so no later
-    // work reuses them before it ran.
-    unsafe { drv::launch_kernel(f, grid, (variant.block(), 1, 1), 0, dev.cu_stream(), &mut args) }
-        .map_err(|e| driver_error(&format!("cuLaunchKernel({})", variant.name()), e))?;
+    let block = (launch.kernel.block(), 1, 1);
+    // SAFETY: the arguments match the kernel's signature (seven device pointers, the
+    // logsumexp's, the mask's and the workspace's possibly null, and the parameter struct, laid
+    // out as in C) and live until the call returns (the driver copies them); every element the
+    // kernel touches was bounds-checked above, the workspace holds the partial results of
+    // every split; the temporaries go back to the stream-ordered cache after the launches are
+    // enqueued, so no later work reuses them before they ran.
+    unsafe { drv::launch_kernel(f, launch.grid, block, 0, dev.cu_stream(), &mut args) }
+        .map_err(|e| driver_error(&format!("cuLaunchKernel({entry})"), e))?;
+    if let Some(combine) = launch.combine {
+        let f = kernel(dev, combine.name(), || combine.source(), 0)?.func;
+        let mut ptrs = [bufs.out.ptr, bufs.lse.map_or(0, |l| l.ptr), workspace.ptr()];
+        let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+        args.push((&mut params as *mut AttnParams).cast());
+        // SAFETY: as above: three device pointers (the logsumexp's possibly null) and the
+        // parameters; the split kernel before it on the stream wrote the workspace.
+        unsafe { drv::launch_kernel(f, (count as u32, 1, 1), (combine.block(), 1, 1), 0, dev.cu_stream(), &mut args) }
+            .map_err(|e| driver_error(&format!("cuLaunchKernel({})", combine.name()), e))?;
+    }
     drop(temps);
+    drop(workspace);
     Ok(())
 }
 

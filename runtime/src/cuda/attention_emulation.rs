@@ -11,8 +11,9 @@
 //! stored, shows. Skipped (passing) without a host `g++`.
 
 use super::*;
-use crate::cpu::attention::attention_bytes;
+use crate::cpu::attention::{attention_bytes, MaskBytes};
 use crate::cpu::attention_backward::{attention_backward_bytes, BackwardBuffers};
+use coil_codegen::templates::attention::{AttentionKernel, ForwardLaunch};
 use coil_ir::loops::BufferId;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,17 +35,23 @@ struct Emulated {
     block: u32,
 }
 
-fn forward_kernel(kernel: AttentionKernel) -> Emulated {
+/// A forward kernel's entry point for a call with or without a mask.
+fn forward_kernel(kernel: AttentionKernel, masked: bool) -> Emulated {
     let call = match kernel {
-        AttentionKernel::Mma { .. } => {
-            "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (coil_u16 *)buf[3], (float *)buf[4], p"
+        AttentionKernel::Mma { .. } | AttentionKernel::SplitMma { .. } => {
+            "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (coil_u16 *)buf[3], \
+             (float *)buf[4], buf[5], (float *)buf[6], p"
         }
-        AttentionKernel::Simple { .. } => "buf[0], buf[1], buf[2], buf[3], (float *)buf[4], p",
+        AttentionKernel::Simple { .. } | AttentionKernel::SplitSimple { .. } => {
+            "buf[0], buf[1], buf[2], buf[3], (float *)buf[4], buf[5], (float *)buf[6], p"
+        }
+        AttentionKernel::Combine { .. } => "buf[0], (float *)buf[1], (float *)buf[2], p",
     };
+    let name = kernel.entry(masked);
     Emulated {
-        name: kernel.name(),
+        call: format!("{name}({call})"),
+        name,
         source: kernel.source(),
-        call: format!("{}({call})", kernel.name()),
         params: "CoilAttnParams",
         block: kernel.block(),
     }
@@ -101,7 +108,7 @@ fn param_bytes<P: Copy>(params: &P) -> Vec<u8> {
 /// Emulated launches of the grid over `buffers` (empty: a null pointer), with eager and with
 /// lazy copies, run side by side (each in a directory of its own under `dir`); every buffer
 /// after each, eager first.
-fn launch(
+fn launch_runs(
     exe: &Path,
     dir: &Path,
     params: &[u8],
@@ -189,11 +196,11 @@ fn forward_spec(batch: &[usize], l: usize, s: usize, d: usize, causal: bool, hea
         let head = |part: usize| strided(part * c, vec![l * 3 * c, d], 3 * c);
         let out = strided(0, vec![l * c, d], c);
         let scale = 1.0 / (d as f64).sqrt();
-        AttentionSpec { q: head(0), k: head(1), v: head(2), out, batch: vec![b, h], l, s, d, causal, scale }
+        AttentionSpec { q: head(0), k: head(1), v: head(2), out, batch: vec![b, h], l, s, d, causal, scale, mask: None }
     } else {
         let (q, k) = (contiguous(batch, l, d), contiguous(batch, s, d));
         let (v, out) = (k.clone(), q.clone());
-        AttentionSpec { q, k, v, out, batch: batch.to_vec(), l, s, d, causal, scale: 0.3 }
+        AttentionSpec { q, k, v, out, batch: batch.to_vec(), l, s, d, causal, scale: 0.3, mask: None }
     }
 }
 
@@ -221,12 +228,16 @@ fn seeded(dtype: DType, seed: u32, n: usize) -> Vec<u8> {
 }
 
 /// Relative RMS error of `got` against `want`, and the worst element; panics on a non-finite
-/// element (never written, or NaN read).
+/// element (never written, or NaN read) unless it is `want`'s (a logsumexp of -inf).
 fn error(what: &str, got: &[f64], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len(), "{what}");
     let (mut num, mut den, mut worst) = (0.0, 0.0, (0usize, 0.0f64));
     for (i, (x, y)) in got.iter().zip(want).enumerate() {
-        assert!(x.is_finite(), "{what}: element {i} is {x}");
+        assert!(x.is_finite() || x == y, "{what}: element {i} is {x}, want {y}");
+        assert!(y.is_finite() || x == y, "{what}: element {i} is {x}, want {y}");
+        if !y.is_finite() {
+            continue;
+        }
         num += (x - y) * (x - y);
         den += y * y;
         if (x - y).abs() > worst.1 {
@@ -253,37 +264,196 @@ fn operands(dtype: DType, spec: &AttentionSpec, heads: bool) -> [Vec<u8>; 3] {
     }
 }
 
+/// The mask of a forward case: element (batch index, row, key) dropped (`None`) or kept with
+/// the term added (`Some`, 0 for bool masks); `[l, s]` broadcast over the batch (stride 0) or
+/// `[*batch, l, s]`.
+#[derive(Clone, Copy)]
+struct MaskCase {
+    kind: MaskKind,
+    term: fn(usize, usize, usize) -> Option<f32>,
+    broadcast: bool,
+}
+
+/// One forward case: the kernel (the row-block kernels as given, the split kernels as the
+/// launch rule picks them for `sm_count` SMs), the dtype, the layout, the mask.
+struct ForwardCase {
+    kernel: AttentionKernel,
+    dtype: DType,
+    batch: Vec<usize>,
+    l: usize,
+    s: usize,
+    d: usize,
+    causal: bool,
+    heads: bool,
+    mask: Option<MaskCase>,
+    sm_count: u32,
+    /// Keys from here on are NaN in k and v: no kernel may read them (the mask drops them
+    /// for every row, so their tiles are skipped), else the output is NaN.
+    poison: Option<usize>,
+}
+
+/// The mask's bytes and view for `spec`.
+fn mask_of(case: &MaskCase, spec: &AttentionSpec, dtype: DType) -> (Vec<u8>, StridedOperand<usize>) {
+    let (count, l, s) = (spec.batch_count(), spec.l, spec.s);
+    let batches = if case.broadcast { 1 } else { count };
+    let elements = (0..batches * l * s).map(|x| (case.term)(x / (l * s), x / s % l, x % s));
+    let bytes = match case.kind {
+        MaskKind::Bool => elements.map(|t| t.is_some() as u8).collect(),
+        MaskKind::Added => encode(dtype, &elements.map(|t| t.unwrap_or(f32::NEG_INFINITY)).collect::<Vec<_>>()),
+    };
+    let view = if case.broadcast {
+        strided(0, vec![0; spec.batch.len()], s)
+    } else {
+        let mut view = contiguous(&spec.batch, l, s);
+        view.col_stride = 1;
+        view
+    };
+    (bytes, view)
+}
+
+/// Decode-like: every row keeps the keys up to position 150, the cache beyond is dropped.
+fn prefix(_: usize, _: usize, key: usize) -> Option<f32> {
+    (key <= 150).then_some(0.0)
+}
+
+/// Grouped-query rows at positions 150 + row, a dropped tile [64, 128), row 3 sees nothing.
+fn gqa_rows(_: usize, row: usize, key: usize) -> Option<f32> {
+    (row != 3 && key <= 150 + row && !(64..128).contains(&key)).then_some(0.0)
+}
+
+/// Per batch index and row: keys below 20 + 30 b + 7 row, every third dropped, added terms.
+fn added_ramp(b: usize, row: usize, key: usize) -> Option<f32> {
+    (key < 20 + 30 * b + 7 * row && key % 3 != 1).then(|| ((row * 31 + key) as f32 * 0.37).sin())
+}
+
+/// Row blocks: rows below 10 see nothing, keys beyond row / 2 + 5 are dropped (every block's
+/// tiles past the first are dead), holes.
+fn banded(_: usize, row: usize, key: usize) -> Option<f32> {
+    (row >= 10 && key <= row / 2 + 5 && key % 17 != 4).then_some(0.0)
+}
+
 #[test]
 fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
     let mut builds = Builds::new("attention");
-    let bf16 = AttentionKernel::Mma { bf16: true, dp: 64 };
+    let mma = |bf16, dp| AttentionKernel::Mma { bf16, dp };
+    let split = |bf16, dp| AttentionKernel::SplitMma { bf16, dp };
+    let simple = |dtype, dp| AttentionKernel::Simple { dtype, dp };
+    let split_simple = |dtype, dp| AttentionKernel::SplitSimple { dtype, dp };
+    let bool_mask = |term, broadcast| Some(MaskCase { kind: MaskKind::Bool, term, broadcast });
+    let added = Some(MaskCase { kind: MaskKind::Added, term: added_ramp, broadcast: false });
+    let case = |kernel, dtype, batch: &[usize], (l, s, d), causal, heads, mask, sm_count| ForwardCase {
+        kernel,
+        dtype,
+        batch: batch.to_vec(),
+        l,
+        s,
+        d,
+        causal,
+        heads,
+        mask,
+        sm_count,
+        poison: None,
+    };
+    let poisoned = |c: ForwardCase| ForwardCase { poison: Some(192), ..c };
     let cases = [
         // GPT-2 head views, heads merged on output, causal, a tail block (130 = 2 * 64 + 2).
-        (bf16, DType::BF16, vec![1, 2], 130, 130, 64, true, true),
+        case(mma(true, 64), DType::BF16, &[1, 2], (130, 130, 64), true, true, None, 0),
         // Not causal, L != S, contiguous.
-        (bf16, DType::BF16, vec![2], 20, 100, 64, false, false),
+        case(mma(true, 64), DType::BF16, &[2], (20, 100, 64), false, false, None, 0),
         // f16, a head dim padded from 40 to 48.
-        (AttentionKernel::Mma { bf16: false, dp: 48 }, DType::F16, vec![2], 70, 70, 40, true, false),
+        case(mma(false, 48), DType::F16, &[2], (70, 70, 40), true, false, None, 0),
         // The largest head dim, L > S causal (rows past S see every key).
-        (AttentionKernel::Mma { bf16: true, dp: 128 }, DType::BF16, vec![1], 80, 50, 128, true, false),
+        case(mma(true, 128), DType::BF16, &[1], (80, 50, 128), true, false, None, 0),
         // The simple kernel: f32 and bf16 (before sm_80).
-        (AttentionKernel::Simple { dtype: DType::F32, dp: 16 }, DType::F32, vec![1, 2], 33, 33, 16, true, true),
-        (AttentionKernel::Simple { dtype: DType::BF16, dp: 32 }, DType::BF16, vec![2], 20, 45, 24, false, false),
+        case(simple(DType::F32, 16), DType::F32, &[1, 2], (33, 33, 16), true, true, None, 0),
+        case(simple(DType::BF16, 32), DType::BF16, &[2], (20, 45, 24), false, false, None, 0),
+        // Row blocks with a mask: dead rows and a dead tile for the first block, tails.
+        case(mma(true, 64), DType::BF16, &[2], (70, 150, 64), false, false, bool_mask(banded, true), 0),
+        case(simple(DType::F32, 32), DType::F32, &[2], (20, 90, 32), false, false, added, 0),
+        // Split-KV, decode: 1 row of 2 heads against 300 keys (a tail), the cache beyond 150
+        // dropped (the last split sees nothing, the first key tile of none is never read): 3
+        // splits of 2 tiles.
+        poisoned(case(split(true, 64), DType::BF16, &[2], (1, 300, 64), false, false, bool_mask(prefix, true), 2)),
+        // Grouped-query rows (4 per key/value head), D = 128, a dead tile and a dead row: 2 splits.
+        case(split(true, 128), DType::BF16, &[1, 2], (4, 200, 128), false, false, bool_mask(gqa_rows, true), 1),
+        // f16, an added mask per batch index, one split (the block writes the output itself).
+        case(split(false, 64), DType::F16, &[4], (3, 130, 64), false, false, added, 1),
+        // No mask: 4 splits of one tile; GPT-2's head views with merged heads, one split.
+        case(split(true, 64), DType::BF16, &[1, 2], (1, 250, 64), false, false, None, 2),
+        case(split(true, 64), DType::BF16, &[1, 2], (16, 16, 64), false, true, None, 2),
+        // The simple split kernel: f32 (D = 64, 3 splits of a decode mask) and bf16 before sm_80.
+        poisoned(case(
+            split_simple(DType::F32, 64),
+            DType::F32,
+            &[2],
+            (1, 300, 64),
+            false,
+            false,
+            bool_mask(prefix, true),
+            2,
+        )),
+        case(split_simple(DType::BF16, 32), DType::BF16, &[2], (5, 70, 24), false, false, None, 2),
     ];
-    for (kernel, dtype, batch, l, s, d, causal, heads) in cases {
-        let emulated = forward_kernel(kernel);
+    for c in cases {
+        let (dtype, l, s, d) = (c.dtype, c.l, c.s, c.d);
+        let mut spec = forward_spec(&c.batch, l, s, d, c.causal, c.heads);
+        let count = spec.batch_count();
+        let launch = match c.kernel {
+            AttentionKernel::SplitMma { .. } | AttentionKernel::SplitSimple { .. } => {
+                let sm_major =
+                    if matches!(c.kernel, AttentionKernel::SplitSimple { dtype: DType::BF16, .. }) { 7 } else { 9 };
+                let launch = ForwardLaunch::choose(dtype, d, sm_major, c.sm_count, count, l, s, c.causal).unwrap();
+                assert_eq!(launch.kernel, c.kernel, "the launch rule's kernel");
+                launch
+            }
+            kernel => {
+                ForwardLaunch { kernel, grid: AttentionKernel::grid(count, l), chunk: 0, splits: 1, combine: None }
+            }
+        };
+        let emulated = forward_kernel(launch.kernel, c.mask.is_some());
         let Some(exe) = builds.get(&emulated) else { return };
-        let spec = forward_spec(&batch, l, s, d, causal, heads);
-        let [q, k, v] = operands(dtype, &spec, heads);
-        let rows = spec.batch_count() * l;
+        let [q, mut k, mut v] = operands(dtype, &spec, c.heads);
+        if let Some(from) = c.poison {
+            let row = d * dtype.size_bytes();
+            for b in 0..count {
+                for x in [&mut k, &mut v] {
+                    x[(b * s + from) * row..(b + 1) * s * row].fill(0xff);
+                }
+            }
+        }
+        let (mask, mask_kind) = match &c.mask {
+            Some(m) => {
+                let (bytes, view) = mask_of(m, &spec, dtype);
+                spec.mask = Some(view);
+                (bytes, Some(m.kind))
+            }
+            None => (vec![], None),
+        };
+        let rows = count * l;
         let (mut want, mut want_lse) = (vec![0u8; rows * d * dtype.size_bytes()], vec![0u8; rows * 4]);
-        attention_bytes(&spec, dtype, &q, &k, &v, &mut want, Some(&mut want_lse)).unwrap();
-        let params = param_bytes(&launch_params(&spec, [&spec.q, &spec.k, &spec.v]));
-        let grid = AttentionKernel::grid(spec.batch_count(), l);
-        let buffers = [q.clone(), k.clone(), v.clone(), vec![0xff; want.len()], vec![0xff; want_lse.len()]];
-        let runs = launch(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
+        let mask_bytes = mask_kind.map(|kind| MaskBytes { bytes: &mask, kind });
+        attention_bytes(&spec, dtype, &q, &k, &v, mask_bytes, &mut want, Some(&mut want_lse)).unwrap();
+        let params = param_bytes(&launch_params(&spec, [&spec.q, &spec.k, &spec.v], mask_kind, &launch));
+        let workspace = vec![0xff; launch.workspace_bytes(count, l, d)];
+        let (out, lse) = (vec![0xff; want.len()], vec![0xff; want_lse.len()]);
+        let buffers = [q.clone(), k.clone(), v.clone(), out, lse, mask.clone(), workspace];
+        let dir = builds.root.join(&emulated.name);
+        let mut runs = launch_runs(&exe, &dir, &params, launch.grid, emulated.block, &buffers);
+        if let Some(combine) = launch.combine {
+            let emulated = forward_kernel(combine, false);
+            let Some(exe) = builds.get(&emulated) else { return };
+            let dir = builds.root.join(&emulated.name);
+            for got in &mut runs {
+                let buffers = [got[3].clone(), got[4].clone(), got[6].clone()];
+                let [eager, _] = launch_runs(&exe, &dir, &params, (count as u32, 1, 1), emulated.block, &buffers);
+                (got[3], got[4]) = (eager[0].clone(), eager[1].clone());
+            }
+        }
         for (got, lazy) in runs.iter().zip([false, true]) {
-            let what = format!("{} {batch:?} L={l} S={s} causal={causal} lazy={lazy}", emulated.name);
+            let what = format!(
+                "{} {:?} L={l} S={s} causal={} splits={} lazy={lazy}",
+                emulated.name, c.batch, c.causal, launch.splits
+            );
             let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
             let err = error(&what, &decode(dtype, &got[3]), &decode(dtype, &want));
             assert!(err <= tolerance, "{what}: output error {err:.2e}");
@@ -366,7 +536,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let out_view = contiguous(&c.batch, c.l, d);
         let (mut dense, mut lse) = (vec![0u8; rows * d * size], vec![0u8; rows * 4]);
         let fwd_dense = AttentionSpec { out: out_view.clone(), ..fwd.clone() };
-        attention_bytes(&fwd_dense, dtype, &q, &k, &v, &mut dense, Some(&mut lse)).unwrap();
+        attention_bytes(&fwd_dense, dtype, &q, &k, &v, None, &mut dense, Some(&mut lse)).unwrap();
         let grad_out = seeded(dtype, 5, rows * d);
         let (o, g) = (decode(dtype, &dense), decode(dtype, &grad_out));
         let delta: Vec<f32> =
@@ -415,7 +585,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let params = param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks));
         let outputs = (0..3).map(|i| vec![0xffu8; want[i].len()]);
         let buffers: Vec<Vec<u8>> = [q, k, v, grad_out, lse, delta].into_iter().chain(outputs).collect();
-        let runs = launch(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
+        let runs = launch_runs(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
         for (got, lazy) in runs.iter().zip([false, true]) {
             for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
                 if !c.wanted[i] {

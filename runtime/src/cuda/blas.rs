@@ -27,7 +27,7 @@ use super::device::{driver_error, CudaDevice};
 use super::gather::gather;
 use super::loader::{require, CudaLib};
 use super::memory::{download, upload, DeviceMemory};
-use crate::cpu::gemm::{bmm_bytes, BmmSpec};
+use crate::cpu::gemm::{bmm_bytes_to, BmmSpec};
 use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
@@ -76,24 +76,34 @@ pub struct DevOperand {
     pub bytes: usize,
 }
 
-/// Enqueues `out = act(a @ b (+ bias))` per batch for `spec` (all operands and `out` of
-/// `dtype`; `out` is the contiguous `[*batch, m, n]` output, not overlapping any operand).
-/// Every view is bounds-checked against its buffer first.
+/// Enqueues `out = act(a @ b (+ bias))` per batch for `spec` (operands and bias of `dtype`,
+/// `out` of `out_dtype`: `dtype`, or f32 for f16 / bf16 operands without bias or activation,
+/// the product then written in f32; `out` is the contiguous `[*batch, m, n]` output, not
+/// overlapping any operand). Every view is bounds-checked against its buffer first.
+#[allow(clippy::too_many_arguments)]
 pub fn bmm(
     dev: &Arc<CudaDevice>,
     spec: &BmmSpec,
     dtype: DType,
+    out_dtype: DType,
     a: DevOperand,
     b: DevOperand,
     bias: Option<DevOperand>,
     out: DevOperand,
 ) -> Result<()> {
-    let size = dtype.size_bytes();
+    let (size, out_size) = (dtype.size_bytes(), out_dtype.size_bytes());
     let count: usize = spec.batch.iter().product();
-    check(spec, a.bytes / size, b.bytes / size, bias.map_or(0, |x| x.bytes / size), out.bytes / size)?;
+    check(spec, a.bytes / size, b.bytes / size, bias.map_or(0, |x| x.bytes / size), out.bytes / out_size)?;
     let (m, n, k) = (spec.m, spec.n, spec.k);
     if count * m * n == 0 {
         return Ok(());
+    }
+    if out_dtype != dtype
+        && !(matches!((dtype, out_dtype), (DType::F16 | DType::BF16, DType::F32))
+            && spec.bias.is_none()
+            && spec.activation.is_none())
+    {
+        return Err(Error::unsupported(format!("a {dtype} matrix product into a {out_dtype} result")));
     }
     if spec.activation.is_some() && !dtype.is_float() {
         return Err(Error::unsupported(format!("a {dtype} matrix product with an activation epilogue")));
@@ -108,7 +118,7 @@ pub fn bmm(
             _ => {
                 dev.bind()?;
                 // SAFETY: `out` holds count*m*n elements.
-                unsafe { drv::memset_d8_async(out.ptr, 0, count * m * n * size, dev.cu_stream()) }
+                unsafe { drv::memset_d8_async(out.ptr, 0, count * m * n * out_size, dev.cu_stream()) }
                     .map_err(|e| driver_error("cuMemsetD8Async", e))?
             }
         }
@@ -129,8 +139,9 @@ pub fn bmm(
             for gather_all in [false, true] {
                 let mut result = Ok(());
                 for (part, first) in &parts {
-                    let out = DevOperand { ptr: out.ptr + (first * size) as u64, bytes: out.bytes - first * size };
-                    result = lt_matmul(dev, part, dtype, a, b, bias, out, gather_all, act);
+                    let at = first * out_size;
+                    let out = DevOperand { ptr: out.ptr + at as u64, bytes: out.bytes - at };
+                    result = lt_matmul(dev, part, (dtype, out_dtype), a, b, bias, out, gather_all, act);
                     if result.is_err() {
                         break;
                     }
@@ -152,7 +163,7 @@ pub fn bmm(
             }
         }
     }
-    on_host(dev, spec, dtype, a, b, bias, out)
+    on_host(dev, spec, (dtype, out_dtype), a, b, bias, out)
 }
 
 /// The calls that compute `spec` on cuBLASLt, each with the first output element it writes:
@@ -197,7 +208,7 @@ pub(crate) static HOST_PRODUCTS: std::sync::atomic::AtomicU64 = std::sync::atomi
 fn on_host(
     dev: &Arc<CudaDevice>,
     spec: &BmmSpec,
-    dtype: DType,
+    (dtype, out_dtype): (DType, DType),
     a: DevOperand,
     b: DevOperand,
     bias: Option<DevOperand>,
@@ -217,9 +228,10 @@ fn on_host(
     fn view(w: &[u64], x: Option<DevOperand>) -> &[u8] {
         &bytemuck::cast_slice::<u64, u8>(w)[..x.map_or(0, |x| x.bytes)]
     }
-    bmm_bytes(
+    bmm_bytes_to(
         spec,
         dtype,
+        out_dtype,
         view(&ha, Some(a)),
         view(&hb, Some(b)),
         view(&hbias, bias.filter(|_| spec.bias.is_some())),
@@ -405,7 +417,7 @@ fn alignment(ptr: u64) -> u32 {
 fn lt_matmul(
     dev: &Arc<CudaDevice>,
     spec: &BmmSpec,
-    dtype: DType,
+    (dtype, out_dtype): (DType, DType),
     a: DevOperand,
     b: DevOperand,
     bias: Option<DevOperand>,
@@ -455,12 +467,15 @@ fn lt_matmul(
         _ => None,
     };
 
-    let (data, compute, scale) = match dtype {
-        DType::F32 => (lt_sys::cudaDataType::CUDA_R_32F, lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, 32),
-        DType::F16 => (lt_sys::cudaDataType::CUDA_R_16F, lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, 32),
-        DType::BF16 => (lt_sys::cudaDataType::CUDA_R_16BF, lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, 32),
-        DType::F64 => (lt_sys::cudaDataType::CUDA_R_64F, lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F, 64),
-        _ => return Err(LtError::NoAlgorithm),
+    let types = |dtype: DType| match dtype {
+        DType::F32 => Some((lt_sys::cudaDataType::CUDA_R_32F, lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, 32)),
+        DType::F16 => Some((lt_sys::cudaDataType::CUDA_R_16F, lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, 32)),
+        DType::BF16 => Some((lt_sys::cudaDataType::CUDA_R_16BF, lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, 32)),
+        DType::F64 => Some((lt_sys::cudaDataType::CUDA_R_64F, lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F, 64)),
+        _ => None,
+    };
+    let (Some((data, compute, scale)), Some((out_data, ..))) = (types(dtype), types(out_dtype)) else {
+        return Err(LtError::NoAlgorithm);
     };
     let scale_type = if scale == 64 { lt_sys::cudaDataType::CUDA_R_64F } else { lt_sys::cudaDataType::CUDA_R_32F };
     dev.bind()?;
@@ -474,7 +489,7 @@ fn lt_matmul(
         ld: n as i64,
         batch_stride: (m * n) as i64,
     };
-    let mut layout = |v: &LtView| -> std::result::Result<lt_sys::cublasLtMatrixLayout_t, LtError> {
+    let mut layout = |v: &LtView, data| -> std::result::Result<lt_sys::cublasLtMatrixLayout_t, LtError> {
         let l = lt::create_matrix_layout(data, v.rows, v.cols, v.ld)
             .map_err(|e| lt_err("cublasLtMatrixLayoutCreate", e))?;
         descs.layouts.push(l);
@@ -500,7 +515,7 @@ fn lt_matmul(
         }
         Ok(l)
     };
-    let (la, lb, ld) = (layout(&vb)?, layout(&va)?, layout(&dv)?);
+    let (la, lb, ld) = (layout(&vb, data)?, layout(&va, data)?, layout(&dv, out_data)?);
     let desc = lt::create_matmul_desc(compute, scale_type).map_err(|e| lt_err("cublasLtMatmulDescCreate", e))?;
     descs.desc = Some(desc);
     use lt_sys::cublasLtMatmulDescAttributes_t as D;

@@ -18,25 +18,33 @@ struct coil_dim3 { unsigned x, y, z; };
 inline thread_local coil_dim3 threadIdx;
 inline coil_dim3 blockIdx, gridDim, blockDim;
 
-/* A reusable barrier of n threads (generation counting). */
+/* A reusable barrier of n threads (generation counting); each generation also ORs the values
+   its threads arrive with (a waiter reads the result before it can arrive again, so before
+   the next generation completes). */
 struct CoilEmuBarrier {
     explicit CoilEmuBarrier(unsigned n) : n(n) {}
-    void arrive_and_wait() {
+    int arrive_and_wait(int value = 0) {
         std::unique_lock<std::mutex> lock(m);
         const unsigned gen = generation;
+        any |= value != 0;
         if (++arrived == n) {
             arrived = 0;
+            result = any;
+            any = 0;
             ++generation;
             cv.notify_all();
         } else {
             cv.wait(lock, [&] { return generation != gen; });
         }
+        return result;
     }
     std::mutex m;
     std::condition_variable cv;
     unsigned n, arrived = 0, generation = 0;
+    int any = 0, result = 0;
 };
 
 /* The running block's barrier. */
 inline CoilEmuBarrier *coil_emu_block;
 inline void __syncthreads() { coil_emu_block->arrive_and_wait(); }
+inline int __syncthreads_or(int predicate) { return coil_emu_block->arrive_and_wait(predicate); }

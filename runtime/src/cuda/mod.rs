@@ -60,6 +60,7 @@ use crate::plan::{self, check_status, Instance, Instances, LaunchName, RunOutput
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Language, Launch};
+use coil_codegen::templates::attention::MaskKind;
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{Error, Graph, Op, RandomState, Result};
@@ -689,6 +690,7 @@ impl CudaCompiledGraph {
                 blas::bmm(
                     &self.device,
                     &spec,
+                    p.buffer(a.buffer).meta.dtype,
                     p.buffer(out_id).meta.dtype,
                     operand(a.buffer),
                     operand(b.buffer),
@@ -696,12 +698,24 @@ impl CudaCompiledGraph {
                     operand(out_id),
                 )
             }
-            ExternCall::Attention { q, k, v, lse, .. } => {
+            ExternCall::Attention(attention_call) => {
+                let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**attention_call;
                 let spec =
                     crate::cpu::attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 let dtype = p.buffer(out_id).meta.dtype;
-                let (q, k, v) = (operand(q.buffer), operand(k.buffer), operand(v.buffer));
-                attention::attention(&self.device, &spec, dtype, q, k, v, operand(out_id), lse.map(operand))
+                let mask = match mask {
+                    Some(m) => Some((operand(m.buffer), MaskKind::of(p.buffer(m.buffer).meta.dtype, dtype)?)),
+                    None => None,
+                };
+                let bufs = attention::DevForward {
+                    q: operand(q.buffer),
+                    k: operand(k.buffer),
+                    v: operand(v.buffer),
+                    mask,
+                    out: operand(out_id),
+                    lse: lse.map(operand),
+                };
+                attention::attention(&self.device, &spec, dtype, bufs)
             }
             ExternCall::AttentionBackward(backward) => {
                 let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =

@@ -419,7 +419,7 @@ fn check_bmm_act(
     let (da, db, dbias) = (up(&ha), up(&hb), up(&hbias));
     let out = DeviceMemory::alloc(dev, out_bytes).unwrap();
     let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
-    blas::bmm(dev, &spec, dtype, op(&da), op(&db), bias.as_ref().map(|_| op(&dbias)), op(&out)).unwrap();
+    blas::bmm(dev, &spec, dtype, dtype, op(&da), op(&db), bias.as_ref().map(|_| op(&dbias)), op(&out)).unwrap();
     // SAFETY: the allocation holds `out_bytes` bytes.
     let got = unsafe { memory::download(dev, out.ptr(), out_bytes).unwrap() };
     let tol = match dtype {
@@ -546,7 +546,8 @@ fn bmm_matches_the_cpu_for_layouts_bias_and_dtypes() {
     let (a, b) = (operand(0, vec![], 4, 1), operand(0, vec![], 4, 1));
     let spec = BmmSpec { a, b, batch: vec![], m: 8, n: 4, k: 4, bias: None, activation: None };
     let out = DeviceMemory::alloc(&dev, 128).unwrap();
-    let e = blas::bmm(&dev, &spec, DType::F32, op, op, None, DevOperand { ptr: out.ptr(), bytes: 128 }).unwrap_err();
+    let e = blas::bmm(&dev, &spec, DType::F32, DType::F32, op, op, None, DevOperand { ptr: out.ptr(), bytes: 128 })
+        .unwrap_err();
     assert!(e.message.contains("reaches element"), "{}", e.message);
 }
 

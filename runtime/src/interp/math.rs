@@ -1,5 +1,5 @@
-//! Scalar functions std does not provide with PyTorch's semantics: `erf`, floor division and
-//! remainder of floats, and integer powers.
+//! Scalar functions std does not provide with PyTorch's semantics: `erf`, `erfinv`, floor
+//! division and remainder of floats, and integer powers.
 
 use coil_ir::{Error, Result};
 
@@ -30,6 +30,41 @@ pub(super) fn erf(x: f64) -> f64 {
         1.0
     };
     r.copysign(x)
+}
+
+/// `erfc(a) = 1 - erf(a)` for `a >= 0`, to about 1e-14 relative: the continued fraction from
+/// 1.5 up (where `1 - erf` would cancel), else `1 - erf(a)` (at least 0.034 there, so the
+/// subtraction loses under 5 bits).
+fn erfc_nonnegative(a: f64) -> f64 {
+    if a < 1.5 {
+        1.0 - erf_series(a)
+    } else if a < 27.3 {
+        erfc_continued_fraction(a)
+    } else {
+        0.0 // below the smallest subnormal
+    }
+}
+
+/// The inverse error function, within a few ulp in f64: the shared approximation
+/// ([`coil_ir::special::erfinv_approx`], 1e-10 relative) and two Newton steps, on `erf(y) = x`
+/// for `|x| <= 0.5` and on `erfc(|y|) = 1 - |x|` beyond (where `1 - |x|` is exact and `erf(y)`
+/// would hold too few of the digits that matter). `±1` give `±inf`, `|x| > 1` and NaN NaN.
+pub(super) fn erfinv(x: f64) -> f64 {
+    let mut y = coil_ir::special::erfinv_approx(x);
+    if !y.is_finite() || y == 0.0 {
+        return y;
+    }
+    let a = x.abs();
+    for _ in 0..2 {
+        let slope = TWO_OVER_SQRT_PI * (-y * y).exp();
+        if a <= 0.5 {
+            y -= (erf(y) - x) / slope;
+        } else {
+            // erfc falls where erf rises: |y| grows where erfc(|y|) is above 1 - |x|
+            y += (erfc_nonnegative(y.abs()) - (1.0 - a)) * y.signum() / slope;
+        }
+    }
+    y
 }
 
 fn erf_series(a: f64) -> f64 {
@@ -136,6 +171,20 @@ mod tests {
         assert_eq!(erf(f64::INFINITY), 1.0);
         assert_eq!(erf(f64::NEG_INFINITY), -1.0);
         assert_eq!(erf(-0.0).to_bits(), (-0.0f64).to_bits());
+    }
+
+    #[test]
+    fn erfinv_inverts_erf() {
+        for (x, want) in coil_ir::special::ERFINV_CHECKS {
+            for (x, want) in [(x, want), (-x, -want)] {
+                let got = erfinv(x);
+                assert!((got - want).abs() <= 4e-16 * want.abs(), "erfinv({x}) = {got:e}, want {want:e}");
+            }
+        }
+        assert_eq!(erfinv(1.0), f64::INFINITY);
+        assert_eq!(erfinv(-1.0), f64::NEG_INFINITY);
+        assert_eq!(erfinv(-0.0).to_bits(), (-0.0f64).to_bits());
+        assert!(erfinv(1.0000001).is_nan() && erfinv(f64::NAN).is_nan() && erfinv(-f64::INFINITY).is_nan());
     }
 
     #[test]

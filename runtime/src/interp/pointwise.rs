@@ -33,6 +33,8 @@ pub(super) fn unary(op: UnaryOp, x: &Value, out: DType) -> Data {
         return Data::F(xs.floats().iter().map(|&a| round_float(out, unary_float(op, a))).collect());
     }
     let ys = x.ints().iter().map(|&a| match op {
+        BitwiseNot if out == DType::Bool => (a == 0) as i64,
+        BitwiseNot => !a,
         Neg => a.wrapping_neg(),
         Abs => a.wrapping_abs(),
         Sign => a.signum(),
@@ -61,15 +63,20 @@ fn unary_float(op: UnaryOp, a: f64) -> f64 {
         Sin => a.sin(),
         Cos => a.cos(),
         Tan => a.tan(),
+        Atan => a.atan(),
+        Asin => a.asin(),
+        Acos => a.acos(),
         Tanh => a.tanh(),
         Sigmoid => 1.0 / (1.0 + (-a).exp()),
         Erf => math::erf(a),
+        Erfinv => math::erfinv(a),
         Floor => a.floor(),
         Ceil => a.ceil(),
         Round => a.round_ties_even(),
         Trunc => a.trunc(),
         Reciprocal => 1.0 / a,
         LogicalNot | IsNan | IsInf => unreachable!("boolean unary op"),
+        BitwiseNot => unreachable!("bitwise_not of a float"),
     }
 }
 
@@ -90,7 +97,7 @@ pub(super) fn binary(op: BinaryOp, a: &Value, b: &Value, out: DType) -> Result<D
     if op.returns_bool() {
         return Ok(Data::I(xs.iter().zip(ys).map(|(&x, &y)| compare(op, x, y) as i64).collect()));
     }
-    let zs = xs.iter().zip(ys).map(|(&x, &y)| binary_int(op, x, y).map(|z| wrap_int(out, z)));
+    let zs = xs.iter().zip(ys).map(|(&x, &y)| binary_int(op, x, y, out).map(|z| wrap_int(out, z)));
     Ok(Data::I(zs.collect::<Result<_>>()?))
 }
 
@@ -125,12 +132,15 @@ fn binary_float(op: BinaryOp, x: f64, y: f64, r: impl Fn(f64) -> f64) -> f64 {
         Remainder => math::remainder(x, y),
         Pow => x.powf(y),
         Maximum | Minimum => op.max_min(x, y),
+        Atan2 => x.atan2(y),
+        BitwiseAnd | BitwiseOr | BitwiseXor | ShiftLeft | ShiftRight => unreachable!("{} of floats", op.name()),
         _ => unreachable!("{} returns bool", op.name()),
     }
 }
 
-/// A binary function on integers (wrapping in i64; the caller wraps to the dtype's width).
-fn binary_int(op: BinaryOp, x: i64, y: i64) -> Result<i64> {
+/// A binary function on integers of `dtype` (wrapping in i64; the caller wraps to the dtype's
+/// width).
+fn binary_int(op: BinaryOp, x: i64, y: i64, dtype: DType) -> Result<i64> {
     use BinaryOp::*;
     let nonzero = || if y == 0 { Err(Error::value("ZeroDivisionError: integer division by zero")) } else { Ok(()) };
     Ok(match op {
@@ -162,7 +172,11 @@ fn binary_int(op: BinaryOp, x: i64, y: i64) -> Result<i64> {
         Pow => math::pow_int(x, y)?,
         Maximum => x.max(y),
         Minimum => x.min(y),
-        Div => unreachable!("true division yields a float"),
+        BitwiseAnd => x & y,
+        BitwiseOr => x | y,
+        BitwiseXor => x ^ y,
+        ShiftLeft | ShiftRight => op.shift(x, y, dtype),
+        Div | Atan2 => unreachable!("{} yields a float", op.name()),
         _ => unreachable!("{} returns bool", op.name()),
     })
 }

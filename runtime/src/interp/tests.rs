@@ -118,6 +118,9 @@ fn unary_float_ops() {
         (UnaryOp::Sin, f64::sin),
         (UnaryOp::Cos, f64::cos),
         (UnaryOp::Tan, f64::tan),
+        (UnaryOp::Atan, f64::atan),
+        (UnaryOp::Asin, f64::asin),
+        (UnaryOp::Acos, f64::acos),
         (UnaryOp::Tanh, f64::tanh),
         (UnaryOp::Sigmoid, |a| 1.0 / (1.0 + (-a).exp())),
         (UnaryOp::Floor, f64::floor),
@@ -250,6 +253,57 @@ fn floor_division_and_remainder_with_negative_operands() {
     // i8: -128 // -1 wraps like the C division it is
     let q = bin(BinaryOp::FloorDiv, &Buffer::from_vec(vec![-128i8], vec![1]), &Buffer::from_vec(vec![-1i8], vec![1]));
     assert_eq!(q.to_vec::<i8>(), vec![-128]);
+}
+
+#[test]
+fn inverse_functions_and_their_special_values() {
+    let x = f32s(&[-1.0, -0.0, 0.5, 1.0, 1.5, f32::NAN, f32::INFINITY], &[7]);
+    let pi = std::f32::consts::PI;
+    let asin = ok(Op::Unary(UnaryOp::Asin), &[&x]).to_vec::<f32>();
+    same_f32(&asin, &[-pi / 2.0, -0.0, 0.5f64.asin() as f32, pi / 2.0, f32::NAN, f32::NAN, f32::NAN]);
+    let acos = ok(Op::Unary(UnaryOp::Acos), &[&x]).to_vec::<f32>();
+    same_f32(&acos, &[pi, pi / 2.0, 0.5f64.acos() as f32, 0.0, f32::NAN, f32::NAN, f32::NAN]);
+    let e = ok(Op::Unary(UnaryOp::Erfinv), &[&x]).to_vec::<f32>();
+    same_f32(&e, &[f32::NEG_INFINITY, -0.0, 0.47693628, f32::INFINITY, f32::NAN, f32::NAN, f32::NAN]);
+    // integers give the default float
+    let a = ok(Op::Unary(UnaryOp::Atan), &[&i32s(&[1, -3], &[2])]);
+    same_f32(&a.to_vec::<f32>(), &[pi / 4.0, -(3f64.atan() as f32)]);
+    // atan2 as C's: signed zeros and infinities pick the quadrant
+    let y = f32s(&[0.0, -0.0, 0.0, 1.0, f32::INFINITY, -2.0], &[6]);
+    let xx = f32s(&[-0.0, -0.0, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0], &[6]);
+    let t = bin(BinaryOp::Atan2, &y, &xx).to_vec::<f32>();
+    same_f32(&t, &[pi, -pi, 0.0, pi, 0.75 * pi, -pi / 2.0]);
+    assert_eq!(bin(BinaryOp::Atan2, &i32s(&[1], &[1]), &i32s(&[1], &[1])).dtype(), DType::F32);
+}
+
+#[test]
+fn bit_ops_and_shifts_follow_pytorch() {
+    let a = i32s(&[12, -7, 5, 1, -1], &[5]);
+    let b = i32s(&[10, 3, 31, 32, -1], &[5]);
+    assert_eq!(bin(BinaryOp::BitwiseAnd, &a, &b).to_vec::<i32>(), vec![8, 1, 5, 0, -1]);
+    assert_eq!(bin(BinaryOp::BitwiseOr, &a, &b).to_vec::<i32>(), vec![14, -5, 31, 33, -1]);
+    assert_eq!(bin(BinaryOp::BitwiseXor, &a, &b).to_vec::<i32>(), vec![6, -6, 26, 33, 0]);
+    assert_eq!(ok(Op::Unary(UnaryOp::BitwiseNot), &[&a]).to_vec::<i32>(), vec![-13, 6, -6, -2, 0]);
+    // bits shifted past the width are lost; amounts < 0 or >= 32 give 0
+    assert_eq!(bin(BinaryOp::ShiftLeft, &a, &b).to_vec::<i32>(), vec![12 << 10, -56, i32::MIN, 0, 0]);
+    // arithmetic; amounts < 0 or >= 31 shift by 31 (the sign fill)
+    assert_eq!(bin(BinaryOp::ShiftRight, &a, &b).to_vec::<i32>(), vec![0, -1, 0, 0, -1]);
+    // u8: 255 - 7 = 249 shifts logically, amounts >= 8 give 0
+    let u = Buffer::from_vec(vec![249u8, 200, 3], vec![3]);
+    let n = Buffer::from_vec(vec![1u8, 8, 7], vec![3]);
+    assert_eq!(bin(BinaryOp::ShiftRight, &u, &n).to_vec::<u8>(), vec![124, 0, 0]);
+    assert_eq!(bin(BinaryOp::ShiftLeft, &u, &n).to_vec::<u8>(), vec![242, 0, 128]);
+    assert_eq!(ok(Op::Unary(UnaryOp::BitwiseNot), &[&u]).to_vec::<u8>(), vec![6, 55, 252]);
+    // bools: logic
+    let (p, q) = (bools(&[true, true, false, false], &[4]), bools(&[true, false, true, false], &[4]));
+    assert_eq!(bin(BinaryOp::BitwiseAnd, &p, &q).to_vec::<bool>(), vec![true, false, false, false]);
+    assert_eq!(bin(BinaryOp::BitwiseXor, &p, &q).to_vec::<bool>(), vec![false, true, true, false]);
+    assert_eq!(ok(Op::Unary(UnaryOp::BitwiseNot), &[&p]).to_vec::<bool>(), vec![false, false, true, true]);
+    // floats have no bits to operate on
+    let e = err(Op::Binary(BinaryOp::BitwiseAnd), &[&f32s(&[1.0], &[1]), &f32s(&[1.0], &[1])]);
+    assert!(e.to_string().contains("only integers and bool"), "{e}");
+    let e = err(Op::Binary(BinaryOp::ShiftLeft), &[&p, &q]);
+    assert!(e.to_string().contains("bool"), "{e}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! f64 routines the PTX emitter writes out where PTX has no instruction: `log` and `exp` of
-//! f64 (for random normals and `pow`), the Taylor coefficients of `sin` and `cos` (for those and
-//! Box-Muller's `cos`), `pow` of f32 computed through them, and an exact `fmod` of f32.
+//! f64 (for random normals, `pow` and `erfinv`), the Taylor coefficients of `sin` and `cos` (for
+//! those and Box-Muller's `cos`), `pow` and `erfinv` of f32 computed through them, and an exact
+//! `fmod` of f32.
 
 use super::asm::{Asm, Class, Opnd, Reg};
 
@@ -156,6 +157,49 @@ pub(super) fn pow_f32(a: &mut Asm, x: Reg, y: Reg) -> Reg {
     let x_one = a.op(Pred, "setp.eq.f32", &[x.into(), Opnd::F32(1.0)]);
     let one = a.op(Pred, "or.pred", &[y_zero.into(), x_one.into()]);
     a.op(F32, "selp.f32", &[Opnd::F32(1.0), r.into(), one.into()])
+}
+
+/// `p(t)` of an f64 register by Horner's rule (coefficients from the constant term up), as
+/// [`coil_ir::special::horner`].
+fn horner_f64(a: &mut Asm, coeffs: &[f64], t: Reg) -> Reg {
+    let mut p = a.op(Class::F64, "mov.f64", &[Opnd::F64(coeffs[coeffs.len() - 1])]);
+    for &c in coeffs[..coeffs.len() - 1].iter().rev() {
+        p = a.op(Class::F64, "fma.rn.f64", &[p.into(), t.into(), Opnd::F64(c)]);
+    }
+    p
+}
+
+/// `erfinv(x)` of f32 as the C prelude's `coil_erfinv_f32`: [`coil_ir::special`]'s
+/// approximation `x P(w)`, `w = -log((1 - x)(1 + x))`, in f64 (both polynomials, then a select),
+/// one rounding; `±1` give `±inf`, `|x| > 1` NaN, NaN NaN.
+pub(super) fn erfinv_f32(a: &mut Asm, x: Reg) -> Reg {
+    use coil_ir::special::*;
+    use Class::*;
+    let xd = a.op(F64, "cvt.f64.f32", &[x.into()]);
+    let below = a.op(F64, "sub.f64", &[Opnd::F64(1.0), xd.into()]);
+    let above = a.op(F64, "add.f64", &[xd.into(), Opnd::F64(1.0)]);
+    let m = a.op(F64, "mul.f64", &[below.into(), above.into()]);
+    // log_f64 needs a positive normal: |x| >= 1 and NaN take 1 (their results are selected below)
+    let inside = a.op(Pred, "setp.gt.f64", &[m.into(), Opnd::F64(0.0)]);
+    let m = a.op(F64, "selp.f64", &[m.into(), Opnd::F64(1.0), inside.into()]);
+    let l = log_f64(a, m);
+    let w = a.op(F64, "neg.f64", &[l.into()]);
+    let tc = a.op(F64, "sub.f64", &[w.into(), Opnd::F64(ERFINV_CENTRAL_MID)]);
+    let central = horner_f64(a, &ERFINV_CENTRAL, tc);
+    let root = a.op(F64, "sqrt.rn.f64", &[w.into()]);
+    let tt = a.op(F64, "sub.f64", &[root.into(), Opnd::F64(ERFINV_TAIL_MID)]);
+    let tail = horner_f64(a, &ERFINV_TAIL, tt);
+    let near = a.op(Pred, "setp.lt.f64", &[w.into(), Opnd::F64(ERFINV_SPLIT)]);
+    let p = a.op(F64, "selp.f64", &[central.into(), tail.into(), near.into()]);
+    let r = a.op(F64, "mul.f64", &[xd.into(), p.into()]);
+    let f = a.op(F32, "cvt.rn.f32.f64", &[r.into()]);
+    let ax = a.op(F32, "abs.f32", &[x.into()]);
+    let one = a.op(Pred, "setp.eq.f32", &[ax.into(), Opnd::F32(1.0)]);
+    let negative = a.op(Pred, "setp.lt.f32", &[x.into(), Opnd::F32(0.0)]);
+    let inf = a.op(F32, "selp.f32", &[Opnd::F32(f32::NEG_INFINITY), Opnd::F32(f32::INFINITY), negative.into()]);
+    let f = a.op(F32, "selp.f32", &[inf.into(), f.into(), one.into()]);
+    let beyond = a.op(Pred, "setp.gt.f32", &[ax.into(), Opnd::F32(1.0)]);
+    a.op(F32, "selp.f32", &[Opnd::F32(f32::NAN), f.into(), beyond.into()])
 }
 
 /// `fmodf(x, y)` of f32 values, exact as C's: in f64, `r = |x|` is reduced by `D = |y| 2^k`

@@ -9,7 +9,9 @@
 //! degree-7 polynomial after splitting off the exponent, within 2 ulp), `erf` (two polynomial
 //! fits, within 3 ulp) and `tanh` (an odd polynomial near zero, else through `ex2`, within 2
 //! ulp), with `log1p` and `expm1` from `log` and `exp` by Goldberg's and Kahan's corrections.
-//! `sin`, `cos` and `tan` are in `trig`, `pow` and `fmod` in `f64math`. What has no PTX form
+//! `sin`, `cos`, `tan` and their inverses (`atan`, `asin`, `acos`, `atan2`) are in `trig`, `pow`,
+//! `fmod` and `erfinv` in `f64math`. Bit ops are PTX's `and`, `or`, `xor`, `not`, `shl` and
+//! `shr` (the shifts guarded for PyTorch's out-of-range amounts). What has no PTX form
 //! here (f64 values, ...) is [`Unsupported`]: the kernel goes through NVRTC instead.
 
 use super::asm::{Asm, Class, Opnd, Reg};
@@ -426,6 +428,10 @@ pub fn unary(a: &mut Asm, op: UnaryOp, x: Reg, dx: DType, out: DType) -> R<Reg> 
             Sin => super::trig::trig_f32(a, x, super::trig::Trig::Sin),
             Cos => super::trig::trig_f32(a, x, super::trig::Trig::Cos),
             Tan => super::trig::trig_f32(a, x, super::trig::Trig::Tan),
+            Atan => super::trig::inverse_trig_f32(a, x, super::trig::InverseTrig::Atan),
+            Asin => super::trig::inverse_trig_f32(a, x, super::trig::InverseTrig::Asin),
+            Acos => super::trig::inverse_trig_f32(a, x, super::trig::InverseTrig::Acos),
+            Erfinv => super::f64math::erfinv_f32(a, x),
             Log1p => log1p_f32(a, x),
             Expm1 => expm1_f32(a, x),
             Sign => {
@@ -449,11 +455,18 @@ pub fn unary(a: &mut Asm, op: UnaryOp, x: Reg, dx: DType, out: DType) -> R<Reg> 
             _ => return Err(format!("{} of a float", op.name())),
         });
     }
+    if op == BitwiseNot && out == DType::Bool && dx == DType::Bool {
+        return Ok(a.op(Pred, "not.pred", &[x.into()]));
+    }
     if class_of(out)? != B64 || class_of(dx)? != B64 {
         return Err(format!("{} of {dx} into {out}", op.name()));
     }
     let x = convert(a, x, dx, out)?;
     Ok(match op {
+        BitwiseNot => {
+            let n = a.op(B64, "not.b64", &[x.into()]);
+            wrap(a, n, out)
+        }
         Neg => {
             let n = a.op(B64, "neg.s64", &[x.into()]);
             wrap(a, n, out)
@@ -555,6 +568,7 @@ pub fn binary(a: &mut Asm, op: BinaryOp, x: Reg, dx: DType, y: Reg, dy: DType, o
                 a.op(F32, "cvt.rzi.f32.f32", &[q.into()])
             }
             Pow => super::f64math::pow_f32(a, xo, yo),
+            Atan2 => super::trig::atan2_f32(a, xo, yo),
             Maximum => max_min_f32(a, xo, yo, "max.NaN.f32"),
             Minimum => max_min_f32(a, xo, yo, "min.NaN.f32"),
             _ => return Err(format!("{} of floats", op.name())),
@@ -566,17 +580,41 @@ pub fn binary(a: &mut Asm, op: BinaryOp, x: Reg, dx: DType, y: Reg, dy: DType, o
                 Mul => two(a, B64, "mul.lo.s64"),
                 Maximum => two(a, B64, "max.s64"),
                 Minimum => two(a, B64, "min.s64"),
+                BitwiseAnd => two(a, B64, "and.b64"),
+                BitwiseOr => two(a, B64, "or.b64"),
+                BitwiseXor => two(a, B64, "xor.b64"),
+                ShiftLeft | ShiftRight => shift(a, op, xo, yo, out),
                 _ => return Err(format!("{} of integers", op.name())),
             };
             Ok(wrap(a, r, out))
         }
         // bools as the C backend computes them: 0/1 integers, the result `!= 0`
         _ => Ok(match op {
-            Add | Maximum => two(a, Pred, "or.pred"),
-            Mul | Minimum => two(a, Pred, "and.pred"),
-            Sub => two(a, Pred, "xor.pred"),
+            Add | Maximum | BitwiseOr => two(a, Pred, "or.pred"),
+            Mul | Minimum | BitwiseAnd => two(a, Pred, "and.pred"),
+            Sub | BitwiseXor => two(a, Pred, "xor.pred"),
             _ => return Err(format!("{} into a bool", op.name())),
         }),
+    }
+}
+
+/// `x << y` or `x >> y` of integers of `out` as `BinaryOp::shift`: the amount is compared with
+/// the dtype's limit as an unsigned number (so a negative one is out of range too); a left
+/// shift out of range is 0, a right shift out of range shifts by the limit (the sign fill).
+/// In range, `shl.b64` / `shr.s64` of the 64-bit register; the caller wraps to the width.
+fn shift(a: &mut Asm, op: BinaryOp, x: Reg, y: Reg, out: DType) -> Reg {
+    use Class::*;
+    let bits = 8 * out.size_bytes() as i64;
+    let limit = if op == BinaryOp::ShiftLeft || out == DType::U8 { bits } else { bits - 1 };
+    let inside = a.op(Pred, "setp.lt.u64", &[y.into(), Opnd::Int(limit)]);
+    if op == BinaryOp::ShiftLeft {
+        let n = a.op(B32, "cvt.u32.u64", &[y.into()]);
+        let r = a.op(B64, "shl.b64", &[x.into(), n.into()]);
+        a.op(B64, "selp.b64", &[r.into(), Opnd::Int(0), inside.into()])
+    } else {
+        let amount = a.op(B64, "selp.b64", &[y.into(), Opnd::Int(limit), inside.into()]);
+        let n = a.op(B32, "cvt.u32.u64", &[amount.into()]);
+        a.op(B64, "shr.s64", &[x.into(), n.into()])
     }
 }
 

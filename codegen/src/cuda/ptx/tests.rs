@@ -481,3 +481,69 @@ fn pow_of_floats_goes_through_f64() {
     assert!(src.contains("div.rn.f64") && src.contains("cvt.rni.f64.f64"), "{src}");
     assemble(&[("poi_fused_pow_0".into(), src)]);
 }
+
+/// The PTX of `op(a)` over 64 elements of `d` (the result: `out`).
+fn unary_ptx(op: coil_ir::UnaryOp, d: DType, out: DType) -> String {
+    use crate::testutil::{kernel, xs, Prog, B};
+    let mut p = Prog::default();
+    let x = p.input(&[64], d);
+    let v = xs(&[64])[0];
+    let mut b = B::default();
+    let l = b.load(x, v, d);
+    let y = b.unary(op, l, out);
+    let o = p.pointwise(&[64], out, b.done(y));
+    let k = kernel("poi_fused_unary_0", KernelKind::Pointwise, vec![0], 64, None, vec![o]);
+    ptx(&build_kernel(&p.p, &k))
+}
+
+#[test]
+fn inverse_trig_and_erfinv_compute_in_f64() {
+    use coil_ir::UnaryOp::{Acos, Asin, Atan, Erfinv};
+    for (op, d) in
+        [(Atan, DType::F32), (Asin, DType::F32), (Acos, DType::BF16), (Erfinv, DType::F32), (Erfinv, DType::F16)]
+    {
+        let src = unary_ptx(op, d, d);
+        // one rounding from f64 per element (4 f32 per thread, 8 of 16 bits), no NVRTC fallback
+        let per_thread = if d == DType::F32 { 4 } else { 8 };
+        assert_eq!(src.matches("cvt.rn.f32.f64").count(), per_thread, "{op:?}: {src}");
+        let f64_core = if op == Erfinv { "sqrt.rn.f64" } else { "div.rn.f64" };
+        assert!(src.contains(f64_core) && src.contains("fma.rn.f64"), "{op:?}: {src}");
+        assemble(&[(format!("poi_fused_{}_{d}", op.name()), src)]);
+    }
+    let src = binary_ptx(coil_ir::BinaryOp::Atan2, DType::F32, DType::F32, DType::F32);
+    assert!(src.contains("copysign.f64") && src.contains("setp.nan.f32"), "{src}");
+    assemble(&[("poi_fused_atan2".into(), src)]);
+    // integers divide as floats (the operands converted first)
+    let src = binary_ptx(coil_ir::BinaryOp::Atan2, DType::I32, DType::I32, DType::F32);
+    assert!(src.contains("cvt.rn.f32.s64") && src.contains("copysign.f64"), "{src}");
+}
+
+#[test]
+fn bit_ops_are_logic_instructions_and_guarded_shifts() {
+    use coil_ir::BinaryOp::{BitwiseAnd, BitwiseOr, BitwiseXor, ShiftLeft, ShiftRight};
+    for (op, d, want) in [
+        (BitwiseAnd, DType::I32, "and.b64"),
+        (BitwiseOr, DType::I64, "or.b64"),
+        (BitwiseXor, DType::U8, "xor.b64"),
+        (BitwiseAnd, DType::Bool, "and.pred"),
+        (BitwiseXor, DType::Bool, "xor.pred"),
+    ] {
+        let src = binary_ptx(op, d, d, d);
+        assert!(src.contains(want), "{op:?} {d}: {src}");
+        assemble(&[(format!("poi_fused_{}_{d}", op.name()), src)]);
+    }
+    // the amount compared unsigned with the limit (so negative ones are out of range), then a
+    // shift of the 64-bit register by its low word
+    for (op, d, limit) in [(ShiftLeft, DType::I32, 32), (ShiftRight, DType::I64, 63), (ShiftRight, DType::U8, 8)] {
+        let src = binary_ptx(op, d, d, d);
+        let instr = if op == ShiftLeft { "shl.b64" } else { "shr.s64" };
+        assert!(src.contains(instr) && src.contains(&format!(", {limit};")), "{op:?} {d}: {src}");
+        assert!(src.contains("setp.lt.u64") && src.contains("cvt.u32.u64"), "{op:?} {d}: {src}");
+        assemble(&[(format!("poi_fused_{}_{d}", op.name()), src)]);
+    }
+    for (d, want) in [(DType::I32, "not.b64"), (DType::Bool, "not.pred")] {
+        let src = unary_ptx(coil_ir::UnaryOp::BitwiseNot, d, d);
+        assert!(src.contains(want), "{d}: {src}");
+        assemble(&[(format!("poi_fused_bitwise_not_{d}"), src)]);
+    }
+}

@@ -1,4 +1,5 @@
-//! `sin`, `cos` and `tan` of f32 in PTX, computed in f64 and rounded once: the argument
+//! `sin`, `cos` and `tan` of f32 in PTX (and the inverse functions `atan`, `asin`, `acos` and
+//! `atan2`: [`inverse_trig_f32`], [`atan2_f32`]), computed in f64 and rounded once: the argument
 //! reduced modulo `pi/2` to `r` in about `[-pi/4, pi/4]` and a quadrant, then Taylor series of
 //! `sin r` and `cos r` to the `r^17` and `r^16` terms (the next below `1e-18`).
 //!
@@ -323,10 +324,252 @@ pub fn trig_f32(a: &mut Asm, x: Reg, which: Trig) -> Reg {
     a.op(F32, "selp.f32", &[f.into(), Opnd::F32(f32::NAN), finite.into()])
 }
 
+/// `tan(pi/8)` and `tan(3pi/8)`: the bounds of [`atan_f64_core`]'s three ranges.
+const TAN_PI_8: f64 = 0.414_213_562_373_095_03;
+const TAN_3PI_8: f64 = 2.414_213_562_373_095;
+/// The last power of `t` in [`atan_f64_core`]'s Taylor series (the next term is below `5e-12`
+/// relative for `|t| <= tan(pi/8)`).
+const ATAN_LAST_POWER: u32 = 25;
+const PI: f64 = std::f64::consts::PI;
+
+/// The Taylor coefficient `(-1)^k / (2k + 1)` of `atan`.
+fn atan_coeff(k: u32) -> f64 {
+    let c = 1.0 / f64::from(2 * k + 1);
+    if k % 2 == 1 {
+        -c
+    } else {
+        c
+    }
+}
+
+/// `atan(x)` of an f64 `x >= 0` (inf and NaN included), as the C prelude's `coil_atan_f64_core`:
+/// Cephes' reduction to `|t| <= tan(pi/8)` by one division (`t = x`; `(x - 1) / (x + 1)` plus
+/// `pi/4` above `tan(pi/8)`; `-1 / x` plus `pi/2` above `tan(3pi/8)`), then Taylor's series.
+fn atan_f64_core(a: &mut Asm, x: Reg) -> Reg {
+    use Class::*;
+    let mid = a.op(Pred, "setp.gt.f64", &[x.into(), Opnd::F64(TAN_PI_8)]);
+    let far = a.op(Pred, "setp.gt.f64", &[x.into(), Opnd::F64(TAN_3PI_8)]);
+    let below = a.op(F64, "sub.f64", &[x.into(), Opnd::F64(1.0)]);
+    let above = a.op(F64, "add.f64", &[x.into(), Opnd::F64(1.0)]);
+    let num = a.op(F64, "selp.f64", &[below.into(), x.into(), mid.into()]);
+    let num = a.op(F64, "selp.f64", &[Opnd::F64(-1.0), num.into(), far.into()]);
+    let den = a.op(F64, "selp.f64", &[above.into(), Opnd::F64(1.0), mid.into()]);
+    let den = a.op(F64, "selp.f64", &[x.into(), den.into(), far.into()]);
+    let base = a.op(F64, "selp.f64", &[Opnd::F64(PI / 4.0), Opnd::F64(0.0), mid.into()]);
+    let base = a.op(F64, "selp.f64", &[Opnd::F64(PI / 2.0), base.into(), far.into()]);
+    let t = a.op(F64, "div.rn.f64", &[num.into(), den.into()]);
+    let t2 = a.op(F64, "mul.f64", &[t.into(), t.into()]);
+    let last = (ATAN_LAST_POWER - 1) / 2;
+    let mut p = a.op(F64, "mov.f64", &[Opnd::F64(atan_coeff(last))]);
+    for k in (1..last).rev() {
+        p = a.op(F64, "fma.rn.f64", &[p.into(), t2.into(), Opnd::F64(atan_coeff(k))]);
+    }
+    let t3 = a.op(F64, "mul.f64", &[t.into(), t2.into()]);
+    let r = a.op(F64, "fma.rn.f64", &[t3.into(), p.into(), t.into()]);
+    a.op(F64, "add.f64", &[base.into(), r.into()])
+}
+
+/// Which inverse function [`inverse_trig_f32`] computes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum InverseTrig {
+    Atan,
+    /// `atan(x / sqrt((1 - x)(1 + x)))`: `|x| = 1` divides by zero, `|x| > 1` is NaN.
+    Asin,
+    /// `2 atan(sqrt((1 - x) / (1 + x)))`: no cancellation near 1.
+    Acos,
+}
+
+/// `atan`, `asin` or `acos` of an f32 register, computed in f64 and rounded once (as the C
+/// prelude's `coil_atan_f32`, ...).
+pub fn inverse_trig_f32(a: &mut Asm, x: Reg, which: InverseTrig) -> Reg {
+    use Class::*;
+    let xd = a.op(F64, "cvt.f64.f32", &[x.into()]);
+    let ax = a.op(F64, "abs.f64", &[xd.into()]);
+    let r = match which {
+        InverseTrig::Atan => atan_f64_core(a, ax),
+        InverseTrig::Asin | InverseTrig::Acos => {
+            let below = a.op(F64, "sub.f64", &[Opnd::F64(1.0), xd.into()]);
+            let above = a.op(F64, "add.f64", &[xd.into(), Opnd::F64(1.0)]);
+            if which == InverseTrig::Asin {
+                let m = a.op(F64, "mul.f64", &[below.into(), above.into()]);
+                let s = a.op(F64, "sqrt.rn.f64", &[m.into()]);
+                let q = a.op(F64, "div.rn.f64", &[ax.into(), s.into()]);
+                atan_f64_core(a, q)
+            } else {
+                let q = a.op(F64, "div.rn.f64", &[below.into(), above.into()]);
+                let s = a.op(F64, "sqrt.rn.f64", &[q.into()]);
+                let h = atan_f64_core(a, s);
+                a.op(F64, "add.f64", &[h.into(), h.into()])
+            }
+        }
+    };
+    // the odd functions take the sign of x (of -0.0 too)
+    let r = match which {
+        InverseTrig::Acos => r,
+        _ => a.op(F64, "copysign.f64", &[xd.into(), r.into()]),
+    };
+    a.op(F32, "cvt.rn.f32.f64", &[r.into()])
+}
+
+/// `atan2(y, x)` of f32 registers as C's `atan2f` (the C prelude's `coil_atan2_f32`): `atan` of
+/// `min(|y|, |x|) / max(|y|, |x|)` in f64 (0 for two zeros, 1 for two infinities), then
+/// `pi/2 - r` where `|y| > |x|`, `pi - r` where `x` has its sign bit set (`-0.0` too), the sign
+/// of `y`, one rounding; NaN in, NaN out.
+pub fn atan2_f32(a: &mut Asm, y: Reg, x: Reg) -> Reg {
+    use Class::*;
+    let yd = a.op(F64, "cvt.f64.f32", &[y.into()]);
+    let xd = a.op(F64, "cvt.f64.f32", &[x.into()]);
+    let ay = a.op(F64, "abs.f64", &[yd.into()]);
+    let ax = a.op(F64, "abs.f64", &[xd.into()]);
+    let steep = a.op(Pred, "setp.gt.f64", &[ay.into(), ax.into()]);
+    let hi = a.op(F64, "selp.f64", &[ay.into(), ax.into(), steep.into()]);
+    let lo = a.op(F64, "selp.f64", &[ax.into(), ay.into(), steep.into()]);
+    let q = a.op(F64, "div.rn.f64", &[lo.into(), hi.into()]);
+    let zeros = a.op(Pred, "setp.eq.f64", &[hi.into(), Opnd::F64(0.0)]);
+    let tie = a.op(F64, "selp.f64", &[Opnd::F64(0.0), Opnd::F64(1.0), zeros.into()]);
+    let equal = a.op(Pred, "setp.eq.f64", &[hi.into(), lo.into()]);
+    let q = a.op(F64, "selp.f64", &[tie.into(), q.into(), equal.into()]);
+    let r = atan_f64_core(a, q);
+    let flipped = a.op(F64, "sub.f64", &[Opnd::F64(PI / 2.0), r.into()]);
+    let r = a.op(F64, "selp.f64", &[flipped.into(), r.into(), steep.into()]);
+    let bits = a.op(B32, "mov.b32", &[x.into()]);
+    let x_neg = a.op(Pred, "setp.lt.s32", &[bits.into(), Opnd::Int(0)]);
+    let back = a.op(F64, "sub.f64", &[Opnd::F64(PI), r.into()]);
+    let r = a.op(F64, "selp.f64", &[back.into(), r.into(), x_neg.into()]);
+    let r = a.op(F64, "copysign.f64", &[yd.into(), r.into()]);
+    let f = a.op(F32, "cvt.rn.f32.f64", &[r.into()]);
+    let nan = a.op(Pred, "setp.nan.f32", &[x.into(), y.into()]);
+    let sum = a.op(F32, "add.f32", &[x.into(), y.into()]);
+    a.op(F32, "selp.f32", &[sum.into(), f.into(), nan.into()])
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::f64math::taylor_coeff;
     use super::*;
+
+    /// [`atan_f64_core`] on the host, step for step.
+    fn atan_core(x: f64) -> f64 {
+        let (mid, far) = (x > TAN_PI_8, x > TAN_3PI_8);
+        let num = if far {
+            -1.0
+        } else if mid {
+            x - 1.0
+        } else {
+            x
+        };
+        let den = if far {
+            x
+        } else if mid {
+            x + 1.0
+        } else {
+            1.0
+        };
+        let base = if far {
+            PI / 2.0
+        } else if mid {
+            PI / 4.0
+        } else {
+            0.0
+        };
+        let t = num / den;
+        let t2 = t * t;
+        let last = (ATAN_LAST_POWER - 1) / 2;
+        let mut p = atan_coeff(last);
+        for k in (1..last).rev() {
+            p = p.mul_add(t2, atan_coeff(k));
+        }
+        base + (t * t2).mul_add(p, t)
+    }
+
+    /// [`inverse_trig_f32`] and [`atan2_f32`] on the host, step for step as emitted, against
+    /// `std`'s f64 functions of the same f32 inputs (within 5e-12 relative before the rounding
+    /// to f32; `atan2` within an ulp after it), and the special values as C99 gives them.
+    #[test]
+    fn inverse_trig_matches_std() {
+        let inverse = |x: f32, which: InverseTrig| -> f64 {
+            let xd = f64::from(x);
+            let r = match which {
+                InverseTrig::Atan => atan_core(xd.abs()),
+                InverseTrig::Asin => atan_core(xd.abs() / ((1.0 - xd) * (1.0 + xd)).sqrt()),
+                InverseTrig::Acos => 2.0 * atan_core(((1.0 - xd) / (1.0 + xd)).sqrt()),
+            };
+            if which == InverseTrig::Acos {
+                r
+            } else {
+                r.copysign(xd)
+            }
+        };
+        let atan2 = |y: f32, x: f32| -> f32 {
+            let (ay, ax) = (f64::from(y).abs(), f64::from(x).abs());
+            let steep = ay > ax;
+            let (hi, lo) = if steep { (ay, ax) } else { (ax, ay) };
+            let q = if hi == lo {
+                if hi == 0.0 {
+                    0.0
+                } else {
+                    1.0
+                }
+            } else {
+                lo / hi
+            };
+            let mut r = atan_core(q);
+            if steep {
+                r = PI / 2.0 - r;
+            }
+            if (x.to_bits() as i32) < 0 {
+                r = PI - r;
+            }
+            let f = r.copysign(f64::from(y)) as f32;
+            if x.is_nan() || y.is_nan() {
+                x + y
+            } else {
+                f
+            }
+        };
+        let mut xs: Vec<f32> = vec![0.0, 1e-30, 1e-8, 0.1, 0.4142135, 0.4142136, 0.5, 0.9, 0.99999994, 1.0];
+        xs.extend([2.4142134, 2.4142137, 3.0, 1e4, 1e20, f32::MAX, f32::from_bits(1), f32::INFINITY]);
+        for i in 0..4000u32 {
+            xs.push(i as f32 * 0.001);
+            xs.push(f32::from_bits((u64::from(i) * 0x7F7F_FFFF / 4000) as u32));
+            // every exponent
+        }
+        for &x in &xs {
+            for x in [x, -x] {
+                let cases = [
+                    (InverseTrig::Atan, f64::from(x).atan()),
+                    (InverseTrig::Asin, f64::from(x).asin()),
+                    (InverseTrig::Acos, f64::from(x).acos()),
+                ];
+                for (which, want) in cases {
+                    let got = inverse(x, which);
+                    // the series' truncation (below 5e-12), far below an f32 ulp (6e-8)
+                    let same =
+                        got == want || (got.is_nan() && want.is_nan()) || (got - want).abs() <= 5e-12 * want.abs();
+                    assert!(same, "{which:?}({x:e}) = {got:e}, want {want:e}");
+                    if want == 0.0 {
+                        assert_eq!(got.to_bits(), want.to_bits(), "{which:?}({x:e})");
+                    }
+                }
+                for &y in xs.iter().step_by(97) {
+                    for y in [y, -y] {
+                        let (got, want) = (atan2(y, x), (f64::from(y).atan2(f64::from(x))) as f32);
+                        let ulp = (got.to_bits() as i64 - want.to_bits() as i64).abs();
+                        assert!(
+                            ulp <= 1 || (got.is_nan() && want.is_nan()),
+                            "atan2({y:e}, {x:e}) = {got:e}, want {want:e}"
+                        );
+                        if want == 0.0 || want.is_infinite() || got.abs() == std::f32::consts::PI {
+                            assert_eq!(got.to_bits(), want.to_bits(), "atan2({y:e}, {x:e})");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(atan2(f32::NAN, 1.0).is_nan() && atan2(1.0, f32::NAN).is_nan());
+        assert!(inverse(1.5, InverseTrig::Asin).is_nan() && inverse(-1.5, InverseTrig::Acos).is_nan());
+        assert!(inverse(f32::NAN, InverseTrig::Atan).is_nan());
+    }
 
     /// The reduction and the series on the host, step for step as emitted, against `std`'s f64
     /// functions of the same f32 inputs: small, near multiples of `pi/2`, and up to `f32::MAX`.

@@ -1,0 +1,423 @@
+/* coil's CPU matrix product: packed operands, cache blocking, AVX-512 micro-kernels.
+ *
+ * Compiled after the C prelude (its half-type conversions and GELU), with COIL_GEMM_MR_F32,
+ * COIL_GEMM_NR_F32, COIL_GEMM_MR_BF16 and COIL_GEMM_NR_BF16 defined before it. Every entry point
+ * has the generated kernels' signature; args[0] points to its argument struct. No threads of
+ * its own: the runtime runs packing and tiles on its pool.
+ *
+ * A matrix to pack is `rows x k` (A: m rows; B: n "rows", its columns), read through element
+ * strides `rs` (between rows) and `ks` (along k). It is packed in panels of P rows (P = MR for A,
+ * NR for B), zero-padded to whole panels and whole k groups:
+ *   layout F32:        panel[k][P]          floats (f16 and bf16 widened exactly)
+ *   layout BF16_PAIRS: panel[k / 2][P][2]   bf16 bits, the pairs `vdpbf16ps` multiplies
+ * so the micro-kernel reads both operands with unit stride, whatever their strides were.
+ *
+ * A tile (MR rows x NR columns) accumulates in registers over a block of k in f32 and, after
+ * the last block, gets the bias and the activation and is rounded once to the output type
+ * (PyTorch's bf16 product: f32 accumulation, one rounding), from the registers (the activation
+ * passes through the tile in memory: it is the prelude's scalar function, vectorized). When k
+ * has several blocks the partial sums wait in an f32 scratch of whole tiles. An output may be
+ * the product's transpose (the runtime multiplies b^T a^T to make the larger operand B): each
+ * 16 columns of a tile are then transposed in registers and stored as rows. */
+#include <immintrin.h>
+
+#define COIL_GEMM_LAYOUT_F32 0
+#define COIL_GEMM_LAYOUT_BF16_PAIRS 1
+#define COIL_GEMM_DT_F32 0
+#define COIL_GEMM_DT_F16 1
+#define COIL_GEMM_DT_BF16 2
+#define COIL_GEMM_ACT_NONE 0
+#define COIL_GEMM_ACT_GELU_TANH 1
+#ifndef COIL_GEMM_PREFETCH_WORDS
+#define COIL_GEMM_PREFETCH_WORDS 64
+#endif
+#ifndef COIL_GEMM_PREFETCH_ROWS
+#define COIL_GEMM_PREFETCH_ROWS 8
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define COIL_GEMM_HAVE_F32 1
+#if defined(__AVX512BF16__)
+#define COIL_GEMM_HAVE_BF16 1
+#endif
+#endif
+
+/* Which layouts this build serves: bit 0 F32, bit 1 BF16_PAIRS (compiled in and supported by
+   the CPU running it: a cached library may have been built for another). */
+void coil_gemm_features(char *const *args, int64_t *status)
+{
+    int64_t f = 0;
+    (void)status;
+#if defined(COIL_GEMM_HAVE_F32)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+        f |= 1;
+#if defined(COIL_GEMM_HAVE_BF16)
+    if ((f & 1) && __builtin_cpu_supports("avx512bf16")) f |= 2;
+#endif
+#endif
+    *(int64_t *)args[0] = f;
+}
+
+typedef struct {
+    const void *src;
+    int64_t rs, ks;   /* element strides between rows and along k */
+    int64_t rows, k;
+    int64_t dtype;    /* of src */
+    int64_t layout;
+    int64_t panel;    /* P: rows per panel */
+    int64_t lo, hi;   /* the panels to pack */
+    void *dst;        /* panel lo: panel p starts at word (p - lo) * P * groups */
+} coil_gemm_pack_args;
+
+#if defined(COIL_GEMM_HAVE_F32)
+/* Transposes 16 x 16 32-bit words in place: r[i] element j becomes r[j] element i. */
+static inline void coil_gemm_transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+static inline __mmask16 coil_gemm_mask16(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* `n` (<= 16) consecutive elements of a row as 32-bit words (zeros past n): floats, widened
+   halves, or (pairs) 2n bf16 as n words. */
+static inline __m512i coil_gemm_load_words(const void *src, int64_t dtype, int pairs, int64_t at, int64_t n)
+{
+    const __mmask16 m = coil_gemm_mask16(n);
+    if (pairs) return _mm512_maskz_loadu_epi32(m, (const uint16_t *)src + at);
+    if (dtype == COIL_GEMM_DT_F32) return _mm512_maskz_loadu_epi32(m, (const float *)src + at);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)src + at);
+    if (dtype == COIL_GEMM_DT_F16) return _mm512_castps_si512(_mm512_cvtph_ps(h));
+    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+}
+
+static inline float coil_gemm_load_f32(const void *src, int64_t dtype, int64_t at)
+{
+    if (dtype == COIL_GEMM_DT_F32) return ((const float *)src)[at];
+    if (dtype == COIL_GEMM_DT_F16) return coil_f16_to_f32(((const uint16_t *)src)[at]);
+    return coil_bf16_to_f32(((const uint16_t *)src)[at]);
+}
+
+/* Panels [lo, hi) of a matrix whose rows are contiguous at each k (B row-major, A
+   column-major), all but the odd k of pairs: k outermost, so that each k's row of the source is
+   read once across the panels (one page per k, not one per panel and k). */
+static void coil_gemm_pack_by_k(const coil_gemm_pack_args *p)
+{
+    const int pairs = p->layout == COIL_GEMM_LAYOUT_BF16_PAIRS;
+    const int64_t P = p->panel, K = p->k, ks = p->ks, groups = pairs ? (K + 1) / 2 : K;
+    const int64_t whole = pairs ? K / 2 : K;
+    const int64_t esize = p->dtype == COIL_GEMM_DT_F32 ? 4 : 2;
+    const uint16_t *h = (const uint16_t *)p->src;
+    /* interleaving the bf16 of k = 2g (x) and 2g + 1 (y) */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t g = 0; g < whole; g++)
+        for (int64_t panel = p->lo; panel < p->hi; panel++) {
+            const int64_t r0 = panel * P, rows = p->rows - r0 < P ? p->rows - r0 : P;
+            uint32_t *dst = (uint32_t *)p->dst + (panel - p->lo) * P * groups + g * P;
+            if (!pairs) {
+                for (int64_t rb = 0; rb < P; rb += 16) {
+                    _mm_prefetch((const char *)p->src + (r0 + rb + (g + COIL_GEMM_PREFETCH_ROWS) * ks) * esize, _MM_HINT_T0);
+                    __m512i w = coil_gemm_load_words(p->src, p->dtype, 0, r0 + rb + g * ks, rows - rb);
+                    _mm512_mask_storeu_epi32(dst + rb, coil_gemm_mask16(P - rb), w);
+                }
+                continue;
+            }
+            for (int64_t rb = 0; rb < P; rb += 32) {
+                const uint16_t *x = h + r0 + rb + 2 * g * ks, *y = x + ks;
+                _mm_prefetch((const char *)(x + 2 * COIL_GEMM_PREFETCH_ROWS * ks), _MM_HINT_T0);
+                _mm_prefetch((const char *)(y + 2 * COIL_GEMM_PREFETCH_ROWS * ks), _MM_HINT_T0);
+                const __mmask32 m = rows - rb >= 32 ? 0xffffffffu : rows - rb <= 0 ? 0 : (1u << (rows - rb)) - 1;
+                const __m512i vx = _mm512_maskz_loadu_epi16(m, x), vy = _mm512_maskz_loadu_epi16(m, y);
+                _mm512_mask_storeu_epi32(dst + rb, coil_gemm_mask16(P - rb), _mm512_permutex2var_epi16(vx, lo, vy));
+                _mm512_mask_storeu_epi32(dst + rb + 16, coil_gemm_mask16(P - rb - 16), _mm512_permutex2var_epi16(vx, hi, vy));
+            }
+        }
+}
+
+/* One panel of P rows from row r0, as 32-bit words: dst[g * P + r] is row r's k group g (a
+   float, or a pair of bf16); with rows contiguous at each k, only what coil_gemm_pack_by_k
+   left (the odd k of pairs). */
+static inline void coil_gemm_pack_panel(const coil_gemm_pack_args *p, int64_t r0, uint32_t *dst)
+{
+    const int pairs = p->layout == COIL_GEMM_LAYOUT_BF16_PAIRS;
+    const int64_t P = p->panel, K = p->k, rows = p->rows - r0 < P ? p->rows - r0 : P;
+    const int64_t rs = p->rs, ks = p->ks, groups = pairs ? (K + 1) / 2 : K;
+    /* groups read as whole words: all of them, but with pairs and an odd k the last (half
+       outside the row) is done element by element */
+    const int64_t whole = pairs ? K / 2 : K;
+    const uint16_t *h = (const uint16_t *)p->src;
+    const int64_t esize = p->dtype == COIL_GEMM_DT_F32 ? 4 : 2;
+    int64_t g0 = 0;
+    if (ks == 1) {
+        /* k contiguous in each row (A row-major, B a transposed weight): 16 x 16 transposes */
+        for (; g0 < whole; g0 += 16) {
+            const int64_t ng = whole - g0 < 16 ? whole - g0 : 16;
+            for (int64_t rb = 0; rb < P; rb += 16) {
+                __m512i w[16];
+                for (int64_t i = 0; i < 16; i++) {
+                    const int64_t r = rb + i;
+                    if (r >= rows) {
+                        w[i] = _mm512_setzero_si512();
+                        continue;
+                    }
+                    const int64_t at = (r0 + r) * rs + g0 * (pairs + 1);
+                    /* many rows are read at once, more streams than the prefetchers follow */
+                    _mm_prefetch((const char *)p->src + (at + COIL_GEMM_PREFETCH_WORDS * (pairs + 1)) * esize, _MM_HINT_T0);
+                    w[i] = coil_gemm_load_words(p->src, p->dtype, pairs, at, ng);
+                }
+                coil_gemm_transpose16(w);
+                const __mmask16 keep = coil_gemm_mask16(P - rb);
+                for (int64_t g = 0; g < ng; g++) _mm512_mask_storeu_epi32(dst + (g0 + g) * P + rb, keep, w[g]);
+            }
+        }
+        g0 = whole;
+    } else if (rs == 1) {
+        g0 = whole; /* coil_gemm_pack_by_k packed them */
+    }
+    /* what is left (other strides, the odd k of pairs), element by element */
+    for (int64_t g = g0; g < groups; g++)
+        for (int64_t r = 0; r < P; r++) {
+            if (!pairs) {
+                const float v = r < rows ? coil_gemm_load_f32(p->src, p->dtype, (r0 + r) * rs + g * ks) : 0.0f;
+                memcpy(dst + g * P + r, &v, 4);
+                continue;
+            }
+            uint16_t e[2];
+            for (int64_t i = 0; i < 2; i++)
+                e[i] = (r < rows && 2 * g + i < K) ? h[(r0 + r) * rs + (2 * g + i) * ks] : 0;
+            memcpy(dst + g * P + r, e, 4);
+        }
+}
+
+#endif
+
+void coil_gemm_pack(char *const *args, int64_t *status)
+{
+    const coil_gemm_pack_args *p = (const coil_gemm_pack_args *)args[0];
+    (void)status;
+#if defined(COIL_GEMM_HAVE_F32)
+    const int64_t groups = p->layout == COIL_GEMM_LAYOUT_BF16_PAIRS ? (p->k + 1) / 2 : p->k;
+    if (p->rs == 1 && p->ks != 1) coil_gemm_pack_by_k(p);
+    for (int64_t panel = p->lo; panel < p->hi; panel++)
+        coil_gemm_pack_panel(p, panel * p->panel, (uint32_t *)p->dst + (panel - p->lo) * p->panel * groups);
+#else
+    (void)p;
+#endif
+}
+
+typedef struct {
+    int64_t layout;
+    const void *pa;           /* this batch's packed A (all of k) */
+    const void *b;            /* this batch's B, read through the strides below */
+    int64_t b_ns, b_ks, b_dtype;
+    void *bws;                /* room for nc packed B panels of kc */
+    int64_t m, n, k;
+    int64_t kc;               /* k per block, a multiple of the layout's group */
+    int64_t nc;               /* B panels packed at once (kept in L2 while the A panels pass) */
+    int64_t mc;               /* A panels that pass one B block in a row (they stay in L2 too) */
+    int64_t i0, i1, j0, j1;   /* the tiles: A panels [i0, i1) x B panels [j0, j1) */
+    const float *bias;        /* n values (m when transposed), or NULL */
+    int64_t act;
+    void *out;                /* m x n, row stride ldo, of out_dtype */
+    int64_t ldo, out_dtype;
+    float *acc;               /* partial sums of whole tiles, row stride ldacc (several k blocks) */
+    int64_t ldacc;
+    int64_t transposed;       /* out holds the n x m transpose (row stride ldo); the bias runs
+                                 along m */
+} coil_gemm_compute_args;
+
+/* The activation over a tile of n floats (a whole tile: one vector loop without a remainder). */
+static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
+{
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) t[i] = coil_gelu_tanh_f32(t[i]);
+}
+
+#if defined(COIL_GEMM_HAVE_F32)
+/* 16 floats rounded to bf16 as coil_f32_to_bf16 rounds one (to nearest even, NaN made quiet). */
+static inline __m256i coil_gemm_bf16x16(__m512 x)
+{
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
+}
+
+/* 16 output elements from `at` (the lanes of `keep`) in the output type. f16: F16C's rounding
+   to nearest even, the prelude's coil_f32_to_f16 (subnormals, overflow to inf, quiet NaN). */
+static inline void coil_gemm_store16(const coil_gemm_compute_args *c, __m512 x, int64_t at, __mmask16 keep)
+{
+    if (c->out_dtype == COIL_GEMM_DT_F32)
+        _mm512_mask_storeu_ps((float *)c->out + at, keep, x);
+    else if (c->out_dtype == COIL_GEMM_DT_BF16)
+        _mm256_mask_storeu_epi16((uint16_t *)c->out + at, keep, coil_gemm_bf16x16(x));
+    else
+        _mm256_mask_storeu_epi16((uint16_t *)c->out + at, keep, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#endif
+
+/* The micro-kernel of one layout: an MR x NR tile in NV vectors per row, over `steps` k groups
+   of GROUP elements; a first block starts from zero, a later one from acc; a last block ends in
+   the output, an earlier one in acc. LOAD_B(p) and FMA(acc, a_ptr, b) are the layout's. */
+#define COIL_GEMM_MICRO(NAME, MR, NR, ELEM, GROUP, BVEC, LOAD_B, FMA)                               \
+    static void NAME(const coil_gemm_compute_args *c, const ELEM *a, const ELEM *b, int64_t steps, \
+                     int64_t row, int64_t col, int first, int last)                                \
+    {                                                                                              \
+        enum { NV = (NR) / 16 };                                                                   \
+        float *acc = c->acc ? c->acc + row * c->ldacc + col : 0;                                   \
+        __m512 t[MR][NV];                                                                          \
+        _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                    \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
+                t[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * c->ldacc + 16 * v); \
+        for (int64_t s = 0; s < steps; s++) {                                                      \
+            BVEC bv[NV];                                                                           \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
+                bv[v] = LOAD_B(b + (s * (NR) + 16 * v) * (GROUP));                                 \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
+                const ELEM *ap = a + (s * (MR) + r) * (GROUP);                                     \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = FMA(t[r][v], ap, bv[v]); \
+            }                                                                                      \
+        }                                                                                          \
+        if (!last) {                                                                               \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
+                    _mm512_storeu_ps(acc + r * c->ldacc + 16 * v, t[r][v]);                        \
+            return;                                                                                \
+        }                                                                                          \
+        const int64_t mv = c->m - row < (MR) ? c->m - row : (MR);                                  \
+        const int64_t nv = c->n - col < (NR) ? c->n - col : (NR);                                  \
+        if (c->bias && c->transposed) {                                                            \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
+                const __m512 bias = _mm512_set1_ps(row + r < c->m ? c->bias[row + r] : 0.0f);     \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = _mm512_add_ps(t[r][v], bias); \
+            }                                                                                      \
+        } else if (c->bias) {                                                                      \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                 \
+                const __m512 bias = _mm512_maskz_loadu_ps(coil_gemm_mask16(nv - 16 * v), c->bias + col + 16 * v); \
+                _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) t[r][v] = _mm512_add_ps(t[r][v], bias); \
+            }                                                                                      \
+        }                                                                                          \
+        if (c->act == COIL_GEMM_ACT_GELU_TANH) {                                                   \
+            float tile[(MR) * (NR)] __attribute__((aligned(64)));                                  \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
+                    _mm512_store_ps(tile + r * (NR) + 16 * v, t[r][v]);                            \
+            coil_gemm_gelu_tile(tile, (MR) * (NR));                                                \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
+                    t[r][v] = _mm512_load_ps(tile + r * (NR) + 16 * v);                            \
+        }                                                                                          \
+        /* rounded and stored from the registers */                                                \
+        if (c->transposed) {                                                                       \
+            /* each 16 columns of the tile transposed: 16 rows of out, mv elements each */         \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                 \
+                __m512i w[16];                                                                     \
+                _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)                              \
+                    w[r] = r < (MR) ? _mm512_castps_si512(t[r < (MR) ? r : 0][v]) : _mm512_setzero_si512(); \
+                coil_gemm_transpose16(w);                                                          \
+                for (int64_t q = 0; q < 16 && 16 * v + q < nv; q++)                                \
+                    coil_gemm_store16(c, _mm512_castsi512_ps(w[q]), (col + 16 * v + q) * c->ldo + row, coil_gemm_mask16(mv)); \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                                  \
+            if (r >= mv) break;                                                                    \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
+                coil_gemm_store16(c, t[r][v], (row + r) * c->ldo + col + 16 * v, coil_gemm_mask16(nv - 16 * v)); \
+        }                                                                                          \
+    }
+
+#if COIL_GEMM_MR_F32 > 16 || COIL_GEMM_MR_BF16 > 16
+#error "a transposed tile store transposes 16 rows at most"
+#endif
+
+#if defined(COIL_GEMM_HAVE_F32)
+#define COIL_GEMM_LOAD_F32(p) _mm512_loadu_ps(p)
+#define COIL_GEMM_FMA_F32(acc, ap, b) _mm512_fmadd_ps(_mm512_set1_ps(*(ap)), (b), (acc))
+COIL_GEMM_MICRO(coil_gemm_micro_f32, COIL_GEMM_MR_F32, COIL_GEMM_NR_F32, float, 1, __m512,
+                COIL_GEMM_LOAD_F32, COIL_GEMM_FMA_F32)
+#endif
+
+#if defined(COIL_GEMM_HAVE_BF16)
+#define COIL_GEMM_LOAD_PAIRS(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+#define COIL_GEMM_FMA_PAIRS(acc, ap, b) \
+    _mm512_dpbf16_ps((acc), (__m512bh)_mm512_set1_epi32(*(const int32_t *)(ap)), (b))
+COIL_GEMM_MICRO(coil_gemm_micro_pairs, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, __m512bh,
+                COIL_GEMM_LOAD_PAIRS, COIL_GEMM_FMA_PAIRS)
+#endif
+
+/* The tiles [i0, i1) x [j0, j1): for each block of nc B panels and each block of kc, the B
+   block is packed into bws; blocks of mc A panels then pass it, each A panel meeting every B
+   panel of the block while both stay in L2. */
+void coil_gemm_compute(char *const *args, int64_t *status)
+{
+    const coil_gemm_compute_args *c = (const coil_gemm_compute_args *)args[0];
+    (void)status;
+#if defined(COIL_GEMM_HAVE_F32)
+    const int pairs = c->layout == COIL_GEMM_LAYOUT_BF16_PAIRS;
+    const int64_t group = pairs ? 2 : 1, kp = (c->k + group - 1) / group * group;
+    const int64_t mr = pairs ? COIL_GEMM_MR_BF16 : COIL_GEMM_MR_F32;
+    const int64_t nr = pairs ? COIL_GEMM_NR_BF16 : COIL_GEMM_NR_F32;
+    const int64_t b_size = c->b_dtype == COIL_GEMM_DT_F32 ? 4 : 2;
+    for (int64_t jb = c->j0; jb < c->j1; jb += c->nc) {
+        const int64_t je = jb + c->nc < c->j1 ? jb + c->nc : c->j1;
+        /* one block when k is 0: the tiles are the bias */
+        for (int64_t k0 = 0; k0 < kp || k0 == 0; k0 += c->kc) {
+            const int64_t kb = kp - k0 < c->kc ? kp - k0 : c->kc;
+            const int first = k0 == 0, last = k0 + c->kc >= kp;
+            const int64_t k_in = c->k - k0 < kb ? c->k - k0 : kb;
+            coil_gemm_pack_args pack = {(const char *)c->b + k0 * c->b_ks * b_size, c->b_ns, c->b_ks, c->n, k_in,
+                                        pairs ? COIL_GEMM_DT_BF16 : c->b_dtype, c->layout, nr, jb, je, c->bws};
+            if (kb > 0) {
+                char *pack_args[1] = {(char *)&pack};
+                coil_gemm_pack(pack_args, status);
+            }
+            for (int64_t ib = c->i0; ib < c->i1; ib += c->mc)
+            for (int64_t j = jb; j < je; j++) {
+                for (int64_t i = ib; i < ib + c->mc && i < c->i1; i++) {
+#if defined(COIL_GEMM_HAVE_BF16)
+                    if (pairs) {
+                        const uint16_t *a = (const uint16_t *)c->pa + i * mr * kp + k0 * mr;
+                        const uint16_t *b = (const uint16_t *)c->bws + (j - jb) * nr * kb;
+                        coil_gemm_micro_pairs(c, a, b, kb / 2, i * mr, j * nr, first, last);
+                        continue;
+                    }
+#endif
+                    const float *a = (const float *)c->pa + i * mr * kp + k0 * mr;
+                    const float *b = (const float *)c->bws + (j - jb) * nr * kb;
+                    coil_gemm_micro_f32(c, a, b, kb, i * mr, j * nr, first, last);
+                }
+            }
+        }
+    }
+#else
+    (void)c;
+#endif
+}

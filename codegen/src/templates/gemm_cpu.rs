@@ -1,0 +1,292 @@
+//! The CPU matrix product template (`gemm_cpu.c`): packed operands, cache blocking and
+//! AVX-512 micro-kernels, for `ExternCall::Bmm` on f32, f16 and bf16 (the runtime's
+//! `coil_runtime::cpu::gemm_packed` compiles [`source`] once per process with the system C
+//! compiler and runs it on its thread pool).
+//!
+//! Both operands are packed into panels read with unit stride, whatever their strides: A in
+//! panels of [`Layout::tile`]`.0` rows (MR), B in panels of `.1` columns (NR), each panel
+//! `[k / group][rows][group]` 32-bit words, zero-padded to whole panels and groups:
+//!
+//! * [`Layout::Bf16Pairs`] (bf16 where the CPU has AVX512-BF16): words are pairs of bf16 along
+//!   k, multiplied and summed into f32 by `vdpbf16ps` (oneDNN's instruction for PyTorch's bf16
+//!   products): 2 k per instruction. Its inputs' subnormals count as zero, as oneDNN's do;
+//! * [`Layout::F32`] (f32, f16, and bf16 without AVX512-BF16): words are floats, f16 and bf16
+//!   widened exactly while packing; `vfmadd` over k.
+//!
+//! A micro-kernel keeps an MR x NR tile of f32 sums in registers. After the last block of k
+//! the tile gets the bias, the activation (the prelude's `coil_gelu_tanh_f32`, the function a
+//! generated kernel computes) and is rounded once to the output type: a bf16 product is
+//! accumulated in f32 and rounded once, as PyTorch's. When k is split into blocks
+//! ([`Blocking::kc`]), the sums of earlier blocks wait in an f32 scratch.
+//!
+//! The runtime packs all of A first (in parallel, [`PackArgs`]), then runs tiles in parallel
+//! ([`ComputeArgs`]): each task packs its B panels a block at a time into its own workspace
+//! (`nc` panels of `kc`, kept in L2) and passes blocks of `mc` A panels over it. B is thus read
+//! once where A is read, written and read again, so the runtime makes the larger operand B:
+//! for `m >= 2n` it computes `b^T a^T` into a transposed output ([`ComputeArgs::transposed`]).
+//!
+//! Without AVX-512 (F, BW, VL) the library serves nothing ([`FEATURES_KERNEL`] says so) and
+//! the runtime multiplies with the `gemm` crate instead.
+
+use crate::c::prelude;
+use coil_ir::DType;
+use std::ffi::c_void;
+
+/// The C of the template (it needs the prelude and the tile sizes before it: [`source`]).
+pub const SOURCE: &str = include_str!("gemm_cpu.c");
+
+/// `coil_gemm_features`: writes the bits of the [`Layout`]s this build and CPU serve
+/// ([`Layout::feature_bit`]) to the `int64_t` at `args[0]`.
+pub const FEATURES_KERNEL: &str = "coil_gemm_features";
+
+/// `coil_gemm_pack`: packs panels of one operand ([`PackArgs`] at `args[0]`).
+pub const PACK_KERNEL: &str = "coil_gemm_pack";
+
+/// `coil_gemm_compute`: a range of output tiles ([`ComputeArgs`] at `args[0]`).
+pub const COMPUTE_KERNEL: &str = "coil_gemm_compute";
+
+/// How packed operands hold their elements, and so which micro-kernel multiplies them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// One f32 per word; f32 FMA.
+    F32,
+    /// Two bf16 of consecutive k per word; `vdpbf16ps`.
+    Bf16Pairs,
+}
+
+impl Layout {
+    /// Elements of k per word.
+    pub fn group(self) -> usize {
+        match self {
+            Layout::F32 => 1,
+            Layout::Bf16Pairs => 2,
+        }
+    }
+
+    /// The micro-kernel's tile: (MR rows of A, NR columns of B). NR is a multiple of 16 (f32
+    /// lanes of a vector); MR x NR / 16 accumulators and the NR / 16 vectors of B fill most of
+    /// the 32 vector registers.
+    ///
+    /// ```
+    /// use coil_codegen::templates::gemm_cpu::Layout;
+    /// assert_eq!(Layout::Bf16Pairs.tile().1 % 16, 0);
+    /// ```
+    pub fn tile(self) -> (usize, usize) {
+        match self {
+            Layout::F32 => (12, 32),
+            Layout::Bf16Pairs => (12, 32),
+        }
+    }
+
+    /// Bytes of one element in a panel.
+    pub fn element_bytes(self) -> usize {
+        4 / self.group()
+    }
+
+    /// Its bit in [`FEATURES_KERNEL`]'s answer.
+    pub fn feature_bit(self) -> i64 {
+        match self {
+            Layout::F32 => 1,
+            Layout::Bf16Pairs => 2,
+        }
+    }
+
+    /// Its code in [`PackArgs::layout`] and [`ComputeArgs::layout`].
+    pub fn code(self) -> i64 {
+        match self {
+            Layout::F32 => 0,
+            Layout::Bf16Pairs => 1,
+        }
+    }
+
+    /// 32-bit words of `rows x k` packed in panels of `panel` rows: whole panels of whole
+    /// groups.
+    ///
+    /// ```
+    /// use coil_codegen::templates::gemm_cpu::Layout;
+    /// assert_eq!(Layout::Bf16Pairs.packed_words(13, 5, 12), 2 * 12 * 3);
+    /// assert_eq!(Layout::F32.packed_words(12, 5, 12), 12 * 5);
+    /// ```
+    pub fn packed_words(self, rows: usize, k: usize, panel: usize) -> usize {
+        rows.div_ceil(panel) * panel * k.div_ceil(self.group())
+    }
+}
+
+/// The template's code for an operand or output element type (f32, f16, bf16); `None` for
+/// others.
+pub fn dtype_code(dtype: DType) -> Option<i64> {
+    match dtype {
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        _ => None,
+    }
+}
+
+/// [`ComputeArgs::act`] without an activation.
+pub const ACT_NONE: i64 = 0;
+/// [`ComputeArgs::act`] for the tanh GELU.
+pub const ACT_GELU_TANH: i64 = 1;
+
+/// The translation unit: the C prelude (conversions, GELU), the tile sizes, [`SOURCE`].
+pub fn source() -> String {
+    let (mr_f32, nr_f32) = Layout::F32.tile();
+    let (mr_pairs, nr_pairs) = Layout::Bf16Pairs.tile();
+    format!(
+        "{}\n#define COIL_GEMM_MR_F32 {mr_f32}\n#define COIL_GEMM_NR_F32 {nr_f32}\n\
+         #define COIL_GEMM_MR_BF16 {mr_pairs}\n#define COIL_GEMM_NR_BF16 {nr_pairs}\n{SOURCE}",
+        prelude()
+    )
+}
+
+/// The arguments of [`PACK_KERNEL`] (`coil_gemm_pack_args`): panels `[lo, hi)` of a
+/// `rows x k` matrix read at `src` through element strides, packed from `dst` on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PackArgs {
+    pub src: *const c_void,
+    /// Elements between rows (A: along m; B: along n).
+    pub rs: i64,
+    /// Elements along k.
+    pub ks: i64,
+    pub rows: i64,
+    pub k: i64,
+    /// [`dtype_code`] of `src`.
+    pub dtype: i64,
+    /// [`Layout::code`].
+    pub layout: i64,
+    /// Rows per panel.
+    pub panel: i64,
+    pub lo: i64,
+    pub hi: i64,
+    /// Where panel `lo` goes; panel `p` at word `(p - lo) * panel * groups`.
+    pub dst: *mut c_void,
+}
+
+/// The arguments of [`COMPUTE_KERNEL`] (`coil_gemm_compute_args`): the tiles of A panels
+/// `[i0, i1)` by B panels `[j0, j1)` of one product.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ComputeArgs {
+    /// [`Layout::code`].
+    pub layout: i64,
+    /// A packed in panels of MR rows, all of k.
+    pub pa: *const c_void,
+    /// B, read through element strides along n and along k.
+    pub b: *const c_void,
+    pub b_ns: i64,
+    pub b_ks: i64,
+    /// [`dtype_code`] of `b`.
+    pub b_dtype: i64,
+    /// Room for `nc` packed B panels of `kc` ([`Blocking::workspace_words`]), 64-byte aligned.
+    pub bws: *mut c_void,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    pub kc: i64,
+    pub nc: i64,
+    pub mc: i64,
+    pub i0: i64,
+    pub i1: i64,
+    pub j0: i64,
+    pub j1: i64,
+    /// `n` floats added to every row (`m`, one per row, when `transposed`), or null.
+    pub bias: *const f32,
+    /// [`ACT_NONE`] or [`ACT_GELU_TANH`].
+    pub act: i64,
+    /// The `m x n` output, row stride `ldo` elements, of [`dtype_code`] `out_dtype`.
+    pub out: *mut c_void,
+    pub ldo: i64,
+    pub out_dtype: i64,
+    /// With several blocks of k: f32 partial sums of whole tiles (`ceil(m / MR) * MR` rows),
+    /// row stride `ldacc` (at least `ceil(n / NR) * NR`); else null.
+    pub acc: *mut f32,
+    pub ldacc: i64,
+    /// Nonzero: `out` holds the `n x m` transpose of the product (row stride `ldo`), and the
+    /// bias has `m` values, one per row of the product (the runtime multiplies `b^T a^T` so
+    /// that the larger operand is B: see `coil_runtime::cpu::gemm_packed`).
+    pub transposed: i64,
+}
+
+/// Cache blocking of one product: `kc` elements of k per block (a multiple of the group), `nc`
+/// B panels packed at once and `mc` A panels passing over them, sized for an L2 of 1 MiB or
+/// more (every AVX-512 core since Skylake-SP) with `kc` covering all of k up to a few thousand:
+/// one block of k means no partial sums to store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocking {
+    pub kc: usize,
+    pub nc: usize,
+    pub mc: usize,
+}
+
+/// Most elements of k per block, in bytes of a panel row (`kc * element_bytes`).
+const KC_BYTES: usize = 8192;
+/// Bytes of packed B a task keeps in L2 at once.
+const B_BLOCK_BYTES: usize = 384 << 10;
+/// Bytes of packed A that pass one B block before the next A block (also in L2).
+const A_BLOCK_BYTES: usize = 384 << 10;
+
+impl Blocking {
+    /// The blocking for `k` (any `m`, `n`): k in near-equal blocks of at most
+    /// [`KC_BYTES`] / element bytes.
+    ///
+    /// ```
+    /// use coil_codegen::templates::gemm_cpu::{Blocking, Layout};
+    /// let b = Blocking::choose(Layout::Bf16Pairs, 896);
+    /// assert_eq!(b.kc, 896);
+    /// let long = Blocking::choose(Layout::F32, 4097);
+    /// assert!(long.kc < 4097 && long.kc * 3 >= 4097);
+    /// ```
+    pub fn choose(layout: Layout, k: usize) -> Blocking {
+        let (mr, nr) = layout.tile();
+        let group = layout.group();
+        let bytes = layout.element_bytes();
+        let kp = k.div_ceil(group) * group;
+        let max = (KC_BYTES / bytes).max(group);
+        let blocks = kp.div_ceil(max).max(1);
+        let kc = (kp.div_ceil(blocks).div_ceil(group) * group).max(group);
+        let nc = (B_BLOCK_BYTES / (kc * nr * bytes)).max(1);
+        let mc = (A_BLOCK_BYTES / (kc * mr * bytes)).max(1);
+        Blocking { kc, nc, mc }
+    }
+
+    /// Blocks of k for `k` elements (at least 1: with k = 0 one block writes the bias).
+    pub fn k_blocks(&self, layout: Layout, k: usize) -> usize {
+        let kp = k.div_ceil(layout.group()) * layout.group();
+        kp.div_ceil(self.kc).max(1)
+    }
+
+    /// 32-bit words of a task's B workspace ([`ComputeArgs::bws`]).
+    pub fn workspace_words(&self, layout: Layout) -> usize {
+        self.nc * layout.tile().1 * self.kc / layout.group()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_of_k_cover_k_in_whole_groups() {
+        for layout in [Layout::F32, Layout::Bf16Pairs] {
+            for k in [0, 1, 2, 3, 191, 896, 2047, 2048, 2049, 3648, 4096, 10000] {
+                let b = Blocking::choose(layout, k);
+                assert_eq!(b.kc % layout.group(), 0, "{layout:?} k={k}");
+                assert!(b.kc * b.k_blocks(layout, k) >= k, "{layout:?} k={k}");
+                // near-equal blocks: the last one is not a sliver
+                assert!(b.kc * (b.k_blocks(layout, k) - 1) < k.max(1), "{layout:?} k={k}");
+                assert!(b.kc * layout.element_bytes() <= KC_BYTES.max(4));
+                assert!(b.nc >= 1 && b.mc >= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn the_source_defines_the_tiles_and_every_entry_point() {
+        let s = source();
+        assert!(s.contains(&format!("#define COIL_GEMM_NR_BF16 {}", Layout::Bf16Pairs.tile().1)));
+        for name in [FEATURES_KERNEL, PACK_KERNEL, COMPUTE_KERNEL] {
+            assert!(s.contains(&format!("void {name}(char *const *args, int64_t *status)")), "{name}");
+        }
+    }
+}
