@@ -326,3 +326,18 @@ pub fn build_and_compile(program: &LoopProgram, kernels: &[FusedKernel]) -> (CLi
 pub fn ptr<T>(v: &mut [T]) -> *mut u8 {
     v.as_mut_ptr() as *mut u8
 }
+
+/// `x.sum(dim)` of f32 `[rows, cols]`, `dim` 0 or 1.
+pub fn sum_dim(rows: usize, cols: usize, dim: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
+    let f = DType::F32;
+    let mut p = Prog::default();
+    let x = p.input(&[rows, cols], f);
+    let (outs, red) = if dim == 0 { (cols, rows) } else { (rows, cols) };
+    let (xv, rv) = (xs(&[outs])[0], rs(&[red])[0]);
+    let index = if dim == 0 { rv * cols as i64 + xv } else { xv * cols as i64 + rv };
+    let mut b = B::default();
+    let l = b.load(x, index, f);
+    let s = p.reduction(&[outs], &[red], ReduceOp::Sum, f, b.done(l));
+    p.output(s);
+    (p.p, kernel("per_fused_sum_0", kind, vec![0], outs, Some(red), vec![s]))
+}

@@ -167,18 +167,28 @@ pub fn check(case: &Case, device: Device) -> std::result::Result<(), String> {
         return Err(fail(format!("{calls} attention calls in\n{}", compiled.pre_fusion)));
     }
     let got = y.to_vec::<f64>().map_err(|e| fail(format!("compiled run: {e}")))?;
-    let tolerance = if case.dtype == DType::F32 { 1e-5 } else { 1e-2 };
-    let err = rel_error(&got, &reference);
+    agrees(&got, &reference, case.dtype).map_err(fail)
+}
+
+/// The compiled result against the interpreter's: relative RMS error at most 1e-5 for f32,
+/// 1e-2 for the half types.
+pub fn agrees(got: &[f64], reference: &[f64], dtype: DType) -> std::result::Result<(), String> {
+    let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+    let err = rel_error(got, reference);
     if got.len() != reference.len() || err > tolerance {
-        return Err(fail(format!("relative error {err:.2e} (tolerance {tolerance:.0e})")));
+        return Err(format!("relative error {err:.2e} (tolerance {tolerance:.0e})"));
     }
     Ok(())
 }
 
-/// Every case on `device`; all failures reported at once.
-pub fn check_all(device: Device) {
-    let failures: Vec<String> = cases().iter().filter_map(|c| check(c, device).err()).collect();
+/// Puts the backend and device back, then fails with every failure at once.
+pub fn report(failures: Vec<String>) {
     coil::set_backend(Backend::Compiled);
     coil::set_default_device(Device::Cpu);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Every case on `device`; all failures reported at once.
+pub fn check_all(device: Device) {
+    report(cases().iter().filter_map(|c| check(c, device).err()).collect());
 }

@@ -6,7 +6,7 @@
 //! prefix is kept: the split kernels on CUDA), masks broadcast over the heads, added masks, and
 //! rows that keep no key (0, as PyTorch).
 
-use super::{normals, rel_error, tensor};
+use super::{agrees, normals, report, tensor};
 use coil::{Backend, DType, Device, Result, Tensor};
 
 /// What a case's mask keeps.
@@ -130,18 +130,10 @@ pub fn check_masked(case: &MaskedCase, device: Device) -> std::result::Result<()
         return Err(fail(format!("a buffer of the scores' size: {} {}", b.name, b.meta)));
     }
     let got = y.to_vec::<f64>().map_err(|e| fail(format!("compiled run: {e}")))?;
-    let tolerance = if case.dtype == DType::F32 { 1e-5 } else { 1e-2 };
-    let err = rel_error(&got, &reference);
-    if got.len() != reference.len() || err > tolerance {
-        return Err(fail(format!("relative error {err:.2e} (tolerance {tolerance:.0e})")));
-    }
-    Ok(())
+    agrees(&got, &reference, case.dtype).map_err(fail)
 }
 
 /// Every masked case on `device`; all failures reported at once.
 pub fn check_masked_all(device: Device) {
-    let failures: Vec<String> = masked_cases().iter().filter_map(|c| check_masked(c, device).err()).collect();
-    coil::set_backend(Backend::Compiled);
-    coil::set_default_device(Device::Cpu);
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    report(masked_cases().iter().filter_map(|c| check_masked(c, device).err()).collect());
 }

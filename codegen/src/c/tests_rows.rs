@@ -7,19 +7,6 @@ use coil_ir::loops::ScalarOp;
 use coil_ir::UnaryOp;
 use half::bf16;
 
-/// `x.sum(1)` of an f32 `[rows, cols]`, one looped kernel.
-fn row_sum(rows: usize, cols: usize) -> (coil_ir::loops::LoopProgram, coil_ir::kernel::FusedKernel) {
-    let f = DType::F32;
-    let mut p = Prog::default();
-    let x = p.input(&[rows, cols], f);
-    let (xv, rv) = (xs(&[rows])[0], rs(&[cols])[0]);
-    let mut b = B::default();
-    let l = b.load(x, xv * cols as i64 + rv, f);
-    let sum = p.reduction(&[rows], &[cols], ReduceOp::Sum, f, b.done(l));
-    p.output(sum);
-    (p.p, kernel("red_fused_sum_0", KernelKind::LoopedReduction, vec![0], rows, Some(cols), vec![sum]))
-}
-
 /// Rows shorter than a block, of whole blocks and of blocks and a part, whose terms cancel
 /// (magnitudes 1e3 with a sum near 0, and small terms beside them): every sum is within the
 /// bound of `rloop`'s doc of the exact one.
@@ -28,8 +15,8 @@ fn float_sums_add_in_lanes_by_blocks() {
     let block = rloop::SUM_BLOCK as usize;
     for cols in [100, block, 2 * block + 1808] {
         let rows = 3;
-        let (p, k) = row_sum(rows, cols);
-        let (lib, tiles) = build_and_compile(&p, &[k]);
+        let (p, k) = sum_dim(rows, cols, 1, KernelKind::LoopedReduction);
+        let (lib, tiles) = build_and_compile(&p, std::slice::from_ref(&k));
         let c = emit_kernel(&tiles[0]);
         assert!(c.contains("#pragma omp simd reduction(+:lacc1)") && c.contains("acc1 += (double)lacc1;"), "{c}");
         assert_eq!(c.contains(&format!("rblock += {block}")), cols > block, "{c}");
@@ -41,7 +28,7 @@ fn float_sums_add_in_lanes_by_blocks() {
             })
             .collect();
         let mut out = vec![0f32; rows];
-        assert_eq!(lib.run("red_fused_sum_0", &[ptr(&mut x), ptr(&mut out)]), [0; 4]);
+        assert_eq!(lib.run(&k.name, &[ptr(&mut x), ptr(&mut out)]), [0; 4]);
         for r in 0..rows {
             let row = &x[r * cols..(r + 1) * cols];
             let exact: f64 = row.iter().map(|&v| v as f64).sum();

@@ -366,21 +366,6 @@ pub(crate) fn col_sum(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgra
     sum_dim(rows, cols, 0, kind)
 }
 
-/// `x.sum(dim)` of f32 `[rows, cols]`, `dim` 0 or 1.
-fn sum_dim(rows: usize, cols: usize, dim: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
-    let f = DType::F32;
-    let mut p = Prog::default();
-    let x = p.input(&[rows, cols], f);
-    let (outs, red) = if dim == 0 { (cols, rows) } else { (rows, cols) };
-    let (xv, rv) = (xs(&[outs])[0], rs(&[red])[0]);
-    let index = if dim == 0 { rv * cols as i64 + xv } else { xv * cols as i64 + rv };
-    let mut b = B::default();
-    let l = b.load(x, index, f);
-    let s = p.reduction(&[outs], &[red], ReduceOp::Sum, f, b.done(l));
-    p.output(s);
-    (p.p, kernel("per_fused_sum_0", kind, vec![0], outs, Some(red), vec![s]))
-}
-
 #[test]
 fn one_block_kernels_keep_their_chunk_loop() {
     // one row of 8192 f32: one block of 1024 threads, 2 chunks of 4 each; a latency-bound tail
