@@ -14,7 +14,9 @@ struct CoilAttnOperand { long long offset, outer, inner, row, col; };
    includer: a host emulation of the instructions, for testing the kernels' index math off a
    GPU (runtime/src/cuda/attention_emulation.rs). */
 #ifndef COIL_ATTENTION_EMULATED
-/* The shared-state-space address of a generic pointer into shared memory. */
+/* The shared-state-space address of a generic pointer into shared memory. Callers add byte
+   offsets to the address of a tile's start, so that the conversion is done once per tile and the
+   offsets stay 32-bit (a generic pointer per element costs a 64-bit multiply-add each). */
 COIL_D coil_u32 coil_smem(const void *p) {
     coil_u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -62,14 +64,17 @@ template <bool BF16> COIL_D coil_u32 coil_pack(float lo, float hi) {
     }
     return r;
 }
+/* Subnormal inputs and results flush to zero (.ftz): one MUFU instruction, where the
+   subnormal-preserving form takes four. The kernels' exponents are of differences from a
+   running maximum, and a term below 2^-126 of the row's largest changes no rounded sum. */
 COIL_D float coil_exp2(float x) {
     float y;
-    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
 COIL_D float coil_log2(float x) {
     float y;
-    asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
 COIL_D float coil_f16_to_f32(coil_u16 h) {
@@ -110,17 +115,33 @@ COIL_D long long coil_batch_base(const CoilAttnOperand &x, int heads) {
 
 /* Rows [first, first + 64) of an operand (unit column stride, 16-byte aligned rows) into a
    shared tile of PITCH-element rows by cp.async, 128 threads; rows >= nrows and columns >= d
-   read as zeros. */
+   read as zeros. When the 16-byte chunks of a row divide 128, a thread copies the same chunk
+   of every (128 / chunks)-th row: one address computed per call, then a constant step (the
+   per-copy 64-bit index products would otherwise dominate a tile's integer work). */
 template <int DP>
 COIL_D void coil_tile_load(coil_u16 *tile, const coil_u16 *base, long long row_stride, int first, int nrows, int d) {
-    constexpr int CHUNKS = DP / 8, PITCH = DP + 8;
+    constexpr int CHUNKS = DP / 8, PITCH = DP + 8, COPIES = 64 * CHUNKS / 128;
+    const coil_u32 dst = coil_smem(tile);
+    if constexpr (128 % CHUNKS == 0) {
+        constexpr int STEP = 128 / CHUNKS; /* rows between one thread's copies */
+        const int r0 = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+        const bool in_row = c * 8 < d;
+        const coil_u16 *src = base + (long long)(first + r0) * row_stride + c * 8;
+        const long long step = STEP * row_stride;
 #pragma unroll
-    for (int it = 0; it < 64 * CHUNKS / 128; ++it) {
-        const int i = threadIdx.x + it * 128;
-        const int r = i / CHUNKS, c = i - r * CHUNKS;
-        const bool valid = first + r < nrows && c * 8 < d;
-        const coil_u16 *src = valid ? base + (long long)(first + r) * row_stride + c * 8 : base;
-        coil_cp_async16(coil_smem(tile + r * PITCH + c * 8), src, valid);
+        for (int it = 0; it < COPIES; ++it) {
+            const bool valid = in_row && first + r0 + it * STEP < nrows;
+            coil_cp_async16(dst + 2 * ((r0 + it * STEP) * PITCH + c * 8), valid ? src + it * step : base, valid);
+        }
+    } else {
+#pragma unroll
+        for (int it = 0; it < COPIES; ++it) {
+            const int i = threadIdx.x + it * 128;
+            const int r = i / CHUNKS, c = i - r * CHUNKS;
+            const bool valid = first + r < nrows && c * 8 < d;
+            const coil_u16 *src = valid ? base + (long long)(first + r) * row_stride + c * 8 : base;
+            coil_cp_async16(dst + 2 * (r * PITCH + c * 8), src, valid);
+        }
     }
 }
 
@@ -151,7 +172,7 @@ template <int DP> COIL_D void coil_a_frags(const coil_u16 *tile, int r0, coil_u3
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kc = 0; kc < DP / 16; ++kc)
-        coil_ldmatrix_x4(coil_smem(tile + (r0 + (lane & 15)) * PITCH + kc * 16 + (lane >> 4) * 8), a[kc]);
+        coil_ldmatrix_x4(coil_smem(tile) + 2 * ((r0 + (lane & 15)) * PITCH + kc * 16 + (lane >> 4) * 8), a[kc]);
 }
 
 /* acc (16 x 8 JT: JT n-tiles of 8) += A (16 x DP, fragments) B^T, where B is the first 8 JT rows
@@ -166,7 +187,7 @@ COIL_D void coil_mma_abt(float (*acc)[4], coil_u32 (*a)[4], const coil_u16 *tile
         for (int j = 0; j < JT; j += 2) {
             /* Matrices: rows of n-tiles j, j+1 (lane / 16) x column halves of chunk kc ((lane / 8) % 2). */
             coil_u32 b[4];
-            coil_ldmatrix_x4(coil_smem(tile + ((j + (lane >> 4)) * 8 + (lane & 7)) * PITCH + kc * 16 + ((lane >> 3) & 1) * 8), b);
+            coil_ldmatrix_x4(coil_smem(tile) + 2 * (((j + (lane >> 4)) * 8 + (lane & 7)) * PITCH + kc * 16 + ((lane >> 3) & 1) * 8), b);
             coil_mma<BF16>(acc[j], a[kc], b[0], b[1]);
             coil_mma<BF16>(acc[j + 1], a[kc], b[2], b[3]);
         }
@@ -191,7 +212,7 @@ COIL_D void coil_mma_ab(float (*acc)[4], float (*p)[4], const coil_u16 *tile) {
         for (int n = 0; n < DP / 8; n += 2) {
             /* Matrices: row halves of chunk kc ((lane / 8) % 2) x column tiles n, n+1 (lane / 16). */
             coil_u32 b[4];
-            coil_ldmatrix_x4_trans(coil_smem(tile + (kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * PITCH + (n + (lane >> 4)) * 8), b);
+            coil_ldmatrix_x4_trans(coil_smem(tile) + 2 * ((kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * PITCH + (n + (lane >> 4)) * 8), b);
             coil_mma<BF16>(acc[n], pa, b[0], b[1]);
             coil_mma<BF16>(acc[n + 1], pa, b[2], b[3]);
         }
