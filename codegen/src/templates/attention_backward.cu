@@ -105,7 +105,9 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
         __syncthreads();
 
         /* S^T = K Q^T: this warp's 16 keys x 64 rows; then P^T in place, 0 where masked (rows
-           past the end, keys after the row when causal). */
+           past the end, keys after the row when causal: only in an edge tile, the last query
+           block or the diagonal one). */
+        const bool edge = row0 + BLOCK > p.l || (p.causal && key0 + BLOCK - 1 > row0);
         coil_u32 af[HOLD ? 1 : KC][4];
         float st[8][4], dpt[8][4];
 #pragma unroll
@@ -119,9 +121,13 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int key = key0 + warp * 16 + g + (e >> 1) * 8, i = j * 8 + 2 * t + (e & 1), row = row0 + i;
-                const bool seen = row < p.l && !(p.causal && key > row);
-                st[j][e] = seen ? coil_exp2(st[j][e] * p.scale_log2 - s_lse[i]) : 0.f;
+                const int i = j * 8 + 2 * t + (e & 1);
+                float x = coil_exp2(st[j][e] * p.scale_log2 - s_lse[i]);
+                if (edge) {
+                    const int key = key0 + warp * 16 + g + (e >> 1) * 8, row = row0 + i;
+                    if (row >= p.l || (p.causal && key > row)) x = 0.f;
+                }
+                st[j][e] = x;
             }
         }
         coil_mma_ab<DP, BF16>(dv_acc, st, sdo); /* dV += P^T dO */
@@ -200,7 +206,9 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
         __syncthreads();
 
         /* S = Q K^T and P in place (0 for keys past the end, and after the row when causal);
-           dP = dO V^T and dS = P (dP - delta) in place. */
+           dP = dO V^T and dS = P (dP - delta) in place. Masking only in an edge tile: the last
+           key block, or the diagonal one of this warp's rows. */
+        const bool edge = key0 + BLOCK > p.s || (p.causal && key0 + BLOCK - 1 > first);
         coil_u32 af[HOLD ? 1 : KC][4];
         float s[8][4], dp[8][4];
 #pragma unroll
@@ -216,9 +224,11 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int key = key0 + j * 8 + 2 * t + (e & 1), row = first + g + (e >> 1) * 8;
-                const bool seen = key < p.s && !(p.causal && key > row);
-                const float pj = seen ? coil_exp2(s[j][e] * p.scale_log2 - lse2[e >> 1]) : 0.f;
+                float pj = coil_exp2(s[j][e] * p.scale_log2 - lse2[e >> 1]);
+                if (edge) {
+                    const int key = key0 + j * 8 + 2 * t + (e & 1), row = first + g + (e >> 1) * 8;
+                    if (key >= p.s || (p.causal && key > row)) pj = 0.f;
+                }
                 s[j][e] = pj * (dp[j][e] - dl[e >> 1]);
             }
         }
