@@ -15,6 +15,7 @@ use crate::cpu::attention::{attention_bytes, MaskBytes};
 use crate::cpu::attention_backward::{attention_backward_bytes, BackwardBuffers};
 use coil_codegen::templates::attention::{AttentionKernel, ForwardLaunch};
 use coil_ir::loops::BufferId;
+use coil_ir::target::GpuTarget;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -402,7 +403,8 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             AttentionKernel::SplitMma { .. } | AttentionKernel::SplitSimple { .. } => {
                 let sm_major =
                     if matches!(c.kernel, AttentionKernel::SplitSimple { dtype: DType::BF16, .. }) { 7 } else { 9 };
-                let launch = ForwardLaunch::choose(dtype, d, sm_major, c.sm_count, count, l, s, c.causal).unwrap();
+                let target = GpuTarget { compute_capability: (sm_major, 0), sm_count: c.sm_count, ..GpuTarget::h100() };
+                let launch = ForwardLaunch::choose(dtype, d, &target, count, l, s, c.causal).unwrap();
                 assert_eq!(launch.kernel, c.kernel, "the launch rule's kernel");
                 launch
             }
