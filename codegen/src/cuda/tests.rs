@@ -119,7 +119,7 @@ F2(fmod) F2(copysign) F2(pow) F2(atan2)
 "#;
 
 /// Checks `src` with `g++ -fsyntax-only` through [`HARNESS`]; skipped without a host `g++`.
-pub(super) fn syntax_check(src: &str) {
+pub(crate) fn syntax_check(src: &str) {
     let dir = std::env::temp_dir().join(format!("coil-cuda-syntax-{}-{}", std::process::id(), fastrand()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("harness.h"), HARNESS).unwrap();

@@ -58,8 +58,9 @@
 use coil_ir::target::{GpuTarget, TensorCores};
 use coil_ir::{DType, Error, Result};
 
-/// What the forward and backward kernels share (helpers, the operand struct, the PTX wrappers).
-pub const COMMON_SOURCE: &str = include_str!("attention_common.cuh");
+/// What the forward and backward kernels share: the templates' 16-bit conversions
+/// ([`HALF_SOURCE`](super::HALF_SOURCE)), then helpers, the operand struct, the PTX wrappers.
+pub const COMMON_SOURCE: &str = concat!(include_str!("half.cuh"), "\n", include_str!("attention_common.cuh"));
 
 /// The forward kernels.
 pub const FORWARD_SOURCE: &str = include_str!("attention_forward.cu");

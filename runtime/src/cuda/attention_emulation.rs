@@ -14,13 +14,17 @@ use super::*;
 use crate::cpu::attention::{attention_bytes, MaskBytes};
 use crate::cpu::attention_backward::{attention_backward_bytes, BackwardBuffers};
 use coil_codegen::templates::attention::{AttentionKernel, ForwardLaunch};
+use coil_codegen::templates::BLOCK_EMULATION;
 use coil_ir::loops::BufferId;
 use coil_ir::target::GpuTarget;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The warp-level helpers the templates leave to the includer, in C++.
-const EMULATION_HEADER: &str = concat!(include_str!("block_emulation.h"), include_str!("attention_emulation.h"));
+/// The warp-level helpers the templates leave to the includer, in C++, after the emulated
+/// thread block.
+fn emulation_header() -> String {
+    format!("{BLOCK_EMULATION}{}", include_str!("attention_emulation.h"))
+}
 
 /// The host program launching a grid.
 const RUNNER: &str = include_str!("attention_emulation_main.cpp");
@@ -80,7 +84,7 @@ fn backward_kernel(kernel: AttentionBackwardKernel) -> Emulated {
 
 /// Compiles a variant's module with the emulation (once per variant and test run).
 fn build(dir: &Path, kernel: &Emulated) -> std::result::Result<PathBuf, String> {
-    std::fs::write(dir.join("emu.h"), EMULATION_HEADER).unwrap();
+    std::fs::write(dir.join("emu.h"), emulation_header()).unwrap();
     std::fs::write(dir.join("module.cu"), &kernel.source).unwrap();
     std::fs::write(dir.join("main.cpp"), RUNNER).unwrap();
     let exe = dir.join("emu");
