@@ -549,7 +549,10 @@ fn emit_cuda(o: &Opts, only: &[String], dir: &str, home: Backend) -> i32 {
             }
             let outs = (c.program)(&c.inputs)?;
             let graph = coil::capture(&refs(&outs)).graph;
-            Ok((coil_frontend::compile::cuda_sources(&graph)?, coil_frontend::compile::ptx_sources(&graph, 90)?))
+            Ok((
+                coil_frontend::compile::cuda_sources(&graph)?,
+                coil_frontend::compile::ptx_sources(&graph, &coil_codegen::cuda::GpuTarget::h100())?,
+            ))
         });
         let written = sources.map_err(|e| e.to_string()).and_then(|(sources, ptx)| {
             let folder = std::path::Path::new(dir).join(name);

@@ -500,13 +500,17 @@ pub fn cuda_sources(captured: &Graph) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-/// The PTX of each generated kernel of a graph for compute capability `arch` (`90` for sm_90),
-/// by name, or why the kernel has no PTX form (it then compiles from CUDA C); needs no GPU.
-pub fn ptx_sources(captured: &Graph, arch: u32) -> Result<Vec<(String, std::result::Result<String, String>)>> {
+/// The PTX of each generated kernel of a graph for the GPU `target` (e.g.
+/// [`GpuTarget::h100`](coil_codegen::cuda::GpuTarget::h100)), by name, or why the kernel has no
+/// PTX form (it then compiles from CUDA C); needs no GPU.
+pub fn ptx_sources(
+    captured: &Graph,
+    target: &coil_codegen::cuda::GpuTarget,
+) -> Result<Vec<(String, std::result::Result<String, String>)>> {
     let tuning = coil_codegen::cuda::Tuning::from_env();
     Ok(generated_tiles(captured)?
         .iter()
-        .map(|tile| (tile.name.clone(), coil_codegen::cuda::ptx::emit_ptx(tile, arch, &tuning).map(|m| m.source)))
+        .map(|tile| (tile.name.clone(), coil_codegen::cuda::ptx::emit_ptx(tile, target, &tuning).map(|m| m.source)))
         .collect())
 }
 
@@ -642,11 +646,10 @@ fn compile_stages(
             // PTX where the PTX emitter covers the kernel (no NVRTC front end or optimizer in a
             // cold compile), else CUDA C; the dump has the CUDA C of every kernel either way.
             let dev = CudaDevice::get(n)?;
-            let (major, minor) = dev.compute_capability();
-            let arch = major * 10 + minor;
+            let target = *dev.target();
             let emitted: Vec<_> = {
                 use rayon::prelude::*;
-                generated.par_iter().map(|k| coil_codegen::cuda::emit_for_device(k, arch)).collect()
+                generated.par_iter().map(|k| coil_codegen::cuda::emit_for_device(k, &target)).collect()
             };
             let mut units = Vec::with_capacity(generated.len());
             for (k, e) in generated.iter().zip(emitted) {
@@ -665,7 +668,8 @@ fn compile_stages(
                     coil_codegen::cuda::Language::Ptx { .. } => {
                         dump.write(&format!("kernels/{}.ptx", k.name), || unit.source.clone());
                         dump.write(&format!("kernels/{}.cu", k.name), || {
-                            coil_codegen::cuda::emit_cuda_kernel_source(k).unwrap_or_else(|e| format!("/* {e} */"))
+                            coil_codegen::cuda::emit_cuda_kernel_source(k, &target)
+                                .unwrap_or_else(|e| format!("/* {e} */"))
                         });
                     }
                 }

@@ -10,7 +10,8 @@
 //! * the loop-level IR ([`loops`]) that graphs are lowered to before fusion, and the kernel
 //!   level ([`kernel`]): the scheduler's fused kernels and the Triton-style block IR;
 //! * coil's [`Error`] type;
-//! * the formulas of [`special`] functions every backend shares (`erfinv`).
+//! * the formulas of [`special`] functions every backend shares (`erfinv`);
+//! * the description of a GPU that code is generated for ([`target::GpuTarget`]).
 //!
 //! It depends on nothing else in coil.
 
@@ -25,6 +26,7 @@ pub mod op;
 pub mod philox;
 pub mod special;
 pub mod sym;
+pub mod target;
 
 pub use dtype::{DType, Scalar};
 pub use error::{Error, ErrorKind, Result};

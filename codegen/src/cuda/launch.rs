@@ -1,9 +1,9 @@
 //! The launch heuristic: block size, elements per thread and rows per block of each kernel, in
 //! one place ([`plan`]).
 //!
-//! The numbers aim at H100-class GPUs (132 SMs, 2048 threads per SM), where memory-bound
+//! The numbers were measured on the H100 (132 SMs, 2048 threads per SM), where memory-bound
 //! kernels need 16-byte accesses, coalesced across the warp, and a few of them in flight per
-//! thread.
+//! thread; what depends on the GPU (its SM count, its L2) comes from the [`GpuTarget`].
 
 use super::emit::divisible;
 use super::Launch;
@@ -12,14 +12,13 @@ use coil_ir::kernel::{
 };
 use coil_ir::loops::LoopProgram;
 use coil_ir::sym::Expr;
+use coil_ir::target::GpuTarget;
 use coil_ir::DType;
 use indexmap::IndexMap;
 
 /// Threads per block of pointwise kernels: 8 warps, so that 8 blocks fill an SM and a block's
 /// tail wastes little.
 pub const POINTWISE_BLOCK: usize = 256;
-/// Streaming multiprocessors of an H100 SXM; only used to keep enough blocks in flight.
-pub const TARGET_SMS: usize = 132;
 /// Widest access of one thread, in bytes (`LDG.128`).
 pub const MAX_ACCESS_BYTES: usize = 16;
 /// Rows up to this long get one warp each in a persistent reduction (up to 32 values per
@@ -247,8 +246,8 @@ pub const MAX_CANDIDATES: usize = 3;
 /// candidate is a plan the generator emits correctly (any whole number of warps per row and
 /// any cluster of [`plan_with`]: `chunks` follows, and partial chunks are guarded), and no two
 /// have the same plan, so no two emit the same source.
-pub fn candidates(k: &TileKernel) -> Vec<Tuning> {
-    let heuristic = plan_with(k, &Tuning::default());
+pub fn candidates(k: &TileKernel, target: &GpuTarget) -> Vec<Tuning> {
+    let heuristic = plan_with(k, &Tuning::default(), target);
     let mut out = vec![Tuning::default()];
     if heuristic.col {
         return out;
@@ -283,7 +282,7 @@ pub fn candidates(k: &TileKernel) -> Vec<Tuning> {
     }
     let mut plans = vec![heuristic];
     for t in alternatives {
-        let p = plan_with(k, &t);
+        let p = plan_with(k, &t, target);
         if out.len() <= MAX_CANDIDATES && !plans.contains(&p) {
             plans.push(p);
             out.push(t);
@@ -298,8 +297,9 @@ fn min_elem_bytes(k: &TileKernel) -> usize {
     k.args.iter().map(|a| a.dtype.size_bytes()).min().unwrap_or(4).max(1)
 }
 
-/// Chooses the launch of a (non-extern) kernel from its `xnumel` outputs (or rows) and its rows
-/// of `rnumel`, either of which may be an expression of size symbols (dynamic shapes):
+/// Chooses the launch of a (non-extern) kernel on `target` from its `xnumel` outputs (or rows)
+/// and its rows of `rnumel`, either of which may be an expression of size symbols (dynamic
+/// shapes):
 ///
 /// * **Pointwise**: `vec` = one 16-byte access of the narrowest buffer (at least 4, at most
 ///   8 elements: 4 for f32, 8 for f16/bf16, 4 for f64 as two accesses); blocks of 256
@@ -308,28 +308,30 @@ fn min_elem_bytes(k: &TileKernel) -> usize {
 /// * **Persistent reduction** (a constant row): rows up to [`WARP_ROW_MAX`] get one warp (and a
 ///   block holds up to 8 rows, fewer while that leaves under two blocks per SM; 8 when the
 ///   number of rows is symbolic); longer rows get a block of 64..256 threads (whole warps;
-///   up to 1024 when there are fewer rows than SMs) sized for about two groups per thread.
+///   up to 1024 when there are fewer rows than `target`'s SMs) sized for about two groups per
+///   thread.
 ///   Rows longer than [`BLOCK_ROW_MAX`] are split over a cluster of 2..8 blocks (the fewest
 ///   that leave each at most `BLOCK_ROW_MAX` elements), each of whole warps for about 64
 ///   values per thread (32 of f64) and at most 32 groups.
 ///   `vec` divides the row, so a group lies wholly inside it or outside.
 /// * **Looped reduction**: one block per row, 256..1024 threads sized for about four groups
 ///   per thread per pass (1024 for a row of symbolic length); `vec` provably divides the row.
-///   A kernel that reads its rows twice caps its grid so that the second read hits L2
-///   (`rereading_grid_cap`).
+///   A kernel that reads its rows twice caps its grid so that the second read hits
+///   `target`'s L2 (`rereading_grid_cap`).
 ///
 /// The grid is `ceil(xnumel / per_block)` ([`Launch::grid_for`]): fixed here for a constant
 /// `xnumel`, computed by the runtime for each run's sizes otherwise (`Launch::grid` is then 0).
 ///
 /// The tuning knobs of the environment ([`Tuning::from_env`]) override these choices.
-pub fn plan(k: &TileKernel) -> Plan {
-    plan_with(k, &Tuning::from_env())
+pub fn plan(k: &TileKernel, target: &GpuTarget) -> Plan {
+    plan_with(k, &Tuning::from_env(), target)
 }
 
 /// [`plan`] with the choices `tuning` sets in place of the heuristic's (values outside a
 /// knob's range, see [`Tuning`], are ignored). Column reductions keep their plan.
-pub fn plan_with(k: &TileKernel, tuning: &Tuning) -> Plan {
+pub fn plan_with(k: &TileKernel, tuning: &Tuning, target: &GpuTarget) -> Plan {
     let t = tuning.checked();
+    let sms = target.sm_count as usize;
     let rnumel = k.rnumel.unwrap_or(Expr::int(1));
     let xn = k.xnumel.const_value().map(|x| x.max(0) as usize);
     let rn = rnumel.const_value().map(|r| r.max(0) as usize);
@@ -382,13 +384,13 @@ pub fn plan_with(k: &TileKernel, tuning: &Tuning) -> Plan {
                 // Whole warps for about two groups each, so that few lanes idle; up to 1024
                 // threads when there are too few rows to fill the GPU anyway (a whole-tensor
                 // reduction: more of its loads in flight at once).
-                let most = if xn.is_some_and(|x| x < TARGET_SMS) { 1024 } else { 256 };
+                let most = if xn.is_some_and(|x| x < sms) { 1024 } else { 256 };
                 (rn / vec).div_ceil(2).next_multiple_of(32).clamp(64, most)
             };
             let chunks = (rn / vec).div_ceil(lanes * cluster);
             let mut rows = if lanes == 32 && cluster == 1 { 8 } else { 1 };
             if let Some(xn) = xn {
-                while rows > 1 && xn.div_ceil(rows) < 2 * TARGET_SMS {
+                while rows > 1 && xn.div_ceil(rows) < 2 * sms {
                     rows /= 2;
                 }
             }
@@ -402,7 +404,7 @@ pub fn plan_with(k: &TileKernel, tuning: &Tuning) -> Plan {
             let heuristic = || rn.map_or(SYMBOLIC_ROW_LANES, |rn| (rn / vec / 4).next_power_of_two().clamp(256, 1024));
             let lanes = t.looped_threads.unwrap_or_else(heuristic);
             let mut launch = launch(lanes, 1);
-            launch.max_grid = t.looped_grid.unwrap_or_else(|| rereading_grid_cap(k, rn));
+            launch.max_grid = t.looped_grid.unwrap_or_else(|| rereading_grid_cap(k, rn, target));
             Plan { launch, vec, lanes, rows_per_block: 1, chunks: 1, col: false, cluster: 1, col_vec: 1 }.at(xn)
         }
     }
@@ -434,19 +436,22 @@ pub fn settle_row_kinds(program: &LoopProgram, schedule: &mut Schedule) {
     }
 }
 
-/// Bytes of rows a looped reduction that reads its rows twice may keep in flight: about the
-/// share of the 50 MB L2 of an H100 that the second pass can count on.
-const L2_ROW_BUDGET: usize = 24 << 20;
+/// Bytes of rows a looped reduction that reads its rows twice may keep in flight: the share
+/// of `target`'s L2 that the second pass can count on, 12/25 of it (24 MiB of the H100's 50).
+pub fn l2_row_budget(target: &GpuTarget) -> usize {
+    target.l2_bytes / 25 * 12
+}
 
 /// The grid cap of a looped reduction ([`Launch::max_grid`]): a kernel of two or more passes
-/// over its rows runs at most `L2_ROW_BUDGET / row bytes` rows at once (but at least one block
-/// per SM), so that its later passes read the row from L2 instead of HBM (short rows get a
-/// cap above any grid they need); 0 (no cap) for one pass. [`Tuning::looped_grid`] overrides it.
-fn rereading_grid_cap(k: &TileKernel, rn: Option<usize>) -> u32 {
+/// over its rows runs at most [`l2_row_budget`]` / row bytes` rows at once (but at least one
+/// block per SM), so that its later passes read the row from L2 instead of HBM (short rows get
+/// a cap above any grid they need); 0 (no cap) for one pass. [`Tuning::looped_grid`] overrides
+/// it.
+fn rereading_grid_cap(k: &TileKernel, rn: Option<usize>, target: &GpuTarget) -> u32 {
     let passes = k.body.iter().filter(|s| matches!(s, TileStmt::RLoop(_))).count();
     let (Some(rn), true) = (rn, passes >= 2) else { return 0 };
     let row_bytes = rn * k.args.iter().map(|a| a.dtype.size_bytes()).max().unwrap_or(4);
-    (L2_ROW_BUDGET / row_bytes.max(1)).clamp(TARGET_SMS, MAX_GRID) as u32
+    (l2_row_budget(target) / row_bytes.max(1)).clamp(target.sm_count as usize, MAX_GRID) as u32
 }
 
 /// Threads per row of a looped reduction whose row length is symbolic (its loads are scalar:

@@ -12,7 +12,7 @@ use coil_ir::DType;
 
 #[test]
 fn launch_heuristic() {
-    let plan_of = |p: &LoopProgram, k: &FusedKernel| launch::plan(&build_kernel(p, k));
+    let plan_of = |p: &LoopProgram, k: &FusedKernel| launch::plan(&build_kernel(p, k), &GpuTarget::h100());
     let (p, k) = pointwise_n(1 << 20, DType::BF16);
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.launch.block, pl.launch.grid), (8, 256, 512));
@@ -57,6 +57,38 @@ fn launch_heuristic() {
     let l = Launch { grid: 0, block: 256, shared_bytes: 0, per_block: 1, max_grid: 0, cluster: 8 };
     assert_eq!((l.grid_for(5), l.grid_for(0)), (40, 8));
     assert_eq!(Launch { max_grid: 20, ..l }.grid_for(5), 16);
+}
+
+/// The rules that depend on the GPU give an A100 (108 SMs, 40 MiB of L2) plans of its own;
+/// the H100's are those of [`launch_heuristic`].
+#[test]
+fn launch_plans_follow_the_target() {
+    let (h100, a100) = (GpuTarget::h100(), GpuTarget::a100());
+    let on = |(p, k): &(LoopProgram, FusedKernel), target: &GpuTarget| launch::plan(&build_kernel(p, k), target);
+    // Rows of a warp, 8 to a block, fewer while that leaves under two blocks per SM: 500
+    // blocks of 2 rows on 132 SMs, 250 of 4 on 108.
+    let warp_rows = softmax(1000, 512, KernelKind::PersistentReduction, "s");
+    assert_eq!((on(&warp_rows, &h100).rows_per_block, on(&warp_rows, &h100).launch.grid), (2, 500));
+    assert_eq!((on(&warp_rows, &a100).rows_per_block, on(&warp_rows, &a100).launch.grid), (4, 250));
+    // Fewer rows than SMs get blocks of up to 1024 threads: 120 rows are fewer than the
+    // H100's SMs, not the A100's.
+    let few_rows = softmax(120, 4096, KernelKind::PersistentReduction, "s");
+    assert_eq!((on(&few_rows, &h100).lanes, on(&few_rows, &a100).lanes), (512, 256));
+    // A looped kernel reading its rows twice keeps 12/25 of the L2 in rows: 24 MiB of rows of
+    // 64 KiB on the H100, 19.2 MiB on the A100; at least a block per SM.
+    let reread = softmax(4096, 1 << 14, KernelKind::LoopedReduction, "s");
+    assert_eq!((launch::l2_row_budget(&h100), on(&reread, &h100).launch.max_grid), (24 << 20, 384));
+    assert_eq!(on(&reread, &a100).launch.max_grid, 307);
+    let reread_long = softmax(4096, 1 << 16, KernelKind::LoopedReduction, "s");
+    assert_eq!((on(&reread_long, &h100).launch.max_grid, on(&reread_long, &a100).launch.max_grid), (132, 108));
+    // The occupancy hint of a wide looped PTX kernel: blocks of 1024 of the SM's threads.
+    let sm_86 = GpuTarget { compute_capability: (8, 6), max_threads_per_sm: 1536, ..a100 };
+    let k = build_kernel(&reread.0, &reread.1);
+    let hint = |target: &GpuTarget| {
+        let src = ptx::emit_ptx(&k, target, &Tuning { looped_threads: Some(512), ..Tuning::default() }).unwrap().source;
+        src.lines().find(|l| l.starts_with(".minnctapersm")).map(str::to_string)
+    };
+    assert_eq!((hint(&h100).as_deref(), hint(&sm_86).as_deref()), (Some(".minnctapersm 4"), Some(".minnctapersm 3")));
 }
 
 #[test]
@@ -135,39 +167,51 @@ fn plan_with_overrides_the_heuristic() {
     // a block per row: threads per row, and the chunks follow
     let (p, k) = layer_norm(37, 1536, KernelKind::PersistentReduction);
     let t = build_kernel(&p, &k);
-    assert_eq!(plan_with(&t, &heuristic), launch::plan(&t));
-    let pl = plan_with(&t, &Tuning { row_threads: Some(96), ..heuristic });
+    assert_eq!(plan_with(&t, &heuristic, &GpuTarget::h100()), launch::plan(&t, &GpuTarget::h100()));
+    let pl = plan_with(&t, &Tuning { row_threads: Some(96), ..heuristic }, &GpuTarget::h100());
     assert_eq!((pl.lanes, pl.chunks, pl.launch.block, pl.launch.grid), (96, 4, 96, 37));
     // a value outside the knob's range is ignored, as the environment's are
-    assert_eq!(plan_with(&t, &Tuning { row_threads: Some(100), ..heuristic }), launch::plan(&t));
+    assert_eq!(
+        plan_with(&t, &Tuning { row_threads: Some(100), ..heuristic }, &GpuTarget::h100()),
+        launch::plan(&t, &GpuTarget::h100())
+    );
     // a cluster of 8 halved, with twice the threads: the same threads per row
     let (p, k) = softmax(1024, 1 << 16, KernelKind::PersistentReduction, "s");
     let t = build_kernel(&p, &k);
-    let pl = plan_with(&t, &Tuning { row_threads: Some(512), cluster: Some(4), ..heuristic });
+    let pl = plan_with(&t, &Tuning { row_threads: Some(512), cluster: Some(4), ..heuristic }, &GpuTarget::h100());
     assert_eq!((pl.lanes, pl.cluster, pl.row_threads(), pl.chunks), (512, 4, 2048, 8));
     assert_eq!((pl.launch.block, pl.launch.cluster, pl.launch.grid), (512, 4, 4096));
     // looped rows: threads per row and the grid cap
     let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "s");
     let t = build_kernel(&p, &k);
-    let pl = plan_with(&t, &Tuning { looped_threads: Some(1024), looped_grid: Some(2), ..heuristic });
+    let pl =
+        plan_with(&t, &Tuning { looped_threads: Some(1024), looped_grid: Some(2), ..heuristic }, &GpuTarget::h100());
     assert_eq!((pl.lanes, pl.launch.block, pl.launch.max_grid, pl.launch.grid), (1024, 1024, 2, 2));
     // 2 blocks for 3 rows: the grid-stride loop stays (a grid that covers every row has none)
-    let tuned = crate::cuda::emit_cuda_with(std::slice::from_ref(&t), &Tuning { looped_grid: Some(2), ..heuristic });
+    let tuned = crate::cuda::emit_cuda_with(
+        std::slice::from_ref(&t),
+        &Tuning { looped_grid: Some(2), ..heuristic },
+        &GpuTarget::h100(),
+    );
     let src = tuned.unwrap().source;
     assert!(src.contains("for (int xindex = (int)blockIdx.x; xindex < xnumel; xindex += (int)gridDim.x) {"), "{src}");
     // the persistent knobs leave looped kernels alone, and the other way round
-    assert_eq!(plan_with(&t, &Tuning { row_threads: Some(512), ..heuristic }).lanes, 256);
+    assert_eq!(plan_with(&t, &Tuning { row_threads: Some(512), ..heuristic }, &GpuTarget::h100()).lanes, 256);
     let (p, k) = pointwise_n(1 << 20, DType::BF16);
     let t = build_kernel(&p, &k);
-    assert_eq!(plan_with(&t, &Tuning { looped_threads: Some(512), ..heuristic }), launch::plan(&t));
-    let pl = plan_with(&t, &Tuning { pointwise_vec: Some(2), ..heuristic });
+    assert_eq!(
+        plan_with(&t, &Tuning { looped_threads: Some(512), ..heuristic }, &GpuTarget::h100()),
+        launch::plan(&t, &GpuTarget::h100())
+    );
+    let pl = plan_with(&t, &Tuning { pointwise_vec: Some(2), ..heuristic }, &GpuTarget::h100());
     assert_eq!((pl.vec, pl.launch.block, pl.launch.grid), (2, 256, 2048));
 }
 
 #[test]
 fn autotuning_candidates_only_where_the_heuristic_is_unsure() {
     use launch::{candidates, Tuning};
-    let tunings = |k: &TileKernel| -> Vec<String> { candidates(k).iter().map(Tuning::to_string).collect() };
+    let tunings =
+        |k: &TileKernel| -> Vec<String> { candidates(k, &GpuTarget::h100()).iter().map(Tuning::to_string).collect() };
     let of = |(p, k): (LoopProgram, FusedKernel)| build_kernel(&p, &k);
     // none: pointwise, a warp per row, column reductions
     assert_eq!(tunings(&of(pointwise_n(1 << 20, DType::BF16))), ["heuristic"]);
@@ -196,8 +240,8 @@ fn autotuning_candidates_only_where_the_heuristic_is_unsure() {
         [ln, cl, odd, looped, of(layer_norm(5, 20000, KernelKind::PersistentReduction))].into_iter().enumerate()
     {
         let mut sources = Vec::new();
-        for (i, t) in candidates(&k).iter().enumerate() {
-            let pl = launch::plan_with(&k, t);
+        for (i, t) in candidates(&k, &GpuTarget::h100()).iter().enumerate() {
+            let pl = launch::plan_with(&k, t, &GpuTarget::h100());
             let groups = k.rnumel.unwrap().const_value().unwrap() as usize / pl.vec;
             assert!(pl.lanes.is_multiple_of(32) && pl.launch.block <= 1024, "{} with {t}: {pl:?}", k.name);
             if k.kind == KernelKind::PersistentReduction {
@@ -205,8 +249,8 @@ fn autotuning_candidates_only_where_the_heuristic_is_unsure() {
             }
             let mut renamed = k.clone();
             renamed.name = format!("{}_{n}_{i}", k.name);
-            sources.push(emit_cuda_with(std::slice::from_ref(&k), t).unwrap().source);
-            let unit = emit_cuda_with(std::slice::from_ref(&renamed), t).unwrap().source;
+            sources.push(emit_cuda_with(std::slice::from_ref(&k), t, &GpuTarget::h100()).unwrap().source);
+            let unit = emit_cuda_with(std::slice::from_ref(&renamed), t, &GpuTarget::h100()).unwrap().source;
             // the kernel without its unit's prelude: one prelude for them all
             all.push(unit[unit.find(&format!("\n/* {}:", renamed.name)).expect("a kernel header")..].to_string());
         }

@@ -89,6 +89,7 @@ pub mod ptx;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use coil_ir::target::{GpuTarget, TensorCores};
 pub use launch::Tuning;
 pub use prelude::{prelude, prelude_for};
 
@@ -151,24 +152,25 @@ pub struct CudaModule {
 }
 
 /// One translation unit for `kernels`: the helpers of the [`prelude`] they use ([`prelude_for`]),
-/// then each kernel.
+/// then each kernel, launched as on the default target ([`GpuTarget::h100`]: for reading
+/// generated code without a GPU, and tests; [`emit_cuda_with`] takes the GPU's).
 ///
 /// # Errors
 /// `Unsupported` for an extern kernel, a persistent reduction with a symbolic row, a size symbol
 /// whose name the generated code uses itself, and ops the interpreter rejects on their dtypes
 /// (an integer result of true division or of a float-only function).
 pub fn emit_cuda(kernels: &[TileKernel]) -> Result<CudaModule> {
-    emit_cuda_with(kernels, &Tuning::from_env())
+    emit_cuda_with(kernels, &Tuning::from_env(), &GpuTarget::h100())
 }
 
-/// [`emit_cuda`] with the launch plans of `tuning` ([`launch::plan_with`]) in place of the
-/// environment's knobs: the runtime's autotuner builds its candidates ([`launch::candidates`])
-/// with it. Errors as [`emit_cuda`].
-pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaModule> {
+/// [`emit_cuda`] for `target`, with the launch plans of `tuning` ([`launch::plan_with`]) in
+/// place of the environment's knobs: the runtime's autotuner builds its candidates
+/// ([`launch::candidates`]) with it. Errors as [`emit_cuda`].
+pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning, target: &GpuTarget) -> Result<CudaModule> {
     let mut code = String::new();
     let mut out = Vec::new();
     for k in kernels {
-        let (text, launch) = emit_one(k, tuning)?;
+        let (text, launch) = emit_one(k, tuning, target)?;
         code.push('\n');
         code.push_str(&text);
         out.push(CudaKernel { name: k.name.clone(), launch });
@@ -176,21 +178,20 @@ pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaMod
     Ok(CudaModule { source: format!("{}{code}", prelude_for(&code)), kernels: out, language: Language::CudaC })
 }
 
-/// One kernel for a GPU of compute capability `arch` (`90` for sm_90): as PTX where the [`ptx`]
-/// emitter covers it (a cold compile skips NVRTC's front end and optimizer), else as CUDA C,
-/// with the reason it has no PTX form. `COIL_CUDA_PTX=0` turns the PTX path off (to compare).
-/// Errors as [`emit_cuda`].
-pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
+/// One kernel for the GPU `target`: as PTX where the [`ptx`] emitter covers it (a cold compile
+/// skips NVRTC's front end and optimizer), else as CUDA C, with the reason it has no PTX form.
+/// `COIL_CUDA_PTX=0` turns the PTX path off (to compare). Errors as [`emit_cuda`].
+pub fn emit_for_device(kernel: &TileKernel, target: &GpuTarget) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
     let tuning = Tuning::from_env();
     let why = if ptx_enabled() {
-        match ptx::emit_ptx(kernel, arch, &tuning) {
+        match ptx::emit_ptx(kernel, target, &tuning) {
             Ok(module) => return Ok((module, None)),
             Err(why) => why,
         }
     } else {
         "COIL_CUDA_PTX=0".to_string()
     };
-    Ok((emit_cuda_with(std::slice::from_ref(kernel), &tuning)?, Some(why)))
+    Ok((emit_cuda_with(std::slice::from_ref(kernel), &tuning, target)?, Some(why)))
 }
 
 /// Whether [`emit_for_device`] tries PTX first (`COIL_CUDA_PTX` is not `0`).
@@ -198,20 +199,21 @@ pub fn ptx_enabled() -> bool {
     std::env::var_os("COIL_CUDA_PTX").is_none_or(|v| v != "0")
 }
 
-/// One kernel with the prelude before it: a complete translation unit, for dumps
+/// One kernel for `target` with the prelude before it: a complete translation unit, for dumps
 /// (`kernels/<name>.cu`). Errors as [`emit_cuda`].
-pub fn emit_cuda_kernel_source(kernel: &TileKernel) -> Result<String> {
-    Ok(emit_cuda(std::slice::from_ref(kernel))?.source)
+pub fn emit_cuda_kernel_source(kernel: &TileKernel, target: &GpuTarget) -> Result<String> {
+    Ok(emit_cuda_with(std::slice::from_ref(kernel), &Tuning::from_env(), target)?.source)
 }
 
-/// The text of one kernel (it needs the [`prelude`]) and its launch.
+/// The text of one kernel (it needs the [`prelude`]) and its launch, for the default target
+/// ([`GpuTarget::h100`]).
 pub fn emit_cuda_kernel(kernel: &TileKernel) -> Result<(String, Launch)> {
-    emit_one(kernel, &Tuning::from_env())
+    emit_one(kernel, &Tuning::from_env(), &GpuTarget::h100())
 }
 
-fn emit_one(k: &TileKernel, tuning: &Tuning) -> Result<(String, Launch)> {
+fn emit_one(k: &TileKernel, tuning: &Tuning, target: &GpuTarget) -> Result<(String, Launch)> {
     validate(k)?;
-    let plan = launch::plan_with(k, tuning);
+    let plan = launch::plan_with(k, tuning, target);
     let mut g = emit::Gen::new(k, plan);
     g.kernel();
     Ok((g.out, plan.launch))

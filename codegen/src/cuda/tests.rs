@@ -119,7 +119,7 @@ F2(fmod) F2(copysign) F2(pow) F2(atan2)
 "#;
 
 /// Checks `src` with `g++ -fsyntax-only` through [`HARNESS`]; skipped without a host `g++`.
-pub(super) fn syntax_check(src: &str) {
+pub(crate) fn syntax_check(src: &str) {
     let dir = std::env::temp_dir().join(format!("coil-cuda-syntax-{}-{}", std::process::id(), fastrand()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("harness.h"), HARNESS).unwrap();
@@ -462,7 +462,7 @@ fn wide_column_reduction_takes_vectors_of_outputs() {
     let (p, k) = col_mean(300, 8192);
     let t = build_kernel(&p, &k);
     assert!(launch::single_pass(&t));
-    let pl = launch::plan(&t);
+    let pl = launch::plan(&t, &GpuTarget::h100());
     assert_eq!((pl.col_vec, pl.col_threads(), pl.lanes, pl.chunks, pl.launch.grid), (4, 16, 64, 5, 128));
     let (src, _) = emit_cuda_kernel(&t).unwrap();
     for want in [
@@ -488,7 +488,7 @@ fn wide_column_reduction_takes_vectors_of_outputs() {
     // fewer outputs, or two passes (layer norm: its second pass reads the first's sum), keep
     // one output per thread
     let (p, k) = col_mean(300, 4096);
-    assert_eq!(launch::plan(&build_kernel(&p, &k)).col_vec, 1);
+    assert_eq!(launch::plan(&build_kernel(&p, &k), &GpuTarget::h100()).col_vec, 1);
     let (p, k) = layer_norm(37, 768, KernelKind::PersistentReduction);
     assert!(!launch::single_pass(&build_kernel(&p, &k)));
 }
@@ -526,7 +526,7 @@ fn module_is_deterministic_and_passes_the_syntax_check() {
     assert!(!m.source.contains("#include"));
     syntax_check(&m.source);
     // one kernel with the prelude, as dumped
-    syntax_check(&emit_cuda_kernel_source(&kernels[0]).unwrap());
+    syntax_check(&emit_cuda_kernel_source(&kernels[0], &GpuTarget::h100()).unwrap());
     // COIL_CUDA_DUMP=<dir>: the module and its launches, for running on a GPU
     if let Ok(dir) = std::env::var("COIL_CUDA_DUMP") {
         std::fs::create_dir_all(&dir).unwrap();
@@ -545,7 +545,7 @@ fn module_is_deterministic_and_passes_the_syntax_check() {
 #[test]
 fn signed_zeros_keep_their_sign_in_cuda_c() {
     let (p, k) = signed_zeros();
-    let src = emit_cuda_kernel_source(&tile(&p, &k, "signed_zeros")).unwrap();
+    let src = emit_cuda_kernel_source(&tile(&p, &k, "signed_zeros"), &GpuTarget::h100()).unwrap();
     // both zero constants, and max / min with the tie select (FMNMX orders -0.0 below +0.0)
     assert!(src.contains(" = 0.0f;") && src.contains(" = -0.0f;"), "{src}");
     assert!(src.contains("coil_maximum_f32(") && src.contains("return a == b ? a : r;"), "{src}");
@@ -822,7 +822,7 @@ fn online_softmax_one_pass_and_pairwise_block_combine() {
     // f64 pairs; a column plan combines through shared memory
     let (p, k) = online(64, Some(2000), DType::F64, Online::Stats, true);
     let t = build_kernel(&p, &k);
-    assert!(launch::plan(&t).col);
+    assert!(launch::plan(&t, &GpuTarget::h100()).col);
     let (src, _) = emit_cuda_kernel(&t).unwrap();
     assert!(src.contains("coil_online_group<double, 1>(acc1, acc2, ox1);"), "{src}");
     assert!(

@@ -55,10 +55,12 @@
 //! so causal blocks with the most keys start first), (batch indices, splits) for the split ones,
 //! (batch indices) for the combine; no dynamic shared memory.
 
+use coil_ir::target::{GpuTarget, TensorCores};
 use coil_ir::{DType, Error, Result};
 
-/// What the forward and backward kernels share (helpers, the operand struct, the PTX wrappers).
-pub const COMMON_SOURCE: &str = include_str!("attention_common.cuh");
+/// What the forward and backward kernels share: the templates' 16-bit conversions
+/// ([`HALF_SOURCE`](super::HALF_SOURCE)), then helpers, the operand struct, the PTX wrappers.
+pub const COMMON_SOURCE: &str = concat!(include_str!("half.cuh"), "\n", include_str!("attention_common.cuh"));
 
 /// The forward kernels.
 pub const FORWARD_SOURCE: &str = include_str!("attention_forward.cu");
@@ -177,16 +179,19 @@ pub enum AttentionKernel {
     Combine { dtype: DType },
 }
 
-/// The tensor-core kind for f16 / bf16 on sm_80+ with whole 16-byte chunks per row (a multiple
-/// of 8 elements: the copies never pass a row's end), else the simple kind; `(bf16?, padded
-/// head dim)` or `(dtype, padded head dim)`. An error for what no kernel runs.
-pub(crate) fn choose_kind(what: &str, dtype: DType, d: usize, sm_major: u32) -> Result<(Option<bool>, usize)> {
+/// The tensor-core kind for f16 / bf16 on a `target` of Ampere's tensor cores or later (sm_80+)
+/// with whole 16-byte chunks per row (a multiple of 8 elements: the copies never pass a row's
+/// end), else the simple kind; `(bf16?, padded head dim)` or `(dtype, padded head dim)`. An
+/// error for what no kernel runs.
+pub(crate) fn choose_kind(what: &str, dtype: DType, d: usize, target: &GpuTarget) -> Result<(Option<bool>, usize)> {
     if d == 0 || d > MAX_HEAD_DIM {
         return Err(Error::unsupported(format!("{what} with head dim {d} on CUDA (1 to {MAX_HEAD_DIM})")));
     }
     let dp = d.div_ceil(16) * 16;
     match dtype {
-        DType::F16 | DType::BF16 if sm_major >= 8 && d.is_multiple_of(8) => Ok((Some(dtype == DType::BF16), dp)),
+        DType::F16 | DType::BF16 if target.tensor_cores() >= TensorCores::Ampere && d.is_multiple_of(8) => {
+            Ok((Some(dtype == DType::BF16), dp))
+        }
         DType::F16 | DType::BF16 | DType::F32 => Ok((None, dp)),
         _ => Err(Error::unsupported(format!("{what} of {dtype} values on CUDA"))),
     }
@@ -210,10 +215,10 @@ fn half_name(bf16: bool) -> &'static str {
 }
 
 impl AttentionKernel {
-    /// The row-block kernel for `dtype` and head dim `d` on a device of compute capability
-    /// major `sm_major`; an error for what no kernel runs.
-    pub fn choose(dtype: DType, d: usize, sm_major: u32) -> Result<AttentionKernel> {
-        Ok(match choose_kind("attention", dtype, d, sm_major)? {
+    /// The row-block kernel for `dtype` and head dim `d` on `target`; an error for what no
+    /// kernel runs.
+    pub fn choose(dtype: DType, d: usize, target: &GpuTarget) -> Result<AttentionKernel> {
+        Ok(match choose_kind("attention", dtype, d, target)? {
             (Some(bf16), dp) => AttentionKernel::Mma { bf16, dp },
             (None, dp) => AttentionKernel::Simple { dtype, dp },
         })
@@ -333,32 +338,31 @@ pub fn split_keys(count: usize, s: usize, sm_count: u32) -> (usize, usize) {
 
 impl ForwardLaunch {
     /// The launch rule of a forward call: `count` batch indices of `l` query rows against `s`
-    /// keys, head dim `d`, operands of `dtype`, on a device of compute capability major
-    /// `sm_major` with `sm_count` SMs. Few rows (at most [`SPLIT_ROWS`]), not causal: a split
-    /// kernel, with [`split_keys`] splits; else the row-block kernel. An error for what no
-    /// kernel runs.
+    /// keys, head dim `d`, operands of `dtype`, on `target` (its tensor cores and SM count).
+    /// Few rows (at most [`SPLIT_ROWS`]), not causal: a split kernel, with [`split_keys`]
+    /// splits over the target's SMs; else the row-block kernel. An error for what no kernel
+    /// runs.
     ///
     /// ```
     /// use coil_codegen::templates::attention::{AttentionKernel, ForwardLaunch};
-    /// use coil_ir::DType;
+    /// use coil_ir::{target::GpuTarget, DType};
     /// // GPT-2's decode step at batch 16: 192 heads, 1 row each, a cache of 768, 132 SMs.
-    /// let launch = ForwardLaunch::choose(DType::BF16, 64, 9, 132, 192, 1, 768, false).unwrap();
+    /// let h100 = GpuTarget::h100();
+    /// let launch = ForwardLaunch::choose(DType::BF16, 64, &h100, 192, 1, 768, false).unwrap();
     /// assert_eq!(launch.kernel, AttentionKernel::SplitMma { bf16: true, dp: 64 });
     /// assert_eq!((launch.grid, launch.splits, launch.chunk), ((192, 3, 1), 3, 256));
     /// # Ok::<(), coil_ir::Error>(())
     /// ```
-    #[allow(clippy::too_many_arguments)] // the call's shape and the device's two numbers
     pub fn choose(
         dtype: DType,
         d: usize,
-        sm_major: u32,
-        sm_count: u32,
+        target: &GpuTarget,
         count: usize,
         l: usize,
         s: usize,
         causal: bool,
     ) -> Result<ForwardLaunch> {
-        let (tensor_cores, dp) = choose_kind("attention", dtype, d, sm_major)?;
+        let (tensor_cores, dp) = choose_kind("attention", dtype, d, target)?;
         if causal || l > SPLIT_ROWS {
             let kernel = match tensor_cores {
                 Some(bf16) => AttentionKernel::Mma { bf16, dp },
@@ -376,7 +380,7 @@ impl ForwardLaunch {
             Some(bf16) => AttentionKernel::SplitMma { bf16, dp },
             None => AttentionKernel::SplitSimple { dtype, dp },
         };
-        let (splits, chunk) = split_keys(count, s, sm_count);
+        let (splits, chunk) = split_keys(count, s, target.sm_count);
         let combine = (splits > 1).then_some(AttentionKernel::Combine { dtype });
         Ok(ForwardLaunch { kernel, grid: (count as u32, splits as u32, 1), chunk, splits, combine })
     }
@@ -409,15 +413,26 @@ pub fn mma_writes(base: u64, offset: usize, batch_strides: &[usize], row: usize,
 mod tests {
     use super::*;
 
+    /// The H100 with another compute capability major.
+    fn sm(major: u32) -> GpuTarget {
+        GpuTarget { compute_capability: (major, 0), ..GpuTarget::h100() }
+    }
+
     #[test]
     fn kernels_by_dtype_head_dim_and_architecture() {
-        assert_eq!(AttentionKernel::choose(DType::BF16, 64, 9).unwrap(), AttentionKernel::Mma { bf16: true, dp: 64 });
-        assert_eq!(AttentionKernel::choose(DType::F16, 40, 8).unwrap(), AttentionKernel::Mma { bf16: false, dp: 48 });
+        assert_eq!(
+            AttentionKernel::choose(DType::BF16, 64, &sm(9)).unwrap(),
+            AttentionKernel::Mma { bf16: true, dp: 64 }
+        );
+        assert_eq!(
+            AttentionKernel::choose(DType::F16, 40, &sm(8)).unwrap(),
+            AttentionKernel::Mma { bf16: false, dp: 48 }
+        );
         let simple = |dtype, dp| AttentionKernel::Simple { dtype, dp };
-        assert_eq!(AttentionKernel::choose(DType::BF16, 64, 7).unwrap(), simple(DType::BF16, 64));
-        assert_eq!(AttentionKernel::choose(DType::F32, 8, 9).unwrap(), simple(DType::F32, 16));
-        assert!(AttentionKernel::choose(DType::F64, 64, 9).is_err());
-        assert!(AttentionKernel::choose(DType::BF16, 136, 9).is_err());
+        assert_eq!(AttentionKernel::choose(DType::BF16, 64, &sm(7)).unwrap(), simple(DType::BF16, 64));
+        assert_eq!(AttentionKernel::choose(DType::F32, 8, &sm(9)).unwrap(), simple(DType::F32, 16));
+        assert!(AttentionKernel::choose(DType::F64, 64, &sm(9)).is_err());
+        assert!(AttentionKernel::choose(DType::BF16, 136, &sm(9)).is_err());
         let v = AttentionKernel::Mma { bf16: true, dp: 64 };
         assert_eq!(v.name(), "coil_attention_mma_bf16_d64");
         assert!(v.source().ends_with(
@@ -443,7 +458,7 @@ mod tests {
     #[test]
     fn few_rows_split_the_keys_by_the_sm_count() {
         let choose = |dtype, sm_major, count, l, s, causal| {
-            ForwardLaunch::choose(dtype, 64, sm_major, 132, count, l, s, causal).unwrap()
+            ForwardLaunch::choose(dtype, 64, &sm(sm_major), count, l, s, causal).unwrap()
         };
         // GPT-2 decode at batch 1: 12 heads, a cache of 768 (12 tiles): a split per tile.
         let gpt2_b1 = choose(DType::BF16, 9, 12, 1, 768, false);
@@ -466,6 +481,11 @@ mod tests {
         let f32 = choose(DType::F32, 9, 12, 1, 768, false);
         assert_eq!(f32.kernel, AttentionKernel::SplitSimple { dtype: DType::F32, dp: 64 });
         assert_eq!(choose(DType::BF16, 7, 12, 1, 768, false).kernel.name(), "coil_attention_split_simple_bf16_d64");
+        // Fewer SMs, fewer splits: GPT-2 decode at batch 4 (48 heads) over a cache of 4096
+        // (64 tiles) aims at 4 blocks per SM, 11 splits on an H100's 132 SMs, 8 on an A100's 108.
+        let on = |target: &GpuTarget| ForwardLaunch::choose(DType::BF16, 64, target, 48, 1, 4096, false).unwrap();
+        assert_eq!((on(&GpuTarget::h100()).splits, on(&GpuTarget::h100()).chunk), (11, 6 * 64));
+        assert_eq!((on(&GpuTarget::a100()).splits, on(&GpuTarget::a100()).chunk), (8, 8 * 64));
         // More rows, or causal: the row-block kernels.
         let prefill = choose(DType::BF16, 9, 8, 17, 768, false);
         assert_eq!(

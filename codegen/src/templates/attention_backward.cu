@@ -23,7 +23,7 @@ COIL_D float coil_lse2(const float *lse, int row, int l) {
 }
 COIL_D float coil_row_stat(const float *x, int row, int l) { return row < l ? x[(long long)blockIdx.x * l + row] : 0.f; }
 
-#ifdef COIL_ATTENTION_EMULATED
+#ifdef COIL_EMULATED
 #define COIL_DYNAMIC_SHARED ((coil_u16 *)coil_emu_dynamic_shared)
 #else
 /* Dynamic shared memory: four tiles and two rows of statistics (more than 48 KiB at head dim

@@ -40,6 +40,7 @@
 //! ```
 
 use super::attention::{choose_kind, element_kind, AttnOperand, BLOCK_ROWS, COMMON_SOURCE};
+use coil_ir::target::GpuTarget;
 use coil_ir::{DType, Result};
 
 /// The backward kernels.
@@ -84,10 +85,10 @@ pub enum AttentionBackwardKernel {
 }
 
 impl AttentionBackwardKernel {
-    /// The kernel for `dtype` and head dim `d` on a device of compute capability major
-    /// `sm_major` (the forward's rule); an error for what no kernel runs.
-    pub fn choose(dtype: DType, d: usize, sm_major: u32) -> Result<AttentionBackwardKernel> {
-        Ok(match choose_kind("attention backward", dtype, d, sm_major)? {
+    /// The kernel for `dtype` and head dim `d` on `target` (the forward's rule); an error for
+    /// what no kernel runs.
+    pub fn choose(dtype: DType, d: usize, target: &GpuTarget) -> Result<AttentionBackwardKernel> {
+        Ok(match choose_kind("attention backward", dtype, d, target)? {
             (Some(bf16), dp) => AttentionBackwardKernel::Mma { bf16, dp },
             (None, dp) => AttentionBackwardKernel::Simple { dtype, dp },
         })
@@ -159,16 +160,16 @@ mod tests {
 
     #[test]
     fn kernels_by_dtype_head_dim_and_architecture() {
-        let mma = AttentionBackwardKernel::choose(DType::BF16, 64, 9).unwrap();
+        let mma = AttentionBackwardKernel::choose(DType::BF16, 64, &GpuTarget::h100()).unwrap();
         assert_eq!(mma, AttentionBackwardKernel::Mma { bf16: true, dp: 64 });
         assert_eq!(mma.name(), "coil_attention_bwd_mma_bf16_d64");
         assert!(mma.source().ends_with("COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64, 64, true)\n"));
         assert_eq!(mma.shared_bytes(), 4 * 64 * 72 * 2 + 512);
-        let simple = AttentionBackwardKernel::choose(DType::F32, 40, 9).unwrap();
+        let simple = AttentionBackwardKernel::choose(DType::F32, 40, &GpuTarget::h100()).unwrap();
         assert_eq!(simple, AttentionBackwardKernel::Simple { dtype: DType::F32, dp: 48 });
         assert_eq!(simple.name(), "coil_attention_bwd_simple_f32_d48");
         assert_eq!(simple.shared_bytes(), 0);
-        assert!(AttentionBackwardKernel::choose(DType::F64, 64, 9).is_err());
+        assert!(AttentionBackwardKernel::choose(DType::F64, 64, &GpuTarget::h100()).is_err());
         assert_eq!(backward_grid(12, 130, 70, true, true), ((12, 5, 1), 2));
         assert_eq!(backward_grid(12, 130, 70, false, true), ((12, 2, 1), 2));
         assert_eq!(backward_grid(12, 130, 70, true, false), ((12, 3, 1), 0));

@@ -1,8 +1,5 @@
 /* coil attention templates: what the forward and the backward kernels share (see
-   codegen/src/templates/attention.rs). No headers: NVRTC has none here. */
-typedef unsigned short coil_u16;
-typedef unsigned int coil_u32;
-#define COIL_D __device__ __forceinline__
+   codegen/src/templates/attention.rs). Follows half.cuh. No headers: NVRTC has none here. */
 #define COIL_NEG_INF (-__int_as_float(0x7f800000))
 #define COIL_LOG2E 1.4426950408889634f
 #define COIL_LN2 0.6931471805599453f
@@ -10,10 +7,10 @@ typedef unsigned int coil_u32;
 /* One operand: element (b, h, row, col) is at offset + b*outer + h*inner + row*row + col*col. */
 struct CoilAttnOperand { long long offset, outer, inner, row, col; };
 
-/* The warp-level PTX helpers. With COIL_ATTENTION_EMULATED defined they are left to the
-   includer: a host emulation of the instructions, for testing the kernels' index math off a
-   GPU (runtime/src/cuda/attention_emulation.rs). */
-#ifndef COIL_ATTENTION_EMULATED
+/* The warp-level PTX helpers. With COIL_EMULATED defined they are left to the includer: a
+   host emulation of the instructions, for testing the kernels' index math off a GPU
+   (runtime/src/cuda/attention_emulation.rs). */
+#ifndef COIL_EMULATED
 /* The shared-state-space address of a generic pointer into shared memory. Callers add byte
    offsets to the address of a tile's start, so that the conversion is done once per tile and the
    offsets stay 32-bit (a generic pointer per element costs a 64-bit multiply-add each). */
@@ -77,21 +74,6 @@ COIL_D float coil_log2(float x) {
     asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-COIL_D float coil_f16_to_f32(coil_u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-COIL_D coil_u16 coil_f32_to_f16(float f) {
-    coil_u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-/* Round to nearest even in integer arithmetic (cvt to bf16 needs sm_80; this runs anywhere). */
-COIL_D coil_u16 coil_f32_to_bf16(float f) {
-    const coil_u32 u = __float_as_uint(f);
-    return f != f ? (coil_u16)0x7fc0 : (coil_u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 COIL_D float coil_quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -152,7 +134,7 @@ template <int KIND> COIL_D float coil_att_load(const void *p, long long i) {
     } else if constexpr (KIND == 1) {
         return coil_f16_to_f32(((const coil_u16 *)p)[i]);
     } else {
-        return __uint_as_float((coil_u32)((const coil_u16 *)p)[i] << 16);
+        return coil_bf16_to_f32(((const coil_u16 *)p)[i]);
     }
 }
 template <int KIND> COIL_D void coil_att_store(void *p, long long i, float x) {

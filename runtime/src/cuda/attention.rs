@@ -195,8 +195,7 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
     if count * spec.l * spec.d == 0 {
         return Ok(());
     }
-    let (sm_major, sm_count) = (dev.compute_capability().0, dev.sm_count());
-    let mut launch = ForwardLaunch::choose(dtype, spec.d, sm_major, sm_count, count, spec.l, spec.s, spec.causal)?;
+    let mut launch = ForwardLaunch::choose(dtype, spec.d, dev.target(), count, spec.l, spec.s, spec.causal)?;
     check_sizes("attention", &spec.batch, spec.l, spec.s, launch.grid.1 as usize)?;
     if !writable(&spec.out, bufs.out.ptr, spec.d) {
         launch.kernel = launch.kernel.simple(dtype);
@@ -309,7 +308,7 @@ pub fn attention_backward(
     let dkv = spec.dk.is_some() || spec.dv.is_some();
     let (grid, key_blocks) = backward_grid(count, spec.l, spec.s, spec.dq.is_some(), dkv);
     check_sizes("attention backward", &spec.batch, spec.l, spec.s, grid.1 as usize)?;
-    let mut variant = AttentionBackwardKernel::choose(dtype, spec.d, dev.compute_capability().0)?;
+    let mut variant = AttentionBackwardKernel::choose(dtype, spec.d, dev.target())?;
     let grads = [(&spec.dq, bufs.dq), (&spec.dk, bufs.dk), (&spec.dv, bufs.dv)];
     if grads.iter().any(|(view, buf)| matches!((view, buf), (Some(v), Some(b)) if !writable(v, b.ptr, spec.d))) {
         variant = variant.simple(dtype);

@@ -1,11 +1,12 @@
-/* The warp-level helpers the attention templates (codegen/src/templates/attention_common.cuh)
-   leave to the includer when COIL_ATTENTION_EMULATED is defined, in C++ for the host, from their
-   PTX ISA definitions; included (after block_emulation.h) before the module by the emulation
+/* The warp-level helpers the attention templates (codegen/src/templates/attention_common.cuh,
+   half.cuh) leave to the includer when COIL_EMULATED is defined, in C++ for the host, from their
+   PTX ISA definitions; included (after codegen/src/templates/block_emulation.h) before the module by the emulation
    test (runtime/src/cuda/attention_emulation.rs). */
 #include <cmath>
-#define COIL_ATTENTION_EMULATED 1
+#define COIL_EMULATED 1
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline unsigned coil_emu_bits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 
 /* Dynamic shared memory (`extern __shared__` in the kernels): one block's worth, 16-byte aligned. */
@@ -74,11 +75,8 @@ inline unsigned short coil_f32_to_f16(float f) {
     if (bits >= 2048) { bits >>= 1; ++be; } /* rounding carried into the next binade */
     return (unsigned short)(sign | (unsigned)be << 10 | (bits & 1023u));
 }
-inline unsigned short coil_f32_to_bf16(float f) {
-    unsigned u = coil_emu_bits(f);
-    if (f != f) return 0x7fc0;
-    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+/* half.cuh's (integer arithmetic off sm_80), defined with the module. */
+inline unsigned short coil_f32_to_bf16(float f);
 template <bool BF16> inline float coil_emu_half(unsigned bits) {
     bits &= 0xffffu;
     return BF16 ? __uint_as_float(bits << 16) : coil_f16_to_f32((unsigned short)bits);

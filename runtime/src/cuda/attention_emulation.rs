@@ -14,12 +14,17 @@ use super::*;
 use crate::cpu::attention::{attention_bytes, MaskBytes};
 use crate::cpu::attention_backward::{attention_backward_bytes, BackwardBuffers};
 use coil_codegen::templates::attention::{AttentionKernel, ForwardLaunch};
+use coil_codegen::templates::BLOCK_EMULATION;
 use coil_ir::loops::BufferId;
+use coil_ir::target::GpuTarget;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The warp-level helpers the templates leave to the includer, in C++.
-const EMULATION_HEADER: &str = concat!(include_str!("block_emulation.h"), include_str!("attention_emulation.h"));
+/// The warp-level helpers the templates leave to the includer, in C++, after the emulated
+/// thread block.
+fn emulation_header() -> String {
+    format!("{BLOCK_EMULATION}{}", include_str!("attention_emulation.h"))
+}
 
 /// The host program launching a grid.
 const RUNNER: &str = include_str!("attention_emulation_main.cpp");
@@ -79,7 +84,7 @@ fn backward_kernel(kernel: AttentionBackwardKernel) -> Emulated {
 
 /// Compiles a variant's module with the emulation (once per variant and test run).
 fn build(dir: &Path, kernel: &Emulated) -> std::result::Result<PathBuf, String> {
-    std::fs::write(dir.join("emu.h"), EMULATION_HEADER).unwrap();
+    std::fs::write(dir.join("emu.h"), emulation_header()).unwrap();
     std::fs::write(dir.join("module.cu"), &kernel.source).unwrap();
     std::fs::write(dir.join("main.cpp"), RUNNER).unwrap();
     let exe = dir.join("emu");
@@ -402,7 +407,8 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             AttentionKernel::SplitMma { .. } | AttentionKernel::SplitSimple { .. } => {
                 let sm_major =
                     if matches!(c.kernel, AttentionKernel::SplitSimple { dtype: DType::BF16, .. }) { 7 } else { 9 };
-                let launch = ForwardLaunch::choose(dtype, d, sm_major, c.sm_count, count, l, s, c.causal).unwrap();
+                let target = GpuTarget { compute_capability: (sm_major, 0), sm_count: c.sm_count, ..GpuTarget::h100() };
+                let launch = ForwardLaunch::choose(dtype, d, &target, count, l, s, c.causal).unwrap();
                 assert_eq!(launch.kernel, c.kernel, "the launch rule's kernel");
                 launch
             }

@@ -184,11 +184,11 @@ impl CudaCompiledGraph {
         for (i, step) in self.steps.iter().enumerate() {
             let Step::Generated { name, launch, kernel, .. } = step else { continue };
             let tile = self.tiles[*kernel].as_ref().expect("a generated kernel");
-            let tunings = launch::candidates(tile);
+            let tunings = launch::candidates(tile, self.device.target());
             if tunings.len() < 2 || launch.block == 0 {
                 continue;
             }
-            let heuristic = emit_cuda_with(std::slice::from_ref(tile), &Tuning::default())?;
+            let heuristic = emit_cuda_with(std::slice::from_ref(tile), &Tuning::default(), self.device.target())?;
             if heuristic.kernels[0].launch != *launch {
                 log(&format!("{name}: its launch is not the heuristic's, not tuned"));
                 continue;
@@ -202,11 +202,12 @@ impl CudaCompiledGraph {
             }
         }
         // Every module to build, in `todo` order, built in parallel.
+        let target = self.device.target();
         let emitted: Vec<Result<CudaModule>> = (todo.iter())
             .flat_map(|(i, _, want, _)| {
                 let Step::Generated { kernel, .. } = &self.steps[*i] else { unreachable!("a kernel's step") };
                 let tile = self.tiles[*kernel].as_ref().expect("a generated kernel");
-                want.iter().map(move |t| emit_cuda_with(std::slice::from_ref(tile), t))
+                want.iter().map(move |t| emit_cuda_with(std::slice::from_ref(tile), t, target))
             })
             .collect();
         let units: Vec<&CudaModule> = emitted.iter().filter_map(|m| m.as_ref().ok()).collect();

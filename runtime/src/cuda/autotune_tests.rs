@@ -131,15 +131,17 @@ fn softmax_graph(shapes: &[(usize, usize, KernelKind)]) -> (LoopProgram, Schedul
 /// every candidate of each kernel, forced through the cache, computes the same outputs.
 #[test]
 fn autotuned_softmax_matches_the_heuristic_plans() {
-    use coil_codegen::cuda::{emit_cuda, emit_cuda_with, launch, Tuning};
+    use coil_codegen::cuda::{emit_cuda_with, launch, GpuTarget, Tuning};
     let shapes = [(64, 2048, KernelKind::PersistentReduction), (16, 10000, KernelKind::LoopedReduction)];
     let (program, schedule) = softmax_graph(&shapes);
     let tiles: Vec<Option<TileKernel>> =
         schedule.kernels.iter().map(|k| Some(coil_codegen::build_kernel(&program, k))).collect();
-    let units: Vec<CudaModule> = tiles.iter().flatten().map(|t| emit_cuda(std::slice::from_ref(t)).unwrap()).collect();
     // each kernel has alternatives to time
-    assert!(tiles.iter().flatten().all(|t| launch::candidates(t).len() > 1));
+    assert!(tiles.iter().flatten().all(|t| launch::candidates(t, &GpuTarget::h100()).len() > 1));
     let Some(dev) = gpu() else { return };
+    let target = dev.target();
+    let unit = |t: &TileKernel, tuning: &Tuning| emit_cuda_with(std::slice::from_ref(t), tuning, target).unwrap();
+    let units: Vec<CudaModule> = tiles.iter().flatten().map(|t| unit(t, &Tuning::default())).collect();
     if !Tuning::from_env().is_heuristic() {
         eprintln!("SKIP: the environment's tuning knobs are set ({}), so nothing is tuned", Tuning::from_env());
         return;
@@ -180,7 +182,7 @@ fn autotuned_softmax_matches_the_heuristic_plans() {
     for (c, t) in choices.iter().zip(tiles.iter().flatten()) {
         assert!(!c.cached);
         let timed: Vec<Tuning> = c.timings.iter().map(|(t, _)| *t).collect();
-        assert_eq!(timed, launch::candidates(t), "{}", c.kernel);
+        assert_eq!(timed, launch::candidates(t, target), "{}", c.kernel);
         // every candidate ran without error
         assert!(c.timings.iter().all(|(_, us)| us.is_some_and(|us| us > 0.0 && us < 1e6)), "{c:?}");
         assert!(timed.contains(&c.tuning));
@@ -203,16 +205,16 @@ fn autotuned_softmax_matches_the_heuristic_plans() {
 
     // Every candidate, forced as the cached choice, computes the same outputs.
     for (k, tile) in tiles.iter().flatten().enumerate() {
-        let source = emit_cuda_with(std::slice::from_ref(tile), &Tuning::default()).unwrap().source;
+        let source = unit(tile, &Tuning::default()).source;
         let key = autotune::choice_key(&source, &dev.arch(), dev.name(), &[]);
-        for t in launch::candidates(tile) {
+        for t in launch::candidates(tile, target) {
             autotune::write_choice(&dir.0, &key, &t, "forced by the test").unwrap();
             let g = graph(true);
             check(&g.run_host(&refs).unwrap(), &want, &format!("{} with {t}", tile.name));
             assert_eq!(g.autotune_choices()[k].tuning, t);
             // the attributes (summary.json, COIL_PROFILE) describe the launch as it ran
             let a = &g.kernel_attributes()[k];
-            let want_block = emit_cuda_with(std::slice::from_ref(tile), &t).unwrap().kernels[0].launch.block;
+            let want_block = unit(tile, &t).kernels[0].launch.block;
             assert_eq!(a.block, want_block, "{} with {t}", tile.name);
             assert_eq!(a.tuning, (!t.is_heuristic()).then(|| t.to_string()), "{} with {t}", tile.name);
         }

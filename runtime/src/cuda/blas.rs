@@ -24,10 +24,11 @@
 
 use super::compiler::{compile, LoadedModule};
 use super::device::{driver_error, CudaDevice};
-use super::gather::gather;
+use super::gather::{gather, launch_grid_stride};
 use super::loader::{require, CudaLib};
 use super::memory::{download, upload, DeviceMemory};
 use crate::cpu::gemm::{bmm_bytes_to, BmmSpec};
+use coil_codegen::templates::activation;
 use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
@@ -632,7 +633,8 @@ unsafe fn heuristic_choice(
     Ok(results[pick.min(count as usize - 1)].assume_init())
 }
 
-/// The built-in activation kernels: one per float dtype, each in place over `n` elements.
+/// The activation template's kernels (`coil_codegen::templates::activation`) on one device:
+/// one per float dtype, each in place over `n` elements.
 struct ActivationKernels {
     _module: LoadedModule,
     /// f32, f16, bf16, f64.
@@ -643,43 +645,6 @@ struct ActivationKernels {
 unsafe impl Send for ActivationKernels {}
 // SAFETY: as above.
 unsafe impl Sync for ActivationKernels {}
-
-/// gelu_tanh in the order of `Activation::apply_f32` (the decomposition's), f16 / bf16 through
-/// f32 with the conversion unit (round to nearest even). No CUDA headers (NVRTC declares
-/// `tanhf` / `tanh`); built like the gather kernels, through the disk cache.
-const ACTIVATION_SOURCE: &str = r#"
-#define COIL_GELU_TANH(T, x) (((x) * (T)0.5) * (tanh_of((((x) + (x) * (x) * (x) * (T)0.044715) * (T)0.7978845608028654)) + (T)1.0))
-__device__ __forceinline__ float tanh_of(float x) { return tanhf(x); }
-__device__ __forceinline__ double tanh_of(double x) { return tanh(x); }
-__device__ __forceinline__ float gelu_f32(float x) { return COIL_GELU_TANH(float, x); }
-extern "C" __global__ void coil_gelu_tanh_f32(float *x, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        x[i] = gelu_f32(x[i]);
-}
-extern "C" __global__ void coil_gelu_tanh_f64(double *x, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        x[i] = COIL_GELU_TANH(double, x[i]);
-}
-extern "C" __global__ void coil_gelu_tanh_f16(unsigned short *x, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float f;
-        unsigned short h = x[i];
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-        f = gelu_f32(f);
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-        x[i] = h;
-    }
-}
-extern "C" __global__ void coil_gelu_tanh_bf16(unsigned short *x, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float f = __uint_as_float((unsigned int)x[i] << 16);
-        f = gelu_f32(f);
-        unsigned short h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-        x[i] = h;
-    }
-}
-"#;
 
 /// Enqueues `x[i] = act(x[i])` for the `n` elements of `dtype` at `ptr` (the fallback when
 /// cuBLASLt could not apply the activation itself).
@@ -701,10 +666,10 @@ pub(crate) unsafe fn apply_activation(
         .activation
         .get_or_init(|| {
             let build = || -> Result<ActivationKernels> {
-                let (cubin, _) = compile(ACTIVATION_SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
+                let (cubin, _) = compile(activation::SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
                 let module = LoadedModule::load(dev, &cubin)?;
-                let f = |t: &str| module.function(&format!("coil_gelu_tanh_{t}"));
-                let gelu_tanh = [f("f32")?, f("f16")?, f("bf16")?, f("f64")?];
+                let f = |t: DType| module.function(activation::gelu_tanh_kernel(t).expect("a gelu_tanh kernel"));
+                let gelu_tanh = [f(DType::F32)?, f(DType::F16)?, f(DType::BF16)?, f(DType::F64)?];
                 Ok(ActivationKernels { _module: module, gelu_tanh })
             };
             build().map_err(|e| e.message)
@@ -721,13 +686,8 @@ pub(crate) unsafe fn apply_activation(
     }];
     let (mut ptr, mut n64) = (ptr, n as i64);
     let mut params: [*mut c_void; 2] = [(&mut ptr as *mut u64).cast(), (&mut n64 as *mut i64).cast()];
-    let block = 256u32;
-    let grid = (n.div_ceil(block as usize)).min(dev.sm_count() as usize * 32).max(1) as u32;
-    dev.bind()?;
-    // SAFETY: the parameters match the kernel's signature and live until the call returns (the
-    // driver copies them); the memory contract is the caller's.
-    unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), &mut params) }
-        .map_err(|e| driver_error("cuLaunchKernel(coil_gelu_tanh)", e))
+    // SAFETY: the parameters match the kernel's signature; the memory contract is the caller's.
+    unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_gelu_tanh") }
 }
 
 #[cfg(test)]

@@ -190,7 +190,7 @@ pub fn warm_up(device: &Arc<CudaDevice>) {
         let (dev, arch) = (device.clone(), device.arch());
         std::thread::spawn(move || {
             if nvrtc_version().is_ok() {
-                let source = "extern \"C\" __global__ void coil_warm_up() {}\n";
+                let source = coil_codegen::templates::WARM_UP_SOURCE;
                 let _ = nvrtc_cubin(source, &arch, Path::new("warm_up.cu"));
             }
         });

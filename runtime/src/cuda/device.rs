@@ -9,6 +9,7 @@
 use super::loader::{require, CudaLib};
 use super::memory::CachingAllocator;
 use super::status::StatusBoard;
+use coil_ir::target::GpuTarget;
 use coil_ir::{Error, Result};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaStream};
 use std::collections::HashMap;
@@ -65,6 +66,26 @@ pub fn synchronize_all() -> Result<()> {
     first
 }
 
+/// The [`GpuTarget`] of a device, from its attributes.
+fn read_target(ctx: &CudaContext) -> Result<GpuTarget> {
+    use sys::CUdevice_attribute as A;
+    let read = |attribute: A| -> Result<usize> {
+        let v = ctx.attribute(attribute).map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
+        Ok(v.max(0) as usize)
+    };
+    let (major, minor) = ctx.compute_capability().map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
+    Ok(GpuTarget {
+        compute_capability: (major as u32, minor as u32),
+        sm_count: read(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+        l2_bytes: read(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+        shared_per_block_optin: read(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        shared_per_sm: read(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+        registers_per_sm: read(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32,
+        max_threads_per_sm: read(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32,
+        clusters: read(A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? != 0,
+    })
+}
+
 /// A driver error as a coil runtime error naming the call.
 pub(crate) fn driver_error(call: &str, e: drv::DriverError) -> Error {
     Error::runtime(format!("CUDA {call} failed: {e}"))
@@ -77,8 +98,8 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     name: String,
-    compute_capability: (u32, u32),
-    sm_count: u32,
+    /// What code is generated for (compute capability, SM count, caches, limits).
+    target: GpuTarget,
     pub(crate) allocator: CachingAllocator,
     /// cuBLASLt state, created on the first matrix product.
     pub(crate) blas: OnceLock<std::result::Result<super::blas::Blas, String>>,
@@ -105,8 +126,7 @@ impl std::fmt::Debug for CudaDevice {
         f.debug_struct("CudaDevice")
             .field("ordinal", &self.ordinal)
             .field("name", &self.name)
-            .field("compute_capability", &self.compute_capability)
-            .field("sm_count", &self.sm_count)
+            .field("target", &self.target)
             .finish()
     }
 }
@@ -138,17 +158,13 @@ impl CudaDevice {
         // with every other user of the context.
         let stream = ctx.new_stream().map_err(|e| driver_error("cuStreamCreate", e))?;
         let name = ctx.name().map_err(|e| driver_error("cuDeviceGetName", e))?;
-        let (major, minor) = ctx.compute_capability().map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
-        let sm_count = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
+        let target = read_target(&ctx)?;
         Ok(CudaDevice {
             ordinal,
             ctx,
             stream,
             name,
-            compute_capability: (major as u32, minor as u32),
-            sm_count: sm_count as u32,
+            target,
             allocator: CachingAllocator::default(),
             blas: OnceLock::new(),
             helpers: OnceLock::new(),
@@ -171,17 +187,23 @@ impl CudaDevice {
 
     /// Compute capability `(major, minor)`, e.g. `(9, 0)` for Hopper.
     pub fn compute_capability(&self) -> (u32, u32) {
-        self.compute_capability
+        self.target.compute_capability
     }
 
     /// The NVRTC architecture for this device, e.g. `sm_90`.
     pub fn arch(&self) -> String {
-        format!("sm_{}{}", self.compute_capability.0, self.compute_capability.1)
+        format!("sm_{}", self.target.arch())
     }
 
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> u32 {
-        self.sm_count
+        self.target.sm_count
+    }
+
+    /// The GPU as code generation sees it, read from the driver's device attributes: what
+    /// launch plans and the templates' launch rules are made for.
+    pub fn target(&self) -> &GpuTarget {
+        &self.target
     }
 
     /// The `cudarc` context (the device's primary context).

@@ -1,123 +1,20 @@
-//! Built-in kernels for the fallback ops (ops with no generated kernel yet): `scatter` /
-//! `scatter_add` (the gradients of `embedding`, `index_select` and `gather`) and `cumsum`, run
-//! on the device instead of on the host.
-//!
-//! **Scatter.** The result starts as a copy of `x`; each thread then takes elements of `index`
-//! (row-major), finds the element of `x` it names (the index's own position, with the scattered
-//! dim replaced by the index value) and stores `src` there or adds it atomically (f32, f64, i32,
-//! i64 natively; f16 and bf16 by a compare-and-swap on the 32-bit word holding them, the sum
-//! rounded once per add, as PyTorch's CUDA kernel does). An index out of range is reported in
-//! status words of the run's, as generated kernels report theirs ([`super::status`]: code 1,
-//! the index, the dim's size), checked at the next synchronization point: the call does not
-//! wait for the kernel.
-//!
-//! **Cumsum.** One thread per line along the scanned dim (consecutive threads take consecutive
-//! inner positions, so loads coalesce unless the dim is the last), summing in f64 (i64 for
-//! integers, wrapping) and rounding each output to the dtype: the reference interpreter's
-//! values, bit for bit. A long line is one thread's sequential work, still no host round trip.
-//!
-//! Other dtypes stay on the host path. Built-in CUDA C, compiled by NVRTC (through the disk
-//! cache) the first time a device needs it.
+//! The fallback template's kernels (`coil_codegen::templates::fallback`: `scatter` /
+//! `scatter_add` and `cumsum` for ops with no generated kernel) on the device: compiled by
+//! NVRTC (through the disk cache) the first time a device needs them, launched grid-stride. A
+//! scatter's index out of range is reported in status words of the run's, as generated kernels
+//! report theirs ([`super::status`]), checked at the next synchronization point: the call does
+//! not wait for the kernel.
 
 use super::compiler::{compile, LoadedModule};
 use super::device::CudaDevice;
 use super::gather::launch_grid_stride;
 use super::memory::copy_device;
-use coil_ir::{DType, Error, Result, TensorMeta};
+use coil_codegen::templates::fallback::{cumsum_kernel, cumsum_lines, scatter_kernel, ScatterDims, SOURCE};
+pub use coil_codegen::templates::fallback::{supports_cumsum, supports_scatter};
+use coil_ir::{Error, Result, TensorMeta};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::Arc;
-
-/// Most dims a scatter handles.
-const SCATTER_DIMS: usize = 8;
-
-const FALLBACK_SOURCE: &str = r#"
-struct CoilScatterDims { long long size[8]; long long xstride[8]; long long sstride[8]; };
-__device__ __forceinline__ float coil_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short coil_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float coil_b2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
-__device__ __forceinline__ unsigned short coil_f2b(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-/* A 16-bit float add by compare-and-swap on the aligned 32-bit word that holds it. */
-#define COIL_ADD16(NAME, TOF, FROMF)                                                            \
-__device__ __forceinline__ void NAME(unsigned short *p, unsigned short v) {                    \
-    unsigned *w = (unsigned *)((unsigned long long)p & ~3ULL);                                 \
-    const unsigned shift = ((unsigned long long)p & 2) ? 16 : 0;                               \
-    unsigned old = *w, assumed;                                                                \
-    do {                                                                                       \
-        assumed = old;                                                                         \
-        const unsigned short sum = FROMF(TOF((unsigned short)(assumed >> shift)) + TOF(v));    \
-        const unsigned next = (assumed & ~(0xffffu << shift)) | ((unsigned)sum << shift);      \
-        old = atomicCAS(w, assumed, next);                                                     \
-    } while (old != assumed);                                                                  \
-}
-COIL_ADD16(coil_add_f16, coil_h2f, coil_f2h)
-COIL_ADD16(coil_add_bf16, coil_b2f, coil_f2b)
-#define COIL_SCATTER(NAME, T, UPDATE)                                                         \
-extern "C" __global__ void NAME(T *out, const long long *__restrict__ index,                   \
-                                const T *__restrict__ src, long long n, int ndim, int dim,    \
-                                long long dim_size, CoilScatterDims d, long long *status) {   \
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;                \
-         i += (long long)gridDim.x * blockDim.x) {                                             \
-        long long rem = i, xo = 0, so = 0;                                                     \
-        for (int k = ndim - 1; k >= 0; --k) {                                                  \
-            const long long q = rem / d.size[k], c = rem - q * d.size[k];                      \
-            rem = q;                                                                           \
-            so += c * d.sstride[k];                                                            \
-            if (k != dim) xo += c * d.xstride[k];                                              \
-        }                                                                                      \
-        const long long j = index[i];                                                          \
-        if (j < 0 || j >= dim_size) {                                                          \
-            if (status[0] == 0) { status[0] = 1; status[1] = j; status[2] = dim_size; }        \
-            continue;                                                                          \
-        }                                                                                      \
-        T *p = out + xo + j * d.xstride[dim];                                                  \
-        UPDATE;                                                                                \
-    }                                                                                          \
-}
-COIL_SCATTER(coil_scatter_1, unsigned char, *p = src[so])
-COIL_SCATTER(coil_scatter_2, unsigned short, *p = src[so])
-COIL_SCATTER(coil_scatter_4, unsigned int, *p = src[so])
-COIL_SCATTER(coil_scatter_8, unsigned long long, *p = src[so])
-COIL_SCATTER(coil_scatter_add_f32, float, atomicAdd(p, src[so]))
-COIL_SCATTER(coil_scatter_add_f64, double, atomicAdd(p, src[so]))
-COIL_SCATTER(coil_scatter_add_i32, int, atomicAdd(p, src[so]))
-COIL_SCATTER(coil_scatter_add_i64, unsigned long long, atomicAdd(p, src[so]))
-COIL_SCATTER(coil_scatter_add_f16, unsigned short, coil_add_f16(p, src[so]))
-COIL_SCATTER(coil_scatter_add_bf16, unsigned short, coil_add_bf16(p, src[so]))
-#define COIL_CUMSUM(NAME, T, ACC, LOAD, STORE)                                                 \
-extern "C" __global__ void NAME(const T *__restrict__ x, T *__restrict__ y, long long lines,     \
-                                long long len, long long inner) {                               \
-    for (long long l = blockIdx.x * (long long)blockDim.x + threadIdx.x; l < lines;              \
-         l += (long long)gridDim.x * blockDim.x) {                                              \
-        const long long o = l / inner, base = o * len * inner + (l - o * inner);                \
-        ACC acc = 0;                                                                            \
-        for (long long j = 0; j < len; j++) {                                                   \
-            acc += LOAD(x[base + j * inner]);                                                   \
-            y[base + j * inner] = STORE(acc);                                                   \
-        }                                                                                       \
-    }                                                                                           \
-}
-#define COIL_SAME(v) (v)
-#define COIL_TO_F32(v) ((float)(v))
-#define COIL_H2D(v) ((double)coil_h2f(v))
-#define COIL_D2H(v) coil_f2h((float)(v))
-#define COIL_B2D(v) ((double)coil_b2f(v))
-#define COIL_D2B(v) coil_f2b((float)(v))
-COIL_CUMSUM(coil_cumsum_f32, float, double, COIL_SAME, COIL_TO_F32)
-COIL_CUMSUM(coil_cumsum_f64, double, double, COIL_SAME, COIL_SAME)
-COIL_CUMSUM(coil_cumsum_i64, unsigned long long, unsigned long long, COIL_SAME, COIL_SAME)
-COIL_CUMSUM(coil_cumsum_f16, unsigned short, double, COIL_H2D, COIL_D2H)
-COIL_CUMSUM(coil_cumsum_bf16, unsigned short, double, COIL_B2D, COIL_D2B)
-"#;
-
-/// The kernel argument `CoilScatterDims`, laid out as the C struct.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ScatterDims {
-    size: [i64; SCATTER_DIMS],
-    xstride: [i64; SCATTER_DIMS],
-    sstride: [i64; SCATTER_DIMS],
-}
 
 /// The built-in fallback kernels of one device.
 pub struct FallbackKernels {
@@ -135,7 +32,7 @@ impl FallbackKernels {
         dev.fallback
             .get_or_init(|| {
                 let build = || -> Result<FallbackKernels> {
-                    let (cubin, _) = compile(FALLBACK_SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
+                    let (cubin, _) = compile(SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
                     Ok(FallbackKernels { module: LoadedModule::load(dev, &cubin)? })
                 };
                 build().map_err(|e| e.message)
@@ -143,38 +40,6 @@ impl FallbackKernels {
             .as_ref()
             .map_err(|e| Error::runtime(e.clone()))
     }
-}
-
-/// The scatter kernel for `dtype`, if the device path handles it.
-fn scatter_kernel(dtype: DType, add: bool) -> Option<String> {
-    if !add {
-        return Some(format!("coil_scatter_{}", dtype.size_bytes()));
-    }
-    let suffix = match dtype {
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => return None,
-    };
-    Some(format!("coil_scatter_add_{suffix}"))
-}
-
-/// Whether the device kernel runs `scatter(x, dim, index, src)` of these operands
-/// (an i64 index, a dtype it has a kernel for, at most 8 dims).
-pub fn supports_scatter(x: &TensorMeta, index: &TensorMeta, add: bool) -> bool {
-    index.dtype == DType::I64 && x.rank() <= SCATTER_DIMS && scatter_kernel(x.dtype, add).is_some()
-}
-
-/// Row-major strides of `shape`, in elements.
-fn strides(shape: &[usize]) -> Vec<i64> {
-    let mut s = vec![1i64; shape.len()];
-    for k in (0..shape.len().saturating_sub(1)).rev() {
-        s[k] = s[k + 1] * shape[k + 1] as i64;
-    }
-    s
 }
 
 /// Enqueues `out = scatter(x, dim, index, src)` (`scatter_add` when `add`) on contiguous device
@@ -208,13 +73,7 @@ pub(crate) unsafe fn scatter(
     }
     let kernels = FallbackKernels::get(dev)?;
     let f = kernels.module.function(&name)?;
-    let mut d = ScatterDims { size: [1; SCATTER_DIMS], xstride: [0; SCATTER_DIMS], sstride: [0; SCATTER_DIMS] };
-    let (xs, ss) = (strides(&xm.shape), strides(&sm.shape));
-    for k in 0..xm.rank() {
-        d.size[k] = im.shape[k] as i64;
-        d.xstride[k] = xs[k];
-        d.sstride[k] = ss[k];
-    }
+    let mut d = ScatterDims::new(xm, im, sm);
     let (mut out_p, mut index_p, mut src_p, mut status_p) = (out, index, src, status);
     let (mut n64, mut ndim, mut dim32, mut dim_size) =
         (n as i64, xm.rank().max(1) as i32, dim as i32, xm.shape.get(dim).copied().unwrap_or(1) as i64);
@@ -234,24 +93,6 @@ pub(crate) unsafe fn scatter(
     unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_scatter") }
 }
 
-/// The cumsum kernel for `dtype`, if the device path handles it (integers arrive as i64: the
-/// decomposition casts them).
-fn cumsum_kernel(dtype: DType) -> Option<&'static str> {
-    Some(match dtype {
-        DType::F32 => "coil_cumsum_f32",
-        DType::F64 => "coil_cumsum_f64",
-        DType::I64 => "coil_cumsum_i64",
-        DType::F16 => "coil_cumsum_f16",
-        DType::BF16 => "coil_cumsum_bf16",
-        _ => return None,
-    })
-}
-
-/// Whether the device kernel runs `cumsum(x, dim)` with this output (of x's dtype).
-pub fn supports_cumsum(x: &TensorMeta, out: &TensorMeta) -> bool {
-    x.dtype == out.dtype && x.shape == out.shape && cumsum_kernel(x.dtype).is_some()
-}
-
 /// `out = cumsum(x, dim)` on contiguous device buffers of x's meta.
 ///
 /// # Safety
@@ -269,12 +110,10 @@ pub(crate) unsafe fn cumsum(
     if n == 0 {
         return Ok(());
     }
-    // A 0-d tensor is one line of one element.
-    let len = xm.shape.get(dim).copied().unwrap_or(1);
-    let inner: usize = xm.shape.get(dim + 1..).map_or(1, |s| s.iter().product());
+    let (lines, len, inner) = cumsum_lines(xm, dim);
     let f = FallbackKernels::get(dev)?.module.function(name)?;
     let (mut x_p, mut out_p) = (x, out);
-    let (mut lines, mut len64, mut inner64) = ((n / len) as i64, len as i64, inner as i64);
+    let (mut lines, mut len64, mut inner64) = (lines as i64, len as i64, inner as i64);
     let mut params: [*mut c_void; 5] = [
         (&mut x_p as *mut u64).cast(),
         (&mut out_p as *mut u64).cast(),

@@ -2,17 +2,19 @@
 //!
 //! cuBLASLt takes a matrix only as a leading dimension plus a transpose flag, and its bias
 //! epilogue only a contiguous vector; the few views that are not expressible so are first
-//! gathered by these kernels. They are built-in CUDA C, compiled with NVRTC (through the disk
-//! cache) the first time a device needs them.
+//! gathered by the gather template's kernels (`coil_codegen::templates::gather`), compiled
+//! with NVRTC (through the disk cache) the first time a device needs them.
 
 use super::compiler::{compile, LoadedModule};
 use super::device::{driver_error, CudaDevice};
+use coil_codegen::templates::gather::{kernel, GatherDims, MAX_DIMS, SOURCE};
+use coil_codegen::templates::grid_stride_launch;
 use coil_ir::{Error, Result};
 use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// The built-in helper kernels: a strided gather per element size (1, 2, 4, 8 bytes).
+/// The gather template's kernels on one device, by element size (1, 2, 4, 8 bytes).
 pub struct Helpers {
     _module: LoadedModule,
     gather: [sys::CUfunction; 4],
@@ -23,61 +25,14 @@ unsafe impl Send for Helpers {}
 // SAFETY: as above.
 unsafe impl Sync for Helpers {}
 
-/// Most dims a gather handles (after dropping size-1 dims).
-const GATHER_DIMS: usize = 8;
-
-const HELPERS_SOURCE: &str = r#"
-struct CoilDims { long long size[8]; long long stride[8]; };
-#define COIL_GATHER(NAME, T)                                                                  \
-extern "C" __global__ void NAME(const T* __restrict__ src, T* __restrict__ dst, long long n,   \
-                                int ndim, CoilDims d) {                                        \
-    if (n < 2147483648LL) { /* 32-bit divisions: several times cheaper than 64-bit ones */   \
-        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (unsigned)n;             \
-             i += gridDim.x * blockDim.x) {                                                    \
-            unsigned rem = i;                                                                  \
-            long long off = 0;                                                                 \
-            for (int k = ndim - 1; k >= 0; --k) {                                              \
-                unsigned s = (unsigned)d.size[k], q = rem / s;                                 \
-                off += (long long)(rem - q * s) * d.stride[k];                                 \
-                rem = q;                                                                       \
-            }                                                                                  \
-            dst[i] = src[off];                                                                 \
-        }                                                                                      \
-        return;                                                                                \
-    }                                                                                          \
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;                \
-         i += (long long)gridDim.x * blockDim.x) {                                             \
-        long long rem = i, off = 0;                                                            \
-        for (int k = ndim - 1; k >= 0; --k) {                                                  \
-            long long q = rem / d.size[k];                                                     \
-            off += (rem - q * d.size[k]) * d.stride[k];                                        \
-            rem = q;                                                                           \
-        }                                                                                      \
-        dst[i] = src[off];                                                                     \
-    }                                                                                          \
-}
-COIL_GATHER(coil_gather_1, unsigned char)
-COIL_GATHER(coil_gather_2, unsigned short)
-COIL_GATHER(coil_gather_4, unsigned int)
-COIL_GATHER(coil_gather_8, unsigned long long)
-"#;
-
-/// The kernel argument `CoilDims`, laid out as the C struct.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct GatherDims {
-    size: [i64; GATHER_DIMS],
-    stride: [i64; GATHER_DIMS],
-}
-
 impl Helpers {
     fn get(dev: &Arc<CudaDevice>) -> Result<&Helpers> {
         dev.helpers
             .get_or_init(|| {
                 let build = || -> Result<Helpers> {
-                    let (cubin, _) = compile(HELPERS_SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
+                    let (cubin, _) = compile(SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
                     let module = LoadedModule::load(dev, &cubin)?;
-                    let f = |n: usize| module.function(&format!("coil_gather_{n}"));
+                    let f = |n: usize| module.function(kernel(n).expect("a gather kernel"));
                     let gather = [f(1)?, f(2)?, f(4)?, f(8)?];
                     Ok(Helpers { _module: module, gather })
                 };
@@ -108,10 +63,10 @@ pub(crate) unsafe fn gather(
     }
     let dims: Vec<(usize, usize)> =
         sizes.iter().copied().zip(strides.iter().copied()).filter(|&(s, _)| s != 1).collect();
-    if dims.len() > GATHER_DIMS {
-        return Err(Error::unsupported(format!("a strided copy of {} dims (at most {GATHER_DIMS})", dims.len())));
+    if dims.len() > MAX_DIMS {
+        return Err(Error::unsupported(format!("a strided copy of {} dims (at most {MAX_DIMS})", dims.len())));
     }
-    let mut d = GatherDims { size: [1; GATHER_DIMS], stride: [0; GATHER_DIMS] };
+    let mut d = GatherDims { size: [1; MAX_DIMS], stride: [0; MAX_DIMS] };
     for (k, &(s, st)) in dims.iter().enumerate() {
         d.size[k] = s as i64;
         d.stride[k] = st as i64;
@@ -135,8 +90,8 @@ pub(crate) unsafe fn gather(
     unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_gather") }
 }
 
-/// Launches a built-in grid-stride kernel over `n` items: blocks of 256 threads, at most 32
-/// blocks per SM (the loop covers the rest).
+/// Launches a template's grid-stride kernel over `n` items, by the templates' rule
+/// ([`grid_stride_launch`]).
 ///
 /// # Safety
 /// `params` must match `f`'s signature and point at values that live until the call returns (the
@@ -148,8 +103,7 @@ pub(crate) unsafe fn launch_grid_stride(
     params: &mut [*mut c_void],
     name: &str,
 ) -> Result<()> {
-    let block = 256u32;
-    let grid = n.div_ceil(block as usize).min(dev.sm_count() as usize * 32).max(1) as u32;
+    let (grid, block) = grid_stride_launch(n, dev.target());
     dev.bind()?;
     // SAFETY: the caller's contract.
     unsafe { drv::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, dev.cu_stream(), params) }

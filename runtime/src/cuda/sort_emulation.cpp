@@ -1,7 +1,7 @@
 /* Host emulation of the argsort template (codegen/src/templates/sort.cu) for the test
    runtime/src/cuda/sort_emulation.rs: the CUDA built-ins the kernels use, in C++, one
-   std::thread per CUDA thread with a real block barrier (block_emulation.h), blocks one after
-   another. The test writes block_emulation.h, this file, the template's source and the runner
+   std::thread per CUDA thread with a real block barrier (codegen/src/templates/block_emulation.h),
+   blocks one after another. The test writes block_emulation.h, this file, the template's source and the runner
    below into one translation unit. Usage: emu KERNEL LINES LEN INNER TILES WIDTH THREADS DESCENDING IN OUT [RUN...]: the
    input's raw bytes are read from IN, the i64 positions written to OUT, one merge pass per RUN. */
 #include <cstdio>

@@ -8,6 +8,7 @@
 
 use crate::cpu::sort::argsort_bytes;
 use coil_codegen::templates::sort::{tile_kernel, SortPlan, SOURCE};
+use coil_codegen::templates::BLOCK_EMULATION;
 use coil_ir::{DType, TensorMeta};
 use std::path::PathBuf;
 use std::process::Command;
@@ -19,13 +20,9 @@ fn emulator() -> Option<&'static PathBuf> {
     EXE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("coil_sort_emulation_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let unit = [
-            include_str!("block_emulation.h"),
-            include_str!("sort_emulation.cpp"),
-            SOURCE,
-            include_str!("sort_emulation_main.cpp"),
-        ]
-        .join("\n");
+        let unit =
+            [BLOCK_EMULATION, include_str!("sort_emulation.cpp"), SOURCE, include_str!("sort_emulation_main.cpp")]
+                .join("\n");
         std::fs::write(dir.join("emu.cpp"), unit).unwrap();
         let exe = dir.join("emu");
         let out = Command::new("g++")

@@ -187,13 +187,8 @@ fn module(source: &str, name: &str, grid: u32) -> CudaModule {
     }
 }
 
-const ADD_CU: &str = r#"
-extern "C" __global__ void poi_fused_add_0(const float* in_ptr0, const float* in_ptr1, float* out_ptr0,
-                                           long long* status) {
-    long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (x < 1000) out_ptr0[x] = in_ptr0[x] + in_ptr1[x];
-}
-"#;
+/// A hand-written kernel (independent of the code generator): `out = in0 + in1` over 1000 f32.
+const ADD_CU: &str = include_str!("../../testdata/add.cu");
 
 /// `buf2 = arg0 + arg1` over 1000 f32; outputs `(buf2, arg0, buf2)`.
 fn add_graph(dev: &Arc<CudaDevice>, dir: &Path, source: &str) -> Result<CudaCompiledGraph> {
@@ -300,19 +295,7 @@ fn compile_errors_carry_the_nvrtc_log_and_keep_the_source() {
 fn out_of_bounds_index_is_an_error_naming_the_kernel() {
     let Some(dev) = gpu() else { return };
     let dir = TempDir::new("oob");
-    let cu = r#"
-extern "C" __global__ void poi_fused_index_select_0(const float* in_ptr0, const long long* in_ptr1,
-                                                    float* out_ptr0, long long* status) {
-    long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (x >= 3) return;
-    long long i = in_ptr1[x];
-    if (i < 0 || i >= 5) {
-        if (atomicCAS((unsigned long long*)status, 0ull, 1ull) == 0ull) { status[1] = i; status[2] = 5; }
-        return;
-    }
-    out_ptr0[x] = in_ptr0[i];
-}
-"#;
+    let cu = include_str!("../../testdata/index_select_oob.cu");
     let program = LoopProgram {
         symbols: vec![],
         data_checks: vec![],

@@ -11,6 +11,7 @@ use crate::cuda::emit::{index_type, single_float, uniform_values, Access, Group,
 use crate::cuda::launch::Plan;
 use coil_ir::kernel::{flat_stmts, rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
 use coil_ir::sym::{Expr, ExprKind};
+use coil_ir::target::GpuTarget;
 use coil_ir::{BinaryOp, DType, ReduceOp};
 use indexmap::{IndexMap, IndexSet};
 use std::fmt::Write;
@@ -23,6 +24,8 @@ const MAX_ROW_VALUES: usize = 64;
 pub(super) struct PtxGen<'a> {
     k: &'a TileKernel,
     plan: Plan,
+    /// Resident threads of one SM of the target (the occupancy hint of wide looped kernels).
+    threads_per_sm: u32,
     a: Asm,
     /// 64-bit index arithmetic (the CUDA emitter's `int64_t` kernels).
     wide: bool,
@@ -96,10 +99,11 @@ struct Step {
 }
 
 impl<'a> PtxGen<'a> {
-    pub(super) fn new(k: &'a TileKernel, plan: Plan) -> PtxGen<'a> {
+    pub(super) fn new(k: &'a TileKernel, plan: Plan, target: &GpuTarget) -> PtxGen<'a> {
         let mut g = PtxGen {
             k,
             plan,
+            threads_per_sm: target.max_threads_per_sm,
             a: Asm::default(),
             wide: index_type(k) != "int",
             facts: KernelFacts::new(k),
@@ -653,10 +657,10 @@ impl<'a> PtxGen<'a> {
         }
         let _ = writeln!(out, ".maxntid {block}, 1, 1");
         if k.kind == KernelKind::LoopedReduction && block >= 512 && self.plan.launch.grid != 1 {
-            // Two blocks of 1024 threads per SM need at most 32 registers each; left alone,
-            // the driver's assembler gave cross-entropy's looped online softmax 47 (one block
-            // per SM: 314 us, where NVRTC's 32 registers ran in 283 us on the H100).
-            let _ = writeln!(out, ".minnctapersm {}", 2048 / block);
+            // Two blocks of 1024 threads per SM (of 2048) need at most 32 registers each; left
+            // alone, the driver's assembler gave cross-entropy's looped online softmax 47 (one
+            // block per SM: 314 us, where NVRTC's 32 registers ran in 283 us on the H100).
+            let _ = writeln!(out, ".minnctapersm {}", (self.threads_per_sm / block).max(1));
         }
         out.push_str("{\n");
         out.push_str(&self.a.finish());

@@ -16,7 +16,7 @@ fn snapshot(name: &str, text: String) {
 }
 
 fn ptx(k: &TileKernel) -> String {
-    emit_ptx(k, 90, &Tuning::default()).unwrap_or_else(|why| panic!("{}: no PTX: {why}", k.name)).source
+    emit_ptx(k, &GpuTarget::h100(), &Tuning::default()).unwrap_or_else(|why| panic!("{}: no PTX: {why}", k.name)).source
 }
 
 #[test]
@@ -49,7 +49,7 @@ fn layer_norm_chunks_share_their_addresses() {
 
 #[test]
 fn memory_bound_rows_assemble_at_level_1() {
-    let plan = |k: &TileKernel| crate::cuda::launch::plan_with(k, &Tuning::default());
+    let plan = |k: &TileKernel| crate::cuda::launch::plan_with(k, &Tuning::default(), &GpuTarget::h100());
     // rows over many blocks, every chunk full: level 1
     let (p, k) = layer_norm(4096, 1536, KernelKind::PersistentReduction);
     let norm = build_kernel(&p, &k);
@@ -113,7 +113,7 @@ fn looped_column_sum_strides_down_its_rows() {
     assert_eq!(src.matches("st.shared.f32").count(), 1, "{src}");
     assert_eq!(src.matches("ld.shared.f32").count(), 32, "{src}");
     assert_eq!(src.matches("st.global.f32").count(), 1, "{src}");
-    assert_eq!(emit_ptx(&t, 90, &Tuning::default()).unwrap().kernels[0].launch.grid, 8);
+    assert_eq!(emit_ptx(&t, &GpuTarget::h100(), &Tuning::default()).unwrap().kernels[0].launch.grid, 8);
     assert!(assemble(&[("col_sum_looped".into(), src)]) || std::env::var("COIL_PTXAS").is_err());
 }
 
@@ -159,11 +159,14 @@ fn shapes_without_a_ptx_form_say_why() {
     let kernels = all_kernels();
     let mut covered = 0;
     for k in &kernels {
-        match emit_ptx(k, 90, &Tuning::default()) {
+        match emit_ptx(k, &GpuTarget::h100(), &Tuning::default()) {
             Ok(m) => {
                 covered += 1;
                 assert!(matches!(m.language, Language::Ptx { .. }));
-                assert_eq!(m.kernels[0].launch, crate::cuda::launch::plan_with(k, &Tuning::default()).launch);
+                assert_eq!(
+                    m.kernels[0].launch,
+                    crate::cuda::launch::plan_with(k, &Tuning::default(), &GpuTarget::h100()).launch
+                );
             }
             Err(why) => {
                 let known = ["cluster", "column plan", "f64", "arg reduction", "random", "values per thread"];
@@ -174,7 +177,9 @@ fn shapes_without_a_ptx_form_say_why() {
     // everything but f64 rows and column plans of several passes
     assert!(covered * 10 >= kernels.len() * 7, "{covered} of {}", kernels.len());
     // no target for GPUs before sm_80 (max.NaN) or unknown ones
-    assert!(emit_ptx(&kernels[0], 75, &Tuning::default()).unwrap_err().contains("sm_75"));
+    assert!(emit_ptx(&kernels[0], &GpuTarget { compute_capability: (7, 5), ..GpuTarget::h100() }, &Tuning::default())
+        .unwrap_err()
+        .contains("sm_75"));
 }
 
 /// `ptxas -arch=sm_90` on each module (name, PTX), where it is installed (`COIL_PTXAS`, or
@@ -206,7 +211,7 @@ fn assemble(modules: &[(String, String)]) -> bool {
 #[test]
 fn every_module_assembles_where_ptxas_is_installed() {
     let modules: Vec<(String, String)> = (all_kernels().iter())
-        .filter_map(|k| emit_ptx(k, 90, &Tuning::default()).ok().map(|m| (k.name.clone(), m.source)))
+        .filter_map(|k| emit_ptx(k, &GpuTarget::h100(), &Tuning::default()).ok().map(|m| (k.name.clone(), m.source)))
         .collect();
     assemble(&modules);
 }
@@ -216,7 +221,7 @@ fn cluster_rows_meet_in_distributed_shared_memory() {
     // 12289 f32 per row: more than a block holds, split over a cluster of blocks
     let (p, k) = softmax(3, 12289, KernelKind::PersistentReduction, "per_fused_softmax_0");
     let t = build_kernel(&p, &k);
-    let plan = crate::cuda::launch::plan_with(&t, &Tuning::default());
+    let plan = crate::cuda::launch::plan_with(&t, &Tuning::default(), &GpuTarget::h100());
     assert!(plan.cluster > 1, "{plan:?}");
     let src = ptx(&t);
     assert!(src.contains(&format!(".reqnctapercluster {}, 1, 1", plan.cluster)), "{src}");
@@ -251,7 +256,7 @@ fn symbolic_rows_of_a_block_each_take_a_guard_not_a_loop() {
     let mut t = build_kernel(&p, &k);
     let s0 = coil_ir::sym::Expr::size("s0");
     (t.xnumel, t.sizes) = (s0, vec![s0]);
-    assert!(crate::cuda::launch::plan(&t).grid_covers_rows(&t));
+    assert!(crate::cuda::launch::plan(&t, &GpuTarget::h100()).grid_covers_rows(&t));
     let src = ptx(&t);
     // a block per row, the grid sized at each run: `xindex < s0`, and no branch back
     assert!(src.contains("setp.ge.s64"), "{src}");
@@ -317,7 +322,7 @@ fn random_numbers_are_philox_rounds_and_f64_box_muller() {
     let r = b.push(ScalarOp::Rand { dist: coil_ir::RandDist::Uniform, stream: 0, counter: v }, DType::F64);
     let out = p.pointwise(&[64], DType::F64, b.done(r));
     let k = kernel("poi_fused_rand_1", KernelKind::Pointwise, vec![0], 64, None, vec![out]);
-    assert!(emit_ptx(&build_kernel(&p.p, &k), 90, &Tuning::default()).is_err());
+    assert!(emit_ptx(&build_kernel(&p.p, &k), &GpuTarget::h100(), &Tuning::default()).is_err());
 }
 
 #[test]
@@ -419,7 +424,7 @@ fn narrow_column_sums_take_one_output_per_thread() {
     // 256 outputs (under the 8192 that get vectors): one plane, one folding thread per output
     let (p, k) = crate::cuda::tests::col_sum(300, 256, KernelKind::PersistentReduction);
     let t = build_kernel(&p, &k);
-    let plan = crate::cuda::launch::plan_with(&t, &Tuning::default());
+    let plan = crate::cuda::launch::plan_with(&t, &Tuning::default(), &GpuTarget::h100());
     assert!(plan.col && plan.col_vec == 1, "{plan:?}");
     let src = ptx(&t);
     assert_eq!(src.matches("st.shared.f32").count(), 1, "{src}");

@@ -1,5 +1,5 @@
-/* A CUDA thread block on the host, for the template emulation tests (attention_emulation.rs,
-   sort_emulation.rs): the CUDA keywords as C++, the thread and block indices (a std::thread per
+/* A CUDA thread block on the host, for the template emulation tests (the runtime's
+   attention_emulation.rs, sort_emulation.rs): the CUDA keywords as C++, the thread and block indices (a std::thread per
    CUDA thread, each with its own threadIdx), and a real block barrier for __syncthreads. Each test
    puts this first in its translation unit, then its own helpers, the template and a runner. */
 #include <condition_variable>
