@@ -531,8 +531,12 @@ fn generated_tiles(captured: &Graph) -> Result<Vec<coil_ir::kernel::TileKernel>>
 /// products in the operands' dtype, as PyTorch's kernels do, instead of upcasting the whole
 /// cache to f32 at every step. The reference interpreter decomposes it fully, in f32
 /// (`coil_passes::decompose`).
-const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions =
-    coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false, half_products: true };
+const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions = coil_passes::DecomposeOptions {
+    fused_attention: true,
+    keep_detach: false,
+    half_products: true,
+    conv_template: false,
+};
 
 fn compile_uncached(
     captured: &Graph,
