@@ -538,6 +538,15 @@ const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions = coil_passes::Decomp
     conv_template: false,
 };
 
+/// [`COMPILE_DECOMPOSITION`] for `device`: convolutions stay one template node (one cuDNN call
+/// each way) on a CUDA device where cuDNN loads, at static shapes (the dynamic path takes
+/// [`COMPILE_DECOMPOSITION`]); everywhere else they decompose into im2col and a matrix
+/// product, as the reference interpreter runs them.
+fn compile_decomposition(device: Device) -> coil_passes::DecomposeOptions {
+    let cudnn = matches!(device, Device::Cuda(_)) && coil_runtime::cuda::cudnn::available();
+    coil_passes::DecomposeOptions { conv_template: cudnn, ..COMPILE_DECOMPOSITION }
+}
+
 fn compile_uncached(
     captured: &Graph,
     device: Device,
@@ -563,7 +572,7 @@ fn compile_stages(
     let (program, rewrites) = match dynamic {
         None => {
             let t = Instant::now();
-            let primitive = coil_passes::decompose_with(captured, &COMPILE_DECOMPOSITION)?;
+            let primitive = coil_passes::decompose_with(captured, &compile_decomposition(device))?;
             times.decompose = t.elapsed().as_secs_f64();
             dump.write("graph_decomposed.txt", || primitive.print(true));
 
