@@ -119,7 +119,7 @@ pub fn infer_conv(geometry: &ConvGeometry, form: &ConvForm, a: &TensorMeta, b: &
     }
     let g = geometry.groups;
     let channels = |what: &str, c: usize, o: usize, cg: usize| -> Result<()> {
-        if g == 0 || o % g != 0 || cg * g != c {
+        if g == 0 || !o.is_multiple_of(g) || cg * g != c {
             return Err(Error::shape(format!(
                 "{g} groups do not fit {what}: {c} input channels, {o} output channels, {cg} channels per group"
             )));
@@ -152,7 +152,7 @@ pub fn infer_conv(geometry: &ConvGeometry, form: &ConvForm, a: &TensorMeta, b: &
         ConvForm::BackwardWeight { kernel } => {
             let (x, dy) = (a, b);
             let o = dy.shape[1];
-            if g == 0 || x.shape[1] % g != 0 {
+            if g == 0 || !x.shape[1].is_multiple_of(g) {
                 return Err(Error::shape(format!("{g} groups do not divide {} input channels", x.shape[1])));
             }
             channels("the output gradient", x.shape[1], o, x.shape[1] / g)?;

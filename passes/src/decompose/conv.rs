@@ -151,9 +151,9 @@ fn fold(
         });
     }
     let mut y = total.expect("a kernel has at least one offset");
-    for i in 0..d {
-        if geometry.padding[i] > 0 {
-            y = b.push(Op::Slice { dim: 2 + i, start: geometry.padding[i], len: size[i], step: 1 }, &[y])?;
+    for (i, (&p, &len)) in geometry.padding.iter().zip(size).enumerate() {
+        if p > 0 {
+            y = b.push(Op::Slice { dim: 2 + i, start: p, len, step: 1 }, &[y])?;
         }
     }
     Ok(y)

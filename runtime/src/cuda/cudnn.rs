@@ -72,6 +72,11 @@ struct Plan {
     workspace: usize,
 }
 
+// SAFETY: a plan's descriptors are set once, when it is made, and only read afterwards.
+unsafe impl Send for Plan {}
+// SAFETY: as above.
+unsafe impl Sync for Plan {}
+
 /// The algorithm chosen for a plan, of its form's kind.
 #[derive(Clone, Copy)]
 enum Algo {
