@@ -745,7 +745,8 @@ fn convolutions_through_cudnn_agree_with_the_cpu_on_cuda() {
         println!("NOTE: cuDNN not found: convolutions decompose on CUDA too");
     }
     // (input stored [N, *spatial, C], weight, stride, padding, groups, dtype)
-    let cases: [(&[usize], &[usize], usize, usize, usize, DType); 4] = [
+    type Case = (&'static [usize], &'static [usize], usize, usize, usize, DType);
+    let cases: [Case; 4] = [
         (&[4, 28, 28, 64], &[128, 64, 3, 3], 2, 1, 1, DType::BF16),
         (&[4, 14, 14, 256], &[512, 256, 1, 1], 1, 0, 1, DType::BF16),
         (&[2, 14, 14, 64], &[64, 16, 3, 3], 1, 1, 4, DType::BF16),
