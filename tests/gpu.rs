@@ -732,3 +732,66 @@ fn decode_steps_replayed_from_cuda_graphs_match_plain_runs_on_cuda() {
     let stale = replayed.2.expect("an earlier replay's logits are stale");
     assert!(stale.to_string().contains("overwritten"), "{stale}");
 }
+
+/// ResNet-sized convolutions (bf16, channels-last activations: a 3x3 stride-2 layer, a 1x1
+/// projection, a grouped 3x3, and an f32 conv3d) forward and gradients on CUDA against the
+/// CPU's im2col path; on CUDA each convolution is one cuDNN call each way where cuDNN loads.
+#[test]
+fn convolutions_through_cudnn_agree_with_the_cpu_on_cuda() {
+    use coil::{ConvOptions, DType, Device};
+    let Some(device) = gpu() else { return };
+    let cudnn = coil_runtime::cuda::cudnn::available();
+    if !cudnn {
+        println!("NOTE: cuDNN not found: convolutions decompose on CUDA too");
+    }
+    // (input stored [N, *spatial, C], weight, stride, padding, groups, dtype)
+    type Case = (&'static [usize], &'static [usize], usize, usize, usize, DType);
+    let cases: [Case; 4] = [
+        (&[4, 28, 28, 64], &[128, 64, 3, 3], 2, 1, 1, DType::BF16),
+        (&[4, 14, 14, 256], &[512, 256, 1, 1], 1, 0, 1, DType::BF16),
+        (&[2, 14, 14, 64], &[64, 16, 3, 3], 1, 1, 4, DType::BF16),
+        (&[2, 6, 8, 8, 8], &[16, 8, 3, 3, 3], 1, 1, 1, DType::F32),
+    ];
+    coil::set_backend(coil::Backend::Compiled);
+    let mut failures = Vec::new();
+    for (k, &(xs, ws, stride, padding, groups, dtype)) in cases.iter().enumerate() {
+        let run = |device: Device| -> coil::Result<(Vec<Vec<f64>>, String)> {
+            let n = |s: &[usize]| s.iter().product::<usize>();
+            let x = attention::tensor(&attention::normals(k as u64 + 1, n(xs)), xs, dtype, device)?;
+            let w = attention::tensor(&attention::normals(k as u64 + 9, n(ws)), ws, dtype, device)?;
+            let y = if xs.len() == 4 {
+                let o = ConvOptions { stride: [stride; 2], padding: [padding; 2], groups, ..Default::default() };
+                x.permute(&[0, 3, 1, 2])?.conv2d(&w, None, o)?
+            } else {
+                let o = ConvOptions { stride: [stride; 3], padding: [padding; 3], groups, ..Default::default() };
+                x.permute(&[0, 4, 1, 2, 3])?.conv3d(&w, None, o)?
+            };
+            let g = attention::tensor(&attention::normals(5, n(y.shape())), y.shape(), DType::F32, device)?;
+            let loss = y.to_dtype(DType::F32)?.mul(&g)?.sum_all()?;
+            let (loss, grads) = coil::value_and_grad(&loss, &[&x, &w])?;
+            let outputs = [&loss, &grads[0], &grads[1]];
+            let ir = coil::inspect(&outputs)?.pre_fusion.clone();
+            coil::realize(&outputs)?;
+            Ok((outputs.iter().map(|t| t.to_vec::<f64>()).collect::<coil::Result<_>>()?, ir))
+        };
+        match (run(Device::Cpu), run(device)) {
+            (Ok((want, _)), Ok((got, ir))) => {
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let err = attention::rel_error(a, b);
+                    if err > 2e-2 {
+                        failures.push(format!("case {k}: output {i} differs from the CPU's by {err:.2e}"));
+                    }
+                }
+                let calls = ir.matches("extern convolution").count();
+                if cudnn && calls != 3 {
+                    failures.push(format!(
+                        "case {k}: {calls} convolution calls (want 3: forward and two gradients) in\n{ir}"
+                    ));
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => failures.push(format!("case {k}: {e}")),
+        }
+    }
+    coil::set_default_device(Device::Cpu);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

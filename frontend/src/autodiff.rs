@@ -94,7 +94,15 @@ impl Differentiated {
         // `scaled_dot_product_attention`), and its gradients become the backward template:
         // neither direction materializes the scores. Attention it does not support decomposes,
         // the products of half-precision attention on tensor cores, forward and backward.
-        let options = coil_passes::DecomposeOptions { fused_attention: true, keep_detach: true, half_products: true };
+        // Convolutions stay templates too, so that their gradients are the template's gradient
+        // forms (cuDNN's backward calls); the compile of the recorded gradients decomposes them
+        // where cuDNN does not run them.
+        let options = coil_passes::DecomposeOptions {
+            fused_attention: true,
+            keep_detach: true,
+            half_products: true,
+            conv_template: true,
+        };
         let mut graph = coil_passes::decompose_with(&forward, &options)?;
         let (out, targets) = (graph.outputs[0], graph.outputs[1..].to_vec());
         let grads = coil_passes::autodiff::backward(&mut graph, out, None, &targets).map_err(|mut e| {

@@ -535,8 +535,21 @@ fn generated_tiles(captured: &Graph) -> Result<Vec<coil_ir::kernel::TileKernel>>
 /// products in the operands' dtype, as PyTorch's kernels do, instead of upcasting the whole
 /// cache to f32 at every step. The reference interpreter decomposes it fully, in f32
 /// (`coil_passes::decompose`).
-const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions =
-    coil_passes::DecomposeOptions { fused_attention: true, keep_detach: false, half_products: true };
+const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions = coil_passes::DecomposeOptions {
+    fused_attention: true,
+    keep_detach: false,
+    half_products: true,
+    conv_template: false,
+};
+
+/// [`COMPILE_DECOMPOSITION`] for `device`: convolutions stay one template node (one cuDNN call
+/// each way) on a CUDA device where cuDNN loads, at static shapes (the dynamic path takes
+/// [`COMPILE_DECOMPOSITION`]); everywhere else they decompose into im2col and a matrix
+/// product, as the reference interpreter runs them.
+fn compile_decomposition(device: Device) -> coil_passes::DecomposeOptions {
+    let cudnn = matches!(device, Device::Cuda(_)) && coil_runtime::cuda::cudnn::available();
+    coil_passes::DecomposeOptions { conv_template: cudnn, ..COMPILE_DECOMPOSITION }
+}
 
 fn compile_uncached(
     captured: &Graph,
@@ -563,7 +576,7 @@ fn compile_stages(
     let (program, rewrites) = match dynamic {
         None => {
             let t = Instant::now();
-            let primitive = coil_passes::decompose_with(captured, &COMPILE_DECOMPOSITION)?;
+            let primitive = coil_passes::decompose_with(captured, &compile_decomposition(device))?;
             times.decompose = t.elapsed().as_secs_f64();
             dump.write("graph_decomposed.txt", || primitive.print(true));
 

@@ -134,6 +134,7 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
                     LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => {
                         format!("reference interpreter: {op}")
                     }
+                    LoopKind::Extern { call: ExternCall::Conv(_), .. } => "convolution template".to_string(),
                     _ => "extern".to_string(),
                 };
                 let _ = writeln!(s, " via {what}");

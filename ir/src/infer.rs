@@ -551,6 +551,10 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             }
             Ok(inputs[input.index()].meta.clone())
         }
+        Op::Conv { geometry, form } => {
+            arity(2)?;
+            crate::op::infer_conv(geometry, form, inputs[0].meta, inputs[1].meta)
+        }
     }
 }
 

@@ -191,6 +191,32 @@ pub enum ExternCall {
     /// A primitive op run by the reference interpreter on its operand buffers (an op with no
     /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
     Fallback { op: Op },
+    /// The convolution template ([`Op::Conv`]): see [`ConvCall`] (boxed: descriptors are long).
+    Conv(Box<ConvCall>),
+}
+
+/// One form of a convolution ([`Op::Conv`]) as one call (cuDNN on CUDA): operands `a` and
+/// `b` (x and w, dy and w, or x and dy, as [`crate::op::ConvForm`] says) are strided views of
+/// their buffers, in elements, so a channels-last input is read in place; the result is the
+/// node's row-major buffer. Sizes are constants: the compile path keeps convolutions whole
+/// only for static shapes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvCall {
+    pub geometry: crate::op::ConvGeometry,
+    pub form: crate::op::ConvForm,
+    pub a: TensorView,
+    pub b: TensorView,
+    /// The result's shape, `[N, C, *spatial]` or the weight's.
+    pub out: Vec<usize>,
+}
+
+/// A dense tensor seen through its buffer: element `i` is at `offset + sum(i_k * strides[k])`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorView {
+    pub buffer: BufferId,
+    pub offset: usize,
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
 }
 
 /// The attention template's call ([`ExternCall::Attention`]): `out[b] = softmax(scale * q[b] @
@@ -281,6 +307,7 @@ impl ExternCall {
             ExternCall::Attention(_) => "attention",
             ExternCall::AttentionBackward(_) => "attention_backward",
             ExternCall::Fallback { .. } => "fallback",
+            ExternCall::Conv(_) => "convolution",
         }
     }
 
@@ -291,7 +318,7 @@ impl ExternCall {
         match self {
             ExternCall::Attention(call) => std::iter::once(call.out.buffer).chain(call.lse).collect(),
             ExternCall::AttentionBackward(call) => call.grads().into_iter().flatten().map(|o| o.buffer).collect(),
-            ExternCall::Bmm { .. } | ExternCall::Fallback { .. } => vec![],
+            ExternCall::Bmm { .. } | ExternCall::Fallback { .. } | ExternCall::Conv(_) => vec![],
         }
     }
 }
@@ -351,6 +378,17 @@ impl fmt::Display for ExternCall {
                 Ok(())
             }
             ExternCall::Fallback { op } => write!(f, "fallback {op}"),
+            ExternCall::Conv(call) => {
+                let op = Op::Conv { geometry: call.geometry.clone(), form: call.form.clone() };
+                write!(f, "{op} a={:?} b={:?} out={:?}", call.a.shape, call.b.shape, call.out)?;
+                for (name, v) in [("a", &call.a), ("b", &call.b)] {
+                    write!(f, " {name}_strides={:?}", v.strides)?;
+                    if v.offset != 0 {
+                        write!(f, "+{}", v.offset)?;
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -671,7 +709,8 @@ impl LoopProgram {
                     }
                     batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
                 }
-                LoopKind::Extern { call: ExternCall::Fallback { .. }, .. } => {}
+                // Sizes of a convolution call are constants already.
+                LoopKind::Extern { call: ExternCall::Fallback { .. } | ExternCall::Conv(_), .. } => {}
             }
         }
         p

@@ -9,8 +9,9 @@
 //!   *templates* of attention: attention ([`Op::Attention`], with or without an explicit
 //!   mask), the row logsumexp of maskless attention's scores ([`Op::AttentionLogsumexp`]) and
 //!   its gradients ([`Op::AttentionBackward`]), which the compile path keeps whole (one
-//!   flash-attention call forward, one backward) where it supports their shapes and dtypes;
-//!   the reference decomposition always expands them.
+//!   flash-attention call forward, one backward) where it supports their shapes and dtypes,
+//!   and the convolution template ([`Op::Conv`]: the convolution and its two gradients, kept
+//!   whole where cuDNN runs them); the reference decomposition always expands them.
 //!   A *primitive graph* also makes broadcasting and type promotion explicit: the operands of a
 //!   pointwise node have the node's shape, and one dtype (see [`crate::Graph::verify_primitive`]).
 //! * **Composite** ops (softmax, layer_norm, gelu, cross_entropy, linear, ...) are what users call.
@@ -23,7 +24,9 @@
 use crate::dtype::{DType, Scalar};
 use std::fmt::{self, Write};
 
+mod conv;
 mod pointwise;
+pub use conv::{infer_conv, ConvForm, ConvGeometry};
 pub use pointwise::{BinaryOp, UnaryOp};
 
 /// Reductions over a set of dims.
@@ -347,6 +350,14 @@ pub enum Op {
         scale: Option<f64>,
         input: AttentionInput,
     },
+    /// A convolution over 1, 2 or 3 spatial dims, or one of its two gradients (`form`; see
+    /// [`ConvForm`] for the operands). A template: the compile path keeps it whole where a
+    /// backend runs convolutions itself (cuDNN); the reference decomposition is im2col and a
+    /// batched matrix product.
+    Conv {
+        geometry: ConvGeometry,
+        form: ConvForm,
+    },
 }
 
 impl Op {
@@ -406,6 +417,7 @@ impl Op {
             Op::Attention { .. } => "scaled_dot_product_attention",
             Op::AttentionLogsumexp { .. } => "attention_logsumexp",
             Op::AttentionBackward { .. } => "attention_backward",
+            Op::Conv { form, .. } => form.name(),
         }
     }
 
@@ -419,7 +431,10 @@ impl Op {
     /// call (attention, with or without an explicit mask, the logsumexp and the gradients of
     /// maskless attention). Decomposing them is always correct too.
     pub fn is_template(&self) -> bool {
-        matches!(self, Op::Attention { .. } | Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. })
+        matches!(
+            self,
+            Op::Attention { .. } | Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. } | Op::Conv { .. }
+        )
     }
 
     /// The primitives that are not templates.
@@ -584,6 +599,17 @@ impl Op {
                 put("causal", causal.to_string());
                 put("scale", opt(&scale.map(Scalar::Float)));
                 put("input", input.name().into());
+            }
+            Op::Conv { geometry, form } => {
+                put("stride", format!("{:?}", geometry.stride));
+                put("padding", format!("{:?}", geometry.padding));
+                put("dilation", format!("{:?}", geometry.dilation));
+                put("groups", geometry.groups.to_string());
+                match form {
+                    ConvForm::Forward => {}
+                    ConvForm::BackwardData { size } => put("size", format!("{size:?}")),
+                    ConvForm::BackwardWeight { kernel } => put("kernel", format!("{kernel:?}")),
+                }
             }
             Op::Unary(_)
             | Op::Binary(_)

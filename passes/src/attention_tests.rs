@@ -239,9 +239,11 @@ fn the_compile_path_keeps_the_template_and_the_reference_decomposes_it() {
     let reference = decompose(&g).unwrap();
     assert!(!is_attention(&reference));
     reference.verify_primitive().unwrap();
-    let fused =
-        decompose_with(&g, &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false })
-            .unwrap();
+    let fused = decompose_with(
+        &g,
+        &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false, conv_template: false },
+    )
+    .unwrap();
     fused.verify_primitive().unwrap();
     assert!(is_attention(&fused), "{fused}");
     // A user's scaled_dot_product_attention with an unsupported head dim is decomposed.
@@ -249,17 +251,22 @@ fn the_compile_path_keeps_the_template_and_the_reference_decomposes_it() {
     let q = c.input(&[2, 3, 5, 12], DType::F32);
     let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, q, q]);
     c.g.outputs.push(y);
-    let p = decompose_with(&c.g, &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false })
-        .unwrap();
+    let p = decompose_with(
+        &c.g,
+        &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false, conv_template: false },
+    )
+    .unwrap();
     assert!(!is_attention(&p), "{p}");
 }
 
 #[test]
 fn lowering_makes_one_call_on_the_head_views_writing_the_transposed_layout() {
     let g = gpt2(Form { project: true, ..GPT2 });
-    let fused =
-        decompose_with(&g, &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false })
-            .unwrap();
+    let fused = decompose_with(
+        &g,
+        &DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false, conv_template: false },
+    )
+    .unwrap();
     let (fused, _) = crate::simplify(&fused, &crate::RewriteOptions::default()).unwrap();
     let p = lower(&fused).unwrap();
     let calls: Vec<&ExternCall> = p
@@ -301,8 +308,10 @@ outputs: buf2
 }
 
 /// The compile path's options, and the gradient decomposition's (`value_and_grad`).
-const COMPILE: DecomposeOptions = DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false };
-const GRADIENTS: DecomposeOptions = DecomposeOptions { fused_attention: true, keep_detach: true, half_products: true };
+const COMPILE: DecomposeOptions =
+    DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false, conv_template: false };
+const GRADIENTS: DecomposeOptions =
+    DecomposeOptions { fused_attention: true, keep_detach: true, half_products: true, conv_template: false };
 
 /// `sum(cast(graph's first output, f32))` differentiated with respect to the inputs `wrt` (by
 /// index) as `value_and_grad` does it, then decomposed as the compile path does: the loss and

@@ -25,6 +25,7 @@
 //! ```
 
 use crate::decompose::Builder;
+use coil_ir::op::{ConvForm, ConvGeometry};
 use coil_ir::{AttentionInput, BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
 use indexmap::IndexMap;
 use std::f64::consts::{LN_2, PI};
@@ -261,6 +262,7 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             vec![da, db]
         }
         Op::Attention { causal, scale, mask: false } => attention(b, y, node, g, &wanted, *causal, *scale)?,
+        Op::Conv { geometry, form } => conv(b, geometry, form, x, g, &wanted)?,
         op => {
             let e = Error::value(format!("no gradient rule for {op}: it is not a primitive the autodiff pass knows"));
             return Err(match node.location {
@@ -300,6 +302,49 @@ fn attention(
             side(b, wanted[input.index()], |b| b.push(Op::AttentionBackward { causal, scale, input }, &operands))
         })
         .collect()
+}
+
+/// The gradients of a convolution template, as templates of the same geometry: each form is
+/// bilinear in its two operands, and `<dz, form(a, c)>` is `<dy, conv(x, w)>` with the
+/// operands in their places, so the gradient with respect to each is another form.
+fn conv(
+    b: &mut Builder,
+    geometry: &ConvGeometry,
+    form: &ConvForm,
+    x: &[NodeId],
+    g: NodeId,
+    wanted: &[bool],
+) -> Result<Vec<Option<NodeId>>> {
+    let spatial = |b: &Builder, n: NodeId| b.shape(n)[2..].to_vec();
+    let push = |b: &mut Builder, want: bool, form: ConvForm, a: NodeId, c: NodeId| {
+        side(b, want, |b| b.push(Op::Conv { geometry: geometry.clone(), form }, &[a, c]))
+    };
+    Ok(match form {
+        // y = conv(x, w): dx = data gradient of (g, w), dw = weight gradient of (x, g).
+        ConvForm::Forward => {
+            let (size, kernel) = (spatial(b, x[0]), spatial(b, x[1]));
+            vec![
+                push(b, wanted[0], ConvForm::BackwardData { size }, g, x[1])?,
+                push(b, wanted[1], ConvForm::BackwardWeight { kernel }, x[0], g)?,
+            ]
+        }
+        // z = data gradient of (dy, w): d(dy) = conv(g, w), dw = weight gradient of (g, dy).
+        ConvForm::BackwardData { .. } => {
+            let kernel = spatial(b, x[1]);
+            vec![
+                push(b, wanted[0], ConvForm::Forward, g, x[1])?,
+                push(b, wanted[1], ConvForm::BackwardWeight { kernel }, g, x[0])?,
+            ]
+        }
+        // z = weight gradient of (x, dy): dx = data gradient of (dy, g), d(dy) = conv(x, g).
+        ConvForm::BackwardWeight { .. } => {
+            let size = spatial(b, x[0]);
+            vec![
+                push(b, wanted[0], ConvForm::BackwardData { size }, x[1], g)?,
+                push(b, wanted[1], ConvForm::Forward, x[0], g)?,
+            ]
+        }
+    })
 }
 
 fn node_is_float(b: &Builder, x: NodeId) -> bool {
@@ -622,7 +667,8 @@ mod tests {
     use crate::decompose::{decompose_with, DecomposeOptions};
     use coil_ir::{DType, Graph, LossReduction, NodeId, Op, ReduceOp, TensorMeta, UnaryOp};
 
-    const GRAD: DecomposeOptions = DecomposeOptions { fused_attention: false, keep_detach: true, half_products: false };
+    const GRAD: DecomposeOptions =
+        DecomposeOptions { fused_attention: false, keep_detach: true, half_products: false, conv_template: false };
 
     fn m(shape: &[usize]) -> TensorMeta {
         TensorMeta::new(shape.to_vec(), DType::F32)
@@ -699,5 +745,48 @@ mod tests {
         let added: Vec<&str> = g.nodes[before..].iter().map(|n| n.op.name()).collect();
         assert_eq!(added, ["full", "reshape", "expand", "mul", "mul"]);
         assert_eq!(g.meta(da), &m(&[3]));
+    }
+}
+
+#[cfg(test)]
+mod conv_tests {
+    use super::backward;
+    use crate::decompose::{decompose, decompose_with, DecomposeOptions};
+    use coil_ir::op::{ConvForm, ConvGeometry};
+    use coil_ir::{DType, Graph, Op, ReduceOp, TensorMeta};
+
+    /// The gradients of a convolution are the template's two other forms, and theirs (gradients
+    /// of gradients) are forms again; the reference decomposition expands every one.
+    #[test]
+    fn convolution_gradients_are_templates_all_the_way_down() {
+        let geometry = ConvGeometry { stride: vec![2, 1], padding: vec![1, 0], dilation: vec![1, 2], groups: 2 };
+        let mut g = Graph::new();
+        let x = g.input(TensorMeta::new(vec![2, 4, 7, 6], DType::F32));
+        let w = g.input(TensorMeta::new(vec![6, 2, 3, 2], DType::F32));
+        let y = g.push(Op::Conv { geometry: geometry.clone(), form: ConvForm::Forward }, &[x, w], None).unwrap();
+        let loss =
+            g.push(Op::Reduce { op: ReduceOp::Sum, dims: vec![0, 1, 2, 3], keepdim: false }, &[y], None).unwrap();
+        g.outputs = vec![loss, x, w];
+        let options = DecomposeOptions { keep_detach: true, conv_template: true, ..Default::default() };
+        let mut p = decompose_with(&g, &options).unwrap();
+        let (loss, wrt) = (p.outputs[0], p.outputs[1..].to_vec());
+        let grads = backward(&mut p, loss, None, &wrt).unwrap();
+        let form = |p: &Graph, n: coil_ir::NodeId| match &p.node(n).op {
+            Op::Conv { form, .. } => form.clone(),
+            op => panic!("{op} is not a convolution form"),
+        };
+        assert_eq!(form(&p, grads[0]), ConvForm::BackwardData { size: vec![7, 6] });
+        assert_eq!(form(&p, grads[1]), ConvForm::BackwardWeight { kernel: vec![3, 2] });
+        assert_eq!(p.meta(grads[0]), p.meta(wrt[0]));
+        assert_eq!(p.meta(grads[1]), p.meta(wrt[1]));
+
+        // d/dx of sum(dW) and d/d(dy) of sum(dX): the other forms.
+        let total = p.push(Op::Reduce { op: ReduceOp::Sum, dims: vec![0, 1, 2, 3], keepdim: false }, &[grads[1]], None);
+        let second = backward(&mut p, total.unwrap(), None, &[wrt[0]]).unwrap();
+        assert!(matches!(p.node(second[0]).op, Op::Reduce { .. } | Op::Conv { .. } | Op::Reshape { .. }));
+        p.outputs = std::iter::once(loss).chain(grads).chain(second).collect();
+        let reference = decompose(&p).unwrap();
+        reference.verify_primitive().unwrap();
+        assert!(reference.nodes.iter().all(|n| !n.op.is_template()));
     }
 }

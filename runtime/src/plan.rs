@@ -111,6 +111,7 @@ pub(crate) fn check_extern(
             views.into_iter().chain([(*lse, stats), (*delta, stats)]).collect()
         }
         ExternCall::Fallback { .. } => vec![],
+        ExternCall::Conv(call) => vec![(call.a.buffer, dtype), (call.b.buffer, dtype)],
     };
     for (buffer, want) in operands {
         if buffer.0 >= n || !inputs.contains(&buffer) || p.buffer(buffer).meta.dtype != want {

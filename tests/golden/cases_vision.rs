@@ -121,6 +121,43 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "conv_transpose1d_stride" => {
             vec![a().conv_transpose1d(w(), None, ConvOptions { stride: [3], ..Default::default() }, 0)?]
         }
+        // The convolution template in every rank, channels-last views included.
+        "conv3d_basic" => vec![a().conv3d(w(), Some(b()), ConvOptions::default())?],
+        "conv3d_stride_pad_dil_groups" => {
+            let o = ConvOptions { stride: [2, 1, 2], padding: [1, 2, 0], dilation: [1, 2, 2], groups: 2 };
+            vec![a().conv3d(w(), None, o)?]
+        }
+        "conv3d_bf16" => vec![a().conv3d(w(), Some(b()), ConvOptions { padding: [1; 3], ..Default::default() })?],
+        "conv3d_channels_last" => {
+            let o = ConvOptions { padding: [1; 3], ..Default::default() };
+            vec![a().permute(&[0, 4, 1, 2, 3])?.conv3d(w(), Some(b()), o)?]
+        }
+        "conv2d_channels_last" => {
+            let o = ConvOptions { stride: [2, 2], padding: [1, 1], ..conv() };
+            vec![a().permute(&[0, 3, 1, 2])?.conv2d(w(), Some(b()), o)?]
+        }
+        "conv2d_channels_last_groups_dil" => {
+            let o = ConvOptions { padding: [2, 2], dilation: [2, 2], groups: 3, ..conv() };
+            vec![a().permute(&[0, 3, 1, 2])?.conv2d(w(), None, o)?]
+        }
+        "conv2d_1x1_stride2" => vec![a().conv2d(w(), None, ConvOptions { stride: [2, 2], ..conv() })?],
+        "conv1d_dil_groups" => {
+            let o = ConvOptions { padding: [3], dilation: [3], groups: 2, ..Default::default() };
+            vec![a().conv1d(w(), Some(b()), o)?]
+        }
+        "conv1d_channels_last" => {
+            let o = ConvOptions { stride: [2], ..Default::default() };
+            vec![a().permute(&[0, 2, 1])?.conv1d(w(), None, o)?]
+        }
+        "conv_transpose3d_basic" => {
+            let o = ConvOptions { stride: [2; 3], padding: [1; 3], ..Default::default() };
+            vec![a().conv_transpose3d(w(), Some(b()), o, [1; 3])?]
+        }
+        "conv_transpose2d_outpad_dil" => {
+            let o = ConvOptions { stride: [2, 2], dilation: [3, 3], ..conv() };
+            vec![a().conv_transpose2d(w(), None, o, [2, 2])?]
+        }
+        "err_conv3d_rank" | "err_conv3d_kernel_too_large" => vec![a().conv3d(w(), None, ConvOptions::default())?],
         _ => return Ok(None),
     }))
 }

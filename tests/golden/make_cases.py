@@ -1190,6 +1190,30 @@ fcase("conv_transpose1d_stride", "F.conv_transpose1d(a, w, None, stride=3)", a=r
 case("err_conv2d_channels", "F.conv2d(a, w)", a=r(1, 3, 5, 5), w=r(2, 4, 3, 3))
 
 
+# ------------------------------------------------------------- the convolution template (conv3d,
+# 3-d transposes, channels-last views, dilation and groups in every rank). Forward and gradients:
+# the gradients are the template's data- and weight-gradient forms.
+fcase("conv3d_basic", "F.conv3d(a, w, b)", a=r(2, 3, 4, 5, 4), w=r(4, 3, 3, 2, 3), b=r(4))
+fcase("conv3d_stride_pad_dil_groups", "F.conv3d(a, w, None, stride=(2, 1, 2), padding=(1, 2, 0), dilation=(1, 2, 2), groups=2)",
+      a=r(1, 4, 5, 4, 6), w=r(2, 2, 2, 2, 2))
+case("conv3d_bf16", "F.conv3d(a, w, b, padding=1)", a=r(1, 2, 3, 4, 3, dt="bf16"), w=r(3, 2, 3, 3, 3, dt="bf16"),
+     b=r(3, dt="bf16"))
+fcase("conv3d_channels_last", "F.conv3d(a.permute(0, 4, 1, 2, 3), w, b, padding=1)", a=r(2, 3, 4, 3, 4), w=r(2, 4, 3, 3, 3),
+      b=r(2))
+fcase("conv2d_channels_last", "F.conv2d(a.permute(0, 3, 1, 2), w, b, stride=2, padding=1)", a=r(2, 7, 6, 4),
+      w=r(5, 4, 3, 3), b=r(5))
+fcase("conv2d_channels_last_groups_dil", "F.conv2d(a.permute(0, 3, 1, 2), w, None, padding=2, dilation=2, groups=3)",
+      a=r(1, 6, 7, 6), w=r(3, 2, 3, 3))
+fcase("conv2d_1x1_stride2", "F.conv2d(a, w, stride=2)", a=r(2, 8, 4, 4), w=r(6, 8, 1, 1))
+fcase("conv1d_dil_groups", "F.conv1d(a, w, b, padding=3, dilation=3, groups=2)", a=r(2, 4, 9), w=r(6, 2, 3), b=r(6))
+fcase("conv1d_channels_last", "F.conv1d(a.permute(0, 2, 1), w, None, stride=2)", a=r(2, 9, 3), w=r(4, 3, 3))
+fcase("conv_transpose3d_basic", "F.conv_transpose3d(a, w, b, stride=2, padding=1, output_padding=1)",
+      a=r(1, 2, 3, 2, 3), w=r(2, 3, 3, 3, 2), b=r(3))
+fcase("conv_transpose2d_outpad_dil", "F.conv_transpose2d(a, w, None, stride=2, dilation=3, output_padding=2)",
+      a=r(1, 2, 3, 3), w=r(2, 2, 2, 2))
+case("err_conv3d_rank", "F.conv3d(a, w)", a=r(1, 3, 5, 5), w=r(2, 3, 3, 3, 3))
+case("err_conv3d_kernel_too_large", "F.conv3d(a, w)", a=r(1, 1, 2, 5, 5), w=r(1, 1, 3, 3, 3))
+
 # embedding bags, local response norm, rrelu (evaluation), matrix norms
 fcase("embedding_bag_mean_offsets", "F.embedding_bag(idx, w, o, mode='mean')", idx=vals([1, 2, 4, 4, 3], "i64"), w=r(5, 3),
       o=vals([0, 2, 2], "i64"))

@@ -1,12 +1,13 @@
-//! Convolutions as im2col + matrix product (`F.conv1d`, `F.conv2d`, `F.conv_transpose1d`,
-//! `F.conv_transpose2d`), written with [`Tensor::unfold2d`] and [`Tensor::fold`]: the columns of
-//! every kernel window times the weight as a matrix, grouped channels as a batch of products.
-//! Gradients come from differentiating the composition. This is the path of every backend for
-//! now (the design's cuDNN path is not written yet): correct everywhere, not yet fast on a GPU.
+//! Convolutions (`F.conv1d`, `F.conv2d`, `F.conv3d` and their transposes): each records one
+//! convolution template node ([`Op::Conv`]), plus a bias add. The compile path keeps the node
+//! whole where cuDNN runs it and otherwise decomposes it into im2col and a matrix product, as
+//! the reference interpreter does; gradients are the template's two other forms (a transposed
+//! convolution is the data gradient form).
 
 use crate::ops::composite::CompositeScope;
 use crate::tensor::Tensor;
-use coil_ir::{Error, Result};
+use coil_ir::op::{ConvForm, ConvGeometry};
+use coil_ir::{Error, Op, Result};
 use std::panic::Location;
 
 /// A convolution's geometry: stride, padding and dilation per spatial dim, and channel groups.
@@ -25,13 +26,32 @@ impl<const D: usize> Default for ConvOptions<D> {
     }
 }
 
+impl<const D: usize> ConvOptions<D> {
+    /// The geometry attribute of the template node.
+    fn geometry(&self) -> ConvGeometry {
+        ConvGeometry {
+            stride: self.stride.to_vec(),
+            padding: self.padding.to_vec(),
+            dilation: self.dilation.to_vec(),
+            groups: self.groups,
+        }
+    }
+}
+
 fn fail<T>(op: &str, srcs: &[&Tensor], msg: String, loc: &'static Location<'static>) -> Result<T> {
     Err(Tensor::error(op, srcs, Error::shape(msg), loc))
 }
 
+/// The spelling of a `[N, C, *spatial]` shape for `d` spatial dims in error messages.
+fn layout(d: usize, channels: &str) -> String {
+    let spatial = ["L", "H, W", "D, H, W"][d - 1];
+    format!("[N, {channels}, {spatial}]")
+}
+
 impl Tensor {
     /// `F.conv2d(x, weight, bias, stride, padding, dilation, groups)` of `x: [N, C, H, W]` and
-    /// `weight: [O, C / groups, kh, kw]`: `[N, O, H', W']`.
+    /// `weight: [O, C / groups, kh, kw]`: `[N, O, H', W']`. `x` may be any view, channels-last
+    /// (`[N, H, W, C]` permuted) included.
     ///
     /// ```
     /// use coil_frontend::{ops::conv::ConvOptions, Tensor};
@@ -43,38 +63,11 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, o: ConvOptions<2>) -> Result<Tensor> {
-        let loc = Location::caller();
-        let srcs: Vec<&Tensor> = [self, weight].into_iter().chain(bias).collect();
-        let _scope = CompositeScope::enter("conv2d", &srcs, loc);
-        let (&[n, c, _, _], &[out, cg, kh, kw]) = (self.shape(), weight.shape()) else {
-            return fail("conv2d", &srcs, "expected input [N, C, H, W] and weight [O, C / groups, kh, kw]".into(), loc);
-        };
-        let g = o.groups;
-        if g == 0 || c % g != 0 || out % g != 0 || cg * g != c {
-            let msg = format!("{g} groups do not divide input channels {c} and weight {:?}", weight.shape());
-            return fail("conv2d", &srcs, msg, loc);
-        }
-        if let Some(b) = bias {
-            if b.shape() != [out] {
-                return fail("conv2d", &srcs, format!("bias of shape {:?} for {out} output channels", b.shape()), loc);
-            }
-        }
-        // [N, C * kh * kw, L], channel-major: group g's columns are a contiguous block.
-        let cols = self.unfold2d([kh, kw], o.dilation, o.padding, o.stride)?;
-        let l = cols.shape()[2];
-        let cols = cols.reshape(&[n as i64, g as i64, (cg * kh * kw) as i64, l as i64])?;
-        let w = weight.reshape(&[1, g as i64, (out / g) as i64, (cg * kh * kw) as i64])?;
-        let y = w.matmul(&cols)?; // [N, G, O / G, L]
-        let (oh, ow) = out_size(self.shape()[2..].try_into().expect("rank 4"), [kh, kw], &o);
-        let y = y.reshape(&[n as i64, out as i64, oh as i64, ow as i64])?;
-        match bias {
-            Some(b) => y.add(&b.reshape(&[1, out as i64, 1, 1])?),
-            None => Ok(y),
-        }
+        self.conv_nd("conv2d", weight, bias, o.geometry(), Location::caller())
     }
 
     /// `F.conv1d(x, weight, bias, stride, padding, dilation, groups)` of `x: [N, C, L]` and
-    /// `weight: [O, C / groups, k]`: [`Tensor::conv2d`] over a height of 1.
+    /// `weight: [O, C / groups, k]`: `[N, O, L']`.
     ///
     /// ```
     /// use coil_frontend::{ops::conv::ConvOptions, Tensor};
@@ -85,19 +78,53 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn conv1d(&self, weight: &Tensor, bias: Option<&Tensor>, o: ConvOptions<1>) -> Result<Tensor> {
-        let loc = Location::caller();
+        self.conv_nd("conv1d", weight, bias, o.geometry(), Location::caller())
+    }
+
+    /// `F.conv3d(x, weight, bias, stride, padding, dilation, groups)` of `x: [N, C, D, H, W]`
+    /// and `weight: [O, C / groups, kd, kh, kw]`: `[N, O, D', H', W']`.
+    ///
+    /// ```
+    /// use coil_frontend::{ops::conv::ConvOptions, Tensor};
+    /// let x = Tensor::ones(&[1, 1, 2, 2, 2], coil_ir::DType::F32);
+    /// let w = Tensor::ones(&[1, 1, 2, 2, 2], coil_ir::DType::F32);
+    /// assert_eq!(x.conv3d(&w, None, ConvOptions::default())?.to_vec::<f32>()?, vec![8.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn conv3d(&self, weight: &Tensor, bias: Option<&Tensor>, o: ConvOptions<3>) -> Result<Tensor> {
+        self.conv_nd("conv3d", weight, bias, o.geometry(), Location::caller())
+    }
+
+    /// The convolution template over `geometry.dims()` spatial dims, checked, plus the bias.
+    fn conv_nd(
+        &self,
+        name: &'static str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        geometry: ConvGeometry,
+        loc: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let srcs: Vec<&Tensor> = [self, weight].into_iter().chain(bias).collect();
-        let _scope = CompositeScope::enter("conv1d", &srcs, loc);
-        if self.rank() != 3 || weight.rank() != 3 {
-            return fail("conv1d", &srcs, "expected input [N, C, L] and weight [O, C / groups, k]".into(), loc);
+        let _scope = CompositeScope::enter(name, &srcs, loc);
+        let d = geometry.dims();
+        if self.rank() != d + 2 || weight.rank() != d + 2 {
+            let msg =
+                format!("expected input {} and weight {}", layout(d, "C"), layout(d, "C / groups").replace('N', "O"));
+            return fail(name, &srcs, msg, loc);
         }
-        let o2 = ConvOptions {
-            stride: [1, o.stride[0]],
-            padding: [0, o.padding[0]],
-            dilation: [1, o.dilation[0]],
-            groups: o.groups,
-        };
-        self.unsqueeze(2)?.conv2d(&weight.unsqueeze(2)?, bias, o2)?.squeeze_dim(2)
+        let (c, out, cg, g) = (self.shape()[1], weight.shape()[0], weight.shape()[1], geometry.groups);
+        if g == 0 || c % g != 0 || out % g != 0 || cg * g != c {
+            let msg = format!("{g} groups do not divide input channels {c} and weight {:?}", weight.shape());
+            return fail(name, &srcs, msg, loc);
+        }
+        if let Some(b) = bias {
+            if b.shape() != [out] {
+                return fail(name, &srcs, format!("bias of shape {:?} for {out} output channels", b.shape()), loc);
+            }
+        }
+        let y = Tensor::record(Op::Conv { geometry, form: ConvForm::Forward }, &[self, weight], loc)?;
+        add_bias(y, bias, d)
     }
 
     /// `F.conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation)`
@@ -121,55 +148,10 @@ impl Tensor {
         o: ConvOptions<2>,
         output_padding: [usize; 2],
     ) -> Result<Tensor> {
-        let loc = Location::caller();
-        let srcs: Vec<&Tensor> = [self, weight].into_iter().chain(bias).collect();
-        let _scope = CompositeScope::enter("conv_transpose2d", &srcs, loc);
-        let (&[n, c, h, w_in], &[wc, og, kh, kw]) = (self.shape(), weight.shape()) else {
-            return fail(
-                "conv_transpose2d",
-                &srcs,
-                "expected input [N, C, H, W] and weight [C, O / groups, kh, kw]".into(),
-                loc,
-            );
-        };
-        let g = o.groups;
-        if g == 0 || wc != c || c % g != 0 {
-            let msg = format!("{g} groups and weight {:?} do not fit input channels {c}", weight.shape());
-            return fail("conv_transpose2d", &srcs, msg, loc);
-        }
-        let out = og * g;
-        if let Some(b) = bias {
-            if b.shape() != [out] {
-                let msg = format!("bias of shape {:?} for {out} output channels", b.shape());
-                return fail("conv_transpose2d", &srcs, msg, loc);
-            }
-        }
-        let mut size = [0usize; 2];
-        for (i, (&len, k)) in [h, w_in].iter().zip([kh, kw]).enumerate() {
-            if output_padding[i] >= o.stride[i].max(o.dilation[i]) {
-                let msg = format!("output padding {output_padding:?} must be smaller than stride or dilation");
-                return fail("conv_transpose2d", &srcs, msg, loc);
-            }
-            let full = (len.max(1) - 1) * o.stride[i] + o.dilation[i] * (k.max(1) - 1) + output_padding[i] + 1;
-            if full <= 2 * o.padding[i] {
-                let msg = format!("padding {:?} leaves no output of input {:?}", o.padding, self.shape());
-                return fail("conv_transpose2d", &srcs, msg, loc);
-            }
-            size[i] = full - 2 * o.padding[i];
-        }
-        let (cg, k) = (c / g, kh * kw);
-        // Columns [N, G, O/G * k, H * W] = weightᵀ (per group) @ x, then fold adds them up.
-        let x = self.reshape(&[n as i64, g as i64, cg as i64, (h * w_in) as i64])?;
-        let wt = weight.reshape(&[1, g as i64, cg as i64, (og * k) as i64])?.transpose(-1, -2)?;
-        let cols = wt.matmul(&x)?.reshape(&[n as i64, (out * k) as i64, (h * w_in) as i64])?;
-        let y = cols.fold(size, [kh, kw], o.dilation, o.padding, o.stride)?;
-        match bias {
-            Some(b) => y.add(&b.reshape(&[1, out as i64, 1, 1])?),
-            None => Ok(y),
-        }
+        self.conv_transpose_nd("conv_transpose2d", weight, bias, o.geometry(), &output_padding, Location::caller())
     }
 
-    /// `F.conv_transpose1d`: [`Tensor::conv_transpose2d`] over a height of 1.
+    /// `F.conv_transpose1d`: [`Tensor::conv_transpose2d`] over one spatial dim.
     #[track_caller]
     pub fn conv_transpose1d(
         &self,
@@ -178,29 +160,99 @@ impl Tensor {
         o: ConvOptions<1>,
         output_padding: usize,
     ) -> Result<Tensor> {
-        let loc = Location::caller();
+        self.conv_transpose_nd("conv_transpose1d", weight, bias, o.geometry(), &[output_padding], Location::caller())
+    }
+
+    /// `F.conv_transpose3d`: [`Tensor::conv_transpose2d`] over three spatial dims.
+    ///
+    /// ```
+    /// use coil_frontend::{ops::conv::ConvOptions, Tensor};
+    /// let x = Tensor::ones(&[1, 1, 1, 1, 1], coil_ir::DType::F32);
+    /// let w = Tensor::ones(&[1, 2, 2, 1, 1], coil_ir::DType::F32);
+    /// let y = x.conv_transpose3d(&w, None, ConvOptions::default(), [0, 0, 0])?;
+    /// assert_eq!(y.shape(), &[1, 2, 2, 1, 1]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn conv_transpose3d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        o: ConvOptions<3>,
+        output_padding: [usize; 3],
+    ) -> Result<Tensor> {
+        self.conv_transpose_nd("conv_transpose3d", weight, bias, o.geometry(), &output_padding, Location::caller())
+    }
+
+    /// The transposed convolution: the data-gradient form of the template, whose `size` is the
+    /// output's. An output padding of at least the stride (allowed below the dilation) adds
+    /// positions no input reaches: zeros, padded on after the template.
+    fn conv_transpose_nd(
+        &self,
+        name: &'static str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        geometry: ConvGeometry,
+        output_padding: &[usize],
+        loc: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let srcs: Vec<&Tensor> = [self, weight].into_iter().chain(bias).collect();
-        let _scope = CompositeScope::enter("conv_transpose1d", &srcs, loc);
-        if self.rank() != 3 || weight.rank() != 3 {
-            return fail(
-                "conv_transpose1d",
-                &srcs,
-                "expected input [N, C, L] and weight [C, O / groups, k]".into(),
-                loc,
+        let _scope = CompositeScope::enter(name, &srcs, loc);
+        let d = geometry.dims();
+        if self.rank() != d + 2 || weight.rank() != d + 2 {
+            let msg = format!(
+                "expected input {} and weight {}",
+                layout(d, "C"),
+                layout(d, "O / groups").replacen('N', "C", 1)
             );
+            return fail(name, &srcs, msg, loc);
         }
-        let o2 = ConvOptions {
-            stride: [1, o.stride[0]],
-            padding: [0, o.padding[0]],
-            dilation: [1, o.dilation[0]],
-            groups: o.groups,
+        let (c, g) = (self.shape()[1], geometry.groups);
+        if g == 0 || weight.shape()[0] != c || c % g != 0 {
+            let msg = format!("{g} groups and weight {:?} do not fit input channels {c}", weight.shape());
+            return fail(name, &srcs, msg, loc);
+        }
+        let out = weight.shape()[1] * g;
+        if let Some(b) = bias {
+            if b.shape() != [out] {
+                let msg = format!("bias of shape {:?} for {out} output channels", b.shape());
+                return fail(name, &srcs, msg, loc);
+            }
+        }
+        let (mut size, mut extra) = (vec![0; d], vec![0; d]);
+        for i in 0..d {
+            let (s, dil, p) = (geometry.stride[i], geometry.dilation[i], geometry.padding[i]);
+            if output_padding[i] >= s.max(dil) {
+                let msg = format!("output padding {output_padding:?} must be smaller than stride or dilation");
+                return fail(name, &srcs, msg, loc);
+            }
+            let (len, k) = (self.shape()[2 + i], weight.shape()[2 + i]);
+            let full = (len.max(1) - 1) * s + dil * (k.max(1) - 1) + output_padding[i] + 1;
+            if full <= 2 * p {
+                let msg = format!("padding {:?} leaves no output of input {:?}", geometry.padding, self.shape());
+                return fail(name, &srcs, msg, loc);
+            }
+            extra[i] = output_padding[i].saturating_sub(s - 1);
+            size[i] = full - 2 * p - extra[i];
+        }
+        let y = Tensor::record(Op::Conv { geometry, form: ConvForm::BackwardData { size } }, &[self, weight], loc)?;
+        let y = if extra.iter().any(|&e| e > 0) {
+            let pads: Vec<i64> = extra.iter().rev().flat_map(|&e| [0, e as i64]).collect();
+            y.pad(&pads, 0.0)?
+        } else {
+            y
         };
-        self.unsqueeze(2)?.conv_transpose2d(&weight.unsqueeze(2)?, bias, o2, [0, output_padding])?.squeeze_dim(2)
+        add_bias(y, bias, d)
     }
 }
 
-/// The output size of a convolution of `input` (spatial) by `kernel` (unfold checked it fits).
-fn out_size(input: [usize; 2], kernel: [usize; 2], o: &ConvOptions<2>) -> (usize, usize) {
-    let one = |i: usize| (input[i] + 2 * o.padding[i] - o.dilation[i] * (kernel[i] - 1) - 1) / o.stride[i] + 1;
-    (one(0), one(1))
+/// `y + bias` broadcast over the channels of `[N, O, *spatial]`.
+fn add_bias(y: Tensor, bias: Option<&Tensor>, d: usize) -> Result<Tensor> {
+    match bias {
+        Some(b) => {
+            let shape: Vec<i64> = [1, b.shape()[0] as i64].into_iter().chain(std::iter::repeat_n(1, d)).collect();
+            y.add(&b.reshape(&shape)?)
+        }
+        None => Ok(y),
+    }
 }

@@ -165,10 +165,6 @@ pub const NOT_YET: &[(&str, &str)] = &[
     ),
     ("scatter_reduce, index_reduce, embedding_bag max with offsets", "a scatter with a reduction (max, min, prod)"),
     ("masked_select, nonzero, unique, bincount, argwhere", "data-dependent output shapes: graph breaks with a reason"),
-    (
-        "conv3d, conv_transpose3d; fast convolutions on GPUs",
-        "conv1d/2d and their transposes are im2col + GEMM compositions everywhere: a 3-D unfold, and cuDNN",
-    ),
     ("max_unpool, pooling with return_indices", "indices of window maxima: expressible, not done yet"),
     ("grid_sample with reflection padding or bicubic, 3-D affine_grid", "expressible; not done yet"),
     ("batch_norm in training with running statistics", "an in-place update of the running statistics"),

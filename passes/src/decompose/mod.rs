@@ -30,6 +30,7 @@
 //! ```
 
 mod builder;
+mod conv;
 mod nn;
 mod pointwise;
 mod reduce;
@@ -71,6 +72,12 @@ pub struct DecomposeOptions {
     /// backend on CUDA compute it: the products run on tensor cores, forward and backward. Off
     /// (the reference): q, k and v are upcast to f32 and the result rounded once.
     pub half_products: bool,
+    /// Keep convolutions ([`coil_ir::Op::Conv`]: the convolution and its two gradients) as
+    /// template nodes, for lowering to run each as one call (cuDNN on CUDA). Set where the
+    /// target runs them (the frontend checks that cuDNN loads) and when differentiating, so
+    /// that gradients are the backward templates; off, they decompose into im2col and a
+    /// matrix product.
+    pub conv_template: bool,
 }
 
 /// [`decompose`] with the compile path's choices (see [`DecomposeOptions`]).
@@ -103,13 +110,13 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
                 return Err(Error::runtime(format!("{id} is an input that is not among the graph's inputs")));
             }
             op if op.is_leaf() => Arg::Node(out.leaf(op.clone(), node.meta.clone(), node.location)),
-            op if options.fused_attention && op.is_template() && keeps_template(graph, node, options) => {
+            op if op.is_template() && keeps_template(graph, node, options) => {
                 let args: Vec<NodeId> = node
                     .inputs
                     .iter()
                     .map(|x| match values[x.0].expect("operands come first") {
                         Arg::Node(n) => n,
-                        Arg::Scalar(_) => unreachable!("attention operands are tensors (checked)"),
+                        Arg::Scalar(_) => unreachable!("template operands are tensors (checked)"),
                     })
                     .collect();
                 Arg::Node(out.push(op.clone(), &args, node.location)?)
@@ -155,14 +162,21 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
     Ok(out)
 }
 
-/// Whether a template node of a captured graph stays whole: attention the template supports
-/// ([`crate::attention::template_supports`]), on tensor operands (not Rust scalars), with its
-/// logsumexp and gradients. Those two, and attention with an explicit mask, have no gradient
+/// Whether a template node of a captured graph stays whole: a convolution where
+/// [`DecomposeOptions::conv_template`] says so (its forms have gradient rules); attention the
+/// template supports ([`crate::attention::template_supports`]), on tensor operands (not Rust
+/// scalars), with its logsumexp and gradients. Those two, and attention with an explicit mask, have no gradient
 /// rule of their own: a graph decomposed for differentiation
 /// ([`DecomposeOptions::keep_detach`]) expands them, so that gradients (of gradients)
 /// differentiate their decomposition.
 fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOptions) -> bool {
     let tensors = node.inputs.iter().all(|&x| !matches!(graph.node(x).op, Op::Scalar(_)));
+    if let Op::Conv { .. } = node.op {
+        return options.conv_template && tensors;
+    }
+    if !options.fused_attention {
+        return false;
+    }
     let metas: Vec<&TensorMeta> = node.inputs.iter().map(|&x| graph.meta(x)).collect();
     let kept = match node.op {
         Op::Attention { mask: false, .. } => true,
@@ -262,5 +276,6 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
         }
         Op::AttentionLogsumexp { causal, scale } => nn::attention_logsumexp(b, x[0], x[1], *causal, *scale),
         Op::AttentionBackward { causal, scale, input } => nn::attention_backward(b, &x, *causal, *scale, *input),
+        Op::Conv { geometry, form } => conv::conv(b, geometry, form, x[0], x[1]),
     }
 }

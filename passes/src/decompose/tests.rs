@@ -424,7 +424,8 @@ fn half_attention_takes_its_products_in_its_dtype_only_when_asked() {
         let p = decompose_with(&g, options).unwrap();
         p.nodes.iter().filter(|n| n.op == Op::Bmm).map(|n| n.meta.dtype).collect()
     };
-    let reference = DecomposeOptions { fused_attention: false, keep_detach: false, half_products: false };
+    let reference =
+        DecomposeOptions { fused_attention: false, keep_detach: false, half_products: false, conv_template: false };
     assert_eq!(bmm_dtypes(&reference), vec![F32, F32]);
     assert_eq!(bmm_dtypes(&DecomposeOptions { half_products: true, ..reference }), vec![BF16, BF16]);
 }

@@ -52,6 +52,7 @@
 //! 0) appears in expressions.
 
 mod attention;
+mod conv;
 mod emit;
 mod epilogue;
 mod realize;
@@ -393,6 +394,9 @@ impl<'g> Lowerer<'g> {
             return Ok(b);
         }
         let node = self.g.node(n);
+        if let Op::Conv { .. } = node.op {
+            return self.realize_conv(n);
+        }
         if node.op.is_template() || self.attention_roots.contains_key(&n) {
             return self.realize_template(n);
         }

@@ -461,6 +461,7 @@ impl<'p> Scheduler<'p> {
                 format!("ext_attention_backward_{index}")
             }
             LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => format!("ext_fallback_{}_{index}", op.name()),
+            LoopKind::Extern { call: ExternCall::Conv(call), .. } => format!("ext_{}_{index}", call.form.name()),
             _ => {
                 let mut origins: Vec<&str> =
                     nodes.iter().flat_map(|&n| self.p.nodes[n].origins.iter().copied()).collect();

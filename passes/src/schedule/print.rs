@@ -28,6 +28,7 @@ pub fn print_schedule(program: &LoopProgram, schedule: &Schedule) -> String {
                     "extern attention_backward".to_string()
                 }
                 LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => format!("extern fallback {op}"),
+                LoopKind::Extern { call: ExternCall::Conv(call), .. } => format!("extern {}", call.form.name()),
             };
             let written: Vec<String> =
                 node.writes().iter().map(|&b| format!("{}: {}", name(b), program.buffer(b).meta)).collect();

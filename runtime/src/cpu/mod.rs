@@ -359,6 +359,12 @@ impl CompiledGraph {
                 };
                 attention_backward::attention_backward_bytes(&spec, p.buffer(q.buffer).meta.dtype, bufs)
             }
+            ExternCall::Conv(conv) => {
+                let dtype = p.buffer(out_id).meta.dtype;
+                let y = crate::interp::conv::conv_bytes(conv, dtype, view(conv.a.buffer), view(conv.b.buffer))?;
+                written(out_id).copy_from_slice(&y);
+                Ok(())
+            }
             ExternCall::Fallback { op: coil_ir::Op::Cumsum { dim } }
                 if scan::supports_cumsum(&p.buffer(operands[0]).meta, &p.buffer(out_id).meta) =>
             {

@@ -103,6 +103,8 @@ pub struct CudaDevice {
     pub(crate) allocator: CachingAllocator,
     /// cuBLASLt state, created on the first matrix product.
     pub(crate) blas: OnceLock<std::result::Result<super::blas::Blas, String>>,
+    /// cuDNN state, created on the first convolution.
+    pub(crate) cudnn: OnceLock<std::result::Result<super::cudnn::Cudnn, String>>,
     /// The built-in helper kernels (strided gather), compiled on first use.
     pub(crate) helpers: OnceLock<std::result::Result<super::gather::Helpers, String>>,
     /// The built-in kernels of ops without generated code (scatter, cumsum), compiled on first use.
@@ -167,6 +169,7 @@ impl CudaDevice {
             target,
             allocator: CachingAllocator::default(),
             blas: OnceLock::new(),
+            cudnn: OnceLock::new(),
             helpers: OnceLock::new(),
             fallback: OnceLock::new(),
             sort: OnceLock::new(),

@@ -24,6 +24,9 @@ pub enum CudaLib {
     Nvrtc,
     /// cuBLASLt (`libcublasLt.so.13`), part of the CUDA toolkit.
     CublasLt,
+    /// cuDNN 9 (`libcudnn.so.9`): PyTorch's wheels (`site-packages/nvidia/cudnn/lib`), or
+    /// installed beside the toolkit. Optional: convolutions decompose without it.
+    Cudnn,
 }
 
 impl CudaLib {
@@ -34,6 +37,7 @@ impl CudaLib {
             CudaLib::Driver => &["libcuda.so.1", "libcuda.so"],
             CudaLib::Nvrtc => &["libnvrtc.so.13", "libnvrtc.so"],
             CudaLib::CublasLt => &["libcublasLt.so.13", "libcublasLt.so"],
+            CudaLib::Cudnn => &["libcudnn.so.9"],
         }
     }
 
@@ -42,6 +46,7 @@ impl CudaLib {
             CudaLib::Driver => "the CUDA driver library",
             CudaLib::Nvrtc => "NVRTC (the CUDA run-time compiler)",
             CudaLib::CublasLt => "cuBLASLt",
+            CudaLib::Cudnn => "cuDNN 9",
         }
     }
 }
@@ -56,15 +61,46 @@ pub fn require(lib: CudaLib) -> Result<()> {
     let mut table = FOUND.lock().unwrap_or_else(|e| e.into_inner());
     let table = table.get_or_insert_with(HashMap::new);
     let found = table.entry(lib).or_insert_with(|| {
-        find(lib.file_names(), &search_dirs()).map(Some).map_err(|searched| not_found(lib, &searched))
+        let found = find(lib.file_names(), &search_dirs()).map_err(|searched| not_found(lib, &searched))?;
+        if lib == CudaLib::Cudnn {
+            preload_cudnn_parts()?;
+        }
+        Ok(Some(found))
     });
     found.as_ref().map(|_| ()).map_err(|msg| Error::runtime(msg.clone()))
 }
 
+/// cuDNN 9 is a dispatcher (`libcudnn.so.9`) that opens its parts (`libcudnn_cnn.so.9`, the
+/// engines, ...) by bare name when first needed: opened here from the dispatcher's directory
+/// (found through `/proc/self/maps`), they are already loaded when it asks. A part that is
+/// missing is left for cuDNN to report; `cudnnCnnVersionCheck` then fails with its status.
+fn preload_cudnn_parts() -> std::result::Result<(), String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let Some(dir) = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libcudnn.so.9"))
+        .and_then(|p| Path::new(p).parent().map(Path::to_path_buf))
+    else {
+        return Ok(());
+    };
+    for part in ["graph", "ops", "cnn", "heuristic", "engines_runtime_compiled", "engines_precompiled"] {
+        let path = dir.join(format!("libcudnn_{part}.so.9"));
+        if path.is_file() {
+            // SAFETY: as in `find`: cuDNN's own libraries, which it would open itself.
+            let lib = unsafe { open(&path) }.map_err(|e| format!("cuDNN: cannot open {}: {e}", path.display()))?;
+            // Kept open for the life of the process, as the dispatcher is.
+            std::mem::forget(lib);
+        }
+    }
+    Ok(())
+}
+
 /// The "not found" message: what is missing, where it was looked for, and how to fix it.
 fn not_found(lib: CudaLib, searched: &[String]) -> String {
+    let what = if lib == CudaLib::Cudnn { "cuDNN convolutions are not available" } else { "CUDA is not available" };
     format!(
-        "CUDA is not available: {} ({}) was not found. Searched: {}. Install the NVIDIA driver / \
+        "{what}: {} ({}) was not found. Searched: {}. Install the NVIDIA driver / \
          CUDA toolkit, or point LD_LIBRARY_PATH or CUDA_HOME at the directory holding it.",
         lib.what(),
         lib.file_names().join(" or "),

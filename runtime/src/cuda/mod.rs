@@ -38,6 +38,7 @@ pub mod autotune;
 mod autotune_tests;
 pub mod blas;
 pub mod compiler;
+pub mod cudnn;
 pub mod device;
 pub mod fallback;
 pub mod gather;
@@ -735,6 +736,17 @@ impl CudaCompiledGraph {
                     dv: grad(dv),
                 };
                 attention::attention_backward(&self.device, &spec, p.buffer(q.buffer).meta.dtype, bufs)
+            }
+            ExternCall::Conv(conv) => {
+                let dtype = p.buffer(out_id).meta.dtype;
+                cudnn::convolution(
+                    &self.device,
+                    conv,
+                    dtype,
+                    operand(conv.a.buffer),
+                    operand(conv.b.buffer),
+                    operand(out_id),
+                )
             }
             ExternCall::Fallback { op: Op::Scatter { dim, add } }
                 if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *add) =>

@@ -18,6 +18,7 @@
 //! index_select, scatter; views are one layout each, in `eval`), `reduce` (reductions,
 //! cumsum, bmm), `sort` (argsort).
 
+pub mod conv;
 mod layout;
 mod math;
 mod movement;

@@ -1,0 +1,459 @@
+//! Convolutions ([`ConvCall`]: the forward, data-gradient and weight-gradient forms) through
+//! cuDNN's convolution API (`cudnnConvolutionForward`, `cudnnConvolutionBackwardData`,
+//! `cudnnConvolutionBackwardFilter`), loaded at run time like cuBLASLt.
+//!
+//! * Descriptors take each operand's strides, so a channels-last (`NHWC`) activation is read
+//!   in place; a filter (the weight operand, or the weight gradient) is row-major (`NCHW`
+//!   filter format) or channels-last (`NHWC`); the lowering copies anything else first.
+//!   1-d convolutions run as 2-d ones over a height of 1.
+//! * f16 / bf16 run with `CUDNN_TENSOR_OP_MATH` and f32 accumulation; f32 with
+//!   `CUDNN_FMA_MATH` (no TF32, as coil's matrix products) and f64 in f64.
+//! * The algorithm is cuDNN's heuristic choice (`cudnnGetConvolution*Algorithm_v7`, the first
+//!   that succeeds within [`WORKSPACE_LIMIT`]), taken once per shape, layout and dtype and
+//!   cached with the descriptors; the workspace comes from coil's caching allocator per call.
+//! * Where cuDNN cannot be loaded, or has no algorithm for a call, the call runs on the host
+//!   (operands downloaded, [`crate::interp::conv`], result uploaded): slow but correct. The
+//!   compile path keeps convolutions whole only where [`available`] says cuDNN loads, so this
+//!   is a safety net, not a path a model takes.
+
+use super::device::CudaDevice;
+use super::loader::{require, CudaLib};
+use super::memory::{download, upload, DeviceMemory};
+use crate::cuda::blas::DevOperand;
+use coil_ir::loops::{ConvCall, TensorView};
+use coil_ir::op::ConvForm;
+use coil_ir::{DType, Error, Result};
+use cudarc::cudnn::{result as dnn, sys};
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
+
+/// The most workspace an algorithm may ask for.
+pub const WORKSPACE_LIMIT: usize = 1 << 30;
+
+/// Whether cuDNN loads on this machine (searched once per process; see [`super::loader`]).
+pub fn available() -> bool {
+    require(CudaLib::Cudnn).is_ok()
+}
+
+/// A device's cuDNN handle and the plans made so far (both live as long as the process).
+pub struct Cudnn {
+    handle: sys::cudnnHandle_t,
+    plans: Mutex<HashMap<String, Arc<Plan>>>,
+}
+
+// SAFETY: the handle is only used on the device's stream, under the plans' lock or in stream
+// order; descriptors are immutable once made.
+unsafe impl Send for Cudnn {}
+// SAFETY: as above.
+unsafe impl Sync for Cudnn {}
+
+impl Cudnn {
+    fn get(dev: &CudaDevice) -> Result<&Cudnn> {
+        dev.cudnn
+            .get_or_init(|| {
+                require(CudaLib::Cudnn).map_err(|e| e.message)?;
+                dev.bind().map_err(|e| e.message)?;
+                let handle = dnn::create_handle().map_err(|e| format!("cudnnCreate failed: {e}"))?;
+                Ok(Cudnn { handle, plans: Mutex::new(HashMap::new()) })
+            })
+            .as_ref()
+            .map_err(|e| Error::runtime(e.clone()))
+    }
+}
+
+/// The descriptors and algorithm of one convolution call shape.
+struct Plan {
+    a: Desc,
+    b: Desc,
+    out: Desc,
+    conv: sys::cudnnConvolutionDescriptor_t,
+    algo: Algo,
+    workspace: usize,
+}
+
+// SAFETY: a plan's descriptors are set once, when it is made, and only read afterwards.
+unsafe impl Send for Plan {}
+// SAFETY: as above.
+unsafe impl Sync for Plan {}
+
+/// The algorithm chosen for a plan, of its form's kind.
+#[derive(Clone, Copy)]
+enum Algo {
+    Forward(sys::cudnnConvolutionFwdAlgo_t),
+    Data(sys::cudnnConvolutionBwdDataAlgo_t),
+    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+/// A tensor or a filter descriptor.
+enum Desc {
+    Tensor(sys::cudnnTensorDescriptor_t),
+    Filter(sys::cudnnFilterDescriptor_t),
+}
+
+impl Desc {
+    fn tensor(&self) -> sys::cudnnTensorDescriptor_t {
+        match self {
+            Desc::Tensor(t) => *t,
+            Desc::Filter(_) => unreachable!("a filter where a tensor belongs"),
+        }
+    }
+
+    fn filter(&self) -> sys::cudnnFilterDescriptor_t {
+        match self {
+            Desc::Filter(f) => *f,
+            Desc::Tensor(_) => unreachable!("a tensor where a filter belongs"),
+        }
+    }
+}
+
+/// Enqueues `call` (operands and result of `dtype`) on the device's stream: through cuDNN, or
+/// on the host where cuDNN is missing or has no algorithm.
+pub fn convolution(
+    dev: &Arc<CudaDevice>,
+    call: &ConvCall,
+    dtype: DType,
+    a: DevOperand,
+    b: DevOperand,
+    out: DevOperand,
+) -> Result<()> {
+    let dnn = match Cudnn::get(dev) {
+        Ok(dnn) => dnn,
+        Err(_) => return on_host(dev, call, dtype, a, b, out),
+    };
+    let plan = match plan(dnn, call, dtype) {
+        Ok(plan) => plan,
+        Err(_) => return on_host(dev, call, dtype, a, b, out),
+    };
+    let size = dtype.size_bytes() as u64;
+    let (pa, pb) = (a.ptr + call.a.offset as u64 * size, b.ptr + call.b.offset as u64 * size);
+    let workspace = DeviceMemory::alloc(dev, plan.workspace.max(1))?;
+    let (one_f, zero_f, one_d, zero_d) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
+    let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
+        (&one_d as *const f64 as _, &zero_d as *const f64 as _)
+    } else {
+        (&one_f as *const f32 as _, &zero_f as *const f32 as _)
+    };
+    dev.bind()?;
+    let (ws, ws_bytes) = (workspace.ptr() as *mut c_void, plan.workspace);
+    let (pa, pb, po) = (pa as *const c_void, pb as *const c_void, out.ptr as *mut c_void);
+    // SAFETY: the descriptors describe the operands' views inside their buffers (checked by
+    // `check_extern` and the lowering), the workspace holds `ws_bytes`, alpha and beta live
+    // through the call (cuDNN reads host scalars before returning), and everything is ordered
+    // on the device's stream.
+    let status = unsafe {
+        dnn::set_stream(dnn.handle, dev.cu_stream() as sys::cudaStream_t)
+            .map_err(|e| Error::runtime(format!("cudnnSetStream failed: {e}")))?;
+        match plan.algo {
+            Algo::Forward(algo) => dnn::convolution_forward(
+                dnn.handle,
+                alpha,
+                plan.a.tensor(),
+                pa,
+                plan.b.filter(),
+                pb,
+                plan.conv,
+                algo,
+                ws,
+                ws_bytes,
+                beta,
+                plan.out.tensor(),
+                po,
+            ),
+            Algo::Data(algo) => dnn::convolution_backward_data(
+                dnn.handle,
+                alpha,
+                plan.b.filter(),
+                pb,
+                plan.a.tensor(),
+                pa,
+                plan.conv,
+                algo,
+                ws,
+                ws_bytes,
+                beta,
+                plan.out.tensor(),
+                po,
+            ),
+            Algo::Filter(algo) => dnn::convolution_backward_filter(
+                dnn.handle,
+                alpha,
+                plan.a.tensor(),
+                pa,
+                plan.b.tensor(),
+                pb,
+                plan.conv,
+                algo,
+                ws,
+                ws_bytes,
+                beta,
+                plan.out.filter(),
+                po,
+            ),
+        }
+    };
+    // The workspace goes back to the cache now: later users are ordered after this call.
+    drop(workspace);
+    status.map_err(|e| Error::runtime(format!("cuDNN {} failed: {e} ({})", call.form.name(), describe(call))))
+}
+
+/// The call as an error names it: form, geometry, operand shapes and strides.
+fn describe(call: &ConvCall) -> String {
+    format!(
+        "{}; a {:?} strides {:?}, b {:?} strides {:?}, out {:?}",
+        call.geometry.describe(),
+        call.a.shape,
+        call.a.strides,
+        call.b.shape,
+        call.b.strides,
+        call.out
+    )
+}
+
+/// The cached plan of `call`, made on first use.
+fn plan(dnn: &Cudnn, call: &ConvCall, dtype: DType) -> Result<Arc<Plan>> {
+    let key = format!("{dtype} {:?} {:?} {}", call.form, call.geometry, describe(call));
+    let mut plans = dnn.plans.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = plans.get(&key) {
+        return Ok(p.clone());
+    }
+    // SAFETY: descriptors are created and set here, and kept for the life of the process.
+    let plan = Arc::new(unsafe { make_plan(dnn.handle, call, dtype) }?);
+    plans.insert(key, plan.clone());
+    Ok(plan)
+}
+
+fn dnn_err(what: &str) -> impl Fn(dnn::CudnnError) -> Error + '_ {
+    move |e| Error::runtime(format!("cuDNN {what} failed: {e}"))
+}
+
+fn data_type(dtype: DType) -> Result<sys::cudnnDataType_t> {
+    Ok(match dtype {
+        DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        DType::F64 => sys::cudnnDataType_t::CUDNN_DATA_DOUBLE,
+        DType::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
+        DType::BF16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+        other => return Err(Error::dtype(format!("cuDNN convolutions take floating operands, not {other}"))),
+    })
+}
+
+/// Shape and strides with a unit height inserted for a 1-d convolution (cuDNN wants 4 or 5
+/// dims); the unit dim's stride is that of the dim after it times its size, as packing has it.
+fn four_d(shape: &[usize], strides: &[usize]) -> (Vec<c_int>, Vec<c_int>) {
+    let (mut shape, mut strides) = (shape.to_vec(), strides.to_vec());
+    if shape.len() == 3 {
+        shape.insert(2, 1);
+        strides.insert(2, strides[2] * shape[3]);
+    }
+    (shape.iter().map(|&s| s as c_int).collect(), strides.iter().map(|&s| s as c_int).collect())
+}
+
+/// Row-major strides of `shape`.
+fn row_major(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    strides
+}
+
+/// Channels-last strides of `[O, C, *spatial]`: C fastest, then the spatial dims, then O.
+fn channels_last(shape: &[usize]) -> Vec<usize> {
+    let r = shape.len();
+    let mut strides = vec![0; r];
+    strides[1] = 1;
+    let mut s = shape[1];
+    for d in (2..r).rev() {
+        strides[d] = s;
+        s *= shape[d];
+    }
+    strides[0] = s;
+    strides
+}
+
+/// Whether `view`'s strides match `want` on every dim of size above 1.
+fn same_layout(shape: &[usize], strides: &[usize], want: &[usize]) -> bool {
+    shape.iter().zip(strides).zip(want).all(|((&n, &s), &w)| n <= 1 || s == w)
+}
+
+unsafe fn tensor_desc(dt: sys::cudnnDataType_t, shape: &[usize], strides: &[usize]) -> Result<Desc> {
+    let desc = dnn::create_tensor_descriptor().map_err(dnn_err("cudnnCreateTensorDescriptor"))?;
+    let (dims, strides) = four_d(shape, strides);
+    dnn::set_tensornd_descriptor(desc, dt, dims.len() as c_int, dims.as_ptr(), strides.as_ptr())
+        .map_err(dnn_err("cudnnSetTensorNdDescriptor"))?;
+    Ok(Desc::Tensor(desc))
+}
+
+unsafe fn filter_desc(dt: sys::cudnnDataType_t, shape: &[usize], strides: &[usize]) -> Result<Desc> {
+    let format = if same_layout(shape, strides, &row_major(shape)) {
+        sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+    } else if same_layout(shape, strides, &channels_last(shape)) {
+        sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+    } else {
+        return Err(Error::runtime(format!("a filter of shape {shape:?} with strides {strides:?}")));
+    };
+    let desc = dnn::create_filter_descriptor().map_err(dnn_err("cudnnCreateFilterDescriptor"))?;
+    let (dims, _) = four_d(shape, strides);
+    dnn::set_filternd_descriptor(desc, dt, format, dims.len() as c_int, dims.as_ptr())
+        .map_err(dnn_err("cudnnSetFilterNdDescriptor"))?;
+    Ok(Desc::Filter(desc))
+}
+
+unsafe fn view_desc(dt: sys::cudnnDataType_t, v: &TensorView, filter: bool) -> Result<Desc> {
+    if filter {
+        filter_desc(dt, &v.shape, &v.strides)
+    } else {
+        tensor_desc(dt, &v.shape, &v.strides)
+    }
+}
+
+/// The descriptors of `call` and cuDNN's first working algorithm for them.
+unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -> Result<Plan> {
+    let dt = data_type(dtype)?;
+    let g = &call.geometry;
+    // Which operand is the filter: the weight (forward, data gradient) or the result.
+    let (a_filter, b_filter, out_filter) = match call.form {
+        ConvForm::Forward | ConvForm::BackwardData { .. } => (false, true, false),
+        ConvForm::BackwardWeight { .. } => (false, false, true),
+    };
+    let a = view_desc(dt, &call.a, a_filter)?;
+    let b = view_desc(dt, &call.b, b_filter)?;
+    let out = view_desc(
+        dt,
+        &TensorView { buffer: call.a.buffer, offset: 0, shape: call.out.clone(), strides: row_major(&call.out) },
+        out_filter,
+    )?;
+
+    let one_d = g.dims() == 1;
+    let pick = |v: &[usize], unit: usize| -> Vec<c_int> {
+        let mut v: Vec<c_int> = v.iter().map(|&x| x as c_int).collect();
+        if one_d {
+            v.insert(0, unit as c_int);
+        }
+        v
+    };
+    let (pads, strides, dilations) = (pick(&g.padding, 0), pick(&g.stride, 1), pick(&g.dilation, 1));
+    let conv = dnn::create_convolution_descriptor().map_err(dnn_err("cudnnCreateConvolutionDescriptor"))?;
+    let compute = if dtype == DType::F64 {
+        sys::cudnnDataType_t::CUDNN_DATA_DOUBLE
+    } else {
+        sys::cudnnDataType_t::CUDNN_DATA_FLOAT
+    };
+    dnn::set_convolutionnd_descriptor(
+        conv,
+        pads.len() as c_int,
+        pads.as_ptr(),
+        strides.as_ptr(),
+        dilations.as_ptr(),
+        sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+        compute,
+    )
+    .map_err(dnn_err("cudnnSetConvolutionNdDescriptor"))?;
+    dnn::set_convolution_group_count(conv, g.groups as i32).map_err(dnn_err("cudnnSetConvolutionGroupCount"))?;
+    let math = match dtype {
+        DType::F16 | DType::BF16 => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        _ => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+    };
+    dnn::set_convolution_math_type(conv, math).map_err(dnn_err("cudnnSetConvolutionMathType"))?;
+
+    const COUNT: usize = 16;
+    let mut returned: c_int = 0;
+    // (algo, workspace bytes, math type, status) of each candidate, best first.
+    let candidates: Vec<(Algo, usize, sys::cudnnMathType_t, sys::cudnnStatus_t)> = match call.form {
+        ConvForm::Forward => {
+            let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); COUNT];
+            let (x, w, y) = (a.tensor(), b.filter(), out.tensor());
+            dnn::get_convolution_forward_algorithm(
+                handle,
+                x,
+                w,
+                conv,
+                y,
+                COUNT as c_int,
+                &mut returned,
+                perf.as_mut_ptr(),
+            )
+            .map_err(dnn_err("cudnnGetConvolutionForwardAlgorithm_v7"))?;
+            perf[..returned as usize].iter().map(|p| (Algo::Forward(p.algo), p.memory, p.mathType, p.status)).collect()
+        }
+        ConvForm::BackwardData { .. } => {
+            let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); COUNT];
+            let (dy, w, dx) = (a.tensor(), b.filter(), out.tensor());
+            dnn::get_convolution_backward_data_algorithm(
+                handle,
+                w,
+                dy,
+                conv,
+                dx,
+                COUNT as c_int,
+                &mut returned,
+                perf.as_mut_ptr(),
+            )
+            .map_err(dnn_err("cudnnGetConvolutionBackwardDataAlgorithm_v7"))?;
+            perf[..returned as usize].iter().map(|p| (Algo::Data(p.algo), p.memory, p.mathType, p.status)).collect()
+        }
+        ConvForm::BackwardWeight { .. } => {
+            let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); COUNT];
+            let (x, dy, dw) = (a.tensor(), b.tensor(), out.filter());
+            dnn::get_convolution_backward_filter_algorithm(
+                handle,
+                x,
+                dy,
+                conv,
+                dw,
+                COUNT as c_int,
+                &mut returned,
+                perf.as_mut_ptr(),
+            )
+            .map_err(dnn_err("cudnnGetConvolutionBackwardFilterAlgorithm_v7"))?;
+            perf[..returned as usize].iter().map(|p| (Algo::Filter(p.algo), p.memory, p.mathType, p.status)).collect()
+        }
+    };
+    let Some(&(algo, workspace, math, _)) = candidates.iter().find(|(_, memory, _, status)| {
+        *status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && *memory <= WORKSPACE_LIMIT
+    }) else {
+        return Err(Error::runtime(format!("cuDNN has no algorithm for {} ({})", call.form.name(), describe(call))));
+    };
+    dnn::set_convolution_math_type(conv, math).map_err(dnn_err("cudnnSetConvolutionMathType"))?;
+    Ok(Plan { a, b, out, conv, algo, workspace })
+}
+
+/// The call on the host: operands downloaded, the reference computation, the result uploaded.
+fn on_host(
+    dev: &CudaDevice,
+    call: &ConvCall,
+    dtype: DType,
+    a: DevOperand,
+    b: DevOperand,
+    out: DevOperand,
+) -> Result<()> {
+    // SAFETY: each operand's pointer addresses its buffer's bytes.
+    let (ha, hb) = unsafe { (download(dev, a.ptr, a.bytes)?, download(dev, b.ptr, b.bytes)?) };
+    let y = crate::interp::conv::conv_bytes(call, dtype, &ha, &hb)?;
+    if y.len() != out.bytes {
+        return Err(Error::runtime(format!("a convolution made {} bytes for {}", y.len(), out.bytes)));
+    }
+    // SAFETY: the output holds `out.bytes` bytes.
+    unsafe { upload(dev, out.ptr, &y)? };
+    dev.wait()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_of_filters_and_one_d_views() {
+        assert_eq!(row_major(&[4, 3, 2, 2]), vec![12, 4, 2, 1]);
+        assert_eq!(channels_last(&[4, 3, 2, 2]), vec![12, 1, 6, 3]);
+        // A size-1 dim's stride does not matter.
+        assert!(same_layout(&[4, 1, 2, 2], &[4, 99, 2, 1], &row_major(&[4, 1, 2, 2])));
+        let (dims, strides) = four_d(&[2, 3, 10], &[30, 1, 3]);
+        assert_eq!(dims, vec![2, 3, 1, 10]);
+        assert_eq!(strides, vec![30, 1, 30, 3]);
+    }
+}
+
+#[cfg(test)]
+#[path = "cudnn_tests.rs"]
+mod end_to_end;

@@ -1,0 +1,158 @@
+//! The convolution template's call end to end: a graph keeping each form whole, lowered and
+//! run on the CPU backend (the host path) and on CUDA (cuDNN), against the reference
+//! interpreter of its decomposition. Operand views are channels-last where the test says so.
+
+use super::super::tests::{assert_close, gpu, randoms, TempDir};
+use crate::cuda::CudaCompiledGraph;
+use crate::{interpret, Buffer, HostData};
+use coil_codegen::cuda::{CudaModule, Language};
+use coil_ir::loops::{ExternCall, LoopKind};
+use coil_ir::op::{ConvForm, ConvGeometry};
+use coil_ir::{DType, Graph, Op, TensorMeta};
+
+/// `(graph, inputs)`: one form of a convolution on inputs stored as `stored` shapes, each read
+/// through `perms` (a channels-last input is stored `[N, *spatial, C]` and permuted).
+struct Case {
+    name: &'static str,
+    geometry: ConvGeometry,
+    form: ConvForm,
+    stored: [Vec<usize>; 2],
+    perms: [Option<Vec<usize>>; 2],
+}
+
+fn geometry(stride: Vec<usize>, padding: Vec<usize>, dilation: Vec<usize>, groups: usize) -> ConvGeometry {
+    ConvGeometry { stride, padding, dilation, groups }
+}
+
+fn cases() -> Vec<Case> {
+    let g2 = geometry(vec![2, 1], vec![1, 2], vec![1, 2], 2);
+    let g1 = geometry(vec![2], vec![1], vec![1], 1);
+    let g3 = geometry(vec![1, 2, 1], vec![1, 0, 1], vec![1, 1, 2], 1);
+    let nhwc = Some(vec![0, 3, 1, 2]);
+    vec![
+        Case {
+            name: "conv2d channels-last, groups, dilation",
+            geometry: g2.clone(),
+            form: ConvForm::Forward,
+            stored: [vec![2, 9, 8, 4], vec![6, 2, 3, 3]],
+            perms: [nhwc.clone(), None],
+        },
+        Case {
+            name: "conv2d data gradient",
+            geometry: g2.clone(),
+            form: ConvForm::BackwardData { size: vec![9, 8] },
+            stored: [vec![2, 6, 5, 8], vec![6, 2, 3, 3]],
+            perms: [None, None],
+        },
+        Case {
+            name: "conv2d weight gradient, channels-last",
+            geometry: g2,
+            form: ConvForm::BackwardWeight { kernel: vec![3, 3] },
+            stored: [vec![2, 9, 8, 4], vec![2, 5, 8, 6]],
+            perms: [nhwc.clone(), nhwc],
+        },
+        Case {
+            name: "conv1d",
+            geometry: g1,
+            form: ConvForm::Forward,
+            stored: [vec![2, 3, 11], vec![4, 3, 3]],
+            perms: [None, None],
+        },
+        Case {
+            name: "conv3d",
+            geometry: g3,
+            form: ConvForm::Forward,
+            stored: [vec![1, 3, 4, 6, 5], vec![2, 3, 3, 2, 2]],
+            perms: [None, None],
+        },
+    ]
+}
+
+/// The graph of `case` in `dtype`.
+fn graph(case: &Case, dtype: DType) -> Graph {
+    let mut g = Graph::new();
+    let mut operands = Vec::new();
+    for (shape, perm) in case.stored.iter().zip(&case.perms) {
+        let x = g.input(TensorMeta::new(shape.clone(), dtype));
+        operands.push(match perm {
+            Some(perm) => g.push(Op::Permute { perm: perm.clone() }, &[x], None).unwrap(),
+            None => x,
+        });
+    }
+    let op = Op::Conv { geometry: case.geometry.clone(), form: case.form.clone() };
+    let y = g.push(op, &operands, None).unwrap();
+    g.outputs.push(y);
+    g
+}
+
+fn inputs(case: &Case, dtype: DType) -> Vec<Buffer> {
+    case.stored
+        .iter()
+        .enumerate()
+        .map(|(k, shape)| {
+            let n = shape.iter().product();
+            Buffer::new(shape.clone(), HostData::from_f64_slice(dtype, &randoms(k as u64 + 7, n))).unwrap()
+        })
+        .collect()
+}
+
+/// The program keeping the convolution whole: one extern call, reading the inputs in place.
+fn program(g: &Graph) -> (coil_ir::loops::LoopProgram, coil_ir::kernel::Schedule) {
+    let options = coil_passes::DecomposeOptions { conv_template: true, ..Default::default() };
+    let primitive = coil_passes::decompose_with(g, &options).unwrap();
+    let program = coil_passes::lower(&primitive).unwrap();
+    assert_eq!(program.nodes.len(), 1, "{program:?}");
+    assert!(matches!(&program.nodes[0].kind, LoopKind::Extern { call: ExternCall::Conv(_), .. }));
+    let schedule = coil_passes::schedule(&program);
+    (program, schedule)
+}
+
+fn reference(g: &Graph, args: &[Buffer]) -> Vec<f64> {
+    let refs: Vec<&Buffer> = args.iter().collect();
+    interpret(&coil_passes::decompose(g).unwrap(), &refs).unwrap().remove(0).data.to_f64_vec()
+}
+
+#[test]
+fn convolution_calls_run_on_the_cpu_backend() {
+    let dir = TempDir::new("conv_cpu");
+    for case in cases() {
+        let g = graph(&case, DType::F32);
+        let args = inputs(&case, DType::F32);
+        let (program, schedule) = program(&g);
+        let cg = crate::cpu::CompiledGraph::new_in(program, schedule, vec![None], "", &dir.0).unwrap();
+        let refs: Vec<&Buffer> = args.iter().collect();
+        let got = cg.run(&refs).unwrap().remove(0).data.to_f64_vec();
+        assert_close(&got, &reference(&g, &args), 1e-5, case.name);
+    }
+}
+
+/// cuDNN (or, without it, the host path) against the reference, in f32, bf16 and f16.
+#[test]
+fn convolution_calls_run_through_cudnn() {
+    let Some(dev) = gpu() else { return };
+    if !super::available() {
+        eprintln!("NOTE: cuDNN not found: the calls take the host path");
+    }
+    let dir = TempDir::new("conv_gpu");
+    let module = CudaModule { source: String::new(), kernels: vec![], language: Language::CudaC };
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for case in cases() {
+            let g = graph(&case, dtype);
+            let args = inputs(&case, dtype);
+            let (program, schedule) = program(&g);
+            let cg = CudaCompiledGraph::new_in(
+                dev.clone(),
+                program,
+                schedule,
+                vec![None],
+                std::slice::from_ref(&module),
+                &dir.0,
+            )
+            .unwrap();
+            let refs: Vec<&Buffer> = args.iter().collect();
+            let got = cg.run_host(&refs).unwrap().remove(0).data.to_f64_vec();
+            let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+            assert_close(&got, &reference(&g, &args), tol, &format!("{} {dtype}", case.name));
+        }
+    }
+}
