@@ -22,7 +22,10 @@ use std::panic::Location;
 /// that made them alive).
 ///
 /// Each target must be computed, current and of its value's shape, dtype and device; targets
-/// must be distinct. After the call every target is stale: use the returned tensors. Where the
+/// must be distinct. Inside a compiled function ([`crate::dynamo`]) the update is recorded, not
+/// run: the returned tensors are the (pending) values, and the next graph the call runs (at its
+/// end, or at a graph break) computes them and writes them over the targets' buffers; a target
+/// may then also be the value of an earlier update of the same call. After the call every target is stale: use the returned tensors. Where the
 /// compiler cannot write a value over its target (the target is read after the value is
 /// written, or the value is not computed by a kernel), it writes a new buffer instead; the
 /// result is the same and `ir_post_fusion.txt` says why.

@@ -64,6 +64,14 @@ pub(crate) struct Frame {
     pub(super) recording: Option<Recording>,
 }
 
+/// The compiled graph that served a place of the call last time ([`Frame::expected`]).
+struct Served {
+    compiled: Arc<Compiled>,
+    graph: Arc<Graph>,
+    layout: Arc<Expected>,
+    donations: Vec<Donation>,
+}
+
 /// An in-place update made while tracing: `value` is written over `target`'s allocation by the
 /// next graph the call runs.
 struct Update {
@@ -226,14 +234,13 @@ impl Frame {
         let start = Instant::now();
         let expected = self.expected(outputs);
         let (walk, matches) = match &expected {
-            Some((_, _, layout, _)) => Walk::matching(outputs, layout),
+            Some(e) => Walk::matching(outputs, &e.layout),
             None => (Walk::new(outputs, &[]), false),
         };
         let donations = donations(&walk, outputs, updates);
         // The comparison is part of the walk: count it all as capture.
         profile::spent(start, |t| &mut t.capture);
-        let hit =
-            expected.filter(|(_, _, _, d)| matches && *d == donations).map(|(compiled, graph, _, _)| (compiled, graph));
+        let hit = expected.filter(|e| matches && e.donations == donations).map(|e| (e.compiled, e.graph));
         if hit.is_some() {
             let mut state = self.state.borrow_mut();
             state.stats.graph_hits += 1;
@@ -272,7 +279,7 @@ impl Frame {
     /// walk is compared with, node by node, which checks every guard of a static entry (no
     /// graph built, nothing hashed). This is a training loop's hit; anything else takes
     /// [`Frame::run_captured`]'s way (entries for symbolic sizes, `explain`, the interpreter).
-    fn expected(&self, outputs: &[&Tensor]) -> Option<(Arc<Compiled>, Arc<Graph>, Arc<Expected>, Vec<Donation>)> {
+    fn expected(&self, outputs: &[&Tensor]) -> Option<Served> {
         if self.log.is_some() || backend() != Backend::Compiled {
             return None;
         }
@@ -282,7 +289,12 @@ impl Frame {
         if e.dynamic.is_some() || e.device != device {
             return None;
         }
-        Some((e.compiled.clone()?, e.graph.clone(), e.expected.clone(), e.donations.clone()))
+        Some(Served {
+            compiled: e.compiled.clone()?,
+            graph: e.graph.clone(),
+            layout: e.expected.clone(),
+            donations: e.donations.clone(),
+        })
     }
 
     /// Finds a captured graph in the guarded cache (compiling on a miss) and runs it.

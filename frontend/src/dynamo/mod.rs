@@ -24,6 +24,18 @@
 //! reason, a hint and the user's line (`COIL_LOGS=graph_breaks`). [`explain`] reports all of
 //! it; a [`Stance`] turns breaks or recompiles into errors for CI.
 //!
+//! **In-place updates** ([`crate::update_in_place_with`], as a key/value cache's write) made
+//! inside the function are functionalized: the next graph the call runs computes the new
+//! values and writes them over their targets' buffers (donated inputs), as PyTorch's
+//! functionalization writes mutated inputs back at the end of the graph.
+//!
+//! **Replay** ([`CompiledFn::replay`], opt-in; tinygrad's `TinyJit`): once two consecutive
+//! calls ran the same single graph the same way, later calls check their arguments, bind the
+//! captured tensors' current elements and run the compiled graph without running the body
+//! (the in-place writes included), a few microseconds of host time instead of recording and
+//! walking hundreds of lazy ops. The body must then depend only on its tensor arguments and
+//! the tensors it captures; [`CompiledFn::replay_check`] checks that every N-th call.
+//!
 //! **Dynamic shapes** ([`dynamic`]): shapes are static first (every size guarded). When a
 //! graph misses only because some input sizes changed, coil recompiles it once with those
 //! dims symbolic (automatic dynamic; [`Tensor::mark_dynamic`] makes a dim symbolic from the

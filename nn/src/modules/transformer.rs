@@ -364,6 +364,7 @@ impl KvCache {
     /// let config = Gpt2Config { vocab_size: 11, block_size: 8, n_layer: 1, n_head: 2, n_embd: 8, dropout: 0.0, layer_norm_eps: 1e-5 };
     /// let store = ParamStore::new();
     /// let model = Gpt2::new(&store.root(coil_runtime::Device::Cpu, coil_ir::DType::F32), config)?;
+    /// store.realize_pending()?; // the weights, computed before the first step
     /// let cache = RefCell::new(model.new_cache(1, 8)?);
     /// let step = dynamo::compile(|a: &[Tensor]| {
     ///     let mut cache = cache.borrow_mut();
