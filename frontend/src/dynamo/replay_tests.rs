@@ -235,3 +235,53 @@ fn in_place_updates_inside_a_compiled_function_write_the_buffer() {
     assert_eq!(w.borrow().0.storage.get().unwrap().addr(), addr, "written over its buffer");
     assert!(old.to_vec::<f32>().is_err(), "the old handle is stale");
 }
+
+#[test]
+fn the_replay_check_of_a_pure_body_traces_every_nth_call_and_passes() {
+    let bodies = Cell::new(0);
+    let f = compile(|a: &[Tensor]| {
+        bodies.set(bodies.get() + 1);
+        Ok(vec![a[0].exp()?])
+    })
+    .replay(true)
+    .replay_check(3);
+    let x = random(&[4], 12);
+    for _ in 0..10 {
+        close(&values(&f.call(&[&x]).unwrap()[0]), &values(&x.exp().unwrap()));
+    }
+    // Traced: calls 1 and 2 (arming), 6 and 10 (checks after 3 replays each).
+    assert_eq!((bodies.get(), f.stats().replays), (4, 6));
+}
+
+#[test]
+fn a_graph_compiled_for_symbolic_sizes_replays_at_the_sizes_that_armed_it() {
+    let bodies = Cell::new(0);
+    let f = compile(|a: &[Tensor]| {
+        bodies.set(bodies.get() + 1);
+        Ok(vec![a[0].softmax(-1)?])
+    })
+    .replay(true)
+    .replay_check(0);
+    for (call, rows) in [2usize, 3, 3, 3, 3, 5].into_iter().enumerate() {
+        let x = random(&[rows, 6], 40 + call as u64);
+        close(&values(&f.call(&[&x]).unwrap()[0]), &values(&x.softmax(-1).unwrap()));
+    }
+    assert!(f.guards().iter().any(|g| g.iter().any(|g| matches!(g, crate::dynamo::Guard::SizeSymbol { .. }))));
+    // 2 and 3 traced (the second compiles for symbolic rows), 3 again arms, two replays, 5 traces.
+    assert_eq!((bodies.get(), f.stats().replays), (4, 2));
+}
+
+#[test]
+fn the_replay_check_catches_a_captured_variable_rebound_to_another_tensor() {
+    let w = RefCell::new(random(&[3], 13));
+    let f = compile(|a: &[Tensor]| Ok(vec![&a[0] * &*w.borrow()])).replay(true).replay_check(2);
+    let x = random(&[3], 14);
+    for _ in 0..4 {
+        f.call(&[&x]).unwrap();
+    }
+    // Rebinding (not writing in place) is Rust state the replays do not see: the check does.
+    *w.borrow_mut() = random(&[3], 15);
+    let e = f.call(&[&x]).unwrap_err();
+    assert!(e.to_string().contains("replay check") && e.to_string().contains("captured tensor"), "{e}");
+    close(&values(&f.call(&[&x]).unwrap()[0]), &values(&(&x * &*w.borrow())));
+}
