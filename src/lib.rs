@@ -47,7 +47,7 @@
 pub use coil_frontend::compile::{compile_count, inspect, Compiled, Executable, StageTimes};
 pub use coil_frontend::dynamo::{
     compile, explain, set_stance, stance, BreakKind, CallStats, CompiledFn, ExplainReport, GraphBreak, GraphInfo,
-    Guard, Source, Stance, RECOMPILE_LIMIT,
+    Guard, Source, Stance, DEFAULT_REPLAY_CHECK, RECOMPILE_LIMIT,
 };
 pub use coil_frontend::ops::assemble::{block_diag, broadcast_tensors, cartesian_prod};
 pub use coil_frontend::ops::conv::ConvOptions;

@@ -22,6 +22,9 @@ mod signed_zeros;
 #[path = "sampling/cases.rs"]
 mod sampling;
 
+#[path = "replay/cases.rs"]
+mod replay;
+
 /// The GPU, or `None` after saying why the test is skipped.
 fn gpu() -> Option<coil::Device> {
     if coil::cuda_available() {
@@ -794,4 +797,20 @@ fn convolutions_through_cudnn_agree_with_the_cpu_on_cuda() {
     }
     coil::set_default_device(Device::Cpu);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Decode loops through a replayed compiled function (`CompiledFn::replay`), with and without
+/// CUDA graphs, give the tokens, logits and cache of plain loops on CUDA, greedy and sampled:
+/// the captured cache is written in place by every replay, the fed-back token and position are
+/// bound (or copied into a CUDA graph's buffers), and the random counters advance as the body's.
+#[test]
+fn replayed_decode_steps_match_plain_ones_on_cuda() {
+    let Some(device) = gpu() else { return };
+    let sampled = coil::Sampling { temperature: 0.8, top_k: Some(5), top_p: None };
+    for cuda_graphs in [false, true] {
+        for name in replay::MODELS {
+            replay::check_replayed_decode(name, device, &coil::Sampling::greedy(), cuda_graphs);
+            replay::check_replayed_decode(name, device, &sampled, cuda_graphs);
+        }
+    }
 }

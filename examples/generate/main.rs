@@ -22,8 +22,10 @@
 //! temperature, restricted by `--top-k K` and `--top-p P` (nucleus), seeded by `--seed`
 //! ([`Tensor::sample_tokens`]: the token is drawn on the device, in the step's graph, so only
 //! its id comes back to the host). Every decode step is the same graph, compiled once (the
-//! position is a tensor, the random numbers' seed and offset are run-time arguments);
-//! `--cuda-graphs` replays it from a CUDA graph on a GPU. Prints tokens/s for the prefill and
+//! position is a tensor, the random numbers' seed and offset are run-time arguments); the step
+//! is a compiled function that replays (`CompiledFn::replay`: from its third call on, the
+//! compiled graph runs without the step's Rust code), and `--cuda-graphs` replays its graph from
+//! a CUDA graph on a GPU. Prints tokens/s for the prefill and
 //! the decode: of the first generation (compiles included), or with `--warm` of a second one.
 
 mod bpe;
@@ -34,6 +36,7 @@ use coil::nn::models::CausalLm;
 use coil::nn::{LoadOptions, ParamStore};
 use coil::safetensors::WeightFile;
 use coil::{DType, Device, Sampling, Tensor};
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -199,15 +202,31 @@ struct Generated {
 fn generate(model: &dyn CausalLm, prompt: &[i64], tokens: usize, args: &Args) -> coil::Result<Generated> {
     let device = args.device;
     let mut ids = prompt.to_vec();
-    let mut cache = model.new_cache(1, model.max_positions())?;
+    let cache = RefCell::new(model.new_cache(1, model.max_positions())?);
     coil::manual_seed(args.seed);
     let start = Instant::now();
     let x = Tensor::from_vec(ids.clone(), &[1, ids.len()])?.to_device(device)?;
-    let (logits, written) = model.forward_cached(&x, &cache.position()?, &cache)?;
-    let token = logits.sample_tokens(&args.sampling)?;
-    cache.commit(&written, ids.len(), &[&token])?;
+    let token = {
+        let mut cache = cache.borrow_mut();
+        let (logits, written) = model.forward_cached(&x, &cache.position()?, &cache)?;
+        let token = logits.sample_tokens(&args.sampling)?.reshape(&[1, 1])?;
+        cache.commit(&written, ids.len(), &[&token])?;
+        token
+    };
     let mut next = token.to_vec::<i64>()?[0];
     let prefill_s = start.elapsed().as_secs_f64();
+    // The decode step: token `[1, 1]` and position (0-d) in, the next of each out (its
+    // arguments and the captured cache are all it depends on, so it replays).
+    let step = coil::compile(|a: &[Tensor]| {
+        let mut cache = cache.borrow_mut();
+        let (logits, written) = model.forward_cached(&a[0], &a[1], &cache)?;
+        cache.write(&written, &[])?;
+        Ok(vec![logits.sample_tokens(&args.sampling)?.reshape(&[1, 1])?, &a[1] + 1i64])
+    })
+    .named("decode_step")
+    .replay(true)
+    .cuda_graphs(args.cuda_graphs);
+    let mut step_args = [token, cache.borrow().position()?];
     let start = Instant::now();
     let mut steps = 0;
     for i in 0..tokens {
@@ -215,11 +234,9 @@ fn generate(model: &dyn CausalLm, prompt: &[i64], tokens: usize, args: &Args) ->
         if i + 1 == tokens {
             break;
         }
-        let x = Tensor::from_vec(vec![next], &[1, 1])?.to_device(device)?;
-        let (logits, written) = model.forward_cached(&x, &cache.position()?, &cache)?;
-        let token = logits.sample_tokens(&args.sampling)?;
-        cache.commit(&written, 1, &[&token])?;
+        let [token, pos]: [Tensor; 2] = step.call(&[&step_args[0], &step_args[1]])?.try_into().expect("two outputs");
         next = token.to_vec::<i64>()?[0];
+        step_args = [token, pos];
         steps += 1;
     }
     Ok(Generated { ids, prefill_s, decode_s: start.elapsed().as_secs_f64(), steps })

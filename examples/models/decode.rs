@@ -1,9 +1,13 @@
 //! The decode rows, as `bench/models_torch.py` measures them: a prompt of 512 tokens (prefill,
 //! untimed for the decode rows), then 256 decode steps (positions 512..767 of a cache of 768),
 //! greedy, bf16 weights (random, from a fixed seed): GPT-2 124M and a Llama of Llama 3.2 1B's
-//! sizes, at batch 1 and 16. Each step's next token is the argmax on the device, computed in the
-//! step's graph with the cache written in place, and fed to the next step without a host round
-//! trip. A row's time is per step: the device time of the 256-step loop (CUDA events around it,
+//! sizes, at batch 1 and 16. The decode step is a compiled function that replays
+//! (`CompiledFn::replay`: after its first two calls, a call runs the compiled graph without
+//! running the step's Rust code) with the cache captured and written in place, the token and
+//! the position its arguments: each step's next token is the argmax on the device and the next
+//! position is computed there too, both fed to the next step without a host round trip. The
+//! step and its cache are made once per batch size and serve every generation (the prefill
+//! writes the cache in place too). A row's time is per step: the device time of the 256-step loop (CUDA events around it,
 //! after a 256 MiB L2 flush) over 256, median of the loops; the prefill row is the prefill's
 //! time over 512. A decode row also reports the host's time per step (`coil_host_ms`): until
 //! the loop's calls return, the work enqueued and not waited for (nothing in the loop reads the
@@ -13,36 +17,44 @@ use super::{median, Opts, Row, Timer, Times};
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::models::llama::{Llama, LlamaConfig};
 use coil::nn::models::CausalLm;
-use coil::nn::ParamStore;
-use coil::{DType, Device, Tensor};
+use coil::nn::{KvCache, ParamStore};
+use coil::{CompiledFn, DType, Device, Tensor};
+use std::cell::RefCell;
 use std::time::Instant;
 
-/// One prefill then `new_tokens` greedy decode steps with a cache of `capacity` positions;
-/// returns the times of the prefill and of the decode loop.
-fn generate(
+/// One prefill then `new_tokens` greedy decode steps (`step`, over `cache`); returns the times of
+/// the prefill and of the decode loop.
+fn generate<F>(
     model: &dyn CausalLm,
+    cache: &RefCell<KvCache>,
+    step: &CompiledFn<F>,
     prompt: &Tensor,
     new_tokens: usize,
-    capacity: usize,
     timer: &Timer,
-) -> coil::Result<(Times, Times)> {
+) -> coil::Result<(Times, Times)>
+where
+    F: Fn(&[Tensor]) -> coil::Result<Vec<Tensor>>,
+{
     let (batch, len) = (prompt.shape()[0], prompt.shape()[1]);
-    let mut cache = model.new_cache(batch, capacity)?;
+    if len + new_tokens > cache.borrow().capacity() {
+        return Err(coil::Error::value(format!("{len} + {new_tokens} positions exceed the cache")));
+    }
+    cache.borrow_mut().clear();
+    let start = cache.borrow().position()?;
     let mut next = None;
     let prefill = timer.time(&mut || {
-        let (logits, written) = model.forward_cached(prompt, &cache.position()?, &cache)?;
+        let mut cache = cache.borrow_mut();
+        let (logits, written) = model.forward_cached(prompt, &start, &cache)?;
         let token = logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?;
         cache.commit(&written, len, &[&token])?;
         next = Some(token);
         Ok(())
     })?;
+    let mut args = [next.expect("prefilled"), cache.borrow().position()?];
     let decode = timer.time(&mut || {
         for _ in 0..new_tokens {
-            let (logits, written) =
-                model.forward_cached(next.as_ref().expect("prefilled"), &cache.position()?, &cache)?;
-            let token = logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?;
-            cache.commit(&written, 1, &[&token])?;
-            next = Some(token);
+            let [token, pos]: [Tensor; 2] = step.call(&[&args[0], &args[1]])?.try_into().expect("two outputs");
+            args = [token, pos];
         }
         Ok(())
     })?;
@@ -86,7 +98,20 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             let capacity = prompt_len + new_tokens;
             let compiles = coil::compile_count();
             let was = coil::set_cuda_graphs(o.cuda_graphs);
-            generate(model.as_ref(), &prompt, 3, capacity, timer)?; // compiles the prefill and decode graphs
+            let cache = RefCell::new(model.new_cache(batch, capacity)?);
+            // The token `[B, 1]` and the position (0-d) in, the next of each out: the step
+            // depends on nothing else of the host's (the contract of a replayed function).
+            let step = coil::compile(|a: &[Tensor]| {
+                let mut cache = cache.borrow_mut();
+                let (logits, written) = model.forward_cached(&a[0], &a[1], &cache)?;
+                cache.write(&written, &[])?;
+                Ok(vec![logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?, &a[1] + 1i64])
+            })
+            .named("decode_step")
+            .replay(true)
+            .cuda_graphs(o.cuda_graphs);
+            // Compiles the prefill and decode graphs; the decode step's first two calls arm its replay.
+            generate(model.as_ref(), &cache, &step, &prompt, 3, timer)?;
             let compile_s = first.elapsed().as_secs_f64();
             let (mut pre, mut dec) = (Vec::new(), Vec::new());
             let loops = o.reps.clamp(1, 5);
@@ -94,13 +119,19 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                 if i + 1 == loops {
                     timer.reset_peak();
                 }
-                let (p, d) = generate(model.as_ref(), &prompt, new_tokens, capacity, timer)?;
+                let (p, d) = generate(model.as_ref(), &cache, &step, &prompt, new_tokens, timer)?;
                 pre.push(p);
                 dec.push(d);
             }
             let graphs = coil::compile_count() - compiles;
             coil::set_cuda_graphs(was);
-            let replay = if o.cuda_graphs { "replayed from CUDA graphs" } else { "no CUDA graphs" };
+            let stats = step.stats();
+            let replay = match (o.cuda_graphs, step.replay_blocker()) {
+                (true, None) => "the step replayed (no Rust code per step) from CUDA graphs".to_string(),
+                (false, None) => "the step replayed (no Rust code per step), no CUDA graphs".to_string(),
+                (_, Some(why)) => format!("the step NOT replayed: {why}"),
+            };
+            let replay = format!("{replay}; {} of {} step calls replayed", stats.replays, stats.calls);
             let per =
                 |v: &[Times], f: fn(&Times) -> f64, n: usize| median(v.iter().map(|t| f(t) / 1e3 / n as f64).collect());
             let steps = new_tokens;

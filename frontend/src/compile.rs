@@ -211,7 +211,7 @@ impl Compiled {
             .map(|(i, o)| match o {
                 RunOutput::Donated(k) => inputs[k].overwritten(),
                 RunOutput::New(b) => match last.get(i) {
-                    Some(s) if s.cuda_buffer().is_some_and(|x| Arc::ptr_eq(x, &b)) => s.overwritten(),
+                    Some(s) if s.cuda_buffer().is_some_and(|x| Arc::ptr_eq(x, &b)) => s.replaced(),
                     _ => Storage::cuda(b),
                 },
             })

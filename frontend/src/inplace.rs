@@ -22,7 +22,10 @@ use std::panic::Location;
 /// that made them alive).
 ///
 /// Each target must be computed, current and of its value's shape, dtype and device; targets
-/// must be distinct. After the call every target is stale: use the returned tensors. Where the
+/// must be distinct. Inside a compiled function ([`crate::dynamo`]) the update is recorded, not
+/// run: the returned tensors are the (pending) values, and the next graph the call runs (at its
+/// end, or at a graph break) computes them and writes them over the targets' buffers; a target
+/// may then also be the value of an earlier update of the same call. After the call every target is stale: use the returned tensors. Where the
 /// compiler cannot write a value over its target (the target is read after the value is
 /// written, or the value is not computed by a kernel), it writes a new buffer instead; the
 /// result is the same and `ir_post_fusion.txt` says why.
@@ -58,36 +61,25 @@ pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
 pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) -> Result<Vec<Tensor>> {
     let caller = Location::caller();
     let fail = |kind: ErrorKind, message: String| Error::new(kind, message).in_op("update_in_place", vec![]).at(caller);
-    if crate::dynamo::tracing() {
-        return Err(fail(
-            ErrorKind::Unsupported,
-            "in-place updates inside a compiled function are not supported yet: update outside coil::compile".into(),
-        ));
-    }
+    let tracing = crate::dynamo::tracing();
     let mut targets: Vec<Storage> = Vec::with_capacity(updates.len());
+    // Inside a compiled function, a target may be the value of an earlier update of the call.
+    let mut updated_again: Vec<*const crate::tensor::TensorNode> = Vec::new();
     for (k, (target, value)) in updates.iter().enumerate() {
-        let Some(storage) = target.0.storage.get() else {
-            return Err(fail(ErrorKind::Value, format!("target {k} ({}) is not computed", target.meta())));
+        let storage = match target.0.storage.get() {
+            Some(storage) => storage,
+            None if tracing && crate::dynamo::is_deferred_update(target) => {
+                if updated_again.contains(&std::sync::Arc::as_ptr(&target.0)) {
+                    return Err(fail(ErrorKind::Value, format!("update {k}: its target is another update's target")));
+                }
+                updated_again.push(std::sync::Arc::as_ptr(&target.0));
+                check_value(k, target, value, updates[0].1, &fail)?;
+                continue;
+            }
+            None => return Err(fail(ErrorKind::Value, format!("target {k} ({}) is not computed", target.meta()))),
         };
         storage.check_current().map_err(|e| e.in_op("update_in_place", vec![]).at(caller))?;
-        if target.meta() != value.meta() || target.device() != value.device() {
-            return Err(fail(
-                ErrorKind::Shape,
-                format!(
-                    "update {k}: the value is {} on {}, its target {} on {}",
-                    value.meta(),
-                    value.device(),
-                    target.meta(),
-                    target.device()
-                ),
-            ));
-        }
-        if value.device() != updates[0].1.device() {
-            return Err(fail(
-                ErrorKind::Device,
-                format!("update {k} is on {}, update 0 on {}", value.device(), updates[0].1.device()),
-            ));
-        }
+        check_value(k, target, value, updates[0].1, &fail)?;
         if targets.iter().any(|t| t.addr() == storage.addr()) {
             return Err(fail(
                 ErrorKind::Value,
@@ -106,6 +98,15 @@ pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) ->
             ));
         }
     }
+    if tracing {
+        // Written by the next graph the compiled function runs. A value computed already
+        // passes through that graph (a copy), as outside.
+        let deferred = (updates.iter())
+            .map(|&(t, v)| Ok((t, if v.is_realized() { v.detach()? } else { v.clone() })))
+            .collect::<Result<Vec<_>>>()?;
+        crate::dynamo::defer_updates(&deferred, also).map_err(|m| fail(ErrorKind::Value, m))?;
+        return Ok(deferred.into_iter().map(|(_, v)| v).collect());
+    }
     let pending: Vec<&Tensor> = also.iter().copied().filter(|t| !t.is_realized()).collect();
     let mut results = run_donating(&values, &pending, &targets, caller).map_err(|e| e.at(caller))?;
     for (t, storage) in pending.iter().zip(results.split_off(values.len())) {
@@ -116,7 +117,7 @@ pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) ->
         // A target whose buffer was not written is consumed all the same, so that every target
         // is stale afterwards whatever the compiler chose.
         if storage.addr() != target.addr() {
-            let _ = target.overwritten();
+            let _ = target.replaced();
         }
         if !value.is_realized() {
             let _ = value.0.storage.set(storage.clone());
@@ -124,6 +125,36 @@ pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) ->
         updated.push(Tensor::from_storage(storage));
     }
     Ok(updated)
+}
+
+/// The checks of update `k` that do not need its target's elements: the value has the target's
+/// meta and device, and the first update's device.
+fn check_value(
+    k: usize,
+    target: &Tensor,
+    value: &Tensor,
+    first: &Tensor,
+    fail: &dyn Fn(ErrorKind, String) -> Error,
+) -> Result<()> {
+    if target.meta() != value.meta() || target.device() != value.device() {
+        return Err(fail(
+            ErrorKind::Shape,
+            format!(
+                "update {k}: the value is {} on {}, its target {} on {}",
+                value.meta(),
+                value.device(),
+                target.meta(),
+                target.device()
+            ),
+        ));
+    }
+    if value.device() != first.device() {
+        return Err(fail(
+            ErrorKind::Device,
+            format!("update {k} is on {}, update 0 on {}", value.device(), first.device()),
+        ));
+    }
+    Ok(())
 }
 
 /// Computes `values` and then `also` (one graph), each value donated the buffer of its target

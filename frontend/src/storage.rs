@@ -6,6 +6,12 @@
 //! an in-place write bumps it and returns a handle of the new version, so a tensor that still
 //! holds the old version is *stale*: reading it, or computing with it, is an error naming what
 //! happened (PyTorch's "modified by an inplace operation"), never a silent read of new values.
+//!
+//! The allocation also remembers whether its current elements *descend* from an older version
+//! by in-place updates (the same tensor, updated: a parameter after an optimizer step, a key/value
+//! cache after a step wrote it) or were *replaced* (a buffer consumed without being written, or
+//! reused for another tensor): a replayed compiled function ([`crate::dynamo::CompiledFn::replay`])
+//! binds a captured tensor to its allocation's current elements only in the first case.
 
 use coil_ir::{Error, ErrorKind, Result, TensorMeta};
 use coil_runtime::cuda::{CudaBuffer, CudaDevice};
@@ -18,9 +24,17 @@ use std::sync::Arc;
 pub struct Storage {
     data: Data,
     /// The allocation's version, shared by every handle to it.
-    version: Arc<AtomicU64>,
+    version: Arc<Version>,
     /// The version this handle holds.
     seen: u64,
+}
+
+/// An allocation's version counter.
+struct Version {
+    current: AtomicU64,
+    /// The first version whose elements the current ones descend from by in-place updates (a
+    /// consumed or reused allocation starts a new lineage).
+    lineage: AtomicU64,
 }
 
 /// The allocation itself.
@@ -42,7 +56,8 @@ impl Storage {
     }
 
     fn fresh(data: Data) -> Storage {
-        Storage { data, version: Arc::new(AtomicU64::new(0)), seen: 0 }
+        let version = Version { current: AtomicU64::new(0), lineage: AtomicU64::new(0) };
+        Storage { data, version: Arc::new(version), seen: 0 }
     }
 
     pub fn device(&self) -> Device {
@@ -77,7 +92,7 @@ impl Storage {
 
     /// Whether this handle holds the allocation's current elements (no in-place write since).
     pub fn is_current(&self) -> bool {
-        self.version.load(Ordering::Acquire) == self.seen
+        self.version.current.load(Ordering::Acquire) == self.seen
     }
 
     /// An error unless this handle holds the current elements.
@@ -92,7 +107,7 @@ impl Storage {
                  tensor took them (version {} of its buffer, now {}): use the tensor the update returned",
                 self.meta(),
                 self.seen,
-                self.version.load(Ordering::Acquire)
+                self.version.current.load(Ordering::Acquire)
             ),
         ))
     }
@@ -100,8 +115,37 @@ impl Storage {
     /// Marks the allocation as overwritten and returns a handle to the new elements: every
     /// other handle (the old tensor, its `detach`ed aliases) is stale from now on.
     pub(crate) fn overwritten(&self) -> Storage {
-        let seen = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+        let seen = self.version.current.fetch_add(1, Ordering::AcqRel) + 1;
         Storage { data: self.data.clone(), version: self.version.clone(), seen }
+    }
+
+    /// [`Storage::overwritten`] for an allocation whose new elements are not an update of this
+    /// handle's tensor (consumed without being written, or reused for another tensor): it starts
+    /// a new lineage, so [`Storage::descendant`] of an older handle finds nothing.
+    pub(crate) fn replaced(&self) -> Storage {
+        let new = self.overwritten();
+        self.version.lineage.fetch_max(new.seen, Ordering::AcqRel);
+        new
+    }
+
+    /// A handle to the allocation's current elements when they are this handle's tensor's,
+    /// updated in place since (or not at all); `None` when the allocation was consumed or
+    /// reused since ([`Storage::replaced`]).
+    pub(crate) fn descendant(&self) -> Option<Storage> {
+        let current = self.version.current.load(Ordering::Acquire);
+        if self.version.lineage.load(Ordering::Acquire) > self.seen {
+            return None;
+        }
+        Some(Storage { data: self.data.clone(), version: self.version.clone(), seen: current })
+    }
+
+    /// A handle to the same elements under a version counter of its own: a run that writes over
+    /// it ([`crate::compile::Compiled::run`] with a donation) leaves this allocation's version,
+    /// and so every handle to it, as it was. For writes that update the tensor every handle
+    /// stands for (a replayed compiled function's in-place writes).
+    pub(crate) fn unversioned(&self) -> Storage {
+        let version = Version { current: AtomicU64::new(0), lineage: AtomicU64::new(0) };
+        Storage { data: self.data.clone(), version: Arc::new(version), seen: 0 }
     }
 
     /// The elements in host memory (a copy from the device for CUDA storage); an error when

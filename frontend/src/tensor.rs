@@ -102,6 +102,17 @@ pub fn manual_seed(seed: u64) {
     RNG.with(|r| r.set(RandomState { seed, offset: 0 }));
 }
 
+/// Where the thread's random stream stands (the key and the next counter).
+pub(crate) fn random_state() -> RandomState {
+    RNG.with(|r| r.get())
+}
+
+/// Moves the thread's random stream to `state` (a replayed compiled function takes the counters
+/// its body would have taken).
+pub(crate) fn set_random_state(state: RandomState) {
+    RNG.with(|r| r.set(state));
+}
+
 /// Takes `n` counters from the random stream: returns where they start.
 pub(crate) fn next_random(n: usize) -> RandomState {
     RNG.with(|r| {

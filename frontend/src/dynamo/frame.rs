@@ -4,6 +4,7 @@
 use super::dynamic::{self, DynamicSpec};
 use super::explain::ExplainLog;
 use super::guards::{self, structural_hash, ArgMeta, Guard, Source};
+use super::replay::{GraphRun, Recording};
 use super::{stance, BreakKind, FnState, GraphBreak, GraphInfo, Stance, READ, RECOMPILE_LIMIT};
 use crate::compile::Compiled;
 use crate::debug::Dump;
@@ -11,6 +12,7 @@ use crate::realize::{backend, Backend, Captured};
 use crate::storage::Storage;
 use crate::walk::{Expected, Walk};
 use crate::{logs, profile, Tensor};
+use coil_ir::kernel::Donation;
 use coil_ir::{Error, ErrorKind, Graph, Result};
 use coil_runtime::Device;
 use std::cell::RefCell;
@@ -39,19 +41,42 @@ pub(super) struct Entry {
     pub(super) guards: Vec<Guard>,
     /// The symbolic sizes it was compiled for; `None` for static sizes.
     pub(super) dynamic: Option<DynamicSpec>,
+    /// The outputs written over inputs' buffers (the function's in-place updates).
+    pub(super) donations: Vec<Donation>,
 }
 
 /// One running call of a compiled function (or of `explain`).
 pub(crate) struct Frame {
     state: Rc<RefCell<FnState>>,
     /// Each argument's storage address (to name graph inputs) and meta.
-    args: Vec<(usize, ArgMeta)>,
+    pub(super) args: Vec<(usize, ArgMeta)>,
     call_site: &'static Location<'static>,
     /// Graphs run so far in this call.
     position: usize,
     /// Storage address -> (graph number, output index) of values earlier graphs computed.
     produced: HashMap<usize, (usize, usize)>,
+    /// In-place updates the function made that no graph has run yet ([`defer_updates`]).
+    updates: Vec<Update>,
+    /// Tensors to compute with those updates ([`crate::update_in_place_with`]'s `also`).
+    also: Vec<Tensor>,
     pub(crate) log: Option<ExplainLog>,
+    /// What the call ran, when the function replays ([`super::CompiledFn::replay`]).
+    pub(super) recording: Option<Recording>,
+}
+
+/// The compiled graph that served a place of the call last time ([`Frame::expected`]).
+struct Served {
+    compiled: Arc<Compiled>,
+    graph: Arc<Graph>,
+    layout: Arc<Expected>,
+    donations: Vec<Donation>,
+}
+
+/// An in-place update made while tracing: `value` is written over `target`'s allocation by the
+/// next graph the call runs.
+struct Update {
+    target: Storage,
+    value: Tensor,
 }
 
 impl Frame {
@@ -68,7 +93,17 @@ impl Frame {
             .iter()
             .map(|t| (storage_addr(t.0.storage.get().expect("realized")), (t.meta().clone(), t.device())))
             .collect();
-        Ok(Frame { state, args, call_site, position: 0, produced: HashMap::new(), log })
+        Ok(Frame {
+            state,
+            args,
+            call_site,
+            position: 0,
+            produced: HashMap::new(),
+            updates: vec![],
+            also: vec![],
+            log,
+            recording: None,
+        })
     }
 
     fn name(&self) -> String {
@@ -83,6 +118,9 @@ impl Frame {
         pending: Vec<Tensor>,
     ) -> Result<()> {
         let brk = self.record_break(kind, location);
+        if let Some(r) = &mut self.recording {
+            r.broke = true;
+        }
         if stance() == Stance::FailOnGraphBreak && self.log.is_none() {
             let e = Error::unsupported(format!(
                 "graph break in {} ({}): {}; hint: {} (stance FailOnGraphBreak)",
@@ -128,8 +166,15 @@ impl Frame {
 
     /// Computes `tensors` (pending ones), one graph per device.
     /// `origin`: the user's line that asked for them (reported with a data error of a kernel).
+    /// The in-place updates made so far run with them, their values written over their
+    /// targets' buffers where the compiler can (else the targets are consumed: stale).
     fn run_graphs(&mut self, tensors: Vec<Tensor>, origin: &'static Location<'static>) -> Result<()> {
-        let pending: Vec<Tensor> = tensors.into_iter().filter(|t| !t.is_realized()).collect();
+        let updates = std::mem::take(&mut self.updates);
+        let also = std::mem::take(&mut self.also);
+        let mut seen = HashSet::new();
+        let pending: Vec<Tensor> = (tensors.into_iter().chain(updates.iter().map(|u| u.value.clone())).chain(also))
+            .filter(|t| !t.is_realized() && seen.insert(Arc::as_ptr(&t.0) as usize))
+            .collect();
         let mut devices: Vec<Device> = vec![];
         for t in &pending {
             if !devices.contains(&t.device()) {
@@ -138,22 +183,64 @@ impl Frame {
         }
         for device in devices {
             let group: Vec<&Tensor> = pending.iter().filter(|t| t.device() == device).collect();
-            self.run_graph(&group, origin)?;
+            self.run_graph(&group, &updates, origin)?;
+        }
+        for u in &updates {
+            if u.value.0.storage.get().is_some_and(|s| s.addr() != u.target.addr()) {
+                let _ = u.target.replaced();
+                if let Some(r) = &mut self.recording {
+                    r.moved += 1;
+                }
+            }
         }
         Ok(())
     }
 
+    /// Records in-place updates ([`defer_updates`]): a target that is the value of an earlier
+    /// update of this call is updated again.
+    fn defer(&mut self, updates: &[(&Tensor, Tensor)], also: &[&Tensor]) -> std::result::Result<(), String> {
+        let earlier = |t: &Tensor| self.updates.iter().position(|u| Arc::ptr_eq(&u.value.0, &t.0));
+        for (k, (target, _)) in updates.iter().enumerate() {
+            let again =
+                target.0.storage.get().is_some_and(|s| self.updates.iter().any(|u| u.target.addr() == s.addr()));
+            if earlier(target).is_none() && again {
+                return Err(format!(
+                    "update {k}: its target's elements were updated earlier in this call: update the tensor that \
+                     update returned"
+                ));
+            }
+        }
+        for (target, value) in updates {
+            let found = self.updates.iter().position(|u| Arc::ptr_eq(&u.value.0, &target.0));
+            match found {
+                Some(i) => self.updates[i].value = value.clone(),
+                None => {
+                    let storage = target.0.storage.get().expect("checked: computed").clone();
+                    self.updates.push(Update { target: storage, value: value.clone() });
+                }
+            }
+        }
+        self.also.extend(also.iter().map(|&t| t.clone()));
+        Ok(())
+    }
+
+    /// Whether `t` is the value of an in-place update this call made and has not run yet.
+    fn is_deferred(&self, t: &Tensor) -> bool {
+        self.updates.iter().any(|u| Arc::ptr_eq(&u.value.0, &t.0))
+    }
+
     /// Captures one graph, finds it in the guarded cache (compiling on a miss) and runs it.
-    fn run_graph(&mut self, outputs: &[&Tensor], origin: &'static Location<'static>) -> Result<()> {
+    fn run_graph(&mut self, outputs: &[&Tensor], updates: &[Update], origin: &'static Location<'static>) -> Result<()> {
         let start = Instant::now();
         let expected = self.expected(outputs);
         let (walk, matches) = match &expected {
-            Some((_, _, layout)) => Walk::matching(outputs, layout),
+            Some(e) => Walk::matching(outputs, &e.layout),
             None => (Walk::new(outputs, &[]), false),
         };
+        let donations = donations(&walk, outputs, updates);
         // The comparison is part of the walk: count it all as capture.
         profile::spent(start, |t| &mut t.capture);
-        let hit = expected.filter(|_| matches).map(|(compiled, graph, _)| (compiled, graph));
+        let hit = expected.filter(|e| matches && e.donations == donations).map(|e| (e.compiled, e.graph));
         if hit.is_some() {
             let mut state = self.state.borrow_mut();
             state.stats.graph_hits += 1;
@@ -165,13 +252,18 @@ impl Frame {
                 let (inputs, random) = (walk.input_storages(), walk.random());
                 let results = crate::guard::guard("running", &graph, || self.run(&compiled, &inputs, random, origin))?;
                 self.state.borrow_mut().stats.run += t.elapsed();
+                self.record_run(inputs, outputs, &donations, random);
                 results
             }
             None => {
                 let t = Instant::now();
                 let captured = walk.captured();
                 profile::spent(t, |t| &mut t.capture);
-                self.run_captured(&captured, start, origin)?
+                let results = self.run_captured(&captured, start, origin, &donations)?;
+                if self.recording.is_some() {
+                    self.record_run(captured.inputs, outputs, &donations, &captured.random);
+                }
+                results
             }
         };
         self.position += 1;
@@ -187,7 +279,7 @@ impl Frame {
     /// walk is compared with, node by node, which checks every guard of a static entry (no
     /// graph built, nothing hashed). This is a training loop's hit; anything else takes
     /// [`Frame::run_captured`]'s way (entries for symbolic sizes, `explain`, the interpreter).
-    fn expected(&self, outputs: &[&Tensor]) -> Option<(Arc<Compiled>, Arc<Graph>, Arc<Expected>)> {
+    fn expected(&self, outputs: &[&Tensor]) -> Option<Served> {
         if self.log.is_some() || backend() != Backend::Compiled {
             return None;
         }
@@ -197,7 +289,12 @@ impl Frame {
         if e.dynamic.is_some() || e.device != device {
             return None;
         }
-        Some((e.compiled.clone()?, e.graph.clone(), e.expected.clone()))
+        Some(Served {
+            compiled: e.compiled.clone()?,
+            graph: e.graph.clone(),
+            layout: e.expected.clone(),
+            donations: e.donations.clone(),
+        })
     }
 
     /// Finds a captured graph in the guarded cache (compiling on a miss) and runs it.
@@ -206,6 +303,7 @@ impl Frame {
         captured: &Captured,
         start: Instant,
         origin: &'static Location<'static>,
+        donations: &[Donation],
     ) -> Result<Vec<Storage>> {
         let device = captured.device;
         let hashed = std::cell::OnceCell::new();
@@ -222,12 +320,13 @@ impl Frame {
         // Entries for symbolic sizes first (the most recent kind of entry; one hash without
         // sizes), then the exact sizes (which also hold what sizes 0 and 1 specialize).
         let t = Instant::now();
-        let dynamic = state.lookup_dynamic(&captured.graph, device);
+        // Entries for symbolic sizes write nothing in place.
+        let dynamic = if donations.is_empty() { state.lookup_dynamic(&captured.graph, device) } else { None };
         profile::spent(t, |t| &mut t.guards);
         let found = dynamic.or_else(|| {
             let h = hash();
             let t = Instant::now();
-            let found = state.lookup(h, &captured.graph, device);
+            let found = state.lookup(h, &captured.graph, device, donations);
             profile::spent(t, |t| &mut t.confirm);
             found
         });
@@ -240,7 +339,7 @@ impl Frame {
                     let e = &state.entries[i];
                     let compiled = match &e.dynamic {
                         Some(spec) => crate::compile::compile_dynamic(&e.graph, device, spec)?,
-                        None => crate::compile::compile(&captured.graph, device)?,
+                        None => crate::compile::compile_donating(&captured.graph, device, donations)?,
                     };
                     state.entries[i].compiled = Some(compiled);
                 }
@@ -248,7 +347,7 @@ impl Frame {
             }
             None => {
                 state.stats.graph_misses += 1;
-                self.miss(&mut state, captured, hash())?
+                self.miss(&mut state, captured, hash(), donations)?
             }
         };
         state.serve(self.position, entry);
@@ -287,6 +386,33 @@ impl Frame {
         compiled.run_or_replay(replay, inputs, random, Some(origin))
     }
 
+    /// Adds a graph run to the call's recording, when the function replays.
+    fn record_run(
+        &mut self,
+        inputs: Vec<Storage>,
+        outputs: &[&Tensor],
+        donations: &[Donation],
+        random: &[coil_ir::RandomState],
+    ) {
+        if self.recording.is_none() {
+            return;
+        }
+        let run = {
+            let state = self.state.borrow();
+            let entry = state.served.get(self.position).copied().flatten();
+            GraphRun {
+                entry,
+                compiled: entry.and_then(|i| state.entries[i].compiled.clone()),
+                graph: entry.map(|i| state.entries[i].graph.clone()),
+                inputs,
+                outputs: outputs.iter().map(|t| Arc::as_ptr(&t.0) as usize).collect(),
+                donations: donations.to_vec(),
+                random: random.to_vec(),
+            }
+        };
+        self.recording.as_mut().expect("checked above").graphs.push(run);
+    }
+
     /// A cache miss: say why when it is a recompile, then compile (or, past the limit, run
     /// eagerly). Returns the executable and the new entry.
     fn miss(
@@ -294,6 +420,7 @@ impl Frame {
         state: &mut FnState,
         captured: &Captured,
         hash: u64,
+        donations: &[Donation],
     ) -> Result<(Option<Arc<Compiled>>, Option<usize>)> {
         let (graph, device, position) = (&captured.graph, captured.device, self.position);
         let args: Vec<ArgMeta> = self.args.iter().map(|(_, m)| m.clone()).collect();
@@ -331,7 +458,7 @@ impl Frame {
             logs::recompile(&message);
             state.recompile_reasons.push(message);
         }
-        let (dynamic, compiled) = self.compile_entry(state, captured)?;
+        let (dynamic, compiled) = self.compile_entry(state, captured, donations)?;
         if let (Some(spec), true) = (&dynamic, before > 0) {
             // Say which sizes the recompile made symbolic.
             if let Some(reason) = state.recompile_reasons.last_mut() {
@@ -361,6 +488,7 @@ impl Frame {
             compiled: compiled.clone(),
             guards,
             dynamic,
+            donations: donations.to_vec(),
         });
         Ok((compiled, Some(index)))
     }
@@ -368,16 +496,18 @@ impl Frame {
     /// Compiles a missed graph: for symbolic sizes when some input dims are dynamic (marked
     /// with `mark_dynamic`, dynamic in an earlier entry of the same program, or different from
     /// an earlier entry's), else for static sizes. A graph that cannot be generalized compiles
-    /// static, and the log says why.
+    /// static, and the log says why. A graph with in-place writes (`donations`) compiles for
+    /// static sizes.
     fn compile_entry(
         &self,
         state: &FnState,
         captured: &Captured,
+        donations: &[Donation],
     ) -> Result<(Option<DynamicSpec>, Option<Arc<Compiled>>)> {
         let (graph, device) = (&captured.graph, captured.device);
-        let dims = dynamic_dims(state, captured, self.position);
+        let dims = if donations.is_empty() { dynamic_dims(state, captured, self.position) } else { vec![] };
         let compile_static = || match backend() {
-            Backend::Compiled => crate::compile::compile(graph, device).map(Some),
+            Backend::Compiled => crate::compile::compile_donating(graph, device, donations).map(Some),
             Backend::Interpreter => Ok(None),
         };
         if dims.is_empty() {
@@ -423,6 +553,33 @@ impl Frame {
             })
             .collect()
     }
+}
+
+/// The in-place writes of a graph: each update's value (a graph output) written over its
+/// target's buffer, when the target is one graph input (not two handles to its elements). In
+/// output order, so that the same program always asks for the same donations.
+fn donations(walk: &Walk, outputs: &[&Tensor], updates: &[Update]) -> Vec<Donation> {
+    if updates.is_empty() {
+        return vec![];
+    }
+    // Per allocation among the inputs: the first input holding it, and whether another does.
+    let mut held: HashMap<usize, (usize, bool)> = HashMap::new();
+    for (k, t) in walk.input_tensors().iter().enumerate() {
+        let addr = t.0.storage.get().expect("an input is computed").addr();
+        held.entry(addr).and_modify(|e| e.1 = true).or_insert((k, false));
+    }
+    let mut found: Vec<Donation> = updates
+        .iter()
+        .filter_map(|u| {
+            let output = outputs.iter().position(|t| Arc::ptr_eq(&t.0, &u.value.0))?;
+            match held.get(&u.target.addr()) {
+                Some(&(input, false)) => Some(Donation { output, input }),
+                _ => None,
+            }
+        })
+        .collect();
+    found.sort_unstable_by_key(|d| d.output);
+    found
 }
 
 /// The graph input dims a missed graph should make symbolic: dims marked dynamic, and, against
@@ -517,6 +674,22 @@ pub(crate) fn host_read(outputs: &[&Tensor], caller: &'static Location<'static>)
     }
     let mut taken = TakenFrame(FRAMES.with(|f| f.borrow_mut().pop()));
     taken.0.as_mut().expect("tracing").graph_break(kind, location, pending)
+}
+
+/// [`crate::update_in_place_with`] inside a compiled function: the updates (targets checked by
+/// the caller: computed and current, or the value of an earlier update of this call) are
+/// recorded, and the next graph the call runs computes every value and writes it over its
+/// target's buffer (functionalized, as `torch.compile` does: the write-back happens at the end
+/// of the graph). `also` is computed in that graph too.
+/// An error says why an update cannot be made.
+pub(crate) fn defer_updates(updates: &[(&Tensor, Tensor)], also: &[&Tensor]) -> std::result::Result<(), String> {
+    FRAMES.with(|f| f.borrow_mut().last_mut().expect("tracing").defer(updates, also))
+}
+
+/// Whether `t` is the value of an in-place update the running compiled function made and has
+/// not computed yet (it can be updated again).
+pub(crate) fn is_deferred_update(t: &Tensor) -> bool {
+    FRAMES.with(|f| f.borrow().last().is_some_and(|frame| frame.is_deferred(t)))
 }
 
 /// A frame taken off the stack; put back on drop (a panic included), so the stack stays

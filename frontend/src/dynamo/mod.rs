@@ -24,6 +24,18 @@
 //! reason, a hint and the user's line (`COIL_LOGS=graph_breaks`). [`explain`] reports all of
 //! it; a [`Stance`] turns breaks or recompiles into errors for CI.
 //!
+//! **In-place updates** ([`crate::update_in_place_with`], as a key/value cache's write) made
+//! inside the function are functionalized: the next graph the call runs computes the new
+//! values and writes them over their targets' buffers (donated inputs), as PyTorch's
+//! functionalization writes mutated inputs back at the end of the graph.
+//!
+//! **Replay** ([`CompiledFn::replay`], opt-in; tinygrad's `TinyJit`): once two consecutive
+//! calls ran the same single graph the same way, later calls check their arguments, bind the
+//! captured tensors' current elements and run the compiled graph without running the body
+//! (the in-place writes included), a few microseconds of host time instead of recording and
+//! walking hundreds of lazy ops. The body must then depend only on its tensor arguments and
+//! the tensors it captures; [`CompiledFn::replay_check`] checks that every N-th call.
+//!
 //! **Dynamic shapes** ([`dynamic`]): shapes are static first (every size guarded). When a
 //! graph misses only because some input sizes changed, coil recompiles it once with those
 //! dims symbolic (automatic dynamic; [`Tensor::mark_dynamic`] makes a dim symbolic from the
@@ -34,16 +46,18 @@ pub mod dynamic;
 pub mod explain;
 mod frame;
 pub mod guards;
+mod replay;
 
 pub use explain::{explain, ExplainReport, GraphInfo};
 pub use guards::{same_structure, structural_hash, Guard, Source};
 
-pub(crate) use frame::{host_read, tracing};
+pub(crate) use frame::{defer_updates, host_read, is_deferred_update, tracing};
 
 use crate::autodiff::Differentiated;
 use crate::profile::{host_times, HostTimes};
 use crate::walk::Walk;
 use crate::Tensor;
+use coil_ir::kernel::Donation;
 use coil_ir::{Graph, Result};
 use coil_runtime::Device;
 use explain::ExplainLog;
@@ -58,6 +72,10 @@ use std::time::{Duration, Instant};
 /// The most differentiated graphs a compiled function keeps (the most recently used ones):
 /// one per `value_and_grad` of its body, and a few sizes of a dynamic one.
 pub const DIFFERENTIATED_LIMIT: usize = 8;
+
+/// How often a replaying function checks its body by default ([`CompiledFn::replay_check`]):
+/// every 64th replayable call in debug builds, never in release builds.
+pub const DEFAULT_REPLAY_CHECK: usize = if cfg!(debug_assertions) { 64 } else { 0 };
 
 /// After this many recompiles of one function, its new graphs run eagerly (uncompiled, on the
 /// reference interpreter) and coil warns once; graphs already compiled keep serving hits.
@@ -231,6 +249,8 @@ pub struct CallStats {
     /// comparison, guards, compiles, runs, differentiation (and how many forward graphs were
     /// differentiated, or found differentiated).
     pub host: HostTimes,
+    /// Calls replayed without running the body ([`CompiledFn::replay`]).
+    pub replays: usize,
 }
 
 /// A function compiled by [`compile`]: call it like the function; see the module docs. It
@@ -301,18 +321,113 @@ where
         self
     }
 
+    /// Replays calls without running the function's body (tinygrad's `TinyJit`; off by
+    /// default). Once two consecutive calls ran the same single graph the same way (no graph
+    /// break, the same captured tensors, in-place updates written over their targets), a call
+    /// checks its arguments' dtypes, sizes and devices, binds the tensors the graph read to
+    /// their current elements and runs the compiled graph (from a CUDA graph with
+    /// [`CompiledFn::cuda_graphs`]): no lazy ops recorded, no graph walked, a few microseconds
+    /// of host time. Anything that fails a check runs the body as usual (and two agreeing calls
+    /// arm the replay again).
+    ///
+    /// **The contract**: the body must depend only on its tensor arguments (their dtypes, sizes
+    /// and values) and on the tensors it captures, never on other Rust state (a counter, a
+    /// `Vec` length, a value read before the call), since a replay does not run it:
+    /// - a captured tensor is bound to its *allocation*: updating it in place between calls
+    ///   ([`crate::update_in_place`], `add_`, an optimizer step) is seen; rebinding the Rust
+    ///   variable to another tensor is not (replays keep reading the old one);
+    /// - a tensor the body makes from host data at each call (a position from a `usize`) keeps
+    ///   the replay off: pass such values as arguments (0-d tensors computed on the device);
+    /// - in-place updates ([`crate::update_in_place_with`]) of captured tensors are replayed:
+    ///   the new values are written over the same buffers. The tensors the traced call left in
+    ///   the Rust variables see them, and are not made stale by a replay (a traced call still
+    ///   makes the old handles stale); Rust state the body changes besides (a length) is not
+    ///   changed by a replay.
+    ///
+    /// [`CompiledFn::replay_check`] traces every N-th replayable call and errors if the body
+    /// no longer runs what the replays run. Random ops replay (they take the counters the body
+    /// would have taken). Graphs compiled for symbolic sizes replay at the sizes of the calls
+    /// that armed them: another size traces, since the body's dependence on sizes is hidden in
+    /// Rust code.
+    ///
+    /// ```
+    /// use coil_frontend::{dynamo, update_in_place_with, Tensor};
+    /// use std::cell::{Cell, RefCell};
+    /// // A running sum in a captured buffer, written in place at each call.
+    /// let total = RefCell::new(Tensor::from_vec(vec![0.0f32; 2], &[2])?);
+    /// let bodies = Cell::new(0);
+    /// let step = dynamo::compile(|a: &[Tensor]| {
+    ///     bodies.set(bodies.get() + 1);
+    ///     let mut total = total.borrow_mut();
+    ///     let new = &*total + &a[0];
+    ///     let doubled = &new * 2.0;
+    ///     *total = update_in_place_with(&[(&*total, &new)], &[])?.remove(0);
+    ///     Ok(vec![doubled])
+    /// })
+    /// .replay(true)
+    /// .replay_check(0);
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+    /// for _ in 0..5 {
+    ///     step.call(&[&x])?;
+    /// }
+    /// assert_eq!((bodies.get(), step.stats().replays), (2, 3)); // two traced calls armed it
+    /// assert_eq!(total.borrow().to_vec::<f32>()?, vec![5.0, 10.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    pub fn replay(self, on: bool) -> Self {
+        self.state.borrow_mut().replay.on = on;
+        self
+    }
+
+    /// With [`CompiledFn::replay`], every `every`-th replayable call runs the body instead and
+    /// checks that it ran what the replays run (the same graph, captured tensors, outputs and
+    /// in-place writes): an error naming the difference if not, a broken purity contract. `0`
+    /// never checks; the default is [`DEFAULT_REPLAY_CHECK`].
+    pub fn replay_check(self, every: usize) -> Self {
+        self.state.borrow_mut().replay.check_every = every;
+        self
+    }
+
+    /// Why calls are not replayed now (the last traced call did not arm the replay), if they
+    /// are not; `None` when replay is armed or off.
+    pub fn replay_blocker(&self) -> Option<String> {
+        let state = self.state.borrow();
+        state.replay.blocker.clone().filter(|_| state.replay.on)
+    }
+
     /// Runs the function: arguments are computed first, its graphs come from the guarded
-    /// cache (compiled on a miss), and the outputs are computed when it returns.
+    /// cache (compiled on a miss), and the outputs are computed when it returns (or, with
+    /// [`CompiledFn::replay`], its compiled graph runs without the body).
     #[track_caller]
     pub fn call(&self, args: &[&Tensor]) -> Result<Vec<Tensor>> {
         let (start, host) = (Instant::now(), host_times());
-        let frame = Frame::new(self.state.clone(), args, Location::caller(), None)?;
-        let result = run_frame(&self.f, args, frame).map(|(outputs, _)| outputs);
+        let result = match replay::try_replay(&self.state, args, Location::caller()) {
+            Some(result) => {
+                self.state.borrow_mut().stats.replays += result.is_ok() as usize;
+                result
+            }
+            None => self.trace(args, Location::caller()),
+        };
         let mut state = self.state.borrow_mut();
         state.stats.calls += 1;
         state.stats.total += start.elapsed();
         state.stats.host.add(&host_times().since(&host));
         result
+    }
+
+    /// A call that runs the body (recorded for replay when the function replays).
+    fn trace(&self, args: &[&Tensor], call_site: &'static Location<'static>) -> Result<Vec<Tensor>> {
+        let mut frame = Frame::new(self.state.clone(), args, call_site, None)?;
+        let replaying = self.state.borrow().replay.on;
+        if replaying {
+            frame.recording = Some(replay::Recording::new());
+        }
+        let (outputs, frame) = run_frame(&self.f, args, frame)?;
+        if let Some(recording) = frame.recording {
+            let trace = replay::Trace::new(recording, &frame.args, args, &outputs);
+            replay::after_trace(&self.state, trace)?;
+        }
+        Ok(outputs)
     }
 
     /// Runs the function once under [`explain`]'s recording, with a cache of its own (this
@@ -383,6 +498,8 @@ pub(crate) struct FnState {
     breaks: Vec<GraphBreak>,
     /// Whether its graphs are replayed from CUDA graphs ([`CompiledFn::cuda_graphs`]).
     cuda_graphs: bool,
+    /// Calls replayed without the body ([`CompiledFn::replay`]).
+    replay: replay::Replay,
     recompiles: usize,
     recompile_reasons: Vec<String>,
     eager: bool,
@@ -401,6 +518,7 @@ impl FnState {
             differentiated: vec![],
             breaks: vec![],
             cuda_graphs: false,
+            replay: replay::Replay::new(DEFAULT_REPLAY_CHECK),
             recompiles: 0,
             recompile_reasons: vec![],
             eager: false,
@@ -418,12 +536,12 @@ impl FnState {
     }
 
     /// The entry holding this graph on this device: hash first, then the full comparison.
-    fn lookup(&self, hash: u64, graph: &Graph, device: Device) -> Option<usize> {
+    fn lookup(&self, hash: u64, graph: &Graph, device: Device, donations: &[Donation]) -> Option<usize> {
         let candidates = self.by_hash.get(&hash)?;
-        candidates
-            .iter()
-            .copied()
-            .find(|&i| self.entries[i].device == device && same_structure(&self.entries[i].graph, graph))
+        candidates.iter().copied().find(|&i| {
+            let e = &self.entries[i];
+            e.device == device && e.donations == donations && same_structure(&e.graph, graph)
+        })
     }
 
     /// The entry compiled for symbolic sizes that serves this graph: same program up to sizes,

@@ -344,6 +344,45 @@ impl KvCache {
             ))
             .in_op("KvCache::commit", vec![]));
         }
+        self.write(updates, also)?;
+        self.len += steps;
+        Ok(())
+    }
+
+    /// [`KvCache::commit`] for a step whose position the caller keeps (a tensor, passed to
+    /// each step): the keys and values are written over the cache in place, and
+    /// [`KvCache::len`] stays as it is. A decode step compiled with replay
+    /// (`CompiledFn::replay`) writes this way, since a replayed call does not run the Rust code
+    /// that would count positions; the caller keeps the positions within the capacity.
+    ///
+    /// ```
+    /// use coil_frontend::{dynamo, Tensor};
+    /// use coil_nn::models::{gpt2::{Gpt2, Gpt2Config}, CausalLm};
+    /// use coil_nn::ParamStore;
+    /// use std::cell::RefCell;
+    /// # fn main() -> coil_ir::Result<()> {
+    /// let config = Gpt2Config { vocab_size: 11, block_size: 8, n_layer: 1, n_head: 2, n_embd: 8, dropout: 0.0, layer_norm_eps: 1e-5 };
+    /// let store = ParamStore::new();
+    /// let model = Gpt2::new(&store.root(coil_runtime::Device::Cpu, coil_ir::DType::F32), config)?;
+    /// store.realize_pending()?; // the weights, computed before the first step
+    /// let cache = RefCell::new(model.new_cache(1, 8)?);
+    /// let step = dynamo::compile(|a: &[Tensor]| {
+    ///     let mut cache = cache.borrow_mut();
+    ///     let (logits, written) = model.forward_cached(&a[0], &a[1], &cache)?;
+    ///     cache.write(&written, &[])?;
+    ///     Ok(vec![logits.argmax(Some(-1), false)?.reshape(&[1, 1])?, &a[1] + 1i64])
+    /// })
+    /// .replay(true);
+    /// let (mut token, mut pos) = (Tensor::from_vec(vec![3i64], &[1, 1])?, Tensor::from_vec(vec![0i64], &[])?);
+    /// for _ in 0..4 {
+    ///     let out = step.call(&[&token, &pos])?;
+    ///     (token, pos) = (out[0].clone(), out[1].clone());
+    /// }
+    /// assert_eq!((pos.item::<i64>()?, step.stats().replays), (4, 2));
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
+    pub fn write(&mut self, updates: &[(Tensor, Tensor)], also: &[&Tensor]) -> Result<()> {
         let mut pairs: Vec<(&Tensor, &Tensor)> = Vec::with_capacity(2 * updates.len());
         for (layer, (k, v)) in updates.iter().enumerate() {
             pairs.push((&self.k[layer], k));
@@ -353,8 +392,13 @@ impl KvCache {
         for (layer, kv) in written.chunks(2).enumerate() {
             (self.k[layer], self.v[layer]) = (kv[0].clone(), kv[1].clone());
         }
-        self.len += steps;
         Ok(())
+    }
+
+    /// Forgets the positions written (the buffers are kept, and written over by the next
+    /// sequence: attention reads only the positions before a step's).
+    pub fn clear(&mut self) {
+        self.len = 0;
     }
 }
 
