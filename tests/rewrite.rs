@@ -638,7 +638,7 @@ fn compiled_graphs_report_the_rewrite() {
     let s: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap();
     assert!(s["compile_seconds"]["rewrite"].as_f64().is_some(), "{s}");
     let r = &s["rewrite"];
-    let off = std::env::var("COIL_REWRITE").is_ok_and(|v| v == "0");
+    let off = !coil::config().rewrite;
     if off {
         assert_eq!(r["bytes_before"], r["bytes_after"], "{s}");
     } else {

@@ -10,10 +10,12 @@
 //! * the loop-level IR ([`loops`]) that graphs are lowered to before fusion, and the kernel
 //!   level ([`kernel`]): the scheduler's fused kernels and the Triton-style block IR;
 //! * coil's [`Error`] type;
+//! * the typed [`config`]uration every crate reads its settings from;
 //! * the formulas of [`special`] functions every backend shares (`erfinv`).
 //!
 //! It depends on nothing else in coil.
 
+pub mod config;
 pub mod dtype;
 pub mod dynamic;
 pub mod error;

@@ -14,7 +14,7 @@
 //! `expf` must be IEEE).
 //!
 //! Code shapes ([`launch::plan`] picks the numbers; [`Tuning`] overrides them: the
-//! environment's tuning knobs, or the runtime's autotuner through [`emit_cuda_with`]):
+//! configuration's tuning overrides, or the runtime's autotuner through [`emit_cuda_with`]):
 //! * **Pointwise**: a grid-stride loop over *groups* of `vec` consecutive `xindex` values per
 //!   thread. In a full group, a load or store whose index is `xindex + c` with a suitably
 //!   aligned offset is one vector access (16 bytes at most per piece, [`prelude`]'s
@@ -158,11 +158,11 @@ pub struct CudaModule {
 /// whose name the generated code uses itself, and ops the interpreter rejects on their dtypes
 /// (an integer result of true division or of a float-only function).
 pub fn emit_cuda(kernels: &[TileKernel]) -> Result<CudaModule> {
-    emit_cuda_with(kernels, &Tuning::from_env())
+    emit_cuda_with(kernels, &Tuning::configured())
 }
 
 /// [`emit_cuda`] with the launch plans of `tuning` ([`launch::plan_with`]) in place of the
-/// environment's knobs: the runtime's autotuner builds its candidates ([`launch::candidates`])
+/// configuration's overrides: the runtime's autotuner builds its candidates ([`launch::candidates`])
 /// with it. Errors as [`emit_cuda`].
 pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaModule> {
     let mut code = String::new();
@@ -178,10 +178,10 @@ pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning) -> Result<CudaMod
 
 /// One kernel for a GPU of compute capability `arch` (`90` for sm_90): as PTX where the [`ptx`]
 /// emitter covers it (a cold compile skips NVRTC's front end and optimizer), else as CUDA C,
-/// with the reason it has no PTX form. `COIL_CUDA_PTX=0` turns the PTX path off (to compare).
+/// with the reason it has no PTX form. [`ptx_enabled`] false turns the PTX path off (to compare).
 /// Errors as [`emit_cuda`].
 pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
-    let tuning = Tuning::from_env();
+    let tuning = Tuning::configured();
     let why = if ptx_enabled() {
         match ptx::emit_ptx(kernel, arch, &tuning) {
             Ok(module) => return Ok((module, None)),
@@ -193,9 +193,10 @@ pub fn emit_for_device(kernel: &TileKernel, arch: u32) -> Result<(CudaModule, Op
     Ok((emit_cuda_with(std::slice::from_ref(kernel), &tuning)?, Some(why)))
 }
 
-/// Whether [`emit_for_device`] tries PTX first (`COIL_CUDA_PTX` is not `0`).
+/// Whether [`emit_for_device`] tries PTX first (`ptx` of the configuration's tuning;
+/// `COIL_CUDA_PTX=0` turns it off).
 pub fn ptx_enabled() -> bool {
-    std::env::var_os("COIL_CUDA_PTX").is_none_or(|v| v != "0")
+    coil_ir::config::current().tuning.ptx
 }
 
 /// One kernel with the prelude before it: a complete translation unit, for dumps
@@ -206,7 +207,7 @@ pub fn emit_cuda_kernel_source(kernel: &TileKernel) -> Result<String> {
 
 /// The text of one kernel (it needs the [`prelude`]) and its launch.
 pub fn emit_cuda_kernel(kernel: &TileKernel) -> Result<(String, Launch)> {
-    emit_one(kernel, &Tuning::from_env())
+    emit_one(kernel, &Tuning::configured())
 }
 
 fn emit_one(k: &TileKernel, tuning: &Tuning) -> Result<(String, Launch)> {

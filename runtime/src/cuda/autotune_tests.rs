@@ -140,8 +140,11 @@ fn autotuned_softmax_matches_the_heuristic_plans() {
     // each kernel has alternatives to time
     assert!(tiles.iter().flatten().all(|t| launch::candidates(t).len() > 1));
     let Some(dev) = gpu() else { return };
-    if !Tuning::from_env().is_heuristic() {
-        eprintln!("SKIP: the environment's tuning knobs are set ({}), so nothing is tuned", Tuning::from_env());
+    if !Tuning::configured().is_heuristic() {
+        eprintln!(
+            "skipped: the configuration's tuning overrides are set ({}), so nothing is tuned",
+            Tuning::configured()
+        );
         return;
     }
     let dir = TempDir::new("autotune");
