@@ -628,7 +628,7 @@ fn output_is_deterministic() {
 /// `(x.t() @ y.t()).t()` compiled: the summary carries the rewrite's time, bytes and flops.
 #[test]
 fn compiled_graphs_report_the_rewrite() {
-    if coil_runtime::cpu::c_compiler().is_none() {
+    if coil_runtime::testing::c_compiler().is_none() {
         return;
     }
     let _busy = QUIET.lock().unwrap_or_else(|e| e.into_inner());
@@ -650,7 +650,7 @@ fn compiled_graphs_report_the_rewrite() {
 /// `rewrites.txt` is dumped, and `COIL_REWRITE=0` switches the pass off.
 #[test]
 fn rewrites_txt_is_dumped_and_the_pass_can_be_switched_off() {
-    if coil_runtime::cpu::c_compiler().is_none() {
+    if coil_runtime::testing::c_compiler().is_none() {
         return;
     }
     let _busy = QUIET.lock().unwrap_or_else(|e| e.into_inner());

@@ -20,8 +20,7 @@ fn changed(change: impl FnOnce(&mut Config)) -> Config {
 
 #[test]
 fn settings_that_change_code_miss_the_cache_and_others_hit() {
-    if coil_runtime::cpu::c_compiler().is_none() {
-        eprintln!("skipped: no C compiler");
+    if coil_runtime::testing::c_compiler().is_none() {
         return;
     }
     let graph = crate::capture(&[&softmax_of(3, 37)]).graph;
@@ -45,8 +44,7 @@ fn settings_that_change_code_miss_the_cache_and_others_hit() {
 
 #[test]
 fn realizations_recompile_under_a_setting_that_changes_code() {
-    if coil_runtime::cpu::c_compiler().is_none() {
-        eprintln!("skipped: no C compiler");
+    if coil_runtime::testing::c_compiler().is_none() {
         return;
     }
     let y = softmax_of(5, 41);

@@ -27,6 +27,8 @@ pub mod op;
 pub mod philox;
 pub mod special;
 pub mod sym;
+#[doc(hidden)]
+pub mod testing;
 
 pub use dtype::{DType, Scalar};
 pub use error::{Error, ErrorKind, Result};
