@@ -51,6 +51,7 @@ pub use coil_frontend::dynamo::{
 };
 pub use coil_frontend::ops::assemble::{block_diag, broadcast_tensors, cartesian_prod};
 pub use coil_frontend::ops::conv::ConvOptions;
+pub use coil_frontend::ops::data_dependent::Unique;
 pub use coil_frontend::ops::einsum::einsum;
 pub use coil_frontend::ops::indexing::*;
 pub use coil_frontend::ops::linalg::*;

@@ -16,6 +16,8 @@
 
 #[path = "cases_creation.rs"]
 mod cases_creation;
+#[path = "cases_data.rs"]
+mod cases_data;
 #[path = "cases_grad.rs"]
 mod cases_grad;
 #[path = "cases_index.rs"]
@@ -134,6 +136,7 @@ fn run_forward(name: &str, inputs: &Inputs) -> Option<Outputs> {
         .or_else(|| cases_loss::run(name, inputs))
         .or_else(|| cases_index::run(name, inputs))
         .or_else(|| cases_vision::run(name, inputs))
+        .or_else(|| cases_data::run(name, inputs))
 }
 
 /// `grad_<forward case>` (`gcase` in `make_cases.py`): the gradients of

@@ -1374,6 +1374,45 @@ case("err_bitwise_and_f32", "a & b", a=r(3), b=r(3))
 case("err_bitwise_xor_float_scalar", "a ^ 1.5", a=ints(0, 5, 4))
 case("err_bitwise_left_shift_bool", "a << b", a=bools(4), b=bools(4))
 
+# ------------------------------------------------------------ data-dependent output shapes
+# Computed on the host (graph breaks inside compiled functions): nonzero, argwhere, masked_select,
+# unique, unique_consecutive.
+ZN = [[0.0, 1.5, 0.0, -2.0], [NAN, 0.0, 0.0, 3.0], [-0.0, 0.0, 4.0, 0.0]]
+case("nonzero_f32", "torch.nonzero(a)", a=vals(ZN))
+case("nonzero_bool_3d", "torch.nonzero(a)", a=bools(2, 3, 4))
+case("nonzero_i64", "torch.nonzero(a)", a=ints(-2, 3, 12))
+case("nonzero_0d", "torch.nonzero(a)", a=vals(3.0))
+case("nonzero_0d_zero", "torch.nonzero(a)", a=vals(0, "i64"))
+case("nonzero_empty", "torch.nonzero(a)", a=r(0, 3))
+case("nonzero_all_zero", "torch.nonzero(a)", a=vals([0.0, 0.0, 0.0]))
+case("nonzero_as_tuple", "torch.nonzero(a, as_tuple=True)", a=vals(ZN))
+case("nonzero_transposed", "torch.nonzero(a.t())", a=vals(ZN))
+case("argwhere_i32", "torch.argwhere(a)", a=ints(-1, 2, 3, 4, dt="i32"))
+case("masked_select_f32", "torch.masked_select(a, m)", a=r(3, 4), m=bools(3, 4))
+case("masked_select_broadcast_mask", "torch.masked_select(a, m)", a=r(3, 4), m=bools(4))
+case("masked_select_broadcast_both", "torch.masked_select(a, m)", a=r(3, 1), m=bools(1, 4))
+case("masked_select_i64", "torch.masked_select(a, m)", a=ints(-9, 9, 2, 5), m=bools(2, 5))
+case("masked_select_bf16", "torch.masked_select(a, m)", a=r(6, dt="bf16"), m=bools(6))
+case("masked_select_none", "torch.masked_select(a, m)", a=r(4), m=vals([False] * 4, "bool"))
+gcase("masked_select_f32")
+gcase("masked_select_broadcast_both")
+case("err_masked_select_int_mask", "torch.masked_select(a, m)", a=r(4), m=ints(0, 2, 4))
+case("err_masked_select_shape", "torch.masked_select(a, m)", a=r(3, 4), m=bools(3))
+UQ = [2.0, -1.0, NAN, 2.0, 0.0, -0.0, NAN, -1.0, 5.5, 2.0]
+case("unique_i64", "torch.unique(a)", a=ints(0, 5, 20))
+case("unique_f32_all", "torch.unique(a, return_inverse=True, return_counts=True)", a=vals(UQ))
+case("unique_inverse_2d", "torch.unique(a, return_inverse=True)", a=ints(-3, 3, 4, 5))
+case("unique_counts_bool", "torch.unique(a, return_counts=True)", a=bools(7))
+case("unique_f16", "torch.unique(a)", a=vals([1.5, 0.25, 1.5, -3.0, 0.25], "f16"))
+case("unique_u8", "torch.unique(a)", a=ints(0, 256, 16, dt="u8"))
+case("unique_empty", "torch.unique(a, return_inverse=True, return_counts=True)", a=r(0))
+case("unique_0d", "torch.unique(a, return_inverse=True, return_counts=True)", a=vals(3.0))
+case("unique_consecutive_i64",
+     "torch.unique_consecutive(a, return_inverse=True, return_counts=True)",
+     a=vals([1, 1, 2, 2, 3, 1, 1, 2], "i64"))
+case("unique_consecutive_f32", "torch.unique_consecutive(a)", a=vals([NAN, NAN, 1.0, 1.0, -0.0, 0.0, 2.0]))
+case("unique_consecutive_2d", "torch.unique_consecutive(a, return_inverse=True)", a=ints(0, 2, 3, 4))
+
 
 def check():
     names = [c["name"] for c in CASES]

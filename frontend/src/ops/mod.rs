@@ -6,6 +6,7 @@ pub mod assemble;
 pub(crate) mod composite;
 pub mod conv;
 pub mod creation;
+pub mod data_dependent;
 pub mod einsum;
 pub mod im2col;
 pub mod indexing;

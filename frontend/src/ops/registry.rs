@@ -61,6 +61,9 @@ pub enum How {
     Frontend(&'static str),
     /// A hand-written kernel template where one applies, else a decomposition.
     Template(&'static str),
+    /// Computed on the host from values read there: the output's shape depends on the data, so
+    /// inside a compiled function the op is a graph break.
+    Host(&'static str),
 }
 
 impl How {
@@ -77,6 +80,7 @@ impl How {
             How::Decomposed(_) => "decomposed",
             How::Frontend(_) => "frontend composition",
             How::Template(_) => "template",
+            How::Host(_) => "host (graph break)",
         }
     }
 
@@ -88,7 +92,12 @@ impl How {
     /// ```
     pub fn parts(self) -> &'static str {
         match self {
-            How::Leaf(s) | How::Primitive(s) | How::Decomposed(s) | How::Frontend(s) | How::Template(s) => s,
+            How::Leaf(s)
+            | How::Primitive(s)
+            | How::Decomposed(s)
+            | How::Frontend(s)
+            | How::Template(s)
+            | How::Host(s) => s,
         }
     }
 }
@@ -164,7 +173,7 @@ pub const NOT_YET: &[(&str, &str)] = &[
         "a scan primitive: cummax, cummin, logcumsumexp and cumprod are prefix-mask reductions, n^2 per row",
     ),
     ("scatter_reduce, index_reduce, embedding_bag max with offsets", "a scatter with a reduction (max, min, prod)"),
-    ("masked_select, nonzero, unique, bincount, argwhere", "data-dependent output shapes: graph breaks with a reason"),
+    ("bincount", "a data-dependent output shape (its length is the largest value): a host op as `unique` is"),
     (
         "conv3d, conv_transpose3d; fast convolutions on GPUs",
         "conv1d/2d and their transposes are im2col + GEMM compositions everywhere: a 3-D unfold, and cuDNN",
