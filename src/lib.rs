@@ -61,6 +61,7 @@ pub use coil_frontend::ops::nn::*;
 pub use coil_frontend::ops::products::multi_dot;
 pub use coil_frontend::ops::registry as op_registry;
 pub use coil_frontend::ops::sampling::Sampling;
+pub use coil_frontend::ops::scatter::ScatterReduce;
 pub use coil_frontend::ops::vision::{GridSample, Interpolation};
 pub use coil_frontend::{
     backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_cuda_graphs,

@@ -25,6 +25,7 @@ pub mod reduce;
 pub mod registry;
 pub mod sampling;
 pub mod scans;
+pub mod scatter;
 pub mod shape;
 pub mod sort;
 pub mod stats;

@@ -172,7 +172,7 @@ pub const NOT_YET: &[(&str, &str)] = &[
         "cumulative ops over long rows",
         "a scan primitive: cummax, cummin, logcumsumexp and cumprod are prefix-mask reductions, n^2 per row",
     ),
-    ("scatter_reduce, index_reduce, embedding_bag max with offsets", "a scatter with a reduction (max, min, prod)"),
+    ("embedding_bag max with offsets", "expressible with scatter_reduce amax; not done yet"),
     ("bincount", "a data-dependent output shape (its length is the largest value): a host op as `unique` is"),
     (
         "conv3d, conv_transpose3d; fast convolutions on GPUs",

@@ -32,6 +32,22 @@ pub const SHAPE: &[OpInfo] = &[
     op("scatter", "x.scatter(dim, idx, src)", Family::Shape, How::Primitive("scatter"), Grad::Yes, &[]),
     op("scatter_add", "x.scatter_add(dim, idx, src)", Family::Shape, How::Primitive("scatter_add"), Grad::Yes, &[]),
     op(
+        "scatter_reduce",
+        "x.scatter_reduce(dim, idx, src, reduce, include_self)",
+        Family::Shape,
+        How::Frontend("scatter with sum, prod, amax or amin (scatter of the identity first without include_self; mean: sum and count, div)"),
+        Grad::Yes,
+        &[],
+    ),
+    op(
+        "index_reduce",
+        "x.index_reduce(dim, idx, src, reduce, include_self)",
+        Family::Shape,
+        How::Frontend("expand, scatter_reduce"),
+        Grad::Yes,
+        &[],
+    ),
+    op(
         "split",
         "x.split(size, dim), x.split_sizes(sizes, dim)",
         Family::Shape,

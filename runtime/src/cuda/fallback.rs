@@ -4,9 +4,10 @@
 //!
 //! **Scatter.** The result starts as a copy of `x`; each thread then takes elements of `index`
 //! (row-major), finds the element of `x` it names (the index's own position, with the scattered
-//! dim replaced by the index value) and stores `src` there or adds it atomically (f32, f64, i32,
-//! i64 natively; f16 and bf16 by a compare-and-swap on the 32-bit word holding them, the sum
-//! rounded once per add, as PyTorch's CUDA kernel does). An index out of range is reported in
+//! dim replaced by the index value) and stores `src` there or combines it atomically: adds
+//! (f32, f64, i32, i64 natively), integer max and min natively, float max and min and every
+//! product by a compare-and-swap loop on the value's word (f16 and bf16 on the 32-bit word
+//! holding them, each update rounded once, as PyTorch's CUDA kernels do). An index out of range is reported in
 //! status words of the run's, as generated kernels report theirs ([`super::status`]: code 1,
 //! the index, the dim's size), checked at the next synchronization point: the call does not
 //! wait for the kernel.
@@ -23,7 +24,7 @@ use super::compiler::{compile, LoadedModule};
 use super::device::CudaDevice;
 use super::gather::launch_grid_stride;
 use super::memory::copy_device;
-use coil_ir::{DType, Error, Result, TensorMeta};
+use coil_ir::{DType, Error, ReduceOp, Result, TensorMeta};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -37,21 +38,58 @@ __device__ __forceinline__ float coil_h2f(unsigned short h) { float f; asm("cvt.
 __device__ __forceinline__ unsigned short coil_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ float coil_b2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 __device__ __forceinline__ unsigned short coil_f2b(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-/* A 16-bit float add by compare-and-swap on the aligned 32-bit word that holds it. */
-#define COIL_ADD16(NAME, TOF, FROMF)                                                            \
+#define COIL_SAME(v) (v)
+/* How scatter_reduce combines the stored value a with a source value b: max and min
+   propagate NaN and keep the stored value on a tie (PyTorch's kernels). */
+#define COIL_ADDF(a, b) ((a) + (b))
+#define COIL_MULF(a, b) ((a) * (b))
+#define COIL_MAXF(a, b) ((a) != (a) ? (a) : ((b) != (b) || (b) > (a)) ? (b) : (a))
+#define COIL_MINF(a, b) ((a) != (a) ? (a) : ((b) != (b) || (b) < (a)) ? (b) : (a))
+/* A 16-bit float update by compare-and-swap on the aligned 32-bit word that holds it (the
+   f32 result of two 16-bit values is exact for these combines, so it rounds once). */
+#define COIL_RMW16(NAME, TOF, FROMF, COMBINE)                                                   \
 __device__ __forceinline__ void NAME(unsigned short *p, unsigned short v) {                    \
     unsigned *w = (unsigned *)((unsigned long long)p & ~3ULL);                                 \
     const unsigned shift = ((unsigned long long)p & 2) ? 16 : 0;                               \
     unsigned old = *w, assumed;                                                                \
     do {                                                                                       \
         assumed = old;                                                                         \
-        const unsigned short sum = FROMF(TOF((unsigned short)(assumed >> shift)) + TOF(v));    \
-        const unsigned next = (assumed & ~(0xffffu << shift)) | ((unsigned)sum << shift);      \
+        const unsigned short r = FROMF(COMBINE(TOF((unsigned short)(assumed >> shift)), TOF(v))); \
+        const unsigned next = (assumed & ~(0xffffu << shift)) | ((unsigned)r << shift);        \
         old = atomicCAS(w, assumed, next);                                                     \
     } while (old != assumed);                                                                  \
 }
-COIL_ADD16(coil_add_f16, coil_h2f, coil_f2h)
-COIL_ADD16(coil_add_bf16, coil_b2f, coil_f2b)
+COIL_RMW16(coil_add_f16, coil_h2f, coil_f2h, COIL_ADDF)
+COIL_RMW16(coil_add_bf16, coil_b2f, coil_f2b, COIL_ADDF)
+COIL_RMW16(coil_prod_f16, coil_h2f, coil_f2h, COIL_MULF)
+COIL_RMW16(coil_prod_bf16, coil_b2f, coil_f2b, COIL_MULF)
+COIL_RMW16(coil_amax_f16, coil_h2f, coil_f2h, COIL_MAXF)
+COIL_RMW16(coil_amax_bf16, coil_b2f, coil_f2b, COIL_MAXF)
+COIL_RMW16(coil_amin_f16, coil_h2f, coil_f2h, COIL_MINF)
+COIL_RMW16(coil_amin_bf16, coil_b2f, coil_f2b, COIL_MINF)
+/* A 32- or 64-bit update by compare-and-swap on its own word: WORD the word type, TOV/FROMV
+   its conversions to and from the value type V. */
+#define COIL_RMW(NAME, V, WORD, TOV, FROMV, COMBINE)                                            \
+__device__ __forceinline__ void NAME(V *p, V v) {                                              \
+    WORD *w = (WORD *)p;                                                                       \
+    WORD old = *w, assumed;                                                                    \
+    do {                                                                                       \
+        assumed = old;                                                                         \
+        old = atomicCAS(w, assumed, FROMV(COMBINE(TOV(assumed), v)));                          \
+    } while (old != assumed);                                                                  \
+}
+#define COIL_U2F(w) __uint_as_float(w)
+#define COIL_F2U(f) __float_as_uint(f)
+#define COIL_U2D(w) __longlong_as_double((long long)(w))
+#define COIL_D2U(d) ((unsigned long long)__double_as_longlong(d))
+COIL_RMW(coil_prod_f32, float, unsigned, COIL_U2F, COIL_F2U, COIL_MULF)
+COIL_RMW(coil_amax_f32, float, unsigned, COIL_U2F, COIL_F2U, COIL_MAXF)
+COIL_RMW(coil_amin_f32, float, unsigned, COIL_U2F, COIL_F2U, COIL_MINF)
+COIL_RMW(coil_prod_f64, double, unsigned long long, COIL_U2D, COIL_D2U, COIL_MULF)
+COIL_RMW(coil_amax_f64, double, unsigned long long, COIL_U2D, COIL_D2U, COIL_MAXF)
+COIL_RMW(coil_amin_f64, double, unsigned long long, COIL_U2D, COIL_D2U, COIL_MINF)
+COIL_RMW(coil_prod_i32, unsigned, unsigned, COIL_SAME, COIL_SAME, COIL_MULF)
+COIL_RMW(coil_prod_i64, unsigned long long, unsigned long long, COIL_SAME, COIL_SAME, COIL_MULF)
 #define COIL_SCATTER(NAME, T, UPDATE)                                                         \
 extern "C" __global__ void NAME(T *out, const long long *__restrict__ index,                   \
                                 const T *__restrict__ src, long long n, int ndim, int dim,    \
@@ -84,6 +122,24 @@ COIL_SCATTER(coil_scatter_add_i32, int, atomicAdd(p, src[so]))
 COIL_SCATTER(coil_scatter_add_i64, unsigned long long, atomicAdd(p, src[so]))
 COIL_SCATTER(coil_scatter_add_f16, unsigned short, coil_add_f16(p, src[so]))
 COIL_SCATTER(coil_scatter_add_bf16, unsigned short, coil_add_bf16(p, src[so]))
+COIL_SCATTER(coil_scatter_prod_f32, float, coil_prod_f32(p, src[so]))
+COIL_SCATTER(coil_scatter_prod_f64, double, coil_prod_f64(p, src[so]))
+COIL_SCATTER(coil_scatter_prod_i32, unsigned, coil_prod_i32(p, src[so]))
+COIL_SCATTER(coil_scatter_prod_i64, unsigned long long, coil_prod_i64(p, src[so]))
+COIL_SCATTER(coil_scatter_prod_f16, unsigned short, coil_prod_f16(p, src[so]))
+COIL_SCATTER(coil_scatter_prod_bf16, unsigned short, coil_prod_bf16(p, src[so]))
+COIL_SCATTER(coil_scatter_amax_f32, float, coil_amax_f32(p, src[so]))
+COIL_SCATTER(coil_scatter_amax_f64, double, coil_amax_f64(p, src[so]))
+COIL_SCATTER(coil_scatter_amax_i32, int, atomicMax(p, src[so]))
+COIL_SCATTER(coil_scatter_amax_i64, long long, atomicMax(p, src[so]))
+COIL_SCATTER(coil_scatter_amax_f16, unsigned short, coil_amax_f16(p, src[so]))
+COIL_SCATTER(coil_scatter_amax_bf16, unsigned short, coil_amax_bf16(p, src[so]))
+COIL_SCATTER(coil_scatter_amin_f32, float, coil_amin_f32(p, src[so]))
+COIL_SCATTER(coil_scatter_amin_f64, double, coil_amin_f64(p, src[so]))
+COIL_SCATTER(coil_scatter_amin_i32, int, atomicMin(p, src[so]))
+COIL_SCATTER(coil_scatter_amin_i64, long long, atomicMin(p, src[so]))
+COIL_SCATTER(coil_scatter_amin_f16, unsigned short, coil_amin_f16(p, src[so]))
+COIL_SCATTER(coil_scatter_amin_bf16, unsigned short, coil_amin_bf16(p, src[so]))
 #define COIL_CUMSUM(NAME, T, ACC, LOAD, STORE)                                                 \
 extern "C" __global__ void NAME(const T *__restrict__ x, T *__restrict__ y, long long lines,     \
                                 long long len, long long inner) {                               \
@@ -97,7 +153,6 @@ extern "C" __global__ void NAME(const T *__restrict__ x, T *__restrict__ y, long
         }                                                                                       \
     }                                                                                           \
 }
-#define COIL_SAME(v) (v)
 #define COIL_TO_F32(v) ((float)(v))
 #define COIL_H2D(v) ((double)coil_h2f(v))
 #define COIL_D2H(v) coil_f2h((float)(v))
@@ -146,10 +201,17 @@ impl FallbackKernels {
 }
 
 /// The scatter kernel for `dtype`, if the device path handles it.
-fn scatter_kernel(dtype: DType, add: bool) -> Option<String> {
-    if !add {
+fn scatter_kernel(dtype: DType, reduce: Option<ReduceOp>) -> Option<String> {
+    let Some(reduce) = reduce else {
         return Some(format!("coil_scatter_{}", dtype.size_bytes()));
-    }
+    };
+    let kind = match reduce {
+        ReduceOp::Sum => "add",
+        ReduceOp::Prod => "prod",
+        ReduceOp::Max => "amax",
+        ReduceOp::Min => "amin",
+        ReduceOp::ArgMax | ReduceOp::ArgMin => return None,
+    };
     let suffix = match dtype {
         DType::F32 => "f32",
         DType::F64 => "f64",
@@ -159,13 +221,13 @@ fn scatter_kernel(dtype: DType, add: bool) -> Option<String> {
         DType::BF16 => "bf16",
         _ => return None,
     };
-    Some(format!("coil_scatter_add_{suffix}"))
+    Some(format!("coil_scatter_{kind}_{suffix}"))
 }
 
 /// Whether the device kernel runs `scatter(x, dim, index, src)` of these operands
 /// (an i64 index, a dtype it has a kernel for, at most 8 dims).
-pub fn supports_scatter(x: &TensorMeta, index: &TensorMeta, add: bool) -> bool {
-    index.dtype == DType::I64 && x.rank() <= SCATTER_DIMS && scatter_kernel(x.dtype, add).is_some()
+pub fn supports_scatter(x: &TensorMeta, index: &TensorMeta, reduce: Option<ReduceOp>) -> bool {
+    index.dtype == DType::I64 && x.rank() <= SCATTER_DIMS && scatter_kernel(x.dtype, reduce).is_some()
 }
 
 /// Row-major strides of `shape`, in elements.
@@ -177,7 +239,7 @@ fn strides(shape: &[usize]) -> Vec<i64> {
     s
 }
 
-/// Enqueues `out = scatter(x, dim, index, src)` (`scatter_add` when `add`) on contiguous device
+/// Enqueues `out = scatter(x, dim, index, src)` (combined by `reduce`, if any) on contiguous device
 /// buffers; an index out of range is reported in the 4 status words at `status` (zero before).
 ///
 /// # Safety
@@ -187,14 +249,14 @@ fn strides(shape: &[usize]) -> Vec<i64> {
 pub(crate) unsafe fn scatter(
     dev: &Arc<CudaDevice>,
     dim: usize,
-    add: bool,
+    reduce: Option<ReduceOp>,
     (x, xm): (sys::CUdeviceptr, &TensorMeta),
     (index, im): (sys::CUdeviceptr, &TensorMeta),
     (src, sm): (sys::CUdeviceptr, &TensorMeta),
     out: sys::CUdeviceptr,
     status: sys::CUdeviceptr,
 ) -> Result<()> {
-    let name = scatter_kernel(xm.dtype, add).filter(|_| supports_scatter(xm, im, add));
+    let name = scatter_kernel(xm.dtype, reduce).filter(|_| supports_scatter(xm, im, reduce));
     let Some(name) = name else {
         return Err(Error::unsupported(format!("a device scatter of {xm} with a {} index", im.dtype)));
     };

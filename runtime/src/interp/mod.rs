@@ -160,7 +160,7 @@ fn eval(node: &Node, args: &[&Value], inputs: &[&Buffer], random: &[RandomState]
         Op::Cat { dim } => done(movement::cat(args, *dim, shape, dtype)),
         Op::Gather { dim } => done(movement::gather(args[0], args[1], *dim)?),
         Op::IndexSelect { dim } => done(movement::index_select(args[0], args[1], *dim, shape)?),
-        Op::Scatter { dim, add } => done(movement::scatter(args[0], args[1], args[2], *dim, *add)?),
+        Op::Scatter { dim, reduce } => done(movement::scatter(args[0], args[1], args[2], *dim, *reduce)?),
         op => Err(Error::unsupported(format!("{op} is not a primitive: decompose the graph before interpreting it"))),
     }
 }
