@@ -537,6 +537,14 @@ fn unary(b: &mut Builder, u: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Result
             let d = b.mul(e, 2.0 / PI.sqrt())?;
             b.mul(g, d)?
         }
+        Erfc => {
+            // d/dx erfc(x) = -2/sqrt(pi) exp(-x^2)
+            let x2 = b.mul(x, x)?;
+            let nx2 = b.neg(x2)?;
+            let e = b.exp(nx2)?;
+            let d = b.mul(e, -2.0 / PI.sqrt())?;
+            b.mul(g, d)?
+        }
         Erfinv => {
             // d/dx erfinv(x) = sqrt(pi)/2 exp(erfinv(x)^2)
             let y2 = b.mul(y, y)?;

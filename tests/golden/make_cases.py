@@ -1467,6 +1467,16 @@ case("index_reduce_mean_i64", "a.index_reduce(0, idx, b, 'mean')", a=ints(-9, 9,
      b=ints(-9, 9, 6))
 case("err_index_reduce_2d_index", "a.index_reduce(0, idx, b, 'prod')", a=r(4), idx=ints(0, 4, 2, 2), b=r(4))
 
+# ------------------------------------------------------------------------------------- erfc
+# Large x is the point: 1 - erf(x) rounds to 0 from x = 4 (f32) and 6 (f64) on.
+ERFC = [-INF, -5.0, -1.0, -0.0, 0.0, 0.25, 0.5, 1.0, 2.0, 3.5, 4.0, 5.0, 7.5, 9.0, 9.5, 10.5, INF, NAN]
+fcase("erfc_f32", "torch.erfc(a)", a=vals(ERFC))
+case("erfc_f64", "torch.erfc(a)", a=vals(ERFC + [15.0, 26.0, 27.0, 30.0], "f64"))
+case("erfc_bf16", "torch.erfc(a)", a=vals(ERFC, "bf16"))
+case("erfc_f16", "torch.erfc(a)", a=vals([-2.0, 0.0, 0.5, 1.0, 2.0, 3.0, 3.5], "f16"))
+case("erfc_i64", "torch.erfc(a)", a=ints(-3, 4, 6))
+case("erfc_random", "torch.erfc(a)", a=r(4, 8))
+
 
 def check():
     names = [c["name"] for c in CASES]

@@ -166,7 +166,6 @@ pub fn ops() -> impl Iterator<Item = &'static OpInfo> {
 /// PyTorch ops coil does not have yet, with what they need: `docs/ops.md` lists them after
 /// the table, so that the gaps are as visible as the ops.
 pub const NOT_YET: &[(&str, &str)] = &[
-    ("erfc", "a primitive: `1 - erf(x)` loses every digit of erfc for large x"),
     ("kthvalue, median, mode, msort, randperm", "expressible with argsort (as sort and topk are); not done yet"),
     (
         "cumulative ops over long rows",
