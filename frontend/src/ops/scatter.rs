@@ -95,8 +95,9 @@ impl Tensor {
         include_self: bool,
     ) -> Result<Tensor> {
         let loc = Location::caller();
+        let _scope = CompositeScope::enter("scatter_reduce", &[self, index, src], loc);
         let d = self.dim(dim, "scatter_reduce", loc)?;
-        self.scatter_reduce_at(d, index, src, reduce, include_self, "scatter_reduce", loc)
+        self.scatter_reduce_at(d, index, src, reduce, include_self, loc)
     }
 
     /// `torch.index_reduce(x, dim, index, source, reduce, include_self)`: combines
@@ -132,11 +133,12 @@ impl Tensor {
         let idx = self.index_along("index_reduce", d, index, source.shape())?;
         if self.rank() == 0 {
             let (x, src) = (self.reshape(&[1])?, source.reshape(&[-1])?);
-            return x.scatter_reduce_at(0, &idx, &src, reduce, include_self, "index_reduce", loc)?.reshape(&[]);
+            return x.scatter_reduce_at(0, &idx, &src, reduce, include_self, loc)?.reshape(&[]);
         }
-        self.scatter_reduce_at(d, &idx, source, reduce, include_self, "index_reduce", loc)
+        self.scatter_reduce_at(d, &idx, source, reduce, include_self, loc)
     }
 
+    /// The composition, inside the caller's composite scope.
     fn scatter_reduce_at(
         &self,
         dim: usize,
@@ -144,10 +146,8 @@ impl Tensor {
         src: &Tensor,
         reduce: ScatterReduce,
         include_self: bool,
-        name: &'static str,
         loc: &'static Location<'static>,
     ) -> Result<Tensor> {
-        let _scope = CompositeScope::enter(name, &[self, index, src], loc);
         let scatter = |x: &Tensor, op: Option<ReduceOp>, values: &Tensor| {
             Tensor::record(Op::Scatter { dim, reduce: op }, &[x, index, values], loc)
         };
