@@ -51,6 +51,7 @@ pub use coil_frontend::dynamo::{
 };
 pub use coil_frontend::ops::assemble::{block_diag, broadcast_tensors, cartesian_prod};
 pub use coil_frontend::ops::conv::ConvOptions;
+pub use coil_frontend::ops::data_dependent::Unique;
 pub use coil_frontend::ops::einsum::einsum;
 pub use coil_frontend::ops::indexing::*;
 pub use coil_frontend::ops::linalg::*;
@@ -60,6 +61,7 @@ pub use coil_frontend::ops::nn::*;
 pub use coil_frontend::ops::products::multi_dot;
 pub use coil_frontend::ops::registry as op_registry;
 pub use coil_frontend::ops::sampling::Sampling;
+pub use coil_frontend::ops::scatter::ScatterReduce;
 pub use coil_frontend::ops::vision::{GridSample, Interpolation};
 pub use coil_frontend::{
     backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_cuda_graphs,

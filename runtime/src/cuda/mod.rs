@@ -754,13 +754,15 @@ impl CudaCompiledGraph {
                     operand(out_id),
                 )
             }
-            ExternCall::Fallback { op: Op::Scatter { dim, add } }
-                if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *add) =>
+            ExternCall::Fallback { op: Op::Scatter { dim, reduce } }
+                if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *reduce) =>
             {
                 let arg = |k: usize| (ptrs[operands[k].0], &p.buffer(operands[k]).meta);
                 // SAFETY: every buffer of the program is contiguous, of its meta, and distinct
                 // from the others (the output is a buffer of its own).
-                unsafe { fallback::scatter(&self.device, *dim, *add, arg(0), arg(1), arg(2), ptrs[out_id.0], status) }
+                unsafe {
+                    fallback::scatter(&self.device, *dim, *reduce, arg(0), arg(1), arg(2), ptrs[out_id.0], status)
+                }
             }
             ExternCall::Fallback { op: Op::Cumsum { dim } }
                 if fallback::supports_cumsum(&p.buffer(operands[0]).meta, &p.buffer(out_id).meta) =>
