@@ -186,6 +186,7 @@ fn run_donating(
             crate::guard::guard("running", &graph, || {
                 compiled.run_or_replay(replay, &inputs, walk.random(), Some(origin))
             })
+            .map_err(|e| crate::realize::name_captured_node(e, |i| walk.node_source(i)))
         }
     }
 }

@@ -154,8 +154,33 @@ fn run(walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Ve
             crate::guard::guard("running", &graph, || {
                 compiled.run_or_replay(replay, &inputs, walk.random(), Some(origin))
             })
+            .map_err(|e| name_captured_node(e, |i| walk.node_source(i)))
         }
     }
+}
+
+/// Names a compiled graph's run-time data error by the node of the capture that ran
+/// ([`coil_ir::Error::node`]; a compiled graph serves every capture of its structure, from
+/// whichever lines): `source` gives that node's line and operands, which the error then
+/// carries as the interpreter's does.
+pub(crate) fn name_captured_node(
+    mut e: coil_ir::Error,
+    source: impl FnOnce(usize) -> Option<NodeSource>,
+) -> coil_ir::Error {
+    if let Some((location, operands)) = e.node.and_then(source) {
+        e.location = location.or(e.location);
+        e.operands = operands;
+    }
+    e
+}
+
+/// A captured node's line and its operands (`dtype[shape]`).
+pub(crate) type NodeSource = (Option<&'static std::panic::Location<'static>>, Vec<String>);
+
+/// [`NodeSource`] of node `i` of a captured graph.
+pub(crate) fn graph_node_source(graph: &Graph, i: usize) -> Option<NodeSource> {
+    let node = graph.nodes.get(i)?;
+    Some((node.location, node.inputs.iter().map(|&x| graph.meta(x).to_string()).collect()))
 }
 
 /// Waits for every GPU's queued work and reports the first data error one of its kernels

@@ -8,7 +8,7 @@ use super::replay::{GraphRun, Recording};
 use super::{stance, BreakKind, FnState, GraphBreak, GraphInfo, Stance, READ, RECOMPILE_LIMIT};
 use crate::compile::Compiled;
 use crate::debug::Dump;
-use crate::realize::{backend, Backend, Captured};
+use crate::realize::{backend, graph_node_source, Backend, Captured};
 use crate::storage::Storage;
 use crate::walk::{Expected, Walk};
 use crate::{logs, profile, Tensor};
@@ -250,7 +250,8 @@ impl Frame {
             Some((compiled, graph)) => {
                 let t = Instant::now();
                 let (inputs, random) = (walk.input_storages(), walk.random());
-                let results = crate::guard::guard("running", &graph, || self.run(&compiled, &inputs, random, origin))?;
+                let results = crate::guard::guard("running", &graph, || self.run(&compiled, &inputs, random, origin))
+                    .map_err(|e| crate::realize::name_captured_node(e, |i| walk.node_source(i)))?;
                 self.state.borrow_mut().stats.run += t.elapsed();
                 self.record_run(inputs, outputs, &donations, random);
                 results
@@ -362,7 +363,8 @@ impl Frame {
         let results = match (&executable, backend()) {
             (Some(c), Backend::Compiled) => {
                 let (inputs, random) = (&captured.inputs, &captured.random);
-                crate::guard::guard("running", &captured.graph, || self.run(c, inputs, random, origin))?
+                crate::guard::guard("running", &captured.graph, || self.run(c, inputs, random, origin))
+                    .map_err(|e| crate::realize::name_captured_node(e, |i| graph_node_source(&captured.graph, i)))?
             }
             _ => crate::realize::interpret(captured)?,
         };

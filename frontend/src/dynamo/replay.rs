@@ -290,7 +290,8 @@ pub(crate) fn try_replay(
     };
     let run = crate::guard::guard("running", &plan.graph, || {
         plan.compiled.run_or_replay(cuda_graphs, &inputs, &random, Some(origin))
-    });
+    })
+    .map_err(|e| crate::realize::name_captured_node(e, |i| crate::realize::graph_node_source(&plan.graph, i)));
     let mut results = match run {
         Ok(results) => results,
         Err(e) => return Some(Err(e)),

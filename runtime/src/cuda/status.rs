@@ -57,8 +57,10 @@ pub(crate) struct UncheckedRun {
 impl UncheckedRun {
     /// The error of the run's first failing kernel, given its words.
     fn error(&self, words: &[i64]) -> Option<Error> {
-        let failed = (self.kernels.iter().enumerate())
+        let mut failed = (self.kernels.iter().enumerate())
             .find_map(|(k, name)| check_status(name, &words[4 * k..4 * k + 4]).err())?;
+        // It surfaces at a later synchronization point, where the run's capture is gone.
+        failed.node = None;
         Some(match self.origin {
             Some(origin) => failed.at(origin),
             None => failed,
