@@ -605,7 +605,7 @@ fn other_gelus_and_shared_values_are_not_folded() {
 
 #[test]
 fn a_data_check_knows_the_captured_node_and_the_dim_it_comes_from() {
-    // exp(embedding(w, idx)) + (a // b): the index check comes from captured node 3, the
+    // exp(embedding(w, idx)) + (a // b): the index check comes from captured node 4 (the embedding), the
     // integer division's from node 7, whatever nodes decomposition made.
     let mut g = Graph::new();
     let (w, idx) = (g.input(m(&[5, 3], F32)), g.input(m(&[2], DType::I64)));
