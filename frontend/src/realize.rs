@@ -151,30 +151,14 @@ fn run(walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Ve
             let (compiled, graph) = crate::compile::compiled_walk(walk, &[])?;
             let inputs = walk.input_storages();
             let replay = cuda_graphs();
-            crate::guard::guard("running", &graph, || {
-                compiled.run_or_replay(replay, &inputs, walk.random(), Some(origin))
-            })
-            .map_err(|e| name_captured_node(e, |i| walk.node_source(i)))
+            let origin = compiled.origin(origin, |i| walk.node_source(i));
+            crate::guard::guard("running", &graph, || compiled.run_or_replay(replay, &inputs, walk.random(), origin))
         }
     }
 }
 
-/// Names a compiled graph's run-time data error by the node of the capture that ran
-/// ([`coil_ir::Error::node`]; a compiled graph serves every capture of its structure, from
-/// whichever lines): `source` gives that node's line and operands, which the error then
-/// carries as the interpreter's does.
-pub(crate) fn name_captured_node(
-    mut e: coil_ir::Error,
-    source: impl FnOnce(usize) -> Option<NodeSource>,
-) -> coil_ir::Error {
-    if let Some((location, operands)) = e.node.and_then(source) {
-        e.location = location.or(e.location);
-        e.operands = operands;
-    }
-    e
-}
-
-/// A captured node's line and its operands (`dtype[shape]`).
+/// A captured node's line and its operands (`dtype[shape]`), for naming a compiled graph's
+/// data error as the interpreter names it ([`crate::compile::Compiled::origin`]).
 pub(crate) type NodeSource = (Option<&'static std::panic::Location<'static>>, Vec<String>);
 
 /// [`NodeSource`] of node `i` of a captured graph.

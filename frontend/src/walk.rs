@@ -168,7 +168,7 @@ impl<'a> Walk<'a> {
     }
 
     /// Node `i`'s line and operands, for naming a compiled graph's data error
-    /// ([`crate::realize::name_captured_node`]).
+    /// ([`crate::compile::Compiled::origin`]).
     pub(crate) fn node_source(&self, i: usize) -> Option<crate::realize::NodeSource> {
         let t = self.nodes.get(i).filter(|_| i >= self.inputs)?;
         Some((t.0.location, t.0.srcs.iter().map(|s| s.meta().to_string()).collect()))

@@ -189,6 +189,36 @@ impl LaunchName {
     }
 }
 
+/// Where a run's data errors point: the line that asked for the run, and for each captured
+/// node whose data the run checks ([`coil_ir::Error::node`]), its line and operands in the
+/// capture that ran (a compiled graph serves every capture of its structure, from any lines).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunOrigin {
+    pub line: Option<&'static std::panic::Location<'static>>,
+    /// `(node, its line, its operands as dtype[shape])`.
+    pub nodes: Vec<(usize, Option<&'static std::panic::Location<'static>>, Vec<String>)>,
+}
+
+impl RunOrigin {
+    /// A run asked for at `line`, naming no captured nodes.
+    pub fn at(line: Option<&'static std::panic::Location<'static>>) -> RunOrigin {
+        RunOrigin { line, nodes: vec![] }
+    }
+
+    /// A data error of the run, named as the interpreter names it: its captured node's line
+    /// and operands where the run knows them, else the run's line.
+    pub fn name(&self, mut e: Error) -> Error {
+        if let Some((_, location, operands)) = e.node.and_then(|n| self.nodes.iter().find(|s| s.0 == n)) {
+            e.location = location.or(e.location);
+            e.operands = operands.clone();
+        }
+        match self.line {
+            Some(line) => e.at(line),
+            None => e,
+        }
+    }
+}
+
 /// Turns a launch's status words into an error (see `docs/compiler.md`), named by the user's
 /// ops that check that data where the launch knows them (else by the kernel).
 pub(crate) fn check_status(launch: &LaunchName, status: &[i64]) -> Result<()> {
