@@ -806,3 +806,52 @@ fn replayed_decode_steps_match_plain_ones_on_cuda() {
         }
     }
 }
+
+/// `file:line` of the line before the call site of this macro.
+macro_rules! line_before {
+    () => {
+        format!("{}:{}", file!(), line!() - 1)
+    };
+}
+
+#[test]
+fn data_errors_name_the_op_operands_and_line_on_cuda() {
+    use coil::{DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let on = |t: Tensor| t.to_device(device).unwrap();
+    let (w, idx) = (on(Tensor::ones(&[5, 3], DType::F32)), on(Tensor::from_vec(vec![0i64, 7], &[2]).unwrap()));
+    let (a, b) =
+        (on(Tensor::from_vec(vec![5i64, 3], &[2]).unwrap()), on(Tensor::from_vec(vec![2i64, 0], &[2]).unwrap()));
+    let x = on(Tensor::ones(&[2, 3], DType::F32));
+    let (gidx, src) = (on(Tensor::from_vec(vec![0i64, 5], &[2, 1]).unwrap()), on(Tensor::ones(&[2, 1], DType::F32)));
+    type Make<'a> = Box<dyn Fn() -> coil::Result<Tensor> + 'a>;
+    let mut cases: Vec<(&str, &str, String, Make)> = vec![];
+    let make: Make = Box::new(|| coil::embedding(&idx, &w)?.exp());
+    cases.push(("index_select", "f32[5, 3], i64[2]", line_before!(), make));
+    let make: Make = Box::new(|| x.gather(1, &gidx)?.exp());
+    cases.push(("gather", "f32[2, 3], i64[2, 1]", line_before!(), make));
+    let make: Make = Box::new(|| x.scatter_add(1, &gidx, &src)?.exp());
+    cases.push(("scatter_add", "f32[2, 3], i64[2, 1], f32[2, 1]", line_before!(), make));
+    let make: Make = Box::new(|| a.floor_divide(&b)?.add(1));
+    cases.push(("floor_divide", "i64[2], i64[2]", line_before!(), make));
+    let make: Make = Box::new(|| a.remainder(&b)?.add(1));
+    cases.push(("remainder", "i64[2], i64[2]", line_before!(), make));
+    let make: Make = Box::new(|| a.pow(on(Tensor::from_vec(vec![2i64, -1], &[2]).unwrap()))?.add(1));
+    cases.push(("pow", "i64[2], i64[2]", line_before!(), make));
+    for (op, operands, at, make) in &cases {
+        let mut seen = vec![];
+        // Realized (the error surfaces at the synchronization point), then inside a compiled function.
+        seen.push(make().and_then(|t| t.realize()).and_then(|()| coil::synchronize()).unwrap_err());
+        let f = coil::compile(|_: &[Tensor]| Ok(vec![make()?]));
+        for _ in 0..3 {
+            seen.push(f.call(&[]).and_then(|_| coil::synchronize()).unwrap_err());
+        }
+        for e in &seen {
+            let msg = e.to_string();
+            assert_eq!(e.kind, coil::ErrorKind::Value, "{msg}");
+            assert!(msg.starts_with(&format!("value error in {op}")), "{msg} should name {op}");
+            assert!(msg.contains(&format!("; operands: {operands}")), "{msg} should list {operands}");
+            assert!(msg.contains(&format!(" at {at}: ")), "{msg} should point at {at}");
+        }
+    }
+}

@@ -18,7 +18,7 @@ use coil_ir::kernel::{Donation, KernelKind, TileKernel};
 use coil_ir::{Error, Graph, RandomState, Result};
 use coil_runtime::cpu::CompiledGraph;
 use coil_runtime::cuda::{CudaBuffer, CudaCompiledGraph, CudaDevice};
-use coil_runtime::{Buffer, Device, RunOutput};
+use coil_runtime::{Buffer, Device, RunOrigin, RunOutput};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -64,6 +64,8 @@ pub struct Compiled {
     /// The outputs of the last replay of its CUDA graph ([`Compiled::run_replayed`]), made
     /// stale by the next one.
     replayed: Mutex<Vec<Storage>>,
+    /// The captured nodes whose data its kernels check (`coil_ir::loops::DataCheck::node`).
+    checked_nodes: Vec<usize>,
 }
 
 /// Compiles the pending computation behind `outputs` without running it, and returns what the
@@ -170,7 +172,7 @@ impl Compiled {
     /// there: its storage is that input's allocation at a new version, and every older handle
     /// to it is stale ([`Storage::check_current`]).
     pub fn run(&self, inputs: &[Storage], random: &[RandomState]) -> Result<Vec<Storage>> {
-        self.run_at(inputs, random, None)
+        self.run_at(inputs, random, RunOrigin::default())
     }
 
     /// [`Compiled::run`] for values the user asked for at `origin`. On a GPU the run returns
@@ -178,12 +180,7 @@ impl Compiled {
     /// bounds, ...) surfaces at the next synchronization point (a host read such as `to_vec`
     /// or `item`, [`crate::synchronize`]), named by its kernel and `origin`. The CPU runs
     /// synchronously and reports it here.
-    pub fn run_at(
-        &self,
-        inputs: &[Storage],
-        random: &[RandomState],
-        origin: Option<&'static std::panic::Location<'static>>,
-    ) -> Result<Vec<Storage>> {
+    pub fn run_at(&self, inputs: &[Storage], random: &[RandomState], origin: RunOrigin) -> Result<Vec<Storage>> {
         let start = Instant::now();
         let outputs = self.run_untimed(inputs, random, origin);
         profile::record(|t| {
@@ -199,17 +196,13 @@ impl Compiled {
     /// replayed). The outputs are the graph's own buffers, written again by the next replay:
     /// the tensors of the previous replay's outputs are stale from then on (an error on use,
     /// never a silent read of the new values).
-    pub fn run_replayed(
-        &self,
-        inputs: &[Storage],
-        origin: Option<&'static std::panic::Location<'static>>,
-    ) -> Result<Option<Vec<Storage>>> {
+    pub fn run_replayed(&self, inputs: &[Storage], origin: &RunOrigin) -> Result<Option<Vec<Storage>>> {
         let Executable::Cuda(g) = &self.executable else { return Ok(None) };
         let start = Instant::now();
         let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
         let refs: Vec<&CudaBuffer> =
             on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
-        let Some(buffers) = g.run_replayed(&refs, origin)? else { return Ok(None) };
+        let Some(buffers) = g.run_replayed(&refs, Arc::new(origin.clone()))? else { return Ok(None) };
         let mut last = self.replayed.lock().unwrap_or_else(|e| e.into_inner());
         // An output in the buffer of the previous replay's: that tensor is stale from now on.
         let outputs: Vec<Storage> = (buffers.into_iter().enumerate())
@@ -236,10 +229,10 @@ impl Compiled {
         replay: bool,
         inputs: &[Storage],
         random: &[RandomState],
-        origin: Option<&'static std::panic::Location<'static>>,
+        origin: RunOrigin,
     ) -> Result<Vec<Storage>> {
         if replay {
-            if let Some(outputs) = self.run_replayed(inputs, origin)? {
+            if let Some(outputs) = self.run_replayed(inputs, &origin)? {
                 return Ok(outputs);
             }
         }
@@ -247,12 +240,7 @@ impl Compiled {
     }
 
     /// [`Compiled::run`], without adding to the host times.
-    fn run_untimed(
-        &self,
-        inputs: &[Storage],
-        random: &[RandomState],
-        origin: Option<&'static std::panic::Location<'static>>,
-    ) -> Result<Vec<Storage>> {
+    fn run_untimed(&self, inputs: &[Storage], random: &[RandomState], origin: RunOrigin) -> Result<Vec<Storage>> {
         self.profile_once(inputs)?;
         let donated = |k: usize| {
             // The buffer the run wrote is the one the input's handle addresses (same device).
@@ -262,17 +250,29 @@ impl Compiled {
             Executable::Cpu(g) => {
                 let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
-                let outputs = g.run_donating(&refs, random)?.into_iter();
+                let outputs = g.run_donating(&refs, random).map_err(|e| origin.name(e))?.into_iter();
                 outputs.map(|o| o.map(|b| Storage::host(Arc::new(b))).or_input(donated)).collect()
             }
             Executable::Cuda(g) => {
                 let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
                 let refs: Vec<&CudaBuffer> =
                     on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
-                let outputs = g.run_donating_at(&refs, random, origin)?.into_iter();
+                let outputs = g.run_donating_at(&refs, random, Arc::new(origin))?.into_iter();
                 outputs.map(|o| o.map(|b| Storage::cuda(Arc::new(b))).or_input(donated)).collect()
             }
         }
+    }
+
+    /// Where the data errors of a run of this graph for the capture that `source` describes
+    /// point: `line` (the user's line that asked for the values), and the line and operands
+    /// of each captured node whose data the kernels check.
+    pub(crate) fn origin(
+        &self,
+        line: &'static std::panic::Location<'static>,
+        source: impl Fn(usize) -> Option<crate::realize::NodeSource>,
+    ) -> RunOrigin {
+        let nodes = self.checked_nodes.iter().filter_map(|&n| source(n).map(|(l, operands)| (n, l, operands)));
+        RunOrigin { line: Some(line), nodes: nodes.collect() }
     }
 
     /// Runs on host buffers and returns host buffers (copies to and from the device for CUDA),
@@ -659,6 +659,9 @@ fn compile_stages(
         logs::output_code(&k.name, &k.to_string());
     }
     let (program_view, schedule_view) = (program.clone(), schedule.clone());
+    let mut checked_nodes: Vec<usize> = program.data_checks.iter().filter_map(|c| c.node).collect();
+    checked_nodes.sort_unstable();
+    checked_nodes.dedup();
     let built = match device {
         Device::Cpu => {
             let source = coil_codegen::emit_c(&generated);
@@ -739,6 +742,7 @@ fn compile_stages(
         dump_dir,
         profiled: OnceLock::new(),
         replayed: Mutex::new(Vec::new()),
+        checked_nodes,
     })
 }
 

@@ -183,9 +183,8 @@ fn run_donating(
         Backend::Compiled => {
             let (compiled, graph) = compiled_walk(&walk, &donations)?;
             let replay = crate::realize::cuda_graphs();
-            crate::guard::guard("running", &graph, || {
-                compiled.run_or_replay(replay, &inputs, walk.random(), Some(origin))
-            })
+            let origin = compiled.origin(origin, |i| walk.node_source(i));
+            crate::guard::guard("running", &graph, || compiled.run_or_replay(replay, &inputs, walk.random(), origin))
         }
     }
 }

@@ -151,11 +151,20 @@ fn run(walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Ve
             let (compiled, graph) = crate::compile::compiled_walk(walk, &[])?;
             let inputs = walk.input_storages();
             let replay = cuda_graphs();
-            crate::guard::guard("running", &graph, || {
-                compiled.run_or_replay(replay, &inputs, walk.random(), Some(origin))
-            })
+            let origin = compiled.origin(origin, |i| walk.node_source(i));
+            crate::guard::guard("running", &graph, || compiled.run_or_replay(replay, &inputs, walk.random(), origin))
         }
     }
+}
+
+/// A captured node's line and its operands (`dtype[shape]`), for naming a compiled graph's
+/// data error as the interpreter names it ([`crate::compile::Compiled::origin`]).
+pub(crate) type NodeSource = (Option<&'static std::panic::Location<'static>>, Vec<String>);
+
+/// [`NodeSource`] of node `i` of a captured graph.
+pub(crate) fn graph_node_source(graph: &Graph, i: usize) -> Option<NodeSource> {
+    let node = graph.nodes.get(i)?;
+    Some((node.location, node.inputs.iter().map(|&x| graph.meta(x).to_string()).collect()))
 }
 
 /// Waits for every GPU's queued work and reports the first data error one of its kernels

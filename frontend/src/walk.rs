@@ -167,6 +167,13 @@ impl<'a> Walk<'a> {
         walk_id(self.ids[&key(t)], self.inputs)
     }
 
+    /// Node `i`'s line and operands, for naming a compiled graph's data error
+    /// ([`crate::compile::Compiled::origin`]).
+    pub(crate) fn node_source(&self, i: usize) -> Option<crate::realize::NodeSource> {
+        let t = self.nodes.get(i).filter(|_| i >= self.inputs)?;
+        Some((t.0.location, t.0.srcs.iter().map(|s| s.meta().to_string()).collect()))
+    }
+
     /// The graph's random streams: one per key drawn with, in order of first appearance.
     pub(crate) fn random(&self) -> &[RandomState] {
         &self.random
@@ -235,7 +242,7 @@ impl<'a> Walk<'a> {
                 // The meta was inferred when the op was recorded, from these same operands:
                 // inferring it again would only cost time.
                 let inputs: Vec<NodeId> = t.0.srcs.iter().map(|s| self.id(s)).collect();
-                graph.nodes.push(Node { op, inputs, meta: t.meta().clone(), location: t.0.location });
+                graph.nodes.push(Node { op, inputs, meta: t.meta().clone(), location: t.0.location, origin: None });
             }
         }
         graph.outputs = self.outputs.iter().map(|t| self.id(t)).collect();

@@ -59,6 +59,11 @@ pub struct Error {
     pub operands: Vec<String>,
     /// The user's source line.
     pub location: Option<&'static Location<'static>>,
+    /// The captured graph's node a compiled graph's run-time data error comes from
+    /// ([`crate::loops::DataCheck::node`]): a compiled graph serves every capture of its
+    /// structure, so the frontend names that node of the capture that ran (its line and
+    /// operands). Not printed.
+    pub node: Option<usize>,
 }
 
 /// `Result` with coil's [`Error`].
@@ -66,7 +71,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, op: None, message: message.into(), operands: vec![], location: None }
+        Error { kind, op: None, message: message.into(), operands: vec![], location: None, node: None }
     }
     pub fn shape(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Shape, message)

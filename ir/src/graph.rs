@@ -164,6 +164,18 @@ pub struct Node {
     pub meta: TensorMeta,
     /// Where the user's program created this node (decompositions inherit it).
     pub location: Option<&'static Location<'static>>,
+    /// The index of the captured graph's node this node computes (part of): set by
+    /// decomposition, kept by rewrites and differentiation, so that a compiled graph's data
+    /// error names the user's node ([`crate::loops::DataCheck::node`]). `None` in a captured
+    /// graph.
+    pub origin: Option<usize>,
+}
+
+impl Node {
+    /// This node reading `inputs` instead (the same op, meta, line and origin).
+    pub fn with_inputs(&self, inputs: Vec<NodeId>) -> Node {
+        Node { op: self.op.clone(), inputs, meta: self.meta.clone(), location: self.location, origin: self.origin }
+    }
 }
 
 /// A tensor program: nodes in topological order, the input nodes, and the outputs.
@@ -199,7 +211,7 @@ impl Graph {
     /// Adds a leaf ([`Op::is_leaf`]) whose meta is given.
     pub fn leaf(&mut self, op: Op, meta: TensorMeta, location: Option<&'static Location<'static>>) -> NodeId {
         debug_assert!(op.is_leaf(), "{op} is not a leaf");
-        self.nodes.push(Node { op, inputs: vec![], meta, location });
+        self.nodes.push(Node { op, inputs: vec![], meta, location, origin: None });
         NodeId(self.nodes.len() - 1)
     }
 
@@ -228,7 +240,7 @@ impl Graph {
                 None => e,
             }
         })?;
-        self.nodes.push(Node { op, inputs: inputs.to_vec(), meta, location });
+        self.nodes.push(Node { op, inputs: inputs.to_vec(), meta, location, origin: None });
         Ok(NodeId(self.nodes.len() - 1))
     }
 

@@ -627,6 +627,10 @@ pub struct DataCheck {
     pub buffer: BufferId,
     pub code: i64,
     pub op: &'static str,
+    /// The dim an index check indexes (the error names it as the interpreter does).
+    pub dim: Option<usize>,
+    /// The captured graph's node the op comes from ([`crate::Node::origin`]).
+    pub node: Option<usize>,
 }
 
 impl LoopProgram {

@@ -177,7 +177,9 @@ pub fn fuse_attention(graph: &Graph) -> Graph {
             Some(m) => Op::Attention { causal: m.causal, scale: Some(m.scale), mask: false },
             None => node.op.clone(),
         };
-        out.nodes.push(Node { op, inputs, meta: node.meta.clone(), location: node.location });
+        // Node indices shift here: decomposition's origins are the captured graph's.
+        let origin = node.origin.or(Some(i));
+        out.nodes.push(Node { op, inputs, meta: node.meta.clone(), location: node.location, origin });
         new_id[i] = Some(NodeId(out.nodes.len() - 1));
     }
     out.outputs = graph.outputs.iter().map(|o| new_id[o.0].expect("outputs are needed")).collect();

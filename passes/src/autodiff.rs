@@ -103,6 +103,7 @@ pub fn backward(graph: &mut Graph, output: NodeId, seed: Option<NodeId>, wrt: &[
         if node.op.is_leaf() || !node.inputs.iter().any(|x| needed[x.0]) {
             continue;
         }
+        let made_from = graph.nodes.len();
         let mut b = Builder::new(graph, node.location);
         let contributions = vjp(&mut b, y, &node, g, &needed)?;
         for (&x, dx) in node.inputs.iter().zip(contributions) {
@@ -116,6 +117,10 @@ pub fn backward(graph: &mut Graph, output: NodeId, seed: Option<NodeId>, wrt: &[
                 None => dx,
             };
             grads.insert(x, total);
+        }
+        // The gradient's nodes come from the captured node `y` came from.
+        for made in &mut graph.nodes[made_from..] {
+            made.origin = node.origin;
         }
     }
     wrt.iter()

@@ -189,26 +189,83 @@ impl LaunchName {
     }
 }
 
+/// Where a run's data errors point: the line that asked for the run, and for each captured
+/// node whose data the run checks ([`coil_ir::Error::node`]), its line and operands in the
+/// capture that ran (a compiled graph serves every capture of its structure, from any lines).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunOrigin {
+    pub line: Option<&'static std::panic::Location<'static>>,
+    /// `(node, its line, its operands as dtype[shape])`.
+    pub nodes: Vec<(usize, Option<&'static std::panic::Location<'static>>, Vec<String>)>,
+}
+
+impl RunOrigin {
+    /// A run asked for at `line`, naming no captured nodes.
+    pub fn at(line: Option<&'static std::panic::Location<'static>>) -> RunOrigin {
+        RunOrigin { line, nodes: vec![] }
+    }
+
+    /// A data error of the run, named as the interpreter names it: its captured node's line
+    /// and operands where the run knows them, else the run's line.
+    pub fn name(&self, mut e: Error) -> Error {
+        if let Some((_, location, operands)) = e.node.and_then(|n| self.nodes.iter().find(|s| s.0 == n)) {
+            e.location = location.or(e.location);
+            e.operands = operands.clone();
+        }
+        match self.line {
+            Some(line) => e.at(line),
+            None => e,
+        }
+    }
+}
+
 /// Turns a launch's status words into an error (see `docs/compiler.md`), named by the user's
 /// ops that check that data where the launch knows them (else by the kernel).
 pub(crate) fn check_status(launch: &LaunchName, status: &[i64]) -> Result<()> {
-    let e = match status[0] {
-        0 => return Ok(()),
-        1 => Error::value(format!("index {} is out of bounds for dim of size {}", status[1], status[2])),
+    if status[0] == 0 {
+        return Ok(());
+    }
+    // The ops of that kind in the kernel: one names the error (its dim, and the captured node
+    // it comes from, for the frontend to give its line and operands); several are listed.
+    // (Not their lines: a compiled graph serves every capture of the same structure, from
+    // whichever lines recorded it; the frontend names the node of the capture that ran.)
+    let checks: Vec<&coil_ir::loops::DataCheck> = launch.checks.iter().filter(|c| c.code == status[0]).collect();
+    let one = |field: fn(&coil_ir::loops::DataCheck) -> Option<usize>| {
+        let first = field(checks.first()?)?;
+        checks.iter().all(|c| field(c) == Some(first)).then_some(first)
+    };
+    let mut e = match status[0] {
+        1 => Error::value(match one(|c| c.dim) {
+            Some(dim) => format!("index {} is out of bounds for dim {dim} with size {}", status[1], status[2]),
+            None => format!("index {} is out of bounds for dim of size {}", status[1], status[2]),
+        }),
         2 => Error::value("Integers to negative integer powers are not allowed."),
         3 => Error::value("ZeroDivisionError: integer division by zero"),
         s => Error::runtime(format!("unknown status {s} ({}, {}, {})", status[1], status[2], status[3])),
     };
-    // The ops of that kind in the kernel: one names the error; several are listed, and the
-    // line is given only when they share it.
-    // (Not their lines: a compiled graph serves every capture of the same structure, from
-    // whichever lines recorded it, so the line is the one that asked for the run.)
-    let mut names: Vec<&str> = launch.checks.iter().filter(|c| c.code == status[0]).map(|c| c.op).collect();
+    e.node = one(|c| c.node);
+    let mut names: Vec<&str> = checks.iter().map(|c| c.op).collect();
     names.dedup();
     match names.is_empty() {
         true => Err(e.in_op(&launch.kernel, vec![])),
         false => Err(e.in_op(format!("{} (kernel {})", names.join(" or "), launch.kernel), vec![])),
     }
+}
+
+/// An extern call's error (a fallback's data error, from the interpreter: it names the op and
+/// its operands) with the captured node of the call's data check, as [`check_status`] gives a
+/// kernel's.
+pub(crate) fn extern_error(program: &LoopProgram, node: usize, mut e: Error) -> Error {
+    if e.kind == coil_ir::ErrorKind::Value && e.node.is_none() {
+        let written = program.nodes[node].writes();
+        let mut nodes = program.data_checks.iter().filter(|c| written.contains(&c.buffer)).map(|c| c.node);
+        if let Some(first) = nodes.next() {
+            if nodes.all(|n| n == first) {
+                e.node = first;
+            }
+        }
+    }
+    e
 }
 
 /// A compiled graph's launches, checked before anything is compiled: per scheduled kernel its

@@ -8,7 +8,7 @@ use super::replay::{GraphRun, Recording};
 use super::{stance, BreakKind, FnState, GraphBreak, GraphInfo, Stance, READ, RECOMPILE_LIMIT};
 use crate::compile::Compiled;
 use crate::debug::Dump;
-use crate::realize::{backend, Backend, Captured};
+use crate::realize::{backend, graph_node_source, Backend, Captured};
 use crate::storage::Storage;
 use crate::walk::{Expected, Walk};
 use crate::{logs, profile, Tensor};
@@ -250,6 +250,7 @@ impl Frame {
             Some((compiled, graph)) => {
                 let t = Instant::now();
                 let (inputs, random) = (walk.input_storages(), walk.random());
+                let origin = compiled.origin(origin, |i| walk.node_source(i));
                 let results = crate::guard::guard("running", &graph, || self.run(&compiled, &inputs, random, origin))?;
                 self.state.borrow_mut().stats.run += t.elapsed();
                 self.record_run(inputs, outputs, &donations, random);
@@ -362,6 +363,7 @@ impl Frame {
         let results = match (&executable, backend()) {
             (Some(c), Backend::Compiled) => {
                 let (inputs, random) = (&captured.inputs, &captured.random);
+                let origin = c.origin(origin, |i| graph_node_source(&captured.graph, i));
                 crate::guard::guard("running", &captured.graph, || self.run(c, inputs, random, origin))?
             }
             _ => crate::realize::interpret(captured)?,
@@ -380,10 +382,10 @@ impl Frame {
         compiled: &Compiled,
         inputs: &[Storage],
         random: &[coil_ir::RandomState],
-        origin: &'static Location<'static>,
+        origin: coil_runtime::RunOrigin,
     ) -> Result<Vec<Storage>> {
         let replay = self.state.borrow().cuda_graphs;
-        compiled.run_or_replay(replay, inputs, random, Some(origin))
+        compiled.run_or_replay(replay, inputs, random, origin)
     }
 
     /// Adds a graph run to the call's recording, when the function replays.

@@ -288,8 +288,9 @@ pub(crate) fn try_replay(
         crate::tensor::set_random_state(start.advanced(plan.drawn));
         plan.random.iter().map(|&r| start.advanced(r)).collect()
     };
+    let origin = plan.compiled.origin(origin, |i| crate::realize::graph_node_source(&plan.graph, i));
     let run = crate::guard::guard("running", &plan.graph, || {
-        plan.compiled.run_or_replay(cuda_graphs, &inputs, &random, Some(origin))
+        plan.compiled.run_or_replay(cuda_graphs, &inputs, &random, origin)
     });
     let mut results = match run {
         Ok(results) => results,

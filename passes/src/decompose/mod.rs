@@ -104,6 +104,7 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
             continue;
         }
         let node = graph.node(id);
+        let made_from = out.nodes.len();
         let value = match &node.op {
             Op::Scalar(s) => Arg::Scalar(*s),
             Op::Input { .. } => {
@@ -150,6 +151,12 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
             }
         };
         values[id.0] = Some(value);
+        // Every node made for `id` comes from it (a graph rebuilt before, such as by
+        // attention fusion, says which captured node it was).
+        let origin = node.origin.unwrap_or(id.0);
+        for made in &mut out.nodes[made_from..] {
+            made.origin = Some(origin);
+        }
     }
     for &o in &graph.outputs {
         let node = graph.node(o);

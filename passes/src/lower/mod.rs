@@ -435,13 +435,14 @@ impl<'g> Lowerer<'g> {
         for n in folded {
             let node = self.g.node(n);
             let integral = node.meta.dtype.is_integral();
-            let code = match &node.op {
-                Op::IndexSelect { .. } | Op::Gather { .. } | Op::Scatter { .. } => 1,
-                Op::Binary(BinaryOp::Pow) if integral => 2,
-                Op::Binary(BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder) if integral => 3,
+            let (code, dim) = match &node.op {
+                Op::IndexSelect { dim } | Op::Gather { dim } => (1, Some(*dim)),
+                Op::Scatter { dim, .. } => (1, Some(*dim)),
+                Op::Binary(BinaryOp::Pow) if integral => (2, None),
+                Op::Binary(BinaryOp::FloorDiv | BinaryOp::TruncDiv | BinaryOp::Remainder) if integral => (3, None),
                 _ => continue,
             };
-            let check = DataCheck { buffer: output, code, op: node.op.name() };
+            let check = DataCheck { buffer: output, code, op: node.op.name(), dim, node: node.origin };
             if !self.prog.data_checks.contains(&check) {
                 self.prog.data_checks.push(check);
             }

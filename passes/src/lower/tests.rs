@@ -602,3 +602,21 @@ fn other_gelus_and_shared_values_are_not_folded() {
     assert_eq!(products(&p), [(true, Some(Activation::GeluTanh))], "{p}");
     assert_eq!(pointwise_nodes(&p), 1, "{p}");
 }
+
+#[test]
+fn a_data_check_knows_the_captured_node_and_the_dim_it_comes_from() {
+    // exp(embedding(w, idx)) + (a // b): the index check comes from captured node 4 (the embedding), the
+    // integer division's from node 7, whatever nodes decomposition made.
+    let mut g = Graph::new();
+    let (w, idx) = (g.input(m(&[5, 3], F32)), g.input(m(&[2], DType::I64)));
+    let (a, b) = (g.input(m(&[4], DType::I64)), g.input(m(&[4], DType::I64)));
+    let e = op(&mut g, Op::Embedding, &[w, idx]);
+    let y = op(&mut g, Op::Unary(UnaryOp::Exp), &[e]);
+    let q = op(&mut g, Op::Binary(BinaryOp::Sub), &[a, b]);
+    let d = op(&mut g, Op::Binary(BinaryOp::FloorDiv), &[q, b]);
+    let p = lowered_composite(g, &[y, d]);
+    let checks: Vec<_> = p.data_checks.iter().map(|c| (c.op, c.code, c.dim, c.node)).collect();
+    assert!(checks.contains(&("index_select", 1, Some(0), Some(e.0))), "{checks:?}");
+    assert!(checks.contains(&("floor_divide", 3, None, Some(d.0))), "{checks:?}");
+    assert_eq!(checks.len(), 2, "{checks:?}");
+}

@@ -22,6 +22,9 @@ use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use std::hash::{Hash, Hasher};
 use std::panic::Location;
 
+/// A node's source line and captured node ([`Node::location`], [`Node::origin`]).
+type Source = (Option<&'static Location<'static>>, Option<usize>);
+
 /// Identical live nodes: `rep[i]` is the first node identical to node `i` (`i` itself when
 /// there is none).
 pub struct Dedup {
@@ -231,7 +234,8 @@ pub fn splice(graph: &Graph, live: &[NodeId], dd: &Dedup, rw: Option<&Rewritten>
     out.nodes.reserve(live.len());
     let mut of_node: Vec<Option<NodeId>> = vec![None; graph.nodes.len()];
     let mut of_class: FxHashMap<Id, NodeId> = FxHashMap::default();
-    let mut location: FxHashMap<Id, &'static Location<'static>> = FxHashMap::default();
+    // Each class's source line and captured node (`Node::origin`): its first region node's.
+    let mut location: FxHashMap<Id, Source> = FxHashMap::default();
     // A class that holds a value from outside the region (an opaque value, an input, a
     // constant) is that value: nothing is cheaper, and nothing is built twice.
     let mut outside: FxHashMap<Id, NodeId> = FxHashMap::default();
@@ -240,8 +244,9 @@ pub fn splice(graph: &Graph, live: &[NodeId], dd: &Dedup, rw: Option<&Rewritten>
         for (i, c) in rw.class_of.iter().enumerate() {
             let Some(c) = c else { continue };
             if rw.region.inside[i] {
-                if let Some(l) = graph.nodes[i].location {
-                    location.entry(rw.eg.find(*c)).or_insert(l);
+                let node = &graph.nodes[i];
+                if node.location.is_some() || node.origin.is_some() {
+                    location.entry(rw.eg.find(*c)).or_insert((node.location, node.origin));
                 }
             } else {
                 outside.entry(rw.eg.find(*c)).or_insert(NodeId(i));
@@ -291,7 +296,7 @@ pub fn splice(graph: &Graph, live: &[NodeId], dd: &Dedup, rw: Option<&Rewritten>
     };
     let todo = live.iter().filter(|&&x| dd.of(x) == x && (!inside(x) || is_root[x.0])).map(|&x| key(x));
     let todo = todo.filter(is_needed);
-    let mut stack: Vec<(Key, bool, Option<&'static Location<'static>>)> = Vec::new();
+    let mut stack: Vec<(Key, bool, Source)> = Vec::new();
     let mut inputs: Vec<NodeId> = Vec::new();
     for start in todo.chain(graph.outputs.iter().map(|&o| key(o))) {
         // Most nodes are outside the region and come after their operands: copy them at once.
@@ -309,12 +314,12 @@ pub fn splice(graph: &Graph, live: &[NodeId], dd: &Dedup, rw: Option<&Rewritten>
             }
             if inputs.len() == node.inputs.len() {
                 let inputs = inputs.clone();
-                out.nodes.push(Node { op: node.op.clone(), inputs, meta: node.meta.clone(), location: node.location });
+                out.nodes.push(node.with_inputs(inputs));
                 of_node[n.0] = Some(NodeId(out.nodes.len() - 1));
                 continue;
             }
         }
-        stack.push((start, false, None));
+        stack.push((start, false, (None, None)));
         while let Some((k, ready, loc)) = stack.pop() {
             let done = match k {
                 Key::Node(n) => of_node[n.0].is_some(),
@@ -324,10 +329,13 @@ pub fn splice(graph: &Graph, live: &[NodeId], dd: &Dedup, rw: Option<&Rewritten>
                 continue;
             }
             let (deps, loc): (Vec<Key>, _) = match (k, rw) {
-                (Key::Node(n), _) => (graph.node(n).inputs.iter().map(|&x| key(x)).collect(), graph.node(n).location),
+                (Key::Node(n), _) => {
+                    let node = graph.node(n);
+                    (node.inputs.iter().map(|&x| key(x)).collect(), (node.location, node.origin))
+                }
                 (Key::Class(c), Some(rw)) => {
                     let deps = rw.chosen[&c].args.iter().map(|&a| class_key(rw.eg.find(a))).collect();
-                    (deps, location.get(&c).copied().or(loc))
+                    (deps, location.get(&c).copied().unwrap_or(loc))
                 }
                 (Key::Class(_), None) => unreachable!("classes only come from a region"),
             };
@@ -344,13 +352,10 @@ pub fn splice(graph: &Graph, live: &[NodeId], dd: &Dedup, rw: Option<&Rewritten>
                 });
             }
             let node = match (k, rw) {
-                (Key::Node(n), _) => {
-                    let n = graph.node(n);
-                    Node { op: n.op.clone(), inputs, meta: n.meta.clone(), location: n.location }
-                }
+                (Key::Node(n), _) => graph.node(n).with_inputs(inputs),
                 (Key::Class(c), Some(rw)) => {
                     let (op, _) = rw.chosen[&c].op.to_op();
-                    Node { op, inputs, meta: rw.eg[c].data.meta.clone(), location: loc }
+                    Node { op, inputs, meta: rw.eg[c].data.meta.clone(), location: loc.0, origin: loc.1 }
                 }
                 (Key::Class(_), None) => unreachable!("classes only come from a region"),
             };

@@ -37,7 +37,7 @@ pub use compiler::{c_compiler, default_cache_dir, CCompiler, CompiledObject};
 pub use module::{Kernel, KernelLibrary};
 
 use crate::plan::{
-    check_status, random_words, timing_streams, Instance, Instances, LaunchName, RunOutput, Step, Storage,
+    check_status, extern_error, random_words, timing_streams, Instance, Instances, LaunchName, RunOutput, Step, Storage,
 };
 use crate::{interpret, Buffer, HostData};
 use coil_codegen::templates::attention::MaskKind;
@@ -248,7 +248,9 @@ impl CompiledGraph {
                         check_status(&LaunchName::of(&self.program, &self.schedule, i), &status)?;
                     }
                 }
-                Step::Extern(node) => self.run_extern(&inst, node, &ptrs, inputs)?,
+                Step::Extern(node) => {
+                    (self.run_extern(&inst, node, &ptrs, inputs)).map_err(|e| extern_error(&self.program, node, e))?
+                }
             }
             if let Some(times) = times.as_deref_mut() {
                 times.push(start.elapsed().as_secs_f64() * 1e6);

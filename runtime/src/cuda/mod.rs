@@ -57,7 +57,7 @@ pub use compiler::{CompiledCubin, LoadedModule};
 pub use device::{cuda_available, cuda_status, synchronize_all, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
 
-use crate::plan::{self, check_status, Instance, Instances, LaunchName, RunOutput, Storage};
+use crate::plan::{self, check_status, Instance, Instances, LaunchName, RunOrigin, RunOutput, Storage};
 use crate::{interpret, Buffer, HostData};
 use blas::DevOperand;
 use coil_codegen::cuda::{CudaModule, Language, Launch};
@@ -68,7 +68,6 @@ use coil_ir::{Error, Graph, Op, RandomState, Result};
 use cudarc::driver::{result as drv, sys, CudaEvent};
 use device::driver_error;
 use std::ffi::c_void;
-use std::panic::Location;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -163,7 +162,7 @@ enum Step {
 /// Where a run's launches report data errors.
 enum RunStatus {
     /// Words taken from the device's status board, the run recorded as asked for at this line.
-    Board(Option<&'static Location<'static>>),
+    Board(Arc<RunOrigin>),
     /// The 4 words per step at this address (a CUDA graph's own).
     At(u64),
 }
@@ -427,7 +426,7 @@ impl CudaCompiledGraph {
     /// [`RunOutput::Donated`]: the caller's input buffer now holds it. The caller must not read
     /// a donated input's old elements afterwards.
     pub fn run_donating(&self, inputs: &[&CudaBuffer], random: &[RandomState]) -> Result<Vec<RunOutput<CudaBuffer>>> {
-        self.run_donating_at(inputs, random, None)
+        self.run_donating_at(inputs, random, Default::default())
     }
 
     /// [`run_donating`](Self::run_donating) for a run the user asked for at `origin`: a data
@@ -437,7 +436,7 @@ impl CudaCompiledGraph {
         &self,
         inputs: &[&CudaBuffer],
         random: &[RandomState],
-        origin: Option<&'static Location<'static>>,
+        origin: Arc<RunOrigin>,
     ) -> Result<Vec<RunOutput<CudaBuffer>>> {
         let pending = self.enqueue(inputs, random, None, RunStatus::Board(origin))?;
         self.finish(inputs, pending)
@@ -456,7 +455,7 @@ impl CudaCompiledGraph {
         let events = timing_events(&self.device, self.steps.len() + 1)?;
         let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); self.steps.len()];
         for _ in 0..reps.max(1) {
-            let pending = self.enqueue(inputs, &random, Some(&events), RunStatus::Board(None))?;
+            let pending = self.enqueue(inputs, &random, Some(&events), RunStatus::Board(Default::default()))?;
             self.finish(inputs, pending)?;
             for (i, sample) in samples.iter_mut().enumerate() {
                 sample.push(elapsed_us(&events[i], &events[i + 1])?);
@@ -510,7 +509,7 @@ impl CudaCompiledGraph {
         for _ in 0..reps {
             flush.zero(FLUSH_BYTES)?;
             record(&self.device, &start)?;
-            let pending = self.enqueue(inputs, &random, None, RunStatus::Board(None))?;
+            let pending = self.enqueue(inputs, &random, None, RunStatus::Board(Default::default()))?;
             record(&self.device, &end)?;
             self.finish(inputs, pending)?;
             times.push(elapsed_us(&start, &end)?);
@@ -588,7 +587,7 @@ impl CudaCompiledGraph {
             inst.slot_bytes.iter().map(|&b| DeviceMemory::alloc(dev, b)).collect::<Result<_>>()?;
         let status = match status {
             RunStatus::Board(_) if self.steps.is_empty() => 0,
-            RunStatus::Board(origin) => dev.status.take(dev, &self.status_kernels, origin)?,
+            RunStatus::Board(origin) => dev.status.take(dev, &self.status_kernels, &origin)?,
             RunStatus::At(words) => words,
         };
         // Launch `i`'s status words.

@@ -23,9 +23,8 @@
 
 use super::device::CudaDevice;
 use super::memory::{self, DeviceMemory};
-use crate::plan::{check_status, LaunchName};
+use crate::plan::{check_status, LaunchName, RunOrigin};
 use coil_ir::{Error, Result};
-use std::panic::Location;
 use std::sync::{Arc, Mutex};
 
 /// Bytes of status words per generated kernel.
@@ -50,8 +49,8 @@ pub(crate) struct UncheckedRun {
     pub(crate) words: Words,
     /// The kernel that owns each 4 words, in launch order.
     pub(crate) kernels: Arc<[LaunchName]>,
-    /// Where the user asked for the run (reported with its error).
-    pub(crate) origin: Option<&'static Location<'static>>,
+    /// Where the user asked for the run and the lines of its ops (reported with its error).
+    pub(crate) origin: Arc<RunOrigin>,
 }
 
 impl UncheckedRun {
@@ -59,10 +58,7 @@ impl UncheckedRun {
     fn error(&self, words: &[i64]) -> Option<Error> {
         let failed = (self.kernels.iter().enumerate())
             .find_map(|(k, name)| check_status(name, &words[4 * k..4 * k + 4]).err())?;
-        Some(match self.origin {
-            Some(origin) => failed.at(origin),
-            None => failed,
-        })
+        Some(self.origin.name(failed))
     }
 }
 
@@ -156,7 +152,7 @@ impl StatusBoard {
         &self,
         dev: &Arc<CudaDevice>,
         kernels: &Arc<[LaunchName]>,
-        origin: Option<&'static Location<'static>>,
+        origin: &Arc<RunOrigin>,
     ) -> Result<u64> {
         let mut board = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let bytes = kernels.len() * KERNEL_STATUS_BYTES;
@@ -177,20 +173,19 @@ impl StatusBoard {
                 board.unchecked.reserve(kernels.len(), capacity).expect("an empty board holds the run")
             }
         };
-        let run = UncheckedRun { words: Words::Board(offset), kernels: kernels.clone(), origin };
+        let run = UncheckedRun { words: Words::Board(offset), kernels: kernels.clone(), origin: origin.clone() };
         board.unchecked.push(run);
         Ok(board.memory.as_ref().expect("allocated above").ptr() + offset as u64)
     }
 
     /// Records a run whose status words are its own allocation (zero unless a kernel failed).
-    pub(crate) fn push_owned(
-        &self,
-        words: Arc<DeviceMemory>,
-        kernels: &Arc<[LaunchName]>,
-        origin: Option<&'static Location<'static>>,
-    ) {
+    pub(crate) fn push_owned(&self, words: Arc<DeviceMemory>, kernels: &Arc<[LaunchName]>, origin: &Arc<RunOrigin>) {
         let mut board = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        board.unchecked.push(UncheckedRun { words: Words::Owned(words), kernels: kernels.clone(), origin });
+        board.unchecked.push(UncheckedRun {
+            words: Words::Owned(words),
+            kernels: kernels.clone(),
+            origin: origin.clone(),
+        });
     }
 
     /// Checks every unchecked run (waits for the stream): the first failing kernel's error.
@@ -235,10 +230,11 @@ fn check_locked(board: &mut Board, dev: &CudaDevice) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::panic::Location;
 
     fn run(offset: usize, kernels: &[&str], origin: Option<&'static Location<'static>>) -> UncheckedRun {
         let kernels: Arc<[LaunchName]> = kernels.iter().map(|k| LaunchName::plain(*k)).collect();
-        UncheckedRun { words: Words::Board(offset), kernels, origin }
+        UncheckedRun { words: Words::Board(offset), kernels, origin: Arc::new(RunOrigin::at(origin)) }
     }
 
     #[test]
@@ -297,5 +293,28 @@ mod tests {
             (Some("poi_fused_index_select_0"), "index 7 is out of bounds for dim of size 5")
         );
         assert_eq!(e.kind, coil_ir::ErrorKind::Value);
+    }
+
+    #[test]
+    fn an_error_names_its_captured_node_by_the_line_and_operands_of_the_run_that_made_it() {
+        let (asked, op_line) = (Location::caller(), Location::caller());
+        let check = coil_ir::loops::DataCheck {
+            buffer: coil_ir::loops::BufferId(0),
+            code: 1,
+            op: "index_select",
+            dim: Some(0),
+            node: Some(3),
+        };
+        let kernels: Arc<[LaunchName]> =
+            vec![LaunchName { kernel: "poi_fused_index_select_0".into(), checks: vec![check] }].into();
+        let operands = vec!["f32[5, 3]".to_string(), "i64[2]".to_string()];
+        let origin = RunOrigin { line: Some(asked), nodes: vec![(3, Some(op_line), operands.clone())] };
+        let mut u = Unchecked::default();
+        let a = u.reserve(1, 1024).unwrap();
+        u.push(UncheckedRun { words: Words::Board(a), kernels, origin: Arc::new(origin) });
+        let e = u.check(&[1, 7, 5, 0], &[]).0.unwrap();
+        assert_eq!(e.op.as_deref(), Some("index_select (kernel poi_fused_index_select_0)"));
+        assert_eq!(e.message, "index 7 is out of bounds for dim 0 with size 5");
+        assert_eq!((e.location, e.operands), (Some(op_line), operands));
     }
 }

@@ -35,10 +35,9 @@ use super::device::{driver_error, CudaDevice};
 use super::memory::{copy_device, CudaBuffer, DeviceMemory};
 use super::status::KERNEL_STATUS_BYTES;
 use super::{CudaCompiledGraph, RunStatus};
-use crate::plan::RunOutput;
+use crate::plan::{RunOrigin, RunOutput};
 use coil_ir::{Error, Result};
 use cudarc::driver::{result as drv, sys};
-use std::panic::Location;
 use std::sync::Arc;
 
 /// A compiled graph's replay state.
@@ -116,7 +115,7 @@ impl CudaCompiledGraph {
     pub fn run_replayed(
         &self,
         inputs: &[&CudaBuffer],
-        origin: Option<&'static Location<'static>>,
+        origin: Arc<RunOrigin>,
     ) -> Result<Option<Vec<RunOutput<Arc<CudaBuffer>>>>> {
         let mut replay = self.replay.lock().unwrap_or_else(|e| e.into_inner());
         if replay.off.is_some() || (self.autotune && self.tuned.get().is_none()) {
@@ -173,7 +172,7 @@ impl CudaCompiledGraph {
         // SAFETY: the executable graph is alive, and every address it holds is a block of the
         // graph or an input checked above to be where it was at the capture.
         unsafe { drv::graph::launch(c.exec, dev.cu_stream()) }.map_err(|e| driver_error("cuGraphLaunch", e))?;
-        dev.status.push_owned(c.status.clone(), &self.status_kernels, origin);
+        dev.status.push_owned(c.status.clone(), &self.status_kernels, &origin);
         Ok(Some(c.outputs.clone()))
     }
 
