@@ -42,9 +42,25 @@ impl Conv2d {
     ) -> Result<Conv2d> {
         let fan_in = in_channels / options.groups.max(1) * kernel[0] * kernel[1];
         let init = Init::linear_default(fan_in);
+        Conv2d::with_init(path, in_channels, out_channels, kernel, options, bias.then_some(init), init)
+    }
+
+    /// A convolution whose weight is drawn from `weight_init`, with a bias drawn from
+    /// `bias_init` where one is given (torchvision's ResNet: no bias, weights from
+    /// `kaiming_normal_(mode="fan_out")`).
+    #[track_caller]
+    pub fn with_init(
+        path: &Path,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        options: ConvOptions<2>,
+        bias_init: Option<Init>,
+        weight_init: Init,
+    ) -> Result<Conv2d> {
         let shape = [out_channels, in_channels / options.groups.max(1), kernel[0], kernel[1]];
-        let weight = path.param("weight", &shape, init)?;
-        let bias = if bias { Some(path.param("bias", &[out_channels], init)?) } else { None };
+        let weight = path.param("weight", &shape, weight_init)?;
+        let bias = bias_init.map(|init| path.param("bias", &[out_channels], init)).transpose()?;
         Ok(Conv2d { weight, bias, options, mode: path.mode() })
     }
 }
