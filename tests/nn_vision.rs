@@ -236,3 +236,54 @@ fn a_small_resnet_forward_and_backward_agree_with_the_interpreter() {
     // Every batch norm ran once in training mode.
     assert!(want_buffers.iter().filter(|b| b.len() == 1).all(|b| b[0] == 1.0));
 }
+
+/// Every entry of ResNet-50's `state_dict` (`tests/golden_nn/resnet50_state_dict.txt`, from
+/// `make_resnet50_names.py`), in order, with its dtype and shape.
+#[test]
+fn resnet50_state_dict_matches_pytorchs_entry_for_entry() {
+    let store = ParamStore::new();
+    let _model = ResNet::new(&store.root(Device::Cpu, DType::F32), ResNetConfig::resnet50()).unwrap();
+    let ours: Vec<String> = store
+        .params()
+        .iter()
+        .map(|p| {
+            let dtype = if p.dtype() == DType::I64 { "int64" } else { "float32" };
+            let shape: Vec<String> = p.shape().iter().map(usize::to_string).collect();
+            format!("{} {dtype} {}", p.name(), shape.join(","))
+        })
+        .collect();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden_nn/resnet50_state_dict.txt");
+    let theirs: Vec<String> = std::fs::read_to_string(path).unwrap().lines().map(String::from).collect();
+    assert_eq!(ours.len(), theirs.len());
+    for (a, b) in ours.iter().zip(&theirs) {
+        assert_eq!(a, b);
+    }
+}
+
+/// A small ResNet loaded from a PyTorch checkpoint (`tests/golden_nn/resnet_tiny.safetensors`)
+/// gives PyTorch's logits in evaluation mode (running statistics) and in training mode (batch
+/// statistics), and the running statistics PyTorch's training-mode forward leaves.
+#[test]
+fn a_small_resnet_loaded_from_pytorch_gives_its_logits_and_running_statistics() {
+    let _lock = BACKEND.lock().unwrap_or_else(|e| e.into_inner());
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden_nn/resnet_tiny.safetensors");
+    let file = coil::safetensors::load(path, Device::Cpu).unwrap();
+    let store = ParamStore::new();
+    let config = ResNetConfig { layers: [1, 1, 1, 1], width: 4, num_classes: 5 };
+    let model = ResNet::new(&store.root(Device::Cpu, DType::F32), config).unwrap();
+    let rename = |n: &str| n.strip_prefix("model.").map(String::from);
+    store.load_with(path, &coil::nn::LoadOptions { rename: Some(&rename), ..Default::default() }).unwrap();
+    let x = &file["in.x"];
+    store.eval();
+    assert_close("eval logits", &model.forward(x).unwrap(), &file["out.logits_eval"], 1e-5);
+    store.train();
+    assert_close("train logits", &model.forward(x).unwrap(), &file["out.logits_train"], 1e-4);
+    for p in store.params().iter().filter(|p| !p.trainable()) {
+        let want = &file[&format!("out.{}", p.name())];
+        if p.dtype() == DType::I64 {
+            assert_eq!(p.tensor().item::<i64>().unwrap(), 4, "{}", p.name());
+        } else {
+            assert_close(p.name(), &p.tensor(), want, 1e-5);
+        }
+    }
+}
