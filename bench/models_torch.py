@@ -548,12 +548,12 @@ ROWS += [
     RowSpec(
         "{resnet}_fwd_bf16", setup_resnet_forward,
         "inference forward to the logits (eval mode: batch norm with running statistics) under torch.no_grad(), "
-        "batch 64 of 224x224; compiled: torch.compile(model), default mode", precision=RESNET_PRECISION),
+        "batch {RB} of {RI}x{RI}; compiled: torch.compile(model), default mode", precision=RESNET_PRECISION),
     RowSpec(
         "{resnet}_train_step_bf16", setup_resnet_train_step,
         "zero_grad(set_to_none) + forward (train mode: batch statistics, running statistics updated) + "
         "cross-entropy on random labels + backward + SGD(lr 0.1, momentum 0.9, weight_decay 1e-4, foreach) step, "
-        "batch 64 of 224x224; compiled: torch.compile(model) default mode, the optimizer step eagerly",
+        "batch {RB} of {RI}x{RI}; compiled: torch.compile(model) default mode, the optimizer step eagerly",
         precision=RESNET_PRECISION),
 ]
 
@@ -715,7 +715,7 @@ def run_row(spec: RowSpec, ctx: Ctx, modes, clock: Clock, warmup: int, reps: int
         warmup, reps = ctx.loop_warmup, ctx.loop_reps
     row = dict(name=name, torch_compile_ms=None, torch_eager_ms=None, torch_peak_bytes=None,
                torch_eager_peak_bytes=None, torch_compile_s=None,
-               notes=spec.notes.format(B=spec.batch, N=ctx.new_tokens, P=ctx.prompt),
+               notes=spec.notes.format(B=spec.batch, N=ctx.new_tokens, P=ctx.prompt, RB=ctx.resnet.batch, RI=ctx.resnet.image),
                compile_mode=spec.compile_mode or "default", fullgraph=spec.fullgraph,
                precision=spec.precision or PRECISION, warmup=warmup, reps=reps)
     if spec.per_token:
