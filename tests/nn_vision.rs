@@ -2,7 +2,8 @@
 //! steps with their running statistics, gradients, evaluation mode; eagerly and inside a
 //! compiled function), and ResNet-50's architecture (torchvision's parameter names and shapes;
 //! a small one's forward and gradients on the compiled CPU path against the reference
-//! interpreter). The batch-norm data is `tests/golden_nn/batch_norm.safetensors`
+//! interpreter; a PyTorch checkpoint's logits; its convolutions writing channels-last results
+//! where cuDNN would run them). The batch-norm data is `tests/golden_nn/batch_norm.safetensors`
 //! (`tests/golden_nn/make_batch_norm.py` makes it).
 
 use coil::nn::models::resnet::{ResNet, ResNetConfig};
@@ -285,5 +286,78 @@ fn a_small_resnet_loaded_from_pytorch_gives_its_logits_and_running_statistics() 
         } else {
             assert_close(p.name(), &p.tensor(), want, 1e-5);
         }
+    }
+}
+
+/// What the CUDA compile path (convolutions kept whole for cuDNN) makes of a small ResNet's
+/// gradients: every forward and data-gradient convolution writes its result channels-last
+/// (the activations are kept so), and no kernel only transposes an activation.
+#[test]
+fn resnet_convolutions_write_channels_last_results_when_kept_whole() {
+    use coil::ir::loops::{ExternCall, LoopKind};
+    use coil::ir::op::ConvForm;
+    let _lock = BACKEND.lock().unwrap_or_else(|e| e.into_inner());
+    coil::manual_seed(1);
+    let store = ParamStore::new();
+    let model = ResNet::new(
+        &store.root(Device::Cpu, DType::F32),
+        ResNetConfig { layers: [1, 1, 1, 1], width: 4, num_classes: 5 },
+    )
+    .unwrap();
+    store.realize_pending().unwrap();
+    store.eval(); // batch statistics in training mode would compute each norm's input eagerly
+    let x = Tensor::randn(&[2, 32, 32, 3], DType::F32).unwrap();
+    x.realize().unwrap();
+    let labels = Tensor::from_vec(vec![1i64, 4], &[2]).unwrap();
+    let params = store.trainable();
+    let (loss, grads) =
+        coil::nn::value_and_grad(&model.loss(&x.permute(&[0, 3, 1, 2]).unwrap(), &labels).unwrap(), &params).unwrap();
+    let outputs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
+    let graph = coil::capture(&outputs).graph;
+    let options = coil_passes::DecomposeOptions {
+        fused_attention: true,
+        keep_detach: false,
+        half_products: true,
+        conv_template: true,
+    };
+    let primitive = coil_passes::decompose_with(&graph, &options).unwrap();
+    let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::default()).unwrap();
+    let program = coil_passes::lower(&primitive).unwrap();
+    let (mut channels_last, mut row_major, mut weight_grads) = (0, 0, 0);
+    for node in &program.nodes {
+        let LoopKind::Extern { call: ExternCall::Conv(call), .. } = &node.kind else { continue };
+        if matches!(call.form, ConvForm::BackwardWeight { .. }) {
+            weight_grads += 1;
+            continue;
+        }
+        let c = call.out[1];
+        if call.out_strides[1] == 1 && c > 1 {
+            channels_last += 1;
+        } else {
+            row_major += 1;
+            eprintln!("row-major result: {:?} of {:?}", call.form, call.out);
+        }
+    }
+    // 17 convolutions: each a forward, all but the stem's a data gradient, each a weight gradient.
+    assert_eq!((channels_last, row_major, weight_grads), (17 + 16, 0, 17), "{program}");
+    let transposes = program.nodes.iter().filter(|n| n.origins == ["permute"]).count();
+    assert_eq!(transposes, 0, "{program}");
+}
+
+/// Channels-last activations (`[N, H, W, C]`) give the same outputs and running statistics.
+#[test]
+fn batch_norm_on_channels_last_activations_matches_pytorch() {
+    let _lock = BACKEND.lock().unwrap_or_else(|e| e.into_inner());
+    for (case, channels, momentum) in CASES {
+        let (store, bn) = batch_norm(case, channels, momentum);
+        let nhwc = |t: &Tensor| t.permute(&[0, 2, 3, 1]).unwrap();
+        for s in 0..3 {
+            let y = bn.forward_channels_last(&nhwc(&g(&format!("{case}.in.x.step{s}")))).unwrap();
+            assert_close(&format!("{case} y step {s}"), &y, &nhwc(&g(&format!("{case}.out.y.step{s}"))), TOL);
+            check_running(case, &bn, s);
+        }
+        store.eval();
+        let y = bn.forward_channels_last(&nhwc(&g(&format!("{case}.in.x_eval")))).unwrap();
+        assert_close(&format!("{case} eval"), &y, &nhwc(&g(&format!("{case}.out.y_eval"))), TOL);
     }
 }

@@ -78,17 +78,26 @@ impl Bottleneck {
     }
 }
 
-impl Module for Bottleneck {
+impl Bottleneck {
+    /// The block on channels-last activations (`[N, H, W, C]` to `[N, H', W', 4 planes]`).
     #[track_caller]
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
-        let h = self.bn2.forward(&self.conv2.forward(&h)?)?.relu()?;
-        let h = self.bn3.forward(&self.conv3.forward(&h)?)?;
+    pub fn forward_channels_last(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.bn1.forward_channels_last(&self.conv1.forward_channels_last(x)?)?.relu()?;
+        let h = self.bn2.forward_channels_last(&self.conv2.forward_channels_last(&h)?)?.relu()?;
+        let h = self.bn3.forward_channels_last(&self.conv3.forward_channels_last(&h)?)?;
         let shortcut = match &self.downsample {
-            Some((conv, bn)) => bn.forward(&conv.forward(x)?)?,
+            Some((conv, bn)) => bn.forward_channels_last(&conv.forward_channels_last(x)?)?,
             None => x.to_dtype(h.dtype())?,
         };
         h.add(&shortcut)?.relu()
+    }
+}
+
+impl Module for Bottleneck {
+    /// `[N, C, H, W]` to `[N, 4 planes, H', W']`.
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_channels_last(&x.permute(&[0, 2, 3, 1])?)?.permute(&[0, 3, 1, 2])
     }
 }
 
@@ -96,7 +105,9 @@ impl Module for Bottleneck {
 /// stride-2 max pooling, four stages (strides 1, 2, 2, 2), global average pooling and a linear
 /// classifier. Convolutions and the classifier compute in the store's mixed-precision dtype
 /// ([`crate::Precision`]); batch norms compute their statistics in f32 and keep the activations'
-/// dtype. The input may be channels-last (a `[N, H, W, C]` buffer permuted to `[N, C, H, W]`).
+/// dtype. The activations are kept channels-last (`[N, H, W, C]`, PyTorch's `channels_last`
+/// memory format; the values are the same), so the convolutions read and write them in place:
+/// the input is best a `[N, H, W, 3]` buffer permuted to `[N, 3, H, W]`.
 ///
 /// ```
 /// use coil_nn::models::resnet::{ResNet, ResNetConfig};
@@ -157,13 +168,14 @@ impl Module for ResNet {
     /// `[N, 3, H, W]` images to `[N, num_classes]` logits.
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut h = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
-        h = h.max_pool2d([3, 3], &[2, 2], [1, 1])?;
+        let x = x.permute(&[0, 2, 3, 1])?;
+        let h = self.bn1.forward_channels_last(&self.conv1.forward_channels_last(&x)?)?.relu()?;
+        let mut h = h.permute(&[0, 3, 1, 2])?.max_pool2d([3, 3], &[2, 2], [1, 1])?.permute(&[0, 2, 3, 1])?;
         for block in self.stages.iter().flatten() {
-            h = block.forward(&h)?;
+            h = block.forward_channels_last(&h)?;
         }
         // adaptive_avg_pool2d to 1x1, then flatten.
-        let pooled = h.mean(&[2, 3], false)?;
+        let pooled = h.mean(&[1, 2], false)?;
         self.fc.forward(&pooled)
     }
 }

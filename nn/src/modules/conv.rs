@@ -76,6 +76,32 @@ impl Module for Conv2d {
     }
 }
 
+impl Conv2d {
+    /// [`Module::forward`] on channels-last activations: `[N, H, W, in]` to `[N, H', W', out]`
+    /// (the same values, permuted). The convolution reads its input in place and, on CUDA,
+    /// writes its result channels-last directly, so a network that keeps its activations so
+    /// (PyTorch's `channels_last` memory format) never transposes one.
+    ///
+    /// ```
+    /// use coil_nn::{Conv2d, Module, ParamStore};
+    /// use coil_frontend::{ops::conv::ConvOptions, Tensor};
+    /// # fn main() -> coil_ir::Result<()> {
+    /// let store = ParamStore::new();
+    /// let conv = Conv2d::new(&store.root(coil_runtime::Device::Cpu, coil_ir::DType::F32), 3, 8, [3, 3],
+    ///     ConvOptions::default(), true)?;
+    /// let x = Tensor::randn(&[2, 3, 6, 6], coil_ir::DType::F32)?;
+    /// let y = conv.forward_channels_last(&x.permute(&[0, 2, 3, 1])?)?;
+    /// assert_eq!(y.shape(), &[2, 4, 4, 8]);
+    /// let want = conv.forward(&x)?.permute(&[0, 2, 3, 1])?;
+    /// assert!(y.sub(&want)?.abs()?.max_all()?.item::<f32>()? < 1e-5);
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
+    pub fn forward_channels_last(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward(&x.permute(&[0, 3, 1, 2])?)?.permute(&[0, 2, 3, 1])
+    }
+}
+
 /// `nn.Conv1d(in, out, kernel, ...)`: [`Conv2d`]'s rules over `[N, in, L]`; parameters `weight`
 /// `[out, in / groups, k]` and `bias` `[out]`.
 #[derive(Clone, Debug)]

@@ -99,9 +99,17 @@ impl BatchNorm2d {
         Ok(BatchNorm2d { weight, bias, running, config, mode: path.mode() })
     }
 
+    /// [`Module::forward`] on channels-last activations, `[N, *spatial, C]`: the same values,
+    /// the channels in the last dim (a network that keeps its activations so never transposes
+    /// them; see [`crate::Conv2d::forward_channels_last`]).
+    #[track_caller]
+    pub fn forward_channels_last(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_at(x, x.rank().saturating_sub(1), Location::caller())
+    }
+
     /// `(x - mean) / sqrt(var + eps) * weight + bias` as `x * scale + shift` with per-channel
-    /// `scale` and `shift` (`[C]`, f32): one multiply-add per element.
-    fn normalize(&self, x: &Tensor, mean: &Tensor, var: &Tensor) -> Result<Tensor> {
+    /// `scale` and `shift` (`[C]`, f32, along `channel_dim`): one multiply-add per element.
+    fn normalize(&self, x: &Tensor, mean: &Tensor, var: &Tensor, channel_dim: usize) -> Result<Tensor> {
         let mut scale = var.add(self.config.eps)?.rsqrt()?;
         if let Some(w) = &self.weight {
             scale = scale.mul(&w.tensor().to_dtype(DType::F32)?)?;
@@ -111,7 +119,7 @@ impl BatchNorm2d {
             shift = shift.add(&b.tensor().to_dtype(DType::F32)?)?;
         }
         let mut per_channel = vec![1i64; x.rank()];
-        per_channel[1] = -1;
+        per_channel[channel_dim] = -1;
         x.mul(&scale.reshape(&per_channel)?)?.add(&shift.reshape(&per_channel)?)
     }
 }
@@ -119,31 +127,38 @@ impl BatchNorm2d {
 impl Module for BatchNorm2d {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let location = Location::caller();
+        self.forward_at(x, 1, Location::caller())
+    }
+}
+
+impl BatchNorm2d {
+    /// The forward pass with the channels along `channel_dim`.
+    fn forward_at(&self, x: &Tensor, channel_dim: usize, location: &'static Location<'static>) -> Result<Tensor> {
         let channels = self.weight.as_ref().or(self.running.as_ref().map(|r| &r.mean)).map(|p| p.shape()[0]);
-        if x.rank() < 2 || channels.is_some_and(|c| x.shape()[1] != c) {
-            let e = Error::shape(format!("expected [N, {}, ...], got {:?}", channels.unwrap_or(0), x.shape()));
+        if x.rank() < 2 || channels.is_some_and(|c| x.shape()[channel_dim] != c) {
+            let layout = if channel_dim == 1 { "[N, C, ...]" } else { "[N, ..., C]" };
+            let c = channels.unwrap_or(0);
+            let e = Error::shape(format!("expected {layout} with C = {c}, got {:?}", x.shape()));
             return Err(e.in_op("BatchNorm2d", vec![x.meta().to_string()]).at(location));
         }
         let x32 = x.to_dtype(DType::F32)?;
         let batch_statistics = self.mode.training() || self.running.is_none();
         let Some(running) = self.running.as_ref().filter(|_| !batch_statistics) else {
-            let dims: Vec<i64> = (0..x.rank() as i64).filter(|&d| d != 1).collect();
+            let dims: Vec<i64> = (0..x.rank()).filter(|&d| d != channel_dim).map(|d| d as i64).collect();
             let (var, mean) = x32.var_mean(&dims, 0.0, false)?;
-            let y = self.normalize(&x32, &mean, &var)?.to_dtype(x.dtype())?;
+            let y = self.normalize(&x32, &mean, &var, channel_dim)?.to_dtype(x.dtype())?;
             return match (&self.running, self.mode.training()) {
-                (Some(running), true) => self.update_running(running, x, &y, &mean, &var, location),
+                (Some(running), true) => self.update_running(running, x, &y, &mean, &var, channel_dim, location),
                 _ => Ok(y),
             };
         };
         let (mean, var) = (running.mean.tensor().to_dtype(DType::F32)?, running.var.tensor().to_dtype(DType::F32)?);
-        self.normalize(&x32, &mean, &var)?.to_dtype(x.dtype())
+        self.normalize(&x32, &mean, &var, channel_dim)?.to_dtype(x.dtype())
     }
-}
 
-impl BatchNorm2d {
     /// Writes the batch's statistics into the running ones (in place) and computes `y` with
     /// them (and `x`, which the rest of the model reads too); returns `y`.
+    #[allow(clippy::too_many_arguments)]
     fn update_running(
         &self,
         running: &RunningStats,
@@ -151,9 +166,10 @@ impl BatchNorm2d {
         y: &Tensor,
         mean: &Tensor,
         var: &Tensor,
+        channel_dim: usize,
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
-        let n = (x.numel() / x.shape()[1]) as f64;
+        let n = (x.numel() / x.shape()[channel_dim]) as f64;
         let (old_mean, old_var, count) =
             (running.mean.tensor(), running.var.tensor(), running.num_batches_tracked.tensor());
         let new_count = count.add(1i64)?;
