@@ -2,7 +2,7 @@
 
 use crate::param::{Init, Mode, Param, Path};
 use crate::Module;
-use coil_frontend::{update_in_place_with, IntoTensor, Tensor};
+use coil_frontend::{is_compiling, update_in_place_with, IntoTensor, Tensor};
 use coil_ir::{DType, Error, Result};
 use std::panic::Location;
 
@@ -156,8 +156,9 @@ impl BatchNorm2d {
         self.normalize(&x32, &mean, &var, channel_dim)?.to_dtype(x.dtype())
     }
 
-    /// Writes the batch's statistics into the running ones (in place) and computes `y` with
-    /// them (and `x`, which the rest of the model reads too); returns `y`.
+    /// Writes the batch's statistics into the running ones (in place) and, outside a compiled
+    /// function, computes `y` with them (and `x`, which the rest of the model reads too);
+    /// returns `y`.
     #[allow(clippy::too_many_arguments)]
     fn update_running(
         &self,
@@ -185,7 +186,10 @@ impl BatchNorm2d {
         };
         let (new_mean, new_var) = (blend(&old_mean, &mean.detach()?)?, blend(&old_var, &unbiased)?);
         let updates = [(&old_mean, &new_mean), (&old_var, &new_var), (&count, &new_count)];
-        let updated = update_in_place_with(&updates, &[x, y]).map_err(|e| e.at(location))?;
+        // Eagerly, the input and the output are computed with the update, so that nothing
+        // before them is computed again; a compiled function computes everything in its graph.
+        let also = if is_compiling() { vec![] } else { vec![x, y] };
+        let updated = update_in_place_with(&updates, &also).map_err(|e| e.at(location))?;
         running.mean.set(updated[0].clone())?;
         running.var.set(updated[1].clone())?;
         running.num_batches_tracked.set(updated[2].clone())?;
