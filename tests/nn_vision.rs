@@ -290,56 +290,55 @@ fn a_small_resnet_loaded_from_pytorch_gives_its_logits_and_running_statistics() 
 }
 
 /// What the CUDA compile path (convolutions kept whole for cuDNN) makes of a small ResNet's
-/// gradients: every forward and data-gradient convolution writes its result channels-last
-/// (the activations are kept so), and no kernel only transposes an activation.
+/// training step (one graph: forward in training mode, the batch norms' running statistics
+/// written in place, gradients): each convolution's forward is computed once (the running
+/// statistics share it with the gradients), every forward and data-gradient convolution writes
+/// its result channels-last (the activations are kept so), and no kernel only transposes one.
 #[test]
-fn resnet_convolutions_write_channels_last_results_when_kept_whole() {
+fn resnet_training_step_convolutions_write_channels_last_results_when_kept_whole() {
     use coil::ir::loops::{ExternCall, LoopKind};
     use coil::ir::op::ConvForm;
     let _lock = BACKEND.lock().unwrap_or_else(|e| e.into_inner());
     coil::manual_seed(1);
     let store = ParamStore::new();
-    let model = ResNet::new(
-        &store.root(Device::Cpu, DType::F32),
-        ResNetConfig { layers: [1, 1, 1, 1], width: 4, num_classes: 5 },
-    )
-    .unwrap();
+    let config = ResNetConfig { layers: [1, 1, 1, 1], width: 4, num_classes: 5 };
+    let model = ResNet::new(&store.root(Device::Cpu, DType::F32), config).unwrap();
     store.realize_pending().unwrap();
-    store.eval(); // batch statistics in training mode would compute each norm's input eagerly
     let x = Tensor::randn(&[2, 32, 32, 3], DType::F32).unwrap();
-    x.realize().unwrap();
     let labels = Tensor::from_vec(vec![1i64, 4], &[2]).unwrap();
+    coil::realize(&[&x, &labels]).unwrap();
     let params = store.trainable();
-    let (loss, grads) =
-        coil::nn::value_and_grad(&model.loss(&x.permute(&[0, 3, 1, 2]).unwrap(), &labels).unwrap(), &params).unwrap();
-    let outputs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
-    let graph = coil::capture(&outputs).graph;
+    let report = coil::explain(|| {
+        let loss = model.loss(&x.permute(&[0, 3, 1, 2])?, &labels)?;
+        let (loss, grads) = coil::nn::value_and_grad(&loss, &params)?;
+        Ok(std::iter::once(loss).chain(grads).collect())
+    })
+    .unwrap();
+    assert_eq!(report.graphs.len(), 1, "{report}");
     let options = coil_passes::DecomposeOptions {
         fused_attention: true,
         keep_detach: false,
         half_products: true,
         conv_template: true,
     };
-    let primitive = coil_passes::decompose_with(&graph, &options).unwrap();
+    let primitive = coil_passes::decompose_with(&report.graphs[0].graph, &options).unwrap();
     let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::default()).unwrap();
     let program = coil_passes::lower(&primitive).unwrap();
-    let (mut channels_last, mut row_major, mut weight_grads) = (0, 0, 0);
+    let (mut forward, mut data, mut weight, mut row_major) = (0, 0, 0, 0);
     for node in &program.nodes {
         let LoopKind::Extern { call: ExternCall::Conv(call), .. } = &node.kind else { continue };
-        if matches!(call.form, ConvForm::BackwardWeight { .. }) {
-            weight_grads += 1;
-            continue;
+        match call.form {
+            ConvForm::BackwardWeight { .. } => weight += 1,
+            ConvForm::Forward => forward += 1,
+            ConvForm::BackwardData { .. } => data += 1,
         }
-        let c = call.out[1];
-        if call.out_strides[1] == 1 && c > 1 {
-            channels_last += 1;
-        } else {
+        let channels_last = call.out_strides[1] == 1 && call.out[1] > 1;
+        if !channels_last && !matches!(call.form, ConvForm::BackwardWeight { .. }) {
             row_major += 1;
-            eprintln!("row-major result: {:?} of {:?}", call.form, call.out);
         }
     }
-    // 17 convolutions: each a forward, all but the stem's a data gradient, each a weight gradient.
-    assert_eq!((channels_last, row_major, weight_grads), (17 + 16, 0, 17), "{program}");
+    // 17 convolutions: each a forward and a weight gradient, all but the stem a data gradient.
+    assert_eq!((forward, data, weight, row_major), (17, 16, 17, 0), "{program}");
     let transposes = program.nodes.iter().filter(|n| n.origins == ["permute"]).count();
     assert_eq!(transposes, 0, "{program}");
 }
