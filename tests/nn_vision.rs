@@ -292,8 +292,9 @@ fn a_small_resnet_loaded_from_pytorch_gives_its_logits_and_running_statistics() 
 /// What the CUDA compile path (convolutions kept whole for cuDNN) makes of a small ResNet's
 /// training step (one graph: forward in training mode, the batch norms' running statistics
 /// written in place, gradients): each convolution's forward is computed once (the running
-/// statistics share it with the gradients), every forward and data-gradient convolution writes
-/// its result channels-last (the activations are kept so), and no kernel only transposes one.
+/// statistics share it with the gradients), and under the bf16 policy every convolution reads
+/// and writes channels-last activations and filters (the weights' bf16 copies and their
+/// gradients too), and no kernel only transposes one.
 #[test]
 fn resnet_training_step_convolutions_write_channels_last_results_when_kept_whole() {
     use coil::ir::loops::{ExternCall, LoopKind};
@@ -303,6 +304,7 @@ fn resnet_training_step_convolutions_write_channels_last_results_when_kept_whole
     let store = ParamStore::new();
     let config = ResNetConfig { layers: [1, 1, 1, 1], width: 4, num_classes: 5 };
     let model = ResNet::new(&store.root(Device::Cpu, DType::F32), config).unwrap();
+    store.set_precision(coil::nn::Precision::autocast(DType::BF16));
     store.realize_pending().unwrap();
     let x = Tensor::randn(&[2, 32, 32, 3], DType::F32).unwrap();
     let labels = Tensor::from_vec(vec![1i64, 4], &[2]).unwrap();
@@ -332,9 +334,15 @@ fn resnet_training_step_convolutions_write_channels_last_results_when_kept_whole
             ConvForm::Forward => forward += 1,
             ConvForm::BackwardData { .. } => data += 1,
         }
-        let channels_last = call.out_strides[1] == 1 && call.out[1] > 1;
-        if !channels_last && !matches!(call.form, ConvForm::BackwardWeight { .. }) {
+        // The filter (the weight, or the weight gradient) is channels-last too.
+        let filter =
+            if matches!(call.form, ConvForm::BackwardWeight { .. }) { &call.out_strides } else { &call.b.strides };
+        if call.out_strides[1] != 1 || filter[1] != 1 {
             row_major += 1;
+            eprintln!(
+                "{:?}: filter strides {filter:?}, result {:?} strides {:?}",
+                call.form, call.out, call.out_strides
+            );
         }
     }
     // 17 convolutions: each a forward and a weight gradient, all but the stem a data gradient.

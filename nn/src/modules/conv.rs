@@ -98,7 +98,13 @@ impl Conv2d {
     /// ```
     #[track_caller]
     pub fn forward_channels_last(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward(&x.permute(&[0, 3, 1, 2])?)?.permute(&[0, 2, 3, 1])
+        let dtype = self.mode.compute_dtype(x.dtype());
+        // The weight cast to the compute dtype is written channels-last too (`[O, kh, kw, C]`),
+        // as cuDNN's fast channels-last kernels want their filter.
+        let w = self.weight.tensor().permute(&[0, 2, 3, 1])?.to_dtype(dtype)?.permute(&[0, 3, 1, 2])?;
+        let b = self.bias.as_ref().map(|b| b.tensor().to_dtype(dtype)).transpose()?;
+        let x = x.permute(&[0, 3, 1, 2])?.to_dtype(dtype)?;
+        x.conv2d(&w, b.as_ref(), self.options)?.permute(&[0, 2, 3, 1])
     }
 }
 

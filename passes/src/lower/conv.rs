@@ -4,12 +4,13 @@
 //! is read in place), else first copied to a contiguous buffer; the weight operand (and a
 //! weight gradient's result) row-major or channels-last, as cuDNN's filter formats allow.
 //!
-//! A data result (the forward's, the data gradient's) is written row-major, or, when its only
-//! reader is the permute to channels-last (`[N, C, *spatial]` to `[N, *spatial, C]`), into that
-//! permute's own row-major buffer: the call writes each element where the permute puts it (cuDNN
-//! takes the output's strides), and the permute costs nothing. A network that keeps its
-//! activations channels-last (the permute after each convolution, the inverse one before it, a
-//! view of the buffer) so never transposes one.
+//! The result is written row-major, or, when its only reader is the permute to channels-last
+//! (`[N, C, *spatial]` to `[N, *spatial, C]`; for a weight gradient `[O, C, *k]` to
+//! `[O, *k, C]`), into that permute's own row-major buffer: the call writes each element where
+//! the permute puts it (cuDNN takes the output's strides, or the channels-last filter format),
+//! and the permute costs nothing. A network that keeps its activations channels-last (the
+//! permute after each convolution, the inverse one before it, a view of the buffer) so never
+//! transposes one.
 
 use super::{affine, flat, view_vars, Lowerer};
 use coil_ir::loops::{const_usize, BufferId, ConvCall, ExternCall, LoopKind, LoopNode, TensorView};
@@ -17,15 +18,14 @@ use coil_ir::op::ConvForm;
 use coil_ir::{Error, NodeId, Op, Result};
 use std::collections::HashMap;
 
-/// Convolutions whose call writes the buffer of the channels-last permute after them: by
-/// permute.
+/// Convolutions (any form) whose call writes the buffer of the channels-last permute after them:
+/// by permute.
 pub(crate) fn permuted_outputs(l: &Lowerer) -> HashMap<NodeId, NodeId> {
     let g = l.g;
     let mut found = HashMap::new();
     for n in g.live_nodes() {
-        let Op::Conv { form, .. } = &g.node(n).op else { continue };
-        let data = !matches!(form, ConvForm::BackwardWeight { .. });
-        if !data || g.outputs.contains(&n) || l.readers[n.0].len() != 1 {
+        let conv = matches!(g.node(n).op, Op::Conv { .. });
+        if !conv || g.outputs.contains(&n) || l.readers[n.0].len() != 1 {
             continue;
         }
         let p = l.readers[n.0][0];

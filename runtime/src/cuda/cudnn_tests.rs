@@ -86,7 +86,15 @@ fn cases() -> Vec<Case> {
             geometry: geometry(vec![2, 1], vec![1, 2], vec![1, 2], 2),
             form: ConvForm::BackwardData { size: vec![9, 8] },
             stored: [vec![2, 5, 8, 6], vec![6, 2, 3, 3]],
-            perms: [nhwc, None],
+            perms: [nhwc.clone(), None],
+            out_perm: Some(vec![0, 2, 3, 1]),
+        },
+        Case {
+            name: "conv2d weight gradient, channels-last in and out",
+            geometry: geometry(vec![1, 1], vec![1, 1], vec![1, 1], 1),
+            form: ConvForm::BackwardWeight { kernel: vec![3, 3] },
+            stored: [vec![2, 7, 6, 5], vec![2, 7, 6, 8]],
+            perms: [nhwc.clone(), nhwc],
             out_perm: Some(vec![0, 2, 3, 1]),
         },
     ]
