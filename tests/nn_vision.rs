@@ -293,8 +293,8 @@ fn a_small_resnet_loaded_from_pytorch_gives_its_logits_and_running_statistics() 
 /// training step (one graph: forward in training mode, the batch norms' running statistics
 /// written in place, gradients): each convolution's forward is computed once (the running
 /// statistics share it with the gradients), and under the bf16 policy every convolution reads
-/// and writes channels-last activations and filters (the weights' bf16 copies and their
-/// gradients too), and no kernel only transposes one.
+/// and writes channels-last activations and filters (the f32 images cast, the max pooling, the
+/// weights' bf16 copies and their gradients too), and no kernel only transposes one.
 #[test]
 fn resnet_training_step_convolutions_write_channels_last_results_when_kept_whole() {
     use coil::ir::loops::{ExternCall, LoopKind};
@@ -334,15 +334,14 @@ fn resnet_training_step_convolutions_write_channels_last_results_when_kept_whole
             ConvForm::Forward => forward += 1,
             ConvForm::BackwardData { .. } => data += 1,
         }
-        // The filter (the weight, or the weight gradient) is channels-last too.
-        let filter =
-            if matches!(call.form, ConvForm::BackwardWeight { .. }) { &call.out_strides } else { &call.b.strides };
-        if call.out_strides[1] != 1 || filter[1] != 1 {
+        // The operands read in place and the result, the filter (the weight, or the weight
+        // gradient) included: channels-last, C's stride 1.
+        let weight_grad = matches!(call.form, ConvForm::BackwardWeight { .. });
+        let filter = if weight_grad { &call.out_strides } else { &call.b.strides };
+        let data_b = if weight_grad { call.b.strides[1] } else { 1 };
+        if call.a.strides[1] != 1 || data_b != 1 || call.out_strides[1] != 1 || filter[1] != 1 {
             row_major += 1;
-            eprintln!(
-                "{:?}: filter strides {filter:?}, result {:?} strides {:?}",
-                call.form, call.out, call.out_strides
-            );
+            eprintln!("not channels-last: {call:?}");
         }
     }
     // 17 convolutions: each a forward and a weight gradient, all but the stem a data gradient.

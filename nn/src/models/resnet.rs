@@ -170,7 +170,7 @@ impl Module for ResNet {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.permute(&[0, 2, 3, 1])?;
         let h = self.bn1.forward_channels_last(&self.conv1.forward_channels_last(&x)?)?.relu()?;
-        let mut h = h.permute(&[0, 3, 1, 2])?.max_pool2d([3, 3], &[2, 2], [1, 1])?.permute(&[0, 2, 3, 1])?;
+        let mut h = h.max_pool2d_channels_last([3, 3], &[2, 2], [1, 1])?;
         for block in self.stages.iter().flatten() {
             h = block.forward_channels_last(&h)?;
         }

@@ -103,7 +103,8 @@ impl Conv2d {
         // as cuDNN's fast channels-last kernels want their filter.
         let w = self.weight.tensor().permute(&[0, 2, 3, 1])?.to_dtype(dtype)?.permute(&[0, 3, 1, 2])?;
         let b = self.bias.as_ref().map(|b| b.tensor().to_dtype(dtype)).transpose()?;
-        let x = x.permute(&[0, 3, 1, 2])?.to_dtype(dtype)?;
+        // Cast in the channels-last layout, then viewed as [N, C, H, W].
+        let x = x.to_dtype(dtype)?.permute(&[0, 3, 1, 2])?;
         x.conv2d(&w, b.as_ref(), self.options)?.permute(&[0, 2, 3, 1])
     }
 }
