@@ -461,10 +461,7 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     let warm = coil_frontend::compile::compile_fresh(&captured.graph, o.device)?.times;
     let warm_s = warm.total;
     let summary: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap_or_default();
-    let profile = match std::env::var("COIL_PROFILE") {
-        Ok(v) if !v.is_empty() && v != "0" => compiled.profile(&bufs, o.warmup, o.reps.max(1))?,
-        _ => vec![],
-    };
+    let profile = if coil::config().profile { compiled.profile(&bufs, o.warmup, o.reps.max(1))? } else { vec![] };
     // Each generated kernel's launch as it ran: grid x block, registers per thread, and the
     // autotuner's plan where it chose one.
     let launches = compiled.launches();
@@ -673,11 +670,12 @@ fn main() {
         std::process::exit(emit_cuda(&o, &only, dir, home));
     }
     // Cold compiles need an empty kernel cache: a fresh one per run (removed at the end) unless
-    // COIL_CACHE_DIR names one.
-    let fresh_cache = std::env::var_os("COIL_CACHE_DIR").is_none_or(|v| v.is_empty()).then(|| {
+    // the configuration names one other than the standard place (COIL_CACHE_DIR).
+    let configured = coil::config();
+    let fresh_cache = (configured.cache_dir == coil::Config::default().cache_dir).then(|| {
         let dir = std::env::temp_dir().join(format!("coil-bench-cache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::env::set_var("COIL_CACHE_DIR", &dir);
+        coil::set_config(coil::Config { cache_dir: dir.clone(), ..(*configured).clone() });
         dir
     });
     println!("coil bench on {device}, scale {}, warmup {}, reps {} (median)", o.scale, o.warmup, o.reps);

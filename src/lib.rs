@@ -51,6 +51,7 @@ pub use coil_frontend::dynamo::{
 };
 pub use coil_frontend::ops::assemble::{block_diag, broadcast_tensors, cartesian_prod};
 pub use coil_frontend::ops::conv::ConvOptions;
+pub use coil_frontend::ops::data_dependent::Unique;
 pub use coil_frontend::ops::einsum::einsum;
 pub use coil_frontend::ops::indexing::*;
 pub use coil_frontend::ops::linalg::*;
@@ -60,6 +61,7 @@ pub use coil_frontend::ops::nn::*;
 pub use coil_frontend::ops::products::multi_dot;
 pub use coil_frontend::ops::registry as op_registry;
 pub use coil_frontend::ops::sampling::Sampling;
+pub use coil_frontend::ops::scatter::ScatterReduce;
 pub use coil_frontend::ops::vision::{GridSample, Interpolation};
 pub use coil_frontend::{
     backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_cuda_graphs,
@@ -67,6 +69,10 @@ pub use coil_frontend::{
     IntoTensor, Storage, Tensor,
 };
 pub use coil_frontend::{profile, safetensors};
+/// The configuration ([`Config`]): [`set_config`] replaces it, [`with_config`] sets it for a
+/// closure on this thread, `config()` reads the one in force; the environment (`COIL_LOGS`,
+/// `COIL_DEBUG`, `COIL_CACHE_DIR`, ...) only supplies its defaults ([`Config::from_env`]).
+pub use coil_ir::config::{current as config, set_config, with_config, Config};
 pub use coil_ir::{DType, Error, ErrorKind, Graph, LossReduction, RandomState, Result, Scalar, TensorMeta};
 pub use coil_passes::decompose;
 pub use coil_runtime::cuda::cuda_available;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use coil::{Buffer, DType, ErrorKind, Result, Stance, Tensor};
+use coil::{BreakKind, Buffer, DType, ErrorKind, Result, Stance, Tensor};
 use common::{close, randn, reference, Block};
 
 /// `file:line` of the line `back` lines above the macro's.
@@ -243,4 +243,45 @@ fn gpt2_block_cache_hit_overhead_is_measured() {
         "per call: {total:.1} us in all = {:.1} us re-running the body to record + {check:.1} us lookup + {run:.1} us running the kernels",
         total - check - run
     );
+}
+
+/// Ops whose output shape depends on the data: each is one break, with its own reason and hint.
+fn data_dependent(args: &[Tensor]) -> Result<Vec<Tensor>> {
+    let x = args[0].exp()? - 1.0;
+    let picked = x.masked_select(&x.gt(0.0)?)?;
+    let distinct = (x.round()?).unique()?;
+    Ok(vec![picked * 2.0, distinct.sum_all()?])
+}
+
+#[test]
+fn data_dependent_shapes_are_graph_breaks_with_reason_and_hint() {
+    coil::manual_seed(2);
+    let x = randn(&[6, 5], DType::F32);
+    let report = coil::explain(|| data_dependent(std::slice::from_ref(&x))).unwrap();
+    assert_eq!(report.graph_break_count, 2, "{report}");
+    assert_eq!(report.breaks[0].location_text(), line_above!(11));
+    assert_eq!(report.breaks[1].location_text(), line_above!(11));
+    for b in &report.breaks {
+        assert_eq!(b.kind, BreakKind::DataDependentShape);
+        assert!(b.reason.contains("output shape depends on the data"), "{b}");
+        assert!(b.hint.contains("masked_fill"), "{b}");
+    }
+    let text = report.to_string();
+    assert!(text.contains("output shape depends on the data"), "{text}");
+
+    // Compiled, the pieces between the breaks agree with the interpreter; under
+    // FailOnGraphBreak the op is an error at the user's line.
+    let f = coil::compile(data_dependent);
+    let expected = reference(data_dependent, std::slice::from_ref(&x));
+    let out = f.call(&[&x]).unwrap();
+    for (o, e) in out.iter().zip(&expected) {
+        assert!(close(&o.to_vec::<f64>().unwrap(), e, 1e-5));
+    }
+    assert_eq!(f.graph_breaks().len(), 2);
+    let before = coil::set_stance(Stance::FailOnGraphBreak);
+    let e = coil::compile(data_dependent).call(&[&x]).unwrap_err();
+    coil::set_stance(before);
+    assert_eq!(e.kind, ErrorKind::Unsupported);
+    assert!(e.to_string().contains("output shape depends on the data"), "{e}");
+    assert!(e.to_string().contains(&report.breaks[0].location_text()), "{e}");
 }

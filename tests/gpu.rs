@@ -30,15 +30,7 @@ mod resnet;
 
 /// The GPU, or `None` after saying why the test is skipped.
 fn gpu() -> Option<coil::Device> {
-    if coil::cuda_available() {
-        Some(coil::Device::Cuda(0))
-    } else {
-        println!(
-            "SKIP: no usable CUDA GPU ({})",
-            coil_runtime::cuda::cuda_status().err().map_or(String::new(), |e| e.to_string())
-        );
-        None
-    }
+    coil_runtime::testing::cuda_device().map(|_| coil::Device::Cuda(0))
 }
 
 #[test]

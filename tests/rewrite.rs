@@ -628,7 +628,7 @@ fn output_is_deterministic() {
 /// `(x.t() @ y.t()).t()` compiled: the summary carries the rewrite's time, bytes and flops.
 #[test]
 fn compiled_graphs_report_the_rewrite() {
-    if coil_runtime::cpu::c_compiler().is_none() {
+    if coil_runtime::testing::c_compiler().is_none() {
         return;
     }
     let _busy = QUIET.lock().unwrap_or_else(|e| e.into_inner());
@@ -638,7 +638,7 @@ fn compiled_graphs_report_the_rewrite() {
     let s: serde_json::Value = serde_json::from_str(&compiled.summary).unwrap();
     assert!(s["compile_seconds"]["rewrite"].as_f64().is_some(), "{s}");
     let r = &s["rewrite"];
-    let off = std::env::var("COIL_REWRITE").is_ok_and(|v| v == "0");
+    let off = !coil::config().rewrite;
     if off {
         assert_eq!(r["bytes_before"], r["bytes_after"], "{s}");
     } else {
@@ -650,7 +650,7 @@ fn compiled_graphs_report_the_rewrite() {
 /// `rewrites.txt` is dumped, and `COIL_REWRITE=0` switches the pass off.
 #[test]
 fn rewrites_txt_is_dumped_and_the_pass_can_be_switched_off() {
-    if coil_runtime::cpu::c_compiler().is_none() {
+    if coil_runtime::testing::c_compiler().is_none() {
         return;
     }
     let _busy = QUIET.lock().unwrap_or_else(|e| e.into_inner());

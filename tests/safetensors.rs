@@ -162,7 +162,7 @@ fn pytorch_reads_what_coil_writes() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_torch {
-        println!("SKIP: the PyTorch check (python3 with torch and safetensors is not available)");
+        coil_ir::testing::skip("the PyTorch check (python3 with torch and safetensors is not available)");
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/make_safetensors.py");
@@ -425,8 +425,7 @@ fn saving_is_atomic_and_checks_names() {
 
 #[test]
 fn loads_onto_a_gpu_as_on_the_cpu() {
-    if !coil::cuda_available() {
-        println!("SKIP: no usable CUDA GPU");
+    if coil_runtime::testing::cuda_device().is_none() {
         return;
     }
     let gpu = Device::Cuda(0);

@@ -1,5 +1,5 @@
-//! `coil-codegen`: turns fused kernels into block-level kernel IR, and kernel IR into C source
-//! (CUDA C comes later).
+//! `coil-codegen`: turns fused kernels into block-level kernel IR, and kernel IR into source
+//! code: C for the CPU; PTX or CUDA C for NVIDIA GPUs.
 //!
 //! * [`tile`]: [`build_kernel`] turns one [`coil_ir::kernel::FusedKernel`] of the scheduler
 //!   into a [`coil_ir::kernel::TileKernel`], the Triton-style block program of `.tile` dumps.
@@ -7,8 +7,9 @@
 //!   prelude of helpers that reproduce the reference interpreter's semantics); the runtime
 //!   compiles it with the system `cc` and calls each kernel as
 //!   `void NAME(char *const *args, int64_t *status)`.
-//! * [`cuda`]: [`emit_cuda`] turns tile kernels into one CUDA C translation unit for NVRTC,
-//!   with each kernel's launch shape ([`CudaModule`]).
+//! * [`cuda`]: each tile kernel with its launch plan ([`cuda::launch`]) as a GPU translation
+//!   unit ([`CudaModule`]): PTX where [`cuda::ptx`] covers the kernel (assembled by the
+//!   driver), else CUDA C for NVRTC ([`emit_cuda`]); [`cuda::emit_for_device`] picks.
 //! * [`templates`]: the hand-written CUDA kernels (attention forward and backward): their
 //!   source, the shapes and dtypes each serves, and their launch rules.
 //!

@@ -1,17 +1,19 @@
 //! The compile driver: a captured graph through every stage to a runnable [`CompiledGraph`].
 //!
 //! Stages (see `docs/compiler.md`): decompose, rewrite (e-graph simplification), lower,
-//! schedule (fuse), build kernels, emit C, compile and load. Each is timed; with `COIL_DEBUG`
-//! set, each writes its dump file ([`crate::debug`]). Compiled graphs are cached in the process
-//! by a structural hash of the graph (ops, attributes, shapes, dtypes, edges: no source lines),
-//! confirmed node by node, so running the same program again costs a lookup; compiled C is
-//! cached on disk by the runtime.
+//! schedule (fuse), build kernels, emit C, compile and load. Each is timed; with a dump folder
+//! configured (`debug_dir`, `COIL_DEBUG`), each writes its dump file ([`crate::debug`]).
+//! Compiled graphs are cached in the process by a structural hash of the graph (ops,
+//! attributes, shapes, dtypes, edges: no source lines), confirmed node by node and by the
+//! settings of the configuration that change code ([`coil_ir::config::Config::same_code`]), so
+//! running the same program again costs a lookup; compiled C is cached on disk by the runtime.
 
 use crate::debug::{self, Dump};
 use crate::dynamo::dynamic::DynamicSpec;
 use crate::storage::Storage;
 use crate::walk::{Expected, Walk};
 use crate::{logs, profile};
+use coil_ir::config::Config;
 use coil_ir::kernel::{Donation, KernelKind, TileKernel};
 use coil_ir::{Error, Graph, RandomState, Result};
 use coil_runtime::cpu::CompiledGraph;
@@ -25,7 +27,8 @@ use std::time::Instant;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StageTimes {
     pub decompose: f64,
-    /// The e-graph rewrite pass (`coil_passes::simplify`; 0 with `COIL_REWRITE=0`).
+    /// The e-graph rewrite pass (`coil_passes::simplify`; 0 with the configuration's `rewrite`
+    /// off).
     pub rewrite: f64,
     pub lower: f64,
     pub schedule: f64,
@@ -53,9 +56,10 @@ pub struct Compiled {
     pub pre_fusion: String,
     pub post_fusion: String,
     pub summary: String,
-    /// The dump folder of this graph, when `COIL_DEBUG` is set.
+    /// The dump folder of this graph, when dumps are on (`debug_dir`, `COIL_DEBUG`).
     pub dump_dir: Option<std::path::PathBuf>,
-    /// Time per launch from the first run, with `COIL_PROFILE=1` ([`Compiled::profile`]).
+    /// Time per launch from the first run, with the configuration's `profile` on
+    /// (`COIL_PROFILE=1`; [`Compiled::profile`]).
     pub profiled: OnceLock<Vec<(String, f64)>>,
     /// The outputs of the last replay of its CUDA graph ([`Compiled::run_replayed`]), made
     /// stale by the next one.
@@ -128,12 +132,13 @@ impl Compiled {
         }
     }
 
-    /// With `COIL_PROFILE=1`, the first run of a compiled graph also profiles it
+    /// With the configuration's `profile` on (`COIL_PROFILE=1`), the first run of a compiled
+    /// graph also profiles it
     /// ([`Compiled::profile`]: 2 warm-up runs, median of 10): the times go to
     /// [`Compiled::profiled`], to `summary.json` in the dump folder (`time_us` per kernel) and,
     /// with `COIL_LOGS=schedule`, to stderr.
     fn profile_once(&self, inputs: &[Storage]) -> Result<()> {
-        if self.profiled.get().is_some() || std::env::var("COIL_PROFILE").map_or(true, |v| v.is_empty() || v == "0") {
+        if self.profiled.get().is_some() || !coil_ir::config::current().profile {
             return Ok(());
         }
         let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
@@ -304,13 +309,25 @@ impl Compiled {
 /// with) to confirm a hit (no false hits).
 type Cache = HashMap<u64, Vec<CacheEntry>>;
 
-/// A compiled graph as the cache keeps it: the captured graph, its device and donations.
+/// A compiled graph as the cache keeps it: the captured graph, its device and donations, and
+/// the configuration it was compiled under.
 #[derive(Clone)]
 struct CacheEntry {
     graph: Arc<Graph>,
     device: Device,
     donations: Vec<Donation>,
+    config: Arc<Config>,
     compiled: Arc<Compiled>,
+}
+
+impl CacheEntry {
+    /// Whether this entry serves a graph compiled for `device` with `donations` under `config`
+    /// (the graphs themselves compared apart).
+    fn serves(&self, device: Device, donations: &[Donation], config: &Arc<Config>) -> bool {
+        self.device == device
+            && self.donations == donations
+            && (Arc::ptr_eq(&self.config, config) || self.config.same_code(config))
+    }
 }
 
 /// A recently run graph: its cache entry and its layout for comparisons with walks.
@@ -337,10 +354,10 @@ thread_local! {
 pub(crate) fn compiled_walk(walk: &Walk, donations: &[Donation]) -> Result<(Arc<Compiled>, Arc<Graph>)> {
     let device = walk.device();
     let t = Instant::now();
+    let config = coil_ir::config::current();
     let recent = RECENTLY_RUN.with(|r| {
         let mut r = r.borrow_mut();
-        let same = |e: &CacheEntry| e.device == device && e.donations == donations;
-        let i = r.iter().position(|x| same(&x.entry) && walk.matches(&x.expected))?;
+        let i = r.iter().position(|x| x.entry.serves(device, donations, &config) && walk.matches(&x.expected))?;
         let x = r.remove(i);
         r.insert(0, x.clone());
         Some(x.entry)
@@ -358,7 +375,8 @@ pub(crate) fn compiled_walk(walk: &Walk, donations: &[Donation]) -> Result<(Arc<
         // `crate::generalize`, which specializes a recurring size.
         return Ok((compiled, graph));
     }
-    let entry = CacheEntry { graph: graph.clone(), device, donations: donations.to_vec(), compiled: compiled.clone() };
+    let entry =
+        CacheEntry { graph: graph.clone(), device, donations: donations.to_vec(), config, compiled: compiled.clone() };
     let expected = Arc::new(Expected::new(&graph));
     RECENTLY_RUN.with(|r| {
         let mut r = r.borrow_mut();
@@ -417,10 +435,10 @@ fn compile_cached(
     let t = Instant::now();
     let key = crate::dynamo::structural_hash(captured, device);
     profile::spent(t, |t| &mut t.hash);
+    let config = coil_ir::config::current();
     let find = |cache: &Cache| {
-        let same = |e: &&CacheEntry| {
-            e.device == device && e.donations == donations && crate::dynamo::same_structure(&e.graph, captured)
-        };
+        let same =
+            |e: &&CacheEntry| e.serves(device, donations, &config) && crate::dynamo::same_structure(&e.graph, captured);
         cache.get(&key).and_then(|v| v.iter().find(same)).map(|e| e.compiled.clone())
     };
     let t = Instant::now();
@@ -438,7 +456,7 @@ fn compile_cached(
     let compiled = Arc::new(compile_uncached(captured, device, None, donations)?);
     profile::spent(t, |t| &mut t.compile);
     let graph = Arc::new(captured.clone());
-    let entry = CacheEntry { graph, device, donations: donations.to_vec(), compiled: compiled.clone() };
+    let entry = CacheEntry { graph, device, donations: donations.to_vec(), config, compiled: compiled.clone() };
     cache().lock().expect("compile cache").entry(key).or_default().push(entry);
     Ok((compiled, false))
 }
@@ -463,8 +481,8 @@ pub fn compile_dynamic(captured: &Graph, device: Device, spec: &DynamicSpec) -> 
 
 /// The scheduler's options for `device`: a GPU block holds rows up to 8192 long in registers,
 /// a cluster of blocks (sm_90 and later) rows up to 65536, so that every pass over a row reads
-/// it once. `COIL_PERSISTENT_MAX=N` sets the longest persistent row on CUDA, for measuring
-/// (the codegen holds at most 65536).
+/// it once. The configuration's `persistent_max` (`COIL_PERSISTENT_MAX=N`) sets the longest
+/// persistent row on CUDA, for measuring (the codegen holds at most 65536).
 fn schedule_options(device: Device) -> Result<coil_passes::ScheduleOptions> {
     match device {
         Device::Cuda(n) => Ok(cuda_schedule_options(CudaDevice::get(n)?.compute_capability().0 >= 9)),
@@ -476,7 +494,7 @@ fn schedule_options(device: Device) -> Result<coil_passes::ScheduleOptions> {
 fn cuda_schedule_options(clusters: bool) -> coil_passes::ScheduleOptions {
     use coil_codegen::cuda::launch::{BLOCK_ROW_MAX, CLUSTER_ROW_MAX};
     let most = if clusters { CLUSTER_ROW_MAX } else { BLOCK_ROW_MAX };
-    let knob = std::env::var("COIL_PERSISTENT_MAX").ok().and_then(|v| v.parse::<i64>().ok());
+    let knob = coil_ir::config::current().tuning.persistent_max;
     coil_passes::ScheduleOptions { persistent_max_rnumel: knob.map_or(most, |n| n.min(CLUSTER_ROW_MAX)) }
 }
 
@@ -507,7 +525,7 @@ pub fn ptx_sources(
     captured: &Graph,
     target: &coil_codegen::cuda::GpuTarget,
 ) -> Result<Vec<(String, std::result::Result<String, String>)>> {
-    let tuning = coil_codegen::cuda::Tuning::from_env();
+    let tuning = coil_codegen::cuda::Tuning::configured();
     Ok(generated_tiles(captured)?
         .iter()
         .map(|tile| (tile.name.clone(), coil_codegen::cuda::ptx::emit_ptx(tile, target, &tuning).map(|m| m.source)))
@@ -517,7 +535,7 @@ pub fn ptx_sources(
 /// The generated (not extern) kernels of a graph as compiled for CUDA.
 fn generated_tiles(captured: &Graph) -> Result<Vec<coil_ir::kernel::TileKernel>> {
     let primitive = coil_passes::decompose_with(captured, &COMPILE_DECOMPOSITION)?;
-    let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::from_env())?;
+    let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::configured())?;
     let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
     let mut schedule = coil_passes::schedule_with(&program, &cuda_schedule_options(true));
     coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule);
@@ -571,7 +589,7 @@ fn compile_stages(
     let mut times = StageTimes::default();
     let dump = Dump::new_graph();
     dump.write("graph_captured.txt", || captured.print(true));
-    let options = coil_passes::RewriteOptions::from_env();
+    let options = coil_passes::RewriteOptions::configured();
 
     let (program, rewrites) = match dynamic {
         None => {
@@ -662,7 +680,12 @@ fn compile_stages(
             let target = *dev.target();
             let emitted: Vec<_> = {
                 use rayon::prelude::*;
-                generated.par_iter().map(|k| coil_codegen::cuda::emit_for_device(k, &target)).collect()
+                // The pool's threads emit under this thread's configuration.
+                let config = coil_ir::config::current();
+                let emit = |k| {
+                    coil_ir::config::with_config(config.clone(), || coil_codegen::cuda::emit_for_device(k, &target))
+                };
+                generated.par_iter().map(emit).collect()
             };
             let mut units = Vec::with_capacity(generated.len());
             for (k, e) in generated.iter().zip(emitted) {
@@ -718,3 +741,7 @@ fn compile_stages(
         replayed: Mutex::new(Vec::new()),
     })
 }
+
+#[cfg(test)]
+#[path = "compile_tests.rs"]
+mod tests;

@@ -1,5 +1,6 @@
-//! Debug dumps: `COIL_DEBUG=1` writes every compiled graph's stages under `./coil_debug/`,
-//! `COIL_DEBUG=<dir>` under `<dir>`:
+//! Debug dumps: with the configuration's `debug_dir` set ([`coil_ir::config::Config::debug_dir`];
+//! by default `COIL_DEBUG=1` for `./coil_debug/`, `COIL_DEBUG=<dir>` for `<dir>`), every compiled
+//! graph's stages are written under it:
 //!
 //! ```text
 //! run_<YYYYmmdd_HHMMSS>-pid_<pid>/graph_<n>/
@@ -14,24 +15,25 @@
 use crate::compile::StageTimes;
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The dump folder of one graph, or nothing when dumps are off.
 pub struct Dump(Option<PathBuf>);
 
-/// `run_<time>-pid_<pid>` under the `COIL_DEBUG` folder, made once per process.
-fn run_dir() -> Option<&'static PathBuf> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let setting = std::env::var("COIL_DEBUG").ok().filter(|v| !v.is_empty() && v != "0")?;
-        let root = if setting == "1" { PathBuf::from("coil_debug") } else { PathBuf::from(setting) };
-        Some(root.join(format!("run_{}-pid_{}", timestamp(), std::process::id())))
-    })
-    .as_ref()
+/// `run_<time>-pid_<pid>` under the configured dump folder, named once per process and folder.
+fn run_dir() -> Option<PathBuf> {
+    static RUNS: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
+    let root = coil_ir::config::current().debug_dir.clone()?;
+    let mut runs = RUNS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let run = runs
+        .entry(root)
+        .or_insert_with_key(|root| root.join(format!("run_{}-pid_{}", timestamp(), std::process::id())));
+    Some(run.clone())
 }
 
 impl Dump {

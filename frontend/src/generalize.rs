@@ -7,6 +7,7 @@
 use crate::compile::{compile_dynamic, Compiled};
 use crate::dynamo::dynamic::DynamicSpec;
 use crate::logs;
+use coil_ir::config::Config;
 use coil_ir::kernel::Donation;
 use coil_ir::{Graph, Result};
 use coil_runtime::Device;
@@ -30,6 +31,8 @@ struct Generalized {
 struct Program {
     first: Arc<Graph>,
     device: Device,
+    /// The configuration its graphs compile under (one that changes code is another program).
+    config: Arc<Config>,
     dynamic: Vec<(DynamicSpec, Arc<Compiled>)>,
     /// Why it cannot be compiled for symbolic sizes, once that is known (static from then on).
     stays_static: Option<String>,
@@ -49,8 +52,10 @@ impl Generalized {
         self.by_erased.values().flatten().map(|p| p.dynamic.len()).sum()
     }
 
-    fn program(&mut self, erased: u64, graph: &Graph, device: Device) -> Option<&mut Program> {
-        let same = |p: &&mut Program| p.device == device && coil_ir::dynamic::same_up_to_sizes(&p.first, graph);
+    fn program(&mut self, erased: u64, graph: &Graph, device: Device, config: &Config) -> Option<&mut Program> {
+        let same = |p: &&mut Program| {
+            p.device == device && p.config.same_code(config) && coil_ir::dynamic::same_up_to_sizes(&p.first, graph)
+        };
         self.by_erased.get_mut(&erased)?.iter_mut().find(same)
     }
 }
@@ -74,10 +79,12 @@ pub(crate) fn compile_generalized(
         return Ok(None);
     }
     let erased = crate::dynamo::guards::erased_hash(captured, device);
+    let config = coil_ir::config::current();
     let mut all = generalized().lock().expect("generalized programs");
-    let Some(program) = all.program(erased, captured, device) else {
+    let Some(program) = all.program(erased, captured, device, &config) else {
         let first = Arc::new(captured.clone());
-        let program = Program { first, device, dynamic: Vec::new(), stays_static: None, served: HashMap::new() };
+        let (dynamic, served) = (Vec::new(), HashMap::new());
+        let program = Program { first, device, config, dynamic, stays_static: None, served };
         all.by_erased.entry(erased).or_default().push(program);
         return Ok(None);
     };
@@ -112,7 +119,7 @@ pub(crate) fn compile_generalized(
     drop(all); // (another thread may realize meanwhile; at worst both compile)
     let compiled = compile_dynamic(captured, device, &spec);
     let mut all = generalized().lock().expect("generalized programs");
-    let program = all.program(erased, captured, device).expect("programs are never removed");
+    let program = all.program(erased, captured, device, &config).expect("programs are never removed");
     match compiled {
         Ok(compiled) => {
             logs::recompile(&format!("realize: compiled for dynamic sizes: {}", spec.symbol_text()));

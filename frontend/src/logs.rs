@@ -1,27 +1,15 @@
-//! Logs: `COIL_LOGS=fusion,output_code,schedule` prints those events to stderr as graphs compile
-//! (`COIL_LOGS=all` prints every channel); `COIL_LOGS=graph_breaks,recompiles,guards` prints what
-//! compiled functions do ([`crate::dynamo`]).
+//! Logs: the configuration's `logs` channels ([`coil_ir::config::Config::logs`]; by default
+//! `COIL_LOGS`). `fusion,output_code,schedule` print those events to stderr as graphs compile
+//! (`all` prints every channel); `graph_breaks,recompiles,guards` print what compiled functions
+//! do ([`crate::dynamo`]).
 //!
 //! Each line is prefixed with its channel, e.g. `[coil:fusion] ...`, so logs can be filtered.
 
-use std::sync::OnceLock;
-
 /// The channels coil logs on.
-pub const CHANNELS: &[&str] = &["fusion", "output_code", "schedule", "graph_breaks", "recompiles", "guards"];
+pub use coil_ir::config::LOG_CHANNELS as CHANNELS;
 
 fn enabled(channel: &str) -> bool {
-    static SETTING: OnceLock<Vec<String>> = OnceLock::new();
-    let on = SETTING.get_or_init(|| {
-        let value = std::env::var("COIL_LOGS").unwrap_or_default();
-        let names: Vec<String> = value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
-        for n in &names {
-            if n != "all" && !CHANNELS.contains(&n.as_str()) {
-                eprintln!("coil: COIL_LOGS names an unknown channel `{n}` (known: all, {})", CHANNELS.join(", "));
-            }
-        }
-        names
-    });
-    on.iter().any(|c| c == channel || c == "all")
+    coil_ir::config::current().logs_on(channel)
 }
 
 fn print(channel: &str, text: &str) {

@@ -79,19 +79,11 @@ pub fn realize(outputs: &[&Tensor]) -> Result<()> {
     Ok(())
 }
 
-/// How realized graphs run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// Compiled: fused kernels, generated C, built by the system C compiler (the default).
-    Compiled,
-    /// The reference interpreter: every primitive op by op (the oracle, and the fallback when
-    /// no C compiler exists).
-    Interpreter,
-}
+pub use coil_ir::config::Backend;
 
 thread_local! {
     static BACKEND: Cell<Option<Backend>> = const { Cell::new(None) };
-    static CUDA_GRAPHS: Cell<bool> = const { Cell::new(false) };
+    static CUDA_GRAPHS: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// Replays this thread's realizations on a GPU from CUDA graphs (off by default), as
@@ -101,7 +93,8 @@ thread_local! {
 /// launch from then on. The outputs are the graph's buffers, written again by its next replay:
 /// a tensor of an earlier replay's output is stale afterwards (an error on use), so use a value
 /// (or copy it) before the same graph runs again. Graphs of symbolic sizes, that draw random
-/// numbers or that run on the CPU run as usual. Returns the previous setting.
+/// numbers or that run on the CPU run as usual. Overrides the configuration's `cuda_graphs`
+/// ([`coil_ir::config::Config::cuda_graphs`]) on this thread. Returns the previous setting.
 ///
 /// ```
 /// let was = coil_frontend::set_cuda_graphs(true);
@@ -110,12 +103,15 @@ thread_local! {
 /// coil_frontend::set_cuda_graphs(was);
 /// ```
 pub fn set_cuda_graphs(on: bool) -> bool {
-    CUDA_GRAPHS.with(|c| c.replace(on))
+    let previous = cuda_graphs();
+    CUDA_GRAPHS.with(|c| c.set(Some(on)));
+    previous
 }
 
-/// Whether this thread's realizations replay CUDA graphs ([`set_cuda_graphs`]).
+/// Whether this thread's realizations replay CUDA graphs ([`set_cuda_graphs`], else the
+/// configuration's `cuda_graphs`).
 pub(crate) fn cuda_graphs() -> bool {
-    CUDA_GRAPHS.with(|c| c.get())
+    CUDA_GRAPHS.with(|c| c.get()).unwrap_or_else(|| coil_ir::config::current().cuda_graphs)
 }
 
 /// Chooses the backend for this thread's realizations.
@@ -123,24 +119,27 @@ pub fn set_backend(backend: Backend) {
     BACKEND.with(|b| b.set(Some(backend)));
 }
 
-/// The backend in use: the one set on this thread, else `COIL_BACKEND` (`compiled` or
-/// `interpreter`), else compiled when a C compiler exists. Without one, coil says so once and
-/// interprets.
+/// The backend in use: the one set on this thread, else the configuration's
+/// ([`coil_ir::config::Config::backend`]; `COIL_BACKEND=compiled|interpreter`), else compiled
+/// when a C compiler exists. Without one, coil says so once and interprets.
 pub fn backend() -> Backend {
     if let Some(b) = BACKEND.with(|b| b.get()) {
         return b;
     }
-    static DEFAULT: OnceLock<Backend> = OnceLock::new();
-    *DEFAULT.get_or_init(|| match std::env::var("COIL_BACKEND").as_deref() {
-        Ok("interpreter") | Ok("interp") => Backend::Interpreter,
+    match coil_ir::config::current().backend {
+        Some(Backend::Interpreter) => Backend::Interpreter,
         _ if coil_runtime::cpu::c_compiler().is_none() => {
-            eprintln!(
-                "coil: no C compiler found (tried $CC, cc, gcc, clang): running graphs with the reference interpreter"
-            );
+            static WARNED: OnceLock<()> = OnceLock::new();
+            WARNED.get_or_init(|| {
+                eprintln!(
+                    "coil: no C compiler found (tried the configured one or $CC, cc, gcc, clang): running graphs \
+                     with the reference interpreter"
+                )
+            });
             Backend::Interpreter
         }
         _ => Backend::Compiled,
-    })
+    }
 }
 
 /// Runs the graph of a walk on the current backend and its device, for values the user asked

@@ -292,8 +292,11 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             }
             Ok(TensorMeta::new(shape, x.dtype))
         }
-        Op::Scatter { dim, .. } => {
+        Op::Scatter { dim, reduce } => {
             arity(3)?;
+            if reduce.is_some_and(ReduceOp::is_arg) {
+                return Err(Error::unsupported("scatter reduces with sum, prod, amax or amin"));
+            }
             let (x, index, src) = (inputs[0].meta, inputs[1].meta, inputs[2].meta);
             check_index_dtype(index)?;
             check_dims(&[*dim], x.rank().max(1))?;

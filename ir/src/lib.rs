@@ -10,11 +10,13 @@
 //! * the loop-level IR ([`loops`]) that graphs are lowered to before fusion, and the kernel
 //!   level ([`kernel`]): the scheduler's fused kernels and the Triton-style block IR;
 //! * coil's [`Error`] type;
+//! * the typed [`config`]uration every crate reads its settings from;
 //! * the formulas of [`special`] functions every backend shares (`erfinv`);
 //! * the description of a GPU that code is generated for ([`target::GpuTarget`]).
 //!
 //! It depends on nothing else in coil.
 
+pub mod config;
 pub mod dtype;
 pub mod dynamic;
 pub mod error;
@@ -27,6 +29,8 @@ pub mod philox;
 pub mod special;
 pub mod sym;
 pub mod target;
+#[doc(hidden)]
+pub mod testing;
 
 pub use dtype::{DType, Scalar};
 pub use error::{Error, ErrorKind, Result};

@@ -203,10 +203,13 @@ pub enum Op {
     IndexSelect {
         dim: usize,
     },
-    /// `torch.scatter(x, dim, index, src)`, or `scatter_add` when `add`.
+    /// `torch.scatter(x, dim, index, src)` (`reduce` none: the last write wins), or
+    /// `scatter_reduce(x, dim, index, src, reduce, include_self=True)` with `Sum` (that is
+    /// `scatter_add`), `Prod`, `Max` or `Min` (these two propagate NaN). `mean` and
+    /// `include_self=False` are compositions in the frontend.
     Scatter {
         dim: usize,
-        add: bool,
+        reduce: Option<ReduceOp>,
     },
 
     // ---- linear algebra (primitive) ----
@@ -385,8 +388,12 @@ impl Op {
             Op::Cat { .. } => "cat",
             Op::Gather { .. } => "gather",
             Op::IndexSelect { .. } => "index_select",
-            Op::Scatter { add: false, .. } => "scatter",
-            Op::Scatter { add: true, .. } => "scatter_add",
+            Op::Scatter { reduce: None, .. } => "scatter",
+            Op::Scatter { reduce: Some(ReduceOp::Sum), .. } => "scatter_add",
+            Op::Scatter { reduce: Some(ReduceOp::Prod), .. } => "scatter_prod",
+            Op::Scatter { reduce: Some(ReduceOp::Max), .. } => "scatter_amax",
+            Op::Scatter { reduce: Some(ReduceOp::Min), .. } => "scatter_amin",
+            Op::Scatter { reduce: Some(_), .. } => "scatter_arg",
             Op::Bmm => "bmm",
             Op::Matmul => "matmul",
             Op::Linear { .. } => "linear",

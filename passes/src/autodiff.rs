@@ -217,7 +217,7 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
         }
         Op::Gather { dim } => {
             let zeros = zeros_like(b, x[0]);
-            vec![Some(b.push(Op::Scatter { dim: *dim, add: true }, &[zeros, x[1], g])?), None]
+            vec![Some(b.push(Op::Scatter { dim: *dim, reduce: Some(ReduceOp::Sum) }, &[zeros, x[1], g])?), None]
         }
         Op::IndexSelect { dim } => {
             // index_select's gradient is index_add: a scatter_add with the index spread over g.
@@ -227,19 +227,24 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             let index = b.reshape(x[1], &index_shape)?;
             let index = b.expand(index, &gshape)?;
             let zeros = zeros_like(b, x[0]);
-            vec![Some(b.push(Op::Scatter { dim: *dim, add: true }, &[zeros, index, g])?), None]
+            vec![Some(b.push(Op::Scatter { dim: *dim, reduce: Some(ReduceOp::Sum) }, &[zeros, index, g])?), None]
         }
-        Op::Scatter { dim, add } => {
-            let dx = if *add {
-                g
-            } else {
-                // Overwritten positions do not reach the result: their gradient is zero.
-                let index_shape = b.shape(x[1]);
-                let zeros = b.full(0.0, &index_shape, b.dtype(g));
-                b.push(Op::Scatter { dim: *dim, add: false }, &[g, x[1], zeros])?
+        Op::Scatter { dim, reduce } => {
+            let dim = *dim;
+            // The part of src the scatter reads (src may be larger than the index).
+            let src = narrow_to(b, x[2], &b.shape(x[1]))?;
+            let (dx, dsrc) = match reduce {
+                Some(ReduceOp::Sum) => (g, b.gather(g, dim, x[1])?),
+                None => {
+                    // Overwritten positions do not reach the result: their gradient is zero.
+                    let index_shape = b.shape(x[1]);
+                    let zeros = b.full(0.0, &index_shape, b.dtype(g));
+                    (b.push(Op::Scatter { dim, reduce: None }, &[g, x[1], zeros])?, b.gather(g, dim, x[1])?)
+                }
+                Some(ReduceOp::Max | ReduceOp::Min) => scatter_extremum_vjp(b, dim, x[0], x[1], src, y, g)?,
+                Some(ReduceOp::Prod) => scatter_prod_vjp(b, dim, x[0], x[1], src, y, g)?,
+                Some(op) => return Err(Error::unsupported(format!("the gradient of a scatter with {}", op.name()))),
             };
-            let dsrc = b.gather(g, *dim, x[1])?;
-            // src may be larger than the index: its other elements are not read.
             let (have, want) = (b.shape(dsrc), b.shape(x[2]));
             let pads: Vec<(usize, usize)> = have.iter().zip(want.iter()).map(|(h, w)| (0, w - h)).collect();
             let dsrc = if have == want { dsrc } else { b.push(Op::Pad { pads, value: 0.0.into() }, &[dsrc])? };
@@ -359,6 +364,82 @@ fn gathers_one_per_row(b: &Builder, x: NodeId, index: NodeId, dim: usize) -> boo
 }
 
 /// A zero tensor of x's shape and dtype.
+/// `x` sliced to its first `shape[d]` elements along every dim.
+fn narrow_to(b: &mut Builder, mut x: NodeId, shape: &[usize]) -> Result<NodeId> {
+    for (dim, &len) in shape.iter().enumerate() {
+        if b.shape(x)[dim] != len {
+            x = b.push(Op::Slice { dim, start: 0, len, step: 1 }, &[x])?;
+        }
+    }
+    Ok(x)
+}
+
+/// The gradient of `y = scatter_amax(x, index, src)` (or amin), PyTorch's: each result's
+/// gradient is split evenly among the elements equal to it, of `x` and of `src`.
+fn scatter_extremum_vjp(
+    b: &mut Builder,
+    dim: usize,
+    x: NodeId,
+    index: NodeId,
+    src: NodeId,
+    y: NodeId,
+    g: NodeId,
+) -> Result<(NodeId, NodeId)> {
+    let dtype = b.dtype(g);
+    let value = b.gather(y, dim, index)?;
+    let x_is = b.eq(x, y)?;
+    let x_is = b.cast(x_is, dtype)?;
+    let src_is = b.eq(src, value)?;
+    let src_is = b.cast(src_is, dtype)?;
+    let ties = b.push(Op::Scatter { dim, reduce: Some(ReduceOp::Sum) }, &[x_is, index, src_is])?;
+    let share = b.div(g, ties)?;
+    let dx = b.mul(x_is, share)?;
+    let at_src = b.gather(share, dim, index)?;
+    Ok((dx, b.mul(src_is, at_src)?))
+}
+
+/// The gradient of `y = scatter_prod(x, index, src)`, PyTorch's: the product of the other
+/// factors, computed without dividing by a zero factor (a zero among the factors is left out
+/// by replacing it with one and computing that product again).
+fn scatter_prod_vjp(
+    b: &mut Builder,
+    dim: usize,
+    x: NodeId,
+    index: NodeId,
+    src: NodeId,
+    y: NodeId,
+    g: NodeId,
+) -> Result<(NodeId, NodeId)> {
+    let dtype = b.dtype(g);
+    let prod = |b: &mut Builder, base: NodeId, values: NodeId| {
+        b.push(Op::Scatter { dim, reduce: Some(ReduceOp::Prod) }, &[base, index, values])
+    };
+    // dx = g * (product of the src factors) = g * prod(x with its zeros as ones) / that x.
+    let x_zero = b.eq(x, 0.0)?;
+    let x_ones = b.where_(x_zero, 1.0, x)?;
+    let others = prod(b, x_ones, src)?;
+    let ratio = b.div(others, x_ones)?;
+    let dx = b.mul(g, ratio)?;
+    // dsrc = g * y / src where src is not zero; where src is the line's only zero src factor,
+    // g * (the product with that factor as one); elsewhere (two zeros or more) zero.
+    let src_zero = b.eq(src, 0.0)?;
+    let zeros_f = b.cast(src_zero, dtype)?;
+    let zeros_x = zeros_like(b, x);
+    let zero_count = b.push(Op::Scatter { dim, reduce: Some(ReduceOp::Sum) }, &[zeros_x, index, zeros_f])?;
+    let zero_count = b.gather(zero_count, dim, index)?;
+    let single = b.eq(zero_count, 1.0)?;
+    let single = b.binary(BinaryOp::LogicalAnd, src_zero, single)?;
+    let src_ones = b.where_(single, 1.0, src)?;
+    let without = prod(b, x, src_ones)?;
+    let g_without = b.mul(g, without)?;
+    let g_without = b.gather(g_without, dim, index)?;
+    let gy = b.mul(g, y)?;
+    let gy = b.gather(gy, dim, index)?;
+    let src_safe = b.where_(src_zero, 1.0, src)?;
+    let plain = b.div(gy, src_safe)?;
+    Ok((dx, b.where_(single, g_without, plain)?))
+}
+
 fn zeros_like(b: &mut Builder, x: NodeId) -> NodeId {
     let (shape, dtype) = (b.shape(x), b.dtype(x));
     b.full(0.0, &shape, dtype)
@@ -406,7 +487,7 @@ fn unslice(b: &mut Builder, g: NodeId, x: NodeId, dim: usize, start: usize, len:
             let scaled = b.mul(iota, step)?;
             let index = b.add(scaled, start as i64)?;
             let zeros = zeros_like(b, x);
-            b.push(Op::Scatter { dim, add: false }, &[zeros, index, g])
+            b.push(Op::Scatter { dim, reduce: None }, &[zeros, index, g])
         }
     }
 }
@@ -499,6 +580,14 @@ fn unary(b: &mut Builder, u: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Result
             let nx2 = b.neg(x2)?;
             let e = b.exp(nx2)?;
             let d = b.mul(e, 2.0 / PI.sqrt())?;
+            b.mul(g, d)?
+        }
+        Erfc => {
+            // d/dx erfc(x) = -2/sqrt(pi) exp(-x^2)
+            let x2 = b.mul(x, x)?;
+            let nx2 = b.neg(x2)?;
+            let e = b.exp(nx2)?;
+            let d = b.mul(e, -2.0 / PI.sqrt())?;
             b.mul(g, d)?
         }
         Erfinv => {

@@ -27,6 +27,8 @@ pub mod interp;
 mod plan;
 #[cfg(test)]
 mod test_graphs;
+#[doc(hidden)]
+pub mod testing;
 
 pub use buffer::{Buffer, Element, HostData};
 pub use cpu::{c_compiler, CCompiler, CompiledGraph};

@@ -30,6 +30,7 @@ fn unary(op: &str, i: &Inputs) -> Option<Result<Tensor>> {
         "silu",
         "softplus",
         "erf",
+        "erfc",
         "erfinv",
         "bitwise_not",
         "floor",
@@ -67,6 +68,7 @@ fn unary(op: &str, i: &Inputs) -> Option<Result<Tensor>> {
         "silu" => a.silu(),
         "softplus" => a.softplus(1.0, 20.0),
         "erf" => a.erf(),
+        "erfc" => a.erfc(),
         "erfinv" => a.erfinv(),
         "bitwise_not" => a.bitwise_not(),
         "floor" => a.floor(),
@@ -197,6 +199,7 @@ fn case(name: &str, i: &Inputs) -> coil::Result<Option<Vec<Tensor>>> {
         "acos_random" => vec![a().acos()?],
         "arccos_alias" => vec![a().arccos()?],
         "erfinv_random" => vec![a().erfinv()?],
+        "erfc_random" => vec![a().erfc()?],
         "atan2_f32"
         | "atan2_broadcast"
         | "atan2_f64"

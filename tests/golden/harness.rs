@@ -16,6 +16,8 @@
 
 #[path = "cases_creation.rs"]
 mod cases_creation;
+#[path = "cases_data.rs"]
+mod cases_data;
 #[path = "cases_grad.rs"]
 mod cases_grad;
 #[path = "cases_index.rs"]
@@ -30,6 +32,8 @@ mod cases_nn;
 mod cases_pointwise;
 #[path = "cases_reduce.rs"]
 mod cases_reduce;
+#[path = "cases_scatter.rs"]
+mod cases_scatter;
 #[path = "cases_shape.rs"]
 mod cases_shape;
 #[path = "cases_vision.rs"]
@@ -134,6 +138,8 @@ fn run_forward(name: &str, inputs: &Inputs) -> Option<Outputs> {
         .or_else(|| cases_loss::run(name, inputs))
         .or_else(|| cases_index::run(name, inputs))
         .or_else(|| cases_vision::run(name, inputs))
+        .or_else(|| cases_data::run(name, inputs))
+        .or_else(|| cases_scatter::run(name, inputs))
 }
 
 /// `grad_<forward case>` (`gcase` in `make_cases.py`): the gradients of

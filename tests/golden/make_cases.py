@@ -1398,6 +1398,127 @@ case("err_bitwise_and_f32", "a & b", a=r(3), b=r(3))
 case("err_bitwise_xor_float_scalar", "a ^ 1.5", a=ints(0, 5, 4))
 case("err_bitwise_left_shift_bool", "a << b", a=bools(4), b=bools(4))
 
+# ------------------------------------------------------------ data-dependent output shapes
+# Computed on the host (graph breaks inside compiled functions): nonzero, argwhere, masked_select,
+# unique, unique_consecutive.
+ZN = [[0.0, 1.5, 0.0, -2.0], [NAN, 0.0, 0.0, 3.0], [-0.0, 0.0, 4.0, 0.0]]
+case("nonzero_f32", "torch.nonzero(a)", a=vals(ZN))
+case("nonzero_bool_3d", "torch.nonzero(a)", a=bools(2, 3, 4))
+case("nonzero_i64", "torch.nonzero(a)", a=ints(-2, 3, 12))
+case("nonzero_0d", "torch.nonzero(a)", a=vals(3.0))
+case("nonzero_0d_zero", "torch.nonzero(a)", a=vals(0, "i64"))
+case("nonzero_empty", "torch.nonzero(a)", a=r(0, 3))
+case("nonzero_all_zero", "torch.nonzero(a)", a=vals([0.0, 0.0, 0.0]))
+case("nonzero_as_tuple", "torch.nonzero(a, as_tuple=True)", a=vals(ZN))
+case("nonzero_transposed", "torch.nonzero(a.t())", a=vals(ZN))
+case("argwhere_i32", "torch.argwhere(a)", a=ints(-1, 2, 3, 4, dt="i32"))
+case("masked_select_f32", "torch.masked_select(a, m)", a=r(3, 4), m=bools(3, 4))
+case("masked_select_broadcast_mask", "torch.masked_select(a, m)", a=r(3, 4), m=bools(4))
+case("masked_select_broadcast_both", "torch.masked_select(a, m)", a=r(3, 1), m=bools(1, 4))
+case("masked_select_i64", "torch.masked_select(a, m)", a=ints(-9, 9, 2, 5), m=bools(2, 5))
+case("masked_select_bf16", "torch.masked_select(a, m)", a=r(6, dt="bf16"), m=bools(6))
+case("masked_select_none", "torch.masked_select(a, m)", a=r(4), m=vals([False] * 4, "bool"))
+gcase("masked_select_f32")
+gcase("masked_select_broadcast_both")
+case("err_masked_select_int_mask", "torch.masked_select(a, m)", a=r(4), m=ints(0, 2, 4))
+case("err_masked_select_shape", "torch.masked_select(a, m)", a=r(3, 4), m=bools(3))
+UQ = [2.0, -1.0, NAN, 2.0, 0.0, -0.0, NAN, -1.0, 5.5, 2.0]
+case("unique_i64", "torch.unique(a)", a=ints(0, 5, 20))
+case("unique_f32_all", "torch.unique(a, return_inverse=True, return_counts=True)", a=vals(UQ))
+case("unique_inverse_2d", "torch.unique(a, return_inverse=True)", a=ints(-3, 3, 4, 5))
+case("unique_counts_bool", "torch.unique(a, return_counts=True)", a=bools(7))
+case("unique_f16", "torch.unique(a)", a=vals([1.5, 0.25, 1.5, -3.0, 0.25], "f16"))
+case("unique_u8", "torch.unique(a)", a=ints(0, 256, 16, dt="u8"))
+case("unique_empty", "torch.unique(a, return_inverse=True, return_counts=True)", a=r(0))
+case("unique_0d", "torch.unique(a, return_inverse=True, return_counts=True)", a=vals(3.0))
+case("unique_consecutive_i64",
+     "torch.unique_consecutive(a, return_inverse=True, return_counts=True)",
+     a=vals([1, 1, 2, 2, 3, 1, 1, 2], "i64"))
+case("unique_consecutive_f32", "torch.unique_consecutive(a)", a=vals([NAN, NAN, 1.0, 1.0, -0.0, 0.0, 2.0]))
+case("unique_consecutive_2d", "torch.unique_consecutive(a, return_inverse=True)", a=ints(0, 2, 3, 4))
+
+# ------------------------------------------------------------------- scatter with a reduction
+# scatter_reduce / index_reduce: the Scatter primitive with sum, prod, amax, amin; mean and
+# include_self=False are compositions.
+def sr(name, reduce, include_self, dim=0, a=None, idx=None, b=None, grad=False):
+    case(name, f"a.scatter_reduce({dim}, idx, b, '{reduce}', include_self={include_self})", a=a, idx=idx, b=b)
+    if grad:
+        gcase(name)
+
+
+sr("scatter_reduce_sum_f32", "sum", True, 0, r(3, 5), ints(0, 3, 4, 5), r(4, 5), grad=True)
+sr("scatter_reduce_sum_exclude_f32", "sum", False, 0, r(3, 5), ints(0, 3, 4, 5), r(4, 5), grad=True)
+sr("scatter_reduce_prod_f32", "prod", True, 1, r(3, 4), ints(0, 4, 3, 6), r(3, 6), grad=True)
+sr("scatter_reduce_prod_exclude_f32", "prod", False, 1, r(3, 4), ints(0, 4, 3, 6), r(3, 6), grad=True)
+sr("scatter_reduce_prod_zeros", "prod", True, 0, vals([0.0, 2.0, -1.5, 3.0]),
+   vals([0, 0, 1, 1, 2, 2, 3], "i64"), vals([1.5, 2.0, 0.0, 4.0, 0.0, 0.0, -2.0]), grad=True)
+sr("scatter_reduce_mean_f32", "mean", True, 0, r(4, 3), ints(0, 4, 6, 3), r(6, 3), grad=True)
+sr("scatter_reduce_mean_exclude_f32", "mean", False, 0, r(4, 3), ints(0, 4, 6, 3), r(6, 3), grad=True)
+sr("scatter_reduce_mean_i64", "mean", True, 0, ints(-20, 20, 5), ints(0, 5, 8), ints(-20, 20, 8))
+sr("scatter_reduce_mean_exclude_i32", "mean", False, 0, ints(-20, 20, 5, dt="i32"), ints(0, 5, 8),
+   ints(-20, 20, 8, dt="i32"))
+sr("scatter_reduce_amax_f32", "amax", True, 1, r(3, 5), ints(0, 5, 3, 7), r(3, 7), grad=True)
+sr("scatter_reduce_amax_exclude_f32", "amax", False, 1, r(3, 5), ints(0, 5, 3, 7), r(3, 7), grad=True)
+sr("scatter_reduce_amin_f32", "amin", True, 0, r(4, 2), ints(0, 4, 5, 2), r(5, 2), grad=True)
+sr("scatter_reduce_amin_exclude_f64", "amin", False, 0, r(2, 2, dt="f64"), ints(0, 2, 5, 2), r(5, 2, dt="f64"),
+   grad=True)
+sr("scatter_reduce_amax_ties", "amax", True, 0, vals([1.0, 2.0, 0.5]), vals([0, 0, 1, 2, 2], "i64"),
+   vals([1.0, -3.0, 2.0, 0.5, 0.5]), grad=True)
+sr("scatter_reduce_amax_nan", "amax", True, 0, vals([1.0, NAN, 3.0, 0.0]), vals([0, 0, 1, 2, 3], "i64"),
+   vals([NAN, 2.0, 5.0, 1.0, -0.0]))
+sr("scatter_reduce_amin_nan_exclude", "amin", False, 0, vals([1.0, NAN, 3.0]), vals([0, 0, 1, 2], "i64"),
+   vals([NAN, 2.0, 5.0, 1.0]))
+sr("scatter_reduce_amax_i32", "amax", False, 0, ints(-50, 50, 6, dt="i32"), ints(0, 6, 9), ints(-50, 50, 9, dt="i32"))
+sr("scatter_reduce_amin_i64", "amin", True, 0, ints(-50, 50, 6), ints(0, 6, 9), ints(-50, 50, 9))
+sr("scatter_reduce_prod_i64", "prod", False, 0, ints(-5, 5, 4), ints(0, 4, 7), ints(-5, 5, 7))
+sr("scatter_reduce_sum_bf16", "sum", True, 0, r(6, dt="bf16"), ints(0, 6, 10), r(10, dt="bf16"))
+sr("scatter_reduce_amax_f16", "amax", False, 0, r(6, dt="f16"), ints(0, 6, 10), r(10, dt="f16"))
+sr("scatter_reduce_prod_bf16", "prod", True, 0, r(6, dt="bf16"), ints(0, 6, 10), r(10, dt="bf16"))
+# (no gradient case: PyTorch's own backward fails when src is larger than the index)
+sr("scatter_reduce_src_larger", "amax", True, 1, r(3, 4), ints(0, 4, 2, 3), r(4, 5))
+sr("err_scatter_reduce_dtype", "sum", True, 0, r(3), ints(0, 3, 2), r(2, dt="f64"))
+sr("err_scatter_reduce_oob", "amax", True, 0, r(3), vals([0, 3], "i64"), r(2))
+case("index_reduce_prod_f32", "a.index_reduce(0, idx, b, 'prod')", a=r(4, 3), idx=ints(0, 4, 5), b=r(5, 3))
+gcase("index_reduce_prod_f32")
+case("index_reduce_mean_exclude_f32", "a.index_reduce(1, idx, b, 'mean', include_self=False)", a=r(3, 4),
+     idx=ints(0, 4, 6), b=r(3, 6))
+gcase("index_reduce_mean_exclude_f32")
+case("index_reduce_amax_f32", "a.index_reduce(1, idx, b, 'amax')", a=r(2, 4), idx=ints(0, 4, 5), b=r(2, 5))
+gcase("index_reduce_amax_f32")
+case("index_reduce_amin_i64", "a.index_reduce(0, idx, b, 'amin', include_self=False)", a=ints(-9, 9, 4, 2),
+     idx=ints(0, 4, 3), b=ints(-9, 9, 3, 2))
+case("index_reduce_mean_i64", "a.index_reduce(0, idx, b, 'mean')", a=ints(-9, 9, 4), idx=ints(0, 4, 6),
+     b=ints(-9, 9, 6))
+case("err_index_reduce_2d_index", "a.index_reduce(0, idx, b, 'prod')", a=r(4), idx=ints(0, 4, 2, 2), b=r(4))
+
+# ------------------------------------------------------------------------------------- erfc
+# Large x is the point: 1 - erf(x) rounds to 0 from x = 4 (f32) and 6 (f64) on.
+ERFC = [-INF, -5.0, -1.0, -0.0, 0.0, 0.25, 0.5, 1.0, 2.0, 3.5, 4.0, 5.0, 7.5, 9.0, 9.5, 10.5, INF, NAN]
+fcase("erfc_f32", "torch.erfc(a)", a=vals(ERFC))
+case("erfc_f64", "torch.erfc(a)", a=vals(ERFC + [15.0, 26.0, 27.0, 30.0], "f64"))
+case("erfc_bf16", "torch.erfc(a)", a=vals(ERFC, "bf16"))
+case("erfc_f16", "torch.erfc(a)", a=vals([-2.0, 0.0, 0.5, 1.0, 2.0, 3.0, 3.5], "f16"))
+case("erfc_i64", "torch.erfc(a)", a=ints(-3, 4, 6))
+case("erfc_random", "torch.erfc(a)", a=r(4, 8))
+
+
+# ------------------------------------------------ advanced indexing by index tensors (index_put)
+
+fcase("index_two_dims", "a[idx, j]", a=r(4, 5), idx=vals([0, 3, -1, 2], "i64"), j=vals([1, 4, 0, -2], "i64"))
+fcase("index_broadcast_indices", "a[idx, j]", a=r(3, 4, 2), idx=vals([[0], [2]], "i64"), j=vals([1, 3, 0], "i64"))
+case("index_one_dim_i64", "a[idx]", a=ints(0, 9, 5, 3), idx=vals([4, 0, 4], "i64"))
+case("err_index_out_of_range", "a[idx, j]", a=r(3, 4), idx=vals([0, 3], "i64"), j=vals([1, 1], "i64"))
+fcase("index_put_set", "torch.index_put(a, (idx, j), b)", a=r(4, 3), idx=vals([0, 2], "i64"), j=vals([1, -1], "i64"),
+      b=r(2))
+fcase("index_put_accumulate_repeats", "torch.index_put(a, (idx, j), b, accumulate=True)", a=r(3, 3),
+      idx=vals([0, 0, 2, 0], "i64"), j=vals([1, 1, 2, 1], "i64"), b=r(4))
+fcase("index_put_rows_broadcast_value", "torch.index_put(a, (idx,), b)", a=r(4, 3), idx=vals([3, 1], "i64"), b=r(3))
+case("index_put_i64_accumulate", "torch.index_put(a, (idx, j), b, accumulate=True)", a=ints(0, 9, 3, 2),
+     idx=vals([[1], [2]], "i64"), j=vals([0, 1, 1], "i64"), b=ints(0, 5, 2, 3))
+# The flat position 0 * 4 + 4 = 4 is in range; the column index is not.
+case("err_index_put_out_of_range_inner", "torch.index_put(a, (idx, j), b)", a=r(3, 4), idx=vals([0], "i64"),
+     j=vals([4], "i64"), b=r(1))
+
 
 def check():
     names = [c["name"] for c in CASES]

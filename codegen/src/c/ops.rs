@@ -177,6 +177,8 @@ pub(super) fn unary(op: UnaryOp, a: &str, da: DType, out: DType) -> String {
             Sigmoid if own => format!("coil_sigmoid_f32({a})"),
             Sigmoid => format!("{one} / ({one} + exp{m}(-{a}))"),
             Erf => math("erf"),
+            // The C and CUDA libraries' erfc (no cancellation for large x).
+            Erfc => call("erfc"),
             // C has no erfinv: the preludes define it (CUDA's calls the math library's)
             Erfinv => format!("coil_erfinv{s}({a})"),
             Floor => call("floor"),

@@ -796,18 +796,19 @@ pub(super) fn single_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
 }
 
-/// `COIL_MIN_BLOCKS=N`: reduction kernels declare `__launch_bounds__(block, N)`, so that NVRTC
-/// keeps their registers low enough for N blocks per SM. A tuning knob.
+/// `min_blocks` of the configuration's tuning (`COIL_MIN_BLOCKS=N`): reduction kernels declare
+/// `__launch_bounds__(block, N)`, so that NVRTC keeps their registers low enough for N blocks
+/// per SM. A tuning knob.
 fn min_blocks_override() -> Option<u32> {
-    std::env::var("COIL_MIN_BLOCKS").ok()?.parse().ok().filter(|&n| (1..=32).contains(&n))
+    coil_ir::config::current().tuning.min_blocks.filter(|&n| (1..=32).contains(&n))
 }
 
 /// Whether `tanh(z) + 1` (gelu's tanh form) is computed as `2 / (1 + exp(-2z))`
 /// (`coil_one_plus_tanh`: an `ex2` and an `rcp`, a few ulp) instead of `tanhf` (a long routine,
-/// and cancellation where `tanh(z)` is near -1). `COIL_CUDA_PLAIN_TANH=1` turns it off, to
-/// compare.
+/// and cancellation where `tanh(z)` is near -1). `plain_tanh` of the configuration's tuning
+/// (`COIL_CUDA_PLAIN_TANH=1`) turns it off, to compare.
 pub(super) fn fast_one_plus_tanh() -> bool {
-    std::env::var_os("COIL_CUDA_PLAIN_TANH").is_none_or(|v| v != "1")
+    !coil_ir::config::current().tuning.plain_tanh
 }
 
 /// Reduction kernels: a child module, so that it shares the emitter's private state.

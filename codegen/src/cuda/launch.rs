@@ -115,7 +115,7 @@ impl Plan {
 }
 
 /// Overrides of the heuristic's choices ([`plan_with`]); `None` keeps the heuristic's. The
-/// knobs of the environment make one ([`Tuning::from_env`]), and the runtime's autotuner
+/// configuration's overrides make one ([`Tuning::configured`]), and the runtime's autotuner
 /// tries a few per kernel ([`candidates`]) and caches the fastest in its text form
 /// (`Display` / `FromStr`: `row_threads=512 cluster=4`, or `heuristic` when nothing is set).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -159,15 +159,13 @@ fn accepts(name: &str, n: usize) -> bool {
 }
 
 impl Tuning {
-    /// The tuning knobs of the environment (`COIL_ROW_THREADS`, `COIL_CLUSTER`,
-    /// `COIL_LOOPED_THREADS`, `COIL_LOOPED_GRID`, `COIL_POINTWISE_VEC`, each a number); a value
-    /// outside the knob's range is ignored. The one place they are read.
-    pub fn from_env() -> Tuning {
-        let value = |(name, var): (&str, &str)| {
-            let n = std::env::var(var).ok()?.trim().parse::<usize>().ok()?;
-            accepts(name, n).then_some(n)
-        };
-        Tuning::from_fields(KNOBS.map(value))
+    /// The launch overrides of the configuration ([`coil_ir::config::Tuning`]; by default
+    /// `COIL_ROW_THREADS`, `COIL_CLUSTER`, `COIL_LOOPED_THREADS`, `COIL_LOOPED_GRID`,
+    /// `COIL_POINTWISE_VEC`); a value outside the knob's range is ignored.
+    pub fn configured() -> Tuning {
+        let t = &coil_ir::config::current().tuning;
+        let fields = [t.row_threads, t.cluster, t.looped_threads, t.looped_grid, t.pointwise_vec];
+        Tuning::from_fields(std::array::from_fn(|i| fields[i].filter(|&n| accepts(KNOBS[i].0, n))))
     }
 
     /// True when nothing is overridden.
@@ -322,9 +320,9 @@ fn min_elem_bytes(k: &TileKernel) -> usize {
 /// The grid is `ceil(xnumel / per_block)` ([`Launch::grid_for`]): fixed here for a constant
 /// `xnumel`, computed by the runtime for each run's sizes otherwise (`Launch::grid` is then 0).
 ///
-/// The tuning knobs of the environment ([`Tuning::from_env`]) override these choices.
+/// The configuration's launch overrides ([`Tuning::configured`]) override these choices.
 pub fn plan(k: &TileKernel, target: &GpuTarget) -> Plan {
-    plan_with(k, &Tuning::from_env(), target)
+    plan_with(k, &Tuning::configured(), target)
 }
 
 /// [`plan`] with the choices `tuning` sets in place of the heuristic's (values outside a

@@ -14,7 +14,7 @@
 //! `expf` must be IEEE).
 //!
 //! Code shapes ([`launch::plan`] picks the numbers; [`Tuning`] overrides them: the
-//! environment's tuning knobs, or the runtime's autotuner through [`emit_cuda_with`]):
+//! configuration's tuning overrides, or the runtime's autotuner through [`emit_cuda_with`]):
 //! * **Pointwise**: a grid-stride loop over *groups* of `vec` consecutive `xindex` values per
 //!   thread. In a full group, a load or store whose index is `xindex + c` with a suitably
 //!   aligned offset is one vector access (16 bytes at most per piece, [`prelude`]'s
@@ -160,11 +160,11 @@ pub struct CudaModule {
 /// whose name the generated code uses itself, and ops the interpreter rejects on their dtypes
 /// (an integer result of true division or of a float-only function).
 pub fn emit_cuda(kernels: &[TileKernel]) -> Result<CudaModule> {
-    emit_cuda_with(kernels, &Tuning::from_env(), &GpuTarget::h100())
+    emit_cuda_with(kernels, &Tuning::configured(), &GpuTarget::h100())
 }
 
 /// [`emit_cuda`] for `target`, with the launch plans of `tuning` ([`launch::plan_with`]) in
-/// place of the environment's knobs: the runtime's autotuner builds its candidates
+/// place of the configuration's overrides: the runtime's autotuner builds its candidates
 /// ([`launch::candidates`]) with it. Errors as [`emit_cuda`].
 pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning, target: &GpuTarget) -> Result<CudaModule> {
     let mut code = String::new();
@@ -180,9 +180,9 @@ pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning, target: &GpuTarge
 
 /// One kernel for the GPU `target`: as PTX where the [`ptx`] emitter covers it (a cold compile
 /// skips NVRTC's front end and optimizer), else as CUDA C, with the reason it has no PTX form.
-/// `COIL_CUDA_PTX=0` turns the PTX path off (to compare). Errors as [`emit_cuda`].
+/// [`ptx_enabled`] false turns the PTX path off (to compare). Errors as [`emit_cuda`].
 pub fn emit_for_device(kernel: &TileKernel, target: &GpuTarget) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
-    let tuning = Tuning::from_env();
+    let tuning = Tuning::configured();
     let why = if ptx_enabled() {
         match ptx::emit_ptx(kernel, target, &tuning) {
             Ok(module) => return Ok((module, None)),
@@ -194,21 +194,22 @@ pub fn emit_for_device(kernel: &TileKernel, target: &GpuTarget) -> Result<(CudaM
     Ok((emit_cuda_with(std::slice::from_ref(kernel), &tuning, target)?, Some(why)))
 }
 
-/// Whether [`emit_for_device`] tries PTX first (`COIL_CUDA_PTX` is not `0`).
+/// Whether [`emit_for_device`] tries PTX first (`ptx` of the configuration's tuning;
+/// `COIL_CUDA_PTX=0` turns it off).
 pub fn ptx_enabled() -> bool {
-    std::env::var_os("COIL_CUDA_PTX").is_none_or(|v| v != "0")
+    coil_ir::config::current().tuning.ptx
 }
 
 /// One kernel for `target` with the prelude before it: a complete translation unit, for dumps
 /// (`kernels/<name>.cu`). Errors as [`emit_cuda`].
 pub fn emit_cuda_kernel_source(kernel: &TileKernel, target: &GpuTarget) -> Result<String> {
-    Ok(emit_cuda_with(std::slice::from_ref(kernel), &Tuning::from_env(), target)?.source)
+    Ok(emit_cuda_with(std::slice::from_ref(kernel), &Tuning::configured(), target)?.source)
 }
 
 /// The text of one kernel (it needs the [`prelude`]) and its launch, for the default target
 /// ([`GpuTarget::h100`]).
 pub fn emit_cuda_kernel(kernel: &TileKernel) -> Result<(String, Launch)> {
-    emit_one(kernel, &Tuning::from_env(), &GpuTarget::h100())
+    emit_one(kernel, &Tuning::configured(), &GpuTarget::h100())
 }
 
 fn emit_one(k: &TileKernel, tuning: &Tuning, target: &GpuTarget) -> Result<(String, Launch)> {

@@ -312,7 +312,7 @@ impl<'a> Gen<'a> {
         }
         // A few steps' loads in flight before the first of them is used (the accumulators
         // chain the steps, the loads do not). `COIL_ROW_UNROLL=N` sets the factor, for tuning.
-        let unroll = std::env::var("COIL_ROW_UNROLL").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(4);
+        let unroll = coil_ir::config::current().tuning.row_unroll.unwrap_or(4);
         self.line(&format!("#pragma unroll {unroll}"));
         self.open(&format!("for ({} rchunk = rlane; rchunk < {}; rchunk += {}) {{", self.it, nchunk.to_c(), p.lanes));
         self.line(&format!("/* rindex = {}*rchunk + i */", p.vec));

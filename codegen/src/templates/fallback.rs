@@ -1,16 +1,17 @@
 //! The fallback template (`fallback.cu`): built-in kernels for the ops with no generated kernel
-//! (`scatter` / `scatter_add`, the gradients of `embedding`, `index_select` and `gather`; and
+//! (`scatter`, `scatter_add`, `scatter_reduce`, the gradients of `embedding`, `index_select` and `gather`; and
 //! `cumsum`), which the runtime (`coil_runtime::cuda::fallback`) runs on the device instead of
 //! on the host, each launched grid-stride ([`super::grid_stride_launch`]).
 //!
-//! **Scatter** (`coil_scatter_<bytes>`, `coil_scatter_add_<dtype>`; signature `(T *out, const
+//! **Scatter** (`coil_scatter_<bytes>`, `coil_scatter_{add,prod,amax,amin}_<dtype>`; signature `(T *out, const
 //! long long *index, const T *src, long long n, int ndim, int dim, long long dim_size,
 //! CoilScatterDims d, long long *status)`, over the `n` index elements). The result starts as a
 //! copy of `x` (the runtime's); each thread then takes elements of `index` (row-major), finds
 //! the element of `x` it names (the index's own position, with the scattered dim replaced by
-//! the index value) and stores `src` there or adds it atomically (f32, f64, i32, i64 natively;
-//! f16 and bf16 by a compare-and-swap on the 32-bit word holding them, the sum rounded once per
-//! add, as PyTorch's CUDA kernel does). An index out of range is reported in the run's status
+//! the index value) and stores `src` there or combines it atomically: adds (f32, f64, i32, i64
+//! natively), integer max and min natively, float max and min and every product by a
+//! compare-and-swap loop on the value's word (f16 and bf16 on the 32-bit word holding them,
+//! each update rounded once, as PyTorch's CUDA kernels do; max and min propagate NaN). An index out of range is reported in the run's status
 //! words, as generated kernels report theirs (code 1, the index, the dim's size).
 //!
 //! **Cumsum** (`coil_cumsum_<dtype>`; signature `(const T *x, T *y, long long lines, long long
@@ -22,7 +23,7 @@
 //!
 //! Other dtypes stay on the host path.
 
-use coil_ir::{DType, TensorMeta};
+use coil_ir::{DType, ReduceOp, TensorMeta};
 
 /// The CUDA C of every kernel of the template, after the 16-bit conversions it uses.
 pub const SOURCE: &str = concat!(include_str!("half.cuh"), "\n", include_str!("fallback.cu"));
@@ -77,19 +78,27 @@ fn row_major_strides(shape: &[usize]) -> Vec<i64> {
     s
 }
 
-/// The scatter kernel for `dtype` (`scatter_add` when `add`), if the template has one.
+/// The scatter kernel for `dtype` (combining by `reduce`, if any), if the template has one.
 ///
 /// ```
 /// use coil_codegen::templates::fallback::scatter_kernel;
-/// use coil_ir::DType;
-/// assert_eq!(scatter_kernel(DType::BF16, false).as_deref(), Some("coil_scatter_2"));
-/// assert_eq!(scatter_kernel(DType::BF16, true).as_deref(), Some("coil_scatter_add_bf16"));
-/// assert_eq!(scatter_kernel(DType::U8, true), None);
+/// use coil_ir::{DType, ReduceOp};
+/// assert_eq!(scatter_kernel(DType::BF16, None).as_deref(), Some("coil_scatter_2"));
+/// assert_eq!(scatter_kernel(DType::BF16, Some(ReduceOp::Sum)).as_deref(), Some("coil_scatter_add_bf16"));
+/// assert_eq!(scatter_kernel(DType::F32, Some(ReduceOp::Max)).as_deref(), Some("coil_scatter_amax_f32"));
+/// assert_eq!(scatter_kernel(DType::U8, Some(ReduceOp::Sum)), None);
 /// ```
-pub fn scatter_kernel(dtype: DType, add: bool) -> Option<String> {
-    if !add {
+pub fn scatter_kernel(dtype: DType, reduce: Option<ReduceOp>) -> Option<String> {
+    let Some(reduce) = reduce else {
         return Some(format!("coil_scatter_{}", dtype.size_bytes()));
-    }
+    };
+    let kind = match reduce {
+        ReduceOp::Sum => "add",
+        ReduceOp::Prod => "prod",
+        ReduceOp::Max => "amax",
+        ReduceOp::Min => "amin",
+        ReduceOp::ArgMax | ReduceOp::ArgMin => return None,
+    };
     let suffix = match dtype {
         DType::F32 => "f32",
         DType::F64 => "f64",
@@ -99,13 +108,13 @@ pub fn scatter_kernel(dtype: DType, add: bool) -> Option<String> {
         DType::BF16 => "bf16",
         _ => return None,
     };
-    Some(format!("coil_scatter_add_{suffix}"))
+    Some(format!("coil_scatter_{kind}_{suffix}"))
 }
 
 /// Whether the template runs `scatter(x, dim, index, src)` of these operands (an i64 index, a
 /// dtype it has a kernel for, at most [`MAX_SCATTER_DIMS`] dims).
-pub fn supports_scatter(x: &TensorMeta, index: &TensorMeta, add: bool) -> bool {
-    index.dtype == DType::I64 && x.rank() <= MAX_SCATTER_DIMS && scatter_kernel(x.dtype, add).is_some()
+pub fn supports_scatter(x: &TensorMeta, index: &TensorMeta, reduce: Option<ReduceOp>) -> bool {
+    index.dtype == DType::I64 && x.rank() <= MAX_SCATTER_DIMS && scatter_kernel(x.dtype, reduce).is_some()
 }
 
 /// The cumsum kernel for `dtype`, if the template has one (integers arrive as i64: the
@@ -148,8 +157,9 @@ mod tests {
     fn every_kernel_is_in_the_source_and_the_dims_match_the_c_struct() {
         let dtypes = [DType::F16, DType::BF16, DType::F32, DType::F64, DType::I32, DType::I64, DType::U8];
         for dtype in dtypes {
-            for add in [false, true] {
-                if let Some(name) = scatter_kernel(dtype, add) {
+            let reduces = [None, Some(ReduceOp::Sum), Some(ReduceOp::Prod), Some(ReduceOp::Max), Some(ReduceOp::Min)];
+            for reduce in reduces {
+                if let Some(name) = scatter_kernel(dtype, reduce) {
                     assert!(SOURCE.contains(&format!("COIL_SCATTER({name},")), "{name}");
                 }
             }

@@ -18,8 +18,8 @@
 //! Each `Max` pairs with at most one sum (the first, in def order). The maximum may have any
 //! other uses (the softmax epilogue, stores): the fused pass yields the final maximum too.
 //!
-//! `COIL_ONLINE_SOFTMAX=0` in the environment turns the fusion off (two passes, as before), for
-//! comparisons.
+//! `online_softmax: false` in the configuration's tuning (`COIL_ONLINE_SOFTMAX=0`) turns the
+//! fusion off (two passes, as before), for comparisons.
 
 use super::{Builder, Def, Dims};
 use coil_ir::kernel::{TileOp, Var};
@@ -86,7 +86,7 @@ impl Builder<'_> {
     /// The pairs of live reductions of a looped kernel that share one pass.
     pub(super) fn online_pairs(&self, live: &[bool]) -> Vec<OnlinePair> {
         // An empty row sums to 0 where the online finish would say NaN (`max = -inf`).
-        if !self.rnumel.is_known_positive() || std::env::var_os("COIL_ONLINE_SOFTMAX").is_some_and(|v| v == "0") {
+        if !self.rnumel.is_known_positive() || !coil_ir::config::current().tuning.online_softmax {
             return vec![];
         }
         let mut pairs: Vec<OnlinePair> = Vec::new();

@@ -130,6 +130,8 @@ pub enum BreakKind {
     Realize,
     ToDevice,
     MapHost,
+    /// An op whose output shape depends on the values (`nonzero`, `masked_select`, `unique`).
+    DataDependentShape,
 }
 
 impl BreakKind {
@@ -144,6 +146,7 @@ impl BreakKind {
             BreakKind::Realize => "realize",
             BreakKind::ToDevice => "to_device",
             BreakKind::MapHost => "map_host",
+            BreakKind::DataDependentShape => "nonzero/masked_select/unique",
         }
     }
 
@@ -157,6 +160,9 @@ impl BreakKind {
             BreakKind::Realize => "explicit realization (`realize`)",
             BreakKind::ToDevice => "device copy of a pending value (`to_device`)",
             BreakKind::MapHost => "opaque host function (`map_host`)",
+            BreakKind::DataDependentShape => {
+                "output shape depends on the data (`nonzero`, `argwhere`, `masked_select`, `unique`)"
+            }
         }
     }
 
@@ -170,6 +176,9 @@ impl BreakKind {
             BreakKind::Realize => "remove the `realize`: a compiled function realizes its outputs when it returns",
             BreakKind::ToDevice => "move inputs to the device before calling the compiled function",
             BreakKind::MapHost => "express it with tensor ops, or move it outside the compiled function",
+            BreakKind::DataDependentShape => {
+                "use a fixed-size alternative (`masked_fill`, `where`, `topk`) or move it out of the compiled function"
+            }
         }
     }
 

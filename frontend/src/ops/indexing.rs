@@ -326,7 +326,13 @@ impl Tensor {
 
     /// A 1-D `index` along `dim` made into the shape of `src` for `scatter`: `index[i]` at every
     /// position whose coordinate along `dim` is `i`.
-    fn index_along(&self, op: &'static str, dim: usize, index: &Tensor, src_shape: &[usize]) -> Result<Tensor> {
+    pub(crate) fn index_along(
+        &self,
+        op: &'static str,
+        dim: usize,
+        index: &Tensor,
+        src_shape: &[usize],
+    ) -> Result<Tensor> {
         let loc = Location::caller();
         if index.rank() > 1 || !matches!(index.dtype(), DType::I64 | DType::I32) {
             let e = Error::shape(format!("{op}: index must be a 1-D integer tensor, got {}", index.meta()));

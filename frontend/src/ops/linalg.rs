@@ -154,6 +154,21 @@ mod tests {
         assert_err(zeros(&[4, 2, 3]).bmm(&zeros(&[4, 2, 5])), "bmm");
     }
 
+    /// PyTorch adds a bf16 linear's bias before rounding the product (one rounding): here the
+    /// product `1 + 2^-6 + 2^-14` rounded first would make `+ 2^-8` a tie that rounds down.
+    #[test]
+    fn bf16_linear_with_bias_rounds_once_on_every_backend() {
+        let bf = |v: f32| Tensor::from_vec(vec![half::bf16::from_f32(v)], &[1, 1]).unwrap();
+        let one_ulp = 1.0 + 2f32.powi(-7);
+        let (x, w) = (bf(one_ulp), bf(one_ulp));
+        let b = Tensor::from_vec(vec![half::bf16::from_f32(2f32.powi(-8))], &[1]).unwrap();
+        for backend in [crate::Backend::Interpreter, crate::Backend::Compiled] {
+            crate::set_backend(backend);
+            let y = x.linear(&w, Some(&b)).unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(y, vec![1.0 + 3.0 * 2f32.powi(-7)], "{backend:?}");
+        }
+    }
+
     #[test]
     fn linear_with_and_without_bias() {
         let (x, w, b) = (zeros(&[8, 4, 16]), zeros(&[32, 16]), zeros(&[32]));

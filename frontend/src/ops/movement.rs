@@ -6,7 +6,7 @@
 
 use super::shape::{renamed, Loc};
 use crate::tensor::{wrap_dim, Tensor};
-use coil_ir::{Error, Op, Result, Scalar};
+use coil_ir::{Error, Op, ReduceOp, Result, Scalar};
 use std::panic::Location;
 
 impl Tensor {
@@ -41,7 +41,7 @@ impl Tensor {
     pub fn scatter(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
         let dim = self.dim(dim, "scatter", loc)?;
-        Tensor::record(Op::Scatter { dim, add: false }, &[self, index, src], loc)
+        Tensor::record(Op::Scatter { dim, reduce: None }, &[self, index, src], loc)
     }
 
     /// `torch.scatter_add(x, dim, index, src)`: like [`Tensor::scatter`], but adds the values
@@ -50,7 +50,7 @@ impl Tensor {
     pub fn scatter_add(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
         let dim = self.dim(dim, "scatter_add", loc)?;
-        Tensor::record(Op::Scatter { dim, add: true }, &[self, index, src], loc)
+        Tensor::record(Op::Scatter { dim, reduce: Some(ReduceOp::Sum) }, &[self, index, src], loc)
     }
 
     /// `torch.split(x, split_size, dim)`: pieces of `split_size` along `dim` (the last may be

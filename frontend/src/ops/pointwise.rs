@@ -65,6 +65,17 @@ unary_methods! {
     /// `torch.acos` (`arccos`): NaN outside `[-1, 1]`.
     acos => Acos,
     tanh => Tanh, sigmoid => Sigmoid, erf => Erf,
+    /// `torch.erfc`: `1 - erf(x)`, accurate where that difference would round to 0
+    /// (`erfc(10) = 2.09e-45`).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![10.0f64, -1.0], &[2])?;
+    /// let y = x.erfc()?.to_vec::<f64>()?;
+    /// assert!((y[0] / 2.088487583762545e-45 - 1.0).abs() < 1e-13 && (y[1] - 1.8427007929497148).abs() < 1e-15);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    erfc => Erfc,
     /// `torch.erfinv`: the inverse of `erf` on `(-1, 1)`; `±1` give `±inf`, `|x| > 1` NaN.
     ///
     /// ```

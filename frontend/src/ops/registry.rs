@@ -61,6 +61,9 @@ pub enum How {
     Frontend(&'static str),
     /// A hand-written kernel template where one applies, else a decomposition.
     Template(&'static str),
+    /// Computed on the host from values read there: the output's shape depends on the data, so
+    /// inside a compiled function the op is a graph break.
+    Host(&'static str),
 }
 
 impl How {
@@ -77,6 +80,7 @@ impl How {
             How::Decomposed(_) => "decomposed",
             How::Frontend(_) => "frontend composition",
             How::Template(_) => "template",
+            How::Host(_) => "host (graph break)",
         }
     }
 
@@ -88,7 +92,12 @@ impl How {
     /// ```
     pub fn parts(self) -> &'static str {
         match self {
-            How::Leaf(s) | How::Primitive(s) | How::Decomposed(s) | How::Frontend(s) | How::Template(s) => s,
+            How::Leaf(s)
+            | How::Primitive(s)
+            | How::Decomposed(s)
+            | How::Frontend(s)
+            | How::Template(s)
+            | How::Host(s) => s,
         }
     }
 }
@@ -157,14 +166,13 @@ pub fn ops() -> impl Iterator<Item = &'static OpInfo> {
 /// PyTorch ops coil does not have yet, with what they need: `docs/ops.md` lists them after
 /// the table, so that the gaps are as visible as the ops.
 pub const NOT_YET: &[(&str, &str)] = &[
-    ("erfc", "a primitive: `1 - erf(x)` loses every digit of erfc for large x"),
     ("kthvalue, median, mode, msort, randperm", "expressible with argsort (as sort and topk are); not done yet"),
     (
         "cumulative ops over long rows",
         "a scan primitive: cummax, cummin, logcumsumexp and cumprod are prefix-mask reductions, n^2 per row",
     ),
-    ("scatter_reduce, index_reduce, embedding_bag max with offsets", "a scatter with a reduction (max, min, prod)"),
-    ("masked_select, nonzero, unique, bincount, argwhere", "data-dependent output shapes: graph breaks with a reason"),
+    ("embedding_bag max with offsets", "expressible with scatter_reduce amax; not done yet"),
+    ("bincount", "a data-dependent output shape (its length is the largest value): a host op as `unique` is"),
     ("max_unpool, pooling with return_indices", "indices of window maxima: expressible, not done yet"),
     ("grid_sample with reflection padding or bicubic, 3-D affine_grid", "expressible; not done yet"),
     ("batch_norm in training with running statistics", "an in-place update of the running statistics"),

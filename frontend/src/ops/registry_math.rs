@@ -102,6 +102,7 @@ pub const POINTWISE: &[OpInfo] = &[
     op("asin", "x.asin(), x.arcsin()", Family::Pointwise, How::Primitive("asin"), Grad::Yes, &["arcsin"]),
     op("acos", "x.acos(), x.arccos()", Family::Pointwise, How::Primitive("acos"), Grad::Yes, &["arccos"]),
     op("erf", "x.erf()", Family::Pointwise, How::Primitive("erf"), Grad::Yes, &[]),
+    op("erfc", "x.erfc()", Family::Pointwise, How::Primitive("erfc"), Grad::Yes, &[]),
     op("erfinv", "x.erfinv()", Family::Pointwise, How::Primitive("erfinv"), Grad::Yes, &[]),
     op("reciprocal", "x.reciprocal()", Family::Pointwise, How::Primitive("reciprocal"), Grad::Yes, &[]),
     op("sign", "x.sign()", Family::Pointwise, How::Primitive("sign"), Grad::Zero, &[]),

@@ -418,7 +418,7 @@ mod tests {
     use super::*;
     use crate::ops::movement::{cat, stack};
     use coil_ir::ErrorKind;
-    use coil_ir::{DType, Scalar};
+    use coil_ir::{DType, ReduceOp, Scalar};
 
     fn zeros(shape: &[usize]) -> Tensor {
         Tensor::zeros(shape, DType::F32)
@@ -578,7 +578,7 @@ mod tests {
         let src = zeros(&[2, 5]);
         assert_eq!(x.scatter(0, &idx2, &src).unwrap().shape(), &[4, 5]);
         let sa = x.scatter_add(-2, &idx2, &src).unwrap();
-        assert_eq!(sa.0.op, Op::Scatter { dim: 0, add: true });
+        assert_eq!(sa.0.op, Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) });
         assert_err(x.scatter(0, &idx2, &Tensor::zeros(&[2, 5], DType::F64)), "scatter");
     }
 

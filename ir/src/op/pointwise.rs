@@ -30,6 +30,8 @@ pub enum UnaryOp {
     Tanh,
     Sigmoid,
     Erf,
+    /// `torch.erfc`: `1 - erf(x)` computed without the cancellation (full precision for large x).
+    Erfc,
     /// `torch.erfinv`: the inverse of `erf` on `(-1, 1)`; `±1` give `±inf`, `|x| > 1` NaN.
     Erfinv,
     Floor,
@@ -46,11 +48,11 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 30] = {
+    pub const ALL: [UnaryOp; 31] = {
         use UnaryOp::*;
         [
             Neg, Abs, Sign, Exp, Exp2, Expm1, Log, Log2, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Atan, Asin, Acos, Tanh,
-            Sigmoid, Erf, Erfinv, Floor, Ceil, Round, Trunc, Reciprocal, LogicalNot, IsNan, IsInf, BitwiseNot,
+            Sigmoid, Erf, Erfc, Erfinv, Floor, Ceil, Round, Trunc, Reciprocal, LogicalNot, IsNan, IsInf, BitwiseNot,
         ]
     };
 
@@ -77,6 +79,7 @@ impl UnaryOp {
             Tanh => "tanh",
             Sigmoid => "sigmoid",
             Erf => "erf",
+            Erfc => "erfc",
             Erfinv => "erfinv",
             Floor => "floor",
             Ceil => "ceil",
@@ -111,6 +114,7 @@ impl UnaryOp {
                 | Tanh
                 | Sigmoid
                 | Erf
+                | Erfc
                 | Erfinv
                 | Reciprocal
         )

@@ -161,7 +161,7 @@ fn primitives_pass_through_with_explicit_promotion() {
     case(Op::Bmm, &[(&[2, 3, 4], F32), (&[2, 4, 5], F32)]);
     case(Op::Gather { dim: 1 }, &[(&[2, 3], F32), (&[2, 2], I64)]);
     case(Op::IndexSelect { dim: 0 }, &[(&[4, 3], F32), (&[2], I32)]);
-    case(Op::Scatter { dim: 0, add: true }, &[(&[4, 3], F32), (&[2, 3], I64), (&[2, 3], F32)]);
+    case(Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) }, &[(&[4, 3], F32), (&[2, 3], I64), (&[2, 3], F32)]);
     case(Op::Pad { pads: vec![(1, 0), (0, 2)], value: Scalar::Float(0.0) }, &[(&[2, 2], F32)]);
     case(Op::Slice { dim: 0, start: 3, len: 4, step: -1 }, &[(&[4], F32)]);
     case(Op::Permute { perm: vec![1, 0] }, &[(&[2, 3], F32)]);

@@ -180,7 +180,7 @@ fn cumsum_and_scatter_are_fallbacks_on_contiguous_buffers() {
     let i = g.input(m(&[4, 1], DType::I64));
     let t = op(&mut g, Op::Permute { perm: vec![1, 0] }, &[x]);
     let c = op(&mut g, Op::Cumsum { dim: 1 }, &[t]);
-    let s = op(&mut g, Op::Scatter { dim: 1, add: true }, &[c, i, t]);
+    let s = op(&mut g, Op::Scatter { dim: 1, reduce: Some(ReduceOp::Sum) }, &[c, i, t]);
     snap("lower_fallbacks", &lowered(g, &[s]));
 }
 

@@ -151,7 +151,7 @@ pub enum Prim {
     },
     Scatter {
         dim: usize,
-        add: bool,
+        reduce: Option<Ordered<ReduceOp>>,
     },
     Bmm,
 }
@@ -185,7 +185,7 @@ impl Prim {
             Op::Cat { dim } => Prim::Cat { dim: *dim },
             Op::Gather { dim } => Prim::Gather { dim: *dim },
             Op::IndexSelect { dim } => Prim::IndexSelect { dim: *dim },
-            Op::Scatter { dim, add } => Prim::Scatter { dim: *dim, add: *add },
+            Op::Scatter { dim, reduce } => Prim::Scatter { dim: *dim, reduce: reduce.map(Ordered) },
             Op::Bmm => Prim::Bmm,
             _ => return None,
         })
@@ -222,7 +222,7 @@ impl Prim {
             Prim::Cat { dim } => (Op::Cat { dim: *dim }, None),
             Prim::Gather { dim } => (Op::Gather { dim: *dim }, None),
             Prim::IndexSelect { dim } => (Op::IndexSelect { dim: *dim }, None),
-            Prim::Scatter { dim, add } => (Op::Scatter { dim: *dim, add: *add }, None),
+            Prim::Scatter { dim, reduce } => (Op::Scatter { dim: *dim, reduce: reduce.map(|r| r.0) }, None),
             Prim::Bmm => (Op::Bmm, None),
         }
     }

@@ -52,7 +52,8 @@ use std::time::{Duration, Instant};
 /// Settings of the rewrite pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RewriteOptions {
-    /// `false` returns the graph unchanged (`COIL_REWRITE=0`).
+    /// `false` returns the graph unchanged ([`coil_ir::config::Config::rewrite`];
+    /// `COIL_REWRITE=0`).
     pub enabled: bool,
     /// E-graph size (nodes) at which a stage stops.
     pub node_limit: usize,
@@ -78,10 +79,10 @@ impl Default for RewriteOptions {
 }
 
 impl RewriteOptions {
-    /// The defaults, switched off when the environment has `COIL_REWRITE=0` (or `off`, `false`).
-    pub fn from_env() -> RewriteOptions {
-        let off = std::env::var("COIL_REWRITE").is_ok_and(|v| matches!(v.trim(), "0" | "off" | "false"));
-        RewriteOptions { enabled: !off, ..RewriteOptions::default() }
+    /// The defaults, switched off when the configuration says so
+    /// ([`coil_ir::config::Config::rewrite`]; `COIL_REWRITE=0` in the environment).
+    pub fn configured() -> RewriteOptions {
+        RewriteOptions { enabled: coil_ir::config::current().rewrite, ..RewriteOptions::default() }
     }
 }
 

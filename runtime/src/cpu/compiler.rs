@@ -20,10 +20,11 @@
 
 use crate::cache_entry::{self, Kind};
 use coil_ir::{Error, Result};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// Flags every shared object is built with (besides `-fopenmp-simd`, which is dropped when the
@@ -81,12 +82,11 @@ pub struct CompiledObject {
 }
 
 impl CCompiler {
-    /// The compiler named by `$CC`, else the first of `cc`, `gcc`, `clang` that runs. A `$CC`
-    /// that does not run is passed over rather than costing the compiled path altogether.
-    pub fn detect() -> Option<CCompiler> {
-        let from_env = std::env::var("CC").ok().filter(|s| !s.trim().is_empty());
-        let found = from_env.iter().map(String::as_str).chain(["cc", "gcc", "clang"]).find_map(CCompiler::from_command);
-        found
+    /// The compiler named by `command` (the configuration's `c_compiler`, `$CC` by default),
+    /// else the first of `cc`, `gcc`, `clang` that runs. A `command` that does not run is
+    /// passed over rather than costing the compiled path altogether.
+    pub fn detect(command: Option<&str>) -> Option<CCompiler> {
+        command.into_iter().chain(["cc", "gcc", "clang"]).find_map(CCompiler::from_command)
     }
 
     /// A compiler from a command line such as `gcc` or `ccache clang`; `None` if
@@ -222,19 +222,25 @@ impl CCompiler {
     }
 }
 
-/// The system C compiler, found once per process ([`CCompiler::detect`]); `None` when there is
-/// none, in which case callers fall back to the reference interpreter.
+/// The C compiler of the configuration ([`CCompiler::detect`] of its `c_compiler`), found
+/// once per process for each setting; `None` when there is none, in which case callers fall
+/// back to the reference interpreter.
 pub fn c_compiler() -> Option<&'static CCompiler> {
-    static COMPILER: OnceLock<Option<CCompiler>> = OnceLock::new();
-    COMPILER.get_or_init(CCompiler::detect).as_ref()
+    type Found = HashMap<Option<String>, Option<&'static CCompiler>>;
+    static COMPILERS: OnceLock<Mutex<Found>> = OnceLock::new();
+    let config = coil_ir::config::current();
+    let mut found = COMPILERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&compiler) = found.get(&config.c_compiler) {
+        return compiler;
+    }
+    // Leaked once per distinct setting (a process has one or two): callers keep `&'static`.
+    let compiler = CCompiler::detect(config.c_compiler.as_deref()).map(|c| &*Box::leak(Box::new(c)));
+    found.insert(config.c_compiler.clone(), compiler);
+    compiler
 }
 
-/// The cache directory: `$COIL_CACHE_DIR`, else `$XDG_CACHE_HOME/coil`, else
-/// `$HOME/.cache/coil`, else `coil-cache` in the temp dir.
+/// The cache directory of the configuration (`cache_dir`: `$COIL_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/coil`, else `$HOME/.cache/coil`, else `coil-cache` in the temp dir).
 pub fn default_cache_dir() -> PathBuf {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    var("COIL_CACHE_DIR")
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("coil")))
-        .or_else(|| var("HOME").map(|d| d.join(".cache").join("coil")))
-        .unwrap_or_else(|| std::env::temp_dir().join("coil-cache"))
+    coil_ir::config::current().cache_dir.clone()
 }

@@ -28,13 +28,10 @@ impl Drop for TempDir {
     }
 }
 
-/// The system compiler, or `None` (the test then checks nothing: there is nothing to compile).
+/// The system compiler, or `None` after printing why the test is skipped (it then checks
+/// nothing: there is nothing to compile).
 pub(super) fn cc() -> Option<&'static CCompiler> {
-    let c = c_compiler();
-    if c.is_none() {
-        eprintln!("no C compiler: skipping");
-    }
-    c
+    crate::testing::c_compiler()
 }
 
 /// Deterministic pseudo-random values in [-1, 1) (xorshift64*).

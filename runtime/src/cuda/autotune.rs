@@ -1,4 +1,5 @@
-//! The launch autotuner, opt-in (`COIL_AUTOTUNE=1`, or [`CudaCompiledGraph::with_autotune`]).
+//! The launch autotuner, opt-in (the configuration's `autotune`, `COIL_AUTOTUNE=1` in the
+//! environment, or [`CudaCompiledGraph::with_autotune`]).
 //!
 //! Where the launch heuristic is unsure ([`launch::candidates`]: persistent reductions of rows
 //! longer than a warp's, looped reductions), the first run of a compiled graph times a few
@@ -60,11 +61,6 @@ pub struct AutotuneChoice {
     /// Each candidate timed, heuristic first, with its median device time per launch in
     /// microseconds (`None`: discarded); empty for a cached choice.
     pub timings: Vec<(Tuning, Option<f64>)>,
-}
-
-/// Whether `COIL_AUTOTUNE` asks for autotuning (set, not empty, not `0`).
-pub fn enabled_by_env() -> bool {
-    std::env::var("COIL_AUTOTUNE").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// The cache key of a kernel's choice: a 128-bit FNV-1a hash of the heuristic's source (a
@@ -167,14 +163,19 @@ impl CudaCompiledGraph {
         if !self.autotune || self.tuned.get().is_some() {
             return Ok(None);
         }
+        coil_ir::config::with_config(self.config.clone(), || self.begin_autotune_configured(inst))
+    }
+
+    /// [`CudaCompiledGraph::begin_autotune`] under the graph's configuration.
+    fn begin_autotune_configured(&self, inst: &Instance) -> Result<Option<Tuner<'_>>> {
         let lock = self.tuning.lock().unwrap_or_else(|e| e.into_inner());
         if self.tuned.get().is_some() {
             return Ok(None);
         }
         let mut picks: Vec<Option<Pick>> = (0..self.steps.len()).map(|_| None).collect();
-        let knobs = Tuning::from_env();
+        let knobs = Tuning::configured();
         if !knobs.is_heuristic() {
-            log(&format!("the environment's tuning knobs ({knobs}) are set and win: nothing is tuned"));
+            log(&format!("the configuration's tuning overrides ({knobs}) are set and win: nothing is tuned"));
             let variants = (0..self.steps.len()).map(|_| None).collect();
             return Ok(Some(Tuner { graph: self, _lock: lock, picks, variants, choices: Vec::new(), retry: false }));
         }

@@ -142,8 +142,11 @@ fn autotuned_softmax_matches_the_heuristic_plans() {
     let target = dev.target();
     let unit = |t: &TileKernel, tuning: &Tuning| emit_cuda_with(std::slice::from_ref(t), tuning, target).unwrap();
     let units: Vec<CudaModule> = tiles.iter().flatten().map(|t| unit(t, &Tuning::default())).collect();
-    if !Tuning::from_env().is_heuristic() {
-        eprintln!("SKIP: the environment's tuning knobs are set ({}), so nothing is tuned", Tuning::from_env());
+    if !Tuning::configured().is_heuristic() {
+        eprintln!(
+            "skipped: the configuration's tuning overrides are set ({}), so nothing is tuned",
+            Tuning::configured()
+        );
         return;
     }
     let dir = TempDir::new("autotune");

@@ -608,8 +608,8 @@ fn lt_matmul(
     Ok(())
 }
 
-/// The heuristic's first algorithm, or with `COIL_GEMM_ALGO=i` (a measuring knob) its `i`-th of
-/// up to 8 (the last when it returns fewer).
+/// The heuristic's first algorithm, or with the configuration's `gemm_algo` `i`
+/// (`COIL_GEMM_ALGO=i`, a measuring knob) its `i`-th of up to 8 (the last when it returns fewer).
 unsafe fn heuristic_choice(
     handle: lt_sys::cublasLtHandle_t,
     desc: lt_sys::cublasLtMatmulDesc_t,
@@ -618,7 +618,7 @@ unsafe fn heuristic_choice(
     ld: lt_sys::cublasLtMatrixLayout_t,
     pref: lt_sys::cublasLtMatmulPreference_t,
 ) -> std::result::Result<lt_sys::cublasLtMatmulHeuristicResult_t, lt::CublasError> {
-    let pick: usize = std::env::var("COIL_GEMM_ALGO").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let pick = coil_ir::config::current().tuning.gemm_algo;
     if pick == 0 {
         return lt::get_matmul_algo_heuristic(handle, desc, la, lb, ld, ld, pref);
     }

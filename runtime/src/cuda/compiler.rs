@@ -43,12 +43,12 @@ const CACHE_FORMAT: &str = "coil-cuda-cache-v2";
 /// (`-minimal` needs NVRTC 12.4 or later; older ones get the rest.)
 const OPTIONS: [&str; 3] = ["--std=c++17", "-default-device", "-minimal"];
 
-/// The options this NVRTC takes (see [`OPTIONS`]), then those of `COIL_NVRTC_OPTIONS`
-/// (whitespace-separated, for measuring; they are part of the cache key).
+/// The options this NVRTC takes (see [`OPTIONS`]), then the configuration's `nvrtc_options`
+/// (`COIL_NVRTC_OPTIONS`, for measuring; they are part of the cache key).
 fn options(nvrtc: (i32, i32)) -> Vec<String> {
     let fixed = if nvrtc >= (12, 4) { &OPTIONS[..] } else { &OPTIONS[..2] };
-    let extra = std::env::var("COIL_NVRTC_OPTIONS").unwrap_or_default();
-    fixed.iter().map(|s| s.to_string()).chain(extra.split_whitespace().map(String::from)).collect()
+    let extra = coil_ir::config::current().tuning.nvrtc_options.clone();
+    fixed.iter().map(|s| s.to_string()).chain(extra).collect()
 }
 
 /// Where a translation unit's CUBIN lies, and what producing it cost.

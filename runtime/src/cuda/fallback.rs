@@ -1,9 +1,9 @@
-//! The fallback template's kernels (`coil_codegen::templates::fallback`: `scatter` /
-//! `scatter_add` and `cumsum` for ops with no generated kernel) on the device: compiled by
-//! NVRTC (through the disk cache) the first time a device needs them, launched grid-stride. A
-//! scatter's index out of range is reported in status words of the run's, as generated kernels
-//! report theirs ([`super::status`]), checked at the next synchronization point: the call does
-//! not wait for the kernel.
+//! The fallback template's kernels (`coil_codegen::templates::fallback`: `scatter`,
+//! `scatter_add`, `scatter_reduce` and `cumsum` for ops with no generated kernel) on the device:
+//! compiled by NVRTC (through the disk cache) the first time a device needs them, launched
+//! grid-stride. A scatter's index out of range is reported in status words of the run's, as
+//! generated kernels report theirs ([`super::status`]), checked at the next synchronization
+//! point: the call does not wait for the kernel.
 
 use super::compiler::{compile, LoadedModule};
 use super::device::CudaDevice;
@@ -11,7 +11,7 @@ use super::gather::launch_grid_stride;
 use super::memory::copy_device;
 use coil_codegen::templates::fallback::{cumsum_kernel, cumsum_lines, scatter_kernel, ScatterDims, SOURCE};
 pub use coil_codegen::templates::fallback::{supports_cumsum, supports_scatter};
-use coil_ir::{Error, Result, TensorMeta};
+use coil_ir::{Error, ReduceOp, Result, TensorMeta};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -42,7 +42,7 @@ impl FallbackKernels {
     }
 }
 
-/// Enqueues `out = scatter(x, dim, index, src)` (`scatter_add` when `add`) on contiguous device
+/// Enqueues `out = scatter(x, dim, index, src)` (combined by `reduce`, if any) on contiguous device
 /// buffers; an index out of range is reported in the 4 status words at `status` (zero before).
 ///
 /// # Safety
@@ -52,14 +52,14 @@ impl FallbackKernels {
 pub(crate) unsafe fn scatter(
     dev: &Arc<CudaDevice>,
     dim: usize,
-    add: bool,
+    reduce: Option<ReduceOp>,
     (x, xm): (sys::CUdeviceptr, &TensorMeta),
     (index, im): (sys::CUdeviceptr, &TensorMeta),
     (src, sm): (sys::CUdeviceptr, &TensorMeta),
     out: sys::CUdeviceptr,
     status: sys::CUdeviceptr,
 ) -> Result<()> {
-    let name = scatter_kernel(xm.dtype, add).filter(|_| supports_scatter(xm, im, add));
+    let name = scatter_kernel(xm.dtype, reduce).filter(|_| supports_scatter(xm, im, reduce));
     let Some(name) = name else {
         return Err(Error::unsupported(format!("a device scatter of {xm} with a {} index", im.dtype)));
     };

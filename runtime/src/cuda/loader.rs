@@ -111,18 +111,17 @@ fn not_found(lib: CudaLib, searched: &[String]) -> String {
 /// Opens the first of `names` that the loader finds by name, else in one of `dirs`. On failure
 /// returns the list of places searched, loader first.
 pub fn find(names: &[&str], dirs: &[PathBuf]) -> std::result::Result<libloading::Library, Vec<String>> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "unset".into());
+    let paths = coil_ir::config::current().cuda_paths.clone();
+    let toolkits: Vec<String> = paths.toolkits.iter().map(|p| p.display().to_string()).collect();
     let mut searched = vec![
         format!(
             "the dynamic loader's path for {} (LD_LIBRARY_PATH={}, the ldconfig cache, /lib, /usr/lib)",
             names.join(", "),
-            var("LD_LIBRARY_PATH")
+            paths.loader_path.as_deref().unwrap_or("unset")
         ),
         format!(
-            "$CUDA_HOME={}, $CUDA_PATH={}, $CUDA_ROOT={} (their lib dirs below)",
-            var("CUDA_HOME"),
-            var("CUDA_PATH"),
-            var("CUDA_ROOT")
+            "the CUDA toolkits configured ($CUDA_HOME, $CUDA_PATH, $CUDA_ROOT: {}; their lib dirs below)",
+            if toolkits.is_empty() { "none".to_string() } else { toolkits.join(", ") }
         ),
         "pip's site-packages/nvidia/*/lib and $CONDA_PREFIX/lib (those present below)".to_string(),
     ];
@@ -162,13 +161,13 @@ unsafe fn open(path: &Path) -> std::result::Result<libloading::Library, libloadi
 }
 
 /// Directories to look in after the loader's own path, in order, existing or not (the error
-/// lists them all, so a user sees what was expected).
+/// lists them all, so a user sees what was expected): the configuration's
+/// ([`coil_ir::config::CudaPaths`]) and the usual places.
 pub fn search_dirs() -> Vec<PathBuf> {
+    let paths = coil_ir::config::current().cuda_paths.clone();
     let mut dirs = Vec::new();
-    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
-        if let Some(root) = std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from) {
-            dirs.extend(toolkit_lib_dirs(&root));
-        }
+    for root in &paths.toolkits {
+        dirs.extend(toolkit_lib_dirs(root));
     }
     let mut roots = vec![PathBuf::from("/usr/local/cuda")];
     roots.extend(matching(Path::new("/usr/local"), |n| n.starts_with("cuda-") || n.starts_with("cuda_")));
@@ -188,12 +187,12 @@ pub fn search_dirs() -> Vec<PathBuf> {
         dirs.push(PathBuf::from(dir));
     }
     // pip's wheels (nvidia-cuda-nvrtc, nvidia-cublas, ...): site-packages/nvidia/<pkg>/lib.
-    for site in site_packages() {
+    for site in site_packages(&paths.python_prefixes) {
         for pkg in matching(&site.join("nvidia"), |_| true) {
             dirs.push(pkg.join("lib"));
         }
     }
-    if let Some(conda) = std::env::var_os("CONDA_PREFIX").map(PathBuf::from) {
+    if let Some(conda) = &paths.conda_prefix {
         dirs.push(conda.join("lib"));
     }
     let mut seen = std::collections::HashSet::new();
@@ -205,15 +204,10 @@ fn toolkit_lib_dirs(root: &Path) -> [PathBuf; 3] {
     [root.join("targets/x86_64-linux/lib"), root.join("lib64"), root.join("lib")]
 }
 
-/// Python package directories: the active virtual environment, the user's, the system's.
-fn site_packages() -> Vec<PathBuf> {
-    let mut prefixes: Vec<PathBuf> = Vec::new();
-    if let Some(venv) = std::env::var_os("VIRTUAL_ENV").map(PathBuf::from) {
-        prefixes.push(venv.join("lib"));
-    }
-    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
-        prefixes.push(home.join(".local/lib"));
-    }
+/// Python package directories: those under `prefixes` (the active virtual environment's, the
+/// user's), then the system's.
+fn site_packages(prefixes: &[PathBuf]) -> Vec<PathBuf> {
+    let mut prefixes = prefixes.to_vec();
     prefixes.extend(["/usr/local/lib", "/usr/lib", "/opt/conda/lib"].map(PathBuf::from));
     let mut out = Vec::new();
     for prefix in prefixes {

@@ -122,8 +122,12 @@ pub struct CudaCompiledGraph {
     status_kernels: Arc<[LaunchName]>,
     /// The kernel cache it was built through (the autotuner's candidates and choices go there).
     cache_dir: PathBuf,
-    /// Whether the first run autotunes the launches ([`autotune`]; `COIL_AUTOTUNE=1`).
+    /// Whether the first run autotunes the launches ([`autotune`]; the configuration's
+    /// `autotune`, `COIL_AUTOTUNE=1`).
     autotune: bool,
+    /// The configuration it was compiled under, in force while the autotuner builds
+    /// candidates (their code follows the same tuning overrides as the graph's kernels).
+    config: Arc<coil_ir::config::Config>,
     /// The autotuner's variants, set by the first run when it tunes (unset otherwise).
     tuned: OnceLock<autotune::Tuned>,
     /// Held by the run that tunes, so that a run started meanwhile waits for its choices.
@@ -197,6 +201,7 @@ impl CudaCompiledGraph {
         cache_dir: &Path,
     ) -> Result<CudaCompiledGraph> {
         let bad = |msg: String| Error::runtime(format!("inconsistent CUDA compiled graph: {msg}"));
+        let config = coil_ir::config::current();
         let instances = Instances::new(&program, &schedule, &kernels).map_err(bad)?;
         let hints = program.hints();
         let launches = (instances.steps.iter())
@@ -313,7 +318,8 @@ impl CudaCompiledGraph {
             compile_seconds,
             status_kernels,
             cache_dir: cache_dir.to_path_buf(),
-            autotune: autotune::enabled_by_env(),
+            autotune: config.autotune,
+            config,
             tuned: OnceLock::new(),
             tuning: Mutex::new(()),
             replay: Mutex::new(graphs::Replay::default()),
@@ -748,13 +754,15 @@ impl CudaCompiledGraph {
                     operand(out_id),
                 )
             }
-            ExternCall::Fallback { op: Op::Scatter { dim, add } }
-                if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *add) =>
+            ExternCall::Fallback { op: Op::Scatter { dim, reduce } }
+                if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *reduce) =>
             {
                 let arg = |k: usize| (ptrs[operands[k].0], &p.buffer(operands[k]).meta);
                 // SAFETY: every buffer of the program is contiguous, of its meta, and distinct
                 // from the others (the output is a buffer of its own).
-                unsafe { fallback::scatter(&self.device, *dim, *add, arg(0), arg(1), arg(2), ptrs[out_id.0], status) }
+                unsafe {
+                    fallback::scatter(&self.device, *dim, *reduce, arg(0), arg(1), arg(2), ptrs[out_id.0], status)
+                }
             }
             ExternCall::Fallback { op: Op::Cumsum { dim } }
                 if fallback::supports_cumsum(&p.buffer(operands[0]).meta, &p.buffer(out_id).meta) =>
@@ -808,12 +816,10 @@ impl CudaCompiledGraph {
     }
 }
 
-/// Prints `text` on the `schedule` log channel (`COIL_LOGS=schedule` or `all`), as the frontend
-/// prints its schedule: how the launches run (autotuning, CUDA graphs).
+/// Prints `text` on the `schedule` log channel (the configuration's `logs`; `COIL_LOGS=schedule`
+/// or `all`), as the frontend prints its schedule: how the launches run (autotuning, CUDA graphs).
 fn schedule_log(text: &str) {
-    let on =
-        std::env::var("COIL_LOGS").is_ok_and(|v| v.split(',').map(str::trim).any(|c| c == "schedule" || c == "all"));
-    if on {
+    if coil_ir::config::current().logs_on("schedule") {
         eprintln!("[coil:schedule] {text}");
     }
 }
@@ -844,10 +850,14 @@ fn build_units(
     cache_dir: &Path,
 ) -> Vec<Result<(Arc<LoadedModule>, CompiledCubin)>> {
     use rayon::prelude::*;
+    // The pool's threads compile under the caller's configuration (NVRTC options).
+    let config = coil_ir::config::current();
     (units.par_iter())
         .map(|m| {
             let names: Vec<&str> = m.kernels.iter().map(|k| k.name.as_str()).collect();
-            compiler::load_or_build(device, &m.source, m.language, &names, cache_dir)
+            coil_ir::config::with_config(config.clone(), || {
+                compiler::load_or_build(device, &m.source, m.language, &names, cache_dir)
+            })
         })
         .collect()
 }

@@ -14,10 +14,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The emulated module's executable, built once per test run; `None` without g++.
+/// The emulated module's executable, built once per test run; `None` without g++ (each caller
+/// told the test is skipped).
 fn emulator() -> Option<&'static PathBuf> {
     static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
-    EXE.get_or_init(|| {
+    let exe = EXE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("coil_sort_emulation_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let unit =
@@ -30,16 +31,16 @@ fn emulator() -> Option<&'static PathBuf> {
             .arg(&exe)
             .current_dir(&dir)
             .output();
-        let Ok(out) = out else {
-            println!("SKIP: no g++");
-            return None;
-        };
+        let Ok(out) = out else { return None };
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "g++ rejected the sort template:\n{log}");
         assert!(!log.contains("warning"), "g++ warns about the sort template:\n{log}");
         Some(exe)
-    })
-    .as_ref()
+    });
+    if exe.is_none() {
+        coil_ir::testing::skip("the sort template's host emulation: no g++");
+    }
+    exe.as_ref()
 }
 
 /// Bytes of `n` elements of `dtype` with many ties (values from `levels` steps), and for floats

@@ -1,7 +1,8 @@
 //! Tests of the CUDA backend with hand-written CUDA C (the emitter is tested on its own).
 //!
-//! Tests that need a GPU print `SKIP (no usable CUDA GPU): ...` and pass when there is none,
-//! so CI (no GPU) passes; on the GPU machine they run for real. Every test that compiles uses
+//! Tests that need a GPU print `skipped: no usable CUDA GPU (...)` and pass when there is none
+//! ([`crate::testing::cuda_device`]), so CI (no GPU) passes and says what it did not check; on
+//! the GPU machine they run for real. Every test that compiles uses
 //! its own cache directory.
 
 use super::blas::{self, DevOperand};
@@ -38,13 +39,7 @@ impl Drop for TempDir {
 
 /// The first GPU, or `None` after printing why the test is skipped.
 pub(super) fn gpu() -> Option<Arc<CudaDevice>> {
-    match cuda_status().and_then(|_| CudaDevice::get(0)) {
-        Ok(dev) => Some(dev),
-        Err(e) => {
-            eprintln!("SKIP (no usable CUDA GPU): {e}");
-            None
-        }
-    }
+    crate::testing::cuda_device()
 }
 
 /// Deterministic pseudo-random values in [-1, 1) (xorshift64*).

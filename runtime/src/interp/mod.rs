@@ -31,7 +31,7 @@ mod tests;
 mod tests_movement;
 
 use crate::{Buffer, HostData};
-use coil_ir::{philox, DType, Error, Graph, Node, Op, RandDist, RandomState, Result, Scalar};
+use coil_ir::{philox, BinaryOp, DType, Error, Graph, Node, NodeId, Op, RandDist, RandomState, Result, Scalar};
 use half::{bf16, f16};
 use layout::Layout;
 
@@ -62,6 +62,7 @@ pub fn interpret_with(graph: &Graph, inputs: &[&Buffer], random: &[RandomState])
     for o in &graph.outputs {
         last_use[o.0] = None;
     }
+    let unrounded = biased_products(graph, &last_use);
     let mut values: Vec<Option<Value>> = vec![None; graph.nodes.len()];
     for id in live {
         let node = graph.node(id);
@@ -70,7 +71,15 @@ pub fn interpret_with(graph: &Graph, inputs: &[&Buffer], random: &[RandomState])
         // Values are f64 or i64 here: an allocation the host cannot make is an error naming
         // the op, not an abort.
         let value = crate::buffer::check_allocation(node.meta.numel().saturating_mul(8))
-            .and_then(|()| eval(node, &args, inputs, random))
+            .and_then(|()| match unrounded.contains(&id) {
+                // Exact products (f64 accumulation), rounded once by the bias add.
+                true => Ok(Value {
+                    shape: node.meta.shape.clone(),
+                    dtype: node.meta.dtype,
+                    data: reduce::bmm(args[0], args[1], DType::F64),
+                }),
+                false => eval(node, &args, inputs, random),
+            })
             .map_err(|e| {
                 let operands = node.inputs.iter().map(|&x| graph.meta(x).to_string()).collect();
                 let e = e.in_op(node.op.name(), operands);
@@ -90,6 +99,46 @@ pub fn interpret_with(graph: &Graph, inputs: &[&Buffer], random: &[RandomState])
         }
     }
     Ok(graph.outputs.iter().map(|o| values[o.0].as_ref().expect("outputs are live").to_buffer()).collect())
+}
+
+/// The f16 / bf16 matrix products that `linear(x, w, bias)` adds a bias row to
+/// (`add(reshape*(bmm), expand*(row))`, nothing else reading the product or its reshapes):
+/// PyTorch, and the compiled backends' bias epilogue, add the bias before rounding the product,
+/// so the interpreter keeps these products unrounded and the add rounds once.
+fn biased_products(graph: &Graph, last_use: &[Option<usize>]) -> std::collections::HashSet<NodeId> {
+    let mut readers = vec![0usize; graph.nodes.len()];
+    for id in graph.live_nodes() {
+        for x in &graph.node(id).inputs {
+            readers[x.0] += 1;
+        }
+    }
+    let single = |n: NodeId| readers[n.0] == 1 && last_use[n.0].is_some();
+    let mut found = std::collections::HashSet::new();
+    for id in graph.live_nodes() {
+        let node = graph.node(id);
+        let Some(&last) = node.meta.shape.last() else { continue };
+        if node.op != Op::Binary(BinaryOp::Add) || !matches!(node.meta.dtype, DType::F16 | DType::BF16) {
+            continue;
+        }
+        for (product, bias) in [(node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])] {
+            let mut m = product;
+            while matches!(graph.node(m).op, Op::Reshape { .. }) && single(m) {
+                m = graph.node(m).inputs[0];
+            }
+            let mut row = bias;
+            while matches!(graph.node(row).op, Op::Expand { .. }) {
+                row = graph.node(row).inputs[0];
+            }
+            let row_shape = &graph.meta(row).shape;
+            let is_row = row_shape.last() == Some(&last) && row_shape.iter().rev().skip(1).all(|&d| d == 1);
+            let m_node = graph.node(m);
+            if m_node.op == Op::Bmm && single(m) && m_node.meta.shape.last() == Some(&last) && is_row {
+                found.insert(m);
+                break;
+            }
+        }
+    }
+    found
 }
 
 fn check_inputs(graph: &Graph, inputs: &[&Buffer]) -> Result<()> {
@@ -161,7 +210,7 @@ fn eval(node: &Node, args: &[&Value], inputs: &[&Buffer], random: &[RandomState]
         Op::Cat { dim } => done(movement::cat(args, *dim, shape, dtype)),
         Op::Gather { dim } => done(movement::gather(args[0], args[1], *dim)?),
         Op::IndexSelect { dim } => done(movement::index_select(args[0], args[1], *dim, shape)?),
-        Op::Scatter { dim, add } => done(movement::scatter(args[0], args[1], args[2], *dim, *add)?),
+        Op::Scatter { dim, reduce } => done(movement::scatter(args[0], args[1], args[2], *dim, *reduce)?),
         op => Err(Error::unsupported(format!("{op} is not a primitive: decompose the graph before interpreting it"))),
     }
 }

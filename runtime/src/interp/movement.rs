@@ -8,7 +8,7 @@
 
 use super::layout::Layout;
 use super::{round_float, wrap_int, Data, Value};
-use coil_ir::{DType, Error, Result, Scalar};
+use coil_ir::{DType, Error, ReduceOp, Result, Scalar};
 
 /// Constant padding: the output is filled with `value`, and `x` is written to the block that
 /// starts at the `before` pads.
@@ -77,9 +77,11 @@ pub(super) fn index_select(x: &Value, index: &Value, dim: usize, shape: &[usize]
     Ok(x.data.take(offsets))
 }
 
-/// `torch.scatter` / `scatter_add`: a copy of `x` with `out[p with p[dim] = index[p]] = src[p]`
-/// (or `+=`) for every position `p` of `index`, in row-major order (the last write wins).
-pub(super) fn scatter(x: &Value, index: &Value, src: &Value, dim: usize, add: bool) -> Result<Data> {
+/// `torch.scatter` / `scatter_reduce`: a copy of `x` with `out[p with p[dim] = index[p]] = src[p]`
+/// (or combined with `reduce`: `+=`, `*=`, max, min) for every position `p` of `index`, in
+/// row-major order (the last write wins). Max and min propagate NaN and keep the value already
+/// there on a tie (`-0.0` against `0.0`), as PyTorch's kernels do.
+pub(super) fn scatter(x: &Value, index: &Value, src: &Value, dim: usize, reduce: Option<ReduceOp>) -> Result<Data> {
     let xl = Layout::contiguous(&shape_1d(&x.shape));
     let idx = checked_indices(index, dim, xl.shape[dim])?;
     let stride = xl.strides[dim];
@@ -93,12 +95,28 @@ pub(super) fn scatter(x: &Value, index: &Value, src: &Value, dim: usize, add: bo
     match (&mut data, &src.data) {
         (Data::F(out), Data::F(s)) => {
             for (t, o) in pairs {
-                out[t] = if add { round_float(dtype, out[t] + s[o]) } else { s[o] };
+                let (a, b) = (out[t], s[o]);
+                out[t] = match reduce {
+                    None => b,
+                    Some(ReduceOp::Sum) => round_float(dtype, a + b),
+                    Some(ReduceOp::Prod) => round_float(dtype, a * b),
+                    Some(ReduceOp::Max) if a.is_nan() || (!b.is_nan() && b <= a) => a,
+                    Some(ReduceOp::Min) if a.is_nan() || (!b.is_nan() && b >= a) => a,
+                    Some(_) => b,
+                };
             }
         }
         (Data::I(out), Data::I(s)) => {
             for (t, o) in pairs {
-                out[t] = if add { wrap_int(dtype, out[t].wrapping_add(s[o])) } else { s[o] };
+                let (a, b) = (out[t], s[o]);
+                out[t] = match reduce {
+                    None => b,
+                    Some(ReduceOp::Sum) => wrap_int(dtype, a.wrapping_add(b)),
+                    Some(ReduceOp::Prod) => wrap_int(dtype, a.wrapping_mul(b)),
+                    Some(ReduceOp::Max) => a.max(b),
+                    Some(ReduceOp::Min) => a.min(b),
+                    Some(_) => unreachable!("scatter never reduces with an arg op (checked by infer)"),
+                };
             }
         }
         _ => unreachable!("scatter src has the input's dtype"),

@@ -69,6 +69,7 @@ fn unary_float(op: UnaryOp, a: f64) -> f64 {
         Tanh => a.tanh(),
         Sigmoid => 1.0 / (1.0 + (-a).exp()),
         Erf => math::erf(a),
+        Erfc => math::erfc(a),
         Erfinv => math::erfinv(a),
         Floor => a.floor(),
         Ceil => a.ceil(),

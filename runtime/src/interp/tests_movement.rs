@@ -2,7 +2,7 @@
 
 use super::tests::{bools, err, f32s, i32s, i64s, ok};
 use crate::Buffer;
-use coil_ir::{Op, Scalar};
+use coil_ir::{Op, ReduceOp, Scalar};
 
 fn arange(n: usize, shape: &[usize]) -> Buffer {
     f32s(&(0..n).map(|i| i as f32).collect::<Vec<_>>(), shape)
@@ -93,7 +93,7 @@ fn out_of_bounds_indices_are_errors() {
     assert_eq!(e.message, "index -1 is out of bounds for dim 0 with size 2");
     let e = err(Op::IndexSelect { dim: 0 }, &[&x, &i64s(&[2], &[1])]);
     assert_eq!(e.message, "index 2 is out of bounds for dim 0 with size 2");
-    let e = err(Op::Scatter { dim: 1, add: true }, &[&x, &i64s(&[5], &[1, 1]), &x]);
+    let e = err(Op::Scatter { dim: 1, reduce: Some(ReduceOp::Sum) }, &[&x, &i64s(&[5], &[1, 1]), &x]);
     assert_eq!(e.message, "index 5 is out of bounds for dim 1 with size 5");
 }
 
@@ -112,20 +112,47 @@ fn index_select_rows_and_columns() {
 fn scatter_and_scatter_add() {
     let zeros = f32s(&[0.; 9], &[3, 3]);
     let src = f32s(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
-    let s = ok(Op::Scatter { dim: 0, add: false }, &[&zeros, &i64s(&[0, 1, 2, 2, 0, 1], &[2, 3]), &src]);
+    let s = ok(Op::Scatter { dim: 0, reduce: None }, &[&zeros, &i64s(&[0, 1, 2, 2, 0, 1], &[2, 3]), &src]);
     assert_eq!(vals(&s), (vec![3, 3], vec![1., 5., 0., 0., 2., 6., 4., 0., 3.]));
     // index smaller than src: only src's leading block is used
-    let s = ok(Op::Scatter { dim: 1, add: false }, &[&f32s(&[0.; 8], &[2, 4]), &i64s(&[3, 0], &[1, 2]), &src]);
+    let s = ok(Op::Scatter { dim: 1, reduce: None }, &[&f32s(&[0.; 8], &[2, 4]), &i64s(&[3, 0], &[1, 2]), &src]);
     assert_eq!(vals(&s), (vec![2, 4], vec![2., 0., 0., 1., 0., 0., 0., 0.]));
     let s = ok(
-        Op::Scatter { dim: 0, add: true },
+        Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) },
         &[&f32s(&[1.; 3], &[3]), &i64s(&[0, 0, 2, 0], &[4]), &f32s(&[1., 2., 3., 4.], &[4])],
     );
     assert_eq!(s.to_vec::<f32>(), vec![8., 1., 4.]);
-    let s =
-        ok(Op::Scatter { dim: 0, add: false }, &[&f32s(&[0.; 2], &[2]), &i32s(&[1, 1], &[2]), &f32s(&[7., 9.], &[2])]);
+    let s = ok(
+        Op::Scatter { dim: 0, reduce: None },
+        &[&f32s(&[0.; 2], &[2]), &i32s(&[1, 1], &[2]), &f32s(&[7., 9.], &[2])],
+    );
     assert_eq!(s.to_vec::<f32>(), vec![0., 9.]);
     let i8s = |v: Vec<i8>| Buffer::from_vec(v.clone(), vec![v.len()]);
-    let s = ok(Op::Scatter { dim: 0, add: true }, &[&i8s(vec![100]), &i64s(&[0, 0], &[2]), &i8s(vec![100, 100])]);
+    let s = ok(
+        Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) },
+        &[&i8s(vec![100]), &i64s(&[0, 0], &[2]), &i8s(vec![100, 100])],
+    );
     assert_eq!(s.to_vec::<i8>(), vec![44]);
+}
+
+#[test]
+fn scatter_with_prod_max_and_min() {
+    let scatter = |reduce, x: &[f32], src: &[f32]| {
+        let idx = i64s(&[0, 0, 1, 2], &[4]);
+        ok(Op::Scatter { dim: 0, reduce: Some(reduce) }, &[&f32s(x, &[3]), &idx, &f32s(src, &[4])]).to_vec::<f32>()
+    };
+    assert_eq!(scatter(ReduceOp::Prod, &[2., 3., 1.], &[4., -1., 0.5, 0.]), vec![-8., 1.5, 0.]);
+    assert_eq!(scatter(ReduceOp::Max, &[2., 3., 1.], &[4., -1., 0.5, 7.]), vec![4., 3., 7.]);
+    assert_eq!(scatter(ReduceOp::Min, &[2., 3., 1.], &[4., -1., 0.5, 7.]), vec![-1., 0.5, 1.]);
+    // NaN wins from either side; a tie keeps the stored value (its sign of zero).
+    let m = scatter(ReduceOp::Max, &[f32::NAN, 0., -0.], &[1., 2., -0., 0.]);
+    assert!(m[0].is_nan() && m[1] == 0. && m[1].is_sign_positive() && m[2].is_sign_negative());
+    assert!(scatter(ReduceOp::Min, &[1., 0., 0.], &[f32::NAN, 2., 0., 0.])[0].is_nan());
+    // Integers wrap like PyTorch's.
+    let i8s = |v: Vec<i8>| Buffer::from_vec(v.clone(), vec![v.len()]);
+    let s = ok(
+        Op::Scatter { dim: 0, reduce: Some(ReduceOp::Prod) },
+        &[&i8s(vec![16]), &i64s(&[0, 0], &[2]), &i8s(vec![4, 3])],
+    );
+    assert_eq!(s.to_vec::<i8>(), vec![-64]);
 }

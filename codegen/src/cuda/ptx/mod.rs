@@ -89,8 +89,8 @@ pub fn emit_ptx(kernel: &TileKernel, target: &GpuTarget, tuning: &Tuning) -> Res
     })
 }
 
-/// The driver assembler's optimization level for `kernel` under `plan`: `COIL_PTXAS_OPT`
-/// (0-4) where set; else 1 for a persistent reduction of many rows whose chunks are all full,
+/// The driver assembler's optimization level for `kernel` under `plan`: the configuration's
+/// (`COIL_PTXAS_OPT`, 0-4) where set; else 1 for a persistent reduction of many rows whose chunks are all full,
 /// and 4 (the highest) for the rest.
 ///
 /// Such a kernel's PTX already issues each pass's loads together (`reduce.rs`, `pass`), which
@@ -101,7 +101,7 @@ pub fn emit_ptx(kernel: &TileKernel, target: &GpuTarget, tuning: &Tuning) -> Res
 /// one block (the last stage of a split reduction, cross-entropy's mean) are latency-bound and
 /// ran slower at level 1 (10.6 -> 15.1 us), so they keep level 4, as does everything else.
 pub(crate) fn assembler_level(kernel: &TileKernel, plan: &Plan) -> u32 {
-    if let Some(level) = std::env::var("COIL_PTXAS_OPT").ok().and_then(|v| v.trim().parse().ok()).filter(|&l| l <= 4) {
+    if let Some(level) = coil_ir::config::current().tuning.ptxas_opt.filter(|&l| l <= 4) {
         return level;
     }
     let full_chunks = kernel

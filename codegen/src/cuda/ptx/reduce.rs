@@ -415,7 +415,7 @@ impl<'a> PtxGen<'a> {
         if nchunk == Expr::int(0) {
             return Ok(());
         }
-        let unroll = std::env::var("COIL_ROW_UNROLL").ok().and_then(|v| v.parse::<i64>().ok()).unwrap_or(4).max(1);
+        let unroll = coil_ir::config::current().tuning.row_unroll.map_or(4, i64::from).max(1);
         let stmts: Vec<&TileStmt> = body.iter().collect();
         let group = Group::new(rindex(&self.rnumel()), "rchunk", nchunk, p.vec, "i");
         let rlane = self.rlane.expect("the lane");

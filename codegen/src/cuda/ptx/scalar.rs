@@ -424,6 +424,8 @@ pub fn unary(a: &mut Asm, op: UnaryOp, x: Reg, dx: DType, out: DType) -> R<Reg> 
             Sqrt => f(a, "sqrt.rn.f32"),
             Rsqrt => f(a, "rsqrt.approx.f32"),
             Erf => erf_f32(a, x),
+            // No PTX form yet: the kernel is CUDA C, with the library's erfcf.
+            Erfc => return Err("erfc (CUDA C's erfcf)".into()),
             Tanh => tanh_f32(a, x),
             Sin => super::trig::trig_f32(a, x, super::trig::Trig::Sin),
             Cos => super::trig::trig_f32(a, x, super::trig::Trig::Cos),

@@ -187,7 +187,7 @@ fn shapes_without_a_ptx_form_say_why() {
 fn assemble(modules: &[(String, String)]) -> bool {
     let ptxas = std::env::var("COIL_PTXAS").unwrap_or_else(|_| "ptxas".into());
     if std::process::Command::new(&ptxas).arg("--version").output().is_err() {
-        eprintln!("skipped: no ptxas ({ptxas}); set COIL_PTXAS to check the PTX assembles");
+        coil_ir::testing::skip(format!("no ptxas ({ptxas}); set COIL_PTXAS to check the PTX assembles"));
         return false;
     }
     let dir = std::env::temp_dir().join(format!("coil_ptx_{}_{}", std::process::id(), modules[0].0));
