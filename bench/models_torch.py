@@ -29,6 +29,15 @@ Rows (each for PyTorch eager and `torch.compile(model)`, default mode):
                               clip_grad_norm_(1.0), fused AdamW step (lr 6e-4, betas (0.9, 0.95),
                               eps 1e-8, weight decay 0.1 on parameters of 2+ dims only). The model is
                               compiled, the optimizer and the clipping are not (as nanoGPT does).
+Issue 22's rows (parameters f32, model and input channels-last, input bf16, under torch.autocast(bfloat16):
+convolutions and the classifier in bf16, batch norm bf16 in and out; the model is torchvision's resnet50
+written in plain torch.nn below, with torchvision's initialization, from torch.manual_seed):
+  resnet50_fwd_bf16           eval mode, batch 64 of 224x224 images, forward to the logits under no_grad
+  resnet50_train_step_bf16    zero_grad(set_to_none=True), forward in train mode (batch norm updates its
+                              running statistics), cross-entropy on random labels, backward, SGD step
+                              (lr 0.1, momentum 0.9, weight decay 1e-4, foreach); the model is compiled,
+                              the optimizer is not
+  (with --config tiny: resnet_tiny_*, a ResNet of one block per stage, width 8, 10 classes, batch 2 of 64x64)
 Issue 21's rows, time per token (`per_token: true`), bf16 weights (model.to(torch.bfloat16), no
 autocast), random weights from torch.manual_seed(0), greedy decoding, a static KV cache of capacity
 512 + 256 (models_torch_decode.py says how the cache, the mask and GQA are done):
@@ -249,16 +258,87 @@ def make_adamw(model: nn.Module, fused: bool) -> torch.optim.AdamW:
 
 
 # ----------------------------------------------------------------------------------------------
+# ResNet-50 as torchvision writes it (resnet50, "v1.5": the stride on a block's 3x3 convolution),
+# in plain torch.nn so that torchvision need not be installed; the parameter names are
+# torchvision's (conv1, bn1, layer1.0.conv1, ..., layer1.0.downsample.0, fc), as coil's.
+
+
+@dataclass
+class ResNetConfig:
+    layers: tuple
+    width: int
+    num_classes: int
+    batch: int
+    image: int
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes: int, planes: int, stride: int):
+        super().__init__()
+        out = planes * self.expansion
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or inplanes != out:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        h = self.relu(self.bn1(self.conv1(x)))
+        h = self.relu(self.bn2(self.conv2(h)))
+        return self.relu(self.bn3(self.conv3(h)) + identity)
+
+
+class ResNet(nn.Module):
+    def __init__(self, cfg: ResNetConfig):
+        super().__init__()
+        w = cfg.width
+        self.conv1 = nn.Conv2d(3, w, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(w)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        inplanes = w
+        for i, blocks in enumerate(cfg.layers):
+            layer = []
+            for b in range(blocks):
+                layer.append(Bottleneck(inplanes, w << i, 2 if i > 0 and b == 0 else 1))
+                inplanes = (w << i) * Bottleneck.expansion
+            setattr(self, f"layer{i + 1}", nn.Sequential(*layer))
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(inplanes, cfg.num_classes)
+        for m in self.modules():  # torchvision's initialization
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+# ----------------------------------------------------------------------------------------------
 # Rows.
 
 # B, T: the forward and training rows' batch; llama, prompt, new_tokens: the decode and prefill rows'
-# Llama (models_torch_decode.LLAMA_CONFIGS), prompt length and decode steps (cache capacity = the sum).
+# Llama (models_torch_decode.LLAMA_CONFIGS), prompt length and decode steps (cache capacity = the sum);
+# resnet: the ResNet rows' model, batch and image size.
 CONFIGS = {
     "124m": dict(gpt=GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024), B=8, T=1024,
-                 llama="1b", prompt=512, new_tokens=256),
+                 llama="1b", prompt=512, new_tokens=256,
+                 resnet=ResNetConfig(layers=(3, 4, 6, 3), width=64, num_classes=1000, batch=64, image=224)),
     "tiny": dict(gpt=GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=256, block_size=64), B=2, T=64,
-                 llama="tiny", prompt=16, new_tokens=8),
+                 llama="tiny", prompt=16, new_tokens=8,
+                 resnet=ResNetConfig(layers=(1, 1, 1, 1), width=8, num_classes=10, batch=2, image=64)),
 }
+# What "{resnet}" in a row name becomes for each config.
+RESNET_NAMES = {"124m": "resnet50", "tiny": "resnet_tiny"}
 
 
 @dataclass
@@ -272,6 +352,7 @@ class Ctx:
     llama_name: str
     prompt: int
     new_tokens: int
+    resnet: Optional[ResNetConfig] = None
     loop_warmup: int = 1
     loop_reps: int = 5
     seed: int = 1234
@@ -279,8 +360,8 @@ class Ctx:
 
     @property
     def sizes(self) -> dict:
-        """What row names are formatted with: {size} (GPT-2's) and {llama}."""
-        return dict(size=self.config, llama=self.llama_name)
+        """What row names are formatted with: {size} (GPT-2's), {llama} and {resnet}."""
+        return dict(size=self.config, llama=self.llama_name, resnet=RESNET_NAMES[self.config])
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -306,6 +387,21 @@ class Ctx:
             model = GPT(self.gpt) if kind == "gpt2" else dec.Llama(dec.LLAMA_CONFIGS[self.llama_name])
         model = model.to(dtype).eval().requires_grad_(False)
         return dec.Gpt2Cached(model) if kind == "gpt2" else model
+
+    def resnet_model(self):
+        """A fresh ResNet (f32 parameters, channels-last) with the same weights every time."""
+        torch.manual_seed(self.seed)
+        with torch.device(self.device):
+            model = ResNet(self.resnet)
+        return model.to(memory_format=torch.channels_last)
+
+    def images(self):
+        """A batch of N(0, 1) images, bf16, channels-last, and random labels, from a fixed seed."""
+        r = self.resnet
+        g = torch.Generator().manual_seed(self.seed + 3)
+        x = torch.randn(r.batch, 3, r.image, r.image, generator=g).to(torch.bfloat16)
+        y = torch.randint(0, r.num_classes, (r.batch,), generator=g)
+        return x.to(self.device).contiguous(memory_format=torch.channels_last), y.to(self.device)
 
     def prompt_ids(self, batch: int, vocab: int):
         """A prompt [batch, self.prompt] of token ids, uniform over the vocabulary, from a fixed seed."""
@@ -365,6 +461,35 @@ def setup_train_step(ctx: Ctx, compile):
     return step
 
 
+def setup_resnet_forward(ctx: Ctx, compile):
+    model = ctx.resnet_model().eval()
+    run = compile(model) if compile else model
+    x, _ = ctx.images()
+
+    def step():
+        with torch.no_grad(), ctx.autocast():
+            return run(x)
+
+    return step
+
+
+def setup_resnet_train_step(ctx: Ctx, compile):
+    model = ctx.resnet_model().train()
+    run = compile(model) if compile else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    x, y = ctx.images()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with ctx.autocast():
+            loss = F.cross_entropy(run(x).float(), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
 def setup_decode(kind: str, batch: int):
     """A decode row's setup: the model, the cache, the prompt prefilled (eagerly, not timed); the
     timed call is decode_loop of ctx.new_tokens steps from position ctx.prompt (models_torch_decode)."""
@@ -414,6 +539,22 @@ ROWS = [
         "zero_grad(set_to_none) + forward + loss + backward + clip_grad_norm_(1.0) + AdamW(fused=True, lr 6e-4, "
         "betas (0.9, 0.95), eps 1e-8, wd 0.1 on 2-D params) step; compiled: torch.compile(model) default mode, "
         "the optimizer step and the clipping run eagerly (as nanoGPT)"),
+]
+
+RESNET_PRECISION = ("parameters f32, model and input channels-last, input bf16; torch.autocast(bfloat16): convolutions "
+                    "and the classifier in bf16, batch norm bf16 in and out (f32 statistics), cross-entropy in f32; "
+                    "TF32 off")
+ROWS += [
+    RowSpec(
+        "{resnet}_fwd_bf16", setup_resnet_forward,
+        "inference forward to the logits (eval mode: batch norm with running statistics) under torch.no_grad(), "
+        "batch {RB} of {RI}x{RI}; compiled: torch.compile(model), default mode", precision=RESNET_PRECISION),
+    RowSpec(
+        "{resnet}_train_step_bf16", setup_resnet_train_step,
+        "zero_grad(set_to_none) + forward (train mode: batch statistics, running statistics updated) + "
+        "cross-entropy on random labels + backward + SGD(lr 0.1, momentum 0.9, weight_decay 1e-4, foreach) step, "
+        "batch {RB} of {RI}x{RI}; compiled: torch.compile(model) default mode, the optimizer step eagerly",
+        precision=RESNET_PRECISION),
 ]
 
 DECODE_NOTES = (
@@ -519,6 +660,8 @@ def summarize(out: torch.Tensor) -> dict:
     """What a step returned, for the row: a loss as a float, token ids as the first 16 of sequence 0."""
     if out.is_floating_point() and out.numel() == 1:
         return dict(loss=float(out.float().item()))
+    if out.is_floating_point():  # logits
+        return dict(logits_mean=float(out.float().mean().item()))
     return dict(tokens=out.reshape(out.shape[0], -1)[0, :16].tolist())
 
 
@@ -572,7 +715,7 @@ def run_row(spec: RowSpec, ctx: Ctx, modes, clock: Clock, warmup: int, reps: int
         warmup, reps = ctx.loop_warmup, ctx.loop_reps
     row = dict(name=name, torch_compile_ms=None, torch_eager_ms=None, torch_peak_bytes=None,
                torch_eager_peak_bytes=None, torch_compile_s=None,
-               notes=spec.notes.format(B=spec.batch, N=ctx.new_tokens, P=ctx.prompt),
+               notes=spec.notes.format(B=spec.batch, N=ctx.new_tokens, P=ctx.prompt, RB=ctx.resnet.batch, RI=ctx.resnet.image),
                compile_mode=spec.compile_mode or "default", fullgraph=spec.fullgraph,
                precision=spec.precision or PRECISION, warmup=warmup, reps=reps)
     if spec.per_token:
@@ -604,7 +747,9 @@ def run_row(spec: RowSpec, ctx: Ctx, modes, clock: Clock, warmup: int, reps: int
             row["torch_compile_s"] = r["compile_s"]
             row["torch_compiles"] = r["compiles"]
             row["torch_cudagraph_skips"] = r["cudagraph_skips"]
-        what = (f"loss {r['first']['loss']:.4f}" if "loss" in r["first"] else f"tokens {r['first']['tokens'][:6]}")
+        what = (f"loss {r['first']['loss']:.4f}" if "loss" in r["first"] else
+                f"logits mean {r['first']['logits_mean']:.4f}" if "logits_mean" in r["first"] else
+                f"tokens {r['first']['tokens'][:6]}")
         unit = "ms/token" if spec.per_token else "ms"
         print(f"  {name} {mode}: {r['ms']:.4f} {unit} device, {r['wall_ms']:.4f} {unit} wall, first call "
               f"{r['first_call_s']:.2f} s, {what}"
@@ -644,7 +789,7 @@ def table(res: dict) -> str:
 def select_rows(wanted, ctx: Ctx):
     """The specs whose name (formatted for this config or for the full-size one) matches one of
     `wanted` (names or fnmatch patterns; all rows if empty), and the patterns that match none."""
-    full = dict(size="124m", llama="1b")
+    full = dict(size="124m", llama="1b", resnet=RESNET_NAMES["124m"])
     names = lambda s: (s.name, s.name.format(**ctx.sizes), s.name.format(**full))  # noqa: E731
     hit = lambda s, w: any(fnmatch.fnmatchcase(n, w) for n in names(s))  # noqa: E731
     specs = [s for s in ROWS if not wanted or any(hit(s, w) for w in wanted)]
@@ -711,7 +856,7 @@ def main(argv=None):
 
     cfg = CONFIGS[args.config]
     ctx = Ctx(config=args.config, gpt=cfg["gpt"], B=cfg["B"], T=cfg["T"], device=torch.device(args.device),
-              llama_name=cfg["llama"], prompt=cfg["prompt"], new_tokens=cfg["new_tokens"],
+              llama_name=cfg["llama"], prompt=cfg["prompt"], new_tokens=cfg["new_tokens"], resnet=cfg["resnet"],
               loop_warmup=args.loop_warmup, loop_reps=args.loop_reps)
     specs, unknown = select_rows([w for w in args.rows.split(",") if w], ctx)
     if unknown:
@@ -739,7 +884,7 @@ def main(argv=None):
     llama = dec.LLAMA_CONFIGS[ctx.llama_name]
     res = dict(
         device=device_name, torch=torch.__version__, triton=triton_version, config=args.config,
-        model=dict(vars(ctx.gpt), B=ctx.B, T=ctx.T), precision=PRECISION,
+        model=dict(vars(ctx.gpt), B=ctx.B, T=ctx.T), precision=PRECISION, resnet=dict(vars(ctx.resnet)),
         decode=dict(prompt=ctx.prompt, new_tokens=ctx.new_tokens, capacity=ctx.prompt + ctx.new_tokens,
                     llama=dict(vars(llama), name=ctx.llama_name, head_dim=llama.head_dim)),
         timing=("device ms: median of CUDA-event times of --reps calls after --warmup (decode rows: --loop-reps "

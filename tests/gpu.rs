@@ -25,6 +25,9 @@ mod sampling;
 #[path = "replay/cases.rs"]
 mod replay;
 
+#[path = "resnet/cases.rs"]
+mod resnet;
+
 /// The GPU, or `None` after saying why the test is skipped.
 fn gpu() -> Option<coil::Device> {
     coil_runtime::testing::cuda_device().map(|_| coil::Device::Cuda(0))
@@ -853,5 +856,22 @@ fn data_errors_name_the_op_operands_and_line_on_cuda() {
             assert!(msg.contains(&format!("; operands: {operands}")), "{msg} should list {operands}");
             assert!(msg.contains(&format!(" at {at}: ")), "{msg} should point at {at}");
         }
+    }
+}
+
+/// A small ResNet's three training steps (batch norms writing their running statistics in
+/// place inside the compiled step, channels-last convolutions through cuDNN, SGD with momentum)
+/// on CUDA agree with the CPU's: losses, parameters and running statistics.
+#[test]
+fn resnet_training_steps_agree_with_the_cpu_on_cuda() {
+    let Some(device) = gpu() else { return };
+    coil::set_backend(coil::Backend::Compiled);
+    let (want_losses, want) = resnet::train(coil::Device::Cpu).unwrap();
+    let (got_losses, got) = resnet::train(device).unwrap();
+    let loss_err = resnet::rel_error(&got_losses, &want_losses);
+    assert!(loss_err < 1e-4, "losses {got_losses:?} on CUDA, {want_losses:?} on the CPU");
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        let err = resnet::rel_error(a, b);
+        assert!(err < 1e-3, "parameter or buffer {i} differs from the CPU's by {err:.2e}");
     }
 }

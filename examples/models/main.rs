@@ -1,7 +1,8 @@
 //! The models benchmark, coil's side: GPT-2 124M (B=8, T=1024, vocabulary 50304, dropout 0,
 //! f32 parameters with bf16 matrix products and attention) written with `coil::nn`, timed
 //! forward (to the loss, no gradients) and for a whole training step (forward, backward,
-//! gradient clipping, AdamW). `bench/models_torch.py` times the same model in PyTorch (eager
+//! gradient clipping, AdamW); the decode rows ([`decode`]); ResNet-50 at batch 64, forward and
+//! an SGD training step ([`resnet`]). `--rows` picks rows by name (`resnet50_fwd_bf16`, ...). `bench/models_torch.py` times the same model in PyTorch (eager
 //! and torch.compile) and `bench/models_table.py` sets them side by side.
 //!
 //! ```sh
@@ -18,6 +19,7 @@
 //! buffer not).
 
 mod decode;
+mod resnet;
 
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::{clip_grad_norm, AdamW, AdamWConfig, Optimizer, ParamStore, Precision};
@@ -309,6 +311,7 @@ fn main() -> coil::Result<()> {
     let timer = Timer::new(device)?;
     let mut rows = training_rows(&o, &timer)?;
     rows.extend(decode::rows(&o, &timer)?);
+    rows.extend(resnet::rows(&o, &timer)?);
     let device_name = match device {
         Device::Cuda(n) => CudaDevice::get(n)?.name().to_string(),
         Device::Cpu => "cpu".to_string(),

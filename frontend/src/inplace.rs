@@ -17,6 +17,22 @@ use coil_ir::kernel::Donation;
 use coil_ir::{Error, ErrorKind, Result};
 use std::panic::Location;
 
+/// Whether a compiled function ([`crate::dynamo`]) is running on this thread
+/// (`torch.compiler.is_compiling()`): in-place updates are then recorded and run with the
+/// call's graph, so a module need not ask for anything to be computed with them.
+///
+/// ```
+/// assert!(!coil_frontend::is_compiling());
+/// let f = coil_frontend::dynamo::compile(|_: &[coil_frontend::Tensor]| {
+///     assert!(coil_frontend::is_compiling());
+///     Ok(vec![])
+/// });
+/// f.call(&[]).unwrap();
+/// ```
+pub fn is_compiling() -> bool {
+    crate::dynamo::tracing()
+}
+
 /// Computes every `value` and writes it over its `target`'s elements, all in one graph; returns
 /// the updated tensors, in order (computed, with no history: they keep nothing of the graph
 /// that made them alive).

@@ -30,7 +30,7 @@ mod walk;
 
 pub use autodiff::{grad, value_and_grad};
 pub use dynamo::{explain, set_stance, CompiledFn, ExplainReport, GraphBreak, Stance};
-pub use inplace::{update_in_place, update_in_place_with};
+pub use inplace::{is_compiling, update_in_place, update_in_place_with};
 pub use ops::linalg::linear;
 pub use ops::movement::{cat, stack};
 pub use ops::nn::{embedding, scaled_dot_product_attention, CrossEntropyOptions, LossReduction};

@@ -197,8 +197,8 @@ pub enum ExternCall {
 
 /// One form of a convolution ([`Op::Conv`]) as one call (cuDNN on CUDA): operands `a` and
 /// `b` (x and w, dy and w, or x and dy, as [`crate::op::ConvForm`] says) are strided views of
-/// their buffers, in elements, so a channels-last input is read in place; the result is the
-/// node's row-major buffer. Sizes are constants: the compile path keeps convolutions whole
+/// their buffers, in elements, so a channels-last input is read in place; the result is written
+/// with `out_strides` (row-major, or channels-last: the buffer of the permute after it). Sizes are constants: the compile path keeps convolutions whole
 /// only for static shapes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvCall {
@@ -208,6 +208,9 @@ pub struct ConvCall {
     pub b: TensorView,
     /// The result's shape, `[N, C, *spatial]` or the weight's.
     pub out: Vec<usize>,
+    /// The result's strides in its buffer: row-major, or channels-last (`C` fastest) where
+    /// the call writes the buffer of the permute to `[N, *spatial, C]` after it.
+    pub out_strides: Vec<usize>,
 }
 
 /// A dense tensor seen through its buffer: element `i` is at `offset + sum(i_k * strides[k])`.

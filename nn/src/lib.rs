@@ -6,11 +6,13 @@
 //!   by full name, the [`Path`] a module is built from, initializations ([`Init`]), training
 //!   mode and the mixed-precision policy ([`Mode`], [`Precision`]);
 //! * modules ([`modules`]): [`Linear`], [`Embedding`], [`LayerNorm`], [`RmsNorm`], [`Dropout`],
+//!   [`Conv1d`], [`Conv2d`], [`BatchNorm2d`] (running statistics updated in place),
 //!   causal self-attention (GPT-2 and Llama layouts), the GELU and gated (SwiGLU) MLPs, rotary
 //!   embeddings, all behind the [`Module`] trait;
 //! * optimizers ([`optim`]): [`Sgd`], [`AdamW`], [`clip_grad_norm`], learning-rate schedules;
 //!   a step updates parameters and state in place, in one compiled graph;
-//! * models ([`models`]): GPT-2 with Hugging Face's parameter names;
+//! * models ([`models`]): GPT-2 and Llama with Hugging Face's parameter names, ResNet-50 with
+//!   torchvision's;
 //! * saving and loading ([`io`]): parameters and optimizer state as safetensors files, by name,
 //!   checked before anything is bound.
 //!
@@ -45,6 +47,7 @@ pub mod param;
 pub use io::{load_optimizer, save_optimizer, LoadOptions};
 pub use modules::conv::{Conv1d, Conv2d};
 pub use modules::layers::{Dropout, Embedding, LayerNorm, Layout, Linear, RmsNorm};
+pub use modules::norm::{BatchNorm2d, BatchNormConfig, RunningStats};
 pub use modules::transformer::{CausalSelfAttention, GatedMlp, KvCache, Mlp, Rotary};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig, Constant, LrSchedule, Optimizer, Sgd, SgdConfig, WarmupCosine};
 pub use param::{Init, Mode, Param, ParamStore, Path, Precision};

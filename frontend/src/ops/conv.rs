@@ -51,7 +51,9 @@ fn layout(d: usize, channels: &str) -> String {
 impl Tensor {
     /// `F.conv2d(x, weight, bias, stride, padding, dilation, groups)` of `x: [N, C, H, W]` and
     /// `weight: [O, C / groups, kh, kw]`: `[N, O, H', W']`. `x` may be any view, channels-last
-    /// (`[N, H, W, C]` permuted) included.
+    /// (`[N, H, W, C]` permuted) included; permuting the result to `[N, H', W', O]` costs
+    /// nothing on CUDA (cuDNN writes it so), which is how a network keeps its activations
+    /// channels-last (`coil_nn::Conv2d::forward_channels_last`).
     ///
     /// ```
     /// use coil_frontend::{ops::conv::ConvOptions, Tensor};

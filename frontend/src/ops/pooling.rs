@@ -1,4 +1,5 @@
-//! Pooling over the last 1 to 3 dims of `[N, C, *spatial]`, written with pads and strided
+//! Pooling over the last 1 to 3 dims of `[N, C, *spatial]` (or the middle ones of a
+//! channels-last `[N, H, W, C]`: `max_pool2d_channels_last`), written with pads and strided
 //! slices: `max_pool` / `avg_pool` (one strided slice of the padded input per kernel offset,
 //! combined with `maximum` or summed; `ceil_mode` and dilation as PyTorch), and the adaptive
 //! pools (`adaptive_avg_pool`: a product with an averaging matrix per dim; `adaptive_max_pool`:
@@ -46,6 +47,8 @@ struct PoolGeometry<'a> {
     padding: &'a [usize],
     dilation: &'a [usize],
     ceil_mode: bool,
+    /// The spatial dims are those after the batch, the channels last (`[N, *spatial, C]`).
+    channels_last: bool,
 }
 
 impl Tensor {
@@ -73,9 +76,11 @@ impl Tensor {
             );
         }
         let rank = self.rank();
+        // Spatial dim `i` of the tensor.
+        let first = if g.channels_last { 1 } else { rank - nd };
         let (mut out_sizes, mut overhang) = (Vec::with_capacity(nd), Vec::with_capacity(nd));
         for i in 0..nd {
-            let (k, s, p, d, n) = (g.kernel[i], stride[i], g.padding[i], dilation[i], self.shape()[rank - nd + i]);
+            let (k, s, p, d, n) = (g.kernel[i], stride[i], g.padding[i], dilation[i], self.shape()[first + i]);
             if k == 0 || s == 0 || d == 0 {
                 let msg = format!(
                     "kernel size, stride and dilation must be positive, got {:?}, {stride:?} and {dilation:?}",
@@ -104,8 +109,11 @@ impl Tensor {
             overhang.push(((out - 1) * s + span).saturating_sub(padded) as usize);
         }
         let fill = if kind == Pool::Max { f64::NEG_INFINITY } else { 0.0 };
-        let pads: Vec<i64> =
-            (0..nd).rev().flat_map(|i| [g.padding[i] as i64, (g.padding[i] + overhang[i]) as i64]).collect();
+        // `pad` takes the last dim's pair first: the channels' (none) when they are last.
+        let channels = if g.channels_last { vec![0, 0] } else { vec![] };
+        let pads: Vec<i64> = (channels.into_iter())
+            .chain((0..nd).rev().flat_map(|i| [g.padding[i] as i64, (g.padding[i] + overhang[i]) as i64]))
+            .collect();
         let padded = if pads.iter().any(|&p| p > 0) { self.pad(&pads, fill)? } else { self.clone() };
         let offsets: Vec<Vec<usize>> = g.kernel.iter().fold(vec![vec![]], |acc, &k| {
             acc.iter().flat_map(|o| (0..k).map(move |j| [o.clone(), vec![j]].concat())).collect()
@@ -116,7 +124,7 @@ impl Tensor {
             for i in 0..nd {
                 let start = (offset[i] * dilation[i]) as i64;
                 let end = start + (stride[i] * (out_sizes[i] - 1)) as i64 + 1;
-                w = w.slice((rank - nd + i) as i64, Some(start), Some(end), stride[i] as i64)?;
+                w = w.slice((first + i) as i64, Some(start), Some(end), stride[i] as i64)?;
             }
             acc = Some(match (acc, kind) {
                 (None, _) => w,
@@ -131,7 +139,7 @@ impl Tensor {
         let mut divisor: Option<Tensor> = None;
         for i in 0..nd {
             let (k, s, p, n) =
-                (g.kernel[i] as i64, stride[i] as i64, g.padding[i] as i64, self.shape()[rank - nd + i] as i64);
+                (g.kernel[i] as i64, stride[i] as i64, g.padding[i] as i64, self.shape()[first + i] as i64);
             let (lo, hi) = if count_include_pad { (-p, n + p) } else { (0, n) };
             let counts: Vec<f64> = (0..out_sizes[i] as i64)
                 .map(|o| {
@@ -139,7 +147,7 @@ impl Tensor {
                     ((start + k).min(hi) - start.max(lo)).max(0) as f64
                 })
                 .collect();
-            let c = along(counts, rank - nd + i, rank, self.dtype(), self)?;
+            let c = along(counts, first + i, rank, self.dtype(), self)?;
             divisor = Some(match divisor {
                 None => c,
                 Some(dv) => dv.mul(&c)?,
@@ -171,7 +179,12 @@ impl Tensor {
         let loc = Location::caller();
         let op = pool_name("max", kernel.len());
         let _scope = CompositeScope::enter(op, &[self], loc);
-        self.pool(op, Pool::Max, PoolGeometry { kernel, stride, padding, dilation, ceil_mode }, loc)
+        self.pool(
+            op,
+            Pool::Max,
+            PoolGeometry { kernel, stride, padding, dilation, ceil_mode, channels_last: false },
+            loc,
+        )
     }
 
     /// `F.avg_pool1d/2d/3d(x, kernel, stride, padding, ceil_mode, count_include_pad)` over the
@@ -195,7 +208,7 @@ impl Tensor {
         let loc = Location::caller();
         let op = pool_name("avg", kernel.len());
         let _scope = CompositeScope::enter(op, &[self], loc);
-        let g = PoolGeometry { kernel, stride, padding, dilation: &[], ceil_mode };
+        let g = PoolGeometry { kernel, stride, padding, dilation: &[], ceil_mode, channels_last: false };
         self.pool(op, Pool::Avg { count_include_pad }, g, loc)
     }
 
@@ -217,9 +230,51 @@ impl Tensor {
         self.pool(
             "max_pool2d",
             Pool::Max,
-            PoolGeometry { kernel: &kernel, stride, padding: &padding, dilation: &[], ceil_mode: false },
+            PoolGeometry {
+                kernel: &kernel,
+                stride,
+                padding: &padding,
+                dilation: &[],
+                ceil_mode: false,
+                channels_last: false,
+            },
             loc,
         )
+    }
+
+    /// [`Tensor::max_pool2d`] of channels-last `[N, H, W, C]` (the same values, permuted):
+    /// computed in that layout, so a network that keeps its activations channels-last never
+    /// transposes one for pooling.
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::randn(&[2, 3, 7, 6], coil_ir::DType::F32)?;
+    /// let want = x.max_pool2d([3, 3], &[2, 2], [1, 1])?.permute(&[0, 2, 3, 1])?;
+    /// let got = x.permute(&[0, 2, 3, 1])?.max_pool2d_channels_last([3, 3], &[2, 2], [1, 1])?;
+    /// assert_eq!(got.to_vec::<f32>()?, want.to_vec::<f32>()?);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn max_pool2d_channels_last(
+        &self,
+        kernel: [usize; 2],
+        stride: &[usize],
+        padding: [usize; 2],
+    ) -> Result<Tensor> {
+        let loc = Location::caller();
+        let _scope = CompositeScope::enter("max_pool2d", &[self], loc);
+        if self.rank() != 4 {
+            return fail("max_pool2d", self, format!("expected [N, H, W, C], got {:?}", self.shape()), loc);
+        }
+        let g = PoolGeometry {
+            kernel: &kernel,
+            stride,
+            padding: &padding,
+            dilation: &[],
+            ceil_mode: false,
+            channels_last: true,
+        };
+        self.pool("max_pool2d", Pool::Max, g, loc)
     }
 
     /// `F.avg_pool2d(x, kernel, stride, padding, count_include_pad=...)`.
@@ -244,7 +299,14 @@ impl Tensor {
         self.pool(
             "avg_pool2d",
             Pool::Avg { count_include_pad },
-            PoolGeometry { kernel: &kernel, stride, padding: &padding, dilation: &[], ceil_mode: false },
+            PoolGeometry {
+                kernel: &kernel,
+                stride,
+                padding: &padding,
+                dilation: &[],
+                ceil_mode: false,
+                channels_last: false,
+            },
             loc,
         )
     }
@@ -266,7 +328,14 @@ impl Tensor {
         self.pool(
             "max_pool1d",
             Pool::Max,
-            PoolGeometry { kernel: &[kernel], stride: &stride, padding: &[padding], dilation: &[], ceil_mode: false },
+            PoolGeometry {
+                kernel: &[kernel],
+                stride: &stride,
+                padding: &[padding],
+                dilation: &[],
+                ceil_mode: false,
+                channels_last: false,
+            },
             loc,
         )
     }
@@ -293,7 +362,14 @@ impl Tensor {
         self.pool(
             "avg_pool1d",
             Pool::Avg { count_include_pad },
-            PoolGeometry { kernel: &[kernel], stride: &stride, padding: &[padding], dilation: &[], ceil_mode: false },
+            PoolGeometry {
+                kernel: &[kernel],
+                stride: &stride,
+                padding: &[padding],
+                dilation: &[],
+                ceil_mode: false,
+                channels_last: false,
+            },
             loc,
         )
     }
@@ -314,7 +390,14 @@ impl Tensor {
         self.pool(
             "max_pool3d",
             Pool::Max,
-            PoolGeometry { kernel: &kernel, stride, padding: &padding, dilation: &[], ceil_mode: false },
+            PoolGeometry {
+                kernel: &kernel,
+                stride,
+                padding: &padding,
+                dilation: &[],
+                ceil_mode: false,
+                channels_last: false,
+            },
             loc,
         )
     }
@@ -340,7 +423,14 @@ impl Tensor {
         self.pool(
             "avg_pool3d",
             Pool::Avg { count_include_pad },
-            PoolGeometry { kernel: &kernel, stride, padding: &padding, dilation: &[], ceil_mode: false },
+            PoolGeometry {
+                kernel: &kernel,
+                stride,
+                padding: &padding,
+                dilation: &[],
+                ceil_mode: false,
+                channels_last: false,
+            },
             loc,
         )
     }

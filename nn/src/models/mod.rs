@@ -1,7 +1,9 @@
-//! Whole models written with the modules of this crate, with Hugging Face's parameter names.
+//! Whole models written with the modules of this crate, with their reference implementations'
+//! parameter names: GPT-2 and Llama as Hugging Face's, ResNet as torchvision's.
 
 pub mod gpt2;
 pub mod llama;
+pub mod resnet;
 
 use crate::KvCache;
 use coil_frontend::Tensor;

@@ -1,6 +1,7 @@
-//! The modules: layers ([`layers`]), convolutions ([`conv`]) and transformer pieces
-//! ([`transformer`]).
+//! The modules: layers ([`layers`]), convolutions ([`conv`]), batch normalization ([`norm`])
+//! and transformer pieces ([`transformer`]).
 
 pub mod conv;
 pub mod layers;
+pub mod norm;
 pub mod transformer;

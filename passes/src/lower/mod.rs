@@ -37,6 +37,10 @@
 //! reader) and the logsumexp a backward needs; the backward writes the gradients of q, k and v,
 //! one call per attention.
 //!
+//! A convolution template (`conv` module) is one extern call on strided views of its operands;
+//! it writes its own buffer, or that of the channels-last permute after it when that is its only
+//! reader.
+//!
 //! Degenerate nodes need no loop at all and are inlined as constants: anything with no elements
 //! (but a gather, index_select or scatter with indices to check, which runs as a fallback call
 //! so that an index out of bounds is an error, as in PyTorch),
@@ -131,6 +135,9 @@ pub(crate) struct Lowerer<'g> {
     /// Attention nodes computed by the call that writes the buffer of the permute after them,
     /// by permute (the attention nodes are in `inside`).
     attention_roots: HashMap<NodeId, NodeId>,
+    /// Convolutions computed by the call that writes the buffer of the channels-last permute
+    /// after them, by permute (the convolutions are in `inside`).
+    conv_roots: HashMap<NodeId, NodeId>,
     /// The attention template nodes one call computes together (`attention` module), and each
     /// template node's group.
     groups: Vec<Vec<NodeId>>,
@@ -197,6 +204,7 @@ impl<'g> Lowerer<'g> {
             epilogues: HashMap::new(),
             inside: HashSet::new(),
             attention_roots: HashMap::new(),
+            conv_roots: HashMap::new(),
             groups: Vec::new(),
             group_of: HashMap::new(),
             readers: vec![Vec::new(); g.nodes.len()],
@@ -209,6 +217,8 @@ impl<'g> Lowerer<'g> {
         (l.epilogues, l.inside) = epilogue::epilogues(&l);
         l.attention_roots = attention::permuted_outputs(&l);
         l.inside.extend(l.attention_roots.values().copied());
+        l.conv_roots = conv::permuted_outputs(&l);
+        l.inside.extend(l.conv_roots.values().copied());
         (l.group_of, l.groups) = attention::template_groups(&l);
         l
     }
@@ -339,7 +349,7 @@ impl<'g> Lowerer<'g> {
                 self.realize(n)?;
             }
             _ if self.inside.contains(&n) => {}
-            _ if self.attention_roots.contains_key(&n) => {
+            _ if self.attention_roots.contains_key(&n) || self.conv_roots.contains_key(&n) => {
                 self.realize(n)?;
             }
             Op::Reduce { .. } | Op::Bmm | Op::Cumsum { .. } | Op::Argsort { .. } | Op::Scatter { .. } => {
@@ -396,6 +406,9 @@ impl<'g> Lowerer<'g> {
         let node = self.g.node(n);
         if let Op::Conv { .. } = node.op {
             return self.realize_conv(n);
+        }
+        if let Some(&conv) = self.conv_roots.get(&n) {
+            return self.realize_conv(conv);
         }
         if node.op.is_template() || self.attention_roots.contains_key(&n) {
             return self.realize_template(n);

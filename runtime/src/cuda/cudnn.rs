@@ -200,13 +200,14 @@ pub fn convolution(
 /// The call as an error names it: form, geometry, operand shapes and strides.
 fn describe(call: &ConvCall) -> String {
     format!(
-        "{}; a {:?} strides {:?}, b {:?} strides {:?}, out {:?}",
+        "{}; a {:?} strides {:?}, b {:?} strides {:?}, out {:?} strides {:?}",
         call.geometry.describe(),
         call.a.shape,
         call.a.strides,
         call.b.shape,
         call.b.strides,
-        call.out
+        call.out,
+        call.out_strides
     )
 }
 
@@ -320,7 +321,7 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -
     let b = view_desc(dt, &call.b, b_filter)?;
     let out = view_desc(
         dt,
-        &TensorView { buffer: call.a.buffer, offset: 0, shape: call.out.clone(), strides: row_major(&call.out) },
+        &TensorView { buffer: call.a.buffer, offset: 0, shape: call.out.clone(), strides: call.out_strides.clone() },
         out_filter,
     )?;
 

@@ -1,6 +1,7 @@
 //! The convolution template's call end to end: a graph keeping each form whole, lowered and
 //! run on the CPU backend (the host path) and on CUDA (cuDNN), against the reference
-//! interpreter of its decomposition. Operand views are channels-last where the test says so.
+//! interpreter of its decomposition. Operand views are channels-last where the test says so, and
+//! so is the result where a permute to channels-last follows the call (it writes that buffer).
 
 use super::super::tests::{assert_close, gpu, randoms, TempDir};
 use crate::cuda::CudaCompiledGraph;
@@ -18,6 +19,8 @@ struct Case {
     form: ConvForm,
     stored: [Vec<usize>; 2],
     perms: [Option<Vec<usize>>; 2],
+    /// The permute to channels-last after the convolution, the graph's output then.
+    out_perm: Option<Vec<usize>>,
 }
 
 fn geometry(stride: Vec<usize>, padding: Vec<usize>, dilation: Vec<usize>, groups: usize) -> ConvGeometry {
@@ -36,6 +39,7 @@ fn cases() -> Vec<Case> {
             form: ConvForm::Forward,
             stored: [vec![2, 9, 8, 4], vec![6, 2, 3, 3]],
             perms: [nhwc.clone(), None],
+            out_perm: None,
         },
         Case {
             name: "conv2d data gradient",
@@ -43,13 +47,15 @@ fn cases() -> Vec<Case> {
             form: ConvForm::BackwardData { size: vec![9, 8] },
             stored: [vec![2, 6, 5, 8], vec![6, 2, 3, 3]],
             perms: [None, None],
+            out_perm: None,
         },
         Case {
             name: "conv2d weight gradient, channels-last",
             geometry: g2,
             form: ConvForm::BackwardWeight { kernel: vec![3, 3] },
             stored: [vec![2, 9, 8, 4], vec![2, 5, 8, 6]],
-            perms: [nhwc.clone(), nhwc],
+            perms: [nhwc.clone(), nhwc.clone()],
+            out_perm: None,
         },
         Case {
             name: "conv1d",
@@ -57,6 +63,7 @@ fn cases() -> Vec<Case> {
             form: ConvForm::Forward,
             stored: [vec![2, 3, 11], vec![4, 3, 3]],
             perms: [None, None],
+            out_perm: None,
         },
         Case {
             name: "conv3d",
@@ -64,6 +71,31 @@ fn cases() -> Vec<Case> {
             form: ConvForm::Forward,
             stored: [vec![1, 3, 4, 6, 5], vec![2, 3, 3, 2, 2]],
             perms: [None, None],
+            out_perm: None,
+        },
+        Case {
+            name: "conv2d channels-last in and out",
+            geometry: geometry(vec![2, 2], vec![1, 1], vec![1, 1], 1),
+            form: ConvForm::Forward,
+            stored: [vec![2, 9, 8, 4], vec![6, 4, 3, 3]],
+            perms: [nhwc.clone(), None],
+            out_perm: Some(vec![0, 2, 3, 1]),
+        },
+        Case {
+            name: "conv2d data gradient, channels-last in and out",
+            geometry: geometry(vec![2, 1], vec![1, 2], vec![1, 2], 2),
+            form: ConvForm::BackwardData { size: vec![9, 8] },
+            stored: [vec![2, 5, 8, 6], vec![6, 2, 3, 3]],
+            perms: [nhwc.clone(), None],
+            out_perm: Some(vec![0, 2, 3, 1]),
+        },
+        Case {
+            name: "conv2d weight gradient, channels-last in and out",
+            geometry: geometry(vec![1, 1], vec![1, 1], vec![1, 1], 1),
+            form: ConvForm::BackwardWeight { kernel: vec![3, 3] },
+            stored: [vec![2, 7, 6, 5], vec![2, 7, 6, 8]],
+            perms: [nhwc.clone(), nhwc],
+            out_perm: Some(vec![0, 2, 3, 1]),
         },
     ]
 }
@@ -80,7 +112,10 @@ fn graph(case: &Case, dtype: DType) -> Graph {
         });
     }
     let op = Op::Conv { geometry: case.geometry.clone(), form: case.form.clone() };
-    let y = g.push(op, &operands, None).unwrap();
+    let mut y = g.push(op, &operands, None).unwrap();
+    if let Some(perm) = &case.out_perm {
+        y = g.push(Op::Permute { perm: perm.clone() }, &[y], None).unwrap();
+    }
     g.outputs.push(y);
     g
 }
@@ -119,6 +154,12 @@ fn convolution_calls_run_on_the_cpu_backend() {
         let g = graph(&case, DType::F32);
         let args = inputs(&case, DType::F32);
         let (program, schedule) = program(&g);
+        // The lowering's decision: a permute to channels-last after the call is written by it.
+        let LoopKind::Extern { call: ExternCall::Conv(call), .. } = &program.nodes[0].kind else { unreachable!() };
+        if let [_, c, h, w] = call.out[..] {
+            let want = if case.out_perm.is_some() { [c * h * w, 1, w * c, c] } else { [c * h * w, h * w, w, 1] };
+            assert_eq!(call.out_strides, want, "{}", case.name);
+        }
         let cg = crate::cpu::CompiledGraph::new_in(program, schedule, vec![None], "", &dir.0).unwrap();
         let refs: Vec<&Buffer> = args.iter().collect();
         let got = cg.run(&refs).unwrap().remove(0).data.to_f64_vec();
