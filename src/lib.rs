@@ -44,6 +44,8 @@
 //! the op set, the graph), `coil-passes` (decomposition), `coil-codegen`, `coil-runtime`
 //! (buffers, devices, the reference interpreter), `coil-frontend` (the `Tensor` API).
 
+#![warn(missing_docs)]
+
 pub use coil_frontend::compile::{compile_count, inspect, Compiled, Executable, StageTimes};
 pub use coil_frontend::dynamo::{
     compile, explain, set_stance, stance, BreakKind, CallStats, CompiledFn, ExplainReport, GraphBreak, GraphInfo,
