@@ -73,7 +73,9 @@ impl Blas {
 /// A device operand: the buffer's base address and its size in bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct DevOperand {
+    /// The buffer's device address.
     pub ptr: sys::CUdeviceptr,
+    /// The buffer's size in bytes.
     pub bytes: usize,
 }
 

@@ -75,6 +75,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Launch shape and resources of one generated kernel, for dumps (`summary.json`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelAttributes {
+    /// The kernel's entry point.
     pub name: String,
     /// Blocks in the (1-D) grid; for a kernel of symbolic `xnumel`, at the size symbols' hints
     /// (each run computes its own).
@@ -94,8 +95,9 @@ pub struct KernelAttributes {
     /// driver's assembler at that optimization level).
     pub compiler: &'static str,
     /// Microseconds the compiler took on the kernel's translation unit in this process (0: a
-    /// disk-cache hit), and loading its CUBIN (`cuModuleLoadData`, function look-ups).
+    /// disk-cache hit).
     pub compile_us: u64,
+    /// Microseconds loading its CUBIN (`cuModuleLoadData`, function look-ups).
     pub load_us: u64,
 }
 
@@ -955,6 +957,7 @@ pub struct StreamTimer {
 }
 
 impl StreamTimer {
+    /// A timer on `device`'s stream (two CUDA events).
     pub fn new(device: &Arc<CudaDevice>) -> Result<StreamTimer> {
         let [start, end]: [CudaEvent; 2] = timing_events(device, 2)?.try_into().expect("two events");
         Ok(StreamTimer { device: device.clone(), start, end })
