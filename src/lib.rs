@@ -25,7 +25,7 @@
 //!
 //! A function of tensors compiled with [`compile`] captures its graphs on each call, serves
 //! them from a guarded cache (dtypes, devices, static sizes, graph structure), recompiles when
-//! a guard fails and says which, and cuts its graph at host reads (graph breaks); [`explain`]
+//! a guard fails and says which, and cuts its graph at host reads (graph breaks); [`explain()`]
 //! reports graphs, breaks with their reasons and lines, ops and guards:
 //!
 //! ```

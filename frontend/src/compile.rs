@@ -403,7 +403,7 @@ fn cache() -> &'static Mutex<Cache> {
     CACHE.get_or_init(Default::default)
 }
 
-/// Number of graphs compiled by this process for [`crate::realize`] (cache misses of its
+/// Number of graphs compiled by this process for [`crate::realize()`] (cache misses of its
 /// compiled-graph cache, shared by every thread), for tests and reports. A program realized
 /// again (the next step of a training loop, with new data and new random numbers) is a hit.
 ///

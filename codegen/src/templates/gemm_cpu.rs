@@ -251,7 +251,7 @@ const A_BLOCK_BYTES: usize = 384 << 10;
 
 impl Blocking {
     /// The blocking for `k` (any `m`, `n`): k in near-equal blocks of at most
-    /// [`KC_BYTES`] / element bytes.
+    /// `KC_BYTES` / element bytes.
     ///
     /// ```
     /// use coil_codegen::templates::gemm_cpu::{Blocking, Layout};

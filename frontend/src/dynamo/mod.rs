@@ -21,7 +21,7 @@
 //! [`Tensor::map_host`]) is a **graph break** ([`GraphBreak`]): the pending work it needs is
 //! compiled and run as one graph, together with every pending value the function still holds
 //! (so nothing is computed twice), and capture goes on after it. Each break has a stable id, a
-//! reason, a hint and the user's line (`COIL_LOGS=graph_breaks`). [`explain`] reports all of
+//! reason, a hint and the user's line (`COIL_LOGS=graph_breaks`). [`explain()`] reports all of
 //! it; a [`Stance`] turns breaks or recompiles into errors for CI.
 //!
 //! **In-place updates** ([`crate::update_in_place_with`], as a key/value cache's write) made
@@ -88,9 +88,9 @@ pub enum Stance {
     /// Break graphs and recompile as needed.
     #[default]
     Default,
-    /// A graph break is an [`Error`] (kind `Unsupported`) naming the reason, hint and line.
+    /// A graph break is an [`Error`](coil_ir::Error) (kind `Unsupported`) naming the reason, hint and line.
     FailOnGraphBreak,
-    /// A recompile is an [`Error`] (kind `Unsupported`) naming the failed guard.
+    /// A recompile is an [`Error`](coil_ir::Error) (kind `Unsupported`) naming the failed guard.
     FailOnRecompile,
 }
 
@@ -454,7 +454,7 @@ where
         Ok(outputs)
     }
 
-    /// Runs the function once under [`explain`]'s recording, with a cache of its own (this
+    /// Runs the function once under [`explain()`]'s recording, with a cache of its own (this
     /// function's cache and counters are left as they are).
     #[track_caller]
     pub fn explain(&self, args: &[&Tensor]) -> Result<ExplainReport> {

@@ -143,9 +143,9 @@ impl BmmSpec {
 pub enum GemmEngine {
     /// The packed template where this CPU and compiler serve the dtype, else the `gemm` crate;
     /// also the crate for f32 products of few rows or columns
-    /// ([`gemm_packed::skinny`](super::gemm_packed::skinny)).
+    /// ([`super::gemm_packed::skinny`]).
     Auto,
-    /// The packed template ([`gemm_packed`](super::gemm_packed)); an error where it cannot run.
+    /// The packed template ([`super::gemm_packed`]); an error where it cannot run.
     Packed,
     /// The `gemm` crate (half types widened to f32).
     Crate,

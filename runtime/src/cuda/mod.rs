@@ -21,7 +21,7 @@
 //!    dtypes allow, else by copying their operands to the host and running the reference
 //!    interpreter;
 //! 4. returns the outputs in `program.outputs` order without waiting for the kernels. Each
-//!    kernel has 4 status words of its own on the device's status board ([`status`]), read at
+//!    kernel has 4 status words of its own on the device's status board (`status`), read at
 //!    the next synchronization point (a copy to the host, [`CudaDevice::synchronize`], a full
 //!    board): the first failing kernel in launch order is named there, with the run's line.
 //!
@@ -434,7 +434,7 @@ impl CudaCompiledGraph {
 
     /// [`run_donating`](Self::run_donating) for a run the user asked for at `origin`: a data
     /// error one of its kernels reports is named with that line when it surfaces, at the next
-    /// synchronization point (see [`status`]; a run returns without waiting for its kernels).
+    /// synchronization point (see `status`; a run returns without waiting for its kernels).
     pub fn run_donating_at(
         &self,
         inputs: &[&CudaBuffer],
