@@ -45,6 +45,13 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "repeat_interleave_flat" => vec![a().repeat_interleave(3, None)?],
         "index_add_dim0" => vec![a().index_add(0, idx(), b(), 2.0)?],
         "index_add_dim1_i64" => vec![a().index_add(1, idx(), b(), 1.0)?],
+        "index_two_dims" | "index_broadcast_indices" | "err_index_out_of_range" => vec![a().index(&[idx(), x("j")])?],
+        "index_one_dim_i64" => vec![a().index(&[idx()])?],
+        "index_put_set" | "err_index_put_out_of_range_inner" => vec![a().index_put(&[idx(), x("j")], b(), false)?],
+        "index_put_accumulate_repeats" | "index_put_i64_accumulate" => {
+            vec![a().index_put(&[idx(), x("j")], b(), true)?]
+        }
+        "index_put_rows_broadcast_value" => vec![a().index_put(&[idx()], b(), false)?],
         "index_copy_dim0" | "err_index_copy_shape" => vec![a().index_copy(0, idx(), b())?],
         "index_copy_dim1" => vec![a().index_copy(1, idx(), b())?],
         "index_fill_dim1" => vec![a().index_fill(1, idx(), -1.0)?],

@@ -1502,6 +1502,24 @@ case("erfc_i64", "torch.erfc(a)", a=ints(-3, 4, 6))
 case("erfc_random", "torch.erfc(a)", a=r(4, 8))
 
 
+# ------------------------------------------------ advanced indexing by index tensors (index_put)
+
+fcase("index_two_dims", "a[idx, j]", a=r(4, 5), idx=vals([0, 3, -1, 2], "i64"), j=vals([1, 4, 0, -2], "i64"))
+fcase("index_broadcast_indices", "a[idx, j]", a=r(3, 4, 2), idx=vals([[0], [2]], "i64"), j=vals([1, 3, 0], "i64"))
+case("index_one_dim_i64", "a[idx]", a=ints(0, 9, 5, 3), idx=vals([4, 0, 4], "i64"))
+case("err_index_out_of_range", "a[idx, j]", a=r(3, 4), idx=vals([0, 3], "i64"), j=vals([1, 1], "i64"))
+fcase("index_put_set", "torch.index_put(a, (idx, j), b)", a=r(4, 3), idx=vals([0, 2], "i64"), j=vals([1, -1], "i64"),
+      b=r(2))
+fcase("index_put_accumulate_repeats", "torch.index_put(a, (idx, j), b, accumulate=True)", a=r(3, 3),
+      idx=vals([0, 0, 2, 0], "i64"), j=vals([1, 1, 2, 1], "i64"), b=r(4))
+fcase("index_put_rows_broadcast_value", "torch.index_put(a, (idx,), b)", a=r(4, 3), idx=vals([3, 1], "i64"), b=r(3))
+case("index_put_i64_accumulate", "torch.index_put(a, (idx, j), b, accumulate=True)", a=ints(0, 9, 3, 2),
+     idx=vals([[1], [2]], "i64"), j=vals([0, 1, 1], "i64"), b=ints(0, 5, 2, 3))
+# The flat position 0 * 4 + 4 = 4 is in range; the column index is not.
+case("err_index_put_out_of_range_inner", "torch.index_put(a, (idx, j), b)", a=r(3, 4), idx=vals([0], "i64"),
+     j=vals([4], "i64"), b=r(1))
+
+
 def check():
     names = [c["name"] for c in CASES]
     dup = {n for n in names if names.count(n) > 1}

@@ -90,7 +90,11 @@ mod tests {
         let atomics = "float atomicAdd(float *, float); double atomicAdd(double *, double); \
                        int atomicAdd(int *, int); \
                        unsigned long long atomicAdd(unsigned long long *, unsigned long long); \
-                       unsigned atomicCAS(unsigned *, unsigned, unsigned);\n";
+                       unsigned atomicCAS(unsigned *, unsigned, unsigned); \
+                       unsigned long long atomicCAS(unsigned long long *, unsigned long long, unsigned long long); \
+                       int atomicMax(int *, int); long long atomicMax(long long *, long long); \
+                       int atomicMin(int *, int); long long atomicMin(long long *, long long); \
+                       double __longlong_as_double(long long); long long __double_as_longlong(double);\n";
         for arch in ["", "#define __CUDA_ARCH__ 900\n"] {
             for source in [gather::SOURCE, fallback::SOURCE, activation::SOURCE] {
                 syntax_check(&format!("{arch}{atomics}{source}"));

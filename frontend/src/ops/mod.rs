@@ -9,6 +9,7 @@ pub mod creation;
 pub mod data_dependent;
 pub mod einsum;
 pub mod im2col;
+pub mod index_put;
 pub mod indexing;
 pub mod linalg;
 pub mod loss;

@@ -129,6 +129,25 @@ impl Tensor {
         self.assign("index_add_", value, loc)
     }
 
+    /// `x.index_put_(indices, values, accumulate)`: [`Tensor::index_put`] written over `x`
+    /// (index tensors over the leading dims, broadcast together).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let mut x = Tensor::zeros(&[2, 2], coil_ir::DType::F32);
+    /// x.realize()?;
+    /// let (rows, cols) = (Tensor::from_vec(vec![1i64], &[1])?, Tensor::from_vec(vec![0i64, 1], &[2])?);
+    /// x.index_put_(&[&rows, &cols], &Tensor::from_vec(vec![7.0f32], &[1])?, false)?;
+    /// assert_eq!(x.to_vec::<f32>()?, vec![0.0, 0.0, 7.0, 7.0]);
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn index_put_(&mut self, indices: &[&Tensor], values: &Tensor, accumulate: bool) -> Result<()> {
+        let loc = Location::caller();
+        let value = self.index_put(indices, values, accumulate)?;
+        self.assign("index_put_", value, loc)
+    }
+
     /// `x.index_fill_(dim, index, value)`: `value` at positions `index` along `dim`.
     #[track_caller]
     pub fn index_fill_(&mut self, dim: i64, index: &Tensor, value: impl IntoTensor) -> Result<()> {

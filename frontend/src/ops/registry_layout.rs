@@ -97,6 +97,15 @@ pub const SHAPE: &[OpInfo] = &[
         &[],
     ),
     op("index_copy", "x.index_copy(dim, idx, src)", Family::Shape, How::Frontend("expand, scatter"), Grad::Yes, &[]),
+    op("index", "x.index(&[i0, i1, ..])", Family::Shape, How::Frontend("reshape, index_select"), Grad::Yes, &[]),
+    op(
+        "index_put",
+        "x.index_put(&[i0, i1, ..], values, accumulate)",
+        Family::Shape,
+        How::Frontend("reshape, index_select, index_copy or index_add"),
+        Grad::Yes,
+        &[],
+    ),
     op(
         "index_fill",
         "x.index_fill(dim, idx, value)",
