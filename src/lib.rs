@@ -25,7 +25,7 @@
 //!
 //! A function of tensors compiled with [`compile`] captures its graphs on each call, serves
 //! them from a guarded cache (dtypes, devices, static sizes, graph structure), recompiles when
-//! a guard fails and says which, and cuts its graph at host reads (graph breaks); [`explain`]
+//! a guard fails and says which, and cuts its graph at host reads (graph breaks); [`explain()`]
 //! reports graphs, breaks with their reasons and lines, ops and guards:
 //!
 //! ```
@@ -43,6 +43,8 @@
 //! The crates behind this facade, from the bottom up: `coil-ir` (dtypes, symbolic integers,
 //! the op set, the graph), `coil-passes` (decomposition), `coil-codegen`, `coil-runtime`
 //! (buffers, devices, the reference interpreter), `coil-frontend` (the `Tensor` API).
+
+#![warn(missing_docs)]
 
 pub use coil_frontend::compile::{compile_count, inspect, Compiled, Executable, StageTimes};
 pub use coil_frontend::dynamo::{

@@ -15,6 +15,8 @@
 //!
 //! The contracts between these steps and their neighbours are in `docs/compiler.md`.
 
+#![warn(missing_docs)]
+
 pub mod c;
 pub mod cuda;
 #[cfg(test)]

@@ -26,35 +26,47 @@ use std::time::Instant;
 /// Seconds spent in each compile stage.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StageTimes {
+    /// Decomposition to primitives.
     pub decompose: f64,
     /// The e-graph rewrite pass (`coil_passes::simplify`; 0 with the configuration's `rewrite`
     /// off).
     pub rewrite: f64,
+    /// Lowering to loop IR.
     pub lower: f64,
+    /// The fusion scheduler and memory plan.
     pub schedule: f64,
+    /// Kernel IR and source generation.
     pub codegen: f64,
     /// The C compiler (0 on a disk-cache hit).
     pub cc: f64,
+    /// The whole compile.
     pub total: f64,
 }
 
 /// The runnable form of a compiled graph, per device.
 pub enum Executable {
+    /// Compiled for the CPU ([`CompiledGraph`]).
     Cpu(CompiledGraph),
+    /// Compiled for a CUDA GPU ([`CudaCompiledGraph`]).
     Cuda(CudaCompiledGraph),
 }
 
 /// A compiled graph and what it took to build it.
 pub struct Compiled {
+    /// What runs the graph.
     pub executable: Executable,
+    /// The device it runs on.
     pub device: Device,
+    /// Seconds per compile stage.
     pub times: StageTimes,
     /// The generated kernels, in launch order (`None` for extern calls).
     pub kernels: Vec<Option<TileKernel>>,
-    /// The texts of `ir_pre_fusion.txt`, `ir_post_fusion.txt` and `summary.json` (also written
-    /// to the dump folder when dumps are on).
+    /// The text of `ir_pre_fusion.txt` (this and the next two are also written to the dump
+    /// folder when dumps are on).
     pub pre_fusion: String,
+    /// The text of `ir_post_fusion.txt`.
     pub post_fusion: String,
+    /// The text of `summary.json`.
     pub summary: String,
     /// The dump folder of this graph, when dumps are on (`debug_dir`, `COIL_DEBUG`).
     pub dump_dir: Option<std::path::PathBuf>,
@@ -391,7 +403,7 @@ fn cache() -> &'static Mutex<Cache> {
     CACHE.get_or_init(Default::default)
 }
 
-/// Number of graphs compiled by this process for [`crate::realize`] (cache misses of its
+/// Number of graphs compiled by this process for [`crate::realize()`] (cache misses of its
 /// compiled-graph cache, shared by every thread), for tests and reports. A program realized
 /// again (the next step of a training loop, with new data and new random numbers) is a hit.
 ///

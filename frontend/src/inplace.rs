@@ -61,7 +61,7 @@ pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
 }
 
 /// [`update_in_place`], computing `also` in the same graph (bound to those tensors, as
-/// [`crate::realize`] does): a decode step's logits with its key/value cache written in place,
+/// [`crate::realize()`] does): a decode step's logits with its key/value cache written in place,
 /// an optimizer step's gradient norm with the parameters.
 ///
 /// ```

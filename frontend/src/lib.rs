@@ -12,6 +12,8 @@
 //! * compiled functions ([`dynamo`]): guarded caches, graph breaks, recompiles, `explain`;
 //! * weights in safetensors files ([`safetensors`]): memory-mapped loading, checking, saving.
 
+#![warn(missing_docs)]
+
 pub mod autodiff;
 pub mod compile;
 pub mod debug;

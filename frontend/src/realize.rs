@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 /// A captured graph and the storage bound to its inputs.
 pub struct Captured {
+    /// The graph captured from the pending tensors.
     pub graph: Graph,
     /// One computed tensor's elements per graph input, in input order.
     pub inputs: Vec<Storage>,

@@ -60,6 +60,7 @@ impl Storage {
         Storage { data, version: Arc::new(version), seen: 0 }
     }
 
+    /// The device holding the elements.
     pub fn device(&self) -> Device {
         match &self.data {
             Data::Host(_) => Device::Cpu,
@@ -67,6 +68,7 @@ impl Storage {
         }
     }
 
+    /// The elements' shape and dtype.
     pub fn meta(&self) -> TensorMeta {
         match &self.data {
             Data::Host(b) => b.meta(),

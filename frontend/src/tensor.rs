@@ -311,11 +311,13 @@ impl Tensor {
         }
     }
 
+    /// A tensor of zeros (`torch.zeros`).
     #[track_caller]
     pub fn zeros(shape: &[usize], dtype: DType) -> Tensor {
         Tensor::full(shape, 0, dtype)
     }
 
+    /// A tensor of ones (`torch.ones`).
     #[track_caller]
     pub fn ones(shape: &[usize], dtype: DType) -> Tensor {
         Tensor::full(shape, 1, dtype)
@@ -466,26 +468,32 @@ impl Tensor {
         matches!(self.0.op, Op::Scalar(_))
     }
 
+    /// The shape and dtype.
     pub fn meta(&self) -> &TensorMeta {
         &self.0.meta
     }
 
+    /// The shape.
     pub fn shape(&self) -> &[usize] {
         &self.0.meta.shape
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.0.meta.dtype
     }
 
+    /// The number of dims.
     pub fn rank(&self) -> usize {
         self.0.meta.shape.len()
     }
 
+    /// The number of elements.
     pub fn numel(&self) -> usize {
         self.0.meta.numel()
     }
 
+    /// The device the tensor lives on (where its graph runs).
     pub fn device(&self) -> Device {
         self.0.device
     }

@@ -17,23 +17,36 @@ use std::fmt;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// `torch.bool`, one byte per element.
     Bool,
+    /// `torch.uint8`.
     U8,
+    /// `torch.int8`.
     I8,
+    /// `torch.int16`.
     I16,
+    /// `torch.int32`.
     I32,
+    /// `torch.int64`, also the dtype of indices.
     I64,
+    /// `torch.float16`, IEEE half precision.
     F16,
+    /// `torch.bfloat16`.
     BF16,
+    /// `torch.float32`, the default float.
     F32,
+    /// `torch.float64`.
     F64,
 }
 
 /// The promotion category of a dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Category {
+    /// `bool`.
     Bool,
+    /// The integer dtypes.
     Integer,
+    /// The floating-point dtypes.
     Float,
 }
 
@@ -65,6 +78,7 @@ impl DType {
         }
     }
 
+    /// The promotion category: bool, integer or float.
     pub fn category(self) -> Category {
         match self {
             DType::Bool => Category::Bool,
@@ -73,6 +87,7 @@ impl DType {
         }
     }
 
+    /// Whether the dtype is a floating-point one.
     pub fn is_float(self) -> bool {
         self.category() == Category::Float
     }
@@ -177,8 +192,11 @@ impl fmt::Display for DType {
 /// numbering of loop bodies, tile programs, graph CSE) compares through this.
 #[derive(Clone, Copy, Debug)]
 pub enum Scalar {
+    /// A bool.
     Bool(bool),
+    /// An integer.
     Int(i64),
+    /// A float.
     Float(f64),
 }
 
@@ -205,6 +223,7 @@ impl Scalar {
         }
     }
 
+    /// The value as an `f64` (bool: 0 or 1; integers beyond 2^53 round).
     pub fn as_f64(self) -> f64 {
         match self {
             Scalar::Bool(b) => b as i64 as f64,

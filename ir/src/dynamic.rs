@@ -122,11 +122,14 @@ pub fn size_attrs(op: &Op) -> Vec<i64> {
 /// `2^k` probes are indexed by a bit mask (bit `i` set: symbol `i` at `base[i] + 1`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Probe {
+    /// The size symbols.
     pub symbols: Vec<Expr>,
+    /// Each symbol's lower probe value.
     pub base: Vec<i64>,
 }
 
 impl Probe {
+    /// The probes of `symbols` at `base`; panics unless there is one base value per symbol.
     pub fn new(symbols: Vec<Expr>, base: Vec<i64>) -> Probe {
         assert_eq!(symbols.len(), base.len(), "Probe: one base value per symbol");
         Probe { symbols, base }
@@ -181,6 +184,7 @@ pub fn decode(probe: &Probe, values: &[i64]) -> Option<Expr> {
 /// symbols.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SymSizes {
+    /// Per node, its size numbers as expressions of the symbols.
     pub nodes: Vec<Vec<Expr>>,
 }
 

@@ -51,9 +51,11 @@ impl fmt::Display for ErrorKind {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct Error {
+    /// The broad class, for callers that match on it.
     pub kind: ErrorKind,
     /// The op the error arose in (`matmul`), when there is one.
     pub op: Option<String>,
+    /// What went wrong, in words.
     pub message: String,
     /// The operands, printed as `dtype[shape]`.
     pub operands: Vec<String>,
@@ -70,24 +72,31 @@ pub struct Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// An error of `kind` with no op, operands or location yet.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
         Error { kind, op: None, message: message.into(), operands: vec![], location: None, node: None }
     }
+    /// An [`ErrorKind::Shape`] error.
     pub fn shape(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Shape, message)
     }
+    /// An [`ErrorKind::DType`] error.
     pub fn dtype(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::DType, message)
     }
+    /// An [`ErrorKind::Value`] error.
     pub fn value(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Value, message)
     }
+    /// An [`ErrorKind::Unsupported`] error.
     pub fn unsupported(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Unsupported, message)
     }
+    /// An [`ErrorKind::Runtime`] error.
     pub fn runtime(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Runtime, message)
     }
+    /// An [`ErrorKind::Internal`] error: a bug in coil.
     pub fn internal(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Internal, message)
     }

@@ -111,17 +111,22 @@ pub fn reshape_groups(from: &[usize], to: &[usize]) -> Vec<(Vec<usize>, Vec<usiz
 /// Shape and dtype of a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorMeta {
+    /// The size of each dim.
     pub shape: Shape,
+    /// The element type.
     pub dtype: DType,
 }
 
 impl TensorMeta {
+    /// The meta of `shape` and `dtype`.
     pub fn new(shape: impl Into<Shape>, dtype: DType) -> TensorMeta {
         TensorMeta { shape: shape.into(), dtype }
     }
+    /// The number of dims.
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
+    /// The number of elements (1 for a 0-d tensor).
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
@@ -159,8 +164,11 @@ impl fmt::Display for NodeId {
 /// One op applied to earlier nodes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// The operation.
     pub op: Op,
+    /// The operands, earlier nodes of the same graph.
     pub inputs: Vec<NodeId>,
+    /// The result's shape and dtype.
     pub meta: TensorMeta,
     /// Where the user's program created this node (decompositions inherit it).
     pub location: Option<&'static Location<'static>>,
@@ -181,21 +189,26 @@ impl Node {
 /// A tensor program: nodes in topological order, the input nodes, and the outputs.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Graph {
+    /// Every node, operands before their users.
     pub nodes: Vec<Node>,
     /// The [`Op::Input`] nodes, by input index.
     pub inputs: Vec<NodeId>,
+    /// The nodes whose values the graph returns, in order.
     pub outputs: Vec<NodeId>,
 }
 
 impl Graph {
+    /// An empty graph.
     pub fn new() -> Graph {
         Graph::default()
     }
 
+    /// The node `id`.
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id.0]
     }
 
+    /// The shape and dtype of node `id`.
     pub fn meta(&self, id: NodeId) -> &TensorMeta {
         &self.nodes[id.0].meta
     }

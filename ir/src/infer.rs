@@ -19,12 +19,14 @@ use crate::op::{BinaryOp, LossReduction, Op, ReduceOp, UnaryOp};
 /// An operand as type promotion sees it: its meta, and whether it is a Rust scalar.
 #[derive(Clone, Copy, Debug)]
 pub struct Operand<'a> {
+    /// The operand's shape and dtype.
     pub meta: &'a TensorMeta,
     /// A Rust scalar ([`Op::Scalar`]): weak in promotion.
     pub scalar: bool,
 }
 
 impl<'a> Operand<'a> {
+    /// A tensor operand (not a Rust scalar).
     pub fn tensor(meta: &'a TensorMeta) -> Operand<'a> {
         Operand { meta, scalar: false }
     }

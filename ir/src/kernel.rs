@@ -51,6 +51,7 @@ impl KernelKind {
         }
     }
 
+    /// The kind's name in dumps (`pointwise`, `persistent_reduction`, ...).
     pub fn name(self) -> &'static str {
         match self {
             KernelKind::Pointwise => "pointwise",
@@ -66,6 +67,7 @@ impl KernelKind {
 pub struct FusedKernel {
     /// `poi_fused_add_gelu_0`: kind prefix, the ops it holds, and its launch position.
     pub name: String,
+    /// Pointwise, reduction (persistent or looped) or extern call.
     pub kind: KernelKind,
     /// Indices into `LoopProgram::nodes`, in execution order.
     pub nodes: Vec<usize>,
@@ -83,7 +85,9 @@ pub struct FusedKernel {
 pub struct FusionRefusal {
     /// Names of the two buffers (or kernels) that stayed apart.
     pub producer: String,
+    /// The one that would have fused into the producer.
     pub consumer: String,
+    /// Why they were not fused.
     pub reason: String,
 }
 
@@ -126,8 +130,11 @@ impl MemoryPlan {
 /// The scheduler's result: kernels in launch order, the refused fusions, the memory plan.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Schedule {
+    /// The kernels, in launch order.
     pub kernels: Vec<FusedKernel>,
+    /// Every fusion the scheduler considered and refused.
     pub refusals: Vec<FusionRefusal>,
+    /// Where the temporary buffers live.
     pub memory: MemoryPlan,
 }
 
@@ -176,9 +183,13 @@ pub enum Dims {
 pub struct TileArg {
     /// `in_ptr0`, `out_ptr0`, `in_out_ptr0` (read and written).
     pub name: String,
+    /// The loop program's buffer the pointer points to.
     pub buffer: BufferId,
+    /// The buffer's element type.
     pub dtype: DType,
+    /// Whether the kernel reads the buffer.
     pub read: bool,
+    /// Whether the kernel writes the buffer.
     pub written: bool,
 }
 
@@ -189,35 +200,59 @@ pub type Var = u32;
 /// operands being block variables and buffers being kernel arguments.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TileOp {
+    /// `args[arg][index]`.
     Load {
+        /// The kernel argument read.
         arg: usize,
+        /// The element index, over `xindex` (and `rindex`).
         index: Expr,
     },
+    /// `args[arg][index]` where `mask` holds, else `other` (pad, cat, tails).
     MaskedLoad {
+        /// The kernel argument read.
         arg: usize,
+        /// The element index, over `xindex` (and `rindex`).
         index: Expr,
+        /// The bool block variable that says where to load.
         mask: Var,
+        /// The value where `mask` is false.
         other: Scalar,
     },
+    /// A data-dependent load (gather, index_select, embedding): `args[arg][index + stride * v]`
+    /// where `v` is the integer block variable `indirect`, checked to lie in `[0, bound)`.
     IndirectLoad {
+        /// The kernel argument read.
         arg: usize,
+        /// The index without the data-dependent part.
         index: Expr,
+        /// The block variable holding the data-dependent positions.
         indirect: Var,
+        /// Elements between consecutive positions.
         stride: Expr,
+        /// The positions' exclusive upper bound.
         bound: Expr,
     },
+    /// A constant, broadcast over the block.
     Constant(Scalar),
+    /// The i64 value of an index expression (iota; the masks of pad, cat, tril).
     Index(Expr),
     /// A Philox number of random stream `stream` at counter `offset<stream> + counter`
     /// (see [`crate::loops::ScalarOp::Rand`]); the stream is one of [`TileKernel::random`].
     Rand {
+        /// The distribution drawn from.
         dist: RandDist,
+        /// The program's random stream drawn from.
         stream: usize,
+        /// The counter relative to the stream's start.
         counter: Expr,
     },
+    /// A unary function of a block variable.
     Unary(UnaryOp, Var),
+    /// A binary function of two block variables.
     Binary(BinaryOp, Var, Var),
+    /// `where(cond, a, b)`.
     Where(Var, Var, Var),
+    /// Converts the operand to this variable's dtype.
     Cast(Var),
 }
 
@@ -225,14 +260,46 @@ pub enum TileOp {
 #[derive(Clone, Debug, PartialEq)]
 pub enum TileStmt {
     /// `tmp<var> = op`, a block of shape `dims` and element type `dtype`.
-    Let { var: Var, dims: Dims, dtype: DType, op: TileOp },
+    Let {
+        /// The variable defined.
+        var: Var,
+        /// Its block shape.
+        dims: Dims,
+        /// Its element type.
+        dtype: DType,
+        /// What computes it.
+        op: TileOp,
+    },
     /// `store(arg + index, value)`; `index` is over `xindex` (and `rindex` when `dims` is XR).
-    Store { arg: usize, index: Expr, value: Var, dims: Dims },
+    Store {
+        /// The kernel argument written.
+        arg: usize,
+        /// The element index.
+        index: Expr,
+        /// The block variable stored.
+        value: Var,
+        /// The block shape of the store.
+        dims: Dims,
+    },
     /// `acc<acc> = identity of op`, before the pass that accumulates into it.
-    AccInit { acc: Var, op: ReduceOp, dtype: DType },
+    AccInit {
+        /// The accumulator.
+        acc: Var,
+        /// The reduction whose identity it starts from.
+        op: ReduceOp,
+        /// The accumulator's element type.
+        dtype: DType,
+    },
     /// `acc<acc> = combine(acc<acc>, value)` inside an [`TileStmt::RLoop`]; arg reductions
     /// also track the position (`rindex`) of the best value.
-    AccUpdate { acc: Var, op: ReduceOp, value: Var },
+    AccUpdate {
+        /// The accumulator.
+        acc: Var,
+        /// The reduction that combines.
+        op: ReduceOp,
+        /// The block variable folded in.
+        value: Var,
+    },
     /// `acc<max_acc>, acc<sum_acc> = combine_online_softmax(acc<max_acc>, acc<sum_acc>, value)`
     /// inside an [`TileStmt::RLoop`] (Milakov & Gimelshein 2018): the running maximum `m` of
     /// `value` and the sum `s` of `exp(value - m)`, rescaled when `m` grows:
@@ -241,7 +308,14 @@ pub enum TileStmt {
     /// maximum first, then one rescale): the same `m`, and `s` up to rounding. Both
     /// accumulators start as [`TileStmt::AccInit`]s (`Max` and `Sum`); only
     /// [`TileStmt::ReduceOnlineSoftmax`] finishes them.
-    AccUpdateOnlineSoftmax { max_acc: Var, sum_acc: Var, value: Var },
+    AccUpdateOnlineSoftmax {
+        /// The running maximum `m`.
+        max_acc: Var,
+        /// The running sum `s`.
+        sum_acc: Var,
+        /// The block variable folded in.
+        value: Var,
+    },
     /// `tmp<max>, tmp<sum> = online_softmax(acc<max>, acc<sum>, axis=r)`, after the pass of a
     /// [`TileStmt::AccUpdateOnlineSoftmax`]: the lanes' `(m_i, s_i)` pairs combine as
     /// `m = max m_i`, `s = sum s_i * exp(m_i - m)`; `tmp<max>` is the row's maximum and
@@ -250,12 +324,30 @@ pub enum TileStmt {
     /// has a NaN sum (each term is `exp(-inf - -inf)`); with `finite_shift` it is
     /// `where(isinf(tmp<max>), c, tmp<max>)` for a finite constant `c` (logsumexp's), so an
     /// infinite maximum gives 0 (`-inf`) or `+inf` (`+inf`), whatever `c`.
-    ReduceOnlineSoftmax { max: Var, sum: Var, dtype: DType, finite_shift: bool },
+    ReduceOnlineSoftmax {
+        /// The accumulator of maxima in, the row's maximum out.
+        max: Var,
+        /// The accumulator of sums in, the row's sum out.
+        sum: Var,
+        /// The results' element type.
+        dtype: DType,
+        /// Shift by a finite constant where the maximum is infinite (logsumexp).
+        finite_shift: bool,
+    },
     /// `for roffset in range(0, rnumel, RBLOCK)`: one pass over the rows of a looped reduction.
     RLoop(Vec<TileStmt>),
     /// `tmp<var> = reduce(op, source, axis=r)`: `source` is an XR value (persistent) or an
     /// accumulator (looped); the result has shape X.
-    Reduce { var: Var, op: ReduceOp, dtype: DType, source: Var },
+    Reduce {
+        /// The variable defined (shape X).
+        var: Var,
+        /// The reduction.
+        op: ReduceOp,
+        /// The result's element type.
+        dtype: DType,
+        /// The XR value or accumulator reduced.
+        source: Var,
+    },
 }
 
 impl TileOp {
@@ -294,10 +386,15 @@ pub fn flat_stmts(stmts: &[TileStmt]) -> Vec<&TileStmt> {
 /// A block-level kernel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TileKernel {
+    /// The kernel's name, that of its [`FusedKernel`].
     pub name: String,
+    /// Pointwise or reduction (persistent or looped).
     pub kind: KernelKind,
+    /// The buffer pointers the kernel takes, in order.
     pub args: Vec<TileArg>,
+    /// Output elements (pointwise) or rows (reductions).
     pub xnumel: Expr,
+    /// Row length, for reductions.
     pub rnumel: Option<Expr>,
     /// The size symbols the kernel reads (in `xnumel`, `rnumel` or an index), passed after the
     /// buffers as `i64` arguments, in this order; empty for static shapes.
@@ -306,9 +403,11 @@ pub struct TileKernel {
     /// sizes as two 64-bit arguments, the stream's key and first counter
     /// ([`crate::RandomState`]: `seed<k>`, `offset<k>`); empty when it draws none.
     pub random: Vec<usize>,
-    /// Suggested block sizes: outputs per program, and row elements per block.
+    /// Suggested outputs per program (block).
     pub xblock: usize,
+    /// Suggested row elements per block (reductions).
     pub rblock: usize,
+    /// The statements, run once per block of `xblock` outputs.
     pub body: Vec<TileStmt>,
 }
 

@@ -16,6 +16,8 @@
 //!
 //! It depends on nothing else in coil.
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod dtype;
 pub mod dynamic;

@@ -75,26 +75,38 @@ impl fmt::Display for ValueId {
 pub enum ScalarOp {
     /// `buffer[index]`.
     Load {
+        /// The buffer read.
         buffer: BufferId,
+        /// The element index, over the node's range variables.
         index: Expr,
     },
     /// `buffer[index]` where `mask` (a bool value) holds, else `other` (pad, cat, tails).
     MaskedLoad {
+        /// The buffer read.
         buffer: BufferId,
+        /// The element index, over the node's range variables.
         index: Expr,
+        /// The bool value that says where to load.
         mask: ValueId,
+        /// The value where `mask` is false.
         other: Scalar,
     },
     /// A data-dependent load (gather, index_select, embedding): `buffer[index + stride * v]`
     /// where `v` is the integer value `indirect`, which must lie in `[0, bound)`; generated code
     /// reports an out-of-bounds `v` as an error rather than reading outside the buffer.
     IndirectLoad {
+        /// The buffer read.
         buffer: BufferId,
+        /// The index without the data-dependent part.
         index: Expr,
+        /// The integer value holding the data-dependent position.
         indirect: ValueId,
+        /// Elements between consecutive positions.
         stride: Expr,
+        /// The position's exclusive upper bound.
         bound: Expr,
     },
+    /// A constant.
     Constant(Scalar),
     /// The i64 value of an index expression (iota; the masks of pad, cat, tril).
     Index(Expr),
@@ -102,11 +114,16 @@ pub enum ScalarOp {
     /// key `seed<stream>`, counter `offset<stream> + counter` (wrapping), the stream's
     /// [`crate::RandomState`] being a run-time argument; `counter` is relative to it.
     Rand {
+        /// The distribution drawn from.
         dist: RandDist,
+        /// The program's random stream drawn from.
         stream: usize,
+        /// The counter relative to the stream's start.
         counter: Expr,
     },
+    /// A unary function of a value.
     Unary(UnaryOp, ValueId),
+    /// A binary function of two values.
     Binary(BinaryOp, ValueId, ValueId),
     /// `where(cond, a, b)`.
     Where(ValueId, ValueId, ValueId),
@@ -117,7 +134,9 @@ pub enum ScalarOp {
 /// A scalar op and the dtype of its result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Value {
+    /// What computes the value.
     pub op: ScalarOp,
+    /// The value's dtype.
     pub dtype: DType,
 }
 
@@ -127,11 +146,14 @@ pub struct Value {
 /// nothing.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Body {
+    /// The values, operands before their users.
     pub values: Vec<Value>,
+    /// The value the node stores (or reduces).
     pub result: ValueId,
 }
 
 impl Body {
+    /// The value `id`.
     pub fn value(&self, id: ValueId) -> &Value {
         &self.values[id.0 as usize]
     }
@@ -173,13 +195,21 @@ pub enum ExternCall {
     /// one call). Without an activation the printer shows `bmm` / `bmm +bias`, with one
     /// `bmm +bias +gelu_tanh`.
     Bmm {
+        /// The left operand, `[*batch, m, k]`.
         a: StridedOperand,
+        /// The right operand, `[*batch, k, n]`.
         b: StridedOperand,
+        /// The bias row added to every output row, if any.
         bias: Option<BiasOperand>,
+        /// The activation applied after the bias, if any.
         activation: Option<Activation>,
+        /// Batch dims of the output.
         batch: Vec<Expr>,
+        /// Rows of each product.
         m: Expr,
+        /// Columns of each product.
         n: Expr,
+        /// The contracted dim.
         k: Expr,
     },
     /// The attention template (flash-attention style): see [`AttentionCall`] (boxed, as the
@@ -190,7 +220,10 @@ pub enum ExternCall {
     AttentionBackward(Box<AttentionBackwardCall>),
     /// A primitive op run by the reference interpreter on its operand buffers (an op with no
     /// generated kernel yet, e.g. scatter or cumsum). The dump says so.
-    Fallback { op: Op },
+    Fallback {
+        /// The op the interpreter runs.
+        op: Op,
+    },
     /// The convolution template ([`Op::Conv`]): see [`ConvCall`] (boxed: descriptors are long).
     Conv(Box<ConvCall>),
 }
@@ -202,9 +235,13 @@ pub enum ExternCall {
 /// only for static shapes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvCall {
+    /// Stride, padding, dilation and groups.
     pub geometry: crate::op::ConvGeometry,
+    /// The convolution or which of its gradients.
     pub form: crate::op::ConvForm,
+    /// The first operand (x, or dy for the data gradient).
     pub a: TensorView,
+    /// The second operand (w, or dy for the weight gradient).
     pub b: TensorView,
     /// The result's shape, `[N, C, *spatial]` or the weight's.
     pub out: Vec<usize>,
@@ -216,9 +253,13 @@ pub struct ConvCall {
 /// A dense tensor seen through its buffer: element `i` is at `offset + sum(i_k * strides[k])`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorView {
+    /// The buffer viewed.
     pub buffer: BufferId,
+    /// The element offset of element 0.
     pub offset: usize,
+    /// The view's shape.
     pub shape: Vec<usize>,
+    /// The element stride of each dim.
     pub strides: Vec<usize>,
 }
 
@@ -234,9 +275,13 @@ pub struct TensorView {
 /// `is_causal`: query row `i` sees keys `j <= i`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionCall {
+    /// The queries, `[*batch, l, d]`.
     pub q: StridedOperand,
+    /// The keys, `[*batch, s, d]`.
     pub k: StridedOperand,
+    /// The values, `[*batch, s, d]`.
     pub v: StridedOperand,
+    /// Where element `(b, row, col)` of the result lands in the node's output buffer.
     pub out: StridedOperand,
     /// A second buffer the call writes, when an attention backward needs it: the row
     /// logsumexp of the scaled (masked) scores, natural log, `[*batch, l]` row-major, f32 (f64
@@ -250,6 +295,7 @@ pub struct AttentionCall {
     pub s: Expr,
     /// Head dim of q, k and v.
     pub d: Expr,
+    /// Query row `i` sees keys `j <= i` only.
     pub causal: bool,
     /// The factor on `q . k` (`1 / sqrt(d)` unless given).
     pub scale: f64,
@@ -273,14 +319,23 @@ pub struct AttentionCall {
 /// buffer is the first of them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionBackwardCall {
+    /// The queries, `[*batch, l, d]`.
     pub q: StridedOperand,
+    /// The keys, `[*batch, s, d]`.
     pub k: StridedOperand,
+    /// The values, `[*batch, s, d]`.
     pub v: StridedOperand,
+    /// The gradient of the attention's output, `[*batch, l, d]`.
     pub grad_out: StridedOperand,
+    /// The forward's row logsumexp, `[*batch, l]`.
     pub lse: BufferId,
+    /// `sum(grad_out * out, -1)`, `[*batch, l]`.
     pub delta: BufferId,
+    /// Where the queries' gradient goes, when wanted.
     pub dq: Option<StridedOperand>,
+    /// Where the keys' gradient goes, when wanted.
     pub dk: Option<StridedOperand>,
+    /// Where the values' gradient goes, when wanted.
     pub dv: Option<StridedOperand>,
     /// Batch dims of every operand.
     pub batch: Vec<Expr>,
@@ -290,6 +345,7 @@ pub struct AttentionBackwardCall {
     pub s: Expr,
     /// Head dim of q, k and v.
     pub d: Expr,
+    /// Query row `i` sees keys `j <= i` only.
     pub causal: bool,
     /// The factor on `q . k`.
     pub scale: f64,
@@ -472,19 +528,26 @@ impl Activation {
 /// ([`StridedOperand::to_usize`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StridedOperand<S = Expr> {
+    /// The buffer viewed.
     pub buffer: BufferId,
+    /// The element offset of element `(0, .., 0)`.
     pub offset: S,
     /// One stride per batch dim (0 for a broadcast batch dim).
     pub batch_strides: Vec<S>,
+    /// Elements between rows.
     pub row_stride: S,
+    /// Elements between columns.
     pub col_stride: S,
 }
 
 /// A bias row: column `j` of every output row gets `buffer[offset + stride * j]` added.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BiasOperand<S = Expr> {
+    /// The buffer read.
     pub buffer: BufferId,
+    /// The element offset of column 0.
     pub offset: S,
+    /// Elements between columns.
     pub stride: S,
 }
 
@@ -530,18 +593,42 @@ impl BiasOperand {
 /// What a loop node computes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LoopKind {
-    Pointwise { ranges: Vec<Expr>, body: Body },
-    Reduction { ranges: Vec<Expr>, reduction_ranges: Vec<Expr>, op: ReduceOp, body: Body },
-    Extern { call: ExternCall, inputs: Vec<BufferId> },
+    /// `output[x] = body(x)` for every index `x` in `ranges`.
+    Pointwise {
+        /// The output's extents, one range variable each.
+        ranges: Vec<Expr>,
+        /// The value of one element.
+        body: Body,
+    },
+    /// `output[x] = reduce(op, body(x, r) for r in reduction_ranges)` for every `x` in `ranges`.
+    Reduction {
+        /// The output's extents.
+        ranges: Vec<Expr>,
+        /// The extents reduced over, one reduction variable each.
+        reduction_ranges: Vec<Expr>,
+        /// The reduction.
+        op: ReduceOp,
+        /// The value reduced, over range and reduction variables.
+        body: Body,
+    },
+    /// A call coil does not generate a kernel for.
+    Extern {
+        /// The call.
+        call: ExternCall,
+        /// The buffers it reads.
+        inputs: Vec<BufferId>,
+    },
 }
 
 /// One node: computes `output` from earlier buffers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoopNode {
+    /// The buffer the node writes.
     pub output: BufferId,
     /// The primitive ops folded into this node, in graph order, without repeats (kernel names
     /// are made from them: `poi_fused_add_gelu_0`).
     pub origins: Vec<&'static str>,
+    /// What the node computes.
     pub kind: LoopKind,
 }
 
@@ -589,8 +676,11 @@ pub fn reduction_var(i: usize, extent: &Expr) -> Expr {
 pub struct SizeSymbol {
     /// The symbol (an [`Expr::size`]: at least 2).
     pub symbol: Expr,
+    /// The graph input whose size it is.
     pub input: usize,
+    /// The dim of that input.
     pub dim: usize,
+    /// The value it was compiled at.
     pub hint: i64,
 }
 
@@ -610,11 +700,13 @@ pub type Bindings = IndexMap<Expr, i64>;
 pub struct LoopProgram {
     /// Size symbols, in order (empty for static shapes).
     pub symbols: Vec<SizeSymbol>,
+    /// Every buffer, indexed by [`BufferId`].
     pub buffers: Vec<LoopBuffer>,
     /// Graph inputs, in order.
     pub inputs: Vec<BufferId>,
     /// Graph outputs, in order (an output may be an input buffer, and may repeat).
     pub outputs: Vec<BufferId>,
+    /// The nodes, in execution order.
     pub nodes: Vec<LoopNode>,
     /// The user's ops whose data a kernel checks at run time, by the buffer of the node they
     /// were folded into: what a kernel's data error is reported as.
@@ -627,8 +719,11 @@ pub struct LoopProgram {
 /// error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataCheck {
+    /// The buffer of the node the op was folded into.
     pub buffer: BufferId,
+    /// The status code the op reports (1, 2 or 3).
     pub code: i64,
+    /// The op's name, as errors name it.
     pub op: &'static str,
     /// The dim an index check indexes (the error names it as the interpreter does).
     pub dim: Option<usize>,
@@ -637,6 +732,7 @@ pub struct DataCheck {
 }
 
 impl LoopProgram {
+    /// The buffer `id`.
     pub fn buffer(&self, id: BufferId) -> &LoopBuffer {
         &self.buffers[id.0]
     }

@@ -34,16 +34,20 @@ pub use pointwise::{BinaryOp, UnaryOp};
 pub enum ReduceOp {
     /// Sum; integers and bool sum to i64 (the composite level casts first).
     Sum,
+    /// Product; integers and bool multiply in i64, as `Sum`.
     Prod,
     /// Max / min propagate NaN.
     Max,
+    /// The minimum (propagates NaN).
     Min,
     /// Index (i64) of the first maximum along exactly one dim; NaN counts as the maximum.
     ArgMax,
+    /// Index (i64) of the first minimum along exactly one dim; NaN counts as the minimum.
     ArgMin,
 }
 
 impl ReduceOp {
+    /// PyTorch's name of the reduction (`sum`, `amax`, `argmin`, ...).
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -55,6 +59,7 @@ impl ReduceOp {
         }
     }
 
+    /// Whether the result is an index (`ArgMax`, `ArgMin`) rather than a value.
     pub fn is_arg(self) -> bool {
         matches!(self, ReduceOp::ArgMax | ReduceOp::ArgMin)
     }
@@ -63,12 +68,16 @@ impl ReduceOp {
 /// How a loss combines its per-element values (`reduction=` in PyTorch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LossReduction {
+    /// The per-element losses, not reduced.
     None,
+    /// Their mean (a weighted mean with class weights).
     Mean,
+    /// Their sum.
     Sum,
 }
 
 impl LossReduction {
+    /// PyTorch's spelling: `none`, `mean` or `sum`.
     pub fn name(self) -> &'static str {
         match self {
             LossReduction::None => "none",
@@ -81,8 +90,11 @@ impl LossReduction {
 /// Which operand of attention a gradient is taken with respect to ([`Op::AttentionBackward`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttentionInput {
+    /// The queries, `q`.
     Query,
+    /// The keys, `k`.
     Key,
+    /// The values, `v`.
     Value,
 }
 
@@ -120,6 +132,7 @@ pub enum Op {
     // ---- leaves (primitive); their shape and dtype are given, not inferred ----
     /// The `index`-th input of the graph, bound to a buffer when the graph runs.
     Input {
+        /// Which graph input.
         index: usize,
     },
     /// A Rust scalar in an expression; weak in type promotion. Composite level only: the
@@ -129,6 +142,7 @@ pub enum Op {
     Full(Scalar),
     /// i64 tensor whose value is the element's index along `dim`.
     Iota {
+        /// The dim whose index each element holds.
         dim: usize,
     },
     /// Counter-based (Philox 4x32-10) random numbers from the graph's random stream `stream`:
@@ -137,25 +151,37 @@ pub enum Op {
     /// ([`crate::philox`]). So every device draws the same numbers, and a graph's structure
     /// does not depend on which numbers it draws.
     Rand {
+        /// The distribution drawn from.
         dist: RandDist,
+        /// The graph's random stream drawn from.
         stream: usize,
+        /// The counter offset of element 0 within the stream.
         offset: u64,
     },
 
     // ---- pointwise (primitive) ----
+    /// An elementwise function of one operand.
     Unary(UnaryOp),
+    /// An elementwise function of two operands, broadcast to one shape.
     Binary(BinaryOp),
     /// `where(cond, x, y)`.
     Where,
+    /// Elementwise conversion to the dtype, as `Tensor.to(dtype)`.
     Cast(DType),
 
     // ---- reductions and scans (primitive) ----
+    /// A reduction over `dims`.
     Reduce {
+        /// The reduction.
         op: ReduceOp,
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
+    /// `torch.cumsum` along `dim`.
     Cumsum {
+        /// The dim scanned.
         dim: usize,
     },
     /// The i64 positions that sort each line along `dim` (`torch.argsort(x, dim, descending,
@@ -163,44 +189,62 @@ pub enum Op {
     /// every number ascending and before every number descending, `-0.0` equal to `0.0`. Sorted
     /// values are a `gather` of these positions.
     Argsort {
+        /// The dim sorted.
         dim: usize,
+        /// Largest first when true.
         descending: bool,
     },
 
     // ---- views (primitive) ----
+    /// The same elements in row-major order with another shape.
     Reshape {
+        /// The new shape (same element count).
         shape: Vec<usize>,
     },
+    /// Reorders the dims.
     Permute {
+        /// Output dim `i` is input dim `perm[i]`.
         perm: Vec<usize>,
     },
+    /// Broadcasts size-1 dims (and new leading dims) to `shape`.
     Expand {
+        /// The broadcast shape.
         shape: Vec<usize>,
     },
     /// Elements `start, start+step, ...` (`len` of them) along `dim`; a negative step walks
     /// backwards (flip).
     Slice {
+        /// The dim sliced.
         dim: usize,
+        /// The first element taken.
         start: usize,
+        /// How many elements are taken.
         len: usize,
+        /// The stride between taken elements; negative walks backwards.
         step: i64,
     },
 
     // ---- data movement (primitive) ----
     /// Constant padding, `(before, after)` per dim.
     Pad {
+        /// `(before, after)` per dim.
         pads: Vec<(usize, usize)>,
+        /// The padding value.
         value: Scalar,
     },
+    /// `torch.cat` of the operands along `dim`.
     Cat {
+        /// The dim concatenated along.
         dim: usize,
     },
     /// `torch.gather(x, dim, index)`.
     Gather {
+        /// The dim indexed.
         dim: usize,
     },
     /// `torch.index_select(x, dim, index)` with a 1-D index.
     IndexSelect {
+        /// The dim indexed.
         dim: usize,
     },
     /// `torch.scatter(x, dim, index, src)` (`reduce` none: the last write wins), or
@@ -208,7 +252,9 @@ pub enum Op {
     /// `scatter_add`), `Prod`, `Max` or `Min` (these two propagate NaN). `mean` and
     /// `include_self=False` are compositions in the frontend.
     Scatter {
+        /// The dim indexed.
         dim: usize,
+        /// How colliding writes combine; `None`: the last write wins.
         reduce: Option<ReduceOp>,
     },
 
@@ -221,93 +267,148 @@ pub enum Op {
     Matmul,
     /// `F.linear(x, w, b?)`: `x @ w^T + b`.
     Linear {
+        /// Whether a bias operand follows `x` and `w`.
         bias: bool,
     },
+    /// `F.relu`: `max(x, 0)`.
     Relu,
     /// `x.detach()`: the same values, cut off from gradients. The reference decomposition is the
     /// identity; the one gradients use (`DecomposeOptions::keep_detach`) keeps the node, which
     /// `coil_passes::autodiff` gives no gradient.
     Detach,
+    /// `F.gelu`, exact (erf) or with the tanh approximation.
     Gelu {
+        /// The tanh approximation (`approximate="tanh"`).
         tanh: bool,
     },
+    /// `F.silu`: `x * sigmoid(x)`.
     Silu,
+    /// `F.softplus`: `log(1 + exp(beta x)) / beta`, the identity above the threshold.
     Softplus {
+        /// The factor on `x`.
         beta: f64,
+        /// Where `beta x` exceeds this, the result is `x`.
         threshold: f64,
     },
+    /// `torch.clamp`: `min(max(x, min), max)`; a missing bound does not clamp.
     Clamp {
+        /// The lower bound.
         min: Option<Scalar>,
+        /// The upper bound.
         max: Option<Scalar>,
     },
+    /// `torch.nan_to_num`: NaN and infinities replaced by finite values.
     NanToNum {
+        /// What NaN becomes.
         nan: f64,
+        /// What `+inf` becomes (`None`: the dtype's largest finite value).
         posinf: Option<f64>,
+        /// What `-inf` becomes (`None`: minus the dtype's largest finite value).
         neginf: Option<f64>,
     },
+    /// `torch.mean` over `dims`.
     Mean {
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
+    /// `torch.var` over `dims`.
     Var {
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Subtracted from the element count in the divisor (1: Bessel's correction).
         correction: f64,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
+    /// `torch.std` over `dims`: the square root of [`Op::Var`].
     Std {
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Subtracted from the element count in the divisor (1: Bessel's correction).
         correction: f64,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
+    /// `torch.logsumexp` over `dims`.
     LogSumExp {
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
     /// p-norm over dims (`p = inf` is the max-norm).
     Norm {
+        /// The norm's order.
         p: f64,
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
     /// `any` / `all` over dims.
     Any {
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
+    /// `torch.all` over `dims`.
     All {
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
+    /// `torch.softmax` along `dim`.
     Softmax {
+        /// The dim normalized.
         dim: usize,
     },
+    /// `torch.log_softmax` along `dim`.
     LogSoftmax {
+        /// The dim normalized.
         dim: usize,
     },
     /// Normalizes over the last `ndim` dims; optional weight and bias follow `x`.
     LayerNorm {
+        /// How many trailing dims are normalized.
         ndim: usize,
+        /// Added to the variance.
         eps: f64,
+        /// Whether a weight operand follows `x`.
         weight: bool,
+        /// Whether a bias operand follows (the weight, if any).
         bias: bool,
     },
     /// `eps = None` uses the dtype's machine epsilon, as PyTorch does.
     RmsNorm {
+        /// How many trailing dims are normalized.
         ndim: usize,
+        /// Added to the mean square.
         eps: Option<f64>,
+        /// Whether a weight operand follows `x`.
         weight: bool,
     },
+    /// `torch.tril`: zeros above diagonal `k` of the last two dims.
     Tril {
+        /// The diagonal: 0 the main one, positive above it, negative below.
         k: i64,
     },
+    /// `torch.triu`: zeros below diagonal `k` of the last two dims.
     Triu {
+        /// The diagonal: 0 the main one, positive above it, negative below.
         k: i64,
     },
     /// Inverted dropout: keep with probability `1 - p`, scale kept values by `1 / (1 - p)`.
     /// The mask draws uniform numbers as `Rand { stream, offset }` of the operand's shape.
     Dropout {
+        /// The probability of dropping an element.
         p: f64,
+        /// The graph's random stream the mask draws from.
         stream: usize,
+        /// The counter offset of the mask's element 0 within the stream.
         offset: u64,
     },
     /// `F.embedding(indices, weight)`: inputs are `(weight, indices)`.
@@ -315,12 +416,18 @@ pub enum Op {
     /// `F.cross_entropy(logits, target, weight?)` with class-index targets; logits `[N, C]` or
     /// `[C]`; with `weight`, a third operand `[C]` weighs each class.
     CrossEntropy {
+        /// Targets equal to this contribute nothing and are not counted by `mean`.
         ignore_index: i64,
+        /// How the per-target losses combine.
         reduction: LossReduction,
+        /// The weight moved from the target class to a uniform distribution over the classes.
         label_smoothing: f64,
+        /// Whether the class-weight operand is present.
         weight: bool,
     },
+    /// `F.mse_loss(input, target)`.
     MseLoss {
+        /// How the squared errors combine.
         reduction: LossReduction,
     },
     /// `F.scaled_dot_product_attention(q, k, v, mask?)`. With `mask`, a fourth operand
@@ -328,8 +435,11 @@ pub enum Op {
     /// `-inf`) or of q's dtype (added to the scaled scores). A row whose every key is dropped
     /// gives 0, as PyTorch's SDPA (its `_safe_softmax`).
     Attention {
+        /// Keys after the query's position are dropped (`is_causal`).
         causal: bool,
+        /// The factor on `q @ k^T` (`None`: `1 / sqrt(head dim)`).
         scale: Option<f64>,
+        /// Whether the mask operand is present.
         mask: bool,
     },
     /// The row logsumexp of attention's scores, `logsumexp(scale * q @ k^T (causal: -inf where
@@ -338,7 +448,9 @@ pub enum Op {
     /// the compile path computes both in one call, and the attention backward
     /// ([`Op::AttentionBackward`]) recomputes the probabilities from it.
     AttentionLogsumexp {
+        /// Keys after the query's position are dropped (`is_causal`).
         causal: bool,
+        /// The factor on `q @ k^T` (`None`: `1 / sqrt(head dim)`).
         scale: Option<f64>,
     },
     /// The gradient of maskless attention with respect to `input` (q, k or v), as
@@ -349,8 +461,11 @@ pub enum Op {
     /// `dS = P * (grad_out @ v^T - delta)`: `dq = scale * dS @ k`, `dk = scale * dS^T @ q`,
     /// `dv = P^T @ grad_out`, in the operands' dtype. q, k and v have equal batch dims.
     AttentionBackward {
+        /// Keys after the query's position are dropped (`is_causal`).
         causal: bool,
+        /// The factor on `q @ k^T` (`None`: `1 / sqrt(head dim)`).
         scale: Option<f64>,
+        /// The operand the gradient is taken with respect to.
         input: AttentionInput,
     },
     /// A convolution over 1, 2 or 3 spatial dims, or one of its two gradients (`form`; see
@@ -358,7 +473,9 @@ pub enum Op {
     /// backend runs convolutions itself (cuDNN); the reference decomposition is im2col and a
     /// batched matrix product.
     Conv {
+        /// Stride, padding, dilation and groups.
         geometry: ConvGeometry,
+        /// The convolution or which of its gradients.
         form: ConvForm,
     },
 }

@@ -39,7 +39,9 @@
 /// pending random tensor, where its own draw starts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RandomState {
+    /// The Philox key.
     pub seed: u64,
+    /// The counter.
     pub offset: u64,
 }
 

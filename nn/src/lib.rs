@@ -38,6 +38,8 @@
 //! # Ok::<(), coil_ir::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod io;
 pub mod models;
 pub mod modules;
@@ -65,5 +67,6 @@ pub fn value_and_grad(loss: &Tensor, params: &[Param]) -> Result<(Tensor, Vec<Te
 
 /// A layer or model: a function of one tensor with parameters.
 pub trait Module {
+    /// The layer applied to `x` (lazily: records the ops, computes nothing yet).
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 }

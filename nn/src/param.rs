@@ -324,14 +324,17 @@ impl Path {
         Path { dtype, ..self.clone() }
     }
 
+    /// The device new parameters are made on.
     pub fn device(&self) -> Device {
         self.device
     }
 
+    /// The dtype new parameters are made in.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The store the parameters made here go into.
     pub fn store(&self) -> &ParamStore {
         &self.store
     }
@@ -364,17 +367,24 @@ impl Path {
 /// (`coil::manual_seed`), so a model is reproducible on every device.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
+    /// All zeros (`nn.init.zeros_`).
     Zeros,
+    /// All ones (`nn.init.ones_`).
     Ones,
+    /// Every element this value (`nn.init.constant_`).
     Const(f64),
     /// Normal with this mean and standard deviation (`nn.init.normal_`).
     Normal {
+        /// The mean.
         mean: f64,
+        /// The standard deviation.
         std: f64,
     },
     /// Uniform on `[lo, hi)` (`nn.init.uniform_`).
     Uniform {
+        /// The lower bound (included).
         lo: f64,
+        /// The upper bound (excluded).
         hi: f64,
     },
 }

@@ -40,6 +40,8 @@ use coil_ir::Graph;
 pub struct DynamicGraph {
     /// The primitive graph at the first probe (its metas are probe sizes, not the call's).
     pub primitive: Graph,
+    /// The size numbers of `primitive` (shapes and size attributes, per node) as expressions
+    /// of the size symbols: evaluated at a call's sizes, they give that call's graph.
     pub sizes: SymSizes,
     /// The rewrite report of the first probe.
     pub rewrites: RewriteReport,

@@ -33,6 +33,8 @@
 //!
 //! The contracts between these steps are in `docs/compiler.md`. It depends only on `coil-ir`.
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod autodiff;
 pub mod decompose;

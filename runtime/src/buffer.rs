@@ -13,27 +13,43 @@ use half::{bf16, f16};
 /// The elements of a host buffer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostData {
+    /// `bool` elements, one byte each.
     Bool(Vec<bool>),
+    /// `u8` elements.
     U8(Vec<u8>),
+    /// `i8` elements.
     I8(Vec<i8>),
+    /// `i16` elements.
     I16(Vec<i16>),
+    /// `i32` elements.
     I32(Vec<i32>),
+    /// `i64` elements.
     I64(Vec<i64>),
+    /// IEEE half-precision elements.
     F16(Vec<f16>),
+    /// bfloat16 elements.
     BF16(Vec<bf16>),
+    /// `f32` elements.
     F32(Vec<f32>),
+    /// `f64` elements.
     F64(Vec<f64>),
 }
 
 /// A Rust type that is a tensor element.
 pub trait Element: Copy + Send + Sync + 'static {
+    /// The dtype of this element type.
     const DTYPE: DType;
+    /// The value as an `f64` (bool: 0 or 1).
     fn to_f64(self) -> f64;
     /// Converts as a cast to this type does (floats to integers truncate; to bool: nonzero).
     fn from_f64(x: f64) -> Self;
+    /// The value as an `i64`, as a cast does (floats truncate; bool: 0 or 1).
     fn to_i64(self) -> i64;
+    /// Converts as a cast to this type does (integers wrap; to bool: nonzero).
     fn from_i64(x: i64) -> Self;
+    /// The [`HostData`] holding `v`.
     fn wrap(v: Vec<Self>) -> HostData;
+    /// The elements of `d` when it holds this type, else `None`.
     fn unwrap(d: &HostData) -> Option<&[Self]>;
 }
 
@@ -100,14 +116,17 @@ macro_rules! with_host_data {
 }
 
 impl HostData {
+    /// The dtype of the elements.
     pub fn dtype(&self) -> DType {
         with_host_data!(self, v => elem_dtype(v))
     }
 
+    /// The number of elements.
     pub fn len(&self) -> usize {
         with_host_data!(self, v => v.len())
     }
 
+    /// Whether there are no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -332,7 +351,9 @@ pub fn out_of_memory(bytes: usize) -> Error {
 /// A contiguous tensor in host memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Buffer {
+    /// The tensor's shape.
     pub shape: Shape,
+    /// The elements in row-major order (as many as the shape has).
     pub data: HostData,
 }
 
@@ -352,14 +373,17 @@ impl Buffer {
         Ok(Buffer { shape, data })
     }
 
+    /// The elements' dtype.
     pub fn dtype(&self) -> DType {
         self.data.dtype()
     }
 
+    /// The shape and dtype.
     pub fn meta(&self) -> TensorMeta {
         TensorMeta::new(self.shape.clone(), self.dtype())
     }
 
+    /// The number of elements.
     pub fn numel(&self) -> usize {
         self.data.len()
     }

@@ -16,7 +16,7 @@
 //! callers log it ([`log_invalid`]) and rebuild, never load it. The payload after the first
 //! line is the artifact itself (`tail -n +2 X.cubin.entry > X.cubin` for `cuobjdump`).
 //!
-//! **Writes** ([`write`], [`write_atomically`]) go to a private temporary name in the entry's
+//! **Writes** ([`write()`], [`write_atomically`]) go to a private temporary name in the entry's
 //! directory, then are renamed into place: a reader sees the old entry or the new one, never a
 //! partial file, and two processes building the same key each rename a whole entry (the last
 //! wins; both are correct for the key). Entries are not `fsync`ed: that would add disk latency

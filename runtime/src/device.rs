@@ -15,6 +15,7 @@ use std::fmt;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Device {
+    /// The host CPU: generated C, compiled at run time by the system C compiler.
     Cpu,
     /// The CUDA device of this ordinal (`cuda:0` is the first GPU).
     Cuda(usize),

@@ -18,6 +18,8 @@
 //!   without a GPU) everything else works, [`cuda_available`] is false, and the CUDA entry
 //!   points return an error saying what was searched.
 
+#![warn(missing_docs)]
+
 pub mod buffer;
 pub mod cache_entry;
 pub mod cpu;

@@ -18,7 +18,7 @@
 //! `omp simd` (compiled with `-fopenmp-simd`: vectorization only, no OpenMP run time) unless a
 //! statement in them may write `status` (an indirect load, integer division or power) or an
 //! arg reduction keeps its first best index; the float math they call is the prelude's own,
-//! which vectorizes ([`vecmath`]).
+//! which vectorizes (`vecmath`).
 //!
 //! * **Pointwise**: the body of the `xindex` loop, which is the `simd` loop.
 //! * **Persistent reduction**: the row's `XR` statements run in `rindex` loops, one per run of
@@ -28,8 +28,8 @@
 //!   otherwise it is a scalar of its loop, like every value of a looped reduction.
 //! * **Looped reduction**: each [`TileStmt::RLoop`] is one `rindex` loop; accumulators are
 //!   scalars of the `xindex` iteration. An online softmax pass over a static row of up to
-//!   [`softmax::TWO_PASS_MAX_RNUMEL`] runs in two passes (the maximum, then the sum of
-//!   exponentials, kept in an array when a later loop needs them: [`softmax`]); over a longer
+//!   `softmax::TWO_PASS_MAX_RNUMEL` runs in two passes (the maximum, then the sum of
+//!   exponentials, kept in an array when a later loop needs them: `softmax`); over a longer
 //!   or symbolic row, in blocks of [`ONLINE_BLOCK`] positions, each folded into the maximum
 //!   and the sum at once (`coil_online_softmax_f32`: the block's maximum, at most one rescale
 //!   of the sum, then the block's exponentials, each a vector loop).
@@ -37,14 +37,14 @@
 //! Reductions are `simd` reductions (one accumulator per vector lane, combined at the end of
 //! the loop). Sums of f32 values (f16 and bf16 ones too) add in f32 lanes by blocks of
 //! [`rloop::SUM_BLOCK`] positions, each block's total going into a `double` (the error stays
-//! within a bound that does not grow with the row: [`rloop`]); sums in scalar loops and
+//! within a bound that does not grow with the row: `rloop`); sums in scalar loops and
 //! products of floats, and sums of f64, are `double`; integers wrap in `uint64_t`; max/min keep
 //! the best non-NaN value and a NaN flag (NaN propagates; which of `+0.0` and `-0.0` wins a
 //! tie depends on the lanes); argmax/argmin keep the first best index, NaN counting as the
 //! best, in a scalar loop.
 //!
 //! A bf16 load quiets a signalling NaN (as the interpreter does) only where its bits may reach
-//! an f32 store ([`quiet`]); a bf16 store of a value a cast rounded to bf16 takes its top bits.
+//! an f32 store (`quiet`); a bf16 store of a value a cast rounded to bf16 takes its top bits.
 //!
 //! Variables keep the tile IR's numbers (`tmpN`; `accN` is the accumulator of the reduction
 //! `tmpN`), so a kernel's `.tile` and `.c` read side by side. The text is deterministic.

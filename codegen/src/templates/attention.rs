@@ -108,19 +108,24 @@ impl AttnOperand {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttnParams {
-    /// Queries, keys, values and the output.
+    /// The queries, `[B, H, l, d]`.
     pub q: AttnOperand,
+    /// The keys, `[B, H, s, d]`.
     pub k: AttnOperand,
+    /// The values, `[B, H, s, d]`.
     pub v: AttnOperand,
+    /// The output, `[B, H, l, d]`.
     pub o: AttnOperand,
     /// The mask: element `(b, h, row, key)` (its `col` stride is the key's); broadcast dims
     /// have stride 0. All zero without one.
     pub mask: AttnOperand,
     /// Inner batch dim's size: block `x` is batch index `(x / heads, x % heads)`.
     pub heads: i32,
-    /// Query rows, keys, head dim.
+    /// Query rows.
     pub l: i32,
+    /// Keys.
     pub s: i32,
+    /// Head dim.
     pub d: i32,
     /// `scale * log2(e)`.
     pub scale_log2: f32,
@@ -168,15 +173,38 @@ impl MaskKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernel {
     /// The tensor-core kernel (f16 / bf16 on sm_80+): `bf16` or f16, head dim padded to `dp`.
-    Mma { bf16: bool, dp: usize },
+    Mma {
+        /// bf16 operands (else f16).
+        bf16: bool,
+        /// The head dim padded to a multiple of 16.
+        dp: usize,
+    },
     /// The one-row-per-thread kernel: `dtype` f32, f16 or bf16, head dim padded to `dp`.
-    Simple { dtype: DType, dp: usize },
+    Simple {
+        /// The operands' dtype.
+        dtype: DType,
+        /// The head dim padded to a multiple of 16.
+        dp: usize,
+    },
     /// The split-KV tensor-core kernel (at most [`SPLIT_ROWS`] query rows).
-    SplitMma { bf16: bool, dp: usize },
+    SplitMma {
+        /// bf16 operands (else f16).
+        bf16: bool,
+        /// The head dim padded to a multiple of 16.
+        dp: usize,
+    },
     /// The split-KV simple kernel (at most [`SPLIT_ROWS`] query rows; f32, or before sm_80).
-    SplitSimple { dtype: DType, dp: usize },
+    SplitSimple {
+        /// The operands' dtype.
+        dtype: DType,
+        /// The head dim padded to a multiple of 16.
+        dp: usize,
+    },
     /// The split kernels' second step, which combines the splits' partial results.
-    Combine { dtype: DType },
+    Combine {
+        /// The attention's dtype (of its operands and output).
+        dtype: DType,
+    },
 }
 
 /// The tensor-core kind for f16 / bf16 on a `target` of Ampere's tensor cores or later (sm_80+)
@@ -316,7 +344,9 @@ pub const MAX_SPLITS: usize = 64;
 /// split, the splits and the combine after them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ForwardLaunch {
+    /// The kernel that computes the attention (a split kernel's partial results, when split).
     pub kernel: AttentionKernel,
+    /// The kernel's grid, `(x, y, z)` blocks.
     pub grid: (u32, u32, u32),
     /// Keys per split (0 for the row-block kernels).
     pub chunk: usize,

@@ -50,20 +50,27 @@ pub const BACKWARD_SOURCE: &str = include_str!("attention_backward.cu");
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttnBwdParams {
-    /// Queries, keys, values, the output's gradient, and the three gradients (an operand of a
-    /// gradient that is not wanted is all zeros).
+    /// The queries.
     pub q: AttnOperand,
+    /// The keys.
     pub k: AttnOperand,
+    /// The values.
     pub v: AttnOperand,
+    /// The output's gradient.
     pub dout: AttnOperand,
+    /// The queries' gradient (all zeros when not wanted).
     pub dq: AttnOperand,
+    /// The keys' gradient (all zeros when not wanted).
     pub dk: AttnOperand,
+    /// The values' gradient (all zeros when not wanted).
     pub dv: AttnOperand,
     /// Inner batch dim's size: block `x` is batch index `(x / heads, x % heads)`.
     pub heads: i32,
-    /// Query rows, keys, head dim.
+    /// Query rows.
     pub l: i32,
+    /// Keys.
     pub s: i32,
+    /// Head dim.
     pub d: i32,
     /// The factor on `q . k`.
     pub scale: f32,
@@ -79,9 +86,19 @@ pub struct AttnBwdParams {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionBackwardKernel {
     /// The tensor-core kernel (f16 / bf16 on sm_80+): `bf16` or f16, head dim padded to `dp`.
-    Mma { bf16: bool, dp: usize },
+    Mma {
+        /// bf16 operands (else f16).
+        bf16: bool,
+        /// The head dim padded to a multiple of 16.
+        dp: usize,
+    },
     /// The one-row-per-thread kernel: `dtype` f32, f16 or bf16, head dim padded to `dp`.
-    Simple { dtype: DType, dp: usize },
+    Simple {
+        /// The operands' dtype.
+        dtype: DType,
+        /// The head dim padded to a multiple of 16.
+        dp: usize,
+    },
 }
 
 impl AttentionBackwardKernel {

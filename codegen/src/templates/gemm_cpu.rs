@@ -144,12 +144,15 @@ pub fn source() -> String {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PackArgs {
+    /// The matrix's first element.
     pub src: *const c_void,
     /// Elements between rows (A: along m; B: along n).
     pub rs: i64,
     /// Elements along k.
     pub ks: i64,
+    /// Rows of the matrix (A: m; B: n).
     pub rows: i64,
+    /// Elements of k.
     pub k: i64,
     /// [`dtype_code`] of `src`.
     pub dtype: i64,
@@ -157,7 +160,9 @@ pub struct PackArgs {
     pub layout: i64,
     /// Rows per panel.
     pub panel: i64,
+    /// The first panel packed.
     pub lo: i64,
+    /// One past the last panel packed.
     pub hi: i64,
     /// Where panel `lo` goes; panel `p` at word `(p - lo) * panel * groups`.
     pub dst: *mut c_void,
@@ -174,21 +179,33 @@ pub struct ComputeArgs {
     pub pa: *const c_void,
     /// B, read through element strides along n and along k.
     pub b: *const c_void,
+    /// B's element stride along n.
     pub b_ns: i64,
+    /// B's element stride along k.
     pub b_ks: i64,
     /// [`dtype_code`] of `b`.
     pub b_dtype: i64,
     /// Room for `nc` packed B panels of `kc` ([`Blocking::workspace_words`]), 64-byte aligned.
     pub bws: *mut c_void,
+    /// Rows of the product.
     pub m: i64,
+    /// Columns of the product.
     pub n: i64,
+    /// The contracted dim.
     pub k: i64,
+    /// Elements of k per block ([`Blocking::kc`]).
     pub kc: i64,
+    /// B panels packed at once ([`Blocking::nc`]).
     pub nc: i64,
+    /// A panels that pass one B block in a row ([`Blocking::mc`]).
     pub mc: i64,
+    /// The first A panel of the tiles.
     pub i0: i64,
+    /// One past the last A panel of the tiles.
     pub i1: i64,
+    /// The first B panel of the tiles.
     pub j0: i64,
+    /// One past the last B panel of the tiles.
     pub j1: i64,
     /// `n` floats added to every row (`m`, one per row, when `transposed`), or null.
     pub bias: *const f32,
@@ -196,11 +213,14 @@ pub struct ComputeArgs {
     pub act: i64,
     /// The `m x n` output, row stride `ldo` elements, of [`dtype_code`] `out_dtype`.
     pub out: *mut c_void,
+    /// `out`'s row stride, in elements.
     pub ldo: i64,
+    /// [`dtype_code`] of `out`.
     pub out_dtype: i64,
     /// With several blocks of k: f32 partial sums of whole tiles (`ceil(m / MR) * MR` rows),
     /// row stride `ldacc` (at least `ceil(n / NR) * NR`); else null.
     pub acc: *mut f32,
+    /// `acc`'s row stride, in elements.
     pub ldacc: i64,
     /// Nonzero: `out` holds the `n x m` transpose of the product (row stride `ldo`), and the
     /// bias has `m` values, one per row of the product (the runtime multiplies `b^T a^T` so
@@ -214,8 +234,11 @@ pub struct ComputeArgs {
 /// one block of k means no partial sums to store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Blocking {
+    /// Elements of k per block, a multiple of the layout's group.
     pub kc: usize,
+    /// B panels packed at once, kept in L2 while the A panels pass.
     pub nc: usize,
+    /// A panels that pass one B block in a row (they stay in L2 too).
     pub mc: usize,
 }
 
@@ -228,7 +251,7 @@ const A_BLOCK_BYTES: usize = 384 << 10;
 
 impl Blocking {
     /// The blocking for `k` (any `m`, `n`): k in near-equal blocks of at most
-    /// [`KC_BYTES`] / element bytes.
+    /// `KC_BYTES` / element bytes.
     ///
     /// ```
     /// use coil_codegen::templates::gemm_cpu::{Blocking, Layout};

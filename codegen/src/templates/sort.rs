@@ -51,8 +51,11 @@ pub fn tile_kernel(dtype: DType) -> &'static str {
 /// How one argsort of `lines` lines of `len` elements (`inner` apart) runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SortPlan {
+    /// Lines sorted (independent sorts).
     pub lines: usize,
+    /// Elements per line.
     pub len: usize,
+    /// The element stride of a line: consecutive elements of a line are `inner` apart.
     pub inner: usize,
     /// Tiles per line: 1 when the tile kernel finishes the sort.
     pub tiles: usize,

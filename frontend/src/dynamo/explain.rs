@@ -23,10 +23,13 @@ pub(crate) struct ExplainLog {
 /// One graph of an explained run.
 #[derive(Clone, Debug)]
 pub struct GraphInfo {
+    /// The captured graph.
     pub graph: Graph,
+    /// The device it ran on.
     pub device: Device,
     /// The graph's ops (inputs and Rust scalars are not ops) with the user's lines.
     pub ops: Vec<(String, Option<&'static Location<'static>>)>,
+    /// The guards a later call must pass to reuse the graph.
     pub guards: Vec<Guard>,
     /// Seconds per compile stage (`None` when the interpreter ran it).
     pub times: Option<StageTimes>,
@@ -48,11 +51,15 @@ impl GraphInfo {
 /// The report of [`explain`]. `Display` prints it like `torch._dynamo.explain`; the plain form
 /// is deterministic, `{:#}` adds compile times and guard hashes.
 pub struct ExplainReport {
+    /// The graphs captured and run.
     pub graph_count: usize,
     /// Breaks as they happened (a break in a loop counts each time).
     pub graph_break_count: usize,
+    /// Ops over all graphs.
     pub op_count: usize,
+    /// The breaks, as they happened.
     pub breaks: Vec<GraphBreak>,
+    /// The graphs, in run order.
     pub graphs: Vec<GraphInfo>,
     /// The function's outputs, computed.
     pub outputs: Vec<Tensor>,

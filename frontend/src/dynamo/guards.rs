@@ -126,7 +126,12 @@ pub enum Source {
     Arg(usize),
     /// Output `output` of an earlier graph of the same call (1-based graph number), computed
     /// before a graph break.
-    GraphOutput { graph: usize, output: usize },
+    GraphOutput {
+        /// The earlier graph, numbered from 1.
+        graph: usize,
+        /// Which of its outputs.
+        output: usize,
+    },
     /// A computed tensor the function captured (a weight in its closure, data it made).
     Captured,
 }
@@ -146,19 +151,62 @@ impl fmt::Display for Source {
 pub enum Guard {
     /// Graph input `input` has exactly this dtype, device and sizes. Sizes are static: every
     /// size is guarded (0 and 1 included).
-    TensorMatch { input: usize, source: Source, meta: TensorMeta, device: Device },
+    TensorMatch {
+        /// The graph input checked.
+        input: usize,
+        /// Where the input comes from.
+        source: Source,
+        /// The dtype and sizes it must have.
+        meta: TensorMeta,
+        /// The device it must be on.
+        device: Device,
+    },
     /// The captured graph is this one: ops, attributes, metas and edges (hash, then a
     /// node-by-node comparison).
-    GraphStructure { hash: u64, nodes: usize, inputs: usize, outputs: usize },
+    GraphStructure {
+        /// The graph's structural hash.
+        hash: u64,
+        /// The graph's node count.
+        nodes: usize,
+        /// The graph's input count.
+        inputs: usize,
+        /// The graph's output count.
+        outputs: usize,
+    },
     /// Graph input `input` has this dtype and device, and sizes that are these expressions of
     /// the size symbols (a constant is exact).
-    DynamicTensorMatch { input: usize, source: Source, dtype: DType, shape: Vec<Expr>, device: Device },
+    DynamicTensorMatch {
+        /// The graph input checked.
+        input: usize,
+        /// Where the input comes from.
+        source: Source,
+        /// The dtype it must have.
+        dtype: DType,
+        /// Its sizes, as expressions of the size symbols.
+        shape: Vec<Expr>,
+        /// The device it must be on.
+        device: Device,
+    },
     /// A size symbol: graph input `input`'s size at `dim`, at least 2 (0 and 1 are specialized).
-    SizeSymbol { symbol: Expr, input: usize, dim: usize },
+    SizeSymbol {
+        /// The symbol.
+        symbol: Expr,
+        /// The graph input whose size it is.
+        input: usize,
+        /// The dim of that input.
+        dim: usize,
+    },
     /// The captured graph is this one up to its sizes (hash of the graph without its sizes,
     /// then a node-by-node comparison), and each of its sizes is its expression at the
     /// symbols' values.
-    GraphStructureUpToSizes { hash: u64, nodes: usize, sizes: usize },
+    GraphStructureUpToSizes {
+        /// The hash of the graph without its sizes.
+        hash: u64,
+        /// The graph's node count.
+        nodes: usize,
+        /// How many of the graph's size numbers are expressions of the symbols (not constants).
+        sizes: usize,
+    },
 }
 
 impl fmt::Display for Guard {

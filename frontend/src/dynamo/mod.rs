@@ -21,7 +21,7 @@
 //! [`Tensor::map_host`]) is a **graph break** ([`GraphBreak`]): the pending work it needs is
 //! compiled and run as one graph, together with every pending value the function still holds
 //! (so nothing is computed twice), and capture goes on after it. Each break has a stable id, a
-//! reason, a hint and the user's line (`COIL_LOGS=graph_breaks`). [`explain`] reports all of
+//! reason, a hint and the user's line (`COIL_LOGS=graph_breaks`). [`explain()`] reports all of
 //! it; a [`Stance`] turns breaks or recompiles into errors for CI.
 //!
 //! **In-place updates** ([`crate::update_in_place_with`], as a key/value cache's write) made
@@ -88,9 +88,9 @@ pub enum Stance {
     /// Break graphs and recompile as needed.
     #[default]
     Default,
-    /// A graph break is an [`Error`] (kind `Unsupported`) naming the reason, hint and line.
+    /// A graph break is an [`Error`](coil_ir::Error) (kind `Unsupported`) naming the reason, hint and line.
     FailOnGraphBreak,
-    /// A recompile is an [`Error`] (kind `Unsupported`) naming the failed guard.
+    /// A recompile is an [`Error`](coil_ir::Error) (kind `Unsupported`) naming the failed guard.
     FailOnRecompile,
 }
 
@@ -122,13 +122,21 @@ pub fn stance() -> Stance {
 /// [`BreakKind::api`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BreakKind {
+    /// `Tensor::item`.
     Item,
+    /// `Tensor::to_vec`.
     ToVec,
+    /// Printing a tensor (`Display`).
     Display,
+    /// `Tensor::buffer`.
     Buffer,
+    /// `Tensor::storage`.
     Storage,
+    /// An explicit `Tensor::realize`.
     Realize,
+    /// `Tensor::to_device` of a pending value.
     ToDevice,
+    /// `map_host`: an opaque host function.
     MapHost,
     /// An op whose output shape depends on the values (`nonzero`, `masked_select`, `unique`).
     DataDependentShape,
@@ -150,6 +158,7 @@ impl BreakKind {
         }
     }
 
+    /// Why this kind breaks a graph, for reports.
     pub fn reason(self) -> &'static str {
         match self {
             BreakKind::Item => "host read of a tensor value (`item`)",
@@ -166,6 +175,7 @@ impl BreakKind {
         }
     }
 
+    /// How to avoid the break, for reports.
     pub fn hint(self) -> &'static str {
         match self {
             BreakKind::Item => "keep the value on the device: use `where` instead of branching on `x.sum().item()`",
@@ -195,8 +205,11 @@ pub struct GraphBreak {
     /// `GB0001`, `GB0002`, ...: one per distinct (kind, location) of a function, numbered in
     /// order of first occurrence, so the same program always gets the same ids.
     pub id: String,
+    /// What broke the graph.
     pub kind: BreakKind,
+    /// Why it breaks a graph ([`BreakKind::reason`]).
     pub reason: String,
+    /// How to avoid it ([`BreakKind::hint`]).
     pub hint: String,
     /// The user's line (for `Display`: where the printed tensor was computed, since formatting
     /// machinery hides the caller).
@@ -243,9 +256,11 @@ impl Drop for HostRead {
 /// Time and counts of a compiled function's calls.
 #[derive(Clone, Debug, Default)]
 pub struct CallStats {
+    /// Calls of the function.
     pub calls: usize,
-    /// Graphs served by the cache, and graphs that missed it (compiled or run eagerly).
+    /// Graphs served by the cache.
     pub graph_hits: usize,
+    /// Graphs that missed the cache (compiled or run eagerly).
     pub graph_misses: usize,
     /// Time from a graph's capture to its cached executable on hits: capturing the graph,
     /// hashing it, finding and confirming the entry (the guard check).
@@ -439,7 +454,7 @@ where
         Ok(outputs)
     }
 
-    /// Runs the function once under [`explain`]'s recording, with a cache of its own (this
+    /// Runs the function once under [`explain()`]'s recording, with a cache of its own (this
     /// function's cache and counters are left as they are).
     #[track_caller]
     pub fn explain(&self, args: &[&Tensor]) -> Result<ExplainReport> {
@@ -486,6 +501,7 @@ where
         self.state.borrow().entries.iter().map(|e| e.guards.clone()).collect()
     }
 
+    /// The time and counts of the calls so far.
     pub fn stats(&self) -> CallStats {
         self.state.borrow().stats.clone()
     }

@@ -13,9 +13,13 @@ use std::panic::Location;
 /// A convolution's geometry: stride, padding and dilation per spatial dim, and channel groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvOptions<const D: usize> {
+    /// Step between windows, per spatial dim.
     pub stride: [usize; D],
+    /// Zeros added on both sides, per spatial dim.
     pub padding: [usize; D],
+    /// Spacing between kernel elements, per spatial dim.
     pub dilation: [usize; D],
+    /// Channel groups: input and output channels split into `groups` independent convolutions.
     pub groups: usize,
 }
 

@@ -20,8 +20,11 @@ use std::panic::Location;
 /// them (the input's shape), and how often each value occurs.
 #[derive(Clone, Debug)]
 pub struct Unique {
+    /// The distinct values, sorted.
     pub values: Tensor,
+    /// Per input element, the position of its value in `values` (the input's shape).
     pub inverse: Tensor,
+    /// How often each value occurs.
     pub counts: Tensor,
 }
 

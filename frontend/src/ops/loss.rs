@@ -15,9 +15,13 @@ use std::panic::Location;
 /// size of dim 0) is the one that matches the mathematical definition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KlDivReduction {
+    /// The pointwise losses, not reduced.
     None,
+    /// The sum divided by the size of dim 0.
     BatchMean,
+    /// The sum.
     Sum,
+    /// The mean over every element.
     Mean,
 }
 
@@ -34,6 +38,7 @@ pub struct NllLossOptions {
     pub weight: Option<Tensor>,
     /// Targets equal to this index contribute nothing and are not counted by `mean`.
     pub ignore_index: i64,
+    /// How the per-target losses combine.
     pub reduction: LossReduction,
 }
 

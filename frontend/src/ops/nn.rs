@@ -285,7 +285,9 @@ pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
 /// How [`embedding_bag`] combines the rows of a bag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BagMode {
+    /// The sum of the bag's rows.
     Sum,
+    /// The mean of the bag's rows.
     Mean,
     /// Only for `[B, L]` indices (bags of one length): 1-D indices with offsets would need a
     /// scatter with a maximum, which coil does not have.

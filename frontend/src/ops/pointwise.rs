@@ -7,6 +7,7 @@ use std::panic::Location;
 /// Anything that can stand as a tensor operand: a tensor (by value or reference) or a Rust
 /// scalar, which is weak in type promotion.
 pub trait IntoTensor {
+    /// The operand as a tensor (a Rust scalar becomes a weak scalar node).
     #[track_caller]
     fn into_tensor(self) -> Tensor;
 }
@@ -48,9 +49,34 @@ macro_rules! unary_methods {
 }
 
 unary_methods! {
-    neg => Neg, abs => Abs, sign => Sign, exp => Exp, exp2 => Exp2, expm1 => Expm1,
-    log => Log, log2 => Log2, log1p => Log1p, sqrt => Sqrt, rsqrt => Rsqrt,
-    sin => Sin, cos => Cos, tan => Tan,
+    /// `torch.neg`: `-x`.
+    neg => Neg,
+    /// `torch.abs`: `|x|`.
+    abs => Abs,
+    /// `torch.sign`: -1, 0 or 1 by the sign of `x` (0 for NaN, as PyTorch).
+    sign => Sign,
+    /// `torch.exp`: `e^x`.
+    exp => Exp,
+    /// `torch.exp2`: `2^x`.
+    exp2 => Exp2,
+    /// `torch.expm1`: `e^x - 1`, accurate near 0.
+    expm1 => Expm1,
+    /// `torch.log`: the natural logarithm (NaN below 0, `-inf` at 0).
+    log => Log,
+    /// `torch.log2`: the base-2 logarithm.
+    log2 => Log2,
+    /// `torch.log1p`: `ln(1 + x)`, accurate near 0.
+    log1p => Log1p,
+    /// `torch.sqrt`: the square root (NaN below 0).
+    sqrt => Sqrt,
+    /// `torch.rsqrt`: `1 / sqrt(x)`.
+    rsqrt => Rsqrt,
+    /// `torch.sin`, in radians.
+    sin => Sin,
+    /// `torch.cos`, in radians.
+    cos => Cos,
+    /// `torch.tan`, in radians.
+    tan => Tan,
     /// `torch.atan` (`arctan`): in `[-pi/2, pi/2]`; integers give f32.
     ///
     /// ```
@@ -64,7 +90,12 @@ unary_methods! {
     asin => Asin,
     /// `torch.acos` (`arccos`): NaN outside `[-1, 1]`.
     acos => Acos,
-    tanh => Tanh, sigmoid => Sigmoid, erf => Erf,
+    /// `torch.tanh`: the hyperbolic tangent.
+    tanh => Tanh,
+    /// `torch.sigmoid`: `1 / (1 + e^-x)`.
+    sigmoid => Sigmoid,
+    /// `torch.erf`: the error function.
+    erf => Erf,
     /// `torch.erfc`: `1 - erf(x)`, accurate where that difference would round to 0
     /// (`erfc(10) = 2.09e-45`).
     ///
@@ -86,11 +117,22 @@ unary_methods! {
     /// # Ok::<(), coil_ir::Error>(())
     /// ```
     erfinv => Erfinv,
-    floor => Floor, ceil => Ceil,
+    /// `torch.floor`: the largest integer not above `x`.
+    floor => Floor,
+    /// `torch.ceil`: the smallest integer not below `x`.
+    ceil => Ceil,
     /// Rounds half to even, as `torch.round`.
     round => Round,
-    trunc => Trunc, reciprocal => Reciprocal, logical_not => LogicalNot,
-    isnan => IsNan, isinf => IsInf,
+    /// `torch.trunc`: rounds toward zero.
+    trunc => Trunc,
+    /// `torch.reciprocal`: `1 / x`.
+    reciprocal => Reciprocal,
+    /// `torch.logical_not`: a bool tensor, true where `x` is zero.
+    logical_not => LogicalNot,
+    /// `torch.isnan`: a bool tensor, true where `x` is NaN.
+    isnan => IsNan,
+    /// `torch.isinf`: a bool tensor, true where `x` is `±inf`.
+    isinf => IsInf,
     /// `torch.bitwise_not` (`~x`, and `!x` in Rust): every bit flipped for integers,
     /// `logical_not` for bools; floats are an error.
     ///
@@ -117,7 +159,12 @@ macro_rules! binary_methods {
 }
 
 binary_methods! {
-    add => Add, sub => Sub, mul => Mul,
+    /// `torch.add` (`+`), with type promotion and broadcasting as every binary op.
+    add => Add,
+    /// `torch.sub` (`-`).
+    sub => Sub,
+    /// `torch.mul` (`*`).
+    mul => Mul,
     /// True division: integers divide as floats.
     div => Div,
     /// `torch.div(a, b, rounding_mode="floor")` (`torch.floor_divide`).
@@ -126,12 +173,28 @@ binary_methods! {
     trunc_divide => TruncDiv,
     /// `torch.remainder`: the result has the divisor's sign.
     remainder => Remainder,
+    /// `torch.pow`: `self` to the power `other`.
     pow => Pow,
     /// Elementwise maximum; NaN propagates.
     maximum => Maximum,
+    /// Elementwise minimum; NaN propagates.
     minimum => Minimum,
-    eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge,
-    logical_and => LogicalAnd, logical_or => LogicalOr,
+    /// `torch.eq` (`==`): a bool tensor.
+    eq => Eq,
+    /// `torch.ne` (`!=`): a bool tensor.
+    ne => Ne,
+    /// `torch.lt` (`<`): a bool tensor.
+    lt => Lt,
+    /// `torch.le` (`<=`): a bool tensor.
+    le => Le,
+    /// `torch.gt` (`>`): a bool tensor.
+    gt => Gt,
+    /// `torch.ge` (`>=`): a bool tensor.
+    ge => Ge,
+    /// `torch.logical_and`: a bool tensor, true where both are nonzero.
+    logical_and => LogicalAnd,
+    /// `torch.logical_or`: a bool tensor, true where either is nonzero.
+    logical_or => LogicalOr,
     /// `torch.atan2(self, other)` (`arctan2`): the angle of the point `(other, self)` in
     /// `[-pi, pi]`, as C's `atan2` (signed zeros and infinities included); integers give f32.
     ///
@@ -307,6 +370,7 @@ impl Tensor {
         }
     }
 
+    /// `torch.relu`: `max(x, 0)`.
     #[track_caller]
     pub fn relu(&self) -> Result<Tensor> {
         Tensor::record(Op::Relu, &[self], Location::caller())
@@ -318,6 +382,7 @@ impl Tensor {
         Tensor::record(Op::Gelu { tanh: approximate_tanh }, &[self], Location::caller())
     }
 
+    /// `torch.nn.functional.silu`: `x * sigmoid(x)`.
     #[track_caller]
     pub fn silu(&self) -> Result<Tensor> {
         Tensor::record(Op::Silu, &[self], Location::caller())

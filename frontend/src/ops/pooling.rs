@@ -19,10 +19,12 @@ fn fail<T>(op: &str, x: &Tensor, msg: String, loc: Loc) -> Result<T> {
 /// Pooling: the largest element of each window, or the mean.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pool {
+    /// The largest element of the window (padding never wins).
     Max,
     /// The mean over the window; `count_include_pad` counts the padding zeros in the divisor
     /// (PyTorch's default).
     Avg {
+        /// Count padding elements in the mean's divisor.
         count_include_pad: bool,
     },
 }

@@ -14,14 +14,23 @@ mod math_rows;
 /// Which part of the API an op belongs to (the sections of `docs/ops.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Family {
+    /// Constants, ranges, random numbers, data.
     Creation,
+    /// Elementwise math.
     Pointwise,
+    /// Activation functions.
     Activation,
+    /// Reductions and scans.
     Reduction,
+    /// Views, indexing and data movement.
     Shape,
+    /// Linear algebra (products).
     Linalg,
+    /// Neural-network functions (embedding, attention, dropout, ...).
     Nn,
+    /// Losses and distances.
     Loss,
+    /// Normalization, pooling and resampling.
     Vision,
 }
 
@@ -105,6 +114,7 @@ impl How {
 /// Whether [`crate::grad`] differentiates an op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grad {
+    /// Differentiable.
     Yes,
     /// Piecewise constant: the gradient is zero almost everywhere (as in PyTorch).
     Zero,
@@ -121,8 +131,11 @@ pub struct OpInfo {
     pub name: &'static str,
     /// How coil spells it.
     pub api: &'static str,
+    /// The section of `docs/ops.md` it is listed in.
     pub family: Family,
+    /// How coil computes it.
     pub how: How,
+    /// Whether gradients flow through it.
     pub grad: Grad,
     /// Golden case-name prefixes of this op besides `name` (`div_floor` for `floor_divide`).
     pub case_prefixes: &'static [&'static str],

@@ -17,10 +17,15 @@ use std::panic::Location;
 /// The `reduce` argument of `scatter_reduce` and `index_reduce`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScatterReduce {
+    /// Sum the values into the element.
     Sum,
+    /// Multiply the values into the element.
     Prod,
+    /// The mean of the values (and the element, with `include_self`).
     Mean,
+    /// The largest value (NaN propagates).
     Amax,
+    /// The smallest value (NaN propagates).
     Amin,
 }
 

@@ -24,10 +24,16 @@ pub enum Interpolation {
     NearestExact,
     /// `mode="linear"` / `"bilinear"` / `"trilinear"` (by the number of spatial dims), with
     /// `align_corners`.
-    Linear { align_corners: bool },
+    Linear {
+        /// Corner pixels' centers align (`align_corners=True`), else their outer edges.
+        align_corners: bool,
+    },
     /// `mode="bicubic"` (two spatial dims): Keys' cubic convolution with `A = -0.75`, source
     /// indices clamped into the input, as PyTorch.
-    Bicubic { align_corners: bool },
+    Bicubic {
+        /// Corner pixels' centers align (`align_corners=True`), else their outer edges.
+        align_corners: bool,
+    },
     /// `mode="area"`: [`Tensor::adaptive_avg_pool`] to the output size.
     Area,
 }
@@ -37,7 +43,14 @@ pub enum Interpolation {
 pub enum GridSample {
     /// `mode="bilinear"`, `"nearest"` (`bilinear = false`); `border` clamps coordinates into
     /// the input (`padding_mode="border"`), else outside samples are zeros.
-    Sample { bilinear: bool, border: bool, align_corners: bool },
+    Sample {
+        /// Bilinear interpolation, else the nearest pixel.
+        bilinear: bool,
+        /// Coordinates outside the input are clamped to its border, else samples there are 0.
+        border: bool,
+        /// Grid coordinates -1 and 1 are the corner pixels' centers, else their outer edges.
+        align_corners: bool,
+    },
 }
 
 /// Keys' cubic convolution weights of the four taps around a source position with fraction

@@ -80,6 +80,7 @@ pub struct TensorInfo {
     pub dtype: Option<DType>,
     /// The element type as the file names it (`"F32"`, `"BF16"`, `"U32"`).
     pub file_dtype: &'static str,
+    /// The tensor's shape.
     pub shape: Vec<usize>,
     /// The tensor's bytes in the data section: `[begin, end)`.
     pub data_offsets: (usize, usize),

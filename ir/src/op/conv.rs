@@ -22,9 +22,13 @@ use crate::graph::TensorMeta;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConvGeometry {
+    /// Step between windows, per spatial dim.
     pub stride: Vec<usize>,
+    /// Zeros added on both sides, per spatial dim.
     pub padding: Vec<usize>,
+    /// Spacing between kernel elements, per spatial dim.
     pub dilation: Vec<usize>,
+    /// Channel groups: input and output channels split into `groups` independent convolutions.
     pub groups: usize,
 }
 
@@ -36,10 +40,16 @@ pub enum ConvForm {
     /// The gradient with respect to the data, and the transposed convolution:
     /// `(dy [N, O, *out], w [O, C / groups, *kernel]) -> dx [N, C, *size]`; `size` is the data's
     /// spatial size (`out` does not determine it: the forward rounds down).
-    BackwardData { size: Vec<usize> },
+    BackwardData {
+        /// The data's spatial size.
+        size: Vec<usize>,
+    },
     /// The gradient with respect to the weight:
     /// `(x [N, C, *in], dy [N, O, *out]) -> dw [O, C / groups, *kernel]`.
-    BackwardWeight { kernel: Vec<usize> },
+    BackwardWeight {
+        /// The kernel's spatial size.
+        kernel: Vec<usize>,
+    },
 }
 
 impl ConvForm {

@@ -7,19 +7,33 @@ use crate::dtype::DType;
 /// Pointwise functions of one operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
+    /// `-x`.
     Neg,
+    /// `|x|`.
     Abs,
+    /// -1, 0 or 1 by the sign of `x` (0 for NaN, as PyTorch).
     Sign,
+    /// `e^x`.
     Exp,
+    /// `2^x`.
     Exp2,
+    /// `e^x - 1`, accurate near 0.
     Expm1,
+    /// The natural logarithm.
     Log,
+    /// The base-2 logarithm.
     Log2,
+    /// `ln(1 + x)`, accurate near 0.
     Log1p,
+    /// The square root.
     Sqrt,
+    /// `1 / sqrt(x)`.
     Rsqrt,
+    /// Sine, in radians.
     Sin,
+    /// Cosine, in radians.
     Cos,
+    /// Tangent, in radians.
     Tan,
     /// `torch.atan`, in `[-pi/2, pi/2]`.
     Atan,
@@ -27,27 +41,38 @@ pub enum UnaryOp {
     Asin,
     /// `torch.acos`: NaN outside `[-1, 1]`.
     Acos,
+    /// The hyperbolic tangent.
     Tanh,
+    /// `1 / (1 + e^-x)`.
     Sigmoid,
+    /// The error function.
     Erf,
     /// `torch.erfc`: `1 - erf(x)` computed without the cancellation (full precision for large x).
     Erfc,
     /// `torch.erfinv`: the inverse of `erf` on `(-1, 1)`; `±1` give `±inf`, `|x| > 1` NaN.
     Erfinv,
+    /// The largest integer not above `x`.
     Floor,
+    /// The smallest integer not below `x`.
     Ceil,
     /// Round half to even, as `torch.round`.
     Round,
+    /// Rounds toward zero.
     Trunc,
+    /// `1 / x`.
     Reciprocal,
+    /// Bool: `x` is zero.
     LogicalNot,
+    /// Bool: `x` is NaN.
     IsNan,
+    /// Bool: `x` is `±inf`.
     IsInf,
     /// `torch.bitwise_not`: `~x` of integers, `logical_not` of bools; no floats.
     BitwiseNot,
 }
 
 impl UnaryOp {
+    /// Every unary op, in declaration order.
     pub const ALL: [UnaryOp; 31] = {
         use UnaryOp::*;
         [
@@ -56,6 +81,7 @@ impl UnaryOp {
         ]
     };
 
+    /// The op's name in printed graphs and generated code (PyTorch's: `neg`, `rsqrt`, ...).
     pub fn name(self) -> &'static str {
         use UnaryOp::*;
         match self {
@@ -134,8 +160,11 @@ impl UnaryOp {
 /// Pointwise functions of two operands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// `a + b`.
     Add,
+    /// `a - b`.
     Sub,
+    /// `a * b`.
     Mul,
     /// True division: integers divide as floats.
     Div,
@@ -145,25 +174,37 @@ pub enum BinaryOp {
     TruncDiv,
     /// `torch.remainder`: the result has the sign of the divisor.
     Remainder,
+    /// `a` to the power `b`.
     Pow,
     /// `torch.maximum`: NaN propagates; a tie of `+0.0` and `-0.0` gives the first operand
     /// ([`BinaryOp::max_min`]).
     Maximum,
+    /// `torch.minimum`: NaN propagates; a tie of `+0.0` and `-0.0` gives the first operand.
     Minimum,
+    /// Bool: `a == b`.
     Eq,
+    /// Bool: `a != b`.
     Ne,
+    /// Bool: `a < b`.
     Lt,
+    /// Bool: `a <= b`.
     Le,
+    /// Bool: `a > b`.
     Gt,
+    /// Bool: `a >= b`.
     Ge,
+    /// Bool: both nonzero.
     LogicalAnd,
+    /// Bool: either nonzero.
     LogicalOr,
     /// `torch.atan2(y, x)`: the angle of the point `(x, y)`, in `[-pi, pi]`; integers divide as
     /// floats.
     Atan2,
     /// `torch.bitwise_and` of integers or bools (`&`).
     BitwiseAnd,
+    /// `torch.bitwise_or` of integers or bools (`|`).
     BitwiseOr,
+    /// `torch.bitwise_xor` of integers or bools (`^`).
     BitwiseXor,
     /// `torch.bitwise_left_shift` of integers (`<<`): a shift by a negative amount or by the
     /// width or more gives 0 ([`BinaryOp::shift`]).
@@ -174,6 +215,7 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every binary op, in declaration order.
     pub const ALL: [BinaryOp; 24] = {
         use BinaryOp::*;
         [
@@ -182,6 +224,7 @@ impl BinaryOp {
         ]
     };
 
+    /// The op's name in printed graphs and generated code (PyTorch's: `add`, `floor_divide`, ...).
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
         match self {

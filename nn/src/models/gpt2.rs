@@ -16,13 +16,20 @@ use std::collections::BTreeMap;
 /// GPT-2's sizes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Gpt2Config {
+    /// Tokens in the vocabulary (rows of `wte`).
     pub vocab_size: usize,
     /// The longest sequence (`n_positions`).
     pub block_size: usize,
+    /// Transformer blocks.
     pub n_layer: usize,
+    /// Attention heads per block.
     pub n_head: usize,
+    /// The embedding width (`C`); a multiple of `n_head`.
     pub n_embd: usize,
+    /// Dropout probability after the embeddings, on the attention probabilities and after each
+    /// residual branch (in training mode).
     pub dropout: f64,
+    /// The epsilon of every layer norm.
     pub layer_norm_eps: f64,
 }
 
@@ -131,9 +138,13 @@ impl Gpt2Config {
 /// One transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
 #[derive(Clone, Debug)]
 pub struct Block {
+    /// The norm before attention.
     pub ln_1: LayerNorm,
+    /// Causal self-attention.
     pub attn: CausalSelfAttention,
+    /// The norm before the MLP.
     pub ln_2: LayerNorm,
+    /// The MLP.
     pub mlp: Mlp,
 }
 
@@ -162,10 +173,15 @@ impl Module for Block {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Gpt2 {
+    /// The sizes it was built with.
     pub config: Gpt2Config,
+    /// Token embeddings `[vocab_size, n_embd]`, also the language-model head (tied).
     pub wte: Embedding,
+    /// Position embeddings `[block_size, n_embd]`.
     pub wpe: Embedding,
+    /// The transformer blocks (`h.0`, `h.1`, ...).
     pub h: Vec<Block>,
+    /// The final layer norm.
     pub ln_f: LayerNorm,
     drop: Dropout,
     mode: Mode,

@@ -14,14 +14,21 @@ use coil_ir::{DType, Error, Result};
 /// A Llama's sizes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LlamaConfig {
+    /// Tokens in the vocabulary.
     pub vocab_size: usize,
+    /// The embedding width.
     pub hidden_size: usize,
+    /// The gated MLP's hidden width.
     pub intermediate_size: usize,
+    /// Decoder layers.
     pub n_layer: usize,
+    /// Query heads per layer.
     pub n_head: usize,
     /// Key/value heads (grouped-query attention when fewer than `n_head`).
     pub n_kv_head: usize,
+    /// The epsilon of every RMS norm.
     pub rms_norm_eps: f64,
+    /// The rotary embedding's base frequency.
     pub rope_theta: f64,
     /// The longest sequence (the rotary tables' length).
     pub max_positions: usize,
@@ -98,18 +105,26 @@ impl LlamaConfig {
 /// One decoder layer: `x + self_attn(input_layernorm(x))`, then `x + mlp(post_attention_layernorm(x))`.
 #[derive(Clone, Debug)]
 pub struct LlamaLayer {
+    /// The norm before attention.
     pub input_layernorm: RmsNorm,
+    /// Causal self-attention with rotary embeddings.
     pub self_attn: CausalSelfAttention,
+    /// The norm before the MLP.
     pub post_attention_layernorm: RmsNorm,
+    /// The gated MLP.
     pub mlp: GatedMlp,
 }
 
 /// Llama with its language-model head.
 #[derive(Clone, Debug)]
 pub struct Llama {
+    /// The sizes it was built with.
     pub config: LlamaConfig,
+    /// Token embeddings `[vocab_size, hidden_size]`.
     pub embed_tokens: Embedding,
+    /// The decoder layers (`layers.0`, ...).
     pub layers: Vec<LlamaLayer>,
+    /// The final RMS norm.
     pub norm: RmsNorm,
     /// `None` when tied to `embed_tokens`.
     pub lm_head: Option<Linear>,

@@ -24,13 +24,18 @@ use coil_ir::Result;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Conv2d {
+    /// `[out, in / groups, kh, kw]`.
     pub weight: Param,
+    /// `[out]`, when the layer has a bias.
     pub bias: Option<Param>,
+    /// Stride, padding, dilation and groups.
     pub options: ConvOptions<2>,
     mode: Mode,
 }
 
 impl Conv2d {
+    /// `nn.Conv2d(in_channels, out_channels, kernel, ...)`: parameters `weight` and (with `bias`)
+    /// `bias` under `path`.
     #[track_caller]
     pub fn new(
         path: &Path,
@@ -113,13 +118,18 @@ impl Conv2d {
 /// `[out, in / groups, k]` and `bias` `[out]`.
 #[derive(Clone, Debug)]
 pub struct Conv1d {
+    /// `[out, in / groups, k]`.
     pub weight: Param,
+    /// `[out]`, when the layer has a bias.
     pub bias: Option<Param>,
+    /// Stride, padding, dilation and groups.
     pub options: ConvOptions<1>,
     mode: Mode,
 }
 
 impl Conv1d {
+    /// `nn.Conv1d(in_channels, out_channels, kernel, ...)`: parameters `weight` and (with `bias`)
+    /// `bias` under `path`.
     #[track_caller]
     pub fn new(
         path: &Path,

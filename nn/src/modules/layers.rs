@@ -30,8 +30,11 @@ pub enum Layout {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Linear {
+    /// The weight, `[out, in]` or `[in, out]` as `layout` says.
     pub weight: Param,
+    /// `[out]`, when the layer has a bias.
     pub bias: Option<Param>,
+    /// How `weight` is laid out.
     pub layout: Layout,
     mode: Mode,
 }
@@ -92,6 +95,7 @@ impl Module for Linear {
 /// A lookup table of `num` vectors of `dim` (`nn.Embedding`), initialized from `N(0, 1)`.
 #[derive(Clone, Debug)]
 pub struct Embedding {
+    /// The table, `[num, dim]`.
     pub weight: Param,
 }
 
@@ -121,8 +125,11 @@ impl Module for Embedding {
 /// Under a mixed-precision policy it computes in f32 and returns f32, as autocast does.
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
+    /// The scale, `[dim]`.
     pub weight: Param,
+    /// The shift, `[dim]`, when the norm has one.
     pub bias: Option<Param>,
+    /// Added to the variance.
     pub eps: f64,
     mode: Mode,
 }
@@ -156,6 +163,7 @@ impl Module for LayerNorm {
 /// Root-mean-square normalization over the last dim (`nn.RMSNorm(dim, eps)`), weight ones.
 #[derive(Clone, Debug)]
 pub struct RmsNorm {
+    /// The scale, `[dim]`.
     pub weight: Param,
     /// `None`: the dtype's machine epsilon, as PyTorch.
     pub eps: Option<f64>,
@@ -163,6 +171,7 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// `nn.RMSNorm(dim, eps)`: parameter `weight` `[dim]`.
     #[track_caller]
     pub fn new(path: &Path, dim: usize, eps: Option<f64>) -> Result<RmsNorm> {
         Ok(RmsNorm { weight: path.param("weight", &[dim], Init::Ones)?, eps, mode: path.mode() })
@@ -192,11 +201,13 @@ fn upcast_under_autocast(mode: &Mode, x: &Tensor) -> Result<Tensor> {
 /// ([`crate::ParamStore::eval`]).
 #[derive(Clone, Debug)]
 pub struct Dropout {
+    /// The probability of zeroing an element.
     pub p: f64,
     mode: Mode,
 }
 
 impl Dropout {
+    /// `nn.Dropout(p)`, in the mode of `path`'s store.
     pub fn new(path: &Path, p: f64) -> Dropout {
         Dropout { p, mode: path.mode() }
     }

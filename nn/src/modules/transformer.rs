@@ -157,7 +157,9 @@ fn attention_with_dropout(q: &Tensor, k: &Tensor, v: &Tensor, p: f64) -> Result<
 /// and `c_proj` `[4C, C]`, then dropout.
 #[derive(Clone, Debug)]
 pub struct Mlp {
+    /// The expansion `[C, 4C]`.
     pub c_fc: Linear,
+    /// The projection back `[4C, C]`.
     pub c_proj: Linear,
     dropout: Dropout,
 }
@@ -184,12 +186,16 @@ impl Module for Mlp {
 /// layouts without bias.
 #[derive(Clone, Debug)]
 pub struct GatedMlp {
+    /// The gate `[dim] -> [hidden]`, through silu.
     pub gate_proj: Linear,
+    /// The value `[dim] -> [hidden]`.
     pub up_proj: Linear,
+    /// The projection back `[hidden] -> [dim]`.
     pub down_proj: Linear,
 }
 
 impl GatedMlp {
+    /// The three projections of width `dim` and hidden width `hidden`, `nn.Linear` initialization.
     #[track_caller]
     pub fn new(path: &Path, dim: usize, hidden: usize) -> Result<GatedMlp> {
         Ok(GatedMlp {

@@ -9,9 +9,13 @@ use std::panic::Location;
 /// `torch.optim.AdamW`'s options and defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWConfig {
+    /// The learning rate.
     pub lr: f64,
+    /// `(beta1, beta2)`: the decay of the running first and second moments.
     pub betas: (f64, f64),
+    /// Added to the second moment's square root (numerical stability).
     pub eps: f64,
+    /// Decoupled weight decay: `p *= 1 - lr * weight_decay` each step.
     pub weight_decay: f64,
     /// Divide by the running maximum of the second moment (AMSGrad).
     pub amsgrad: bool,

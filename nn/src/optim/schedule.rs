@@ -2,6 +2,7 @@
 
 /// A learning rate per step (`step` counts from 0).
 pub trait LrSchedule {
+    /// The learning rate of step `step`.
     fn lr(&self, step: u64) -> f64;
 }
 
@@ -29,9 +30,13 @@ impl LrSchedule for Constant {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WarmupCosine {
+    /// The peak learning rate, reached at the end of the warm-up.
     pub max_lr: f64,
+    /// The learning rate at and after step `total`.
     pub min_lr: f64,
+    /// Warm-up steps.
     pub warmup: u64,
+    /// The step at which the decay reaches `min_lr`.
     pub total: u64,
 }
 

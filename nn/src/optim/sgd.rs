@@ -10,10 +10,15 @@ use std::panic::Location;
 /// `torch.optim.SGD`'s options and defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdConfig {
+    /// The learning rate.
     pub lr: f64,
+    /// The momentum factor (0: none).
     pub momentum: f64,
+    /// Dampening: after the first step the momentum buffer adds `(1 - dampening) * g`.
     pub dampening: f64,
+    /// L2 penalty: `g += weight_decay * p`.
     pub weight_decay: f64,
+    /// Nesterov momentum (needs a momentum and zero dampening).
     pub nesterov: bool,
 }
 
@@ -48,6 +53,8 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// SGD over `params`; an error for invalid options (negative rates, Nesterov without momentum
+    /// or with dampening).
     #[track_caller]
     pub fn new(params: Vec<Param>, config: SgdConfig) -> Result<Sgd> {
         if config.nesterov && (config.momentum <= 0.0 || config.dampening != 0.0) {

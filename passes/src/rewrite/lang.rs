@@ -80,79 +80,136 @@ pub enum Prim {
     /// A value computed outside the region in the e-graph (the graph's node `node`): a leaf
     /// that rules cannot look into.
     Opaque {
+        /// The graph node the value comes from.
         node: usize,
+        /// The value's shape.
         shape: Vec<usize>,
+        /// The value's dtype.
         dtype: DType,
     },
+    /// [`Op::Input`]: the graph's `index`-th input.
     Input {
+        /// Which input of the graph.
         index: usize,
+        /// The input's shape.
         shape: Vec<usize>,
+        /// The input's dtype.
         dtype: DType,
     },
+    /// [`Op::Full`]: a tensor filled with `value`.
     Full {
+        /// The fill value.
         value: ScalarKey,
+        /// The tensor's shape.
         shape: Vec<usize>,
+        /// The tensor's dtype.
         dtype: DType,
     },
+    /// [`Op::Iota`]: the i64 index of each element along `dim`.
     Iota {
+        /// The dim whose index each element holds.
         dim: usize,
+        /// The tensor's shape.
         shape: Vec<usize>,
     },
+    /// [`Op::Rand`]: counter-based random numbers of stream `stream` at `offset`.
     Rand {
+        /// The distribution drawn from.
         dist: Ordered<RandDist>,
+        /// The graph's random stream drawn from.
         stream: usize,
+        /// The counter offset of element 0 within the stream.
         offset: u64,
+        /// The tensor's shape.
         shape: Vec<usize>,
+        /// The tensor's dtype.
         dtype: DType,
     },
+    /// [`Op::Unary`]: one child.
     Unary(Ordered<UnaryOp>),
+    /// [`Op::Binary`]: two children.
     Binary(Ordered<BinaryOp>),
+    /// [`Op::Where`]: children `cond, x, y`.
     Where,
+    /// [`Op::Cast`] to the dtype.
     Cast(DType),
+    /// [`Op::Reduce`] over `dims`.
     Reduce {
+        /// The reduction.
         op: Ordered<ReduceOp>,
+        /// The dims reduced.
         dims: Vec<usize>,
+        /// Whether reduced dims stay as size 1.
         keepdim: bool,
     },
+    /// [`Op::Cumsum`] along `dim`.
     Cumsum {
+        /// The dim scanned.
         dim: usize,
     },
+    /// [`Op::Argsort`] along `dim`.
     Argsort {
+        /// The dim sorted.
         dim: usize,
+        /// Largest first when true.
         descending: bool,
     },
+    /// [`Op::Reshape`] to `shape`.
     Reshape {
+        /// The new shape.
         shape: Vec<usize>,
     },
+    /// [`Op::Permute`] by `perm`.
     Permute {
+        /// Output dim `i` is input dim `perm[i]`.
         perm: Vec<usize>,
     },
+    /// [`Op::Expand`] (broadcast) to `shape`.
     Expand {
+        /// The broadcast shape.
         shape: Vec<usize>,
     },
+    /// [`Op::Slice`]: `len` elements `start, start+step, ...` along `dim`.
     Slice {
+        /// The dim sliced.
         dim: usize,
+        /// The first element taken.
         start: usize,
+        /// How many elements are taken.
         len: usize,
+        /// The stride between taken elements; negative walks backwards.
         step: i64,
     },
+    /// [`Op::Pad`]: constant padding.
     Pad {
+        /// `(before, after)` per dim.
         pads: Vec<(usize, usize)>,
+        /// The padding value.
         value: ScalarKey,
     },
+    /// [`Op::Cat`] of the children along `dim`.
     Cat {
+        /// The dim concatenated along.
         dim: usize,
     },
+    /// [`Op::Gather`]: children `x, index`.
     Gather {
+        /// The dim indexed.
         dim: usize,
     },
+    /// [`Op::IndexSelect`]: children `x, index` (1-D).
     IndexSelect {
+        /// The dim indexed.
         dim: usize,
     },
+    /// [`Op::Scatter`]: children `x, index, src`.
     Scatter {
+        /// The dim indexed.
         dim: usize,
+        /// How colliding writes combine; `None`: the last write wins.
         reduce: Option<Ordered<ReduceOp>>,
     },
+    /// [`Op::Bmm`]: batched `[..., m, k] @ [..., k, n]`.
     Bmm,
 }
 

@@ -52,7 +52,9 @@ pub struct AttentionSpec {
 /// A mask's elements and what they hold.
 #[derive(Clone, Copy, Debug)]
 pub struct MaskBytes<'a> {
+    /// The mask's elements, of the operands' dtype or one byte each for a bool mask.
     pub bytes: &'a [u8],
+    /// Whether the mask keeps keys (bool) or is added to the scores.
     pub kind: MaskKind,
 }
 

@@ -31,7 +31,9 @@ pub struct AttentionBackwardSpec {
     pub grad_out: StridedOperand<usize>,
     /// Where each wanted gradient goes (`dq` `[*batch, l, d]`, `dk` and `dv` `[*batch, s, d]`).
     pub dq: Option<StridedOperand<usize>>,
+    /// Where the keys' gradient goes, when wanted.
     pub dk: Option<StridedOperand<usize>>,
+    /// Where the values' gradient goes, when wanted.
     pub dv: Option<StridedOperand<usize>>,
     /// Batch dims (row-major batch index order).
     pub batch: Vec<usize>,
@@ -116,14 +118,23 @@ impl AttentionBackwardSpec {
 /// and the output gradient may share buffers), the statistics (`[*batch, l]`, f32, f64 for
 /// f64), and the wanted gradients, which overlap nothing.
 pub struct BackwardBuffers<'a> {
+    /// The queries.
     pub q: &'a [u8],
+    /// The keys.
     pub k: &'a [u8],
+    /// The values.
     pub v: &'a [u8],
+    /// The gradient of the attention's output.
     pub grad_out: &'a [u8],
+    /// The forward's row logsumexp of the scaled scores.
     pub lse: &'a [u8],
+    /// Per query row `i`, `delta_i = g_i . o_i` (the output gradient times the output).
     pub delta: &'a [u8],
+    /// The queries' gradient, when wanted.
     pub dq: Option<&'a mut [u8]>,
+    /// The keys' gradient, when wanted.
     pub dk: Option<&'a mut [u8]>,
+    /// The values' gradient, when wanted.
     pub dv: Option<&'a mut [u8]>,
 }
 

@@ -32,12 +32,17 @@ use std::sync::OnceLock;
 /// The shape of a batched product: the fields of [`ExternCall::Bmm`] at one run's sizes.
 #[derive(Clone, Debug)]
 pub struct BmmSpec {
+    /// The left operand, `[*batch, m, k]` through its strides.
     pub a: StridedOperand<usize>,
+    /// The right operand, `[*batch, k, n]` through its strides.
     pub b: StridedOperand<usize>,
     /// Batch dims of the output (`out` is `[*batch, m, n]`, contiguous).
     pub batch: Vec<usize>,
+    /// Rows of each product.
     pub m: usize,
+    /// Columns of each product.
     pub n: usize,
+    /// The contracted dim.
     pub k: usize,
     /// A row added to every output row (the epilogue of `linear`).
     pub bias: Option<BiasOperand<usize>>,
@@ -138,9 +143,9 @@ impl BmmSpec {
 pub enum GemmEngine {
     /// The packed template where this CPU and compiler serve the dtype, else the `gemm` crate;
     /// also the crate for f32 products of few rows or columns
-    /// ([`gemm_packed::skinny`](super::gemm_packed::skinny)).
+    /// ([`super::gemm_packed::skinny`]).
     Auto,
-    /// The packed template ([`gemm_packed`](super::gemm_packed)); an error where it cannot run.
+    /// The packed template ([`super::gemm_packed`]); an error where it cannot run.
     Packed,
     /// The `gemm` crate (half types widened to f32).
     Crate,

@@ -171,8 +171,11 @@ struct Task {
 /// The bytes a product reads: its operands and its bias row (empty without one).
 #[derive(Clone, Copy, Debug)]
 pub struct Operands<'a> {
+    /// The left operand's buffer.
     pub a: &'a [u8],
+    /// The right operand's buffer.
     pub b: &'a [u8],
+    /// The bias row's buffer (empty without one).
     pub bias: &'a [u8],
 }
 

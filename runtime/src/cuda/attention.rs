@@ -169,11 +169,17 @@ pub(crate) fn launch_params(
 /// buffers; the mask with what it holds), and the output and logsumexp, which overlap no
 /// operand.
 pub struct DevForward {
+    /// The queries.
     pub q: DevOperand,
+    /// The keys.
     pub k: DevOperand,
+    /// The values.
     pub v: DevOperand,
+    /// The explicit mask and what it holds, if any.
     pub mask: Option<(DevOperand, MaskKind)>,
+    /// The output.
     pub out: DevOperand,
+    /// The row logsumexp (f32), when a backward needs it.
     pub lse: Option<DevOperand>,
 }
 
@@ -248,14 +254,23 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
 /// operands (q, k, v and the output gradient may share buffers), the f32 statistics, and the
 /// wanted gradients, which overlap nothing.
 pub struct DevBackward {
+    /// The queries.
     pub q: DevOperand,
+    /// The keys.
     pub k: DevOperand,
+    /// The values.
     pub v: DevOperand,
+    /// The gradient of the attention's output.
     pub grad_out: DevOperand,
+    /// The forward's row logsumexp.
     pub lse: DevOperand,
+    /// Per query row, the output gradient times the output (`delta_i = g_i . o_i`).
     pub delta: DevOperand,
+    /// The queries' gradient, when wanted.
     pub dq: Option<DevOperand>,
+    /// The keys' gradient, when wanted.
     pub dk: Option<DevOperand>,
+    /// The values' gradient, when wanted.
     pub dv: Option<DevOperand>,
 }
 

@@ -10,9 +10,9 @@
 //! * Activation fallbacks (correctness first): when the heuristic finds no algorithm with the
 //!   GELU epilogue (for the views as they are, nor gathered), the product runs with the plain
 //!   (bias) epilogue and a built-in in-place kernel applies the activation to the output
-//!   ([`apply_activation`]: f32 in f32; f16 / bf16 read, computed in f32, rounded again; f64 in
+//!   (`apply_activation`: f32 in f32; f16 / bf16 read, computed in f32, rounded again; f64 in
 //!   f64); for `k = 0` (the bias, or zeros) the same kernel follows; the host path applies it in
-//!   [`bmm_bytes`].
+//!   [`crate::cpu::gemm::bmm_bytes`].
 //! * Layout: the output `[*batch, m, n]` is row-major, i.e. column-major `n x m`; so cuBLASLt
 //!   computes `out^T = b^T a^T`, each operand's row/column strides expressed as a leading
 //!   dimension and a transpose flag. Batch dims that collapse into one stride (a broadcast
@@ -73,7 +73,9 @@ impl Blas {
 /// A device operand: the buffer's base address and its size in bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct DevOperand {
+    /// The buffer's device address.
     pub ptr: sys::CUdeviceptr,
+    /// The buffer's size in bytes.
     pub bytes: usize,
 }
 

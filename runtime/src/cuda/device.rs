@@ -291,7 +291,7 @@ impl CudaDevice {
     }
 
     /// Waits until all work enqueued on the stream is done, and checks the status words of the
-    /// runs not checked yet ([`super::status`]): the first data error a kernel reported (an
+    /// runs not checked yet (`cuda::status`): the first data error a kernel reported (an
     /// index out of bounds, ...) surfaces here, named by its kernel and the line of its run,
     /// as does an asynchronous error of earlier work (an illegal address in a kernel, ...).
     pub fn synchronize(&self) -> Result<()> {

@@ -2,7 +2,7 @@
 //! `scatter_add`, `scatter_reduce` and `cumsum` for ops with no generated kernel) on the device:
 //! compiled by NVRTC (through the disk cache) the first time a device needs them, launched
 //! grid-stride. A scatter's index out of range is reported in status words of the run's, as
-//! generated kernels report theirs ([`super::status`]), checked at the next synchronization
+//! generated kernels report theirs (`cuda::status`), checked at the next synchronization
 //! point: the call does not wait for the kernel.
 
 use super::compiler::{compile, LoadedModule};

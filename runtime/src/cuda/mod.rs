@@ -21,7 +21,7 @@
 //!    dtypes allow, else by copying their operands to the host and running the reference
 //!    interpreter;
 //! 4. returns the outputs in `program.outputs` order without waiting for the kernels. Each
-//!    kernel has 4 status words of its own on the device's status board ([`status`]), read at
+//!    kernel has 4 status words of its own on the device's status board (`status`), read at
 //!    the next synchronization point (a copy to the host, [`CudaDevice::synchronize`], a full
 //!    board): the first failing kernel in launch order is named there, with the run's line.
 //!
@@ -74,6 +74,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Launch shape and resources of one generated kernel, for dumps (`summary.json`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelAttributes {
+    /// The kernel's entry point.
     pub name: String,
     /// Blocks in the (1-D) grid; for a kernel of symbolic `xnumel`, at the size symbols' hints
     /// (each run computes its own).
@@ -93,8 +94,9 @@ pub struct KernelAttributes {
     /// driver's assembler at that optimization level).
     pub compiler: &'static str,
     /// Microseconds the compiler took on the kernel's translation unit in this process (0: a
-    /// disk-cache hit), and loading its CUBIN (`cuModuleLoadData`, function look-ups).
+    /// disk-cache hit).
     pub compile_us: u64,
+    /// Microseconds loading its CUBIN (`cuModuleLoadData`, function look-ups).
     pub load_us: u64,
 }
 
@@ -431,7 +433,7 @@ impl CudaCompiledGraph {
 
     /// [`run_donating`](Self::run_donating) for a run the user asked for at `origin`: a data
     /// error one of its kernels reports is named with that line when it surfaces, at the next
-    /// synchronization point (see [`status`]; a run returns without waiting for its kernels).
+    /// synchronization point (see `status`; a run returns without waiting for its kernels).
     pub fn run_donating_at(
         &self,
         inputs: &[&CudaBuffer],
@@ -954,6 +956,7 @@ pub struct StreamTimer {
 }
 
 impl StreamTimer {
+    /// A timer on `device`'s stream (two CUDA events).
     pub fn new(device: &Arc<CudaDevice>) -> Result<StreamTimer> {
         let [start, end]: [CudaEvent; 2] = timing_events(device, 2)?.try_into().expect("two events");
         Ok(StreamTimer { device: device.clone(), start, end })

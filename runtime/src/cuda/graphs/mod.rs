@@ -7,11 +7,11 @@
 //! costs one launch. [`CudaCompiledGraph::run_replayed`] does, per call:
 //!
 //! 1. the first call runs as usual (it autotunes, loads libraries, fills caches);
-//! 2. the second captures the run on the device's capture stream ([`CudaDevice::begin_capture`]):
+//! 2. the second captures the run on the device's capture stream (`CudaDevice::begin_capture`):
 //!    nothing executes, every launch and copy is recorded, with the addresses of its buffers.
 //!    Every block the capture is handed (outputs, temporaries, library scratch) then belongs to
-//!    the graph ([`pool`]), so nothing else ever writes over it. The status words are the
-//!    graph's own, checked like any run's ([`super::status`]). Then the graph is launched;
+//!    the graph (`pool`), so nothing else ever writes over it. The status words are the
+//!    graph's own, checked like any run's (`cuda::status`). Then the graph is launched;
 //! 3. later calls launch it again. The outputs are the same buffers every time: the caller
 //!    gets them shared, and the next replay writes over them (the frontend makes the previous
 //!    call's tensors stale, an error on use, as torch's CUDA graph trees do);
