@@ -194,6 +194,7 @@ impl LaunchName {
 /// capture that ran (a compiled graph serves every capture of its structure, from any lines).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunOrigin {
+    /// The user's line that asked for the run (a realize, a compiled function's call).
     pub line: Option<&'static std::panic::Location<'static>>,
     /// `(node, its line, its operands as dtype[shape])`.
     pub nodes: Vec<(usize, Option<&'static std::panic::Location<'static>>, Vec<String>)>,

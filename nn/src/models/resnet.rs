@@ -20,6 +20,7 @@ pub struct ResNetConfig {
     /// Channels of the stem and of the first stage's 3x3 convolutions (64); stage `i` has
     /// `width << i`, and a block's output four times that.
     pub width: usize,
+    /// Outputs of the final linear layer (`fc`): 1000 ImageNet classes.
     pub num_classes: usize,
 }
 
@@ -38,12 +39,20 @@ const EXPANSION: usize = 4;
 /// is a 1x1 convolution and batch norm (`downsample`) where the shape changes.
 #[derive(Clone, Debug)]
 pub struct Bottleneck {
+    /// The 1x1 reduction to the block's inner width.
     pub conv1: Conv2d,
+    /// Batch norm after `conv1`.
     pub bn1: BatchNorm2d,
+    /// The 3x3 convolution, with the block's stride.
     pub conv2: Conv2d,
+    /// Batch norm after `conv2`.
     pub bn2: BatchNorm2d,
+    /// The 1x1 expansion to four times the inner width.
     pub conv3: Conv2d,
+    /// Batch norm after `conv3` (before the shortcut is added).
     pub bn3: BatchNorm2d,
+    /// The shortcut's 1x1 convolution and batch norm where the shape changes (torchvision's
+    /// `downsample.0` and `downsample.1`); `None`: the identity.
     pub downsample: Option<(Conv2d, BatchNorm2d)>,
 }
 
@@ -61,6 +70,9 @@ fn bn(path: &Path, channels: usize) -> Result<BatchNorm2d> {
 }
 
 impl Bottleneck {
+    /// A block under `path` from `inplanes` channels, of inner width `planes` (output
+    /// `4 * planes`) and `stride` on its 3x3 convolution; a shortcut projection where the
+    /// stride or the channel count changes.
     #[track_caller]
     pub fn new(path: &Path, inplanes: usize, planes: usize, stride: usize) -> Result<Bottleneck> {
         let out = planes * EXPANSION;
@@ -124,15 +136,20 @@ impl Module for Bottleneck {
 /// ```
 #[derive(Clone, Debug)]
 pub struct ResNet {
+    /// The sizes it was built with.
     pub config: ResNetConfig,
+    /// The stem: a 7x7 stride-2 convolution.
     pub conv1: Conv2d,
+    /// Batch norm after the stem.
     pub bn1: BatchNorm2d,
     /// `layer1` to `layer4`.
     pub stages: Vec<Vec<Bottleneck>>,
+    /// The classifier after global average pooling.
     pub fc: Linear,
 }
 
 impl ResNet {
+    /// A ResNet of `config` under `path`, with torchvision's initialization and parameter names.
     #[track_caller]
     pub fn new(path: &Path, config: ResNetConfig) -> Result<ResNet> {
         let w = config.width;

@@ -9,6 +9,7 @@ use std::panic::Location;
 /// `nn.BatchNorm2d`'s options and defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchNormConfig {
+    /// Added to the variance before its square root (1e-5).
     pub eps: f64,
     /// The weight of a batch's statistics in the running ones; `None`: a cumulative average
     /// (`1 / num_batches_tracked`), as PyTorch's `momentum=None`.
@@ -30,7 +31,9 @@ impl Default for BatchNormConfig {
 /// and loaded with the others, never updated by an optimizer.
 #[derive(Clone, Debug)]
 pub struct RunningStats {
+    /// `running_mean`, per channel.
     pub mean: Param,
+    /// `running_var` (unbiased), per channel.
     pub var: Param,
     /// i64, 0-d: the training-mode forward passes so far.
     pub num_batches_tracked: Param,
@@ -71,14 +74,20 @@ pub struct RunningStats {
 /// ```
 #[derive(Clone, Debug)]
 pub struct BatchNorm2d {
+    /// The per-channel scale (`affine`).
     pub weight: Option<Param>,
+    /// The per-channel shift (`affine`).
     pub bias: Option<Param>,
+    /// The running statistics (`track_running_stats`).
     pub running: Option<RunningStats>,
+    /// The options it was built with.
     pub config: BatchNormConfig,
     mode: Mode,
 }
 
 impl BatchNorm2d {
+    /// A batch norm of `num_features` channels under `path` (`weight` ones, `bias` zeros,
+    /// `running_mean` zeros, `running_var` ones).
     #[track_caller]
     pub fn new(path: &Path, num_features: usize, config: BatchNormConfig) -> Result<BatchNorm2d> {
         let c = [num_features];
