@@ -540,25 +540,27 @@ fn float_floor_division_and_remainder_match_the_cpu_on_cuda() {
 
 /// Runs on the GPU return without waiting for their kernels: a data error a kernel reports
 /// surfaces at the next synchronization point (`coil::synchronize`, a host read of any tensor
-/// on the device), named by the kernel and the line that asked for the run; the device is
-/// clean afterwards. A compiled function's call returns the same way.
+/// on the device), named by the user's op, its operands and its line (the kernel in
+/// parentheses), as on the interpreter; the device is clean afterwards. A compiled function's
+/// call returns the same way.
 #[test]
-fn kernel_errors_surface_at_the_next_synchronization_with_the_run_line_on_cuda() {
+fn kernel_errors_surface_at_the_next_synchronization_with_the_op_line_on_cuda() {
     use coil::{DType, Tensor};
     let Some(device) = gpu() else { return };
     let x = Tensor::ones(&[4, 3], DType::F32).to_device(device).unwrap();
     x.realize().unwrap();
     let bad = Tensor::from_vec(vec![0i64, 7], &[2]).unwrap().to_device(device).unwrap();
     let y = x.index_select(0, &bad).unwrap();
+    let op_line = line!() - 1;
     y.realize().unwrap(); // enqueued: no error yet
-    let run_line = line!() - 1;
     let z = (&x * 2.0).exp().unwrap();
     z.realize().unwrap(); // a later run
     let e = coil::synchronize().unwrap_err();
     assert!(e.to_string().contains("index 7 is out of bounds"), "{e}");
-    // Named by the user's op (the kernel in parentheses) and the line that asked for the run.
+    // Named by the user's op (the kernel in parentheses), its operands and its line.
     assert!(e.op.as_deref().is_some_and(|op| op.contains("index_select")), "{e}");
-    assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), run_line)), "{e}");
+    assert!(e.to_string().contains("operands: f32[4, 3], i64[2]"), "{e}");
+    assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), op_line)), "{e}");
     // Reported once: the device is clean, and the later run's values are right.
     coil::synchronize().unwrap();
     assert!(z.to_vec::<f32>().unwrap().iter().all(|&v| (v - 2f32.exp()).abs() < 1e-5));
@@ -571,10 +573,10 @@ fn kernel_errors_surface_at_the_next_synchronization_with_the_run_line_on_cuda()
     assert_eq!(w.to_vec::<f32>().unwrap(), vec![2.0; 12]);
     // The call of a compiled function returns before its kernels run.
     let f = coil::compile(|a: &[Tensor]| Ok(vec![a[0].index_select(0, &a[1])?.sum_all()?]));
+    let body_line = line!() - 1;
     let out = f.call(&[&x, &bad]).unwrap();
-    let call_line = line!() - 1;
     let e = out[0].item::<f32>().unwrap_err();
-    assert_eq!(e.location.map(|l| l.line()), Some(call_line), "{e}");
+    assert_eq!(e.location.map(|l| l.line()), Some(body_line), "{e}");
     // A scatter (an embedding's gradient) reports a bad index the same way.
     let table = Tensor::zeros(&[3], DType::F32).to_device(device).unwrap();
     let src = Tensor::ones(&[2], DType::F32).to_device(device).unwrap();
