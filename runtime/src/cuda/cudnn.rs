@@ -119,11 +119,17 @@ pub fn convolution(
 ) -> Result<()> {
     let dnn = match Cudnn::get(dev) {
         Ok(dnn) => dnn,
-        Err(_) => return on_host(dev, call, dtype, a, b, out),
+        Err(e) => {
+            log_host_fallback(call, dtype, &e.to_string());
+            return on_host(dev, call, dtype, a, b, out);
+        }
     };
     let plan = match plan(dnn, call, dtype) {
         Ok(plan) => plan,
-        Err(_) => return on_host(dev, call, dtype, a, b, out),
+        Err(e) => {
+            log_host_fallback(call, dtype, &e.to_string());
+            return on_host(dev, call, dtype, a, b, out);
+        }
     };
     let size = dtype.size_bytes() as u64;
     let (pa, pb) = (a.ptr + call.a.offset as u64 * size, b.ptr + call.b.offset as u64 * size);
@@ -417,6 +423,18 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -
     };
     dnn::set_convolution_math_type(conv, math).map_err(dnn_err("cudnnSetConvolutionMathType"))?;
     Ok(Plan { a, b, out, conv, algo, workspace })
+}
+
+/// Says once per call shape (`COIL_LOGS=schedule`) that a convolution runs on the host, and why:
+/// it is correct there but orders of magnitude slower, so a slow step can be traced to it.
+fn log_host_fallback(call: &ConvCall, dtype: DType, why: &str) {
+    static LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let key = format!("{dtype} {:?} {:?} {}", call.form, call.geometry, describe(call));
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    if !logged.contains(&key) {
+        super::schedule_log(&format!("convolution on the host (cuDNN: {why}): {key}"));
+        logged.push(key);
+    }
 }
 
 /// The call on the host: operands downloaded, the reference computation, the result uploaded.
