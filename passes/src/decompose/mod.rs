@@ -39,6 +39,7 @@ mod tests;
 
 pub use builder::{compute_dtype, scalar_as, upcast_and_back, zero, Arg, Builder};
 
+use coil_ir::op::{ConvForm, ConvGeometry};
 use coil_ir::{DType, Error, Graph, NodeId, Op, Result, TensorMeta};
 
 /// Decomposes a captured graph into a primitive graph (see the module docs): the reference
@@ -169,6 +170,23 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
     Ok(out)
 }
 
+/// Whether a convolution is a plain matrix product: a 1x1 kernel, stride 1, no padding or
+/// dilation, one group. Its decomposition (a reshape and a product) runs through cuBLASLt, which
+/// takes every layout; cuDNN's legacy API has no algorithm for some of them (bf16 channels-last
+/// 1x1 gradients at 7x7 on the H100), where the call would fall back to the host.
+fn pointwise_conv(graph: &Graph, node: &coil_ir::Node, geometry: &ConvGeometry, form: &ConvForm) -> bool {
+    let unit = |v: &[usize]| v.iter().all(|&x| x == 1);
+    let kernel: Vec<usize> = match form {
+        ConvForm::BackwardWeight { kernel } => kernel.clone(),
+        ConvForm::Forward | ConvForm::BackwardData { .. } => graph.meta(node.inputs[1]).shape[2..].to_vec(),
+    };
+    unit(&kernel)
+        && unit(&geometry.stride)
+        && unit(&geometry.dilation)
+        && geometry.padding.iter().all(|&p| p == 0)
+        && geometry.groups == 1
+}
+
 /// Whether a template node of a captured graph stays whole: a convolution where
 /// [`DecomposeOptions::conv_template`] says so (its forms have gradient rules); attention the
 /// template supports ([`crate::attention::template_supports`]), on tensor operands (not Rust
@@ -178,8 +196,8 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
 /// differentiate their decomposition.
 fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOptions) -> bool {
     let tensors = node.inputs.iter().all(|&x| !matches!(graph.node(x).op, Op::Scalar(_)));
-    if let Op::Conv { .. } = node.op {
-        return options.conv_template && tensors;
+    if let Op::Conv { geometry, form } = &node.op {
+        return options.conv_template && tensors && !pointwise_conv(graph, node, geometry, form);
     }
     if !options.fused_attention {
         return false;
