@@ -152,16 +152,17 @@ fn host_times_split_a_call_by_phase() {
 
 #[test]
 fn the_cpu_reports_a_kernel_error_at_the_run_that_found_it() {
-    // CPU runs are synchronous: the realize fails at its line, naming the user's op (and the
-    // kernel it ran in). A GPU's run would return, and the error surface at the next
-    // synchronization point: `tests/gpu.rs`.
+    // CPU runs are synchronous: the realize fails, naming the user's op (and the kernel it ran
+    // in) at the op's line, as the interpreter does. A GPU's run would return, and the error
+    // surface at the next synchronization point: `tests/gpu.rs`.
     let x = randn(&[4, 3], DType::F32);
     let bad = Tensor::from_vec(vec![0i64, 7], &[2]).unwrap();
     let y = x.index_select(0, &bad).unwrap().exp().unwrap();
+    let op_line = line!() - 1;
     let e = y.realize().unwrap_err();
     assert!(e.to_string().contains("index 7 is out of bounds"), "{e}");
     assert!(e.op.as_deref().is_some_and(|op| op.starts_with("index_select (kernel poi_fused_")), "{e}");
-    assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), line!() - 3)));
+    assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), op_line)));
     let a = Tensor::from_vec(vec![4i64, 5], &[2]).unwrap();
     let e = (a.remainder(Tensor::from_vec(vec![2i64, 0], &[2]).unwrap()).unwrap() + 1).realize().unwrap_err();
     assert!(e.op.as_deref().is_some_and(|op| op.starts_with("remainder (kernel")), "{e}");
