@@ -875,10 +875,10 @@ fn resnet_training_steps_agree_with_the_cpu_on_cuda() {
     coil::set_backend(coil::Backend::Compiled);
     let (want_losses, want) = resnet::train(coil::Device::Cpu).unwrap();
     let (got_losses, got) = resnet::train(device).unwrap();
-    let loss_err = resnet::rel_error(&got_losses, &want_losses);
+    let loss_err = attention::rel_error(&got_losses, &want_losses);
     assert!(loss_err < 1e-4, "losses {got_losses:?} on CUDA, {want_losses:?} on the CPU");
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        let err = resnet::rel_error(a, b);
+        let err = attention::rel_error(a, b);
         assert!(err < 1e-3, "parameter or buffer {i} differs from the CPU's by {err:.2e}");
     }
 }

@@ -4,12 +4,15 @@
 //! The data is `tests/golden_nn/nn.safetensors` (`tests/golden_nn/README.md` says what each
 //! tensor is; `make_golden.py` makes it).
 
+mod common;
+
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::{
     clip_grad_norm, AdamW, AdamWConfig, CausalSelfAttention, Embedding, GatedMlp, Init, LayerNorm, Linear, LoadOptions,
     LrSchedule, Mlp, Module, Optimizer, ParamStore, Path, RmsNorm, Rotary, Sgd, SgdConfig, WarmupCosine,
 };
 use coil::{DType, Device, Tensor};
+use common::assert_close;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
@@ -26,25 +29,6 @@ fn golden() -> &'static BTreeMap<String, Tensor> {
 
 fn g(name: &str) -> Tensor {
     golden().get(name).unwrap_or_else(|| panic!("no golden tensor {name}")).clone()
-}
-
-/// `||got - want|| / ||want||` in f64 (absolute when `want` is zero).
-fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
-    assert_eq!(got.shape(), want.shape(), "shapes");
-    let (a, b) = (got.to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
-    let diff: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
-    let norm: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
-    if norm == 0.0 {
-        diff
-    } else {
-        diff / norm
-    }
-}
-
-#[track_caller]
-fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
-    let e = rel_err(got, want);
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.0e}");
 }
 
 /// f32 against PyTorch's f32: a few roundings apart.

@@ -6,9 +6,12 @@
 //! where cuDNN would run them). The batch-norm data is `tests/golden_nn/batch_norm.safetensors`
 //! (`tests/golden_nn/make_batch_norm.py` makes it).
 
+mod common;
+
 use coil::nn::models::resnet::{ResNet, ResNetConfig};
 use coil::nn::{BatchNorm2d, BatchNormConfig, Module, ParamStore};
 use coil::{DType, Device, Tensor};
+use common::assert_close;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
@@ -30,24 +33,6 @@ fn g(name: &str) -> Tensor {
         DType::I64 => Tensor::from_vec(t.to_vec::<i64>().unwrap(), t.shape()).unwrap(),
         _ => Tensor::from_vec(t.to_vec::<f32>().unwrap(), t.shape()).unwrap(),
     }
-}
-
-fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
-    assert_eq!(got.shape(), want.shape(), "shapes");
-    let (a, b) = (got.to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
-    let diff: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
-    let norm: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
-    if norm == 0.0 {
-        diff
-    } else {
-        diff / norm
-    }
-}
-
-#[track_caller]
-fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
-    let e = rel_err(got, want);
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.0e}");
 }
 
 const TOL: f64 = 2e-6;

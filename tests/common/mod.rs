@@ -66,3 +66,23 @@ impl Block {
         Ok(&x + &m)
     }
 }
+
+/// `||got - want|| / ||want||` in f64 (absolute when `want` is zero).
+pub fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
+    assert_eq!(got.shape(), want.shape(), "shapes");
+    let (a, b) = (got.to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
+    let diff: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
+    let norm: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    if norm == 0.0 {
+        diff
+    } else {
+        diff / norm
+    }
+}
+
+/// Fails with `what` when `got` is further than `tol` from `want` ([`rel_err`]).
+#[track_caller]
+pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
+    let e = rel_err(got, want);
+    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.0e}");
+}

@@ -35,9 +35,3 @@ pub fn train(device: Device) -> coil::Result<(Vec<f64>, Vec<Vec<f64>>)> {
     let state = store.params().iter().map(|p| p.tensor().to_vec::<f64>()).collect::<coil::Result<_>>()?;
     Ok((losses, state))
 }
-
-/// `||a - b|| / ||b||`.
-pub fn rel_error(a: &[f64], b: &[f64]) -> f64 {
-    let d: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
-    d / b.iter().map(|y| y * y).sum::<f64>().sqrt().max(1e-30)
-}

@@ -77,7 +77,8 @@ pub struct DecomposeOptions {
     /// template nodes, for lowering to run each as one call (cuDNN on CUDA). Set where the
     /// target runs them (the frontend checks that cuDNN loads) and when differentiating, so
     /// that gradients are the backward templates; off, they decompose into im2col and a
-    /// matrix product.
+    /// matrix product. A 1x1 convolution without padding or groups decomposes either way: it is
+    /// a matrix product.
     pub conv_template: bool,
 }
 
