@@ -1,10 +1,12 @@
-"""Kernel time of torch.compile's GPT-2 training step (models_torch.py's row), by category.
+"""Kernel time of a torch.compile row of models_torch.py (GPT-2 or ResNet-50), by category.
 
 Prints each CUDA kernel's total device time per step (torch.profiler), largest first, and
 totals by category (GEMM, attention forward/backward, the rest), to put next to coil's
 per-launch profile (`COIL_PROFILE=1`). Usage, on the GPU machine:
 
-    python3 bench/tools/torch_profile_step.py [--rows gpt2_124m_train_step_bf16] [--top 40]
+    python3 bench/tools/torch_profile_step.py [--row gpt2_124m_train_step_bf16] [--top 40]
+
+Rows: gpt2_124m_fwd_bf16, gpt2_124m_train_step_bf16, resnet50_fwd_bf16, resnet50_train_step_bf16.
 """
 import argparse
 import os
@@ -21,6 +23,8 @@ def category(name: str) -> str:
     n = name.lower()
     if "flash" in n or "fmha" in n or "attention" in n or "sdpa" in n:
         return "attention bwd" if "bwd" in n or "backward" in n else "attention fwd"
+    if "conv" in n or "dgrad" in n or "wgrad" in n or "fprop" in n or "implicit" in n:
+        return "convolution"
     if "gemm" in n or "sm90_xmma" in n or "cutlass" in n or "nvjet" in n or "cublas" in n:
         return "gemm"
     return "other (triton, elementwise, optimizer)"
@@ -34,8 +38,11 @@ def main():
     a = ap.parse_args()
     cfg = mt.CONFIGS["124m"]
     ctx = mt.Ctx("124m", cfg["gpt"], cfg["B"], cfg["T"], torch.device("cuda"), cfg["llama"], cfg["prompt"],
-                 cfg["new_tokens"])
-    setup = mt.setup_train_step if "train" in a.row else mt.setup_forward
+                 cfg["new_tokens"], resnet=cfg["resnet"])
+    if a.row.startswith("resnet"):
+        setup = mt.setup_resnet_train_step if "train" in a.row else mt.setup_resnet_forward
+    else:
+        setup = mt.setup_train_step if "train" in a.row else mt.setup_forward
     step = setup(ctx, lambda m: torch.compile(m))
     for _ in range(3):
         step()

@@ -133,8 +133,10 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
                     LoopKind::Extern { call: ExternCall::AttentionBackward(_), .. } => {
                         "attention backward template".to_string()
                     }
+                    // A fallback runs a built-in kernel where the backend has one (CUDA's
+                    // scatter and cumsum), else the reference interpreter.
                     LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => {
-                        format!("reference interpreter: {op}")
+                        format!("fallback: {op}")
                     }
                     LoopKind::Extern { call: ExternCall::Conv(_), .. } => "convolution template".to_string(),
                     _ => "extern".to_string(),
