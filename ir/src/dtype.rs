@@ -78,6 +78,30 @@ impl DType {
         }
     }
 
+    /// Whether casting to `to` keeps every value exactly and makes the element no narrower:
+    /// a float to a wider float (`bf16`/`f16` to `f32` or `f64`, `f32` to `f64`), an integer
+    /// to a wider integer of the same signedness or a signed one wider than `u8`, bool to
+    /// anything. (`u8`/`i8` to a float is exact too, but makes a wider element from a cheaper
+    /// one only with `f32`/`f64`; the rule is for storage decisions, so it stays by width.)
+    ///
+    /// ```
+    /// use coil_ir::DType;
+    /// assert!(DType::BF16.widens_exactly(DType::F32));
+    /// assert!(!DType::F32.widens_exactly(DType::BF16));
+    /// assert!(!DType::F16.widens_exactly(DType::BF16));
+    /// assert!(!DType::I64.widens_exactly(DType::F64));
+    /// ```
+    pub fn widens_exactly(self, to: DType) -> bool {
+        use DType::*;
+        match (self, to) {
+            (a, b) if a == b => true,
+            (Bool, _) => true,
+            (F16 | BF16, F32 | F64) | (F32, F64) => true,
+            (U8, I16 | I32 | I64) | (I8, I16 | I32 | I64) | (I16, I32 | I64) | (I32, I64) => true,
+            _ => false,
+        }
+    }
+
     /// The promotion category: bool, integer or float.
     pub fn category(self) -> Category {
         match self {

@@ -41,7 +41,7 @@
 
 use super::Lowerer;
 use coil_ir::loops::Body;
-use coil_ir::NodeId;
+use coil_ir::{NodeId, Op};
 
 /// A node with several readers whose inlined body loads more distinct buffers than this is
 /// realized: each extra reader would reload them all (Inductor's `realize_reads_threshold`;
@@ -79,15 +79,23 @@ impl Lowerer<'_> {
             || (elementwise > 1 && full >= REALIZE_MIN_FULL_READS)
     }
 
-    /// The nodes that read `n`, directly or through views, each once, and whether it reaches
-    /// them through a broadcast (a view with more elements than `n`).
+    /// The nodes that read `n`, directly or through views and exact widening casts, each
+    /// once, and whether it reaches them through a broadcast (a view with more elements than
+    /// `n`).
+    ///
+    /// A widening cast (`bf16` to `f32`, say) is looked through as a view is: its readers count
+    /// as `n`'s, so that when the value is worth storing it is stored narrow, as `n`, and each
+    /// reader widens it again for free. Deciding on the cast alone would store the wide copy
+    /// (a ResNet's batch-norm gradients, `f32(relu_backward(g))`, read by the norm's two
+    /// reductions and its input gradient, were stored as f32 at twice the bytes).
     fn distinct_readers(&self, n: NodeId) -> Vec<(NodeId, bool)> {
         let numel = self.meta(n).numel();
         let mut found: Vec<(NodeId, bool)> = Vec::new();
         let mut stack = vec![(n, false)];
         while let Some((m, broadcast)) = stack.pop() {
             for &r in &self.readers[m.0] {
-                if self.g.node(r).op.is_view() {
+                let widens = matches!(self.g.node(r).op, Op::Cast(t) if self.meta(m).dtype.widens_exactly(t));
+                if self.g.node(r).op.is_view() || widens {
                     stack.push((r, broadcast || self.meta(r).numel() > numel));
                 } else if let Some(seen) = found.iter_mut().find(|(s, _)| *s == r) {
                     // Read both ways: elementwise wins (it is the read that reloads).

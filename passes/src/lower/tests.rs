@@ -267,6 +267,37 @@ fn a_node_its_readers_would_each_reload_is_stored_once() {
 }
 
 #[test]
+fn a_reused_value_read_through_a_widening_cast_is_stored_narrow() {
+    // `f32(x + y)` of bf16 `x`, `y`, read by a reduction and an exp: worth storing, and stored
+    // as the bf16 sum (the cast is exact, so each reader widens the narrow copy itself), not as
+    // the f32 cast at twice the bytes.
+    let bf16 = DType::BF16;
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8], bf16));
+    let y = g.input(m(&[4, 8], bf16));
+    let s = op(&mut g, Op::Binary(BinaryOp::Add), &[x, y]);
+    let w = op(&mut g, Op::Cast(F32), &[s]);
+    let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[w]);
+    let r = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: false }, &[w]);
+    let p = lowered(g, &[e, r]);
+    assert_eq!(loads(&p), [vec!["arg0", "arg1"], vec!["buf0"], vec!["buf0"]], "{p}");
+    let stored = p.nodes[0].writes()[0];
+    assert_eq!(p.buffer(stored).meta.dtype, bf16, "{p}");
+    // A narrowing cast is no view of its input: `bf16(a + b)` of f32 operands, read twice,
+    // is stored after the cast.
+    let mut g = Graph::new();
+    let x = g.input(m(&[4, 8], F32));
+    let y = g.input(m(&[4, 8], F32));
+    let s = op(&mut g, Op::Binary(BinaryOp::Add), &[x, y]);
+    let n = op(&mut g, Op::Cast(bf16), &[s]);
+    let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[n]);
+    let r = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: false }, &[n]);
+    let p = lowered(g, &[e, r]);
+    let stored = p.nodes[0].writes()[0];
+    assert_eq!(p.buffer(stored).meta.dtype, bf16, "{p}");
+}
+
+#[test]
 fn broadcast_rows_and_broadcast_readers_keep_a_node_inlined() {
     let mut g = Graph::new();
     // `x * w` with `w` a broadcast row: one load of its size; its two readers reload `w` from
