@@ -3,11 +3,12 @@
 //!
 //! Models:
 //! - `--checkpoint DIR`: a byte-level GPT-2 of `gpt2_train` (the default, `ckpt/gpt2-bytes`);
-//! - `--hf FILE`: a Hugging Face GPT-2 `model.safetensors` with `config.json`, `vocab.json` and
-//!   `merges.txt` beside it (text in, text out);
-//! - `--llama FILE`: a Hugging Face Llama `model.safetensors` with its `config.json` beside it
-//!   (coil has no SentencePiece/tiktoken tokenizer: the prompt's bytes are the ids, and the ids
-//!   are printed);
+//! - `--hf FILE`: a Hugging Face GPT-2 `model.safetensors` with `config.json` and its tokenizer
+//!   (`tokenizer.json`, or `vocab.json` and `merges.txt`) beside it (text in, text out);
+//! - `--llama FILE`: a Hugging Face Llama `model.safetensors` with its `config.json` beside it,
+//!   and its `tokenizer.json` when it has a byte-level BPE one (Llama 3: text in, text out,
+//!   the beginning-of-text token first); without one the prompt's bytes are the ids, and the
+//!   ids are printed;
 //! - `--random NAME`: random weights of a named size, `gpt2-124m`, `llama-1b`, `gpt2-tiny` or
 //!   `llama-tiny` (bf16 on a GPU, f32 on the CPU; ids printed): for timing.
 //!
@@ -28,11 +29,10 @@
 //! a CUDA graph on a GPU. Prints tokens/s for the prefill and
 //! the decode: of the first generation (compiles included), or with `--warm` of a second one.
 
-mod bpe;
-
 use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
 use coil::nn::models::llama::{Llama, LlamaConfig};
 use coil::nn::models::CausalLm;
+use coil::nn::Tokenizer as Bpe;
 use coil::nn::{LoadOptions, ParamStore};
 use coil::safetensors::WeightFile;
 use coil::{DType, Device, Sampling, Tensor};
@@ -94,26 +94,27 @@ fn parse() -> Args {
     a
 }
 
-/// How text becomes token ids and back: bytes for `gpt2_train`'s models, BPE for GPT-2's, and
-/// for models without a tokenizer here, the prompt's bytes as ids and the ids as numbers.
+/// How text becomes token ids and back: bytes for `gpt2_train`'s models, byte-level BPE for
+/// Hugging Face's GPT-2 and Llama 3 (with its template's special tokens), and for models
+/// without a tokenizer here, the prompt's bytes as ids and the ids as numbers.
 enum Tokenizer {
     Bytes,
-    Bpe(Box<bpe::Bpe>),
+    Bpe(Box<Bpe>),
     Ids,
 }
 
 impl Tokenizer {
-    fn encode(&self, text: &str) -> Vec<i64> {
+    fn encode(&self, text: &str) -> coil::Result<Vec<i64>> {
         match self {
-            Tokenizer::Bytes | Tokenizer::Ids => text.bytes().map(i64::from).collect(),
-            Tokenizer::Bpe(b) => b.encode(text),
+            Tokenizer::Bytes | Tokenizer::Ids => Ok(text.bytes().map(i64::from).collect()),
+            Tokenizer::Bpe(b) => b.encode(text, true),
         }
     }
 
     fn decode(&self, ids: &[i64]) -> String {
         match self {
             Tokenizer::Bytes => String::from_utf8_lossy(&ids.iter().map(|&i| i as u8).collect::<Vec<_>>()).into_owned(),
-            Tokenizer::Bpe(b) => b.decode(ids),
+            Tokenizer::Bpe(b) => b.decode(ids).unwrap_or_else(|e| format!("{ids:?} ({e})")),
             Tokenizer::Ids => format!("{ids:?}"),
         }
     }
@@ -159,7 +160,11 @@ fn load(args: &Args, store: &ParamStore) -> coil::Result<(Box<dyn CausalLm>, Tok
         let (layers, width) = (config.n_layer, config.hidden_size);
         let model = Llama::new(&f32_root, config)?;
         store.load_with(path, &LoadOptions { cast: true, ..Default::default() })?;
-        return Ok((Box::new(model), Tokenizer::Ids, describe("Llama", layers, width)));
+        let tokenizer = match dir.join("tokenizer.json") {
+            file if file.exists() => Tokenizer::Bpe(Box::new(Bpe::from_file(file)?)),
+            _ => Tokenizer::Ids,
+        };
+        return Ok((Box::new(model), tokenizer, describe("Llama", layers, width)));
     }
     if let Some(path) = &args.hf {
         let file = WeightFile::open(path)?;
@@ -176,7 +181,10 @@ fn load(args: &Args, store: &ParamStore) -> coil::Result<(Box<dyn CausalLm>, Tok
         let model = Gpt2::new(&f32_root, config)?;
         let rename = |n: &str| Gpt2Config::hf_name(n);
         store.load_with(path, &LoadOptions { rename: Some(&rename), cast: true, ..Default::default() })?;
-        let bpe = bpe::Bpe::load(dir).map_err(|e| coil::Error::runtime(format!("GPT-2's tokenizer: {e}")))?;
+        let bpe = match dir.join("tokenizer.json") {
+            file if file.exists() => Bpe::from_file(file)?,
+            _ => Bpe::from_gpt2_files(dir)?,
+        };
         return Ok((Box::new(model), Tokenizer::Bpe(Box::new(bpe)), describe("GPT-2", layers, width)));
     }
     let dir = args.checkpoint.clone().expect("a checkpoint");
@@ -252,7 +260,7 @@ fn main() -> coil::Result<()> {
     let block = model.max_positions();
     let vocab = model.vocab_size() as i64;
 
-    let mut ids: Vec<i64> = tokenizer.encode(&args.prompt).into_iter().map(|i| i % vocab).collect();
+    let mut ids: Vec<i64> = tokenizer.encode(&args.prompt)?.into_iter().map(|i| i % vocab).collect();
     if ids.is_empty() {
         ids.push(0);
     }

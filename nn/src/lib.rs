@@ -14,7 +14,8 @@
 //! * models ([`models`]): GPT-2 and Llama with Hugging Face's parameter names, ResNet-50 with
 //!   torchvision's;
 //! * saving and loading ([`io`]): parameters and optimizer state as safetensors files, by name,
-//!   checked before anything is bound.
+//!   checked before anything is bound;
+//! * tokenizers ([`tokenizer`]): Hugging Face's byte-level BPE files (GPT-2, Llama 3).
 //!
 //! Why a store and paths, not a derive macro: a module is a plain struct of its parts, built
 //! from the [`Path`] of its parameters (candle's `VarBuilder` pattern). The names are fixed
@@ -45,6 +46,7 @@ pub mod models;
 pub mod modules;
 pub mod optim;
 pub mod param;
+pub mod tokenizer;
 
 pub use io::{load_optimizer, save_optimizer, LoadOptions};
 pub use modules::conv::{Conv1d, Conv2d};
@@ -53,6 +55,7 @@ pub use modules::norm::{BatchNorm2d, BatchNormConfig, RunningStats};
 pub use modules::transformer::{CausalSelfAttention, GatedMlp, KvCache, Mlp, Rotary};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig, Constant, LrSchedule, Optimizer, Sgd, SgdConfig, WarmupCosine};
 pub use param::{Init, Mode, Param, ParamStore, Path, Precision};
+pub use tokenizer::Tokenizer;
 
 use coil_frontend::Tensor;
 use coil_ir::Result;
