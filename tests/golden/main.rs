@@ -12,3 +12,8 @@ fn golden_cases_match_pytorch_interpreted() {
 fn golden_cases_match_pytorch_compiled() {
     harness::check_all(coil::Backend::Compiled, coil::Device::Cpu);
 }
+
+#[test]
+fn golden_graphs_round_trip_through_text() {
+    harness::check_text_round_trips();
+}
