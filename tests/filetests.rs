@@ -56,7 +56,7 @@ use std::sync::Arc;
 
 /// What a checked text must (or must not) contain.
 #[derive(Clone, Debug, PartialEq)]
-enum Check {
+enum Match {
     Check(String),
     Nextln(String),
     Not(String),
@@ -68,7 +68,7 @@ enum Check {
 struct FileTest {
     passes: Vec<String>,
     /// Each check with its line in the file.
-    checks: Vec<(Check, usize)>,
+    checks: Vec<(Match, usize)>,
     /// `Some((lo, hi))`, the range of integer inputs, when the file asks for a run.
     run: Option<(i64, i64)>,
     /// `(symbol, input label, dim)`.
@@ -94,13 +94,13 @@ fn directives(text: &str) -> Result<FileTest, String> {
         let bad = |what: &str| format!("line {n}: {what}: `{line}`");
         match key {
             "pass" => t.passes.extend(value.split(',').map(|p| p.trim().to_string())),
-            "check" => t.checks.push((Check::Check(value), n)),
-            "nextln" => t.checks.push((Check::Nextln(value), n)),
-            "not" => t.checks.push((Check::Not(value), n)),
+            "check" => t.checks.push((Match::Check(value), n)),
+            "nextln" => t.checks.push((Match::Nextln(value), n)),
+            "not" => t.checks.push((Match::Not(value), n)),
             "count" => {
                 let (count, pattern) = value.split_once(' ').ok_or_else(|| bad("expected `count: N pattern`"))?;
                 let count = count.parse().map_err(|_| bad("expected a count"))?;
-                t.checks.push((Check::Count(count, pattern.trim().to_string()), n));
+                t.checks.push((Match::Count(count, pattern.trim().to_string()), n));
             }
             "run" => {
                 let range = value.strip_prefix("ints=").ok_or_else(|| bad("expected `run: ints=LO..HI`"))?;
@@ -238,7 +238,7 @@ fn line_of(text: &str, at: usize) -> usize {
 
 /// Matches `checks` against `text` in order (see the module docs). The error names the check
 /// and its line in the file.
-fn match_checks(text: &str, checks: &[(Check, usize)]) -> Result<(), String> {
+fn match_checks(text: &str, checks: &[(Match, usize)]) -> Result<(), String> {
     // Where the previous match ended (the search goes on from there), and where it started.
     let (mut cursor, mut last_start): (usize, Option<usize>) = (0, None);
     let mut nots: Vec<(&str, usize)> = Vec::new();
@@ -257,7 +257,7 @@ fn match_checks(text: &str, checks: &[(Check, usize)]) -> Result<(), String> {
     };
     for (check, n) in checks {
         match check {
-            Check::Check(p) => {
+            Match::Check(p) => {
                 let at = text[cursor..]
                     .find(p.as_str())
                     .map(|a| cursor + a)
@@ -265,7 +265,7 @@ fn match_checks(text: &str, checks: &[(Check, usize)]) -> Result<(), String> {
                 check_nots(&mut nots, cursor, at)?;
                 (cursor, last_start) = (at + p.len(), Some(at));
             }
-            Check::Nextln(p) => {
+            Match::Nextln(p) => {
                 let line_start = match last_start {
                     None => 0,
                     Some(_) => match text[cursor..].find('\n') {
@@ -280,8 +280,8 @@ fn match_checks(text: &str, checks: &[(Check, usize)]) -> Result<(), String> {
                 check_nots(&mut nots, cursor, at)?;
                 (cursor, last_start) = (at + p.len(), Some(at));
             }
-            Check::Not(p) => nots.push((p, *n)),
-            Check::Count(want, p) => {
+            Match::Not(p) => nots.push((p, *n)),
+            Match::Count(want, p) => {
                 let got = text.matches(p.as_str()).count();
                 if got != *want {
                     return Err(format!("line {n}: `count: {want} {p}` occurs {got} times"));
@@ -445,7 +445,7 @@ fn filetests() {
 }
 
 /// The checks of `directives`, without their lines.
-fn checks(text: &str) -> Vec<(Check, usize)> {
+fn checks(text: &str) -> Vec<(Match, usize)> {
     directives(text).unwrap().checks
 }
 
