@@ -24,7 +24,7 @@
 //!   simplification of a primitive graph: prints the graph, then the rewrite report with the
 //!   rules fired), `lower` (primitive graph to loop IR), `split` (split reductions), `schedule`
 //!   (fusion into kernels: prints the schedule), `tile` (the scheduled kernels' tile IR), `c`
-//!   (their C source).
+//!   (their C functions, without the shared prelude).
 //! * `; dynamic: s0 = %L[d]`: dim `d` of input `%L` is the size symbol `s0`; every size of the
 //!   graph equal to that dim's written value is taken as `s0` (write a value no other size
 //!   has). The `decompose` and `rewrite` stages then run at probe sizes
@@ -216,7 +216,9 @@ fn run_passes(graph: &Graph, passes: &[String], dynamic: &[(String, usize, usize
                     .map(|k| coil_codegen::build_kernel(&p, k))
                     .collect(),
             ),
-            ("c", Stage::Kernels(ks)) => Stage::C(coil_codegen::emit_c(&ks)),
+            ("c", Stage::Kernels(ks)) => {
+                Stage::C(ks.iter().map(coil_codegen::emit_kernel).collect::<Vec<_>>().join("\n"))
+            }
             ("decompose" | "decompose-fused" | "rewrite" | "lower" | "split" | "schedule" | "tile" | "c", _) => {
                 return Err(format!("pass `{pass}` cannot follow the passes before it (see the order in the docs)"))
             }
