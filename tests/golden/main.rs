@@ -2,6 +2,7 @@
 //! The harness (loading, comparing, the case tables) is in `harness.rs`.
 
 mod harness;
+mod round_trip;
 
 #[test]
 fn golden_cases_match_pytorch_interpreted() {
@@ -15,5 +16,5 @@ fn golden_cases_match_pytorch_compiled() {
 
 #[test]
 fn golden_graphs_round_trip_through_text() {
-    harness::check_text_round_trips();
+    round_trip::check_text_round_trips();
 }
