@@ -6,7 +6,7 @@
 //! * the op set ([`Op`]): primitives and the composite ops users call;
 //! * shape and dtype inference for every op ([`infer`]);
 //! * the tensor [`Graph`] (an FX-like arena of nodes with shapes, dtypes and source lines) and
-//!   its deterministic printer;
+//!   its deterministic printer, and the parser of that text ([`parse`], [`Graph::parse`]);
 //! * the loop-level IR ([`loops`]) that graphs are lowered to before fusion, and the kernel
 //!   level ([`kernel`]): the scheduler's fused kernels and the Triton-style block IR;
 //! * coil's [`Error`] type;
@@ -27,6 +27,7 @@ pub mod infer;
 pub mod kernel;
 pub mod loops;
 pub mod op;
+pub mod parse;
 pub mod philox;
 pub mod special;
 pub mod sym;

@@ -123,7 +123,7 @@ fn flatten_json(v: &serde_json::Value) -> Vec<f64> {
 }
 
 /// Runs one case through the tables; `None` when no table knows the case.
-fn run_case(name: &str, inputs: &Inputs) -> Option<Outputs> {
+pub fn run_case(name: &str, inputs: &Inputs) -> Option<Outputs> {
     run_forward(name, inputs).or_else(|| cases_grad::run(name, inputs)).or_else(|| generic_grad(name, inputs))
 }
 
@@ -246,9 +246,14 @@ fn compare(got: &Buffer, torch: &Buffer, ref64: Option<&Buffer>) -> Result<(), S
 }
 
 /// Runs every case on one backend and device and reports every failure at once.
-pub fn check_all(backend: coil::Backend, device: coil::Device) {
-    coil::set_backend(backend);
-    coil::set_default_device(device);
+/// Calls `f` with each case of `golden.safetensors` (sorted by name) that is not in
+/// [`NOT_APPLICABLE`]: its name, its JSON, PyTorch's error where it rejects the case, its
+/// inputs on `device`, and the file (for its outputs). Returns the number of cases skipped as
+/// not applicable.
+pub fn for_each_case(
+    device: coil::Device,
+    mut f: impl FnMut(&str, &serde_json::Value, Option<&str>, Inputs, &SafeTensors),
+) -> usize {
     // Where it was built, or relative to the repository root (a test binary carried to the GPU
     // machine runs from a checkout elsewhere).
     let built = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/golden.safetensors");
@@ -260,8 +265,7 @@ pub fn check_all(backend: coil::Backend, device: coil::Device) {
     let meta = metadata.metadata().clone().expect("case metadata");
     let mut names: Vec<&String> = meta.keys().filter(|k| !k.contains('.')).collect();
     names.sort();
-
-    let (mut passed, mut failures, mut skipped) = (0, Vec::new(), 0);
+    let mut skipped = 0;
     for name in names {
         if let Some((_, why)) = NOT_APPLICABLE.iter().find(|(n, _)| n == name) {
             println!("not applicable: {name}: {why}");
@@ -269,14 +273,24 @@ pub fn check_all(backend: coil::Backend, device: coil::Device) {
             continue;
         }
         let case: serde_json::Value = serde_json::from_str(&meta[name]).expect("case JSON");
-        let expects_error = meta.contains_key(&format!("{name}.error"));
+        let torch_error = meta.get(&format!("{name}.error")).map(String::as_str);
         let mut inputs = BTreeMap::new();
         for (input, spec) in case["inputs"].as_object().expect("inputs") {
             // PyTorch stores no tensors for a case it rejects: make the inputs from the spec.
             let buffer = load(&st, &format!("{name}.in.{input}")).unwrap_or_else(|| input_from_spec(spec));
             inputs.insert(input.clone(), Tensor::from_buffer(buffer).to_device(device).expect("input to the device"));
         }
-        let inputs = Inputs(inputs);
+        f(name, &case, torch_error, Inputs(inputs), &st);
+    }
+    skipped
+}
+
+pub fn check_all(backend: coil::Backend, device: coil::Device) {
+    coil::set_backend(backend);
+    coil::set_default_device(device);
+    let (mut passed, mut failures) = (0, Vec::new());
+    let skipped = for_each_case(device, |name, case, torch_error, inputs, st| {
+        let expects_error = torch_error.is_some();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             run_case(name, &inputs).map(|r| {
                 r.and_then(|outs| {
@@ -295,7 +309,7 @@ pub fn check_all(backend: coil::Backend, device: coil::Device) {
             }
             Ok(Some(Err(e))) => Err(format!("error: {e}")),
             Ok(Some(Ok(_))) if expects_error => {
-                Err(format!("PyTorch raises ({}) but coil does not", meta[&format!("{name}.error")]))
+                Err(format!("PyTorch raises ({}) but coil does not", torch_error.unwrap_or_default()))
             }
             Ok(Some(Ok(outs))) => {
                 let mut result = Ok(());
@@ -304,8 +318,8 @@ pub fn check_all(backend: coil::Backend, device: coil::Device) {
                     result = Err(format!("{} outputs but PyTorch gives {n_torch}", outs.len()));
                 }
                 for (k, got) in outs.iter().enumerate().take(n_torch) {
-                    let torch = load(&st, &format!("{name}.out.{k}")).unwrap();
-                    let ref64 = load(&st, &format!("{name}.ref64.{k}"));
+                    let torch = load(st, &format!("{name}.out.{k}")).unwrap();
+                    let ref64 = load(st, &format!("{name}.ref64.{k}"));
                     if let Err(e) = compare(got, &torch, ref64.as_ref()) {
                         result = Err(format!("output {k}: {e}"));
                         break;
@@ -318,7 +332,7 @@ pub fn check_all(backend: coil::Backend, device: coil::Device) {
             Ok(()) => passed += 1,
             Err(e) => failures.push(format!("{name} [{expr}]: {e}")),
         }
-    }
+    });
     println!("golden ({backend:?} on {device}): {passed} passed, {} failed, {skipped} not applicable", failures.len());
     assert!(passed >= 150, "only {passed} golden cases passed");
     assert!(

@@ -2,6 +2,7 @@
 //! The harness (loading, comparing, the case tables) is in `harness.rs`.
 
 mod harness;
+mod round_trip;
 
 #[test]
 fn golden_cases_match_pytorch_interpreted() {
@@ -11,4 +12,9 @@ fn golden_cases_match_pytorch_interpreted() {
 #[test]
 fn golden_cases_match_pytorch_compiled() {
     harness::check_all(coil::Backend::Compiled, coil::Device::Cpu);
+}
+
+#[test]
+fn golden_graphs_round_trip_through_text() {
+    round_trip::check_text_round_trips();
 }

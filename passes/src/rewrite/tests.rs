@@ -6,7 +6,7 @@ use super::lang::{fold, ENode, Facts, Konst, Ordered, Prim, EG};
 use super::region;
 use super::rules::{lossless, may_fire};
 use super::{simplify, RewriteOptions};
-use coil_ir::{BinaryOp, DType, Graph, Op, Scalar, TensorMeta, UnaryOp};
+use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, Scalar, TensorMeta, UnaryOp};
 
 fn input(g: &mut Graph, shape: &[usize]) -> coil_ir::NodeId {
     g.input(TensorMeta::new(shape.to_vec(), DType::F32))
@@ -45,31 +45,37 @@ fn folding_rounds_like_the_interpreter() {
 
 #[test]
 fn cse_keeps_negative_zero_apart() {
-    let mut g = Graph::new();
-    let x = input(&mut g, &[4]);
-    let (nz, pz) =
-        (g.full(Scalar::Float(-0.0), vec![4], DType::F32, None), g.full(Scalar::Float(0.0), vec![4], DType::F32, None));
-    let e1 = g.push(Op::Unary(UnaryOp::Exp), &[x], None).unwrap();
-    let e2 = g.push(Op::Unary(UnaryOp::Exp), &[x], None).unwrap();
-    let a = g.push(Op::Binary(BinaryOp::Mul), &[e1, nz], None).unwrap();
-    let b = g.push(Op::Binary(BinaryOp::Mul), &[e2, pz], None).unwrap();
-    g.outputs.extend([a, b]);
+    let g = Graph::parse(
+        "graph(%0: f32[4]) {
+           %1: f32[4] = full(value=-0.0)
+           %2: f32[4] = full(value=0.0)
+           %3 = exp(%0)
+           %4 = exp(%0)
+           %5 = mul(%3, %1)
+           %6 = mul(%4, %2)
+           return (%5, %6)
+         }",
+    )
+    .unwrap();
     let dd = region::cse(&g, &g.live_nodes()).unwrap();
     assert_eq!(dd.merged, 1, "the two exps, not the two zeros");
-    assert_eq!(dd.of(e2), e1);
+    assert_eq!(dd.of(NodeId(4)), NodeId(3));
 }
 
 #[test]
 fn triggers_are_cheap_and_specific() {
-    let mut g = Graph::new();
-    let x = input(&mut g, &[4, 4]);
-    let p1 = g.push(Op::Permute { perm: vec![1, 0] }, &[x], None).unwrap();
-    let p2 = g.push(Op::Permute { perm: vec![1, 0] }, &[p1], None).unwrap();
-    let sq = g.push(Op::Binary(BinaryOp::Mul), &[x, x], None).unwrap();
-    g.outputs.extend([p2, sq]);
+    let g = Graph::parse(
+        "graph(%0: f32[4, 4]) {
+           %1 = permute(%0, perm=[1, 0])
+           %2 = permute(%1, perm=[1, 0])
+           %3 = mul(%0, %0)
+           return (%2, %3)
+         }",
+    )
+    .unwrap();
     let rep: Vec<usize> = (0..g.nodes.len()).collect();
-    assert!(may_fire(&g, p2, &rep));
-    assert!(!may_fire(&g, p1, &rep) && !may_fire(&g, sq, &rep), "x * x is not an identity");
+    assert!(may_fire(&g, NodeId(2), &rep));
+    assert!(!may_fire(&g, NodeId(1), &rep) && !may_fire(&g, NodeId(3), &rep), "x * x is not an identity");
 }
 
 #[test]

@@ -1,0 +1,144 @@
+//! The tokens of the graph text, each with its `line:column`.
+
+use super::Pos;
+
+/// One token.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Tok {
+    /// `%12`: a node label.
+    Node(usize),
+    /// A name: `graph`, `exp`, `keepdim`, `f32`, `true`, `none`, `tanh`, and the unsigned
+    /// `inf` and `nan` (which may also name an attribute).
+    Ident(String),
+    /// A number as written: `3`, `-1`, `1.0`, `1e-5`, `-inf`.
+    Num(String),
+    /// One of `( ) [ ] { } , : =`.
+    Punct(char),
+    /// The end of the text.
+    End,
+}
+
+impl Tok {
+    /// The token as an error message quotes it.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Tok::Node(n) => format!("`%{n}`"),
+            Tok::Ident(s) | Tok::Num(s) => format!("`{s}`"),
+            Tok::Punct(c) => format!("`{c}`"),
+            Tok::End => "the end of the text".into(),
+        }
+    }
+}
+
+/// Splits `text` into tokens. `#` and `;` start comments that run to the end of the line (the
+/// printer's `# file:line` locations, a filetest's directives).
+pub(super) fn lex(text: &str) -> Result<Vec<(Tok, Pos)>, (Pos, String)> {
+    let chars: Vec<char> = text.chars().collect();
+    let (mut i, mut line, mut col) = (0, 1, 1);
+    let mut out = Vec::new();
+    while i < chars.len() {
+        let c = chars[i];
+        let pos = Pos { line, col };
+        if c == '\n' {
+            (i, line, col) = (i + 1, line + 1, 1);
+            continue;
+        }
+        if c.is_whitespace() {
+            (i, col) = (i + 1, col + 1);
+            continue;
+        }
+        if c == '#' || c == ';' {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+            continue;
+        }
+        let start = i;
+        let word = |from: usize| {
+            let mut j = from;
+            while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == '_') {
+                j += 1;
+            }
+            j
+        };
+        let tok = if c == '%' {
+            let j = word(i + 1);
+            let digits: String = chars[i + 1..j].iter().collect();
+            let n =
+                digits.parse().map_err(|_| (pos, format!("expected a node label `%<number>`, found `%{digits}`")))?;
+            i = j;
+            Tok::Node(n)
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            i = word(i);
+            Tok::Ident(chars[start..i].iter().collect())
+        } else if c.is_ascii_digit() || c == '-' || c == '+' {
+            let mut j = i + 1;
+            while j < chars.len() {
+                let d = chars[j];
+                let exponent_sign = (d == '-' || d == '+') && matches!(chars[j - 1], 'e' | 'E');
+                if d.is_ascii_alphanumeric() || d == '.' || d == '_' || exponent_sign {
+                    j += 1;
+                } else {
+                    break;
+                }
+            }
+            i = j;
+            let w: String = chars[start..i].iter().collect();
+            let body = w.trim_start_matches(['-', '+']);
+            let valid = body == "inf"
+                || body == "nan"
+                || (body.starts_with(|d: char| d.is_ascii_digit()) && body.parse::<f64>().is_ok());
+            if !valid {
+                return Err((pos, format!("expected a number, found `{w}`")));
+            }
+            Tok::Num(w)
+        } else if "()[]{},:=".contains(c) {
+            i += 1;
+            Tok::Punct(c)
+        } else {
+            return Err((pos, format!("unexpected character `{c}`")));
+        };
+        col += i - start;
+        out.push((tok, pos));
+    }
+    out.push((Tok::End, Pos { line, col }));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(text: &str) -> Vec<Tok> {
+        lex(text).unwrap().into_iter().map(|(t, _)| t).collect()
+    }
+
+    #[test]
+    fn numbers_labels_and_comments() {
+        assert_eq!(
+            toks("%12 = f(-1, 1e-5, -inf) # x:1\n; c"),
+            vec![
+                Tok::Node(12),
+                Tok::Punct('='),
+                Tok::Ident("f".into()),
+                Tok::Punct('('),
+                Tok::Num("-1".into()),
+                Tok::Punct(','),
+                Tok::Num("1e-5".into()),
+                Tok::Punct(','),
+                Tok::Num("-inf".into()),
+                Tok::Punct(')'),
+                Tok::End
+            ]
+        );
+    }
+
+    #[test]
+    fn positions_are_line_and_column() {
+        let t = lex("a\n  %3").unwrap();
+        assert_eq!(t[1].1, Pos { line: 2, col: 3 });
+        let (pos, msg) = lex("x $").unwrap_err();
+        assert_eq!((pos, msg.as_str()), (Pos { line: 1, col: 3 }, "unexpected character `$`"));
+        assert!(lex("1.2.3").is_err());
+    }
+}

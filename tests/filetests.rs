@@ -1,0 +1,497 @@
+//! Filetests: compiler stages checked on text, after Cranelift's `.clif` tests.
+//!
+//! Each `tests/filetests/*.coil` file is a graph in the text [`coil::Graph::print`] writes (and
+//! [`coil::Graph::parse`] reads), with directives in `;` comments:
+//!
+//! ```text
+//! ; Softmax decomposes to one max and one sum over the row.
+//! ; pass: decompose
+//! ; run
+//! graph(%0: f32[4, 16]) {
+//!   %1 = softmax(%0, dim=1)
+//!   return (%1)
+//! }
+//! ; check: amax(%0, dims=[1], keepdim=true)
+//! ; nextln: expand(
+//! ; not: softmax
+//! ; count: 1 sum(
+//! ```
+//!
+//! * `; pass: a, b, ...`: the stages run on the graph, in order; the checks read the text of the
+//!   last (none: the parsed graph printed). Stages: `decompose` (the interpreter's
+//!   decomposition: graph to primitive graph), `decompose-fused` (the compile path's: attention
+//!   and convolution templates kept whole, half-precision products kept), `rewrite` (e-graph
+//!   simplification of a primitive graph: prints the graph, then the rewrite report with the
+//!   rules fired), `lower` (primitive graph to loop IR), `split` (split reductions), `schedule`
+//!   (fusion into kernels: prints the schedule), `tile` (the scheduled kernels' tile IR), `c`
+//!   (their C functions, without the shared prelude).
+//! * `; dynamic: s0 = %L[d]`: dim `d` of input `%L` is the size symbol `s0`; every size of the
+//!   graph equal to that dim's written value is taken as `s0` (write a value no other size
+//!   has). The `decompose` and `rewrite` stages then run at probe sizes
+//!   (`coil_passes::dynamic::generalize`) and `lower` lowers for every size.
+//! * `; check: P`: `P` (a literal substring) occurs after the previous match.
+//! * `; nextln: P`: `P` occurs on the line after the previous match's line.
+//! * `; not: P`: `P` does not occur between the previous match and the next one (or the end).
+//! * `; count: N P`: the whole text has exactly `N` occurrences of `P`.
+//! * `; run` (or `; run: ints=LO..HI`): the parsed graph runs on the reference interpreter
+//!   and compiled for the CPU, on the same random inputs (floats of magnitude 0.25 to 2 and
+//!   random sign, never zero; integers in `LO..HI`, default `1..4`; bools either), and the
+//!   outputs must agree: integers and bools exactly, floats within the dtype's tolerance
+//!   (relative L2 error: f64 1e-9, f32 1e-5, f16 / bf16 2e-2), NaN and infinities at the same
+//!   places.
+//! * Any other `;` line is a comment; a `; word:` line with an unknown word is an error.
+//!
+//! A failing check prints the directive, its line, and the whole text it was matched against,
+//! numbered. Every failing file is reported at once.
+
+use coil::{Buffer, DType, Device, Graph, HostData, RandomState};
+use coil_ir::dynamic::SymSizes;
+use coil_ir::kernel::{KernelKind, Schedule};
+use coil_ir::loops::{LoopProgram, SizeSymbol};
+use coil_ir::sym::Expr;
+use coil_ir::Op;
+use coil_passes::{DecomposeOptions, RewriteOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What a checked text must (or must not) contain.
+#[derive(Clone, Debug, PartialEq)]
+enum Match {
+    Check(String),
+    Nextln(String),
+    Not(String),
+    Count(usize, String),
+}
+
+/// One `.coil` file: its graph text and directives.
+#[derive(Debug)]
+struct FileTest {
+    passes: Vec<String>,
+    /// Each check with its line in the file.
+    checks: Vec<(Match, usize)>,
+    /// `Some((lo, hi))`, the range of integer inputs, when the file asks for a run.
+    run: Option<(i64, i64)>,
+    /// `(symbol, input label, dim)`.
+    dynamic: Vec<(String, usize, usize)>,
+}
+
+/// Reads the directives of a file.
+fn directives(text: &str) -> Result<FileTest, String> {
+    let mut t = FileTest { passes: vec![], checks: vec![], run: None, dynamic: vec![] };
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let Some(body) = line.trim_start().strip_prefix(';') else { continue };
+        let body = body.trim();
+        if body == "run" {
+            t.run = Some((1, 4));
+            continue;
+        }
+        let Some((key, value)) = body.split_once(':') else { continue };
+        if key.contains(char::is_whitespace) {
+            continue; // a comment that has a colon
+        }
+        let value = value.trim().to_string();
+        let bad = |what: &str| format!("line {n}: {what}: `{line}`");
+        match key {
+            "pass" => t.passes.extend(value.split(',').map(|p| p.trim().to_string())),
+            "check" => t.checks.push((Match::Check(value), n)),
+            "nextln" => t.checks.push((Match::Nextln(value), n)),
+            "not" => t.checks.push((Match::Not(value), n)),
+            "count" => {
+                let (count, pattern) = value.split_once(' ').ok_or_else(|| bad("expected `count: N pattern`"))?;
+                let count = count.parse().map_err(|_| bad("expected a count"))?;
+                t.checks.push((Match::Count(count, pattern.trim().to_string()), n));
+            }
+            "run" => {
+                let range = value.strip_prefix("ints=").ok_or_else(|| bad("expected `run: ints=LO..HI`"))?;
+                let (lo, hi) = range.split_once("..").ok_or_else(|| bad("expected `ints=LO..HI`"))?;
+                let (lo, hi) = (lo.parse().map_err(|_| bad("bad LO"))?, hi.parse().map_err(|_| bad("bad HI"))?);
+                if lo >= hi {
+                    return Err(bad("empty integer range"));
+                }
+                t.run = Some((lo, hi));
+            }
+            "dynamic" => {
+                let parsed = (|| {
+                    let (symbol, dim) = value.split_once('=')?;
+                    let (label, d) = dim.trim().strip_prefix('%')?.strip_suffix(']')?.split_once('[')?;
+                    Some((symbol.trim().to_string(), label.parse().ok()?, d.parse().ok()?))
+                })();
+                t.dynamic.push(parsed.ok_or_else(|| bad("expected `dynamic: s0 = %L[d]`"))?);
+            }
+            _ if key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') => {
+                return Err(bad(&format!("unknown directive `{key}`")));
+            }
+            _ => {}
+        }
+    }
+    if t.checks.is_empty() && t.run.is_none() {
+        return Err("the file checks nothing: no `check`, `nextln`, `not`, `count` or `run`".into());
+    }
+    Ok(t)
+}
+
+/// A stage's result.
+enum Stage {
+    Graph(Graph),
+    Rewritten(Graph, coil_passes::RewriteReport),
+    /// A primitive graph with symbolic sizes, and its symbols.
+    Dynamic(coil_passes::dynamic::DynamicGraph, Vec<SizeSymbol>),
+    Program(LoopProgram),
+    Scheduled(LoopProgram, Schedule),
+    Kernels(Vec<coil_ir::kernel::TileKernel>),
+    C(String),
+}
+
+impl Stage {
+    fn text(&self) -> String {
+        match self {
+            Stage::Graph(g) => g.to_string(),
+            Stage::Rewritten(g, report) => format!("{g}\n{report}"),
+            Stage::Dynamic(d, _) => format!("{}\n{}", d.primitive, d.rewrites),
+            Stage::Program(p) => p.to_string(),
+            Stage::Scheduled(p, s) => coil_passes::print_schedule(p, s),
+            Stage::Kernels(ks) => ks.iter().map(|k| k.to_string()).collect::<Vec<_>>().join("\n"),
+            Stage::C(source) => source.clone(),
+        }
+    }
+}
+
+/// The symbols of `; dynamic:` lines, and the graph's sizes in them.
+fn symbolic_sizes(graph: &Graph, dynamic: &[(String, usize, usize)]) -> Result<(SymSizes, Vec<SizeSymbol>), String> {
+    let mut sizes = SymSizes::constant(graph);
+    let mut symbols = Vec::new();
+    for (name, label, dim) in dynamic {
+        let input = graph.inputs.iter().position(|x| x.0 == *label).ok_or(format!("`%{label}` is not an input"))?;
+        let hint = *graph.meta(graph.inputs[input]).shape.get(*dim).ok_or(format!("`%{label}` has no dim {dim}"))?;
+        let symbol = Expr::size(name);
+        for node in &mut sizes.nodes {
+            for e in node.iter_mut() {
+                if *e == Expr::int(hint as i64) {
+                    *e = symbol;
+                }
+            }
+        }
+        symbols.push(SizeSymbol { symbol, input, dim: *dim, hint: hint as i64 });
+    }
+    Ok((sizes, symbols))
+}
+
+/// Runs `passes` on `graph`.
+fn run_passes(graph: &Graph, passes: &[String], dynamic: &[(String, usize, usize)]) -> Result<Stage, String> {
+    let fused =
+        DecomposeOptions { fused_attention: true, half_products: true, conv_template: true, ..Default::default() };
+    let mut stage = Stage::Graph(graph.clone());
+    for pass in passes {
+        let e = |e: coil::Error| format!("pass `{pass}`: {e}");
+        stage = match (pass.as_str(), stage) {
+            ("decompose" | "decompose-fused", Stage::Graph(g)) if !dynamic.is_empty() => {
+                let (sizes, symbols) = symbolic_sizes(&g, dynamic)?;
+                let exprs: Vec<Expr> = symbols.iter().map(|s| s.symbol).collect();
+                let options = if pass == "decompose" { DecomposeOptions::default() } else { fused };
+                let d = coil_passes::dynamic::generalize_with(&g, &sizes, &exprs, &RewriteOptions::default(), &options)
+                    .map_err(|why| format!("pass `{pass}` (dynamic): {why}"))?;
+                Stage::Dynamic(d, symbols)
+            }
+            ("decompose", Stage::Graph(g)) => Stage::Graph(coil_passes::decompose(&g).map_err(e)?),
+            ("decompose-fused", Stage::Graph(g)) => Stage::Graph(coil_passes::decompose_with(&g, &fused).map_err(e)?),
+            ("rewrite", Stage::Graph(g) | Stage::Rewritten(g, _)) => {
+                let (g, report) = coil_passes::simplify(&g, &RewriteOptions::default()).map_err(e)?;
+                Stage::Rewritten(g, report)
+            }
+            ("rewrite", s @ Stage::Dynamic(..)) => s, // generalizing rewrote already
+            ("lower", Stage::Graph(g) | Stage::Rewritten(g, _)) => Stage::Program(coil_passes::lower(&g).map_err(e)?),
+            ("lower", Stage::Dynamic(d, symbols)) => {
+                Stage::Program(coil_passes::lower_dynamic(&d.primitive, &d.sizes, symbols).map_err(e)?)
+            }
+            ("split", Stage::Program(p)) => Stage::Program(coil_passes::split_reductions(&p)),
+            ("schedule", Stage::Program(p)) => {
+                let s = coil_passes::schedule(&p);
+                Stage::Scheduled(p, s)
+            }
+            ("tile", Stage::Scheduled(p, s)) => Stage::Kernels(
+                s.kernels
+                    .iter()
+                    .filter(|k| k.kind != KernelKind::Extern)
+                    .map(|k| coil_codegen::build_kernel(&p, k))
+                    .collect(),
+            ),
+            ("c", Stage::Kernels(ks)) => {
+                Stage::C(ks.iter().map(coil_codegen::emit_kernel).collect::<Vec<_>>().join("\n"))
+            }
+            ("decompose" | "decompose-fused" | "rewrite" | "lower" | "split" | "schedule" | "tile" | "c", _) => {
+                return Err(format!("pass `{pass}` cannot follow the passes before it (see the order in the docs)"))
+            }
+            _ => return Err(format!("unknown pass `{pass}`")),
+        };
+    }
+    Ok(stage)
+}
+
+/// `text` numbered by line, for failure messages.
+fn numbered(text: &str) -> String {
+    text.lines().enumerate().map(|(i, l)| format!("{:>4} | {l}\n", i + 1)).collect()
+}
+
+/// The 1-based line of byte `at` of `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    text[..at].matches('\n').count() + 1
+}
+
+/// Matches `checks` against `text` in order (see the module docs). The error names the check
+/// and its line in the file.
+fn match_checks(text: &str, checks: &[(Match, usize)]) -> Result<(), String> {
+    // Where the previous match ended (the search goes on from there), and where it started.
+    let (mut cursor, mut last_start): (usize, Option<usize>) = (0, None);
+    let mut nots: Vec<(&str, usize)> = Vec::new();
+    let after = |last: Option<usize>| match last {
+        Some(s) => format!("after output line {}", line_of(text, s)),
+        None => "in the output".into(),
+    };
+    // The `not`s between the previous match and `end`.
+    let check_nots = |nots: &mut Vec<(&str, usize)>, from: usize, end: usize| -> Result<(), String> {
+        for (p, n) in nots.drain(..) {
+            if let Some(at) = text[from..end].find(p) {
+                return Err(format!("line {n}: `not: {p}` occurs, at output line {}", line_of(text, from + at)));
+            }
+        }
+        Ok(())
+    };
+    for (check, n) in checks {
+        match check {
+            Match::Check(p) => {
+                let at = text[cursor..]
+                    .find(p.as_str())
+                    .map(|a| cursor + a)
+                    .ok_or_else(|| format!("line {n}: `check: {p}` not found {}", after(last_start)))?;
+                check_nots(&mut nots, cursor, at)?;
+                (cursor, last_start) = (at + p.len(), Some(at));
+            }
+            Match::Nextln(p) => {
+                let line_start = match last_start {
+                    None => 0,
+                    Some(_) => match text[cursor..].find('\n') {
+                        Some(nl) => cursor + nl + 1,
+                        None => text.len(),
+                    },
+                };
+                let line_end = text[line_start..].find('\n').map_or(text.len(), |e| line_start + e);
+                let at = text[line_start..line_end].find(p.as_str()).map(|a| line_start + a).ok_or_else(|| {
+                    format!("line {n}: `nextln: {p}` is not on output line {}", line_of(text, line_start))
+                })?;
+                check_nots(&mut nots, cursor, at)?;
+                (cursor, last_start) = (at + p.len(), Some(at));
+            }
+            Match::Not(p) => nots.push((p, *n)),
+            Match::Count(want, p) => {
+                let got = text.matches(p.as_str()).count();
+                if got != *want {
+                    return Err(format!("line {n}: `count: {want} {p}` occurs {got} times"));
+                }
+            }
+        }
+    }
+    check_nots(&mut nots, cursor, text.len())
+}
+
+/// A small deterministic generator (xorshift64*), seeded per file.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Random inputs for `meta`: see the module docs.
+fn random_buffer(meta: &coil::TensorMeta, rng: &mut Rng, ints: (i64, i64)) -> Buffer {
+    let n = meta.numel();
+    let data = if meta.dtype.is_float() {
+        let xs: Vec<f64> = (0..n)
+            .map(|_| {
+                let sign = if rng.next() & 1 == 0 { 1.0 } else { -1.0 };
+                sign * (0.25 + 1.75 * rng.unit())
+            })
+            .collect();
+        HostData::from_f64_slice(meta.dtype, &xs)
+    } else if meta.dtype == DType::Bool {
+        HostData::from_i64_slice(meta.dtype, &(0..n).map(|_| (rng.next() & 1) as i64).collect::<Vec<_>>())
+    } else {
+        let span = (ints.1 - ints.0) as u64;
+        HostData::from_i64_slice(meta.dtype, &(0..n).map(|_| ints.0 + (rng.next() % span) as i64).collect::<Vec<_>>())
+    };
+    Buffer::new(meta.shape.clone(), data).expect("input buffer")
+}
+
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-9,
+        DType::F32 => 1e-5,
+        _ => 2e-2,
+    }
+}
+
+/// Whether two outputs agree (see the module docs).
+fn agree(got: &Buffer, want: &Buffer) -> Result<(), String> {
+    if got.meta() != want.meta() {
+        return Err(format!("compiled gives {}, the interpreter {}", got.meta(), want.meta()));
+    }
+    if !got.dtype().is_float() {
+        let (g, w) = (got.data.to_i64_vec(), want.data.to_i64_vec());
+        return match (0..g.len()).find(|&i| g[i] != w[i]) {
+            Some(i) => Err(format!("element {i}: compiled {}, interpreter {}", g[i], w[i])),
+            None => Ok(()),
+        };
+    }
+    let (g, w) = (got.data.to_f64_vec(), want.data.to_f64_vec());
+    if let Some(i) = (0..g.len()).find(|&i| {
+        (g[i].is_finite() != w[i].is_finite())
+            || (!w[i].is_finite() && g[i].to_bits() != w[i].to_bits() && !(g[i].is_nan() && w[i].is_nan()))
+    }) {
+        return Err(format!("element {i}: compiled {}, interpreter {} (non-finite values must agree)", g[i], w[i]));
+    }
+    let (mut diff, mut norm) = (0.0, 0.0);
+    for (a, b) in g.iter().zip(&w).filter(|(_, b)| b.is_finite()) {
+        diff += (a - b) * (a - b);
+        norm += b * b;
+    }
+    let rel = diff.sqrt() / norm.sqrt().max(1e-30);
+    if rel > tolerance(got.dtype()) {
+        return Err(format!("relative error {rel:.3e} above {:.0e}", tolerance(got.dtype())));
+    }
+    Ok(())
+}
+
+/// Runs `graph` on the interpreter and compiled for the CPU, on the same random inputs; the
+/// number of outputs compared.
+fn compare_backends(graph: &Graph, seed: u64, ints: (i64, i64)) -> Result<usize, String> {
+    let mut rng = Rng(seed | 1);
+    let inputs: Vec<Buffer> = graph.inputs.iter().map(|&x| random_buffer(graph.meta(x), &mut rng, ints)).collect();
+    let streams = graph
+        .nodes
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::Rand { stream, .. } | Op::Dropout { stream, .. } => Some(stream + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let random: Vec<RandomState> = (0..streams as u64).map(|s| RandomState { seed: 1234 + s, offset: 0 }).collect();
+    let refs: Vec<&Buffer> = inputs.iter().collect();
+    let primitive = coil_passes::decompose(graph).map_err(|e| format!("decompose: {e}"))?;
+    let want =
+        coil_runtime::interp::interpret_with(&primitive, &refs, &random).map_err(|e| format!("interpreter: {e}"))?;
+    let compiled = coil_frontend::compile::compile_fresh(graph, Device::Cpu).map_err(|e| format!("compile: {e}"))?;
+    let storages: Vec<coil::Storage> = inputs.into_iter().map(|b| coil::Storage::host(Arc::new(b))).collect();
+    let got = compiled.run(&storages, &random).map_err(|e| format!("compiled run: {e}"))?;
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        let g = g.to_host().map_err(|e| e.to_string())?;
+        agree(&g, w).map_err(|e| format!("output {k}: {e}"))?;
+    }
+    if got.len() != want.len() || want.len() != graph.outputs.len() {
+        return Err(format!("{} outputs compiled, {} interpreted", got.len(), want.len()));
+    }
+    Ok(want.len())
+}
+
+/// Runs one file; the error says everything a reader needs. Says what ran.
+fn run_file(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let test = directives(&text)?;
+    let graph = Graph::parse(&text).map_err(|e| e.to_string())?;
+    let output = run_passes(&graph, &test.passes, &test.dynamic)?.text();
+    let stages = if test.passes.is_empty() { "the parsed graph".to_string() } else { test.passes.join(", ") };
+    match_checks(&output, &test.checks).map_err(|e| format!("{e}\noutput of {stages}:\n{}", numbered(&output)))?;
+    if let Some(ints) = test.run {
+        let seed = path
+            .file_name()
+            .unwrap()
+            .as_encoded_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let outputs = compare_backends(&graph, seed, ints).map_err(|e| format!("run: {e}"))?;
+        return Ok(format!("{} checks, {outputs} outputs agree", test.checks.len()));
+    }
+    Ok(format!("{} checks", test.checks.len()))
+}
+
+fn filetests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests")
+}
+
+#[test]
+fn filetests() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(filetests_dir())
+        .expect("tests/filetests")
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "coil"))
+        .collect();
+    files.sort();
+    let mut failures = Vec::new();
+    for path in &files {
+        let name = path.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(path).display().to_string();
+        match std::panic::catch_unwind(|| run_file(path)) {
+            Ok(Ok(what)) => println!("ok: {name}: {what}"),
+            Ok(Err(e)) => failures.push(format!("{name}: {e}")),
+            Err(_) => failures.push(format!("{name}: panicked")),
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} filetests fail:\n\n{}", failures.len(), files.len(), failures.join("\n\n"));
+    assert!(files.len() >= 10, "only {} filetests", files.len());
+}
+
+/// The checks of `directives`, without their lines.
+fn checks(text: &str) -> Vec<(Match, usize)> {
+    directives(text).unwrap().checks
+}
+
+#[test]
+fn the_matcher_matches_in_order() {
+    let out = "a: exp(x)\nb: add(a, 1)\nc: mul(b, b)\n";
+    assert!(match_checks(out, &checks("; check: exp\n; nextln: add\n; check: mul")).is_ok());
+    // Order matters.
+    let e = match_checks(out, &checks("; check: mul\n; check: exp")).unwrap_err();
+    assert!(e.contains("line 2: `check: exp` not found after output line 3"), "{e}");
+    // `nextln` is the very next line.
+    let e = match_checks(out, &checks("; check: exp\n; nextln: mul")).unwrap_err();
+    assert!(e.contains("`nextln: mul` is not on output line 2"), "{e}");
+    // A second match on the same line.
+    assert!(match_checks(out, &checks("; check: add\n; check: 1")).is_ok());
+}
+
+#[test]
+fn the_matcher_checks_nots_between_matches_and_counts() {
+    let out = "a: exp(x)\nb: add(a, 1)\nc: mul(b, b)\n";
+    assert!(match_checks(out, &checks("; check: exp\n; not: mul\n; check: add")).is_ok());
+    let e = match_checks(out, &checks("; check: exp\n; not: add\n; check: mul")).unwrap_err();
+    assert!(e.contains("line 2: `not: add` occurs, at output line 2"), "{e}");
+    let e = match_checks(out, &checks("; check: add\n; not: mul")).unwrap_err();
+    assert!(e.contains("`not: mul` occurs"), "{e}");
+    assert!(match_checks(out, &checks("; count: 2 b,\n; count: 0 div")).is_err());
+    assert!(match_checks(out, &checks("; count: 1 b,\n; count: 0 div")).is_ok());
+}
+
+#[test]
+fn directives_are_checked() {
+    assert!(directives("; chekc: x").unwrap_err().contains("unknown directive `chekc`"));
+    assert!(directives("; just a comment: with a colon\ngraph() {}").unwrap_err().contains("checks nothing"));
+    let t = directives("; pass: decompose, rewrite\n; run: ints=0..3\n; dynamic: s0 = %0[1]").unwrap();
+    assert_eq!(t.passes, ["decompose", "rewrite"]);
+    assert_eq!((t.run, t.dynamic), (Some((0, 3)), vec![("s0".to_string(), 0, 1)]));
+}
+
+#[test]
+fn runs_compare_the_backends() {
+    // A wrong answer must fail: the agreement check itself.
+    let a = Buffer::from_vec(vec![1.0f32, 2.0], vec![2]);
+    assert!(agree(&a, &Buffer::from_vec(vec![1.0f32, 2.0], vec![2])).is_ok());
+    assert!(agree(&a, &Buffer::from_vec(vec![1.0f32, 2.1], vec![2])).is_err());
+    assert!(agree(&a, &Buffer::from_vec(vec![1.0f32, f32::NAN], vec![2])).is_err());
+    assert!(agree(&a, &Buffer::from_vec(vec![1.0f64, 2.0], vec![2])).is_err());
+}
