@@ -6,6 +6,10 @@
 //! positions), channel-major as PyTorch's `F.unfold` orders them, so a group's columns are one
 //! contiguous block `[Cg * K, L]` and the weight `[O, Cg, *kernel]` is the matrix
 //! `[G, O / G, Cg * K]`.
+//!
+//! A 1x1 convolution without padding or groups ([`is_pointwise`]) whose activations are
+//! channels-last views is one matrix product in that layout instead
+//! ([`channels_last_product`]): no transposes, and one product for the whole batch.
 
 use super::builder::{upcast_and_back, Builder};
 use coil_ir::graph::numel;
@@ -14,6 +18,9 @@ use coil_ir::{NodeId, Op, Result};
 
 /// `form` of the convolution with `geometry` on operands `a` and `b` (see [`ConvForm`]).
 pub fn conv(b: &mut Builder, geometry: &ConvGeometry, form: &ConvForm, a: NodeId, c: NodeId) -> Result<NodeId> {
+    if let Some(y) = channels_last_product(b, geometry, form, a, c)? {
+        return Ok(y);
+    }
     match form {
         ConvForm::Forward => forward(b, geometry, a, c),
         // The columns are summed back over overlapping windows: in f32 for f16/bf16, rounded once.
@@ -23,6 +30,122 @@ pub fn conv(b: &mut Builder, geometry: &ConvGeometry, form: &ConvForm, a: NodeId
         }
         ConvForm::BackwardWeight { kernel } => backward_weight(b, geometry, kernel, a, c),
     }
+}
+
+/// Whether a convolution with `kernel` (spatial) is a matrix product: a 1x1 kernel, no
+/// padding, one group (with a stride, of the subsampled input; dilation does not matter).
+pub fn is_pointwise(geometry: &ConvGeometry, kernel: &[usize]) -> bool {
+    kernel.iter().all(|&k| k == 1) && geometry.padding.iter().all(|&p| p == 0) && geometry.groups == 1
+}
+
+/// The channels-last tensor `z: [N, *spatial, C]` that `x: [N, C, *spatial]` is a view of:
+/// `x` is `permute(z, [0, D + 1, 1, ..., D])` (how a network that keeps its activations
+/// channels-last hands them to a convolution). The rule reads the graph's structure only:
+/// whatever computes `z`, its rows `[N * L, C]` are then a reshape of it.
+fn channels_last_source(b: &Builder, x: NodeId) -> Option<NodeId> {
+    let node = b.graph().node(x);
+    let Op::Permute { perm } = &node.op else { return None };
+    let d = perm.len().checked_sub(2)?;
+    let cl: Vec<usize> = [0, d + 1].into_iter().chain(1..=d).collect();
+    (*perm == cl).then(|| node.inputs[0])
+}
+
+/// `[N, *spatial, K]` as the matrix `[N * L, K]`.
+fn rows(b: &mut Builder, z: NodeId) -> Result<NodeId> {
+    let s = b.shape(z);
+    let k = s[s.len() - 1];
+    b.reshape(z, &[numel(&s[..s.len() - 1]), k])
+}
+
+/// A 1x1 convolution ([`is_pointwise`]) whose activations are channels-last views
+/// ([`channels_last_source`]), as one product over the whole batch in that layout (`M` or `K`
+/// is `N * L`); the result is a channels-last tensor permuted to the form's `[N, C, *spatial]`,
+/// so a reader that permutes it back reads it in place. A strided forward (and weight gradient)
+/// reads the subsampled input; a strided data gradient spreads its rows back with zeros. `None`
+/// where the rule does not apply: other convolutions, and activations laid out `[N, C, *]`,
+/// keep the per-batch form.
+///
+/// * forward: `y[N * L, O] = x[N * L, C] @ w[O, C]^T`;
+/// * data gradient: `dx[N * L, C] = dy[N * L, O] @ w[O, C]`;
+/// * weight gradient (both operands channels-last): `dw[O, C] = dy[N * L, O]^T @ x[N * L, C]`.
+fn channels_last_product(
+    b: &mut Builder,
+    geometry: &ConvGeometry,
+    form: &ConvForm,
+    a: NodeId,
+    c: NodeId,
+) -> Result<Option<NodeId>> {
+    let kernel = match form {
+        ConvForm::BackwardWeight { kernel } => kernel.clone(),
+        ConvForm::Forward | ConvForm::BackwardData { .. } => b.shape(c)[2..].to_vec(),
+    };
+    if !is_pointwise(geometry, &kernel) {
+        return Ok(None);
+    }
+    let d = geometry.dims();
+    let channels_first: Vec<usize> = [0, d + 1].into_iter().chain(1..=d).collect();
+    let matrix = |b: &mut Builder, w: NodeId| {
+        let ws = b.shape(w);
+        b.reshape(w, &ws[..2])
+    };
+    let y = match form {
+        ConvForm::Forward => {
+            let Some(x) = channels_last_source(b, a) else { return Ok(None) };
+            let x = subsample(b, geometry, x)?;
+            let mut shape = b.shape(x);
+            let w = matrix(b, c)?;
+            shape[d + 1] = b.shape(w)[0];
+            let (x, wt) = (rows(b, x)?, b.transpose(w, 0, 1)?);
+            let y = b.bmm(x, wt)?;
+            b.reshape(y, &shape)?
+        }
+        ConvForm::BackwardData { size } => {
+            let Some(dy) = channels_last_source(b, a) else { return Ok(None) };
+            let mut shape = b.shape(dy);
+            let w = matrix(b, c)?;
+            shape[d + 1] = b.shape(w)[1];
+            let dy = rows(b, dy)?;
+            let dx = b.bmm(dy, w)?;
+            let mut dx = b.reshape(dx, &shape)?;
+            // Each input position a window read gets its row; the others (between the
+            // strides, and past the last window) get zeros.
+            for (i, &len) in size.iter().enumerate() {
+                dx = b.spread(dx, 1 + i, geometry.stride[i])?;
+                let have = b.shape(dx)[1 + i];
+                if have < len {
+                    let mut pads = vec![(0, 0); d + 2];
+                    pads[1 + i] = (0, len - have);
+                    dx = b.push(Op::Pad { pads, value: 0.0.into() }, &[dx])?;
+                }
+            }
+            dx
+        }
+        ConvForm::BackwardWeight { kernel } => {
+            let (Some(x), Some(dy)) = (channels_last_source(b, a), channels_last_source(b, c)) else {
+                return Ok(None);
+            };
+            let x = subsample(b, geometry, x)?;
+            let (o, ch) = (b.shape(dy)[d + 1], b.shape(x)[d + 1]);
+            let (x, dy) = (rows(b, x)?, rows(b, dy)?);
+            let dyt = b.transpose(dy, 0, 1)?;
+            let dw = b.bmm(dyt, x)?;
+            return Ok(Some(b.reshape(dw, &[&[o, ch][..], kernel].concat())?));
+        }
+    };
+    Ok(Some(b.permute(y, &channels_first)?))
+}
+
+/// The positions a strided 1x1 convolution reads of channels-last `x: [N, *in, C]`: every
+/// `stride`-th along each spatial dim.
+fn subsample(b: &mut Builder, geometry: &ConvGeometry, mut x: NodeId) -> Result<NodeId> {
+    for (i, &step) in geometry.stride.iter().enumerate() {
+        let n = b.shape(x)[1 + i];
+        if step > 1 && n > 1 {
+            let len = (n - 1) / step + 1;
+            x = b.push(Op::Slice { dim: 1 + i, start: 0, len, step: step as i64 }, &[x])?;
+        }
+    }
+    Ok(x)
 }
 
 /// `y = w @ cols(x)` per group: `[N, G, O / G, L]` as `[N, O, *out]`.
@@ -137,7 +260,7 @@ fn fold(
         let block = b.push(Op::Slice { dim: 2, start: k, len: 1, step: 1 }, &[cols])?;
         let mut block = b.reshape(block, &[&[n, c][..], out].concat())?;
         for i in 0..d {
-            block = spread(b, block, 2 + i, geometry.stride[i])?;
+            block = b.spread(block, 2 + i, geometry.stride[i])?;
         }
         let mut pads = vec![(0, 0), (0, 0)];
         for i in 0..d {
@@ -157,22 +280,6 @@ fn fold(
         }
     }
     Ok(y)
-}
-
-/// `x` with `stride - 1` zeros between consecutive elements along `dim`.
-fn spread(b: &mut Builder, x: NodeId, dim: usize, stride: usize) -> Result<NodeId> {
-    let mut shape = b.shape(x);
-    let len = shape[dim];
-    if stride == 1 || len <= 1 {
-        return Ok(x);
-    }
-    let x = b.unsqueeze(x, dim + 1)?;
-    let mut pads = vec![(0, 0); shape.len() + 1];
-    pads[dim + 1] = (0, stride - 1);
-    let x = b.push(Op::Pad { pads, value: 0.0.into() }, &[x])?;
-    shape[dim] = len * stride;
-    let x = b.reshape(x, &shape)?;
-    b.push(Op::Slice { dim, start: 0, len: (len - 1) * stride + 1, step: 1 }, &[x])
 }
 
 #[cfg(test)]
