@@ -285,6 +285,117 @@ fn fold(
 #[cfg(test)]
 mod tests {
     use super::offsets;
+    use crate::test_graph::Capture;
+    use crate::{autodiff, decompose_with, lower, simplify, DecomposeOptions, RewriteOptions};
+    use coil_ir::loops::{ExternCall, LoopKind, LoopProgram};
+    use coil_ir::op::{ConvForm, ConvGeometry};
+    use coil_ir::{DType, Graph, NodeId, Op, ReduceOp};
+
+    const BF16: DType = DType::BF16;
+
+    /// A ResNet-style 1x1 convolution on channels-last activations `z: [2, 6, 5, 8]`
+    /// (permuted to `[N, C, H, W]`, convolved, permuted back, then a relu), with `stride`.
+    fn channels_last_block(c: &mut Capture, stride: usize) -> (NodeId, NodeId, NodeId) {
+        let z = c.input(&[2, 6, 5, 8], BF16);
+        let w = c.input(&[12, 8, 1, 1], BF16);
+        let x = c.permute(z, &[0, 3, 1, 2]);
+        let geometry = ConvGeometry { stride: vec![stride; 2], padding: vec![0; 2], dilation: vec![1; 2], groups: 1 };
+        let y = c.op(Op::Conv { geometry, form: ConvForm::Forward }, &[x, w]);
+        let y = c.permute(y, &[0, 2, 3, 1]);
+        (z, w, c.op(Op::Relu, &[y]))
+    }
+
+    fn compiled(g: &Graph, options: &DecomposeOptions) -> LoopProgram {
+        let p = decompose_with(g, options).unwrap();
+        let (p, _) = simplify(&p, &RewriteOptions::default()).unwrap();
+        lower(&p).unwrap()
+    }
+
+    /// The products of a program: `(batch, m, n, k)`.
+    fn products(p: &LoopProgram) -> Vec<(usize, String, String, String)> {
+        p.nodes
+            .iter()
+            .filter_map(|n| match &n.kind {
+                LoopKind::Extern { call: ExternCall::Bmm { batch, m, n, k, .. }, .. } => {
+                    Some((batch.len(), m.to_string(), n.to_string(), k.to_string()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Nodes that only move data (a transpose or reshape copy) for another node to read, or
+    /// scatter. (A graph output that is a reshape of a product is copied into its own buffer:
+    /// the lowering's rule for outputs, not the convolution's.)
+    fn copies_and_scatters(p: &LoopProgram) -> usize {
+        let only_moves = |o: &[&str]| !o.is_empty() && o.iter().all(|o| ["permute", "reshape"].contains(o));
+        let scatter = |k: &LoopKind| matches!(k, LoopKind::Extern { call: ExternCall::Fallback { .. }, .. });
+        let copy = |n: &coil_ir::loops::LoopNode| only_moves(&n.origins) && !p.outputs.contains(&n.output);
+        p.nodes.iter().filter(|n| copy(n) || scatter(&n.kind)).count()
+    }
+
+    const COMPILE: DecomposeOptions =
+        DecomposeOptions { fused_attention: true, keep_detach: false, half_products: true, conv_template: true };
+
+    #[test]
+    fn channels_last_1x1_forward_is_one_product_and_no_transpose() {
+        for stride in [1, 2] {
+            let mut c = Capture::new();
+            let (_, _, y) = channels_last_block(&mut c, stride);
+            let p = compiled(&c.out(&[y]), &COMPILE);
+            let rows = if stride == 1 { 2 * 6 * 5 } else { 2 * 3 * 3 };
+            assert_eq!(products(&p), vec![(0, rows.to_string(), "12".into(), "8".into())], "{p}");
+            assert_eq!(copies_and_scatters(&p), 0, "{p}");
+            // The product, the relu; with a stride, a copy of the subsampled input before.
+            assert_eq!(p.nodes.len(), if stride == 1 { 2 } else { 3 }, "{p}");
+        }
+    }
+
+    #[test]
+    fn channels_first_1x1_keeps_the_per_batch_product() {
+        let mut c = Capture::new();
+        let x = c.input(&[2, 8, 6, 5], BF16);
+        let w = c.input(&[12, 8, 1, 1], BF16);
+        let geometry = ConvGeometry { stride: vec![1; 2], padding: vec![0; 2], dilation: vec![1; 2], groups: 1 };
+        let y = c.op(Op::Conv { geometry, form: ConvForm::Forward }, &[x, w]);
+        let p = compiled(&c.out(&[y]), &COMPILE);
+        // Batch dims [N, G]: one product per image.
+        assert_eq!(products(&p), vec![(2, "12".into(), "30".into(), "8".into())], "{p}");
+        assert_eq!(copies_and_scatters(&p), 0, "{p}");
+    }
+
+    /// The training step of the block, as `value_and_grad` builds it: the forward decomposed
+    /// for differentiation (the 1x1 convolution a product), its gradients by autodiff. Three
+    /// products over the whole batch (forward, data gradient, weight gradient with
+    /// `k = N * L`), no transpose copies, and the strided slice's gradient no scatter.
+    #[test]
+    fn channels_last_1x1_training_is_three_products_and_no_scatter() {
+        for stride in [1, 2] {
+            let mut c = Capture::new();
+            let (z, w, y) = channels_last_block(&mut c, stride);
+            let shape = c.g.meta(y).shape.clone();
+            let weights = c.input(&shape, BF16);
+            let weighted = c.op(Op::Binary(coil_ir::BinaryOp::Mul), &[y, weights]);
+            let loss = c.op(Op::Reduce { op: ReduceOp::Sum, dims: vec![0, 1, 2, 3], keepdim: false }, &[weighted]);
+            let loss = c.op(Op::Cast(DType::F32), &[loss]);
+            let g = c.out(&[loss]);
+            let options = DecomposeOptions { keep_detach: true, ..COMPILE };
+            let mut p = decompose_with(&g, &options).unwrap();
+            let (z, w, loss) = (p.inputs[z.0], p.inputs[w.0], p.outputs[0]);
+            let grads = autodiff::backward(&mut p, loss, None, &[z, w]).unwrap();
+            p.outputs = [loss].into_iter().chain(grads).collect();
+            let program = compiled(&p, &DecomposeOptions { keep_detach: false, ..COMPILE });
+            let l = if stride == 1 { 2 * 6 * 5 } else { 2 * 3 * 3 };
+            let mut got = products(&program);
+            got.sort();
+            let want = [(l, 12, 8), (l, 8, 12), (12, 8, l)].map(|(m, n, k)| (0, m.to_string(), n.to_string(), k.to_string()));
+            let mut want = want.to_vec();
+            want.sort();
+            assert_eq!(got, want, "{program}");
+            assert_eq!(copies_and_scatters(&program), 0, "{program}");
+        }
+    }
+
 
     #[test]
     fn offsets_are_row_major() {
