@@ -388,14 +388,14 @@ mod tests {
             let l = if stride == 1 { 2 * 6 * 5 } else { 2 * 3 * 3 };
             let mut got = products(&program);
             got.sort();
-            let want = [(l, 12, 8), (l, 8, 12), (12, 8, l)].map(|(m, n, k)| (0, m.to_string(), n.to_string(), k.to_string()));
+            let want =
+                [(l, 12, 8), (l, 8, 12), (12, 8, l)].map(|(m, n, k)| (0, m.to_string(), n.to_string(), k.to_string()));
             let mut want = want.to_vec();
             want.sort();
             assert_eq!(got, want, "{program}");
             assert_eq!(copies_and_scatters(&program), 0, "{program}");
         }
     }
-
 
     #[test]
     fn offsets_are_row_major() {
