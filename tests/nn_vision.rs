@@ -335,6 +335,31 @@ fn resnet_training_step_convolutions_write_channels_last_results_when_kept_whole
     assert_eq!((forward, data, weight, row_major), (5, 4, 5, 0), "{program}");
     let transposes = program.nodes.iter().filter(|n| n.origins == ["permute"]).count();
     assert_eq!(transposes, 0, "{program}");
+    // The 1x1 convolutions of channels-last activations are products over the whole batch
+    // (forward, data and weight gradients alike; so is the classifier), nothing only copies
+    // an activation to move it (a graph output that is a reshape of a product aside), and no
+    // gradient scatters: neither the strided 1x1 projections' subsampling nor the max pooling.
+    let mut products = 0;
+    for node in &program.nodes {
+        match &node.kind {
+            LoopKind::Extern { call: ExternCall::Bmm { batch, .. }, .. } => {
+                products += 1;
+                assert!(batch.is_empty(), "a per-batch product: {}\n{program}", node.output.0);
+            }
+            LoopKind::Extern { call: ExternCall::Fallback { op }, .. } => panic!("a fallback {op}\n{program}"),
+            _ => {}
+        }
+    }
+    // 12 1x1 convolutions: 12 forward, 12 weight and 12 data gradients, and the classifier's 3.
+    assert_eq!(products, 39, "{program}");
+    // The only copies: the strided projections' subsampled inputs (`x[:, ::2, ::2]`, read by
+    // their forward and weight-gradient products).
+    let moves = |o: &[&str]| !o.is_empty() && o.iter().all(|o| ["permute", "reshape", "slice"].contains(o));
+    for n in &program.nodes {
+        if moves(&n.origins) && !program.outputs.contains(&n.output) {
+            assert_eq!(n.origins, ["slice", "reshape"], "{program}");
+        }
+    }
 }
 
 /// Channels-last activations (`[N, H, W, C]`) give the same outputs and running statistics.
@@ -353,4 +378,36 @@ fn batch_norm_on_channels_last_activations_matches_pytorch() {
         let y = bn.forward_channels_last(&nhwc(&g(&format!("{case}.in.x_eval")))).unwrap();
         assert_close(&format!("{case} eval"), &y, &nhwc(&g(&format!("{case}.out.y_eval"))), TOL);
     }
+}
+
+/// Max pooling's training step (ResNet's stem: a scale, relu, 3x3 stride-2 pooling with
+/// padding, channels-last), compiled: no scatter (the slices' gradients are index arithmetic),
+/// one kernel each way. (Its values, ties included, are golden cases.)
+#[test]
+fn max_pool_gradient_is_pointwise() {
+    use coil::ir::loops::{ExternCall, LoopKind};
+    let _lock = BACKEND.lock().unwrap_or_else(|e| e.into_inner());
+    let x = Tensor::randn(&[2, 12, 10, 8], DType::F32).unwrap();
+    let s = Tensor::randn(&[8], DType::F32).unwrap();
+    let c = Tensor::randn(&[2, 6, 5, 8], DType::F32).unwrap();
+    coil::realize(&[&x, &s, &c]).unwrap();
+    let report = coil::explain(|| {
+        let h = x.mul(&s)?.relu()?;
+        let y = h.max_pool2d_channels_last([3, 3], &[2, 2], [1, 1])?;
+        let loss = y.mul(&c)?.sum_all()?;
+        let grads = coil::grad(&loss, &[&x, &s])?;
+        Ok(std::iter::once(loss).chain(grads).collect())
+    })
+    .unwrap();
+    let primitive = coil_passes::decompose(&report.graphs[0].graph).unwrap();
+    let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::default()).unwrap();
+    let program = coil_passes::lower(&primitive).unwrap();
+    for node in &program.nodes {
+        assert!(!matches!(node.kind, LoopKind::Extern { call: ExternCall::Fallback { .. }, .. }), "{program}");
+    }
+    // The forward (which stores the window offsets of the maxima, as `int8`, and the loss), the
+    // pooling's gradient (one pointwise kernel over the padded input, gathering from the windows
+    // that can hold each position), the relu's and the scale's gradients.
+    let schedule = coil_passes::schedule(&program);
+    assert_eq!(schedule.kernels.len(), 4, "{}", coil_passes::print_schedule(&program, &schedule));
 }

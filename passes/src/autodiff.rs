@@ -470,31 +470,29 @@ fn sum_to(b: &mut Builder, g: NodeId, shape: &[usize], to: &[usize]) -> Result<N
     b.reshape(g, to)
 }
 
-/// The gradient of a slice: `g` placed where the slice read `x`, zeros elsewhere.
+/// The gradient of a slice: `g` placed where the slice read `x`, zeros elsewhere. A strided
+/// slice's gradient is `g` spread to the step ([`Builder::spread`]) and padded into place, so
+/// it is index arithmetic in the kernel that reads it (`i % step == start % step` and in range:
+/// `g[(i - start) / step]`, else 0), as Inductor's `slice_backward`; a negative step reads
+/// `g` reversed.
 fn unslice(b: &mut Builder, g: NodeId, x: NodeId, dim: usize, start: usize, len: usize, step: i64) -> Result<NodeId> {
-    let n = b.shape(x)[dim];
-    let rank = b.rank(x);
-    let pad = |b: &mut Builder, g: NodeId, before: usize| {
-        let mut pads = vec![(0, 0); rank];
-        pads[dim] = (before, n - before - len);
-        b.push(Op::Pad { pads, value: 0.0.into() }, &[g])
-    };
-    match step {
-        1 => pad(b, g, start),
-        -1 => {
-            let forward = flip(b, g, dim)?;
-            pad(b, forward, start + 1 - len)
-        }
-        _ => {
-            // Strided: scatter g to start + i * step along dim.
-            let gshape = b.shape(g);
-            let iota = b.iota(&gshape, dim);
-            let scaled = b.mul(iota, step)?;
-            let index = b.add(scaled, start as i64)?;
-            let zeros = zeros_like(b, x);
-            b.push(Op::Scatter { dim, reduce: None }, &[zeros, index, g])
-        }
+    if len == 0 {
+        return Ok(zeros_like(b, x));
     }
+    let (g, start) = if step < 0 {
+        // Reads start, start - |step|, ...: reversed, the positions rise from the last one.
+        (flip(b, g, dim)?, start - (len - 1) * step.unsigned_abs() as usize)
+    } else {
+        (g, start)
+    };
+    let spread = b.spread(g, dim, step.unsigned_abs() as usize)?;
+    let (n, placed) = (b.shape(x)[dim], b.shape(spread)[dim]);
+    let mut pads = vec![(0, 0); b.rank(x)];
+    pads[dim] = (start, n - start - placed);
+    if pads[dim] == (0, 0) {
+        return Ok(spread);
+    }
+    b.push(Op::Pad { pads, value: 0.0.into() }, &[spread])
 }
 
 fn unary(b: &mut Builder, u: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Result<Option<NodeId>> {

@@ -49,6 +49,10 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
             let v = a().permute(&[1, 0])?.slice(0, Some(1), None, 1)?.slice(1, None, None, 2)?;
             grad(&sum(v.add(c())?.sum(&[0], false)?.mul(b())?)?, &[a(), c()])?
         }
+        "grad_slice_steps" => {
+            let v = a().slice(0, Some(1), None, 2)?.slice(1, Some(2), Some(10), 3)?;
+            grad(&sum(v.mul(b())?)?, &[a()])?
+        }
         "grad_cat_pad_flip" => {
             let y = cat(&[&a().pad(&[1, 2], 0.0)?, &a().flip(&[1])?], 1)?;
             grad(&sum(y.mul(b())?)?, &[a()])?

@@ -90,6 +90,10 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
         "avg_pool2d_ceil_include" => vec![a().avg_pool(&[3, 3], &[2, 2], &[1, 1], true, true)?],
         "avg_pool2d_ceil_exclude" => vec![a().avg_pool(&[3, 3], &[2, 2], &[1, 1], true, false)?],
         "avg_pool1d_ceil" => vec![a().avg_pool(&[2], &[2], &[0], true, true)?],
+        "max_pool2d_ties" => vec![a().max_pool2d([3, 3], &[2, 2], [1, 1])?],
+        "max_pool2d_ties_channels_last" => vec![a().max_pool2d_channels_last([3, 3], &[2, 2], [1, 1])?],
+        "max_pool1d_ties_ceil" => vec![a().max_pool(&[3], &[2], &[0], &[], true)?],
+        "max_pool2d_signed_zeros" => vec![a().max_pool2d([2, 2], &[], [0, 0])?],
         "max_pool3d_dilation" => vec![a().max_pool(&[2, 2, 2], &[1, 1, 1], &[0, 0, 0], &[2, 2, 2], false)?],
         "affine_grid_align" => vec![a().affine_grid([2, 3, 4, 5], true)?],
         "affine_grid_no_align" => vec![a().affine_grid([1, 1, 3, 2], false)?],
@@ -141,6 +145,18 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
             vec![a().permute(&[0, 3, 1, 2])?.conv2d(w(), None, o)?]
         }
         "conv2d_1x1_stride2" => vec![a().conv2d(w(), None, ConvOptions { stride: [2, 2], ..conv() })?],
+        "conv2d_1x1_channels_last" => vec![a().permute(&[0, 3, 1, 2])?.conv2d(w(), Some(b()), conv())?],
+        "conv2d_1x1_stride2_channels_last" => {
+            vec![a().permute(&[0, 3, 1, 2])?.conv2d(w(), None, ConvOptions { stride: [2, 2], ..conv() })?]
+        }
+        "conv3d_1x1_stride_channels_last" => {
+            let o = ConvOptions { stride: [1, 2, 3], ..Default::default() };
+            vec![a().permute(&[0, 4, 1, 2, 3])?.conv3d(w(), None, o)?]
+        }
+        "conv_transpose2d_1x1_channels_last" => {
+            let o = ConvOptions { stride: [2, 2], ..conv() };
+            vec![a().permute(&[0, 3, 1, 2])?.conv_transpose2d(w(), None, o, [1, 1])?]
+        }
         "conv1d_dil_groups" => {
             let o = ConvOptions { padding: [3], dilation: [3], groups: 2, ..Default::default() };
             vec![a().conv1d(w(), Some(b()), o)?]

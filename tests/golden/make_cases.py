@@ -685,6 +685,7 @@ grad_case("grad_amax_ties", "a", "(a.amax(1) * b).sum()", a=vals([[1.0, 3.0, 3.0
 grad_case("grad_maximum_ties", "ab", "(torch.maximum(a, b) * c).sum()", a=vals([1.0, 2.0, 3.0, -1.0]),
           b=vals([1.0, 0.5, 4.0, -1.0]), c=r(4))
 grad_case("grad_views", "ac", "((a.permute(1, 0)[1:, ::2] + c).sum(0) * b).sum()", a=r(5, 4), c=r(3, 1), b=r(3))
+grad_case("grad_slice_steps", "a", "(a[1::2, 2:10:3] * b).sum()", a=r(6, 11), b=r(3, 3))
 grad_case("grad_cat_pad_flip", "a", "(torch.cat([F.pad(a, (1, 2)), a.flip(1)], 1) * b).sum()", a=r(2, 3), b=r(2, 9))
 grad_case("grad_cumsum", "a", "(torch.cumsum(a, 1) * b).sum()", a=r(3, 5), b=r(3, 5))
 grad_case("grad_embedding", "w", "(F.embedding(idx, w) * b).sum()", idx=vals([[0, 2, 0], [3, 2, 2]], "i64"),
@@ -1205,6 +1206,15 @@ fcase("conv2d_channels_last", "F.conv2d(a.permute(0, 3, 1, 2), w, b, stride=2, p
 fcase("conv2d_channels_last_groups_dil", "F.conv2d(a.permute(0, 3, 1, 2), w, None, padding=2, dilation=2, groups=3)",
       a=r(1, 6, 7, 6), w=r(3, 2, 3, 3))
 fcase("conv2d_1x1_stride2", "F.conv2d(a, w, stride=2)", a=r(2, 8, 4, 4), w=r(6, 8, 1, 1))
+# 1x1 convolutions of channels-last views: one product over the batch in that layout (the
+# forward, strided too, the transposed convolution and their gradients).
+fcase("conv2d_1x1_channels_last", "F.conv2d(a.permute(0, 3, 1, 2), w, b)", a=r(2, 3, 4, 5), w=r(6, 5, 1, 1), b=r(6))
+fcase("conv2d_1x1_stride2_channels_last", "F.conv2d(a.permute(0, 3, 1, 2), w, stride=2)", a=r(2, 5, 4, 6),
+      w=r(3, 6, 1, 1))
+fcase("conv3d_1x1_stride_channels_last", "F.conv3d(a.permute(0, 4, 1, 2, 3), w, stride=(1, 2, 3))",
+      a=r(1, 2, 5, 7, 3), w=r(4, 3, 1, 1, 1))
+fcase("conv_transpose2d_1x1_channels_last", "F.conv_transpose2d(a.permute(0, 3, 1, 2), w, stride=2, output_padding=1)",
+      a=r(2, 3, 2, 5), w=r(5, 4, 1, 1))
 fcase("conv1d_dil_groups", "F.conv1d(a, w, b, padding=3, dilation=3, groups=2)", a=r(2, 4, 9), w=r(6, 2, 3), b=r(6))
 fcase("conv1d_channels_last", "F.conv1d(a.permute(0, 2, 1), w, None, stride=2)", a=r(2, 9, 3), w=r(4, 3, 3))
 fcase("conv_transpose3d_basic", "F.conv_transpose3d(a, w, b, stride=2, padding=1, output_padding=1)",
@@ -1266,6 +1276,13 @@ case("avg_pool2d_ceil_exclude", "F.avg_pool2d(a, 3, stride=2, padding=1, ceil_mo
      a=r(1, 2, 6, 6))
 case("avg_pool1d_ceil", "F.avg_pool1d(a, 2, stride=2, ceil_mode=True)", a=r(2, 3, 7))
 case("max_pool3d_dilation", "F.max_pool3d(a, 2, stride=1, dilation=2)", a=r(1, 1, 5, 5, 5))
+# Ties (small integers): the gradient goes to the first maximum in window order, as
+# max_pool2d_with_indices_backward gives it; channels-last and ceil-mode overhang too.
+fcase("max_pool2d_ties", "F.max_pool2d(a, 3, stride=2, padding=1)", a=r(2, 2, 7, 6, dist="int:-1:2"))
+fcase("max_pool2d_ties_channels_last", "F.max_pool2d(a.permute(0, 3, 1, 2), 3, stride=2, padding=1).permute(0, 2, 3, 1)",
+      a=r(2, 7, 6, 3, dist="int:-1:2"))
+fcase("max_pool1d_ties_ceil", "F.max_pool1d(a, 3, stride=2, ceil_mode=True)", a=r(2, 3, 8, dist="int:0:2"))
+fcase("max_pool2d_signed_zeros", "F.max_pool2d(a, 2)", a=vals([[[-0.0, -0.0], [-0.0, -0.0]], [[0.0, -0.0], [-0.0, 0.0]]]))
 
 
 # sampling grids

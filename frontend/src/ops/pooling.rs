@@ -6,10 +6,11 @@
 //! window masks and `amax`).
 
 use crate::ops::composite::CompositeScope;
+use crate::ops::pointwise::where_;
 use crate::ops::shape::Loc;
 use crate::ops::vision::along;
 use crate::tensor::Tensor;
-use coil_ir::{Error, Result};
+use coil_ir::{DType, Error, Result};
 use std::panic::Location;
 
 fn fail<T>(op: &str, x: &Tensor, msg: String, loc: Loc) -> Result<T> {
@@ -51,6 +52,42 @@ struct PoolGeometry<'a> {
     ceil_mode: bool,
     /// The spatial dims are those after the batch, the channels last (`[N, *spatial, C]`).
     channels_last: bool,
+}
+
+/// The largest of `windows` (one strided view of the padded input per kernel offset, in
+/// window order), as `max_pool2d_with_indices` picks it: the first maximum in window order,
+/// or the last NaN (`val > max || isnan(val)`). The forward finds the offset (`arg`, a small
+/// integer per output), then selects that window's value: `sum_k where(arg == k, w_k, -0.0)`,
+/// exact for every value, signed zeros included (`x + -0.0 == x`). So the gradient is PyTorch's:
+/// all of it goes to the chosen element (ties are not shared, as `maximum`'s gradient would
+/// share them), and each window's share is `where(arg == k, g, 0)`, which the slices' gradients
+/// place by index arithmetic: one pointwise kernel gathers an input position's gradient from the
+/// windows that can hold it, with no scatter. (A window whose real elements are all `-inf`
+/// may pick a padding position, whose gradient is dropped; PyTorch picks the first real one.)
+fn select_max(windows: &[Tensor]) -> Result<Tensor> {
+    let index = if windows.len() <= i8::MAX as usize { DType::I8 } else { DType::I32 };
+    if windows.len() == 1 {
+        return Ok(windows[0].clone());
+    }
+    let (mut best, mut arg) = (windows[0].clone(), None);
+    for (k, w) in windows.iter().enumerate().skip(1) {
+        let take = w.gt(&best)?.logical_or(&w.isnan()?)?;
+        best = where_(&take, w, &best)?;
+        arg = Some(match arg {
+            None => take.to_dtype(index)?,
+            Some(arg) => where_(&take, k as i64, &arg)?,
+        });
+    }
+    let arg = arg.expect("two windows or more");
+    let mut y: Option<Tensor> = None;
+    for (k, w) in windows.iter().enumerate() {
+        let picked = where_(&arg.eq(k as i64)?, w, -0.0)?;
+        y = Some(match y {
+            None => picked,
+            Some(y) => y.add(&picked)?,
+        });
+    }
+    Ok(y.expect("a kernel has at least one offset"))
 }
 
 impl Tensor {
@@ -120,7 +157,7 @@ impl Tensor {
         let offsets: Vec<Vec<usize>> = g.kernel.iter().fold(vec![vec![]], |acc, &k| {
             acc.iter().flat_map(|o| (0..k).map(move |j| [o.clone(), vec![j]].concat())).collect()
         });
-        let mut acc: Option<Tensor> = None;
+        let mut windows = Vec::with_capacity(offsets.len());
         for offset in &offsets {
             let mut w = padded.clone();
             for i in 0..nd {
@@ -128,14 +165,13 @@ impl Tensor {
                 let end = start + (stride[i] * (out_sizes[i] - 1)) as i64 + 1;
                 w = w.slice((first + i) as i64, Some(start), Some(end), stride[i] as i64)?;
             }
-            acc = Some(match (acc, kind) {
-                (None, _) => w,
-                (Some(a), Pool::Max) => a.maximum(&w)?,
-                (Some(a), Pool::Avg { .. }) => a.add(&w)?,
-            });
+            windows.push(w);
         }
-        let total = acc.expect("a kernel has at least one offset");
-        let Pool::Avg { count_include_pad } = kind else { return Ok(total) };
+        let Pool::Avg { count_include_pad } = kind else { return select_max(&windows) };
+        let mut total = windows[0].clone();
+        for w in &windows[1..] {
+            total = total.add(w)?;
+        }
         // The divisor of each window, a product over dims: the window's positions inside the
         // padded input (or the input alone without count_include_pad), as PyTorch counts them.
         let mut divisor: Option<Tensor> = None;
@@ -479,7 +515,7 @@ impl Tensor {
             }
             let mask = Tensor::from_vec(inside, &[o, n])?.to_device(self.device())?;
             let x = y.movedim(d as i64, -1)?.unsqueeze(-2)?;
-            let windows = crate::ops::pointwise::where_(&mask, &x, f64::NEG_INFINITY)?;
+            let windows = where_(&mask, &x, f64::NEG_INFINITY)?;
             y = windows.amax(&[-1], false)?.movedim(-1, d as i64)?;
         }
         Ok(y)

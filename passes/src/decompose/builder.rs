@@ -423,6 +423,25 @@ impl Builder<'_> {
         self.push(Op::IndexSelect { dim }, &[x, index])
     }
 
+    /// `x` with `stride - 1` zeros between consecutive elements along `dim` (length
+    /// `(len - 1) * stride + 1`): the adjoint of a slice with that step. Written as a pad of an
+    /// added dim, merged and cut, so it lowers to index arithmetic (`i % stride == 0 ?
+    /// x[i / stride] : 0`) inside whatever kernel reads it, not to a scatter.
+    pub fn spread(&mut self, x: NodeId, dim: usize, stride: usize) -> Result<NodeId> {
+        let mut shape = self.shape(x);
+        let len = shape[dim];
+        if stride == 1 || len <= 1 {
+            return Ok(x);
+        }
+        let x = self.unsqueeze(x, dim + 1)?;
+        let mut pads = vec![(0, 0); shape.len() + 1];
+        pads[dim + 1] = (0, stride - 1);
+        let x = self.push(Op::Pad { pads, value: 0.0.into() }, &[x])?;
+        shape[dim] = len * stride;
+        let x = self.reshape(x, &shape)?;
+        self.push(Op::Slice { dim, start: 0, len: (len - 1) * stride + 1, step: 1 }, &[x])
+    }
+
     /// `[..., m, k] @ [..., k, n]` with equal batch dims.
     pub fn bmm(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.push(Op::Bmm, &[a, b])

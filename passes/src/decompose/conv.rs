@@ -6,6 +6,10 @@
 //! positions), channel-major as PyTorch's `F.unfold` orders them, so a group's columns are one
 //! contiguous block `[Cg * K, L]` and the weight `[O, Cg, *kernel]` is the matrix
 //! `[G, O / G, Cg * K]`.
+//!
+//! A 1x1 convolution without padding or groups ([`is_pointwise`]) whose activations are
+//! channels-last views is one matrix product in that layout instead
+//! ([`channels_last_product`]): no transposes, and one product for the whole batch.
 
 use super::builder::{upcast_and_back, Builder};
 use coil_ir::graph::numel;
@@ -14,6 +18,9 @@ use coil_ir::{NodeId, Op, Result};
 
 /// `form` of the convolution with `geometry` on operands `a` and `b` (see [`ConvForm`]).
 pub fn conv(b: &mut Builder, geometry: &ConvGeometry, form: &ConvForm, a: NodeId, c: NodeId) -> Result<NodeId> {
+    if let Some(y) = channels_last_product(b, geometry, form, a, c)? {
+        return Ok(y);
+    }
     match form {
         ConvForm::Forward => forward(b, geometry, a, c),
         // The columns are summed back over overlapping windows: in f32 for f16/bf16, rounded once.
@@ -23,6 +30,122 @@ pub fn conv(b: &mut Builder, geometry: &ConvGeometry, form: &ConvForm, a: NodeId
         }
         ConvForm::BackwardWeight { kernel } => backward_weight(b, geometry, kernel, a, c),
     }
+}
+
+/// Whether a convolution with `kernel` (spatial) is a matrix product: a 1x1 kernel, no
+/// padding, one group (with a stride, of the subsampled input; dilation does not matter).
+pub fn is_pointwise(geometry: &ConvGeometry, kernel: &[usize]) -> bool {
+    kernel.iter().all(|&k| k == 1) && geometry.padding.iter().all(|&p| p == 0) && geometry.groups == 1
+}
+
+/// The channels-last tensor `z: [N, *spatial, C]` that `x: [N, C, *spatial]` is a view of:
+/// `x` is `permute(z, [0, D + 1, 1, ..., D])` (how a network that keeps its activations
+/// channels-last hands them to a convolution). The rule reads the graph's structure only:
+/// whatever computes `z`, its rows `[N * L, C]` are then a reshape of it.
+fn channels_last_source(b: &Builder, x: NodeId) -> Option<NodeId> {
+    let node = b.graph().node(x);
+    let Op::Permute { perm } = &node.op else { return None };
+    let d = perm.len().checked_sub(2)?;
+    let cl: Vec<usize> = [0, d + 1].into_iter().chain(1..=d).collect();
+    (*perm == cl).then(|| node.inputs[0])
+}
+
+/// `[N, *spatial, K]` as the matrix `[N * L, K]`.
+fn rows(b: &mut Builder, z: NodeId) -> Result<NodeId> {
+    let s = b.shape(z);
+    let k = s[s.len() - 1];
+    b.reshape(z, &[numel(&s[..s.len() - 1]), k])
+}
+
+/// A 1x1 convolution ([`is_pointwise`]) whose activations are channels-last views
+/// ([`channels_last_source`]), as one product over the whole batch in that layout (`M` or `K`
+/// is `N * L`); the result is a channels-last tensor permuted to the form's `[N, C, *spatial]`,
+/// so a reader that permutes it back reads it in place. A strided forward (and weight gradient)
+/// reads the subsampled input; a strided data gradient spreads its rows back with zeros. `None`
+/// where the rule does not apply: other convolutions, and activations laid out `[N, C, *]`,
+/// keep the per-batch form.
+///
+/// * forward: `y[N * L, O] = x[N * L, C] @ w[O, C]^T`;
+/// * data gradient: `dx[N * L, C] = dy[N * L, O] @ w[O, C]`;
+/// * weight gradient (both operands channels-last): `dw[O, C] = dy[N * L, O]^T @ x[N * L, C]`.
+fn channels_last_product(
+    b: &mut Builder,
+    geometry: &ConvGeometry,
+    form: &ConvForm,
+    a: NodeId,
+    c: NodeId,
+) -> Result<Option<NodeId>> {
+    let kernel = match form {
+        ConvForm::BackwardWeight { kernel } => kernel.clone(),
+        ConvForm::Forward | ConvForm::BackwardData { .. } => b.shape(c)[2..].to_vec(),
+    };
+    if !is_pointwise(geometry, &kernel) {
+        return Ok(None);
+    }
+    let d = geometry.dims();
+    let channels_first: Vec<usize> = [0, d + 1].into_iter().chain(1..=d).collect();
+    let matrix = |b: &mut Builder, w: NodeId| {
+        let ws = b.shape(w);
+        b.reshape(w, &ws[..2])
+    };
+    let y = match form {
+        ConvForm::Forward => {
+            let Some(x) = channels_last_source(b, a) else { return Ok(None) };
+            let x = subsample(b, geometry, x)?;
+            let mut shape = b.shape(x);
+            let w = matrix(b, c)?;
+            shape[d + 1] = b.shape(w)[0];
+            let (x, wt) = (rows(b, x)?, b.transpose(w, 0, 1)?);
+            let y = b.bmm(x, wt)?;
+            b.reshape(y, &shape)?
+        }
+        ConvForm::BackwardData { size } => {
+            let Some(dy) = channels_last_source(b, a) else { return Ok(None) };
+            let mut shape = b.shape(dy);
+            let w = matrix(b, c)?;
+            shape[d + 1] = b.shape(w)[1];
+            let dy = rows(b, dy)?;
+            let dx = b.bmm(dy, w)?;
+            let mut dx = b.reshape(dx, &shape)?;
+            // Each input position a window read gets its row; the others (between the
+            // strides, and past the last window) get zeros.
+            for (i, &len) in size.iter().enumerate() {
+                dx = b.spread(dx, 1 + i, geometry.stride[i])?;
+                let have = b.shape(dx)[1 + i];
+                if have < len {
+                    let mut pads = vec![(0, 0); d + 2];
+                    pads[1 + i] = (0, len - have);
+                    dx = b.push(Op::Pad { pads, value: 0.0.into() }, &[dx])?;
+                }
+            }
+            dx
+        }
+        ConvForm::BackwardWeight { kernel } => {
+            let (Some(x), Some(dy)) = (channels_last_source(b, a), channels_last_source(b, c)) else {
+                return Ok(None);
+            };
+            let x = subsample(b, geometry, x)?;
+            let (o, ch) = (b.shape(dy)[d + 1], b.shape(x)[d + 1]);
+            let (x, dy) = (rows(b, x)?, rows(b, dy)?);
+            let dyt = b.transpose(dy, 0, 1)?;
+            let dw = b.bmm(dyt, x)?;
+            return Ok(Some(b.reshape(dw, &[&[o, ch][..], kernel].concat())?));
+        }
+    };
+    Ok(Some(b.permute(y, &channels_first)?))
+}
+
+/// The positions a strided 1x1 convolution reads of channels-last `x: [N, *in, C]`: every
+/// `stride`-th along each spatial dim.
+fn subsample(b: &mut Builder, geometry: &ConvGeometry, mut x: NodeId) -> Result<NodeId> {
+    for (i, &step) in geometry.stride.iter().enumerate() {
+        let n = b.shape(x)[1 + i];
+        if step > 1 && n > 1 {
+            let len = (n - 1) / step + 1;
+            x = b.push(Op::Slice { dim: 1 + i, start: 0, len, step: step as i64 }, &[x])?;
+        }
+    }
+    Ok(x)
 }
 
 /// `y = w @ cols(x)` per group: `[N, G, O / G, L]` as `[N, O, *out]`.
@@ -137,7 +260,7 @@ fn fold(
         let block = b.push(Op::Slice { dim: 2, start: k, len: 1, step: 1 }, &[cols])?;
         let mut block = b.reshape(block, &[&[n, c][..], out].concat())?;
         for i in 0..d {
-            block = spread(b, block, 2 + i, geometry.stride[i])?;
+            block = b.spread(block, 2 + i, geometry.stride[i])?;
         }
         let mut pads = vec![(0, 0), (0, 0)];
         for i in 0..d {
@@ -159,25 +282,120 @@ fn fold(
     Ok(y)
 }
 
-/// `x` with `stride - 1` zeros between consecutive elements along `dim`.
-fn spread(b: &mut Builder, x: NodeId, dim: usize, stride: usize) -> Result<NodeId> {
-    let mut shape = b.shape(x);
-    let len = shape[dim];
-    if stride == 1 || len <= 1 {
-        return Ok(x);
-    }
-    let x = b.unsqueeze(x, dim + 1)?;
-    let mut pads = vec![(0, 0); shape.len() + 1];
-    pads[dim + 1] = (0, stride - 1);
-    let x = b.push(Op::Pad { pads, value: 0.0.into() }, &[x])?;
-    shape[dim] = len * stride;
-    let x = b.reshape(x, &shape)?;
-    b.push(Op::Slice { dim, start: 0, len: (len - 1) * stride + 1, step: 1 }, &[x])
-}
-
 #[cfg(test)]
 mod tests {
     use super::offsets;
+    use crate::test_graph::Capture;
+    use crate::{autodiff, decompose_with, lower, simplify, DecomposeOptions, RewriteOptions};
+    use coil_ir::loops::{ExternCall, LoopKind, LoopProgram};
+    use coil_ir::op::{ConvForm, ConvGeometry};
+    use coil_ir::{DType, Graph, NodeId, Op, ReduceOp};
+
+    const BF16: DType = DType::BF16;
+
+    /// A ResNet-style 1x1 convolution on channels-last activations `z: [2, 6, 5, 8]`
+    /// (permuted to `[N, C, H, W]`, convolved, permuted back, then a relu), with `stride`.
+    fn channels_last_block(c: &mut Capture, stride: usize) -> (NodeId, NodeId, NodeId) {
+        let z = c.input(&[2, 6, 5, 8], BF16);
+        let w = c.input(&[12, 8, 1, 1], BF16);
+        let x = c.permute(z, &[0, 3, 1, 2]);
+        let geometry = ConvGeometry { stride: vec![stride; 2], padding: vec![0; 2], dilation: vec![1; 2], groups: 1 };
+        let y = c.op(Op::Conv { geometry, form: ConvForm::Forward }, &[x, w]);
+        let y = c.permute(y, &[0, 2, 3, 1]);
+        (z, w, c.op(Op::Relu, &[y]))
+    }
+
+    fn compiled(g: &Graph, options: &DecomposeOptions) -> LoopProgram {
+        let p = decompose_with(g, options).unwrap();
+        let (p, _) = simplify(&p, &RewriteOptions::default()).unwrap();
+        lower(&p).unwrap()
+    }
+
+    /// The products of a program: `(batch, m, n, k)`.
+    fn products(p: &LoopProgram) -> Vec<(usize, String, String, String)> {
+        p.nodes
+            .iter()
+            .filter_map(|n| match &n.kind {
+                LoopKind::Extern { call: ExternCall::Bmm { batch, m, n, k, .. }, .. } => {
+                    Some((batch.len(), m.to_string(), n.to_string(), k.to_string()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Nodes that only move data (a transpose or reshape copy) for another node to read, or
+    /// scatter. (A graph output that is a reshape of a product is copied into its own buffer:
+    /// the lowering's rule for outputs, not the convolution's.)
+    fn copies_and_scatters(p: &LoopProgram) -> usize {
+        let only_moves = |o: &[&str]| !o.is_empty() && o.iter().all(|o| ["permute", "reshape"].contains(o));
+        let scatter = |k: &LoopKind| matches!(k, LoopKind::Extern { call: ExternCall::Fallback { .. }, .. });
+        let copy = |n: &coil_ir::loops::LoopNode| only_moves(&n.origins) && !p.outputs.contains(&n.output);
+        p.nodes.iter().filter(|n| copy(n) || scatter(&n.kind)).count()
+    }
+
+    const COMPILE: DecomposeOptions =
+        DecomposeOptions { fused_attention: true, keep_detach: false, half_products: true, conv_template: true };
+
+    #[test]
+    fn channels_last_1x1_forward_is_one_product_and_no_transpose() {
+        for stride in [1, 2] {
+            let mut c = Capture::new();
+            let (_, _, y) = channels_last_block(&mut c, stride);
+            let p = compiled(&c.out(&[y]), &COMPILE);
+            let rows = if stride == 1 { 2 * 6 * 5 } else { 2 * 3 * 3 };
+            assert_eq!(products(&p), vec![(0, rows.to_string(), "12".into(), "8".into())], "{p}");
+            assert_eq!(copies_and_scatters(&p), 0, "{p}");
+            // The product, the relu; with a stride, a copy of the subsampled input before.
+            assert_eq!(p.nodes.len(), if stride == 1 { 2 } else { 3 }, "{p}");
+        }
+    }
+
+    #[test]
+    fn channels_first_1x1_keeps_the_per_batch_product() {
+        let mut c = Capture::new();
+        let x = c.input(&[2, 8, 6, 5], BF16);
+        let w = c.input(&[12, 8, 1, 1], BF16);
+        let geometry = ConvGeometry { stride: vec![1; 2], padding: vec![0; 2], dilation: vec![1; 2], groups: 1 };
+        let y = c.op(Op::Conv { geometry, form: ConvForm::Forward }, &[x, w]);
+        let p = compiled(&c.out(&[y]), &COMPILE);
+        // Batch dims [N, G]: one product per image.
+        assert_eq!(products(&p), vec![(2, "12".into(), "30".into(), "8".into())], "{p}");
+        assert_eq!(copies_and_scatters(&p), 0, "{p}");
+    }
+
+    /// The training step of the block, as `value_and_grad` builds it: the forward decomposed
+    /// for differentiation (the 1x1 convolution a product), its gradients by autodiff. Three
+    /// products over the whole batch (forward, data gradient, weight gradient with
+    /// `k = N * L`), no transpose copies, and the strided slice's gradient no scatter.
+    #[test]
+    fn channels_last_1x1_training_is_three_products_and_no_scatter() {
+        for stride in [1, 2] {
+            let mut c = Capture::new();
+            let (z, w, y) = channels_last_block(&mut c, stride);
+            let shape = c.g.meta(y).shape.clone();
+            let weights = c.input(&shape, BF16);
+            let weighted = c.op(Op::Binary(coil_ir::BinaryOp::Mul), &[y, weights]);
+            let loss = c.op(Op::Reduce { op: ReduceOp::Sum, dims: vec![0, 1, 2, 3], keepdim: false }, &[weighted]);
+            let loss = c.op(Op::Cast(DType::F32), &[loss]);
+            let g = c.out(&[loss]);
+            let options = DecomposeOptions { keep_detach: true, ..COMPILE };
+            let mut p = decompose_with(&g, &options).unwrap();
+            let (z, w, loss) = (p.inputs[z.0], p.inputs[w.0], p.outputs[0]);
+            let grads = autodiff::backward(&mut p, loss, None, &[z, w]).unwrap();
+            p.outputs = [loss].into_iter().chain(grads).collect();
+            let program = compiled(&p, &DecomposeOptions { keep_detach: false, ..COMPILE });
+            let l = if stride == 1 { 2 * 6 * 5 } else { 2 * 3 * 3 };
+            let mut got = products(&program);
+            got.sort();
+            let want =
+                [(l, 12, 8), (l, 8, 12), (12, 8, l)].map(|(m, n, k)| (0, m.to_string(), n.to_string(), k.to_string()));
+            let mut want = want.to_vec();
+            want.sort();
+            assert_eq!(got, want, "{program}");
+            assert_eq!(copies_and_scatters(&program), 0, "{program}");
+        }
+    }
 
     #[test]
     fn offsets_are_row_major() {

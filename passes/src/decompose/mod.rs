@@ -171,18 +171,18 @@ fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
     Ok(out)
 }
 
-/// Whether a convolution is a matrix product: a 1x1 kernel, no padding, one group (with a
-/// stride, of the subsampled input). Its decomposition (a strided view, a reshape and a
-/// product) runs through cuBLASLt, which takes every layout; cuDNN's legacy API has no
-/// algorithm for the gradients of ResNet-50's bf16 channels-last 1x1 convolutions on the H100
-/// (data and weight, stride 1 and 2), where the call would fall back to the host.
+/// Whether a convolution is a matrix product ([`conv::is_pointwise`]): a 1x1 kernel, no
+/// padding, one group. Its decomposition (a strided view, a reshape and a product; one product
+/// over the batch where the activations are channels-last) runs through cuBLASLt, which takes
+/// every layout; cuDNN's legacy API has no algorithm for the gradients of ResNet-50's bf16
+/// channels-last 1x1 convolutions on the H100 (data and weight, stride 1 and 2), where the
+/// call would fall back to the host.
 fn pointwise_conv(graph: &Graph, node: &coil_ir::Node, geometry: &ConvGeometry, form: &ConvForm) -> bool {
-    let unit = |v: &[usize]| v.iter().all(|&x| x == 1);
     let kernel: Vec<usize> = match form {
         ConvForm::BackwardWeight { kernel } => kernel.clone(),
         ConvForm::Forward | ConvForm::BackwardData { .. } => graph.meta(node.inputs[1]).shape[2..].to_vec(),
     };
-    unit(&kernel) && geometry.padding.iter().all(|&p| p == 0) && geometry.groups == 1
+    conv::is_pointwise(geometry, &kernel)
 }
 
 /// Whether a template node of a captured graph stays whole: a convolution where
