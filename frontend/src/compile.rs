@@ -211,9 +211,17 @@ impl Compiled {
     pub fn run_replayed(&self, inputs: &[Storage], origin: &RunOrigin) -> Result<Option<Vec<Storage>>> {
         let Executable::Cuda(g) = &self.executable else { return Ok(None) };
         let start = Instant::now();
-        let on_device = inputs.iter().map(|s| s.to_device(self.device)).collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&CudaBuffer> =
-            on_device.iter().map(|s| s.cuda_buffer().expect("moved to the device above").as_ref()).collect();
+        // Inputs already on the device are read where they are, not cloned (a replayed decode
+        // step binds hundreds of parameters per call); others are copied there.
+        let copied = (inputs.iter())
+            .map(|s| match s.cuda_buffer() {
+                Some(b) if Device::Cuda(b.device_ordinal()) == self.device => s.check_current().map(|()| None),
+                _ => s.to_device(self.device).map(Some),
+            })
+            .collect::<Result<Vec<Option<Storage>>>>()?;
+        let refs: Vec<&CudaBuffer> = (inputs.iter().zip(&copied))
+            .map(|(s, c)| c.as_ref().unwrap_or(s).cuda_buffer().expect("on the device").as_ref())
+            .collect();
         let Some(buffers) = g.run_replayed(&refs, Arc::new(origin.clone()))? else { return Ok(None) };
         let mut last = self.replayed.lock().unwrap_or_else(|e| e.into_inner());
         // An output in the buffer of the previous replay's: that tensor is stale from now on.

@@ -141,6 +141,24 @@ impl Storage {
         Some(Storage { data: self.data.clone(), version: self.version.clone(), seen: current })
     }
 
+    /// [`Storage::descendant`]'s check without making the handle: `None` when the allocation
+    /// was consumed or reused since this handle took it, else whether `handle` is the handle
+    /// `descendant` would make (this allocation's counter, at its current version), so that a
+    /// caller holding it can keep it.
+    pub(crate) fn descendant_held_by(&self, handle: &Storage) -> Option<bool> {
+        let current = self.version.current.load(Ordering::Acquire);
+        if self.version.lineage.load(Ordering::Acquire) > self.seen {
+            return None;
+        }
+        Some(Arc::ptr_eq(&handle.version, &self.version) && handle.seen == current)
+    }
+
+    /// Whether `other` is the same handle: the same allocation's counter (so the same
+    /// elements), at the same version.
+    pub(crate) fn same_handle(&self, other: &Storage) -> bool {
+        Arc::ptr_eq(&self.version, &other.version) && self.seen == other.seen
+    }
+
     /// A handle to the same elements under a version counter of its own: a run that writes over
     /// it ([`crate::compile::Compiled::run`] with a donation) leaves this allocation's version,
     /// and so every handle to it, as it was. For writes that update the tensor every handle

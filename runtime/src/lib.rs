@@ -37,4 +37,4 @@ pub use cpu::{c_compiler, CCompiler, CompiledGraph};
 pub use cuda::{cuda_available, CudaBuffer, CudaCompiledGraph, CudaDevice};
 pub use device::Device;
 pub use interp::{interpret, interpret_with};
-pub use plan::{RunOrigin, RunOutput};
+pub use plan::{NodeOrigin, RunOrigin, RunOutput};

@@ -196,14 +196,18 @@ impl LaunchName {
 pub struct RunOrigin {
     /// The user's line that asked for the run (a realize, a compiled function's call).
     pub line: Option<&'static std::panic::Location<'static>>,
-    /// `(node, its line, its operands as dtype[shape])`.
-    pub nodes: Vec<(usize, Option<&'static std::panic::Location<'static>>, Vec<String>)>,
+    /// `(node, its line, its operands as dtype[shape])`; shared, so that a compiled function's
+    /// replays reuse the list their traced call made.
+    pub nodes: Arc<[NodeOrigin]>,
 }
+
+/// A captured node whose data a run checks: `(node, its line, its operands as dtype[shape])`.
+pub type NodeOrigin = (usize, Option<&'static std::panic::Location<'static>>, Vec<String>);
 
 impl RunOrigin {
     /// A run asked for at `line`, naming no captured nodes.
     pub fn at(line: Option<&'static std::panic::Location<'static>>) -> RunOrigin {
-        RunOrigin { line, nodes: vec![] }
+        RunOrigin { line, nodes: Arc::default() }
     }
 
     /// A data error of the run, named as the interpreter names it: its captured node's line

@@ -24,7 +24,8 @@ use crate::storage::Storage;
 use crate::Tensor;
 use coil_ir::kernel::Donation;
 use coil_ir::{Error, Graph, RandomState, Result};
-use std::cell::RefCell;
+use coil_runtime::{NodeOrigin, RunOrigin};
+use std::cell::{OnceCell, RefCell};
 use std::panic::Location;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -89,6 +90,11 @@ pub(crate) struct Trace {
     random: Vec<u64>,
     /// Counters the body took from the stream.
     drawn: u64,
+    /// The lines and operands of the graph's data-checked nodes (for a run's errors), made at
+    /// the first replay and shared by every replay after it.
+    checked: OnceCell<Arc<[NodeOrigin]>>,
+    /// The last replay's binding of the graph's inputs (taken while a replay runs).
+    bound: RefCell<Vec<Storage>>,
 }
 
 impl Trace {
@@ -153,6 +159,8 @@ impl Trace {
             donations: run.donations,
             random,
             drawn: end.offset.wrapping_sub(rng.offset),
+            checked: OnceCell::new(),
+            bound: RefCell::new(Vec::new()),
         })
     }
 
@@ -189,9 +197,12 @@ impl Trace {
         Ok(())
     }
 
-    /// The elements to bind to the graph's inputs for a call on `args`, with the allocations
-    /// the graph writes in place; `None` when a guard fails.
-    fn bind(&self, args: &[&Tensor]) -> Option<(Vec<Storage>, Vec<Storage>)> {
+    /// Binds the graph's inputs for a call on `args` into `bound` (the previous replay's
+    /// binding, or empty), and returns the allocations the graph writes in place; `None` when
+    /// a guard fails. A captured input whose allocation is at the version `bound` holds keeps
+    /// that handle (no reference counting per parameter and call); any other slot gets a new
+    /// handle, as a binding from scratch would.
+    fn bind(&self, args: &[&Tensor], bound: &mut Vec<Storage>) -> Option<Vec<Storage>> {
         if args.len() != self.args.len() {
             return None;
         }
@@ -208,25 +219,57 @@ impl Trace {
                 return None;
             }
         }
-        let mut inputs: Vec<Storage> = Vec::with_capacity(self.inputs.len());
-        for b in &self.inputs {
-            inputs.push(match b {
+        let fresh = bound.len() != self.inputs.len();
+        if fresh {
+            bound.clear();
+        }
+        for (j, b) in self.inputs.iter().enumerate() {
+            let keep = !fresh
+                && match b {
+                    Bind::Arg(i) => bound[j].same_handle(storages[*i]),
+                    Bind::Captured(s) => s.descendant_held_by(&bound[j])?,
+                };
+            if keep {
+                continue;
+            }
+            let handle = match b {
                 Bind::Arg(i) => storages[*i].clone(),
                 Bind::Captured(s) => s.descendant()?,
-            });
+            };
+            if fresh {
+                bound.push(handle);
+            } else {
+                bound[j] = handle;
+            }
         }
         let mut written = Vec::with_capacity(self.donations.len());
         for d in &self.donations {
-            let target = &inputs[d.input];
+            let target = &bound[d.input];
             if storages.iter().any(|s| s.addr() == target.addr()) {
                 return None; // an argument shares the elements written in place
             }
             // Written as an update of the tensor every handle to it stands for: no handle goes
             // stale (see `CompiledFn::replay`).
             let unversioned = target.unversioned();
-            written.push(std::mem::replace(&mut inputs[d.input], unversioned));
+            written.push(std::mem::replace(&mut bound[d.input], unversioned));
         }
-        Some((inputs, written))
+        Some(written)
+    }
+
+    /// After a replay's run: the slots of arguments in `bound` let go of them (a call's
+    /// arguments do not outlive it), holding a captured input's handle instead.
+    fn release_args(&self, bound: &mut [Storage]) {
+        let Some(filler) = self.inputs.iter().find_map(|b| match b {
+            Bind::Captured(s) => Some(s),
+            Bind::Arg(_) => None,
+        }) else {
+            return;
+        };
+        for (slot, b) in bound.iter_mut().zip(&self.inputs) {
+            if matches!(b, Bind::Arg(_)) {
+                *slot = filler.clone();
+            }
+        }
     }
 }
 
@@ -280,7 +323,9 @@ pub(crate) fn try_replay(
     if let Err(e) = crate::realize::realize(args) {
         return Some(Err(e));
     }
-    let (inputs, written) = plan.bind(args)?;
+    // Taken out while the replay runs: a replay inside the run (none today) binds from scratch.
+    let mut inputs = plan.bound.take();
+    let written = plan.bind(args, &mut inputs)?;
     let random: Vec<RandomState> = if plan.drawn == 0 && plan.random.is_empty() {
         vec![]
     } else {
@@ -288,10 +333,15 @@ pub(crate) fn try_replay(
         crate::tensor::set_random_state(start.advanced(plan.drawn));
         plan.random.iter().map(|&r| start.advanced(r)).collect()
     };
-    let origin = plan.compiled.origin(origin, |i| crate::realize::graph_node_source(&plan.graph, i));
+    let checked = plan
+        .checked
+        .get_or_init(|| plan.compiled.origin(origin, |i| crate::realize::graph_node_source(&plan.graph, i)).nodes);
+    let origin = RunOrigin { line: Some(origin), nodes: checked.clone() };
     let run = crate::guard::guard("running", &plan.graph, || {
         plan.compiled.run_or_replay(cuda_graphs, &inputs, &random, origin)
     });
+    plan.release_args(&mut inputs);
+    *plan.bound.borrow_mut() = inputs;
     let mut results = match run {
         Ok(results) => results,
         Err(e) => return Some(Err(e)),

@@ -285,3 +285,31 @@ fn the_replay_check_catches_a_captured_variable_rebound_to_another_tensor() {
     assert!(e.to_string().contains("replay check") && e.to_string().contains("captured tensor"), "{e}");
     close(&values(&f.call(&[&x]).unwrap()[0]), &values(&(&x * &*w.borrow())));
 }
+
+#[test]
+fn replays_keep_a_captured_parameters_binding_until_it_is_updated_and_let_arguments_go() {
+    let w = RefCell::new(random(&[4], 6));
+    let bodies = Cell::new(0);
+    let f = compile(|a: &[Tensor]| {
+        bodies.set(bodies.get() + 1);
+        Ok(vec![&a[0] * &*w.borrow()])
+    })
+    .replay(true)
+    .replay_check(0);
+    let x = random(&[4], 7);
+    for step in 0..8 {
+        if step == 4 || step == 6 {
+            // Between replays that bound `w` at its version then: the next one binds the new one.
+            w.borrow_mut().add_(1.0).unwrap();
+        }
+        close(&values(&f.call(&[&x]).unwrap()[0]), &values(&(&x * &*w.borrow())));
+    }
+    assert_eq!((bodies.get(), f.stats().replays), (2, 6));
+    // The replay's binding does not hold its arguments: their elements go with the last handle.
+    let y = random(&[4], 8);
+    let elements = std::sync::Arc::downgrade(&y.0.storage.get().unwrap().to_host().unwrap());
+    close(&values(&f.call(&[&y]).unwrap()[0]), &values(&(&y * &*w.borrow())));
+    assert_eq!(f.stats().replays, 7);
+    drop(y);
+    assert!(elements.upgrade().is_none(), "the argument's elements outlived the call");
+}

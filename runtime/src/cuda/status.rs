@@ -308,7 +308,7 @@ mod tests {
         let kernels: Arc<[LaunchName]> =
             vec![LaunchName { kernel: "poi_fused_index_select_0".into(), checks: vec![check] }].into();
         let operands = vec!["f32[5, 3]".to_string(), "i64[2]".to_string()];
-        let origin = RunOrigin { line: Some(asked), nodes: vec![(3, Some(op_line), operands.clone())] };
+        let origin = RunOrigin { line: Some(asked), nodes: vec![(3, Some(op_line), operands.clone())].into() };
         let mut u = Unchecked::default();
         let a = u.reserve(1, 1024).unwrap();
         u.push(UncheckedRun { words: Words::Board(a), kernels, origin: Arc::new(origin) });

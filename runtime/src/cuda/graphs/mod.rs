@@ -45,6 +45,8 @@ use std::sync::Arc;
 pub(crate) struct Replay {
     /// Calls so far (the first runs uncaptured).
     calls: usize,
+    /// Captures so far (the first, and one per input that moved since).
+    captures: usize,
     captured: Option<Box<Captured>>,
     /// Why the graph is not replayed, once that is known.
     off: Option<String>,
@@ -150,6 +152,18 @@ impl CudaCompiledGraph {
             };
             let copied: Vec<bool> = copied.into_iter().enumerate().map(|(k, c)| c && !donated(k)).collect();
             replay.captured = None;
+            replay.captures += 1;
+            let name = self.schedule.kernels.first().map_or("a graph", |k| &k.name);
+            let listed: Vec<String> =
+                (copied.iter().enumerate()).filter(|(_, &c)| c).map(|(k, _)| k.to_string()).collect();
+            // A capture costs about a plain run and an instantiation: more than one per graph
+            // is an input at a new address every few calls (see the module doc).
+            log(&format!(
+                "{name}: capture {} at call {}; inputs copied before each launch: [{}]",
+                replay.captures,
+                replay.calls,
+                listed.join(", ")
+            ));
             match self.capture(inputs, &copied) {
                 Ok(c) => replay.captured = Some(Box::new(c)),
                 Err(e) => {
