@@ -55,6 +55,21 @@ pub(crate) struct TensorNode {
     pub(crate) invalid: Option<Box<Error>>,
 }
 
+/// Drops a node's sources without recursion: a loop that feeds each step's results to the next
+/// (a decode loop outside a compiled function) builds a chain as long as the loop, and dropping
+/// it recursively overflowed the stack after about a thousand steps.
+impl Drop for TensorNode {
+    fn drop(&mut self) {
+        let mut pending = std::mem::take(&mut self.srcs);
+        while let Some(t) = pending.pop() {
+            // The last owner of a source takes its sources over, so that it drops with none.
+            if let Ok(mut node) = Arc::try_unwrap(t.0) {
+                pending.append(&mut node.srcs);
+            }
+        }
+    }
+}
+
 impl TensorNode {
     /// A pending node: no storage, no dims marked dynamic, no draw.
     fn pending(
