@@ -35,6 +35,7 @@ fn case(name: &str, i: &Inputs) -> Result<Option<Vec<Tensor>>> {
     let (a, b, c, w) = (|| x("a"), || x("b"), || x("c"), || x("w"));
     Ok(Some(match name {
         "log10_f32" | "log10_special" | "log10_i64" | "log10_bf16" => vec![a().log10()?],
+        "relu_ties" => vec![a().relu()?],
         "frac_f32" | "frac_special" | "frac_f64" | "err_frac_int" => vec![a().frac()?],
         "clamp_min_fn" => vec![a().clamp_min(-0.3)?],
         "clamp_max_fn" => vec![a().clamp_max(0.3)?],

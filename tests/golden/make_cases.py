@@ -767,6 +767,8 @@ def fcase(name, expr, grad=True, **inputs):
 
 
 SPECIAL = [NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 0.5]
+# relu at its tie: no gradient at 0 or -0.0 (threshold_backward), -0.0 and NaN kept, NaN's passes
+fcase("relu_ties", "torch.relu(a)", a=vals([0.0, -0.0, 1.0, -1.0, 0.0, 2.0, -0.0, NAN]))
 # pointwise math
 fcase("log10_f32", "torch.log10(a)", a=pos(4, 6))
 case("log10_special", "torch.log10(a)", a=vals([0.0, -1.0, INF, NAN, 1.0, 10.0, 1e-30, 1000.0]))

@@ -281,7 +281,7 @@ pub const POINTWISE: &[OpInfo] = &[
 
 /// The activation ops.
 pub const ACTIVATION: &[OpInfo] = &[
-    op("relu", "x.relu()", Family::Activation, How::Decomposed("maximum"), Grad::Yes, &[]),
+    op("relu", "x.relu()", Family::Activation, How::Decomposed("lt, le, where (no gradient at 0)"), Grad::Yes, &[]),
     op("gelu", "x.gelu(tanh)", Family::Activation, How::Decomposed("erf or tanh, mul, add"), Grad::Yes, &[]),
     op("silu", "x.silu()", Family::Activation, How::Decomposed("sigmoid, mul"), Grad::Yes, &[]),
     op(

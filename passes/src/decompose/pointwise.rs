@@ -1,12 +1,19 @@
 //! Pointwise composites: activations, clamp, nan_to_num, tril/triu masks and dropout.
 
 use super::builder::{upcast_and_back, zero, Builder};
-use coil_ir::{DType, NodeId, RandDist, Result, Scalar, UnaryOp};
+use coil_ir::{BinaryOp, DType, NodeId, RandDist, Result, Scalar, UnaryOp};
 use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
 
-/// `relu(x) = maximum(x, 0)`; NaN propagates.
+/// `relu(x)` as PyTorch computes it: `0` below zero, else `x` (so -0.0 and NaN stay), with
+/// PyTorch's gradient (`threshold_backward`): it passes where `x > 0` or NaN, not at `x == 0`.
+/// The value at and below zero is detached for that: `maximum(x, 0)` split the gradient at a
+/// tie in halves.
 pub fn relu(b: &mut Builder, x: NodeId) -> Result<NodeId> {
-    b.maximum(x, 0i64)
+    let below = b.binary(BinaryOp::Lt, x, 0i64)?;
+    let value = b.where_(below, 0i64, x)?;
+    let stopped = b.detach(value)?;
+    let at_most = b.binary(BinaryOp::Le, x, 0i64)?;
+    b.where_(at_most, stopped, x)
 }
 
 /// Exact gelu `0.5 * x * (1 + erf(x / sqrt(2)))`, or the tanh approximation

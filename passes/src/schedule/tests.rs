@@ -125,7 +125,7 @@ fn matmul_bias_relu_is_a_bmm_with_bias_and_one_pointwise_kernel() {
     let (_, s, text) = scheduled(g, &[y]);
     snap("schedule_matmul_bias_relu", &text);
     // The bias add is the product's epilogue; the relu is the only generated kernel.
-    assert_eq!(names(&s), ["ext_bmm_0", "poi_fused_maximum_1"], "{text}");
+    assert_eq!(names(&s), ["ext_bmm_0", "poi_fused_le_lt_where_1"], "{text}");
     assert_eq!(s.refusals.len(), 1, "{text}");
     assert_eq!(s.refusals[0].reason, "extern call");
 }
