@@ -22,7 +22,12 @@ fn main() {
         ("f32 B*H=8 L=256 S=256 D=64", 8, 256, 256, 64, false, DType::F32),
         ("bf16 decode B*H=24 L=1 S=1024 D=64", 24, 1, 1024, 64, false, DType::BF16),
     ];
-    for (name, batch, l, s, d, causal, dtype) in shapes {
+    // An argument picks one shape by index and times it 10x as long (for a profiler).
+    let only: Option<usize> = std::env::args().nth(1).and_then(|a| a.parse().ok());
+    for (index, (name, batch, l, s, d, causal, dtype)) in shapes.into_iter().enumerate() {
+        if only.is_some_and(|o| o != index) {
+            continue;
+        }
         let spec = AttentionSpec {
             q: contiguous(batch, l, d),
             k: contiguous(batch, s, d),
@@ -52,7 +57,7 @@ fn main() {
         let v = bytes(batch * s * d, &mut next);
         let mut out = vec![0u8; batch * l * d * dtype.size_bytes()];
         let mut lse = vec![0u8; batch * l * 4];
-        let reps = 200;
+        let reps = if only.is_some() { 2000 } else { 200 };
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps + 10 {
             let t = Instant::now();

@@ -475,7 +475,7 @@ impl<'a, T: Copy> BatchSource<'a, T> {
 }
 
 /// Row `i` of a `[rows, d]` view (from `base`) of `data`, converted into `out`.
-#[inline]
+#[inline(always)]
 fn convert_row<T: Element<A>, A>(data: &[T], view: &StridedOperand<usize>, base: usize, i: usize, out: &mut [A]) {
     let at = base + i * view.row_stride;
     if view.col_stride == 1 {
@@ -487,12 +487,15 @@ fn convert_row<T: Element<A>, A>(data: &[T], view: &StridedOperand<usize>, base:
 }
 
 impl<T: Element<A>, A: Compute> Source<A> for BatchSource<'_, T> {
+    #[inline(always)]
     fn key(&self, j: usize, out: &mut [A]) {
         convert_row(self.ops.k, &self.spec.k, self.base[1], j, out)
     }
+    #[inline(always)]
     fn value(&self, j: usize, out: &mut [A]) {
         convert_row(self.ops.v, &self.spec.v, self.base[2], j, out)
     }
+    #[inline(always)]
     fn query(&self, i: usize, out: &mut [A]) {
         convert_row(self.ops.q, &self.spec.q, self.base[0], i, out)
     }
@@ -506,6 +509,7 @@ impl<T: Element<A>, A: Compute> Source<A> for BatchSource<'_, T> {
             Mask::Added(m) => Some(m[at].up()).filter(|&x| x != A::NEG_INFINITY),
         }
     }
+    #[inline(always)]
     fn masked(&self) -> bool {
         self.spec.mask.is_some()
     }

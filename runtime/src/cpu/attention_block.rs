@@ -19,7 +19,7 @@ use super::attention::Real;
 use half::{bf16, f16};
 use std::cell::RefCell;
 
-/// Keys in one block (a multiple of every `NR`).
+/// Keys in one block (a multiple of every `NR` and of the softmax's 16 lanes).
 pub(crate) const KEYS_PER_BLOCK: usize = 64;
 
 /// Query rows in one block (a multiple of every `MR`).
@@ -239,11 +239,11 @@ pub(crate) struct Shape {
 
 /// Runs one task: `out` gets the rows' results (`[rows, d]`, row-major) and `lse` their
 /// logsumexps.
-pub(crate) fn forward<A: Compute>(
+pub(crate) fn forward<A: Compute, S: Source<A>>(
     isa: Isa,
     shape: Shape,
     task: &Task,
-    src: &dyn Source<A>,
+    src: &S,
     out: &mut [A],
     lse: &mut [A],
 ) {
@@ -254,20 +254,20 @@ pub(crate) fn forward<A: Compute>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { forward_avx2(shape, task, src, out, lse) },
-        _ => forward_in::<A, { cfg!(target_arch = "aarch64") }, 4, 16, PORTABLE>(shape, task, src, out, lse),
+        _ => forward_in::<A, S, { cfg!(target_arch = "aarch64") }, 4, 16, PORTABLE>(shape, task, src, out, lse),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-unsafe fn forward_avx512<A: Compute>(shape: Shape, task: &Task, src: &dyn Source<A>, out: &mut [A], lse: &mut [A]) {
-    forward_in::<A, true, 8, 32, AVX512>(shape, task, src, out, lse)
+unsafe fn forward_avx512<A: Compute, S: Source<A>>(shape: Shape, task: &Task, src: &S, out: &mut [A], lse: &mut [A]) {
+    forward_in::<A, S, true, 8, 32, AVX512>(shape, task, src, out, lse)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn forward_avx2<A: Compute>(shape: Shape, task: &Task, src: &dyn Source<A>, out: &mut [A], lse: &mut [A]) {
-    forward_in::<A, true, 4, 16, AVX2>(shape, task, src, out, lse)
+unsafe fn forward_avx2<A: Compute, S: Source<A>>(shape: Shape, task: &Task, src: &S, out: &mut [A], lse: &mut [A]) {
+    forward_in::<A, S, true, 4, 16, AVX2>(shape, task, src, out, lse)
 }
 
 /// [`forward_in`]'s `SIMD`: the register tiles in the build's own vector instructions (what
@@ -291,10 +291,10 @@ fn round_up(n: usize, m: usize) -> usize {
 
 /// The task in register tiles of `MR` rows by `NR` columns.
 #[inline(always)]
-fn forward_in<A: Compute, const FMA: bool, const MR: usize, const NR: usize, const SIMD: u8>(
+fn forward_in<A: Compute, S: Source<A>, const FMA: bool, const MR: usize, const NR: usize, const SIMD: u8>(
     shape: Shape,
     task: &Task,
-    src: &dyn Source<A>,
+    src: &S,
     out: &mut [A],
     lse: &mut [A],
 ) {
@@ -306,7 +306,7 @@ fn forward_in<A: Compute, const FMA: bool, const MR: usize, const NR: usize, con
     let key_blocks = nk.div_ceil(BN);
     // Keys transposed per block ([block][c][BN]), values [key][dp], the query tile [BM][d],
     // scores [BM][BN], the output tile [BM][dp], and per row the running max and sum.
-    let sizes = [key_blocks * d * BN, key_blocks * BN * dp, BM * d, BM * BN, BM * dp, BM, BM];
+    let sizes = [key_blocks * d * BN, key_blocks * BN * dp, BM * d, BM * BN, BM * dp, BM, BM, BN * d];
     let words = sizes.iter().sum::<usize>() * std::mem::size_of::<A>() / 8 + 1;
     // Taken out of the thread-local (not used in a closure, which would be compiled without
     // the caller's target features), put back at the end.
@@ -322,17 +322,19 @@ fn forward_in<A: Compute, const FMA: bool, const MR: usize, const NR: usize, con
         let (st, rest) = rest.split_at_mut(sizes[3]);
         let (ot, rest) = rest.split_at_mut(sizes[4]);
         let (mt, rest) = rest.split_at_mut(sizes[5]);
-        let lt = &mut rest[..BM];
-        // The keys, transposed block by block (zero past the last key), and the values.
-        let mut row = vec![A::ZERO; d];
+        let (lt, rest) = rest.split_at_mut(sizes[6]);
+        let kb = &mut rest[..sizes[7]];
+        // The keys, transposed block by block (zero past the last key): converted by rows,
+        // then read down the columns (gathers; scattered writes are slow on some CPUs).
         for (blk, kt) in kt.chunks_exact_mut(d * BN).enumerate() {
-            kt.fill(A::ZERO);
-            for jj in 0..BN.min(nk - blk * BN) {
-                src.key(task.keys.start + blk * BN + jj, &mut row);
-                for (c, &x) in row.iter().enumerate() {
-                    kt[c * BN + jj] = x;
+            for (jj, row) in kb.chunks_exact_mut(d).enumerate() {
+                if jj < nk - blk * BN {
+                    src.key(task.keys.start + blk * BN + jj, row);
+                } else {
+                    row.fill(A::ZERO);
                 }
             }
+            transpose::<A, SIMD, BN>(kb, d, kt);
         }
         for (j, vrow) in vb.chunks_exact_mut(dp).enumerate() {
             if j < nk {
@@ -346,15 +348,10 @@ fn forward_in<A: Compute, const FMA: bool, const MR: usize, const NR: usize, con
         for (qb, seen) in task.blocks.iter().enumerate() {
             let q0 = task.rows.start + qb * BM;
             let rows = BM.min(task.rows.end - q0);
-            let rows_pad = round_up(rows, MR);
-            for (r, q) in qt.chunks_exact_mut(d).enumerate().take(rows_pad) {
-                if r < rows {
-                    src.query(q0 + r, q);
-                } else {
-                    q.fill(A::ZERO);
-                }
+            for (r, q) in qt.chunks_exact_mut(d).enumerate().take(rows) {
+                src.query(q0 + r, q);
             }
-            ot[..rows_pad * dp].fill(A::ZERO);
+            ot[..rows * dp].fill(A::ZERO);
             mt.fill(A::NEG_INFINITY);
             lt.fill(A::ZERO);
             // Key blocks of the task's layout that hold keys this block sees.
@@ -362,35 +359,17 @@ fn forward_in<A: Compute, const FMA: bool, const MR: usize, const NR: usize, con
             let end_blk = (seen.end - task.keys.start).div_ceil(BN);
             for blk in first_blk..end_blk {
                 let k0 = task.keys.start + blk * BN;
-                let kn = BN.min(task.keys.end - k0);
+                // Causal: no row of the block sees keys past its last row.
+                let kn = BN.min(task.keys.end - k0).min(if shape.causal { q0 + rows - k0 } else { BN });
                 let ktb = &kt[blk * d * BN..(blk + 1) * d * BN];
                 // S = Q K^T over the block's keys.
-                for r0 in (0..rows_pad).step_by(MR) {
-                    for n0 in (0..BN).step_by(NR) {
-                        tile::<A, FMA, MR, NR, SIMD>(
-                            d,
-                            &qt[r0 * d..],
-                            d,
-                            &ktb[n0..],
-                            BN,
-                            &mut st[r0 * BN + n0..],
-                            BN,
-                            false,
-                        );
-                    }
-                }
+                product::<A, FMA, MR, NR, SIMD>((rows, round_up(kn, NR), d), (qt, d), (ktb, BN), (st, BN), false);
                 // Scale, mask, and the online softmax per row; P replaces S.
-                for r in 0..rows_pad {
+                for r in 0..rows {
                     let srow: &mut [A; BN] = (&mut st[r * BN..(r + 1) * BN]).try_into().unwrap();
                     let i = q0 + r;
                     // Keys of the block row i sees by position (a prefix: causal, or the end).
-                    let live = if r >= rows {
-                        0
-                    } else if shape.causal {
-                        (i + 1).saturating_sub(k0).min(kn)
-                    } else {
-                        kn
-                    };
+                    let live = if shape.causal { (i + 1).saturating_sub(k0).min(kn) } else { kn };
                     scale_row::<A, BN>(srow, scale);
                     if src.masked() {
                         for (jj, x) in srow.iter_mut().enumerate().take(live) {
@@ -410,20 +389,7 @@ fn forward_in<A: Compute, const FMA: bool, const MR: usize, const NR: usize, con
                 }
                 // O += P V over the block's keys.
                 let vblk = &vb[blk * BN * dp..];
-                for r0 in (0..rows_pad).step_by(MR) {
-                    for n0 in (0..dp).step_by(NR) {
-                        tile::<A, FMA, MR, NR, SIMD>(
-                            kn,
-                            &st[r0 * BN..],
-                            BN,
-                            &vblk[n0..],
-                            dp,
-                            &mut ot[r0 * dp + n0..],
-                            dp,
-                            true,
-                        );
-                    }
-                }
+                product::<A, FMA, MR, NR, SIMD>((rows, dp, kn), (st, BN), (vblk, dp), (ot, dp), true);
             }
             // Divide by the sums; a row that saw no key keeps 0 and logsumexp -inf.
             let base = q0 - task.rows.start;
@@ -459,11 +425,15 @@ fn scale_row<A: Compute, const N: usize>(x: &mut [A; N], scale: A) {
 /// The online softmax step of one row of scores: the first `live` are the row's (the rest
 /// become 0); updates the running max `m` and sum `l`, replaces the scores by `exp(x - m)`
 /// and returns the factor the row's partial output must take (1 when the max did not grow).
+/// The loops run over the whole row (dead scores as `-inf`), so they vectorize without tails.
 #[inline(always)]
 fn softmax_row<A: Compute, const FMA: bool, const N: usize>(x: &mut [A; N], live: usize, m: &mut A, l: &mut A) -> A {
     const LANES: usize = 16;
+    for v in &mut x[live..] {
+        *v = A::NEG_INFINITY;
+    }
     let mut lanes = [A::NEG_INFINITY; LANES];
-    for chunk in x[..live].chunks(LANES) {
+    for chunk in x.chunks_exact(LANES) {
         for (a, &v) in lanes.iter_mut().zip(chunk) {
             *a = A::max_of(*a, v);
         }
@@ -472,17 +442,14 @@ fn softmax_row<A: Compute, const FMA: bool, const N: usize>(x: &mut [A; N], live
     for a in lanes {
         top = A::max_of(top, a);
     }
-    for v in &mut x[live..] {
-        *v = A::ZERO;
-    }
     if top == A::NEG_INFINITY {
         // Nothing seen yet: all probabilities 0 (-inf - -inf would be NaN).
-        x[..live].fill(A::ZERO);
+        x.fill(A::ZERO);
         return A::ONE;
     }
     let alpha = if top == *m { A::ONE } else { A::exp_nonpositive::<FMA>(m.sub(top)) };
     let mut sums = [A::ZERO; LANES];
-    for chunk in x[..live].chunks_mut(LANES) {
+    for chunk in x.chunks_exact_mut(LANES) {
         for (s, v) in sums.iter_mut().zip(chunk) {
             *v = A::exp_nonpositive::<FMA>(v.sub(top));
             *s += *v;
@@ -495,6 +462,67 @@ fn softmax_row<A: Compute, const FMA: bool, const N: usize>(x: &mut [A; N], live
     *l = A::fma::<FMA>(*l, alpha, total);
     *m = top;
     alpha
+}
+
+/// `out[c][j] = rows[j][c]` for `N` rows of `d` (`out` is `[d][N]`).
+#[inline(always)]
+fn transpose<A: Compute, const SIMD: u8, const N: usize>(rows: &[A], d: usize, out: &mut [A]) {
+    assert!(rows.len() >= N * d && out.len() >= N * d && N % 16 == 0);
+    #[cfg(target_arch = "x86_64")]
+    if SIMD != PORTABLE && std::mem::size_of::<A>() == 4 {
+        let (src, dst) = (rows.as_ptr() as *const f32, out.as_mut_ptr() as *mut f32);
+        // SAFETY: element `(j, c)` is read at `j * d + c < N * d`, written at `c * N + j`
+        // (checked above); the copies with these features run only where they were seen.
+        unsafe {
+            if SIMD == AVX512 {
+                x86::transpose_avx512::<N>(src, d, dst);
+            } else {
+                x86::transpose_avx2::<N>(src, d, dst);
+            }
+        }
+        return;
+    }
+    for (c, col) in out.chunks_exact_mut(N).take(d).enumerate() {
+        for (j, x) in col.iter_mut().enumerate() {
+            *x = rows[j * d + c];
+        }
+    }
+}
+
+/// `c (+)= a b` of `rows` by `cols` (a multiple of `NR`) with `k` terms, operands given with
+/// their row strides: tiles of `MR` rows, the rest of the rows in tiles of 4, 2 or 1 (a
+/// decode step's one row is not padded to `MR`).
+#[inline(always)]
+fn product<A: Compute, const FMA: bool, const MR: usize, const NR: usize, const SIMD: u8>(
+    (rows, cols, k): (usize, usize, usize),
+    (a, lda): (&[A], usize),
+    (b, ldb): (&[A], usize),
+    (c, ldc): (&mut [A], usize),
+    accumulate: bool,
+) {
+    let mut r0 = 0;
+    while r0 < rows {
+        let left = rows - r0;
+        let take = if left >= MR {
+            MR
+        } else if left >= 4 {
+            4
+        } else if left >= 2 {
+            2
+        } else {
+            1
+        };
+        for n0 in (0..cols).step_by(NR) {
+            let (a, b, c) = (&a[r0 * lda..], &b[n0..], &mut c[r0 * ldc + n0..]);
+            match take {
+                4 => tile::<A, FMA, 4, NR, SIMD>(k, a, lda, b, ldb, c, ldc, accumulate),
+                2 => tile::<A, FMA, 2, NR, SIMD>(k, a, lda, b, ldb, c, ldc, accumulate),
+                1 => tile::<A, FMA, 1, NR, SIMD>(k, a, lda, b, ldb, c, ldc, accumulate),
+                _ => tile::<A, FMA, MR, NR, SIMD>(k, a, lda, b, ldb, c, ldc, accumulate),
+            }
+        }
+        r0 += take;
+    }
 }
 
 /// `c[r][n] (+)= sum_p a[r][p] b[p][n]` for an `MR` by `NR` tile, `k` terms (rows of `a`
@@ -589,6 +617,33 @@ mod x86 {
         }
     }
 
+    /// [`super::transpose`] of f32 by gathering 16 rows' elements at a time.
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+    #[inline]
+    pub(super) unsafe fn transpose_avx512<const N: usize>(src: *const f32, d: usize, dst: *mut f32) {
+        let step = _mm512_set1_epi32(d as i32);
+        let idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), step);
+        for c in 0..d {
+            for j in (0..N).step_by(16) {
+                let x = _mm512_i32gather_ps::<4>(idx, src.add(j * d + c));
+                _mm512_storeu_ps(dst.add(c * N + j), x);
+            }
+        }
+    }
+
+    /// [`super::transpose`] of f32 by gathering 8 rows' elements at a time.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) unsafe fn transpose_avx2<const N: usize>(src: *const f32, d: usize, dst: *mut f32) {
+        let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(d as i32));
+        for c in 0..d {
+            for j in (0..N).step_by(8) {
+                let x = _mm256_i32gather_ps::<4>(src.add(j * d + c), idx);
+                _mm256_storeu_ps(dst.add(c * N + j), x);
+            }
+        }
+    }
+
     /// [`super::tile`] of f32 with `NR` 16, on raw pointers (the caller checks the extents).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
@@ -621,6 +676,146 @@ mod x86 {
         for (r, row) in acc.iter().enumerate() {
             _mm256_storeu_ps(c.add(r * ldc), row[0]);
             _mm256_storeu_ps(c.add(r * ldc + 8), row[1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `exp` of f32 against the f64 one: within one ulp over `[-104, 0]`, with and without
+    /// fused multiply-add, and the special values.
+    #[test]
+    fn exp_nonpositive_f32_is_within_an_ulp() {
+        for fma in [false, true] {
+            let exp = |x: f32| if fma { exp_nonpositive_f32::<true>(x) } else { exp_nonpositive_f32::<false>(x) };
+            for i in 0..=200_000 {
+                let x = -104.0 * (i as f32 / 200_000.0);
+                let (got, want) = (exp(x) as f64, (x as f64).exp());
+                let ulp =
+                    if want < f32::MIN_POSITIVE as f64 { f32::from_bits(1) as f64 } else { want * f32::EPSILON as f64 };
+                assert!((got - want).abs() <= ulp, "fma={fma} exp({x}) = {got}, want {want}");
+            }
+            assert_eq!(exp(0.0), 1.0);
+            assert_eq!(exp(-0.0), 1.0);
+            assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+            assert_eq!(exp(-1000.0), 0.0);
+            assert!(exp(f32::NAN).is_nan());
+        }
+    }
+
+    /// A batch index's operands in f64, converted to the compute type on the way in; `keep`
+    /// masks (row, key) pairs out when given.
+    struct Operands {
+        q: Vec<f64>,
+        k: Vec<f64>,
+        v: Vec<f64>,
+        d: usize,
+        keep: Option<fn(usize, usize) -> bool>,
+    }
+
+    impl<A: Compute> Source<A> for Operands {
+        fn key(&self, j: usize, out: &mut [A]) {
+            out.iter_mut().zip(&self.k[j * self.d..]).for_each(|(o, &x)| *o = A::from_f64(x));
+        }
+        fn value(&self, j: usize, out: &mut [A]) {
+            out.iter_mut().zip(&self.v[j * self.d..]).for_each(|(o, &x)| *o = A::from_f64(x));
+        }
+        fn query(&self, i: usize, out: &mut [A]) {
+            out.iter_mut().zip(&self.q[i * self.d..]).for_each(|(o, &x)| *o = A::from_f64(x));
+        }
+        fn term(&self, i: usize, j: usize) -> Option<A> {
+            // Kept keys get a term that varies, as an added mask's would.
+            self.keep.is_none_or(|keep| keep(i, j)).then(|| A::from_f64(((i * 7 + j) as f64 * 0.1).sin()))
+        }
+        fn masked(&self) -> bool {
+            self.keep.is_some()
+        }
+    }
+
+    /// Row `i`'s output and logsumexp in f64 by the definition.
+    fn reference(ops: &Operands, s: usize, causal: bool, scale: f64, i: usize) -> (Vec<f64>, f64) {
+        let d = ops.d;
+        let seen: Vec<usize> =
+            (0..s).filter(|&j| !(causal && j > i) && ops.keep.is_none_or(|keep| keep(i, j))).collect();
+        if seen.is_empty() {
+            return (vec![0.0; d], f64::NEG_INFINITY);
+        }
+        let score = |j: usize| {
+            let dot: f64 = (0..d).map(|c| ops.q[i * d + c] * ops.k[j * d + c]).sum();
+            let term = if ops.keep.is_some() { ((i * 7 + j) as f64 * 0.1).sin() } else { 0.0 };
+            dot * scale + term
+        };
+        let x: Vec<f64> = seen.iter().map(|&j| score(j)).collect();
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = x.iter().map(|x| (x - m).exp()).collect();
+        let total: f64 = p.iter().sum();
+        let out = (0..d).map(|c| seen.iter().zip(&p).map(|(&j, p)| p * ops.v[j * d + c]).sum::<f64>() / total);
+        (out.collect(), m + total.ln())
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut isas = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                isas.push(Isa::Avx2);
+            }
+            if Isa::detect() == Isa::Avx512 {
+                isas.push(Isa::Avx512);
+            }
+        }
+        isas
+    }
+
+    /// Every compiled copy, f32 and f64, against the definition: tasks not starting at row 0
+    /// or key 0, sizes that are no multiple of any block or tile, causal, masked (with rows
+    /// that see no key), a decode step's single row.
+    #[test]
+    fn every_copy_matches_the_definition() {
+        let vals = |n: usize, seed: f64| (0..n).map(|i| ((i as f64) * 0.37 + seed).sin() * 0.5).collect::<Vec<_>>();
+        // (l, s, d, causal, task rows, task keys, mask)
+        let cases: [(usize, usize, usize, bool, std::ops::Range<usize>, Option<fn(usize, usize) -> bool>); 6] = [
+            (100, 100, 40, true, 0..100, None),
+            (100, 100, 64, true, 37..100, None),
+            (5, 150, 24, false, 0..5, None),
+            (1, 200, 64, false, 0..1, None),
+            (70, 130, 16, false, 0..70, Some(|i, j| j < 2 * i && j % 3 != 1)),
+            (40, 90, 8, true, 3..40, Some(|i, j| j + 4 >= i && j % 5 != 2)),
+        ];
+        for (l, s, d, causal, rows, keep) in cases {
+            let ops = Operands { q: vals(l * d, 0.1), k: vals(s * d, 1.3), v: vals(s * d, 2.9), d, keep };
+            let scale = 0.3;
+            // The blocks' keys: what their rows see (the kernel handles keys it converts but a
+            // block's rows do not see through the mask or causality).
+            let blocks: Vec<std::ops::Range<usize>> = (rows.start..rows.end)
+                .step_by(ROWS_PER_BLOCK)
+                .map(|r0| 0..if causal { s.min((r0 + ROWS_PER_BLOCK).min(rows.end)) } else { s })
+                .collect();
+            let keys = 0..blocks.iter().map(|b| b.end).max().unwrap();
+            let task = Task { rows: rows.clone(), keys, blocks };
+            let shape = Shape { d, causal, scale };
+            for isa in isas() {
+                let what = format!("{isa:?} l={l} s={s} d={d} causal={causal} rows={rows:?}");
+                let n = rows.len();
+                let (mut out32, mut lse32) = (vec![0f32; n * d], vec![0f32; n]);
+                forward(isa, shape, &task, &ops, &mut out32, &mut lse32);
+                let (mut out64, mut lse64) = (vec![0f64; n * d], vec![0f64; n]);
+                forward(isa, shape, &task, &ops, &mut out64, &mut lse64);
+                for (r, i) in rows.clone().enumerate() {
+                    let (want, want_lse) = reference(&ops, s, causal, scale, i);
+                    for c in 0..d {
+                        let (a, b, w) = (out32[r * d + c] as f64, out64[r * d + c], want[c]);
+                        assert!((a - w).abs() < 1e-5, "{what}: f32 ({i}, {c}): {a} vs {w}");
+                        assert!((b - w).abs() < 1e-12, "{what}: f64 ({i}, {c}): {b} vs {w}");
+                    }
+                    let (a, b) = (lse32[r] as f64, lse64[r]);
+                    assert!(a == want_lse || (a - want_lse).abs() < 1e-5, "{what}: f32 lse {i}: {a} vs {want_lse}");
+                    assert!(b == want_lse || (b - want_lse).abs() < 1e-12, "{what}: f64 lse {i}: {b} vs {want_lse}");
+                }
+            }
         }
     }
 }
