@@ -1,16 +1,21 @@
-//! The attention template ([`ExternCall::Attention`]) on the CPU: a straightforward,
-//! exact-order implementation, parallel over (batch index, block of query rows).
+//! The attention template ([`ExternCall::Attention`]) on the CPU: tasks of (batch index, range
+//! of query rows) on the rayon pool, each computed by the blocked kernel of
+//! `attention_block` (a block of query rows against a block of keys
+//! as two small matrix products with an online softmax between).
 //!
 //! Per query row `i`: the scores `q_i . k_j * scale` for the keys it sees (`j <= i` when causal,
 //! top-left aligned as PyTorch's `is_causal`; with a bool mask, where it is true; an added mask
-//! is added to the scaled scores), a numerically stable softmax (the row maximum subtracted
-//! before `exp`), then `sum_j p_j v_j / sum_j p_j`, all in f32 (f64 for f64) from the operands'
-//! own values, rounded once to the output dtype; with a logsumexp buffer, also
-//! `max + ln(sum_j p_j)` there (f32, f64 for f64). A row that sees no key gives 0 and
-//! logsumexp `-inf`, as PyTorch's SDPA (`_safe_softmax`). The operands are read through their
-//! strides (head views are not copied; a mask's broadcast dims have stride 0); the output is
-//! written through its strides; keys no row of a task sees (a decode step's cache beyond its
-//! position) are never read. The backward is in `attention_backward`.
+//! is added to the scaled scores), a numerically stable softmax (`exp` of the scores less the
+//! running row maximum; partial sums rescaled when the maximum grows), then
+//! `sum_j p_j v_j / sum_j p_j`, all in f32 (f64 for f64) from the operands' own values, rounded
+//! once to the output dtype; with a logsumexp buffer, also `max + ln(sum_j p_j)` there (f32,
+//! f64 for f64). A row that sees no key gives 0 and logsumexp `-inf`, as PyTorch's SDPA
+//! (`_safe_softmax`). The operands are read through their strides (head views are not copied;
+//! a mask's broadcast dims have stride 0); the output is written through its strides; keys no
+//! row of a task sees (a decode step's cache beyond its position) are never read. Tasks are
+//! ranges of whole row blocks of about equal work, about two per pool thread (fewer when the
+//! call is small: each converts the keys its rows see once). The backward is in
+//! `attention_backward`.
 
 use super::attention_block::{self as block, Compute, Element, Isa, Shape, Source, Task, ROWS_PER_BLOCK};
 use coil_codegen::templates::attention::MaskKind;

@@ -158,7 +158,7 @@ pub(crate) fn exp_nonpositive_f32<const FMA: bool>(x: f32) -> f32 {
     let q = fma(r * r, p, r);
     let (n1, n2) = (n >> 1, n - (n >> 1));
     let y = (1.0 + q) * f32::from_bits(((n1 + 127) as u32) << 23) * f32::from_bits(((n2 + 127) as u32) << 23);
-    if x != x {
+    if x.is_nan() {
         x
     } else {
         y
@@ -467,7 +467,7 @@ fn softmax_row<A: Compute, const FMA: bool, const N: usize>(x: &mut [A; N], live
 /// `out[c][j] = rows[j][c]` for `N` rows of `d` (`out` is `[d][N]`).
 #[inline(always)]
 fn transpose<A: Compute, const SIMD: u8, const N: usize>(rows: &[A], d: usize, out: &mut [A]) {
-    assert!(rows.len() >= N * d && out.len() >= N * d && N % 16 == 0);
+    assert!(rows.len() >= N * d && out.len() >= N * d && N.is_multiple_of(16));
     #[cfg(target_arch = "x86_64")]
     if SIMD != PORTABLE && std::mem::size_of::<A>() == 4 {
         let (src, dst) = (rows.as_ptr() as *const f32, out.as_mut_ptr() as *mut f32);
@@ -777,7 +777,8 @@ mod tests {
     fn every_copy_matches_the_definition() {
         let vals = |n: usize, seed: f64| (0..n).map(|i| ((i as f64) * 0.37 + seed).sin() * 0.5).collect::<Vec<_>>();
         // (l, s, d, causal, task rows, task keys, mask)
-        let cases: [(usize, usize, usize, bool, std::ops::Range<usize>, Option<fn(usize, usize) -> bool>); 6] = [
+        type Keep = Option<fn(usize, usize) -> bool>;
+        let cases: [(usize, usize, usize, bool, std::ops::Range<usize>, Keep); 6] = [
             (100, 100, 40, true, 0..100, None),
             (100, 100, 64, true, 37..100, None),
             (5, 150, 24, false, 0..5, None),
