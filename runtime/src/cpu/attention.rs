@@ -1,25 +1,28 @@
-//! The attention template ([`ExternCall::Attention`]) on the CPU: a straightforward,
-//! exact-order implementation, parallel over (batch index, block of query rows).
+//! The attention template ([`ExternCall::Attention`]) on the CPU: tasks of (batch index, range
+//! of query rows) on the rayon pool, each computed by the blocked kernel of
+//! `attention_block` (a block of query rows against a block of keys
+//! as two small matrix products with an online softmax between).
 //!
 //! Per query row `i`: the scores `q_i . k_j * scale` for the keys it sees (`j <= i` when causal,
 //! top-left aligned as PyTorch's `is_causal`; with a bool mask, where it is true; an added mask
-//! is added to the scaled scores), a numerically stable softmax (the row maximum subtracted
-//! before `exp`), then `sum_j p_j v_j / sum_j p_j`, all in f32 (f64 for f64) from the operands'
-//! own values, rounded once to the output dtype; with a logsumexp buffer, also
-//! `max + ln(sum_j p_j)` there (f32, f64 for f64). A row that sees no key gives 0 and
-//! logsumexp `-inf`, as PyTorch's SDPA (`_safe_softmax`). The operands are read through their
-//! strides (head views are not copied; a mask's broadcast dims have stride 0); the output is
-//! written through its strides; keys no row of a task sees (a decode step's cache beyond its
-//! position) are never read. The backward is in `attention_backward`.
+//! is added to the scaled scores), a numerically stable softmax (`exp` of the scores less the
+//! running row maximum; partial sums rescaled when the maximum grows), then
+//! `sum_j p_j v_j / sum_j p_j`, all in f32 (f64 for f64) from the operands' own values, rounded
+//! once to the output dtype; with a logsumexp buffer, also `max + ln(sum_j p_j)` there (f32,
+//! f64 for f64). A row that sees no key gives 0 and logsumexp `-inf`, as PyTorch's SDPA
+//! (`_safe_softmax`). The operands are read through their strides (head views are not copied;
+//! a mask's broadcast dims have stride 0); the output is written through its strides; keys no
+//! row of a task sees (a decode step's cache beyond its position) are never read. Tasks are
+//! ranges of whole row blocks of about equal work, about two per pool thread (fewer when the
+//! call is small: each converts the keys its rows see once). The backward is in
+//! `attention_backward`.
 
+use super::attention_block::{self as block, Compute, Element, Isa, Shape, Source, Task, ROWS_PER_BLOCK};
 use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
-
-/// Query rows one parallel task computes (it converts the batch's keys and values once).
-const ROWS_PER_TASK: usize = 32;
 
 /// The shape of an attention call: the fields of [`ExternCall::Attention`] at one run's sizes.
 #[derive(Clone, Debug)]
@@ -174,6 +177,7 @@ pub(crate) fn check_views(
 /// The float type the calls compute in (f32 for f16 / bf16 / f32, f64 for f64).
 pub(crate) trait Real: Copy + Send + Sync + PartialOrd + std::ops::AddAssign + bytemuck::Pod + 'static {
     const ZERO: Self;
+    const ONE: Self;
     const NEG_INFINITY: Self;
     fn mul_add(self, a: Self, b: Self) -> Self;
     fn sub_exp(self, max: Self) -> Self;
@@ -188,6 +192,7 @@ macro_rules! real {
     ($t:ty) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
             fn mul_add(self, a: Self, b: Self) -> Self {
                 self + a * b
@@ -238,19 +243,19 @@ pub fn attention_bytes(
     match dtype {
         DType::F32 => {
             let ops = Operands { q: cast(q)?, k: cast(k)?, v: cast(v)?, mask: mask_of(mask)? };
-            run::<f32, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?, |x| x, |x| x)
+            run::<f32, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?)
         }
         DType::F64 => {
             let ops = Operands { q: cast(q)?, k: cast(k)?, v: cast(v)?, mask: mask_of(mask)? };
-            run::<f64, f64>(spec, ops, cast_mut(out)?, stats(lse, rows)?, |x| x, |x| x)
+            run::<f64, f64>(spec, ops, cast_mut(out)?, stats(lse, rows)?)
         }
         DType::F16 => {
             let ops = Operands { q: cast(q)?, k: cast(k)?, v: cast(v)?, mask: mask_of(mask)? };
-            run::<f16, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?, f16::to_f32, f16::from_f32)
+            run::<f16, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?)
         }
         DType::BF16 => {
             let ops = Operands { q: cast(q)?, k: cast(k)?, v: cast(v)?, mask: mask_of(mask)? };
-            run::<bf16, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?, bf16::to_f32, bf16::from_f32)
+            run::<bf16, f32>(spec, ops, cast_mut(out)?, stats(lse, rows)?)
         }
         _ => return Err(Error::unsupported(format!("scaled_dot_product_attention of {dtype} values"))),
     }
@@ -356,103 +361,162 @@ pub(crate) fn dot<A: Real>(a: &[A], b: &[A]) -> A {
     total
 }
 
-/// The call in `A` on operands of `T`.
-fn run<T: Copy + Send + Sync, A: Real>(
-    spec: &AttentionSpec,
-    ops: Operands<T>,
-    out: &mut [T],
-    mut lse: Option<&mut [A]>,
-    up: fn(T) -> A,
-    down: fn(A) -> T,
-) {
-    let (l, s, d) = (spec.l, spec.s, spec.d);
+/// The call in `A` on operands of `T`: tasks of (batch index, range of query rows) on the
+/// rayon pool, each run by the blocked kernel ([`block::forward`]).
+fn run<T: Element<A>, A: Compute>(spec: &AttentionSpec, ops: Operands<T>, out: &mut [T], mut lse: Option<&mut [A]>) {
+    let (l, d) = (spec.l, spec.d);
     if spec.batch_count() * l * d == 0 {
         return;
     }
-    let scale = A::from_f64(spec.scale);
-    let tasks: Vec<(usize, usize)> =
-        (0..spec.batch_count()).flat_map(|b| (0..l).step_by(ROWS_PER_TASK).map(move |r| (b, r))).collect();
+    let tasks = plan(spec);
+    let (isa, shape) = (Isa::detect(), Shape { d, causal: spec.causal, scale: spec.scale });
+    let one = |&(b, ref rows): &(usize, std::ops::Range<usize>)| {
+        let src = BatchSource::new(spec, &ops, b);
+        let task = src.task(rows.clone());
+        let (mut result, mut lses) = (vec![A::ZERO; rows.len() * d], vec![A::NEG_INFINITY; rows.len()]);
+        block::forward(isa, shape, &task, &src, &mut result, &mut lses);
+        (result, lses)
+    };
     // Each task returns its block of results and their logsumexps; they are written through
     // the output's strides after (blocks of different tasks may interleave in memory, e.g.
     // heads merged back).
-    let blocks: Vec<(Vec<A>, Vec<A>)> = tasks
-        .par_iter()
-        .map(|&(b, first)| {
-            let rows = first..(first + ROWS_PER_TASK).min(l);
-            // The mask's term of (row, key): `None` drops the key, else what is added.
-            let mask_base = spec.mask.as_ref().map(|m| batch_offset(&spec.batch, m, b));
-            let term = |i: usize, j: usize| -> Option<A> {
-                let (Some(view), Some(base), Some(mask)) = (&spec.mask, mask_base, ops.mask) else {
-                    return Some(A::ZERO);
-                };
-                let at = base + i * view.row_stride + j * view.col_stride;
-                match mask {
-                    Mask::Bool(m) => (m[at] != 0).then_some(A::ZERO),
-                    Mask::Added(m) => Some(up(m[at])).filter(|&x| x != A::NEG_INFINITY),
-                }
-            };
-            // Keys a row of this block can see: all, or up to its last row (causal), narrowed
-            // to those the mask keeps for some row.
-            let seen = if spec.causal { s.min(rows.end) } else { s };
-            let (lo, hi) = match spec.mask {
-                None => (0, seen),
-                Some(_) => {
-                    let live = |j: usize| rows.clone().any(|i| !(spec.causal && j > i) && term(i, j).is_some());
-                    let lo = (0..seen).find(|&j| live(j)).unwrap_or(seen);
-                    (lo, (lo..seen).rev().find(|&j| live(j)).map_or(lo, |j| j + 1))
-                }
-            };
-            let shape = (&spec.batch[..], d);
-            let keys = rows_of(shape, &spec.k, ops.k, b, lo..hi, up);
-            let values = rows_of(shape, &spec.v, ops.v, b, lo..hi, up);
-            let queries = rows_of(shape, &spec.q, ops.q, b, rows.clone(), up);
-            let mut result = vec![A::ZERO; rows.len() * d];
-            let mut lses = vec![A::NEG_INFINITY; rows.len()];
-            let mut scores = vec![A::NEG_INFINITY; hi - lo];
-            for (r, i) in rows.enumerate() {
-                let n = if spec.causal { hi.min(i + 1).max(lo) } else { hi } - lo;
-                let qi = &queries[r * d..(r + 1) * d];
-                let mut max = A::NEG_INFINITY;
-                for (j, sj) in scores[..n].iter_mut().enumerate() {
-                    *sj = match term(i, lo + j) {
-                        Some(add) => {
-                            let mut x = dot(qi, &keys[j * d..(j + 1) * d]).mul(scale);
-                            x += add;
-                            x
-                        }
-                        None => A::NEG_INFINITY,
-                    };
-                    if *sj > max {
-                        max = *sj;
-                    }
-                }
-                // All scores -inf (or NaN): subtracting the maximum would make NaN of -inf.
-                let shift = if max == A::NEG_INFINITY { A::ZERO } else { max };
-                let o = &mut result[r * d..(r + 1) * d];
-                let mut total = A::ZERO;
-                for (j, &sj) in scores[..n].iter().enumerate() {
-                    let p = sj.sub_exp(shift);
-                    total += p;
-                    for (oc, &vc) in o.iter_mut().zip(&values[j * d..(j + 1) * d]) {
-                        *oc = oc.mul_add(p, vc);
-                    }
-                }
-                // No key seen: 0, as PyTorch (NaN stays NaN).
-                if total != A::ZERO {
-                    let inv = total.recip();
-                    o.iter_mut().for_each(|x| *x = x.mul(inv));
-                    lses[r] = total.ln();
-                    lses[r] += shift;
+    let blocks: Vec<(Vec<A>, Vec<A>)> =
+        if tasks.len() == 1 { vec![one(&tasks[0])] } else { tasks.par_iter().map(one).collect() };
+    for ((b, rows), (block, lses)) in tasks.into_iter().zip(blocks) {
+        if let Some(lse) = lse.as_deref_mut() {
+            lse[b * l + rows.start..b * l + rows.end].copy_from_slice(&lses);
+        }
+        let base = batch_offset(&spec.batch, &spec.out, b);
+        for (r, row) in block.chunks_exact(d).enumerate() {
+            let at = base + (rows.start + r) * spec.out.row_stride;
+            if spec.out.col_stride == 1 {
+                out[at..at + d].iter_mut().zip(row).for_each(|(o, &x)| *o = T::down(x));
+            } else {
+                for (c, &x) in row.iter().enumerate() {
+                    out[at + c * spec.out.col_stride] = T::down(x);
                 }
             }
-            (result, lses)
-        })
-        .collect();
-    for (&(b, first), (block, lses)) in tasks.iter().zip(blocks) {
-        if let Some(lse) = lse.as_deref_mut() {
-            lse[b * l + first..b * l + first + lses.len()].copy_from_slice(&lses);
         }
-        write_rows((&spec.batch[..], d), &spec.out, out, b, first, &block, down);
+    }
+}
+
+/// Fewest multiply-adds (of `q k^T` and `p v` together) a parallel task should have: smaller
+/// ones cost more to hand out, and to convert their keys for, than they save.
+const TASK_MACS: usize = 1 << 20;
+
+/// Tasks per pool thread wanted: more balance the load, each converts its keys again.
+const TASKS_PER_THREAD: usize = 2;
+
+/// The tasks: per batch index, its query rows in ranges of whole row blocks of about equal
+/// work (causal rows see more keys the later they are), enough of them in all to keep the
+/// pool busy but none too small.
+fn plan(spec: &AttentionSpec) -> Vec<(usize, std::ops::Range<usize>)> {
+    let (l, s, d) = (spec.l, spec.s, spec.d);
+    let blocks: Vec<std::ops::Range<usize>> =
+        (0..l).step_by(ROWS_PER_BLOCK).map(|r| r..(r + ROWS_PER_BLOCK).min(l)).collect();
+    let work: Vec<usize> =
+        blocks.iter().map(|r| r.len() * if spec.causal { s.min(r.end) } else { s } * d * 2).collect();
+    let total: usize = work.iter().sum();
+    let batches = spec.batch_count();
+    let wanted = (rayon::current_num_threads() * TASKS_PER_THREAD).min(total * batches / TASK_MACS).max(1);
+    let parts = wanted.div_ceil(batches).clamp(1, blocks.len());
+    // Cut where the running work passes each part's share.
+    let mut ranges = Vec::with_capacity(parts);
+    let (mut start, mut acc, mut next) = (0, 0, 1);
+    for (k, w) in work.iter().enumerate() {
+        acc += w;
+        if acc * parts >= total * next || k + 1 == blocks.len() {
+            ranges.push(blocks[start].start..blocks[k].end);
+            start = k + 1;
+            next += 1;
+        }
+    }
+    (0..batches).flat_map(|b| ranges.iter().map(move |r| (b, r.clone()))).collect()
+}
+
+/// One batch index's operands, as the blocked kernel reads them.
+struct BatchSource<'a, T> {
+    spec: &'a AttentionSpec,
+    ops: &'a Operands<'a, T>,
+    /// Offsets of the batch index in q, k, v and the mask.
+    base: [usize; 3],
+    mask_base: Option<usize>,
+}
+
+impl<'a, T: Copy> BatchSource<'a, T> {
+    fn new(spec: &'a AttentionSpec, ops: &'a Operands<'a, T>, b: usize) -> Self {
+        let base = [&spec.q, &spec.k, &spec.v].map(|op| batch_offset(&spec.batch, op, b));
+        let mask_base = spec.mask.as_ref().map(|m| batch_offset(&spec.batch, m, b));
+        BatchSource { spec, ops, base, mask_base }
+    }
+
+    /// The task of query rows `rows`: per block of rows, the keys it sees (all, or up to its
+    /// last row when causal, narrowed to those the mask keeps for some row), and their union.
+    fn task<A: Compute>(&self, rows: std::ops::Range<usize>) -> Task
+    where
+        T: Element<A>,
+    {
+        let (s, causal) = (self.spec.s, self.spec.causal);
+        let blocks: Vec<std::ops::Range<usize>> = (rows.start..rows.end)
+            .step_by(ROWS_PER_BLOCK)
+            .map(|r0| {
+                let rows = r0..(r0 + ROWS_PER_BLOCK).min(rows.end);
+                let seen = if causal { s.min(rows.end) } else { s };
+                if self.spec.mask.is_none() {
+                    return 0..seen;
+                }
+                let live =
+                    |j: usize| rows.clone().any(|i| !(causal && j > i) && Source::<A>::term(self, i, j).is_some());
+                let lo = (0..seen).find(|&j| live(j)).unwrap_or(seen);
+                lo..(lo..seen).rev().find(|&j| live(j)).map_or(lo, |j| j + 1)
+            })
+            .collect();
+        let lo = blocks.iter().filter(|r| !r.is_empty()).map(|r| r.start).min().unwrap_or(0);
+        let hi = blocks.iter().map(|r| r.end).max().unwrap_or(0).max(lo);
+        // A block that sees no key sees none of the task's (empty, at its start).
+        let blocks = blocks.into_iter().map(|r| if r.is_empty() { lo..lo } else { r }).collect();
+        Task { rows, keys: lo..hi, blocks }
+    }
+}
+
+/// Row `i` of a `[rows, d]` view (from `base`) of `data`, converted into `out`.
+#[inline(always)]
+fn convert_row<T: Element<A>, A>(data: &[T], view: &StridedOperand<usize>, base: usize, i: usize, out: &mut [A]) {
+    let at = base + i * view.row_stride;
+    if view.col_stride == 1 {
+        let n = out.len();
+        out.iter_mut().zip(&data[at..at + n]).for_each(|(o, &x)| *o = x.up());
+    } else {
+        out.iter_mut().enumerate().for_each(|(c, o)| *o = data[at + c * view.col_stride].up());
+    }
+}
+
+impl<T: Element<A>, A: Compute> Source<A> for BatchSource<'_, T> {
+    #[inline(always)]
+    fn key(&self, j: usize, out: &mut [A]) {
+        convert_row(self.ops.k, &self.spec.k, self.base[1], j, out)
+    }
+    #[inline(always)]
+    fn value(&self, j: usize, out: &mut [A]) {
+        convert_row(self.ops.v, &self.spec.v, self.base[2], j, out)
+    }
+    #[inline(always)]
+    fn query(&self, i: usize, out: &mut [A]) {
+        convert_row(self.ops.q, &self.spec.q, self.base[0], i, out)
+    }
+    fn term(&self, i: usize, j: usize) -> Option<A> {
+        let (Some(view), Some(base), Some(mask)) = (&self.spec.mask, self.mask_base, self.ops.mask) else {
+            return Some(A::ZERO);
+        };
+        let at = base + i * view.row_stride + j * view.col_stride;
+        match mask {
+            Mask::Bool(m) => (m[at] != 0).then_some(A::ZERO),
+            Mask::Added(m) => Some(m[at].up()).filter(|&x| x != A::NEG_INFINITY),
+        }
+    }
+    #[inline(always)]
+    fn masked(&self) -> bool {
+        self.spec.mask.is_some()
     }
 }
 

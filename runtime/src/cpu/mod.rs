@@ -21,6 +21,7 @@
 
 pub mod attention;
 pub mod attention_backward;
+mod attention_block;
 pub mod compiler;
 pub mod gemm;
 pub mod gemm_packed;

@@ -1,0 +1,139 @@
+//! Tests of the blocked attention kernel: every compiled copy against the definition, and the
+//! f32 `exp`.
+
+use super::*;
+
+/// `exp` of f32 against the f64 one: within one ulp over `[-104, 0]`, with and without
+/// fused multiply-add, and the special values.
+#[test]
+fn exp_nonpositive_f32_is_within_an_ulp() {
+    for fma in [false, true] {
+        let exp = |x: f32| if fma { exp_nonpositive_f32::<true>(x) } else { exp_nonpositive_f32::<false>(x) };
+        for i in 0..=200_000 {
+            let x = -104.0 * (i as f32 / 200_000.0);
+            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            let ulp =
+                if want < f32::MIN_POSITIVE as f64 { f32::from_bits(1) as f64 } else { want * f32::EPSILON as f64 };
+            assert!((got - want).abs() <= ulp, "fma={fma} exp({x}) = {got}, want {want}");
+        }
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-1000.0), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+    }
+}
+
+/// A batch index's operands in f64, converted to the compute type on the way in; `keep`
+/// masks (row, key) pairs out when given.
+struct Operands {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    d: usize,
+    keep: Option<fn(usize, usize) -> bool>,
+}
+
+impl<A: Compute> Source<A> for Operands {
+    fn key(&self, j: usize, out: &mut [A]) {
+        out.iter_mut().zip(&self.k[j * self.d..]).for_each(|(o, &x)| *o = A::from_f64(x));
+    }
+    fn value(&self, j: usize, out: &mut [A]) {
+        out.iter_mut().zip(&self.v[j * self.d..]).for_each(|(o, &x)| *o = A::from_f64(x));
+    }
+    fn query(&self, i: usize, out: &mut [A]) {
+        out.iter_mut().zip(&self.q[i * self.d..]).for_each(|(o, &x)| *o = A::from_f64(x));
+    }
+    fn term(&self, i: usize, j: usize) -> Option<A> {
+        // Kept keys get a term that varies, as an added mask's would.
+        self.keep.is_none_or(|keep| keep(i, j)).then(|| A::from_f64(((i * 7 + j) as f64 * 0.1).sin()))
+    }
+    fn masked(&self) -> bool {
+        self.keep.is_some()
+    }
+}
+
+/// Row `i`'s output and logsumexp in f64 by the definition.
+fn reference(ops: &Operands, s: usize, causal: bool, scale: f64, i: usize) -> (Vec<f64>, f64) {
+    let d = ops.d;
+    let seen: Vec<usize> = (0..s).filter(|&j| !(causal && j > i) && ops.keep.is_none_or(|keep| keep(i, j))).collect();
+    if seen.is_empty() {
+        return (vec![0.0; d], f64::NEG_INFINITY);
+    }
+    let score = |j: usize| {
+        let dot: f64 = (0..d).map(|c| ops.q[i * d + c] * ops.k[j * d + c]).sum();
+        let term = if ops.keep.is_some() { ((i * 7 + j) as f64 * 0.1).sin() } else { 0.0 };
+        dot * scale + term
+    };
+    let x: Vec<f64> = seen.iter().map(|&j| score(j)).collect();
+    let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = x.iter().map(|x| (x - m).exp()).collect();
+    let total: f64 = p.iter().sum();
+    let out = (0..d).map(|c| seen.iter().zip(&p).map(|(&j, p)| p * ops.v[j * d + c]).sum::<f64>() / total);
+    (out.collect(), m + total.ln())
+}
+
+fn isas() -> Vec<Isa> {
+    let mut isas = vec![Isa::Portable];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") {
+            isas.push(Isa::Avx2);
+        }
+        if Isa::detect() == Isa::Avx512 {
+            isas.push(Isa::Avx512);
+        }
+    }
+    isas
+}
+
+/// Every compiled copy, f32 and f64, against the definition: tasks not starting at row 0
+/// or key 0, sizes that are no multiple of any block or tile, causal, masked (with rows
+/// that see no key), a decode step's single row.
+#[test]
+fn every_copy_matches_the_definition() {
+    let vals = |n: usize, seed: f64| (0..n).map(|i| ((i as f64) * 0.37 + seed).sin() * 0.5).collect::<Vec<_>>();
+    // (l, s, d, causal, task rows, task keys, mask)
+    type Keep = Option<fn(usize, usize) -> bool>;
+    let cases: [(usize, usize, usize, bool, std::ops::Range<usize>, Keep); 6] = [
+        (100, 100, 40, true, 0..100, None),
+        (100, 100, 64, true, 37..100, None),
+        (5, 150, 24, false, 0..5, None),
+        (1, 200, 64, false, 0..1, None),
+        (70, 130, 16, false, 0..70, Some(|i, j| j < 2 * i && j % 3 != 1)),
+        (40, 90, 8, true, 3..40, Some(|i, j| j + 4 >= i && j % 5 != 2)),
+    ];
+    for (l, s, d, causal, rows, keep) in cases {
+        let ops = Operands { q: vals(l * d, 0.1), k: vals(s * d, 1.3), v: vals(s * d, 2.9), d, keep };
+        let scale = 0.3;
+        // The blocks' keys: what their rows see (the kernel handles keys it converts but a
+        // block's rows do not see through the mask or causality).
+        let blocks: Vec<std::ops::Range<usize>> = (rows.start..rows.end)
+            .step_by(ROWS_PER_BLOCK)
+            .map(|r0| 0..if causal { s.min((r0 + ROWS_PER_BLOCK).min(rows.end)) } else { s })
+            .collect();
+        let keys = 0..blocks.iter().map(|b| b.end).max().unwrap();
+        let task = Task { rows: rows.clone(), keys, blocks };
+        let shape = Shape { d, causal, scale };
+        for isa in isas() {
+            let what = format!("{isa:?} l={l} s={s} d={d} causal={causal} rows={rows:?}");
+            let n = rows.len();
+            let (mut out32, mut lse32) = (vec![0f32; n * d], vec![0f32; n]);
+            forward(isa, shape, &task, &ops, &mut out32, &mut lse32);
+            let (mut out64, mut lse64) = (vec![0f64; n * d], vec![0f64; n]);
+            forward(isa, shape, &task, &ops, &mut out64, &mut lse64);
+            for (r, i) in rows.clone().enumerate() {
+                let (want, want_lse) = reference(&ops, s, causal, scale, i);
+                for c in 0..d {
+                    let (a, b, w) = (out32[r * d + c] as f64, out64[r * d + c], want[c]);
+                    assert!((a - w).abs() < 1e-5, "{what}: f32 ({i}, {c}): {a} vs {w}");
+                    assert!((b - w).abs() < 1e-12, "{what}: f64 ({i}, {c}): {b} vs {w}");
+                }
+                let (a, b) = (lse32[r] as f64, lse64[r]);
+                assert!(a == want_lse || (a - want_lse).abs() < 1e-5, "{what}: f32 lse {i}: {a} vs {want_lse}");
+                assert!(b == want_lse || (b - want_lse).abs() < 1e-12, "{what}: f64 lse {i}: {b} vs {want_lse}");
+            }
+        }
+    }
+}
