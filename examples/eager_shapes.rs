@@ -9,7 +9,8 @@
 //! first pass) and the device.
 //!
 //! `cargo run --release --example eager_shapes -- [--device cpu|cuda] [--shapes N] [--reps N]
-//! [--phases]` (`--phases`: also print the host's time per phase over 100 more steady calls)
+//! [--phases]` (`--phases`: also print the host's time per phase in the first pass and over 100 more
+//! steady calls)
 
 use coil::{Device, Tensor};
 use std::time::Instant;
@@ -64,11 +65,14 @@ fn main() -> coil::Result<()> {
     let before = coil::compile_count();
     // The data exist before the clock starts (loaded, in a real program); only the ops run.
     let all = (0..shapes).map(|i| inputs(shape(i).0, shape(i).1, device)).collect::<coil::Result<Vec<_>>>()?;
-    let start = Instant::now();
+    let (start, host) = (Instant::now(), coil::profile::host_times());
     for x in &all {
         step(x)?;
     }
     let first_pass_s = start.elapsed().as_secs_f64();
+    if phases {
+        eprintln!("first pass: {:?}", coil::profile::host_times().since(&host));
+    }
     let compiles = coil::compile_count() - before;
     let (n, d) = (64, 256);
     let steady = inputs(n, d, device)?;
@@ -86,7 +90,7 @@ fn main() -> coil::Result<()> {
         for _ in 0..100 {
             step(&steady)?;
         }
-        eprintln!("{:?}", coil::profile::host_times().since(&before));
+        eprintln!("steady: {:?}", coil::profile::host_times().since(&before));
     }
     times.sort_by(f64::total_cmp);
     let steady_us = times[times.len() / 2];

@@ -331,8 +331,12 @@ impl<'a> Emitter<'a> {
             return;
         }
         let simd = k.kind == KernelKind::Pointwise && !may_fail(k.body.iter());
-        if let Some(period) = self.nest.as_ref().map(|n| n.period) {
+        if let Some(nest) = &self.nest {
             // xindex = xouter * period + xinner, the call's range cut at whole periods
+            let period = match nest.period.const_value() {
+                Some(c) => c.to_string(),
+                None => format!("({})", nest.period.to_c()),
+            };
             self.line(&format!("for (int64_t xouter = xstart / {period}; xouter * {period} < xend; xouter++) {{"));
             self.indent += 1;
             self.line(&format!("const int64_t xbase = xouter * {period};"));

@@ -7,8 +7,10 @@
 //! split at the period `n`, `xindex % n` is `xinner` (a contiguous load in the inner vector
 //! loop) and `xindex / n` is `xouter` (invariant in it). The split is taken when every index of
 //! the kernel becomes affine in `xinner` (no `/`, `%`, `min` or `max` of it left), trying the
-//! periods of the kernel's `xindex / C` and `xindex % C` from the largest; inner loops shorter
-//! than [`MIN_PERIOD`] are not worth their set-up.
+//! periods of the kernel's `xindex / C` and `xindex % C` from the largest; constant inner loops
+//! shorter than [`MIN_PERIOD`] are not worth their set-up. A symbolic period (a kernel compiled
+//! for dynamic sizes, `xindex % s1`) always is: without the split each element pays 64-bit
+//! divisions, which do not vectorize.
 
 use coil_ir::kernel::{flat_stmts, KernelKind, TileKernel, TileOp, TileStmt};
 use coil_ir::sym::{Expr, ExprKind};
@@ -18,8 +20,8 @@ pub const MIN_PERIOD: i64 = 32;
 
 /// A pointwise kernel's split of `xindex`.
 pub(super) struct Nest {
-    /// The inner loop's length.
-    pub period: i64,
+    /// The inner loop's length: a constant, or a size known only at run time (at least 1).
+    pub period: Expr,
     xindex: Expr,
     xouter: Expr,
     xinner: Expr,
@@ -67,29 +69,33 @@ impl Nest {
         }
         let xindex = coil_ir::kernel::xindex(&k.xnumel);
         let exprs = exprs(k);
-        let mut periods = Vec::new();
+        let mut periods: Vec<Expr> = Vec::new();
         for &e in &exprs {
             walk(e, &mut |s| {
                 if let ExprKind::FloorDiv(a, b) | ExprKind::Mod(a, b) = *s.kind() {
-                    match b.const_value() {
-                        Some(c) if a == xindex && c >= MIN_PERIOD && !periods.contains(&c) => periods.push(c),
-                        _ => {}
+                    // A symbolic period is at least 2 (sizes 0 and 1 specialize); its loops are
+                    // taken whatever its length, as each saves a 64-bit division per element.
+                    let worth = b.const_value().map_or(b.is_known_positive(), |c| c >= MIN_PERIOD);
+                    if a == xindex && worth && !periods.contains(&b) {
+                        periods.push(b)
                     }
                 }
             });
         }
-        periods.sort_unstable_by(|a, b| b.cmp(a));
+        // Largest first, by the facts' lower bounds (a constant's value).
+        periods.sort_by_key(|p| std::cmp::Reverse(p.bounds().0));
         periods.into_iter().map(|period| Nest::new(xindex, period)).find(|n| exprs.iter().all(|&e| n.affine(e)))
     }
 
-    fn new(xindex: Expr, period: i64) -> Nest {
-        Nest { period, xindex, xouter: Expr::symbol("xouter", Some(0), None), xinner: Expr::index("xinner", period) }
+    fn new(xindex: Expr, period: Expr) -> Nest {
+        let xinner = Expr::index_upto("xinner", period);
+        Nest { period, xindex, xouter: Expr::symbol("xouter", Some(0), None), xinner }
     }
 
     /// `e` with `xindex` as `xouter * period + xinner`, and its `/ period`, `% period` as
     /// `xouter`, `xinner`.
     pub fn rewrite(&self, e: Expr) -> Expr {
-        let whole = |a: Expr, b: Expr| a == self.xindex && b.const_value() == Some(self.period);
+        let whole = |a: Expr, b: Expr| a == self.xindex && b == self.period;
         match &*e.kind() {
             ExprKind::Const(_) => e,
             ExprKind::Symbol(_) if e == self.xindex => self.xouter * self.period + self.xinner,

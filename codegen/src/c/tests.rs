@@ -531,6 +531,52 @@ mod dynamic {
         }
     }
 
+    /// `x * row + bias` over `x: f32[s0, s1]`, `row: [s0]`, `bias: [s1]` (a layer norm's
+    /// broadcasts at dynamic sizes): `xindex / s1` and `xindex % s1` become the loops over
+    /// `xouter` and `xinner`, no division per element; whole calls and calls over ranges that
+    /// cut rows agree with the definition.
+    #[test]
+    fn a_symbolic_broadcast_row_is_an_inner_loop() {
+        let f = DType::F32;
+        let mut p = Prog::default();
+        let s0 = p.symbol("s0", 0, 0, 8);
+        let s1 = p.symbol("s1", 0, 1, 8);
+        let x = p.input_e(&[s0, s1], f);
+        let row = p.input_e(&[s0], f);
+        let bias = p.input_e(&[s1], f);
+        let v: Vec<Expr> = [s0, s1].iter().enumerate().map(|(i, e)| range_var(i, e)).collect();
+        let mut b = B::default();
+        let lx = b.load(x, v[0] * s1 + v[1], f);
+        let lr = b.load(row, v[0], f);
+        let lb = b.load(bias, v[1], f);
+        let m = b.binary(BinaryOp::Mul, lx, lr, f);
+        let r = b.binary(BinaryOp::Add, m, lb, f);
+        let out = p.pointwise_e(&[s0, s1], f, b.done(r));
+        p.output(out);
+        let k = kernel_e("poi_fused_add_mul_0", KernelKind::Pointwise, vec![0], s0 * s1, None, vec![out]);
+        let (lib, tiles) = build_and_compile(&p.p, &[k]);
+        let c = emit_kernel(&tiles[0]);
+        assert!(c.contains("for (int64_t xouter = xstart / (s1); xouter * (s1) < xend; xouter++) {"), "{c}");
+        assert!(c.contains("in_ptr2[xinner]") && !c.contains("xindex / s1") && !c.contains("xindex % s1"), "{c}");
+        for (n, d) in [(2usize, 2usize), (3, 5), (17, 33), (40, 300)] {
+            let mut xv: Vec<f32> = (0..n * d).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+            let mut rv: Vec<f32> = (0..n).map(|i| i as f32 / 7.0 - 1.0).collect();
+            let mut bv: Vec<f32> = (0..d).map(|i| i as f32 / 9.0).collect();
+            let total = (n * d) as i64;
+            for ranges in [vec![[0, total]], vec![[0, total / 3], [total / 3, total / 3 + 1], [total / 3 + 1, total]]] {
+                let mut o = vec![0f32; n * d];
+                let args = [ptr(&mut xv), ptr(&mut rv), ptr(&mut bv), ptr(&mut o)];
+                for r in ranges {
+                    assert_eq!(lib.run_range("poi_fused_add_mul_0", &args, &[n as i64, d as i64], &[], Some(r)), [0; 4]);
+                }
+                for i in 0..n * d {
+                    let want = xv[i] * rv[i / d] + bv[i % d];
+                    assert_eq!(o[i], want, "[{n}, {d}], {i}");
+                }
+            }
+        }
+    }
+
     /// Row sums both ways: rows of 4 (persistent, xnumel `s0`) and columns of `s0` (looped,
     /// rnumel `s0`), from `arg0: f32[s0, 4]`.
     #[test]
