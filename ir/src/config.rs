@@ -79,6 +79,11 @@ pub struct Config {
     /// The C compiler's command line (e.g. `ccache clang`); `None`: the first of `cc`, `gcc`,
     /// `clang` that runs. `$CC`.
     pub c_compiler: Option<String>,
+    /// The directories a C compiler named without one (`cc`) lies in, searched to recognise a
+    /// compiler met before without running it: its `--version` line is remembered in the cache
+    /// directory by the executable's path, size and modification time (a process otherwise
+    /// spends about a millisecond running `cc --version`). `None`: it runs. `$PATH`.
+    pub program_path: Option<String>,
     /// Where the CUDA libraries are looked for beyond the dynamic loader's path.
     pub cuda_paths: CudaPaths,
     /// Overrides of the compiler's own choices, for measuring and experiments: unstable, not
@@ -297,6 +302,7 @@ impl Env {
         Config {
             cache_dir: self.standard_cache_dir(),
             c_compiler: self.get("CC").filter(|s| !s.trim().is_empty()),
+            program_path: self.get("PATH"),
             cuda_paths: self.cuda_paths(),
             ..Config::builtin()
         }
@@ -369,6 +375,7 @@ impl Config {
             cuda_graphs: false,
             profile: false,
             c_compiler: None,
+            program_path: None,
             cuda_paths: CudaPaths::default(),
             tuning: Tuning::default(),
         }

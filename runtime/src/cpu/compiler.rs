@@ -104,6 +104,30 @@ impl CCompiler {
         Some(CCompiler { program, pre_args, version, simd_pragmas: AtomicBool::new(true) })
     }
 
+    /// [`CCompiler::detect`], recognising a compiler met before without running it: the
+    /// `--version` line of each command is remembered in `cache_dir` (`cc/<key>.version`), keyed
+    /// by the command and the path, size and modification time of each of its words that names
+    /// an executable (found in `search_path`, `$PATH`, when it names no directory). A command
+    /// whose program cannot be found that way is run as [`CCompiler::detect`] runs it.
+    pub fn detect_remembered(command: Option<&str>, cache_dir: &Path, search_path: Option<&str>) -> Option<CCompiler> {
+        let remembered = |c: &str| {
+            let Some(key) = version_key(c, search_path) else { return CCompiler::from_command(c) };
+            let memo = cache_dir.join("cc").join(format!("{key}.version"));
+            let mut words = c.split_whitespace().map(String::from);
+            let (program, pre_args) = (words.next()?, words.collect());
+            if let Ok(version) = std::fs::read_to_string(&memo) {
+                let version = version.trim_end().to_string();
+                return Some(CCompiler { program, pre_args, version, simd_pragmas: AtomicBool::new(true) });
+            }
+            let found = CCompiler::from_command(c)?;
+            // Best effort: a cache directory that cannot be written costs the run next time.
+            let _ = std::fs::create_dir_all(cache_dir.join("cc"));
+            let _ = cache_entry::write_atomically(&memo, found.version.as_bytes());
+            Some(found)
+        };
+        command.into_iter().chain(["cc", "gcc", "clang"]).find_map(remembered)
+    }
+
     /// The first line of `--version`, e.g. `cc (Debian 12.2.0-14) 12.2.0`.
     pub fn version(&self) -> &str {
         &self.version
@@ -222,6 +246,30 @@ impl CCompiler {
     }
 }
 
+/// The key under which the `--version` line of `command` is remembered: the command, and for
+/// each word that names an executable file (directly, or in `search_path`) its resolved path,
+/// size and modification time, so that installing another compiler there changes the key.
+/// `None` when the program (the first word) is not found that way.
+fn version_key(command: &str, search_path: Option<&str>) -> Option<String> {
+    let signature = |word: &str| {
+        let candidates: Vec<PathBuf> = if word.contains('/') {
+            vec![PathBuf::from(word)]
+        } else {
+            search_path.into_iter().flat_map(std::env::split_paths).map(|d| d.join(word)).collect()
+        };
+        candidates.into_iter().find_map(|p| {
+            let real = std::fs::canonicalize(&p).ok()?;
+            let meta = std::fs::metadata(&real).ok().filter(|m| m.is_file())?;
+            let modified = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+            Some(format!("{}:{}:{}", real.display(), meta.len(), modified.as_nanos()))
+        })
+    };
+    let mut words = command.split_whitespace();
+    let mut parts = vec![CACHE_FORMAT.to_string(), "version".to_string(), signature(words.next()?)?];
+    parts.extend(words.map(|w| signature(w).unwrap_or_else(|| w.to_string())));
+    Some(cache_entry::key(&parts.iter().map(String::as_str).collect::<Vec<_>>()))
+}
+
 /// The C compiler of the configuration ([`CCompiler::detect`] of its `c_compiler`), found
 /// once per process for each setting; `None` when there is none, in which case callers fall
 /// back to the reference interpreter.
@@ -234,7 +282,8 @@ pub fn c_compiler() -> Option<&'static CCompiler> {
         return compiler;
     }
     // Leaked once per distinct setting (a process has one or two): callers keep `&'static`.
-    let compiler = CCompiler::detect(config.c_compiler.as_deref()).map(|c| &*Box::leak(Box::new(c)));
+    let (command, search) = (config.c_compiler.as_deref(), config.program_path.as_deref());
+    let compiler = CCompiler::detect_remembered(command, &config.cache_dir, search).map(|c| &*Box::leak(Box::new(c)));
     found.insert(config.c_compiler.clone(), compiler);
     compiler
 }
@@ -243,4 +292,48 @@ pub fn c_compiler() -> Option<&'static CCompiler> {
 /// `$XDG_CACHE_HOME/coil`, else `$HOME/.cache/coil`, else `coil-cache` in the temp dir).
 pub fn default_cache_dir() -> PathBuf {
     coil_ir::config::current().cache_dir.clone()
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use crate::cpu::tests::TempDir;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A fake compiler in its own directory that counts its `--version` runs.
+    fn fake(dir: &Path, version: &str) -> PathBuf {
+        let script = dir.join("fakecc");
+        let body = format!("#!/bin/sh\necho run >> {}/runs\necho '{version}'\n", dir.display());
+        std::fs::write(&script, body).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        script
+    }
+
+    fn runs(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("runs")).map_or(0, |s| s.lines().count())
+    }
+
+    #[test]
+    fn a_compiler_met_before_is_recognised_without_running_it() {
+        let dir = TempDir::new("cc-version-memo");
+        let (bin, cache) = (dir.0.join("bin"), dir.0.join("cache"));
+        std::fs::create_dir_all(&bin).unwrap();
+        let script = fake(&bin, "fakecc 1.0");
+        let cc = script.to_str().unwrap();
+        let found = CCompiler::detect_remembered(Some(cc), &cache, None).unwrap();
+        assert_eq!((found.version(), found.command().as_str(), runs(&bin)), ("fakecc 1.0", cc, 1));
+        let with_flag = format!("{cc} -m64");
+        let again = CCompiler::detect_remembered(Some(&with_flag), &cache, None).unwrap();
+        assert_eq!((again.version(), again.command(), runs(&bin)), ("fakecc 1.0", with_flag, 2));
+        let again = CCompiler::detect_remembered(Some(cc), &cache, None).unwrap();
+        assert_eq!((again.version(), runs(&bin)), ("fakecc 1.0", 2), "remembered: not run");
+        // A bare name is looked up in the search path: the same executable, the same key.
+        let search = bin.to_str().unwrap();
+        assert_eq!(version_key("fakecc", Some(search)), version_key(cc, None));
+        assert_eq!(version_key("fakecc", Some("/nonexistent")), None);
+        // Another compiler installed under the same name (another size): run, and remembered anew.
+        fake(&bin, "fakecc 2.0.1");
+        let upgraded = CCompiler::detect_remembered(Some(cc), &cache, None).unwrap();
+        assert_eq!((upgraded.version(), runs(&bin)), ("fakecc 2.0.1", 3));
+    }
 }
