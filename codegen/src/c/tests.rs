@@ -567,7 +567,10 @@ mod dynamic {
                 let mut o = vec![0f32; n * d];
                 let args = [ptr(&mut xv), ptr(&mut rv), ptr(&mut bv), ptr(&mut o)];
                 for r in ranges {
-                    assert_eq!(lib.run_range("poi_fused_add_mul_0", &args, &[n as i64, d as i64], &[], Some(r)), [0; 4]);
+                    assert_eq!(
+                        lib.run_range("poi_fused_add_mul_0", &args, &[n as i64, d as i64], &[], Some(r)),
+                        [0; 4]
+                    );
                 }
                 for i in 0..n * d {
                     let want = xv[i] * rv[i / d] + bv[i % d];
