@@ -75,6 +75,9 @@ def main():
         with tempfile.TemporaryDirectory() as cache:
             cold = coil_round(args.coil, cache, args.shapes, args.reps)
             first, steady = torch_round(args.shapes, args.reps)
+            # PyTorch's OpenMP threads keep spinning after its round (their block time, 200 ms
+            # by default) and would share the 2 cores with coil's warm run: wait them out.
+            time.sleep(0.5)
             warm = coil_round(args.coil, cache, args.shapes, args.reps)
         rows["coil_cold_s"].append(cold["first_pass_s"])
         rows["coil_warm_s"].append(warm["first_pass_s"])
