@@ -77,8 +77,9 @@ void coil_gemm_features(char *const *args, int64_t *status)
     if ((f & 1) && __builtin_cpu_supports("avx512bf16")) f |= 2;
 #endif
 #elif defined(COIL_GEMM_AVX2)
+    /* F16C comes with every CPU that has AVX2 and FMA (and older compilers cannot ask for it) */
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) f |= 4;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) f |= 4;
 #endif
     *(int64_t *)args[0] = f;
 }
