@@ -249,12 +249,53 @@ static inline __m256 coil_gemm_vload_n(const float *p, int64_t n)
     return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, coil_gemm_mask8(n));
 }
 
+/* The first n (< 8) 32-bit words of w, in pieces of 4, 2 and 1: the tails of A's panels (6
+   rows) and of transposed tiles are every store there, and masked stores are slow on some
+   CPUs. */
+static inline void coil_gemm_store_words_part(void *dst, __m256i w, int64_t n)
+{
+    char *d = (char *)dst;
+    __m128i x = _mm256_castsi256_si128(w);
+    if (n >= 4) {
+        _mm_storeu_si128((__m128i *)d, x);
+        x = _mm256_extracti128_si256(w, 1);
+        d += 16;
+        n -= 4;
+    }
+    if (n >= 2) {
+        _mm_storel_epi64((__m128i *)d, x);
+        x = _mm_srli_si128(x, 8);
+        d += 8;
+        n -= 2;
+    }
+    if (n >= 1) _mm_storeu_si32(d, x);
+}
+
+/* The first n (< 8) 16-bit halves of h, likewise. */
+static inline void coil_gemm_store_halves_part(uint16_t *dst, __m128i h, int64_t n)
+{
+    char *d = (char *)dst;
+    if (n >= 4) {
+        _mm_storel_epi64((__m128i *)d, h);
+        h = _mm_srli_si128(h, 8);
+        d += 8;
+        n -= 4;
+    }
+    if (n >= 2) {
+        _mm_storeu_si32(d, h);
+        h = _mm_srli_si128(h, 4);
+        d += 4;
+        n -= 2;
+    }
+    if (n >= 1) _mm_storeu_si16(d, h);
+}
+
 static inline void coil_gemm_store_words(uint32_t *dst, __m256i w, int64_t n)
 {
     if (n >= 8)
         _mm256_storeu_si256((__m256i *)dst, w);
     else if (n > 0)
-        _mm256_maskstore_epi32((int *)dst, coil_gemm_mask8(n), w);
+        coil_gemm_store_words_part(dst, w, n);
 }
 
 /* `n` (<= 8) consecutive elements of a row as 32-bit words (zeros past n): floats, widened
@@ -319,23 +360,17 @@ static inline void coil_gemm_store_out(const coil_gemm_compute_args *c, __m256 x
 {
     if (n <= 0) return;
     if (c->out_dtype == COIL_GEMM_DT_F32) {
-        if (n >= 8)
-            _mm256_storeu_ps((float *)c->out + at, x);
-        else
-            _mm256_maskstore_ps((float *)c->out + at, coil_gemm_mask8(n), x);
+        coil_gemm_store_words((uint32_t *)((float *)c->out + at), _mm256_castps_si256(x), n);
         return;
     }
     const __m128i h = c->out_dtype == COIL_GEMM_DT_BF16
                           ? coil_gemm_bf16x8(x)
                           : _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     uint16_t *o = (uint16_t *)c->out + at;
-    if (n >= 8) {
+    if (n >= 8)
         _mm_storeu_si128((__m128i *)o, h);
-    } else {
-        uint16_t t[8];
-        _mm_storeu_si128((__m128i *)t, h);
-        memcpy(o, t, (size_t)n * 2);
-    }
+    else
+        coil_gemm_store_halves_part(o, h, n);
 }
 #endif
 

@@ -463,3 +463,15 @@ fn widening_products_write_unrounded_f32() {
         }
     }
 }
+
+/// What a CPU without AVX-512 gets: its native build has only the AVX2 kernels, as the build
+/// capped at AVX2 here, and every float type's products go to them (the `Auto` engine then
+/// takes the template, not the crate).
+#[test]
+fn the_avx2_build_multiplies_every_float_type() {
+    let Some(lib) = served(Layout::F32Avx2) else { return };
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        assert_eq!(lib.layout_for(dtype), Some(Layout::F32Avx2), "{dtype}");
+    }
+    assert_eq!(lib.layout_for(DType::F64), None);
+}
