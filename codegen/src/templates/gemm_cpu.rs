@@ -172,7 +172,7 @@ pub enum IsaCap {
 /// ```
 /// use coil_codegen::templates::gemm_cpu::{source, IsaCap};
 /// assert!(source(IsaCap::Avx2).starts_with("#pragma GCC target(\"no-avx512f\")"));
-/// assert!(!source(IsaCap::Native).contains("COIL_GEMM_CAP_AVX2"));
+/// assert!(!source(IsaCap::Native).contains("#define COIL_GEMM_CAP_AVX2"));
 /// ```
 pub fn source(cap: IsaCap) -> String {
     let (mr_f32, nr_f32) = Layout::F32.tile();
