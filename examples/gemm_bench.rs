@@ -5,19 +5,21 @@
 //! ```sh
 //! cargo run --release --example gemm_bench                       # all shapes, 3 rounds
 //! cargo run --release --example gemm_bench -- --rounds 5 --only mlp --reps 30
+//! cargo run --release --example gemm_bench -- --avx2 --torch-avx2 # as a CPU without AVX-512
 //! ```
 //!
-//! Each round times, per product, coil's packed engine, coil's crate engine
-//! (`coil_runtime::cpu::gemm::GemmEngine`), then PyTorch (`python3 -c`, one process per round,
-//! skipped when `python3` cannot import torch): each `--warmup` runs then the median of `--reps`
-//! wall-clock runs, and the mean CPU time of all the process's threads per run (on a machine
-//! other processes load, CPU time / threads is the steadier estimate of an idle machine's wall
-//! time; it also counts pool threads waiting busily). A column's figure is the minimum over
-//! rounds; interleaving rounds spreads other processes' load over the columns alike. coil's runs go straight to the
-//! product (`bmm_bytes_with` on the operands' bytes: no graph); PyTorch's are `F.linear(x, w,
-//! b)` (`nt`, with a bias where the workload has one), `a @ b` (`nn`) and `a.t() @ b` (`tn`),
-//! on operands of the same layouts. The bias + GELU rows time coil's fused epilogue beside
-//! PyTorch's `gelu(linear(...))`. Threads: all cores on both sides.
+//! Each round times, per product, coil's packed engine (and with `--avx2` its AVX2 build),
+//! coil's crate engine (`coil_runtime::cpu::gemm::GemmEngine`), then PyTorch (`python3 -c`,
+//! one process per round, skipped when `python3` cannot import torch): each `--warmup` runs
+//! then the median of `--reps` wall-clock runs, and the mean CPU time of all the process's
+//! threads per run (on a machine other processes load, CPU time / threads is the steadier
+//! estimate of an idle machine's wall time; it also counts pool threads waiting busily). A
+//! column's figure is the minimum over rounds; interleaving rounds spreads other processes' load
+//! over the columns alike. coil's runs go straight to the product (`bmm_bytes_with` on the
+//! operands' bytes: no graph); PyTorch's are `F.linear(x, w, b)` (`nt`, with a bias where the
+//! workload has one), `a @ b` (`nn`) and `a.t() @ b` (`tn`), on operands of the same layouts.
+//! The bias + GELU rows time coil's fused epilogue beside PyTorch's `gelu(linear(...))`.
+//! Threads: all cores on both sides.
 
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
 use coil_ir::DType;
@@ -28,6 +30,7 @@ use std::time::Instant;
 
 const HELP: &str = "\
 usage: gemm_bench [--only SUBSTRING] [--shape D:M:K:N:FORM]... [--rounds N] [--warmup N] [--reps N] [--no-torch]
+                    [--avx2] [--torch-avx2]
 
   --only S      only the products whose name contains S (mlp, gpt2, train, ...)
   --shape P     time this product instead of the suite's (may be given several times): dtype
@@ -36,6 +39,9 @@ usage: gemm_bench [--only SUBSTRING] [--shape D:M:K:N:FORM]... [--rounds N] [--w
   --warmup N    untimed runs before each timing (default 3)
   --reps N      timed runs, median (default 20)
   --no-torch    leave PyTorch out
+  --avx2        also time the template built for AVX2 + FMA only (GemmEngine::PackedAvx2: the
+                kernels a CPU without AVX-512 runs), beside this machine's build
+  --torch-avx2  PyTorch limited to AVX2 (MKL, oneDNN and ATen's own switches, in its process)
 ";
 
 /// How the operands lie: `nt` is `x [m, k] @ w [n, k]^T` (a linear layer), `nn` `a [m, k] @ b
@@ -226,7 +232,10 @@ fn time_coil(p: &Product, engine: GemmEngine, warmup: usize, reps: usize) -> Tim
 }
 
 /// PyTorch's times for `products` (one `python3` process), or `None` without torch.
-fn time_torch(products: &[Product], warmup: usize, reps: usize) -> Option<Vec<Timing>> {
+/// With `avx2`, PyTorch's libraries are limited to AVX2 through their own switches (MKL's
+/// `MKL_ENABLE_INSTRUCTIONS`, oneDNN's `ONEDNN_MAX_CPU_ISA`, ATen's `ATEN_CPU_CAPABILITY`), set
+/// in the child process only.
+fn time_torch(products: &[Product], warmup: usize, reps: usize, avx2: bool) -> Option<Vec<Timing>> {
     const SCRIPT: &str = r#"
 import sys, time, torch
 import torch.nn.functional as F
@@ -267,14 +276,15 @@ for spec in sys.argv[3:]:
     let args = products.iter().map(|p| {
         format!("{}:{}:{}:{}:{}:{}:{}", dtype(p.dtype), p.m, p.n, p.k, p.form.name(), p.bias as u8, p.gelu as u8)
     });
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(SCRIPT)
-        .arg(warmup.to_string())
-        .arg(reps.to_string())
-        .args(args)
-        .output()
-        .ok()?;
+    let mut python = Command::new("python3");
+    if avx2 {
+        python.envs([
+            ("MKL_ENABLE_INSTRUCTIONS", "AVX2"),
+            ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+            ("ATEN_CPU_CAPABILITY", "avx2"),
+        ]);
+    }
+    let out = python.arg("-c").arg(SCRIPT).arg(warmup.to_string()).arg(reps.to_string()).args(args).output().ok()?;
     if !out.status.success() {
         eprintln!("torch column left out: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
         return None;
@@ -310,10 +320,16 @@ fn parse_shape(text: &str) -> Product {
     p("shape", dtype, (dim(m), dim(k), dim(n)), form, false, false)
 }
 
+/// A column of the table: a label and its figure per product.
+struct Column {
+    label: &'static str,
+    times: Vec<Timing>,
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut only, mut rounds, mut warmup, mut reps, mut torch) = (String::new(), 3usize, 3usize, 20usize, true);
-    let mut shapes: Vec<Product> = Vec::new();
+    let (mut shapes, mut avx2, mut torch_avx2): (Vec<Product>, bool, bool) = (Vec::new(), false, false);
     while let Some(a) = args.next() {
         let mut num = |what: &str| -> usize {
             args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{what} takes a number\n{HELP}"))
@@ -325,6 +341,8 @@ fn main() {
             "--warmup" => warmup = num("--warmup"),
             "--reps" => reps = num("--reps"),
             "--no-torch" => torch = false,
+            "--avx2" => avx2 = true,
+            "--torch-avx2" => torch_avx2 = true,
             "--help" | "-h" => {
                 print!("{HELP}");
                 return;
@@ -334,20 +352,30 @@ fn main() {
     }
     let products: Vec<Product> =
         if shapes.is_empty() { PRODUCTS.iter().copied().filter(|p| p.name.contains(&only)).collect() } else { shapes };
+    let mut engines = vec![("pk", GemmEngine::Packed)];
+    if avx2 {
+        engines.push(("a2", GemmEngine::PackedAvx2));
+    }
+    engines.push(("cr", GemmEngine::Crate));
     let none = vec![Timing::NONE; products.len()];
-    let (mut packed, mut crate_, mut torch_t) = (none.clone(), none.clone(), none);
+    let mut columns: Vec<Column> = engines.iter().map(|&(label, _)| Column { label, times: none.clone() }).collect();
+    let mut torch_t = none;
     let mut have_torch = torch;
     for _ in 0..rounds.max(1) {
         for (i, p) in products.iter().enumerate() {
-            packed[i] = packed[i].min(time_coil(p, GemmEngine::Packed, warmup, reps));
-            crate_[i] = crate_[i].min(time_coil(p, GemmEngine::Crate, warmup, reps));
+            for (column, &(_, engine)) in columns.iter_mut().zip(&engines) {
+                column.times[i] = column.times[i].min(time_coil(p, engine, warmup, reps));
+            }
         }
         if have_torch {
-            match time_torch(&products, warmup, reps) {
+            match time_torch(&products, warmup, reps, torch_avx2) {
                 Some(t) => torch_t.iter_mut().zip(t).for_each(|(a, b)| *a = a.min(b)),
                 None => have_torch = false,
             }
         }
+    }
+    if have_torch {
+        columns.push(Column { label: "th", times: torch_t });
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
@@ -359,23 +387,29 @@ fn main() {
          machine; robust to other processes' load, but it counts threads waiting busily). GF: GFLOP/s of the wall time"
     );
     println!(
-        "{:<14} {:<5} {:>14} {:<7} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>7} {:>7} {:>7} | {:>8} {:>8}",
-        "product",
-        "dtype",
-        "m x k x n",
-        "form",
-        "pk_wall",
-        "cr_wall",
-        "th_wall",
-        "pk_cpu",
-        "cr_cpu",
-        "th_cpu",
-        "pk_GF",
-        "cr_GF",
-        "th_GF",
-        "pk/th_w",
-        "pk/th_c"
+        "pk: coil's packed template (this machine's build); {}cr: the gemm crate; th: PyTorch{}{}",
+        if avx2 { "a2: the template built for AVX2 + FMA only; " } else { "" },
+        if torch_avx2 { " limited to AVX2" } else { "" },
+        if have_torch { "" } else { " (left out)" }
     );
+    // ratios of wall times: the template (and its AVX2 build) against the crate and PyTorch
+    let find = |label: &str| columns.iter().position(|c| c.label == label);
+    let ratios: Vec<(String, usize, usize)> = [("pk", "th"), ("a2", "cr"), ("a2", "th")]
+        .into_iter()
+        .filter_map(|(x, y)| Some((format!("{x}/{y}_w"), find(x)?, find(y)?)))
+        .collect();
+    let mut header = format!("{:<14} {:<5} {:>14} {:<7}", "product", "dtype", "m x k x n", "form");
+    for what in ["wall", "cpu", "GF"] {
+        header += " |";
+        for c in &columns {
+            header += &format!(" {:>9}", format!("{}_{what}", c.label));
+        }
+    }
+    header += " |";
+    for (name, _, _) in &ratios {
+        header += &format!(" {name:>8}");
+    }
+    println!("{header}");
     let t = threads as f64;
     for (i, p) in products.iter().enumerate() {
         let gflops = |us: f64| 2.0 * (p.m * p.n * p.k) as f64 / us / 1e3;
@@ -384,24 +418,25 @@ fn main() {
             (true, false) => "+b",
             _ => "",
         };
-        let th = |x: f64| if have_torch { format!("{x:.1}") } else { "-".into() };
-        println!(
-            "{:<14} {:<5} {:>14} {:<7} | {:>9.1} {:>9.1} {:>9} | {:>9.1} {:>9.1} {:>9} | {:>7.0} {:>7.0} {:>7} | {:>8} {:>8}",
+        let mut line = format!(
+            "{:<14} {:<5} {:>14} {:<7}",
             p.name,
             p.dtype.to_string(),
             format!("{}x{}x{}", p.m, p.k, p.n),
-            format!("{}{epilogue}", p.form.name()),
-            packed[i].wall,
-            crate_[i].wall,
-            th(torch_t[i].wall),
-            packed[i].cpu / t,
-            crate_[i].cpu / t,
-            th(torch_t[i].cpu / t),
-            gflops(packed[i].wall),
-            gflops(crate_[i].wall),
-            if have_torch { format!("{:.0}", gflops(torch_t[i].wall)) } else { "-".into() },
-            if have_torch { format!("{:.2}", packed[i].wall / torch_t[i].wall) } else { "-".into() },
-            if have_torch { format!("{:.2}", packed[i].cpu / torch_t[i].cpu) } else { "-".into() },
+            format!("{}{epilogue}", p.form.name())
         );
+        let cells: [&dyn Fn(&Timing) -> String; 3] =
+            [&|x| format!("{:.1}", x.wall), &|x| format!("{:.1}", x.cpu / t), &|x| format!("{:.0}", gflops(x.wall))];
+        for cell in cells {
+            line += " |";
+            for c in &columns {
+                line += &format!(" {:>9}", cell(&c.times[i]));
+            }
+        }
+        line += " |";
+        for &(_, x, y) in &ratios {
+            line += &format!(" {:>8.2}", columns[x].times[i].wall / columns[y].times[i].wall);
+        }
+        println!("{line}");
     }
 }

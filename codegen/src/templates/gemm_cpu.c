@@ -1,15 +1,21 @@
-/* coil's CPU matrix product: packed operands, cache blocking, AVX-512 micro-kernels.
+/* coil's CPU matrix product: packed operands, cache blocking, AVX-512 or AVX2 micro-kernels.
  *
- * Compiled after the C prelude (its half-type conversions and GELU), with COIL_GEMM_MR_F32,
- * COIL_GEMM_NR_F32, COIL_GEMM_MR_BF16 and COIL_GEMM_NR_BF16 defined before it. Every entry point
- * has the generated kernels' signature; args[0] points to its argument struct. No threads of
- * its own: the runtime runs packing and tiles on its pool.
+ * Compiled after the C prelude (its half-type conversions and GELU), with the tile sizes
+ * defined before it: COIL_GEMM_MR_F32 and COIL_GEMM_NR_F32 (AVX-512 f32), COIL_GEMM_MR_BF16 and
+ * COIL_GEMM_NR_BF16 (AVX-512 bf16 pairs), COIL_GEMM_MR_F32_AVX2 and COIL_GEMM_NR_F32_AVX2. Every
+ * entry point has the generated kernels' signature; args[0] points to its argument struct. No
+ * threads of its own: the runtime runs packing and tiles on its pool.
+ *
+ * One instruction set per build: AVX-512 (F, BW, VL; BF16 for the pairs) where the compiler
+ * targets it and COIL_GEMM_CAP_AVX2 is not defined, else AVX2 with FMA and F16C. The code is
+ * written once over vectors of COIL_GEMM_VW floats (16 or 8) and the few operations the
+ * instruction set's section below defines.
  *
  * A matrix to pack is `rows x k` (A: m rows; B: n "rows", its columns), read through element
  * strides `rs` (between rows) and `ks` (along k). It is packed in panels of P rows (P = MR for A,
  * NR for B), zero-padded to whole panels and whole k groups:
- *   layout F32:        panel[k][P]          floats (f16 and bf16 widened exactly)
- *   layout BF16_PAIRS: panel[k / 2][P][2]   bf16 bits, the pairs `vdpbf16ps` multiplies
+ *   layouts F32, F32_AVX2: panel[k][P]          floats (f16 and bf16 widened exactly)
+ *   layout BF16_PAIRS:     panel[k / 2][P][2]   bf16 bits, the pairs `vdpbf16ps` multiplies
  * so the micro-kernel reads both operands with unit stride, whatever their strides were.
  *
  * A tile (MR rows x NR columns) accumulates in registers over a block of k in f32 and, after
@@ -18,11 +24,12 @@
  * passes through the tile in memory: it is the prelude's scalar function, vectorized). When k
  * has several blocks the partial sums wait in an f32 scratch of whole tiles. An output may be
  * the product's transpose (the runtime multiplies b^T a^T to make the larger operand B): each
- * 16 columns of a tile are then transposed in registers and stored as rows. */
+ * VW columns of a tile are then transposed in registers and stored as rows. */
 #include <immintrin.h>
 
 #define COIL_GEMM_LAYOUT_F32 0
 #define COIL_GEMM_LAYOUT_BF16_PAIRS 1
+#define COIL_GEMM_LAYOUT_F32_AVX2 2
 #define COIL_GEMM_DT_F32 0
 #define COIL_GEMM_DT_F16 1
 #define COIL_GEMM_DT_BF16 2
@@ -35,28 +42,60 @@
 #define COIL_GEMM_PREFETCH_ROWS 8
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define COIL_GEMM_HAVE_F32 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(COIL_GEMM_CAP_AVX2)
+#define COIL_GEMM_AVX512 1
+#define COIL_GEMM_VW 16
+#define COIL_GEMM_LAYOUT_WORDS COIL_GEMM_LAYOUT_F32
+#define COIL_GEMM_MR_WORDS COIL_GEMM_MR_F32
+#define COIL_GEMM_NR_WORDS COIL_GEMM_NR_F32
 #if defined(__AVX512BF16__)
 #define COIL_GEMM_HAVE_BF16 1
 #endif
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define COIL_GEMM_AVX2 1
+#define COIL_GEMM_VW 8
+#define COIL_GEMM_LAYOUT_WORDS COIL_GEMM_LAYOUT_F32_AVX2
+#define COIL_GEMM_MR_WORDS COIL_GEMM_MR_F32_AVX2
+#define COIL_GEMM_NR_WORDS COIL_GEMM_NR_F32_AVX2
+#endif
+#if defined(COIL_GEMM_VW)
+/* the layout of floats this build multiplies: F32 (AVX-512) or F32_AVX2 */
+#define COIL_GEMM_HAVE_WORDS 1
 #endif
 
-/* Which layouts this build serves: bit 0 F32, bit 1 BF16_PAIRS (compiled in and supported by
-   the CPU running it: a cached library may have been built for another). */
+/* Which layouts this build serves: bit 0 F32, bit 1 BF16_PAIRS, bit 2 F32_AVX2 (compiled in and
+   supported by the CPU running it: a cached library may have been built for another). */
 void coil_gemm_features(char *const *args, int64_t *status)
 {
     int64_t f = 0;
     (void)status;
-#if defined(COIL_GEMM_HAVE_F32)
+#if defined(COIL_GEMM_AVX512)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
         f |= 1;
 #if defined(COIL_GEMM_HAVE_BF16)
     if ((f & 1) && __builtin_cpu_supports("avx512bf16")) f |= 2;
 #endif
+#elif defined(COIL_GEMM_AVX2)
+    /* F16C comes with every CPU that has AVX2 and FMA (and older compilers cannot ask for it) */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) f |= 4;
 #endif
     *(int64_t *)args[0] = f;
+}
+
+/* Whether this build has the micro-kernel of `layout` (the runtime asks only for those
+   coil_gemm_features reports; anything else is left untouched). */
+static inline int coil_gemm_serves(int64_t layout)
+{
+#if defined(COIL_GEMM_HAVE_BF16)
+    if (layout == COIL_GEMM_LAYOUT_BF16_PAIRS) return 1;
+#endif
+#if defined(COIL_GEMM_HAVE_WORDS)
+    if (layout == COIL_GEMM_LAYOUT_WORDS) return 1;
+#endif
+    (void)layout;
+    return 0;
 }
 
 typedef struct {
@@ -70,9 +109,73 @@ typedef struct {
     void *dst;        /* panel lo: panel p starts at word (p - lo) * P * groups */
 } coil_gemm_pack_args;
 
-#if defined(COIL_GEMM_HAVE_F32)
+typedef struct {
+    int64_t layout;
+    const void *pa;           /* this batch's packed A (all of k) */
+    const void *b;            /* this batch's B, read through the strides below */
+    int64_t b_ns, b_ks, b_dtype;
+    void *bws;                /* room for nc packed B panels of kc */
+    int64_t m, n, k;
+    int64_t kc;               /* k per block, a multiple of the layout's group */
+    int64_t nc;               /* B panels packed at once (kept in L2 while the A panels pass) */
+    int64_t mc;               /* A panels that pass one B block in a row (they stay in L2 too) */
+    int64_t i0, i1, j0, j1;   /* the tiles: A panels [i0, i1) x B panels [j0, j1) */
+    const float *bias;        /* n values (m when transposed), or NULL */
+    int64_t act;
+    void *out;                /* m x n, row stride ldo, of out_dtype */
+    int64_t ldo, out_dtype;
+    float *acc;               /* partial sums of whole tiles, row stride ldacc (several k blocks) */
+    int64_t ldacc;
+    int64_t transposed;       /* out holds the n x m transpose (row stride ldo); the bias runs
+                                 along m */
+} coil_gemm_compute_args;
+
+/* ---- The instruction set's vectors: VW floats (coil_gemm_vf) or 32-bit words (coil_gemm_vi).
+   Each section defines the same operations; `n` counts the lanes that are read or written (the
+   rest read as zeros, or are left alone). ---- */
+
+#if defined(COIL_GEMM_AVX512)
+typedef __m512 coil_gemm_vf;
+typedef __m512i coil_gemm_vi;
+#define coil_gemm_vzero() _mm512_setzero_ps()
+#define coil_gemm_vi_zero() _mm512_setzero_si512()
+#define coil_gemm_vload(p) _mm512_loadu_ps(p)
+#define coil_gemm_vstore(p, x) _mm512_storeu_ps((p), (x))
+#define coil_gemm_vset1(x) _mm512_set1_ps(x)
+#define coil_gemm_vadd(x, y) _mm512_add_ps((x), (y))
+#define coil_gemm_vfmadd(x, y, z) _mm512_fmadd_ps((x), (y), (z))
+#define coil_gemm_vi_of(x) _mm512_castps_si512(x)
+#define coil_gemm_vf_of(x) _mm512_castsi512_ps(x)
+
+static inline __mmask16 coil_gemm_mask16(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+static inline __m512 coil_gemm_vload_n(const float *p, int64_t n)
+{
+    return _mm512_maskz_loadu_ps(coil_gemm_mask16(n), p);
+}
+
+static inline void coil_gemm_store_words(uint32_t *dst, __m512i w, int64_t n)
+{
+    _mm512_mask_storeu_epi32(dst, coil_gemm_mask16(n), w);
+}
+
+/* `n` (<= 16) consecutive elements of a row as 32-bit words (zeros past n): floats, widened
+   halves, or (pairs) 2n bf16 as n words. */
+static inline __m512i coil_gemm_load_words(const void *src, int64_t dtype, int pairs, int64_t at, int64_t n)
+{
+    const __mmask16 m = coil_gemm_mask16(n);
+    if (pairs) return _mm512_maskz_loadu_epi32(m, (const uint16_t *)src + at);
+    if (dtype == COIL_GEMM_DT_F32) return _mm512_maskz_loadu_epi32(m, (const float *)src + at);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)src + at);
+    if (dtype == COIL_GEMM_DT_F16) return _mm512_castps_si512(_mm512_cvtph_ps(h));
+    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+}
+
 /* Transposes 16 x 16 32-bit words in place: r[i] element j becomes r[j] element i. */
-static inline void coil_gemm_transpose16(__m512i r[16])
+static inline void coil_gemm_transpose(__m512i r[16])
 {
     __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
@@ -96,23 +199,184 @@ static inline void coil_gemm_transpose16(__m512i r[16])
     }
 }
 
-static inline __mmask16 coil_gemm_mask16(int64_t n)
+/* 16 floats rounded to bf16 as coil_f32_to_bf16 rounds one (to nearest even, NaN made quiet). */
+static inline __m256i coil_gemm_bf16x16(__m512 x)
 {
-    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
 }
 
-/* `n` (<= 16) consecutive elements of a row as 32-bit words (zeros past n): floats, widened
+/* `n` output elements from `at` in the output type. f16: F16C's rounding to nearest even, the
+   prelude's coil_f32_to_f16 (subnormals, overflow to inf, quiet NaN). */
+static inline void coil_gemm_store_out(const coil_gemm_compute_args *c, __m512 x, int64_t at, int64_t n)
+{
+    const __mmask16 keep = coil_gemm_mask16(n);
+    if (c->out_dtype == COIL_GEMM_DT_F32)
+        _mm512_mask_storeu_ps((float *)c->out + at, keep, x);
+    else if (c->out_dtype == COIL_GEMM_DT_BF16)
+        _mm256_mask_storeu_epi16((uint16_t *)c->out + at, keep, coil_gemm_bf16x16(x));
+    else
+        _mm256_mask_storeu_epi16((uint16_t *)c->out + at, keep, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+#elif defined(COIL_GEMM_AVX2)
+typedef __m256 coil_gemm_vf;
+typedef __m256i coil_gemm_vi;
+#define coil_gemm_vzero() _mm256_setzero_ps()
+#define coil_gemm_vi_zero() _mm256_setzero_si256()
+#define coil_gemm_vload(p) _mm256_loadu_ps(p)
+#define coil_gemm_vstore(p, x) _mm256_storeu_ps((p), (x))
+#define coil_gemm_vset1(x) _mm256_set1_ps(x)
+#define coil_gemm_vadd(x, y) _mm256_add_ps((x), (y))
+#define coil_gemm_vfmadd(x, y, z) _mm256_fmadd_ps((x), (y), (z))
+#define coil_gemm_vi_of(x) _mm256_castps_si256(x)
+#define coil_gemm_vf_of(x) _mm256_castsi256_ps(x)
+
+/* lanes [0, n) set */
+static inline __m256i coil_gemm_mask8(int64_t n)
+{
+    const int c = n >= 8 ? 8 : n <= 0 ? 0 : (int)n;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline __m256 coil_gemm_vload_n(const float *p, int64_t n)
+{
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, coil_gemm_mask8(n));
+}
+
+/* The first n (< 8) 32-bit words of w, in pieces of 4, 2 and 1: the tails of A's panels (6
+   rows) and of transposed tiles are every store there, and masked stores are slow on some
+   CPUs. */
+static inline void coil_gemm_store_words_part(void *dst, __m256i w, int64_t n)
+{
+    char *d = (char *)dst;
+    __m128i x = _mm256_castsi256_si128(w);
+    if (n >= 4) {
+        _mm_storeu_si128((__m128i *)d, x);
+        x = _mm256_extracti128_si256(w, 1);
+        d += 16;
+        n -= 4;
+    }
+    if (n >= 2) {
+        _mm_storel_epi64((__m128i *)d, x);
+        x = _mm_srli_si128(x, 8);
+        d += 8;
+        n -= 2;
+    }
+    if (n >= 1) _mm_storeu_si32(d, x);
+}
+
+/* The first n (< 8) 16-bit halves of h, likewise. */
+static inline void coil_gemm_store_halves_part(uint16_t *dst, __m128i h, int64_t n)
+{
+    char *d = (char *)dst;
+    if (n >= 4) {
+        _mm_storel_epi64((__m128i *)d, h);
+        h = _mm_srli_si128(h, 8);
+        d += 8;
+        n -= 4;
+    }
+    if (n >= 2) {
+        _mm_storeu_si32(d, h);
+        h = _mm_srli_si128(h, 4);
+        d += 4;
+        n -= 2;
+    }
+    if (n >= 1) _mm_storeu_si16(d, h);
+}
+
+static inline void coil_gemm_store_words(uint32_t *dst, __m256i w, int64_t n)
+{
+    if (n >= 8)
+        _mm256_storeu_si256((__m256i *)dst, w);
+    else if (n > 0)
+        coil_gemm_store_words_part(dst, w, n);
+}
+
+/* `n` (<= 8) consecutive elements of a row as 32-bit words (zeros past n): floats, widened
    halves, or (pairs) 2n bf16 as n words. */
-static inline __m512i coil_gemm_load_words(const void *src, int64_t dtype, int pairs, int64_t at, int64_t n)
+static inline __m256i coil_gemm_load_words(const void *src, int64_t dtype, int pairs, int64_t at, int64_t n)
 {
-    const __mmask16 m = coil_gemm_mask16(n);
-    if (pairs) return _mm512_maskz_loadu_epi32(m, (const uint16_t *)src + at);
-    if (dtype == COIL_GEMM_DT_F32) return _mm512_maskz_loadu_epi32(m, (const float *)src + at);
-    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)src + at);
-    if (dtype == COIL_GEMM_DT_F16) return _mm512_castps_si512(_mm512_cvtph_ps(h));
-    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+    if (pairs || dtype == COIL_GEMM_DT_F32) {
+        const int *w = pairs ? (const int *)((const uint16_t *)src + at) : (const int *)((const float *)src + at);
+        return n >= 8 ? _mm256_loadu_si256((const __m256i *)w) : _mm256_maskload_epi32(w, coil_gemm_mask8(n));
+    }
+    __m128i h;
+    if (n >= 8) {
+        h = _mm_loadu_si128((const __m128i *)((const uint16_t *)src + at));
+    } else {
+        /* a row's tail: no masked 16-bit loads before AVX-512 */
+        uint16_t t[8] = {0};
+        memcpy(t, (const uint16_t *)src + at, (size_t)(n > 0 ? n : 0) * 2);
+        h = _mm_loadu_si128((const __m128i *)t);
+    }
+    if (dtype == COIL_GEMM_DT_F16) return _mm256_castps_si256(_mm256_cvtph_ps(h));
+    return _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
 }
 
+/* Transposes 8 x 8 32-bit words in place: r[i] element j becomes r[j] element i. */
+static inline void coil_gemm_transpose(__m256i r[8])
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(_mm256_castsi256_ps(r[i]), _mm256_castsi256_ps(r[i + 1]));
+        t[i + 1] = _mm256_unpackhi_ps(_mm256_castsi256_ps(r[i]), _mm256_castsi256_ps(r[i + 1]));
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_castps_si256(_mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+        r[i + 4] = _mm256_castps_si256(_mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+    }
+}
+
+/* 8 floats rounded to bf16 as coil_f32_to_bf16 rounds one (to nearest even, NaN made quiet). */
+static inline __m128i coil_gemm_bf16x8(__m256 x)
+{
+    const __m256i b = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    /* |x| and infinity are non-negative as signed words: a signed compare finds the NaNs */
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+    const __m256i h = _mm256_blendv_epi8(r, quiet, nan);
+    /* every word is below 0x10000: the unsigned saturation keeps it */
+    return _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* `n` output elements from `at` in the output type. f16: F16C's rounding to nearest even, the
+   prelude's coil_f32_to_f16 (subnormals, overflow to inf, quiet NaN). */
+static inline void coil_gemm_store_out(const coil_gemm_compute_args *c, __m256 x, int64_t at, int64_t n)
+{
+    if (n <= 0) return;
+    if (c->out_dtype == COIL_GEMM_DT_F32) {
+        coil_gemm_store_words((uint32_t *)((float *)c->out + at), _mm256_castps_si256(x), n);
+        return;
+    }
+    const __m128i h = c->out_dtype == COIL_GEMM_DT_BF16
+                          ? coil_gemm_bf16x8(x)
+                          : _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    uint16_t *o = (uint16_t *)c->out + at;
+    if (n >= 8)
+        _mm_storeu_si128((__m128i *)o, h);
+    else
+        coil_gemm_store_halves_part(o, h, n);
+}
+#endif
+
+/* ---- Packing ---- */
+
+#if defined(COIL_GEMM_HAVE_WORDS)
 static inline float coil_gemm_load_f32(const void *src, int64_t dtype, int64_t at)
 {
     if (dtype == COIL_GEMM_DT_F32) return ((const float *)src)[at];
@@ -129,23 +393,25 @@ static void coil_gemm_pack_by_k(const coil_gemm_pack_args *p)
     const int64_t P = p->panel, K = p->k, ks = p->ks, groups = pairs ? (K + 1) / 2 : K;
     const int64_t whole = pairs ? K / 2 : K;
     const int64_t esize = p->dtype == COIL_GEMM_DT_F32 ? 4 : 2;
+#if defined(COIL_GEMM_AVX512)
     const uint16_t *h = (const uint16_t *)p->src;
     /* interleaving the bf16 of k = 2g (x) and 2g + 1 (y) */
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
                                         39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+#endif
     for (int64_t g = 0; g < whole; g++)
         for (int64_t panel = p->lo; panel < p->hi; panel++) {
             const int64_t r0 = panel * P, rows = p->rows - r0 < P ? p->rows - r0 : P;
             uint32_t *dst = (uint32_t *)p->dst + (panel - p->lo) * P * groups + g * P;
             if (!pairs) {
-                for (int64_t rb = 0; rb < P; rb += 16) {
+                for (int64_t rb = 0; rb < P; rb += COIL_GEMM_VW) {
                     _mm_prefetch((const char *)p->src + (r0 + rb + (g + COIL_GEMM_PREFETCH_ROWS) * ks) * esize, _MM_HINT_T0);
-                    __m512i w = coil_gemm_load_words(p->src, p->dtype, 0, r0 + rb + g * ks, rows - rb);
-                    _mm512_mask_storeu_epi32(dst + rb, coil_gemm_mask16(P - rb), w);
+                    coil_gemm_store_words(dst + rb, coil_gemm_load_words(p->src, p->dtype, 0, r0 + rb + g * ks, rows - rb), P - rb);
                 }
                 continue;
             }
+#if defined(COIL_GEMM_AVX512)
             for (int64_t rb = 0; rb < P; rb += 32) {
                 const uint16_t *x = h + r0 + rb + 2 * g * ks, *y = x + ks;
                 _mm_prefetch((const char *)(x + 2 * COIL_GEMM_PREFETCH_ROWS * ks), _MM_HINT_T0);
@@ -155,6 +421,7 @@ static void coil_gemm_pack_by_k(const coil_gemm_pack_args *p)
                 _mm512_mask_storeu_epi32(dst + rb, coil_gemm_mask16(P - rb), _mm512_permutex2var_epi16(vx, lo, vy));
                 _mm512_mask_storeu_epi32(dst + rb + 16, coil_gemm_mask16(P - rb - 16), _mm512_permutex2var_epi16(vx, hi, vy));
             }
+#endif
         }
 }
 
@@ -163,6 +430,7 @@ static void coil_gemm_pack_by_k(const coil_gemm_pack_args *p)
    left (the odd k of pairs). */
 static inline void coil_gemm_pack_panel(const coil_gemm_pack_args *p, int64_t r0, uint32_t *dst)
 {
+    enum { VW = COIL_GEMM_VW };
     const int pairs = p->layout == COIL_GEMM_LAYOUT_BF16_PAIRS;
     const int64_t P = p->panel, K = p->k, rows = p->rows - r0 < P ? p->rows - r0 : P;
     const int64_t rs = p->rs, ks = p->ks, groups = pairs ? (K + 1) / 2 : K;
@@ -173,15 +441,15 @@ static inline void coil_gemm_pack_panel(const coil_gemm_pack_args *p, int64_t r0
     const int64_t esize = p->dtype == COIL_GEMM_DT_F32 ? 4 : 2;
     int64_t g0 = 0;
     if (ks == 1) {
-        /* k contiguous in each row (A row-major, B a transposed weight): 16 x 16 transposes */
-        for (; g0 < whole; g0 += 16) {
-            const int64_t ng = whole - g0 < 16 ? whole - g0 : 16;
-            for (int64_t rb = 0; rb < P; rb += 16) {
-                __m512i w[16];
-                for (int64_t i = 0; i < 16; i++) {
+        /* k contiguous in each row (A row-major, B a transposed weight): VW x VW transposes */
+        for (; g0 < whole; g0 += VW) {
+            const int64_t ng = whole - g0 < VW ? whole - g0 : VW;
+            for (int64_t rb = 0; rb < P; rb += VW) {
+                coil_gemm_vi w[VW];
+                for (int64_t i = 0; i < VW; i++) {
                     const int64_t r = rb + i;
                     if (r >= rows) {
-                        w[i] = _mm512_setzero_si512();
+                        w[i] = coil_gemm_vi_zero();
                         continue;
                     }
                     const int64_t at = (r0 + r) * rs + g0 * (pairs + 1);
@@ -189,9 +457,8 @@ static inline void coil_gemm_pack_panel(const coil_gemm_pack_args *p, int64_t r0
                     _mm_prefetch((const char *)p->src + (at + COIL_GEMM_PREFETCH_WORDS * (pairs + 1)) * esize, _MM_HINT_T0);
                     w[i] = coil_gemm_load_words(p->src, p->dtype, pairs, at, ng);
                 }
-                coil_gemm_transpose16(w);
-                const __mmask16 keep = coil_gemm_mask16(P - rb);
-                for (int64_t g = 0; g < ng; g++) _mm512_mask_storeu_epi32(dst + (g0 + g) * P + rb, keep, w[g]);
+                coil_gemm_transpose(w);
+                for (int64_t g = 0; g < ng; g++) coil_gemm_store_words(dst + (g0 + g) * P + rb, w[g], P - rb);
             }
         }
         g0 = whole;
@@ -212,43 +479,22 @@ static inline void coil_gemm_pack_panel(const coil_gemm_pack_args *p, int64_t r0
             memcpy(dst + g * P + r, e, 4);
         }
 }
-
 #endif
 
 void coil_gemm_pack(char *const *args, int64_t *status)
 {
     const coil_gemm_pack_args *p = (const coil_gemm_pack_args *)args[0];
     (void)status;
-#if defined(COIL_GEMM_HAVE_F32)
+    if (!coil_gemm_serves(p->layout)) return;
+#if defined(COIL_GEMM_HAVE_WORDS)
     const int64_t groups = p->layout == COIL_GEMM_LAYOUT_BF16_PAIRS ? (p->k + 1) / 2 : p->k;
     if (p->rs == 1 && p->ks != 1) coil_gemm_pack_by_k(p);
     for (int64_t panel = p->lo; panel < p->hi; panel++)
         coil_gemm_pack_panel(p, panel * p->panel, (uint32_t *)p->dst + (panel - p->lo) * p->panel * groups);
-#else
-    (void)p;
 #endif
 }
 
-typedef struct {
-    int64_t layout;
-    const void *pa;           /* this batch's packed A (all of k) */
-    const void *b;            /* this batch's B, read through the strides below */
-    int64_t b_ns, b_ks, b_dtype;
-    void *bws;                /* room for nc packed B panels of kc */
-    int64_t m, n, k;
-    int64_t kc;               /* k per block, a multiple of the layout's group */
-    int64_t nc;               /* B panels packed at once (kept in L2 while the A panels pass) */
-    int64_t mc;               /* A panels that pass one B block in a row (they stay in L2 too) */
-    int64_t i0, i1, j0, j1;   /* the tiles: A panels [i0, i1) x B panels [j0, j1) */
-    const float *bias;        /* n values (m when transposed), or NULL */
-    int64_t act;
-    void *out;                /* m x n, row stride ldo, of out_dtype */
-    int64_t ldo, out_dtype;
-    float *acc;               /* partial sums of whole tiles, row stride ldacc (several k blocks) */
-    int64_t ldacc;
-    int64_t transposed;       /* out holds the n x m transpose (row stride ldo); the bias runs
-                                 along m */
-} coil_gemm_compute_args;
+/* ---- Micro-kernels ---- */
 
 /* The activation over a tile of n floats (a whole tile: one vector loop without a remainder). */
 static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
@@ -257,32 +503,6 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
     for (int64_t i = 0; i < n; i++) t[i] = coil_gelu_tanh_f32(t[i]);
 }
 
-#if defined(COIL_GEMM_HAVE_F32)
-/* 16 floats rounded to bf16 as coil_f32_to_bf16 rounds one (to nearest even, NaN made quiet). */
-static inline __m256i coil_gemm_bf16x16(__m512 x)
-{
-    const __m512i b = _mm512_castps_si512(x);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan =
-        _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
-}
-
-/* 16 output elements from `at` (the lanes of `keep`) in the output type. f16: F16C's rounding
-   to nearest even, the prelude's coil_f32_to_f16 (subnormals, overflow to inf, quiet NaN). */
-static inline void coil_gemm_store16(const coil_gemm_compute_args *c, __m512 x, int64_t at, __mmask16 keep)
-{
-    if (c->out_dtype == COIL_GEMM_DT_F32)
-        _mm512_mask_storeu_ps((float *)c->out + at, keep, x);
-    else if (c->out_dtype == COIL_GEMM_DT_BF16)
-        _mm256_mask_storeu_epi16((uint16_t *)c->out + at, keep, coil_gemm_bf16x16(x));
-    else
-        _mm256_mask_storeu_epi16((uint16_t *)c->out + at, keep, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-#endif
-
 /* The micro-kernel of one layout: an MR x NR tile in NV vectors per row, over `steps` k groups
    of GROUP elements; a first block starts from zero, a later one from acc; a last block ends in
    the output, an earlier one in acc. LOAD_B(p) and FMA(acc, a_ptr, b) are the layout's. */
@@ -290,16 +510,16 @@ static inline void coil_gemm_store16(const coil_gemm_compute_args *c, __m512 x, 
     static void NAME(const coil_gemm_compute_args *c, const ELEM *a, const ELEM *b, int64_t steps, \
                      int64_t row, int64_t col, int first, int last)                                \
     {                                                                                              \
-        enum { NV = (NR) / 16 };                                                                   \
+        enum { VW = COIL_GEMM_VW, NV = (NR) / COIL_GEMM_VW };                                      \
         float *acc = c->acc ? c->acc + row * c->ldacc + col : 0;                                   \
-        __m512 t[MR][NV];                                                                          \
+        coil_gemm_vf t[MR][NV];                                                                    \
         _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                    \
             _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
-                t[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * c->ldacc + 16 * v); \
+                t[r][v] = first ? coil_gemm_vzero() : coil_gemm_vload(acc + r * c->ldacc + VW * v); \
         for (int64_t s = 0; s < steps; s++) {                                                      \
             BVEC bv[NV];                                                                           \
             _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
-                bv[v] = LOAD_B(b + (s * (NR) + 16 * v) * (GROUP));                                 \
+                bv[v] = LOAD_B(b + (s * (NR) + VW * v) * (GROUP));                                 \
             _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
                 const ELEM *ap = a + (s * (MR) + r) * (GROUP);                                     \
                 _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = FMA(t[r][v], ap, bv[v]); \
@@ -308,61 +528,62 @@ static inline void coil_gemm_store16(const coil_gemm_compute_args *c, __m512 x, 
         if (!last) {                                                                               \
             _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
                 _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
-                    _mm512_storeu_ps(acc + r * c->ldacc + 16 * v, t[r][v]);                        \
+                    coil_gemm_vstore(acc + r * c->ldacc + VW * v, t[r][v]);                        \
             return;                                                                                \
         }                                                                                          \
         const int64_t mv = c->m - row < (MR) ? c->m - row : (MR);                                  \
         const int64_t nv = c->n - col < (NR) ? c->n - col : (NR);                                  \
         if (c->bias && c->transposed) {                                                            \
             _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
-                const __m512 bias = _mm512_set1_ps(row + r < c->m ? c->bias[row + r] : 0.0f);     \
-                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = _mm512_add_ps(t[r][v], bias); \
+                const coil_gemm_vf bias = coil_gemm_vset1(row + r < c->m ? c->bias[row + r] : 0.0f); \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = coil_gemm_vadd(t[r][v], bias); \
             }                                                                                      \
         } else if (c->bias) {                                                                      \
             _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                 \
-                const __m512 bias = _mm512_maskz_loadu_ps(coil_gemm_mask16(nv - 16 * v), c->bias + col + 16 * v); \
-                _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) t[r][v] = _mm512_add_ps(t[r][v], bias); \
+                const coil_gemm_vf bias = coil_gemm_vload_n(c->bias + col + VW * v, nv - VW * v);  \
+                _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) t[r][v] = coil_gemm_vadd(t[r][v], bias); \
             }                                                                                      \
         }                                                                                          \
         if (c->act == COIL_GEMM_ACT_GELU_TANH) {                                                   \
             float tile[(MR) * (NR)] __attribute__((aligned(64)));                                  \
             _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
                 _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
-                    _mm512_store_ps(tile + r * (NR) + 16 * v, t[r][v]);                            \
+                    coil_gemm_vstore(tile + r * (NR) + VW * v, t[r][v]);                           \
             coil_gemm_gelu_tile(tile, (MR) * (NR));                                                \
             _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
                 _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
-                    t[r][v] = _mm512_load_ps(tile + r * (NR) + 16 * v);                            \
+                    t[r][v] = coil_gemm_vload(tile + r * (NR) + VW * v);                           \
         }                                                                                          \
         /* rounded and stored from the registers */                                                \
         if (c->transposed) {                                                                       \
-            /* each 16 columns of the tile transposed: 16 rows of out, mv elements each */         \
+            /* each VW columns of the tile transposed: VW rows of out, mv elements each */         \
             _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                 \
-                __m512i w[16];                                                                     \
-                _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)                              \
-                    w[r] = r < (MR) ? _mm512_castps_si512(t[r < (MR) ? r : 0][v]) : _mm512_setzero_si512(); \
-                coil_gemm_transpose16(w);                                                          \
-                for (int64_t q = 0; q < 16 && 16 * v + q < nv; q++)                                \
-                    coil_gemm_store16(c, _mm512_castsi512_ps(w[q]), (col + 16 * v + q) * c->ldo + row, coil_gemm_mask16(mv)); \
+                coil_gemm_vi w[VW];                                                                \
+                _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++)                              \
+                    w[r] = r < (MR) ? coil_gemm_vi_of(t[r < (MR) ? r : 0][v]) : coil_gemm_vi_zero(); \
+                coil_gemm_transpose(w);                                                            \
+                for (int64_t q = 0; q < VW && VW * v + q < nv; q++)                                \
+                    coil_gemm_store_out(c, coil_gemm_vf_of(w[q]), (col + VW * v + q) * c->ldo + row, mv); \
             }                                                                                      \
             return;                                                                                \
         }                                                                                          \
         _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                                  \
             if (r >= mv) break;                                                                    \
             _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
-                coil_gemm_store16(c, t[r][v], (row + r) * c->ldo + col + 16 * v, coil_gemm_mask16(nv - 16 * v)); \
+                coil_gemm_store_out(c, t[r][v], (row + r) * c->ldo + col + VW * v, nv - VW * v);   \
         }                                                                                          \
     }
 
-#if COIL_GEMM_MR_F32 > 16 || COIL_GEMM_MR_BF16 > 16
-#error "a transposed tile store transposes 16 rows at most"
+#if defined(COIL_GEMM_HAVE_WORDS)
+#if COIL_GEMM_MR_WORDS > COIL_GEMM_VW || (defined(COIL_GEMM_HAVE_BF16) && COIL_GEMM_MR_BF16 > COIL_GEMM_VW)
+#error "a transposed tile store transposes one vector's rows at most"
 #endif
-
-#if defined(COIL_GEMM_HAVE_F32)
-#define COIL_GEMM_LOAD_F32(p) _mm512_loadu_ps(p)
-#define COIL_GEMM_FMA_F32(acc, ap, b) _mm512_fmadd_ps(_mm512_set1_ps(*(ap)), (b), (acc))
-COIL_GEMM_MICRO(coil_gemm_micro_f32, COIL_GEMM_MR_F32, COIL_GEMM_NR_F32, float, 1, __m512,
-                COIL_GEMM_LOAD_F32, COIL_GEMM_FMA_F32)
+#if COIL_GEMM_NR_WORDS % COIL_GEMM_VW != 0
+#error "NR is whole vectors"
+#endif
+#define COIL_GEMM_FMA_F32(acc, ap, b) coil_gemm_vfmadd(coil_gemm_vset1(*(ap)), (b), (acc))
+COIL_GEMM_MICRO(coil_gemm_micro_f32, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, coil_gemm_vf,
+                coil_gemm_vload, COIL_GEMM_FMA_F32)
 #endif
 
 #if defined(COIL_GEMM_HAVE_BF16)
@@ -380,11 +601,16 @@ void coil_gemm_compute(char *const *args, int64_t *status)
 {
     const coil_gemm_compute_args *c = (const coil_gemm_compute_args *)args[0];
     (void)status;
-#if defined(COIL_GEMM_HAVE_F32)
+    if (!coil_gemm_serves(c->layout)) return;
+#if defined(COIL_GEMM_HAVE_WORDS)
     const int pairs = c->layout == COIL_GEMM_LAYOUT_BF16_PAIRS;
     const int64_t group = pairs ? 2 : 1, kp = (c->k + group - 1) / group * group;
-    const int64_t mr = pairs ? COIL_GEMM_MR_BF16 : COIL_GEMM_MR_F32;
-    const int64_t nr = pairs ? COIL_GEMM_NR_BF16 : COIL_GEMM_NR_F32;
+#if defined(COIL_GEMM_HAVE_BF16)
+    const int64_t mr = pairs ? COIL_GEMM_MR_BF16 : COIL_GEMM_MR_WORDS;
+    const int64_t nr = pairs ? COIL_GEMM_NR_BF16 : COIL_GEMM_NR_WORDS;
+#else
+    const int64_t mr = COIL_GEMM_MR_WORDS, nr = COIL_GEMM_NR_WORDS;
+#endif
     const int64_t b_size = c->b_dtype == COIL_GEMM_DT_F32 ? 4 : 2;
     for (int64_t jb = c->j0; jb < c->j1; jb += c->nc) {
         const int64_t je = jb + c->nc < c->j1 ? jb + c->nc : c->j1;
@@ -417,7 +643,5 @@ void coil_gemm_compute(char *const *args, int64_t *status)
             }
         }
     }
-#else
-    (void)c;
 #endif
 }

@@ -1,5 +1,5 @@
 //! The CPU matrix product template (`gemm_cpu.c`): packed operands, cache blocking and
-//! AVX-512 micro-kernels, for `ExternCall::Bmm` on f32, f16 and bf16 (the runtime's
+//! AVX-512 or AVX2 micro-kernels, for `ExternCall::Bmm` on f32, f16 and bf16 (the runtime's
 //! `coil_runtime::cpu::gemm_packed` compiles [`source`] once per process with the system C
 //! compiler and runs it on its thread pool).
 //!
@@ -11,7 +11,9 @@
 //!   k, multiplied and summed into f32 by `vdpbf16ps` (oneDNN's instruction for PyTorch's bf16
 //!   products): 2 k per instruction. Its inputs' subnormals count as zero, as oneDNN's do;
 //! * [`Layout::F32`] (f32, f16, and bf16 without AVX512-BF16): words are floats, f16 and bf16
-//!   widened exactly while packing; `vfmadd` over k.
+//!   widened exactly while packing; `vfmadd` over k on 512-bit vectors;
+//! * [`Layout::F32Avx2`] (every float type on a CPU without AVX-512, or a build capped at AVX2,
+//!   [`IsaCap::Avx2`]): the same words in narrower panels, `vfmadd` on 256-bit vectors.
 //!
 //! A micro-kernel keeps an MR x NR tile of f32 sums in registers. After the last block of k
 //! the tile gets the bias, the activation (the prelude's `coil_gelu_tanh_f32`, the function a
@@ -25,8 +27,10 @@
 //! once where A is read, written and read again, so the runtime makes the larger operand B:
 //! for `m >= 2n` it computes `b^T a^T` into a transposed output ([`ComputeArgs::transposed`]).
 //!
-//! Without AVX-512 (F, BW, VL) the library serves nothing ([`FEATURES_KERNEL`] says so) and
-//! the runtime multiplies with the `gemm` crate instead.
+//! One build holds one instruction set's kernels: AVX-512 (F, BW, VL) where the compiler
+//! targets it, else AVX2 with FMA and F16C ([`FEATURES_KERNEL`] says which layouts a build
+//! serves on the CPU running it). Without either the library serves nothing and the runtime
+//! multiplies with the `gemm` crate instead.
 
 use crate::c::prelude;
 use coil_ir::DType;
@@ -52,29 +56,47 @@ pub enum Layout {
     F32,
     /// Two bf16 of consecutive k per word; `vdpbf16ps`.
     Bf16Pairs,
+    /// One f32 per word, in the AVX2 kernels' panels; f32 FMA on 256-bit vectors.
+    F32Avx2,
 }
 
 impl Layout {
+    /// Every layout.
+    pub const ALL: [Layout; 3] = [Layout::F32, Layout::Bf16Pairs, Layout::F32Avx2];
+
     /// Elements of k per word.
     pub fn group(self) -> usize {
         match self {
-            Layout::F32 => 1,
+            Layout::F32 | Layout::F32Avx2 => 1,
             Layout::Bf16Pairs => 2,
         }
     }
 
-    /// The micro-kernel's tile: (MR rows of A, NR columns of B). NR is a multiple of 16 (f32
-    /// lanes of a vector); MR x NR / 16 accumulators and the NR / 16 vectors of B fill most of
-    /// the 32 vector registers.
+    /// The micro-kernel's tile: (MR rows of A, NR columns of B). NR is a multiple of the f32
+    /// lanes of a vector ([`Layout::lanes`]) and MR at most that many (a transposed store
+    /// transposes one vector's rows); MR x NR / lanes accumulators, the NR / lanes vectors of B
+    /// and a broadcast of A fill most of the vector registers (32 with AVX-512, 16 with AVX2).
     ///
     /// ```
     /// use coil_codegen::templates::gemm_cpu::Layout;
-    /// assert_eq!(Layout::Bf16Pairs.tile().1 % 16, 0);
+    /// for layout in Layout::ALL {
+    ///     let (mr, nr) = layout.tile();
+    ///     assert!(nr % layout.lanes() == 0 && mr <= layout.lanes());
+    /// }
     /// ```
     pub fn tile(self) -> (usize, usize) {
         match self {
             Layout::F32 => (12, 32),
             Layout::Bf16Pairs => (12, 32),
+            Layout::F32Avx2 => (6, 16),
+        }
+    }
+
+    /// f32 lanes of the micro-kernel's vectors: 16 (AVX-512) or 8 (AVX2).
+    pub fn lanes(self) -> usize {
+        match self {
+            Layout::F32 | Layout::Bf16Pairs => 16,
+            Layout::F32Avx2 => 8,
         }
     }
 
@@ -88,6 +110,7 @@ impl Layout {
         match self {
             Layout::F32 => 1,
             Layout::Bf16Pairs => 2,
+            Layout::F32Avx2 => 4,
         }
     }
 
@@ -96,6 +119,7 @@ impl Layout {
         match self {
             Layout::F32 => 0,
             Layout::Bf16Pairs => 1,
+            Layout::F32Avx2 => 2,
         }
     }
 
@@ -128,13 +152,41 @@ pub const ACT_NONE: i64 = 0;
 /// [`ComputeArgs::act`] for the tanh GELU.
 pub const ACT_GELU_TANH: i64 = 1;
 
-/// The translation unit: the C prelude (conversions, GELU), the tile sizes, [`SOURCE`].
-pub fn source() -> String {
+/// The most a build of the template may use of the instructions the compiler targets (the
+/// system compiler builds for the machine it runs on, `-march=native`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IsaCap {
+    /// Everything the compiler targets: AVX-512 kernels where it targets AVX-512 F, BW and VL,
+    /// else AVX2 ones.
+    Native,
+    /// AVX2, FMA and F16C at most: the AVX-512 extensions are switched off for the whole
+    /// translation unit (`#pragma GCC target("no-avx512f")`, which gcc honours; other compilers
+    /// still pick the AVX2 kernels), so that a machine with AVX-512 builds and runs what a CPU
+    /// without it (most laptops' since Alder Lake) does.
+    Avx2,
+}
+
+/// The translation unit for `cap`: the C prelude (conversions, GELU), the tile sizes,
+/// [`SOURCE`].
+///
+/// ```
+/// use coil_codegen::templates::gemm_cpu::{source, IsaCap};
+/// assert!(source(IsaCap::Avx2).starts_with("#pragma GCC target(\"no-avx512f\")"));
+/// assert!(!source(IsaCap::Native).contains("#define COIL_GEMM_CAP_AVX2"));
+/// ```
+pub fn source(cap: IsaCap) -> String {
     let (mr_f32, nr_f32) = Layout::F32.tile();
     let (mr_pairs, nr_pairs) = Layout::Bf16Pairs.tile();
+    let (mr_avx2, nr_avx2) = Layout::F32Avx2.tile();
+    // before the prelude, so that every header and the prelude see the capped target
+    let cap = match cap {
+        IsaCap::Native => "",
+        IsaCap::Avx2 => "#pragma GCC target(\"no-avx512f\")\n#define COIL_GEMM_CAP_AVX2 1\n",
+    };
     format!(
-        "{}\n#define COIL_GEMM_MR_F32 {mr_f32}\n#define COIL_GEMM_NR_F32 {nr_f32}\n\
-         #define COIL_GEMM_MR_BF16 {mr_pairs}\n#define COIL_GEMM_NR_BF16 {nr_pairs}\n{SOURCE}",
+        "{cap}{}\n#define COIL_GEMM_MR_F32 {mr_f32}\n#define COIL_GEMM_NR_F32 {nr_f32}\n\
+         #define COIL_GEMM_MR_BF16 {mr_pairs}\n#define COIL_GEMM_NR_BF16 {nr_pairs}\n\
+         #define COIL_GEMM_MR_F32_AVX2 {mr_avx2}\n#define COIL_GEMM_NR_F32_AVX2 {nr_avx2}\n{SOURCE}",
         prelude()
     )
 }
@@ -230,8 +282,9 @@ pub struct ComputeArgs {
 
 /// Cache blocking of one product: `kc` elements of k per block (a multiple of the group), `nc`
 /// B panels packed at once and `mc` A panels passing over them, sized for an L2 of 1 MiB or
-/// more (every AVX-512 core since Skylake-SP) with `kc` covering all of k up to a few thousand:
-/// one block of k means no partial sums to store.
+/// more (every AVX-512 core since Skylake-SP; AVX2 cores with less, such as Zen 2's 512 KiB,
+/// use the same blocking, untuned) with `kc` covering all of k up to a few thousand: one block
+/// of k means no partial sums to store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Blocking {
     /// Elements of k per block, a multiple of the layout's group.
@@ -291,7 +344,7 @@ mod tests {
 
     #[test]
     fn blocks_of_k_cover_k_in_whole_groups() {
-        for layout in [Layout::F32, Layout::Bf16Pairs] {
+        for layout in Layout::ALL {
             for k in [0, 1, 2, 3, 191, 896, 2047, 2048, 2049, 3648, 4096, 10000] {
                 let b = Blocking::choose(layout, k);
                 assert_eq!(b.kc % layout.group(), 0, "{layout:?} k={k}");
@@ -306,10 +359,13 @@ mod tests {
 
     #[test]
     fn the_source_defines_the_tiles_and_every_entry_point() {
-        let s = source();
-        assert!(s.contains(&format!("#define COIL_GEMM_NR_BF16 {}", Layout::Bf16Pairs.tile().1)));
-        for name in [FEATURES_KERNEL, PACK_KERNEL, COMPUTE_KERNEL] {
-            assert!(s.contains(&format!("void {name}(char *const *args, int64_t *status)")), "{name}");
+        for cap in [IsaCap::Native, IsaCap::Avx2] {
+            let s = source(cap);
+            assert!(s.contains(&format!("#define COIL_GEMM_NR_BF16 {}", Layout::Bf16Pairs.tile().1)));
+            assert!(s.contains(&format!("#define COIL_GEMM_MR_F32_AVX2 {}", Layout::F32Avx2.tile().0)));
+            for name in [FEATURES_KERNEL, PACK_KERNEL, COMPUTE_KERNEL] {
+                assert!(s.contains(&format!("void {name}(char *const *args, int64_t *status)")), "{name}");
+            }
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Batched matrix products ([`ExternCall::Bmm`]) on the CPU.
 //!
 //! * f32, f16 and bf16 run through the packed template ([`gemm_packed`]: AVX-512 micro-kernels,
-//!   `vdpbf16ps` for bf16 where the CPU has it) whenever this machine's compiler and CPU serve
-//!   it; each product accumulates in f32 and is rounded once to its type, as PyTorch's are;
+//!   `vdpbf16ps` for bf16 where the CPU has it, AVX2 + FMA ones on CPUs without AVX-512)
+//!   whenever this machine's compiler and CPU serve it; each product accumulates in f32 and is
+//!   rounded once to its type, as PyTorch's are;
 //! * otherwise (and with [`GemmEngine::Crate`]) the `gemm` crate: f32 and f64 directly on the
 //!   operands' memory (row, column and batch strides passed as they are, so a transposed or
 //!   broadcast operand is never copied); f16 and bf16 operands widened to f32, multiplied by
@@ -22,6 +23,7 @@ use super::gemm_packed;
 use super::module::{self, Kernel};
 use crate::{interpret, Buffer, HostData};
 use coil_codegen::c::{support_source, SUPPORT_GELU_TANH_F32};
+use coil_codegen::templates::gemm_cpu::IsaCap;
 use coil_ir::loops::{const_usize, Activation, BiasOperand, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Graph, Op, Result, TensorMeta};
 use gemm::Parallelism;
@@ -147,6 +149,10 @@ pub enum GemmEngine {
     Auto,
     /// The packed template ([`super::gemm_packed`]); an error where it cannot run.
     Packed,
+    /// The packed template built with AVX2, FMA and F16C at most ([`IsaCap::Avx2`]): on a CPU
+    /// with AVX-512, the kernels a CPU without it runs (for tests and benchmarks of that path);
+    /// an error where it cannot run.
+    PackedAvx2,
     /// The `gemm` crate (half types widened to f32).
     Crate,
 }
@@ -220,10 +226,12 @@ fn packed(
     if engine == GemmEngine::Crate || skinny || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
         return None;
     }
-    match gemm_packed::Library::get().and_then(|lib| Some((lib, lib.layout_for(dtype)?))) {
+    let cap = if engine == GemmEngine::PackedAvx2 { IsaCap::Avx2 } else { IsaCap::Native };
+    match gemm_packed::Library::get(cap).and_then(|lib| Some((lib, lib.layout_for(dtype)?))) {
         Some((lib, layout)) => Some(gemm_packed::bmm(lib, layout, spec, (dtype, out_dtype), ops, out)),
-        None if engine == GemmEngine::Packed => Some(Err(Error::unsupported(format!(
-            "the packed {dtype} matrix product on this machine (it needs a C compiler and AVX-512)"
+        None if engine != GemmEngine::Auto => Some(Err(Error::unsupported(format!(
+            "the packed {dtype} matrix product ({engine:?}) on this machine (it needs a C compiler and AVX-512 or \
+             AVX2 with FMA and F16C)"
         )))),
         None => None,
     }

@@ -1,6 +1,7 @@
 //! The packed matrix product: the `gemm_cpu` template ([`coil_codegen::templates::gemm_cpu`]),
 //! compiled once per process by the system C compiler (through the kernel cache) and run on
-//! the rayon pool the generated kernels use.
+//! the rayon pool the generated kernels use. A second build capped at AVX2 ([`IsaCap::Avx2`],
+//! `GemmEngine::PackedAvx2`) runs, on a machine with AVX-512, the kernels a CPU without it gets.
 //!
 //! One product (all its batches) runs in two parallel steps:
 //!
@@ -17,7 +18,7 @@
 use super::compiler::{c_compiler, default_cache_dir};
 use super::gemm::BmmSpec;
 use super::module::{self, Kernel};
-use coil_codegen::templates::gemm_cpu::{self as template, Blocking, ComputeArgs, Layout, PackArgs};
+use coil_codegen::templates::gemm_cpu::{self as template, Blocking, ComputeArgs, IsaCap, Layout, PackArgs};
 use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
@@ -51,15 +52,21 @@ pub struct Library {
 }
 
 impl Library {
-    /// The process's library: compiled (or taken from the cache) on first use. `None` without
-    /// a C compiler or when it fails (said once on stderr).
-    pub fn get() -> Option<&'static Library> {
-        static LIBRARY: OnceLock<Option<Library>> = OnceLock::new();
-        LIBRARY
+    /// The process's library built with at most `cap`'s instructions: compiled (or taken from
+    /// the cache) on first use. `None` without a C compiler or when it fails (said once on
+    /// stderr).
+    pub fn get(cap: IsaCap) -> Option<&'static Library> {
+        static NATIVE: OnceLock<Option<Library>> = OnceLock::new();
+        static AVX2: OnceLock<Option<Library>> = OnceLock::new();
+        let library = match cap {
+            IsaCap::Native => &NATIVE,
+            IsaCap::Avx2 => &AVX2,
+        };
+        library
             .get_or_init(|| {
                 let cc = c_compiler()?;
                 let names = [template::FEATURES_KERNEL, template::PACK_KERNEL, template::COMPUTE_KERNEL];
-                let loaded = module::load_or_build(cc, &template::source(), &default_cache_dir(), &names)
+                let loaded = module::load_or_build(cc, &template::source(cap), &default_cache_dir(), &names)
                     .and_then(|(lib, _)| Ok((lib.kernel(names[0])?, lib.kernel(names[1])?, lib.kernel(names[2])?)));
                 let (features_kernel, pack, compute) =
                     loaded.inspect_err(|e| eprintln!("coil: matrix products use the gemm crate: {e}")).ok()?;
@@ -72,12 +79,13 @@ impl Library {
     }
 
     /// The layout products of `dtype` use here, if the library serves one: bf16 pairs where
-    /// the CPU has AVX512-BF16, f32 for f32, f16 and other bf16.
+    /// the CPU has AVX512-BF16, f32 (AVX-512, else AVX2) for f32, f16 and other bf16.
     pub fn layout_for(&self, dtype: DType) -> Option<Layout> {
         let has = |l: Layout| self.features & l.feature_bit() != 0;
         match dtype {
             DType::BF16 if has(Layout::Bf16Pairs) => Some(Layout::Bf16Pairs),
             DType::F32 | DType::F16 | DType::BF16 if has(Layout::F32) => Some(Layout::F32),
+            DType::F32 | DType::F16 | DType::BF16 if has(Layout::F32Avx2) => Some(Layout::F32Avx2),
             _ => None,
         }
     }

@@ -5,25 +5,44 @@
 
 use super::{bmm, tile_tasks, Library, Operands};
 use crate::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
-use coil_codegen::templates::gemm_cpu::{Blocking, Layout};
+use coil_codegen::templates::gemm_cpu::{Blocking, IsaCap, Layout};
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
 use coil_ir::{DType, ErrorKind};
 use half::{bf16, f16};
 
-/// The library and whether it serves `layout`; on an x86-64 CPU with AVX-512 F, BW and VL (and
-/// BF16 for the pairs) it must, so these tests cannot pass by skipping where they should run.
+/// The build a layout's tests run: the AVX2 kernels from the build capped at AVX2 (the same
+/// kernels a CPU without AVX-512 gets from the native one), the others from the native build.
+fn cap(layout: Layout) -> IsaCap {
+    match layout {
+        Layout::F32Avx2 => IsaCap::Avx2,
+        Layout::F32 | Layout::Bf16Pairs => IsaCap::Native,
+    }
+}
+
+/// The library and whether it serves `layout`; on an x86-64 CPU with the layout's instructions
+/// (AVX-512 F, BW and VL, and BF16 for the pairs; AVX2, FMA and F16C for the AVX2 layout) it
+/// must, so these tests cannot pass by skipping where they should run.
 fn served(layout: Layout) -> Option<&'static Library> {
     #[cfg(target_arch = "x86_64")]
-    let cpu = std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512bw")
-        && std::is_x86_feature_detected!("avx512vl")
-        && (layout == Layout::F32 || std::is_x86_feature_detected!("avx512bf16"));
+    let cpu = match layout {
+        Layout::F32Avx2 => {
+            std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+        }
+        _ => {
+            std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && (layout == Layout::F32 || std::is_x86_feature_detected!("avx512bf16"))
+        }
+    };
     #[cfg(not(target_arch = "x86_64"))]
     let cpu = false;
-    let lib = Library::get();
-    let serves = lib.is_some_and(|l| {
-        l.layout_for(DType::F32) == Some(Layout::F32)
-            && (layout == Layout::F32 || l.layout_for(DType::BF16) == Some(layout))
+    let lib = Library::get(cap(layout));
+    let serves = lib.is_some_and(|l| match layout {
+        Layout::Bf16Pairs => l.layout_for(DType::BF16) == Some(layout),
+        _ => l.layout_for(DType::F32) == Some(layout),
     });
     if cpu && crate::cpu::compiler::c_compiler().is_some() {
         assert!(serves, "this CPU has the instructions for {layout:?} but the packed library does not serve it");
@@ -234,14 +253,14 @@ fn packed(lib: &'static Library, layout: Layout, dtype: DType) -> impl Fn(&BmmSp
 /// The dtypes each layout serves.
 fn dtypes(layout: Layout) -> &'static [DType] {
     match layout {
-        Layout::F32 => &[DType::F32, DType::F16, DType::BF16],
+        Layout::F32 | Layout::F32Avx2 => &[DType::F32, DType::F16, DType::BF16],
         Layout::Bf16Pairs => &[DType::BF16],
     }
 }
 
 #[test]
 fn packed_products_match_the_reference_at_tails_of_every_dim() {
-    for layout in [Layout::F32, Layout::Bf16Pairs] {
+    for layout in Layout::ALL {
         let Some(lib) = served(layout) else { continue };
         let (mr, nr) = layout.tile();
         for &dtype in dtypes(layout) {
@@ -273,7 +292,7 @@ fn packed_products_match_the_reference_at_tails_of_every_dim() {
 #[test]
 fn packed_products_read_every_layout_of_both_operands() {
     let lays = [Lay::KContiguous, Lay::RowsContiguous, Lay::Strided];
-    for layout in [Layout::F32, Layout::Bf16Pairs] {
+    for layout in Layout::ALL {
         let Some(lib) = served(layout) else { continue };
         for &dtype in dtypes(layout) {
             for lay_a in lays {
@@ -302,7 +321,7 @@ fn packed_products_read_every_layout_of_both_operands() {
 
 #[test]
 fn packed_products_split_long_k_into_blocks() {
-    for layout in [Layout::F32, Layout::Bf16Pairs] {
+    for layout in Layout::ALL {
         let Some(lib) = served(layout) else { continue };
         let k = 4099;
         assert!(Blocking::choose(layout, k).k_blocks(layout, k) > 1);
@@ -319,7 +338,7 @@ fn packed_products_split_long_k_into_blocks() {
 
 #[test]
 fn packed_products_run_batches_with_a_broadcast_operand_a_bias_and_gelu() {
-    for layout in [Layout::F32, Layout::Bf16Pairs] {
+    for layout in Layout::ALL {
         let Some(lib) = served(layout) else { continue };
         for &dtype in dtypes(layout) {
             // the larger run in parallel tasks over batches, columns and rows; with m >= 2n the
@@ -349,8 +368,9 @@ fn packed_products_run_batches_with_a_broadcast_operand_a_bias_and_gelu() {
 /// `Packed` is refused where it cannot run rather than falling back.
 #[test]
 fn the_engines_agree_and_packed_is_an_error_where_it_cannot_run() {
+    let avx2 = served(Layout::F32Avx2).map(|_| GemmEngine::PackedAvx2);
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for engine in [GemmEngine::Crate, GemmEngine::Auto] {
+        for engine in [GemmEngine::Crate, GemmEngine::Auto].into_iter().chain(avx2) {
             let run = move |spec: &BmmSpec, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]| {
                 bmm_bytes_with(engine, spec, dtype, a, b, bias, out).unwrap()
             };
@@ -384,10 +404,12 @@ fn the_engines_agree_and_packed_is_an_error_where_it_cannot_run() {
         bytemuck::cast_slice_mut(&mut out),
     );
     assert!(f64_result.is_ok(), "f64 ignores the engine");
-    if served(Layout::F32).is_none() {
-        let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..16];
-        let err = bmm_bytes_with(GemmEngine::Packed, &spec, DType::F32, x.bytes(), x.bytes(), &[], out).unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Unsupported);
+    for (engine, cap) in [(GemmEngine::Packed, IsaCap::Native), (GemmEngine::PackedAvx2, IsaCap::Avx2)] {
+        if Library::get(cap).and_then(|l| l.layout_for(DType::F32)).is_none() {
+            let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..16];
+            let err = bmm_bytes_with(engine, &spec, DType::F32, x.bytes(), x.bytes(), &[], out).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Unsupported);
+        }
     }
 }
 
@@ -440,4 +462,16 @@ fn widening_products_write_unrounded_f32() {
             check_into(&case, DType::F32, &run);
         }
     }
+}
+
+/// What a CPU without AVX-512 gets: its native build has only the AVX2 kernels, as the build
+/// capped at AVX2 here, and every float type's products go to them (the `Auto` engine then
+/// takes the template, not the crate).
+#[test]
+fn the_avx2_build_multiplies_every_float_type() {
+    let Some(lib) = served(Layout::F32Avx2) else { return };
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        assert_eq!(lib.layout_for(dtype), Some(Layout::F32Avx2), "{dtype}");
+    }
+    assert_eq!(lib.layout_for(DType::F64), None);
 }
