@@ -177,13 +177,57 @@ static inline double coil_online_sum_finite(double m, double s) {
     return m == -INFINITY ? 0.0 : m == INFINITY ? INFINITY : s;
 }
 
-/* Standard normal by Box-Muller in f64, as the definition; the caller rounds once. */
+/* Box-Muller's log and cos written out (libm's calls keep the loop scalar), the series of the
+   PTX backend (codegen/src/cuda/ptx/f64math.rs, random.rs), within a few f64 ulp of libm's
+   (PTX takes cos of the exact angle, this of the rounded one, as the definition does).
+   log of u1 in [2^-24, 1]: u1 = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s),
+   s = (m - 1) / (m + 1), |s| < 0.172: 2 (s + s^3/3 + ... + s^23/23), plus e ln 2 in two parts. */
+static inline double coil_box_log(double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, 8);
+    uint64_t mant = bits & 0xFFFFFFFFFFFFFull;
+    int big = mant > 0x6A09E667F3BCDull;
+    double e = (double)((int32_t)(bits >> 52) + big - 1023);
+    uint64_t mbits = mant | (big ? 0x3FE0000000000000ull : 0x3FF0000000000000ull);
+    double m;
+    memcpy(&m, &mbits, 8);
+    double sv = (m - 1.0) / (m + 1.0), z = sv * sv;
+    double p = 1.0 / 23.0;
+    p = fma(p, z, 1.0 / 21.0); p = fma(p, z, 1.0 / 19.0); p = fma(p, z, 1.0 / 17.0);
+    p = fma(p, z, 1.0 / 15.0); p = fma(p, z, 1.0 / 13.0); p = fma(p, z, 1.0 / 11.0);
+    p = fma(p, z, 1.0 / 9.0); p = fma(p, z, 1.0 / 7.0); p = fma(p, z, 1.0 / 5.0); p = fma(p, z, 1.0 / 3.0);
+    double s2 = sv + sv;
+    double log_m = fma(s2 * z, p, s2);
+    return fma(e, 6.931471803691238e-1, fma(e, 1.9082149292705877e-10, log_m));
+}
+/* cos(2 pi u) for u in [0, 1), of the argument the definition rounds (2 pi u in f64): the
+   quadrant q nearest it, x = a - q pi/2 in about [-pi/4, pi/4] (pi/2 in two parts), sin x and
+   cos x by their Taylor series to x^17 and x^16. */
+static inline double coil_box_cos2pi(double u) {
+    double a = 6.283185307179586 * u;
+    double q = rint(a * 0.6366197723675814);
+    double x = fma(-q, 6.123233995736766e-17, fma(-q, 1.5707963267948966, a)), x2 = x * x;
+    double c = 1.0 / 20922789888000.0, sx = 1.0 / 355687428096000.0;
+    c = fma(c, x2, -1.0 / 87178291200.0); sx = fma(sx, x2, -1.0 / 1307674368000.0);
+    c = fma(c, x2, 1.0 / 479001600.0); sx = fma(sx, x2, 1.0 / 6227020800.0);
+    c = fma(c, x2, -1.0 / 3628800.0); sx = fma(sx, x2, -1.0 / 39916800.0);
+    c = fma(c, x2, 1.0 / 40320.0); sx = fma(sx, x2, 1.0 / 362880.0);
+    c = fma(c, x2, -1.0 / 720.0); sx = fma(sx, x2, -1.0 / 5040.0);
+    c = fma(c, x2, 1.0 / 24.0); sx = fma(sx, x2, 1.0 / 120.0);
+    c = fma(c, x2, -1.0 / 2.0); sx = fma(sx, x2, -1.0 / 6.0);
+    c = fma(c, x2, 1.0); sx = fma(sx, x2, 1.0);
+    int32_t qi = (int32_t)q;
+    double v = (qi & 1) ? sx * x : c;
+    return ((qi + 1) & 2) ? -v : v; /* quadrants 1 and 2 are negative */
+}
+/* Standard normal by Box-Muller in f64, as the definition (to within a few f64 ulp); the caller
+   rounds once. */
 static inline double coil_rand_normal(uint64_t seed, uint64_t index) {
     uint32_t w[4];
     coil_philox(seed, index, w);
     double u1 = ((double)(w[0] >> 8) + 1.0) * 5.9604644775390625e-8;
     double u2 = (double)(w[1] >> 8) * 5.9604644775390625e-8;
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * COIL_PI * u2);
+    return sqrt(-2.0 * coil_box_log(u1)) * coil_box_cos2pi(u2);
 }
 "#;
 

@@ -407,9 +407,12 @@ fn half_round_trip_through_kernels() {
 
 #[test]
 fn philox_matches_the_definition() {
+    // Enough draws that Box-Muller's log and cos (written out in the prelude) meet every
+    // quadrant and a wide range of u1.
+    const N: usize = 1 << 14;
     // Streams 0 and 2 (1 unused): keys and first counters are arguments of the run.
     let mut p = Prog::default();
-    let v = xs(&[64])[0];
+    let v = xs(&[N])[0];
     let mut outs = Vec::new();
     for (dist, d, stream) in [
         (coil_ir::RandDist::Uniform, DType::F64, 2),
@@ -419,21 +422,21 @@ fn philox_matches_the_definition() {
     ] {
         let mut b = B::default();
         let r = b.push(ScalarOp::Rand { dist, stream, counter: v + 5 }, d);
-        outs.push(p.pointwise(&[64], d, b.done(r)));
+        outs.push(p.pointwise(&[N], d, b.done(r)));
     }
-    let k = kernel("poi_fused_rand_0", KernelKind::Pointwise, vec![0, 1, 2, 3], 64, None, outs);
+    let k = kernel("poi_fused_rand_0", KernelKind::Pointwise, vec![0, 1, 2, 3], N, None, outs);
     let (lib, tiles) = build_and_compile(&p.p, &[k]);
     assert_eq!(tiles[0].random, vec![0, 2]);
     let src = emit_kernel(&tiles[0]);
     assert!(src.contains("coil_rand_uniform(seed2, offset2 + (uint64_t)(xindex + 5))"), "{src}");
     // Two runs of the same kernel: new arguments, new numbers.
     for (seed, offset) in [(0x1234_5678_9abc_u64, (1u64 << 32) - 10), (u64::MAX - 3, u64::MAX - 40)] {
-        let (mut u64_, mut u32_, mut n64, mut other) = (vec![0f64; 64], vec![0f32; 64], vec![0f64; 64], vec![0f32; 64]);
+        let (mut u64_, mut u32_, mut n64, mut other) = (vec![0f64; N], vec![0f32; N], vec![0f64; N], vec![0f32; N]);
         // stream 0: key 7 from counter 3; stream 2: the case's
         let words = [7, 3, seed, offset];
         let args = [ptr(&mut u64_), ptr(&mut u32_), ptr(&mut n64), ptr(&mut other)];
         assert_eq!(lib.run_with("poi_fused_rand_0", &args, &[], &words), [0; 4]);
-        for i in 0..64u64 {
+        for i in 0..N as u64 {
             // crosses into the counter's high word, or wraps past 2^64
             let index = offset.wrapping_add(5 + i);
             let u = philox::uniform(seed, index);
