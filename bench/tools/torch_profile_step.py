@@ -6,7 +6,8 @@ per-launch profile (`COIL_PROFILE=1`). Usage, on the GPU machine:
 
     python3 bench/tools/torch_profile_step.py [--row gpt2_124m_train_step_bf16] [--top 40]
 
-Rows: gpt2_124m_fwd_bf16, gpt2_124m_train_step_bf16, resnet50_fwd_bf16, resnet50_train_step_bf16.
+Rows: gpt2_124m_fwd_bf16, gpt2_124m_train_step_bf16, resnet50_fwd_bf16, resnet50_train_step_bf16,
+llama_1b_prefill_bf16.
 """
 import argparse
 import os
@@ -41,6 +42,8 @@ def main():
                  cfg["new_tokens"], resnet=cfg["resnet"])
     if a.row.startswith("resnet"):
         setup = mt.setup_resnet_train_step if "train" in a.row else mt.setup_resnet_forward
+    elif "prefill" in a.row:
+        setup = mt.setup_prefill
     else:
         setup = mt.setup_train_step if "train" in a.row else mt.setup_forward
     step = setup(ctx, lambda m: torch.compile(m))

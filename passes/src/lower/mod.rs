@@ -66,6 +66,7 @@ mod view;
 
 pub use realize::{
     REALIZE_ACC_READS_THRESHOLD, REALIZE_MIN_FULL_READS, REALIZE_OPCOUNT_THRESHOLD, REALIZE_READS_THRESHOLD,
+    SMALL_OPERAND_RATIO,
 };
 
 use coil_ir::dynamic::SymSizes;

@@ -1,7 +1,10 @@
 //! Lowering tests: the printed loop program of small graphs (snapshots, checked by eye), and
 //! the realization rules.
 
-use super::{lower, BODY_CAP, REALIZE_ACC_READS_THRESHOLD, REALIZE_OPCOUNT_THRESHOLD, REALIZE_READS_THRESHOLD};
+use super::{
+    lower, BODY_CAP, REALIZE_ACC_READS_THRESHOLD, REALIZE_OPCOUNT_THRESHOLD, REALIZE_READS_THRESHOLD,
+    SMALL_OPERAND_RATIO,
+};
 use coil_ir::loops::{Activation, BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, TensorMeta, UnaryOp};
 
@@ -347,6 +350,27 @@ fn a_reused_node_loading_many_buffers_or_computing_much_is_stored() {
     assert_eq!(l.len(), 6, "{p}");
     assert_eq!(l[0].len(), REALIZE_READS_THRESHOLD + 1, "{p}");
     assert!(l[1..].iter().all(|l| l.len() == 1), "{p}");
+}
+
+#[test]
+fn small_broadcast_operands_do_not_make_a_reused_node_stored() {
+    // A batch norm's shape: a large activation and per-channel vectors (far smaller than
+    // SMALL_OPERAND_RATIO-th of it) read by two readers: inlined into both, where the same
+    // vectors on a small activation (the test above) get it stored.
+    let (rows, channels) = (SMALL_OPERAND_RATIO * 2, 8);
+    let mut g = Graph::new();
+    let x = g.input(m(&[rows, channels], F32));
+    let mut t = x;
+    for _ in 0..REALIZE_READS_THRESHOLD {
+        let w = g.input(m(&[channels], F32));
+        let we = op(&mut g, Op::Expand { shape: vec![rows, channels] }, &[w]);
+        t = op(&mut g, Op::Binary(BinaryOp::Add), &[t, we]);
+    }
+    let outputs: Vec<NodeId> = [UnaryOp::Exp, UnaryOp::Cos].map(|f| op(&mut g, Op::Unary(f), &[t])).to_vec();
+    let p = lowered(g, &outputs);
+    let l = loads(&p);
+    assert_eq!(l.len(), 2, "{p}");
+    assert!(l.iter().all(|l| l.len() == REALIZE_READS_THRESHOLD + 1), "{p}");
 }
 
 #[test]
