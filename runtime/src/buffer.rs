@@ -148,6 +148,16 @@ impl HostData {
         })
     }
 
+    /// Data of a dtype for a run to write every element of (an output): memory a dropped
+    /// buffer gave back ([`crate::host_pool`]), its values unspecified, or else zero-filled
+    /// ([`HostData::try_zeros`]).
+    pub fn for_output(dtype: DType, len: usize) -> Result<HostData> {
+        match crate::host_pool::take(dtype, len) {
+            Some(data) => Ok(data),
+            None => HostData::try_zeros(dtype, len),
+        }
+    }
+
     /// Every element as f64 (exact for every dtype but i64 beyond 2^53).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         with_host_data!(self, v => v.iter().map(|x| x.to_f64()).collect())
@@ -357,6 +367,16 @@ pub struct Buffer {
     pub data: HostData,
 }
 
+/// A large buffer's memory goes to the host cache ([`crate::host_pool`]) for the next run's
+/// outputs.
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if self.data.len() * self.data.dtype().size_bytes() >= crate::host_pool::MIN_BYTES {
+            crate::host_pool::give(std::mem::replace(&mut self.data, HostData::U8(Vec::new())));
+        }
+    }
+}
+
 impl Buffer {
     /// A buffer from row-major values. Panics if `data.len()` is not the shape's element count.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: Shape) -> Buffer {
@@ -376,6 +396,11 @@ impl Buffer {
     /// The elements' dtype.
     pub fn dtype(&self) -> DType {
         self.data.dtype()
+    }
+
+    /// The elements, taken out of the buffer (which then caches nothing: see its `Drop`).
+    pub fn into_data(mut self) -> HostData {
+        std::mem::replace(&mut self.data, HostData::U8(Vec::new()))
     }
 
     /// The shape and dtype.

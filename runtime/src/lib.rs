@@ -25,6 +25,7 @@ pub mod cache_entry;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
+pub mod host_pool;
 pub mod interp;
 mod plan;
 #[cfg(test)]

@@ -499,5 +499,5 @@ fn integer_bmm(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8]) -> Result<HostD
     let z = g.push(Op::Bmm, &[x, y], None)?;
     g.outputs.push(z);
     let mut result = interpret(&g, &[&a_buf, &b_buf])?;
-    Ok(result.remove(0).data)
+    Ok(result.remove(0).into_data())
 }

@@ -45,7 +45,7 @@ use coil_codegen::templates::attention::MaskKind;
 use coil_ir::kernel::{Schedule, TileKernel};
 use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::sym::Expr;
-use coil_ir::{Error, Graph, RandomState, Result};
+use coil_ir::{DType, Error, Graph, RandomState, Result};
 use std::path::{Path, PathBuf};
 
 /// A graph compiled for the CPU, ready to run any number of times (also from several threads).
@@ -211,12 +211,13 @@ impl CompiledGraph {
         let mut outputs: Vec<Option<HostData>> = (0..p.buffers.len())
             .map(|i| {
                 let meta = &p.buffers[i].meta;
-                (inst.storage[i] == Storage::Output).then(|| HostData::try_zeros(meta.dtype, meta.numel())).transpose()
+                (inst.storage[i] == Storage::Output).then(|| HostData::for_output(meta.dtype, meta.numel())).transpose()
             })
             .collect::<Result<_>>()?;
-        // u64 words: every dtype's alignment divides 8.
-        let mut slots: Vec<Vec<u64>> =
-            inst.slot_bytes.iter().map(|&b| crate::buffer::try_zeroed_vec(b.div_ceil(8))).collect::<Result<_>>()?;
+        // 8-byte words (every dtype's alignment divides 8), from the host cache: temporaries are
+        // written before they are read.
+        let mut slots: Vec<HostData> =
+            inst.slot_bytes.iter().map(|&b| HostData::for_output(DType::I64, b.div_ceil(8))).collect::<Result<_>>()?;
         // The pointers are taken once, after every allocation: nothing reallocates while they
         // are in use. Inputs are only ever read through theirs (checked in `new_in`).
         let ptrs: Vec<*mut u8> = (0..p.buffers.len())
@@ -225,7 +226,7 @@ impl CompiledGraph {
                 // (`run_donating`'s contract).
                 Storage::Input(k) | Storage::Donated(k) => inputs[k].data.as_ptr() as *mut u8,
                 Storage::Output => outputs[i].as_mut().expect("allocated above").as_mut_ptr(),
-                Storage::Slot(s) => slots[s].as_mut_ptr() as *mut u8,
+                Storage::Slot(s) => slots[s].as_mut_ptr(),
                 Storage::Unused => std::ptr::null_mut(),
             })
             .collect();
@@ -257,7 +258,7 @@ impl CompiledGraph {
                 times.push(start.elapsed().as_secs_f64() * 1e6);
             }
         }
-        drop(slots);
+        slots.into_iter().for_each(crate::host_pool::give);
         let mut result: Vec<RunOutput<Buffer>> = Vec::with_capacity(p.outputs.len());
         for (k, &o) in p.outputs.iter().enumerate() {
             let buf = match inst.storage[o.0] {
