@@ -36,12 +36,15 @@
 //! assert!(e.to_string().contains("3:3: expected `,` or `)`"), "{e}");
 //! ```
 
+mod expr;
 mod lex;
+mod loops;
 mod op;
 #[cfg(test)]
 mod tests;
+mod tile;
 
-use crate::dtype::DType;
+use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, TensorMeta};
 use crate::op::Op;
@@ -116,13 +119,13 @@ impl Graph {
     /// assert_eq!(g.meta(g.outputs[0]).to_string(), "f32[4]");
     /// ```
     pub fn parse(text: &str) -> Result<Graph> {
-        let fail = |(pos, message): Located| located_error(text, pos, message);
+        let fail = |(pos, message): Located| located_error(text, GRAPH, pos, message);
         let tokens = lex::lex(text).map_err(fail)?;
         let mut parser = Parser { tokens, at: 0 };
         let (defs, outputs) = parser.graph().map_err(fail)?;
         build(defs, outputs).map_err(|(pos, e)| match e {
-            Built::Message(message) => located_error(text, pos, message),
-            Built::Inference(e) => Error::new(e.kind, located_message(text, pos, &e.to_string())),
+            Built::Message(message) => located_error(text, GRAPH, pos, message),
+            Built::Inference(e) => Error::new(e.kind, located_message(text, GRAPH, pos, &e.to_string())),
         })
     }
 }
@@ -135,15 +138,18 @@ impl std::str::FromStr for Graph {
     }
 }
 
-/// `line:col: message`, then the line and a caret under the column.
-fn located_message(text: &str, pos: Pos, message: &str) -> String {
+/// What the errors of [`Graph::parse`] call their text.
+const GRAPH: &str = "graph text";
+
+/// `<what> line:col: message`, then the line and a caret under the column.
+fn located_message(text: &str, what: &str, pos: Pos, message: &str) -> String {
     let line = text.lines().nth(pos.line - 1).unwrap_or("");
     let caret = " ".repeat(line.chars().take(pos.col - 1).map(|c| if c == '\t' { 4 } else { 1 }).sum());
-    format!("graph text {}:{}: {message}\n  {}\n  {caret}^", pos.line, pos.col, line.replace('\t', "    "))
+    format!("{what} {}:{}: {message}\n  {}\n  {caret}^", pos.line, pos.col, line.replace('\t', "    "))
 }
 
-fn located_error(text: &str, pos: Pos, message: String) -> Error {
-    Error::value(located_message(text, pos, &message))
+fn located_error(text: &str, what: &str, pos: Pos, message: String) -> Error {
+    Error::value(located_message(text, what, pos, &message))
 }
 
 /// Why building the graph failed.
@@ -214,15 +220,88 @@ impl Parser {
         }
     }
 
-    /// `f32[2, 3]`.
-    fn meta(&mut self) -> Result<TensorMeta, Located> {
-        let dtype = match self.peek().clone() {
+    /// Whether the next token is the name `word`.
+    fn at_word(&self, word: &str) -> bool {
+        matches!(&self.peek().0, Tok::Ident(w) if w == word)
+    }
+
+    /// Whether the token `k` places ahead is the punctuation `c`.
+    fn punct_ahead(&self, k: usize, c: char) -> bool {
+        self.tokens.get(self.at + k).is_some_and(|(t, _)| *t == Tok::Punct(c))
+    }
+
+    /// A name (`what` says which, for the error).
+    fn ident(&mut self, what: &str) -> Result<(String, Pos), Located> {
+        match self.peek().clone() {
+            (Tok::Ident(w), pos) => {
+                self.at += 1;
+                Ok((w, pos))
+            }
+            _ => self.expected(what),
+        }
+    }
+
+    /// A name that is `prefix` then a number (`v3`, `tmp12`, `acc1`): the number.
+    fn numbered(&mut self, prefix: &str) -> Result<(u32, Pos), Located> {
+        match self.peek().clone() {
+            (Tok::Ident(w), pos) => match w.strip_prefix(prefix).filter(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+                Some(n) if !n.is_empty() && n.parse::<u32>().is_ok() => {
+                    self.at += 1;
+                    Ok((n.parse().unwrap(), pos))
+                }
+                _ => self.expected(&format!("`{prefix}<n>`")),
+            },
+            _ => self.expected(&format!("`{prefix}<n>`")),
+        }
+    }
+
+    /// A number that parses as `T` (integers: no point or exponent).
+    fn number<T: std::str::FromStr>(&mut self, what: &str) -> Result<(T, Pos), Located> {
+        match self.peek().clone() {
+            (Tok::Num(s), pos) if s.bytes().all(|b| b.is_ascii_digit() || b == b'-') => match s.parse() {
+                Ok(v) => {
+                    self.at += 1;
+                    Ok((v, pos))
+                }
+                Err(_) => self.expected(what),
+            },
+            _ => self.expected(what),
+        }
+    }
+
+    /// The tokens of `text`, in order (fixed text such as `arange(XBLOCK)[:, None]`).
+    fn phrase(&mut self, text: &str) -> Result<(), Located> {
+        let want = lex::lex(text).expect("a phrase of the printer lexes");
+        for (tok, _) in &want[..want.len() - 1] {
+            if self.peek().0 != *tok {
+                return self.expected(&format!("{} (in `{text}`)", tok.describe()));
+            }
+            self.at += 1;
+        }
+        Ok(())
+    }
+
+    /// A dtype name: `f32`.
+    fn dtype(&mut self) -> Result<DType, Located> {
+        match self.peek().clone() {
             (Tok::Ident(w), _) if DType::parse(&w).is_some() => {
                 self.at += 1;
-                DType::parse(&w).unwrap()
+                Ok(DType::parse(&w).unwrap())
             }
-            _ => return self.expected("a dtype (f32, bf16, i64, bool, ...)"),
-        };
+            _ => self.expected("a dtype (f32, bf16, i64, bool, ...)"),
+        }
+    }
+
+    /// A scalar as [`Scalar`]'s `Display` writes it: `true`, `3`, `1.5`, `-inf`, `nan`.
+    fn scalar(&mut self) -> Result<Scalar, Located> {
+        let (value, pos) = self.value()?;
+        op::scalar_of(&value)
+            .ok_or((pos, format!("expected a scalar (a bool, an integer or a float), found `{value}`")))
+    }
+
+    /// `f32[2, 3]`.
+    fn meta(&mut self) -> Result<TensorMeta, Located> {
+        let dtype = self.dtype()?;
         self.expect('[', "after the dtype")?;
         let mut shape = Vec::new();
         if !self.eat(']') {
