@@ -72,6 +72,13 @@ pub(super) fn size_scope(tokens: &[(Tok, Pos)]) -> Scope {
     scope
 }
 
+/// The index variables `<prefix><i>` of `ranges` (a range of no elements has none: nothing
+/// can index it).
+pub(super) fn index_vars(ranges: &[Expr], prefix: &str, var: fn(usize, &Expr) -> Expr) -> Vec<(String, Expr)> {
+    let empty = |e: &Expr| e.const_value().is_some_and(|n| n < 1);
+    ranges.iter().enumerate().filter(|(_, e)| !empty(e)).map(|(i, e)| (format!("{prefix}{i}"), var(i, e))).collect()
+}
+
 /// `name` as a `&'static str` (op names of origins and data checks), each distinct name
 /// allocated once per process.
 pub(super) fn static_name(name: &str) -> &'static str {
@@ -340,8 +347,8 @@ impl ProgramParser<'_> {
                 };
                 let origins = self.origins()?;
                 let mut scope = self.scope.clone();
-                scope.extend(ranges.iter().enumerate().map(|(i, e)| (format!("x{i}"), range_var(i, e))));
-                scope.extend(reduction_ranges.iter().enumerate().map(|(i, e)| (format!("r{i}"), reduction_var(i, e))));
+                scope.extend(index_vars(&ranges, "x", range_var));
+                scope.extend(index_vars(&reduction_ranges, "r", reduction_var));
                 let body = self.body(&scope)?;
                 let kind = match op {
                     Some(op) => LoopKind::Reduction { ranges, reduction_ranges, op, body },
