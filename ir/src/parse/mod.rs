@@ -42,6 +42,8 @@ mod loops;
 mod op;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_text;
 mod tile;
 
 use crate::dtype::{DType, Scalar};
