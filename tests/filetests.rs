@@ -51,8 +51,8 @@
 //! numbered. Every failing file is reported at once.
 
 use coil::{Buffer, DType, Device, Graph, HostData, RandomState};
-use coil_ir::dynamic::SymSizes;
 use coil_codegen::cuda::{GpuTarget, Tuning};
+use coil_ir::dynamic::SymSizes;
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
 use coil_ir::loops::{LoopProgram, SizeSymbol};
 use coil_ir::sym::Expr;
@@ -263,9 +263,7 @@ fn run_passes(mut stage: Stage, passes: &[String], dynamic: &[(String, usize, us
                 "decompose" | "decompose-fused" | "rewrite" | "lower" | "split" | "schedule" | "tile" | "c" | "cuda"
                 | "ptx",
                 _,
-            ) => {
-                return Err(format!("pass `{pass}` cannot follow the passes before it (see the order in the docs)"))
-            }
+            ) => return Err(format!("pass `{pass}` cannot follow the passes before it (see the order in the docs)")),
             _ => return Err(format!("unknown pass `{pass}`")),
         };
     }

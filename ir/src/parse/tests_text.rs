@@ -120,7 +120,7 @@ fn sample_program() -> LoopProgram {
         kind: LoopKind::Pointwise { ranges: vec![e(4), s0], body: b },
     });
     // Extern calls, each writing new buffers.
-    let mut add = |p: &mut LoopProgram, names: &[&str], shape: Vec<Expr>, call: ExternCall, inputs: Vec<usize>| {
+    let add = |p: &mut LoopProgram, names: &[&str], shape: Vec<Expr>, call: ExternCall, inputs: Vec<usize>| {
         let first = p.buffers.len();
         for name in names {
             p.buffers.push(buf(
