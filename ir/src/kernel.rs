@@ -18,7 +18,8 @@
 //!   of `exp(x - max)` over the same values share one pass ("online softmax":
 //!   [`TileStmt::AccUpdateOnlineSoftmax`], finished by [`TileStmt::ReduceOnlineSoftmax`]).
 //!
-//! The printer renders Triton-like text: the `.tile` files of the debug dump.
+//! The printer renders Triton-like text: the `.tile` files of the debug dump, which
+//! [`TileKernel::parse`] reads back ([`crate::parse`] describes the text).
 
 use crate::dtype::{DType, Scalar};
 use crate::loops::BufferId;

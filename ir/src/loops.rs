@@ -17,7 +17,9 @@
 //! into a buffer (an output, an extern operand, a reduction), so each node is already a
 //! vertical fusion of pointwise ops; the scheduler then groups nodes into kernels.
 //!
-//! The printer is deterministic; it is what `ir_pre_fusion.txt` shows.
+//! The printer is deterministic and prints everything a program holds; it is what
+//! `ir_pre_fusion.txt` shows, and [`LoopProgram::parse`] reads it back ([`crate::parse`]
+//! describes the text).
 
 use crate::dtype::{DType, Scalar};
 use crate::graph::TensorMeta;

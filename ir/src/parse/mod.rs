@@ -1,6 +1,10 @@
-//! Reading a graph back from its text: [`Graph::parse`] is the inverse of [`Graph::print`].
+//! Reading the IR texts back: [`Graph::parse`],
+//! [`LoopProgram::parse`](crate::loops::LoopProgram::parse) and
+//! [`TileKernel::parse`](crate::kernel::TileKernel::parse) are the inverses of their printers.
+//! One lexer serves the three; `#` and `;` start comments to the end of the line. Errors name
+//! the `line:column`, what was expected, and show the line with a caret under the column.
 //!
-//! The text is what the printer writes:
+//! # Graph text
 //!
 //! ```text
 //! graph(%0: f32[4, 16], %1: i64[4]) {
@@ -21,11 +25,8 @@
 //! * Labels order the nodes: a node's operands have smaller labels. The printer's labels are
 //!   the node indices `0..n`, which the parse keeps; other labels (gaps, any order of lines) are
 //!   renumbered in label order.
-//! * `#` and `;` start comments to the end of the line: the printer's `# file:line` source
-//!   locations are comments, so a parsed graph has no locations (and no decomposition
-//!   origins, which the text does not carry).
-//!
-//! Errors name the `line:column`, what was expected and the line itself.
+//! * The printer's `# file:line` source locations are comments, so a parsed graph has no
+//!   locations (and no decomposition origins, which the text does not carry).
 //!
 //! ```
 //! use coil_ir::Graph;
@@ -35,6 +36,49 @@
 //! let e = Graph::parse("graph(%0: f32[2]) {\n  %1 = exp(%0\n  return (%1)\n}").unwrap_err();
 //! assert!(e.to_string().contains("3:3: expected `,` or `)`"), "{e}");
 //! ```
+//!
+//! # Loop IR text
+//!
+//! ```text
+//! symbol s0 = arg0.size(1) (hint 7)
+//! random stream 0: seed0, offset0
+//! buffers: arg0, buf1, buf0            (only when ids are not in order of appearance)
+//! inputs: arg0
+//!   arg0: f32[4, s0]
+//! buf0: f32[4, 1] = reduction sum ranges=[4, 1] reduction_ranges=[s0] origins=[sum]
+//!     v0: f32 = load(arg0, r0 + s0*x0)
+//!     return v0
+//! buf1: f32[4, 4] = extern bmm batch=[] m=4 n=4 k=s0(arg0, arg0) origins=[bmm]
+//!     a = view(arg0, offset=0, strides=[s0, 1])
+//!     b = view(arg0, offset=0, strides=[1, s0])
+//! outputs: buf1
+//! data_check buf0: code=1 op=gather dim=0 node=none
+//! ```
+//!
+//! * Buffers are named where they are declared (an input's line, a node's written buffers)
+//!   and referred to by name; their ids are the order of the `buffers:` line, or else of
+//!   appearance. A buffer's meta is its shape at the symbols' hints.
+//! * A body's values are `v0, v1, ...` in order, each with its dtype; the scalar ops are
+//!   `load(buf, index)`, `load(buf, index, mask=v, other=scalar)`,
+//!   `load(buf, index, indirect=v, stride=e, bound=e)`, `constant(scalar)`, `index(e)`,
+//!   `rand(seed<k>, offset<k> + (e))` / `randn(..)`, `where(c, a, b)`, `cast(v)` and the
+//!   unary and binary functions by name.
+//! * An extern node's header is what [`crate::loops::ExternCall`] prints; the operand lines
+//!   under it give every buffer and stride of the call, and the header must agree with them.
+//! * Index expressions are written as [`crate::sym::Expr`] prints them. A node's `x<i>` and
+//!   `r<i>` take their facts from its ranges; every `s<n>` is a size symbol (at least 2), also
+//!   in an instantiated program, which keeps them in its bodies.
+//!
+//! # Tile IR text
+//!
+//! The Triton-like text of [`crate::kernel::TileKernel`]'s `Display`: a
+//! `@kernel(kind=...)` line, the `def` line with the buffer arguments (each with the loop
+//! program's buffer id it points to, `in_ptr0: *f32 (buffer 0)`; `in_ptr` / `out_ptr` /
+//! `in_out_ptr` say whether it is read, written or both), size arguments `s<n>: i64` and random
+//! streams `seed<k>: u64, offset<k>: u64`; the extents and block sizes; then the statements,
+//! each variable with its type (`tmp3: f32[XBLOCK, RBLOCK] = exp(tmp2)`), a looped reduction's
+//! passes as indented `for roffset in range(0, rnumel, RBLOCK):` blocks. `xindex` and `rindex`
+//! take their facts from `xnumel` and `rnumel`.
 
 mod expr;
 mod lex;
