@@ -1,7 +1,10 @@
 //! Filetests: compiler stages checked on text, after Cranelift's `.clif` tests.
 //!
-//! Each `tests/filetests/*.coil` file is a graph in the text [`coil::Graph::print`] writes (and
-//! [`coil::Graph::parse`] reads), with directives in `;` comments:
+//! Each `tests/filetests/*.coil` file is IR text with directives in `;` comments. By default
+//! the IR is a graph, in the text [`coil::Graph::print`] writes (and [`coil::Graph::parse`]
+//! reads); `; level: loops` makes it a loop program ([`LoopProgram::parse`]: the text of
+//! `ir_pre_fusion.txt`) and `; level: tile` one or more tile kernels ([`TileKernel::parse_all`]:
+//! the `.tile` files of a dump). A graph file:
 //!
 //! ```text
 //! ; Softmax decomposes to one max and one sum over the row.
@@ -17,14 +20,17 @@
 //! ; count: 1 sum(
 //! ```
 //!
-//! * `; pass: a, b, ...`: the stages run on the graph, in order; the checks read the text of the
-//!   last (none: the parsed graph printed). Stages: `decompose` (the interpreter's
+//! * `; level: graph | loops | tile`: the IR the file holds (default `graph`); the stages then
+//!   start there (a loop program at `split` or `schedule`, tile kernels at `c`, `cuda`, `ptx`).
+//! * `; pass: a, b, ...`: the stages run on the IR, in order; the checks read the text of the
+//!   last (none: the parsed IR printed). Stages: `decompose` (the interpreter's
 //!   decomposition: graph to primitive graph), `decompose-fused` (the compile path's: attention
 //!   and convolution templates kept whole, half-precision products kept), `rewrite` (e-graph
 //!   simplification of a primitive graph: prints the graph, then the rewrite report with the
 //!   rules fired), `lower` (primitive graph to loop IR), `split` (split reductions), `schedule`
 //!   (fusion into kernels: prints the schedule), `tile` (the scheduled kernels' tile IR), `c`
-//!   (their C functions, without the shared prelude).
+//!   (their C functions, without the shared prelude), `cuda` (their CUDA C kernels, without the
+//!   prelude, launched for the H100), `ptx` (their PTX modules for the H100, default tuning).
 //! * `; dynamic: s0 = %L[d]`: dim `d` of input `%L` is the size symbol `s0`; every size of the
 //!   graph equal to that dim's written value is taken as `s0` (write a value no other size
 //!   has). The `decompose` and `rewrite` stages then run at probe sizes
@@ -33,7 +39,7 @@
 //! * `; nextln: P`: `P` occurs on the line after the previous match's line.
 //! * `; not: P`: `P` does not occur between the previous match and the next one (or the end).
 //! * `; count: N P`: the whole text has exactly `N` occurrences of `P`.
-//! * `; run` (or `; run: ints=LO..HI`): the parsed graph runs on the reference interpreter
+//! * `; run` (or `; run: ints=LO..HI`), graph files only: the parsed graph runs on the reference interpreter
 //!   and compiled for the CPU, on the same random inputs (floats of magnitude 0.25 to 2 and
 //!   random sign, never zero; integers in `LO..HI`, default `1..4`; bools either), and the
 //!   outputs must agree: integers and bools exactly, floats within the dtype's tolerance
@@ -45,8 +51,9 @@
 //! numbered. Every failing file is reported at once.
 
 use coil::{Buffer, DType, Device, Graph, HostData, RandomState};
+use coil_codegen::cuda::{GpuTarget, Tuning};
 use coil_ir::dynamic::SymSizes;
-use coil_ir::kernel::{KernelKind, Schedule};
+use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
 use coil_ir::loops::{LoopProgram, SizeSymbol};
 use coil_ir::sym::Expr;
 use coil_ir::Op;
@@ -63,9 +70,18 @@ enum Match {
     Count(usize, String),
 }
 
-/// One `.coil` file: its graph text and directives.
+/// The IR a file holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Level {
+    Graph,
+    Loops,
+    Tile,
+}
+
+/// One `.coil` file: its directives.
 #[derive(Debug)]
 struct FileTest {
+    level: Level,
     passes: Vec<String>,
     /// Each check with its line in the file.
     checks: Vec<(Match, usize)>,
@@ -77,7 +93,7 @@ struct FileTest {
 
 /// Reads the directives of a file.
 fn directives(text: &str) -> Result<FileTest, String> {
-    let mut t = FileTest { passes: vec![], checks: vec![], run: None, dynamic: vec![] };
+    let mut t = FileTest { level: Level::Graph, passes: vec![], checks: vec![], run: None, dynamic: vec![] };
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         let Some(body) = line.trim_start().strip_prefix(';') else { continue };
@@ -93,6 +109,14 @@ fn directives(text: &str) -> Result<FileTest, String> {
         let value = value.trim().to_string();
         let bad = |what: &str| format!("line {n}: {what}: `{line}`");
         match key {
+            "level" => {
+                t.level = match value.as_str() {
+                    "graph" => Level::Graph,
+                    "loops" => Level::Loops,
+                    "tile" => Level::Tile,
+                    _ => return Err(bad("expected `level: graph`, `loops` or `tile`")),
+                }
+            }
             "pass" => t.passes.extend(value.split(',').map(|p| p.trim().to_string())),
             "check" => t.checks.push((Match::Check(value), n)),
             "nextln" => t.checks.push((Match::Nextln(value), n)),
@@ -125,6 +149,9 @@ fn directives(text: &str) -> Result<FileTest, String> {
             _ => {}
         }
     }
+    if t.level != Level::Graph && (t.run.is_some() || !t.dynamic.is_empty()) {
+        return Err("`run` and `dynamic` need a graph file (`level: graph`)".into());
+    }
     if t.checks.is_empty() && t.run.is_none() {
         return Err("the file checks nothing: no `check`, `nextln`, `not`, `count` or `run`".into());
     }
@@ -139,8 +166,9 @@ enum Stage {
     Dynamic(coil_passes::dynamic::DynamicGraph, Vec<SizeSymbol>),
     Program(LoopProgram),
     Scheduled(LoopProgram, Schedule),
-    Kernels(Vec<coil_ir::kernel::TileKernel>),
-    C(String),
+    Kernels(Vec<TileKernel>),
+    /// Generated source (C, CUDA C or PTX).
+    Source(String),
 }
 
 impl Stage {
@@ -152,7 +180,7 @@ impl Stage {
             Stage::Program(p) => p.to_string(),
             Stage::Scheduled(p, s) => coil_passes::print_schedule(p, s),
             Stage::Kernels(ks) => ks.iter().map(|k| k.to_string()).collect::<Vec<_>>().join("\n"),
-            Stage::C(source) => source.clone(),
+            Stage::Source(source) => source.clone(),
         }
     }
 }
@@ -177,11 +205,10 @@ fn symbolic_sizes(graph: &Graph, dynamic: &[(String, usize, usize)]) -> Result<(
     Ok((sizes, symbols))
 }
 
-/// Runs `passes` on `graph`.
-fn run_passes(graph: &Graph, passes: &[String], dynamic: &[(String, usize, usize)]) -> Result<Stage, String> {
+/// Runs `passes` on the parsed IR, `stage`.
+fn run_passes(mut stage: Stage, passes: &[String], dynamic: &[(String, usize, usize)]) -> Result<Stage, String> {
     let fused =
         DecomposeOptions { fused_attention: true, half_products: true, conv_template: true, ..Default::default() };
-    let mut stage = Stage::Graph(graph.clone());
     for pass in passes {
         let e = |e: coil::Error| format!("pass `{pass}`: {e}");
         stage = match (pass.as_str(), stage) {
@@ -217,11 +244,26 @@ fn run_passes(graph: &Graph, passes: &[String], dynamic: &[(String, usize, usize
                     .collect(),
             ),
             ("c", Stage::Kernels(ks)) => {
-                Stage::C(ks.iter().map(coil_codegen::emit_kernel).collect::<Vec<_>>().join("\n"))
+                Stage::Source(ks.iter().map(coil_codegen::emit_kernel).collect::<Vec<_>>().join("\n"))
             }
-            ("decompose" | "decompose-fused" | "rewrite" | "lower" | "split" | "schedule" | "tile" | "c", _) => {
-                return Err(format!("pass `{pass}` cannot follow the passes before it (see the order in the docs)"))
+            ("cuda", Stage::Kernels(ks)) => {
+                let source: Result<Vec<String>, coil::Error> =
+                    ks.iter().map(|k| Ok(coil_codegen::cuda::emit_cuda_kernel(k)?.0)).collect();
+                Stage::Source(source.map_err(e)?.join("\n"))
             }
+            ("ptx", Stage::Kernels(ks)) => {
+                let (target, tuning) = (GpuTarget::h100(), Tuning::default());
+                let modules: Result<Vec<String>, String> = ks
+                    .iter()
+                    .map(|k| coil_codegen::cuda::ptx::emit_ptx(k, &target, &tuning).map(|m| m.source))
+                    .collect();
+                Stage::Source(modules.map_err(|why| format!("pass `ptx`: no PTX form: {why}"))?.join("\n"))
+            }
+            (
+                "decompose" | "decompose-fused" | "rewrite" | "lower" | "split" | "schedule" | "tile" | "c" | "cuda"
+                | "ptx",
+                _,
+            ) => return Err(format!("pass `{pass}` cannot follow the passes before it (see the order in the docs)")),
             _ => return Err(format!("unknown pass `{pass}`")),
         };
     }
@@ -404,11 +446,20 @@ fn compare_backends(graph: &Graph, seed: u64, ints: (i64, i64)) -> Result<usize,
 fn run_file(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let test = directives(&text)?;
-    let graph = Graph::parse(&text).map_err(|e| e.to_string())?;
-    let output = run_passes(&graph, &test.passes, &test.dynamic)?.text();
-    let stages = if test.passes.is_empty() { "the parsed graph".to_string() } else { test.passes.join(", ") };
+    let parsed = match test.level {
+        Level::Graph => Graph::parse(&text).map(Stage::Graph),
+        Level::Loops => LoopProgram::parse(&text).map(Stage::Program),
+        Level::Tile => TileKernel::parse_all(&text).map(Stage::Kernels),
+    };
+    let parsed = parsed.map_err(|e| e.to_string())?;
+    let graph = match &parsed {
+        Stage::Graph(g) => Some(g.clone()),
+        _ => None,
+    };
+    let output = run_passes(parsed, &test.passes, &test.dynamic)?.text();
+    let stages = if test.passes.is_empty() { "the parsed IR".to_string() } else { test.passes.join(", ") };
     match_checks(&output, &test.checks).map_err(|e| format!("{e}\noutput of {stages}:\n{}", numbered(&output)))?;
-    if let Some(ints) = test.run {
+    if let (Some(ints), Some(graph)) = (test.run, graph) {
         let seed = path
             .file_name()
             .unwrap()
@@ -482,7 +533,10 @@ fn directives_are_checked() {
     assert!(directives("; chekc: x").unwrap_err().contains("unknown directive `chekc`"));
     assert!(directives("; just a comment: with a colon\ngraph() {}").unwrap_err().contains("checks nothing"));
     let t = directives("; pass: decompose, rewrite\n; run: ints=0..3\n; dynamic: s0 = %0[1]").unwrap();
-    assert_eq!(t.passes, ["decompose", "rewrite"]);
+    assert_eq!((t.level, t.passes), (Level::Graph, vec!["decompose".to_string(), "rewrite".to_string()]));
+    assert_eq!(directives("; level: tile\n; check: x").unwrap().level, Level::Tile);
+    assert!(directives("; level: loops\n; run").unwrap_err().contains("need a graph file"));
+    assert!(directives("; level: kernels\n; check: x").unwrap_err().contains("expected `level: graph`"));
     assert_eq!((t.run, t.dynamic), (Some((0, 3)), vec![("s0".to_string(), 0, 1)]));
 }
 

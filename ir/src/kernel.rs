@@ -18,7 +18,8 @@
 //!   of `exp(x - max)` over the same values share one pass ("online softmax":
 //!   [`TileStmt::AccUpdateOnlineSoftmax`], finished by [`TileStmt::ReduceOnlineSoftmax`]).
 //!
-//! The printer renders Triton-like text: the `.tile` files of the debug dump.
+//! The printer renders Triton-like text: the `.tile` files of the debug dump, which
+//! [`TileKernel::parse`] reads back ([`crate::parse`] describes the text).
 
 use crate::dtype::{DType, Scalar};
 use crate::loops::BufferId;
@@ -411,7 +412,15 @@ pub struct TileKernel {
     pub body: Vec<TileStmt>,
 }
 
-fn op_text(k: &TileKernel, op: &TileOp) -> String {
+/// A block shape as the text writes it: `[XBLOCK, 1]` or `[XBLOCK, RBLOCK]`.
+fn shape_text(dims: Dims) -> &'static str {
+    match dims {
+        Dims::X => "[XBLOCK, 1]",
+        Dims::XR => "[XBLOCK, RBLOCK]",
+    }
+}
+
+fn op_text(k: &TileKernel, op: &TileOp, dtype: DType) -> String {
     let arg = |a: &usize| k.args[*a].name.clone();
     match op {
         TileOp::Load { arg: a, index } => format!("load({} + ({index}))", arg(a)),
@@ -419,7 +428,7 @@ fn op_text(k: &TileKernel, op: &TileOp) -> String {
             format!("load({} + ({index}), mask=tmp{mask}, other={other})", arg(a))
         }
         TileOp::IndirectLoad { arg: a, index, indirect, stride, bound } => {
-            format!("load({} + ({index} + {stride}*tmp{indirect}))  # check 0 <= tmp{indirect} < {bound}", arg(a))
+            format!("load({} + ({index}), indirect=tmp{indirect}, stride={stride}, bound={bound})", arg(a))
         }
         TileOp::Constant(c) => format!("{c}"),
         TileOp::Index(e) => format!("({e})"),
@@ -430,21 +439,17 @@ fn op_text(k: &TileKernel, op: &TileOp) -> String {
         TileOp::Unary(u, a) => format!("{}(tmp{a})", u.name()),
         TileOp::Binary(b, x, y) => format!("{}(tmp{x}, tmp{y})", b.name()),
         TileOp::Where(c, x, y) => format!("where(tmp{c}, tmp{x}, tmp{y})"),
-        TileOp::Cast(a) => format!("tmp{a}"),
+        TileOp::Cast(a) => format!("tmp{a}.to({dtype})"),
     }
 }
 
 fn write_stmts(s: &mut String, k: &TileKernel, stmts: &[TileStmt], indent: usize) {
     let pad = " ".repeat(indent);
+    let x = shape_text(Dims::X);
     for st in stmts {
         match st {
             TileStmt::Let { var, dims, dtype, op } => {
-                let shape = if *dims == Dims::X { "[XBLOCK, 1]" } else { "[XBLOCK, RBLOCK]" };
-                let text = match op {
-                    TileOp::Cast(_) => format!("{}.to({dtype})", op_text(k, op)),
-                    _ => op_text(k, op),
-                };
-                let _ = writeln!(s, "{pad}tmp{var} = {text}  # {dtype}{shape}");
+                let _ = writeln!(s, "{pad}tmp{var}: {dtype}{} = {}", shape_text(*dims), op_text(k, op, *dtype));
             }
             TileStmt::Store { arg, index, value, dims } => {
                 let mask = if *dims == Dims::X { "xmask" } else { "xmask & rmask" };
@@ -463,7 +468,7 @@ fn write_stmts(s: &mut String, k: &TileKernel, stmts: &[TileStmt], indent: usize
                 let shift = if *finite_shift { ", shift=finite" } else { "" };
                 let _ = writeln!(
                     s,
-                    "{pad}tmp{max}, tmp{sum} = online_softmax(acc{max}, acc{sum}, axis=1{shift})[:, None]  # {dtype}[XBLOCK, 1]"
+                    "{pad}tmp{max}, tmp{sum}: {dtype}{x} = online_softmax(acc{max}, acc{sum}, axis=1{shift})[:, None]"
                 );
             }
             TileStmt::RLoop(body) => {
@@ -478,20 +483,21 @@ fn write_stmts(s: &mut String, k: &TileKernel, stmts: &[TileStmt], indent: usize
                 } else {
                     format!("tmp{source}")
                 };
-                let _ = writeln!(s, "{pad}tmp{var} = {}({src}, axis=1)[:, None]  # {dtype}[XBLOCK, 1]", op.name());
+                let _ = writeln!(s, "{pad}tmp{var}: {dtype}{x} = {}({src}, axis=1)[:, None]", op.name());
             }
         }
     }
 }
 
-impl fmt::Display for TileKernel {
-    /// Triton-like text.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut s = String::new();
+impl TileKernel {
+    /// The parameter list of the kernel's `def` line: the buffer arguments (each with the
+    /// loop program's buffer it points to), the size symbols, the random streams' keys and
+    /// counters.
+    fn params_text(&self) -> String {
         let params: Vec<String> = self
             .args
             .iter()
-            .map(|a| format!("{}: *{}", a.name, a.dtype))
+            .map(|a| format!("{}: *{} (buffer {})", a.name, a.dtype, a.buffer.0))
             .chain(self.sizes.iter().map(|s| format!("{s}: i64")))
             .chain(
                 self.random
@@ -500,8 +506,13 @@ impl fmt::Display for TileKernel {
                     .map(|n| format!("{n}: u64")),
             )
             .collect();
-        let _ = writeln!(s, "# kind: {}", self.kind.name());
-        let _ = writeln!(s, "@kernel\ndef {}({}):", self.name, params.join(", "));
+        params.join(", ")
+    }
+
+    /// The lines between the `def` line and the statements: extents, block sizes, index and
+    /// mask blocks. The parser expects exactly these for the header's kind and extents.
+    pub(crate) fn prologue_text(&self) -> String {
+        let mut s = String::new();
         let _ = writeln!(s, "    xnumel = {}", self.xnumel);
         if let Some(r) = &self.rnumel {
             let _ = writeln!(s, "    rnumel = {r}");
@@ -516,6 +527,17 @@ impl fmt::Display for TileKernel {
                 let _ = writeln!(s, "    rmask = rindex < rnumel");
             }
         }
+        s
+    }
+}
+
+impl fmt::Display for TileKernel {
+    /// Triton-like text, which [`TileKernel::parse`] reads back (see [`crate::parse`]).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        let _ = writeln!(s, "@kernel(kind={})", self.kind.name());
+        let _ = writeln!(s, "def {}({}):", self.name, self.params_text());
+        s += &self.prologue_text();
         write_stmts(&mut s, self, &self.body, 4);
         f.write_str(&s)
     }

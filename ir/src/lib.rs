@@ -6,9 +6,11 @@
 //! * the op set ([`Op`]): primitives and the composite ops users call;
 //! * shape and dtype inference for every op ([`infer`]);
 //! * the tensor [`Graph`] (an FX-like arena of nodes with shapes, dtypes and source lines) and
-//!   its deterministic printer, and the parser of that text ([`parse`], [`Graph::parse`]);
+//!   its deterministic printer;
 //! * the loop-level IR ([`loops`]) that graphs are lowered to before fusion, and the kernel
 //!   level ([`kernel`]): the scheduler's fused kernels and the Triton-style block IR;
+//! * the parsers of the three IR texts ([`parse`]: [`Graph::parse`],
+//!   [`loops::LoopProgram::parse`], [`kernel::TileKernel::parse`]);
 //! * coil's [`Error`] type;
 //! * the typed [`config`]uration every crate reads its settings from;
 //! * the formulas of [`special`] functions every backend shares (`erfinv`);

@@ -17,15 +17,19 @@
 //! into a buffer (an output, an extern operand, a reduction), so each node is already a
 //! vertical fusion of pointwise ops; the scheduler then groups nodes into kernels.
 //!
-//! The printer is deterministic; it is what `ir_pre_fusion.txt` shows.
+//! The printer is deterministic and prints everything a program holds; it is what
+//! `ir_pre_fusion.txt` shows, and [`LoopProgram::parse`] reads it back ([`crate::parse`]
+//! describes the text).
 
 use crate::dtype::{DType, Scalar};
 use crate::graph::TensorMeta;
 use crate::op::{BinaryOp, Op, RandDist, ReduceOp, UnaryOp};
-use crate::philox;
 use crate::sym::Expr;
 use indexmap::IndexMap;
-use std::fmt::{self, Write};
+use std::fmt;
+
+mod print;
+pub(crate) use print::appearance_order;
 
 /// Index of a buffer in [`LoopProgram::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,7 +55,7 @@ impl LoopBuffer {
 
     /// `f32[s0, 64]`: the dtype and the sizes as expressions.
     pub fn type_text(&self) -> String {
-        format!("{}{}", self.meta.dtype, exprs(&self.shape))
+        format!("{}{}", self.meta.dtype, print::exprs(&self.shape))
     }
 
     /// Number of elements, as an expression of the size symbols.
@@ -380,98 +384,6 @@ impl ExternCall {
             ExternCall::Bmm { .. } | ExternCall::Fallback { .. } | ExternCall::Conv(_) => vec![],
         }
     }
-}
-
-impl fmt::Display for ExternCall {
-    /// What `ir_pre_fusion.txt` shows after `extern`: `bmm +bias batch=[2] m=4 n=8 k=16`,
-    /// `attention causal scale=0.125 batch=[1, 2] l=144 s=144 d=64` (with `out=[strides]` when
-    /// the result is not written row-major), `fallback cumsum[dim=0]`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ExternCall::Bmm { batch, m, n, k, bias, activation, .. } => {
-                let mut epilogue = if bias.is_some() { " +bias" } else { "" }.to_string();
-                if let Some(act) = activation {
-                    epilogue = format!("{epilogue} +{}", act.name());
-                }
-                write!(f, "bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
-            }
-            ExternCall::Attention(call) => {
-                let AttentionCall { out, batch, l, s, d, causal, scale, mask, .. } = &**call;
-                let causal = if *causal { " causal" } else { "" };
-                write!(
-                    f,
-                    "attention{causal} scale={} batch={} l={l} s={s} d={d}",
-                    Scalar::Float(*scale),
-                    exprs(batch)
-                )?;
-                let dims: Vec<Expr> = batch.iter().copied().chain([*l, *d]).collect();
-                write_layout(f, "out", out, &dims)?;
-                if let Some(mask) = mask {
-                    let mut strides = mask.batch_strides.clone();
-                    strides.extend([mask.row_stride, mask.col_stride]);
-                    write!(f, " mask={}", exprs(&strides))?;
-                    if mask.offset != Expr::int(0) {
-                        write!(f, "+{}", mask.offset)?;
-                    }
-                }
-                Ok(())
-            }
-            ExternCall::AttentionBackward(call) => {
-                let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
-                let causal = if *causal { " causal" } else { "" };
-                let grads: Vec<&str> =
-                    [(dq, "q"), (dk, "k"), (dv, "v")].iter().filter(|(g, _)| g.is_some()).map(|(_, n)| *n).collect();
-                write!(
-                    f,
-                    "attention_backward{causal} scale={} batch={} l={l} s={s} d={d} grads=[{}]",
-                    Scalar::Float(*scale),
-                    exprs(batch),
-                    grads.join(", ")
-                )?;
-                for (g, name, rows) in [(dq, "dq", l), (dk, "dk", s), (dv, "dv", s)] {
-                    if let Some(g) = g {
-                        let dims: Vec<Expr> = batch.iter().copied().chain([*rows, *d]).collect();
-                        write_layout(f, name, g, &dims)?;
-                    }
-                }
-                Ok(())
-            }
-            ExternCall::Fallback { op } => write!(f, "fallback {op}"),
-            ExternCall::Conv(call) => {
-                let op = Op::Conv { geometry: call.geometry.clone(), form: call.form.clone() };
-                write!(f, "{op} a={:?} b={:?} out={:?}", call.a.shape, call.b.shape, call.out)?;
-                for (name, v) in [("a", &call.a), ("b", &call.b)] {
-                    write!(f, " {name}_strides={:?}", v.strides)?;
-                    if v.offset != 0 {
-                        write!(f, "+{}", v.offset)?;
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-/// ` name=[strides](+offset)` when `op` does not write a `dims` tensor row-major from offset 0.
-fn write_layout(f: &mut fmt::Formatter<'_>, name: &str, op: &StridedOperand, dims: &[Expr]) -> fmt::Result {
-    let mut strides = op.batch_strides.clone();
-    strides.extend([op.row_stride, op.col_stride]);
-    if strides != row_major_strides(dims) || op.offset != Expr::int(0) {
-        write!(f, " {name}={}", exprs(&strides))?;
-        if op.offset != Expr::int(0) {
-            write!(f, "+{}", op.offset)?;
-        }
-    }
-    Ok(())
-}
-
-/// Row-major strides of a tensor of `shape` (size-1 dims get their row-major stride too).
-fn row_major_strides(shape: &[Expr]) -> Vec<Expr> {
-    let mut out = vec![Expr::int(1); shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        out[i] = out[i + 1] * shape[i + 1];
-    }
-    out
 }
 
 /// A pointwise function an [`ExternCall::Bmm`] applies to its result inside the call, after the
@@ -837,101 +749,5 @@ impl LoopProgram {
     /// The hint value of every size symbol.
     pub fn hints(&self) -> Bindings {
         self.symbols.iter().map(|s| (s.symbol, s.hint)).collect()
-    }
-}
-
-fn write_body(s: &mut String, p: &LoopProgram, body: &Body) {
-    for (i, v) in body.values.iter().enumerate() {
-        let buf = |b: &BufferId| p.buffer(*b).name.clone();
-        let rhs = match &v.op {
-            ScalarOp::Load { buffer, index } => format!("load({}, {index})", buf(buffer)),
-            ScalarOp::MaskedLoad { buffer, index, mask, other } => {
-                format!("load({}, {index}, mask={mask}, other={other})", buf(buffer))
-            }
-            ScalarOp::IndirectLoad { buffer, index, indirect, stride, bound } => {
-                format!("load({}, {index} + {stride}*{indirect}, check 0 <= {indirect} < {bound})", buf(buffer))
-            }
-            ScalarOp::Constant(c) => format!("constant({c})"),
-            ScalarOp::Index(e) => format!("index({e})"),
-            ScalarOp::Rand { dist, stream, counter } => {
-                let name = if *dist == RandDist::Normal { "randn" } else { "rand" };
-                format!("{name}({}, {} + ({counter}))", philox::seed_name(*stream), philox::offset_name(*stream))
-            }
-            ScalarOp::Unary(op, a) => format!("{}({a})", op.name()),
-            ScalarOp::Binary(op, a, b) => format!("{}({a}, {b})", op.name()),
-            ScalarOp::Where(c, a, b) => format!("where({c}, {a}, {b})"),
-            ScalarOp::Cast(a) => format!("cast({a})"),
-        };
-        let _ = writeln!(s, "    v{i}: {} = {rhs}", v.dtype);
-    }
-    let _ = writeln!(s, "    return {}", body.result);
-}
-
-fn exprs(v: &[Expr]) -> String {
-    let parts: Vec<String> = v.iter().map(|e| e.to_string()).collect();
-    format!("[{}]", parts.join(", "))
-}
-
-impl fmt::Display for LoopProgram {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut s = String::new();
-        let names = |ids: &[BufferId]| ids.iter().map(|b| self.buffer(*b).name.clone()).collect::<Vec<_>>().join(", ");
-        for sym in &self.symbols {
-            let _ = writeln!(
-                s,
-                "symbol {} = {}.size({}) (hint {})",
-                sym.symbol,
-                self.buffer(self.inputs[sym.input]).name,
-                sym.dim,
-                sym.hint
-            );
-        }
-        for k in 0..self.random_streams() {
-            let _ = writeln!(s, "random stream {k}: {}, {}", philox::seed_name(k), philox::offset_name(k));
-        }
-        let _ = writeln!(s, "inputs: {}", names(&self.inputs));
-        for id in &self.inputs {
-            let _ = writeln!(s, "  {}: {}", self.buffer(*id).name, self.buffer(*id).type_text());
-        }
-        for node in &self.nodes {
-            let out = self.buffer(node.output);
-            let origins = node.origins.join(", ");
-            match &node.kind {
-                LoopKind::Pointwise { ranges, body } => {
-                    let _ = writeln!(
-                        s,
-                        "{}: {} = pointwise ranges={} origins=[{origins}]",
-                        out.name,
-                        out.type_text(),
-                        exprs(ranges)
-                    );
-                    write_body(&mut s, self, body);
-                }
-                LoopKind::Reduction { ranges, reduction_ranges, op, body } => {
-                    let _ = writeln!(
-                        s,
-                        "{}: {} = reduction {} ranges={} reduction_ranges={} origins=[{origins}]",
-                        out.name,
-                        out.type_text(),
-                        op.name(),
-                        exprs(ranges),
-                        exprs(reduction_ranges)
-                    );
-                    write_body(&mut s, self, body);
-                }
-                LoopKind::Extern { call, inputs } => {
-                    // Every buffer the call writes, the node's output first.
-                    let written: Vec<String> = node
-                        .writes()
-                        .iter()
-                        .map(|&b| format!("{}: {}", self.buffer(b).name, self.buffer(b).type_text()))
-                        .collect();
-                    let _ =
-                        writeln!(s, "{} = extern {call}({}) origins=[{origins}]", written.join(", "), names(inputs));
-                }
-            }
-        }
-        let _ = writeln!(s, "outputs: {}", names(&self.outputs));
-        f.write_str(&s)
     }
 }

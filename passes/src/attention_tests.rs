@@ -298,7 +298,13 @@ inputs: arg0, arg1
   arg0: bf16[2, 5, 48]
   arg1: bf16[16, 16]
 buf0: bf16[2, 5, 2, 8] = extern attention causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 out=[80, 8, 16, 1](arg0, arg0, arg0) origins=[scaled_dot_product_attention]
+    q = view(arg0, offset=0, strides=[240, 8, 48, 1])
+    k = view(arg0, offset=16, strides=[240, 8, 48, 1])
+    v = view(arg0, offset=32, strides=[240, 8, 48, 1])
+    out = view(buf0, offset=0, strides=[80, 8, 16, 1])
 buf1: bf16[10, 16] = extern bmm batch=[] m=10 n=16 k=16(buf0, arg1) origins=[bmm]
+    a = view(buf0, offset=0, strides=[16, 1])
+    b = view(arg1, offset=0, strides=[16, 1])
 buf2: bf16[2, 5, 16] = pointwise ranges=[2, 5, 16] origins=[reshape]
     v0: bf16 = load(buf1, 80*x0 + 16*x1 + x2)
     return v0

@@ -1,4 +1,6 @@
-//! Every golden case's graphs round-trip through the graph text (`coil::Graph::parse`).
+//! Every golden case's graphs round-trip through the graph text (`coil::Graph::parse`), and
+//! the loop programs and tile kernels lowered from them through theirs
+//! (`LoopProgram::parse`, `TileKernel::parse`).
 
 use crate::harness::{for_each_case, run_case};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,7 +13,7 @@ pub fn check_text_round_trips() {
     use coil_passes::DecomposeOptions;
     let compile_options =
         DecomposeOptions { fused_attention: true, half_products: true, conv_template: true, ..Default::default() };
-    let (mut graphs, mut failures) = (0, Vec::new());
+    let (mut graphs, mut programs, mut kernels, mut failures) = (0, 0, 0, Vec::new());
     for_each_case(coil::Device::Cpu, |name, _, _, inputs, _| {
         let Ok(Some(Ok(outs))) = catch_unwind(AssertUnwindSafe(|| run_case(name, &inputs))) else { return };
         let captured = coil::capture(&outs.iter().collect::<Vec<_>>()).graph;
@@ -25,16 +27,52 @@ pub fn check_text_round_trips() {
             }
             stages.push((stage, primitive));
         }
-        for (stage, graph) in stages {
+        for (stage, graph) in &stages {
             graphs += 1;
-            if let Err(e) = round_trip(&graph) {
+            if let Err(e) = round_trip(graph) {
                 failures.push(format!("{name} ({stage}): {e}"));
             }
         }
+        // The compile path's program: the last simplified graph, lowered, split, scheduled.
+        let Some((_, graph)) = stages.iter().rev().find(|(stage, _)| *stage == "simplified") else { return };
+        let Ok(lowered) = coil_passes::lower(graph) else { return };
+        for program in [coil_passes::split_reductions(&lowered), lowered] {
+            programs += 1;
+            if let Err(e) = text_round_trip(&program, coil_ir::loops::LoopProgram::parse) {
+                failures.push(format!("{name} (loop program): {e}"));
+            }
+            let schedule = coil_passes::schedule(&program);
+            for k in schedule.kernels.iter().filter(|k| k.kind != coil_ir::kernel::KernelKind::Extern) {
+                kernels += 1;
+                let tile = coil_codegen::build_kernel(&program, k);
+                if let Err(e) = text_round_trip(&tile, coil_ir::kernel::TileKernel::parse) {
+                    failures.push(format!("{name} (tile kernel {}): {e}", k.name));
+                }
+            }
+        }
     });
-    println!("{graphs} graphs round-trip through text");
-    assert!(graphs >= 600, "only {graphs} graphs checked");
-    assert!(failures.is_empty(), "{} graphs do not round-trip:\n{}", failures.len(), failures.join("\n"));
+    println!("{graphs} graphs, {programs} loop programs and {kernels} tile kernels round-trip through text");
+    assert!(graphs >= 600 && programs >= 300 && kernels >= 300, "only {graphs} / {programs} / {kernels} checked");
+    assert!(failures.is_empty(), "{} do not round-trip:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// `ir` printed, parsed and printed again: the same text, and the same IR.
+fn text_round_trip<T: PartialEq + std::fmt::Display + std::fmt::Debug>(
+    ir: &T,
+    parse: fn(&str) -> coil::Result<T>,
+) -> Result<(), String> {
+    let text = ir.to_string();
+    let parsed = catch_unwind(AssertUnwindSafe(|| parse(&text)))
+        .map_err(|_| format!("the parser panics on\n{text}"))?
+        .map_err(|e| format!("{e}\n{text}"))?;
+    if parsed != *ir {
+        return Err(format!("parses as another value:\n{parsed:?}\nwas\n{ir:?}\ntext:\n{text}"));
+    }
+    let again = parsed.to_string();
+    if again != text {
+        return Err(format!("prints differently:\n{again}\nwas\n{text}"));
+    }
+    Ok(())
 }
 
 /// `graph` printed, parsed and printed again: the same text, and the same graph.

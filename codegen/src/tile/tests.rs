@@ -11,21 +11,25 @@ fn snapshot(name: &str, text: String) {
 
 /// `relu(x * 2 + 1)` over `[4, 8]` of `d`, one pointwise kernel.
 pub(crate) fn pointwise_chain(d: DType) -> (LoopProgram, FusedKernel) {
-    let mut p = Prog::default();
-    let x = p.input(&[4, 8], d);
-    let v = xs(&[4, 8]);
-    let mut b = B::default();
-    let l = b.load(x, v[0] * 8 + v[1], d);
-    let two = b.constant(2.0, d);
-    let m = b.binary(BinaryOp::Mul, l, two, d);
-    let one = b.constant(1.0, d);
-    let a = b.binary(BinaryOp::Add, m, one, d);
-    let zero = b.constant(0.0, d);
-    let r = b.binary(BinaryOp::Maximum, a, zero, d);
-    let out = p.pointwise(&[4, 8], d, b.done(r));
-    p.output(out);
-    let k = kernel("poi_fused_add_mul_relu_0", KernelKind::Pointwise, vec![0], 32, None, vec![out]);
-    (p.p, k)
+    let p = LoopProgram::parse(&format!(
+        "\
+inputs: arg0
+  arg0: {d}[4, 8]
+buf0: {d}[4, 8] = pointwise ranges=[4, 8] origins=[pointwise]
+    v0: {d} = load(arg0, 8*x0 + x1)
+    v1: {d} = constant(2.0)
+    v2: {d} = mul(v0, v1)
+    v3: {d} = constant(1.0)
+    v4: {d} = add(v2, v3)
+    v5: {d} = constant(0.0)
+    v6: {d} = maximum(v4, v5)
+    return v6
+outputs: buf0
+"
+    ))
+    .unwrap();
+    let k = kernel("poi_fused_add_mul_relu_0", KernelKind::Pointwise, vec![0], 32, None, vec![BufferId(1)]);
+    (p, k)
 }
 
 #[test]
@@ -57,14 +61,19 @@ fn softmax_looped_tile() {
 
 /// `argmax(x, dim=1)` of f32 `[rows, cols]`, one persistent kernel.
 pub(crate) fn argmax(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
-    let mut p = Prog::default();
-    let x = p.input(&[rows, cols], DType::F32);
-    let mut b = B::default();
-    let l = b.load(x, xs(&[rows])[0] * cols as i64 + rs(&[cols])[0], DType::F32);
-    let out = p.reduction(&[rows], &[cols], ReduceOp::ArgMax, DType::I64, b.done(l));
-    p.output(out);
+    let p = LoopProgram::parse(&format!(
+        "\
+inputs: arg0
+  arg0: f32[{rows}, {cols}]
+buf0: i64[{rows}] = reduction argmax ranges=[{rows}] reduction_ranges=[{cols}] origins=[argmax]
+    v0: f32 = load(arg0, {cols}*x0 + r0)
+    return v0
+outputs: buf0
+"
+    ))
+    .unwrap();
     let kind = if cols <= 1024 { KernelKind::PersistentReduction } else { KernelKind::LoopedReduction };
-    (p.p, kernel("per_fused_argmax_0", kind, vec![0], rows, Some(cols), vec![out]))
+    (p, kernel("per_fused_argmax_0", kind, vec![0], rows, Some(cols), vec![BufferId(1)]))
 }
 
 #[test]
@@ -76,19 +85,20 @@ fn argmax_tile() {
 
 /// `table[idx]` (embedding): bf16 table `[5, 4]`, i64 indices `[3]`.
 pub(crate) fn embedding() -> (LoopProgram, FusedKernel) {
-    let mut p = Prog::default();
-    let table = p.input(&[5, 4], DType::BF16);
-    let idx = p.input(&[3], DType::I64);
-    let v = xs(&[3, 4]);
-    let mut b = B::default();
-    let i = b.load(idx, v[0], DType::I64);
-    let g = b.push(
-        ScalarOp::IndirectLoad { buffer: table, index: v[1], indirect: i, stride: Expr::from(4), bound: Expr::from(5) },
-        DType::BF16,
-    );
-    let out = p.pointwise(&[3, 4], DType::BF16, b.done(g));
-    p.output(out);
-    (p.p, kernel("poi_fused_embedding_0", KernelKind::Pointwise, vec![0], 12, None, vec![out]))
+    let p = LoopProgram::parse(
+        "\
+inputs: arg0, arg1
+  arg0: bf16[5, 4]
+  arg1: i64[3]
+buf0: bf16[3, 4] = pointwise ranges=[3, 4] origins=[pointwise]
+    v0: i64 = load(arg1, x0)
+    v1: bf16 = load(arg0, x1, indirect=v0, stride=4, bound=5)
+    return v1
+outputs: buf0
+",
+    )
+    .unwrap();
+    (p, kernel("poi_fused_embedding_0", KernelKind::Pointwise, vec![0], 12, None, vec![BufferId(2)]))
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The tokens of the graph text, each with its `line:column`.
+//! The tokens of the IR texts (graph, loop IR, tile IR), each with its `line:column`.
 
 use super::Pos;
 
@@ -12,7 +12,9 @@ pub(super) enum Tok {
     Ident(String),
     /// A number as written: `3`, `-1`, `1.0`, `1e-5`, `-inf`.
     Num(String),
-    /// One of `( ) [ ] { } , : =`.
+    /// One of `( ) [ ] { } , : =`, or an operator character of index expressions and the tile
+    /// text: `+ - * / % < & . @` (a `+` or `-` before a digit, `inf` or `nan` is a number's
+    /// sign, and `%` before a digit a node label).
     Punct(char),
     /// The end of the text.
     End,
@@ -61,7 +63,7 @@ pub(super) fn lex(text: &str) -> Result<Vec<(Tok, Pos)>, (Pos, String)> {
             }
             j
         };
-        let tok = if c == '%' {
+        let tok = if c == '%' && chars.get(i + 1).is_some_and(|d| d.is_ascii_alphanumeric()) {
             let j = word(i + 1);
             let digits: String = chars[i + 1..j].iter().collect();
             let n =
@@ -71,7 +73,7 @@ pub(super) fn lex(text: &str) -> Result<Vec<(Tok, Pos)>, (Pos, String)> {
         } else if c.is_ascii_alphabetic() || c == '_' {
             i = word(i);
             Tok::Ident(chars[start..i].iter().collect())
-        } else if c.is_ascii_digit() || c == '-' || c == '+' {
+        } else if c.is_ascii_digit() || ((c == '-' || c == '+') && signs_number(&chars[i + 1..])) {
             let mut j = i + 1;
             while j < chars.len() {
                 let d = chars[j];
@@ -92,7 +94,7 @@ pub(super) fn lex(text: &str) -> Result<Vec<(Tok, Pos)>, (Pos, String)> {
                 return Err((pos, format!("expected a number, found `{w}`")));
             }
             Tok::Num(w)
-        } else if "()[]{},:=".contains(c) {
+        } else if "()[]{},:=+-*/%<&.@".contains(c) {
             i += 1;
             Tok::Punct(c)
         } else {
@@ -103,6 +105,13 @@ pub(super) fn lex(text: &str) -> Result<Vec<(Tok, Pos)>, (Pos, String)> {
     }
     out.push((Tok::End, Pos { line, col }));
     Ok(out)
+}
+
+/// Whether a `+` or `-` followed by `rest` is the sign of a number (a digit, `inf` or `nan`
+/// follows), rather than an operator.
+fn signs_number(rest: &[char]) -> bool {
+    let word: String = rest.iter().take_while(|c| c.is_ascii_alphanumeric() || **c == '_').collect();
+    rest.first().is_some_and(|c| c.is_ascii_digit()) || word == "inf" || word == "nan"
 }
 
 #[cfg(test)]
@@ -137,6 +146,10 @@ mod tests {
     fn positions_are_line_and_column() {
         let t = lex("a\n  %3").unwrap();
         assert_eq!(t[1].1, Pos { line: 2, col: 3 });
+        let ops: Vec<Tok> =
+            toks("x0 - 4 + -2*r0 // 3 % 4").into_iter().filter(|t| matches!(t, Tok::Punct(_))).collect();
+        assert_eq!(ops, "-+*//%".chars().map(Tok::Punct).collect::<Vec<_>>());
+        assert_eq!(toks("-x")[0], Tok::Punct('-'));
         let (pos, msg) = lex("x $").unwrap_err();
         assert_eq!((pos, msg.as_str()), (Pos { line: 1, col: 3 }, "unexpected character `$`"));
         assert!(lex("1.2.3").is_err());

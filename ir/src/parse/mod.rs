@@ -1,6 +1,10 @@
-//! Reading a graph back from its text: [`Graph::parse`] is the inverse of [`Graph::print`].
+//! Reading the IR texts back: [`Graph::parse`],
+//! [`LoopProgram::parse`](crate::loops::LoopProgram::parse) and
+//! [`TileKernel::parse`](crate::kernel::TileKernel::parse) are the inverses of their printers.
+//! One lexer serves the three; `#` and `;` start comments to the end of the line. Errors name
+//! the `line:column`, what was expected, and show the line with a caret under the column.
 //!
-//! The text is what the printer writes:
+//! # Graph text
 //!
 //! ```text
 //! graph(%0: f32[4, 16], %1: i64[4]) {
@@ -21,11 +25,8 @@
 //! * Labels order the nodes: a node's operands have smaller labels. The printer's labels are
 //!   the node indices `0..n`, which the parse keeps; other labels (gaps, any order of lines) are
 //!   renumbered in label order.
-//! * `#` and `;` start comments to the end of the line: the printer's `# file:line` source
-//!   locations are comments, so a parsed graph has no locations (and no decomposition
-//!   origins, which the text does not carry).
-//!
-//! Errors name the `line:column`, what was expected and the line itself.
+//! * The printer's `# file:line` source locations are comments, so a parsed graph has no
+//!   locations (and no decomposition origins, which the text does not carry).
 //!
 //! ```
 //! use coil_ir::Graph;
@@ -35,13 +36,61 @@
 //! let e = Graph::parse("graph(%0: f32[2]) {\n  %1 = exp(%0\n  return (%1)\n}").unwrap_err();
 //! assert!(e.to_string().contains("3:3: expected `,` or `)`"), "{e}");
 //! ```
+//!
+//! # Loop IR text
+//!
+//! ```text
+//! symbol s0 = arg0.size(1) (hint 7)
+//! random stream 0: seed0, offset0
+//! buffers: arg0, buf1, buf0            (only when ids are not in order of appearance)
+//! inputs: arg0
+//!   arg0: f32[4, s0]
+//! buf0: f32[4, 1] = reduction sum ranges=[4, 1] reduction_ranges=[s0] origins=[sum]
+//!     v0: f32 = load(arg0, r0 + s0*x0)
+//!     return v0
+//! buf1: f32[4, 4] = extern bmm batch=[] m=4 n=4 k=s0(arg0, arg0) origins=[bmm]
+//!     a = view(arg0, offset=0, strides=[s0, 1])
+//!     b = view(arg0, offset=0, strides=[1, s0])
+//! outputs: buf1
+//! data_check buf0: code=1 op=gather dim=0 node=none
+//! ```
+//!
+//! * Buffers are named where they are declared (an input's line, a node's written buffers)
+//!   and referred to by name; their ids are the order of the `buffers:` line, or else of
+//!   appearance. A buffer's meta is its shape at the symbols' hints.
+//! * A body's values are `v0, v1, ...` in order, each with its dtype; the scalar ops are
+//!   `load(buf, index)`, `load(buf, index, mask=v, other=scalar)`,
+//!   `load(buf, index, indirect=v, stride=e, bound=e)`, `constant(scalar)`, `index(e)`,
+//!   `rand(seed<k>, offset<k> + (e))` / `randn(..)`, `where(c, a, b)`, `cast(v)` and the
+//!   unary and binary functions by name.
+//! * An extern node's header is what [`crate::loops::ExternCall`] prints; the operand lines
+//!   under it give every buffer and stride of the call, and the header must agree with them.
+//! * Index expressions are written as [`crate::sym::Expr`] prints them. A node's `x<i>` and
+//!   `r<i>` take their facts from its ranges; every `s<n>` is a size symbol (at least 2), also
+//!   in an instantiated program, which keeps them in its bodies.
+//!
+//! # Tile IR text
+//!
+//! The Triton-like text of [`crate::kernel::TileKernel`]'s `Display`: a
+//! `@kernel(kind=...)` line, the `def` line with the buffer arguments (each with the loop
+//! program's buffer id it points to, `in_ptr0: *f32 (buffer 0)`; `in_ptr` / `out_ptr` /
+//! `in_out_ptr` say whether it is read, written or both), size arguments `s<n>: i64` and random
+//! streams `seed<k>: u64, offset<k>: u64`; the extents and block sizes; then the statements,
+//! each variable with its type (`tmp3: f32[XBLOCK, RBLOCK] = exp(tmp2)`), a looped reduction's
+//! passes as indented `for roffset in range(0, rnumel, RBLOCK):` blocks. `xindex` and `rindex`
+//! take their facts from `xnumel` and `rnumel`.
 
+mod expr;
 mod lex;
+mod loops;
 mod op;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_text;
+mod tile;
 
-use crate::dtype::DType;
+use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, TensorMeta};
 use crate::op::Op;
@@ -116,13 +165,13 @@ impl Graph {
     /// assert_eq!(g.meta(g.outputs[0]).to_string(), "f32[4]");
     /// ```
     pub fn parse(text: &str) -> Result<Graph> {
-        let fail = |(pos, message): Located| located_error(text, pos, message);
+        let fail = |(pos, message): Located| located_error(text, GRAPH, pos, message);
         let tokens = lex::lex(text).map_err(fail)?;
         let mut parser = Parser { tokens, at: 0 };
         let (defs, outputs) = parser.graph().map_err(fail)?;
         build(defs, outputs).map_err(|(pos, e)| match e {
-            Built::Message(message) => located_error(text, pos, message),
-            Built::Inference(e) => Error::new(e.kind, located_message(text, pos, &e.to_string())),
+            Built::Message(message) => located_error(text, GRAPH, pos, message),
+            Built::Inference(e) => Error::new(e.kind, located_message(text, GRAPH, pos, &e.to_string())),
         })
     }
 }
@@ -135,15 +184,18 @@ impl std::str::FromStr for Graph {
     }
 }
 
-/// `line:col: message`, then the line and a caret under the column.
-fn located_message(text: &str, pos: Pos, message: &str) -> String {
+/// What the errors of [`Graph::parse`] call their text.
+const GRAPH: &str = "graph text";
+
+/// `<what> line:col: message`, then the line and a caret under the column.
+fn located_message(text: &str, what: &str, pos: Pos, message: &str) -> String {
     let line = text.lines().nth(pos.line - 1).unwrap_or("");
     let caret = " ".repeat(line.chars().take(pos.col - 1).map(|c| if c == '\t' { 4 } else { 1 }).sum());
-    format!("graph text {}:{}: {message}\n  {}\n  {caret}^", pos.line, pos.col, line.replace('\t', "    "))
+    format!("{what} {}:{}: {message}\n  {}\n  {caret}^", pos.line, pos.col, line.replace('\t', "    "))
 }
 
-fn located_error(text: &str, pos: Pos, message: String) -> Error {
-    Error::value(located_message(text, pos, &message))
+fn located_error(text: &str, what: &str, pos: Pos, message: String) -> Error {
+    Error::value(located_message(text, what, pos, &message))
 }
 
 /// Why building the graph failed.
@@ -214,15 +266,88 @@ impl Parser {
         }
     }
 
-    /// `f32[2, 3]`.
-    fn meta(&mut self) -> Result<TensorMeta, Located> {
-        let dtype = match self.peek().clone() {
+    /// Whether the next token is the name `word`.
+    fn at_word(&self, word: &str) -> bool {
+        matches!(&self.peek().0, Tok::Ident(w) if w == word)
+    }
+
+    /// Whether the token `k` places ahead is the punctuation `c`.
+    fn punct_ahead(&self, k: usize, c: char) -> bool {
+        self.tokens.get(self.at + k).is_some_and(|(t, _)| *t == Tok::Punct(c))
+    }
+
+    /// A name (`what` says which, for the error).
+    fn ident(&mut self, what: &str) -> Result<(String, Pos), Located> {
+        match self.peek().clone() {
+            (Tok::Ident(w), pos) => {
+                self.at += 1;
+                Ok((w, pos))
+            }
+            _ => self.expected(what),
+        }
+    }
+
+    /// A name that is `prefix` then a number (`v3`, `tmp12`, `acc1`): the number.
+    fn numbered(&mut self, prefix: &str) -> Result<(u32, Pos), Located> {
+        match self.peek().clone() {
+            (Tok::Ident(w), pos) => match w.strip_prefix(prefix).filter(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+                Some(n) if !n.is_empty() && n.parse::<u32>().is_ok() => {
+                    self.at += 1;
+                    Ok((n.parse().unwrap(), pos))
+                }
+                _ => self.expected(&format!("`{prefix}<n>`")),
+            },
+            _ => self.expected(&format!("`{prefix}<n>`")),
+        }
+    }
+
+    /// A number that parses as `T` (integers: no point or exponent).
+    fn number<T: std::str::FromStr>(&mut self, what: &str) -> Result<(T, Pos), Located> {
+        match self.peek().clone() {
+            (Tok::Num(s), pos) if s.bytes().all(|b| b.is_ascii_digit() || b == b'-') => match s.parse() {
+                Ok(v) => {
+                    self.at += 1;
+                    Ok((v, pos))
+                }
+                Err(_) => self.expected(what),
+            },
+            _ => self.expected(what),
+        }
+    }
+
+    /// The tokens of `text`, in order (fixed text such as `arange(XBLOCK)[:, None]`).
+    fn phrase(&mut self, text: &str) -> Result<(), Located> {
+        let want = lex::lex(text).expect("a phrase of the printer lexes");
+        for (tok, _) in &want[..want.len() - 1] {
+            if self.peek().0 != *tok {
+                return self.expected(&format!("{} (in `{text}`)", tok.describe()));
+            }
+            self.at += 1;
+        }
+        Ok(())
+    }
+
+    /// A dtype name: `f32`.
+    fn dtype(&mut self) -> Result<DType, Located> {
+        match self.peek().clone() {
             (Tok::Ident(w), _) if DType::parse(&w).is_some() => {
                 self.at += 1;
-                DType::parse(&w).unwrap()
+                Ok(DType::parse(&w).unwrap())
             }
-            _ => return self.expected("a dtype (f32, bf16, i64, bool, ...)"),
-        };
+            _ => self.expected("a dtype (f32, bf16, i64, bool, ...)"),
+        }
+    }
+
+    /// A scalar as [`Scalar`]'s `Display` writes it: `true`, `3`, `1.5`, `-inf`, `nan`.
+    fn scalar(&mut self) -> Result<Scalar, Located> {
+        let (value, pos) = self.value()?;
+        op::scalar_of(&value)
+            .ok_or((pos, format!("expected a scalar (a bool, an integer or a float), found `{value}`")))
+    }
+
+    /// `f32[2, 3]`.
+    fn meta(&mut self) -> Result<TensorMeta, Located> {
+        let dtype = self.dtype()?;
         self.expect('[', "after the dtype")?;
         let mut shape = Vec::new();
         if !self.eat(']') {

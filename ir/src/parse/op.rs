@@ -6,7 +6,7 @@ use crate::dtype::{DType, Scalar};
 use crate::op::{AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, Op, RandDist, ReduceOp, UnaryOp};
 
 /// The reductions, in the order of their printed names' lookup.
-const REDUCE_OPS: [ReduceOp; 6] =
+pub(super) const REDUCE_OPS: [ReduceOp; 6] =
     [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::ArgMax, ReduceOp::ArgMin];
 
 /// The op printed as `name` with the attributes `attrs` (each with where it was written).
@@ -210,13 +210,7 @@ impl Attrs<'_> {
     /// A scalar: `true` / `false`, an integer (`3`), or a float (`3.0`, `1e-5`, `-inf`, `nan`).
     fn scalar(&mut self, key: &str) -> Result<Scalar, Located> {
         let (v, p) = self.take(key)?;
-        match &v {
-            Value::Ident(s) if s == "true" || s == "false" => Some(Scalar::Bool(s == "true")),
-            Value::Num(s) if is_integer(s) => s.parse().ok().map(Scalar::Int),
-            Value::Num(s) => s.parse().ok().map(Scalar::Float),
-            _ => None,
-        }
-        .ok_or_else(|| self.bad(key, p, "a scalar (a bool, an integer or a float)", &v))
+        scalar_of(&v).ok_or_else(|| self.bad(key, p, "a scalar (a bool, an integer or a float)", &v))
     }
 
     /// `none`, or the value `read` takes.
@@ -264,6 +258,16 @@ impl Attrs<'_> {
             Some(a) => Err((a.key_pos, format!("`{}` has no attribute `{}`", self.op, a.key))),
             None => Ok(()),
         }
+    }
+}
+
+/// A scalar value: `true` / `false`, an integer (`3`), or a float (`3.0`, `1e-5`, `-inf`, `nan`).
+pub(super) fn scalar_of(v: &Value) -> Option<Scalar> {
+    match v {
+        Value::Ident(s) if s == "true" || s == "false" => Some(Scalar::Bool(s == "true")),
+        Value::Num(s) if is_integer(s) => s.parse().ok().map(Scalar::Int),
+        Value::Num(s) => s.parse().ok().map(Scalar::Float),
+        _ => None,
     }
 }
 
