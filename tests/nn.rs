@@ -501,3 +501,19 @@ fn a_convolutional_network_learns() {
     let (first, last) = (losses[0], losses[losses.len() - 1]);
     assert!(last < 0.5 * first, "the loss falls: {losses:?}");
 }
+
+#[test]
+fn scratch_llama_prefill_dump() {
+    use coil::nn::models::llama::{Llama, LlamaConfig};
+    use coil::nn::models::CausalLm;
+    let _lock = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    coil::manual_seed(7);
+    let store = ParamStore::new();
+    let llama = Llama::new(&root(&store), LlamaConfig::tiny()).unwrap();
+    store.realize_pending().unwrap();
+    let cache = llama.new_cache(2, 40).unwrap();
+    let token = Tensor::from_vec((0..8i64).collect::<Vec<_>>(), &[2, 4]).unwrap();
+    let (logits, _) = llama.forward_cached(&token, &cache.position().unwrap(), &cache).unwrap();
+    let compiled = coil::inspect(&[&logits]).unwrap();
+    println!("{}", compiled.pre_fusion);
+}
