@@ -106,9 +106,8 @@ impl Affine {
                 Term::Offset(_) => Affine::term(t),
                 Term::Dim(d) => match at(d) {
                     None => continue,
-                    Some((dim, step, start)) => {
-                        Affine { terms: vec![(Term::Dim(dim), step)], constant: start }.add_scaled(&Affine::constant(0), 1)?
-                    }
+                    Some((dim, step, start)) => Affine { terms: vec![(Term::Dim(dim), step)], constant: start }
+                        .add_scaled(&Affine::constant(0), 1)?,
                 },
                 Term::DimMod(d, p) => match at(d) {
                     None => continue,
@@ -140,6 +139,9 @@ impl Affine {
     }
 }
 
+/// A dim of a shape and its size.
+type Dim = (usize, usize);
+
 /// Reads a graph's integer and bool nodes as affine expressions.
 struct Reader<'g> {
     g: &'g Graph,
@@ -168,15 +170,21 @@ impl Reader<'_> {
             Op::Reshape { .. } => {
                 // Only size-1 dims inserted or removed: the other dims in order.
                 let big = |s: &[usize]| s.iter().enumerate().filter(|(_, &k)| k != 1).map(|(i, &k)| (i, k)).collect();
-                let (from, to): (Vec<(usize, usize)>, Vec<(usize, usize)>) = (big(xs), big(ns));
+                let (from, to): (Vec<Dim>, Vec<Dim>) = (big(xs), big(ns));
                 if from.iter().map(|p| p.1).ne(to.iter().map(|p| p.1)) {
                     return None;
                 }
                 e.remap(|d| from.iter().position(|p| p.0 == d).map(|k| (to[k].0, 1, 0)))
             }
-            Op::Permute { perm } => e.remap(|d| (xs[d] != 1).then(|| (perm.iter().position(|&p| p == d).expect("a permutation"), 1, 0))),
+            Op::Permute { perm } => {
+                e.remap(|d| (xs[d] != 1).then(|| (perm.iter().position(|&p| p == d).expect("a permutation"), 1, 0)))
+            }
             Op::Slice { dim, start, step, .. } => {
-                let (start, step) = (i64::try_from(*start).ok()?, i64::try_from(*step).ok()?);
+                // A positive step from `start`: index `i` of the view is `start + step * i`.
+                let (start, step) = (i64::try_from(*start).ok()?, *step);
+                if step <= 0 {
+                    return None;
+                }
                 e.remap(|d| (xs[d] != 1).then_some(if d == *dim { (d, step, start) } else { (d, 1, 0) }))
             }
             _ => None,
@@ -253,9 +261,7 @@ impl Reader<'_> {
                 }
             }
             // `e < 0` iff `-e - 1 >= 0`.
-            Op::Unary(UnaryOp::LogicalNot) => {
-                Affine::constant(-1).add_scaled(&self.kept(arg(0))?, -1)?
-            }
+            Op::Unary(UnaryOp::LogicalNot) => Affine::constant(-1).add_scaled(&self.kept(arg(0))?, -1)?,
             Op::Cast(DType::Bool) if self.g.meta(arg(0)).dtype == DType::Bool => self.kept(arg(0))?,
             Op::Reshape { .. } | Op::Expand { .. } | Op::Permute { .. } | Op::Slice { .. } => {
                 self.view(&self.kept(arg(0))?, n)?
@@ -275,3 +281,7 @@ fn integer(s: Scalar) -> Option<i64> {
         Scalar::Bool(b) => Some(b as i64),
     }
 }
+
+#[cfg(test)]
+#[path = "attention_mask_tests.rs"]
+mod tests;

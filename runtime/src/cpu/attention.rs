@@ -691,11 +691,13 @@ mod tests {
     fn mask_rules_match_the_explicit_mask_they_stand_for() {
         let (l, s, d) = (4 * 7 + 50, 90, 16);
         let (q, k, v) = (vals(2 * l * d, 0.1), vals(2 * s * d, 1.3), vals(2 * s * d, 2.9));
-        for (offset, constant, period) in [(40, 0, Some(7)), (85, -1, Some(7)), (3, 0, None), (-10, 2, None), (20, 0, Some(1))]
+        for (offset, constant, period) in
+            [(40i64, 0, Some(7)), (85, -1, Some(7)), (3, 0, None), (-10, 2, None), (20, 0, Some(1))]
         {
             let rule = MaskRule { offset: Some(BufferId(4)), constant, period };
-            let mut spec = AttentionSpec { batch: vec![2], mask_rule: Some(rule.clone()), ..spec(l, s, d, false, None) };
-            spec.read_offset(Some(&(offset as i64).to_ne_bytes())).unwrap();
+            let mut spec =
+                AttentionSpec { batch: vec![2], mask_rule: Some(rule.clone()), ..spec(l, s, d, false, None) };
+            spec.read_offset(Some(&offset.to_ne_bytes())).unwrap();
             let (mut out, mut lse) = (vec![0u8; 2 * l * d * 8], vec![0u8; 2 * l * 8]);
             attention_bytes(&spec, DType::F64, &bytes(&q), &bytes(&k), &bytes(&v), None, &mut out, Some(&mut lse))
                 .unwrap();
@@ -709,7 +711,10 @@ mod tests {
                 close(&what, &lse[b * l..][..l], &want_lse);
             }
         }
-        let mut spec = AttentionSpec { mask_rule: Some(MaskRule { offset: Some(BufferId(1)), constant: 0, period: None }), ..spec(l, s, d, false, None) };
+        let mut spec = AttentionSpec {
+            mask_rule: Some(MaskRule { offset: Some(BufferId(1)), constant: 0, period: None }),
+            ..spec(l, s, d, false, None)
+        };
         assert!(spec.read_offset(Some(&[0u8; 4])).is_err() && spec.read_offset(None).is_err());
     }
 

@@ -408,7 +408,9 @@ fn forward_in<A: Compute, S: Source<A>, const FMA: bool, const MR: usize, const 
                 let k0 = task.keys.start + blk * BN;
                 // No row of the block sees keys past its largest limit.
                 let kn = match shape.limit {
-                    Some(limit) => BN.min(task.keys.end - k0).min(limit.keys_seen(q0..q0 + rows, task.keys.end).saturating_sub(k0)),
+                    Some(limit) => {
+                        BN.min(task.keys.end - k0).min(limit.keys_seen(q0..q0 + rows, task.keys.end).saturating_sub(k0))
+                    }
                     None => BN.min(task.keys.end - k0),
                 };
                 let ktb = &kt[blk * d * BN..(blk + 1) * d * BN];

@@ -101,7 +101,8 @@ fn every_copy_matches_the_definition() {
     type Keep = Option<fn(usize, usize) -> bool>;
     let causal = Some(KeyLimit::CAUSAL);
     let rule = |base, period| Some(KeyLimit { base, period });
-    let cases: [(usize, usize, usize, Option<KeyLimit>, std::ops::Range<usize>, Keep); 11] = [
+    type Case = (usize, usize, usize, Option<KeyLimit>, std::ops::Range<usize>, Keep);
+    let cases: [Case; 11] = [
         (100, 100, 40, causal, 0..100, None),
         (100, 100, 64, causal, 37..100, None),
         (5, 150, 24, None, 0..5, None),

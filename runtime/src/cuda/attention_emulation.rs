@@ -202,7 +202,21 @@ fn forward_spec(batch: &[usize], l: usize, s: usize, d: usize, causal: bool, hea
         let out = strided(0, vec![l * c, d], c);
         let scale = 1.0 / (d as f64).sqrt();
         let (batch, mask, mask_rule) = (vec![b, h], None, None);
-        AttentionSpec { q: head(0), k: head(1), v: head(2), out, batch, l, s, d, causal, scale, mask, mask_rule, offset: 0 }
+        AttentionSpec {
+            q: head(0),
+            k: head(1),
+            v: head(2),
+            out,
+            batch,
+            l,
+            s,
+            d,
+            causal,
+            scale,
+            mask,
+            mask_rule,
+            offset: 0,
+        }
     } else {
         let (q, k) = (contiguous(batch, l, d), contiguous(batch, s, d));
         let (v, out) = (k.clone(), q.clone());

@@ -94,7 +94,9 @@ fn mask_rules_emulated_on_the_host_match_the_explicit_mask() {
                 assert_eq!(launch.kernel, c.kernel, "the launch rule's kernel");
                 launch
             }
-            kernel => ForwardLaunch { kernel, grid: AttentionKernel::grid(count, l), chunk: 0, splits: 1, combine: None },
+            kernel => {
+                ForwardLaunch { kernel, grid: AttentionKernel::grid(count, l), chunk: 0, splits: 1, combine: None }
+            }
         };
         let emulated = forward_kernel(launch.kernel, false);
         let Some(exe) = builds.get(&emulated) else { return };
@@ -107,7 +109,10 @@ fn mask_rules_emulated_on_the_host_match_the_explicit_mask() {
         let runs = launch_runs(&exe, &dir, &params, launch.grid, emulated.block, &buffers);
         let Some(runs) = combined(&mut builds, &launch, &params, count, runs) else { return };
         for (got, lazy) in runs.iter().zip([false, true]) {
-            let what = format!("{} {:?} L={l} S={s} {rule} at {} splits={} lazy={lazy}", emulated.name, c.batch, c.offset, launch.splits);
+            let what = format!(
+                "{} {:?} L={l} S={s} {rule} at {} splits={} lazy={lazy}",
+                emulated.name, c.batch, c.offset, launch.splits
+            );
             let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
             let err = error(&what, &decode(dtype, &got[3]), &decode(dtype, &want));
             assert!(err <= tolerance, "{what}: output error {err:.2e}");
