@@ -59,7 +59,7 @@ pub fn structured_mask(graph: &Graph, mask: NodeId) -> Option<StructuredMask> {
 enum Term {
     /// The index along a dim.
     Dim(usize),
-    /// The index along a dim modulo a constant (at least 2, less than the dim's size).
+    /// The index along a dim modulo a constant (at least 2).
     DimMod(usize, usize),
     /// A one-element i64 tensor, read at run time.
     Offset(NodeId),
@@ -120,20 +120,14 @@ impl Affine {
         Some(out)
     }
 
-    /// Drops index terms of size-1 dims (always 0) and the modulus of dims no longer than it.
+    /// Drops index terms of size-1 dims and of modulus 1 (always 0). A modulus no smaller than
+    /// its dim stays (exact whatever size a symbolic dim takes).
     fn normalize(mut self, shape: &[usize]) -> Affine {
         self.terms.retain(|&(t, _)| match t {
             Term::Dim(d) => shape[d] > 1,
             Term::DimMod(d, p) => shape[d] > 1 && p > 1,
             Term::Offset(_) => true,
         });
-        for (t, _) in &mut self.terms {
-            if let Term::DimMod(d, p) = *t {
-                if shape[d] <= p {
-                    *t = Term::Dim(d);
-                }
-            }
-        }
         let merged = Affine::constant(self.constant);
         merged.add_scaled(&Affine { terms: self.terms, constant: 0 }, 1).expect("no new overflow")
     }

@@ -69,9 +69,9 @@ fn llamas_kv_cache_mask_is_a_rule_and_comparisons_are_exact() {
     // `keys < rows` keeps one key less; `keys <= rows + 3` three more.
     assert_eq!(rule_of(Form { op: BinaryOp::Lt, ..LLAMA }), with_pos(-1, Some(12)));
     assert_eq!(rule_of(Form { shift: Some(3), ..LLAMA }), with_pos(3, Some(12)));
-    // Another period is that period; one of at least the rows is none; no position: a constant.
+    // Another period is that period (one of the rows too); no position: a constant.
     assert_eq!(rule_of(Form { period: Some(5), ..LLAMA }), with_pos(0, Some(5)));
-    assert_eq!(rule_of(Form { period: Some(48), ..LLAMA }), with_pos(0, None));
+    assert_eq!(rule_of(Form { period: Some(48), ..LLAMA }), with_pos(0, Some(48)));
     assert_eq!(rule_of(Form { period: Some(1), ..LLAMA }), with_pos(0, Some(1)));
     let causal = Form { period: None, pos: false, ..LLAMA };
     assert_eq!(rule_of(causal), Some(StructuredMask { offset: None, constant: 0, period: None }));
