@@ -407,8 +407,8 @@ fn decoding_with_a_kv_cache_gives_the_full_forward_logits_and_compiles_once() {
 }
 
 /// A decode step (GPT-2: one row per head; Llama: 2 grouped-query rows per key/value head)
-/// runs each layer's attention as one masked template call over the cache, whose mask is read
-/// where it lies: no buffer of the `[B, H, rows, capacity]` scores in the compiled graph.
+/// runs each layer's attention as one template call over the cache with the mask's rule (keys
+/// up to the position): no buffer of the `[B, H, rows, capacity]` scores in the compiled graph.
 #[test]
 fn decode_steps_run_attention_as_one_masked_template_call_per_layer() {
     use coil::nn::models::llama::{Llama, LlamaConfig};
@@ -429,7 +429,8 @@ fn decode_steps_run_attention_as_one_masked_template_call_per_layer() {
         let compiled = coil::inspect(&[&logits]).unwrap();
         let ir = &compiled.pre_fusion;
         assert_eq!(ir.matches("extern attention").count(), layers, "{ir}");
-        assert_eq!(ir.matches(" mask=[0, 0, ").count(), layers, "the mask broadcast over batch and heads: {ir}");
+        // Keys up to the position, the same for every row: the mask is its rule.
+        assert_eq!(ir.matches(" mask_rule=key<=offset+row%1(").count(), layers, "the mask's rule: {ir}");
         let coil::Executable::Cpu(graph) = &compiled.executable else { panic!("a CPU graph") };
         let scores = batch * kv_heads * rows * capacity;
         let found = graph
@@ -500,4 +501,57 @@ fn a_convolutional_network_learns() {
     }
     let (first, last) = (losses[0], losses[losses.len() - 1]);
     assert!(last < 0.5 * first, "the loss falls: {losses:?}");
+}
+
+/// A tiny Llama's prefill in two chunks (12 tokens at position 0, then 9 at 12: 24 and 18
+/// grouped-query rows, more than an explicit mask may have) and a decode step: each layer's
+/// attention is one template call with the mask's rule (keys up to the position plus the row
+/// modulo the chunk's length), no softmax kernel and no buffer of the scores; the logits agree
+/// with the interpreter's.
+#[test]
+fn a_llama_prefill_runs_attention_as_one_template_call_with_the_masks_rule() {
+    use coil::nn::models::llama::{Llama, LlamaConfig};
+    use coil::Backend;
+    let _lock = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    coil::manual_seed(11);
+    let store = ParamStore::new();
+    let model = Llama::new(&root(&store), LlamaConfig::tiny()).unwrap();
+    store.realize_pending().unwrap();
+    let (batch, capacity, layers) = (2usize, 40usize, 2usize);
+    let ids: Vec<i64> = (0..batch * 22).map(|i| (i as i64 * 37 + 5) % 256).collect();
+    let chunk = |start: usize, len: usize| {
+        let v: Vec<i64> = (0..batch).flat_map(|b| ids[b * 22 + start..b * 22 + start + len].to_vec()).collect();
+        Tensor::from_vec(v, &[batch, len]).unwrap()
+    };
+    let steps = [(0, 12), (12, 9), (21, 1)];
+    let run = |backend: Backend, check: bool| -> Vec<Vec<f32>> {
+        coil::set_backend(backend);
+        let mut cache = model.new_cache(batch, capacity).unwrap();
+        let mut all = vec![];
+        for (start, len) in steps {
+            let (logits, written) =
+                model.forward_cached(&chunk(start, len), &cache.position().unwrap(), &cache).unwrap();
+            if check && len > 1 {
+                let compiled = coil::inspect(&[&logits]).unwrap();
+                let ir = &compiled.pre_fusion;
+                assert_eq!(ir.matches("extern attention").count(), layers, "{ir}");
+                let rule = format!(" mask_rule=key<=offset+row%{len}(");
+                assert_eq!(ir.matches(&rule).count(), layers, "the mask's rule: {ir}");
+                assert!(!ir.contains("softmax"), "no softmax kernel: {ir}");
+                let coil::Executable::Cpu(graph) = &compiled.executable else { panic!("a CPU graph") };
+                let rows = 2 * len;
+                let scores = graph.program().buffers.iter().find(|b| b.meta.shape.ends_with(&[rows, capacity]));
+                assert!(scores.is_none(), "a buffer of the scores: {:?}", scores.map(|b| (&b.name, &b.meta)));
+            }
+            cache.commit(&written, len, &[&logits]).unwrap();
+            all.push(logits.to_vec::<f32>().unwrap());
+        }
+        all
+    };
+    let reference = run(Backend::Interpreter, false);
+    let compiled = run(Backend::Compiled, true);
+    for ((got, want), (start, len)) in compiled.iter().zip(&reference).zip(steps) {
+        let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "logits of tokens {start}..{}: off by {worst}", start + len);
+    }
 }

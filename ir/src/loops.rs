@@ -309,6 +309,68 @@ pub struct AttentionCall {
     /// added to the scaled scores. A row that keeps no key gives 0 (and logsumexp `-inf`), as
     /// PyTorch's SDPA.
     pub mask: Option<StridedOperand>,
+    /// A mask given by its rule instead of its elements (see [`MaskRule`]): nothing of the
+    /// `[*batch, l, s]` mask is read or computed. Never with `causal` or `mask`.
+    pub mask_rule: Option<MaskRule>,
+}
+
+/// A structured attention mask ([`AttentionCall::mask_rule`]): query row `r` keeps key `j`
+/// iff `j <= offset + constant + (r mod period)` (`r` itself without a period; `offset` 0
+/// without a buffer), the same for every batch index. PyTorch's `is_causal` is
+/// `constant = 0` without offset or period; a decode step or prefill at cache position `pos`
+/// is `offset = pos`, with `period = T` when the `rep` query heads that share a key/value
+/// head are `rep * T` rows of one matrix.
+///
+/// ```
+/// use coil_ir::loops::{BufferId, MaskRule};
+/// let rule = MaskRule { offset: Some(BufferId(3)), constant: 0, period: Some(512) };
+/// assert!(rule.keeps(Some(100), 513, 101) && !rule.keeps(Some(100), 513, 102));
+/// assert_eq!(rule.to_string(), "key<=offset+row%512");
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaskRule {
+    /// A 0-d i64 buffer added to `constant`, read when the call runs (a CUDA graph replay
+    /// reads the value of its run); the call's last input buffer.
+    pub offset: Option<BufferId>,
+    /// Added to the offset.
+    pub constant: i64,
+    /// The row term is `r mod period` (`Some(p)`, `p >= 1`; 1: no row term), else `r`.
+    pub period: Option<usize>,
+}
+
+impl MaskRule {
+    /// The last key row `r` keeps (negative: none), `offset` the offset buffer's value.
+    pub fn diagonal(&self, offset: Option<i64>, r: usize) -> i64 {
+        let row = match self.period {
+            Some(p) => r % p,
+            None => r,
+        } as i64;
+        offset.unwrap_or(0).saturating_add(self.constant).saturating_add(row)
+    }
+
+    /// Whether row `r` keeps key `j`, `offset` the offset buffer's value.
+    pub fn keeps(&self, offset: Option<i64>, r: usize, j: usize) -> bool {
+        (j as i64) <= self.diagonal(offset, r)
+    }
+}
+
+impl fmt::Display for MaskRule {
+    /// `key<=offset+row%12`, `key<=offset-1+row`, `key<=3+row%1`, `key<=0+row` (causal): the
+    /// offset buffer (when there is one), the constant (nonzero, or without an offset buffer),
+    /// the row term.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key<=")?;
+        match (self.offset.is_some(), self.constant) {
+            (true, 0) => write!(f, "offset")?,
+            (true, c) if c > 0 => write!(f, "offset+{c}")?,
+            (true, c) => write!(f, "offset{c}")?,
+            (false, c) => write!(f, "{c}")?,
+        }
+        match self.period {
+            Some(p) => write!(f, "+row%{p}"),
+            None => write!(f, "+row"),
+        }
+    }
 }
 
 /// The attention backward template's call ([`ExternCall::AttentionBackward`]): the gradients of

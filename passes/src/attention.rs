@@ -72,21 +72,22 @@ pub fn template_supports(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta) -> Resu
     Ok(())
 }
 
-/// Most query rows (per batch index) of a masked attention the template takes: a decode step's
-/// few rows against a long cache (the split-KV kernels). With more rows (a prefill) the
-/// decomposition's products on cuBLAS ran faster than the row-block kernel reading the mask
-/// per element (Llama 1B's 512-token prefill, 2048 grouped rows, on the H100: 0.0083 against
-/// 0.0123 ms per token).
+/// Most query rows (per batch index) of attention with an explicit mask the template takes: a
+/// decode step's few rows against a long cache (the split-KV kernels). With more rows (a
+/// prefill) the decomposition's products on cuBLAS ran faster than the row-block kernel reading
+/// the mask per element (Llama 1B's 512-token prefill, 2048 grouped rows, on the H100: 0.0083
+/// against 0.0123 ms per token). A structured mask ([`structured_mask`]) is never read: no limit.
 pub const MASKED_MAX_ROWS: usize = 16;
 
-/// Whether the attention template takes `mask` as the explicit mask of attention on `q` (whose
-/// shapes [`template_supports`] accepts), and if not, why: bool or q's dtype (as inference
-/// checks), broadcastable to the scores, of rank 2 or more (the lowering reads its last two
-/// dims as rows and keys; broadcast dims get stride 0), and at most [`MASKED_MAX_ROWS`] rows.
-pub fn mask_supported(q: &TensorMeta, mask: &TensorMeta) -> Result<(), String> {
+/// Whether the attention template takes `mask` as the mask of attention on `q` (whose shapes
+/// [`template_supports`] accepts), and if not, why: bool or q's dtype (as inference checks),
+/// broadcastable to the scores, of rank 2 or more (the lowering reads its last two dims as rows
+/// and keys; broadcast dims get stride 0), and, unless `structured` (the template applies its
+/// rule instead of reading it: [`structured_mask`]), at most [`MASKED_MAX_ROWS`] rows.
+pub fn mask_supported(q: &TensorMeta, mask: &TensorMeta, structured: bool) -> Result<(), String> {
     let rows = q.shape[q.rank() - 2];
-    if rows > MASKED_MAX_ROWS {
-        return Err(format!("{rows} query rows with a mask (at most {MASKED_MAX_ROWS})"));
+    if rows > MASKED_MAX_ROWS && !structured {
+        return Err(format!("{rows} query rows with an explicit mask (at most {MASKED_MAX_ROWS})"));
     }
     if mask.dtype != DType::Bool && mask.dtype != q.dtype {
         return Err(format!("a mask of {} for {} operands", mask.dtype, q.dtype));
@@ -95,6 +96,16 @@ pub fn mask_supported(q: &TensorMeta, mask: &TensorMeta) -> Result<(), String> {
         return Err(format!("a mask of rank {} for operands of rank {}", mask.rank(), q.rank()));
     }
     Ok(())
+}
+
+/// The rule of attention `node`'s mask (a node of `graph`), where the template applies it
+/// instead of reading the mask: a structured mask ([`structured_mask`]) of attention that is
+/// not also causal.
+pub fn mask_rule_of(graph: &Graph, node: &Node) -> Option<StructuredMask> {
+    match node.op {
+        Op::Attention { causal: false, mask: true, .. } => structured_mask(graph, node.inputs[3]),
+        _ => None,
+    }
 }
 
 /// One matched chain: the final `matmul` (replaced) and what replaces it.
@@ -462,6 +473,10 @@ fn swap(op: BinaryOp) -> Option<BinaryOp> {
         _ => return None,
     })
 }
+
+#[path = "attention_mask.rs"]
+mod mask;
+pub use mask::{structured_mask, StructuredMask};
 
 #[cfg(test)]
 #[path = "attention_tests.rs"]

@@ -40,6 +40,8 @@ fn main() {
             causal,
             scale: 1.0 / (d as f64).sqrt(),
             mask: None,
+            mask_rule: None,
+            offset: 0,
         };
         let mut seed = 1u64;
         let mut next = move || {

@@ -88,7 +88,7 @@ pub(crate) fn check_extern(
             [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).map(|b| (b, operand)).collect()
         }
         ExternCall::Attention(call) => {
-            let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**call;
+            let coil_ir::loops::AttentionCall { q, k, v, lse, mask, mask_rule, .. } = &**call;
             if let Some(lse) = lse {
                 if p.buffer(*lse).meta.dtype != stats {
                     return Err(format!("attention's logsumexp buffer {} is not {stats}", lse.0));
@@ -100,6 +100,8 @@ pub(crate) fn check_extern(
                 let m = if mask.buffer.0 < n { p.buffer(mask.buffer).meta.dtype } else { dtype };
                 operands.push((mask.buffer, if m == DType::Bool { m } else { dtype }));
             }
+            // A structured mask's run-time offset: a 0-d i64.
+            operands.extend(mask_rule.as_ref().and_then(|r| r.offset).map(|o| (o, DType::I64)));
             operands
         }
         ExternCall::AttentionBackward(call) => {

@@ -4,13 +4,18 @@
 //! cache). An optional mask (bool: true keeps; or added to the scores, of the operands' dtype)
 //! is read through its strides, broadcast dims with stride 0; key tiles it keeps nothing of
 //! (for any row of a block) are skipped, their keys and values never read, so a decode step at
-//! position `p` of a cache of `capacity` reads about `p` keys. A row that sees no key gives 0
+//! position `p` of a cache of `capacity` reads about `p` keys. A structured mask
+//! (`coil_ir::loops::MaskRule`: row `r` keeps keys `j <= offset + (r mod period)`) is applied
+//! by its rule, like causal attention (offset 0, no period): per element `key > diag(row)`, and
+//! key tiles past the block's largest `diag` (rows that wrap a period reach `period - 1`) are
+//! skipped; the offset is read from device memory (a 0-d i64) once per block, so a CUDA graph
+//! replay at the next position needs no new launch parameters. A row that sees no key gives 0
 //! (and logsumexp `-inf`), as PyTorch's SDPA does.
 //!
 //! * **f16 / bf16 on sm_80 and newer** ([`AttentionKernel::Mma`], `coil_attention_mma_*`): a
 //!   block of 4 warps takes 64 query rows of one batch index (16 rows per warp, their Q
-//!   fragments kept in registers) and walks the keys in tiles of 64 (for causal attention only
-//!   up to the diagonal tile, masked inside it). K and V tiles are staged in shared memory by
+//!   fragments kept in registers) and walks the keys in tiles of 64 (with a diagonal rule only
+//!   up to the block's last diagonal tile, masked inside it). K and V tiles are staged in shared memory by
 //!   `cp.async` (16-byte copies, rows padded by 16 bytes so `ldmatrix` is conflict-free); V's
 //!   copy overlaps `S = Q K^T` and the next K's copy overlaps the softmax and `P V`. Both
 //!   products run on tensor cores (`mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}`, f32
@@ -46,7 +51,8 @@
 //! ```text
 //! extern "C" __global__ void coil_attention_{mma,simple,split_mma,split_simple}_{bf16,f16,f32}_d{16,..,128}(
 //!     const T *q, const T *k, const T *v, T *o, float *lse /* or null */,
-//!     const void *mask /* or null */, float *workspace /* or null */, CoilAttnParams p)
+//!     const void *mask /* or null */, float *workspace /* or null */,
+//!     const long long *diag_offset /* or null */, CoilAttnParams p)
 //! extern "C" __global__ void coil_attention_combine_{bf16,f16,f32}(
 //!     T *o, float *lse /* or null */, float *workspace, CoilAttnParams p)
 //! ```
@@ -129,14 +135,21 @@ pub struct AttnParams {
     pub d: i32,
     /// `scale * log2(e)`.
     pub scale_log2: f32,
-    /// 1 for causal attention.
-    pub causal: i32,
+    /// 1 where row `r` sees keys `j <= diag_const + *diag_offset + (period ? r % period : r)`
+    /// only: causal attention (constant 0, no offset, no period) or a structured mask
+    /// (`coil_ir::loops::MaskRule`; the offset is the kernels' `diag_offset` argument, read
+    /// from device memory when they run).
+    pub diagonal: i32,
     /// The mask's kind ([`MaskKind::code`]): 0 none, 1 bool, 2 added.
     pub mask_kind: i32,
     /// Split kernels: keys per split (a multiple of 64).
     pub chunk: i32,
     /// Split kernels: splits per batch index.
     pub splits: i32,
+    /// The diagonal's row term is `r % period` (0: `r`).
+    pub period: i32,
+    /// The diagonal's constant, added to the offset (when the call has one).
+    pub diag_const: i64,
 }
 
 /// What an attention mask holds.
@@ -476,13 +489,15 @@ mod tests {
 
     #[test]
     fn params_are_laid_out_as_the_c_struct() {
-        // Five operands of five i64, then nine 4-byte fields: 236 bytes, padded to 8.
+        // Five operands of five i64, then ten 4-byte fields, then an i64: 248 bytes.
         assert_eq!(std::mem::size_of::<AttnOperand>(), 40);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 240);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 248);
         assert_eq!(std::mem::offset_of!(AttnParams, mask), 160);
         assert_eq!(std::mem::offset_of!(AttnParams, heads), 200);
-        assert_eq!(std::mem::offset_of!(AttnParams, causal), 220);
+        assert_eq!(std::mem::offset_of!(AttnParams, diagonal), 220);
         assert_eq!(std::mem::offset_of!(AttnParams, splits), 232);
+        assert_eq!(std::mem::offset_of!(AttnParams, period), 236);
+        assert_eq!(std::mem::offset_of!(AttnParams, diag_const), 240);
     }
 
     #[test]

@@ -7,11 +7,45 @@ struct CoilAttnParams {
     int heads;            /* batch indices per outer index: blockIdx.x = b * heads + h */
     int l, s, d;          /* query rows, keys, head dim */
     float scale_log2;     /* scale * log2(e): softmax in powers of two */
-    int causal;           /* query row i sees keys j <= i (top-left aligned) */
+    int diagonal;         /* 1: query row r sees keys j <= coil_diag(r) only (causal; a structured mask) */
     int mask_kind;        /* 0 none; 1 bool (a byte per element, nonzero keeps); 2 added, of the operands' dtype */
     int chunk;            /* split kernels: keys per split (a multiple of 64) */
     int splits;           /* split kernels: splits per batch index (gridDim.y) */
+    int period;           /* the diagonal's row term: r % period, or r (0) */
+    long long diag_const; /* the diagonal's base: diag_const + *diag_offset (the kernels' argument, or null) */
 };
+
+/* The diagonal rule: row r sees keys j <= base + (period ? r % period : r). Causal attention is
+   base 0 without a period; a decode step or prefill over a KV cache has the cache position as
+   its offset (read once per block: a CUDA graph replay reads the value of its run) and, for
+   grouped-query rows, the step's length as its period. Keys are ints: the values are clamped
+   to [-1, 2^30] (-1: no key). */
+COIL_D long long coil_diag_base(const CoilAttnParams &p, const long long *diag_offset) {
+    return p.diagonal && diag_offset ? p.diag_const + *diag_offset : p.diag_const;
+}
+COIL_D int coil_clamp_key(long long x) { return x < -1 ? -1 : x > (1 << 30) ? (1 << 30) : (int)x; }
+/* The last key row `row` sees (1 << 30 without a diagonal rule). */
+COIL_D int coil_diag(const CoilAttnParams &p, long long base, int row) {
+    if (!p.diagonal) return 1 << 30;
+    return coil_clamp_key(base + (p.period ? row % p.period : row));
+}
+/* Whether rows [a, b] reach every row term of a period (or wrap one): the largest term is then
+   period - 1 and the smallest 0. */
+COIL_D bool coil_diag_wraps(const CoilAttnParams &p, int a, int b) {
+    return p.period && (b - a >= p.period - 1 || a % p.period > b % p.period);
+}
+/* The largest and the smallest coil_diag over rows [a, b], a <= b. */
+COIL_D int coil_diag_max(const CoilAttnParams &p, long long base, int a, int b) {
+    return p.diagonal && coil_diag_wraps(p, a, b) ? coil_clamp_key(base + p.period - 1) : coil_diag(p, base, b);
+}
+COIL_D int coil_diag_min(const CoilAttnParams &p, long long base, int a, int b) {
+    return p.diagonal && coil_diag_wraps(p, a, b) ? coil_clamp_key(base) : coil_diag(p, base, a);
+}
+/* Tiles of 64 keys from 0 that rows [a, b] see (to `tiles`). */
+COIL_D int coil_diag_tiles(const CoilAttnParams &p, long long base, int a, int b, int tiles) {
+    const int top = coil_diag_max(p, base, a, b);
+    return top < 0 ? 0 : coil_imin(tiles, top / 64 + 1);
+}
 
 /* The mask's term for (row, key) of the batch index at mask element `base`, in log2 units: 0 or
    -inf for a bool mask, the value times log2(e) for an added one. KIND: the added mask's element
@@ -24,15 +58,17 @@ COIL_D float coil_mask_term(const void *mask, long long base, const CoilAttnPara
 }
 
 /* Whether rows [row0, row0 + ROWS) see any key of [key0, key0 + KEYS) (within l and s, the
-   causal rule, the mask): else the tile is skipped, its keys and values never read. With a mask,
-   every one of the block's NT threads must call it (a barrier); the answer is the block's. */
+   diagonal rule at `dbase`, the mask at `base`): else the tile is skipped, its keys and values
+   never read. With a mask, every one of the block's NT threads must call it (a barrier); the
+   answer is the block's. */
 template <int KIND, int NT, int ROWS, int KEYS>
-COIL_D bool coil_tile_live(const void *mask, long long base, const CoilAttnParams &p, int mask_kind, int row0, int key0) {
-    if (mask_kind == 0) return key0 < p.s && !(p.causal && key0 > row0 + ROWS - 1);
+COIL_D bool coil_tile_live(const void *mask, long long base, long long dbase, const CoilAttnParams &p, int mask_kind,
+                           int row0, int key0) {
+    if (mask_kind == 0) return key0 < p.s && key0 <= coil_diag_max(p, dbase, row0, coil_imin(row0 + ROWS, p.l) - 1);
     bool live = false;
     for (int i = threadIdx.x; i < ROWS * KEYS && !live; i += NT) {
         const int row = row0 + i / KEYS, key = key0 + i % KEYS;
-        if (row < p.l && key < p.s && !(p.causal && key > row))
+        if (row < p.l && key < p.s && key <= coil_diag(p, dbase, row))
             live = coil_mask_term<KIND>(mask, base, p, row, key) != COIL_NEG_INF;
     }
     return __syncthreads_or(live) != 0;
@@ -40,9 +76,9 @@ COIL_D bool coil_tile_live(const void *mask, long long base, const CoilAttnParam
 
 /* The first tile of [from, last) (64 keys each) that rows [row0, row0 + ROWS) see, or last. */
 template <int KIND, int ROWS>
-COIL_D int coil_next_live(const void *mask, long long base, const CoilAttnParams &p, int mask_kind, int row0, int from,
-                          int last) {
-    while (from < last && !coil_tile_live<KIND, 128, ROWS, 64>(mask, base, p, mask_kind, row0, from * 64)) ++from;
+COIL_D int coil_next_live(const void *mask, long long base, long long dbase, const CoilAttnParams &p, int mask_kind,
+                          int row0, int from, int last) {
+    while (from < last && !coil_tile_live<KIND, 128, ROWS, 64>(mask, base, dbase, p, mask_kind, row0, from * 64)) ++from;
     return from;
 }
 
@@ -79,7 +115,7 @@ COIL_D void coil_split_store(void *o, float *lse, float *part, const CoilAttnPar
 }
 
 /* The tensor-core kernels: 4 warps, keys in tiles of 64 staged by cp.async; tiles no row of the
-   block sees (causal rule, mask) are skipped. SPLIT false: 64 query rows of one batch index
+   block sees (diagonal rule, mask) are skipped. SPLIT false: 64 query rows of one batch index
    (warp w: rows 16w..16w+15) against every key (blockIdx.y: the row block, last first). SPLIT
    true (l <= 16): the 16 query rows against keys [blockIdx.y * chunk, + chunk) (warp w: keys
    16w..16w+15 of each tile), the warps' results combined in shared memory at the end, then
@@ -88,7 +124,8 @@ COIL_D void coil_split_store(void *o, float *lse, float *part, const CoilAttnPar
 template <int DP, bool BF16, bool SPLIT, bool MASKED>
 COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *__restrict__ k,
                                const coil_u16 *__restrict__ v, coil_u16 *__restrict__ o, float *__restrict__ lse,
-                               const void *__restrict__ mask, float *__restrict__ part, const CoilAttnParams &p) {
+                               const void *__restrict__ mask, float *__restrict__ part,
+                               const long long *__restrict__ diag_offset, const CoilAttnParams &p) {
     constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8, KIND = BF16 ? 2 : 1;
     constexpr int ROWS = SPLIT ? 16 : 64; /* query rows per block */
     constexpr int JT = SPLIT ? 2 : 8;     /* n-tiles of 8 keys per warp and tile */
@@ -107,14 +144,20 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
     /* Compiled without the mask's code unless MASKED (a maskless call pays nothing for it). */
     const int mask_kind = MASKED ? p.mask_kind : 0;
     const long long mb = mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
+    const long long db = coil_diag_base(p, diag_offset);
     int first = 0, last = (p.s + BLOCK - 1) / BLOCK;
     if (SPLIT) {
         first = blockIdx.y * (p.chunk / BLOCK);
         last = coil_imin(last, first + p.chunk / BLOCK);
     }
-    if (p.causal) last = coil_imin(last, (row0 + ROWS - 1) / BLOCK + 1);
+    /* No tile past the block's largest diagonal. */
+    last = coil_diag_tiles(p, db, row0, coil_imin(row0 + ROWS, p.l) - 1, last);
+    /* The last key of this thread's two rows (g, g + 8 of the warp's 16), and the least of the
+       warp's rows: a tile past it needs the per-element rule. */
+    const int rdiag[2] = {coil_diag(p, db, row0 + wrow + g), coil_diag(p, db, row0 + wrow + g + 8)};
+    const int wdiag = coil_diag_min(p, db, row0 + wrow, row0 + wrow + 15);
 
-    int cur = coil_next_live<KIND, ROWS>(mask, mb, p, mask_kind, row0, first, last);
+    int cur = coil_next_live<KIND, ROWS>(mask, mb, db, p, mask_kind, row0, first, last);
     coil_tile_load<DP>(sv, qb, p.q.row, row0, p.l, p.d);
     if (cur < last) coil_tile_load<DP>(sk, kb, p.k.row, cur * BLOCK, p.s, p.d);
     coil_cp_async_commit();
@@ -140,14 +183,14 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
 #pragma unroll
         for (int j = 0; j < JT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         coil_mma_abt<DP, BF16, JT>(s, qf, sk + wkey * PITCH);
-        const int next = coil_next_live<KIND, ROWS>(mask, mb, p, mask_kind, row0, cur + 1, last);
+        const int next = coil_next_live<KIND, ROWS>(mask, mb, db, p, mask_kind, row0, cur + 1, last);
         __syncthreads(); /* every warp is done with the K tile */
         if (next < last) coil_tile_load<DP>(sk, kb, p.k.row, next * BLOCK, p.s, p.d);
         coil_cp_async_commit(); /* empty after the last tile: the waits below count alike */
 
-        /* Scores in log2 units; keys past the end, after the row when causal, or dropped by the
+        /* Scores in log2 units; keys past the end, past the row's diagonal, or dropped by the
            mask are -inf; an added mask adds. */
-        const bool edge = key0 + BLOCK > p.s || (p.causal && key0 + BLOCK - 1 > row0 + wrow) || mask_kind;
+        const bool edge = key0 + BLOCK > p.s || key0 + BLOCK - 1 > wdiag || mask_kind;
 #pragma unroll
         for (int j = 0; j < JT; ++j) {
 #pragma unroll
@@ -156,7 +199,7 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
                 if (edge) {
                     const int key = key0 + wkey + j * 8 + 2 * t + (e & 1);
                     const int row = row0 + wrow + g + (e >> 1) * 8;
-                    if (key >= p.s || (p.causal && key > row)) x = COIL_NEG_INF;
+                    if (key >= p.s || key > rdiag[e >> 1]) x = COIL_NEG_INF;
                     else if (mask_kind && row < p.l) x += coil_mask_term<KIND>(mask, mb, p, row, key);
                 }
                 s[j][e] = x;
@@ -263,7 +306,7 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
    memory (f32), tiles no row of the block sees skipped; any strides. */
 template <int DP, int KIND>
 COIL_D void coil_attention_simple(const void *q, const void *k, const void *v, void *o, float *lse, const void *mask,
-                                  const CoilAttnParams &p) {
+                                  const long long *diag_offset, const CoilAttnParams &p) {
     constexpr int KEYS = 16;
     __shared__ float sk[KEYS][DP];
     __shared__ float sv[KEYS][DP];
@@ -272,6 +315,8 @@ COIL_D void coil_attention_simple(const void *q, const void *k, const void *v, v
     const long long qb = coil_batch_base(p.q, p.heads), kb = coil_batch_base(p.k, p.heads);
     const long long vb = coil_batch_base(p.v, p.heads), ob = coil_batch_base(p.o, p.heads);
     const long long mb = p.mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
+    const long long db = coil_diag_base(p, diag_offset);
+    const int rdiag = coil_diag(p, db, row);
     float qr[DP], acc[DP];
 #pragma unroll
     for (int c = 0; c < DP; ++c) {
@@ -279,9 +324,9 @@ COIL_D void coil_attention_simple(const void *q, const void *k, const void *v, v
         acc[c] = 0.f;
     }
     float row_max = COIL_NEG_INF, row_sum = 0.f;
-    const int keys = p.causal ? coil_imin(p.s, row0 + 64) : p.s;
+    const int keys = coil_imin(p.s, coil_diag_max(p, db, row0, coil_imin(row0 + 64, p.l) - 1) + 1);
     for (int key0 = 0; key0 < keys; key0 += KEYS) {
-        if (!coil_tile_live<KIND, 64, 64, KEYS>(mask, mb, p, p.mask_kind, row0, key0)) continue;
+        if (!coil_tile_live<KIND, 64, 64, KEYS>(mask, mb, db, p, p.mask_kind, row0, key0)) continue;
         __syncthreads(); /* every thread is done with the previous tile */
         for (int i = threadIdx.x; i < KEYS * DP; i += 64) {
             const int r = i / DP, c = i - r * DP, key = key0 + r;
@@ -298,7 +343,7 @@ COIL_D void coil_attention_simple(const void *q, const void *k, const void *v, v
 #pragma unroll
             for (int c = 0; c < DP; ++c) x += qr[c] * sk[j][c];
             const int key = key0 + j;
-            if (key >= p.s || (p.causal && key > row)) x = COIL_NEG_INF;
+            if (key >= p.s || key > rdiag) x = COIL_NEG_INF;
             else if (p.mask_kind && row < p.l) x += coil_mask_term<KIND>(mask, mb, p, row, key);
             sc[j] = x;
             mx = fmaxf(mx, sc[j]);
@@ -332,16 +377,20 @@ COIL_D void coil_attention_simple(const void *q, const void *k, const void *v, v
    j = i, i + 128, ... and accumulates row i / 8, columns i % 8 + 8c; any strides. */
 template <int DP, int KIND>
 COIL_D void coil_attention_simple_split(const void *q, const void *k, const void *v, void *o, float *lse,
-                                        const void *mask, float *part, const CoilAttnParams &p) {
+                                        const void *mask, float *part, const long long *diag_offset,
+                                        const CoilAttnParams &p) {
     constexpr int ROWS = 16, KEYS = 32, CPT = DP / 8;
     __shared__ float sq[ROWS][DP];
     __shared__ float sk[KEYS][DP];
     __shared__ float sv[KEYS][DP];
     __shared__ float sc[ROWS][KEYS];
+    __shared__ int sdiag[ROWS]; /* each row's last key */
     const int tid = threadIdx.x, row = tid / 8, lane8 = tid % 8;
     const long long qb = coil_batch_base(p.q, p.heads), kb = coil_batch_base(p.k, p.heads);
     const long long vb = coil_batch_base(p.v, p.heads), ob = coil_batch_base(p.o, p.heads);
     const long long mb = p.mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
+    const long long db = coil_diag_base(p, diag_offset);
+    if (tid < ROWS) sdiag[tid] = coil_diag(p, db, tid);
     for (int i = tid; i < ROWS * DP; i += 128) {
         const int r = i / DP, c = i - r * DP;
         sq[r][c] = r < p.l && c < p.d ? coil_att_load<KIND>(q, qb + r * p.q.row + c * p.q.col) * p.scale_log2 : 0.f;
@@ -352,9 +401,9 @@ COIL_D void coil_attention_simple_split(const void *q, const void *k, const void
     float row_max = COIL_NEG_INF, row_sum = 0.f;
     const int first = blockIdx.y * p.chunk;
     int last = coil_imin(p.s, first + p.chunk);
-    if (p.causal) last = coil_imin(last, ROWS);
+    last = coil_imin(last, coil_diag_max(p, db, 0, coil_imin(ROWS, p.l) - 1) + 1);
     for (int key0 = first; key0 < last; key0 += KEYS) {
-        if (!coil_tile_live<KIND, 128, ROWS, KEYS>(mask, mb, p, p.mask_kind, 0, key0)) continue;
+        if (!coil_tile_live<KIND, 128, ROWS, KEYS>(mask, mb, db, p, p.mask_kind, 0, key0)) continue;
         __syncthreads(); /* every thread is done with the previous tile (and sq is written) */
         for (int i = tid; i < KEYS * DP; i += 128) {
             const int r = i / DP, c = i - r * DP, key = key0 + r;
@@ -368,7 +417,7 @@ COIL_D void coil_attention_simple_split(const void *q, const void *k, const void
             float x = 0.f;
 #pragma unroll
             for (int c = 0; c < DP; ++c) x += sq[r][c] * sk[j][c];
-            if (key >= p.s || (p.causal && key > r)) x = COIL_NEG_INF;
+            if (key >= p.s || key > sdiag[r]) x = COIL_NEG_INF;
             else if (p.mask_kind && r < p.l) x += coil_mask_term<KIND>(mask, mb, p, r, key);
             sc[r][j] = x;
         }
@@ -426,25 +475,26 @@ COIL_D void coil_attention_combine(void *o, float *lse, float *part, const CoilA
 }
 
 /* Every forward entry point takes (q, k, v, o, lse or null, mask or null, split workspace or
-   null, params); the combine takes (o, lse or null, workspace, params). */
+   null, the diagonal's offset or null, params); the combine takes (o, lse or null, workspace,
+   params). */
 /* MASKED false: the mask's code compiled out (the row-block kernel's maskless entry point). */
 #define COIL_ATTENTION_MMA(NAME, DP, BF16, SPLIT, MASKED)                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                                        \
         NAME(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, coil_u16 *o, float *lse, const void *mask, \
-             float *part, CoilAttnParams p) {                                                                \
-        coil_attention_mma<DP, BF16, SPLIT, MASKED>(q, k, v, o, lse, mask, part, p);                         \
+             float *part, const long long *diag_offset, CoilAttnParams p) {                                  \
+        coil_attention_mma<DP, BF16, SPLIT, MASKED>(q, k, v, o, lse, mask, part, diag_offset, p);            \
     }
 #define COIL_ATTENTION_SIMPLE(NAME, DP, KIND)                                                                \
     extern "C" __global__ void __launch_bounds__(64) NAME(const void *q, const void *k, const void *v, void *o, \
                                                           float *lse, const void *mask, float *part,         \
-                                                          CoilAttnParams p) {                                \
-        coil_attention_simple<DP, KIND>(q, k, v, o, lse, mask, p);                                           \
+                                                          const long long *diag_offset, CoilAttnParams p) {  \
+        coil_attention_simple<DP, KIND>(q, k, v, o, lse, mask, diag_offset, p);                              \
     }
 #define COIL_ATTENTION_SIMPLE_SPLIT(NAME, DP, KIND)                                                          \
     extern "C" __global__ void __launch_bounds__(128) NAME(const void *q, const void *k, const void *v,        \
                                                            void *o, float *lse, const void *mask, float *part, \
-                                                           CoilAttnParams p) {                               \
-        coil_attention_simple_split<DP, KIND>(q, k, v, o, lse, mask, part, p);                               \
+                                                           const long long *diag_offset, CoilAttnParams p) { \
+        coil_attention_simple_split<DP, KIND>(q, k, v, o, lse, mask, part, diag_offset, p);                  \
     }
 #define COIL_ATTENTION_COMBINE(NAME, KIND)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) NAME(void *o, float *lse, float *part, CoilAttnParams p) { \

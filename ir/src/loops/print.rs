@@ -20,7 +20,7 @@ impl fmt::Display for ExternCall {
                 write!(f, "bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
             }
             ExternCall::Attention(call) => {
-                let AttentionCall { out, batch, l, s, d, causal, scale, mask, .. } = &**call;
+                let AttentionCall { out, batch, l, s, d, causal, scale, mask, mask_rule, .. } = &**call;
                 let causal = if *causal { " causal" } else { "" };
                 write!(
                     f,
@@ -37,6 +37,9 @@ impl fmt::Display for ExternCall {
                     if mask.offset != Expr::int(0) {
                         write!(f, "+{}", mask.offset)?;
                     }
+                }
+                if let Some(rule) = mask_rule {
+                    write!(f, " mask_rule={rule}")?;
                 }
                 Ok(())
             }
@@ -167,6 +170,9 @@ fn write_operands(s: &mut String, p: &LoopProgram, call: &ExternCall) {
             }
             if let Some(mask) = &call.mask {
                 line("mask", view_text(p, mask));
+            }
+            if let Some(offset) = call.mask_rule.as_ref().and_then(|r| r.offset) {
+                line("mask_offset", name(offset));
             }
         }
         ExternCall::AttentionBackward(call) => {

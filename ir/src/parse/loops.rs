@@ -113,6 +113,8 @@ struct Header {
     exprs: HashMap<String, Expr>,
     lists: HashMap<String, Vec<Expr>>,
     scale: Option<f64>,
+    /// `mask_rule=key<=offset+C+row%P`: whether there is an offset buffer, C and P.
+    mask_rule: Option<(bool, i64, Option<usize>)>,
 }
 
 struct ProgramParser<'a> {
@@ -585,6 +587,7 @@ impl ProgramParser<'_> {
                 "grads" => {
                     h.value()?;
                 }
+                "mask_rule" => header.mask_rule = Some(mask_rule(&mut h)?),
                 _ if h.peek().0 == Tok::Punct('[') => {
                     header.lists.insert(key, h.expr_list(&self.scope)?);
                     // A layout's offset: `out=[8, 1]+16`.
@@ -601,6 +604,41 @@ impl ProgramParser<'_> {
         }
         Ok(header)
     }
+}
+
+/// A structured mask's rule after `mask_rule=`, as [`crate::loops::MaskRule`] displays it:
+/// `key<=offset+row%12`, `key<=offset-1+row`, `key<=3+row%1`: whether it has an offset buffer,
+/// the constant and the period.
+fn mask_rule(p: &mut Parser) -> Result<(bool, i64, Option<usize>), Located> {
+    p.phrase("key <=")?;
+    let offset = p.at_word("offset");
+    let signed = |p: &mut Parser| match p.peek().clone() {
+        (Tok::Num(s), pos) if s.starts_with('+') => {
+            p.next();
+            s[1..].parse().map_err(|_| (pos, format!("expected an integer, found `{s}`")))
+        }
+        _ => p.number::<i64>("an integer").map(|(v, _)| v),
+    };
+    let constant = if offset {
+        p.next();
+        if matches!(&p.peek().0, Tok::Num(_)) {
+            signed(p)?
+        } else {
+            0
+        }
+    } else {
+        signed(p)?
+    };
+    p.phrase("+ row")?;
+    // `%12` lexes as a node label.
+    let period = match p.peek().0 {
+        Tok::Node(period) => {
+            p.next();
+            Some(period)
+        }
+        _ => None,
+    };
+    Ok((offset, constant, period))
 }
 
 /// `seed<k>, offset<k> + (counter))` of a random draw, after its `(`: the stream and counter.
@@ -675,6 +713,16 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                 let out = strided(need(take("out"), "out")?, nb)?;
                 let lse = take("lse").map(buffer).transpose()?;
                 let mask = take("mask").map(|o| strided(o, nb)).transpose()?;
+                let mask_rule = match h.mask_rule {
+                    Some((with_offset, constant, period)) => {
+                        let offset = match with_offset {
+                            true => Some(buffer(need(take("mask_offset"), "mask_offset")?)?),
+                            false => None,
+                        };
+                        Some(crate::loops::MaskRule { offset, constant, period })
+                    }
+                    None => None,
+                };
                 ExternCall::Attention(Box::new(AttentionCall {
                     q,
                     k,
@@ -688,6 +736,7 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                     causal,
                     scale,
                     mask,
+                    mask_rule,
                 }))
             } else {
                 let grad_out = strided(need(take("grad_out"), "grad_out")?, nb)?;

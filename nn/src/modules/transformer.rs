@@ -460,9 +460,10 @@ impl CausalSelfAttention {
         let (bi, ti) = (b as i64, t as i64);
         let q = q.reshape(&[bi, hkv, rep * ti, d])?;
         let rows = Tensor::arange(0, rep * ti, 1, DType::I64)?.to_device(device)?.remainder(ti)?.add(pos)?;
-        // Row r sees the keys at positions up to its own. Compiled, this is one attention
-        // template call per layer that reads the `[rep * T, cap]` mask where it lies and skips
-        // the key tiles it drops (on CUDA, for a decode step, the split-KV kernels).
+        // Row r sees the keys at positions up to its own. Compiled, the compiler recognizes the
+        // rule (`key <= pos + r % T`) and this is one attention template call per layer that
+        // never computes or reads the `[rep * T, cap]` mask and skips the key tiles past each
+        // block's last position (on CUDA, for a decode step, the split-KV kernels).
         let cap = k_cache.shape()[2];
         let keys = Tensor::iota(&[1, cap], 1)?.to_device(device)?;
         let mask = keys.le(&rows.reshape(&[rep * ti, 1])?)?;

@@ -209,7 +209,8 @@ fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOption
     let kept = match node.op {
         Op::Attention { mask: false, .. } => true,
         Op::Attention { mask: true, .. } => {
-            !options.keep_detach && tensors && crate::attention::mask_supported(metas[0], metas[3]).is_ok()
+            let structured = crate::attention::mask_rule_of(graph, node).is_some();
+            !options.keep_detach && tensors && crate::attention::mask_supported(metas[0], metas[3], structured).is_ok()
         }
         Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. } => !options.keep_detach,
         _ => false,

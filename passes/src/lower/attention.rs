@@ -2,7 +2,9 @@
 //! `[*batch, L, S]` scores to memory, their q, k, v (and output gradient) strided views of
 //! their buffers (head views of a QKV projection are never copied). An explicit mask is a view
 //! too, broadcast to the scores by zero strides: the small mask a decode step builds
-//! (`[rows, capacity]`) is never expanded over the batch and heads.
+//! (`[rows, capacity]`) is never expanded over the batch and heads. A structured mask
+//! ([`crate::attention::structured_mask`]: keys up to a run-time position, per row) is not even
+//! read: the call gets its rule ([`MaskRule`]), and the mask is never computed.
 //!
 //! One call computes a *group* of template nodes ([`template_groups`]): an [`Op::Attention`]
 //! with the [`Op::AttentionLogsumexp`] of the same operands (an [`ExternCall::Attention`] that
@@ -17,7 +19,9 @@
 //! puts it, and the permute costs nothing.
 
 use super::{strides, Lowerer};
-use coil_ir::loops::{AttentionBackwardCall, AttentionCall, BufferId, ExternCall, LoopKind, LoopNode, StridedOperand};
+use coil_ir::loops::{
+    AttentionBackwardCall, AttentionCall, BufferId, ExternCall, LoopKind, LoopNode, MaskRule, StridedOperand,
+};
 use coil_ir::sym::Expr;
 use coil_ir::{AttentionInput, Error, NodeId, Op, Result};
 use std::collections::HashMap;
@@ -142,13 +146,20 @@ impl Lowerer<'_> {
         };
         let lse_buffer = lse.map(|m| self.new_buffer(format!("{name}_lse"), m));
         let mut inputs = vec![qv.buffer, kv.buffer, vv.buffer];
-        let mask = match first.inputs.get(3) {
-            Some(&m) => {
+        // A structured mask is its rule (the offset buffer the last input): the mask's own
+        // nodes get no reader here, and are not computed unless something else reads them.
+        let (mask, mask_rule) = match (first.inputs.get(3), crate::attention::mask_rule_of(self.g, first)) {
+            (Some(_), Some(rule)) => {
+                let offset = rule.offset.map(|o| self.realize(o)).transpose()?;
+                inputs.extend(offset);
+                (None, Some(MaskRule { offset, constant: rule.constant, period: rule.period }))
+            }
+            (Some(&m), None) => {
                 let view = self.mask_view(m, r)?;
                 inputs.push(view.buffer);
-                Some(view)
+                (Some(view), None)
             }
-            None => None,
+            (None, _) => (None, None),
         };
         let call = ExternCall::Attention(Box::new(AttentionCall {
             q: qv,
@@ -163,6 +174,7 @@ impl Lowerer<'_> {
             causal,
             scale,
             mask,
+            mask_rule,
         }));
         let folded: Vec<NodeId> = group.iter().copied().chain(root).collect();
         self.push_template(output, folded, LoopKind::Extern { call, inputs });

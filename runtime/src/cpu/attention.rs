@@ -4,8 +4,9 @@
 //! as two small matrix products with an online softmax between).
 //!
 //! Per query row `i`: the scores `q_i . k_j * scale` for the keys it sees (`j <= i` when causal,
-//! top-left aligned as PyTorch's `is_causal`; with a bool mask, where it is true; an added mask
-//! is added to the scaled scores), a numerically stable softmax (`exp` of the scores less the
+//! top-left aligned as PyTorch's `is_causal`; `j <= offset + (i mod period)` with a structured
+//! mask's rule, [`coil_ir::loops::MaskRule`], its offset read from its buffer each run; with a
+//! bool mask, where it is true; an added mask is added to the scaled scores), a numerically stable softmax (`exp` of the scores less the
 //! running row maximum; partial sums rescaled when the maximum grows), then
 //! `sum_j p_j v_j / sum_j p_j`, all in f32 (f64 for f64) from the operands' own values, rounded
 //! once to the output dtype; with a logsumexp buffer, also `max + ln(sum_j p_j)` there (f32,
@@ -17,9 +18,10 @@
 //! call is small: each converts the keys its rows see once). The backward is in
 //! `attention_backward`.
 
+pub use super::attention_block::KeyLimit;
 use super::attention_block::{self as block, Compute, Element, Isa, Shape, Source, Task, ROWS_PER_BLOCK};
 use coil_codegen::templates::attention::MaskKind;
-use coil_ir::loops::{const_usize, ExternCall, StridedOperand};
+use coil_ir::loops::{const_usize, ExternCall, MaskRule, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -50,6 +52,11 @@ pub struct AttentionSpec {
     /// An explicit mask: element `(batch, row, key)` of the `[*batch, l, s]` mask (broadcast
     /// dims stride 0).
     pub mask: Option<StridedOperand<usize>>,
+    /// A structured mask, by its rule (never with `causal` or `mask`).
+    pub mask_rule: Option<MaskRule>,
+    /// This run's value of the rule's offset buffer (0 without one): the caller reads it
+    /// ([`AttentionSpec::read_offset`]).
+    pub offset: i64,
 }
 
 /// A mask's elements and what they hold.
@@ -81,9 +88,34 @@ impl AttentionSpec {
                     Some(m) => Some(m.to_usize()?),
                     None => None,
                 },
+                mask_rule: call.mask_rule.clone(),
+                offset: 0,
             }),
             _ => None,
         }
+    }
+
+    /// Reads this run's offset of the mask rule from its buffer's bytes (a 0-d i64); an
+    /// error when the rule has an offset and `bytes` do not hold one.
+    pub fn read_offset(&mut self, bytes: Option<&[u8]>) -> Result<()> {
+        let Some(MaskRule { offset: Some(_), .. }) = &self.mask_rule else { return Ok(()) };
+        match bytes.and_then(|b| b.get(..8)) {
+            Some(b) => {
+                self.offset = i64::from_ne_bytes(b.try_into().expect("8 bytes"));
+                Ok(())
+            }
+            None => Err(Error::runtime("scaled_dot_product_attention: the mask rule's offset is not an i64 buffer")),
+        }
+    }
+
+    /// The diagonal limit on the keys each row sees: causal, or the mask rule at this run's
+    /// offset.
+    pub fn limit(&self) -> Option<KeyLimit> {
+        if self.causal {
+            return Some(KeyLimit::CAUSAL);
+        }
+        let rule = self.mask_rule.as_ref()?;
+        Some(KeyLimit { base: self.offset.wrapping_add(rule.constant), period: rule.period })
     }
 
     /// Number of batch indices.
@@ -369,7 +401,7 @@ fn run<T: Element<A>, A: Compute>(spec: &AttentionSpec, ops: Operands<T>, out: &
         return;
     }
     let tasks = plan(spec);
-    let (isa, shape) = (Isa::detect(), Shape { d, causal: spec.causal, scale: spec.scale });
+    let (isa, shape) = (Isa::detect(), Shape { d, limit: spec.limit(), scale: spec.scale });
     let one = |&(b, ref rows): &(usize, std::ops::Range<usize>)| {
         let src = BatchSource::new(spec, &ops, b);
         let task = src.task(rows.clone());
@@ -414,8 +446,9 @@ fn plan(spec: &AttentionSpec) -> Vec<(usize, std::ops::Range<usize>)> {
     let (l, s, d) = (spec.l, spec.s, spec.d);
     let blocks: Vec<std::ops::Range<usize>> =
         (0..l).step_by(ROWS_PER_BLOCK).map(|r| r..(r + ROWS_PER_BLOCK).min(l)).collect();
+    let limit = spec.limit();
     let work: Vec<usize> =
-        blocks.iter().map(|r| r.len() * if spec.causal { s.min(r.end) } else { s } * d * 2).collect();
+        blocks.iter().map(|r| r.len() * limit.map_or(s, |lim| lim.keys_seen(r.clone(), s)).max(1) * d * 2).collect();
     let total: usize = work.iter().sum();
     let batches = spec.batch_count();
     let wanted = (rayon::current_num_threads() * TASKS_PER_THREAD).min(total * batches / TASK_MACS).max(1);
@@ -456,17 +489,17 @@ impl<'a, T: Copy> BatchSource<'a, T> {
     where
         T: Element<A>,
     {
-        let (s, causal) = (self.spec.s, self.spec.causal);
+        let (s, limit) = (self.spec.s, self.spec.limit());
         let blocks: Vec<std::ops::Range<usize>> = (rows.start..rows.end)
             .step_by(ROWS_PER_BLOCK)
             .map(|r0| {
                 let rows = r0..(r0 + ROWS_PER_BLOCK).min(rows.end);
-                let seen = if causal { s.min(rows.end) } else { s };
+                let seen = limit.map_or(s, |lim| lim.keys_seen(rows.clone(), s));
                 if self.spec.mask.is_none() {
                     return 0..seen;
                 }
-                let live =
-                    |j: usize| rows.clone().any(|i| !(causal && j > i) && Source::<A>::term(self, i, j).is_some());
+                let below = |i: usize, j: usize| limit.is_none_or(|lim| j as i64 <= lim.last(i));
+                let live = |j: usize| rows.clone().any(|i| below(i, j) && Source::<A>::term(self, i, j).is_some());
                 let lo = (0..seen).find(|&j| live(j)).unwrap_or(seen);
                 lo..(lo..seen).rev().find(|&j| live(j)).map_or(lo, |j| j + 1)
             })
@@ -579,6 +612,8 @@ mod tests {
             causal,
             scale: 0.3,
             mask,
+            mask_rule: None,
+            offset: 0,
         }
     }
 
@@ -647,6 +682,40 @@ mod tests {
             }
             assert!(out[..d].iter().all(|&x| x == 0.0) && lse[0] == f64::NEG_INFINITY);
         }
+    }
+
+    /// A structured mask's rule against the same keys as an explicit mask: grouped-query rows
+    /// (period 7) at an offset read from its buffer, rows wrapping periods inside a block,
+    /// offsets that reach past the keys, a negative one (rows that see nothing).
+    #[test]
+    fn mask_rules_match_the_explicit_mask_they_stand_for() {
+        let (l, s, d) = (4 * 7 + 50, 90, 16);
+        let (q, k, v) = (vals(2 * l * d, 0.1), vals(2 * s * d, 1.3), vals(2 * s * d, 2.9));
+        for (offset, constant, period) in
+            [(40i64, 0, Some(7)), (85, -1, Some(7)), (3, 0, None), (-10, 2, None), (20, 0, Some(1))]
+        {
+            let rule = MaskRule { offset: Some(BufferId(4)), constant, period };
+            let mut spec =
+                AttentionSpec { batch: vec![2], mask_rule: Some(rule.clone()), ..spec(l, s, d, false, None) };
+            spec.read_offset(Some(&offset.to_ne_bytes())).unwrap();
+            let (mut out, mut lse) = (vec![0u8; 2 * l * d * 8], vec![0u8; 2 * l * 8]);
+            attention_bytes(&spec, DType::F64, &bytes(&q), &bytes(&k), &bytes(&v), None, &mut out, Some(&mut lse))
+                .unwrap();
+            let (out, lse): (&[f64], &[f64]) = (bytemuck::cast_slice(&out), bytemuck::cast_slice(&lse));
+            for b in 0..2 {
+                let term = |i: usize, j: usize| rule.keeps(Some(offset), i, j).then_some(0.0);
+                let operands = (&q[b * l * d..][..l * d], &k[b * s * d..][..s * d], &v[b * s * d..][..s * d]);
+                let (want, want_lse) = reference(operands, (l, s, d), false, 0.3, &term);
+                let what = format!("{rule} at {offset}, batch {b}");
+                close(&what, &out[b * l * d..][..l * d], &want);
+                close(&what, &lse[b * l..][..l], &want_lse);
+            }
+        }
+        let mut spec = AttentionSpec {
+            mask_rule: Some(MaskRule { offset: Some(BufferId(1)), constant: 0, period: None }),
+            ..spec(l, s, d, false, None)
+        };
+        assert!(spec.read_offset(Some(&[0u8; 4])).is_err() && spec.read_offset(None).is_err());
     }
 
     #[test]

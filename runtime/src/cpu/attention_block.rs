@@ -5,7 +5,8 @@
 //! A task converts the keys and values its rows see to the compute type once (keys transposed,
 //! a block of keys after another, so the score product reads them contiguously; values with
 //! their rows padded to a whole number of register tiles), then for each block of query rows
-//! walks the key blocks that block sees (causal: none above the diagonal). Per row it keeps the
+//! walks the key blocks that block sees (causal, or a structured mask: none past the block's
+//! largest diagonal). Per row it keeps the
 //! running maximum `m` and sum `l` of `exp(x - m)`; a block that raises the maximum rescales the
 //! row's sum and partial output by `exp(m_old - m_new)` once.
 //!
@@ -231,10 +232,56 @@ pub(crate) struct Task {
 pub(crate) struct Shape {
     /// Head dim.
     pub d: usize,
-    /// Row `i` sees keys `j <= i` only.
-    pub causal: bool,
+    /// Row `i` sees keys `j <= limit.last(i)` only (causal, or a structured mask), if given.
+    pub limit: Option<KeyLimit>,
     /// The factor on `q . k`.
     pub scale: f64,
+}
+
+/// A diagonal limit on the keys each row sees: row `i` sees keys `j <= base + (i mod period)`
+/// (`base + i` without a period), in i64 arithmetic. Causal attention is base 0 without a
+/// period; a structured mask ([`coil_ir::loops::MaskRule`]) is its offset's value plus its
+/// constant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeyLimit {
+    /// The last key row 0 sees.
+    pub base: i64,
+    /// The row term is `i mod period`, else `i`.
+    pub period: Option<usize>,
+}
+
+impl KeyLimit {
+    /// PyTorch's `is_causal`: row `i` sees keys `j <= i`.
+    pub const CAUSAL: KeyLimit = KeyLimit { base: 0, period: None };
+
+    /// The last key row `i` sees (negative: none).
+    #[inline(always)]
+    pub fn last(&self, i: usize) -> i64 {
+        self.base.wrapping_add(match self.period {
+            Some(p) => i % p,
+            None => i,
+        } as i64)
+    }
+
+    /// How many of the `kn` keys from `k0` row `i` sees (a prefix of them).
+    #[inline(always)]
+    pub fn seen(&self, i: usize, k0: usize, kn: usize) -> usize {
+        (self.last(i).saturating_add(1).saturating_sub(k0 as i64)).clamp(0, kn as i64) as usize
+    }
+
+    /// Keys `0..n` hold every key some row of `rows` sees, `n <= s`: one past the largest
+    /// [`KeyLimit::last`] over the rows (rows that wrap a period reach `period - 1`).
+    pub fn keys_seen(&self, rows: std::ops::Range<usize>, s: usize) -> usize {
+        if rows.is_empty() {
+            return 0;
+        }
+        let (a, b) = (rows.start, rows.end - 1);
+        let top = match self.period {
+            Some(p) if b - a >= p - 1 || a % p > b % p => self.base.wrapping_add(p as i64 - 1),
+            _ => self.last(b),
+        };
+        top.saturating_add(1).clamp(0, s as i64) as usize
+    }
 }
 
 /// Runs one task: `out` gets the rows' results (`[rows, d]`, row-major) and `lse` their
@@ -359,8 +406,13 @@ fn forward_in<A: Compute, S: Source<A>, const FMA: bool, const MR: usize, const 
             let end_blk = (seen.end - task.keys.start).div_ceil(BN);
             for blk in first_blk..end_blk {
                 let k0 = task.keys.start + blk * BN;
-                // Causal: no row of the block sees keys past its last row.
-                let kn = BN.min(task.keys.end - k0).min(if shape.causal { q0 + rows - k0 } else { BN });
+                // No row of the block sees keys past its largest limit.
+                let kn = match shape.limit {
+                    Some(limit) => {
+                        BN.min(task.keys.end - k0).min(limit.keys_seen(q0..q0 + rows, task.keys.end).saturating_sub(k0))
+                    }
+                    None => BN.min(task.keys.end - k0),
+                };
                 let ktb = &kt[blk * d * BN..(blk + 1) * d * BN];
                 // S = Q K^T over the block's keys.
                 product::<A, FMA, MR, NR, SIMD>((rows, round_up(kn, NR), d), (qt, d), (ktb, BN), (st, BN), false);
@@ -368,8 +420,8 @@ fn forward_in<A: Compute, S: Source<A>, const FMA: bool, const MR: usize, const 
                 for r in 0..rows {
                     let srow: &mut [A; BN] = (&mut st[r * BN..(r + 1) * BN]).try_into().unwrap();
                     let i = q0 + r;
-                    // Keys of the block row i sees by position (a prefix: causal, or the end).
-                    let live = if shape.causal { (i + 1).saturating_sub(k0).min(kn) } else { kn };
+                    // Keys of the block row i sees by position (a prefix: its limit, or the end).
+                    let live = shape.limit.map_or(kn, |limit| limit.seen(i, k0, kn));
                     scale_row::<A, BN>(srow, scale);
                     if src.masked() {
                         for (jj, x) in srow.iter_mut().enumerate().take(live) {

@@ -330,8 +330,9 @@ impl CompiledGraph {
                 gemm::bmm_bytes_to(&spec, dtype, out_dtype, view(a.buffer), view(b.buffer), bias, out)
             }
             ExternCall::Attention(attention_call) => {
-                let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**attention_call;
-                let spec = attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
+                let coil_ir::loops::AttentionCall { q, k, v, lse, mask, mask_rule, .. } = &**attention_call;
+                let mut spec = attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
+                spec.read_offset(mask_rule.as_ref().and_then(|r| r.offset).map(view))?;
                 let dtype = p.buffer(out_id).meta.dtype;
                 let mask = match mask {
                     Some(m) => {

@@ -158,10 +158,16 @@ pub(crate) fn launch_params(
         s: spec.s as i32,
         d: spec.d as i32,
         scale_log2: (spec.scale * std::f64::consts::LOG2_E) as f32,
-        causal: spec.causal as i32,
+        diagonal: (spec.causal || spec.mask_rule.is_some()) as i32,
         mask_kind: MaskKind::code(mask),
         chunk: launch.chunk as i32,
         splits: launch.splits as i32,
+        // A period of at least the rows is no period (every row is its own term).
+        period: match spec.mask_rule.as_ref().and_then(|r| r.period) {
+            Some(p) if p < spec.l => p as i32,
+            _ => 0,
+        },
+        diag_const: spec.mask_rule.as_ref().map_or(0, |r| r.constant),
     }
 }
 
@@ -181,6 +187,8 @@ pub struct DevForward {
     pub out: DevOperand,
     /// The row logsumexp (f32), when a backward needs it.
     pub lse: Option<DevOperand>,
+    /// The structured mask's offset (a 0-d i64), when its rule has one: the kernels read it.
+    pub offset: Option<DevOperand>,
 }
 
 /// Enqueues the attention call `spec` (operands and output of `dtype`), and with a logsumexp
@@ -189,6 +197,10 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
     let size = dtype.size_bytes();
     let mask_len = bufs.mask.map(|(m, kind)| m.bytes / if kind == MaskKind::Bool { 1 } else { size });
     spec.check(bufs.q.bytes / size, bufs.k.bytes / size, bufs.v.bytes / size, bufs.out.bytes / size, mask_len)?;
+    let wants_offset = spec.mask_rule.as_ref().is_some_and(|r| r.offset.is_some());
+    if wants_offset != bufs.offset.is_some_and(|o| o.bytes >= 8) {
+        return Err(Error::runtime("attention: the mask rule's offset is not a device i64 of the call"));
+    }
     let count = spec.batch_count();
     if let Some(lse) = bufs.lse {
         if lse.bytes < count * spec.l * 4 {
@@ -214,7 +226,7 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
     let workspace = DeviceMemory::alloc(dev, launch.workspace_bytes(count, spec.l, spec.d))?;
     let entry = launch.kernel.entry(mask_kind.is_some());
     let f = kernel(dev, entry.clone(), || launch.kernel.source(), 0)?.func;
-    let mut ptrs: [u64; 7] = [
+    let mut ptrs: [u64; 8] = [
         prepared[0].1,
         prepared[1].1,
         prepared[2].1,
@@ -222,14 +234,15 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
         bufs.lse.map_or(0, |l| l.ptr),
         bufs.mask.map_or(0, |(m, _)| m.ptr),
         workspace.ptr(),
+        bufs.offset.map_or(0, |o| o.ptr),
     ];
     let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
     args.push((&mut params as *mut AttnParams).cast());
     dev.bind()?;
     let block = (launch.kernel.block(), 1, 1);
-    // SAFETY: the arguments match the kernel's signature (seven device pointers, the
-    // logsumexp's, the mask's and the workspace's possibly null, and the parameter struct, laid
-    // out as in C) and live until the call returns (the driver copies them); every element the
+    // SAFETY: the arguments match the kernel's signature (eight device pointers, the
+    // logsumexp's, the mask's, the workspace's and the offset's possibly null, and the parameter
+    // struct, laid out as in C; the offset holds an i64, checked above) and live until the call returns (the driver copies them); every element the
     // kernel touches was bounds-checked above, the workspace holds the partial results of
     // every split; the temporaries go back to the stream-ordered cache after the launches are
     // enqueued, so no later work reuses them before they ran.

@@ -45,10 +45,10 @@ fn forward_kernel(kernel: AttentionKernel, masked: bool) -> Emulated {
     let call = match kernel {
         AttentionKernel::Mma { .. } | AttentionKernel::SplitMma { .. } => {
             "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (coil_u16 *)buf[3], \
-             (float *)buf[4], buf[5], (float *)buf[6], p"
+             (float *)buf[4], buf[5], (float *)buf[6], (const long long *)buf[7], p"
         }
         AttentionKernel::Simple { .. } | AttentionKernel::SplitSimple { .. } => {
-            "buf[0], buf[1], buf[2], buf[3], (float *)buf[4], buf[5], (float *)buf[6], p"
+            "buf[0], buf[1], buf[2], buf[3], (float *)buf[4], buf[5], (float *)buf[6], (const long long *)buf[7], p"
         }
         AttentionKernel::Combine { .. } => "buf[0], (float *)buf[1], (float *)buf[2], p",
     };
@@ -201,11 +201,27 @@ fn forward_spec(batch: &[usize], l: usize, s: usize, d: usize, causal: bool, hea
         let head = |part: usize| strided(part * c, vec![l * 3 * c, d], 3 * c);
         let out = strided(0, vec![l * c, d], c);
         let scale = 1.0 / (d as f64).sqrt();
-        AttentionSpec { q: head(0), k: head(1), v: head(2), out, batch: vec![b, h], l, s, d, causal, scale, mask: None }
+        let (batch, mask, mask_rule) = (vec![b, h], None, None);
+        AttentionSpec {
+            q: head(0),
+            k: head(1),
+            v: head(2),
+            out,
+            batch,
+            l,
+            s,
+            d,
+            causal,
+            scale,
+            mask,
+            mask_rule,
+            offset: 0,
+        }
     } else {
         let (q, k) = (contiguous(batch, l, d), contiguous(batch, s, d));
         let (v, out) = (k.clone(), q.clone());
-        AttentionSpec { q, k, v, out, batch: batch.to_vec(), l, s, d, causal, scale: 0.3, mask: None }
+        let (batch, mask, mask_rule) = (batch.to_vec(), None, None);
+        AttentionSpec { q, k, v, out, batch, l, s, d, causal, scale: 0.3, mask, mask_rule, offset: 0 }
     }
 }
 
@@ -337,6 +353,28 @@ fn banded(_: usize, row: usize, key: usize) -> Option<f32> {
     (row >= 10 && key <= row / 2 + 5 && key % 17 != 4).then_some(0.0)
 }
 
+/// The split kernels' results after the combine (when the launch has one), eager and lazy runs
+/// (the forward's buffers: output 3, logsumexp 4, workspace 6); `None` without g++.
+fn combined(
+    builds: &mut Builds,
+    launch: &ForwardLaunch,
+    params: &[u8],
+    count: usize,
+    mut runs: [Vec<Vec<u8>>; 2],
+) -> Option<[Vec<Vec<u8>>; 2]> {
+    if let Some(combine) = launch.combine {
+        let emulated = forward_kernel(combine, false);
+        let exe = builds.get(&emulated)?;
+        let dir = builds.root.join(&emulated.name);
+        for got in &mut runs {
+            let buffers = [got[3].clone(), got[4].clone(), got[6].clone()];
+            let [eager, _] = launch_runs(&exe, &dir, params, (count as u32, 1, 1), emulated.block, &buffers);
+            (got[3], got[4]) = (eager[0].clone(), eager[1].clone());
+        }
+    }
+    Some(runs)
+}
+
 #[test]
 fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
     let mut builds = Builds::new("attention");
@@ -442,19 +480,10 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let params = param_bytes(&launch_params(&spec, [&spec.q, &spec.k, &spec.v], mask_kind, &launch));
         let workspace = vec![0xff; launch.workspace_bytes(count, l, d)];
         let (out, lse) = (vec![0xff; want.len()], vec![0xff; want_lse.len()]);
-        let buffers = [q.clone(), k.clone(), v.clone(), out, lse, mask.clone(), workspace];
+        let buffers = [q.clone(), k.clone(), v.clone(), out, lse, mask.clone(), workspace, vec![]];
         let dir = builds.root.join(&emulated.name);
-        let mut runs = launch_runs(&exe, &dir, &params, launch.grid, emulated.block, &buffers);
-        if let Some(combine) = launch.combine {
-            let emulated = forward_kernel(combine, false);
-            let Some(exe) = builds.get(&emulated) else { return };
-            let dir = builds.root.join(&emulated.name);
-            for got in &mut runs {
-                let buffers = [got[3].clone(), got[4].clone(), got[6].clone()];
-                let [eager, _] = launch_runs(&exe, &dir, &params, (count as u32, 1, 1), emulated.block, &buffers);
-                (got[3], got[4]) = (eager[0].clone(), eager[1].clone());
-            }
-        }
+        let runs = launch_runs(&exe, &dir, &params, launch.grid, emulated.block, &buffers);
+        let Some(runs) = combined(&mut builds, &launch, &params, count, runs) else { return };
         for (got, lazy) in runs.iter().zip([false, true]) {
             let what = format!(
                 "{} {:?} L={l} S={s} causal={} splits={} lazy={lazy}",
@@ -608,3 +637,6 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         }
     }
 }
+
+#[path = "attention_emulation_rules.rs"]
+mod rules;

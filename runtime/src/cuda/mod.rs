@@ -707,7 +707,7 @@ impl CudaCompiledGraph {
                 )
             }
             ExternCall::Attention(attention_call) => {
-                let coil_ir::loops::AttentionCall { q, k, v, lse, mask, .. } = &**attention_call;
+                let coil_ir::loops::AttentionCall { q, k, v, lse, mask, mask_rule, .. } = &**attention_call;
                 let spec =
                     crate::cpu::attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 let dtype = p.buffer(out_id).meta.dtype;
@@ -722,6 +722,7 @@ impl CudaCompiledGraph {
                     mask,
                     out: operand(out_id),
                     lse: lse.map(operand),
+                    offset: mask_rule.as_ref().and_then(|r| r.offset).map(operand),
                 };
                 attention::attention(&self.device, &spec, dtype, bufs)
             }
