@@ -1,6 +1,7 @@
 //! In-place ops (`add_`, `copy_`, `index_copy_`, slice assignment, ...): the functional op written
-//! back over the tensor, PyTorch's values and dtype/shape rules, the old handle stale after a
-//! write over computed elements, and pending tensors rebound lazily.
+//! back over the tensor, PyTorch's values and dtype/shape rules, and PyTorch's aliasing: views
+//! and other handles of a written tensor read its new values, writes through views reach their
+//! base, eager and inside compiled functions, interpreted and compiled.
 
 use coil::{DType, ErrorKind, Tensor};
 use std::sync::Mutex;
@@ -23,10 +24,12 @@ fn arithmetic_in_place_writes_over_computed_elements() {
     let _alone = alone();
     let mut x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let old = x.clone();
+    let pending = &x * 1.0; // recorded before the write, not computed
     x.add_(t(&[10.0, 20.0, 30.0], &[3])).unwrap(); // broadcast along rows
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![11.0, 22.0, 33.0, 14.0, 25.0, 36.0]);
-    let e = old.to_vec::<f32>().unwrap_err();
-    assert!(e.to_string().contains("overwritten"), "the old handle is stale: {e}");
+    assert_eq!(old.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap(), "the old handle reads the new values");
+    let e = pending.to_vec::<f32>().unwrap_err();
+    assert!(e.to_string().contains("overwritten"), "its old elements are gone: {e}");
     x.mul_(2.0).unwrap();
     x.sub_(1).unwrap();
     x.div_(t(&[1.0, 2.0, 4.0], &[3])).unwrap();
@@ -38,13 +41,15 @@ fn arithmetic_in_place_writes_over_computed_elements() {
 }
 
 #[test]
-fn pending_tensors_are_rebound_lazily() {
+fn pending_tensors_are_computed_then_written() {
     let _alone = alone();
-    let mut x = Tensor::arange(0, 4, 1, DType::F32).unwrap(); // pending: no buffer to write
+    let mut x = Tensor::arange(0, 4, 1, DType::F32).unwrap(); // pending: computed first
+    let view = x.narrow(0, 2, 2).unwrap();
     x.add_(1.0).unwrap();
     x.mul_(3.0).unwrap();
-    assert!(!x.is_realized());
+    assert!(x.is_realized(), "written as PyTorch's eager ops write");
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![3.0, 6.0, 9.0, 12.0]);
+    assert_eq!(view.to_vec::<f32>().unwrap(), vec![9.0, 12.0]);
 }
 
 #[test]

@@ -3,9 +3,17 @@
 //!
 //! An allocation can be written in place ([`crate::update_in_place`]: an optimizer step writes
 //! new parameters over the old ones). Every handle to an allocation shares one version counter;
-//! an in-place write bumps it and returns a handle of the new version, so a tensor that still
-//! holds the old version is *stale*: reading it, or computing with it, is an error naming what
-//! happened (PyTorch's "modified by an inplace operation"), never a silent read of new values.
+//! an in-place write bumps it and returns a handle of the new version. A tensor that still holds
+//! the old version stands for the *updated* tensor, as every Python reference to a tensor does
+//! after PyTorch's in-place ops: [`crate::Tensor`]'s reads and ops take the current elements
+//! ([`Storage::latest`], through [`crate::alias`]). What cannot be served is a pending
+//! computation recorded before the write that reads the old elements (they are gone): its
+//! storage read is an error naming what happened ([`Storage::check_current`], PyTorch's
+//! "modified by an inplace operation"), never a silent read of the new values.
+//!
+//! When an update could not write over its target (the compiler wrote a new buffer), the old
+//! allocation records where the tensor *moved* ([`Storage::moved_to`]), so its old handles
+//! still find the current elements.
 //!
 //! The allocation also remembers whether its current elements *descend* from an older version
 //! by in-place updates (the same tensor, updated: a parameter after an optimizer step, a key/value
@@ -17,7 +25,7 @@ use coil_ir::{Error, ErrorKind, Result, TensorMeta};
 use coil_runtime::cuda::{CudaBuffer, CudaDevice};
 use coil_runtime::{Buffer, Device};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A computed tensor's elements, at one version of their allocation.
 #[derive(Clone)]
@@ -35,6 +43,23 @@ struct Version {
     /// The first version whose elements the current ones descend from by in-place updates (a
     /// consumed or reused allocation starts a new lineage).
     lineage: AtomicU64,
+    /// The latest new lineage, and where the tensor went then (`None`: the allocation was
+    /// reused for another tensor).
+    moved: Mutex<Option<Move>>,
+}
+
+/// An allocation's lineage break ([`Storage::replaced`], [`Storage::moved_to`]).
+struct Move {
+    /// The lineage before the break: handles from it on held the tensor that moved.
+    after: u64,
+    /// Where that tensor's elements are now.
+    to: Option<Storage>,
+}
+
+impl Version {
+    fn new() -> Arc<Version> {
+        Arc::new(Version { current: AtomicU64::new(0), lineage: AtomicU64::new(0), moved: Mutex::new(None) })
+    }
 }
 
 /// The allocation itself.
@@ -56,8 +81,7 @@ impl Storage {
     }
 
     fn fresh(data: Data) -> Storage {
-        let version = Version { current: AtomicU64::new(0), lineage: AtomicU64::new(0) };
-        Storage { data, version: Arc::new(version), seen: 0 }
+        Storage { data, version: Version::new(), seen: 0 }
     }
 
     /// The device holding the elements.
@@ -105,8 +129,9 @@ impl Storage {
         Err(Error::new(
             ErrorKind::Value,
             format!(
-                "a {} tensor's elements were overwritten in place (update_in_place, an optimizer step) after this \
-                 tensor took them (version {} of its buffer, now {}): use the tensor the update returned",
+                "a {} tensor's elements were overwritten in place (an in-place op, update_in_place, an optimizer \
+                 step) after a pending computation that reads them was recorded (version {} of its buffer, now {}): \
+                 compute it before the write (realize), or record it after",
                 self.meta(),
                 self.seen,
                 self.version.current.load(Ordering::Acquire)
@@ -118,6 +143,7 @@ impl Storage {
     /// other handle (the old tensor, its `detach`ed aliases) is stale from now on.
     pub(crate) fn overwritten(&self) -> Storage {
         let seen = self.version.current.fetch_add(1, Ordering::AcqRel) + 1;
+        crate::alias::bump();
         Storage { data: self.data.clone(), version: self.version.clone(), seen }
     }
 
@@ -125,9 +151,42 @@ impl Storage {
     /// handle's tensor (consumed without being written, or reused for another tensor): it starts
     /// a new lineage, so [`Storage::descendant`] of an older handle finds nothing.
     pub(crate) fn replaced(&self) -> Storage {
+        self.broken(None)
+    }
+
+    /// [`Storage::replaced`] for an allocation whose tensor now lives in `to` (an update that
+    /// wrote its value to a new buffer): [`Storage::latest`] of an older handle follows it.
+    pub(crate) fn moved_to(&self, to: &Storage) -> Storage {
+        self.broken(Some(to.clone()))
+    }
+
+    fn broken(&self, to: Option<Storage>) -> Storage {
+        let mut moved = self.version.moved.lock().unwrap_or_else(|e| e.into_inner());
+        let after = self.version.lineage.load(Ordering::Acquire);
         let new = self.overwritten();
         self.version.lineage.fetch_max(new.seen, Ordering::AcqRel);
+        *moved = Some(Move { after, to });
         new
+    }
+
+    /// The current elements of the tensor this handle holds: this allocation's, updated in
+    /// place since (or not at all), or those of the buffer the tensor moved to
+    /// ([`Storage::moved_to`]); `None` when the allocation was reused for another tensor.
+    pub(crate) fn latest(&self) -> Option<Storage> {
+        let lineage = self.version.lineage.load(Ordering::Acquire);
+        if lineage <= self.seen {
+            return self.descendant();
+        }
+        let moved = self.version.moved.lock().unwrap_or_else(|e| e.into_inner());
+        match &*moved {
+            // Only one break since this handle: the one that moved its tensor.
+            Some(Move { after, to: Some(to) }) if *after <= self.seen && lineage == self.version.lineage.load(Ordering::Acquire) => {
+                let to = to.clone();
+                drop(moved);
+                to.latest()
+            }
+            _ => None,
+        }
     }
 
     /// A handle to the allocation's current elements when they are this handle's tensor's,
@@ -164,8 +223,7 @@ impl Storage {
     /// and so every handle to it, as it was. For writes that update the tensor every handle
     /// stands for (a replayed compiled function's in-place writes).
     pub(crate) fn unversioned(&self) -> Storage {
-        let version = Version { current: AtomicU64::new(0), lineage: AtomicU64::new(0) };
-        Storage { data: self.data.clone(), version: Arc::new(version), seen: 0 }
+        Storage { data: self.data.clone(), version: Version::new(), seen: 0 }
     }
 
     /// The elements in host memory (a copy from the device for CUDA storage); an error when
