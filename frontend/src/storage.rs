@@ -11,9 +11,10 @@
 //! storage read is an error naming what happened ([`Storage::check_current`], PyTorch's
 //! "modified by an inplace operation"), never a silent read of the new values.
 //!
-//! When an update could not write over its target (the compiler wrote a new buffer), the old
-//! allocation records where the tensor *moved* ([`Storage::moved_to`]), so its old handles
-//! still find the current elements.
+//! When an update did not write over its target (the compiler wrote a new buffer, or something
+//! pending still reads the old elements), the old allocation records where the tensor *moved*
+//! ([`Storage::moved_keeping`]): its old handles find the current elements there, and what still
+//! reads the old ones reads them.
 //!
 //! The allocation also remembers whether its current elements *descend* from an older version
 //! by in-place updates (the same tensor, updated: a parameter after an optimizer step, a key/value
@@ -25,7 +26,8 @@ use coil_ir::{Error, ErrorKind, Result, TensorMeta};
 use coil_runtime::cuda::{CudaBuffer, CudaDevice};
 use coil_runtime::{Buffer, Device};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use crate::tensor::TensorNode;
+use std::sync::{Arc, Mutex, Weak};
 
 /// A computed tensor's elements, at one version of their allocation.
 #[derive(Clone)]
@@ -46,9 +48,13 @@ struct Version {
     /// The latest new lineage, and where the tensor went then (`None`: the allocation was
     /// reused for another tensor).
     moved: Mutex<Option<Move>>,
+    /// Pending computations recorded outside compiled functions that read these elements
+    /// (directly, or through views): an update that would write over them while one of them
+    /// is still pending writes a new buffer instead ([`Storage::moved_keeping`]).
+    readers: Mutex<Vec<Weak<TensorNode>>>,
 }
 
-/// An allocation's lineage break ([`Storage::replaced`], [`Storage::moved_to`]).
+/// An allocation's lineage break ([`Storage::replaced`], [`Storage::moved_keeping`]).
 struct Move {
     /// The lineage before the break: handles from it on held the tensor that moved.
     after: u64,
@@ -58,7 +64,12 @@ struct Move {
 
 impl Version {
     fn new() -> Arc<Version> {
-        Arc::new(Version { current: AtomicU64::new(0), lineage: AtomicU64::new(0), moved: Mutex::new(None) })
+        Arc::new(Version {
+            current: AtomicU64::new(0),
+            lineage: AtomicU64::new(0),
+            moved: Mutex::new(None),
+            readers: Mutex::new(Vec::new()),
+        })
     }
 }
 
@@ -151,27 +162,54 @@ impl Storage {
     /// handle's tensor (consumed without being written, or reused for another tensor): it starts
     /// a new lineage, so [`Storage::descendant`] of an older handle finds nothing.
     pub(crate) fn replaced(&self) -> Storage {
-        self.broken(None)
-    }
-
-    /// [`Storage::replaced`] for an allocation whose tensor now lives in `to` (an update that
-    /// wrote its value to a new buffer): [`Storage::latest`] of an older handle follows it.
-    pub(crate) fn moved_to(&self, to: &Storage) -> Storage {
-        self.broken(Some(to.clone()))
-    }
-
-    fn broken(&self, to: Option<Storage>) -> Storage {
         let mut moved = self.version.moved.lock().unwrap_or_else(|e| e.into_inner());
         let after = self.version.lineage.load(Ordering::Acquire);
         let new = self.overwritten();
         self.version.lineage.fetch_max(new.seen, Ordering::AcqRel);
-        *moved = Some(Move { after, to });
+        *moved = Some(Move { after, to: None });
         new
+    }
+
+    /// Marks an allocation whose tensor's new value went to `to` (an update that wrote a new
+    /// buffer) while these elements, its old value, stay as they are: pending computations
+    /// recorded before the update still read them, and the tensor's handles follow it to `to`
+    /// ([`Storage::latest`]); a replay no longer binds the tensor here ([`Storage::descendant`]).
+    pub(crate) fn moved_keeping(&self, to: &Storage) {
+        let mut moved = self.version.moved.lock().unwrap_or_else(|e| e.into_inner());
+        let after = self.version.lineage.load(Ordering::Acquire);
+        let beyond = self.version.current.load(Ordering::Acquire) + 1;
+        self.version.lineage.fetch_max(beyond, Ordering::AcqRel);
+        *moved = Some(Move { after, to: Some(to.clone()) });
+        crate::alias::bump();
+    }
+
+    /// Whether this handle holds the tensor's current elements: no write over them, and the
+    /// tensor did not move since.
+    pub(crate) fn is_latest(&self) -> bool {
+        self.is_current() && self.version.lineage.load(Ordering::Acquire) <= self.seen
+    }
+
+    /// Records `node`, a pending computation, as a reader of these elements.
+    pub(crate) fn add_reader(&self, node: &Arc<TensorNode>) {
+        let mut readers = self.version.readers.lock().unwrap_or_else(|e| e.into_inner());
+        let n = readers.len();
+        if n >= 16 && n.is_power_of_two() {
+            readers.retain(|r| r.upgrade().is_some_and(|t| t.storage.get().is_none()));
+        }
+        readers.push(Arc::downgrade(node));
+    }
+
+    /// Whether a pending computation that reads these elements is still alive, other than
+    /// those `inside` says are part of the computation about to write them.
+    pub(crate) fn read_elsewhere(&self, inside: impl Fn(&Arc<TensorNode>) -> bool) -> bool {
+        let mut readers = self.version.readers.lock().unwrap_or_else(|e| e.into_inner());
+        readers.retain(|r| r.upgrade().is_some_and(|t| t.storage.get().is_none()));
+        readers.iter().filter_map(Weak::upgrade).any(|t| !inside(&t))
     }
 
     /// The current elements of the tensor this handle holds: this allocation's, updated in
     /// place since (or not at all), or those of the buffer the tensor moved to
-    /// ([`Storage::moved_to`]); `None` when the allocation was reused for another tensor.
+    /// ([`Storage::moved_keeping`]); `None` when the allocation was reused for another tensor.
     pub(crate) fn latest(&self) -> Option<Storage> {
         let lineage = self.version.lineage.load(Ordering::Acquire);
         if lineage <= self.seen {

@@ -492,7 +492,21 @@ impl Tensor {
         let mut node = TensorNode::pending(op, srcs.collect::<Result<Vec<_>>>()?, meta, device, Some(location));
         node.draw = draw;
         node.view = view;
-        Ok(Tensor(Arc::new(node)))
+        let node = Arc::new(node);
+        if !view && !crate::dynamo::tracing() {
+            // Outside a compiled function, a write over computed elements must know what still
+            // reads them ([`crate::alias`]).
+            for src in &node.srcs {
+                let mut base = src;
+                while base.0.view {
+                    base = &base.0.srcs[0];
+                }
+                if let Some(storage) = base.0.storage.get() {
+                    storage.add_reader(&node);
+                }
+            }
+        }
+        Ok(Tensor(node))
     }
 
     /// An error in `op` on this tensor's operands, at the caller's line.

@@ -187,7 +187,7 @@ impl Frame {
         }
         for u in &updates {
             if let Some(s) = u.value.0.storage.get().filter(|s| s.addr() != u.target.addr()) {
-                let _ = u.target.moved_to(s);
+                u.target.moved_keeping(s);
                 if let Some(r) = &mut self.recording {
                     r.moved += 1;
                 }

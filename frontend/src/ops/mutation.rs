@@ -207,10 +207,11 @@ binary_in_place! {
     /// use coil_frontend::Tensor;
     /// let mut w = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
     /// w.realize()?;
-    /// let old = w.clone();
+    /// let (old, last) = (w.clone(), w.narrow(0, 1, 1)?);
     /// w.add_(0.5)?;
     /// assert_eq!(w.to_vec::<f32>()?, vec![1.5, 2.5]);
-    /// assert!(old.to_vec::<f32>().is_err()); // written over: the old handle is stale
+    /// assert_eq!(old.to_vec::<f32>()?, vec![1.5, 2.5]); // every handle and view sees the write
+    /// assert_eq!(last.to_vec::<f32>()?, vec![2.5]);
     /// let mut i = Tensor::from_vec(vec![1i64], &[1])?;
     /// assert!(i.add_(0.5).is_err()); // a float result does not go into an integer tensor
     /// # Ok::<(), coil_ir::Error>(())
