@@ -288,7 +288,7 @@ fn scatter(v: &Tensor, value: &Tensor, location: &'static Location<'static>) -> 
             if *len == 0 {
                 return Ok(base.clone());
             }
-            let end = (*start as i64 + (*len as i64 - 1) * step + 1) as i64;
+            let end = *start as i64 + (*len as i64 - 1) * step + 1;
             base.slice_scatter(value, *dim as i64, Some(*start as i64), Some(end), *step)
         }
         Op::Permute { perm } => {
@@ -476,7 +476,7 @@ mod tests {
             x.add_(1.0)?;
             let mut col = x.select(1, 0)?;
             col.mul_(10.0)?;
-            let mut arg = a[1].clone(); // an argument: written back
+            let arg = a[1].clone(); // an argument: written back
             arg.narrow(0, 0, 1)?.fill_(5.0)?;
             Ok(vec![x, rows, before, a[1].clone()])
         });

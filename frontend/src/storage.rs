@@ -22,11 +22,11 @@
 //! reused for another tensor): a replayed compiled function ([`crate::dynamo::CompiledFn::replay`])
 //! binds a captured tensor to its allocation's current elements only in the first case.
 
+use crate::tensor::TensorNode;
 use coil_ir::{Error, ErrorKind, Result, TensorMeta};
 use coil_runtime::cuda::{CudaBuffer, CudaDevice};
 use coil_runtime::{Buffer, Device};
 use std::sync::atomic::{AtomicU64, Ordering};
-use crate::tensor::TensorNode;
 use std::sync::{Arc, Mutex, Weak};
 
 /// A computed tensor's elements, at one version of their allocation.
@@ -218,7 +218,9 @@ impl Storage {
         let moved = self.version.moved.lock().unwrap_or_else(|e| e.into_inner());
         match &*moved {
             // Only one break since this handle: the one that moved its tensor.
-            Some(Move { after, to: Some(to) }) if *after <= self.seen && lineage == self.version.lineage.load(Ordering::Acquire) => {
+            Some(Move { after, to: Some(to) })
+                if *after <= self.seen && lineage == self.version.lineage.load(Ordering::Acquire) =>
+            {
                 let to = to.clone();
                 drop(moved);
                 to.latest()
