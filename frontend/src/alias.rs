@@ -108,16 +108,16 @@ pub(crate) fn is_contiguous(t: &Tensor) -> bool {
             if stride != expected {
                 return false;
             }
-            expected *= size;
+            expected = expected.saturating_mul(size);
         }
     }
     true
 }
 
 fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
+    let mut strides = vec![1usize; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1].max(1);
+        strides[d] = strides[d + 1].saturating_mul(shape[d + 1].max(1));
     }
     strides
 }
@@ -136,7 +136,7 @@ fn strides(t: &Tensor) -> Vec<usize> {
         let base = v.0.srcs[0].shape();
         st = match &v.0.op {
             Op::Slice { dim, step, .. } => {
-                st[*dim] *= *step as usize;
+                st[*dim] = st[*dim].saturating_mul(*step as usize);
                 st
             }
             Op::Permute { perm } => perm.iter().map(|&p| st[p]).collect(),
@@ -159,7 +159,7 @@ fn view_strides(old: &[usize], stride: &[usize], new: &[usize]) -> Option<Vec<us
     if old.is_empty() {
         return Some(vec![1; new.len()]);
     }
-    if old.iter().product::<usize>() == 0 {
+    if old.contains(&0) {
         return Some(if old == new { stride.to_vec() } else { contiguous_strides(new) });
     }
     let mut out = vec![0; new.len()];
@@ -167,11 +167,11 @@ fn view_strides(old: &[usize], stride: &[usize], new: &[usize]) -> Option<Vec<us
     let mut chunk_base = *stride.last().expect("rank > 0");
     let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
     for d in (0..old.len()).rev() {
-        tensor_numel *= old[d];
-        if d == 0 || (old[d - 1] != 1 && stride[d - 1] != tensor_numel * chunk_base) {
+        tensor_numel = tensor_numel.saturating_mul(old[d]);
+        if d == 0 || (old[d - 1] != 1 && stride[d - 1] != tensor_numel.saturating_mul(chunk_base)) {
             while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
-                out[view_d as usize] = view_numel * chunk_base;
-                view_numel *= new[view_d as usize];
+                out[view_d as usize] = view_numel.saturating_mul(chunk_base);
+                view_numel = view_numel.saturating_mul(new[view_d as usize]);
                 view_d -= 1;
             }
             if view_numel != tensor_numel {
