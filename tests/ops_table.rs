@@ -17,6 +17,7 @@ const REGENERATE: &str = "COIL_UPDATE_OPS=1 cargo test --test ops_table";
 /// Golden cases that test several ops together or a rule rather than one op (type promotion,
 /// whole model blocks, `grad` itself): they belong to no row.
 const CROSS_CUTTING: &[&str] = &[
+    "alias_",
     "composite_",
     "promo_",
     "affine_",

@@ -48,6 +48,11 @@ pub fn grad(output: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
 pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<Tensor>)> {
     let start = Instant::now();
     let caller = Location::caller();
+    // The tensors as they stand after in-place ops ([`crate::alias`]).
+    let output = &output.current();
+    let wrt: Vec<Tensor> = wrt.iter().map(|t| t.current()).collect();
+    let wrt: Vec<&Tensor> = wrt.iter().collect();
+    let wrt = wrt.as_slice();
     let mut roots = vec![output];
     roots.extend_from_slice(wrt);
     let walk = Walk::new(&roots, wrt);

@@ -3,10 +3,13 @@
 //! [`update_in_place`] is how an optimizer step writes new parameters and moments over the old
 //! ones, as PyTorch's optimizers do under `no_grad`: the new values are computed in one graph
 //! whose outputs are *donated* the old tensors' buffers ([`crate::compile::compile_donating`]),
-//! so a training loop's memory does not grow and no step keeps the previous one alive. The old
-//! tensors (and anything sharing their elements, such as `detach`ed aliases) become stale: using
-//! them afterwards is an error ([`crate::Storage::check_current`]), never a silent read of the
-//! new values.
+//! so a training loop's memory does not grow and no step keeps the previous one alive. Every
+//! handle to an old tensor (the old `Tensor`, a `detach`ed alias, a view of it) reads the new
+//! values afterwards, as PyTorch's references do after an in-place op ([`crate::alias`]); what
+//! cannot read them is a pending computation recorded before the update that reads the old
+//! elements: they are gone, and computing it is an error ([`crate::Storage::check_current`]),
+//! never a silent read of the new values. The in-place ops (`add_`, `copy_`, ...) are built on
+//! this ([`crate::ops::mutation`]).
 
 use crate::compile::compiled_walk;
 use crate::realize::{backend, interpret, Backend};
@@ -41,7 +44,8 @@ pub fn is_compiling() -> bool {
 /// must be distinct. Inside a compiled function ([`crate::dynamo`]) the update is recorded, not
 /// run: the returned tensors are the (pending) values, and the next graph the call runs (at its
 /// end, or at a graph break) computes them and writes them over the targets' buffers; a target
-/// may then also be the value of an earlier update of the same call. After the call every target is stale: use the returned tensors. Where the
+/// may then also be the value of an earlier update of the same call. After the call the old
+/// handles of a target stand for the returned tensor (see the module docs). Where the
 /// compiler cannot write a value over its target (the target is read after the value is
 /// written, or the value is not computed by a kernel), it writes a new buffer instead; the
 /// result is the same and `ir_post_fusion.txt` says why.
@@ -53,7 +57,7 @@ pub fn is_compiling() -> bool {
 /// let new = (&w - &(&g * 0.1));
 /// let w2 = update_in_place(&[(&w, &new)]).unwrap().remove(0);
 /// assert_eq!(w2.to_vec::<f32>().unwrap(), vec![0.95, 1.95, 2.95]);
-/// assert!(w.to_vec::<f32>().is_err()); // overwritten: w is stale
+/// assert_eq!(w.to_vec::<f32>().unwrap(), vec![0.95, 1.95, 2.95]); // the old handle reads the new values
 /// ```
 #[track_caller]
 pub fn update_in_place(updates: &[(&Tensor, &Tensor)]) -> Result<Vec<Tensor>> {
@@ -130,10 +134,10 @@ pub fn update_in_place_with(updates: &[(&Tensor, &Tensor)], also: &[&Tensor]) ->
     }
     let mut updated = Vec::with_capacity(results.len());
     for ((target, value), storage) in targets.iter().zip(&values).zip(results) {
-        // A target whose buffer was not written is consumed all the same, so that every target
-        // is stale afterwards whatever the compiler chose.
+        // A target whose buffer was not written moved to the value's: its old handles follow
+        // (and what still reads its old elements reads them).
         if storage.addr() != target.addr() {
-            let _ = target.replaced();
+            target.moved_keeping(&storage);
         }
         if !value.is_realized() {
             let _ = value.0.storage.set(storage.clone());
@@ -190,7 +194,10 @@ fn run_donating(
     let mut donations = Vec::new();
     for (output, target) in targets.iter().enumerate() {
         let mut same = inputs.iter().enumerate().filter(|(_, s)| s.addr() == target.addr());
-        if let (Some((input, _)), None) = (same.next(), same.next()) {
+        // A pending computation outside this graph that reads the target reads its old value
+        // later: the new one goes to a new buffer.
+        let kept = target.read_elsewhere(|n| walk.contains(n));
+        if let (Some((input, _)), None, false) = (same.next(), same.next(), kept) {
             donations.push(Donation { output, input });
         }
     }
@@ -245,17 +252,28 @@ mod tests {
     }
 
     #[test]
-    fn old_tensors_and_their_aliases_are_stale() {
+    fn old_handles_and_aliases_read_the_new_values_and_earlier_reads_the_old_ones() {
         let w = t(&[1.0, 2.0]);
         let alias = w.detach().unwrap();
+        let view = w.narrow(0, 1, 1).unwrap();
         let lazy = &w * 3.0; // recorded before the update, computed after
         let w2 = update_in_place(&[(&w, &(&w + 1.0))]).unwrap().remove(0);
         assert_eq!(w2.to_vec::<f32>().unwrap(), vec![2.0, 3.0]);
-        for stale in [&w, &alias, &lazy] {
-            let e = stale.to_vec::<f32>().unwrap_err();
-            assert!(e.to_string().contains("overwritten in place"), "{e}");
+        for handle in [&w, &alias] {
+            assert_eq!(handle.to_vec::<f32>().unwrap(), vec![2.0, 3.0]);
         }
-        assert!(update_in_place(&[(&w, &w2)]).is_err(), "a stale target");
+        assert_eq!(view.to_vec::<f32>().unwrap(), vec![3.0]);
+        assert_eq!((&w * 2.0).to_vec::<f32>().unwrap(), vec![4.0, 6.0], "ops read the new values");
+        assert_eq!(lazy.to_vec::<f32>().unwrap(), vec![3.0, 6.0], "recorded before: the old values");
+    }
+
+    #[test]
+    fn a_target_moved_to_another_buffer_is_followed_by_its_old_handles() {
+        // The value does not read the target: the compiler writes a new buffer.
+        let w = t(&[1.0, 2.0]);
+        let w2 = update_in_place(&[(&w, &t(&[5.0, 6.0]))]).unwrap().remove(0);
+        assert_ne!(addr(&w), addr(&w2));
+        assert_eq!(w.to_vec::<f32>().unwrap(), vec![5.0, 6.0]);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 #![warn(missing_docs)]
 
+pub mod alias;
 pub mod autodiff;
 pub mod compile;
 pub mod debug;

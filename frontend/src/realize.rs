@@ -58,8 +58,11 @@ pub fn capture(outputs: &[&Tensor]) -> Captured {
 /// run is enqueued, not waited for (see [`synchronize`]).
 #[track_caller]
 pub fn realize(outputs: &[&Tensor]) -> Result<()> {
+    // Each tensor as it stands after in-place ops ([`crate::alias`]).
+    let current: Vec<Tensor> = outputs.iter().map(|t| t.current()).collect();
+    let outputs: Vec<&Tensor> = current.iter().collect();
     if crate::dynamo::tracing() {
-        return crate::dynamo::host_read(outputs, std::panic::Location::caller());
+        return crate::dynamo::host_read(&outputs, std::panic::Location::caller());
     }
     let pending: Vec<&Tensor> = outputs.iter().copied().filter(|t| !t.is_realized()).collect();
     if let Some(e) = pending.iter().find_map(|t| t.invalid()) {

@@ -53,6 +53,11 @@ pub(crate) struct TensorNode {
     /// `Result` ([`Tensor::full`] of a shape whose size overflows): the error, naming that call
     /// and its line, that every op using the tensor and every realize of it returns.
     pub(crate) invalid: Option<Box<Error>>,
+    /// Whether the node is a view of its first operand ([`crate::alias`]).
+    pub(crate) view: bool,
+    /// The in-place write count ([`crate::alias::epoch`]) when the node was made: its operands
+    /// were current then.
+    pub(crate) epoch: u64,
 }
 
 /// Drops a node's sources without recursion: a loop that feeds each step's results to the next
@@ -89,6 +94,8 @@ impl TensorNode {
             dynamic: AtomicU64::new(0),
             draw: None,
             invalid: None,
+            view: false,
+            epoch: crate::alias::epoch(),
         }
     }
 }
@@ -247,6 +254,10 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        let current = self.current();
+        if !Arc::ptr_eq(&current.0, &self.0) {
+            return current.to_device(device);
+        }
         if device == self.device() {
             return Ok(self.clone());
         }
@@ -447,6 +458,15 @@ impl Tensor {
         if let Some(e) = srcs.iter().find_map(|t| t.invalid()) {
             return Err(e.clone());
         }
+        // Each operand as it is now: a view of a base written in place since reads the new value.
+        let now = crate::alias::epoch();
+        if srcs.iter().any(|t| t.0.epoch != now) {
+            let current: Vec<Tensor> = srcs.iter().map(|t| t.current()).collect();
+            if current.iter().zip(srcs).any(|(c, s)| !Arc::ptr_eq(&c.0, &s.0)) {
+                let refs: Vec<&Tensor> = current.iter().collect();
+                return Tensor::record_drawing(op, &refs, draw, location);
+            }
+        }
         // Inside a composite op, its nodes and errors carry its name and its caller's line.
         let location = crate::ops::composite::location().unwrap_or(location);
         let describe = || srcs.iter().map(|t| t.meta().to_string()).collect::<Vec<_>>();
@@ -467,10 +487,26 @@ impl Tensor {
             srcs.iter().map(|t| Operand { meta: &t.0.meta, scalar: t.is_weak_scalar() }).collect();
         let meta = infer::infer(&op, &operands)
             .map_err(|e| crate::ops::composite::attribute(e.in_op(op.name(), describe()).at(location)))?;
+        let view = crate::alias::makes_view(&op, srcs.first().copied());
         let srcs = srcs.iter().map(|&t| if t.is_weak_scalar() { t.to_device(device) } else { Ok(t.clone()) });
         let mut node = TensorNode::pending(op, srcs.collect::<Result<Vec<_>>>()?, meta, device, Some(location));
         node.draw = draw;
-        Ok(Tensor(Arc::new(node)))
+        node.view = view;
+        let node = Arc::new(node);
+        if !view && !crate::dynamo::tracing() {
+            // Outside a compiled function, a write over computed elements must know what still
+            // reads them ([`crate::alias`]).
+            for src in &node.srcs {
+                let mut base = src;
+                while base.0.view {
+                    base = &base.0.srcs[0];
+                }
+                if let Some(storage) = base.0.storage.get() {
+                    storage.add_reader(&node);
+                }
+            }
+        }
+        Ok(Tensor(node))
     }
 
     /// An error in `op` on this tensor's operands, at the caller's line.
@@ -562,15 +598,16 @@ impl Tensor {
     pub fn realize(&self) -> Result<()> {
         let location = Location::caller();
         let _read = HostRead::enter(BreakKind::Realize, Some(location));
-        realize::realize(&[self]).map_err(|e| e.at(location))
+        realize::realize(&[&self.current()]).map_err(|e| e.at(location))
     }
 
     /// The computed elements on the tensor's device, realizing first.
     #[track_caller]
     pub fn storage(&self) -> Result<Storage> {
         let _read = HostRead::enter(BreakKind::Storage, Some(Location::caller()));
-        self.realize()?;
-        Ok(self.0.storage.get().expect("realized").clone())
+        let current = self.current();
+        current.realize()?;
+        Ok(current.0.storage.get().expect("realized").clone())
     }
 
     /// The computed elements in host memory (copied from the device for a CUDA tensor).

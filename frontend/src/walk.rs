@@ -162,6 +162,11 @@ impl<'a> Walk<'a> {
         (walk, matches)
     }
 
+    /// Whether `node` is one of the walk's nodes.
+    pub(crate) fn contains(&self, node: &Arc<crate::tensor::TensorNode>) -> bool {
+        self.ids.contains_key(&(Arc::as_ptr(node) as usize))
+    }
+
     /// The id of a node of the walk.
     fn id(&self, t: &Tensor) -> NodeId {
         walk_id(self.ids[&key(t)], self.inputs)

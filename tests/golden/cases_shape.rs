@@ -32,6 +32,7 @@ fn case(name: &str, i: &Inputs) -> coil::Result<Option<Vec<Tensor>>> {
         "reshape_i64" => vec![a().reshape(&[4, 3])?],
         "view_2x6" => vec![a().view(&[2, 6])?],
         "view_add_dim" => vec![a().view(&[3, 1, 4])?],
+        "err_view_noncontig" => vec![a().t()?.view(&[12])?],
         "view_infer_neg" => vec![a().view(&[-1, 2])?],
 
         // ---- flatten / unflatten ----

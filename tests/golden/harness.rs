@@ -14,6 +14,8 @@
 //!
 //! The test reports every failing case at once.
 
+#[path = "cases_alias.rs"]
+mod cases_alias;
 #[path = "cases_creation.rs"]
 mod cases_creation;
 #[path = "cases_data.rs"]
@@ -58,10 +60,7 @@ impl std::ops::Index<&str> for Inputs {
 pub type Outputs = coil::Result<Vec<Tensor>>;
 
 /// Cases coil does not reproduce, with the reason; the test prints them.
-const NOT_APPLICABLE: &[(&str, &str)] = &[(
-    "err_view_noncontig",
-    "coil tensors are lazy and have no strides: view of a transposed tensor is a valid reshape",
-)];
+const NOT_APPLICABLE: &[(&str, &str)] = &[];
 
 fn dtype_of(d: safetensors::Dtype) -> DType {
     use safetensors::Dtype as S;
@@ -140,6 +139,7 @@ fn run_forward(name: &str, inputs: &Inputs) -> Option<Outputs> {
         .or_else(|| cases_vision::run(name, inputs))
         .or_else(|| cases_data::run(name, inputs))
         .or_else(|| cases_scatter::run(name, inputs))
+        .or_else(|| cases_alias::run(name, inputs))
 }
 
 /// `grad_<forward case>` (`gcase` in `make_cases.py`): the gradients of

@@ -1538,6 +1538,24 @@ case("index_put_i64_accumulate", "torch.index_put(a, (idx, j), b, accumulate=Tru
 case("err_index_put_out_of_range_inner", "torch.index_put(a, (idx, j), b)", a=r(3, 4), idx=vals([0], "i64"),
      j=vals([4], "i64"), b=r(1))
 
+# ------------------------------------------------- aliasing: in-place ops on views and their bases
+# Statements as one expression: `(x := a.clone())` first (the inputs stay as they are), the last
+# element the outputs. The harness runs each eagerly and inside a compiled function.
+case("alias_narrow_sees_base_add", "((x := a.clone()), (v := x.narrow(0, 1, 2)), x.add_(b), (x, v))[-1]",
+     a=r(4, 5), b=r(5))
+case("alias_select_mul_writes_base", "((x := a.clone()), (c := x[:, 2]), x.select(0, 1).mul_(b), (x, c))[-1]",
+     a=r(4, 5), b=r(5))
+case("alias_view_chain_copy", "((x := a.clone()), (v := x.t().narrow(0, 1, 3).select(1, 2)), v.copy_(b), (x, v))[-1]",
+     a=r(4, 5), b=r(3))
+case("alias_reshape_view_zero", "((x := a.clone()), x.reshape(20)[3:17:4].zero_(), x)[-1]", a=r(4, 5))
+case("alias_reshape_copy_keeps_old", "((x := a.clone()), (y := x.t().reshape(20)), x.mul_(2.0), (x, y))[-1]",
+     a=r(4, 5))
+case("alias_diagonal_fill", "((x := a.clone()), (d := x.diagonal()), x.diagonal().fill_(7.0), (x, d))[-1]",
+     a=r(4, 5))
+case("alias_detach_add", "((x := a.clone()), (d := x.detach()), d.add_(b), (x, d))[-1]", a=r(4, 5), b=r(5))
+case("alias_read_before_write", "((x := a.clone()), (s := x.sum(0)), x[1:].sub_(b), (x, s))[-1]",
+     a=r(4, 5), b=r(5))
+
 
 def check():
     names = [c["name"] for c in CASES]

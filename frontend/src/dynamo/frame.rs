@@ -186,8 +186,8 @@ impl Frame {
             self.run_graph(&group, &updates, origin)?;
         }
         for u in &updates {
-            if u.value.0.storage.get().is_some_and(|s| s.addr() != u.target.addr()) {
-                let _ = u.target.replaced();
+            if let Some(s) = u.value.0.storage.get().filter(|s| s.addr() != u.target.addr()) {
+                u.target.moved_keeping(s);
                 if let Some(r) = &mut self.recording {
                     r.moved += 1;
                 }
@@ -620,10 +620,11 @@ pub(super) fn run_frame<F>(f: &F, args: &[&Tensor], frame: Frame) -> Result<(Vec
 where
     F: Fn(&[Tensor]) -> Result<Vec<Tensor>> + ?Sized,
 {
-    let args: Vec<Tensor> = args.iter().map(|&t| t.clone()).collect();
+    let args: Vec<Tensor> = args.iter().map(|&t| t.current()).collect();
     let outputs = {
         let pushed = PushedFrame::push(frame);
-        let outputs = f(&args);
+        // The results as they stand after the body's in-place ops ([`crate::alias`]).
+        let outputs = f(&args).map(|outs| outs.iter().map(Tensor::current).collect::<Vec<_>>());
         (outputs, pushed.pop())
     };
     let (outputs, mut frame) = outputs;
@@ -644,7 +645,11 @@ impl PushedFrame {
 
     pub(crate) fn pop(mut self) -> Frame {
         self.0 = false;
-        FRAMES.with(|f| f.borrow_mut().pop()).expect("a pushed frame")
+        let frame = FRAMES.with(|f| f.borrow_mut().pop()).expect("a pushed frame");
+        if !tracing() {
+            crate::alias::clear_rebound();
+        }
+        frame
     }
 }
 
@@ -652,6 +657,9 @@ impl Drop for PushedFrame {
     fn drop(&mut self) {
         if self.0 {
             FRAMES.with(|f| f.borrow_mut().pop());
+            if !tracing() {
+                crate::alias::clear_rebound();
+            }
         }
     }
 }

@@ -364,8 +364,8 @@ where
     ///   the replay off: pass such values as arguments (0-d tensors computed on the device);
     /// - in-place updates ([`crate::update_in_place_with`]) of captured tensors are replayed:
     ///   the new values are written over the same buffers. The tensors the traced call left in
-    ///   the Rust variables see them, and are not made stale by a replay (a traced call still
-    ///   makes the old handles stale); Rust state the body changes besides (a length) is not
+    ///   the Rust variables see them, and are not made stale by a replay (older handles of
+    ///   the tensors see them too); Rust state the body changes besides (a length) is not
     ///   changed by a replay.
     ///
     /// [`CompiledFn::replay_check`] traces every N-th replayable call and errors if the body

@@ -233,7 +233,7 @@ fn in_place_updates_inside_a_compiled_function_write_the_buffer() {
     close(&values(&w.borrow()), &want);
     close(&values(&out[0]), &want.iter().map(|v| v * 2.0).collect::<Vec<_>>());
     assert_eq!(w.borrow().0.storage.get().unwrap().addr(), addr, "written over its buffer");
-    assert!(old.to_vec::<f32>().is_err(), "the old handle is stale");
+    close(&values(&old), &want); // the old handle stands for the updated tensor
 }
 
 #[test]

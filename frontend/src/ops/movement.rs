@@ -303,10 +303,25 @@ impl Tensor {
         Tensor::record(Op::Triu { k }, &[self], Location::caller())
     }
 
-    /// `Tensor.contiguous()`: coil tensors have no memory layout until they are computed, so this
-    /// returns the tensor itself (a cheap clone).
+    /// `Tensor.contiguous()`: the tensor itself when it is laid out contiguously (anything but a
+    /// strided view: a transpose, a narrow of an inner dim, ...), else a copy of its values that
+    /// is no view of anything, as in PyTorch ([`crate::alias`]).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+    /// assert!(!x.t()?.contiguous().is_view()); // a copy
+    /// let row = x.select(0, 0)?;
+    /// assert!(row.contiguous().is_view()); // already contiguous: the view itself
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     pub fn contiguous(&self) -> Tensor {
-        self.clone()
+        let current = self.current();
+        if crate::alias::is_contiguous(&current) {
+            current
+        } else {
+            crate::alias::value_of(current)
+        }
     }
 }
 

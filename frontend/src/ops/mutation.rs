@@ -1,20 +1,22 @@
 //! In-place ops (`x.add_(&y)`, `x.copy_(&src)`, `x.index_copy_(..)`, ...), functionalized as
 //! PrimTorch does: the functional op, cast to `x`'s dtype, then written back over `x`.
 //!
-//! `x` is rebound to the new value. When `x` holds computed elements (outside a compiled
-//! function), the write happens at once over its buffer ([`crate::update_in_place`]: the buffer
-//! is donated to the value, so nothing is copied), as PyTorch's eager in-place ops write. Other
-//! handles to the old elements (clones of `x`, `detach`ed aliases) are stale afterwards: reading
-//! one is an error, never a silent read of either value. (PyTorch's views of `x` would see the
-//! new values; coil's handles do not alias that way.) A pending `x`, or any `x` inside a
-//! compiled function, is rebound to the lazy value: there is no buffer to write yet, and the
-//! write fuses with whatever reads it.
+//! `x` is rebound to the new value, and every other handle to the tensor sees it, as in PyTorch
+//! ([`crate::alias`]): a view of `x` (`x.narrow(..)`, `x.select(..)`, `x.t()`, ...) reads the
+//! new values, a `detach`ed alias or an older handle to `x` too; when `x` is itself a view, the
+//! write goes through to its base (`x.narrow(0, 1, 2)?.copy_(&src)?` is slice assignment), and
+//! the base's other views see it. Outside a compiled function the write happens at once over
+//! the base's buffer ([`crate::update_in_place`]: the buffer is donated to the value, so nothing
+//! is copied; a pending base is computed first), as PyTorch's eager in-place ops write. A pending
+//! computation recorded before the write that reads the old elements cannot have them any more:
+//! computing it is an error, never a silent read of the new values. Inside a compiled function
+//! the write is recorded: a computed base (an argument) is written back by the call's graph,
+//! a pending one is rebound, and ops recorded before the write read the old value.
 //!
 //! As in PyTorch, the value must have `x`'s shape (the other operand broadcasts to it, not `x`
 //! to the other's), and its dtype must cast to `x`'s without changing kind: a float result
 //! cannot go into an integer tensor, nor anything but a bool into a bool tensor.
 
-use crate::inplace::update_in_place;
 use crate::ops::pointwise::IntoTensor;
 use crate::tensor::Tensor;
 use coil_ir::{DType, Error, Result, Scalar};
@@ -38,8 +40,7 @@ impl Tensor {
             return fail(Error::dtype(format!("result type {from} can't be cast to the desired output type {to}")));
         }
         let value = if from == to { value } else { value.to_dtype(to)? };
-        let computed = self.is_realized() && !crate::dynamo::tracing();
-        *self = if computed { update_in_place(&[(self, &value)]).map_err(|e| e.at(loc))?.remove(0) } else { value };
+        *self = crate::alias::write(self, value, loc).map_err(|e| Tensor::error(op, &[self], e, loc))?;
         Ok(())
     }
 
@@ -206,10 +207,11 @@ binary_in_place! {
     /// use coil_frontend::Tensor;
     /// let mut w = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
     /// w.realize()?;
-    /// let old = w.clone();
+    /// let (old, last) = (w.clone(), w.narrow(0, 1, 1)?);
     /// w.add_(0.5)?;
     /// assert_eq!(w.to_vec::<f32>()?, vec![1.5, 2.5]);
-    /// assert!(old.to_vec::<f32>().is_err()); // written over: the old handle is stale
+    /// assert_eq!(old.to_vec::<f32>()?, vec![1.5, 2.5]); // every handle and view sees the write
+    /// assert_eq!(last.to_vec::<f32>()?, vec![2.5]);
     /// let mut i = Tensor::from_vec(vec![1i64], &[1])?;
     /// assert!(i.add_(0.5).is_err()); // a float result does not go into an integer tensor
     /// # Ok::<(), coil_ir::Error>(())

@@ -98,10 +98,29 @@ impl Tensor {
         self.reshape_named(shape, "reshape", Location::caller())
     }
 
-    /// `Tensor.view`: the same as [`Tensor::reshape`] (coil tensors have no strides to keep).
+    /// `Tensor.view`: [`Tensor::reshape`] that must be a view, as in PyTorch: an error for a view
+    /// whose strides do not allow the new shape (`x.t().view(-1)`; use `reshape`, which copies).
+    ///
+    /// ```
+    /// use coil_frontend::Tensor;
+    /// let x = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
+    /// assert!(x.view(&[3, 2])?.is_view());
+    /// assert!(x.t()?.view(&[6]).is_err());
+    /// # Ok::<(), coil_ir::Error>(())
+    /// ```
     #[track_caller]
     pub fn view(&self, shape: &[i64]) -> Result<Tensor> {
-        self.reshape_named(shape, "view", Location::caller())
+        let loc = Location::caller();
+        let this = self.current();
+        let sizes = infer_sizes(shape, self.numel()).map_err(|e| Tensor::error("view", &[self], e, loc))?;
+        if !crate::alias::reshape_is_view(&this, &sizes) {
+            let e = Error::shape(
+                "view size is not compatible with input tensor's size and stride (at least one dimension spans \
+                 across two contiguous subspaces). Use .reshape(...) instead.",
+            );
+            return self.fail("view", e, loc);
+        }
+        this.reshape_named(shape, "view", loc)
     }
 
     /// `torch.flatten(x, start_dim, end_dim)`: merges dims `start..=end` into one (a 0-d tensor
