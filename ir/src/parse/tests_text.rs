@@ -162,6 +162,8 @@ fn sample_program() -> LoopProgram {
         causal: true,
         scale: 0.5,
         mask: Some(view(mm, e(2), &[e(0), e(4), e(1)])),
+        // Not a call lowering makes (a rule with a mask and `causal`): every field at once.
+        mask_rule: Some(full_mask_rule()),
     }));
     let att = add(&mut p, &["buf3", "buf3_lse"], vec![e(1), e(4), e(4)], attention, vec![mm, mm, mm, mm]);
     let backward = ExternCall::AttentionBackward(Box::new(AttentionBackwardCall {
@@ -403,4 +405,9 @@ fn tile_errors_name_line_column_and_what_was_expected() {
     fails(&text.replace("(buffer 3)", "(buffer x)"), "2:133: expected a buffer id");
     fails(&text.replace("        rmask", "      rmask"), "the loop's lines are indented alike");
     fails(&format!("{text}\n{text}"), "expected one kernel, found 2");
+}
+
+/// A mask rule with every part: an offset buffer, a negative constant and a period.
+fn full_mask_rule() -> crate::loops::MaskRule {
+    crate::loops::MaskRule { offset: Some(BufferId(1)), constant: -1, period: Some(3) }
 }
