@@ -10,6 +10,11 @@
 //! [`Graph::verify_primitive`](coil_ir::Graph::verify_primitive); when nothing cheaper is
 //! found, the input graph is returned as it is.
 //!
+//! The rules ([`rules`]) are a table of egg patterns with conditions ([`pattern`]), one line
+//! per rule and operand order, plus the few written in code ([`coded`]) because they read or
+//! compute op attributes; [`rules`] says how to add one. The cost model's rates are the
+//! target's ([`CostModel::gpu`], [`CostModel::cpu`], [`RewriteOptions::for_target`]).
+//!
 //! ```
 //! use coil_ir::{BinaryOp, DType, Graph, Op, Scalar, TensorMeta, UnaryOp};
 //! use coil_passes::rewrite::{simplify, RewriteOptions};
@@ -39,6 +44,8 @@ pub mod lang;
 pub mod pattern;
 pub mod region;
 pub mod rules;
+#[cfg(test)]
+mod rules_tests;
 #[cfg(test)]
 mod tests;
 

@@ -226,8 +226,18 @@ impl PatternRule {
             bound.clear();
             let ast = alt.lhs.ast.as_ref();
             match_node(ast, ast.len() - 1, g, id, rep, &mut bound)
+                && same_meta_as_var(&alt.rhs, g, id, &bound)
                 && alt.when.is_none_or(|when| when(&Binding { at: At::Nodes(g, &bound), out: g.meta(id) }))
         })
+    }
+}
+
+/// Whether a right side that is one variable (`?x`) has the meta of the matched node, as
+/// the type check of every match requires (other right sides are checked in the e-graph).
+fn same_meta_as_var(rhs: &PatternAst<ENode>, g: &Graph, id: NodeId, bound: &[(Var, NodeId)]) -> bool {
+    match rhs.as_ref() {
+        [ENodeOrVar::Var(v)] => bound.iter().find(|(w, _)| w == v).is_none_or(|&(_, n)| g.meta(n) == g.meta(id)),
+        _ => true,
     }
 }
 

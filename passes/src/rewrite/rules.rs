@@ -1,6 +1,6 @@
 //! The rewrite rules, in two stages: a table of declarative rules ([`TABLE`]: egg patterns
-//! with conditions, see [`pattern`](super::pattern)) and the few written in code
-//! ([`coded`](super::coded): rules that read or compute an op's attributes).
+//! with conditions, see [`super::pattern`]) and the few written in code
+//! ([`super::coded`]: rules that read or compute an op's attributes).
 //!
 //! # Adding a rule
 //!
