@@ -14,8 +14,14 @@
 //!   half-precision product is stored. A cast that other kernels read stays with them (they
 //!   load the half-precision product and widen it in registers: logits read by a loss).
 //!
-//! The gelu pattern is matched exactly, on the graph `decompose` (then `simplify`) makes of
-//! `gelu(y, tanh=True)` (operands of `add` and `mul` in either order):
+//! The gelu pattern is not written out here: it is *traced*, as Inductor's
+//! `register_replacement` traces its patterns. [`traced_gelu_tanh`] runs `decompose` on a
+//! graph holding one `gelu(y, tanh=True)` of a placeholder `y` (f32, f16 or bf16), and
+//! [`gelu_epilogue`] matches that graph against the graph being lowered, node for node
+//! (operands of commutative ops in either order, constants by value in their dtype, shapes
+//! ignored). So a change to the decomposition changes the pattern with it, and the tests of
+//! this module (`lower/tests.rs`) fail if the decomposition stops being what the call's
+//! activation computes. Today the trace is (`simplify` leaves it as it is):
 //!
 //! ```text
 //! x       = y                                   (y: f32)
@@ -29,7 +35,7 @@
 //! ```
 //!
 //! every node from `y` to `g` of dtype f32 (f16 / bf16 for `y` itself), the constants equal to
-//! those as f32 (each a `full`, or a view of one), the product not degenerate, and every node
+//! the trace's in their dtype (each a `full`, or a view of one), the product not degenerate, and every node
 //! between the product and the result (the reshapes, the add, `x`, the formula's nodes) read by
 //! nothing else and not a graph output. The call then computes "bias add, gelu_tanh in f32,
 //! one rounding to the output dtype", which is what cuBLASLt's `CUBLASLT_EPILOGUE_GELU_BIAS`
@@ -38,11 +44,12 @@
 //! dtype's rounding. Anything else is left alone.
 
 use super::{affine, flat, view_vars, Lowerer};
+use crate::rewrite::lang::Konst;
 use coil_ir::loops::Activation;
 use coil_ir::sym::Expr;
-use coil_ir::{BinaryOp, DType, NodeId, Op, UnaryOp};
+use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, Scalar, TensorMeta};
 use std::collections::{HashMap, HashSet};
-use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
+use std::sync::OnceLock;
 
 /// A matrix product and the nodes after it that its call computes.
 #[derive(Clone, Debug, PartialEq)]
@@ -170,28 +177,14 @@ fn gelu_epilogue(
 ) -> Option<Epilogue> {
     let g = l.g;
     let out = g.meta(root).dtype;
+    let trace = traced_gelu_tanh(out)?;
+    // The trace's nodes as matched (not `y`, not the constants), and `y`.
     let mut inside = Vec::new();
-    // The formula's result `f`, and its input `x` (both f32).
-    let f = match g.node(root).op {
-        Op::Cast(t @ (DType::F16 | DType::BF16)) if t == out => {
-            let f = g.node(root).inputs[0];
-            inside.push(f);
-            f
-        }
-        _ if out == DType::F32 => root,
-        _ => return None,
-    };
-    let x = gelu_tanh_formula(l, f, &mut inside)?;
-    // `y`: the value the gelu reads, in the output dtype.
-    let y = if out == DType::F32 {
-        x
-    } else {
-        if g.node(x).op != Op::Cast(DType::F32) {
-            return None;
-        }
-        inside.push(x);
-        g.node(x).inputs[0]
-    };
+    let mut y = None;
+    if !matches_trace(l, trace, trace.outputs[0], root, &mut y, &mut inside) {
+        return None;
+    }
+    let y = y?;
     if g.meta(y).dtype != out {
         return None;
     }
@@ -253,59 +246,82 @@ fn widening_epilogue(l: &Lowerer, root: NodeId, readers: &[Vec<NodeId>], output:
     })
 }
 
-/// `f` as `gelu_tanh(x)` computed in f32, the way `decompose` writes it (operands of `add` and
-/// `mul` in either order): returns `x` and pushes the formula's nodes (not `x`, not the
-/// constants) to `inside`.
-fn gelu_tanh_formula(l: &Lowerer, f: NodeId, inside: &mut Vec<NodeId>) -> Option<NodeId> {
+/// The primitive graph `decompose` makes of `gelu(y, tanh=True)` for a placeholder `y` of
+/// dtype `dtype` (f32, f16 or bf16; `None` for others), traced once per dtype: the pattern
+/// [`gelu_epilogue`] matches. Its one output is the gelu's value, its one input `y`.
+pub(crate) fn traced_gelu_tanh(dtype: DType) -> Option<&'static Graph> {
+    static TRACES: [OnceLock<Option<Graph>>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let at = [DType::F32, DType::F16, DType::BF16].iter().position(|&t| t == dtype)?;
+    let trace = || {
+        let mut g = Graph::new();
+        let y = g.input(TensorMeta::new(vec![2, 3], dtype));
+        let gelu = g.push(Op::Gelu { tanh: true }, &[y], None).ok()?;
+        g.outputs.push(gelu);
+        crate::decompose(&g).ok()
+    };
+    TRACES[at].get_or_init(trace).as_ref()
+}
+
+/// Whether node `n` of the graph being lowered computes what node `t` of `trace` does: the
+/// same op and dtype, operands matching (both orders for commutative binary ops), a trace
+/// constant (a `full`, or a view of one) by a constant of the same value in that dtype, and
+/// the trace's input by one node throughout (bound in `y`). The nodes matched to the trace's
+/// computing nodes are pushed to `inside` (undone on a failed match).
+fn matches_trace(
+    l: &Lowerer,
+    trace: &Graph,
+    t: NodeId,
+    n: NodeId,
+    y: &mut Option<NodeId>,
+    inside: &mut Vec<NodeId>,
+) -> bool {
     let g = l.g;
-    let f32_node = |n: NodeId| g.meta(n).dtype == DType::F32;
-    let (p, q) = binary(l, f, BinaryOp::Mul)?;
-    for (half_x, one_plus) in [(p, q), (q, p)] {
-        let Some(x) = with_constant(l, half_x, BinaryOp::Mul, 0.5) else { continue };
-        let Some(t) = with_constant(l, one_plus, BinaryOp::Add, 1.0) else { continue };
-        if g.node(t).op != Op::Unary(UnaryOp::Tanh) {
-            continue;
-        }
-        let scaled = g.node(t).inputs[0];
-        let Some(sum) = with_constant(l, scaled, BinaryOp::Mul, FRAC_2_SQRT_PI * FRAC_1_SQRT_2) else { continue };
-        let Some((a, b)) = binary(l, sum, BinaryOp::Add) else { continue };
-        let cubic = match (a == x, b == x) {
-            (true, false) => b,
-            (false, true) => a,
-            _ => continue,
-        };
-        let Some(x3) = with_constant(l, cubic, BinaryOp::Mul, 0.044715) else { continue };
-        let Some((a, b)) = binary(l, x3, BinaryOp::Mul) else { continue };
-        let square = |n: NodeId| binary(l, n, BinaryOp::Mul) == Some((x, x));
-        let x2 = match (a == x && square(b), b == x && square(a)) {
-            (true, _) => b,
-            (_, true) => a,
-            _ => continue,
-        };
-        let nodes = [f, half_x, one_plus, t, scaled, sum, cubic, x3, x2];
-        if !nodes.iter().chain([&x]).all(|&n| f32_node(n)) {
-            continue;
-        }
-        inside.extend(nodes);
-        return Some(x);
+    let node = trace.node(t);
+    let dtype = node.meta.dtype;
+    if let Op::Input { .. } = node.op {
+        return *y.get_or_insert(n) == n;
     }
-    None
+    if g.meta(n).dtype != dtype {
+        return false;
+    }
+    if let Some(value) = trace_constant(trace, t) {
+        let same = |v: f64| Konst::of(Scalar::Float(v), dtype) == Konst::of(Scalar::Float(value), dtype);
+        return constant(l, n).is_some_and(same);
+    }
+    let m = g.node(n);
+    if m.op != node.op || m.inputs.len() != node.inputs.len() {
+        return false;
+    }
+    let mut orders = vec![m.inputs.clone()];
+    if commutative(&node.op) {
+        orders.push(m.inputs.iter().rev().copied().collect());
+    }
+    for operands in orders {
+        let (bound, len) = (*y, inside.len());
+        if node.inputs.iter().zip(operands).all(|(&ti, ni)| matches_trace(l, trace, ti, ni, y, inside)) {
+            inside.push(n);
+            return true;
+        }
+        *y = bound;
+        inside.truncate(len);
+    }
+    false
 }
 
-/// The operands of `n` if it is the binary op `op`.
-fn binary(l: &Lowerer, n: NodeId, op: BinaryOp) -> Option<(NodeId, NodeId)> {
-    let node = l.g.node(n);
-    (node.op == Op::Binary(op)).then(|| (node.inputs[0], node.inputs[1]))
+/// Binary ops whose operands may be swapped exactly (not maximum and minimum: a tie of zeros
+/// gives the first operand).
+fn commutative(op: &Op) -> bool {
+    use BinaryOp::*;
+    matches!(op, Op::Binary(Add | Mul | Eq | Ne | LogicalAnd | LogicalOr | BitwiseAnd | BitwiseOr | BitwiseXor))
 }
 
-/// The other operand of `n` if `n` is the binary op `op` with one operand the constant `value`
-/// (compared as f32: the formula computes in f32).
-fn with_constant(l: &Lowerer, n: NodeId, op: BinaryOp, value: f64) -> Option<NodeId> {
-    let (a, b) = binary(l, n, op)?;
-    let is = |c: NodeId| constant(l, c).is_some_and(|v| v as f32 == value as f32);
-    match (is(a), is(b)) {
-        (_, true) => Some(a),
-        (true, false) => Some(b),
+/// The value of every element of trace node `t`: a `full`, or a view of one.
+fn trace_constant(trace: &Graph, mut t: NodeId) -> Option<f64> {
+    while trace.node(t).op.is_view() {
+        t = trace.node(t).inputs[0];
+    }
+    match trace.node(t).op {
+        Op::Full(v) => Some(v.as_f64()),
         _ => None,
     }
 }
@@ -320,5 +336,64 @@ fn constant(l: &Lowerer, mut n: NodeId) -> Option<f64> {
     match g.node(n).op {
         Op::Full(v) if l.attrs(n).first().is_none_or(|a| a.const_value().is_some()) => Some(v.as_f64()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::traced_gelu_tanh;
+    use coil_ir::loops::{Activation, ExternCall, LoopKind, LoopProgram};
+    use coil_ir::{DType, Graph, Op, TensorMeta};
+
+    /// `gelu(linear(x, w, b), tanh)` of `dtype`, decomposed, optionally simplified, lowered.
+    fn lowered_linear_gelu(dtype: DType, tanh: bool, simplify: bool) -> LoopProgram {
+        let mut g = Graph::new();
+        let x = g.input(TensorMeta::new(vec![3, 7, 9], dtype));
+        let w = g.input(TensorMeta::new(vec![11, 9], dtype));
+        let b = g.input(TensorMeta::new(vec![11], dtype));
+        let y = g.push(Op::Linear { bias: true }, &[x, w, b], None).unwrap();
+        let z = g.push(Op::Gelu { tanh }, &[y], None).unwrap();
+        g.outputs.push(z);
+        let mut d = crate::decompose(&g).unwrap();
+        if simplify {
+            d = crate::simplify(&d, &Default::default()).unwrap().0;
+        }
+        crate::lower(&d).unwrap()
+    }
+
+    fn activations(p: &LoopProgram) -> Vec<Option<Activation>> {
+        p.nodes
+            .iter()
+            .filter_map(|n| match &n.kind {
+                LoopKind::Extern { call: ExternCall::Bmm { activation, .. }, .. } => Some(*activation),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_trace_is_decompose_output_and_simplify_keeps_it() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let trace = traced_gelu_tanh(dtype).expect("gelu_tanh decomposes");
+            assert_eq!((trace.inputs.len(), trace.outputs.len()), (1, 1));
+            let (simplified, report) = crate::simplify(trace, &Default::default()).unwrap();
+            assert_eq!(&simplified, trace, "simplify changes the gelu trace ({dtype}):\n{report}");
+        }
+        assert!(traced_gelu_tanh(DType::F64).is_none() && traced_gelu_tanh(DType::I32).is_none());
+    }
+
+    /// The decomposition and the matcher agree: a gelu_tanh of another shape than the trace's,
+    /// as the pipeline makes it (with and without `simplify`), is the call's activation; the
+    /// exact gelu (another decomposition) is not.
+    #[test]
+    fn the_decomposition_matches_its_trace() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for simplify in [true, false] {
+                let p = lowered_linear_gelu(dtype, true, simplify);
+                assert_eq!(activations(&p), [Some(Activation::GeluTanh)], "{dtype} simplify={simplify}\n{p}");
+                assert_eq!(p.nodes.len(), 1, "{p}");
+            }
+            assert_eq!(activations(&lowered_linear_gelu(dtype, false, true)), [None]);
+        }
     }
 }

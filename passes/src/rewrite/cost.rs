@@ -21,6 +21,7 @@
 //! input graph's cost before it is used.
 
 use super::lang::{ENode, Prim, EG};
+use coil_ir::target::{GpuTarget, TensorCores};
 use coil_ir::{Graph, NodeId, Op, TensorMeta};
 use egg::Id;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -37,10 +38,50 @@ pub struct CostModel {
 }
 
 impl Default for CostModel {
-    /// An H100: ~3.0 TB/s of measured copy bandwidth, ~400 TFLOP/s for dense f32/tf32 and
-    /// 16-bit matrix products (pointwise flops never bind next to their bytes).
+    /// An H100 ([`CostModel::gpu`] of [`GpuTarget::h100`]).
     fn default() -> CostModel {
-        CostModel { bandwidth: 3.0e12, flop_rate: 4.0e14 }
+        CostModel::gpu(&GpuTarget::h100())
+    }
+}
+
+/// The H100 the GPU rates are scaled from: ~3.0 TB/s of measured copy bandwidth, ~400 TFLOP/s
+/// for dense f32/tf32 and 16-bit matrix products (pointwise flops never bind next to their
+/// bytes), on 132 SMs.
+const H100_BANDWIDTH: f64 = 3.0e12;
+const H100_FLOP_RATE: f64 = 4.0e14;
+const H100_SMS: f64 = 132.0;
+
+impl CostModel {
+    /// A GPU: matrix-product throughput scaled from the H100's by SM count and tensor-core
+    /// generation (a generation back does half the work per SM per second, as A100 against
+    /// H100 and V100 against A100 do), and memory bandwidth by the same generation's
+    /// data-center part (H100 3.0, A100 1.6, V100 0.8 TB/s measured copy rates; Blackwell is
+    /// taken as Hopper). [`GpuTarget`] has no bandwidth of its own yet, so a consumer card of
+    /// a generation is costed like its data-center part. Only the ratio of the two rates
+    /// steers extraction (every choice is compared at the same rates), and that ratio is what
+    /// these numbers get right to within a factor of two.
+    ///
+    /// ```
+    /// use coil_ir::target::GpuTarget;
+    /// use coil_passes::rewrite::CostModel;
+    /// assert_eq!(CostModel::gpu(&GpuTarget::h100()), CostModel::default());
+    /// let a100 = CostModel::gpu(&GpuTarget::a100());
+    /// assert!(a100.flop_rate < CostModel::default().flop_rate);
+    /// ```
+    pub fn gpu(target: &GpuTarget) -> CostModel {
+        let (per_sm, bandwidth) = match target.tensor_cores() {
+            TensorCores::Hopper | TensorCores::Blackwell => (1.0, H100_BANDWIDTH),
+            TensorCores::Ampere => (0.5, 1.6e12),
+            TensorCores::Volta | TensorCores::None => (0.25, 0.8e12),
+        };
+        CostModel { bandwidth, flop_rate: H100_FLOP_RATE * (per_sm * target.sm_count as f64 / H100_SMS) }
+    }
+
+    /// A CPU of a few cores: ~20 GB/s of memory bandwidth a few threads reach, ~200 GFLOP/s
+    /// of f32 vector arithmetic (the `gemm` crate on AVX2 or NEON). Graphs compiled for the
+    /// CPU backend have ten times the GPU's flops per byte, so products count for more.
+    pub fn cpu() -> CostModel {
+        CostModel { bandwidth: 2.0e10, flop_rate: 2.0e11 }
     }
 }
 

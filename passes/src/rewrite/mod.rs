@@ -10,6 +10,11 @@
 //! [`Graph::verify_primitive`](coil_ir::Graph::verify_primitive); when nothing cheaper is
 //! found, the input graph is returned as it is.
 //!
+//! The rules ([`rules`]) are a table of egg patterns with conditions ([`pattern`]), one line
+//! per rule and operand order, plus the few written in code ([`coded`]) because they read or
+//! compute op attributes; [`rules`] says how to add one. The cost model's rates are the
+//! target's ([`CostModel::gpu`], [`CostModel::cpu`], [`RewriteOptions::for_target`]).
+//!
 //! ```
 //! use coil_ir::{BinaryOp, DType, Graph, Op, Scalar, TensorMeta, UnaryOp};
 //! use coil_passes::rewrite::{simplify, RewriteOptions};
@@ -33,10 +38,14 @@
 //! stays a small fraction of compile time; the rest of the graph costs one CSE pass and one
 //! copy.
 
+pub mod coded;
 pub mod cost;
 pub mod lang;
+pub mod pattern;
 pub mod region;
 pub mod rules;
+#[cfg(test)]
+mod rules_tests;
 #[cfg(test)]
 mod tests;
 
@@ -62,7 +71,8 @@ pub struct RewriteOptions {
     /// Wall-clock backstop per stage; the node and iteration limits bind first on real graphs,
     /// so that output does not depend on the machine's speed.
     pub time_limit: Duration,
-    /// The target the cost is estimated for.
+    /// The target the cost is estimated for: [`CostModel::gpu`] of the GPU code is generated
+    /// for, or [`CostModel::cpu`] ([`RewriteOptions::for_target`]); an H100 by default.
     pub model: CostModel,
 }
 
@@ -83,6 +93,21 @@ impl RewriteOptions {
     /// ([`coil_ir::config::Config::rewrite`]; `COIL_REWRITE=0` in the environment).
     pub fn configured() -> RewriteOptions {
         RewriteOptions { enabled: coil_ir::config::current().rewrite, ..RewriteOptions::default() }
+    }
+
+    /// [`RewriteOptions::configured`], costed for the GPU `gpu` (its SM count and tensor-core
+    /// generation, [`CostModel::gpu`]), or for the CPU when `gpu` is `None`.
+    ///
+    /// ```
+    /// use coil_ir::target::GpuTarget;
+    /// use coil_passes::rewrite::{CostModel, RewriteOptions};
+    /// let a100 = RewriteOptions::for_target(Some(&GpuTarget::a100()));
+    /// assert_eq!(a100.model, CostModel::gpu(&GpuTarget::a100()));
+    /// assert_eq!(RewriteOptions::for_target(None).model, CostModel::cpu());
+    /// ```
+    pub fn for_target(gpu: Option<&coil_ir::target::GpuTarget>) -> RewriteOptions {
+        let model = gpu.map_or_else(CostModel::cpu, CostModel::gpu);
+        RewriteOptions { model, ..RewriteOptions::configured() }
     }
 }
 
