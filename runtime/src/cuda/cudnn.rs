@@ -610,6 +610,24 @@ mod tests {
         assert_eq!(dims, vec![2, 3, 1, 10]);
         assert_eq!(strides, vec![30, 1, 30, 3]);
     }
+
+    #[test]
+    fn the_graph_api_falls_back_to_the_legacy_plan_and_says_why() {
+        let fail = |what: &str| Error::runtime(what.to_string());
+        let picked = |r: Result<(Chosen<&str, &str>, Option<String>)>| match r {
+            Ok((Chosen::Graph(g), why)) => (format!("graph {g}"), why),
+            Ok((Chosen::Legacy(l), why)) => (format!("legacy {l}"), why),
+            Err(e) => (format!("error: {}", e.message), None),
+        };
+        let graph = choose(CudnnApi::Graph, || Ok("engine"), || -> Result<&str> { panic!("legacy not needed") });
+        assert_eq!(picked(graph), ("graph engine".into(), None));
+        let fallback = choose(CudnnApi::Graph, || Err(fail("no engine config fits")), || Ok("algo"));
+        assert_eq!(picked(fallback), ("legacy algo".into(), Some("no engine config fits".into())));
+        let legacy = choose(CudnnApi::Legacy, || -> Result<&str> { panic!("graph API not asked for") }, || Ok("algo"));
+        assert_eq!(picked(legacy), ("legacy algo".into(), None));
+        let neither = picked(choose(CudnnApi::Graph, || -> Result<&str> { Err(fail("finalize")) }, || Err(fail("no algo"))));
+        assert_eq!(neither.0, "error: no algo (graph API: finalize)");
+    }
 }
 
 #[cfg(test)]
