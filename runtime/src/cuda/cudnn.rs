@@ -54,7 +54,7 @@ pub fn available() -> bool {
 /// A device's cuDNN handle and the plans made so far (both live as long as the process).
 pub struct Cudnn {
     handle: sys::cudnnHandle_t,
-    plans: Mutex<HashMap<String, Arc<Plan>>>,
+    plans: Mutex<HashMap<String, Arc<Planned>>>,
 }
 
 // SAFETY: the handle is only used on the device's stream, under the plans' lock or in stream
@@ -92,6 +92,22 @@ impl Plan {
         match self {
             Chosen::Graph(p) => format!("graph API, engine {}, workspace {} B", p.engine, p.workspace),
             Chosen::Legacy(p) => format!("legacy API, {}, workspace {} B", p.algo.name(), p.workspace),
+        }
+    }
+}
+
+/// A cached plan and, where it is the graph API's fallback, why the graph API had none.
+struct Planned {
+    plan: Plan,
+    graph_failure: Option<String>,
+}
+
+impl Planned {
+    /// What runs, in words, with the reason of a fallback.
+    fn describe(&self) -> String {
+        match &self.graph_failure {
+            Some(why) => format!("{} (graph API: {why})", self.plan.describe()),
+            None => self.plan.describe(),
         }
     }
 }
@@ -181,7 +197,7 @@ pub fn convolution(
             return on_host(dev, call, dtype, a, b, out);
         }
     };
-    let workspace_bytes = match &*plan {
+    let workspace_bytes = match &plan.plan {
         Chosen::Graph(p) => p.workspace,
         Chosen::Legacy(p) => p.workspace,
     };
@@ -194,7 +210,7 @@ pub fn convolution(
     let status = unsafe {
         dnn::set_stream(dnn.handle, dev.cu_stream() as sys::cudaStream_t)
             .map_err(|e| Error::runtime(format!("cudnnSetStream failed: {e}")))?;
-        match &*plan {
+        match &plan.plan {
             Chosen::Graph(p) => cudnn_graph::execute(dnn.handle, p, ptrs.map(|p| p as *mut c_void), ws),
             Chosen::Legacy(p) => run_legacy(dnn.handle, p, ptrs, ws).map_err(|e| Error::runtime(e.to_string())),
         }
@@ -305,7 +321,7 @@ fn describe(call: &ConvCall) -> String {
 
 /// The cached plan of `call` through `api`, made on first use; the operands are at `ptrs`
 /// (first, second, result), whose alignment the graph API's plan relies on.
-fn plan(dnn: &Cudnn, call: &ConvCall, dtype: DType, api: CudnnApi, ptrs: [u64; 3]) -> Result<Arc<Plan>> {
+fn plan(dnn: &Cudnn, call: &ConvCall, dtype: DType, api: CudnnApi, ptrs: [u64; 3]) -> Result<Arc<Planned>> {
     let aligns = ptrs.map(cudnn_graph::alignment);
     let mut key = format!("{api:?} {dtype} {:?} {:?} {}", call.form, call.geometry, describe(call));
     if api == CudnnApi::Graph {
@@ -321,11 +337,11 @@ fn plan(dnn: &Cudnn, call: &ConvCall, dtype: DType, api: CudnnApi, ptrs: [u64; 3
         || unsafe { cudnn_graph::make_graph_plan(dnn.handle, call, dtype, aligns) },
         || unsafe { make_plan(dnn.handle, call, dtype) },
     )?;
-    if let Some(why) = graph_failure {
+    if let Some(why) = &graph_failure {
         super::schedule_log(&format!("convolution through cuDNN's legacy API (graph API: {why}): {key}"));
     }
     super::schedule_log(&format!("convolution plan: {} for {key}", plan.describe()));
-    let plan = Arc::new(plan);
+    let plan = Arc::new(Planned { plan, graph_failure });
     plans.insert(key, plan.clone());
     Ok(plan)
 }
@@ -594,6 +610,17 @@ fn on_host(
     // SAFETY: the output holds `out.bytes` bytes.
     unsafe { upload(dev, out.ptr, &y)? };
     dev.wait()
+}
+
+/// The graph API's fallbacks on `dev` so far: each call shape's key and why (for tests).
+#[cfg(test)]
+fn graph_fallbacks(dev: &CudaDevice) -> Vec<String> {
+    let Ok(dnn) = Cudnn::get(dev) else { return vec![] };
+    let plans = dnn.plans.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fallbacks: Vec<String> =
+        plans.iter().filter(|(_, p)| p.graph_failure.is_some()).map(|(k, p)| format!("{k}: {}", p.describe())).collect();
+    fallbacks.sort();
+    fallbacks
 }
 
 #[cfg(test)]
