@@ -29,10 +29,10 @@
 //!   The compile path keeps convolutions whole only where [`available`] says cuDNN loads, so
 //!   this is a safety net, not a path a model takes.
 
+use super::cudnn_graph::{self, GraphPlan};
 use super::device::CudaDevice;
 use super::loader::{require, CudaLib};
 use super::memory::{download, upload, DeviceMemory};
-use super::cudnn_graph::{self, GraphPlan};
 use crate::cuda::blas::DevOperand;
 use coil_ir::config::CudnnApi;
 use coil_ir::loops::{ConvCall, TensorView};
@@ -617,8 +617,11 @@ fn on_host(
 fn graph_fallbacks(dev: &CudaDevice) -> Vec<String> {
     let Ok(dnn) = Cudnn::get(dev) else { return vec![] };
     let plans = dnn.plans.lock().unwrap_or_else(|e| e.into_inner());
-    let mut fallbacks: Vec<String> =
-        plans.iter().filter(|(_, p)| p.graph_failure.is_some()).map(|(k, p)| format!("{k}: {}", p.describe())).collect();
+    let mut fallbacks: Vec<String> = plans
+        .iter()
+        .filter(|(_, p)| p.graph_failure.is_some())
+        .map(|(k, p)| format!("{k}: {}", p.describe()))
+        .collect();
     fallbacks.sort();
     fallbacks
 }
@@ -652,7 +655,8 @@ mod tests {
         assert_eq!(picked(fallback), ("legacy algo".into(), Some("no engine config fits".into())));
         let legacy = choose(CudnnApi::Legacy, || -> Result<&str> { panic!("graph API not asked for") }, || Ok("algo"));
         assert_eq!(picked(legacy), ("legacy algo".into(), None));
-        let neither = picked(choose(CudnnApi::Graph, || -> Result<&str> { Err(fail("finalize")) }, || Err(fail("no algo"))));
+        let neither =
+            picked(choose(CudnnApi::Graph, || -> Result<&str> { Err(fail("finalize")) }, || Err(fail("no algo"))));
         assert_eq!(neither.0, "error: no algo (graph API: finalize)");
     }
 }

@@ -325,7 +325,8 @@ pub(super) unsafe fn make_graph_plan(
     aligns: [i64; 3],
 ) -> Result<GraphPlan> {
     let dt = data_type(dtype)?;
-    let out_view = TensorView { buffer: call.a.buffer, offset: 0, shape: call.out.clone(), strides: call.out_strides.clone() };
+    let out_view =
+        TensorView { buffer: call.a.buffer, offset: 0, shape: call.out.clone(), strides: call.out_strides.clone() };
     let views = [&call.a, &call.b, &out_view];
     let mut operands = Vec::new();
     for k in 0..3 {

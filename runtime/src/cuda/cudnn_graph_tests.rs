@@ -161,12 +161,8 @@ fn engines_that_change_the_numerics_are_not_allowed() {
 fn the_first_config_that_builds_within_the_workspace_limit_wins() {
     // (name, what building it gives)
     type Config = (&'static str, std::result::Result<usize, &'static str>);
-    let configs: Vec<Config> = vec![
-        ("a", Err("not supported")),
-        ("b", Ok(WORKSPACE_LIMIT + 1)),
-        ("c", Ok(4096)),
-        ("d", Ok(0)),
-    ];
+    let configs: Vec<Config> =
+        vec![("a", Err("not supported")), ("b", Ok(WORKSPACE_LIMIT + 1)), ("c", Ok(4096)), ("d", Ok(0))];
     fn build((name, r): Config) -> std::result::Result<(&'static str, usize), String> {
         r.map(|ws| (name, ws)).map_err(String::from)
     }

@@ -7,9 +7,9 @@ use super::super::tests::{assert_close, gpu, randoms, TempDir};
 use crate::cuda::CudaCompiledGraph;
 use crate::{interpret, Buffer, HostData};
 use coil_codegen::cuda::{CudaModule, Language};
+use coil_ir::config::{self, Config, CudnnApi};
 use coil_ir::loops::{ExternCall, LoopKind};
 use coil_ir::op::{ConvForm, ConvGeometry};
-use coil_ir::config::{self, Config, CudnnApi};
 use coil_ir::{DType, Graph, Op, TensorMeta};
 use std::sync::Arc;
 
