@@ -86,10 +86,32 @@ pub struct Config {
     pub program_path: Option<String>,
     /// Where the CUDA libraries are looked for beyond the dynamic loader's path.
     pub cuda_paths: CudaPaths,
+    /// Which cuDNN API runs convolutions on NVIDIA GPUs ([`CudnnApi::Graph`] by default). No
+    /// variable.
+    pub cudnn_api: CudnnApi,
     /// Overrides of the compiler's own choices, for measuring and experiments: unstable, not
     /// part of the supported interface.
     #[doc(hidden)]
     pub tuning: Tuning,
+}
+
+/// Which cuDNN API plans and runs a convolution ([`Config::cudnn_api`]).
+///
+/// ```
+/// use coil_ir::config::{Config, CudnnApi};
+/// let legacy = Config { cudnn_api: CudnnApi::Legacy, ..Config::default() };
+/// assert_eq!(Config::default().cudnn_api, CudnnApi::Graph);
+/// assert!(!legacy.same_code(&Config::default()));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CudnnApi {
+    /// The backend ("graph") API: an operation graph per call shape, the engine configs of
+    /// heuristics mode A in order, the first that builds within the workspace limit; the legacy
+    /// API where none does.
+    #[default]
+    Graph,
+    /// The legacy API: `cudnnGetConvolution*Algorithm_v7`'s first algorithm.
+    Legacy,
 }
 
 /// Where the CUDA libraries (driver, NVRTC, cuBLASLt) are looked for when the dynamic loader
@@ -194,7 +216,7 @@ impl Config {
 
     /// Whether code compiled under `self` is what `other` would compile: the settings that
     /// change generated code or what runs (rewriting, autotuning, the C compiler, the tuning
-    /// overrides) are equal. The cache directory, backend, dumps, logs, CUDA graphs and
+    /// overrides, the cuDNN API) are equal. The cache directory, backend, dumps, logs, CUDA graphs and
     /// profiling do not matter.
     ///
     /// ```
@@ -208,6 +230,7 @@ impl Config {
             && self.autotune == other.autotune
             && self.c_compiler == other.c_compiler
             && self.tuning == other.tuning
+            && self.cudnn_api == other.cudnn_api
     }
 }
 
@@ -377,6 +400,7 @@ impl Config {
             c_compiler: None,
             program_path: None,
             cuda_paths: CudaPaths::default(),
+            cudnn_api: CudnnApi::Graph,
             tuning: Tuning::default(),
         }
     }

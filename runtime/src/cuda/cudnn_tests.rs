@@ -7,9 +7,11 @@ use super::super::tests::{assert_close, gpu, randoms, TempDir};
 use crate::cuda::CudaCompiledGraph;
 use crate::{interpret, Buffer, HostData};
 use coil_codegen::cuda::{CudaModule, Language};
+use coil_ir::config::{self, Config, CudnnApi};
 use coil_ir::loops::{ExternCall, LoopKind};
 use coil_ir::op::{ConvForm, ConvGeometry};
 use coil_ir::{DType, Graph, Op, TensorMeta};
+use std::sync::Arc;
 
 /// `(graph, inputs)`: one form of a convolution on inputs stored as `stored` shapes, each read
 /// through `perms` (a channels-last input is stored `[N, *spatial, C]` and permuted).
@@ -90,6 +92,14 @@ fn cases() -> Vec<Case> {
             out_perm: Some(vec![0, 2, 3, 1]),
         },
         Case {
+            name: "conv2d 7x7 stem, 3 channels, channels-last in and out",
+            geometry: geometry(vec![2, 2], vec![3, 3], vec![1, 1], 1),
+            form: ConvForm::Forward,
+            stored: [vec![2, 16, 16, 3], vec![8, 7, 7, 3]],
+            perms: [nhwc.clone(), nhwc.clone()],
+            out_perm: Some(vec![0, 2, 3, 1]),
+        },
+        Case {
             name: "conv2d weight gradient, channels-last in and out",
             geometry: geometry(vec![1, 1], vec![1, 1], vec![1, 1], 1),
             form: ConvForm::BackwardWeight { kernel: vec![3, 3] },
@@ -167,33 +177,55 @@ fn convolution_calls_run_on_the_cpu_backend() {
     }
 }
 
-/// cuDNN (or, without it, the host path) against the reference, in f32, bf16 and f16.
-#[test]
-fn convolution_calls_run_through_cudnn() {
-    let Some(dev) = gpu() else { return };
+/// Every case in f32, bf16 and f16 through cuDNN's `api` (or, without cuDNN, the host path)
+/// against the reference. The graphs are compiled under a configuration naming `api`.
+fn run_through_cudnn(api: CudnnApi) -> Option<Arc<crate::CudaDevice>> {
+    let dev = gpu()?;
     if !super::available() {
         eprintln!("NOTE: cuDNN not found: the calls take the host path");
     }
-    let dir = TempDir::new("conv_gpu");
+    let dir = TempDir::new(&format!("conv_gpu_{api:?}"));
     let module = CudaModule { source: String::new(), kernels: vec![], language: Language::CudaC };
+    let config = Config { cudnn_api: api, ..(*config::current()).clone() };
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for case in cases() {
             let g = graph(&case, dtype);
             let args = inputs(&case, dtype);
             let (program, schedule) = program(&g);
-            let cg = CudaCompiledGraph::new_in(
-                dev.clone(),
-                program,
-                schedule,
-                vec![None],
-                std::slice::from_ref(&module),
-                &dir.0,
-            )
+            let cg = config::with_config(config.clone(), || {
+                CudaCompiledGraph::new_in(
+                    dev.clone(),
+                    program,
+                    schedule,
+                    vec![None],
+                    std::slice::from_ref(&module),
+                    &dir.0,
+                )
+            })
             .unwrap();
             let refs: Vec<&Buffer> = args.iter().collect();
             let got = cg.run_host(&refs).unwrap().remove(0).data.to_f64_vec();
+            // f32 without TF32 (either API) is as close as a different summation order.
             let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
-            assert_close(&got, &reference(&g, &args), tol, &format!("{} {dtype}", case.name));
+            assert_close(&got, &reference(&g, &args), tol, &format!("{} {dtype} {api:?}", case.name));
         }
+    }
+    Some(dev)
+}
+
+/// The legacy API (`cudnnGetConvolution*Algorithm_v7`'s choice) against the reference.
+#[test]
+fn convolution_calls_run_through_cudnn_legacy_api() {
+    run_through_cudnn(CudnnApi::Legacy);
+}
+
+/// The graph API (heuristics mode A) against the reference, and every case planned by it:
+/// no call shape fell back to the legacy API.
+#[test]
+fn convolution_calls_run_through_cudnn_graph_api() {
+    let Some(dev) = run_through_cudnn(CudnnApi::Graph) else { return };
+    if super::available() {
+        let fallbacks = super::graph_fallbacks(&dev);
+        assert!(fallbacks.is_empty(), "graph API fallbacks:\n{}", fallbacks.join("\n"));
     }
 }

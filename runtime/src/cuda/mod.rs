@@ -39,6 +39,7 @@ mod autotune_tests;
 pub mod blas;
 pub mod compiler;
 pub mod cudnn;
+mod cudnn_graph;
 pub mod device;
 pub mod fallback;
 pub mod gather;
@@ -751,6 +752,7 @@ impl CudaCompiledGraph {
                     &self.device,
                     conv,
                     dtype,
+                    self.config.cudnn_api,
                     operand(conv.a.buffer),
                     operand(conv.b.buffer),
                     operand(out_id),
