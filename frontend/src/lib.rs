@@ -30,6 +30,7 @@ pub mod safetensors;
 pub mod storage;
 pub mod tensor;
 mod walk;
+pub mod history;
 
 pub use autodiff::{grad, value_and_grad};
 pub use dynamo::{explain, set_stance, CompiledFn, ExplainReport, GraphBreak, Stance};

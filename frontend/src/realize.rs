@@ -70,16 +70,21 @@ pub fn realize(outputs: &[&Tensor]) -> Result<()> {
     }
     let mut devices: Vec<Device> = pending.iter().map(|t| t.device()).collect();
     devices.dedup();
+    let mut walked = 0;
     for device in devices {
         let group: Vec<&Tensor> = pending.iter().copied().filter(|t| t.device() == device).collect();
         let start = std::time::Instant::now();
         let walk = Walk::new(&group, &[]);
         crate::profile::spent(start, |t| &mut t.capture);
+        walked += walk.len();
         let results = run(&walk, std::panic::Location::caller())?;
         for (t, storage) in group.iter().zip(results) {
             let _ = t.0.storage.set(storage);
         }
     }
+    // What no later `grad` can need of the computed tensors' history goes now; the search
+    // visits a few times what this realization walked, so a history that stays costs no more.
+    crate::history::release(&pending, 4 * walked + 64);
     Ok(())
 }
 
