@@ -49,9 +49,8 @@ thread_local! {
 ///
 /// ```
 /// use coil_frontend::{history::live_tensor_nodes, Tensor};
-/// let before = live_tensor_nodes();
 /// let x = Tensor::from_vec(vec![1.0f32], &[1]).unwrap();
-/// assert!(live_tensor_nodes() >= before + 1 || live_tensor_nodes() > 0);
+/// assert!(live_tensor_nodes() >= 1); // x, at least (other threads' tensors count too)
 /// drop(x);
 /// ```
 pub fn live_tensor_nodes() -> usize {

@@ -21,6 +21,7 @@ pub mod debug;
 pub mod dynamo;
 mod generalize;
 mod guard;
+pub mod history;
 pub mod inplace;
 pub mod logs;
 pub mod ops;
@@ -30,7 +31,6 @@ pub mod safetensors;
 pub mod storage;
 pub mod tensor;
 mod walk;
-pub mod history;
 
 pub use autodiff::{grad, value_and_grad};
 pub use dynamo::{explain, set_stance, CompiledFn, ExplainReport, GraphBreak, Stance};

@@ -2,7 +2,8 @@
 //!
 //! [`capture`] walks the DAG behind some tensors and records every pending node they depend on
 //! as one [`Graph`]; computed tensors enter it as inputs. [`realize`] captures, decomposes to
-//! primitives and runs the graph, then binds the results to the tensors.
+//! primitives and runs the graph, then binds the results to the tensors, and lets go of the
+//! history behind them that no later gradient can need ([`crate::history`]).
 
 use crate::storage::Storage;
 use crate::tensor::Tensor;

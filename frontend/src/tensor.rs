@@ -68,6 +68,9 @@ pub(crate) struct TensorNode {
 // SAFETY: `sources` is written only by `take_srcs`, whose callers exclude every reader (the
 // history lock) and every other borrow, and by `Drop` (exclusive); the other fields are `Sync`.
 unsafe impl Sync for TensorNode {}
+// As before the operands could be released: a panic never leaves them half-written (they are
+// replaced whole).
+impl std::panic::RefUnwindSafe for TensorNode {}
 
 /// Drops a node's sources without recursion: a loop that feeds each step's results to the next
 /// (a decode loop outside a compiled function) builds a chain as long as the loop, and dropping
