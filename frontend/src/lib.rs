@@ -21,6 +21,7 @@ pub mod debug;
 pub mod dynamo;
 mod generalize;
 mod guard;
+pub mod history;
 pub mod inplace;
 pub mod logs;
 pub mod ops;

@@ -2,7 +2,8 @@
 //!
 //! [`capture`] walks the DAG behind some tensors and records every pending node they depend on
 //! as one [`Graph`]; computed tensors enter it as inputs. [`realize`] captures, decomposes to
-//! primitives and runs the graph, then binds the results to the tensors.
+//! primitives and runs the graph, then binds the results to the tensors, and lets go of the
+//! history behind them that no later gradient can need ([`crate::history`]).
 
 use crate::storage::Storage;
 use crate::tensor::Tensor;
@@ -70,16 +71,21 @@ pub fn realize(outputs: &[&Tensor]) -> Result<()> {
     }
     let mut devices: Vec<Device> = pending.iter().map(|t| t.device()).collect();
     devices.dedup();
+    let mut walked = 0;
     for device in devices {
         let group: Vec<&Tensor> = pending.iter().copied().filter(|t| t.device() == device).collect();
         let start = std::time::Instant::now();
         let walk = Walk::new(&group, &[]);
         crate::profile::spent(start, |t| &mut t.capture);
+        walked += walk.len();
         let results = run(&walk, std::panic::Location::caller())?;
         for (t, storage) in group.iter().zip(results) {
             let _ = t.0.storage.set(storage);
         }
     }
+    // What no later `grad` can need of the computed tensors' history goes now; the search
+    // visits a few times what this realization walked, so a history that stays costs no more.
+    crate::history::release(&pending, 4 * walked + 64);
     Ok(())
 }
 

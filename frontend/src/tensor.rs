@@ -7,10 +7,10 @@ use coil_ir::graph::check_shape;
 use coil_ir::infer::{self, Operand};
 use coil_ir::{DType, Error, Op, RandDist, RandomState, Result, Scalar, TensorMeta};
 use coil_runtime::{Buffer, Device, Element};
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::fmt;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// A lazily computed tensor.
@@ -35,7 +35,9 @@ pub struct Tensor(pub(crate) Arc<TensorNode>);
 /// walk over thousands of nodes touches two or three cache lines of each, not five.
 #[repr(C)]
 pub(crate) struct TensorNode {
-    pub(crate) srcs: Vec<Tensor>,
+    /// The operands ([`TensorNode::srcs`]); emptied once computed when no one can need them
+    /// ([`crate::history`]).
+    sources: UnsafeCell<Vec<Tensor>>,
     /// Set once the value is computed (or at creation for data).
     pub(crate) storage: OnceLock<Storage>,
     /// For a random op (`rand`, `randn`, `dropout`): where its numbers start in the thread's
@@ -58,24 +60,57 @@ pub(crate) struct TensorNode {
     /// The in-place write count ([`crate::alias::epoch`]) when the node was made: its operands
     /// were current then.
     pub(crate) epoch: u64,
+    /// How many operand edges of live nodes point at this node ([`crate::history`]: a node
+    /// with more owners than edges is held from outside the graph).
+    pub(crate) consumers: AtomicUsize,
 }
+
+// SAFETY: `sources` is written only by `take_srcs`, whose callers exclude every reader (the
+// history lock) and every other borrow, and by `Drop` (exclusive); the other fields are `Sync`.
+unsafe impl Sync for TensorNode {}
+// As before the operands could be released: a panic never leaves them half-written (they are
+// replaced whole).
+impl std::panic::RefUnwindSafe for TensorNode {}
 
 /// Drops a node's sources without recursion: a loop that feeds each step's results to the next
 /// (a decode loop outside a compiled function) builds a chain as long as the loop, and dropping
 /// it recursively overflowed the stack after about a thousand steps.
 impl Drop for TensorNode {
     fn drop(&mut self) {
-        let mut pending = std::mem::take(&mut self.srcs);
+        crate::history::died();
+        let mut pending = std::mem::take(self.sources.get_mut());
         while let Some(t) = pending.pop() {
+            t.0.consumers.fetch_sub(1, Ordering::AcqRel);
             // The last owner of a source takes its sources over, so that it drops with none.
             if let Ok(mut node) = Arc::try_unwrap(t.0) {
-                pending.append(&mut node.srcs);
+                pending.append(node.sources.get_mut());
             }
         }
     }
 }
 
 impl TensorNode {
+    /// The operands. Those of a computed node that is not a view may be released
+    /// ([`crate::history::release`]): a borrow of them that may outlive a realization on any
+    /// thread must hold [`crate::history::read`] (walks do). A view's never change.
+    pub(crate) fn srcs(&self) -> &[Tensor] {
+        // SAFETY: see `take_srcs`: no write while this borrow can be alive.
+        unsafe { &*self.sources.get() }
+    }
+
+    /// Empties the operands, returning them (to drop).
+    ///
+    /// # Safety
+    /// No borrow of this node's operands ([`TensorNode::srcs`]) may be alive, on any thread:
+    /// the caller holds the history lock for writing and borrows none itself.
+    pub(crate) unsafe fn take_srcs(&self) -> Vec<Tensor> {
+        let srcs = std::mem::take(&mut *self.sources.get());
+        for s in &srcs {
+            s.0.consumers.fetch_sub(1, Ordering::AcqRel);
+        }
+        srcs
+    }
+
     /// A pending node: no storage, no dims marked dynamic, no draw.
     fn pending(
         op: Op,
@@ -84,9 +119,13 @@ impl TensorNode {
         device: Device,
         location: Option<&'static Location<'static>>,
     ) -> TensorNode {
+        crate::history::born();
+        for s in &srcs {
+            s.0.consumers.fetch_add(1, Ordering::AcqRel);
+        }
         TensorNode {
             op,
-            srcs,
+            sources: UnsafeCell::new(srcs),
             meta,
             device,
             location,
@@ -96,6 +135,7 @@ impl TensorNode {
             invalid: None,
             view: false,
             epoch: crate::alias::epoch(),
+            consumers: AtomicUsize::new(0),
         }
     }
 }
@@ -496,10 +536,10 @@ impl Tensor {
         if !view && !crate::dynamo::tracing() {
             // Outside a compiled function, a write over computed elements must know what still
             // reads them ([`crate::alias`]).
-            for src in &node.srcs {
+            for src in node.srcs() {
                 let mut base = src;
                 while base.0.view {
-                    base = &base.0.srcs[0];
+                    base = &base.0.srcs()[0];
                 }
                 if let Some(storage) = base.0.storage.get() {
                     storage.add_reader(&node);

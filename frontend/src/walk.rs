@@ -70,6 +70,9 @@ pub(crate) struct Walk<'a> {
     outputs: &'a [&'a Tensor],
     /// The graph's random streams (see [`crate::capture`]).
     random: Vec<RandomState>,
+    /// Held while the walk borrows nodes' operands: none is released meanwhile
+    /// ([`crate::history`]).
+    _history: crate::history::Read,
 }
 
 impl<'a> Walk<'a> {
@@ -87,6 +90,7 @@ impl<'a> Walk<'a> {
     }
 
     fn compared(outputs: &'a [&'a Tensor], wrt: &[&Tensor], expected: Option<&Expected>) -> (Walk<'a>, bool) {
+        let history = crate::history::read();
         let after_wrt = if wrt.is_empty() { None } else { Some(descends_from(outputs, wrt)) };
         let is_input = |t: &Tensor| {
             t.is_realized() && !after_wrt.as_ref().is_some_and(|m| m.get(&key(t)).copied().unwrap_or(false))
@@ -127,10 +131,10 @@ impl<'a> Walk<'a> {
                         continue;
                     }
                     stack.push((t, true));
-                    stack.extend(t.0.srcs.iter().rev().map(|s| (s, false)));
+                    stack.extend(t.0.srcs().iter().rev().map(|s| (s, false)));
                     continue;
                 }
-                let first = operands.len() - t.0.srcs.len();
+                let first = operands.len() - t.0.srcs().len();
                 if let Some(e) = same {
                     let id = e.inputs + pending.len();
                     let ids = operands[first..].iter().map(|&w| walk_id(w, e.inputs));
@@ -152,7 +156,7 @@ impl<'a> Walk<'a> {
         nodes.extend(pending);
         SIZE_HINT.with(|h| h.set(nodes.len()));
         let random = random_streams(&nodes[n_inputs..]);
-        let walk = Walk { nodes, inputs: n_inputs, ids, outputs, random };
+        let walk = Walk { nodes, inputs: n_inputs, ids, outputs, random, _history: history };
         let matches = same.is_some_and(|e| {
             e.ops.len() == walk.nodes.len()
                 && e.inputs == walk.inputs
@@ -160,6 +164,11 @@ impl<'a> Walk<'a> {
                 && random_ops.iter().all(|&id| e.ops[id] == walk.op(walk.nodes[id]))
         });
         (walk, matches)
+    }
+
+    /// How many nodes the walk visited (graph inputs and pending nodes).
+    pub(crate) fn len(&self) -> usize {
+        self.nodes.len()
     }
 
     /// Whether `node` is one of the walk's nodes.
@@ -176,7 +185,7 @@ impl<'a> Walk<'a> {
     /// ([`crate::compile::Compiled::origin`]).
     pub(crate) fn node_source(&self, i: usize) -> Option<crate::realize::NodeSource> {
         let t = self.nodes.get(i).filter(|_| i >= self.inputs)?;
-        Some((t.0.location, t.0.srcs.iter().map(|s| s.meta().to_string()).collect()))
+        Some((t.0.location, t.0.srcs().iter().map(|s| s.meta().to_string()).collect()))
     }
 
     /// The graph's random streams: one per key drawn with, in order of first appearance.
@@ -227,7 +236,7 @@ impl<'a> Walk<'a> {
         let inputs = self.nodes[..self.inputs].iter().enumerate();
         inputs.clone().all(|(k, t)| expected.input(&mut at, k, t))
             && (self.nodes.iter().enumerate().skip(self.inputs)).all(|(id, t)| {
-                expected.node(&mut at, id, t, t.0.srcs.iter().map(|s| self.id(s)))
+                expected.node(&mut at, id, t, t.0.srcs().iter().map(|s| self.id(s)))
                     && (t.0.draw.is_none() || expected.ops[id] == self.op(t))
             })
     }
@@ -246,7 +255,7 @@ impl<'a> Walk<'a> {
             } else {
                 // The meta was inferred when the op was recorded, from these same operands:
                 // inferring it again would only cost time.
-                let inputs: Vec<NodeId> = t.0.srcs.iter().map(|s| self.id(s)).collect();
+                let inputs: Vec<NodeId> = t.0.srcs().iter().map(|s| self.id(s)).collect();
                 graph.nodes.push(Node { op, inputs, meta: t.meta().clone(), location: t.0.location, origin: None });
             }
         }
@@ -327,7 +336,7 @@ impl Expected {
     /// streams); moves `at` past it.
     fn node(&self, at: &mut usize, id: usize, t: &Tensor, operands: impl Iterator<Item = NodeId>) -> bool {
         let meta = &t.0.meta;
-        let n = t.0.srcs.len();
+        let n = t.0.srcs().len();
         let Some(w) = self.words.get(*at..*at + n + 3 + meta.rank()) else { return false };
         *at += w.len();
         id < self.ops.len()
@@ -402,7 +411,7 @@ fn descends_from(outputs: &[&Tensor], wrt: &[&Tensor]) -> AddrMap<bool> {
             if memo.contains_key(&key(t)) {
                 continue;
             }
-            let srcs: &[Tensor] = if t.0.op == coil_ir::Op::Detach { &[] } else { &t.0.srcs };
+            let srcs: &[Tensor] = if t.0.op == coil_ir::Op::Detach { &[] } else { t.0.srcs() };
             if !expanded {
                 stack.push((t, true));
                 stack.extend(srcs.iter().filter(|s| !memo.contains_key(&key(s))).map(|s| (s, false)));

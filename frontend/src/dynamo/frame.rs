@@ -720,6 +720,7 @@ impl Drop for TakenFrame {
 /// are cheaper to recompute than to store.
 fn live_values(requested: &[Tensor]) -> Vec<Tensor> {
     let key = |t: &Tensor| Arc::as_ptr(&t.0) as usize;
+    let _history = crate::history::read();
     let outputs: HashSet<usize> = requested.iter().map(key).collect();
     let mut seen = HashSet::new();
     let mut nodes: Vec<Tensor> = vec![];
@@ -728,13 +729,13 @@ fn live_values(requested: &[Tensor]) -> Vec<Tensor> {
         if t.is_realized() || !seen.insert(key(&t)) {
             continue;
         }
-        stack.extend(t.0.srcs.iter().cloned());
+        stack.extend(t.0.srcs().iter().cloned());
         nodes.push(t);
     }
     // Every operand edge inside the graph holds one reference; `nodes` holds one more.
     let mut inside: HashMap<usize, usize> = HashMap::new();
     for t in &nodes {
-        for s in &t.0.srcs {
+        for s in t.0.srcs() {
             *inside.entry(key(s)).or_default() += 1;
         }
     }
