@@ -129,11 +129,11 @@ fn strides(t: &Tensor) -> Vec<usize> {
     let mut at = t;
     while at.0.view {
         chain.push(at);
-        at = &at.0.srcs()[0];
+        at = &at.0.view_srcs()[0];
     }
     let mut st = contiguous_strides(at.shape());
     for v in chain.into_iter().rev() {
-        let base = v.0.srcs()[0].shape();
+        let base = v.0.view_srcs()[0].shape();
         st = match &v.0.op {
             Op::Slice { dim, step, .. } => {
                 st[*dim] = st[*dim].saturating_mul(*step as usize);
@@ -225,7 +225,7 @@ fn resolve(t: &Tensor) -> Option<Tensor> {
     let mut at = t;
     while at.0.epoch != now && at.0.view {
         chain.push(at);
-        at = &at.0.srcs()[0];
+        at = &at.0.view_srcs()[0];
     }
     let mut new = if at.0.epoch != now { written(at) } else { None };
     for v in chain.into_iter().rev() {
@@ -276,12 +276,12 @@ pub(crate) fn value_of(t: Tensor) -> Tensor {
         return t;
     }
     let location = t.0.location.unwrap_or(Location::caller());
-    Tensor::recorded(t.0.op.clone(), t.0.srcs().to_vec(), t.meta().clone(), t.device(), location)
+    Tensor::recorded(t.0.op.clone(), t.0.view_srcs().to_vec(), t.meta().clone(), t.device(), location)
 }
 
 /// The base of view `v` with `value` written over the view's elements (the inverse of its op).
 fn scatter(v: &Tensor, value: &Tensor, location: &'static Location<'static>) -> Result<Tensor> {
-    let base = &v.0.srcs()[0];
+    let base = &v.0.view_srcs()[0];
     let shape: Vec<i64> = base.shape().iter().map(|&s| s as i64).collect();
     match &v.0.op {
         Op::Slice { dim, start, len, step } => {
@@ -321,7 +321,7 @@ pub(crate) fn write(target: &Tensor, value: Tensor, location: &'static Location<
     let mut chain = vec![];
     let mut base = target;
     while base.0.view {
-        let below = base.0.srcs()[0].clone();
+        let below = base.0.view_srcs()[0].clone();
         chain.push(base);
         base = below;
     }

@@ -20,7 +20,10 @@
 //!
 //! Dropping the sources of a node other threads may be walking needs them excluded: every walk
 //! over sources holds the history lock for reading ([`read`]); [`release`] takes it for writing
-//! only when no one reads (else it lets go later).
+//! only when no one reads (else it lets go later). The type system keeps to it: a node's
+//! operands are borrowed through the read guard (`TensorNode::srcs(&guard)`), a view's without
+//! one (views are never released), and only a walk whose borrows outlive one scope uses the
+//! `unsafe` accessor, holding the guard for its whole life.
 //!
 //! [`Tensor::detach`]: crate::Tensor::detach
 
@@ -140,7 +143,9 @@ fn free_of_holders(roots: &[&Tensor], budget: usize) -> Vec<Tensor> {
             if free.contains_key(&key(t)) {
                 continue;
             }
-            let srcs = t.0.srcs();
+            // SAFETY: `release` holds the history lock for writing (no reader) and takes no
+            // operands until this walk's borrows end.
+            let srcs = unsafe { t.0.srcs_unchecked() };
             if !expanded {
                 visited += 1;
                 if srcs.is_empty() || visited > budget {

@@ -90,11 +90,30 @@ impl Drop for TensorNode {
 }
 
 impl TensorNode {
-    /// The operands. Those of a computed node that is not a view may be released
-    /// ([`crate::history::release`]): a borrow of them that may outlive a realization on any
-    /// thread must hold [`crate::history::read`] (walks do). A view's never change.
-    pub(crate) fn srcs(&self) -> &[Tensor] {
-        // SAFETY: see `take_srcs`: no write while this borrow can be alive.
+    /// The operands, borrowed while `_held` keeps [`crate::history::release`] from taking
+    /// any (the operands of a computed node that is not a view may be released).
+    pub(crate) fn srcs<'b>(&'b self, _held: &'b crate::history::Read) -> &'b [Tensor] {
+        // SAFETY: only `take_srcs` (under the history lock for writing, which excludes `_held`)
+        // and `Drop` (which has `&mut self`) write the operands.
+        unsafe { &*self.sources.get() }
+    }
+
+    /// The operands of a view node, which are never released (a view resolves against its
+    /// base: [`crate::alias`]). Panics on a node that is not a view.
+    pub(crate) fn view_srcs(&self) -> &[Tensor] {
+        assert!(self.view, "the operands of a {} node that is not a view", self.op.name());
+        // SAFETY: `history::release` never takes a view's operands, and only it (through
+        // `take_srcs`) and `Drop` write them.
+        unsafe { &*self.sources.get() }
+    }
+
+    /// The operands, for a walk whose borrows outlive any one guard's scope.
+    ///
+    /// # Safety
+    /// The caller holds [`crate::history::read`] for as long as the returned borrow (or any
+    /// borrow derived from it) is used: [`crate::walk::Walk`] keeps one for its lifetime.
+    pub(crate) unsafe fn srcs_unchecked(&self) -> &[Tensor] {
+        // SAFETY: the caller's contract excludes `take_srcs` meanwhile.
         unsafe { &*self.sources.get() }
     }
 
@@ -536,10 +555,11 @@ impl Tensor {
         if !view && !crate::dynamo::tracing() {
             // Outside a compiled function, a write over computed elements must know what still
             // reads them ([`crate::alias`]).
-            for src in node.srcs() {
+            let held = crate::history::read();
+            for src in node.srcs(&held) {
                 let mut base = src;
                 while base.0.view {
-                    base = &base.0.srcs()[0];
+                    base = &base.0.view_srcs()[0];
                 }
                 if let Some(storage) = base.0.storage.get() {
                     storage.add_reader(&node);

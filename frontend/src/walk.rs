@@ -91,7 +91,7 @@ impl<'a> Walk<'a> {
 
     fn compared(outputs: &'a [&'a Tensor], wrt: &[&Tensor], expected: Option<&Expected>) -> (Walk<'a>, bool) {
         let history = crate::history::read();
-        let after_wrt = if wrt.is_empty() { None } else { Some(descends_from(outputs, wrt)) };
+        let after_wrt = if wrt.is_empty() { None } else { Some(descends_from(outputs, wrt, &history)) };
         let is_input = |t: &Tensor| {
             t.is_realized() && !after_wrt.as_ref().is_some_and(|m| m.get(&key(t)).copied().unwrap_or(false))
         };
@@ -131,10 +131,12 @@ impl<'a> Walk<'a> {
                         continue;
                     }
                     stack.push((t, true));
-                    stack.extend(t.0.srcs().iter().rev().map(|s| (s, false)));
+                    // SAFETY: the walk holds `history::read()` for its lifetime (`history` here, then the
+                    // struct's field): no operand is released while its borrows live.
+                    stack.extend(unsafe { t.0.srcs_unchecked() }.iter().rev().map(|s| (s, false)));
                     continue;
                 }
-                let first = operands.len() - t.0.srcs().len();
+                let first = operands.len() - t.0.srcs(&history).len();
                 if let Some(e) = same {
                     let id = e.inputs + pending.len();
                     let ids = operands[first..].iter().map(|&w| walk_id(w, e.inputs));
@@ -185,7 +187,7 @@ impl<'a> Walk<'a> {
     /// ([`crate::compile::Compiled::origin`]).
     pub(crate) fn node_source(&self, i: usize) -> Option<crate::realize::NodeSource> {
         let t = self.nodes.get(i).filter(|_| i >= self.inputs)?;
-        Some((t.0.location, t.0.srcs().iter().map(|s| s.meta().to_string()).collect()))
+        Some((t.0.location, t.0.srcs(&self._history).iter().map(|s| s.meta().to_string()).collect()))
     }
 
     /// The graph's random streams: one per key drawn with, in order of first appearance.
@@ -236,7 +238,7 @@ impl<'a> Walk<'a> {
         let inputs = self.nodes[..self.inputs].iter().enumerate();
         inputs.clone().all(|(k, t)| expected.input(&mut at, k, t))
             && (self.nodes.iter().enumerate().skip(self.inputs)).all(|(id, t)| {
-                expected.node(&mut at, id, t, t.0.srcs().iter().map(|s| self.id(s)))
+                expected.node(&mut at, id, t, t.0.srcs(&self._history).iter().map(|s| self.id(s)))
                     && (t.0.draw.is_none() || expected.ops[id] == self.op(t))
             })
     }
@@ -255,7 +257,7 @@ impl<'a> Walk<'a> {
             } else {
                 // The meta was inferred when the op was recorded, from these same operands:
                 // inferring it again would only cost time.
-                let inputs: Vec<NodeId> = t.0.srcs().iter().map(|s| self.id(s)).collect();
+                let inputs: Vec<NodeId> = t.0.srcs(&self._history).iter().map(|s| self.id(s)).collect();
                 graph.nodes.push(Node { op, inputs, meta: t.meta().clone(), location: t.0.location, origin: None });
             }
         }
@@ -334,9 +336,9 @@ impl Expected {
     /// Whether node `id` (its words at `*at`) has tensor `t`'s operands (whose ids are
     /// `operands`), meta and op (a random op's attributes aside: they need the walk's
     /// streams); moves `at` past it.
-    fn node(&self, at: &mut usize, id: usize, t: &Tensor, operands: impl Iterator<Item = NodeId>) -> bool {
+    fn node(&self, at: &mut usize, id: usize, t: &Tensor, operands: impl ExactSizeIterator<Item = NodeId>) -> bool {
         let meta = &t.0.meta;
-        let n = t.0.srcs().len();
+        let n = operands.len();
         let Some(w) = self.words.get(*at..*at + n + 3 + meta.rank()) else { return false };
         *at += w.len();
         id < self.ops.len()
@@ -401,7 +403,7 @@ fn random_streams(pending: &[&Tensor]) -> Vec<RandomState> {
 /// For every tensor behind `outputs` (computed ones included), whether one of `wrt` is among its
 /// operands, direct or not, other than through a `detach`. Iterative: a long training loop's
 /// history is deep.
-fn descends_from(outputs: &[&Tensor], wrt: &[&Tensor]) -> AddrMap<bool> {
+fn descends_from(outputs: &[&Tensor], wrt: &[&Tensor], held: &crate::history::Read) -> AddrMap<bool> {
     let targets: AddrMap<()> = wrt.iter().map(|&t| (key(t), ())).collect();
     let mut memo: AddrMap<bool> = AddrMap::default();
     let mut stack: Vec<(&Tensor, bool)> = Vec::new();
@@ -411,7 +413,7 @@ fn descends_from(outputs: &[&Tensor], wrt: &[&Tensor]) -> AddrMap<bool> {
             if memo.contains_key(&key(t)) {
                 continue;
             }
-            let srcs: &[Tensor] = if t.0.op == coil_ir::Op::Detach { &[] } else { t.0.srcs() };
+            let srcs: &[Tensor] = if t.0.op == coil_ir::Op::Detach { &[] } else { t.0.srcs(held) };
             if !expanded {
                 stack.push((t, true));
                 stack.extend(srcs.iter().filter(|s| !memo.contains_key(&key(s))).map(|s| (s, false)));

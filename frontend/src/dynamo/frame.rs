@@ -729,13 +729,13 @@ fn live_values(requested: &[Tensor]) -> Vec<Tensor> {
         if t.is_realized() || !seen.insert(key(&t)) {
             continue;
         }
-        stack.extend(t.0.srcs().iter().cloned());
+        stack.extend(t.0.srcs(&_history).iter().cloned());
         nodes.push(t);
     }
     // Every operand edge inside the graph holds one reference; `nodes` holds one more.
     let mut inside: HashMap<usize, usize> = HashMap::new();
     for t in &nodes {
-        for s in t.0.srcs() {
+        for s in t.0.srcs(&_history) {
             *inside.entry(key(s)).or_default() += 1;
         }
     }

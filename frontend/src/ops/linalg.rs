@@ -175,7 +175,7 @@ mod tests {
         let y = x.linear(&w, Some(&b)).unwrap();
         assert_eq!(y.shape(), &[8, 4, 32]);
         assert_eq!(y.0.op, Op::Linear { bias: true });
-        assert_eq!(y.0.srcs().len(), 3);
+        assert_eq!(y.0.srcs(&crate::history::read()).len(), 3);
         let y = linear(&x, &w, None).unwrap();
         assert_eq!(y.0.op, Op::Linear { bias: false });
         assert_err(x.linear(&zeros(&[32, 15]), None), "linear");

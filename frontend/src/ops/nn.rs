@@ -467,7 +467,10 @@ mod tests {
         assert_eq!(y.shape(), &[2, 3, 4]);
         assert_eq!(y.0.op, Op::LayerNorm { ndim: 2, eps: 1e-5, weight: true, bias: true });
         let y = x.layer_norm(&[4], None, Some(&zeros(&[4])), 1e-5).unwrap();
-        assert_eq!((y.0.srcs().len(), &y.0.op), (2, &Op::LayerNorm { ndim: 1, eps: 1e-5, weight: false, bias: true }));
+        assert_eq!(
+            (y.0.srcs(&crate::history::read()).len(), &y.0.op),
+            (2, &Op::LayerNorm { ndim: 1, eps: 1e-5, weight: false, bias: true })
+        );
         let e = assert_err(x.layer_norm(&[3], None, None, 1e-5), "layer_norm");
         assert!(e.to_string().contains("[*, 3]"), "{e}");
         assert_err(x.layer_norm(&[], None, None, 1e-5), "layer_norm");
@@ -481,7 +484,7 @@ mod tests {
         let x = zeros(&[2, 8]);
         let y = x.rms_norm(&[8], Some(&zeros(&[8])), None).unwrap();
         assert_eq!(y.0.op, Op::RmsNorm { ndim: 1, eps: None, weight: true });
-        assert_eq!(x.rms_norm(&[2, 8], None, Some(1e-6)).unwrap().0.srcs().len(), 1);
+        assert_eq!(x.rms_norm(&[2, 8], None, Some(1e-6)).unwrap().0.srcs(&crate::history::read()).len(), 1);
         assert_err(x.rms_norm(&[2], None, None), "rms_norm");
     }
 
@@ -514,7 +517,7 @@ mod tests {
         let idx = Tensor::zeros(&[2, 3], DType::I64);
         let y = embedding(&idx, &w).unwrap();
         assert_eq!(y.shape(), &[2, 3, 4]);
-        assert!(std::sync::Arc::ptr_eq(&y.0.srcs()[0].0, &w.0));
+        assert!(std::sync::Arc::ptr_eq(&y.0.srcs(&crate::history::read())[0].0, &w.0));
         assert_err(embedding(&zeros(&[3]), &w), "embedding");
         assert_err(embedding(&idx, &zeros(&[10])), "embedding");
     }
@@ -553,7 +556,7 @@ mod tests {
         assert_eq!(y.0.op, Op::Attention { causal: true, scale: Some(0.5), mask: false });
         let mask = Tensor::zeros(&[4, 6], DType::Bool);
         let y = scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, None).unwrap();
-        assert_eq!(y.0.srcs().len(), 4);
+        assert_eq!(y.0.srcs(&crate::history::read()).len(), 4);
         let e = assert_err(
             scaled_dot_product_attention(&q, &k, &v, Some(&mask), true, None),
             "scaled_dot_product_attention",

@@ -577,7 +577,7 @@ mod tests {
         assert_err(x.narrow(1, -6, 1), "narrow");
         let s = x.select(1, -1).unwrap();
         assert_eq!(s.shape(), &[4]);
-        assert_eq!(s.0.srcs()[0].0.op, Op::Slice { dim: 1, start: 4, len: 1, step: 1 });
+        assert_eq!(s.0.srcs(&crate::history::read())[0].0.op, Op::Slice { dim: 1, start: 4, len: 1, step: 1 });
         assert_eq!(x.select(0, 3).unwrap().shape(), &[5]);
         let e = assert_err(x.select(0, 4), "select");
         assert_eq!(e.kind, ErrorKind::Value);
@@ -647,7 +647,8 @@ mod tests {
         assert_eq!(x.repeat(&[2, 2]).unwrap().shape(), &[4, 6]);
         let r = x.repeat(&[4, 1, 3]).unwrap();
         assert_eq!(r.shape(), &[4, 2, 9]);
-        let expand = &r.0.srcs()[0];
+        let held = crate::history::read();
+        let expand = &r.0.srcs(&held)[0];
         assert_eq!(expand.0.op, Op::Expand { shape: vec![4, 1, 1, 2, 3, 3] });
         assert_eq!(zeros(&[]).repeat(&[3]).unwrap().shape(), &[3]);
         assert_eq!(x.repeat(&[0, 1]).unwrap().shape(), &[0, 3]);
@@ -660,7 +661,7 @@ mod tests {
         let f = x.flip(&[0, -2]).unwrap();
         assert_eq!(f.shape(), &[2, 3, 1]);
         assert_eq!(f.0.op, Op::Slice { dim: 1, start: 2, len: 3, step: -1 });
-        assert_eq!(f.0.srcs()[0].0.op, Op::Slice { dim: 0, start: 1, len: 2, step: -1 });
+        assert_eq!(f.0.srcs(&crate::history::read())[0].0.op, Op::Slice { dim: 0, start: 1, len: 2, step: -1 });
         assert_err(x.flip(&[0, 0]), "flip");
         assert_err(x.flip(&[3]), "flip");
     }
