@@ -584,6 +584,15 @@ const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions = coil_passes::Decomp
 /// each way) on a CUDA device where cuDNN loads, at static shapes (the dynamic path takes
 /// [`COMPILE_DECOMPOSITION`]); everywhere else they decompose into im2col and a matrix
 /// product, as the reference interpreter runs them.
+/// The rewrite options of a compile for `device`: the e-graph's cost model is that GPU's
+/// ([`coil_ir::target::GpuTarget`], read from the device) or the CPU's.
+fn rewrite_options(device: Device) -> Result<coil_passes::RewriteOptions> {
+    Ok(match device {
+        Device::Cpu => coil_passes::RewriteOptions::for_target(None),
+        Device::Cuda(n) => coil_passes::RewriteOptions::for_target(Some(CudaDevice::get(n)?.target())),
+    })
+}
+
 fn compile_decomposition(device: Device) -> coil_passes::DecomposeOptions {
     let cudnn = matches!(device, Device::Cuda(_)) && coil_runtime::cuda::cudnn::available();
     coil_passes::DecomposeOptions { conv_template: cudnn, ..COMPILE_DECOMPOSITION }
@@ -609,7 +618,7 @@ fn compile_stages(
     let mut times = StageTimes::default();
     let dump = Dump::new_graph();
     dump.write("graph_captured.txt", || captured.print(true));
-    let options = coil_passes::RewriteOptions::configured();
+    let options = rewrite_options(device)?;
 
     let (program, rewrites) = match dynamic {
         None => {

@@ -60,3 +60,11 @@ fn realizations_recompile_under_a_setting_that_changes_code() {
     let (profiled, _) = with_config(profile, || compiled_walk(&walk, &[])).unwrap();
     assert!(Arc::ptr_eq(&first, &profiled), "profiling does not change code: a hit");
 }
+
+#[test]
+fn rewrites_are_costed_for_the_device_compiled_for() {
+    // The CPU's cost model on the CPU (a GPU's comes from its `GpuTarget`, read from the device).
+    let cpu = rewrite_options(Device::Cpu).unwrap();
+    assert_eq!(cpu.model, coil_passes::rewrite::CostModel::cpu());
+    assert_ne!(cpu.model, coil_passes::RewriteOptions::default().model, "the default is the H100's");
+}
