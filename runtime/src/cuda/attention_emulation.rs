@@ -375,6 +375,25 @@ fn combined(
     Some(runs)
 }
 
+/// Checks a forward kernel's eager and lazy runs ([`combined`]) against the reference output
+/// `want` (of `dtype`) and logsumexp `want_lse` (f32); `what` names a run by its laziness.
+fn check_forward_runs(
+    runs: &[Vec<Vec<u8>>; 2],
+    dtype: DType,
+    want: &[u8],
+    want_lse: &[u8],
+    what: impl Fn(bool) -> String,
+) {
+    for (got, lazy) in runs.iter().zip([false, true]) {
+        let what = what(lazy);
+        let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+        let err = error(&what, &decode(dtype, &got[3]), &decode(dtype, want));
+        assert!(err <= tolerance, "{what}: output error {err:.2e}");
+        let err = error(&what, &decode(DType::F32, &got[4]), &decode(DType::F32, want_lse));
+        assert!(err <= 1e-5, "{what}: logsumexp error {err:.2e}");
+    }
+}
+
 #[test]
 fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
     let mut builds = Builds::new("attention");
@@ -484,17 +503,12 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let dir = builds.root.join(&emulated.name);
         let runs = launch_runs(&exe, &dir, &params, launch.grid, emulated.block, &buffers);
         let Some(runs) = combined(&mut builds, &launch, &params, count, runs) else { return };
-        for (got, lazy) in runs.iter().zip([false, true]) {
-            let what = format!(
+        check_forward_runs(&runs, dtype, &want, &want_lse, |lazy| {
+            format!(
                 "{} {:?} L={l} S={s} causal={} splits={} lazy={lazy}",
                 emulated.name, c.batch, c.causal, launch.splits
-            );
-            let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
-            let err = error(&what, &decode(dtype, &got[3]), &decode(dtype, &want));
-            assert!(err <= tolerance, "{what}: output error {err:.2e}");
-            let err = error(&what, &decode(DType::F32, &got[4]), &decode(DType::F32, &want_lse));
-            assert!(err <= 1e-5, "{what}: logsumexp error {err:.2e}");
-        }
+            )
+        });
     }
 }
 

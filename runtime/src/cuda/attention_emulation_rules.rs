@@ -108,16 +108,11 @@ fn mask_rules_emulated_on_the_host_match_the_explicit_mask() {
         let dir = builds.root.join(&emulated.name);
         let runs = launch_runs(&exe, &dir, &params, launch.grid, emulated.block, &buffers);
         let Some(runs) = combined(&mut builds, &launch, &params, count, runs) else { return };
-        for (got, lazy) in runs.iter().zip([false, true]) {
-            let what = format!(
+        check_forward_runs(&runs, dtype, &want, &want_lse, |lazy| {
+            format!(
                 "{} {:?} L={l} S={s} {rule} at {} splits={} lazy={lazy}",
                 emulated.name, c.batch, c.offset, launch.splits
-            );
-            let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
-            let err = error(&what, &decode(dtype, &got[3]), &decode(dtype, &want));
-            assert!(err <= tolerance, "{what}: output error {err:.2e}");
-            let err = error(&what, &decode(DType::F32, &got[4]), &decode(DType::F32, &want_lse));
-            assert!(err <= 1e-5, "{what}: logsumexp error {err:.2e}");
-        }
+            )
+        });
     }
 }
