@@ -51,9 +51,21 @@ pub(crate) fn epoch() -> u64 {
     EPOCH.load(Ordering::Acquire)
 }
 
+thread_local! {
+    /// In-place writes counted by this thread ([`bump`]).
+    static OWN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Counts an in-place write.
 pub(crate) fn bump() {
     EPOCH.fetch_add(1, Ordering::AcqRel);
+    OWN.with(|n| n.set(n.get() + 1));
+}
+
+/// The epoch and this thread's writes so far: between two readings, every write was this
+/// thread's when both grew by as much.
+pub(crate) fn epoch_and_own() -> (u64, u64) {
+    (epoch(), OWN.with(|n| n.get()))
 }
 
 thread_local! {

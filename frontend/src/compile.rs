@@ -51,6 +51,28 @@ pub enum Executable {
     Cuda(CudaCompiledGraph),
 }
 
+/// What a run makes of the handle of an input it writes in place (a donated input).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Donated {
+    /// The write is a new version of the input's elements: the run returns a handle to it, and
+    /// every older handle is stale ([`Storage::check_current`]).
+    Overwritten,
+    /// The write updates the tensor every handle to it stands for (a replayed compiled
+    /// function writing its captured tensors): the run returns the input's own handle, and no
+    /// handle goes stale.
+    Updated,
+}
+
+impl Donated {
+    /// The handle a run returns for `input`, which it wrote in place.
+    fn mark(self, input: &Storage) -> Storage {
+        match self {
+            Donated::Overwritten => input.overwritten(),
+            Donated::Updated => input.clone(),
+        }
+    }
+}
+
 /// A compiled graph and what it took to build it.
 pub struct Compiled {
     /// What runs the graph.
@@ -73,9 +95,10 @@ pub struct Compiled {
     /// Time per launch from the first run, with the configuration's `profile` on
     /// (`COIL_PROFILE=1`; [`Compiled::profile`]).
     pub profiled: OnceLock<Vec<(String, f64)>>,
-    /// The outputs of the last replay of its CUDA graph ([`Compiled::run_replayed`]), made
-    /// stale by the next one.
-    replayed: Mutex<Vec<Storage>>,
+    /// The outputs of the last replay of its CUDA graph ([`Compiled::run_replayed`]) in the
+    /// graph's own buffers, made stale by the next one (`None` for a donated output: its buffer
+    /// is the caller's).
+    replayed: Mutex<Vec<Option<Storage>>>,
     /// The captured nodes whose data its kernels check (`coil_ir::loops::DataCheck::node`).
     checked_nodes: Vec<usize>,
 }
@@ -193,8 +216,19 @@ impl Compiled {
     /// or `item`, [`crate::synchronize`]), named by its kernel and `origin`. The CPU runs
     /// synchronously and reports it here.
     pub fn run_at(&self, inputs: &[Storage], random: &[RandomState], origin: RunOrigin) -> Result<Vec<Storage>> {
+        self.run_marking(inputs, random, origin, Donated::Overwritten)
+    }
+
+    /// [`Compiled::run_at`], the inputs written in place marked as `donated` says.
+    fn run_marking(
+        &self,
+        inputs: &[Storage],
+        random: &[RandomState],
+        origin: RunOrigin,
+        donated: Donated,
+    ) -> Result<Vec<Storage>> {
         let start = Instant::now();
-        let outputs = self.run_untimed(inputs, random, origin);
+        let outputs = self.run_untimed(inputs, random, origin, donated);
         profile::record(|t| {
             t.graphs += 1;
             t.run += start.elapsed();
@@ -208,33 +242,46 @@ impl Compiled {
     /// replayed). The outputs are the graph's own buffers, written again by the next replay:
     /// the tensors of the previous replay's outputs are stale from then on (an error on use,
     /// never a silent read of the new values).
-    pub fn run_replayed(&self, inputs: &[Storage], origin: &RunOrigin) -> Result<Option<Vec<Storage>>> {
+    pub fn run_replayed(
+        &self,
+        inputs: &[Storage],
+        origin: &RunOrigin,
+        donated: Donated,
+    ) -> Result<Option<Vec<Storage>>> {
         let Executable::Cuda(g) = &self.executable else { return Ok(None) };
         let start = Instant::now();
         // Inputs already on the device are read where they are, not cloned (a replayed decode
         // step binds hundreds of parameters per call); others are copied there.
-        let copied = (inputs.iter())
-            .map(|s| match s.cuda_buffer() {
-                Some(b) if Device::Cuda(b.device_ordinal()) == self.device => s.check_current().map(|()| None),
-                _ => s.to_device(self.device).map(Some),
+        let mut copied: Vec<(usize, Storage)> = Vec::new();
+        for (k, s) in inputs.iter().enumerate() {
+            match s.cuda_buffer() {
+                Some(b) if Device::Cuda(b.device_ordinal()) == self.device => s.check_current()?,
+                _ => copied.push((k, s.to_device(self.device)?)),
+            }
+        }
+        let refs: Vec<&CudaBuffer> = (inputs.iter().enumerate())
+            .map(|(k, s)| {
+                let s = copied.iter().find(|(j, _)| *j == k).map_or(s, |(_, c)| c);
+                s.cuda_buffer().expect("on the device").as_ref()
             })
-            .collect::<Result<Vec<Option<Storage>>>>()?;
-        let refs: Vec<&CudaBuffer> = (inputs.iter().zip(&copied))
-            .map(|(s, c)| c.as_ref().unwrap_or(s).cuda_buffer().expect("on the device").as_ref())
             .collect();
         let Some(buffers) = g.run_replayed(&refs, Arc::new(origin.clone()))? else { return Ok(None) };
         let mut last = self.replayed.lock().unwrap_or_else(|e| e.into_inner());
+        last.resize(buffers.len(), None);
         // An output in the buffer of the previous replay's: that tensor is stale from now on.
-        let outputs: Vec<Storage> = (buffers.into_iter().enumerate())
-            .map(|(i, o)| match o {
-                RunOutput::Donated(k) => inputs[k].overwritten(),
-                RunOutput::New(b) => match last.get(i) {
-                    Some(s) if s.cuda_buffer().is_some_and(|x| Arc::ptr_eq(x, &b)) => s.replaced(),
-                    _ => Storage::cuda(b),
-                },
+        let outputs: Vec<Storage> = (buffers.into_iter().zip(last.iter_mut()))
+            .map(|(o, last)| match o {
+                RunOutput::Donated(k) => donated.mark(&inputs[k]),
+                RunOutput::New(b) => {
+                    let s = match last {
+                        Some(s) if s.cuda_buffer().is_some_and(|x| Arc::ptr_eq(x, &b)) => s.replaced(),
+                        _ => Storage::cuda(b),
+                    };
+                    *last = Some(s.clone());
+                    s
+                }
             })
             .collect();
-        *last = outputs.clone();
         profile::record(|t| {
             t.graphs += 1;
             t.run += start.elapsed();
@@ -243,29 +290,35 @@ impl Compiled {
     }
 
     /// [`Compiled::run_at`], replayed from a CUDA graph when `replay` asks for it and the graph
-    /// can be ([`Compiled::run_replayed`]).
+    /// can be ([`Compiled::run_replayed`]); the inputs written in place marked as `donated`
+    /// says.
     pub fn run_or_replay(
         &self,
         replay: bool,
         inputs: &[Storage],
         random: &[RandomState],
         origin: RunOrigin,
+        donated: Donated,
     ) -> Result<Vec<Storage>> {
         if replay {
-            if let Some(outputs) = self.run_replayed(inputs, &origin)? {
+            if let Some(outputs) = self.run_replayed(inputs, &origin, donated)? {
                 return Ok(outputs);
             }
         }
-        self.run_at(inputs, random, origin)
+        self.run_marking(inputs, random, origin, donated)
     }
 
     /// [`Compiled::run`], without adding to the host times.
-    fn run_untimed(&self, inputs: &[Storage], random: &[RandomState], origin: RunOrigin) -> Result<Vec<Storage>> {
+    fn run_untimed(
+        &self,
+        inputs: &[Storage],
+        random: &[RandomState],
+        origin: RunOrigin,
+        donated: Donated,
+    ) -> Result<Vec<Storage>> {
         self.profile_once(inputs)?;
-        let donated = |k: usize| {
-            // The buffer the run wrote is the one the input's handle addresses (same device).
-            Ok(inputs[k].overwritten())
-        };
+        // The buffer the run wrote is the one the input's handle addresses (same device).
+        let donated = |k: usize| Ok(donated.mark(&inputs[k]));
         match &self.executable {
             Executable::Cpu(g) => {
                 let hosts = inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;

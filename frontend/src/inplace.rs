@@ -11,7 +11,7 @@
 //! never a silent read of the new values. The in-place ops (`add_`, `copy_`, ...) are built on
 //! this ([`crate::ops::mutation`]).
 
-use crate::compile::compiled_walk;
+use crate::compile::{compiled_walk, Donated};
 use crate::realize::{backend, interpret, Backend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
@@ -207,7 +207,9 @@ fn run_donating(
             let (compiled, graph) = compiled_walk(&walk, &donations)?;
             let replay = crate::realize::cuda_graphs();
             let origin = compiled.origin(origin, |i| walk.node_source(i));
-            crate::guard::guard("running", &graph, || compiled.run_or_replay(replay, &inputs, walk.random(), origin))
+            crate::guard::guard("running", &graph, || {
+                compiled.run_or_replay(replay, &inputs, walk.random(), origin, Donated::Overwritten)
+            })
         }
     }
 }

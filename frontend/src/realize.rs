@@ -5,6 +5,7 @@
 //! primitives and runs the graph, then binds the results to the tensors, and lets go of the
 //! history behind them that no later gradient can need ([`crate::history`]).
 
+use crate::compile::Donated;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::walk::Walk;
@@ -162,7 +163,9 @@ fn run(walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Ve
             let inputs = walk.input_storages();
             let replay = cuda_graphs();
             let origin = compiled.origin(origin, |i| walk.node_source(i));
-            crate::guard::guard("running", &graph, || compiled.run_or_replay(replay, &inputs, walk.random(), origin))
+            crate::guard::guard("running", &graph, || {
+                compiled.run_or_replay(replay, &inputs, walk.random(), origin, Donated::Overwritten)
+            })
         }
     }
 }

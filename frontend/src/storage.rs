@@ -258,14 +258,6 @@ impl Storage {
         Arc::ptr_eq(&self.version, &other.version) && self.seen == other.seen
     }
 
-    /// A handle to the same elements under a version counter of its own: a run that writes over
-    /// it ([`crate::compile::Compiled::run`] with a donation) leaves this allocation's version,
-    /// and so every handle to it, as it was. For writes that update the tensor every handle
-    /// stands for (a replayed compiled function's in-place writes).
-    pub(crate) fn unversioned(&self) -> Storage {
-        Storage { data: self.data.clone(), version: Version::new(), seen: 0 }
-    }
-
     /// The elements in host memory (a copy from the device for CUDA storage); an error when
     /// they were overwritten in place since this handle took them.
     pub fn to_host(&self) -> Result<Arc<Buffer>> {

@@ -31,3 +31,26 @@ COIL_GATHER(coil_gather_1, unsigned char)
 COIL_GATHER(coil_gather_2, unsigned short)
 COIL_GATHER(coil_gather_4, unsigned int)
 COIL_GATHER(coil_gather_8, unsigned long long)
+
+/* Up to COIL_COPY_BATCH small device-to-device copies in one launch (the inputs a replayed CUDA
+   graph reads from its own buffers): block b copies entry b, in 8-byte words where both ends
+   are 8-byte aligned, else byte by byte. */
+#define COIL_COPY_BATCH 8
+struct CoilCopyBatch {
+    unsigned long long dst[COIL_COPY_BATCH];
+    unsigned long long src[COIL_COPY_BATCH];
+    long long bytes[COIL_COPY_BATCH];
+};
+extern "C" __global__ void coil_copy_batch(CoilCopyBatch c) {
+    unsigned char *d = (unsigned char *)c.dst[blockIdx.x];
+    const unsigned char *s = (const unsigned char *)c.src[blockIdx.x];
+    const long long n = c.bytes[blockIdx.x];
+    long long done = 0;
+    if (((c.dst[blockIdx.x] | c.src[blockIdx.x]) & 7) == 0) {
+        const long long words = n / 8;
+        for (long long i = threadIdx.x; i < words; i += blockDim.x)
+            ((unsigned long long *)d)[i] = ((const unsigned long long *)s)[i];
+        done = words * 8;
+    }
+    for (long long i = done + threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+}

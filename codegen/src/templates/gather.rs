@@ -8,6 +8,12 @@
 //!
 //! Kernel signature: `(const T *src, T *dst, long long n, int ndim, CoilDims d)`, `src` already
 //! at the view's offset; 32-bit index arithmetic below `2^31` elements.
+//!
+//! `coil_copy_batch(CoilCopyBatch c)` copies up to [`COPY_BATCH`] contiguous buffers in one
+//! launch, one block of [`COPY_BATCH_BLOCK`] threads per copy: a replayed CUDA graph's inputs
+//! that are copied into the graph's own buffers before each launch, one launch instead of one
+//! `cuMemcpyDtoDAsync` per input (each of those costs the host several microseconds). Meant for
+//! small copies ([`COPY_BATCH_MAX_BYTES`] each at most); larger ones are plain copies.
 
 /// The CUDA C of every kernel of the template.
 pub const SOURCE: &str = include_str!("gather.cu");
@@ -24,6 +30,40 @@ pub struct GatherDims {
     pub size: [i64; MAX_DIMS],
     /// Strides of the dims, in elements.
     pub stride: [i64; MAX_DIMS],
+}
+
+/// Most copies one `coil_copy_batch` launch makes.
+pub const COPY_BATCH: usize = 8;
+
+/// Threads of each block of `coil_copy_batch` (a block per copy).
+pub const COPY_BATCH_BLOCK: u32 = 256;
+
+/// The largest copy `coil_copy_batch` takes: one block moves it in a few dozen 2 KiB strides.
+pub const COPY_BATCH_MAX_BYTES: usize = 64 << 10;
+
+/// The batched copy kernel's name.
+pub const COPY_BATCH_KERNEL: &str = "coil_copy_batch";
+
+/// `coil_copy_batch`'s argument, laid out as the C struct `CoilCopyBatch`: destination and
+/// source addresses and byte counts; entries past the launch's grid are not read.
+///
+/// ```
+/// use coil_codegen::templates::gather::{CopyBatch, COPY_BATCH};
+/// let mut b = CopyBatch::default();
+/// b.dst[0] = 0x1000;
+/// b.src[0] = 0x2000;
+/// b.bytes[0] = 8;
+/// assert_eq!(std::mem::size_of::<CopyBatch>(), 3 * 8 * COPY_BATCH);
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyBatch {
+    /// Destination device addresses.
+    pub dst: [u64; COPY_BATCH],
+    /// Source device addresses.
+    pub src: [u64; COPY_BATCH],
+    /// Bytes of each copy.
+    pub bytes: [i64; COPY_BATCH],
 }
 
 /// The kernel for elements of `bytes` bytes, if there is one.
@@ -55,5 +95,7 @@ mod tests {
         assert!(SOURCE
             .contains(&format!("struct CoilDims {{ long long size[{MAX_DIMS}]; long long stride[{MAX_DIMS}]; }};")));
         assert_eq!(std::mem::size_of::<GatherDims>(), 2 * 8 * MAX_DIMS);
+        assert!(SOURCE.contains(&format!("#define COIL_COPY_BATCH {COPY_BATCH}\n")));
+        assert!(SOURCE.contains(&format!("__global__ void {COPY_BATCH_KERNEL}(CoilCopyBatch c)")));
     }
 }

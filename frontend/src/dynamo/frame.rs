@@ -6,7 +6,7 @@ use super::explain::ExplainLog;
 use super::guards::{self, structural_hash, ArgMeta, Guard, Source};
 use super::replay::{GraphRun, Recording};
 use super::{stance, BreakKind, FnState, GraphBreak, GraphInfo, Stance, READ, RECOMPILE_LIMIT};
-use crate::compile::Compiled;
+use crate::compile::{Compiled, Donated};
 use crate::debug::Dump;
 use crate::realize::{backend, graph_node_source, Backend, Captured};
 use crate::storage::Storage;
@@ -385,7 +385,7 @@ impl Frame {
         origin: coil_runtime::RunOrigin,
     ) -> Result<Vec<Storage>> {
         let replay = self.state.borrow().cuda_graphs;
-        compiled.run_or_replay(replay, inputs, random, origin)
+        compiled.run_or_replay(replay, inputs, random, origin, Donated::Overwritten)
     }
 
     /// Adds a graph run to the call's recording, when the function replays.

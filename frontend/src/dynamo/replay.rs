@@ -19,13 +19,13 @@
 
 use super::guards::ArgMeta;
 use super::FnState;
-use crate::compile::Compiled;
+use crate::compile::{Compiled, Donated};
 use crate::storage::Storage;
 use crate::Tensor;
 use coil_ir::kernel::Donation;
 use coil_ir::{Error, Graph, RandomState, Result};
 use coil_runtime::{NodeOrigin, RunOrigin};
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::panic::Location;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -84,6 +84,8 @@ pub(crate) struct Trace {
     /// Per argument, the first argument sharing its elements.
     alias: Vec<usize>,
     inputs: Vec<Bind>,
+    /// Per graph input, whether the graph writes it in place (one of `donations`).
+    donated_input: Vec<bool>,
     outputs: Vec<Out>,
     donations: Vec<Donation>,
     /// The graph's random streams, as counters after the stream's position at the call's start.
@@ -95,6 +97,14 @@ pub(crate) struct Trace {
     checked: OnceCell<Arc<[NodeOrigin]>>,
     /// The last replay's binding of the graph's inputs (taken while a replay runs).
     bound: RefCell<Vec<Storage>>,
+    /// The epoch ([`crate::alias::epoch`]) after the last replay, when nothing but its own
+    /// writes happened during it and none of them reached a captured input: while the epoch
+    /// stays there, no allocation was written or moved since, so the captured inputs of
+    /// `bound` still hold, unchecked (a decode step binds hundreds of parameters per call).
+    steady: Cell<Option<u64>>,
+    /// The allocations of the captured inputs, sorted ([`Storage::addr`]), and the graph
+    /// outputs not written over a donated input.
+    captured_addrs: OnceCell<(Vec<usize>, Vec<usize>)>,
 }
 
 impl Trace {
@@ -148,6 +158,7 @@ impl Trace {
         }
         let alias =
             arg_addrs.iter().map(|(a, _)| arg_addrs.iter().position(|(b, _)| a == b).expect("itself")).collect();
+        let donated_input = (0..inputs.len()).map(|j| run.donations.iter().any(|d| d.input == j)).collect();
         Ok(Trace {
             entry,
             compiled,
@@ -155,12 +166,15 @@ impl Trace {
             args: arg_addrs.iter().map(|(_, m)| m.clone()).collect(),
             alias,
             inputs,
+            donated_input,
             outputs: outs,
             donations: run.donations,
             random,
             drawn: end.offset.wrapping_sub(rng.offset),
             checked: OnceCell::new(),
             bound: RefCell::new(Vec::new()),
+            steady: Cell::new(None),
+            captured_addrs: OnceCell::new(),
         })
     }
 
@@ -201,8 +215,10 @@ impl Trace {
     /// binding, or empty), and returns the allocations the graph writes in place; `None` when
     /// a guard fails. A captured input whose allocation is at the version `bound` holds keeps
     /// that handle (no reference counting per parameter and call); any other slot gets a new
-    /// handle, as a binding from scratch would.
-    fn bind(&self, args: &[&Tensor], bound: &mut Vec<Storage>) -> Option<Vec<Storage>> {
+    /// handle, as a binding from scratch would. With `steady` (nothing written since the last
+    /// replay, see [`Trace::steady`]), the captured inputs not written in place keep theirs
+    /// unchecked.
+    fn bind(&self, args: &[&Tensor], bound: &mut Vec<Storage>, steady: bool) -> Option<Vec<Storage>> {
         if args.len() != self.args.len() {
             return None;
         }
@@ -224,6 +240,9 @@ impl Trace {
             bound.clear();
         }
         for (j, b) in self.inputs.iter().enumerate() {
+            if steady && !fresh && matches!(b, Bind::Captured(_)) && !self.donated_input[j] {
+                continue;
+            }
             let keep = !fresh
                 && match b {
                     Bind::Arg(i) => bound[j].same_handle(storages[*i]),
@@ -248,12 +267,30 @@ impl Trace {
             if storages.iter().any(|s| s.addr() == target.addr()) {
                 return None; // an argument shares the elements written in place
             }
-            // Written as an update of the tensor every handle to it stands for: no handle goes
-            // stale (see `CompiledFn::replay`).
-            let unversioned = target.unversioned();
-            written.push(std::mem::replace(&mut bound[d.input], unversioned));
+            // Written as an update of the tensor every handle to it stands for
+            // (`Donated::Updated`): no handle goes stale (see `CompiledFn::replay`).
+            written.push(target.clone());
         }
         Some(written)
+    }
+
+    /// Whether a replay whose outputs are `results` (before the donated ones are mapped to
+    /// their targets) may leave its captured inputs unchecked at the next call
+    /// ([`Trace::steady`]): no output in the graph's own buffers shares a captured input's
+    /// allocation (the replay made such an output's old handles stale).
+    fn outputs_spare_captured(&self, results: &[Storage]) -> bool {
+        let (captured, own) = self.captured_addrs.get_or_init(|| {
+            let mut a: Vec<usize> = (self.inputs.iter())
+                .filter_map(|b| match b {
+                    Bind::Captured(s) => Some(s.addr()),
+                    Bind::Arg(_) => None,
+                })
+                .collect();
+            a.sort_unstable();
+            let own = (0..results.len()).filter(|i| self.donations.iter().all(|d| d.output != *i)).collect();
+            (a, own)
+        });
+        own.iter().all(|&i| captured.binary_search(&results[i].addr()).is_err())
     }
 
     /// After a replay's run: the slots of arguments in `bound` let go of them (a call's
@@ -325,7 +362,9 @@ pub(crate) fn try_replay(
     }
     // Taken out while the replay runs: a replay inside the run (none today) binds from scratch.
     let mut inputs = plan.bound.take();
-    let written = plan.bind(args, &mut inputs)?;
+    let steady = plan.steady.take() == Some(crate::alias::epoch());
+    let written = plan.bind(args, &mut inputs, steady)?;
+    let before = crate::alias::epoch_and_own();
     let random: Vec<RandomState> = if plan.drawn == 0 && plan.random.is_empty() {
         vec![]
     } else {
@@ -338,7 +377,7 @@ pub(crate) fn try_replay(
         .get_or_init(|| plan.compiled.origin(origin, |i| crate::realize::graph_node_source(&plan.graph, i)).nodes);
     let origin = RunOrigin { line: Some(origin), nodes: checked.clone() };
     let run = crate::guard::guard("running", &plan.graph, || {
-        plan.compiled.run_or_replay(cuda_graphs, &inputs, &random, origin)
+        plan.compiled.run_or_replay(cuda_graphs, &inputs, &random, origin, Donated::Updated)
     });
     plan.release_args(&mut inputs);
     *plan.bound.borrow_mut() = inputs;
@@ -346,6 +385,9 @@ pub(crate) fn try_replay(
         Ok(results) => results,
         Err(e) => return Some(Err(e)),
     };
+    let after = crate::alias::epoch_and_own();
+    let only_own = after.0 - before.0 == after.1 - before.1;
+    plan.steady.set((only_own && plan.outputs_spare_captured(&results)).then_some(after.0));
     for (d, target) in plan.donations.iter().zip(written) {
         if results[d.output].addr() != target.addr() {
             return Some(Err(Error::internal(format!(

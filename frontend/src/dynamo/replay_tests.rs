@@ -313,3 +313,20 @@ fn replays_keep_a_captured_parameters_binding_until_it_is_updated_and_let_argume
     drop(y);
     assert!(elements.upgrade().is_none(), "the argument's elements outlived the call");
 }
+
+#[test]
+fn steady_replays_see_a_captured_parameter_written_on_another_thread() {
+    let w = random(&[4], 6);
+    let f = compile(|a: &[Tensor]| Ok(vec![&a[0] * &w])).replay(true).replay_check(0);
+    let x = random(&[4], 7);
+    // Two traced calls arm the replay; the replays after the first bind the weight unchecked.
+    for _ in 0..5 {
+        close(&values(&f.call(&[&x]).unwrap()[0]), &values(&(&x * &w)));
+    }
+    let before = values(&w);
+    let mut other = w.clone();
+    std::thread::spawn(move || other.add_(1.0).map(drop)).join().unwrap().unwrap();
+    assert_ne!(values(&w), before, "the write reached the captured tensor");
+    close(&values(&f.call(&[&x]).unwrap()[0]), &values(&(&x * &w)));
+    assert_eq!(f.stats().replays, 4, "replayed, reading the new values");
+}

@@ -7,17 +7,23 @@
 
 use super::compiler::{compile, LoadedModule};
 use super::device::{driver_error, CudaDevice};
-use coil_codegen::templates::gather::{kernel, GatherDims, MAX_DIMS, SOURCE};
+use super::memory::copy_device;
+use coil_codegen::templates::gather::{
+    kernel, CopyBatch, GatherDims, COPY_BATCH, COPY_BATCH_BLOCK, COPY_BATCH_KERNEL, COPY_BATCH_MAX_BYTES, MAX_DIMS,
+    SOURCE,
+};
 use coil_codegen::templates::grid_stride_launch;
 use coil_ir::{Error, Result};
 use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// The gather template's kernels on one device, by element size (1, 2, 4, 8 bytes).
+/// The gather template's kernels on one device: the gathers by element size (1, 2, 4, 8
+/// bytes) and the batched copy.
 pub struct Helpers {
     _module: LoadedModule,
     gather: [sys::CUfunction; 4],
+    copy_batch: sys::CUfunction,
 }
 
 // SAFETY: function handles are immutable and usable from any thread with the context bound.
@@ -34,7 +40,8 @@ impl Helpers {
                     let module = LoadedModule::load(dev, &cubin)?;
                     let f = |n: usize| module.function(kernel(n).expect("a gather kernel"));
                     let gather = [f(1)?, f(2)?, f(4)?, f(8)?];
-                    Ok(Helpers { _module: module, gather })
+                    let copy_batch = module.function(COPY_BATCH_KERNEL)?;
+                    Ok(Helpers { _module: module, gather, copy_batch })
                 };
                 build().map_err(|e| e.message)
             })
@@ -88,6 +95,47 @@ pub(crate) unsafe fn gather(
     ];
     // SAFETY: the parameters match coil_gather's signature; the memory contract is the caller's.
     unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_gather") }
+}
+
+/// Enqueues the contiguous copies `(dst, src, bytes)`: the small ones batched, up to
+/// [`COPY_BATCH`] per launch of the template's `coil_copy_batch`, the large ones (over
+/// [`COPY_BATCH_MAX_BYTES`]) as `cuMemcpyDtoDAsync` each. A replayed CUDA graph's copied inputs
+/// (a decode step's token and position) take one launch instead of a driver copy each.
+///
+/// # Safety
+/// Each `src` must hold `bytes` bytes and each `dst` room for them, on `dev`; no destination
+/// may overlap another copy's source or destination.
+pub(crate) unsafe fn copy_batch(
+    dev: &Arc<CudaDevice>,
+    copies: &[(sys::CUdeviceptr, sys::CUdeviceptr, usize)],
+) -> Result<()> {
+    let mut batch = CopyBatch::default();
+    let mut n = 0;
+    let launch = |batch: &mut CopyBatch, n: usize| -> Result<()> {
+        let f = Helpers::get(dev)?.copy_batch;
+        let mut params: [*mut c_void; 1] = [(batch as *mut CopyBatch).cast()];
+        dev.bind()?;
+        // SAFETY: the parameter matches coil_copy_batch's; the memory contract is the caller's.
+        unsafe { drv::launch_kernel(f, (n as u32, 1, 1), (COPY_BATCH_BLOCK, 1, 1), 0, dev.cu_stream(), &mut params) }
+            .map_err(|e| driver_error("cuLaunchKernel(coil_copy_batch)", e))
+    };
+    for &(dst, src, bytes) in copies.iter().filter(|c| c.2 > 0) {
+        if bytes > COPY_BATCH_MAX_BYTES {
+            // SAFETY: the caller's contract.
+            unsafe { copy_device(dev, dst, src, bytes)? };
+            continue;
+        }
+        (batch.dst[n], batch.src[n], batch.bytes[n]) = (dst, src, bytes as i64);
+        n += 1;
+        if n == COPY_BATCH {
+            launch(&mut batch, n)?;
+            n = 0;
+        }
+    }
+    if n > 0 {
+        launch(&mut batch, n)?;
+    }
+    Ok(())
 }
 
 /// Launches a template's grid-stride kernel over `n` items, by the templates' rule
