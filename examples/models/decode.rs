@@ -9,12 +9,14 @@
 //! step and its cache are made once per batch size and serve every generation (the prefill
 //! writes the cache in place too). A row's time is per step: the device time of the 256-step loop (CUDA events around it,
 //! after a 256 MiB L2 flush) over 256, median of the loops; the prefill row is the prefill's
-//! time over 512. A decode row also reports the host's time per step (`coil_host_ms`): until
-//! the calls of a loop of [`HOST_WINDOW`] steps return, the work enqueued and not waited for
-//! (nothing in the loop reads the device), over the steps, median of 5 loops: the host's own
-//! cost per token while the device keeps up. (Over the 256-step loop the host can fill the
-//! device's launch queue and then waits for the device: Llama 1B at batch 1 showed 340 us per
-//! step that way, against 32 us with the device idle.)
+//! time over 512. A decode row also reports the host's time per step (`coil_host_ms`): the
+//! median over 5 loops of [`HOST_WINDOW`] steps of each step's call until it returns, its work
+//! enqueued and not waited for (nothing in the loop reads the device): the host's own cost per
+//! token while the device keeps up. The first step after a prefill costs more (it drops the
+//! prefill's recorded graph and binds the new cache contents): the row's notes give it apart,
+//! once per generation. (Over the 256-step loop the host can fill the device's launch queue and
+//! then waits for the device: Llama 1B at batch 1 showed 340 us per step that way, against 32 us
+//! with the device idle.)
 
 use super::{median, Opts, Row, Timer, Times};
 
@@ -30,7 +32,8 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 /// One prefill then `new_tokens` greedy decode steps (`step`, over `cache`); returns the times of
-/// the prefill and of the decode loop.
+/// the prefill and of the decode loop, and each step's host time (until its call returned), in
+/// microseconds.
 fn generate<F>(
     model: &dyn CausalLm,
     cache: &RefCell<KvCache>,
@@ -38,7 +41,7 @@ fn generate<F>(
     prompt: &Tensor,
     new_tokens: usize,
     timer: &Timer,
-) -> coil::Result<(Times, Times)>
+) -> coil::Result<(Times, Times, Vec<f64>)>
 where
     F: Fn(&[Tensor]) -> coil::Result<Vec<Tensor>>,
 {
@@ -58,14 +61,17 @@ where
         Ok(())
     })?;
     let mut args = [next.expect("prefilled"), cache.borrow().position()?];
+    let mut each = Vec::with_capacity(new_tokens);
     let decode = timer.time(&mut || {
         for _ in 0..new_tokens {
+            let start = Instant::now();
             let [token, pos]: [Tensor; 2] = step.call(&[&args[0], &args[1]])?.try_into().expect("two outputs");
             args = [token, pos];
+            each.push(start.elapsed().as_secs_f64() * 1e6);
         }
         Ok(())
     })?;
-    Ok((prefill, decode))
+    Ok((prefill, decode, each))
 }
 
 /// Builds a model with random weights on a device (tiny or full size).
@@ -126,13 +132,15 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                 if i + 1 == loops {
                     timer.reset_peak();
                 }
-                let (p, d) = generate(model.as_ref(), &cache, &step, &prompt, new_tokens, timer)?;
+                let (p, d, _) = generate(model.as_ref(), &cache, &step, &prompt, new_tokens, timer)?;
                 pre.push(p);
                 dec.push(d);
             }
             let host = (0..5)
-                .map(|_| generate(model.as_ref(), &cache, &step, &prompt, HOST_WINDOW, timer).map(|(_, d)| d))
+                .map(|_| generate(model.as_ref(), &cache, &step, &prompt, HOST_WINDOW, timer).map(|(.., h)| h))
                 .collect::<coil::Result<Vec<_>>>()?;
+            let first_step_us = median(host.iter().map(|h| h[0]).collect());
+            let step_us = median(host.concat());
             let graphs = coil::compile_count() - compiles;
             coil::set_cuda_graphs(was);
             let stats = step.stats();
@@ -150,11 +158,12 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                     name: name.clone(),
                     device_ms: per(&dec, |t| t.device, steps),
                     wall_ms: per(&dec, |t| t.wall, steps),
-                    host_ms: Some(per(&host, |t| t.host, HOST_WINDOW)),
+                    host_ms: Some(step_us / 1e3),
                     peak: timer.peak(),
                     compile_s: (compile_s - per(&pre, |t| t.wall, 1) / 1e3).max(0.0),
                     notes: format!(
-                        "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device, {replay}; {graphs} graphs compiled (cache, prefill, decode)"
+                        "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device, {replay}; {graphs} graphs compiled (cache, prefill, decode); host per step {step_us:.1} us (median of {} steps), the first step after a prefill {first_step_us:.0} us",
+                        5 * HOST_WINDOW
                     ),
                     per_token_batch: Some(batch),
                 };

@@ -571,8 +571,14 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -
             perf[..returned as usize].iter().map(|p| (Algo::Filter(p.algo), p.memory, p.mathType, p.status)).collect()
         }
     };
-    let Some(&(algo, workspace, math, _)) = candidates.iter().find(|(_, memory, _, status)| {
-        *status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && *memory <= WORKSPACE_LIMIT
+    // The heuristics list candidates of every math type whatever the descriptor says; an f32 or
+    // f64 candidate other than FMA math may take TF32 tensor cores (`CUDNN_DEFAULT_MATH` does on
+    // sm_80 and newer), which coil's f32 never does.
+    let precise = |m: sys::cudnnMathType_t| {
+        matches!(dtype, DType::F16 | DType::BF16) || m == sys::cudnnMathType_t::CUDNN_FMA_MATH
+    };
+    let Some(&(algo, workspace, math, _)) = candidates.iter().find(|(_, memory, m, status)| {
+        *status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && *memory <= WORKSPACE_LIMIT && precise(*m)
     }) else {
         return Err(Error::runtime(format!("cuDNN has no algorithm for {} ({})", call.form.name(), describe(call))));
     };
