@@ -691,7 +691,7 @@ pub(crate) fn dynamic_program() -> (LoopProgram, Vec<FusedKernel>) {
     let a = b.binary(BinaryOp::Add, m, one, f);
     let r = b.binary(BinaryOp::Maximum, a, zero, f);
     let ranges = vec![s0, Expr::int(4)];
-    let lk = LoopKind::Pointwise { ranges: ranges.clone(), body: b.done(r) };
+    let lk = LoopKind::Pointwise { ranges: ranges.clone(), body: b.done(r), scatter: None };
     add("poi_fused_relu_0", KernelKind::Pointwise, ranges, lk, s0 * 4, None);
     // column sums: out[x0] = sum over r0 < s0 of x[4*r0 + x0]
     let (x0, r0) = (range_var(0, &Expr::int(4)), reduction_var(0, &s0));
@@ -720,7 +720,7 @@ pub(crate) fn dynamic_program() -> (LoopProgram, Vec<FusedKernel>) {
     let mut b = B::default();
     let (p, q) = (b.load(x, x0 * 4, f), b.load(x, x0 * 4 + 3, f));
     let d = b.binary(BinaryOp::Sub, p, q, f);
-    let lk = LoopKind::Pointwise { ranges: vec![s0], body: b.done(d) };
+    let lk = LoopKind::Pointwise { ranges: vec![s0], body: b.done(d), scatter: None };
     add("poi_fused_sub_3", KernelKind::Pointwise, vec![s0], lk, s0, None);
     // sum of squares of everything: one row of 4*s0
     let r0 = reduction_var(0, &(s0 * 4));
