@@ -211,6 +211,8 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
     }
     let (p, k) = crate::tile::tests::embedding();
     v.push(tile(&p, &k, "embedding"));
+    let (p, k) = crate::tile::tests::cache_write();
+    v.push(tile(&p, &k, "cache_write"));
     let (p, k) = signed_zeros();
     v.push(tile(&p, &k, "signed_zeros"));
     let (p, k) = crate::tile::tests::pointwise_chain(DType::F16);
@@ -359,6 +361,14 @@ fn embedding_checks_bounds() {
     let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     assert!(src.contains("coil_index_error(status, "), "{src}");
     snapshot("cuda_embedding", src);
+}
+
+#[test]
+fn scatter_store_checks_bounds() {
+    let (p, k) = crate::tile::tests::cache_write();
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert_eq!(src.matches("else coil_fail(status, 1, ").count(), 1, "{src}");
+    snapshot("cuda_cache_write", src);
 }
 
 /// `x.sum(dim=0)` of f32 `[rows, cols]`: a reduction down the columns (`x[cols*r + x]`).
