@@ -178,7 +178,8 @@ fn a_cache_written_at_run_time_positions_by_a_generated_kernel_matches_the_inter
                 for s in 0..cap {
                     for k in 0..d {
                         let inside = (pos as usize..pos as usize + steps).contains(&s);
-                        let want = if inside { twice[(bh * steps + s - pos as usize) * d + k] } else { old[at(bh, s, k)] };
+                        let want =
+                            if inside { twice[(bh * steps + s - pos as usize) * d + k] } else { old[at(bh, s, k)] };
                         assert_eq!(copied[at(bh, s, k)], want, "{backend:?} pos={pos} at [{bh}, {s}, {k}]");
                     }
                 }

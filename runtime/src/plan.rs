@@ -318,7 +318,8 @@ pub(crate) fn check_launches<'a>(
             (_, Some(tile)) => {
                 // A scatter's base is copied into its output before the launch.
                 for (out, base) in scatter_bases(program, fused) {
-                    let b = program.buffers.get(base.0).ok_or_else(|| format!("{}: no buffer {}", tile.name, base.0))?;
+                    let b =
+                        program.buffers.get(base.0).ok_or_else(|| format!("{}: no buffer {}", tile.name, base.0))?;
                     if !tile.args.iter().any(|a| a.written && a.buffer == out) || program.buffer(out).meta != b.meta {
                         return Err(format!("{}: scatters into a buffer unlike its base {}", tile.name, b.name));
                     }

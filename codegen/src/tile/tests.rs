@@ -132,11 +132,10 @@ fn scatter_store_tile() {
     let text = t.to_string();
     assert!(text.contains("indirect=tmp2, stride=4, bound=8)"), "{text}");
     // the output is written, never read; the base is not an argument (the runtime copies it)
-    assert_eq!(t.args.iter().map(|a| (a.buffer.0, a.read, a.written)).collect::<Vec<_>>(), [
-        (1, true, false),
-        (2, true, false),
-        (3, false, true)
-    ]);
+    assert_eq!(
+        t.args.iter().map(|a| (a.buffer.0, a.read, a.written)).collect::<Vec<_>>(),
+        [(1, true, false), (2, true, false), (3, false, true)]
+    );
     snapshot("tile_cache_write", text);
 }
 

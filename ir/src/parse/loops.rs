@@ -9,8 +9,7 @@ use crate::graph::TensorMeta;
 use crate::loops::{
     appearance_order, range_var, reduction_var, AttentionBackwardCall, AttentionCall, BiasOperand, Body, BufferId,
     ConvCall, DataCheck, ExternCall, LoopBuffer, LoopKind, LoopNode, LoopProgram, ScalarOp, ScatterStore, SizeSymbol,
-    StridedOperand,
-    TensorView, Value as LoopValue, ValueId,
+    StridedOperand, TensorView, Value as LoopValue, ValueId,
 };
 use crate::op::{BinaryOp, Op, RandDist, UnaryOp};
 use crate::sym::Expr;

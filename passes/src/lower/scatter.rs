@@ -25,7 +25,11 @@ impl Lowerer<'_> {
         let Op::Scatter { dim, reduce: None } = node.op else { return Ok(None) };
         let [x, index, src] = node.inputs[..] else { return Ok(None) };
         // (An empty base has no elements to write, but every index to refuse: the fallback does.)
-        if self.meta(x).rank() == 0 || self.meta(x).numel() == 0 || self.meta(index).numel() == 0 || !self.meta(index).dtype.is_integral() {
+        if self.meta(x).rank() == 0
+            || self.meta(x).numel() == 0
+            || self.meta(index).numel() == 0
+            || !self.meta(index).dtype.is_integral()
+        {
             return Ok(None);
         }
         let ranges = self.shape(index).to_vec();
@@ -42,13 +46,7 @@ impl Lowerer<'_> {
         let xs = self.shape(x);
         let mut at = idx.clone();
         at[dim] = Expr::int(0);
-        let scatter = ScatterStore {
-            base,
-            index: flat(&at, xs),
-            position,
-            stride: strides(xs)[dim],
-            bound: xs[dim],
-        };
+        let scatter = ScatterStore { base, index: flat(&at, xs), position, stride: strides(xs)[dim], bound: xs[dim] };
         Ok(Some((LoopKind::Pointwise { ranges, body: e.body, scatter: Some(scatter) }, e.folded)))
     }
 }

@@ -238,7 +238,9 @@ impl CompiledGraph {
                         if ptrs[out.0] != ptrs[base.0] {
                             // SAFETY: both address at least the (equal) size of the buffers, in
                             // distinct allocations or slots (`check_launches`).
-                            unsafe { std::ptr::copy_nonoverlapping(ptrs[base.0], ptrs[out.0], p.buffer(out).meta.nbytes()) }
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(ptrs[base.0], ptrs[out.0], p.buffer(out).meta.nbytes())
+                            }
                         }
                     }
                     let (kernel, buffers) = self.kernels[i].as_ref().expect("a generated kernel");

@@ -625,7 +625,9 @@ impl CudaCompiledGraph {
                             // SAFETY: both address at least the (equal) size of the buffers, in
                             // distinct allocations or slots (`check_launches`); the copy is
                             // ordered on the stream before the kernel.
-                            unsafe { memory::copy_device(dev, ptrs[out.0], ptrs[base.0], p.buffer(out).meta.nbytes()) }?;
+                            unsafe {
+                                memory::copy_device(dev, ptrs[out.0], ptrs[base.0], p.buffer(out).meta.nbytes())
+                            }?;
                         }
                     }
                     let (func, launch) = match (&mut tuner, tuned) {
