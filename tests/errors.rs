@@ -160,6 +160,24 @@ fn index_errors_name_the_op_operands_and_line_on_every_backend() {
     assert_data_error("scatter_amax", "f32[2, 3], i64[2, 1], f32[2, 1]", &at, scatter_reduce);
 }
 
+/// A KV cache written at `pos..pos + T` (compiled: a generated kernel storing at the position
+/// it reads when it runs) past the cache's end, or before its start, is the scatter's index
+/// error, as the interpreter reports it.
+#[test]
+fn a_cache_write_out_of_range_names_the_scatter_and_its_line_on_every_backend() {
+    let (cache, new) = (f32s(&[1, 2, 8, 4]), f32s(&[1, 2, 3, 4]));
+    let positions = |pos: &Tensor| Tensor::iota(&[3], 0)?.add(pos)?.reshape(&[1, 1, 3, 1])?.broadcast_to(&[1, 2, 3, 4]);
+    let operands = "f32[1, 2, 8, 4], i64[1, 2, 3, 4], f32[1, 2, 3, 4]";
+    for (pos, first_bad) in [(6i64, 8i64), (-1, -1), (8, 8)] {
+        let p = index(&[pos], &[]);
+        let write = || cache.scatter(2, &positions(&p)?, &new)?.exp();
+        let at = here!();
+        assert_data_error("scatter", operands, &at, write);
+        let e = write().unwrap().realize().unwrap_err().to_string();
+        assert!(e.contains(&format!("index {first_bad} is out of bounds for dim 2 with size 8")), "{e}");
+    }
+}
+
 #[test]
 fn integer_errors_name_the_op_operands_and_line_on_every_backend() {
     let (a, b) = (index(&[5, 3], &[2]), index(&[2, 0], &[2]));

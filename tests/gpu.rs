@@ -733,6 +733,66 @@ fn decode_steps_replayed_from_cuda_graphs_match_plain_runs_on_cuda() {
     assert!(stale.to_string().contains("overwritten"), "{stale}");
 }
 
+/// The KV cache write of a decode step is a generated kernel (no scatter fallback): a tiny
+/// Llama's prefill and decode steps up to the cache's last position give the CPU's logits on
+/// CUDA, plain and replayed from CUDA graphs (the position read from device memory by each
+/// replay, the donated cache written where it lies); a write past the end is the scatter's
+/// index error, named at the line that recorded it.
+#[test]
+fn kv_cache_writes_at_run_time_positions_match_the_cpu_up_to_the_last_position_on_cuda() {
+    use coil::nn::models::llama::{Llama, LlamaConfig};
+    use coil::nn::ParamStore;
+    use coil::{DType, Device, Tensor};
+    let Some(gpu) = gpu() else { return };
+    let capacity = 12;
+    // Logits of a prefill of 7 tokens then 5 decode steps (the last at position 11).
+    let decode = |device: Device, graphs: bool| -> Vec<Vec<f32>> {
+        coil::manual_seed(11);
+        let store = ParamStore::new();
+        store.eval();
+        let model = Llama::new(&store.root(device, DType::F32), LlamaConfig::tiny()).unwrap();
+        store.realize_pending().unwrap();
+        let was = coil::set_cuda_graphs(graphs);
+        let mut cache = model.new_cache(2, capacity).unwrap();
+        let prompt = Tensor::from_vec((0..14).map(|i| (i * 37 % 256) as i64).collect(), &[2, 7]).unwrap();
+        let (logits, written) =
+            model.forward_cached(&prompt.to_device(device).unwrap(), &cache.position().unwrap(), &cache).unwrap();
+        let mut next = logits.argmax(Some(-1), false).unwrap().reshape(&[2, 1]).unwrap();
+        cache.commit(&written, 7, &[&next]).unwrap();
+        let mut seen = vec![];
+        while cache.len() < capacity {
+            let (logits, written) = model.forward_cached(&next, &cache.position().unwrap(), &cache).unwrap();
+            next = logits.argmax(Some(-1), false).unwrap().reshape(&[2, 1]).unwrap();
+            cache.commit(&written, 1, &[&next, &logits]).unwrap();
+            seen.push(logits.to_vec::<f32>().unwrap());
+        }
+        coil::set_cuda_graphs(was);
+        seen
+    };
+    let cpu = decode(Device::Cpu, false);
+    for graphs in [false, true] {
+        let cuda = decode(gpu, graphs);
+        assert_eq!(cuda.len(), 5);
+        for (step, (a, b)) in cpu.iter().zip(&cuda).enumerate() {
+            for (k, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!((x - y).abs() <= 1e-4 * (1.0 + x.abs()), "graphs {graphs} step {step} logit {k}: {x} vs {y}");
+            }
+        }
+    }
+    // A write past the end (the models refuse one; the write alone does not): the op, its
+    // operands and its line.
+    let cache = Tensor::from_vec((0..64).map(|i| i as f32 + 0.5).collect(), &[1, 2, 8, 4]).unwrap();
+    let (cache, new) = (cache.to_device(gpu).unwrap(), Tensor::ones(&[1, 2, 3, 4], DType::F32).to_device(gpu).unwrap());
+    let pos = Tensor::from_vec(vec![6i64], &[]).unwrap().to_device(gpu).unwrap();
+    let index = Tensor::iota(&[3], 0).unwrap().to_device(gpu).unwrap().add(&pos).unwrap();
+    let index = index.reshape(&[1, 1, 3, 1]).unwrap().broadcast_to(&[1, 2, 3, 4]).unwrap();
+    let written = cache.scatter(2, &index, &new).unwrap();
+    let line = format!("{}:{}", file!(), line!() - 1);
+    let e = written.to_vec::<f32>().unwrap_err().to_string();
+    assert!(e.starts_with("value error in scatter") && e.contains(&line), "{e} should name scatter at {line}");
+    assert!(e.contains("index 8 is out of bounds for dim 2 with size 8"), "{e}");
+}
+
 /// ResNet-sized convolutions (bf16, channels-last activations: a 3x3 stride-2 layer, a 1x1
 /// projection, a grouped 3x3, and an f32 conv3d) forward and gradients on CUDA against the
 /// CPU's im2col path; on CUDA each convolution is one cuDNN call each way where cuDNN loads.

@@ -127,6 +127,71 @@ fn a_cache_written_at_run_time_positions_compiles_once() {
     assert_eq!(cache.to_vec::<f32>().unwrap(), want);
 }
 
+/// Values of a normal-ish distribution, none zero (splitmix64), so that a copy of the wrong
+/// element, or no copy, shows.
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E3779B97F4A7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+            let u = ((z ^ (z >> 31)) >> 11) as f32 / (1u64 << 53) as f32; // [0, 1)
+            (u - 0.5) * 4.0 + if u < 0.5 { -0.25 } else { 0.25 }
+        })
+        .collect()
+}
+
+/// A KV cache written at positions `pos..pos + T` read when the graph runs (`pos` a 0-d
+/// tensor), as `CausalSelfAttention::forward_cached` writes it: compiled, the scatter is a
+/// generated kernel storing the new values (here `2 * new`, computed in the same kernel) into
+/// the cache at the position it reads; it agrees with the interpreter at the first position, a
+/// middle one and the last valid one, written into a new tensor (the cache copied first) and
+/// over the cache itself (`update_in_place`: the donated cache is written where it is).
+#[test]
+fn a_cache_written_at_run_time_positions_by_a_generated_kernel_matches_the_interpreter() {
+    use coil::Backend;
+    let _alone = alone();
+    let before = coil::backend();
+    let (b, h, cap, d, steps) = (2usize, 3usize, 8usize, 5usize, 3usize);
+    let write = |cache: &Tensor, new: &Tensor, pos: &Tensor| -> coil::Result<Tensor> {
+        let positions = Tensor::iota(&[steps], 0)?.add(pos)?.reshape(&[1, 1, steps as i64, 1])?;
+        cache.scatter(2, &positions.broadcast_to(new.shape())?, &new.mul(2.0)?)
+    };
+    for pos in [0i64, 2, (cap - steps) as i64] {
+        let mut seen = vec![];
+        for backend in [Backend::Interpreter, Backend::Compiled] {
+            coil::set_backend(backend);
+            let cache = t(&noise(b * h * cap * d, 1), &[b, h, cap, d]);
+            let new = t(&noise(b * h * steps * d, 2 + pos as u64), &[b, h, steps, d]);
+            let p = Tensor::from_vec(vec![pos], &[]).unwrap();
+            let copied = write(&cache, &new, &p).unwrap().to_vec::<f32>().unwrap();
+            let old = cache.to_vec::<f32>().unwrap();
+            let written = write(&cache, &new, &p).unwrap();
+            coil::update_in_place(&[(&cache, &written)]).unwrap();
+            let in_place = cache.to_vec::<f32>().unwrap();
+            // The positions written hold 2 * new; the others the old cache.
+            let at = |bh: usize, s: usize, k: usize| (bh * cap + s) * d + k;
+            let twice: Vec<f32> = new.to_vec::<f32>().unwrap().iter().map(|v| 2.0 * v).collect();
+            for bh in 0..b * h {
+                for s in 0..cap {
+                    for k in 0..d {
+                        let inside = (pos as usize..pos as usize + steps).contains(&s);
+                        let want =
+                            if inside { twice[(bh * steps + s - pos as usize) * d + k] } else { old[at(bh, s, k)] };
+                        assert_eq!(copied[at(bh, s, k)], want, "{backend:?} pos={pos} at [{bh}, {s}, {k}]");
+                    }
+                }
+            }
+            assert_eq!(in_place, copied, "{backend:?} pos={pos}: written in place");
+            seen.push(copied);
+        }
+        assert_eq!(seen[0], seen[1], "pos={pos}: compiled and interpreted");
+    }
+    coil::set_backend(before);
+}
+
 /// PyTorch's aliasing, run eagerly and inside a compiled function, on both backends: the same
 /// program as this torch code gives the same values.
 /// ```python

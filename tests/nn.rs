@@ -438,6 +438,17 @@ fn decode_steps_run_attention_as_one_masked_template_call_per_layer() {
             .iter()
             .find(|b| b.meta.numel() >= scores && b.meta.shape.ends_with(&[rows, capacity]));
         assert!(found.is_none(), "a buffer of the scores: {:?}", found.map(|b| (&b.name, &b.meta)));
+        // The cache writes are generated code: each layer's new keys (after the rotary
+        // embedding, computed in the same kernel) and values are stored into the cache at the
+        // position read when the kernel runs, by one pointwise kernel; no scatter fallback.
+        let kernels = &graph.schedule().kernels;
+        let fallbacks: Vec<&str> = kernels.iter().filter(|k| k.name.contains("fallback")).map(|k| &*k.name).collect();
+        assert!(fallbacks.is_empty(), "fallback calls: {fallbacks:?}");
+        let program = graph.program();
+        let writes: Vec<&coil_ir::kernel::FusedKernel> =
+            kernels.iter().filter(|k| k.nodes.iter().any(|&n| program.nodes[n].scatter().is_some())).collect();
+        assert_eq!(writes.len(), layers, "one kernel writes each layer's keys and values: {writes:?}");
+        assert!(writes.iter().all(|k| k.nodes.len() == 2 && k.stores.len() == 2), "{writes:?}");
     }
 }
 

@@ -73,7 +73,7 @@ impl Prog {
 
     /// A pointwise node over `shape` (expressions of the size symbols).
     pub fn pointwise_e(&mut self, shape: &[Expr], dtype: DType, body: Body) -> BufferId {
-        let kind = LoopKind::Pointwise { ranges: shape.to_vec(), body };
+        let kind = LoopKind::Pointwise { ranges: shape.to_vec(), body, scatter: None };
         self.node(shape, dtype, vec!["pointwise"], kind)
     }
 

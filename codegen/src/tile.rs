@@ -103,6 +103,7 @@ fn size_symbols(program: &LoopProgram, kernel: &FusedKernel, body: &[TileStmt]) 
             match st {
                 TileStmt::Let { op, .. } => out.extend(exprs(op)),
                 TileStmt::Store { index, .. } => out.push(*index),
+                TileStmt::IndirectStore { index, stride, bound, .. } => out.extend([*index, *stride, *bound]),
                 TileStmt::RLoop(body) => collect(body, out),
                 _ => {}
             }
@@ -162,6 +163,8 @@ struct StoreDef {
     index: Expr,
     value: Var,
     dims: Dims,
+    /// A scatter's data-dependent part: the position variable, its stride and bound.
+    indirect: Option<(Var, Expr, Expr)>,
 }
 
 /// A buffer the kernel touches in memory.
@@ -379,6 +382,16 @@ impl<'a> Builder<'a> {
         let (map, out_index) = self.index_map(n);
         let dtype = self.program.buffer(node.output).meta.dtype;
         let result = match &node.kind {
+            LoopKind::Pointwise { body, scatter: Some(st), .. } => {
+                // Written at data-dependent places: nothing in the kernel reads it (the
+                // scheduler fuses no reader), so it is always stored and never `produced`.
+                let (value, position) = self.add_body_with(body, &map, Some(st.position));
+                let arg = self.arg(node.output, true);
+                let sub = |e: &Expr| e.substitute(&map);
+                let indirect = Some((position.expect("asked for"), sub(&st.stride), sub(&st.bound)));
+                self.stores.push(StoreDef { arg, index: sub(&st.index), value, dims: Dims::X, indirect });
+                return;
+            }
             LoopKind::Pointwise { body, .. } => self.add_body(body, &map),
             LoopKind::Reduction { op, body, .. } => {
                 let source = self.add_body(body, &map);
@@ -395,12 +408,18 @@ impl<'a> Builder<'a> {
                 index: out_index,
                 value: result,
                 dims: if xr { Dims::XR } else { Dims::X },
+                indirect: None,
             });
         }
     }
 
     /// Appends a node's body; returns the variable of its result.
     fn add_body(&mut self, body: &Body, map: &IndexMap<Expr, Expr>) -> Var {
+        self.add_body_with(body, map, None).0
+    }
+
+    /// [`Builder::add_body`], also returning the variable of body value `also`, if asked.
+    fn add_body_with(&mut self, body: &Body, map: &IndexMap<Expr, Expr>, also: Option<ValueId>) -> (Var, Option<Var>) {
         let mut vars: Vec<Var> = Vec::with_capacity(body.values.len());
         let syms: Vec<Expr> = std::iter::once(self.xindex).chain(self.rindex).collect();
         for value in &body.values {
@@ -466,7 +485,7 @@ impl<'a> Builder<'a> {
             let var = self.push_let(value.dtype, op);
             vars.push(var);
         }
-        vars[body.result.0 as usize]
+        (vars[body.result.0 as usize], also.map(|v| vars[v.0 as usize]))
     }
 
     /// Which defs the stores need (defs only read earlier defs, so one backward sweep suffices).
@@ -474,6 +493,9 @@ impl<'a> Builder<'a> {
         let mut live = vec![false; self.defs.len()];
         for s in &self.stores {
             live[s.value as usize] = true;
+            if let Some((position, ..)) = s.indirect {
+                live[position as usize] = true;
+            }
         }
         for i in (0..self.defs.len()).rev() {
             if !live[i] {
@@ -495,7 +517,12 @@ impl<'a> Builder<'a> {
     }
 
     fn store_stmt(s: &StoreDef) -> TileStmt {
-        TileStmt::Store { arg: s.arg, index: s.index, value: s.value, dims: s.dims }
+        match s.indirect {
+            Some((indirect, stride, bound)) => {
+                TileStmt::IndirectStore { arg: s.arg, index: s.index, indirect, stride, bound, value: s.value }
+            }
+            None => TileStmt::Store { arg: s.arg, index: s.index, value: s.value, dims: s.dims },
+        }
     }
 
     /// Where each live def is placed by [`Builder::place_by_level`]: its level, except that an
@@ -686,6 +713,9 @@ fn renumber(body: Vec<TileStmt>) -> Vec<TileStmt> {
                     TileStmt::Let { var: f(var), dims, dtype, op: map_operands(&op, f) }
                 }
                 TileStmt::Store { arg, index, value, dims } => TileStmt::Store { arg, index, value: f(value), dims },
+                TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
+                    TileStmt::IndirectStore { arg, index, indirect: f(indirect), stride, bound, value: f(value) }
+                }
                 TileStmt::AccInit { acc, op, dtype } => TileStmt::AccInit { acc: f(acc), op, dtype },
                 TileStmt::AccUpdate { acc, op, value } => TileStmt::AccUpdate { acc: f(acc), op, value: f(value) },
                 TileStmt::AccUpdateOnlineSoftmax { max_acc, sum_acc, value } => {

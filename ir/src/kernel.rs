@@ -282,6 +282,24 @@ pub enum TileStmt {
         /// The block shape of the store.
         dims: Dims,
     },
+    /// `store(arg + index + stride * v, value, xmask)` where `v` is the integer block variable
+    /// `indirect`, checked to lie in `[0, bound)`: an element whose `v` is outside records an
+    /// index error (status code 1, `v`, `bound`) and stores nothing. The store of a scatter
+    /// along one dim ([`crate::loops::ScatterStore`]); pointwise kernels only, shape `X`.
+    IndirectStore {
+        /// The kernel argument written.
+        arg: usize,
+        /// The element index without the data-dependent part.
+        index: Expr,
+        /// The block variable holding the data-dependent positions.
+        indirect: Var,
+        /// Elements between consecutive positions.
+        stride: Expr,
+        /// The positions' exclusive upper bound.
+        bound: Expr,
+        /// The block variable stored.
+        value: Var,
+    },
     /// `acc<acc> = identity of op`, before the pass that accumulates into it.
     AccInit {
         /// The accumulator.
@@ -374,6 +392,7 @@ impl TileStmt {
             | TileStmt::AccUpdate { value, .. }
             | TileStmt::AccUpdateOnlineSoftmax { value, .. } => vec![*value],
             TileStmt::Reduce { source, .. } => vec![*source],
+            TileStmt::IndirectStore { indirect, value, .. } => vec![*indirect, *value],
             _ => vec![],
         }
     }
@@ -454,6 +473,13 @@ fn write_stmts(s: &mut String, k: &TileKernel, stmts: &[TileStmt], indent: usize
             TileStmt::Store { arg, index, value, dims } => {
                 let mask = if *dims == Dims::X { "xmask" } else { "xmask & rmask" };
                 let _ = writeln!(s, "{pad}store({} + ({index}), tmp{value}, {mask})", k.args[*arg].name);
+            }
+            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
+                let name = &k.args[*arg].name;
+                let _ = writeln!(
+                    s,
+                    "{pad}store({name} + ({index}), tmp{value}, xmask, indirect=tmp{indirect}, stride={stride}, bound={bound})"
+                );
             }
             TileStmt::AccInit { acc, op, dtype } => {
                 let _ = writeln!(s, "{pad}acc{acc} = full([XBLOCK, RBLOCK], identity({}), {dtype})", op.name());

@@ -4,7 +4,9 @@
 //! node writes one buffer, contiguously (row-major) (but the attention templates' calls, which
 //! write several, [`LoopNode::writes`]), and is one of:
 //!
-//! * **pointwise**: `out[flat(x)] = body(x)` for every `x` in `ranges`;
+//! * **pointwise**: `out[flat(x)] = body(x)` for every `x` in `ranges`; or, for a scatter along
+//!   one dim at run-time positions ([`ScatterStore`]: a KV cache write), `out = base` with
+//!   `out[index(x) + stride * position(x)] = body(x)`;
 //! * **reduction**: `out[flat(x)] = reduce over r in reduction_ranges of body(x, r)`;
 //! * **extern**: a call coil does not generate code for (a matrix product, the attention
 //!   templates, or a fallback op run by the reference interpreter).
@@ -564,15 +566,52 @@ impl BiasOperand {
     }
 }
 
+/// Where a pointwise node that scatters stores (the `scatter` of [`LoopKind::Pointwise`]): the output
+/// holds `base`'s elements, except that element `x` of the node's ranges is written at
+/// `index(x) + stride * position(x)`, where the integer body value `position` must lie in
+/// `[0, bound)` (generated code reports one outside as an index error, status code 1, and
+/// skips that store). Lowering makes one only where the positions are `x_dim + p`, `p` the
+/// same for every element (a run of consecutive positions from a run-time offset: a KV cache
+/// written at `pos..pos + T`, XLA's `dynamic_update_slice`), so no two elements meet.
+///
+/// The node's body never loads `base`: before the kernel runs, the runtime copies `base` into
+/// the output unless the output *is* `base`'s storage (donated, or written in place over a
+/// temporary that dies there), as the fallback scatter does.
+///
+/// ```
+/// use coil_ir::loops::{BufferId, ScatterStore, ValueId};
+/// use coil_ir::sym::Expr;
+/// // a [1, 1, T, 4] source into a [1, 1, 16, 4] cache at positions v2 = x2 + pos
+/// let x = |i: usize| Expr::index_upto(&format!("x{i}"), Expr::int(4));
+/// let store = ScatterStore { base: BufferId(0), index: x(3), position: ValueId(2), stride: Expr::int(4), bound: Expr::int(16) };
+/// assert_eq!(store.base, BufferId(0));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScatterStore {
+    /// The buffer whose elements the output keeps where the node does not write.
+    pub base: BufferId,
+    /// The element index without the data-dependent part (over the node's range variables).
+    pub index: Expr,
+    /// The integer body value holding each element's position along the scattered dim.
+    pub position: ValueId,
+    /// Elements between consecutive positions.
+    pub stride: Expr,
+    /// The positions' exclusive upper bound (the scattered dim's size).
+    pub bound: Expr,
+}
+
 /// What a loop node computes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LoopKind {
-    /// `output[x] = body(x)` for every index `x` in `ranges`.
+    /// `output[x] = body(x)` for every index `x` in `ranges`; with `scatter`, `output = base`
+    /// but at the positions [`ScatterStore`] says.
     Pointwise {
-        /// The output's extents, one range variable each.
+        /// The extents iterated, one range variable each (the output's, without `scatter`).
         ranges: Vec<Expr>,
         /// The value of one element.
         body: Body,
+        /// Where the values go when the node scatters (else `output[flat(x)]`).
+        scatter: Option<ScatterStore>,
     },
     /// `output[x] = reduce(op, body(x, r) for r in reduction_ranges)` for every `x` in `ranges`.
     Reduction {
@@ -617,15 +656,30 @@ impl LoopNode {
         out
     }
 
-    /// The buffers the node reads.
+    /// The buffers the node reads (a scatter's base among them, though its body never loads it).
     pub fn reads(&self) -> Vec<BufferId> {
         match &self.kind {
+            LoopKind::Pointwise { body, scatter: Some(s), .. } => {
+                let mut out = body.reads();
+                if !out.contains(&s.base) {
+                    out.push(s.base);
+                }
+                out
+            }
             LoopKind::Pointwise { body, .. } | LoopKind::Reduction { body, .. } => body.reads(),
             LoopKind::Extern { inputs, .. } => inputs.clone(),
         }
     }
 
-    /// Number of output elements.
+    /// Where the node scatters its values, if it does ([`ScatterStore`]).
+    pub fn scatter(&self) -> Option<&ScatterStore> {
+        match &self.kind {
+            LoopKind::Pointwise { scatter, .. } => scatter.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The extents the node iterates (its output's, unless it scatters); empty for extern calls.
     pub fn ranges(&self) -> &[Expr] {
         match &self.kind {
             LoopKind::Pointwise { ranges, .. } | LoopKind::Reduction { ranges, .. } => ranges,
@@ -758,6 +812,8 @@ impl LoopProgram {
         }
         for n in &mut p.nodes {
             match &mut n.kind {
+                // A scatter's index, stride and bound stay in the body's terms, as an indirect
+                // load's do: the kernel takes the symbols.
                 LoopKind::Pointwise { ranges, .. } => ranges.iter_mut().for_each(|e| *e = at(*e)),
                 LoopKind::Reduction { ranges, reduction_ranges, .. } => {
                     ranges.iter_mut().chain(reduction_ranges.iter_mut()).for_each(|e| *e = at(*e))

@@ -7,7 +7,7 @@
 //! gets the [`Instance`] at those sizes from [`Instances`]: the program and schedule with
 //! constant sizes, and where each buffer lives, made once per set of sizes.
 
-use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
+use coil_ir::kernel::{FusedKernel, KernelKind, Schedule, TileKernel};
 use coil_ir::loops::{Bindings, BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::sym::Expr;
 use coil_ir::{DType, Error, RandomState, Result};
@@ -316,6 +316,15 @@ pub(crate) fn check_launches<'a>(
             (KernelKind::Extern, Some(_)) => return Err(format!("{} is extern but has a tile kernel", fused.name)),
             (_, None) => return Err(format!("{} has no tile kernel", fused.name)),
             (_, Some(tile)) => {
+                // A scatter's base is copied into its output before the launch.
+                for (out, base) in scatter_bases(program, fused) {
+                    let b =
+                        program.buffers.get(base.0).ok_or_else(|| format!("{}: no buffer {}", tile.name, base.0))?;
+                    if !tile.args.iter().any(|a| a.written && a.buffer == out) || program.buffer(out).meta != b.meta {
+                        return Err(format!("{}: scatters into a buffer unlike its base {}", tile.name, b.name));
+                    }
+                    used[base.0] = true;
+                }
                 for arg in &tile.args {
                     let buf = program
                         .buffers
@@ -354,6 +363,15 @@ pub(crate) fn check_launches<'a>(
         }
     }
     Ok(CheckedLaunches { steps: plan, storage, slot_bytes })
+}
+
+/// `(output, base)` of each scatter node of `kernel` ([`coil_ir::loops::ScatterStore`]): the
+/// output must hold the base's elements before the kernel writes its own, so a backend copies
+/// the base into the output first, unless both are the same memory (a donated base, or an
+/// output written in place over its base).
+pub(crate) fn scatter_bases(program: &LoopProgram, kernel: &FusedKernel) -> Vec<(BufferId, BufferId)> {
+    let nodes = kernel.nodes.iter().filter_map(|&n| program.nodes.get(n));
+    nodes.filter_map(|n| n.scatter().map(|s| (n.output, s.base))).collect()
 }
 
 /// One launch of a run, in schedule order.

@@ -28,7 +28,7 @@ pub(crate) fn pointwise(out: usize, n: usize, loads: &[usize], op: BinaryOp, dty
     LoopNode {
         output: BufferId(out),
         origins: vec![op.name()],
-        kind: LoopKind::Pointwise { ranges: vec![Expr::int(n as i64)], body },
+        kind: LoopKind::Pointwise { ranges: vec![Expr::int(n as i64)], body, scatter: None },
     }
 }
 

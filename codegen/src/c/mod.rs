@@ -201,10 +201,10 @@ fn clamped(index: Expr) -> Option<(Expr, Expr)> {
 }
 
 /// Whether a statement of `stmts` (or of a loop among them) may write `status`: an indirect
-/// load, or integer division, remainder or power. Such loops are not marked `simd`.
+/// load or store, or integer division, remainder or power. Such loops are not marked `simd`.
 fn may_fail<'s>(stmts: impl IntoIterator<Item = &'s TileStmt>) -> bool {
     stmts.into_iter().any(|s| match s {
-        TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } => true,
+        TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } | TileStmt::IndirectStore { .. } => true,
         TileStmt::Let { op: TileOp::Binary(op, ..), dtype, .. } => ops::binary_may_fail(*op, *dtype),
         TileStmt::RLoop(body) => may_fail(body),
         _ => false,
@@ -431,7 +431,7 @@ impl<'a> Emitter<'a> {
     /// One statement of a pointwise or looped kernel.
     fn stmt(&mut self, s: &TileStmt) {
         match s {
-            TileStmt::Let { .. } | TileStmt::Store { .. } => self.simple(s),
+            TileStmt::Let { .. } | TileStmt::Store { .. } | TileStmt::IndirectStore { .. } => self.simple(s),
             TileStmt::AccInit { acc, op, dtype } => self.acc_init(*acc, *op, *dtype),
             TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
             TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
@@ -565,15 +565,31 @@ impl<'a> Emitter<'a> {
                 }
             }
             TileStmt::Store { arg, index, value, .. } => {
-                let a = &self.k.args[*arg];
-                let v = if a.dtype == DType::BF16 && self.rounded_bf16.contains(value) {
-                    format!("coil_rounded_bf16_bits({})", self.r(*value))
-                } else {
-                    ops::store_value(&self.r(*value), self.dtype(*value), a.dtype)
-                };
-                self.line(&format!("{}[{}] = {v};", a.name, self.c(*index)));
+                let v = self.stored(*arg, *value);
+                self.line(&format!("{}[{}] = {v};", self.k.args[*arg].name, self.c(*index)));
+            }
+            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
+                let v = self.stored(*arg, *value);
+                let p = self.r(*indirect);
+                let at = format!("({}) + ({})*{p}", self.c(*index), self.c(*stride));
+                let bound = self.c(*bound);
+                let name = &self.k.args[*arg].name;
+                // out of range: the error is recorded and nothing stored
+                self.line(&format!(
+                    "if (0 <= {p} && {p} < {bound}) {name}[{at}] = {v}; else coil_index_error(status, {p}, {bound});"
+                ));
             }
             _ => unreachable!("not a simple statement"),
+        }
+    }
+
+    /// The C value `value` is stored as into kernel argument `arg`.
+    fn stored(&self, arg: usize, value: Var) -> String {
+        let a = &self.k.args[arg];
+        if a.dtype == DType::BF16 && self.rounded_bf16.contains(&value) {
+            format!("coil_rounded_bf16_bits({})", self.r(value))
+        } else {
+            ops::store_value(&self.r(value), self.dtype(value), a.dtype)
         }
     }
 

@@ -111,6 +111,7 @@ pub(super) fn index_type(k: &TileKernel) -> &'static str {
                 _ => {}
             },
             TileStmt::Store { index, .. } => exprs.push(*index),
+            TileStmt::IndirectStore { index, stride, bound, .. } => exprs.extend([*index, *stride, *bound]),
             _ => {}
         }
     }
@@ -681,6 +682,18 @@ impl<'a> Gen<'a> {
                 let row = self.k.kind != KernelKind::Pointwise && *dims == Dims::X && !self.own_output;
                 let guard = if row { "if (rlane == 0) " } else { "" };
                 self.line(&format!("{guard}{}[{}] = {v};", a.name, self.index_c(*index)));
+            }
+            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
+                let a = &self.k.args[*arg];
+                let v = store_value(&self.r(*value), self.dtype(*value), a.dtype);
+                let p = self.r(*indirect);
+                let at = format!("({}) + ({})*{p}", self.index_c(*index), stride.to_c());
+                let bound = bound.to_c();
+                // out of range: the error is recorded and nothing stored
+                self.line(&format!(
+                    "if (0 <= {p} && {p} < {bound}) {}[{at}] = {v}; else coil_fail(status, 1, {p}, {bound});",
+                    a.name
+                ));
             }
             TileStmt::AccInit { acc, op, .. } => self.acc_init(*acc, *op),
             TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),

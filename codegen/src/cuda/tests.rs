@@ -211,6 +211,8 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
     }
     let (p, k) = crate::tile::tests::embedding();
     v.push(tile(&p, &k, "embedding"));
+    let (p, k) = crate::tile::tests::cache_write();
+    v.push(tile(&p, &k, "cache_write"));
     let (p, k) = signed_zeros();
     v.push(tile(&p, &k, "signed_zeros"));
     let (p, k) = crate::tile::tests::pointwise_chain(DType::F16);
@@ -359,6 +361,14 @@ fn embedding_checks_bounds() {
     let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
     assert!(src.contains("coil_index_error(status, "), "{src}");
     snapshot("cuda_embedding", src);
+}
+
+#[test]
+fn scatter_store_checks_bounds() {
+    let (p, k) = crate::tile::tests::cache_write();
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert_eq!(src.matches("else coil_fail(status, 1, ").count(), 1, "{src}");
+    snapshot("cuda_cache_write", src);
 }
 
 /// `x.sum(dim=0)` of f32 `[rows, cols]`: a reduction down the columns (`x[cols*r + x]`).
@@ -691,7 +701,7 @@ pub(crate) fn dynamic_program() -> (LoopProgram, Vec<FusedKernel>) {
     let a = b.binary(BinaryOp::Add, m, one, f);
     let r = b.binary(BinaryOp::Maximum, a, zero, f);
     let ranges = vec![s0, Expr::int(4)];
-    let lk = LoopKind::Pointwise { ranges: ranges.clone(), body: b.done(r) };
+    let lk = LoopKind::Pointwise { ranges: ranges.clone(), body: b.done(r), scatter: None };
     add("poi_fused_relu_0", KernelKind::Pointwise, ranges, lk, s0 * 4, None);
     // column sums: out[x0] = sum over r0 < s0 of x[4*r0 + x0]
     let (x0, r0) = (range_var(0, &Expr::int(4)), reduction_var(0, &s0));
@@ -720,7 +730,7 @@ pub(crate) fn dynamic_program() -> (LoopProgram, Vec<FusedKernel>) {
     let mut b = B::default();
     let (p, q) = (b.load(x, x0 * 4, f), b.load(x, x0 * 4 + 3, f));
     let d = b.binary(BinaryOp::Sub, p, q, f);
-    let lk = LoopKind::Pointwise { ranges: vec![s0], body: b.done(d) };
+    let lk = LoopKind::Pointwise { ranges: vec![s0], body: b.done(d), scatter: None };
     add("poi_fused_sub_3", KernelKind::Pointwise, vec![s0], lk, s0, None);
     // sum of squares of everything: one row of 4*s0
     let r0 = reduction_var(0, &(s0 * 4));

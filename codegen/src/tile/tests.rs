@@ -101,6 +101,44 @@ outputs: buf0
     (p, kernel("poi_fused_embedding_0", KernelKind::Pointwise, vec![0], 12, None, vec![BufferId(2)]))
 }
 
+/// A KV cache write: `exp(new)` (`[2, 3, 4]`) stored into the cache (`[2, 8, 4]`) at
+/// positions `x1 + pos` along dim 1, `pos` a 0-d i64 read when the kernel runs.
+pub(crate) fn cache_write() -> (LoopProgram, FusedKernel) {
+    let p = LoopProgram::parse(
+        "\
+inputs: arg0, arg1, arg2
+  arg0: f32[2, 8, 4]
+  arg1: i64[]
+  arg2: f32[2, 3, 4]
+buf0: f32[2, 8, 4] = pointwise ranges=[2, 3, 4] origins=[exp, scatter]
+    v0: i64 = index(x1)
+    v1: i64 = load(arg1, 0)
+    v2: i64 = add(v0, v1)
+    v3: f32 = load(arg2, 12*x0 + 4*x1 + x2)
+    v4: f32 = exp(v3)
+    return v4
+    scatter(base=arg0, index=32*x0 + x2, position=v2, stride=4, bound=8)
+outputs: buf0
+",
+    )
+    .unwrap();
+    (p, kernel("poi_fused_exp_scatter_0", KernelKind::Pointwise, vec![0], 24, None, vec![BufferId(3)]))
+}
+
+#[test]
+fn scatter_store_tile() {
+    let (p, k) = cache_write();
+    let t = build_kernel(&p, &k);
+    let text = t.to_string();
+    assert!(text.contains("indirect=tmp2, stride=4, bound=8)"), "{text}");
+    // the output is written, never read; the base is not an argument (the runtime copies it)
+    assert_eq!(
+        t.args.iter().map(|a| (a.buffer.0, a.read, a.written)).collect::<Vec<_>>(),
+        [(1, true, false), (2, true, false), (3, false, true)]
+    );
+    snapshot("tile_cache_write", text);
+}
+
 #[test]
 fn indirect_load_tile() {
     let (p, k) = embedding();

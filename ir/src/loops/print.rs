@@ -253,9 +253,20 @@ impl fmt::Display for LoopProgram {
             let out = typed(node.output);
             let origins = node.origins.join(", ");
             match &node.kind {
-                LoopKind::Pointwise { ranges, body } => {
+                LoopKind::Pointwise { ranges, body, scatter } => {
                     let _ = writeln!(s, "{out} = pointwise ranges={} origins=[{origins}]", exprs(ranges));
                     write_body(&mut s, self, body);
+                    if let Some(st) = scatter {
+                        let _ = writeln!(
+                            s,
+                            "    scatter(base={}, index={}, position={}, stride={}, bound={})",
+                            self.buffer(st.base).name,
+                            st.index,
+                            st.position,
+                            st.stride,
+                            st.bound
+                        );
+                    }
                 }
                 LoopKind::Reduction { ranges, reduction_ranges, op, body } => {
                     let _ = writeln!(

@@ -8,8 +8,8 @@ use crate::error::Result;
 use crate::graph::TensorMeta;
 use crate::loops::{
     appearance_order, range_var, reduction_var, AttentionBackwardCall, AttentionCall, BiasOperand, Body, BufferId,
-    ConvCall, DataCheck, ExternCall, LoopBuffer, LoopKind, LoopNode, LoopProgram, ScalarOp, SizeSymbol, StridedOperand,
-    TensorView, Value as LoopValue, ValueId,
+    ConvCall, DataCheck, ExternCall, LoopBuffer, LoopKind, LoopNode, LoopProgram, ScalarOp, ScatterStore, SizeSymbol,
+    StridedOperand, TensorView, Value as LoopValue, ValueId,
 };
 use crate::op::{BinaryOp, Op, RandDist, UnaryOp};
 use crate::sym::Expr;
@@ -354,7 +354,10 @@ impl ProgramParser<'_> {
                 let body = self.body(&scope)?;
                 let kind = match op {
                     Some(op) => LoopKind::Reduction { ranges, reduction_ranges, op, body },
-                    None => LoopKind::Pointwise { ranges, body },
+                    None => {
+                        let scatter = self.scatter_store(&scope, &body)?;
+                        LoopKind::Pointwise { ranges, body, scatter }
+                    }
                 };
                 LoopNode { output, origins, kind }
             }
@@ -388,6 +391,26 @@ impl ProgramParser<'_> {
         self.p.at += 1;
         body.result = self.value_ref(body.values.len() as u32)?;
         Ok(body)
+    }
+
+    /// `scatter(base=arg0, index=.., position=v2, stride=.., bound=..)` after a pointwise body,
+    /// if the line is there.
+    fn scatter_store(&mut self, scope: &Scope, body: &Body) -> Result<Option<ScatterStore>, Located> {
+        if !self.p.at_word("scatter") {
+            return Ok(None);
+        }
+        self.p.phrase("scatter(base=")?;
+        let base = self.buffer()?;
+        self.p.phrase(", index=")?;
+        let index = self.p.expr(scope)?;
+        self.p.phrase(", position=")?;
+        let position = self.value_ref(body.values.len() as u32)?;
+        self.p.phrase(", stride=")?;
+        let stride = self.p.expr(scope)?;
+        self.p.phrase(", bound=")?;
+        let bound = self.p.expr(scope)?;
+        self.p.expect(')', "to close the scatter")?;
+        Ok(Some(ScatterStore { base, index, position, stride, bound }))
     }
 
     /// `v<n>`, an earlier value than `before`.

@@ -117,7 +117,12 @@ fn sample_program() -> LoopProgram {
     p.nodes.push(LoopNode {
         output: BufferId(1),
         origins: vec!["where", "gather", "rand", "randn"],
-        kind: LoopKind::Pointwise { ranges: vec![e(4), s0], body: b },
+        // Written as a scatter into a copy of arg0 (at positions `k` along dim 1).
+        kind: LoopKind::Pointwise {
+            ranges: vec![e(4), s0],
+            body: b,
+            scatter: Some(ScatterStore { base: BufferId(0), index: x0 * s0, position: k, stride: e(1), bound: s0 }),
+        },
     });
     // Extern calls, each writing new buffers.
     let add = |p: &mut LoopProgram, names: &[&str], shape: Vec<Expr>, call: ExternCall, inputs: Vec<usize>| {
@@ -311,9 +316,10 @@ fn tile_variant(st: &TileStmt) -> usize {
         TileStmt::ReduceOnlineSoftmax { .. } => 14,
         TileStmt::RLoop(_) => 15,
         TileStmt::Reduce { .. } => 16,
+        TileStmt::IndirectStore { .. } => 17,
     }
 }
-const TILE_VARIANTS: usize = 17;
+const TILE_VARIANTS: usize = 18;
 
 /// A looped reduction with every statement and op, over a dynamic row.
 fn sample_kernel() -> TileKernel {
@@ -370,6 +376,7 @@ fn sample_kernel() -> TileKernel {
             TileStmt::ReduceOnlineSoftmax { max: 1, sum: 2, dtype: f, finite_shift: true },
             TileStmt::Reduce { var: 4, op: ReduceOp::ArgMax, dtype: DType::I64, source: 3 },
             TileStmt::Store { arg: 3, index: x, value: 4, dims: Dims::X },
+            TileStmt::IndirectStore { arg: 2, index: x * 2, indirect: 4, stride: s0, bound: Expr::int(4), value: 4 },
             TileStmt::RLoop(epilogue),
         ],
     }

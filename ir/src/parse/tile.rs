@@ -270,6 +270,16 @@ impl KernelParser<'_> {
             self.p.phrase("),")?;
             let value = self.tmp(defined)?;
             self.p.phrase(", xmask")?;
+            if self.p.eat(',') {
+                self.p.phrase("indirect=")?;
+                let indirect = self.tmp(defined)?;
+                self.p.phrase(", stride=")?;
+                let stride = self.p.expr(scope)?;
+                self.p.phrase(", bound=")?;
+                let bound = self.p.expr(scope)?;
+                self.p.expect(')', "to close the store")?;
+                return Ok(TileStmt::IndirectStore { arg, index, indirect, stride, bound, value });
+            }
             let dims = if self.p.eat('&') {
                 self.p.phrase("rmask")?;
                 Dims::XR

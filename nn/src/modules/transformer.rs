@@ -409,9 +409,11 @@ impl KvCache {
 }
 
 /// `cache` with `new` (`[B, H, T, D]`) written at positions `pos..pos + T` (`pos` a 0-d i64
-/// tensor, `pos + T` within the capacity: [`KvCache::commit`] checks it): a scatter along the
-/// positions, which the compiler writes over the cache's buffer when the cache is donated,
-/// touching only the `B * H * T * D` new elements (PyTorch's `index_copy_`).
+/// tensor, `pos + T` within the capacity: [`KvCache::commit`] checks it, and so does the
+/// kernel): a scatter along the positions (PyTorch's `index_copy_`). The compiler makes it a
+/// generated kernel over the `B * H * T * D` new elements that computes them (the rotary
+/// embedding of the keys) and stores them at the position it reads when it runs, over the
+/// cache's buffer when the cache is donated (`coil_ir::loops::ScatterStore`).
 fn write_positions(cache: &Tensor, new: &Tensor, pos: &Tensor) -> Result<Tensor> {
     let t = new.shape()[2];
     let positions = Tensor::iota(&[t], 0)?.to_device(cache.device())?.add(pos)?.reshape(&[1, 1, t as i64, 1])?;

@@ -270,7 +270,7 @@ fn unary(e: &mut Emit, u: UnaryOp, a: ValueId, dtype: DType) -> ValueId {
 }
 
 /// `v` converted to `dtype` (no op when it already has it).
-fn cast(e: &mut Emit, v: ValueId, dtype: DType) -> ValueId {
+pub(super) fn cast(e: &mut Emit, v: ValueId, dtype: DType) -> ValueId {
     if e.dtype(v) == dtype {
         v
     } else {

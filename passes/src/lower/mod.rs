@@ -7,7 +7,9 @@
 //!
 //! * a graph input (buffer `arg<k>`, no node) or a graph output;
 //! * a reduction (reductions always write a buffer, their consumers load it), a matrix product,
-//!   an attention template, `cumsum` or `scatter` (extern calls);
+//!   an attention template, `cumsum` or `scatter` (extern calls; but a scatter at consecutive
+//!   positions from a run-time offset, a KV cache write, is a pointwise node that stores
+//!   through a [`coil_ir::loops::ScatterStore`]: `scatter` module);
 //! * an extern operand that is not an affine view of a buffer (copied into a contiguous one);
 //!   when the view *is* affine over an unrealized producer, that producer is realized instead;
 //! * the data operand of a gather / index_select that is not an affine view of a buffer along
@@ -60,6 +62,7 @@ mod conv;
 mod emit;
 mod epilogue;
 mod realize;
+mod scatter;
 #[cfg(test)]
 pub(crate) mod tests;
 mod view;
@@ -414,8 +417,13 @@ impl<'g> Lowerer<'g> {
         if node.op.is_template() || self.attention_roots.contains_key(&n) {
             return self.realize_template(n);
         }
+        let scattered = match node.op {
+            Op::Scatter { .. } if !self.degenerate(n) && !self.checks_indices_only(n) => self.window_scatter(n)?,
+            _ => None,
+        };
         let (kind, folded) = match &node.op {
             _ if self.degenerate(n) => self.pointwise(n)?,
+            _ if scattered.is_some() => scattered.expect("matched"),
             _ if self.epilogues.contains_key(&n) => {
                 let ep = self.epilogues[&n].clone();
                 let folded = [ep.mm].into_iter().chain(ep.inside.iter().copied()).chain([n]).collect();
@@ -493,7 +501,7 @@ impl<'g> Lowerer<'g> {
         // An empty node has no index to vary (and extent-0 variables cannot exist).
         let idx = if self.meta(n).numel() == 0 { vec![Expr::int(0); shape.len()] } else { vars(shape, range_var) };
         e.body.result = self.compute(&mut e, n, &idx, None)?;
-        Ok((LoopKind::Pointwise { ranges: shape.to_vec(), body: e.body }, e.folded))
+        Ok((LoopKind::Pointwise { ranges: shape.to_vec(), body: e.body, scatter: None }, e.folded))
     }
 
     /// A reduction node: `ranges` are the output dims (kept size-1 dims included), the

@@ -675,3 +675,70 @@ fn a_data_check_knows_the_captured_node_and_the_dim_it_comes_from() {
     assert!(checks.contains(&("floor_divide", 3, None, Some(d.0))), "{checks:?}");
     assert_eq!(checks.len(), 2, "{checks:?}");
 }
+
+/// `cache.scatter(2, broadcast(iota(T) + pos), new * 2)` for `cache` `[2, 3, 8, 4]`, `pos` a 0-d
+/// input and `new` `[2, 3, T, 4]`: positions `x2 + pos`, or `step(pos)` where the iota is
+/// replaced (a stride, per-element indices); returns the graph and the scatter.
+fn cache_write(t: usize, positions: impl Fn(&mut Graph, NodeId, NodeId) -> NodeId) -> (Graph, NodeId) {
+    let mut g = Graph::new();
+    let cache = g.input(m(&[2, 3, 8, 4], F32));
+    let pos = g.input(m(&[], DType::I64));
+    let new = g.input(m(&[2, 3, t, 4], F32));
+    let iota = g.leaf(Op::Iota { dim: 0 }, m(&[t], DType::I64), None);
+    let shifted = positions(&mut g, iota, pos);
+    let column = op(&mut g, Op::Reshape { shape: vec![1, 1, t, 1] }, &[shifted]);
+    let index = op(&mut g, Op::Expand { shape: vec![2, 3, t, 4] }, &[column]);
+    let two = g.leaf(Op::Full(2.0.into()), m(&[2, 3, t, 4], F32), None);
+    let src = op(&mut g, Op::Binary(BinaryOp::Mul), &[new, two]);
+    let s = op(&mut g, Op::Scatter { dim: 2, reduce: None }, &[cache, index, src]);
+    (g, s)
+}
+
+fn plus_pos(g: &mut Graph, iota: NodeId, pos: NodeId) -> NodeId {
+    let pos = op(g, Op::Expand { shape: g.meta(iota).shape.clone() }, &[pos]);
+    op(g, Op::Binary(BinaryOp::Add), &[iota, pos])
+}
+
+#[test]
+fn a_scatter_at_consecutive_run_time_positions_is_a_pointwise_store() {
+    let (g, s) = cache_write(3, plus_pos);
+    let p = lowered(g, &[s]);
+    snap("lower_cache_write", &p);
+    assert_eq!(p.nodes.len(), 1, "{p}");
+    let st = p.nodes[0].scatter().expect("a scatter store");
+    assert_eq!((st.base, st.stride, st.bound), (BufferId(0), coil_ir::sym::Expr::int(4), coil_ir::sym::Expr::int(8)));
+    assert_eq!(p.nodes[0].ranges().len(), 4);
+    assert!(p.nodes[0].reads().contains(&BufferId(0)), "the base is read");
+    // One position (a decode step): the iota of one element is 0, the position `pos`.
+    let (g, s) = cache_write(1, plus_pos);
+    let p = lowered(g, &[s]);
+    assert!(p.nodes[0].scatter().is_some(), "{p}");
+    assert_eq!(p.data_checks.len(), 1, "the scatter's index check: {p}");
+}
+
+#[test]
+fn other_scatters_stay_fallback_calls() {
+    let fallback = |p: &LoopProgram| {
+        p.nodes.iter().any(|n| matches!(n.kind, LoopKind::Extern { call: ExternCall::Fallback { .. }, .. }))
+    };
+    // Every other position: two elements of a row could meet another's.
+    let (g, s) = cache_write(3, |g, iota, pos| {
+        let two = g.leaf(Op::Full(2.into()), m(&[3], DType::I64), None);
+        let doubled = op(g, Op::Binary(BinaryOp::Mul), &[iota, two]);
+        plus_pos(g, doubled, pos)
+    });
+    assert!(fallback(&lowered(g, &[s])), "positions 2 * i + pos");
+    // A position that differs per element beyond the run (the position read per row).
+    let (g, s) = cache_write(3, |g, iota, _| {
+        let rows = g.input(m(&[3], DType::I64));
+        op(g, Op::Binary(BinaryOp::Add), &[iota, rows])
+    });
+    assert!(fallback(&lowered(g, &[s])), "positions i + rows[i]");
+    // scatter_add accumulates: not a store.
+    let mut g = Graph::new();
+    let cache = g.input(m(&[8, 4], F32));
+    let index = g.leaf(Op::Iota { dim: 0 }, m(&[3, 4], DType::I64), None);
+    let src = g.input(m(&[3, 4], F32));
+    let s = op(&mut g, Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) }, &[cache, index, src]);
+    assert!(fallback(&lowered(g, &[s])), "scatter_add");
+}

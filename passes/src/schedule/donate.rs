@@ -8,6 +8,9 @@
 //! * the output is stored by a generated kernel (not an input passed through), and is no
 //!   other output; or by a scatter (an extern call) whose base is the input: a KV cache
 //!   written at a few positions, where only the scattered elements are written;
+//! * a generated scatter ([`coil_ir::loops::ScatterStore`]: a KV cache written at run-time
+//!   positions) writes only its elements over the input: its kernel may not load the input
+//!   at all (the runtime copies the base into the output first when they differ);
 //! * no kernel after that one reads the input, nor does a later node of that kernel;
 //! * that kernel reads the input only through plain loads at the index it writes the output
 //!   (each thread reads an element before it writes it, and no other thread touches it).
@@ -107,13 +110,21 @@ fn scatters_over(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId
 /// it writes `t` (mapped into the kernel's index space), and no node after `t`'s writer reads
 /// `u`. Then each element of `u` is read, within one pass over it, by the thread that writes
 /// that element of `t`, before it writes it; a reduction's earlier passes end at a barrier
-/// before the next pass begins.
+/// before the next pass begins. A scatter ([`coil_ir::loops::ScatterStore`]) writes at
+/// data-dependent places: the kernel may not load `u` at all (its base `u` is not loaded:
+/// written over it, the scatter keeps the other elements and writes its own).
 pub(super) fn reads_only_where_written(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
     if kernel.kind == KernelKind::Extern || !kernel.stores.contains(&t) {
         return false;
     }
     let Some(at) = kernel.nodes.iter().position(|&n| p.nodes[n].output == t) else { return false };
     let writer = kernel.nodes[at];
+    if p.nodes[writer].scatter().is_some() {
+        return kernel.nodes.iter().all(|&n| match &p.nodes[n].kind {
+            LoopKind::Pointwise { body, .. } | LoopKind::Reduction { body, .. } => !body.reads().contains(&u),
+            LoopKind::Extern { .. } => false,
+        });
+    }
     let written = write_index(&p.nodes[writer], &kernel_index_map(p, kernel, writer));
     if kernel.nodes[at + 1..].iter().any(|&n| p.nodes[n].reads().contains(&u)) {
         return false;

@@ -133,7 +133,10 @@ pub fn kernel_index_map(program: &LoopProgram, kernel: &FusedKernel, node: usize
 }
 
 /// Why a read of a buffer written in the same kernel cannot become the producing value:
-/// data-dependent and masked reads, and reads at another index than the one written.
+/// data-dependent and masked reads, reads at another index than the one written, and any read
+/// of a scatter's output ([`coil_ir::loops::ScatterStore`]: it is written at data-dependent
+/// places); nor may a scatter's base be written in its kernel (the runtime copies the base
+/// into the output before the kernel runs).
 pub(crate) fn reads_match(
     program: &LoopProgram,
     members: &[usize],
@@ -141,6 +144,12 @@ pub(crate) fn reads_match(
     map: &mut dyn FnMut(usize) -> IndexMap<Expr, Expr>,
 ) -> bool {
     let mut writes: IndexMap<usize, Expr> = IndexMap::new();
+    let member = |b: coil_ir::loops::BufferId| producer_of[b.0].filter(|p| members.binary_search(p).is_ok());
+    for &c in members {
+        if program.nodes[c].scatter().is_some_and(|s| member(s.base).is_some()) {
+            return false;
+        }
+    }
     for &c in members {
         let body = match &program.nodes[c].kind {
             LoopKind::Pointwise { body, .. } | LoopKind::Reduction { body, .. } => body,
@@ -153,8 +162,8 @@ pub(crate) fn reads_match(
                 ScalarOp::MaskedLoad { buffer, .. } | ScalarOp::IndirectLoad { buffer, .. } => (*buffer, None),
                 _ => continue,
             };
-            let Some(p) = producer_of[buffer.0].filter(|p| members.binary_search(p).is_ok()) else { continue };
-            let Some(index) = index else { return false };
+            let Some(p) = member(buffer) else { continue };
+            let Some(index) = index.filter(|_| program.nodes[p].scatter().is_none()) else { return false };
             let read = index.substitute(read_map.get_or_insert_with(|| map(c)));
             let written = *writes.entry(p).or_insert_with(|| write_index(&program.nodes[p], &map(p)));
             if read != written {

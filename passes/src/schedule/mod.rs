@@ -7,7 +7,7 @@
 //!
 //! * neither is extern ("extern call");
 //! * their signatures `(xnumel, rnumel)` agree, or a pointwise group of `x * r` or `x`
-//!   elements joins rows `(x, r)` ("iteration spaces differ");
+//!   elements joins rows `(x, r)` unless it scatters ("iteration spaces differ");
 //! * the kernel stays within [`MAX_KERNEL_NODES`] ("too large");
 //! * every buffer written in the kernel and read in it is read, in the kernel's
 //!   `(xindex, rindex)` space, at exactly the index it was written; never through an indirect
@@ -310,6 +310,11 @@ impl<'p> Scheduler<'p> {
             return Err("extern call");
         }
         let sig = sa.merge(sb).ok_or("iteration spaces differ")?;
+        // A scatter's store is a pointwise kernel's (`TileStmt::IndirectStore`).
+        let scatters = |g: usize| self.members[g].iter().any(|&n| self.p.nodes[n].scatter().is_some());
+        if matches!(sig, Sig::Reduction(..)) && (scatters(a) || scatters(b)) {
+            return Err("iteration spaces differ");
+        }
         if self.members[a].len() + self.members[b].len() > MAX_KERNEL_NODES {
             return Err("too large");
         }

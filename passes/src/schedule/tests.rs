@@ -402,3 +402,57 @@ fn a_kernel_reading_a_computed_buffer_is_not_fused_independently() {
     let (_, s, text) = scheduled(g, &[cz, cy]);
     assert_eq!(s.kernels.len(), 3, "{text}");
 }
+
+/// A scatter at run-time positions (a KV cache write) stores where its positions say: a reader
+/// of its output is another kernel, and so is the producer of its base (the runtime copies
+/// the base into the output before the kernel); its source's producers fuse into it.
+#[test]
+fn a_cache_write_fuses_its_source_but_not_its_base_or_readers() {
+    let mut g = Graph::new();
+    let cache = g.input(m(&[2, 8, 4]));
+    let pos = g.input(TensorMeta::new(vec![], DType::I64));
+    let new = g.input(m(&[2, 1, 4]));
+    let base = op(&mut g, Op::Unary(UnaryOp::Neg), &[cache]);
+    let index = op(&mut g, Op::Expand { shape: vec![2, 1, 4] }, &[pos]);
+    let src = op(&mut g, Op::Unary(UnaryOp::Exp), &[new]);
+    let s = op(&mut g, Op::Scatter { dim: 1, reduce: None }, &[base, index, src]);
+    let read = op(&mut g, Op::Unary(UnaryOp::Abs), &[s]);
+    let (p, sched, text) = scheduled(g, &[read]);
+    assert_eq!(sched.kernels.len(), 3, "{text}");
+    let writer = sched.kernels.iter().find(|k| k.nodes.iter().any(|&n| p.nodes[n].scatter().is_some())).unwrap();
+    assert_eq!(writer.nodes.len(), 1, "{text}");
+    assert!(p.nodes[writer.nodes[0]].origins.contains(&"exp"), "the source is computed in the store's kernel: {text}");
+    // Written over a dying base in place (no copy): the base's slot.
+    let (b, o) = (p.nodes[0].output, p.nodes[writer.nodes[0]].output);
+    assert_eq!(sched.memory.slot_of[b.0], sched.memory.slot_of[o.0], "{text}");
+}
+
+/// The donated cache of a decode step is written in place by the scatter's kernel, unless that
+/// kernel also loads the cache elsewhere.
+#[test]
+fn a_cache_write_is_written_over_its_donated_base() {
+    use coil_ir::kernel::Donation;
+    let build = |read_base: bool| {
+        let mut g = Graph::new();
+        let cache = g.input(m(&[2, 8, 4]));
+        let pos = g.input(TensorMeta::new(vec![], DType::I64));
+        let new = g.input(m(&[2, 1, 4]));
+        let index = op(&mut g, Op::Expand { shape: vec![2, 1, 4] }, &[pos]);
+        let src = if read_base {
+            // the source reads the cache's first row: the kernel loads the base
+            let row = op(&mut g, Op::Slice { dim: 1, start: 0, len: 1, step: 1 }, &[cache]);
+            op(&mut g, Op::Binary(BinaryOp::Add), &[new, row])
+        } else {
+            new
+        };
+        let s = op(&mut g, Op::Scatter { dim: 1, reduce: None }, &[cache, index, src]);
+        let (p, mut sched, _) = scheduled(g, &[s]);
+        crate::donate(&p, &mut sched, &[Donation { output: 0, input: 0 }]);
+        sched.memory
+    };
+    let plain = build(false);
+    assert_eq!(plain.donor_of(0), Some(0), "{:?}", plain.declined);
+    let reading = build(true);
+    assert_eq!(reading.donor_of(0), None);
+    assert!(reading.declined[0].1.contains("reads the input at elements other than"), "{:?}", reading.declined);
+}

@@ -234,6 +234,15 @@ impl CompiledGraph {
             let start = std::time::Instant::now();
             match step {
                 Step::Kernel(i) => {
+                    for (out, base) in crate::plan::scatter_bases(p, &inst.schedule.kernels[i]) {
+                        if ptrs[out.0] != ptrs[base.0] {
+                            // SAFETY: both address at least the (equal) size of the buffers, in
+                            // distinct allocations or slots (`check_launches`).
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(ptrs[base.0], ptrs[out.0], p.buffer(out).meta.nbytes())
+                            }
+                        }
+                    }
                     let (kernel, buffers) = self.kernels[i].as_ref().expect("a generated kernel");
                     let tile = self.tiles[i].as_ref().expect("a generated kernel");
                     let words = random_words(tile, random)?;

@@ -39,7 +39,7 @@ fn dynamic_program() -> LoopProgram {
     let e = b.push(ScalarOp::Unary(UnaryOp::Exp, l), f);
     let one = b.push(ScalarOp::Constant(1.0f32.into()), f);
     b.result = b.push(ScalarOp::Binary(BinaryOp::Add, e, one), f);
-    let exp = LoopKind::Pointwise { ranges: vec![s0, four], body: b };
+    let exp = LoopKind::Pointwise { ranges: vec![s0, four], body: b, scatter: None };
 
     let mut b = Body::default();
     b.result = b.push(ScalarOp::Load { buffer: BufferId(2), index: range_var(0, &s0) * 4 + r }, f);
@@ -54,7 +54,7 @@ fn dynamic_program() -> LoopProgram {
     let l = b.push(ScalarOp::Load { buffer: BufferId(0), index: x[0] * 4 + x[1] }, f);
     let two = b.push(ScalarOp::Constant(2.0f32.into()), f);
     b.result = b.push(ScalarOp::Binary(BinaryOp::Mul, l, two), f);
-    let mul = LoopKind::Pointwise { ranges: vec![s0, four], body: b };
+    let mul = LoopKind::Pointwise { ranges: vec![s0, four], body: b, scatter: None };
 
     let operand = |buffer: usize, row: i64| StridedOperand {
         buffer: BufferId(buffer),

@@ -106,7 +106,7 @@ fn softmax_graph(shapes: &[(usize, usize, KernelKind)]) -> (LoopProgram, Schedul
         let e = shifted_exp(&mut b, x0, x1);
         let s = b.push(ScalarOp::Load { buffer: sum, index: x0 }, f);
         b.result = b.push(ScalarOp::Binary(BinaryOp::Div, e, s), f);
-        let out = node(&mut buffers, &[rows, cols], LoopKind::Pointwise { ranges: vec![r, c], body: b });
+        let out = node(&mut buffers, &[rows, cols], LoopKind::Pointwise { ranges: vec![r, c], body: b, scatter: None });
         let prefix = if kind == KernelKind::LoopedReduction { "red" } else { "per" };
         kernels.push(FusedKernel {
             name: format!("{prefix}_fused_softmax_{i}"),

@@ -56,7 +56,7 @@ fn dynamic_graph() -> (LoopProgram, Schedule) {
     let m = b.binary(BinaryOp::Mul, l, two);
     let a = b.binary(BinaryOp::Add, m, c1);
     let r = b.binary(BinaryOp::Maximum, a, zero);
-    let lk = LoopKind::Pointwise { ranges: vec![s0, four], body: b.done(r) };
+    let lk = LoopKind::Pointwise { ranges: vec![s0, four], body: b.done(r), scatter: None };
     add("poi_fused_relu_0", KernelKind::Pointwise, vec![s0, four], lk, s0 * 4, None);
 
     let (x0, r0) = (range_var(0, &four), reduction_var(0, &s0));
@@ -75,7 +75,7 @@ fn dynamic_graph() -> (LoopProgram, Schedule) {
     let mut b = B::default();
     let (p, q) = (b.load(0, x0 * 4), b.load(0, x0 * 4 + 3));
     let d = b.binary(BinaryOp::Sub, p, q);
-    let lk = LoopKind::Pointwise { ranges: vec![s0], body: b.done(d) };
+    let lk = LoopKind::Pointwise { ranges: vec![s0], body: b.done(d), scatter: None };
     add("poi_fused_sub_3", KernelKind::Pointwise, vec![s0], lk, s0, None);
 
     let r0 = reduction_var(0, &(s0 * 4));

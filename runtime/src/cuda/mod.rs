@@ -620,6 +620,16 @@ impl CudaCompiledGraph {
             mark(i)?;
             match step {
                 Step::Generated { name, func, launch, kernel, args, .. } => {
+                    for (out, base) in plan::scatter_bases(p, &inst.schedule.kernels[*kernel]) {
+                        if ptrs[out.0] != ptrs[base.0] {
+                            // SAFETY: both address at least the (equal) size of the buffers, in
+                            // distinct allocations or slots (`check_launches`); the copy is
+                            // ordered on the stream before the kernel.
+                            unsafe {
+                                memory::copy_device(dev, ptrs[out.0], ptrs[base.0], p.buffer(out).meta.nbytes())
+                            }?;
+                        }
+                    }
                     let (func, launch) = match (&mut tuner, tuned) {
                         (Some(tuner), _) => tuner.choose(i, &inst, &ptrs)?,
                         (None, Some(tuned)) => tuned.variant(i).unwrap_or((*func, *launch)),

@@ -376,6 +376,9 @@ impl<'a> PtxGen<'a> {
                 let v = self.val(*value)?;
                 self.store(*arg, b, off, v, self.dtype(*value), guard)
             }
+            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
+                self.indirect_store(*arg, *index, *indirect, *stride, *bound, *value)
+            }
             TileStmt::Reduce { var, op, source, .. } if self.k.kind == KernelKind::PersistentReduction => {
                 self.acc_update(*var, *op, *source)
             }

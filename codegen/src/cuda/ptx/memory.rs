@@ -240,6 +240,40 @@ impl<'a> PtxGen<'a> {
         bound: Expr,
         out: DType,
     ) -> R<Reg> {
+        let (pos, off, ok, check) = self.indirect_position(index, indirect, stride, bound)?;
+        let value = self.load(arg, pos.into(), off, out, Some(ok))?;
+        self.record_index_error(ok, check);
+        Ok(value)
+    }
+
+    /// Stores `value` at `arg[index + stride * v]` for the position `v` in `0..bound`; out of
+    /// range, nothing is stored and the error is recorded as [`PtxGen::indirect_load`] does.
+    pub(super) fn indirect_store(
+        &mut self,
+        arg: usize,
+        index: Expr,
+        indirect: Var,
+        stride: Expr,
+        bound: Expr,
+        value: Var,
+    ) -> R<()> {
+        let (pos, off, ok, check) = self.indirect_position(index, indirect, stride, bound)?;
+        let v = self.val(value)?;
+        self.store(arg, pos.into(), off, v, self.dtype(value), Some(ok))?;
+        self.record_index_error(ok, check);
+        Ok(())
+    }
+
+    /// The element `index + stride * v` of a data-dependent access (a register and a constant
+    /// offset), the predicate `0 <= v < bound`, and `(v, bound)` for
+    /// [`PtxGen::record_index_error`].
+    fn indirect_position(
+        &mut self,
+        index: Expr,
+        indirect: Var,
+        stride: Expr,
+        bound: Expr,
+    ) -> R<(Reg, i64, Reg, (Reg, Opnd))> {
         use Class::*;
         let v = self.val(indirect)?;
         let v = scalar::convert(&mut self.a, v, self.facts.dtypes[&indirect], DType::I64)?;
@@ -256,7 +290,13 @@ impl<'a> PtxGen<'a> {
             Opnd::Int(1) => self.a.op(B64, "add.s64", &[v.into(), b]),
             s => self.a.op(B64, "mad.lo.s64", &[v.into(), s, b]),
         };
-        let value = self.load(arg, pos.into(), off, out, Some(ok))?;
+        Ok((pos, off, ok, (v, bound)))
+    }
+
+    /// Where `ok` fails, the first failing thread of the launch records `(1, v, bound)` in
+    /// `status`.
+    fn record_index_error(&mut self, ok: Reg, (v, bound): (Reg, Opnd)) {
+        use Class::*;
         let status = self.status.expect("the status pointer");
         let bad = self.a.op(Pred, "not.pred", &[ok.into()]);
         let old = self.a.op(B64, "mov.b64", &[Opnd::Int(1)]);
@@ -269,6 +309,5 @@ impl<'a> PtxGen<'a> {
             _ => unreachable!(),
         };
         self.a.ins(format!("@{won} st.global.b64 [{status}+16], {br}"));
-        Ok(value)
     }
 }

@@ -20,6 +20,19 @@ fn ptx(k: &TileKernel) -> String {
 }
 
 #[test]
+fn scatter_store_is_a_guarded_store_that_records_its_error() {
+    let (p, k) = crate::tile::tests::cache_write();
+    let src = ptx(&build_kernel(&p, &k));
+    // each of a thread's 4 elements: its position checked, its store under the check, an
+    // error recorded by the first failing thread (the assembler shares the group's checks)
+    assert_eq!(src.matches("setp.lt.s64").count(), 4, "{src}");
+    assert_eq!(src.matches("atom.global.cas.b64").count(), 4, "{src}");
+    let guarded = src.lines().filter(|l| l.trim_start().starts_with("@%p") && l.contains("st.global.f32"));
+    assert_eq!(guarded.count(), 4, "{src}");
+    snapshot("ptx_cache_write", src);
+}
+
+#[test]
 fn pointwise_bf16_loads_words_and_rounds_pairs() {
     let (p, k) = crate::tile::tests::pointwise_chain(DType::BF16);
     let src = ptx(&build_kernel(&p, &k));
