@@ -201,10 +201,10 @@ fn clamped(index: Expr) -> Option<(Expr, Expr)> {
 }
 
 /// Whether a statement of `stmts` (or of a loop among them) may write `status`: an indirect
-/// load or store, or integer division, remainder or power. Such loops are not marked `simd`.
+/// load, a window, or integer division, remainder or power. Such loops are not marked `simd`.
 fn may_fail<'s>(stmts: impl IntoIterator<Item = &'s TileStmt>) -> bool {
     stmts.into_iter().any(|s| match s {
-        TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } | TileStmt::IndirectStore { .. } => true,
+        TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } | TileStmt::Window { .. } => true,
         TileStmt::Let { op: TileOp::Binary(op, ..), dtype, .. } => ops::binary_may_fail(*op, *dtype),
         TileStmt::RLoop(body) => may_fail(body),
         _ => false,
@@ -330,7 +330,11 @@ impl<'a> Emitter<'a> {
             self.line("}");
             return;
         }
-        let simd = k.kind == KernelKind::Pointwise && !may_fail(k.body.iter());
+        // The window prologue: once per call, before the loop (the windows' pointers moved).
+        let prologue = k.window_prologue();
+        self.stmts(&k.body[..prologue]);
+        let body = &k.body[prologue..];
+        let simd = k.kind == KernelKind::Pointwise && !may_fail(body.iter());
         if let Some(nest) = &self.nest {
             // xindex = xouter * period + xinner, the call's range cut at whole periods
             let period = match nest.period.const_value() {
@@ -363,7 +367,7 @@ impl<'a> Emitter<'a> {
                 }
                 self.stmts(&k.body)
             }
-            _ => self.stmts(&k.body),
+            _ => self.stmts(body),
         }
         self.indent -= 1;
         self.line("}");
@@ -431,7 +435,19 @@ impl<'a> Emitter<'a> {
     /// One statement of a pointwise or looped kernel.
     fn stmt(&mut self, s: &TileStmt) {
         match s {
-            TileStmt::Let { .. } | TileStmt::Store { .. } | TileStmt::IndirectStore { .. } => self.simple(s),
+            TileStmt::Let { .. } | TileStmt::Store { .. } => self.simple(s),
+            TileStmt::Window { arg, offset, stride, size, bound } => {
+                let (p, name) = (self.r(*offset), &self.k.args[*arg].name);
+                let (stride, size, bound) = (self.c(*stride), self.c(*size), self.c(*bound));
+                // out of range: the error at the first position outside, and nothing stored
+                self.line(&format!("if ({p} < 0 || {p} > ({bound}) - ({size})) {{"));
+                self.line(&format!(
+                    "    coil_index_error(status, {p} < 0 || {p} > ({bound}) ? {p} : ({bound}), {bound});"
+                ));
+                self.line("    return;");
+                self.line("}");
+                self.line(&format!("{name} += ({stride})*{p};"));
+            }
             TileStmt::AccInit { acc, op, dtype } => self.acc_init(*acc, *op, *dtype),
             TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
             TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
@@ -567,17 +583,6 @@ impl<'a> Emitter<'a> {
             TileStmt::Store { arg, index, value, .. } => {
                 let v = self.stored(*arg, *value);
                 self.line(&format!("{}[{}] = {v};", self.k.args[*arg].name, self.c(*index)));
-            }
-            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
-                let v = self.stored(*arg, *value);
-                let p = self.r(*indirect);
-                let at = format!("({}) + ({})*{p}", self.c(*index), self.c(*stride));
-                let bound = self.c(*bound);
-                let name = &self.k.args[*arg].name;
-                // out of range: the error is recorded and nothing stored
-                self.line(&format!(
-                    "if (0 <= {p} && {p} < {bound}) {name}[{at}] = {v}; else coil_index_error(status, {p}, {bound});"
-                ));
             }
             _ => unreachable!("not a simple statement"),
         }

@@ -213,6 +213,8 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
     v.push(tile(&p, &k, "embedding"));
     let (p, k) = crate::tile::tests::cache_write();
     v.push(tile(&p, &k, "cache_write"));
+    let (p, k) = crate::tile::tests::cache_write_of("bf16", 8, 256, 16, 64);
+    v.push(tile(&p, &k, "cache_write_bf16"));
     let (p, k) = signed_zeros();
     v.push(tile(&p, &k, "signed_zeros"));
     let (p, k) = crate::tile::tests::pointwise_chain(DType::F16);
@@ -363,12 +365,39 @@ fn embedding_checks_bounds() {
     snapshot("cuda_embedding", src);
 }
 
+/// A cache write checks its window once per thread, before its groups, moves the cache's
+/// pointer to it and stores like a plain pointwise kernel: a vector store per group.
 #[test]
-fn scatter_store_checks_bounds() {
+fn scatter_store_checks_its_window_once_and_stores_vectors() {
     let (p, k) = crate::tile::tests::cache_write();
     let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
-    assert_eq!(src.matches("else coil_fail(status, 1, ").count(), 1, "{src}");
+    assert_eq!(src.matches("coil_fail(status, 1, ").count(), 1, "{src}");
+    assert!(src.contains("out_ptr0 += (4)*tmp2;"), "{src}");
+    assert!(src.contains("coil_store<float, 4, 4>(out_ptr0 + "), "{src}");
     snapshot("cuda_cache_write", src);
+}
+
+/// The cache write of a Llama layer (bf16, head_dim 64, 16 new positions): the launch plan and
+/// the stores of a plain pointwise kernel writing the same contiguous output (8 bf16 per
+/// thread, one 16-byte store); a window whose rows are no multiple of the pieces (5 f32)
+/// keeps scalar stores, as its moved pointer may not be 16-byte aligned.
+#[test]
+fn scatter_store_gets_the_plan_and_vector_stores_of_a_plain_pointwise_kernel() {
+    let (p, k) = crate::tile::tests::cache_write_of("bf16", 8, 256, 16, 64);
+    let t = build_kernel(&p, &k);
+    let (src, _) = emit_cuda_kernel(&t).unwrap();
+    // the same kernel without the window: a plain store into a contiguous output
+    let mut plain = t.clone();
+    plain.body.retain(|s| !matches!(s, TileStmt::Window { .. }));
+    let plan = launch::plan(&t, &GpuTarget::h100());
+    assert_eq!(plan, launch::plan(&plain, &GpuTarget::h100()));
+    assert_eq!((plan.vec, plan.launch.block), (8, 256));
+    assert!(src.contains("coil_store_bf16<8, 8>(out_ptr0 + "), "{src}");
+    assert!(!src.contains("out_ptr0["), "no scalar store\n{src}");
+    let (p, k) = crate::tile::tests::cache_write_of("f32", 2, 8, 3, 5);
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert!(!src.contains("coil_store<"), "{src}");
+    assert!(src.contains("out_ptr0["), "{src}");
 }
 
 /// `x.sum(dim=0)` of f32 `[rows, cols]`: a reduction down the columns (`x[cols*r + x]`).
