@@ -287,8 +287,8 @@ pub enum TileStmt {
     /// positions, `stride` elements apart: element `index` of a later store is element
     /// `index + stride * v` of the buffer. `v`, an integer block variable, is the same for every
     /// element (a scatter's run-time offset, [`crate::loops::ScatterStore`]), so the window is
-    /// checked once, `0 <= v <= bound - size`; outside, the kernel stores nothing into `arg`
-    /// and records the index error (status code 1, the first position out of range: `v` when
+    /// checked once, `0 <= v <= bound - size`; outside, the kernel stores nothing at all (it
+    /// returns before its elements) and records the index error (status code 1, the first position out of range: `v` when
     /// negative, else `max(v, bound)`; then `bound`).
     ///
     /// Pointwise kernels only, in their *window prologue* ([`TileKernel::window_prologue`]):
