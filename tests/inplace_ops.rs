@@ -209,11 +209,15 @@ fn a_cache_write_out_of_range_leaves_the_cache_as_it_was() {
             let new = t(&noise(b * steps * d, 4), &[b, 1, steps, d]);
             let old = cache.to_vec::<f32>().unwrap();
             let p = Tensor::from_vec(vec![pos], &[]).unwrap();
-            let positions = Tensor::iota(&[steps], 0).unwrap().add(&p).unwrap().reshape(&[1, 1, steps as i64, 1]).unwrap();
+            let positions =
+                Tensor::iota(&[steps], 0).unwrap().add(&p).unwrap().reshape(&[1, 1, steps as i64, 1]).unwrap();
             let written = cache.scatter(2, &positions.broadcast_to(new.shape()).unwrap(), &new.exp().unwrap()).unwrap();
             let e = coil::update_in_place(&[(&cache, &written)]).unwrap_err().to_string();
             let first = if pos < 0 { pos } else { pos.max(cap as i64) };
-            assert!(e.contains(&format!("index {first} is out of bounds for dim 2 with size {cap}")), "{backend:?}: {e}");
+            assert!(
+                e.contains(&format!("index {first} is out of bounds for dim 2 with size {cap}")),
+                "{backend:?}: {e}"
+            );
             assert_eq!(cache.to_vec::<f32>().unwrap(), old, "{backend:?} pos={pos}: nothing written");
         }
     }

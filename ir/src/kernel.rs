@@ -546,6 +546,18 @@ impl TileKernel {
         self.body.iter().rposition(|s| matches!(s, TileStmt::Window { .. })).map_or(0, |i| i + 1)
     }
 
+    /// Whether the window at `body[at]` must be checked: no window before it has its offset,
+    /// size and bound (a layer's key and value caches, written at one position, are checked
+    /// once).
+    pub fn window_needs_check(&self, at: usize) -> bool {
+        let key = |s: &TileStmt| match s {
+            TileStmt::Window { offset, size, bound, .. } => Some((*offset, *size, *bound)),
+            _ => None,
+        };
+        let Some(k) = key(&self.body[at]) else { return false };
+        !self.body[..at].iter().any(|s| key(s) == Some(k))
+    }
+
     /// The parameter list of the kernel's `def` line: the buffer arguments (each with the
     /// loop program's buffer it points to), the size symbols, the random streams' keys and
     /// counters.

@@ -332,7 +332,18 @@ impl<'a> Emitter<'a> {
         }
         // The window prologue: once per call, before the loop (the windows' pointers moved).
         let prologue = k.window_prologue();
-        self.stmts(&k.body[..prologue]);
+        for (i, s) in k.body[..prologue].iter().enumerate() {
+            match s {
+                TileStmt::Window { arg, offset, stride, size, bound } => {
+                    if k.window_needs_check(i) {
+                        self.window_check(*offset, *size, *bound);
+                    }
+                    let (p, name) = (self.r(*offset), &k.args[*arg].name);
+                    self.line(&format!("{name} += ({})*{p};", self.c(*stride)));
+                }
+                s => self.stmt(s),
+            }
+        }
         let body = &k.body[prologue..];
         let simd = k.kind == KernelKind::Pointwise && !may_fail(body.iter());
         if let Some(nest) = &self.nest {
@@ -436,18 +447,8 @@ impl<'a> Emitter<'a> {
     fn stmt(&mut self, s: &TileStmt) {
         match s {
             TileStmt::Let { .. } | TileStmt::Store { .. } => self.simple(s),
-            TileStmt::Window { arg, offset, stride, size, bound } => {
-                let (p, name) = (self.r(*offset), &self.k.args[*arg].name);
-                let (stride, size, bound) = (self.c(*stride), self.c(*size), self.c(*bound));
-                // out of range: the error at the first position outside, and nothing stored
-                self.line(&format!("if ({p} < 0 || {p} > ({bound}) - ({size})) {{"));
-                self.line(&format!(
-                    "    coil_index_error(status, {p} < 0 || {p} > ({bound}) ? {p} : ({bound}), {bound});"
-                ));
-                self.line("    return;");
-                self.line("}");
-                self.line(&format!("{name} += ({stride})*{p};"));
-            }
+            TileStmt::Window { .. } => unreachable!("a window outside the prologue"),
+
             TileStmt::AccInit { acc, op, dtype } => self.acc_init(*acc, *op, *dtype),
             TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
             TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
@@ -586,6 +587,16 @@ impl<'a> Emitter<'a> {
             }
             _ => unreachable!("not a simple statement"),
         }
+    }
+
+    /// A window's check ([`TileStmt::Window`]): out of range, the error at the first position
+    /// outside, and a return before anything is stored.
+    fn window_check(&mut self, offset: Var, size: Expr, bound: Expr) {
+        let (p, size, bound) = (self.r(offset), self.c(size), self.c(bound));
+        self.line(&format!("if ({p} < 0 || {p} > ({bound}) - ({size})) {{"));
+        self.line(&format!("    coil_index_error(status, {p} < 0 || {p} > ({bound}) ? {p} : ({bound}), {bound});"));
+        self.line("    return;");
+        self.line("}");
     }
 
     /// The C value `value` is stored as into kernel argument `arg`.

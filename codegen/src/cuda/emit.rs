@@ -574,8 +574,17 @@ impl<'a> Gen<'a> {
         // The window prologue: once per thread, before its groups (the windows' pointers
         // moved, so that the stores are plain ones).
         let group = self.group.take();
-        for s in &k.body[..prologue] {
-            self.stmt(s);
+        for (i, s) in k.body[..prologue].iter().enumerate() {
+            match s {
+                TileStmt::Window { arg, offset, stride, size, bound } => {
+                    if k.window_needs_check(i) {
+                        self.window_check(*offset, *size, *bound);
+                    }
+                    let (p, name) = (self.r(*offset), &k.args[*arg].name);
+                    self.line(&format!("{name} += ({})*{p};", stride.to_c()));
+                }
+                s => self.stmt(s),
+            }
         }
         self.group = group;
         let it = self.it;
@@ -616,6 +625,18 @@ impl<'a> Gen<'a> {
                 self.close();
             }
         }
+        self.close();
+    }
+
+    /// A window's check ([`TileStmt::Window`]): out of range, the launch's first thread
+    /// records the error at the first position outside, and every thread returns before it
+    /// stores anything (they all see the same offset).
+    fn window_check(&mut self, offset: Var, size: Expr, bound: Expr) {
+        let (p, size, bound) = (self.r(offset), size.to_c(), bound.to_c());
+        self.open(&format!("if ({p} < 0 || {p} > ({bound}) - ({size})) {{"));
+        let first = format!("{p} < 0 || {p} > ({bound}) ? {p} : ({bound})");
+        self.line(&format!("if (blockIdx.x == 0 && threadIdx.x == 0) coil_fail(status, 1, {first}, {bound});"));
+        self.line("return;");
         self.close();
     }
 
@@ -689,6 +710,7 @@ impl<'a> Gen<'a> {
     /// A statement at the current level (row, group or element).
     fn stmt(&mut self, s: &TileStmt) {
         match s {
+            TileStmt::Window { .. } => unreachable!("a window outside the prologue"),
             TileStmt::Let { var, dtype, op, .. } => {
                 let rhs = match self.vector_access(s) {
                     Some((arg, ..)) => ops::load(&format!("w{var}.v"), "i", self.k.args[arg].dtype, *dtype),
@@ -707,18 +729,6 @@ impl<'a> Gen<'a> {
                 let row = self.k.kind != KernelKind::Pointwise && *dims == Dims::X && !self.own_output;
                 let guard = if row { "if (rlane == 0) " } else { "" };
                 self.line(&format!("{guard}{}[{}] = {v};", a.name, self.index_c(*index)));
-            }
-            TileStmt::Window { arg, offset, stride, size, bound } => {
-                let (p, name) = (self.r(*offset), &self.k.args[*arg].name);
-                let (stride, size, bound) = (stride.to_c(), size.to_c(), bound.to_c());
-                // out of range: the error at the first position outside, and nothing stored
-                // (every thread sees the same offset, so none stores)
-                self.open(&format!("if ({p} < 0 || {p} > ({bound}) - ({size})) {{"));
-                let first = format!("{p} < 0 || {p} > ({bound}) ? {p} : ({bound})");
-                self.line(&format!("if (blockIdx.x == 0 && threadIdx.x == 0) coil_fail(status, 1, {first}, {bound});"));
-                self.line("return;");
-                self.close();
-                self.line(&format!("{name} += ({stride})*{p};"));
             }
             TileStmt::AccInit { acc, op, .. } => self.acc_init(*acc, *op),
             TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),

@@ -904,3 +904,36 @@ pub(crate) fn col_var(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgra
     p.output(var);
     (p.p, kernel("per_fused_col_var_0", kind, vec![0, 1, 2, 3], cols, Some(rows), vec![var]))
 }
+
+/// A layer's key and value caches written at one position: two windows of the same offset,
+/// size and bound, checked once by every backend, each pointer moved.
+#[test]
+fn windows_of_one_offset_are_checked_once() {
+    let k = TileKernel::parse(
+        "\
+@kernel(kind=pointwise)
+def poi_fused_scatter_0(in_ptr0: *i64 (buffer 1), in_ptr1: *f32 (buffer 2), out_ptr0: *f32 (buffer 3), out_ptr1: *f32 (buffer 4)):
+    xnumel = 64
+    XBLOCK: constexpr = 1024
+    xindex = program_id(0) * XBLOCK + arange(XBLOCK)[:, None]
+    xmask = xindex < xnumel
+    tmp0: i64[XBLOCK, 1] = load(in_ptr0 + (0))
+    window(out_ptr0, offset=tmp0, stride=16, size=4, bound=32)
+    window(out_ptr1, offset=tmp0, stride=16, size=4, bound=32)
+    tmp1: f32[XBLOCK, 1] = load(in_ptr1 + (xindex))
+    store(out_ptr0 + (xindex), tmp1, xmask)
+    store(out_ptr1 + (xindex), tmp1, xmask)
+",
+    )
+    .unwrap();
+    assert!(k.window_needs_check(1) && !k.window_needs_check(2));
+    let (src, _) = emit_cuda_kernel(&k).unwrap();
+    assert_eq!(src.matches("coil_fail(status, 1, ").count(), 1, "{src}");
+    assert!(src.contains("out_ptr0 += (16)*tmp0;") && src.contains("out_ptr1 += (16)*tmp0;"), "{src}");
+    syntax_check(&emit_cuda_kernel_source(&k, &GpuTarget::h100()).unwrap());
+    let ptx = crate::cuda::ptx::emit_ptx(&k, &GpuTarget::h100(), &Tuning::default()).unwrap().source;
+    assert_eq!(ptx.matches("atom.global.cas.b64").count(), 1, "{ptx}");
+    assert_eq!(ptx.matches("st.global.v4.f32").count(), 2, "{ptx}");
+    let c = crate::c::emit_kernel(&k);
+    assert_eq!(c.matches("coil_index_error(").count(), 1, "{c}");
+}

@@ -376,7 +376,7 @@ impl<'a> PtxGen<'a> {
                 let v = self.val(*value)?;
                 self.store(*arg, b, off, v, self.dtype(*value), guard)
             }
-            TileStmt::Window { arg, offset, stride, size, bound } => self.window(*arg, *offset, *stride, *size, *bound),
+            TileStmt::Window { .. } => Err("a window outside the prologue".into()),
             TileStmt::Reduce { var, op, source, .. } if self.k.kind == KernelKind::PersistentReduction => {
                 self.acc_update(*var, *op, *source)
             }
@@ -557,8 +557,13 @@ impl<'a> PtxGen<'a> {
         let uniform = group.as_ref().map(|g| uniform_values(g, &whole)).unwrap_or_default();
         // The window prologue: once per thread, before its groups (the windows' pointers
         // moved, so that the stores are plain ones).
-        for s in &whole[..prologue] {
-            self.stmt(s)?;
+        for (i, s) in whole[..prologue].iter().enumerate() {
+            match s {
+                TileStmt::Window { arg, offset, stride, size, bound } => {
+                    self.window(*arg, *offset, *stride, *size, *bound, self.k.window_needs_check(i))?
+                }
+                s => self.stmt(s)?,
+            }
         }
         let block = self.plan.launch.block as i64;
         let (ctaid, tid) = (self.special("%ctaid.x"), self.special("%tid.x"));

@@ -246,17 +246,37 @@ impl<'a> PtxGen<'a> {
         Ok(value)
     }
 
-    /// A window of `arg` ([`TileStmt::Window`]): checks `0 <= v <= bound - size` for the
-    /// offset `v` once and moves `arg`'s pointer by `stride * v` elements; out of range, the
-    /// launch's first thread records `(1, first position outside, bound)` in `status` (as the
-    /// CUDA emitter does) and every thread returns before it stores anything.
-    pub(super) fn window(&mut self, arg: usize, offset: Var, stride: Expr, size: Expr, bound: Expr) -> R<()> {
+    /// A window of `arg` ([`TileStmt::Window`]) at offset `v`: checks `0 <= v <= bound - size`
+    /// where `check` (out of range, the launch's first thread records `(1, first position
+    /// outside, bound)` in `status`, as the CUDA emitter does, and every thread returns before
+    /// it stores anything), then moves `arg`'s pointer by `stride * v` elements.
+    pub(super) fn window(
+        &mut self,
+        arg: usize,
+        offset: Var,
+        stride: Expr,
+        size: Expr,
+        bound: Expr,
+        check: bool,
+    ) -> R<()> {
         use Class::*;
         let v = self.val(offset)?;
         let v = scalar::convert(&mut self.a, v, self.facts.dtypes[&offset], DType::I64)?;
+        if check {
+            self.window_check(v, size, bound)?;
+        }
+        let stride = self.index_b64(stride)?;
+        let elems = self.a.op(B64, "mul.lo.s64", &[v.into(), stride.into()]);
+        let bytes = self.k.args[arg].dtype.size_bytes() as i64;
+        self.ptrs[arg] = self.a.op(B64, "mad.lo.s64", &[elems.into(), Opnd::Int(bytes), self.ptrs[arg].into()]);
+        Ok(())
+    }
+
+    /// [`PtxGen::window`]'s check of the offset `v` (an `.s64` register).
+    fn window_check(&mut self, v: Reg, size: Expr, bound: Expr) -> R<()> {
+        use Class::*;
         let last = self.index_b64(bound - size)?;
         let bound = self.index_b64(bound)?;
-        let stride = self.index_b64(stride)?;
         let below = self.a.op(Pred, "setp.lt.s64", &[v.into(), Opnd::Int(0)]);
         let above = self.a.op(Pred, "setp.gt.s64", &[v.into(), last.into()]);
         let bad = self.a.op(Pred, "or.pred", &[below.into(), above.into()]);
@@ -276,9 +296,6 @@ impl<'a> PtxGen<'a> {
         self.a.ins(format!("@{won} st.global.b64 [{status}+8], {first}"));
         self.a.ins(format!("@{won} st.global.b64 [{status}+16], {bound}"));
         self.a.ins(format!("@{bad} ret"));
-        let elems = self.a.op(B64, "mul.lo.s64", &[v.into(), stride.into()]);
-        let size = self.k.args[arg].dtype.size_bytes() as i64;
-        self.ptrs[arg] = self.a.op(B64, "mad.lo.s64", &[elems.into(), Opnd::Int(size), self.ptrs[arg].into()]);
         Ok(())
     }
 
