@@ -18,7 +18,11 @@
 //!    values that later passes read. Looped kernels make one [`TileStmt::RLoop`] per reduction,
 //!    recomputing the `XR` values that reduction needs inside it, and a final `RLoop` for the
 //!    `XR` epilogue and its stores; except that `amax(x)` and `sum(exp(x - amax(x)))` share one
-//!    `RLoop` (online softmax: the rule and its conditions are in the `online` module).
+//!    `RLoop` (online softmax: the rule and its conditions are in the `online` module). A
+//!    pointwise kernel that scatters into a window found at run time (a KV cache write,
+//!    [`coil_ir::loops::ScatterStore`]) starts with its window prologue: the values the
+//!    windows' offsets read, then a [`TileStmt::Window`] per scattered output, whose stores
+//!    are then plain ones relative to the window ([`TileKernel::window_prologue`]).
 //!
 //! Block variables are numbered in order of definition in the final body, so the numbering
 //! depends only on the kernel, never on construction details.
