@@ -6,15 +6,16 @@
 //! running the step's Rust code) with the cache captured and written in place, the token and
 //! the position its arguments: each step's next token is the argmax on the device and the next
 //! position is computed there too, both fed to the next step without a host round trip. The
-//! step and its cache are made once per batch size and serve every generation (the prefill
-//! writes the cache in place too). A row's time is per step: the device time of the 256-step loop (CUDA events around it,
+//! step and its cache are made once per batch size and serve every generation. The prefill is
+//! a compiled function too (replayed the same way, as `torch.compile(prefill)` on the PyTorch
+//! side), writing the cache in place. A row's time is per step: the device time of the 256-step loop (CUDA events around it,
 //! after a 256 MiB L2 flush) over 256, median of the loops; the prefill row is the prefill's
 //! time over 512. A decode row also reports the host's time per step (`coil_host_ms`): the
 //! median over 5 loops of [`HOST_WINDOW`] steps of each step's call until it returns, its work
 //! enqueued and not waited for (nothing in the loop reads the device): the host's own cost per
-//! token while the device keeps up. The first step after a prefill costs more (it drops the
-//! prefill's recorded graph and binds the new cache contents): the row's notes give it apart,
-//! once per generation. (Over the 256-step loop the host can fill the device's launch queue and
+//! token while the device keeps up. The first step after a prefill costs more (its arguments
+//! are new tensors, and it binds the new cache contents): the row's notes give it apart, once
+//! per generation. (Over the 256-step loop the host can fill the device's launch queue and
 //! then waits for the device: Llama 1B at batch 1 showed 340 us per step that way, against 32 us
 //! with the device idle.)
 
@@ -31,21 +32,22 @@ use coil::{CompiledFn, DType, Device, Tensor};
 use std::cell::RefCell;
 use std::time::Instant;
 
-/// One prefill then `new_tokens` greedy decode steps (`step`, over `cache`); returns the times of
-/// the prefill and of the decode loop, and each step's host time (until its call returned), in
-/// microseconds.
-fn generate<F>(
-    model: &dyn CausalLm,
+/// One prefill (`prefill`: the prompt and its start position in, the first token out) then
+/// `new_tokens` greedy decode steps (`step`), over `cache`; returns the times of the prefill and
+/// of the decode loop, and each step's host time (until its call returned), in microseconds.
+fn generate<P, F>(
     cache: &RefCell<KvCache>,
+    prefill: &CompiledFn<P>,
     step: &CompiledFn<F>,
     prompt: &Tensor,
     new_tokens: usize,
     timer: &Timer,
 ) -> coil::Result<(Times, Times, Vec<f64>)>
 where
+    P: Fn(&[Tensor]) -> coil::Result<Vec<Tensor>>,
     F: Fn(&[Tensor]) -> coil::Result<Vec<Tensor>>,
 {
-    let (batch, len) = (prompt.shape()[0], prompt.shape()[1]);
+    let len = prompt.shape()[1];
     if len + new_tokens > cache.borrow().capacity() {
         return Err(coil::Error::value(format!("{len} + {new_tokens} positions exceed the cache")));
     }
@@ -53,12 +55,8 @@ where
     let start = cache.borrow().position()?;
     let mut next = None;
     let prefill = timer.time(&mut || {
-        let mut cache = cache.borrow_mut();
-        let (logits, written) = model.forward_cached(prompt, &start, &cache)?;
-        let token = logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?;
-        cache.commit(&written, len, &[&token])?;
-        next = Some(token);
-        Ok(())
+        next = prefill.call(&[prompt, &start])?.pop();
+        cache.borrow_mut().advance(len)
     })?;
     let mut args = [next.expect("prefilled"), cache.borrow().position()?];
     let mut each = Vec::with_capacity(new_tokens);
@@ -114,6 +112,17 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             let cache = RefCell::new(model.new_cache(batch, capacity)?);
             // The token `[B, 1]` and the position (0-d) in, the next of each out: the step
             // depends on nothing else of the host's (the contract of a replayed function).
+            // The prefill as torch.compile(prefill) runs it: a compiled function (replayed:
+            // its Rust code runs for the first calls only), the cache written in place.
+            let prefill = coil::compile(|a: &[Tensor]| {
+                let mut cache = cache.borrow_mut();
+                let (logits, written) = model.forward_cached(&a[0], &a[1], &cache)?;
+                cache.write(&written, &[])?;
+                Ok(vec![logits.argmax(Some(-1), false)?.reshape(&[batch as i64, 1])?])
+            })
+            .named("prefill")
+            .replay(true)
+            .cuda_graphs(o.cuda_graphs);
             let step = coil::compile(|a: &[Tensor]| {
                 let mut cache = cache.borrow_mut();
                 let (logits, written) = model.forward_cached(&a[0], &a[1], &cache)?;
@@ -124,7 +133,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             .replay(true)
             .cuda_graphs(o.cuda_graphs);
             // Compiles the prefill and decode graphs; the decode step's first two calls arm its replay.
-            generate(model.as_ref(), &cache, &step, &prompt, 3, timer)?;
+            generate(&cache, &prefill, &step, &prompt, 3, timer)?;
             let compile_s = first.elapsed().as_secs_f64();
             let (mut pre, mut dec) = (Vec::new(), Vec::new());
             let loops = o.reps.clamp(1, 5);
@@ -132,12 +141,13 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                 if i + 1 == loops {
                     timer.reset_peak();
                 }
-                let (p, d, _) = generate(model.as_ref(), &cache, &step, &prompt, new_tokens, timer)?;
+                let (p, d, _) = generate(&cache, &prefill, &step, &prompt, new_tokens, timer)?;
                 pre.push(p);
                 dec.push(d);
             }
+            let window = HOST_WINDOW.min(new_tokens); // the tiny models' cache holds fewer
             let host = (0..5)
-                .map(|_| generate(model.as_ref(), &cache, &step, &prompt, HOST_WINDOW, timer).map(|(.., h)| h))
+                .map(|_| generate(&cache, &prefill, &step, &prompt, window, timer).map(|(.., h)| h))
                 .collect::<coil::Result<Vec<_>>>()?;
             let first_step_us = median(host.iter().map(|h| h[0]).collect());
             let step_us = median(host.concat());
@@ -163,7 +173,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                     compile_s: (compile_s - per(&pre, |t| t.wall, 1) / 1e3).max(0.0),
                     notes: format!(
                         "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device, {replay}; {graphs} graphs compiled (cache, prefill, decode); host per step {step_us:.1} us (median of {} steps), the first step after a prefill {first_step_us:.0} us",
-                        5 * HOST_WINDOW
+                        5 * window
                     ),
                     per_token_batch: Some(batch),
                 };
@@ -184,7 +194,12 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                     host_ms: None,
                     peak: timer.peak(),
                     compile_s: 0.0,
-                    notes: format!("per token: a {prompt_len}-token prefill at batch 1 over {prompt_len}"),
+                    notes: format!(
+                        "per token: a {prompt_len}-token prefill at batch 1 over {prompt_len}, a compiled function (replayed{}: {} of {} calls), the cache written in place",
+                        if o.cuda_graphs { ", from a CUDA graph" } else { "" },
+                        prefill.stats().replays,
+                        prefill.stats().calls
+                    ),
                     per_token_batch: Some(1),
                 };
                 eprintln!("{:<28} {:9.4} ms/token device  {:9.4} wall", row.name, row.device_ms, row.wall_ms);

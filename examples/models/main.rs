@@ -9,7 +9,15 @@
 //! cargo run --release --example models -- --json coil_models.json            # GPU, 124M
 //! cargo run --release --example models -- --device cpu --config tiny         # a quick check
 //! cargo run --release --example models -- --cuda-graphs                       # replayed from CUDA graphs
+//! cargo run --release --example models -- --replay                            # bodies not rerun
 //! ```
+//!
+//! `--replay` compiles the forward and gradient functions with `CompiledFn::replay`: after two
+//! traced calls that agree, a call binds the arguments and runs the compiled graph without
+//! running the Rust body (no recording, differentiation, capture or guards per call), as
+//! torch.compile's calls check guards and run the compiled graph. The optimizer steps stay
+//! outside (recorded and realized per call, like PyTorch's eager optimizers). The decode rows
+//! always replay.
 //!
 //! Timing follows `torch_suite.py`: warm-up calls, then each timed call after a 256 MiB memset
 //! (a cold L2), CUDA events around the call on the device's stream (the wall clock on the CPU);
@@ -37,6 +45,33 @@ pub struct Opts {
     /// Replay the compiled functions (`CompiledFn::cuda_graphs`) and the decode steps
     /// (`coil::set_cuda_graphs`) from CUDA graphs.
     cuda_graphs: bool,
+    /// Compile the forward and gradient functions with `CompiledFn::replay`.
+    replay: bool,
+}
+
+/// Says how many of a replaying function's calls replayed (`--replay`).
+fn report_replays(name: &str, stats: &coil::CallStats, o: &Opts) {
+    if o.replay {
+        eprintln!("  {name}: {} of {} calls replayed", stats.replays, stats.calls);
+    }
+}
+
+impl Opts {
+    /// A row's notes with how its compiled functions ran (`--replay`, `--cuda-graphs`).
+    fn with_modes(&self, notes: &str) -> String {
+        let mut modes = Vec::new();
+        if self.replay {
+            modes.push("compiled functions replayed (no Rust body per call)");
+        }
+        if self.cuda_graphs {
+            modes.push("replayed from CUDA graphs");
+        }
+        if modes.is_empty() {
+            notes.to_string()
+        } else {
+            format!("{notes}; {}", modes.join(", "))
+        }
+    }
 }
 
 fn parse() -> Opts {
@@ -48,6 +83,7 @@ fn parse() -> Opts {
         reps: 20,
         json: None,
         cuda_graphs: false,
+        replay: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -60,8 +96,9 @@ fn parse() -> Opts {
             "--reps" => o.reps = v().parse().expect("--reps N"),
             "--json" => o.json = Some(v()),
             "--cuda-graphs" => o.cuda_graphs = true,
+            "--replay" => o.replay = true,
             _ => panic!(
-                "unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json, --cuda-graphs"
+                "unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json, --cuda-graphs, --replay"
             ),
         }
     }
@@ -245,10 +282,12 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
         store.eval();
         let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?]))
             .named("forward")
+            .replay(o.replay)
             .cuda_graphs(o.cuda_graphs);
         let mut step = || forward.call(&[&x, &y]).map(|_| ());
-        let notes = "forward to the mean cross-entropy loss, no gradients (as under torch.no_grad)";
-        rows.push(bench(&fwd_name, o, timer, notes, &mut step)?);
+        let notes = o.with_modes("forward to the mean cross-entropy loss, no gradients (as under torch.no_grad)");
+        rows.push(bench(&fwd_name, o, timer, &notes, &mut step)?);
+        report_replays(&fwd_name, &forward.stats(), o);
         store.train();
     }
 
@@ -264,18 +303,17 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             Ok(std::iter::once(loss).chain(grads).collect())
         })
         .named("train_step")
+        .replay(o.replay)
         .cuda_graphs(o.cuda_graphs);
         let mut step = || -> coil::Result<()> {
             let out = grads.call(&[&x, &y])?;
             let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
             opt.step(&clipped)
         };
-        let notes = if o.cuda_graphs {
-            "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters); replayed from CUDA graphs"
-        } else {
-            "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)"
-        };
-        rows.push(bench(&train_name, o, timer, notes, &mut step)?);
+        let notes =
+            o.with_modes("forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)");
+        rows.push(bench(&train_name, o, timer, &notes, &mut step)?);
+        report_replays(&train_name, &grads.stats(), o);
         // Where a step's time goes: the gradients' graph, then the optimizer's.
         let (mut g, mut u) = (Vec::new(), Vec::new());
         for _ in 0..o.reps.clamp(1, 10) {

@@ -8,7 +8,7 @@
 //! decay 1e-4, in place). `--config tiny`: `resnet_tiny_*`, one block per stage of width 8, 10
 //! classes, batch 2 of 64x64.
 
-use super::{bench, Opts, Row, Timer};
+use super::{bench, report_replays, Opts, Row, Timer};
 use coil::nn::models::resnet::{ResNet, ResNetConfig};
 use coil::nn::{Module, Optimizer, ParamStore, Precision, Sgd, SgdConfig};
 use coil::{DType, Tensor};
@@ -44,10 +44,14 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
         store.eval();
         let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.forward(&nchw(&a[0])?)?]))
             .named("resnet_forward")
+            .replay(o.replay)
             .cuda_graphs(o.cuda_graphs);
         let mut step = || forward.call(&[&images]).map(|_| ());
-        let notes = "inference forward to the logits (batch norm with running statistics), channels-last bf16 input";
-        rows.push(bench(&fwd_name, o, timer, notes, &mut step)?);
+        let notes = o.with_modes(
+            "inference forward to the logits (batch norm with running statistics), channels-last bf16 input",
+        );
+        rows.push(bench(&fwd_name, o, timer, &notes, &mut step)?);
+        report_replays(&fwd_name, &forward.stats(), o);
         store.train();
     }
 
@@ -60,13 +64,15 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             Ok(std::iter::once(loss).chain(grads).collect())
         })
         .named("resnet_train_step")
+        .replay(o.replay)
         .cuda_graphs(o.cuda_graphs);
         let mut step = || -> coil::Result<()> {
             let out = grads.call(&[&images, &labels])?;
             opt.step(&out[1..])
         };
-        let notes = "forward (batch norms update their running statistics in place), cross-entropy on random labels, backward, SGD (lr 0.1, momentum 0.9, weight decay 1e-4; in place)";
-        rows.push(bench(&train_name, o, timer, notes, &mut step)?);
+        let notes = o.with_modes("forward (batch norms update their running statistics in place), cross-entropy on random labels, backward, SGD (lr 0.1, momentum 0.9, weight decay 1e-4; in place)");
+        rows.push(bench(&train_name, o, timer, &notes, &mut step)?);
+        report_replays(&train_name, &grads.stats(), o);
     }
     Ok(rows)
 }

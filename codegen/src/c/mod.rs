@@ -256,7 +256,7 @@ impl<'a> Emitter<'a> {
             }
         }
         let rnumel = k.rnumel.unwrap_or(Expr::int(1));
-        let nest = nest::Nest::find(k);
+        let nest = nest::Nest::of_pointwise(k);
         let two_pass = softmax::plan(k, &vars);
         Emitter {
             k,
@@ -346,18 +346,7 @@ impl<'a> Emitter<'a> {
         }
         let body = &k.body[prologue..];
         let simd = k.kind == KernelKind::Pointwise && !may_fail(body.iter());
-        if let Some(nest) = &self.nest {
-            // xindex = xouter * period + xinner, the call's range cut at whole periods
-            let period = match nest.period.const_value() {
-                Some(c) => c.to_string(),
-                None => format!("({})", nest.period.to_c()),
-            };
-            self.line(&format!("for (int64_t xouter = xstart / {period}; xouter * {period} < xend; xouter++) {{"));
-            self.indent += 1;
-            self.line(&format!("const int64_t xbase = xouter * {period};"));
-            self.line("const int64_t xlo = xstart > xbase ? xstart - xbase : 0;");
-            self.line(&format!("const int64_t xhi = xend - xbase < {period} ? xend - xbase : {period};"));
-        }
+        self.open_nest();
         if simd {
             self.line("#pragma omp simd");
         }
@@ -388,6 +377,21 @@ impl<'a> Emitter<'a> {
         }
         self.indent -= 1;
         self.line("}");
+    }
+
+    /// Opens the nest's loop over `xouter`, if there is a nest: `xindex = xouter * period +
+    /// xinner`, the call's range cut at whole periods, `xinner` running over `[xlo, xhi)`.
+    fn open_nest(&mut self) {
+        let Some(nest) = &self.nest else { return };
+        let period = match nest.period.const_value() {
+            Some(c) => c.to_string(),
+            None => format!("({})", nest.period.to_c()),
+        };
+        self.line(&format!("for (int64_t xouter = xstart / {period}; xouter * {period} < xend; xouter++) {{"));
+        self.indent += 1;
+        self.line(&format!("const int64_t xbase = xouter * {period};"));
+        self.line("const int64_t xlo = xstart > xbase ? xstart - xbase : 0;");
+        self.line(&format!("const int64_t xhi = xend - xbase < {period} ? xend - xbase : {period};"));
     }
 
     /// An index expression as C (through the nest's rewrite of `xindex`, if any).

@@ -1,5 +1,4 @@
-//! Loop nests for pointwise kernels with a broadcast: `xindex` split as
-//! `xouter * period + xinner`.
+//! Loop nests: `xindex` split as `xouter * period + xinner`.
 //!
 //! A pointwise kernel over `[rows, n]` reading an `[n]` operand (a bias row) indexes it
 //! `xindex % n`; one over `[rows, n]` reading a `[rows]` operand, `xindex / n`. In one flat loop
@@ -11,6 +10,13 @@
 //! shorter than [`MIN_PERIOD`] are not worth their set-up. A symbolic period (a kernel compiled
 //! for dynamic sizes, `xindex % s1`) always is: without the split each element pays 64-bit
 //! divisions, which do not vectorize.
+//!
+//! The same split serves reductions down the columns of a tensor with dims on both sides of
+//! the reduced one (`x.sum(1)` of `[a, r, n]`, or the chunks of a split column reduction,
+//! `coil_passes::split_reductions`: `[S, n]` partials of chunks of rows): there `xindex / n`
+//! picks the plane or chunk and `xindex % n` the column, and with `xindex` split the columns
+//! are contiguous in `xinner`, so the column form (`super::column`) applies within each
+//! `xouter`.
 
 use coil_ir::kernel::{flat_stmts, KernelKind, TileKernel, TileOp, TileStmt};
 use coil_ir::sym::{Expr, ExprKind};
@@ -18,7 +24,7 @@ use coil_ir::sym::{Expr, ExprKind};
 /// The shortest inner loop worth a nest.
 pub const MIN_PERIOD: i64 = 32;
 
-/// A pointwise kernel's split of `xindex`.
+/// A kernel's split of `xindex`.
 pub(super) struct Nest {
     /// The inner loop's length: a constant, or a size known only at run time (at least 1).
     pub period: Expr,
@@ -63,10 +69,16 @@ fn walk(e: Expr, f: &mut impl FnMut(Expr)) {
 
 impl Nest {
     /// The nest of a pointwise kernel, when one applies (see the module doc).
-    pub fn find(k: &TileKernel) -> Option<Nest> {
+    pub fn of_pointwise(k: &TileKernel) -> Option<Nest> {
         if k.kind != KernelKind::Pointwise {
             return None;
         }
+        Nest::find(k)
+    }
+
+    /// A split of `xindex` under which every index of `k` (of any kind) is affine in `xinner`,
+    /// when one exists: the largest period that gives one.
+    pub fn find(k: &TileKernel) -> Option<Nest> {
         let xindex = coil_ir::kernel::xindex(&k.xnumel);
         let exprs = exprs(k);
         let mut periods: Vec<Expr> = Vec::new();
@@ -90,6 +102,11 @@ impl Nest {
     fn new(xindex: Expr, period: Expr) -> Nest {
         let xinner = Expr::index_upto("xinner", period);
         Nest { period, xindex, xouter: Expr::symbol("xouter", Some(0), None), xinner }
+    }
+
+    /// The inner loop's variable.
+    pub fn xinner(&self) -> Expr {
+        self.xinner
     }
 
     /// `e` with `xindex` as `xouter * period + xinner`, and its `/ period`, `% period` as

@@ -750,6 +750,53 @@ fn column_reductions_run_along_the_rows_in_vectors() {
     }
 }
 
+/// `x.sum(1)` and `x.amax(1)` of `x: f32[3, 37, 80]` (a NaN in plane 1, column 5): `xindex`
+/// is `80 * plane + column`, not contiguous along the columns itself, so the column form runs
+/// under a nest (`xouter` the plane, `xinner` the column), as a split column reduction's chunks
+/// do; whole, and over ranges that cut planes and blocks of 64.
+#[test]
+fn planes_of_columns_reduce_along_the_rows_in_vectors() {
+    let (a, r, n) = (3usize, 37usize, 80usize);
+    for kind in [KernelKind::LoopedReduction, KernelKind::PersistentReduction] {
+        let mut p = Prog::default();
+        let x = p.input(&[a, r, n], DType::F32);
+        let (v, rv) = (xs(&[a, n]), rs(&[r])[0]);
+        let mut outs = Vec::new();
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let mut b = B::default();
+            let l = b.load(x, v[0] * (r * n) as i64 + rv * n as i64 + v[1], DType::F32);
+            outs.push(p.reduction(&[a, n], &[r], op, DType::F32, b.done(l)));
+        }
+        outs.iter().for_each(|&o| p.output(o));
+        let k = kernel("red_fused_amax_sum_0", kind, vec![0, 1], a * n, Some(r), outs);
+        let (lib, tiles) = build_and_compile(&p.p, &[k]);
+        let c = emit_kernel(&tiles[0]);
+        let nest = "for (int64_t xouter = xstart / 80; xouter * 80 < xend; xouter++) {";
+        let block = "for (int64_t xblock = xlo; xblock < xhi; xblock += 64) {";
+        assert!(
+            c.contains(nest) && c.contains(block) && c.contains("in_ptr0[80*rindex + xinner + 2960*xouter]"),
+            "{c}"
+        );
+        let mut xv: Vec<f32> = (0..a * r * n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+        xv[r * n + 3 * n + 5] = f32::NAN;
+        for ranges in [vec![[0, (a * n) as i64]], vec![[0, 70], [70, 81], [81, 200], [200, 240]]] {
+            let (mut sums, mut maxes) = (vec![0f32; a * n], vec![0f32; a * n]);
+            for range in ranges {
+                let args = [ptr(&mut xv), ptr(&mut sums), ptr(&mut maxes)];
+                assert_eq!(lib.run_range("red_fused_amax_sum_0", &args, &[], &[], Some(range)), [0; 4]);
+            }
+            for (o, (plane, col)) in (0..a).flat_map(|p| (0..n).map(move |c| (p, c))).enumerate() {
+                let column = (0..r).map(|row| xv[plane * r * n + row * n + col] as f64);
+                let want_sum: f64 = column.clone().sum();
+                let want_max =
+                    column.fold(f64::NEG_INFINITY, |a, v| if a.is_nan() || v.is_nan() { f64::NAN } else { a.max(v) });
+                assert!(close(sums[o] as f64, want_sum, 1e-6), "{kind:?} sum {o}: {} vs {want_sum}", sums[o]);
+                assert!(close(maxes[o] as f64, want_max, 0.0), "{kind:?} max {o}: {} vs {want_max}", maxes[o]);
+            }
+        }
+    }
+}
+
 #[test]
 fn kernels_with_the_same_code_are_emitted_once() {
     let (p, k) = crate::tile::tests::pointwise_chain(DType::F32);

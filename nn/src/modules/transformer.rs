@@ -337,19 +337,49 @@ impl KvCache {
         Tensor::from_vec(vec![self.len as i64], &[])?.to_device(device)
     }
 
-    /// Writes a step's new keys and values (`updates[layer] = (k, v)`, as
-    /// [`CausalSelfAttention::forward_cached`] returns them) over the cache in place, computing
-    /// `also` (the step's logits) in the same graph; the step covered `steps` positions.
+    /// Counts `steps` more positions as written: a compiled function wrote them with
+    /// [`KvCache::write`] (a prefill compiled with `CompiledFn::replay`, whose replayed calls do
+    /// not run the Rust code that would [`KvCache::commit`]). An error past the capacity.
+    ///
+    /// ```
+    /// use coil_nn::models::{gpt2::{Gpt2, Gpt2Config}, CausalLm};
+    /// use coil_nn::ParamStore;
+    /// # fn main() -> coil_ir::Result<()> {
+    /// let config = Gpt2Config { vocab_size: 11, block_size: 8, n_layer: 1, n_head: 2, n_embd: 8, dropout: 0.0, layer_norm_eps: 1e-5 };
+    /// let model = Gpt2::new(&ParamStore::new().root(coil_runtime::Device::Cpu, coil_ir::DType::F32), config)?;
+    /// let mut cache = model.new_cache(1, 8)?;
+    /// cache.advance(5)?;
+    /// assert_eq!(cache.position()?.item::<i64>()?, 5);
+    /// assert!(cache.advance(4).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     #[track_caller]
-    pub fn commit(&mut self, updates: &[(Tensor, Tensor)], steps: usize, also: &[&Tensor]) -> Result<()> {
+    pub fn advance(&mut self, steps: usize) -> Result<()> {
+        self.room(steps, "KvCache::advance")?;
+        self.len += steps;
+        Ok(())
+    }
+
+    /// An error for `op` unless `steps` more positions fit.
+    fn room(&self, steps: usize, op: &str) -> Result<()> {
         if self.len + steps > self.capacity() {
             return Err(Error::value(format!(
                 "the cache holds {} positions: {} + {steps} do not fit",
                 self.capacity(),
                 self.len
             ))
-            .in_op("KvCache::commit", vec![]));
+            .in_op(op, vec![]));
         }
+        Ok(())
+    }
+
+    /// Writes a step's new keys and values (`updates[layer] = (k, v)`, as
+    /// [`CausalSelfAttention::forward_cached`] returns them) over the cache in place, computing
+    /// `also` (the step's logits) in the same graph; the step covered `steps` positions.
+    #[track_caller]
+    pub fn commit(&mut self, updates: &[(Tensor, Tensor)], steps: usize, also: &[&Tensor]) -> Result<()> {
+        self.room(steps, "KvCache::commit")?;
         self.write(updates, also)?;
         self.len += steps;
         Ok(())
