@@ -192,6 +192,38 @@ fn a_cache_written_at_run_time_positions_by_a_generated_kernel_matches_the_inter
     coil::set_backend(before);
 }
 
+/// A cache write whose window reaches outside the cache (past its end, partly or wholly, or
+/// before its start) is the scatter's index error and writes nothing: the cache written over
+/// in place keeps every old value, on both backends (the compiled kernel checks the window
+/// once, before any store; PyTorch's `index_copy_` raises before it writes).
+#[test]
+fn a_cache_write_out_of_range_leaves_the_cache_as_it_was() {
+    use coil::Backend;
+    let _alone = alone();
+    let before = coil::backend();
+    let (b, cap, d, steps) = (2usize, 8usize, 4usize, 3usize);
+    for pos in [6i64, 8, -1] {
+        for backend in [Backend::Interpreter, Backend::Compiled] {
+            coil::set_backend(backend);
+            let cache = t(&noise(b * cap * d, 3), &[b, 1, cap, d]);
+            let new = t(&noise(b * steps * d, 4), &[b, 1, steps, d]);
+            let old = cache.to_vec::<f32>().unwrap();
+            let p = Tensor::from_vec(vec![pos], &[]).unwrap();
+            let positions =
+                Tensor::iota(&[steps], 0).unwrap().add(&p).unwrap().reshape(&[1, 1, steps as i64, 1]).unwrap();
+            let written = cache.scatter(2, &positions.broadcast_to(new.shape()).unwrap(), &new.exp().unwrap()).unwrap();
+            let e = coil::update_in_place(&[(&cache, &written)]).unwrap_err().to_string();
+            let first = if pos < 0 { pos } else { pos.max(cap as i64) };
+            assert!(
+                e.contains(&format!("index {first} is out of bounds for dim 2 with size {cap}")),
+                "{backend:?}: {e}"
+            );
+            assert_eq!(cache.to_vec::<f32>().unwrap(), old, "{backend:?} pos={pos}: nothing written");
+        }
+    }
+    coil::set_backend(before);
+}
+
 /// PyTorch's aliasing, run eagerly and inside a compiled function, on both backends: the same
 /// program as this torch code gives the same values.
 /// ```python

@@ -18,7 +18,11 @@
 //!    values that later passes read. Looped kernels make one [`TileStmt::RLoop`] per reduction,
 //!    recomputing the `XR` values that reduction needs inside it, and a final `RLoop` for the
 //!    `XR` epilogue and its stores; except that `amax(x)` and `sum(exp(x - amax(x)))` share one
-//!    `RLoop` (online softmax: the rule and its conditions are in the `online` module).
+//!    `RLoop` (online softmax: the rule and its conditions are in the `online` module). A
+//!    pointwise kernel that scatters into a window found at run time (a KV cache write,
+//!    [`coil_ir::loops::ScatterStore`]) starts with its window prologue: the values the
+//!    windows' offsets read, then a [`TileStmt::Window`] per scattered output, whose stores
+//!    are then plain ones relative to the window ([`TileKernel::window_prologue`]).
 //!
 //! Block variables are numbered in order of definition in the final body, so the numbering
 //! depends only on the kernel, never on construction details.
@@ -68,7 +72,7 @@ pub fn build_kernel(program: &LoopProgram, kernel: &FusedKernel) -> TileKernel {
     }
     let live = b.live();
     let body = match kernel.kind {
-        KernelKind::Pointwise | KernelKind::PersistentReduction => b.place_by_level(&live),
+        KernelKind::Pointwise | KernelKind::PersistentReduction => b.window_prologue(b.place_by_level(&live)),
         KernelKind::LoopedReduction => b.place_looped(&live),
         KernelKind::Extern => unreachable!(),
     };
@@ -103,7 +107,7 @@ fn size_symbols(program: &LoopProgram, kernel: &FusedKernel, body: &[TileStmt]) 
             match st {
                 TileStmt::Let { op, .. } => out.extend(exprs(op)),
                 TileStmt::Store { index, .. } => out.push(*index),
-                TileStmt::IndirectStore { index, stride, bound, .. } => out.extend([*index, *stride, *bound]),
+                TileStmt::Window { stride, size, bound, .. } => out.extend([*stride, *size, *bound]),
                 TileStmt::RLoop(body) => collect(body, out),
                 _ => {}
             }
@@ -163,8 +167,15 @@ struct StoreDef {
     index: Expr,
     value: Var,
     dims: Dims,
-    /// A scatter's data-dependent part: the position variable, its stride and bound.
-    indirect: Option<(Var, Expr, Expr)>,
+}
+
+/// A scatter's window before placement ([`TileStmt::Window`]).
+struct WindowDef {
+    arg: usize,
+    offset: Var,
+    stride: Expr,
+    size: Expr,
+    bound: Expr,
 }
 
 /// A buffer the kernel touches in memory.
@@ -190,6 +201,7 @@ struct Builder<'a> {
     /// was written at.
     produced: IndexMap<BufferId, (Var, Expr)>,
     stores: Vec<StoreDef>,
+    windows: Vec<WindowDef>,
 }
 
 fn numel(ranges: &[Expr]) -> Expr {
@@ -295,6 +307,7 @@ impl<'a> Builder<'a> {
             args: Vec::new(),
             produced: IndexMap::new(),
             stores: Vec::new(),
+            windows: Vec::new(),
         }
     }
 
@@ -383,13 +396,15 @@ impl<'a> Builder<'a> {
         let dtype = self.program.buffer(node.output).meta.dtype;
         let result = match &node.kind {
             LoopKind::Pointwise { body, scatter: Some(st), .. } => {
-                // Written at data-dependent places: nothing in the kernel reads it (the
+                // Written in a window found at run time: nothing in the kernel reads it (the
                 // scheduler fuses no reader), so it is always stored and never `produced`.
-                let (value, position) = self.add_body_with(body, &map, Some(st.position));
+                let (value, offset) = self.add_body_with(body, &map, Some(st.offset));
                 let arg = self.arg(node.output, true);
                 let sub = |e: &Expr| e.substitute(&map);
-                let indirect = Some((position.expect("asked for"), sub(&st.stride), sub(&st.bound)));
-                self.stores.push(StoreDef { arg, index: sub(&st.index), value, dims: Dims::X, indirect });
+                let (offset, stride, size, bound) =
+                    (offset.expect("asked for"), sub(&st.stride), sub(&st.size), sub(&st.bound));
+                self.windows.push(WindowDef { arg, offset, stride, size, bound });
+                self.stores.push(StoreDef { arg, index: sub(&st.index), value, dims: Dims::X });
                 return;
             }
             LoopKind::Pointwise { body, .. } => self.add_body(body, &map),
@@ -408,7 +423,6 @@ impl<'a> Builder<'a> {
                 index: out_index,
                 value: result,
                 dims: if xr { Dims::XR } else { Dims::X },
-                indirect: None,
             });
         }
     }
@@ -493,9 +507,9 @@ impl<'a> Builder<'a> {
         let mut live = vec![false; self.defs.len()];
         for s in &self.stores {
             live[s.value as usize] = true;
-            if let Some((position, ..)) = s.indirect {
-                live[position as usize] = true;
-            }
+        }
+        for w in &self.windows {
+            live[w.offset as usize] = true;
         }
         for i in (0..self.defs.len()).rev() {
             if !live[i] {
@@ -517,12 +531,37 @@ impl<'a> Builder<'a> {
     }
 
     fn store_stmt(s: &StoreDef) -> TileStmt {
-        match s.indirect {
-            Some((indirect, stride, bound)) => {
-                TileStmt::IndirectStore { arg: s.arg, index: s.index, indirect, stride, bound, value: s.value }
-            }
-            None => TileStmt::Store { arg: s.arg, index: s.index, value: s.value, dims: s.dims },
+        TileStmt::Store { arg: s.arg, index: s.index, value: s.value, dims: s.dims }
+    }
+
+    /// `body` (a pointwise kernel's) with its windows and the lets their offsets read moved to
+    /// the front, in def order: the window prologue ([`TileKernel::window_prologue`]). Those
+    /// lets read no `xindex` (lowering makes a window's offset the same for every element).
+    fn window_prologue(&self, body: Vec<TileStmt>) -> Vec<TileStmt> {
+        if self.windows.is_empty() {
+            return body;
         }
+        assert_eq!(self.kernel.kind, KernelKind::Pointwise, "{}: a scatter's window in a reduction", self.kernel.name);
+        let cone = self.pass_deps(self.windows.iter().map(|w| w.offset));
+        let mut out: Vec<TileStmt> = cone.iter().map(|&v| self.stmt(v)).collect();
+        for s in &out {
+            let TileStmt::Let { op, .. } = s else { unreachable!("a pointwise kernel's values are lets") };
+            assert!(
+                exprs(op).iter().all(|e| !e.free_symbols().contains(&self.xindex)),
+                "{}: a window offset that varies with xindex",
+                self.kernel.name
+            );
+        }
+        out.extend(self.windows.iter().map(|w| TileStmt::Window {
+            arg: w.arg,
+            offset: w.offset,
+            stride: w.stride,
+            size: w.size,
+            bound: w.bound,
+        }));
+        let early = |s: &TileStmt| matches!(s, TileStmt::Let { var, .. } if cone.contains(var));
+        out.extend(body.into_iter().filter(|s| !early(s)));
+        out
     }
 
     /// Where each live def is placed by [`Builder::place_by_level`]: its level, except that an
@@ -713,8 +752,8 @@ fn renumber(body: Vec<TileStmt>) -> Vec<TileStmt> {
                     TileStmt::Let { var: f(var), dims, dtype, op: map_operands(&op, f) }
                 }
                 TileStmt::Store { arg, index, value, dims } => TileStmt::Store { arg, index, value: f(value), dims },
-                TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
-                    TileStmt::IndirectStore { arg, index, indirect: f(indirect), stride, bound, value: f(value) }
+                TileStmt::Window { arg, offset, stride, size, bound } => {
+                    TileStmt::Window { arg, offset: f(offset), stride, size, bound }
                 }
                 TileStmt::AccInit { acc, op, dtype } => TileStmt::AccInit { acc: f(acc), op, dtype },
                 TileStmt::AccUpdate { acc, op, value } => TileStmt::AccUpdate { acc: f(acc), op, value: f(value) },

@@ -282,23 +282,30 @@ pub enum TileStmt {
         /// The block shape of the store.
         dims: Dims,
     },
-    /// `store(arg + index + stride * v, value, xmask)` where `v` is the integer block variable
-    /// `indirect`, checked to lie in `[0, bound)`: an element whose `v` is outside records an
-    /// index error (status code 1, `v`, `bound`) and stores nothing. The store of a scatter
-    /// along one dim ([`crate::loops::ScatterStore`]); pointwise kernels only, shape `X`.
-    IndirectStore {
-        /// The kernel argument written.
+    /// `window(arg, offset=v, stride, size, bound)`: from here on, the kernel's stores into
+    /// `arg` address the window of `size` positions from position `v` along a dim of `bound`
+    /// positions, `stride` elements apart: element `index` of a later store is element
+    /// `index + stride * v` of the buffer. `v`, an integer block variable, is the same for every
+    /// element (a scatter's run-time offset, [`crate::loops::ScatterStore`]), so the window is
+    /// checked once, `0 <= v <= bound - size`; outside, the kernel stores nothing at all (it
+    /// returns before its elements) and records the index error (status code 1, the first position out of range: `v` when
+    /// negative, else `max(v, bound)`; then `bound`).
+    ///
+    /// Pointwise kernels only, in their *window prologue* ([`TileKernel::window_prologue`]):
+    /// the windows and the values their offsets read (lets of no `xindex`) come first in the
+    /// body, so a backend computes them once per thread or call, before any element, and
+    /// moves the argument's pointer: the stores are then plain, vectorizable stores.
+    Window {
+        /// The kernel argument written through the window.
         arg: usize,
-        /// The element index without the data-dependent part.
-        index: Expr,
-        /// The block variable holding the data-dependent positions.
-        indirect: Var,
-        /// Elements between consecutive positions.
+        /// The block variable of the window's first position.
+        offset: Var,
+        /// Elements between consecutive positions of the dim.
         stride: Expr,
-        /// The positions' exclusive upper bound.
+        /// Positions the window spans.
+        size: Expr,
+        /// The dim's size.
         bound: Expr,
-        /// The block variable stored.
-        value: Var,
     },
     /// `acc<acc> = identity of op`, before the pass that accumulates into it.
     AccInit {
@@ -392,7 +399,7 @@ impl TileStmt {
             | TileStmt::AccUpdate { value, .. }
             | TileStmt::AccUpdateOnlineSoftmax { value, .. } => vec![*value],
             TileStmt::Reduce { source, .. } => vec![*source],
-            TileStmt::IndirectStore { indirect, value, .. } => vec![*indirect, *value],
+            TileStmt::Window { offset, .. } => vec![*offset],
             _ => vec![],
         }
     }
@@ -474,12 +481,10 @@ fn write_stmts(s: &mut String, k: &TileKernel, stmts: &[TileStmt], indent: usize
                 let mask = if *dims == Dims::X { "xmask" } else { "xmask & rmask" };
                 let _ = writeln!(s, "{pad}store({} + ({index}), tmp{value}, {mask})", k.args[*arg].name);
             }
-            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
+            TileStmt::Window { arg, offset, stride, size, bound } => {
                 let name = &k.args[*arg].name;
-                let _ = writeln!(
-                    s,
-                    "{pad}store({name} + ({index}), tmp{value}, xmask, indirect=tmp{indirect}, stride={stride}, bound={bound})"
-                );
+                let _ =
+                    writeln!(s, "{pad}window({name}, offset=tmp{offset}, stride={stride}, size={size}, bound={bound})");
             }
             TileStmt::AccInit { acc, op, dtype } => {
                 let _ = writeln!(s, "{pad}acc{acc} = full([XBLOCK, RBLOCK], identity({}), {dtype})", op.name());
@@ -516,6 +521,43 @@ fn write_stmts(s: &mut String, k: &TileKernel, stmts: &[TileStmt], indent: usize
 }
 
 impl TileKernel {
+    /// The length of the body's *window prologue*: the leading statements up to the last
+    /// [`TileStmt::Window`] (0 without one). The kernel builder puts there the windows of a
+    /// pointwise kernel and the lets their offsets read, none of which reads `xindex`, so a
+    /// backend runs them once, before the elements, and the rest of the body per element.
+    ///
+    /// ```
+    /// use coil_ir::kernel::TileKernel;
+    /// let k = TileKernel::parse("\
+    /// @kernel(kind=pointwise)
+    /// def poi_fused_scatter_0(in_ptr0: *i64 (buffer 1), in_ptr1: *f32 (buffer 2), out_ptr0: *f32 (buffer 3)):
+    ///     xnumel = 8
+    ///     XBLOCK: constexpr = 1024
+    ///     xindex = program_id(0) * XBLOCK + arange(XBLOCK)[:, None]
+    ///     xmask = xindex < xnumel
+    ///     tmp0: i64[XBLOCK, 1] = load(in_ptr0 + (0))
+    ///     window(out_ptr0, offset=tmp0, stride=4, size=2, bound=16)
+    ///     tmp1: f32[XBLOCK, 1] = load(in_ptr1 + (xindex))
+    ///     store(out_ptr0 + (xindex), tmp1, xmask)
+    /// ").unwrap();
+    /// assert_eq!(k.window_prologue(), 2);
+    /// ```
+    pub fn window_prologue(&self) -> usize {
+        self.body.iter().rposition(|s| matches!(s, TileStmt::Window { .. })).map_or(0, |i| i + 1)
+    }
+
+    /// Whether the window at `body[at]` must be checked: no window before it has its offset,
+    /// size and bound (a layer's key and value caches, written at one position, are checked
+    /// once).
+    pub fn window_needs_check(&self, at: usize) -> bool {
+        let key = |s: &TileStmt| match s {
+            TileStmt::Window { offset, size, bound, .. } => Some((*offset, *size, *bound)),
+            _ => None,
+        };
+        let Some(k) = key(&self.body[at]) else { return false };
+        !self.body[..at].iter().any(|s| key(s) == Some(k))
+    }
+
     /// The parameter list of the kernel's `def` line: the buffer arguments (each with the
     /// loop program's buffer it points to), the size symbols, the random streams' keys and
     /// counters.

@@ -5,8 +5,8 @@
 //! write several, [`LoopNode::writes`]), and is one of:
 //!
 //! * **pointwise**: `out[flat(x)] = body(x)` for every `x` in `ranges`; or, for a scatter along
-//!   one dim at run-time positions ([`ScatterStore`]: a KV cache write), `out = base` with
-//!   `out[index(x) + stride * position(x)] = body(x)`;
+//!   one dim at consecutive positions from a run-time offset ([`ScatterStore`]: a KV cache
+//!   write), `out = base` with `out[index(x) + stride * offset] = body(x)`;
 //! * **reduction**: `out[flat(x)] = reduce over r in reduction_ranges of body(x, r)`;
 //! * **extern**: a call coil does not generate code for (a matrix product, the attention
 //!   templates, or a fallback op run by the reference interpreter).
@@ -566,13 +566,17 @@ impl BiasOperand {
     }
 }
 
-/// Where a pointwise node that scatters stores (the `scatter` of [`LoopKind::Pointwise`]): the output
-/// holds `base`'s elements, except that element `x` of the node's ranges is written at
-/// `index(x) + stride * position(x)`, where the integer body value `position` must lie in
-/// `[0, bound)` (generated code reports one outside as an index error, status code 1, and
-/// skips that store). Lowering makes one only where the positions are `x_dim + p`, `p` the
-/// same for every element (a run of consecutive positions from a run-time offset: a KV cache
-/// written at `pos..pos + T`, XLA's `dynamic_update_slice`), so no two elements meet.
+/// Where a pointwise node that scatters stores (the `scatter` of [`LoopKind::Pointwise`]): the
+/// output holds `base`'s elements, except for a window of `size` consecutive positions along
+/// one dim, from the run-time position `offset` on, where element `x` of the node's ranges is
+/// written at `index(x) + stride * offset`. `offset`, an integer body value the same for every
+/// element (lowering makes one only where it is: a KV cache written at `pos..pos + T`, XLA's
+/// `dynamic_update_slice`), is checked once: the window must lie in the dim, `0 <= offset` and
+/// `offset + size <= bound`. Outside, generated code stores nothing and reports the scatter's
+/// index error (status code 1) at the first position out of range in the index's element
+/// order (`offset` when negative, else `max(offset, bound)`), as the interpreter names it; so
+/// the output is the base unchanged, never partly written (PyTorch's `index_copy_` raises
+/// before it writes).
 ///
 /// The node's body never loads `base`: before the kernel runs, the runtime copies `base` into
 /// the output unless the output *is* `base`'s storage (donated, or written in place over a
@@ -581,30 +585,40 @@ impl BiasOperand {
 /// ```
 /// use coil_ir::loops::{BufferId, ScatterStore, ValueId};
 /// use coil_ir::sym::Expr;
-/// // a [1, 1, T, 4] source into a [1, 1, 16, 4] cache at positions v2 = x2 + pos
-/// let x = |i: usize| Expr::index_upto(&format!("x{i}"), Expr::int(4));
-/// let store = ScatterStore { base: BufferId(0), index: x(3), position: ValueId(2), stride: Expr::int(4), bound: Expr::int(16) };
-/// assert_eq!(store.base, BufferId(0));
+/// // a [1, 1, 3, 4] source into a [1, 1, 16, 4] cache at positions pos..pos + 3 (v1 = pos)
+/// let x = |i: usize, n: i64| Expr::index_upto(&format!("x{i}"), Expr::int(n));
+/// let index = x(2, 3) * 4 + x(3, 4);
+/// let store = ScatterStore { base: BufferId(0), index, offset: ValueId(1), stride: Expr::int(4), size: Expr::int(3), bound: Expr::int(16) };
+/// assert_eq!(store.last_offset(), Expr::int(13));
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScatterStore {
     /// The buffer whose elements the output keeps where the node does not write.
     pub base: BufferId,
-    /// The element index without the data-dependent part (over the node's range variables).
+    /// Where element `x` goes in a window at offset 0 (over the node's range variables).
     pub index: Expr,
-    /// The integer body value holding each element's position along the scattered dim.
-    pub position: ValueId,
-    /// Elements between consecutive positions.
+    /// The integer body value, the same for every element, of the window's first position.
+    pub offset: ValueId,
+    /// Elements between consecutive positions of the dim.
     pub stride: Expr,
-    /// The positions' exclusive upper bound (the scattered dim's size).
+    /// Positions the window spans (the index's extent along the dim).
+    pub size: Expr,
+    /// The dim's size.
     pub bound: Expr,
+}
+
+impl ScatterStore {
+    /// The largest valid offset, `bound - size` (negative when the window cannot fit).
+    pub fn last_offset(&self) -> Expr {
+        self.bound - self.size
+    }
 }
 
 /// What a loop node computes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LoopKind {
     /// `output[x] = body(x)` for every index `x` in `ranges`; with `scatter`, `output = base`
-    /// but at the positions [`ScatterStore`] says.
+    /// but in the window [`ScatterStore`] says.
     Pointwise {
         /// The extents iterated, one range variable each (the output's, without `scatter`).
         ranges: Vec<Expr>,

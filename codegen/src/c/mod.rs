@@ -201,10 +201,10 @@ fn clamped(index: Expr) -> Option<(Expr, Expr)> {
 }
 
 /// Whether a statement of `stmts` (or of a loop among them) may write `status`: an indirect
-/// load or store, or integer division, remainder or power. Such loops are not marked `simd`.
+/// load, a window, or integer division, remainder or power. Such loops are not marked `simd`.
 fn may_fail<'s>(stmts: impl IntoIterator<Item = &'s TileStmt>) -> bool {
     stmts.into_iter().any(|s| match s {
-        TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } | TileStmt::IndirectStore { .. } => true,
+        TileStmt::Let { op: TileOp::IndirectLoad { .. }, .. } | TileStmt::Window { .. } => true,
         TileStmt::Let { op: TileOp::Binary(op, ..), dtype, .. } => ops::binary_may_fail(*op, *dtype),
         TileStmt::RLoop(body) => may_fail(body),
         _ => false,
@@ -330,7 +330,22 @@ impl<'a> Emitter<'a> {
             self.line("}");
             return;
         }
-        let simd = k.kind == KernelKind::Pointwise && !may_fail(k.body.iter());
+        // The window prologue: once per call, before the loop (the windows' pointers moved).
+        let prologue = k.window_prologue();
+        for (i, s) in k.body[..prologue].iter().enumerate() {
+            match s {
+                TileStmt::Window { arg, offset, stride, size, bound } => {
+                    if k.window_needs_check(i) {
+                        self.window_check(*offset, *size, *bound);
+                    }
+                    let (p, name) = (self.r(*offset), &k.args[*arg].name);
+                    self.line(&format!("{name} += ({})*{p};", self.c(*stride)));
+                }
+                s => self.stmt(s),
+            }
+        }
+        let body = &k.body[prologue..];
+        let simd = k.kind == KernelKind::Pointwise && !may_fail(body.iter());
         self.open_nest();
         if simd {
             self.line("#pragma omp simd");
@@ -352,7 +367,7 @@ impl<'a> Emitter<'a> {
                 }
                 self.stmts(&k.body)
             }
-            _ => self.stmts(&k.body),
+            _ => self.stmts(body),
         }
         self.indent -= 1;
         self.line("}");
@@ -435,7 +450,9 @@ impl<'a> Emitter<'a> {
     /// One statement of a pointwise or looped kernel.
     fn stmt(&mut self, s: &TileStmt) {
         match s {
-            TileStmt::Let { .. } | TileStmt::Store { .. } | TileStmt::IndirectStore { .. } => self.simple(s),
+            TileStmt::Let { .. } | TileStmt::Store { .. } => self.simple(s),
+            TileStmt::Window { .. } => unreachable!("a window outside the prologue"),
+
             TileStmt::AccInit { acc, op, dtype } => self.acc_init(*acc, *op, *dtype),
             TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),
             TileStmt::Reduce { var, op, dtype, source } => self.acc_finish(*var, *op, *dtype, *source),
@@ -572,19 +589,18 @@ impl<'a> Emitter<'a> {
                 let v = self.stored(*arg, *value);
                 self.line(&format!("{}[{}] = {v};", self.k.args[*arg].name, self.c(*index)));
             }
-            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
-                let v = self.stored(*arg, *value);
-                let p = self.r(*indirect);
-                let at = format!("({}) + ({})*{p}", self.c(*index), self.c(*stride));
-                let bound = self.c(*bound);
-                let name = &self.k.args[*arg].name;
-                // out of range: the error is recorded and nothing stored
-                self.line(&format!(
-                    "if (0 <= {p} && {p} < {bound}) {name}[{at}] = {v}; else coil_index_error(status, {p}, {bound});"
-                ));
-            }
             _ => unreachable!("not a simple statement"),
         }
+    }
+
+    /// A window's check ([`TileStmt::Window`]): out of range, the error at the first position
+    /// outside, and a return before anything is stored.
+    fn window_check(&mut self, offset: Var, size: Expr, bound: Expr) {
+        let (p, size, bound) = (self.r(offset), self.c(size), self.c(bound));
+        self.line(&format!("if ({p} < 0 || {p} > ({bound}) - ({size})) {{"));
+        self.line(&format!("    coil_index_error(status, {p} < 0 || {p} > ({bound}) ? {p} : ({bound}), {bound});"));
+        self.line("    return;");
+        self.line("}");
     }
 
     /// The C value `value` is stored as into kernel argument `arg`.

@@ -39,7 +39,6 @@ fn exprs(k: &TileKernel) -> Vec<Expr> {
     for s in flat_stmts(&k.body) {
         match s {
             TileStmt::Store { index, .. } => out.push(*index),
-            TileStmt::IndirectStore { index, stride, bound, .. } => out.extend([*index, *stride, *bound]),
             TileStmt::Let { op, .. } => match op {
                 TileOp::Load { index, .. } | TileOp::MaskedLoad { index, .. } | TileOp::Index(index) => {
                     out.push(*index)

@@ -49,9 +49,7 @@ pub(super) fn loads_to_quiet(k: &TileKernel) -> IndexSet<Var> {
                     uses.entry(v).or_default().push(Use::Op { var: *var, dtype: *dtype, op: op.clone() });
                 }
             }
-            TileStmt::Store { arg, value, .. } | TileStmt::IndirectStore { arg, value, .. } => {
-                uses.entry(*value).or_default().push(Use::Store(k.args[*arg].dtype))
-            }
+            TileStmt::Store { arg, value, .. } => uses.entry(*value).or_default().push(Use::Store(k.args[*arg].dtype)),
             s => s.reads().into_iter().for_each(|v| uses.entry(v).or_default().push(Use::Fold)),
         }
     }

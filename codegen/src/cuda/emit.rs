@@ -111,7 +111,7 @@ pub(super) fn index_type(k: &TileKernel) -> &'static str {
                 _ => {}
             },
             TileStmt::Store { index, .. } => exprs.push(*index),
-            TileStmt::IndirectStore { index, stride, bound, .. } => exprs.extend([*index, *stride, *bound]),
+            TileStmt::Window { stride, size, bound, .. } => exprs.extend([*stride, *size, *bound]),
             _ => {}
         }
     }
@@ -254,6 +254,9 @@ pub(super) struct KernelFacts {
     pub(super) divisors: IndexSet<Var>,
     /// Values of `Constant` lets, so that a literal divisor's reciprocal is folded.
     pub(super) constants: IndexMap<Var, f64>,
+    /// The stride of each argument written through a window ([`TileStmt::Window`]): its
+    /// pointer moves by a multiple of it at run time.
+    pub(super) windows: IndexMap<usize, Expr>,
 }
 
 impl KernelFacts {
@@ -262,8 +265,10 @@ impl KernelFacts {
         let mut acc_source = IndexMap::new();
         let (mut twos, mut ones, mut tanh_of) = (IndexSet::new(), IndexSet::new(), IndexMap::new());
         let (mut divisors, mut constants) = (IndexSet::new(), IndexMap::new());
+        let mut windows = IndexMap::new();
         for s in flat_stmts(&k.body) {
             match s {
+                TileStmt::Window { arg, stride, .. } => _ = windows.insert(*arg, *stride),
                 TileStmt::Let { var, dtype, op, .. } => {
                     dtypes.insert(*var, *dtype);
                     if let TileOp::Constant(c) = op {
@@ -308,7 +313,17 @@ impl KernelFacts {
                 _ => {}
             }
         }
-        KernelFacts { dtypes, acc_source, twos, ones, tanh_of, divisors, constants }
+        KernelFacts { dtypes, acc_source, twos, ones, tanh_of, divisors, constants, windows }
+    }
+
+    /// `access` of argument `arg`, unless it is a vector access through a window whose stride
+    /// is no multiple of the pieces: the moved pointer keeps only the stride's alignment (a
+    /// cache row of 64 elements moves by whole 16-byte pieces, one of 5 would not).
+    pub(super) fn window_aligned(&self, arg: usize, access: Access) -> Access {
+        match (access, self.windows.get(&arg)) {
+            (Access::Vector { piece }, Some(&stride)) if !divisible(stride, piece as i64) => Access::Scalar,
+            (a, _) => a,
+        }
     }
 
     /// The `z` of `x + y` (a value of `out`) when it is `1 + tanh(z)` computed in f32.
@@ -445,7 +460,8 @@ impl<'a> Gen<'a> {
     }
 
     fn access(&self, index: Expr, arg: usize) -> Access {
-        self.group.as_ref().map_or(Access::Scalar, |g| g.access(index, self.k.args[arg].dtype))
+        let access = self.group.as_ref().map_or(Access::Scalar, |g| g.access(index, self.k.args[arg].dtype));
+        self.facts.window_aligned(arg, access)
     }
 
     /// `(arg, index, piece)` of a vector load or store.
@@ -541,7 +557,8 @@ impl<'a> Gen<'a> {
     fn pointwise(&mut self) {
         let vec = self.plan.vec as i64;
         let k = self.k;
-        let body: Vec<&TileStmt> = k.body.iter().collect();
+        let prologue = k.window_prologue();
+        let body: Vec<&TileStmt> = k.body[prologue..].iter().collect();
         let (groups, full) = ((self.xnumel + (vec - 1)).floor_div(vec), self.xnumel.floor_div(vec));
         // Provably none / provably all: nothing to decide at run time.
         let some_full = full != Expr::int(0);
@@ -550,9 +567,26 @@ impl<'a> Gen<'a> {
         if some_full {
             self.group = Some(Group::new(xindex(&k.xnumel), "xvec", full, vec as usize, "i"));
             self.note_alignment(&body);
-            self.find_uniform(&body);
+            // (the prologue's values are uniform too, and so may be what derives from them)
+            self.find_uniform(&k.body.iter().collect::<Vec<_>>());
         }
         self.alignment_check();
+        // The window prologue: once per thread, before its groups (the windows' pointers
+        // moved, so that the stores are plain ones).
+        let group = self.group.take();
+        for (i, s) in k.body[..prologue].iter().enumerate() {
+            match s {
+                TileStmt::Window { arg, offset, stride, size, bound } => {
+                    if k.window_needs_check(i) {
+                        self.window_check(*offset, *size, *bound);
+                    }
+                    let (p, name) = (self.r(*offset), &k.args[*arg].name);
+                    self.line(&format!("{name} += ({})*{p};", stride.to_c()));
+                }
+                s => self.stmt(s),
+            }
+        }
+        self.group = group;
         let it = self.it;
         let per_step = self.plan.launch.grid as u64 * self.plan.launch.block as u64;
         self.open_grid_loop(
@@ -591,6 +625,18 @@ impl<'a> Gen<'a> {
                 self.close();
             }
         }
+        self.close();
+    }
+
+    /// A window's check ([`TileStmt::Window`]): out of range, the launch's first thread
+    /// records the error at the first position outside, and every thread returns before it
+    /// stores anything (they all see the same offset).
+    fn window_check(&mut self, offset: Var, size: Expr, bound: Expr) {
+        let (p, size, bound) = (self.r(offset), size.to_c(), bound.to_c());
+        self.open(&format!("if ({p} < 0 || {p} > ({bound}) - ({size})) {{"));
+        let first = format!("{p} < 0 || {p} > ({bound}) ? {p} : ({bound})");
+        self.line(&format!("if (blockIdx.x == 0 && threadIdx.x == 0) coil_fail(status, 1, {first}, {bound});"));
+        self.line("return;");
         self.close();
     }
 
@@ -664,6 +710,7 @@ impl<'a> Gen<'a> {
     /// A statement at the current level (row, group or element).
     fn stmt(&mut self, s: &TileStmt) {
         match s {
+            TileStmt::Window { .. } => unreachable!("a window outside the prologue"),
             TileStmt::Let { var, dtype, op, .. } => {
                 let rhs = match self.vector_access(s) {
                     Some((arg, ..)) => ops::load(&format!("w{var}.v"), "i", self.k.args[arg].dtype, *dtype),
@@ -682,18 +729,6 @@ impl<'a> Gen<'a> {
                 let row = self.k.kind != KernelKind::Pointwise && *dims == Dims::X && !self.own_output;
                 let guard = if row { "if (rlane == 0) " } else { "" };
                 self.line(&format!("{guard}{}[{}] = {v};", a.name, self.index_c(*index)));
-            }
-            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
-                let a = &self.k.args[*arg];
-                let v = store_value(&self.r(*value), self.dtype(*value), a.dtype);
-                let p = self.r(*indirect);
-                let at = format!("({}) + ({})*{p}", self.index_c(*index), stride.to_c());
-                let bound = bound.to_c();
-                // out of range: the error is recorded and nothing stored
-                self.line(&format!(
-                    "if (0 <= {p} && {p} < {bound}) {}[{at}] = {v}; else coil_fail(status, 1, {p}, {bound});",
-                    a.name
-                ));
             }
             TileStmt::AccInit { acc, op, .. } => self.acc_init(*acc, *op),
             TileStmt::AccUpdate { acc, op, value } => self.acc_update(*acc, *op, *value),

@@ -213,6 +213,8 @@ pub(crate) fn all_kernels() -> Vec<TileKernel> {
     v.push(tile(&p, &k, "embedding"));
     let (p, k) = crate::tile::tests::cache_write();
     v.push(tile(&p, &k, "cache_write"));
+    let (p, k) = crate::tile::tests::cache_write_of("bf16", 8, 256, 16, 64);
+    v.push(tile(&p, &k, "cache_write_bf16"));
     let (p, k) = signed_zeros();
     v.push(tile(&p, &k, "signed_zeros"));
     let (p, k) = crate::tile::tests::pointwise_chain(DType::F16);
@@ -363,12 +365,39 @@ fn embedding_checks_bounds() {
     snapshot("cuda_embedding", src);
 }
 
+/// A cache write checks its window once per thread, before its groups, moves the cache's
+/// pointer to it and stores like a plain pointwise kernel: a vector store per group.
 #[test]
-fn scatter_store_checks_bounds() {
+fn scatter_store_checks_its_window_once_and_stores_vectors() {
     let (p, k) = crate::tile::tests::cache_write();
     let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
-    assert_eq!(src.matches("else coil_fail(status, 1, ").count(), 1, "{src}");
+    assert_eq!(src.matches("coil_fail(status, 1, ").count(), 1, "{src}");
+    assert!(src.contains("out_ptr0 += (4)*tmp2;"), "{src}");
+    assert!(src.contains("coil_store<float, 4, 4>(out_ptr0 + "), "{src}");
     snapshot("cuda_cache_write", src);
+}
+
+/// The cache write of a Llama layer (bf16, head_dim 64, 16 new positions): the launch plan and
+/// the stores of a plain pointwise kernel writing the same contiguous output (8 bf16 per
+/// thread, one 16-byte store); a window whose rows are no multiple of the pieces (5 f32)
+/// keeps scalar stores, as its moved pointer may not be 16-byte aligned.
+#[test]
+fn scatter_store_gets_the_plan_and_vector_stores_of_a_plain_pointwise_kernel() {
+    let (p, k) = crate::tile::tests::cache_write_of("bf16", 8, 256, 16, 64);
+    let t = build_kernel(&p, &k);
+    let (src, _) = emit_cuda_kernel(&t).unwrap();
+    // the same kernel without the window: a plain store into a contiguous output
+    let mut plain = t.clone();
+    plain.body.retain(|s| !matches!(s, TileStmt::Window { .. }));
+    let plan = launch::plan(&t, &GpuTarget::h100());
+    assert_eq!(plan, launch::plan(&plain, &GpuTarget::h100()));
+    assert_eq!((plan.vec, plan.launch.block), (8, 256));
+    assert!(src.contains("coil_store_bf16<8, 8>(out_ptr0 + "), "{src}");
+    assert!(!src.contains("out_ptr0["), "no scalar store\n{src}");
+    let (p, k) = crate::tile::tests::cache_write_of("f32", 2, 8, 3, 5);
+    let (src, _) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
+    assert!(!src.contains("coil_store<"), "{src}");
+    assert!(src.contains("out_ptr0["), "{src}");
 }
 
 /// `x.sum(dim=0)` of f32 `[rows, cols]`: a reduction down the columns (`x[cols*r + x]`).
@@ -874,4 +903,37 @@ pub(crate) fn col_var(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgra
     let var = p.pointwise(&[cols], f, b.done(q));
     p.output(var);
     (p.p, kernel("per_fused_col_var_0", kind, vec![0, 1, 2, 3], cols, Some(rows), vec![var]))
+}
+
+/// A layer's key and value caches written at one position: two windows of the same offset,
+/// size and bound, checked once by every backend, each pointer moved.
+#[test]
+fn windows_of_one_offset_are_checked_once() {
+    let k = TileKernel::parse(
+        "\
+@kernel(kind=pointwise)
+def poi_fused_scatter_0(in_ptr0: *i64 (buffer 1), in_ptr1: *f32 (buffer 2), out_ptr0: *f32 (buffer 3), out_ptr1: *f32 (buffer 4)):
+    xnumel = 64
+    XBLOCK: constexpr = 1024
+    xindex = program_id(0) * XBLOCK + arange(XBLOCK)[:, None]
+    xmask = xindex < xnumel
+    tmp0: i64[XBLOCK, 1] = load(in_ptr0 + (0))
+    window(out_ptr0, offset=tmp0, stride=16, size=4, bound=32)
+    window(out_ptr1, offset=tmp0, stride=16, size=4, bound=32)
+    tmp1: f32[XBLOCK, 1] = load(in_ptr1 + (xindex))
+    store(out_ptr0 + (xindex), tmp1, xmask)
+    store(out_ptr1 + (xindex), tmp1, xmask)
+",
+    )
+    .unwrap();
+    assert!(k.window_needs_check(1) && !k.window_needs_check(2));
+    let (src, _) = emit_cuda_kernel(&k).unwrap();
+    assert_eq!(src.matches("coil_fail(status, 1, ").count(), 1, "{src}");
+    assert!(src.contains("out_ptr0 += (16)*tmp0;") && src.contains("out_ptr1 += (16)*tmp0;"), "{src}");
+    syntax_check(&emit_cuda_kernel_source(&k, &GpuTarget::h100()).unwrap());
+    let ptx = crate::cuda::ptx::emit_ptx(&k, &GpuTarget::h100(), &Tuning::default()).unwrap().source;
+    assert_eq!(ptx.matches("atom.global.cas.b64").count(), 1, "{ptx}");
+    assert_eq!(ptx.matches("st.global.v4.f32").count(), 2, "{ptx}");
+    let c = crate::c::emit_kernel(&k);
+    assert_eq!(c.matches("coil_index_error(").count(), 1, "{c}");
 }

@@ -102,27 +102,45 @@ outputs: buf0
 }
 
 /// A KV cache write: `exp(new)` (`[2, 3, 4]`) stored into the cache (`[2, 8, 4]`) at
-/// positions `x1 + pos` along dim 1, `pos` a 0-d i64 read when the kernel runs.
+/// positions `pos..pos + 3` along dim 1, `pos` a 0-d i64 read when the kernel runs.
 pub(crate) fn cache_write() -> (LoopProgram, FusedKernel) {
-    let p = LoopProgram::parse(
+    cache_write_of("f32", 2, 8, 3, 4)
+}
+
+/// `exp(new)` (`[b, t, d]` of `dtype`) stored into a cache `[b, cap, d]` at positions
+/// `pos..pos + t` along dim 1, as lowering makes it (`scatter` module of `coil_passes`).
+pub(crate) fn cache_write_of(dtype: &str, b: i64, cap: i64, t: i64, d: i64) -> (LoopProgram, FusedKernel) {
+    let p = LoopProgram::parse(&format!(
         "\
 inputs: arg0, arg1, arg2
-  arg0: f32[2, 8, 4]
+  arg0: {dtype}[{b}, {cap}, {d}]
   arg1: i64[]
-  arg2: f32[2, 3, 4]
-buf0: f32[2, 8, 4] = pointwise ranges=[2, 3, 4] origins=[exp, scatter]
-    v0: i64 = index(x1)
+  arg2: {dtype}[{b}, {t}, {d}]
+buf0: {dtype}[{b}, {cap}, {d}] = pointwise ranges=[{b}, {t}, {d}] origins=[exp, scatter]
+    v0: i64 = index(0)
     v1: i64 = load(arg1, 0)
     v2: i64 = add(v0, v1)
-    v3: f32 = load(arg2, 12*x0 + 4*x1 + x2)
-    v4: f32 = exp(v3)
+    v3: {dtype} = load(arg2, {td}*x0 + {d}*x1 + x2)
+    v4: {dtype} = exp(v3)
     return v4
-    scatter(base=arg0, index=32*x0 + x2, position=v2, stride=4, bound=8)
+    scatter(base=arg0, index={cd}*x0 + {d}*x1 + x2, offset=v2, stride={d}, size={t}, bound={cap})
 outputs: buf0
 ",
-    )
+        td = t * d,
+        cd = cap * d,
+    ))
     .unwrap();
-    (p, kernel("poi_fused_exp_scatter_0", KernelKind::Pointwise, vec![0], 24, None, vec![BufferId(3)]))
+    (
+        p,
+        kernel(
+            "poi_fused_exp_scatter_0",
+            KernelKind::Pointwise,
+            vec![0],
+            (b * t * d) as usize,
+            None,
+            vec![BufferId(3)],
+        ),
+    )
 }
 
 #[test]
@@ -130,7 +148,13 @@ fn scatter_store_tile() {
     let (p, k) = cache_write();
     let t = build_kernel(&p, &k);
     let text = t.to_string();
-    assert!(text.contains("indirect=tmp2, stride=4, bound=8)"), "{text}");
+    // the window and the offset's values first, then a plain store relative to the window
+    assert_eq!(t.window_prologue(), 4, "{text}");
+    assert!(text.contains("window(out_ptr0, offset=tmp2, stride=4, size=3, bound=8)"), "{text}");
+    assert!(
+        text.contains("store(out_ptr0 + (32*(xindex//12) + xindex % 4 + 4*((xindex//4) % 3)), tmp4, xmask)"),
+        "{text}"
+    );
     // the output is written, never read; the base is not an argument (the runtime copies it)
     assert_eq!(
         t.args.iter().map(|a| (a.buffer.0, a.read, a.written)).collect::<Vec<_>>(),

@@ -259,11 +259,12 @@ impl fmt::Display for LoopProgram {
                     if let Some(st) = scatter {
                         let _ = writeln!(
                             s,
-                            "    scatter(base={}, index={}, position={}, stride={}, bound={})",
+                            "    scatter(base={}, index={}, offset={}, stride={}, size={}, bound={})",
                             self.buffer(st.base).name,
                             st.index,
-                            st.position,
+                            st.offset,
                             st.stride,
+                            st.size,
                             st.bound
                         );
                     }

@@ -393,8 +393,8 @@ impl ProgramParser<'_> {
         Ok(body)
     }
 
-    /// `scatter(base=arg0, index=.., position=v2, stride=.., bound=..)` after a pointwise body,
-    /// if the line is there.
+    /// `scatter(base=arg0, index=.., offset=v1, stride=.., size=.., bound=..)` after a
+    /// pointwise body, if the line is there.
     fn scatter_store(&mut self, scope: &Scope, body: &Body) -> Result<Option<ScatterStore>, Located> {
         if !self.p.at_word("scatter") {
             return Ok(None);
@@ -403,14 +403,16 @@ impl ProgramParser<'_> {
         let base = self.buffer()?;
         self.p.phrase(", index=")?;
         let index = self.p.expr(scope)?;
-        self.p.phrase(", position=")?;
-        let position = self.value_ref(body.values.len() as u32)?;
+        self.p.phrase(", offset=")?;
+        let offset = self.value_ref(body.values.len() as u32)?;
         self.p.phrase(", stride=")?;
         let stride = self.p.expr(scope)?;
+        self.p.phrase(", size=")?;
+        let size = self.p.expr(scope)?;
         self.p.phrase(", bound=")?;
         let bound = self.p.expr(scope)?;
         self.p.expect(')', "to close the scatter")?;
-        Ok(Some(ScatterStore { base, index, position, stride, bound }))
+        Ok(Some(ScatterStore { base, index, offset, stride, size, bound }))
     }
 
     /// `v<n>`, an earlier value than `before`.

@@ -121,7 +121,14 @@ fn sample_program() -> LoopProgram {
         kind: LoopKind::Pointwise {
             ranges: vec![e(4), s0],
             body: b,
-            scatter: Some(ScatterStore { base: BufferId(0), index: x0 * s0, position: k, stride: e(1), bound: s0 }),
+            scatter: Some(ScatterStore {
+                base: BufferId(0),
+                index: x0 * s0,
+                offset: k,
+                stride: e(1),
+                size: e(1),
+                bound: s0,
+            }),
         },
     });
     // Extern calls, each writing new buffers.
@@ -316,7 +323,7 @@ fn tile_variant(st: &TileStmt) -> usize {
         TileStmt::ReduceOnlineSoftmax { .. } => 14,
         TileStmt::RLoop(_) => 15,
         TileStmt::Reduce { .. } => 16,
-        TileStmt::IndirectStore { .. } => 17,
+        TileStmt::Window { .. } => 17,
     }
 }
 const TILE_VARIANTS: usize = 18;
@@ -376,7 +383,7 @@ fn sample_kernel() -> TileKernel {
             TileStmt::ReduceOnlineSoftmax { max: 1, sum: 2, dtype: f, finite_shift: true },
             TileStmt::Reduce { var: 4, op: ReduceOp::ArgMax, dtype: DType::I64, source: 3 },
             TileStmt::Store { arg: 3, index: x, value: 4, dims: Dims::X },
-            TileStmt::IndirectStore { arg: 2, index: x * 2, indirect: 4, stride: s0, bound: Expr::int(4), value: 4 },
+            TileStmt::Window { arg: 2, offset: 4, stride: s0, size: Expr::int(2), bound: Expr::int(4) },
             TileStmt::RLoop(epilogue),
         ],
     }

@@ -262,6 +262,20 @@ impl KernelParser<'_> {
             self.p.phrase("rmask = rindex < rnumel")?;
             return Ok(TileStmt::RLoop(self.block(scope, defined, col, args)?));
         }
+        if word == "window" {
+            self.p.phrase("window(")?;
+            let arg = self.arg_ref(args)?;
+            self.p.phrase(", offset=")?;
+            let offset = self.tmp(defined)?;
+            self.p.phrase(", stride=")?;
+            let stride = self.p.expr(scope)?;
+            self.p.phrase(", size=")?;
+            let size = self.p.expr(scope)?;
+            self.p.phrase(", bound=")?;
+            let bound = self.p.expr(scope)?;
+            self.p.expect(')', "to close the window")?;
+            return Ok(TileStmt::Window { arg, offset, stride, size, bound });
+        }
         if word == "store" {
             self.p.phrase("store(")?;
             let arg = self.arg_ref(args)?;
@@ -270,16 +284,6 @@ impl KernelParser<'_> {
             self.p.phrase("),")?;
             let value = self.tmp(defined)?;
             self.p.phrase(", xmask")?;
-            if self.p.eat(',') {
-                self.p.phrase("indirect=")?;
-                let indirect = self.tmp(defined)?;
-                self.p.phrase(", stride=")?;
-                let stride = self.p.expr(scope)?;
-                self.p.phrase(", bound=")?;
-                let bound = self.p.expr(scope)?;
-                self.p.expect(')', "to close the store")?;
-                return Ok(TileStmt::IndirectStore { arg, index, indirect, stride, bound, value });
-            }
             let dims = if self.p.eat('&') {
                 self.p.phrase("rmask")?;
                 Dims::XR

@@ -4,12 +4,15 @@
 //!
 //! `t = scatter(u, dim, index, src)` qualifies when its positions along `dim` are
 //! `x_dim + p` for a value `p` the same for every element (`broadcast(iota(T) + pos)`, with
-//! `pos` a 0-d tensor read when the kernel runs) and it overwrites (no `reduce`). Then no two
-//! elements write the same place, so the elements may be stored in any order, by any thread:
-//! the node iterates over the index's elements, its body computes `src` there (its pointwise
-//! producers fuse into it: a rotary embedding's keys are stored where they are computed) and
-//! the position, and the store checks the position against the dim's size as the fallback
-//! checks its indices. Other scatters stay fallback calls.
+//! `pos` a 0-d tensor read when the kernel runs) and it overwrites (no `reduce`). Then the
+//! elements fill a window of `T` consecutive positions from `p`, an affine store into the
+//! output once `p` is known: the node iterates over the index's elements, its body computes
+//! `src` there (its pointwise producers fuse into it: a rotary embedding's keys are stored
+//! where they are computed) and `p`, the index's value at position 0 of `dim` (the same
+//! value, computed once per kernel). The window is checked as a whole (`0 <= p` and
+//! `p + T <= size`): out of range nothing is written and the error names the first position
+//! out of range, as the fallback names the first bad index. Other scatters stay fallback
+//! calls.
 
 use super::{flat, strides, vars, Emit, Lowerer};
 use coil_ir::loops::{range_var, Body, LoopKind, ScalarOp, ScatterStore, ValueId};
@@ -34,19 +37,31 @@ impl Lowerer<'_> {
         }
         let ranges = self.shape(index).to_vec();
         let idx = vars(&ranges, range_var);
-        let mut e = Emit::new();
-        e.folded.push(n);
-        let position = self.emit(&mut e, index, &idx, None)?;
-        if !shifted(&e.body, position, idx[dim], &idx) {
+        // The positions, to see their form (emitted apart: the node computes only the offset).
+        let mut positions = Emit::new();
+        let position = self.emit(&mut positions, index, &idx, None)?;
+        if !shifted(&positions.body, position, idx[dim], &idx) {
             return Ok(None);
         }
+        let mut e = Emit::new();
+        e.folded.push(n);
+        // `x_dim + p` at `x_dim = 0`: the window's first position, free of every index variable.
+        let mut first = idx.clone();
+        first[dim] = Expr::int(0);
+        let offset = self.emit(&mut e, index, &first, None)?;
+        debug_assert!(uniform(&e.body, offset, &idx), "the offset of a window scatter varies");
         let value = self.emit(&mut e, src, &idx, None)?;
         e.body.result = super::emit::cast(&mut e, value, node.meta.dtype);
         let base = self.realize(x)?;
         let xs = self.shape(x);
-        let mut at = idx.clone();
-        at[dim] = Expr::int(0);
-        let scatter = ScatterStore { base, index: flat(&at, xs), position, stride: strides(xs)[dim], bound: xs[dim] };
+        let scatter = ScatterStore {
+            base,
+            index: flat(&idx, xs),
+            offset,
+            stride: strides(xs)[dim],
+            size: ranges[dim],
+            bound: xs[dim],
+        };
         Ok(Some((LoopKind::Pointwise { ranges, body: e.body, scatter: Some(scatter) }, e.folded)))
     }
 }

@@ -5,7 +5,7 @@ use super::{
     lower, BODY_CAP, REALIZE_ACC_READS_THRESHOLD, REALIZE_OPCOUNT_THRESHOLD, REALIZE_READS_THRESHOLD,
     SMALL_OPERAND_RATIO,
 };
-use coil_ir::loops::{Activation, BufferId, ExternCall, LoopKind, LoopProgram};
+use coil_ir::loops::{Activation, BufferId, ExternCall, LoopKind, LoopProgram, ValueId};
 use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, TensorMeta, UnaryOp};
 
 const F32: DType = DType::F32;
@@ -706,13 +706,21 @@ fn a_scatter_at_consecutive_run_time_positions_is_a_pointwise_store() {
     snap("lower_cache_write", &p);
     assert_eq!(p.nodes.len(), 1, "{p}");
     let st = p.nodes[0].scatter().expect("a scatter store");
-    assert_eq!((st.base, st.stride, st.bound), (BufferId(0), coil_ir::sym::Expr::int(4), coil_ir::sym::Expr::int(8)));
+    let e = coil_ir::sym::Expr::int;
+    assert_eq!((st.base, st.stride, st.size, st.bound), (BufferId(0), e(4), e(3), e(8)));
+    // the window's first position: `pos` plus the iota's first element, the same everywhere
+    let body = match &p.nodes[0].kind {
+        LoopKind::Pointwise { body, .. } => body,
+        k => panic!("{k:?}"),
+    };
+    assert_eq!(body.value(st.offset).op, coil_ir::loops::ScalarOp::Binary(BinaryOp::Add, ValueId(0), ValueId(1)));
+    assert_eq!(body.value(ValueId(0)).op, coil_ir::loops::ScalarOp::Index(e(0)));
     assert_eq!(p.nodes[0].ranges().len(), 4);
     assert!(p.nodes[0].reads().contains(&BufferId(0)), "the base is read");
     // One position (a decode step): the iota of one element is 0, the position `pos`.
     let (g, s) = cache_write(1, plus_pos);
     let p = lowered(g, &[s]);
-    assert!(p.nodes[0].scatter().is_some(), "{p}");
+    assert_eq!(p.nodes[0].scatter().map(|st| st.size), Some(e(1)), "{p}");
     assert_eq!(p.data_checks.len(), 1, "the scatter's index check: {p}");
 }
 

@@ -310,7 +310,7 @@ impl<'p> Scheduler<'p> {
             return Err("extern call");
         }
         let sig = sa.merge(sb).ok_or("iteration spaces differ")?;
-        // A scatter's store is a pointwise kernel's (`TileStmt::IndirectStore`).
+        // A scatter's window is a pointwise kernel's (`TileStmt::Window`).
         let scatters = |g: usize| self.members[g].iter().any(|&n| self.p.nodes[n].scatter().is_some());
         if matches!(sig, Sig::Reduction(..)) && (scatters(a) || scatters(b)) {
             return Err("iteration spaces differ");

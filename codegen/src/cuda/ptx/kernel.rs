@@ -376,9 +376,7 @@ impl<'a> PtxGen<'a> {
                 let v = self.val(*value)?;
                 self.store(*arg, b, off, v, self.dtype(*value), guard)
             }
-            TileStmt::IndirectStore { arg, index, indirect, stride, bound, value } => {
-                self.indirect_store(*arg, *index, *indirect, *stride, *bound, *value)
-            }
+            TileStmt::Window { .. } => Err("a window outside the prologue".into()),
             TileStmt::Reduce { var, op, source, .. } if self.k.kind == KernelKind::PersistentReduction => {
                 self.acc_update(*var, *op, *source)
             }
@@ -552,9 +550,21 @@ impl<'a> PtxGen<'a> {
         let (groups, full) = ((xn + (vec - 1)).floor_div(vec), xn.floor_div(vec));
         let some_full = full != Expr::int(0);
         let partial = full != groups;
-        let body: Vec<&TileStmt> = self.k.body.iter().collect();
+        let prologue = self.k.window_prologue();
+        let whole: Vec<&TileStmt> = self.k.body.iter().collect();
+        let body = whole[prologue..].to_vec();
         let group = some_full.then(|| Group::new(xindex(&xn), "xvec", full, vec as usize, "i"));
-        let uniform = group.as_ref().map(|g| uniform_values(g, &body)).unwrap_or_default();
+        let uniform = group.as_ref().map(|g| uniform_values(g, &whole)).unwrap_or_default();
+        // The window prologue: once per thread, before its groups (the windows' pointers
+        // moved, so that the stores are plain ones).
+        for (i, s) in whole[..prologue].iter().enumerate() {
+            match s {
+                TileStmt::Window { arg, offset, stride, size, bound } => {
+                    self.window(*arg, *offset, *stride, *size, *bound, self.k.window_needs_check(i))?
+                }
+                s => self.stmt(s)?,
+            }
+        }
         let block = self.plan.launch.block as i64;
         let (ctaid, tid) = (self.special("%ctaid.x"), self.special("%tid.x"));
         let first = self.iop("mad.lo", &[ctaid.into(), Opnd::Int(block), tid.into()]);

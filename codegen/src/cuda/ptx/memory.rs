@@ -85,7 +85,7 @@ impl<'a> PtxGen<'a> {
         match &self.group {
             Some(g) => match g.access(index, dtype) {
                 Access::Vector { .. } if dtype.size_bytes() == 1 => Access::Scalar,
-                a => a,
+                a => self.facts.window_aligned(arg, a),
             },
             None => Access::Scalar,
         }
@@ -246,21 +246,56 @@ impl<'a> PtxGen<'a> {
         Ok(value)
     }
 
-    /// Stores `value` at `arg[index + stride * v]` for the position `v` in `0..bound`; out of
-    /// range, nothing is stored and the error is recorded as [`PtxGen::indirect_load`] does.
-    pub(super) fn indirect_store(
+    /// A window of `arg` ([`TileStmt::Window`]) at offset `v`: checks `0 <= v <= bound - size`
+    /// where `check` (out of range, the launch's first thread records `(1, first position
+    /// outside, bound)` in `status`, as the CUDA emitter does, and every thread returns before
+    /// it stores anything), then moves `arg`'s pointer by `stride * v` elements.
+    pub(super) fn window(
         &mut self,
         arg: usize,
-        index: Expr,
-        indirect: Var,
+        offset: Var,
         stride: Expr,
+        size: Expr,
         bound: Expr,
-        value: Var,
+        check: bool,
     ) -> R<()> {
-        let (pos, off, ok, check) = self.indirect_position(index, indirect, stride, bound)?;
-        let v = self.val(value)?;
-        self.store(arg, pos.into(), off, v, self.dtype(value), Some(ok))?;
-        self.record_index_error(ok, check);
+        use Class::*;
+        let v = self.val(offset)?;
+        let v = scalar::convert(&mut self.a, v, self.facts.dtypes[&offset], DType::I64)?;
+        if check {
+            self.window_check(v, size, bound)?;
+        }
+        let stride = self.index_b64(stride)?;
+        let elems = self.a.op(B64, "mul.lo.s64", &[v.into(), stride.into()]);
+        let bytes = self.k.args[arg].dtype.size_bytes() as i64;
+        self.ptrs[arg] = self.a.op(B64, "mad.lo.s64", &[elems.into(), Opnd::Int(bytes), self.ptrs[arg].into()]);
+        Ok(())
+    }
+
+    /// [`PtxGen::window`]'s check of the offset `v` (an `.s64` register).
+    fn window_check(&mut self, v: Reg, size: Expr, bound: Expr) -> R<()> {
+        use Class::*;
+        let last = self.index_b64(bound - size)?;
+        let bound = self.index_b64(bound)?;
+        let below = self.a.op(Pred, "setp.lt.s64", &[v.into(), Opnd::Int(0)]);
+        let above = self.a.op(Pred, "setp.gt.s64", &[v.into(), last.into()]);
+        let bad = self.a.op(Pred, "or.pred", &[below.into(), above.into()]);
+        // the first position outside: `v` below 0 or past the dim, else the dim's end
+        let past = self.a.op(Pred, "setp.gt.s64", &[v.into(), bound.into()]);
+        let at_v = self.a.op(Pred, "or.pred", &[below.into(), past.into()]);
+        let first = self.a.op(B64, "selp.b64", &[v.into(), bound.into(), at_v.into()]);
+        let (tid, ctaid) = (self.special("%tid.x"), self.special("%ctaid.x"));
+        let (_, t) = self.itype();
+        let either = self.a.op(tid.class, &format!("or.b{}", &t[1..]), &[tid.into(), ctaid.into()]);
+        let leader = self.a.op(Pred, &format!("setp.eq.{t}"), &[either.into(), Opnd::Int(0)]);
+        let report = self.a.op(Pred, "and.pred", &[bad.into(), leader.into()]);
+        let status = self.status.expect("the status pointer");
+        let old = self.a.op(B64, "mov.b64", &[Opnd::Int(1)]);
+        self.a.ins(format!("@{report} atom.global.cas.b64 {old}, [{status}], 0, 1"));
+        let won = self.a.op(Pred, "setp.eq.s64", &[old.into(), Opnd::Int(0)]);
+        self.a.ins(format!("@{won} st.global.b64 [{status}+8], {first}"));
+        self.a.ins(format!("@{won} st.global.b64 [{status}+16], {bound}"));
+        self.a.ins(format!("@{bad} ret"));
         Ok(())
     }
 

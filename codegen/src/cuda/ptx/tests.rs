@@ -19,17 +19,23 @@ fn ptx(k: &TileKernel) -> String {
     emit_ptx(k, &GpuTarget::h100(), &Tuning::default()).unwrap_or_else(|why| panic!("{}: no PTX: {why}", k.name)).source
 }
 
+/// A cache write checks its window once (one error record, by the launch's first thread; every
+/// thread returns before it stores), moves the cache's pointer and stores each group of 4 f32
+/// as one unguarded vector; in a Llama layer's bf16 write, 8 values as one 16-byte store.
 #[test]
-fn scatter_store_is_a_guarded_store_that_records_its_error() {
+fn scatter_store_checks_its_window_once_and_stores_vectors() {
     let (p, k) = crate::tile::tests::cache_write();
     let src = ptx(&build_kernel(&p, &k));
-    // each of a thread's 4 elements: its position checked, its store under the check, an
-    // error recorded by the first failing thread (the assembler shares the group's checks)
-    assert_eq!(src.matches("setp.lt.s64").count(), 4, "{src}");
-    assert_eq!(src.matches("atom.global.cas.b64").count(), 4, "{src}");
-    let guarded = src.lines().filter(|l| l.trim_start().starts_with("@%p") && l.contains("st.global.f32"));
-    assert_eq!(guarded.count(), 4, "{src}");
+    assert_eq!(src.matches("atom.global.cas.b64").count(), 1, "{src}");
+    assert_eq!(src.lines().filter(|l| l.trim_start().starts_with("@%p") && l.contains(" ret;")).count(), 1, "{src}");
+    let stores: Vec<&str> = src.lines().filter(|l| l.contains("st.global.") && !l.contains("b64 [%rd")).collect();
+    assert!(stores.iter().all(|l| !l.trim_start().starts_with('@')), "{stores:?}");
+    assert_eq!(stores.iter().filter(|l| l.contains("st.global.v4.f32")).count(), 1, "{src}");
     snapshot("ptx_cache_write", src);
+    let (p, k) = crate::tile::tests::cache_write_of("bf16", 8, 256, 16, 64);
+    let src = ptx(&build_kernel(&p, &k));
+    assert_eq!(src.matches("st.global.v4.b32").count(), 1, "{src}");
+    assert_eq!(src.matches("st.global.").count(), 3, "the vector and the error's two words\n{src}");
 }
 
 #[test]
