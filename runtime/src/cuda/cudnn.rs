@@ -571,19 +571,28 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -
             perf[..returned as usize].iter().map(|p| (Algo::Filter(p.algo), p.memory, p.mathType, p.status)).collect()
         }
     };
-    // The heuristics list candidates of every math type whatever the descriptor says; an f32 or
-    // f64 candidate other than FMA math may take TF32 tensor cores (`CUDNN_DEFAULT_MATH` does on
-    // sm_80 and newer), which coil's f32 never does.
-    let precise = |m: sys::cudnnMathType_t| {
-        matches!(dtype, DType::F16 | DType::BF16) || m == sys::cudnnMathType_t::CUDNN_FMA_MATH
-    };
-    let Some(&(algo, workspace, math, _)) = candidates.iter().find(|(_, memory, m, status)| {
-        *status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && *memory <= WORKSPACE_LIMIT && precise(*m)
-    }) else {
+    let Some(&(algo, workspace, math, _)) = first_usable(&candidates, dtype) else {
         return Err(Error::runtime(format!("cuDNN has no algorithm for {} ({})", call.form.name(), describe(call))));
     };
     dnn::set_convolution_math_type(conv, math).map_err(dnn_err("cudnnSetConvolutionMathType"))?;
     Ok(LegacyPlan { a, b, out, conv, algo, workspace, f64: dtype == DType::F64 })
+}
+
+/// The first of the legacy heuristics' candidates `(algo, workspace bytes, math type, status)`
+/// (best first) that ran, fits [`WORKSPACE_LIMIT`] and keeps `dtype`'s precision. The
+/// heuristics list candidates of every math type whatever the descriptor says; for f32 and f64
+/// only FMA math qualifies (`CUDNN_DEFAULT_MATH` may take TF32 tensor cores on sm_80 and newer,
+/// which coil's f32 never does).
+fn first_usable<A>(
+    candidates: &[(A, usize, sys::cudnnMathType_t, sys::cudnnStatus_t)],
+    dtype: DType,
+) -> Option<&(A, usize, sys::cudnnMathType_t, sys::cudnnStatus_t)> {
+    let precise = |m: sys::cudnnMathType_t| {
+        matches!(dtype, DType::F16 | DType::BF16) || m == sys::cudnnMathType_t::CUDNN_FMA_MATH
+    };
+    candidates.iter().find(|(_, memory, m, status)| {
+        *status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && *memory <= WORKSPACE_LIMIT && precise(*m)
+    })
 }
 
 /// Says once per call shape (`COIL_LOGS=schedule`) that a convolution runs on the host, and why:
@@ -645,6 +654,25 @@ mod tests {
         let (dims, strides) = four_d(&[2, 3, 10], &[30, 1, 3]);
         assert_eq!(dims, vec![2, 3, 1, 10]);
         assert_eq!(strides, vec![30, 1, 30, 3]);
+    }
+
+    #[test]
+    fn legacy_candidates_keep_f32_off_tensor_cores() {
+        use sys::cudnnMathType_t::{CUDNN_DEFAULT_MATH, CUDNN_FMA_MATH, CUDNN_TENSOR_OP_MATH};
+        use sys::cudnnStatus_t::{CUDNN_STATUS_NOT_SUPPORTED, CUDNN_STATUS_SUCCESS};
+        let ok = CUDNN_STATUS_SUCCESS;
+        let candidates = [
+            ("tf32", 0, CUDNN_DEFAULT_MATH, ok),
+            ("tensor", 0, CUDNN_TENSOR_OP_MATH, ok),
+            ("failed", 0, CUDNN_FMA_MATH, CUDNN_STATUS_NOT_SUPPORTED),
+            ("too big", WORKSPACE_LIMIT + 1, CUDNN_FMA_MATH, ok),
+            ("fma", 64, CUDNN_FMA_MATH, ok),
+        ];
+        let name = |dtype| first_usable(&candidates, dtype).map(|c| c.0);
+        assert_eq!(name(DType::F32), Some("fma"));
+        assert_eq!(name(DType::F64), Some("fma"));
+        assert_eq!(name(DType::BF16), Some("tf32"), "16-bit floats take the heuristics' first");
+        assert_eq!(first_usable(&candidates[..2], DType::F32), None);
     }
 
     #[test]
