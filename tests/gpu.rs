@@ -131,11 +131,33 @@ fn attention_gradients_through_the_templates_agree_on_cuda() {
 }
 
 /// GPT-2-sized attention gradients (bf16, B=2, H=4, T=1000 causal, D=64, and f16 T=777 not
-/// causal, D=128) on CUDA against the CPU's compiled templates.
+/// causal, D=128) on CUDA against the CPU's compiled templates. Where cuDNN loads, both
+/// shapes run through its fused attention engines forward and backward.
 #[test]
 fn large_attention_gradients_agree_with_the_cpu_on_cuda() {
     if let Some(device) = gpu() {
+        let before = coil_runtime::cuda::cudnn_sdpa::attention_plans();
         attention::grad::check_grad_large(device);
+        let after = coil_runtime::cuda::cudnn_sdpa::attention_plans();
+        if coil_runtime::cuda::cudnn::available() {
+            assert!(after.0 >= before.0 + 4, "cuDNN attention plans (made, refused): {before:?} -> {after:?}");
+        } else {
+            println!("NOTE: cuDNN not found: attention ran on coil's templates");
+        }
+    }
+}
+
+/// The attention suites of the three tests above with cuDNN's attention turned off
+/// (`Config::cudnn_attention`): every shape on coil's own templates.
+#[test]
+fn attention_templates_without_cudnn_agree_on_cuda() {
+    if let Some(device) = gpu() {
+        let templates = coil::Config { cudnn_attention: false, ..(*coil::config()).clone() };
+        coil::with_config(templates, || {
+            attention::check_all(device);
+            attention::grad::check_grad_all(device);
+            attention::grad::check_grad_large(device);
+        });
     }
 }
 

@@ -89,6 +89,10 @@ pub struct Config {
     /// Which cuDNN API runs convolutions on NVIDIA GPUs ([`CudnnApi::Graph`] by default). No
     /// variable.
     pub cudnn_api: CudnnApi,
+    /// Whether attention on NVIDIA GPUs runs through cuDNN's fused flash-attention engines
+    /// where they serve the call (f16 / bf16, no mask or the causal rule, head dim up to 128),
+    /// else coil's own templates; `false`: always the templates. On by default. No variable.
+    pub cudnn_attention: bool,
     /// Overrides of the compiler's own choices, for measuring and experiments: unstable, not
     /// part of the supported interface.
     #[doc(hidden)]
@@ -401,6 +405,7 @@ impl Config {
             program_path: None,
             cuda_paths: CudaPaths::default(),
             cudnn_api: CudnnApi::Graph,
+            cudnn_attention: true,
             tuning: Tuning::default(),
         }
     }

@@ -399,6 +399,8 @@ pub struct AttentionBackwardCall {
     pub lse: BufferId,
     /// `sum(grad_out * out, -1)`, `[*batch, l]`.
     pub delta: BufferId,
+    /// The attention's output, `[*batch, l, d]` (for kernels that compute delta themselves).
+    pub out: StridedOperand,
     /// Where the queries' gradient goes, when wanted.
     pub dq: Option<StridedOperand>,
     /// Where the keys' gradient goes, when wanted.
@@ -849,8 +851,9 @@ impl LoopProgram {
                     batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
                 }
                 LoopKind::Extern { call: ExternCall::AttentionBackward(call), .. } => {
-                    let AttentionBackwardCall { q, k, v, grad_out, dq, dk, dv, batch, l, s, d, .. } = &mut **call;
-                    (*q, *k, *v, *grad_out) = (q.map(&at), k.map(&at), v.map(&at), grad_out.map(&at));
+                    let AttentionBackwardCall { q, k, v, grad_out, out, dq, dk, dv, batch, l, s, d, .. } = &mut **call;
+                    (*q, *k, *v, *grad_out, *out) =
+                        (q.map(&at), k.map(&at), v.map(&at), grad_out.map(&at), out.map(&at));
                     for g in [dq, dk, dv].into_iter().flatten() {
                         *g = g.map(&at);
                     }

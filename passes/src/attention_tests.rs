@@ -361,12 +361,13 @@ fn gradients_of_the_template_are_templates_and_lower_to_one_call_each_way() {
     let program = lower(&p).unwrap();
     // One call each way: the forward writes its output and the logsumexp, the backward the
     // three gradients, each reading q, k and v in place (the QKV input's head views) and the
-    // backward the output's gradient (buf5, the projection's) through its transposed view.
+    // backward the output's gradient (buf5, the projection's) through its transposed view
+    // and the output (buf0).
     assert_eq!(
         calls(&program),
         [
             "buf0: bf16[2, 2, 5, 8], buf0_lse: f32[2, 2, 5] = extern attention causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8(arg0, arg0, arg0) origins=[scaled_dot_product_attention, attention_logsumexp]",
-            "buf8: bf16[2, 2, 5, 8], buf8_dk: bf16[2, 2, 5, 8], buf8_dv: bf16[2, 2, 5, 8] = extern attention_backward causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 grads=[q, k, v](arg0, arg0, arg0, buf5, buf0_lse, buf7) origins=[attention_backward]",
+            "buf8: bf16[2, 2, 5, 8], buf8_dk: bf16[2, 2, 5, 8], buf8_dv: bf16[2, 2, 5, 8] = extern attention_backward causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 grads=[q, k, v](arg0, arg0, arg0, buf5, buf0_lse, buf7, buf0) origins=[attention_backward]",
         ],
         "{program}"
     );

@@ -286,7 +286,7 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
 /// The gradients of the attention template `y = attention(q, k, v)`, as templates too: the
 /// logsumexp of its scores (which the compile path computes in the forward call itself),
 /// `delta = sum(g * y, -1)` in the logsumexp's dtype, and one [`Op::AttentionBackward`] per
-/// wanted operand (the compile path computes them in one call).
+/// wanted operand (reading `y` too) (the compile path computes them in one call).
 fn attention(
     b: &mut Builder,
     y: NodeId,
@@ -305,7 +305,7 @@ fn attention(
     let (gs, ys) = (b.cast(g, stats)?, b.cast(y, stats)?);
     let product = b.mul(gs, ys)?;
     let delta = b.sum(product, &[b.rank(y) - 1], false)?;
-    let operands = [qkv[0], qkv[1], qkv[2], g, lse, delta];
+    let operands = [qkv[0], qkv[1], qkv[2], g, lse, delta, y];
     AttentionInput::ALL
         .iter()
         .map(|&input| {

@@ -767,6 +767,7 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                 let grad_out = strided(need(take("grad_out"), "grad_out")?, nb)?;
                 let lse = buffer(need(take("lse"), "lse")?)?;
                 let delta = buffer(need(take("delta"), "delta")?)?;
+                let out = strided(need(take("out"), "out")?, nb)?;
                 let dq = take("dq").map(|o| strided(o, nb)).transpose()?;
                 let dk = take("dk").map(|o| strided(o, nb)).transpose()?;
                 let dv = take("dv").map(|o| strided(o, nb)).transpose()?;
@@ -777,6 +778,7 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                     grad_out,
                     lse,
                     delta,
+                    out,
                     dq,
                     dk,
                     dv,

@@ -185,6 +185,7 @@ fn sample_program() -> LoopProgram {
         grad_out: view(att, e(0), &[e(16), e(4), e(1)]),
         lse: BufferId(att + 1),
         delta: BufferId(att + 1),
+        out: view(att, e(0), &[e(16), e(4), e(1)]),
         dq: Some(view(8, e(0), &[e(16), e(4), e(1)])),
         dk: None,
         dv: Some(view(9, e(0), &[e(16), e(1), e(4)])),

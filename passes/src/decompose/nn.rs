@@ -321,7 +321,7 @@ pub fn attention_logsumexp(b: &mut Builder, q: NodeId, k: NodeId, causal: bool, 
 }
 
 /// One gradient of maskless attention ([`coil_ir::Op::AttentionBackward`]) from operands
-/// `[q, k, v, grad_out, logsumexp, delta]`: the probabilities `P = exp(scores - logsumexp)`
+/// `[q, k, v, grad_out, logsumexp, delta, out]` (`out` unused: delta is given): the probabilities `P = exp(scores - logsumexp)`
 /// recomputed, `dv = P^T @ grad_out`, `dS = P * (grad_out @ v^T - delta)`,
 /// `dq = scale * dS @ k`, `dk = scale * dS^T @ q`; in f32 (f64 for f64), rounded once to the
 /// operands' dtype.

@@ -29,6 +29,9 @@ pub struct AttentionBackwardSpec {
     pub v: StridedOperand<usize>,
     /// `[*batch, l, d]` gradient of the attention's output.
     pub grad_out: StridedOperand<usize>,
+    /// `[*batch, l, d]` the attention's output (read by library kernels that compute delta
+    /// themselves; not by coil's).
+    pub out: StridedOperand<usize>,
     /// Where each wanted gradient goes (`dq` `[*batch, l, d]`, `dk` and `dv` `[*batch, s, d]`).
     pub dq: Option<StridedOperand<usize>>,
     /// Where the keys' gradient goes, when wanted.
@@ -54,7 +57,7 @@ impl AttentionBackwardSpec {
     /// `None` for other extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<AttentionBackwardSpec> {
         let ExternCall::AttentionBackward(call) = call else { return None };
-        let AttentionBackwardCall { q, k, v, grad_out, dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
+        let AttentionBackwardCall { q, k, v, grad_out, out, dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
         let grad = |g: &Option<StridedOperand>| match g {
             Some(g) => g.to_usize().map(Some),
             None => Some(None),
@@ -64,6 +67,7 @@ impl AttentionBackwardSpec {
             k: k.to_usize()?,
             v: v.to_usize()?,
             grad_out: grad_out.to_usize()?,
+            out: out.to_usize()?,
             dq: grad(dq)?,
             dk: grad(dk)?,
             dv: grad(dv)?,

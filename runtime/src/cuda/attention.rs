@@ -19,7 +19,7 @@ use super::compiler::{allow_dynamic_shared, compile, LoadedModule};
 use super::device::{driver_error, CudaDevice};
 use super::gather::gather;
 use super::memory::DeviceMemory;
-use crate::cpu::attention::AttentionSpec;
+use crate::cpu::attention::{check_views, AttentionSpec};
 use crate::cpu::attention_backward::AttentionBackwardSpec;
 use crate::cuda::blas::DevOperand;
 use coil_codegen::templates::attention::{mma_reads, mma_writes, AttnOperand, AttnParams, ForwardLaunch, MaskKind};
@@ -213,6 +213,10 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
     if count * spec.l * spec.d == 0 {
         return Ok(());
     }
+    let (lse_ptr, ptrs) = (bufs.lse.map(|l| l.ptr), [bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.out.ptr]);
+    if super::cudnn_sdpa::forward(dev, spec, dtype, ptrs, lse_ptr)? {
+        return Ok(());
+    }
     let mut launch = ForwardLaunch::choose(dtype, spec.d, dev.target(), count, spec.l, spec.s, spec.causal)?;
     check_sizes("attention", &spec.batch, spec.l, spec.s, launch.grid.1 as usize)?;
     if !writable(&spec.out, bufs.out.ptr, spec.d) {
@@ -279,6 +283,8 @@ pub struct DevBackward {
     pub lse: DevOperand,
     /// Per query row, the output gradient times the output (`delta_i = g_i . o_i`).
     pub delta: DevOperand,
+    /// The attention's output.
+    pub out: DevOperand,
     /// The queries' gradient, when wanted.
     pub dq: Option<DevOperand>,
     /// The keys' gradient, when wanted.
@@ -331,6 +337,25 @@ pub fn attention_backward(
     )?;
     let count = spec.batch_count();
     if count * spec.l * spec.s * spec.d == 0 {
+        return Ok(());
+    }
+    check_views(
+        "attention backward",
+        &spec.batch,
+        spec.l,
+        spec.s,
+        spec.d,
+        &[(&spec.out, spec.l, bufs.out.bytes / size, "output")],
+    )?;
+    let operands = [bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.grad_out.ptr, bufs.out.ptr];
+    if super::cudnn_sdpa::backward(
+        dev,
+        spec,
+        dtype,
+        operands,
+        [bufs.lse.ptr, bufs.delta.ptr],
+        [bufs.dq, bufs.dk, bufs.dv],
+    )? {
         return Ok(());
     }
     let dkv = spec.dk.is_some() || spec.dv.is_some();

@@ -64,7 +64,8 @@ unsafe impl Send for Cudnn {}
 unsafe impl Sync for Cudnn {}
 
 impl Cudnn {
-    fn get(dev: &CudaDevice) -> Result<&Cudnn> {
+    /// The device's cuDNN, loaded and its handle made on first use.
+    pub(super) fn get(dev: &CudaDevice) -> Result<&Cudnn> {
         dev.cudnn
             .get_or_init(|| {
                 require(CudaLib::Cudnn).map_err(|e| e.message)?;
@@ -74,6 +75,12 @@ impl Cudnn {
             })
             .as_ref()
             .map_err(|e| Error::runtime(e.clone()))
+    }
+
+    /// `f` on the handle, under the plans' lock (a handle serves one thread at a time).
+    pub(super) fn with_handle<R>(&self, f: impl FnOnce(sys::cudnnHandle_t) -> R) -> R {
+        let _plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        f(self.handle)
     }
 }
 

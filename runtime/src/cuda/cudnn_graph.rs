@@ -50,6 +50,12 @@ pub(super) enum Value {
     Handle(sys::cudnnHandle_t),
     /// `CUDNN_TYPE_VOID_PTR`: device addresses of a variant pack.
     Pointers(Vec<*mut c_void>),
+    /// `CUDNN_TYPE_BOOLEAN`: a tensor's virtual and by-value flags.
+    Bool(bool),
+    /// `CUDNN_TYPE_POINTWISE_MODE`.
+    PointwiseMode(sys::cudnnPointwiseMode_t),
+    /// `CUDNN_TYPE_REDUCTION_OPERATOR_TYPE`.
+    ReduceOp(sys::cudnnReduceTensorOp_t),
 }
 
 impl Value {
@@ -68,6 +74,9 @@ impl Value {
             Value::Descriptors(v) => (Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, v.len() as i64, v.as_ptr() as _),
             Value::Handle(h) => (Type::CUDNN_TYPE_HANDLE, 1, of(h)),
             Value::Pointers(v) => (Type::CUDNN_TYPE_VOID_PTR, v.len() as i64, v.as_ptr() as _),
+            Value::Bool(b) => (Type::CUDNN_TYPE_BOOLEAN, 1, of(b)),
+            Value::PointwiseMode(m) => (Type::CUDNN_TYPE_POINTWISE_MODE, 1, of(m)),
+            Value::ReduceOp(o) => (Type::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, of(o)),
         }
     }
 }
@@ -220,13 +229,13 @@ pub(super) fn first_fit<C, P>(
 }
 
 /// A backend descriptor, destroyed with its owner.
-struct Descriptor {
-    raw: sys::cudnnBackendDescriptor_t,
+pub(super) struct Descriptor {
+    pub(super) raw: sys::cudnnBackendDescriptor_t,
     kind: Kind,
 }
 
 impl Descriptor {
-    fn new(kind: Kind) -> Result<Descriptor> {
+    pub(super) fn new(kind: Kind) -> Result<Descriptor> {
         let mut raw: sys::cudnnBackendDescriptor_t = std::ptr::null_mut();
         // SAFETY: cuDNN writes the new descriptor's handle into `raw`.
         check(unsafe { sys::cudnnBackendCreateDescriptor(kind, &mut raw) }, || {
@@ -235,7 +244,7 @@ impl Descriptor {
         Ok(Descriptor { raw, kind })
     }
 
-    fn set(&self, name: Attr, value: &Value) -> Result<()> {
+    pub(super) fn set(&self, name: Attr, value: &Value) -> Result<()> {
         let (ty, count, elements) = value.typed();
         // SAFETY: `elements` addresses `count` elements of `ty`, alive through the call (cuDNN
         // copies them).
@@ -243,11 +252,11 @@ impl Descriptor {
         check(status, || format!("cudnnBackendSetAttribute({:?}, {name:?})", self.kind))
     }
 
-    fn set_all(&self, attrs: &[(Attr, Value)]) -> Result<()> {
+    pub(super) fn set_all(&self, attrs: &[(Attr, Value)]) -> Result<()> {
         attrs.iter().try_for_each(|(name, value)| self.set(*name, value))
     }
 
-    fn finalize(&self) -> Result<()> {
+    pub(super) fn finalize(&self) -> Result<()> {
         // SAFETY: a descriptor made by `new`, its attributes set.
         check(unsafe { sys::cudnnBackendFinalize(self.raw) }, || format!("cudnnBackendFinalize({:?})", self.kind))
     }
@@ -345,10 +354,27 @@ pub(super) unsafe fn make_graph_plan(
     op.set(roles.alpha, &scale(dtype, 1.0))?;
     op.set(roles.beta, &scale(dtype, 0.0))?;
     op.finalize()?;
+    let mut parts = operands;
+    parts.push(conv);
+    plan_ops(handle, vec![op], parts, |notes| allowed(notes, dtype))
+}
 
+/// The execution plan of the operation graph of `ops` (finalized; `parts`: the descriptors
+/// they refer to, kept as long as the plan): the engine configs of heuristics mode A in their
+/// order, the first whose numerical notes `allow` accepts and whose plan finalizes within
+/// [`WORKSPACE_LIMIT`]; an error names the backend call that failed or says why no config fits.
+///
+/// # Safety
+/// `handle` is a live cuDNN handle, used by one thread at a time.
+pub(super) unsafe fn plan_ops(
+    handle: sys::cudnnHandle_t,
+    ops: Vec<Descriptor>,
+    mut parts: Vec<Descriptor>,
+    allow: impl Fn(&[u32]) -> std::result::Result<(), &'static str>,
+) -> Result<GraphPlan> {
     let graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     graph.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, &Value::Handle(handle))?;
-    graph.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &Value::Descriptors(vec![op.raw]))?;
+    graph.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &Value::Descriptors(ops.iter().map(|o| o.raw).collect()))?;
     graph.finalize()?;
 
     let heur = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
@@ -364,21 +390,25 @@ pub(super) unsafe fn make_graph_plan(
     let got = heur.get(results, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raw)?.min(configs.len());
 
     let chosen = first_fit(&configs[..got], |cfg| {
-        let (plan, ws, engine) = config_plan(handle, cfg, dtype).map_err(|e| e.message)?;
+        let (plan, ws, engine) = config_plan(handle, cfg, &allow).map_err(|e| e.message)?;
         Ok(((plan, engine), ws))
     });
     let ((plan, engine), workspace) = chosen.map_err(|why| {
         Error::runtime(format!("no engine config of cuDNN's heuristics (mode A) fits: {}", why.join("; ")))
     })?;
-    let mut parts = operands;
-    parts.extend([conv, op, graph, heur]);
+    parts.extend(ops);
+    parts.extend([graph, heur]);
     parts.extend(configs);
     Ok(GraphPlan { plan, workspace, engine, _parts: parts })
 }
 
 /// The execution plan of one engine config, its workspace bytes and engine index; an error
 /// where the config's engine is not allowed for `dtype` or the plan does not finalize.
-unsafe fn config_plan(handle: sys::cudnnHandle_t, cfg: &Descriptor, dtype: DType) -> Result<(Descriptor, usize, i64)> {
+unsafe fn config_plan(
+    handle: sys::cudnnHandle_t,
+    cfg: &Descriptor,
+    allow: &impl Fn(&[u32]) -> std::result::Result<(), &'static str>,
+) -> Result<(Descriptor, usize, i64)> {
     let engine = Descriptor::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
     let mut slot = [engine.raw];
     cfg.get(Attr::CUDNN_ATTR_ENGINECFG_ENGINE, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut slot)?;
@@ -387,8 +417,7 @@ unsafe fn config_plan(handle: sys::cudnnHandle_t, cfg: &Descriptor, dtype: DType
     // Notes are C enums (32-bit): read them as u32, not as a Rust enum.
     let mut notes = [0u32; Note::CUDNN_NUMERICAL_NOTE_TYPE_COUNT as usize];
     let n = engine.get(Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, Type::CUDNN_TYPE_NUMERICAL_NOTE, &mut notes)?;
-    allowed(&notes[..n.min(notes.len())], dtype)
-        .map_err(|note| Error::runtime(format!("engine {}: {note}", index[0])))?;
+    allow(&notes[..n.min(notes.len())]).map_err(|note| Error::runtime(format!("engine {}: {note}", index[0])))?;
     let plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
     plan.set(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, &Value::Handle(handle))?;
     plan.set(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &Value::Descriptors(vec![cfg.raw]))?;
@@ -410,8 +439,24 @@ pub(super) unsafe fn execute(
     ptrs: [*mut c_void; 3],
     workspace: *mut c_void,
 ) -> Result<()> {
+    execute_pack(handle, plan, &UIDS, &ptrs, workspace)
+}
+
+/// Enqueues `plan` on `handle`'s stream with the tensor of unique id `uids[i]` at `ptrs[i]`
+/// (a device address, or for a by-value tensor the host address of its value) and
+/// `workspace` (at least `plan.workspace` bytes).
+///
+/// # Safety
+/// As [`execute`]; every non-virtual tensor of the plan's graph has its id in `uids`.
+pub(super) unsafe fn execute_pack(
+    handle: sys::cudnnHandle_t,
+    plan: &GraphPlan,
+    uids: &[i64],
+    ptrs: &[*mut c_void],
+    workspace: *mut c_void,
+) -> Result<()> {
     let pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &Value::Int64(UIDS.to_vec()))?;
+    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &Value::Int64(uids.to_vec()))?;
     pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, &Value::Pointers(ptrs.to_vec()))?;
     pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, &Value::Pointers(vec![workspace]))?;
     pack.finalize()?;

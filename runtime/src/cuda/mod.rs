@@ -40,6 +40,7 @@ pub mod blas;
 pub mod compiler;
 pub mod cudnn;
 mod cudnn_graph;
+pub mod cudnn_sdpa;
 pub mod device;
 pub mod fallback;
 pub mod gather;
@@ -738,7 +739,7 @@ impl CudaCompiledGraph {
                 attention::attention(&self.device, &spec, dtype, bufs)
             }
             ExternCall::AttentionBackward(backward) => {
-                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, out, dq, dk, dv, .. } =
                     &**backward;
                 let spec = crate::cpu::attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
@@ -750,6 +751,7 @@ impl CudaCompiledGraph {
                     grad_out: operand(grad_out.buffer),
                     lse: operand(*lse),
                     delta: operand(*delta),
+                    out: operand(out.buffer),
                     dq: grad(dq),
                     dk: grad(dk),
                     dv: grad(dv),
