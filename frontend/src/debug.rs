@@ -159,6 +159,10 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
             .collect();
         let _ = writeln!(s, "  slot {slot}: {bytes} bytes, holds {}", users.join(", "));
     }
+    for x in &schedule.memory.in_outputs {
+        let name = |b: BufferId| &program.buffer(b).name;
+        let _ = writeln!(s, "  output {} holds {} (its scatter's base)", name(x.output), name(x.temporary));
+    }
     let _ = writeln!(s, "  peak bytes: {}", schedule.memory.peak_bytes);
     s
 }

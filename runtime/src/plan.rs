@@ -26,6 +26,9 @@ pub(crate) enum Storage {
     Output,
     /// A temporary in slot `s`.
     Slot(usize),
+    /// A temporary kept in the memory of the output buffer `b` (`MemoryPlan::in_outputs`: the
+    /// base of the scatter that writes `b`, which then runs in place).
+    InOutput(BufferId),
     /// Never in memory (lives in registers inside a fused kernel).
     Unused,
 }
@@ -149,6 +152,15 @@ pub(crate) fn plan_storage(
                 storage[o.0] = Storage::Donated(d.input)
             }
             _ => return Err(format!("donation of input {} to output {} does not fit the program", d.input, d.output)),
+        }
+    }
+    for x in &plan.in_outputs {
+        let (b, o) = (x.temporary.0, x.output.0);
+        // Only a fresh output can hold it (else it takes a slot of its own below).
+        if b < storage.len() && o < storage.len() && storage[b] == Storage::Unused && used[b] {
+            if storage[o] == Storage::Output && p.buffers[b].meta.nbytes() == p.buffers[o].meta.nbytes() {
+                storage[b] = Storage::InOutput(x.output);
+            }
         }
     }
     for (i, buf) in p.buffers.iter().enumerate() {
@@ -347,22 +359,44 @@ pub(crate) fn check_launches<'a>(
     }
     let (storage, slot_bytes) = plan_storage(program, schedule, &used)?;
     // An extern call reads its operands through slices while writing its outputs: no two of
-    // them may share a slot (the generated kernels handle in-place updates themselves).
+    // them may share memory (the generated kernels handle in-place updates themselves), but a
+    // scatter's base, which the scatter writes over in place (`scatter_base`).
+    // The memory a buffer lives in: (slot, output or input, its number); none for buffers
+    // never in memory.
+    let memory = |b: BufferId| match storage[b.0] {
+        Storage::Slot(s) => Some((0, s)),
+        Storage::Output => Some((1, b.0)),
+        Storage::InOutput(o) => Some((1, o.0)),
+        Storage::Input(k) | Storage::Donated(k) => Some((2, k)),
+        Storage::Unused => None,
+    };
     for step in &plan {
         if let Err(node) = step {
             let n = &program.nodes[*node];
             let writes = n.writes();
+            let base = scatter_base(n);
             for (i, w) in writes.iter().enumerate() {
-                let others = n.reads().into_iter().chain(writes[i + 1..].iter().copied());
-                if matches!(storage[w.0], Storage::Slot(_)) && others.into_iter().any(|b| storage[b.0] == storage[w.0])
-                {
+                let others = n.reads().into_iter().filter(|&b| Some(b) != base || *w != n.output);
+                let others = others.chain(writes[i + 1..].iter().copied()).collect::<Vec<_>>();
+                if memory(*w).is_some() && others.iter().any(|&b| memory(b) == memory(*w)) {
                     let name = &program.buffer(*w).name;
-                    return Err(format!("extern {name} shares a memory slot with an operand or another output"));
+                    return Err(format!("extern {name} shares memory with an operand or another output"));
                 }
             }
         }
     }
     Ok(CheckedLaunches { steps: plan, storage, slot_bytes })
+}
+
+/// The base of an extern scatter node, when it reads it as nothing else: the one operand the
+/// call may find in its output's memory (its base kept there by the memory plan, in place).
+fn scatter_base(n: &coil_ir::loops::LoopNode) -> Option<BufferId> {
+    match &n.kind {
+        LoopKind::Extern { call: ExternCall::Fallback { op: coil_ir::Op::Scatter { .. } }, inputs } => {
+            inputs.first().copied().filter(|b| !inputs[1..].contains(b))
+        }
+        _ => None,
+    }
 }
 
 /// `(output, base)` of each scatter node of `kernel` ([`coil_ir::loops::ScatterStore`]): the

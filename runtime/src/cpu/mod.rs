@@ -226,6 +226,7 @@ impl CompiledGraph {
                 // (`run_donating`'s contract).
                 Storage::Input(k) | Storage::Donated(k) => inputs[k].data.as_ptr() as *mut u8,
                 Storage::Output => outputs[i].as_mut().expect("allocated above").as_mut_ptr(),
+                Storage::InOutput(o) => outputs[o.0].as_mut().expect("allocated above").as_mut_ptr(),
                 Storage::Slot(s) => slots[s].as_mut_ptr(),
                 Storage::Unused => std::ptr::null_mut(),
             })
