@@ -142,6 +142,14 @@ impl MemoryPlan {
     pub fn donor_of(&self, output: usize) -> Option<usize> {
         self.donated.iter().find(|d| d.output == output).map(|d| d.input)
     }
+
+    /// Whether buffers `a` and `b` share memory by the plan: one slot, or `a` kept in output
+    /// `b` ([`MemoryPlan::in_outputs`]). (Donated inputs are not buffers' memory here.)
+    pub fn shares_memory(&self, a: BufferId, b: BufferId) -> bool {
+        let slot = |x: BufferId| self.slot_of.get(x.0).copied().flatten();
+        (slot(a).is_some() && slot(a) == slot(b))
+            || self.in_outputs.iter().any(|x| (x.temporary, x.output) == (a, b) || (x.temporary, x.output) == (b, a))
+    }
 }
 
 /// The scheduler's result: kernels in launch order, the refused fusions, the memory plan.

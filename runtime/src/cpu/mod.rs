@@ -331,7 +331,8 @@ impl CompiledGraph {
         let bytes = |b: BufferId| p.buffer(b).meta.nbytes();
         // SAFETY (both): every buffer's pointer addresses at least its size in bytes; the
         // buffers a node writes overlap neither each other nor any operand (separate
-        // allocations, or slots checked distinct), and each is borrowed mutably once.
+        // allocations, or slots checked distinct), but a scatter's base, which no arm holds as
+        // a slice while it holds the output; and each is borrowed mutably once.
         let written = |b: BufferId| unsafe { std::slice::from_raw_parts_mut(ptrs[b.0], bytes(b)) };
         let view = |b: BufferId| unsafe { std::slice::from_raw_parts(ptrs[b.0] as *const u8, bytes(b)) };
         match call {
