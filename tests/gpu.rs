@@ -231,6 +231,38 @@ fn weight_and_bias_gradients_agree_with_the_interpreter_on_cuda() {
     }
 }
 
+/// A tied embedding's gradient (GPT-2's `wte` under bf16 autocast): the product writes the
+/// f32 gradient into the output's buffer (a widening epilogue, the scatter's base kept in the
+/// output) and the device scatter adds the embedding's rows there in place, with ids that
+/// repeat; against the interpreter (which rounds the product to bf16 first and adds after).
+#[test]
+fn a_tied_embedding_gradient_scattered_in_place_agrees_with_the_interpreter_on_cuda() {
+    use coil::{Backend, CrossEntropyOptions, DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let (vocab, c, n) = (1000usize, 64usize, 512usize);
+    let ids: Vec<i64> = (0..n as i64).map(|i| (i * 7919) % 50).collect(); // 50 ids, each ~10 times
+    let targets: Vec<i64> = (0..n as i64).map(|i| (i * 104_729) % vocab as i64).collect();
+    let run = |backend: Backend, device: coil::Device| -> Vec<f32> {
+        coil::set_backend(backend);
+        coil::manual_seed(5);
+        let w = Tensor::randn(&[vocab, c], DType::F32).unwrap().mul(0.1).unwrap().to_device(device).unwrap();
+        w.realize().unwrap();
+        let ids = Tensor::from_vec(ids.clone(), &[n]).unwrap().to_device(device).unwrap();
+        let t = Tensor::from_vec(targets.clone(), &[n]).unwrap().to_device(device).unwrap();
+        let h = w.index_select(0, &ids).unwrap().tanh().unwrap().to_dtype(DType::BF16).unwrap();
+        let logits = h.linear(&w.to_dtype(DType::BF16).unwrap(), None).unwrap().to_dtype(DType::F32).unwrap();
+        let loss = logits.cross_entropy(&t, CrossEntropyOptions::default()).unwrap();
+        let (_, g) = coil::value_and_grad(&loss, &[&w]).unwrap();
+        g[0].to_vec::<f32>().unwrap()
+    };
+    let want = run(Backend::Interpreter, coil::Device::Cpu);
+    let got = run(Backend::Compiled, device);
+    let scale = want.iter().map(|w| w.abs()).fold(0f32, f32::max);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 2e-2 * scale, "wte grad [{}, {}]: {g} vs {w}", i / c, i % c);
+    }
+}
+
 #[test]
 fn device_scatter_agrees_with_the_interpreter() {
     use coil::{Backend, DType, Tensor};

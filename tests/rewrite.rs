@@ -389,6 +389,33 @@ fn scalar_factors_leave_reductions() {
     assert_eq!(r.fired("reduce-scalar"), 0);
 }
 
+#[test]
+fn a_scatter_add_into_zeros_accumulates_into_the_other_addend() {
+    for (dtype, zero) in [
+        (DType::F32, Scalar::Float(0.0)),
+        (DType::F32, Scalar::Float(-0.0)),
+        (DType::F64, Scalar::Float(0.0)),
+        (DType::BF16, Scalar::Float(0.0)),
+        (DType::I64, Scalar::Int(0)),
+    ] {
+        for scatter_first in [false, true] {
+            let mut g = G::default();
+            let y = g.input(&[5, 4], dtype);
+            let raw = g.input(&[12, 1], DType::I64);
+            let src = g.input(&[12, 4], dtype);
+            let five = g.full(Scalar::Int(5), &[12, 1], DType::I64);
+            let rows = g.bin(BinaryOp::Remainder, raw, five); // 12 rows into 5: indices repeat
+            let index = g.op(Op::Expand { shape: vec![12, 4] }, &[rows]);
+            let zeros = g.full(zero, &[5, 4], dtype);
+            let s = g.op(Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) }, &[zeros, index, src]);
+            let sum = if scatter_first { g.bin(BinaryOp::Add, s, y) } else { g.bin(BinaryOp::Add, y, s) };
+            let (out, r) = sound(&g.out(&[sum]), "scatter-into-addend");
+            assert_eq!(op_names(&out), ["full", "remainder", "expand", "scatter_add"], "{dtype}: {out}");
+            assert!(r.cost_after.bytes < r.cost_before.bytes, "{r}");
+        }
+    }
+}
+
 /// `B @ A @ x` for a low-rank adapter: B `[out, r]`, A `[r, in]`, x `[in, batch]`, built in the
 /// expensive order `(B @ A) @ x` (`cheap = false`) or the cheap `B @ (A @ x)`.
 fn adapter(out: usize, inp: usize, r: usize, batch: usize, cheap: bool) -> Graph {

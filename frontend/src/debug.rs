@@ -85,7 +85,8 @@ fn timestamp() -> String {
     format!("{year:04}{month:02}{day:02}_{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-/// Bytes a kernel reads and writes, counting each buffer once.
+/// Bytes a kernel reads and writes, counting each buffer once (estimated for a scatter that
+/// runs in place).
 fn kernel_bytes(program: &LoopProgram, schedule: &Schedule, index: usize, tile: Option<&TileKernel>) -> (usize, usize) {
     let nbytes = |b: BufferId| program.buffer(b).meta.nbytes();
     match tile {
@@ -95,7 +96,18 @@ fn kernel_bytes(program: &LoopProgram, schedule: &Schedule, index: usize, tile: 
         None => {
             let k = &schedule.kernels[index];
             let node = &program.nodes[k.nodes[0]];
-            (node.reads().into_iter().map(nbytes).sum(), node.writes().into_iter().map(nbytes).sum())
+            match &node.kind {
+                // A scatter run in place over its base reads its index and source and updates
+                // at most one element per index element; else it copies its base first.
+                LoopKind::Extern { call: ExternCall::Fallback { op: coil_ir::Op::Scatter { .. } }, inputs }
+                    if schedule.memory.shares_memory(inputs[0], node.output) =>
+                {
+                    let touched =
+                        program.buffer(inputs[1]).meta.numel() * program.buffer(node.output).meta.dtype.size_bytes();
+                    (nbytes(inputs[1]) + nbytes(inputs[2]) + touched, touched)
+                }
+                _ => (node.reads().into_iter().map(nbytes).sum(), node.writes().into_iter().map(nbytes).sum()),
+            }
         }
     }
 }
@@ -158,6 +170,10 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
             .map(|b| program.buffers[b].name.clone())
             .collect();
         let _ = writeln!(s, "  slot {slot}: {bytes} bytes, holds {}", users.join(", "));
+    }
+    for x in &schedule.memory.in_outputs {
+        let name = |b: BufferId| &program.buffer(b).name;
+        let _ = writeln!(s, "  output {} holds {} (its scatter's base)", name(x.output), name(x.temporary));
     }
     let _ = writeln!(s, "  peak bytes: {}", schedule.memory.peak_bytes);
     s

@@ -109,6 +109,22 @@ pub struct MemoryPlan {
     /// Donations the caller asked for and the plan refused, each with its reason (the output
     /// then gets a fresh buffer, and the dump says why).
     pub declined: Vec<(Donation, String)>,
+    /// Temporaries kept in a graph output's memory instead of a slot: each the base of the
+    /// scatter that writes that output, dying there, so the scatter runs in place.
+    pub in_outputs: Vec<InOutput>,
+}
+
+/// A temporary stored in the memory of a graph output: the base of the extern scatter that
+/// writes the output, read by nothing after it. Its producer writes the output's buffer, and
+/// the scatter writes its elements over it (combined with what is there, for a
+/// `scatter_add`), so the base is never copied. Outputs are allocated before the run's first
+/// launch, so the buffer is there when the base's producer runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InOutput {
+    /// The temporary: the scatter's base.
+    pub temporary: BufferId,
+    /// The graph output the scatter writes.
+    pub output: BufferId,
 }
 
 /// A graph output written in place over a graph input's buffer.
@@ -125,6 +141,14 @@ impl MemoryPlan {
     /// into, if it was donated.
     pub fn donor_of(&self, output: usize) -> Option<usize> {
         self.donated.iter().find(|d| d.output == output).map(|d| d.input)
+    }
+
+    /// Whether buffers `a` and `b` share memory by the plan: one slot, or `a` kept in output
+    /// `b` ([`MemoryPlan::in_outputs`]). (Donated inputs are not buffers' memory here.)
+    pub fn shares_memory(&self, a: BufferId, b: BufferId) -> bool {
+        let slot = |x: BufferId| self.slot_of.get(x.0).copied().flatten();
+        (slot(a).is_some() && slot(a) == slot(b))
+            || self.in_outputs.iter().any(|x| (x.temporary, x.output) == (a, b) || (x.temporary, x.output) == (b, a))
     }
 }
 

@@ -26,6 +26,9 @@ pub(crate) enum Storage {
     Output,
     /// A temporary in slot `s`.
     Slot(usize),
+    /// A temporary kept in the memory of the output buffer `b` (`MemoryPlan::in_outputs`: the
+    /// base of the scatter that writes `b`, which then runs in place).
+    InOutput(BufferId),
     /// Never in memory (lives in registers inside a fused kernel).
     Unused,
 }
@@ -149,6 +152,14 @@ pub(crate) fn plan_storage(
                 storage[o.0] = Storage::Donated(d.input)
             }
             _ => return Err(format!("donation of input {} to output {} does not fit the program", d.input, d.output)),
+        }
+    }
+    for x in &plan.in_outputs {
+        let (b, o) = (x.temporary.0, x.output.0);
+        // Only a fresh output can hold it (else it takes a slot of its own below).
+        let fits = b < storage.len() && o < storage.len() && p.buffers[b].meta.nbytes() == p.buffers[o].meta.nbytes();
+        if fits && storage[b] == Storage::Unused && used[b] && storage[o] == Storage::Output {
+            storage[b] = Storage::InOutput(x.output);
         }
     }
     for (i, buf) in p.buffers.iter().enumerate() {
@@ -347,22 +358,44 @@ pub(crate) fn check_launches<'a>(
     }
     let (storage, slot_bytes) = plan_storage(program, schedule, &used)?;
     // An extern call reads its operands through slices while writing its outputs: no two of
-    // them may share a slot (the generated kernels handle in-place updates themselves).
+    // them may share memory (the generated kernels handle in-place updates themselves), but a
+    // scatter's base, which the scatter writes over in place (`scatter_base`).
+    // The memory a buffer lives in: (slot, output or input, its number); none for buffers
+    // never in memory.
+    let memory = |b: BufferId| match storage[b.0] {
+        Storage::Slot(s) => Some((0, s)),
+        Storage::Output => Some((1, b.0)),
+        Storage::InOutput(o) => Some((1, o.0)),
+        Storage::Input(k) | Storage::Donated(k) => Some((2, k)),
+        Storage::Unused => None,
+    };
     for step in &plan {
         if let Err(node) = step {
             let n = &program.nodes[*node];
             let writes = n.writes();
+            let base = scatter_base(n);
             for (i, w) in writes.iter().enumerate() {
-                let others = n.reads().into_iter().chain(writes[i + 1..].iter().copied());
-                if matches!(storage[w.0], Storage::Slot(_)) && others.into_iter().any(|b| storage[b.0] == storage[w.0])
-                {
+                let others = n.reads().into_iter().filter(|&b| Some(b) != base || *w != n.output);
+                let others = others.chain(writes[i + 1..].iter().copied()).collect::<Vec<_>>();
+                if memory(*w).is_some() && others.iter().any(|&b| memory(b) == memory(*w)) {
                     let name = &program.buffer(*w).name;
-                    return Err(format!("extern {name} shares a memory slot with an operand or another output"));
+                    return Err(format!("extern {name} shares memory with an operand or another output"));
                 }
             }
         }
     }
     Ok(CheckedLaunches { steps: plan, storage, slot_bytes })
+}
+
+/// The base of an extern scatter node, when it reads it as nothing else: the one operand the
+/// call may find in its output's memory (its base kept there by the memory plan, in place).
+fn scatter_base(n: &coil_ir::loops::LoopNode) -> Option<BufferId> {
+    match &n.kind {
+        LoopKind::Extern { call: ExternCall::Fallback { op: coil_ir::Op::Scatter { .. } }, inputs } => {
+            inputs.first().copied().filter(|b| !inputs[1..].contains(b))
+        }
+        _ => None,
+    }
 }
 
 /// `(output, base)` of each scatter node of `kernel` ([`coil_ir::loops::ScatterStore`]): the
@@ -570,4 +603,72 @@ pub(crate) fn median(times: &mut [f64]) -> f64 {
 pub(crate) fn extern_name(schedule: &Schedule, node: usize) -> String {
     let kernel = schedule.kernels.iter().find(|k| k.nodes.contains(&node));
     kernel.map_or_else(|| format!("extern node {node}"), |k| k.name.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_graphs::{buffer, fused, pointwise, tile};
+    use coil_ir::kernel::{InOutput, MemoryPlan};
+    use coil_ir::loops::LoopNode;
+    use coil_ir::{BinaryOp, Op, ReduceOp};
+
+    /// `buf1 = arg0 + arg0` (a temporary), `buf4 = scatter_add(buf1, arg2, arg3)` (the output),
+    /// with `buf1` kept in `buf4` by the memory plan.
+    fn scatter_program(in_output: InOutput) -> (LoopProgram, Schedule, Vec<Option<TileKernel>>) {
+        let f = DType::F32;
+        let scatter = LoopNode {
+            output: BufferId(4),
+            origins: vec!["scatter_add"],
+            kind: LoopKind::Extern {
+                call: ExternCall::Fallback { op: Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) } },
+                inputs: vec![BufferId(1), BufferId(2), BufferId(3)],
+            },
+        };
+        let program = LoopProgram {
+            symbols: vec![],
+            data_checks: vec![],
+            buffers: vec![
+                buffer("arg0", &[5, 4], f),
+                buffer("buf1", &[5, 4], f),
+                buffer("arg2", &[5, 4], DType::I64),
+                buffer("arg3", &[5, 4], f),
+                buffer("buf4", &[5, 4], f),
+            ],
+            inputs: vec![BufferId(0), BufferId(2), BufferId(3)],
+            outputs: vec![BufferId(4)],
+            nodes: vec![pointwise(1, 20, &[0, 0], BinaryOp::Add, f), scatter],
+        };
+        let schedule = Schedule {
+            kernels: vec![
+                fused("poi_fused_add_0", KernelKind::Pointwise, 0, 20, &[1]),
+                fused("ext_fallback_scatter_add_1", KernelKind::Extern, 1, 20, &[4]),
+            ],
+            refusals: vec![],
+            memory: MemoryPlan { slot_of: vec![None; 5], in_outputs: vec![in_output], ..Default::default() },
+        };
+        let tiles =
+            vec![Some(tile("poi_fused_add_0", 20, &[("in_ptr0", 0, f, false), ("out_ptr0", 1, f, true)])), None];
+        (program, schedule, tiles)
+    }
+
+    #[test]
+    fn a_scatter_base_kept_in_its_output_shares_its_memory_and_nothing_else_may() {
+        let base = InOutput { temporary: BufferId(1), output: BufferId(4) };
+        let (p, s, tiles) = scatter_program(base);
+        let checked = check_launches(&p, &s, &tiles).unwrap();
+        assert_eq!(checked.storage[1], Storage::InOutput(BufferId(4)));
+        assert!(checked.slot_bytes.is_empty(), "no slot: {:?}", checked.slot_bytes);
+        // An output that is not a fresh buffer (here: donated) cannot hold it: a slot of its own.
+        let (p, mut s, tiles) = scatter_program(base);
+        s.memory.donated = vec![coil_ir::kernel::Donation { output: 0, input: 0 }];
+        let checked = check_launches(&p, &s, &tiles).unwrap();
+        assert_eq!(checked.storage[1], Storage::Slot(0));
+        // A plan that puts the scatter's source in its output is refused before any launch.
+        let (mut p, s, tiles) = scatter_program(InOutput { temporary: BufferId(1), output: BufferId(4) });
+        let LoopKind::Extern { inputs, .. } = &mut p.nodes[1].kind else { unreachable!() };
+        inputs.swap(0, 2); // buf1 (in the output's memory) is now the source
+        let e = check_launches(&p, &s, &tiles).err().unwrap();
+        assert!(e.contains("shares memory with an operand"), "{e}");
+    }
 }

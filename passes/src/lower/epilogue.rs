@@ -8,8 +8,9 @@
 //!   writes the gelu's buffer, and neither the product nor the bias add is ever materialized.
 //!
 //! * **Widening cast.** `cast(reshape*(bmm), f32)` of an f16 / bf16 product with no bias or
-//!   activation, the cast a graph output ([`widening_epilogue`]: a weight gradient cast back to
-//!   its f32 parameter's dtype): the call writes the f32 result directly, one rounding fewer
+//!   activation, the cast a graph output or only a scatter's base ([`widening_epilogue`]: a
+//!   weight gradient cast back to its f32 parameter's dtype, perhaps with a tied embedding's
+//!   gradient scattered into it): the call writes the f32 result directly, one rounding fewer
 //!   than the unfused graph (which rounds the product to f16 / bf16 first), and no
 //!   half-precision product is stored. A cast that other kernels read stays with them (they
 //!   load the half-precision product and widen it in registers: logits read by a loss).
@@ -222,12 +223,14 @@ fn gelu_epilogue(
     Some(Epilogue { mm, bias, activation: Some(Activation::GeluTanh), inside })
 }
 
-/// `root`, a graph output, as `cast(reshape*(bmm), f32)` of an f16 / bf16 product (see the
+/// `root`, a value stored anyway (a graph output, or the base of a scatter: see
+/// [`scatter_base_only`]), as `cast(reshape*(bmm), f32)` of an f16 / bf16 product (see the
 /// module docs), every node from the product to the cast read only by the next one and not a
 /// graph output.
 fn widening_epilogue(l: &Lowerer, root: NodeId, readers: &[Vec<NodeId>], output: &[bool]) -> Option<Epilogue> {
     let g = l.g;
-    if g.node(root).op != Op::Cast(DType::F32) || g.meta(root).numel() == 0 || !output[root.0] {
+    let stored = output[root.0] || scatter_base_only(l, root, readers);
+    if g.node(root).op != Op::Cast(DType::F32) || g.meta(root).numel() == 0 || !stored {
         return None;
     }
     let private = |n: NodeId| !output[n.0] && readers[n.0].len() == 1;
@@ -244,6 +247,17 @@ fn widening_epilogue(l: &Lowerer, root: NodeId, readers: &[Vec<NodeId>], output:
         activation: None,
         inside,
     })
+}
+
+/// Whether `n`'s one reader is a scatter that takes it as its base (and reads it nowhere
+/// else): the scatter's output starts as a copy of its base, or is written in place over it,
+/// so the base is a buffer whatever computes it (`scatter_add(cast(w_grad), ...)`, a weight
+/// gradient the tied embedding's gradient is added into).
+fn scatter_base_only(l: &Lowerer, n: NodeId, readers: &[Vec<NodeId>]) -> bool {
+    match readers[n.0][..] {
+        [s] => matches!(l.g.node(s).op, Op::Scatter { .. }) && l.g.node(s).inputs[0] == n,
+        _ => false,
+    }
 }
 
 /// The primitive graph `decompose` makes of `gelu(y, tanh=True)` for a placeholder `y` of

@@ -750,3 +750,28 @@ fn other_scatters_stay_fallback_calls() {
     let s = op(&mut g, Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) }, &[cache, index, src]);
     assert!(fallback(&lowered(g, &[s])), "scatter_add");
 }
+
+/// `scatter_add(f32(a @ b), index, src)` of a bf16 product (a weight gradient with a tied
+/// embedding's rows scattered into it): the cast is the product's widening epilogue, since the
+/// scatter's base is a buffer anyway; as the scatter's source it stays a cast of the bf16
+/// product.
+#[test]
+fn a_widened_product_that_is_only_a_scatters_base_is_written_f32_by_the_call() {
+    let bf16 = DType::BF16;
+    for as_base in [true, false] {
+        let mut g = Graph::new();
+        let a = g.input(m(&[6, 3], bf16));
+        let b = g.input(m(&[3, 4], bf16));
+        let index = g.input(m(&[6, 4], DType::I64));
+        let other = g.input(m(&[6, 4], F32));
+        let product = op(&mut g, Op::Bmm, &[a, b]);
+        let wide = op(&mut g, Op::Cast(F32), &[product]);
+        let (base, src) = if as_base { (wide, other) } else { (other, wide) };
+        let s = op(&mut g, Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) }, &[base, index, src]);
+        let p = lowered(g, &[s]);
+        let call = p.nodes.iter().find(|n| matches!(n.kind, LoopKind::Extern { call: ExternCall::Bmm { .. }, .. }));
+        let dtype = p.buffer(call.unwrap().output).meta.dtype;
+        assert_eq!(dtype, if as_base { F32 } else { bf16 }, "{p}");
+        assert_eq!(p.nodes.len(), if as_base { 2 } else { 3 }, "a cast node only for the source: {p}");
+    }
+}

@@ -226,6 +226,43 @@ fn reduce_scalar(eg: &EG, id: Id, n: &ENode) -> Option<Rhs> {
     Some(mul(node(n.op.clone(), vec![class(x)]), full))
 }
 
+/// Whether a constant is a zero a sum may start from: an integer 0, or a float zero of either
+/// sign (see [`scatter_into_addend`] for what the sign changes).
+fn is_zero(k: Konst) -> bool {
+    match k {
+        Konst::I(v) => v == 0,
+        Konst::F(v) => v == 0.0,
+    }
+}
+
+/// `add(y, scatter_add(0, index, src))` (either order) -> `scatter_add(y, index, src)`: the
+/// scatter accumulates into the other addend instead of into a buffer of zeros, so the zero
+/// fill, the scatter's copy of it and the add's pass over both operands go (an embedding's
+/// gradient added to the gradient of the output projection tied to it). `y` must have the
+/// sum's shape and dtype (checked with every proposal), so casts stay where they were.
+///
+/// Integers: exact (wrapping addition is associative and commutative). Floats: every element
+/// sums the same terms in another order, `y + ((0 + s1) + s2)` becoming `(y + s1) + s2`, so an
+/// element that several sources reach may round differently (the order of those sources is
+/// open anyway on the GPU, whose scatter adds atomically); and with a `+0.0` fill an element
+/// where `y` is `-0.0` and the sources add up to no nonzero value keeps `-0.0` where the
+/// original gives `+0.0` (with a `-0.0` fill that is exact too). The cost model takes it
+/// because it always removes the add's pass.
+fn scatter_into_addend(eg: &EG, _: Id, n: &ENode) -> Option<Rhs> {
+    let (Prim::Binary(Ordered(BinaryOp::Add)), &[a, b]) = (&n.op, &n.args[..]) else { return None };
+    [(a, b), (b, a)].into_iter().find_map(|(s, y)| {
+        find_in(eg, s, |inner| match (&inner.op, &inner.args[..]) {
+            (&Prim::Scatter { dim, reduce: Some(Ordered(ReduceOp::Sum)) }, &[zero, index, src])
+                if konst(eg, zero).is_some_and(is_zero) && meta(eg, y).dtype != DType::Bool =>
+            {
+                let reduce = Some(Ordered(ReduceOp::Sum));
+                Some(node(Prim::Scatter { dim, reduce }, vec![class(y), class(index), class(src)]))
+            }
+            _ => None,
+        })
+    })
+}
+
 // ---- triggers: where each rule may fire in the graph ----
 
 /// The op of node `id`'s `i`-th operand.
@@ -262,14 +299,27 @@ fn reduce_scalar_trigger(g: &Graph, id: NodeId, _: &[usize]) -> bool {
     matches!(g.node(id).op, Op::Reduce { .. }) && graph_scaled(g, g.node(id).inputs[0])
 }
 
+/// `add` of a node that is `scatter_add` into a zero constant.
+fn scatter_into_addend_trigger(g: &Graph, id: NodeId, _: &[usize]) -> bool {
+    let n = g.node(id);
+    n.op == Op::Binary(BinaryOp::Add)
+        && n.meta.dtype != DType::Bool
+        && n.inputs.iter().any(|&x| {
+            let s = g.node(x);
+            matches!(s.op, Op::Scatter { reduce: Some(ReduceOp::Sum), .. })
+                && graph_konst(g, s.inputs[0]).is_some_and(is_zero)
+        })
+}
+
 /// The rules written in code, by name.
-pub fn rules() -> [CodedRule; 5] {
+pub fn rules() -> [CodedRule; 6] {
     [
         CodedRule { name: "cast-cast", find: cast_cast, trigger: cast_trigger },
         CodedRule { name: "view-identity", find: view_identity, trigger: view_identity_trigger },
         CodedRule { name: "view-chain", find: view_chain, trigger: view_chain_trigger },
         CodedRule { name: "bmm-transpose", find: bmm_transpose, trigger: bmm_transpose_trigger },
         CodedRule { name: "reduce-scalar", find: reduce_scalar, trigger: reduce_scalar_trigger },
+        CodedRule { name: "scatter-into-addend", find: scatter_into_addend, trigger: scatter_into_addend_trigger },
     ]
 }
 

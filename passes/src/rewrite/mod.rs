@@ -280,7 +280,7 @@ fn rewrite_region(
             report.stages.push(StageReport {
                 name,
                 iterations: 0,
-                stop_reason: "skipped: no product or reduction".into(),
+                stop_reason: "skipped: no product, reduction or scatter".into(),
             });
             continue;
         }

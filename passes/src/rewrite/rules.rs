@@ -176,7 +176,7 @@ pub fn simplify_rules() -> Vec<Rule> {
 /// The second stage: algebra whose worth the cost model decides (run with the first stage's
 /// rules, so what they build is simplified too).
 pub fn algebra_rules() -> Vec<Rule> {
-    ["bmm-transpose", "bmm-scalar", "reduce-scalar", "bmm-assoc-right", "bmm-assoc-left"]
+    ["bmm-transpose", "bmm-scalar", "reduce-scalar", "bmm-assoc-right", "bmm-assoc-left", "scatter-into-addend"]
         .into_iter()
         .map(Rule::named)
         .collect()
@@ -269,10 +269,10 @@ pub fn rewrites(rules: Vec<Rule>) -> Vec<egg::Rewrite<ENode, Facts>> {
 /// A stage: its name and its rewrites.
 pub type Stage = (&'static str, Vec<Rewrite<ENode, Facts>>);
 
-/// Whether an algebra rule can match anywhere: they all start at a product, a reduction, or
-/// a transpose of a product.
+/// Whether an algebra rule can match anywhere: they all start at a product, a reduction, a
+/// transpose of a product, or an add of a scatter.
 pub fn algebra_may_fire(eg: &EG) -> bool {
-    eg.classes().any(|c| c.nodes.iter().any(|n| matches!(n.op, Prim::Bmm | Prim::Reduce { .. })))
+    eg.classes().any(|c| c.nodes.iter().any(|n| matches!(n.op, Prim::Bmm | Prim::Reduce { .. } | Prim::Scatter { .. })))
 }
 
 /// The stages, in order, with their rewrites (made once per process): `simplify`, the rules

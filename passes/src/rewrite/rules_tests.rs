@@ -138,3 +138,30 @@ fn bmm_assoc() {
     assert!(fired("bmm-assoc-left", right) >= 1);
     assert_eq!(fired("bmm-assoc-left", &right.replace("f32", "i32")), 0, "integers");
 }
+
+/// `y + scatter(fill, index, src)` of `dtype` (`op` the scatter's name), the sum's operands in
+/// the given order.
+fn scattered_sum(dtype: &str, fill: &str, op: &str, scatter_first: bool) -> String {
+    let add = if scatter_first { "add(%4, %0)" } else { "add(%0, %4)" };
+    format!(
+        "graph(%0: {dtype}[5, 4], %1: i64[6, 4], %2: {dtype}[6, 4]) {{\n %3: {dtype}[5, 4] = full(value={fill})\n %4 = {op}(%3, %1, %2, dim=0)\n %5 = {add}\n return (%5)\n}}"
+    )
+}
+
+#[test]
+fn scatter_into_addend() {
+    let rule = "scatter-into-addend";
+    assert_eq!(fired(rule, &scattered_sum("f32", "0.0", "scatter_add", false)), 1);
+    assert_eq!(fired(rule, &scattered_sum("f32", "-0.0", "scatter_add", true)), 1);
+    assert_eq!(fired(rule, &scattered_sum("bf16", "0.0", "scatter_add", true)), 1);
+    assert_eq!(fired(rule, &scattered_sum("i64", "0", "scatter_add", false)), 1);
+    assert_eq!(fired(rule, &scattered_sum("f32", "1.0", "scatter_add", false)), 0, "a fill that is not zero");
+    assert_eq!(fired(rule, &scattered_sum("f32", "0.0", "scatter", false)), 0, "the last write wins");
+    assert_eq!(fired(rule, &scattered_sum("f32", "0.0", "scatter_amax", false)), 0, "max");
+    // A scatter that is read elsewhere too would have to run twice: the add is cheaper.
+    let g = Graph::parse(&scattered_sum("f32", "0.0", "scatter_add", false).replace("return (%5)", "return (%5, %4)"))
+        .unwrap();
+    let (out, report) = simplify(&g, &RewriteOptions::default()).unwrap();
+    assert_eq!(report.fired(rule), 1);
+    assert!(!report.accepted, "{out}");
+}

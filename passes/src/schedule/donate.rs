@@ -95,7 +95,7 @@ fn check(p: &LoopProgram, kernels: &[FusedKernel], d: Donation, accepted: &[Dona
 /// being `u`: written over `u`, the scatter leaves the other elements as they are and writes
 /// the scattered ones (every backend's scatter copies its base only when the output is
 /// elsewhere).
-fn scatters_over(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
+pub(super) fn scatters_over(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
     let [node] = kernel.nodes[..] else { return false };
     let node = &p.nodes[node];
     match &node.kind {

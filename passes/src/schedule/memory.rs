@@ -8,13 +8,23 @@
 //! slot and overwrite it only *in place*: a pointwise kernel that stores one buffer may take the
 //! slot of a temporary of its size that dies in it, when it reads that temporary only at the
 //! element it writes (each thread then reads an element before it writes it, and no other
-//! thread touches it; Inductor's in-place reuse). Outputs live from their kernel to the end;
-//! inputs are the caller's. `peak_bytes` is the most, over kernels, of the live outputs plus the
-//! slots in use.
+//! thread touches it; Inductor's in-place reuse).
+//!
+//! A scatter that runs as an extern call (`scatter_add` of an embedding's gradient) starts its
+//! output as a copy of its base and writes its elements over it; when the base is a temporary
+//! that dies there, the scatter runs on the base's memory instead and nothing is copied: a
+//! temporary output takes the base's slot (the in-place rule), and a graph output's buffer
+//! holds the base from the base's producer on (`MemoryPlan::in_outputs`; the base gets no
+//! slot). A base that is a graph input, an output, or read by a later kernel is copied.
+//!
+//! Outputs live from their kernel (or their base's, when it is kept in them) to the end;
+//! inputs are the caller's. `peak_bytes` is the most, over kernels, of the live outputs plus
+//! the slots in use.
 
-use super::donate::reads_only_where_written;
-use coil_ir::kernel::{FusedKernel, MemoryPlan};
-use coil_ir::loops::{BufferId, LoopProgram};
+use super::donate::{reads_only_where_written, scatters_over};
+use coil_ir::kernel::{FusedKernel, InOutput, MemoryPlan};
+use coil_ir::loops::{BufferId, ExternCall, LoopKind, LoopProgram};
+use coil_ir::Op;
 
 pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
     let nb = p.buffers.len();
@@ -37,7 +47,9 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
         let id = coil_ir::loops::BufferId(b);
         def[b].is_some() && !p.inputs.contains(&id) && !p.outputs.contains(&id)
     };
-    let mut temps: Vec<usize> = (0..nb).filter(|&b| temporary(b)).collect();
+    let in_outputs = bases_in_outputs(p, kernels, &last_use, &temporary);
+    let in_output = |b: usize| in_outputs.iter().any(|x| x.temporary.0 == b);
+    let mut temps: Vec<usize> = (0..nb).filter(|&b| temporary(b) && !in_output(b)).collect();
     temps.sort_by_key(|&b| (def[b], b));
 
     let mut slots: Vec<usize> = Vec::new();
@@ -73,22 +85,58 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
     let mut outputs: Vec<usize> = p.outputs.iter().map(|b| b.0).filter(|&b| def[b].is_some()).collect();
     outputs.sort_unstable();
     outputs.dedup();
+    // An output's memory is in use from its first write: its own, or its base's.
+    let first_write = |b: usize| {
+        let base = in_outputs.iter().find(|x| x.output.0 == b).and_then(|x| def[x.temporary.0]);
+        base.into_iter().chain(def[b]).min()
+    };
     let mut peak = 0;
     for k in 0..kernels.len() {
-        let out: usize = outputs.iter().filter(|&&b| def[b] <= Some(k)).map(|&b| bytes(b)).sum();
+        let out: usize = outputs.iter().filter(|&&b| first_write(b) <= Some(k)).map(|&b| bytes(b)).sum();
         let mut live: Vec<usize> =
             temps.iter().filter(|&&t| def[t] <= Some(k) && k <= last_use[t]).map(|&t| slot_of[t].unwrap()).collect();
         live.sort_unstable();
         live.dedup();
         peak = peak.max(out + live.iter().map(|&s| slots[s]).sum::<usize>());
     }
-    MemoryPlan { slots, slot_of, peak_bytes: peak, ..Default::default() }
+    MemoryPlan { slots, slot_of, peak_bytes: peak, in_outputs, ..Default::default() }
 }
 
 /// Whether `kernel` may write `t` over `u`: a pointwise kernel storing only `t`, reading `u`
-/// only through plain loads at the index it writes `t` at.
+/// only through plain loads at the index it writes `t` at; or an extern scatter of base `u`
+/// into `t` that reads `u` as nothing else.
 fn overwrites_in_place(p: &LoopProgram, kernel: &FusedKernel, u: BufferId, t: BufferId) -> bool {
-    kernel.kind == coil_ir::kernel::KernelKind::Pointwise
+    let pointwise = kernel.kind == coil_ir::kernel::KernelKind::Pointwise
         && kernel.stores == [t]
-        && reads_only_where_written(p, kernel, u, t)
+        && reads_only_where_written(p, kernel, u, t);
+    pointwise || scatters_over(p, kernel, u, t)
+}
+
+/// The extern scatters whose output is a graph output and whose base is a temporary
+/// (`temporary`) no later kernel reads (`last_use`): the bases kept in those outputs.
+fn bases_in_outputs(
+    p: &LoopProgram,
+    kernels: &[FusedKernel],
+    last_use: &[usize],
+    temporary: &dyn Fn(usize) -> bool,
+) -> Vec<InOutput> {
+    let mut found = Vec::new();
+    for (k, kernel) in kernels.iter().enumerate() {
+        let [n] = kernel.nodes[..] else { continue };
+        let node = &p.nodes[n];
+        let LoopKind::Extern { call: ExternCall::Fallback { op: Op::Scatter { .. } }, inputs } = &node.kind else {
+            continue;
+        };
+        let (u, t) = (inputs[0], node.output);
+        if temporary(u.0)
+            && last_use[u.0] == k
+            && p.outputs.contains(&t)
+            && !p.inputs.contains(&t)
+            && p.buffer(u).meta == p.buffer(t).meta
+            && scatters_over(p, kernel, u, t)
+        {
+            found.push(InOutput { temporary: u, output: t });
+        }
+    }
+    found
 }

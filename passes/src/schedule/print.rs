@@ -6,7 +6,8 @@ use std::fmt::Write;
 
 /// Prints a schedule: per kernel (in launch order) its name, kind, `xnumel` / `rnumel`, member
 /// nodes (buffer, what it is, origins) and stores; then every refused fusion with its reason;
-/// then the memory plan (slots and their buffers, outputs, donated inputs) and the peak bytes.
+/// then the memory plan (slots and their buffers, outputs, scatter bases kept in outputs,
+/// donated inputs) and the peak bytes.
 /// Deterministic.
 pub fn print_schedule(program: &LoopProgram, schedule: &Schedule) -> String {
     let mut s = String::new();
@@ -61,6 +62,10 @@ pub fn print_schedule(program: &LoopProgram, schedule: &Schedule) -> String {
         }
     }
     let _ = writeln!(s, "  outputs: [{}]", outputs.join(", "));
+    for x in &plan.in_outputs {
+        let (b, o) = (name(x.temporary), name(x.output));
+        let _ = writeln!(s, "  in place: {b} kept in output {o} (the base of its scatter)");
+    }
     for d in &plan.donated {
         let (o, i) = (name(program.outputs[d.output]), name(program.inputs[d.input]));
         let _ = writeln!(s, "  in place: output {} ({o}) written over input {} ({i})", d.output, d.input);

@@ -456,3 +456,43 @@ fn a_cache_write_is_written_over_its_donated_base() {
     assert_eq!(reading.donor_of(0), None);
     assert!(reading.declined[0].1.contains("reads the input at elements other than"), "{:?}", reading.declined);
 }
+
+/// An extern scatter (`scatter_add`) runs in place over a base that dies there: a graph
+/// output's memory holds the base, a temporary output takes the base's slot. A base that is a
+/// graph input, a graph output, or read by a later kernel is copied (kept apart).
+#[test]
+fn an_extern_scatter_runs_in_place_over_a_dying_base() {
+    // `base = neg(x)` (or `x`), `s = scatter_add(base, index, src)`; `then` builds the outputs.
+    let build = |base_is_input: bool, then: &dyn Fn(&mut Graph, NodeId, NodeId) -> Vec<NodeId>| {
+        let mut g = Graph::new();
+        let x = g.input(m(&[5, 4]));
+        let index = g.input(TensorMeta::new(vec![8, 4], DType::I64));
+        let src = g.input(m(&[8, 4]));
+        let base = if base_is_input { x } else { op(&mut g, Op::Unary(UnaryOp::Neg), &[x]) };
+        let s = op(&mut g, Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) }, &[base, index, src]);
+        let outputs = then(&mut g, base, s);
+        let (p, sched, text) = scheduled(g, &outputs);
+        let scatter = p.nodes.iter().find(|n| matches!(n.kind, LoopKind::Extern { .. })).unwrap();
+        let LoopKind::Extern { inputs, .. } = &scatter.kind else { unreachable!() };
+        (inputs[0], scatter.output, sched, text)
+    };
+    // The gradient of a tied embedding: the scatter's output is the graph's.
+    let (b, o, sched, text) = build(false, &|_, _, s| vec![s]);
+    assert_eq!(sched.memory.in_outputs, [coil_ir::kernel::InOutput { temporary: b, output: o }], "{text}");
+    assert_eq!(sched.memory.slot_of[b.0], None, "{text}");
+    assert_eq!(sched.memory.peak_bytes, 80, "the output alone: {text}");
+    assert!(text.contains("in place: buf0 kept in output buf1 (the base of its scatter)"), "{text}");
+    // A temporary output: the base's slot.
+    let (b, o, sched, text) = build(false, &|g, _, s| vec![op(g, Op::Unary(UnaryOp::Abs), &[s])]);
+    assert!(sched.memory.in_outputs.is_empty(), "{text}");
+    assert_eq!(sched.memory.slot_of[b.0], sched.memory.slot_of[o.0], "{text}");
+    assert!(sched.memory.slot_of[b.0].is_some(), "{text}");
+    // Kept apart: an input base, a base that is an output too, a base read after the scatter.
+    let (_, _, sched, text) = build(true, &|_, _, s| vec![s]);
+    assert!(sched.memory.in_outputs.is_empty(), "{text}");
+    let (_, _, sched, text) = build(false, &|_, base, s| vec![s, base]);
+    assert!(sched.memory.in_outputs.is_empty(), "{text}");
+    let (b, o, sched, text) = build(false, &|g, base, s| vec![op(g, Op::Binary(BinaryOp::Add), &[s, base])]);
+    assert!(sched.memory.in_outputs.is_empty(), "{text}");
+    assert_ne!(sched.memory.slot_of[b.0], sched.memory.slot_of[o.0], "{text}");
+}

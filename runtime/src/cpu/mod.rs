@@ -13,7 +13,9 @@
 //!    (with the values of the size symbols they read: one compiled kernel serves every size;
 //!    and the run's random streams they draw from: one compiled kernel serves every seed),
 //!    `Bmm` through [`gemm`], the attention template through [`attention`], `argsort` through
-//!    [`sort`], `cumsum` through [`scan`], other fallback ops through the reference interpreter;
+//!    [`sort`], `cumsum` through [`scan`], `scatter` and `scatter_add` through [`scatter`] (in
+//!    place over a base the memory plan kept in the output's memory), other fallback ops
+//!    through the reference interpreter;
 //! 4. returns the outputs in `program.outputs` order.
 //!
 //! Every buffer is seen as raw bytes here, as the generated code sees it: bool as one byte 0/1,
@@ -28,6 +30,7 @@ pub mod gemm_packed;
 pub mod launch;
 pub mod module;
 pub mod scan;
+pub mod scatter;
 pub mod sort;
 #[cfg(test)]
 mod tests;
@@ -226,6 +229,7 @@ impl CompiledGraph {
                 // (`run_donating`'s contract).
                 Storage::Input(k) | Storage::Donated(k) => inputs[k].data.as_ptr() as *mut u8,
                 Storage::Output => outputs[i].as_mut().expect("allocated above").as_mut_ptr(),
+                Storage::InOutput(o) => outputs[o.0].as_mut().expect("allocated above").as_mut_ptr(),
                 Storage::Slot(s) => slots[s].as_mut_ptr(),
                 Storage::Unused => std::ptr::null_mut(),
             })
@@ -327,7 +331,8 @@ impl CompiledGraph {
         let bytes = |b: BufferId| p.buffer(b).meta.nbytes();
         // SAFETY (both): every buffer's pointer addresses at least its size in bytes; the
         // buffers a node writes overlap neither each other nor any operand (separate
-        // allocations, or slots checked distinct), and each is borrowed mutably once.
+        // allocations, or slots checked distinct), but a scatter's base, which no arm holds as
+        // a slice while it holds the output; and each is borrowed mutably once.
         let written = |b: BufferId| unsafe { std::slice::from_raw_parts_mut(ptrs[b.0], bytes(b)) };
         let view = |b: BufferId| unsafe { std::slice::from_raw_parts(ptrs[b.0] as *const u8, bytes(b)) };
         match call {
@@ -383,6 +388,25 @@ impl CompiledGraph {
                 if scan::supports_cumsum(&p.buffer(operands[0]).meta, &p.buffer(out_id).meta) =>
             {
                 scan::cumsum_bytes(view(operands[0]), &p.buffer(operands[0]).meta, *dim, written(out_id))
+            }
+            ExternCall::Fallback { op: coil_ir::Op::Scatter { dim, reduce } }
+                if scatter::supports_scatter(
+                    &p.buffer(out_id).meta,
+                    &p.buffer(operands[1]).meta,
+                    &p.buffer(operands[2]).meta,
+                    *reduce,
+                ) && scatter::index_in_range(view(operands[1]), &p.buffer(out_id).meta, *dim) =>
+            {
+                // (An index out of range goes to the interpreter below, whose error names it.)
+                let (base, index, src) = (operands[0], operands[1], operands[2]);
+                if ptrs[base.0] != ptrs[out_id.0] {
+                    // SAFETY: distinct buffers of the same meta (`check_launches`: an extern's
+                    // output shares memory with no operand but a scatter's base).
+                    unsafe { std::ptr::copy_nonoverlapping(ptrs[base.0], ptrs[out_id.0], bytes(out_id)) }
+                }
+                let meta = |b: BufferId| &p.buffer(b).meta;
+                let out = written(out_id);
+                scatter::scatter_bytes(out, meta(out_id), *dim, *reduce, view(index), meta(index), view(src), meta(src))
             }
             ExternCall::Fallback { op: coil_ir::Op::Argsort { dim, descending } } => {
                 let meta = &p.buffer(operands[0]).meta;

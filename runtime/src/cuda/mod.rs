@@ -600,6 +600,7 @@ impl CudaCompiledGraph {
             .map(|i| match inst.storage[i] {
                 Storage::Input(k) | Storage::Donated(k) => inputs[k].ptr(),
                 Storage::Output => outputs[i].as_ref().expect("allocated above").ptr(),
+                Storage::InOutput(o) => outputs[o.0].as_ref().expect("allocated above").ptr(),
                 Storage::Slot(s) => slots[s].ptr(),
                 Storage::Unused => 0,
             })
@@ -775,7 +776,8 @@ impl CudaCompiledGraph {
             {
                 let arg = |k: usize| (ptrs[operands[k].0], &p.buffer(operands[k]).meta);
                 // SAFETY: every buffer of the program is contiguous, of its meta, and distinct
-                // from the others (the output is a buffer of its own).
+                // from the others, but the base, which the output may be (the scatter then runs
+                // in place: `check_launches`).
                 unsafe {
                     fallback::scatter(&self.device, *dim, *reduce, arg(0), arg(1), arg(2), ptrs[out_id.0], status)
                 }
