@@ -1,11 +1,11 @@
 //! The attention templates run on the host: each variant's source (from
 //! `coil_codegen::templates`) compiled by `g++` with the warp-level PTX instructions emulated
 //! in C++ from their PTX ISA definitions (`attention_emulation.h`: `ldmatrix` and
-//! `mma.m16n8k16` fragment layouts, `cp.async` groups, quad shuffles), one `std::thread` per
-//! CUDA thread with real block and warp barriers (`attention_emulation_main.cpp`). That checks
-//! the kernels' index math (fragment layouts, masks, tails, strides, the online softmax, the
-//! backward's delta and recomputed probabilities, the pipeline's waits) against the CPU implementations
-//! without a GPU. Copies run eagerly (at issue) and lazily (at the wait), so a read before its
+//! `mma.m16n8k16` fragment layouts, `cp.async` groups, quad and warp shuffles), one
+//! `std::thread` per CUDA thread with real block and warp barriers
+//! (`attention_emulation_main.cpp`). That checks the kernels' index math (fragment layouts,
+//! masks, tails, strides, the online softmax, the backward's delta and recomputed
+//! probabilities, the pipeline's waits) against the CPU implementations without a GPU. Copies run eagerly (at issue) and lazily (at the wait), so a read before its
 //! wait or a write before the last read of a tile changes the result; dynamic shared memory
 //! starts as NaNs and outputs as NaNs, so a read of what was never written, or an element never
 //! stored, shows. Skipped (passing) without a host `g++`.
