@@ -535,7 +535,7 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             Ok(TensorMeta::new(shape, attention_stats_dtype(q.dtype)))
         }
         Op::AttentionBackward { input, .. } => {
-            arity(7)?;
+            arity(6)?;
             let (q, v) = (inputs[0].meta, inputs[2].meta);
             let batch = attention_batch(op, inputs)?;
             let r = q.rank();
@@ -547,12 +547,9 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             }
             let out = TensorMeta::new([&batch[..], &[q.shape[r - 2], v.shape[r - 1]]].concat(), q.dtype);
             let stats = TensorMeta::new([&batch[..], &[q.shape[r - 2]]].concat(), attention_stats_dtype(q.dtype));
-            for (k, want, what) in [
-                (3, &out, "the output gradient"),
-                (4, &stats, "the logsumexp"),
-                (5, &stats, "delta"),
-                (6, &out, "the output"),
-            ] {
+            for (k, want, what) in
+                [(3, &out, "the output gradient"), (4, &stats, "the logsumexp"), (5, &out, "the output")]
+            {
                 if inputs[k].meta != want {
                     return Err(Error::shape(format!("{what} must be {want}, got {}", inputs[k].meta)));
                 }
@@ -566,7 +563,8 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
     }
 }
 
-/// The dtype of attention's row statistics (logsumexp, delta): f32, or f64 for f64 operands.
+/// The dtype of attention's row statistics (the logsumexp, the backward's delta): f32, or f64
+/// for f64 operands.
 pub fn attention_stats_dtype(dtype: DType) -> DType {
     if dtype == DType::F64 {
         DType::F64

@@ -377,12 +377,12 @@ impl fmt::Display for MaskRule {
 
 /// The attention backward template's call ([`ExternCall::AttentionBackward`]): the gradients of
 /// [`ExternCall::Attention`] with respect to q, k and v, the probabilities recomputed from the
-/// saved logsumexp and never stored. With `P = exp(scale * q k^T - lse)` (0 where masked) and
+/// saved logsumexp and never stored. With `delta = sum(grad_out * out, -1)` (computed by the
+/// call itself), `P = exp(scale * q k^T - lse)` (0 where masked) and
 /// `dS = P * (grad_out v^T - delta)`: `dq = scale * dS k`, `dk = scale * dS^T q`,
-/// `dv = P^T grad_out`, accumulated in f32 (f64 for f64) and rounded once. `q`, `k`, `v` and
-/// `grad_out` (`[*batch, l, d]`) are strided views of their buffers; `lse` and `delta`
-/// (`delta = sum(grad_out * out, -1)`) are `[*batch, l]` row-major buffers of the statistics'
-/// dtype (f32, f64 for f64). Each wanted gradient is written through its operand (`dq`
+/// `dv = P^T grad_out`, accumulated in f32 (f64 for f64) and rounded once. `q`, `k`, `v`,
+/// `grad_out` and `out` (`[*batch, l, d]`) are strided views of their buffers; `lse` is a
+/// `[*batch, l]` row-major buffer of the statistics' dtype (f32, f64 for f64). Each wanted gradient is written through its operand (`dq`
 /// `[*batch, l, d]`, `dk` and `dv` `[*batch, s, d]`); at least one is, and the node's output
 /// buffer is the first of them.
 #[derive(Clone, Debug, PartialEq)]
@@ -397,9 +397,7 @@ pub struct AttentionBackwardCall {
     pub grad_out: StridedOperand,
     /// The forward's row logsumexp, `[*batch, l]`.
     pub lse: BufferId,
-    /// `sum(grad_out * out, -1)`, `[*batch, l]`.
-    pub delta: BufferId,
-    /// The attention's output, `[*batch, l, d]` (for kernels that compute delta themselves).
+    /// The attention's output, `[*batch, l, d]` (delta is `sum(grad_out * out, -1)`).
     pub out: StridedOperand,
     /// Where the queries' gradient goes, when wanted.
     pub dq: Option<StridedOperand>,

@@ -454,11 +454,11 @@ pub enum Op {
         scale: Option<f64>,
     },
     /// The gradient of maskless attention with respect to `input` (q, k or v), as
-    /// FlashAttention's backward computes it. Operands `(q, k, v, grad_out, logsumexp, delta,
-    /// out)`: attention's operands, the gradient of its output, the [`Op::AttentionLogsumexp`]
-    /// of the same operands, `delta = sum(grad_out * out, -1)` (`[*batch, L]`, the logsumexp's
-    /// dtype) and the attention's output `out` (library kernels that compute delta themselves
-    /// read it). With `P = exp(scale * q @ k^T - logsumexp)` (0 where masked) and
+    /// FlashAttention's backward computes it. Operands `(q, k, v, grad_out, logsumexp, out)`:
+    /// attention's operands, the gradient of its output, the [`Op::AttentionLogsumexp`] of the
+    /// same operands and the attention's output `out`. With `delta = sum(grad_out * out, -1)`
+    /// (accumulated in the logsumexp's dtype; every backend computes it from its operands),
+    /// `P = exp(scale * q @ k^T - logsumexp)` (0 where masked) and
     /// `dS = P * (grad_out @ v^T - delta)`: `dq = scale * dS @ k`, `dk = scale * dS^T @ q`,
     /// `dv = P^T @ grad_out`, in the operands' dtype. q, k and v have equal batch dims.
     AttentionBackward {

@@ -357,17 +357,22 @@ fn gradients_of_the_template_are_templates_and_lower_to_one_call_each_way() {
     assert_eq!(count(&p, |op| matches!(op, Op::AttentionBackward { .. })), 3, "{p}");
     // No softmax, no exp: neither direction computes the probabilities outside the calls.
     assert_eq!(count(&p, |op| matches!(op, Op::Unary(UnaryOp::Exp))), 0, "{p}");
+    // One reduction, the loss: the backward call computes `delta = sum(grad_out * out, -1)`
+    // itself (from the output it reads), so the graph has no reduction for it.
+    assert_eq!(count(&p, |op| matches!(op, Op::Reduce { .. })), 1, "{p}");
     let (p, _) = crate::simplify(&p, &crate::RewriteOptions::default()).unwrap();
     let program = lower(&p).unwrap();
+    let reductions = program.nodes.iter().filter(|n| matches!(n.kind, coil_ir::loops::LoopKind::Reduction { .. }));
+    assert_eq!(reductions.count(), 1, "{program}");
     // One call each way: the forward writes its output and the logsumexp, the backward the
     // three gradients, each reading q, k and v in place (the QKV input's head views) and the
-    // backward the output's gradient (buf5, the projection's) through its transposed view
-    // and the output (buf0).
+    // backward the output's gradient (buf5, the projection's) through its transposed view,
+    // the logsumexp and the output (buf0), nothing else.
     assert_eq!(
         calls(&program),
         [
             "buf0: bf16[2, 2, 5, 8], buf0_lse: f32[2, 2, 5] = extern attention causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8(arg0, arg0, arg0) origins=[scaled_dot_product_attention, attention_logsumexp]",
-            "buf8: bf16[2, 2, 5, 8], buf8_dk: bf16[2, 2, 5, 8], buf8_dv: bf16[2, 2, 5, 8] = extern attention_backward causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 grads=[q, k, v](arg0, arg0, arg0, buf5, buf0_lse, buf7, buf0) origins=[attention_backward]",
+            "buf7: bf16[2, 2, 5, 8], buf7_dk: bf16[2, 2, 5, 8], buf7_dv: bf16[2, 2, 5, 8] = extern attention_backward causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 grads=[q, k, v](arg0, arg0, arg0, buf5, buf0_lse, buf0) origins=[attention_backward]",
         ],
         "{program}"
     );
@@ -396,8 +401,9 @@ fn only_the_wanted_gradients_are_computed() {
     );
     let program = lower(&p).unwrap();
     let text = calls(&program).join("\n");
-    // The output gradient is ones (a constant read through zero strides).
-    let want = "buf4: f32[2, 9, 16] = extern attention_backward scale=0.5 batch=[2] l=7 s=9 d=16 grads=[v]";
+    // The output gradient is ones (a constant read through zero strides); no reduction but
+    // the loss's (the call computes delta itself).
+    let want = "buf3: f32[2, 9, 16] = extern attention_backward scale=0.5 batch=[2] l=7 s=9 d=16 grads=[v]";
     assert!(text.contains(want), "{program}");
 }
 

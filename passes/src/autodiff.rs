@@ -284,9 +284,9 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
 }
 
 /// The gradients of the attention template `y = attention(q, k, v)`, as templates too: the
-/// logsumexp of its scores (which the compile path computes in the forward call itself),
-/// `delta = sum(g * y, -1)` in the logsumexp's dtype, and one [`Op::AttentionBackward`] per
-/// wanted operand (reading `y` too) (the compile path computes them in one call).
+/// logsumexp of its scores (which the compile path computes in the forward call itself) and
+/// one [`Op::AttentionBackward`] per wanted operand, reading `y` too (the compile path computes
+/// them in one call, which computes `delta = sum(g * y, -1)` itself).
 fn attention(
     b: &mut Builder,
     y: NodeId,
@@ -301,11 +301,7 @@ fn attention(
     }
     let qkv = &node.inputs[..3];
     let lse = b.push(Op::AttentionLogsumexp { causal, scale }, qkv)?;
-    let stats = b.dtype(lse);
-    let (gs, ys) = (b.cast(g, stats)?, b.cast(y, stats)?);
-    let product = b.mul(gs, ys)?;
-    let delta = b.sum(product, &[b.rank(y) - 1], false)?;
-    let operands = [qkv[0], qkv[1], qkv[2], g, lse, delta, y];
+    let operands = [qkv[0], qkv[1], qkv[2], g, lse, y];
     AttentionInput::ALL
         .iter()
         .map(|&input| {

@@ -108,12 +108,12 @@ pub(crate) fn check_extern(
             operands
         }
         ExternCall::AttentionBackward(call) => {
-            let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, out, .. } = &**call;
+            let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, .. } = &**call;
             if let Some(g) = written.iter().find(|g| p.buffer(**g).meta.dtype != dtype) {
                 return Err(format!("attention_backward writes buffer {} of another dtype than {dtype}", g.0));
             }
             let views = [q, k, v, grad_out, out].map(|x| (x.buffer, dtype));
-            views.into_iter().chain([(*lse, stats), (*delta, stats)]).collect()
+            views.into_iter().chain([(*lse, stats)]).collect()
         }
         ExternCall::Fallback { .. } => vec![],
         ExternCall::Conv(call) => vec![(call.a.buffer, dtype), (call.b.buffer, dtype)],

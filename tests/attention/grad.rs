@@ -4,7 +4,8 @@
 //! on the same inputs:
 //!
 //! * compiled on the device, where the loop program must hold one forward and one backward
-//!   attention call and no buffer of the `[.., L, S]` scores;
+//!   attention call, no buffer of the `[.., L, S]` scores and no reduction for the backward's
+//!   `delta` (the call computes it);
 //! * on the interpreter (which decomposes the templates: the reference decomposition of
 //!   `attention_logsumexp` and `attention_backward`);
 //! * on the interpreter, written so that the matcher does not see attention (an additive mask):
@@ -90,7 +91,8 @@ fn gradients(case: &Case, device: Device, program: fn(&Case, &[Tensor]) -> Resul
 }
 
 /// What is wrong with the compiled program, if anything: it must make one attention call each
-/// way and no buffer of the scores' shape.
+/// way, no buffer of the scores' shape and no reduction to the rows' `[*batch, L]` (the
+/// backward call computes `delta = sum(grad_out * out, -1)` itself).
 fn program_problem(case: &Case, compiled: &coil::Compiled) -> Option<String> {
     let ir = &compiled.pre_fusion;
     let (forward, backward) =
@@ -102,6 +104,11 @@ fn program_problem(case: &Case, compiled: &coil::Compiled) -> Option<String> {
         coil::Executable::Cpu(g) => g.program(),
         coil::Executable::Cuda(g) => g.program(),
     };
+    let rows: Vec<usize> = case.batch.iter().copied().chain([case.l]).collect();
+    let row_sums = program.nodes.iter().filter(|n| matches!(n.kind, coil::ir::loops::LoopKind::Reduction { .. }));
+    if let Some(n) = row_sums.map(|n| program.buffer(n.output)).find(|b| b.meta.shape == rows) {
+        return Some(format!("a reduction to the rows' shape ({}: {}) in\n{ir}", n.name, n.meta));
+    }
     let scores = program.buffers.iter().find(|b| b.meta.shape.ends_with(&[case.l, case.s]));
     scores.map(|b| format!("buffer {} ({}) has the scores' shape in\n{ir}", b.name, b.meta))
 }

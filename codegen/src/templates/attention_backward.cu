@@ -5,7 +5,8 @@
    query blocks that see them: dV = P^T dO and dK = scale dS^T Q, accumulated on chip. The others
    take 64 query rows each and walk the key blocks they see: dQ = scale dS K. P = exp2(S scale_log2
    - lse log2(e)) is recomputed from the saved logsumexp, dS = P (dO V^T - delta); neither is
-   ever stored, and no two blocks write one element (no atomics: results repeat exactly). */
+   ever stored, and no two blocks write one element (no atomics: results repeat exactly). delta =
+   rowsum(dO O) is computed before, by its own kernel (coil_attention_delta). */
 
 struct CoilAttnBwdParams {
     CoilAttnOperand q, k, v, dout, dq, dk, dv;
@@ -22,6 +23,42 @@ COIL_D float coil_lse2(const float *lse, int row, int l) {
     return row < l ? lse[(long long)blockIdx.x * l + row] * COIL_LOG2E : 0.f;
 }
 COIL_D float coil_row_stat(const float *x, int row, int l) { return row < l ? x[(long long)blockIdx.x * l + row] : 0.f; }
+
+#ifndef COIL_EMULATED
+/* The sum of x over the warp's 32 lanes, in every lane (left to the includer when emulated). */
+COIL_D float coil_warp_sum(float x) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+    return x;
+}
+#endif
+
+/* The parameters of the delta kernel: the output and its gradient, [*batch, l, d] views. */
+struct CoilAttnDeltaParams {
+    CoilAttnOperand o, dout;
+    long long rows; /* query rows of every batch index: batch indices x l */
+    int heads;      /* inner batch dim's size: batch index x is (x / heads, x % heads) */
+    int l, d;       /* query rows per batch index, head dim */
+};
+
+/* delta = rowsum(dO O) in f32 of every query row, row-major [*batch, l] (the backward's
+   statistic, as FlashAttention's preprocessing computes it): one warp per row, 4 rows per block
+   of 128 threads; lane i reads columns i, i + 32, ... of both views through their strides (any
+   strides; consecutive lanes read consecutive columns of a unit-stride row). */
+template <int KIND>
+COIL_D void coil_attention_delta(const void *o, const void *dout, float *delta, const CoilAttnDeltaParams &p) {
+    const long long r = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= p.rows) return; /* the whole warp: no lane of it takes part in the sum */
+    const int lane = threadIdx.x & 31;
+    const long long bx = r / p.l, row = r - bx * p.l, b = bx / p.heads, h = bx - b * p.heads;
+    const long long ob = p.o.offset + b * p.o.outer + h * p.o.inner + row * p.o.row;
+    const long long gb = p.dout.offset + b * p.dout.outer + h * p.dout.inner + row * p.dout.row;
+    float acc = 0.f;
+    for (int c = lane; c < p.d; c += 32)
+        acc += coil_att_load<KIND>(o, ob + c * p.o.col) * coil_att_load<KIND>(dout, gb + c * p.dout.col);
+    acc = coil_warp_sum(acc);
+    if (lane == 0) delta[r] = acc;
+}
 
 #ifdef COIL_EMULATED
 #define COIL_DYNAMIC_SHARED ((coil_u16 *)coil_emu_dynamic_shared)
@@ -373,4 +410,9 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
         NAME(const void *q, const void *k, const void *v, const void *dout, const float *lse,                 \
              const float *delta, void *dq, void *dk, void *dv, CoilAttnBwdParams p) {                         \
         coil_attention_bwd_simple<DP, KIND>(q, k, v, dout, lse, delta, dq, dk, dv, p);                        \
+    }
+#define COIL_ATTENTION_DELTA(NAME, KIND)                                                                     \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        NAME(const void *o, const void *dout, float *delta, CoilAttnDeltaParams p) {                          \
+        coil_attention_delta<KIND>(o, dout, delta, p);                                                        \
     }

@@ -13,8 +13,10 @@
 //!
 //! No block writes what another writes, so there are no atomics and results repeat exactly; the
 //! price is that `S` and `dP` are computed twice (7 products of `L x S x D` where FlashAttention-2
-//! with atomic dQ has 5). `delta = rowsum(dO * O)` is an operand: the graph computes it (a
-//! reduction the scheduler fuses), as FlashAttention's preprocessing kernel does.
+//! with atomic dQ has 5). `delta = rowsum(dO * O)` (f32, `[*batch, L]`) is computed before by a
+//! kernel of its own ([`AttentionDeltaKernel`]: one warp per query row, the output and its
+//! gradient read through their strides), as FlashAttention's preprocessing kernel does, into a
+//! temporary the backward reads.
 //!
 //! * **f16 / bf16 on sm_80 and newer** ([`AttentionBackwardKernel::Mma`],
 //!   `coil_attention_bwd_mma_*`): 4 warps, each 16 keys (or rows) of the block; all five
@@ -37,11 +39,15 @@
 //!     T *dq, T *dk, T *dv /* each null when not wanted */, CoilAttnBwdParams p)
 //! grid (batch indices, key blocks + query blocks), block 128 (mma) or 64 (simple) threads,
 //! dynamic shared memory `shared_bytes()` (mma) or none (simple).
+//!
+//! extern "C" __global__ void coil_attention_delta_{bf16,f16,f32}(
+//!     const T *o, const T *dout, float *delta, CoilAttnDeltaParams p)
+//! grid (ceil(rows / 4)), block 128 threads (a warp per row), no shared memory.
 //! ```
 
 use super::attention::{choose_kind, element_kind, AttnOperand, BLOCK_ROWS, COMMON_SOURCE};
 use coil_ir::target::GpuTarget;
-use coil_ir::{DType, Result};
+use coil_ir::{DType, Error, Result};
 
 /// The backward kernels.
 pub const BACKWARD_SOURCE: &str = include_str!("attention_backward.cu");
@@ -80,6 +86,76 @@ pub struct AttnBwdParams {
     pub causal: i32,
     /// Blocks of the grid's y dim computing dK and dV (the rest compute dQ).
     pub key_blocks: i32,
+}
+
+/// The kernel argument `CoilAttnDeltaParams` of [`AttentionDeltaKernel`], laid out as the C
+/// struct.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttnDeltaParams {
+    /// The attention's output.
+    pub o: AttnOperand,
+    /// The output's gradient.
+    pub dout: AttnOperand,
+    /// Query rows of every batch index (batch indices times `l`): `delta`'s length.
+    pub rows: i64,
+    /// Inner batch dim's size: batch index `x` is `(x / heads, x % heads)`.
+    pub heads: i32,
+    /// Query rows per batch index.
+    pub l: i32,
+    /// Head dim.
+    pub d: i32,
+}
+
+/// The kernel computing the backward's `delta = rowsum(dO * O)` in f32 (`[*batch, l]`
+/// row-major) before the backward kernel: one warp per query row, any strides, f32 / f16 /
+/// bf16 operands.
+///
+/// ```
+/// use coil_codegen::templates::attention_backward::AttentionDeltaKernel;
+/// use coil_ir::DType;
+/// let delta = AttentionDeltaKernel::choose(DType::BF16).unwrap();
+/// assert_eq!(delta.name(), "coil_attention_delta_bf16");
+/// assert_eq!(AttentionDeltaKernel::grid(12 * 1024), (3072, 1, 1));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionDeltaKernel {
+    /// The operands' dtype.
+    pub dtype: DType,
+}
+
+impl AttentionDeltaKernel {
+    /// Query rows per block (a warp each).
+    pub const ROWS_PER_BLOCK: usize = 4;
+
+    /// The kernel for operands of `dtype`; an error for what it does not read.
+    pub fn choose(dtype: DType) -> Result<AttentionDeltaKernel> {
+        match dtype {
+            DType::F16 | DType::BF16 | DType::F32 => Ok(AttentionDeltaKernel { dtype }),
+            _ => Err(Error::unsupported(format!("attention backward of {dtype} values on CUDA"))),
+        }
+    }
+
+    /// The entry point's name, e.g. `coil_attention_delta_bf16`.
+    pub fn name(self) -> String {
+        format!("coil_attention_delta_{}", self.dtype)
+    }
+
+    /// The kernel's whole translation unit.
+    pub fn source(self) -> String {
+        let entry = format!("COIL_ATTENTION_DELTA({}, {})\n", self.name(), element_kind(self.dtype));
+        format!("{COMMON_SOURCE}\n{BACKWARD_SOURCE}\n{entry}")
+    }
+
+    /// Threads per block.
+    pub fn block(self) -> u32 {
+        (32 * Self::ROWS_PER_BLOCK) as u32
+    }
+
+    /// The grid for `rows` query rows (of every batch index).
+    pub fn grid(rows: usize) -> (u32, u32, u32) {
+        (rows.div_ceil(Self::ROWS_PER_BLOCK) as u32, 1, 1)
+    }
 }
 
 /// Which backward kernel runs a call.
@@ -199,5 +275,20 @@ mod tests {
         assert_eq!(std::mem::offset_of!(AttnBwdParams, heads), 280);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, scale), 296);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, key_blocks), 308);
+        // Two operands, an i64, three 4-byte fields: 100 bytes, padded to 104.
+        assert_eq!(std::mem::size_of::<AttnDeltaParams>(), 104);
+        assert_eq!(std::mem::offset_of!(AttnDeltaParams, rows), 80);
+        assert_eq!(std::mem::offset_of!(AttnDeltaParams, heads), 88);
+        assert_eq!(std::mem::offset_of!(AttnDeltaParams, d), 96);
+    }
+
+    #[test]
+    fn the_delta_kernel_by_dtype() {
+        let delta = AttentionDeltaKernel::choose(DType::F16).unwrap();
+        assert_eq!(delta.name(), "coil_attention_delta_f16");
+        assert!(delta.source().ends_with("COIL_ATTENTION_DELTA(coil_attention_delta_f16, 1)\n"));
+        assert_eq!(delta.block(), 128);
+        assert_eq!(AttentionDeltaKernel::grid(9), (3, 1, 1));
+        assert!(AttentionDeltaKernel::choose(DType::F64).is_err());
     }
 }

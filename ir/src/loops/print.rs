@@ -180,7 +180,6 @@ fn write_operands(s: &mut String, p: &LoopProgram, call: &ExternCall) {
                 line(key, view_text(p, o));
             }
             line("lse", name(call.lse));
-            line("delta", name(call.delta));
             line("out", view_text(p, &call.out));
             for (key, o) in [("dq", &call.dq), ("dk", &call.dk), ("dv", &call.dv)] {
                 if let Some(o) = o {

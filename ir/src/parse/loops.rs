@@ -766,7 +766,6 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
             } else {
                 let grad_out = strided(need(take("grad_out"), "grad_out")?, nb)?;
                 let lse = buffer(need(take("lse"), "lse")?)?;
-                let delta = buffer(need(take("delta"), "delta")?)?;
                 let out = strided(need(take("out"), "out")?, nb)?;
                 let dq = take("dq").map(|o| strided(o, nb)).transpose()?;
                 let dk = take("dk").map(|o| strided(o, nb)).transpose()?;
@@ -777,7 +776,6 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                     v,
                     grad_out,
                     lse,
-                    delta,
                     out,
                     dq,
                     dk,

@@ -184,7 +184,6 @@ fn sample_program() -> LoopProgram {
         v: view(att, e(0), &[e(16), e(4), e(1)]),
         grad_out: view(att, e(0), &[e(16), e(4), e(1)]),
         lse: BufferId(att + 1),
-        delta: BufferId(att + 1),
         out: view(att, e(0), &[e(16), e(4), e(1)]),
         dq: Some(view(8, e(0), &[e(16), e(4), e(1)])),
         dk: None,

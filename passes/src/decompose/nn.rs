@@ -321,8 +321,9 @@ pub fn attention_logsumexp(b: &mut Builder, q: NodeId, k: NodeId, causal: bool, 
 }
 
 /// One gradient of maskless attention ([`coil_ir::Op::AttentionBackward`]) from operands
-/// `[q, k, v, grad_out, logsumexp, delta, out]` (`out` unused: delta is given): the probabilities `P = exp(scores - logsumexp)`
-/// recomputed, `dv = P^T @ grad_out`, `dS = P * (grad_out @ v^T - delta)`,
+/// `[q, k, v, grad_out, logsumexp, out]`: the probabilities `P = exp(scores - logsumexp)`
+/// recomputed, `dv = P^T @ grad_out`, `delta = sum(grad_out * out, -1)`,
+/// `dS = P * (grad_out @ v^T - delta)`,
 /// `dq = scale * dS @ k`, `dk = scale * dS^T @ q`; in f32 (f64 for f64), rounded once to the
 /// operands' dtype.
 pub fn attention_backward(
@@ -346,7 +347,9 @@ pub fn attention_backward(
     } else {
         let vt = b.transpose(v, r - 2, r - 1)?;
         let dp = matmul(b, g, vt)?;
-        let delta = b.unsqueeze(x[5], r - 1)?;
+        let out = b.upcast(x[5])?;
+        let product = b.mul(g, out)?;
+        let delta = b.sum(product, &[r - 1], true)?;
         let centered = b.sub(dp, delta)?;
         let ds = b.mul(p, centered)?;
         let product = match input {

@@ -216,7 +216,7 @@ impl Lowerer<'_> {
         let Op::AttentionBackward { causal, scale, .. } = first.op else { unreachable!("a backward group") };
         let x = first.inputs.clone();
         let (qv, kv, vv, gv) = (self.strided(x[0])?, self.strided(x[1])?, self.strided(x[2])?, self.strided(x[3])?);
-        let (lse, delta, out) = (self.realize(x[4])?, self.realize(x[5])?, self.strided(x[6])?);
+        let (lse, out) = (self.realize(x[4])?, self.strided(x[5])?);
         let qs = self.shape(x[0]);
         let r = qs.len();
         let (l, d, s) = (qs[r - 2], qs[r - 1], self.shape(x[1])[r - 2]);
@@ -248,7 +248,7 @@ impl Lowerer<'_> {
             self.buf[m.0] = Some(buffer);
         }
         let output = grads.iter().flatten().next().expect("a group has a member").buffer;
-        let inputs = vec![qv.buffer, kv.buffer, vv.buffer, gv.buffer, lse, delta, out.buffer];
+        let inputs = vec![qv.buffer, kv.buffer, vv.buffer, gv.buffer, lse, out.buffer];
         let [dq, dk, dv] = grads;
         let call = ExternCall::AttentionBackward(Box::new(AttentionBackwardCall {
             q: qv,
@@ -256,7 +256,6 @@ impl Lowerer<'_> {
             v: vv,
             grad_out: gv,
             lse,
-            delta,
             out,
             dq,
             dk,

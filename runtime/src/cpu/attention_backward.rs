@@ -2,7 +2,8 @@
 //! straightforward, exact-order implementation, the probabilities recomputed from the
 //! logsumexp the forward saved, parallel over (batch index, block of rows).
 //!
-//! Per query row `i` and key `j` it sees (`j <= i` when causal): `p = exp(q_i . k_j * scale -
+//! Per query row `i`, `delta_i = g_i . o_i` (the output gradient times the output), first; then
+//! per query row `i` and key `j` it sees (`j <= i` when causal): `p = exp(q_i . k_j * scale -
 //! lse_i)`, `ds = p * (g_i . v_j - delta_i)`. dQ tasks take blocks of query rows:
 //! `dq_i = scale * sum_j ds k_j`; dK / dV tasks take blocks of keys: `dv_j = sum_i p g_i`,
 //! `dk_j = scale * sum_i ds q_i`. All in f32 (f64 for f64) from the operands' own values,
@@ -29,8 +30,7 @@ pub struct AttentionBackwardSpec {
     pub v: StridedOperand<usize>,
     /// `[*batch, l, d]` gradient of the attention's output.
     pub grad_out: StridedOperand<usize>,
-    /// `[*batch, l, d]` the attention's output (read by library kernels that compute delta
-    /// themselves; not by coil's).
+    /// `[*batch, l, d]` the attention's output (delta is `rowsum(grad_out * out)`).
     pub out: StridedOperand<usize>,
     /// Where each wanted gradient goes (`dq` `[*batch, l, d]`, `dk` and `dv` `[*batch, s, d]`).
     pub dq: Option<StridedOperand<usize>>,
@@ -85,14 +85,15 @@ impl AttentionBackwardSpec {
         self.batch.iter().product()
     }
 
-    /// Checks every view against its buffer's length in elements (q, k, v, grad_out, then the
-    /// wanted gradients' in q, k, v order) and the statistics' lengths.
-    pub fn check(&self, operands: [usize; 4], grads: [Option<usize>; 3], stats: [usize; 2]) -> Result<()> {
+    /// Checks every view against its buffer's length in elements (q, k, v, grad_out, out, then
+    /// the wanted gradients' in q, k, v order) and the logsumexp's length.
+    pub fn check(&self, operands: [usize; 5], grads: [Option<usize>; 3], lse: usize) -> Result<()> {
         let mut views = vec![
             (&self.q, self.l, operands[0], "query"),
             (&self.k, self.s, operands[1], "key"),
             (&self.v, self.s, operands[2], "value"),
             (&self.grad_out, self.l, operands[3], "output gradient"),
+            (&self.out, self.l, operands[4], "output"),
         ];
         let wanted = [(&self.dq, self.l, "dq"), (&self.dk, self.s, "dk"), (&self.dv, self.s, "dv")];
         for ((view, rows, what), len) in wanted.into_iter().zip(grads) {
@@ -109,18 +110,16 @@ impl AttentionBackwardSpec {
         }
         check_views("attention backward", &self.batch, self.l, self.s, self.d, &views)?;
         let rows = self.batch_count() * self.l;
-        if stats.iter().any(|&n| n < rows) {
-            return Err(Error::runtime(format!(
-                "attention backward: statistics of {stats:?} elements for {rows} rows"
-            )));
+        if lse < rows {
+            return Err(Error::runtime(format!("attention backward: a logsumexp of {lse} elements for {rows} rows")));
         }
         Ok(())
     }
 }
 
-/// The buffers of one backward call, as raw bytes: the operands (of the call's dtype; q, k, v
-/// and the output gradient may share buffers), the statistics (`[*batch, l]`, f32, f64 for
-/// f64), and the wanted gradients, which overlap nothing.
+/// The buffers of one backward call, as raw bytes: the operands (of the call's dtype; q, k, v,
+/// the output gradient and the output may share buffers), the logsumexp (`[*batch, l]`, f32,
+/// f64 for f64), and the wanted gradients, which overlap nothing.
 pub struct BackwardBuffers<'a> {
     /// The queries.
     pub q: &'a [u8],
@@ -132,8 +131,8 @@ pub struct BackwardBuffers<'a> {
     pub grad_out: &'a [u8],
     /// The forward's row logsumexp of the scaled scores.
     pub lse: &'a [u8],
-    /// Per query row `i`, `delta_i = g_i . o_i` (the output gradient times the output).
-    pub delta: &'a [u8],
+    /// The attention's output.
+    pub out: &'a [u8],
     /// The queries' gradient, when wanted.
     pub dq: Option<&'a mut [u8]>,
     /// The keys' gradient, when wanted.
@@ -148,9 +147,9 @@ pub fn attention_backward_bytes(spec: &AttentionBackwardSpec, dtype: DType, bufs
     let stats_size = if dtype == DType::F64 { 8 } else { 4 };
     let len = |b: &Option<&mut [u8]>| b.as_ref().map(|b| b.len() / size);
     spec.check(
-        [bufs.q.len() / size, bufs.k.len() / size, bufs.v.len() / size, bufs.grad_out.len() / size],
+        [bufs.q.len(), bufs.k.len(), bufs.v.len(), bufs.grad_out.len(), bufs.out.len()].map(|n| n / size),
         [len(&bufs.dq), len(&bufs.dk), len(&bufs.dv)],
-        [bufs.lse.len() / stats_size, bufs.delta.len() / stats_size],
+        bufs.lse.len() / stats_size,
     )?;
     match dtype {
         DType::F32 => run::<f32, f32>(spec, bufs, |x| x, |x| x),
@@ -169,8 +168,23 @@ struct Batch<'a, T, A> {
     v: &'a [T],
     g: &'a [T],
     lse: &'a [A],
+    /// Per query row, `g_i . o_i`.
     delta: &'a [A],
     up: fn(T) -> A,
+}
+
+/// `delta_i = g_i . o_i` of every query row (row-major over batch indices and rows), in `A`.
+fn deltas<T: Copy + Send + Sync, A: Real>(spec: &AttentionBackwardSpec, g: &[T], o: &[T], up: fn(T) -> A) -> Vec<A> {
+    let (l, d) = (spec.l, spec.d);
+    let shape = (&spec.batch[..], d);
+    let per_batch: Vec<Vec<A>> = (0..spec.batch_count())
+        .into_par_iter()
+        .map(|b| {
+            let (gs, os) = (rows_of(shape, &spec.grad_out, g, b, 0..l, up), rows_of(shape, &spec.out, o, b, 0..l, up));
+            gs.chunks_exact(d).zip(os.chunks_exact(d)).map(|(gi, oi)| dot(gi, oi)).collect()
+        })
+        .collect();
+    per_batch.concat()
 }
 
 impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
@@ -254,14 +268,16 @@ fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
         return Ok(());
     }
     let rows = spec.batch_count() * l;
+    let g = cast(bufs.grad_out)?;
+    let delta = deltas(spec, g, cast(bufs.out)?, up);
     let batch = Batch {
         spec,
         q: cast(bufs.q)?,
         k: cast(bufs.k)?,
         v: cast(bufs.v)?,
-        g: cast(bufs.grad_out)?,
+        g,
         lse: &cast::<A>(bufs.lse)?[..rows],
-        delta: &cast::<A>(bufs.delta)?[..rows],
+        delta: &delta,
         up,
     };
     let shape = (&spec.batch[..], d);

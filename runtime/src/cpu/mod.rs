@@ -360,8 +360,7 @@ impl CompiledGraph {
                 attention::attention_bytes(&spec, dtype, q, k, v, mask, out, lse)
             }
             ExternCall::AttentionBackward(backward) => {
-                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, dq, dk, dv, .. } =
-                    &**backward;
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, .. } = &**backward;
                 let spec = attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
                 let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| written(g.buffer));
@@ -371,7 +370,7 @@ impl CompiledGraph {
                     v: view(v.buffer),
                     grad_out: view(grad_out.buffer),
                     lse: view(*lse),
-                    delta: view(*delta),
+                    out: view(out.buffer),
                     dq: grad(dq),
                     dk: grad(dk),
                     dv: grad(dv),

@@ -10,8 +10,10 @@
 //! aligned, or a column stride other than 1) are gathered into contiguous temporaries first
 //! ([`super::gather`]), and outputs the row-block tensor-core kernel cannot write as pairs fall
 //! back to the simple kernel. The split kernels' partial results live in a temporary workspace
-//! between the split kernel and the combine. Each variant is compiled by NVRTC (through the
-//! disk cache) the first time a graph needs it.
+//! between the split kernel and the combine. The backward's `delta = rowsum(dO * O)` is computed
+//! by a kernel of its own into a temporary before the backward kernel (cuDNN's backward graph
+//! computes it itself). Each variant is compiled by NVRTC (through the disk cache) the first
+//! time a graph needs it.
 //!
 //! [`ExternCall::Attention`]: coil_ir::loops::ExternCall::Attention
 
@@ -19,11 +21,13 @@ use super::compiler::{allow_dynamic_shared, compile, LoadedModule};
 use super::device::{driver_error, CudaDevice};
 use super::gather::gather;
 use super::memory::DeviceMemory;
-use crate::cpu::attention::{check_views, AttentionSpec};
+use crate::cpu::attention::AttentionSpec;
 use crate::cpu::attention_backward::AttentionBackwardSpec;
 use crate::cuda::blas::DevOperand;
 use coil_codegen::templates::attention::{mma_reads, mma_writes, AttnOperand, AttnParams, ForwardLaunch, MaskKind};
-use coil_codegen::templates::attention_backward::{backward_grid, AttentionBackwardKernel, AttnBwdParams};
+use coil_codegen::templates::attention_backward::{
+    backward_grid, AttentionBackwardKernel, AttentionDeltaKernel, AttnBwdParams, AttnDeltaParams,
+};
 use coil_ir::loops::StridedOperand;
 use coil_ir::{DType, Error, Result};
 use cudarc::driver::{result as drv, sys};
@@ -268,8 +272,8 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
 }
 
 /// The device buffers of one backward call (see [`crate::cpu::attention_backward`]): the
-/// operands (q, k, v and the output gradient may share buffers), the f32 statistics, and the
-/// wanted gradients, which overlap nothing.
+/// operands (q, k, v, the output gradient and the output may share buffers), the f32
+/// logsumexp, and the wanted gradients, which overlap nothing.
 pub struct DevBackward {
     /// The queries.
     pub q: DevOperand,
@@ -281,9 +285,7 @@ pub struct DevBackward {
     pub grad_out: DevOperand,
     /// The forward's row logsumexp.
     pub lse: DevOperand,
-    /// Per query row, the output gradient times the output (`delta_i = g_i . o_i`).
-    pub delta: DevOperand,
-    /// The attention's output.
+    /// The attention's output (the backward's `delta_i = g_i . o_i` is computed from it).
     pub out: DevOperand,
     /// The queries' gradient, when wanted.
     pub dq: Option<DevOperand>,
@@ -321,7 +323,50 @@ pub(crate) fn backward_params(
     }
 }
 
-/// Enqueues the attention backward call `spec` (operands and gradients of `dtype`).
+/// The delta kernel's parameters for `spec`: its output and output gradient views.
+pub(crate) fn delta_params(spec: &AttentionBackwardSpec) -> AttnDeltaParams {
+    AttnDeltaParams {
+        o: operand(&spec.out),
+        dout: operand(&spec.grad_out),
+        rows: (spec.batch_count() * spec.l) as i64,
+        heads: spec.batch.last().copied().unwrap_or(1) as i32,
+        l: spec.l as i32,
+        d: spec.d as i32,
+    }
+}
+
+/// Enqueues `delta_i = g_i . o_i` (f32) of every query row of `spec` into `delta`
+/// (`[*batch, l]` row-major), read through the spec's views of the output and its gradient
+/// (bounds-checked by the caller, sizes by [`check_sizes`]).
+fn attention_delta(
+    dev: &Arc<CudaDevice>,
+    spec: &AttentionBackwardSpec,
+    dtype: DType,
+    (out, grad_out): (DevOperand, DevOperand),
+    delta: &DeviceMemory,
+) -> Result<()> {
+    let variant = AttentionDeltaKernel::choose(dtype)?;
+    let rows = spec.batch_count() * spec.l;
+    if rows.div_ceil(AttentionDeltaKernel::ROWS_PER_BLOCK) > i32::MAX as usize {
+        return Err(Error::unsupported(format!("attention backward on CUDA with {rows} query rows")));
+    }
+    let grid = AttentionDeltaKernel::grid(rows);
+    let f = kernel(dev, variant.name(), || variant.source(), 0)?.func;
+    let mut params = delta_params(spec);
+    let mut ptrs = [out.ptr, grad_out.ptr, delta.ptr()];
+    let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+    args.push((&mut params as *mut AttnDeltaParams).cast());
+    dev.bind()?;
+    // SAFETY: the arguments match the kernel's signature (three device pointers and the
+    // parameter struct, laid out as in C) and live until the call returns; the views it reads
+    // were bounds-checked, and `delta` holds a float per query row.
+    unsafe { drv::launch_kernel(f, grid, (variant.block(), 1, 1), 0, dev.cu_stream(), &mut args) }
+        .map_err(|e| driver_error(&format!("cuLaunchKernel({})", variant.name()), e))
+}
+
+/// Enqueues the attention backward call `spec` (operands and gradients of `dtype`): through
+/// cuDNN where it serves the call (its graph computes delta itself), else the delta kernel,
+/// then the backward template.
 pub fn attention_backward(
     dev: &Arc<CudaDevice>,
     spec: &AttentionBackwardSpec,
@@ -331,31 +376,16 @@ pub fn attention_backward(
     let size = dtype.size_bytes();
     let len = |b: &Option<DevOperand>| b.map(|b| b.bytes / size);
     spec.check(
-        [bufs.q.bytes / size, bufs.k.bytes / size, bufs.v.bytes / size, bufs.grad_out.bytes / size],
+        [bufs.q, bufs.k, bufs.v, bufs.grad_out, bufs.out].map(|b| b.bytes / size),
         [len(&bufs.dq), len(&bufs.dk), len(&bufs.dv)],
-        [bufs.lse.bytes / 4, bufs.delta.bytes / 4],
+        bufs.lse.bytes / 4,
     )?;
     let count = spec.batch_count();
     if count * spec.l * spec.s * spec.d == 0 {
         return Ok(());
     }
-    check_views(
-        "attention backward",
-        &spec.batch,
-        spec.l,
-        spec.s,
-        spec.d,
-        &[(&spec.out, spec.l, bufs.out.bytes / size, "output")],
-    )?;
     let operands = [bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.grad_out.ptr, bufs.out.ptr];
-    if super::cudnn_sdpa::backward(
-        dev,
-        spec,
-        dtype,
-        operands,
-        [bufs.lse.ptr, bufs.delta.ptr],
-        [bufs.dq, bufs.dk, bufs.dv],
-    )? {
+    if super::cudnn_sdpa::backward(dev, spec, dtype, operands, bufs.lse.ptr, [bufs.dq, bufs.dk, bufs.dv])? {
         return Ok(());
     }
     let dkv = spec.dk.is_some() || spec.dv.is_some();
@@ -367,6 +397,8 @@ pub fn attention_backward(
         variant = variant.simple(dtype);
     }
     let mma = matches!(variant, AttentionBackwardKernel::Mma { .. });
+    let delta = DeviceMemory::alloc(dev, count * spec.l * 4)?;
+    attention_delta(dev, spec, dtype, (bufs.out, bufs.grad_out), &delta)?;
     let mut temps: Vec<DeviceMemory> = Vec::new();
     let views = [
         (&spec.q, bufs.q, spec.l),
@@ -385,7 +417,7 @@ pub fn attention_backward(
         prepared[2].1,
         prepared[3].1,
         bufs.lse.ptr,
-        bufs.delta.ptr,
+        delta.ptr(),
         bufs.dq.map_or(0, |b| b.ptr),
         bufs.dk.map_or(0, |b| b.ptr),
         bufs.dv.map_or(0, |b| b.ptr),
@@ -395,12 +427,14 @@ pub fn attention_backward(
     dev.bind()?;
     // SAFETY: the arguments match the kernel's signature (nine device pointers, the unwanted
     // gradients' null, and the parameter struct, laid out as in C) and live until the call
-    // returns; every element the kernel touches was bounds-checked above; the kernel was
-    // allowed `shared` bytes of dynamic shared memory; the temporaries go back to the
-    // stream-ordered cache after this launch is enqueued.
+    // returns; every element the kernel touches was bounds-checked above (delta: the
+    // temporary the delta kernel wrote before it on the stream); the kernel was allowed
+    // `shared` bytes of dynamic shared memory; the temporaries go back to the stream-ordered
+    // cache after this launch is enqueued.
     unsafe { drv::launch_kernel(f, grid, (variant.block(), 1, 1), shared, dev.cu_stream(), &mut args) }
         .map_err(|e| driver_error(&format!("cuLaunchKernel({})", variant.name()), e))?;
     drop(temps);
+    drop(delta);
     Ok(())
 }
 

@@ -157,3 +157,7 @@ inline float coil_quad_sum(float x) {
     x += coil_emu_shfl_xor(x, 1);
     return x + coil_emu_shfl_xor(x, 2);
 }
+inline float coil_warp_sum(float x) {
+    for (int m = 16; m > 0; m >>= 1) x += coil_emu_shfl_xor(x, m);
+    return x;
+}

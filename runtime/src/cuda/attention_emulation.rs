@@ -1,11 +1,11 @@
 //! The attention templates run on the host: each variant's source (from
 //! `coil_codegen::templates`) compiled by `g++` with the warp-level PTX instructions emulated
 //! in C++ from their PTX ISA definitions (`attention_emulation.h`: `ldmatrix` and
-//! `mma.m16n8k16` fragment layouts, `cp.async` groups, quad shuffles), one `std::thread` per
-//! CUDA thread with real block and warp barriers (`attention_emulation_main.cpp`). That checks
-//! the kernels' index math (fragment layouts, masks, tails, strides, the online softmax, the
-//! backward's recomputed probabilities, the pipeline's waits) against the CPU implementations
-//! without a GPU. Copies run eagerly (at issue) and lazily (at the wait), so a read before its
+//! `mma.m16n8k16` fragment layouts, `cp.async` groups, quad and warp shuffles), one
+//! `std::thread` per CUDA thread with real block and warp barriers
+//! (`attention_emulation_main.cpp`). That checks the kernels' index math (fragment layouts,
+//! masks, tails, strides, the online softmax, the backward's delta and recomputed
+//! probabilities, the pipeline's waits) against the CPU implementations without a GPU. Copies run eagerly (at issue) and lazily (at the wait), so a read before its
 //! wait or a write before the last read of a tile changes the result; dynamic shared memory
 //! starts as NaNs and outputs as NaNs, so a read of what was never written, or an element never
 //! stored, shows. Skipped (passing) without a host `g++`.
@@ -78,6 +78,16 @@ fn backward_kernel(kernel: AttentionBackwardKernel) -> Emulated {
         source: kernel.source(),
         call: format!("{}({call})", kernel.name()),
         params: "CoilAttnBwdParams",
+        block: kernel.block(),
+    }
+}
+
+fn delta_kernel(kernel: AttentionDeltaKernel) -> Emulated {
+    Emulated {
+        name: kernel.name(),
+        source: kernel.source(),
+        call: format!("{}(buf[0], buf[1], (float *)buf[2], p)", kernel.name()),
+        params: "CoilAttnDeltaParams",
         block: kernel.block(),
     }
 }
@@ -512,6 +522,47 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
     }
 }
 
+/// The delta kernel of `dtype` emulated on `spec`'s output `out` and its gradient `grad_out`:
+/// `delta` (`[*batch, l]` f32 bytes), checked against `rowsum(dO * O)` in f64; `None` without
+/// g++.
+fn emulated_delta(
+    builds: &mut Builds,
+    spec: &AttentionBackwardSpec,
+    dtype: DType,
+    out: &[u8],
+    grad_out: &[u8],
+) -> Option<Vec<u8>> {
+    let kernel = AttentionDeltaKernel::choose(dtype).unwrap();
+    let emulated = delta_kernel(kernel);
+    let exe = builds.get(&emulated)?;
+    let (o, g) = (decode(dtype, out), decode(dtype, grad_out));
+    let rows = spec.batch_count() * spec.l;
+    let want: Vec<f64> = (0..rows)
+        .map(|r| {
+            let (b, i) = (r / spec.l, r % spec.l);
+            let at = |view: &StridedOperand<usize>, c: usize| {
+                let (mut at, mut rest) = (view.offset + i * view.row_stride + c * view.col_stride, b);
+                for (n, stride) in spec.batch.iter().zip(&view.batch_strides).rev() {
+                    at += rest % n * stride;
+                    rest /= n;
+                }
+                at
+            };
+            (0..spec.d).map(|c| o[at(&spec.out, c)] * g[at(&spec.grad_out, c)]).sum()
+        })
+        .collect();
+    let params = param_bytes(&delta_params(spec));
+    let buffers = [out.to_vec(), grad_out.to_vec(), vec![0xffu8; rows * 4]];
+    let dir = builds.root.join(&emulated.name);
+    let grid = AttentionDeltaKernel::grid(rows);
+    let [eager, lazy] = launch_runs(&exe, &dir, &params, grid, emulated.block, &buffers);
+    assert_eq!(eager[2], lazy[2], "{}: no copies, one result", emulated.name);
+    let what = format!("{} {:?} L={}", emulated.name, spec.batch, spec.l);
+    let err = error(&what, &decode(DType::F32, &eager[2]), &want);
+    assert!(err <= 1e-6, "{what}: delta error {err:.2e}");
+    Some(eager[2].clone())
+}
+
 /// One backward case: the kernel, the dtype, the forward's layout, which gradients are wanted.
 struct BackwardCase {
     kernel: AttentionBackwardKernel,
@@ -577,20 +628,14 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let emulated = backward_kernel(c.kernel);
         let Some(exe) = builds.get(&emulated) else { return };
         let (dtype, size, d) = (c.dtype, c.dtype.size_bytes(), c.d);
-        // The forward on the CPU: its output and logsumexp; then delta = rowsum(dO * O) of the
-        // output rounded to the dtype, as the graph computes it.
+        // The forward on the CPU: its output (GPT-2's: heads merged, `[B, L, H, D]`, for head
+        // views) and logsumexp. The output gradient has the output's layout.
         let fwd = forward_spec(&c.batch, c.l, c.s, d, c.causal, c.heads);
         let [q, k, v] = operands(dtype, &fwd, c.heads);
         let rows = fwd.batch_count() * c.l;
-        let out_view = contiguous(&c.batch, c.l, d);
-        let (mut dense, mut lse) = (vec![0u8; rows * d * size], vec![0u8; rows * 4]);
-        let fwd_dense = AttentionSpec { out: out_view.clone(), ..fwd.clone() };
-        attention_bytes(&fwd_dense, dtype, &q, &k, &v, None, &mut dense, Some(&mut lse)).unwrap();
+        let (mut out, mut lse) = (vec![0u8; rows * d * size], vec![0u8; rows * 4]);
+        attention_bytes(&fwd, dtype, &q, &k, &v, None, &mut out, Some(&mut lse)).unwrap();
         let grad_out = seeded(dtype, 5, rows * d);
-        let (o, g) = (decode(dtype, &dense), decode(dtype, &grad_out));
-        let delta: Vec<f32> =
-            (0..rows).map(|r| (0..d).map(|c| o[r * d + c] * g[r * d + c]).sum::<f64>() as f32).collect();
-        let delta = encode(DType::F32, &delta);
         let lens = [rows * d, fwd.batch_count() * c.s * d, fwd.batch_count() * c.s * d];
         let views = [contiguous(&c.batch, c.l, d), contiguous(&c.batch, c.s, d), contiguous(&c.batch, c.s, d)];
         let grad = |i: usize| c.wanted[i].then(|| views[i].clone());
@@ -598,8 +643,8 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             q: fwd.q.clone(),
             k: fwd.k.clone(),
             v: fwd.v.clone(),
-            grad_out: out_view.clone(),
-            out: out_view,
+            grad_out: fwd.out.clone(),
+            out: fwd.out.clone(),
             dq: grad(0),
             dk: grad(1),
             dv: grad(2),
@@ -614,7 +659,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             (0..3).map(|i| if c.wanted[i] { vec![0u8; lens[i] * size] } else { vec![] }).collect();
         {
             let [wq, wk, wv] = &mut want[..] else { unreachable!() };
-            fn out(w: &mut [u8]) -> Option<&mut [u8]> {
+            fn grad(w: &mut [u8]) -> Option<&mut [u8]> {
                 (!w.is_empty()).then_some(w)
             }
             let bufs = BackwardBuffers {
@@ -623,13 +668,15 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
                 v: &v,
                 grad_out: &grad_out,
                 lse: &lse,
-                delta: &delta,
-                dq: out(wq),
-                dk: out(wk),
-                dv: out(wv),
+                out: &out,
+                dq: grad(wq),
+                dk: grad(wk),
+                dv: grad(wv),
             };
             attention_backward_bytes(&spec, dtype, bufs).unwrap();
         }
+        // The backward kernel reads the delta the emulated delta kernel computed.
+        let Some(delta) = emulated_delta(&mut builds, &spec, dtype, &out, &grad_out) else { return };
         let count = spec.batch_count();
         let (grid, key_blocks) = backward_grid(count, c.l, c.s, c.wanted[0], c.wanted[1] || c.wanted[2]);
         let params = param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks));

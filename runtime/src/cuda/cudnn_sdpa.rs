@@ -6,8 +6,8 @@
 //! * Forward: `S = Q Kᵀ · scale`, the causal rule as `row >= col` selecting `-inf`, softmax as
 //!   `max`, `exp(S - max)`, `sum`, the row logsumexp `max + ln(sum)` (coil's statistic: the
 //!   backward reads it), `P = exp / sum` in the operands' dtype, `O = P V`.
-//! * Backward: `delta = sum(dO · O)` per row (the engines want it in their graph, not the
-//!   call's own delta), `P = exp(S - lse)` recomputed, `dV = Pᵀ dO`,
+//! * Backward: `delta = sum(dO · O)` per row (the engines want it in their graph),
+//!   `P = exp(S - lse)` recomputed, `dV = Pᵀ dO`,
 //!   `dS = P (dO Vᵀ - delta) · scale`, `dK = dSᵀ Q`, `dQ = dS K` through an f32 accumulator.
 //!
 //! Only what these engines serve is sent: f16 / bf16, no mask or the plain causal rule, equal
@@ -192,14 +192,14 @@ pub(super) fn forward(
 
 /// Runs the backward call `spec` through cuDNN when it serves it (every gradient wanted):
 /// `Ok(true)` when enqueued, `Ok(false)` when the caller's templates must run it.
-/// `operands`: the buffers of q, k, v and the output gradient; `stats`: the logsumexp's and
-/// delta's; `grads`: dq's, dk's and dv's.
+/// `operands`: the buffers of q, k, v, the output gradient and the output; `lse`: the
+/// logsumexp's; `grads`: dq's, dk's and dv's.
 pub(super) fn backward(
     dev: &Arc<CudaDevice>,
     spec: &AttentionBackwardSpec,
     dtype: DType,
     operands: [u64; 5],
-    stats: [u64; 2],
+    lse: u64,
     grads: [Option<DevOperand>; 3],
 ) -> Result<bool> {
     let [Some(dq), Some(dk), Some(dv)] = grads else { return Ok(false) };
@@ -226,7 +226,7 @@ pub(super) fn backward(
         at(dq.ptr, dqv),
         at(dk.ptr, dkv),
         at(dv.ptr, dvv),
-        stats[0],
+        lse,
     ];
     let uids = vec![uid::Q, uid::K, uid::V, uid::O, uid::DO, uid::DQ, uid::DK, uid::DV, uid::STATS];
     let shape = Shape {

@@ -740,8 +740,7 @@ impl CudaCompiledGraph {
                 attention::attention(&self.device, &spec, dtype, bufs)
             }
             ExternCall::AttentionBackward(backward) => {
-                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, delta, out, dq, dk, dv, .. } =
-                    &**backward;
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, .. } = &**backward;
                 let spec = crate::cpu::attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
                 let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| operand(g.buffer));
@@ -751,7 +750,6 @@ impl CudaCompiledGraph {
                     v: operand(v.buffer),
                     grad_out: operand(grad_out.buffer),
                     lse: operand(*lse),
-                    delta: operand(*delta),
                     out: operand(out.buffer),
                     dq: grad(dq),
                     dk: grad(dk),
