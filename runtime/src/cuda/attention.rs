@@ -269,7 +269,8 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
 
 /// The device buffers of one backward call (see [`crate::cpu::attention_backward`]): the
 /// operands (q, k, v and the output gradient may share buffers), the f32 statistics, and the
-/// wanted gradients, which overlap nothing.
+/// wanted gradients, which overlap no operand and no other gradient's elements (they may share
+/// a buffer: disjoint views of the tensor that concatenates them).
 pub struct DevBackward {
     /// The queries.
     pub q: DevOperand,
