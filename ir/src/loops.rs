@@ -439,12 +439,21 @@ impl ExternCall {
     }
 
     /// The buffers the call names as written (the attention templates': the output and the
-    /// logsumexp, or the gradients), in the call's order; empty for calls that write only
-    /// their node's output without naming it (bmm, fallback).
+    /// logsumexp, or the gradients), in the call's order, each once (gradients may share a
+    /// buffer: views of disjoint elements of the sum that concatenates them); empty for calls
+    /// that write only their node's output without naming it (bmm, fallback).
     pub fn written(&self) -> Vec<BufferId> {
         match self {
             ExternCall::Attention(call) => std::iter::once(call.out.buffer).chain(call.lse).collect(),
-            ExternCall::AttentionBackward(call) => call.grads().into_iter().flatten().map(|o| o.buffer).collect(),
+            ExternCall::AttentionBackward(call) => {
+                let mut out: Vec<BufferId> = Vec::new();
+                for g in call.grads().into_iter().flatten() {
+                    if !out.contains(&g.buffer) {
+                        out.push(g.buffer);
+                    }
+                }
+                out
+            }
             ExternCall::Bmm { .. } | ExternCall::Fallback { .. } | ExternCall::Conv(_) => vec![],
         }
     }

@@ -480,4 +480,4 @@ pub use mask::{structured_mask, StructuredMask};
 
 #[cfg(test)]
 #[path = "attention_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -233,10 +233,13 @@ impl Lowerer<'_> {
         members.sort_by_key(|(input, _)| input.index());
         let mut grads: [Option<StridedOperand>; 3] = [None, None, None];
         for (i, &(input, m)) in members.iter().enumerate() {
-            let buffer = match i {
-                0 => self.new_buffer(name.clone(), m),
-                _ => self.new_buffer(format!("{name}_d{}", input.name()), m),
-            };
+            let named = if i == 0 { name.clone() } else { format!("{name}_d{}", input.name()) };
+            // Or into the buffer of the sum that concatenates the gradients (`concat_views`).
+            if let Some(view) = self.placed_gradient(m, &named) {
+                grads[input.index()] = Some(view);
+                continue;
+            }
+            let buffer = self.new_buffer(named, m);
             let st = strides(self.shape(m));
             grads[input.index()] = Some(StridedOperand {
                 buffer,

@@ -37,7 +37,9 @@
 //! The attention templates (`attention` module) are extern calls on strided views of q, k and
 //! v: the forward writes its own buffer (or that of the permute after it when that is its only
 //! reader) and the logsumexp a backward needs; the backward writes the gradients of q, k and v,
-//! one call per attention.
+//! one call per attention, each into a buffer of its own or, when a sum of pads concatenates
+//! them (the gradient of a split QKV projection), straight into that sum's buffer, which then
+//! needs no loop (`concat_views` module).
 //!
 //! A convolution template (`conv` module) is one extern call on strided views of its operands;
 //! it writes its own buffer, or that of the channels-last permute after it when that is its only
@@ -58,6 +60,7 @@
 //! 0) appears in expressions.
 
 mod attention;
+mod concat_views;
 mod conv;
 mod emit;
 mod epilogue;
@@ -137,8 +140,12 @@ pub(crate) struct Lowerer<'g> {
     /// The other nodes those calls compute (products included): no buffer, no loop.
     inside: HashSet<NodeId>,
     /// Attention nodes computed by the call that writes the buffer of the permute after them,
-    /// by permute (the attention nodes are in `inside`).
+    /// by permute (the attention nodes are in `inside`); and attention gradients whose call
+    /// writes the buffer of the sum of pads after them, by sum (`concat_views`).
     attention_roots: HashMap<NodeId, NodeId>,
+    /// Attention gradients written into the buffer of the sum of pads that concatenates them,
+    /// and where (`concat_views`).
+    placed: HashMap<NodeId, concat_views::Placed>,
     /// Convolutions computed by the call that writes the buffer of the channels-last permute
     /// after them, by permute (the convolutions are in `inside`).
     conv_roots: HashMap<NodeId, NodeId>,
@@ -208,6 +215,7 @@ impl<'g> Lowerer<'g> {
             epilogues: HashMap::new(),
             inside: HashSet::new(),
             attention_roots: HashMap::new(),
+            placed: HashMap::new(),
             conv_roots: HashMap::new(),
             groups: Vec::new(),
             group_of: HashMap::new(),
@@ -224,6 +232,10 @@ impl<'g> Lowerer<'g> {
         l.conv_roots = conv::permuted_outputs(&l);
         l.inside.extend(l.conv_roots.values().copied());
         (l.group_of, l.groups) = attention::template_groups(&l);
+        let found = concat_views::placed_gradients(&l);
+        l.attention_roots.extend(found.roots);
+        l.inside.extend(found.inside);
+        l.placed = found.placed;
         l
     }
 

@@ -119,7 +119,7 @@ impl AttentionBackwardSpec {
 
 /// The buffers of one backward call, as raw bytes: the operands (of the call's dtype; q, k, v,
 /// the output gradient and the output may share buffers), the logsumexp (`[*batch, l]`, f32,
-/// f64 for f64), and the wanted gradients, which overlap nothing.
+/// f64 for f64), and the wanted gradients' ([`GradBuffers`]), which overlap no operand.
 pub struct BackwardBuffers<'a> {
     /// The queries.
     pub q: &'a [u8],
@@ -133,22 +133,54 @@ pub struct BackwardBuffers<'a> {
     pub lse: &'a [u8],
     /// The attention's output.
     pub out: &'a [u8],
-    /// The queries' gradient, when wanted.
-    pub dq: Option<&'a mut [u8]>,
-    /// The keys' gradient, when wanted.
-    pub dk: Option<&'a mut [u8]>,
-    /// The values' gradient, when wanted.
-    pub dv: Option<&'a mut [u8]>,
+    /// Where the wanted gradients go.
+    pub grads: GradBuffers<'a>,
+}
+
+/// The buffers the wanted gradients are written into, as raw bytes: each buffer once, and
+/// which of them dq, dk and dv go to. Gradients may share a buffer, at disjoint elements (the
+/// views of one tensor that concatenates them, as the lowering places the gradients of a
+/// split QKV projection into its gradient).
+///
+/// ```
+/// use coil_runtime::cpu::attention_backward::GradBuffers;
+/// let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 8]);
+/// let grads = GradBuffers::separate(Some(&mut a), None, Some(&mut b));
+/// assert_eq!(grads.which, [Some(0), None, Some(1)]);
+/// ```
+pub struct GradBuffers<'a> {
+    /// The distinct buffers.
+    pub buffers: Vec<&'a mut [u8]>,
+    /// For dq, dk and dv, the index in `buffers` of the buffer it goes to, when wanted.
+    pub which: [Option<usize>; 3],
+}
+
+impl<'a> GradBuffers<'a> {
+    /// A buffer of its own for each wanted gradient (`dq`, `dk`, `dv`).
+    pub fn separate(dq: Option<&'a mut [u8]>, dk: Option<&'a mut [u8]>, dv: Option<&'a mut [u8]>) -> GradBuffers<'a> {
+        let mut grads = GradBuffers { buffers: Vec::new(), which: [None; 3] };
+        for (i, b) in [dq, dk, dv].into_iter().enumerate() {
+            if let Some(b) = b {
+                grads.which[i] = Some(grads.buffers.len());
+                grads.buffers.push(b);
+            }
+        }
+        grads
+    }
+
+    /// The length in elements of `size` bytes of the buffer each gradient goes to.
+    fn lens(&self, size: usize) -> [Option<usize>; 3] {
+        self.which.map(|w| w.map(|i| self.buffers[i].len() / size))
+    }
 }
 
 /// The gradients of attention ([`AttentionBackwardSpec`]) into the wanted buffers.
 pub fn attention_backward_bytes(spec: &AttentionBackwardSpec, dtype: DType, bufs: BackwardBuffers) -> Result<()> {
     let size = dtype.size_bytes();
     let stats_size = if dtype == DType::F64 { 8 } else { 4 };
-    let len = |b: &Option<&mut [u8]>| b.as_ref().map(|b| b.len() / size);
     spec.check(
         [bufs.q.len(), bufs.k.len(), bufs.v.len(), bufs.grad_out.len(), bufs.out.len()].map(|n| n / size),
-        [len(&bufs.dq), len(&bufs.dk), len(&bufs.dv)],
+        bufs.grads.lens(size),
         bufs.lse.len() / stats_size,
     )?;
     match dtype {
@@ -284,27 +316,27 @@ fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
     let blocks = |n: usize| -> Vec<(usize, usize)> {
         (0..spec.batch_count()).flat_map(|b| (0..n).step_by(ROWS_PER_TASK).map(move |r| (b, r))).collect()
     };
-    if let (Some(view), Some(out)) = (&spec.dq, bufs.dq) {
-        let out: &mut [T] = cast_mut(out)?;
+    // Each buffer once: gradients sharing one are written one after the other.
+    let [wq, wk, wv] = bufs.grads.which;
+    let mut outs: Vec<&mut [T]> = bufs.grads.buffers.into_iter().map(cast_mut).collect::<Result<_>>()?;
+    if let (Some(view), Some(i)) = (&spec.dq, wq) {
         let tasks = blocks(l);
         let results: Vec<Vec<A>> =
             tasks.par_iter().map(|&(b, first)| batch.dq(b, first..(first + ROWS_PER_TASK).min(l))).collect();
         for (&(b, first), block) in tasks.iter().zip(results) {
-            write_rows(shape, view, out, b, first, &block, down);
+            write_rows(shape, view, outs[i], b, first, &block, down);
         }
     }
     if spec.dk.is_some() || spec.dv.is_some() {
         let tasks = blocks(s);
         let results: Vec<(Vec<A>, Vec<A>)> =
             tasks.par_iter().map(|&(b, first)| batch.dkdv(b, first..(first + ROWS_PER_TASK).min(s))).collect();
-        let mut dk: Option<&mut [T]> = bufs.dk.map(cast_mut).transpose()?;
-        let mut dv: Option<&mut [T]> = bufs.dv.map(cast_mut).transpose()?;
         for (&(b, first), (kblock, vblock)) in tasks.iter().zip(results) {
-            if let (Some(view), Some(out)) = (&spec.dk, dk.as_deref_mut()) {
-                write_rows(shape, view, out, b, first, &kblock, down);
+            if let (Some(view), Some(i)) = (&spec.dk, wk) {
+                write_rows(shape, view, outs[i], b, first, &kblock, down);
             }
-            if let (Some(view), Some(out)) = (&spec.dv, dv.as_deref_mut()) {
-                write_rows(shape, view, out, b, first, &vblock, down);
+            if let (Some(view), Some(i)) = (&spec.dv, wv) {
+                write_rows(shape, view, outs[i], b, first, &vblock, down);
             }
         }
     }

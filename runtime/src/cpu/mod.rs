@@ -363,7 +363,19 @@ impl CompiledGraph {
                 let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, .. } = &**backward;
                 let spec = attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
-                let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| written(g.buffer));
+                // Gradients may share a buffer (disjoint views of it): each is borrowed once.
+                let mut grads = attention_backward::GradBuffers { buffers: Vec::new(), which: [None; 3] };
+                let mut ids: Vec<BufferId> = Vec::new();
+                for (i, g) in [dq, dk, dv].into_iter().enumerate() {
+                    if let Some(g) = g {
+                        let at = ids.iter().position(|&b| b == g.buffer).unwrap_or_else(|| {
+                            ids.push(g.buffer);
+                            grads.buffers.push(written(g.buffer));
+                            ids.len() - 1
+                        });
+                        grads.which[i] = Some(at);
+                    }
+                }
                 let bufs = attention_backward::BackwardBuffers {
                     q: view(q.buffer),
                     k: view(k.buffer),
@@ -371,9 +383,7 @@ impl CompiledGraph {
                     grad_out: view(grad_out.buffer),
                     lse: view(*lse),
                     out: view(out.buffer),
-                    dq: grad(dq),
-                    dk: grad(dk),
-                    dv: grad(dv),
+                    grads,
                 };
                 attention_backward::attention_backward_bytes(&spec, p.buffer(q.buffer).meta.dtype, bufs)
             }

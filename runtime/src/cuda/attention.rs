@@ -273,7 +273,8 @@ pub fn attention(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, bufs
 
 /// The device buffers of one backward call (see [`crate::cpu::attention_backward`]): the
 /// operands (q, k, v, the output gradient and the output may share buffers), the f32
-/// logsumexp, and the wanted gradients, which overlap nothing.
+/// logsumexp, and the wanted gradients, which overlap no operand and no other gradient's
+/// elements (they may share a buffer: disjoint views of the tensor that concatenates them).
 pub struct DevBackward {
     /// The queries.
     pub q: DevOperand,

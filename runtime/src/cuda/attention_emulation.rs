@@ -12,7 +12,7 @@
 
 use super::*;
 use crate::cpu::attention::{attention_bytes, MaskBytes};
-use crate::cpu::attention_backward::{attention_backward_bytes, BackwardBuffers};
+use crate::cpu::attention_backward::{attention_backward_bytes, BackwardBuffers, GradBuffers};
 use coil_codegen::templates::attention::{AttentionKernel, ForwardLaunch};
 use coil_codegen::templates::BLOCK_EMULATION;
 use coil_ir::loops::BufferId;
@@ -669,9 +669,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
                 grad_out: &grad_out,
                 lse: &lse,
                 out: &out,
-                dq: grad(wq),
-                dk: grad(wk),
-                dv: grad(wv),
+                grads: GradBuffers::separate(grad(wq), grad(wk), grad(wv)),
             };
             attention_backward_bytes(&spec, dtype, bufs).unwrap();
         }
