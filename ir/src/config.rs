@@ -173,6 +173,10 @@ pub struct Tuning {
     pub persistent_max: Option<i64>,
     /// cuBLASLt's `i`-th heuristic algorithm instead of its first (0). `COIL_GEMM_ALGO`.
     pub gemm_algo: usize,
+    /// Fill every device allocation with `0xFF` bytes (NaN for floats) before use, so a kernel
+    /// that reads memory nothing wrote shows it instead of reading stale values. For debugging;
+    /// one memset per allocation. `COIL_POISON=1`.
+    pub poison_device_memory: bool,
 }
 
 impl Default for Tuning {
@@ -192,6 +196,7 @@ impl Default for Tuning {
             nvrtc_options: Vec::new(),
             persistent_max: None,
             gemm_algo: 0,
+            poison_device_memory: false,
         }
     }
 }
@@ -367,6 +372,7 @@ impl Env {
                 .collect(),
             persistent_max: self.number("COIL_PERSISTENT_MAX"),
             gemm_algo: self.number("COIL_GEMM_ALGO").unwrap_or(0),
+            poison_device_memory: self.get("COIL_POISON").is_some_and(|v| v == "1"),
         };
         Config {
             cache_dir: self.path("COIL_CACHE_DIR").unwrap_or(base.cache_dir),

@@ -97,7 +97,12 @@ impl Plan {
     /// What runs, in words (for the logs and the benchmark).
     fn describe(&self) -> String {
         match self {
-            Chosen::Graph(p) => format!("graph API, engine {}, workspace {} B", p.engine, p.workspace),
+            Chosen::Graph(p) => format!(
+                "graph API, engine {} (notes {:?}), workspace {} B",
+                p.engine,
+                cudnn_graph::note_names(&p.notes),
+                p.workspace
+            ),
             Chosen::Legacy(p) => format!("legacy API, {}, workspace {} B", p.algo.name(), p.workspace),
         }
     }

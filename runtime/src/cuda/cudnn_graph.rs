@@ -191,6 +191,22 @@ pub(super) fn scale(dtype: DType, x: f64) -> Value {
     }
 }
 
+/// The numerical notes' names, short (`tensor_core`, `winograd`, ...), for the logs.
+pub(super) fn note_names(notes: &[u32]) -> Vec<&'static str> {
+    const NAMES: [&str; 9] = [
+        "tensor_core",
+        "down_convert_inputs",
+        "reduced_precision_reduction",
+        "fft",
+        "nondeterministic",
+        "winograd",
+        "winograd_4x4",
+        "winograd_6x6",
+        "winograd_13x13",
+    ];
+    notes.iter().map(|&n| NAMES.get(n as usize).copied().unwrap_or("unknown")).collect()
+}
+
 /// Whether an engine with these numerical notes keeps coil's numerics for `dtype`: f32
 /// accumulation (no reduced-precision reduction), inputs not converted down, and for f32 no
 /// tensor cores (TF32; coil's f32 products do not use it). `Err` names the note in the way.
@@ -303,6 +319,8 @@ pub(super) struct GraphPlan {
     pub workspace: usize,
     /// The engine's global index (for the logs).
     pub engine: i64,
+    /// The engine's numerical notes (`cudnnBackendNumericalNote_t` values, for the logs).
+    pub notes: Vec<u32>,
     /// The operation graph, its operands and the heuristics' configs, kept as long as the plan.
     _parts: Vec<Descriptor>,
 }
@@ -393,22 +411,23 @@ pub(super) unsafe fn plan_ops(
         let (plan, ws, engine) = config_plan(handle, cfg, &allow).map_err(|e| e.message)?;
         Ok(((plan, engine), ws))
     });
-    let ((plan, engine), workspace) = chosen.map_err(|why| {
+    let ((plan, (engine, notes)), workspace) = chosen.map_err(|why| {
         Error::runtime(format!("no engine config of cuDNN's heuristics (mode A) fits: {}", why.join("; ")))
     })?;
     parts.extend(ops);
     parts.extend([graph, heur]);
     parts.extend(configs);
-    Ok(GraphPlan { plan, workspace, engine, _parts: parts })
+    Ok(GraphPlan { plan, workspace, engine, notes, _parts: parts })
 }
 
-/// The execution plan of one engine config, its workspace bytes and engine index; an error
+/// The execution plan of one engine config, its workspace bytes, engine index and numerical
+/// notes; an error
 /// where the config's engine is not allowed for `dtype` or the plan does not finalize.
 unsafe fn config_plan(
     handle: sys::cudnnHandle_t,
     cfg: &Descriptor,
     allow: &impl Fn(&[u32]) -> std::result::Result<(), &'static str>,
-) -> Result<(Descriptor, usize, i64)> {
+) -> Result<(Descriptor, usize, (i64, Vec<u32>))> {
     let engine = Descriptor::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
     let mut slot = [engine.raw];
     cfg.get(Attr::CUDNN_ATTR_ENGINECFG_ENGINE, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut slot)?;
@@ -424,7 +443,7 @@ unsafe fn config_plan(
     plan.finalize().map_err(|e| Error::runtime(format!("engine {}: {}", index[0], e.message)))?;
     let mut ws = [0i64];
     plan.get(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, Type::CUDNN_TYPE_INT64, &mut ws)?;
-    Ok((plan, ws[0].max(0) as usize, index[0]))
+    Ok((plan, ws[0].max(0) as usize, (index[0], notes[..n.min(notes.len())].to_vec())))
 }
 
 /// Enqueues `plan` on `handle`'s stream over the operands at `ptrs` (first, second, result)

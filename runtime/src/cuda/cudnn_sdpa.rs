@@ -263,7 +263,12 @@ fn run(
             // SAFETY: the handle is used under the plans' lock; the descriptors live with the plan.
             let made = dnn.with_handle(|h| unsafe { make_plan(h, &key.1) });
             match &made {
-                Ok(p) => super::schedule_log(&format!("attention through cuDNN, engine {}: {:?}", p.engine, key.1)),
+                Ok(p) => super::schedule_log(&format!(
+                    "attention through cuDNN, engine {} (notes {:?}): {:?}",
+                    p.engine,
+                    super::cudnn_graph::note_names(&p.notes),
+                    key.1
+                )),
                 Err(e) => super::schedule_log(&format!(
                     "attention through coil's templates (cuDNN: {}): {:?}",
                     e.message, key.1

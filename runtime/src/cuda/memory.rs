@@ -205,10 +205,19 @@ pub struct DeviceMemory {
 }
 
 impl DeviceMemory {
-    /// At least `bytes` bytes of uninitialised device memory.
+    /// At least `bytes` bytes of uninitialised device memory (filled with `0xFF` bytes under
+    /// the configuration's `poison_device_memory`, a debugging aid).
     pub fn alloc(device: &Arc<CudaDevice>, bytes: usize) -> Result<DeviceMemory> {
         let (ptr, class) = device.allocator.alloc(device, bytes)?;
-        Ok(DeviceMemory { device: device.clone(), ptr, bytes, class })
+        let mem = DeviceMemory { device: device.clone(), ptr, bytes, class };
+        if bytes > 0 && coil_ir::config::current().tuning.poison_device_memory {
+            device.bind()?;
+            // SAFETY: the range is this allocation's; stream-ordered like every use of it.
+            // The whole block (its size class), so reads past the end show too.
+            unsafe { drv::memset_d8_async(ptr, 0xFF, class, device.cu_stream()) }
+                .map_err(|e| driver_error("cuMemsetD8Async", e))?;
+        }
+        Ok(mem)
     }
 
     /// The device address (0 for an empty allocation).
