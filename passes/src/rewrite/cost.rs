@@ -21,7 +21,7 @@
 //! input graph's cost before it is used.
 
 use super::lang::{ENode, Prim, EG};
-use coil_ir::target::{GpuTarget, TensorCores};
+use coil_ir::target::GpuTarget;
 use coil_ir::{Graph, NodeId, Op, TensorMeta};
 use egg::Id;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -44,22 +44,23 @@ impl Default for CostModel {
     }
 }
 
-/// The H100 the GPU rates are scaled from: ~3.0 TB/s of measured copy bandwidth, ~400 TFLOP/s
-/// for dense f32/tf32 and 16-bit matrix products (pointwise flops never bind next to their
-/// bytes), on 132 SMs.
-const H100_BANDWIDTH: f64 = 3.0e12;
-const H100_FLOP_RATE: f64 = 4.0e14;
-const H100_SMS: f64 = 132.0;
+/// The share of [`GpuTarget::memory_bandwidth`] (the theoretical peak) that copies reach: ~3.0
+/// TB/s measured on the H100 SXM5 against its 3.35.
+pub const COPY_EFFICIENCY: f64 = 0.895;
+
+/// The share of [`GpuTarget::tensor_flop_rate`] (the dense 16-bit peak at the driver's highest
+/// clock) that matrix products are costed at: ~400 TFLOP/s on the H100 SXM5, whose peak is 1070
+/// there, for dense f32/tf32 and 16-bit products alike (pointwise flops never bind next to
+/// their bytes).
+pub const TENSOR_EFFICIENCY: f64 = 0.375;
 
 impl CostModel {
-    /// A GPU: matrix-product throughput scaled from the H100's by SM count and tensor-core
-    /// generation (a generation back does half the work per SM per second, as A100 against
-    /// H100 and V100 against A100 do), and memory bandwidth by the same generation's
-    /// data-center part (H100 3.0, A100 1.6, V100 0.8 TB/s measured copy rates; Blackwell is
-    /// taken as Hopper). [`GpuTarget`] has no bandwidth of its own yet, so a consumer card of
-    /// a generation is costed like its data-center part. Only the ratio of the two rates
-    /// steers extraction (every choice is compared at the same rates), and that ratio is what
-    /// these numbers get right to within a factor of two.
+    /// A GPU: the target's peak memory bandwidth times [`COPY_EFFICIENCY`] and its peak tensor
+    /// throughput times [`TENSOR_EFFICIENCY`], both from the bus, clocks, SMs and tensor-core
+    /// generation the driver reports, so a consumer card gets its own bandwidth (an RTX 4090
+    /// ~0.9 TB/s, an A100 40GB ~1.4, an H100 SXM5 3.0). Only the ratio of the two rates steers
+    /// extraction (every choice is compared at the same rates). A GPU without tensor cores is
+    /// costed as a Volta of its SMs and clock, so that its flop rate is not zero.
     ///
     /// ```
     /// use coil_ir::target::GpuTarget;
@@ -67,14 +68,14 @@ impl CostModel {
     /// assert_eq!(CostModel::gpu(&GpuTarget::h100()), CostModel::default());
     /// let a100 = CostModel::gpu(&GpuTarget::a100());
     /// assert!(a100.flop_rate < CostModel::default().flop_rate);
+    /// assert!(a100.bandwidth < CostModel::default().bandwidth);
     /// ```
     pub fn gpu(target: &GpuTarget) -> CostModel {
-        let (per_sm, bandwidth) = match target.tensor_cores() {
-            TensorCores::Hopper | TensorCores::Blackwell => (1.0, H100_BANDWIDTH),
-            TensorCores::Ampere => (0.5, 1.6e12),
-            TensorCores::Volta | TensorCores::None => (0.25, 0.8e12),
-        };
-        CostModel { bandwidth, flop_rate: H100_FLOP_RATE * (per_sm * target.sm_count as f64 / H100_SMS) }
+        let with_tensor_cores = GpuTarget { compute_capability: target.compute_capability.max((7, 0)), ..*target };
+        CostModel {
+            bandwidth: target.memory_bandwidth() * COPY_EFFICIENCY,
+            flop_rate: with_tensor_cores.tensor_flop_rate() * TENSOR_EFFICIENCY,
+        }
     }
 
     /// A CPU of a few cores: ~20 GB/s of memory bandwidth a few threads reach, ~200 GFLOP/s
@@ -370,4 +371,36 @@ pub fn choice_cost(eg: &EG, chosen: &HashMap<Id, ENode>, outputs: &[Id]) -> Cost
         total = total + node_cost(Kind::of_prim(&n.op), &args, &eg[*id].data.meta, outputs.contains(id));
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_h100_keeps_its_measured_anchor() {
+        // ~3.0 TB/s of copy and ~400 TFLOP/s of matrix products, measured (within 1%).
+        let h100 = CostModel::gpu(&GpuTarget::h100());
+        assert!((h100.bandwidth / 3.0e12 - 1.0).abs() < 0.01, "{h100:?}");
+        assert!((h100.flop_rate / 4.0e14 - 1.0).abs() < 0.01, "{h100:?}");
+    }
+
+    #[test]
+    fn each_gpu_gets_its_own_bandwidth() {
+        let [h100, a100, rtx_4090] =
+            [GpuTarget::h100(), GpuTarget::a100(), GpuTarget::rtx_4090()].map(|t| CostModel::gpu(&t));
+        assert!(a100.bandwidth < 0.5 * h100.bandwidth, "{a100:?}");
+        assert!((a100.bandwidth / (1.555e12 * COPY_EFFICIENCY) - 1.0).abs() < 0.01, "{a100:?}");
+        // A consumer card is costed by its own bus, not its generation's data-center part's.
+        assert!(rtx_4090.bandwidth < 0.7 * a100.bandwidth, "{rtx_4090:?}");
+        assert!((rtx_4090.bandwidth / (1.008e12 * COPY_EFFICIENCY) - 1.0).abs() < 0.01, "{rtx_4090:?}");
+        // Its SMs do half the A100's tensor work per clock, at a higher clock on more SMs.
+        assert!((rtx_4090.flop_rate / a100.flop_rate - 330.3 / 312.0).abs() < 0.01, "{rtx_4090:?}");
+    }
+
+    #[test]
+    fn a_gpu_without_tensor_cores_has_a_positive_flop_rate() {
+        let pascal = GpuTarget { compute_capability: (6, 0), ..GpuTarget::v100() };
+        assert_eq!(CostModel::gpu(&pascal).flop_rate, CostModel::gpu(&GpuTarget::v100()).flop_rate);
+    }
 }

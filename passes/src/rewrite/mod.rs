@@ -95,8 +95,8 @@ impl RewriteOptions {
         RewriteOptions { enabled: coil_ir::config::current().rewrite, ..RewriteOptions::default() }
     }
 
-    /// [`RewriteOptions::configured`], costed for the GPU `gpu` (its SM count and tensor-core
-    /// generation, [`CostModel::gpu`]), or for the CPU when `gpu` is `None`.
+    /// [`RewriteOptions::configured`], costed for the GPU `gpu` (its memory bandwidth and tensor
+    /// throughput, [`CostModel::gpu`]), or for the CPU when `gpu` is `None`.
     ///
     /// ```
     /// use coil_ir::target::GpuTarget;

@@ -66,13 +66,17 @@ pub fn synchronize_all() -> Result<()> {
     first
 }
 
-/// The [`GpuTarget`] of a device, from its attributes.
+/// The [`GpuTarget`] of a device, from its attributes. The memory bus, memory clock and SM
+/// clock are optional: one the driver reports as zero or refuses (CUDA 13 dropped the clocks
+/// from `cudaDeviceProp`, and some parts report none) is taken from the generation's
+/// data-center part ([`GpuTarget::with_missing_clocks_filled`]).
 fn read_target(ctx: &CudaContext) -> Result<GpuTarget> {
     use sys::CUdevice_attribute as A;
     let read = |attribute: A| -> Result<usize> {
         let v = ctx.attribute(attribute).map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
         Ok(v.max(0) as usize)
     };
+    let optional = |attribute: A| ctx.attribute(attribute).map_or(0, |v| v.max(0) as u32);
     let (major, minor) = ctx.compute_capability().map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
     Ok(GpuTarget {
         compute_capability: (major as u32, minor as u32),
@@ -83,7 +87,11 @@ fn read_target(ctx: &CudaContext) -> Result<GpuTarget> {
         registers_per_sm: read(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32,
         max_threads_per_sm: read(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32,
         clusters: read(A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? != 0,
-    })
+        memory_bus_bits: optional(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
+        memory_clock_khz: optional(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+        sm_clock_khz: optional(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+    }
+    .with_missing_clocks_filled())
 }
 
 /// A driver error as a coil runtime error naming the call.

@@ -129,6 +129,21 @@ fn cache_keys_depend_on_source_arch_and_nvrtc() {
     assert_ne!(k, compiler::cache_key("src2", "sm_90", (13, 0)));
 }
 
+/// The bus, clocks and rates read from the device: positive everywhere, and on an H100 (SXM5
+/// 3.35 TB/s, PCIe 2.0, NVL 3.9) its bandwidth and tensor throughput.
+#[test]
+fn the_target_read_from_the_device_has_its_memory_and_clocks() {
+    let Some(dev) = gpu() else { return };
+    let target = dev.target();
+    let (bandwidth, flops) = (target.memory_bandwidth(), target.tensor_flop_rate());
+    println!("{}: {target:?}, {:.3} TB/s, {:.0} TFLOP/s", dev.name(), bandwidth / 1e12, flops / 1e12);
+    assert!(target.memory_bus_bits > 0 && target.memory_clock_khz > 0 && target.sm_clock_khz > 0, "{target:?}");
+    if dev.name().contains("H100") {
+        assert!((1.5e12..5e12).contains(&bandwidth), "{} reads {bandwidth} B/s", dev.name());
+        assert!((6e14..1.2e15).contains(&flops), "{} reads {flops} FLOP/s", dev.name());
+    }
+}
+
 // ---------------------------------------------------------------- memory
 
 #[test]
