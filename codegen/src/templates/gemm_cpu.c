@@ -114,6 +114,8 @@ typedef struct {
     const void *pa;           /* this batch's packed A (all of k) */
     const void *b;            /* this batch's B, read through the strides below */
     int64_t b_ns, b_ks, b_dtype;
+    const void *pb;           /* this batch's B packed whole (all of k), or NULL: the tiles pack
+                                 the B panels they read, a block at a time, into bws */
     void *bws;                /* room for nc packed B panels of kc */
     int64_t m, n, k;
     int64_t kc;               /* k per block, a multiple of the layout's group */
@@ -595,8 +597,8 @@ COIL_GEMM_MICRO(coil_gemm_micro_pairs, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uin
 #endif
 
 /* The tiles [i0, i1) x [j0, j1): for each block of nc B panels and each block of kc, the B
-   block is packed into bws; blocks of mc A panels then pass it, each A panel meeting every B
-   panel of the block while both stay in L2. */
+   block is packed into bws (or taken from pb, packed before); blocks of mc A panels then pass
+   it, each A panel meeting every B panel of the block while both stay in L2. */
 void coil_gemm_compute(char *const *args, int64_t *status)
 {
     const coil_gemm_compute_args *c = (const coil_gemm_compute_args *)args[0];
@@ -621,7 +623,7 @@ void coil_gemm_compute(char *const *args, int64_t *status)
             const int64_t k_in = c->k - k0 < kb ? c->k - k0 : kb;
             coil_gemm_pack_args pack = {(const char *)c->b + k0 * c->b_ks * b_size, c->b_ns, c->b_ks, c->n, k_in,
                                         pairs ? COIL_GEMM_DT_BF16 : c->b_dtype, c->layout, nr, jb, je, c->bws};
-            if (kb > 0) {
+            if (kb > 0 && !c->pb) {
                 char *pack_args[1] = {(char *)&pack};
                 coil_gemm_pack(pack_args, status);
             }
@@ -631,13 +633,15 @@ void coil_gemm_compute(char *const *args, int64_t *status)
 #if defined(COIL_GEMM_HAVE_BF16)
                     if (pairs) {
                         const uint16_t *a = (const uint16_t *)c->pa + i * mr * kp + k0 * mr;
-                        const uint16_t *b = (const uint16_t *)c->bws + (j - jb) * nr * kb;
+                        const uint16_t *b = c->pb ? (const uint16_t *)c->pb + j * nr * kp + k0 * nr
+                                                  : (const uint16_t *)c->bws + (j - jb) * nr * kb;
                         coil_gemm_micro_pairs(c, a, b, kb / 2, i * mr, j * nr, first, last);
                         continue;
                     }
 #endif
                     const float *a = (const float *)c->pa + i * mr * kp + k0 * mr;
-                    const float *b = (const float *)c->bws + (j - jb) * nr * kb;
+                    const float *b = c->pb ? (const float *)c->pb + j * nr * kp + k0 * nr
+                                           : (const float *)c->bws + (j - jb) * nr * kb;
                     coil_gemm_micro_f32(c, a, b, kb, i * mr, j * nr, first, last);
                 }
             }

@@ -237,6 +237,9 @@ pub struct ComputeArgs {
     pub b_ks: i64,
     /// [`dtype_code`] of `b`.
     pub b_dtype: i64,
+    /// B packed whole in panels of NR columns, all of k (as A is packed), or null: the tiles
+    /// then pack the B panels they read, a block of `kc` at a time, into `bws`.
+    pub pb: *const c_void,
     /// Room for `nc` packed B panels of `kc` ([`Blocking::workspace_words`]), 64-byte aligned.
     pub bws: *mut c_void,
     /// Rows of the product.

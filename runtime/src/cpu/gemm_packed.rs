@@ -3,29 +3,34 @@
 //! the rayon pool the generated kernels use. A second build capped at AVX2 ([`IsaCap::Avx2`],
 //! `GemmEngine::PackedAvx2`) runs, on a machine with AVX-512, the kernels a CPU without it gets.
 //!
-//! One product (all its batches) runs in two parallel steps:
+//! One product (all its batches) is one run of [`jobs`] (the calling thread and the pool's
+//! others take jobs in order from a shared counter, so a product starts at once and a late
+//! thread only joins it), in two steps:
 //!
 //! 1. every distinct A matrix (a batch-broadcast A is packed once) is packed, in chunks of
-//!    panels;
-//! 2. tasks of output tiles run: a grid over batches, then B panels, then A panels (splitting
-//!    B's columns first, since a task packs the B panels it reads and tasks of the same columns
-//!    would pack them again). Each task packs its B panels a block at a time into a workspace
-//!    of its thread.
+//!    panels; B too when A's panels are split among tasks (few B panels: each part would pack
+//!    them again);
+//! 2. tasks of output tiles run (each waits for the packing jobs, which were all taken before
+//!    it): runs of one batch's B panels against all its A panels (or a part of them), each run
+//!    the panels left over twice the threads, so that the last tasks are single panels and the
+//!    threads end together however late one started. A task packs its B panels (unless B was
+//!    packed whole) a block at a time into a workspace of its thread.
 //!
 //! Packed A, the f32 partial sums (only when k is split into blocks) and the workspaces are
 //! reused from call to call, so a product does not fault fresh pages in.
 
 use super::compiler::{c_compiler, default_cache_dir};
 use super::gemm::BmmSpec;
+use super::jobs;
 use super::module::{self, Kernel};
 use coil_codegen::templates::gemm_cpu::{self as template, Blocking, ComputeArgs, IsaCap, Layout, PackArgs};
 use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
-use rayon::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -246,20 +251,10 @@ fn run(
         (0..ldo).map(|j| element_f32(dtype, bias, at(j))).collect::<Vec<f32>>()
     });
 
-    // The distinct A matrices (one for a batch-broadcast A) and which each batch reads.
-    let mut distinct: HashMap<usize, usize> = HashMap::new();
-    let mut a_offsets = Vec::new();
-    let a_index: Vec<usize> = batches
-        .iter()
-        .map(|&(ao, _)| {
-            *distinct.entry(ao).or_insert_with(|| {
-                a_offsets.push(ao);
-                a_offsets.len() - 1
-            })
-        })
-        .collect();
-    let a_words = layout.packed_words(m, k, mr);
-    let mut packed_a = Pooled::take(a_words * a_offsets.len());
+    // The distinct A and B matrices (one for a batch-broadcast operand) and which each batch
+    // reads.
+    let (a_offsets, a_index) = distinct(batches.iter().map(|&(ao, _)| ao));
+    let (b_offsets, b_index) = distinct(batches.iter().map(|&(_, bo)| bo));
     let k_blocks = blocking.k_blocks(layout, k);
     let ldacc = np * nr;
     let acc_words = if k_blocks > 1 { mp * mr * ldacc } else { 0 };
@@ -269,47 +264,69 @@ fn run(
     let flops = batches.len() * m * n * k;
     let parallel = threads > 1 && flops >= PARALLEL_FLOPS;
     let want = if parallel { (threads * TASKS_PER_THREAD).min(flops / TASK_FLOPS).max(threads) } else { 1 };
+    let tm = a_parts(batches.len(), mp, np, want);
+    // With A's panels split among tasks, B is packed whole before the tiles (else each part
+    // would pack B's panels again).
+    let prepack_b = tm > 1 && k > 0;
+    let a_words = layout.packed_words(m, k, mr);
+    let b_words = if prepack_b { layout.packed_words(n, k, nr) } else { 0 };
+    let mut packed_a = Pooled::take(a_words * a_offsets.len());
+    let mut packed_b = Pooled::take(b_words * b_offsets.len());
 
     // Addresses as integers, so that the closures run on the pool (the buffers outlive them).
     let (a_base, b_base, out_base) = (a.as_ptr() as usize, b.as_ptr() as usize, out.as_mut_ptr() as usize);
-    let (pa_base, acc_base) = (packed_a.ptr() as usize, acc.ptr() as usize);
+    let (pa_base, pb_base, acc_base) = (packed_a.ptr() as usize, packed_b.ptr() as usize, acc.ptr() as usize);
     let bias_base = bias_row.as_ref().map_or(0, |r| r.as_ptr() as usize);
     let groups = k.div_ceil(layout.group());
 
-    // 1. Pack A.
-    if k > 0 {
-        let chunks = mp.min(want.div_ceil(a_offsets.len())).max(1);
-        let jobs: Vec<(usize, usize, usize)> = (0..a_offsets.len())
-            .flat_map(|u| (0..chunks).map(move |c| (u, mp * c / chunks, mp * (c + 1) / chunks)))
-            .filter(|&(_, lo, hi)| lo < hi)
-            .collect();
-        let pack = |&(u, lo, hi): &(usize, usize, usize)| {
-            let args = PackArgs {
-                src: (a_base + a_offsets[u] * size) as *const c_void,
-                rs: spec.a.row_stride as i64,
-                ks: spec.a.col_stride as i64,
-                rows: m as i64,
-                k: k as i64,
-                dtype: code,
-                layout: layout.code(),
-                panel: mr as i64,
-                lo: lo as i64,
-                hi: hi as i64,
-                dst: (pa_base + (u * a_words + lo * mr * groups) * 4) as *mut c_void,
-            };
-            // SAFETY: `check` proved every element of A's view inside `a`; panels [lo, hi) of
-            // matrix u lie inside `packed_a`, and no other job writes them.
-            unsafe { lib.pack.call(&[&args as *const PackArgs as *mut u8], &mut [0; 4]) };
-        };
-        if parallel && jobs.len() > 1 && a_words * a_offsets.len() * 4 > SERIAL_PACK_BYTES {
-            jobs.par_iter().with_max_len(1).for_each(pack);
-        } else {
-            jobs.iter().for_each(pack);
+    // 1. Packing: every distinct A (and B, when packed whole), in chunks of panels when there
+    // is enough of it to share.
+    let operands = [
+        Packing { src: a_base, offsets: &a_offsets, rs: spec.a.row_stride, ks: spec.a.col_stride, rows: m, panel: mr },
+        Packing { src: b_base, offsets: &b_offsets, rs: spec.b.col_stride, ks: spec.b.row_stride, rows: n, panel: nr },
+    ];
+    let dsts = [(pa_base, a_words), (pb_base, b_words)];
+    let pack_bytes = (a_words * a_offsets.len() + b_words * b_offsets.len()) * 4;
+    let share = parallel && pack_bytes > SERIAL_PACK_BYTES;
+    let mut pack_jobs: Vec<PackJob> = Vec::new();
+    for (operand, packing) in operands.iter().enumerate().take(if prepack_b { 2 } else { 1 }) {
+        if k == 0 {
+            break;
+        }
+        let panels = packing.rows.div_ceil(packing.panel);
+        let chunks = if share { panels.min(want.div_ceil(packing.offsets.len())).max(1) } else { 1 };
+        for matrix in 0..packing.offsets.len() {
+            for c in 0..chunks {
+                let (lo, hi) = (panels * c / chunks, panels * (c + 1) / chunks);
+                if lo < hi {
+                    pack_jobs.push(PackJob { operand, matrix, lo, hi });
+                }
+            }
         }
     }
+    let pack = |job: &PackJob| {
+        let packing = &operands[job.operand];
+        let (dst, words) = dsts[job.operand];
+        let args = PackArgs {
+            src: (packing.src + packing.offsets[job.matrix] * size) as *const c_void,
+            rs: packing.rs as i64,
+            ks: packing.ks as i64,
+            rows: packing.rows as i64,
+            k: k as i64,
+            dtype: code,
+            layout: layout.code(),
+            panel: packing.panel as i64,
+            lo: job.lo as i64,
+            hi: job.hi as i64,
+            dst: (dst + (job.matrix * words + job.lo * packing.panel * groups) * 4) as *mut c_void,
+        };
+        // SAFETY: `check` proved every element of the operand's view inside its buffer; panels
+        // [lo, hi) of this matrix lie inside its packed buffer, and no other job writes them.
+        unsafe { lib.pack.call(&[&args as *const PackArgs as *mut u8], &mut [0; 4]) };
+    };
 
     // 2. The tiles.
-    let tasks = tile_tasks(batches.len(), mp, np, want);
+    let tasks = tile_tasks(batches.len(), mp, np, tm, if parallel { threads } else { 0 });
     let workspace_lines = lines_for(blocking.workspace_words(layout));
     let (act, out_stride) = (activation_code(spec.activation), m * n * out_dtype.size_bytes());
     let compute = |task: &Task| {
@@ -324,6 +341,11 @@ fn run(
                 b_ns: spec.b.col_stride as i64,
                 b_ks: spec.b.row_stride as i64,
                 b_dtype: code,
+                pb: if prepack_b {
+                    (pb_base + b_index[task.batch] * b_words * 4) as *const c_void
+                } else {
+                    std::ptr::null()
+                },
                 bws: ws.as_mut_ptr() as *mut c_void,
                 m: m as i64,
                 n: n as i64,
@@ -354,38 +376,91 @@ fn run(
             unsafe { lib.compute.call(&[&args as *const ComputeArgs as *mut u8], &mut [0; 4]) };
         })
     };
-    if parallel && tasks.len() > 1 {
-        tasks.par_iter().with_max_len(1).for_each(compute);
-    } else {
-        tasks.iter().for_each(compute);
-    }
-    drop(packed_a);
-    drop(acc);
+    // One run of jobs: the packing first, then the tiles (jobs are taken in order, so a tile
+    // waits only for packing jobs already running).
+    let packed = AtomicUsize::new(0);
+    let job = |i: usize| {
+        if let Some(p) = pack_jobs.get(i) {
+            pack(p);
+            packed.fetch_add(1, Ordering::Release);
+            return;
+        }
+        while packed.load(Ordering::Acquire) < pack_jobs.len() {
+            std::hint::spin_loop();
+        }
+        compute(&tasks[i - pack_jobs.len()]);
+    };
+    jobs::run(pack_jobs.len() + tasks.len(), if parallel { jobs::helpers() } else { 0 }, &job);
+    drop((packed_a, packed_b, acc));
     Ok(())
 }
 
-/// About `want` tasks covering `batches` grids of `mp x np` tiles (A panels by B panels), each
-/// tile once: whole batches when there are enough of them, else each batch split along B's
-/// panels first (a task packs the B panels it reads, so splitting A's would pack them twice),
-/// then along A's.
-fn tile_tasks(batches: usize, mp: usize, np: usize, want: usize) -> Vec<Task> {
-    let per_batch = want.div_ceil(batches).max(1);
-    let tn = np.min(per_batch).max(1);
-    let tm = mp.min(per_batch.div_ceil(tn)).max(1);
-    (0..batches)
-        .flat_map(|batch| {
-            (0..tm).flat_map(move |ti| {
-                (0..tn).map(move |tj| Task {
-                    batch,
-                    i0: mp * ti / tm,
-                    i1: mp * (ti + 1) / tm,
-                    j0: np * tj / tn,
-                    j1: np * (tj + 1) / tn,
-                })
+/// The distinct values of `offsets` in order of first appearance, and the index among them of
+/// each (the matrices of a batch-broadcast operand are packed once).
+fn distinct(offsets: impl Iterator<Item = usize>) -> (Vec<usize>, Vec<usize>) {
+    let mut seen: HashMap<usize, usize> = HashMap::new();
+    let mut values = Vec::new();
+    let index = offsets
+        .map(|o| {
+            *seen.entry(o).or_insert_with(|| {
+                values.push(o);
+                values.len() - 1
             })
         })
-        .filter(|t| t.i0 < t.i1 && t.j0 < t.j1)
-        .collect()
+        .collect();
+    (values, index)
+}
+
+/// How one operand is packed: its buffer's address, its distinct matrices' element offsets,
+/// element strides between rows and along k, rows, rows per panel.
+struct Packing<'a> {
+    src: usize,
+    offsets: &'a [usize],
+    rs: usize,
+    ks: usize,
+    rows: usize,
+    panel: usize,
+}
+
+/// Panels `[lo, hi)` of one matrix of one operand (0: A, 1: B).
+struct PackJob {
+    operand: usize,
+    matrix: usize,
+    lo: usize,
+    hi: usize,
+}
+
+/// Parts of A's panels of each batch's grid of `mp x np` tiles: 1 when the batches' B panels
+/// are enough to deal out about `want` tasks, else enough parts (at most `mp`) to make them so.
+fn a_parts(batches: usize, mp: usize, np: usize, want: usize) -> usize {
+    mp.min(want.div_ceil(batches * np)).max(1)
+}
+
+/// The tasks of `batches` grids of `mp x np` tiles (A panels by B panels), each tile once: each
+/// grid's A panels in `tm` parts, each part a line of `np` B panels, and each task a run of one
+/// line's B panels. On `threads` threads (0: one thread, and each line one task) runs shrink
+/// along the lines, each the panels left over twice the threads (guided self-scheduling): the
+/// threads take tasks as they come free, and the last tasks, which decide when the product
+/// ends, are single panels however late a thread started or however unevenly the panels divide.
+fn tile_tasks(batches: usize, mp: usize, np: usize, tm: usize, threads: usize) -> Vec<Task> {
+    let mut tasks = Vec::new();
+    let mut left = batches * tm * np;
+    for batch in 0..batches {
+        for ti in 0..tm {
+            let (i0, i1) = (mp * ti / tm, mp * (ti + 1) / tm);
+            let mut j0 = 0;
+            while j0 < np {
+                let run = if threads == 0 { np } else { left.div_ceil(2 * threads) };
+                let j1 = (j0 + run).min(np);
+                if i0 < i1 {
+                    tasks.push(Task { batch, i0, i1, j0, j1 });
+                }
+                left -= j1 - j0;
+                j0 = j1;
+            }
+        }
+    }
+    tasks
 }
 
 fn activation_code(act: Option<Activation>) -> i64 {

@@ -25,6 +25,7 @@ mod attention_block;
 pub mod compiler;
 pub mod gemm;
 pub mod gemm_packed;
+pub mod jobs;
 pub mod launch;
 pub mod module;
 pub mod scan;
