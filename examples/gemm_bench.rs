@@ -433,8 +433,8 @@ fn main() {
 }
 
 /// The table: per product the minimum and median over rounds of each column's wall time, the
-/// minimum CPU time and the GFLOP/s of the minimum, and the ratios of wall times; then the sum of
-/// each dtype's minima.
+/// minimum CPU time and the GFLOP/s of the minimum, and the ratios of wall times; then the sums
+/// of each set's (suite, eager) and dtype's minima and medians.
 fn print_table(
     products: &[Product],
     columns: &[Column],
@@ -511,12 +511,18 @@ fn print_table(
         }
         println!("{line}");
     }
-    // per dtype: the sum of the products' times (the eager set's shapes run one after another)
-    let mut dtypes: Vec<DType> = products.iter().map(|p| p.dtype).collect();
-    dtypes.dedup();
-    for dtype in dtypes {
-        let of = |i: &usize| products[*i].dtype == dtype;
-        let mut line = format!("{:<14} {:<5} {:>14} {:<7}", "sum", dtype.to_string(), "", "");
+    // per set and dtype: the sum of the products' times (eager_shapes runs its products one
+    // after another)
+    let set = |p: &Product| if p.name.starts_with("eager") { "eager" } else { "suite" };
+    let mut groups: Vec<(&str, DType)> = Vec::new();
+    for p in products {
+        if !groups.contains(&(set(p), p.dtype)) {
+            groups.push((set(p), p.dtype));
+        }
+    }
+    for (name, dtype) in groups {
+        let of = |i: &usize| set(&products[*i]) == name && products[*i].dtype == dtype;
+        let mut line = format!("{:<14} {:<5} {:>14} {:<7}", format!("sum {name}"), dtype.to_string(), "", "");
         line += " |";
         for c in columns {
             line += &cell((0..products.len()).filter(of).map(|i| c.min(i).wall).sum(), 1);

@@ -229,6 +229,12 @@ pub struct ComputeArgs {
     pub layout: i64,
     /// A packed in panels of MR rows, all of k.
     pub pa: *const c_void,
+    /// Or A read in place, or null: A's first element, when it is of the layout's element type
+    /// (f32, or bf16 for [`Layout::Bf16Pairs`] with an even k) with k contiguous. Its whole
+    /// panels are read here; a last panel of fewer than MR rows is read packed from `pa`.
+    pub a: *const c_void,
+    /// `a`'s element stride between rows.
+    pub a_rs: i64,
     /// B, read through element strides along n and along k.
     pub b: *const c_void,
     /// B's element stride along n.

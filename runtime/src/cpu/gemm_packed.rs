@@ -268,6 +268,15 @@ fn run(
     // With A's panels split among tasks, B is packed whole before the tiles (else each part
     // would pack B's panels again).
     let prepack_b = tm > 1 && k > 0;
+    // The micro-kernels read A's whole panels in place when its rows hold k contiguous elements
+    // of the layout's own type (pairs: an even k, so that no pair reaches past a row); only a
+    // last panel of fewer than MR rows is packed then.
+    let in_place_a = k > 0
+        && spec.a.col_stride == 1
+        && match layout {
+            Layout::Bf16Pairs => dtype == DType::BF16 && k % 2 == 0,
+            Layout::F32 | Layout::F32Avx2 => dtype == DType::F32,
+        };
     let a_words = layout.packed_words(m, k, mr);
     let b_words = if prepack_b { layout.packed_words(n, k, nr) } else { 0 };
     let mut packed_a = Pooled::take(a_words * a_offsets.len());
@@ -286,7 +295,7 @@ fn run(
         Packing { src: b_base, offsets: &b_offsets, rs: spec.b.col_stride, ks: spec.b.row_stride, rows: n, panel: nr },
     ];
     let dsts = [(pa_base, a_words), (pb_base, b_words)];
-    let pack_bytes = (a_words * a_offsets.len() + b_words * b_offsets.len()) * 4;
+    let pack_bytes = (if in_place_a { 0 } else { a_words * a_offsets.len() } + b_words * b_offsets.len()) * 4;
     let share = parallel && pack_bytes > SERIAL_PACK_BYTES;
     let mut pack_jobs: Vec<PackJob> = Vec::new();
     for (operand, packing) in operands.iter().enumerate().take(if prepack_b { 2 } else { 1 }) {
@@ -294,6 +303,12 @@ fn run(
             break;
         }
         let panels = packing.rows.div_ceil(packing.panel);
+        if operand == 0 && in_place_a {
+            if m % mr != 0 {
+                pack_jobs.extend((0..a_offsets.len()).map(|matrix| PackJob { operand, matrix, lo: mp - 1, hi: mp }));
+            }
+            continue;
+        }
         let chunks = if share { panels.min(want.div_ceil(packing.offsets.len())).max(1) } else { 1 };
         for matrix in 0..packing.offsets.len() {
             for c in 0..chunks {
@@ -337,6 +352,12 @@ fn run(
             let args = ComputeArgs {
                 layout: layout.code(),
                 pa: (pa_base + a_index[task.batch] * a_words * 4) as *const c_void,
+                a: if in_place_a {
+                    (a_base + a_offsets[a_index[task.batch]] * size) as *const c_void
+                } else {
+                    std::ptr::null()
+                },
+                a_rs: spec.a.row_stride as i64,
                 b: (b_base + batches[task.batch].1 * size) as *const c_void,
                 b_ns: spec.b.col_stride as i64,
                 b_ks: spec.b.row_stride as i64,
