@@ -197,9 +197,11 @@ pub struct Operands<'a> {
 /// product may be written as f32, its sums never rounded to the half type). The caller checked
 /// `spec` against the buffers (`BmmSpec::check`).
 ///
-/// The larger operand goes to B, which tasks pack a block at a time as they read it (once,
-/// into L2), where A is packed whole before (read, written, then read again): with `m` at
-/// least twice `n` the template computes `b^T a^T` and stores its tiles transposed.
+/// Of the product's two orientations, `a @ b` and `(b^T a^T)^T` (the template then stores its
+/// tiles transposed), the one of least [`cost`] (and [`TRANSPOSED_TILE_MACS`]): the micro-kernels read A in place where they
+/// can ([`reads_in_place`]) and B is always packed, so a linear layer's larger operand (its
+/// weight `[n, k]` or its input `[m, k]`, both read in place as A) is the one not copied, unless
+/// the tiles' padding costs more.
 pub fn bmm(
     lib: &Library,
     layout: Layout,
@@ -208,16 +210,54 @@ pub fn bmm(
     ops: Operands,
     out: &mut [u8],
 ) -> Result<()> {
-    if spec.m < 2 * spec.n {
-        return run(lib, layout, spec, (dtype, out_dtype), ops, out, false);
-    }
     let flip = |op: &StridedOperand<usize>| StridedOperand {
         row_stride: op.col_stride,
         col_stride: op.row_stride,
         ..op.clone()
     };
-    let swapped = BmmSpec { a: flip(&spec.b), b: flip(&spec.a), m: spec.n, n: spec.m, ..spec.clone() };
+    let (a_flipped, b_flipped) = (flip(&spec.b), flip(&spec.a));
+    let in_place = |op: &StridedOperand<usize>| reads_in_place(layout, dtype, spec.k, op);
+    let ((m, n, k), (mr, nr)) = ((spec.m, spec.n, spec.k), layout.tile());
+    let swapped_cost =
+        cost(layout, (n, m, k), in_place(&a_flipped)) + TRANSPOSED_TILE_MACS * n.div_ceil(mr) * m.div_ceil(nr);
+    if cost(layout, (m, n, k), in_place(&spec.a)) <= swapped_cost {
+        return run(lib, layout, spec, (dtype, out_dtype), ops, out, false);
+    }
+    let swapped = BmmSpec { a: a_flipped, b: b_flipped, m: n, n: m, ..spec.clone() };
     run(lib, layout, &swapped, (dtype, out_dtype), Operands { a: ops.b, b: ops.a, ..ops }, out, true)
+}
+
+/// Multiply-adds one packed element of B costs (about: packing 3.3 M elements of a bf16 weight
+/// took 5% of the 1.4 G multiply-adds of its product, `gemm_bench` on one thread).
+const PACK_B_MACS: usize = 20;
+
+/// Multiply-adds one packed element of A costs: packed whole first, it is read, written and
+/// read again.
+const PACK_A_MACS: usize = 40;
+
+/// Multiply-adds a tile stored transposed costs more than one stored as it is (its vectors
+/// transposed in registers, its rows stored in parts): 224 x 192 x 192 in bf16 ran 4% faster
+/// as it is, 224 x 192 x 576 4% faster transposed (which packs 224 x 192 instead of 576 x 192).
+const TRANSPOSED_TILE_MACS: usize = 2048;
+
+/// The estimated cost of an `m x n x k` product in multiply-adds: whole tiles (a part tile
+/// costs a whole one), B's packing, and A's unless it is read in place.
+fn cost(layout: Layout, (m, n, k): (usize, usize, usize), in_place_a: bool) -> usize {
+    let (mr, nr) = layout.tile();
+    let tiles = m.div_ceil(mr) * mr * n.div_ceil(nr) * nr * k;
+    tiles + PACK_B_MACS * n * k + if in_place_a { 0 } else { PACK_A_MACS * m * k }
+}
+
+/// Whether the micro-kernels read `a` (the left operand of a product over `k`) in place: its
+/// rows hold k contiguous elements of the layout's own type (with pairs, an even k, so that no
+/// pair reaches past a row). Only a last panel of fewer than MR rows is packed then.
+fn reads_in_place(layout: Layout, dtype: DType, k: usize, a: &StridedOperand<usize>) -> bool {
+    k > 0
+        && a.col_stride == 1
+        && match layout {
+            Layout::Bf16Pairs => dtype == DType::BF16 && k % 2 == 0,
+            Layout::F32 | Layout::F32Avx2 => dtype == DType::F32,
+        }
 }
 
 /// [`bmm`] in one orientation: with `transposed`, `out` is the `n x m` transpose of the
@@ -268,15 +308,7 @@ fn run(
     // With A's panels split among tasks, B is packed whole before the tiles (else each part
     // would pack B's panels again).
     let prepack_b = tm > 1 && k > 0;
-    // The micro-kernels read A's whole panels in place when its rows hold k contiguous elements
-    // of the layout's own type (pairs: an even k, so that no pair reaches past a row); only a
-    // last panel of fewer than MR rows is packed then.
-    let in_place_a = k > 0
-        && spec.a.col_stride == 1
-        && match layout {
-            Layout::Bf16Pairs => dtype == DType::BF16 && k % 2 == 0,
-            Layout::F32 | Layout::F32Avx2 => dtype == DType::F32,
-        };
+    let in_place_a = reads_in_place(layout, dtype, k, &spec.a);
     let a_words = layout.packed_words(m, k, mr);
     let b_words = if prepack_b { layout.packed_words(n, k, nr) } else { 0 };
     let mut packed_a = Pooled::take(a_words * a_offsets.len());
