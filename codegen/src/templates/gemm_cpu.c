@@ -111,7 +111,8 @@ typedef struct {
 
 typedef struct {
     int64_t layout;
-    const void *pa;           /* this batch's packed A (all of k) */
+    const void *pa;           /* this batch's packed A (all of k), from panel pa_first on */
+    int64_t pa_first;
     const void *a;            /* or this batch's A read in place (the layout's element type, k
                                  contiguous, rows a_rs elements apart; even k for pairs), all but
                                  a last part panel (packed in pa); NULL: every panel is packed */
@@ -652,7 +653,7 @@ void coil_gemm_compute(char *const *args, int64_t *status)
                             coil_gemm_micro_pairs_direct(c, a, c->a_rs, b, kb / 2, i * mr, j * nr, first, last);
                             continue;
                         }
-                        const uint16_t *a = (const uint16_t *)c->pa + i * mr * kp + k0 * mr;
+                        const uint16_t *a = (const uint16_t *)c->pa + (i - c->pa_first) * mr * kp + k0 * mr;
                         const uint16_t *b = c->pb ? (const uint16_t *)c->pb + j * nr * kp + k0 * nr
                                                   : (const uint16_t *)c->bws + (j - jb) * nr * kb;
                         coil_gemm_micro_pairs(c, a, 0, b, kb / 2, i * mr, j * nr, first, last);
@@ -666,7 +667,7 @@ void coil_gemm_compute(char *const *args, int64_t *status)
                         coil_gemm_micro_f32_direct(c, a, c->a_rs, b, kb, i * mr, j * nr, first, last);
                         continue;
                     }
-                    const float *a = (const float *)c->pa + i * mr * kp + k0 * mr;
+                    const float *a = (const float *)c->pa + (i - c->pa_first) * mr * kp + k0 * mr;
                     coil_gemm_micro_f32(c, a, 0, b, kb, i * mr, j * nr, first, last);
                 }
             }

@@ -227,8 +227,10 @@ pub struct PackArgs {
 pub struct ComputeArgs {
     /// [`Layout::code`].
     pub layout: i64,
-    /// A packed in panels of MR rows, all of k.
+    /// A packed in panels of MR rows, all of k, from panel `pa_first` on.
     pub pa: *const c_void,
+    /// The first panel in `pa` (with `a`, the last one, a part panel; else 0).
+    pub pa_first: i64,
     /// Or A read in place, or null: A's first element, when it is of the layout's element type
     /// (f32, or bf16 for [`Layout::Bf16Pairs`] with an even k) with k contiguous. Its whole
     /// panels are read here; a last panel of fewer than MR rows is read packed from `pa`.

@@ -1,6 +1,6 @@
 //! The packed matrix product: the `gemm_cpu` template ([`coil_codegen::templates::gemm_cpu`]),
-//! compiled once per process by the system C compiler (through the kernel cache) and run on
-//! the rayon pool the generated kernels use. A second build capped at AVX2 ([`IsaCap::Avx2`],
+//! built with the crate ([`prebuilt`]) or compiled once per process by the system C compiler
+//! (through the kernel cache), and run on the rayon pool the generated kernels use. A second build capped at AVX2 ([`IsaCap::Avx2`],
 //! `GemmEngine::PackedAvx2`) runs, on a machine with AVX-512, the kernels a CPU without it gets.
 //!
 //! One product (all its batches) is one run of [`jobs`] (the calling thread and the pool's
@@ -16,13 +16,14 @@
 //!    threads end together however late one started. A task packs its B panels (unless B was
 //!    packed whole) a block at a time into a workspace of its thread.
 //!
-//! Packed A, the f32 partial sums (only when k is split into blocks) and the workspaces are
-//! reused from call to call, so a product does not fault fresh pages in.
+//! Packed A and B, the f32 partial sums (only when k is split into blocks) and the workspaces
+//! are reused from call to call, so a product does not fault fresh pages in.
 
 use super::compiler::{c_compiler, default_cache_dir};
 use super::gemm::BmmSpec;
 use super::jobs;
 use super::module::{self, Kernel};
+use super::prebuilt;
 use coil_codegen::templates::gemm_cpu::{self as template, Blocking, ComputeArgs, IsaCap, Layout, PackArgs};
 use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
@@ -57,9 +58,10 @@ pub struct Library {
 }
 
 impl Library {
-    /// The process's library built with at most `cap`'s instructions: compiled (or taken from
-    /// the cache) on first use. `None` without a C compiler or when it fails (said once on
-    /// stderr).
+    /// The process's library built with at most `cap`'s instructions: the one built with the
+    /// crate where it serves this machine ([`prebuilt`], native builds only), else compiled (or
+    /// taken from the cache) on first use. `None` without either, or when the compiler fails
+    /// (said once on stderr).
     pub fn get(cap: IsaCap) -> Option<&'static Library> {
         static NATIVE: OnceLock<Option<Library>> = OnceLock::new();
         static AVX2: OnceLock<Option<Library>> = OnceLock::new();
@@ -69,10 +71,15 @@ impl Library {
         };
         library
             .get_or_init(|| {
-                let cc = c_compiler()?;
                 let names = [template::FEATURES_KERNEL, template::PACK_KERNEL, template::COMPUTE_KERNEL];
-                let loaded = module::load_or_build(cc, &template::source(cap), &default_cache_dir(), &names)
-                    .and_then(|(lib, _)| Ok((lib.kernel(names[0])?, lib.kernel(names[1])?, lib.kernel(names[2])?)));
+                let (source, cache_dir) = (template::source(cap), default_cache_dir());
+                let prebuilt = (cap == IsaCap::Native).then(|| prebuilt::load(&source, &cache_dir)).flatten();
+                let library = match prebuilt {
+                    Some(lib) => Ok(lib),
+                    None => module::load_or_build(c_compiler()?, &source, &cache_dir, &names).map(|(lib, _)| lib),
+                };
+                let loaded =
+                    library.and_then(|lib| Ok((lib.kernel(names[0])?, lib.kernel(names[1])?, lib.kernel(names[2])?)));
                 let (features_kernel, pack, compute) =
                     loaded.inspect_err(|e| eprintln!("coil: matrix products use the gemm crate: {e}")).ok()?;
                 let mut features = 0i64;
@@ -107,18 +114,24 @@ pub fn skinny(m: usize, n: usize) -> bool {
     m < SKINNY || n < SKINNY
 }
 
-/// 64 bytes, the unit of the reused buffers (packed panels are read with aligned loads' speed).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u32; 16]);
+/// 16 bytes: reused buffers are vectors of these, allocated zeroed (`calloc`: fresh pages are
+/// not written first) with room to start at a 64-byte boundary (packed panels are read with
+/// aligned loads' speed).
+type Chunk = [u32; 4];
 
-/// `words` 32-bit words of 64-byte aligned memory, zeroed when first allocated.
-fn lines_for(words: usize) -> usize {
-    words.div_ceil(16)
+/// Chunks of a buffer of `words` 32-bit words from a 64-byte boundary, rounded up to a power of
+/// two so that products of growing sizes (eager code on new shapes) reuse a buffer for a while
+/// rather than each faulting a new one in.
+fn chunks_for(words: usize) -> usize {
+    if words == 0 {
+        0
+    } else {
+        (words.div_ceil(4) + 3).next_power_of_two()
+    }
 }
 
 /// Buffers returned by finished products, for the next ones.
-static POOL: Mutex<Vec<Vec<Line>>> = Mutex::new(Vec::new());
+static POOL: Mutex<Vec<Vec<Chunk>>> = Mutex::new(Vec::new());
 
 /// Most buffers [`POOL`] keeps.
 const POOL_BUFFERS: usize = 4;
@@ -127,25 +140,35 @@ const POOL_BUFFERS: usize = 4;
 const POOL_BYTES: usize = 256 << 20;
 
 /// A buffer from [`POOL`] (the smallest that fits, else a new one), given back on drop.
-struct Pooled(Vec<Line>);
+struct Pooled(Vec<Chunk>);
 
 impl Pooled {
     fn take(words: usize) -> Pooled {
-        let lines = lines_for(words);
-        if lines == 0 {
+        let chunks = chunks_for(words);
+        if chunks == 0 {
             return Pooled(Vec::new());
         }
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-        let best = (0..pool.len()).filter(|&i| pool[i].len() >= lines).min_by_key(|&i| pool[i].len());
+        let best = (0..pool.len()).filter(|&i| pool[i].len() >= chunks).min_by_key(|&i| pool[i].len());
         match best {
             Some(i) => Pooled(pool.swap_remove(i)),
-            None => Pooled(vec![Line([0; 16]); lines]),
+            None => Pooled(vec![[0; 4]; chunks]),
         }
     }
 
+    /// The buffer's first 64-byte boundary.
     fn ptr(&mut self) -> *mut u32 {
-        self.0.as_mut_ptr() as *mut u32
+        aligned(&mut self.0)
     }
+}
+
+/// The first 64-byte boundary of `buffer` (at most 48 bytes in: [`chunks_for`] leaves room);
+/// an empty buffer's dangling pointer, which nothing reads.
+fn aligned(buffer: &mut [Chunk]) -> *mut u32 {
+    let base = buffer.as_mut_ptr();
+    let offset = base.align_offset(64).min(buffer.len());
+    // SAFETY: within the buffer (or one past its end, when empty).
+    unsafe { base.add(offset) as *mut u32 }
 }
 
 impl Drop for Pooled {
@@ -155,7 +178,7 @@ impl Drop for Pooled {
         }
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         pool.push(std::mem::take(&mut self.0));
-        let bytes = |pool: &Vec<Vec<Line>>| pool.iter().map(|b| b.len() * 64).sum::<usize>();
+        let bytes = |pool: &Vec<Vec<Chunk>>| pool.iter().map(|b| b.len() * 16).sum::<usize>();
         while pool.len() > POOL_BUFFERS || bytes(&pool) > POOL_BYTES {
             // over the count, keep the largest (they serve every product the small ones do);
             // over the bytes, free the largest
@@ -168,7 +191,7 @@ impl Drop for Pooled {
 
 thread_local! {
     /// This thread's B workspace.
-    static WORKSPACE: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+    static WORKSPACE: RefCell<Vec<Chunk>> = const { RefCell::new(Vec::new()) };
 }
 
 /// One task's tiles: batch, A panels `[i0, i1)`, B panels `[j0, j1)`.
@@ -309,7 +332,13 @@ fn run(
     // would pack B's panels again).
     let prepack_b = tm > 1 && k > 0;
     let in_place_a = reads_in_place(layout, dtype, k, &spec.a);
-    let a_words = layout.packed_words(m, k, mr);
+    // read in place, A's packed panels are at most its last part panel
+    let a_first = if in_place_a { mp - 1 } else { 0 };
+    let a_words = match in_place_a {
+        true if m % mr != 0 => layout.packed_words(mr, k, mr),
+        true => 0,
+        false => layout.packed_words(m, k, mr),
+    };
     let b_words = if prepack_b { layout.packed_words(n, k, nr) } else { 0 };
     let mut packed_a = Pooled::take(a_words * a_offsets.len());
     let mut packed_b = Pooled::take(b_words * b_offsets.len());
@@ -326,7 +355,8 @@ fn run(
         Packing { src: a_base, offsets: &a_offsets, rs: spec.a.row_stride, ks: spec.a.col_stride, rows: m, panel: mr },
         Packing { src: b_base, offsets: &b_offsets, rs: spec.b.col_stride, ks: spec.b.row_stride, rows: n, panel: nr },
     ];
-    let dsts = [(pa_base, a_words), (pb_base, b_words)];
+    // where each operand's packed matrices lie: base, words per matrix, first panel
+    let dsts = [(pa_base, a_words, a_first), (pb_base, b_words, 0)];
     let pack_bytes = (if in_place_a { 0 } else { a_words * a_offsets.len() } + b_words * b_offsets.len()) * 4;
     let share = parallel && pack_bytes > SERIAL_PACK_BYTES;
     let mut pack_jobs: Vec<PackJob> = Vec::new();
@@ -353,7 +383,7 @@ fn run(
     }
     let pack = |job: &PackJob| {
         let packing = &operands[job.operand];
-        let (dst, words) = dsts[job.operand];
+        let (dst, words, first) = dsts[job.operand];
         let args = PackArgs {
             src: (packing.src + packing.offsets[job.matrix] * size) as *const c_void,
             rs: packing.rs as i64,
@@ -365,7 +395,7 @@ fn run(
             panel: packing.panel as i64,
             lo: job.lo as i64,
             hi: job.hi as i64,
-            dst: (dst + (job.matrix * words + job.lo * packing.panel * groups) * 4) as *mut c_void,
+            dst: (dst + (job.matrix * words + (job.lo - first) * packing.panel * groups) * 4) as *mut c_void,
         };
         // SAFETY: `check` proved every element of the operand's view inside its buffer; panels
         // [lo, hi) of this matrix lie inside its packed buffer, and no other job writes them.
@@ -374,16 +404,17 @@ fn run(
 
     // 2. The tiles.
     let tasks = tile_tasks(batches.len(), mp, np, tm, if parallel { threads } else { 0 });
-    let workspace_lines = lines_for(blocking.workspace_words(layout));
+    let workspace_chunks = chunks_for(blocking.workspace_words(layout));
     let (act, out_stride) = (activation_code(spec.activation), m * n * out_dtype.size_bytes());
     let compute = |task: &Task| {
         WORKSPACE.with_borrow_mut(|ws| {
-            if ws.len() < workspace_lines {
-                *ws = vec![Line([0; 16]); workspace_lines];
+            if ws.len() < workspace_chunks {
+                *ws = vec![[0; 4]; workspace_chunks];
             }
             let args = ComputeArgs {
                 layout: layout.code(),
                 pa: (pa_base + a_index[task.batch] * a_words * 4) as *const c_void,
+                pa_first: a_first as i64,
                 a: if in_place_a {
                     (a_base + a_offsets[a_index[task.batch]] * size) as *const c_void
                 } else {
@@ -399,7 +430,7 @@ fn run(
                 } else {
                     std::ptr::null()
                 },
-                bws: ws.as_mut_ptr() as *mut c_void,
+                bws: aligned(ws) as *mut c_void,
                 m: m as i64,
                 n: n as i64,
                 k: k as i64,

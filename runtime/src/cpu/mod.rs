@@ -28,6 +28,8 @@ pub mod gemm_packed;
 pub mod jobs;
 pub mod launch;
 pub mod module;
+pub mod native;
+pub mod prebuilt;
 pub mod scan;
 pub mod sort;
 #[cfg(test)]
