@@ -16,15 +16,17 @@
  * NR for B), zero-padded to whole panels and whole k groups:
  *   layouts F32, F32_AVX2: panel[k][P]          floats (f16 and bf16 widened exactly)
  *   layout BF16_PAIRS:     panel[k / 2][P][2]   bf16 bits, the pairs `vdpbf16ps` multiplies
- * so the micro-kernel reads both operands with unit stride, whatever their strides were.
+ * so the micro-kernel reads both operands with unit stride, whatever their strides were. An A
+ * whose rows hold k contiguous words of the layout already is read in place instead, MR rows
+ * at a time (a last part panel is packed).
  *
  * A tile (MR rows x NR columns) accumulates in registers over a block of k in f32 and, after
  * the last block, gets the bias and the activation and is rounded once to the output type
  * (PyTorch's bf16 product: f32 accumulation, one rounding), from the registers (the activation
  * passes through the tile in memory: it is the prelude's scalar function, vectorized). When k
  * has several blocks the partial sums wait in an f32 scratch of whole tiles. An output may be
- * the product's transpose (the runtime multiplies b^T a^T to make the larger operand B): each
- * VW columns of a tile are then transposed in registers and stored as rows. */
+ * the product's transpose (the runtime multiplies b^T a^T when that packs less): each VW
+ * columns of a tile are then transposed in registers and stored as rows. */
 #include <immintrin.h>
 
 #define COIL_GEMM_LAYOUT_F32 0

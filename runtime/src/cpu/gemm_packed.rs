@@ -221,10 +221,15 @@ pub struct Operands<'a> {
 /// `spec` against the buffers (`BmmSpec::check`).
 ///
 /// Of the product's two orientations, `a @ b` and `(b^T a^T)^T` (the template then stores its
-/// tiles transposed), the one of least [`cost`] (and [`TRANSPOSED_TILE_MACS`]): the micro-kernels read A in place where they
-/// can ([`reads_in_place`]) and B is always packed, so a linear layer's larger operand (its
-/// weight `[n, k]` or its input `[m, k]`, both read in place as A) is the one not copied, unless
-/// the tiles' padding costs more.
+/// tiles transposed), the one whose A the micro-kernels read in place ([`reads_in_place`])
+/// where only one does; else (both or neither) the one whose B is the larger operand, unless
+/// `n` is less than half of `m` (`b^T a^T` then): B is packed a block at a time as tasks read
+/// it (once, into L2), tasks split B's panels among them, and a small B would leave too few
+/// panels to split (so that A's are split and B packed whole first, a step of one thread).
+///
+/// Measured on 2 threads (`gemm_bench`, bf16 `[m, k] @ [n, k]^T`): making a linear layer's
+/// larger operand A, read in place, and its input B, packed, ran 3-4% faster on one thread but
+/// 2-4% slower at 410 x 896 x 3648 and 14% slower at 224 x 192 x 576 on two.
 pub fn bmm(
     lib: &Library,
     layout: Layout,
@@ -240,35 +245,16 @@ pub fn bmm(
     };
     let (a_flipped, b_flipped) = (flip(&spec.b), flip(&spec.a));
     let in_place = |op: &StridedOperand<usize>| reads_in_place(layout, dtype, spec.k, op);
-    let ((m, n, k), (mr, nr)) = ((spec.m, spec.n, spec.k), layout.tile());
-    let swapped_cost =
-        cost(layout, (n, m, k), in_place(&a_flipped)) + TRANSPOSED_TILE_MACS * n.div_ceil(mr) * m.div_ceil(nr);
-    if cost(layout, (m, n, k), in_place(&spec.a)) <= swapped_cost {
+    let swap = match (in_place(&spec.a), in_place(&a_flipped)) {
+        (true, false) => false,
+        (false, true) => true,
+        _ => spec.m >= 2 * spec.n,
+    };
+    if !swap {
         return run(lib, layout, spec, (dtype, out_dtype), ops, out, false);
     }
-    let swapped = BmmSpec { a: a_flipped, b: b_flipped, m: n, n: m, ..spec.clone() };
+    let swapped = BmmSpec { a: a_flipped, b: b_flipped, m: spec.n, n: spec.m, ..spec.clone() };
     run(lib, layout, &swapped, (dtype, out_dtype), Operands { a: ops.b, b: ops.a, ..ops }, out, true)
-}
-
-/// Multiply-adds one packed element of B costs (about: packing 3.3 M elements of a bf16 weight
-/// took 5% of the 1.4 G multiply-adds of its product, `gemm_bench` on one thread).
-const PACK_B_MACS: usize = 20;
-
-/// Multiply-adds one packed element of A costs: packed whole first, it is read, written and
-/// read again.
-const PACK_A_MACS: usize = 40;
-
-/// Multiply-adds a tile stored transposed costs more than one stored as it is (its vectors
-/// transposed in registers, its rows stored in parts): 224 x 192 x 192 in bf16 ran 4% faster
-/// as it is, 224 x 192 x 576 4% faster transposed (which packs 224 x 192 instead of 576 x 192).
-const TRANSPOSED_TILE_MACS: usize = 2048;
-
-/// The estimated cost of an `m x n x k` product in multiply-adds: whole tiles (a part tile
-/// costs a whole one), B's packing, and A's unless it is read in place.
-fn cost(layout: Layout, (m, n, k): (usize, usize, usize), in_place_a: bool) -> usize {
-    let (mr, nr) = layout.tile();
-    let tiles = m.div_ceil(mr) * mr * n.div_ceil(nr) * nr * k;
-    tiles + PACK_B_MACS * n * k + if in_place_a { 0 } else { PACK_A_MACS * m * k }
 }
 
 /// Whether the micro-kernels read `a` (the left operand of a product over `k`) in place: its
