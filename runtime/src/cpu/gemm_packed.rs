@@ -264,7 +264,7 @@ fn reads_in_place(layout: Layout, dtype: DType, k: usize, a: &StridedOperand<usi
     k > 0
         && a.col_stride == 1
         && match layout {
-            Layout::Bf16Pairs => dtype == DType::BF16 && k % 2 == 0,
+            Layout::Bf16Pairs => dtype == DType::BF16 && k.is_multiple_of(2),
             Layout::F32 | Layout::F32Avx2 => dtype == DType::F32,
         }
 }
