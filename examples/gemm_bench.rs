@@ -6,6 +6,7 @@
 //! cargo run --release --example gemm_bench                       # all shapes, 3 rounds
 //! cargo run --release --example gemm_bench -- --rounds 5 --only mlp --reps 30
 //! cargo run --release --example gemm_bench -- --avx2 --torch-avx2 # as a CPU without AVX-512
+//! cargo run --release --example gemm_bench -- --set eager --no-crate # eager_shapes' products
 //! ```
 //!
 //! Each round times, per product, coil's packed engine (and with `--avx2` its AVX2 build),
@@ -14,12 +15,14 @@
 //! then the median of `--reps` wall-clock runs, and the mean CPU time of all the process's
 //! threads per run (on a machine other processes load, CPU time / threads is the steadier
 //! estimate of an idle machine's wall time; it also counts pool threads waiting busily). A
-//! column's figure is the minimum over rounds; interleaving rounds spreads other processes' load
-//! over the columns alike. coil's runs go straight to the product (`bmm_bytes_with` on the
+//! column's figures are the minimum and the median over rounds; interleaving rounds spreads other
+//! processes' load over the columns alike. coil's runs go straight to the product (`bmm_bytes_with` on the
 //! operands' bytes: no graph); PyTorch's are `F.linear(x, w, b)` (`nt`, with a bias where the
 //! workload has one), `a @ b` (`nn`) and `a.t() @ b` (`tn`), on operands of the same layouts.
 //! The bias + GELU rows time coil's fused epilogue beside PyTorch's `gelu(linear(...))`.
-//! Threads: all cores on both sides.
+//! Threads: all cores on both sides (`torch.set_num_threads`). `--set eager` times instead the
+//! products of `examples/eager_shapes.rs` (`[n, d] @ [d, d]`, n = 16 + 8i, d = 64 + 16i, i < 20)
+//! in f32 and bf16.
 
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
 use coil_ir::DType;
@@ -29,16 +32,19 @@ use std::process::Command;
 use std::time::Instant;
 
 const HELP: &str = "\
-usage: gemm_bench [--only SUBSTRING] [--shape D:M:K:N:FORM]... [--rounds N] [--warmup N] [--reps N] [--no-torch]
-                    [--avx2] [--torch-avx2]
+usage: gemm_bench [--set suite|eager|all] [--only SUBSTRING] [--shape D:M:K:N:FORM]... [--rounds N] [--warmup N]
+                  [--reps N] [--no-torch] [--no-crate] [--avx2] [--torch-avx2]
 
-  --only S      only the products whose name contains S (mlp, gpt2, train, ...)
+  --set S       the products timed: the suite's (default), eager_shapes' (f32 and bf16), or both
+  --only S      only the products whose name contains S (mlp, gpt2, train, eager, ...)
   --shape P     time this product instead of the suite's (may be given several times): dtype
                 (f32, f16, bf16), m, k, n and form (nt, nn, tn), e.g. bf16:1:4096:4096:nt
-  --rounds N    interleaved rounds (default 3); each figure is the min over rounds of the medians
+  --rounds N    interleaved rounds (default 3); each figure is the min (and the median) over rounds of the
+                medians
   --warmup N    untimed runs before each timing (default 3)
   --reps N      timed runs, median (default 20)
   --no-torch    leave PyTorch out
+  --no-crate    leave coil's gemm-crate engine out
   --avx2        also time the template built for AVX2 + FMA only (GemmEngine::PackedAvx2: the
                 kernels a CPU without AVX-512 runs), beside this machine's build
   --torch-avx2  PyTorch limited to AVX2 (MKL, oneDNN and ATen's own switches, in its process)
@@ -64,9 +70,9 @@ impl Form {
 }
 
 /// One product: `[m, k] @ [k, n]` in `dtype`, its operands' form and epilogue.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Product {
-    name: &'static str,
+    name: String,
     dtype: DType,
     m: usize,
     n: usize,
@@ -76,7 +82,7 @@ struct Product {
     gelu: bool,
 }
 
-const fn p(
+fn p(
     name: &'static str,
     dtype: DType,
     (m, k, n): (usize, usize, usize),
@@ -84,30 +90,47 @@ const fn p(
     bias: bool,
     gelu: bool,
 ) -> Product {
-    Product { name, dtype, m, n, k, form, bias, gelu }
+    Product { name: name.to_string(), dtype, m, n, k, form, bias, gelu }
 }
 
 /// The suite's products at scale 0.05: mlp_bf16 (M410 D896 H3648), gpt2_block_fwd_bf16 (T224
 /// C192; the attention's products run in the attention template), mlp_train_step_f32 (N205 D256
 /// H896 K224: forward, then the input and weight gradients of each layer).
-const PRODUCTS: &[Product] = &[
-    p("mlp.fc1+gelu", DType::BF16, (410, 896, 3648), Form::Nt, true, true),
-    p("mlp.fc1", DType::BF16, (410, 896, 3648), Form::Nt, true, false),
-    p("mlp.fc2", DType::BF16, (410, 3648, 896), Form::Nt, true, false),
-    p("gpt2.qkv", DType::BF16, (224, 192, 576), Form::Nt, true, false),
-    p("gpt2.proj", DType::BF16, (224, 192, 192), Form::Nt, true, false),
-    p("gpt2.fc+gelu", DType::BF16, (224, 192, 768), Form::Nt, true, true),
-    p("gpt2.fc2", DType::BF16, (224, 768, 192), Form::Nt, true, false),
-    p("train.l1", DType::F32, (205, 256, 896), Form::Nt, false, false),
-    p("train.l2", DType::F32, (205, 896, 896), Form::Nt, false, false),
-    p("train.l3", DType::F32, (205, 896, 224), Form::Nt, false, false),
-    p("train.dx3", DType::F32, (205, 224, 896), Form::Nn, false, false),
-    p("train.dw3", DType::F32, (224, 205, 896), Form::Tn, false, false),
-    p("train.dx2", DType::F32, (205, 896, 896), Form::Nn, false, false),
-    p("train.dw2", DType::F32, (896, 205, 896), Form::Tn, false, false),
-    p("train.dw1", DType::F32, (896, 205, 256), Form::Tn, false, false),
-    p("f16.l2", DType::F16, (205, 896, 896), Form::Nt, false, false),
-];
+fn suite() -> Vec<Product> {
+    vec![
+        p("mlp.fc1+gelu", DType::BF16, (410, 896, 3648), Form::Nt, true, true),
+        p("mlp.fc1", DType::BF16, (410, 896, 3648), Form::Nt, true, false),
+        p("mlp.fc2", DType::BF16, (410, 3648, 896), Form::Nt, true, false),
+        p("gpt2.qkv", DType::BF16, (224, 192, 576), Form::Nt, true, false),
+        p("gpt2.proj", DType::BF16, (224, 192, 192), Form::Nt, true, false),
+        p("gpt2.fc+gelu", DType::BF16, (224, 192, 768), Form::Nt, true, true),
+        p("gpt2.fc2", DType::BF16, (224, 768, 192), Form::Nt, true, false),
+        p("train.l1", DType::F32, (205, 256, 896), Form::Nt, false, false),
+        p("train.l2", DType::F32, (205, 896, 896), Form::Nt, false, false),
+        p("train.l3", DType::F32, (205, 896, 224), Form::Nt, false, false),
+        p("train.dx3", DType::F32, (205, 224, 896), Form::Nn, false, false),
+        p("train.dw3", DType::F32, (224, 205, 896), Form::Tn, false, false),
+        p("train.dx2", DType::F32, (205, 896, 896), Form::Nn, false, false),
+        p("train.dw2", DType::F32, (896, 205, 896), Form::Tn, false, false),
+        p("train.dw1", DType::F32, (896, 205, 256), Form::Tn, false, false),
+        p("f16.l2", DType::F16, (205, 896, 896), Form::Nt, false, false),
+    ]
+}
+
+/// The products of `examples/eager_shapes.rs` (`gelu(layer_norm(x)) @ w`, `x [n, d]`, `w [d, d]`,
+/// n = 16 + 8i, d = 64 + 16i for i < 20), in f32 (what it runs) and bf16.
+fn eager() -> Vec<Product> {
+    [DType::F32, DType::BF16]
+        .into_iter()
+        .flat_map(|dtype| {
+            (0..20).map(move |i| {
+                let (n, d) = (16 + 8 * i, 64 + 16 * i);
+                let name = format!("eager.{i}");
+                Product { name, dtype, m: n, n: d, k: d, form: Form::Nn, bias: false, gelu: false }
+            })
+        })
+        .collect()
+}
 
 /// Deterministic values in about [-1, 1) times `scale`, stored in `dtype`, as u64 words (aligned
 /// for every element type).
@@ -240,8 +263,9 @@ fn time_torch(products: &[Product], warmup: usize, reps: usize, avx2: bool) -> O
 import sys, time, torch
 import torch.nn.functional as F
 warmup, reps = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(int(sys.argv[3]))
 dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-for spec in sys.argv[3:]:
+for spec in sys.argv[4:]:
     dt, m, n, k, form, bias, gelu = spec.split(":")
     m, n, k, dt = int(m), int(n), int(k), dtypes[dt]
     r = lambda *s, c=1.0: (torch.rand(*s) * 2 - 1).mul(c).to(dt)
@@ -284,7 +308,9 @@ for spec in sys.argv[3:]:
             ("ATEN_CPU_CAPABILITY", "avx2"),
         ]);
     }
-    let out = python.arg("-c").arg(SCRIPT).arg(warmup.to_string()).arg(reps.to_string()).args(args).output().ok()?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let counts = [warmup, reps, threads].map(|x| x.to_string());
+    let out = python.arg("-c").arg(SCRIPT).args(counts).args(args).output().ok()?;
     if !out.status.success() {
         eprintln!("torch column left out: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
         return None;
@@ -320,27 +346,42 @@ fn parse_shape(text: &str) -> Product {
     p("shape", dtype, (dim(m), dim(k), dim(n)), form, false, false)
 }
 
-/// A column of the table: a label and its figure per product.
+/// A column of the table: a label and, per product, its timing in each round.
 struct Column {
     label: &'static str,
-    times: Vec<Timing>,
+    rounds: Vec<Vec<Timing>>,
+}
+
+impl Column {
+    /// Product `i`'s minimum over rounds (wall and CPU time apart).
+    fn min(&self, i: usize) -> Timing {
+        self.rounds[i].iter().fold(Timing::NONE, |a, &b| a.min(b))
+    }
+
+    /// Product `i`'s median wall time over rounds.
+    fn median_wall(&self, i: usize) -> f64 {
+        median(self.rounds[i].iter().map(|t| t.wall).collect())
+    }
 }
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut only, mut rounds, mut warmup, mut reps, mut torch) = (String::new(), 3usize, 3usize, 20usize, true);
     let (mut shapes, mut avx2, mut torch_avx2): (Vec<Product>, bool, bool) = (Vec::new(), false, false);
+    let (mut set, mut crate_engine) = (String::from("suite"), true);
     while let Some(a) = args.next() {
         let mut num = |what: &str| -> usize {
             args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{what} takes a number\n{HELP}"))
         };
         match a.as_str() {
+            "--set" => set = args.next().expect("--set takes suite, eager or all"),
             "--only" => only = args.next().expect("--only takes a substring"),
             "--shape" => shapes.push(parse_shape(&args.next().expect("--shape takes D:M:K:N:FORM"))),
-            "--rounds" => rounds = num("--rounds"),
+            "--rounds" => rounds = num("--rounds").max(1),
             "--warmup" => warmup = num("--warmup"),
             "--reps" => reps = num("--reps"),
             "--no-torch" => torch = false,
+            "--no-crate" => crate_engine = false,
             "--avx2" => avx2 = true,
             "--torch-avx2" => torch_avx2 = true,
             "--help" | "-h" => {
@@ -350,45 +391,72 @@ fn main() {
             other => panic!("unknown argument {other}\n{HELP}"),
         }
     }
-    let products: Vec<Product> =
-        if shapes.is_empty() { PRODUCTS.iter().copied().filter(|p| p.name.contains(&only)).collect() } else { shapes };
+    let products: Vec<Product> = if shapes.is_empty() {
+        let all = match set.as_str() {
+            "suite" => suite(),
+            "eager" => eager(),
+            "all" => suite().into_iter().chain(eager()).collect(),
+            other => panic!("--set {other}: expected suite, eager or all\n{HELP}"),
+        };
+        all.into_iter().filter(|p| p.name.contains(&only)).collect()
+    } else {
+        shapes
+    };
     let mut engines = vec![("pk", GemmEngine::Packed)];
     if avx2 {
         engines.push(("a2", GemmEngine::PackedAvx2));
     }
-    engines.push(("cr", GemmEngine::Crate));
-    let none = vec![Timing::NONE; products.len()];
-    let mut columns: Vec<Column> = engines.iter().map(|&(label, _)| Column { label, times: none.clone() }).collect();
-    let mut torch_t = none;
+    if crate_engine {
+        engines.push(("cr", GemmEngine::Crate));
+    }
+    let empty = || vec![Vec::new(); products.len()];
+    let mut columns: Vec<Column> = engines.iter().map(|&(label, _)| Column { label, rounds: empty() }).collect();
+    let mut torch_column = Column { label: "th", rounds: empty() };
     let mut have_torch = torch;
-    for _ in 0..rounds.max(1) {
+    for _ in 0..rounds {
         for (i, p) in products.iter().enumerate() {
             for (column, &(_, engine)) in columns.iter_mut().zip(&engines) {
-                column.times[i] = column.times[i].min(time_coil(p, engine, warmup, reps));
+                column.rounds[i].push(time_coil(p, engine, warmup, reps));
             }
         }
         if have_torch {
             match time_torch(&products, warmup, reps, torch_avx2) {
-                Some(t) => torch_t.iter_mut().zip(t).for_each(|(a, b)| *a = a.min(b)),
+                Some(t) => torch_column.rounds.iter_mut().zip(t).for_each(|(r, t)| r.push(t)),
                 None => have_torch = false,
             }
         }
     }
     if have_torch {
-        columns.push(Column { label: "th", times: torch_t });
+        columns.push(torch_column);
     }
+    print_table(&products, &columns, (rounds, warmup, reps), avx2, torch_avx2, have_torch);
+}
+
+/// The table: per product the minimum and median over rounds of each column's wall time, the
+/// minimum CPU time and the GFLOP/s of the minimum, and the ratios of wall times; then the sums
+/// of each set's (suite, eager) and dtype's minima and medians.
+fn print_table(
+    products: &[Product],
+    columns: &[Column],
+    (rounds, warmup, reps): (usize, usize, usize),
+    avx2: bool,
+    torch_avx2: bool,
+    have_torch: bool,
+) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "coil GEMM beside PyTorch on the CPU ({threads} threads), {rounds} interleaved rounds, warmup {warmup}, reps {reps}: \
-         min over rounds of the median"
+         the min and the median over rounds of each round's median"
     );
     println!(
-        "wall: median wall-clock time; cpu: mean CPU time of all threads / {threads} (about the wall time of an idle \
-         machine; robust to other processes' load, but it counts threads waiting busily). GF: GFLOP/s of the wall time"
+        "wall: median wall-clock time in us (min over rounds, then median over rounds: med); cpu: mean CPU time of all \
+         threads / {threads} (about the wall time of an idle machine; robust to other processes' load, but it counts \
+         threads waiting busily), min over rounds. GF: GFLOP/s of the min wall time"
     );
     println!(
-        "pk: coil's packed template (this machine's build); {}cr: the gemm crate; th: PyTorch{}{}",
+        "pk: coil's packed template (this machine's build); {}{}th: PyTorch{}{}",
         if avx2 { "a2: the template built for AVX2 + FMA only; " } else { "" },
+        if columns.iter().any(|c| c.label == "cr") { "cr: the gemm crate; " } else { "" },
         if torch_avx2 { " limited to AVX2" } else { "" },
         if have_torch { "" } else { " (left out)" }
     );
@@ -396,21 +464,22 @@ fn main() {
     let find = |label: &str| columns.iter().position(|c| c.label == label);
     let ratios: Vec<(String, usize, usize)> = [("pk", "th"), ("a2", "cr"), ("a2", "th")]
         .into_iter()
-        .filter_map(|(x, y)| Some((format!("{x}/{y}_w"), find(x)?, find(y)?)))
+        .filter_map(|(x, y)| Some((format!("{x}/{y}"), find(x)?, find(y)?)))
         .collect();
     let mut header = format!("{:<14} {:<5} {:>14} {:<7}", "product", "dtype", "m x k x n", "form");
-    for what in ["wall", "cpu", "GF"] {
+    for what in ["wall", "med", "cpu", "GF"] {
         header += " |";
-        for c in &columns {
-            header += &format!(" {:>9}", format!("{}_{what}", c.label));
+        for c in columns {
+            header += &format!(" {:>8}", format!("{}_{what}", c.label));
         }
     }
     header += " |";
     for (name, _, _) in &ratios {
-        header += &format!(" {name:>8}");
+        header += &format!(" {name:>7} {:>7}", "med");
     }
     println!("{header}");
     let t = threads as f64;
+    let cell = |x: f64, digits: usize| format!(" {x:>8.digits$}");
     for (i, p) in products.iter().enumerate() {
         let gflops = |us: f64| 2.0 * (p.m * p.n * p.k) as f64 / us / 1e3;
         let epilogue = match (p.bias, p.gelu) {
@@ -425,17 +494,42 @@ fn main() {
             format!("{}x{}x{}", p.m, p.k, p.n),
             format!("{}{epilogue}", p.form.name())
         );
-        let cells: [&dyn Fn(&Timing) -> String; 3] =
-            [&|x| format!("{:.1}", x.wall), &|x| format!("{:.1}", x.cpu / t), &|x| format!("{:.0}", gflops(x.wall))];
-        for cell in cells {
+        let figures: [&dyn Fn(&Column) -> String; 4] =
+            [&|c| cell(c.min(i).wall, 1), &|c| cell(c.median_wall(i), 1), &|c| cell(c.min(i).cpu / t, 1), &|c| {
+                cell(gflops(c.min(i).wall), 0)
+            }];
+        for figure in figures {
             line += " |";
-            for c in &columns {
-                line += &format!(" {:>9}", cell(&c.times[i]));
+            for c in columns {
+                line += &figure(c);
             }
         }
         line += " |";
         for &(_, x, y) in &ratios {
-            line += &format!(" {:>8.2}", columns[x].times[i].wall / columns[y].times[i].wall);
+            let (x, y) = (&columns[x], &columns[y]);
+            line += &format!(" {:>7.2} {:>7.2}", x.min(i).wall / y.min(i).wall, x.median_wall(i) / y.median_wall(i));
+        }
+        println!("{line}");
+    }
+    // per set and dtype: the sum of the products' times (eager_shapes runs its products one
+    // after another)
+    let set = |p: &Product| if p.name.starts_with("eager") { "eager" } else { "suite" };
+    let mut groups: Vec<(&str, DType)> = Vec::new();
+    for p in products {
+        if !groups.contains(&(set(p), p.dtype)) {
+            groups.push((set(p), p.dtype));
+        }
+    }
+    for (name, dtype) in groups {
+        let of = |i: &usize| set(&products[*i]) == name && products[*i].dtype == dtype;
+        let mut line = format!("{:<14} {:<5} {:>14} {:<7}", format!("sum {name}"), dtype.to_string(), "", "");
+        line += " |";
+        for c in columns {
+            line += &cell((0..products.len()).filter(of).map(|i| c.min(i).wall).sum(), 1);
+        }
+        line += " |";
+        for c in columns {
+            line += &cell((0..products.len()).filter(of).map(|i| c.median_wall(i)).sum(), 1);
         }
         println!("{line}");
     }

@@ -16,15 +16,17 @@
  * NR for B), zero-padded to whole panels and whole k groups:
  *   layouts F32, F32_AVX2: panel[k][P]          floats (f16 and bf16 widened exactly)
  *   layout BF16_PAIRS:     panel[k / 2][P][2]   bf16 bits, the pairs `vdpbf16ps` multiplies
- * so the micro-kernel reads both operands with unit stride, whatever their strides were.
+ * so the micro-kernel reads both operands with unit stride, whatever their strides were. An A
+ * whose rows hold k contiguous words of the layout already is read in place instead, MR rows
+ * at a time (a last part panel is packed).
  *
  * A tile (MR rows x NR columns) accumulates in registers over a block of k in f32 and, after
  * the last block, gets the bias and the activation and is rounded once to the output type
  * (PyTorch's bf16 product: f32 accumulation, one rounding), from the registers (the activation
  * passes through the tile in memory: it is the prelude's scalar function, vectorized). When k
  * has several blocks the partial sums wait in an f32 scratch of whole tiles. An output may be
- * the product's transpose (the runtime multiplies b^T a^T to make the larger operand B): each
- * VW columns of a tile are then transposed in registers and stored as rows. */
+ * the product's transpose (the runtime multiplies b^T a^T when that packs less): each VW
+ * columns of a tile are then transposed in registers and stored as rows. */
 #include <immintrin.h>
 
 #define COIL_GEMM_LAYOUT_F32 0
@@ -111,9 +113,16 @@ typedef struct {
 
 typedef struct {
     int64_t layout;
-    const void *pa;           /* this batch's packed A (all of k) */
+    const void *pa;           /* this batch's packed A (all of k), from panel pa_first on */
+    int64_t pa_first;
+    const void *a;            /* or this batch's A read in place (the layout's element type, k
+                                 contiguous, rows a_rs elements apart; even k for pairs), all but
+                                 a last part panel (packed in pa); NULL: every panel is packed */
+    int64_t a_rs;
     const void *b;            /* this batch's B, read through the strides below */
     int64_t b_ns, b_ks, b_dtype;
+    const void *pb;           /* this batch's B packed whole (all of k), or NULL: the tiles pack
+                                 the B panels they read, a block at a time, into bws */
     void *bws;                /* room for nc packed B panels of kc */
     int64_t m, n, k;
     int64_t kc;               /* k per block, a multiple of the layout's group */
@@ -505,10 +514,11 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
 
 /* The micro-kernel of one layout: an MR x NR tile in NV vectors per row, over `steps` k groups
    of GROUP elements; a first block starts from zero, a later one from acc; a last block ends in
-   the output, an earlier one in acc. LOAD_B(p) and FMA(acc, a_ptr, b) are the layout's. */
-#define COIL_GEMM_MICRO(NAME, MR, NR, ELEM, GROUP, BVEC, LOAD_B, FMA)                               \
-    static void NAME(const coil_gemm_compute_args *c, const ELEM *a, const ELEM *b, int64_t steps, \
-                     int64_t row, int64_t col, int first, int last)                                \
+   the output, an earlier one in acc. A is a packed panel, or with DIRECT MR rows read in place
+   (`lda` elements apart, k contiguous). LOAD_B(p) and FMA(acc, a_ptr, b) are the layout's. */
+#define COIL_GEMM_MICRO(NAME, MR, NR, ELEM, GROUP, DIRECT, BVEC, LOAD_B, FMA)                       \
+    static void NAME(const coil_gemm_compute_args *c, const ELEM *a, int64_t lda, const ELEM *b,   \
+                     int64_t steps, int64_t row, int64_t col, int first, int last)                 \
     {                                                                                              \
         enum { VW = COIL_GEMM_VW, NV = (NR) / COIL_GEMM_VW };                                      \
         float *acc = c->acc ? c->acc + row * c->ldacc + col : 0;                                   \
@@ -521,7 +531,7 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
             _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
                 bv[v] = LOAD_B(b + (s * (NR) + VW * v) * (GROUP));                                 \
             _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
-                const ELEM *ap = a + (s * (MR) + r) * (GROUP);                                     \
+                const ELEM *ap = (DIRECT) ? a + r * lda + s * (GROUP) : a + (s * (MR) + r) * (GROUP); \
                 _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = FMA(t[r][v], ap, bv[v]); \
             }                                                                                      \
         }                                                                                          \
@@ -582,21 +592,27 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
 #error "NR is whole vectors"
 #endif
 #define COIL_GEMM_FMA_F32(acc, ap, b) coil_gemm_vfmadd(coil_gemm_vset1(*(ap)), (b), (acc))
-COIL_GEMM_MICRO(coil_gemm_micro_f32, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, coil_gemm_vf,
+COIL_GEMM_MICRO(coil_gemm_micro_f32, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, 0, coil_gemm_vf,
+                coil_gemm_vload, COIL_GEMM_FMA_F32)
+COIL_GEMM_MICRO(coil_gemm_micro_f32_direct, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, 1, coil_gemm_vf,
                 coil_gemm_vload, COIL_GEMM_FMA_F32)
 #endif
 
 #if defined(COIL_GEMM_HAVE_BF16)
 #define COIL_GEMM_LOAD_PAIRS(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+/* a pair of bf16 as one word (in place in A, at any even or odd element) */
+typedef int32_t coil_gemm_pair __attribute__((may_alias, aligned(2)));
 #define COIL_GEMM_FMA_PAIRS(acc, ap, b) \
-    _mm512_dpbf16_ps((acc), (__m512bh)_mm512_set1_epi32(*(const int32_t *)(ap)), (b))
-COIL_GEMM_MICRO(coil_gemm_micro_pairs, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, __m512bh,
+    _mm512_dpbf16_ps((acc), (__m512bh)_mm512_set1_epi32(*(const coil_gemm_pair *)(ap)), (b))
+COIL_GEMM_MICRO(coil_gemm_micro_pairs, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, 0, __m512bh,
+                COIL_GEMM_LOAD_PAIRS, COIL_GEMM_FMA_PAIRS)
+COIL_GEMM_MICRO(coil_gemm_micro_pairs_direct, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, 1, __m512bh,
                 COIL_GEMM_LOAD_PAIRS, COIL_GEMM_FMA_PAIRS)
 #endif
 
 /* The tiles [i0, i1) x [j0, j1): for each block of nc B panels and each block of kc, the B
-   block is packed into bws; blocks of mc A panels then pass it, each A panel meeting every B
-   panel of the block while both stay in L2. */
+   block is packed into bws (or taken from pb, packed before); blocks of mc A panels then pass
+   it, each A panel meeting every B panel of the block while both stay in L2. */
 void coil_gemm_compute(char *const *args, int64_t *status)
 {
     const coil_gemm_compute_args *c = (const coil_gemm_compute_args *)args[0];
@@ -621,24 +637,40 @@ void coil_gemm_compute(char *const *args, int64_t *status)
             const int64_t k_in = c->k - k0 < kb ? c->k - k0 : kb;
             coil_gemm_pack_args pack = {(const char *)c->b + k0 * c->b_ks * b_size, c->b_ns, c->b_ks, c->n, k_in,
                                         pairs ? COIL_GEMM_DT_BF16 : c->b_dtype, c->layout, nr, jb, je, c->bws};
-            if (kb > 0) {
+            if (kb > 0 && !c->pb) {
                 char *pack_args[1] = {(char *)&pack};
                 coil_gemm_pack(pack_args, status);
             }
             for (int64_t ib = c->i0; ib < c->i1; ib += c->mc)
             for (int64_t j = jb; j < je; j++) {
                 for (int64_t i = ib; i < ib + c->mc && i < c->i1; i++) {
+                    /* whole panels of an A read in place; a last part panel was packed */
+                    const int direct = c->a && (i + 1) * mr <= c->m;
 #if defined(COIL_GEMM_HAVE_BF16)
                     if (pairs) {
-                        const uint16_t *a = (const uint16_t *)c->pa + i * mr * kp + k0 * mr;
-                        const uint16_t *b = (const uint16_t *)c->bws + (j - jb) * nr * kb;
-                        coil_gemm_micro_pairs(c, a, b, kb / 2, i * mr, j * nr, first, last);
+                        if (direct) {
+                            const uint16_t *a = (const uint16_t *)c->a + i * mr * c->a_rs + k0;
+                            const uint16_t *b = c->pb ? (const uint16_t *)c->pb + j * nr * kp + k0 * nr
+                                                      : (const uint16_t *)c->bws + (j - jb) * nr * kb;
+                            coil_gemm_micro_pairs_direct(c, a, c->a_rs, b, kb / 2, i * mr, j * nr, first, last);
+                            continue;
+                        }
+                        const uint16_t *a = (const uint16_t *)c->pa + (i - c->pa_first) * mr * kp + k0 * mr;
+                        const uint16_t *b = c->pb ? (const uint16_t *)c->pb + j * nr * kp + k0 * nr
+                                                  : (const uint16_t *)c->bws + (j - jb) * nr * kb;
+                        coil_gemm_micro_pairs(c, a, 0, b, kb / 2, i * mr, j * nr, first, last);
                         continue;
                     }
 #endif
-                    const float *a = (const float *)c->pa + i * mr * kp + k0 * mr;
-                    const float *b = (const float *)c->bws + (j - jb) * nr * kb;
-                    coil_gemm_micro_f32(c, a, b, kb, i * mr, j * nr, first, last);
+                    const float *b = c->pb ? (const float *)c->pb + j * nr * kp + k0 * nr
+                                           : (const float *)c->bws + (j - jb) * nr * kb;
+                    if (direct) {
+                        const float *a = (const float *)c->a + i * mr * c->a_rs + k0;
+                        coil_gemm_micro_f32_direct(c, a, c->a_rs, b, kb, i * mr, j * nr, first, last);
+                        continue;
+                    }
+                    const float *a = (const float *)c->pa + (i - c->pa_first) * mr * kp + k0 * mr;
+                    coil_gemm_micro_f32(c, a, 0, b, kb, i * mr, j * nr, first, last);
                 }
             }
         }

@@ -1,10 +1,10 @@
 //! The CPU matrix product template (`gemm_cpu.c`): packed operands, cache blocking and
 //! AVX-512 or AVX2 micro-kernels, for `ExternCall::Bmm` on f32, f16 and bf16 (the runtime's
-//! `coil_runtime::cpu::gemm_packed` compiles [`source`] once per process with the system C
-//! compiler and runs it on its thread pool).
+//! `coil_runtime::cpu::gemm_packed` runs [`source`], built with the crate or once per process
+//! by the system C compiler, on its thread pool).
 //!
-//! Both operands are packed into panels read with unit stride, whatever their strides: A in
-//! panels of [`Layout::tile`]`.0` rows (MR), B in panels of `.1` columns (NR), each panel
+//! Operands are packed into panels read with unit stride, whatever their strides: A in panels
+//! of [`Layout::tile`]`.0` rows (MR), B in panels of `.1` columns (NR), each panel
 //! `[k / group][rows][group]` 32-bit words, zero-padded to whole panels and groups:
 //!
 //! * [`Layout::Bf16Pairs`] (bf16 where the CPU has AVX512-BF16): words are pairs of bf16 along
@@ -15,17 +15,22 @@
 //! * [`Layout::F32Avx2`] (every float type on a CPU without AVX-512, or a build capped at AVX2,
 //!   [`IsaCap::Avx2`]): the same words in narrower panels, `vfmadd` on 256-bit vectors.
 //!
+//! An A whose rows already hold k contiguous words of the layout (f32, or bf16 pairs with an
+//! even k) is not packed: the micro-kernels read its whole panels in place
+//! ([`ComputeArgs::a`]); only a last panel of fewer than MR rows is packed.
+//!
 //! A micro-kernel keeps an MR x NR tile of f32 sums in registers. After the last block of k
 //! the tile gets the bias, the activation (the prelude's `coil_gelu_tanh_f32`, the function a
 //! generated kernel computes) and is rounded once to the output type: a bf16 product is
 //! accumulated in f32 and rounded once, as PyTorch's. When k is split into blocks
 //! ([`Blocking::kc`]), the sums of earlier blocks wait in an f32 scratch.
 //!
-//! The runtime packs all of A first (in parallel, [`PackArgs`]), then runs tiles in parallel
-//! ([`ComputeArgs`]): each task packs its B panels a block at a time into its own workspace
-//! (`nc` panels of `kc`, kept in L2) and passes blocks of `mc` A panels over it. B is thus read
-//! once where A is read, written and read again, so the runtime makes the larger operand B:
-//! for `m >= 2n` it computes `b^T a^T` into a transposed output ([`ComputeArgs::transposed`]).
+//! The runtime packs A first where it is packed (in parallel, [`PackArgs`]), then runs tiles in
+//! parallel ([`ComputeArgs`]): each task packs its B panels a block at a time into its own
+//! workspace (`nc` panels of `kc`, kept in L2) and passes blocks of `mc` A panels over it (or
+//! reads B packed whole before, [`ComputeArgs::pb`], when tasks share B's panels). The
+//! runtime picks the orientation, `a @ b` or `b^T a^T` into a transposed output
+//! ([`ComputeArgs::transposed`]), that packs least and pads tiles least.
 //!
 //! One build holds one instruction set's kernels: AVX-512 (F, BW, VL) where the compiler
 //! targets it, else AVX2 with FMA and F16C ([`FEATURES_KERNEL`] says which layouts a build
@@ -227,8 +232,16 @@ pub struct PackArgs {
 pub struct ComputeArgs {
     /// [`Layout::code`].
     pub layout: i64,
-    /// A packed in panels of MR rows, all of k.
+    /// A packed in panels of MR rows, all of k, from panel `pa_first` on.
     pub pa: *const c_void,
+    /// The first panel in `pa` (with `a`, the last one, a part panel; else 0).
+    pub pa_first: i64,
+    /// Or A read in place, or null: A's first element, when it is of the layout's element type
+    /// (f32, or bf16 for [`Layout::Bf16Pairs`] with an even k) with k contiguous. Its whole
+    /// panels are read here; a last panel of fewer than MR rows is read packed from `pa`.
+    pub a: *const c_void,
+    /// `a`'s element stride between rows.
+    pub a_rs: i64,
     /// B, read through element strides along n and along k.
     pub b: *const c_void,
     /// B's element stride along n.
@@ -237,6 +250,9 @@ pub struct ComputeArgs {
     pub b_ks: i64,
     /// [`dtype_code`] of `b`.
     pub b_dtype: i64,
+    /// B packed whole in panels of NR columns, all of k (as A is packed), or null: the tiles
+    /// then pack the B panels they read, a block of `kc` at a time, into `bws`.
+    pub pb: *const c_void,
     /// Room for `nc` packed B panels of `kc` ([`Blocking::workspace_words`]), 64-byte aligned.
     pub bws: *mut c_void,
     /// Rows of the product.

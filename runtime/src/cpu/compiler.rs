@@ -18,6 +18,7 @@
 //! rename wins (each entry is whole and right for the key). The library is loaded from the
 //! bytes that were checked ([`crate::cpu::module`]).
 
+use super::native::{BASE_FLAGS, SIMD_FLAG};
 use crate::cache_entry::{self, Kind};
 use coil_ir::{Error, Result};
 use std::collections::HashMap;
@@ -26,25 +27,6 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
-
-/// Flags every shared object is built with (besides `-fopenmp-simd`, which is dropped when the
-/// compiler does not take it, and `-lm`, which must follow the source).
-///
-/// `-ffp-contract=off`: every operation rounds as written, as in the interpreter. Contracting
-/// `a * b - c` into a fused multiply-add made a value recomputed in two kernels differ: a
-/// softmax's `x - max(x)` came out as the product's rounding error instead of 0, which near the
-/// largest floats is 1e31, and its exp infinite (found by the API fuzzer, `tests/fuzz`). (The
-/// prelude's math uses `fma` explicitly where the target has it: one result either way.)
-///
-/// `-fno-math-errno -fno-trapping-math` change no value (the kernels never read `errno` nor
-/// install floating-point traps) but let `sqrt` and the like inline and selects with a division
-/// or a comparison in them become vector blends: without them gcc leaves such loops scalar.
-const BASE_FLAGS: [&str; 7] =
-    ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"];
-
-/// Honours `#pragma omp simd` (vectorization) without OpenMP's run time: the kernels have no
-/// threads of their own (`crate::cpu::launch` runs them on the rayon pool).
-const SIMD_FLAG: &str = "-fopenmp-simd";
 
 /// Bumped when the way entries are built changes, so stale entries are never reused.
 const CACHE_FORMAT: &str = "coil-c-cache-v3";

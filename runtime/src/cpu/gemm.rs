@@ -23,7 +23,7 @@ use super::gemm_packed;
 use super::module::{self, Kernel};
 use crate::{interpret, Buffer, HostData};
 use coil_codegen::c::{support_source, SUPPORT_GELU_TANH_F32};
-use coil_codegen::templates::gemm_cpu::{IsaCap, Layout};
+use coil_codegen::templates::gemm_cpu::IsaCap;
 use coil_ir::loops::{const_usize, Activation, BiasOperand, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Graph, Op, Result, TensorMeta};
 use gemm::Parallelism;
@@ -145,8 +145,7 @@ impl BmmSpec {
 pub enum GemmEngine {
     /// The packed template where this CPU and compiler serve the dtype, else the `gemm` crate;
     /// also the crate for f32 products of few rows or columns
-    /// ([`super::gemm_packed::skinny`]), and for f32 products on a CPU without AVX-512 (the
-    /// crate's AVX2 kernels are faster there; the template's serve f16 and bf16).
+    /// ([`super::gemm_packed::skinny`]).
     Auto,
     /// The packed template ([`super::gemm_packed`]); an error where it cannot run.
     Packed,
@@ -229,12 +228,6 @@ fn packed(
     }
     let cap = if engine == GemmEngine::PackedAvx2 { IsaCap::Avx2 } else { IsaCap::Native };
     match gemm_packed::Library::get(cap).and_then(|lib| Some((lib, lib.layout_for(dtype)?))) {
-        // Without AVX-512, f32 products of f32 stay with the crate: its AVX2 kernels measured
-        // 2-12% faster than the template's at the suite's shapes (bench/NOTES.md); the template
-        // wins on f16 and bf16, which the crate widens whole first.
-        Some((_, Layout::F32Avx2)) if engine == GemmEngine::Auto && dtype == DType::F32 && out_dtype == DType::F32 => {
-            None
-        }
         Some((lib, layout)) => Some(gemm_packed::bmm(lib, layout, spec, (dtype, out_dtype), ops, out)),
         None if engine != GemmEngine::Auto => Some(Err(Error::unsupported(format!(
             "the packed {dtype} matrix product ({engine:?}) on this machine (it needs a C compiler and AVX-512 or \

@@ -1,31 +1,37 @@
 //! The packed matrix product: the `gemm_cpu` template ([`coil_codegen::templates::gemm_cpu`]),
-//! compiled once per process by the system C compiler (through the kernel cache) and run on
-//! the rayon pool the generated kernels use. A second build capped at AVX2 ([`IsaCap::Avx2`],
+//! built with the crate ([`prebuilt`]) or compiled once per process by the system C compiler
+//! (through the kernel cache), and run on the rayon pool the generated kernels use. A second build capped at AVX2 ([`IsaCap::Avx2`],
 //! `GemmEngine::PackedAvx2`) runs, on a machine with AVX-512, the kernels a CPU without it gets.
 //!
-//! One product (all its batches) runs in two parallel steps:
+//! One product (all its batches) is one run of [`jobs`] (the calling thread and the pool's
+//! others take jobs in order from a shared counter, so a product starts at once and a late
+//! thread only joins it), in two steps:
 //!
 //! 1. every distinct A matrix (a batch-broadcast A is packed once) is packed, in chunks of
-//!    panels;
-//! 2. tasks of output tiles run: a grid over batches, then B panels, then A panels (splitting
-//!    B's columns first, since a task packs the B panels it reads and tasks of the same columns
-//!    would pack them again). Each task packs its B panels a block at a time into a workspace
-//!    of its thread.
+//!    panels; B too when A's panels are split among tasks (few B panels: each part would pack
+//!    them again);
+//! 2. tasks of output tiles run (each waits for the packing jobs, which were all taken before
+//!    it): runs of one batch's B panels against all its A panels (or a part of them), each run
+//!    the panels left over twice the threads, so that the last tasks are single panels and the
+//!    threads end together however late one started. A task packs its B panels (unless B was
+//!    packed whole) a block at a time into a workspace of its thread.
 //!
-//! Packed A, the f32 partial sums (only when k is split into blocks) and the workspaces are
-//! reused from call to call, so a product does not fault fresh pages in.
+//! Packed A and B, the f32 partial sums (only when k is split into blocks) and the workspaces
+//! are reused from call to call, so a product does not fault fresh pages in.
 
 use super::compiler::{c_compiler, default_cache_dir};
 use super::gemm::BmmSpec;
+use super::jobs;
 use super::module::{self, Kernel};
+use super::prebuilt;
 use coil_codegen::templates::gemm_cpu::{self as template, Blocking, ComputeArgs, IsaCap, Layout, PackArgs};
 use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
-use rayon::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -52,9 +58,10 @@ pub struct Library {
 }
 
 impl Library {
-    /// The process's library built with at most `cap`'s instructions: compiled (or taken from
-    /// the cache) on first use. `None` without a C compiler or when it fails (said once on
-    /// stderr).
+    /// The process's library built with at most `cap`'s instructions: the one built with the
+    /// crate where it serves this machine ([`prebuilt`], native builds only), else compiled (or
+    /// taken from the cache) on first use. `None` without either, or when the compiler fails
+    /// (said once on stderr).
     pub fn get(cap: IsaCap) -> Option<&'static Library> {
         static NATIVE: OnceLock<Option<Library>> = OnceLock::new();
         static AVX2: OnceLock<Option<Library>> = OnceLock::new();
@@ -64,10 +71,15 @@ impl Library {
         };
         library
             .get_or_init(|| {
-                let cc = c_compiler()?;
                 let names = [template::FEATURES_KERNEL, template::PACK_KERNEL, template::COMPUTE_KERNEL];
-                let loaded = module::load_or_build(cc, &template::source(cap), &default_cache_dir(), &names)
-                    .and_then(|(lib, _)| Ok((lib.kernel(names[0])?, lib.kernel(names[1])?, lib.kernel(names[2])?)));
+                let (source, cache_dir) = (template::source(cap), default_cache_dir());
+                let prebuilt = (cap == IsaCap::Native).then(|| prebuilt::load(&source, &cache_dir)).flatten();
+                let library = match prebuilt {
+                    Some(lib) => Ok(lib),
+                    None => module::load_or_build(c_compiler()?, &source, &cache_dir, &names).map(|(lib, _)| lib),
+                };
+                let loaded =
+                    library.and_then(|lib| Ok((lib.kernel(names[0])?, lib.kernel(names[1])?, lib.kernel(names[2])?)));
                 let (features_kernel, pack, compute) =
                     loaded.inspect_err(|e| eprintln!("coil: matrix products use the gemm crate: {e}")).ok()?;
                 let mut features = 0i64;
@@ -102,18 +114,24 @@ pub fn skinny(m: usize, n: usize) -> bool {
     m < SKINNY || n < SKINNY
 }
 
-/// 64 bytes, the unit of the reused buffers (packed panels are read with aligned loads' speed).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u32; 16]);
+/// 16 bytes: reused buffers are vectors of these, allocated zeroed (`calloc`: fresh pages are
+/// not written first) with room to start at a 64-byte boundary (packed panels are read with
+/// aligned loads' speed).
+type Chunk = [u32; 4];
 
-/// `words` 32-bit words of 64-byte aligned memory, zeroed when first allocated.
-fn lines_for(words: usize) -> usize {
-    words.div_ceil(16)
+/// Chunks of a buffer of `words` 32-bit words from a 64-byte boundary, rounded up to a power of
+/// two so that products of growing sizes (eager code on new shapes) reuse a buffer for a while
+/// rather than each faulting a new one in.
+fn chunks_for(words: usize) -> usize {
+    if words == 0 {
+        0
+    } else {
+        (words.div_ceil(4) + 3).next_power_of_two()
+    }
 }
 
 /// Buffers returned by finished products, for the next ones.
-static POOL: Mutex<Vec<Vec<Line>>> = Mutex::new(Vec::new());
+static POOL: Mutex<Vec<Vec<Chunk>>> = Mutex::new(Vec::new());
 
 /// Most buffers [`POOL`] keeps.
 const POOL_BUFFERS: usize = 4;
@@ -122,25 +140,35 @@ const POOL_BUFFERS: usize = 4;
 const POOL_BYTES: usize = 256 << 20;
 
 /// A buffer from [`POOL`] (the smallest that fits, else a new one), given back on drop.
-struct Pooled(Vec<Line>);
+struct Pooled(Vec<Chunk>);
 
 impl Pooled {
     fn take(words: usize) -> Pooled {
-        let lines = lines_for(words);
-        if lines == 0 {
+        let chunks = chunks_for(words);
+        if chunks == 0 {
             return Pooled(Vec::new());
         }
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-        let best = (0..pool.len()).filter(|&i| pool[i].len() >= lines).min_by_key(|&i| pool[i].len());
+        let best = (0..pool.len()).filter(|&i| pool[i].len() >= chunks).min_by_key(|&i| pool[i].len());
         match best {
             Some(i) => Pooled(pool.swap_remove(i)),
-            None => Pooled(vec![Line([0; 16]); lines]),
+            None => Pooled(vec![[0; 4]; chunks]),
         }
     }
 
+    /// The buffer's first 64-byte boundary.
     fn ptr(&mut self) -> *mut u32 {
-        self.0.as_mut_ptr() as *mut u32
+        aligned(&mut self.0)
     }
+}
+
+/// The first 64-byte boundary of `buffer` (at most 48 bytes in: [`chunks_for`] leaves room);
+/// an empty buffer's dangling pointer, which nothing reads.
+fn aligned(buffer: &mut [Chunk]) -> *mut u32 {
+    let base = buffer.as_mut_ptr();
+    let offset = base.align_offset(64).min(buffer.len());
+    // SAFETY: within the buffer (or one past its end, when empty).
+    unsafe { base.add(offset) as *mut u32 }
 }
 
 impl Drop for Pooled {
@@ -150,7 +178,7 @@ impl Drop for Pooled {
         }
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         pool.push(std::mem::take(&mut self.0));
-        let bytes = |pool: &Vec<Vec<Line>>| pool.iter().map(|b| b.len() * 64).sum::<usize>();
+        let bytes = |pool: &Vec<Vec<Chunk>>| pool.iter().map(|b| b.len() * 16).sum::<usize>();
         while pool.len() > POOL_BUFFERS || bytes(&pool) > POOL_BYTES {
             // over the count, keep the largest (they serve every product the small ones do);
             // over the bytes, free the largest
@@ -163,7 +191,7 @@ impl Drop for Pooled {
 
 thread_local! {
     /// This thread's B workspace.
-    static WORKSPACE: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+    static WORKSPACE: RefCell<Vec<Chunk>> = const { RefCell::new(Vec::new()) };
 }
 
 /// One task's tiles: batch, A panels `[i0, i1)`, B panels `[j0, j1)`.
@@ -192,9 +220,16 @@ pub struct Operands<'a> {
 /// product may be written as f32, its sums never rounded to the half type). The caller checked
 /// `spec` against the buffers (`BmmSpec::check`).
 ///
-/// The larger operand goes to B, which tasks pack a block at a time as they read it (once,
-/// into L2), where A is packed whole before (read, written, then read again): with `m` at
-/// least twice `n` the template computes `b^T a^T` and stores its tiles transposed.
+/// Of the product's two orientations, `a @ b` and `(b^T a^T)^T` (the template then stores its
+/// tiles transposed), the one whose A the micro-kernels read in place ([`reads_in_place`])
+/// where only one does; else (both or neither) the one whose B is the larger operand, unless
+/// `n` is less than half of `m` (`b^T a^T` then): B is packed a block at a time as tasks read
+/// it (once, into L2), tasks split B's panels among them, and a small B would leave too few
+/// panels to split (so that A's are split and B packed whole first, a step of one thread).
+///
+/// Measured on 2 threads (`gemm_bench`, bf16 `[m, k] @ [n, k]^T`): making a linear layer's
+/// larger operand A, read in place, and its input B, packed, ran 3-4% faster on one thread but
+/// 2-4% slower at 410 x 896 x 3648 and 14% slower at 224 x 192 x 576 on two.
 pub fn bmm(
     lib: &Library,
     layout: Layout,
@@ -203,16 +238,35 @@ pub fn bmm(
     ops: Operands,
     out: &mut [u8],
 ) -> Result<()> {
-    if spec.m < 2 * spec.n {
-        return run(lib, layout, spec, (dtype, out_dtype), ops, out, false);
-    }
     let flip = |op: &StridedOperand<usize>| StridedOperand {
         row_stride: op.col_stride,
         col_stride: op.row_stride,
         ..op.clone()
     };
-    let swapped = BmmSpec { a: flip(&spec.b), b: flip(&spec.a), m: spec.n, n: spec.m, ..spec.clone() };
+    let (a_flipped, b_flipped) = (flip(&spec.b), flip(&spec.a));
+    let in_place = |op: &StridedOperand<usize>| reads_in_place(layout, dtype, spec.k, op);
+    let swap = match (in_place(&spec.a), in_place(&a_flipped)) {
+        (true, false) => false,
+        (false, true) => true,
+        _ => spec.m >= 2 * spec.n,
+    };
+    if !swap {
+        return run(lib, layout, spec, (dtype, out_dtype), ops, out, false);
+    }
+    let swapped = BmmSpec { a: a_flipped, b: b_flipped, m: spec.n, n: spec.m, ..spec.clone() };
     run(lib, layout, &swapped, (dtype, out_dtype), Operands { a: ops.b, b: ops.a, ..ops }, out, true)
+}
+
+/// Whether the micro-kernels read `a` (the left operand of a product over `k`) in place: its
+/// rows hold k contiguous elements of the layout's own type (with pairs, an even k, so that no
+/// pair reaches past a row). Only a last panel of fewer than MR rows is packed then.
+fn reads_in_place(layout: Layout, dtype: DType, k: usize, a: &StridedOperand<usize>) -> bool {
+    k > 0
+        && a.col_stride == 1
+        && match layout {
+            Layout::Bf16Pairs => dtype == DType::BF16 && k.is_multiple_of(2),
+            Layout::F32 | Layout::F32Avx2 => dtype == DType::F32,
+        }
 }
 
 /// [`bmm`] in one orientation: with `transposed`, `out` is the `n x m` transpose of the
@@ -246,20 +300,10 @@ fn run(
         (0..ldo).map(|j| element_f32(dtype, bias, at(j))).collect::<Vec<f32>>()
     });
 
-    // The distinct A matrices (one for a batch-broadcast A) and which each batch reads.
-    let mut distinct: HashMap<usize, usize> = HashMap::new();
-    let mut a_offsets = Vec::new();
-    let a_index: Vec<usize> = batches
-        .iter()
-        .map(|&(ao, _)| {
-            *distinct.entry(ao).or_insert_with(|| {
-                a_offsets.push(ao);
-                a_offsets.len() - 1
-            })
-        })
-        .collect();
-    let a_words = layout.packed_words(m, k, mr);
-    let mut packed_a = Pooled::take(a_words * a_offsets.len());
+    // The distinct A and B matrices (one for a batch-broadcast operand) and which each batch
+    // reads.
+    let (a_offsets, a_index) = distinct(batches.iter().map(|&(ao, _)| ao));
+    let (b_offsets, b_index) = distinct(batches.iter().map(|&(_, bo)| bo));
     let k_blocks = blocking.k_blocks(layout, k);
     let ldacc = np * nr;
     let acc_words = if k_blocks > 1 { mp * mr * ldacc } else { 0 };
@@ -269,62 +313,110 @@ fn run(
     let flops = batches.len() * m * n * k;
     let parallel = threads > 1 && flops >= PARALLEL_FLOPS;
     let want = if parallel { (threads * TASKS_PER_THREAD).min(flops / TASK_FLOPS).max(threads) } else { 1 };
+    let tm = a_parts(batches.len(), mp, np, want);
+    // With A's panels split among tasks, B is packed whole before the tiles (else each part
+    // would pack B's panels again).
+    let prepack_b = tm > 1 && k > 0;
+    let in_place_a = reads_in_place(layout, dtype, k, &spec.a);
+    // read in place, A's packed panels are at most its last part panel
+    let a_first = if in_place_a { mp - 1 } else { 0 };
+    let a_words = match in_place_a {
+        true if m % mr != 0 => layout.packed_words(mr, k, mr),
+        true => 0,
+        false => layout.packed_words(m, k, mr),
+    };
+    let b_words = if prepack_b { layout.packed_words(n, k, nr) } else { 0 };
+    let mut packed_a = Pooled::take(a_words * a_offsets.len());
+    let mut packed_b = Pooled::take(b_words * b_offsets.len());
 
     // Addresses as integers, so that the closures run on the pool (the buffers outlive them).
     let (a_base, b_base, out_base) = (a.as_ptr() as usize, b.as_ptr() as usize, out.as_mut_ptr() as usize);
-    let (pa_base, acc_base) = (packed_a.ptr() as usize, acc.ptr() as usize);
+    let (pa_base, pb_base, acc_base) = (packed_a.ptr() as usize, packed_b.ptr() as usize, acc.ptr() as usize);
     let bias_base = bias_row.as_ref().map_or(0, |r| r.as_ptr() as usize);
     let groups = k.div_ceil(layout.group());
 
-    // 1. Pack A.
-    if k > 0 {
-        let chunks = mp.min(want.div_ceil(a_offsets.len())).max(1);
-        let jobs: Vec<(usize, usize, usize)> = (0..a_offsets.len())
-            .flat_map(|u| (0..chunks).map(move |c| (u, mp * c / chunks, mp * (c + 1) / chunks)))
-            .filter(|&(_, lo, hi)| lo < hi)
-            .collect();
-        let pack = |&(u, lo, hi): &(usize, usize, usize)| {
-            let args = PackArgs {
-                src: (a_base + a_offsets[u] * size) as *const c_void,
-                rs: spec.a.row_stride as i64,
-                ks: spec.a.col_stride as i64,
-                rows: m as i64,
-                k: k as i64,
-                dtype: code,
-                layout: layout.code(),
-                panel: mr as i64,
-                lo: lo as i64,
-                hi: hi as i64,
-                dst: (pa_base + (u * a_words + lo * mr * groups) * 4) as *mut c_void,
-            };
-            // SAFETY: `check` proved every element of A's view inside `a`; panels [lo, hi) of
-            // matrix u lie inside `packed_a`, and no other job writes them.
-            unsafe { lib.pack.call(&[&args as *const PackArgs as *mut u8], &mut [0; 4]) };
-        };
-        if parallel && jobs.len() > 1 && a_words * a_offsets.len() * 4 > SERIAL_PACK_BYTES {
-            jobs.par_iter().with_max_len(1).for_each(pack);
-        } else {
-            jobs.iter().for_each(pack);
+    // 1. Packing: every distinct A (and B, when packed whole), in chunks of panels when there
+    // is enough of it to share.
+    let operands = [
+        Packing { src: a_base, offsets: &a_offsets, rs: spec.a.row_stride, ks: spec.a.col_stride, rows: m, panel: mr },
+        Packing { src: b_base, offsets: &b_offsets, rs: spec.b.col_stride, ks: spec.b.row_stride, rows: n, panel: nr },
+    ];
+    // where each operand's packed matrices lie: base, words per matrix, first panel
+    let dsts = [(pa_base, a_words, a_first), (pb_base, b_words, 0)];
+    let pack_bytes = (if in_place_a { 0 } else { a_words * a_offsets.len() } + b_words * b_offsets.len()) * 4;
+    let share = parallel && pack_bytes > SERIAL_PACK_BYTES;
+    let mut pack_jobs: Vec<PackJob> = Vec::new();
+    for (operand, packing) in operands.iter().enumerate().take(if prepack_b { 2 } else { 1 }) {
+        if k == 0 {
+            break;
+        }
+        let panels = packing.rows.div_ceil(packing.panel);
+        if operand == 0 && in_place_a {
+            if m % mr != 0 {
+                pack_jobs.extend((0..a_offsets.len()).map(|matrix| PackJob { operand, matrix, lo: mp - 1, hi: mp }));
+            }
+            continue;
+        }
+        let chunks = if share { panels.min(want.div_ceil(packing.offsets.len())).max(1) } else { 1 };
+        for matrix in 0..packing.offsets.len() {
+            for c in 0..chunks {
+                let (lo, hi) = (panels * c / chunks, panels * (c + 1) / chunks);
+                if lo < hi {
+                    pack_jobs.push(PackJob { operand, matrix, lo, hi });
+                }
+            }
         }
     }
+    let pack = |job: &PackJob| {
+        let packing = &operands[job.operand];
+        let (dst, words, first) = dsts[job.operand];
+        let args = PackArgs {
+            src: (packing.src + packing.offsets[job.matrix] * size) as *const c_void,
+            rs: packing.rs as i64,
+            ks: packing.ks as i64,
+            rows: packing.rows as i64,
+            k: k as i64,
+            dtype: code,
+            layout: layout.code(),
+            panel: packing.panel as i64,
+            lo: job.lo as i64,
+            hi: job.hi as i64,
+            dst: (dst + (job.matrix * words + (job.lo - first) * packing.panel * groups) * 4) as *mut c_void,
+        };
+        // SAFETY: `check` proved every element of the operand's view inside its buffer; panels
+        // [lo, hi) of this matrix lie inside its packed buffer, and no other job writes them.
+        unsafe { lib.pack.call(&[&args as *const PackArgs as *mut u8], &mut [0; 4]) };
+    };
 
     // 2. The tiles.
-    let tasks = tile_tasks(batches.len(), mp, np, want);
-    let workspace_lines = lines_for(blocking.workspace_words(layout));
+    let tasks = tile_tasks(batches.len(), mp, np, tm, if parallel { threads } else { 0 });
+    let workspace_chunks = chunks_for(blocking.workspace_words(layout));
     let (act, out_stride) = (activation_code(spec.activation), m * n * out_dtype.size_bytes());
     let compute = |task: &Task| {
         WORKSPACE.with_borrow_mut(|ws| {
-            if ws.len() < workspace_lines {
-                *ws = vec![Line([0; 16]); workspace_lines];
+            if ws.len() < workspace_chunks {
+                *ws = vec![[0; 4]; workspace_chunks];
             }
             let args = ComputeArgs {
                 layout: layout.code(),
                 pa: (pa_base + a_index[task.batch] * a_words * 4) as *const c_void,
+                pa_first: a_first as i64,
+                a: if in_place_a {
+                    (a_base + a_offsets[a_index[task.batch]] * size) as *const c_void
+                } else {
+                    std::ptr::null()
+                },
+                a_rs: spec.a.row_stride as i64,
                 b: (b_base + batches[task.batch].1 * size) as *const c_void,
                 b_ns: spec.b.col_stride as i64,
                 b_ks: spec.b.row_stride as i64,
                 b_dtype: code,
-                bws: ws.as_mut_ptr() as *mut c_void,
+                pb: if prepack_b {
+                    (pb_base + b_index[task.batch] * b_words * 4) as *const c_void
+                } else {
+                    std::ptr::null()
+                },
+                bws: aligned(ws) as *mut c_void,
                 m: m as i64,
                 n: n as i64,
                 k: k as i64,
@@ -354,38 +446,91 @@ fn run(
             unsafe { lib.compute.call(&[&args as *const ComputeArgs as *mut u8], &mut [0; 4]) };
         })
     };
-    if parallel && tasks.len() > 1 {
-        tasks.par_iter().with_max_len(1).for_each(compute);
-    } else {
-        tasks.iter().for_each(compute);
-    }
-    drop(packed_a);
-    drop(acc);
+    // One run of jobs: the packing first, then the tiles (jobs are taken in order, so a tile
+    // waits only for packing jobs already running).
+    let packed = AtomicUsize::new(0);
+    let job = |i: usize| {
+        if let Some(p) = pack_jobs.get(i) {
+            pack(p);
+            packed.fetch_add(1, Ordering::Release);
+            return;
+        }
+        while packed.load(Ordering::Acquire) < pack_jobs.len() {
+            std::hint::spin_loop();
+        }
+        compute(&tasks[i - pack_jobs.len()]);
+    };
+    jobs::run(pack_jobs.len() + tasks.len(), if parallel { jobs::helpers() } else { 0 }, &job);
+    drop((packed_a, packed_b, acc));
     Ok(())
 }
 
-/// About `want` tasks covering `batches` grids of `mp x np` tiles (A panels by B panels), each
-/// tile once: whole batches when there are enough of them, else each batch split along B's
-/// panels first (a task packs the B panels it reads, so splitting A's would pack them twice),
-/// then along A's.
-fn tile_tasks(batches: usize, mp: usize, np: usize, want: usize) -> Vec<Task> {
-    let per_batch = want.div_ceil(batches).max(1);
-    let tn = np.min(per_batch).max(1);
-    let tm = mp.min(per_batch.div_ceil(tn)).max(1);
-    (0..batches)
-        .flat_map(|batch| {
-            (0..tm).flat_map(move |ti| {
-                (0..tn).map(move |tj| Task {
-                    batch,
-                    i0: mp * ti / tm,
-                    i1: mp * (ti + 1) / tm,
-                    j0: np * tj / tn,
-                    j1: np * (tj + 1) / tn,
-                })
+/// The distinct values of `offsets` in order of first appearance, and the index among them of
+/// each (the matrices of a batch-broadcast operand are packed once).
+fn distinct(offsets: impl Iterator<Item = usize>) -> (Vec<usize>, Vec<usize>) {
+    let mut seen: HashMap<usize, usize> = HashMap::new();
+    let mut values = Vec::new();
+    let index = offsets
+        .map(|o| {
+            *seen.entry(o).or_insert_with(|| {
+                values.push(o);
+                values.len() - 1
             })
         })
-        .filter(|t| t.i0 < t.i1 && t.j0 < t.j1)
-        .collect()
+        .collect();
+    (values, index)
+}
+
+/// How one operand is packed: its buffer's address, its distinct matrices' element offsets,
+/// element strides between rows and along k, rows, rows per panel.
+struct Packing<'a> {
+    src: usize,
+    offsets: &'a [usize],
+    rs: usize,
+    ks: usize,
+    rows: usize,
+    panel: usize,
+}
+
+/// Panels `[lo, hi)` of one matrix of one operand (0: A, 1: B).
+struct PackJob {
+    operand: usize,
+    matrix: usize,
+    lo: usize,
+    hi: usize,
+}
+
+/// Parts of A's panels of each batch's grid of `mp x np` tiles: 1 when the batches' B panels
+/// are enough to deal out about `want` tasks, else enough parts (at most `mp`) to make them so.
+fn a_parts(batches: usize, mp: usize, np: usize, want: usize) -> usize {
+    mp.min(want.div_ceil(batches * np)).max(1)
+}
+
+/// The tasks of `batches` grids of `mp x np` tiles (A panels by B panels), each tile once: each
+/// grid's A panels in `tm` parts, each part a line of `np` B panels, and each task a run of one
+/// line's B panels. On `threads` threads (0: one thread, and each line one task) runs shrink
+/// along the lines, each the panels left over twice the threads (guided self-scheduling): the
+/// threads take tasks as they come free, and the last tasks, which decide when the product
+/// ends, are single panels however late a thread started or however unevenly the panels divide.
+fn tile_tasks(batches: usize, mp: usize, np: usize, tm: usize, threads: usize) -> Vec<Task> {
+    let mut tasks = Vec::new();
+    let mut left = batches * tm * np;
+    for batch in 0..batches {
+        for ti in 0..tm {
+            let (i0, i1) = (mp * ti / tm, mp * (ti + 1) / tm);
+            let mut j0 = 0;
+            while j0 < np {
+                let run = if threads == 0 { np } else { left.div_ceil(2 * threads) };
+                let j1 = (j0 + run).min(np);
+                if i0 < i1 {
+                    tasks.push(Task { batch, i0, i1, j0, j1 });
+                }
+                left -= j1 - j0;
+                j0 = j1;
+            }
+        }
+    }
+    tasks
 }
 
 fn activation_code(act: Option<Activation>) -> i64 {

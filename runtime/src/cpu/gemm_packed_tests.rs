@@ -3,7 +3,7 @@
 //! rows, or neither, broadcast batches, a strided bias and the GELU epilogue, in every dtype and
 //! layout this machine serves.
 
-use super::{bmm, tile_tasks, Library, Operands};
+use super::{a_parts, bmm, tile_tasks, Library, Operands};
 use crate::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
 use coil_codegen::templates::gemm_cpu::{Blocking, IsaCap, Layout};
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
@@ -341,9 +341,12 @@ fn packed_products_run_batches_with_a_broadcast_operand_a_bias_and_gelu() {
     for layout in Layout::ALL {
         let Some(lib) = served(layout) else { continue };
         for &dtype in dtypes(layout) {
-            // the larger run in parallel tasks over batches, columns and rows; with m >= 2n the
-            // template multiplies b^T a^T and stores transposed tiles
-            for (m, n, k, batches) in [(5, 7, 9, 3), (100, 300, 70, 4), (300, 40, 50, 1), (90, 20, 33, 3)] {
+            // the larger run in parallel tasks over batches, columns and rows (150 x 90 x 700:
+            // rows too, with B packed whole first); with m >= 2n the template multiplies b^T a^T
+            // and stores transposed tiles
+            for (m, n, k, batches) in
+                [(5, 7, 9, 3), (100, 300, 70, 4), (300, 40, 50, 1), (90, 20, 33, 3), (150, 90, 700, 1)]
+            {
                 for (broadcast_a, bias, gelu) in [(true, true, true), (false, true, false), (false, false, true)] {
                     let case = Case {
                         dtype,
@@ -414,25 +417,37 @@ fn the_engines_agree_and_packed_is_an_error_where_it_cannot_run() {
 }
 
 #[test]
-fn tasks_cover_every_tile_once_and_split_columns_first() {
+fn tasks_cover_every_tile_once_and_shrink_toward_the_end() {
     for (batches, mp, np, want) in
-        [(1, 35, 114, 8), (1, 19, 6, 8), (3, 2, 2, 8), (12, 5, 7, 8), (1, 1, 1, 8), (2, 4, 3, 1)]
+        [(1, 35, 114, 8), (1, 18, 28, 8), (1, 19, 6, 8), (3, 2, 2, 8), (12, 5, 7, 8), (1, 1, 1, 8), (2, 4, 3, 1)]
     {
-        let tasks = tile_tasks(batches, mp, np, want);
-        let mut seen = vec![0u8; batches * mp * np];
-        for t in &tasks {
-            for i in t.i0..t.i1 {
-                for j in t.j0..t.j1 {
-                    seen[(t.batch * mp + i) * np + j] += 1;
+        let tm = a_parts(batches, mp, np, want);
+        for threads in [0, 2, 4] {
+            let tasks = tile_tasks(batches, mp, np, tm, threads);
+            let mut seen = vec![0u8; batches * mp * np];
+            for t in &tasks {
+                for i in t.i0..t.i1 {
+                    for j in t.j0..t.j1 {
+                        seen[(t.batch * mp + i) * np + j] += 1;
+                    }
                 }
             }
-        }
-        assert!(seen.iter().all(|&c| c == 1), "{batches} x {mp} x {np}: {tasks:?}");
-        assert!(tasks.len() <= want.max(batches) * 2, "{batches} x {mp} x {np}: {} tasks", tasks.len());
-        if batches == 1 && np >= want {
-            assert!(tasks.iter().all(|t| (t.i0, t.i1) == (0, mp)), "columns are split first");
+            let case = format!("{batches} x {mp} x {np} on {threads} threads: {tasks:?}");
+            assert!(seen.iter().all(|&c| c == 1), "{case}");
+            let runs: Vec<usize> = tasks.iter().map(|t| t.j1 - t.j0).collect();
+            if threads == 0 {
+                assert!(runs.iter().all(|&r| r == np), "one task per line: {case}");
+                continue;
+            }
+            // A's panels are split only when B's are too few; the last tasks are single panels
+            assert!(tm == 1 || batches * np < want, "{case}");
+            assert_eq!(runs.last(), Some(&1), "{case}");
+            assert!(tasks.len() <= 2 * threads * (batches * tm * np).ilog2() as usize + batches * tm, "{case}");
         }
     }
+    // 150 x 90 x 700 on two threads (the batch test above): A's panels split, so B is packed
+    // whole first
+    assert_eq!(a_parts(1, 13, 3, 4), 2);
 }
 
 /// Half-type operands into an f32 result (`bmm_bytes_to`, a weight gradient read only as f32):

@@ -4,24 +4,17 @@
 //! of `xindex` a call computes. A small launch (fewer than [`PARALLEL_MIN_ELEMENTS`] elements,
 //! `xnumel * rnumel`) is one call on the calling thread; waking other threads would cost more
 //! than the work. A larger one is split into ranges of whole rows, at most
-//! [`CHUNKS_PER_THREAD`] per thread of rayon's pool, the pool the matrix products (`gemm`) run
-//! on too: one pool, so kernel threads never spin against product threads for the cores (with
-//! OpenMP's team beside rayon's, on 2 cores, the GPT-2 block ran 20.9 ms instead of 14.6).
-//! Several ranges per thread let a thread that the OS preempted hold back one small range
-//! rather than half the launch. Each range has its own status words; the first range (in
-//! `xindex` order) that failed names the error, so which error is reported does not depend on
-//! the threads' timing.
-//!
-//! The calling thread computes ranges too: it hands one helper job per other pool thread to
-//! rayon and takes ranges from a shared counter with them, so the launch starts at once
-//! instead of after a sleeping worker wakes (tens of microseconds in a virtual machine), and
-//! ends when the last range does, without waking the caller. A helper that starts after the
-//! ranges ran out returns without touching the buffers; the caller waits only for ranges
-//! already taken.
+//! [`CHUNKS_PER_THREAD`] per thread of rayon's pool, run as [`super::jobs`] (the calling thread
+//! and the pool's other threads take ranges from a shared counter; the pool the matrix products
+//! run on too: on 2 cores, with OpenMP's team beside rayon's, the GPT-2 block ran 20.9 ms
+//! instead of 14.6). Several ranges per thread let a thread that the OS preempted hold back one
+//! small range rather than half the launch. Each range has its own status words; the first
+//! range (in `xindex` order) that failed names the error, so which error is reported does not
+//! depend on the threads' timing.
 
+use super::jobs;
 use super::module::Kernel;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// Below this many elements a launch runs in one call on the calling thread.
 pub const PARALLEL_MIN_ELEMENTS: i64 = 1 << 15;
@@ -33,51 +26,6 @@ pub const CHUNKS_PER_THREAD: i64 = 4;
 /// Pointwise ranges start at multiples of this many elements, so the vector loops of all but
 /// the first range begin on a cache line.
 const ALIGN: i64 = 16;
-
-/// A parallel launch, shared by the caller and its helpers (`'static` for `rayon::spawn`).
-struct Shared {
-    kernel: Kernel,
-    /// The argument pointers, as addresses.
-    args: Vec<usize>,
-    xnumel: i64,
-    chunks: i64,
-    align: i64,
-    /// The next range to take.
-    next: AtomicI64,
-    /// Ranges finished.
-    done: AtomicI64,
-    /// Each range's status words.
-    statuses: Mutex<Vec<[i64; 4]>>,
-}
-
-impl Shared {
-    /// The start of range `c` (`xnumel` for `c == chunks`).
-    fn bound(&self, c: i64) -> i64 {
-        if c == self.chunks {
-            self.xnumel
-        } else {
-            (self.xnumel * c / self.chunks) / self.align * self.align
-        }
-    }
-
-    /// Takes and computes ranges until none is left.
-    fn help(&self) {
-        loop {
-            let c = self.next.fetch_add(1, Ordering::AcqRel);
-            if c >= self.chunks {
-                return;
-            }
-            let args: Vec<*mut u8> = self.args.iter().map(|&a| a as *mut u8).collect();
-            // SAFETY: the launch's contract, for a sub-range of it taken once; the caller of
-            // `launch` waits for every range taken, so the buffers are alive.
-            let status = unsafe { call_range(&self.kernel, &args, self.bound(c), self.bound(c + 1)) };
-            if status[0] != 0 {
-                self.statuses.lock().unwrap_or_else(|e| e.into_inner())[c as usize] = status;
-            }
-            self.done.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-}
 
 /// Calls `kernel` over `0..xnumel` (`rnumel` elements per index: 1 for a pointwise kernel)
 /// with `args` (the buffers, then the sizes and random-stream pointers), in one call or in
@@ -97,33 +45,22 @@ pub unsafe fn launch(kernel: &Kernel, args: &[*mut u8], xnumel: i64, rnumel: i64
     }
     let chunks = (total / (PARALLEL_MIN_ELEMENTS / 2)).min(CHUNKS_PER_THREAD * threads).min(xnumel).max(2);
     let align = if rnumel <= 1 && xnumel >= chunks * ALIGN { ALIGN } else { 1 };
-    let shared = Arc::new(Shared {
-        kernel: kernel.clone(),
-        args: args.iter().map(|&p| p as usize).collect(),
-        xnumel,
-        chunks,
-        align,
-        next: AtomicI64::new(0),
-        done: AtomicI64::new(0),
-        statuses: Mutex::new(vec![[0; 4]; chunks as usize]),
-    });
-    for _ in 1..threads.min(chunks) {
-        let helper = shared.clone();
-        rayon::spawn(move || helper.help());
-    }
-    shared.help();
-    // Ranges other threads took and have not finished: short waits (a range is a fraction of
-    // the launch), so spin, then give the core away.
-    let mut spins = 0u32;
-    while shared.done.load(Ordering::Acquire) < chunks {
-        if spins < 1 << 12 {
-            std::hint::spin_loop();
-            spins += 1;
-        } else {
-            std::thread::yield_now();
+    // The start of range `c` (`xnumel` for `c == chunks`).
+    let bound = |c: i64| if c == chunks { xnumel } else { (xnumel * c / chunks) / align * align };
+    // Addresses as integers, so that the ranges run on other threads (`jobs::run` returns only
+    // after every range has finished).
+    let addresses: Vec<usize> = args.iter().map(|&p| p as usize).collect();
+    let statuses = Mutex::new(vec![[0i64; 4]; chunks as usize]);
+    jobs::run(chunks as usize, jobs::helpers(), &|c| {
+        let c = c as i64;
+        let args: Vec<*mut u8> = addresses.iter().map(|&a| a as *mut u8).collect();
+        // SAFETY: the launch's contract, for a sub-range of it taken once.
+        let status = unsafe { call_range(kernel, &args, bound(c), bound(c + 1)) };
+        if status[0] != 0 {
+            statuses.lock().unwrap_or_else(|e| e.into_inner())[c as usize] = status;
         }
-    }
-    let statuses = shared.statuses.lock().unwrap_or_else(|e| e.into_inner());
+    });
+    let statuses = statuses.into_inner().unwrap_or_else(|e| e.into_inner());
     statuses.iter().copied().find(|s| s[0] != 0).unwrap_or([0; 4])
 }
 
