@@ -15,6 +15,19 @@ use std::collections::HashMap;
 pub(super) type Scope = HashMap<String, Expr>;
 
 impl Parser {
+    /// `, stride=.., size=.., bound=..)`: the tail a window store shares in loop IR
+    /// (`scatter(..)`) and tile IR (`window(..)`); `what` names the closed call in the error.
+    pub(super) fn window_tail(&mut self, scope: &Scope, what: &str) -> Result<[Expr; 3], Located> {
+        self.phrase(", stride=")?;
+        let stride = self.expr(scope)?;
+        self.phrase(", size=")?;
+        let size = self.expr(scope)?;
+        self.phrase(", bound=")?;
+        let bound = self.expr(scope)?;
+        self.expect(')', &format!("to close the {what}"))?;
+        Ok([stride, size, bound])
+    }
+
     /// `a + b - c`: sums of products.
     pub(super) fn expr(&mut self, scope: &Scope) -> Result<Expr, Located> {
         let mut e = self.product(scope)?;

@@ -405,13 +405,7 @@ impl ProgramParser<'_> {
         let index = self.p.expr(scope)?;
         self.p.phrase(", offset=")?;
         let offset = self.value_ref(body.values.len() as u32)?;
-        self.p.phrase(", stride=")?;
-        let stride = self.p.expr(scope)?;
-        self.p.phrase(", size=")?;
-        let size = self.p.expr(scope)?;
-        self.p.phrase(", bound=")?;
-        let bound = self.p.expr(scope)?;
-        self.p.expect(')', "to close the scatter")?;
+        let [stride, size, bound] = self.p.window_tail(scope, "scatter")?;
         Ok(Some(ScatterStore { base, index, offset, stride, size, bound }))
     }
 

@@ -267,13 +267,7 @@ impl KernelParser<'_> {
             let arg = self.arg_ref(args)?;
             self.p.phrase(", offset=")?;
             let offset = self.tmp(defined)?;
-            self.p.phrase(", stride=")?;
-            let stride = self.p.expr(scope)?;
-            self.p.phrase(", size=")?;
-            let size = self.p.expr(scope)?;
-            self.p.phrase(", bound=")?;
-            let bound = self.p.expr(scope)?;
-            self.p.expect(')', "to close the window")?;
+            let [stride, size, bound] = self.p.window_tail(scope, "window")?;
             return Ok(TileStmt::Window { arg, offset, stride, size, bound });
         }
         if word == "store" {
