@@ -74,7 +74,7 @@ pub use coil_frontend::{history, profile, safetensors};
 /// The configuration ([`Config`]): [`set_config`] replaces it, [`with_config`] sets it for a
 /// closure on this thread, `config()` reads the one in force; the environment (`COIL_LOGS`,
 /// `COIL_DEBUG`, `COIL_CACHE_DIR`, ...) only supplies its defaults ([`Config::from_env`]).
-pub use coil_ir::config::{current as config, set_config, with_config, Config};
+pub use coil_ir::config::{current as config, set_config, with_config, Config, CudnnApi};
 pub use coil_ir::{DType, Error, ErrorKind, Graph, LossReduction, RandomState, Result, Scalar, TensorMeta};
 pub use coil_passes::decompose;
 pub use coil_runtime::cuda::cuda_available;

@@ -987,12 +987,39 @@ fn data_errors_name_the_op_operands_and_line_on_cuda() {
 fn resnet_training_steps_agree_with_the_cpu_on_cuda() {
     let Some(device) = gpu() else { return };
     coil::set_backend(coil::Backend::Compiled);
-    let (want_losses, want) = resnet::train(coil::Device::Cpu).unwrap();
-    let (got_losses, got) = resnet::train(device).unwrap();
-    let loss_err = attention::rel_error(&got_losses, &want_losses);
-    assert!(loss_err < 1e-4, "losses {got_losses:?} on CUDA, {want_losses:?} on the CPU");
-    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        let err = attention::rel_error(a, b);
-        assert!(err < 1e-3, "parameter or buffer {i} differs from the CPU's by {err:.2e}");
+    let wrong = resnet::differences_from_the_cpu(device).unwrap();
+    assert!(wrong.is_empty(), "the CUDA run differs from the CPU's:\n{}", wrong.join("\n"));
+}
+
+/// As above with every convolution on cuDNN's legacy API (`Config::cudnn_api`).
+#[test]
+fn resnet_training_steps_on_the_legacy_cudnn_api_agree_with_the_cpu_on_cuda() {
+    let Some(device) = gpu() else { return };
+    coil::set_backend(coil::Backend::Compiled);
+    let legacy = coil::Config { cudnn_api: coil::CudnnApi::Legacy, ..(*coil::config()).clone() };
+    let wrong = coil::with_config(legacy, || resnet::differences_from_the_cpu(device)).unwrap();
+    assert!(wrong.is_empty(), "the CUDA run differs from the CPU's:\n{}", wrong.join("\n"));
+}
+
+/// Two runs of the ResNet's training steps on CUDA give the same bits: losses, every step's
+/// gradients, parameters and buffers (no engine or kernel sums in an order that depends on
+/// timing, such as cuDNN's weight-gradient engines that split the sum by atomics).
+#[test]
+fn resnet_training_steps_repeat_bit_for_bit_on_cuda() {
+    let Some(device) = gpu() else { return };
+    coil::set_backend(coil::Backend::Compiled);
+    let (first, again) = (resnet::train(device).unwrap(), resnet::train(device).unwrap());
+    let mut differ = Vec::new();
+    if again.losses != first.losses {
+        differ.push(format!("losses {:?} then {:?}", first.losses, again.losses));
     }
+    for (step, (a, b)) in again.grads.iter().zip(&first.grads).enumerate() {
+        for (i, (a, b)) in a.iter().zip(b).enumerate().filter(|(_, (a, b))| a != b) {
+            differ.push(format!("step {step} gradient {i} ({} values): {:.2e}", a.len(), attention::rel_error(a, b)));
+        }
+    }
+    for (i, (a, b)) in again.state.iter().zip(&first.state).enumerate().filter(|(_, (a, b))| a != b) {
+        differ.push(format!("parameter or buffer {i}: {:.2e}", attention::rel_error(a, b)));
+    }
+    assert!(differ.is_empty(), "a second run differs from the first:\n{}", differ.join("\n"));
 }

@@ -181,6 +181,12 @@ pub fn check_grad_large(device: Device) {
                 failures.push(format!("{}: output {i} differs from the CPU's by {err:.2e}", case.name()));
             }
         }
+        // The same bits on a second run (no sums in an order that depends on timing).
+        match run(device) {
+            Ok(again) if again != got => failures.push(format!("{}: a second run gives other bits", case.name())),
+            Ok(_) => {}
+            Err(e) => failures.push(format!("{}: second run: {e}", case.name())),
+        }
     }
     coil::set_default_device(Device::Cpu);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

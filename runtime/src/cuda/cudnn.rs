@@ -24,6 +24,8 @@
 //! * f16 / bf16 accumulate in f32 (legacy: `CUDNN_TENSOR_OP_MATH`; graph: compute type float,
 //!   no reduced-precision reductions); f32 runs without TF32 (legacy: `CUDNN_FMA_MATH`; graph:
 //!   no tensor-core engines), as coil's matrix products; f64 in f64.
+//! * Every run gives the same bits: engines noted nondeterministic and legacy algorithms that
+//!   are not `CUDNN_DETERMINISTIC` (weight gradients summed by atomics) are passed over.
 //! * Where cuDNN cannot be loaded, or neither API has a plan for a call, the call runs on the
 //!   host (operands downloaded, [`crate::interp::conv`], result uploaded): slow but correct.
 //!   The compile path keeps convolutions whole only where [`available`] says cuDNN loads, so
@@ -533,7 +535,7 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -
     const COUNT: usize = 16;
     let mut returned: c_int = 0;
     // (algo, workspace bytes, math type, status) of each candidate, best first.
-    let candidates: Vec<(Algo, usize, sys::cudnnMathType_t, sys::cudnnStatus_t)> = match call.form {
+    let candidates: Vec<Candidate<Algo>> = match call.form {
         ConvForm::Forward => {
             let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); COUNT];
             let (x, w, y) = (a.tensor(), b.filter(), out.tensor());
@@ -548,7 +550,10 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -
                 perf.as_mut_ptr(),
             )
             .map_err(dnn_err("cudnnGetConvolutionForwardAlgorithm_v7"))?;
-            perf[..returned as usize].iter().map(|p| (Algo::Forward(p.algo), p.memory, p.mathType, p.status)).collect()
+            perf[..returned as usize]
+                .iter()
+                .map(|p| (Algo::Forward(p.algo), p.memory, p.mathType, p.status, p.determinism))
+                .collect()
         }
         ConvForm::BackwardData { .. } => {
             let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); COUNT];
@@ -564,7 +569,10 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -
                 perf.as_mut_ptr(),
             )
             .map_err(dnn_err("cudnnGetConvolutionBackwardDataAlgorithm_v7"))?;
-            perf[..returned as usize].iter().map(|p| (Algo::Data(p.algo), p.memory, p.mathType, p.status)).collect()
+            perf[..returned as usize]
+                .iter()
+                .map(|p| (Algo::Data(p.algo), p.memory, p.mathType, p.status, p.determinism))
+                .collect()
         }
         ConvForm::BackwardWeight { .. } => {
             let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); COUNT];
@@ -580,30 +588,38 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, call: &ConvCall, dtype: DType) -
                 perf.as_mut_ptr(),
             )
             .map_err(dnn_err("cudnnGetConvolutionBackwardFilterAlgorithm_v7"))?;
-            perf[..returned as usize].iter().map(|p| (Algo::Filter(p.algo), p.memory, p.mathType, p.status)).collect()
+            perf[..returned as usize]
+                .iter()
+                .map(|p| (Algo::Filter(p.algo), p.memory, p.mathType, p.status, p.determinism))
+                .collect()
         }
     };
-    let Some(&(algo, workspace, math, _)) = first_usable(&candidates, dtype) else {
+    let Some(&(algo, workspace, math, _, _)) = first_usable(&candidates, dtype) else {
         return Err(Error::runtime(format!("cuDNN has no algorithm for {} ({})", call.form.name(), describe(call))));
     };
     dnn::set_convolution_math_type(conv, math).map_err(dnn_err("cudnnSetConvolutionMathType"))?;
     Ok(LegacyPlan { a, b, out, conv, algo, workspace, f64: dtype == DType::F64 })
 }
 
-/// The first of the legacy heuristics' candidates `(algo, workspace bytes, math type, status)`
-/// (best first) that ran, fits [`WORKSPACE_LIMIT`] and keeps `dtype`'s precision. The
-/// heuristics list candidates of every math type whatever the descriptor says; for f32 and f64
-/// only FMA math qualifies (`CUDNN_DEFAULT_MATH` may take TF32 tensor cores on sm_80 and newer,
-/// which coil's f32 never does).
-fn first_usable<A>(
-    candidates: &[(A, usize, sys::cudnnMathType_t, sys::cudnnStatus_t)],
-    dtype: DType,
-) -> Option<&(A, usize, sys::cudnnMathType_t, sys::cudnnStatus_t)> {
+/// One of the legacy heuristics' candidates: algorithm, workspace bytes, math type, status and
+/// determinism.
+type Candidate<A> = (A, usize, sys::cudnnMathType_t, sys::cudnnStatus_t, sys::cudnnDeterminism_t);
+
+/// The first of the legacy heuristics' candidates (best first) that ran, fits
+/// [`WORKSPACE_LIMIT`], gives the same bits on every run (some weight-gradient algorithms sum
+/// by atomics) and keeps `dtype`'s precision. The heuristics list candidates of every math
+/// type whatever the descriptor says; for f32 and f64 only FMA math qualifies
+/// (`CUDNN_DEFAULT_MATH` may take TF32 tensor cores on sm_80 and newer, which coil's f32 never
+/// does).
+fn first_usable<A>(candidates: &[Candidate<A>], dtype: DType) -> Option<&Candidate<A>> {
     let precise = |m: sys::cudnnMathType_t| {
         matches!(dtype, DType::F16 | DType::BF16) || m == sys::cudnnMathType_t::CUDNN_FMA_MATH
     };
-    candidates.iter().find(|(_, memory, m, status)| {
-        *status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && *memory <= WORKSPACE_LIMIT && precise(*m)
+    candidates.iter().find(|(_, memory, m, status, determinism)| {
+        *status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+            && *memory <= WORKSPACE_LIMIT
+            && precise(*m)
+            && *determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC
     })
 }
 
@@ -669,22 +685,25 @@ mod tests {
     }
 
     #[test]
-    fn legacy_candidates_keep_f32_off_tensor_cores() {
+    fn legacy_candidates_keep_f32_off_tensor_cores_and_repeat_bit_for_bit() {
+        use sys::cudnnDeterminism_t::{CUDNN_DETERMINISTIC, CUDNN_NON_DETERMINISTIC};
         use sys::cudnnMathType_t::{CUDNN_DEFAULT_MATH, CUDNN_FMA_MATH, CUDNN_TENSOR_OP_MATH};
         use sys::cudnnStatus_t::{CUDNN_STATUS_NOT_SUPPORTED, CUDNN_STATUS_SUCCESS};
-        let ok = CUDNN_STATUS_SUCCESS;
+        let (ok, same) = (CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC);
         let candidates = [
-            ("tf32", 0, CUDNN_DEFAULT_MATH, ok),
-            ("tensor", 0, CUDNN_TENSOR_OP_MATH, ok),
-            ("failed", 0, CUDNN_FMA_MATH, CUDNN_STATUS_NOT_SUPPORTED),
-            ("too big", WORKSPACE_LIMIT + 1, CUDNN_FMA_MATH, ok),
-            ("fma", 64, CUDNN_FMA_MATH, ok),
+            ("atomics", 0, CUDNN_TENSOR_OP_MATH, ok, CUDNN_NON_DETERMINISTIC),
+            ("tf32", 0, CUDNN_DEFAULT_MATH, ok, same),
+            ("tensor", 0, CUDNN_TENSOR_OP_MATH, ok, same),
+            ("failed", 0, CUDNN_FMA_MATH, CUDNN_STATUS_NOT_SUPPORTED, same),
+            ("too big", WORKSPACE_LIMIT + 1, CUDNN_FMA_MATH, ok, same),
+            ("fma atomics", 0, CUDNN_FMA_MATH, ok, CUDNN_NON_DETERMINISTIC),
+            ("fma", 64, CUDNN_FMA_MATH, ok, same),
         ];
         let name = |dtype| first_usable(&candidates, dtype).map(|c| c.0);
         assert_eq!(name(DType::F32), Some("fma"));
         assert_eq!(name(DType::F64), Some("fma"));
-        assert_eq!(name(DType::BF16), Some("tf32"), "16-bit floats take the heuristics' first");
-        assert_eq!(first_usable(&candidates[..2], DType::F32), None);
+        assert_eq!(name(DType::BF16), Some("tf32"), "16-bit floats take the first deterministic one");
+        assert_eq!(first_usable(&candidates[..3], DType::F32), None);
     }
 
     #[test]

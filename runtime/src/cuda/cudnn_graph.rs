@@ -207,11 +207,16 @@ pub(super) fn note_names(notes: &[u32]) -> Vec<&'static str> {
     notes.iter().map(|&n| NAMES.get(n as usize).copied().unwrap_or("unknown")).collect()
 }
 
-/// Whether an engine with these numerical notes keeps coil's numerics for `dtype`: f32
-/// accumulation (no reduced-precision reduction), inputs not converted down, and for f32 no
-/// tensor cores (TF32; coil's f32 products do not use it). `Err` names the note in the way.
+/// Whether an engine with these numerical notes keeps coil's numerics for `dtype`: the same
+/// bits on every run (no order of sums that depends on timing, such as split reductions by
+/// atomics), f32 accumulation (no reduced-precision reduction), inputs not converted down, and
+/// for f32 no tensor cores (TF32; coil's f32 products do not use it). `Err` names the note in
+/// the way.
 pub(super) fn allowed(notes: &[u32], dtype: DType) -> std::result::Result<(), &'static str> {
     let has = |n: Note| notes.contains(&(n as u32));
+    if has(Note::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) {
+        return Err("nondeterministic");
+    }
     if has(Note::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) {
         return Err("reduced-precision reduction");
     }

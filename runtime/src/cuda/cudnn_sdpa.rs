@@ -8,7 +8,10 @@
 //!   backward reads it), `P = exp / sum` in the operands' dtype, `O = P V`.
 //! * Backward: `delta = sum(dO · O)` per row (the engines want it in their graph),
 //!   `P = exp(S - lse)` recomputed, `dV = Pᵀ dO`,
-//!   `dS = P (dO Vᵀ - delta) · scale`, `dK = dSᵀ Q`, `dQ = dS K` through an f32 accumulator.
+//!   `dS = P (dO Vᵀ - delta) · scale`, `dK = dSᵀ Q`, `dQ = dS K` written directly. (The
+//!   frontend's other form sums dQ into an f32 accumulator by atomics, whose bits change from
+//!   run to run; this one keeps dP in the plan's workspace, `B·H·L·S·2` bytes, and gives the
+//!   same bits every run, as the frontend's `set_deterministic_algorithm` does on Hopper.)
 //!
 //! Only what these engines serve is sent: f16 / bf16, no mask or the plain causal rule, equal
 //! heads, head dims that are multiples of 8 up to 128, unit column strides and 16-byte aligned
@@ -45,7 +48,6 @@ mod uid {
     pub const DK: i64 = 8;
     pub const DV: i64 = 9;
     pub const DELTA: i64 = 10;
-    pub const DQ_ACCUM: i64 = 11;
     pub const SCALE: i64 = 20;
     pub const NEG_INF: i64 = 21;
     pub const ONE: i64 = 22;
@@ -240,20 +242,18 @@ pub(super) fn backward(
         aligns: ptrs.iter().map(|&p| alignment(p)).collect(),
     };
     let rows = spec.batch_count() * l;
-    // The graph's own delta, and dQ's f32 accumulator (zeroed before cuDNN 9.6, which added
-    // into it).
-    let scratch = [(uid::DELTA, rows * 4, false), (uid::DQ_ACCUM, rows * d * 4, cudnn_version() < 90600)];
-    run(dev, shape, uids, ptrs, &scratch)
+    // The graph's own delta.
+    run(dev, shape, uids, ptrs, &[(uid::DELTA, rows * 4)])
 }
 
 /// Plans `shape` (once) and enqueues it over the tensors `uids` at `ptrs`, with device
-/// scratch tensors `(uid, bytes, zeroed)`.
+/// scratch tensors `(uid, bytes)`.
 fn run(
     dev: &Arc<CudaDevice>,
     shape: Shape,
     mut uids: Vec<i64>,
     mut ptrs: Vec<u64>,
-    scratch: &[(i64, usize, bool)],
+    scratch: &[(i64, usize)],
 ) -> Result<bool> {
     let dnn = Cudnn::get(dev)?;
     let key = (dev.ordinal(), shape);
@@ -283,11 +283,8 @@ fn run(
     };
     let workspace = DeviceMemory::alloc(dev, plan.workspace.max(1))?;
     let mut temps = Vec::with_capacity(scratch.len());
-    for &(id, bytes, zeroed) in scratch {
+    for &(id, bytes) in scratch {
         let t = DeviceMemory::alloc(dev, bytes.max(1))?;
-        if zeroed {
-            t.zero(bytes)?;
-        }
         uids.push(id);
         ptrs.push(t.ptr());
         temps.push(t);
@@ -312,12 +309,6 @@ fn run(
     });
     drop((workspace, temps));
     status.map(|()| true).map_err(|e| Error::runtime(format!("attention through cuDNN failed: {}", e.message)))
-}
-
-/// cuDNN's version (`9.6.0` is 90600).
-fn cudnn_version() -> usize {
-    // SAFETY: a plain query of the loaded library.
-    unsafe { sys::cudnnGetVersion() }
 }
 
 /// The operation graph under construction: tensors and operations, finalized as they are added.
@@ -557,13 +548,19 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, shape: &Shape) -> Result<GraphPl
         g.matmul(dst, q, dk)?;
         let k = g.virt(f32, kl)?;
         g.reshape(kt, k)?;
-        let accum = g.tensor(Some(uid::DQ_ACCUM), f32, Layout::dense([b, h, l, d]), 16, false)?;
-        g.matmul(ds, k, accum)?;
-        g.pointwise(Pw::CUDNN_POINTWISE_IDENTITY, &[accum], dq, f32, None)?;
+        g.matmul(ds, k, dq)?;
     }
     // P rounds to the operands' dtype by construction (as in coil's templates and
-    // FlashAttention): no numerical note is refused.
-    plan_ops(handle, g.ops, g.parts, |_| Ok(()))
+    // FlashAttention), so reduced-precision notes are expected; only an engine whose bits
+    // change from run to run is refused.
+    plan_ops(handle, g.ops, g.parts, |notes| {
+        let atomics = sys::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC as u32;
+        if notes.contains(&atomics) {
+            Err("nondeterministic")
+        } else {
+            Ok(())
+        }
+    })
 }
 
 #[cfg(test)]
