@@ -47,6 +47,7 @@ pub mod gather;
 pub mod graphs;
 pub mod loader;
 pub mod memory;
+mod segments;
 pub mod sort;
 #[cfg(test)]
 mod sort_emulation;
