@@ -30,7 +30,18 @@
 //!   rules fired), `lower` (primitive graph to loop IR), `split` (split reductions), `schedule`
 //!   (fusion into kernels: prints the schedule), `tile` (the scheduled kernels' tile IR), `c`
 //!   (their C functions, without the shared prelude), `cuda` (their CUDA C kernels, without the
-//!   prelude, launched for the H100), `ptx` (their PTX modules for the H100, default tuning).
+//!   prelude, launched for the H100), `ptx` (their PTX modules, default tuning, each after a
+//!   line `// launch: grid G x block B[, at most M blocks][, clusters of C][, S bytes of
+//!   dynamic shared memory]; ptxas level L`: how the runtime launches and assembles it). The
+//!   `c`, `cuda` and `ptx` stages generate twice and fail if the two texts differ.
+//!   Several `pass:` lines before the first check add up; a `pass:` line after checks starts
+//!   another pipeline from the parsed IR, matched by the checks after it (one file can check
+//!   the C, CUDA C and PTX of the same kernels).
+//! * `; arch: sm_NN`: the GPU the `cuda` and `ptx` stages generate for (default `sm_90`, the
+//!   H100; `sm_80` the A100, `sm_89` the RTX 4090, `sm_70` the V100, another the data-center
+//!   part of its generation with that compute capability). `cuda` generates for the H100 only.
+//! * `; error: P`: the pipeline's stages must fail with an error containing `P` (a kernel
+//!   without a PTX form, a GPU without a PTX target); no other check in that pipeline.
 //! * `; dynamic: s0 = %L[d]`: dim `d` of input `%L` is the size symbol `s0`; every size of the
 //!   graph equal to that dim's written value is taken as `s0` (write a value no other size
 //!   has). The `decompose` and `rewrite` stages then run at probe sizes
@@ -48,7 +59,9 @@
 //! * Any other `;` line is a comment; a `; word:` line with an unknown word is an error.
 //!
 //! A failing check prints the directive, its line, and the whole text it was matched against,
-//! numbered. Every failing file is reported at once.
+//! numbered. Every failing file is reported at once. `ptx_modules_assemble` puts every PTX
+//! module the files generate through `ptxas` where it is installed (`ptxas` on the `PATH`, or
+//! the one `COIL_PTXAS` names), and reports itself skipped where it is not.
 
 use coil::{Buffer, DType, Device, Graph, HostData, RandomState};
 use coil_codegen::cuda::{GpuTarget, Tuning};
@@ -709,7 +722,10 @@ fn directives_are_checked() {
     assert!(directives("; chekc: x").unwrap_err().contains("unknown directive `chekc`"));
     assert!(directives("; just a comment: with a colon\ngraph() {}").unwrap_err().contains("checks nothing"));
     let t = directives("; pass: decompose, rewrite\n; run: ints=0..3\n; dynamic: s0 = %0[1]").unwrap();
-    assert_eq!((t.level, &t.pipelines[0].passes), (Level::Graph, &vec!["decompose".to_string(), "rewrite".to_string()]));
+    assert_eq!(
+        (t.level, &t.pipelines[0].passes),
+        (Level::Graph, &vec!["decompose".to_string(), "rewrite".to_string()])
+    );
     assert_eq!(directives("; level: tile\n; check: x").unwrap().level, Level::Tile);
     assert!(directives("; level: loops\n; run").unwrap_err().contains("need a graph file"));
     assert!(directives("; level: kernels\n; check: x").unwrap_err().contains("expected `level: graph`"));

@@ -130,4 +130,3 @@ fn division_by_a_constant_is_exact_for_every_index() {
         }
     }
 }
-
