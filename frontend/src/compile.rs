@@ -568,7 +568,9 @@ fn cuda_schedule_options(clusters: bool) -> coil_passes::ScheduleOptions {
     use coil_codegen::cuda::launch::{BLOCK_ROW_MAX, CLUSTER_ROW_MAX};
     let most = if clusters { CLUSTER_ROW_MAX } else { BLOCK_ROW_MAX };
     let knob = coil_ir::config::current().tuning.persistent_max;
-    coil_passes::ScheduleOptions { persistent_max_rnumel: knob.map_or(most, |n| n.min(CLUSTER_ROW_MAX)) }
+    // An override beyond what the GPU can hold in one block or cluster is capped there: a
+    // longer row would need a cluster this GPU cannot launch.
+    coil_passes::ScheduleOptions { persistent_max_rnumel: knob.map_or(most, |n| n.min(most)) }
 }
 
 /// The CUDA C source of each kernel `captured` compiles to (static sizes), as `(name, source)`

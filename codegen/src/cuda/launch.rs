@@ -359,8 +359,14 @@ pub fn plan_with(k: &TileKernel, tuning: &Tuning, target: &GpuTarget) -> Plan {
         KernelKind::PersistentReduction => {
             let rn = rn.expect("a persistent reduction has a constant row");
             let mut vec = largest_pow2_dividing(access, rn);
-            let cluster =
-                t.cluster.unwrap_or_else(|| rn.div_ceil(BLOCK_ROW_MAX as usize).next_power_of_two()).min(MAX_CLUSTER);
+            // A GPU without clusters holds the row in one block, however long (the scheduler
+            // keeps rows over `BLOCK_ROW_MAX` looped there).
+            let cluster = match target.clusters {
+                true => (t.cluster)
+                    .unwrap_or_else(|| rn.div_ceil(BLOCK_ROW_MAX as usize).next_power_of_two())
+                    .min(MAX_CLUSTER),
+                false => 1,
+            };
             let lanes = if let Some(lanes) = t.row_threads {
                 lanes
             } else if rn as i64 <= WARP_ROW_MAX {

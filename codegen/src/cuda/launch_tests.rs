@@ -112,6 +112,22 @@ fn cluster_rows_meet_in_distributed_shared_memory() {
     assert!(module.source.contains("mapa.u64") && module.source.contains("barrier.cluster.arrive.release"));
 }
 
+/// A GPU without thread-block clusters never gets a cluster plan, even for a row past
+/// `BLOCK_ROW_MAX` or with a cluster override (its assembler refuses `.reqnctapercluster`).
+#[test]
+fn gpus_without_clusters_get_no_cluster_plans() {
+    let (p, k) = softmax(64, 1 << 14, KernelKind::PersistentReduction, "s");
+    let tile = build_kernel(&p, &k);
+    let a100 = GpuTarget::a100();
+    assert!(!a100.clusters);
+    for tuning in [Tuning::default(), Tuning { cluster: Some(4), ..Tuning::default() }] {
+        assert_eq!(launch::plan_with(&tile, &tuning, &a100).cluster, 1);
+        let src = ptx::emit_ptx(&tile, &a100, &tuning).unwrap().source;
+        assert!(!src.contains(".reqnctapercluster"), "{src}");
+    }
+    assert_eq!(launch::plan_with(&tile, &Tuning::default(), &GpuTarget::h100()).cluster, 2);
+}
+
 #[test]
 fn long_rows_stay_on_chip_only_where_the_loop_would_read_them_twice() {
     use coil_ir::kernel::Schedule;
