@@ -38,15 +38,30 @@ extern "C" __global__ void coil_scatter_sorted_keys(const long long *__restrict_
     }
 }
 
-/* The combine: a thread per (row, column) of the index seen as [outer * len, inner] (`len` its
-   size along the scattered dim), the row being (line, rank k) in the sorted order. Where rank
-   k starts a run of equal keys, the thread combines x's element at (line, key, column) with
-   the sources of the run, in the run's order (ascending positions: the sort is stable), and
-   stores the result once; other threads have nothing to do. `stride` is 1 when the index
-   repeats along its rows (one sort per line serves every column) and `inner` otherwise (a sort
-   per column). Blocks are 2-D: x over columns, y over rows, both grid-stride. ACC is the type
-   combined in; LOAD widens a T to it, STORE narrows, COMBINE combines and rounds to T's
-   precision, as the interpreter rounds each step. */
+/* The offsets in x and src of the coordinates `rem` spreads over the index's dims [first,
+   last] (row-major; dim `first` takes the rest, no division), added to xo and so. */
+__device__ __forceinline__ void coil_scatter_part(const CoilScatterDims &d, int first, int last, long long rem,
+                                                  long long &xo, long long &so) {
+    for (int a = last; a >= first; --a) {
+        long long c = rem;
+        if (a > first) {
+            rem = c / d.size[a];
+            c -= rem * d.size[a];
+        }
+        xo += c * d.xstride[a];
+        so += c * d.sstride[a];
+    }
+}
+
+/* The combine, a thread per element: the index seen as [outer * len, inner] (`len` its size
+   along the scattered dim), a row being (line o, rank k) in the sorted order and a column i.
+   Where rank k starts a run of equal keys in its line, the thread combines x's element at (o,
+   key, i) with the sources of the run in the run's order (ascending positions: the sort is
+   stable) and stores the result once; other threads have nothing to do. `stride` is 1 where
+   the index repeats along its rows (one sort per line serves every column) and `inner`
+   otherwise (a sort per column). Blocks are 2-D: x over columns, y over rows, both
+   grid-stride. ACC is the type combined in; LOAD widens a T to it, STORE narrows, COMBINE
+   combines and rounds to T's precision, as the interpreter rounds each step. */
 #define COIL_SORTED_SCATTER(NAME, T, ACC, LOAD, STORE, COMBINE)                                    \
 extern "C" __global__ void NAME(T *out, const T *__restrict__ src, const long long *__restrict__ pos, \
                                 const long long *__restrict__ sorted, int ndim, int dim, long long outer, \
@@ -62,33 +77,22 @@ extern "C" __global__ void NAME(T *out, const T *__restrict__ src, const long lo
             const long long key = sorted[line + k * stride];                                         \
             if (k > 0 && sorted[line + (k - 1) * stride] == key) continue; /* not a run's first */  \
             if (key < 0 || key >= dim_size) continue;                      /* reported */           \
-            /* The offsets of (o, i) in x and src: dims after `dim` from i, before it from o (the   \
-               outermost of each takes the rest, no division). */                                    \
-            long long xo = 0, so = 0, rem = i;                                                       \
-            for (int a = ndim - 1; a > dim; --a) {                                                   \
-                long long c = rem;                                                                   \
-                if (a > dim + 1) { rem = c / d.size[a]; c -= rem * d.size[a]; }                      \
-                xo += c * d.xstride[a];                                                              \
-                so += c * d.sstride[a];                                                              \
-            }                                                                                        \
-            rem = o;                                                                                 \
-            for (int a = dim - 1; a >= 0; --a) {                                                     \
-                long long c = rem;                                                                   \
-                if (a > 0) { rem = c / d.size[a]; c -= rem * d.size[a]; }                            \
-                xo += c * d.xstride[a];                                                              \
-                so += c * d.sstride[a];                                                              \
-            }                                                                                        \
-            T *p = out + xo + key * d.xstride[dim];                                                  \
+            long long xo = key * d.xstride[dim], so = 0;                                             \
+            coil_scatter_part(d, dim + 1, ndim - 1, i, xo, so);                                      \
+            coil_scatter_part(d, 0, dim - 1, o, xo, so);                                             \
+            T *p = out + xo;                                                                         \
             const T *s = src + so;                                                                   \
             const long long step = d.sstride[dim];                                                   \
             ACC acc = LOAD(*p);                                                                      \
             for (long long q = k;; q += COIL_SCATTER_BATCH) {                                        \
-                /* The run's next sources: positions first (keys sorted: a run is contiguous),      \
-                   then their values, all loads in flight before the combines. */                    \
+                /* The run's next sources: keys and positions (a run is contiguous), then their     \
+                   values, all loads in flight before the combines. */                               \
                 long long at[COIL_SCATTER_BATCH];                                                    \
                 _Pragma("unroll") for (int u = 0; u < COIL_SCATTER_BATCH; u++) {                    \
-                    const long long r = q + u;                                                       \
-                    at[u] = r < len && sorted[line + r * stride] == key ? pos[line + r * stride] : -1; \
+                    const long long r = q + u, e = line + r * stride;                                \
+                    const bool in = r < len;                                                         \
+                    const long long position = in ? pos[e] : 0;                                      \
+                    at[u] = in && sorted[e] == key ? position : -1;                                  \
                 }                                                                                    \
                 T v[COIL_SCATTER_BATCH];                                                             \
                 _Pragma("unroll") for (int u = 0; u < COIL_SCATTER_BATCH; u++)                      \
@@ -98,6 +102,85 @@ extern "C" __global__ void NAME(T *out, const T *__restrict__ src, const long lo
                 if (at[COIL_SCATTER_BATCH - 1] < 0) break;                                           \
             }                                                                                        \
             *p = STORE(acc);                                                                         \
+        }                                                                                            \
+    }                                                                                                \
+}
+
+/* Most threads of a rows block, and the run positions it stages at a time. */
+#define COIL_SCATTER_ROWS_BLOCK 256
+/* 16 bytes of a row: what a rows thread loads and stores at once. */
+struct alignas(16) CoilVec16 { unsigned x, y, z, w; };
+
+/* The combine of a rows scatter (`stride` 1) whose rows are whole 16-byte vectors (V
+   elements; the runtime checks the sizes and alignments): a block per rank, walking its run
+   (one sort of the line serves every column), x over vectors of columns, y over ranks
+   (grid-stride). A block whose rank starts a run stages the run's positions in shared memory
+   (32 at first, then the block's width at a time) and each thread combines its V columns over
+   them in order, COIL_SCATTER_BATCH rows' loads in flight at once. */
+#define COIL_ROWS_SCATTER(NAME, T, V, ACC, LOAD, STORE, COMBINE)                                   \
+union NAME##_vec { CoilVec16 raw; T t[V]; };                                                         \
+extern "C" __global__ void __launch_bounds__(COIL_SCATTER_ROWS_BLOCK)                                \
+NAME(T *out, const T *__restrict__ src, const long long *__restrict__ pos,                           \
+     const long long *__restrict__ sorted, int ndim, int dim, long long outer, long long len,        \
+     long long inner, long long dim_size, CoilScatterDims d) {                                       \
+    __shared__ long long run[COIL_SCATTER_ROWS_BLOCK];                                               \
+    __shared__ long long run_keys[COIL_SCATTER_ROWS_BLOCK];                                          \
+    __shared__ int run_len;                                                                          \
+    const int t = threadIdx.x;                                                                       \
+    const long long i = (blockIdx.x * (long long)blockDim.x + t) * V; /* the thread's columns */     \
+    const bool mine = i < inner;                                                                     \
+    long long xi = 0, si = 0;                                                                        \
+    coil_scatter_part(d, dim + 1, ndim - 1, mine ? i : 0, xi, si);                                   \
+    const long long step = d.sstride[dim];                                                           \
+    for (long long row = blockIdx.y; row < outer * len; row += gridDim.y) {                         \
+        const long long o = outer == 1 ? 0 : row / len, k = row - o * len;                           \
+        const long long *keys = sorted + o * len, *line = pos + o * len;                             \
+        const long long key = keys[k];                                                               \
+        if ((k > 0 && keys[k - 1] == key) || key < 0 || key >= dim_size) continue; /* uniform */     \
+        long long xo = xi + key * d.xstride[dim], so = si;                                           \
+        coil_scatter_part(d, 0, dim - 1, o, xo, so);                                                 \
+        T *p = out + xo;                                                                             \
+        const T *s = src + so;                                                                       \
+        ACC acc[V];                                                                                  \
+        if (mine) {                                                                                  \
+            NAME##_vec v;                                                                            \
+            v.raw = *(const CoilVec16 *)p;                                                           \
+            _Pragma("unroll") for (int e = 0; e < V; e++) acc[e] = LOAD(v.t[e]);                    \
+        }                                                                                            \
+        for (long long q = k, chunk = 32;; q += chunk, chunk = blockDim.x) {                         \
+            /* The next chunk of the run: positions staged, the run's length in the chunk found     \
+               by its last equal key (a run is contiguous). */                                       \
+            if (t == 0) run_len = 0;                                                                 \
+            if (t < chunk) {                                                                         \
+                const long long r = q + t;                                                           \
+                run_keys[t] = r < len ? keys[r] : ~key;                                              \
+                run[t] = r < len ? line[r] : 0;                                                      \
+            }                                                                                        \
+            __syncthreads();                                                                         \
+            if (t < chunk && run_keys[t] == key && (t + 1 == chunk || run_keys[t + 1] != key))       \
+                run_len = t + 1;                                                                     \
+            __syncthreads();                                                                         \
+            const int n = run_len;                                                                   \
+            if (mine) {                                                                              \
+                for (int b = 0; b < n; b += COIL_SCATTER_BATCH) {                                    \
+                    NAME##_vec v[COIL_SCATTER_BATCH];                                                \
+                    _Pragma("unroll") for (int u = 0; u < COIL_SCATTER_BATCH; u++)                  \
+                        if (b + u < n) v[u].raw = *(const CoilVec16 *)(s + run[b + u] * step);      \
+                    _Pragma("unroll") for (int u = 0; u < COIL_SCATTER_BATCH; u++) {                \
+                        if (b + u < n) {                                                             \
+                            _Pragma("unroll") for (int e = 0; e < V; e++)                           \
+                                acc[e] = COMBINE(acc[e], LOAD(v[u].t[e]));                           \
+                        }                                                                            \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+            __syncthreads(); /* the chunk read by all before the next one is staged */               \
+            if (n < chunk) break;                                                                    \
+        }                                                                                            \
+        if (mine) {                                                                                  \
+            NAME##_vec w;                                                                            \
+            _Pragma("unroll") for (int e = 0; e < V; e++) w.t[e] = STORE(acc[e]);                   \
+            *(CoilVec16 *)p = w.raw;                                                                 \
         }                                                                                            \
     }                                                                                                \
 }
@@ -130,3 +213,19 @@ COIL_SORTED_SCATTER(coil_scatter_sorted_amin_f32, float, float, COIL_SAME, COIL_
 COIL_SORTED_SCATTER(coil_scatter_sorted_amin_f64, double, double, COIL_SAME, COIL_SAME, COIL_MIN)
 COIL_SORTED_SCATTER(coil_scatter_sorted_amin_f16, unsigned short, float, coil_f16_to_f32, coil_f32_to_f16, COIL_MIN)
 COIL_SORTED_SCATTER(coil_scatter_sorted_amin_bf16, unsigned short, float, coil_bf16_to_f32, coil_f32_to_bf16, COIL_MIN)
+COIL_ROWS_SCATTER(coil_scatter_rows_add_f32, float, 4, float, COIL_SAME, COIL_SAME, COIL_ADD)
+COIL_ROWS_SCATTER(coil_scatter_rows_add_f64, double, 2, double, COIL_SAME, COIL_SAME, COIL_ADD)
+COIL_ROWS_SCATTER(coil_scatter_rows_add_f16, unsigned short, 8, float, coil_f16_to_f32, coil_f32_to_f16, COIL_ADD_F16)
+COIL_ROWS_SCATTER(coil_scatter_rows_add_bf16, unsigned short, 8, float, coil_bf16_to_f32, coil_f32_to_bf16, COIL_ADD_BF16)
+COIL_ROWS_SCATTER(coil_scatter_rows_prod_f32, float, 4, float, COIL_SAME, COIL_SAME, COIL_MUL)
+COIL_ROWS_SCATTER(coil_scatter_rows_prod_f64, double, 2, double, COIL_SAME, COIL_SAME, COIL_MUL)
+COIL_ROWS_SCATTER(coil_scatter_rows_prod_f16, unsigned short, 8, float, coil_f16_to_f32, coil_f32_to_f16, COIL_MUL_F16)
+COIL_ROWS_SCATTER(coil_scatter_rows_prod_bf16, unsigned short, 8, float, coil_bf16_to_f32, coil_f32_to_bf16, COIL_MUL_BF16)
+COIL_ROWS_SCATTER(coil_scatter_rows_amax_f32, float, 4, float, COIL_SAME, COIL_SAME, COIL_MAX)
+COIL_ROWS_SCATTER(coil_scatter_rows_amax_f64, double, 2, double, COIL_SAME, COIL_SAME, COIL_MAX)
+COIL_ROWS_SCATTER(coil_scatter_rows_amax_f16, unsigned short, 8, float, coil_f16_to_f32, coil_f32_to_f16, COIL_MAX)
+COIL_ROWS_SCATTER(coil_scatter_rows_amax_bf16, unsigned short, 8, float, coil_bf16_to_f32, coil_f32_to_bf16, COIL_MAX)
+COIL_ROWS_SCATTER(coil_scatter_rows_amin_f32, float, 4, float, COIL_SAME, COIL_SAME, COIL_MIN)
+COIL_ROWS_SCATTER(coil_scatter_rows_amin_f64, double, 2, double, COIL_SAME, COIL_SAME, COIL_MIN)
+COIL_ROWS_SCATTER(coil_scatter_rows_amin_f16, unsigned short, 8, float, coil_f16_to_f32, coil_f32_to_f16, COIL_MIN)
+COIL_ROWS_SCATTER(coil_scatter_rows_amin_bf16, unsigned short, 8, float, coil_bf16_to_f32, coil_f32_to_bf16, COIL_MIN)

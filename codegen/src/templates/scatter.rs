@@ -25,13 +25,24 @@
 //! 2. `coil_scatter_sorted_keys` writes the keys in sorted order and reports an index out of
 //!    range in the run's status words, as the generated kernels report theirs (code 1, the
 //!    index, the dim's size).
-//! 3. `coil_scatter_sorted_<op>_<dtype>`: a thread per (rank, column) of the sorted index;
-//!    where its rank starts a run of equal keys, the thread reads `x`'s element there, combines
-//!    the run's sources in order (loading [`BATCH`] of them at once) and stores the result.
-//!    No two threads write one element and none reads another's, so the output may be `x`'s
-//!    own memory (the scatter in place over its dying base). Threads in 2-D blocks: columns
-//!    along x (coalesced loads of a row of `src`), ranks along y; in a rows scatter a block's
-//!    threads share one rank and skip or work together.
+//! 3. The combine: where a rank starts a run of equal keys, x's element there is combined with
+//!    the run's sources in order and stored, once. No two threads write one element and none
+//!    reads another's, so the output may be `x`'s own memory (the scatter in place over its
+//!    dying base).
+//!    - `coil_scatter_rows_<op>_<dtype>` (a rows scatter whose rows are whole 16-byte vectors
+//!      in the index, `x` and `src`, 16-byte aligned: GPT-2's `wte`): a block per rank, a thread
+//!      per 16 bytes of the row. A block whose rank starts a run stages the run's positions in
+//!      shared memory, 32 at first, then the block's width at a time, and each thread combines
+//!      its columns over them, [`BATCH`] rows' loads in flight at once. The row's sources are
+//!      read once, in 16-byte loads, the run's positions once per block.
+//!    - `coil_scatter_sorted_<op>_<dtype>` (any other): a thread per (rank, column), which
+//!      loads the run's keys, positions and sources [`BATCH`] at a time. 2-D blocks: columns
+//!      along x (coalesced loads of a row of `src`), ranks along y.
+//!
+//! A run's rows are combined one after another, so a destination with many sources (a
+//! frequent token in real text) costs a chain of `run / BATCH` load round trips; with ids drawn
+//! uniformly (the benchmark's) runs are short and the combine reads each source row and
+//! writes each destination row once, at the memory's speed.
 //!
 //! Sums and products of f16 / bf16 are computed in f32 and rounded to the dtype at each step:
 //! the f32 result of two 16-bit values, rounded, is the f64 result rounded through f32, as the
@@ -48,10 +59,13 @@ pub const SOURCE: &str = concat!(include_str!("half.cuh"), "\n", include_str!("s
 /// Sources one combining thread loads before it combines them (`COIL_SCATTER_BATCH`).
 pub const BATCH: usize = 8;
 
+/// Bytes a rows combine thread loads and stores at once (`CoilVec16`).
+pub const VECTOR_BYTES: usize = 16;
+
 /// Most dims a scatter handles.
 pub const MAX_SCATTER_DIMS: usize = 8;
 
-/// Threads of a combine block.
+/// Threads of a combine block (`COIL_SCATTER_ROWS_BLOCK`).
 pub const COMBINE_THREADS: usize = 256;
 
 /// The row-keys kernel's name.
@@ -107,7 +121,8 @@ fn row_major_strides(shape: &[usize]) -> Vec<i64> {
     s
 }
 
-/// The combine kernel of a float scatter reducing by `reduce`, if the template has one.
+/// The per-element combine kernel of a float scatter reducing by `reduce`, if the template
+/// has one (the rows kernel is the same name with `rows` for `sorted`: [`SortedScatter::kernel`]).
 ///
 /// ```
 /// use coil_codegen::templates::scatter::combine_kernel;
@@ -136,9 +151,11 @@ pub fn combine_kernel(dtype: DType, reduce: Option<ReduceOp>) -> Option<String> 
 }
 
 /// How one sorted scatter runs: the index seen as `[outer, len, inner]` around the scattered
-/// dim, and whether one sort per `outer` line serves all its columns.
+/// dim, whether one sort per `outer` line serves all its columns, and which combine kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SortedScatter {
+    /// The per-element combine kernel ([`combine_kernel`]).
+    pub combine: String,
     /// Product of the index's sizes before the dim.
     pub outer: usize,
     /// The index's size along the dim: the sources a destination may have.
@@ -150,32 +167,57 @@ pub struct SortedScatter {
     pub rows: bool,
     /// x's size along the dim: the keys' exclusive bound.
     pub dim_size: usize,
+    /// Elements of a rows thread's 16-byte vector where the rows kernel serves (a rows scatter
+    /// whose last dims hold whole vectors in the index, `x` and `src`), else 1. The runtime
+    /// sets it to 1 where `x` or `src` is not 16-byte aligned.
+    pub vector: usize,
 }
 
 impl SortedScatter {
-    /// The plan of `scatter(x, dim, index, ...)` with an index of `numel > 0` elements;
-    /// `index_repeats`: whether the index is known to repeat along its dims after `dim` (always
-    /// so where there are none).
+    /// The plan of a float `scatter(x, dim, index, src)` reducing by `reduce` with an index of
+    /// `numel > 0` elements, `None` for other dtypes and reductions; `index_repeats`: whether
+    /// the index is known to repeat along its dims after `dim` (always so where there are
+    /// none).
     ///
     /// ```
     /// use coil_codegen::templates::scatter::SortedScatter;
-    /// use coil_ir::{DType, TensorMeta};
+    /// use coil_ir::{DType, ReduceOp, TensorMeta};
     /// let (table, ids) = (TensorMeta::new(vec![50257, 768], DType::F32), TensorMeta::new(vec![8192, 768], DType::I64));
-    /// let wte = SortedScatter::new(&table, &ids, 0, true);
-    /// assert_eq!((wte.outer, wte.len, wte.inner, wte.stride()), (1, 8192, 768, 1));
+    /// let src = TensorMeta::new(vec![8192, 768], DType::F32);
+    /// let wte = SortedScatter::new(&table, &ids, &src, 0, Some(ReduceOp::Sum), true).unwrap();
+    /// assert_eq!((wte.outer, wte.len, wte.inner, wte.stride(), wte.vector), (1, 8192, 768, 1, 4));
+    /// assert_eq!(wte.kernel(), "coil_scatter_rows_add_f32");
     /// assert_eq!(wte.sort_plan().unwrap().len, 8192); // one line of 8192 keys
-    /// assert_eq!(SortedScatter::new(&table, &ids, 0, false).stride(), 768); // 768 lines
+    /// let unknown = SortedScatter::new(&table, &ids, &src, 0, Some(ReduceOp::Sum), false).unwrap();
+    /// assert_eq!((unknown.stride(), unknown.kernel()), (768, "coil_scatter_sorted_add_f32")); // 768 lines
     /// ```
-    pub fn new(x: &TensorMeta, index: &TensorMeta, dim: usize, index_repeats: bool) -> SortedScatter {
+    pub fn new(
+        x: &TensorMeta,
+        index: &TensorMeta,
+        src: &TensorMeta,
+        dim: usize,
+        reduce: Option<ReduceOp>,
+        index_repeats: bool,
+    ) -> Option<SortedScatter> {
+        let combine = combine_kernel(x.dtype, reduce)?;
         let shape = if index.shape.is_empty() { &[1][..] } else { &index.shape[..] };
         let outer = shape[..dim].iter().product();
         let inner: usize = shape[dim + 1..].iter().product();
-        SortedScatter {
-            outer,
-            len: shape[dim],
-            inner,
-            rows: index_repeats || inner == 1,
-            dim_size: x.shape.get(dim).copied().unwrap_or(1),
+        let rows = index_repeats || inner == 1;
+        let v = VECTOR_BYTES / x.dtype.size_bytes();
+        let whole = |m: &TensorMeta| m.shape.last().is_some_and(|&n| n % v == 0);
+        let vector = if rows && inner > 1 && whole(x) && whole(index) && whole(src) { v } else { 1 };
+        let dim_size = x.shape.get(dim).copied().unwrap_or(1);
+        Some(SortedScatter { combine, outer, len: shape[dim], inner, rows, dim_size, vector })
+    }
+
+    /// The combine kernel: the rows kernel where [`Self::vector`] allows, else the
+    /// per-element one.
+    pub fn kernel(&self) -> String {
+        if self.vector > 1 {
+            self.combine.replacen("_sorted_", "_rows_", 1)
+        } else {
+            self.combine.clone()
         }
     }
 
@@ -210,21 +252,32 @@ impl SortedScatter {
         SortPlan::new(self.outer * self.stride(), self.len, self.stride())
     }
 
-    /// The combine kernel's grid and block (x over columns, y over rows), both grid-stride.
+    /// The combine kernel's grid and block, x over columns (vectors of columns for the rows
+    /// kernel, every one covered: the kernel keeps a thread's columns), y over ranks
+    /// (grid-stride; one rank per block for the rows kernel).
     ///
     /// ```
     /// use coil_codegen::templates::scatter::SortedScatter;
-    /// use coil_ir::{DType, TensorMeta};
+    /// use coil_ir::{DType, ReduceOp, TensorMeta};
+    /// let sum = Some(ReduceOp::Sum);
     /// let (table, ids) = (TensorMeta::new(vec![50257, 768], DType::F32), TensorMeta::new(vec![8192, 768], DType::I64));
-    /// assert_eq!(SortedScatter::new(&table, &ids, 0, true).combine_launch(), ([3, 8192], [256, 1]));
+    /// let wte = SortedScatter::new(&table, &ids, &table, 0, sum, true).unwrap();
+    /// assert_eq!(wte.combine_launch(), ([1, 8192], [192, 1])); // 192 threads of 4 columns
     /// let (x, index) = (TensorMeta::new(vec![64, 1000], DType::F32), TensorMeta::new(vec![64, 50], DType::I64));
-    /// assert_eq!(SortedScatter::new(&x, &index, 1, false).combine_launch(), ([1, 13], [1, 256]));
+    /// let last = SortedScatter::new(&x, &index, &x, 1, sum, false).unwrap();
+    /// assert_eq!(last.combine_launch(), ([1, 13], [1, 256]));
     /// ```
     pub fn combine_launch(&self) -> ([u32; 2], [u32; 2]) {
+        let ranks = self.outer * self.len;
+        if self.vector > 1 {
+            let vectors = self.inner / self.vector;
+            let bx = vectors.next_multiple_of(32).min(COMBINE_THREADS);
+            return ([vectors.div_ceil(bx) as u32, ranks.clamp(1, 65535) as u32], [bx as u32, 1]);
+        }
         let bx = self.inner.next_power_of_two().min(COMBINE_THREADS);
         let by = COMBINE_THREADS / bx;
         let gx = self.inner.div_ceil(bx).min(1 << 16);
-        let gy = (self.outer * self.len).div_ceil(by).clamp(1, 65535);
+        let gy = ranks.div_ceil(by).clamp(1, 65535);
         ([gx as u32, gy as u32], [bx as u32, by as u32])
     }
 }
@@ -239,6 +292,16 @@ mod tests {
             for reduce in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
                 let name = combine_kernel(dtype, Some(reduce)).unwrap();
                 assert!(SOURCE.contains(&format!("COIL_SORTED_SCATTER({name},")), "{name}");
+                let v = VECTOR_BYTES / dtype.size_bytes();
+                let rows = name.replacen("_sorted_", "_rows_", 1);
+                assert!(SOURCE.contains(&format!("COIL_ROWS_SCATTER({rows}, ")), "{rows}");
+                assert!(
+                    SOURCE
+                        .lines()
+                        .any(|l| l.starts_with(&format!("COIL_ROWS_SCATTER({rows}, "))
+                            && l.contains(&format!(", {v}, "))),
+                    "{rows}: {v} a vector"
+                );
             }
         }
         for name in [ROW_KEYS_KERNEL, SORTED_KEYS_KERNEL] {
@@ -251,25 +314,46 @@ mod tests {
         assert!(SOURCE.contains(&c));
         assert_eq!(std::mem::size_of::<ScatterDims>(), 3 * 8 * n);
         assert!(SOURCE.contains(&format!("#define COIL_SCATTER_BATCH {BATCH}\n")));
+        assert!(SOURCE.contains(&format!("#define COIL_SCATTER_ROWS_BLOCK {COMBINE_THREADS}\n")));
     }
 
     #[test]
-    fn plans_cover_rows_columns_and_zero_dims() {
+    fn plans_cover_rows_columns_vectors_and_zero_dims() {
         let meta = |shape: &[usize], dtype| TensorMeta::new(shape.to_vec(), dtype);
+        let sum = Some(ReduceOp::Sum);
+        let plan = |x: &[usize], i: &[usize], s: &[usize], dim, dtype, repeats| {
+            SortedScatter::new(&meta(x, dtype), &meta(i, DType::I64), &meta(s, dtype), dim, sum, repeats).unwrap()
+        };
         // Along a middle dim: columns are (o, i) pairs; a sort per column unless rows.
-        let p = SortedScatter::new(&meta(&[3, 9, 4, 5], DType::F32), &meta(&[3, 7, 4, 2], DType::I64), 1, false);
-        assert_eq!((p.outer, p.len, p.inner, p.stride(), p.keys(), p.dim_size), (3, 7, 8, 8, 168, 9));
+        let p = plan(&[3, 9, 4, 8], &[3, 7, 4, 4], &[3, 7, 5, 8], 1, DType::F32, false);
+        assert_eq!((p.outer, p.len, p.inner, p.stride(), p.keys(), p.dim_size, p.vector), (3, 7, 16, 16, 336, 9, 1));
         assert!(!p.copies_row_keys());
-        assert_eq!(p.keys_meta().shape, vec![3, 7, 8]);
-        let r = SortedScatter::new(&meta(&[3, 9, 4, 5], DType::F32), &meta(&[3, 7, 4, 2], DType::I64), 1, true);
-        assert_eq!((r.stride(), r.keys(), r.copies_row_keys()), (1, 21, true));
-        // The last dim: one column per line, rows whatever the caller knows.
-        let l = SortedScatter::new(&meta(&[4, 10], DType::BF16), &meta(&[4, 6], DType::I64), 1, false);
-        assert!(l.rows && !l.copies_row_keys());
+        assert_eq!(p.keys_meta().shape, vec![3, 7, 16]);
+        let r = plan(&[3, 9, 4, 8], &[3, 7, 4, 4], &[3, 7, 5, 8], 1, DType::F32, true);
+        assert_eq!((r.stride(), r.keys(), r.copies_row_keys(), r.vector), (1, 21, true, 4));
+        assert_eq!(r.combine_launch(), ([1, 21], [32, 1]));
+        // A last dim not of whole vectors (in x, the index or src), or not f32: narrower or none.
+        assert_eq!(plan(&[3, 9, 4, 6], &[3, 7, 4, 4], &[3, 7, 5, 8], 1, DType::F32, true).vector, 1);
+        assert_eq!(plan(&[3, 9, 4, 8], &[3, 7, 4, 2], &[3, 7, 5, 8], 1, DType::F32, true).vector, 1);
+        assert_eq!(plan(&[9, 8], &[7, 8], &[7, 8], 0, DType::BF16, true).vector, 8);
+        assert_eq!(plan(&[9, 8], &[7, 8], &[7, 8], 0, DType::F64, true).vector, 2);
+        // The last dim: one column per line, rows whatever the caller knows, no vectors.
+        let l = plan(&[4, 16], &[4, 8], &[4, 8], 1, DType::BF16, false);
+        assert!(l.rows && !l.copies_row_keys() && l.vector == 1);
         // A 0-d scatter: one line of one key.
-        let z = SortedScatter::new(&meta(&[], DType::F32), &meta(&[], DType::I64), 0, false);
-        assert_eq!((z.outer, z.len, z.inner, z.dim_size), (1, 1, 1, 1));
+        let z = plan(&[], &[], &[], 0, DType::F32, false);
+        assert_eq!((z.outer, z.len, z.inner, z.dim_size, z.vector), (1, 1, 1, 1, 1));
         let ([gx, gy], [bx, by]) = z.combine_launch();
         assert!(gx >= 1 && gy >= 1 && bx * by == COMBINE_THREADS as u32);
+        // Integers and plain scatters are not sorted.
+        assert!(SortedScatter::new(
+            &meta(&[4], DType::I64),
+            &meta(&[4], DType::I64),
+            &meta(&[4], DType::I64),
+            0,
+            sum,
+            false
+        )
+        .is_none());
     }
 }

@@ -15,9 +15,7 @@ use super::gather::launch_grid_stride;
 use super::memory::{copy_device, DeviceMemory};
 use coil_codegen::templates::fallback::{cumsum_kernel, cumsum_lines, scatter_kernel, SOURCE};
 pub use coil_codegen::templates::fallback::{supports_cumsum, supports_scatter};
-use coil_codegen::templates::scatter::{
-    combine_kernel, ScatterDims, SortedScatter, ROW_KEYS_KERNEL, SORTED_KEYS_KERNEL,
-};
+use coil_codegen::templates::scatter::{ScatterDims, SortedScatter, ROW_KEYS_KERNEL, SORTED_KEYS_KERNEL, VECTOR_BYTES};
 use coil_ir::{Error, ReduceOp, Result, TensorMeta};
 use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
@@ -86,10 +84,12 @@ pub(crate) unsafe fn scatter(
     let mut d = ScatterDims::new(xm, im, sm);
     let (mut ndim, mut dim32) = (xm.rank().max(1) as i32, dim as i32);
     let mut dim_size = xm.shape.get(dim).copied().unwrap_or(1) as i64;
-    if let Some(name) = combine_kernel(xm.dtype, reduce) {
-        let plan = SortedScatter::new(xm, im, dim, index_repeats);
+    if let Some(mut plan) = SortedScatter::new(xm, im, sm, dim, reduce, index_repeats) {
+        if (out | src) % VECTOR_BYTES as u64 != 0 {
+            plan.vector = 1; // the rows kernel's 16-byte loads need aligned rows
+        }
         // SAFETY: the caller's contract.
-        return unsafe { sorted_scatter(dev, kernels, &plan, &name, (index, src, out, status), (ndim, dim32, &mut d)) };
+        return unsafe { sorted_scatter(dev, kernels, &plan, (index, src, out, status), (ndim, dim32, &mut d)) };
     }
     let name = scatter_kernel(xm.dtype, reduce).expect("supported: an atomic kernel or a sorted one");
     let f = kernels.module.function(&name)?;
@@ -121,7 +121,6 @@ unsafe fn sorted_scatter(
     dev: &Arc<CudaDevice>,
     kernels: &FallbackKernels,
     plan: &SortedScatter,
-    combine: &str,
     (index, src, out, status): (sys::CUdeviceptr, sys::CUdeviceptr, sys::CUdeviceptr, sys::CUdeviceptr),
     (mut ndim, mut dim, d): (i32, i32, &mut ScatterDims),
 ) -> Result<()> {
@@ -170,9 +169,10 @@ unsafe fn sorted_scatter(
     // hold `keys` elements each, the status words are the caller's.
     unsafe { launch_grid_stride(dev, f, keys, &mut params, SORTED_KEYS_KERNEL)? };
 
-    let f = kernels.module.function(combine)?;
+    let combine = plan.kernel();
+    let f = kernels.module.function(&combine)?;
     let (mut out_p, mut src_p, mut outer) = (out, src, plan.outer as i64);
-    let mut params: [*mut c_void; 12] = [
+    let mut params: Vec<*mut c_void> = vec![
         (&mut out_p as *mut u64).cast(),
         (&mut src_p as *mut u64).cast(),
         (&mut pos_p as *mut u64).cast(),
@@ -182,15 +182,17 @@ unsafe fn sorted_scatter(
         (&mut outer as *mut i64).cast(),
         (&mut len as *mut i64).cast(),
         (&mut inner as *mut i64).cast(),
-        (&mut stride as *mut i64).cast(),
-        (&mut dim_size as *mut i64).cast(),
-        (d as *mut ScatterDims).cast(),
     ];
+    if plan.vector == 1 {
+        params.push((&mut stride as *mut i64).cast()); // the rows kernel's is 1
+    }
+    params.push((&mut dim_size as *mut i64).cast());
+    params.push((d as *mut ScatterDims).cast());
     let ([gx, gy], [bx, by]) = plan.combine_launch();
     dev.bind()?;
-    // SAFETY: the parameters match the combine kernels' signature; `out` and `src` are the
-    // caller's (x's and src's metas, described by `d`), the positions and sorted keys this
-    // call's.
+    // SAFETY: the parameters match the combine kernel's signature; `out` and `src` are the
+    // caller's (x's and src's metas, described by `d`; 16-byte aligned for the rows kernel),
+    // the positions and sorted keys this call's.
     unsafe { drv::launch_kernel(f, (gx, gy, 1), (bx, by, 1), 0, dev.cu_stream(), &mut params) }
         .map_err(|e| driver_error(&format!("cuLaunchKernel({combine})"), e))
 }

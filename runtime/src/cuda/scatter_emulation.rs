@@ -9,11 +9,12 @@
 //! a host `g++`.
 
 use crate::{interpret, Buffer, HostData};
-use coil_codegen::templates::scatter::{combine_kernel, ScatterDims, SortedScatter, SOURCE};
+use coil_codegen::templates::scatter::{ScatterDims, SortedScatter, SOURCE};
 use coil_codegen::templates::{sort, BLOCK_EMULATION};
 use coil_ir::{DType, Graph, Op, ReduceOp};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// The emulated templates' executable, built once per test run; `None` without g++ (each
@@ -34,7 +35,8 @@ fn emulator() -> Option<&'static PathBuf> {
         std::fs::write(dir.join("emu.cpp"), unit).unwrap();
         let exe = dir.join("emu");
         let out = Command::new("g++")
-            .args(["-std=c++17", "-O1", "-pthread", "-Wall", "-Wno-unused", "-Wno-unknown-pragmas", "emu.cpp", "-o"])
+            .args(["-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-Wall", "-Wno-unused"])
+            .args(["-Wno-unknown-pragmas", "emu.cpp", "-o"])
             .arg(&exe)
             .current_dir(&dir)
             .output();
@@ -98,7 +100,9 @@ fn index(shape: &[usize], dim: usize, targets: usize, rows: bool, bad: Option<i6
     Buffer::new(shape.to_vec(), HostData::from_i64_slice(DType::I64, &v)).unwrap()
 }
 
-/// Runs the emulated scatter; returns the output's bytes and the 4 status words.
+/// Runs the emulated scatter (`vectors`: by the rows kernel where the plan allows); returns the
+/// output's bytes and the 4 status words.
+#[allow(clippy::too_many_arguments)]
 fn emulate(
     exe: &PathBuf,
     x: &Buffer,
@@ -107,15 +111,20 @@ fn emulate(
     dim: usize,
     reduce: ReduceOp,
     rows: bool,
+    vectors: bool,
 ) -> (Vec<u8>, [i64; 4]) {
     let (xm, im, sm) = (x.meta(), i.meta(), src.meta());
-    let plan = SortedScatter::new(&xm, &im, dim, rows);
+    let mut plan = SortedScatter::new(&xm, &im, &sm, dim, Some(reduce), rows).unwrap();
+    if !vectors {
+        plan.vector = 1;
+    }
     let sort = plan.sort_plan().unwrap();
-    let (_, [bx, by]) = plan.combine_launch();
+    let ([gx, _], [bx, by]) = plan.combine_launch();
     let d = ScatterDims::new(&xm, &im, &sm);
-    let name = combine_kernel(xm.dtype, Some(reduce)).unwrap();
-    let tag = format!("{name}_{:?}_{:?}_{dim}_{rows}_{}", im.shape, xm.shape, std::process::id())
-        .replace([' ', ',', '[', ']'], "");
+    let name = plan.kernel();
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let tag = format!("{name}_{:?}_{:?}_{dim}_{rows}_{call}", im.shape, xm.shape).replace([' ', ',', '[', ']'], "");
     let dir = exe.parent().unwrap();
     let file = |what: &str| dir.join(format!("{tag}.{what}"));
     let dims: Vec<u8> = [d.size, d.xstride, d.sstride].iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
@@ -126,7 +135,8 @@ fn emulate(
     let ndim = xm.rank().max(1);
     let numbers =
         [name, ndim.to_string(), dim.to_string(), plan.outer.to_string(), plan.len.to_string(), plan.inner.to_string()];
-    let more = [plan.rows as usize, plan.dim_size, bx as usize, by as usize, sort.tiles, sort.width, sort.threads];
+    let more = [plan.rows as usize, plan.vector, plan.dim_size, gx as usize, bx as usize, by as usize];
+    let more = more.into_iter().chain([sort.tiles, sort.width, sort.threads]);
     let status = Command::new(exe)
         .args(numbers)
         .args(more.map(|v| v.to_string()))
@@ -150,36 +160,48 @@ fn interpreted(x: &Buffer, i: &Buffer, src: &Buffer, dim: usize, reduce: ReduceO
     interpret(&g, &[x, i, src]).unwrap().remove(0).data.to_bytes()
 }
 
-/// One scatter of these shapes in the emulation against the interpreter, bit for bit. With
-/// `rows` the index repeats along the dims after `dim` and the emulation sorts its rows only;
-/// without, every column is sorted.
-#[allow(clippy::too_many_arguments)]
-fn check(
+/// The shapes of `x`, the index and `src`.
+type Shapes<'a> = (&'a [usize], &'a [usize], &'a [usize]);
+
+/// One scatter of these shapes in the emulation against the interpreter, bit for bit, with
+/// about 4 sources a destination. With `rows` the index repeats along the dims after `dim`
+/// and the emulation sorts its rows only (and combines by the rows kernel and the
+/// per-element one, where the rows kernel serves); without, every column is sorted.
+fn check(exe: &PathBuf, dtype: DType, reduce: ReduceOp, shapes: Shapes, dim: usize, rows: bool) {
+    let (x, i, _) = shapes;
+    let targets = x.get(dim).copied().unwrap_or(1).min(i.get(dim).copied().unwrap_or(1).div_ceil(4)).max(1);
+    check_targets(exe, dtype, reduce, shapes, dim, rows, targets);
+}
+
+/// [`check`] with index values in `0..targets`.
+fn check_targets(
     exe: &PathBuf,
     dtype: DType,
     reduce: ReduceOp,
-    x: &[usize],
-    i: &[usize],
-    src: &[usize],
+    shapes: Shapes,
     dim: usize,
     rows: bool,
+    targets: usize,
 ) {
+    let (x, i, src) = shapes;
     let mut s = Stream(0x9e37_79b9_7f4a_7c15 ^ (x.iter().chain(i).sum::<usize>() as u64 * 7919 + dim as u64));
-    // About 4 sources a destination, or more.
-    let targets = x.get(dim).copied().unwrap_or(1).min(i.get(dim).copied().unwrap_or(1).div_ceil(4)).max(1);
     let (xb, sb) = (floats(x, dtype, &mut s), floats(src, dtype, &mut s));
     let ib = index(i, dim, targets, rows, None, &mut s);
     let want = interpreted(&xb, &ib, &sb, dim, reduce);
-    let (got, status) = emulate(exe, &xb, &ib, &sb, dim, reduce, rows);
-    assert_eq!(status, [0; 4], "{dtype} {reduce:?} {x:?} {i:?} dim {dim} rows {rows}: status");
-    let size = dtype.size_bytes();
-    if let Some(k) = (0..want.len() / size).find(|&k| got[k * size..(k + 1) * size] != want[k * size..(k + 1) * size]) {
-        let value = |b: &[u8]| HostData::from_bytes(dtype, &b[k * size..(k + 1) * size]).unwrap().to_f64_vec()[0];
-        panic!(
-            "{dtype} {reduce:?} {x:?} {i:?} dim {dim} rows {rows}: element {k} is {} where the interpreter has {}",
-            value(&got),
-            value(&want)
+    let plan = SortedScatter::new(&xb.meta(), &ib.meta(), &sb.meta(), dim, Some(reduce), rows).unwrap();
+    for vectors in [true, false].into_iter().take(if plan.vector > 1 { 2 } else { 1 }) {
+        let what = format!(
+            "{dtype} {reduce:?} {x:?} {i:?} {src:?} dim {dim} rows {rows} vectors {}",
+            vectors && plan.vector > 1
         );
+        let (got, status) = emulate(exe, &xb, &ib, &sb, dim, reduce, rows, vectors);
+        assert_eq!(status, [0; 4], "{what}: status");
+        let size = dtype.size_bytes();
+        let differs = |k: usize| got[k * size..(k + 1) * size] != want[k * size..(k + 1) * size];
+        if let Some(k) = (0..want.len() / size).find(|&k| differs(k)) {
+            let value = |b: &[u8]| HostData::from_bytes(dtype, &b[k * size..(k + 1) * size]).unwrap().to_f64_vec()[0];
+            panic!("{what}: element {k} is {} where the interpreter has {}", value(&got), value(&want));
+        }
     }
 }
 
@@ -191,28 +213,37 @@ fn the_sorted_scatter_is_the_interpreters_bit_for_bit() {
             // An embedding's gradient: rows of src into rows of a table, sorted once per row
             // and, as if the index were not known to repeat, once per column.
             for rows in [true, false] {
-                check(exe, dtype, reduce, &[13, 40], &[97, 40], &[97, 40], 0, rows);
+                check(exe, dtype, reduce, (&[13, 40], &[97, 40], &[97, 40]), 0, rows);
             }
-            // Along a middle dim, an index smaller than x and src along the other dims.
-            check(exe, dtype, reduce, &[3, 9, 4, 5], &[3, 17, 4, 2], &[3, 20, 5, 2], 1, false);
-            check(exe, dtype, reduce, &[3, 9, 4, 5], &[3, 17, 4, 2], &[3, 20, 5, 2], 1, true);
+            // Along a middle dim, an index smaller than x and src along the other dims (rows
+            // of whole vectors for f32 and f64, of none for the others; of none at all).
+            for rows in [true, false] {
+                check(exe, dtype, reduce, (&[3, 9, 4, 8], &[3, 17, 4, 4], &[3, 20, 5, 8]), 1, rows);
+                check(exe, dtype, reduce, (&[3, 9, 4, 5], &[3, 17, 4, 2], &[3, 20, 5, 2]), 1, rows);
+            }
             // Along the last dim (a gather's gradient): lines of one column.
-            check(exe, dtype, reduce, &[6, 11], &[6, 30], &[6, 31], 1, false);
+            check(exe, dtype, reduce, (&[6, 11], &[6, 30], &[6, 31]), 1, false);
         }
     }
     // A 0-d scatter.
-    check(exe, DType::F32, ReduceOp::Sum, &[], &[], &[], 0, false);
+    check(exe, DType::F32, ReduceOp::Sum, (&[], &[], &[]), 0, false);
 }
 
 #[test]
-fn long_lines_sort_in_tiles_and_merges() {
+fn long_lines_and_runs_sort_in_tiles_and_stage_in_chunks() {
     let Some(exe) = emulator() else { return };
     // 5000 rows over 50 targets (tiles of 2048, two merge passes), by rows and by columns.
     for (dtype, rows) in [(DType::F32, true), (DType::BF16, true), (DType::BF16, false)] {
-        check(exe, dtype, ReduceOp::Sum, &[50, 3], &[5000, 3], &[5000, 3], 0, rows);
+        check(exe, dtype, ReduceOp::Sum, (&[50, 8], &[5000, 8], &[5000, 8]), 0, rows);
     }
+    // Runs of about 130 rows (several chunks of staged positions), of about 300 in blocks of
+    // 256 threads (chunks of 32 and 256), one of 64 (two whole chunks and an empty third), rows
+    // wider than a block (several blocks along x).
+    check_targets(exe, DType::F32, ReduceOp::Sum, (&[13, 40], &[400, 40], &[400, 40]), 0, true, 3);
+    check_targets(exe, DType::F32, ReduceOp::Sum, (&[5, 1032], &[600, 1032], &[600, 1032]), 0, true, 2);
+    check_targets(exe, DType::BF16, ReduceOp::Sum, (&[3, 16], &[64, 16], &[64, 16]), 0, true, 1);
+    check(exe, DType::F32, ReduceOp::Sum, (&[7, 1032], &[20, 1032], &[20, 1032]), 0, true);
 }
-
 #[test]
 fn an_index_out_of_range_is_reported_in_the_status_words() {
     let Some(exe) = emulator() else { return };
@@ -220,7 +251,7 @@ fn an_index_out_of_range_is_reported_in_the_status_words() {
         let mut s = Stream(17);
         let (x, src) = (floats(&[13, 8], DType::F32, &mut s), floats(&[30, 8], DType::F32, &mut s));
         let i = index(&[30, 8], 0, 5, rows, Some(bad), &mut s);
-        let (_, status) = emulate(exe, &x, &i, &src, 0, ReduceOp::Sum, rows);
+        let (_, status) = emulate(exe, &x, &i, &src, 0, ReduceOp::Sum, rows, true);
         assert_eq!(status, [1, bad, 13, 0], "index {bad}");
     }
 }
