@@ -112,11 +112,12 @@ extern "C" __global__ void NAME(T *out, const T *__restrict__ src, const long lo
 struct alignas(16) CoilVec16 { unsigned x, y, z, w; };
 
 /* The combine of a rows scatter (`stride` 1) whose rows are whole 16-byte vectors (V
-   elements; the runtime checks the sizes and alignments): a block per rank, walking its run
-   (one sort of the line serves every column), x over vectors of columns, y over ranks
-   (grid-stride). A block whose rank starts a run stages the run's positions in shared memory
-   (32 at first, then the block's width at a time) and each thread combines its V columns over
-   them in order, COIL_SCATTER_BATCH rows' loads in flight at once. */
+   elements; the runtime checks the sizes and alignments): a block per rank (grid-stride along
+   y), a thread per vector of columns (x, every one covered: a thread keeps its columns). The
+   block stages the run's keys and positions in shared memory, 32 at first (with the previous
+   rank's key: whether this rank starts a run), then the block's width at a time; where the
+   rank starts a run each thread combines its V columns over the staged rows in order,
+   COIL_SCATTER_BATCH rows' loads in flight at once, and stores them once. */
 #define COIL_ROWS_SCATTER(NAME, T, V, ACC, LOAD, STORE, COMBINE)                                   \
 union NAME##_vec { CoilVec16 raw; T t[V]; };                                                         \
 extern "C" __global__ void __launch_bounds__(COIL_SCATTER_ROWS_BLOCK)                                \
@@ -125,6 +126,7 @@ NAME(T *out, const T *__restrict__ src, const long long *__restrict__ pos,      
      long long inner, long long dim_size, CoilScatterDims d) {                                       \
     __shared__ long long run[COIL_SCATTER_ROWS_BLOCK];                                               \
     __shared__ long long run_keys[COIL_SCATTER_ROWS_BLOCK];                                          \
+    __shared__ long long prev_key;                                                                   \
     __shared__ int run_len;                                                                          \
     const int t = threadIdx.x;                                                                       \
     const long long i = (blockIdx.x * (long long)blockDim.x + t) * V; /* the thread's columns */     \
@@ -135,29 +137,39 @@ NAME(T *out, const T *__restrict__ src, const long long *__restrict__ pos,      
     for (long long row = blockIdx.y; row < outer * len; row += gridDim.y) {                         \
         const long long o = outer == 1 ? 0 : row / len, k = row - o * len;                           \
         const long long *keys = sorted + o * len, *line = pos + o * len;                             \
-        const long long key = keys[k];                                                               \
-        if ((k > 0 && keys[k - 1] == key) || key < 0 || key >= dim_size) continue; /* uniform */     \
-        long long xo = xi + key * d.xstride[dim], so = si;                                           \
-        coil_scatter_part(d, 0, dim - 1, o, xo, so);                                                 \
-        T *p = out + xo;                                                                             \
-        const T *s = src + so;                                                                       \
+        long long key = 0, q = k;                                                                    \
+        T *p = out;                                                                                  \
+        const T *s = src;                                                                            \
         ACC acc[V];                                                                                  \
-        if (mine) {                                                                                  \
-            NAME##_vec v;                                                                            \
-            v.raw = *(const CoilVec16 *)p;                                                           \
-            _Pragma("unroll") for (int e = 0; e < V; e++) acc[e] = LOAD(v.t[e]);                    \
-        }                                                                                            \
-        for (long long q = k, chunk = 32;; q += chunk, chunk = blockDim.x) {                         \
-            /* The next chunk of the run: positions staged, the run's length in the chunk found     \
-               by its last equal key (a run is contiguous). */                                       \
+        for (int chunk = 32;; q += chunk, chunk = blockDim.x) {                                      \
+            /* Stage the chunk (positions past the line clamped to its last, not counted). */       \
             if (t == 0) run_len = 0;                                                                 \
             if (t < chunk) {                                                                         \
-                const long long r = q + t;                                                           \
-                run_keys[t] = r < len ? keys[r] : ~key;                                              \
-                run[t] = r < len ? line[r] : 0;                                                      \
+                const long long r = q + t < len ? q + t : len - 1;                                   \
+                run_keys[t] = keys[r];                                                               \
+                run[t] = line[r];                                                                    \
             }                                                                                        \
+            if (q == k && t == 0) prev_key = k > 0 ? keys[k - 1] : ~keys[k];                         \
             __syncthreads();                                                                         \
-            if (t < chunk && run_keys[t] == key && (t + 1 == chunk || run_keys[t + 1] != key))       \
+            if (q == k) {                                                                            \
+                key = run_keys[0];                                                                   \
+                if (prev_key == key || key < 0 || key >= dim_size) { /* uniform: no run starts */   \
+                    __syncthreads(); /* read by all before the next rank is staged */                \
+                    break;                                                                           \
+                }                                                                                    \
+                long long xo = xi + key * d.xstride[dim], so = si;                                   \
+                coil_scatter_part(d, 0, dim - 1, o, xo, so);                                         \
+                p = out + xo;                                                                        \
+                s = src + so;                                                                        \
+                if (mine) {                                                                          \
+                    NAME##_vec v;                                                                    \
+                    v.raw = *(const CoilVec16 *)p;                                                   \
+                    _Pragma("unroll") for (int e = 0; e < V; e++) acc[e] = LOAD(v.t[e]);            \
+                }                                                                                    \
+            }                                                                                        \
+            /* The run's rows in the chunk: up to its last equal key (a run is contiguous). */       \
+            if (t < chunk && q + t < len && run_keys[t] == key &&                                    \
+                (t + 1 == chunk || q + t + 1 >= len || run_keys[t + 1] != key))                      \
                 run_len = t + 1;                                                                     \
             __syncthreads();                                                                         \
             const int n = run_len;                                                                   \
@@ -175,12 +187,14 @@ NAME(T *out, const T *__restrict__ src, const long long *__restrict__ pos,      
                 }                                                                                    \
             }                                                                                        \
             __syncthreads(); /* the chunk read by all before the next one is staged */               \
-            if (n < chunk) break;                                                                    \
-        }                                                                                            \
-        if (mine) {                                                                                  \
-            NAME##_vec w;                                                                            \
-            _Pragma("unroll") for (int e = 0; e < V; e++) w.t[e] = STORE(acc[e]);                   \
-            *(CoilVec16 *)p = w.raw;                                                                 \
+            if (n < chunk) {                                                                         \
+                if (mine) {                                                                          \
+                    NAME##_vec w;                                                                    \
+                    _Pragma("unroll") for (int e = 0; e < V; e++) w.t[e] = STORE(acc[e]);           \
+                    *(CoilVec16 *)p = w.raw;                                                         \
+                }                                                                                    \
+                break;                                                                               \
+            }                                                                                        \
         }                                                                                            \
     }                                                                                                \
 }
