@@ -189,7 +189,7 @@ impl SortedScatter {
     /// assert_eq!(wte.kernel(), "coil_scatter_rows_add_f32");
     /// assert_eq!(wte.sort_plan().unwrap().len, 8192); // one line of 8192 keys
     /// let unknown = SortedScatter::new(&table, &ids, &src, 0, Some(ReduceOp::Sum), false).unwrap();
-    /// assert_eq!((unknown.stride(), unknown.kernel()), (768, "coil_scatter_sorted_add_f32")); // 768 lines
+    /// assert_eq!((unknown.stride(), unknown.kernel().as_str()), (768, "coil_scatter_sorted_add_f32")); // 768 lines
     /// ```
     pub fn new(
         x: &TensorMeta,

@@ -85,7 +85,7 @@ pub(crate) unsafe fn scatter(
     let (mut ndim, mut dim32) = (xm.rank().max(1) as i32, dim as i32);
     let mut dim_size = xm.shape.get(dim).copied().unwrap_or(1) as i64;
     if let Some(mut plan) = SortedScatter::new(xm, im, sm, dim, reduce, index_repeats) {
-        if (out | src) % VECTOR_BYTES as u64 != 0 {
+        if !(out | src).is_multiple_of(VECTOR_BYTES as u64) {
             plan.vector = 1; // the rows kernel's 16-byte loads need aligned rows
         }
         // SAFETY: the caller's contract.
