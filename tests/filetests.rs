@@ -30,7 +30,18 @@
 //!   rules fired), `lower` (primitive graph to loop IR), `split` (split reductions), `schedule`
 //!   (fusion into kernels: prints the schedule), `tile` (the scheduled kernels' tile IR), `c`
 //!   (their C functions, without the shared prelude), `cuda` (their CUDA C kernels, without the
-//!   prelude, launched for the H100), `ptx` (their PTX modules for the H100, default tuning).
+//!   prelude, launched for the H100), `ptx` (their PTX modules, default tuning, each after a
+//!   line `// launch: grid G x block B[, at most M blocks][, clusters of C][, S bytes of
+//!   dynamic shared memory]; ptxas level L`: how the runtime launches and assembles it). The
+//!   `c`, `cuda` and `ptx` stages generate twice and fail if the two texts differ.
+//!   Several `pass:` lines before the first check add up; a `pass:` line after checks starts
+//!   another pipeline from the parsed IR, matched by the checks after it (one file can check
+//!   the C, CUDA C and PTX of the same kernels).
+//! * `; arch: sm_NN`: the GPU the `cuda` and `ptx` stages generate for (default `sm_90`, the
+//!   H100; `sm_80` the A100, `sm_89` the RTX 4090, `sm_70` the V100, another the data-center
+//!   part of its generation with that compute capability). `cuda` generates for the H100 only.
+//! * `; error: P`: the pipeline's stages must fail with an error containing `P` (a kernel
+//!   without a PTX form, a GPU without a PTX target); no other check in that pipeline.
 //! * `; dynamic: s0 = %L[d]`: dim `d` of input `%L` is the size symbol `s0`; every size of the
 //!   graph equal to that dim's written value is taken as `s0` (write a value no other size
 //!   has). The `decompose` and `rewrite` stages then run at probe sizes
@@ -48,7 +59,9 @@
 //! * Any other `;` line is a comment; a `; word:` line with an unknown word is an error.
 //!
 //! A failing check prints the directive, its line, and the whole text it was matched against,
-//! numbered. Every failing file is reported at once.
+//! numbered. Every failing file is reported at once. `ptx_modules_assemble` puts every PTX
+//! module the files generate through `ptxas` where it is installed (`ptxas` on the `PATH`, or
+//! the one `COIL_PTXAS` names), and reports itself skipped where it is not.
 
 use coil::{Buffer, DType, Device, Graph, HostData, RandomState};
 use coil_codegen::cuda::{GpuTarget, Tuning};
@@ -78,22 +91,56 @@ enum Level {
     Tile,
 }
 
+/// One pipeline of a file: stages run on the parsed IR, and what their output must show.
+#[derive(Debug, Default)]
+struct Pipeline {
+    passes: Vec<String>,
+    /// Each check with its line in the file.
+    checks: Vec<(Match, usize)>,
+    /// `Some((pattern, line))` when the stages must fail with an error containing `pattern`.
+    error: Option<(String, usize)>,
+}
+
 /// One `.coil` file: its directives.
 #[derive(Debug)]
 struct FileTest {
     level: Level,
-    passes: Vec<String>,
-    /// Each check with its line in the file.
-    checks: Vec<(Match, usize)>,
+    /// The GPU the `cuda` and `ptx` stages generate for (`; arch:`; the H100 by default).
+    target: GpuTarget,
+    /// The file's pipelines, in order (one unless a `pass:` line follows checks).
+    pipelines: Vec<Pipeline>,
     /// `Some((lo, hi))`, the range of integer inputs, when the file asks for a run.
     run: Option<(i64, i64)>,
     /// `(symbol, input label, dim)`.
     dynamic: Vec<(String, usize, usize)>,
 }
 
+/// The GPU of `; arch: sm_NN`: the H100 for sm_90, the A100 for sm_80, the RTX 4090 for sm_89,
+/// the V100 for sm_70; another compute capability on its generation's data-center part.
+fn target_of(arch: &str) -> Option<GpuTarget> {
+    let n: u32 = arch.strip_prefix("sm_")?.parse().ok()?;
+    Some(match n {
+        90 => GpuTarget::h100(),
+        89 => GpuTarget::rtx_4090(),
+        80 => GpuTarget::a100(),
+        70 => GpuTarget::v100(),
+        _ => {
+            let compute_capability = (n / 10, n % 10);
+            let cores = GpuTarget { compute_capability, ..GpuTarget::h100() }.tensor_cores();
+            GpuTarget { compute_capability, ..GpuTarget::data_center_part(cores) }
+        }
+    })
+}
+
 /// Reads the directives of a file.
 fn directives(text: &str) -> Result<FileTest, String> {
-    let mut t = FileTest { level: Level::Graph, passes: vec![], checks: vec![], run: None, dynamic: vec![] };
+    let mut t = FileTest {
+        level: Level::Graph,
+        target: GpuTarget::h100(),
+        pipelines: vec![Pipeline::default()],
+        run: None,
+        dynamic: vec![],
+    };
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         let Some(body) = line.trim_start().strip_prefix(';') else { continue };
@@ -108,6 +155,7 @@ fn directives(text: &str) -> Result<FileTest, String> {
         }
         let value = value.trim().to_string();
         let bad = |what: &str| format!("line {n}: {what}: `{line}`");
+        let current = t.pipelines.last_mut().expect("a pipeline");
         match key {
             "level" => {
                 t.level = match value.as_str() {
@@ -117,14 +165,27 @@ fn directives(text: &str) -> Result<FileTest, String> {
                     _ => return Err(bad("expected `level: graph`, `loops` or `tile`")),
                 }
             }
-            "pass" => t.passes.extend(value.split(',').map(|p| p.trim().to_string())),
-            "check" => t.checks.push((Match::Check(value), n)),
-            "nextln" => t.checks.push((Match::Nextln(value), n)),
-            "not" => t.checks.push((Match::Not(value), n)),
+            "arch" => t.target = target_of(&value).ok_or_else(|| bad("expected `arch: sm_NN`"))?,
+            "pass" => {
+                if !current.checks.is_empty() || current.error.is_some() {
+                    t.pipelines.push(Pipeline::default());
+                }
+                let current = t.pipelines.last_mut().expect("a pipeline");
+                current.passes.extend(value.split(',').map(|p| p.trim().to_string()));
+            }
+            "check" => current.checks.push((Match::Check(value), n)),
+            "nextln" => current.checks.push((Match::Nextln(value), n)),
+            "not" => current.checks.push((Match::Not(value), n)),
             "count" => {
                 let (count, pattern) = value.split_once(' ').ok_or_else(|| bad("expected `count: N pattern`"))?;
                 let count = count.parse().map_err(|_| bad("expected a count"))?;
-                t.checks.push((Match::Count(count, pattern.trim().to_string()), n));
+                current.checks.push((Match::Count(count, pattern.trim().to_string()), n));
+            }
+            "error" => {
+                if current.error.is_some() || !current.checks.is_empty() {
+                    return Err(bad("an `error` is the only check of its pipeline"));
+                }
+                current.error = Some((value, n));
             }
             "run" => {
                 let range = value.strip_prefix("ints=").ok_or_else(|| bad("expected `run: ints=LO..HI`"))?;
@@ -152,8 +213,15 @@ fn directives(text: &str) -> Result<FileTest, String> {
     if t.level != Level::Graph && (t.run.is_some() || !t.dynamic.is_empty()) {
         return Err("`run` and `dynamic` need a graph file (`level: graph`)".into());
     }
-    if t.checks.is_empty() && t.run.is_none() {
-        return Err("the file checks nothing: no `check`, `nextln`, `not`, `count` or `run`".into());
+    if t.pipelines.iter().any(|p| p.error.is_some() && !p.checks.is_empty()) {
+        return Err("an `error` is the only check of its pipeline".into());
+    }
+    let checks_nothing = |p: &Pipeline| p.checks.is_empty() && p.error.is_none();
+    if t.pipelines.len() > 1 && t.pipelines.iter().any(checks_nothing) {
+        return Err("a pipeline checks nothing: each `pass:` line after checks needs checks of its own".into());
+    }
+    if checks_nothing(&t.pipelines[0]) && t.run.is_none() {
+        return Err("the file checks nothing: no `check`, `nextln`, `not`, `count`, `error` or `run`".into());
     }
     Ok(t)
 }
@@ -167,8 +235,10 @@ enum Stage {
     Program(LoopProgram),
     Scheduled(LoopProgram, Schedule),
     Kernels(Vec<TileKernel>),
-    /// Generated source (C, CUDA C or PTX).
+    /// Generated source (C or CUDA C).
     Source(String),
+    /// PTX modules, one per kernel, each after a comment line of its launch.
+    Ptx(Vec<String>),
 }
 
 impl Stage {
@@ -181,6 +251,7 @@ impl Stage {
             Stage::Scheduled(p, s) => coil_passes::print_schedule(p, s),
             Stage::Kernels(ks) => ks.iter().map(|k| k.to_string()).collect::<Vec<_>>().join("\n"),
             Stage::Source(source) => source.clone(),
+            Stage::Ptx(modules) => modules.join("\n"),
         }
     }
 }
@@ -205,8 +276,47 @@ fn symbolic_sizes(graph: &Graph, dynamic: &[(String, usize, usize)]) -> Result<(
     Ok((sizes, symbols))
 }
 
-/// Runs `passes` on the parsed IR, `stage`.
-fn run_passes(mut stage: Stage, passes: &[String], dynamic: &[(String, usize, usize)]) -> Result<Stage, String> {
+/// `generate` run twice: generated code must not change from run to run (a hash map's order, an
+/// address, a clock in it would).
+fn deterministic<T: PartialEq>(generate: impl Fn() -> Result<T, String>) -> Result<T, String> {
+    let first = generate()?;
+    match generate()? == first {
+        true => Ok(first),
+        false => Err("the generated code differs between two runs on the same input".into()),
+    }
+}
+
+/// The comment line the `ptx` stage writes before a module: the launch the runtime uses, and
+/// the driver assembler's optimization level.
+fn launch_line(module: &coil_codegen::cuda::CudaModule) -> String {
+    let launch = module.kernels[0].launch;
+    let mut line = match launch.grid {
+        0 => format!("// launch: grid ceil(xnumel / {})", launch.per_block),
+        grid => format!("// launch: grid {grid}"),
+    };
+    line += &format!(" x block {}", launch.block);
+    if launch.max_grid > 0 {
+        line += &format!(", at most {} blocks", launch.max_grid);
+    }
+    if launch.cluster > 1 {
+        line += &format!(", clusters of {}", launch.cluster);
+    }
+    if launch.shared_bytes > 0 {
+        line += &format!(", {} bytes of dynamic shared memory", launch.shared_bytes);
+    }
+    if let coil_codegen::cuda::Language::Ptx { level } = module.language {
+        line += &format!("; ptxas level {level}");
+    }
+    line
+}
+
+/// Runs `passes` on the parsed IR, `stage`; `cuda` and `ptx` generate for `target`.
+fn run_passes(
+    mut stage: Stage,
+    passes: &[String],
+    dynamic: &[(String, usize, usize)],
+    target: &GpuTarget,
+) -> Result<Stage, String> {
     let fused =
         DecomposeOptions { fused_attention: true, half_products: true, conv_template: true, ..Default::default() };
     for pass in passes {
@@ -243,22 +353,28 @@ fn run_passes(mut stage: Stage, passes: &[String], dynamic: &[(String, usize, us
                     .map(|k| coil_codegen::build_kernel(&p, k))
                     .collect(),
             ),
-            ("c", Stage::Kernels(ks)) => {
-                Stage::Source(ks.iter().map(coil_codegen::emit_kernel).collect::<Vec<_>>().join("\n"))
-            }
+            ("c", Stage::Kernels(ks)) => Stage::Source(deterministic(|| {
+                Ok(ks.iter().map(coil_codegen::emit_kernel).collect::<Vec<_>>().join("\n"))
+            })?),
             ("cuda", Stage::Kernels(ks)) => {
-                let source: Result<Vec<String>, coil::Error> =
-                    ks.iter().map(|k| Ok(coil_codegen::cuda::emit_cuda_kernel(k)?.0)).collect();
-                Stage::Source(source.map_err(e)?.join("\n"))
+                if *target != GpuTarget::h100() {
+                    return Err("pass `cuda` generates for the H100 only (`arch: sm_90`)".into());
+                }
+                Stage::Source(deterministic(|| {
+                    let source: Result<Vec<String>, coil::Error> =
+                        ks.iter().map(|k| Ok(coil_codegen::cuda::emit_cuda_kernel(k)?.0)).collect();
+                    Ok(source.map_err(e)?.join("\n"))
+                })?)
             }
-            ("ptx", Stage::Kernels(ks)) => {
-                let (target, tuning) = (GpuTarget::h100(), Tuning::default());
-                let modules: Result<Vec<String>, String> = ks
-                    .iter()
-                    .map(|k| coil_codegen::cuda::ptx::emit_ptx(k, &target, &tuning).map(|m| m.source))
-                    .collect();
-                Stage::Source(modules.map_err(|why| format!("pass `ptx`: no PTX form: {why}"))?.join("\n"))
-            }
+            ("ptx", Stage::Kernels(ks)) => Stage::Ptx(deterministic(|| {
+                (ks.iter())
+                    .map(|k| {
+                        let m = coil_codegen::cuda::ptx::emit_ptx(k, target, &Tuning::default())
+                            .map_err(|why| format!("pass `ptx`: {}: no PTX form: {why}", k.name))?;
+                        Ok(format!("{}\n{}", launch_line(&m), m.source))
+                    })
+                    .collect()
+            })?),
             (
                 "decompose" | "decompose-fused" | "rewrite" | "lower" | "split" | "schedule" | "tile" | "c" | "cuda"
                 | "ptx",
@@ -442,24 +558,50 @@ fn compare_backends(graph: &Graph, seed: u64, ints: (i64, i64)) -> Result<usize,
     Ok(want.len())
 }
 
-/// Runs one file; the error says everything a reader needs. Says what ran.
-fn run_file(path: &Path) -> Result<String, String> {
+/// What a file's run found: what ran, and the PTX modules its pipelines generated.
+struct FileRun {
+    summary: String,
+    ptx: Vec<String>,
+    target: GpuTarget,
+}
+
+/// Runs one file; the error says everything a reader needs.
+fn run_file(path: &Path) -> Result<FileRun, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let test = directives(&text)?;
-    let parsed = match test.level {
-        Level::Graph => Graph::parse(&text).map(Stage::Graph),
-        Level::Loops => LoopProgram::parse(&text).map(Stage::Program),
-        Level::Tile => TileKernel::parse_all(&text).map(Stage::Kernels),
+    let parse = || {
+        let parsed = match test.level {
+            Level::Graph => Graph::parse(&text).map(Stage::Graph),
+            Level::Loops => LoopProgram::parse(&text).map(Stage::Program),
+            Level::Tile => TileKernel::parse_all(&text).map(Stage::Kernels),
+        };
+        parsed.map_err(|e| e.to_string())
     };
-    let parsed = parsed.map_err(|e| e.to_string())?;
-    let graph = match &parsed {
-        Stage::Graph(g) => Some(g.clone()),
-        _ => None,
-    };
-    let output = run_passes(parsed, &test.passes, &test.dynamic)?.text();
-    let stages = if test.passes.is_empty() { "the parsed IR".to_string() } else { test.passes.join(", ") };
-    match_checks(&output, &test.checks).map_err(|e| format!("{e}\noutput of {stages}:\n{}", numbered(&output)))?;
-    if let (Some(ints), Some(graph)) = (test.run, graph) {
+    let (mut checks, mut ptx) = (0, Vec::new());
+    for pipeline in &test.pipelines {
+        let stages = if pipeline.passes.is_empty() { "the parsed IR".to_string() } else { pipeline.passes.join(", ") };
+        let output = run_passes(parse()?, &pipeline.passes, &test.dynamic, &test.target);
+        let output = match (output, &pipeline.error) {
+            (Err(e), Some((want, _))) if e.contains(want.as_str()) => {
+                checks += 1;
+                continue;
+            }
+            (Err(e), Some((want, n))) => return Err(format!("line {n}: `error: {want}`: {stages} failed with: {e}")),
+            (Ok(_), Some((want, n))) => return Err(format!("line {n}: `error: {want}`: {stages} succeeded")),
+            (Err(e), None) => return Err(e),
+            (Ok(output), None) => output,
+        };
+        let printed = output.text();
+        match_checks(&printed, &pipeline.checks)
+            .map_err(|e| format!("{e}\noutput of {stages}:\n{}", numbered(&printed)))?;
+        checks += pipeline.checks.len();
+        if let Stage::Ptx(modules) = output {
+            ptx.extend(modules);
+        }
+    }
+    let mut summary = format!("{checks} checks");
+    if let (Some(ints), Level::Graph) = (test.run, test.level) {
+        let Stage::Graph(graph) = parse()? else { unreachable!("a graph file parses to a graph") };
         let seed = path
             .file_name()
             .unwrap()
@@ -467,28 +609,35 @@ fn run_file(path: &Path) -> Result<String, String> {
             .iter()
             .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
         let outputs = compare_backends(&graph, seed, ints).map_err(|e| format!("run: {e}"))?;
-        return Ok(format!("{} checks, {outputs} outputs agree", test.checks.len()));
+        summary += &format!(", {outputs} outputs agree");
     }
-    Ok(format!("{} checks", test.checks.len()))
+    Ok(FileRun { summary, ptx, target: test.target })
 }
 
-fn filetests_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests")
-}
-
-#[test]
-fn filetests() {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(filetests_dir())
+/// The `.coil` files of `tests/filetests`, in name order.
+fn filetest_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("tests/filetests")
         .map(|e| e.expect("directory entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "coil"))
         .collect();
     files.sort();
+    files
+}
+
+fn display_name(path: &Path) -> String {
+    path.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(path).display().to_string()
+}
+
+#[test]
+fn filetests() {
+    let files = filetest_files();
     let mut failures = Vec::new();
     for path in &files {
-        let name = path.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(path).display().to_string();
+        let name = display_name(path);
         match std::panic::catch_unwind(|| run_file(path)) {
-            Ok(Ok(what)) => println!("ok: {name}: {what}"),
+            Ok(Ok(run)) => println!("ok: {name}: {}", run.summary),
             Ok(Err(e)) => failures.push(format!("{name}: {e}")),
             Err(_) => failures.push(format!("{name}: panicked")),
         }
@@ -497,9 +646,49 @@ fn filetests() {
     assert!(files.len() >= 10, "only {} filetests", files.len());
 }
 
-/// The checks of `directives`, without their lines.
+/// The checks of `directives` (of its one pipeline).
 fn checks(text: &str) -> Vec<(Match, usize)> {
-    directives(text).unwrap().checks
+    let mut t = directives(text).unwrap();
+    assert_eq!(t.pipelines.len(), 1);
+    t.pipelines.remove(0).checks
+}
+
+/// Every PTX module the filetests generate through the driver's assembler, `ptxas -arch` of its
+/// file's target, where it is installed (`ptxas` on the `PATH`, or the one `COIL_PTXAS` names);
+/// reported as skipped where it is not.
+#[test]
+fn ptx_modules_assemble() {
+    let ptxas = std::env::var("COIL_PTXAS").unwrap_or_else(|_| "ptxas".into());
+    if std::process::Command::new(&ptxas).arg("--version").output().is_err() {
+        coil_ir::testing::skip(format!("no ptxas ({ptxas}): the filetests' PTX is not assembled"));
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("coil_filetests_ptx_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut failures, mut assembled) = (Vec::new(), 0);
+    for path in filetest_files() {
+        let Ok(run) = run_file(&path) else { continue }; // `filetests` reports it
+        for (i, module) in run.ptx.iter().enumerate() {
+            let stem = format!("{}_{i}", path.file_stem().unwrap().to_string_lossy());
+            let source = dir.join(format!("{stem}.ptx"));
+            std::fs::write(&source, module).unwrap();
+            let out = std::process::Command::new(&ptxas)
+                .arg(format!("-arch=sm_{}", run.target.arch()))
+                .arg("-o")
+                .arg(dir.join(format!("{stem}.cubin")))
+                .arg(&source)
+                .output()
+                .unwrap();
+            assembled += 1;
+            if !out.status.success() {
+                let why = String::from_utf8_lossy(&out.stderr);
+                failures.push(format!("{} (module {i}): {why}", display_name(&path)));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{} modules do not assemble:\n{}", failures.len(), failures.join("\n"));
+    println!("{assembled} PTX modules assemble");
 }
 
 #[test]
@@ -533,11 +722,39 @@ fn directives_are_checked() {
     assert!(directives("; chekc: x").unwrap_err().contains("unknown directive `chekc`"));
     assert!(directives("; just a comment: with a colon\ngraph() {}").unwrap_err().contains("checks nothing"));
     let t = directives("; pass: decompose, rewrite\n; run: ints=0..3\n; dynamic: s0 = %0[1]").unwrap();
-    assert_eq!((t.level, t.passes), (Level::Graph, vec!["decompose".to_string(), "rewrite".to_string()]));
+    assert_eq!(
+        (t.level, &t.pipelines[0].passes),
+        (Level::Graph, &vec!["decompose".to_string(), "rewrite".to_string()])
+    );
     assert_eq!(directives("; level: tile\n; check: x").unwrap().level, Level::Tile);
     assert!(directives("; level: loops\n; run").unwrap_err().contains("need a graph file"));
     assert!(directives("; level: kernels\n; check: x").unwrap_err().contains("expected `level: graph`"));
     assert_eq!((t.run, t.dynamic), (Some((0, 3)), vec![("s0".to_string(), 0, 1)]));
+}
+
+#[test]
+fn pass_lines_after_checks_start_pipelines() {
+    let t = directives("; level: tile\n; pass: c\n; pass: c\n; check: a\n; pass: ptx\n; error: no PTX\n; arch: sm_80")
+        .unwrap();
+    let passes: Vec<&Vec<String>> = t.pipelines.iter().map(|p| &p.passes).collect();
+    assert_eq!(passes, [&vec!["c".to_string(), "c".to_string()], &vec!["ptx".to_string()]]);
+    assert_eq!(t.pipelines[1].error, Some(("no PTX".to_string(), 6)));
+    assert_eq!((t.target, target_of("sm_90")), (GpuTarget::a100(), Some(GpuTarget::h100())));
+    assert_eq!(target_of("sm_100").map(|t| (t.arch(), t.sm_count)), Some((100, 132)));
+    assert!(directives("; check: a\n; pass: c").unwrap_err().contains("a pipeline checks nothing"));
+    assert!(directives("; error: x\n; check: a").unwrap_err().contains("only check of its pipeline"));
+    assert!(directives("; arch: 90\n; check: a").unwrap_err().contains("expected `arch: sm_NN`"));
+}
+
+#[test]
+fn generated_code_must_not_change_between_runs() {
+    let calls = std::cell::Cell::new(0);
+    let varies = || {
+        calls.set(calls.get() + 1);
+        Ok(calls.get())
+    };
+    assert!(deterministic(varies).unwrap_err().contains("differs between two runs"));
+    assert_eq!(deterministic(|| Ok(1)), Ok(1));
 }
 
 #[test]

@@ -164,13 +164,18 @@ pub fn schedule_text(program: &LoopProgram, schedule: &Schedule, kernels: &[Opti
         }
     }
     let _ = writeln!(s, "\nmemory plan:");
+    let arena = schedule.memory.arena(&schedule.memory.slots);
     for (slot, bytes) in schedule.memory.slots.iter().enumerate() {
         let users: Vec<String> = (0..program.buffers.len())
             .filter(|&b| schedule.memory.slot_of.get(b).copied().flatten() == Some(slot))
             .map(|b| program.buffers[b].name.clone())
             .collect();
-        let _ = writeln!(s, "  slot {slot}: {bytes} bytes, holds {}", users.join(", "));
+        let (first, last) = schedule.memory.slot_lives.get(slot).copied().unwrap_or_default();
+        let at = arena.offsets[slot];
+        let _ =
+            writeln!(s, "  slot {slot}: {bytes} bytes at {at}, launches {first}..={last}, holds {}", users.join(", "));
     }
+    let _ = writeln!(s, "  arena bytes: {}", arena.bytes);
     for x in &schedule.memory.in_outputs {
         let name = |b: BufferId| &program.buffer(b).name;
         let _ = writeln!(s, "  output {} holds {} (its scatter's base)", name(x.output), name(x.temporary));

@@ -92,11 +92,15 @@ pub struct FusionRefusal {
     pub reason: String,
 }
 
-/// Storage for the temporary buffers: buffers whose lives do not overlap share a slot.
+/// Storage for the temporary buffers: buffers whose lives do not overlap share a slot, and
+/// slots whose lives do not overlap share addresses in one allocation ([`MemoryPlan::arena`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MemoryPlan {
     /// Size in bytes of each storage slot.
     pub slots: Vec<usize>,
+    /// The launches each slot is in use for, `(first, last)` inclusive: from the kernel that
+    /// writes its first occupant to the last kernel that reads its last one.
+    pub slot_lives: Vec<(usize, usize)>,
     /// The slot of each buffer of the program (`None` for inputs, outputs, and buffers that
     /// never reach memory).
     pub slot_of: Vec<Option<usize>>,
@@ -136,7 +140,67 @@ pub struct Donation {
     pub input: usize,
 }
 
+/// Where the slots of a memory plan sit in one allocation ([`MemoryPlan::arena`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Arena {
+    /// Byte offset of each slot, a multiple of [`Arena::ALIGN`].
+    pub offsets: Vec<usize>,
+    /// The allocation's size.
+    pub bytes: usize,
+}
+
+impl Arena {
+    /// Alignment of every slot's offset (the device allocator's own alignment, so a library
+    /// call sees the same alignment in a slot as in an allocation of its own).
+    pub const ALIGN: usize = 256;
+}
+
 impl MemoryPlan {
+    /// Places slots of `slot_bytes` bytes (the plan's slots, resized for one run's sizes, then
+    /// any extra ones, which are taken to be in use throughout) in one allocation: two slots
+    /// share addresses only when no launch uses both. Greedy by size (largest first, each at
+    /// the lowest offset clear of the slots already placed that it overlaps in time, ties by
+    /// first use and number), so the result is deterministic and close to the most bytes in
+    /// use at once.
+    ///
+    /// ```
+    /// use coil_ir::kernel::{Arena, MemoryPlan};
+    /// let plan = MemoryPlan { slots: vec![1000, 3000, 500], slot_lives: vec![(0, 1), (2, 3), (1, 2)], ..Default::default() };
+    /// let arena = plan.arena(&plan.slots);
+    /// // Slots 0 and 1 are never in use together: they start at the same address.
+    /// assert_eq!(arena.offsets, vec![0, 0, 3072]);
+    /// assert_eq!(arena.bytes, 3584);
+    /// assert!(arena.offsets.iter().all(|o| o % Arena::ALIGN == 0));
+    /// ```
+    pub fn arena(&self, slot_bytes: &[usize]) -> Arena {
+        let live = |s: usize| self.slot_lives.get(s).copied().unwrap_or((0, usize::MAX));
+        let size = |s: usize| slot_bytes[s].next_multiple_of(Arena::ALIGN);
+        let mut order: Vec<usize> = (0..slot_bytes.len()).collect();
+        order.sort_by_key(|&s| (std::cmp::Reverse(size(s)), live(s).0, s));
+        let mut offsets = vec![0; slot_bytes.len()];
+        let mut placed: Vec<usize> = Vec::with_capacity(order.len());
+        let mut bytes = 0;
+        for s in order {
+            let (first, last) = live(s);
+            let mut taken: Vec<(usize, usize)> = (placed.iter())
+                .filter(|&&t| live(t).0 <= last && first <= live(t).1)
+                .map(|&t| (offsets[t], offsets[t] + size(t)))
+                .collect();
+            taken.sort_unstable();
+            let mut at = 0;
+            for (start, end) in taken {
+                if at + size(s) <= start {
+                    break;
+                }
+                at = at.max(end);
+            }
+            offsets[s] = at;
+            bytes = bytes.max(at + size(s));
+            placed.push(s);
+        }
+        Arena { offsets, bytes }
+    }
+
     /// The graph input whose buffer output `output` (a position in the outputs) is written
     /// into, if it was donated.
     pub fn donor_of(&self, output: usize) -> Option<usize> {

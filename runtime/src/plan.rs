@@ -7,7 +7,7 @@
 //! gets the [`Instance`] at those sizes from [`Instances`]: the program and schedule with
 //! constant sizes, and where each buffer lives, made once per set of sizes.
 
-use coil_ir::kernel::{FusedKernel, KernelKind, Schedule, TileKernel};
+use coil_ir::kernel::{Arena, FusedKernel, KernelKind, Schedule, TileKernel};
 use coil_ir::loops::{Bindings, BufferId, ExternCall, LoopKind, LoopProgram};
 use coil_ir::sym::Expr;
 use coil_ir::{DType, Error, RandomState, Result};
@@ -427,8 +427,9 @@ pub(crate) struct Instance {
     pub schedule: Schedule,
     /// Where each buffer of `program` lives.
     pub storage: Vec<Storage>,
-    /// Bytes of each storage slot: the memory plan's, then one per temporary it left out.
-    pub slot_bytes: Vec<usize>,
+    /// Where the storage slots (the memory plan's, then one per temporary it left out) sit in
+    /// the one allocation a run makes for them.
+    pub arena: Arena,
     /// The values of the program's size symbols, in `program.symbols` order (empty if static).
     pub sizes: Vec<i64>,
     /// Per entry of `kernels`: the values of its [`TileKernel::sizes`], in order (what the
@@ -464,14 +465,8 @@ impl Instance {
                 tile.sizes.iter().map(value).collect()
             })
             .collect::<std::result::Result<Vec<Vec<i64>>, String>>()?;
-        Ok(Instance {
-            program,
-            schedule,
-            storage,
-            slot_bytes,
-            sizes: bindings.values().copied().collect(),
-            kernel_sizes,
-        })
+        let arena = schedule.memory.arena(&slot_bytes);
+        Ok(Instance { program, schedule, storage, arena, sizes: bindings.values().copied().collect(), kernel_sizes })
     }
 }
 

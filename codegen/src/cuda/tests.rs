@@ -876,37 +876,9 @@ fn online_softmax_one_pass_and_pairwise_block_combine() {
     syntax_check(&module.source);
 }
 
-/// `x.argmax(0)` of f32 `[rows, cols]`: an arg reduction down the columns.
-pub(crate) fn col_argmax(rows: usize, cols: usize) -> (LoopProgram, FusedKernel) {
-    let f = DType::F32;
-    let mut p = Prog::default();
-    let x = p.input(&[rows, cols], f);
-    let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
-    let mut b = B::default();
-    let l = b.load(x, rv * cols as i64 + xv, f);
-    let a = p.reduction(&[cols], &[rows], ReduceOp::ArgMax, DType::I64, b.done(l));
-    p.output(a);
-    (p.p, kernel("per_fused_argmax_0", KernelKind::PersistentReduction, vec![0], cols, Some(rows), vec![a]))
-}
-
-/// `x.var(0, correction=0)` of f32 `[rows, cols]`: a column reduction of two passes (the
-/// mean, then the squared deviations from it).
-pub(crate) fn col_var(rows: usize, cols: usize, kind: KernelKind) -> (LoopProgram, FusedKernel) {
-    let f = DType::F32;
-    let mut p = Prog::default();
-    let x = p.input(&[rows, cols], f);
-    let (xv, rv) = (xs(&[cols])[0], rs(&[rows])[0]);
-    let (_, ss) = mean_and_squares(&mut p, x, rv * cols as i64 + xv, cols, rows);
-    let mut b = B::default();
-    let (s, n) = (b.load(ss, xv, f), b.constant(rows as f64, f));
-    let q = b.binary(BinaryOp::Div, s, n, f);
-    let var = p.pointwise(&[cols], f, b.done(q));
-    p.output(var);
-    (p.p, kernel("per_fused_col_var_0", kind, vec![0, 1, 2, 3], cols, Some(rows), vec![var]))
-}
-
 /// A layer's key and value caches written at one position: two windows of the same offset,
-/// size and bound, checked once by every backend, each pointer moved.
+/// size and bound, the second needing no check of its own (what each backend writes of it:
+/// `tests/filetests/windows_checked_once.coil`); the CUDA C compiles.
 #[test]
 fn windows_of_one_offset_are_checked_once() {
     let k = TileKernel::parse(
@@ -927,13 +899,5 @@ def poi_fused_scatter_0(in_ptr0: *i64 (buffer 1), in_ptr1: *f32 (buffer 2), out_
     )
     .unwrap();
     assert!(k.window_needs_check(1) && !k.window_needs_check(2));
-    let (src, _) = emit_cuda_kernel(&k).unwrap();
-    assert_eq!(src.matches("coil_fail(status, 1, ").count(), 1, "{src}");
-    assert!(src.contains("out_ptr0 += (16)*tmp0;") && src.contains("out_ptr1 += (16)*tmp0;"), "{src}");
     syntax_check(&emit_cuda_kernel_source(&k, &GpuTarget::h100()).unwrap());
-    let ptx = crate::cuda::ptx::emit_ptx(&k, &GpuTarget::h100(), &Tuning::default()).unwrap().source;
-    assert_eq!(ptx.matches("atom.global.cas.b64").count(), 1, "{ptx}");
-    assert_eq!(ptx.matches("st.global.v4.f32").count(), 2, "{ptx}");
-    let c = crate::c::emit_kernel(&k);
-    assert_eq!(c.matches("coil_index_error(").count(), 1, "{c}");
 }

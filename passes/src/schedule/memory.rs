@@ -17,6 +17,10 @@
 //! holds the base from the base's producer on (`MemoryPlan::in_outputs`; the base gets no
 //! slot). A base that is a graph input, an output, or read by a later kernel is copied.
 //!
+//! The slots then share one allocation ([`MemoryPlan::arena`]): a slot in use only while
+//! another is not takes the same addresses, so a run holds about `peak_bytes` of temporaries
+//! rather than the sum of its slots.
+//!
 //! Outputs live from their kernel (or their base's, when it is kept in them) to the end;
 //! inputs are the caller's. `peak_bytes` is the most, over kernels, of the live outputs plus
 //! the slots in use.
@@ -53,6 +57,7 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
     temps.sort_by_key(|&b| (def[b], b));
 
     let mut slots: Vec<usize> = Vec::new();
+    let mut slot_lives: Vec<(usize, usize)> = Vec::new();
     let mut free_after: Vec<usize> = Vec::new();
     // The temporary that last took each slot.
     let mut occupant: Vec<usize> = Vec::new();
@@ -73,6 +78,7 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
         let fit = (0..slots.len()).filter(free).filter(|&s| slots[s] >= need).min_by_key(|&s| (slots[s], s));
         let s = exact.or(fit).unwrap_or_else(|| {
             slots.push(need);
+            slot_lives.push((start, start));
             free_after.push(0);
             occupant.push(t);
             slots.len() - 1
@@ -80,6 +86,7 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
         slot_of[t] = Some(s);
         occupant[s] = t;
         free_after[s] = last_use[t].max(start);
+        slot_lives[s].1 = slot_lives[s].1.max(free_after[s]);
     }
 
     let mut outputs: Vec<usize> = p.outputs.iter().map(|b| b.0).filter(|&b| def[b].is_some()).collect();
@@ -99,7 +106,7 @@ pub(super) fn plan(p: &LoopProgram, kernels: &[FusedKernel]) -> MemoryPlan {
         live.dedup();
         peak = peak.max(out + live.iter().map(|&s| slots[s]).sum::<usize>());
     }
-    MemoryPlan { slots, slot_of, peak_bytes: peak, in_outputs, ..Default::default() }
+    MemoryPlan { slots, slot_lives, slot_of, peak_bytes: peak, in_outputs, ..Default::default() }
 }
 
 /// Whether `kernel` may write `t` over `u`: a pointwise kernel storing only `t`, reading `u`

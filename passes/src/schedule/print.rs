@@ -47,12 +47,16 @@ pub fn print_schedule(program: &LoopProgram, schedule: &Schedule) -> String {
     }
     let plan = &schedule.memory;
     let _ = writeln!(s, "memory plan:");
+    let arena = plan.arena(&plan.slots);
     for (slot, bytes) in plan.slots.iter().enumerate() {
         let users: Vec<String> = (0..program.buffers.len())
             .filter(|&b| plan.slot_of.get(b) == Some(&Some(slot)))
             .map(|b| program.buffers[b].name.clone())
             .collect();
-        let _ = writeln!(s, "  slot {slot}: {bytes} bytes [{}]", users.join(", "));
+        let _ = writeln!(s, "  slot {slot}: {bytes} bytes at {} [{}]", arena.offsets[slot], users.join(", "));
+    }
+    if !plan.slots.is_empty() {
+        let _ = writeln!(s, "  arena: {} bytes", arena.bytes);
     }
     let mut outputs: Vec<String> = Vec::new();
     for &b in &program.outputs {

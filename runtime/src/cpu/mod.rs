@@ -222,8 +222,9 @@ impl CompiledGraph {
             .collect::<Result<_>>()?;
         // 8-byte words (every dtype's alignment divides 8), from the host cache: temporaries are
         // written before they are read.
-        let mut slots: Vec<HostData> =
-            inst.slot_bytes.iter().map(|&b| HostData::for_output(DType::I64, b.div_ceil(8))).collect::<Result<_>>()?;
+        // One allocation for them: slots never in use together share addresses.
+        let mut arena = HostData::for_output(DType::I64, inst.arena.bytes.div_ceil(8))?;
+        let arena_start = arena.as_mut_ptr();
         // The pointers are taken once, after every allocation: nothing reallocates while they
         // are in use. Inputs are only ever read through theirs (checked in `new_in`).
         let ptrs: Vec<*mut u8> = (0..p.buffers.len())
@@ -233,7 +234,8 @@ impl CompiledGraph {
                 Storage::Input(k) | Storage::Donated(k) => inputs[k].data.as_ptr() as *mut u8,
                 Storage::Output => outputs[i].as_mut().expect("allocated above").as_mut_ptr(),
                 Storage::InOutput(o) => outputs[o.0].as_mut().expect("allocated above").as_mut_ptr(),
-                Storage::Slot(s) => slots[s].as_mut_ptr(),
+                // SAFETY: the offset and the slot's bytes lie within the arena (`MemoryPlan::arena`).
+                Storage::Slot(s) => unsafe { arena_start.add(inst.arena.offsets[s]) },
                 Storage::Unused => std::ptr::null_mut(),
             })
             .collect();
@@ -274,7 +276,7 @@ impl CompiledGraph {
                 times.push(start.elapsed().as_secs_f64() * 1e6);
             }
         }
-        slots.into_iter().for_each(crate::host_pool::give);
+        crate::host_pool::give(arena);
         let mut result: Vec<RunOutput<Buffer>> = Vec::with_capacity(p.outputs.len());
         for (k, &o) in p.outputs.iter().enumerate() {
             let buf = match inst.storage[o.0] {

@@ -1,35 +1,32 @@
 //! Device memory: a caching allocator and typed device buffers.
 //!
 //! `cuMemAlloc`/`cuMemFree` are slow (the free synchronises the device), and a compiled graph
-//! allocates its outputs and temporaries on every run. So freed blocks go back to a cache of
-//! per-size-class free lists, not to the driver, and the next allocation of that class reuses
-//! one. Size classes: multiples of 512 bytes up to 1 MiB, multiples of 2 MiB above (as
-//! PyTorch's caching allocator rounds). Reuse needs no event: every use of device memory is on
-//! the device's one stream (see [`super::device`]), so work that used a block before it was
-//! freed precedes, in stream order, any work of its next owner.
+//! allocates its outputs and temporaries on every run. So freed blocks go back to a cache, not
+//! to the driver, and later allocations reuse them. Requests round up to multiples of 512
+//! bytes (as PyTorch's caching allocator rounds). Up to 1 MiB each size has a free list of
+//! blocks of its own; larger blocks are cut from shared driver segments and merged back when
+//! freed ([`super::segments`]), so a 2.4 MB weight does not hold a 4 MiB page range. Reuse
+//! needs no event: every use of device memory is on the device's one stream (see
+//! [`super::device`]), so work that used a block before it was freed precedes, in stream
+//! order, any work of its next owner.
 //!
 //! When the driver is out of memory, the cache is returned to the driver and the allocation
 //! tried once more; if it still fails, that is an error (never a panic).
 
 use super::device::{driver_error, CudaDevice};
 use super::graphs::pool::GraphPools;
+use super::segments::{segment_bytes, Segments, LARGE};
 use crate::{Buffer, HostData};
 use coil_ir::{DType, Error, Result, TensorMeta};
 use cudarc::driver::{result as drv, sys::CUdeviceptr};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Rounds a request up to its size class (0 stays 0: nothing is allocated).
+/// Rounds a request up to the bytes of the block it gets: a multiple of 512 (0 stays 0:
+/// nothing is allocated). Saturating: a request beyond any device fails in the driver, as an
+/// error.
 pub fn size_class(bytes: usize) -> usize {
-    const SMALL: usize = 1 << 20;
-    if bytes == 0 {
-        0
-    } else if bytes <= SMALL {
-        bytes.div_ceil(512) * 512
-    } else {
-        // Saturating: a request beyond any device fails in the driver, as an error.
-        bytes.div_ceil(2 << 20).saturating_mul(2 << 20)
-    }
+    bytes.div_ceil(512).saturating_mul(512)
 }
 
 /// Counters of a device's allocator.
@@ -56,7 +53,10 @@ pub struct CachingAllocator {
 
 #[derive(Debug, Default)]
 struct Pools {
+    /// Free blocks of up to [`LARGE`] bytes, by size.
     free: HashMap<usize, Vec<CUdeviceptr>>,
+    /// Larger blocks, free or not, in their driver segments.
+    large: Segments,
     stats: AllocatorStats,
     /// The blocks CUDA graphs hold, and those of a capture in progress (counted in use).
     graphs: GraphPools,
@@ -74,8 +74,20 @@ impl Pools {
         for &(ptr, class) in blocks {
             self.stats.in_use_bytes -= class;
             self.stats.cached_bytes += class;
-            self.free.entry(class).or_default().push(ptr);
+            if class > LARGE {
+                self.large.give(ptr);
+            } else {
+                self.free.entry(class).or_default().push(ptr);
+            }
         }
+    }
+
+    /// A cached block of `class` bytes, if there is one.
+    fn reuse_cached(&mut self, class: usize) -> Option<CUdeviceptr> {
+        let ptr = if class > LARGE { self.large.take(class) } else { self.free.get_mut(&class).and_then(Vec::pop) }?;
+        self.stats.cached_bytes -= class;
+        self.stats.cache_hits += 1;
+        Some(ptr)
     }
 }
 
@@ -102,35 +114,40 @@ impl CachingAllocator {
             if let Some(ptr) = pools.graphs.reuse(class) {
                 return Ok((ptr, class));
             }
-            if let Some(ptr) = pools.free.get_mut(&class).and_then(Vec::pop) {
-                pools.stats.cached_bytes -= class;
-                pools.stats.cache_hits += 1;
+            if let Some(ptr) = pools.reuse_cached(class) {
                 pools.take(class);
                 pools.graphs.handed_out(ptr, class);
                 return Ok((ptr, class));
             }
         }
-        dev.bind()?;
-        // SAFETY: a plain device allocation in the bound context; the pointer is owned by the
-        // returned block until it is freed back here.
-        let ptr = match unsafe { drv::malloc_sync(class) } {
-            Ok(ptr) => ptr,
+        // From the driver: a block of its own, or a segment to cut large blocks from (the
+        // smallest that holds the block when memory is short).
+        let (wanted, least) = if class > LARGE { (segment_bytes(class), whole_pages(class)) } else { (class, class) };
+        let (ptr, got) = match driver_alloc(dev, wanted) {
+            Ok(ptr) => (ptr, wanted),
             Err(_) => {
                 // Out of memory (most likely): give the cache back to the driver and retry.
                 dev.wait()?;
                 self.release_all(dev)?;
-                // SAFETY: as above.
-                unsafe { drv::malloc_sync(class) }.map_err(|e| {
+                let ptr = driver_alloc(dev, least).map_err(|e| {
                     Error::runtime(format!(
                         "CUDA out of memory: cannot allocate {class} bytes on cuda:{} ({} bytes in use by coil): {e}",
                         dev.ordinal(),
                         self.stats().in_use_bytes
                     ))
-                })?
+                })?;
+                (ptr, least)
             }
         };
         let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         pools.stats.driver_allocations += 1;
+        let ptr = if class > LARGE {
+            pools.large.add_segment(ptr, got);
+            pools.stats.cached_bytes += got - class;
+            pools.large.take(class).expect("the new segment holds the block")
+        } else {
+            ptr
+        };
         pools.take(class);
         pools.graphs.handed_out(ptr, class);
         Ok((ptr, class))
@@ -177,22 +194,38 @@ impl CachingAllocator {
         pools.cache(&free);
     }
 
-    /// Frees every cached block to the driver. The caller has synchronised the stream (no
-    /// pending work uses a cached block).
+    /// Frees the cached blocks to the driver: the small ones, and the segments of large
+    /// blocks with nothing handed out. The caller has synchronised the stream (no pending work
+    /// uses a cached block).
     pub(crate) fn release_all(&self, dev: &CudaDevice) -> Result<()> {
-        let blocks: Vec<(usize, Vec<CUdeviceptr>)> = {
+        let blocks: Vec<CUdeviceptr> = {
             let mut pools = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            pools.stats.cached_bytes = 0;
-            pools.free.drain().collect()
+            let segments = pools.large.drain_free_segments();
+            pools.stats.cached_bytes = pools.large.free_bytes();
+            let small = pools.free.drain().flat_map(|(_, v)| v);
+            small.chain(segments.into_iter().map(|(base, _)| base)).collect()
         };
         dev.bind()?;
-        for ptr in blocks.into_iter().flat_map(|(_, v)| v) {
+        for ptr in blocks {
             // SAFETY: the block came from `malloc_sync` in this context, is in no one's hands
             // (it was in the free list, now drained), and no pending work uses it.
             unsafe { drv::free_sync(ptr) }.map_err(|e| driver_error("cuMemFree", e))?;
         }
         Ok(())
     }
+}
+
+/// `bytes` rounded up to the driver's 2 MiB pages.
+fn whole_pages(bytes: usize) -> usize {
+    bytes.div_ceil(2 << 20).saturating_mul(2 << 20)
+}
+
+/// `cuMemAlloc` of `bytes` in `dev`'s context.
+fn driver_alloc(dev: &CudaDevice, bytes: usize) -> Result<CUdeviceptr> {
+    dev.bind()?;
+    // SAFETY: a plain device allocation in the bound context; the pointer is owned by the
+    // allocator until it is freed back to the driver.
+    unsafe { drv::malloc_sync(bytes) }.map_err(|e| driver_error("cuMemAlloc", e))
 }
 
 /// An allocation on a device, returned to the device's cache when dropped.

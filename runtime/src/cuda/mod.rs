@@ -47,6 +47,7 @@ pub mod gather;
 pub mod graphs;
 pub mod loader;
 pub mod memory;
+mod segments;
 pub mod sort;
 #[cfg(test)]
 mod sort_emulation;
@@ -587,8 +588,9 @@ impl CudaCompiledGraph {
                     .transpose()
             })
             .collect::<Result<_>>()?;
-        let slots: Vec<DeviceMemory> =
-            inst.slot_bytes.iter().map(|&b| DeviceMemory::alloc(dev, b)).collect::<Result<_>>()?;
+        // One allocation for the temporaries: slots never in use together share addresses.
+        let arena = DeviceMemory::alloc(dev, inst.arena.bytes)?;
+        let slot = |s: usize| arena.ptr() + inst.arena.offsets[s] as u64;
         let status = match status {
             RunStatus::Board(_) if self.steps.is_empty() => 0,
             RunStatus::Board(origin) => dev.status.take(dev, &self.status_kernels, &origin)?,
@@ -601,7 +603,7 @@ impl CudaCompiledGraph {
                 Storage::Input(k) | Storage::Donated(k) => inputs[k].ptr(),
                 Storage::Output => outputs[i].as_ref().expect("allocated above").ptr(),
                 Storage::InOutput(o) => outputs[o.0].as_ref().expect("allocated above").ptr(),
-                Storage::Slot(s) => slots[s].ptr(),
+                Storage::Slot(s) => slot(s),
                 Storage::Unused => 0,
             })
             .collect();

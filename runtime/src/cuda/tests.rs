@@ -107,8 +107,9 @@ fn size_classes_round_up() {
     assert_eq!(size_class(512), 512);
     assert_eq!(size_class(513), 1024);
     assert_eq!(size_class(1 << 20), 1 << 20);
-    assert_eq!(size_class((1 << 20) + 1), 2 << 20);
-    assert_eq!(size_class(5 << 20), 6 << 20);
+    // Large blocks are cut from shared segments to the 512-byte multiple.
+    assert_eq!(size_class((1 << 20) + 1), (1 << 20) + 512);
+    assert_eq!(size_class(5 << 20), 5 << 20);
 }
 
 #[test]
@@ -182,6 +183,36 @@ fn the_allocator_reuses_freed_blocks() {
     // Far more than the GPU has: an error, not a panic or an abort.
     let e = DeviceMemory::alloc(&dev, 1 << 50).unwrap_err();
     assert!(e.message.contains("out of memory"), "{}", e.message);
+}
+
+/// Blocks above 1 MiB share driver segments: a few 2.4 MB blocks take one segment and count
+/// their own bytes, sit next to each other, are readable and writable, and merge back.
+#[test]
+fn large_blocks_share_segments() {
+    let Some(dev) = gpu() else { return };
+    let bytes = 768 * 768 * 4 + 100; // a GPT-2 weight, plus an odd tail
+    let before = dev.allocator.stats();
+    let blocks: Vec<DeviceMemory> = (0..4).map(|_| DeviceMemory::alloc(&dev, bytes).unwrap()).collect();
+    let during = dev.allocator.stats();
+    assert_eq!(during.in_use_bytes - before.in_use_bytes, 4 * size_class(bytes), "each counts its own bytes");
+    assert!(during.driver_allocations - before.driver_allocations <= 2, "{before:?} -> {during:?}");
+    for (i, b) in blocks.iter().enumerate() {
+        let data =
+            CudaBuffer::from_bytes(&dev, TensorMeta::new(vec![bytes], DType::U8), &vec![i as u8; bytes]).unwrap();
+        // SAFETY: both hold `bytes` bytes; distinct allocations.
+        unsafe { memory::copy_device(&dev, b.ptr(), data.ptr(), bytes) }.unwrap();
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        // SAFETY: the block holds `bytes` bytes, written above.
+        let back = unsafe { memory::download(&dev, b.ptr(), bytes) }.unwrap();
+        assert!(back.iter().all(|&x| x == i as u8), "block {i} was overwritten by a neighbour");
+    }
+    drop(blocks);
+    // The four merged: one block of all their bytes comes from the cache.
+    let cached = dev.allocator.stats();
+    let merged = DeviceMemory::alloc(&dev, 4 * size_class(bytes)).unwrap();
+    assert_eq!(dev.allocator.stats().driver_allocations, cached.driver_allocations);
+    drop(merged);
 }
 
 // ---------------------------------------------------------------- compiled graphs
