@@ -2,9 +2,9 @@
    floats with each destination's sources combined in the index's order by one thread, no
    atomics, so that the result's bits repeat from run to run and are the reference
    interpreter's. The index's positions are grouped by destination by the argsort template
-   (sort.cu, launched between these kernels). Follows half.cuh. With COIL_SORT_EMULATED or
-   COIL_EMULATED defined the includer provides the CUDA built-ins (the runtime's host emulation
-   test). */
+   (sort.cu, launched between these kernels). Follows half.cuh. No headers: NVRTC compiles this
+   as is; the runtime's host emulation test (runtime/src/cuda/scatter_emulation.rs) provides the
+   CUDA built-ins and, with COIL_EMULATED, the 16-bit conversions. */
 struct CoilScatterDims { long long size[8]; long long xstride[8]; long long sstride[8]; };
 
 /* Sources one thread loads before it combines them (in flight together). */
