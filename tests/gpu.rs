@@ -1023,3 +1023,86 @@ fn resnet_training_steps_repeat_bit_for_bit_on_cuda() {
     }
     assert!(differ.is_empty(), "a second run differs from the first:\n{}", differ.join("\n"));
 }
+
+/// `scatter_add` with repeated indices on CUDA, an embedding's gradient: rows of `src` added
+/// to the rows of a table by token ids, a few ids hundreds of times. Two runs give the same
+/// bits, and they are the interpreter's, which adds each destination's sources in index order
+/// as the sorted scatter does: by an expanded index (one sort of the ids, the rows kernel), by
+/// the same index materialized (a sort per column), f32 and bf16; and an embedding's gradient
+/// through `value_and_grad`.
+#[test]
+fn scatter_add_with_repeated_indices_repeats_bit_for_bit_on_cuda() {
+    use coil::{Backend, DType, Device, Tensor};
+    let Some(device) = gpu() else { return };
+    let (vocab, c, n) = (3000usize, 768usize, 4096usize);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        state >> 33
+    };
+    // A quarter of the ids one of 3 (runs of about 340 rows), the rest over the vocabulary.
+    let ids: Vec<i64> = (0..n)
+        .map(|_| next())
+        .map(|h| if h % 4 == 0 { (h / 4 % 3) as i64 } else { (h % vocab as u64) as i64 })
+        .collect();
+    let mut values = |len: usize| -> Vec<f32> {
+        let magnitude = |h: u64| 0.25 + (h % 1000) as f32 / 1000.0 * 1.75; // never zero
+        (0..len).map(|_| next()).map(|h| if h & 1 == 0 { magnitude(h >> 1) } else { -magnitude(h >> 1) }).collect()
+    };
+    let (table, rows) = (values(vocab * c), values(n * c));
+    let wide: Vec<i64> = ids.iter().flat_map(|&i| std::iter::repeat_n(i, c)).collect();
+    let bits = |t: Tensor| -> Vec<u32> {
+        t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    };
+    let first_difference = |a: &[u32], b: &[u32]| {
+        a.iter().zip(b).position(|(x, y)| x != y).map(|k| {
+            let (x, y) = (f32::from_bits(a[k]), f32::from_bits(b[k]));
+            format!("element [{}, {}]: {x:e} vs {y:e}", k / c, k % c)
+        })
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        for expanded in [true, false] {
+            let run = |backend: Backend, device: Device| -> Vec<u32> {
+                coil::set_backend(backend);
+                let on = |v: &[f32], shape: &[usize]| {
+                    Tensor::from_vec(v.to_vec(), shape).unwrap().to_device(device).unwrap().to_dtype(dtype).unwrap()
+                };
+                let (x, src) = (on(&table, &[vocab, c]), on(&rows, &[n, c]));
+                let index = if expanded {
+                    let ids = Tensor::from_vec(ids.clone(), &[n, 1]).unwrap().to_device(device).unwrap();
+                    ids.expand(&[n as i64, c as i64]).unwrap()
+                } else {
+                    Tensor::from_vec(wide.clone(), &[n, c]).unwrap().to_device(device).unwrap()
+                };
+                bits(x.scatter_add(0, &index, &src).unwrap())
+            };
+            let what = format!("{dtype}, {} index", if expanded { "expanded" } else { "materialized" });
+            let (first, again) = (run(Backend::Compiled, device), run(Backend::Compiled, device));
+            if let Some(d) = first_difference(&first, &again) {
+                panic!("{what}: the second run differs from the first at {d}");
+            }
+            if let Some(d) = first_difference(&first, &run(Backend::Interpreter, Device::Cpu)) {
+                panic!("{what}: CUDA differs from the interpreter at {d}");
+            }
+        }
+    }
+    let grad = |backend: Backend, device: Device| -> Vec<u32> {
+        coil::set_backend(backend);
+        let w = Tensor::from_vec(table.clone(), &[vocab, c]).unwrap().to_device(device).unwrap();
+        w.realize().unwrap();
+        let ids = Tensor::from_vec(ids.clone(), &[n]).unwrap().to_device(device).unwrap();
+        let weights = Tensor::from_vec(rows.clone(), &[n, c]).unwrap().to_device(device).unwrap();
+        let loss = w.index_select(0, &ids).unwrap().mul(&weights).unwrap().sum(&[], false).unwrap();
+        let (_, g) = coil::value_and_grad(&loss, &[&w]).unwrap();
+        bits(g[0].clone())
+    };
+    let (first, again) = (grad(Backend::Compiled, device), grad(Backend::Compiled, device));
+    if let Some(d) = first_difference(&first, &again) {
+        panic!("the embedding's gradient: the second run differs from the first at {d}");
+    }
+    let want = grad(Backend::Interpreter, Device::Cpu);
+    for (k, (g, w)) in first.iter().zip(&want).enumerate() {
+        let (g, w) = (f32::from_bits(*g), f32::from_bits(*w));
+        assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "the embedding's gradient [{}, {}]: {g} vs {w}", k / c, k % c);
+    }
+}

@@ -16,7 +16,8 @@
 //! * [`sort`]: argsort along a dim (`Op::Argsort`, the base of `sort`, `topk` and sampling):
 //!   a bitonic sort of tiles in shared memory, then merge passes for lines longer than a tile.
 //! * [`fallback`]: `scatter` / `scatter_add` and `cumsum` on the GPU (ops without generated
-//!   kernels).
+//!   kernels); [`scatter`]: its float reductions, each destination's sources combined in the
+//!   index's order by one thread (grouped by the [`sort`] template), the same bits every run.
 //! * [`gather`]: strided views gathered into contiguous buffers (operands cuBLASLt or the
 //!   attention kernels cannot read in place).
 //! * [`activation`]: `gelu_tanh` after a matrix product whose epilogue cuBLASLt could not take.
@@ -26,9 +27,9 @@
 //! tensor-core variant (f16 / bf16 on sm_80 and newer: `mma.sync.m16n8k16`, `ldmatrix`,
 //! `cp.async`, f32 accumulators) and a simple one (f32, or any dtype before sm_80; one thread
 //! per row, any strides). With `COIL_EMULATED` defined, the sources leave their PTX helpers to
-//! the includer: the runtime's tests `cuda::attention::emulation` and `cuda::sort_emulation` run
-//! them on the host with those instructions emulated, in threads of an emulated block
-//! ([`BLOCK_EMULATION`]).
+//! the includer: the runtime's tests `cuda::attention::emulation`, `cuda::sort_emulation` and
+//! `cuda::scatter_emulation` run them on the host with those instructions emulated, in threads
+//! of an emulated block ([`BLOCK_EMULATION`]).
 
 pub mod activation;
 pub mod attention;
@@ -36,6 +37,7 @@ pub mod attention_backward;
 pub mod fallback;
 pub mod gather;
 pub mod gemm_cpu;
+pub mod scatter;
 pub mod sort;
 
 use coil_ir::target::GpuTarget;

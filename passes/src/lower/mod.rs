@@ -70,6 +70,8 @@ mod scatter;
 pub(crate) mod tests;
 mod view;
 
+pub use scatter::repeats_along;
+
 pub use realize::{
     REALIZE_ACC_READS_THRESHOLD, REALIZE_MIN_FULL_READS, REALIZE_OPCOUNT_THRESHOLD, REALIZE_READS_THRESHOLD,
     SMALL_OPERAND_RATIO,

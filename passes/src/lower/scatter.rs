@@ -15,7 +15,7 @@
 //! calls.
 
 use super::{flat, strides, vars, Emit, Lowerer};
-use coil_ir::loops::{range_var, Body, LoopKind, ScalarOp, ScatterStore, ValueId};
+use coil_ir::loops::{range_var, Body, BufferId, LoopKind, LoopProgram, ScalarOp, ScatterStore, ValueId};
 use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, NodeId, Op, Result};
 
@@ -86,6 +86,35 @@ fn shifted(body: &Body, v: ValueId, var: Expr, vars: &[Expr]) -> bool {
     }
 }
 
+/// Whether the values of `buffer` repeat along its dims from `from` on: its producer is a
+/// pointwise node whose stored value depends on none of those dims' index variables (and
+/// draws no random number). An expanded index is: `index_select`'s and an embedding's
+/// gradient scatter rows by an `[N, 1]` index expanded to `[N, C]`, which the GPU's sorted
+/// scatter then sorts once per row, not once per element. `false` where it is not shown (an
+/// input, an extern call's output, a reduction, a scatter store).
+///
+/// ```
+/// use coil_ir::{DType, Graph, Op, ReduceOp, TensorMeta};
+/// let mut g = Graph::new();
+/// let table = g.input(TensorMeta::new(vec![10, 4], DType::F32));
+/// let ids = g.input(TensorMeta::new(vec![6, 1], DType::I64));
+/// let rows = g.input(TensorMeta::new(vec![6, 4], DType::F32));
+/// let index = g.push(Op::Expand { shape: vec![6, 4] }, &[ids], None)?;
+/// let y = g.push(Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) }, &[table, index, rows], None)?;
+/// g.outputs.push(y);
+/// let p = coil_passes::lower(&g)?;
+/// let coil_ir::loops::LoopKind::Extern { inputs, .. } = &p.nodes.last().unwrap().kind else { panic!() };
+/// assert!(coil_passes::lower::repeats_along(&p, inputs[1], 1));
+/// assert!(!coil_passes::lower::repeats_along(&p, inputs[2], 1)); // an input
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
+pub fn repeats_along(p: &LoopProgram, buffer: BufferId, from: usize) -> bool {
+    let Some(node) = p.nodes.iter().find(|n| n.output == buffer) else { return false };
+    let LoopKind::Pointwise { ranges, body, scatter: None } = &node.kind else { return false };
+    let idx = vars(ranges, range_var);
+    from >= idx.len() || uniform(body, body.result, &idx[from..])
+}
+
 /// Whether value `v` of `body` is the same for every element: it depends on no index
 /// variable of `vars` (and draws no random number).
 fn uniform(body: &Body, v: ValueId, vars: &[Expr]) -> bool {
@@ -105,4 +134,42 @@ fn uniform(body: &Body, v: ValueId, vars: &[Expr]) -> bool {
 /// Whether `e` mentions none of `vars`.
 fn free_of(e: Expr, vars: &[Expr]) -> bool {
     e.free_symbols().iter().all(|s| !vars.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::repeats_along;
+    use coil_ir::loops::{BufferId, LoopKind, LoopProgram};
+    use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, TensorMeta};
+
+    /// The index buffer of `scatter_add(table, 0, index, rows)` for an `[6, 4]` index built by
+    /// `make` from ids `[6, 1]`, lowered.
+    fn index_of(make: impl Fn(&mut Graph, NodeId) -> NodeId) -> (LoopProgram, BufferId) {
+        let mut g = Graph::new();
+        let table = g.input(TensorMeta::new(vec![10, 4], DType::F32));
+        let ids = g.input(TensorMeta::new(vec![6, 1], DType::I64));
+        let rows = g.input(TensorMeta::new(vec![6, 4], DType::F32));
+        let index = make(&mut g, ids);
+        let y = g.push(Op::Scatter { dim: 0, reduce: Some(ReduceOp::Sum) }, &[table, index, rows], None).unwrap();
+        g.outputs.push(y);
+        let p = crate::lower(&g).unwrap();
+        let LoopKind::Extern { inputs, .. } = &p.nodes.last().unwrap().kind else { panic!("{p}") };
+        let index = inputs[1];
+        (p, index)
+    }
+
+    #[test]
+    fn an_expanded_index_repeats_along_its_rows_and_a_varying_one_does_not() {
+        let expand = |g: &mut Graph, ids| g.push(Op::Expand { shape: vec![6, 4] }, &[ids], None).unwrap();
+        let (p, index) = index_of(expand);
+        assert!(repeats_along(&p, index, 1) && repeats_along(&p, index, 2), "{p}");
+        assert!(!repeats_along(&p, index, 0), "the ids differ down the rows: {p}");
+        // Plus an iota along the columns: each column its own place.
+        let (p, index) = index_of(|g, ids| {
+            let wide = expand(g, ids);
+            let iota = g.leaf(Op::Iota { dim: 1 }, TensorMeta::new(vec![6, 4], DType::I64), None);
+            g.push(Op::Binary(BinaryOp::Add), &[wide, iota], None).unwrap()
+        });
+        assert!(!repeats_along(&p, index, 1), "{p}");
+    }
 }

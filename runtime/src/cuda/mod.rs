@@ -775,11 +775,14 @@ impl CudaCompiledGraph {
                 if fallback::supports_scatter(&p.buffer(operands[0]).meta, &p.buffer(operands[1]).meta, *reduce) =>
             {
                 let arg = |k: usize| (ptrs[operands[k].0], &p.buffer(operands[k]).meta);
+                // An expanded index (an embedding's gradient): a float reduction sorts its rows.
+                let repeats = coil_passes::lower::repeats_along(p, operands[1], dim + 1);
                 // SAFETY: every buffer of the program is contiguous, of its meta, and distinct
                 // from the others, but the base, which the output may be (the scatter then runs
-                // in place: `check_launches`).
+                // in place: `check_launches`); `repeats_along` reads the index's producer.
                 unsafe {
-                    fallback::scatter(&self.device, *dim, *reduce, arg(0), arg(1), arg(2), ptrs[out_id.0], status)
+                    let (x, index, src, out) = (arg(0), arg(1), arg(2), ptrs[out_id.0]);
+                    fallback::scatter(&self.device, *dim, *reduce, x, index, src, out, status, repeats)
                 }
             }
             ExternCall::Fallback { op: Op::Cumsum { dim } }
