@@ -1106,3 +1106,55 @@ fn scatter_add_with_repeated_indices_repeats_bit_for_bit_on_cuda() {
         assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "the embedding's gradient [{}, {}]: {g} vs {w}", k / c, k % c);
     }
 }
+
+/// Two runs of a small GPT-2's training steps under bf16 autocast on CUDA give the same bits:
+/// attention's backward through cuDNN (or the templates), the tied embedding's gradient by the
+/// sorted scatter (token ids repeat), clipping and AdamW. A run-dependent order of sums
+/// anywhere (atomics) shows as a difference here.
+#[test]
+fn gpt2_training_steps_repeat_bit_for_bit_on_cuda() {
+    use coil::nn::models::gpt2::{Gpt2, Gpt2Config};
+    use coil::nn::{clip_grad_norm, AdamW, AdamWConfig, Optimizer, ParamStore, Precision};
+    use coil::{DType, Tensor};
+    let Some(device) = gpu() else { return };
+    let config = Gpt2Config {
+        vocab_size: 97,
+        block_size: 128,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 64,
+        dropout: 0.0,
+        layer_norm_eps: 1e-5,
+    };
+    let train = || -> coil::Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        coil::manual_seed(3);
+        let store = ParamStore::new();
+        store.set_precision(Precision::autocast(DType::BF16));
+        let model = Gpt2::new(&store.root(device, DType::F32), config)?;
+        store.realize_pending()?;
+        // Few distinct ids, so the embedding's gradient adds many rows into each.
+        let ids = |k: i64| Tensor::from_vec((0..256).map(|i| (i * k % 11) * 7 % 97).collect(), &[2, 128]);
+        let (x, y) = (ids(5)?.to_device(device)?, ids(3)?.to_device(device)?);
+        let adamw = AdamWConfig { lr: 1e-3, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, amsgrad: false };
+        let mut opt = AdamW::new(store.trainable(), adamw)?;
+        let order = opt.params().to_vec();
+        let grads = coil::compile(|a: &[Tensor]| {
+            let (loss, grads) = coil::nn::value_and_grad(&model.loss(&a[0], &a[1])?, &order)?;
+            Ok(std::iter::once(loss).chain(grads).collect())
+        });
+        let mut losses = Vec::new();
+        for _ in 0..3 {
+            let out = grads.call(&[&x, &y])?;
+            losses.push(out[0].item::<f32>()?);
+            let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
+            opt.step(&clipped)?;
+        }
+        let state = store.params().iter().map(|p| p.tensor().to_vec::<f32>()).collect::<coil::Result<_>>()?;
+        Ok((losses, state))
+    };
+    let (first, again) = (train().unwrap(), train().unwrap());
+    assert!(first.0.iter().all(|l| l.is_finite()), "losses {:?}", first.0);
+    assert_eq!(first.0, again.0, "losses");
+    let differ: Vec<usize> = (0..first.1.len()).filter(|&i| first.1[i] != again.1[i]).collect();
+    assert!(differ.is_empty(), "parameters {differ:?} differ between two runs");
+}
