@@ -4,6 +4,8 @@
    puts this first in its translation unit, then its own helpers, the template and a runner. */
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -48,3 +50,16 @@ struct CoilEmuBarrier {
 inline CoilEmuBarrier *coil_emu_block;
 inline void __syncthreads() { coil_emu_block->arrive_and_wait(); }
 inline int __syncthreads_or(int predicate) { return coil_emu_block->arrive_and_wait(predicate); }
+
+/* The bytes of the file at `path` (exit status 3 if it cannot be opened): the emulation
+   runners read their operands this way. */
+static std::vector<unsigned char> coil_emu_read(const char *path) {
+    FILE *f = std::fopen(path, "rb");
+    if (!f) std::exit(3);
+    std::vector<unsigned char> bytes;
+    unsigned char chunk[65536];
+    size_t n;
+    while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
+    std::fclose(f);
+    return bytes;
+}

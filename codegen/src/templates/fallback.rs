@@ -50,19 +50,25 @@ pub fn scatter_kernel(dtype: DType, reduce: Option<ReduceOp>) -> Option<String> 
     let Some(reduce) = reduce else {
         return Some(format!("coil_scatter_{}", dtype.size_bytes()));
     };
-    let kind = match reduce {
-        ReduceOp::Sum => "add",
-        ReduceOp::Prod => "prod",
-        ReduceOp::Max => "amax",
-        ReduceOp::Min => "amin",
-        ReduceOp::ArgMax | ReduceOp::ArgMin => return None,
-    };
+    let kind = reduce_kind(reduce)?;
     let suffix = match dtype {
         DType::I32 => "i32",
         DType::I64 => "i64",
         _ => return None,
     };
     Some(format!("coil_scatter_{kind}_{suffix}"))
+}
+
+/// A scatter reduction's name in the kernels' names (`add`, `prod`, `amax`, `amin`); `None`
+/// for the arg reductions, which scatters do not take.
+pub(super) fn reduce_kind(reduce: ReduceOp) -> Option<&'static str> {
+    match reduce {
+        ReduceOp::Sum => Some("add"),
+        ReduceOp::Prod => Some("prod"),
+        ReduceOp::Max => Some("amax"),
+        ReduceOp::Min => Some("amin"),
+        ReduceOp::ArgMax | ReduceOp::ArgMin => None,
+    }
 }
 
 /// Whether the template or the sorted scatter runs `scatter(x, dim, index, src)` of these

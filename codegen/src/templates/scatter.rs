@@ -133,13 +133,7 @@ fn row_major_strides(shape: &[usize]) -> Vec<i64> {
 /// assert_eq!(combine_kernel(DType::F32, None), None);
 /// ```
 pub fn combine_kernel(dtype: DType, reduce: Option<ReduceOp>) -> Option<String> {
-    let kind = match reduce? {
-        ReduceOp::Sum => "add",
-        ReduceOp::Prod => "prod",
-        ReduceOp::Max => "amax",
-        ReduceOp::Min => "amin",
-        ReduceOp::ArgMax | ReduceOp::ArgMin => return None,
-    };
+    let kind = super::fallback::reduce_kind(reduce?)?;
     let suffix = match dtype {
         DType::F32 => "f32",
         DType::F64 => "f64",

@@ -32,17 +32,6 @@ inline void coil_emu_launch(unsigned gx, unsigned gy, unsigned bx, unsigned by, 
     }
 }
 
-static std::vector<unsigned char> coil_emu_read(const char *path) {
-    FILE *f = std::fopen(path, "rb");
-    if (!f) std::exit(3);
-    std::vector<unsigned char> bytes;
-    unsigned char chunk[65536];
-    size_t n;
-    while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
-    std::fclose(f);
-    return bytes;
-}
-
 static unsigned coil_emu_min(long long a, unsigned b) { return a < (long long)b ? (unsigned)a : b; }
 
 int main(int argc, char **argv) {

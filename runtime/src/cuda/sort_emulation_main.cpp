@@ -1,17 +1,6 @@
 /* The runner of the argsort emulation (see sort_emulation.cpp): the launches
    coil_runtime::cuda::sort makes, on host memory, with small grids so that the kernels'
    grid-stride loops take several turns. */
-static std::vector<unsigned char> coil_emu_read(const char *path) {
-    FILE *f = std::fopen(path, "rb");
-    if (!f) std::exit(3);
-    std::vector<unsigned char> bytes;
-    unsigned char chunk[65536];
-    size_t n;
-    while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
-    std::fclose(f);
-    return bytes;
-}
-
 int main(int argc, char **argv) {
     if (argc < 11) return 2;
     const std::string kernel = argv[1];
