@@ -7,10 +7,12 @@
 //! its own ([`crate::cuda`]), and this is the host's.
 //!
 //! A dropped [`crate::Buffer`] of at least [`MIN_BYTES`] gives its elements here
-//! ([`give`]); a run asking for an output of the same dtype and length takes them back
-//! ([`take`]), with whatever values they held: every element of an output is written by the
-//! run before anyone reads it. At most [`MAX_BYTES`] are kept; past that, freed memory goes
-//! back to the system as before.
+//! ([`give`]); a run asking for an output of the same dtype and a length from half the
+//! allocation's capacity to all of it takes them back ([`take`]), with whatever values they
+//! held (new elements zero): every element of an output is written by the run before anyone
+//! reads it. New outputs get a power-of-two capacity ([`capacity_for`]), so that programs run
+//! on growing shapes reuse memory too. At most [`MAX_BYTES`] are kept; past that, freed memory
+//! goes back to the system as before.
 //!
 //! ```
 //! use coil_runtime::Buffer;
