@@ -151,11 +151,18 @@ impl HostData {
     /// Data of a dtype for a run to write every element of (an output): memory a dropped
     /// buffer gave back ([`crate::host_pool`]), its values unspecified, or else zero-filled
     /// ([`HostData::try_zeros`]).
+    /// A new one has room for more ([`crate::host_pool::capacity_for`]), so that the cache can
+    /// serve a later, larger output with it.
     pub fn for_output(dtype: DType, len: usize) -> Result<HostData> {
-        match crate::host_pool::take(dtype, len) {
-            Some(data) => Ok(data),
-            None => HostData::try_zeros(dtype, len),
+        if let Some(data) = crate::host_pool::take(dtype, len) {
+            return Ok(data);
         }
+        let capacity = crate::host_pool::capacity_for(dtype, len);
+        // (where the address space for the larger capacity is refused, the exact length)
+        let mut data = HostData::try_zeros(dtype, capacity).or_else(|_| HostData::try_zeros(dtype, len))?;
+        // all `capacity` elements are zeros (their pages not yet touched): cut to `len`
+        with_host_data!(&mut data, v => v.truncate(len));
+        Ok(data)
     }
 
     /// Every element as f64 (exact for every dtype but i64 beyond 2^53).

@@ -7,10 +7,12 @@
 //! its own ([`crate::cuda`]), and this is the host's.
 //!
 //! A dropped [`crate::Buffer`] of at least [`MIN_BYTES`] gives its elements here
-//! ([`give`]); a run asking for an output of the same dtype and length takes them back
-//! ([`take`]), with whatever values they held: every element of an output is written by the
-//! run before anyone reads it. At most [`MAX_BYTES`] are kept; past that, freed memory goes
-//! back to the system as before.
+//! ([`give`]); a run asking for an output of the same dtype and a length from half the
+//! allocation's capacity to all of it takes them back ([`take`]), with whatever values they
+//! held (new elements zero): every element of an output is written by the run before anyone
+//! reads it. New outputs get a power-of-two capacity ([`capacity_for`]), so that programs run
+//! on growing shapes reuse memory too. At most [`MAX_BYTES`] are kept; past that, freed memory
+//! goes back to the system as before.
 //!
 //! ```
 //! use coil_runtime::Buffer;
@@ -22,7 +24,7 @@
 
 use crate::buffer::HostData;
 use coil_ir::DType;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 /// Smallest allocation worth caching: below this the system allocator reuses memory itself.
@@ -31,21 +33,39 @@ pub const MIN_BYTES: usize = 64 << 10;
 /// Most bytes the cache holds; a freed buffer that would exceed it is freed.
 pub const MAX_BYTES: usize = 512 << 20;
 
-/// Cached allocations by dtype and length, and their total size.
+/// Cached allocations by dtype and capacity (elements), and their total size.
 #[derive(Default)]
 struct Pool {
-    free: HashMap<(DType, usize), Vec<HostData>>,
+    free: HashMap<DType, BTreeMap<usize, Vec<HostData>>>,
     bytes: usize,
 }
 
 static POOL: Mutex<Option<Pool>> = Mutex::new(None);
 
-fn bytes_of(data: &HostData) -> usize {
-    data.len() * data.dtype().size_bytes()
+fn capacity(data: &HostData) -> usize {
+    crate::with_host_data!(data, v => v.capacity())
 }
 
-/// Keeps `data` for a later [`take`] of its dtype and length, if it is large enough and the
-/// cache has room; otherwise drops it.
+fn bytes_of(data: &HostData) -> usize {
+    capacity(data) * data.dtype().size_bytes()
+}
+
+/// The capacity a new output of `len` elements is allocated with: the next power of two
+/// when it is large enough to be cached. A pass over growing shapes (each output a little
+/// larger than the last) then finds the last one's memory in the cache (with `len` up to that
+/// capacity, its pages already mapped) instead of faulting in fresh pages: PyTorch's outputs
+/// reuse freed memory the same way through the system allocator. The capacity beyond the
+/// elements written costs address space, not memory.
+pub fn capacity_for(dtype: DType, len: usize) -> usize {
+    if len.saturating_mul(dtype.size_bytes()) < MIN_BYTES {
+        len
+    } else {
+        len.checked_next_power_of_two().unwrap_or(len)
+    }
+}
+
+/// Keeps `data` for a later [`take`] of its dtype and a length it can hold, if it is large
+/// enough and the cache has room; otherwise drops it.
 pub(crate) fn give(data: HostData) {
     let bytes = bytes_of(&data);
     if bytes < MIN_BYTES {
@@ -57,15 +77,24 @@ pub(crate) fn give(data: HostData) {
         return;
     }
     pool.bytes += bytes;
-    pool.free.entry((data.dtype(), data.len())).or_default().push(data);
+    pool.free.entry(data.dtype()).or_default().entry(capacity(&data)).or_default().push(data);
 }
 
-/// A cached allocation of `len` elements of `dtype`, if one was given back.
+/// A cached allocation of `dtype` holding `len` elements, if one was given back: the smallest
+/// with a capacity of `len` to twice that, cut or extended to `len` elements (extended with
+/// zeros: the run writes every element anyway).
 pub(crate) fn take(dtype: DType, len: usize) -> Option<HostData> {
     let mut guard = POOL.lock().ok()?;
     let pool = guard.as_mut()?;
-    let data = pool.free.get_mut(&(dtype, len))?.pop()?;
+    let by_capacity = pool.free.get_mut(&dtype)?;
+    let (&cap, list) = by_capacity.range_mut(len..=len.saturating_mul(2)).next()?;
+    let mut data = list.pop()?;
+    if list.is_empty() {
+        by_capacity.remove(&cap);
+    }
     pool.bytes -= bytes_of(&data);
+    drop(guard);
+    crate::with_host_data!(&mut data, v => v.resize(len, bytemuck::Zeroable::zeroed()));
     Some(data)
 }
 
@@ -84,5 +113,24 @@ mod tests {
         assert!(take(DType::I32, len).is_none(), "by dtype");
         give(HostData::U8(vec![1; 100]));
         assert!(take(DType::U8, 100).is_none(), "too small to keep");
+    }
+
+    #[test]
+    fn a_freed_buffer_serves_lengths_up_to_its_capacity_and_not_much_smaller() {
+        // Lengths no other test uses (the cache is shared by the process); i16 is used nowhere.
+        let len = (MIN_BYTES / 2) + 777;
+        let cap = capacity_for(DType::I16, len);
+        assert!(cap.is_power_of_two() && cap >= len, "{cap}");
+        let mut v = Vec::with_capacity(cap);
+        v.resize(len, 7i16);
+        give(HostData::I16(v));
+        // longer than it was: the new elements are zeros, the old keep their values
+        let HostData::I16(back) = take(DType::I16, len + 10).expect("fits its capacity") else { panic!() };
+        assert_eq!((back.len(), back[0], back[len + 9]), (len + 10, 7, 0));
+        give(HostData::I16(back));
+        assert!(take(DType::I16, cap + 1).is_none(), "beyond its capacity");
+        assert!(take(DType::I16, cap / 2 - 1).is_none(), "less than half of it");
+        let HostData::I16(back) = take(DType::I16, cap / 2).expect("half of it") else { panic!() };
+        assert_eq!(back.len(), cap / 2);
     }
 }

@@ -168,8 +168,11 @@ struct Emitter<'a> {
     rnumel: Expr,
     /// A pointwise kernel's split of `xindex` into an outer and an inner loop.
     nest: Option<nest::Nest>,
-    /// `[xi]` while accumulators are arrays of a column kernel's block, else empty.
+    /// `[xi]` while accumulators are arrays of a column kernel's block, `_r` while a column
+    /// kernel folds rows into their copies in locals (`super::column`), else empty.
     acc_at: &'static str,
+    /// A column kernel's columns per block (`super::column`).
+    column_block: i64,
     /// The cut of the `rindex` loop being emitted, if any.
     narrow: Option<narrow::Narrow>,
     /// bf16 loads that quiet a NaN ([`quiet`]); the others widen the bits as they are.
@@ -269,6 +272,7 @@ impl<'a> Emitter<'a> {
             rnumel,
             nest,
             acc_at: "",
+            column_block: 0,
             narrow: None,
             quiet: quiet::loads_to_quiet(k),
             lanes: Vec::new(),
@@ -693,11 +697,11 @@ impl<'a> Emitter<'a> {
         format!("acc{acc}{}", self.acc_at)
     }
 
-    /// Declares the accumulator of a reduction with result dtype `out`: floats sum and multiply
-    /// in `double`, integers in wrapping `uint64_t`; a float maximum or minimum keeps the best
-    /// non-NaN value and a flag for NaN (two vectorizable reductions; a NaN wins in the end).
-    /// In a column kernel, an array of them, one per column of the block.
-    fn acc_init(&mut self, acc: Var, op: ReduceOp, out: DType) {
+    /// The C variables of accumulator `acc` of a reduction with result dtype `out`: `(type,
+    /// name, initial value)`. Floats sum and multiply in `double`, integers in wrapping
+    /// `uint64_t`; a float maximum or minimum keeps the best non-NaN value and a flag for NaN
+    /// (two vectorizable reductions; a NaN wins in the end).
+    fn acc_vars(&self, acc: Var, op: ReduceOp, out: DType) -> Vec<(&'static str, String, &'static str)> {
         let src = self.source_dtype(acc);
         let (t, init) = match op {
             ReduceOp::Sum | ReduceOp::Prod if out.is_float() => {
@@ -716,13 +720,20 @@ impl<'a> Emitter<'a> {
         } else if matches!(op, ReduceOp::Max | ReduceOp::Min) && src.is_float() {
             vars.push(("int32_t", format!("acc{acc}_nan"), "0"));
         }
+        vars
+    }
+
+    /// Declares the accumulator of a reduction with result dtype `out` ([`Emitter::acc_vars`]).
+    /// In a column kernel, an array of them, one per column of its block of `column_block`.
+    fn acc_init(&mut self, acc: Var, op: ReduceOp, out: DType) {
+        let vars = self.acc_vars(acc, op, out);
         if self.acc_at.is_empty() {
             for (t, name, init) in vars {
                 self.line(&format!("{t} {name} = {init};"));
             }
             return;
         }
-        let b = column::XBLOCK;
+        let b = self.column_block;
         for (t, name, _) in &vars {
             self.line(&format!("{t} {name}[{b}];"));
         }

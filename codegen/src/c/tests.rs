@@ -645,8 +645,11 @@ mod dynamic {
         assert_eq!((tiles[0].sizes.clone(), tiles[1].sizes.clone()), (vec![s0], vec![s0]));
         let c = emit_kernel(&tiles[1]);
         // the columns of arg0: the column form (`super::column`)
+        // 4 columns: one block of the fewest (64); rows of any count, four a step, then the rest
         let block = "for (int64_t xblock = xstart; xblock < xend; xblock += 64) {";
-        assert!(c.contains("rindex < s0;") && c.contains(block), "{c}");
+        let steps = "for (int64_t rstep = 0; rstep < (s0) / 4 * 4; rstep += 4) {";
+        let rest = "for (int64_t rindex = (s0) / 4 * 4; rindex < s0; rindex++) {";
+        assert!(c.contains(block) && c.contains(steps) && c.contains(rest), "{c}");
         for n in [2usize, 3, 17, 9000] {
             let mut xv: Vec<f32> = (0..4 * n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
             let (mut sums, mut maxes) = (vec![0f32; n], vec![0f32; 4]);
@@ -710,11 +713,12 @@ fn a_broadcast_row_is_an_inner_loop() {
     }
 }
 
-/// `x.sum(0)` and `x.amax(0)` of `x: f32[37, 200]` (a NaN in column 5), as a looped and as a
-/// persistent reduction: the column form, whole and over ranges that cut its blocks of 64.
+/// `x.sum(0)` and `x.amax(0)` of `x: f32[37, 600]` (a NaN in column 5), as a looped and as a
+/// persistent reduction: the column form (blocks of 256 columns for three accumulator arrays,
+/// rows four a step and the last one alone), whole and over ranges that cut its blocks.
 #[test]
 fn column_reductions_run_along_the_rows_in_vectors() {
-    let (r, n) = (37usize, 200usize);
+    let (r, n) = (37usize, 600usize);
     for kind in [KernelKind::LoopedReduction, KernelKind::PersistentReduction] {
         let mut p = Prog::default();
         let x = p.input(&[r, n], DType::F32);
@@ -729,10 +733,12 @@ fn column_reductions_run_along_the_rows_in_vectors() {
         let k = kernel("red_fused_amax_sum_0", kind, vec![0, 1], n, Some(r), outs);
         let (lib, tiles) = build_and_compile(&p.p, &[k]);
         let c = emit_kernel(&tiles[0]);
-        assert!(c.contains("xblock += 64") && c.contains("in_ptr0[200*rindex + xindex]"), "{c}");
+        assert!(c.contains("xblock += 256") && c.contains("in_ptr0[600*rindex + xindex]"), "{c}");
+        assert!(c.contains("rstep < 36; rstep += 4") && c.contains("rindex = 36; rindex < 37;"), "{c}");
+        assert!(c.contains("double acc1_r = acc1[xi];") && c.contains("{ const int64_t rindex = rstep + 3;"), "{c}");
         let mut xv: Vec<f32> = (0..r * n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
         xv[3 * n + 5] = f32::NAN;
-        for ranges in [vec![[0, n as i64]], vec![[0, 70], [70, 71], [71, n as i64]]] {
+        for ranges in [vec![[0, n as i64]], vec![[0, 70], [70, 71], [71, 300], [300, n as i64]]] {
             let (mut sums, mut maxes) = (vec![0f32; n], vec![0f32; n]);
             for range in ranges {
                 let args = [ptr(&mut xv), ptr(&mut sums), ptr(&mut maxes)];
@@ -753,7 +759,7 @@ fn column_reductions_run_along_the_rows_in_vectors() {
 /// `x.sum(1)` and `x.amax(1)` of `x: f32[3, 37, 80]` (a NaN in plane 1, column 5): `xindex`
 /// is `80 * plane + column`, not contiguous along the columns itself, so the column form runs
 /// under a nest (`xouter` the plane, `xinner` the column), as a split column reduction's chunks
-/// do; whole, and over ranges that cut planes and blocks of 64.
+/// do; whole, and over ranges that cut planes and blocks.
 #[test]
 fn planes_of_columns_reduce_along_the_rows_in_vectors() {
     let (a, r, n) = (3usize, 37usize, 80usize);
@@ -772,7 +778,8 @@ fn planes_of_columns_reduce_along_the_rows_in_vectors() {
         let (lib, tiles) = build_and_compile(&p.p, &[k]);
         let c = emit_kernel(&tiles[0]);
         let nest = "for (int64_t xouter = xstart / 80; xouter * 80 < xend; xouter++) {";
-        let block = "for (int64_t xblock = xlo; xblock < xhi; xblock += 64) {";
+        // blocks no wider than a plane's 80 columns allow
+        let block = "for (int64_t xblock = xlo; xblock < xhi; xblock += 128) {";
         assert!(
             c.contains(nest) && c.contains(block) && c.contains("in_ptr0[80*rindex + xinner + 2960*xouter]"),
             "{c}"

@@ -152,7 +152,10 @@ impl Pooled {
         let best = (0..pool.len()).filter(|&i| pool[i].len() >= chunks).min_by_key(|&i| pool[i].len());
         match best {
             Some(i) => Pooled(pool.swap_remove(i)),
-            None => Pooled(vec![[0; 4]; chunks]),
+            // Room for a product a little larger than this one: a pass over growing shapes then
+            // reuses this buffer's mapped pages instead of faulting in fresh ones (its zeros
+            // come from the allocator untouched, so the unused part costs no memory).
+            None => Pooled(vec![[0; 4]; chunks.next_power_of_two()]),
         }
     }
 
@@ -395,7 +398,7 @@ fn run(
     let compute = |task: &Task| {
         WORKSPACE.with_borrow_mut(|ws| {
             if ws.len() < workspace_chunks {
-                *ws = vec![[0; 4]; workspace_chunks];
+                *ws = vec![[0; 4]; workspace_chunks.next_power_of_two()]; // as `Pooled::take`
             }
             let args = ComputeArgs {
                 layout: layout.code(),
