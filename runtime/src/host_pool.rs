@@ -104,13 +104,16 @@ mod tests {
 
     #[test]
     fn a_freed_buffer_is_taken_back_once_and_small_ones_are_not_kept() {
-        // A length no other test uses: the cache is shared by the process.
-        let len = (MIN_BYTES / 4) + 12_345;
-        give(HostData::F32(vec![2.5; len]));
-        let back = take(DType::F32, len).expect("cached");
-        assert_eq!(back, HostData::F32(vec![2.5; len]));
-        assert!(take(DType::F32, len).is_none(), "taken once");
-        assert!(take(DType::I32, len).is_none(), "by dtype");
+        // A dtype no other test caches: the cache is shared by the process, and a cached
+        // buffer serves a range of lengths.
+        let len = MIN_BYTES + 12_345;
+        give(HostData::I8(vec![5; len]));
+        let back = take(DType::I8, len).expect("cached");
+        assert_eq!(back, HostData::I8(vec![5; len]));
+        assert!(take(DType::I8, len).is_none(), "taken once");
+        give(back);
+        assert!(take(DType::Bool, len).is_none(), "by dtype");
+        assert!(take(DType::I8, len).is_some());
         give(HostData::U8(vec![1; 100]));
         assert!(take(DType::U8, 100).is_none(), "too small to keep");
     }
