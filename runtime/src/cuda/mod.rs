@@ -42,6 +42,8 @@ pub mod cudnn;
 mod cudnn_graph;
 pub mod cudnn_sdpa;
 pub mod device;
+#[cfg(test)]
+mod emulation_build;
 pub mod fallback;
 pub mod gather;
 pub mod graphs;

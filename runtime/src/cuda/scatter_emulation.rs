@@ -8,6 +8,7 @@
 //! every float dtype and reduction, several tiles and merge passes. Skipped (passing) without
 //! a host `g++`.
 
+use crate::cuda::emulation_build::build_emulator;
 use crate::{interpret, Buffer, HostData};
 use coil_codegen::templates::scatter::{ScatterDims, SortedScatter, SOURCE};
 use coil_codegen::templates::{sort, BLOCK_EMULATION};
@@ -21,35 +22,17 @@ use std::sync::OnceLock;
 /// caller told the test is skipped).
 fn emulator() -> Option<&'static PathBuf> {
     static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let exe = EXE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("coil_scatter_emulation_{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let unit = [
+    let unit = || {
+        let parts = [
             BLOCK_EMULATION,
             include_str!("attention_emulation.h"),
             sort::SOURCE,
             SOURCE,
             include_str!("scatter_emulation_main.cpp"),
-        ]
-        .join("\n");
-        std::fs::write(dir.join("emu.cpp"), unit).unwrap();
-        let exe = dir.join("emu");
-        let out = Command::new("g++")
-            .args(["-std=c++17", "-O1", "-fno-strict-aliasing", "-pthread", "-Wall", "-Wno-unused"])
-            .args(["-Wno-unknown-pragmas", "emu.cpp", "-o"])
-            .arg(&exe)
-            .current_dir(&dir)
-            .output();
-        let Ok(out) = out else { return None };
-        let log = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "g++ rejected the scatter template:\n{log}");
-        assert!(!log.contains("warning"), "g++ warns about the scatter template:\n{log}");
-        Some(exe)
-    });
-    if exe.is_none() {
-        coil_ir::testing::skip("the scatter template's host emulation: no g++");
-    }
-    exe.as_ref()
+        ];
+        parts.join("\n")
+    };
+    EXE.get_or_init(|| build_emulator("scatter", &unit(), &["-fno-strict-aliasing", "-Wno-unknown-pragmas"])).as_ref()
 }
 
 /// A xorshift stream.

@@ -6,6 +6,7 @@
 //! bitonic network, tiles, padding, merge passes and strides without a GPU. Skipped (passing)
 //! without a host `g++`.
 
+use super::emulation_build::build_emulator;
 use crate::cpu::sort::argsort_bytes;
 use coil_codegen::templates::sort::{tile_kernel, SortPlan, SOURCE};
 use coil_codegen::templates::BLOCK_EMULATION;
@@ -18,29 +19,11 @@ use std::sync::OnceLock;
 /// told the test is skipped).
 fn emulator() -> Option<&'static PathBuf> {
     static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let exe = EXE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("coil_sort_emulation_{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let unit =
-            [BLOCK_EMULATION, include_str!("sort_emulation.cpp"), SOURCE, include_str!("sort_emulation_main.cpp")]
-                .join("\n");
-        std::fs::write(dir.join("emu.cpp"), unit).unwrap();
-        let exe = dir.join("emu");
-        let out = Command::new("g++")
-            .args(["-std=c++17", "-O1", "-pthread", "-Wall", "-Wno-unused", "emu.cpp", "-o"])
-            .arg(&exe)
-            .current_dir(&dir)
-            .output();
-        let Ok(out) = out else { return None };
-        let log = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "g++ rejected the sort template:\n{log}");
-        assert!(!log.contains("warning"), "g++ warns about the sort template:\n{log}");
-        Some(exe)
-    });
-    if exe.is_none() {
-        coil_ir::testing::skip("the sort template's host emulation: no g++");
-    }
-    exe.as_ref()
+    let unit = || {
+        [BLOCK_EMULATION, include_str!("sort_emulation.cpp"), SOURCE, include_str!("sort_emulation_main.cpp")]
+            .join("\n")
+    };
+    EXE.get_or_init(|| build_emulator("sort", &unit(), &[])).as_ref()
 }
 
 /// Bytes of `n` elements of `dtype` with many ties (values from `levels` steps), and for floats
