@@ -207,6 +207,16 @@ pub(super) fn note_names(notes: &[u32]) -> Vec<&'static str> {
     notes.iter().map(|&n| NAMES.get(n as usize).copied().unwrap_or("unknown")).collect()
 }
 
+/// Whether an engine with these numerical notes gives the same bits on every run (no sums in
+/// an order that depends on timing, such as split reductions by atomics). Every cuDNN call
+/// coil makes asks for it.
+pub(super) fn repeatable(notes: &[u32]) -> std::result::Result<(), &'static str> {
+    match notes.contains(&(Note::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC as u32)) {
+        true => Err("nondeterministic"),
+        false => Ok(()),
+    }
+}
+
 /// Whether an engine with these numerical notes keeps coil's numerics for `dtype`: the same
 /// bits on every run (no order of sums that depends on timing, such as split reductions by
 /// atomics), f32 accumulation (no reduced-precision reduction), inputs not converted down, and
@@ -214,9 +224,7 @@ pub(super) fn note_names(notes: &[u32]) -> Vec<&'static str> {
 /// the way.
 pub(super) fn allowed(notes: &[u32], dtype: DType) -> std::result::Result<(), &'static str> {
     let has = |n: Note| notes.contains(&(n as u32));
-    if has(Note::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) {
-        return Err("nondeterministic");
-    }
+    repeatable(notes)?;
     if has(Note::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) {
         return Err("reduced-precision reduction");
     }

@@ -553,14 +553,7 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, shape: &Shape) -> Result<GraphPl
     // P rounds to the operands' dtype by construction (as in coil's templates and
     // FlashAttention), so reduced-precision notes are expected; only an engine whose bits
     // change from run to run is refused.
-    plan_ops(handle, g.ops, g.parts, |notes| {
-        let atomics = sys::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC as u32;
-        if notes.contains(&atomics) {
-            Err("nondeterministic")
-        } else {
-            Ok(())
-        }
-    })
+    plan_ops(handle, g.ops, g.parts, super::cudnn_graph::repeatable)
 }
 
 #[cfg(test)]
