@@ -9,6 +9,8 @@
 //! * their signatures `(xnumel, rnumel)` agree, or a pointwise group of `x * r` or `x`
 //!   elements joins rows `(x, r)` unless it scatters ("iteration spaces differ");
 //! * the kernel stays within [`MAX_KERNEL_NODES`] ("too large");
+//! * a reduction of one row (`xnumel` 1) reads at most [`ONE_ROW_MAX_READS`] buffers ("one-row
+//!   reduction reads too many buffers": it runs in one block);
 //! * every buffer written in the kernel and read in it is read, in the kernel's
 //!   `(xindex, rindex)` space, at exactly the index it was written; never through an indirect
 //!   (data-dependent) or masked load ("index mismatch");
@@ -49,6 +51,11 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Most loop nodes one kernel may hold.
 pub const MAX_KERNEL_NODES: usize = 64;
+
+/// Most buffers (of more than one element) a reduction kernel of one row may read: it runs in
+/// one block, so it takes a norm's consumers (layer norm's weight and bias, a residual) but not
+/// elementwise work over many buffers.
+pub const ONE_ROW_MAX_READS: usize = 8;
 
 /// Rows up to this long stay on chip: a persistent reduction; longer rows loop. The default
 /// ([`schedule`], the CPU's); a GPU keeps longer rows in registers (see [`ScheduleOptions`]).
@@ -318,6 +325,9 @@ impl<'p> Scheduler<'p> {
         if self.members[a].len() + self.members[b].len() > MAX_KERNEL_NODES {
             return Err("too large");
         }
+        if self.one_row_too_wide(a, b, sig) {
+            return Err("one-row reduction reads too many buffers");
+        }
         let mut union: Vec<usize> = self.members[a].iter().chain(&self.members[b]).copied().collect();
         union.sort_unstable();
         let (p, maps) = (self.p, &mut self.maps);
@@ -329,6 +339,26 @@ impl<'p> Scheduler<'p> {
             return Err("would create cycle");
         }
         Ok(sig)
+    }
+
+    /// Whether groups `a` and `b` fused as a reduction of one row (`sig` is `(1, r)`) would read
+    /// more than [`ONE_ROW_MAX_READS`] buffers of more than one element (written outside the
+    /// pair). Such a kernel runs in one block (one thread on the CPU): a layer norm or softmax
+    /// of one row reads two to five, but elementwise work over many other buffers that merely
+    /// reads the row's result (an optimizer step scaled by a gradient norm) would lose all
+    /// parallelism and swell one kernel's body.
+    fn one_row_too_wide(&self, a: usize, b: usize, sig: Sig) -> bool {
+        if !matches!(sig, Sig::Reduction(x, _) if x == Expr::int(1)) {
+            return false;
+        }
+        let inside = |r: &BufferId| self.deps.producer[r.0].is_some_and(|w| self.group[w] == a || self.group[w] == b);
+        let mut reads: Vec<BufferId> = (self.members[a].iter().chain(&self.members[b]))
+            .flat_map(|&n| self.p.nodes[n].reads())
+            .filter(|r| !inside(r) && self.p.buffer(*r).meta.numel() > 1)
+            .collect();
+        reads.sort_unstable();
+        reads.dedup();
+        reads.len() > ONE_ROW_MAX_READS
     }
 
     /// The groups reading what `g` writes (other than `g`), in node order.

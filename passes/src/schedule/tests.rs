@@ -143,6 +143,36 @@ fn column_and_row_sums_stay_apart() {
     assert_eq!((s.refusals[0].producer.as_str(), s.refusals[0].reason.as_str()), ("buf0", "iteration spaces differ"));
 }
 
+/// `w_i - g_i / |a|` for 8 tensors, as a clipped optimizer step: the norm's reduction of one
+/// row keeps its scalar consumers, but updating 8 other tensors (16 buffers read) is a kernel
+/// of its own, not the one-block kernel of the reduction; a softmax of one row stays one kernel.
+#[test]
+fn a_one_row_reduction_reads_few_buffers() {
+    let mut g = Graph::new();
+    let a = g.input(m(&[16]));
+    let sq = op(&mut g, Op::Binary(BinaryOp::Mul), &[a, a]);
+    let total = op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[sq]);
+    let norm = op(&mut g, Op::Unary(UnaryOp::Sqrt), &[total]);
+    let mut outputs = vec![];
+    for _ in 0..8 {
+        let (w, grad) = (g.input(m(&[16])), g.input(m(&[16])));
+        let step = op(&mut g, Op::Binary(BinaryOp::Div), &[grad, norm]);
+        outputs.push(op(&mut g, Op::Binary(BinaryOp::Sub), &[w, step]));
+    }
+    let (_, s, text) = scheduled(g, &outputs);
+    assert_eq!(s.kernels[0].kind, KernelKind::PersistentReduction, "{text}");
+    let in_reduction = s.kernels[0].nodes.len();
+    assert!(in_reduction <= 1 + 4, "{text}");
+    assert!(s.refusals.iter().any(|r| r.reason == "one-row reduction reads too many buffers"), "{text}");
+
+    let mut g = Graph::new();
+    let x = g.input(m(&[1, 16]));
+    let y = op(&mut g, Op::Softmax { dim: 1 }, &[x]);
+    let y = layer_norm(&mut g, y, 16);
+    let (_, s, text) = scheduled(g, &[y]);
+    assert_eq!(s.kernels.len(), 1, "{text}");
+}
+
 #[test]
 fn transposed_read_is_an_index_mismatch() {
     let mut g = Graph::new();

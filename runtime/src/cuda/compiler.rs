@@ -177,6 +177,28 @@ fn extension(language: Language) -> &'static str {
     }
 }
 
+/// The module of template `source` (a CUDA C template of `coil_codegen::templates`) with only
+/// the variants `kernels` ([`coil_codegen::templates::kernel_unit`]): compiled through the disk
+/// cache the first time `device` needs that unit, then kept for the device's lifetime. A
+/// template's every variant in one unit would cost a cold start seconds of NVRTC for kernels
+/// the program never launches.
+pub(crate) fn template_module(
+    device: &Arc<CudaDevice>,
+    source: &'static str,
+    kernels: &[&str],
+) -> Result<Arc<LoadedModule>> {
+    let key = (source.as_ptr() as usize, kernels.join(","));
+    let mut table = device.templates.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(module) = table.get(&key) {
+        return Ok(module.clone());
+    }
+    let unit = coil_codegen::templates::kernel_unit(source, kernels);
+    let (cubin, _) = compile(&unit, &device.arch(), &crate::cpu::default_cache_dir())?;
+    let module = Arc::new(LoadedModule::load(device, &cubin)?);
+    table.insert(key, module.clone());
+    Ok(module)
+}
+
 /// Starts NVRTC and the driver's PTX assembler in the background, once per process, by
 /// compiling an empty kernel with each for `device`: NVRTC's first compile loads and
 /// initialises the library (about 0.1 s on the H100 machine), and the assembler sets up once

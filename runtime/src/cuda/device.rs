@@ -115,10 +115,9 @@ pub struct CudaDevice {
     pub(crate) cudnn: OnceLock<std::result::Result<super::cudnn::Cudnn, String>>,
     /// The built-in helper kernels (strided gather), compiled on first use.
     pub(crate) helpers: OnceLock<std::result::Result<super::gather::Helpers, String>>,
-    /// The built-in kernels of ops without generated code (scatter, cumsum), compiled on first use.
-    pub(crate) fallback: OnceLock<std::result::Result<super::fallback::FallbackKernels, String>>,
-    /// The argsort template's kernels, compiled on first use.
-    pub(crate) sort: OnceLock<std::result::Result<super::sort::SortKernels, String>>,
+    /// Template kernels compiled on first use ([`super::compiler::template_module`]), by
+    /// template and kernels.
+    pub(crate) templates: Mutex<HashMap<(usize, String), Arc<super::compiler::LoadedModule>>>,
     /// The status words of runs not checked yet ([`super::status`]).
     pub(crate) status: StatusBoard,
     /// The stream CUDA graphs are captured on ([`super::graphs`]): a capturing thread's work
@@ -179,8 +178,7 @@ impl CudaDevice {
             blas: OnceLock::new(),
             cudnn: OnceLock::new(),
             helpers: OnceLock::new(),
-            fallback: OnceLock::new(),
-            sort: OnceLock::new(),
+            templates: Mutex::new(HashMap::new()),
             status: StatusBoard::default(),
             capture_stream: OnceLock::new(),
         })

@@ -1,6 +1,6 @@
 //! The fallback template's kernels (`coil_codegen::templates::fallback`: `scatter`,
 //! `scatter_add`, `scatter_reduce` and `cumsum` for ops with no generated kernel) on the device:
-//! compiled by NVRTC (through the disk cache) the first time a device needs them, launched
+//! each kernel's unit compiled by NVRTC (through the disk cache) the first time a device needs it, launched
 //! grid-stride. Float reductions run the sorted scatter (`coil_codegen::templates::scatter`:
 //! the argsort template groups the index by destination, one thread combines each
 //! destination's sources in order), so their bits repeat from run to run and are the
@@ -9,7 +9,7 @@
 //! run's, as generated kernels report theirs (`cuda::status`), checked at the next
 //! synchronization point: the call does not wait for the kernel.
 
-use super::compiler::{compile, LoadedModule};
+use super::compiler::template_module;
 use super::device::{driver_error, CudaDevice};
 use super::gather::launch_grid_stride;
 use super::memory::{copy_device, DeviceMemory};
@@ -21,30 +21,9 @@ use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// The built-in fallback kernels of one device.
-pub struct FallbackKernels {
-    module: LoadedModule,
-}
-
-// SAFETY: the module's function handles are immutable and usable from any thread with the
-// context bound.
-unsafe impl Send for FallbackKernels {}
-// SAFETY: as above.
-unsafe impl Sync for FallbackKernels {}
-
-impl FallbackKernels {
-    fn get(dev: &Arc<CudaDevice>) -> Result<&FallbackKernels> {
-        dev.fallback
-            .get_or_init(|| {
-                let build = || -> Result<FallbackKernels> {
-                    let (cubin, _) = compile(SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
-                    Ok(FallbackKernels { module: LoadedModule::load(dev, &cubin)? })
-                };
-                build().map_err(|e| e.message)
-            })
-            .as_ref()
-            .map_err(|e| Error::runtime(e.clone()))
-    }
+/// The fallback template's kernel `name` on `dev` (its unit compiled on first use).
+fn function(dev: &Arc<CudaDevice>, name: &str) -> Result<sys::CUfunction> {
+    template_module(dev, SOURCE, &[name])?.function(name)
 }
 
 /// Enqueues `out = scatter(x, dim, index, src)` (combined by `reduce`, if any) on contiguous device
@@ -80,7 +59,6 @@ pub(crate) unsafe fn scatter(
     if n == 0 {
         return Ok(());
     }
-    let kernels = FallbackKernels::get(dev)?;
     let mut d = ScatterDims::new(xm, im, sm);
     let (mut ndim, mut dim32) = (xm.rank().max(1) as i32, dim as i32);
     let mut dim_size = xm.shape.get(dim).copied().unwrap_or(1) as i64;
@@ -89,10 +67,10 @@ pub(crate) unsafe fn scatter(
             plan.vector = 1; // the rows kernel's 16-byte loads need aligned rows
         }
         // SAFETY: the caller's contract.
-        return unsafe { sorted_scatter(dev, kernels, &plan, (index, src, out, status), (ndim, dim32, &mut d)) };
+        return unsafe { sorted_scatter(dev, &plan, (index, src, out, status), (ndim, dim32, &mut d)) };
     }
     let name = scatter_kernel(xm.dtype, reduce).expect("supported: an atomic kernel or a sorted one");
-    let f = kernels.module.function(&name)?;
+    let f = function(dev, &name)?;
     let (mut out_p, mut index_p, mut src_p, mut status_p) = (out, index, src, status);
     let mut n64 = n as i64;
     let mut params: [*mut c_void; 9] = [
@@ -119,7 +97,6 @@ pub(crate) unsafe fn scatter(
 /// As [`scatter`]'s, `out` holding x's values already; `d` the operands' dims.
 unsafe fn sorted_scatter(
     dev: &Arc<CudaDevice>,
-    kernels: &FallbackKernels,
     plan: &SortedScatter,
     (index, src, out, status): (sys::CUdeviceptr, sys::CUdeviceptr, sys::CUdeviceptr, sys::CUdeviceptr),
     (mut ndim, mut dim, d): (i32, i32, &mut ScatterDims),
@@ -130,6 +107,9 @@ unsafe fn sorted_scatter(
             plan.len
         )));
     }
+    // The combine's unit has the key kernels too (defined outside the instantiation lists).
+    let combine = plan.kernel();
+    let module = template_module(dev, SOURCE, &[&combine])?;
     let keys = plan.keys();
     let i64s = |n: usize| DeviceMemory::alloc(dev, n * 8);
     let row_keys = if plan.copies_row_keys() { Some(i64s(keys)?) } else { None };
@@ -138,7 +118,7 @@ unsafe fn sorted_scatter(
     let (mut len, mut inner, mut stride) = (plan.len as i64, plan.inner as i64, plan.stride() as i64);
     if row_keys.is_some() {
         let mut rows = (plan.outer * plan.len) as i64;
-        let f = kernels.module.function(ROW_KEYS_KERNEL)?;
+        let f = module.function(ROW_KEYS_KERNEL)?;
         let mut params: [*mut c_void; 4] = [
             (&mut index_p as *mut u64).cast(),
             (&mut keys_p as *mut u64).cast(),
@@ -154,7 +134,7 @@ unsafe fn sorted_scatter(
 
     let (mut pos_p, mut sorted_p, mut status_p) = (pos.ptr(), sorted.ptr(), status);
     let (mut n, mut dim_size) = (keys as i64, plan.dim_size as i64);
-    let f = kernels.module.function(SORTED_KEYS_KERNEL)?;
+    let f = module.function(SORTED_KEYS_KERNEL)?;
     let mut params: [*mut c_void; 8] = [
         (&mut keys_p as *mut u64).cast(),
         (&mut pos_p as *mut u64).cast(),
@@ -169,8 +149,7 @@ unsafe fn sorted_scatter(
     // hold `keys` elements each, the status words are the caller's.
     unsafe { launch_grid_stride(dev, f, keys, &mut params, SORTED_KEYS_KERNEL)? };
 
-    let combine = plan.kernel();
-    let f = kernels.module.function(&combine)?;
+    let f = module.function(&combine)?;
     let (mut out_p, mut src_p, mut outer) = (out, src, plan.outer as i64);
     let mut params: Vec<*mut c_void> = vec![
         (&mut out_p as *mut u64).cast(),
@@ -215,7 +194,7 @@ pub(crate) unsafe fn cumsum(
         return Ok(());
     }
     let (lines, len, inner) = cumsum_lines(xm, dim);
-    let f = FallbackKernels::get(dev)?.module.function(name)?;
+    let f = function(dev, name)?;
     let (mut x_p, mut out_p) = (x, out);
     let (mut lines, mut len64, mut inner64) = (lines as i64, len as i64, inner as i64);
     let mut params: [*mut c_void; 5] = [

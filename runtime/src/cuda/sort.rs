@@ -1,10 +1,10 @@
-//! `argsort` on a GPU: compiles the template's source (`coil_codegen::templates::sort`) once
+//! `argsort` on a GPU: compiles the template's unit for the dtype (`coil_codegen::templates::sort`) once
 //! per device and launches it by its [`SortPlan`]: the tile kernel (a bitonic sort per tile in
 //! shared memory), then, for lines longer than a tile, merge passes over two scratch buffers.
 //! Everything is enqueued on the device's stream: no host round trip, and the scratch blocks
 //! go back to the caching allocator when the call returns (the stream orders their next use).
 
-use super::compiler::{compile, LoadedModule};
+use super::compiler::template_module;
 use super::device::{driver_error, CudaDevice};
 use super::gather::launch_grid_stride;
 use super::memory::DeviceMemory;
@@ -13,32 +13,6 @@ use coil_ir::{Error, Result, TensorMeta};
 use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
 use std::sync::Arc;
-
-/// The template's kernels on one device.
-pub struct SortKernels {
-    module: LoadedModule,
-}
-
-// SAFETY: the module's function handles are immutable and usable from any thread with the
-// context bound.
-unsafe impl Send for SortKernels {}
-// SAFETY: as above.
-unsafe impl Sync for SortKernels {}
-
-impl SortKernels {
-    fn get(dev: &Arc<CudaDevice>) -> Result<&SortKernels> {
-        dev.sort
-            .get_or_init(|| {
-                let build = || -> Result<SortKernels> {
-                    let (cubin, _) = compile(SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
-                    Ok(SortKernels { module: LoadedModule::load(dev, &cubin)? })
-                };
-                build().map_err(|e| e.message)
-            })
-            .as_ref()
-            .map_err(|e| Error::runtime(e.clone()))
-    }
-}
 
 /// Whether the device kernels sort `x` (lines short enough for their 32-bit positions).
 ///
@@ -73,7 +47,9 @@ pub(crate) unsafe fn argsort(
     let Some(plan) = SortPlan::new(n / len, len, inner) else {
         return Err(Error::unsupported(format!("a device argsort of lines of {len} elements (at most 2^32 - 2)")));
     };
-    let kernels = SortKernels::get(dev)?;
+    // The unit of the dtype's tile kernel (the merge kernel is in every unit).
+    let tile = tile_kernel(xm.dtype);
+    let module = template_module(dev, SOURCE, &[tile])?;
     let scratch = plan.scratch_elements();
     let buffers = if scratch == 0 {
         None
@@ -85,7 +61,7 @@ pub(crate) unsafe fn argsort(
     };
     let ptr = |k: usize| buffers.as_ref().map_or((0, 0), |b| (b[k].0.ptr(), b[k].1.ptr()));
 
-    let f = kernels.module.function(tile_kernel(xm.dtype))?;
+    let f = module.function(tile)?;
     let (mut x_p, (mut keys_p, mut pos_p), mut out_p) = (x, ptr(0), out);
     let (mut lines, mut len64, mut inner64, mut tiles) =
         (plan.lines as i64, plan.len as i64, plan.inner as i64, plan.tiles as i64);
@@ -109,7 +85,7 @@ pub(crate) unsafe fn argsort(
     unsafe { drv::launch_kernel(f, (blocks, 1, 1), (plan.threads as u32, 1, 1), 0, dev.cu_stream(), &mut params) }
         .map_err(|e| driver_error("cuLaunchKernel(coil_sort_tile)", e))?;
 
-    let merge = kernels.module.function(MERGE_KERNEL)?;
+    let merge = module.function(MERGE_KERNEL)?;
     for (k, &run) in plan.merges.iter().enumerate() {
         let ((mut kin, mut pin), (mut kout, mut pout)) = (ptr(k % 2), ptr((k + 1) % 2));
         let (mut run64, mut last) = (run as i64, (k + 1 == plan.merges.len()) as i32);
