@@ -107,6 +107,11 @@ impl Layout {
     }
 }
 
+/// The address every buffer of a plan made ahead has ([`plan_forward`]): aligned beyond
+/// [`super::cudnn_graph::alignment`]'s cap, as the allocator's blocks are, so a view's alignment
+/// is its offset's, as in the run.
+const AHEAD_BASE: u64 = 1 << 40;
+
 /// What a plan is made for: its cache key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Shape {
@@ -159,8 +164,31 @@ pub(super) fn forward(
     bases: [u64; 4],
     lse: Option<u64>,
 ) -> Result<bool> {
+    match forward_call(dev, spec, dtype, bases, lse) {
+        Some((shape, uids, ptrs)) => run(dev, shape, uids, ptrs, &[]),
+        None => Ok(false),
+    }
+}
+
+/// Makes the plan [`forward`] will want for `spec` on buffers aligned as the allocator aligns
+/// them, before the call's first run needs it ([`super::ahead`]); `None` when cuDNN does not
+/// serve the call or has no plan for it.
+pub(super) fn plan_forward(dev: &Arc<CudaDevice>, spec: &AttentionSpec, dtype: DType, lse: bool) -> Option<()> {
+    let (shape, ..) = forward_call(dev, spec, dtype, [AHEAD_BASE; 4], lse.then_some(AHEAD_BASE))?;
+    plan(dev, shape).ok().flatten().map(|_| ())
+}
+
+/// The plan key, tensor ids and addresses of the forward call `spec` over `bases`, when cuDNN
+/// serves it.
+fn forward_call(
+    dev: &Arc<CudaDevice>,
+    spec: &AttentionSpec,
+    dtype: DType,
+    bases: [u64; 4],
+    lse: Option<u64>,
+) -> Option<(Shape, Vec<i64>, Vec<u64>)> {
     if spec.mask.is_some() || spec.mask_rule.is_some() || !served(dev, dtype, &spec.batch, spec.l, spec.s, spec.d) {
-        return Ok(false);
+        return None;
     }
     let elem = dtype.size_bytes();
     let (b, l, s, d) = (&spec.batch, spec.l, spec.s, spec.d);
@@ -170,7 +198,7 @@ pub(super) fn forward(
         Layout::of(&spec.v, b, s, d, elem),
         Layout::of(&spec.out, b, l, d, elem),
     );
-    let (Some(ql), Some(kl), Some(vl), Some(ol)) = layouts else { return Ok(false) };
+    let (Some(ql), Some(kl), Some(vl), Some(ol)) = layouts else { return None };
     let at = |base: u64, op: &StridedOperand<usize>| base + (op.offset * elem) as u64;
     let [q, k, v, out] = bases;
     let mut ptrs = vec![at(q, &spec.q), at(k, &spec.k), at(v, &spec.v), at(out, &spec.out)];
@@ -189,7 +217,7 @@ pub(super) fn forward(
         grads: None,
         aligns: ptrs.iter().map(|&p| alignment(p)).collect(),
     };
-    run(dev, shape, uids, ptrs, &[])
+    Some((shape, uids, ptrs))
 }
 
 /// Runs the backward call `spec` through cuDNN when it serves it (every gradient wanted):
@@ -204,19 +232,40 @@ pub(super) fn backward(
     lse: u64,
     grads: [Option<DevOperand>; 3],
 ) -> Result<bool> {
-    let [Some(dq), Some(dk), Some(dv)] = grads else { return Ok(false) };
-    let (Some(dqv), Some(dkv), Some(dvv)) = (&spec.dq, &spec.dk, &spec.dv) else { return Ok(false) };
+    match backward_call(dev, spec, dtype, operands, lse, grads.map(|g| g.map(|g| g.ptr))) {
+        // The graph's own delta.
+        Some((shape, uids, ptrs)) => run(dev, shape, uids, ptrs, &[(uid::DELTA, spec.batch_count() * spec.l * 4)]),
+        None => Ok(false),
+    }
+}
+
+/// Makes the plan [`backward`] will want for `spec` (every gradient wanted) on buffers aligned
+/// as the allocator aligns them, before the call's first run needs it ([`super::ahead`]).
+pub(super) fn plan_backward(dev: &Arc<CudaDevice>, spec: &AttentionBackwardSpec, dtype: DType) -> Option<()> {
+    let (shape, ..) = backward_call(dev, spec, dtype, [AHEAD_BASE; 5], AHEAD_BASE, [Some(AHEAD_BASE); 3])?;
+    plan(dev, shape).ok().flatten().map(|_| ())
+}
+
+/// The plan key, tensor ids and addresses of the backward call `spec`, when cuDNN serves it.
+fn backward_call(
+    dev: &Arc<CudaDevice>,
+    spec: &AttentionBackwardSpec,
+    dtype: DType,
+    operands: [u64; 5],
+    lse: u64,
+    grads: [Option<u64>; 3],
+) -> Option<(Shape, Vec<i64>, Vec<u64>)> {
+    let [dq, dk, dv] = grads;
+    let (dq, dk, dv) = (dq?, dk?, dv?);
+    let (dqv, dkv, dvv) = (spec.dq.as_ref()?, spec.dk.as_ref()?, spec.dv.as_ref()?);
     if !served(dev, dtype, &spec.batch, spec.l, spec.s, spec.d) {
-        return Ok(false);
+        return None;
     }
     let elem = dtype.size_bytes();
     let (b, l, s, d) = (&spec.batch, spec.l, spec.s, spec.d);
     let views =
         [(&spec.q, l), (&spec.k, s), (&spec.v, s), (&spec.out, l), (&spec.grad_out, l), (dqv, l), (dkv, s), (dvv, s)];
-    let Some(layouts) = views.iter().map(|(op, rows)| Layout::of(op, b, *rows, d, elem)).collect::<Option<Vec<_>>>()
-    else {
-        return Ok(false);
-    };
+    let layouts = views.iter().map(|(op, rows)| Layout::of(op, b, *rows, d, elem)).collect::<Option<Vec<_>>>()?;
     let at = |base: u64, op: &StridedOperand<usize>| base + (op.offset * elem) as u64;
     let [q, k, v, g, o] = operands;
     let ptrs = vec![
@@ -225,9 +274,9 @@ pub(super) fn backward(
         at(v, &spec.v),
         at(o, &spec.out),
         at(g, &spec.grad_out),
-        at(dq.ptr, dqv),
-        at(dk.ptr, dkv),
-        at(dv.ptr, dvv),
+        at(dq, dqv),
+        at(dk, dkv),
+        at(dv, dvv),
         lse,
     ];
     let uids = vec![uid::Q, uid::K, uid::V, uid::O, uid::DO, uid::DQ, uid::DK, uid::DV, uid::STATS];
@@ -241,9 +290,33 @@ pub(super) fn backward(
         grads: Some([layouts[5], layouts[6], layouts[7]]),
         aligns: ptrs.iter().map(|&p| alignment(p)).collect(),
     };
-    let rows = spec.batch_count() * l;
-    // The graph's own delta.
-    run(dev, shape, uids, ptrs, &[(uid::DELTA, rows * 4)])
+    Some((shape, uids, ptrs))
+}
+
+/// The plan of `shape`, made once per device and shape (`None`: cuDNN has none, the templates
+/// run it). A call made ahead ([`plan_forward`]) and the run's own meet here: the plans' lock
+/// is held while one is made, so the run waits for it rather than making it again.
+fn plan(dev: &Arc<CudaDevice>, shape: Shape) -> Result<Option<Arc<GraphPlan>>> {
+    let dnn = Cudnn::get(dev)?;
+    let key = (dev.ordinal(), shape);
+    let mut table = PLANS.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = table.get_or_insert_with(HashMap::new).entry(key.clone()).or_insert_with(|| {
+        // SAFETY: the handle is used under the plans' lock; the descriptors live with the plan.
+        let made = dnn.with_handle(|h| unsafe { make_plan(h, &key.1) });
+        match &made {
+            Ok(p) => super::schedule_log(&format!(
+                "attention through cuDNN, engine {} (notes {:?}): {:?}",
+                p.engine,
+                super::cudnn_graph::note_names(&p.notes),
+                key.1
+            )),
+            Err(e) => {
+                super::schedule_log(&format!("attention through coil's templates (cuDNN: {}): {:?}", e.message, key.1))
+            }
+        }
+        made.map(Arc::new).map_err(|e| e.message)
+    });
+    Ok(entry.as_ref().ok().cloned())
 }
 
 /// Plans `shape` (once) and enqueues it over the tensors `uids` at `ptrs`, with device
@@ -255,32 +328,10 @@ fn run(
     mut ptrs: Vec<u64>,
     scratch: &[(i64, usize)],
 ) -> Result<bool> {
+    let scale_bits = shape.scale_bits;
+    let (causal, backward) = (shape.causal, shape.backward);
+    let Some(plan) = plan(dev, shape)? else { return Ok(false) };
     let dnn = Cudnn::get(dev)?;
-    let key = (dev.ordinal(), shape);
-    let plan = {
-        let mut table = PLANS.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = table.get_or_insert_with(HashMap::new).entry(key.clone()).or_insert_with(|| {
-            // SAFETY: the handle is used under the plans' lock; the descriptors live with the plan.
-            let made = dnn.with_handle(|h| unsafe { make_plan(h, &key.1) });
-            match &made {
-                Ok(p) => super::schedule_log(&format!(
-                    "attention through cuDNN, engine {} (notes {:?}): {:?}",
-                    p.engine,
-                    super::cudnn_graph::note_names(&p.notes),
-                    key.1
-                )),
-                Err(e) => super::schedule_log(&format!(
-                    "attention through coil's templates (cuDNN: {}): {:?}",
-                    e.message, key.1
-                )),
-            }
-            made.map(Arc::new).map_err(|e| e.message)
-        });
-        match entry {
-            Ok(p) => p.clone(),
-            Err(_) => return Ok(false),
-        }
-    };
     let workspace = DeviceMemory::alloc(dev, plan.workspace.max(1))?;
     let mut temps = Vec::with_capacity(scratch.len());
     for &(id, bytes) in scratch {
@@ -290,8 +341,8 @@ fn run(
         temps.push(t);
     }
     // The by-value scalars the graph has (a pack naming a tensor the graph lacks is refused).
-    let scalars = [(uid::SCALE, f32::from_bits(key.1.scale_bits)), (uid::NEG_INF, f32::NEG_INFINITY), (uid::ONE, 1.0)];
-    let used = [true, key.1.causal, key.1.backward];
+    let scalars = [(uid::SCALE, f32::from_bits(scale_bits)), (uid::NEG_INF, f32::NEG_INFINITY), (uid::ONE, 1.0)];
+    let used = [true, causal, backward];
     let mut pointers: Vec<*mut c_void> = ptrs.iter().map(|&p| p as *mut c_void).collect();
     for ((id, value), _) in scalars.iter().zip(used).filter(|(_, used)| *used) {
         uids.push(*id);

@@ -16,7 +16,7 @@ use super::memory::{copy_device, DeviceMemory};
 use coil_codegen::templates::fallback::{cumsum_kernel, cumsum_lines, scatter_kernel, SOURCE};
 pub use coil_codegen::templates::fallback::{supports_cumsum, supports_scatter};
 use coil_codegen::templates::scatter::{ScatterDims, SortedScatter, ROW_KEYS_KERNEL, SORTED_KEYS_KERNEL, VECTOR_BYTES};
-use coil_ir::{Error, ReduceOp, Result, TensorMeta};
+use coil_ir::{DType, Error, ReduceOp, Result, TensorMeta};
 use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -24,6 +24,35 @@ use std::sync::Arc;
 /// The fallback template's kernel `name` on `dev` (its unit compiled on first use).
 fn function(dev: &Arc<CudaDevice>, name: &str) -> Result<sys::CUfunction> {
     template_module(dev, SOURCE, &[name])?.function(name)
+}
+
+/// A template unit: the template's source and the variants it is compiled with
+/// ([`template_module`]).
+pub(crate) type Unit = (&'static str, String);
+
+/// The units a scatter of these operands launches (see [`scatter`]): a float reduction's
+/// combine (its unit has the key kernels) and the argsort of its keys, its rows taken to be
+/// 16-byte aligned, as the allocator's blocks are; otherwise the atomic kernel's.
+pub(crate) fn scatter_units(
+    xm: &TensorMeta,
+    im: &TensorMeta,
+    sm: &TensorMeta,
+    dim: usize,
+    reduce: Option<ReduceOp>,
+    index_repeats: bool,
+) -> Vec<Unit> {
+    if !supports_scatter(xm, im, reduce) {
+        return vec![];
+    }
+    match SortedScatter::new(xm, im, sm, dim, reduce, index_repeats) {
+        Some(plan) => vec![(SOURCE, plan.kernel()), super::sort::argsort_unit(DType::I64)],
+        None => scatter_kernel(xm.dtype, reduce).map(|k| (SOURCE, k)).into_iter().collect(),
+    }
+}
+
+/// The unit a cumsum of `x` launches ([`cumsum`]).
+pub(crate) fn cumsum_units(x: &TensorMeta) -> Vec<Unit> {
+    cumsum_kernel(x.dtype).map(|k| (SOURCE, k.to_string())).into_iter().collect()
 }
 
 /// Enqueues `out = scatter(x, dim, index, src)` (combined by `reduce`, if any) on contiguous device

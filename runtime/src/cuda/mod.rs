@@ -32,6 +32,7 @@
 //! Nothing here needs CUDA to be installed to build or load: the libraries are found at run
 //! time ([`loader`]), and [`cuda_available`] says whether a GPU can be used.
 
+mod ahead;
 pub mod attention;
 pub mod autotune;
 #[cfg(test)]
@@ -227,6 +228,8 @@ impl CudaCompiledGraph {
             })
             .collect::<Result<Vec<std::result::Result<(usize, &TileKernel, Launch), usize>>>>()?;
 
+        // The first run's attention plans and template units, made beside the kernels' compile.
+        ahead::start(&device, &program);
         let start = std::time::Instant::now();
         let units: Vec<&CudaModule> = modules.iter().filter(|m| !m.kernels.is_empty()).collect();
         // Kernels that differ only in their names (each layer of a model has the same ones) are

@@ -9,10 +9,16 @@ use super::device::{driver_error, CudaDevice};
 use super::gather::launch_grid_stride;
 use super::memory::DeviceMemory;
 use coil_codegen::templates::sort::{tile_kernel, SortPlan, MERGE_KERNEL, SOURCE};
-use coil_ir::{Error, Result, TensorMeta};
+use coil_ir::{DType, Error, Result, TensorMeta};
 use cudarc::driver::{result as drv, sys};
 use std::ffi::c_void;
 use std::sync::Arc;
+
+/// The unit [`argsort`] launches for elements of `dtype`: its tile kernel (and the merge,
+/// which every unit has).
+pub(crate) fn argsort_unit(dtype: DType) -> super::fallback::Unit {
+    (SOURCE, tile_kernel(dtype).to_string())
+}
 
 /// Whether the device kernels sort `x` (lines short enough for their 32-bit positions).
 ///
