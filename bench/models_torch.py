@@ -99,7 +99,8 @@ gradients, optimizer state, the batch, activations); `*_resident_bytes` is what 
 the call began. Compile time (`torch_compile_s`): the wall time of the first call of the compiled
 model (Dynamo, AOTAutograd, Inductor, Triton; for the training step both the forward and the backward
 graphs) minus the median steady wall time of a call; `torch_compile_first_call_s` is the first call
-itself. Compiles are cold: Inductor's and Triton's caches go to a fresh directory for this process
+itself. Compiles are cold: Inductor's, Triton's and the CUDA driver's JIT caches go to a fresh
+directory for this process
 and Inductor's own caches (FX graph, AOTAutograd, autotuning) are disabled (force_disable_caches), so
 no row reuses another row's graphs; Triton's kernel cache is per process, so a Triton kernel with the
 same source as one the forward row built would be found by the training row (run one row per process
@@ -148,6 +149,8 @@ if "--warm-cache" not in sys.argv:
     _cache = tempfile.mkdtemp(prefix="models_torch_cache_")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_cache, "inductor")
     os.environ["TRITON_CACHE_DIR"] = os.path.join(_cache, "triton")
+    # The CUDA driver's JIT cache too (what coil's `models --cold` starts empty).
+    os.environ["CUDA_CACHE_PATH"] = os.path.join(_cache, "cuda-jit")
 
 import torch  # noqa: E402
 import torch._inductor.config  # noqa: E402  (force_disable_caches below)

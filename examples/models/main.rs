@@ -10,6 +10,7 @@
 //! cargo run --release --example models -- --device cpu --config tiny         # a quick check
 //! cargo run --release --example models -- --cuda-graphs                       # replayed from CUDA graphs
 //! cargo run --release --example models -- --replay                            # bodies not rerun
+//! cargo run --release --example models -- --cold                              # empty caches
 //! ```
 //!
 //! `--replay` compiles the forward and gradient functions with `CompiledFn::replay`: after two
@@ -22,7 +23,8 @@
 //! Timing follows `torch_suite.py`: warm-up calls, then each timed call after a 256 MiB memset
 //! (a cold L2), CUDA events around the call on the device's stream (the wall clock on the CPU);
 //! the median. The wall clock of a call is measured too (`coil_wall_ms`). The compile time is
-//! the first call's wall time minus a steady call's; the peak is the allocator's most bytes in
+//! the first call's wall time minus a steady call's (a cold compile with `--cold`, which starts
+//! coil's cache and the CUDA driver's JIT cache empty); the peak is the allocator's most bytes in
 //! use over one steady call (parameters, optimizer state and activations included; the flush
 //! buffer not).
 
@@ -47,6 +49,10 @@ pub struct Opts {
     cuda_graphs: bool,
     /// Compile the forward and gradient functions with `CompiledFn::replay`.
     replay: bool,
+    /// Start with empty caches (`--cold`): coil's (kernels, graphs) and the CUDA driver's JIT
+    /// cache, each a fresh folder, so that the compile column is a cold compile whatever ran
+    /// on the machine before (as `models_torch.py` starts Inductor's and Triton's).
+    cold: bool,
 }
 
 /// Says how many of a replaying function's calls replayed (`--replay`).
@@ -84,6 +90,7 @@ fn parse() -> Opts {
         json: None,
         cuda_graphs: false,
         replay: false,
+        cold: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -97,8 +104,9 @@ fn parse() -> Opts {
             "--json" => o.json = Some(v()),
             "--cuda-graphs" => o.cuda_graphs = true,
             "--replay" => o.replay = true,
+            "--cold" => o.cold = true,
             _ => panic!(
-                "unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json, --cuda-graphs, --replay"
+                "unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json, --cuda-graphs, --replay, --cold"
             ),
         }
     }
@@ -340,8 +348,25 @@ fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// Points coil's cache and the CUDA driver's JIT cache at fresh folders (`--cold`). Runs before
+/// anything loads the driver, which reads `CUDA_CACHE_PATH` once.
+fn start_cold() -> std::io::Result<std::path::PathBuf> {
+    let root = std::env::temp_dir().join(format!("coil-models-cold-{}", std::process::id()));
+    let (coil_dir, jit_dir) = (root.join("coil"), root.join("cuda-jit"));
+    std::fs::create_dir_all(&coil_dir)?;
+    std::fs::create_dir_all(&jit_dir)?;
+    std::env::set_var("CUDA_CACHE_PATH", &jit_dir);
+    coil::set_config(coil::Config { cache_dir: coil_dir, ..(*coil::config()).clone() });
+    eprintln!("cold caches under {}", root.display());
+    Ok(root)
+}
+
 fn main() -> coil::Result<()> {
     let o = parse();
+    let cold_root = match o.cold {
+        true => Some(start_cold().map_err(|e| coil::Error::runtime(format!("--cold: {e}")))?),
+        false => None,
+    };
     // The optimizer's step and the decode steps are realizations (update_in_place): they replay
     // too.
     coil::set_cuda_graphs(o.cuda_graphs);
@@ -369,6 +394,9 @@ fn main() -> coil::Result<()> {
     match &o.json {
         Some(path) => std::fs::write(path, &json).map_err(|e| coil::Error::runtime(format!("{path}: {e}")))?,
         None => print!("{json}"),
+    }
+    if let Some(root) = cold_root {
+        let _ = std::fs::remove_dir_all(root); // scratch: the next --cold starts empty again
     }
     Ok(())
 }
