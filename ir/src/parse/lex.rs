@@ -1,4 +1,4 @@
-//! The tokens of the IR texts (graph, loop IR, tile IR), each with its `line:column`.
+//! The tokens of the IR texts (graph, loop IR, tile IR, schedule), each with its `line:column`.
 
 use super::Pos;
 
@@ -16,6 +16,10 @@ pub(super) enum Tok {
     /// text: `+ - * / % < & . @` (a `+` or `-` before a digit, `inf` or `nan` is a number's
     /// sign, and `%` before a digit a node label).
     Punct(char),
+    /// A quoted string, unescaped (the schedule text's names and reasons). Inside the quotes,
+    /// `\\`, `\"` and `\n` stand for a backslash, a quote and a newline; every other
+    /// character stands for itself.
+    Str(String),
     /// The end of the text.
     End,
 }
@@ -26,6 +30,7 @@ impl Tok {
         match self {
             Tok::Node(n) => format!("`%{n}`"),
             Tok::Ident(s) | Tok::Num(s) => format!("`{s}`"),
+            Tok::Str(s) => format!("the string {}", quote(s)),
             Tok::Punct(c) => format!("`{c}`"),
             Tok::End => "the end of the text".into(),
         }
@@ -94,6 +99,10 @@ pub(super) fn lex(text: &str) -> Result<Vec<(Tok, Pos)>, (Pos, String)> {
                 return Err((pos, format!("expected a number, found `{w}`")));
             }
             Tok::Num(w)
+        } else if c == '"' {
+            let (text, end) = string(&chars, i + 1).map_err(|message| (pos, message))?;
+            i = end;
+            Tok::Str(text)
         } else if "()[]{},:=+-*/%<&.@".contains(c) {
             i += 1;
             Tok::Punct(c)
@@ -105,6 +114,48 @@ pub(super) fn lex(text: &str) -> Result<Vec<(Tok, Pos)>, (Pos, String)> {
     }
     out.push((Tok::End, Pos { line, col }));
     Ok(out)
+}
+
+/// The string whose text starts at `chars[from]` (after the opening quote), unescaped, and
+/// the position after its closing quote.
+fn string(chars: &[char], from: usize) -> Result<(String, usize), String> {
+    let mut out = String::new();
+    let mut j = from;
+    loop {
+        match chars.get(j) {
+            None | Some('\n') => return Err("a string without its closing `\"`".into()),
+            Some('"') => return Ok((out, j + 1)),
+            Some('\\') => {
+                out.push(match chars.get(j + 1) {
+                    Some('\\') => '\\',
+                    Some('"') => '"',
+                    Some('n') => '\n',
+                    other => return Err(format!("unknown escape `\\{}` in a string", other.map_or(String::new(), |c| c.to_string()))),
+                });
+                j += 2;
+            }
+            Some(&c) => {
+                out.push(c);
+                j += 1;
+            }
+        }
+    }
+}
+
+/// `text` quoted as the lexer reads it back ([`Tok::Str`]).
+pub(crate) fn quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Whether a `+` or `-` followed by `rest` is the sign of a number (a digit, `inf` or `nan`
@@ -153,5 +204,16 @@ mod tests {
         let (pos, msg) = lex("x $").unwrap_err();
         assert_eq!((pos, msg.as_str()), (Pos { line: 1, col: 3 }, "unexpected character `$`"));
         assert!(lex("1.2.3").is_err());
+    }
+
+    #[test]
+    fn strings_round_trip_through_quote() {
+        for text in ["", "plain", "a \"quoted\" word", "back\\slash\\", "two\nlines", "# not a comment; ok", "ünï"] {
+            assert_eq!(toks(&quote(text)), vec![Tok::Str(text.into()), Tok::End], "{text:?}");
+        }
+        assert_eq!(toks("x \"a b\" y").len(), 4);
+        assert!(lex("\"open").unwrap_err().1.contains("closing"));
+        assert!(lex("\"line\nbreak\"").unwrap_err().1.contains("closing"));
+        assert!(lex(r#""bad \t""#).unwrap_err().1.contains("unknown escape `\\t`"));
     }
 }

@@ -1,7 +1,8 @@
 //! Reading the IR texts back: [`Graph::parse`],
-//! [`LoopProgram::parse`](crate::loops::LoopProgram::parse) and
-//! [`TileKernel::parse`](crate::kernel::TileKernel::parse) are the inverses of their printers.
-//! One lexer serves the three; `#` and `;` start comments to the end of the line. Errors name
+//! [`LoopProgram::parse`](crate::loops::LoopProgram::parse),
+//! [`TileKernel::parse`](crate::kernel::TileKernel::parse) and
+//! [`Schedule::parse`](crate::kernel::Schedule::parse) are the inverses of their printers (the
+//! schedule's text is described in [`schedule`]). One lexer serves them all; `#` and `;` start comments to the end of the line. Errors name
 //! the `line:column`, what was expected, and show the line with a caret under the column.
 //!
 //! # Graph text
@@ -84,6 +85,7 @@ mod expr;
 mod lex;
 mod loops;
 mod op;
+pub mod schedule;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
