@@ -91,7 +91,7 @@ impl Schedule {
     /// assert_eq!(s.refusals[0].reason, "a \"reason\"");
     /// assert_eq!(s.to_string(), text);
     /// let e = Schedule::parse(&text.replace("pointwise", "pointy")).unwrap_err();
-    /// assert!(e.to_string().contains("2:25: expected a kernel kind"), "{e}");
+    /// assert!(e.to_string().contains("2:24: expected a kernel kind"), "{e}");
     /// ```
     pub fn parse(text: &str) -> Result<Schedule> {
         let fail = |(pos, message): Located| located_error(text, SCHEDULE, pos, message);
