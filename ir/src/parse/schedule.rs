@@ -19,7 +19,7 @@
 //!   extents (index expressions over the size symbols `s<n>`), the loop nodes it runs and the
 //!   buffers it stores (buffer ids).
 //! * A `refusal` line per [`FusionRefusal`]: producer, consumer and reason, quoted.
-//! * The [`MemoryPlan`]: slot sizes and lives, each buffer's slot (`none` for none), the
+//! * The [`MemoryPlan`](crate::kernel::MemoryPlan): slot sizes and lives, each buffer's slot (`none` for none), the
 //!   donations taken as `(output, input)`, those declined with their reasons, and the
 //!   temporaries kept in outputs as `(temporary, output)` buffer ids.
 
@@ -28,7 +28,7 @@ use super::lex::{self, quote, Tok};
 use super::loops::size_scope;
 use super::{located_error, Located, Parser};
 use crate::error::Result;
-use crate::kernel::{Donation, FusedKernel, FusionRefusal, InOutput, KernelKind, MemoryPlan, Schedule};
+use crate::kernel::{Donation, FusedKernel, FusionRefusal, InOutput, KernelKind, Schedule};
 use crate::loops::BufferId;
 use std::fmt;
 
@@ -230,6 +230,7 @@ impl Parser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::MemoryPlan;
     use crate::sym::Expr;
 
     /// A schedule with every part filled in: symbolic extents, refusals whose texts need
