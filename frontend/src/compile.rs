@@ -9,6 +9,7 @@
 //! running the same program again costs a lookup; compiled C is cached on disk by the runtime.
 
 use crate::debug::{self, Dump};
+use crate::graph_cache::{self, GraphCacheUse};
 use crate::dynamo::dynamic::DynamicSpec;
 use crate::storage::Storage;
 use crate::walk::{Expected, Walk};
@@ -39,8 +40,13 @@ pub struct StageTimes {
     pub codegen: f64,
     /// The C compiler (0 on a disk-cache hit).
     pub cc: f64,
+    /// Reading a graph-cache entry and loading its kernels (on a hit: then every stage above
+    /// is 0).
+    pub cache_read: f64,
     /// The whole compile.
     pub total: f64,
+    /// Whether the graph came from the disk cache of compiled graphs ([`crate::graph_cache`]).
+    pub graph_cache: GraphCacheUse,
 }
 
 /// The runnable form of a compiled graph, per device.
@@ -653,7 +659,7 @@ fn compile_decomposition(device: Device) -> coil_passes::DecomposeOptions {
     coil_passes::DecomposeOptions { conv_template: cudnn, ..COMPILE_DECOMPOSITION }
 }
 
-fn compile_uncached(
+pub(crate) fn compile_uncached(
     captured: &Graph,
     device: Device,
     dynamic: Option<&DynamicSpec>,
@@ -662,7 +668,9 @@ fn compile_uncached(
     crate::guard::guard("compiling", captured, || compile_stages(captured, device, dynamic, donations))
 }
 
-/// Every stage of [`compile_uncached`].
+/// Every stage of [`compile_uncached`]; with the graph cache on
+/// ([`coil_ir::config::Config::graph_cache`]), a graph some process compiled before is read
+/// from its entry instead ([`crate::graph_cache`]), and a graph compiled here is stored.
 fn compile_stages(
     captured: &Graph,
     device: Device,
@@ -670,9 +678,43 @@ fn compile_stages(
     donations: &[Donation],
 ) -> Result<Compiled> {
     let start = Instant::now();
-    let mut times = StageTimes::default();
     let dump = Dump::new_graph();
     dump.write("graph_captured.txt", || captured.print(true));
+    let slot = graph_cache::slot(captured, device, dynamic, donations, &coil_ir::config::current())?;
+    let (mut dump, mut cache_use) = (dump, GraphCacheUse::Off);
+    if let Some(slot) = &slot {
+        cache_use = match graph_cache::read(slot) {
+            graph_cache::Found::Entry(entry) => match from_entry(*entry, device, dump, start) {
+                Ok(compiled) => return Ok(compiled),
+                Err((why, returned)) => {
+                    dump = returned;
+                    GraphCacheUse::Rebuilt(why)
+                }
+            },
+            graph_cache::Found::Missing => GraphCacheUse::Miss,
+            graph_cache::Found::Invalid(why) => {
+                coil_runtime::cache_entry::log_invalid(&slot.path, &why);
+                GraphCacheUse::Rebuilt(why)
+            }
+        };
+    }
+    compile_front(captured, device, dynamic, donations, dump, start, slot.as_ref(), cache_use)
+}
+
+/// Every stage from decomposition on (`dump` has the captured graph), storing the result at
+/// `slot` when given.
+#[allow(clippy::too_many_arguments)]
+fn compile_front(
+    captured: &Graph,
+    device: Device,
+    dynamic: Option<&DynamicSpec>,
+    donations: &[Donation],
+    dump: Dump,
+    start: Instant,
+    slot: Option<&graph_cache::Slot>,
+    cache_use: GraphCacheUse,
+) -> Result<Compiled> {
+    let mut times = StageTimes { graph_cache: cache_use, ..StageTimes::default() };
     let options = rewrite_options(device)?;
 
     let (program, rewrites) = match dynamic {
@@ -716,9 +758,8 @@ fn compile_stages(
             (program, d.rewrites)
         }
     };
-    dump.write("rewrites.txt", || rewrites.to_string());
-    let pre_fusion = program.to_string();
-    dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
+    let rewrites_text = rewrites.to_string();
+    let pre_fusion = dump_program(&dump, &program, &rewrites_text);
 
     let t = Instant::now();
     let mut schedule = coil_passes::schedule_with(&program, &schedule_options(device)?);
@@ -727,32 +768,17 @@ fn compile_stages(
     }
     coil_passes::donate(&program, &mut schedule, donations);
     times.schedule = t.elapsed().as_secs_f64();
-    let post_fusion = coil_passes::print_schedule(&program, &schedule);
-    dump.write("ir_post_fusion.txt", || post_fusion.clone());
-    logs::fusion(&post_fusion);
+    let post_fusion = dump_schedule(&dump, &program, &schedule);
 
     let t = Instant::now();
-    let kernels: Vec<Option<TileKernel>> = schedule
-        .kernels
-        .iter()
-        .map(|k| (k.kind != KernelKind::Extern).then(|| coil_codegen::build_kernel(&program, k)))
-        .collect();
+    let kernels = build_tiles(&program, &schedule, &dump);
     let generated: Vec<TileKernel> = kernels.iter().flatten().cloned().collect();
-    for k in &generated {
-        dump.write(&format!("kernels/{}.tile", k.name), || k.to_string());
-        logs::output_code(&k.name, &k.to_string());
-    }
     let (program_view, schedule_view) = (program.clone(), schedule.clone());
-    let mut checked_nodes: Vec<usize> = program.data_checks.iter().filter_map(|c| c.node).collect();
-    checked_nodes.sort_unstable();
-    checked_nodes.dedup();
     let built = match device {
         Device::Cpu => {
             let source = coil_codegen::emit_c(&generated);
             times.codegen = t.elapsed().as_secs_f64();
-            for k in &generated {
-                dump.write(&format!("kernels/{}.c", k.name), || coil_codegen::emit_c(std::slice::from_ref(k)));
-            }
+            dump_sources(&dump, device, &generated);
             CompiledGraph::new(program, schedule, kernels.clone(), &source)
                 .map(|g| (g.compile_seconds(), Executable::Cpu(g)))
                 .inspect_err(|_| dump.write("kernels/graph.c", || source.clone()))
@@ -790,10 +816,7 @@ fn compile_stages(
                     }
                     coil_codegen::cuda::Language::Ptx { .. } => {
                         dump.write(&format!("kernels/{}.ptx", k.name), || unit.source.clone());
-                        dump.write(&format!("kernels/{}.cu", k.name), || {
-                            coil_codegen::cuda::emit_cuda_kernel_source(k, &target)
-                                .unwrap_or_else(|e| format!("/* {e} */"))
-                        });
+                        dump_sources(&dump, device, std::slice::from_ref(k));
                     }
                 }
             }
@@ -804,18 +827,145 @@ fn compile_stages(
     // A failed build keeps the source that failed next to the other dumps (written above).
     let (cc_seconds, executable) = built?;
     times.cc = cc_seconds;
+    let rewrite_json = debug::rewrite_json(&rewrites);
+    if let Some(slot) = slot {
+        let binary = match &executable {
+            Executable::Cpu(g) => graph_cache::Binary::Cpu(g.library_key().map(str::to_string)),
+            Executable::Cuda(g) => {
+                let units = g.cached_units().to_vec();
+                let cuda_c = units.iter().any(|u| u.language == coil_codegen::cuda::Language::CudaC);
+                let nvrtc = if cuda_c { Some(coil_runtime::cuda::compiler::nvrtc_version()?) } else { None };
+                graph_cache::Binary::Cuda { nvrtc, units }
+            }
+        };
+        graph_cache::write(slot, &program_view, &schedule_view, &binary, &rewrites_text, &rewrite_json);
+    }
     times.total = start.elapsed().as_secs_f64();
-    let schedule_text = debug::schedule_text(&program_view, &schedule_view, &kernels);
+    let texts = [pre_fusion, post_fusion];
+    Ok(finish(executable, device, times, program_view, schedule_view, kernels, texts, &rewrite_json, dump))
+}
+
+/// The compiled graph of a graph-cache entry: its program and schedule, the tile kernels built
+/// again from them, the kernels' binaries loaded by key. When the binaries are no longer in
+/// the cache (or do not load), why, with the dump folder back (the caller compiles the graph).
+fn from_entry(
+    entry: graph_cache::Entry,
+    device: Device,
+    dump: Dump,
+    start: Instant,
+) -> std::result::Result<Compiled, (String, Dump)> {
+    let graph_cache::Entry { program, schedule, binary, rewrites, rewrite_json } = entry;
+    let kernels = build_tiles(&program, &schedule, &Dump::at(None));
+    let cache_dir = coil_runtime::cpu::default_cache_dir();
+    let (program_view, schedule_view) = (program.clone(), schedule.clone());
+    let executable = match (device, binary) {
+        (Device::Cpu, graph_cache::Binary::Cpu(key)) => {
+            CompiledGraph::from_cache_in(program, schedule, kernels.clone(), key.as_deref(), &cache_dir)
+                .map(|g| g.map(Executable::Cpu))
+        }
+        (Device::Cuda(n), graph_cache::Binary::Cuda { nvrtc, units }) => {
+            let same_nvrtc = nvrtc.is_none_or(|v| coil_runtime::cuda::compiler::nvrtc_version().is_ok_and(|now| now == v));
+            match (same_nvrtc, CudaDevice::get(n)) {
+                (true, Ok(dev)) => CudaCompiledGraph::from_cache_in(dev, program, schedule, kernels.clone(), &units, &cache_dir)
+                    .map(|g| g.map(Executable::Cuda)),
+                _ => Ok(None),
+            }
+        }
+        _ => Ok(None),
+    };
+    let executable = match executable {
+        Ok(Some(executable)) => executable,
+        Ok(None) => return Err(("its kernels' binaries are no longer in the cache".into(), dump)),
+        Err(e) => return Err((format!("its kernels do not load: {}", e.message), dump)),
+    };
+    let times = StageTimes {
+        graph_cache: GraphCacheUse::Hit,
+        cache_read: start.elapsed().as_secs_f64(),
+        total: start.elapsed().as_secs_f64(),
+        ..StageTimes::default()
+    };
+    let pre_fusion = dump_program(&dump, &program_view, &rewrites);
+    let post_fusion = dump_schedule(&dump, &program_view, &schedule_view);
+    let generated: Vec<TileKernel> = kernels.iter().flatten().cloned().collect();
+    for k in &generated {
+        dump.write(&format!("kernels/{}.tile", k.name), || k.to_string());
+    }
+    dump_sources(&dump, device, &generated);
+    Ok(finish(executable, device, times, program_view, schedule_view, kernels, [pre_fusion, post_fusion], &rewrite_json, dump))
+}
+
+/// The tile kernel of each of `schedule`'s kernels (`None` for an extern one), each written to
+/// the dump and the `output_code` log.
+fn build_tiles(program: &coil_ir::loops::LoopProgram, schedule: &coil_ir::kernel::Schedule, dump: &Dump) -> Vec<Option<TileKernel>> {
+    let kernels: Vec<Option<TileKernel>> = (schedule.kernels.iter())
+        .map(|k| (k.kind != KernelKind::Extern).then(|| coil_codegen::build_kernel(program, k)))
+        .collect();
+    for k in kernels.iter().flatten() {
+        dump.write(&format!("kernels/{}.tile", k.name), || k.to_string());
+        logs::output_code(&k.name, &k.to_string());
+    }
+    kernels
+}
+
+/// Writes `rewrites.txt` and `ir_pre_fusion.txt`, and returns the latter's text.
+fn dump_program(dump: &Dump, program: &coil_ir::loops::LoopProgram, rewrites: &str) -> String {
+    dump.write("rewrites.txt", || rewrites.to_string());
+    let pre_fusion = program.to_string();
+    dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
+    pre_fusion
+}
+
+/// Writes `ir_post_fusion.txt` (and the `fusion` log), and returns its text.
+fn dump_schedule(dump: &Dump, program: &coil_ir::loops::LoopProgram, schedule: &coil_ir::kernel::Schedule) -> String {
+    let post_fusion = coil_passes::print_schedule(program, schedule);
+    dump.write("ir_post_fusion.txt", || post_fusion.clone());
+    logs::fusion(&post_fusion);
+    post_fusion
+}
+
+/// Writes each generated kernel's source for `device` to the dump (C on the CPU, CUDA C on a
+/// GPU), computed only when dumps are on.
+fn dump_sources(dump: &Dump, device: Device, generated: &[TileKernel]) {
+    if dump.dir().is_none() {
+        return;
+    }
+    for k in generated {
+        match device {
+            Device::Cpu => dump.write(&format!("kernels/{}.c", k.name), || coil_codegen::emit_c(std::slice::from_ref(k))),
+            Device::Cuda(n) => dump.write(&format!("kernels/{}.cu", k.name), || {
+                let target = CudaDevice::get(n).map(|d| *d.target()).unwrap_or_else(|_| coil_codegen::cuda::GpuTarget::h100());
+                coil_codegen::cuda::emit_cuda_kernel_source(k, &target).unwrap_or_else(|e| format!("/* {e} */"))
+            }),
+        }
+    }
+}
+
+/// The compiled graph of `executable`, with `schedule.txt` and `summary.json` written.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    executable: Executable,
+    device: Device,
+    times: StageTimes,
+    program: coil_ir::loops::LoopProgram,
+    schedule: coil_ir::kernel::Schedule,
+    kernels: Vec<Option<TileKernel>>,
+    [pre_fusion, post_fusion]: [String; 2],
+    rewrite_json: &serde_json::Value,
+    dump: Dump,
+) -> Compiled {
+    let schedule_text = debug::schedule_text(&program, &schedule, &kernels);
     dump.write("schedule.txt", || schedule_text.clone());
     logs::schedule(&schedule_text);
     let launches = match &executable {
         Executable::Cuda(g) => g.kernel_attributes(),
         Executable::Cpu(_) => vec![],
     };
-    let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times, &rewrites, &launches);
+    let summary = debug::summary_json(&program, &schedule, &kernels, &times, rewrite_json, &launches);
     dump.write("summary.json", || summary.clone());
-    let dump_dir = dump.dir().cloned();
-    Ok(Compiled {
+    let mut checked_nodes: Vec<usize> = program.data_checks.iter().filter_map(|c| c.node).collect();
+    checked_nodes.sort_unstable();
+    checked_nodes.dedup();
+    Compiled {
         executable,
         device,
         times,
@@ -823,11 +973,11 @@ fn compile_stages(
         pre_fusion,
         post_fusion,
         summary,
-        dump_dir,
+        dump_dir: dump.dir().cloned(),
         profiled: OnceLock::new(),
         replayed: Mutex::new(Vec::new()),
         checked_nodes,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod compile;
 pub mod debug;
 pub mod dynamo;
 mod generalize;
+pub mod graph_cache;
 mod guard;
 pub mod history;
 pub mod inplace;
