@@ -6,11 +6,14 @@
 //! Compiled graphs are cached in the process by a structural hash of the graph (ops,
 //! attributes, shapes, dtypes, edges: no source lines), confirmed node by node and by the
 //! settings of the configuration that change code ([`coil_ir::config::Config::same_code`]), so
-//! running the same program again costs a lookup; compiled C is cached on disk by the runtime.
+//! running the same program again costs a lookup; compiled kernels are cached on disk by the
+//! runtime, and whole compiled graphs (program, schedule, the kernels' binary keys) by
+//! [`crate::graph_cache`], so another process compiling the graph skips every stage before
+//! loading the binaries.
 
 use crate::debug::{self, Dump};
-use crate::graph_cache::{self, GraphCacheUse};
 use crate::dynamo::dynamic::DynamicSpec;
+use crate::graph_cache::{self, GraphCacheUse};
 use crate::storage::Storage;
 use crate::walk::{Expected, Walk};
 use crate::{logs, profile};
@@ -541,8 +544,9 @@ fn compile_cached(
 }
 
 /// Compiles a captured graph without looking in this process's cache of compiled graphs (the
-/// disk caches of generated code still apply): what another process pays to compile it. With
-/// a warm disk cache that is the warm-start compile time (`times.total`).
+/// disk caches, of kernels and of whole graphs, still apply): what another process pays to
+/// compile it. With a warm disk cache that is the warm-start compile time (`times.total`; a
+/// graph-cache hit, `times.graph_cache`, unless the configuration's `graph_cache` is off).
 pub fn compile_fresh(captured: &Graph, device: Device) -> Result<Compiled> {
     compile_uncached(captured, device, None, &[])
 }
@@ -759,7 +763,9 @@ fn compile_front(
         }
     };
     let rewrites_text = rewrites.to_string();
-    let pre_fusion = dump_program(&dump, &program, &rewrites_text);
+    let pre_fusion = program.to_string();
+    dump.write("rewrites.txt", || rewrites_text.clone());
+    dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
 
     let t = Instant::now();
     let mut schedule = coil_passes::schedule_with(&program, &schedule_options(device)?);
@@ -768,7 +774,9 @@ fn compile_front(
     }
     coil_passes::donate(&program, &mut schedule, donations);
     times.schedule = t.elapsed().as_secs_f64();
-    let post_fusion = dump_schedule(&dump, &program, &schedule);
+    let post_fusion = coil_passes::print_schedule(&program, &schedule);
+    dump.write("ir_post_fusion.txt", || post_fusion.clone());
+    logs::fusion(&post_fusion);
 
     let t = Instant::now();
     let kernels = build_tiles(&program, &schedule, &dump);
@@ -838,7 +846,8 @@ fn compile_front(
                 graph_cache::Binary::Cuda { nvrtc, units }
             }
         };
-        graph_cache::write(slot, &program_view, &schedule_view, &binary, &rewrites_text, &rewrite_json);
+        let (program, schedule) = (&program_view, &schedule_view);
+        graph_cache::write(slot, program, &pre_fusion, schedule, &post_fusion, &binary, &rewrites_text, &rewrite_json);
     }
     times.total = start.elapsed().as_secs_f64();
     let texts = [pre_fusion, post_fusion];
@@ -854,7 +863,7 @@ fn from_entry(
     dump: Dump,
     start: Instant,
 ) -> std::result::Result<Compiled, (String, Dump)> {
-    let graph_cache::Entry { program, schedule, binary, rewrites, rewrite_json } = entry;
+    let graph_cache::Entry { program, pre_fusion, post_fusion, schedule, binary, rewrites, rewrite_json } = entry;
     let kernels = build_tiles(&program, &schedule, &Dump::at(None));
     let cache_dir = coil_runtime::cpu::default_cache_dir();
     let (program_view, schedule_view) = (program.clone(), schedule.clone());
@@ -864,10 +873,13 @@ fn from_entry(
                 .map(|g| g.map(Executable::Cpu))
         }
         (Device::Cuda(n), graph_cache::Binary::Cuda { nvrtc, units }) => {
-            let same_nvrtc = nvrtc.is_none_or(|v| coil_runtime::cuda::compiler::nvrtc_version().is_ok_and(|now| now == v));
+            let same_nvrtc =
+                nvrtc.is_none_or(|v| coil_runtime::cuda::compiler::nvrtc_version().is_ok_and(|now| now == v));
             match (same_nvrtc, CudaDevice::get(n)) {
-                (true, Ok(dev)) => CudaCompiledGraph::from_cache_in(dev, program, schedule, kernels.clone(), &units, &cache_dir)
-                    .map(|g| g.map(Executable::Cuda)),
+                (true, Ok(dev)) => {
+                    CudaCompiledGraph::from_cache_in(dev, program, schedule, kernels.clone(), &units, &cache_dir)
+                        .map(|g| g.map(Executable::Cuda))
+                }
                 _ => Ok(None),
             }
         }
@@ -884,19 +896,32 @@ fn from_entry(
         total: start.elapsed().as_secs_f64(),
         ..StageTimes::default()
     };
-    let pre_fusion = dump_program(&dump, &program_view, &rewrites);
-    let post_fusion = dump_schedule(&dump, &program_view, &schedule_view);
+    dump_texts(&dump, &rewrites, &pre_fusion, &post_fusion);
     let generated: Vec<TileKernel> = kernels.iter().flatten().cloned().collect();
     for k in &generated {
         dump.write(&format!("kernels/{}.tile", k.name), || k.to_string());
     }
     dump_sources(&dump, device, &generated);
-    Ok(finish(executable, device, times, program_view, schedule_view, kernels, [pre_fusion, post_fusion], &rewrite_json, dump))
+    Ok(finish(
+        executable,
+        device,
+        times,
+        program_view,
+        schedule_view,
+        kernels,
+        [pre_fusion, post_fusion],
+        &rewrite_json,
+        dump,
+    ))
 }
 
 /// The tile kernel of each of `schedule`'s kernels (`None` for an extern one), each written to
 /// the dump and the `output_code` log.
-fn build_tiles(program: &coil_ir::loops::LoopProgram, schedule: &coil_ir::kernel::Schedule, dump: &Dump) -> Vec<Option<TileKernel>> {
+fn build_tiles(
+    program: &coil_ir::loops::LoopProgram,
+    schedule: &coil_ir::kernel::Schedule,
+    dump: &Dump,
+) -> Vec<Option<TileKernel>> {
     let kernels: Vec<Option<TileKernel>> = (schedule.kernels.iter())
         .map(|k| (k.kind != KernelKind::Extern).then(|| coil_codegen::build_kernel(program, k)))
         .collect();
@@ -907,20 +932,12 @@ fn build_tiles(program: &coil_ir::loops::LoopProgram, schedule: &coil_ir::kernel
     kernels
 }
 
-/// Writes `rewrites.txt` and `ir_pre_fusion.txt`, and returns the latter's text.
-fn dump_program(dump: &Dump, program: &coil_ir::loops::LoopProgram, rewrites: &str) -> String {
+/// Writes `rewrites.txt`, `ir_pre_fusion.txt` and `ir_post_fusion.txt` (and the `fusion` log).
+fn dump_texts(dump: &Dump, rewrites: &str, pre_fusion: &str, post_fusion: &str) {
     dump.write("rewrites.txt", || rewrites.to_string());
-    let pre_fusion = program.to_string();
-    dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
-    pre_fusion
-}
-
-/// Writes `ir_post_fusion.txt` (and the `fusion` log), and returns its text.
-fn dump_schedule(dump: &Dump, program: &coil_ir::loops::LoopProgram, schedule: &coil_ir::kernel::Schedule) -> String {
-    let post_fusion = coil_passes::print_schedule(program, schedule);
-    dump.write("ir_post_fusion.txt", || post_fusion.clone());
-    logs::fusion(&post_fusion);
-    post_fusion
+    dump.write("ir_pre_fusion.txt", || pre_fusion.to_string());
+    dump.write("ir_post_fusion.txt", || post_fusion.to_string());
+    logs::fusion(post_fusion);
 }
 
 /// Writes each generated kernel's source for `device` to the dump (C on the CPU, CUDA C on a
@@ -931,9 +948,12 @@ fn dump_sources(dump: &Dump, device: Device, generated: &[TileKernel]) {
     }
     for k in generated {
         match device {
-            Device::Cpu => dump.write(&format!("kernels/{}.c", k.name), || coil_codegen::emit_c(std::slice::from_ref(k))),
+            Device::Cpu => {
+                dump.write(&format!("kernels/{}.c", k.name), || coil_codegen::emit_c(std::slice::from_ref(k)))
+            }
             Device::Cuda(n) => dump.write(&format!("kernels/{}.cu", k.name), || {
-                let target = CudaDevice::get(n).map(|d| *d.target()).unwrap_or_else(|_| coil_codegen::cuda::GpuTarget::h100());
+                let target =
+                    CudaDevice::get(n).map(|d| *d.target()).unwrap_or_else(|_| coil_codegen::cuda::GpuTarget::h100());
                 coil_codegen::cuda::emit_cuda_kernel_source(k, &target).unwrap_or_else(|e| format!("/* {e} */"))
             }),
         }

@@ -14,7 +14,8 @@
 //! driver's version), the configuration's settings that change code
 //! ([`Config::code_settings`]), the symbolic sizes of a dynamic compile and the donations.
 //! Its **payload** is text, in sections: the loop program and the schedule (their IR texts,
-//! which parse back to equal values: checked before an entry is written), the key of the C
+//! which parse back to equal values: checked before an entry is written; and the texts of
+//! `ir_pre_fusion.txt` and `ir_post_fusion.txt`, which a hit would otherwise print again), the key of the C
 //! kernels' shared object or each CUDA translation unit's language, CUBIN key, kernels,
 //! symbols and launches, and what the dumps and `summary.json` show of the rewrite pass.
 //!
@@ -83,6 +84,10 @@ pub(crate) struct Slot {
 pub(crate) struct Entry {
     /// The final loop program (after `split_reductions`).
     pub program: LoopProgram,
+    /// Its text (`ir_pre_fusion.txt`).
+    pub pre_fusion: String,
+    /// The text of `ir_post_fusion.txt`.
+    pub post_fusion: String,
     /// Its schedule, memory plan and donations included.
     pub schedule: Schedule,
     /// Where the kernels' binaries lie in the runtime's disk cache.
@@ -199,16 +204,19 @@ pub(crate) fn read(slot: &Slot) -> Found {
 /// program and schedule parse back to what they are. Best effort: a cache that cannot be
 /// written costs the next process a compile, and an IR the texts do not carry whole is not
 /// cached (and said so on stderr).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn write(
     slot: &Slot,
     program: &LoopProgram,
+    program_text: &str,
     schedule: &Schedule,
+    post_fusion: &str,
     binary: &Binary,
     rewrites: &str,
     rewrite_json: &serde_json::Value,
 ) {
-    let (program_text, schedule_text) = (program.to_string(), schedule.to_string());
-    let same = LoopProgram::parse(&program_text).is_ok_and(|p| p == *program)
+    let schedule_text = schedule.to_string();
+    let same = LoopProgram::parse(program_text).is_ok_and(|p| p == *program)
         && Schedule::parse(&schedule_text).is_ok_and(|s| s == *schedule);
     if !same {
         eprintln!("coil: graph cache: this graph's program or schedule does not read back from its text; not cached");
@@ -216,8 +224,9 @@ pub(crate) fn write(
     }
     let mut text = String::new();
     for (name, body) in [
-        ("program", program_text.as_str()),
+        ("program", program_text),
         ("schedule", schedule_text.as_str()),
+        ("post_fusion", post_fusion),
         ("binary", &binary_text(binary)),
         ("rewrites", rewrites),
         ("rewrite_json", &rewrite_json.to_string()),
@@ -232,15 +241,18 @@ pub(crate) fn write(
 /// The entry in `text` (its payload), or why it does not parse.
 fn parse(text: &str) -> std::result::Result<Entry, String> {
     let mut sections = Sections { rest: text };
-    let program = LoopProgram::parse(sections.next("program")?).map_err(|e| e.to_string())?;
+    let pre_fusion = sections.next("program")?;
+    let program = LoopProgram::parse(pre_fusion).map_err(|e| e.to_string())?;
     let schedule = Schedule::parse(sections.next("schedule")?).map_err(|e| e.to_string())?;
+    let post_fusion = sections.next("post_fusion")?.to_string();
     let binary = parse_binary(sections.next("binary")?)?;
     let rewrites = sections.next("rewrites")?.to_string();
     let rewrite_json = serde_json::from_str(sections.next("rewrite_json")?).map_err(|e| e.to_string())?;
     if !sections.rest.is_empty() {
         return Err("text after its last section".into());
     }
-    Ok(Entry { program, schedule, binary, rewrites, rewrite_json })
+    let pre_fusion = pre_fusion.to_string();
+    Ok(Entry { program, pre_fusion, post_fusion, schedule, binary, rewrites, rewrite_json })
 }
 
 /// The sections of a payload, in order: `== <name> <bytes>\n<body>\n`.
@@ -253,7 +265,10 @@ impl<'a> Sections<'a> {
     fn next(&mut self, name: &str) -> std::result::Result<&'a str, String> {
         let bad = || format!("no section `{name}` where it belongs");
         let (header, rest) = self.rest.split_once('\n').ok_or_else(bad)?;
-        let len: usize = header.strip_prefix("== ").and_then(|h| h.strip_prefix(name)).and_then(|h| h.strip_prefix(' '))
+        let len: usize = header
+            .strip_prefix("== ")
+            .and_then(|h| h.strip_prefix(name))
+            .and_then(|h| h.strip_prefix(' '))
             .and_then(|n| n.parse().ok())
             .ok_or_else(bad)?;
         let body = rest.get(..len).ok_or_else(bad)?;
@@ -323,7 +338,10 @@ fn parse_binary(text: &str) -> std::result::Result<Binary, String> {
                         units.push(CachedUnit { language, key, kernels: vec![], symbols: vec![] });
                     }
                     ["kernel", name, symbol, ref numbers @ ..] if numbers.len() == 6 => {
-                        let n: Vec<u32> = numbers.iter().map(|w| w.parse().map_err(|_| bad(line))).collect::<std::result::Result<_, _>>()?;
+                        let n: Vec<u32> = numbers
+                            .iter()
+                            .map(|w| w.parse().map_err(|_| bad(line)))
+                            .collect::<std::result::Result<_, _>>()?;
                         let launch = Launch {
                             grid: n[0],
                             block: n[1],

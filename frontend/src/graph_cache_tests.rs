@@ -21,7 +21,12 @@ impl Scratch {
 
     /// The current configuration, caching in this directory, without dumps.
     fn config(&self) -> Config {
-        Config { cache_dir: self.0.clone(), debug_dir: None, graph_cache: true, ..(*coil_ir::config::current()).clone() }
+        Config {
+            cache_dir: self.0.clone(),
+            debug_dir: None,
+            graph_cache: true,
+            ..(*coil_ir::config::current()).clone()
+        }
     }
 
     /// The graph entries in the directory.
@@ -71,7 +76,12 @@ fn run(compiled: &Compiled, c: &Captured) -> Vec<Vec<u8>> {
 
 /// A miss, then a hit that runs as the miss did (on `c` and on each of `others`, captures of the
 /// same program at other sizes for a dynamic compile); returns the hit.
-fn miss_then_hit(c: &Captured, dynamic: Option<&DynamicSpec>, donations: &[Donation], others: &[&Captured]) -> Compiled {
+fn miss_then_hit(
+    c: &Captured,
+    dynamic: Option<&DynamicSpec>,
+    donations: &[Donation],
+    others: &[&Captured],
+) -> Compiled {
     let miss = compile(c, dynamic, donations);
     assert_eq!(miss.times.graph_cache, GraphCacheUse::Miss);
     let hit = compile(c, dynamic, donations);
@@ -267,7 +277,10 @@ fn a_config_change_that_changes_code_misses_and_the_cache_can_be_turned_off() {
     let base = dir.config();
     with_config(base.clone(), || assert_eq!(compile(&c, None, &[]).times.graph_cache, GraphCacheUse::Miss));
     with_config(base.clone(), || assert_eq!(compile(&c, None, &[]).times.graph_cache, GraphCacheUse::Hit));
-    let tuned = Config { tuning: Tuning { online_softmax: !base.tuning.online_softmax, ..base.tuning.clone() }, ..base.clone() };
+    let tuned = Config {
+        tuning: Tuning { online_softmax: !base.tuning.online_softmax, ..base.tuning.clone() },
+        ..base.clone()
+    };
     with_config(tuned, || assert_eq!(compile(&c, None, &[]).times.graph_cache, GraphCacheUse::Miss));
     let off = Config { graph_cache: false, ..base.clone() };
     with_config(off, || {

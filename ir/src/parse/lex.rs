@@ -130,7 +130,12 @@ fn string(chars: &[char], from: usize) -> Result<(String, usize), String> {
                     Some('\\') => '\\',
                     Some('"') => '"',
                     Some('n') => '\n',
-                    other => return Err(format!("unknown escape `\\{}` in a string", other.map_or(String::new(), |c| c.to_string()))),
+                    other => {
+                        return Err(format!(
+                            "unknown escape `\\{}` in a string",
+                            other.map_or(String::new(), |c| c.to_string())
+                        ))
+                    }
                 });
                 j += 2;
             }

@@ -273,7 +273,11 @@ mod tests {
                 },
             ],
             refusals: vec![
-                FusionRefusal { producer: "buf3".into(), consumer: "buf5".into(), reason: "rows differ: 4 vs s0".into() },
+                FusionRefusal {
+                    producer: "buf3".into(),
+                    consumer: "buf5".into(),
+                    reason: "rows differ: 4 vs s0".into(),
+                },
                 FusionRefusal {
                     producer: "ext \"bmm\"".into(),
                     consumer: "back\\slash".into(),

@@ -122,7 +122,11 @@ impl CompiledGraph {
                 Some(loaded) => Some(loaded),
                 None => return Ok(None),
             },
-            _ => return Err(Error::runtime("inconsistent compiled graph: a library key without kernels, or kernels without one")),
+            _ => {
+                return Err(Error::runtime(
+                    "inconsistent compiled graph: a library key without kernels, or kernels without one",
+                ))
+            }
         };
         CompiledGraph::assemble(program, schedule, kernels, built).map(Some)
     }

@@ -142,7 +142,8 @@ unsafe fn open(path: &Path) -> std::result::Result<libloading::Library, libloadi
 /// which reports and replaces an invalid entry). The graph cache loads kernels this way.
 pub fn load_cached(key: &str, cache_dir: &Path, kernels: &[&str]) -> Option<(KernelLibrary, CompiledObject)> {
     let object = CompiledObject::cached(cache_dir, key);
-    let cache_entry::Lookup::Found(library) = cache_entry::read(&object.path, cache_entry::Kind::SharedObject, key) else {
+    let cache_entry::Lookup::Found(library) = cache_entry::read(&object.path, cache_entry::Kind::SharedObject, key)
+    else {
         return None;
     };
     let lib = KernelLibrary::load(&object, &library).ok()?;

@@ -55,15 +55,15 @@ pub mod sort;
 #[cfg(test)]
 mod sort_emulation;
 mod status;
-mod units;
 #[cfg(test)]
 mod tests;
+mod units;
 
 pub use autotune::AutotuneChoice;
 pub use compiler::{CompiledCubin, LoadedModule};
-pub use units::CachedUnit;
 pub use device::{cuda_available, cuda_status, synchronize_all, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
+pub use units::CachedUnit;
 
 use crate::plan::{self, check_status, Instance, Instances, LaunchName, RunOrigin, RunOutput, Storage};
 use crate::{interpret, Buffer, HostData};
