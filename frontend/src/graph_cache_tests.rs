@@ -350,3 +350,52 @@ fn binary_sections_round_trip() {
     assert!(parse_binary("cpu a b").is_err());
     assert!(parse_binary("gpu").is_err());
 }
+
+/// On a GPU (skipped without one): hits run bit for bit as misses, with PTX units and with CUDA
+/// C units, at static and symbolic sizes; an entry whose CUBINs are gone compiles them again.
+#[test]
+fn cuda_hits_run_as_misses_and_lost_cubins_are_rebuilt() {
+    if !coil_runtime::cuda::cuda_available() {
+        return;
+    }
+    let cuda = Device::Cuda(0);
+    let on = |t: Tensor| t.to_device(cuda).unwrap();
+    for ptx in [true, false] {
+        let dir = Scratch::new(if ptx { "cuda-ptx" } else { "cuda-c" });
+        let config = dir.config();
+        let config = Config { tuning: Tuning { ptx, ..config.tuning.clone() }, ..config };
+        with_config(config, || {
+            // a persistent and a looped reduction, random numbers, a data check, bf16
+            let soft = on(tensor(&[64, 300], 21)).softmax(-1).unwrap();
+            let long = on(tensor(&[4, 100_000], 22)).sum(&[1], false).unwrap();
+            let noisy = on(tensor(&[128, 33], 23)).dropout(0.25, true).unwrap();
+            let index = on(Tensor::from_vec(vec![3i64, 0, 49, 7, 7, 12, 1], &[7]).unwrap());
+            let rows = on(tensor(&[50, 16], 24)).index_select(0, &index).unwrap().exp().unwrap();
+            let half = on(tensor(&[32, 40], 25)).to_dtype(DType::BF16).unwrap().gelu(false).unwrap();
+            let c = capture(&[&soft, &long, &noisy, &rows, &half]);
+            assert_eq!(c.device, cuda);
+            let hit = miss_then_hit(&c, None, &[], &[]);
+            let Executable::Cuda(g) = &hit.executable else { panic!("compiled for the GPU") };
+            assert!(g.cache_hit() && !g.cached_units().is_empty());
+            let cuda_c = g.cached_units().iter().any(|u| u.language == Language::CudaC);
+            assert!(ptx || cuda_c, "COIL_CUDA_PTX=0 compiles CUDA C");
+
+            // symbolic rows
+            let program = |rows: usize, seed: u64| {
+                let y = on(tensor(&[rows, 70], seed)).log_softmax(-1).unwrap().sum(&[0], false).unwrap();
+                capture(&[&y])
+            };
+            let c2 = program(6, 26);
+            let spec = crate::dynamo::dynamic::resolve(&c2.graph, &[(0, 0)]).unwrap();
+            miss_then_hit(&c2, Some(&spec), &[], &[&program(13, 27), &program(2, 28)]);
+
+            // the CUBINs gone: the entry is rebuilt, and so are they
+            let expected = run(&hit, &c);
+            std::fs::remove_dir_all(dir.0.join("cuda")).unwrap();
+            let again = compile(&c, None, &[]);
+            assert!(matches!(&again.times.graph_cache, GraphCacheUse::Rebuilt(why) if why.contains("binaries")));
+            assert_eq!(run(&again, &c), expected);
+            assert_eq!(compile(&c, None, &[]).times.graph_cache, GraphCacheUse::Hit);
+        });
+    }
+}

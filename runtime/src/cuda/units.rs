@@ -50,17 +50,18 @@ pub(super) fn load_cached(device: &Arc<CudaDevice>, units: &[CachedUnit], cache_
             }
         })
         .collect();
-    let (mut loaded, mut cubins) = (Vec::new(), Vec::new());
-    for (i, unit) in distinct.iter().enumerate() {
+    // In parallel, as a compile loads its units (each load binds the context on its thread).
+    use rayon::prelude::*;
+    let load = |(i, unit): (usize, &&CachedUnit)| {
         let mut names: Vec<&str> = Vec::new();
         for (u, _) in units.iter().zip(&unit_of).filter(|(_, &d)| d == i) {
             names.extend(u.symbols.iter().map(String::as_str));
         }
         names.sort_unstable();
         names.dedup();
-        let (module, cubin) = compiler::load_cached(device, &unit.key, unit.language, &names, cache_dir)?;
-        loaded.push(module);
-        cubins.push(cubin);
-    }
+        compiler::load_cached(device, &unit.key, unit.language, &names, cache_dir)
+    };
+    let found: Vec<_> = distinct.par_iter().enumerate().map(load).collect();
+    let (loaded, cubins) = found.into_iter().collect::<Option<Vec<_>>>()?.into_iter().unzip();
     Some(Built { units: units.to_vec(), unit_of, loaded, cubins, compile_seconds: 0.0 })
 }
