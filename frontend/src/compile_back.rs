@@ -15,31 +15,38 @@ pub(super) fn from_entry(
     start: Instant,
 ) -> std::result::Result<Compiled, (String, Dump)> {
     let graph_cache::Entry { program, pre_fusion, post_fusion, schedule, binary, rewrites, rewrite_json } = entry;
-    let kernels = build_tiles(&program, &schedule, &Dump::at(None));
-    let cache_dir = coil_runtime::cpu::default_cache_dir();
     let (program_view, schedule_view) = (program.clone(), schedule.clone());
-    let executable = match (device, binary) {
-        (Device::Cpu, graph_cache::Binary::Cpu(key)) => {
-            CompiledGraph::from_cache_in(program, schedule, kernels.clone(), key.as_deref(), &cache_dir)
-                .map(|g| g.map(Executable::Cpu))
-        }
-        (Device::Cuda(n), graph_cache::Binary::Cuda { nvrtc, units }) => {
-            let same_nvrtc =
-                nvrtc.is_none_or(|v| coil_runtime::cuda::compiler::nvrtc_version().is_ok_and(|now| now == v));
-            match (same_nvrtc, CudaDevice::get(n)) {
-                (true, Ok(dev)) => {
-                    CudaCompiledGraph::from_cache_in(dev, program, schedule, kernels.clone(), &units, &cache_dir)
-                        .map(|g| g.map(Executable::Cuda))
-                }
-                _ => Ok(None),
+    // An entry is checked whole and its program and schedule were checked to read back before
+    // it was written, so building from them cannot fail; should it panic all the same, the
+    // graph is compiled from scratch rather than the compile failing.
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let kernels = build_tiles(&program, &schedule, &dump);
+        let cache_dir = coil_runtime::cpu::default_cache_dir();
+        let executable = match (device, binary) {
+            (Device::Cpu, graph_cache::Binary::Cpu(key)) => {
+                CompiledGraph::from_cache_in(program, schedule, kernels.clone(), key.as_deref(), &cache_dir)
+                    .map(|g| g.map(Executable::Cpu))
             }
-        }
-        _ => Ok(None),
-    };
-    let executable = match executable {
-        Ok(Some(executable)) => executable,
-        Ok(None) => return Err(("its kernels' binaries are no longer in the cache".into(), dump)),
-        Err(e) => return Err((format!("its kernels do not load: {}", e.message), dump)),
+            (Device::Cuda(n), graph_cache::Binary::Cuda { nvrtc, units }) => {
+                let same_nvrtc =
+                    nvrtc.is_none_or(|v| coil_runtime::cuda::compiler::nvrtc_version().is_ok_and(|now| now == v));
+                match (same_nvrtc, CudaDevice::get(n)) {
+                    (true, Ok(dev)) => {
+                        CudaCompiledGraph::from_cache_in(dev, program, schedule, kernels.clone(), &units, &cache_dir)
+                            .map(|g| g.map(Executable::Cuda))
+                    }
+                    _ => Ok(None),
+                }
+            }
+            _ => Ok(None),
+        };
+        executable.map(|e| e.map(|e| (kernels, e)))
+    }));
+    let (kernels, executable) = match built {
+        Ok(Ok(Some(built))) => built,
+        Ok(Ok(None)) => return Err(("its kernels' binaries are no longer in the cache".into(), dump)),
+        Ok(Err(e)) => return Err((format!("its kernels do not load: {}", e.message), dump)),
+        Err(_) => return Err(("building its kernels panicked".into(), dump)),
     };
     let times = StageTimes {
         graph_cache: GraphCacheUse::Hit,
@@ -49,9 +56,6 @@ pub(super) fn from_entry(
     };
     dump_texts(&dump, &rewrites, &pre_fusion, &post_fusion);
     let generated: Vec<TileKernel> = kernels.iter().flatten().cloned().collect();
-    for k in &generated {
-        dump.write(&format!("kernels/{}.tile", k.name), || k.to_string());
-    }
     dump_sources(&dump, device, &generated);
     Ok(finish(
         executable,
