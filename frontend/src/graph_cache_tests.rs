@@ -120,14 +120,14 @@ fn a_second_compile_is_a_hit_that_runs_as_the_first() {
         // a data check: an index read from data
         let table = tensor(&[10, 4], 3);
         let index = Tensor::from_vec(vec![3i64, 0, 9, 9, 1], &[5]).unwrap();
-        let rows = table.index_select(0, &index).unwrap().mul(&tensor(&[5, 4], 4)).unwrap();
+        let rows = table.index_select(0, &index).unwrap().mul(tensor(&[5, 4], 4)).unwrap();
         let c = capture(&[&rows]);
         let hit = miss_then_hit(&c, None, &[], &[]);
         let Executable::Cpu(g) = &hit.executable else { panic!() };
         assert!(!g.program().data_checks.is_empty(), "the program checks its indices");
 
         // random numbers: the hit draws what the miss drew from the same streams
-        let noisy = tensor(&[64, 9], 5).dropout(0.5, true).unwrap().add(&Tensor::rand(&[64, 9], DType::F32).unwrap());
+        let noisy = tensor(&[64, 9], 5).dropout(0.5, true).unwrap().add(Tensor::rand(&[64, 9], DType::F32).unwrap());
         let c = capture(&[&noisy.unwrap()]);
         assert!(!c.random.is_empty());
         miss_then_hit(&c, None, &[], &[]);
