@@ -235,6 +235,10 @@ fn the_key_changes_with_every_setting_that_changes_code_and_no_other() {
     let c = capture(&[&tensor(&[4, 9], 11).exp().unwrap()]);
     let key = |config: &Config| slot(&c.graph, Device::Cpu, None, &[], config).unwrap().map(|s| s.key);
     let k0 = key(&base).unwrap();
+    // the compiler's build: a hash of its sources (`build.rs`), and how many files it read
+    let (hash, files) = BUILD_ID.split_once('-').unwrap();
+    assert!(hash.len() == 16 && files.parse::<usize>().unwrap() > 100, "{BUILD_ID}");
+    assert!(key_parts(&c.graph, "cpu", None, &[], &base).contains(&BUILD_ID.to_string()));
     assert_eq!(key(&Config { graph_cache: false, ..base.clone() }), None, "off: no entry");
     let same = [
         Config { logs: vec!["all".into()], ..base.clone() },
