@@ -164,14 +164,16 @@ fn main() -> coil::Result<()> {
         let t = coil_frontend::compile::compile_fresh(&graph, device)?.times;
         println!(
             "warm start of the gradients graph (ms): {:.1} = decompose {:.1}, rewrite {:.1}, lower {:.1}, schedule {:.1}, \
-             codegen {:.1}, compile and load {:.1}",
+             codegen {:.1}, compile and load {:.1}, graph cache read {:.1} (graph cache: {})",
             t.total * 1e3,
             t.decompose * 1e3,
             t.rewrite * 1e3,
             t.lower * 1e3,
             t.schedule * 1e3,
             t.codegen * 1e3,
-            t.cc * 1e3
+            t.cc * 1e3,
+            t.cache_read * 1e3,
+            t.graph_cache.name()
         );
         return Ok(());
     }

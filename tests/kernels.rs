@@ -268,6 +268,9 @@ fn dumps_are_written_when_asked() {
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "softmax_is_one_kernel", "--nocapture"])
         .env("COIL_DEBUG", &dir)
+        // every stage, whatever an earlier run left in the graph cache (a hit writes no
+        // graph_decomposed.txt: `frontend/src/graph_cache_tests.rs` checks a hit's dump)
+        .env("COIL_GRAPH_CACHE", "0")
         .status()
         .unwrap();
     assert!(status.success());

@@ -6,10 +6,14 @@
 //! Compiled graphs are cached in the process by a structural hash of the graph (ops,
 //! attributes, shapes, dtypes, edges: no source lines), confirmed node by node and by the
 //! settings of the configuration that change code ([`coil_ir::config::Config::same_code`]), so
-//! running the same program again costs a lookup; compiled C is cached on disk by the runtime.
+//! running the same program again costs a lookup; compiled kernels are cached on disk by the
+//! runtime, and whole compiled graphs (program, schedule, the kernels' binary keys) by
+//! [`crate::graph_cache`], so another process compiling the graph skips every stage before
+//! loading the binaries.
 
 use crate::debug::{self, Dump};
 use crate::dynamo::dynamic::DynamicSpec;
+use crate::graph_cache::{self, GraphCacheUse};
 use crate::storage::Storage;
 use crate::walk::{Expected, Walk};
 use crate::{logs, profile};
@@ -39,8 +43,13 @@ pub struct StageTimes {
     pub codegen: f64,
     /// The C compiler (0 on a disk-cache hit).
     pub cc: f64,
+    /// Reading a graph-cache entry and loading its kernels (on a hit: then every stage above
+    /// is 0).
+    pub cache_read: f64,
     /// The whole compile.
     pub total: f64,
+    /// Whether the graph came from the disk cache of compiled graphs ([`crate::graph_cache`]).
+    pub graph_cache: GraphCacheUse,
 }
 
 /// The runnable form of a compiled graph, per device.
@@ -535,8 +544,9 @@ fn compile_cached(
 }
 
 /// Compiles a captured graph without looking in this process's cache of compiled graphs (the
-/// disk caches of generated code still apply): what another process pays to compile it. With
-/// a warm disk cache that is the warm-start compile time (`times.total`).
+/// disk caches, of kernels and of whole graphs, still apply): what another process pays to
+/// compile it. With a warm disk cache that is the warm-start compile time (`times.total`; a
+/// graph-cache hit, `times.graph_cache`, unless the configuration's `graph_cache` is off).
 pub fn compile_fresh(captured: &Graph, device: Device) -> Result<Compiled> {
     compile_uncached(captured, device, None, &[])
 }
@@ -653,7 +663,7 @@ fn compile_decomposition(device: Device) -> coil_passes::DecomposeOptions {
     coil_passes::DecomposeOptions { conv_template: cudnn, ..COMPILE_DECOMPOSITION }
 }
 
-fn compile_uncached(
+pub(crate) fn compile_uncached(
     captured: &Graph,
     device: Device,
     dynamic: Option<&DynamicSpec>,
@@ -662,7 +672,9 @@ fn compile_uncached(
     crate::guard::guard("compiling", captured, || compile_stages(captured, device, dynamic, donations))
 }
 
-/// Every stage of [`compile_uncached`].
+/// Every stage of [`compile_uncached`]; with the graph cache on
+/// ([`coil_ir::config::Config::graph_cache`]), a graph some process compiled before is read
+/// from its entry instead ([`crate::graph_cache`]), and a graph compiled here is stored.
 fn compile_stages(
     captured: &Graph,
     device: Device,
@@ -670,9 +682,43 @@ fn compile_stages(
     donations: &[Donation],
 ) -> Result<Compiled> {
     let start = Instant::now();
-    let mut times = StageTimes::default();
     let dump = Dump::new_graph();
     dump.write("graph_captured.txt", || captured.print(true));
+    let slot = graph_cache::slot(captured, device, dynamic, donations, &coil_ir::config::current())?;
+    let (mut dump, mut cache_use) = (dump, GraphCacheUse::Off);
+    if let Some(slot) = &slot {
+        cache_use = match graph_cache::read(slot) {
+            graph_cache::Found::Entry(entry) => match from_entry(*entry, device, dump, start) {
+                Ok(compiled) => return Ok(compiled),
+                Err((why, returned)) => {
+                    dump = returned;
+                    GraphCacheUse::Rebuilt(why)
+                }
+            },
+            graph_cache::Found::Missing => GraphCacheUse::Miss,
+            graph_cache::Found::Invalid(why) => {
+                coil_runtime::cache_entry::log_invalid(&slot.path, &why);
+                GraphCacheUse::Rebuilt(why)
+            }
+        };
+    }
+    compile_front(captured, device, dynamic, donations, dump, start, slot.as_ref(), cache_use)
+}
+
+/// Every stage from decomposition on (`dump` has the captured graph), storing the result at
+/// `slot` when given.
+#[allow(clippy::too_many_arguments)]
+fn compile_front(
+    captured: &Graph,
+    device: Device,
+    dynamic: Option<&DynamicSpec>,
+    donations: &[Donation],
+    dump: Dump,
+    start: Instant,
+    slot: Option<&graph_cache::Slot>,
+    cache_use: GraphCacheUse,
+) -> Result<Compiled> {
+    let mut times = StageTimes { graph_cache: cache_use, ..StageTimes::default() };
     let options = rewrite_options(device)?;
 
     let (program, rewrites) = match dynamic {
@@ -716,8 +762,9 @@ fn compile_stages(
             (program, d.rewrites)
         }
     };
-    dump.write("rewrites.txt", || rewrites.to_string());
+    let rewrites_text = rewrites.to_string();
     let pre_fusion = program.to_string();
+    dump.write("rewrites.txt", || rewrites_text.clone());
     dump.write("ir_pre_fusion.txt", || pre_fusion.clone());
 
     let t = Instant::now();
@@ -732,27 +779,14 @@ fn compile_stages(
     logs::fusion(&post_fusion);
 
     let t = Instant::now();
-    let kernels: Vec<Option<TileKernel>> = schedule
-        .kernels
-        .iter()
-        .map(|k| (k.kind != KernelKind::Extern).then(|| coil_codegen::build_kernel(&program, k)))
-        .collect();
+    let kernels = build_tiles(&program, &schedule, &dump);
     let generated: Vec<TileKernel> = kernels.iter().flatten().cloned().collect();
-    for k in &generated {
-        dump.write(&format!("kernels/{}.tile", k.name), || k.to_string());
-        logs::output_code(&k.name, &k.to_string());
-    }
     let (program_view, schedule_view) = (program.clone(), schedule.clone());
-    let mut checked_nodes: Vec<usize> = program.data_checks.iter().filter_map(|c| c.node).collect();
-    checked_nodes.sort_unstable();
-    checked_nodes.dedup();
     let built = match device {
         Device::Cpu => {
             let source = coil_codegen::emit_c(&generated);
             times.codegen = t.elapsed().as_secs_f64();
-            for k in &generated {
-                dump.write(&format!("kernels/{}.c", k.name), || coil_codegen::emit_c(std::slice::from_ref(k)));
-            }
+            dump_sources(&dump, device, &generated);
             CompiledGraph::new(program, schedule, kernels.clone(), &source)
                 .map(|g| (g.compile_seconds(), Executable::Cpu(g)))
                 .inspect_err(|_| dump.write("kernels/graph.c", || source.clone()))
@@ -790,10 +824,7 @@ fn compile_stages(
                     }
                     coil_codegen::cuda::Language::Ptx { .. } => {
                         dump.write(&format!("kernels/{}.ptx", k.name), || unit.source.clone());
-                        dump.write(&format!("kernels/{}.cu", k.name), || {
-                            coil_codegen::cuda::emit_cuda_kernel_source(k, &target)
-                                .unwrap_or_else(|e| format!("/* {e} */"))
-                        });
+                        dump_sources(&dump, device, std::slice::from_ref(k));
                     }
                 }
             }
@@ -804,31 +835,28 @@ fn compile_stages(
     // A failed build keeps the source that failed next to the other dumps (written above).
     let (cc_seconds, executable) = built?;
     times.cc = cc_seconds;
+    let rewrite_json = debug::rewrite_json(&rewrites);
+    if let Some(slot) = slot {
+        let binary = match &executable {
+            Executable::Cpu(g) => graph_cache::Binary::Cpu(g.library_key().map(str::to_string)),
+            Executable::Cuda(g) => {
+                let units = g.cached_units().to_vec();
+                let cuda_c = units.iter().any(|u| u.language == coil_codegen::cuda::Language::CudaC);
+                let nvrtc = if cuda_c { Some(coil_runtime::cuda::compiler::nvrtc_version()?) } else { None };
+                graph_cache::Binary::Cuda { nvrtc, units }
+            }
+        };
+        let (program, schedule) = (&program_view, &schedule_view);
+        graph_cache::write(slot, program, &pre_fusion, schedule, &post_fusion, &binary, &rewrites_text, &rewrite_json);
+    }
     times.total = start.elapsed().as_secs_f64();
-    let schedule_text = debug::schedule_text(&program_view, &schedule_view, &kernels);
-    dump.write("schedule.txt", || schedule_text.clone());
-    logs::schedule(&schedule_text);
-    let launches = match &executable {
-        Executable::Cuda(g) => g.kernel_attributes(),
-        Executable::Cpu(_) => vec![],
-    };
-    let summary = debug::summary_json(&program_view, &schedule_view, &kernels, &times, &rewrites, &launches);
-    dump.write("summary.json", || summary.clone());
-    let dump_dir = dump.dir().cloned();
-    Ok(Compiled {
-        executable,
-        device,
-        times,
-        kernels,
-        pre_fusion,
-        post_fusion,
-        summary,
-        dump_dir,
-        profiled: OnceLock::new(),
-        replayed: Mutex::new(Vec::new()),
-        checked_nodes,
-    })
+    let texts = [pre_fusion, post_fusion];
+    Ok(finish(executable, device, times, program_view, schedule_view, kernels, texts, &rewrite_json, dump))
 }
+
+#[path = "compile_back.rs"]
+mod back;
+use back::{build_tiles, dump_sources, finish, from_entry};
 
 #[cfg(test)]
 #[path = "compile_tests.rs"]

@@ -10,7 +10,9 @@
 //! ```
 //!
 //! The files' contents are deterministic (no addresses, no hash orders), except the compile
-//! times in `summary.json`; the run folder's name carries the time and process id.
+//! times in `summary.json`; the run folder's name carries the time and process id. A graph
+//! read from the graph cache (`summary.json`'s `graph_cache` is `hit`) has no
+//! `graph_decomposed.txt`: the stages that would write it did not run.
 
 use crate::compile::StageTimes;
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
@@ -210,7 +212,7 @@ pub fn summary_json(
     schedule: &Schedule,
     kernels: &[Option<TileKernel>],
     times: &StageTimes,
-    rewrites: &coil_passes::RewriteReport,
+    rewrite: &serde_json::Value,
     launches: &[coil_runtime::cuda::KernelAttributes],
 ) -> String {
     let list: Vec<serde_json::Value> = schedule
@@ -258,17 +260,25 @@ pub fn summary_json(
             "schedule": times.schedule,
             "codegen": times.codegen,
             "cc": times.cc,
+            "graph_cache_read": times.cache_read,
             "total": times.total,
         },
+        "graph_cache": times.graph_cache.name(),
         "peak_bytes": schedule.memory.peak_bytes,
-        "rewrite": {
-            "bytes_before": rewrites.cost_before.bytes,
-            "bytes_after": rewrites.cost_after.bytes,
-            "flops_before": rewrites.cost_before.flops,
-            "flops_after": rewrites.cost_after.flops,
-        },
+        "rewrite": rewrite,
     });
     serde_json::to_string_pretty(&summary).expect("json") + "\n"
+}
+
+/// The `rewrite` object of `summary.json`: the graph's estimated bytes and flops before and
+/// after the rewrite pass.
+pub fn rewrite_json(rewrites: &coil_passes::RewriteReport) -> serde_json::Value {
+    serde_json::json!({
+        "bytes_before": rewrites.cost_before.bytes,
+        "bytes_after": rewrites.cost_after.bytes,
+        "flops_before": rewrites.cost_before.flops,
+        "flops_after": rewrites.cost_after.flops,
+    })
 }
 
 /// A kernel extent for `summary.json`: a number, or the expression (`"4*s0"`) when symbolic.

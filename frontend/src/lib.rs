@@ -8,6 +8,7 @@
 //! * [`capture`] (tensors to a [`coil_ir::Graph`]) and realization: capture, then either the
 //!   compile driver ([`compile`]: decompose, lower, fuse, generate C, build, run) or the
 //!   reference interpreter ([`Backend`]);
+//! * the disk cache of whole compiled graphs ([`graph_cache`]);
 //! * debug dumps (`COIL_DEBUG`, [`debug`]) and logs (`COIL_LOGS`, [`logs`]);
 //! * compiled functions ([`dynamo`]): guarded caches, graph breaks, recompiles, `explain`;
 //! * weights in safetensors files ([`safetensors`]): memory-mapped loading, checking, saving.
@@ -20,6 +21,7 @@ pub mod compile;
 pub mod debug;
 pub mod dynamo;
 mod generalize;
+pub mod graph_cache;
 mod guard;
 pub mod history;
 pub mod inplace;

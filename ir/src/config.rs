@@ -93,6 +93,12 @@ pub struct Config {
     /// where they serve the call (f16 / bf16, no mask or the causal rule, head dim up to 128),
     /// else coil's own templates; `false`: always the templates. On by default. No variable.
     pub cudnn_attention: bool,
+    /// Whether whole compiled graphs are cached on disk (`<cache_dir>/graphs/`): a process
+    /// that compiles a graph some process compiled before (same graph, device, coil build and
+    /// [`Config::same_code`] settings) reads its loop program, schedule and kernels from the
+    /// entry and loads the kernels' cached binaries, skipping every stage before them. On by
+    /// default; `COIL_GRAPH_CACHE=0` turns it off.
+    pub graph_cache: bool,
     /// Overrides of the compiler's own choices, for measuring and experiments: unstable, not
     /// part of the supported interface.
     #[doc(hidden)]
@@ -225,8 +231,8 @@ impl Config {
 
     /// Whether code compiled under `self` is what `other` would compile: the settings that
     /// change generated code or what runs (rewriting, autotuning, the C compiler, the tuning
-    /// overrides, the cuDNN API) are equal. The cache directory, backend, dumps, logs, CUDA graphs and
-    /// profiling do not matter.
+    /// overrides, the cuDNN API: [`Config::code_settings`]) are equal. The cache directory,
+    /// backend, dumps, logs, CUDA graphs, profiling and the graph cache do not matter.
     ///
     /// ```
     /// use coil_ir::config::Config;
@@ -235,11 +241,20 @@ impl Config {
     /// assert!(!base.same_code(&Config { rewrite: false, ..base.clone() }));
     /// ```
     pub fn same_code(&self, other: &Config) -> bool {
-        self.rewrite == other.rewrite
-            && self.autotune == other.autotune
-            && self.c_compiler == other.c_compiler
-            && self.tuning == other.tuning
-            && self.cudnn_api == other.cudnn_api
+        self.code_settings() == other.code_settings()
+    }
+
+    /// The settings that change generated code or what runs, which [`Config::same_code`]
+    /// compares; their `Debug` text is part of the key of the disk cache of compiled graphs.
+    ///
+    /// ```
+    /// use coil_ir::config::Config;
+    /// let base = Config::default();
+    /// let text = format!("{:?}", base.code_settings());
+    /// assert_ne!(text, format!("{:?}", Config { autotune: !base.autotune, ..base.clone() }.code_settings()));
+    /// ```
+    pub fn code_settings(&self) -> impl std::fmt::Debug + PartialEq + '_ {
+        (self.rewrite, self.autotune, &self.c_compiler, &self.tuning, self.cudnn_api)
     }
 }
 
@@ -389,6 +404,7 @@ impl Env {
             autotune: on("COIL_AUTOTUNE"),
             rewrite: self.get("COIL_REWRITE").is_none_or(|v| !matches!(v.trim(), "0" | "off" | "false")),
             profile: on("COIL_PROFILE"),
+            graph_cache: self.get("COIL_GRAPH_CACHE").is_none_or(|v| !matches!(v.trim(), "0" | "off" | "false")),
             tuning,
             ..base
         }
@@ -412,6 +428,7 @@ impl Config {
             cuda_paths: CudaPaths::default(),
             cudnn_api: CudnnApi::Graph,
             cudnn_attention: true,
+            graph_cache: true,
             tuning: Tuning::default(),
         }
     }
@@ -441,6 +458,7 @@ mod tests {
             ("COIL_CUDA_PTX", "0"),
             ("COIL_NVRTC_OPTIONS", " -lineinfo  --use_fast_math "),
             ("COIL_ROW_THREADS", "banana"),
+            ("COIL_GRAPH_CACHE", "0"),
         ])
         .config();
         assert_eq!(c.cache_dir, PathBuf::from("/home/u/.cache/coil"));
@@ -453,6 +471,7 @@ mod tests {
         assert!(!c.tuning.ptx && c.tuning.online_softmax);
         assert_eq!(c.tuning.nvrtc_options, ["-lineinfo", "--use_fast_math"]);
         assert_eq!(c.tuning.row_threads, None, "a value that does not parse is ignored");
+        assert!(!c.graph_cache && env(&[]).config().graph_cache);
     }
 
     #[test]
@@ -502,5 +521,6 @@ mod tests {
         let tuned = Config { tuning: Tuning { row_unroll: Some(2), ..Tuning::default() }, ..base.clone() };
         assert!(!base.same_code(&tuned));
         assert!(!base.same_code(&Config { autotune: true, ..base.clone() }));
+        assert!(base.same_code(&Config { graph_cache: !base.graph_cache, ..base.clone() }));
     }
 }

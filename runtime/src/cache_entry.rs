@@ -1,6 +1,6 @@
 //! Verified entries of the on-disk cache, one format for every artifact: the C backend's shared
-//! objects (`cpu::compiler`), the CUDA backend's CUBINs (`cuda::compiler`) and the autotuner's
-//! choices (`cuda::autotune`).
+//! objects (`cpu::compiler`), the CUDA backend's CUBINs (`cuda::compiler`), the autotuner's
+//! choices (`cuda::autotune`) and whole compiled graphs (the frontend's graph cache).
 //!
 //! An entry is one file, `<dir>/<key>.<kind>.entry`: a header line, then the payload:
 //!
@@ -8,7 +8,7 @@
 //! coil-cache-entry 1 <kind> <key> <payload bytes> <checksum>\n<payload>
 //! ```
 //!
-//! `<kind>` is `so`, `cubin` or `choice`; `<key>` the 32 hex digits of the cache key the entry
+//! `<kind>` is `so`, `cubin`, `choice` or `graph`; `<key>` the 32 hex digits of the cache key the entry
 //! was built for ([`key`]); `<checksum>` the 16 hex digits of [`checksum`] of the payload.
 //! ([`read`]) checks all of them before a payload is used: an entry that is empty, truncated,
 //! damaged (one flipped byte always changes the checksum), of another kind or built for another
@@ -46,6 +46,9 @@ pub enum Kind {
     Cubin,
     /// An autotuner choice, as text (`autotune/`).
     Choice,
+    /// A whole compiled graph: its loop program, schedule and kernels' binary keys, as text
+    /// (`graphs/`).
+    Graph,
 }
 
 impl Kind {
@@ -55,6 +58,7 @@ impl Kind {
             Kind::SharedObject => "so",
             Kind::Cubin => "cubin",
             Kind::Choice => "choice",
+            Kind::Graph => "graph",
         }
     }
 }

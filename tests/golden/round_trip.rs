@@ -1,6 +1,6 @@
 //! Every golden case's graphs round-trip through the graph text (`coil::Graph::parse`), and
-//! the loop programs and tile kernels lowered from them through theirs
-//! (`LoopProgram::parse`, `TileKernel::parse`).
+//! the loop programs, schedules and tile kernels lowered from them through theirs
+//! (`LoopProgram::parse`, `Schedule::parse`, `TileKernel::parse`).
 
 use crate::harness::{for_each_case, run_case};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -42,6 +42,9 @@ pub fn check_text_round_trips() {
                 failures.push(format!("{name} (loop program): {e}"));
             }
             let schedule = coil_passes::schedule(&program);
+            if let Err(e) = text_round_trip(&schedule, coil_ir::kernel::Schedule::parse) {
+                failures.push(format!("{name} (schedule): {e}"));
+            }
             for k in schedule.kernels.iter().filter(|k| k.kind != coil_ir::kernel::KernelKind::Extern) {
                 kernels += 1;
                 let tile = coil_codegen::build_kernel(&program, k);
@@ -51,7 +54,7 @@ pub fn check_text_round_trips() {
             }
         }
     });
-    println!("{graphs} graphs, {programs} loop programs and {kernels} tile kernels round-trip through text");
+    println!("{graphs} graphs, {programs} loop programs (and their schedules) and {kernels} tile kernels round-trip through text");
     assert!(graphs >= 600 && programs >= 300 && kernels >= 300, "only {graphs} / {programs} / {kernels} checked");
     assert!(failures.is_empty(), "{} do not round-trip:\n{}", failures.len(), failures.join("\n"));
 }

@@ -76,15 +76,17 @@ impl Parser {
 
     /// A constant, a symbol, `min(a, b)`, `max(a, b)` or `(e)`.
     fn atom(&mut self, scope: &Scope) -> Result<Expr, Located> {
-        let (tok, pos) = self.peek().clone();
-        match tok {
+        let pos = self.peek().1;
+        // The token is borrowed, not cloned: this runs for every leaf of every index.
+        match &self.peek().0 {
             Tok::Num(s) => {
-                let digits = s.strip_prefix('+').unwrap_or(&s);
+                let digits = s.strip_prefix('+').unwrap_or(s);
                 let v: i64 = digits.parse().map_err(|_| (pos, format!("expected an integer, found `{s}`")))?;
                 self.at += 1;
                 Ok(Expr::int(v))
             }
             Tok::Ident(name) if (name == "min" || name == "max") && self.punct_ahead(1, '(') => {
+                let name = if name == "min" { "min" } else { "max" };
                 self.at += 2;
                 let a = self.expr(scope)?;
                 self.expect(',', &format!("between the operands of `{name}`"))?;
@@ -92,7 +94,7 @@ impl Parser {
                 self.expect(')', &format!("after the operands of `{name}`"))?;
                 Ok(if name == "min" { a.min(b) } else { a.max(b) })
             }
-            Tok::Ident(name) => match scope.get(&name) {
+            Tok::Ident(name) => match scope.get(name) {
                 Some(&e) => {
                     self.at += 1;
                     Ok(e)

@@ -1,7 +1,8 @@
 //! Reading the IR texts back: [`Graph::parse`],
-//! [`LoopProgram::parse`](crate::loops::LoopProgram::parse) and
-//! [`TileKernel::parse`](crate::kernel::TileKernel::parse) are the inverses of their printers.
-//! One lexer serves the three; `#` and `;` start comments to the end of the line. Errors name
+//! [`LoopProgram::parse`](crate::loops::LoopProgram::parse),
+//! [`TileKernel::parse`](crate::kernel::TileKernel::parse) and
+//! [`Schedule::parse`](crate::kernel::Schedule::parse) are the inverses of their printers (the
+//! schedule's text is described in [`schedule`]). One lexer serves them all; `#` and `;` start comments to the end of the line. Errors name
 //! the `line:column`, what was expected, and show the line with a caret under the column.
 //!
 //! # Graph text
@@ -84,6 +85,7 @@ mod expr;
 mod lex;
 mod loops;
 mod op;
+pub mod schedule;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -257,7 +259,7 @@ impl Parser {
     }
 
     fn label(&mut self) -> Result<(usize, Pos), Located> {
-        match self.peek().clone() {
+        match *self.peek() {
             (Tok::Node(n), pos) => {
                 self.at += 1;
                 Ok((n, pos))
@@ -289,29 +291,35 @@ impl Parser {
 
     /// A name that is `prefix` then a number (`v3`, `tmp12`, `acc1`): the number.
     fn numbered(&mut self, prefix: &str) -> Result<(u32, Pos), Located> {
-        match self.peek().clone() {
-            (Tok::Ident(w), pos) => match w.strip_prefix(prefix).filter(|n| n.bytes().all(|b| b.is_ascii_digit())) {
-                Some(n) if !n.is_empty() && n.parse::<u32>().is_ok() => {
-                    self.at += 1;
-                    Ok((n.parse().unwrap(), pos))
-                }
-                _ => self.expected(&format!("`{prefix}<n>`")),
-            },
-            _ => self.expected(&format!("`{prefix}<n>`")),
+        let (tok, pos) = self.peek();
+        let n = match tok {
+            Tok::Ident(w) => w.strip_prefix(prefix).filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+            _ => None,
+        };
+        match n.and_then(|n| n.parse::<u32>().ok()) {
+            Some(n) => {
+                let pos = *pos;
+                self.at += 1;
+                Ok((n, pos))
+            }
+            None => self.expected(&format!("`{prefix}<n>`")),
         }
     }
 
     /// A number that parses as `T` (integers: no point or exponent).
     fn number<T: std::str::FromStr>(&mut self, what: &str) -> Result<(T, Pos), Located> {
-        match self.peek().clone() {
-            (Tok::Num(s), pos) if s.bytes().all(|b| b.is_ascii_digit() || b == b'-') => match s.parse() {
-                Ok(v) => {
-                    self.at += 1;
-                    Ok((v, pos))
-                }
-                Err(_) => self.expected(what),
-            },
-            _ => self.expected(what),
+        let (tok, pos) = self.peek();
+        let value = match tok {
+            Tok::Num(s) if s.bytes().all(|b| b.is_ascii_digit() || b == b'-') => s.parse().ok(),
+            _ => None,
+        };
+        match value {
+            Some(v) => {
+                let pos = *pos;
+                self.at += 1;
+                Ok((v, pos))
+            }
+            None => self.expected(what),
         }
     }
 
@@ -329,11 +337,14 @@ impl Parser {
 
     /// A dtype name: `f32`.
     fn dtype(&mut self) -> Result<DType, Located> {
-        match self.peek().clone() {
-            (Tok::Ident(w), _) if DType::parse(&w).is_some() => {
-                self.at += 1;
-                Ok(DType::parse(&w).unwrap())
-            }
+        match &self.peek().0 {
+            Tok::Ident(w) => match DType::parse(w) {
+                Some(dtype) => {
+                    self.at += 1;
+                    Ok(dtype)
+                }
+                None => self.expected("a dtype (f32, bf16, i64, bool, ...)"),
+            },
             _ => self.expected("a dtype (f32, bf16, i64, bool, ...)"),
         }
     }

@@ -63,6 +63,21 @@ pub struct CompiledObject {
     pub rebuilt_because: Option<String>,
 }
 
+impl CompiledObject {
+    /// The object of cache key `key` in `cache_dir`, as a cache hit (nothing compiled).
+    pub fn cached(cache_dir: &Path, key: &str) -> CompiledObject {
+        let dir = cache_dir.join("c");
+        CompiledObject {
+            path: cache_entry::path(&dir, key, Kind::SharedObject),
+            source_path: dir.join(format!("{key}.c")),
+            key: key.to_string(),
+            cache_hit: true,
+            compile_seconds: 0.0,
+            rebuilt_because: None,
+        }
+    }
+}
+
 impl CCompiler {
     /// The compiler named by `command` (the configuration's `c_compiler`, `$CC` by default),
     /// else the first of `cc`, `gcc`, `clang` that runs. A `command` that does not run is
@@ -161,10 +176,8 @@ impl CCompiler {
         cache_dir: &Path,
         rebuild_because: Option<String>,
     ) -> Result<(Vec<u8>, CompiledObject)> {
-        let dir = cache_dir.join("c");
         let key = self.cache_key(source);
-        let path = cache_entry::path(&dir, &key, Kind::SharedObject);
-        let source_path = dir.join(format!("{key}.c"));
+        let CompiledObject { path, source_path, .. } = CompiledObject::cached(cache_dir, &key);
         let mut compile_seconds = 0.0;
         let build = || {
             let start = Instant::now();

@@ -92,19 +92,55 @@ impl CompiledGraph {
         c_source: &str,
         cache_dir: &Path,
     ) -> Result<CompiledGraph> {
-        let bad = |msg: String| Error::runtime(format!("inconsistent compiled graph: {msg}"));
-        let instances = Instances::new(&program, &schedule, &kernels).map_err(bad)?;
-
         let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
-        let (library, object) = if names.is_empty() {
-            (None, None)
+        let built = if names.is_empty() {
+            None
         } else {
             let compiler = c_compiler().ok_or_else(|| {
                 Error::runtime("no C compiler found (tried $CC, cc, gcc, clang): cannot compile kernels for the CPU")
             })?;
-            let (lib, object) = module::load_or_build(compiler, c_source, cache_dir, &names)?;
-            (Some(lib), Some(object))
+            Some(module::load_or_build(compiler, c_source, cache_dir, &names)?)
         };
+        CompiledGraph::assemble(program, schedule, kernels, built)
+    }
+
+    /// [`CompiledGraph::new_in`] without the C source: the kernels are the shared object of
+    /// cache key `library` ([`CompiledGraph::library_key`] of the graph compiled before; `None`
+    /// when every kernel is extern), loaded from `cache_dir` ([`module::load_cached`]).
+    /// `Ok(None)` when the cache no longer holds it whole (the caller compiles the source).
+    pub fn from_cache_in(
+        program: LoopProgram,
+        schedule: Schedule,
+        kernels: Vec<Option<TileKernel>>,
+        library: Option<&str>,
+        cache_dir: &Path,
+    ) -> Result<Option<CompiledGraph>> {
+        let names: Vec<&str> = kernels.iter().flatten().map(|k| k.name.as_str()).collect();
+        let built = match (library, names.is_empty()) {
+            (None, true) => None,
+            (Some(key), false) => match module::load_cached(key, cache_dir, &names) {
+                Some(loaded) => Some(loaded),
+                None => return Ok(None),
+            },
+            _ => {
+                return Err(Error::runtime(
+                    "inconsistent compiled graph: a library key without kernels, or kernels without one",
+                ))
+            }
+        };
+        CompiledGraph::assemble(program, schedule, kernels, built).map(Some)
+    }
+
+    /// The graph with its loaded kernels (`built`: `None` when every kernel is extern).
+    fn assemble(
+        program: LoopProgram,
+        schedule: Schedule,
+        kernels: Vec<Option<TileKernel>>,
+        built: Option<(KernelLibrary, CompiledObject)>,
+    ) -> Result<CompiledGraph> {
+        let bad = |msg: String| Error::runtime(format!("inconsistent compiled graph: {msg}"));
+        let instances = Instances::new(&program, &schedule, &kernels).map_err(bad)?;
+        let (library, object) = built.unzip();
         let loaded = kernels
             .iter()
             .map(|tile| {
@@ -145,6 +181,12 @@ impl CompiledGraph {
     /// The shared object's cache entry (`None` when every kernel is extern).
     pub fn library_path(&self) -> Option<&Path> {
         self.object.as_ref().map(|o| o.path.as_path())
+    }
+
+    /// The cache key of its shared object (`None` when every kernel is extern): what
+    /// [`CompiledGraph::from_cache_in`] loads it by.
+    pub fn library_key(&self) -> Option<&str> {
+        self.object.as_ref().map(|o| o.key.as_str())
     }
 
     /// The cached C source's path (`None` when every kernel is extern).

@@ -136,6 +136,20 @@ unsafe fn open(path: &Path) -> std::result::Result<libloading::Library, libloadi
     libloading::Library::new(path)
 }
 
+/// The loaded shared object of cache key `key` (a [`CCompiler::cache_key`]) in `cache_dir`,
+/// with every symbol of `kernels` checked present, without its source: `None` when the cache
+/// has no valid entry for the key or it does not load (the caller then compiles the source,
+/// which reports and replaces an invalid entry). The graph cache loads kernels this way.
+pub fn load_cached(key: &str, cache_dir: &Path, kernels: &[&str]) -> Option<(KernelLibrary, CompiledObject)> {
+    let object = CompiledObject::cached(cache_dir, key);
+    let cache_entry::Lookup::Found(library) = cache_entry::read(&object.path, cache_entry::Kind::SharedObject, key)
+    else {
+        return None;
+    };
+    let lib = KernelLibrary::load(&object, &library).ok()?;
+    kernels.iter().all(|name| lib.kernel(name).is_ok()).then_some((lib, object))
+}
+
 /// The loaded shared object for `source`, compiled through the cache, with every symbol of
 /// `kernels` checked present. A verified cached entry that still fails to load (one written
 /// wrong: its bytes are the ones that were stored) is logged and rebuilt once; a fresh build

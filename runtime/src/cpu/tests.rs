@@ -72,6 +72,12 @@ fn add_graph(dir: &Path) -> Result<CompiledGraph> {
 
 /// [`add_graph`]'s program and schedule with kernel `poi_fused_add_0` compiled from `c_source`.
 fn graph_of_c(dir: &Path, c_source: &str) -> Result<CompiledGraph> {
+    let (program, schedule, tiles) = add_parts();
+    CompiledGraph::new_in(program, schedule, tiles, c_source, dir)
+}
+
+/// [`add_graph`]'s program, schedule and tile kernel.
+fn add_parts() -> (LoopProgram, Schedule, Vec<Option<TileKernel>>) {
     let f = DType::F32;
     let program = LoopProgram {
         symbols: vec![],
@@ -87,7 +93,34 @@ fn graph_of_c(dir: &Path, c_source: &str) -> Result<CompiledGraph> {
     };
     let k =
         tile("poi_fused_add_0", 1000, &[("in_ptr0", 0, f, false), ("in_ptr1", 1, f, false), ("out_ptr0", 2, f, true)]);
-    CompiledGraph::new_in(program, schedule, vec![Some(k)], c_source, dir)
+    (program, schedule, vec![Some(k)])
+}
+
+/// A graph's kernels load by their library's key, without the source (the graph cache), and a
+/// key whose entry is gone, damaged or lacks a kernel is `None` (the caller compiles).
+#[test]
+fn a_graph_loads_by_its_library_key() {
+    let Some(_) = cc() else { return };
+    let dir = TempDir::new("by-key");
+    let source = format!("{ADD_C}/* loaded by key */\n");
+    let key = graph_of_c(&dir.0, &source).unwrap().library_key().unwrap().to_string();
+    let (program, schedule, tiles) = add_parts();
+    let by_key =
+        |key: Option<&str>| CompiledGraph::from_cache_in(program.clone(), schedule.clone(), tiles.clone(), key, &dir.0);
+    let g = by_key(Some(&key)).unwrap().expect("the entry is there");
+    assert!(g.cache_hit() && g.compile_seconds() == 0.0 && g.library_key() == Some(key.as_str()));
+    let (a, b) = (Buffer::from_vec(vec![1.5f32; 1000], vec![1000]), Buffer::from_vec(vec![2.0f32; 1000], vec![1000]));
+    assert_eq!(g.run(&[&a, &b]).unwrap()[0].to_vec::<f32>(), vec![3.5f32; 1000]);
+    // a kernel the library lacks, a damaged entry, no entry: not loaded
+    assert!(module::load_cached(&key, &dir.0, &["poi_fused_add_0", "missing"]).is_none());
+    let entry = CompiledObject::cached(&dir.0, &key).path;
+    let good = std::fs::read(&entry).unwrap();
+    std::fs::write(&entry, flip(&good, good.len() / 2)).unwrap();
+    assert!(by_key(Some(&key)).unwrap().is_none());
+    std::fs::remove_file(&entry).unwrap();
+    assert!(by_key(Some(&key)).unwrap().is_none());
+    // a key without kernels, or kernels without a key: inconsistent
+    assert!(by_key(None).is_err());
 }
 
 #[test]

@@ -104,7 +104,7 @@ fn ptx_cache_key(source: &str, arch: &str, driver: i32, level: u32) -> String {
 }
 
 /// The driver's CUDA version (`13000` for 13.0), asked once.
-fn driver_version() -> Result<i32> {
+pub fn driver_version() -> Result<i32> {
     static VERSION: OnceLock<i32> = OnceLock::new();
     if let Some(&v) = VERSION.get() {
         return Ok(v);
@@ -412,6 +412,38 @@ pub fn load_or_build(
         }
         r => r,
     }
+}
+
+/// The loaded CUBIN of cache key `key` (its source was in `language`) in `cache_dir`, with
+/// every kernel of `names` checked present, without its source: `None` when the cache has no
+/// valid entry for the key or the driver refuses it (the caller then compiles the source,
+/// which reports and replaces an invalid entry). The graph cache loads kernels this way.
+pub fn load_cached(
+    device: &Arc<CudaDevice>,
+    key: &str,
+    language: Language,
+    names: &[&str],
+    cache_dir: &Path,
+) -> Option<(Arc<LoadedModule>, CompiledCubin)> {
+    let dir = cache_dir.join("cuda");
+    let path = cache_entry::path(&dir, key, Kind::Cubin);
+    let cache_entry::Lookup::Found(cubin) = cache_entry::read(&path, Kind::Cubin, key) else { return None };
+    let start = Instant::now();
+    let module = LoadedModule::load(device, &cubin).ok()?;
+    if names.iter().any(|name| module.function(name).is_err()) {
+        return None;
+    }
+    let object = CompiledCubin {
+        source_path: dir.join(format!("{key}.{}", extension(language))),
+        path,
+        key: key.to_string(),
+        arch: device.arch(),
+        cache_hit: true,
+        compile_seconds: 0.0,
+        load_seconds: start.elapsed().as_secs_f64(),
+        rebuilt_because: None,
+    };
+    Some((Arc::new(module), object))
 }
 
 /// Registers and static shared memory of a loaded kernel, from `cuFuncGetAttribute`.

@@ -57,11 +57,13 @@ mod sort_emulation;
 mod status;
 #[cfg(test)]
 mod tests;
+mod units;
 
 pub use autotune::AutotuneChoice;
 pub use compiler::{CompiledCubin, LoadedModule};
 pub use device::{cuda_available, cuda_status, synchronize_all, CudaDevice};
 pub use memory::{AllocatorStats, CudaBuffer, DeviceMemory};
+pub use units::CachedUnit;
 
 use crate::plan::{self, check_status, Instance, Instances, LaunchName, RunOrigin, RunOutput, Storage};
 use crate::{interpret, Buffer, HostData};
@@ -123,6 +125,8 @@ pub struct CudaCompiledGraph {
     /// The loaded CUBINs, one per translation unit (none when every kernel is extern).
     modules: Vec<Arc<LoadedModule>>,
     cubins: Vec<CompiledCubin>,
+    /// The translation units with kernels, as the disk cache holds them (for the graph cache).
+    units: Vec<CachedUnit>,
     /// Wall-clock seconds of the NVRTC compiles (run in parallel; 0 when all were cached).
     compile_seconds: f64,
     /// The launch that owns each 4 status words of a run (one per step, in launch order).
@@ -207,27 +211,6 @@ impl CudaCompiledGraph {
         modules: &[CudaModule],
         cache_dir: &Path,
     ) -> Result<CudaCompiledGraph> {
-        let bad = |msg: String| Error::runtime(format!("inconsistent CUDA compiled graph: {msg}"));
-        let config = coil_ir::config::current();
-        let instances = Instances::new(&program, &schedule, &kernels).map_err(bad)?;
-        let hints = program.hints();
-        let launches = (instances.steps.iter())
-            .map(|&step| match step {
-                plan::Step::Kernel(i) => {
-                    let tile = kernels[i].as_ref().expect("a generated kernel");
-                    let launch = (modules.iter().flat_map(|m| &m.kernels))
-                        .find(|k| k.name == tile.name)
-                        .map(|k| k.launch)
-                        .ok_or_else(|| bad(format!("no CUDA module has the kernel {}", tile.name)))?;
-                    if launch.grid == 0 && tile.xnumel.const_value().is_some() {
-                        return Err(bad(format!("{} has a constant xnumel but no grid", tile.name)));
-                    }
-                    Ok(Ok((i, tile, launch)))
-                }
-                plan::Step::Extern(node) => Ok(Err(node)),
-            })
-            .collect::<Result<Vec<std::result::Result<(usize, &TileKernel, Launch), usize>>>>()?;
-
         // The first run's attention plans and template units, made beside the kernels' compile.
         ahead::start(&device, &program);
         let start = std::time::Instant::now();
@@ -255,20 +238,84 @@ impl CudaCompiledGraph {
             cubins.push(c);
         }
         let compile_seconds = if cubins.iter().all(|c| c.cache_hit) { 0.0 } else { start.elapsed().as_secs_f64() };
+        let units = (units.iter().zip(&canonical).zip(&unit_of))
+            .map(|((unit, canonical), &u)| CachedUnit {
+                language: unit.language,
+                key: cubins[u].key.clone(),
+                kernels: unit.kernels.clone(),
+                symbols: canonical.kernels.iter().map(|k| k.name.clone()).collect(),
+            })
+            .collect();
+        let built = units::Built { units, unit_of, loaded, cubins, compile_seconds };
+        CudaCompiledGraph::assemble(device, program, schedule, kernels, built, cache_dir)
+    }
+
+    /// [`CudaCompiledGraph::new_in`] without the kernels' sources: `units` are the translation
+    /// units of the graph compiled before ([`CudaCompiledGraph::cached_units`]), whose CUBINs
+    /// are loaded from `cache_dir` by key. `Ok(None)` when the cache no longer holds one of them
+    /// whole or the driver refuses it (the caller then compiles the graph from its sources).
+    pub fn from_cache_in(
+        device: Arc<CudaDevice>,
+        program: LoopProgram,
+        schedule: Schedule,
+        kernels: Vec<Option<TileKernel>>,
+        units: &[CachedUnit],
+        cache_dir: &Path,
+    ) -> Result<Option<CudaCompiledGraph>> {
+        // The first run's attention plans and template units, made beside the kernels' load.
+        ahead::start(&device, &program);
+        let Some(built) = units::load_cached(&device, units, cache_dir) else { return Ok(None) };
+        CudaCompiledGraph::assemble(device, program, schedule, kernels, built, cache_dir).map(Some)
+    }
+
+    /// The translation units it was built from, as the disk cache holds them: what
+    /// [`CudaCompiledGraph::from_cache_in`] loads it by.
+    pub fn cached_units(&self) -> &[CachedUnit] {
+        &self.units
+    }
+
+    /// The graph with its built translation units.
+    fn assemble(
+        device: Arc<CudaDevice>,
+        program: LoopProgram,
+        schedule: Schedule,
+        kernels: Vec<Option<TileKernel>>,
+        built: units::Built,
+        cache_dir: &Path,
+    ) -> Result<CudaCompiledGraph> {
+        let bad = |msg: String| Error::runtime(format!("inconsistent CUDA compiled graph: {msg}"));
+        let config = coil_ir::config::current();
+        let instances = Instances::new(&program, &schedule, &kernels).map_err(bad)?;
+        let hints = program.hints();
+        let units::Built { units, unit_of, loaded, cubins, compile_seconds } = built;
+        let launches = (instances.steps.iter())
+            .map(|&step| match step {
+                plan::Step::Kernel(i) => {
+                    let tile = kernels[i].as_ref().expect("a generated kernel");
+                    let launch = (units.iter().flat_map(|m| &m.kernels))
+                        .find(|k| k.name == tile.name)
+                        .map(|k| k.launch)
+                        .ok_or_else(|| bad(format!("no CUDA module has the kernel {}", tile.name)))?;
+                    if launch.grid == 0 && tile.xnumel.const_value().is_some() {
+                        return Err(bad(format!("{} has a constant xnumel but no grid", tile.name)));
+                    }
+                    Ok(Ok((i, tile, launch)))
+                }
+                plan::Step::Extern(node) => Ok(Err(node)),
+            })
+            .collect::<Result<Vec<std::result::Result<(usize, &TileKernel, Launch), usize>>>>()?;
+
         let mut steps = Vec::with_capacity(launches.len());
         let mut attributes = Vec::new();
         for p in launches {
             match p {
                 Ok((kernel, tile, launch)) => {
-                    let unit = modules
-                        .iter()
-                        .filter(|m| !m.kernels.is_empty())
-                        .position(|m| m.kernels.iter().any(|k| k.name == tile.name));
+                    let unit = units.iter().position(|m| m.kernels.iter().any(|k| k.name == tile.name));
                     let unit = unit.expect("found above");
-                    let symbol = (canonical[unit].kernels.iter().zip(&units[unit].kernels))
+                    let symbol = (units[unit].symbols.iter().zip(&units[unit].kernels))
                         .find(|(_, k)| k.name == tile.name)
-                        .map(|(c, _)| c.name.clone())
-                        .expect("the unit has the kernel");
+                        .map(|(c, _)| c.clone())
+                        .ok_or_else(|| bad(format!("the unit of {} has no symbol for it", tile.name)))?;
                     let func = loaded[unit_of[unit]].function(&symbol)?;
                     compiler::allow_dynamic_shared(&device, func, launch.shared_bytes)?;
                     let (registers, static_shared_bytes) = compiler::function_resources(&device, func)?;
@@ -324,6 +371,7 @@ impl CudaCompiledGraph {
             attributes,
             modules: loaded,
             cubins,
+            units,
             compile_seconds,
             status_kernels,
             cache_dir: cache_dir.to_path_buf(),
