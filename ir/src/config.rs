@@ -99,6 +99,11 @@ pub struct Config {
     /// entry and loads the kernels' cached binaries, skipping every stage before them. On by
     /// default; `COIL_GRAPH_CACHE=0` turns it off.
     pub graph_cache: bool,
+    /// The most bytes the cache directory's entries may take (`None`: no limit). When a process
+    /// first writes an entry and the cache holds more, the least recently used files go until it
+    /// holds 90% of this (a background thread; a hit marks its entry used). 4 GiB by default;
+    /// `COIL_CACHE_MAX=512M` (bytes, or with `K`, `M`, `G`), `COIL_CACHE_MAX=off` for no limit.
+    pub cache_max_bytes: Option<u64>,
     /// Overrides of the compiler's own choices, for measuring and experiments: unstable, not
     /// part of the supported interface.
     #[doc(hidden)]
@@ -405,10 +410,46 @@ impl Env {
             rewrite: self.get("COIL_REWRITE").is_none_or(|v| !matches!(v.trim(), "0" | "off" | "false")),
             profile: on("COIL_PROFILE"),
             graph_cache: self.get("COIL_GRAPH_CACHE").is_none_or(|v| !matches!(v.trim(), "0" | "off" | "false")),
+            cache_max_bytes: match self.get("COIL_CACHE_MAX") {
+                None => base.cache_max_bytes,
+                Some(v) if matches!(v.trim(), "off" | "none" | "unlimited") => None,
+                Some(v) => match byte_size(&v) {
+                    Some(n) => Some(n),
+                    None => {
+                        eprintln!("coil: COIL_CACHE_MAX={v} is not a size (bytes, or with K, M, G; or off): ignored");
+                        base.cache_max_bytes
+                    }
+                },
+            },
             tuning,
             ..base
         }
     }
+}
+
+/// The default of [`Config::cache_max_bytes`]: 4 GiB.
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 4 << 30;
+
+/// A size in bytes: digits, optionally followed by `K`, `M` or `G` (binary multiples).
+///
+/// ```
+/// use coil_ir::config::byte_size;
+/// assert_eq!(byte_size("512M"), Some(512 << 20));
+/// assert_eq!(byte_size("4096"), Some(4096));
+/// assert_eq!(byte_size("2 g"), Some(2 << 30));
+/// assert_eq!(byte_size("lots"), None);
+/// ```
+pub fn byte_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 impl Config {
@@ -429,6 +470,7 @@ impl Config {
             cudnn_api: CudnnApi::Graph,
             cudnn_attention: true,
             graph_cache: true,
+            cache_max_bytes: Some(DEFAULT_CACHE_MAX_BYTES),
             tuning: Tuning::default(),
         }
     }
@@ -472,6 +514,9 @@ mod tests {
         assert_eq!(c.tuning.nvrtc_options, ["-lineinfo", "--use_fast_math"]);
         assert_eq!(c.tuning.row_threads, None, "a value that does not parse is ignored");
         assert!(!c.graph_cache && env(&[]).config().graph_cache);
+        let max = |v: &str| env(&[("COIL_CACHE_MAX", v)]).config().cache_max_bytes;
+        assert_eq!((max("512M"), max("off"), max("huge")), (Some(512 << 20), None, Some(DEFAULT_CACHE_MAX_BYTES)));
+        assert_eq!(env(&[]).config().cache_max_bytes, Some(DEFAULT_CACHE_MAX_BYTES));
     }
 
     #[test]

@@ -23,6 +23,9 @@
 //! to every cold compile (the CUDA backend writes one entry per kernel), and a cache needs no
 //! durability; an entry torn by a crash fails its checksum and is rebuilt.
 //!
+//! **Size**: a hit marks its entry used, and the first write of a process prunes the cache to
+//! the configuration's limit, least recently used first ([`crate::cache_prune`]).
+//!
 //! The threat is corruption and mix-ups, not an attacker: FNV-1a (64 bits for the checksum,
 //! 128 for keys) needs no dependency and is stable across Rust versions and platforms.
 
@@ -112,6 +115,7 @@ pub fn read(path: &Path, kind: Kind, key: &str) -> Lookup {
     match check(&bytes, kind, key) {
         Ok(start) => {
             bytes.drain(..start);
+            crate::cache_prune::mark_used(path);
             Lookup::Found(bytes)
         }
         Err(why) => Lookup::Invalid(why),
@@ -206,7 +210,9 @@ pub fn write(path: &Path, kind: Kind, key: &str, payload: &[u8]) -> Result<()> {
     let mut bytes = Vec::with_capacity(header.len() + payload.len());
     bytes.extend_from_slice(header.as_bytes());
     bytes.extend_from_slice(payload);
-    write_atomically(path, &bytes)
+    write_atomically(path, &bytes)?;
+    crate::cache_prune::after_write(path);
+    Ok(())
 }
 
 /// Writes a file atomically: a private temporary name in the same directory, then a rename.

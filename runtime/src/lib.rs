@@ -22,6 +22,7 @@
 
 pub mod buffer;
 pub mod cache_entry;
+pub mod cache_prune;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
