@@ -24,7 +24,8 @@ GPU suite's ceiling is measured. GB/s of a workload = WORKLOADS.md's min bytes a
 Writes OUT.txt (the table) and OUT.json:
     {"device", "torch", "scale", "threads", "rounds", "load_averages", "copy_gbs",
      "rows": [{"name", "shape", "coil_us", "torch_compile_us", "torch_eager_us", "min_bytes", "flops",
-               "coil_<NAME>_us" for every other coil binary}]}
+               "coil_faults_per_run" (the first binary's minor page faults per timed run, the most of any
+               round; null when it does not count them), "coil_<NAME>_us" for every other coil binary}]}
 `coil_us` is the first `--coil` binary's time (the one the table's ratios use).
 """
 import argparse
@@ -254,7 +255,8 @@ def copy_gbs(mib, reps=10):
 
 
 def run_coil(path, args, names):
-    """One run of a coil bench binary over `names`: {name: us}."""
+    """One run of a coil bench binary over `names`: {name: us}, {name: minor page faults per timed run}
+    (the latter empty for a binary that does not count them)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [path, "--device", "cpu", "--scale", str(args.scale), "--warmup", str(args.warmup), "--reps",
@@ -266,7 +268,8 @@ def run_coil(path, args, names):
     with open(out) as f:
         doc = json.load(f)
     os.unlink(out)
-    return {r["name"]: r["us"] for r in doc["rows"]}, doc.get("device", "")
+    faults = {r["name"]: r["minor_faults_per_run"] for r in doc["rows"] if r.get("minor_faults_per_run") is not None}
+    return {r["name"]: r["us"] for r in doc["rows"]}, faults, doc.get("device", "")
 
 
 def main():
@@ -289,15 +292,19 @@ def main():
     cases = {n: W[n](args.scale) for n in names}
     compiled = {}
     samples = {n: {"eager": [], "compile": [], **{c: [] for c, _ in coils}} for n in names}
+    # the first binary's minor page faults per timed run, every round
+    faults = {n: [] for n in names}
     copies, loads = [], []
     device = ""
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
         for cname, path in coils:
-            got, device = run_coil(path, args, names)
+            got, got_faults, device = run_coil(path, args, names)
             for n in names:
                 if n in got:
                     samples[n][cname].append(got[n])
+                if cname == coils[0][0] and n in got_faults:
+                    faults[n].append(got_faults[n])
         for n in names:
             _, inputs, fn, _, _ = cases[n]
             samples[n]["eager"].append(time_us(fn, inputs, args.warmup, args.reps))
@@ -318,17 +325,19 @@ def main():
         shape, _, _, mbytes, flops = cases[n]
         s = {k: best(v) for k, v in samples[n].items()}
         row = {"name": n, "shape": shape, "coil_us": s[lead], "torch_compile_us": s["compile"],
-               "torch_eager_us": s["eager"], "min_bytes": mbytes, "flops": flops}
+               "torch_eager_us": s["eager"], "min_bytes": mbytes, "flops": flops,
+               "coil_faults_per_run": max(faults[n]) if faults[n] else None}
         for c, _ in coils[1:]:
             row[f"coil_{c}_us"] = s[c]
         json_rows.append(row)
         rate = (f"{flops / (s[lead] * 1e-6) / 1e9:.0f} GFLOP/s" if flops
                 else f"{mbytes / (s[lead] * 1e-6) / 1e9:.1f} GB/s")
         others = " ".join(f"{s[c]:>10.1f}" for c, _ in coils[1:])
+        flt = f"{max(faults[n]):.0f}" if faults[n] else "-"
         table_rows.append(f"{n:30s} {shape:24s} {s['eager']:>10.1f} {s['compile']:>10.1f} {s[lead]:>10.1f} "
-                          f"{s[lead] / s['compile']:>8.2f} {rate:>14s} {others}")
+                          f"{s[lead] / s['compile']:>8.2f} {rate:>14s} {flt:>7s} {others}")
     header = (f"{'workload':30s} {'shape':24s} {'eager_us':>10s} {'compile_us':>10s} {lead + '_us':>10s} "
-              f"{lead + '/cmp':>8s} {lead + ' rate':>14s} " + " ".join(f"{c + '_us':>10s}" for c, _ in coils[1:]))
+              f"{lead + '/cmp':>8s} {lead + ' rate':>14s} {'flt/run':>7s} " + " ".join(f"{c + '_us':>10s}" for c, _ in coils[1:]))
     threads = torch.get_num_threads()
     cpu = platform.processor() or platform.machine()
     intro = [
@@ -339,6 +348,7 @@ def main():
         f"{args.copy_mib} MiB, best round; rounds: {', '.join(f'{c:.1f}' for c in copies)})",
         f"1-minute load average of the machine as each round began: {', '.join(f'{l:.1f}' for l in loads)} "
         f"(on {os.cpu_count()} CPUs; other processes' load slows every column alike only on average)",
+        f"flt/run: {lead}'s minor page faults per timed run, the most of any round (nonzero: a run wrote fresh memory)",
     ]
     text = "\n".join(intro + ["", header, "-" * len(header)] + table_rows) + "\n"
     print(text)

@@ -11,7 +11,8 @@
 //! column says whether the C or NVRTC compiler ran or the disk cache answered), then times only
 //! the compiled runs with `Compiled::time_runs`: `--warmup` runs, then `--reps` timed runs,
 //! median; CUDA events around each run on the GPU (`--device cuda`, full size by default), the
-//! wall clock on the CPU. Outputs are checked against the reference interpreter run on float64 copies of the same
+//! wall clock on the CPU, where the minor page faults of the timed runs are counted too
+//! (`flt/run`: nonzero when a run writes fresh memory instead of reusing the host cache's). Outputs are checked against the reference interpreter run on float64 copies of the same
 //! inputs: the programs write their casts relative to the input dtype (`wide(bf16) = f32`,
 //! `wide(f64) = f64`, and "cast back to the input dtype"), so on f64 inputs every cast is a no-op
 //! and the reference is the same formula evaluated in float64 throughout.
@@ -50,7 +51,7 @@ usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
                           max(64, round(n*sqrt(F)/64)*64), the GPT-2 block's T the same with 16,
                           its heads max(1, round(12*sqrt(F))) with C = 64*heads
   --json PATH             write {\"device\", \"rows\": [{name, us, kernels, compile_s, warm_compile_s, relerr,
-                          peak_bytes}]}
+                          peak_bytes, minor_faults_per_run (CPU; null elsewhere)}]}
   --warmup N              untimed runs before timing (default 3)
   --reps N                timed runs; the median is reported (default 20)
   --compare-interpreter   also time the reference interpreter (one run, no warm-up: capture,
@@ -363,6 +364,8 @@ struct Row {
     relerr: f64,
     peak_bytes: u64,
     interp_us: Option<f64>,
+    /// Minor page faults per timed run (the CPU on Linux).
+    faults_per_run: Option<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -401,7 +404,18 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     let hosts = captured.inputs.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
     let bufs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();
     // Device time per run: CUDA events around each run on the GPU, the wall clock on the CPU.
-    let times = compiled.time_runs(&bufs, o.warmup, o.reps.max(1))?;
+    // On the CPU the warm-up runs apart, so that the timed runs' minor page faults are counted
+    // alone: a run that reuses cached memory makes none, one given fresh memory one per 4 KiB it
+    // writes (about 1 us each on the build machine: 32768 of them took softmax's 8 ms to 40).
+    let (times, faults_per_run) = if o.device == coil::Device::Cpu {
+        compiled.time_runs(&bufs, o.warmup, 0)?;
+        let before = minor_faults();
+        let times = compiled.time_runs(&bufs, 0, o.reps.max(1))?;
+        let faults = before.zip(minor_faults()).map(|(a, b)| b.saturating_sub(a) as f64 / times.len() as f64);
+        (times, faults)
+    } else {
+        (compiled.time_runs(&bufs, o.warmup, o.reps.max(1))?, None)
+    };
     let result = compiled.run_host(&bufs)?;
 
     // Reference: the same program on f64 copies of the inputs. On the CPU the reference
@@ -495,7 +509,16 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
         relerr,
         peak_bytes: count("peak_bytes"),
         interp_us,
+        faults_per_run,
     })
+}
+
+/// Minor page faults of this process so far (`/proc/self/stat`), `None` where there is none.
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // after the command name (in parentheses, which may hold spaces): state, ppid, pgrp, session,
+    // tty, tpgid, flags, then minflt
+    stat.rsplit_once(')')?.1.split_whitespace().nth(7)?.parse().ok()
 }
 
 /// `--dynamic`: the program compiled again with dim 0 of its batched inputs marked dynamic
@@ -683,6 +706,9 @@ fn main() {
         "{:30} {:24} {:>10} {:>14} {:>4} {:>9} {:>8} {:>8} {:>8}",
         "workload", "shape", "us", "rate", "kern", "compile_s", "cc", "warm_ms", "relerr"
     );
+    if o.device == coil::Device::Cpu {
+        header += &format!(" {:>8}", "flt/run");
+    }
     if o.interp {
         header += &format!(" {:>12} {:>8}", "interp_us", "speedup");
     }
@@ -724,6 +750,9 @@ fn main() {
             r.warm_s * 1e3,
             r.relerr
         );
+        if o.device == coil::Device::Cpu {
+            line += &r.faults_per_run.map_or(format!(" {:>8}", "-"), |f| format!(" {f:>8.0}"));
+        }
         if let Some(i) = r.interp_us {
             line += &format!(" {:>12.0} {:>7.1}x", i, i / r.us);
         }
@@ -753,6 +782,7 @@ fn main() {
         json_rows.push(serde_json::json!({
             "name": name, "us": r.us, "kernels": r.kernels, "compile_s": r.compile_s,
             "warm_compile_s": r.warm_s, "relerr": r.relerr, "peak_bytes": r.peak_bytes,
+            "minor_faults_per_run": r.faults_per_run,
         }));
     }
     println!("(us: median device time of one compiled run; rate: WORKLOADS.md min bytes or flops at this scale / us;");
@@ -761,6 +791,9 @@ fn main() {
         " seconds, or `cached` on a disk-cache hit; warm_ms: the same graph compiled again with the disk cache warm"
     );
     println!(" (what a second process pays); relerr: against the same program in f64 (interpreter on the CPU, compiled on the GPU))");
+    if o.device == coil::Device::Cpu {
+        println!(" flt/run: minor page faults per timed run (0 when a run reuses cached memory; one per 4 KiB of fresh memory)");
+    }
     if o.dynamic {
         println!(" dyn_us: compiled with the leading dim symbolic (one kernel set for every size); dyn/static: its time over");
         println!(" the static graph's (`static`: it could not be generalized); dyn_err: its difference from the static outputs)");

@@ -11,8 +11,12 @@
 //! allocation's capacity to all of it takes them back ([`take`]), with whatever values they
 //! held (new elements zero): every element of an output is written by the run before anyone
 //! reads it. New outputs get a power-of-two capacity ([`capacity_for`]), so that programs run
-//! on growing shapes reuse memory too. At most [`MAX_BYTES`] are kept; past that, freed memory
-//! goes back to the system as before.
+//! on growing shapes reuse memory too. At most [`MAX_BYTES`] are kept: a freed buffer that
+//! would exceed it sends the least recently freed ones back to the system to make room, so the
+//! cache holds what the program freed last, the memory its next run asks for. (Keeping the
+//! first buffers instead let one stale allocation, such as a float64 copy made once, hold the
+//! whole cache: every later large output was fresh memory, faulted in page by page on each
+//! run.)
 //!
 //! ```
 //! use coil_runtime::Buffer;
@@ -24,20 +28,77 @@
 
 use crate::buffer::HostData;
 use coil_ir::DType;
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 /// Smallest allocation worth caching: below this the system allocator reuses memory itself.
 pub const MIN_BYTES: usize = 64 << 10;
 
-/// Most bytes the cache holds; a freed buffer that would exceed it is freed.
+/// Most bytes the cache holds: a freed buffer that would exceed it sends the least recently
+/// freed ones back to the system (one larger than this is not kept).
 pub const MAX_BYTES: usize = 512 << 20;
 
-/// Cached allocations by dtype and capacity (elements), and their total size.
+/// Cached allocations: each under the number of its [`give`] (later ones larger), and indexed
+/// by dtype and capacity (elements) for [`take`]; their total size.
 #[derive(Default)]
 struct Pool {
-    free: HashMap<DType, BTreeMap<usize, Vec<HostData>>>,
+    by_age: BTreeMap<u64, HostData>,
+    /// Per dtype, (capacity, age) of each cached allocation, the most recent first among
+    /// equal capacities (its memory the likeliest to be in cache still).
+    by_capacity: HashMap<DType, BTreeSet<(usize, Reverse<u64>)>>,
+    /// The number the next [`give`] gets.
+    next_age: u64,
     bytes: usize,
+}
+
+impl Pool {
+    /// [`give`] on this cache; returns the allocations it let go (`data` itself when it is
+    /// not kept), to be dropped outside the lock.
+    fn give(&mut self, data: HostData) -> Vec<HostData> {
+        let bytes = bytes_of(&data);
+        if !(MIN_BYTES..=MAX_BYTES).contains(&bytes) {
+            return vec![data];
+        }
+        let mut evicted = Vec::new();
+        while self.bytes + bytes > MAX_BYTES {
+            match self.remove_oldest() {
+                Some(old) => evicted.push(old),
+                None => break,
+            }
+        }
+        let age = self.next_age;
+        self.next_age += 1;
+        self.bytes += bytes;
+        self.by_capacity.entry(data.dtype()).or_default().insert((capacity(&data), Reverse(age)));
+        self.by_age.insert(age, data);
+        evicted
+    }
+
+    /// [`take`] on this cache, before the length is adjusted.
+    fn take(&mut self, dtype: DType, len: usize) -> Option<HostData> {
+        let lowest = (len, Reverse(u64::MAX));
+        let highest = (len.saturating_mul(2), Reverse(0));
+        let &(cap, Reverse(age)) = self.by_capacity.get(&dtype)?.range(lowest..=highest).next()?;
+        self.remove(dtype, cap, age)
+    }
+
+    /// Removes the allocation given as `age`, of `dtype` and `capacity`.
+    fn remove(&mut self, dtype: DType, capacity: usize, age: u64) -> Option<HostData> {
+        let data = self.by_age.remove(&age)?;
+        if let Some(set) = self.by_capacity.get_mut(&dtype) {
+            set.remove(&(capacity, Reverse(age)));
+        }
+        self.bytes -= bytes_of(&data);
+        Some(data)
+    }
+
+    /// Removes and returns the least recently given allocation.
+    fn remove_oldest(&mut self) -> Option<HostData> {
+        let (&age, data) = self.by_age.first_key_value()?;
+        let (dtype, capacity) = (data.dtype(), capacity(data));
+        self.remove(dtype, capacity, age)
+    }
 }
 
 static POOL: Mutex<Option<Pool>> = Mutex::new(None);
@@ -64,36 +125,22 @@ pub fn capacity_for(dtype: DType, len: usize) -> usize {
     }
 }
 
-/// Keeps `data` for a later [`take`] of its dtype and a length it can hold, if it is large
-/// enough and the cache has room; otherwise drops it.
+/// Keeps `data` for a later [`take`] of its dtype and a length it can hold, if it is at least
+/// [`MIN_BYTES`] and at most [`MAX_BYTES`]; the least recently given allocations go back to
+/// the system where the cache would otherwise exceed [`MAX_BYTES`].
 pub(crate) fn give(data: HostData) {
-    let bytes = bytes_of(&data);
-    if bytes < MIN_BYTES {
-        return;
-    }
     let Ok(mut guard) = POOL.lock() else { return };
-    let pool = guard.get_or_insert_with(Pool::default);
-    if pool.bytes + bytes > MAX_BYTES {
-        return;
-    }
-    pool.bytes += bytes;
-    pool.free.entry(data.dtype()).or_default().entry(capacity(&data)).or_default().push(data);
+    let released = guard.get_or_insert_with(Pool::default).give(data);
+    // (memory going back to the system is unmapped after the lock is released)
+    drop(guard);
+    drop(released);
 }
 
 /// A cached allocation of `dtype` holding `len` elements, if one was given back: the smallest
-/// with a capacity of `len` to twice that, cut or extended to `len` elements (extended with
-/// zeros: the run writes every element anyway).
+/// with a capacity of `len` to twice that (the most recently given among equals), cut or
+/// extended to `len` elements (extended with zeros: the run writes every element anyway).
 pub(crate) fn take(dtype: DType, len: usize) -> Option<HostData> {
-    let mut guard = POOL.lock().ok()?;
-    let pool = guard.as_mut()?;
-    let by_capacity = pool.free.get_mut(&dtype)?;
-    let (&cap, list) = by_capacity.range_mut(len..=len.saturating_mul(2)).next()?;
-    let mut data = list.pop()?;
-    if list.is_empty() {
-        by_capacity.remove(&cap);
-    }
-    pool.bytes -= bytes_of(&data);
-    drop(guard);
+    let mut data = POOL.lock().ok()?.as_mut()?.take(dtype, len)?;
     crate::with_host_data!(&mut data, v => v.resize(len, bytemuck::Zeroable::zeroed()));
     Some(data)
 }
@@ -135,5 +182,58 @@ mod tests {
         assert!(take(DType::I16, cap / 2 - 1).is_none(), "less than half of it");
         let HostData::I16(back) = take(DType::I16, cap / 2).expect("half of it") else { panic!() };
         assert_eq!(back.len(), cap / 2);
+    }
+
+    /// An allocation of `elements` capacity, its pages never touched (costs no memory).
+    fn unused<T>(elements: usize) -> Vec<T> {
+        Vec::with_capacity(elements)
+    }
+
+    #[test]
+    fn a_full_cache_lets_its_least_recently_freed_allocations_go() {
+        // A cache of its own (the process's is shared by the tests running beside this one).
+        let mut pool = Pool::default();
+        let quarter = MAX_BYTES / 4;
+        // A stale float64 allocation the size of the whole cache, then float32 outputs freed
+        // run after run: each evicts what is older, and the float32 memory stays cached.
+        assert!(pool.give(HostData::F64(unused(MAX_BYTES / 8))).is_empty());
+        let evicted = pool.give(HostData::F32(unused(quarter / 4)));
+        assert_eq!(evicted.iter().map(|d| (d.dtype(), bytes_of(d))).collect::<Vec<_>>(), [(DType::F64, MAX_BYTES)]);
+        for _ in 0..10 {
+            let out = pool.take(DType::F32, quarter / 4).expect("the last run's output");
+            assert!(pool.give(out).is_empty());
+        }
+        // Only as many as needed go, oldest first.
+        assert!(pool.give(HostData::I32(unused(quarter / 4))).is_empty());
+        assert!(pool.give(HostData::U8(unused(quarter))).is_empty());
+        assert_eq!(pool.bytes, 3 * quarter);
+        let evicted = pool.give(HostData::I64(unused(quarter / 8)));
+        assert!(evicted.is_empty() && pool.bytes == MAX_BYTES);
+        let evicted = pool.give(HostData::I16(unused(quarter)));
+        assert_eq!(evicted.iter().map(|d| d.dtype()).collect::<Vec<_>>(), [DType::F32, DType::I32]);
+        assert!(pool.take(DType::F32, quarter / 4).is_none() && pool.take(DType::U8, quarter).is_some());
+        // Larger than the whole cache: not kept, and nothing else goes for it.
+        let evicted = pool.give(HostData::U8(unused(MAX_BYTES + 1)));
+        assert_eq!(evicted.iter().map(bytes_of).collect::<Vec<_>>(), [MAX_BYTES + 1]);
+        assert_eq!(pool.bytes, MAX_BYTES - quarter);
+    }
+
+    #[test]
+    fn among_equal_capacities_the_most_recently_freed_is_taken() {
+        let mut pool = Pool::default();
+        let len = MIN_BYTES;
+        for marker in 1..=3u8 {
+            let mut v = unused::<u8>(len);
+            v.push(marker);
+            pool.give(HostData::U8(v));
+        }
+        let markers: Vec<u8> = (0..3)
+            .map(|_| match pool.take(DType::U8, len) {
+                Some(HostData::U8(v)) => v[0],
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(markers, [3, 2, 1]);
+        assert!(pool.take(DType::U8, len).is_none() && pool.bytes == 0);
     }
 }
