@@ -8,7 +8,8 @@
 /// The channels coil logs on.
 pub use coil_ir::config::LOG_CHANNELS as CHANNELS;
 
-fn enabled(channel: &str) -> bool {
+/// Whether `channel` is on in the configuration in force.
+pub(crate) fn enabled(channel: &str) -> bool {
     coil_ir::config::current().logs_on(channel)
 }
 
