@@ -49,10 +49,31 @@ pub fn after_write(path: &Path) {
         return;
     }
     let first = PRUNED.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashSet::new).insert(root.clone());
-    if first {
+    if first && due(&root) {
         std::thread::spawn(move || prune(&root, max));
     }
 }
+
+/// Whether `root` was last pruned (by any process) more than [`PRUNE_EVERY`] ago, by the
+/// modification time of its [`STAMP`] file, which this call then moves to now: a walk over a
+/// large cache's files costs a fraction of a second, and a test run starts dozens of processes.
+fn due(root: &Path) -> bool {
+    let stamp = root.join(STAMP);
+    let now = SystemTime::now();
+    let recent = std::fs::metadata(&stamp)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| now.duration_since(t).unwrap_or_default() < PRUNE_EVERY);
+    if recent {
+        return false;
+    }
+    std::fs::write(&stamp, b"").is_ok()
+}
+
+/// The file whose modification time is the cache root's last prune ([`after_write`]).
+pub const STAMP: &str = "last-prune";
+
+/// How often a cache root is pruned at most ([`after_write`]).
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// What [`prune`] found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -165,5 +186,16 @@ mod tests {
         assert_eq!(std::fs::metadata(&recent).unwrap().modified().unwrap(), before, "a recent entry is not rewritten");
         prune(&r.0, 1200);
         assert!(used.exists() && recent.exists() && !unused.exists());
+    }
+
+    #[test]
+    fn a_root_is_pruned_at_most_once_an_hour() {
+        let r = Root::new("due");
+        std::fs::create_dir_all(&r.0).unwrap();
+        assert!(due(&r.0), "never pruned");
+        assert!(!due(&r.0), "pruned a moment ago");
+        let stamp = std::fs::File::options().append(true).open(r.0.join(STAMP)).unwrap();
+        stamp.set_modified(SystemTime::now() - Duration::from_secs(7200)).unwrap();
+        assert!(due(&r.0), "pruned two hours ago");
     }
 }
