@@ -17,6 +17,8 @@
 //!   fallback ops through the interpreter. The CUDA libraries are loaded at run time: without them (or
 //!   without a GPU) everything else works, [`cuda_available`] is false, and the CUDA entry
 //!   points return an error saying what was searched.
+//! * [`cache_entry`] and [`cache_prune`]: the on-disk cache's verified entries (shared objects,
+//!   CUBINs, autotune choices, whole graphs) and its size limit.
 
 #![warn(missing_docs)]
 
