@@ -4,11 +4,11 @@
 //! **Views.** An op that PyTorch answers with a view records a node marked as a *view* of its
 //! first operand, its *base*: `slice` (and `narrow`, `split`, `chunk`), `permute` (`t`,
 //! `transpose`, `movedim`), `expand` (`broadcast_to`), `reshape` where PyTorch's reshape is a
-//! view (the operand's strides allow it, [`reshape_is_view`]; otherwise it is a copy, and
+//! view (the operand's strides allow it, `reshape_is_view`; otherwise it is a copy, and
 //! [`Tensor::view`] is an error), and `detach`. Ops built from those are chains of views: `select`
 //! (a slice, then a reshape), `unsqueeze`, `squeeze`, `flatten`, `unbind`, `diagonal`. Which ops
-//! make views is decided here once ([`makes_view`]), for the primitive op a node records, with
-//! each one's inverse ([`scatter`]): how a new value of the view is written back into its base
+//! make views is decided here once (`makes_view`), for the primitive op a node records, with
+//! each one's inverse (`scatter`): how a new value of the view is written back into its base
 //! (`slice_scatter` for a slice, the inverse permutation, the reshape back; a broadcasting
 //! expand cannot be written, as in PyTorch). `clone`-like ops (every other op) are values, and
 //! [`Tensor::contiguous`] of a non-contiguous view is a copy, as in PyTorch.
@@ -16,7 +16,7 @@
 //! **In-place ops** ([`write`]: `x.add_(..)`, `copy_`, slice assignment, ...) write the new value
 //! over the *base* of `x` (through the inverse of each view between them), and `x` is rebound
 //! to the same views of the base's new value. Every handle then stands for the current value:
-//! [`Tensor::current`] regenerates a view whose base changed since it was made (PyTorch's
+//! `Tensor::current` regenerates a view whose base changed since it was made (PyTorch's
 //! `FunctionalTensorWrapper` regenerating a view from its updated base), and finds the new value
 //! of a base written since (another handle to it, a `detach`ed alias). Ops and reads resolve
 //! their operands this way as they are recorded, so one choke point serves every op. A
@@ -29,7 +29,7 @@
 //! counter ([`crate::Storage`]) is what tells old handles to look again. Inside one, a computed
 //! base (an argument, a captured tensor) is updated as [`crate::update_in_place`] does there (the
 //! call's graph writes the new value over its buffer, as torch.compile writes mutated inputs
-//! back), and a pending base is rebound for the rest of the call ([`clear_rebound`]).
+//! back), and a pending base is rebound for the rest of the call (`clear_rebound`).
 //!
 //! A global *epoch* counts in-place writes: a node made since the last one is current without
 //! looking, so resolving costs nothing in code that does not mutate.

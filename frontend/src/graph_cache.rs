@@ -5,7 +5,7 @@
 //!
 //! An entry is `<cache dir>/graphs/<key>.graph.entry`, a verified cache entry
 //! ([`coil_runtime::cache_entry`]: key and checksum in its header, written atomically). Its
-//! **key** hashes everything the compile reads ([`key_parts`]): the entry format, the build id
+//! **key** hashes everything the compile reads (`key_parts`): the entry format, the build id
 //! of coil's own compiler ([`BUILD_ID`], a hash of the sources of the ir, passes, codegen,
 //! runtime and frontend crates and of `Cargo.lock`: an entry from another build is never
 //! used), the captured graph (every node's op with its attributes, operands and meta, as the

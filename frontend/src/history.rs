@@ -8,7 +8,7 @@
 //! from outside the history (by the program, a cache, a pending op). A tensor no one holds can
 //! never be named again.
 //!
-//! [`release`] applies that rule after each realization: for each computed tensor behind the
+//! `release` applies that rule after each realization: for each computed tensor behind the
 //! realized ones whose whole history is held only by the history itself, the sources are
 //! dropped (and with them every step's intermediate values). A loop that feeds each step's
 //! result to the next (`x = f(x); x.realize()`) then keeps one or two steps, not all of them.
@@ -19,7 +19,7 @@
 //! Views keep their sources always: a view resolves against its base ([`crate::alias`]).
 //!
 //! Dropping the sources of a node other threads may be walking needs them excluded: every walk
-//! over sources holds the history lock for reading ([`read`]); [`release`] takes it for writing
+//! over sources holds the history lock for reading (`read`); `release` takes it for writing
 //! only when no one reads (else it lets go later). The type system keeps to it: a node's
 //! operands are borrowed through the read guard (`TensorNode::srcs(&guard)`), a view's without
 //! one (views are never released), and only a walk whose borrows outlive one scope uses the

@@ -6,14 +6,14 @@
 //! an in-place write bumps it and returns a handle of the new version. A tensor that still holds
 //! the old version stands for the *updated* tensor, as every Python reference to a tensor does
 //! after PyTorch's in-place ops: [`crate::Tensor`]'s reads and ops take the current elements
-//! ([`Storage::latest`], through [`crate::alias`]). What cannot be served is a pending
+//! (`Storage::latest`, through [`crate::alias`]). What cannot be served is a pending
 //! computation recorded before the write that reads the old elements (they are gone): its
 //! storage read is an error naming what happened ([`Storage::check_current`], PyTorch's
 //! "modified by an inplace operation"), never a silent read of the new values.
 //!
 //! When an update did not write over its target (the compiler wrote a new buffer, or something
 //! pending still reads the old elements), the old allocation records where the tensor *moved*
-//! ([`Storage::moved_keeping`]): its old handles find the current elements there, and what still
+//! (`Storage::moved_keeping`): its old handles find the current elements there, and what still
 //! reads the old ones reads them.
 //!
 //! The allocation also remembers whether its current elements *descend* from an older version

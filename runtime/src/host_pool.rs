@@ -7,8 +7,8 @@
 //! its own ([`crate::cuda`]), and this is the host's.
 //!
 //! A dropped [`crate::Buffer`] of at least [`MIN_BYTES`] gives its elements here
-//! ([`give`]); a run asking for an output of the same dtype and a length from half the
-//! allocation's capacity to all of it takes them back ([`take`]), with whatever values they
+//! (`give`); a run asking for an output of the same dtype and a length from half the
+//! allocation's capacity to all of it takes them back (`take`), with whatever values they
 //! held (new elements zero): every element of an output is written by the run before anyone
 //! reads it. New outputs get a power-of-two capacity ([`capacity_for`]), so that programs run
 //! on growing shapes reuse memory too. At most [`MAX_BYTES`] are kept: a freed buffer that

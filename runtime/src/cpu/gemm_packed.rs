@@ -224,7 +224,7 @@ pub struct Operands<'a> {
 /// `spec` against the buffers (`BmmSpec::check`).
 ///
 /// Of the product's two orientations, `a @ b` and `(b^T a^T)^T` (the template then stores its
-/// tiles transposed), the one whose A the micro-kernels read in place ([`reads_in_place`])
+/// tiles transposed), the one whose A the micro-kernels read in place (`reads_in_place`)
 /// where only one does; else (both or neither) the one whose B is the larger operand, unless
 /// `n` is less than half of `m` (`b^T a^T` then): B is packed a block at a time as tasks read
 /// it (once, into L2), tasks split B's panels among them, and a small B would leave too few

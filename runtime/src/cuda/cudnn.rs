@@ -2,7 +2,7 @@
 //! cuDNN, loaded at run time like cuBLASLt, by one of two APIs ([`CudnnApi`], the
 //! configuration's `cudnn_api`):
 //!
-//! * The backend ("graph") API, the default ([`super::cudnn_graph`]): an operation graph of the
+//! * The backend ("graph") API, the default (`super::cudnn_graph`): an operation graph of the
 //!   one convolution per call shape, the engine configs of heuristics mode A in order, the first
 //!   allowed for the dtype whose execution plan finalizes within [`WORKSPACE_LIMIT`] (no
 //!   timing). These are the engines PyTorch runs (e.g. implicit-GEMM tensor-core kernels on

@@ -5,7 +5,7 @@
 //! to the driver, and later allocations reuse them. Requests round up to multiples of 512
 //! bytes (as PyTorch's caching allocator rounds). Up to 1 MiB each size has a free list of
 //! blocks of its own; larger blocks are cut from shared driver segments and merged back when
-//! freed ([`super::segments`]), so a 2.4 MB weight does not hold a 4 MiB page range. Reuse
+//! freed (`super::segments`), so a 2.4 MB weight does not hold a 4 MiB page range. Reuse
 //! needs no event: every use of device memory is on the device's one stream (see
 //! [`super::device`]), so work that used a block before it was freed precedes, in stream
 //! order, any work of its next owner.
