@@ -133,11 +133,19 @@ impl Parser {
 
     /// `[n, n, ...]` of non-negative integers.
     pub(super) fn usize_list(&mut self) -> Result<Vec<usize>, Located> {
+        self.list(|p| Ok(p.number("a non-negative integer")?.0))
+    }
+
+    /// `[item, item, ...]`.
+    pub(super) fn list<T>(
+        &mut self,
+        mut item: impl FnMut(&mut Parser) -> Result<T, Located>,
+    ) -> Result<Vec<T>, Located> {
         self.expect('[', "to open a list")?;
         let mut out = Vec::new();
         if !self.eat(']') {
             loop {
-                out.push(self.number("a non-negative integer")?.0);
+                out.push(item(self)?);
                 if self.eat(']') {
                     break;
                 }

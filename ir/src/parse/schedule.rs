@@ -209,22 +209,6 @@ impl Parser {
         self.expect(')', "to close a pair")?;
         Ok((a, b))
     }
-
-    /// `[item, item, ...]`.
-    fn list<T>(&mut self, mut item: impl FnMut(&mut Parser) -> Result<T, Located>) -> Result<Vec<T>, Located> {
-        self.expect('[', "to open a list")?;
-        let mut out = Vec::new();
-        if !self.eat(']') {
-            loop {
-                out.push(item(self)?);
-                if self.eat(']') {
-                    break;
-                }
-                self.expect(',', "or `]` in the list")?;
-            }
-        }
-        Ok(out)
-    }
 }
 
 #[cfg(test)]
