@@ -268,23 +268,7 @@ impl Fnv128 {
 mod tests {
     use super::*;
 
-    /// A fresh directory, removed when dropped.
-    struct Dir(PathBuf);
-
-    impl Dir {
-        fn new(name: &str) -> Dir {
-            let dir = std::env::temp_dir().join(format!("coil-entry-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Dir(dir)
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::cpu::tests::TempDir as Dir;
 
     fn invalid(l: Lookup) -> String {
         match l {
@@ -305,7 +289,7 @@ mod tests {
 
     #[test]
     fn an_entry_round_trips_and_every_damage_is_found() {
-        let dir = Dir::new("round-trip");
+        let dir = Dir::new("entry-round-trip");
         let (k, other) = (key(&["one"]), key(&["two"]));
         let p = path(&dir.0, &k, Kind::Cubin);
         assert_eq!(p, dir.0.join(format!("{k}.cubin.entry")));
@@ -346,7 +330,7 @@ mod tests {
 
     #[test]
     fn fetch_builds_once_and_rebuilds_an_invalid_entry() {
-        let dir = Dir::new("fetch");
+        let dir = Dir::new("entry-fetch");
         let k = key(&["fetched"]);
         let p = path(&dir.0, &k, Kind::Choice);
         let builds = std::cell::Cell::new(0);
@@ -373,7 +357,7 @@ mod tests {
 
     #[test]
     fn concurrent_writers_of_one_key_leave_a_whole_entry() {
-        let dir = Dir::new("concurrent");
+        let dir = Dir::new("entry-concurrent");
         let k = key(&["shared"]);
         let p = path(&dir.0, &k, Kind::SharedObject);
         // Eight writers with different payloads, and readers meanwhile: every read is missing

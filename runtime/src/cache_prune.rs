@@ -134,37 +134,26 @@ pub fn prune(root: &Path, max_bytes: u64) -> Pruned {
 mod tests {
     use super::*;
 
-    struct Root(PathBuf);
-    impl Root {
-        fn new(name: &str) -> Root {
-            let p = std::env::temp_dir().join(format!("coil-prune-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            Root(p)
-        }
-        /// A file of `len` bytes last modified `age_s` seconds ago.
-        fn file(&self, rel: &str, len: usize, age_s: u64) -> PathBuf {
-            let p = self.0.join(rel);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, vec![7u8; len]).unwrap();
-            let f = std::fs::File::options().append(true).open(&p).unwrap();
-            f.set_modified(SystemTime::now() - Duration::from_secs(age_s)).unwrap();
-            p
-        }
-    }
-    impl Drop for Root {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    use crate::cpu::tests::TempDir;
+
+    /// A file of `len` bytes under `dir`, last modified `age_s` seconds ago.
+    fn file(dir: &TempDir, rel: &str, len: usize, age_s: u64) -> PathBuf {
+        let p = dir.0.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, vec![7u8; len]).unwrap();
+        let f = std::fs::File::options().append(true).open(&p).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(age_s)).unwrap();
+        p
     }
 
     #[test]
     fn the_least_recently_used_files_go_first_down_to_ninety_percent() {
-        let r = Root::new("lru");
-        let old = r.file("c/old.so.entry", 400, 3000);
-        let older_graph = r.file("graphs/g.graph.entry", 300, 4000);
-        let young = r.file("cuda/young.cubin.entry", 400, 10);
-        let middle = r.file("autotune/m.choice.entry", 200, 2000);
-        let foreign = r.file("notes.txt", 5000, 9000);
+        let r = TempDir::new("prune-lru");
+        let old = file(&r, "c/old.so.entry", 400, 3000);
+        let older_graph = file(&r, "graphs/g.graph.entry", 300, 4000);
+        let young = file(&r, "cuda/young.cubin.entry", 400, 10);
+        let middle = file(&r, "autotune/m.choice.entry", 200, 2000);
+        let foreign = file(&r, "notes.txt", 5000, 9000);
         let p = prune(&r.0, 1000);
         assert_eq!(p.bytes_before, 1300);
         // 90% of 1000: the two oldest (300 + 400) go, leaving 600.
@@ -176,10 +165,10 @@ mod tests {
 
     #[test]
     fn a_used_entry_outlives_a_younger_unused_one() {
-        let r = Root::new("mark");
-        let used = r.file("c/used.so.entry", 500, 5 * 24 * 3600);
-        let unused = r.file("c/unused.so.entry", 500, 2 * 24 * 3600);
-        let recent = r.file("c/recent.so.entry", 500, 60);
+        let r = TempDir::new("prune-mark");
+        let used = file(&r, "c/used.so.entry", 500, 5 * 24 * 3600);
+        let unused = file(&r, "c/unused.so.entry", 500, 2 * 24 * 3600);
+        let recent = file(&r, "c/recent.so.entry", 500, 60);
         let before = std::fs::metadata(&recent).unwrap().modified().unwrap();
         mark_used(&used);
         mark_used(&recent);
@@ -190,8 +179,7 @@ mod tests {
 
     #[test]
     fn a_root_is_pruned_at_most_once_an_hour() {
-        let r = Root::new("due");
-        std::fs::create_dir_all(&r.0).unwrap();
+        let r = TempDir::new("prune-due");
         assert!(due(&r.0), "never pruned");
         assert!(!due(&r.0), "pruned a moment ago");
         let stamp = std::fs::File::options().append(true).open(r.0.join(STAMP)).unwrap();

@@ -36,7 +36,7 @@ pub mod scan;
 pub mod scatter;
 pub mod sort;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod tests_dynamic;
 

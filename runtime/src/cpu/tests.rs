@@ -11,10 +11,10 @@ use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, ErrorKind, Op, TensorMeta};
 
 /// A fresh directory, removed when dropped.
-pub(super) struct TempDir(pub PathBuf);
+pub(crate) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    pub(super) fn new(name: &str) -> TempDir {
+    pub(crate) fn new(name: &str) -> TempDir {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let dir = std::env::temp_dir().join(format!("coil-test-{name}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

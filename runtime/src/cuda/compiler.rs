@@ -385,16 +385,9 @@ pub fn load_or_build(
     cache_dir: &Path,
 ) -> Result<(Arc<LoadedModule>, CompiledCubin)> {
     let arch = device.arch();
-    let attempt = |cubin: &[u8]| -> Result<LoadedModule> {
-        let module = LoadedModule::load(device, cubin)?;
-        for name in names {
-            module.function(name)?;
-        }
-        Ok(module)
-    };
     let timed = |cubin: &[u8], mut object: CompiledCubin| -> Result<(Arc<LoadedModule>, CompiledCubin)> {
         let start = Instant::now();
-        let module = attempt(cubin)?;
+        let module = load_checked(device, cubin, names)?;
         object.load_seconds = start.elapsed().as_secs_f64();
         Ok((Arc::new(module), object))
     };
@@ -429,10 +422,7 @@ pub fn load_cached(
     let path = cache_entry::path(&dir, key, Kind::Cubin);
     let cache_entry::Lookup::Found(cubin) = cache_entry::read(&path, Kind::Cubin, key) else { return None };
     let start = Instant::now();
-    let module = LoadedModule::load(device, &cubin).ok()?;
-    if names.iter().any(|name| module.function(name).is_err()) {
-        return None;
-    }
+    let module = load_checked(device, &cubin, names).ok()?;
     let object = CompiledCubin {
         source_path: dir.join(format!("{key}.{}", extension(language))),
         path,
@@ -444,6 +434,15 @@ pub fn load_cached(
         rebuilt_because: None,
     };
     Some((Arc::new(module), object))
+}
+
+/// `cubin` loaded, with every kernel of `names` checked present.
+fn load_checked(device: &Arc<CudaDevice>, cubin: &[u8], names: &[&str]) -> Result<LoadedModule> {
+    let module = LoadedModule::load(device, cubin)?;
+    for name in names {
+        module.function(name)?;
+    }
+    Ok(module)
 }
 
 /// Registers and static shared memory of a loaded kernel, from `cuFuncGetAttribute`.
