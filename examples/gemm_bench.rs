@@ -177,6 +177,7 @@ fn spec(p: &Product) -> BmmSpec {
         k,
         bias: p.bias.then_some(BiasOperand { buffer: BufferId(2), offset: 0, stride: 1 }),
         activation: p.gelu.then_some(Activation::GeluTanh),
+        activation_grad: None,
     }
 }
 

@@ -209,6 +209,10 @@ pub enum ExternCall {
         bias: Option<BiasOperand>,
         /// The activation applied after the bias, if any.
         activation: Option<Activation>,
+        /// With `Some`, the call computes the gradient of an activation at its saved input
+        /// instead: `out = (a @ b) * act'(aux)` (no bias, no activation; cuBLASLt's
+        /// `CUBLASLT_EPILOGUE_DGELU`). The printer shows `bmm +gelu_tanh_grad` and an `aux` line.
+        activation_grad: Option<ActivationGrad>,
         /// Batch dims of the output.
         batch: Vec<Expr>,
         /// Rows of each product.
@@ -505,6 +509,53 @@ impl Activation {
             }
         }
     }
+
+    /// The activation's derivative at one value, in f32: for gelu_tanh, with
+    /// `t = tanh(c * (x + 0.044715 x^3))`, `c = sqrt(2 / pi)`,
+    /// `0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)`.
+    ///
+    /// ```
+    /// use coil_ir::loops::Activation;
+    /// let (x, h) = (0.7f32, 1e-3f32);
+    /// let numeric = (Activation::GeluTanh.apply_f32(x + h) - Activation::GeluTanh.apply_f32(x - h)) / (2.0 * h);
+    /// assert!((Activation::GeluTanh.grad_f32(x) - numeric).abs() < 1e-3);
+    /// ```
+    pub fn grad_f32(self, x: f32) -> f32 {
+        match self {
+            Activation::GeluTanh => {
+                let c = (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2) as f32;
+                let k = 0.044715f64 as f32;
+                let t = ((x + x * x * x * k) * c).tanh();
+                0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * k * x * x)
+            }
+        }
+    }
+
+    /// [`Activation::grad_f32`] in f64.
+    pub fn grad_f64(self, x: f64) -> f64 {
+        match self {
+            Activation::GeluTanh => {
+                let c = std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2;
+                let t = ((x + x * x * x * 0.044715) * c).tanh();
+                0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x)
+            }
+        }
+    }
+}
+
+/// The gradient of an [`Activation`] an [`ExternCall::Bmm`] applies to its product: the
+/// backward of `act(y)` multiplies the incoming gradient (the product) by `act'(y)`, read from
+/// `aux`, the saved input `y`, so that neither the product nor the derivative is stored.
+///
+/// `aux` is a contiguous buffer of the output's shape and dtype (`[*batch, m, n]`, row-major).
+/// The derivative is computed in f32 (f64 for f64) on the unrounded product and the result
+/// rounded once to the output dtype ([`Activation::grad_f32`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ActivationGrad {
+    /// The activation whose derivative multiplies the product.
+    pub activation: Activation,
+    /// The activation's input, as saved by the forward pass.
+    pub aux: BufferId,
 }
 
 /// A matrix operand given as a strided view of a buffer, in elements. In the loop IR the

@@ -82,13 +82,28 @@ pub(crate) fn check_extern(
     let stats = coil_ir::infer::attention_stats_dtype(dtype);
     // (buffer, the dtype it must have)
     let operands: Vec<(BufferId, DType)> = match call {
-        ExternCall::Bmm { a, b, bias, activation, .. } => {
+        ExternCall::Bmm { a, b, bias, activation, activation_grad, .. } => {
             // An f16 / bf16 product may write f32 (a widening epilogue: no bias, no activation).
+            let plain = bias.is_none() && activation.is_none() && activation_grad.is_none();
             let operand = match (p.buffer(a.buffer).meta.dtype, dtype) {
-                (half @ (DType::F16 | DType::BF16), DType::F32) if bias.is_none() && activation.is_none() => half,
+                (half @ (DType::F16 | DType::BF16), DType::F32) if plain => half,
                 _ => dtype,
             };
-            [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).map(|b| (b, operand)).collect()
+            if let Some(grad) = activation_grad {
+                // The saved input is laid out as the output.
+                let (aux, o) = (&p.buffer(grad.aux).meta, &p.buffer(out).meta);
+                if aux.numel() != o.numel() || bias.is_some() || activation.is_some() {
+                    return Err(format!(
+                        "bmm's saved activation input {} has {} elements for an output of {} (and no bias or \
+                         activation may come with it)",
+                        grad.aux.0,
+                        aux.numel(),
+                        o.numel()
+                    ));
+                }
+            }
+            let aux = activation_grad.map(|g| g.aux);
+            [a.buffer, b.buffer].into_iter().chain(bias.map(|b| b.buffer)).chain(aux).map(|b| (b, operand)).collect()
         }
         ExternCall::Attention(call) => {
             let coil_ir::loops::AttentionCall { q, k, v, lse, mask, mask_rule, .. } = &**call;

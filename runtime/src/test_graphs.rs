@@ -82,7 +82,17 @@ pub(crate) fn extern_only(m: usize, n: usize, k: usize) -> (LoopProgram, Schedul
         row_stride: e(n),
         col_stride: e(1),
     };
-    let call = ExternCall::Bmm { a, b, bias: None, activation: None, batch: vec![e(2)], m: e(m), n: e(n), k: e(k) };
+    let call = ExternCall::Bmm {
+        a,
+        b,
+        bias: None,
+        activation: None,
+        activation_grad: None,
+        batch: vec![e(2)],
+        m: e(m),
+        n: e(n),
+        k: e(k),
+    };
     let bmm = LoopNode {
         output: BufferId(2),
         origins: vec!["bmm"],

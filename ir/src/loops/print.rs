@@ -12,10 +12,13 @@ impl fmt::Display for ExternCall {
     /// the result is not written row-major), `fallback cumsum[dim=0]`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ExternCall::Bmm { batch, m, n, k, bias, activation, .. } => {
+            ExternCall::Bmm { batch, m, n, k, bias, activation, activation_grad, .. } => {
                 let mut epilogue = if bias.is_some() { " +bias" } else { "" }.to_string();
                 if let Some(act) = activation {
                     epilogue = format!("{epilogue} +{}", act.name());
+                }
+                if let Some(grad) = activation_grad {
+                    epilogue = format!("{epilogue} +{}_grad", grad.activation.name());
                 }
                 write!(f, "bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
             }
@@ -154,11 +157,14 @@ fn write_operands(s: &mut String, p: &LoopProgram, call: &ExternCall) {
     };
     let name = |b: BufferId| p.buffer(b).name.clone();
     match call {
-        ExternCall::Bmm { a, b, bias, .. } => {
+        ExternCall::Bmm { a, b, bias, activation_grad, .. } => {
             line("a", view_text(p, a));
             line("b", view_text(p, b));
             if let Some(bias) = bias {
                 line("bias", format!("view({}, offset={}, strides=[{}])", name(bias.buffer), bias.offset, bias.stride));
+            }
+            if let Some(grad) = activation_grad {
+                line("aux", name(grad.aux));
             }
         }
         ExternCall::Attention(call) => {

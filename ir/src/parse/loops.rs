@@ -710,12 +710,19 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                 Some((_, p)) => return Err((p, "expected `view(buffer, offset=.., strides=[stride])`".into())),
                 None => None,
             };
-            let activation = match h.flags.iter().find(|f| *f != "+bias") {
-                Some(f) if f == "+gelu_tanh" => Some(crate::loops::Activation::GeluTanh),
-                Some(f) => return Err((pos, format!("unknown flag `{f}` of `bmm`"))),
-                None => None,
-            };
-            ExternCall::Bmm { a, b, bias, activation, batch, m, n, k }
+            let (mut activation, mut activation_grad) = (None, None);
+            for f in h.flags.iter().filter(|f| *f != "+bias") {
+                match f.as_str() {
+                    "+gelu_tanh" => activation = Some(crate::loops::Activation::GeluTanh),
+                    "+gelu_tanh_grad" => {
+                        let aux = buffer(need(take("aux"), "aux")?)?;
+                        let activation = crate::loops::Activation::GeluTanh;
+                        activation_grad = Some(crate::loops::ActivationGrad { activation, aux });
+                    }
+                    _ => return Err((pos, format!("unknown flag `{f}` of `bmm`"))),
+                }
+            }
+            ExternCall::Bmm { a, b, bias, activation, activation_grad, batch, m, n, k }
         }
         "attention" | "attention_backward" => {
             let batch = batch.ok_or((pos, "the header needs `batch=`".to_string()))?;

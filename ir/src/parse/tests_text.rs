@@ -155,6 +155,7 @@ fn sample_program() -> LoopProgram {
         b: view(0, s0 * 2, &[e(1), s0]),
         bias: Some(BiasOperand { buffer: BufferId(3), offset: e(0), stride: e(1) }),
         activation: Some(Activation::GeluTanh),
+        activation_grad: None,
         batch: vec![],
         m: e(4),
         n: e(4),

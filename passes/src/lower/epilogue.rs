@@ -60,6 +60,9 @@ pub(crate) struct Epilogue {
     /// The bias: the add and its bias-row operand.
     pub bias: Option<(NodeId, NodeId)>,
     pub activation: Option<Activation>,
+    /// An activation whose gradient multiplies the product, and the node of its saved input
+    /// (the call reads that node's buffer).
+    pub activation_grad: Option<(Activation, NodeId)>,
     /// The nodes computed inside the call other than the product and the root (the node whose
     /// buffer the call writes): reshapes, the bias add under an activation, the activation's
     /// nodes. They get no buffer and no loop.
@@ -79,7 +82,9 @@ pub(crate) fn epilogues(l: &Lowerer) -> (HashMap<NodeId, Epilogue>, HashSet<Node
     }
     let mut found: HashMap<NodeId, Epilogue> = bias_epilogues(l, readers, &output)
         .into_iter()
-        .map(|(add, (mm, bias))| (add, Epilogue { mm, bias: Some((add, bias)), activation: None, inside: vec![] }))
+        .map(|(add, (mm, bias))| {
+            (add, Epilogue { mm, bias: Some((add, bias)), activation: None, activation_grad: None, inside: vec![] })
+        })
         .collect();
     for &n in &live {
         if let Some(ep) = gelu_epilogue(l, n, &found, readers, &output) {
@@ -92,6 +97,13 @@ pub(crate) fn epilogues(l: &Lowerer) -> (HashMap<NodeId, Epilogue>, HashSet<Node
                 found.remove(&add);
             }
             found.insert(n, ep);
+        }
+    }
+    for &n in &live {
+        if let Some(ep) = gelu_grad_epilogue(l, n, readers, &output) {
+            if !found.values().any(|e| e.mm == ep.mm) {
+                found.insert(n, ep);
+            }
         }
     }
     for &n in &live {
@@ -220,7 +232,77 @@ fn gelu_epilogue(
     inside.sort();
     inside.dedup();
     inside.retain(|&n| n != mm);
-    Some(Epilogue { mm, bias, activation: Some(Activation::GeluTanh), inside })
+    Some(Epilogue { mm, bias, activation: Some(Activation::GeluTanh), activation_grad: None, inside })
+}
+
+/// `root` as the gradient of a gelu_tanh at its input `y`, `g * gelu_tanh'(y)`, where the
+/// incoming gradient `g` is a product (`reshape*(bmm)`): the graph [`traced_gelu_tanh_grad`]
+/// traces, matched node for node as [`gelu_epilogue`] matches its trace. The call then writes
+/// `root` from the product and `y`'s buffer (`CUBLASLT_EPILOGUE_DGELU`), and neither the product
+/// nor the derivative is stored.
+///
+/// The nodes of the derivative that read `g` (directly or not) must be read by nothing else
+/// and not be graph outputs; those that depend on `y` only are the forward pass's gelu nodes,
+/// which the forward computes anyway: they stay where they are, and join the call only when
+/// nothing else reads them. `y` must be a value of its own (not a view), of the product's dtype
+/// and shape, and is stored.
+fn gelu_grad_epilogue(l: &Lowerer, root: NodeId, readers: &[Vec<NodeId>], output: &[bool]) -> Option<Epilogue> {
+    let g = l.g;
+    let out = g.meta(root).dtype;
+    let trace = traced_gelu_tanh_grad(out)?;
+    // A cheap refusal first: the trace's root op.
+    if g.node(root).op != trace.node(trace.outputs[0]).op || g.meta(root).numel() == 0 {
+        return None;
+    }
+    let mut bound = [None, None];
+    let mut matched = Vec::new();
+    if !matches_trace_inputs(l, trace, trace.outputs[0], root, &mut bound, &mut matched) {
+        return None;
+    }
+    let (y, incoming) = (bound[0]?, bound[1]?);
+    if g.node(y).op.is_view() || g.meta(y).dtype != out || l.shape(y) != l.shape(root) {
+        return None;
+    }
+    matched.sort();
+    matched.dedup();
+    // Matched nodes reading the incoming gradient (operands precede their readers in id order).
+    let mut backward: HashSet<NodeId> = HashSet::new();
+    for &n in &matched {
+        if g.node(n).inputs.iter().any(|&x| x == incoming || backward.contains(&x)) {
+            backward.insert(n);
+        }
+    }
+    // The incoming gradient is the product, seen through reshapes.
+    let mut chain = vec![incoming];
+    while matches!(g.node(*chain.last()?).op, Op::Reshape { .. }) {
+        chain.push(g.node(*chain.last()?).inputs[0]);
+    }
+    let mm = chain.pop()?;
+    if g.node(mm).op != Op::Bmm || g.meta(mm).dtype != out || l.degenerate(mm) {
+        return None;
+    }
+    // Nothing outside the call reads the product, the reshapes or the derivative's nodes.
+    let mut within: HashSet<NodeId> = backward.iter().copied().chain(chain.iter().copied()).collect();
+    let private = |n: NodeId| !output[n.0] && readers[n.0].iter().all(|r| within.contains(r));
+    if !backward.iter().chain(&chain).chain([&mm]).all(|&n| n == root || private(n)) {
+        return None;
+    }
+    // Forward nodes read only inside the call go with it (nothing else would compute them).
+    loop {
+        let before = within.len();
+        for &n in &matched {
+            if !within.contains(&n) && !output[n.0] && readers[n.0].iter().all(|r| within.contains(r)) {
+                within.insert(n);
+            }
+        }
+        if within.len() == before {
+            break;
+        }
+    }
+    within.remove(&root);
+    let mut inside: Vec<NodeId> = within.into_iter().collect();
+    inside.sort();
+    Some(Epilogue { mm, bias: None, activation: None, activation_grad: Some((Activation::GeluTanh, y)), inside })
 }
 
 /// `root`, a value stored anyway (a graph output, or the base of a scatter: see
@@ -245,6 +327,7 @@ fn widening_epilogue(l: &Lowerer, root: NodeId, readers: &[Vec<NodeId>], output:
         mm: m,
         bias: None,
         activation: None,
+        activation_grad: None,
         inside,
     })
 }
@@ -276,11 +359,31 @@ pub(crate) fn traced_gelu_tanh(dtype: DType) -> Option<&'static Graph> {
     TRACES[at].get_or_init(trace).as_ref()
 }
 
-/// Whether node `n` of the graph being lowered computes what node `t` of `trace` does: the
-/// same op and dtype, operands matching (both orders for commutative binary ops), a trace
-/// constant (a `full`, or a view of one) by a constant of the same value in that dtype, and
-/// the trace's input by one node throughout (bound in `y`). The nodes matched to the trace's
-/// computing nodes are pushed to `inside` (undone on a failed match).
+/// The primitive graph of the gradient of `gelu(y, tanh=True)` for placeholders `y` and `g`
+/// (the gradient flowing into the gelu's output) of dtype `dtype` (f32, f16 or bf16; `None`
+/// for others), traced once per dtype: `decompose` makes the gelu, `autodiff::backward` its
+/// gradient, as a training graph gets them. Its one output is the gradient at `y`, its inputs
+/// `y` and `g`: the pattern [`gelu_grad_epilogue`] matches.
+pub(crate) fn traced_gelu_tanh_grad(dtype: DType) -> Option<&'static Graph> {
+    static TRACES: [OnceLock<Option<Graph>>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let at = [DType::F32, DType::F16, DType::BF16].iter().position(|&t| t == dtype)?;
+    let trace = || {
+        let mut g = Graph::new();
+        let meta = TensorMeta::new(vec![2, 3], dtype);
+        g.input(meta.clone());
+        g.input(meta);
+        let gelu = g.push(Op::Gelu { tanh: true }, &[g.inputs[0]], None).ok()?;
+        g.outputs.push(gelu);
+        let mut d = crate::decompose(&g).ok()?;
+        let (y, seed, out) = (d.inputs[0], d.inputs[1], d.outputs[0]);
+        let grads = crate::autodiff::backward(&mut d, out, Some(seed), &[y]).ok()?;
+        d.outputs = grads;
+        Some(d)
+    };
+    TRACES[at].get_or_init(trace).as_ref()
+}
+
+/// [`matches_trace_inputs`] for a trace of one input, bound in `y`.
 fn matches_trace(
     l: &Lowerer,
     trace: &Graph,
@@ -289,11 +392,31 @@ fn matches_trace(
     y: &mut Option<NodeId>,
     inside: &mut Vec<NodeId>,
 ) -> bool {
+    let mut bound = [*y];
+    let found = matches_trace_inputs(l, trace, t, n, &mut bound, inside);
+    *y = bound[0];
+    found
+}
+
+/// Whether node `n` of the graph being lowered computes what node `t` of `trace` does: the
+/// same op and dtype, operands matching (both orders for commutative binary ops), a trace
+/// constant (a `full`, or a view of one) by a constant of the same value in that dtype, and
+/// each of the trace's inputs by one node throughout (`bound[i]` for input `i`). The nodes
+/// matched to the trace's computing nodes are pushed to `inside` (undone on a failed match).
+fn matches_trace_inputs(
+    l: &Lowerer,
+    trace: &Graph,
+    t: NodeId,
+    n: NodeId,
+    bound: &mut [Option<NodeId>],
+    inside: &mut Vec<NodeId>,
+) -> bool {
     let g = l.g;
     let node = trace.node(t);
     let dtype = node.meta.dtype;
     if let Op::Input { .. } = node.op {
-        return *y.get_or_insert(n) == n;
+        let Some(i) = trace.inputs.iter().position(|&x| x == t) else { return false };
+        return g.meta(n).dtype == dtype && *bound[i].get_or_insert(n) == n;
     }
     if g.meta(n).dtype != dtype {
         return false;
@@ -311,12 +434,12 @@ fn matches_trace(
         orders.push(m.inputs.iter().rev().copied().collect());
     }
     for operands in orders {
-        let (bound, len) = (*y, inside.len());
-        if node.inputs.iter().zip(operands).all(|(&ti, ni)| matches_trace(l, trace, ti, ni, y, inside)) {
+        let (before, len) = (bound.to_vec(), inside.len());
+        if node.inputs.iter().zip(operands).all(|(&ti, ni)| matches_trace_inputs(l, trace, ti, ni, bound, inside)) {
             inside.push(n);
             return true;
         }
-        *y = bound;
+        bound.copy_from_slice(&before);
         inside.truncate(len);
     }
     false
@@ -373,6 +496,75 @@ mod tests {
             d = crate::simplify(&d, &Default::default()).unwrap().0;
         }
         crate::lower(&d).unwrap()
+    }
+
+    /// The gradients of `linear(gelu(linear(x, w1, b1), tanh), w2)` of `dtype` with respect to
+    /// every input, for an incoming gradient `seed`, as a training graph makes them (decompose,
+    /// then `autodiff::backward`), optionally simplified, lowered.
+    fn lowered_mlp_gradients(dtype: DType, tanh: bool, simplify: bool) -> LoopProgram {
+        let mut g = Graph::new();
+        let x = g.input(TensorMeta::new(vec![3, 7, 9], dtype));
+        let w1 = g.input(TensorMeta::new(vec![16, 9], dtype));
+        let b1 = g.input(TensorMeta::new(vec![16], dtype));
+        let w2 = g.input(TensorMeta::new(vec![8, 16], dtype));
+        g.input(TensorMeta::new(vec![3, 7, 8], dtype)); // the incoming gradient
+        let y = g.push(Op::Linear { bias: true }, &[x, w1, b1], None).unwrap();
+        let z = g.push(Op::Gelu { tanh }, &[y], None).unwrap();
+        let o = g.push(Op::Linear { bias: false }, &[z, w2], None).unwrap();
+        g.outputs.push(o);
+        let mut d = crate::decompose(&g).unwrap();
+        let (out, seed, wrt) = (d.outputs[0], d.inputs[4], d.inputs[..4].to_vec());
+        d.outputs = crate::autodiff::backward(&mut d, out, Some(seed), &wrt).unwrap();
+        if simplify {
+            d = crate::simplify(&d, &Default::default()).unwrap().0;
+        }
+        crate::lower(&d).unwrap()
+    }
+
+    /// The products computing an activation's gradient, with the name of the buffer they read
+    /// the saved input from.
+    fn activation_grads(p: &LoopProgram) -> Vec<(Activation, String)> {
+        p.nodes
+            .iter()
+            .filter_map(|n| match &n.kind {
+                LoopKind::Extern { call: ExternCall::Bmm { activation_grad: Some(g), .. }, .. } => {
+                    Some((g.activation, p.buffer(g.aux).name.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The gradient of a tanh gelu through the product after it is one call reading the
+    /// gelu's input (the bias epilogue's output); no kernel computes the derivative or stores
+    /// the incoming gradient. The exact gelu (another derivative) is not matched.
+    #[test]
+    fn the_gelu_gradient_is_the_products_epilogue() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for simplify in [true, false] {
+                let p = lowered_mlp_gradients(dtype, true, simplify);
+                let grads = activation_grads(&p);
+                assert_eq!(grads.len(), 1, "{dtype} simplify={simplify}\n{p}");
+                let writer = p.nodes.iter().find(|n| p.buffer(n.output).name == grads[0].1).expect("a stored input");
+                let LoopKind::Extern { call: ExternCall::Bmm { bias, .. }, .. } = &writer.kind else {
+                    panic!("the saved input is the forward product's buffer:\n{p}")
+                };
+                assert!(bias.is_some(), "{p}");
+                let tanh_kernels = p.nodes.iter().filter(|n| n.origins.contains(&"tanh")).count();
+                assert_eq!(tanh_kernels, 1, "only the forward gelu computes tanh ({dtype}):\n{p}");
+            }
+            assert!(activation_grads(&lowered_mlp_gradients(dtype, false, true)).is_empty());
+        }
+    }
+
+    #[test]
+    fn the_gradient_trace_has_two_inputs_and_one_output() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let trace = super::traced_gelu_tanh_grad(dtype).expect("gelu_tanh differentiates");
+            assert_eq!((trace.inputs.len(), trace.outputs.len()), (2, 1), "{trace}");
+            assert_eq!(trace.meta(trace.outputs[0]).dtype, dtype);
+        }
+        assert!(super::traced_gelu_tanh_grad(DType::F64).is_none());
     }
 
     fn activations(p: &LoopProgram) -> Vec<Option<Activation>> {

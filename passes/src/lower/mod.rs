@@ -79,8 +79,8 @@ pub use realize::{
 
 use coil_ir::dynamic::SymSizes;
 use coil_ir::loops::{
-    range_var, reduction_var, BiasOperand, Bindings, Body, BufferId, DataCheck, ExternCall, LoopBuffer, LoopKind,
-    LoopNode, LoopProgram, ScalarOp, SizeSymbol, StridedOperand, ValueId,
+    range_var, reduction_var, ActivationGrad, BiasOperand, Bindings, Body, BufferId, DataCheck, ExternCall, LoopBuffer,
+    LoopKind, LoopNode, LoopProgram, ScalarOp, SizeSymbol, StridedOperand, ValueId,
 };
 use coil_ir::sym::Expr;
 use coil_ir::{BinaryOp, DType, Error, Graph, NodeId, Op, ReduceOp, Result, TensorMeta};
@@ -554,7 +554,8 @@ impl<'g> Lowerer<'g> {
     }
 
     /// `out[b] = a[b] @ c[b]`, each operand a strided view of a buffer; with an epilogue, the
-    /// add of its bias row and its activation are part of the call.
+    /// add of its bias row and its activation (or an activation's gradient, reading the
+    /// activation's saved input) are part of the call.
     fn bmm(&mut self, n: NodeId, epilogue: Option<&Epilogue>) -> Result<LoopKind> {
         let node = self.g.node(n);
         let (a, c) = (self.strided(node.inputs[0])?, self.strided(node.inputs[1])?);
@@ -576,7 +577,16 @@ impl<'g> Lowerer<'g> {
             None => None,
         };
         let activation = epilogue.and_then(|ep| ep.activation);
-        let call = ExternCall::Bmm { a, b: c, bias, activation, batch: out[..r - 2].to_vec(), m, n: nn, k };
+        let activation_grad = match epilogue.and_then(|ep| ep.activation_grad) {
+            Some((activation, y)) => {
+                let aux = self.realize(y)?;
+                inputs.push(aux);
+                Some(ActivationGrad { activation, aux })
+            }
+            None => None,
+        };
+        let batch = out[..r - 2].to_vec();
+        let call = ExternCall::Bmm { a, b: c, bias, activation, activation_grad, batch, m, n: nn, k };
         Ok(LoopKind::Extern { call, inputs })
     }
 

@@ -50,6 +50,9 @@ pub struct BmmSpec {
     pub bias: Option<BiasOperand<usize>>,
     /// Applied to every output element after the bias (floats only).
     pub activation: Option<Activation>,
+    /// With `Some(act)`, the product is multiplied by `act'(aux)` instead (no bias, no
+    /// activation; floats only): [`bmm_bytes_grad`] runs it, given the saved input `aux`.
+    pub activation_grad: Option<Activation>,
 }
 
 impl BmmSpec {
@@ -57,7 +60,7 @@ impl BmmSpec {
     /// extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<BmmSpec> {
         match call {
-            ExternCall::Bmm { a, b, bias, activation, batch, m, n, k } => Some(BmmSpec {
+            ExternCall::Bmm { a, b, bias, activation, activation_grad, batch, m, n, k } => Some(BmmSpec {
                 a: a.to_usize()?,
                 b: b.to_usize()?,
                 batch: batch.iter().map(const_usize).collect::<Option<_>>()?,
@@ -69,6 +72,7 @@ impl BmmSpec {
                     None => None,
                 },
                 activation: *activation,
+                activation_grad: activation_grad.map(|g| g.activation),
             }),
             _ => None,
         }
@@ -173,6 +177,11 @@ pub fn bmm_bytes_with(
     bias: &[u8],
     out: &mut [u8],
 ) -> Result<()> {
+    if spec.activation_grad.is_some() {
+        return Err(Error::runtime(
+            "bmm: a product with an activation gradient needs its saved input (bmm_bytes_grad)",
+        ));
+    }
     let size = dtype.size_bytes();
     spec.check(a.len() / size, b.len() / size, bias.len() / size, out.len() / size)?;
     if let Some(done) = packed(engine, spec, dtype, dtype, gemm_packed::Operands { a, b, bias }, out) {
@@ -193,8 +202,14 @@ pub fn bmm_bytes_with(
                 par_map_in_place(out, |o| act.apply_f64(o));
             }
         }
-        DType::F16 => via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, f16::to_f32, f16::from_f32),
-        DType::BF16 => via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32),
+        DType::F16 => {
+            let activate = |o: &mut [f32]| spec.activation.into_iter().for_each(|act| activate_f32(act, o));
+            via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, f16::to_f32, f16::from_f32, activate)
+        }
+        DType::BF16 => {
+            let activate = |o: &mut [f32]| spec.activation.into_iter().for_each(|act| activate_f32(act, o));
+            via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32, activate)
+        }
         _ if spec.activation.is_some() => {
             return Err(Error::unsupported(format!("a {dtype} matrix product with an activation epilogue")));
         }
@@ -235,6 +250,76 @@ fn packed(
         )))),
         None => None,
     }
+}
+
+/// `out = (a @ b) * act'(aux)` per batch ([`BmmSpec::activation_grad`] is `act`): the
+/// gradient of an activation at its saved input `aux` (`[*batch, m, n]`, contiguous, of
+/// `dtype`, as `out`), the product of the incoming gradient `a` and a weight `b` — what
+/// cuBLASLt's `CUBLASLT_EPILOGUE_DGELU` computes. The product is not rounded before the
+/// derivative multiplies it (f32 for half types and f32, f64 for f64); the result is rounded
+/// once. Runs on the `gemm` crate's path (the packed template has no such epilogue).
+///
+/// ```
+/// use coil_ir::loops::{Activation, StridedOperand};
+/// use coil_runtime::cpu::gemm::{bmm_bytes_grad, BmmSpec};
+/// let op = |row_stride| StridedOperand { buffer: coil_ir::loops::BufferId(0), offset: 0usize, batch_strides: vec![0], row_stride, col_stride: 1 };
+/// let spec = BmmSpec { a: op(1), b: op(1), batch: vec![1], m: 1, n: 1, k: 1, bias: None, activation: None,
+///     activation_grad: Some(Activation::GeluTanh) };
+/// let (a, b, aux) = (2.0f32, 3.0f32, 0.5f32);
+/// let mut out = [0u8; 4];
+/// bmm_bytes_grad(&spec, coil_ir::DType::F32, &a.to_le_bytes(), &b.to_le_bytes(), &aux.to_le_bytes(), &mut out).unwrap();
+/// let expected = 6.0 * Activation::GeluTanh.grad_f32(0.5);
+/// assert!((f32::from_le_bytes(out) - expected).abs() < 1e-6);
+/// ```
+pub fn bmm_bytes_grad(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], aux: &[u8], out: &mut [u8]) -> Result<()> {
+    let Some(act) = spec.activation_grad else {
+        return Err(Error::runtime("bmm_bytes_grad: the product has no activation gradient".to_string()));
+    };
+    if spec.bias.is_some() || spec.activation.is_some() {
+        return Err(Error::unsupported("a matrix product with a bias or an activation and an activation gradient"));
+    }
+    let size = dtype.size_bytes();
+    spec.check(a.len() / size, b.len() / size, 0, out.len() / size)?;
+    if aux.len() != out.len() {
+        return Err(Error::runtime(format!(
+            "bmm: the activation's saved input has {} bytes, the output {}",
+            aux.len(),
+            out.len()
+        )));
+    }
+    fn scale<T: Copy + Send + Sync>(o: &mut [f32], aux: &[T], up: impl Fn(T) -> f32 + Sync, act: Activation) {
+        let run = |(o, x): (&mut [f32], &[T])| o.iter_mut().zip(x).for_each(|(o, &x)| *o *= act.grad_f32(up(x)));
+        if o.len() <= PAR_CHUNK {
+            run((o, aux))
+        } else {
+            o.par_chunks_mut(PAR_CHUNK).zip(aux.par_chunks(PAR_CHUNK)).for_each(run)
+        }
+    }
+    match dtype {
+        DType::F32 => {
+            let out = cast_mut::<f32>(out)?;
+            gemm_float::<f32>(spec, cast(a)?, cast(b)?, &[], out, 0.0, 1.0);
+            scale(out, cast::<f32>(aux)?, |x| x, act);
+        }
+        DType::F64 => {
+            let out = cast_mut::<f64>(out)?;
+            gemm_float::<f64>(spec, cast(a)?, cast(b)?, &[], out, 0.0, 1.0);
+            let aux = cast::<f64>(aux)?;
+            out.iter_mut().zip(aux).for_each(|(o, &x)| *o *= act.grad_f64(x));
+        }
+        DType::F16 => {
+            let aux = cast::<f16>(aux)?;
+            let epilogue = |o: &mut [f32]| scale(o, aux, f16::to_f32, act);
+            via_f32(spec, cast(a)?, cast(b)?, &[], cast_mut(out)?, f16::to_f32, f16::from_f32, epilogue)
+        }
+        DType::BF16 => {
+            let aux = cast::<bf16>(aux)?;
+            let epilogue = |o: &mut [f32]| scale(o, aux, bf16::to_f32, act);
+            via_f32(spec, cast(a)?, cast(b)?, &[], cast_mut(out)?, bf16::to_f32, bf16::from_f32, epilogue)
+        }
+        _ => return Err(Error::unsupported(format!("a {dtype} matrix product with an activation gradient"))),
+    }
+    Ok(())
 }
 
 /// [`bmm_bytes`] with operands (and bias) of `dtype` and `out` of `out_dtype`: the same dtype,
@@ -443,7 +528,9 @@ fn gemm_float<T: Copy + Send + Sync + 'static>(
 }
 
 /// Half types: widen both operands (whole buffers, so the strides still apply), multiply in f32,
-/// add the bias and apply the activation in f32, round once.
+/// add the bias, apply `epilogue` (the activation, or an activation's gradient) in f32, round
+/// once.
+#[allow(clippy::too_many_arguments)]
 fn via_f32<T: Copy + Default + Send + Sync>(
     spec: &BmmSpec,
     a: &[T],
@@ -452,13 +539,12 @@ fn via_f32<T: Copy + Default + Send + Sync>(
     out: &mut [T],
     up: impl Fn(T) -> f32 + Sync,
     down: impl Fn(f32) -> T + Sync,
+    epilogue: impl FnOnce(&mut [f32]),
 ) {
     let (a32, b32, bias32) = (par_convert(a, &up), par_convert(b, &up), par_convert(bias, &up));
     let mut o32 = vec![0f32; out.len()];
     gemm_float::<f32>(spec, &a32, &b32, &bias32, &mut o32, 0.0, 1.0);
-    if let Some(act) = spec.activation {
-        activate_f32(act, &mut o32);
-    }
+    epilogue(&mut o32);
     let run = |(o, x): (&mut [T], &[f32])| o.iter_mut().zip(x).for_each(|(o, &x)| *o = down(x));
     if out.len() <= PAR_CHUNK {
         run((out, &o32))

@@ -195,6 +195,7 @@ fn check_into(case: &Case, out_dtype: DType, run: Runner) {
         k,
         bias: bias.then_some(bias_view),
         activation: gelu.then_some(Activation::GeluTanh),
+        activation_grad: None,
     };
     let seed = (m * 131 + n * 17 + k) as u64;
     let (a_bytes, a) = stored(dtype, &values(seed, la));
@@ -394,7 +395,7 @@ fn the_engines_agree_and_packed_is_an_error_where_it_cannot_run() {
     }
     let (a, _) = operand(Lay::KContiguous, 2, 2, 1, false, false);
     let (b, _) = operand(Lay::KContiguous, 2, 2, 1, false, true);
-    let spec = BmmSpec { a, b, batch: vec![1], m: 2, n: 2, k: 2, bias: None, activation: None };
+    let spec = BmmSpec { a, b, batch: vec![1], m: 2, n: 2, k: 2, bias: None, activation: None, activation_grad: None };
     let x = Aligned::new(&[0u8; 64]);
     let mut out = [0u64; 4];
     let f64_result = bmm_bytes_with(

@@ -383,12 +383,17 @@ impl CompiledGraph {
         let written = |b: BufferId| unsafe { std::slice::from_raw_parts_mut(ptrs[b.0], bytes(b)) };
         let view = |b: BufferId| unsafe { std::slice::from_raw_parts(ptrs[b.0] as *const u8, bytes(b)) };
         match call {
-            ExternCall::Bmm { a, b, bias, .. } => {
+            ExternCall::Bmm { a, b, bias, activation_grad, .. } => {
                 let spec = gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map_or(&[][..], |bias| view(bias.buffer));
                 let out = written(out_id);
                 let (dtype, out_dtype) = (p.buffer(a.buffer).meta.dtype, p.buffer(out_id).meta.dtype);
-                gemm::bmm_bytes_to(&spec, dtype, out_dtype, view(a.buffer), view(b.buffer), bias, out)
+                match activation_grad {
+                    Some(grad) => {
+                        gemm::bmm_bytes_grad(&spec, dtype, view(a.buffer), view(b.buffer), view(grad.aux), out)
+                    }
+                    None => gemm::bmm_bytes_to(&spec, dtype, out_dtype, view(a.buffer), view(b.buffer), bias, out),
+                }
             }
             ExternCall::Attention(attention_call) => {
                 let coil_ir::loops::AttentionCall { q, k, v, lse, mask, mask_rule, .. } = &**attention_call;

@@ -452,7 +452,8 @@ fn gemm_matches_the_interpreter_with_strides_and_broadcast_batch() {
     // Big enough to take gemm's blocked (and, for the largest, parallel) paths.
     for (m, n, k) in [(3, 5, 4), (33, 17, 65), (70, 80, 90)] {
         let (sa, sb) = strided_spec(m, n, k);
-        let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias: None, activation: None };
+        let spec =
+            BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias: None, activation: None, activation_grad: None };
         for (dtype, tol) in
             [(DType::F32, 1e-5), (DType::F64, 1e-12), (DType::BF16, 1e-2), (DType::F16, 2e-3), (DType::I32, 0.0)]
         {
@@ -480,7 +481,8 @@ fn gemm_matches_the_interpreter_with_strides_and_broadcast_batch() {
 fn gemm_rejects_views_outside_the_buffer() {
     let (mut sa, sb) = strided_spec(3, 5, 4);
     sa.offset = 1;
-    let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m: 3, n: 5, k: 4, bias: None, activation: None };
+    let spec =
+        BmmSpec { a: sa, b: sb, batch: vec![2], m: 3, n: 5, k: 4, bias: None, activation: None, activation_grad: None };
     let a = Buffer::from_vec(vec![0f32; 24], vec![2, 4, 3]);
     let b = Buffer::from_vec(vec![0f32; 20], vec![4, 5]);
     assert_eq!(bmm(&spec, &a, &b).unwrap_err().kind, ErrorKind::Runtime);
@@ -701,7 +703,8 @@ fn gemm_applies_the_activation_after_the_bias() {
         for dtype in [DType::F32, DType::F64] {
             let (sa, sb) = strided_spec(m, n, k);
             let bias = Some(BiasOperand { buffer: BufferId(2), offset: 1, stride: 2 });
-            let plain = BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias, activation: None };
+            let plain =
+                BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias, activation: None, activation_grad: None };
             let fused = BmmSpec { activation: Some(Activation::GeluTanh), ..plain.clone() };
             let bytes = |seed: u64, len: usize| HostData::from_f64_slice(dtype, &randoms(seed, len.max(1))).to_bytes();
             let (a, b, bias) = (bytes(1, 2 * k * m), bytes(2, k * n), bytes(3, 2 * n + 1));
@@ -730,10 +733,59 @@ fn gemm_applies_the_activation_after_the_bias() {
     // Integers have no activation.
     let (m, n, k) = (5, 6, 7);
     let (sa, sb) = strided_spec(m, n, k);
-    let spec = BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias: None, activation: Some(Activation::GeluTanh) };
+    let spec = BmmSpec {
+        a: sa,
+        b: sb,
+        batch: vec![2],
+        m,
+        n,
+        k,
+        bias: None,
+        activation: Some(Activation::GeluTanh),
+        activation_grad: None,
+    };
     let a = Buffer::from_vec(vec![1i32; 2 * k * m], vec![2, k, m]);
     let b = Buffer::from_vec(vec![1i32; k * n], vec![k, n]);
     assert_eq!(bmm(&spec, &a, &b).unwrap_err().kind, ErrorKind::Unsupported);
+}
+
+/// An activation's gradient as the product's epilogue (`bmm_bytes_grad`): the plain product
+/// times `act'(aux)`, for strided operands, in f32, f64 and bf16 (whose product is not rounded
+/// before the derivative multiplies it: compared at bf16's precision), and `k = 0` gives zeros;
+/// a saved input of the wrong size is an error, and the plain entry point refuses such a spec.
+#[test]
+fn gemm_multiplies_the_product_by_the_activation_gradient() {
+    use coil_ir::loops::Activation;
+    for (m, n, k) in [(5, 6, 7), (5, 6, 0), (130, 70, 9)] {
+        for (dtype, tol) in [(DType::F32, 1e-6), (DType::F64, 1e-14), (DType::BF16, 1e-2)] {
+            let (sa, sb) = strided_spec(m, n, k);
+            let plain =
+                BmmSpec { a: sa, b: sb, batch: vec![2], m, n, k, bias: None, activation: None, activation_grad: None };
+            let grad = BmmSpec { activation_grad: Some(Activation::GeluTanh), ..plain.clone() };
+            let bytes = |seed: u64, len: usize| HostData::from_f64_slice(dtype, &randoms(seed, len.max(1))).to_bytes();
+            let (a, b, aux) = (bytes(1, 2 * k * m), bytes(2, k * n), bytes(3, 2 * m * n));
+            let out_len = 2 * m * n * dtype.size_bytes();
+            let (wa, wb, waux) = (aligned(&a), aligned(&b), aligned(&aux));
+            let view = |w: &[u64], len: usize| bytemuck::cast_slice::<u64, u8>(w)[..len].to_vec();
+            let (a, b, aux) = (view(&wa, a.len()), view(&wb, b.len()), view(&waux, aux.len()));
+            let mut words = vec![0u64; out_len.div_ceil(8)];
+            let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..out_len];
+            super::gemm::bmm_bytes(&plain, dtype, &a, &b, &[], out).unwrap();
+            let product = HostData::from_bytes(dtype, out).unwrap().to_f64_vec();
+            super::gemm::bmm_bytes_grad(&grad, dtype, &a, &b, &aux, out).unwrap();
+            let got = HostData::from_bytes(dtype, out).unwrap().to_f64_vec();
+            let saved = HostData::from_bytes(dtype, &aux).unwrap().to_f64_vec();
+            for (i, ((g, p), x)) in got.iter().zip(&product).zip(&saved).enumerate() {
+                let expect = p * Activation::GeluTanh.grad_f64(*x);
+                assert!((g - expect).abs() <= tol * (1.0 + expect.abs()), "{dtype} k={k} element {i}: {g} vs {expect}");
+            }
+            assert_eq!(
+                super::gemm::bmm_bytes_grad(&grad, dtype, &a, &b, &aux[1..], out).unwrap_err().kind,
+                ErrorKind::Runtime
+            );
+            assert_eq!(super::gemm::bmm_bytes(&grad, dtype, &a, &b, &[], out).unwrap_err().kind, ErrorKind::Runtime);
+        }
+    }
 }
 
 /// `bytes` in u64 words (aligned for any element type).

@@ -69,6 +69,7 @@ fn dynamic_program() -> LoopProgram {
             b: operand(1, 3),
             bias: None,
             activation: None,
+            activation_grad: None,
             batch: vec![],
             m: s0,
             n: three,

@@ -27,7 +27,7 @@ use super::device::{driver_error, CudaDevice};
 use super::gather::{gather, launch_grid_stride};
 use super::loader::{require, CudaLib};
 use super::memory::{download, upload, DeviceMemory};
-use crate::cpu::gemm::{bmm_bytes_to, BmmSpec};
+use crate::cpu::gemm::{bmm_bytes_grad, bmm_bytes_to, BmmSpec};
 use coil_codegen::templates::activation;
 use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
@@ -44,7 +44,8 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 pub struct Blas {
     handle: lt_sys::cublasLtHandle_t,
     workspace: sys::CUdeviceptr,
-    /// The activation kernels, built the first time a product needs one ([`apply_activation`]).
+    /// The activation kernels, built the first time a product needs one ([`apply_activation`],
+    /// [`apply_activation_grad`]).
     activation: OnceLock<std::result::Result<ActivationKernels, String>>,
 }
 
@@ -92,6 +93,7 @@ pub fn bmm(
     a: DevOperand,
     b: DevOperand,
     bias: Option<DevOperand>,
+    aux: Option<DevOperand>,
     out: DevOperand,
 ) -> Result<()> {
     let (size, out_size) = (dtype.size_bytes(), out_dtype.size_bytes());
@@ -108,9 +110,21 @@ pub fn bmm(
     {
         return Err(Error::unsupported(format!("a {dtype} matrix product into a {out_dtype} result")));
     }
-    if spec.activation.is_some() && !dtype.is_float() {
+    if (spec.activation.is_some() || spec.activation_grad.is_some()) && !dtype.is_float() {
         return Err(Error::unsupported(format!("a {dtype} matrix product with an activation epilogue")));
     }
+    let aux = match (spec.activation_grad, aux) {
+        (None, _) => None,
+        (Some(act), Some(aux)) if aux.bytes == out.bytes && spec.bias.is_none() && spec.activation.is_none() => {
+            Some((act, aux))
+        }
+        (Some(_), _) => {
+            return Err(Error::runtime(format!(
+                "bmm: an activation gradient needs its saved input of the output's {} bytes, and no bias or activation",
+                out.bytes
+            )))
+        }
+    };
     if k == 0 {
         // An empty sum: the bias broadcast over the rows, or zeros; then the activation.
         match (spec.bias, bias) {
@@ -125,6 +139,7 @@ pub fn bmm(
                     .map_err(|e| driver_error("cuMemsetD8Async", e))?
             }
         }
+        // (An activation's gradient times a product of zeros is zero.)
         return match spec.activation {
             // SAFETY: `out` holds count*m*n elements of `dtype`.
             Some(act) => unsafe { apply_activation(dev, act, dtype, out.ptr, count * m * n) },
@@ -132,19 +147,29 @@ pub fn bmm(
         };
     }
     if matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64) {
-        // The activation in cuBLASLt's epilogue first; then without it, followed by our kernel.
-        let in_library: &[Option<Activation>] = match spec.activation {
-            Some(act) => &[Some(act), None],
+        // The epilogue in cuBLASLt first; then without it, followed by our kernel.
+        let wanted = match (spec.activation, aux) {
+            (Some(act), _) => Some(Epilogue::Activation(act)),
+            (None, Some((act, aux))) => Some(Epilogue::Grad(act, aux.ptr)),
+            (None, None) => None,
+        };
+        let in_library: &[Option<Epilogue>] = match wanted {
+            Some(e) => &[Some(e), None],
             None => &[None],
         };
         let parts = outer_split(spec);
-        for &act in in_library {
+        for &epilogue in in_library {
             for gather_all in [false, true] {
                 let mut result = Ok(());
                 for (part, first) in &parts {
                     let at = first * out_size;
                     let out = DevOperand { ptr: out.ptr + at as u64, bytes: out.bytes - at };
-                    result = lt_matmul(dev, part, (dtype, out_dtype), a, b, bias, out, gather_all, act);
+                    // The saved input is laid out as the output.
+                    let epilogue = epilogue.map(|e| match e {
+                        Epilogue::Grad(act, aux) => Epilogue::Grad(act, aux + at as u64),
+                        e => e,
+                    });
+                    result = lt_matmul(dev, part, (dtype, out_dtype), a, b, bias, out, gather_all, epilogue);
                     if result.is_err() {
                         break;
                     }
@@ -152,12 +177,22 @@ pub fn bmm(
                 match result {
                     Err(LtError::NoAlgorithm) => {}
                     Err(LtError::Other(e)) => return Err(e),
+                    Ok(()) if epilogue.is_some() => return Ok(()),
                     Ok(()) => {
-                        return match spec.activation.filter(|_| act.is_none()) {
-                            Some(act) => {
+                        let n = count * m * n;
+                        return match wanted {
+                            Some(e) => {
                                 ACTIVATION_KERNELS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                // SAFETY: `out` holds count*m*n elements of `dtype`.
-                                unsafe { apply_activation(dev, act, dtype, out.ptr, count * m * n) }
+                                match e {
+                                    // SAFETY: `out` holds count*m*n elements of `dtype`.
+                                    Epilogue::Activation(act) => unsafe {
+                                        apply_activation(dev, act, dtype, out.ptr, n)
+                                    },
+                                    // SAFETY: `out` and the saved input (checked above) hold n elements.
+                                    Epilogue::Grad(act, aux) => unsafe {
+                                        apply_activation_grad(dev, act, dtype, out.ptr, aux, n)
+                                    },
+                                }
                             }
                             None => Ok(()),
                         };
@@ -166,7 +201,15 @@ pub fn bmm(
             }
         }
     }
-    on_host(dev, spec, (dtype, out_dtype), a, b, bias, out)
+    on_host(dev, spec, (dtype, out_dtype), a, b, bias, aux.map(|(_, x)| x), out)
+}
+
+/// What cuBLASLt applies to the product (besides the bias): an activation, or an activation's
+/// gradient at the saved input at the given device address (laid out as the output).
+#[derive(Clone, Copy, Debug)]
+enum Epilogue {
+    Activation(Activation),
+    Grad(Activation, sys::CUdeviceptr),
 }
 
 /// The calls that compute `spec` on cuBLASLt, each with the first output element it writes:
@@ -207,7 +250,8 @@ pub(crate) static ACTIVATION_KERNELS: std::sync::atomic::AtomicU64 = std::sync::
 /// Products that took the host path so far (tests check that float products never do).
 pub(crate) static HOST_PRODUCTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The host path: download, [`bmm_bytes`], upload.
+/// The host path: download, [`bmm_bytes`] (or [`bmm_bytes_grad`]), upload.
+#[allow(clippy::too_many_arguments)]
 fn on_host(
     dev: &Arc<CudaDevice>,
     spec: &BmmSpec,
@@ -215,6 +259,7 @@ fn on_host(
     a: DevOperand,
     b: DevOperand,
     bias: Option<DevOperand>,
+    aux: Option<DevOperand>,
     out: DevOperand,
 ) -> Result<()> {
     HOST_PRODUCTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -231,15 +276,22 @@ fn on_host(
     fn view(w: &[u64], x: Option<DevOperand>) -> &[u8] {
         &bytemuck::cast_slice::<u64, u8>(w)[..x.map_or(0, |x| x.bytes)]
     }
-    bmm_bytes_to(
-        spec,
-        dtype,
-        out_dtype,
-        view(&ha, Some(a)),
-        view(&hb, Some(b)),
-        view(&hbias, bias.filter(|_| spec.bias.is_some())),
-        host_out,
-    )?;
+    match aux {
+        Some(aux) => {
+            // SAFETY: as above.
+            let haux = unsafe { download_words(dev, aux)? };
+            bmm_bytes_grad(spec, dtype, view(&ha, Some(a)), view(&hb, Some(b)), view(&haux, Some(aux)), host_out)?
+        }
+        None => bmm_bytes_to(
+            spec,
+            dtype,
+            out_dtype,
+            view(&ha, Some(a)),
+            view(&hb, Some(b)),
+            view(&hbias, bias.filter(|_| spec.bias.is_some())),
+            host_out,
+        )?,
+    }
     // SAFETY: `out` holds `out.bytes` bytes.
     unsafe { upload(dev, out.ptr, host_out) }?;
     // Pageable memory is staged by the driver before the upload returns; waiting anyway keeps
@@ -426,7 +478,7 @@ fn lt_matmul(
     bias: Option<DevOperand>,
     out: DevOperand,
     gather_all: bool,
-    activation: Option<Activation>,
+    epilogue: Option<Epilogue>,
 ) -> std::result::Result<(), LtError> {
     let blas = Blas::get(dev)?;
     let size = dtype.size_bytes();
@@ -532,12 +584,27 @@ fn lt_matmul(
     set(D::CUBLASLT_MATMUL_DESC_TRANSA, (&ta as *const i32).cast(), 4)?;
     set(D::CUBLASLT_MATMUL_DESC_TRANSB, (&tb as *const i32).cast(), 4)?;
     use lt_sys::cublasLtEpilogue_t as E;
-    let epilogue = match (bias_ptr.is_some(), activation) {
-        (false, None) => None,
-        (true, None) => Some(E::CUBLASLT_EPILOGUE_BIAS),
-        (true, Some(Activation::GeluTanh)) => Some(E::CUBLASLT_EPILOGUE_GELU_BIAS),
-        (false, Some(Activation::GeluTanh)) => Some(E::CUBLASLT_EPILOGUE_GELU),
+    let (epilogue, aux) = match (bias_ptr.is_some(), epilogue) {
+        (false, None) => (None, None),
+        (true, None) => (Some(E::CUBLASLT_EPILOGUE_BIAS), None),
+        (true, Some(Epilogue::Activation(Activation::GeluTanh))) => (Some(E::CUBLASLT_EPILOGUE_GELU_BIAS), None),
+        (false, Some(Epilogue::Activation(Activation::GeluTanh))) => (Some(E::CUBLASLT_EPILOGUE_GELU), None),
+        (false, Some(Epilogue::Grad(Activation::GeluTanh, aux))) => (Some(E::CUBLASLT_EPILOGUE_DGELU), Some(aux)),
+        (true, Some(Epilogue::Grad(..))) => return Err(LtError::NoAlgorithm),
     };
+    if let Some(aux) = aux {
+        // The saved input is read as a column-major n x m matrix like D: cuBLASLt wants its
+        // leading dimension a multiple of 8 and the address 16-byte aligned.
+        if n % 8 != 0 || aux % 16 != 0 {
+            return Err(LtError::NoAlgorithm);
+        }
+        let (ptr, ld, stride) = (aux as *const c_void, n as i64, (m * n) as i64);
+        set(D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, (&ptr as *const *const c_void).cast(), 8)?;
+        set(D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (&ld as *const i64).cast(), 8)?;
+        if count > 1 {
+            set(D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, (&stride as *const i64).cast(), 8)?;
+        }
+    }
     if let Some(epilogue) = epilogue {
         // cublasLtEpilogue_t is a uint32 attribute.
         let epilogue = epilogue as u32;
@@ -641,12 +708,54 @@ struct ActivationKernels {
     _module: LoadedModule,
     /// f32, f16, bf16, f64.
     gelu_tanh: [sys::CUfunction; 4],
+    /// The gradients, in the same order.
+    gelu_tanh_grad: [sys::CUfunction; 4],
 }
 
 // SAFETY: function handles are immutable and usable from any thread with the context bound.
 unsafe impl Send for ActivationKernels {}
 // SAFETY: as above.
 unsafe impl Sync for ActivationKernels {}
+
+impl ActivationKernels {
+    /// The device's kernels, compiled and loaded at the first use.
+    fn get(dev: &Arc<CudaDevice>) -> Result<&ActivationKernels> {
+        let blas = Blas::get(dev)?;
+        blas.activation
+            .get_or_init(|| {
+                let build = || -> Result<ActivationKernels> {
+                    let (cubin, _) = compile(activation::SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
+                    let module = LoadedModule::load(dev, &cubin)?;
+                    let f = |name: Option<&str>| module.function(name.expect("a kernel for every float dtype"));
+                    let each = |kernel: fn(DType) -> Option<&'static str>| -> Result<[sys::CUfunction; 4]> {
+                        Ok([
+                            f(kernel(DType::F32))?,
+                            f(kernel(DType::F16))?,
+                            f(kernel(DType::BF16))?,
+                            f(kernel(DType::F64))?,
+                        ])
+                    };
+                    let (gelu_tanh, gelu_tanh_grad) =
+                        (each(activation::gelu_tanh_kernel)?, each(activation::gelu_tanh_grad_kernel)?);
+                    Ok(ActivationKernels { _module: module, gelu_tanh, gelu_tanh_grad })
+                };
+                build().map_err(|e| e.message)
+            })
+            .as_ref()
+            .map_err(|e| Error::runtime(e.clone()))
+    }
+}
+
+/// The index of `dtype` in [`ActivationKernels`]' arrays.
+fn kernel_index(dtype: DType) -> Result<usize> {
+    Ok(match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::F64 => 3,
+        _ => return Err(Error::unsupported(format!("a {dtype} activation"))),
+    })
+}
 
 /// Enqueues `x[i] = act(x[i])` for the `n` elements of `dtype` at `ptr` (the fallback when
 /// cuBLASLt could not apply the activation itself).
@@ -663,33 +772,37 @@ pub(crate) unsafe fn apply_activation(
     if n == 0 {
         return Ok(());
     }
-    let blas = Blas::get(dev)?;
-    let kernels = blas
-        .activation
-        .get_or_init(|| {
-            let build = || -> Result<ActivationKernels> {
-                let (cubin, _) = compile(activation::SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
-                let module = LoadedModule::load(dev, &cubin)?;
-                let f = |t: DType| module.function(activation::gelu_tanh_kernel(t).expect("a gelu_tanh kernel"));
-                let gelu_tanh = [f(DType::F32)?, f(DType::F16)?, f(DType::BF16)?, f(DType::F64)?];
-                Ok(ActivationKernels { _module: module, gelu_tanh })
-            };
-            build().map_err(|e| e.message)
-        })
-        .as_ref()
-        .map_err(|e| Error::runtime(e.clone()))?;
     let Activation::GeluTanh = act;
-    let f = kernels.gelu_tanh[match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        DType::F64 => 3,
-        _ => return Err(Error::unsupported(format!("a {dtype} activation"))),
-    }];
+    let f = ActivationKernels::get(dev)?.gelu_tanh[kernel_index(dtype)?];
     let (mut ptr, mut n64) = (ptr, n as i64);
     let mut params: [*mut c_void; 2] = [(&mut ptr as *mut u64).cast(), (&mut n64 as *mut i64).cast()];
     // SAFETY: the parameters match the kernel's signature; the memory contract is the caller's.
     unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_gelu_tanh") }
+}
+
+/// Enqueues `g[i] *= act'(aux[i])` for the `n` elements of `dtype` at `g` and `aux` (the
+/// fallback when cuBLASLt could not apply an activation's gradient itself).
+///
+/// # Safety
+/// `g` and `aux` must each address `n` elements of `dtype` on `dev`.
+pub(crate) unsafe fn apply_activation_grad(
+    dev: &Arc<CudaDevice>,
+    act: Activation,
+    dtype: DType,
+    g: sys::CUdeviceptr,
+    aux: sys::CUdeviceptr,
+    n: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let Activation::GeluTanh = act;
+    let f = ActivationKernels::get(dev)?.gelu_tanh_grad[kernel_index(dtype)?];
+    let (mut g, mut aux, mut n64) = (g, aux, n as i64);
+    let mut params: [*mut c_void; 3] =
+        [(&mut g as *mut u64).cast(), (&mut aux as *mut u64).cast(), (&mut n64 as *mut i64).cast()];
+    // SAFETY: the parameters match the kernel's signature; the memory contract is the caller's.
+    unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_gelu_tanh_grad") }
 }
 
 #[cfg(test)]
@@ -729,7 +842,17 @@ mod layout_tests {
     #[test]
     fn head_views_split_the_outer_batch_instead_of_gathering() {
         let (q, kt) = (op(0, vec![72, 2], 18, 1), op(6, vec![72, 2], 1, 18));
-        let spec = BmmSpec { a: q, b: kt, batch: vec![2, 3], m: 4, n: 4, k: 2, bias: None, activation: None };
+        let spec = BmmSpec {
+            a: q,
+            b: kt,
+            batch: vec![2, 3],
+            m: 4,
+            n: 4,
+            k: 2,
+            bias: None,
+            activation: None,
+            activation_grad: None,
+        };
         let parts = outer_split(&spec);
         assert_eq!(parts.len(), 2);
         let (second, first) = &parts[1];

@@ -427,7 +427,17 @@ fn check_bmm_act(
     };
     let (ha, hb) = (bytes_of(1, a_len), bytes_of(2, b_len));
     let hbias = bias.as_ref().map_or(Vec::new(), |(_, len)| bytes_of(3, *len));
-    let spec = BmmSpec { a, b, batch: batch.to_vec(), m, n, k, bias: bias.as_ref().map(|(x, _)| *x), activation };
+    let spec = BmmSpec {
+        a,
+        b,
+        batch: batch.to_vec(),
+        m,
+        n,
+        k,
+        bias: bias.as_ref().map(|(x, _)| *x),
+        activation,
+        activation_grad: None,
+    };
     let out_bytes = count * m * n * dtype.size_bytes();
     let mut want = vec![0u64; out_bytes.div_ceil(8)];
     let want = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut want)[..out_bytes];
@@ -443,7 +453,7 @@ fn check_bmm_act(
     let (da, db, dbias) = (up(&ha), up(&hb), up(&hbias));
     let out = DeviceMemory::alloc(dev, out_bytes).unwrap();
     let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
-    blas::bmm(dev, &spec, dtype, dtype, op(&da), op(&db), bias.as_ref().map(|_| op(&dbias)), op(&out)).unwrap();
+    blas::bmm(dev, &spec, dtype, dtype, op(&da), op(&db), bias.as_ref().map(|_| op(&dbias)), None, op(&out)).unwrap();
     // SAFETY: the allocation holds `out_bytes` bytes.
     let got = unsafe { memory::download(dev, out.ptr(), out_bytes).unwrap() };
     let tol = match dtype {
@@ -568,10 +578,11 @@ fn bmm_matches_the_cpu_for_layouts_bias_and_dtypes() {
     let d = DeviceMemory::alloc(&dev, 64).unwrap();
     let op = DevOperand { ptr: d.ptr(), bytes: 64 };
     let (a, b) = (operand(0, vec![], 4, 1), operand(0, vec![], 4, 1));
-    let spec = BmmSpec { a, b, batch: vec![], m: 8, n: 4, k: 4, bias: None, activation: None };
+    let spec = BmmSpec { a, b, batch: vec![], m: 8, n: 4, k: 4, bias: None, activation: None, activation_grad: None };
     let out = DeviceMemory::alloc(&dev, 128).unwrap();
-    let e = blas::bmm(&dev, &spec, DType::F32, DType::F32, op, op, None, DevOperand { ptr: out.ptr(), bytes: 128 })
-        .unwrap_err();
+    let e =
+        blas::bmm(&dev, &spec, DType::F32, DType::F32, op, op, None, None, DevOperand { ptr: out.ptr(), bytes: 128 })
+            .unwrap_err();
     assert!(e.message.contains("reaches element"), "{}", e.message);
 }
 
@@ -637,6 +648,76 @@ fn bmm_gelu_epilogue_matches_the_cpu() {
         // Half types: one rounding of nearly equal f32 values may differ in the last bit.
         let tol = if matches!(dtype, DType::BF16 | DType::F16) { 1e-2 } else { tol };
         assert_close(&got, &want, tol, &format!("activation kernel ({dtype})"));
+    }
+}
+
+/// The gelu_tanh gradient epilogue (`CUBLASLT_EPILOGUE_DGELU` reading the saved input, or the
+/// product followed by the built-in gradient kernel where cuBLASLt has no algorithm with it)
+/// against the CPU (`bmm_bytes_grad`: the product times the derivative in f32, rounded once).
+/// `n = 20` is no multiple of 8, which the epilogue's saved input needs: the kernel path.
+#[test]
+fn bmm_gelu_grad_epilogue_matches_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    let counter = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+        for (m, n, k) in [(33, 24, 17), (33, 20, 17), (64, 48, 0)] {
+            let kernels_before = counter(&blas::ACTIVATION_KERNELS);
+            let a = operand(0, vec![m * k], k, 1);
+            let b = operand(0, vec![0], n, 1); // a weight [k, n] used as is, as dY @ W does
+            let spec = BmmSpec {
+                a,
+                b,
+                batch: vec![2],
+                m,
+                n,
+                k,
+                bias: None,
+                activation: None,
+                activation_grad: Some(Activation::GeluTanh),
+            };
+            let bytes_of = |seed: u64, len: usize, scale: f64| {
+                let xs: Vec<f64> = randoms(seed, len).iter().map(|x| x * scale).collect();
+                HostData::from_f64_slice(dtype, &xs).to_bytes()
+            };
+            let (ha, hb, haux) =
+                (bytes_of(1, (2 * m * k).max(1), 1.0), bytes_of(2, (k * n).max(1), 1.0), bytes_of(3, 2 * m * n, 3.0));
+            let out_bytes = 2 * m * n * dtype.size_bytes();
+            let mut want = vec![0u8; out_bytes];
+            let (wa, wb, waux) = (words(&ha), words(&hb), words(&haux));
+            crate::cpu::gemm::bmm_bytes_grad(
+                &spec,
+                dtype,
+                view(&wa, ha.len()),
+                view(&wb, hb.len()),
+                view(&waux, haux.len()),
+                &mut want,
+            )
+            .unwrap();
+            let up = |host: &[u8]| {
+                let mem = DeviceMemory::alloc(&dev, host.len()).unwrap();
+                // SAFETY: the allocation holds `host.len()` bytes.
+                unsafe { memory::upload(&dev, mem.ptr(), host).unwrap() };
+                mem
+            };
+            let (da, db, daux) = (up(&ha), up(&hb), up(&haux));
+            let out = DeviceMemory::alloc(&dev, out_bytes).unwrap();
+            let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
+            blas::bmm(&dev, &spec, dtype, dtype, op(&da), op(&db), None, Some(op(&daux)), op(&out)).unwrap();
+            // SAFETY: the allocation holds `out_bytes` bytes.
+            let got = unsafe { memory::download(&dev, out.ptr(), out_bytes).unwrap() };
+            let f = |b: &[u8]| HostData::from_bytes(dtype, b).unwrap().to_f64_vec();
+            let tol = match dtype {
+                DType::F32 => 1e-5,
+                DType::F64 => 1e-9,
+                _ => 1e-2,
+            };
+            assert_close(&f(&got), &f(&want), tol, &format!("dgelu {m}x{n}x{k} ({dtype})"));
+            let kernel = counter(&blas::ACTIVATION_KERNELS) > kernels_before;
+            eprintln!(
+                "{dtype} {m}x{n}x{k}: the gradient {}",
+                if kernel { "in a follow-up kernel" } else { "in cuBLASLt" }
+            );
+        }
     }
 }
 
