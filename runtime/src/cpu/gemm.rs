@@ -202,14 +202,8 @@ pub fn bmm_bytes_with(
                 par_map_in_place(out, |o| act.apply_f64(o));
             }
         }
-        DType::F16 => {
-            let activate = |o: &mut [f32]| spec.activation.into_iter().for_each(|act| activate_f32(act, o));
-            via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, f16::to_f32, f16::from_f32, activate)
-        }
-        DType::BF16 => {
-            let activate = |o: &mut [f32]| spec.activation.into_iter().for_each(|act| activate_f32(act, o));
-            via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32, activate)
-        }
+        DType::F16 => via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, f16::to_f32, f16::from_f32),
+        DType::BF16 => via_f32(spec, cast(a)?, cast(b)?, cast(bias)?, cast_mut(out)?, bf16::to_f32, bf16::from_f32),
         _ if spec.activation.is_some() => {
             return Err(Error::unsupported(format!("a {dtype} matrix product with an activation epilogue")));
         }
@@ -254,16 +248,19 @@ fn packed(
 
 /// `out = (a @ b) * act'(aux)` per batch ([`BmmSpec::activation_grad`] is `act`): the
 /// gradient of an activation at its saved input `aux` (`[*batch, m, n]`, contiguous, of
-/// `dtype`, as `out`), the product of the incoming gradient `a` and a weight `b` — what
-/// cuBLASLt's `CUBLASLT_EPILOGUE_DGELU` computes. The product is not rounded before the
-/// derivative multiplies it (f32 for half types and f32, f64 for f64); the result is rounded
-/// once. Runs on the `gemm` crate's path (the packed template has no such epilogue).
+/// `dtype`, as `out`), the product of the incoming gradient `a` and a weight `b`, what
+/// cuBLASLt's `CUBLASLT_EPILOGUE_DGELU` computes.
+///
+/// The product is the plain one ([`bmm_bytes`]: the packed template where it serves), rounded
+/// to `dtype` before the derivative (in f32, f64 for f64) multiplies it, as the unfused graph
+/// computes it; cuBLASLt multiplies the unrounded product: a difference within the rounding of
+/// the half types it serves.
 ///
 /// ```
-/// use coil_ir::loops::{Activation, StridedOperand};
+/// use coil_ir::loops::{Activation, BufferId, StridedOperand};
 /// use coil_runtime::cpu::gemm::{bmm_bytes_grad, BmmSpec};
-/// let op = |row_stride| StridedOperand { buffer: coil_ir::loops::BufferId(0), offset: 0usize, batch_strides: vec![0], row_stride, col_stride: 1 };
-/// let spec = BmmSpec { a: op(1), b: op(1), batch: vec![1], m: 1, n: 1, k: 1, bias: None, activation: None,
+/// let op = StridedOperand { buffer: BufferId(0), offset: 0usize, batch_strides: vec![0], row_stride: 1, col_stride: 1 };
+/// let spec = BmmSpec { a: op.clone(), b: op, batch: vec![1], m: 1, n: 1, k: 1, bias: None, activation: None,
 ///     activation_grad: Some(Activation::GeluTanh) };
 /// let (a, b, aux) = (2.0f32, 3.0f32, 0.5f32);
 /// let mut out = [0u8; 4];
@@ -278,8 +275,6 @@ pub fn bmm_bytes_grad(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], aux: &[u
     if spec.bias.is_some() || spec.activation.is_some() {
         return Err(Error::unsupported("a matrix product with a bias or an activation and an activation gradient"));
     }
-    let size = dtype.size_bytes();
-    spec.check(a.len() / size, b.len() / size, 0, out.len() / size)?;
     if aux.len() != out.len() {
         return Err(Error::runtime(format!(
             "bmm: the activation's saved input has {} bytes, the output {}",
@@ -287,39 +282,24 @@ pub fn bmm_bytes_grad(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], aux: &[u
             out.len()
         )));
     }
-    fn scale<T: Copy + Send + Sync>(o: &mut [f32], aux: &[T], up: impl Fn(T) -> f32 + Sync, act: Activation) {
-        let run = |(o, x): (&mut [f32], &[T])| o.iter_mut().zip(x).for_each(|(o, &x)| *o *= act.grad_f32(up(x)));
-        if o.len() <= PAR_CHUNK {
-            run((o, aux))
+    bmm_bytes(&BmmSpec { activation_grad: None, ..spec.clone() }, dtype, a, b, &[], out)?;
+    fn scale<T: bytemuck::Pod + Send + Sync>(out: &mut [u8], aux: &[u8], f: impl Fn(T, T) -> T + Sync) -> Result<()> {
+        let (out, aux) = (cast_mut::<T>(out)?, cast::<T>(aux)?);
+        let run = |(o, x): (&mut [T], &[T])| o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(*o, x));
+        if out.len() <= PAR_CHUNK {
+            run((out, aux))
         } else {
-            o.par_chunks_mut(PAR_CHUNK).zip(aux.par_chunks(PAR_CHUNK)).for_each(run)
+            out.par_chunks_mut(PAR_CHUNK).zip(aux.par_chunks(PAR_CHUNK)).for_each(run)
         }
+        Ok(())
     }
     match dtype {
-        DType::F32 => {
-            let out = cast_mut::<f32>(out)?;
-            gemm_float::<f32>(spec, cast(a)?, cast(b)?, &[], out, 0.0, 1.0);
-            scale(out, cast::<f32>(aux)?, |x| x, act);
-        }
-        DType::F64 => {
-            let out = cast_mut::<f64>(out)?;
-            gemm_float::<f64>(spec, cast(a)?, cast(b)?, &[], out, 0.0, 1.0);
-            let aux = cast::<f64>(aux)?;
-            out.iter_mut().zip(aux).for_each(|(o, &x)| *o *= act.grad_f64(x));
-        }
-        DType::F16 => {
-            let aux = cast::<f16>(aux)?;
-            let epilogue = |o: &mut [f32]| scale(o, aux, f16::to_f32, act);
-            via_f32(spec, cast(a)?, cast(b)?, &[], cast_mut(out)?, f16::to_f32, f16::from_f32, epilogue)
-        }
-        DType::BF16 => {
-            let aux = cast::<bf16>(aux)?;
-            let epilogue = |o: &mut [f32]| scale(o, aux, bf16::to_f32, act);
-            via_f32(spec, cast(a)?, cast(b)?, &[], cast_mut(out)?, bf16::to_f32, bf16::from_f32, epilogue)
-        }
-        _ => return Err(Error::unsupported(format!("a {dtype} matrix product with an activation gradient"))),
+        DType::F32 => scale::<f32>(out, aux, |p, x| p * act.grad_f32(x)),
+        DType::F64 => scale::<f64>(out, aux, |p, x| p * act.grad_f64(x)),
+        DType::F16 => scale::<f16>(out, aux, |p, x| f16::from_f32(p.to_f32() * act.grad_f32(x.to_f32()))),
+        DType::BF16 => scale::<bf16>(out, aux, |p, x| bf16::from_f32(p.to_f32() * act.grad_f32(x.to_f32()))),
+        _ => Err(Error::unsupported(format!("a {dtype} matrix product with an activation gradient"))),
     }
-    Ok(())
 }
 
 /// [`bmm_bytes`] with operands (and bias) of `dtype` and `out` of `out_dtype`: the same dtype,
@@ -528,9 +508,7 @@ fn gemm_float<T: Copy + Send + Sync + 'static>(
 }
 
 /// Half types: widen both operands (whole buffers, so the strides still apply), multiply in f32,
-/// add the bias, apply `epilogue` (the activation, or an activation's gradient) in f32, round
-/// once.
-#[allow(clippy::too_many_arguments)]
+/// add the bias and apply the activation in f32, round once.
 fn via_f32<T: Copy + Default + Send + Sync>(
     spec: &BmmSpec,
     a: &[T],
@@ -539,12 +517,13 @@ fn via_f32<T: Copy + Default + Send + Sync>(
     out: &mut [T],
     up: impl Fn(T) -> f32 + Sync,
     down: impl Fn(f32) -> T + Sync,
-    epilogue: impl FnOnce(&mut [f32]),
 ) {
     let (a32, b32, bias32) = (par_convert(a, &up), par_convert(b, &up), par_convert(bias, &up));
     let mut o32 = vec![0f32; out.len()];
     gemm_float::<f32>(spec, &a32, &b32, &bias32, &mut o32, 0.0, 1.0);
-    epilogue(&mut o32);
+    if let Some(act) = spec.activation {
+        activate_f32(act, &mut o32);
+    }
     let run = |(o, x): (&mut [T], &[f32])| o.iter_mut().zip(x).for_each(|(o, &x)| *o = down(x));
     if out.len() <= PAR_CHUNK {
         run((out, &o32))
