@@ -199,6 +199,19 @@ fn sample_program() -> LoopProgram {
     add(&mut p, &["buf4", "buf4_dv"], vec![e(1), e(4), e(4)], backward, vec![att, att + 1]);
     let fallback = ExternCall::Fallback { op: Op::Cumsum { dim: 1 } };
     let cumsum = add(&mut p, &["buf5"], vec![e(4), s0], fallback, vec![1]);
+    // The gradient of that gelu through another product, reading its input (here buf2).
+    let grad = ExternCall::Bmm {
+        a: view(1, e(0), &[s0, e(1)]),
+        b: view(0, e(0), &[e(1), s0]),
+        bias: None,
+        activation: None,
+        activation_grad: Some(ActivationGrad { activation: Activation::GeluTanh, aux: BufferId(mm) }),
+        batch: vec![],
+        m: e(4),
+        n: e(4),
+        k: s0,
+    };
+    add(&mut p, &["buf2_grad"], vec![e(4), e(4)], grad, vec![1, 0, mm]);
     let geometry = ConvGeometry { stride: vec![1], padding: vec![1], dilation: vec![1], groups: 1 };
     let tensor = |buffer: usize, shape: Vec<usize>, strides: Vec<usize>, offset| TensorView {
         buffer: BufferId(buffer),
