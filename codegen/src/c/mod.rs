@@ -112,11 +112,16 @@ pub fn emit_c(kernels: &[TileKernel]) -> String {
 /// Name of the support function applying a tanh GELU in place ([`support_source`]).
 pub const SUPPORT_GELU_TANH_F32: &str = "coil_support_gelu_tanh_f32";
 
+/// The [`support_source`] function of the gelu's gradient at a saved input.
+pub const SUPPORT_GELU_TANH_GRAD_F32: &str = "coil_support_gelu_tanh_grad_f32";
+
 /// A translation unit of helpers the CPU runtime calls outside generated kernels, with the
 /// kernels' signature: [`SUPPORT_GELU_TANH_F32`] (`args[0]`: `float *x`, `args[1]`: `const
 /// int64_t *n`) sets `x[i] = gelu_tanh(x[i])` for `i < n`, as the prelude's
 /// `coil_gelu_tanh_f32` (the epilogue of a matrix product, computed as a generated kernel
-/// would: the same function, vectorized).
+/// would: the same function, vectorized); [`SUPPORT_GELU_TANH_GRAD_F32`] (`args[0]`: `float
+/// *g`, `args[1]`: `const float *x`, `args[2]`: `const int64_t *n`) sets
+/// `g[i] *= gelu_tanh'(x[i])` (a product's gradient epilogue).
 pub fn support_source() -> String {
     format!(
         "{}
@@ -127,6 +132,15 @@ void {SUPPORT_GELU_TANH_F32}(char *const *args, int64_t *status)
     (void)status;
     #pragma omp simd
     for (int64_t i = 0; i < n; i++) x[i] = coil_gelu_tanh_f32(x[i]);
+}}
+void {SUPPORT_GELU_TANH_GRAD_F32}(char *const *args, int64_t *status)
+{{
+    float *g = (float *)args[0];
+    const float *x = (const float *)args[1];
+    const int64_t n = *(const int64_t *)args[2];
+    (void)status;
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] * coil_gelu_tanh_grad_f32(x[i]);
 }}
 ",
         prelude()

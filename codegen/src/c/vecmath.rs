@@ -407,6 +407,11 @@ static inline float coil_gelu_tanh_f32(float x) {
     float scaled = (x + cubic) * 0.7978846f;
     return (x * 0.5f) * (coil_tanh_f32(scaled) + 1.0f);
 }
+/* Its derivative, in the operation order of coil_ir::loops::Activation::grad_f32 */
+static inline float coil_gelu_tanh_grad_f32(float x) {
+    float t = coil_tanh_f32((x + x * x * x * 0.044715f) * 0.7978846f);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978846f * (1.0f + 3.0f * 0.044715f * x * x);
+}
 "#;
 
 /// `static inline double NAME(double t)`: the polynomial `coeffs` (constant term first) in `t`

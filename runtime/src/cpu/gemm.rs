@@ -22,7 +22,7 @@ use super::compiler::{c_compiler, default_cache_dir};
 use super::gemm_packed;
 use super::module::{self, Kernel};
 use crate::{interpret, Buffer, HostData};
-use coil_codegen::c::{support_source, SUPPORT_GELU_TANH_F32};
+use coil_codegen::c::{support_source, SUPPORT_GELU_TANH_F32, SUPPORT_GELU_TANH_GRAD_F32};
 use coil_codegen::templates::gemm_cpu::IsaCap;
 use coil_ir::loops::{const_usize, Activation, BiasOperand, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Graph, Op, Result, TensorMeta};
@@ -283,22 +283,61 @@ pub fn bmm_bytes_grad(spec: &BmmSpec, dtype: DType, a: &[u8], b: &[u8], aux: &[u
         )));
     }
     bmm_bytes(&BmmSpec { activation_grad: None, ..spec.clone() }, dtype, a, b, &[], out)?;
-    fn scale<T: bytemuck::Pod + Send + Sync>(out: &mut [u8], aux: &[u8], f: impl Fn(T, T) -> T + Sync) -> Result<()> {
-        let (out, aux) = (cast_mut::<T>(out)?, cast::<T>(aux)?);
-        let run = |(o, x): (&mut [T], &[T])| o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(*o, x));
-        if out.len() <= PAR_CHUNK {
-            run((out, aux))
+    /// `g[i] = round(g[i] * act'(x[i]))` chunk by chunk, through f32 (in place for f32).
+    fn scale<T: bytemuck::Pod + Send + Sync>(
+        g: &mut [u8],
+        x: &[u8],
+        act: Activation,
+        up: impl Fn(T) -> f32 + Sync,
+        down: impl Fn(f32) -> T + Sync,
+    ) -> Result<()> {
+        let (g, x) = (cast_mut::<T>(g)?, cast::<T>(x)?);
+        let run = |(g, x): (&mut [T], &[T])| {
+            let mut g32: Vec<f32> = g.iter().map(|&v| up(v)).collect();
+            let x32: Vec<f32> = x.iter().map(|&v| up(v)).collect();
+            grad_f32(act, &mut g32, &x32);
+            g.iter_mut().zip(g32).for_each(|(g, v)| *g = down(v));
+        };
+        if g.len() <= PAR_CHUNK {
+            run((g, x))
         } else {
-            out.par_chunks_mut(PAR_CHUNK).zip(aux.par_chunks(PAR_CHUNK)).for_each(run)
+            g.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(run)
         }
         Ok(())
     }
     match dtype {
-        DType::F32 => scale::<f32>(out, aux, |p, x| p * act.grad_f32(x)),
-        DType::F64 => scale::<f64>(out, aux, |p, x| p * act.grad_f64(x)),
-        DType::F16 => scale::<f16>(out, aux, |p, x| f16::from_f32(p.to_f32() * act.grad_f32(x.to_f32()))),
-        DType::BF16 => scale::<bf16>(out, aux, |p, x| bf16::from_f32(p.to_f32() * act.grad_f32(x.to_f32()))),
+        DType::F32 => {
+            let (g, x) = (cast_mut::<f32>(out)?, cast::<f32>(aux)?);
+            if g.len() <= PAR_CHUNK {
+                grad_f32(act, g, x)
+            } else {
+                g.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(|(g, x)| grad_f32(act, g, x))
+            }
+            Ok(())
+        }
+        DType::F64 => {
+            let (g, x) = (cast_mut::<f64>(out)?, cast::<f64>(aux)?);
+            g.iter_mut().zip(x).for_each(|(g, &x)| *g *= act.grad_f64(x));
+            Ok(())
+        }
+        DType::F16 => scale::<f16>(out, aux, act, f16::to_f32, f16::from_f32),
+        DType::BF16 => scale::<bf16>(out, aux, act, bf16::to_f32, bf16::from_f32),
         _ => Err(Error::unsupported(format!("a {dtype} matrix product with an activation gradient"))),
+    }
+}
+
+/// `g[i] *= act'(x[i])` on one chunk (the prelude's vectorized derivative where it was built).
+fn grad_f32(act: Activation, g: &mut [f32], x: &[f32]) {
+    match gelu_support().filter(|_| act == Activation::GeluTanh) {
+        Some((_, kernel)) => {
+            let n = g.len().min(x.len()) as i64;
+            let args = [g.as_mut_ptr() as *mut u8, x.as_ptr() as *mut u8, &n as *const i64 as *mut u8];
+            let mut status = [0i64; 4];
+            // SAFETY: the support function reads `n` floats at `args[1]` and `n` at `args[2]`,
+            // and writes `n` floats at `args[0]`.
+            unsafe { kernel.call(&args, &mut status) };
+        }
+        None => g.iter_mut().zip(x).for_each(|(g, &x)| *g *= act.grad_f32(x)),
     }
 }
 
@@ -408,15 +447,16 @@ fn par_convert<T: Copy + Sync, U: Copy + Default + Send>(src: &[T], f: impl Fn(T
     out
 }
 
-/// The prelude's tanh GELU over a slice ([`SUPPORT_GELU_TANH_F32`]), compiled once per process
-/// through the kernel cache; `None` without a C compiler (or if it fails, said once on stderr).
-fn gelu_support() -> Option<&'static Kernel> {
-    static SUPPORT: OnceLock<Option<Kernel>> = OnceLock::new();
+/// The support library's gelu and its gradient (`coil_codegen::c::support_source`), built once
+/// per process (through the kernel cache); `None` without a C compiler (Rust's tanh then).
+fn gelu_support() -> Option<&'static (Kernel, Kernel)> {
+    static SUPPORT: OnceLock<Option<(Kernel, Kernel)>> = OnceLock::new();
     SUPPORT
         .get_or_init(|| {
             let cc = c_compiler()?;
-            let built = module::load_or_build(cc, &support_source(), &default_cache_dir(), &[SUPPORT_GELU_TANH_F32])
-                .and_then(|(lib, _)| lib.kernel(SUPPORT_GELU_TANH_F32));
+            let names = [SUPPORT_GELU_TANH_F32, SUPPORT_GELU_TANH_GRAD_F32];
+            let built = module::load_or_build(cc, &support_source(), &default_cache_dir(), &names)
+                .and_then(|(lib, _)| Ok((lib.kernel(names[0])?, lib.kernel(names[1])?)));
             built.inspect_err(|e| eprintln!("coil: matrix-product epilogues use Rust's tanh: {e}")).ok()
         })
         .as_ref()
@@ -425,7 +465,7 @@ fn gelu_support() -> Option<&'static Kernel> {
 /// `act` applied to every element of `out`, in parallel chunks (the prelude's vectorized GELU
 /// where it was built).
 fn activate_f32(act: Activation, out: &mut [f32]) {
-    let Some(kernel) = gelu_support().filter(|_| act == Activation::GeluTanh) else {
+    let Some((kernel, _)) = gelu_support().filter(|_| act == Activation::GeluTanh) else {
         return par_map_in_place(out, |o| act.apply_f32(o));
     };
     let run = |c: &mut [f32]| {
