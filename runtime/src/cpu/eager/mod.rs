@@ -1,0 +1,440 @@
+//! Tier 0 of the CPU: runs a primitive graph at once on kernels compiled before (with the
+//! crate, or once per machine), for a realization that should not wait for the C compiler
+//! while the graph compiles in the background (`coil_frontend`'s tiered policy; see
+//! `docs/compiler.md`, "Tier 0").
+//!
+//! A [`Plan`] sorts the graph's nodes once:
+//!
+//! * *stored* values get a buffer: inputs, reductions, matrix products, and each pointwise node
+//!   that is a graph output, is read by more than one node or by a non-pointwise one (a view, a
+//!   reduction, a product);
+//! * *fused* pointwise nodes (one pointwise reader) are computed inside their reader's region:
+//!   a stored pointwise node is evaluated [`CHUNK`] elements at a time through the tree of fused
+//!   nodes below it, so no full-size intermediate exists between them;
+//! * views are strided [`layout::Layout`]s of a stored value, read in place (a reshape no
+//!   strides express is stored first); constants (`full`, and views of one) are filled in.
+//!
+//! Values compute as generated kernels compute them ([`chunk`]): f16 / bf16 in f32, rounded
+//! when stored; float math through the prebuilt chunk kernels of
+//! `coil_codegen::templates::eager_cpu` (the code generator's expressions); reductions
+//! accumulate floats in f64 and round once; products go through [`crate::cpu::gemm`], as a
+//! compiled graph's do. Ops it does not run (random numbers, scatter, gather, sort, cumsum,
+//! pad, cat, templates) make [`Plan::new`] say why: such a graph compiles before it runs.
+//! Bad data (integer division by zero, a negative integer power) is an error naming the op and
+//! the user's line, as the interpreter's.
+
+mod chunk;
+mod layout;
+mod math;
+mod reduce;
+#[cfg(test)]
+mod tests;
+
+use crate::{Buffer, HostData};
+use chunk::{Chunk, Class};
+use coil_ir::{DType, Error, Graph, NodeId, Op, Result, Scalar};
+use layout::Layout;
+
+/// Elements of a region computed at once: a few kilobytes per value, cache-resident.
+pub const CHUNK: usize = 512;
+
+/// What a node's value is while the plan runs.
+#[derive(Clone, Debug)]
+enum Kind {
+    /// Not needed by any output.
+    Dead,
+    /// The graph input bound at this position.
+    Input(usize),
+    /// A buffer of its own, computed by its [`Region`] (pointwise), or by a reduction or product.
+    Stored,
+    /// A strided view of a stored value (or input).
+    View(NodeId, Layout),
+    /// Computed inside its one pointwise reader's region.
+    Fused,
+    /// One value everywhere.
+    Const(Scalar),
+}
+
+/// Where a region step's values come from.
+#[derive(Clone, Debug)]
+enum Source {
+    /// A stored value (or input) through a layout.
+    Read(NodeId, Layout),
+    /// A constant.
+    Const(Scalar),
+    /// The element's index along `dim` of `shape`.
+    Iota(usize, Vec<usize>),
+    /// A pointwise node on earlier steps.
+    Node(NodeId, Vec<usize>),
+}
+
+/// A stored pointwise value's computation: steps in dependency order, the last the value.
+#[derive(Clone, Debug)]
+struct Region {
+    steps: Vec<(Source, DType)>,
+}
+
+/// A primitive graph sorted for tier 0 ([`Plan::new`]), ready to run on any inputs of its
+/// metas.
+#[derive(Debug)]
+pub struct Plan {
+    graph: Graph,
+    kinds: Vec<Kind>,
+    regions: Vec<Option<Region>>,
+    /// Stored values freed after each node runs (their last reader).
+    frees: Vec<Vec<NodeId>>,
+}
+
+impl Plan {
+    /// The plan of a primitive graph (`coil_passes::decompose`'s output), or why tier 0 does not
+    /// run it (an op or dtype it has no kernel for, or no math library on this machine).
+    pub fn new(graph: Graph) -> std::result::Result<Plan, String> {
+        graph.verify_primitive().map_err(|e| e.message)?;
+        math::Math::get().map_err(|e| e.message)?;
+        let n = graph.nodes.len();
+        let live = graph.live_nodes();
+        let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+        for &id in &live {
+            for &x in &graph.node(id).inputs {
+                readers[x.0].push(id);
+            }
+        }
+        let output = |id: NodeId| graph.outputs.contains(&id);
+        let op = |id: NodeId| &graph.node(id).op;
+        let pointwise = |op: &Op| op.is_pointwise() || matches!(op, Op::Iota { .. });
+        let heavy = |id: NodeId| readers[id.0].iter().any(|&r| matches!(op(r), Op::Reduce { .. } | Op::Bmm));
+        let mut kinds = vec![Kind::Dead; n];
+        let mut regions: Vec<Option<Region>> = vec![None; n];
+        for &id in &live {
+            let node = graph.node(id);
+            let operand_dtypes: Vec<DType> = node.inputs.iter().map(|&x| graph.meta(x).dtype).collect();
+            let kind = match &node.op {
+                Op::Input { index } => Kind::Input(*index),
+                Op::Full(v) if heavy(id) => Kind::Stored,
+                Op::Full(v) => Kind::Const(*v),
+                op if pointwise(op) => {
+                    if let Some(why) =
+                        (op.is_pointwise()).then(|| chunk::unsupported(op, &operand_dtypes, node.meta.dtype)).flatten()
+                    {
+                        return Err(why);
+                    }
+                    let rs = &readers[id.0];
+                    match !output(id) && rs.len() == 1 && op_is_pointwise(&graph.node(rs[0]).op) {
+                        true => Kind::Fused,
+                        false => Kind::Stored,
+                    }
+                }
+                op if op.is_view() => {
+                    let x = node.inputs[0];
+                    let (base, from) = match &kinds[x.0] {
+                        Kind::Const(v) if !heavy(id) => {
+                            kinds[id.0] = Kind::Const(*v);
+                            continue;
+                        }
+                        Kind::Input(_) | Kind::Stored => (x, Layout::contiguous(&graph.meta(x).shape)),
+                        Kind::View(base, l) => (*base, l.clone()),
+                        _ => (x, Layout::contiguous(&graph.meta(x).shape)), // a constant a product reads
+                    };
+                    let viewed = match op {
+                        Op::Reshape { shape } => from.reshape(shape),
+                        Op::Permute { perm } => Some(from.permute(perm)),
+                        Op::Expand { shape } => Some(from.expand(shape)),
+                        Op::Slice { dim, start, len, step } => Some(from.slice(*dim, *start, *len, *step)),
+                        _ => unreachable!("the four views"),
+                    };
+                    match viewed {
+                        Some(l) if matches!(kinds[x.0], Kind::Input(_) | Kind::Stored | Kind::View(..)) => {
+                            if !l.fits(graph.meta(base).numel()) {
+                                return Err(format!("{} at {id} leaves its base", node.op));
+                            }
+                            Kind::View(base, l)
+                        }
+                        _ => Kind::Stored, // copied by a region reading its operand
+                    }
+                }
+                Op::Reduce { op: r, dims, .. } => {
+                    let empty = dims.iter().any(|&d| graph.meta(node.inputs[0]).shape[d] == 0);
+                    if empty && !matches!(r, coil_ir::ReduceOp::Sum | coil_ir::ReduceOp::Prod) {
+                        return Err(format!("{} over an empty dim", r.name()));
+                    }
+                    Kind::Stored
+                }
+                Op::Bmm => Kind::Stored,
+                other => return Err(format!("tier 0 has no kernel of {}", other.name())),
+            };
+            kinds[id.0] = kind;
+        }
+        for &id in &live {
+            if matches!(kinds[id.0], Kind::Stored) && !matches!(graph.node(id).op, Op::Reduce { .. } | Op::Bmm) {
+                regions[id.0] = Some(region(&graph, &kinds, id));
+            }
+        }
+        let frees = frees(&graph, &live, &kinds, &regions);
+        Ok(Plan { graph, kinds, regions, frees })
+    }
+
+    /// The graph the plan runs.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Runs the graph on `inputs` (of its input metas) and returns one contiguous buffer per
+    /// output. An error names the op that failed, its operands and the user's line.
+    pub fn run(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+        let g = &self.graph;
+        if inputs.len() != g.inputs.len() {
+            return Err(Error::value(format!("the graph takes {} inputs, got {}", g.inputs.len(), inputs.len())));
+        }
+        for (k, (&id, b)) in g.inputs.iter().zip(inputs).enumerate() {
+            if b.meta() != *g.meta(id) {
+                return Err(Error::shape(format!("input {k}: expected {}, got {}", g.meta(id), b.meta())));
+            }
+        }
+        let mut stored: Vec<Option<HostData>> = vec![None; g.nodes.len()];
+        for (i, kind) in self.kinds.iter().enumerate() {
+            if !matches!(kind, Kind::Stored) {
+                continue;
+            }
+            let value = self.compute(NodeId(i), inputs, &stored).map_err(|e| named(g, NodeId(i), e))?;
+            stored[i] = Some(value);
+            for x in &self.frees[i] {
+                stored[x.0] = None;
+            }
+        }
+        let mut taken = vec![false; g.nodes.len()];
+        g.outputs
+            .iter()
+            .map(|&o| {
+                let meta = g.meta(o);
+                let data = match &self.kinds[o.0] {
+                    Kind::Stored if !std::mem::replace(&mut taken[o.0], true) && last_output(g, o) => {
+                        stored[o.0].take().expect("outputs are kept")
+                    }
+                    Kind::Stored => stored[o.0].clone().expect("outputs are kept"),
+                    _ => {
+                        let r = Region { steps: vec![(self.source_of(o), meta.dtype)] };
+                        self.run_region(&r, meta.numel(), meta.dtype, inputs, &stored)?
+                    }
+                };
+                Buffer::new(meta.shape.clone(), data)
+            })
+            .collect()
+    }
+
+    /// How an output that is no stored value of its own (an input, a view, a constant) is read.
+    fn source_of(&self, id: NodeId) -> Source {
+        match &self.kinds[id.0] {
+            Kind::View(base, l) => Source::Read(*base, l.clone()),
+            Kind::Const(v) => Source::Const(*v),
+            _ => Source::Read(id, Layout::contiguous(&self.graph.meta(id).shape)),
+        }
+    }
+
+    /// The elements of a stored value or input.
+    fn data<'a>(&self, id: NodeId, inputs: &[&'a Buffer], stored: &'a [Option<HostData>]) -> &'a HostData {
+        match self.kinds[id.0] {
+            Kind::Input(k) => &inputs[k].data,
+            _ => stored[id.0].as_ref().expect("a stored value lives until its last reader ran"),
+        }
+    }
+
+    /// Computes one stored value.
+    fn compute(&self, id: NodeId, inputs: &[&Buffer], stored: &[Option<HostData>]) -> Result<HostData> {
+        let node = self.graph.node(id);
+        let meta = &node.meta;
+        let operand = |k: usize| {
+            let x = node.inputs[k];
+            match &self.kinds[x.0] {
+                Kind::View(base, l) => (l.clone(), self.data(*base, inputs, stored)),
+                _ => (Layout::contiguous(&self.graph.meta(x).shape), self.data(x, inputs, stored)),
+            }
+        };
+        match &node.op {
+            Op::Reduce { op, dims, .. } => {
+                let (l, data) = operand(0);
+                reduce::reduce(*op, dims, &l, data, meta.dtype)
+            }
+            Op::Bmm => {
+                let (la, a) = operand(0);
+                let (lb, b) = operand(1);
+                let k = la.shape[la.shape.len() - 1];
+                // a view with a negative stride (a flip) is gathered first
+                let gathered = |l: &Layout, d: &HostData| Ok::<_, Error>((Layout::contiguous(&l.shape), gather(l, d)?));
+                let (ga, gb);
+                let (oa, da) = match reduce::operand(&la) {
+                    Some(o) => (o, a),
+                    None => {
+                        ga = gathered(&la, a)?;
+                        (reduce::operand(&ga.0).expect("contiguous"), &ga.1)
+                    }
+                };
+                let (ob, db) = match reduce::operand(&lb) {
+                    Some(o) => (o, b),
+                    None => {
+                        gb = gathered(&lb, b)?;
+                        (reduce::operand(&gb.0).expect("contiguous"), &gb.1)
+                    }
+                };
+                reduce::bmm((oa, da), (ob, db), &meta.shape, k, meta.dtype)
+            }
+            _ => {
+                let r = self.regions[id.0].as_ref().expect("stored pointwise values have a region");
+                self.run_region(r, meta.numel(), meta.dtype, inputs, stored)
+            }
+        }
+    }
+
+    /// Evaluates a region over `numel` elements, [`CHUNK`] at a time, into a new value.
+    fn run_region(
+        &self,
+        r: &Region,
+        numel: usize,
+        dtype: DType,
+        inputs: &[&Buffer],
+        stored: &[Option<HostData>],
+    ) -> Result<HostData> {
+        let mut out = HostData::for_output(dtype, numel)?;
+        let mut scratch: Vec<Chunk> = r.steps.iter().map(|(_, d)| Class::of(*d).chunk(CHUNK.min(numel))).collect();
+        let mut start = 0;
+        while start < numel {
+            let n = CHUNK.min(numel - start);
+            for i in 0..r.steps.len() {
+                let (before, rest) = scratch.split_at_mut(i);
+                let out_chunk = &mut rest[0];
+                out_chunk.truncate_to(n);
+                let (source, dt) = &r.steps[i];
+                match source {
+                    Source::Read(base, l) => out_chunk.load(l, self.data(*base, inputs, stored), start),
+                    Source::Const(v) => out_chunk.fill(*v, *dt),
+                    Source::Iota(dim, shape) => iota(out_chunk, *dim, shape, start, *dt),
+                    Source::Node(id, args) => {
+                        let node = self.graph.node(*id);
+                        let chunks: Vec<&Chunk> = args.iter().map(|&j| &before[j]).collect();
+                        let dtypes: Vec<DType> = node.inputs.iter().map(|&x| self.graph.meta(x).dtype).collect();
+                        // a fused node's error names that node, not the region's root
+                        chunk::eval(&node.op, &chunks, &dtypes, out_chunk, *dt)
+                            .map_err(|e| named(&self.graph, *id, e))?;
+                    }
+                }
+            }
+            scratch.last().expect("a region has steps").store(&mut out, start);
+            start += n;
+        }
+        Ok(out)
+    }
+}
+
+/// Whether a reader computes pointwise (so a single pointwise operand fuses into it).
+fn op_is_pointwise(op: &Op) -> bool {
+    op.is_pointwise()
+}
+
+/// Whether `o` is its last position among the graph's outputs (its buffer can move there).
+fn last_output(g: &Graph, o: NodeId) -> bool {
+    g.outputs.iter().filter(|&&x| x == o).count() == 1
+}
+
+/// `e` named by node `id`'s op, operands and line (unless an inner step named it already).
+fn named(g: &Graph, id: NodeId, e: Error) -> Error {
+    let node = g.node(id);
+    let e = e.in_op(node.op.name(), node.inputs.iter().map(|&x| g.meta(x).to_string()).collect());
+    match node.location {
+        Some(l) => e.at(l),
+        None => e,
+    }
+}
+
+/// A strided view's elements gathered contiguously (a product's operand of negative strides).
+fn gather(l: &Layout, d: &HostData) -> Result<HostData> {
+    let mut out = HostData::for_output(d.dtype(), l.numel())?;
+    let mut c = Class::of(d.dtype()).chunk(CHUNK);
+    let mut start = 0;
+    while start < l.numel() {
+        let n = CHUNK.min(l.numel() - start);
+        c.truncate_to(n);
+        c.load(l, d, start);
+        c.store(&mut out, start);
+        start += n;
+    }
+    Ok(out)
+}
+
+/// The coordinate along `dim` of elements `start ..` of `shape`, as values of `dtype`.
+fn iota(out: &mut Chunk, dim: usize, shape: &[usize], start: usize, dtype: DType) {
+    let inner: usize = shape[dim + 1..].iter().product();
+    let size = shape[dim];
+    let at = |i: usize| ((start + i) / inner) % size;
+    match out {
+        Chunk::F(v) => v.iter_mut().enumerate().for_each(|(i, o)| *o = at(i) as f32),
+        Chunk::D(v) => v.iter_mut().enumerate().for_each(|(i, o)| *o = at(i) as f64),
+        Chunk::I(v) => v.iter_mut().enumerate().for_each(|(i, o)| *o = chunk::wrap(at(i) as i64, dtype)),
+    }
+}
+
+/// The region computing the stored value `root`: its fused operands' trees, leaves read.
+fn region(g: &Graph, kinds: &[Kind], root: NodeId) -> Region {
+    let mut steps = Vec::new();
+    fn leaf(g: &Graph, kinds: &[Kind], x: NodeId) -> Source {
+        match &kinds[x.0] {
+            Kind::View(base, l) => Source::Read(*base, l.clone()),
+            Kind::Const(v) => Source::Const(*v),
+            _ => Source::Read(x, Layout::contiguous(&g.meta(x).shape)),
+        }
+    }
+    fn build(g: &Graph, kinds: &[Kind], id: NodeId, steps: &mut Vec<(Source, DType)>) -> usize {
+        let node = g.node(id);
+        let source = match &node.op {
+            Op::Full(v) => Source::Const(*v),
+            Op::Iota { dim } => Source::Iota(*dim, node.meta.shape.clone()),
+            op if op.is_view() => leaf(g, kinds, node.inputs[0]), // a copy of the operand's elements
+            _ => {
+                let args = node
+                    .inputs
+                    .iter()
+                    .map(|&x| match kinds[x.0] {
+                        Kind::Fused => build(g, kinds, x, steps),
+                        _ => {
+                            steps.push((leaf(g, kinds, x), g.meta(x).dtype));
+                            steps.len() - 1
+                        }
+                    })
+                    .collect();
+                Source::Node(id, args)
+            }
+        };
+        steps.push((source, node.meta.dtype));
+        steps.len() - 1
+    }
+    build(g, kinds, root, &mut steps);
+    Region { steps }
+}
+
+/// Per node, the stored values whose last reader it is (outputs are never freed).
+fn frees(g: &Graph, live: &[NodeId], kinds: &[Kind], regions: &[Option<Region>]) -> Vec<Vec<NodeId>> {
+    let mut last: Vec<Option<usize>> = vec![None; g.nodes.len()];
+    let base = |x: NodeId| match &kinds[x.0] {
+        Kind::View(b, _) => *b,
+        _ => x,
+    };
+    for &id in live {
+        if !matches!(kinds[id.0], Kind::Stored) {
+            continue;
+        }
+        match &regions[id.0] {
+            Some(r) => r.steps.iter().for_each(|(s, _)| {
+                if let Source::Read(b, _) = s {
+                    last[b.0] = Some(id.0);
+                }
+            }),
+            None => g.node(id).inputs.iter().for_each(|&x| last[base(x).0] = Some(id.0)),
+        }
+    }
+    let mut frees = vec![Vec::new(); g.nodes.len()];
+    for (x, l) in last.iter().enumerate() {
+        let kept = g.outputs.iter().any(|&o| o.0 == x || base(o).0 == x);
+        if let (Some(l), false, Kind::Stored) = (l, kept, &kinds[x]) {
+            frees[*l].push(NodeId(x));
+        }
+    }
+    frees
+}

@@ -1,0 +1,197 @@
+//! The tier-0 executor's non-pointwise ops: reductions over any dims of a strided value, and
+//! batched matrix products through the CPU GEMM routine compiled graphs call
+//! ([`crate::cpu::gemm::bmm_bytes`]), so that products agree with the compiled path's.
+
+use super::layout::Layout;
+use crate::cpu::gemm::{bmm_bytes, BmmSpec};
+use crate::HostData;
+use coil_ir::loops::{BufferId, StridedOperand};
+use coil_ir::{DType, ReduceOp, Result};
+
+/// Rows read at once by a reduction (the values of one output element are one row).
+const ROW_CHUNK: usize = 4096;
+
+/// `op` over `dims` of the value `layout` views in `data`, as `dtype` (the node's result):
+/// floats accumulate in f64 and round once (as the interpreter does), integers wrap in i64;
+/// max / min propagate NaN; argmax / argmin give the first extreme (NaN counts as one).
+pub(super) fn reduce(op: ReduceOp, dims: &[usize], layout: &Layout, data: &HostData, dtype: DType) -> Result<HostData> {
+    let nd = layout.shape.len();
+    let kept: Vec<usize> = (0..nd).filter(|d| !dims.contains(d)).collect();
+    let perm: Vec<usize> = kept.iter().chain(dims).copied().collect();
+    let rows = layout.permute(&perm);
+    let r: usize = dims.iter().map(|&d| layout.shape[d]).product();
+    let outer: usize = kept.iter().map(|&d| layout.shape[d]).product();
+    let float = data.dtype().is_float();
+    if float {
+        let mut out = vec![0f64; outer];
+        let mut row = vec![0f64; r.min(ROW_CHUNK)];
+        for (o, v) in out.iter_mut().enumerate() {
+            let mut acc = Acc::new(op);
+            let mut done = 0;
+            while done < r {
+                let n = (r - done).min(ROW_CHUNK);
+                load_f64(&rows, data, o * r + done, &mut row[..n]);
+                row[..n].iter().enumerate().for_each(|(i, &x)| acc.float(done + i, x));
+                done += n;
+            }
+            *v = acc.float_result();
+        }
+        return Ok(if dtype.is_float() {
+            HostData::from_f64_slice(dtype, &out)
+        } else {
+            HostData::from_i64_slice(dtype, &out.iter().map(|&x| x as i64).collect::<Vec<_>>())
+        });
+    }
+    let mut out = vec![0i64; outer];
+    let mut row = vec![0i64; r.min(ROW_CHUNK)];
+    for (o, v) in out.iter_mut().enumerate() {
+        let mut acc = Acc::new(op);
+        let mut done = 0;
+        while done < r {
+            let n = (r - done).min(ROW_CHUNK);
+            load_i64(&rows, data, o * r + done, &mut row[..n]);
+            row[..n].iter().enumerate().for_each(|(i, &x)| acc.int(done + i, x));
+            done += n;
+        }
+        *v = acc.int_result();
+    }
+    Ok(HostData::from_i64_slice(dtype, &out))
+}
+
+fn load_f64(layout: &Layout, data: &HostData, start: usize, out: &mut [f64]) {
+    match data {
+        HostData::F32(s) => layout.read(s, start, out, |x| x as f64),
+        HostData::F64(s) => layout.read(s, start, out, |x| x),
+        HostData::F16(s) => layout.read(s, start, out, |x| x.to_f64()),
+        HostData::BF16(s) => layout.read(s, start, out, |x| x.to_f64()),
+        d => unreachable!("{} is not a float", d.dtype()),
+    }
+}
+
+fn load_i64(layout: &Layout, data: &HostData, start: usize, out: &mut [i64]) {
+    match data {
+        HostData::Bool(s) => layout.read(s, start, out, |x| x as i64),
+        HostData::U8(s) => layout.read(s, start, out, |x| x as i64),
+        HostData::I8(s) => layout.read(s, start, out, |x| x as i64),
+        HostData::I16(s) => layout.read(s, start, out, |x| x as i64),
+        HostData::I32(s) => layout.read(s, start, out, |x| x as i64),
+        HostData::I64(s) => layout.read(s, start, out, |x| x),
+        d => unreachable!("{} is a float", d.dtype()),
+    }
+}
+
+/// One output element's accumulator.
+struct Acc {
+    op: ReduceOp,
+    f: f64,
+    i: i64,
+    /// The position of the extreme so far (arg reductions), and whether one was seen.
+    at: usize,
+    seen: bool,
+}
+
+impl Acc {
+    fn new(op: ReduceOp) -> Acc {
+        let (f, i) = match op {
+            ReduceOp::Prod => (1.0, 1),
+            _ => (0.0, 0),
+        };
+        Acc { op, f, i, at: 0, seen: false }
+    }
+
+    fn float(&mut self, k: usize, x: f64) {
+        match self.op {
+            ReduceOp::Sum => self.f += x,
+            ReduceOp::Prod => self.f *= x,
+            ReduceOp::Max | ReduceOp::Min => {
+                let better = if self.op == ReduceOp::Max { x > self.f } else { x < self.f };
+                if !self.seen || x.is_nan() || (!self.f.is_nan() && better) {
+                    self.f = if self.f.is_nan() && self.seen { self.f } else { x };
+                }
+            }
+            ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                let better = if self.op == ReduceOp::ArgMax { x > self.f } else { x < self.f };
+                // the first NaN wins and stays; else the first strict extreme
+                if !self.seen || (!self.f.is_nan() && (x.is_nan() || better)) {
+                    self.f = x;
+                    self.at = k;
+                }
+            }
+        }
+        self.seen = true;
+    }
+
+    fn float_result(&self) -> f64 {
+        if self.op.is_arg() {
+            self.at as f64
+        } else {
+            self.f
+        }
+    }
+
+    fn int(&mut self, k: usize, x: i64) {
+        match self.op {
+            ReduceOp::Sum => self.i = self.i.wrapping_add(x),
+            ReduceOp::Prod => self.i = self.i.wrapping_mul(x),
+            ReduceOp::Max => self.i = if self.seen { self.i.max(x) } else { x },
+            ReduceOp::Min => self.i = if self.seen { self.i.min(x) } else { x },
+            ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                let better = if self.op == ReduceOp::ArgMax { x > self.i } else { x < self.i };
+                if !self.seen || better {
+                    self.i = x;
+                    self.at = k;
+                }
+            }
+        }
+        self.seen = true;
+    }
+
+    fn int_result(&self) -> i64 {
+        if self.op.is_arg() {
+            self.at as i64
+        } else {
+            self.i
+        }
+    }
+}
+
+/// A bmm operand's layout as the GEMM routine's strided operand, where its strides are not
+/// negative (`None`: the caller stores it contiguously first).
+pub(super) fn operand(layout: &Layout) -> Option<StridedOperand<usize>> {
+    let nd = layout.shape.len();
+    let nonneg = |s: isize| usize::try_from(s).ok();
+    Some(StridedOperand {
+        buffer: BufferId(0),
+        offset: usize::try_from(layout.offset).ok()?,
+        batch_strides: layout.strides[..nd - 2].iter().map(|&s| nonneg(s)).collect::<Option<_>>()?,
+        row_stride: nonneg(layout.strides[nd - 2])?,
+        col_stride: nonneg(layout.strides[nd - 1])?,
+    })
+}
+
+/// `a @ b` per batch into a new value of `shape` (`[*batch, m, n]`) and `dtype`.
+pub(super) fn bmm(
+    (a, a_data): (StridedOperand<usize>, &HostData),
+    (b, b_data): (StridedOperand<usize>, &HostData),
+    shape: &[usize],
+    k: usize,
+    dtype: DType,
+) -> Result<HostData> {
+    let nd = shape.len();
+    let spec = BmmSpec {
+        a,
+        b,
+        batch: shape[..nd - 2].to_vec(),
+        m: shape[nd - 2],
+        n: shape[nd - 1],
+        k,
+        bias: None,
+        activation: None,
+    };
+    let mut out = HostData::for_output(dtype, shape.iter().product())?;
+    let len = out.byte_len();
+    // SAFETY: the pointer addresses the `len` bytes of `out`'s elements, borrowed once here.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr(), len) };
+    bmm_bytes(&spec, dtype, a_data.as_bytes(), b_data.as_bytes(), &[], bytes)?;
+    Ok(out)
+}
