@@ -4,9 +4,11 @@
 //!
 //! The inputs exist before timing starts (data a program loads). Prints one JSON line:
 //! `first_pass_s` (wall seconds for the 20 new shapes, including every
-//! compile: cold or warm depending on the disk cache, `COIL_CACHE_DIR`), `steady_us` (median
-//! wall microseconds per call of one shape after warm-up), `compiles` (graphs compiled by the
-//! first pass) and the device.
+//! compile it waits for: cold or warm depending on the disk cache, `COIL_CACHE_DIR`),
+//! `steady_us` (median wall microseconds per call of one shape after warm-up), `compiles`
+//! (graphs compiled by the first pass, background compiles finished by its end included),
+//! `tier0` (realizations of the first pass that ran on the CPU's tier 0 while their graph
+//! compiled in the background, `coil::tiered`; `COIL_EAGER_TIER=0` turns it off) and the device.
 //!
 //! `cargo run --release --example eager_shapes -- [--device cpu|cuda] [--shapes N] [--reps N]
 //! [--phases]` (`--phases`: also print the host's time per phase in the first pass and over 100 more
@@ -74,6 +76,7 @@ fn main() -> coil::Result<()> {
         eprintln!("first pass: {:?}", coil::profile::host_times().since(&host));
     }
     let compiles = coil::compile_count() - before;
+    let tier0 = coil::tiered::tier0_runs();
     let (n, d) = (64, 256);
     let steady = inputs(n, d, device)?;
     for _ in 0..10 {
@@ -95,7 +98,7 @@ fn main() -> coil::Result<()> {
     times.sort_by(f64::total_cmp);
     let steady_us = times[times.len() / 2];
     println!(
-        "{{\"device\": \"{device}\", \"shapes\": {shapes}, \"first_pass_s\": {first_pass_s:.4}, \"compiles\": {compiles}, \"steady_us\": {steady_us:.1}, \"steady_shape\": [{n}, {d}]}}"
+        "{{\"device\": \"{device}\", \"shapes\": {shapes}, \"first_pass_s\": {first_pass_s:.4}, \"compiles\": {compiles}, \"tier0\": {tier0}, \"steady_us\": {steady_us:.1}, \"steady_shape\": [{n}, {d}]}}"
     );
     Ok(())
 }

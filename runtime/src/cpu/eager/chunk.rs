@@ -8,6 +8,7 @@
 //! integer arithmetic are the plain loops below.
 
 use super::math::{call_binary, call_unary, Math};
+use crate::cpu::Kernel;
 use crate::HostData;
 use coil_ir::{BinaryOp, DType, Error, Op, Result, Scalar, UnaryOp};
 use half::{bf16, f16};
@@ -148,6 +149,13 @@ impl Chunk {
     }
 }
 
+impl Chunk {
+    /// The compute type of the values.
+    pub fn class(&self) -> Class {
+        Class::of_chunk(self)
+    }
+}
+
 impl Class {
     fn of_chunk(c: &Chunk) -> Class {
         match c {
@@ -198,13 +206,31 @@ pub(super) fn unsupported(op: &Op, operands: &[DType], out: DType) -> Option<Str
     }
 }
 
+/// The prebuilt chunk kernel a pointwise node with a result of `dtype` runs, if it runs one
+/// (float math); looked up once, when the plan is made.
+pub(super) fn kernel(op: &Op, dtype: DType) -> Result<Option<&'static Kernel>> {
+    let math = Math::get()?;
+    Ok(match op {
+        Op::Unary(u) if dtype.is_float() && !u.returns_bool() => math.unary(*u, dtype),
+        Op::Binary(b) if dtype.is_float() && !b.returns_bool() => math.binary(*b, dtype),
+        _ => None,
+    })
+}
+
 /// Evaluates one pointwise node (`op`, result `out` of dtype `dtype`) on its operands' chunks
-/// (`dtypes` theirs). Errors (integer division by zero, a negative integer power) are the
-/// interpreter's; the caller names the op.
-pub(super) fn eval(op: &Op, args: &[&Chunk], dtypes: &[DType], out: &mut Chunk, dtype: DType) -> Result<()> {
+/// (`dtypes` theirs), through its [`kernel`] where it has one. Errors (integer division by
+/// zero, a negative integer power) are the interpreter's; the caller names the op.
+pub(super) fn eval(
+    op: &Op,
+    kernel: Option<&Kernel>,
+    args: &[&Chunk],
+    dtypes: &[DType],
+    out: &mut Chunk,
+    dtype: DType,
+) -> Result<()> {
     match op {
-        Op::Unary(u) => unary(*u, args[0], dtypes[0], out, dtype),
-        Op::Binary(b) => binary(*b, args[0], args[1], dtypes[0], out, dtype),
+        Op::Unary(u) => unary(*u, kernel, args[0], dtypes[0], out, dtype),
+        Op::Binary(b) => binary(*b, kernel, args[0], args[1], dtypes[0], out, dtype),
         Op::Where => {
             let Chunk::I(c) = args[0] else { unreachable!("a where's condition is bool") };
             match (args[1], args[2], out) {
@@ -267,7 +293,7 @@ fn cast(x: &Chunk, from: DType, out: &mut Chunk, to: DType) {
     }
 }
 
-fn unary(op: UnaryOp, x: &Chunk, from: DType, out: &mut Chunk, dtype: DType) -> Result<()> {
+fn unary(op: UnaryOp, kernel: Option<&Kernel>, x: &Chunk, from: DType, out: &mut Chunk, dtype: DType) -> Result<()> {
     use UnaryOp::*;
     if op.returns_bool() {
         let Chunk::I(o) = out else { unreachable!("a bool result") };
@@ -283,10 +309,9 @@ fn unary(op: UnaryOp, x: &Chunk, from: DType, out: &mut Chunk, dtype: DType) -> 
         }
         return Ok(());
     }
-    let math = Math::get()?;
     match (x, out) {
-        (Chunk::F(x), Chunk::F(o)) => call_unary(math.unary(op, DType::F32).expect("checked by the plan"), x, o),
-        (Chunk::D(x), Chunk::D(o)) => call_unary(math.unary(op, DType::F64).expect("checked by the plan"), x, o),
+        (Chunk::F(x), Chunk::F(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
+        (Chunk::D(x), Chunk::D(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
         (Chunk::I(x), Chunk::I(o)) => {
             let _ = from;
             let f = |v: i64| match op {
@@ -322,7 +347,15 @@ fn compare<T: PartialOrd + Default + Copy>(op: BinaryOp, a: &[T], b: &[T], o: &m
     }
 }
 
-fn binary(op: BinaryOp, a: &Chunk, b: &Chunk, from: DType, out: &mut Chunk, dtype: DType) -> Result<()> {
+fn binary(
+    op: BinaryOp,
+    kernel: Option<&Kernel>,
+    a: &Chunk,
+    b: &Chunk,
+    from: DType,
+    out: &mut Chunk,
+    dtype: DType,
+) -> Result<()> {
     if op.returns_bool() {
         let Chunk::I(o) = out else { unreachable!("a bool result") };
         match (a, b) {
@@ -335,12 +368,8 @@ fn binary(op: BinaryOp, a: &Chunk, b: &Chunk, from: DType, out: &mut Chunk, dtyp
     }
     let _ = from;
     match (a, b, out) {
-        (Chunk::F(a), Chunk::F(b), Chunk::F(o)) => {
-            call_binary(Math::get()?.binary(op, DType::F32).expect("checked by the plan"), a, b, o)
-        }
-        (Chunk::D(a), Chunk::D(b), Chunk::D(o)) => {
-            call_binary(Math::get()?.binary(op, DType::F64).expect("checked by the plan"), a, b, o)
-        }
+        (Chunk::F(a), Chunk::F(b), Chunk::F(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
+        (Chunk::D(a), Chunk::D(b), Chunk::D(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
         (Chunk::I(a), Chunk::I(b), Chunk::I(o)) => {
             for i in 0..o.len() {
                 o[i] = wrap(binary_int(op, a[i], b[i], dtype)?, dtype);

@@ -38,8 +38,14 @@ impl Layout {
 
     /// Whether the elements are consecutive in row-major order (from `offset`).
     pub fn is_contiguous(&self) -> bool {
-        let want = row_major(&self.shape);
-        self.shape.iter().zip(self.strides.iter().zip(&want)).all(|(&n, (&s, &w))| n <= 1 || s == w)
+        let mut want = 1isize;
+        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if n > 1 && s != want {
+                return false;
+            }
+            want *= n as isize;
+        }
+        true
     }
 
     /// `permute(perm)`: output dim `i` is dim `perm[i]`.
@@ -141,7 +147,14 @@ impl Layout {
             return;
         }
         let nd = self.shape.len();
-        let mut idx = vec![0usize; nd];
+        let mut heap = Vec::new();
+        let mut stack = [0usize; 8];
+        let idx: &mut [usize] = if nd <= 8 {
+            &mut stack[..nd]
+        } else {
+            heap.resize(nd, 0);
+            &mut heap
+        };
         let mut rem = start;
         let mut pos = self.offset;
         for d in (0..nd).rev() {
@@ -158,6 +171,11 @@ impl Layout {
                 let v = f(src[pos as usize]);
                 // (a broadcast row: one read)
                 out[k..k + run].fill(v);
+            } else if stride == 1 {
+                let first = pos as usize;
+                for (o, &s) in out[k..k + run].iter_mut().zip(&src[first..first + run]) {
+                    *o = f(s);
+                }
             } else {
                 let mut p = pos;
                 for o in &mut out[k..k + run] {

@@ -64,8 +64,9 @@ enum Source {
     Const(Scalar),
     /// The element's index along `dim` of `shape`.
     Iota(usize, Vec<usize>),
-    /// A pointwise node on earlier steps.
-    Node(NodeId, Vec<usize>),
+    /// A pointwise node on earlier steps (their positions), with its operands' dtypes and its
+    /// prebuilt kernel (float math), resolved when the plan is made.
+    Node(NodeId, Vec<usize>, Vec<DType>, Option<&'static crate::cpu::Kernel>),
 }
 
 /// A stored pointwise value's computation: steps in dependency order, the last the value.
@@ -83,6 +84,9 @@ pub struct Plan {
     regions: Vec<Option<Region>>,
     /// Stored values freed after each node runs (their last reader).
     frees: Vec<Vec<NodeId>>,
+    /// f16 / bf16 products kept in f32 for the bias add that rounds them once
+    /// ([`biased_products`]).
+    unrounded: Vec<bool>,
 }
 
 impl Plan {
@@ -170,7 +174,8 @@ impl Plan {
             }
         }
         let frees = frees(&graph, &live, &kinds, &regions);
-        Ok(Plan { graph, kinds, regions, frees })
+        let unrounded = biased_products(&graph, &readers);
+        Ok(Plan { graph, kinds, regions, frees, unrounded })
     }
 
     /// The graph the plan runs.
@@ -190,13 +195,16 @@ impl Plan {
                 return Err(Error::shape(format!("input {k}: expected {}, got {}", g.meta(id), b.meta())));
             }
         }
-        let mut stored: Vec<Option<HostData>> = vec![None; g.nodes.len()];
+        // Buffers, not bare data: a dropped intermediate's memory goes back to the host pool
+        // for the next one (`crate::host_pool`).
+        let mut stored: Vec<Option<Buffer>> = vec![None; g.nodes.len()];
+        let mut scratch = Vec::new();
         for (i, kind) in self.kinds.iter().enumerate() {
             if !matches!(kind, Kind::Stored) {
                 continue;
             }
-            let value = self.compute(NodeId(i), inputs, &stored).map_err(|e| named(g, NodeId(i), e))?;
-            stored[i] = Some(value);
+            let value = self.compute(NodeId(i), inputs, &stored, &mut scratch).map_err(|e| named(g, NodeId(i), e))?;
+            stored[i] = Some(Buffer { shape: g.nodes[i].meta.shape.clone(), data: value });
             for x in &self.frees[i] {
                 stored[x.0] = None;
             }
@@ -208,12 +216,12 @@ impl Plan {
                 let meta = g.meta(o);
                 let data = match &self.kinds[o.0] {
                     Kind::Stored if !std::mem::replace(&mut taken[o.0], true) && last_output(g, o) => {
-                        stored[o.0].take().expect("outputs are kept")
+                        return Ok(stored[o.0].take().expect("outputs are kept"));
                     }
-                    Kind::Stored => stored[o.0].clone().expect("outputs are kept"),
+                    Kind::Stored => stored[o.0].as_ref().expect("outputs are kept").data.clone(),
                     _ => {
                         let r = Region { steps: vec![(self.source_of(o), meta.dtype)] };
-                        self.run_region(&r, meta.numel(), meta.dtype, inputs, &stored)?
+                        self.run_region(&r, meta.numel(), meta.dtype, inputs, &stored, &mut scratch)?
                     }
                 };
                 Buffer::new(meta.shape.clone(), data)
@@ -231,15 +239,21 @@ impl Plan {
     }
 
     /// The elements of a stored value or input.
-    fn data<'a>(&self, id: NodeId, inputs: &[&'a Buffer], stored: &'a [Option<HostData>]) -> &'a HostData {
+    fn data<'a>(&self, id: NodeId, inputs: &[&'a Buffer], stored: &'a [Option<Buffer>]) -> &'a HostData {
         match self.kinds[id.0] {
             Kind::Input(k) => &inputs[k].data,
-            _ => stored[id.0].as_ref().expect("a stored value lives until its last reader ran"),
+            _ => &stored[id.0].as_ref().expect("a stored value lives until its last reader ran").data,
         }
     }
 
     /// Computes one stored value.
-    fn compute(&self, id: NodeId, inputs: &[&Buffer], stored: &[Option<HostData>]) -> Result<HostData> {
+    fn compute(
+        &self,
+        id: NodeId,
+        inputs: &[&Buffer],
+        stored: &[Option<Buffer>],
+        scratch: &mut Vec<Chunk>,
+    ) -> Result<HostData> {
         let node = self.graph.node(id);
         let meta = &node.meta;
         let operand = |k: usize| {
@@ -275,26 +289,35 @@ impl Plan {
                         (reduce::operand(&gb.0).expect("contiguous"), &gb.1)
                     }
                 };
-                reduce::bmm((oa, da), (ob, db), &meta.shape, k, meta.dtype)
+                let out = if self.unrounded[id.0] { DType::F32 } else { meta.dtype };
+                reduce::bmm((oa, da), (ob, db), &meta.shape, k, (meta.dtype, out))
             }
             _ => {
                 let r = self.regions[id.0].as_ref().expect("stored pointwise values have a region");
-                self.run_region(r, meta.numel(), meta.dtype, inputs, stored)
+                self.run_region(r, meta.numel(), meta.dtype, inputs, stored, scratch)
             }
         }
     }
 
-    /// Evaluates a region over `numel` elements, [`CHUNK`] at a time, into a new value.
+    /// Evaluates a region over `numel` elements, [`CHUNK`] at a time, into a new value
+    /// (`scratch`: the chunks of the run's regions, reused from one to the next).
     fn run_region(
         &self,
         r: &Region,
         numel: usize,
         dtype: DType,
         inputs: &[&Buffer],
-        stored: &[Option<HostData>],
+        stored: &[Option<Buffer>],
+        scratch: &mut Vec<Chunk>,
     ) -> Result<HostData> {
         let mut out = HostData::for_output(dtype, numel)?;
-        let mut scratch: Vec<Chunk> = r.steps.iter().map(|(_, d)| Class::of(*d).chunk(CHUNK.min(numel))).collect();
+        for (i, (_, d)) in r.steps.iter().enumerate() {
+            match scratch.get(i) {
+                Some(c) if c.class() == Class::of(*d) => {}
+                Some(_) => scratch[i] = Class::of(*d).chunk(CHUNK),
+                None => scratch.push(Class::of(*d).chunk(CHUNK)),
+            }
+        }
         let mut start = 0;
         while start < numel {
             let n = CHUNK.min(numel - start);
@@ -305,23 +328,62 @@ impl Plan {
                 let (source, dt) = &r.steps[i];
                 match source {
                     Source::Read(base, l) => out_chunk.load(l, self.data(*base, inputs, stored), start),
-                    Source::Const(v) => out_chunk.fill(*v, *dt),
+                    // (filled once per region: later chunks are no longer than the first)
+                    Source::Const(v) if start == 0 => out_chunk.fill(*v, *dt),
+                    Source::Const(_) => {}
                     Source::Iota(dim, shape) => iota(out_chunk, *dim, shape, start, *dt),
-                    Source::Node(id, args) => {
+                    Source::Node(id, args, dtypes, kernel) => {
                         let node = self.graph.node(*id);
-                        let chunks: Vec<&Chunk> = args.iter().map(|&j| &before[j]).collect();
-                        let dtypes: Vec<DType> = node.inputs.iter().map(|&x| self.graph.meta(x).dtype).collect();
+                        let mut chunks: [&Chunk; 3] = [&before[args[0]]; 3];
+                        for (k, &j) in args.iter().enumerate() {
+                            chunks[k] = &before[j];
+                        }
+                        let chunks = &chunks[..args.len()];
                         // a fused node's error names that node, not the region's root
-                        chunk::eval(&node.op, &chunks, &dtypes, out_chunk, *dt)
+                        chunk::eval(&node.op, *kernel, chunks, dtypes, out_chunk, *dt)
                             .map_err(|e| named(&self.graph, *id, e))?;
                     }
                 }
             }
-            scratch.last().expect("a region has steps").store(&mut out, start);
+            scratch[r.steps.len() - 1].store(&mut out, start);
             start += n;
         }
         Ok(out)
     }
+}
+
+/// The f16 / bf16 products that `linear(x, w, bias)` adds a bias row to (`add(reshape*(bmm),
+/// expand*(row))`, nothing else reading the product or its reshapes): PyTorch, the compiled
+/// backends' bias epilogue and the interpreter add the bias before rounding the product, so
+/// tier 0 keeps these products in f32 and the add rounds once.
+fn biased_products(g: &Graph, readers: &[Vec<NodeId>]) -> Vec<bool> {
+    let mut found = vec![false; g.nodes.len()];
+    let single = |n: NodeId| readers[n.0].len() == 1 && !g.outputs.contains(&n);
+    for id in g.live_nodes() {
+        let node = g.node(id);
+        let Some(&last) = node.meta.shape.last() else { continue };
+        if node.op != Op::Binary(coil_ir::BinaryOp::Add) || !matches!(node.meta.dtype, DType::F16 | DType::BF16) {
+            continue;
+        }
+        for (product, bias) in [(node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])] {
+            let mut m = product;
+            while matches!(g.node(m).op, Op::Reshape { .. }) && single(m) {
+                m = g.node(m).inputs[0];
+            }
+            let mut row = bias;
+            while matches!(g.node(row).op, Op::Expand { .. }) {
+                row = g.node(row).inputs[0];
+            }
+            let row_shape = &g.meta(row).shape;
+            let is_row = row_shape.last() == Some(&last) && row_shape.iter().rev().skip(1).all(|&d| d == 1);
+            let m_node = g.node(m);
+            if m_node.op == Op::Bmm && single(m) && m_node.meta.shape.last() == Some(&last) && is_row {
+                found[m.0] = true;
+                break;
+            }
+        }
+    }
+    found
 }
 
 /// Whether a reader computes pointwise (so a single pointwise operand fuses into it).
@@ -399,7 +461,9 @@ fn region(g: &Graph, kinds: &[Kind], root: NodeId) -> Region {
                         }
                     })
                     .collect();
-                Source::Node(id, args)
+                let dtypes = node.inputs.iter().map(|&x| g.meta(x).dtype).collect();
+                let kernel = chunk::kernel(&node.op, node.meta.dtype).expect("the library loaded for the plan");
+                Source::Node(id, args, dtypes, kernel)
             }
         };
         steps.push((source, node.meta.dtype));
