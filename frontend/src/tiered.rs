@@ -13,10 +13,10 @@
 //!    tier 0, and unless a compile of the same structure (the graph up to sizes, device and
 //!    code settings) is in flight, one starts in the background, for symbolic sizes at once
 //!    where the program generalizes ([`crate::compile::compile_ahead`]): one compile serves
-//!    every later shape;
+//!    every later shape. One worker thread runs the compiles in line, one at a time;
 //! 3. the same graph at the same sizes realized again while that compile is in flight runs on
-//!    tier 0 up to [`WAIT_AFTER`] times, then waits for the compile: a loop, where the
-//!    compiled graph pays off;
+//!    tier 0 up to [`WAIT_AFTER`] times, then waits for the compile (or, still in line, runs it
+//!    itself): a loop, where the compiled graph pays off;
 //! 4. a background compile that failed is not lost: the next realization of that structure
 //!    compiles in the foreground and reports its error (that is step 5 for it);
 //! 5. anything else (tier 0 does not run it, the knob is off) compiles before it runs.
@@ -32,7 +32,8 @@ use coil_ir::config::Config;
 use coil_ir::{Graph, Result};
 use coil_runtime::cpu::eager::Plan;
 use coil_runtime::{Buffer, Device};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// Tier-0 runs of one graph (same sizes) while its structure's compile is in flight, before
@@ -47,41 +48,110 @@ pub(crate) enum Route {
     Done(Vec<Storage>),
 }
 
-/// A compile of one structure running on a background thread.
-struct Job {
-    /// The graph it compiles (its structure is the job's).
+/// One compile of a structure: what it compiles, and its outcome once there.
+struct Task {
+    /// The graph it compiles (its structure is the task's).
     graph: Arc<Graph>,
     device: Device,
+    /// The configuration of the realization that asked for it.
     config: Arc<Config>,
-    /// `None` while it runs; then its outcome.
-    done: Done,
-    /// Tier-0 runs per exact graph (structural hash with sizes) while it runs.
+    /// Set by the thread that runs it: the worker, or a realization that waits for it and
+    /// found it still in line (it compiles it itself rather than wait behind others).
+    taken: AtomicBool,
+    /// `None` until it ran.
+    outcome: Mutex<Option<Result<()>>>,
+    ready: Condvar,
+}
+
+impl Task {
+    fn new(graph: Arc<Graph>, device: Device, config: Arc<Config>) -> Arc<Task> {
+        let (taken, outcome, ready) = (AtomicBool::new(false), Mutex::new(None), Condvar::new());
+        Arc::new(Task { graph, device, config, taken, outcome, ready })
+    }
+
+    /// Compiles, under the task's configuration, unless another thread took it.
+    fn run(&self) {
+        if self.taken.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let outcome = coil_ir::config::with_config(self.config.clone(), || {
+            let compile = || crate::compile::compile_ahead(&self.graph, self.device);
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile))
+                .unwrap_or_else(|_| Err(coil_ir::Error::internal("the background compile panicked")))
+        });
+        self.finish(outcome);
+    }
+
+    fn finish(&self, outcome: Result<()>) {
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+        self.ready.notify_all();
+    }
+
+    fn outcome(&self) -> Option<Result<()>> {
+        self.outcome.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The outcome: compiled here if the task is still in line, else waited for.
+    fn wait(&self) -> Result<()> {
+        self.run();
+        let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        while outcome.is_none() {
+            outcome = self.ready.wait(outcome).unwrap_or_else(|e| e.into_inner());
+        }
+        outcome.clone().expect("set before the notification")
+    }
+}
+
+/// The background compile of a structure and the tier-0 runs it has seen.
+struct Job {
+    task: Arc<Task>,
+    /// Tier-0 runs per exact graph (structural hash with sizes) while it is in flight.
     runs: HashMap<u64, u32>,
 }
-
-impl Job {
-    fn outcome(&self) -> Option<Result<()>> {
-        self.done.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-/// A job's outcome, once it is there.
-fn wait(done: &Done) -> Result<()> {
-    let (lock, ready) = &**done;
-    let mut d = lock.lock().unwrap_or_else(|e| e.into_inner());
-    while d.is_none() {
-        d = ready.wait(d).unwrap_or_else(|e| e.into_inner());
-    }
-    d.clone().expect("set before the notification")
-}
-
-/// Where a job's outcome is put, and the signal that it was.
-type Done = Arc<(Mutex<Option<Result<()>>>, Condvar)>;
 
 /// Background compiles by the structure's hash without sizes.
 fn jobs() -> &'static Mutex<HashMap<u64, Vec<Job>>> {
     static JOBS: OnceLock<Mutex<HashMap<u64, Vec<Job>>>> = OnceLock::new();
     JOBS.get_or_init(Default::default)
+}
+
+/// Compiles waiting for the worker, and whether the worker thread is running. One worker: a
+/// program with many new graphs runs one C compiler at a time beside it, not one per graph.
+fn queue() -> &'static Mutex<(VecDeque<Arc<Task>>, bool)> {
+    static QUEUE: OnceLock<Mutex<(VecDeque<Arc<Task>>, bool)>> = OnceLock::new();
+    QUEUE.get_or_init(Default::default)
+}
+
+/// Puts a compile in line, starting the worker if it is not running.
+fn enqueue(task: Arc<Task>) {
+    let mut q = queue().lock().unwrap_or_else(|e| e.into_inner());
+    q.0.push_back(task);
+    if q.1 {
+        return;
+    }
+    q.1 = true;
+    let worker = || loop {
+        let next = {
+            let mut q = queue().lock().unwrap_or_else(|e| e.into_inner());
+            let next = q.0.pop_front();
+            q.1 = next.is_some();
+            next
+        };
+        match next {
+            Some(task) => task.run(),
+            None => return,
+        }
+    };
+    if let Err(e) = std::thread::Builder::new().name("coil-compile".into()).spawn(worker) {
+        // No thread: what is in line fails, and the realizations that would use it compile in
+        // the foreground.
+        q.1 = false;
+        for task in q.0.drain(..) {
+            if !task.taken.swap(true, Ordering::AcqRel) {
+                task.finish(Err(coil_ir::Error::runtime(format!("cannot start a compile thread: {e}"))));
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -95,21 +165,21 @@ pub fn tier0_runs() -> usize {
     TIER0_RUNS.with(|c| c.get())
 }
 
-/// Background compiles in flight now.
+/// Background compiles in flight or in line now.
 pub fn pending() -> usize {
     let jobs = jobs().lock().unwrap_or_else(|e| e.into_inner());
-    jobs.values().flatten().filter(|j| j.outcome().is_none()).count()
+    jobs.values().flatten().filter(|j| j.task.outcome().is_none()).count()
 }
 
-/// Waits for every background compile in flight (their errors are reported by the
-/// realizations that would use them, not here).
+/// Waits for every background compile in flight or in line (their errors are reported by
+/// the realizations that would use them, not here).
 pub fn wait_for_background_compiles() {
-    let waits: Vec<_> = {
+    let tasks: Vec<Arc<Task>> = {
         let jobs = jobs().lock().unwrap_or_else(|e| e.into_inner());
-        jobs.values().flatten().map(|j| j.done.clone()).collect()
+        jobs.values().flatten().map(|j| j.task.clone()).collect()
     };
-    for done in waits {
-        let _ = wait(&done);
+    for task in tasks {
+        let _ = task.wait();
     }
 }
 
@@ -129,19 +199,20 @@ pub(crate) fn route(walk: &Walk, origin: &'static std::panic::Location<'static>)
     let erased = crate::dynamo::guards::erased_hash(&graph, device);
     let exact = crate::dynamo::structural_hash(&graph, device);
     let same = |j: &Job| {
-        j.device == device && j.config.same_code(&config) && coil_ir::dynamic::same_up_to_sizes(&j.graph, &graph)
+        let t = &j.task;
+        t.device == device && t.config.same_code(&config) && coil_ir::dynamic::same_up_to_sizes(&t.graph, &graph)
     };
     let mut all = jobs().lock().unwrap_or_else(|e| e.into_inner());
     let list = all.entry(erased).or_default();
     let job = list.iter().position(same);
-    match job.map(|i| (i, list[i].outcome())) {
+    match job.map(|i| (i, list[i].task.outcome())) {
         // In flight: tier 0, unless this graph came back often enough to wait for it.
         Some((i, None)) => {
             let runs = list[i].runs.entry(exact).or_default();
             if *runs >= WAIT_AFTER {
-                let waited = list[i].done.clone();
+                let task = list[i].task.clone();
                 drop(all);
-                let outcome = wait(&waited);
+                let outcome = task.wait();
                 return foreground(graph, device, outcome);
             }
         }
@@ -170,9 +241,9 @@ pub(crate) fn route(walk: &Walk, origin: &'static std::panic::Location<'static>)
     match list.iter_mut().find(|j| same(j)) {
         Some(job) => *job.runs.entry(exact).or_default() += 1,
         None => {
-            let mut job = start(graph.clone(), device, config.clone());
-            job.runs.insert(exact, 1);
-            list.push(job);
+            let task = Task::new(graph.clone(), device, config.clone());
+            list.push(Job { task: task.clone(), runs: HashMap::from([(exact, 1)]) });
+            enqueue(task);
         }
     }
     drop(all);
@@ -185,27 +256,6 @@ fn foreground(graph: Arc<Graph>, device: Device, outcome: Result<()>) -> Result<
     let _ = outcome; // an error comes back from the compile below, at this realization
     let (compiled, graph) = crate::compile::compile_walked(graph, device, &[])?;
     Ok(Route::Compiled(compiled, graph))
-}
-
-/// Starts compiling `graph` on a new thread under `config`.
-fn start(graph: Arc<Graph>, device: Device, config: Arc<Config>) -> Job {
-    let done: Done = Arc::new((Mutex::new(None), Condvar::new()));
-    let (g, c, d) = (graph.clone(), config.clone(), done.clone());
-    let spawned = std::thread::Builder::new().name("coil-compile".into()).spawn(move || {
-        let outcome = coil_ir::config::with_config(c, || {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::compile::compile_ahead(&g, device)))
-                .unwrap_or_else(|_| Err(coil_ir::Error::internal("the background compile panicked")))
-        });
-        let (lock, ready) = &*d;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
-        ready.notify_all();
-    });
-    if let Err(e) = spawned {
-        // no thread: the next realization compiles in the foreground
-        *done.0.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(Err(coil_ir::Error::runtime(format!("cannot start a compile thread: {e}"))));
-    }
-    Job { graph, device, config, done, runs: HashMap::new() }
 }
 
 /// The tier-0 plan of a captured graph, or why it has none.
