@@ -24,6 +24,55 @@ pub(super) enum Chunk {
     I(Vec<i64>),
 }
 
+/// Values of one compute type read in place: a chunk's, or a stored value's own elements.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Val<'a> {
+    /// f32 (f16, bf16, f32 values).
+    F(&'a [f32]),
+    /// f64 values.
+    D(&'a [f64]),
+    /// Integer and bool values, wrapped to their dtype.
+    I(&'a [i64]),
+}
+
+impl<'a> Val<'a> {
+    /// Elements `start .. start + n` of a stored value whose elements are its compute type's
+    /// (f32, f64, i64): read in place, not copied into a chunk. `None` for other dtypes.
+    pub fn of(data: &'a HostData, start: usize, n: usize) -> Option<Val<'a>> {
+        match data {
+            HostData::F32(v) => Some(Val::F(&v[start..start + n])),
+            HostData::F64(v) => Some(Val::D(&v[start..start + n])),
+            HostData::I64(v) => Some(Val::I(&v[start..start + n])),
+            _ => None,
+        }
+    }
+
+    /// Stores the values into `out` (of the value's dtype) at `start ..`: the one rounding of
+    /// f16 and bf16 values.
+    pub fn store(self, out: &mut HostData, start: usize) {
+        macro_rules! put {
+            ($o:expr, $v:expr, $f:expr) => {
+                for (o, &x) in $o[start..start + $v.len()].iter_mut().zip($v.iter()) {
+                    *o = $f(x);
+                }
+            };
+        }
+        match (self, out) {
+            (Val::F(v), HostData::F32(o)) => o[start..start + v.len()].copy_from_slice(v),
+            (Val::F(v), HostData::F16(o)) => put!(o, v, f16::from_f32),
+            (Val::F(v), HostData::BF16(o)) => put!(o, v, bf16::from_f32),
+            (Val::D(v), HostData::F64(o)) => o[start..start + v.len()].copy_from_slice(v),
+            (Val::I(v), HostData::Bool(o)) => put!(o, v, |x: i64| x != 0),
+            (Val::I(v), HostData::U8(o)) => put!(o, v, |x: i64| x as u8),
+            (Val::I(v), HostData::I8(o)) => put!(o, v, |x: i64| x as i8),
+            (Val::I(v), HostData::I16(o)) => put!(o, v, |x: i64| x as i16),
+            (Val::I(v), HostData::I32(o)) => put!(o, v, |x: i64| x as i32),
+            (Val::I(v), HostData::I64(o)) => o[start..start + v.len()].copy_from_slice(v),
+            (v, d) => unreachable!("{v:?} stored as {}", d.dtype()),
+        }
+    }
+}
+
 /// The compute type of `dtype`: its [`Chunk`] variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Class {
@@ -78,15 +127,6 @@ fn round_float(x: f64, dtype: DType) -> f64 {
 }
 
 impl Chunk {
-    /// The number of values.
-    pub fn len(&self) -> usize {
-        match self {
-            Chunk::F(v) => v.len(),
-            Chunk::D(v) => v.len(),
-            Chunk::I(v) => v.len(),
-        }
-    }
-
     /// Keeps the first `n` values (room for them must exist).
     pub fn truncate_to(&mut self, n: usize) {
         match self {
@@ -122,29 +162,12 @@ impl Chunk {
         }
     }
 
-    /// Stores the values into `out` (of the value's dtype) at `start ..`: the one rounding of
-    /// f16 and bf16 values.
-    pub fn store(&self, out: &mut HostData, start: usize) {
-        let n = self.len();
-        macro_rules! put {
-            ($o:expr, $v:expr, $f:expr) => {
-                for (o, &x) in $o[start..start + n].iter_mut().zip($v.iter()) {
-                    *o = $f(x);
-                }
-            };
-        }
-        match (self, out) {
-            (Chunk::F(v), HostData::F32(o)) => o[start..start + n].copy_from_slice(v),
-            (Chunk::F(v), HostData::F16(o)) => put!(o, v, f16::from_f32),
-            (Chunk::F(v), HostData::BF16(o)) => put!(o, v, bf16::from_f32),
-            (Chunk::D(v), HostData::F64(o)) => o[start..start + n].copy_from_slice(v),
-            (Chunk::I(v), HostData::Bool(o)) => put!(o, v, |x: i64| x != 0),
-            (Chunk::I(v), HostData::U8(o)) => put!(o, v, |x: i64| x as u8),
-            (Chunk::I(v), HostData::I8(o)) => put!(o, v, |x: i64| x as i8),
-            (Chunk::I(v), HostData::I16(o)) => put!(o, v, |x: i64| x as i16),
-            (Chunk::I(v), HostData::I32(o)) => put!(o, v, |x: i64| x as i32),
-            (Chunk::I(v), HostData::I64(o)) => o[start..start + n].copy_from_slice(v),
-            (c, d) => unreachable!("a {:?} chunk stored as {}", Class::of_chunk(c), d.dtype()),
+    /// The values, read in place.
+    pub fn val(&self) -> Val<'_> {
+        match self {
+            Chunk::F(v) => Val::F(v),
+            Chunk::D(v) => Val::D(v),
+            Chunk::I(v) => Val::I(v),
         }
     }
 }
@@ -223,7 +246,7 @@ pub(super) fn kernel(op: &Op, dtype: DType) -> Result<Option<&'static Kernel>> {
 pub(super) fn eval(
     op: &Op,
     kernel: Option<&Kernel>,
-    args: &[&Chunk],
+    args: &[Val],
     dtypes: &[DType],
     out: &mut Chunk,
     dtype: DType,
@@ -232,11 +255,11 @@ pub(super) fn eval(
         Op::Unary(u) => unary(*u, kernel, args[0], dtypes[0], out, dtype),
         Op::Binary(b) => binary(*b, kernel, args[0], args[1], dtypes[0], out, dtype),
         Op::Where => {
-            let Chunk::I(c) = args[0] else { unreachable!("a where's condition is bool") };
+            let Val::I(c) = args[0] else { unreachable!("a where's condition is bool") };
             match (args[1], args[2], out) {
-                (Chunk::F(x), Chunk::F(y), Chunk::F(o)) => select(c, x, y, o),
-                (Chunk::D(x), Chunk::D(y), Chunk::D(o)) => select(c, x, y, o),
-                (Chunk::I(x), Chunk::I(y), Chunk::I(o)) => select(c, x, y, o),
+                (Val::F(x), Val::F(y), Chunk::F(o)) => select(c, x, y, o),
+                (Val::D(x), Val::D(y), Chunk::D(o)) => select(c, x, y, o),
+                (Val::I(x), Val::I(y), Chunk::I(o)) => select(c, x, y, o),
                 _ => unreachable!("where operands of the result's compute type (checked by the plan)"),
             }
             Ok(())
@@ -264,55 +287,55 @@ fn map<S: Copy, T>(x: &[S], o: &mut [T], f: impl Fn(S) -> T) {
 /// A cast, as `coil_codegen::c::ops::convert` computes it: floats to integers truncate (NaN
 /// to 0, saturating) then wrap; anything to bool is `!= 0`; f64 to a half type rounds
 /// through f32, as the C code does.
-fn cast(x: &Chunk, from: DType, out: &mut Chunk, to: DType) {
+fn cast(x: Val, from: DType, out: &mut Chunk, to: DType) {
     let _ = from;
     match (x, out) {
-        (Chunk::F(x), Chunk::F(o)) => match to {
+        (Val::F(x), Chunk::F(o)) => match to {
             DType::F16 => map(x, o, |v| f16::from_f32(v).to_f32()),
             DType::BF16 => map(x, o, |v| bf16::from_f32(v).to_f32()),
             _ => o.copy_from_slice(x),
         },
-        (Chunk::D(x), Chunk::F(o)) => match to {
+        (Val::D(x), Chunk::F(o)) => match to {
             DType::F16 => map(x, o, |v| f16::from_f32(v as f32).to_f32()),
             DType::BF16 => map(x, o, |v| bf16::from_f32(v as f32).to_f32()),
             _ => map(x, o, |v| v as f32),
         },
-        (Chunk::I(x), Chunk::F(o)) => match to {
+        (Val::I(x), Chunk::F(o)) => match to {
             DType::F16 => map(x, o, |v| f16::from_f32(v as f32).to_f32()),
             DType::BF16 => map(x, o, |v| bf16::from_f32(v as f32).to_f32()),
             _ => map(x, o, |v| v as f32),
         },
-        (Chunk::F(x), Chunk::D(o)) => map(x, o, |v| v as f64),
-        (Chunk::D(x), Chunk::D(o)) => o.copy_from_slice(x),
-        (Chunk::I(x), Chunk::D(o)) => map(x, o, |v| v as f64),
-        (Chunk::F(x), Chunk::I(o)) if to == DType::Bool => map(x, o, |v| (v != 0.0) as i64),
-        (Chunk::D(x), Chunk::I(o)) if to == DType::Bool => map(x, o, |v| (v != 0.0) as i64),
-        (Chunk::F(x), Chunk::I(o)) => map(x, o, |v| wrap(v as f64 as i64, to)),
-        (Chunk::D(x), Chunk::I(o)) => map(x, o, |v| wrap(v as i64, to)),
-        (Chunk::I(x), Chunk::I(o)) => map(x, o, |v| wrap(v, to)),
+        (Val::F(x), Chunk::D(o)) => map(x, o, |v| v as f64),
+        (Val::D(x), Chunk::D(o)) => o.copy_from_slice(x),
+        (Val::I(x), Chunk::D(o)) => map(x, o, |v| v as f64),
+        (Val::F(x), Chunk::I(o)) if to == DType::Bool => map(x, o, |v| (v != 0.0) as i64),
+        (Val::D(x), Chunk::I(o)) if to == DType::Bool => map(x, o, |v| (v != 0.0) as i64),
+        (Val::F(x), Chunk::I(o)) => map(x, o, |v| wrap(v as f64 as i64, to)),
+        (Val::D(x), Chunk::I(o)) => map(x, o, |v| wrap(v as i64, to)),
+        (Val::I(x), Chunk::I(o)) => map(x, o, |v| wrap(v, to)),
     }
 }
 
-fn unary(op: UnaryOp, kernel: Option<&Kernel>, x: &Chunk, from: DType, out: &mut Chunk, dtype: DType) -> Result<()> {
+fn unary(op: UnaryOp, kernel: Option<&Kernel>, x: Val, from: DType, out: &mut Chunk, dtype: DType) -> Result<()> {
     use UnaryOp::*;
     if op.returns_bool() {
         let Chunk::I(o) = out else { unreachable!("a bool result") };
         match (op, x) {
-            (IsNan, Chunk::F(x)) => map(x, o, |v| v.is_nan() as i64),
-            (IsNan, Chunk::D(x)) => map(x, o, |v| v.is_nan() as i64),
-            (IsInf, Chunk::F(x)) => map(x, o, |v| v.is_infinite() as i64),
-            (IsInf, Chunk::D(x)) => map(x, o, |v| v.is_infinite() as i64),
-            (IsNan | IsInf, Chunk::I(_)) => o.fill(0),
-            (_, Chunk::F(x)) => map(x, o, |v| (v == 0.0) as i64),
-            (_, Chunk::D(x)) => map(x, o, |v| (v == 0.0) as i64),
-            (_, Chunk::I(x)) => map(x, o, |v| (v == 0) as i64),
+            (IsNan, Val::F(x)) => map(x, o, |v| v.is_nan() as i64),
+            (IsNan, Val::D(x)) => map(x, o, |v| v.is_nan() as i64),
+            (IsInf, Val::F(x)) => map(x, o, |v| v.is_infinite() as i64),
+            (IsInf, Val::D(x)) => map(x, o, |v| v.is_infinite() as i64),
+            (IsNan | IsInf, Val::I(_)) => o.fill(0),
+            (_, Val::F(x)) => map(x, o, |v| (v == 0.0) as i64),
+            (_, Val::D(x)) => map(x, o, |v| (v == 0.0) as i64),
+            (_, Val::I(x)) => map(x, o, |v| (v == 0) as i64),
         }
         return Ok(());
     }
     match (x, out) {
-        (Chunk::F(x), Chunk::F(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
-        (Chunk::D(x), Chunk::D(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
-        (Chunk::I(x), Chunk::I(o)) => {
+        (Val::F(x), Chunk::F(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
+        (Val::D(x), Chunk::D(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
+        (Val::I(x), Chunk::I(o)) => {
             let _ = from;
             let f = |v: i64| match op {
                 Neg => v.wrapping_neg(),
@@ -350,8 +373,8 @@ fn compare<T: PartialOrd + Default + Copy>(op: BinaryOp, a: &[T], b: &[T], o: &m
 fn binary(
     op: BinaryOp,
     kernel: Option<&Kernel>,
-    a: &Chunk,
-    b: &Chunk,
+    a: Val,
+    b: Val,
     from: DType,
     out: &mut Chunk,
     dtype: DType,
@@ -359,18 +382,18 @@ fn binary(
     if op.returns_bool() {
         let Chunk::I(o) = out else { unreachable!("a bool result") };
         match (a, b) {
-            (Chunk::F(a), Chunk::F(b)) => compare(op, a, b, o),
-            (Chunk::D(a), Chunk::D(b)) => compare(op, a, b, o),
-            (Chunk::I(a), Chunk::I(b)) => compare(op, a, b, o),
+            (Val::F(a), Val::F(b)) => compare(op, a, b, o),
+            (Val::D(a), Val::D(b)) => compare(op, a, b, o),
+            (Val::I(a), Val::I(b)) => compare(op, a, b, o),
             _ => unreachable!("comparison operands of one dtype (checked by the plan)"),
         }
         return Ok(());
     }
     let _ = from;
     match (a, b, out) {
-        (Chunk::F(a), Chunk::F(b), Chunk::F(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
-        (Chunk::D(a), Chunk::D(b), Chunk::D(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
-        (Chunk::I(a), Chunk::I(b), Chunk::I(o)) => {
+        (Val::F(a), Val::F(b), Chunk::F(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
+        (Val::D(a), Val::D(b), Chunk::D(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
+        (Val::I(a), Val::I(b), Chunk::I(o)) => {
             for i in 0..o.len() {
                 o[i] = wrap(binary_int(op, a[i], b[i], dtype)?, dtype);
             }

@@ -31,7 +31,7 @@ mod reduce;
 mod tests;
 
 use crate::{Buffer, HostData};
-use chunk::{Chunk, Class};
+use chunk::{Chunk, Class, Val};
 use coil_ir::{DType, Error, Graph, NodeId, Op, Result, Scalar};
 use layout::Layout;
 
@@ -318,10 +318,37 @@ impl Plan {
                 None => scratch.push(Class::of(*d).chunk(CHUNK)),
             }
         }
+        // Contiguous reads of a value stored in its compute type are read in place.
+        let direct: Vec<Option<(&HostData, usize)>> = r
+            .steps
+            .iter()
+            .map(|(source, _)| match source {
+                Source::Read(base, l) if l.is_contiguous() => {
+                    let data = self.data(*base, inputs, stored);
+                    Val::of(data, 0, 0).map(|_| (data, l.offset as usize))
+                }
+                _ => None,
+            })
+            .collect();
         let mut start = 0;
         while start < numel {
             let n = CHUNK.min(numel - start);
+            fn val<'a>(
+                direct: &[Option<(&'a HostData, usize)>],
+                scratch: &'a [Chunk],
+                j: usize,
+                at: usize,
+                n: usize,
+            ) -> Val<'a> {
+                match direct[j] {
+                    Some((data, offset)) => Val::of(data, offset + at, n).expect("checked above"),
+                    None => scratch[j].val(),
+                }
+            }
             for i in 0..r.steps.len() {
+                if direct[i].is_some() {
+                    continue;
+                }
                 let (before, rest) = scratch.split_at_mut(i);
                 let out_chunk = &mut rest[0];
                 out_chunk.truncate_to(n);
@@ -334,18 +361,17 @@ impl Plan {
                     Source::Iota(dim, shape) => iota(out_chunk, *dim, shape, start, *dt),
                     Source::Node(id, args, dtypes, kernel) => {
                         let node = self.graph.node(*id);
-                        let mut chunks: [&Chunk; 3] = [&before[args[0]]; 3];
+                        let mut vals: [Val; 3] = [val(&direct, before, args[0], start, n); 3];
                         for (k, &j) in args.iter().enumerate() {
-                            chunks[k] = &before[j];
+                            vals[k] = val(&direct, before, j, start, n);
                         }
-                        let chunks = &chunks[..args.len()];
                         // a fused node's error names that node, not the region's root
-                        chunk::eval(&node.op, *kernel, chunks, dtypes, out_chunk, *dt)
+                        chunk::eval(&node.op, *kernel, &vals[..args.len()], dtypes, out_chunk, *dt)
                             .map_err(|e| named(&self.graph, *id, e))?;
                     }
                 }
             }
-            scratch[r.steps.len() - 1].store(&mut out, start);
+            val(&direct, scratch, r.steps.len() - 1, start, n).store(&mut out, start);
             start += n;
         }
         Ok(out)
@@ -415,7 +441,7 @@ fn gather(l: &Layout, d: &HostData) -> Result<HostData> {
         let n = CHUNK.min(l.numel() - start);
         c.truncate_to(n);
         c.load(l, d, start);
-        c.store(&mut out, start);
+        c.val().store(&mut out, start);
         start += n;
     }
     Ok(out)

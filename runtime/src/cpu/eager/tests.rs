@@ -171,7 +171,10 @@ fn views_broadcasts_constants_and_iota_read_in_place() {
         let t = push(&mut g, Op::Permute { perm: vec![1, 0, 2] }, &[shifted]);
         let flat = push(&mut g, Op::Reshape { shape: vec![60] }, &[t]);
         let ex = push(&mut g, Op::Unary(UnaryOp::Exp), &[flat]);
-        g.outputs.extend([ex, t, e, two]); // outputs that are views and constants are copied out
+        // rows 1..3: a contiguous view at an offset, read in place
+        let rows = push(&mut g, Op::Slice { dim: 0, start: 1, len: 2, step: 1 }, &[a]);
+        let rows = push(&mut g, Op::Unary(UnaryOp::Tanh), &[rows]);
+        g.outputs.extend([ex, t, e, two, rows]); // outputs that are views and constants are copied out
         check(&g, &[&x, &row]);
     }
 }
