@@ -11,7 +11,7 @@
 use coil::{tiered, Backend, Config, DType, Tensor};
 
 fn config(tag: &str, eager_tier: bool) -> Config {
-    let dir = std::env::temp_dir().join(format!("coil-tier0-test-{tag}-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tier0-{tag}-{}", std::process::id()));
     Config { cache_dir: dir, eager_tier, backend: Some(Backend::Compiled), ..coil::config().as_ref().clone() }
 }
 
@@ -123,7 +123,7 @@ fn policy() {
 
     // 5. A background compile that fails is reported by the next realization of its structure
     //    (a compiler that runs but builds nothing).
-    let dir = std::env::temp_dir().join(format!("coil-tier0-test-cc-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tier0-cc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cc = dir.join("brokencc");
     let script = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'brokencc 1.0'; exit 0; fi\n\
