@@ -142,6 +142,9 @@ fn policy() {
         let again = data(&[5, 11], 11).cos().unwrap().mul(3.0).unwrap();
         let e = again.realize().unwrap_err();
         assert!(e.to_string().contains("refuses to build"), "the compile's error: {e}");
+        // and so does every later one of the structure, as without tier 0
+        let e = data(&[3, 7], 12).cos().unwrap().mul(3.0).unwrap().realize().unwrap_err();
+        assert!(e.to_string().contains("refuses to build"), "the compile's error: {e}");
         assert_eq!((tiered::tier0_runs(), coil::compile_count()), (runs + 1, compiles));
     });
 }

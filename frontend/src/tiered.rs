@@ -17,8 +17,9 @@
 //! 3. the same graph at the same sizes realized again while that compile is in flight runs on
 //!    tier 0 up to [`WAIT_AFTER`] times, then waits for the compile (or, still in line, runs it
 //!    itself): a loop, where the compiled graph pays off;
-//! 4. a background compile that failed is not lost: the next realization of that structure
-//!    compiles in the foreground and reports its error (that is step 5 for it);
+//! 4. a background compile that failed is not lost: the next realization of that structure,
+//!    and every later one, compiles in the foreground and reports its error (as it would
+//!    without tier 0);
 //! 5. anything else (tier 0 does not run it, the knob is off) compiles before it runs.
 //!
 //! The background thread runs under the caller's configuration. [`pending`] and
@@ -219,14 +220,17 @@ pub(crate) fn route(walk: &Walk, origin: &'static std::panic::Location<'static>)
                 return foreground(graph, device, outcome);
             }
         }
-        // Finished, and still no compiled graph serves this one: failed (reported now, by a
-        // compile in the foreground), or made for another size; a new one starts below.
-        Some((i, Some(outcome))) => {
+        // Failed: this realization and every later one of the structure compile in the
+        // foreground, which reports the error (as a realization without tier 0 would), or
+        // caches the compiled graph where it succeeds now.
+        Some((_, Some(Err(e)))) => {
+            drop(all);
+            return foreground(graph, device, Err(e));
+        }
+        // Finished, and still no compiled graph serves this one (it was made for another
+        // size, or this size is to be specialized): a new one starts below.
+        Some((i, Some(Ok(())))) => {
             list.remove(i);
-            if outcome.is_err() {
-                drop(all);
-                return foreground(graph, device, outcome);
-            }
         }
         None => {}
     }

@@ -73,6 +73,31 @@ impl<'a> Val<'a> {
     }
 }
 
+/// Where a pointwise node's values go: a chunk, or a region's output itself where it is
+/// stored in its compute type (f32, f64, i64).
+#[derive(Debug)]
+pub(super) enum Out<'a> {
+    /// f32 (f16, bf16, f32 values).
+    F(&'a mut [f32]),
+    /// f64 values.
+    D(&'a mut [f64]),
+    /// Integer and bool values, wrapped to their dtype.
+    I(&'a mut [i64]),
+}
+
+impl<'a> Out<'a> {
+    /// Elements `start .. start + n` of an output stored in its compute type; `None` for other
+    /// dtypes.
+    pub fn of(data: &'a mut HostData, start: usize, n: usize) -> Option<Out<'a>> {
+        match data {
+            HostData::F32(v) => Some(Out::F(&mut v[start..start + n])),
+            HostData::F64(v) => Some(Out::D(&mut v[start..start + n])),
+            HostData::I64(v) => Some(Out::I(&mut v[start..start + n])),
+            _ => None,
+        }
+    }
+}
+
 /// The compute type of `dtype`: its [`Chunk`] variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Class {
@@ -162,6 +187,15 @@ impl Chunk {
         }
     }
 
+    /// The values, to be written.
+    pub fn out(&mut self) -> Out<'_> {
+        match self {
+            Chunk::F(v) => Out::F(v),
+            Chunk::D(v) => Out::D(v),
+            Chunk::I(v) => Out::I(v),
+        }
+    }
+
     /// The values, read in place.
     pub fn val(&self) -> Val<'_> {
         match self {
@@ -248,7 +282,7 @@ pub(super) fn eval(
     kernel: Option<&Kernel>,
     args: &[Val],
     dtypes: &[DType],
-    out: &mut Chunk,
+    out: Out,
     dtype: DType,
 ) -> Result<()> {
     match op {
@@ -257,9 +291,9 @@ pub(super) fn eval(
         Op::Where => {
             let Val::I(c) = args[0] else { unreachable!("a where's condition is bool") };
             match (args[1], args[2], out) {
-                (Val::F(x), Val::F(y), Chunk::F(o)) => select(c, x, y, o),
-                (Val::D(x), Val::D(y), Chunk::D(o)) => select(c, x, y, o),
-                (Val::I(x), Val::I(y), Chunk::I(o)) => select(c, x, y, o),
+                (Val::F(x), Val::F(y), Out::F(o)) => select(c, x, y, o),
+                (Val::D(x), Val::D(y), Out::D(o)) => select(c, x, y, o),
+                (Val::I(x), Val::I(y), Out::I(o)) => select(c, x, y, o),
                 _ => unreachable!("where operands of the result's compute type (checked by the plan)"),
             }
             Ok(())
@@ -287,39 +321,39 @@ fn map<S: Copy, T>(x: &[S], o: &mut [T], f: impl Fn(S) -> T) {
 /// A cast, as `coil_codegen::c::ops::convert` computes it: floats to integers truncate (NaN
 /// to 0, saturating) then wrap; anything to bool is `!= 0`; f64 to a half type rounds
 /// through f32, as the C code does.
-fn cast(x: Val, from: DType, out: &mut Chunk, to: DType) {
+fn cast(x: Val, from: DType, out: Out, to: DType) {
     let _ = from;
     match (x, out) {
-        (Val::F(x), Chunk::F(o)) => match to {
+        (Val::F(x), Out::F(o)) => match to {
             DType::F16 => map(x, o, |v| f16::from_f32(v).to_f32()),
             DType::BF16 => map(x, o, |v| bf16::from_f32(v).to_f32()),
             _ => o.copy_from_slice(x),
         },
-        (Val::D(x), Chunk::F(o)) => match to {
+        (Val::D(x), Out::F(o)) => match to {
             DType::F16 => map(x, o, |v| f16::from_f32(v as f32).to_f32()),
             DType::BF16 => map(x, o, |v| bf16::from_f32(v as f32).to_f32()),
             _ => map(x, o, |v| v as f32),
         },
-        (Val::I(x), Chunk::F(o)) => match to {
+        (Val::I(x), Out::F(o)) => match to {
             DType::F16 => map(x, o, |v| f16::from_f32(v as f32).to_f32()),
             DType::BF16 => map(x, o, |v| bf16::from_f32(v as f32).to_f32()),
             _ => map(x, o, |v| v as f32),
         },
-        (Val::F(x), Chunk::D(o)) => map(x, o, |v| v as f64),
-        (Val::D(x), Chunk::D(o)) => o.copy_from_slice(x),
-        (Val::I(x), Chunk::D(o)) => map(x, o, |v| v as f64),
-        (Val::F(x), Chunk::I(o)) if to == DType::Bool => map(x, o, |v| (v != 0.0) as i64),
-        (Val::D(x), Chunk::I(o)) if to == DType::Bool => map(x, o, |v| (v != 0.0) as i64),
-        (Val::F(x), Chunk::I(o)) => map(x, o, |v| wrap(v as f64 as i64, to)),
-        (Val::D(x), Chunk::I(o)) => map(x, o, |v| wrap(v as i64, to)),
-        (Val::I(x), Chunk::I(o)) => map(x, o, |v| wrap(v, to)),
+        (Val::F(x), Out::D(o)) => map(x, o, |v| v as f64),
+        (Val::D(x), Out::D(o)) => o.copy_from_slice(x),
+        (Val::I(x), Out::D(o)) => map(x, o, |v| v as f64),
+        (Val::F(x), Out::I(o)) if to == DType::Bool => map(x, o, |v| (v != 0.0) as i64),
+        (Val::D(x), Out::I(o)) if to == DType::Bool => map(x, o, |v| (v != 0.0) as i64),
+        (Val::F(x), Out::I(o)) => map(x, o, |v| wrap(v as f64 as i64, to)),
+        (Val::D(x), Out::I(o)) => map(x, o, |v| wrap(v as i64, to)),
+        (Val::I(x), Out::I(o)) => map(x, o, |v| wrap(v, to)),
     }
 }
 
-fn unary(op: UnaryOp, kernel: Option<&Kernel>, x: Val, from: DType, out: &mut Chunk, dtype: DType) -> Result<()> {
+fn unary(op: UnaryOp, kernel: Option<&Kernel>, x: Val, from: DType, out: Out, dtype: DType) -> Result<()> {
     use UnaryOp::*;
     if op.returns_bool() {
-        let Chunk::I(o) = out else { unreachable!("a bool result") };
+        let Out::I(o) = out else { unreachable!("a bool result") };
         match (op, x) {
             (IsNan, Val::F(x)) => map(x, o, |v| v.is_nan() as i64),
             (IsNan, Val::D(x)) => map(x, o, |v| v.is_nan() as i64),
@@ -333,9 +367,9 @@ fn unary(op: UnaryOp, kernel: Option<&Kernel>, x: Val, from: DType, out: &mut Ch
         return Ok(());
     }
     match (x, out) {
-        (Val::F(x), Chunk::F(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
-        (Val::D(x), Chunk::D(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
-        (Val::I(x), Chunk::I(o)) => {
+        (Val::F(x), Out::F(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
+        (Val::D(x), Out::D(o)) => call_unary(kernel.expect("looked up by the plan"), x, o),
+        (Val::I(x), Out::I(o)) => {
             let _ = from;
             let f = |v: i64| match op {
                 Neg => v.wrapping_neg(),
@@ -370,17 +404,9 @@ fn compare<T: PartialOrd + Default + Copy>(op: BinaryOp, a: &[T], b: &[T], o: &m
     }
 }
 
-fn binary(
-    op: BinaryOp,
-    kernel: Option<&Kernel>,
-    a: Val,
-    b: Val,
-    from: DType,
-    out: &mut Chunk,
-    dtype: DType,
-) -> Result<()> {
+fn binary(op: BinaryOp, kernel: Option<&Kernel>, a: Val, b: Val, from: DType, out: Out, dtype: DType) -> Result<()> {
     if op.returns_bool() {
-        let Chunk::I(o) = out else { unreachable!("a bool result") };
+        let Out::I(o) = out else { unreachable!("a bool result") };
         match (a, b) {
             (Val::F(a), Val::F(b)) => compare(op, a, b, o),
             (Val::D(a), Val::D(b)) => compare(op, a, b, o),
@@ -391,9 +417,9 @@ fn binary(
     }
     let _ = from;
     match (a, b, out) {
-        (Val::F(a), Val::F(b), Chunk::F(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
-        (Val::D(a), Val::D(b), Chunk::D(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
-        (Val::I(a), Val::I(b), Chunk::I(o)) => {
+        (Val::F(a), Val::F(b), Out::F(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
+        (Val::D(a), Val::D(b), Out::D(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
+        (Val::I(a), Val::I(b), Out::I(o)) => {
             for i in 0..o.len() {
                 o[i] = wrap(binary_int(op, a[i], b[i], dtype)?, dtype);
             }

@@ -31,7 +31,7 @@ mod reduce;
 mod tests;
 
 use crate::{Buffer, HostData};
-use chunk::{Chunk, Class, Val};
+use chunk::{Chunk, Class, Out, Val};
 use coil_ir::{DType, Error, Graph, NodeId, Op, Result, Scalar};
 use layout::Layout;
 
@@ -114,7 +114,7 @@ impl Plan {
             let operand_dtypes: Vec<DType> = node.inputs.iter().map(|&x| graph.meta(x).dtype).collect();
             let kind = match &node.op {
                 Op::Input { index } => Kind::Input(*index),
-                Op::Full(v) if heavy(id) => Kind::Stored,
+                Op::Full(_) if heavy(id) => Kind::Stored,
                 Op::Full(v) => Kind::Const(*v),
                 op if pointwise(op) => {
                     if let Some(why) =
@@ -330,6 +330,9 @@ impl Plan {
                 _ => None,
             })
             .collect();
+        // A pointwise root writes the output itself where it is stored in its compute type.
+        let root = r.steps.len() - 1;
+        let in_place = matches!(r.steps[root].0, Source::Node(..)) && Out::of(&mut out, 0, 0).is_some();
         let mut start = 0;
         while start < numel {
             let n = CHUNK.min(numel - start);
@@ -365,13 +368,19 @@ impl Plan {
                         for (k, &j) in args.iter().enumerate() {
                             vals[k] = val(&direct, before, j, start, n);
                         }
+                        let target = match i == root && in_place {
+                            true => Out::of(&mut out, start, n).expect("checked above"),
+                            false => out_chunk.out(),
+                        };
                         // a fused node's error names that node, not the region's root
-                        chunk::eval(&node.op, *kernel, &vals[..args.len()], dtypes, out_chunk, *dt)
+                        chunk::eval(&node.op, *kernel, &vals[..args.len()], dtypes, target, *dt)
                             .map_err(|e| named(&self.graph, *id, e))?;
                     }
                 }
             }
-            val(&direct, scratch, r.steps.len() - 1, start, n).store(&mut out, start);
+            if !in_place {
+                val(&direct, scratch, root, start, n).store(&mut out, start);
+            }
             start += n;
         }
         Ok(out)
