@@ -108,7 +108,7 @@ fn policy() {
     coil::with_config(config("off", false), || {
         let x = data(&[5, 17], 8);
         let (runs, compiles) = (tiered::tier0_runs(), coil::compile_count());
-        let y = x.tanh().unwrap().add(&x.sigmoid().unwrap()).unwrap();
+        let y = x.tanh().unwrap().add(x.sigmoid().unwrap()).unwrap();
         y.realize().unwrap();
         assert_eq!((tiered::tier0_runs(), coil::compile_count()), (runs, compiles + 1));
     });

@@ -13,10 +13,12 @@ use std::path::Path;
 
 include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));
 
+/// A library built with the crate: the shared object, its C source and the build machine's CPU.
+type Built = Option<(&'static [u8], &'static str, &'static str)>;
+
 /// Each library built with the crate and the key it is loaded under (one per process: the
 /// table of loaded libraries keeps it open).
-const BUILT: [(Option<(&[u8], &str, &str)>, &str); 2] =
-    [(PREBUILT_GEMM, "prebuilt-gemm-cpu-native"), (PREBUILT_EAGER, "prebuilt-eager-cpu")];
+const BUILT: [(Built, &str); 2] = [(PREBUILT_GEMM, "prebuilt-gemm-cpu-native"), (PREBUILT_EAGER, "prebuilt-eager-cpu")];
 
 /// The library built with the crate from `source` (either template's), opened, if it was built
 /// on a CPU of this machine's signature (its private copy is written to `cache_dir`'s `c`
