@@ -235,6 +235,7 @@ pub(crate) fn route(walk: &Walk, origin: &'static std::panic::Location<'static>)
         None => {}
     }
     drop(all);
+    let start = std::time::Instant::now(); // (planning counts as part of the run)
     let plan = match tier0_plan(&graph) {
         Ok(plan) => plan,
         Err(why) => {
@@ -254,7 +255,7 @@ pub(crate) fn route(walk: &Walk, origin: &'static std::panic::Location<'static>)
         }
     }
     drop(all);
-    run(&plan, walk, origin).map(Route::Done)
+    run(&plan, walk, origin, start).map(Route::Done)
 }
 
 /// After a compile finished: the compiled graph that serves `graph` now, else (it failed, or
@@ -287,9 +288,13 @@ fn tier0_plan(graph: &Graph) -> std::result::Result<Plan, String> {
     Plan::new(primitive)
 }
 
-/// Runs a plan on the walk's inputs.
-fn run(plan: &Plan, walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Vec<Storage>> {
-    let start = std::time::Instant::now();
+/// Runs a plan on the walk's inputs (its time since `start` counts as the run's).
+fn run(
+    plan: &Plan,
+    walk: &Walk,
+    origin: &'static std::panic::Location<'static>,
+    start: std::time::Instant,
+) -> Result<Vec<Storage>> {
     let storages = walk.input_storages();
     let hosts = storages.iter().map(|s| s.to_host()).collect::<Result<Vec<_>>>()?;
     let inputs: Vec<&Buffer> = hosts.iter().map(|b| b.as_ref()).collect();

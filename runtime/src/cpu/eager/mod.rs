@@ -123,7 +123,8 @@ impl Plan {
                         return Err(why);
                     }
                     let rs = &readers[id.0];
-                    match !output(id) && rs.len() == 1 && op_is_pointwise(&graph.node(rs[0]).op) {
+                    let fuses = |r: NodeId| op_is_pointwise(&graph.node(r).op) || reduces_rows(&graph, r, id);
+                    match !output(id) && rs.len() == 1 && fuses(rs[0]) {
                         true => Kind::Fused,
                         false => Kind::Stored,
                     }
@@ -169,8 +170,15 @@ impl Plan {
             kinds[id.0] = kind;
         }
         for &id in &live {
-            if matches!(kinds[id.0], Kind::Stored) && !matches!(graph.node(id).op, Op::Reduce { .. } | Op::Bmm) {
-                regions[id.0] = Some(region(&graph, &kinds, id));
+            let node = graph.node(id);
+            match node.op {
+                Op::Reduce { .. } if matches!(kinds[node.inputs[0].0], Kind::Fused) => {
+                    // the reduction's operand, computed chunk by chunk as it is summed
+                    regions[id.0] = Some(region(&graph, &kinds, node.inputs[0]));
+                }
+                Op::Reduce { .. } | Op::Bmm => {}
+                _ if matches!(kinds[id.0], Kind::Stored) => regions[id.0] = Some(region(&graph, &kinds, id)),
+                _ => {}
             }
         }
         let frees = frees(&graph, &live, &kinds, &regions);
@@ -264,6 +272,13 @@ impl Plan {
             }
         };
         match &node.op {
+            Op::Reduce { op, .. } if self.regions[id.0].is_some() => {
+                let r = self.regions[id.0].as_ref().expect("checked");
+                let x = self.graph.meta(node.inputs[0]);
+                let mut rows = reduce::Rows::new(*op, meta.numel(), x.numel() / meta.numel().max(1));
+                self.each_chunk(r, x.numel(), inputs, stored, scratch, None, &mut |start, v| rows.add(start, v))?;
+                Ok(rows.finish(meta.dtype))
+            }
             Op::Reduce { op, dims, .. } => {
                 let (l, data) = operand(0);
                 reduce::reduce(*op, dims, &l, data, meta.dtype)
@@ -311,6 +326,23 @@ impl Plan {
         scratch: &mut Vec<Chunk>,
     ) -> Result<HostData> {
         let mut out = HostData::for_output(dtype, numel)?;
+        self.each_chunk(r, numel, inputs, stored, scratch, Some(&mut out), &mut |_, _| {})?;
+        Ok(out)
+    }
+
+    /// Evaluates a region over `numel` elements, [`CHUNK`] at a time: into `out` where given,
+    /// else each chunk's values to `sink` (with the position of their first element).
+    #[allow(clippy::too_many_arguments)]
+    fn each_chunk(
+        &self,
+        r: &Region,
+        numel: usize,
+        inputs: &[&Buffer],
+        stored: &[Option<Buffer>],
+        scratch: &mut Vec<Chunk>,
+        mut out: Option<&mut HostData>,
+        sink: &mut dyn FnMut(usize, Val),
+    ) -> Result<()> {
         for (i, (_, d)) in r.steps.iter().enumerate() {
             match scratch.get(i) {
                 Some(c) if c.class() == Class::of(*d) => {}
@@ -332,7 +364,8 @@ impl Plan {
             .collect();
         // A pointwise root writes the output itself where it is stored in its compute type.
         let root = r.steps.len() - 1;
-        let in_place = matches!(r.steps[root].0, Source::Node(..)) && Out::of(&mut out, 0, 0).is_some();
+        let in_place = matches!(r.steps[root].0, Source::Node(..))
+            && out.as_deref_mut().is_some_and(|o| Out::of(o, 0, 0).is_some());
         let mut start = 0;
         while start < numel {
             let n = CHUNK.min(numel - start);
@@ -369,7 +402,7 @@ impl Plan {
                             vals[k] = val(&direct, before, j, start, n);
                         }
                         let target = match i == root && in_place {
-                            true => Out::of(&mut out, start, n).expect("checked above"),
+                            true => Out::of(out.as_deref_mut().expect("in place"), start, n).expect("checked above"),
                             false => out_chunk.out(),
                         };
                         // a fused node's error names that node, not the region's root
@@ -378,12 +411,14 @@ impl Plan {
                     }
                 }
             }
-            if !in_place {
-                val(&direct, scratch, root, start, n).store(&mut out, start);
+            match out.as_deref_mut() {
+                Some(_) if in_place => {}
+                Some(o) => val(&direct, scratch, root, start, n).store(o, start),
+                None => sink(start, val(&direct, scratch, root, start, n)),
             }
             start += n;
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -419,6 +454,17 @@ fn biased_products(g: &Graph, readers: &[Vec<NodeId>]) -> Vec<bool> {
         }
     }
     found
+}
+
+/// Whether node `r` is a sum, max or min over the trailing dims of `x`, an f32 or f64 value
+/// (so `x` can be computed chunk by chunk as it is reduced, its rows consecutive elements;
+/// half types are left stored, rounded, as the interpreter reduces them).
+fn reduces_rows(g: &Graph, r: NodeId, x: NodeId) -> bool {
+    let Op::Reduce { op, dims, .. } = &g.node(r).op else { return false };
+    let rank = g.meta(x).rank();
+    let trailing = dims.iter().enumerate().all(|(k, &d)| d == rank - dims.len() + k);
+    let float = matches!(g.meta(x).dtype, DType::F32 | DType::F64);
+    matches!(op, coil_ir::ReduceOp::Sum | coil_ir::ReduceOp::Max | coil_ir::ReduceOp::Min) && trailing && float
 }
 
 /// Whether a reader computes pointwise (so a single pointwise operand fuses into it).

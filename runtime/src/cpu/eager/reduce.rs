@@ -2,6 +2,7 @@
 //! batched matrix products through the CPU GEMM routine compiled graphs call
 //! ([`crate::cpu::gemm::bmm_bytes_to`]), so that products agree with the compiled path's.
 
+use super::chunk::Val;
 use super::layout::Layout;
 use crate::cpu::gemm::{bmm_bytes_to, BmmSpec};
 use crate::HostData;
@@ -22,6 +23,21 @@ pub(super) fn reduce(op: ReduceOp, dims: &[usize], layout: &Layout, data: &HostD
     let r: usize = dims.iter().map(|&d| layout.shape[d]).product();
     let outer: usize = kept.iter().map(|&d| layout.shape[d]).product();
     let float = data.dtype().is_float();
+    if let (true, HostData::F32(xs), ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min) = (rows.is_contiguous(), data, op) {
+        // Rows of f32 in place (the common case: a norm's or a softmax's last dim): no copy.
+        let first = rows.offset as usize;
+        let out: Vec<f64> = (0..outer)
+            .map(|o| {
+                let row = &xs[first + o * r..first + (o + 1) * r];
+                match op {
+                    ReduceOp::Sum => sum_f32(row),
+                    _ if r == 0 => 0.0,
+                    _ => extreme_f32(op == ReduceOp::Max, row),
+                }
+            })
+            .collect();
+        return Ok(HostData::from_f64_slice(dtype, &out));
+    }
     if float {
         let mut out = vec![0f64; outer];
         let mut row = vec![0f64; r.min(ROW_CHUNK)];
@@ -88,6 +104,44 @@ fn sum(xs: &[f64]) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
+/// [`sum`] of f32 values, accumulated in f64.
+fn sum_f32(xs: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x as f64;
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&x| x as f64).sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// [`extreme`] of f32 values.
+fn extreme_f32(max: bool, xs: &[f32]) -> f64 {
+    let mut nan = false;
+    let mut m = xs[0];
+    for &x in xs {
+        nan |= x.is_nan();
+        m = if max {
+            if x > m {
+                x
+            } else {
+                m
+            }
+        } else if x < m {
+            x
+        } else {
+            m
+        };
+    }
+    if nan {
+        f64::NAN
+    } else {
+        m as f64
+    }
+}
+
 /// The max (else min) of a nonempty `xs`, NaN if any is NaN.
 fn extreme(max: bool, xs: &[f64]) -> f64 {
     let mut nan = false;
@@ -132,6 +186,64 @@ fn load_i64(layout: &Layout, data: &HostData, start: usize, out: &mut [i64]) {
         HostData::I32(s) => layout.read(s, start, out, |x| x as i64),
         HostData::I64(s) => layout.read(s, start, out, |x| x),
         d => unreachable!("{} is a float", d.dtype()),
+    }
+}
+
+/// A sum, max or min over the trailing dims of a value computed chunk by chunk (its rows are
+/// consecutive elements): the partial results of each chunk's pieces of rows, combined.
+pub(super) struct Rows {
+    op: ReduceOp,
+    /// Elements per row.
+    r: usize,
+    acc: Vec<f64>,
+    seen: Vec<bool>,
+}
+
+impl Rows {
+    /// `outer` rows of `r` elements each.
+    pub fn new(op: ReduceOp, outer: usize, r: usize) -> Rows {
+        Rows { op, r, acc: vec![0.0; outer], seen: vec![false; outer] }
+    }
+
+    /// Elements `start ..` of the value.
+    pub fn add(&mut self, start: usize, v: Val) {
+        let n = match v {
+            Val::F(x) => x.len(),
+            Val::D(x) => x.len(),
+            Val::I(_) => unreachable!("float rows only (checked by the plan)"),
+        };
+        let mut k = 0;
+        while k < n {
+            let o = (start + k) / self.r;
+            let end = ((o + 1) * self.r - start).min(n);
+            let part = match (v, self.op) {
+                (Val::F(x), ReduceOp::Sum) => sum_f32(&x[k..end]),
+                (Val::D(x), ReduceOp::Sum) => sum(&x[k..end]),
+                (Val::F(x), op) => extreme_f32(op == ReduceOp::Max, &x[k..end]),
+                (Val::D(x), op) => extreme(op == ReduceOp::Max, &x[k..end]),
+                (Val::I(_), _) => unreachable!("float rows only"),
+            };
+            let (acc, seen) = (&mut self.acc[o], &mut self.seen[o]);
+            *acc = match self.op {
+                ReduceOp::Sum => *acc + part,
+                _ if !*seen || acc.is_nan() || part.is_nan() => {
+                    if acc.is_nan() && *seen {
+                        *acc
+                    } else {
+                        part
+                    }
+                }
+                ReduceOp::Max => acc.max(part),
+                _ => acc.min(part),
+            };
+            *seen = true;
+            k = end;
+        }
+    }
+
+    /// The results, as `dtype`.
+    pub fn finish(self, dtype: DType) -> HostData {
+        HostData::from_f64_slice(dtype, &self.acc)
     }
 }
 
