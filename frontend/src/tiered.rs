@@ -53,6 +53,8 @@ pub(crate) enum Route {
 struct Task {
     /// The graph it compiles (its structure is the task's).
     graph: Arc<Graph>,
+    /// The structure's hash without sizes (its key in [`jobs`]).
+    erased: u64,
     device: Device,
     /// The configuration of the realization that asked for it.
     config: Arc<Config>,
@@ -65,9 +67,9 @@ struct Task {
 }
 
 impl Task {
-    fn new(graph: Arc<Graph>, device: Device, config: Arc<Config>) -> Arc<Task> {
+    fn new(graph: Arc<Graph>, erased: u64, device: Device, config: Arc<Config>) -> Arc<Task> {
         let (taken, outcome, ready) = (AtomicBool::new(false), Mutex::new(None), Condvar::new());
-        Arc::new(Task { graph, device, config, taken, outcome, ready })
+        Arc::new(Task { graph, erased, device, config, taken, outcome, ready })
     }
 
     /// Compiles, under the task's configuration, unless another thread took it.
@@ -80,7 +82,16 @@ impl Task {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile))
                 .unwrap_or_else(|_| Err(coil_ir::Error::internal("the background compile panicked")))
         });
+        let compiled = outcome.is_ok();
         self.finish(outcome);
+        if compiled {
+            // The compiled graph is in the process's caches now: the job has served. (A failed
+            // one stays, so that its structure compiles in the foreground from now on.)
+            let mut jobs = jobs().lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(list) = jobs.get_mut(&self.erased) {
+                list.retain(|j| !std::ptr::eq(Arc::as_ptr(&j.task), self));
+            }
+        }
     }
 
     fn finish(&self, outcome: Result<()>) {
@@ -249,7 +260,7 @@ pub(crate) fn route(walk: &Walk, origin: &'static std::panic::Location<'static>)
     match list.iter_mut().find(|j| same(j)) {
         Some(job) => *job.runs.entry(exact).or_default() += 1,
         None => {
-            let task = Task::new(graph.clone(), device, config.clone());
+            let task = Task::new(graph.clone(), erased, device, config.clone());
             list.push(Job { task: task.clone(), runs: HashMap::from([(exact, 1)]) });
             enqueue(task);
         }
