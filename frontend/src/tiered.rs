@@ -12,7 +12,7 @@
 //! 2. else, if tier 0 runs it (its ops, [`coil_runtime::cpu::eager::Plan::new`]): it runs on
 //!    tier 0, and unless a compile of the same structure (the graph up to sizes, device and
 //!    code settings) is in flight, one starts in the background, for symbolic sizes at once
-//!    where the program generalizes ([`crate::compile::compile_ahead`]): one compile serves
+//!    where the program generalizes (`compile::compile_ahead`): one compile serves
 //!    every later shape. One worker thread runs the compiles in line, one at a time;
 //! 3. the same graph at the same sizes realized again while that compile is in flight runs on
 //!    tier 0 up to [`WAIT_AFTER`] times, then waits for the compile (or, still in line, runs it

@@ -1,7 +1,7 @@
 //! The tier-0 CPU math library (`coil_runtime::cpu::eager`): one C function per float
 //! pointwise op and compute type (f32, which f16 and bf16 compute in, and f64), each applying
 //! the op over a contiguous chunk of elements. The expressions are the code generator's own
-//! ([`crate::c::ops`], with the [`prelude`] and its vectorized math before them), so a graph
+//! (`c::ops`, with the [`prelude`] and its vectorized math before them), so a graph
 //! run by tier-0 computes `exp`, `erf`, `tanh`, `pow`, ... with exactly the functions its
 //! compiled kernels inline.
 //!

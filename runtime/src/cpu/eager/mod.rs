@@ -10,11 +10,12 @@
 //!   reduction, a product);
 //! * *fused* pointwise nodes (one pointwise reader) are computed inside their reader's region:
 //!   a stored pointwise node is evaluated [`CHUNK`] elements at a time through the tree of fused
-//!   nodes below it, so no full-size intermediate exists between them;
-//! * views are strided [`layout::Layout`]s of a stored value, read in place (a reshape no
+//!   nodes below it, so no full-size intermediate exists between them; so is the f32 / f64
+//!   operand of a sum, max or min over trailing dims, reduced chunk by chunk as it is computed;
+//! * views are strided layouts (`layout::Layout`) of a stored value, read in place (a reshape no
 //!   strides express is stored first); constants (`full`, and views of one) are filled in.
 //!
-//! Values compute as generated kernels compute them ([`chunk`]): f16 / bf16 in f32, rounded
+//! Values compute as generated kernels compute them (`chunk`): f16 / bf16 in f32, rounded
 //! when stored; float math through the prebuilt chunk kernels of
 //! `coil_codegen::templates::eager_cpu` (the code generator's expressions); reductions
 //! accumulate floats in f64 and round once; products go through [`crate::cpu::gemm`], as a
