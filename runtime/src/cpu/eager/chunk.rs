@@ -47,28 +47,88 @@ impl<'a> Val<'a> {
         }
     }
 
-    /// Stores the values into `out` (of the value's dtype) at `start ..`: the one rounding of
-    /// f16 and bf16 values.
-    pub fn store(self, out: &mut HostData, start: usize) {
+    /// Stores the values into `out` (of the value's dtype) at `at ..`: the one rounding of f16
+    /// and bf16 values.
+    pub fn store(self, out: &mut Dest, at: usize) {
         macro_rules! put {
             ($o:expr, $v:expr, $f:expr) => {
-                for (o, &x) in $o[start..start + $v.len()].iter_mut().zip($v.iter()) {
+                for (o, &x) in $o[at..at + $v.len()].iter_mut().zip($v.iter()) {
                     *o = $f(x);
                 }
             };
         }
         match (self, out) {
-            (Val::F(v), HostData::F32(o)) => o[start..start + v.len()].copy_from_slice(v),
-            (Val::F(v), HostData::F16(o)) => put!(o, v, f16::from_f32),
-            (Val::F(v), HostData::BF16(o)) => put!(o, v, bf16::from_f32),
-            (Val::D(v), HostData::F64(o)) => o[start..start + v.len()].copy_from_slice(v),
-            (Val::I(v), HostData::Bool(o)) => put!(o, v, |x: i64| x != 0),
-            (Val::I(v), HostData::U8(o)) => put!(o, v, |x: i64| x as u8),
-            (Val::I(v), HostData::I8(o)) => put!(o, v, |x: i64| x as i8),
-            (Val::I(v), HostData::I16(o)) => put!(o, v, |x: i64| x as i16),
-            (Val::I(v), HostData::I32(o)) => put!(o, v, |x: i64| x as i32),
-            (Val::I(v), HostData::I64(o)) => o[start..start + v.len()].copy_from_slice(v),
-            (v, d) => unreachable!("{v:?} stored as {}", d.dtype()),
+            (Val::F(v), Dest::F32(o)) => o[at..at + v.len()].copy_from_slice(v),
+            (Val::F(v), Dest::F16(o)) => put!(o, v, f16::from_f32),
+            (Val::F(v), Dest::BF16(o)) => put!(o, v, bf16::from_f32),
+            (Val::D(v), Dest::F64(o)) => o[at..at + v.len()].copy_from_slice(v),
+            (Val::I(v), Dest::Bool(o)) => put!(o, v, |x: i64| x != 0),
+            (Val::I(v), Dest::U8(o)) => put!(o, v, |x: i64| x as u8),
+            (Val::I(v), Dest::I8(o)) => put!(o, v, |x: i64| x as i8),
+            (Val::I(v), Dest::I16(o)) => put!(o, v, |x: i64| x as i16),
+            (Val::I(v), Dest::I32(o)) => put!(o, v, |x: i64| x as i32),
+            (Val::I(v), Dest::I64(o)) => o[at..at + v.len()].copy_from_slice(v),
+            (v, _) => unreachable!("{v:?} stored into another dtype"),
+        }
+    }
+}
+
+/// A part of a value being stored: its elements' memory, by dtype (parts of one value are
+/// computed on different threads).
+#[derive(Debug)]
+pub(super) enum Dest<'a> {
+    /// bool elements.
+    Bool(&'a mut [bool]),
+    /// u8 elements.
+    U8(&'a mut [u8]),
+    /// i8 elements.
+    I8(&'a mut [i8]),
+    /// i16 elements.
+    I16(&'a mut [i16]),
+    /// i32 elements.
+    I32(&'a mut [i32]),
+    /// i64 elements.
+    I64(&'a mut [i64]),
+    /// f16 elements.
+    F16(&'a mut [f16]),
+    /// bf16 elements.
+    BF16(&'a mut [bf16]),
+    /// f32 elements.
+    F32(&'a mut [f32]),
+    /// f64 elements.
+    F64(&'a mut [f64]),
+}
+
+/// The parts of `v` between consecutive `bounds` (the first 0, the last `v.len()`).
+fn split_slice<'a, T>(mut v: &'a mut [T], bounds: &[usize]) -> Vec<&'a mut [T]> {
+    let mut parts = Vec::with_capacity(bounds.len().saturating_sub(1));
+    for w in bounds.windows(2) {
+        let (part, rest) = std::mem::take(&mut v).split_at_mut(w[1] - w[0]);
+        parts.push(part);
+        v = rest;
+    }
+    parts
+}
+
+impl<'a> Dest<'a> {
+    /// The parts of `data` between consecutive `bounds` (the first 0, the last its length).
+    pub fn split(data: &'a mut HostData, bounds: &[usize]) -> Vec<Dest<'a>> {
+        macro_rules! parts {
+            ($v:expr, $variant:ident) => {
+                split_slice($v, bounds).into_iter().map(Dest::$variant).collect()
+            };
+        }
+        match data {
+            HostData::Bool(v) => parts!(v, Bool),
+            HostData::U8(v) => parts!(v, U8),
+            HostData::I8(v) => parts!(v, I8),
+            HostData::I16(v) => parts!(v, I16),
+            HostData::I32(v) => parts!(v, I32),
+            HostData::I64(v) => parts!(v, I64),
+            HostData::F16(v) => parts!(v, F16),
+            HostData::BF16(v) => parts!(v, BF16),
+            HostData::F32(v) => parts!(v, F32),
+            HostData::F64(v) => parts!(v, F64),
         }
     }
 }
@@ -86,13 +146,13 @@ pub(super) enum Out<'a> {
 }
 
 impl<'a> Out<'a> {
-    /// Elements `start .. start + n` of an output stored in its compute type; `None` for other
+    /// Elements `at .. at + n` of an output part stored in its compute type; `None` for other
     /// dtypes.
-    pub fn of(data: &'a mut HostData, start: usize, n: usize) -> Option<Out<'a>> {
-        match data {
-            HostData::F32(v) => Some(Out::F(&mut v[start..start + n])),
-            HostData::F64(v) => Some(Out::D(&mut v[start..start + n])),
-            HostData::I64(v) => Some(Out::I(&mut v[start..start + n])),
+    pub fn of(dest: &'a mut Dest, at: usize, n: usize) -> Option<Out<'a>> {
+        match dest {
+            Dest::F32(v) => Some(Out::F(&mut v[at..at + n])),
+            Dest::F64(v) => Some(Out::D(&mut v[at..at + n])),
+            Dest::I64(v) => Some(Out::I(&mut v[at..at + n])),
             _ => None,
         }
     }

@@ -31,10 +31,13 @@ mod reduce;
 #[cfg(test)]
 mod tests;
 
+use super::jobs;
+use super::launch::{CHUNKS_PER_THREAD, PARALLEL_MIN_ELEMENTS};
 use crate::{Buffer, HostData};
-use chunk::{Chunk, Class, Out, Val};
+use chunk::{Chunk, Class, Dest, Out, Val};
 use coil_ir::{DType, Error, Graph, NodeId, Op, Result, Scalar};
 use layout::Layout;
+use std::sync::Mutex;
 
 /// Elements of a region computed at once: a few kilobytes per value, cache-resident.
 pub const CHUNK: usize = 512;
@@ -277,7 +280,7 @@ impl Plan {
                 let r = self.regions[id.0].as_ref().expect("checked");
                 let x = self.graph.meta(node.inputs[0]);
                 let mut rows = reduce::Rows::new(*op, meta.numel(), x.numel() / meta.numel().max(1));
-                self.each_chunk(r, x.numel(), inputs, stored, scratch, None, &mut |start, v| rows.add(start, v))?;
+                self.each_chunk(r, 0..x.numel(), inputs, stored, scratch, None, &mut |start, v| rows.add(start, v))?;
                 Ok(rows.finish(meta.dtype))
             }
             Op::Reduce { op, dims, .. } => {
@@ -327,21 +330,51 @@ impl Plan {
         scratch: &mut Vec<Chunk>,
     ) -> Result<HostData> {
         let mut out = HostData::for_output(dtype, numel)?;
-        self.each_chunk(r, numel, inputs, stored, scratch, Some(&mut out), &mut |_, _| {})?;
+        // Large values in parts on the CPU pool, as compiled kernels' launches split theirs
+        // (parts of whole chunks: the same chunks as one thread's).
+        let threads = jobs::helpers() + 1;
+        let parts = match numel as i64 >= PARALLEL_MIN_ELEMENTS && threads > 1 {
+            true => (numel / (PARALLEL_MIN_ELEMENTS as usize / 2)).min(CHUNKS_PER_THREAD as usize * threads).max(2),
+            false => 1,
+        };
+        let bounds: Vec<usize> =
+            (0..=parts).map(|p| if p == parts { numel } else { numel * p / parts / CHUNK * CHUNK }).collect();
+        let mut dests = Dest::split(&mut out, &bounds);
+        if parts == 1 {
+            let dest = dests.pop();
+            self.each_chunk(r, 0..numel, inputs, stored, scratch, dest, &mut |_, _| {})?;
+        } else {
+            let dests: Vec<Mutex<Option<Dest>>> = dests.into_iter().map(|d| Mutex::new(Some(d))).collect();
+            let errors: Mutex<Vec<(usize, Error)>> = Mutex::new(Vec::new());
+            jobs::run(parts, threads - 1, &|p| {
+                let dest = dests[p].lock().unwrap_or_else(|e| e.into_inner()).take();
+                let mut scratch = Vec::new();
+                let range = bounds[p]..bounds[p + 1];
+                if let Err(e) = self.each_chunk(r, range, inputs, stored, &mut scratch, dest, &mut |_, _| {}) {
+                    errors.lock().unwrap_or_else(|e| e.into_inner()).push((p, e));
+                }
+            });
+            // the first part's error, as one thread would have met it
+            let errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, e)) = errors.into_iter().min_by_key(|(p, _)| *p) {
+                return Err(e);
+            }
+        }
         Ok(out)
     }
 
-    /// Evaluates a region over `numel` elements, [`CHUNK`] at a time: into `out` where given,
-    /// else each chunk's values to `sink` (with the position of their first element).
+    /// Evaluates elements `range` of a region, [`CHUNK`] at a time: into `out` (the part of the
+    /// value from `range.start` on) where given, else each chunk's values to `sink` (with the
+    /// position of their first element).
     #[allow(clippy::too_many_arguments)]
     fn each_chunk(
         &self,
         r: &Region,
-        numel: usize,
+        range: std::ops::Range<usize>,
         inputs: &[&Buffer],
         stored: &[Option<Buffer>],
         scratch: &mut Vec<Chunk>,
-        mut out: Option<&mut HostData>,
+        mut out: Option<Dest>,
         sink: &mut dyn FnMut(usize, Val),
     ) -> Result<()> {
         for (i, (_, d)) in r.steps.iter().enumerate() {
@@ -365,11 +398,12 @@ impl Plan {
             .collect();
         // A pointwise root writes the output itself where it is stored in its compute type.
         let root = r.steps.len() - 1;
-        let in_place = matches!(r.steps[root].0, Source::Node(..))
-            && out.as_deref_mut().is_some_and(|o| Out::of(o, 0, 0).is_some());
-        let mut start = 0;
-        while start < numel {
-            let n = CHUNK.min(numel - start);
+        let in_place =
+            matches!(r.steps[root].0, Source::Node(..)) && out.as_mut().is_some_and(|o| Out::of(o, 0, 0).is_some());
+        let mut start = range.start;
+        while start < range.end {
+            let n = CHUNK.min(range.end - start);
+            let at = start - range.start;
             fn val<'a>(
                 direct: &[Option<(&'a HostData, usize)>],
                 scratch: &'a [Chunk],
@@ -393,7 +427,7 @@ impl Plan {
                 match source {
                     Source::Read(base, l) => out_chunk.load(l, self.data(*base, inputs, stored), start),
                     // (filled once per region: later chunks are no longer than the first)
-                    Source::Const(v) if start == 0 => out_chunk.fill(*v, *dt),
+                    Source::Const(v) if start == range.start => out_chunk.fill(*v, *dt),
                     Source::Const(_) => {}
                     Source::Iota(dim, shape) => iota(out_chunk, *dim, shape, start, *dt),
                     Source::Node(id, args, dtypes, kernel) => {
@@ -403,7 +437,7 @@ impl Plan {
                             vals[k] = val(&direct, before, j, start, n);
                         }
                         let target = match i == root && in_place {
-                            true => Out::of(out.as_deref_mut().expect("in place"), start, n).expect("checked above"),
+                            true => Out::of(out.as_mut().expect("in place"), at, n).expect("checked above"),
                             false => out_chunk.out(),
                         };
                         // a fused node's error names that node, not the region's root
@@ -412,9 +446,9 @@ impl Plan {
                     }
                 }
             }
-            match out.as_deref_mut() {
+            match out.as_mut() {
                 Some(_) if in_place => {}
-                Some(o) => val(&direct, scratch, root, start, n).store(o, start),
+                Some(o) => val(&direct, scratch, root, start, n).store(o, at),
                 None => sink(start, val(&direct, scratch, root, start, n)),
             }
             start += n;
@@ -491,13 +525,14 @@ fn named(g: &Graph, id: NodeId, e: Error) -> Error {
 /// A strided view's elements gathered contiguously (a product's operand of negative strides).
 fn gather(l: &Layout, d: &HostData) -> Result<HostData> {
     let mut out = HostData::for_output(d.dtype(), l.numel())?;
+    let mut dest = Dest::split(&mut out, &[0, l.numel()]).pop().expect("one part");
     let mut c = Class::of(d.dtype()).chunk(CHUNK);
     let mut start = 0;
     while start < l.numel() {
         let n = CHUNK.min(l.numel() - start);
         c.truncate_to(n);
         c.load(l, d, start);
-        c.val().store(&mut out, start);
+        c.val().store(&mut dest, start);
         start += n;
     }
     Ok(out)

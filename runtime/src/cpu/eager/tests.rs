@@ -306,3 +306,30 @@ fn reductions_of_a_fused_operand_agree_across_chunk_boundaries() {
         }
     }
 }
+
+#[test]
+fn large_values_are_computed_in_parts_on_the_pool_alike() {
+    // 40000 elements: parts on the CPU pool's threads (where it has more than one)
+    for dtype in [DType::F32, DType::BF16, DType::I32] {
+        let x = random(&[40, 1000], dtype, 15);
+        let y = random(&[1000], dtype, 16);
+        let mut g = Graph::new();
+        let (a, b) = (g.input(x.meta()), g.input(y.meta()));
+        let e = push(&mut g, Op::Expand { shape: vec![40, 1000] }, &[b]);
+        let m = push(&mut g, Op::Binary(BinaryOp::Mul), &[a, e]);
+        let s = push(&mut g, Op::Binary(BinaryOp::Sub), &[m, a]);
+        g.outputs.push(s);
+        check(&g, &[&x, &y]);
+    }
+    // a data error in a late part is still the op's
+    let x = random(&[40, 1000], DType::I64, 17);
+    let mut d: Vec<i64> = random(&[40, 1000], DType::I64, 18).to_vec();
+    d[39_999] = 0;
+    let d = Buffer::from_vec(d, vec![40, 1000]);
+    let mut g = Graph::new();
+    let (a, b) = (g.input(x.meta()), g.input(d.meta()));
+    let q = push(&mut g, Op::Binary(BinaryOp::Remainder), &[a, b]);
+    g.outputs.push(q);
+    let e = Plan::new(g).unwrap().run(&[&x, &d]).unwrap_err();
+    assert_eq!(e.op.as_deref(), Some("remainder"), "{e}");
+}
