@@ -41,12 +41,17 @@ fn inputs(n: usize, d: usize, device: Device) -> coil::Result<[Tensor; 4]> {
 }
 
 /// `gelu(layer_norm(x, g, b)) @ w`, realized and one element read back (as a user printing a
-/// value does).
+/// value does; PyTorch's side reads `y[0, 0].item()`: the element, not a copy of the whole
+/// result).
 fn step([x, w, g, b]: &[Tensor; 4]) -> coil::Result<f32> {
     let d = w.shape()[0];
     let y = x.layer_norm(&[d], Some(g), Some(b), 1e-5)?.gelu(false)?.matmul(w)?;
     y.realize()?;
-    Ok(y.to_vec::<f32>()?[0])
+    let result = y.buffer()?;
+    match &result.data {
+        coil::HostData::F32(v) => Ok(v[0]),
+        other => Ok(other.to_f64_vec()[0] as f32),
+    }
 }
 
 fn main() -> coil::Result<()> {
