@@ -277,11 +277,33 @@ impl Plan {
         };
         match &node.op {
             Op::Reduce { op, .. } if self.regions[id.0].is_some() => {
-                let r = self.regions[id.0].as_ref().expect("checked");
-                let x = self.graph.meta(node.inputs[0]);
-                let mut rows = reduce::Rows::new(*op, meta.numel(), x.numel() / meta.numel().max(1));
-                self.each_chunk(r, 0..x.numel(), inputs, stored, scratch, None, &mut |start, v| rows.add(start, v))?;
-                Ok(rows.finish(meta.dtype))
+                let region = self.regions[id.0].as_ref().expect("checked");
+                let outer = meta.numel();
+                let r = self.graph.meta(node.inputs[0]).numel() / outer.max(1);
+                // rows `lo .. hi`, reduced as their elements are computed
+                let part = |lo: usize, hi: usize, scratch: &mut Vec<Chunk>| -> Result<Vec<f64>> {
+                    let mut rows = reduce::Rows::new(*op, outer, r);
+                    self.each_chunk(region, lo * r..hi * r, inputs, stored, scratch, None, &mut |start, v| {
+                        rows.add(start, v)
+                    })?;
+                    Ok(rows.results(lo, hi))
+                };
+                let parts = reduce::row_parts(outer, r);
+                let values = if parts == 1 {
+                    part(0, outer, scratch)?
+                } else {
+                    let done: Vec<Mutex<Option<Result<Vec<f64>>>>> = (0..parts).map(|_| Mutex::new(None)).collect();
+                    jobs::run(parts, jobs::helpers(), &|p| {
+                        let result = part(outer * p / parts, outer * (p + 1) / parts, &mut Vec::new());
+                        *done[p].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                    });
+                    let mut values = Vec::with_capacity(outer);
+                    for d in done {
+                        values.extend(d.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every part ran")?);
+                    }
+                    values
+                };
+                Ok(HostData::from_f64_slice(meta.dtype, &values))
             }
             Op::Reduce { op, dims, .. } => {
                 let (l, data) = operand(0);

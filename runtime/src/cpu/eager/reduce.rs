@@ -26,16 +26,14 @@ pub(super) fn reduce(op: ReduceOp, dims: &[usize], layout: &Layout, data: &HostD
     if let (true, HostData::F32(xs), ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min) = (rows.is_contiguous(), data, op) {
         // Rows of f32 in place (the common case: a norm's or a softmax's last dim): no copy.
         let first = rows.offset as usize;
-        let out: Vec<f64> = (0..outer)
-            .map(|o| {
-                let row = &xs[first + o * r..first + (o + 1) * r];
-                match op {
-                    ReduceOp::Sum => sum_f32(row),
-                    _ if r == 0 => 0.0,
-                    _ => extreme_f32(op == ReduceOp::Max, row),
-                }
-            })
-            .collect();
+        let out = by_rows(outer, r, |o| {
+            let row = &xs[first + o * r..first + (o + 1) * r];
+            match op {
+                ReduceOp::Sum => sum_f32(row),
+                _ if r == 0 => 0.0,
+                _ => extreme_f32(op == ReduceOp::Max, row),
+            }
+        });
         return Ok(HostData::from_f64_slice(dtype, &out));
     }
     if float {
@@ -102,6 +100,31 @@ fn sum(xs: &[f64]) -> f64 {
     }
     let tail: f64 = chunks.remainder().iter().sum();
     lanes.iter().sum::<f64>() + tail
+}
+
+/// How many parts of whole rows a reduction of `outer` rows of `r` elements runs in on the CPU
+/// pool: one below the compiled launches' parallel threshold, else about as many as theirs.
+pub(super) fn row_parts(outer: usize, r: usize) -> usize {
+    let (numel, threads) = (outer * r, crate::cpu::jobs::helpers() + 1);
+    let min = crate::cpu::launch::PARALLEL_MIN_ELEMENTS as usize;
+    if numel < min || threads < 2 || outer < 2 {
+        return 1;
+    }
+    (numel / (min / 2)).min(crate::cpu::launch::CHUNKS_PER_THREAD as usize * threads).min(outer).max(2)
+}
+
+/// `row(o)` for every row `o` of `outer`, in [`row_parts`] parts on the CPU pool.
+pub(super) fn by_rows(outer: usize, r: usize, row: impl Fn(usize) -> f64 + Sync) -> Vec<f64> {
+    let parts = row_parts(outer, r);
+    if parts == 1 {
+        return (0..outer).map(row).collect();
+    }
+    let done: Vec<std::sync::Mutex<Vec<f64>>> = (0..parts).map(|_| Default::default()).collect();
+    crate::cpu::jobs::run(parts, crate::cpu::jobs::helpers(), &|p| {
+        let part: Vec<f64> = (outer * p / parts..outer * (p + 1) / parts).map(&row).collect();
+        *done[p].lock().unwrap_or_else(|e| e.into_inner()) = part;
+    });
+    done.into_iter().flat_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
 }
 
 /// [`sum`] of f32 values, accumulated in f64.
@@ -241,9 +264,9 @@ impl Rows {
         }
     }
 
-    /// The results, as `dtype`.
-    pub fn finish(self, dtype: DType) -> HostData {
-        HostData::from_f64_slice(dtype, &self.acc)
+    /// The results of rows `lo .. hi`.
+    pub fn results(self, lo: usize, hi: usize) -> Vec<f64> {
+        self.acc[lo..hi].to_vec()
     }
 }
 

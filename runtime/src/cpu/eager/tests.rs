@@ -321,6 +321,19 @@ fn large_values_are_computed_in_parts_on_the_pool_alike() {
         g.outputs.push(s);
         check(&g, &[&x, &y]);
     }
+    // reductions by rows in parts: of a stored value, and of a fused operand
+    for dtype in [DType::F32, DType::F64] {
+        let x = random(&[40, 1000], dtype, 19);
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let mut g = Graph::new();
+            let a = g.input(x.meta());
+            let r = push(&mut g, Op::Reduce { op, dims: vec![1], keepdim: true }, &[a]);
+            let t = push(&mut g, Op::Unary(UnaryOp::Tanh), &[a]);
+            let f = push(&mut g, Op::Reduce { op, dims: vec![1], keepdim: false }, &[t]);
+            g.outputs.extend([r, f]);
+            check(&g, &[&x]);
+        }
+    }
     // a data error in a late part is still the op's
     let x = random(&[40, 1000], DType::I64, 17);
     let mut d: Vec<i64> = random(&[40, 1000], DType::I64, 18).to_vec();
