@@ -70,7 +70,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = {k: [] for k in ["coil_cold_s", "coil_warm_s", "coil_steady_us", "torch_first_s", "torch_steady_us"]}
-    compiles = None
+    compiles, tier0 = None, None
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory() as cache:
             cold = coil_round(args.coil, cache, args.shapes, args.reps)
@@ -85,10 +85,12 @@ def main():
         rows["torch_first_s"].append(first)
         rows["torch_steady_us"].append(steady)
         compiles = cold["compiles"]
+        tier0 = (cold.get("tier0", 0), warm.get("tier0", 0))
     summary = {k: {"min": min(v), "median": statistics.median(v)} for k, v in rows.items()}
     ratio = lambda a, b, s: summary[a][s] / summary[b][s]
     print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, {args.shapes} new shapes; "
-          f"coil compiled {compiles} graphs in its first pass")
+          f"coil compiled {compiles} graphs in its first pass; tier 0 ran {tier0[0]} (cold) / {tier0[1]} (warm) "
+          f"of its realizations")
     for k, v in summary.items():
         print(f"{k:18} min {v['min']:10.4f}  median {v['median']:10.4f}")
     for s in ["min", "median"]:
@@ -97,7 +99,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
-                       "shapes": args.shapes, "coil_compiles": compiles, "summary": summary, "samples": rows}, f,
+                       "shapes": args.shapes, "coil_compiles": compiles,
+                       "coil_tier0_runs": {"cold": tier0[0], "warm": tier0[1]}, "summary": summary, "samples": rows}, f,
                       indent=1)
             f.write("\n")
 

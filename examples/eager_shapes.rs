@@ -4,9 +4,11 @@
 //!
 //! The inputs exist before timing starts (data a program loads). Prints one JSON line:
 //! `first_pass_s` (wall seconds for the 20 new shapes, including every
-//! compile: cold or warm depending on the disk cache, `COIL_CACHE_DIR`), `steady_us` (median
-//! wall microseconds per call of one shape after warm-up), `compiles` (graphs compiled by the
-//! first pass) and the device.
+//! compile it waits for: cold or warm depending on the disk cache, `COIL_CACHE_DIR`),
+//! `steady_us` (median wall microseconds per call of one shape after warm-up), `compiles`
+//! (graphs compiled by the first pass, background compiles finished by its end included),
+//! `tier0` (realizations of the first pass that ran on the CPU's tier 0 while their graph
+//! compiled in the background, `coil::tiered`; `COIL_EAGER_TIER=0` turns it off) and the device.
 //!
 //! `cargo run --release --example eager_shapes -- [--device cpu|cuda] [--shapes N] [--reps N]
 //! [--phases]` (`--phases`: also print the host's time per phase in the first pass and over 100 more
@@ -39,12 +41,17 @@ fn inputs(n: usize, d: usize, device: Device) -> coil::Result<[Tensor; 4]> {
 }
 
 /// `gelu(layer_norm(x, g, b)) @ w`, realized and one element read back (as a user printing a
-/// value does).
+/// value does; PyTorch's side reads `y[0, 0].item()`: the element, not a copy of the whole
+/// result).
 fn step([x, w, g, b]: &[Tensor; 4]) -> coil::Result<f32> {
     let d = w.shape()[0];
     let y = x.layer_norm(&[d], Some(g), Some(b), 1e-5)?.gelu(false)?.matmul(w)?;
     y.realize()?;
-    Ok(y.to_vec::<f32>()?[0])
+    let result = y.buffer()?;
+    match &result.data {
+        coil::HostData::F32(v) => Ok(v[0]),
+        other => Ok(other.to_f64_vec()[0] as f32),
+    }
 }
 
 fn main() -> coil::Result<()> {
@@ -74,6 +81,7 @@ fn main() -> coil::Result<()> {
         eprintln!("first pass: {:?}", coil::profile::host_times().since(&host));
     }
     let compiles = coil::compile_count() - before;
+    let tier0 = coil::tiered::tier0_runs();
     let (n, d) = (64, 256);
     let steady = inputs(n, d, device)?;
     for _ in 0..10 {
@@ -95,7 +103,7 @@ fn main() -> coil::Result<()> {
     times.sort_by(f64::total_cmp);
     let steady_us = times[times.len() / 2];
     println!(
-        "{{\"device\": \"{device}\", \"shapes\": {shapes}, \"first_pass_s\": {first_pass_s:.4}, \"compiles\": {compiles}, \"steady_us\": {steady_us:.1}, \"steady_shape\": [{n}, {d}]}}"
+        "{{\"device\": \"{device}\", \"shapes\": {shapes}, \"first_pass_s\": {first_pass_s:.4}, \"compiles\": {compiles}, \"tier0\": {tier0}, \"steady_us\": {steady_us:.1}, \"steady_shape\": [{n}, {d}]}}"
     );
     Ok(())
 }

@@ -70,7 +70,7 @@ pub use coil_frontend::{
     set_default_device, synchronize, update_in_place, update_in_place_with, value_and_grad, where_, Backend, Captured,
     IntoTensor, Storage, Tensor,
 };
-pub use coil_frontend::{history, profile, safetensors};
+pub use coil_frontend::{history, profile, safetensors, tiered};
 /// The configuration ([`Config`]): [`set_config`] replaces it, [`with_config`] sets it for a
 /// closure on this thread, `config()` reads the one in force; the environment (`COIL_LOGS`,
 /// `COIL_DEBUG`, `COIL_CACHE_DIR`, ...) only supplies its defaults ([`Config::from_env`]).

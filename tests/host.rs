@@ -163,10 +163,14 @@ fn the_cpu_reports_a_kernel_error_at_the_run_that_found_it() {
     assert!(e.to_string().contains("index 7 is out of bounds"), "{e}");
     assert!(e.op.as_deref().is_some_and(|op| op.starts_with("index_select (kernel poi_fused_")), "{e}");
     assert_eq!(e.location.map(|l| (l.file(), l.line())), Some((file!(), op_line)));
+    // (compiled before it runs: tier 0 would compute it without a kernel, `tests/tier0.rs`)
+    let compiled = coil::Config { eager_tier: false, ..coil::config().as_ref().clone() };
     let a = Tensor::from_vec(vec![4i64, 5], &[2]).unwrap();
-    let e = (a.remainder(Tensor::from_vec(vec![2i64, 0], &[2]).unwrap()).unwrap() + 1).realize().unwrap_err();
+    let y = a.remainder(Tensor::from_vec(vec![2i64, 0], &[2]).unwrap()).unwrap() + 1;
+    let op_line = line!() - 1;
+    let e = coil::with_config(compiled, || y.realize().unwrap_err());
     assert!(e.op.as_deref().is_some_and(|op| op.starts_with("remainder (kernel")), "{e}");
-    assert_eq!(e.location.map(|l| l.line()), Some(line!() - 2), "{e}");
+    assert_eq!(e.location.map(|l| l.line()), Some(op_line), "{e}");
     coil::synchronize().unwrap();
 }
 

@@ -26,6 +26,8 @@ fn new_shapes_compile_twice_and_a_recurring_shape_once_more() {
     if coil::backend() != coil::Backend::Compiled {
         return;
     }
+    // The compiled path's own policy: tier 0 (`coil::tiered`, `tests/tier0.rs`) off.
+    coil::set_config(coil::Config { eager_tier: false, ..coil::config().as_ref().clone() });
     let count = coil::compile_count;
     let inputs = |n: usize, d: usize| {
         let (x, w, g) = (randn(&[n, d], DType::F32), randn(&[d, d], DType::F32), randn(&[d], DType::F32));

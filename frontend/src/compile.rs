@@ -434,38 +434,95 @@ thread_local! {
 /// first few nodes), it costs no graph and no hash. Anything else goes through
 /// [`compile_donating`]'s cache.
 pub(crate) fn compiled_walk(walk: &Walk, donations: &[Donation]) -> Result<(Arc<Compiled>, Arc<Graph>)> {
-    let device = walk.device();
-    let t = Instant::now();
     let config = coil_ir::config::current();
-    let recent = RECENTLY_RUN.with(|r| {
-        let mut r = r.borrow_mut();
-        let i = r.iter().position(|x| x.entry.serves(device, donations, &config) && walk.matches(&x.expected))?;
-        let x = r.remove(i);
-        r.insert(0, x.clone());
-        Some(x.entry)
-    });
-    profile::spent(t, |t| &mut t.confirm);
-    if let Some(e) = recent {
+    if let Some(e) = recent_hit(walk, donations, &config) {
         return Ok((e.compiled, e.graph));
     }
     let t = Instant::now();
     let graph = Arc::new(walk.graph());
     profile::spent(t, |t| &mut t.capture);
+    compile_walked(graph, walk.device(), donations)
+}
+
+/// [`compiled_walk`]'s compile of a graph no recent run matched: through [`compile_cached`]
+/// (with generalization), then kept among this thread's recent graphs unless compiled for
+/// symbolic sizes.
+pub(crate) fn compile_walked(
+    graph: Arc<Graph>,
+    device: Device,
+    donations: &[Donation],
+) -> Result<(Arc<Compiled>, Arc<Graph>)> {
     let (compiled, symbolic) = compile_cached(&graph, device, donations, true)?;
-    if symbolic {
-        // Not kept for walks: the next call at this size goes through the counts of
-        // `crate::generalize`, which specializes a recurring size.
-        return Ok((compiled, graph));
+    if !symbolic {
+        // Not kept for walks when symbolic: the next call at this size goes through the counts
+        // of `crate::generalize`, which specializes a recurring size.
+        remember(&graph, device, donations, &compiled);
     }
+    Ok((compiled, graph))
+}
+
+/// The compiled graph of one of this thread's recent runs that `walk` matches, moved to the
+/// front of the list.
+fn recent_hit(walk: &Walk, donations: &[Donation], config: &Arc<Config>) -> Option<CacheEntry> {
+    let device = walk.device();
+    let t = Instant::now();
+    let recent = RECENTLY_RUN.with(|r| {
+        let mut r = r.borrow_mut();
+        let i = r.iter().position(|x| x.entry.serves(device, donations, config) && walk.matches(&x.expected))?;
+        let x = r.remove(i);
+        r.insert(0, x.clone());
+        Some(x.entry)
+    });
+    profile::spent(t, |t| &mut t.confirm);
+    recent
+}
+
+/// Keeps a compiled graph among this thread's recent runs ([`compiled_walk`]).
+fn remember(graph: &Arc<Graph>, device: Device, donations: &[Donation], compiled: &Arc<Compiled>) {
+    let config = coil_ir::config::current();
     let entry =
         CacheEntry { graph: graph.clone(), device, donations: donations.to_vec(), config, compiled: compiled.clone() };
-    let expected = Arc::new(Expected::new(&graph));
+    let expected = Arc::new(Expected::new(graph));
     RECENTLY_RUN.with(|r| {
         let mut r = r.borrow_mut();
         r.insert(0, Recent { entry, expected });
         r.truncate(RECENT);
     });
-    Ok((compiled, graph))
+}
+
+/// What this process compiled before for the graph `walk` captures (no donations), without
+/// compiling anything: a recent run's graph, the compile cache's, or a compilation for
+/// symbolic sizes that serves it ([`crate::generalize`]). Else the captured graph, for the
+/// caller to run some other way ([`crate::tiered`]).
+pub(crate) fn find_walk(walk: &Walk) -> std::result::Result<(Arc<Compiled>, Arc<Graph>), Arc<Graph>> {
+    let config = coil_ir::config::current();
+    if let Some(e) = recent_hit(walk, &[], &config) {
+        return Ok((e.compiled, e.graph));
+    }
+    let t = Instant::now();
+    let graph = Arc::new(walk.graph());
+    profile::spent(t, |t| &mut t.capture);
+    let device = walk.device();
+    if let Some(hit) = cache_lookup(&graph, device, &[], &config) {
+        remember(&graph, device, &[], &hit);
+        return Ok((hit, graph));
+    }
+    match crate::generalize::lookup(&graph, device) {
+        Some(dynamic) => Ok((dynamic, graph)),
+        None => Err(graph),
+    }
+}
+
+/// Compiles `graph` for a realization that did not wait for it ([`crate::tiered`]): for
+/// symbolic sizes at once where the program generalizes (so one compile serves every later
+/// size; a program compiled before at this size is specialized as [`crate::generalize`]
+/// decides), else for its static sizes; the result goes to the process's caches, where
+/// [`find_walk`] finds it.
+pub(crate) fn compile_ahead(graph: &Graph, device: Device) -> Result<()> {
+    if crate::generalize::compile_generalized(graph, device, &[], true)?.is_some() {
+        return Ok(());
+    }
+    compile_cached(graph, device, &[], false).map(|_| ())
 }
 
 fn cache() -> &'static Mutex<Cache> {
@@ -514,23 +571,13 @@ fn compile_cached(
     donations: &[Donation],
     generalize: bool,
 ) -> Result<(Arc<Compiled>, bool)> {
-    let t = Instant::now();
-    let key = crate::dynamo::structural_hash(captured, device);
-    profile::spent(t, |t| &mut t.hash);
     let config = coil_ir::config::current();
-    let find = |cache: &Cache| {
-        let same =
-            |e: &&CacheEntry| e.serves(device, donations, &config) && crate::dynamo::same_structure(&e.graph, captured);
-        cache.get(&key).and_then(|v| v.iter().find(same)).map(|e| e.compiled.clone())
-    };
-    let t = Instant::now();
-    let hit = find(&cache().lock().expect("compile cache"));
-    profile::spent(t, |t| &mut t.confirm);
-    if let Some(hit) = hit {
+    if let Some(hit) = cache_lookup(captured, device, donations, &config) {
         return Ok((hit, false));
     }
+    let key = crate::dynamo::structural_hash(captured, device);
     if generalize {
-        if let Some(dynamic) = crate::generalize::compile_generalized(captured, device, donations)? {
+        if let Some(dynamic) = crate::generalize::compile_generalized(captured, device, donations, false)? {
             return Ok((dynamic, true));
         }
     }
@@ -541,6 +588,25 @@ fn compile_cached(
     let entry = CacheEntry { graph, device, donations: donations.to_vec(), config, compiled: compiled.clone() };
     cache().lock().expect("compile cache").entry(key).or_default().push(entry);
     Ok((compiled, false))
+}
+
+/// The compile cache's graph for `captured` (with `donations`, under `config`), if any.
+fn cache_lookup(
+    captured: &Graph,
+    device: Device,
+    donations: &[Donation],
+    config: &Arc<Config>,
+) -> Option<Arc<Compiled>> {
+    let t = Instant::now();
+    let key = crate::dynamo::structural_hash(captured, device);
+    profile::spent(t, |t| &mut t.hash);
+    let same =
+        |e: &&CacheEntry| e.serves(device, donations, config) && crate::dynamo::same_structure(&e.graph, captured);
+    let t = Instant::now();
+    let hit =
+        cache().lock().expect("compile cache").get(&key).and_then(|v| v.iter().find(same)).map(|e| e.compiled.clone());
+    profile::spent(t, |t| &mut t.confirm);
+    hit
 }
 
 /// Compiles a captured graph without looking in this process's cache of compiled graphs (the

@@ -65,15 +65,37 @@ fn generalized() -> &'static Mutex<Generalized> {
     GENERALIZED.get_or_init(Default::default)
 }
 
+/// The compilation for symbolic sizes that serves `captured`, if one was made (counted as a
+/// call it serves: a size that keeps coming back gets `None` after [`SPECIALIZE_AFTER`]
+/// calls, to be compiled for itself). Compiles nothing.
+pub(crate) fn lookup(captured: &Graph, device: Device) -> Option<Arc<Compiled>> {
+    let erased = crate::dynamo::guards::erased_hash(captured, device);
+    let config = coil_ir::config::current();
+    let mut all = generalized().lock().expect("generalized programs");
+    let program = all.program(erased, captured, device, &config)?;
+    serve(program, captured, device)
+}
+
+/// The compilation of `program` that serves `captured`, counting the call.
+fn serve(program: &mut Program, captured: &Graph, device: Device) -> Option<Arc<Compiled>> {
+    let (_, hit) = program.dynamic.iter().find(|(spec, _)| spec.bind(captured).is_some())?;
+    let calls = program.served.entry(crate::dynamo::structural_hash(captured, device)).or_default();
+    *calls += 1;
+    (*calls <= SPECIALIZE_AFTER).then(|| hit.clone())
+}
+
 /// The compilation of `captured` for symbolic sizes when the same program was compiled before
 /// at other sizes (automatic dynamic shapes, as compiled functions do on a second size): a
-/// loop over new shapes compiles twice, not once per shape. `None`: compile for static sizes
-/// (a first size, a graph with donations, or one that does not generalize; `COIL_LOGS=
-/// recompiles` says why).
+/// loop over new shapes compiles twice, not once per shape. With `at_once` (a compile that
+/// runs while tier 0 serves the realization, [`crate::tiered`]), a program's first size
+/// compiles for symbolic sizes already, every input dim of 2 or more symbolic: once, for
+/// every later size. `None`: compile for static sizes (a first size without `at_once`, a
+/// graph with donations, or one that does not generalize; `COIL_LOGS=recompiles` says why).
 pub(crate) fn compile_generalized(
     captured: &Graph,
     device: Device,
     donations: &[Donation],
+    at_once: bool,
 ) -> Result<Option<Arc<Compiled>>> {
     if !donations.is_empty() {
         return Ok(None);
@@ -81,26 +103,30 @@ pub(crate) fn compile_generalized(
     let erased = crate::dynamo::guards::erased_hash(captured, device);
     let config = coil_ir::config::current();
     let mut all = generalized().lock().expect("generalized programs");
-    let Some(program) = all.program(erased, captured, device, &config) else {
+    let first_size = all.program(erased, captured, device, &config).is_none();
+    if first_size {
         let first = Arc::new(captured.clone());
         let (dynamic, served) = (Vec::new(), HashMap::new());
-        let program = Program { first, device, config, dynamic, stays_static: None, served };
+        let program = Program { first, device, config: config.clone(), dynamic, stays_static: None, served };
         all.by_erased.entry(erased).or_default().push(program);
-        return Ok(None);
-    };
-    if let Some((_, hit)) = program.dynamic.iter().find(|(spec, _)| spec.bind(captured).is_some()) {
-        let calls = program.served.entry(crate::dynamo::structural_hash(captured, device)).or_default();
-        *calls += 1;
-        return Ok((*calls <= SPECIALIZE_AFTER).then(|| hit.clone()));
+        if !at_once {
+            return Ok(None);
+        }
+    }
+    let program = all.program(erased, captured, device, &config).expect("programs are never removed");
+    if !program.dynamic.is_empty() && program.dynamic.iter().any(|(spec, _)| spec.bind(captured).is_some()) {
+        return Ok(serve(program, captured, device));
     }
     if program.stays_static.is_some() {
         return Ok(None);
     }
-    // The input dims that differ from the first graph's (or were symbolic before) are symbolic.
+    // The input dims that differ from the first graph's (or were symbolic before) are symbolic;
+    // at once, every input dim of 2 or more.
     let mut dims: Vec<(usize, usize)> = Vec::new();
     for (j, (&a, &b)) in program.first.inputs.iter().zip(&captured.inputs).enumerate() {
         let (old, new) = (&program.first.meta(a).shape, &captured.meta(b).shape);
-        dims.extend((0..new.len()).filter(|&d| old[d] != new[d] && new[d] >= 2 && old[d] >= 2).map(|d| (j, d)));
+        let differs = |d: usize| (first_size || old[d] != new[d]) && new[d] >= 2 && old[d] >= 2;
+        dims.extend((0..new.len()).filter(|&d| differs(d)).map(|d| (j, d)));
     }
     for (spec, _) in &program.dynamic {
         dims.extend(spec.symbols.iter().map(|s| (s.input, s.dim)));

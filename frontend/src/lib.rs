@@ -7,7 +7,8 @@
 //!   lazy tensors;
 //! * [`capture`] (tensors to a [`coil_ir::Graph`]) and realization: capture, then either the
 //!   compile driver ([`compile`]: decompose, lower, fuse, generate C, build, run) or the
-//!   reference interpreter ([`Backend`]);
+//!   reference interpreter ([`Backend`]); on the CPU a graph not compiled yet runs on tier 0
+//!   while it compiles in the background ([`tiered`]);
 //! * the disk cache of whole compiled graphs ([`graph_cache`]);
 //! * debug dumps (`COIL_DEBUG`, [`debug`]) and logs (`COIL_LOGS`, [`logs`]);
 //! * compiled functions ([`dynamo`]): guarded caches, graph breaks, recompiles, `explain`;
@@ -32,6 +33,7 @@ pub mod realize;
 pub mod safetensors;
 pub mod storage;
 pub mod tensor;
+pub mod tiered;
 mod walk;
 
 pub use autodiff::{grad, value_and_grad};

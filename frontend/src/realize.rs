@@ -154,12 +154,16 @@ pub fn backend() -> Backend {
 }
 
 /// Runs the graph of a walk on the current backend and its device, for values the user asked
-/// for at `origin`.
+/// for at `origin`: on the CPU, a graph not compiled yet may run on tier 0 while it compiles
+/// ([`crate::tiered`]).
 fn run(walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Vec<Storage>> {
     match backend() {
         Backend::Interpreter => interpret(&walk.captured()),
         Backend::Compiled => {
-            let (compiled, graph) = crate::compile::compiled_walk(walk, &[])?;
+            let (compiled, graph) = match crate::tiered::route(walk, origin)? {
+                crate::tiered::Route::Compiled(compiled, graph) => (compiled, graph),
+                crate::tiered::Route::Done(outputs) => return Ok(outputs),
+            };
             let inputs = walk.input_storages();
             let replay = cuda_graphs();
             let origin = compiled.origin(origin, |i| walk.node_source(i));

@@ -104,6 +104,14 @@ pub struct Config {
     /// holds 90% of this (a background thread; a hit marks its entry used). 4 GiB by default;
     /// `COIL_CACHE_MAX=512M` (bytes, or with `K`, `M`, `G`), `COIL_CACHE_MAX=off` for no limit.
     pub cache_max_bytes: Option<u64>,
+    /// Whether a CPU realization outside compiled functions whose graph has no compiled form
+    /// in this process yet runs at once on the prebuilt tier-0 executor
+    /// (`coil_runtime::cpu::eager`) while that graph compiles on a background thread, rather
+    /// than waiting for the C compiler (see `docs/compiler.md`, "Tier 0"). Later realizations
+    /// use the compiled graph once it is ready. On by default; `COIL_EAGER_TIER=0` (or `off`,
+    /// `false`) turns it off: every new graph compiles before it runs. It changes no code
+    /// ([`Config::same_code`]).
+    pub eager_tier: bool,
     /// Overrides of the compiler's own choices, for measuring and experiments: unstable, not
     /// part of the supported interface.
     #[doc(hidden)]
@@ -410,6 +418,7 @@ impl Env {
             rewrite: self.get("COIL_REWRITE").is_none_or(|v| !matches!(v.trim(), "0" | "off" | "false")),
             profile: on("COIL_PROFILE"),
             graph_cache: self.get("COIL_GRAPH_CACHE").is_none_or(|v| !matches!(v.trim(), "0" | "off" | "false")),
+            eager_tier: self.get("COIL_EAGER_TIER").is_none_or(|v| !matches!(v.trim(), "0" | "off" | "false")),
             cache_max_bytes: match self.get("COIL_CACHE_MAX") {
                 None => base.cache_max_bytes,
                 Some(v) if matches!(v.trim(), "off" | "none" | "unlimited") => None,
@@ -471,6 +480,7 @@ impl Config {
             cudnn_attention: true,
             graph_cache: true,
             cache_max_bytes: Some(DEFAULT_CACHE_MAX_BYTES),
+            eager_tier: true,
             tuning: Tuning::default(),
         }
     }
@@ -501,6 +511,7 @@ mod tests {
             ("COIL_NVRTC_OPTIONS", " -lineinfo  --use_fast_math "),
             ("COIL_ROW_THREADS", "banana"),
             ("COIL_GRAPH_CACHE", "0"),
+            ("COIL_EAGER_TIER", "off"),
         ])
         .config();
         assert_eq!(c.cache_dir, PathBuf::from("/home/u/.cache/coil"));
@@ -514,6 +525,7 @@ mod tests {
         assert_eq!(c.tuning.nvrtc_options, ["-lineinfo", "--use_fast_math"]);
         assert_eq!(c.tuning.row_threads, None, "a value that does not parse is ignored");
         assert!(!c.graph_cache && env(&[]).config().graph_cache);
+        assert!(!c.eager_tier && env(&[]).config().eager_tier);
         let max = |v: &str| env(&[("COIL_CACHE_MAX", v)]).config().cache_max_bytes;
         assert_eq!((max("512M"), max("off"), max("huge")), (Some(512 << 20), None, Some(DEFAULT_CACHE_MAX_BYTES)));
         assert_eq!(env(&[]).config().cache_max_bytes, Some(DEFAULT_CACHE_MAX_BYTES));

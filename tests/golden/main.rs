@@ -11,7 +11,9 @@ fn golden_cases_match_pytorch_interpreted() {
 
 #[test]
 fn golden_cases_match_pytorch_compiled() {
-    harness::check_all(coil::Backend::Compiled, coil::Device::Cpu);
+    // Compiled before it runs: tier 0 (`coil::tiered`) has its own run, `tests/golden_tier0.rs`.
+    let config = coil::Config { eager_tier: false, ..coil::config().as_ref().clone() };
+    coil::with_config(config, || harness::check_all(coil::Backend::Compiled, coil::Device::Cpu));
 }
 
 #[test]

@@ -52,7 +52,7 @@
 mod column;
 mod narrow;
 mod nest;
-mod ops;
+pub(crate) mod ops;
 mod prelude;
 mod quiet;
 mod rloop;

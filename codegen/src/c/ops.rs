@@ -10,7 +10,7 @@
 use coil_ir::{BinaryOp, DType, Scalar, UnaryOp};
 
 /// The C type a value of `d` is computed in.
-pub(super) fn compute_type(d: DType) -> &'static str {
+pub(crate) fn compute_type(d: DType) -> &'static str {
     match d {
         DType::F16 | DType::BF16 | DType::F32 => "float",
         DType::F64 => "double",
@@ -135,7 +135,7 @@ pub(super) fn store_value(e: &str, val: DType, buf: DType) -> String {
 
 /// `op(a)` with `a` of `da` and a result of `out`, as the interpreter computes it: float-only
 /// ops convert an integer operand to the result dtype first.
-pub(super) fn unary(op: UnaryOp, a: &str, da: DType, out: DType) -> String {
+pub(crate) fn unary(op: UnaryOp, a: &str, da: DType, out: DType) -> String {
     use UnaryOp::*;
     if op.returns_bool() {
         let e = match op {
@@ -204,7 +204,7 @@ pub(super) fn unary(op: UnaryOp, a: &str, da: DType, out: DType) -> String {
 /// `op(a, b)` with operands of `da` / `db` and a result of `out`. Comparisons and logical ops
 /// compute in the first operand's dtype; the others in the result's (true division converts
 /// integers to it first). Integer ops that can fail take `status`.
-pub(super) fn binary(op: BinaryOp, a: &str, da: DType, b: &str, db: DType, out: DType) -> String {
+pub(crate) fn binary(op: BinaryOp, a: &str, da: DType, b: &str, db: DType, out: DType) -> String {
     use BinaryOp::*;
     if op.returns_bool() {
         let b = convert(b, db, da);

@@ -11,6 +11,8 @@
 //!   [`attention::ForwardLaunch::choose`] for the GPU's SM count.
 //! * [`attention_backward`]: its backward (`ExternCall::AttentionBackward`): dQ, dK, dV from
 //!   the saved logsumexp, the probabilities recomputed, never stored.
+//! * [`eager_cpu`]: the tier-0 CPU executor's math, one chunk kernel per float pointwise op,
+//!   from the code generator's own expressions (built with the crate, as `gemm_cpu` is).
 //! * [`gemm_cpu`]: the CPU's matrix product (`ExternCall::Bmm` on f32, f16, bf16): C compiled by
 //!   the system compiler, packed operands and AVX-512 micro-kernels (`vdpbf16ps` for bf16).
 //! * [`sort`]: argsort along a dim (`Op::Argsort`, the base of `sort`, `topk` and sampling):
@@ -34,6 +36,7 @@
 pub mod activation;
 pub mod attention;
 pub mod attention_backward;
+pub mod eager_cpu;
 pub mod fallback;
 pub mod gather;
 pub mod gemm_cpu;

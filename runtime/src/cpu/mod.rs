@@ -18,6 +18,8 @@
 //!    through the reference interpreter;
 //! 4. returns the outputs in `program.outputs` order.
 //!
+//! [`eager`] is tier 0: a primitive graph run at once on prebuilt kernels, without a compile.
+//!
 //! Every buffer is seen as raw bytes here, as the generated code sees it: bool as one byte 0/1,
 //! f16/bf16 as their 16 bits.
 
@@ -25,6 +27,7 @@ pub mod attention;
 pub mod attention_backward;
 mod attention_block;
 pub mod compiler;
+pub mod eager;
 pub mod gemm;
 pub mod gemm_packed;
 pub mod jobs;
