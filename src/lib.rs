@@ -67,8 +67,8 @@ pub use coil_frontend::ops::scatter::ScatterReduce;
 pub use coil_frontend::ops::vision::{GridSample, Interpolation};
 pub use coil_frontend::{
     backend, capture, default_device, grad, manual_seed, pow, realize, set_backend, set_cuda_graphs,
-    set_default_device, synchronize, update_in_place, update_in_place_with, value_and_grad, where_, Backend, Captured,
-    IntoTensor, Storage, Tensor,
+    set_default_device, set_eager_tier, synchronize, update_in_place, update_in_place_with, value_and_grad, where_,
+    Backend, Captured, IntoTensor, Storage, Tensor,
 };
 pub use coil_frontend::{history, profile, safetensors, tiered};
 /// The configuration ([`Config`]): [`set_config`] replaces it, [`with_config`] sets it for a

@@ -263,6 +263,7 @@ fn grad_graphs_compile_like_the_interpreter() {
     let t = Tensor::from_vec(vec![0i64, 4, 2, 2, 1, 3], &[6]).unwrap();
     let step = |backend| -> Vec<Vec<f64>> {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         let h = coil::linear(&x, &w1, None).unwrap().gelu(false).unwrap();
         let loss = coil::linear(&h, &w2, None).unwrap().cross_entropy(&t, CrossEntropyOptions::default()).unwrap();
         let (value, g) = coil::value_and_grad(&loss, &[&w1, &w2]).unwrap();
@@ -294,6 +295,7 @@ fn the_gelu_gradient_is_a_product_epilogue_and_agrees_with_the_interpreter() {
         let w2 = data(&[8, 16], 24, 0.0).to_dtype(dtype).unwrap();
         let step = |backend| -> (Vec<Vec<f64>>, String) {
             coil::set_backend(backend);
+            coil::set_eager_tier(false);
             let h = coil::linear(&x, &w1, Some(&b1)).unwrap().gelu(true).unwrap();
             let loss = coil::linear(&h, &w2, None).unwrap().square().unwrap().to_dtype(DType::F32).unwrap().sum_all();
             let g = coil::grad(&loss.unwrap(), &[&x, &w1, &b1, &w2]).unwrap();
@@ -331,6 +333,7 @@ fn a_tied_embedding_gradient_is_scattered_into_the_projection_gradient_in_place(
     for autocast in [false, true] {
         let step = |backend| -> (Tensor, Tensor) {
             coil::set_backend(backend);
+            coil::set_eager_tier(false);
             let h = w.index_select(0, &ids).unwrap().tanh().unwrap();
             let logits = match autocast {
                 false => coil::linear(&h, &w, None).unwrap(),

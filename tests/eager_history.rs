@@ -18,6 +18,7 @@ fn step(x: &Tensor) -> Tensor {
 fn an_eager_loop_keeps_a_bounded_history() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     let mut x = Tensor::randn(&[256, 256], DType::F32).unwrap();
     let mut counts = Vec::new();
     let start = std::time::Instant::now();
@@ -93,6 +94,7 @@ fn a_held_input_keeps_the_history_its_gradient_needs() {
 fn views_still_see_their_base_after_the_loop_lets_go() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     let mut base = Tensor::from_vec((0..16).map(|i| i as f32).collect(), &[4, 4]).unwrap();
     base = (&base * 1.0).exp().unwrap().log().unwrap(); // a computed base with a history
     base.realize().unwrap();

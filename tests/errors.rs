@@ -112,6 +112,7 @@ fn assert_data_error<F: Fn() -> coil::Result<Tensor> + Clone>(op: &str, operands
     let mut seen: Vec<(Backend, &str, coil::Error)> = vec![];
     for backend in [Backend::Interpreter, Backend::Compiled] {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         seen.push((backend, "realize", make().unwrap().realize().unwrap_err()));
         let body = {
             let make = make.clone();
@@ -202,6 +203,7 @@ fn captures_of_one_compiled_graph_each_report_their_own_line() {
     // line that recorded its own capture's op.
     let before = coil::backend();
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     let (w, idx) = (f32s(&[5, 3]), index(&[0, 7], &[2]));
     let first = w.index_select(0, &idx).unwrap().exp().unwrap();
     let first_at = here!();

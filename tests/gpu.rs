@@ -176,6 +176,7 @@ fn cpu_and_cuda_tensors_in_one_op_is_an_error() {
 fn compiled_functions_run_on_cuda_with_breaks_and_guards() {
     if let Some(device) = gpu() {
         coil::set_backend(coil::Backend::Compiled);
+        coil::set_eager_tier(false);
         let f = coil::compile(|a: &[coil::Tensor]| {
             let s = a[0].softmax(-1)?;
             // a host read inside the function: a graph break, the rest compiles separately
@@ -213,6 +214,7 @@ fn weight_and_bias_gradients_agree_with_the_interpreter_on_cuda() {
     for (rows, cols, k) in [(2048usize, 768usize, 64usize), (1026, 96, 40), (4096, 3072, 16)] {
         let run = |backend: Backend, device: coil::Device| -> (Vec<f32>, Vec<f32>) {
             coil::set_backend(backend);
+            coil::set_eager_tier(false);
             coil::manual_seed(3);
             let x = Tensor::randn(&[rows, k], DType::BF16).unwrap().to_device(device).unwrap();
             let dy = Tensor::randn(&[rows, cols], DType::BF16).unwrap().to_device(device).unwrap();
@@ -244,6 +246,7 @@ fn a_tied_embedding_gradient_scattered_in_place_agrees_with_the_interpreter_on_c
     let targets: Vec<i64> = (0..n as i64).map(|i| (i * 104_729) % vocab as i64).collect();
     let run = |backend: Backend, device: coil::Device| -> Vec<f32> {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         coil::manual_seed(5);
         let w = Tensor::randn(&[vocab, c], DType::F32).unwrap().mul(0.1).unwrap().to_device(device).unwrap();
         w.realize().unwrap();
@@ -286,6 +289,7 @@ fn device_scatter_agrees_with_the_interpreter() {
         let index = if add { &repeated } else { &distinct };
         let run = |backend: Backend, device: coil::Device| -> Vec<f64> {
             coil::set_backend(backend);
+            coil::set_eager_tier(false);
             let x = Tensor::randn(&[5, 6], DType::F32).unwrap().mul(3.0).unwrap().to_dtype(dtype).unwrap();
             let src = Tensor::randn(&[4, 5], DType::F32).unwrap().mul(3.0).unwrap().to_dtype(dtype).unwrap();
             let (x, src, index) =
@@ -303,6 +307,7 @@ fn device_scatter_agrees_with_the_interpreter() {
         }
     }
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     let x = Tensor::zeros(&[3], DType::F32).to_device(device).unwrap();
     let bad = Tensor::from_vec(vec![0i64, 3], &[2]).unwrap().to_device(device).unwrap();
     let src = Tensor::ones(&[2], DType::F32).to_device(device).unwrap();
@@ -321,6 +326,7 @@ fn device_cumsum_agrees_with_the_interpreter() {
             for &dim in &dims {
                 let run = |backend: Backend, device: coil::Device| -> Vec<f64> {
                     coil::set_backend(backend);
+                    coil::set_eager_tier(false);
                     let x = Tensor::randn(&shape, DType::F32).unwrap().mul(4.0).unwrap().to_dtype(dtype).unwrap();
                     let y = x.to_device(device).unwrap().cumsum(dim).unwrap();
                     y.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
@@ -340,6 +346,7 @@ fn device_cumsum_agrees_with_the_interpreter() {
         }
     }
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
 }
 
 /// `rand` and `randn` made on the GPU (Philox and, for normals, f64 Box-Muller written out in
@@ -352,6 +359,7 @@ fn random_tensors_match_the_interpreter_on_cuda() {
         for normal in [false, true] {
             let make = |backend: Backend, on: Device| -> Vec<f64> {
                 coil::set_backend(backend);
+                coil::set_eager_tier(false);
                 coil::set_default_device(on);
                 let t = if normal { Tensor::randn(&[3, 1000], dtype) } else { Tensor::rand(&[3, 1000], dtype) };
                 coil::set_default_device(Device::Cpu);
@@ -362,6 +370,7 @@ fn random_tensors_match_the_interpreter_on_cuda() {
             coil::manual_seed(11);
             let got = make(Backend::Compiled, device);
             coil::set_backend(Backend::Compiled);
+            coil::set_eager_tier(false);
             // one unit in the last place (bf16 and f16 round from f32, as the CUDA backend casts)
             let ulp = match dtype {
                 DType::BF16 => 8e-3,
@@ -407,6 +416,7 @@ fn compiled_random_ops_on_cuda_compile_once_and_match_the_interpreter() {
         let want: Vec<Vec<f64>> =
             body(std::slice::from_ref(&ones)).unwrap().iter().map(|t| t.to_vec::<f64>().unwrap()).collect();
         coil::set_backend(Backend::Compiled);
+        coil::set_eager_tier(false);
         // dropout and uniform values exactly; normal ones to an ulp (f64 Box-Muller routines)
         for (k, ulp) in [(0, 0.0), (1, 0.0), (2, 1.2e-7), (3, 0.0), (4, 1e-15)] {
             for (i, (g, w)) in got[k].iter().zip(&want[k]).enumerate() {
@@ -870,6 +880,7 @@ fn convolutions_through_cudnn_agree_with_the_cpu_on_cuda() {
         (&[2, 6, 8, 8, 8], &[16, 8, 3, 3, 3], 1, 1, 1, DType::F32),
     ];
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     let mut failures = Vec::new();
     for (k, &(xs, ws, stride, padding, groups, dtype)) in cases.iter().enumerate() {
         let run = |device: Device| -> coil::Result<(Vec<Vec<f64>>, String)> {
@@ -987,6 +998,7 @@ fn data_errors_name_the_op_operands_and_line_on_cuda() {
 fn resnet_training_steps_agree_with_the_cpu_on_cuda() {
     let Some(device) = gpu() else { return };
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     let wrong = resnet::differences_from_the_cpu(device).unwrap();
     assert!(wrong.is_empty(), "the CUDA run differs from the CPU's:\n{}", wrong.join("\n"));
 }
@@ -996,6 +1008,7 @@ fn resnet_training_steps_agree_with_the_cpu_on_cuda() {
 fn resnet_training_steps_on_the_legacy_cudnn_api_agree_with_the_cpu_on_cuda() {
     let Some(device) = gpu() else { return };
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     let legacy = coil::Config { cudnn_api: coil::CudnnApi::Legacy, ..(*coil::config()).clone() };
     let wrong = coil::with_config(legacy, || resnet::differences_from_the_cpu(device)).unwrap();
     assert!(wrong.is_empty(), "the CUDA run differs from the CPU's:\n{}", wrong.join("\n"));
@@ -1008,6 +1021,7 @@ fn resnet_training_steps_on_the_legacy_cudnn_api_agree_with_the_cpu_on_cuda() {
 fn resnet_training_steps_repeat_bit_for_bit_on_cuda() {
     let Some(device) = gpu() else { return };
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     let (first, again) = (resnet::train(device).unwrap(), resnet::train(device).unwrap());
     let mut differ = Vec::new();
     if again.losses != first.losses {
@@ -1064,6 +1078,7 @@ fn scatter_add_with_repeated_indices_repeats_bit_for_bit_on_cuda() {
         for expanded in [true, false] {
             let run = |backend: Backend, device: Device| -> Vec<u32> {
                 coil::set_backend(backend);
+                coil::set_eager_tier(false);
                 let on = |v: &[f32], shape: &[usize]| {
                     Tensor::from_vec(v.to_vec(), shape).unwrap().to_device(device).unwrap().to_dtype(dtype).unwrap()
                 };
@@ -1088,6 +1103,7 @@ fn scatter_add_with_repeated_indices_repeats_bit_for_bit_on_cuda() {
     }
     let grad = |backend: Backend, device: Device| -> Vec<u32> {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         let w = Tensor::from_vec(table.clone(), &[vocab, c]).unwrap().to_device(device).unwrap();
         w.realize().unwrap();
         let ids = Tensor::from_vec(ids.clone(), &[n]).unwrap().to_device(device).unwrap();

@@ -163,6 +163,7 @@ fn a_cache_written_at_run_time_positions_by_a_generated_kernel_matches_the_inter
         let mut seen = vec![];
         for backend in [Backend::Interpreter, Backend::Compiled] {
             coil::set_backend(backend);
+            coil::set_eager_tier(false);
             let cache = t(&noise(b * h * cap * d, 1), &[b, h, cap, d]);
             let new = t(&noise(b * h * steps * d, 2 + pos as u64), &[b, h, steps, d]);
             let p = Tensor::from_vec(vec![pos], &[]).unwrap();
@@ -205,6 +206,7 @@ fn a_cache_write_out_of_range_leaves_the_cache_as_it_was() {
     for pos in [6i64, 8, -1] {
         for backend in [Backend::Interpreter, Backend::Compiled] {
             coil::set_backend(backend);
+            coil::set_eager_tier(false);
             let cache = t(&noise(b * cap * d, 3), &[b, 1, cap, d]);
             let new = t(&noise(b * steps * d, 4), &[b, 1, steps, d]);
             let old = cache.to_vec::<f32>().unwrap();
@@ -266,6 +268,7 @@ fn views_and_bases_see_each_others_writes_eager_and_compiled_on_both_backends() 
     let want = vec![x.clone(), x[4..].to_vec(), vec![x[1], x[5], x[9]], tr, vec![a0.iter().sum()]];
     for backend in [coil::Backend::Interpreter, coil::Backend::Compiled] {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         let (a, b) = (t(&a0, &[3, 4]), t(&b0, &[4]));
         let eager = program(&a, &b).unwrap();
         let f = coil::compile(|args: &[Tensor]| program(&args[0], &args[1]));
@@ -280,4 +283,5 @@ fn views_and_bases_see_each_others_writes_eager_and_compiled_on_both_backends() 
         assert_eq!(a2.to_vec::<f32>().unwrap(), x, "{backend:?}: the compiled call writes its argument back");
     }
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
 }

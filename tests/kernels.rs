@@ -201,6 +201,7 @@ fn mlp_is_two_gemm_calls_with_the_gelu_in_the_first() {
 fn mlp_with_the_fused_gelu_matches_the_interpreter() {
     let run = |backend| {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         coil::manual_seed(3);
         let x = randn(&[16, 64], DType::BF16);
         let (w1, b1) = (randn(&[256, 64], DType::BF16), randn(&[256], DType::BF16));
@@ -224,6 +225,7 @@ fn mlp_with_the_fused_gelu_matches_the_interpreter() {
 fn a_half_product_read_by_a_cast_to_f32_writes_f32() {
     let run = |backend| {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         coil::manual_seed(4);
         let x = randn(&[2, 24, 16], DType::BF16);
         let dy = randn(&[2, 24, 40], DType::BF16);
@@ -252,6 +254,7 @@ fn a_half_product_read_by_a_cast_to_f32_writes_f32() {
 fn gpt2_block_compiled_matches_the_interpreter() {
     let run = |backend| {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         coil::manual_seed(7);
         let x = randn(&[2, 8, 32], DType::F32);
         gpt2_block(&x, 2).unwrap().to_vec::<f64>().unwrap()
@@ -296,6 +299,7 @@ fn dumps_are_written_when_asked() {
 fn full_sum_splits_into_two_reductions_and_matches_the_interpreter() {
     let run = |backend| {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         coil::manual_seed(11);
         let x = randn(&[(1 << 20) + 3], DType::F32);
         let s = x.sum_all().unwrap();
@@ -313,6 +317,7 @@ fn column_sums_with_few_outputs_split_and_match_the_interpreter() {
     // column max.
     let run = |backend| {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         coil::manual_seed(5);
         let dy = randn(&[2, 513, 48], DType::BF16);
         let sum = dy.sum(&[0, 1], false).unwrap().to_dtype(DType::F32).unwrap();
@@ -408,6 +413,7 @@ fn residual_stream_is_stored_so_kernels_read_few_buffers_at_any_depth() {
 fn residual_net_gradients_match_the_interpreter() {
     let run = |backend| {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         coil::manual_seed(6);
         residual_net(12).iter().map(|t| t.to_vec::<f64>().unwrap()).collect::<Vec<_>>()
     };

@@ -18,6 +18,7 @@ fn interpreted(x: &Tensor, w: &Tensor, g: &Tensor) -> Vec<f64> {
     coil::set_backend(coil::Backend::Interpreter);
     let y = program(x, w, g).to_vec::<f64>().unwrap();
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     y
 }
 

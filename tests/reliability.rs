@@ -10,6 +10,7 @@ fn on_both<T>(f: impl Fn() -> T) -> [T; 2] {
     coil::set_backend(Backend::Interpreter);
     let interpreted = f();
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     let compiled = f();
     coil::set_backend(before);
     [interpreted, compiled]
@@ -152,6 +153,7 @@ fn an_allocation_the_host_cannot_make_is_an_error_naming_the_op() {
     assert_eq!(e.op.as_deref(), Some("expand"), "{e}");
     // Compiled, an output of 2^42 f32 elements (16 TiB) cannot be allocated either.
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     let y = Tensor::ones(&[1], DType::F32).expand(&[1 << 42]).unwrap().add(1.0).unwrap();
     let e = y.realize().unwrap_err();
     assert!(e.to_string().contains("out of memory"), "{e}");

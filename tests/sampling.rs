@@ -55,6 +55,7 @@ fn multinomial_follows_the_weights_and_repeats_under_a_seed() {
 fn on_both(f: &dyn Fn() -> Vec<Tensor>) -> [Vec<Vec<u64>>; 2] {
     BACKENDS.map(|backend| {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         f().iter().map(cases::bits).collect()
     })
 }
@@ -85,6 +86,7 @@ fn gradients_flow_back_to_the_sorted_positions() {
     let w = Tensor::from_vec(vec![1.0f32, 10.0, 100.0, 1000.0, 2.0, 20.0, 200.0, 2000.0], &[2, 4]).unwrap();
     for backend in BACKENDS {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         let (v, _) = x.sort(1, false).unwrap();
         let g = coil::grad(&v.mul(&w).unwrap().sum_all().unwrap(), &[&x]).unwrap();
         // Row 0 ascending: -1 (1), 2 (2), 2 (3), 3 (0); row 1: -4 (3), 0.5 (0), 1 (2), 7 (1).
@@ -197,6 +199,7 @@ fn sorting_and_sampling_compile_once_for_every_length() {
         coil::set_backend(Backend::Interpreter);
         let want: Vec<Vec<u64>> = body(std::slice::from_ref(&x)).unwrap().iter().map(cases::bits).collect();
         coil::set_backend(Backend::Compiled);
+        coil::set_eager_tier(false);
         assert_eq!(got, want, "length {n}");
     }
     assert_eq!(f.compile_count(), 2, "{:?}", f.recompile_reasons());

@@ -43,6 +43,8 @@ pub use ops::linalg::linear;
 pub use ops::movement::{cat, stack};
 pub use ops::nn::{embedding, scaled_dot_product_attention, CrossEntropyOptions, LossReduction};
 pub use ops::pointwise::{pow, where_, IntoTensor};
-pub use realize::{backend, capture, realize, set_backend, set_cuda_graphs, synchronize, Backend, Captured};
+pub use realize::{
+    backend, capture, realize, set_backend, set_cuda_graphs, set_eager_tier, synchronize, Backend, Captured,
+};
 pub use storage::Storage;
 pub use tensor::{default_device, manual_seed, set_default_device, wrap_dim, Tensor};

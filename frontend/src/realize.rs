@@ -95,6 +95,7 @@ pub use coil_ir::config::Backend;
 thread_local! {
     static BACKEND: Cell<Option<Backend>> = const { Cell::new(None) };
     static CUDA_GRAPHS: Cell<Option<bool>> = const { Cell::new(None) };
+    static EAGER_TIER: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// Replays this thread's realizations on a GPU from CUDA graphs (off by default), as
@@ -123,6 +124,29 @@ pub fn set_cuda_graphs(on: bool) -> bool {
 /// configuration's `cuda_graphs`).
 pub(crate) fn cuda_graphs() -> bool {
     CUDA_GRAPHS.with(|c| c.get()).unwrap_or_else(|| coil_ir::config::current().cuda_graphs)
+}
+
+/// Turns tier 0 on or off for this thread's CPU realizations ([`crate::tiered`]): off, every
+/// new graph is compiled before it runs, as a test of the compiled kernels wants. Overrides the
+/// configuration's `eager_tier` ([`coil_ir::config::Config::eager_tier`]) on this thread.
+/// Returns the previous setting.
+///
+/// ```
+/// let was = coil_frontend::set_eager_tier(false);
+/// let x = coil_frontend::Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+/// assert_eq!(x.exp().unwrap().to_vec::<f32>().unwrap()[1], 2.0f32.exp());
+/// coil_frontend::set_eager_tier(was);
+/// ```
+pub fn set_eager_tier(on: bool) -> bool {
+    let previous = eager_tier();
+    EAGER_TIER.with(|c| c.set(Some(on)));
+    previous
+}
+
+/// Whether this thread's CPU realizations may run on tier 0 ([`set_eager_tier`], else the
+/// configuration's `eager_tier`).
+pub(crate) fn eager_tier() -> bool {
+    EAGER_TIER.with(|c| c.get()).unwrap_or_else(|| coil_ir::config::current().eager_tier)
 }
 
 /// Chooses the backend for this thread's realizations.

@@ -203,7 +203,7 @@ pub fn wait_for_background_compiles() {
 pub(crate) fn route(walk: &Walk, origin: &'static std::panic::Location<'static>) -> Result<Route> {
     let config = coil_ir::config::current();
     let device = walk.device();
-    if !config.eager_tier || device != Device::Cpu {
+    if !crate::realize::eager_tier() || device != Device::Cpu {
         let (compiled, graph) = crate::compile::compiled_walk(walk, &[])?;
         return Ok(Route::Compiled(compiled, graph));
     }

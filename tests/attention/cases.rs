@@ -159,6 +159,7 @@ pub fn check(case: &Case, device: Device) -> std::result::Result<(), String> {
         .and_then(|y| y.to_vec::<f64>())
         .map_err(|e| fail(format!("interpreter: {e}")))?;
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     coil::set_default_device(device);
     let y = program(case, &inputs(case, device).map_err(|e| fail(e.to_string()))?).map_err(|e| fail(e.to_string()))?;
     let compiled = coil::inspect(&[&y]).map_err(|e| fail(format!("compile: {e}")))?;
@@ -184,6 +185,7 @@ pub fn agrees(got: &[f64], reference: &[f64], dtype: DType) -> std::result::Resu
 /// Puts the backend and device back, then fails with every failure at once.
 pub fn report(failures: Vec<String>) {
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     coil::set_default_device(Device::Cpu);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

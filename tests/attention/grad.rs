@@ -126,6 +126,7 @@ pub fn check_grad(case: &Case, device: Device) -> std::result::Result<(), String
     let (reference, _) = gradients(case, Device::Cpu, templated).map_err(|e| fail(format!("interpreter: {e}")))?;
     let (decomposed, _) = gradients(case, Device::Cpu, decomposed).map_err(|e| fail(format!("decomposed: {e}")))?;
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     coil::set_default_device(device);
     let (got, compiled) = gradients(case, device, templated).map_err(|e| fail(format!("compiled: {e}")))?;
     if let Some(problem) = program_problem(case, compiled.as_deref().expect("compiled")) {
@@ -149,6 +150,7 @@ pub fn check_grad(case: &Case, device: Device) -> std::result::Result<(), String
 pub fn check_grad_all(device: Device) {
     let failures: Vec<String> = grad_cases().iter().filter_map(|c| check_grad(c, device).err()).collect();
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     coil::set_default_device(Device::Cpu);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
@@ -166,6 +168,7 @@ pub fn check_grad_large(device: Device) {
     let mut failures = Vec::new();
     for case in &cases {
         coil::set_backend(Backend::Compiled);
+        coil::set_eager_tier(false);
         coil::set_default_device(Device::Cpu);
         let run = |device| gradients(case, device, templated).map(|(values, _)| values);
         let (want, got) = match (run(Device::Cpu), run(device)) {

@@ -46,6 +46,7 @@ fn gradients_of_masked_attention_take_the_decomposition() {
     };
     let run = || -> Vec<Vec<f64>> { outputs().iter().map(|x| x.to_vec::<f64>().unwrap()).collect() };
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     let pending = outputs();
     let ir = coil::inspect(&pending.iter().collect::<Vec<_>>()).unwrap().pre_fusion.clone();
     assert!(!ir.contains("extern attention"), "masked attention decomposes for its gradients:\n{ir}");
@@ -53,6 +54,7 @@ fn gradients_of_masked_attention_take_the_decomposition() {
     coil::set_backend(coil::Backend::Interpreter);
     let want = run();
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     for (i, (x, y)) in got.iter().zip(&want).enumerate() {
         let err = cases::rel_error(x, y);
         assert!(err <= 1e-5, "output {i} (0: the loss): relative error {err:.2e}");
@@ -74,6 +76,7 @@ fn attention_with_a_dynamic_sequence_length() {
     };
     let f = coil::compile(body).named("attention");
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     coil::set_default_device(Device::Cpu);
     for t in [5usize, 9, 70] {
         let make = |seed: usize| {
@@ -88,6 +91,7 @@ fn attention_with_a_dynamic_sequence_length() {
         coil::set_backend(coil::Backend::Interpreter);
         let want = body(&args).unwrap()[0].to_vec::<f64>().unwrap();
         coil::set_backend(coil::Backend::Compiled);
+        coil::set_eager_tier(false);
         for (x, y) in got.iter().zip(&want) {
             assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "T = {t}: {x} vs {y}");
         }
@@ -122,6 +126,7 @@ fn attention_gradients_with_a_dynamic_sequence_length() {
     };
     let f = coil::compile(body).named("attention_grad");
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     coil::set_default_device(Device::Cpu);
     let make = |t: usize, seed: usize| {
         let v: Vec<f32> = (0..2 * t * 16).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
@@ -136,6 +141,7 @@ fn attention_gradients_with_a_dynamic_sequence_length() {
         coil::set_backend(coil::Backend::Interpreter);
         let want: Vec<Vec<f64>> = body(&args).unwrap().iter().map(|x| x.to_vec::<f64>().unwrap()).collect();
         coil::set_backend(coil::Backend::Compiled);
+        coil::set_eager_tier(false);
         for (i, (x, y)) in got.iter().zip(&want).enumerate() {
             let err = cases::rel_error(x, y);
             assert!(err <= 1e-5, "T = {t}: output {i} (0: the loss) differs by {err:.2e}");
@@ -169,6 +175,7 @@ fn gpt2_training_step_keeps_attention_templates_both_ways() {
         Gpt2Config { vocab_size: 50, block_size: 64, n_layer, n_head, n_embd: 64, dropout: 0.0, layer_norm_eps: 1e-5 };
     coil::set_default_device(Device::Cpu);
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
     // Whatever a lowered program holds: each layer's calls, and no buffer of the scores.
     let check = |dtype: DType, program: &coil::ir::loops::LoopProgram| {
         let ir = program.to_string();
@@ -210,6 +217,7 @@ fn gpt2_training_step_keeps_attention_templates_both_ways() {
         coil::set_backend(coil::Backend::Interpreter);
         let want: Vec<Vec<f64>> = step().unwrap().iter().map(|x| x.to_vec::<f64>().unwrap()).collect();
         coil::set_backend(coil::Backend::Compiled);
+        coil::set_eager_tier(false);
         for (i, (x, y)) in got.iter().zip(&want).enumerate() {
             let err = cases::rel_error(x, y);
             assert!(err <= 1e-5, "output {i} (0: the loss): relative error {err:.2e}");
@@ -246,9 +254,11 @@ fn second_order_gradients_through_the_templates() {
     };
     for backend in [coil::Backend::Interpreter, coil::Backend::Compiled] {
         coil::set_backend(backend);
+        coil::set_eager_tier(false);
         let (got, want) = (second(true), second(false));
         let err = cases::rel_error(&got, &want);
         assert!(err <= 1e-5, "{backend:?}: relative error {err:.2e}");
     }
     coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
 }

@@ -107,6 +107,7 @@ pub fn check_masked(case: &MaskedCase, device: Device) -> std::result::Result<()
         .and_then(|y| y.to_vec::<f64>())
         .map_err(|e| fail(format!("interpreter: {e}")))?;
     coil::set_backend(Backend::Compiled);
+    coil::set_eager_tier(false);
     coil::set_default_device(device);
     let y = program(&masked_inputs(case, device).map_err(|e| fail(e.to_string()))?).map_err(|e| fail(e.to_string()))?;
     let compiled = coil::inspect(&[&y]).map_err(|e| fail(format!("compile: {e}")))?;

@@ -203,6 +203,7 @@ fn run_program(
     device: coil::Device,
 ) -> Option<(coil::Result<Vec<Vec<f64>>>, HalfOps)> {
     coil::set_backend(backend);
+    coil::set_eager_tier(false);
     coil::set_default_device(device);
     let (outs, half) = program(&inputs.tensors(device)).ok()?;
     Some((outs.iter().map(|t| t.to_vec::<f64>()).collect(), half))
@@ -409,6 +410,7 @@ pub fn check_all_dynamic(device: coil::Device) {
                 break;
             };
             coil::set_backend(Backend::Compiled);
+            coil::set_eager_tier(false);
             coil::set_default_device(device);
             let args = inputs.tensors(device);
             for t in &args {

@@ -142,6 +142,7 @@ pub fn judge(seed: u64, devices: &[Device], verbose: bool) -> Verdict {
     };
     for &device in devices {
         coil::set_backend(Backend::Compiled);
+        coil::set_eager_tier(false);
         let outcome = match gen::build(seed, device) {
             Built::Ready(t) => realize(&t.outputs),
             Built::Rejected { error, .. } => {

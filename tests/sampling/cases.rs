@@ -43,6 +43,7 @@ fn dim_and_flag(case: &str) -> (i64, &str) {
 /// Every `sort_*` case: `sort` and `argsort` give PyTorch's stable order and values, dtypes kept.
 pub fn check_sorts(backend: Backend, device: Device) {
     coil::set_backend(backend);
+    coil::set_eager_tier(false);
     let golden = golden();
     let cases: Vec<&str> = golden.keys().filter_map(|k| k.strip_prefix("sort_")?.strip_suffix(".x")).collect();
     assert!(cases.len() >= 18, "{cases:?}");
@@ -72,6 +73,7 @@ pub fn check_sorts(backend: Backend, device: Device) {
 /// positions name equal values.
 pub fn check_topk(backend: Backend, device: Device) {
     coil::set_backend(backend);
+    coil::set_eager_tier(false);
     let golden = golden();
     let cases: Vec<&str> = golden.keys().filter_map(|k| k.strip_prefix("topk_")?.strip_suffix(".x")).collect();
     assert!(cases.len() >= 6, "{cases:?}");
@@ -119,6 +121,7 @@ fn check_frequencies(what: &str, counts: &[usize], p: &[f64]) {
 /// and temperature 0 give the argmax.
 pub fn check_sampling(backend: Backend, device: Device) {
     coil::set_backend(backend);
+    coil::set_eager_tier(false);
     let golden = golden();
     const DRAWS: usize = 3000;
     for case in golden.keys().filter_map(|k| k.strip_prefix("sample_")?.strip_suffix(".logits")) {
@@ -161,6 +164,7 @@ pub fn check_sampling(backend: Backend, device: Device) {
 /// distinct categories whose first draw follows the weights.
 pub fn check_multinomial(backend: Backend, device: Device) {
     coil::set_backend(backend);
+    coil::set_eager_tier(false);
     let weights = vec![0.1f32, 0.0, 0.4, 0.2, 0.3, 5.0, 1.0, 0.0, 0.0, 4.0];
     let p = Tensor::from_vec(weights.clone(), &[2, 5]).unwrap().to_device(device).unwrap();
     const DRAWS: usize = 20000;
@@ -240,6 +244,7 @@ pub fn check_compiled_against_interpreter(device: Device) {
                 for descending in [false, true] {
                     let run = |backend: Backend, x: &Tensor| -> Vec<Vec<u64>> {
                         coil::set_backend(backend);
+                        coil::set_eager_tier(false);
                         let (v, i) = x.sort(dim, descending).unwrap();
                         // Work after the sort in the same graph: the positions feed a fused kernel.
                         let shifted = i.add(1).unwrap().mul(2).unwrap();

@@ -68,6 +68,7 @@ fn same_bits(got: &[f64], want: &[f64]) -> bool {
 /// line per disagreement with PyTorch.
 pub fn failures(backend: Backend, device: Device) -> Vec<String> {
     coil::set_backend(backend);
+    coil::set_eager_tier(false);
     coil::set_default_device(device);
     let mut failures = Vec::new();
     for dtype in DTYPES {

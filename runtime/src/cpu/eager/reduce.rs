@@ -378,6 +378,7 @@ pub(super) fn bmm(
         k,
         bias: None,
         activation: None,
+        activation_grad: None,
     };
     let mut out = HostData::for_output(out_dtype, shape.iter().product())?;
     let len = out.byte_len();
