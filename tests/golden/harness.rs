@@ -286,8 +286,9 @@ pub fn for_each_case(
 }
 
 pub fn check_all(backend: coil::Backend, device: coil::Device) {
+    // (tier 0 follows the caller's configuration: `golden/main.rs` turns it off, and
+    // `golden_tier0.rs` on)
     coil::set_backend(backend);
-    coil::set_eager_tier(false);
     coil::set_default_device(device);
     let (mut passed, mut failures) = (0, Vec::new());
     let skipped = for_each_case(device, |name, case, torch_error, inputs, st| {
