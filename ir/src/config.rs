@@ -266,10 +266,16 @@ impl Config {
     /// let text = format!("{:?}", base.code_settings());
     /// assert_ne!(text, format!("{:?}", Config { autotune: !base.autotune, ..base.clone() }.code_settings()));
     /// ```
-    pub fn code_settings(&self) -> impl std::fmt::Debug + PartialEq + '_ {
+    pub fn code_settings(&self) -> CodeSettings<'_> {
         (self.rewrite, self.autotune, &self.c_compiler, &self.tuning, self.cudnn_api)
     }
 }
+
+/// What [`Config::code_settings`] returns: rewrite, autotune, the C compiler, the tuning
+/// overrides and the cuDNN API, in that order. (A named type rather than `impl Debug +
+/// PartialEq`: rustdoc 1.95 panics documenting that opaque type through the `coil` crate's
+/// re-export.)
+pub type CodeSettings<'a> = (bool, bool, &'a Option<String>, &'a Tuning, CudnnApi);
 
 /// The global configuration, made from the environment at its first read.
 fn global() -> &'static RwLock<Arc<Config>> {
