@@ -23,6 +23,7 @@ mod layout;
 mod math;
 mod movement;
 mod pointwise;
+pub(crate) use pointwise::{binary_int, compare};
 mod reduce;
 mod sort;
 #[cfg(test)]

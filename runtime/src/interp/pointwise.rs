@@ -104,7 +104,7 @@ pub(super) fn binary(op: BinaryOp, a: &Value, b: &Value, out: DType) -> Result<D
 
 /// Comparisons and logical ops, for floats (NaN compares false except `ne`; NaN is truthy) and
 /// integers alike.
-fn compare<T: PartialOrd + Default>(op: BinaryOp, x: T, y: T) -> bool {
+pub(crate) fn compare<T: PartialOrd + Default>(op: BinaryOp, x: T, y: T) -> bool {
     use BinaryOp::*;
     let zero = T::default();
     match op {
@@ -141,7 +141,7 @@ fn binary_float(op: BinaryOp, x: f64, y: f64, r: impl Fn(f64) -> f64) -> f64 {
 
 /// A binary function on integers of `dtype` (wrapping in i64; the caller wraps to the dtype's
 /// width).
-fn binary_int(op: BinaryOp, x: i64, y: i64, dtype: DType) -> Result<i64> {
+pub(crate) fn binary_int(op: BinaryOp, x: i64, y: i64, dtype: DType) -> Result<i64> {
     use BinaryOp::*;
     let nonzero = || if y == 0 { Err(Error::value("ZeroDivisionError: integer division by zero")) } else { Ok(()) };
     Ok(match op {

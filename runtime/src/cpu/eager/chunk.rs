@@ -10,7 +10,7 @@
 use super::math::{call_binary, call_unary, Math};
 use crate::cpu::Kernel;
 use crate::HostData;
-use coil_ir::{BinaryOp, DType, Error, Op, Result, Scalar, UnaryOp};
+use coil_ir::{BinaryOp, DType, Op, Result, Scalar, UnaryOp};
 use half::{bf16, f16};
 
 /// A chunk of values in one compute type.
@@ -189,16 +189,10 @@ impl Class {
     }
 }
 
-/// Wraps an i64 to the width of an integer dtype, as a C cast does (bool: nonzero).
+/// Wraps an i64 to the width of an integer dtype, as a C cast does (bool: nonzero): the
+/// interpreter's rule.
 pub(super) fn wrap(x: i64, dtype: DType) -> i64 {
-    match dtype {
-        DType::Bool => (x != 0) as i64,
-        DType::U8 => x as u8 as i64,
-        DType::I8 => x as i8 as i64,
-        DType::I16 => x as i16 as i64,
-        DType::I32 => x as i32 as i64,
-        _ => x,
-    }
+    crate::interp::wrap_int(dtype, x)
 }
 
 /// A float rounded to a float dtype and back to its compute type's precision.
@@ -446,21 +440,10 @@ fn unary(op: UnaryOp, kernel: Option<&Kernel>, x: Val, from: DType, out: Out, dt
     Ok(())
 }
 
+/// Comparisons and logical ops element by element, as the interpreter computes them.
 fn compare<T: PartialOrd + Default + Copy>(op: BinaryOp, a: &[T], b: &[T], o: &mut [i64]) {
-    use BinaryOp::*;
-    let z = T::default();
-    for i in 0..o.len() {
-        let (x, y) = (a[i], b[i]);
-        o[i] = match op {
-            Eq => x == y,
-            Ne => x != y,
-            Lt => x < y,
-            Le => x <= y,
-            Gt => x > y,
-            Ge => x >= y,
-            LogicalAnd => x != z && y != z,
-            _ => x != z || y != z,
-        } as i64;
+    for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+        *o = crate::interp::compare(op, x, y) as i64;
     }
 }
 
@@ -481,57 +464,10 @@ fn binary(op: BinaryOp, kernel: Option<&Kernel>, a: Val, b: Val, from: DType, ou
         (Val::D(a), Val::D(b), Out::D(o)) => call_binary(kernel.expect("looked up by the plan"), a, b, o),
         (Val::I(a), Val::I(b), Out::I(o)) => {
             for i in 0..o.len() {
-                o[i] = wrap(binary_int(op, a[i], b[i], dtype)?, dtype);
+                o[i] = wrap(crate::interp::binary_int(op, a[i], b[i], dtype)?, dtype);
             }
         }
         _ => unreachable!("operands of the result's compute type (checked by the plan)"),
     }
     Ok(())
-}
-
-/// An integer binary op, as the interpreter computes it (wrapping in i64).
-fn binary_int(op: BinaryOp, x: i64, y: i64, dtype: DType) -> Result<i64> {
-    use BinaryOp::*;
-    let nonzero = || if y == 0 { Err(Error::value("ZeroDivisionError: integer division by zero")) } else { Ok(()) };
-    Ok(match op {
-        Add => x.wrapping_add(y),
-        Sub => x.wrapping_sub(y),
-        Mul => x.wrapping_mul(y),
-        FloorDiv | Remainder => {
-            nonzero()?;
-            let (q, rem) = (x.wrapping_div(y), x.wrapping_rem(y));
-            let adjust = rem != 0 && (rem < 0) != (y < 0);
-            match (op, adjust) {
-                (FloorDiv, true) => q - 1,
-                (FloorDiv, false) => q,
-                (_, true) => rem + y,
-                (_, false) => rem,
-            }
-        }
-        TruncDiv => {
-            nonzero()?;
-            x.wrapping_div(y)
-        }
-        Pow => {
-            if y < 0 {
-                return Err(Error::value("Integers to negative integer powers are not allowed."));
-            }
-            let (mut base, mut exp, mut acc) = (x, y as u64, 1i64);
-            while exp > 0 {
-                if exp & 1 == 1 {
-                    acc = acc.wrapping_mul(base);
-                }
-                base = base.wrapping_mul(base);
-                exp >>= 1;
-            }
-            acc
-        }
-        Maximum => x.max(y),
-        Minimum => x.min(y),
-        BitwiseAnd => x & y,
-        BitwiseOr => x | y,
-        BitwiseXor => x ^ y,
-        ShiftLeft | ShiftRight => op.shift(x, y, dtype),
-        _ => unreachable!("{} of integers (checked by the plan)", op.name()),
-    })
 }

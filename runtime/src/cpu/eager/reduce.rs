@@ -31,7 +31,7 @@ pub(super) fn reduce(op: ReduceOp, dims: &[usize], layout: &Layout, data: &HostD
             match op {
                 ReduceOp::Sum => sum_f32(row),
                 _ if r == 0 => 0.0,
-                _ => extreme_f32(op == ReduceOp::Max, row),
+                _ => extreme(op == ReduceOp::Max, row),
             }
         });
         return Ok(HostData::from_f64_slice(dtype, &out));
@@ -140,53 +140,24 @@ fn sum_f32(xs: &[f32]) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
-/// [`extreme`] of f32 values.
-fn extreme_f32(max: bool, xs: &[f32]) -> f64 {
+/// The max (else min) of a nonempty `xs` (f32 or f64), NaN if any is NaN.
+fn extreme<T: Copy + PartialOrd + Into<f64>>(max: bool, xs: &[T]) -> f64 {
     let mut nan = false;
     let mut m = xs[0];
     for &x in xs {
-        nan |= x.is_nan();
-        m = if max {
-            if x > m {
-                x
-            } else {
-                m
-            }
-        } else if x < m {
-            x
-        } else {
-            m
+        #[allow(clippy::eq_op)] // x != x: NaN, for f32 and f64 alike
+        let is_nan = x != x;
+        nan |= is_nan;
+        m = match max {
+            true if x > m => x,
+            false if x < m => x,
+            _ => m,
         };
     }
     if nan {
         f64::NAN
     } else {
-        m as f64
-    }
-}
-
-/// The max (else min) of a nonempty `xs`, NaN if any is NaN.
-fn extreme(max: bool, xs: &[f64]) -> f64 {
-    let mut nan = false;
-    let mut m = xs[0];
-    for &x in xs {
-        nan |= x.is_nan();
-        m = if max {
-            if x > m {
-                x
-            } else {
-                m
-            }
-        } else if x < m {
-            x
-        } else {
-            m
-        };
-    }
-    if nan {
-        f64::NAN
-    } else {
-        m
+        m.into()
     }
 }
 
@@ -242,7 +213,7 @@ impl Rows {
             let part = match (v, self.op) {
                 (Val::F(x), ReduceOp::Sum) => sum_f32(&x[k..end]),
                 (Val::D(x), ReduceOp::Sum) => sum(&x[k..end]),
-                (Val::F(x), op) => extreme_f32(op == ReduceOp::Max, &x[k..end]),
+                (Val::F(x), op) => extreme(op == ReduceOp::Max, &x[k..end]),
                 (Val::D(x), op) => extreme(op == ReduceOp::Max, &x[k..end]),
                 (Val::I(_), _) => unreachable!("float rows only"),
             };
