@@ -34,7 +34,7 @@ mod tests_movement;
 use crate::{Buffer, HostData};
 use coil_ir::{philox, BinaryOp, DType, Error, Graph, Node, NodeId, Op, RandDist, RandomState, Result, Scalar};
 use half::{bf16, f16};
-use layout::Layout;
+pub(crate) use layout::Layout;
 
 /// Runs a primitive graph on the CPU, op by op, and returns one contiguous buffer per graph
 /// output, in order.

@@ -3,39 +3,16 @@
 //! copied (but a reshape that no strides express, which the executor stores first).
 
 /// A view's elements in its base's row-major storage: element `idx` lies at `offset +
-/// sum(idx[d] * strides[d])`.
-#[derive(Clone, Debug, PartialEq)]
-pub(super) struct Layout {
-    /// The view's shape.
-    pub shape: Vec<usize>,
-    /// Elements between neighbours along each dim (0: broadcast; negative: walks backwards).
-    pub strides: Vec<isize>,
-    /// The position of element `(0, .., 0)`.
-    pub offset: isize,
-}
+/// sum(idx[d] * strides[d])`. The interpreter's layout (its views: `permute`, `expand`,
+/// `slice`), with what tier 0 adds below: reshapes as strides, bounds, chunked reads.
+pub(super) use crate::interp::Layout;
 
 /// Row-major strides of `shape`.
 fn row_major(shape: &[usize]) -> Vec<isize> {
-    let mut strides = vec![0isize; shape.len()];
-    let mut s = 1isize;
-    for d in (0..shape.len()).rev() {
-        strides[d] = s;
-        s *= shape[d] as isize;
-    }
-    strides
+    coil_ir::graph::contiguous_strides(shape).into_iter().map(|s| s as isize).collect()
 }
 
 impl Layout {
-    /// A whole stored value of `shape`.
-    pub fn contiguous(shape: &[usize]) -> Layout {
-        Layout { shape: shape.to_vec(), strides: row_major(shape), offset: 0 }
-    }
-
-    /// The number of elements.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
     /// Whether the elements are consecutive in row-major order (from `offset`).
     pub fn is_contiguous(&self) -> bool {
         let mut want = 1isize;
@@ -46,38 +23,6 @@ impl Layout {
             want *= n as isize;
         }
         true
-    }
-
-    /// `permute(perm)`: output dim `i` is dim `perm[i]`.
-    pub fn permute(&self, perm: &[usize]) -> Layout {
-        Layout {
-            shape: perm.iter().map(|&p| self.shape[p]).collect(),
-            strides: perm.iter().map(|&p| self.strides[p]).collect(),
-            offset: self.offset,
-        }
-    }
-
-    /// `expand(shape)`: new leading dims and size-1 dims broadcast (stride 0).
-    pub fn expand(&self, shape: &[usize]) -> Layout {
-        let lead = shape.len() - self.shape.len();
-        let strides = (0..shape.len())
-            .map(|d| match d.checked_sub(lead) {
-                Some(o) if self.shape[o] == shape[d] => self.strides[o],
-                _ => 0,
-            })
-            .collect();
-        Layout { shape: shape.to_vec(), strides, offset: self.offset }
-    }
-
-    /// `len` elements from `start` along `dim`, `step` apart (negative: backwards).
-    pub fn slice(&self, dim: usize, start: usize, len: usize, step: i64) -> Layout {
-        let mut out = self.clone();
-        if len > 0 {
-            out.offset += start as isize * self.strides[dim];
-        }
-        out.strides[dim] = self.strides[dim] * step as isize;
-        out.shape[dim] = len;
-        out
     }
 
     /// `reshape(shape)` as strides over the same elements, where some express it (PyTorch's
