@@ -190,8 +190,12 @@ pub struct Tuning {
     pub nvrtc_options: Vec<String>,
     /// Longest row a GPU persistent reduction holds. `COIL_PERSISTENT_MAX`.
     pub persistent_max: Option<i64>,
-    /// cuBLASLt's `i`-th heuristic algorithm instead of its first (0). `COIL_GEMM_ALGO`.
+    /// cuBLASLt's `i`-th heuristic algorithm instead of its first (0), for every product.
+    /// `COIL_GEMM_ALGO`.
     pub gemm_algo: usize,
+    /// Whether the first call of each product problem times cuBLASLt's top algorithms and
+    /// keeps the fastest (cached on disk). `COIL_GEMM_AUTOTUNE=0` turns it off.
+    pub gemm_autotune: bool,
     /// Fill every device allocation with `0xFF` bytes (NaN for floats) before use, so a kernel
     /// that reads memory nothing wrote shows it instead of reading stale values. For debugging;
     /// one memset per allocation. `COIL_POISON=1`.
@@ -215,6 +219,7 @@ impl Default for Tuning {
             nvrtc_options: Vec::new(),
             persistent_max: None,
             gemm_algo: 0,
+            gemm_autotune: true,
             poison_device_memory: false,
         }
     }
@@ -406,6 +411,7 @@ impl Env {
                 .collect(),
             persistent_max: self.number("COIL_PERSISTENT_MAX"),
             gemm_algo: self.number("COIL_GEMM_ALGO").unwrap_or(0),
+            gemm_autotune: self.get("COIL_GEMM_AUTOTUNE").is_none_or(|v| v != "0"),
             poison_device_memory: self.get("COIL_POISON").is_some_and(|v| v == "1"),
         };
         Config {

@@ -22,13 +22,15 @@
 //! * Integer products (rare, exact wrapping arithmetic) and any product cuBLASLt has no
 //!   algorithm for go to the host: operands downloaded, [`crate::cpu::gemm`], result uploaded.
 
-use super::compiler::{compile, LoadedModule};
+mod activation;
+use super::blas_choice::{problem_text, Algo, Choices, Problem};
 use super::device::{driver_error, CudaDevice};
-use super::gather::{gather, launch_grid_stride};
+use super::gather::gather;
 use super::loader::{require, CudaLib};
 use super::memory::{download, upload, DeviceMemory};
 use crate::cpu::gemm::{bmm_bytes_grad, bmm_bytes_to, BmmSpec};
-use coil_codegen::templates::activation;
+use activation::ActivationKernels;
+pub(crate) use activation::{apply_activation, apply_activation_grad};
 use coil_ir::loops::{Activation, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
@@ -47,6 +49,8 @@ pub struct Blas {
     /// The activation kernels, built the first time a product needs one ([`apply_activation`],
     /// [`apply_activation_grad`]).
     activation: OnceLock<std::result::Result<ActivationKernels, String>>,
+    /// The algorithm chosen per problem ([`super::blas_choice`]).
+    choices: Choices,
 }
 
 // SAFETY: a cuBLASLt handle is thread safe; the workspace is only used in stream order.
@@ -64,7 +68,7 @@ impl Blas {
                 // SAFETY: a plain allocation, kept for good.
                 let workspace = unsafe { drv::malloc_sync(WORKSPACE_BYTES) }
                     .map_err(|e| format!("cannot allocate the cuBLASLt workspace: {e}"))?;
-                Ok(Blas { handle, workspace, activation: OnceLock::new() })
+                Ok(Blas { handle, workspace, activation: OnceLock::new(), choices: Choices::default() })
             })
             .as_ref()
             .map_err(|e| Error::runtime(e.clone()))
@@ -368,6 +372,14 @@ struct LtView {
     batch_stride: i64,
 }
 
+impl LtView {
+    /// The view as cuBLASLt's layout sees it (its offset only moves the address).
+    fn shape_text(&self) -> String {
+        let t = if self.transpose { "T" } else { "N" };
+        format!("{t}{}x{}/{}/{}", self.rows, self.cols, self.ld, self.batch_stride)
+    }
+}
+
 /// `op` as a cuBLASLt view, or `None` when it needs a gather first.
 fn lt_view(op: &StridedOperand<usize>, batch: &[usize], rows: usize, cols: usize) -> Option<LtView> {
     let (rs, cs) = (op.row_stride, op.col_stride);
@@ -645,170 +657,109 @@ fn lt_matmul(
                 .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e))?;
         }
     }
-    // SAFETY: every descriptor is live (owned by `descs`).
-    let heuristic = unsafe { heuristic_choice(blas.handle, desc, la, lb, ld, pref) }
-        .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", e))?;
     let (alpha32, beta32, alpha64, beta64) = (1f32, 0f32, 1f64, 0f64);
     let (alpha, beta): (*const c_void, *const c_void) = if scale == 64 {
         ((&alpha64 as *const f64).cast(), (&beta64 as *const f64).cast())
     } else {
         ((&alpha32 as *const f32).cast(), (&beta32 as *const f32).cast())
     };
-    // SAFETY: operands, bias and output were bounds-checked for these layouts (or gathered into
-    // temporaries of exactly that size); the workspace is ours and stream-ordered; alpha/beta
-    // are host scalars read during the call. Temporaries are freed into the cache after the
-    // call, which is safe in stream order.
-    unsafe {
-        lt::matmul(
-            blas.handle,
-            desc,
-            alpha,
-            beta,
-            pb as *const c_void,
-            la,
-            pa as *const c_void,
-            lb,
-            out.ptr as *const c_void,
-            ld,
-            out.ptr as *mut c_void,
-            ld,
-            &heuristic.algo,
-            blas.workspace as *mut c_void,
-            WORKSPACE_BYTES,
-            dev.cu_stream() as lt_sys::cudaStream_t,
-        )
-    }
-    .map_err(|e| lt_err("cublasLtMatmul", e))?;
+    let launch = |algo: &Algo| -> std::result::Result<(), LtError> {
+        // SAFETY: operands, bias and output were bounds-checked for these layouts (or gathered
+        // into temporaries of exactly that size); the workspace is ours and stream-ordered;
+        // alpha/beta are host scalars read during the call. Temporaries are freed into the
+        // cache after the call, which is safe in stream order.
+        unsafe {
+            lt::matmul(
+                blas.handle,
+                desc,
+                alpha,
+                beta,
+                pb as *const c_void,
+                la,
+                pa as *const c_void,
+                lb,
+                out.ptr as *const c_void,
+                ld,
+                out.ptr as *mut c_void,
+                ld,
+                algo,
+                blas.workspace as *mut c_void,
+                WORKSPACE_BYTES,
+                dev.cu_stream() as lt_sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| lt_err("cublasLtMatmul", e))
+    };
+    // Everything the heuristic sees names the problem (addresses only by their alignment).
+    let text = problem_text(&[
+        ("types", format!("{dtype}>{out_dtype}")),
+        ("mnk", format!("{m}x{n}x{k}x{count}")),
+        ("a", vb.shape_text()),
+        ("b", va.shape_text()),
+        ("epilogue", format!("{:?}", epilogue.map(|e| e as u32))),
+        ("aux_ld", format!("{}", aux.map_or(0, |_| n))),
+        ("align", format!("{} {} {}", alignment(pb), alignment(pa), alignment(out.ptr))),
+    ]);
+    // Timing launches rewrite the output: only where it overlaps no operand.
+    let overlaps = |p: u64, bytes: usize| p < out.ptr + out.bytes as u64 && out.ptr < p + bytes as u64;
+    let may_time = !overlaps(a.ptr, a.bytes)
+        && !overlaps(b.ptr, b.bytes)
+        && !bias.is_some_and(|x| overlaps(x.ptr, x.bytes))
+        && !aux.is_some_and(|x| overlaps(x, out.bytes));
+    let problem = Problem { text, dev, may_time };
+    let candidates = |count: usize| {
+        // SAFETY: every descriptor is live (owned by `descs`).
+        unsafe { heuristics(blas.handle, desc, la, lb, ld, pref, count) }
+            .map_err(|e| format!("cublasLtMatmulAlgoGetHeuristic failed: {e}"))
+    };
+    let algo = blas
+        .choices
+        .algo(&problem, candidates, |algo| {
+            launch(algo).map_err(|e| match e {
+                LtError::Other(e) => e,
+                LtError::NoAlgorithm => Error::runtime("cublasLtMatmul: not supported"),
+            })
+        })
+        .map_err(|e| LtError::Other(Error::runtime(e)))?
+        .ok_or(LtError::NoAlgorithm)?;
+    launch(&algo)?;
     drop(temps);
     Ok(())
 }
 
-/// The heuristic's first algorithm, or with the configuration's `gemm_algo` `i`
-/// (`COIL_GEMM_ALGO=i`, a measuring knob) its `i`-th of up to 8 (the last when it returns fewer).
-unsafe fn heuristic_choice(
+/// Up to `count` of the heuristic's algorithms for the problem, in its order (none: it has
+/// no algorithm for these layouts).
+unsafe fn heuristics(
     handle: lt_sys::cublasLtHandle_t,
     desc: lt_sys::cublasLtMatmulDesc_t,
     la: lt_sys::cublasLtMatrixLayout_t,
     lb: lt_sys::cublasLtMatrixLayout_t,
     ld: lt_sys::cublasLtMatrixLayout_t,
     pref: lt_sys::cublasLtMatmulPreference_t,
-) -> std::result::Result<lt_sys::cublasLtMatmulHeuristicResult_t, lt::CublasError> {
-    let pick = coil_ir::config::current().tuning.gemm_algo;
-    if pick == 0 {
-        return lt::get_matmul_algo_heuristic(handle, desc, la, lb, ld, ld, pref);
+    count: usize,
+) -> std::result::Result<Vec<Algo>, lt::CublasError> {
+    let mut results: Vec<lt_sys::cublasLtMatmulHeuristicResult_t> = Vec::with_capacity(count);
+    let mut found = 0;
+    let status = lt_sys::cublasLtMatmulAlgoGetHeuristic(
+        handle,
+        desc,
+        la,
+        lb,
+        ld,
+        ld,
+        pref,
+        count as i32,
+        results.as_mut_ptr(),
+        &mut found,
+    );
+    match status.result() {
+        Ok(()) => {}
+        Err(e) if e.0 == lt_sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => return Ok(vec![]),
+        Err(e) => return Err(e),
     }
-    let mut results: [std::mem::MaybeUninit<lt_sys::cublasLtMatmulHeuristicResult_t>; 8] =
-        [std::mem::MaybeUninit::uninit(); 8];
-    let mut count = 0;
-    lt_sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 8, results[0].as_mut_ptr(), &mut count)
-        .result()?;
-    if count == 0 {
-        return Err(lt::CublasError(lt_sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED));
-    }
-    Ok(results[pick.min(count as usize - 1)].assume_init())
-}
-
-/// The activation template's kernels (`coil_codegen::templates::activation`) on one device:
-/// one per float dtype, each in place over `n` elements.
-struct ActivationKernels {
-    _module: LoadedModule,
-    /// f32, f16, bf16, f64.
-    gelu_tanh: [sys::CUfunction; 4],
-    /// The gradients, in the same order.
-    gelu_tanh_grad: [sys::CUfunction; 4],
-}
-
-// SAFETY: function handles are immutable and usable from any thread with the context bound.
-unsafe impl Send for ActivationKernels {}
-// SAFETY: as above.
-unsafe impl Sync for ActivationKernels {}
-
-impl ActivationKernels {
-    /// The device's kernels, compiled and loaded at the first use.
-    fn get(dev: &Arc<CudaDevice>) -> Result<&ActivationKernels> {
-        let blas = Blas::get(dev)?;
-        blas.activation
-            .get_or_init(|| {
-                let build = || -> Result<ActivationKernels> {
-                    let (cubin, _) = compile(activation::SOURCE, &dev.arch(), &crate::cpu::default_cache_dir())?;
-                    let module = LoadedModule::load(dev, &cubin)?;
-                    let f = |name: Option<&str>| module.function(name.expect("a kernel for every float dtype"));
-                    let each = |kernel: fn(DType) -> Option<&'static str>| -> Result<[sys::CUfunction; 4]> {
-                        Ok([
-                            f(kernel(DType::F32))?,
-                            f(kernel(DType::F16))?,
-                            f(kernel(DType::BF16))?,
-                            f(kernel(DType::F64))?,
-                        ])
-                    };
-                    let (gelu_tanh, gelu_tanh_grad) =
-                        (each(activation::gelu_tanh_kernel)?, each(activation::gelu_tanh_grad_kernel)?);
-                    Ok(ActivationKernels { _module: module, gelu_tanh, gelu_tanh_grad })
-                };
-                build().map_err(|e| e.message)
-            })
-            .as_ref()
-            .map_err(|e| Error::runtime(e.clone()))
-    }
-}
-
-/// The index of `dtype` in [`ActivationKernels`]' arrays.
-fn kernel_index(dtype: DType) -> Result<usize> {
-    Ok(match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        DType::F64 => 3,
-        _ => return Err(Error::unsupported(format!("a {dtype} activation"))),
-    })
-}
-
-/// Enqueues `x[i] = act(x[i])` for the `n` elements of `dtype` at `ptr` (the fallback when
-/// cuBLASLt could not apply the activation itself).
-///
-/// # Safety
-/// `ptr` must address `n` elements of `dtype` on `dev`.
-pub(crate) unsafe fn apply_activation(
-    dev: &Arc<CudaDevice>,
-    act: Activation,
-    dtype: DType,
-    ptr: sys::CUdeviceptr,
-    n: usize,
-) -> Result<()> {
-    if n == 0 {
-        return Ok(());
-    }
-    let Activation::GeluTanh = act;
-    let f = ActivationKernels::get(dev)?.gelu_tanh[kernel_index(dtype)?];
-    let (mut ptr, mut n64) = (ptr, n as i64);
-    let mut params: [*mut c_void; 2] = [(&mut ptr as *mut u64).cast(), (&mut n64 as *mut i64).cast()];
-    // SAFETY: the parameters match the kernel's signature; the memory contract is the caller's.
-    unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_gelu_tanh") }
-}
-
-/// Enqueues `g[i] *= act'(aux[i])` for the `n` elements of `dtype` at `g` and `aux` (the
-/// fallback when cuBLASLt could not apply an activation's gradient itself).
-///
-/// # Safety
-/// `g` and `aux` must each address `n` elements of `dtype` on `dev`.
-pub(crate) unsafe fn apply_activation_grad(
-    dev: &Arc<CudaDevice>,
-    act: Activation,
-    dtype: DType,
-    g: sys::CUdeviceptr,
-    aux: sys::CUdeviceptr,
-    n: usize,
-) -> Result<()> {
-    if n == 0 {
-        return Ok(());
-    }
-    let Activation::GeluTanh = act;
-    let f = ActivationKernels::get(dev)?.gelu_tanh_grad[kernel_index(dtype)?];
-    let (mut g, mut aux, mut n64) = (g, aux, n as i64);
-    let mut params: [*mut c_void; 3] =
-        [(&mut g as *mut u64).cast(), (&mut aux as *mut u64).cast(), (&mut n64 as *mut i64).cast()];
-    // SAFETY: the parameters match the kernel's signature; the memory contract is the caller's.
-    unsafe { launch_grid_stride(dev, f, n, &mut params, "coil_gelu_tanh_grad") }
+    // SAFETY: cuBLASLt wrote `found` (at most `count`) results.
+    results.set_len((found.max(0) as usize).min(count));
+    Ok(results.iter().filter(|r| r.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).map(|r| r.algo).collect())
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ pub mod autotune;
 #[cfg(test)]
 mod autotune_tests;
 pub mod blas;
+pub mod blas_choice;
 pub mod compiler;
 pub mod cudnn;
 mod cudnn_graph;

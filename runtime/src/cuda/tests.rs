@@ -586,6 +586,40 @@ fn bmm_matches_the_cpu_for_layouts_bias_and_dtypes() {
     assert!(e.message.contains("reaches element"), "{}", e.message);
 }
 
+/// With the GEMM autotuner on, the first call of a problem times cuBLASLt's candidates, caches
+/// the choice on disk, and the product (run by the chosen algorithm) still matches the CPU; with
+/// it off nothing is cached.
+#[test]
+fn gemm_autotune_caches_a_choice_and_keeps_the_result() {
+    let Some(dev) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("coil-gemm-autotune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = |on: bool| {
+        let base = coil_ir::config::current();
+        let tuning = coil_ir::config::Tuning { gemm_autotune: on, ..base.tuning.clone() };
+        coil_ir::config::Config { cache_dir: dir.clone(), tuning, ..(*base).clone() }
+    };
+    let entries = || std::fs::read_dir(dir.join("gemm")).map_or(0, |d| d.count());
+    // A problem no other test uses (k = 200), so this process has not chosen for it yet.
+    let (m, n, k) = (256, 192, 200);
+    let product = |what| {
+        let (a, b) = (operand(0, vec![0], k, 1), operand(0, vec![0], n, 1));
+        check_bmm_act(&dev, DType::BF16, &[1], (m, n, k), a, m * k, b, k * n, None, None, what);
+    };
+    coil_ir::config::with_config(config(false), || product("autotune off"));
+    assert_eq!(entries(), 0, "nothing is cached with the autotuner off");
+    coil_ir::config::with_config(config(true), || product("autotune on"));
+    assert_eq!(entries(), 1, "one choice cached for one problem");
+    let entry = std::fs::read_dir(dir.join("gemm")).unwrap().next().unwrap().unwrap().path();
+    let key = entry.file_name().unwrap().to_string_lossy().split('.').next().unwrap().to_string();
+    let chosen = blas_choice::read_choice(&dir, &key).expect("a valid choice entry");
+    assert!(chosen < blas_choice::CANDIDATES);
+    // A second call of the problem uses the choice (no new entry) and agrees again.
+    coil_ir::config::with_config(config(true), || product("autotune on, chosen"));
+    assert_eq!(entries(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The gelu_tanh epilogue (`CUBLASLT_EPILOGUE_GELU_BIAS` / `_GELU`, or the product followed by
 /// the built-in activation kernel where cuBLASLt has no algorithm with it) against the CPU,
 /// which computes bias then gelu in f32 and rounds once.
