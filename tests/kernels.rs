@@ -326,7 +326,7 @@ fn column_sums_with_few_outputs_split_and_match_the_interpreter() {
         (sum.to_vec::<f32>().unwrap(), max.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), kernels)
     };
     let ((sum_ref, max_ref, _), (sum, max, kernels)) = (run(coil::Backend::Interpreter), run(coil::Backend::Compiled));
-    assert_eq!(kernels, Some(3), "partial sums and maxima in one kernel, then one for each");
+    assert_eq!(kernels, Some(2), "partial sums and maxima in one kernel, then both results in one (small sinks)");
     assert_eq!(max, max_ref);
     for (a, b) in sum.iter().zip(&sum_ref) {
         assert!((a - b).abs() <= 1e-2 * b.abs().max(1.0), "{sum:?} vs {sum_ref:?}");

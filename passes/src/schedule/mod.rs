@@ -90,6 +90,16 @@ pub fn schedule(program: &LoopProgram) -> Schedule {
 /// launch instead of many pays, stay well under it.
 const INDEPENDENT_STORE_BYTES: usize = 16 << 20;
 
+/// Most bytes a *sink* group (its results read by no other kernel: gradients of a backward
+/// graph, the second stages of split column sums) may read from other kernels to join others of
+/// its signature ([`Scheduler::fuse_independent`]): joining moves it to after the last of their
+/// producers, so the buffers it reads live longer; a few partial sums may, an activation may not.
+const SINK_READ_BYTES: usize = 1 << 20;
+
+/// Most buffers a kernel of joined small sinks reads: a few launches for a deep network's many
+/// sinks, and no kernel that reads more buffers as the network deepens.
+const SINK_MAX_READS: usize = 8;
+
 /// Most origins a kernel name lists.
 const NAME_ORIGINS: usize = 5;
 
@@ -270,17 +280,32 @@ impl<'p> Scheduler<'p> {
     /// Groups that read nothing computed in the program (a parameter's cast, a gradient's sum
     /// of squares) may run at any point before their readers, so any two of one signature run
     /// as one kernel: one launch instead of two, the same bytes (Inductor's combo kernels, for
-    /// equal sizes). In node order, each joins the open kernel of its signature while that
-    /// stores at most [`INDEPENDENT_STORE_BYTES`], else opens the next. Whether any fused.
+    /// equal sizes). So may small sinks ([`SINK_READ_BYTES`]: the second stages of a backward
+    /// graph's bias and norm-weight gradients, a few microseconds of launch each for a few
+    /// kilobytes), which nothing waits for. In node order, each joins the open kernel of its
+    /// signature while that stores at most [`INDEPENDENT_STORE_BYTES`] (and no path joins
+    /// them: `legal`), else opens the next. Whether any fused.
     fn fuse_independent(&mut self) -> bool {
-        let mut open: IndexMap<Sig, usize> = IndexMap::new();
+        // By signature and kind: input-only groups join input-only ones (they may run
+        // early), small sinks join small sinks (they may run late).
+        let mut open: IndexMap<(Sig, bool), usize> = IndexMap::new();
         let mut fused = false;
         for g in 0..self.members.len() {
-            let Some(sig) = self.gsig[g].filter(|&s| s != Sig::Extern && self.reads_only_inputs(g)) else { continue };
-            let into = match open.get(&sig) {
-                Some(&into) if self.written_bytes(into) + self.written_bytes(g) <= INDEPENDENT_STORE_BYTES => into,
+            let Some(sig) = self.gsig[g].filter(|&s| s != Sig::Extern) else { continue };
+            let key = match (self.reads_only_inputs(g), self.is_small_sink(g)) {
+                (true, _) => (sig, false),
+                (false, true) => (sig, true),
+                (false, false) => continue,
+            };
+            let fits = |into: usize| {
+                self.written_bytes(into) + self.written_bytes(g) <= INDEPENDENT_STORE_BYTES
+                    && (!key.1
+                        || self.outside_reads(into, true).len() + self.outside_reads(g, true).len() <= SINK_MAX_READS)
+            };
+            let into = match open.get(&key) {
+                Some(&into) if fits(into) => into,
                 _ => {
-                    open.insert(sig, g);
+                    open.insert(key, g);
                     continue;
                 }
             };
@@ -290,7 +315,7 @@ impl<'p> Scheduler<'p> {
                     fused = true;
                 }
                 Err(_) => {
-                    open.insert(sig, g);
+                    open.insert(key, g);
                 }
             }
         }
@@ -308,6 +333,29 @@ impl<'p> Scheduler<'p> {
             .iter()
             .flat_map(|&n| self.p.nodes[n].reads())
             .all(|b| self.deps.producer[b.0].is_none_or(|w| self.group[w] == g))
+    }
+
+    /// Whether no other group reads what group `g` writes, and `g` reads at most
+    /// [`SINK_READ_BYTES`] written by other groups.
+    fn is_small_sink(&self, g: usize) -> bool {
+        let nodes = &self.members[g];
+        let outside = |n: &usize| self.group[*n] != g;
+        let sink =
+            nodes.iter().flat_map(|&n| self.p.nodes[n].writes()).all(|b| !self.deps.readers[b.0].iter().any(outside));
+        sink && self.outside_reads(g, false).iter().map(|&b| self.bytes(b)).sum::<usize>() <= SINK_READ_BYTES
+    }
+
+    /// The buffers group `g` reads that other groups write (and the program's inputs it reads
+    /// with `inputs`), each once.
+    fn outside_reads(&self, g: usize, inputs: bool) -> Vec<BufferId> {
+        let mut read: Vec<BufferId> = self.members[g]
+            .iter()
+            .flat_map(|&n| self.p.nodes[n].reads())
+            .filter(|b| self.deps.producer[b.0].map_or(inputs, |w| self.group[w] != g))
+            .collect();
+        read.sort_unstable();
+        read.dedup();
+        read
     }
 
     /// The signature of `a` and `b` fused, or why they cannot be.

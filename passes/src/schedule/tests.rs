@@ -433,6 +433,40 @@ fn a_kernel_reading_a_computed_buffer_is_not_fused_independently() {
     assert_eq!(s.kernels.len(), 3, "{text}");
 }
 
+#[test]
+fn small_sinks_of_one_size_share_a_launch() {
+    // Casts of two products (a backward graph's bias gradients after their split sums) that
+    // nothing reads: one launch after both products. The cast of a 2 MiB product waits for no
+    // other (its product would live longer), nor does a cast whose result is read.
+    let mut g = Graph::new();
+    let mut outs = Vec::new();
+    for rows in [4, 4, 4] {
+        let x = g.input(m(&[rows, 8]));
+        let w = g.input(m(&[8, 8]));
+        let z = op(&mut g, Op::Matmul, &[x, w]);
+        outs.push(op(&mut g, Op::Cast(DType::BF16), &[z]));
+    }
+    let (_, s, text) = scheduled(g.clone(), &outs);
+    let casts: Vec<usize> = s.kernels.iter().filter(|k| k.name.starts_with("poi")).map(|k| k.nodes.len()).collect();
+    assert_eq!(casts, [3], "{text}");
+
+    let big = {
+        let x = g.input(m(&[1024, 512]));
+        let w = g.input(m(&[512, 512]));
+        let z = op(&mut g, Op::Matmul, &[x, w]);
+        op(&mut g, Op::Cast(DType::BF16), &[z])
+    };
+    let (_, s, text) = scheduled(g.clone(), &[outs[0], outs[1], big]);
+    let casts: Vec<usize> = s.kernels.iter().filter(|k| k.name.starts_with("poi")).map(|k| k.nodes.len()).collect();
+    assert_eq!(casts, [2, 1], "{text}");
+
+    let w = g.input(TensorMeta::new(vec![8, 8], DType::BF16));
+    let read = op(&mut g, Op::Matmul, &[outs[2], w]);
+    let (_, s, text) = scheduled(g, &[outs[0], outs[1], read]);
+    let casts: Vec<usize> = s.kernels.iter().filter(|k| k.name.starts_with("poi")).map(|k| k.nodes.len()).collect();
+    assert_eq!(casts, [2, 1], "{text}");
+}
+
 /// A scatter at run-time positions (a KV cache write) stores where its positions say: a reader
 /// of its output is another kernel, and so is the producer of its base (the runtime copies
 /// the base into the output before the kernel); its source's producers fuse into it.
