@@ -140,6 +140,29 @@ pub fn judge(seed: u64, devices: &[Device], verbose: bool) -> Verdict {
         Outcome::Failed(e) => Verdict::AgreeError(e.kind),
         Outcome::Values(_) => Verdict::Agree,
     };
+    // Tier 0 first (a graph the process has not compiled runs there; afterwards it would not):
+    // the eager executor every new CPU realization outside compiled functions starts on.
+    if devices.contains(&Device::Cpu) {
+        coil::set_backend(Backend::Compiled);
+        coil::set_eager_tier(true);
+        let before = coil::tiered::tier0_runs();
+        let outcome = match gen::build(seed, Device::Cpu) {
+            Built::Ready(t) => realize(&t.outputs),
+            Built::Rejected { error, .. } => {
+                return Verdict::Disagree(format!("recording for tier 0 failed where the interpreter's did not: {error}"))
+            }
+        };
+        coil::set_eager_tier(false);
+        if verbose {
+            let ran = coil::tiered::tier0_runs() > before;
+            println!("# tier 0 ({}): {}", if ran { "ran there" } else { "compiled" }, outcome.summary());
+        }
+        match compare(&reference, &outcome, tolerance) {
+            Ok(None) => {}
+            Ok(Some(class)) => verdict = Verdict::Tolerated(class),
+            Err(why) => return Verdict::Disagree(format!("tier 0 on the CPU: {why}")),
+        }
+    }
     for &device in devices {
         coil::set_backend(Backend::Compiled);
         coil::set_eager_tier(false);

@@ -182,16 +182,25 @@ pub fn emit_cuda_with(kernels: &[TileKernel], tuning: &Tuning, target: &GpuTarge
 /// skips NVRTC's front end and optimizer), else as CUDA C, with the reason it has no PTX form.
 /// [`ptx_enabled`] false turns the PTX path off (to compare). Errors as [`emit_cuda`].
 pub fn emit_for_device(kernel: &TileKernel, target: &GpuTarget) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
-    let tuning = Tuning::configured();
+    emit_for_device_with(kernel, target, &Tuning::configured())
+}
+
+/// [`emit_for_device`] with the launch plans of `tuning`: the runtime's autotuner builds its
+/// candidates with it, so that they are in the language of the kernel they would replace.
+pub fn emit_for_device_with(
+    kernel: &TileKernel,
+    target: &GpuTarget,
+    tuning: &Tuning,
+) -> Result<(CudaModule, Option<ptx::Unsupported>)> {
     let why = if ptx_enabled() {
-        match ptx::emit_ptx(kernel, target, &tuning) {
+        match ptx::emit_ptx(kernel, target, tuning) {
             Ok(module) => return Ok((module, None)),
             Err(why) => why,
         }
     } else {
         "COIL_CUDA_PTX=0".to_string()
     };
-    Ok((emit_cuda_with(std::slice::from_ref(kernel), &tuning, target)?, Some(why)))
+    Ok((emit_cuda_with(std::slice::from_ref(kernel), tuning, target)?, Some(why)))
 }
 
 /// Whether [`emit_for_device`] tries PTX first (`ptx` of the configuration's tuning;

@@ -8,7 +8,9 @@
 //! * **When**: inside the first run, as the run reaches each kernel, so that its operands hold
 //!   what the run's earlier kernels wrote: real data (an index buffer's indices are in
 //!   bounds), never random bytes.
-//! * **Building**: every candidate is emitted ([`emit_cuda_with`]) and compiled through the
+//! * **Building**: every candidate is emitted in the language of the graph's kernel (PTX where
+//!   the PTX emitter covers it, else CUDA C: [`emit_for_device_with`], so that a comparison
+//!   is between launch plans, not compilers) and compiled through the
 //!   kernel cache ([`compiler::load_or_build`]), all kernels' candidates in parallel before
 //!   the run's first launch. The heuristic's plan is the graph's own kernel.
 //! * **Timing**: each candidate runs on scratch copies of the launch's argument buffers
@@ -35,7 +37,7 @@
 
 use super::*;
 use crate::cache_entry::{self, Kind, Lookup};
-use coil_codegen::cuda::{emit_cuda_with, launch, Tuning};
+use coil_codegen::cuda::{emit_for_device_with, launch, Tuning};
 use std::sync::MutexGuard;
 
 /// Untimed launches of each candidate before its timed ones (instruction cache, clocks).
@@ -47,7 +49,7 @@ pub const REPS: usize = 10;
 pub const TIE: f64 = 0.02;
 
 /// Bumped when the key or the file's meaning changes, so stale choices are never read.
-const CHOICE_FORMAT: &str = "coil-autotune-v2";
+const CHOICE_FORMAT: &str = "coil-autotune-v3";
 
 /// What the autotuner chose for one kernel.
 #[derive(Clone, Debug, PartialEq)]
@@ -181,7 +183,7 @@ impl CudaCompiledGraph {
         }
         // Per kernel to tune: its step, its key, the tunings to build (besides the heuristic's,
         // the graph's own kernel), and whether they are a cached choice (then only it).
-        let mut todo: Vec<(usize, String, Vec<Tuning>, bool)> = Vec::new();
+        let mut todo: Vec<(usize, String, Vec<Tuning>, bool, Language)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
             let Step::Generated { name, launch, kernel, .. } = step else { continue };
             let tile = self.tiles[*kernel].as_ref().expect("a generated kernel");
@@ -189,7 +191,7 @@ impl CudaCompiledGraph {
             if tunings.len() < 2 || launch.block == 0 {
                 continue;
             }
-            let heuristic = emit_cuda_with(std::slice::from_ref(tile), &Tuning::default(), self.device.target())?;
+            let (heuristic, _) = emit_for_device_with(tile, self.device.target(), &Tuning::default())?;
             if heuristic.kernels[0].launch != *launch {
                 log(&format!("{name}: its launch is not the heuristic's, not tuned"));
                 continue;
@@ -198,17 +200,25 @@ impl CudaCompiledGraph {
             let key = choice_key(&heuristic.source, &self.device.arch(), self.device.name(), sizes);
             match read_choice(&self.cache_dir, &key).filter(|t| tunings.contains(t)) {
                 Some(t) if t.is_heuristic() => picks[i] = Some(Pick::Cached(t, None)),
-                Some(t) => todo.push((i, key, vec![t], true)),
-                None => todo.push((i, key, tunings[1..].to_vec(), false)),
+                Some(t) => todo.push((i, key, vec![t], true, heuristic.language)),
+                None => todo.push((i, key, tunings[1..].to_vec(), false, heuristic.language)),
             }
         }
         // Every module to build, in `todo` order, built in parallel.
         let target = self.device.target();
         let emitted: Vec<Result<CudaModule>> = (todo.iter())
-            .flat_map(|(i, _, want, _)| {
+            .flat_map(|(i, _, want, _, language)| {
                 let Step::Generated { kernel, .. } = &self.steps[*i] else { unreachable!("a kernel's step") };
                 let tile = self.tiles[*kernel].as_ref().expect("a generated kernel");
-                want.iter().map(move |t| emit_cuda_with(std::slice::from_ref(tile), t, target))
+                // A candidate in another language than the graph's kernel would compare compilers.
+                let same = |m: &CudaModule| std::mem::discriminant(&m.language) == std::mem::discriminant(language);
+                want.iter().map(move |t| {
+                    let (m, _) = emit_for_device_with(tile, target, t)?;
+                    match same(&m) {
+                        true => Ok(m),
+                        false => Err(Error::unsupported(format!("{t} has no {language:?} form"))),
+                    }
+                })
             })
             .collect();
         let units: Vec<&CudaModule> = emitted.iter().filter_map(|m| m.as_ref().ok()).collect();
@@ -218,7 +228,7 @@ impl CudaCompiledGraph {
             let (module, _) = built.next().expect("one per unit").map_err(|e| e.message)?;
             self.variant(module, &m.kernels[0]).map_err(|e| e.message)
         });
-        for (i, key, want, cached) in todo {
+        for (i, key, want, cached, _) in todo {
             let Step::Generated { name, func, launch, .. } = &self.steps[i] else { unreachable!("a kernel's step") };
             let mut candidates: Vec<(Tuning, std::result::Result<Variant, String>)> =
                 want.into_iter().map(|t| (t, variants.next().expect("one per tuning"))).collect();
