@@ -8,9 +8,9 @@
 //! * **When**: inside the first run, as the run reaches each kernel, so that its operands hold
 //!   what the run's earlier kernels wrote: real data (an index buffer's indices are in
 //!   bounds), never random bytes.
-//! * **Building**: every candidate is emitted in the language of the graph's kernel (PTX where
-//!   the PTX emitter covers it, else CUDA C: [`emit_for_device_with`], so that a comparison
-//!   is between launch plans, not compilers) and compiled through the
+//! * **Building**: every candidate is emitted in the language the graph's kernel was compiled
+//!   from ([`emit_in`]; a plan without a PTX form is dropped for a PTX kernel), so that a
+//!   comparison is between launch plans, not compilers, and compiled through the
 //!   kernel cache ([`compiler::load_or_build`]), all kernels' candidates in parallel before
 //!   the run's first launch. The heuristic's plan is the graph's own kernel.
 //! * **Timing**: each candidate runs on scratch copies of the launch's argument buffers
@@ -37,7 +37,7 @@
 
 use super::*;
 use crate::cache_entry::{self, Kind, Lookup};
-use coil_codegen::cuda::{emit_for_device_with, launch, Tuning};
+use coil_codegen::cuda::{emit_cuda_with, emit_for_device_with, launch, GpuTarget, Tuning};
 use std::sync::MutexGuard;
 
 /// Untimed launches of each candidate before its timed ones (instruction cache, clocks).
@@ -102,6 +102,15 @@ pub fn read_choice(cache_dir: &Path, key: &str) -> Option<Tuning> {
 pub fn write_choice(cache_dir: &Path, key: &str, tuning: &Tuning, note: &str) -> Result<()> {
     let text = format!("{tuning}\n# {}\n", note.replace('\n', " "));
     cache_entry::write(&choice_path(cache_dir, key), Kind::Choice, key, text.as_bytes())
+}
+
+/// `tile` under `tuning` in `language` where it has that form (PTX: where the PTX emitter
+/// covers the plan; the caller drops a candidate that came back in the other language).
+fn emit_in(language: Language, tile: &TileKernel, target: &GpuTarget, tuning: &Tuning) -> Result<CudaModule> {
+    match language {
+        Language::CudaC => emit_cuda_with(std::slice::from_ref(tile), tuning, target),
+        Language::Ptx { .. } => Ok(emit_for_device_with(tile, target, tuning)?.0),
+    }
 }
 
 /// Prints `text` on the `schedule` log channel: the choices belong with the launches.
@@ -185,13 +194,13 @@ impl CudaCompiledGraph {
         // the graph's own kernel), and whether they are a cached choice (then only it).
         let mut todo: Vec<(usize, String, Vec<Tuning>, bool, Language)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
-            let Step::Generated { name, launch, kernel, .. } = step else { continue };
+            let Step::Generated { name, launch, kernel, language, .. } = step else { continue };
             let tile = self.tiles[*kernel].as_ref().expect("a generated kernel");
             let tunings = launch::candidates(tile, self.device.target());
             if tunings.len() < 2 || launch.block == 0 {
                 continue;
             }
-            let (heuristic, _) = emit_for_device_with(tile, self.device.target(), &Tuning::default())?;
+            let heuristic = emit_in(*language, tile, self.device.target(), &Tuning::default())?;
             if heuristic.kernels[0].launch != *launch {
                 log(&format!("{name}: its launch is not the heuristic's, not tuned"));
                 continue;
@@ -213,7 +222,7 @@ impl CudaCompiledGraph {
                 // A candidate in another language than the graph's kernel would compare compilers.
                 let same = |m: &CudaModule| std::mem::discriminant(&m.language) == std::mem::discriminant(language);
                 want.iter().map(move |t| {
-                    let (m, _) = emit_for_device_with(tile, target, t)?;
+                    let m = emit_in(*language, tile, target, t)?;
                     match same(&m) {
                         true => Ok(m),
                         false => Err(Error::unsupported(format!("{t} has no {language:?} form"))),

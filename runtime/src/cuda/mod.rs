@@ -159,7 +159,8 @@ unsafe impl Sync for CudaCompiledGraph {}
 enum Step {
     /// A generated kernel: its function, launch shape (`launch.grid` is 0 when each run
     /// computes it), its index among the schedule's kernels, the buffer of each argument in
-    /// order, and its index among the generated kernels (in `attributes`).
+    /// order, its index among the generated kernels (in `attributes`), and the language it was
+    /// compiled from (the autotuner's candidates are emitted in it).
     Generated {
         name: String,
         func: sys::CUfunction,
@@ -167,6 +168,7 @@ enum Step {
         kernel: usize,
         args: Vec<BufferId>,
         attribute: usize,
+        language: Language,
     },
     /// An extern node (`Bmm`, attention or a fallback op), by index in `program.nodes`.
     Extern { node: usize },
@@ -345,7 +347,8 @@ impl CudaCompiledGraph {
                     });
                     let attribute = attributes.len() - 1;
                     let args = tile.args.iter().map(|a| a.buffer).collect();
-                    steps.push(Step::Generated { name: tile.name.clone(), func, launch, kernel, args, attribute });
+                    let language = units[unit].language;
+                    steps.push(Step::Generated { name: tile.name.clone(), func, launch, kernel, args, attribute, language });
                 }
                 Err(node) => steps.push(Step::Extern { node }),
             }
