@@ -683,9 +683,9 @@ fn compile_front(
 mod back;
 #[path = "compile_cache.rs"]
 mod cache;
-pub(crate) use cache::{compile_ahead, compile_walked, compiled_walk, find_walk};
-pub use cache::{compile, compile_count, compile_donating, compile_dynamic, compile_fresh};
 use back::{build_tiles, dump_sources, finish, from_entry};
+pub use cache::{compile, compile_count, compile_donating, compile_dynamic, compile_fresh};
+pub(crate) use cache::{compile_ahead, compile_walked, compiled_walk, find_walk};
 
 #[cfg(test)]
 #[path = "compile_tests.rs"]

@@ -149,7 +149,9 @@ pub fn judge(seed: u64, devices: &[Device], verbose: bool) -> Verdict {
         let outcome = match gen::build(seed, Device::Cpu) {
             Built::Ready(t) => realize(&t.outputs),
             Built::Rejected { error, .. } => {
-                return Verdict::Disagree(format!("recording for tier 0 failed where the interpreter's did not: {error}"))
+                return Verdict::Disagree(format!(
+                    "recording for tier 0 failed where the interpreter's did not: {error}"
+                ))
             }
         };
         coil::set_eager_tier(false);

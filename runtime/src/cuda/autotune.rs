@@ -106,7 +106,12 @@ pub fn write_choice(cache_dir: &Path, key: &str, tuning: &Tuning, note: &str) ->
 
 /// `tile` under `tuning` in `language` where it has that form (PTX: where the PTX emitter
 /// covers the plan; the caller drops a candidate that came back in the other language).
-fn emit_in(language: Language, tile: &TileKernel, target: &GpuTarget, tuning: &Tuning) -> Result<CudaModule> {
+pub(super) fn emit_in(
+    language: Language,
+    tile: &TileKernel,
+    target: &GpuTarget,
+    tuning: &Tuning,
+) -> Result<CudaModule> {
     match language {
         Language::CudaC => emit_cuda_with(std::slice::from_ref(tile), tuning, target),
         Language::Ptx { .. } => Ok(emit_for_device_with(tile, target, tuning)?.0),

@@ -129,6 +129,25 @@ fn softmax_graph(shapes: &[(usize, usize, KernelKind)]) -> (LoopProgram, Schedul
 /// it loops over, tuned on the first run: the outputs are the untuned graph's (up to the order
 /// of the sums), the choices are cached, and a second graph takes them from the cache. Then
 /// every candidate of each kernel, forced through the cache, computes the same outputs.
+/// Candidates are emitted in the language of the kernel they replace: CUDA C for a kernel
+/// compiled from CUDA C, PTX for a PTX kernel (no GPU needed).
+#[test]
+fn candidates_are_in_the_language_of_the_kernel_they_replace() {
+    use coil_codegen::cuda::{launch, GpuTarget, Language, Tuning};
+    let (program, schedule) = softmax_graph(&[(64, 2048, KernelKind::PersistentReduction)]);
+    let tile = coil_codegen::build_kernel(&program, &schedule.kernels[0]);
+    let target = GpuTarget::h100();
+    let candidates = launch::candidates(&tile, &target);
+    assert!(candidates.len() > 1);
+    for t in &candidates {
+        let c = autotune::emit_in(Language::CudaC, &tile, &target, t).unwrap();
+        assert_eq!(c.language, Language::CudaC, "{t}");
+        let p = autotune::emit_in(Language::Ptx { level: 4 }, &tile, &target, t).unwrap();
+        assert!(matches!(p.language, Language::Ptx { .. }), "{t}: {:?}", p.language);
+        assert_eq!(c.kernels[0].launch, p.kernels[0].launch, "{t}: one plan in both languages");
+    }
+}
+
 #[test]
 fn autotuned_softmax_matches_the_heuristic_plans() {
     use coil_codegen::cuda::{emit_cuda_with, launch, GpuTarget, Tuning};

@@ -348,7 +348,15 @@ impl CudaCompiledGraph {
                     let attribute = attributes.len() - 1;
                     let args = tile.args.iter().map(|a| a.buffer).collect();
                     let language = units[unit].language;
-                    steps.push(Step::Generated { name: tile.name.clone(), func, launch, kernel, args, attribute, language });
+                    steps.push(Step::Generated {
+                        name: tile.name.clone(),
+                        func,
+                        launch,
+                        kernel,
+                        args,
+                        attribute,
+                        language,
+                    });
                 }
                 Err(node) => steps.push(Step::Extern { node }),
             }
