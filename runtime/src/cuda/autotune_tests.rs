@@ -133,7 +133,7 @@ fn softmax_graph(shapes: &[(usize, usize, KernelKind)]) -> (LoopProgram, Schedul
 /// compiled from CUDA C, PTX for a PTX kernel (no GPU needed).
 #[test]
 fn candidates_are_in_the_language_of_the_kernel_they_replace() {
-    use coil_codegen::cuda::{launch, GpuTarget, Language, Tuning};
+    use coil_codegen::cuda::{launch, GpuTarget, Language};
     let (program, schedule) = softmax_graph(&[(64, 2048, KernelKind::PersistentReduction)]);
     let tile = coil_codegen::build_kernel(&program, &schedule.kernels[0]);
     let target = GpuTarget::h100();
