@@ -224,6 +224,33 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// A *choice* entry's payload is one line naming the choice, then comment lines (people's
+/// notes). The choice under `key` in `dir` as `parse` reads its first line, if the entry is
+/// valid and `parse` accepts it; an invalid entry, or one `parse` refuses, is logged and `None`
+/// returned (the caller chooses again and rewrites it).
+pub fn read_choice<T>(dir: &Path, key: &str, parse: impl Fn(&str) -> Option<T>) -> Option<T> {
+    let path = self::path(dir, key, Kind::Choice);
+    let why = match read(&path, Kind::Choice, key) {
+        Lookup::Missing => return None,
+        Lookup::Found(text) => {
+            let first = String::from_utf8_lossy(&text).lines().next().unwrap_or("").to_string();
+            match parse(&first) {
+                Some(choice) => return Some(choice),
+                None => format!("its first line names no choice: {first:?}"),
+            }
+        }
+        Lookup::Invalid(why) => why,
+    };
+    log_invalid(&path, &why);
+    None
+}
+
+/// Writes a choice entry under `key` in `dir`: the line `choice`, then `note` as a comment.
+pub fn write_choice(dir: &Path, key: &str, choice: &str, note: &str) -> Result<()> {
+    let text = format!("{choice}\n# {}\n", note.replace('\n', " "));
+    write(&self::path(dir, key, Kind::Choice), Kind::Choice, key, text.as_bytes())
+}
+
 /// Says, once per rejected file, on stderr, that the entry at `path` is not used and why (the
 /// caller rebuilds it).
 pub fn log_invalid(path: &Path, why: &str) {

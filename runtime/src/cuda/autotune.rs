@@ -36,7 +36,7 @@
 //! [`CudaCompiledGraph::autotune_choices`].
 
 use super::*;
-use crate::cache_entry::{self, Kind, Lookup};
+use crate::cache_entry::{self, Kind};
 use coil_codegen::cuda::{emit_cuda_with, emit_for_device_with, launch, GpuTarget, Tuning};
 use std::sync::MutexGuard;
 
@@ -82,26 +82,12 @@ pub fn choice_path(cache_dir: &Path, key: &str) -> PathBuf {
 /// The choice cached under `key`, if a valid entry is there and its first line names a
 /// tuning; an invalid entry (or one that names none) is logged, and the kernel is timed again.
 pub fn read_choice(cache_dir: &Path, key: &str) -> Option<Tuning> {
-    let path = choice_path(cache_dir, key);
-    let why = match cache_entry::read(&path, Kind::Choice, key) {
-        Lookup::Missing => return None,
-        Lookup::Found(text) => {
-            let first = String::from_utf8_lossy(&text).lines().next().unwrap_or("").to_string();
-            match first.parse() {
-                Ok(tuning) => return Some(tuning),
-                Err(_) => format!("it names no tuning: {first:?}"),
-            }
-        }
-        Lookup::Invalid(why) => why,
-    };
-    cache_entry::log_invalid(&path, &why);
-    None
+    cache_entry::read_choice(&cache_dir.join("autotune"), key, |line| line.parse().ok())
 }
 
 /// Caches `tuning` under `key`, with `note` (the timings, for people) as a comment line.
 pub fn write_choice(cache_dir: &Path, key: &str, tuning: &Tuning, note: &str) -> Result<()> {
-    let text = format!("{tuning}\n# {}\n", note.replace('\n', " "));
-    cache_entry::write(&choice_path(cache_dir, key), Kind::Choice, key, text.as_bytes())
+    cache_entry::write_choice(&cache_dir.join("autotune"), key, &tuning.to_string(), note)
 }
 
 /// `tile` under `tuning` in `language` where it has that form (PTX: where the PTX emitter

@@ -25,7 +25,7 @@
 
 use super::device::CudaDevice;
 use super::StreamTimer;
-use crate::cache_entry::{self, Kind, Lookup};
+use crate::cache_entry::{self, Kind};
 use coil_ir::Result;
 use cudarc::cublaslt::sys as lt_sys;
 use std::collections::HashMap;
@@ -81,26 +81,12 @@ pub fn choice_path(cache_dir: &Path, key: &str) -> PathBuf {
 /// The cached index (into the heuristic's list) under `key`, if a valid entry names one; an
 /// invalid entry is logged and the problem timed again.
 pub fn read_choice(cache_dir: &Path, key: &str) -> Option<usize> {
-    let path = choice_path(cache_dir, key);
-    let why = match cache_entry::read(&path, Kind::Choice, key) {
-        Lookup::Missing => return None,
-        Lookup::Found(text) => {
-            let first = String::from_utf8_lossy(&text).lines().next().unwrap_or("").to_string();
-            match first.strip_prefix("algo ").and_then(|i| i.parse().ok()) {
-                Some(i) => return Some(i),
-                None => format!("it names no algorithm: {first:?}"),
-            }
-        }
-        Lookup::Invalid(why) => why,
-    };
-    cache_entry::log_invalid(&path, &why);
-    None
+    cache_entry::read_choice(&cache_dir.join("gemm"), key, |line| line.strip_prefix("algo ")?.parse().ok())
 }
 
 /// Caches the index `i` under `key`, with `note` (the timings) as a comment line.
 pub fn write_choice(cache_dir: &Path, key: &str, i: usize, note: &str) -> Result<()> {
-    let text = format!("algo {i}\n# {note}\n");
-    cache_entry::write(&choice_path(cache_dir, key), Kind::Choice, key, text.as_bytes())
+    cache_entry::write_choice(&cache_dir.join("gemm"), key, &format!("algo {i}"), note)
 }
 
 /// The index of the fastest of `times` (microseconds per launch, `None`: failed), the first
