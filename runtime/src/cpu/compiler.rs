@@ -18,12 +18,13 @@
 //! rename wins (each entry is whole and right for the key). The library is loaded from the
 //! bytes that were checked ([`crate::cpu::module`]).
 
+use super::children;
 use super::native::{BASE_FLAGS, SIMD_FLAG};
 use crate::cache_entry::{self, Kind};
 use coil_ir::{Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -233,7 +234,14 @@ impl CCompiler {
             cmd.arg(SIMD_FLAG);
         }
         cmd.arg(source).arg("-o").arg(out).arg("-lm");
-        match cmd.output() {
+        // (as `output` does, on a child that is killed if this process exits first)
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        children::contain(&mut cmd);
+        let output = cmd.spawn().and_then(|child| {
+            let _running = children::Running::register(child.id());
+            child.wait_with_output()
+        });
+        match output {
             Ok(o) if o.status.success() => Ok(()),
             Ok(o) => Err(format!("{}\n{}", o.status, String::from_utf8_lossy(&o.stderr))),
             Err(e) => Err(format!("cannot run {}: {e}", self.program)),
@@ -306,6 +314,49 @@ mod tests {
 
     fn runs(dir: &Path) -> usize {
         std::fs::read_to_string(dir.join("runs")).map_or(0, |s| s.lines().count())
+    }
+
+    /// A process that exits while a compile of its runs (this test binary, run again with
+    /// `COIL_TEST_EXIT_CHILD` naming a directory: a fake compiler that writes its pid there and
+    /// sleeps, started on another thread) leaves no compiler behind.
+    #[test]
+    fn a_compile_in_flight_does_not_outlive_the_process() {
+        if let Some(dir) = std::env::var_os("COIL_TEST_EXIT_CHILD") {
+            let dir = PathBuf::from(dir);
+            let cc = dir.join("slowcc");
+            let cc = CCompiler::detect_remembered(Some(cc.to_str().unwrap()), &dir.join("cache"), None).unwrap();
+            let cache = dir.join("cache");
+            std::thread::spawn(move || cc.compile("int x;\n", &cache));
+            while !dir.join("pid").exists() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            std::process::exit(0);
+        }
+        let dir = TempDir::new("exit-kills-cc");
+        let script = dir.0.join("slowcc");
+        let body = format!(
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then echo slowcc 1.0; exit 0; fi\necho $$ > {0}/pid.tmp\n\
+             mv {0}/pid.tmp {0}/pid\nexec sleep 30\n",
+            dir.0.display()
+        );
+        std::fs::write(&script, body).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "cpu::compiler::tests::a_compile_in_flight_does_not_outlive_the_process"])
+            .env("COIL_TEST_EXIT_CHILD", &dir.0)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let pid = std::fs::read_to_string(dir.0.join("pid")).unwrap().trim().to_string();
+        let alive = || {
+            // a killed child not yet reaped by init is a zombie: gone as far as work goes
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+        };
+        let start = Instant::now();
+        while alive() && start.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!alive(), "the compiler (pid {pid}) outlived the process that started it");
     }
 
     #[test]

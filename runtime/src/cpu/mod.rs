@@ -24,6 +24,7 @@
 //! f16/bf16 as their 16 bits.
 
 pub mod attention;
+mod children;
 pub mod attention_backward;
 mod attention_block;
 pub mod compiler;
