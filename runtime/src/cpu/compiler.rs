@@ -19,7 +19,7 @@
 //! bytes that were checked ([`crate::cpu::module`]).
 
 use super::children;
-use super::native::{BASE_FLAGS, SIMD_FLAG};
+use super::native::{BASE_FLAGS, SIMD_FLAGS};
 use crate::cache_entry::{self, Kind};
 use coil_ir::{Error, Result};
 use std::collections::HashMap;
@@ -41,7 +41,7 @@ pub struct CCompiler {
     pre_args: Vec<String>,
     /// First line of `--version`: part of the cache key, so upgrading the compiler rebuilds.
     version: String,
-    /// Cleared the first time [`SIMD_FLAG`] fails (a compiler without it), so later compiles
+    /// Cleared the first time [`SIMD_FLAGS`] fail (a compiler without them), so later compiles
     /// do not pay for a failing attempt.
     simd_pragmas: AtomicBool,
 }
@@ -152,7 +152,7 @@ impl CCompiler {
     /// finally worked: whether the compiler takes it is a property of the installed compiler,
     /// so one key always maps to one build, and a process never recompiles just to learn it.
     pub fn cache_key(&self, source: &str) -> String {
-        let simd = format!("{SIMD_FLAG} -lm");
+        let simd = format!("{} -lm", SIMD_FLAGS.join(" "));
         cache_entry::key(&[CACHE_FORMAT, &self.version, &BASE_FLAGS.join(" "), &simd, source])
     }
 
@@ -231,7 +231,7 @@ impl CCompiler {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.pre_args).args(BASE_FLAGS);
         if simd_pragmas {
-            cmd.arg(SIMD_FLAG);
+            cmd.args(SIMD_FLAGS);
         }
         cmd.arg(source).arg("-o").arg(out).arg("-lm");
         // (as `output` does, on a child that is killed if this process exits first)
