@@ -222,13 +222,18 @@ impl Plan {
         }
         // Buffers, not bare data: a dropped intermediate's memory goes back to the host pool
         // for the next one (`crate::host_pool`).
+        with_chunks(&RUN_SCRATCH, |scratch| self.run_with(inputs, scratch))
+    }
+
+    /// [`Plan::run`] on checked inputs, with `scratch` for its regions' chunks.
+    fn run_with(&self, inputs: &[&Buffer], scratch: &mut Vec<Chunk>) -> Result<Vec<Buffer>> {
+        let g = &self.graph;
         let mut stored: Vec<Option<Buffer>> = vec![None; g.nodes.len()];
-        let mut scratch = Vec::new();
         for (i, kind) in self.kinds.iter().enumerate() {
             if !matches!(kind, Kind::Stored) {
                 continue;
             }
-            let value = self.compute(NodeId(i), inputs, &stored, &mut scratch).map_err(|e| named(g, NodeId(i), e))?;
+            let value = self.compute(NodeId(i), inputs, &stored, scratch).map_err(|e| named(g, NodeId(i), e))?;
             stored[i] = Some(Buffer { shape: g.nodes[i].meta.shape.clone(), data: value });
             for x in &self.frees[i] {
                 stored[x.0] = None;
@@ -246,7 +251,7 @@ impl Plan {
                     Kind::Stored => stored[o.0].as_ref().expect("outputs are kept").data.clone(),
                     _ => {
                         let r = Region { steps: vec![(self.source_of(o), meta.dtype)] };
-                        self.run_region(&r, meta.numel(), meta.dtype, inputs, &stored, &mut scratch)?
+                        self.run_region(&r, meta.numel(), meta.dtype, inputs, &stored, scratch)?
                     }
                 };
                 Buffer::new(meta.shape.clone(), data)
@@ -507,16 +512,29 @@ fn first_error(errors: Mutex<Vec<(usize, Error)>>) -> Result<()> {
     }
 }
 
-/// `f` with this thread's chunks (kept from one parallel part to the next, so that a part
-/// allocates nothing; a fresh set where this thread's are in use already).
-fn with_scratch<T>(f: impl FnOnce(&mut Vec<Chunk>) -> T) -> T {
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<Vec<Chunk>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    SCRATCH.with(|s| match s.try_borrow_mut() {
+thread_local! {
+    /// This thread's chunks for a run's regions ([`Plan::run`]).
+    static RUN_SCRATCH: std::cell::RefCell<Vec<Chunk>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// This thread's chunks for parallel parts (the caller's own part runs while its run's
+    /// chunks are lent).
+    static PART_SCRATCH: std::cell::RefCell<Vec<Chunk>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` with chunks of `slot` kept on this thread from one call to the next (so that a run, or
+/// a parallel part, allocates none; a fresh set where this thread's are in use already).
+fn with_chunks<T>(
+    slot: &'static std::thread::LocalKey<std::cell::RefCell<Vec<Chunk>>>,
+    f: impl FnOnce(&mut Vec<Chunk>) -> T,
+) -> T {
+    slot.with(|s| match s.try_borrow_mut() {
         Ok(mut scratch) => f(&mut scratch),
         Err(_) => f(&mut Vec::new()),
     })
+}
+
+/// `f` with this thread's chunks for a parallel part.
+fn with_scratch<T>(f: impl FnOnce(&mut Vec<Chunk>) -> T) -> T {
+    with_chunks(&PART_SCRATCH, f)
 }
 
 /// The f16 / bf16 products that `linear(x, w, bias)` adds a bias row to (`add(reshape*(bmm),
