@@ -139,7 +139,7 @@ fn helper(first: Arc<Shared>) {
         }
         std::hint::spin_loop();
         spins = spins.wrapping_add(1);
-        if spins % 256 == 0 {
+        if spins.is_multiple_of(256) {
             // other users of the pool first (a job queued meanwhile runs here), then the clock
             if let Some(rayon::Yield::Executed) = rayon::yield_now() {
                 until = Instant::now() + LINGER;
