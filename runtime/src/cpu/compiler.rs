@@ -239,7 +239,7 @@ impl CCompiler {
         children::contain(&mut cmd);
         let output = cmd.spawn().and_then(|child| {
             let _running = children::Running::register(child.id());
-            child.wait_with_output()
+            super::jobs::waiting(|| child.wait_with_output())
         });
         match output {
             Ok(o) if o.status.success() => Ok(()),

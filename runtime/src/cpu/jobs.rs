@@ -20,7 +20,8 @@
 //! 28 us layer norm took 63 us on two threads against 55 us on one; lingering, 39 us). While
 //! it lingers the helper runs any rayon job that is queued meanwhile (`rayon::yield_now`), so
 //! other users of the pool are not held back; like OpenMP's spinning threads, a lingering
-//! helper keeps its core busy for at most [`LINGER`] after the last parallel step.
+//! helper keeps its core busy for at most [`LINGER`] after the last parallel step, and not at
+//! all while the process has [`Background`] work (a compile) that wants the core.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -78,6 +79,51 @@ impl Shared {
     }
 }
 
+/// Background threads of the process doing work of their own now ([`Background`]).
+static BACKGROUND: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// [`Background`] spans open on this thread.
+    static IN_BACKGROUND: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the calling thread's work as background work (a compile while the program runs on,
+/// `coil_frontend::tiered`) until dropped: meanwhile no helper lingers after its run, so that
+/// the background work gets the core the helper would have spun on. (On the build machine, a
+/// warm process's background compile of `examples/eager_shapes`' graph, a disk-cache hit,
+/// takes under a millisecond on a free core, but with helpers lingering beside the program's
+/// own thread on its two cores it did not finish within the 20 realizations it would serve.)
+/// While the thread waits for a process it started ([`waiting`]: the C compiler, which runs
+/// at a low priority for a tenth of a second and more) the mark is lifted.
+pub struct Background(());
+
+impl Background {
+    /// Starts a span of background work.
+    pub fn begin() -> Background {
+        BACKGROUND.fetch_add(1, Ordering::AcqRel);
+        IN_BACKGROUND.with(|n| n.set(n.get() + 1));
+        Background(())
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        IN_BACKGROUND.with(|n| n.set(n.get() - 1));
+        BACKGROUND.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `wait()`, the calling thread blocked on another process meanwhile: its [`Background`]
+/// marks are lifted for the time (helpers linger again: the other process runs at its own
+/// priority and is better served by the program's progress than by an idle core).
+pub fn waiting<T>(wait: impl FnOnce() -> T) -> T {
+    let marks = IN_BACKGROUND.with(|n| n.get());
+    BACKGROUND.fetch_sub(marks, Ordering::AcqRel);
+    let result = wait();
+    BACKGROUND.fetch_add(marks, Ordering::AcqRel);
+    result
+}
+
 /// The latest run posted for lingering helpers: a counter bumped at each post, the run, and
 /// how many helpers linger now.
 struct Board {
@@ -117,7 +163,10 @@ fn helper(first: Arc<Shared>) {
     drop(first);
     let most = helpers();
     let joined = BOARD.lingering.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1));
-    if joined.is_err() {
+    if joined.is_err() || BACKGROUND.load(Ordering::Acquire) > 0 {
+        if joined.is_ok() {
+            BOARD.lingering.fetch_sub(1, Ordering::AcqRel);
+        }
         return;
     }
     let mut seen = BOARD.posts.load(Ordering::Acquire);
@@ -144,7 +193,7 @@ fn helper(first: Arc<Shared>) {
             if let Some(rayon::Yield::Executed) = rayon::yield_now() {
                 until = Instant::now() + LINGER;
             }
-            if Instant::now() >= until {
+            if Instant::now() >= until || BACKGROUND.load(Ordering::Acquire) > 0 {
                 break;
             }
         }
@@ -248,6 +297,40 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(from_pool.iter().chain(&from_threads).all(|&ok| ok));
+    }
+
+    /// While background work is marked no helper lingers (it leaves its core to that work),
+    /// and a wait for another process lifts the mark; the jobs run either way.
+    #[test]
+    fn no_helper_lingers_during_background_work() {
+        // The share of samples, over most of LINGER right after a run, that see a helper
+        // lingering (without the mark: about all of them, the helper of the last run).
+        let lingering_share = || {
+            let (start, mut seen, mut samples) = (Instant::now(), 0, 0);
+            while start.elapsed() < LINGER * 2 / 3 {
+                seen += (BOARD.lingering.load(Ordering::Acquire) > 0) as u32;
+                samples += 1;
+            }
+            seen as f64 / samples as f64
+        };
+        let background = Background::begin();
+        let marks = BACKGROUND.load(Ordering::Acquire);
+        assert!(marks >= 1);
+        assert_eq!(waiting(|| BACKGROUND.load(Ordering::Acquire)), marks - 1, "lifted while waiting");
+        assert_eq!(BACKGROUND.load(Ordering::Acquire), marks, "restored after");
+        let sum = AtomicUsize::new(0);
+        let mut shares = Vec::new();
+        for _ in 0..20 {
+            run(8, helpers().max(1), &|i| {
+                std::thread::sleep(Duration::from_micros(50));
+                sum.fetch_add(i, Ordering::Relaxed);
+            });
+            shares.push(lingering_share());
+        }
+        assert_eq!(sum.load(Ordering::Relaxed), 20 * 28);
+        shares.sort_by(f64::total_cmp);
+        assert!(shares[15] < 0.5, "a helper lingers during background work: {shares:?}");
+        drop(background);
     }
 
     #[test]
