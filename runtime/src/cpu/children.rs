@@ -6,9 +6,12 @@
 //! writing into the kernel cache after the program is gone. So each run is made the leader of
 //! a process group of its own ([`contain`]), registered while it runs ([`Running`]), and at
 //! the process's exit (`exit`, or the return from `main`) every group still registered is
-//! killed. Where the process dies without running its exit handlers (a signal), Linux still
-//! kills the compiler driver itself: it asks for `SIGKILL` when the thread that started it
-//! goes. (Its half-written output is a temporary file the cache never serves.)
+//! killed. (A process killed by a signal runs no exit handler; asking the kernel to kill the
+//! child with its parent, `PR_SET_PDEATHSIG`, takes a `pre_exec` hook, which makes the
+//! standard library fork the whole process instead of `posix_spawn`: copying its page tables
+//! stalled the program's other threads, and a background compile started during
+//! `examples/eager_shapes`' first pass made it 30% slower.) A half-written output is a
+//! temporary file the cache never serves.
 
 use std::process::Command;
 use std::sync::{Mutex, Once};
@@ -22,34 +25,16 @@ extern "C" {
     fn kill(pid: i32, signal: i32) -> i32;
 }
 
-#[cfg(target_os = "linux")]
-extern "C" {
-    fn prctl(option: i32, ...) -> i32;
-}
-
 /// `SIGKILL` on Linux and the BSDs.
 #[cfg(unix)]
 const SIGKILL: i32 = 9;
 
-/// Makes the process `cmd` starts the leader of a new process group (its children join it),
-/// and on Linux asks for it to be killed when the thread that starts it ends.
+/// Makes the process `cmd` starts the leader of a new process group (its children join it).
 pub fn contain(cmd: &mut Command) {
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
-        #[cfg(target_os = "linux")]
-        {
-            const PR_SET_PDEATHSIG: i32 = 1;
-            // SAFETY: `prctl(PR_SET_PDEATHSIG, sig)` is async-signal-safe and touches no memory
-            // of the parent: allowed between fork and exec.
-            unsafe {
-                cmd.pre_exec(|| {
-                    prctl(PR_SET_PDEATHSIG, SIGKILL as std::ffi::c_ulong);
-                    Ok(())
-                });
-            }
-        }
     }
     #[cfg(not(unix))]
     let _ = cmd;

@@ -93,7 +93,7 @@ impl CCompiler {
         let mut words = command.split_whitespace().map(String::from);
         let program = words.next()?;
         let pre_args: Vec<String> = words.collect();
-        let out = Command::new(&program).args(&pre_args).arg("--version").output().ok()?;
+        let out = super::jobs::waiting(|| Command::new(&program).args(&pre_args).arg("--version").output()).ok()?;
         if !out.status.success() {
             return None;
         }
