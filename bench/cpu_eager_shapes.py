@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # The machine is shared: its 1-minute load before and after the rounds goes with the figures.
+    load_before = os.getloadavg()[0]
     rows = {k: [] for k in ["coil_cold_s", "coil_warm_s", "coil_steady_us", "torch_first_s", "torch_steady_us"]}
     compiles, tier0 = None, None
     for _ in range(args.rounds):
@@ -90,7 +92,7 @@ def main():
     ratio = lambda a, b, s: summary[a][s] / summary[b][s]
     print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, {args.shapes} new shapes; "
           f"coil compiled {compiles} graphs in its first pass; tier 0 ran {tier0[0]} (cold) / {tier0[1]} (warm) "
-          f"of its realizations")
+          f"of its realizations; 1-minute load {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     for k, v in summary.items():
         print(f"{k:18} min {v['min']:10.4f}  median {v['median']:10.4f}")
     for s in ["min", "median"]:
@@ -100,7 +102,9 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
                        "shapes": args.shapes, "coil_compiles": compiles,
-                       "coil_tier0_runs": {"cold": tier0[0], "warm": tier0[1]}, "summary": summary, "samples": rows}, f,
+                       "coil_tier0_runs": {"cold": tier0[0], "warm": tier0[1]},
+                       "load_1min": {"before": load_before, "after": os.getloadavg()[0]}, "summary": summary,
+                       "samples": rows}, f,
                       indent=1)
             f.write("\n")
 

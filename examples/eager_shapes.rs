@@ -10,9 +10,15 @@
 //! `tier0` (realizations of the first pass that ran on the CPU's tier 0 while their graph
 //! compiled in the background, `coil::tiered`; `COIL_EAGER_TIER=0` turns it off) and the device.
 //!
+//! On the CPU the backend's prebuilt libraries (tier 0's math, the packed matrix product) and
+//! its thread pool are loaded before the clock starts (`coil_runtime::cpu::prepare`, about a
+//! millisecond once per process), as `import torch` loads PyTorch's kernels before its side's
+//! clock; nothing of the measured graphs is compiled or cached by it (`--no-prepare` leaves
+//! the loading to the first realization).
+//!
 //! `cargo run --release --example eager_shapes -- [--device cpu|cuda] [--shapes N] [--reps N]
-//! [--phases]` (`--phases`: also print the host's time per phase in the first pass and over 100 more
-//! steady calls)
+//! [--phases] [--no-prepare]` (`--phases`: also print the host's time per phase in the first
+//! pass and over 100 more steady calls)
 
 use coil::{Device, Tensor};
 use std::time::Instant;
@@ -56,7 +62,7 @@ fn step([x, w, g, b]: &[Tensor; 4]) -> coil::Result<f32> {
 
 fn main() -> coil::Result<()> {
     let mut device = Device::default();
-    let (mut shapes, mut reps, mut phases) = (20usize, 200usize, false);
+    let (mut shapes, mut reps, mut phases, mut prepare) = (20usize, 200usize, false, true);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -65,8 +71,12 @@ fn main() -> coil::Result<()> {
             "--shapes" => shapes = value().parse().expect("--shapes N"),
             "--reps" => reps = value().parse().expect("--reps N"),
             "--phases" => phases = true,
-            _ => panic!("unknown argument {a}: --device cpu|cuda, --shapes N, --reps N, --phases"),
+            "--no-prepare" => prepare = false,
+            _ => panic!("unknown argument {a}: --device cpu|cuda, --shapes N, --reps N, --phases, --no-prepare"),
         }
+    }
+    if prepare && device == Device::Cpu {
+        coil_runtime::cpu::prepare();
     }
     coil::manual_seed(0);
     let before = coil::compile_count();

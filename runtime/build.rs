@@ -68,7 +68,7 @@ fn build(out: &Path, name: &str, source: &str) -> Option<(PathBuf, PathBuf, Stri
             let mut cmd = Command::new(program);
             cmd.args(words.clone()).args(native::BASE_FLAGS);
             if simd {
-                cmd.arg(native::SIMD_FLAG);
+                cmd.args(native::SIMD_FLAGS);
             }
             let built = cmd.arg(&source_path).arg("-o").arg(&library).arg("-lm").output();
             if built.is_ok_and(|o| o.status.success()) {

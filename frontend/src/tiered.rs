@@ -77,6 +77,8 @@ impl Task {
         if self.taken.swap(true, Ordering::AcqRel) {
             return;
         }
+        // (no pool thread lingers to spin on the core this compile wants)
+        let _background = coil_runtime::cpu::jobs::Background::begin();
         let outcome = coil_ir::config::with_config(self.config.clone(), || {
             let compile = || crate::compile::compile_ahead(&self.graph, self.device);
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile))

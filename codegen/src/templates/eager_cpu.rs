@@ -64,10 +64,19 @@ pub fn kernel_names() -> Vec<String> {
     names
 }
 
+/// Lets gcc use 512-bit vectors in the kernels after it where the target has AVX-512 (its
+/// default for recent Intel CPUs is 256-bit). The kernels are elementwise, so the width changes
+/// no value, only speed: f32 erf 1.14 -> 0.70 ns an element, exp 0.46 -> 0.33 on the build
+/// machine (Xeon, Sapphire Rapids), where PyTorch's vectorized math is 512-bit too.
+pub const WIDE_VECTORS: &str =
+    "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__AVX512F__)\n\
+     #pragma GCC target(\"prefer-vector-width=512\")\n#endif\n";
+
 /// The library's C source: the prelude, then every kernel.
 pub fn source() -> String {
     let mut s = String::from(prelude());
     s.push_str("\n/* ---- tier-0 chunk kernels (coil_codegen::templates::eager_cpu) ---- */\n");
+    s.push_str(WIDE_VECTORS);
     for dtype in DTYPES {
         let t = ops::compute_type(dtype);
         for op in UnaryOp::ALL.into_iter().filter(|&op| has_unary(op)) {

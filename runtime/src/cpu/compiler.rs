@@ -18,12 +18,13 @@
 //! rename wins (each entry is whole and right for the key). The library is loaded from the
 //! bytes that were checked ([`crate::cpu::module`]).
 
-use super::native::{BASE_FLAGS, SIMD_FLAG};
+use super::children;
+use super::native::{BASE_FLAGS, SIMD_FLAGS};
 use crate::cache_entry::{self, Kind};
 use coil_ir::{Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -40,7 +41,7 @@ pub struct CCompiler {
     pre_args: Vec<String>,
     /// First line of `--version`: part of the cache key, so upgrading the compiler rebuilds.
     version: String,
-    /// Cleared the first time [`SIMD_FLAG`] fails (a compiler without it), so later compiles
+    /// Cleared the first time [`SIMD_FLAGS`] fail (a compiler without them), so later compiles
     /// do not pay for a failing attempt.
     simd_pragmas: AtomicBool,
 }
@@ -92,7 +93,7 @@ impl CCompiler {
         let mut words = command.split_whitespace().map(String::from);
         let program = words.next()?;
         let pre_args: Vec<String> = words.collect();
-        let out = Command::new(&program).args(&pre_args).arg("--version").output().ok()?;
+        let out = super::jobs::waiting(|| Command::new(&program).args(&pre_args).arg("--version").output()).ok()?;
         if !out.status.success() {
             return None;
         }
@@ -151,7 +152,7 @@ impl CCompiler {
     /// finally worked: whether the compiler takes it is a property of the installed compiler,
     /// so one key always maps to one build, and a process never recompiles just to learn it.
     pub fn cache_key(&self, source: &str) -> String {
-        let simd = format!("{SIMD_FLAG} -lm");
+        let simd = format!("{} -lm", SIMD_FLAGS.join(" "));
         cache_entry::key(&[CACHE_FORMAT, &self.version, &BASE_FLAGS.join(" "), &simd, source])
     }
 
@@ -230,10 +231,17 @@ impl CCompiler {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.pre_args).args(BASE_FLAGS);
         if simd_pragmas {
-            cmd.arg(SIMD_FLAG);
+            cmd.args(SIMD_FLAGS);
         }
         cmd.arg(source).arg("-o").arg(out).arg("-lm");
-        match cmd.output() {
+        // (as `output` does, on a child that is killed if this process exits first)
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        children::contain(&mut cmd);
+        let output = cmd.spawn().and_then(|child| {
+            let _running = children::Running::register(child.id());
+            super::jobs::waiting(|| child.wait_with_output())
+        });
+        match output {
             Ok(o) if o.status.success() => Ok(()),
             Ok(o) => Err(format!("{}\n{}", o.status, String::from_utf8_lossy(&o.stderr))),
             Err(e) => Err(format!("cannot run {}: {e}", self.program)),
@@ -306,6 +314,49 @@ mod tests {
 
     fn runs(dir: &Path) -> usize {
         std::fs::read_to_string(dir.join("runs")).map_or(0, |s| s.lines().count())
+    }
+
+    /// A process that exits while a compile of its runs (this test binary, run again with
+    /// `COIL_TEST_EXIT_CHILD` naming a directory: a fake compiler that writes its pid there and
+    /// sleeps, started on another thread) leaves no compiler behind.
+    #[test]
+    fn a_compile_in_flight_does_not_outlive_the_process() {
+        if let Some(dir) = std::env::var_os("COIL_TEST_EXIT_CHILD") {
+            let dir = PathBuf::from(dir);
+            let cc = dir.join("slowcc");
+            let cc = CCompiler::detect_remembered(Some(cc.to_str().unwrap()), &dir.join("cache"), None).unwrap();
+            let cache = dir.join("cache");
+            std::thread::spawn(move || cc.compile("int x;\n", &cache));
+            while !dir.join("pid").exists() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            std::process::exit(0);
+        }
+        let dir = TempDir::new("exit-kills-cc");
+        let script = dir.0.join("slowcc");
+        let body = format!(
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then echo slowcc 1.0; exit 0; fi\necho $$ > {0}/pid.tmp\n\
+             mv {0}/pid.tmp {0}/pid\nexec sleep 30\n",
+            dir.0.display()
+        );
+        std::fs::write(&script, body).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "cpu::compiler::tests::a_compile_in_flight_does_not_outlive_the_process"])
+            .env("COIL_TEST_EXIT_CHILD", &dir.0)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let pid = std::fs::read_to_string(dir.0.join("pid")).unwrap().trim().to_string();
+        let alive = || {
+            // a killed child not yet reaped by init is a zombie: gone as far as work goes
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+        };
+        let start = Instant::now();
+        while alive() && start.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!alive(), "the compiler (pid {pid}) outlived the process that started it");
     }
 
     #[test]

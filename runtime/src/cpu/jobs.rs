@@ -11,10 +11,26 @@
 //! a parallel run is never much slower than the same jobs run one after another by the caller,
 //! however late the helpers come (rayon's `par_iter` from a thread outside the pool instead
 //! queues every job and puts the caller to sleep until a worker has finished them).
+//!
+//! A helper that ran out of jobs lingers for [`LINGER`] before it gives its thread back to
+//! rayon: it watches for the next run and joins it at once. A program that alternates short
+//! serial steps with parallel ones (a row kernel, then a matrix product; tier 0's regions) would
+//! otherwise wake a sleeping pool thread for each parallel step, which in a virtual machine
+//! takes longer than a small product's share of work (measured: 64 x 256 x 256 f32 after a
+//! 28 us layer norm took 63 us on two threads against 55 us on one; lingering, 39 us). While
+//! it lingers the helper runs any rayon job that is queued meanwhile (`rayon::yield_now`), so
+//! other users of the pool are not held back; like OpenMP's spinning threads, a lingering
+//! helper keeps its core busy for at most [`LINGER`] after the last parallel step, and not at
+//! all while the process has [`Background`] work (a compile) that wants the core.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a helper that ran out of jobs watches for the next run before it returns its
+/// thread to rayon's pool (where it goes to sleep, and must be woken again).
+pub const LINGER: Duration = Duration::from_micros(300);
 
 /// A job function with its borrow's lifetime erased (see [`run`]'s safety argument).
 type ErasedJob = *const (dyn Fn(usize) + Sync + 'static);
@@ -29,6 +45,8 @@ struct Shared {
     done: AtomicUsize,
     /// Whether a job panicked (the caller panics once every taken job has finished).
     panicked: AtomicBool,
+    /// Helpers that may still join (the run's `helpers`), each taking one seat.
+    seats: AtomicUsize,
 }
 
 // SAFETY: `job` points to a `Sync` closure, called only while the caller of `run` waits (see
@@ -38,6 +56,11 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 impl Shared {
+    /// Takes one of the run's seats for a helper; `false` when the run has all it asked for.
+    fn take_seat(&self) -> bool {
+        self.seats.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| s.checked_sub(1)).is_ok()
+    }
+
     /// Takes and runs jobs until none is left.
     fn help(&self) {
         loop {
@@ -54,6 +77,154 @@ impl Shared {
             self.done.fetch_add(1, Ordering::AcqRel);
         }
     }
+}
+
+/// Background threads of the process doing work of their own now ([`Background`]).
+static BACKGROUND: AtomicUsize = AtomicUsize::new(0);
+
+/// When the latest [`Background`] span began: nanoseconds after [`epoch`].
+static BACKGROUND_SINCE: AtomicU64 = AtomicU64::new(0);
+
+/// How long into a [`Background`] span helpers leave their cores to it: a short compile (a
+/// disk-cache hit, under a millisecond on a free core) finishes within it, and a long one
+/// (a cold compile of tens of milliseconds, most of it in the C compiler) does not hold the
+/// program's parallel steps back for its whole length.
+pub const BACKGROUND_PRIORITY: Duration = Duration::from_millis(3);
+
+/// The process's reference instant for [`BACKGROUND_SINCE`].
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Whether background work wants the cores now (a [`Background`] span open, begun less than
+/// [`BACKGROUND_PRIORITY`] ago, and not waiting for another process).
+fn background_wants_cores(now: Instant) -> bool {
+    BACKGROUND.load(Ordering::Acquire) > 0
+        && now.saturating_duration_since(epoch()).as_nanos() as u64
+            <= BACKGROUND_SINCE.load(Ordering::Acquire) + BACKGROUND_PRIORITY.as_nanos() as u64
+}
+
+thread_local! {
+    /// [`Background`] spans open on this thread.
+    static IN_BACKGROUND: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the calling thread's work as background work (a compile while the program runs on,
+/// `coil_frontend::tiered`) until dropped: for its first [`BACKGROUND_PRIORITY`] no helper
+/// lingers after its run, so that the background work gets the core the helper would have
+/// spun on. (On the build machine, a
+/// warm process's background compile of `examples/eager_shapes`' graph, a disk-cache hit,
+/// takes under a millisecond on a free core, but with helpers lingering beside the program's
+/// own thread on its two cores it did not finish within the 20 realizations it would serve.)
+/// While the thread waits for a process it started ([`waiting`]: the C compiler, which runs
+/// at a low priority for a tenth of a second and more) the mark is lifted.
+pub struct Background(());
+
+impl Background {
+    /// Starts a span of background work.
+    pub fn begin() -> Background {
+        BACKGROUND_SINCE.store(Instant::now().saturating_duration_since(epoch()).as_nanos() as u64, Ordering::Release);
+        BACKGROUND.fetch_add(1, Ordering::AcqRel);
+        IN_BACKGROUND.with(|n| n.set(n.get() + 1));
+        Background(())
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        IN_BACKGROUND.with(|n| n.set(n.get() - 1));
+        BACKGROUND.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `wait()`, the calling thread blocked on another process meanwhile: its [`Background`]
+/// marks are lifted for the time (helpers linger again: the other process runs at its own
+/// priority and is better served by the program's progress than by an idle core).
+pub fn waiting<T>(wait: impl FnOnce() -> T) -> T {
+    let marks = IN_BACKGROUND.with(|n| n.get());
+    BACKGROUND.fetch_sub(marks, Ordering::AcqRel);
+    let result = wait();
+    BACKGROUND.fetch_add(marks, Ordering::AcqRel);
+    result
+}
+
+/// The latest run posted for lingering helpers: a counter bumped at each post, the run, and
+/// how many helpers linger now.
+struct Board {
+    posts: AtomicU64,
+    run: Mutex<Option<Arc<Shared>>>,
+    lingering: AtomicUsize,
+}
+
+static BOARD: Board = Board { posts: AtomicU64::new(0), run: Mutex::new(None), lingering: AtomicUsize::new(0) };
+
+impl Board {
+    /// Posts `run` for the helpers lingering now; returns how many were lingering.
+    fn post(&self, run: &Arc<Shared>) -> usize {
+        *self.run.lock().unwrap_or_else(|e| e.into_inner()) = Some(run.clone());
+        self.posts.fetch_add(1, Ordering::AcqRel);
+        self.lingering.load(Ordering::Acquire)
+    }
+
+    /// Takes the run posted on the board down if it is still `run` (so that a finished run's
+    /// memory is not kept).
+    fn retract(&self, run: &Arc<Shared>) {
+        let mut posted = self.run.lock().unwrap_or_else(|e| e.into_inner());
+        if posted.as_ref().is_some_and(|p| Arc::ptr_eq(p, run)) {
+            *posted = None;
+        }
+    }
+}
+
+/// A helper's work: `first`'s jobs (if a seat is left), then every run posted while it
+/// lingers, until [`LINGER`] passes with none. At most [`helpers`] linger at once (with the
+/// caller, one thread per core of the pool: more would spin against each other and against
+/// the caller for the cores).
+fn helper(first: Arc<Shared>) {
+    if first.take_seat() {
+        first.help();
+    }
+    drop(first);
+    let most = helpers();
+    let joined = BOARD.lingering.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1));
+    if joined.is_err() || background_wants_cores(Instant::now()) {
+        if joined.is_ok() {
+            BOARD.lingering.fetch_sub(1, Ordering::AcqRel);
+        }
+        return;
+    }
+    let mut seen = BOARD.posts.load(Ordering::Acquire);
+    let mut until = Instant::now() + LINGER;
+    let mut spins = 0u32;
+    loop {
+        let posts = BOARD.posts.load(Ordering::Acquire);
+        if posts != seen {
+            seen = posts;
+            let run = BOARD.run.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            // (still counted as lingering while it helps: the next run is posted once this
+            // one's jobs have finished, when this helper is back on the watch; counted out, it
+            // would have the caller wake a sleeping pool thread for nothing)
+            if let Some(run) = run.filter(|r| r.take_seat()) {
+                run.help();
+                until = Instant::now() + LINGER;
+            }
+            continue;
+        }
+        std::hint::spin_loop();
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(256) {
+            // other users of the pool first (a job queued meanwhile runs here), then the clock
+            if let Some(rayon::Yield::Executed) = rayon::yield_now() {
+                until = Instant::now() + LINGER;
+            }
+            let now = Instant::now();
+            if now >= until || background_wants_cores(now) {
+                break;
+            }
+        }
+    }
+    BOARD.lingering.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// Pool threads other than the caller's share: one helper per other thread of rayon's pool.
@@ -94,10 +265,13 @@ pub fn run(jobs: usize, helpers: usize, job: &(dyn Fn(usize) + Sync)) {
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         panicked: AtomicBool::new(false),
+        seats: AtomicUsize::new(helpers),
     });
-    for _ in 0..helpers {
-        let helper = shared.clone();
-        rayon::spawn(move || helper.help());
+    // Helpers lingering after an earlier run join at once; pool threads are woken for the rest.
+    let lingering = BOARD.post(&shared);
+    for _ in 0..helpers.saturating_sub(lingering) {
+        let first = shared.clone();
+        rayon::spawn(move || helper(first));
     }
     shared.help();
     // Jobs other threads took and have not finished: short waits (a job is a fraction of the
@@ -111,6 +285,7 @@ pub fn run(jobs: usize, helpers: usize, job: &(dyn Fn(usize) + Sync)) {
             std::thread::yield_now();
         }
     }
+    BOARD.retract(&shared);
     if shared.panicked.load(Ordering::Acquire) {
         panic!("a parallel job panicked");
     }
@@ -148,6 +323,28 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(from_pool.iter().chain(&from_threads).all(|&ok| ok));
+    }
+
+    /// Background work wants the cores (no helper lingers) from the start of its span for
+    /// BACKGROUND_PRIORITY, not while its thread waits for another process, and not after the
+    /// span; jobs run either way. (Tests of other modules may open spans meanwhile: only
+    /// `compiler` does, and it waits for a process inside them.)
+    #[test]
+    fn background_work_has_the_cores_for_a_while() {
+        let background = Background::begin();
+        assert!(background_wants_cores(Instant::now()), "at the start of a span");
+        let marks = BACKGROUND.load(Ordering::Acquire);
+        assert!(marks >= 1);
+        assert_eq!(waiting(|| BACKGROUND.load(Ordering::Acquire)), marks - 1, "lifted while waiting");
+        assert_eq!(BACKGROUND.load(Ordering::Acquire), marks, "restored after");
+        assert!(!background_wants_cores(Instant::now() + BACKGROUND_PRIORITY * 2), "not past its priority");
+        let sum = AtomicUsize::new(0);
+        run(64, helpers().max(1), &|i| {
+            sum.fetch_add(i, Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 64 * 63 / 2);
+        drop(background);
+        assert_eq!(IN_BACKGROUND.with(|n| n.get()), 0);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! The generated C has no threads of its own (`coil_codegen::c`): every kernel takes the range
 //! of `xindex` a call computes. A small launch (fewer than [`PARALLEL_MIN_ELEMENTS`] elements,
-//! `xnumel * rnumel`) is one call on the calling thread; waking other threads would cost more
-//! than the work. A larger one is split into ranges of whole rows, at most
+//! `xnumel * rnumel`, or [`PARALLEL_MIN_REDUCED`] for a reduction) is one call on the calling
+//! thread; waking other threads would cost more than the work. A larger one is split into ranges of whole rows, at most
 //! [`CHUNKS_PER_THREAD`] per thread of rayon's pool, run as [`super::jobs`] (the calling thread
 //! and the pool's other threads take ranges from a shared counter; the pool the matrix products
 //! run on too: on 2 cores, with OpenMP's team beside rayon's, the GPT-2 block ran 20.9 ms
@@ -18,6 +18,13 @@ use std::sync::Mutex;
 
 /// Below this many elements a launch runs in one call on the calling thread.
 pub const PARALLEL_MIN_ELEMENTS: i64 = 1 << 15;
+
+/// [`PARALLEL_MIN_ELEMENTS`] for a reduction's launch (`rnumel > 1`): its rows cost more an
+/// element (a layer norm with an erf GELU, 1.3 ns on the build machine, against a few tenths
+/// for the usual pointwise kernel), and a pool thread lingering after the last parallel step
+/// (`jobs::LINGER`) joins at once: the steady-state layer norm of `examples/eager_shapes`
+/// (64 x 256) runs in parts from 21 to about 12 us.
+pub const PARALLEL_MIN_REDUCED: i64 = 1 << 13;
 
 /// Ranges per pool thread of a parallel launch (each at least half of
 /// [`PARALLEL_MIN_ELEMENTS`] elements).
@@ -39,11 +46,12 @@ const ALIGN: i64 = 16;
 pub unsafe fn launch(kernel: &Kernel, args: &[*mut u8], xnumel: i64, rnumel: i64) -> [i64; 4] {
     let threads = rayon::current_num_threads() as i64;
     let total = xnumel.saturating_mul(rnumel.max(1));
-    if threads <= 1 || xnumel < 2 || total < PARALLEL_MIN_ELEMENTS {
+    let min = if rnumel > 1 { PARALLEL_MIN_REDUCED } else { PARALLEL_MIN_ELEMENTS };
+    if threads <= 1 || xnumel < 2 || total < min {
         // SAFETY: the caller's contract.
         return unsafe { call_range(kernel, args, 0, xnumel) };
     }
-    let chunks = (total / (PARALLEL_MIN_ELEMENTS / 2)).min(CHUNKS_PER_THREAD * threads).min(xnumel).max(2);
+    let chunks = (total / (min / 2)).min(CHUNKS_PER_THREAD * threads).min(xnumel).max(2);
     let align = if rnumel <= 1 && xnumel >= chunks * ALIGN { ALIGN } else { 1 };
     // The start of range `c` (`xnumel` for `c == chunks`).
     let bound = |c: i64| if c == chunks { xnumel } else { (xnumel * c / chunks) / align * align };

@@ -26,6 +26,7 @@
 pub mod attention;
 pub mod attention_backward;
 mod attention_block;
+mod children;
 pub mod compiler;
 pub mod eager;
 pub mod gemm;
@@ -45,6 +46,19 @@ mod tests_dynamic;
 
 pub use compiler::{c_compiler, default_cache_dir, CCompiler, CompiledObject};
 pub use module::{Kernel, KernelLibrary};
+
+/// Loads now what the CPU backend's first realizations would otherwise load then: tier 0's
+/// math library and the packed matrix product (each built with the crate where it serves this
+/// machine, else taken from the kernel cache or compiled once), and starts the thread pool.
+/// About a millisecond on the build machine, paid once per process either way; a program may
+/// call it at start-up (as `import torch` loads PyTorch's kernels) so that its first
+/// realizations do not wait for it. Nothing depends on it having run; a library that cannot be
+/// loaded is reported by the realization that needs it, as without this call.
+pub fn prepare() {
+    let _ = eager::prepare();
+    let _ = gemm_packed::Library::get(coil_codegen::templates::gemm_cpu::IsaCap::Native);
+    rayon::broadcast(|_| ());
+}
 
 use crate::plan::{
     check_status, extern_error, random_words, timing_streams, Instance, Instances, LaunchName, RunOutput, Step, Storage,

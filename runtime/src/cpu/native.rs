@@ -19,8 +19,23 @@ pub const BASE_FLAGS: [&str; 7] =
     ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"];
 
 /// Honours `#pragma omp simd` (vectorization) without OpenMP's run time: the kernels have no
-/// threads of their own (`crate::cpu::launch` runs them on the rayon pool).
-pub const SIMD_FLAG: &str = "-fopenmp-simd";
+/// threads of their own (`crate::cpu::launch` runs them on the rayon pool); on x86-64, also
+/// lets the vectorizer use 512-bit vectors where the target has AVX-512 (gcc's default for
+/// recent Intel CPUs is 256-bit; PyTorch's vectorized CPU kernels use 512-bit ones there).
+/// Dropped together when the compiler does not take them.
+///
+/// Measured on the build machine (Sapphire Rapids): the f32 layer norm + erf GELU kernel of
+/// `examples/eager_shapes` at 64 x 256 from 28 to 21 us. Elementwise results are the same at
+/// either width; a vectorized sum adds its lanes in another order (16 partial sums instead of
+/// 8, each within f32 rounding, as PyTorch's own vectorized reductions do).
+#[cfg(target_arch = "x86_64")]
+pub const SIMD_FLAGS: &[&str] = &["-fopenmp-simd", "-mprefer-vector-width=512"];
+
+/// Honours `#pragma omp simd` (vectorization) without OpenMP's run time: the kernels have no
+/// threads of their own (`crate::cpu::launch` runs them on the rayon pool). Dropped when the
+/// compiler does not take it.
+#[cfg(not(target_arch = "x86_64"))]
+pub const SIMD_FLAGS: &[&str] = &["-fopenmp-simd"];
 
 /// The CPU `-march=native` builds for on this machine: the vendor, family, model, model name
 /// and feature flags of the first processor in `/proc/cpuinfo`, one per line. Two machines of

@@ -100,7 +100,7 @@ pub(super) enum Dest<'a> {
 }
 
 /// The parts of `v` between consecutive `bounds` (the first 0, the last `v.len()`).
-fn split_slice<'a, T>(mut v: &'a mut [T], bounds: &[usize]) -> Vec<&'a mut [T]> {
+pub(super) fn split_slice<'a, T>(mut v: &'a mut [T], bounds: &[usize]) -> Vec<&'a mut [T]> {
     let mut parts = Vec::with_capacity(bounds.len().saturating_sub(1));
     for w in bounds.windows(2) {
         let (part, rest) = std::mem::take(&mut v).split_at_mut(w[1] - w[0]);

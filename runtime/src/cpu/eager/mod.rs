@@ -32,7 +32,7 @@ mod reduce;
 mod tests;
 
 use super::jobs;
-use super::launch::{CHUNKS_PER_THREAD, PARALLEL_MIN_ELEMENTS};
+use super::launch::CHUNKS_PER_THREAD;
 use crate::{Buffer, HostData};
 use chunk::{Chunk, Class, Dest, Out, Val};
 use coil_ir::{DType, Error, Graph, NodeId, Op, Result, Scalar};
@@ -41,6 +41,19 @@ use std::sync::Mutex;
 
 /// Elements of a region computed at once: a few kilobytes per value, cache-resident.
 pub const CHUNK: usize = 512;
+
+/// Fewest elements of a region, or of a reduction's operand, split among the CPU pool's
+/// threads (at least half of it per part). Lower than a compiled launch's
+/// (`launch::PARALLEL_MIN_ELEMENTS`): tier 0 spends a few nanoseconds an element (a layer
+/// norm and GELU of 8192 elements take about 15 us on one core of the build machine), and a
+/// helper lingering after the last parallel step (`jobs::LINGER`) joins within a microsecond.
+pub const PARALLEL_MIN: usize = 8192;
+
+/// Loads tier 0's math library (once per process; [`Plan::new`] does at its first call
+/// otherwise): an error where it cannot be loaded or built.
+pub fn prepare() -> Result<()> {
+    math::Math::get().map(|_| ())
+}
 
 /// What a node's value is while the plan runs.
 #[derive(Clone, Debug)]
@@ -209,13 +222,18 @@ impl Plan {
         }
         // Buffers, not bare data: a dropped intermediate's memory goes back to the host pool
         // for the next one (`crate::host_pool`).
+        with_chunks(&RUN_SCRATCH, |scratch| self.run_with(inputs, scratch))
+    }
+
+    /// [`Plan::run`] on checked inputs, with `scratch` for its regions' chunks.
+    fn run_with(&self, inputs: &[&Buffer], scratch: &mut Vec<Chunk>) -> Result<Vec<Buffer>> {
+        let g = &self.graph;
         let mut stored: Vec<Option<Buffer>> = vec![None; g.nodes.len()];
-        let mut scratch = Vec::new();
         for (i, kind) in self.kinds.iter().enumerate() {
             if !matches!(kind, Kind::Stored) {
                 continue;
             }
-            let value = self.compute(NodeId(i), inputs, &stored, &mut scratch).map_err(|e| named(g, NodeId(i), e))?;
+            let value = self.compute(NodeId(i), inputs, &stored, scratch).map_err(|e| named(g, NodeId(i), e))?;
             stored[i] = Some(Buffer { shape: g.nodes[i].meta.shape.clone(), data: value });
             for x in &self.frees[i] {
                 stored[x.0] = None;
@@ -233,7 +251,7 @@ impl Plan {
                     Kind::Stored => stored[o.0].as_ref().expect("outputs are kept").data.clone(),
                     _ => {
                         let r = Region { steps: vec![(self.source_of(o), meta.dtype)] };
-                        self.run_region(&r, meta.numel(), meta.dtype, inputs, &stored, &mut scratch)?
+                        self.run_region(&r, meta.numel(), meta.dtype, inputs, &stored, scratch)?
                     }
                 };
                 Buffer::new(meta.shape.clone(), data)
@@ -280,29 +298,38 @@ impl Plan {
                 let region = self.regions[id.0].as_ref().expect("checked");
                 let outer = meta.numel();
                 let r = self.graph.meta(node.inputs[0]).numel() / outer.max(1);
-                // rows `lo .. hi`, reduced as their elements are computed
-                let part = |lo: usize, hi: usize, scratch: &mut Vec<Chunk>| -> Result<Vec<f64>> {
-                    let mut rows = reduce::Rows::new(*op, outer, r);
+                // rows `lo .. hi` into `out`, reduced as their elements are computed
+                let part = |lo: usize, hi: usize, out: &mut [f64], scratch: &mut Vec<Chunk>| -> Result<()> {
+                    let mut rows = reduce::Rows::new(*op, lo, hi, r);
                     self.each_chunk(region, lo * r..hi * r, inputs, stored, scratch, None, &mut |start, v| {
                         rows.add(start, v)
                     })?;
-                    Ok(rows.results(lo, hi))
+                    rows.results(out);
+                    Ok(())
                 };
                 let parts = reduce::row_parts(outer, r);
-                let values = if parts == 1 {
-                    part(0, outer, scratch)?
+                let mut values = vec![0f64; outer];
+                if parts == 1 {
+                    part(0, outer, &mut values, scratch)?;
                 } else {
-                    let done: Vec<Mutex<Option<Result<Vec<f64>>>>> = (0..parts).map(|_| Mutex::new(None)).collect();
+                    // Each part writes its rows of `values` and keeps its chunks on its thread:
+                    // memory allocated on one thread and freed on another contends for the
+                    // allocator's lock (measured: a 64 x 256 layer norm in parts ran twice as
+                    // long as on one thread).
+                    let bounds: Vec<usize> = (0..=parts).map(|p| outer * p / parts).collect();
+                    let outs: Vec<Mutex<&mut [f64]>> =
+                        chunk::split_slice(&mut values, &bounds).into_iter().map(Mutex::new).collect();
+                    let errors: Mutex<Vec<(usize, Error)>> = Mutex::new(Vec::new());
                     jobs::run(parts, jobs::helpers(), &|p| {
-                        let result = part(outer * p / parts, outer * (p + 1) / parts, &mut Vec::new());
-                        *done[p].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                        let mut out = outs[p].lock().unwrap_or_else(|e| e.into_inner());
+                        let result = with_scratch(|scratch| part(bounds[p], bounds[p + 1], &mut out, scratch));
+                        if let Err(e) = result {
+                            errors.lock().unwrap_or_else(|e| e.into_inner()).push((p, e));
+                        }
                     });
-                    let mut values = Vec::with_capacity(outer);
-                    for d in done {
-                        values.extend(d.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every part ran")?);
-                    }
-                    values
-                };
+                    drop(outs);
+                    first_error(errors)?;
+                }
                 Ok(HostData::from_f64_slice(meta.dtype, &values))
             }
             Op::Reduce { op, dims, .. } => {
@@ -355,8 +382,8 @@ impl Plan {
         // Large values in parts on the CPU pool, as compiled kernels' launches split theirs
         // (parts of whole chunks: the same chunks as one thread's).
         let threads = jobs::helpers() + 1;
-        let parts = match numel as i64 >= PARALLEL_MIN_ELEMENTS && threads > 1 {
-            true => (numel / (PARALLEL_MIN_ELEMENTS as usize / 2)).min(CHUNKS_PER_THREAD as usize * threads).max(2),
+        let parts = match numel >= PARALLEL_MIN && threads > 1 {
+            true => (numel / (PARALLEL_MIN / 2)).min(CHUNKS_PER_THREAD as usize * threads).max(2),
             false => 1,
         };
         let bounds: Vec<usize> =
@@ -370,17 +397,14 @@ impl Plan {
             let errors: Mutex<Vec<(usize, Error)>> = Mutex::new(Vec::new());
             jobs::run(parts, threads - 1, &|p| {
                 let dest = dests[p].lock().unwrap_or_else(|e| e.into_inner()).take();
-                let mut scratch = Vec::new();
                 let range = bounds[p]..bounds[p + 1];
-                if let Err(e) = self.each_chunk(r, range, inputs, stored, &mut scratch, dest, &mut |_, _| {}) {
+                let result =
+                    with_scratch(|scratch| self.each_chunk(r, range, inputs, stored, scratch, dest, &mut |_, _| {}));
+                if let Err(e) = result {
                     errors.lock().unwrap_or_else(|e| e.into_inner()).push((p, e));
                 }
             });
-            // the first part's error, as one thread would have met it
-            let errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, e)) = errors.into_iter().min_by_key(|(p, _)| *p) {
-                return Err(e);
-            }
+            first_error(errors)?;
         }
         Ok(out)
     }
@@ -477,6 +501,40 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+/// The error of the first part that failed (in part order, as one thread would have met it).
+fn first_error(errors: Mutex<Vec<(usize, Error)>>) -> Result<()> {
+    let errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
+    match errors.into_iter().min_by_key(|(p, _)| *p) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
+thread_local! {
+    /// This thread's chunks for a run's regions ([`Plan::run`]).
+    static RUN_SCRATCH: std::cell::RefCell<Vec<Chunk>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// This thread's chunks for parallel parts (the caller's own part runs while its run's
+    /// chunks are lent).
+    static PART_SCRATCH: std::cell::RefCell<Vec<Chunk>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` with chunks of `slot` kept on this thread from one call to the next (so that a run, or
+/// a parallel part, allocates none; a fresh set where this thread's are in use already).
+fn with_chunks<T>(
+    slot: &'static std::thread::LocalKey<std::cell::RefCell<Vec<Chunk>>>,
+    f: impl FnOnce(&mut Vec<Chunk>) -> T,
+) -> T {
+    slot.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => f(&mut scratch),
+        Err(_) => f(&mut Vec::new()),
+    })
+}
+
+/// `f` with this thread's chunks for a parallel part.
+fn with_scratch<T>(f: impl FnOnce(&mut Vec<Chunk>) -> T) -> T {
+    with_chunks(&PART_SCRATCH, f)
 }
 
 /// The f16 / bf16 products that `linear(x, w, bias)` adds a bias row to (`add(reshape*(bmm),

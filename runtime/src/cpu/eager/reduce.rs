@@ -106,25 +106,31 @@ fn sum(xs: &[f64]) -> f64 {
 /// pool: one below the compiled launches' parallel threshold, else about as many as theirs.
 pub(super) fn row_parts(outer: usize, r: usize) -> usize {
     let (numel, threads) = (outer * r, crate::cpu::jobs::helpers() + 1);
-    let min = crate::cpu::launch::PARALLEL_MIN_ELEMENTS as usize;
+    let min = super::PARALLEL_MIN;
     if numel < min || threads < 2 || outer < 2 {
         return 1;
     }
     (numel / (min / 2)).min(crate::cpu::launch::CHUNKS_PER_THREAD as usize * threads).min(outer).max(2)
 }
 
-/// `row(o)` for every row `o` of `outer`, in [`row_parts`] parts on the CPU pool.
+/// `row(o)` for every row `o` of `outer`, in [`row_parts`] parts on the CPU pool (each part
+/// writing its rows of the result: nothing allocated on one thread and freed on another).
 pub(super) fn by_rows(outer: usize, r: usize, row: impl Fn(usize) -> f64 + Sync) -> Vec<f64> {
     let parts = row_parts(outer, r);
     if parts == 1 {
         return (0..outer).map(row).collect();
     }
-    let done: Vec<std::sync::Mutex<Vec<f64>>> = (0..parts).map(|_| Default::default()).collect();
-    crate::cpu::jobs::run(parts, crate::cpu::jobs::helpers(), &|p| {
-        let part: Vec<f64> = (outer * p / parts..outer * (p + 1) / parts).map(&row).collect();
-        *done[p].lock().unwrap_or_else(|e| e.into_inner()) = part;
+    let mut out = vec![0f64; outer];
+    let outs: Vec<std::sync::Mutex<&mut [f64]>> = out.chunks_mut(outer.div_ceil(parts)).map(Into::into).collect();
+    let size = outer.div_ceil(parts);
+    crate::cpu::jobs::run(outs.len(), crate::cpu::jobs::helpers(), &|p| {
+        let mut part = outs[p].lock().unwrap_or_else(|e| e.into_inner());
+        for (k, v) in part.iter_mut().enumerate() {
+            *v = row(p * size + k);
+        }
     });
-    done.into_iter().flat_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
+    drop(outs);
+    out
 }
 
 /// [`sum`] of f32 values, accumulated in f64.
@@ -189,14 +195,16 @@ pub(super) struct Rows {
     op: ReduceOp,
     /// Elements per row.
     r: usize,
+    /// The first row.
+    lo: usize,
     acc: Vec<f64>,
     seen: Vec<bool>,
 }
 
 impl Rows {
-    /// `outer` rows of `r` elements each.
-    pub fn new(op: ReduceOp, outer: usize, r: usize) -> Rows {
-        Rows { op, r, acc: vec![0.0; outer], seen: vec![false; outer] }
+    /// Rows `lo .. hi` of `r` elements each.
+    pub fn new(op: ReduceOp, lo: usize, hi: usize, r: usize) -> Rows {
+        Rows { op, r, lo, acc: vec![0.0; hi - lo], seen: vec![false; hi - lo] }
     }
 
     /// Elements `start ..` of the value.
@@ -217,7 +225,7 @@ impl Rows {
                 (Val::D(x), op) => extreme(op == ReduceOp::Max, &x[k..end]),
                 (Val::I(_), _) => unreachable!("float rows only"),
             };
-            let (acc, seen) = (&mut self.acc[o], &mut self.seen[o]);
+            let (acc, seen) = (&mut self.acc[o - self.lo], &mut self.seen[o - self.lo]);
             *acc = match self.op {
                 ReduceOp::Sum => *acc + part,
                 _ if !*seen || acc.is_nan() || part.is_nan() => {
@@ -235,9 +243,9 @@ impl Rows {
         }
     }
 
-    /// The results of rows `lo .. hi`.
-    pub fn results(self, lo: usize, hi: usize) -> Vec<f64> {
-        self.acc[lo..hi].to_vec()
+    /// The results, into `out` (one per row).
+    pub fn results(self, out: &mut [f64]) {
+        out.copy_from_slice(&self.acc);
     }
 }
 
