@@ -9,7 +9,7 @@
 //!   what the run's earlier kernels wrote: real data (an index buffer's indices are in
 //!   bounds), never random bytes.
 //! * **Building**: every candidate is emitted in the language the graph's kernel was compiled
-//!   from ([`emit_in`]; a plan without a PTX form is dropped for a PTX kernel), so that a
+//!   from (`emit_in`; a plan without a PTX form is dropped for a PTX kernel), so that a
 //!   comparison is between launch plans, not compilers, and compiled through the
 //!   kernel cache ([`compiler::load_or_build`]), all kernels' candidates in parallel before
 //!   the run's first launch. The heuristic's plan is the graph's own kernel.
