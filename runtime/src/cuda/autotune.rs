@@ -399,12 +399,20 @@ impl Tuner<'_> {
 /// unless it is within [`TIE`] of the heuristic's, which then stays; `None` when the
 /// heuristic's plan itself failed (the run's own launch will report why).
 pub fn winner(timings: &[(Tuning, Option<f64>)]) -> Option<usize> {
-    let base = timings.first()?.1?;
-    let (best, t) = (timings.iter().enumerate())
-        .filter_map(|(i, (_, t))| Some((i, (*t)?)))
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-        .expect("the heuristic's time");
-    Some(if t < base * (1.0 - TIE) { best } else { 0 })
+    timings.first()?.1?;
+    fastest(&timings.iter().map(|(_, t)| *t).collect::<Vec<_>>())
+}
+
+/// The index of the fastest of `times` (microseconds, `None`: failed), the first (the
+/// heuristic's) unless another beats it by more than [`TIE`]; `None` when all failed. The
+/// launch autotuner and the GEMM algorithm choice (`blas_choice`) both keep this way.
+pub fn fastest(times: &[Option<f64>]) -> Option<usize> {
+    let (best, t) =
+        times.iter().enumerate().filter_map(|(i, t)| Some((i, (*t)?))).min_by(|a, b| a.1.total_cmp(&b.1))?;
+    match times.first().copied().flatten() {
+        Some(first) if t >= first * (1.0 - TIE) => Some(0),
+        _ => Some(best),
+    }
 }
 
 /// `heuristic 12.3 us, looped_threads=512 11.0 us, looped_threads=1024 failed`.

@@ -11,7 +11,7 @@
 //! * each candidate: one untimed launch, then [`ROUNDS`] rounds of [`REPS`] launches between
 //!   two CUDA events, candidates interleaved within a round; its time is its best round's
 //!   mean. A candidate that fails to launch is dropped. The heuristic's first stays unless
-//!   another beats it by more than [`TIE`].
+//!   another beats it by more than the launch autotuner's tie ([`super::autotune::TIE`]).
 //! * the chosen algorithm then runs the call itself (the caller's launch), so the output is
 //!   the chosen algorithm's whatever ran before it.
 //! * the choice is kept for the process (no heuristic query on later calls of the problem) and
@@ -23,6 +23,7 @@
 //! heuristic's first (or the choice made earlier). `tuning.gemm_algo = i` (`COIL_GEMM_ALGO`, a
 //! measuring knob) takes the heuristic's `i`-th for every problem instead.
 
+use super::autotune::fastest;
 use super::device::CudaDevice;
 use super::StreamTimer;
 use crate::cache_entry::{self, Kind};
@@ -38,8 +39,6 @@ pub const CANDIDATES: usize = 8;
 pub const ROUNDS: usize = 2;
 /// Launches per timed round.
 pub const REPS: usize = 3;
-/// Another candidate must beat the heuristic's first by more than this fraction.
-pub const TIE: f64 = 0.02;
 
 /// Bumped when the key or the entry's meaning changes.
 const FORMAT: &str = "coil-gemm-choice-v1";
@@ -87,17 +86,6 @@ pub fn read_choice(cache_dir: &Path, key: &str) -> Option<usize> {
 /// Caches the index `i` under `key`, with `note` (the timings) as a comment line.
 pub fn write_choice(cache_dir: &Path, key: &str, i: usize, note: &str) -> Result<()> {
     cache_entry::write_choice(&cache_dir.join("gemm"), key, &format!("algo {i}"), note)
-}
-
-/// The index of the fastest of `times` (microseconds per launch, `None`: failed), the first
-/// (the heuristic's) unless another beats it by more than [`TIE`]; `None` when all failed.
-pub fn fastest(times: &[Option<f64>]) -> Option<usize> {
-    let (best, t) =
-        times.iter().enumerate().filter_map(|(i, t)| t.map(|t| (i, t))).min_by(|x, y| x.1.total_cmp(&y.1))?;
-    match times.first().copied().flatten() {
-        Some(first) if t >= first * (1.0 - TIE) => Some(0),
-        _ => Some(best),
-    }
 }
 
 impl Choices {
