@@ -285,7 +285,8 @@ fn grad_graphs_compile_like_the_interpreter() {
 
 /// The gradient of a tanh gelu after a product (GPT-2's MLP) is computed by the product that
 /// carries the gradient in, as its epilogue (`bmm +gelu_tanh_grad`, reading the gelu's saved
-/// input): the compiled gradients, in f32 and bf16, agree with the interpreter.
+/// input), and the forward product computes the gelu and saves its input for it (`saved =`):
+/// the compiled gradients, in f32 and bf16, agree with the interpreter.
 #[test]
 fn the_gelu_gradient_is_a_product_epilogue_and_agrees_with_the_interpreter() {
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
@@ -308,6 +309,8 @@ fn the_gelu_gradient_is_a_product_epilogue_and_agrees_with_the_interpreter() {
         };
         let ((compiled, program), (interpreted, _)) = (step(Backend::Compiled), step(Backend::Interpreter));
         assert_eq!(program.matches("+gelu_tanh_grad").count(), 1, "{dtype}:\n{program}");
+        assert_eq!(program.matches("+bias +gelu_tanh ").count(), 1, "{dtype}:\n{program}");
+        assert_eq!(program.matches("    saved = ").count(), 1, "{dtype}:\n{program}");
         for (k, (c, i)) in compiled.iter().zip(&interpreted).enumerate() {
             let diff: f64 = c.iter().zip(i).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
             let norm: f64 = i.iter().map(|b| b * b).sum::<f64>().sqrt();

@@ -213,6 +213,11 @@ pub enum ExternCall {
         /// instead: `out = (a @ b) * act'(aux)` (no bias, no activation; cuBLASLt's
         /// `CUBLASLT_EPILOGUE_DGELU`). The printer shows `bmm +gelu_tanh_grad` and an `aux` line.
         activation_grad: Option<ActivationGrad>,
+        /// With an activation, a buffer the call also writes: the activation's input (the
+        /// product plus the bias, rounded to the output dtype, laid out as the output), which
+        /// a training graph's backward reads (cuBLASLt's `CUBLASLT_EPILOGUE_GELU_AUX_BIAS`).
+        /// The printer shows a `saved` line.
+        saved: Option<BufferId>,
         /// Batch dims of the output.
         batch: Vec<Expr>,
         /// Rows of each product.
@@ -444,10 +449,12 @@ impl ExternCall {
 
     /// The buffers the call names as written (the attention templates': the output and the
     /// logsumexp, or the gradients), in the call's order, each once (gradients may share a
-    /// buffer: views of disjoint elements of the sum that concatenates them); empty for calls
-    /// that write only their node's output without naming it (bmm, fallback).
+    /// buffer: views of disjoint elements of the sum that concatenates them); for a product,
+    /// its saved activation input (its output, which it does not name, comes first in
+    /// [`LoopNode::writes`]); empty for calls that write only their node's output (fallback).
     pub fn written(&self) -> Vec<BufferId> {
         match self {
+            ExternCall::Bmm { saved, .. } => saved.iter().copied().collect(),
             ExternCall::Attention(call) => std::iter::once(call.out.buffer).chain(call.lse).collect(),
             ExternCall::AttentionBackward(call) => {
                 let mut out: Vec<BufferId> = Vec::new();
@@ -458,8 +465,13 @@ impl ExternCall {
                 }
                 out
             }
-            ExternCall::Bmm { .. } | ExternCall::Fallback { .. } | ExternCall::Conv(_) => vec![],
+            ExternCall::Fallback { .. } | ExternCall::Conv(_) => vec![],
         }
+    }
+
+    /// Whether the call names its node's output among [`ExternCall::written`] (first).
+    pub fn names_output(&self) -> bool {
+        matches!(self, ExternCall::Attention(_) | ExternCall::AttentionBackward(_))
     }
 }
 

@@ -75,16 +75,27 @@ pub(crate) fn check_extern(
         return Err(format!("no buffer {}", b.0));
     }
     let what = call.kind_name();
-    if !written.is_empty() && written[0] != out {
+    if call.names_output() && !written.is_empty() && written[0] != out {
         return Err(format!("{what} writes buffer {} first but its node's output is {}", written[0].0, out.0));
     }
     let dtype = p.buffer(out).meta.dtype;
     let stats = coil_ir::infer::attention_stats_dtype(dtype);
     // (buffer, the dtype it must have)
     let operands: Vec<(BufferId, DType)> = match call {
-        ExternCall::Bmm { a, b, bias, activation, activation_grad, .. } => {
+        ExternCall::Bmm { a, b, bias, activation, activation_grad, saved, .. } => {
             // An f16 / bf16 product may write f32 (a widening epilogue: no bias, no activation).
             let plain = bias.is_none() && activation.is_none() && activation_grad.is_none();
+            if let Some(saved) = saved {
+                // The activation's input is laid out as the output, in its dtype.
+                let (s, o) = (&p.buffer(*saved).meta, &p.buffer(out).meta);
+                if *saved == out || activation.is_none() || s.numel() != o.numel() || s.dtype != o.dtype {
+                    return Err(format!(
+                        "bmm's saved activation input {} ({s}) must be another buffer of the output's {o}, with an \
+                         activation",
+                        saved.0
+                    ));
+                }
+            }
             let operand = match (p.buffer(a.buffer).meta.dtype, dtype) {
                 (half @ (DType::F16 | DType::BF16), DType::F32) if plain => half,
                 _ => dtype,

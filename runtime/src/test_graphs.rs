@@ -88,6 +88,7 @@ pub(crate) fn extern_only(m: usize, n: usize, k: usize) -> (LoopProgram, Schedul
         bias: None,
         activation: None,
         activation_grad: None,
+        saved: None,
         batch: vec![e(2)],
         m: e(m),
         n: e(n),

@@ -157,7 +157,7 @@ fn write_operands(s: &mut String, p: &LoopProgram, call: &ExternCall) {
     };
     let name = |b: BufferId| p.buffer(b).name.clone();
     match call {
-        ExternCall::Bmm { a, b, bias, activation_grad, .. } => {
+        ExternCall::Bmm { a, b, bias, activation_grad, saved, .. } => {
             line("a", view_text(p, a));
             line("b", view_text(p, b));
             if let Some(bias) = bias {
@@ -165,6 +165,9 @@ fn write_operands(s: &mut String, p: &LoopProgram, call: &ExternCall) {
             }
             if let Some(grad) = activation_grad {
                 line("aux", name(grad.aux));
+            }
+            if let Some(saved) = saved {
+                line("saved", name(*saved));
             }
         }
         ExternCall::Attention(call) => {

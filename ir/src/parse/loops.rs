@@ -722,7 +722,8 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                     _ => return Err((pos, format!("unknown flag `{f}` of `bmm`"))),
                 }
             }
-            ExternCall::Bmm { a, b, bias, activation, activation_grad, batch, m, n, k }
+            let saved = take("saved").map(buffer).transpose()?;
+            ExternCall::Bmm { a, b, bias, activation, activation_grad, saved, batch, m, n, k }
         }
         "attention" | "attention_backward" => {
             let batch = batch.ok_or((pos, "the header needs `batch=`".to_string()))?;

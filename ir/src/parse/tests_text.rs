@@ -156,6 +156,7 @@ fn sample_program() -> LoopProgram {
         bias: Some(BiasOperand { buffer: BufferId(3), offset: e(0), stride: e(1) }),
         activation: Some(Activation::GeluTanh),
         activation_grad: None,
+        saved: None,
         batch: vec![],
         m: e(4),
         n: e(4),
@@ -206,6 +207,7 @@ fn sample_program() -> LoopProgram {
         bias: None,
         activation: None,
         activation_grad: Some(ActivationGrad { activation: Activation::GeluTanh, aux: BufferId(mm) }),
+        saved: None,
         batch: vec![],
         m: e(4),
         n: e(4),
@@ -228,6 +230,20 @@ fn sample_program() -> LoopProgram {
         out_strides: vec![4, 1, 1],
     }));
     add(&mut p, &["buf6"], vec![e(1), e(1), e(4)], conv, vec![mm]);
+    // A gelu product that also writes its activation's input (a training graph's forward).
+    let saving = ExternCall::Bmm {
+        a: view(1, e(0), &[s0, e(1)]),
+        b: view(0, e(0), &[e(1), s0]),
+        bias: Some(BiasOperand { buffer: BufferId(3), offset: e(0), stride: e(1) }),
+        activation: Some(Activation::GeluTanh),
+        activation_grad: None,
+        saved: Some(BufferId(p.buffers.len() + 1)),
+        batch: vec![],
+        m: e(4),
+        n: e(4),
+        k: s0,
+    };
+    add(&mut p, &["buf7", "buf7_saved"], vec![e(4), e(4)], saving, vec![1, 0, 3]);
     p.outputs = vec![BufferId(cumsum), BufferId(1), BufferId(0)];
     p.data_checks = vec![
         DataCheck { buffer: BufferId(1), code: 1, op: "gather", dim: Some(0), node: Some(7) },

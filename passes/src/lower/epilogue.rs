@@ -5,7 +5,11 @@
 //!   broadcast bias row: that add is the call's bias ([`bias_epilogues`]).
 //! * **gelu_tanh.** The primitive graph of `gelu(y, tanh=True)` on a product `y` (with or
 //!   without a bias add) is the call's [`Activation::GeluTanh`] ([`gelu_epilogue`]): the call
-//!   writes the gelu's buffer, and neither the product nor the bias add is ever materialized.
+//!   writes the gelu's buffer, and neither the product nor the bias add is ever materialized;
+//!   or, where something else reads the bias add (a training graph's gelu gradient), the call
+//!   writes its buffer too (`saved`).
+//! * **gelu_tanh's gradient.** `g * gelu_tanh'(y)` with `g` a product is that product's call
+//!   reading `y`'s buffer ([`gelu_grad_epilogue`]).
 //!
 //! * **Widening cast.** `cast(reshape*(bmm), f32)` of an f16 / bf16 product with no bias or
 //!   activation, the cast a graph output or only a scatter's base ([`widening_epilogue`]: a
@@ -63,6 +67,9 @@ pub(crate) struct Epilogue {
     /// An activation whose gradient multiplies the product, and the node of its saved input
     /// (the call reads that node's buffer).
     pub activation_grad: Option<(Activation, NodeId)>,
+    /// The activation's input (the bias add), when a backward reads it: the call writes its
+    /// buffer too (a training graph's forward, `gelu_epilogue`).
+    pub saved: Option<NodeId>,
     /// The nodes computed inside the call other than the product and the root (the node whose
     /// buffer the call writes): reshapes, the bias add under an activation, the activation's
     /// nodes. They get no buffer and no loop.
@@ -83,11 +90,21 @@ pub(crate) fn epilogues(l: &Lowerer) -> (HashMap<NodeId, Epilogue>, HashSet<Node
     let mut found: HashMap<NodeId, Epilogue> = bias_epilogues(l, readers, &output)
         .into_iter()
         .map(|(add, (mm, bias))| {
-            (add, Epilogue { mm, bias: Some((add, bias)), activation: None, activation_grad: None, inside: vec![] })
+            let bias = Some((add, bias));
+            (add, Epilogue { mm, bias, activation: None, activation_grad: None, saved: None, inside: vec![] })
         })
         .collect();
+    // Gradients of gelus first: a forward gelu whose nodes the gradient's call reads (and so
+    // does not need stored) may then save its input for it.
+    let grads: Vec<(NodeId, Epilogue)> =
+        live.iter().filter_map(|&n| gelu_grad_epilogue(l, n, readers, &output).map(|ep| (n, ep))).collect();
+    let mut grad_reads: HashMap<NodeId, HashSet<NodeId>> = HashMap::new();
+    for (root, ep) in &grads {
+        let (_, y) = ep.activation_grad.expect("a gradient's epilogue");
+        grad_reads.entry(y).or_default().extend(ep.inside.iter().copied().chain([*root]));
+    }
     for &n in &live {
-        if let Some(ep) = gelu_epilogue(l, n, &found, readers, &output) {
+        if let Some(ep) = gelu_epilogue(l, n, &found, readers, &output, &grad_reads) {
             // The bias epilogue it extends is replaced; no product is in two calls.
             let replaced = ep.bias.map(|(add, _)| add);
             if found.iter().any(|(&r, e)| e.mm == ep.mm && Some(r) != replaced) {
@@ -99,11 +116,9 @@ pub(crate) fn epilogues(l: &Lowerer) -> (HashMap<NodeId, Epilogue>, HashSet<Node
             found.insert(n, ep);
         }
     }
-    for &n in &live {
-        if let Some(ep) = gelu_grad_epilogue(l, n, readers, &output) {
-            if !found.values().any(|e| e.mm == ep.mm) {
-                found.insert(n, ep);
-            }
+    for (n, ep) in grads {
+        if !found.values().any(|e| e.mm == ep.mm) {
+            found.insert(n, ep);
         }
     }
     for &n in &live {
@@ -181,12 +196,19 @@ fn reads_a_row(l: &Lowerer, x: NodeId, shape: &[Expr]) -> bool {
 
 /// `root` as the last node of a gelu_tanh of a product (see the module docs), with the call
 /// that computes it; `bias` holds the bias epilogues found so far, by add.
+///
+/// In a training graph the gelu's input `y` (the bias add) is also read by the gradient: by
+/// the gelu gradient's call ([`gelu_grad_epilogue`]; `grad_reads` holds, by saved input, the
+/// nodes such calls compute) or by any other kernel. The call then also writes `y`'s buffer
+/// (cuBLASLt's `CUBLASLT_EPILOGUE_GELU_AUX_BIAS`), as long as the gelu's own nodes are read
+/// only inside this call or inside a gradient's call that reads `y`.
 fn gelu_epilogue(
     l: &Lowerer,
     root: NodeId,
     bias: &HashMap<NodeId, Epilogue>,
     readers: &[Vec<NodeId>],
     output: &[bool],
+    grad_reads: &HashMap<NodeId, HashSet<NodeId>>,
 ) -> Option<Epilogue> {
     let g = l.g;
     let out = g.meta(root).dtype;
@@ -226,13 +248,25 @@ fn gelu_epilogue(
     inside.retain(|&n| n != root);
     let within: HashSet<NodeId> = inside.iter().copied().chain([root]).collect();
     let private = |n: NodeId| !output[n.0] && readers[n.0].iter().all(|r| within.contains(r));
+    let mut saved = None;
     if !inside.iter().all(|&n| private(n)) {
-        return None;
+        // The saving form: `y` is stored (it is a value of its own, the bias add), and the
+        // gelu's nodes may also be read inside the calls of its gradient.
+        let (add, _) = bias?;
+        let theirs = grad_reads.get(&y);
+        let read_here = |n: NodeId| {
+            !output[n.0] && readers[n.0].iter().all(|r| within.contains(r) || theirs.is_some_and(|t| t.contains(r)))
+        };
+        if add != y || !inside.iter().all(|&n| n == y || read_here(n)) {
+            return None;
+        }
+        saved = Some(y);
+        inside.retain(|&n| n != y);
     }
     inside.sort();
     inside.dedup();
     inside.retain(|&n| n != mm);
-    Some(Epilogue { mm, bias, activation: Some(Activation::GeluTanh), activation_grad: None, inside })
+    Some(Epilogue { mm, bias, activation: Some(Activation::GeluTanh), activation_grad: None, saved, inside })
 }
 
 /// `root` as the gradient of a gelu_tanh at its input `y`, `g * gelu_tanh'(y)`, where the
@@ -302,7 +336,8 @@ fn gelu_grad_epilogue(l: &Lowerer, root: NodeId, readers: &[Vec<NodeId>], output
     within.remove(&root);
     let mut inside: Vec<NodeId> = within.into_iter().collect();
     inside.sort();
-    Some(Epilogue { mm, bias: None, activation: None, activation_grad: Some((Activation::GeluTanh, y)), inside })
+    let activation_grad = Some((Activation::GeluTanh, y));
+    Some(Epilogue { mm, bias: None, activation: None, activation_grad, saved: None, inside })
 }
 
 /// `root`, a value stored anyway (a graph output, or the base of a scatter: see
@@ -328,6 +363,7 @@ fn widening_epilogue(l: &Lowerer, root: NodeId, readers: &[Vec<NodeId>], output:
         bias: None,
         activation: None,
         activation_grad: None,
+        saved: None,
         inside,
     })
 }
@@ -536,8 +572,10 @@ mod tests {
     }
 
     /// The gradient of a tanh gelu through the product after it is one call reading the
-    /// gelu's input (the bias epilogue's output); no kernel computes the derivative or stores
-    /// the incoming gradient. The exact gelu (another derivative) is not matched.
+    /// gelu's input; no kernel computes the derivative or stores the incoming gradient. The
+    /// forward product's call computes the gelu and saves its input (the bias add) for that
+    /// call, so no kernel computes tanh either. The exact gelu (another derivative) is not
+    /// matched.
     #[test]
     fn the_gelu_gradient_is_the_products_epilogue() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -545,13 +583,20 @@ mod tests {
                 let p = lowered_mlp_gradients(dtype, true, simplify);
                 let grads = activation_grads(&p);
                 assert_eq!(grads.len(), 1, "{dtype} simplify={simplify}\n{p}");
-                let writer = p.nodes.iter().find(|n| p.buffer(n.output).name == grads[0].1).expect("a stored input");
-                let LoopKind::Extern { call: ExternCall::Bmm { bias, .. }, .. } = &writer.kind else {
-                    panic!("the saved input is the forward product's buffer:\n{p}")
+                let writer = p
+                    .nodes
+                    .iter()
+                    .find(|n| n.writes().iter().any(|&b| p.buffer(b).name == grads[0].1))
+                    .expect("a stored input");
+                let LoopKind::Extern { call: ExternCall::Bmm { bias, activation, saved, .. }, .. } = &writer.kind
+                else {
+                    panic!("the saved input is written by the forward product's call:\n{p}")
                 };
-                assert!(bias.is_some(), "{p}");
-                let tanh_kernels = p.nodes.iter().filter(|n| n.origins.contains(&"tanh")).count();
-                assert_eq!(tanh_kernels, 1, "only the forward gelu computes tanh ({dtype}):\n{p}");
+                assert!(bias.is_some() && *activation == Some(Activation::GeluTanh), "{p}");
+                assert_eq!(saved.map(|b| p.buffer(b).name.clone()).as_ref(), Some(&grads[0].1), "{p}");
+                let kernel = |n: &&coil_ir::loops::LoopNode| !matches!(n.kind, LoopKind::Extern { .. });
+                let tanh_kernels = p.nodes.iter().filter(kernel).filter(|n| n.origins.contains(&"tanh")).count();
+                assert_eq!(tanh_kernels, 0, "no kernel computes the gelu ({dtype}):\n{p}");
             }
             assert!(activation_grads(&lowered_mlp_gradients(dtype, false, true)).is_empty());
         }

@@ -141,6 +141,9 @@ pub(crate) struct Lowerer<'g> {
     epilogues: HashMap<NodeId, Epilogue>,
     /// The other nodes those calls compute (products included): no buffer, no loop.
     inside: HashSet<NodeId>,
+    /// Activation inputs a product's call also writes (for a backward that reads them), with
+    /// the node whose buffer the call writes.
+    saved_by: HashMap<NodeId, NodeId>,
     /// Attention nodes computed by the call that writes the buffer of the permute after them,
     /// by permute (the attention nodes are in `inside`); and attention gradients whose call
     /// writes the buffer of the sum of pads after them, by sum (`concat_views`).
@@ -216,6 +219,7 @@ impl<'g> Lowerer<'g> {
             buf: vec![None; g.nodes.len()],
             epilogues: HashMap::new(),
             inside: HashSet::new(),
+            saved_by: HashMap::new(),
             attention_roots: HashMap::new(),
             placed: HashMap::new(),
             conv_roots: HashMap::new(),
@@ -229,6 +233,7 @@ impl<'g> Lowerer<'g> {
             }
         }
         (l.epilogues, l.inside) = epilogue::epilogues(&l);
+        l.saved_by = l.epilogues.iter().filter_map(|(&root, ep)| Some((ep.saved?, root))).collect();
         l.attention_roots = attention::permuted_outputs(&l);
         l.inside.extend(l.attention_roots.values().copied());
         l.conv_roots = conv::permuted_outputs(&l);
@@ -363,7 +368,7 @@ impl<'g> Lowerer<'g> {
         match &node.op {
             // A product whose only reader adds a bias row (and maybe applies a gelu) is computed
             // by the call that writes the last node's buffer.
-            _ if self.epilogues.contains_key(&n) => {
+            _ if self.epilogues.contains_key(&n) || self.saved_by.contains_key(&n) => {
                 self.realize(n)?;
             }
             _ if self.inside.contains(&n) => {}
@@ -421,6 +426,10 @@ impl<'g> Lowerer<'g> {
         if let Some(b) = self.buf[n.0] {
             return Ok(b);
         }
+        if let Some(&root) = self.saved_by.get(&n) {
+            self.realize(root)?;
+            return Ok(self.buf[n.0].expect("the call saving it gave it its buffer"));
+        }
         let node = self.g.node(n);
         if let Op::Conv { .. } = node.op {
             return self.realize_conv(n);
@@ -440,7 +449,7 @@ impl<'g> Lowerer<'g> {
             _ if scattered.is_some() => scattered.expect("matched"),
             _ if self.epilogues.contains_key(&n) => {
                 let ep = self.epilogues[&n].clone();
-                let folded = [ep.mm].into_iter().chain(ep.inside.iter().copied()).chain([n]).collect();
+                let folded = [ep.mm].into_iter().chain(ep.inside.iter().copied()).chain(ep.saved).chain([n]).collect();
                 (self.bmm(ep.mm, Some(&ep))?, folded)
             }
             Op::Reduce { op, dims, keepdim } => self.reduction(n, *op, dims, *keepdim)?,
@@ -585,8 +594,14 @@ impl<'g> Lowerer<'g> {
             }
             None => None,
         };
+        // The saved activation input: named after the buffer `realize` gives the call next.
+        let saved = epilogue.and_then(|ep| ep.saved).map(|y| {
+            let buffer = self.new_buffer(format!("buf{}_saved", self.prog.nodes.len()), y);
+            self.buf[y.0] = Some(buffer);
+            buffer
+        });
         let batch = out[..r - 2].to_vec();
-        let call = ExternCall::Bmm { a, b: c, bias, activation, activation_grad, batch, m, n: nn, k };
+        let call = ExternCall::Bmm { a, b: c, bias, activation, activation_grad, saved, batch, m, n: nn, k };
         Ok(LoopKind::Extern { call, inputs })
     }
 

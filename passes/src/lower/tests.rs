@@ -615,15 +615,27 @@ fn other_gelus_and_shared_values_are_not_folded() {
     unfused(&lowered_simplified(g, &[z]), "tanh = false");
     let (g, _, z) = linear_gelu(DType::BF16, &[6, 4], true, false);
     unfused(&lowered_simplified(g, &[z]), "tanh = false, bf16");
-    // The gelu's input is also an output, or read by another node.
+    // The gelu's input is also an output, or read by another node: the call writes it too
+    // (saves it), and the other reader is a kernel of its own.
     for dtype in [F32, DType::BF16] {
         let (g, y, z) = linear_gelu(dtype, &[6, 4], true, true);
-        unfused(&lowered_simplified(g, &[z, y]), "input is an output");
+        let p = lowered_simplified(g, &[z, y]);
+        assert_eq!(products(&p), [(true, Some(Activation::GeluTanh))], "input is an output:\n{p}");
+        assert_eq!(p.nodes.len(), 1, "{p}");
+        assert_eq!(p.outputs, p.nodes[0].writes(), "the gelu, then its input:\n{p}");
+        assert!(p.to_string().contains("saved = buf0_saved"), "{p}");
         let (mut g, y, z) = linear_gelu(dtype, &[6, 4], true, true);
         let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[y]);
         let p = lowered_simplified(g, &[z, e]);
-        assert_eq!(products(&p), [(true, None)], "input read by exp:\n{p}");
+        assert_eq!(products(&p), [(true, Some(Activation::GeluTanh))], "input read by exp:\n{p}");
+        assert_eq!(pointwise_nodes(&p), 1, "the exp reads the saved input:\n{p}");
+        let saved = p.nodes[0].writes()[1];
+        assert!(p.nodes[1].reads().contains(&saved), "{p}");
     }
+    // Without a bias the gelu's input is a view of the product: nothing is saved.
+    let (g, y, z) = linear_gelu(F32, &[6, 4], false, true);
+    let p = lowered_simplified(g, &[z, y]);
+    assert_eq!(products(&p), [(false, None)], "no bias, input an output:\n{p}");
     // An intermediate of the formula read by another node (in the primitive graph).
     let (mut g, _, z) = linear_gelu(F32, &[6, 4], true, true);
     g.outputs.push(z);

@@ -60,7 +60,7 @@ impl BmmSpec {
     /// extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<BmmSpec> {
         match call {
-            ExternCall::Bmm { a, b, bias, activation, activation_grad, batch, m, n, k } => Some(BmmSpec {
+            ExternCall::Bmm { a, b, bias, activation, activation_grad, batch, m, n, k, .. } => Some(BmmSpec {
                 a: a.to_usize()?,
                 b: b.to_usize()?,
                 batch: batch.iter().map(const_usize).collect::<Option<_>>()?,
@@ -244,6 +244,74 @@ fn packed(
         )))),
         None => None,
     }
+}
+
+/// `saved = a @ b (+ bias)` and `out = act(saved)` per batch: a product whose activation's
+/// input a backward reads (`ExternCall::Bmm`'s `saved`). `saved` holds the sum rounded to
+/// `dtype` and the activation is computed from that value, as the unfused graph computes it
+/// (its bias add is a value of `dtype`); both are contiguous `[*batch, m, n]` of `dtype`.
+///
+/// ```
+/// use coil_ir::loops::{Activation, BufferId, StridedOperand};
+/// use coil_runtime::cpu::gemm::{bmm_bytes_saving, BmmSpec};
+/// let op = StridedOperand { buffer: BufferId(0), offset: 0usize, batch_strides: vec![0], row_stride: 1, col_stride: 1 };
+/// let spec = BmmSpec { a: op.clone(), b: op, batch: vec![1], m: 1, n: 1, k: 1, bias: None,
+///     activation: Some(Activation::GeluTanh), activation_grad: None };
+/// let (a, b) = (2.0f32, 0.25f32);
+/// let (mut saved, mut out) = ([0u8; 4], [0u8; 4]);
+/// bmm_bytes_saving(&spec, coil_ir::DType::F32, &a.to_le_bytes(), &b.to_le_bytes(), &[], &mut saved, &mut out).unwrap();
+/// assert_eq!(f32::from_le_bytes(saved), 0.5);
+/// assert!((f32::from_le_bytes(out) - Activation::GeluTanh.apply_f32(0.5)).abs() < 1e-6);
+/// ```
+pub fn bmm_bytes_saving(
+    spec: &BmmSpec,
+    dtype: DType,
+    a: &[u8],
+    b: &[u8],
+    bias: &[u8],
+    saved: &mut [u8],
+    out: &mut [u8],
+) -> Result<()> {
+    let Some(act) = spec.activation else {
+        return Err(Error::runtime("bmm_bytes_saving: the product has no activation".to_string()));
+    };
+    if saved.len() != out.len() {
+        return Err(Error::runtime(format!(
+            "bmm: the activation's saved input has {} bytes, the output {}",
+            saved.len(),
+            out.len()
+        )));
+    }
+    bmm_bytes(&BmmSpec { activation: None, ..spec.clone() }, dtype, a, b, bias, saved)?;
+    out.copy_from_slice(saved);
+    /// `x[i] = round(act(x[i]))` chunk by chunk, through f32.
+    fn through_f32<T: bytemuck::Pod + Send + Sync>(
+        x: &mut [u8],
+        act: Activation,
+        up: impl Fn(T) -> f32 + Sync,
+        down: impl Fn(f32) -> T + Sync,
+    ) -> Result<()> {
+        let run = |c: &mut [T]| {
+            let mut wide: Vec<f32> = c.iter().map(|&v| up(v)).collect();
+            activate_f32(act, &mut wide);
+            c.iter_mut().zip(wide).for_each(|(o, v)| *o = down(v));
+        };
+        let x = cast_mut::<T>(x)?;
+        if x.len() <= PAR_CHUNK {
+            run(x)
+        } else {
+            x.par_chunks_mut(PAR_CHUNK).for_each(run)
+        }
+        Ok(())
+    }
+    match dtype {
+        DType::F32 => activate_f32(act, cast_mut::<f32>(out)?),
+        DType::F64 => par_map_in_place(cast_mut::<f64>(out)?, |o| act.apply_f64(o)),
+        DType::F16 => through_f32::<f16>(out, act, f16::to_f32, f16::from_f32)?,
+        DType::BF16 => through_f32::<bf16>(out, act, bf16::to_f32, bf16::from_f32)?,
+        _ => return Err(Error::unsupported(format!("a {dtype} matrix product with an activation epilogue"))),
+    }
+    Ok(())
 }
 
 /// `out = (a @ b) * act'(aux)` per batch ([`BmmSpec::activation_grad`] is `act`): the

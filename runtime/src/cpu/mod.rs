@@ -400,16 +400,22 @@ impl CompiledGraph {
         let written = |b: BufferId| unsafe { std::slice::from_raw_parts_mut(ptrs[b.0], bytes(b)) };
         let view = |b: BufferId| unsafe { std::slice::from_raw_parts(ptrs[b.0] as *const u8, bytes(b)) };
         match call {
-            ExternCall::Bmm { a, b, bias, activation_grad, .. } => {
+            ExternCall::Bmm { a, b, bias, activation_grad, saved, .. } => {
                 let spec = gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map_or(&[][..], |bias| view(bias.buffer));
                 let out = written(out_id);
                 let (dtype, out_dtype) = (p.buffer(a.buffer).meta.dtype, p.buffer(out_id).meta.dtype);
-                match activation_grad {
-                    Some(grad) => {
+                match (activation_grad, saved) {
+                    (Some(grad), _) => {
                         gemm::bmm_bytes_grad(&spec, dtype, view(a.buffer), view(b.buffer), view(grad.aux), out)
                     }
-                    None => gemm::bmm_bytes_to(&spec, dtype, out_dtype, view(a.buffer), view(b.buffer), bias, out),
+                    (None, Some(saved)) => {
+                        let saved = written(*saved);
+                        gemm::bmm_bytes_saving(&spec, dtype, view(a.buffer), view(b.buffer), bias, saved, out)
+                    }
+                    (None, None) => {
+                        gemm::bmm_bytes_to(&spec, dtype, out_dtype, view(a.buffer), view(b.buffer), bias, out)
+                    }
                 }
             }
             ExternCall::Attention(attention_call) => {

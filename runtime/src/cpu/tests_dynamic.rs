@@ -70,6 +70,7 @@ fn dynamic_program() -> LoopProgram {
             bias: None,
             activation: None,
             activation_grad: None,
+            saved: None,
             batch: vec![],
             m: s0,
             n: three,

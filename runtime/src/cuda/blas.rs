@@ -98,8 +98,12 @@ pub fn bmm(
     b: DevOperand,
     bias: Option<DevOperand>,
     aux: Option<DevOperand>,
+    saved: Option<DevOperand>,
     out: DevOperand,
 ) -> Result<()> {
+    if let Some(saved) = saved {
+        return bmm_saving(dev, spec, dtype, (a, b, bias), saved, out);
+    }
     let (size, out_size) = (dtype.size_bytes(), out_dtype.size_bytes());
     let count: usize = spec.batch.iter().product();
     check(spec, a.bytes / size, b.bytes / size, bias.map_or(0, |x| x.bytes / size), out.bytes / out_size)?;
@@ -196,6 +200,7 @@ pub fn bmm(
                                     Epilogue::Grad(act, aux) => unsafe {
                                         apply_activation_grad(dev, act, dtype, out.ptr, aux, n)
                                     },
+                                    Epilogue::Saving(..) => unreachable!("products saving their input: bmm_saving"),
                                 }
                             }
                             None => Ok(()),
@@ -208,11 +213,68 @@ pub fn bmm(
     on_host(dev, spec, (dtype, out_dtype), a, b, bias, aux.map(|(_, x)| x), out)
 }
 
-/// What cuBLASLt applies to the product (besides the bias): an activation, or an activation's
-/// gradient at the saved input at the given device address (laid out as the output).
+/// Enqueues `saved = a @ b (+ bias)` and `out = act(saved)` (`spec`'s activation; `saved`
+/// laid out as `out`, both of `dtype`): cuBLASLt's `CUBLASLT_EPILOGUE_GELU_AUX_BIAS` (or
+/// `GELU_AUX`), which computes the activation on the unrounded sum; where cuBLASLt has no
+/// algorithm for it, the product into `saved`, a copy to `out` and [`apply_activation`] there.
+fn bmm_saving(
+    dev: &Arc<CudaDevice>,
+    spec: &BmmSpec,
+    dtype: DType,
+    (a, b, bias): (DevOperand, DevOperand, Option<DevOperand>),
+    saved: DevOperand,
+    out: DevOperand,
+) -> Result<()> {
+    let Some(act) = spec.activation else {
+        return Err(Error::runtime("bmm: a saved activation input without an activation".to_string()));
+    };
+    if saved.bytes != out.bytes || !dtype.is_float() {
+        return Err(Error::runtime(format!(
+            "bmm: a {dtype} product saving its activation's input needs a float output and a saved buffer of its {} \
+             bytes (got {})",
+            out.bytes, saved.bytes
+        )));
+    }
+    let size = dtype.size_bytes();
+    check(spec, a.bytes / size, b.bytes / size, bias.map_or(0, |x| x.bytes / size), out.bytes / size)?;
+    if spec.k > 0 && matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        let parts = outer_split(spec);
+        for gather_all in [false, true] {
+            let mut result = Ok(());
+            for (part, first) in &parts {
+                let at = (first * size) as u64;
+                let out = DevOperand { ptr: out.ptr + at, bytes: out.bytes - at as usize };
+                let epilogue = Some(Epilogue::Saving(act, saved.ptr + at));
+                result = lt_matmul(dev, part, (dtype, dtype), a, b, bias, out, gather_all, epilogue);
+                if result.is_err() {
+                    break;
+                }
+            }
+            match result {
+                Ok(()) => return Ok(()),
+                Err(LtError::NoAlgorithm) => {}
+                Err(LtError::Other(e)) => return Err(e),
+            }
+        }
+    }
+    let plain = BmmSpec { activation: None, ..spec.clone() };
+    bmm(dev, &plain, dtype, dtype, a, b, bias, None, None, saved)?;
+    ACTIVATION_KERNELS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: `saved` and `out` are distinct buffers of `out.bytes` bytes, `out.bytes / size`
+    // elements of `dtype`.
+    unsafe {
+        super::memory::copy_device(dev, out.ptr, saved.ptr, out.bytes)?;
+        apply_activation(dev, act, dtype, out.ptr, out.bytes / size)
+    }
+}
+
+/// What cuBLASLt applies to the product (besides the bias): an activation, an activation
+/// also writing its input to the given device address, or an activation's gradient at the
+/// saved input at the given device address (both laid out as the output).
 #[derive(Clone, Copy, Debug)]
 enum Epilogue {
     Activation(Activation),
+    Saving(Activation, sys::CUdeviceptr),
     Grad(Activation, sys::CUdeviceptr),
 }
 
@@ -601,13 +663,17 @@ fn lt_matmul(
         (true, None) => (Some(E::CUBLASLT_EPILOGUE_BIAS), None),
         (true, Some(Epilogue::Activation(Activation::GeluTanh))) => (Some(E::CUBLASLT_EPILOGUE_GELU_BIAS), None),
         (false, Some(Epilogue::Activation(Activation::GeluTanh))) => (Some(E::CUBLASLT_EPILOGUE_GELU), None),
+        (true, Some(Epilogue::Saving(Activation::GeluTanh, aux))) => {
+            (Some(E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS), Some(aux))
+        }
+        (false, Some(Epilogue::Saving(Activation::GeluTanh, aux))) => (Some(E::CUBLASLT_EPILOGUE_GELU_AUX), Some(aux)),
         (false, Some(Epilogue::Grad(Activation::GeluTanh, aux))) => (Some(E::CUBLASLT_EPILOGUE_DGELU), Some(aux)),
         (true, Some(Epilogue::Grad(..))) => return Err(LtError::NoAlgorithm),
     };
     // cuBLASLt's gelu derivative differs from the graph's by up to 1e-4 relative (measured in
     // f32): within the rounding of half types, not of f32. f32 and f64 take the kernel, whose
     // derivative is the host's.
-    if aux.is_some() && !matches!(dtype, DType::F16 | DType::BF16) {
+    if matches!(epilogue, Some(E::CUBLASLT_EPILOGUE_DGELU)) && !matches!(dtype, DType::F16 | DType::BF16) {
         return Err(LtError::NoAlgorithm);
     }
     if let Some(aux) = aux {

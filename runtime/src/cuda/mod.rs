@@ -772,7 +772,7 @@ impl CudaCompiledGraph {
         let out_id = p.nodes[node].output;
         let operand = |b: BufferId| DevOperand { ptr: ptrs[b.0], bytes: p.buffer(b).meta.nbytes() };
         match call {
-            ExternCall::Bmm { a, b, bias, activation_grad, .. } => {
+            ExternCall::Bmm { a, b, bias, activation_grad, saved, .. } => {
                 let spec = crate::cpu::gemm::BmmSpec::from_call(call).expect("a bmm call of constant sizes");
                 let bias = bias.as_ref().map(|x| operand(x.buffer));
                 blas::bmm(
@@ -784,6 +784,7 @@ impl CudaCompiledGraph {
                     operand(b.buffer),
                     bias,
                     activation_grad.map(|g| operand(g.aux)),
+                    saved.map(operand),
                     operand(out_id),
                 )
             }

@@ -453,7 +453,8 @@ fn check_bmm_act(
     let (da, db, dbias) = (up(&ha), up(&hb), up(&hbias));
     let out = DeviceMemory::alloc(dev, out_bytes).unwrap();
     let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
-    blas::bmm(dev, &spec, dtype, dtype, op(&da), op(&db), bias.as_ref().map(|_| op(&dbias)), None, op(&out)).unwrap();
+    blas::bmm(dev, &spec, dtype, dtype, op(&da), op(&db), bias.as_ref().map(|_| op(&dbias)), None, None, op(&out))
+        .unwrap();
     // SAFETY: the allocation holds `out_bytes` bytes.
     let got = unsafe { memory::download(dev, out.ptr(), out_bytes).unwrap() };
     let tol = match dtype {
@@ -580,9 +581,19 @@ fn bmm_matches_the_cpu_for_layouts_bias_and_dtypes() {
     let (a, b) = (operand(0, vec![], 4, 1), operand(0, vec![], 4, 1));
     let spec = BmmSpec { a, b, batch: vec![], m: 8, n: 4, k: 4, bias: None, activation: None, activation_grad: None };
     let out = DeviceMemory::alloc(&dev, 128).unwrap();
-    let e =
-        blas::bmm(&dev, &spec, DType::F32, DType::F32, op, op, None, None, DevOperand { ptr: out.ptr(), bytes: 128 })
-            .unwrap_err();
+    let e = blas::bmm(
+        &dev,
+        &spec,
+        DType::F32,
+        DType::F32,
+        op,
+        op,
+        None,
+        None,
+        None,
+        DevOperand { ptr: out.ptr(), bytes: 128 },
+    )
+    .unwrap_err();
     assert!(e.message.contains("reaches element"), "{}", e.message);
 }
 
@@ -737,7 +748,7 @@ fn bmm_gelu_grad_epilogue_matches_the_cpu() {
             let (da, db, daux) = (up(&ha), up(&hb), up(&haux));
             let out = DeviceMemory::alloc(&dev, out_bytes).unwrap();
             let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
-            blas::bmm(&dev, &spec, dtype, dtype, op(&da), op(&db), None, Some(op(&daux)), op(&out)).unwrap();
+            blas::bmm(&dev, &spec, dtype, dtype, op(&da), op(&db), None, Some(op(&daux)), None, op(&out)).unwrap();
             // SAFETY: the allocation holds `out_bytes` bytes.
             let got = unsafe { memory::download(&dev, out.ptr(), out_bytes).unwrap() };
             let f = |b: &[u8]| HostData::from_bytes(dtype, b).unwrap().to_f64_vec();
@@ -755,6 +766,86 @@ fn bmm_gelu_grad_epilogue_matches_the_cpu() {
                 "{dtype} {m}x{n}x{k}: the gradient {}",
                 if kernel { "in a follow-up kernel" } else { "in cuBLASLt" }
             );
+        }
+    }
+}
+
+/// A gelu_tanh product that also writes its activation's input (`CUBLASLT_EPILOGUE_GELU_AUX_BIAS`
+/// / `GELU_AUX`; the product into the saved buffer, a copy and the activation kernel where
+/// cuBLASLt has no algorithm: `n = 20` is no multiple of 8, `k = 0` an empty sum) against the
+/// CPU (`bmm_bytes_saving`), with and without a bias.
+#[test]
+fn bmm_gelu_saving_its_input_matches_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    let counter = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for (m, n, k) in [(33, 24, 17), (33, 20, 17), (64, 48, 0)] {
+            for with_bias in [true, false] {
+                let kernels_before = counter(&blas::ACTIVATION_KERNELS);
+                let a = operand(0, vec![m * k], k, 1);
+                let b = operand(0, vec![0], 1, k); // a weight [n, k] used transposed, as linear does
+                let bias = with_bias.then_some(BiasOperand { buffer: BufferId(2), offset: 0, stride: 1 });
+                let spec = BmmSpec {
+                    a,
+                    b,
+                    batch: vec![2],
+                    m,
+                    n,
+                    k,
+                    bias,
+                    activation: Some(Activation::GeluTanh),
+                    activation_grad: None,
+                };
+                let bytes_of = |seed: u64, len: usize| {
+                    let xs: Vec<f64> = randoms(seed, len).iter().map(|x| x * 2.0).collect();
+                    HostData::from_f64_slice(dtype, &xs).to_bytes()
+                };
+                let (ha, hb, hbias) = (bytes_of(1, (2 * m * k).max(1)), bytes_of(2, (k * n).max(1)), bytes_of(3, n));
+                let out_bytes = 2 * m * n * dtype.size_bytes();
+                let (mut want_saved, mut want) = (vec![0u8; out_bytes], vec![0u8; out_bytes]);
+                let (wa, wb, wbias) = (words(&ha), words(&hb), words(&hbias));
+                let host_bias = if with_bias { view(&wbias, hbias.len()) } else { &[][..] };
+                crate::cpu::gemm::bmm_bytes_saving(
+                    &spec,
+                    dtype,
+                    view(&wa, ha.len()),
+                    view(&wb, hb.len()),
+                    host_bias,
+                    &mut want_saved,
+                    &mut want,
+                )
+                .unwrap();
+                let up = |host: &[u8]| {
+                    let mem = DeviceMemory::alloc(&dev, host.len()).unwrap();
+                    // SAFETY: the allocation holds `host.len()` bytes.
+                    unsafe { memory::upload(&dev, mem.ptr(), host).unwrap() };
+                    mem
+                };
+                let (da, db, dbias) = (up(&ha), up(&hb), up(&hbias));
+                let (saved, out) =
+                    (DeviceMemory::alloc(&dev, out_bytes).unwrap(), DeviceMemory::alloc(&dev, out_bytes).unwrap());
+                let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
+                let dev_bias = with_bias.then(|| op(&dbias));
+                blas::bmm(&dev, &spec, dtype, dtype, op(&da), op(&db), dev_bias, None, Some(op(&saved)), op(&out))
+                    .unwrap();
+                // SAFETY: the allocations hold `out_bytes` bytes.
+                let (got_saved, got) = unsafe {
+                    (
+                        memory::download(&dev, saved.ptr(), out_bytes).unwrap(),
+                        memory::download(&dev, out.ptr(), out_bytes).unwrap(),
+                    )
+                };
+                let f = |b: &[u8]| HostData::from_bytes(dtype, b).unwrap().to_f64_vec();
+                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+                let what = format!("{m}x{n}x{k} bias={with_bias} ({dtype})");
+                let kernel = counter(&blas::ACTIVATION_KERNELS) > kernels_before;
+                if n % 8 == 0 && k > 0 {
+                    assert!(!kernel, "{what}: cuBLASLt did not take CUBLASLT_EPILOGUE_GELU_AUX(_BIAS)");
+                }
+                assert_close(&f(&got_saved), &f(&want_saved), tol, &format!("saved input {what}"));
+                assert_close(&f(&got), &f(&want), tol, &format!("gelu {what}"));
+                eprintln!("{what}: {}", if kernel { "product, copy, activation kernel" } else { "in cuBLASLt" });
+            }
         }
     }
 }
