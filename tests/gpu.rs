@@ -132,15 +132,22 @@ fn attention_gradients_through_the_templates_agree_on_cuda() {
 
 /// GPT-2-sized attention gradients (bf16, B=2, H=4, T=1000 causal, D=64, and f16 T=777 not
 /// causal, D=128) on CUDA against the CPU's compiled templates. Where cuDNN loads, both
-/// shapes run through its fused attention engines forward and backward.
+/// shapes run through its fused attention engines forward and backward, each shape's engine
+/// config timed among those that fit and the choice cached (a fresh cache directory).
 #[test]
 fn large_attention_gradients_agree_with_the_cpu_on_cuda() {
     if let Some(device) = gpu() {
+        let dir = std::env::temp_dir().join(format!("coil-attention-choice-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         let before = coil_runtime::cuda::cudnn_sdpa::attention_plans();
-        attention::grad::check_grad_large(device);
+        let fresh = coil::Config { cache_dir: dir.clone(), ..(*coil::config()).clone() };
+        coil::with_config(fresh, || attention::grad::check_grad_large(device));
         let after = coil_runtime::cuda::cudnn_sdpa::attention_plans();
         if coil_runtime::cuda::cudnn::available() {
             assert!(after.0 >= before.0 + 4, "cuDNN attention plans (made, refused): {before:?} -> {after:?}");
+            let choices = std::fs::read_dir(dir.join("cudnn")).map_or(0, |d| d.count());
+            assert!(choices >= 1, "the engine configs were timed and a choice cached: {choices}");
+            std::fs::remove_dir_all(&dir).unwrap();
         } else {
             println!("NOTE: cuDNN not found: attention ran on coil's templates");
         }

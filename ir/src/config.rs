@@ -196,6 +196,10 @@ pub struct Tuning {
     /// Whether the first call of each product problem times cuBLASLt's top algorithms and
     /// keeps the fastest (cached on disk). `COIL_GEMM_AUTOTUNE=0` turns it off.
     pub gemm_autotune: bool,
+    /// Whether the first run of each cuDNN attention shape times the engine configs of
+    /// cuDNN's heuristics that fit and keeps the fastest (cached on disk).
+    /// `COIL_ATTENTION_AUTOTUNE=0` turns it off.
+    pub attention_autotune: bool,
     /// Fill every device allocation with `0xFF` bytes (NaN for floats) before use, so a kernel
     /// that reads memory nothing wrote shows it instead of reading stale values. For debugging;
     /// one memset per allocation. `COIL_POISON=1`.
@@ -220,6 +224,7 @@ impl Default for Tuning {
             persistent_max: None,
             gemm_algo: 0,
             gemm_autotune: true,
+            attention_autotune: true,
             poison_device_memory: false,
         }
     }
@@ -412,6 +417,7 @@ impl Env {
             persistent_max: self.number("COIL_PERSISTENT_MAX"),
             gemm_algo: self.number("COIL_GEMM_ALGO").unwrap_or(0),
             gemm_autotune: self.get("COIL_GEMM_AUTOTUNE").is_none_or(|v| v != "0"),
+            attention_autotune: self.get("COIL_ATTENTION_AUTOTUNE").is_none_or(|v| v != "0"),
             poison_device_memory: self.get("COIL_POISON").is_some_and(|v| v == "1"),
         };
         Config {

@@ -123,7 +123,7 @@ impl Choices {
         let chosen = match read_choice(&config.cache_dir, &key).filter(|&i| i < list.len()) {
             Some(i) => i,
             None => {
-                let times = time(problem.dev, &list, &mut launch).map_err(|e| e.message)?;
+                let times = time(problem.dev, &list, None, &mut launch).map_err(|e| e.message)?;
                 let Some(i) = fastest(&times) else { return Ok(Some(list[0])) };
                 let note: Vec<String> =
                     times.iter().map(|t| t.map_or("failed".to_string(), |t| format!("{t:.1}"))).collect();
@@ -141,22 +141,43 @@ impl Choices {
     }
 }
 
-/// Each candidate's microseconds per launch (best round), `None` where a launch failed.
-fn time(
+/// Each candidate's microseconds per launch (best round), `None` where a launch failed: one
+/// untimed launch each, then [`ROUNDS`] rounds of [`REPS`] launches between CUDA events,
+/// candidates interleaved within a round. With `flush`, each launch is timed on its own after
+/// the buffer is overwritten, so that the operands come from memory, not from the L2 cache
+/// (the cuDNN attention choice: its engine configs rank differently on operands the L2 holds).
+pub(super) fn time<T>(
     dev: &Arc<CudaDevice>,
-    list: &[Algo],
-    launch: &mut impl FnMut(&Algo) -> Result<()>,
+    list: &[T],
+    flush: Option<&super::memory::DeviceMemory>,
+    launch: &mut impl FnMut(&T) -> Result<()>,
 ) -> Result<Vec<Option<f64>>> {
     let timer = StreamTimer::new(dev)?;
     let mut best: Vec<Option<f64>> = list.iter().map(|a| launch(a).ok().map(|_| f64::INFINITY)).collect();
-    for _ in 0..ROUNDS {
+    for round in 0..ROUNDS {
         for (algo, best) in list.iter().zip(best.iter_mut()) {
             if best.is_none() {
                 continue;
             }
-            timer.start()?;
-            let ran = (0..REPS).try_for_each(|_| launch(algo));
-            let us = timer.stop()? / REPS as f64;
+            let (ran, us) = match flush {
+                None => {
+                    timer.start()?;
+                    let ran = (0..REPS).try_for_each(|_| launch(algo));
+                    (ran, timer.stop()? / REPS as f64)
+                }
+                Some(scratch) => {
+                    let mut total = 0.0;
+                    let mut ran = Ok(());
+                    for rep in 0..REPS {
+                        // A different byte each time: the writes are not elided.
+                        scratch.fill((round * REPS + rep) as u8)?;
+                        timer.start()?;
+                        ran = ran.and_then(|()| launch(algo));
+                        total += timer.stop()?;
+                    }
+                    (ran, total / REPS as f64)
+                }
+            };
             *best = match ran {
                 Ok(()) => best.map(|b| b.min(us)),
                 Err(_) => None,

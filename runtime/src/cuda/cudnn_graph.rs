@@ -2,9 +2,10 @@
 //! of one convolution operation (forward, backward data or backward filter) over tensor
 //! descriptors that carry each operand's dims, strides, unique id and byte alignment; the engine
 //! configs of heuristics mode A in their order; the first allowed for the dtype
-//! ([`allowed`]) whose execution plan finalizes within [`WORKSPACE_LIMIT`] ([`first_fit`]).
-//! No timing: the choice is deterministic. Each call runs its plan with a variant pack of the
-//! operands' addresses and the workspace.
+//! ([`allowed`]) whose execution plan finalizes within [`WORKSPACE_LIMIT`] ([`fits`]).
+//! No timing for convolutions: the choice is deterministic (the attention graphs of
+//! `cudnn_sdpa` keep several fitting configs and time them). Each call runs its plan with a
+//! variant pack of the operands' addresses and the workspace.
 //!
 //! The attribute values are built as data first ([`tensor_attrs`], [`conv_attrs`],
 //! [`op_roles`]), then set through `cudnnBackendSetAttribute` with the type and element count
@@ -237,19 +238,26 @@ pub(super) fn allowed(notes: &[u32], dtype: DType) -> std::result::Result<(), &'
     Ok(())
 }
 
-/// The first candidate `build` makes a plan of (`Ok((plan, workspace bytes))`) within
-/// [`WORKSPACE_LIMIT`], trying them in order; else why each was passed over.
-pub(super) fn first_fit<C, P>(
+/// The first `most` candidates `build` makes a plan of (`Ok((plan, workspace bytes))`) within
+/// [`WORKSPACE_LIMIT`], trying them in order (at least one); else why each was passed over.
+pub(super) fn fits<C, P>(
     candidates: impl IntoIterator<Item = C>,
     mut build: impl FnMut(C) -> std::result::Result<(P, usize), String>,
-) -> std::result::Result<(P, usize), Vec<String>> {
-    let mut why = Vec::new();
+    most: usize,
+) -> std::result::Result<Vec<(P, usize)>, Vec<String>> {
+    let (mut found, mut why) = (Vec::new(), Vec::new());
     for (k, c) in candidates.into_iter().enumerate() {
+        if found.len() >= most.max(1) {
+            break;
+        }
         match build(c) {
-            Ok((plan, ws)) if ws <= WORKSPACE_LIMIT => return Ok((plan, ws)),
+            Ok((plan, ws)) if ws <= WORKSPACE_LIMIT => found.push((plan, ws)),
             Ok((_, ws)) => why.push(format!("config {k}: workspace {ws} B over the limit")),
             Err(e) => why.push(format!("config {k}: {e}")),
         }
+    }
+    if !found.is_empty() {
+        return Ok(found);
     }
     if why.is_empty() {
         why.push("heuristics returned no engine config".into());
@@ -334,8 +342,55 @@ pub(super) struct GraphPlan {
     pub engine: i64,
     /// The engine's numerical notes (`cudnnBackendNumericalNote_t` values, for the logs).
     pub notes: Vec<u32>,
+    /// Further engine configs that fit, in the heuristics' order, where the caller asked for
+    /// candidates to time ([`plan_ops`]' `most`).
+    pub alternatives: Vec<Alternative>,
+    /// The config runs use once chosen: 0 the first, `i` `alternatives[i - 1]`.
+    pub chosen: std::sync::OnceLock<usize>,
     /// The operation graph, its operands and the heuristics' configs, kept as long as the plan.
     _parts: Vec<Descriptor>,
+}
+
+/// Another engine config's plan of the same graph ([`GraphPlan::alternatives`]).
+pub(super) struct Alternative {
+    plan: Descriptor,
+    /// Workspace bytes the plan needs.
+    pub workspace: usize,
+    /// The engine's global index (for the logs).
+    pub engine: i64,
+}
+
+impl GraphPlan {
+    /// How many configs there are to choose from (the first and the alternatives).
+    pub fn candidates(&self) -> usize {
+        1 + self.alternatives.len()
+    }
+
+    /// The workspace bytes of config `i` (0: the first).
+    pub fn workspace_of(&self, i: usize) -> usize {
+        if i == 0 {
+            self.workspace
+        } else {
+            self.alternatives[i - 1].workspace
+        }
+    }
+
+    /// The engine of config `i` (0: the first).
+    pub fn engine_of(&self, i: usize) -> i64 {
+        if i == 0 {
+            self.engine
+        } else {
+            self.alternatives[i - 1].engine
+        }
+    }
+
+    fn descriptor(&self, i: usize) -> &Descriptor {
+        if i == 0 {
+            &self.plan
+        } else {
+            &self.alternatives[i - 1].plan
+        }
+    }
 }
 
 // SAFETY: a plan's descriptors are finalized when it is made and only read afterwards (each
@@ -387,12 +442,13 @@ pub(super) unsafe fn make_graph_plan(
     op.finalize()?;
     let mut parts = operands;
     parts.push(conv);
-    plan_ops(handle, vec![op], parts, |notes| allowed(notes, dtype))
+    plan_ops(handle, vec![op], parts, |notes| allowed(notes, dtype), 1)
 }
 
 /// The execution plan of the operation graph of `ops` (finalized; `parts`: the descriptors
-/// they refer to, kept as long as the plan): the engine configs of heuristics mode A in their
-/// order, the first whose numerical notes `allow` accepts and whose plan finalizes within
+/// they refer to, kept as long as the plan), with up to `most - 1` alternatives after it: the
+/// engine configs of heuristics mode A in their order, the first (`most`) whose numerical notes
+/// `allow` accepts and whose plan finalizes within
 /// [`WORKSPACE_LIMIT`]; an error names the backend call that failed or says why no config fits.
 ///
 /// # Safety
@@ -402,6 +458,7 @@ pub(super) unsafe fn plan_ops(
     ops: Vec<Descriptor>,
     mut parts: Vec<Descriptor>,
     allow: impl Fn(&[u32]) -> std::result::Result<(), &'static str>,
+    most: usize,
 ) -> Result<GraphPlan> {
     let graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     graph.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, &Value::Handle(handle))?;
@@ -420,17 +477,25 @@ pub(super) unsafe fn plan_ops(
     let mut raw: Vec<sys::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.raw).collect();
     let got = heur.get(results, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raw)?.min(configs.len());
 
-    let chosen = first_fit(&configs[..got], |cfg| {
-        let (plan, ws, engine) = config_plan(handle, cfg, &allow).map_err(|e| e.message)?;
-        Ok(((plan, engine), ws))
-    });
-    let ((plan, (engine, notes)), workspace) = chosen.map_err(|why| {
+    let found = fits(
+        &configs[..got],
+        |cfg| {
+            let (plan, ws, engine) = config_plan(handle, cfg, &allow).map_err(|e| e.message)?;
+            Ok(((plan, engine), ws))
+        },
+        most,
+    );
+    let mut found = found.map_err(|why| {
         Error::runtime(format!("no engine config of cuDNN's heuristics (mode A) fits: {}", why.join("; ")))
     })?;
+    let ((plan, (engine, notes)), workspace) = found.remove(0);
+    let alternatives =
+        (found.into_iter()).map(|((plan, (engine, _)), workspace)| Alternative { plan, workspace, engine }).collect();
     parts.extend(ops);
     parts.extend([graph, heur]);
     parts.extend(configs);
-    Ok(GraphPlan { plan, workspace, engine, notes, _parts: parts })
+    let chosen = std::sync::OnceLock::new();
+    Ok(GraphPlan { plan, workspace, engine, notes, alternatives, chosen, _parts: parts })
 }
 
 /// The execution plan of one engine config, its workspace bytes, engine index and numerical
@@ -487,12 +552,29 @@ pub(super) unsafe fn execute_pack(
     ptrs: &[*mut c_void],
     workspace: *mut c_void,
 ) -> Result<()> {
+    // SAFETY: the caller's contract; the chosen config's workspace is the plan's (`run`s
+    // allocate what the chosen config needs).
+    unsafe { execute_config(handle, plan, plan.chosen.get().copied().unwrap_or(0), uids, ptrs, workspace) }
+}
+
+/// [`execute_pack`] with config `i` of `plan` (0: the first), whatever was chosen: for timing.
+///
+/// # Safety
+/// As [`execute_pack`], the workspace at least `plan.workspace_of(i)` bytes.
+pub(super) unsafe fn execute_config(
+    handle: sys::cudnnHandle_t,
+    plan: &GraphPlan,
+    i: usize,
+    uids: &[i64],
+    ptrs: &[*mut c_void],
+    workspace: *mut c_void,
+) -> Result<()> {
     let pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
     pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &Value::Int64(uids.to_vec()))?;
     pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, &Value::Pointers(ptrs.to_vec()))?;
     pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, &Value::Pointers(vec![workspace]))?;
     pack.finalize()?;
-    check(sys::cudnnBackendExecute(handle, plan.plan.raw, pack.raw), || "cudnnBackendExecute".to_string())
+    check(sys::cudnnBackendExecute(handle, plan.descriptor(i).raw, pack.raw), || "cudnnBackendExecute".to_string())
 }
 
 #[cfg(test)]

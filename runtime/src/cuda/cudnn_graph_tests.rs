@@ -161,7 +161,7 @@ fn engines_that_change_the_numerics_are_not_allowed() {
 }
 
 #[test]
-fn the_first_config_that_builds_within_the_workspace_limit_wins() {
+fn the_first_configs_that_build_within_the_workspace_limit_are_kept_in_order() {
     // (name, what building it gives)
     type Config = (&'static str, std::result::Result<usize, &'static str>);
     let configs: Vec<Config> =
@@ -169,12 +169,13 @@ fn the_first_config_that_builds_within_the_workspace_limit_wins() {
     fn build((name, r): Config) -> std::result::Result<(&'static str, usize), String> {
         r.map(|ws| (name, ws)).map_err(String::from)
     }
-    assert_eq!(first_fit(configs.clone(), build), Ok(("c", 4096)));
-    // Order decides, not workspace.
-    assert_eq!(first_fit(configs[2..].to_vec(), build), Ok(("c", 4096)));
-    let why = first_fit(configs[..2].to_vec(), build).unwrap_err();
+    assert_eq!(fits(configs.clone(), build, 1), Ok(vec![("c", 4096)]));
+    // Order decides, not workspace; at most `most`, the others in order.
+    assert_eq!(fits(configs[2..].to_vec(), build, 1), Ok(vec![("c", 4096)]));
+    assert_eq!(fits(configs.clone(), build, 4), Ok(vec![("c", 4096), ("d", 0)]));
+    let why = fits(configs[..2].to_vec(), build, 4).unwrap_err();
     assert_eq!(why.len(), 2);
     assert!(why[0].contains("not supported") && why[1].contains("over the limit"), "{why:?}");
-    let none = first_fit(Vec::<Config>::new(), build).unwrap_err();
+    let none = fits(Vec::<Config>::new(), build, 1).unwrap_err();
     assert!(none[0].contains("no engine config"), "{none:?}");
 }

@@ -18,11 +18,23 @@
 //! rows, sm_80 or later. A plan is made once per call shape (dims, strides, alignment, scale);
 //! a shape cuDNN has no engine for is remembered and runs on coil's own templates
 //! ([`super::attention`]), and the `schedule` log says why, once.
+//!
+//! Which engine config runs: the heuristics' order is a model's guess (on the H100, GPT-2's
+//! causal forward took 61 us with the first config and 52 with the second, the same engine
+//! with other knobs). So the plan keeps the first [`CANDIDATES`] configs that fit, and the
+//! first run of each shape times them on its own operands, out of the L2 cache, and keeps the
+//! fastest ([`choose`], as the cuBLASLt algorithm choice does: the same tie rule, a choice cached on
+//! disk under `<cache dir>/cudnn/` keyed by the shape, the GPU and cuDNN's version); not while
+//! a CUDA graph is captured, and not with `tuning.attention_autotune` off
+//! (`COIL_ATTENTION_AUTOTUNE=0`), where the first runs. Every candidate is repeatable (the
+//! same bits every run), but two configs may differ in the last bits.
 
+use super::autotune::fastest;
 use super::cudnn::{data_type, Cudnn};
-use super::cudnn_graph::{alignment, execute_pack, plan_ops, Descriptor, GraphPlan, Value};
+use super::cudnn_graph::{alignment, execute_config, execute_pack, plan_ops, Descriptor, GraphPlan, Value};
 use super::device::CudaDevice;
 use super::memory::DeviceMemory;
+use crate::cache_entry;
 use crate::cpu::attention::AttentionSpec;
 use crate::cpu::attention_backward::AttentionBackwardSpec;
 use crate::cuda::blas::DevOperand;
@@ -330,9 +342,14 @@ fn run(
 ) -> Result<bool> {
     let scale_bits = shape.scale_bits;
     let (causal, backward) = (shape.causal, shape.backward);
-    let Some(plan) = plan(dev, shape)? else { return Ok(false) };
+    let Some(plan) = plan(dev, shape.clone())? else { return Ok(false) };
     let dnn = Cudnn::get(dev)?;
-    let workspace = DeviceMemory::alloc(dev, plan.workspace.max(1))?;
+    // Room for every candidate's workspace until one is chosen.
+    let room = match plan.chosen.get() {
+        Some(&i) => plan.workspace_of(i),
+        None => (0..plan.candidates()).map(|i| plan.workspace_of(i)).max().unwrap_or(0),
+    };
+    let workspace = DeviceMemory::alloc(dev, room.max(1))?;
     let mut temps = Vec::with_capacity(scratch.len());
     for &(id, bytes) in scratch {
         let t = DeviceMemory::alloc(dev, bytes.max(1))?;
@@ -356,7 +373,9 @@ fn run(
     let status = dnn.with_handle(|h| unsafe {
         cudarc::cudnn::result::set_stream(h, dev.cu_stream() as sys::cudaStream_t)
             .map_err(|e| Error::runtime(format!("cudnnSetStream failed: {e}")))?;
-        execute_pack(h, &plan, &uids, &pointers, workspace.ptr() as *mut c_void)
+        let ws = workspace.ptr() as *mut c_void;
+        choose(dev, &plan, &shape, |i| execute_config(h, &plan, i, &uids, &pointers, ws))?;
+        execute_pack(h, &plan, &uids, &pointers, ws)
     });
     drop((workspace, temps));
     status.map(|()| true).map_err(|e| Error::runtime(format!("attention through cuDNN failed: {}", e.message)))
@@ -604,7 +623,64 @@ unsafe fn make_plan(handle: sys::cudnnHandle_t, shape: &Shape) -> Result<GraphPl
     // P rounds to the operands' dtype by construction (as in coil's templates and
     // FlashAttention), so reduced-precision notes are expected; only an engine whose bits
     // change from run to run is refused.
-    plan_ops(handle, g.ops, g.parts, super::cudnn_graph::repeatable)
+    plan_ops(handle, g.ops, g.parts, super::cudnn_graph::repeatable, CANDIDATES)
+}
+
+/// Engine configs that fit kept per plan, to time ([`choose`]).
+const CANDIDATES: usize = 4;
+
+/// Bumped when the choice's key or meaning changes.
+const CHOICE_FORMAT: &str = "coil-cudnn-attention-choice-v1";
+
+/// The config `plan` runs for `shape` (0: the heuristics' first): the one chosen before, else
+/// the one cached on disk, else the fastest of its candidates timed by `launch(i)` (which
+/// enqueues config `i` on the run's operands); the heuristics' first where nothing may be
+/// timed (a CUDA graph being captured: chosen at a later run) or tuning is off.
+fn choose(
+    dev: &Arc<CudaDevice>,
+    plan: &GraphPlan,
+    shape: &Shape,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<usize> {
+    if let Some(&i) = plan.chosen.get() {
+        return Ok(i);
+    }
+    let config = coil_ir::config::current();
+    if plan.candidates() == 1 || !config.tuning.attention_autotune {
+        return Ok(*plan.chosen.get_or_init(|| 0));
+    }
+    if dev.capturing() {
+        return Ok(0);
+    }
+    // SAFETY: a plain query of the loaded library.
+    let version = unsafe { sys::cudnnGetVersion() };
+    let text = format!("{shape:?}");
+    let key = cache_entry::key(&[CHOICE_FORMAT, dev.name(), &dev.arch(), &version.to_string(), &text]);
+    let dir = config.cache_dir.join("cudnn");
+    let cached = cache_entry::read_choice(&dir, &key, |line| line.strip_prefix("config ")?.parse().ok());
+    let i = match cached.filter(|&i| i < plan.candidates()) {
+        Some(i) => i,
+        None => {
+            let list: Vec<usize> = (0..plan.candidates()).collect();
+            // Timed with the operands out of the L2 cache, as a model's layer finds most of
+            // them: GPT-2's first config took 52 us per launch repeated on cached operands,
+            // like the second, but 61 us in the model against the second's 52.
+            let flush = DeviceMemory::alloc(dev, 2 * dev.target().l2_bytes.max(1 << 20))?;
+            let times = super::blas_choice::time(dev, &list, Some(&flush), &mut |&i| launch(i))?;
+            let i = fastest(&times).unwrap_or(0);
+            let engines: Vec<String> = (list.iter().zip(&times))
+                .map(|(&k, t)| format!("{}: {}", plan.engine_of(k), t.map_or("failed".into(), |t| format!("{t:.1}"))))
+                .collect();
+            let note =
+                format!("{text}: us per launch of configs 0..{} (engine: us): {}", list.len(), engines.join(", "));
+            super::schedule_log(&format!("attention through cuDNN: config {i} ({note})"));
+            if let Err(e) = cache_entry::write_choice(&dir, &key, &format!("config {i}"), &note) {
+                super::schedule_log(&format!("attention through cuDNN: the choice was not cached: {}", e.message));
+            }
+            i
+        }
+    };
+    Ok(*plan.chosen.get_or_init(|| i))
 }
 
 #[cfg(test)]

@@ -270,13 +270,23 @@ impl DeviceMemory {
 
     /// Enqueues zero-filling of the first `bytes` bytes.
     pub fn zero(&self, bytes: usize) -> Result<()> {
-        assert!(bytes <= self.bytes, "zeroing past the allocation");
+        self.fill_first(bytes, 0)
+    }
+
+    /// Enqueues filling the whole allocation with `byte` (timing code overwrites the L2 cache
+    /// so).
+    pub fn fill(&self, byte: u8) -> Result<()> {
+        self.fill_first(self.bytes, byte)
+    }
+
+    fn fill_first(&self, bytes: usize, byte: u8) -> Result<()> {
+        assert!(bytes <= self.bytes, "filling past the allocation");
         if bytes == 0 {
             return Ok(());
         }
         self.device.bind()?;
         // SAFETY: the range lies inside this allocation; stream-ordered like every use.
-        unsafe { drv::memset_d8_async(self.ptr, 0, bytes, self.device.cu_stream()) }
+        unsafe { drv::memset_d8_async(self.ptr, byte, bytes, self.device.cu_stream()) }
             .map_err(|e| driver_error("cuMemsetD8Async", e))
     }
 }
