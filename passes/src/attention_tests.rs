@@ -370,18 +370,23 @@ fn gradients_of_the_template_are_templates_and_lower_to_one_call_each_way() {
     let program = lower(&p).unwrap();
     let reductions = program.nodes.iter().filter(|n| matches!(n.kind, coil_ir::loops::LoopKind::Reduction { .. }));
     assert_eq!(reductions.count(), 1, "{program}");
-    // One call each way: the forward writes its output and the logsumexp, the backward the
-    // three gradients (straight into the QKV input's gradient, `lower::concat_views`), each
-    // reading q, k and v in place (the QKV input's head views) and the backward the output's
-    // gradient (buf5, the projection's) through its transposed view and the output (buf0).
+    // One call each way: the forward writes its output (in the layout the projection reads,
+    // the buffer of the permute after it: no copy) and the logsumexp, the backward the three
+    // gradients (straight into the QKV input's gradient, `lower::concat_views`), each reading
+    // q, k and v in place (the QKV input's head views) and the backward the output's gradient
+    // (buf4, the projection's) through its transposed view and the output (buf0) through its
+    // permuted one.
     assert_eq!(
         calls(&program),
         [
-            "buf0: bf16[2, 2, 5, 8], buf0_lse: f32[2, 2, 5] = extern attention causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8(arg0, arg0, arg0) origins=[scaled_dot_product_attention, attention_logsumexp]",
-            "buf7: bf16[2, 5, 48] = extern attention_backward causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 grads=[q, k, v] dq=[240, 8, 48, 1] dk=[240, 8, 48, 1]+16 dv=[240, 8, 48, 1]+32(arg0, arg0, arg0, buf5, buf0_lse, buf0) origins=[attention_backward]",
+            "buf0: bf16[2, 5, 2, 8], buf0_lse: f32[2, 2, 5] = extern attention causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 out=[80, 8, 16, 1](arg0, arg0, arg0) origins=[scaled_dot_product_attention, attention_logsumexp]",
+            "buf6: bf16[2, 5, 48] = extern attention_backward causal scale=0.35355339059327373 batch=[2, 2] l=5 s=5 d=8 grads=[q, k, v] dq=[240, 8, 48, 1] dk=[240, 8, 48, 1]+16 dv=[240, 8, 48, 1]+32(arg0, arg0, arg0, buf4, buf0_lse, buf0) origins=[attention_backward]",
         ],
         "{program}"
     );
+    assert!(program.to_string().contains("out = view(buf0, offset=0, strides=[80, 8, 16, 1])"), "{program}");
+    let copies = program.nodes.iter().filter(|n| n.origins == ["permute"] || n.origins == ["permute", "reshape"]);
+    assert_eq!(copies.count(), 0, "{program}");
     assert!(!program.buffers.iter().any(|b| b.meta.shape.ends_with(&[5, 5])), "{program}");
     // The scheduler keeps each call a kernel of its own that stores everything it writes.
     let schedule = crate::schedule(&program);

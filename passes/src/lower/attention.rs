@@ -26,19 +26,29 @@ use coil_ir::sym::Expr;
 use coil_ir::{AttentionInput, Error, NodeId, Op, Result};
 use std::collections::HashMap;
 
-/// Attention nodes whose call writes the buffer of the permute after them: by permute.
+/// Attention nodes whose call writes the buffer of the permute after them: by permute. The
+/// permute must be the attention's one reader but for attention backward calls, which read
+/// the output as a strided view of that buffer (a training graph's forward writes the heads
+/// in the layout the projection after it reads).
 pub(crate) fn permuted_outputs(l: &Lowerer) -> HashMap<NodeId, NodeId> {
     let g = l.g;
     let mut found = HashMap::new();
     for n in g.live_nodes() {
-        let attention = matches!(g.node(n).op, Op::Attention { .. });
-        if !attention || g.outputs.contains(&n) || l.readers[n.0].len() != 1 {
+        if !matches!(g.node(n).op, Op::Attention { .. }) || g.outputs.contains(&n) {
             continue;
         }
-        let p = l.readers[n.0][0];
-        if let Op::Permute { perm } = &g.node(p).op {
+        let backward = |r: NodeId| {
+            let node = g.node(r);
+            matches!(node.op, Op::AttentionBackward { .. }) && node.inputs[..5].iter().all(|&x| x != n)
+        };
+        let (permutes, others): (Vec<NodeId>, Vec<NodeId>) =
+            l.readers[n.0].iter().partition(|&&r| matches!(g.node(r).op, Op::Permute { .. }));
+        if permutes.len() != 1 || !others.into_iter().all(backward) {
+            continue;
+        }
+        if let Op::Permute { perm } = &g.node(permutes[0]).op {
             if perm.last() == Some(&(perm.len() - 1)) {
-                found.insert(p, n);
+                found.insert(permutes[0], n);
             }
         }
     }
@@ -120,16 +130,7 @@ impl Lowerer<'_> {
         // Where the output goes: the attention's buffer, its permute's, or one of its own.
         let root = att.map(|a| self.attention_roots.iter().find(|(_, &x)| x == a).map_or(a, |(&p, _)| p));
         let (output, out_strides) = match (att, root) {
-            (Some(a), Some(root)) if root != a => {
-                // Dim `perm[j]` of the attention is dim `j` of the permute's row-major buffer.
-                let Op::Permute { perm } = &self.g.node(root).op else { unreachable!("a permute root") };
-                let permuted = strides(self.shape(root));
-                let mut out = vec![Expr::int(0); r];
-                for (j, &p) in perm.iter().enumerate() {
-                    out[p] = permuted[j];
-                }
-                (self.new_buffer(name.clone(), root), out)
-            }
+            (Some(a), Some(root)) if root != a => (self.new_buffer(name.clone(), root), self.unpermuted_strides(root)),
             (Some(a), _) => (self.new_buffer(name.clone(), a), strides(self.shape(a))),
             (None, _) => {
                 let shape: Vec<Expr> = batch.iter().copied().chain([l, self.shape(v)[r - 1]]).collect();
@@ -209,6 +210,34 @@ impl Lowerer<'_> {
         Ok(view)
     }
 
+    /// The strides of an attention's dims in the row-major buffer of the permute `root` after
+    /// it: dim `perm[j]` of the attention is dim `j` of the permute.
+    fn unpermuted_strides(&self, root: NodeId) -> Vec<Expr> {
+        let Op::Permute { perm } = &self.g.node(root).op else { unreachable!("a permute root") };
+        let permuted = strides(self.shape(root));
+        let mut out = vec![Expr::int(0); perm.len()];
+        for (j, &p) in perm.iter().enumerate() {
+            out[p] = permuted[j];
+        }
+        out
+    }
+
+    /// The attention output `o` as a strided operand: a view of the buffer of the permute
+    /// after it where its call writes that ([`permuted_outputs`]), else its own.
+    fn attention_output(&mut self, o: NodeId) -> Result<StridedOperand> {
+        let Some((&root, _)) = self.attention_roots.iter().find(|(_, &a)| a == o) else { return self.strided(o) };
+        let buffer = self.realize_template(root)?;
+        let st = self.unpermuted_strides(root);
+        let r = st.len();
+        Ok(StridedOperand {
+            buffer,
+            offset: Expr::int(0),
+            batch_strides: st[..r - 2].to_vec(),
+            row_stride: st[r - 2],
+            col_stride: st[r - 1],
+        })
+    }
+
     /// The backward call of a group: one gradient buffer per member, the first the node's
     /// output.
     fn attention_backward(&mut self, group: &[NodeId]) -> Result<()> {
@@ -216,7 +245,7 @@ impl Lowerer<'_> {
         let Op::AttentionBackward { causal, scale, .. } = first.op else { unreachable!("a backward group") };
         let x = first.inputs.clone();
         let (qv, kv, vv, gv) = (self.strided(x[0])?, self.strided(x[1])?, self.strided(x[2])?, self.strided(x[3])?);
-        let (lse, out) = (self.realize(x[4])?, self.strided(x[5])?);
+        let (lse, out) = (self.realize(x[4])?, self.attention_output(x[5])?);
         let qs = self.shape(x[0]);
         let r = qs.len();
         let (l, d, s) = (qs[r - 2], qs[r - 1], self.shape(x[1])[r - 2]);
