@@ -42,6 +42,14 @@ pub(super) fn gpu() -> Option<Arc<CudaDevice>> {
     crate::testing::cuda_device()
 }
 
+/// A device allocation holding `host`'s bytes.
+fn uploaded(dev: &Arc<CudaDevice>, host: &[u8]) -> DeviceMemory {
+    let mem = DeviceMemory::alloc(dev, host.len()).unwrap();
+    // SAFETY: the allocation holds `host.len()` bytes.
+    unsafe { memory::upload(dev, mem.ptr(), host).unwrap() };
+    mem
+}
+
 /// Deterministic pseudo-random values in [-1, 1) (xorshift64*).
 pub(super) fn randoms(seed: u64, n: usize) -> Vec<f64> {
     let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
@@ -444,13 +452,7 @@ fn check_bmm_act(
     let (wa, wb, wbias) = (words(&ha), words(&hb), words(&hbias));
     bmm_bytes(&spec, dtype, view(&wa, ha.len()), view(&wb, hb.len()), view(&wbias, hbias.len()), want).unwrap();
 
-    let up = |host: &[u8]| {
-        let mem = DeviceMemory::alloc(dev, host.len()).unwrap();
-        // SAFETY: the allocation holds `host.len()` bytes.
-        unsafe { memory::upload(dev, mem.ptr(), host).unwrap() };
-        mem
-    };
-    let (da, db, dbias) = (up(&ha), up(&hb), up(&hbias));
+    let (da, db, dbias) = (uploaded(dev, &ha), uploaded(dev, &hb), uploaded(dev, &hbias));
     let out = DeviceMemory::alloc(dev, out_bytes).unwrap();
     let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
     blas::bmm(dev, &spec, dtype, dtype, op(&da), op(&db), bias.as_ref().map(|_| op(&dbias)), None, None, op(&out))
@@ -739,13 +741,7 @@ fn bmm_gelu_grad_epilogue_matches_the_cpu() {
                 &mut want,
             )
             .unwrap();
-            let up = |host: &[u8]| {
-                let mem = DeviceMemory::alloc(&dev, host.len()).unwrap();
-                // SAFETY: the allocation holds `host.len()` bytes.
-                unsafe { memory::upload(&dev, mem.ptr(), host).unwrap() };
-                mem
-            };
-            let (da, db, daux) = (up(&ha), up(&hb), up(&haux));
+            let (da, db, daux) = (uploaded(&dev, &ha), uploaded(&dev, &hb), uploaded(&dev, &haux));
             let out = DeviceMemory::alloc(&dev, out_bytes).unwrap();
             let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
             blas::bmm(&dev, &spec, dtype, dtype, op(&da), op(&db), None, Some(op(&daux)), None, op(&out)).unwrap();
@@ -815,13 +811,7 @@ fn bmm_gelu_saving_its_input_matches_the_cpu() {
                     &mut want,
                 )
                 .unwrap();
-                let up = |host: &[u8]| {
-                    let mem = DeviceMemory::alloc(&dev, host.len()).unwrap();
-                    // SAFETY: the allocation holds `host.len()` bytes.
-                    unsafe { memory::upload(&dev, mem.ptr(), host).unwrap() };
-                    mem
-                };
-                let (da, db, dbias) = (up(&ha), up(&hb), up(&hbias));
+                let (da, db, dbias) = (uploaded(&dev, &ha), uploaded(&dev, &hb), uploaded(&dev, &hbias));
                 let (saved, out) =
                     (DeviceMemory::alloc(&dev, out_bytes).unwrap(), DeviceMemory::alloc(&dev, out_bytes).unwrap());
                 let op = |m: &DeviceMemory| DevOperand { ptr: m.ptr(), bytes: m.bytes() };
