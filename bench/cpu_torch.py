@@ -21,9 +21,14 @@ Copy bandwidth: `dst.copy_(src)` of two `--copy-mib` MiB float32 tensors (defaul
 last-level cache), bytes read + written / time, min over the round's repetitions of the median, as the
 GPU suite's ceiling is measured. GB/s of a workload = WORKLOADS.md's min bytes at these shapes / time.
 
+Cold compile: coil's `compile_s` (its bench compiles each graph with a fresh kernel cache; the first
+round's figure) beside torch.compile's first call (compile and one run, with an empty Inductor cache:
+TORCHINDUCTOR_CACHE_DIR is a fresh folder unless set) in the first round.
+
 Writes OUT.txt (the table) and OUT.json:
     {"device", "torch", "scale", "threads", "rounds", "load_averages", "copy_gbs",
      "rows": [{"name", "shape", "coil_us", "torch_compile_us", "torch_eager_us", "min_bytes", "flops",
+               "coil_compile_s", "torch_compile_s" (null with --no-compile),
                "coil_faults_per_run" (the first binary's minor page faults per timed run, the most of any
                round; null when it does not count them), "coil_<NAME>_us" for every other coil binary}]}
 `coil_us` is the first `--coil` binary's time (the one the table's ratios use).
@@ -39,6 +44,10 @@ import subprocess
 import sys
 import tempfile
 import time
+
+# torch.compile's cold compile is timed with an empty Inductor cache (its FX graph and kernel caches
+# live there): a fresh folder per run of this script unless the caller names one.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="coil-cpu-torch-inductor-"))
 
 import torch
 import torch.nn.functional as F
@@ -269,7 +278,8 @@ def run_coil(path, args, names):
         doc = json.load(f)
     os.unlink(out)
     faults = {r["name"]: r["minor_faults_per_run"] for r in doc["rows"] if r.get("minor_faults_per_run") is not None}
-    return {r["name"]: r["us"] for r in doc["rows"]}, faults, doc.get("device", "")
+    compile_s = {r["name"]: r.get("compile_s") for r in doc["rows"]}
+    return {r["name"]: r["us"] for r in doc["rows"]}, faults, compile_s, doc.get("device", "")
 
 
 def main():
@@ -294,17 +304,21 @@ def main():
     samples = {n: {"eager": [], "compile": [], **{c: [] for c, _ in coils}} for n in names}
     # the first binary's minor page faults per timed run, every round
     faults = {n: [] for n in names}
+    # cold compiles (seconds): the first binary's in the first round, torch.compile's first call
+    coil_compile, torch_compile = {}, {}
     copies, loads = [], []
     device = ""
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
         for cname, path in coils:
-            got, got_faults, device = run_coil(path, args, names)
+            got, got_faults, got_compile, device = run_coil(path, args, names)
             for n in names:
                 if n in got:
                     samples[n][cname].append(got[n])
                 if cname == coils[0][0] and n in got_faults:
                     faults[n].append(got_faults[n])
+                if cname == coils[0][0] and r == 0:
+                    coil_compile[n] = got_compile.get(n)
         for n in names:
             _, inputs, fn, _, _ = cases[n]
             samples[n]["eager"].append(time_us(fn, inputs, args.warmup, args.reps))
@@ -313,6 +327,9 @@ def main():
             if n not in compiled:
                 torch._dynamo.reset()
                 compiled[n] = fn.compile_with() if hasattr(fn, "compile_with") else torch.compile(fn)
+                t0 = time.perf_counter()
+                compiled[n](*inputs)
+                torch_compile[n] = time.perf_counter() - t0
             samples[n]["compile"].append(time_us(compiled[n], inputs, args.warmup, args.reps))
         copies.append(copy_gbs(args.copy_mib))
         print(f"round {r + 1}/{args.rounds} done; copy {copies[-1]:.1f} GB/s", flush=True)
@@ -326,7 +343,8 @@ def main():
         s = {k: best(v) for k, v in samples[n].items()}
         row = {"name": n, "shape": shape, "coil_us": s[lead], "torch_compile_us": s["compile"],
                "torch_eager_us": s["eager"], "min_bytes": mbytes, "flops": flops,
-               "coil_faults_per_run": max(faults[n]) if faults[n] else None}
+               "coil_faults_per_run": max(faults[n]) if faults[n] else None,
+               "coil_compile_s": coil_compile.get(n), "torch_compile_s": torch_compile.get(n)}
         for c, _ in coils[1:]:
             row[f"coil_{c}_us"] = s[c]
         json_rows.append(row)
@@ -334,10 +352,14 @@ def main():
                 else f"{mbytes / (s[lead] * 1e-6) / 1e9:.1f} GB/s")
         others = " ".join(f"{s[c]:>10.1f}" for c, _ in coils[1:])
         flt = f"{max(faults[n]):.0f}" if faults[n] else "-"
+        cc, tc = coil_compile.get(n), torch_compile.get(n)
+        cold = (f"{cc:6.2f} {tc:6.2f} {100 * cc / tc:5.1f}%" if cc is not None and tc else
+                f"{cc if cc is not None else float('nan'):6.2f} {'-':>6s} {'-':>6s}")
         table_rows.append(f"{n:30s} {shape:24s} {s['eager']:>10.1f} {s['compile']:>10.1f} {s[lead]:>10.1f} "
-                          f"{s[lead] / s['compile']:>8.2f} {rate:>14s} {flt:>7s} {others}")
+                          f"{s[lead] / s['compile']:>8.2f} {rate:>14s} {flt:>7s} {cold} {others}")
     header = (f"{'workload':30s} {'shape':24s} {'eager_us':>10s} {'compile_us':>10s} {lead + '_us':>10s} "
-              f"{lead + '/cmp':>8s} {lead + ' rate':>14s} {'flt/run':>7s} " + " ".join(f"{c + '_us':>10s}" for c, _ in coils[1:]))
+              f"{lead + '/cmp':>8s} {lead + ' rate':>14s} {'flt/run':>7s} {'cc_s':>6s} {'tc_s':>6s} {'cc/tc':>6s} "
+              + " ".join(f"{c + '_us':>10s}" for c, _ in coils[1:]))
     threads = torch.get_num_threads()
     cpu = platform.processor() or platform.machine()
     intro = [
@@ -349,6 +371,8 @@ def main():
         f"1-minute load average of the machine as each round began: {', '.join(f'{l:.1f}' for l in loads)} "
         f"(on {os.cpu_count()} CPUs; other processes' load slows every column alike only on average)",
         f"flt/run: {lead}'s minor page faults per timed run, the most of any round (nonzero: a run wrote fresh memory)",
+        f"cold compile: cc_s {lead}'s compile_s in the first round (fresh kernel cache), tc_s torch.compile's first call "
+        f"(compile + one run, empty Inductor cache), cc/tc their ratio",
     ]
     text = "\n".join(intro + ["", header, "-" * len(header)] + table_rows) + "\n"
     print(text)

@@ -6,8 +6,10 @@
  * entry point has the generated kernels' signature; args[0] points to its argument struct. No
  * threads of its own: the runtime runs packing and tiles on its pool.
  *
- * One instruction set per build: AVX-512 (F, BW, VL; BF16 for the pairs) where the compiler
- * targets it and COIL_GEMM_CAP_AVX2 is not defined, else AVX2 with FMA and F16C. The code is
+ * One instruction set per build: AVX-512 (F, BW, VL; BF16 for the pairs; AMX tiles for the
+ * pairs where the compiler targets AMX-TILE and AMX-BF16, used where the CPU and kernel allow)
+ * where the compiler targets it and COIL_GEMM_CAP_AVX2 is not defined, else AVX2 with FMA and
+ * F16C. The code is
  * written once over vectors of COIL_GEMM_VW floats (16 or 8) and the few operations the
  * instruction set's section below defines.
  *
@@ -512,6 +514,61 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
     for (int64_t i = 0; i < n; i++) t[i] = coil_gelu_tanh_f32(t[i]);
 }
 
+/* The end of a micro-kernel, from its tile `t` (MR x NV vectors): an earlier block of k stores it
+   to acc; the last adds the bias, applies the activation and stores the output (rounded once,
+   transposed when the output is). Needs c, acc, row, col, last in scope. */
+#define COIL_GEMM_FINISH(MR, NR)                                                                   \
+    do {                                                                                           \
+        enum { VW_ = COIL_GEMM_VW, NV_ = (NR) / COIL_GEMM_VW };                                    \
+        if (!last) {                                                                               \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV_; v++)                              \
+                    coil_gemm_vstore(acc + r * c->ldacc + VW_ * v, t[r][v]);                       \
+            return;                                                                                \
+        }                                                                                          \
+        const int64_t mv = c->m - row < (MR) ? c->m - row : (MR);                                  \
+        const int64_t nv = c->n - col < (NR) ? c->n - col : (NR);                                  \
+        if (c->bias && c->transposed) {                                                            \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
+                const coil_gemm_vf bias = coil_gemm_vset1(row + r < c->m ? c->bias[row + r] : 0.0f); \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV_; v++) t[r][v] = coil_gemm_vadd(t[r][v], bias); \
+            }                                                                                      \
+        } else if (c->bias) {                                                                      \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV_; v++) {                                \
+                const coil_gemm_vf bias = coil_gemm_vload_n(c->bias + col + VW_ * v, nv - VW_ * v); \
+                _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) t[r][v] = coil_gemm_vadd(t[r][v], bias); \
+            }                                                                                      \
+        }                                                                                          \
+        if (c->act == COIL_GEMM_ACT_GELU_TANH) {                                                   \
+            float tile[(MR) * (NR)] __attribute__((aligned(64)));                                  \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV_; v++)                              \
+                    coil_gemm_vstore(tile + r * (NR) + VW_ * v, t[r][v]);                          \
+            coil_gemm_gelu_tile(tile, (MR) * (NR));                                                \
+            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV_; v++)                              \
+                    t[r][v] = coil_gemm_vload(tile + r * (NR) + VW_ * v);                          \
+        }                                                                                          \
+        /* rounded and stored from the registers */                                                \
+        if (c->transposed) {                                                                       \
+            /* each VW columns of the tile transposed: VW rows of out, mv elements each */         \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV_; v++) {                                \
+                coil_gemm_vi w[VW_];                                                               \
+                _Pragma("GCC unroll 16") for (int r = 0; r < VW_; r++)                             \
+                    w[r] = r < (MR) ? coil_gemm_vi_of(t[r < (MR) ? r : 0][v]) : coil_gemm_vi_zero(); \
+                coil_gemm_transpose(w);                                                            \
+                for (int64_t q = 0; q < VW_ && VW_ * v + q < nv; q++)                              \
+                    coil_gemm_store_out(c, coil_gemm_vf_of(w[q]), (col + VW_ * v + q) * c->ldo + row, mv); \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                                  \
+            if (r >= mv) break;                                                                    \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV_; v++)                                  \
+                coil_gemm_store_out(c, t[r][v], (row + r) * c->ldo + col + VW_ * v, nv - VW_ * v); \
+        }                                                                                          \
+    } while (0)
+
 /* The micro-kernel of one layout: an MR x NR tile in NV vectors per row, over `steps` k groups
    of GROUP elements; a first block starts from zero, a later one from acc; a last block ends in
    the output, an earlier one in acc. A is a packed panel, or with DIRECT MR rows read in place
@@ -535,53 +592,7 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
                 _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = FMA(t[r][v], ap, bv[v]); \
             }                                                                                      \
         }                                                                                          \
-        if (!last) {                                                                               \
-            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
-                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
-                    coil_gemm_vstore(acc + r * c->ldacc + VW * v, t[r][v]);                        \
-            return;                                                                                \
-        }                                                                                          \
-        const int64_t mv = c->m - row < (MR) ? c->m - row : (MR);                                  \
-        const int64_t nv = c->n - col < (NR) ? c->n - col : (NR);                                  \
-        if (c->bias && c->transposed) {                                                            \
-            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
-                const coil_gemm_vf bias = coil_gemm_vset1(row + r < c->m ? c->bias[row + r] : 0.0f); \
-                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = coil_gemm_vadd(t[r][v], bias); \
-            }                                                                                      \
-        } else if (c->bias) {                                                                      \
-            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                 \
-                const coil_gemm_vf bias = coil_gemm_vload_n(c->bias + col + VW * v, nv - VW * v);  \
-                _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) t[r][v] = coil_gemm_vadd(t[r][v], bias); \
-            }                                                                                      \
-        }                                                                                          \
-        if (c->act == COIL_GEMM_ACT_GELU_TANH) {                                                   \
-            float tile[(MR) * (NR)] __attribute__((aligned(64)));                                  \
-            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
-                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
-                    coil_gemm_vstore(tile + r * (NR) + VW * v, t[r][v]);                           \
-            coil_gemm_gelu_tile(tile, (MR) * (NR));                                                \
-            _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++)                                \
-                _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                               \
-                    t[r][v] = coil_gemm_vload(tile + r * (NR) + VW * v);                           \
-        }                                                                                          \
-        /* rounded and stored from the registers */                                                \
-        if (c->transposed) {                                                                       \
-            /* each VW columns of the tile transposed: VW rows of out, mv elements each */         \
-            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                 \
-                coil_gemm_vi w[VW];                                                                \
-                _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++)                              \
-                    w[r] = r < (MR) ? coil_gemm_vi_of(t[r < (MR) ? r : 0][v]) : coil_gemm_vi_zero(); \
-                coil_gemm_transpose(w);                                                            \
-                for (int64_t q = 0; q < VW && VW * v + q < nv; q++)                                \
-                    coil_gemm_store_out(c, coil_gemm_vf_of(w[q]), (col + VW * v + q) * c->ldo + row, mv); \
-            }                                                                                      \
-            return;                                                                                \
-        }                                                                                          \
-        _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                                  \
-            if (r >= mv) break;                                                                    \
-            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
-                coil_gemm_store_out(c, t[r][v], (row + r) * c->ldo + col + VW * v, nv - VW * v);   \
-        }                                                                                          \
+        COIL_GEMM_FINISH(MR, NR);                                                                  \
     }
 
 #if defined(COIL_GEMM_HAVE_WORDS)
@@ -610,6 +621,161 @@ COIL_GEMM_MICRO(coil_gemm_micro_pairs_direct, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF
                 COIL_GEMM_LOAD_PAIRS, COIL_GEMM_FMA_PAIRS)
 #endif
 
+/* ---- AMX (Sapphire Rapids and later): bf16 tiles in place of vdpbf16ps ----
+
+   Where the compiler targets AMX-TILE and AMX-BF16 and the CPU and kernel grant the tile data
+   (arch_prctl ARCH_REQ_XCOMP_PERM, once per process), a whole panel of an A read in place
+   multiplies by `tdpbf16ps`: the panel's MR rows of 32 contiguous bf16 are an A tile as they lie,
+   and a packed B panel's 16 pairs of k by 16 columns (NR / 16 of them side by side, rows NR
+   words apart) a B tile, so neither operand is repacked. The MR x NR tile accumulates in NR / 16
+   f32 tiles of MR rows (the same f32 sums of bf16 products as vdpbf16ps, denormal inputs read
+   as zeros alike; only the order of the additions differs) and goes through the same end
+   (COIL_GEMM_FINISH) from a copy in memory. Two whole panels of A pass each B panel together
+   where they can (2 x 2 tiles: each B tile loaded once for both). Part panels of A, and A
+   packed, keep vdpbf16ps. */
+#if defined(COIL_GEMM_HAVE_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define COIL_GEMM_HAVE_AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if COIL_GEMM_NR_BF16 != 32 || COIL_GEMM_MR_BF16 > 16
+#error "the AMX kernel takes tiles of 32 columns (two B tiles) and at most 16 rows"
+#endif
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) coil_gemm_tilecfg;
+
+/* 0: not asked yet; 1: tiles usable; 2: not */
+static int coil_gemm_amx_state;
+
+/* Whether this process may use AMX bf16 tiles (asked once: CPUID, then the kernel's grant). */
+static int coil_gemm_amx_usable(void)
+{
+    int state = __atomic_load_n(&coil_gemm_amx_state, __ATOMIC_ACQUIRE);
+    if (state == 0) {
+        unsigned a, b, c, d;
+        /* CPUID 7.0 EDX: bit 22 AMX-BF16, bit 24 AMX-TILE */
+        int ok = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1) && ((d >> 24) & 1);
+        /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): Linux 5.16 and later */
+        ok = ok && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+        state = ok ? 1 : 2;
+        __atomic_store_n(&coil_gemm_amx_state, state, __ATOMIC_RELEASE);
+    }
+    return state == 1;
+}
+
+/* Loads the tile configuration for blocks of k whose last step has `rem` pairs of k. rem = 0:
+   sums 0-3, A 4-5, B 6-7 (coil_gemm_micro_amx2's 2 x 2 tiles; coil_gemm_micro_amx uses 0, 1,
+   4, 6, 7). Else coil_gemm_micro_amx's: those, and the last step's A in 2 and B in 3 and 5.
+   (Loading a configuration zeroes the tiles: it happens between micro-kernels only.) */
+static void coil_gemm_amx_config(int64_t rem)
+{
+    coil_gemm_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = t >= 6 ? 16 : COIL_GEMM_MR_BF16;
+    }
+    if (rem > 0) {
+        cfg.colsb[2] = (uint16_t)(4 * rem);
+        cfg.rows[3] = cfg.rows[5] = (uint8_t)rem;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* The end of an AMX tile: its MR x NR sums (rows NR floats apart) through COIL_GEMM_FINISH. */
+static void coil_gemm_amx_finish(const coil_gemm_compute_args *c, const float *sums, int64_t row, int64_t col,
+                                 int last)
+{
+    enum { MR = COIL_GEMM_MR_BF16, NR = COIL_GEMM_NR_BF16, VW = COIL_GEMM_VW, NV = NR / VW };
+    float *acc = c->acc ? c->acc + row * c->ldacc + col : 0;
+    coil_gemm_vf t[MR][NV];
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++)
+        _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) t[r][v] = coil_gemm_vload(sums + r * NR + VW * v);
+    COIL_GEMM_FINISH(MR, NR);
+}
+
+/* An MR x 32 tile: MR rows of A read in place (`lda` elements apart) by a packed B panel, over
+   `steps` pairs of k; the configuration loaded is coil_gemm_amx_config(steps % 16). */
+static void coil_gemm_micro_amx(const coil_gemm_compute_args *c, const uint16_t *a, int64_t lda, const uint16_t *b,
+                                int64_t steps, int64_t row, int64_t col, int first, int last)
+{
+    enum { MR = COIL_GEMM_MR_BF16, NR = COIL_GEMM_NR_BF16 };
+    const float *acc = c->acc ? c->acc + row * c->ldacc + col : 0;
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+    } else {
+        _tile_loadd(0, acc, c->ldacc * 4);
+        _tile_loadd(1, acc + 16, c->ldacc * 4);
+    }
+    const int64_t full = steps / 16, rem = steps % 16;
+    for (int64_t s = 0; s < full; s++) {
+        const uint16_t *bs = b + s * 16 * NR * 2;
+        _tile_loadd(4, a + s * 32, lda * 2);
+        _tile_loadd(6, bs, NR * 4);
+        _tile_loadd(7, bs + 32, NR * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+    }
+    if (rem) {
+        const uint16_t *bs = b + full * 16 * NR * 2;
+        _tile_loadd(2, a + full * 32, lda * 2);
+        _tile_loadd(3, bs, NR * 4);
+        _tile_loadd(5, bs + 32, NR * 4);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 5);
+    }
+    float sums[MR * NR] __attribute__((aligned(64)));
+    _tile_stored(0, sums, NR * 4);
+    _tile_stored(1, sums + 16, NR * 4);
+    coil_gemm_amx_finish(c, sums, row, col, last);
+}
+
+/* Two MR x 32 tiles, A panels at `a` and MR rows further, by one B panel (each B tile read once
+   for both), over `steps` pairs of k, a multiple of 16 (configuration rem = 0). */
+static void coil_gemm_micro_amx2(const coil_gemm_compute_args *c, const uint16_t *a, int64_t lda, const uint16_t *b,
+                                 int64_t steps, int64_t row, int64_t col, int first, int last)
+{
+    enum { MR = COIL_GEMM_MR_BF16, NR = COIL_GEMM_NR_BF16 };
+    const uint16_t *a1 = a + MR * lda;
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        const float *acc = c->acc + row * c->ldacc + col, *acc1 = acc + MR * c->ldacc;
+        _tile_loadd(0, acc, c->ldacc * 4);
+        _tile_loadd(1, acc + 16, c->ldacc * 4);
+        _tile_loadd(2, acc1, c->ldacc * 4);
+        _tile_loadd(3, acc1 + 16, c->ldacc * 4);
+    }
+    for (int64_t s = 0; s < steps / 16; s++) {
+        const uint16_t *bs = b + s * 16 * NR * 2;
+        _tile_loadd(6, bs, NR * 4);
+        _tile_loadd(7, bs + 32, NR * 4);
+        _tile_loadd(4, a + s * 32, lda * 2);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a1 + s * 32, lda * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    float sums[2][MR * NR] __attribute__((aligned(64)));
+    _tile_stored(0, sums[0], NR * 4);
+    _tile_stored(1, sums[0] + 16, NR * 4);
+    _tile_stored(2, sums[1], NR * 4);
+    _tile_stored(3, sums[1] + 16, NR * 4);
+    coil_gemm_amx_finish(c, sums[0], row, col, last);
+    coil_gemm_amx_finish(c, sums[1], row + MR, col, last);
+}
+#endif
+
 /* The tiles [i0, i1) x [j0, j1): for each block of nc B panels and each block of kc, the B
    block is packed into bws (or taken from pb, packed before); blocks of mc A panels then pass
    it, each A panel meeting every B panel of the block while both stay in L2. */
@@ -628,6 +794,11 @@ void coil_gemm_compute(char *const *args, int64_t *status)
     const int64_t mr = COIL_GEMM_MR_WORDS, nr = COIL_GEMM_NR_WORDS;
 #endif
     const int64_t b_size = c->b_dtype == COIL_GEMM_DT_F32 ? 4 : 2;
+#if defined(COIL_GEMM_HAVE_AMX)
+    /* AMX for the whole panels of an A read in place; the configuration loaded (its rem), -1 none */
+    const int amx = pairs && c->a && c->m >= mr && coil_gemm_amx_usable();
+    int64_t amx_rem = -1;
+#endif
     for (int64_t jb = c->j0; jb < c->j1; jb += c->nc) {
         const int64_t je = jb + c->nc < c->j1 ? jb + c->nc : c->j1;
         /* one block when k is 0: the tiles are the bias */
@@ -652,6 +823,23 @@ void coil_gemm_compute(char *const *args, int64_t *status)
                             const uint16_t *a = (const uint16_t *)c->a + i * mr * c->a_rs + k0;
                             const uint16_t *b = c->pb ? (const uint16_t *)c->pb + j * nr * kp + k0 * nr
                                                       : (const uint16_t *)c->bws + (j - jb) * nr * kb;
+#if defined(COIL_GEMM_HAVE_AMX)
+                            if (amx) {
+                                const int64_t rem = (kb / 2) % 16;
+                                if (amx_rem != rem) {
+                                    amx_rem = rem;
+                                    coil_gemm_amx_config(rem);
+                                }
+                                /* two whole panels at once where the block has them */
+                                if (rem == 0 && i + 1 < ib + c->mc && i + 1 < c->i1 && (i + 2) * mr <= c->m) {
+                                    coil_gemm_micro_amx2(c, a, c->a_rs, b, kb / 2, i * mr, j * nr, first, last);
+                                    i++;
+                                    continue;
+                                }
+                                coil_gemm_micro_amx(c, a, c->a_rs, b, kb / 2, i * mr, j * nr, first, last);
+                                continue;
+                            }
+#endif
                             coil_gemm_micro_pairs_direct(c, a, c->a_rs, b, kb / 2, i * mr, j * nr, first, last);
                             continue;
                         }
@@ -675,5 +863,9 @@ void coil_gemm_compute(char *const *args, int64_t *status)
             }
         }
     }
+#if defined(COIL_GEMM_HAVE_AMX)
+    /* the thread's tiles back to their initial state (no tile data for the OS to save) */
+    if (amx_rem >= 0) _tile_release();
+#endif
 #endif
 }

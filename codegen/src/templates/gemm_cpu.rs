@@ -9,7 +9,12 @@
 //!
 //! * [`Layout::Bf16Pairs`] (bf16 where the CPU has AVX512-BF16): words are pairs of bf16 along
 //!   k, multiplied and summed into f32 by `vdpbf16ps` (oneDNN's instruction for PyTorch's bf16
-//!   products): 2 k per instruction. Its inputs' subnormals count as zero, as oneDNN's do;
+//!   products): 2 k per instruction. Its inputs' subnormals count as zero, as oneDNN's do.
+//!   Where the compiler targets AMX-TILE and AMX-BF16 and the CPU and kernel grant the tile
+//!   data (Sapphire Rapids and later), whole panels of an A read in place multiply by AMX
+//!   tiles instead (`tdpbf16ps`, 32 k per instruction: the panel's rows are an A tile as they
+//!   lie, a packed B panel two B tiles; two A panels pass each B panel together): the same f32
+//!   sums of exact products, summed in another order; PyTorch's oneDNN uses AMX there too;
 //! * [`Layout::F32`] (f32, f16, and bf16 without AVX512-BF16): words are floats, f16 and bf16
 //!   widened exactly while packing; `vfmadd` over k on 512-bit vectors;
 //! * [`Layout::F32Avx2`] (every float type on a CPU without AVX-512, or a build capped at AVX2,

@@ -1,7 +1,8 @@
 //! Batched matrix products ([`ExternCall::Bmm`]) on the CPU.
 //!
 //! * f32, f16 and bf16 run through the packed template ([`gemm_packed`]: AVX-512 micro-kernels,
-//!   `vdpbf16ps` for bf16 where the CPU has it, AVX2 + FMA ones on CPUs without AVX-512)
+//!   `vdpbf16ps` for bf16 where the CPU has it, AMX tiles where it has those, AVX2 + FMA ones
+//!   on CPUs without AVX-512)
 //!   whenever this machine's compiler and CPU serve it; each product accumulates in f32 and is
 //!   rounded once to its type, as PyTorch's are;
 //! * otherwise (and with [`GemmEngine::Crate`]) the `gemm` crate: f32 and f64 directly on the

@@ -491,3 +491,35 @@ fn the_avx2_build_multiplies_every_float_type() {
     }
     assert_eq!(lib.layout_for(DType::F64), None);
 }
+
+/// bf16 products whose A is read in place over whole steps of 32 k: on a CPU with AMX these
+/// run the template's tile kernels (two A panels by one B panel at once, an odd panel alone,
+/// the part panel by `vdpbf16ps`), across several blocks of k, with a bias and GELU, and
+/// transposed (`m >= 2n`: the product runs as `b^T a^T`); elsewhere the `vdpbf16ps` kernels.
+#[test]
+fn packed_bf16_products_over_whole_steps_of_32_k() {
+    let Some(lib) = served(Layout::Bf16Pairs) else { return };
+    let mr = Layout::Bf16Pairs.tile().0;
+    assert!(Blocking::choose(Layout::Bf16Pairs, 8192).k_blocks(Layout::Bf16Pairs, 8192) > 1);
+    for (m, n, k, bias, gelu) in [
+        (4 * mr + 5, 70, 64, false, false),
+        (5 * mr, 33, 96, true, true),
+        (3 * mr + 1, 65, 8192, true, true),
+        (100, 33, 96, true, false),
+        (7 * mr, 40, 32, false, true),
+    ] {
+        let case = Case {
+            dtype: DType::BF16,
+            m,
+            n,
+            k,
+            batches: 1,
+            lay_a: Lay::KContiguous,
+            lay_b: Lay::KContiguous,
+            broadcast_a: false,
+            bias,
+            gelu,
+        };
+        check(&case, &packed(lib, Layout::Bf16Pairs, DType::BF16));
+    }
+}
