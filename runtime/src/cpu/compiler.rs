@@ -239,7 +239,7 @@ impl CCompiler {
         children::contain(&mut cmd);
         let output = cmd.spawn().and_then(|child| {
             let _running = children::Running::register(child.id());
-            if super::jobs::in_background() {
+            if super::jobs::in_background_pool() {
                 // A background compile's C compiler must not take the cores from the program
                 // it serves (the compile's own thread keeps its priority: a disk-cache hit is
                 // over in half a millisecond and should land while the program still needs it).

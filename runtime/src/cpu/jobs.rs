@@ -250,10 +250,11 @@ fn lower_thread_priority(tid: i32) {
     let _ = tid;
 }
 
-/// Whether the calling thread is inside a [`Background`] span (its work is a background
-/// compile: the C compiler it starts runs at a lower priority, `compiler`).
-pub fn in_background() -> bool {
-    IN_BACKGROUND.with(|n| n.get() > 0)
+/// Whether the calling thread does background work on the background pool now (a
+/// [`Background`] span on its thread: a background compile, whose C compiler then runs at a
+/// lower priority, `compiler`; a realization that compiles in line, waiting for it, is not).
+pub fn in_background_pool() -> bool {
+    IN_BACKGROUND.with(|n| n.get() > 0) && POOL_THREAD.with_borrow(|t| t.is_some())
 }
 
 /// `wait()`, the calling thread blocked on another process meanwhile: its [`Background`]
@@ -486,7 +487,9 @@ mod tests {
         let (tid, before, within, after) = pool.install(|| {
             let tid = thread_id();
             let before = nice_of(tid);
+            assert!(!in_background_pool(), "no span yet");
             let _span = Background::begin();
+            assert!(in_background_pool());
             demote_background_threads();
             let within = nice_of(tid);
             wait();
@@ -502,6 +505,7 @@ mod tests {
         let me = thread_id();
         let mine = nice_of(me);
         let span = Background::begin();
+        assert!(!in_background_pool(), "a span outside the pool");
         wait();
         demote_background_threads();
         drop(span);
