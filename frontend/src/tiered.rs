@@ -162,7 +162,11 @@ fn enqueue(task: Arc<Task>) {
         pool.spawn(worker);
         return;
     }
-    if let Err(e) = std::thread::Builder::new().name("coil-compile".into()).spawn(worker) {
+    let lowered = move || {
+        coil_runtime::cpu::jobs::lower_priority();
+        worker()
+    };
+    if let Err(e) = std::thread::Builder::new().name("coil-compile".into()).spawn(lowered) {
         // No thread: what is in line fails, and the realizations that would use it compile in
         // the foreground.
         q.1 = false;
@@ -212,8 +216,6 @@ pub(crate) fn route(walk: &Walk, origin: &'static std::panic::Location<'static>)
         let (compiled, graph) = crate::compile::compiled_walk(walk, &[])?;
         return Ok(Route::Compiled(compiled, graph));
     }
-    // (a background compile past its first milliseconds gives its core back: `jobs`)
-    coil_runtime::cpu::jobs::demote_background_threads();
     let graph = match crate::compile::find_walk(walk) {
         Ok((compiled, graph)) => return Ok(Route::Compiled(compiled, graph)),
         Err(graph) => graph,

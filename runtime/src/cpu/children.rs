@@ -40,25 +40,6 @@ pub fn contain(cmd: &mut Command) {
     let _ = cmd;
 }
 
-/// Lowers the scheduling priority of the process group `pid` leads (a process started with
-/// [`contain`]: the C compiler's driver, and the `cc1`, assembler and linker it starts later,
-/// which inherit it) to nice 10: a C compiler beside a matrix product on a 2-core machine
-/// halved the product's speed. Best effort (nothing happens where it is not supported).
-pub fn lower_priority(pid: u32) {
-    #[cfg(target_os = "linux")]
-    {
-        extern "C" {
-            fn setpriority(which: i32, who: u32, prio: i32) -> i32;
-        }
-        /// `PRIO_PGRP`.
-        const PROCESS_GROUP: i32 = 1;
-        // SAFETY: sets the nice value of a process group of ours; reads and writes no memory.
-        let _ = unsafe { setpriority(PROCESS_GROUP, pid, 10) };
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = pid;
-}
-
 /// A compiler run in progress (the process group its leader `pid` heads, see [`contain`]):
 /// killed if the process exits while it is registered; unregistered when dropped.
 pub struct Running(u32);

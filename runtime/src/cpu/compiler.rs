@@ -239,12 +239,6 @@ impl CCompiler {
         children::contain(&mut cmd);
         let output = cmd.spawn().and_then(|child| {
             let _running = children::Running::register(child.id());
-            if super::jobs::in_background_pool() {
-                // A background compile's C compiler must not take the cores from the program
-                // it serves (the compile's own thread keeps its priority: a disk-cache hit is
-                // over in half a millisecond and should land while the program still needs it).
-                children::lower_priority(child.id());
-            }
             super::jobs::waiting(|| child.wait_with_output())
         });
         match output {
@@ -323,8 +317,8 @@ mod tests {
     }
 
     /// A process that exits while a compile of its runs (this test binary, run again with
-    /// `coil_ir::config::TEST_CHILD_VAR` naming a directory: a fake compiler that writes its pid there and
-    /// sleeps, started on another thread) leaves no compiler behind.
+    /// `coil_ir::config::TEST_CHILD_VAR` naming a directory: a fake compiler that writes its
+    /// pid there and sleeps, started on another thread) leaves no compiler behind.
     #[test]
     fn a_compile_in_flight_does_not_outlive_the_process() {
         if let Some(dir) = coil_ir::config::test_child_dir() {

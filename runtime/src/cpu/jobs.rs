@@ -100,58 +100,14 @@ fn epoch() -> Instant {
 /// Whether background work wants the cores now (a [`Background`] span open, begun less than
 /// [`BACKGROUND_PRIORITY`] ago, and not waiting for another process).
 fn background_wants_cores(now: Instant) -> bool {
-    if BACKGROUND.load(Ordering::Acquire) == 0 {
-        return false;
-    }
-    let within = now.saturating_duration_since(epoch()).as_nanos() as u64
-        <= BACKGROUND_SINCE.load(Ordering::Acquire) + BACKGROUND_PRIORITY.as_nanos() as u64;
-    if !within {
-        demote_background_threads();
-    }
-    within
+    BACKGROUND.load(Ordering::Acquire) > 0
+        && now.saturating_duration_since(epoch()).as_nanos() as u64
+            <= BACKGROUND_SINCE.load(Ordering::Acquire) + BACKGROUND_PRIORITY.as_nanos() as u64
 }
-
-/// Lowers the priority of the background pool's threads (nice 10) whose [`Background`] span
-/// has run past [`BACKGROUND_PRIORITY`]: a disk-cache hit is done by then; what still runs is a
-/// compile of every stage, which must not take the cores from the program it serves (a C
-/// compiler beside a matrix product on a 2-core machine halved the product's speed). Called
-/// by helpers as they look for work, and by tier 0 at each realization
-/// (`coil_frontend::tiered`). A demoted thread serves no later span ([`background_pool`]
-/// starts another): without privileges a thread's priority cannot be raised again.
-pub fn demote_background_threads() {
-    if BACKGROUND.load(Ordering::Acquire) == 0 {
-        return;
-    }
-    let now = Instant::now().saturating_duration_since(epoch()).as_nanos() as u64;
-    let spans = SPANS.lock().unwrap_or_else(|e| e.into_inner());
-    let due = |s: &&Span| now > s.since + BACKGROUND_PRIORITY.as_nanos() as u64 && !s.demoted.load(Ordering::Acquire);
-    for span in spans.iter().filter(due) {
-        span.demoted.store(true, Ordering::Release);
-        // (the thread is alive: its span leaves the list, under this lock, before it ends)
-        lower_thread_priority(span.tid);
-    }
-}
-
-/// A [`Background`] span open on a thread of the background pool.
-struct Span {
-    /// The thread's id (`gettid`).
-    tid: i32,
-    /// When it began: nanoseconds after [`epoch`].
-    since: u64,
-    /// Whether the thread was demoted (shared with its pool, which [`background_pool`] then
-    /// replaces).
-    demoted: Arc<AtomicBool>,
-}
-
-/// The background pool's threads in a [`Background`] span now.
-static SPANS: Mutex<Vec<Span>> = Mutex::new(Vec::new());
 
 thread_local! {
     /// [`Background`] spans open on this thread.
     static IN_BACKGROUND: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-    /// Where this is the thread of a background pool ([`background_pool`]): its id, and the
-    /// pool's flag saying it was demoted.
-    static POOL_THREAD: std::cell::RefCell<Option<(i32, Arc<AtomicBool>)>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Marks the calling thread's work as background work (a compile while the program runs on,
@@ -169,92 +125,50 @@ impl Background {
     /// Starts a span of background work.
     pub fn begin() -> Background {
         BACKGROUND_SINCE.store(Instant::now().saturating_duration_since(epoch()).as_nanos() as u64, Ordering::Release);
-        let since = Instant::now().saturating_duration_since(epoch()).as_nanos() as u64;
-        let outer = IN_BACKGROUND.with(|n| n.replace(n.get() + 1)) == 0;
-        if let (true, Some((tid, demoted))) = (outer, POOL_THREAD.with_borrow(|t| t.clone())) {
-            SPANS.lock().unwrap_or_else(|e| e.into_inner()).push(Span { tid, since, demoted });
-        }
         BACKGROUND.fetch_add(1, Ordering::AcqRel);
+        IN_BACKGROUND.with(|n| n.set(n.get() + 1));
         Background(())
     }
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
-        let last = IN_BACKGROUND.with(|n| n.replace(n.get() - 1)) == 1;
-        if let (true, Some((tid, _))) = (last, POOL_THREAD.with_borrow(|t| t.clone())) {
-            let mut spans = SPANS.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = spans.iter().position(|s| s.tid == tid) {
-                spans.swap_remove(i);
-            }
-        }
+        IN_BACKGROUND.with(|n| n.set(n.get() - 1));
         BACKGROUND.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 /// The pool background work runs on (tier 0's background compiles, `coil_frontend::tiered`):
-/// one thread of its own, so that what such work runs in parallel (a graph-cache hit builds
-/// its tile kernels with rayon) runs there in line, instead of queueing for the program's
-/// pool, whose threads the program keeps busy meanwhile (a warm hit's tiles took 1-5 ms so
-/// on the build machine, against 0.1 ms in line). Its thread runs at the program's priority
-/// for the first [`BACKGROUND_PRIORITY`] of a span, then lower
-/// ([`demote_background_threads`]); the pool of a demoted thread is replaced by a new one here
-/// (its thread ends once its work is done). `None` where no thread can start.
-/// [`super::prepare`] starts it.
-pub fn background_pool() -> Option<Arc<rayon::ThreadPool>> {
-    static POOL: Mutex<Option<(Arc<rayon::ThreadPool>, Arc<AtomicBool>)>> = Mutex::new(None);
-    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    if pool.as_ref().is_some_and(|(_, demoted)| demoted.load(Ordering::Acquire)) {
-        *pool = None; // (its thread ends once the work it has is done)
-    }
-    if pool.is_none() {
-        let demoted = Arc::new(AtomicBool::new(false));
-        let flag = demoted.clone();
-        let built = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .thread_name(|_| "coil-background".into())
-            .start_handler(move |_| POOL_THREAD.set(Some((thread_id(), flag.clone()))))
-            .build()
-            .ok()?;
-        *pool = Some((Arc::new(built), demoted));
-    }
-    pool.as_ref().map(|(p, _)| p.clone())
+/// one thread of its own, at a lower scheduling priority (Linux: nice 10, which the C compiler
+/// it starts inherits: a compile in the background must not take the cores from the program
+/// it serves; a C compiler beside a matrix product on a 2-core machine halved the product's
+/// speed, and a helper of the program's pool that the compile preempted in the middle of its
+/// share of a product held the product back for a time slice). What such work runs in
+/// parallel (a graph-cache hit builds its tile kernels with rayon) runs there in line, instead
+/// of queueing for the program's pool, which the program keeps busy meanwhile: a warm hit of
+/// `examples/eager_shapes`' graph took 1-5 ms so on the build machine, 0.6 ms in line. `None`
+/// where no thread can start. [`super::prepare`] starts it.
+pub fn background_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "coil-background".into());
+        pool.start_handler(|_| lower_priority()).build().ok()
+    })
+    .as_ref()
 }
 
-/// The calling thread's id (Linux's `gettid`; 0 elsewhere, where nothing is demoted).
-fn thread_id() -> i32 {
-    #[cfg(target_os = "linux")]
-    {
-        extern "C" {
-            fn gettid() -> i32;
-        }
-        // SAFETY: returns the caller's thread id; no memory.
-        unsafe { gettid() }
-    }
-    #[cfg(not(target_os = "linux"))]
-    0
-}
-
-/// Sets the nice value of thread `tid` of this process to 10 (best effort; Linux only).
-fn lower_thread_priority(tid: i32) {
+/// Lowers the calling thread's scheduling priority (Linux: its nice value, 10), as the
+/// [`background_pool`]'s thread runs.
+pub fn lower_priority() {
     #[cfg(target_os = "linux")]
     {
         extern "C" {
             fn setpriority(which: i32, who: u32, prio: i32) -> i32;
         }
-        // SAFETY: `setpriority(PRIO_PROCESS, tid, 10)` sets one thread's nice value (a
+        // SAFETY: `setpriority(PRIO_PROCESS, 0, n)` sets the calling thread's nice value (a
         // per-thread attribute on Linux); it reads and writes no memory of ours.
-        let _ = unsafe { setpriority(0, tid as u32, 10) };
+        let _ = unsafe { setpriority(0, 0, 10) };
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = tid;
-}
-
-/// Whether the calling thread does background work on the background pool now (a
-/// [`Background`] span on its thread: a background compile, whose C compiler then runs at a
-/// lower priority, `compiler`; a realization that compiles in line, waiting for it, is not).
-pub fn in_background_pool() -> bool {
-    IN_BACKGROUND.with(|n| n.get() > 0) && POOL_THREAD.with_borrow(|t| t.is_some())
 }
 
 /// `wait()`, the calling thread blocked on another process meanwhile: its [`Background`]
@@ -466,50 +380,30 @@ mod tests {
         assert_eq!(IN_BACKGROUND.with(|n| n.get()), 0);
     }
 
-    /// The nice value of thread `tid` of this process.
-    #[cfg(target_os = "linux")]
-    fn nice_of(tid: i32) -> i32 {
-        extern "C" {
-            fn getpriority(which: i32, who: u32) -> i32;
-        }
-        // SAFETY: reads one thread's nice value; no memory.
-        unsafe { getpriority(0, tid as u32) }
-    }
-
-    /// A background pool thread whose span runs past BACKGROUND_PRIORITY gets nice 10 and its
-    /// pool is replaced (a fresh thread at the program's priority serves the next work); work
-    /// in a span on any other thread (a realization compiling in line) is never demoted.
-    #[cfg(target_os = "linux")]
+    /// The background pool is one thread, at nice 10 (Linux), on which rayon's parallel
+    /// iterators run in line.
     #[test]
-    fn background_threads_past_their_priority_are_demoted_and_replaced() {
-        let wait = || std::thread::sleep(BACKGROUND_PRIORITY + Duration::from_millis(5));
+    fn the_background_pool_is_one_low_priority_thread() {
         let pool = background_pool().expect("a background thread");
-        let (tid, before, within, after) = pool.install(|| {
-            let tid = thread_id();
-            let before = nice_of(tid);
-            assert!(!in_background_pool(), "no span yet");
-            let _span = Background::begin();
-            assert!(in_background_pool());
-            demote_background_threads();
-            let within = nice_of(tid);
-            wait();
-            demote_background_threads();
-            (tid, before, within, nice_of(tid))
+        let (threads, nice, name) = pool.install(|| {
+            #[cfg(target_os = "linux")]
+            let nice = {
+                extern "C" {
+                    fn getpriority(which: i32, who: u32) -> i32;
+                }
+                // SAFETY: reads the calling thread's nice value; no memory.
+                unsafe { getpriority(0, 0) }
+            };
+            #[cfg(not(target_os = "linux"))]
+            let nice = 10;
+            let name = std::thread::current().name().map(String::from);
+            let ran_here: Vec<Option<String>> =
+                (0..8).into_par_iter().map(|_| std::thread::current().name().map(String::from)).collect();
+            assert!(ran_here.iter().all(|n| *n == name), "in line: {ran_here:?}");
+            (rayon::current_num_threads(), nice, name)
         });
-        assert!(tid > 0 && before < 10, "thread {tid} at nice {before}");
-        assert_eq!(within, before, "not demoted within its priority");
-        assert_eq!(after, 10, "demoted past it");
-        let next = background_pool().expect("a background thread");
-        assert!(!Arc::ptr_eq(&pool, &next), "a demoted thread's pool is replaced");
-        assert!(next.install(|| nice_of(thread_id())) < 10, "the new thread runs at the program's priority");
-        let me = thread_id();
-        let mine = nice_of(me);
-        let span = Background::begin();
-        assert!(!in_background_pool(), "a span outside the pool");
-        wait();
-        demote_background_threads();
-        drop(span);
-        assert_eq!(nice_of(me), mine, "a thread outside the background pool is never demoted");
+        assert_eq!((threads, nice, name.as_deref()), (1, 10, Some("coil-background")));
+        assert!(std::ptr::eq(pool, background_pool().expect("the same")));
     }
 
     #[test]
