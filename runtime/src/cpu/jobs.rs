@@ -152,6 +152,9 @@ pub fn background_pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "coil-background".into());
+        // (a job's panic is its own to catch, as a background compile does; one that escapes
+        // is reported rather than aborting the process, rayon's default for spawned jobs)
+        let pool = pool.panic_handler(|_| eprintln!("coil: a background job panicked"));
         pool.start_handler(|_| lower_priority()).build().ok()
     })
     .as_ref()
@@ -404,6 +407,11 @@ mod tests {
         });
         assert_eq!((threads, nice, name.as_deref()), (1, 10, Some("coil-background")));
         assert!(std::ptr::eq(pool, background_pool().expect("the same")));
+        // A job that panics is reported; the process and the pool go on.
+        let (done, ran) = std::sync::mpsc::channel();
+        pool.spawn(|| panic!("a background job's panic (expected by this test)"));
+        pool.spawn(move || done.send(()).expect("the test waits"));
+        ran.recv_timeout(Duration::from_secs(10)).expect("the pool runs jobs after a panic");
     }
 
     #[test]
