@@ -11,10 +11,11 @@
 //! compiled in the background, `coil::tiered`; `COIL_EAGER_TIER=0` turns it off) and the device.
 //!
 //! On the CPU the backend's prebuilt libraries (tier 0's math, the packed matrix product) and
-//! its thread pool are loaded before the clock starts (`coil_runtime::cpu::prepare`, about a
-//! millisecond once per process), as `import torch` loads PyTorch's kernels before its side's
-//! clock; nothing of the measured graphs is compiled or cached by it (`--no-prepare` leaves
-//! the loading to the first realization).
+//! its threads (the pool, and the background compiles' thread) are loaded and started before
+//! the clock starts (`coil_runtime::cpu::prepare`, about a millisecond once per process), as
+//! `import torch` loads PyTorch's kernels before its side's clock; nothing of the measured
+//! graphs is compiled or cached by it (`--no-prepare` leaves the loading to the first
+//! realization).
 //!
 //! `cargo run --release --example eager_shapes -- [--device cpu|cuda] [--shapes N] [--reps N]
 //! [--phases] [--each] [--no-prepare]` (`--phases`: also print the host's time per phase in the
