@@ -11,14 +11,16 @@
 //! compiled in the background, `coil::tiered`; `COIL_EAGER_TIER=0` turns it off) and the device.
 //!
 //! On the CPU the backend's prebuilt libraries (tier 0's math, the packed matrix product) and
-//! its thread pool are loaded before the clock starts (`coil_runtime::cpu::prepare`, about a
-//! millisecond once per process), as `import torch` loads PyTorch's kernels before its side's
-//! clock; nothing of the measured graphs is compiled or cached by it (`--no-prepare` leaves
-//! the loading to the first realization).
+//! its threads (the pool, and the background compiles' thread) are loaded and started before
+//! the clock starts (`coil_runtime::cpu::prepare`, about a millisecond once per process), as
+//! `import torch` loads PyTorch's kernels before its side's clock; nothing of the measured
+//! graphs is compiled or cached by it (`--no-prepare` leaves the loading to the first
+//! realization).
 //!
 //! `cargo run --release --example eager_shapes -- [--device cpu|cuda] [--shapes N] [--reps N]
-//! [--phases] [--no-prepare]` (`--phases`: also print the host's time per phase in the first
-//! pass and over 100 more steady calls)
+//! [--phases] [--each] [--no-prepare]` (`--phases`: also print the host's time per phase in the
+//! first pass and over 100 more steady calls; `--each`: each realization's time in the first
+//! pass, and whether it ran on tier 0)
 
 use coil::{Device, Tensor};
 use std::time::Instant;
@@ -62,7 +64,7 @@ fn step([x, w, g, b]: &[Tensor; 4]) -> coil::Result<f32> {
 
 fn main() -> coil::Result<()> {
     let mut device = Device::default();
-    let (mut shapes, mut reps, mut phases, mut prepare) = (20usize, 200usize, false, true);
+    let (mut shapes, mut reps, mut phases, mut prepare, mut each) = (20usize, 200usize, false, true, false);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -71,8 +73,11 @@ fn main() -> coil::Result<()> {
             "--shapes" => shapes = value().parse().expect("--shapes N"),
             "--reps" => reps = value().parse().expect("--reps N"),
             "--phases" => phases = true,
+            "--each" => each = true,
             "--no-prepare" => prepare = false,
-            _ => panic!("unknown argument {a}: --device cpu|cuda, --shapes N, --reps N, --phases, --no-prepare"),
+            _ => {
+                panic!("unknown argument {a}: --device cpu|cuda, --shapes N, --reps N, --phases, --each, --no-prepare")
+            }
         }
     }
     if prepare && device == Device::Cpu {
@@ -83,10 +88,19 @@ fn main() -> coil::Result<()> {
     // The data exist before the clock starts (loaded, in a real program); only the ops run.
     let all = (0..shapes).map(|i| inputs(shape(i).0, shape(i).1, device)).collect::<coil::Result<Vec<_>>>()?;
     let (start, host) = (Instant::now(), coil::profile::host_times());
+    let mut times = Vec::with_capacity(all.len());
     for x in &all {
+        let (t, tier0) = (Instant::now(), coil::tiered::tier0_runs());
         step(x)?;
+        times.push((t.elapsed().as_secs_f64() * 1e6, coil::tiered::tier0_runs() > tier0));
     }
     let first_pass_s = start.elapsed().as_secs_f64();
+    if each {
+        for (i, (us, tier0)) in times.iter().enumerate() {
+            let on = if *tier0 { "tier 0" } else { "compiled" };
+            eprintln!("realization {i:2} {:?}: {us:7.1} us ({on})", shape(i));
+        }
+    }
     if phases {
         eprintln!("first pass: {:?}", coil::profile::host_times().since(&host));
     }

@@ -144,22 +144,29 @@ fn enqueue(task: Arc<Task>) {
         return;
     }
     q.1 = true;
-    let worker = || {
-        lower_priority();
-        loop {
-            let next = {
-                let mut q = queue().lock().unwrap_or_else(|e| e.into_inner());
-                let next = q.0.pop_front();
-                q.1 = next.is_some();
-                next
-            };
-            match next {
-                Some(task) => task.run(),
-                None => return,
-            }
+    let worker = || loop {
+        let next = {
+            let mut q = queue().lock().unwrap_or_else(|e| e.into_inner());
+            let next = q.0.pop_front();
+            q.1 = next.is_some();
+            next
+        };
+        match next {
+            Some(task) => task.run(),
+            None => return,
         }
     };
-    if let Err(e) = std::thread::Builder::new().name("coil-compile".into()).spawn(worker) {
+    // On the background pool's thread, so that what the compile runs in parallel runs there
+    // in line rather than waiting for the program's pool, which tier 0 keeps busy.
+    if let Some(pool) = coil_runtime::cpu::jobs::background_pool() {
+        pool.spawn(worker);
+        return;
+    }
+    let lowered = move || {
+        coil_runtime::cpu::jobs::lower_priority();
+        worker()
+    };
+    if let Err(e) = std::thread::Builder::new().name("coil-compile".into()).spawn(lowered) {
         // No thread: what is in line fails, and the realizations that would use it compile in
         // the foreground.
         q.1 = false;
@@ -277,22 +284,6 @@ fn foreground(graph: Arc<Graph>, device: Device, outcome: Result<()>) -> Result<
     let _ = outcome; // an error comes back from the compile below, at this realization
     let (compiled, graph) = crate::compile::compile_walked(graph, device, &[])?;
     Ok(Route::Compiled(compiled, graph))
-}
-
-/// Lowers the calling thread's scheduling priority (Linux: its nice value, 10; the C compiler
-/// it starts inherits it): the compiles in the background must not take the cores from the
-/// program they serve, which tier 0 and the compiled graphs run meanwhile (a C compiler beside
-/// a matrix product on a 2-core machine halved the product's speed).
-fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        extern "C" {
-            fn setpriority(which: i32, who: u32, prio: i32) -> i32;
-        }
-        // SAFETY: `setpriority(PRIO_PROCESS, 0, n)` sets the calling thread's nice value (a
-        // per-thread attribute on Linux); it reads and writes no memory of ours.
-        let _ = unsafe { setpriority(0, 0, 10) };
-    }
 }
 
 /// The tier-0 plan of a captured graph, or why it has none.

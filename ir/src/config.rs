@@ -479,6 +479,19 @@ pub fn byte_size(text: &str) -> Option<u64> {
     digits.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
+/// The variable a test sets for a copy of its own test binary that it runs as a child
+/// process ([`test_child_dir`]).
+pub const TEST_CHILD_VAR: &str = "COIL_TEST_EXIT_CHILD";
+
+/// The directory a test hands to a copy of its own test binary run as a child process
+/// ([`TEST_CHILD_VAR`]; the runtime's test that a compile in flight does not outlive the
+/// process exits in such a child): `None` in every other process. Read from the environment
+/// each call, not part of [`Config`]: it says which role a test process plays, not how coil
+/// compiles.
+pub fn test_child_dir() -> Option<PathBuf> {
+    std::env::var_os(TEST_CHILD_VAR).map(PathBuf::from)
+}
+
 impl Config {
     /// The built-in values, with no machine paths (completed by [`Env::default_config`]).
     fn builtin() -> Config {

@@ -317,12 +317,11 @@ mod tests {
     }
 
     /// A process that exits while a compile of its runs (this test binary, run again with
-    /// `COIL_TEST_EXIT_CHILD` naming a directory: a fake compiler that writes its pid there and
-    /// sleeps, started on another thread) leaves no compiler behind.
+    /// `coil_ir::config::TEST_CHILD_VAR` naming a directory: a fake compiler that writes its
+    /// pid there and sleeps, started on another thread) leaves no compiler behind.
     #[test]
     fn a_compile_in_flight_does_not_outlive_the_process() {
-        if let Some(dir) = std::env::var_os("COIL_TEST_EXIT_CHILD") {
-            let dir = PathBuf::from(dir);
+        if let Some(dir) = coil_ir::config::test_child_dir() {
             let cc = dir.join("slowcc");
             let cc = CCompiler::detect_remembered(Some(cc.to_str().unwrap()), &dir.join("cache"), None).unwrap();
             let cache = dir.join("cache");
@@ -343,7 +342,7 @@ mod tests {
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "cpu::compiler::tests::a_compile_in_flight_does_not_outlive_the_process"])
-            .env("COIL_TEST_EXIT_CHILD", &dir.0)
+            .env(coil_ir::config::TEST_CHILD_VAR, &dir.0)
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

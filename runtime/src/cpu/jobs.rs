@@ -138,6 +138,42 @@ impl Drop for Background {
     }
 }
 
+/// The pool background work runs on (tier 0's background compiles, `coil_frontend::tiered`):
+/// one thread of its own, at a lower scheduling priority (Linux: nice 10, which the C compiler
+/// it starts inherits: a compile in the background must not take the cores from the program
+/// it serves; a C compiler beside a matrix product on a 2-core machine halved the product's
+/// speed, and a helper of the program's pool that the compile preempted in the middle of its
+/// share of a product held the product back for a time slice). What such work runs in
+/// parallel (a graph-cache hit builds its tile kernels with rayon) runs there in line, instead
+/// of queueing for the program's pool, which the program keeps busy meanwhile: a warm hit of
+/// `examples/eager_shapes`' graph took 1-5 ms so on the build machine, 0.6 ms in line. `None`
+/// where no thread can start. [`super::prepare`] starts it.
+pub fn background_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "coil-background".into());
+        // (a job's panic is its own to catch, as a background compile does; one that escapes
+        // is reported rather than aborting the process, rayon's default for spawned jobs)
+        let pool = pool.panic_handler(|_| eprintln!("coil: a background job panicked"));
+        pool.start_handler(|_| lower_priority()).build().ok()
+    })
+    .as_ref()
+}
+
+/// Lowers the calling thread's scheduling priority (Linux: its nice value, 10), as the
+/// [`background_pool`]'s thread runs.
+pub fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        extern "C" {
+            fn setpriority(which: i32, who: u32, prio: i32) -> i32;
+        }
+        // SAFETY: `setpriority(PRIO_PROCESS, 0, n)` sets the calling thread's nice value (a
+        // per-thread attribute on Linux); it reads and writes no memory of ours.
+        let _ = unsafe { setpriority(0, 0, 10) };
+    }
+}
+
 /// `wait()`, the calling thread blocked on another process meanwhile: its [`Background`]
 /// marks are lifted for the time (helpers linger again: the other process runs at its own
 /// priority and is better served by the program's progress than by an idle core).
@@ -345,6 +381,37 @@ mod tests {
         assert_eq!(sum.load(Ordering::Relaxed), 64 * 63 / 2);
         drop(background);
         assert_eq!(IN_BACKGROUND.with(|n| n.get()), 0);
+    }
+
+    /// The background pool is one thread, at nice 10 (Linux), on which rayon's parallel
+    /// iterators run in line.
+    #[test]
+    fn the_background_pool_is_one_low_priority_thread() {
+        let pool = background_pool().expect("a background thread");
+        let (threads, nice, name) = pool.install(|| {
+            #[cfg(target_os = "linux")]
+            let nice = {
+                extern "C" {
+                    fn getpriority(which: i32, who: u32) -> i32;
+                }
+                // SAFETY: reads the calling thread's nice value; no memory.
+                unsafe { getpriority(0, 0) }
+            };
+            #[cfg(not(target_os = "linux"))]
+            let nice = 10;
+            let name = std::thread::current().name().map(String::from);
+            let ran_here: Vec<Option<String>> =
+                (0..8).into_par_iter().map(|_| std::thread::current().name().map(String::from)).collect();
+            assert!(ran_here.iter().all(|n| *n == name), "in line: {ran_here:?}");
+            (rayon::current_num_threads(), nice, name)
+        });
+        assert_eq!((threads, nice, name.as_deref()), (1, 10, Some("coil-background")));
+        assert!(std::ptr::eq(pool, background_pool().expect("the same")));
+        // A job that panics is reported; the process and the pool go on.
+        let (done, ran) = std::sync::mpsc::channel();
+        pool.spawn(|| panic!("a background job's panic (expected by this test)"));
+        pool.spawn(move || done.send(()).expect("the test waits"));
+        ran.recv_timeout(Duration::from_secs(10)).expect("the pool runs jobs after a panic");
     }
 
     #[test]

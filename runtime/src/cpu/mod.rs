@@ -49,7 +49,8 @@ pub use module::{Kernel, KernelLibrary};
 
 /// Loads now what the CPU backend's first realizations would otherwise load then: tier 0's
 /// math library and the packed matrix product (each built with the crate where it serves this
-/// machine, else taken from the kernel cache or compiled once), and starts the thread pool.
+/// machine, else taken from the kernel cache or compiled once), and starts the thread pool
+/// and the background compiles' thread ([`jobs::background_pool`]).
 /// About a millisecond on the build machine, paid once per process either way; a program may
 /// call it at start-up (as `import torch` loads PyTorch's kernels) so that its first
 /// realizations do not wait for it. Nothing depends on it having run; a library that cannot be
@@ -58,6 +59,7 @@ pub fn prepare() {
     let _ = eager::prepare();
     let _ = gemm_packed::Library::get(coil_codegen::templates::gemm_cpu::IsaCap::Native);
     rayon::broadcast(|_| ());
+    let _ = jobs::background_pool();
 }
 
 use crate::plan::{
