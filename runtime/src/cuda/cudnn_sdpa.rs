@@ -21,9 +21,9 @@
 //!
 //! Which engine config runs: the heuristics' order is a model's guess (on the H100, GPT-2's
 //! causal forward took 61 us with the first config and 52 with the second, the same engine
-//! with other knobs). So the plan keeps the first [`CANDIDATES`] configs that fit, and the
+//! with other knobs). So the plan keeps the first `CANDIDATES` (4) configs that fit, and the
 //! first run of each shape times them on its own operands, out of the L2 cache, and keeps the
-//! fastest ([`choose`], as the cuBLASLt algorithm choice does: the same tie rule, a choice cached on
+//! fastest (`choose`, as the cuBLASLt algorithm choice does: the same tie rule, a choice cached on
 //! disk under `<cache dir>/cudnn/` keyed by the shape, the GPU and cuDNN's version); not while
 //! a CUDA graph is captured, and not with `tuning.attention_autotune` off
 //! (`COIL_ATTENTION_AUTOTUNE=0`), where the first runs. Every candidate is repeatable (the
