@@ -383,7 +383,7 @@ mod tests {
         assert_eq!(IN_BACKGROUND.with(|n| n.get()), 0);
     }
 
-    /// The background pool is one thread, at nice 10 (Linux), on which rayon's parallel
+    /// The background pool is one thread, at nice 10 or lower priority (Linux), on which rayon's parallel
     /// iterators run in line.
     #[test]
     fn the_background_pool_is_one_low_priority_thread() {
@@ -405,7 +405,9 @@ mod tests {
             assert!(ran_here.iter().all(|n| *n == name), "in line: {ran_here:?}");
             (rayon::current_num_threads(), nice, name)
         });
-        assert_eq!((threads, nice, name.as_deref()), (1, 10, Some("coil-background")));
+        // (at least 10: a process started at a lower priority stays there)
+        assert_eq!((threads, name.as_deref()), (1, Some("coil-background")));
+        assert!(nice >= 10, "nice {nice}");
         assert!(std::ptr::eq(pool, background_pool().expect("the same")));
         // A job that panics is reported; the process and the pool go on.
         let (done, ran) = std::sync::mpsc::channel();
