@@ -406,11 +406,11 @@ fn independent_kernels_of_one_size_share_a_launch() {
     assert_eq!(stores, [6, 2], "{text}");
     assert_eq!(s.kernels[1].stores, p.outputs[4..6], "{text}");
 
-    // Ten casts writing 2 MiB each: 8 fill a kernel's 16 MiB, the other 2 the next.
+    // Ten casts writing 8 MiB each: 8 fill a kernel's 64 MiB, the other 2 the next.
     let mut g = Graph::new();
     let outs: Vec<NodeId> = (0..10)
         .map(|_| {
-            let x = g.input(m(&[1024, 1024]));
+            let x = g.input(m(&[4096, 1024]));
             op(&mut g, Op::Cast(DType::BF16), &[x])
         })
         .collect();
