@@ -448,7 +448,7 @@ fn generated_tiles(captured: &Graph) -> Result<Vec<coil_ir::kernel::TileKernel>>
     let (primitive, _) = coil_passes::simplify(&primitive, &coil_passes::RewriteOptions::configured())?;
     let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
     let mut schedule = coil_passes::schedule_with(&program, &cuda_schedule_options(true));
-    coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule);
+    coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule, &coil_codegen::cuda::GpuTarget::h100());
     Ok(schedule
         .kernels
         .iter()
@@ -594,8 +594,8 @@ fn compile_front(
 
     let t = Instant::now();
     let mut schedule = coil_passes::schedule_with(&program, &schedule_options(device)?);
-    if matches!(device, Device::Cuda(_)) {
-        coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule);
+    if let Device::Cuda(n) = device {
+        coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule, &CudaDevice::get(n)?.target());
     }
     coil_passes::donate(&program, &mut schedule, donations);
     times.schedule = t.elapsed().as_secs_f64();

@@ -414,14 +414,17 @@ pub fn plan_with(k: &TileKernel, tuning: &Tuning, target: &GpuTarget) -> Plan {
     }
 }
 
-/// Keeps a row on chip over a cluster of blocks only where that saves reads: a persistent
-/// reduction of `schedule` whose row is longer than one block holds ([`BLOCK_ROW_MAX`])
-/// becomes a looped one (`per_` names become `red_`) when its looped kernel reads the row in
-/// one pass (an online logsumexp, a plain sum). Measured on the H100: cross-entropy over bf16
+/// Keeps a row on chip over a cluster of blocks only where that pays: a persistent reduction
+/// of `schedule` whose row is longer than one block holds ([`BLOCK_ROW_MAX`]) becomes a looped
+/// one (`per_` names become `red_`) when its looped kernel reads the row in one pass (an online
+/// logsumexp, a plain sum), or in two with at least [`LOOPED_TWO_PASS_ROWS_PER_SM`] rows per SM
+/// of `target` (the second pass then reads the row back from the L2, its grid capped so that
+/// the rows in flight fit: [`l2_row_budget`]). Measured on the H100: cross-entropy over bf16
 /// rows of 50304, 299 us looped against 613 us over clusters of 8 (clusters of short-lived
-/// blocks schedule slowly); a softmax over f32 rows of 65536 (two passes looped), 263 us
-/// looped against 197 us over clusters.
-pub fn settle_row_kinds(program: &LoopProgram, schedule: &mut Schedule) {
+/// blocks schedule slowly); on the H200: a training cross-entropy (its gradient written in
+/// the second pass) over 8192 such rows 656 us looped against 798 over clusters, a softmax
+/// over 1024 f32 rows of 65536 (8 per SM) 186 us looped against 149 over clusters.
+pub fn settle_row_kinds(program: &LoopProgram, schedule: &mut Schedule, target: &GpuTarget) {
     for k in &mut schedule.kernels {
         let long = k.rnumel.and_then(|r| r.const_value()).is_some_and(|r| r > BLOCK_ROW_MAX);
         if k.kind != KernelKind::PersistentReduction || !long {
@@ -430,7 +433,9 @@ pub fn settle_row_kinds(program: &LoopProgram, schedule: &mut Schedule) {
         let looped = FusedKernel { kind: KernelKind::LoopedReduction, ..k.clone() };
         let passes =
             crate::build_kernel(program, &looped).body.iter().filter(|s| matches!(s, TileStmt::RLoop(_))).count();
-        if passes <= 1 {
+        let many_rows =
+            k.xnumel.const_value().is_some_and(|x| x >= LOOPED_TWO_PASS_ROWS_PER_SM * i64::from(target.sm_count));
+        if passes <= 1 || (passes == 2 && many_rows) {
             k.name = match k.name.strip_prefix(KernelKind::PersistentReduction.prefix()) {
                 Some(rest) => format!("{}{rest}", KernelKind::LoopedReduction.prefix()),
                 None => k.name.clone(),
@@ -457,6 +462,9 @@ fn rereading_grid_cap(k: &TileKernel, rn: Option<usize>, target: &GpuTarget) -> 
     let row_bytes = rn * k.args.iter().map(|a| a.dtype.size_bytes()).max().unwrap_or(4);
     (l2_row_budget(target) / row_bytes.max(1)).clamp(target.sm_count as usize, MAX_GRID) as u32
 }
+
+/// Fewest rows per SM for which a long row's two passes loop ([`settle_row_kinds`]).
+pub const LOOPED_TWO_PASS_ROWS_PER_SM: i64 = 16;
 
 /// Threads per row of a looped reduction of `groups` vector groups per row: about 4 groups per
 /// thread (256 to 1024 threads), halved while that cuts the last pass's idle lanes by more than

@@ -133,7 +133,7 @@ fn long_rows_stay_on_chip_only_where_the_loop_would_read_them_twice() {
     use coil_ir::kernel::Schedule;
     let settle = |p: &LoopProgram, k: FusedKernel| {
         let mut s = Schedule { kernels: vec![k], refusals: vec![], memory: Default::default() };
-        launch::settle_row_kinds(p, &mut s);
+        launch::settle_row_kinds(p, &mut s, &GpuTarget::h100());
         let k = s.kernels.pop().unwrap();
         (k.kind, k.name)
     };
@@ -145,6 +145,11 @@ fn long_rows_stay_on_chip_only_where_the_loop_would_read_them_twice() {
     // a softmax loops twice over its rows: a cluster holds them
     let (p, k) = online(64, Some(1 << 16), DType::F32, Online::Softmax, false);
     assert_eq!(settle(&p, persistent(k)), (KernelKind::PersistentReduction, "per_fused_softmax_0".into()));
+    // ... unless there are rows enough for every SM (16 each): the second pass reads the L2
+    let (p, k) = online(132 * 16, Some(1 << 16), DType::F32, Online::Softmax, false);
+    assert_eq!(settle(&p, persistent(k)).0, KernelKind::LoopedReduction);
+    let (p, k) = online(132 * 16 - 1, Some(1 << 16), DType::F32, Online::Softmax, false);
+    assert_eq!(settle(&p, persistent(k)).0, KernelKind::PersistentReduction);
     // a logsumexp loops once: looped
     let (p, k) = online(64, Some(50304), DType::BF16, Online::LogSumExp, false);
     assert_eq!(settle(&p, persistent(k)), (KernelKind::LoopedReduction, "red_fused_logsumexp_0".into()));
