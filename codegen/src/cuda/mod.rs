@@ -31,7 +31,8 @@
 //!   ([`launch::BLOCK_ROW_MAX`], sm_90 and later) is split over a thread-block cluster
 //!   (`__cluster_dims__`): each block reduces its share, and the blocks' results meet in
 //!   distributed shared memory (`coil_reduce_cluster`); such rows stay on chip only where a
-//!   looped kernel would read them twice ([`launch::settle_row_kinds`]).
+//!   looped kernel would read them twice and there are few rows per SM
+//!   ([`launch::settle_row_kinds`]).
 //! * **Looped reduction**: one block per row; each `RLoop` strides over the row's groups with
 //!   vector loads where contiguous, into per-thread accumulators, then a block reduction. An
 //!   online softmax pass folds each group into the thread's `(max, sum of exp)` pair at once
