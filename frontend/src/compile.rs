@@ -595,7 +595,7 @@ fn compile_front(
     let t = Instant::now();
     let mut schedule = coil_passes::schedule_with(&program, &schedule_options(device)?);
     if let Device::Cuda(n) = device {
-        coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule, &CudaDevice::get(n)?.target());
+        coil_codegen::cuda::launch::settle_row_kinds(&program, &mut schedule, CudaDevice::get(n)?.target());
     }
     coil_passes::donate(&program, &mut schedule, donations);
     times.schedule = t.elapsed().as_secs_f64();
