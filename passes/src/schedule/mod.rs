@@ -282,27 +282,30 @@ impl<'p> Scheduler<'p> {
     /// Groups that read nothing computed in the program (a parameter's cast, a gradient's sum
     /// of squares) may run at any point before their readers, so any two of one signature run
     /// as one kernel: one launch instead of two, the same bytes (Inductor's combo kernels, for
-    /// equal sizes). So may small sinks ([`SINK_READ_BYTES`]: the second stages of a backward
-    /// graph's bias and norm-weight gradients, a few microseconds of launch each for a few
-    /// kilobytes), which nothing waits for. In node order, each joins the open kernel of its
-    /// signature while that stores at most [`INDEPENDENT_STORE_BYTES`] (and no path joins
-    /// them: `legal`), else opens the next. Whether any fused.
+    /// equal sizes). So may small groups ([`SINK_READ_BYTES`]) read by the same kernels, or by
+    /// none: the second stages of a backward graph's bias and norm-weight gradients, which
+    /// nothing waits for, or of a gradient norm's per-parameter sums, which one kernel adds up;
+    /// a few microseconds of launch each for a few kilobytes, and no reader waits longer than
+    /// it did for the later of the two. In node order, each joins the open kernel of its
+    /// signature (and readers) while that stores at most [`INDEPENDENT_STORE_BYTES`] (and no
+    /// path joins them: `legal`), else opens the next. Whether any fused.
     fn fuse_independent(&mut self) -> bool {
         // By signature and kind: input-only groups join input-only ones (they may run
-        // early), small sinks join small sinks (they may run late).
-        let mut open: IndexMap<(Sig, bool), usize> = IndexMap::new();
+        // early), small groups join small groups with the same readers (they may run late).
+        let mut open: IndexMap<(Sig, Option<Vec<usize>>), usize> = IndexMap::new();
         let mut fused = false;
         for g in 0..self.members.len() {
             let Some(sig) = self.gsig[g].filter(|&s| s != Sig::Extern) else { continue };
-            let key = match (self.reads_only_inputs(g), self.is_small_sink(g)) {
-                (true, _) => (sig, false),
-                (false, true) => (sig, true),
+            let key = match (self.reads_only_inputs(g), self.is_small(g)) {
+                (true, _) => (sig, None),
+                (false, true) => (sig, Some(self.readers(g))),
                 (false, false) => continue,
             };
             let fits = |into: usize| {
                 self.written_bytes(into) + self.written_bytes(g) <= INDEPENDENT_STORE_BYTES
-                    && (!key.1
-                        || self.outside_reads(into, true).len() + self.outside_reads(g, true).len() <= SINK_MAX_READS)
+                    && (key.1.is_none()
+                        || (self.outside_reads(into, true).len() + self.outside_reads(g, true).len() <= SINK_MAX_READS
+                            && key.1 == Some(self.readers(into))))
             };
             let into = match open.get(&key) {
                 Some(&into) if fits(into) => into,
@@ -337,14 +340,16 @@ impl<'p> Scheduler<'p> {
             .all(|b| self.deps.producer[b.0].is_none_or(|w| self.group[w] == g))
     }
 
-    /// Whether no other group reads what group `g` writes, and `g` reads at most
-    /// [`SINK_READ_BYTES`] written by other groups.
-    fn is_small_sink(&self, g: usize) -> bool {
-        let nodes = &self.members[g];
-        let outside = |n: &usize| self.group[*n] != g;
-        let sink =
-            nodes.iter().flat_map(|&n| self.p.nodes[n].writes()).all(|b| !self.deps.readers[b.0].iter().any(outside));
-        sink && self.outside_reads(g, false).iter().map(|&b| self.bytes(b)).sum::<usize>() <= SINK_READ_BYTES
+    /// Whether group `g` reads at most [`SINK_READ_BYTES`] written by other groups.
+    fn is_small(&self, g: usize) -> bool {
+        self.outside_reads(g, false).iter().map(|&b| self.bytes(b)).sum::<usize>() <= SINK_READ_BYTES
+    }
+
+    /// The groups reading what `g` writes, ascending.
+    fn readers(&self, g: usize) -> Vec<usize> {
+        let mut out = self.successors(g);
+        out.sort_unstable();
+        out
     }
 
     /// The buffers group `g` reads that other groups write (and the program's inputs it reads

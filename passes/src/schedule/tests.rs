@@ -467,6 +467,26 @@ fn small_sinks_of_one_size_share_a_launch() {
     assert_eq!(casts, [2, 1], "{text}");
 }
 
+#[test]
+fn small_groups_read_by_one_kernel_share_a_launch() {
+    // A gradient norm's shape: sums of products' squares, added up by one kernel. The sum over
+    // 512 fuses into the adding kernel; the three over 48 (another row length) join each other,
+    // as they are read by that kernel alone.
+    let mut g = Graph::new();
+    let mut sums = Vec::new();
+    for rows in [64, 6, 6, 6] {
+        let x = g.input(m(&[rows, 8]));
+        let w = g.input(m(&[8, 8]));
+        let z = op(&mut g, Op::Matmul, &[x, w]);
+        let sq = op(&mut g, Op::Binary(BinaryOp::Mul), &[z, z]);
+        sums.push(op(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![0, 1], keepdim: false }, &[sq]));
+    }
+    let total = sums[1..].iter().fold(sums[0], |acc, &s| op(&mut g, Op::Binary(BinaryOp::Add), &[acc, s]));
+    let (_, s, text) = scheduled(g, &[total]);
+    let sizes: Vec<usize> = s.kernels.iter().filter(|k| k.name.starts_with("per")).map(|k| k.nodes.len()).collect();
+    assert_eq!(sizes.len(), 2, "{text}");
+}
+
 /// A scatter at run-time positions (a KV cache write) stores where its positions say: a reader
 /// of its output is another kernel, and so is the producer of its base (the runtime copies
 /// the base into the output before the kernel); its source's producers fuse into it.
