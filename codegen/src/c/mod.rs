@@ -53,6 +53,7 @@ mod column;
 mod narrow;
 mod nest;
 pub(crate) mod ops;
+mod prefetch;
 mod prelude;
 mod quiet;
 mod rloop;
@@ -201,6 +202,10 @@ struct Emitter<'a> {
     row_cache: Vec<Var>,
     /// Those of them a pass has computed: later passes read them.
     row_cached: IndexSet<Var>,
+    /// The rows a row kernel's last pass prefetches, of the next `xindex` ([`prefetch`]).
+    prefetch: Vec<prefetch::Stream>,
+    /// Set just before the loop of that last pass is emitted; the loop takes it.
+    prefetch_next: bool,
 }
 
 /// `(e, bound)` when `index` is `min(e, bound)` with `bound` free of `xindex` and `rindex`: the
@@ -294,6 +299,8 @@ impl<'a> Emitter<'a> {
             rounded_bf16,
             row_cache: Vec::new(),
             row_cached: IndexSet::new(),
+            prefetch: Vec::new(),
+            prefetch_next: false,
         }
     }
 
@@ -383,6 +390,8 @@ impl<'a> Emitter<'a> {
                     self.arrays.extend(self.row_cache.iter().copied());
                     self.declare_row_cache();
                 }
+                self.prefetch = prefetch::plan(k, None);
+                self.declare_next_row();
                 self.stmts(&k.body)
             }
             _ => self.stmts(body),
@@ -493,6 +502,9 @@ impl<'a> Emitter<'a> {
                 let end = self.narrow.as_ref().map_or_else(|| self.rnumel.to_c(), |n| n.end.clone());
                 // without values kept in arrays ([`softmax`], [`rowcache`]) and what only they needed
                 let live = self.live_without_kept(body);
+                let last = self.k.body.iter().rev().find(|s| matches!(s, TileStmt::RLoop(_)));
+                self.prefetch_next =
+                    !self.prefetch.is_empty() && self.narrow.is_none() && last.is_some_and(|l| std::ptr::eq(l, s));
                 self.rloop(&live, &end, |e| live.iter().for_each(|s| e.stmt(s)));
                 self.narrow = None;
             }
@@ -545,10 +557,16 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
-        for p in pieces {
+        self.prefetch = prefetch::plan(self.k, Some(&pieces));
+        self.declare_next_row();
+        let last = pieces.iter().rposition(|p| matches!(p, Piece::Loop(_)));
+        for (i, p) in pieces.into_iter().enumerate() {
             match p {
                 Piece::Scalar(s) => self.simple(s),
-                Piece::Loop(stmts) => self.persistent_loop(&stmts),
+                Piece::Loop(stmts) => {
+                    self.prefetch_next = !self.prefetch.is_empty() && Some(i) == last;
+                    self.persistent_loop(&stmts)
+                }
             }
         }
     }
@@ -810,6 +828,8 @@ impl<'a> Emitter<'a> {
 mod tests;
 #[cfg(test)]
 mod tests_online;
+#[cfg(test)]
+mod tests_prefetch;
 #[cfg(test)]
 mod tests_rows;
 #[cfg(test)]

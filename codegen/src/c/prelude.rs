@@ -36,6 +36,13 @@ const HEADER: &str = "\
 const COMMON: &str = r#"
 #define COIL_PI 3.14159265358979323846
 
+/* A hint to bring the cache line of an address in for reading (never faults). */
+#if defined(__GNUC__) || defined(__clang__)
+#define COIL_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define COIL_PREFETCH(p) ((void)(p))
+#endif
+
 /* ---- errors -------------------------------------------------------------------------------- */
 /* Records the first error of a call. A call runs on one thread (the runtime gives each thread
    its own range of xindex and its own status words). */

@@ -67,7 +67,11 @@ impl Emitter<'_> {
     ) {
         let b = SUM_BLOCK;
         let short = end.parse::<i64>().is_ok_and(|n| n <= b);
-        let (start, stop) = if lanes.is_empty() || short {
+        // the last pass of a row kernel that prefetches the next row ([`super::prefetch`])
+        let prefetch = std::mem::take(&mut self.prefetch_next) && lanes.is_empty();
+        let (start, stop) = if prefetch {
+            self.open_prefetch_blocks(end)
+        } else if lanes.is_empty() || short {
             ("0".to_string(), end.to_string())
         } else {
             // a computed end (a cut loop's) once, in a name of this loop's
@@ -106,7 +110,7 @@ impl Emitter<'_> {
         for acc in lanes {
             self.line(&format!("acc{acc} += (double)lacc{acc};"));
         }
-        if !lanes.is_empty() && !short {
+        if prefetch || (!lanes.is_empty() && !short) {
             self.indent -= 1;
             self.line("}");
         }
