@@ -103,7 +103,7 @@ static int coil_gemm_amx_usable(void)
 }
 #endif
 
-/* Whether `layout` packs bf16 pairs along k (B's panels, and A's but with AMX). */
+/* Whether `layout` packs bf16 pairs along k: both operands of the pairs, B of the AMX layout. */
 static inline int coil_gemm_is_pairs(int64_t layout)
 {
     return layout == COIL_GEMM_LAYOUT_BF16_PAIRS || layout == COIL_GEMM_LAYOUT_BF16_AMX;
