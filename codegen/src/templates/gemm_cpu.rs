@@ -9,12 +9,15 @@
 //!
 //! * [`Layout::Bf16Pairs`] (bf16 where the CPU has AVX512-BF16): words are pairs of bf16 along
 //!   k, multiplied and summed into f32 by `vdpbf16ps` (oneDNN's instruction for PyTorch's bf16
-//!   products): 2 k per instruction. Its inputs' subnormals count as zero, as oneDNN's do.
-//!   Where the compiler targets AMX-TILE and AMX-BF16 and the CPU and kernel grant the tile
-//!   data (Sapphire Rapids and later), whole panels of an A read in place multiply by AMX
-//!   tiles instead (`tdpbf16ps`, 32 k per instruction: the panel's rows are an A tile as they
-//!   lie, a packed B panel two B tiles; two A panels pass each B panel together): the same f32
-//!   sums of exact products, summed in another order; PyTorch's oneDNN uses AMX there too;
+//!   products without AMX): 2 k per instruction. Its inputs' subnormals count as zero, as
+//!   oneDNN's do;
+//! * [`Layout::Bf16Amx`] (bf16 where the compiler targets AMX-TILE and AMX-BF16 and the CPU and
+//!   kernel grant the tile data: Sapphire Rapids and later): AMX tiles (`tdpbf16ps`, 32 k per
+//!   instruction), A in panels of 16 rows (a whole tile's) as rows of k contiguous bf16 (an A
+//!   read in place is such panels as it lies), B packed as [`Layout::Bf16Pairs`] packs it (a
+//!   panel's 16 pairs of k by 16 columns are a B tile); two A panels pass each B panel together.
+//!   The same f32 sums of exact products as `vdpbf16ps`, summed in another order; PyTorch's
+//!   oneDNN uses AMX there too;
 //! * [`Layout::F32`] (f32, f16, and bf16 without AVX512-BF16): words are floats, f16 and bf16
 //!   widened exactly while packing; `vfmadd` over k on 512-bit vectors;
 //! * [`Layout::F32Avx2`] (every float type on a CPU without AVX-512, or a build capped at AVX2,
@@ -68,17 +71,20 @@ pub enum Layout {
     Bf16Pairs,
     /// One f32 per word, in the AVX2 kernels' panels; f32 FMA on 256-bit vectors.
     F32Avx2,
+    /// bf16 for AMX tiles: B as [`Layout::Bf16Pairs`], A's panels as rows of k contiguous bf16
+    /// (k rounded up to even); `tdpbf16ps`.
+    Bf16Amx,
 }
 
 impl Layout {
     /// Every layout.
-    pub const ALL: [Layout; 3] = [Layout::F32, Layout::Bf16Pairs, Layout::F32Avx2];
+    pub const ALL: [Layout; 4] = [Layout::F32, Layout::Bf16Pairs, Layout::F32Avx2, Layout::Bf16Amx];
 
     /// Elements of k per word.
     pub fn group(self) -> usize {
         match self {
             Layout::F32 | Layout::F32Avx2 => 1,
-            Layout::Bf16Pairs => 2,
+            Layout::Bf16Pairs | Layout::Bf16Amx => 2,
         }
     }
 
@@ -86,6 +92,7 @@ impl Layout {
     /// lanes of a vector ([`Layout::lanes`]) and MR at most that many (a transposed store
     /// transposes one vector's rows); MR x NR / lanes accumulators, the NR / lanes vectors of B
     /// and a broadcast of A fill most of the vector registers (32 with AVX-512, 16 with AVX2).
+    /// The AMX layout's tile is an AMX tile's 16 rows by two B tiles' columns.
     ///
     /// ```
     /// use coil_codegen::templates::gemm_cpu::Layout;
@@ -99,13 +106,14 @@ impl Layout {
             Layout::F32 => (12, 32),
             Layout::Bf16Pairs => (12, 32),
             Layout::F32Avx2 => (6, 16),
+            Layout::Bf16Amx => (16, 32),
         }
     }
 
     /// f32 lanes of the micro-kernel's vectors: 16 (AVX-512) or 8 (AVX2).
     pub fn lanes(self) -> usize {
         match self {
-            Layout::F32 | Layout::Bf16Pairs => 16,
+            Layout::F32 | Layout::Bf16Pairs | Layout::Bf16Amx => 16,
             Layout::F32Avx2 => 8,
         }
     }
@@ -121,6 +129,7 @@ impl Layout {
             Layout::F32 => 1,
             Layout::Bf16Pairs => 2,
             Layout::F32Avx2 => 4,
+            Layout::Bf16Amx => 8,
         }
     }
 
@@ -130,11 +139,12 @@ impl Layout {
             Layout::F32 => 0,
             Layout::Bf16Pairs => 1,
             Layout::F32Avx2 => 2,
+            Layout::Bf16Amx => 3,
         }
     }
 
     /// 32-bit words of `rows x k` packed in panels of `panel` rows: whole panels of whole
-    /// groups.
+    /// groups (with [`Layout::Bf16Amx`], A's panels too: `panel` rows of k rounded up to even).
     ///
     /// ```
     /// use coil_codegen::templates::gemm_cpu::Layout;
@@ -188,6 +198,7 @@ pub fn source(cap: IsaCap) -> String {
     let (mr_f32, nr_f32) = Layout::F32.tile();
     let (mr_pairs, nr_pairs) = Layout::Bf16Pairs.tile();
     let (mr_avx2, nr_avx2) = Layout::F32Avx2.tile();
+    let (mr_amx, nr_amx) = Layout::Bf16Amx.tile();
     // before the prelude, so that every header and the prelude see the capped target
     let cap = match cap {
         IsaCap::Native => "",
@@ -196,6 +207,7 @@ pub fn source(cap: IsaCap) -> String {
     format!(
         "{cap}{}\n#define COIL_GEMM_MR_F32 {mr_f32}\n#define COIL_GEMM_NR_F32 {nr_f32}\n\
          #define COIL_GEMM_MR_BF16 {mr_pairs}\n#define COIL_GEMM_NR_BF16 {nr_pairs}\n\
+         #define COIL_GEMM_MR_AMX {mr_amx}\n#define COIL_GEMM_NR_AMX {nr_amx}\n\
          #define COIL_GEMM_MR_F32_AVX2 {mr_avx2}\n#define COIL_GEMM_NR_F32_AVX2 {nr_avx2}\n{SOURCE}",
         prelude()
     )
@@ -228,6 +240,9 @@ pub struct PackArgs {
     pub hi: i64,
     /// Where panel `lo` goes; panel `p` at word `(p - lo) * panel * groups`.
     pub dst: *mut c_void,
+    /// 0: the matrix is A (rows along m); 1: B (rows along n). Only [`Layout::Bf16Amx`] packs
+    /// them differently.
+    pub operand: i64,
 }
 
 /// The arguments of [`COMPUTE_KERNEL`] (`coil_gemm_compute_args`): the tiles of A panels
@@ -322,6 +337,12 @@ const KC_BYTES: usize = 8192;
 const B_BLOCK_BYTES: usize = 384 << 10;
 /// Bytes of packed A that pass one B block before the next A block (also in L2).
 const A_BLOCK_BYTES: usize = 384 << 10;
+/// AMX: the most bytes of all of A and a B block kept in L2 together (every AMX core so far,
+/// Sapphire Rapids on, has 2 MiB of L2).
+const AMX_L2_BYTES: usize = 5 << 18;
+/// AMX: bytes of a B block when A does not fit in L2 beside it (A then streams in from L3 once
+/// per B block, so the blocks are made few).
+const AMX_B_BLOCK_BYTES: usize = 1 << 20;
 
 impl Blocking {
     /// The blocking for `k` (any `m`, `n`): k in near-equal blocks of at most
@@ -341,10 +362,41 @@ impl Blocking {
         let kp = k.div_ceil(group) * group;
         let max = (KC_BYTES / bytes).max(group);
         let blocks = kp.div_ceil(max).max(1);
-        let kc = (kp.div_ceil(blocks).div_ceil(group) * group).max(group);
+        // AMX: blocks of whole tile steps (32 k) but the last, so that only the last has a
+        // part step (its A panels then pass one at a time)
+        let align = if layout == Layout::Bf16Amx && blocks > 1 { 32 } else { group };
+        let kc = (kp.div_ceil(blocks).div_ceil(align) * align).max(group);
         let nc = (B_BLOCK_BYTES / (kc * nr * bytes)).max(1);
         let mc = (A_BLOCK_BYTES / (kc * mr * bytes)).max(1);
+        // AMX: A panels pass in pairs
+        let mc = if layout == Layout::Bf16Amx { (mc & !1).max(2) } else { mc };
         Blocking { kc, nc, mc }
+    }
+
+    /// The blocking for `m x k` by `k x n` ([`Blocking::choose`] for `k`), with
+    /// [`Layout::Bf16Amx`]'s B blocks made larger where all of A and a B block do not fit in
+    /// L2 together (A then comes from L3 once per B block: at 410 x 3648 x 896, 4 B panels a
+    /// block ran 1.3x as fast as 1 on one core, while at 410 x 896 x 3648, whose A stays in L2, a
+    /// block larger than the default was slower).
+    ///
+    /// ```
+    /// use coil_codegen::templates::gemm_cpu::{Blocking, Layout};
+    /// let small_a = Blocking::choose_for(Layout::Bf16Amx, 410, 896);
+    /// assert_eq!(small_a, Blocking::choose(Layout::Bf16Amx, 896));
+    /// let large_a = Blocking::choose_for(Layout::Bf16Amx, 410, 3648);
+    /// assert!(large_a.nc > Blocking::choose(Layout::Bf16Amx, 3648).nc);
+    /// ```
+    pub fn choose_for(layout: Layout, m: usize, k: usize) -> Blocking {
+        let mut blocking = Blocking::choose(layout, k);
+        if layout == Layout::Bf16Amx {
+            let (mr, nr) = layout.tile();
+            let bytes = layout.element_bytes();
+            let a_bytes = m.div_ceil(mr) * mr * blocking.kc * bytes;
+            if a_bytes + blocking.nc * blocking.kc * nr * bytes > AMX_L2_BYTES {
+                blocking.nc = blocking.nc.max(AMX_B_BLOCK_BYTES / (blocking.kc * nr * bytes));
+            }
+        }
+        blocking
     }
 
     /// Blocks of k for `k` elements (at least 1: with k = 0 one block writes the bias).

@@ -90,11 +90,19 @@ impl Library {
             .as_ref()
     }
 
-    /// The layout products of `dtype` use here, if the library serves one: bf16 pairs where
-    /// the CPU has AVX512-BF16, f32 (AVX-512, else AVX2) for f32, f16 and other bf16.
+    /// Whether this build serves `layout` on this CPU (and, for AMX, this process: the kernel
+    /// granted the tile data).
+    pub fn serves(&self, layout: Layout) -> bool {
+        self.features & layout.feature_bit() != 0
+    }
+
+    /// The layout products of `dtype` use here, if the library serves one: AMX tiles for bf16
+    /// where the CPU and kernel give them, else bf16 pairs where the CPU has AVX512-BF16, f32
+    /// (AVX-512, else AVX2) for f32, f16 and other bf16.
     pub fn layout_for(&self, dtype: DType) -> Option<Layout> {
-        let has = |l: Layout| self.features & l.feature_bit() != 0;
+        let has = |l: Layout| self.serves(l);
         match dtype {
+            DType::BF16 if has(Layout::Bf16Amx) => Some(Layout::Bf16Amx),
             DType::BF16 if has(Layout::Bf16Pairs) => Some(Layout::Bf16Pairs),
             DType::F32 | DType::F16 | DType::BF16 if has(Layout::F32) => Some(Layout::F32),
             DType::F32 | DType::F16 | DType::BF16 if has(Layout::F32Avx2) => Some(Layout::F32Avx2),
@@ -267,7 +275,7 @@ fn reads_in_place(layout: Layout, dtype: DType, k: usize, a: &StridedOperand<usi
     k > 0
         && a.col_stride == 1
         && match layout {
-            Layout::Bf16Pairs => dtype == DType::BF16 && k.is_multiple_of(2),
+            Layout::Bf16Pairs | Layout::Bf16Amx => dtype == DType::BF16 && k.is_multiple_of(2),
             Layout::F32 | Layout::F32Avx2 => dtype == DType::F32,
         }
 }
@@ -295,7 +303,7 @@ fn run(
     let size = dtype.size_bytes();
     let (mr, nr) = layout.tile();
     let (mp, np) = (m.div_ceil(mr), n.div_ceil(nr));
-    let blocking = Blocking::choose(layout, k);
+    let blocking = Blocking::choose_for(layout, m, k);
     // The output's row length, and the bias's (one value per output column).
     let ldo = if transposed { m } else { n };
     let bias_row = spec.bias.map(|view| {
@@ -385,6 +393,7 @@ fn run(
             lo: job.lo as i64,
             hi: job.hi as i64,
             dst: (dst + (job.matrix * words + (job.lo - first) * packing.panel * groups) * 4) as *mut c_void,
+            operand: job.operand as i64,
         };
         // SAFETY: `check` proved every element of the operand's view inside its buffer; panels
         // [lo, hi) of this matrix lie inside its packed buffer, and no other job writes them.

@@ -15,13 +15,14 @@ use half::{bf16, f16};
 fn cap(layout: Layout) -> IsaCap {
     match layout {
         Layout::F32Avx2 => IsaCap::Avx2,
-        Layout::F32 | Layout::Bf16Pairs => IsaCap::Native,
+        Layout::F32 | Layout::Bf16Pairs | Layout::Bf16Amx => IsaCap::Native,
     }
 }
 
 /// The library and whether it serves `layout`; on an x86-64 CPU with the layout's instructions
-/// (AVX-512 F, BW and VL, and BF16 for the pairs; AVX2, FMA and F16C for the AVX2 layout) it
-/// must, so these tests cannot pass by skipping where they should run.
+/// (AVX-512 F, BW and VL, and BF16 for the pairs; AVX2, FMA and F16C for the AVX2 layout; for
+/// AMX also AMX-TILE and AMX-BF16, with a compiler that targets them and a kernel that grants the
+/// tile data) it must, so these tests cannot pass by skipping where they should run.
 fn served(layout: Layout) -> Option<&'static Library> {
     #[cfg(target_arch = "x86_64")]
     let cpu = match layout {
@@ -39,11 +40,11 @@ fn served(layout: Layout) -> Option<&'static Library> {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let cpu = false;
+    // AMX: the compiler's target and the kernel's grant are checked by the template itself
+    #[cfg(target_arch = "x86_64")]
+    let cpu = cpu && (layout != Layout::Bf16Amx || amx_granted());
     let lib = Library::get(cap(layout));
-    let serves = lib.is_some_and(|l| match layout {
-        Layout::Bf16Pairs => l.layout_for(DType::BF16) == Some(layout),
-        _ => l.layout_for(DType::F32) == Some(layout),
-    });
+    let serves = lib.is_some_and(|l| l.serves(layout));
     if cpu && crate::cpu::compiler::c_compiler().is_some() {
         assert!(serves, "this CPU has the instructions for {layout:?} but the packed library does not serve it");
     }
@@ -51,6 +52,36 @@ fn served(layout: Layout) -> Option<&'static Library> {
         eprintln!("skipped: the packed {layout:?} product does not run here");
     }
     serves.then(|| lib.expect("serves"))
+}
+
+/// Whether this x86-64 CPU has AMX-TILE and AMX-BF16 (CPUID 7.0 EDX bits 24 and 22), the
+/// operating system saves the tile state (XCR0 bits 17 and 18: the kernel then grants the tile
+/// data to a process that asks) and the system C compiler targets them (`-march=native`): where
+/// all hold, the native build must serve [`Layout::Bf16Amx`].
+#[cfg(target_arch = "x86_64")]
+fn amx_granted() -> bool {
+    #[target_feature(enable = "xsave")]
+    unsafe fn xcr0() -> u64 {
+        std::arch::x86_64::_xgetbv(0)
+    }
+    // CPUID leaf 7 exists on every CPU with AVX-512, which the caller checked
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    let cpu = (edx >> 22) & 1 == 1 && (edx >> 24) & 1 == 1;
+    // SAFETY: the CPU has XSAVE (and so XGETBV), checked first.
+    let os = std::is_x86_feature_detected!("xsave") && unsafe { xcr0() } >> 17 & 3 == 3;
+    let targets = || {
+        crate::cpu::compiler::c_compiler().is_some_and(|cc| {
+            let command = cc.command();
+            let mut words = command.split_whitespace();
+            let Some(program) = words.next() else { return false };
+            let out = std::process::Command::new(program)
+                .args(words)
+                .args(["-march=native", "-dM", "-E", "-x", "c", "/dev/null"])
+                .output();
+            out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("__AMX_BF16__"))
+        })
+    };
+    cpu && os && targets()
 }
 
 /// Deterministic values in about [-1, 1) (xorshift).
@@ -255,7 +286,7 @@ fn packed(lib: &'static Library, layout: Layout, dtype: DType) -> impl Fn(&BmmSp
 fn dtypes(layout: Layout) -> &'static [DType] {
     match layout {
         Layout::F32 | Layout::F32Avx2 => &[DType::F32, DType::F16, DType::BF16],
-        Layout::Bf16Pairs => &[DType::BF16],
+        Layout::Bf16Pairs | Layout::Bf16Amx => &[DType::BF16],
     }
 }
 
@@ -492,34 +523,41 @@ fn the_avx2_build_multiplies_every_float_type() {
     assert_eq!(lib.layout_for(DType::F64), None);
 }
 
-/// bf16 products whose A is read in place over whole steps of 32 k: on a CPU with AMX these
-/// run the template's tile kernels (two A panels by one B panel at once, an odd panel alone,
-/// the part panel by `vdpbf16ps`), across several blocks of k, with a bias and GELU, and
-/// transposed (`m >= 2n`: the product runs as `b^T a^T`); elsewhere the `vdpbf16ps` kernels.
+/// bf16 products over whole steps of 32 k (and, at k = 4162, two blocks of k the last of which
+/// ends in a part step). With AMX (its layout) these run the template's tile kernels: two A
+/// panels by one B panel at once, an odd panel alone, A read in place or packed as rows (the part
+/// panel, an A whose rows are contiguous at each k, a strided one), across several blocks of k,
+/// with a bias and GELU, and transposed (`m >= 2n`: the product runs as `b^T a^T`); with the
+/// pairs the `vdpbf16ps` kernels over the same.
 #[test]
 fn packed_bf16_products_over_whole_steps_of_32_k() {
-    let Some(lib) = served(Layout::Bf16Pairs) else { return };
-    let mr = Layout::Bf16Pairs.tile().0;
-    assert!(Blocking::choose(Layout::Bf16Pairs, 8192).k_blocks(Layout::Bf16Pairs, 8192) > 1);
-    for (m, n, k, bias, gelu) in [
-        (4 * mr + 5, 70, 64, false, false),
-        (5 * mr, 33, 96, true, true),
-        (3 * mr + 1, 65, 8192, true, true),
-        (100, 33, 96, true, false),
-        (7 * mr, 40, 32, false, true),
-    ] {
-        let case = Case {
-            dtype: DType::BF16,
-            m,
-            n,
-            k,
-            batches: 1,
-            lay_a: Lay::KContiguous,
-            lay_b: Lay::KContiguous,
-            broadcast_a: false,
-            bias,
-            gelu,
-        };
-        check(&case, &packed(lib, Layout::Bf16Pairs, DType::BF16));
+    for layout in [Layout::Bf16Pairs, Layout::Bf16Amx] {
+        let Some(lib) = served(layout) else { continue };
+        let mr = layout.tile().0;
+        assert!(Blocking::choose(layout, 8192).k_blocks(layout, 8192) > 1);
+        for (m, n, k, bias, gelu) in [
+            (4 * mr + 5, 70, 64, false, false),
+            (5 * mr, 33, 96, true, true),
+            (3 * mr + 1, 65, 8192, true, true),
+            (2 * mr + 3, 40, 4162, true, false),
+            (100, 33, 96, true, false),
+            (7 * mr, 40, 32, false, true),
+        ] {
+            for lay_a in [Lay::KContiguous, Lay::RowsContiguous, Lay::Strided] {
+                let case = Case {
+                    dtype: DType::BF16,
+                    m,
+                    n,
+                    k,
+                    batches: 1,
+                    lay_a,
+                    lay_b: Lay::KContiguous,
+                    broadcast_a: false,
+                    bias,
+                    gelu,
+                };
+                check(&case, &packed(lib, layout, DType::BF16));
+            }
+        }
     }
 }
