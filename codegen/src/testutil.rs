@@ -211,6 +211,22 @@ pub fn softmax_ref(row: &[f32]) -> Vec<f64> {
     e.iter().map(|v| v / s).collect()
 }
 
+/// The input the softmax tests feed: `n` values in [-5, 5), not zeros.
+pub fn softmax_input(n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect()
+}
+
+/// Asserts that every row of `cols` values of `out` is the softmax of `x`'s row (within
+/// 1e-6 relative); `what` names the case in the message.
+pub fn assert_softmax_rows(x: &[f32], out: &[f32], cols: usize, what: &str) {
+    for (r, (row, got)) in x.chunks(cols).zip(out.chunks(cols)).enumerate() {
+        for (c, (&got, want)) in got.iter().zip(softmax_ref(row)).enumerate() {
+            let got = got as f64;
+            assert!((got - want).abs() <= 1e-6 * want.max(1e-3), "{what} [{r}, {c}]: {got} vs {want}");
+        }
+    }
+}
+
 /// A compiled and loaded translation unit; its directory goes when it is dropped (the library
 /// stays loaded).
 pub struct CLib {

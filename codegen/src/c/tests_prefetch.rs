@@ -24,16 +24,10 @@ fn the_last_pass_prefetches_the_next_row() {
         }
         // once: the last pass only
         assert_eq!(c.matches(&format!("COIL_PREFETCH(&in_ptr0[rblock + {cols}*xnext]);")).count(), 1, "{c}");
-        let mut x: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+        let mut x = softmax_input(rows * cols);
         let mut whole = vec![0f32; rows * cols];
         assert_eq!(lib.run(name, &[ptr(&mut x), ptr(&mut whole)]), [0; 4]);
-        for r in 0..rows {
-            let want = softmax_ref(&x[r * cols..(r + 1) * cols]);
-            for i in 0..cols {
-                let got = whole[r * cols + i] as f64;
-                assert!((got - want[i]).abs() <= 1e-6 * want[i].max(1e-3), "{kind:?} [{r}, {i}]: {got} vs {}", want[i]);
-            }
-        }
+        assert_softmax_rows(&x, &whole, cols, &format!("{kind:?}"));
         let mut parts = vec![7f32; rows * cols];
         let args = [ptr(&mut x), ptr(&mut parts)];
         for range in [[0, 2], [2, 3], [3, rows as i64]] {
