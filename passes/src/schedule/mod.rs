@@ -92,14 +92,15 @@ pub fn schedule(program: &LoopProgram) -> Schedule {
 /// one (forward 4.80 -> 4.69 ms, the training step's peak memory 6971 -> 6906 MB).
 const INDEPENDENT_STORE_BYTES: usize = 64 << 20;
 
-/// Most bytes a *sink* group (its results read by no other kernel: gradients of a backward
-/// graph, the second stages of split column sums) may read from other kernels to join others of
-/// its signature ([`Scheduler::fuse_independent`]): joining moves it to after the last of their
-/// producers, so the buffers it reads live longer; a few partial sums may, an activation may not.
+/// Most bytes a *small* group (the second stages of split sums: a backward graph's bias
+/// gradients, a gradient norm's per-parameter sums) may read from other kernels to join others
+/// of its signature and readers ([`Scheduler::fuse_independent`]): joining moves it to after the
+/// last of their producers, so the buffers it reads live longer; a few partial sums may, an
+/// activation may not.
 const SINK_READ_BYTES: usize = 1 << 20;
 
-/// Most buffers a kernel of joined small sinks reads: a few launches for a deep network's many
-/// sinks, and no kernel that reads more buffers as the network deepens.
+/// Most buffers a kernel of joined small groups reads: a few launches for a deep network's many
+/// second stages, and no kernel that reads more buffers as the network deepens.
 const SINK_MAX_READS: usize = 8;
 
 /// Most origins a kernel name lists.
