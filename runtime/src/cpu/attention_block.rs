@@ -138,13 +138,13 @@ impl Compute for f64 {
 }
 
 /// `e^x` for `x <= 0` or NaN: `coil_exp_nonpositive_f32` of the C prelude (`x = n ln2 + r`
-/// in two steps, `e^r - 1` by a degree-7 polynomial, `2^n` as two exact factors so results
-/// down to the subnormals round once), branch-free so loops over it vectorize.
+/// in two steps, `e^r - 1` by a degree-7 polynomial, `2^n` as one exact factor; 0 below -87,
+/// where the result would leave f32's normal range), branch-free so loops over it vectorize.
 #[inline(always)]
 pub(crate) fn exp_nonpositive_f32<const FMA: bool>(x: f32) -> f32 {
     let fma = f32::fma::<FMA>;
-    let c = if x > -104.0 { x } else { -104.0 }; // below: 0 (NaN restored at the end)
-                                                 // k = round(c / ln2): adding 1.5 * 2^23 leaves the integer in the low mantissa bits.
+    let c = if x > -87.0 { x } else { -87.0 }; // below: 0 (NaN restored at the end)
+                                               // k = round(c / ln2): adding 1.5 * 2^23 leaves the integer in the low mantissa bits.
     let k = c * f32::from_bits(0x3fb8_aa3b) + f32::from_bits(0x4b40_0000);
     let n = k.to_bits() as i32 - 0x4b40_0000;
     let kf = k - f32::from_bits(0x4b40_0000);
@@ -157,10 +157,11 @@ pub(crate) fn exp_nonpositive_f32<const FMA: bool>(x: f32) -> f32 {
     p = fma(p, r, f32::from_bits(0x3e2a_aaaa));
     p = fma(p, r, 0.5);
     let q = fma(r * r, p, r);
-    let (n1, n2) = (n >> 1, n - (n >> 1));
-    let y = (1.0 + q) * f32::from_bits(((n1 + 127) as u32) << 23) * f32::from_bits(((n2 + 127) as u32) << 23);
+    let y = (1.0 + q) * f32::from_bits(((n + 127) as u32) << 23);
     if x.is_nan() {
         x
+    } else if x < -87.0 {
+        0.0
     } else {
         y
     }
