@@ -408,7 +408,7 @@ fn only_the_wanted_gradients_are_computed() {
         p.nodes.iter().map(|n| &n.op).filter(|op| matches!(op, Op::AttentionBackward { .. })).collect();
     assert_eq!(
         backward,
-        [&Op::AttentionBackward { causal: false, scale: Some(0.5), input: coil_ir::AttentionInput::Value }]
+        [&Op::AttentionBackward { causal: false, scale: Some(0.5), input: coil_ir::AttentionInput::Value, mask: false }]
     );
     let program = lower(&p).unwrap();
     let text = calls(&program).join("\n");
@@ -437,7 +437,7 @@ fn the_gradient_decomposition_expands_the_backward_templates() {
 fn a_logsumexp_without_its_attention_gets_a_call_of_its_own() {
     let mut c = Capture::new();
     let (q, k) = (c.input(&[3, 4, 8], DType::F16), c.input(&[3, 6, 8], DType::F16));
-    let lse = c.op(Op::AttentionLogsumexp { causal: true, scale: None }, &[q, k, k]);
+    let lse = c.op(Op::AttentionLogsumexp { causal: true, scale: None, mask: false }, &[q, k, k]);
     let p = decompose_with(&c.out(&[lse]), &COMPILE).unwrap();
     let program = lower(&p).unwrap();
     // The call's output goes to a buffer nothing reads; the logsumexp is the graph's output.

@@ -11,6 +11,10 @@
 //! * **dQ blocks**: 64 query rows each, walking the key blocks they see (causal: up to the
 //!   diagonal block): `S`, `P`, `dP = dO V^T`, `dS`, `dQ += dS K`, scaled at the end.
 //!
+//! An explicit mask (bool, or added to the scores; [`AttnBwdParams::mask`]) is read per element
+//! by the forward's routine (`coil_mask_at`): `S` gets its term and `P` is 0 where it drops the
+//! key, so a row that keeps no key (logsumexp `-inf`) has zero gradients, as PyTorch's.
+//!
 //! No block writes what another writes, so there are no atomics and results repeat exactly; the
 //! price is that `S` and `dP` are computed twice (7 products of `L x S x D` where FlashAttention-2
 //! with atomic dQ has 5). `delta = rowsum(dO * O)` (f32, `[*batch, L]`) is computed before by a
@@ -36,7 +40,8 @@
 //! ```text
 //! extern "C" __global__ void coil_attention_bwd_{mma,simple}_{bf16,f16,f32}_d{16,32,..,128}(
 //!     const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *delta,
-//!     T *dq, T *dk, T *dv /* each null when not wanted */, CoilAttnBwdParams p)
+//!     T *dq, T *dk, T *dv /* each null when not wanted */, const void *mask /* or null */,
+//!     CoilAttnBwdParams p)
 //! grid (batch indices, key blocks + query blocks), block 128 (mma) or 64 (simple) threads,
 //! dynamic shared memory `shared_bytes()` (mma) or none (simple).
 //!
@@ -86,6 +91,11 @@ pub struct AttnBwdParams {
     pub causal: i32,
     /// Blocks of the grid's y dim computing dK and dV (the rest compute dQ).
     pub key_blocks: i32,
+    /// The explicit mask: element `(b, h, row, key)` (its `col` stride is the key's); broadcast
+    /// dims have stride 0 (all zeros without a mask).
+    pub mask: AttnOperand,
+    /// The mask's kind (`MaskKind::code`): 0 none, 1 bool, 2 added.
+    pub mask_kind: i32,
 }
 
 /// The kernel argument `CoilAttnDeltaParams` of [`AttentionDeltaKernel`], laid out as the C
@@ -270,11 +280,14 @@ mod tests {
 
     #[test]
     fn params_are_laid_out_as_the_c_struct() {
-        // Seven operands of five i64, then eight 4-byte fields: 312 bytes, 8-aligned.
-        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 312);
+        // Seven operands of five i64, then eight 4-byte fields (312 bytes), the mask's operand
+        // and its kind: 356 bytes, padded to 360.
+        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 360);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, heads), 280);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, scale), 296);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, key_blocks), 308);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, mask), 312);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, mask_kind), 352);
         // Two operands, an i64, three 4-byte fields: 100 bytes, padded to 104.
         assert_eq!(std::mem::size_of::<AttnDeltaParams>(), 104);
         assert_eq!(std::mem::offset_of!(AttnDeltaParams, rows), 80);

@@ -8,8 +8,12 @@
 //! `dq_i = scale * sum_j ds k_j`; dK / dV tasks take blocks of keys: `dv_j = sum_i p g_i`,
 //! `dk_j = scale * sum_i ds q_i`. All in f32 (f64 for f64) from the operands' own values,
 //! rounded once to the dtype; operands are read, and gradients written, through their strides.
+//! With an explicit mask (bool, or added to the scaled scores; broadcast dims stride 0), as the
+//! forward reads it: a key it drops has `p = ds = 0`, so a row that keeps no key (logsumexp
+//! `-inf`) has zero gradients, as PyTorch's.
 
-use super::attention::{cast, cast_mut, check_views, dot, rows_of, write_rows, Real};
+use super::attention::{batch_offset, cast, cast_mut, check_views, dot, mask_of, rows_of, write_rows, Mask, MaskBytes, Real};
+use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
@@ -50,6 +54,9 @@ pub struct AttentionBackwardSpec {
     pub causal: bool,
     /// The factor on `q . k`.
     pub scale: f64,
+    /// The forward's explicit mask: element `(batch, row, key)` of the `[*batch, l, s]` mask
+    /// (broadcast dims stride 0).
+    pub mask: Option<StridedOperand<usize>>,
 }
 
 impl AttentionBackwardSpec {
@@ -57,7 +64,8 @@ impl AttentionBackwardSpec {
     /// `None` for other extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<AttentionBackwardSpec> {
         let ExternCall::AttentionBackward(call) = call else { return None };
-        let AttentionBackwardCall { q, k, v, grad_out, out, dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
+        let AttentionBackwardCall { q, k, v, grad_out, out, dq, dk, dv, batch, l, s, d, causal, scale, mask, .. } =
+            &**call;
         let grad = |g: &Option<StridedOperand>| match g {
             Some(g) => g.to_usize().map(Some),
             None => Some(None),
@@ -77,12 +85,25 @@ impl AttentionBackwardSpec {
             d: const_usize(d)?,
             causal: *causal,
             scale: *scale,
+            mask: grad(mask)?,
         })
     }
 
     /// Number of batch indices.
     pub fn batch_count(&self) -> usize {
         self.batch.iter().product()
+    }
+
+    /// Checks the mask's view against its buffer's length in elements (`None`: no buffer).
+    pub fn check_mask(&self, len: Option<usize>) -> Result<()> {
+        let what = "attention backward";
+        match (&self.mask, len) {
+            (None, None) => Ok(()),
+            // The mask is `[*batch, l, s]`: its columns are the keys.
+            (Some(mask), Some(len)) => check_views(what, &self.batch, self.l, 1, self.s, &[(mask, self.l, len, "mask")]),
+            (Some(_), None) => Err(Error::runtime(format!("{what}: a masked call without its mask buffer"))),
+            (None, Some(_)) => Err(Error::runtime(format!("{what}: a mask buffer for a call without a mask"))),
+        }
     }
 
     /// Checks every view against its buffer's length in elements (q, k, v, grad_out, out, then
@@ -135,6 +156,8 @@ pub struct BackwardBuffers<'a> {
     pub out: &'a [u8],
     /// Where the wanted gradients go.
     pub grads: GradBuffers<'a>,
+    /// The forward's explicit mask and what it holds, if any.
+    pub mask: Option<MaskBytes<'a>>,
 }
 
 /// The buffers the wanted gradients are written into, as raw bytes: each buffer once, and
@@ -183,6 +206,7 @@ pub fn attention_backward_bytes(spec: &AttentionBackwardSpec, dtype: DType, bufs
         bufs.grads.lens(size),
         bufs.lse.len() / stats_size,
     )?;
+    spec.check_mask(bufs.mask.map(|m| m.bytes.len() / if m.kind == MaskKind::Bool { 1 } else { size }))?;
     match dtype {
         DType::F32 => run::<f32, f32>(spec, bufs, |x| x, |x| x),
         DType::F64 => run::<f64, f64>(spec, bufs, |x| x, |x| x),
@@ -203,6 +227,7 @@ struct Batch<'a, T, A> {
     /// Per query row, `g_i . o_i`.
     delta: &'a [A],
     up: fn(T) -> A,
+    mask: Option<Mask<'a, T>>,
 }
 
 /// `delta_i = g_i . o_i` of every query row (row-major over batch indices and rows), in `A`.
@@ -220,11 +245,27 @@ fn deltas<T: Copy + Send + Sync, A: Real>(spec: &AttentionBackwardSpec, g: &[T],
 }
 
 impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
-    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values.
-    fn p_ds(&self, b: usize, i: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> (A, A) {
+    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values (0 for a
+    /// key the mask drops).
+    #[allow(clippy::too_many_arguments)]
+    fn p_ds(&self, b: usize, i: usize, j: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> (A, A) {
         let row = b * self.spec.l + i;
-        let p = dot(qi, kj).mul(A::from_f64(self.spec.scale)).sub_exp(self.lse[row]);
+        let Some(term) = self.mask_term(b, i, j) else { return (A::ZERO, A::ZERO) };
+        let mut score = dot(qi, kj).mul(A::from_f64(self.spec.scale));
+        score += term;
+        let p = score.sub_exp(self.lse[row]);
         (p, p.mul(dot(gi, vj).sub(self.delta[row])))
+    }
+
+    /// The mask's term for query row `i` and key `j` of batch index `b`: `None` where it drops
+    /// the key (a false bool, an added `-inf`), else what it adds to the scaled score.
+    fn mask_term(&self, b: usize, i: usize, j: usize) -> Option<A> {
+        let (Some(view), Some(mask)) = (&self.spec.mask, self.mask) else { return Some(A::ZERO) };
+        let at = batch_offset(&self.spec.batch, view, b) + i * view.row_stride + j * view.col_stride;
+        match mask {
+            Mask::Bool(m) => (m[at] != 0).then_some(A::ZERO),
+            Mask::Added(m) => Some((self.up)(m[at])).filter(|&x| x != A::NEG_INFINITY),
+        }
     }
 
     /// dQ of rows `rows` of batch index `b`, `[rows, d]`.
@@ -247,7 +288,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
             let o = &mut out[r * d..(r + 1) * d];
             for j in 0..n {
                 let kj = &keys[j * d..(j + 1) * d];
-                let (_, ds) = self.p_ds(b, i, qi, gi, kj, &values[j * d..(j + 1) * d]);
+                let (_, ds) = self.p_ds(b, i, j, qi, gi, kj, &values[j * d..(j + 1) * d]);
                 o.iter_mut().zip(kj).for_each(|(x, &kc)| *x = x.mul_add(ds, kc));
             }
         }
@@ -277,7 +318,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
             for i in start..l {
                 let (qi, gi) =
                     (&queries[(i - first) * d..(i - first + 1) * d], &grads[(i - first) * d..(i - first + 1) * d]);
-                let (p, ds) = self.p_ds(b, i, qi, gi, kj, vj);
+                let (p, ds) = self.p_ds(b, i, j, qi, gi, kj, vj);
                 dv[r * d..(r + 1) * d].iter_mut().zip(gi).for_each(|(x, &gc)| *x = x.mul_add(p, gc));
                 dk[r * d..(r + 1) * d].iter_mut().zip(qi).for_each(|(x, &qc)| *x = x.mul_add(ds, qc));
             }
@@ -311,6 +352,7 @@ fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
         lse: &cast::<A>(bufs.lse)?[..rows],
         delta: &delta,
         up,
+        mask: mask_of(bufs.mask)?,
     };
     let shape = (&spec.batch[..], d);
     let blocks = |n: usize| -> Vec<(usize, usize)> {
