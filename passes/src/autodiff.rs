@@ -309,7 +309,8 @@ fn attention(
     }
     let forward = &node.inputs;
     let lse = b.push(Op::AttentionLogsumexp { causal, scale, mask }, forward)?;
-    let operands: Vec<NodeId> = [forward[0], forward[1], forward[2], g, lse, y].into_iter().chain(forward.get(3).copied()).collect();
+    let operands: Vec<NodeId> =
+        [forward[0], forward[1], forward[2], g, lse, y].into_iter().chain(forward.get(3).copied()).collect();
     let mut grads: Vec<Option<NodeId>> = AttentionInput::ALL
         .iter()
         .map(|&input| {

@@ -63,5 +63,7 @@ pub(super) fn decomposed(
     // An operand given twice (q = k = v) gets its whole gradient once: the caller adds the
     // contributions of its positions.
     let first = |k: usize| !node.inputs[..k].contains(&node.inputs[k]);
-    Ok((0..node.inputs.len()).map(|k| if wanted[k] && first(k) { grads.get(&node.inputs[k]).copied() } else { None }).collect())
+    Ok((0..node.inputs.len())
+        .map(|k| if wanted[k] && first(k) { grads.get(&node.inputs[k]).copied() } else { None })
+        .collect())
 }

@@ -25,40 +25,13 @@ fn masked_attention_through_the_template_agrees_on_the_cpu() {
     cases::masked::check_masked_all(Device::Cpu);
 }
 
-/// Gradients through masked attention: the training graph decomposes it (the template has no
-/// masked backward), and the gradients agree with the interpreter.
+/// Gradients through masked attention are templates too: one forward and one backward call
+/// reading the mask in place (bool or added, broadcast, any number of rows, rows that keep no
+/// key), agreeing with the interpreter; a learned bias's gradient takes the decomposition
+/// (`masked_grad.rs`).
 #[test]
-fn gradients_of_masked_attention_take_the_decomposition() {
-    coil::set_default_device(Device::Cpu);
-    let make = |seed: usize, shape: &[usize]| {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
-        Tensor::from_vec(v, shape).unwrap()
-    };
-    let (q, k, v) = (make(1, &[2, 3, 8]), make(2, &[2, 11, 8]), make(3, &[2, 11, 8]));
-    let keep: Vec<bool> = (0..3 * 11).map(|x| x % 11 <= 4 + x / 11 && x % 4 != 1).collect();
-    let mask = Tensor::from_vec(keep, &[3, 11]).unwrap();
-    let outputs = || -> Vec<Tensor> {
-        let y = coil::scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, None).unwrap();
-        let loss = y.mul(&y).unwrap().sum_all().unwrap();
-        let (loss, grads) = coil::value_and_grad(&loss, &[&q, &k, &v]).unwrap();
-        std::iter::once(loss).chain(grads).collect()
-    };
-    let run = || -> Vec<Vec<f64>> { outputs().iter().map(|x| x.to_vec::<f64>().unwrap()).collect() };
-    coil::set_backend(coil::Backend::Compiled);
-    coil::set_eager_tier(false);
-    let pending = outputs();
-    let ir = coil::inspect(&pending.iter().collect::<Vec<_>>()).unwrap().pre_fusion.clone();
-    assert!(!ir.contains("extern attention"), "masked attention decomposes for its gradients:\n{ir}");
-    let got = run();
-    coil::set_backend(coil::Backend::Interpreter);
-    let want = run();
-    coil::set_backend(coil::Backend::Compiled);
-    coil::set_eager_tier(false);
-    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-        let err = cases::rel_error(x, y);
-        assert!(err <= 1e-5, "output {i} (0: the loss): relative error {err:.2e}");
-    }
+fn gradients_of_masked_attention_through_the_templates() {
+    cases::masked_grad::check_masked_grad_all(Device::Cpu);
 }
 
 /// A compiled function whose sequence length is dynamic: one attention call serves every

@@ -40,7 +40,8 @@ pub(crate) fn permuted_outputs(l: &Lowerer) -> HashMap<NodeId, NodeId> {
         // A backward reads the attention as its output (operand 5) only.
         let backward = |r: NodeId| {
             let node = g.node(r);
-            matches!(node.op, Op::AttentionBackward { .. }) && node.inputs.iter().enumerate().all(|(i, &x)| i == 5 || x != n)
+            matches!(node.op, Op::AttentionBackward { .. })
+                && node.inputs.iter().enumerate().all(|(i, &x)| i == 5 || x != n)
         };
         let (permutes, others): (Vec<NodeId>, Vec<NodeId>) =
             l.readers[n.0].iter().partition(|&&r| matches!(g.node(r).op, Op::Permute { .. }));

@@ -12,7 +12,9 @@
 //! forward reads it: a key it drops has `p = ds = 0`, so a row that keeps no key (logsumexp
 //! `-inf`) has zero gradients, as PyTorch's.
 
-use super::attention::{batch_offset, cast, cast_mut, check_views, dot, mask_of, rows_of, write_rows, Mask, MaskBytes, Real};
+use super::attention::{
+    batch_offset, cast, cast_mut, check_views, dot, mask_of, rows_of, write_rows, Mask, MaskBytes, Real,
+};
 use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
@@ -100,7 +102,9 @@ impl AttentionBackwardSpec {
         match (&self.mask, len) {
             (None, None) => Ok(()),
             // The mask is `[*batch, l, s]`: its columns are the keys.
-            (Some(mask), Some(len)) => check_views(what, &self.batch, self.l, 1, self.s, &[(mask, self.l, len, "mask")]),
+            (Some(mask), Some(len)) => {
+                check_views(what, &self.batch, self.l, 1, self.s, &[(mask, self.l, len, "mask")])
+            }
             (Some(_), None) => Err(Error::runtime(format!("{what}: a masked call without its mask buffer"))),
             (None, Some(_)) => Err(Error::runtime(format!("{what}: a mask buffer for a call without a mask"))),
         }

@@ -685,7 +685,8 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks, None));
         let outputs = (0..3).map(|i| vec![0xffu8; want[i].len()]);
         // No mask: the last pointer null.
-        let buffers: Vec<Vec<u8>> = [q, k, v, grad_out, lse, delta].into_iter().chain(outputs).chain([vec![]]).collect();
+        let buffers: Vec<Vec<u8>> =
+            [q, k, v, grad_out, lse, delta].into_iter().chain(outputs).chain([vec![]]).collect();
         let runs = launch_runs(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
         for (got, lazy) in runs.iter().zip([false, true]) {
             for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {

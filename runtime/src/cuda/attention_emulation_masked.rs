@@ -18,7 +18,13 @@ struct BackwardMask {
 }
 
 /// The mask's bytes and its view over the scores `[*batch, l, s]`.
-fn backward_mask(m: &BackwardMask, batch: &[usize], l: usize, s: usize, dtype: DType) -> (Vec<u8>, StridedOperand<usize>) {
+fn backward_mask(
+    m: &BackwardMask,
+    batch: &[usize],
+    l: usize,
+    s: usize,
+    dtype: DType,
+) -> (Vec<u8>, StridedOperand<usize>) {
     let sizes: Vec<usize> = batch.iter().zip(m.dims).map(|(&n, has)| if has { n } else { 1 }).collect();
     let count: usize = sizes.iter().product();
     let elements = (0..count * l * s).map(|x| (m.term)(x / (l * s), x / s % l, x % s));
@@ -96,22 +102,52 @@ fn masked_backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         case(mma(true, 64), DType::BF16, &[2, 2], (70, 100, 64), false, false, bools(padding, [true, false]), all),
         // f16, head dim 40 padded to 48, an added `[L, S]` mask over batch and heads with dead
         // rows, causal too; dQ only, then dK and dV only.
-        case(mma(false, 48), DType::F16, &[2, 2], (70, 70, 40), true, false, added(added_holes, [false; 2]), [
-            true, false, false,
-        ]),
-        case(mma(false, 48), DType::F16, &[2, 2], (70, 70, 40), true, false, added(added_holes, [false; 2]), [
-            false, true, true,
-        ]),
+        case(
+            mma(false, 48),
+            DType::F16,
+            &[2, 2],
+            (70, 70, 40),
+            true,
+            false,
+            added(added_holes, [false; 2]),
+            [true, false, false],
+        ),
+        case(
+            mma(false, 48),
+            DType::F16,
+            &[2, 2],
+            (70, 70, 40),
+            true,
+            false,
+            added(added_holes, [false; 2]),
+            [false, true, true],
+        ),
         // The largest head dim, L > S, a bool mask per batch index.
         case(mma(true, 128), DType::BF16, &[2], (80, 50, 128), false, false, bools(banded, [true, false]), all),
         // GPT-2's head views (heads merged on the output), an added mask per head.
         case(mma(true, 32), DType::BF16, &[1, 2], (40, 40, 32), false, true, added(banded, [false, true]), all),
         // The simple kernels: f32 with GPT-2's head views and an added mask over the batch; bf16
         // with a bool padding mask, dK and dV only.
-        case(simple(DType::F32, 16), DType::F32, &[1, 2], (33, 33, 16), true, true, added(added_holes, [false; 2]), all),
-        case(simple(DType::BF16, 32), DType::BF16, &[2], (20, 45, 24), false, false, bools(padding, [true, false]), [
-            false, true, true,
-        ]),
+        case(
+            simple(DType::F32, 16),
+            DType::F32,
+            &[1, 2],
+            (33, 33, 16),
+            true,
+            true,
+            added(added_holes, [false; 2]),
+            all,
+        ),
+        case(
+            simple(DType::BF16, 32),
+            DType::BF16,
+            &[2],
+            (20, 45, 24),
+            false,
+            false,
+            bools(padding, [true, false]),
+            [false, true, true],
+        ),
     ];
     for c in cases {
         let emulated = backward_kernel(c.kernel);
