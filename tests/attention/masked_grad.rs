@@ -40,9 +40,12 @@ pub fn masked_grad_cases() -> Vec<MaskedGradCase> {
     ]
 }
 
+/// The values of a run, and what the compile made of them (when compiled).
+type Gradients = (Vec<Vec<f64>>, Option<Arc<coil::Compiled>>);
+
 /// The loss and the gradients (q, k, v, and the mask's when wanted) of one case on `device`
 /// (backend as set), and what the compile made of them where compiled.
-fn gradients(g: &MaskedGradCase, device: Device) -> coil::Result<(Vec<Vec<f64>>, Option<Arc<coil::Compiled>>)> {
+fn gradients(g: &MaskedGradCase, device: Device) -> coil::Result<Gradients> {
     let case = &g.case;
     let a = masked_inputs(case, device)?;
     let batch: usize = case.batch.iter().product();
