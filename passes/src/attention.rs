@@ -115,7 +115,7 @@ pub fn mask_rule_of(graph: &Graph, node: &Node) -> Option<StructuredMask> {
 /// Whether `graph` holds the logsumexp ([`Op::AttentionLogsumexp`]) of attention `node`: the
 /// same operands and attributes (a training graph's, which its backward templates read).
 pub fn has_logsumexp(graph: &Graph, node: &Node) -> bool {
-    let Op::Attention { causal, scale, mask } = node.op else { return false };
+    let Op::Attention { causal, scale, mask, .. } = node.op else { return false };
     let lse = Op::AttentionLogsumexp { causal, scale, mask };
     graph.nodes.iter().any(|n| n.op == lse && n.inputs == node.inputs)
 }

@@ -305,7 +305,7 @@ fn attention(
         return Ok(vec![None; node.inputs.len()]);
     }
     if mask && wanted[3] {
-        return masked::decomposed(b, node, g, wanted, causal, scale);
+        return masked::decomposed(b, node, g, wanted);
     }
     let forward = &node.inputs;
     let lse = b.push(Op::AttentionLogsumexp { causal, scale, mask }, forward)?;

@@ -6,26 +6,18 @@
 
 use super::{node_is_float, vjp};
 use crate::decompose::{decompose_node, Arg, Builder};
-use coil_ir::{Node, NodeId, Op, Result};
+use coil_ir::{Node, NodeId, Result};
 use indexmap::IndexMap;
 
 /// The gradient contributions of masked attention `node` (operands q, k, v, mask) given the
 /// gradient `g` of its output, for the `wanted` operands: the decomposition of `node` is
 /// appended (stabilizing maxima detached, as PyTorch's formulas treat them) and differentiated
 /// from its output back to the operands.
-pub(super) fn decomposed(
-    b: &mut Builder,
-    node: &Node,
-    g: NodeId,
-    wanted: &[bool],
-    causal: bool,
-    scale: Option<f64>,
-) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn decomposed(b: &mut Builder, node: &Node, g: NodeId, wanted: &[bool]) -> Result<Vec<Option<NodeId>>> {
     let start = b.graph().nodes.len();
-    let op = Op::Attention { causal, scale, mask: true };
     let args: Vec<Arg> = node.inputs.iter().map(|&x| Arg::Node(x)).collect();
     let keep_detach = std::mem::replace(&mut b.keep_detach, true);
-    let y = decompose_node(b, &op, &args, &node.meta);
+    let y = decompose_node(b, &node.op, &args, &node.meta);
     b.keep_detach = keep_detach;
     let y = y?;
 

@@ -198,8 +198,14 @@ impl Lowerer<'_> {
     /// rank `rank`) as a view of the scores' shape: its own strides (size-1 dims get stride 0),
     /// missing leading dims stride 0 too. Nothing of the scores' size is written.
     fn mask_view(&mut self, mask: NodeId, rank: usize) -> Result<StridedOperand> {
-        let mut view = self.strided(mask)?;
         let shape = self.shape(mask);
+        if shape.len() < 2 || shape.len() > rank {
+            let meta = self.meta(mask);
+            return Err(Error::unsupported(format!(
+                "an attention mask {meta} for scores of rank {rank} (the template reads masks of rank 2 to {rank})"
+            )));
+        }
+        let mut view = self.strided(mask)?;
         let (r, one) = (shape.len(), |e: &Expr| e.const_value() == Some(1));
         for (stride, size) in
             view.batch_strides.iter_mut().chain([&mut view.row_stride, &mut view.col_stride]).zip(shape)

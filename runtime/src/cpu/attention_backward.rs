@@ -232,6 +232,8 @@ struct Batch<'a, T, A> {
     delta: &'a [A],
     up: fn(T) -> A,
     mask: Option<Mask<'a, T>>,
+    /// Per batch index, the offset of its mask elements (empty without a mask).
+    mask_bases: Vec<usize>,
 }
 
 /// `delta_i = g_i . o_i` of every query row (row-major over batch indices and rows), in `A`.
@@ -265,7 +267,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
     /// the key (a false bool, an added `-inf`), else what it adds to the scaled score.
     fn mask_term(&self, b: usize, i: usize, j: usize) -> Option<A> {
         let (Some(view), Some(mask)) = (&self.spec.mask, self.mask) else { return Some(A::ZERO) };
-        let at = batch_offset(&self.spec.batch, view, b) + i * view.row_stride + j * view.col_stride;
+        let at = self.mask_bases[b] + i * view.row_stride + j * view.col_stride;
         match mask {
             Mask::Bool(m) => (m[at] != 0).then_some(A::ZERO),
             Mask::Added(m) => Some((self.up)(m[at])).filter(|&x| x != A::NEG_INFINITY),
@@ -357,6 +359,10 @@ fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
         delta: &delta,
         up,
         mask: mask_of(bufs.mask)?,
+        mask_bases: match &spec.mask {
+            Some(view) => (0..spec.batch_count()).map(|b| batch_offset(&spec.batch, view, b)).collect(),
+            None => vec![],
+        },
     };
     let shape = (&spec.batch[..], d);
     let blocks = |n: usize| -> Vec<(usize, usize)> {
