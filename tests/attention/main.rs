@@ -275,3 +275,57 @@ fn second_order_gradients_through_masked_templates() {
     coil::set_backend(coil::Backend::Compiled);
     coil::set_eager_tier(false);
 }
+
+/// Times a training step on the CPU (`cargo test --test attention training_step_timing --
+/// --ignored --nocapture`): `value_and_grad` through the attention templates (masked by a
+/// padding mask, and maskless) against the same attention written out so that the matcher
+/// leaves it alone (the mask by `where`, or an added zero: the decomposition, the scores
+/// written forward and backward). Prints milliseconds per step; asserts only that each pair
+/// agrees.
+#[test]
+#[ignore]
+fn training_step_timing() {
+    coil::set_default_device(Device::Cpu);
+    coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
+    let (b, h, t, d) = (2usize, 4usize, 256usize, 64usize);
+    let make = |seed: usize, shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
+        Tensor::from_vec(v, shape).unwrap()
+    };
+    let (q, k, v) = (make(1, &[b, h, t, d]), make(2, &[b, h, t, d]), make(3, &[b, h, t, d]));
+    // Padding: batch index 1 keeps its first 200 keys.
+    let keep: Vec<bool> = (0..b * t).map(|x| x % t < t - 56 * (x / t)).collect();
+    let mask = Tensor::from_vec(keep, &[b, 1, 1, t]).unwrap();
+    let zeros = Tensor::zeros(&[t, t], DType::F32);
+    let step = |masked: bool, templated: bool| -> Vec<Vec<f64>> {
+        let y = if templated {
+            coil::scaled_dot_product_attention(&q, &k, &v, masked.then_some(&mask), false, None).unwrap()
+        } else {
+            let s = q.matmul(&k.transpose(-2, -1).unwrap()).unwrap().mul(1.0 / (d as f64).sqrt()).unwrap();
+            let s = if masked { coil::where_(&mask, &s, f64::NEG_INFINITY).unwrap() } else { s.add(&zeros).unwrap() };
+            s.softmax(-1).unwrap().matmul(&v).unwrap()
+        };
+        let loss = y.mul(&y).unwrap().sum_all().unwrap();
+        let (loss, grads) = coil::value_and_grad(&loss, &[&q, &k, &v]).unwrap();
+        std::iter::once(loss).chain(grads).map(|x| x.to_vec::<f64>().unwrap()).collect()
+    };
+    for masked in [true, false] {
+        let mut results = Vec::new();
+        for templated in [true, false] {
+            results.push(step(masked, templated));
+            let runs = 10;
+            let start = std::time::Instant::now();
+            for _ in 0..runs {
+                step(masked, templated);
+            }
+            let ms = start.elapsed().as_secs_f64() * 1e3 / runs as f64;
+            println!("training step B={b} H={h} T={t} D={d} f32 masked={masked} templated={templated}: {ms:.2} ms");
+        }
+        for (i, (x, y)) in results[0].iter().zip(&results[1]).enumerate() {
+            let err = cases::rel_error(x, y);
+            assert!(err <= 1e-5, "masked={masked}: output {i}: relative error {err:.2e}");
+        }
+    }
+}

@@ -394,3 +394,161 @@ fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::attention::{attention_bytes, AttentionSpec};
+    use coil_ir::loops::BufferId;
+
+    fn view(batch_stride: usize, row_stride: usize) -> StridedOperand<usize> {
+        StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![batch_stride], row_stride, col_stride: 1 }
+    }
+
+    fn vals(n: usize, seed: f64) -> Vec<f64> {
+        (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect()
+    }
+
+    /// The gradients by their definition in f64 (dq, dk, dv of every batch index), from the
+    /// forward's output and logsumexp: `term(i, j)` is the mask's (`None` drops the key).
+    #[allow(clippy::type_complexity)]
+    fn reference(
+        spec: &AttentionBackwardSpec,
+        (q, k, v, g, o, lse): (&[f64], &[f64], &[f64], &[f64], &[f64], &[f64]),
+        term: &dyn Fn(usize, usize) -> Option<f64>,
+    ) -> [Vec<f64>; 3] {
+        let (l, s, d) = (spec.l, spec.s, spec.d);
+        let n = spec.batch_count();
+        let (mut dq, mut dk, mut dv) = (vec![0.0; n * l * d], vec![0.0; n * s * d], vec![0.0; n * s * d]);
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        for b in 0..n {
+            let row = |x: &[f64], r: usize| x[(b * l + r) * d..(b * l + r + 1) * d].to_vec();
+            let key = |x: &[f64], j: usize| x[(b * s + j) * d..(b * s + j + 1) * d].to_vec();
+            for i in 0..l {
+                let (qi, gi) = (row(q, i), row(g, i));
+                let delta = dot(&gi, &row(o, i));
+                for j in (0..s).filter(|&j| !(spec.causal && j > i)) {
+                    let Some(t) = term(i, j) else { continue };
+                    let (kj, vj) = (key(k, j), key(v, j));
+                    let p = (dot(&qi, &kj) * spec.scale + t - lse[b * l + i]).exp();
+                    let ds = p * (dot(&gi, &vj) - delta);
+                    for c in 0..d {
+                        dq[(b * l + i) * d + c] += spec.scale * ds * kj[c];
+                        dk[(b * s + j) * d + c] += spec.scale * ds * qi[c];
+                        dv[(b * s + j) * d + c] += p * gi[c];
+                    }
+                }
+            }
+        }
+        [dq, dk, dv]
+    }
+
+    /// A `[l, s]` mask broadcast over 2 batch indices, bool and added, with a row that keeps no
+    /// key (whose gradients are 0, no NaN), causal and not: the definition's gradients.
+    #[test]
+    fn masked_gradients_match_the_definition_and_dead_rows_are_zero() {
+        let (l, s, d, n) = (37, 45, 16, 2);
+        let keep = |i: usize, j: usize| i != 4 && (i * 3 + j) % 7 != 2;
+        let added = |i: usize, j: usize| keep(i, j).then(|| ((i * 5 + j) as f64 * 0.23).cos());
+        let bools: Vec<u8> = (0..l * s).map(|x| keep(x / s, x % s) as u8).collect();
+        let terms: Vec<f64> = (0..l * s).map(|x| added(x / s, x % s).unwrap_or(f64::NEG_INFINITY)).collect();
+        let (q, k, v, g) = (vals(n * l * d, 0.1), vals(n * s * d, 1.3), vals(n * s * d, 2.9), vals(n * l * d, 4.2));
+        let bytes = |x: &[f64]| bytemuck::cast_slice::<f64, u8>(x).to_vec();
+        let (qb, kb, vb, gb) = (bytes(&q), bytes(&k), bytes(&v), bytes(&g));
+        let terms_bytes = bytes(&terms);
+        let bool_term = |i: usize, j: usize| keep(i, j).then_some(0.0);
+        let cases: [(MaskBytes, &dyn Fn(usize, usize) -> Option<f64>); 2] = [
+            (MaskBytes { bytes: &bools, kind: MaskKind::Bool }, &bool_term),
+            (MaskBytes { bytes: &terms_bytes, kind: MaskKind::Added }, &added),
+        ];
+        for (mask, term) in cases {
+            for causal in [false, true] {
+                let fwd = AttentionSpec {
+                    q: view(l * d, d),
+                    k: view(s * d, d),
+                    v: view(s * d, d),
+                    out: view(l * d, d),
+                    batch: vec![n],
+                    l,
+                    s,
+                    d,
+                    causal,
+                    scale: 0.3,
+                    mask: Some(view(0, s)),
+                    mask_rule: None,
+                    offset: 0,
+                };
+                let (mut out, mut lse) = (vec![0u8; n * l * d * 8], vec![0u8; n * l * 8]);
+                attention_bytes(&fwd, DType::F64, &qb, &kb, &vb, Some(mask), &mut out, Some(&mut lse)).unwrap();
+                let spec = AttentionBackwardSpec {
+                    q: fwd.q.clone(),
+                    k: fwd.k.clone(),
+                    v: fwd.v.clone(),
+                    grad_out: fwd.out.clone(),
+                    out: fwd.out.clone(),
+                    dq: Some(view(l * d, d)),
+                    dk: Some(view(s * d, d)),
+                    dv: Some(view(s * d, d)),
+                    batch: vec![n],
+                    l,
+                    s,
+                    d,
+                    causal,
+                    scale: 0.3,
+                    mask: Some(view(0, s)),
+                };
+                let (mut dq, mut dk, mut dv) =
+                    (vec![0u8; n * l * d * 8], vec![0u8; n * s * d * 8], vec![0u8; n * s * d * 8]);
+                let grads = GradBuffers::separate(Some(&mut dq), Some(&mut dk), Some(&mut dv));
+                let bufs = BackwardBuffers {
+                    q: &qb,
+                    k: &kb,
+                    v: &vb,
+                    grad_out: &gb,
+                    lse: &lse,
+                    out: &out,
+                    grads,
+                    mask: Some(mask),
+                };
+                attention_backward_bytes(&spec, DType::F64, bufs).unwrap();
+                let (o, lse): (&[f64], &[f64]) = (bytemuck::cast_slice(&out), bytemuck::cast_slice(&lse));
+                assert!(lse[4].is_infinite() && lse[l + 4].is_infinite(), "row 4 keeps no key");
+                let want = reference(&spec, (&q, &k, &v, &g, o, lse), term);
+                for (name, got, want) in [("dq", &dq, &want[0]), ("dk", &dk, &want[1]), ("dv", &dv, &want[2])] {
+                    let got: &[f64] = bytemuck::cast_slice(got);
+                    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                        assert!((a - b).abs() < 1e-12, "{:?} causal={causal} {name}[{i}]: {a} vs {b}", mask.kind);
+                    }
+                }
+                let dq: &[f64] = bytemuck::cast_slice(&dq);
+                assert!(dq[4 * d..5 * d].iter().all(|&x| x == 0.0), "a row that keeps no key: dq 0");
+            }
+        }
+    }
+
+    #[test]
+    fn a_mask_view_reaching_outside_its_buffer_is_an_error() {
+        let (l, s, d) = (4, 4, 8);
+        let spec = AttentionBackwardSpec {
+            q: view(l * d, d),
+            k: view(s * d, d),
+            v: view(s * d, d),
+            grad_out: view(l * d, d),
+            out: view(l * d, d),
+            dq: Some(view(l * d, d)),
+            dk: None,
+            dv: None,
+            batch: vec![2],
+            l,
+            s,
+            d,
+            causal: false,
+            scale: 0.3,
+            mask: Some(view(l * s, s)),
+        };
+        let e = spec.check_mask(Some(31)).unwrap_err();
+        assert!(e.to_string().contains("mask view reaches element 31 of 31"), "{e}");
+        assert!(spec.check_mask(None).is_err());
+        assert!(spec.check_mask(Some(32)).is_ok());
+    }
+}
