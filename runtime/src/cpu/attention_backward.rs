@@ -409,13 +409,16 @@ mod tests {
         (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect()
     }
 
+    /// A mask's term for (row, key): `None` drops the key, else what is added to the score.
+    type Term<'a> = &'a dyn Fn(usize, usize) -> Option<f64>;
+
     /// The gradients by their definition in f64 (dq, dk, dv of every batch index), from the
     /// forward's output and logsumexp: `term(i, j)` is the mask's (`None` drops the key).
     #[allow(clippy::type_complexity)]
     fn reference(
         spec: &AttentionBackwardSpec,
         (q, k, v, g, o, lse): (&[f64], &[f64], &[f64], &[f64], &[f64], &[f64]),
-        term: &dyn Fn(usize, usize) -> Option<f64>,
+        term: Term,
     ) -> [Vec<f64>; 3] {
         let (l, s, d) = (spec.l, spec.s, spec.d);
         let n = spec.batch_count();
@@ -457,7 +460,7 @@ mod tests {
         let (qb, kb, vb, gb) = (bytes(&q), bytes(&k), bytes(&v), bytes(&g));
         let terms_bytes = bytes(&terms);
         let bool_term = |i: usize, j: usize| keep(i, j).then_some(0.0);
-        let cases: [(MaskBytes, &dyn Fn(usize, usize) -> Option<f64>); 2] = [
+        let cases: [(MaskBytes, Term); 2] = [
             (MaskBytes { bytes: &bools, kind: MaskKind::Bool }, &bool_term),
             (MaskBytes { bytes: &terms_bytes, kind: MaskKind::Added }, &added),
         ];
