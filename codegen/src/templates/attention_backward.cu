@@ -34,6 +34,21 @@ COIL_D float coil_row_stat(const float *x, int row, int l) { return row < l ? x[
    (a row that keeps no key), so that no inf - inf is taken. */
 COIL_D float coil_masked_p(float x, float t, float lse2) { return t == COIL_NEG_INF ? 0.f : coil_exp2(x + t - lse2); }
 
+/* Whether the explicit mask keeps any (row, key) of rows [row0, row0 + 64) and keys [key0, key0 +
+   64) (within l and s, and the causal rule): else P is 0 over the tile and a tensor-core block
+   skips its products (a padding mask's dead keys). Every one of the block's 128 threads calls
+   it (a barrier); the answer is the block's. */
+template <int KIND>
+COIL_D bool coil_bwd_tile_live(const void *mask, long long mb, const CoilAttnBwdParams &p, int row0, int key0) {
+    bool live = false;
+    for (int i = threadIdx.x; i < 64 * 64 && !live; i += 128) {
+        const int row = row0 + i / 64, key = key0 + i % 64;
+        if (row < p.l && key < p.s && !(p.causal && key > row))
+            live = coil_mask_at<KIND>(mask, p.mask, p.mask_kind, mb, row, key) != COIL_NEG_INF;
+    }
+    return __syncthreads_or(live) != 0;
+}
+
 #ifndef COIL_EMULATED
 /* The sum of x over the warp's 32 lanes, in every lane (left to the includer when emulated). */
 COIL_D float coil_warp_sum(float x) {
@@ -151,6 +166,9 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
             coil_cp_async_wait<0>();
         }
         __syncthreads();
+        /* A tile the mask drops whole adds nothing (the statistics' next writes follow the vote's
+           barrier; no thread reads these tiles after it). */
+        if (p.mask_kind && !coil_bwd_tile_live<BF16 ? 2 : 1>(mask, mb, p, row0, key0)) continue;
 
         /* S^T = K Q^T: this warp's 16 keys x 64 rows; then P^T in place, 0 where masked (rows
            past the end, keys after the row when causal: only in an edge tile, the last query
@@ -258,6 +276,9 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
             coil_cp_async_wait<0>();
         }
         __syncthreads();
+        /* A tile the mask drops whole for the block's rows adds nothing (no thread reads these
+           tiles after the vote's barrier). */
+        if (p.mask_kind && !coil_bwd_tile_live<BF16 ? 2 : 1>(mask, mb, p, row0, key0)) continue;
 
         /* S = Q K^T and P in place (0 for keys past the end, and after the row when causal);
            dP = dO V^T and dS = P (dP - delta) in place. Masking only in an edge tile: the last

@@ -251,16 +251,16 @@ fn deltas<T: Copy + Send + Sync, A: Real>(spec: &AttentionBackwardSpec, g: &[T],
 }
 
 impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
-    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values (0 for a
-    /// key the mask drops).
+    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values; `None`
+    /// (both 0) for a key the mask drops, whose values are not read.
     #[allow(clippy::too_many_arguments)]
-    fn p_ds(&self, b: usize, i: usize, j: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> (A, A) {
+    fn p_ds(&self, b: usize, i: usize, j: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> Option<(A, A)> {
         let row = b * self.spec.l + i;
-        let Some(term) = self.mask_term(b, i, j) else { return (A::ZERO, A::ZERO) };
+        let term = self.mask_term(b, i, j)?;
         let mut score = dot(qi, kj).mul(A::from_f64(self.spec.scale));
         score += term;
         let p = score.sub_exp(self.lse[row]);
-        (p, p.mul(dot(gi, vj).sub(self.delta[row])))
+        Some((p, p.mul(dot(gi, vj).sub(self.delta[row]))))
     }
 
     /// The mask's term for query row `i` and key `j` of batch index `b`: `None` where it drops
@@ -294,7 +294,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
             let o = &mut out[r * d..(r + 1) * d];
             for j in 0..n {
                 let kj = &keys[j * d..(j + 1) * d];
-                let (_, ds) = self.p_ds(b, i, j, qi, gi, kj, &values[j * d..(j + 1) * d]);
+                let Some((_, ds)) = self.p_ds(b, i, j, qi, gi, kj, &values[j * d..(j + 1) * d]) else { continue };
                 o.iter_mut().zip(kj).for_each(|(x, &kc)| *x = x.mul_add(ds, kc));
             }
         }
@@ -324,7 +324,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
             for i in start..l {
                 let (qi, gi) =
                     (&queries[(i - first) * d..(i - first + 1) * d], &grads[(i - first) * d..(i - first + 1) * d]);
-                let (p, ds) = self.p_ds(b, i, j, qi, gi, kj, vj);
+                let Some((p, ds)) = self.p_ds(b, i, j, qi, gi, kj, vj) else { continue };
                 dv[r * d..(r + 1) * d].iter_mut().zip(gi).for_each(|(x, &gc)| *x = x.mul_add(p, gc));
                 dk[r * d..(r + 1) * d].iter_mut().zip(qi).for_each(|(x, &qc)| *x = x.mul_add(ds, qc));
             }

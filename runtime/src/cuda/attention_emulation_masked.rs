@@ -74,6 +74,9 @@ struct MaskedCase {
     mask: BackwardMask,
     /// dq, dk, dv wanted.
     wanted: [bool; 3],
+    /// Keys from here on are NaN in k and v: no tensor-core block may compute with them (the
+    /// mask drops them for every row: their tiles are skipped), else the gradients are NaN.
+    poison: Option<usize>,
 }
 
 #[test]
@@ -95,11 +98,24 @@ fn masked_backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         heads,
         mask,
         wanted,
+        poison: None,
     };
+    let poisoned = |c: MaskedCase| MaskedCase { poison: Some(64), ..c };
     let cases = [
         // A padding mask `[B, 1, L, S]` over the heads, tails of both block kinds (70, 100), a
         // dead row and dead key tiles.
-        case(mma(true, 64), DType::BF16, &[2, 2], (70, 100, 64), false, false, bools(padding, [true, false]), all),
+        // The keys from 64 on are dropped for every row: a dK, dV block and a key tile of every dQ
+        // block are skipped.
+        poisoned(case(
+            mma(true, 64),
+            DType::BF16,
+            &[2, 2],
+            (70, 100, 64),
+            false,
+            false,
+            bools(padding, [true, false]),
+            all,
+        )),
         // f16, head dim 40 padded to 48, an added `[L, S]` mask over batch and heads with dead
         // rows, causal too; dQ only, then dK and dV only.
         case(
@@ -158,7 +174,15 @@ fn masked_backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let (mask, view) = backward_mask(&c.mask, &c.batch, c.l, c.s, dtype);
         fwd.mask = Some(view.clone());
         let mask_bytes = Some(MaskBytes { bytes: &mask, kind: c.mask.kind });
-        let [q, k, v] = operands(dtype, &fwd, c.heads);
+        let [q, mut k, mut v] = operands(dtype, &fwd, c.heads);
+        if let Some(from) = c.poison {
+            let row = d * size;
+            for b in 0..fwd.batch_count() {
+                for x in [&mut k, &mut v] {
+                    x[(b * c.s + from) * row..(b + 1) * c.s * row].fill(0xff);
+                }
+            }
+        }
         let rows = fwd.batch_count() * c.l;
         let (mut out, mut lse) = (vec![0u8; rows * d * size], vec![0u8; rows * 4]);
         attention_bytes(&fwd, dtype, &q, &k, &v, mask_bytes, &mut out, Some(&mut lse)).unwrap();
