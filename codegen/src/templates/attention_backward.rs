@@ -13,7 +13,9 @@
 //!
 //! An explicit mask (bool, or added to the scores; [`AttnBwdParams::mask`]) is read per element
 //! by the forward's routine (`coil_mask_at`): `S` gets its term and `P` is 0 where it drops the
-//! key, so a row that keeps no key (logsumexp `-inf`) has zero gradients, as PyTorch's.
+//! key, so a row that keeps no key (logsumexp `-inf`) has zero gradients, as PyTorch's. The
+//! tensor-core blocks skip the products of a 64 x 64 tile the mask drops whole (a block-wide
+//! vote, as the forward's), so a padding mask's keys cost their tiles' loads only.
 //!
 //! No block writes what another writes, so there are no atomics and results repeat exactly; the
 //! price is that `S` and `dP` are computed twice (7 products of `L x S x D` where FlashAttention-2
