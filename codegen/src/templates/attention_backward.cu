@@ -106,7 +106,7 @@ template <int DP> struct CoilHold { static constexpr bool value = DP <= 64; };
    holds S^T and dP^T (16 keys x 64 query rows) as accumulators, which are A fragments of the
    next products. Tiles (TILE elements each): K, V in 2, 3; Q, dO in 0, 1 (and, holding, the
    next block's Q, dO in 2, 3, alternating). */
-template <int DP, bool BF16>
+template <int DP, bool BF16, bool MASKED>
 COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
                                     const float *lse, const float *delta, coil_u16 *dk, coil_u16 *dv,
                                     const void *mask, const CoilAttnBwdParams &p, int kblock) {
@@ -118,7 +118,9 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
     const int g = lane >> 2, t = lane & 3;
     const int key0 = kblock * BLOCK;
     const coil_u16 *qb = q + coil_batch_base(p.q, p.heads), *dob = dout + coil_batch_base(p.dout, p.heads);
-    const long long mb = p.mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
+    /* Compiled without the mask's code unless MASKED (a maskless call pays nothing for it). */
+    const int mask_kind = MASKED ? p.mask_kind : 0;
+    const long long mb = mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
     /* Query blocks whose rows see a key of this block: all, or (causal) from the diagonal on. */
     const int qblocks = (p.l + BLOCK - 1) / BLOCK, first = p.causal ? kblock : 0;
     coil_tile_load<DP>(smem + 2 * TILE, k + coil_batch_base(p.k, p.heads), p.k.row, key0, p.s, p.d);
@@ -168,12 +170,12 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
         __syncthreads();
         /* A tile the mask drops whole adds nothing (the statistics' next writes follow the vote's
            barrier; no thread reads these tiles after it). */
-        if (p.mask_kind && !coil_bwd_tile_live<BF16 ? 2 : 1>(mask, mb, p, row0, key0)) continue;
+        if (mask_kind && !coil_bwd_tile_live<BF16 ? 2 : 1>(mask, mb, p, row0, key0)) continue;
 
         /* S^T = K Q^T: this warp's 16 keys x 64 rows; then P^T in place, 0 where masked (rows
            past the end, keys after the row when causal: only in an edge tile, the last query
            block or the diagonal one; the explicit mask's, in every tile). */
-        const bool edge = row0 + BLOCK > p.l || (p.causal && key0 + BLOCK - 1 > row0) || p.mask_kind;
+        const bool edge = row0 + BLOCK > p.l || (p.causal && key0 + BLOCK - 1 > row0) || mask_kind;
         coil_u32 af[HOLD ? 1 : KC][4];
         float st[8][4], dpt[8][4];
 #pragma unroll
@@ -193,8 +195,8 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
                     const int key = key0 + warp * 16 + g + (e >> 1) * 8, row = row0 + i;
                     if (row >= p.l || (p.causal && key > row)) {
                         x = 0.f;
-                    } else if (p.mask_kind) { /* keys past the end (their rows are not stored): P = 0 */
-                        const float t = key < p.s ? coil_mask_at<BF16 ? 2 : 1>(mask, p.mask, p.mask_kind, mb, row, key) : COIL_NEG_INF;
+                    } else if (mask_kind) { /* keys past the end (their rows are not stored): P = 0 */
+                        const float t = key < p.s ? coil_mask_at<BF16 ? 2 : 1>(mask, p.mask, mask_kind, mb, row, key) : COIL_NEG_INF;
                         x = coil_masked_p(st[j][e] * p.scale_log2, t, s_lse[i]);
                     }
                 }
@@ -222,7 +224,7 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
 
 /* dQ of 64 query rows (warp w: rows 16w .. 16w + 15). Tiles: Q, dO in 0, 1 (holding: staged
    in 2, 3); K, V in 2, 3 (holding: in 0, 1 and 2, 3, alternating). */
-template <int DP, bool BF16>
+template <int DP, bool BF16, bool MASKED>
 COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
                                   const float *lse, const float *delta, coil_u16 *dq, const void *mask,
                                   const CoilAttnBwdParams &p, int qblock) {
@@ -234,7 +236,9 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
     const int g = lane >> 2, t = lane & 3;
     const int row0 = qblock * BLOCK, first = row0 + warp * 16;
     const coil_u16 *kb = k + coil_batch_base(p.k, p.heads), *vb = v + coil_batch_base(p.v, p.heads);
-    const long long mb = p.mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
+    /* Compiled without the mask's code unless MASKED (a maskless call pays nothing for it). */
+    const int mask_kind = MASKED ? p.mask_kind : 0;
+    const long long mb = mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
     int kblocks = (p.s + BLOCK - 1) / BLOCK;
     if (p.causal) kblocks = coil_imin(kblocks, qblock + 1);
     coil_tile_load<DP>(sq, q + coil_batch_base(p.q, p.heads), p.q.row, row0, p.l, p.d);
@@ -278,12 +282,12 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
         __syncthreads();
         /* A tile the mask drops whole for the block's rows adds nothing (no thread reads these
            tiles after the vote's barrier). */
-        if (p.mask_kind && !coil_bwd_tile_live<BF16 ? 2 : 1>(mask, mb, p, row0, key0)) continue;
+        if (mask_kind && !coil_bwd_tile_live<BF16 ? 2 : 1>(mask, mb, p, row0, key0)) continue;
 
         /* S = Q K^T and P in place (0 for keys past the end, and after the row when causal);
            dP = dO V^T and dS = P (dP - delta) in place. Masking only in an edge tile: the last
            key block, or the diagonal one of this warp's rows; with an explicit mask, every tile. */
-        const bool edge = key0 + BLOCK > p.s || (p.causal && key0 + BLOCK - 1 > first) || p.mask_kind;
+        const bool edge = key0 + BLOCK > p.s || (p.causal && key0 + BLOCK - 1 > first) || mask_kind;
         coil_u32 af[HOLD ? 1 : KC][4];
         float s[8][4], dp[8][4];
 #pragma unroll
@@ -304,8 +308,8 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
                     const int key = key0 + j * 8 + 2 * t + (e & 1), row = first + g + (e >> 1) * 8;
                     if (key >= p.s || (p.causal && key > row)) {
                         pj = 0.f;
-                    } else if (p.mask_kind) { /* rows past the end (not stored): P = 0 */
-                        const float mt = row < p.l ? coil_mask_at<BF16 ? 2 : 1>(mask, p.mask, p.mask_kind, mb, row, key) : COIL_NEG_INF;
+                    } else if (mask_kind) { /* rows past the end (not stored): P = 0 */
+                        const float mt = row < p.l ? coil_mask_at<BF16 ? 2 : 1>(mask, p.mask, mask_kind, mb, row, key) : COIL_NEG_INF;
                         pj = coil_masked_p(s[j][e] * p.scale_log2, mt, lse2[e >> 1]);
                     }
                 }
@@ -323,7 +327,7 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
 /* The tensor-core backward: 4 warps; block y < key_blocks: dK, dV of key block y (the first
    have the most query rows to walk when causal); the others: dQ of a query block, the last
    (most keys when causal) first. dq, dk, dv may be null: not wanted. */
-template <int DP, bool BF16>
+template <int DP, bool BF16, bool MASKED>
 COIL_D void coil_attention_bwd_mma(const coil_u16 *__restrict__ q, const coil_u16 *__restrict__ k,
                                    const coil_u16 *__restrict__ v, const coil_u16 *__restrict__ dout,
                                    const float *__restrict__ lse, const float *__restrict__ delta,
@@ -331,9 +335,9 @@ COIL_D void coil_attention_bwd_mma(const coil_u16 *__restrict__ q, const coil_u1
                                    const void *__restrict__ mask, const CoilAttnBwdParams &p) {
     const int y = blockIdx.y;
     if (y < p.key_blocks) {
-        coil_attention_bwd_dkdv<DP, BF16>(q, k, v, dout, lse, delta, dk, dv, mask, p, y);
+        coil_attention_bwd_dkdv<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dk, dv, mask, p, y);
     } else {
-        coil_attention_bwd_dq<DP, BF16>(q, k, v, dout, lse, delta, dq, mask, p, gridDim.y - 1 - y);
+        coil_attention_bwd_dq<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dq, mask, p, gridDim.y - 1 - y);
     }
 }
 
@@ -448,12 +452,13 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
     }
 }
 
-#define COIL_ATTENTION_BWD_MMA(NAME, DP, BF16)                                                               \
+/* MASKED false: the mask's code compiled out (the tensor-core kernel's maskless entry point). */
+#define COIL_ATTENTION_BWD_MMA(NAME, DP, BF16, MASKED)                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout, const float *lse, \
              const float *delta, coil_u16 *dq, coil_u16 *dk, coil_u16 *dv, const void *mask,                  \
              CoilAttnBwdParams p) {                                                                           \
-        coil_attention_bwd_mma<DP, BF16>(q, k, v, dout, lse, delta, dq, dk, dv, mask, p);                     \
+        coil_attention_bwd_mma<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dq, dk, dv, mask, p);             \
     }
 #define COIL_ATTENTION_BWD_SIMPLE(NAME, DP, KIND)                                                            \
     extern "C" __global__ void __launch_bounds__(64)                                                          \

@@ -40,7 +40,7 @@
 //! Entry points (all variants):
 //!
 //! ```text
-//! extern "C" __global__ void coil_attention_bwd_{mma,simple}_{bf16,f16,f32}_d{16,32,..,128}(
+//! extern "C" __global__ void coil_attention_bwd_{mma,simple}_{bf16,f16,f32}_d{16,32,..,128}{,_masked}(
 //!     const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *delta,
 //!     T *dq, T *dk, T *dv /* each null when not wanted */, const void *mask /* or null */,
 //!     CoilAttnBwdParams p)
@@ -212,14 +212,25 @@ impl AttentionBackwardKernel {
     /// The variant's whole translation unit.
     pub fn source(self) -> String {
         let entry = match self {
-            AttentionBackwardKernel::Mma { bf16, dp } => {
-                format!("COIL_ATTENTION_BWD_MMA({}, {dp}, {bf16})\n", self.name())
-            }
+            AttentionBackwardKernel::Mma { bf16, dp } => format!(
+                "COIL_ATTENTION_BWD_MMA({name}, {dp}, {bf16}, false)\nCOIL_ATTENTION_BWD_MMA({name}_masked, {dp}, {bf16}, true)\n",
+                name = self.name()
+            ),
             AttentionBackwardKernel::Simple { dtype, dp } => {
                 format!("COIL_ATTENTION_BWD_SIMPLE({}, {dp}, {})\n", self.name(), element_kind(dtype))
             }
         };
         format!("{COMMON_SOURCE}\n{BACKWARD_SOURCE}\n{entry}")
+    }
+
+    /// The entry point for a call with (`masked`) or without an explicit mask: the tensor-core
+    /// kernel has one of each (`<name>_masked`), so that a maskless call runs code without the
+    /// mask's (as the forward's row-block kernel); the simple kernel reads the mask's kind.
+    pub fn entry(self, masked: bool) -> String {
+        match self {
+            AttentionBackwardKernel::Mma { .. } if masked => format!("{}_masked", self.name()),
+            _ => self.name(),
+        }
     }
 
     /// The simple variant of the same dtype and head dim.
@@ -268,11 +279,16 @@ mod tests {
         let mma = AttentionBackwardKernel::choose(DType::BF16, 64, &GpuTarget::h100()).unwrap();
         assert_eq!(mma, AttentionBackwardKernel::Mma { bf16: true, dp: 64 });
         assert_eq!(mma.name(), "coil_attention_bwd_mma_bf16_d64");
-        assert!(mma.source().ends_with("COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64, 64, true)\n"));
+        assert!(mma.source().ends_with(
+            "COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64, 64, true, false)\n\
+             COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64_masked, 64, true, true)\n"
+        ));
+        assert_eq!((mma.entry(false), mma.entry(true)), (mma.name(), "coil_attention_bwd_mma_bf16_d64_masked".into()));
         assert_eq!(mma.shared_bytes(), 4 * 64 * 72 * 2 + 512);
         let simple = AttentionBackwardKernel::choose(DType::F32, 40, &GpuTarget::h100()).unwrap();
         assert_eq!(simple, AttentionBackwardKernel::Simple { dtype: DType::F32, dp: 48 });
         assert_eq!(simple.name(), "coil_attention_bwd_simple_f32_d48");
+        assert_eq!(simple.entry(true), simple.name());
         assert_eq!(simple.shared_bytes(), 0);
         assert!(AttentionBackwardKernel::choose(DType::F64, 64, &GpuTarget::h100()).is_err());
         assert_eq!(backward_grid(12, 130, 70, true, true), ((12, 5, 1), 2));

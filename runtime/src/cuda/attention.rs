@@ -418,7 +418,8 @@ pub fn attention_backward(
     let views = [&prepared[0].0, &prepared[1].0, &prepared[2].0, &prepared[3].0];
     let mut params = backward_params(spec, views, key_blocks, bufs.mask.map(|(_, kind)| kind));
     let shared = variant.shared_bytes();
-    let f = kernel(dev, variant.name(), || variant.source(), shared)?.func;
+    let entry = variant.entry(bufs.mask.is_some());
+    let f = kernel(dev, entry.clone(), || variant.source(), shared)?.func;
     let mut ptrs: [u64; 10] = [
         prepared[0].1,
         prepared[1].1,
@@ -441,7 +442,7 @@ pub fn attention_backward(
     // `shared` bytes of dynamic shared memory; the temporaries go back to the stream-ordered
     // cache after this launch is enqueued.
     unsafe { drv::launch_kernel(f, grid, (variant.block(), 1, 1), shared, dev.cu_stream(), &mut args) }
-        .map_err(|e| driver_error(&format!("cuLaunchKernel({})", variant.name()), e))?;
+        .map_err(|e| driver_error(&format!("cuLaunchKernel({entry})"), e))?;
     drop(temps);
     drop(delta);
     Ok(())

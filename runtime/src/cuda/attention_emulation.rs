@@ -62,7 +62,7 @@ fn forward_kernel(kernel: AttentionKernel, masked: bool) -> Emulated {
     }
 }
 
-fn backward_kernel(kernel: AttentionBackwardKernel) -> Emulated {
+fn backward_kernel(kernel: AttentionBackwardKernel, masked: bool) -> Emulated {
     let call = match kernel {
         AttentionBackwardKernel::Mma { .. } => {
             "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (const coil_u16 *)buf[3], \
@@ -75,10 +75,11 @@ fn backward_kernel(kernel: AttentionBackwardKernel) -> Emulated {
         }
     };
     assert!(kernel.shared_bytes() as usize <= 96 * 1024, "the emulation's dynamic shared memory is 96 KiB");
+    let name = kernel.entry(masked);
     Emulated {
-        name: kernel.name(),
+        call: format!("{name}({call})"),
+        name,
         source: kernel.source(),
-        call: format!("{}({call})", kernel.name()),
         params: "CoilAttnBwdParams",
         block: kernel.block(),
     }
@@ -627,7 +628,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         ),
     ];
     for c in cases {
-        let emulated = backward_kernel(c.kernel);
+        let emulated = backward_kernel(c.kernel, false);
         let Some(exe) = builds.get(&emulated) else { return };
         let (dtype, size, d) = (c.dtype, c.dtype.size_bytes(), c.d);
         // The forward on the CPU: its output (GPT-2's: heads merged, `[B, L, H, D]`, for head

@@ -166,7 +166,7 @@ fn masked_backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         ),
     ];
     for c in cases {
-        let emulated = backward_kernel(c.kernel);
+        let emulated = backward_kernel(c.kernel, true);
         let Some(exe) = builds.get(&emulated) else { return };
         let (dtype, size, d) = (c.dtype, c.dtype.size_bytes(), c.d);
         // The forward on the CPU (its output and logsumexp), with the mask.
