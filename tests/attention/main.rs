@@ -134,6 +134,60 @@ fn attention_gradients_with_a_dynamic_sequence_length() {
     );
 }
 
+/// Gradients through masked templates in a compiled function whose sequence length is dynamic
+/// (the padding mask's too): one compile serves every length, the forward and backward calls
+/// read the mask with the length symbolic, and every length agrees with the interpreter.
+#[test]
+fn masked_attention_gradients_with_a_dynamic_sequence_length() {
+    let body = |a: &[Tensor]| -> coil::Result<Vec<Tensor>> {
+        let (b, t, h, d) = (a[0].shape()[0] as i64, a[0].shape()[1] as i64, 2i64, 8i64);
+        let heads = |x: &Tensor| x.view(&[b, t, h, d])?.transpose(1, 2);
+        let (q, k, v) = (heads(&a[0])?, heads(&a[1])?, heads(&a[2])?);
+        let y = coil::scaled_dot_product_attention(&q, &k, &v, Some(&a[3]), false, None)?;
+        let loss = y.mul(&y)?.sum_all()?;
+        let (loss, grads) = coil::value_and_grad(&loss, &[&a[0], &a[1], &a[2]])?;
+        Ok(std::iter::once(loss).chain(grads).collect())
+    };
+    let f = coil::compile(body).named("masked_attention_grad");
+    coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
+    coil::set_default_device(Device::Cpu);
+    let make = |t: usize| {
+        let x: Vec<Tensor> = (1..=3)
+            .map(|seed| {
+                let v: Vec<f32> = (0..2 * t * 16).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
+                Tensor::from_vec(v, &[2, t, 16]).unwrap()
+            })
+            .collect();
+        // Padding: batch index 1 keeps its first t - 3 keys.
+        let keep: Vec<bool> = (0..2 * t).map(|x| x % t + 3 * (x / t) < t).collect();
+        let mask = Tensor::from_vec(keep, &[2, 1, 1, t]).unwrap();
+        let args: Vec<Tensor> = x.into_iter().chain([mask]).collect();
+        args[..3].iter().for_each(|a| a.mark_dynamic(1).unwrap());
+        args[3].mark_dynamic(3).unwrap();
+        args
+    };
+    for t in [20usize, 33, 70] {
+        let args = make(t);
+        let got: Vec<Vec<f64>> =
+            f.call(&args.iter().collect::<Vec<_>>()).unwrap().iter().map(|x| x.to_vec::<f64>().unwrap()).collect();
+        coil::set_backend(coil::Backend::Interpreter);
+        let want: Vec<Vec<f64>> = body(&args).unwrap().iter().map(|x| x.to_vec::<f64>().unwrap()).collect();
+        coil::set_backend(coil::Backend::Compiled);
+        coil::set_eager_tier(false);
+        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+            let err = cases::rel_error(x, y);
+            assert!(err <= 1e-5, "T = {t}: output {i} (0: the loss) differs by {err:.2e}");
+        }
+    }
+    assert_eq!(f.compile_count(), 1, "one compile serves every length");
+    let outputs = body(&make(40)).unwrap();
+    let ir = &coil::inspect(&outputs.iter().collect::<Vec<_>>()).unwrap().pre_fusion;
+    let calls: Vec<&str> = ir.lines().filter(|l| l.contains("= extern attention")).collect();
+    assert_eq!(calls.len(), 2, "{ir}");
+    assert!(calls.iter().all(|c| c.contains(" l=s0 s=s0 ") && c.contains(" mask=[s0, 0, 0, 1]")), "{ir}");
+}
+
 /// A GPT-2 training step (`coil::nn`, causal `scaled_dot_product_attention` in every block,
 /// gradients of every parameter) lowers with each layer's attention one template call forward
 /// and one backward, and no buffer of the `[B, H, T, T]` scores: in bf16 (the passes alone, as
