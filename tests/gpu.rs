@@ -130,6 +130,17 @@ fn attention_gradients_through_the_templates_agree_on_cuda() {
     }
 }
 
+/// Gradients through masked attention on CUDA: the backward kernels with the mask (bool over
+/// the heads, added over the batch, rows that keep no key, 40 and 70 rows, a decode-like row;
+/// tensor-core for f16 / bf16, the simple one for f32), and a learned added mask through the
+/// decomposition, against the interpreter.
+#[test]
+fn masked_attention_gradients_agree_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::masked_grad::check_masked_grad_all(device);
+    }
+}
+
 /// GPT-2-sized attention gradients (bf16, B=2, H=4, T=1000 causal, D=64, and f16 T=777 not
 /// causal, D=128) on CUDA against the CPU's compiled templates. Where cuDNN loads, both
 /// shapes run through its fused attention engines forward and backward, each shape's engine

@@ -510,34 +510,29 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             let batch = attention_batch(op, inputs)?;
             let r = q.rank();
             if *mask {
-                let m = inputs[3].meta;
-                let mut scores = batch.clone();
-                scores.extend([q.shape[r - 2], inputs[1].meta.shape[r - 2]]);
-                if broadcast_shapes(&scores, &m.shape)? != scores {
-                    return Err(Error::shape(format!(
-                        "attention mask {:?} does not broadcast to the scores {scores:?}",
-                        m.shape
-                    )));
-                }
-                if m.dtype != DType::Bool && m.dtype != q.dtype {
-                    return Err(Error::dtype(format!("attention mask must be bool or {}, got {}", q.dtype, m.dtype)));
-                }
+                attention_mask(inputs, &batch, inputs[3].meta)?;
             }
             let mut shape = batch;
             shape.extend([q.shape[r - 2], v.shape[r - 1]]);
             Ok(TensorMeta::new(shape, q.dtype))
         }
-        Op::AttentionLogsumexp { .. } => {
-            arity(3)?;
+        Op::AttentionLogsumexp { mask, .. } => {
+            arity(3 + *mask as usize)?;
             let q = inputs[0].meta;
             let mut shape = attention_batch(op, inputs)?;
+            if *mask {
+                attention_mask(inputs, &shape, inputs[3].meta)?;
+            }
             shape.push(q.shape[q.rank() - 2]);
             Ok(TensorMeta::new(shape, attention_stats_dtype(q.dtype)))
         }
-        Op::AttentionBackward { input, .. } => {
-            arity(6)?;
+        Op::AttentionBackward { input, mask, .. } => {
+            arity(6 + *mask as usize)?;
             let (q, v) = (inputs[0].meta, inputs[2].meta);
             let batch = attention_batch(op, inputs)?;
+            if *mask {
+                attention_mask(inputs, &batch, inputs[6].meta)?;
+            }
             let r = q.rank();
             if (0..3).any(|i| inputs[i].meta.shape[..r - 2] != batch[..]) {
                 return Err(Error::shape(format!(
@@ -571,6 +566,23 @@ pub fn attention_stats_dtype(dtype: DType) -> DType {
     } else {
         DType::F32
     }
+}
+
+/// Checks an attention mask `m` against the operands (q, k first) of attention whose broadcast
+/// batch dims are `batch`: it broadcasts to the scores `[*batch, L, S]` and is bool or of q's
+/// dtype.
+fn attention_mask(inputs: &[Operand], batch: &[usize], m: &TensorMeta) -> Result<()> {
+    let q = inputs[0].meta;
+    let r = q.rank();
+    let mut scores = batch.to_vec();
+    scores.extend([q.shape[r - 2], inputs[1].meta.shape[r - 2]]);
+    if broadcast_shapes(&scores, &m.shape)? != scores {
+        return Err(Error::shape(format!("attention mask {:?} does not broadcast to the scores {scores:?}", m.shape)));
+    }
+    if m.dtype != DType::Bool && m.dtype != q.dtype {
+        return Err(Error::dtype(format!("attention mask must be bool or {}, got {}", q.dtype, m.dtype)));
+    }
+    Ok(())
 }
 
 /// Checks attention's operands q `[..., L, E]`, k `[..., S, E]`, v `[..., S, Ev]` (floating,

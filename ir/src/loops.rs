@@ -387,7 +387,8 @@ impl fmt::Display for MaskRule {
 /// The attention backward template's call ([`ExternCall::AttentionBackward`]): the gradients of
 /// [`ExternCall::Attention`] with respect to q, k and v, the probabilities recomputed from the
 /// saved logsumexp and never stored. With `delta = sum(grad_out * out, -1)` (computed by the
-/// call itself), `P = exp(scale * q k^T - lse)` (0 where masked) and
+/// call itself), `P = exp(scale * q k^T (+ mask) - lse)` (0 where masked, causally or by the
+/// mask, and in a row that keeps no key, whose `lse` is `-inf`) and
 /// `dS = P * (grad_out v^T - delta)`: `dq = scale * dS k`, `dk = scale * dS^T q`,
 /// `dv = P^T grad_out`, accumulated in f32 (f64 for f64) and rounded once. `q`, `k`, `v`,
 /// `grad_out` and `out` (`[*batch, l, d]`) are strided views of their buffers; `lse` is a
@@ -426,6 +427,10 @@ pub struct AttentionBackwardCall {
     pub causal: bool,
     /// The factor on `q . k`.
     pub scale: f64,
+    /// The forward's explicit mask, as [`AttentionCall::mask`]: element `(b, row, key)` of the
+    /// `[*batch, l, s]` mask as a view of its buffer (broadcast dims stride 0); bool (true
+    /// keeps the key) or of the operands' dtype (added to the scaled scores).
+    pub mask: Option<StridedOperand>,
 }
 
 impl AttentionBackwardCall {
@@ -921,10 +926,11 @@ impl LoopProgram {
                     batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));
                 }
                 LoopKind::Extern { call: ExternCall::AttentionBackward(call), .. } => {
-                    let AttentionBackwardCall { q, k, v, grad_out, out, dq, dk, dv, batch, l, s, d, .. } = &mut **call;
+                    let AttentionBackwardCall { q, k, v, grad_out, out, dq, dk, dv, batch, l, s, d, mask, .. } =
+                        &mut **call;
                     (*q, *k, *v, *grad_out, *out) =
                         (q.map(&at), k.map(&at), v.map(&at), grad_out.map(&at), out.map(&at));
-                    for g in [dq, dk, dv].into_iter().flatten() {
+                    for g in [dq, dk, dv, mask].into_iter().flatten() {
                         *g = g.map(&at);
                     }
                     batch.iter_mut().chain([l, s, d]).for_each(|e| *e = at(*e));

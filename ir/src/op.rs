@@ -7,8 +7,8 @@
 //!   `where`, casts), reductions ([`ReduceOp`]), `cumsum`, `argsort`, views (reshape, permute, expand,
 //!   slice), data movement (pad, cat, gather, index_select, scatter), `bmm`, and the
 //!   *templates* of attention: attention ([`Op::Attention`], with or without an explicit
-//!   mask), the row logsumexp of maskless attention's scores ([`Op::AttentionLogsumexp`]) and
-//!   its gradients ([`Op::AttentionBackward`]), which the compile path keeps whole (one
+//!   mask), the row logsumexp of its scores ([`Op::AttentionLogsumexp`]) and its gradients
+//!   ([`Op::AttentionBackward`]), which the compile path keeps whole (one
 //!   flash-attention call forward, one backward) where it supports their shapes and dtypes,
 //!   and the convolution template ([`Op::Conv`]: the convolution and its two gradients, kept
 //!   whole where cuDNN runs them); the reference decomposition always expands them.
@@ -443,22 +443,26 @@ pub enum Op {
         mask: bool,
     },
     /// The row logsumexp of attention's scores, `logsumexp(scale * q @ k^T (causal: -inf where
-    /// col > row), -1)`: `[*batch, L]`, f32 (f64 for f64 operands). Its operands are those of
-    /// the (maskless) [`Op::Attention`] it belongs to, v included, and so are its attributes:
-    /// the compile path computes both in one call, and the attention backward
-    /// ([`Op::AttentionBackward`]) recomputes the probabilities from it.
+    /// col > row) (masked), -1)`: `[*batch, L]`, f32 (f64 for f64 operands); `-inf` for a row
+    /// that keeps no key. Its operands are those of the [`Op::Attention`] it belongs to, v
+    /// included (`q, k, v`, then the mask when `mask`), and so are its attributes: the compile
+    /// path computes both in one call, and the attention backward ([`Op::AttentionBackward`])
+    /// recomputes the probabilities from it.
     AttentionLogsumexp {
         /// Keys after the query's position are dropped (`is_causal`).
         causal: bool,
         /// The factor on `q @ k^T` (`None`: `1 / sqrt(head dim)`).
         scale: Option<f64>,
+        /// Whether the mask operand is present (the last operand; as [`Op::Attention`]'s).
+        mask: bool,
     },
-    /// The gradient of maskless attention with respect to `input` (q, k or v), as
-    /// FlashAttention's backward computes it. Operands `(q, k, v, grad_out, logsumexp, out)`:
-    /// attention's operands, the gradient of its output, the [`Op::AttentionLogsumexp`] of the
-    /// same operands and the attention's output `out`. With `delta = sum(grad_out * out, -1)`
-    /// (accumulated in the logsumexp's dtype; every backend computes it from its operands),
-    /// `P = exp(scale * q @ k^T - logsumexp)` (0 where masked) and
+    /// The gradient of attention with respect to `input` (q, k or v), as FlashAttention's
+    /// backward computes it. Operands `(q, k, v, grad_out, logsumexp, out)`, then the mask when
+    /// `mask`: attention's operands, the gradient of its output, the
+    /// [`Op::AttentionLogsumexp`] of the same operands and the attention's output `out`. With
+    /// `delta = sum(grad_out * out, -1)` (accumulated in the logsumexp's dtype; every backend
+    /// computes it from its operands), `P = exp(scale * q @ k^T (+ mask) - logsumexp)` (0 where
+    /// masked, and in a row that keeps no key, whose logsumexp is `-inf`) and
     /// `dS = P * (grad_out @ v^T - delta)`: `dq = scale * dS @ k`, `dk = scale * dS^T @ q`,
     /// `dv = P^T @ grad_out`, in the operands' dtype. q, k and v have equal batch dims.
     AttentionBackward {
@@ -468,6 +472,8 @@ pub enum Op {
         scale: Option<f64>,
         /// The operand the gradient is taken with respect to.
         input: AttentionInput,
+        /// Whether the mask operand is present (the last operand; as [`Op::Attention`]'s).
+        mask: bool,
     },
     /// A convolution over 1, 2 or 3 spatial dims, or one of its two gradients (`form`; see
     /// [`ConvForm`] for the operands). A template: the compile path keeps it whole where a
@@ -553,8 +559,8 @@ impl Op {
     }
 
     /// Templates: composite ops a primitive graph may keep whole, for a backend to run as one
-    /// call (attention, with or without an explicit mask, the logsumexp and the gradients of
-    /// maskless attention). Decomposing them is always correct too.
+    /// call (attention, with or without an explicit mask, its logsumexp and its gradients).
+    /// Decomposing them is always correct too.
     pub fn is_template(&self) -> bool {
         matches!(
             self,
@@ -716,14 +722,16 @@ impl Op {
                 put("scale", opt(&scale.map(Scalar::Float)));
                 put("mask", mask.to_string());
             }
-            Op::AttentionLogsumexp { causal, scale } => {
+            Op::AttentionLogsumexp { causal, scale, mask } => {
                 put("causal", causal.to_string());
                 put("scale", opt(&scale.map(Scalar::Float)));
+                put("mask", mask.to_string());
             }
-            Op::AttentionBackward { causal, scale, input } => {
+            Op::AttentionBackward { causal, scale, input, mask } => {
                 put("causal", causal.to_string());
                 put("scale", opt(&scale.map(Scalar::Float)));
                 put("input", input.name().into());
+                put("mask", mask.to_string());
             }
             Op::Conv { geometry, form } => {
                 put("stride", format!("{:?}", geometry.stride));

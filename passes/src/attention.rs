@@ -82,11 +82,13 @@ pub const MASKED_MAX_ROWS: usize = 16;
 /// Whether the attention template takes `mask` as the mask of attention on `q` (whose shapes
 /// [`template_supports`] accepts), and if not, why: bool or q's dtype (as inference checks),
 /// broadcastable to the scores, of rank 2 or more (the lowering reads its last two dims as rows
-/// and keys; broadcast dims get stride 0), and, unless `structured` (the template applies its
-/// rule instead of reading it: [`structured_mask`]), at most [`MASKED_MAX_ROWS`] rows.
-pub fn mask_supported(q: &TensorMeta, mask: &TensorMeta, structured: bool) -> Result<(), String> {
+/// and keys; broadcast dims get stride 0), and, unless `any_rows`, at most [`MASKED_MAX_ROWS`]
+/// rows. `any_rows`: a structured mask (the template applies its rule instead of reading it:
+/// [`structured_mask`]), or attention whose gradients are templates too (decomposed, a
+/// training step would write the scores forward and backward).
+pub fn mask_supported(q: &TensorMeta, mask: &TensorMeta, any_rows: bool) -> Result<(), String> {
     let rows = q.shape[q.rank() - 2];
-    if rows > MASKED_MAX_ROWS && !structured {
+    if rows > MASKED_MAX_ROWS && !any_rows {
         return Err(format!("{rows} query rows with an explicit mask (at most {MASKED_MAX_ROWS})"));
     }
     if mask.dtype != DType::Bool && mask.dtype != q.dtype {
@@ -99,13 +101,23 @@ pub fn mask_supported(q: &TensorMeta, mask: &TensorMeta, structured: bool) -> Re
 }
 
 /// The rule of attention `node`'s mask (a node of `graph`), where the template applies it
-/// instead of reading the mask: a structured mask ([`structured_mask`]) of attention that is
-/// not also causal.
+/// instead of reading the mask: a structured mask ([`structured_mask`]) of attention (or its
+/// logsumexp) that is not also causal.
 pub fn mask_rule_of(graph: &Graph, node: &Node) -> Option<StructuredMask> {
     match node.op {
-        Op::Attention { causal: false, mask: true, .. } => structured_mask(graph, node.inputs[3]),
+        Op::Attention { causal: false, mask: true, .. } | Op::AttentionLogsumexp { causal: false, mask: true, .. } => {
+            structured_mask(graph, node.inputs[3])
+        }
         _ => None,
     }
+}
+
+/// Whether `graph` holds the logsumexp ([`Op::AttentionLogsumexp`]) of attention `node`: the
+/// same operands and attributes (a training graph's, which its backward templates read).
+pub fn has_logsumexp(graph: &Graph, node: &Node) -> bool {
+    let Op::Attention { causal, scale, mask, .. } = node.op else { return false };
+    let lse = Op::AttentionLogsumexp { causal, scale, mask };
+    graph.nodes.iter().any(|n| n.op == lse && n.inputs == node.inputs)
 }
 
 /// One matched chain: the final `matmul` (replaced) and what replaces it.

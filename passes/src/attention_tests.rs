@@ -408,7 +408,12 @@ fn only_the_wanted_gradients_are_computed() {
         p.nodes.iter().map(|n| &n.op).filter(|op| matches!(op, Op::AttentionBackward { .. })).collect();
     assert_eq!(
         backward,
-        [&Op::AttentionBackward { causal: false, scale: Some(0.5), input: coil_ir::AttentionInput::Value }]
+        [&Op::AttentionBackward {
+            causal: false,
+            scale: Some(0.5),
+            input: coil_ir::AttentionInput::Value,
+            mask: false
+        }]
     );
     let program = lower(&p).unwrap();
     let text = calls(&program).join("\n");
@@ -437,7 +442,7 @@ fn the_gradient_decomposition_expands_the_backward_templates() {
 fn a_logsumexp_without_its_attention_gets_a_call_of_its_own() {
     let mut c = Capture::new();
     let (q, k) = (c.input(&[3, 4, 8], DType::F16), c.input(&[3, 6, 8], DType::F16));
-    let lse = c.op(Op::AttentionLogsumexp { causal: true, scale: None }, &[q, k, k]);
+    let lse = c.op(Op::AttentionLogsumexp { causal: true, scale: None, mask: false }, &[q, k, k]);
     let p = decompose_with(&c.out(&[lse]), &COMPILE).unwrap();
     let program = lower(&p).unwrap();
     // The call's output goes to a buffer nothing reads; the logsumexp is the graph's output.
@@ -447,4 +452,44 @@ fn a_logsumexp_without_its_attention_gets_a_call_of_its_own() {
         "{program}"
     );
     assert_eq!(program.buffer(program.outputs[0]).name, "buf0_lse");
+}
+
+/// Masked attention `[2, 2, 40, 16]` against 24 keys, the mask an input of `mask_meta`.
+fn masked(mask_meta: TensorMeta) -> Graph {
+    let mut g = Graph::new();
+    let q = g.input(TensorMeta::new(vec![2, 2, 40, 16], DType::F32));
+    let k = g.input(TensorMeta::new(vec![2, 2, 24, 16], DType::F32));
+    let v = g.input(TensorMeta::new(vec![2, 2, 24, 16], DType::F32));
+    let m = g.input(mask_meta);
+    let y = g.push(Op::Attention { causal: false, scale: None, mask: true }, &[q, k, v, m], None).unwrap();
+    g.outputs.push(y);
+    g
+}
+
+#[test]
+fn masked_attention_gradients_are_templates_reading_the_mask() {
+    // 40 rows: more than a forward-only graph keeps masked, but its gradients are templates.
+    let p = differentiated(&masked(TensorMeta::new(vec![2, 1, 40, 24], DType::Bool)), &[0, 1, 2]);
+    assert_eq!(count(&p, |op| matches!(op, Op::Attention { mask: true, .. })), 1, "{p}");
+    assert_eq!(count(&p, |op| matches!(op, Op::AttentionLogsumexp { mask: true, .. })), 1, "{p}");
+    assert_eq!(count(&p, |op| matches!(op, Op::AttentionBackward { mask: true, .. })), 3, "{p}");
+    assert_eq!(count(&p, |op| matches!(op, Op::Unary(UnaryOp::Exp))), 0, "{p}");
+    let program = lower(&p).unwrap();
+    let calls = calls(&program);
+    assert_eq!(calls.len(), 2, "{program}");
+    // One forward call writing the logsumexp, one backward call; both read the mask in place,
+    // broadcast over the heads (stride 0).
+    assert!(calls[0].contains("_lse") && calls[1].contains("extern attention_backward"), "{calls:?}");
+    assert!(calls.iter().all(|c| c.contains(" mask=[960, 0, 24, 1]")), "{calls:?}");
+}
+
+#[test]
+fn a_learned_added_mask_takes_the_decomposition_for_its_gradients() {
+    let p = differentiated(&masked(TensorMeta::new(vec![40, 24], DType::F32)), &[0, 1, 2, 3]);
+    assert_eq!(count(&p, |op| matches!(op, Op::AttentionBackward { .. })), 0, "{p}");
+    assert_eq!(p.outputs.len(), 5);
+    assert_eq!(p.meta(p.outputs[4]), &TensorMeta::new(vec![40, 24], DType::F32));
+    // Without the mask's gradient, the templates again.
+    let p = differentiated(&masked(TensorMeta::new(vec![40, 24], DType::F32)), &[0, 1, 2]);
+    assert_eq!(count(&p, |op| matches!(op, Op::AttentionBackward { mask: true, .. })), 3, "{p}");
 }

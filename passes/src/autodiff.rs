@@ -271,7 +271,7 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             };
             vec![da, db]
         }
-        Op::Attention { causal, scale, mask: false } => attention(b, y, node, g, &wanted, *causal, *scale)?,
+        Op::Attention { causal, scale, mask } => attention(b, y, node, g, &wanted, *causal, *scale, *mask)?,
         Op::Conv { geometry, form } => conv(b, geometry, form, x, g, &wanted)?,
         op => {
             let e = Error::value(format!("no gradient rule for {op}: it is not a primitive the autodiff pass knows"));
@@ -283,10 +283,14 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
     })
 }
 
-/// The gradients of the attention template `y = attention(q, k, v)`, as templates too: the
-/// logsumexp of its scores (which the compile path computes in the forward call itself) and
+/// The gradients of the attention template `y = attention(q, k, v, mask?)`, as templates too:
+/// the logsumexp of its scores (which the compile path computes in the forward call itself) and
 /// one [`Op::AttentionBackward`] per wanted operand, reading `y` too (the compile path computes
-/// them in one call, which computes `delta = sum(g * y, -1)` itself).
+/// them in one call, which computes `delta = sum(g * y, -1)` itself), and the mask, if any. A
+/// bool mask has no gradient. Where the gradient of an added mask is wanted (a learned bias),
+/// the templates have none to give: every gradient of that attention is the decomposition's
+/// instead ([`masked::decomposed`]: the scores are written, as without the template).
+#[allow(clippy::too_many_arguments)]
 fn attention(
     b: &mut Builder,
     y: NodeId,
@@ -295,20 +299,30 @@ fn attention(
     wanted: &[bool],
     causal: bool,
     scale: Option<f64>,
+    mask: bool,
 ) -> Result<Vec<Option<NodeId>>> {
     if !wanted.iter().any(|&w| w) {
-        return Ok(vec![None; 3]);
+        return Ok(vec![None; node.inputs.len()]);
     }
-    let qkv = &node.inputs[..3];
-    let lse = b.push(Op::AttentionLogsumexp { causal, scale }, qkv)?;
-    let operands = [qkv[0], qkv[1], qkv[2], g, lse, y];
-    AttentionInput::ALL
+    if mask && wanted[3] {
+        return masked::decomposed(b, node, g, wanted);
+    }
+    let forward = &node.inputs;
+    let lse = b.push(Op::AttentionLogsumexp { causal, scale, mask }, forward)?;
+    let operands: Vec<NodeId> =
+        [forward[0], forward[1], forward[2], g, lse, y].into_iter().chain(forward.get(3).copied()).collect();
+    let mut grads: Vec<Option<NodeId>> = AttentionInput::ALL
         .iter()
         .map(|&input| {
-            side(b, wanted[input.index()], |b| b.push(Op::AttentionBackward { causal, scale, input }, &operands))
+            side(b, wanted[input.index()], |b| b.push(Op::AttentionBackward { causal, scale, input, mask }, &operands))
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    grads.resize(forward.len(), None);
+    Ok(grads)
 }
+
+#[path = "autodiff_masked.rs"]
+mod masked;
 
 /// The gradients of a convolution template, as templates of the same geometry: each form is
 /// bilinear in its two operands, and `<dz, form(a, c)>` is `<dy, conv(x, w)>` with the

@@ -134,12 +134,17 @@ pub(crate) fn check_extern(
             operands
         }
         ExternCall::AttentionBackward(call) => {
-            let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, .. } = &**call;
+            let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, mask, .. } = &**call;
             if let Some(g) = written.iter().find(|g| p.buffer(**g).meta.dtype != dtype) {
                 return Err(format!("attention_backward writes buffer {} of another dtype than {dtype}", g.0));
             }
             let views = [q, k, v, grad_out, out].map(|x| (x.buffer, dtype));
-            views.into_iter().chain([(*lse, stats)]).collect()
+            // The mask: bool, or added to the scores in the operands' dtype.
+            let mask = mask.as_ref().map(|m| {
+                let d = if m.buffer.0 < n { p.buffer(m.buffer).meta.dtype } else { dtype };
+                (m.buffer, if d == DType::Bool { d } else { dtype })
+            });
+            views.into_iter().chain([(*lse, stats)]).chain(mask).collect()
         }
         ExternCall::Fallback { .. } => vec![],
         ExternCall::Conv(call) => vec![(call.a.buffer, dtype), (call.b.buffer, dtype)],

@@ -25,40 +25,13 @@ fn masked_attention_through_the_template_agrees_on_the_cpu() {
     cases::masked::check_masked_all(Device::Cpu);
 }
 
-/// Gradients through masked attention: the training graph decomposes it (the template has no
-/// masked backward), and the gradients agree with the interpreter.
+/// Gradients through masked attention are templates too: one forward and one backward call
+/// reading the mask in place (bool or added, broadcast, any number of rows, rows that keep no
+/// key), agreeing with the interpreter; a learned bias's gradient takes the decomposition
+/// (`masked_grad.rs`).
 #[test]
-fn gradients_of_masked_attention_take_the_decomposition() {
-    coil::set_default_device(Device::Cpu);
-    let make = |seed: usize, shape: &[usize]| {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
-        Tensor::from_vec(v, shape).unwrap()
-    };
-    let (q, k, v) = (make(1, &[2, 3, 8]), make(2, &[2, 11, 8]), make(3, &[2, 11, 8]));
-    let keep: Vec<bool> = (0..3 * 11).map(|x| x % 11 <= 4 + x / 11 && x % 4 != 1).collect();
-    let mask = Tensor::from_vec(keep, &[3, 11]).unwrap();
-    let outputs = || -> Vec<Tensor> {
-        let y = coil::scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, None).unwrap();
-        let loss = y.mul(&y).unwrap().sum_all().unwrap();
-        let (loss, grads) = coil::value_and_grad(&loss, &[&q, &k, &v]).unwrap();
-        std::iter::once(loss).chain(grads).collect()
-    };
-    let run = || -> Vec<Vec<f64>> { outputs().iter().map(|x| x.to_vec::<f64>().unwrap()).collect() };
-    coil::set_backend(coil::Backend::Compiled);
-    coil::set_eager_tier(false);
-    let pending = outputs();
-    let ir = coil::inspect(&pending.iter().collect::<Vec<_>>()).unwrap().pre_fusion.clone();
-    assert!(!ir.contains("extern attention"), "masked attention decomposes for its gradients:\n{ir}");
-    let got = run();
-    coil::set_backend(coil::Backend::Interpreter);
-    let want = run();
-    coil::set_backend(coil::Backend::Compiled);
-    coil::set_eager_tier(false);
-    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-        let err = cases::rel_error(x, y);
-        assert!(err <= 1e-5, "output {i} (0: the loss): relative error {err:.2e}");
-    }
+fn gradients_of_masked_attention_through_the_templates() {
+    cases::masked_grad::check_masked_grad_all(Device::Cpu);
 }
 
 /// A compiled function whose sequence length is dynamic: one attention call serves every
@@ -161,6 +134,60 @@ fn attention_gradients_with_a_dynamic_sequence_length() {
     );
 }
 
+/// Gradients through masked templates in a compiled function whose sequence length is dynamic
+/// (the padding mask's too): one compile serves every length, the forward and backward calls
+/// read the mask with the length symbolic, and every length agrees with the interpreter.
+#[test]
+fn masked_attention_gradients_with_a_dynamic_sequence_length() {
+    let body = |a: &[Tensor]| -> coil::Result<Vec<Tensor>> {
+        let (b, t, h, d) = (a[0].shape()[0] as i64, a[0].shape()[1] as i64, 2i64, 8i64);
+        let heads = |x: &Tensor| x.view(&[b, t, h, d])?.transpose(1, 2);
+        let (q, k, v) = (heads(&a[0])?, heads(&a[1])?, heads(&a[2])?);
+        let y = coil::scaled_dot_product_attention(&q, &k, &v, Some(&a[3]), false, None)?;
+        let loss = y.mul(&y)?.sum_all()?;
+        let (loss, grads) = coil::value_and_grad(&loss, &[&a[0], &a[1], &a[2]])?;
+        Ok(std::iter::once(loss).chain(grads).collect())
+    };
+    let f = coil::compile(body).named("masked_attention_grad");
+    coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
+    coil::set_default_device(Device::Cpu);
+    let make = |t: usize| {
+        let x: Vec<Tensor> = (1..=3)
+            .map(|seed| {
+                let v: Vec<f32> = (0..2 * t * 16).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
+                Tensor::from_vec(v, &[2, t, 16]).unwrap()
+            })
+            .collect();
+        // Padding: batch index 1 keeps its first t - 3 keys.
+        let keep: Vec<bool> = (0..2 * t).map(|x| x % t + 3 * (x / t) < t).collect();
+        let mask = Tensor::from_vec(keep, &[2, 1, 1, t]).unwrap();
+        let args: Vec<Tensor> = x.into_iter().chain([mask]).collect();
+        args[..3].iter().for_each(|a| a.mark_dynamic(1).unwrap());
+        args[3].mark_dynamic(3).unwrap();
+        args
+    };
+    for t in [20usize, 33, 70] {
+        let args = make(t);
+        let got: Vec<Vec<f64>> =
+            f.call(&args.iter().collect::<Vec<_>>()).unwrap().iter().map(|x| x.to_vec::<f64>().unwrap()).collect();
+        coil::set_backend(coil::Backend::Interpreter);
+        let want: Vec<Vec<f64>> = body(&args).unwrap().iter().map(|x| x.to_vec::<f64>().unwrap()).collect();
+        coil::set_backend(coil::Backend::Compiled);
+        coil::set_eager_tier(false);
+        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+            let err = cases::rel_error(x, y);
+            assert!(err <= 1e-5, "T = {t}: output {i} (0: the loss) differs by {err:.2e}");
+        }
+    }
+    assert_eq!(f.compile_count(), 1, "one compile serves every length");
+    let outputs = body(&make(40)).unwrap();
+    let ir = &coil::inspect(&outputs.iter().collect::<Vec<_>>()).unwrap().pre_fusion;
+    let calls: Vec<&str> = ir.lines().filter(|l| l.contains("= extern attention")).collect();
+    assert_eq!(calls.len(), 2, "{ir}");
+    assert!(calls.iter().all(|c| c.contains(" l=s0 s=s0 ") && c.contains(" mask=[s0, 0, 0, 1]")), "{ir}");
+}
+
 /// A GPT-2 training step (`coil::nn`, causal `scaled_dot_product_attention` in every block,
 /// gradients of every parameter) lowers with each layer's attention one template call forward
 /// and one backward, and no buffer of the `[B, H, T, T]` scores: in bf16 (the passes alone, as
@@ -261,4 +288,98 @@ fn second_order_gradients_through_the_templates() {
     }
     coil::set_backend(coil::Backend::Compiled);
     coil::set_eager_tier(false);
+}
+
+/// Gradients of gradients through masked attention: the first gradient is the masked backward
+/// template, which the second expands (its decomposition, as the interpreter's); the result
+/// agrees with the same program written out (the mask applied by `where` before a softmax, which
+/// the matcher leaves alone), compiled and interpreted.
+#[test]
+fn second_order_gradients_through_masked_templates() {
+    coil::set_default_device(Device::Cpu);
+    let make = |seed: usize, shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
+        Tensor::from_vec(v, shape).unwrap()
+    };
+    let (q, k, v) = (make(1, &[2, 9, 8]), make(2, &[2, 11, 8]), make(3, &[2, 11, 8]));
+    // Holes in every row, no row without a key (the written-out softmax has no safe form).
+    let keep: Vec<bool> = (0..9 * 11).map(|x| (x % 11 + 2 * (x / 11)) % 3 != 1 || x % 11 == x / 11).collect();
+    let mask = Tensor::from_vec(keep, &[9, 11]).unwrap();
+    let second = |templated: bool| -> Vec<f64> {
+        let y = if templated {
+            coil::scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, None).unwrap()
+        } else {
+            let s = q.matmul(&k.transpose(-2, -1).unwrap()).unwrap().mul(1.0 / 8f64.sqrt()).unwrap();
+            let s = coil::where_(&mask, &s, f64::NEG_INFINITY).unwrap();
+            s.softmax(-1).unwrap().matmul(&v).unwrap()
+        };
+        let loss = y.mul(&y).unwrap().sum_all().unwrap();
+        let dq = coil::grad(&loss, &[&q]).unwrap().remove(0);
+        let again = dq.mul(&dq).unwrap().sum_all().unwrap();
+        coil::grad(&again, &[&k]).unwrap()[0].to_vec::<f64>().unwrap()
+    };
+    for backend in [coil::Backend::Interpreter, coil::Backend::Compiled] {
+        coil::set_backend(backend);
+        coil::set_eager_tier(false);
+        let (got, want) = (second(true), second(false));
+        let err = cases::rel_error(&got, &want);
+        assert!(err <= 1e-5, "{backend:?}: relative error {err:.2e}");
+    }
+    coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
+}
+
+/// Times a training step on the CPU (`cargo test --test attention training_step_timing --
+/// --ignored --nocapture`): `value_and_grad` through the attention templates (masked by a
+/// padding mask, and maskless) against the same attention written out so that the matcher
+/// leaves it alone (the mask by `where`, or an added zero: the decomposition, the scores
+/// written forward and backward). Prints milliseconds per step; asserts only that each pair
+/// agrees.
+#[test]
+#[ignore]
+fn training_step_timing() {
+    coil::set_default_device(Device::Cpu);
+    coil::set_backend(coil::Backend::Compiled);
+    coil::set_eager_tier(false);
+    let (b, h, t, d) = (2usize, 4usize, 256usize, 64usize);
+    let make = |seed: usize, shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| ((i * 7 + seed * 13) as f32 * 0.37).sin()).collect();
+        Tensor::from_vec(v, shape).unwrap()
+    };
+    let (q, k, v) = (make(1, &[b, h, t, d]), make(2, &[b, h, t, d]), make(3, &[b, h, t, d]));
+    // Padding: batch index 1 keeps its first 200 keys.
+    let keep: Vec<bool> = (0..b * t).map(|x| x % t < t - 56 * (x / t)).collect();
+    let mask = Tensor::from_vec(keep, &[b, 1, 1, t]).unwrap();
+    let zeros = Tensor::zeros(&[t, t], DType::F32);
+    let step = |masked: bool, templated: bool| -> Vec<Vec<f64>> {
+        let y = if templated {
+            coil::scaled_dot_product_attention(&q, &k, &v, masked.then_some(&mask), false, None).unwrap()
+        } else {
+            let s = q.matmul(&k.transpose(-2, -1).unwrap()).unwrap().mul(1.0 / (d as f64).sqrt()).unwrap();
+            let s = if masked { coil::where_(&mask, &s, f64::NEG_INFINITY).unwrap() } else { s.add(&zeros).unwrap() };
+            s.softmax(-1).unwrap().matmul(&v).unwrap()
+        };
+        let loss = y.mul(&y).unwrap().sum_all().unwrap();
+        let (loss, grads) = coil::value_and_grad(&loss, &[&q, &k, &v]).unwrap();
+        std::iter::once(loss).chain(grads).map(|x| x.to_vec::<f64>().unwrap()).collect()
+    };
+    for masked in [true, false] {
+        let mut results = Vec::new();
+        for templated in [true, false] {
+            results.push(step(masked, templated));
+            let runs = 10;
+            let start = std::time::Instant::now();
+            for _ in 0..runs {
+                step(masked, templated);
+            }
+            let ms = start.elapsed().as_secs_f64() * 1e3 / runs as f64;
+            println!("training step B={b} H={h} T={t} D={d} f32 masked={masked} templated={templated}: {ms:.2} ms");
+        }
+        for (i, (x, y)) in results[0].iter().zip(&results[1]).enumerate() {
+            let err = cases::rel_error(x, y);
+            assert!(err <= 1e-5, "masked={masked}: output {i}: relative error {err:.2e}");
+        }
+    }
 }

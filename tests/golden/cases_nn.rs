@@ -144,7 +144,9 @@ fn case(name: &str, i: &Inputs) -> coil::Result<Option<Vec<Tensor>>> {
         | "sdpa_decode_mask"
         | "sdpa_gqa_rows_mask"
         | "sdpa_bf16_bool_mask"
-        | "sdpa_float_mask_neg_inf" => vec![scaled_dot_product_attention(q(), k(), v(), Some(m()), false, None)?],
+        | "sdpa_float_mask_neg_inf"
+        | "sdpa_bool_mask_long" => vec![scaled_dot_product_attention(q(), k(), v(), Some(m()), false, None)?],
+        "sdpa_float_mask_fixed" => vec![scaled_dot_product_attention(q(), k(), v(), Some(x("z")), false, None)?],
 
         // ---- composites ----
         "composite_softmax_affine" => vec![a().matmul(b())?.add(c())?.softmax(-1)?],

@@ -766,6 +766,22 @@ def fcase(name, expr, grad=True, **inputs):
         gcase(name)
 
 
+# Gradients of masked attention (coil's backward templates with a mask): a bool mask broadcast over
+# the heads with a row that keeps no key (its gradients are 0), more rows than a forward-only graph
+# keeps masked, an added mask with -inf that is not differentiated (`z`), and one that is (a learned
+# bias, whose gradient coil takes through the decomposition).
+LONG_MASK = [[[[(i != 7) and ((3 * i + j + 5 * b) % 4 != 0) and (j < 24 - 5 * b) for j in range(24)]
+               for i in range(20)]] for b in range(2)]
+case("sdpa_bool_mask_long", "F.scaled_dot_product_attention(q, k, v, attn_mask=m)", q=r(2, 2, 20, 8),
+     k=r(2, 2, 24, 8), v=r(2, 2, 24, 8), m=vals(LONG_MASK, "bool"))
+case("sdpa_float_mask_fixed", "F.scaled_dot_product_attention(q, k, v, attn_mask=z)", **QKV,
+     z=vals([[-INF if (i == 1 or (2 * i + j) % 5 == 0) else 0.3 * (i - j) for j in range(5)] for i in range(5)]))
+gcase("sdpa_bool_mask_dead_row")
+gcase("sdpa_bool_mask_long")
+gcase("sdpa_float_mask_fixed")
+gcase("sdpa_float_mask_neg_inf")
+
+
 SPECIAL = [NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 0.5]
 # relu at its tie: no gradient at 0 or -0.0 (threshold_backward), -0.0 and NaN kept, NaN's passes
 fcase("relu_ties", "torch.relu(a)", a=vals([0.0, -0.0, 1.0, -1.0, 0.0, 2.0, -0.0, NAN]))

@@ -6,7 +6,10 @@
    take 64 query rows each and walk the key blocks they see: dQ = scale dS K. P = exp2(S scale_log2
    - lse log2(e)) is recomputed from the saved logsumexp, dS = P (dO V^T - delta); neither is
    ever stored, and no two blocks write one element (no atomics: results repeat exactly). delta =
-   rowsum(dO O) is computed before, by its own kernel (coil_attention_delta). */
+   rowsum(dO O) is computed before, by its own kernel (coil_attention_delta). With an explicit
+   mask (mask_kind 1 bool, 2 added; read by coil_mask_at, as the forward reads it), S gets the
+   mask's term and P is 0 where the mask drops the key: a row that keeps no key (its lse -inf)
+   has zero gradients, as PyTorch's. */
 
 struct CoilAttnBwdParams {
     CoilAttnOperand q, k, v, dout, dq, dk, dv;
@@ -16,6 +19,8 @@ struct CoilAttnBwdParams {
     float scale_log2; /* scale * log2(e) */
     int causal;       /* query row i sees keys j <= i (top-left aligned) */
     int key_blocks;   /* blocks (of the grid's y dim) computing dK and dV; the rest compute dQ */
+    CoilAttnOperand mask; /* element (b, h, row, key) of the explicit mask; broadcast dims have stride 0 */
+    int mask_kind;        /* 0 none; 1 bool (a byte per element, nonzero keeps); 2 added, of the operands' dtype */
 };
 
 /* The rows of statistics (lse in log2 units, delta) the backward reads, per batch index. */
@@ -23,6 +28,26 @@ COIL_D float coil_lse2(const float *lse, int row, int l) {
     return row < l ? lse[(long long)blockIdx.x * l + row] * COIL_LOG2E : 0.f;
 }
 COIL_D float coil_row_stat(const float *x, int row, int l) { return row < l ? x[(long long)blockIdx.x * l + row] : 0.f; }
+
+/* P of a score `x` (scaled, log2 units) under the mask's term `t` (log2 units) in a row of
+   logsumexp `lse2` (log2 units): 0 where the mask drops the key, whose row's lse2 may be -inf
+   (a row that keeps no key), so that no inf - inf is taken. */
+COIL_D float coil_masked_p(float x, float t, float lse2) { return t == COIL_NEG_INF ? 0.f : coil_exp2(x + t - lse2); }
+
+/* Whether the explicit mask keeps any (row, key) of rows [row0, row0 + 64) and keys [key0, key0 +
+   64) (within l and s, and the causal rule): else P is 0 over the tile and a tensor-core block
+   skips its products (a padding mask's dead keys). Every one of the block's 128 threads calls
+   it (a barrier); the answer is the block's. */
+template <int KIND>
+COIL_D bool coil_bwd_tile_live(const void *mask, long long mb, const CoilAttnBwdParams &p, int row0, int key0) {
+    bool live = false;
+    for (int i = threadIdx.x; i < 64 * 64 && !live; i += 128) {
+        const int row = row0 + i / 64, key = key0 + i % 64;
+        if (row < p.l && key < p.s && !(p.causal && key > row))
+            live = coil_mask_at<KIND>(mask, p.mask, p.mask_kind, mb, row, key) != COIL_NEG_INF;
+    }
+    return __syncthreads_or(live) != 0;
+}
 
 #ifndef COIL_EMULATED
 /* The sum of x over the warp's 32 lanes, in every lane (left to the includer when emulated). */
@@ -81,10 +106,10 @@ template <int DP> struct CoilHold { static constexpr bool value = DP <= 64; };
    holds S^T and dP^T (16 keys x 64 query rows) as accumulators, which are A fragments of the
    next products. Tiles (TILE elements each): K, V in 2, 3; Q, dO in 0, 1 (and, holding, the
    next block's Q, dO in 2, 3, alternating). */
-template <int DP, bool BF16>
+template <int DP, bool BF16, bool MASKED>
 COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
                                     const float *lse, const float *delta, coil_u16 *dk, coil_u16 *dv,
-                                    const CoilAttnBwdParams &p, int kblock) {
+                                    const void *mask, const CoilAttnBwdParams &p, int kblock) {
     constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8, TILE = BLOCK * PITCH;
     constexpr bool HOLD = CoilHold<DP>::value;
     coil_u16 *smem = COIL_DYNAMIC_SHARED;
@@ -93,6 +118,9 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
     const int g = lane >> 2, t = lane & 3;
     const int key0 = kblock * BLOCK;
     const coil_u16 *qb = q + coil_batch_base(p.q, p.heads), *dob = dout + coil_batch_base(p.dout, p.heads);
+    /* Compiled without the mask's code unless MASKED (a maskless call pays nothing for it). */
+    const int mask_kind = MASKED ? p.mask_kind : 0;
+    const long long mb = mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
     /* Query blocks whose rows see a key of this block: all, or (causal) from the diagonal on. */
     const int qblocks = (p.l + BLOCK - 1) / BLOCK, first = p.causal ? kblock : 0;
     coil_tile_load<DP>(smem + 2 * TILE, k + coil_batch_base(p.k, p.heads), p.k.row, key0, p.s, p.d);
@@ -140,11 +168,14 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
             coil_cp_async_wait<0>();
         }
         __syncthreads();
+        /* A tile the mask drops whole adds nothing (the statistics' next writes follow the vote's
+           barrier; no thread reads these tiles after it). */
+        if (mask_kind && !coil_bwd_tile_live<BF16 ? 2 : 1>(mask, mb, p, row0, key0)) continue;
 
         /* S^T = K Q^T: this warp's 16 keys x 64 rows; then P^T in place, 0 where masked (rows
            past the end, keys after the row when causal: only in an edge tile, the last query
-           block or the diagonal one). */
-        const bool edge = row0 + BLOCK > p.l || (p.causal && key0 + BLOCK - 1 > row0);
+           block or the diagonal one; the explicit mask's, in every tile). */
+        const bool edge = row0 + BLOCK > p.l || (p.causal && key0 + BLOCK - 1 > row0) || mask_kind;
         coil_u32 af[HOLD ? 1 : KC][4];
         float st[8][4], dpt[8][4];
 #pragma unroll
@@ -162,7 +193,12 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
                 float x = coil_exp2(st[j][e] * p.scale_log2 - s_lse[i]);
                 if (edge) {
                     const int key = key0 + warp * 16 + g + (e >> 1) * 8, row = row0 + i;
-                    if (row >= p.l || (p.causal && key > row)) x = 0.f;
+                    if (row >= p.l || (p.causal && key > row)) {
+                        x = 0.f;
+                    } else if (mask_kind) { /* keys past the end (their rows are not stored): P = 0 */
+                        const float t = key < p.s ? coil_mask_at<BF16 ? 2 : 1>(mask, p.mask, mask_kind, mb, row, key) : COIL_NEG_INF;
+                        x = coil_masked_p(st[j][e] * p.scale_log2, t, s_lse[i]);
+                    }
                 }
                 st[j][e] = x;
             }
@@ -188,10 +224,10 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
 
 /* dQ of 64 query rows (warp w: rows 16w .. 16w + 15). Tiles: Q, dO in 0, 1 (holding: staged
    in 2, 3); K, V in 2, 3 (holding: in 0, 1 and 2, 3, alternating). */
-template <int DP, bool BF16>
+template <int DP, bool BF16, bool MASKED>
 COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
-                                  const float *lse, const float *delta, coil_u16 *dq, const CoilAttnBwdParams &p,
-                                  int qblock) {
+                                  const float *lse, const float *delta, coil_u16 *dq, const void *mask,
+                                  const CoilAttnBwdParams &p, int qblock) {
     constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8, TILE = BLOCK * PITCH;
     constexpr bool HOLD = CoilHold<DP>::value;
     coil_u16 *smem = COIL_DYNAMIC_SHARED;
@@ -200,6 +236,9 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
     const int g = lane >> 2, t = lane & 3;
     const int row0 = qblock * BLOCK, first = row0 + warp * 16;
     const coil_u16 *kb = k + coil_batch_base(p.k, p.heads), *vb = v + coil_batch_base(p.v, p.heads);
+    /* Compiled without the mask's code unless MASKED (a maskless call pays nothing for it). */
+    const int mask_kind = MASKED ? p.mask_kind : 0;
+    const long long mb = mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
     int kblocks = (p.s + BLOCK - 1) / BLOCK;
     if (p.causal) kblocks = coil_imin(kblocks, qblock + 1);
     coil_tile_load<DP>(sq, q + coil_batch_base(p.q, p.heads), p.q.row, row0, p.l, p.d);
@@ -241,11 +280,14 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
             coil_cp_async_wait<0>();
         }
         __syncthreads();
+        /* A tile the mask drops whole for the block's rows adds nothing (no thread reads these
+           tiles after the vote's barrier). */
+        if (mask_kind && !coil_bwd_tile_live<BF16 ? 2 : 1>(mask, mb, p, row0, key0)) continue;
 
         /* S = Q K^T and P in place (0 for keys past the end, and after the row when causal);
            dP = dO V^T and dS = P (dP - delta) in place. Masking only in an edge tile: the last
-           key block, or the diagonal one of this warp's rows. */
-        const bool edge = key0 + BLOCK > p.s || (p.causal && key0 + BLOCK - 1 > first);
+           key block, or the diagonal one of this warp's rows; with an explicit mask, every tile. */
+        const bool edge = key0 + BLOCK > p.s || (p.causal && key0 + BLOCK - 1 > first) || mask_kind;
         coil_u32 af[HOLD ? 1 : KC][4];
         float s[8][4], dp[8][4];
 #pragma unroll
@@ -264,7 +306,12 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
                 float pj = coil_exp2(s[j][e] * p.scale_log2 - lse2[e >> 1]);
                 if (edge) {
                     const int key = key0 + j * 8 + 2 * t + (e & 1), row = first + g + (e >> 1) * 8;
-                    if (key >= p.s || (p.causal && key > row)) pj = 0.f;
+                    if (key >= p.s || (p.causal && key > row)) {
+                        pj = 0.f;
+                    } else if (mask_kind) { /* rows past the end (not stored): P = 0 */
+                        const float mt = row < p.l ? coil_mask_at<BF16 ? 2 : 1>(mask, p.mask, mask_kind, mb, row, key) : COIL_NEG_INF;
+                        pj = coil_masked_p(s[j][e] * p.scale_log2, mt, lse2[e >> 1]);
+                    }
                 }
                 s[j][e] = pj * (dp[j][e] - dl[e >> 1]);
             }
@@ -280,17 +327,17 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
 /* The tensor-core backward: 4 warps; block y < key_blocks: dK, dV of key block y (the first
    have the most query rows to walk when causal); the others: dQ of a query block, the last
    (most keys when causal) first. dq, dk, dv may be null: not wanted. */
-template <int DP, bool BF16>
+template <int DP, bool BF16, bool MASKED>
 COIL_D void coil_attention_bwd_mma(const coil_u16 *__restrict__ q, const coil_u16 *__restrict__ k,
                                    const coil_u16 *__restrict__ v, const coil_u16 *__restrict__ dout,
                                    const float *__restrict__ lse, const float *__restrict__ delta,
                                    coil_u16 *__restrict__ dq, coil_u16 *__restrict__ dk, coil_u16 *__restrict__ dv,
-                                   const CoilAttnBwdParams &p) {
+                                   const void *__restrict__ mask, const CoilAttnBwdParams &p) {
     const int y = blockIdx.y;
     if (y < p.key_blocks) {
-        coil_attention_bwd_dkdv<DP, BF16>(q, k, v, dout, lse, delta, dk, dv, p, y);
+        coil_attention_bwd_dkdv<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dk, dv, mask, p, y);
     } else {
-        coil_attention_bwd_dq<DP, BF16>(q, k, v, dout, lse, delta, dq, p, gridDim.y - 1 - y);
+        coil_attention_bwd_dq<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dq, mask, p, gridDim.y - 1 - y);
     }
 }
 
@@ -298,11 +345,13 @@ COIL_D void coil_attention_bwd_mma(const coil_u16 *__restrict__ q, const coil_u1
    the rows it walks staged in blocks of 16 in shared memory (f32); any strides. */
 template <int DP, int KIND>
 COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *v, const void *dout, const float *lse,
-                                      const float *delta, void *dq, void *dk, void *dv, const CoilAttnBwdParams &p) {
+                                      const float *delta, void *dq, void *dk, void *dv, const void *mask,
+                                      const CoilAttnBwdParams &p) {
     constexpr int ROWS = 16;
     __shared__ float sa[ROWS][DP], sb[ROWS][DP], s_lse[ROWS], s_delta[ROWS];
     const long long qb = coil_batch_base(p.q, p.heads), kb = coil_batch_base(p.k, p.heads);
     const long long vb = coil_batch_base(p.v, p.heads), gb = coil_batch_base(p.dout, p.heads);
+    const long long mb = p.mask_kind ? coil_batch_base(p.mask, p.heads) : 0;
     const int y = blockIdx.y;
     if (y < p.key_blocks) {
         /* This thread's key; the query rows that see the block's keys, 16 at a time. */
@@ -331,13 +380,15 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
             for (int j = 0; j < ROWS; ++j) {
                 const int row = row0 + j;
                 if (row >= p.l || key >= p.s || (p.causal && key > row)) continue;
+                const float mt = p.mask_kind ? coil_mask_at<KIND>(mask, p.mask, p.mask_kind, mb, row, key) : 0.f;
+                if (mt == COIL_NEG_INF) continue; /* dropped by the mask: P = 0 */
                 float x = 0.f, dp = 0.f;
 #pragma unroll
                 for (int c = 0; c < DP; ++c) {
                     x += sa[j][c] * kr[c];
                     dp += sb[j][c] * vr[c];
                 }
-                const float pj = coil_exp2(x * p.scale_log2 - s_lse[j]), ds = pj * (dp - s_delta[j]);
+                const float pj = coil_exp2(x * p.scale_log2 + mt - s_lse[j]), ds = pj * (dp - s_delta[j]);
 #pragma unroll
                 for (int c = 0; c < DP; ++c) {
                     dv_acc[c] += pj * sb[j][c];
@@ -379,13 +430,15 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
             for (int j = 0; j < ROWS; ++j) {
                 const int key = key0 + j;
                 if (row >= p.l || key >= p.s || (p.causal && key > row)) continue;
+                const float mt = p.mask_kind ? coil_mask_at<KIND>(mask, p.mask, p.mask_kind, mb, row, key) : 0.f;
+                if (mt == COIL_NEG_INF) continue; /* dropped by the mask: P = 0 */
                 float x = 0.f, dp = 0.f;
 #pragma unroll
                 for (int c = 0; c < DP; ++c) {
                     x += qr[c] * sa[j][c];
                     dp += gr[c] * sb[j][c];
                 }
-                const float ds = coil_exp2(x * p.scale_log2 - lse2) * (dp - dl);
+                const float ds = coil_exp2(x * p.scale_log2 + mt - lse2) * (dp - dl);
 #pragma unroll
                 for (int c = 0; c < DP; ++c) dq_acc[c] += ds * sa[j][c];
             }
@@ -399,17 +452,19 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
     }
 }
 
-#define COIL_ATTENTION_BWD_MMA(NAME, DP, BF16)                                                               \
+/* MASKED false: the mask's code compiled out (the tensor-core kernel's maskless entry point). */
+#define COIL_ATTENTION_BWD_MMA(NAME, DP, BF16, MASKED)                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout, const float *lse, \
-             const float *delta, coil_u16 *dq, coil_u16 *dk, coil_u16 *dv, CoilAttnBwdParams p) {             \
-        coil_attention_bwd_mma<DP, BF16>(q, k, v, dout, lse, delta, dq, dk, dv, p);                           \
+             const float *delta, coil_u16 *dq, coil_u16 *dk, coil_u16 *dv, const void *mask,                  \
+             CoilAttnBwdParams p) {                                                                           \
+        coil_attention_bwd_mma<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dq, dk, dv, mask, p);             \
     }
 #define COIL_ATTENTION_BWD_SIMPLE(NAME, DP, KIND)                                                            \
     extern "C" __global__ void __launch_bounds__(64)                                                          \
         NAME(const void *q, const void *k, const void *v, const void *dout, const float *lse,                 \
-             const float *delta, void *dq, void *dk, void *dv, CoilAttnBwdParams p) {                         \
-        coil_attention_bwd_simple<DP, KIND>(q, k, v, dout, lse, delta, dq, dk, dv, p);                        \
+             const float *delta, void *dq, void *dk, void *dv, const void *mask, CoilAttnBwdParams p) {       \
+        coil_attention_bwd_simple<DP, KIND>(q, k, v, dout, lse, delta, dq, dk, dv, mask, p);                  \
     }
 #define COIL_ATTENTION_DELTA(NAME, KIND)                                                                     \
     extern "C" __global__ void __launch_bounds__(128)                                                         \

@@ -11,6 +11,12 @@
 //! * **dQ blocks**: 64 query rows each, walking the key blocks they see (causal: up to the
 //!   diagonal block): `S`, `P`, `dP = dO V^T`, `dS`, `dQ += dS K`, scaled at the end.
 //!
+//! An explicit mask (bool, or added to the scores; [`AttnBwdParams::mask`]) is read per element
+//! by the forward's routine (`coil_mask_at`): `S` gets its term and `P` is 0 where it drops the
+//! key, so a row that keeps no key (logsumexp `-inf`) has zero gradients, as PyTorch's. The
+//! tensor-core blocks skip the products of a 64 x 64 tile the mask drops whole (a block-wide
+//! vote, as the forward's), so a padding mask's keys cost their tiles' loads only.
+//!
 //! No block writes what another writes, so there are no atomics and results repeat exactly; the
 //! price is that `S` and `dP` are computed twice (7 products of `L x S x D` where FlashAttention-2
 //! with atomic dQ has 5). `delta = rowsum(dO * O)` (f32, `[*batch, L]`) is computed before by a
@@ -34,9 +40,10 @@
 //! Entry points (all variants):
 //!
 //! ```text
-//! extern "C" __global__ void coil_attention_bwd_{mma,simple}_{bf16,f16,f32}_d{16,32,..,128}(
+//! extern "C" __global__ void coil_attention_bwd_{mma,simple}_{bf16,f16,f32}_d{16,32,..,128}{,_masked}(
 //!     const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *delta,
-//!     T *dq, T *dk, T *dv /* each null when not wanted */, CoilAttnBwdParams p)
+//!     T *dq, T *dk, T *dv /* each null when not wanted */, const void *mask /* or null */,
+//!     CoilAttnBwdParams p)
 //! grid (batch indices, key blocks + query blocks), block 128 (mma) or 64 (simple) threads,
 //! dynamic shared memory `shared_bytes()` (mma) or none (simple).
 //!
@@ -86,6 +93,11 @@ pub struct AttnBwdParams {
     pub causal: i32,
     /// Blocks of the grid's y dim computing dK and dV (the rest compute dQ).
     pub key_blocks: i32,
+    /// The explicit mask: element `(b, h, row, key)` (its `col` stride is the key's); broadcast
+    /// dims have stride 0 (all zeros without a mask).
+    pub mask: AttnOperand,
+    /// The mask's kind (`MaskKind::code`): 0 none, 1 bool, 2 added.
+    pub mask_kind: i32,
 }
 
 /// The kernel argument `CoilAttnDeltaParams` of [`AttentionDeltaKernel`], laid out as the C
@@ -200,14 +212,25 @@ impl AttentionBackwardKernel {
     /// The variant's whole translation unit.
     pub fn source(self) -> String {
         let entry = match self {
-            AttentionBackwardKernel::Mma { bf16, dp } => {
-                format!("COIL_ATTENTION_BWD_MMA({}, {dp}, {bf16})\n", self.name())
-            }
+            AttentionBackwardKernel::Mma { bf16, dp } => format!(
+                "COIL_ATTENTION_BWD_MMA({name}, {dp}, {bf16}, false)\nCOIL_ATTENTION_BWD_MMA({name}_masked, {dp}, {bf16}, true)\n",
+                name = self.name()
+            ),
             AttentionBackwardKernel::Simple { dtype, dp } => {
                 format!("COIL_ATTENTION_BWD_SIMPLE({}, {dp}, {})\n", self.name(), element_kind(dtype))
             }
         };
         format!("{COMMON_SOURCE}\n{BACKWARD_SOURCE}\n{entry}")
+    }
+
+    /// The entry point for a call with (`masked`) or without an explicit mask: the tensor-core
+    /// kernel has one of each (`<name>_masked`), so that a maskless call runs code without the
+    /// mask's (as the forward's row-block kernel); the simple kernel reads the mask's kind.
+    pub fn entry(self, masked: bool) -> String {
+        match self {
+            AttentionBackwardKernel::Mma { .. } if masked => format!("{}_masked", self.name()),
+            _ => self.name(),
+        }
     }
 
     /// The simple variant of the same dtype and head dim.
@@ -256,11 +279,16 @@ mod tests {
         let mma = AttentionBackwardKernel::choose(DType::BF16, 64, &GpuTarget::h100()).unwrap();
         assert_eq!(mma, AttentionBackwardKernel::Mma { bf16: true, dp: 64 });
         assert_eq!(mma.name(), "coil_attention_bwd_mma_bf16_d64");
-        assert!(mma.source().ends_with("COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64, 64, true)\n"));
+        assert!(mma.source().ends_with(
+            "COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64, 64, true, false)\n\
+             COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64_masked, 64, true, true)\n"
+        ));
+        assert_eq!((mma.entry(false), mma.entry(true)), (mma.name(), "coil_attention_bwd_mma_bf16_d64_masked".into()));
         assert_eq!(mma.shared_bytes(), 4 * 64 * 72 * 2 + 512);
         let simple = AttentionBackwardKernel::choose(DType::F32, 40, &GpuTarget::h100()).unwrap();
         assert_eq!(simple, AttentionBackwardKernel::Simple { dtype: DType::F32, dp: 48 });
         assert_eq!(simple.name(), "coil_attention_bwd_simple_f32_d48");
+        assert_eq!(simple.entry(true), simple.name());
         assert_eq!(simple.shared_bytes(), 0);
         assert!(AttentionBackwardKernel::choose(DType::F64, 64, &GpuTarget::h100()).is_err());
         assert_eq!(backward_grid(12, 130, 70, true, true), ((12, 5, 1), 2));
@@ -270,11 +298,14 @@ mod tests {
 
     #[test]
     fn params_are_laid_out_as_the_c_struct() {
-        // Seven operands of five i64, then eight 4-byte fields: 312 bytes, 8-aligned.
-        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 312);
+        // Seven operands of five i64, then eight 4-byte fields (312 bytes), the mask's operand
+        // and its kind: 356 bytes, padded to 360.
+        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 360);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, heads), 280);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, scale), 296);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, key_blocks), 308);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, mask), 312);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, mask_kind), 352);
         // Two operands, an i64, three 4-byte fields: 100 bytes, padded to 104.
         assert_eq!(std::mem::size_of::<AttnDeltaParams>(), 104);
         assert_eq!(std::mem::offset_of!(AttnDeltaParams, rows), 80);

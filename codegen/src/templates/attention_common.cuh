@@ -147,6 +147,17 @@ template <int KIND> COIL_D void coil_att_store(void *p, long long i, float x) {
     }
 }
 
+/* An explicit mask's term for (row, key) of the batch index at mask element `base`, in log2
+   units, the one routine the forward and the backward kernels read masks with: 0 or -inf for a
+   bool mask (mask_kind 1: a byte per element, nonzero keeps the key), the value times log2(e)
+   for an added one (mask_kind 2, of element kind KIND: coil_att_load). */
+template <int KIND>
+COIL_D float coil_mask_at(const void *mask, const CoilAttnOperand &m, int mask_kind, long long base, int row, int key) {
+    const long long i = base + (long long)row * m.row + (long long)key * m.col;
+    if (mask_kind == 1) return ((const unsigned char *)mask)[i] ? 0.f : COIL_NEG_INF;
+    return coil_att_load<KIND>(mask, i) * COIL_LOG2E;
+}
+
 /* The warp's A fragments of rows [r0, r0 + 16) of a shared tile of DP columns (PITCH-element
    rows), one per 16 columns. */
 template <int DP> COIL_D void coil_a_frags(const coil_u16 *tile, int r0, coil_u32 (*a)[4]) {

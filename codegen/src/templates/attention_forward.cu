@@ -52,9 +52,7 @@ COIL_D int coil_diag_tiles(const CoilAttnParams &p, long long base, int a, int b
    kind (coil_att_load). */
 template <int KIND>
 COIL_D float coil_mask_term(const void *mask, long long base, const CoilAttnParams &p, int row, int key) {
-    const long long i = base + (long long)row * p.mask.row + (long long)key * p.mask.col;
-    if (p.mask_kind == 1) return ((const unsigned char *)mask)[i] ? 0.f : COIL_NEG_INF;
-    return coil_att_load<KIND>(mask, i) * COIL_LOG2E;
+    return coil_mask_at<KIND>(mask, p.mask, p.mask_kind, base, row, key);
 }
 
 /* Whether rows [row0, row0 + ROWS) see any key of [key0, key0 + KEYS) (within l and s, the

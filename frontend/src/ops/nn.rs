@@ -397,7 +397,8 @@ pub fn embedding_bag(
 /// `causal` together are an error, as in PyTorch. A row whose every key is masked out gives 0,
 /// as PyTorch 2.15 does. Compiled, masked attention runs as one template call that reads the
 /// mask where it lies (a decode step's `[rows, capacity]` mask serves every batch index and
-/// head) and skips key tiles it drops; gradients through it take the decomposition.
+/// head) and skips key tiles it drops; its gradients are template calls that read the mask too
+/// (but for an added mask's own gradient, a learned bias, which takes the decomposition).
 ///
 /// ```
 /// use coil_frontend::{ops::nn::scaled_dot_product_attention, Tensor};

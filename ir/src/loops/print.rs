@@ -47,7 +47,7 @@ impl fmt::Display for ExternCall {
                 Ok(())
             }
             ExternCall::AttentionBackward(call) => {
-                let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
+                let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, mask, .. } = &**call;
                 let causal = if *causal { " causal" } else { "" };
                 let grads: Vec<&str> =
                     [(dq, "q"), (dk, "k"), (dv, "v")].iter().filter(|(g, _)| g.is_some()).map(|(_, n)| *n).collect();
@@ -64,7 +64,7 @@ impl fmt::Display for ExternCall {
                         write_layout(f, name, g, &dims)?;
                     }
                 }
-                Ok(())
+                write_mask(f, mask)
             }
             ExternCall::Fallback { op } => write!(f, "fallback {op}"),
             ExternCall::Conv(call) => {
@@ -90,6 +90,20 @@ fn write_layout(f: &mut fmt::Formatter<'_>, name: &str, op: &StridedOperand, dim
         write!(f, " {name}={}", exprs(&strides))?;
         if op.offset != Expr::int(0) {
             write!(f, "+{}", op.offset)?;
+        }
+    }
+    Ok(())
+}
+
+/// ` mask=[strides](+offset)` of an attention backward call's explicit mask, if any (as the
+/// forward call prints its own).
+fn write_mask(f: &mut fmt::Formatter<'_>, mask: &Option<StridedOperand>) -> fmt::Result {
+    if let Some(mask) = mask {
+        let mut strides = mask.batch_strides.clone();
+        strides.extend([mask.row_stride, mask.col_stride]);
+        write!(f, " mask={}", exprs(&strides))?;
+        if mask.offset != Expr::int(0) {
+            write!(f, "+{}", mask.offset)?;
         }
     }
     Ok(())
@@ -190,7 +204,7 @@ fn write_operands(s: &mut String, p: &LoopProgram, call: &ExternCall) {
             }
             line("lse", name(call.lse));
             line("out", view_text(p, &call.out));
-            for (key, o) in [("dq", &call.dq), ("dk", &call.dk), ("dv", &call.dv)] {
+            for (key, o) in [("dq", &call.dq), ("dk", &call.dk), ("dv", &call.dv), ("mask", &call.mask)] {
                 if let Some(o) = o {
                     line(key, view_text(p, o));
                 }

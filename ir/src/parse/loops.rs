@@ -772,6 +772,7 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                 let dq = take("dq").map(|o| strided(o, nb)).transpose()?;
                 let dk = take("dk").map(|o| strided(o, nb)).transpose()?;
                 let dv = take("dv").map(|o| strided(o, nb)).transpose()?;
+                let mask = take("mask").map(|o| strided(o, nb)).transpose()?;
                 ExternCall::AttentionBackward(Box::new(AttentionBackwardCall {
                     q,
                     k,
@@ -788,6 +789,7 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                     d,
                     causal,
                     scale,
+                    mask,
                 }))
             }
         }

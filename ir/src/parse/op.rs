@@ -96,13 +96,16 @@ pub(super) fn build(name: &str, pos: Pos, attrs: Vec<Attr>) -> Result<Op, Locate
             scale: a.optional("scale", Attrs::float)?,
             mask: a.bool("mask")?,
         },
-        "attention_logsumexp" => {
-            Op::AttentionLogsumexp { causal: a.bool("causal")?, scale: a.optional("scale", Attrs::float)? }
-        }
+        "attention_logsumexp" => Op::AttentionLogsumexp {
+            causal: a.bool("causal")?,
+            scale: a.optional("scale", Attrs::float)?,
+            mask: a.bool("mask")?,
+        },
         "attention_backward" => Op::AttentionBackward {
             causal: a.bool("causal")?,
             scale: a.optional("scale", Attrs::float)?,
             input: AttentionInput::ALL[a.choice("input", &AttentionInput::ALL.map(AttentionInput::name))?],
+            mask: a.bool("mask")?,
         },
         "convolution" | "convolution_backward_data" | "convolution_backward_weight" => {
             let geometry = ConvGeometry {

@@ -136,7 +136,8 @@ fn examples() -> Vec<Op> {
         Op::MseLoss { reduction: LossReduction::Sum },
         Op::Attention { causal: true, scale: None, mask: false },
         Op::Attention { causal: false, scale: Some(0.125), mask: true },
-        Op::AttentionLogsumexp { causal: true, scale: Some(0.5) },
+        Op::AttentionLogsumexp { causal: true, scale: Some(0.5), mask: false },
+        Op::AttentionLogsumexp { causal: false, scale: None, mask: true },
         Op::Conv { geometry: geometry.clone(), form: ConvForm::Forward },
         Op::Conv { geometry: geometry.clone(), form: ConvForm::BackwardData { size: vec![7, 8] } },
         Op::Conv { geometry, form: ConvForm::BackwardWeight { kernel: vec![3, 3] } },
@@ -150,7 +151,8 @@ fn examples() -> Vec<Op> {
         ops.push(Op::Scatter { dim: 0, reduce: Some(reduce) });
     }
     for input in AttentionInput::ALL {
-        ops.push(Op::AttentionBackward { causal: false, scale: None, input });
+        ops.push(Op::AttentionBackward { causal: false, scale: None, input, mask: false });
+        ops.push(Op::AttentionBackward { causal: true, scale: Some(0.25), input, mask: true });
     }
     ops
 }

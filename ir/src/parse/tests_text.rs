@@ -196,8 +196,9 @@ fn sample_program() -> LoopProgram {
         d: e(4),
         causal: false,
         scale: 0.125,
+        mask: Some(view(mm, e(2), &[e(0), e(4), e(1)])),
     }));
-    add(&mut p, &["buf4", "buf4_dv"], vec![e(1), e(4), e(4)], backward, vec![att, att + 1]);
+    add(&mut p, &["buf4", "buf4_dv"], vec![e(1), e(4), e(4)], backward, vec![att, att + 1, mm]);
     let fallback = ExternCall::Fallback { op: Op::Cumsum { dim: 1 } };
     let cumsum = add(&mut p, &["buf5"], vec![e(4), s0], fallback, vec![1]);
     // The gradient of that gelu through another product, reading its input (here buf2).

@@ -63,8 +63,8 @@ pub struct DecomposeOptions {
     /// ([`crate::attention::template_supports`]) as one primitive node, for lowering to run
     /// as one flash-attention call; so too its logsumexp and gradients (the attention backward
     /// template), unless `keep_detach`, and attention with an explicit mask
-    /// ([`crate::attention::mask_supported`]) unless `keep_detach` (its gradients are those of
-    /// the decomposition). Off: attention is decomposed into its matrix products and softmax.
+    /// ([`crate::attention::mask_supported`]; with any number of rows where its gradients are
+    /// templates too). Off: attention is decomposed into its matrix products and softmax.
     pub fused_attention: bool,
     /// Keep `detach` nodes (and mark the stabilizing maximum of softmax, log_softmax,
     /// logsumexp and cross_entropy with one, as PyTorch's backward formulas treat it as a
@@ -193,10 +193,12 @@ fn pointwise_conv(graph: &Graph, node: &coil_ir::Node, geometry: &ConvGeometry, 
 /// Whether a template node of a captured graph stays whole: a convolution where
 /// [`DecomposeOptions::conv_template`] says so (its forms have gradient rules); attention the
 /// template supports ([`crate::attention::template_supports`]), on tensor operands (not Rust
-/// scalars), with its logsumexp and gradients. Those two, and attention with an explicit mask, have no gradient
-/// rule of their own: a graph decomposed for differentiation
-/// ([`DecomposeOptions::keep_detach`]) expands them, so that gradients (of gradients)
-/// differentiate their decomposition.
+/// scalars), with its logsumexp and gradients. Those two have no gradient rule of their own: a
+/// graph decomposed for differentiation ([`DecomposeOptions::keep_detach`]) expands them, so
+/// that gradients (of gradients) differentiate their decomposition. Attention with an explicit
+/// mask ([`crate::attention::mask_supported`]) is kept with any number of query rows where its
+/// gradients are templates too (a graph to be differentiated, or one that has its logsumexp:
+/// decomposed, the scores would be written forward and backward), else with few rows.
 fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOptions) -> bool {
     let tensors = node.inputs.iter().all(|&x| !matches!(graph.node(x).op, Op::Scalar(_)));
     if let Op::Conv { geometry, form } = &node.op {
@@ -209,8 +211,16 @@ fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOption
     let kept = match node.op {
         Op::Attention { mask: false, .. } => true,
         Op::Attention { mask: true, .. } => {
-            let structured = crate::attention::mask_rule_of(graph, node).is_some();
-            !options.keep_detach && tensors && crate::attention::mask_supported(metas[0], metas[3], structured).is_ok()
+            let any_rows = options.keep_detach
+                || crate::attention::mask_rule_of(graph, node).is_some()
+                || crate::attention::has_logsumexp(graph, node);
+            tensors && crate::attention::mask_supported(metas[0], metas[3], any_rows).is_ok()
+        }
+        Op::AttentionLogsumexp { mask: true, .. } => {
+            !options.keep_detach && tensors && crate::attention::mask_supported(metas[0], metas[3], true).is_ok()
+        }
+        Op::AttentionBackward { mask: true, .. } => {
+            !options.keep_detach && tensors && crate::attention::mask_supported(metas[0], metas[6], true).is_ok()
         }
         Op::AttentionLogsumexp { .. } | Op::AttentionBackward { .. } => !options.keep_detach,
         _ => false,
@@ -303,8 +313,12 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
         Op::Attention { causal, scale, mask } => {
             nn::attention(b, x[0], x[1], x[2], mask.then(|| x[3]), *causal, *scale)
         }
-        Op::AttentionLogsumexp { causal, scale } => nn::attention_logsumexp(b, x[0], x[1], *causal, *scale),
-        Op::AttentionBackward { causal, scale, input } => nn::attention_backward(b, &x, *causal, *scale, *input),
+        Op::AttentionLogsumexp { causal, scale, mask } => {
+            nn::attention_logsumexp(b, x[0], x[1], mask.then(|| x[3]), *causal, *scale)
+        }
+        Op::AttentionBackward { causal, scale, input, mask } => {
+            nn::attention_backward(b, &x[..6], mask.then(|| x[6]), *causal, *scale, *input)
+        }
         Op::Conv { geometry, form } => conv::conv(b, geometry, form, x[0], x[1]),
     }
 }

@@ -250,9 +250,10 @@ pub fn mse_loss(b: &mut Builder, a: NodeId, c: NodeId, reduction: LossReduction,
 /// `1 / sqrt(E)`, batch dims broadcast); `causal` keeps `col <= row` (top-left aligned) and
 /// sets the rest to `-inf`; a bool mask keeps where true, a float mask is added; then
 /// `softmax(scores, -1) @ v`. With a mask, a row whose scores are all `-inf` has probabilities
-/// 0 (so its result is 0), as PyTorch's `_safe_softmax`. f16/bf16 compute in f32 and round
-/// once, or, with [`Builder::half_products`], take both products in their dtype around an f32
-/// softmax.
+/// 0 (so its result is 0), as PyTorch's `_safe_softmax`; its softmax is taken of zeros instead
+/// (then dropped), so that no NaN reaches its gradients either: they are 0, as PyTorch's.
+/// f16/bf16 compute in f32 and round once, or, with [`Builder::half_products`], take both
+/// products in their dtype around an f32 softmax.
 pub fn attention(
     b: &mut Builder,
     q: NodeId,
@@ -266,25 +267,34 @@ pub fn attention(
     let scale = attention_scale(b, q, scale);
     let half = b.half_products && matches!(t, DType::F16 | DType::BF16);
     let (q, k, v) = if half { (q, k, v) } else { (b.upcast(q)?, b.upcast(k)?, b.upcast(v)?) };
-    let mut scores = scaled_scores(b, q, k, scale, causal)?;
-    if let Some(mask) = mask {
-        if b.dtype(mask) == DType::Bool {
-            scores = b.where_(mask, scores, f64::NEG_INFINITY)?;
-        } else {
-            let mask = b.upcast(mask)?;
-            scores = b.add(scores, mask)?;
-        }
-    }
+    let scores = scaled_scores(b, q, k, scale, causal)?;
+    let scores = masked_scores(b, scores, mask)?;
     let last = b.rank(scores) - 1;
-    let mut p = softmax_in(b, scores, last)?;
-    if mask.is_some() {
+    let p = if mask.is_some() {
         let max = b.amax(scores, &[last], true)?;
         let dead = b.eq(max, f64::NEG_INFINITY)?;
-        p = b.where_(dead, 0.0, p)?;
-    }
+        let live = b.where_(dead, 0.0, scores)?;
+        let p = softmax_in(b, live, last)?;
+        b.where_(dead, 0.0, p)?
+    } else {
+        softmax_in(b, scores, last)?
+    };
     let p = if half { b.cast(p, t)? } else { p };
     let y = matmul(b, p, v)?;
     b.cast(y, t)
+}
+
+/// The scores with attention's explicit mask applied, if any: a bool mask keeps where true
+/// (the rest `-inf`), any other is added (in the scores' dtype).
+fn masked_scores(b: &mut Builder, scores: NodeId, mask: Option<NodeId>) -> Result<NodeId> {
+    match mask {
+        None => Ok(scores),
+        Some(mask) if b.dtype(mask) == DType::Bool => b.where_(mask, scores, f64::NEG_INFINITY),
+        Some(mask) => {
+            let mask = b.upcast(mask)?;
+            b.add(scores, mask)
+        }
+    }
 }
 
 /// The factor on attention's scores: `scale`, else `1 / sqrt(E)` (q's last dim).
@@ -310,25 +320,37 @@ fn scaled_scores(b: &mut Builder, q: NodeId, k: NodeId, scale: f64, causal: bool
     b.where_(keep, scores, f64::NEG_INFINITY)
 }
 
-/// `attention_logsumexp(q, k, v)` ([`coil_ir::Op::AttentionLogsumexp`]): the logsumexp of the
-/// scaled, causally masked scores over the keys, in f32 (f64 for f64).
-pub fn attention_logsumexp(b: &mut Builder, q: NodeId, k: NodeId, causal: bool, scale: Option<f64>) -> Result<NodeId> {
+/// `attention_logsumexp(q, k, v, mask?)` ([`coil_ir::Op::AttentionLogsumexp`]): the logsumexp
+/// of the scaled, causally masked scores (and masked by `mask`, if any) over the keys, in f32
+/// (f64 for f64); `-inf` for a row that keeps no key.
+pub fn attention_logsumexp(
+    b: &mut Builder,
+    q: NodeId,
+    k: NodeId,
+    mask: Option<NodeId>,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<NodeId> {
     let scale = attention_scale(b, q, scale);
     let (q, k) = (b.upcast(q)?, b.upcast(k)?);
     let scores = scaled_scores(b, q, k, scale, causal)?;
+    let scores = masked_scores(b, scores, mask)?;
     let last = b.rank(scores) - 1;
     logsumexp(b, scores, &[last], false)
 }
 
-/// One gradient of maskless attention ([`coil_ir::Op::AttentionBackward`]) from operands
-/// `[q, k, v, grad_out, logsumexp, out]`: the probabilities `P = exp(scores - logsumexp)`
-/// recomputed, `dv = P^T @ grad_out`, `delta = sum(grad_out * out, -1)`,
+/// One gradient of attention ([`coil_ir::Op::AttentionBackward`]) from operands
+/// `[q, k, v, grad_out, logsumexp, out]` and the mask, if any: the probabilities
+/// `P = exp(scores - logsumexp)` recomputed (the scores masked as the forward's; with a mask,
+/// a row that keeps no key has logsumexp `-inf` and P 0, so its gradients are 0, as
+/// PyTorch's), `dv = P^T @ grad_out`, `delta = sum(grad_out * out, -1)`,
 /// `dS = P * (grad_out @ v^T - delta)`,
 /// `dq = scale * dS @ k`, `dk = scale * dS^T @ q`; in f32 (f64 for f64), rounded once to the
 /// operands' dtype.
 pub fn attention_backward(
     b: &mut Builder,
     x: &[NodeId],
+    mask: Option<NodeId>,
     causal: bool,
     scale: Option<f64>,
     input: AttentionInput,
@@ -337,8 +359,14 @@ pub fn attention_backward(
     let scale = attention_scale(b, x[0], scale);
     let (q, k, v, g) = (b.upcast(x[0])?, b.upcast(x[1])?, b.upcast(x[2])?, b.upcast(x[3])?);
     let scores = scaled_scores(b, q, k, scale, causal)?;
+    let scores = masked_scores(b, scores, mask)?;
     let r = b.rank(scores);
-    let lse = b.unsqueeze(x[4], r - 1)?;
+    let mut lse = b.unsqueeze(x[4], r - 1)?;
+    if mask.is_some() {
+        // A row that keeps no key: its scores are all -inf, less 0 (not -inf: NaN).
+        let dead = b.eq(lse, f64::NEG_INFINITY)?;
+        lse = b.where_(dead, 0.0, lse)?;
+    }
     let shifted = b.sub(scores, lse)?;
     let p = b.exp(shifted)?;
     let grad = if input == AttentionInput::Value {

@@ -37,9 +37,11 @@ pub(crate) fn permuted_outputs(l: &Lowerer) -> HashMap<NodeId, NodeId> {
         if !matches!(g.node(n).op, Op::Attention { .. }) || g.outputs.contains(&n) {
             continue;
         }
+        // A backward reads the attention as its output (operand 5) only.
         let backward = |r: NodeId| {
             let node = g.node(r);
-            matches!(node.op, Op::AttentionBackward { .. }) && node.inputs[..5].iter().all(|&x| x != n)
+            matches!(node.op, Op::AttentionBackward { .. })
+                && node.inputs.iter().enumerate().all(|(i, &x)| i == 5 || x != n)
         };
         let (permutes, others): (Vec<NodeId>, Vec<NodeId>) =
             l.readers[n.0].iter().partition(|&&r| matches!(g.node(r).op, Op::Permute { .. }));
@@ -67,10 +69,10 @@ pub(crate) fn template_groups(l: &Lowerer) -> (HashMap<NodeId, usize>, Vec<Vec<N
     let mut group_of = HashMap::new();
     for n in g.live_nodes() {
         let node = g.node(n);
-        // A masked attention's operands (its mask among them) are no logsumexp's: a group of
-        // its own.
+        // A masked attention and its logsumexp have the mask among their operands: their group
+        // is another than the maskless attention's on the same q, k, v.
         let key = match node.op {
-            Op::Attention { causal, scale, .. } | Op::AttentionLogsumexp { causal, scale } => {
+            Op::Attention { causal, scale, .. } | Op::AttentionLogsumexp { causal, scale, .. } => {
                 (false, node.inputs.clone(), causal, scale.map(f64::to_bits))
             }
             Op::AttentionBackward { causal, scale, .. } => (true, node.inputs.clone(), causal, scale.map(f64::to_bits)),
@@ -116,7 +118,7 @@ impl Lowerer<'_> {
         let att = group.iter().copied().find(|&m| matches!(self.g.node(m).op, Op::Attention { .. }));
         let lse = group.iter().copied().find(|&m| matches!(self.g.node(m).op, Op::AttentionLogsumexp { .. }));
         let first = self.g.node(group[0]);
-        let (Op::Attention { causal, scale, .. } | Op::AttentionLogsumexp { causal, scale }) = first.op else {
+        let (Op::Attention { causal, scale, .. } | Op::AttentionLogsumexp { causal, scale, .. }) = first.op else {
             unreachable!("a forward group")
         };
         let (q, k, v) = (first.inputs[0], first.inputs[1], first.inputs[2]);
@@ -196,8 +198,14 @@ impl Lowerer<'_> {
     /// rank `rank`) as a view of the scores' shape: its own strides (size-1 dims get stride 0),
     /// missing leading dims stride 0 too. Nothing of the scores' size is written.
     fn mask_view(&mut self, mask: NodeId, rank: usize) -> Result<StridedOperand> {
-        let mut view = self.strided(mask)?;
         let shape = self.shape(mask);
+        if shape.len() < 2 || shape.len() > rank {
+            let meta = self.meta(mask);
+            return Err(Error::unsupported(format!(
+                "an attention mask {meta} for scores of rank {rank} (the template reads masks of rank 2 to {rank})"
+            )));
+        }
+        let mut view = self.strided(mask)?;
         let (r, one) = (shape.len(), |e: &Expr| e.const_value() == Some(1));
         for (stride, size) in
             view.batch_strides.iter_mut().chain([&mut view.row_stride, &mut view.col_stride]).zip(shape)
@@ -239,7 +247,7 @@ impl Lowerer<'_> {
     }
 
     /// The backward call of a group: one gradient buffer per member, the first the node's
-    /// output.
+    /// output; the forward's mask, if any, read as a view as the forward reads it.
     fn attention_backward(&mut self, group: &[NodeId]) -> Result<()> {
         let first = self.g.node(group[0]);
         let Op::AttentionBackward { causal, scale, .. } = first.op else { unreachable!("a backward group") };
@@ -280,7 +288,9 @@ impl Lowerer<'_> {
             self.buf[m.0] = Some(buffer);
         }
         let output = grads.iter().flatten().next().expect("a group has a member").buffer;
-        let inputs = vec![qv.buffer, kv.buffer, vv.buffer, gv.buffer, lse, out.buffer];
+        let mut inputs = vec![qv.buffer, kv.buffer, vv.buffer, gv.buffer, lse, out.buffer];
+        let mask = x.get(6).map(|&m| self.mask_view(m, r)).transpose()?;
+        inputs.extend(mask.as_ref().map(|m| m.buffer));
         let [dq, dk, dv] = grads;
         let call = ExternCall::AttentionBackward(Box::new(AttentionBackwardCall {
             q: qv,
@@ -298,6 +308,7 @@ impl Lowerer<'_> {
             d,
             causal,
             scale,
+            mask,
         }));
         self.push_template(output, group.to_vec(), LoopKind::Extern { call, inputs });
         Ok(())

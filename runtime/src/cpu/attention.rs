@@ -296,12 +296,12 @@ pub fn attention_bytes(
 
 /// A mask's elements as the call reads them.
 #[derive(Clone, Copy)]
-enum Mask<'a, T> {
+pub(crate) enum Mask<'a, T> {
     Bool(&'a [u8]),
     Added(&'a [T]),
 }
 
-fn mask_of<T: bytemuck::Pod>(mask: Option<MaskBytes<'_>>) -> Result<Option<Mask<'_, T>>> {
+pub(crate) fn mask_of<T: bytemuck::Pod>(mask: Option<MaskBytes<'_>>) -> Result<Option<Mask<'_, T>>> {
     Ok(match mask {
         None => None,
         Some(MaskBytes { bytes, kind: MaskKind::Bool }) => Some(Mask::Bool(bytes)),

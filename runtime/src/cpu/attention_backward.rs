@@ -8,8 +8,14 @@
 //! `dq_i = scale * sum_j ds k_j`; dK / dV tasks take blocks of keys: `dv_j = sum_i p g_i`,
 //! `dk_j = scale * sum_i ds q_i`. All in f32 (f64 for f64) from the operands' own values,
 //! rounded once to the dtype; operands are read, and gradients written, through their strides.
+//! With an explicit mask (bool, or added to the scaled scores; broadcast dims stride 0), as the
+//! forward reads it: a key it drops has `p = ds = 0`, so a row that keeps no key (logsumexp
+//! `-inf`) has zero gradients, as PyTorch's.
 
-use super::attention::{cast, cast_mut, check_views, dot, rows_of, write_rows, Real};
+use super::attention::{
+    batch_offset, cast, cast_mut, check_views, dot, mask_of, rows_of, write_rows, Mask, MaskBytes, Real,
+};
+use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
@@ -50,6 +56,9 @@ pub struct AttentionBackwardSpec {
     pub causal: bool,
     /// The factor on `q . k`.
     pub scale: f64,
+    /// The forward's explicit mask: element `(batch, row, key)` of the `[*batch, l, s]` mask
+    /// (broadcast dims stride 0).
+    pub mask: Option<StridedOperand<usize>>,
 }
 
 impl AttentionBackwardSpec {
@@ -57,7 +66,8 @@ impl AttentionBackwardSpec {
     /// `None` for other extern calls or symbolic sizes.
     pub fn from_call(call: &ExternCall) -> Option<AttentionBackwardSpec> {
         let ExternCall::AttentionBackward(call) = call else { return None };
-        let AttentionBackwardCall { q, k, v, grad_out, out, dq, dk, dv, batch, l, s, d, causal, scale, .. } = &**call;
+        let AttentionBackwardCall { q, k, v, grad_out, out, dq, dk, dv, batch, l, s, d, causal, scale, mask, .. } =
+            &**call;
         let grad = |g: &Option<StridedOperand>| match g {
             Some(g) => g.to_usize().map(Some),
             None => Some(None),
@@ -77,12 +87,27 @@ impl AttentionBackwardSpec {
             d: const_usize(d)?,
             causal: *causal,
             scale: *scale,
+            mask: grad(mask)?,
         })
     }
 
     /// Number of batch indices.
     pub fn batch_count(&self) -> usize {
         self.batch.iter().product()
+    }
+
+    /// Checks the mask's view against its buffer's length in elements (`None`: no buffer).
+    pub fn check_mask(&self, len: Option<usize>) -> Result<()> {
+        let what = "attention backward";
+        match (&self.mask, len) {
+            (None, None) => Ok(()),
+            // The mask is `[*batch, l, s]`: its columns are the keys.
+            (Some(mask), Some(len)) => {
+                check_views(what, &self.batch, self.l, 1, self.s, &[(mask, self.l, len, "mask")])
+            }
+            (Some(_), None) => Err(Error::runtime(format!("{what}: a masked call without its mask buffer"))),
+            (None, Some(_)) => Err(Error::runtime(format!("{what}: a mask buffer for a call without a mask"))),
+        }
     }
 
     /// Checks every view against its buffer's length in elements (q, k, v, grad_out, out, then
@@ -135,6 +160,8 @@ pub struct BackwardBuffers<'a> {
     pub out: &'a [u8],
     /// Where the wanted gradients go.
     pub grads: GradBuffers<'a>,
+    /// The forward's explicit mask and what it holds, if any.
+    pub mask: Option<MaskBytes<'a>>,
 }
 
 /// The buffers the wanted gradients are written into, as raw bytes: each buffer once, and
@@ -183,6 +210,7 @@ pub fn attention_backward_bytes(spec: &AttentionBackwardSpec, dtype: DType, bufs
         bufs.grads.lens(size),
         bufs.lse.len() / stats_size,
     )?;
+    spec.check_mask(bufs.mask.map(|m| m.bytes.len() / if m.kind == MaskKind::Bool { 1 } else { size }))?;
     match dtype {
         DType::F32 => run::<f32, f32>(spec, bufs, |x| x, |x| x),
         DType::F64 => run::<f64, f64>(spec, bufs, |x| x, |x| x),
@@ -203,6 +231,9 @@ struct Batch<'a, T, A> {
     /// Per query row, `g_i . o_i`.
     delta: &'a [A],
     up: fn(T) -> A,
+    mask: Option<Mask<'a, T>>,
+    /// Per batch index, the offset of its mask elements (empty without a mask).
+    mask_bases: Vec<usize>,
 }
 
 /// `delta_i = g_i . o_i` of every query row (row-major over batch indices and rows), in `A`.
@@ -220,11 +251,27 @@ fn deltas<T: Copy + Send + Sync, A: Real>(spec: &AttentionBackwardSpec, g: &[T],
 }
 
 impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
-    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values.
-    fn p_ds(&self, b: usize, i: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> (A, A) {
+    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values; `None`
+    /// (both 0) for a key the mask drops, whose values are not read.
+    #[allow(clippy::too_many_arguments)]
+    fn p_ds(&self, b: usize, i: usize, j: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> Option<(A, A)> {
         let row = b * self.spec.l + i;
-        let p = dot(qi, kj).mul(A::from_f64(self.spec.scale)).sub_exp(self.lse[row]);
-        (p, p.mul(dot(gi, vj).sub(self.delta[row])))
+        let term = self.mask_term(b, i, j)?;
+        let mut score = dot(qi, kj).mul(A::from_f64(self.spec.scale));
+        score += term;
+        let p = score.sub_exp(self.lse[row]);
+        Some((p, p.mul(dot(gi, vj).sub(self.delta[row]))))
+    }
+
+    /// The mask's term for query row `i` and key `j` of batch index `b`: `None` where it drops
+    /// the key (a false bool, an added `-inf`), else what it adds to the scaled score.
+    fn mask_term(&self, b: usize, i: usize, j: usize) -> Option<A> {
+        let (Some(view), Some(mask)) = (&self.spec.mask, self.mask) else { return Some(A::ZERO) };
+        let at = self.mask_bases[b] + i * view.row_stride + j * view.col_stride;
+        match mask {
+            Mask::Bool(m) => (m[at] != 0).then_some(A::ZERO),
+            Mask::Added(m) => Some((self.up)(m[at])).filter(|&x| x != A::NEG_INFINITY),
+        }
     }
 
     /// dQ of rows `rows` of batch index `b`, `[rows, d]`.
@@ -247,7 +294,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
             let o = &mut out[r * d..(r + 1) * d];
             for j in 0..n {
                 let kj = &keys[j * d..(j + 1) * d];
-                let (_, ds) = self.p_ds(b, i, qi, gi, kj, &values[j * d..(j + 1) * d]);
+                let Some((_, ds)) = self.p_ds(b, i, j, qi, gi, kj, &values[j * d..(j + 1) * d]) else { continue };
                 o.iter_mut().zip(kj).for_each(|(x, &kc)| *x = x.mul_add(ds, kc));
             }
         }
@@ -277,7 +324,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
             for i in start..l {
                 let (qi, gi) =
                     (&queries[(i - first) * d..(i - first + 1) * d], &grads[(i - first) * d..(i - first + 1) * d]);
-                let (p, ds) = self.p_ds(b, i, qi, gi, kj, vj);
+                let Some((p, ds)) = self.p_ds(b, i, j, qi, gi, kj, vj) else { continue };
                 dv[r * d..(r + 1) * d].iter_mut().zip(gi).for_each(|(x, &gc)| *x = x.mul_add(p, gc));
                 dk[r * d..(r + 1) * d].iter_mut().zip(qi).for_each(|(x, &qc)| *x = x.mul_add(ds, qc));
             }
@@ -311,6 +358,11 @@ fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
         lse: &cast::<A>(bufs.lse)?[..rows],
         delta: &delta,
         up,
+        mask: mask_of(bufs.mask)?,
+        mask_bases: match &spec.mask {
+            Some(view) => (0..spec.batch_count()).map(|b| batch_offset(&spec.batch, view, b)).collect(),
+            None => vec![],
+        },
     };
     let shape = (&spec.batch[..], d);
     let blocks = |n: usize| -> Vec<(usize, usize)> {
@@ -341,4 +393,165 @@ fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::attention::{attention_bytes, AttentionSpec};
+    use coil_ir::loops::BufferId;
+
+    fn view(batch_stride: usize, row_stride: usize) -> StridedOperand<usize> {
+        StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![batch_stride], row_stride, col_stride: 1 }
+    }
+
+    fn vals(n: usize, seed: f64) -> Vec<f64> {
+        (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect()
+    }
+
+    /// A mask's term for (row, key): `None` drops the key, else what is added to the score.
+    type Term<'a> = &'a dyn Fn(usize, usize) -> Option<f64>;
+
+    /// The gradients by their definition in f64 (dq, dk, dv of every batch index), from the
+    /// forward's output and logsumexp: `term(i, j)` is the mask's (`None` drops the key).
+    #[allow(clippy::type_complexity)]
+    fn reference(
+        spec: &AttentionBackwardSpec,
+        (q, k, v, g, o, lse): (&[f64], &[f64], &[f64], &[f64], &[f64], &[f64]),
+        term: Term,
+    ) -> [Vec<f64>; 3] {
+        let (l, s, d) = (spec.l, spec.s, spec.d);
+        let n = spec.batch_count();
+        let (mut dq, mut dk, mut dv) = (vec![0.0; n * l * d], vec![0.0; n * s * d], vec![0.0; n * s * d]);
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        for b in 0..n {
+            let row = |x: &[f64], r: usize| x[(b * l + r) * d..(b * l + r + 1) * d].to_vec();
+            let key = |x: &[f64], j: usize| x[(b * s + j) * d..(b * s + j + 1) * d].to_vec();
+            for i in 0..l {
+                let (qi, gi) = (row(q, i), row(g, i));
+                let delta = dot(&gi, &row(o, i));
+                for j in (0..s).filter(|&j| !(spec.causal && j > i)) {
+                    let Some(t) = term(i, j) else { continue };
+                    let (kj, vj) = (key(k, j), key(v, j));
+                    let p = (dot(&qi, &kj) * spec.scale + t - lse[b * l + i]).exp();
+                    let ds = p * (dot(&gi, &vj) - delta);
+                    for c in 0..d {
+                        dq[(b * l + i) * d + c] += spec.scale * ds * kj[c];
+                        dk[(b * s + j) * d + c] += spec.scale * ds * qi[c];
+                        dv[(b * s + j) * d + c] += p * gi[c];
+                    }
+                }
+            }
+        }
+        [dq, dk, dv]
+    }
+
+    /// A `[l, s]` mask broadcast over 2 batch indices, bool and added, with a row that keeps no
+    /// key (whose gradients are 0, no NaN), causal and not: the definition's gradients.
+    #[test]
+    fn masked_gradients_match_the_definition_and_dead_rows_are_zero() {
+        let (l, s, d, n) = (37, 45, 16, 2);
+        let keep = |i: usize, j: usize| i != 4 && (i * 3 + j) % 7 != 2;
+        let added = |i: usize, j: usize| keep(i, j).then(|| ((i * 5 + j) as f64 * 0.23).cos());
+        let bools: Vec<u8> = (0..l * s).map(|x| keep(x / s, x % s) as u8).collect();
+        let terms: Vec<f64> = (0..l * s).map(|x| added(x / s, x % s).unwrap_or(f64::NEG_INFINITY)).collect();
+        let (q, k, v, g) = (vals(n * l * d, 0.1), vals(n * s * d, 1.3), vals(n * s * d, 2.9), vals(n * l * d, 4.2));
+        let bytes = |x: &[f64]| bytemuck::cast_slice::<f64, u8>(x).to_vec();
+        let (qb, kb, vb, gb) = (bytes(&q), bytes(&k), bytes(&v), bytes(&g));
+        let terms_bytes = bytes(&terms);
+        let bool_term = |i: usize, j: usize| keep(i, j).then_some(0.0);
+        let cases: [(MaskBytes, Term); 2] = [
+            (MaskBytes { bytes: &bools, kind: MaskKind::Bool }, &bool_term),
+            (MaskBytes { bytes: &terms_bytes, kind: MaskKind::Added }, &added),
+        ];
+        for (mask, term) in cases {
+            for causal in [false, true] {
+                let fwd = AttentionSpec {
+                    q: view(l * d, d),
+                    k: view(s * d, d),
+                    v: view(s * d, d),
+                    out: view(l * d, d),
+                    batch: vec![n],
+                    l,
+                    s,
+                    d,
+                    causal,
+                    scale: 0.3,
+                    mask: Some(view(0, s)),
+                    mask_rule: None,
+                    offset: 0,
+                };
+                let (mut out, mut lse) = (vec![0u8; n * l * d * 8], vec![0u8; n * l * 8]);
+                attention_bytes(&fwd, DType::F64, &qb, &kb, &vb, Some(mask), &mut out, Some(&mut lse)).unwrap();
+                let spec = AttentionBackwardSpec {
+                    q: fwd.q.clone(),
+                    k: fwd.k.clone(),
+                    v: fwd.v.clone(),
+                    grad_out: fwd.out.clone(),
+                    out: fwd.out.clone(),
+                    dq: Some(view(l * d, d)),
+                    dk: Some(view(s * d, d)),
+                    dv: Some(view(s * d, d)),
+                    batch: vec![n],
+                    l,
+                    s,
+                    d,
+                    causal,
+                    scale: 0.3,
+                    mask: Some(view(0, s)),
+                };
+                let (mut dq, mut dk, mut dv) =
+                    (vec![0u8; n * l * d * 8], vec![0u8; n * s * d * 8], vec![0u8; n * s * d * 8]);
+                let grads = GradBuffers::separate(Some(&mut dq), Some(&mut dk), Some(&mut dv));
+                let bufs = BackwardBuffers {
+                    q: &qb,
+                    k: &kb,
+                    v: &vb,
+                    grad_out: &gb,
+                    lse: &lse,
+                    out: &out,
+                    grads,
+                    mask: Some(mask),
+                };
+                attention_backward_bytes(&spec, DType::F64, bufs).unwrap();
+                let (o, lse): (&[f64], &[f64]) = (bytemuck::cast_slice(&out), bytemuck::cast_slice(&lse));
+                assert!(lse[4].is_infinite() && lse[l + 4].is_infinite(), "row 4 keeps no key");
+                let want = reference(&spec, (&q, &k, &v, &g, o, lse), term);
+                for (name, got, want) in [("dq", &dq, &want[0]), ("dk", &dk, &want[1]), ("dv", &dv, &want[2])] {
+                    let got: &[f64] = bytemuck::cast_slice(got);
+                    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                        assert!((a - b).abs() < 1e-12, "{:?} causal={causal} {name}[{i}]: {a} vs {b}", mask.kind);
+                    }
+                }
+                let dq: &[f64] = bytemuck::cast_slice(&dq);
+                assert!(dq[4 * d..5 * d].iter().all(|&x| x == 0.0), "a row that keeps no key: dq 0");
+            }
+        }
+    }
+
+    #[test]
+    fn a_mask_view_reaching_outside_its_buffer_is_an_error() {
+        let (l, s, d) = (4, 4, 8);
+        let spec = AttentionBackwardSpec {
+            q: view(l * d, d),
+            k: view(s * d, d),
+            v: view(s * d, d),
+            grad_out: view(l * d, d),
+            out: view(l * d, d),
+            dq: Some(view(l * d, d)),
+            dk: None,
+            dv: None,
+            batch: vec![2],
+            l,
+            s,
+            d,
+            causal: false,
+            scale: 0.3,
+            mask: Some(view(l * s, s)),
+        };
+        let e = spec.check_mask(Some(31)).unwrap_err();
+        assert!(e.to_string().contains("mask view reaches element 31 of 31"), "{e}");
+        assert!(spec.check_mask(None).is_err());
+        assert!(spec.check_mask(Some(32)).is_ok());
+    }
 }

@@ -437,7 +437,8 @@ impl CompiledGraph {
                 attention::attention_bytes(&spec, dtype, q, k, v, mask, out, lse)
             }
             ExternCall::AttentionBackward(backward) => {
-                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, .. } = &**backward;
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, mask, .. } =
+                    &**backward;
                 let spec = attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
                 // Gradients may share a buffer (disjoint views of it): each is borrowed once.
@@ -461,6 +462,13 @@ impl CompiledGraph {
                     lse: view(*lse),
                     out: view(out.buffer),
                     grads,
+                    mask: match mask {
+                        Some(m) => {
+                            let kind = MaskKind::of(p.buffer(m.buffer).meta.dtype, p.buffer(q.buffer).meta.dtype)?;
+                            Some(attention::MaskBytes { bytes: view(m.buffer), kind })
+                        }
+                        None => None,
+                    },
                 };
                 attention_backward::attention_backward_bytes(&spec, p.buffer(q.buffer).meta.dtype, bufs)
             }

@@ -12,7 +12,8 @@
 //! back to the simple kernel. The split kernels' partial results live in a temporary workspace
 //! between the split kernel and the combine. The backward's `delta = rowsum(dO * O)` is computed
 //! by a kernel of its own into a temporary before the backward kernel (cuDNN's backward graph
-//! computes it itself). Each variant is compiled by NVRTC (through the disk cache) the first
+//! computes it itself). A masked backward (the forward's explicit mask, read in place through
+//! its strides, broadcast dims stride 0) runs on coil's kernels, as a masked forward does. Each variant is compiled by NVRTC (through the disk cache) the first
 //! time a graph needs it.
 //!
 //! [`ExternCall::Attention`]: coil_ir::loops::ExternCall::Attention
@@ -294,15 +295,18 @@ pub struct DevBackward {
     pub dk: Option<DevOperand>,
     /// The values' gradient, when wanted.
     pub dv: Option<DevOperand>,
+    /// The forward's explicit mask and what it holds, if any.
+    pub mask: Option<(DevOperand, MaskKind)>,
 }
 
 /// The backward kernel's parameters for `spec`, reading q, k, v and the output gradient
-/// through `views` (the spec's views, or contiguous copies of them); unwanted gradients get
-/// zero operands.
+/// through `views` (the spec's views, or contiguous copies of them), with a mask of `mask`
+/// kind if any; unwanted gradients get zero operands.
 pub(crate) fn backward_params(
     spec: &AttentionBackwardSpec,
     views: [&StridedOperand<usize>; 4],
     key_blocks: u32,
+    mask: Option<MaskKind>,
 ) -> AttnBwdParams {
     let grad = |g: &Option<StridedOperand<usize>>| g.as_ref().map(operand).unwrap_or_default();
     AttnBwdParams {
@@ -321,6 +325,8 @@ pub(crate) fn backward_params(
         scale_log2: (spec.scale * std::f64::consts::LOG2_E) as f32,
         causal: spec.causal as i32,
         key_blocks: key_blocks as i32,
+        mask: spec.mask.as_ref().map(operand).unwrap_or_default(),
+        mask_kind: MaskKind::code(mask),
     }
 }
 
@@ -381,6 +387,7 @@ pub fn attention_backward(
         [len(&bufs.dq), len(&bufs.dk), len(&bufs.dv)],
         bufs.lse.bytes / 4,
     )?;
+    spec.check_mask(bufs.mask.map(|(m, kind)| m.bytes / if kind == MaskKind::Bool { 1 } else { size }))?;
     let count = spec.batch_count();
     if count * spec.l * spec.s * spec.d == 0 {
         return Ok(());
@@ -408,11 +415,12 @@ pub fn attention_backward(
         (&spec.grad_out, bufs.grad_out, spec.l),
     ];
     let prepared = prepare(dev, (&spec.batch, spec.d, size), &views, mma, &mut temps)?;
-    let mut params =
-        backward_params(spec, [&prepared[0].0, &prepared[1].0, &prepared[2].0, &prepared[3].0], key_blocks);
+    let views = [&prepared[0].0, &prepared[1].0, &prepared[2].0, &prepared[3].0];
+    let mut params = backward_params(spec, views, key_blocks, bufs.mask.map(|(_, kind)| kind));
     let shared = variant.shared_bytes();
-    let f = kernel(dev, variant.name(), || variant.source(), shared)?.func;
-    let mut ptrs: [u64; 9] = [
+    let entry = variant.entry(bufs.mask.is_some());
+    let f = kernel(dev, entry.clone(), || variant.source(), shared)?.func;
+    let mut ptrs: [u64; 10] = [
         prepared[0].1,
         prepared[1].1,
         prepared[2].1,
@@ -422,18 +430,19 @@ pub fn attention_backward(
         bufs.dq.map_or(0, |b| b.ptr),
         bufs.dk.map_or(0, |b| b.ptr),
         bufs.dv.map_or(0, |b| b.ptr),
+        bufs.mask.map_or(0, |(m, _)| m.ptr),
     ];
     let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
     args.push((&mut params as *mut AttnBwdParams).cast());
     dev.bind()?;
-    // SAFETY: the arguments match the kernel's signature (nine device pointers, the unwanted
-    // gradients' null, and the parameter struct, laid out as in C) and live until the call
+    // SAFETY: the arguments match the kernel's signature (ten device pointers, the unwanted
+    // gradients' and an absent mask's null, and the parameter struct, laid out as in C) and live until the call
     // returns; every element the kernel touches was bounds-checked above (delta: the
     // temporary the delta kernel wrote before it on the stream); the kernel was allowed
     // `shared` bytes of dynamic shared memory; the temporaries go back to the stream-ordered
     // cache after this launch is enqueued.
     unsafe { drv::launch_kernel(f, grid, (variant.block(), 1, 1), shared, dev.cu_stream(), &mut args) }
-        .map_err(|e| driver_error(&format!("cuLaunchKernel({})", variant.name()), e))?;
+        .map_err(|e| driver_error(&format!("cuLaunchKernel({entry})"), e))?;
     drop(temps);
     drop(delta);
     Ok(())

@@ -62,21 +62,24 @@ fn forward_kernel(kernel: AttentionKernel, masked: bool) -> Emulated {
     }
 }
 
-fn backward_kernel(kernel: AttentionBackwardKernel) -> Emulated {
+fn backward_kernel(kernel: AttentionBackwardKernel, masked: bool) -> Emulated {
     let call = match kernel {
         AttentionBackwardKernel::Mma { .. } => {
             "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (const coil_u16 *)buf[3], \
-             (const float *)buf[4], (const float *)buf[5], (coil_u16 *)buf[6], (coil_u16 *)buf[7], (coil_u16 *)buf[8], p"
+             (const float *)buf[4], (const float *)buf[5], (coil_u16 *)buf[6], (coil_u16 *)buf[7], (coil_u16 *)buf[8], \
+             buf[9], p"
         }
         AttentionBackwardKernel::Simple { .. } => {
-            "buf[0], buf[1], buf[2], buf[3], (const float *)buf[4], (const float *)buf[5], buf[6], buf[7], buf[8], p"
+            "buf[0], buf[1], buf[2], buf[3], (const float *)buf[4], (const float *)buf[5], buf[6], buf[7], buf[8], \
+             buf[9], p"
         }
     };
     assert!(kernel.shared_bytes() as usize <= 96 * 1024, "the emulation's dynamic shared memory is 96 KiB");
+    let name = kernel.entry(masked);
     Emulated {
-        name: kernel.name(),
+        call: format!("{name}({call})"),
+        name,
         source: kernel.source(),
-        call: format!("{}({call})", kernel.name()),
         params: "CoilAttnBwdParams",
         block: kernel.block(),
     }
@@ -625,7 +628,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         ),
     ];
     for c in cases {
-        let emulated = backward_kernel(c.kernel);
+        let emulated = backward_kernel(c.kernel, false);
         let Some(exe) = builds.get(&emulated) else { return };
         let (dtype, size, d) = (c.dtype, c.dtype.size_bytes(), c.d);
         // The forward on the CPU: its output (GPT-2's: heads merged, `[B, L, H, D]`, for head
@@ -654,6 +657,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             d,
             causal: c.causal,
             scale: fwd.scale,
+            mask: None,
         };
         let mut want: Vec<Vec<u8>> =
             (0..3).map(|i| if c.wanted[i] { vec![0u8; lens[i] * size] } else { vec![] }).collect();
@@ -670,6 +674,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
                 lse: &lse,
                 out: &out,
                 grads: GradBuffers::separate(grad(wq), grad(wk), grad(wv)),
+                mask: None,
             };
             attention_backward_bytes(&spec, dtype, bufs).unwrap();
         }
@@ -677,9 +682,12 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let Some(delta) = emulated_delta(&mut builds, &spec, dtype, &out, &grad_out) else { return };
         let count = spec.batch_count();
         let (grid, key_blocks) = backward_grid(count, c.l, c.s, c.wanted[0], c.wanted[1] || c.wanted[2]);
-        let params = param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks));
+        let params =
+            param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks, None));
         let outputs = (0..3).map(|i| vec![0xffu8; want[i].len()]);
-        let buffers: Vec<Vec<u8>> = [q, k, v, grad_out, lse, delta].into_iter().chain(outputs).collect();
+        // No mask: the last pointer null.
+        let buffers: Vec<Vec<u8>> =
+            [q, k, v, grad_out, lse, delta].into_iter().chain(outputs).chain([vec![]]).collect();
         let runs = launch_runs(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
         for (got, lazy) in runs.iter().zip([false, true]) {
             for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
@@ -700,3 +708,6 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
 
 #[path = "attention_emulation_rules.rs"]
 mod rules;
+
+#[path = "attention_emulation_masked.rs"]
+mod masked;

@@ -270,7 +270,8 @@ fn backward_call(
     let [dq, dk, dv] = grads;
     let (dq, dk, dv) = (dq?, dk?, dv?);
     let (dqv, dkv, dvv) = (spec.dq.as_ref()?, spec.dk.as_ref()?, spec.dv.as_ref()?);
-    if !served(dev, dtype, &spec.batch, spec.l, spec.s, spec.d) {
+    // An explicit mask runs on coil's kernels, as the forward's does.
+    if spec.mask.is_some() || !served(dev, dtype, &spec.batch, spec.l, spec.s, spec.d) {
         return None;
     }
     let elem = dtype.size_bytes();

@@ -809,7 +809,8 @@ impl CudaCompiledGraph {
                 attention::attention(&self.device, &spec, dtype, bufs)
             }
             ExternCall::AttentionBackward(backward) => {
-                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, .. } = &**backward;
+                let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, mask, .. } =
+                    &**backward;
                 let spec = crate::cpu::attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
                 let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| operand(g.buffer));
@@ -823,6 +824,13 @@ impl CudaCompiledGraph {
                     dq: grad(dq),
                     dk: grad(dk),
                     dv: grad(dv),
+                    mask: match mask {
+                        Some(m) => Some((
+                            operand(m.buffer),
+                            MaskKind::of(p.buffer(m.buffer).meta.dtype, p.buffer(q.buffer).meta.dtype)?,
+                        )),
+                        None => None,
+                    },
                 };
                 attention::attention_backward(&self.device, &spec, p.buffer(q.buffer).meta.dtype, bufs)
             }
