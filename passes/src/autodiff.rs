@@ -26,7 +26,7 @@
 
 use crate::decompose::Builder;
 use coil_ir::op::{ConvForm, ConvGeometry};
-use coil_ir::{AttentionInput, BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
+use coil_ir::{AttentionDropout, AttentionInput, BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
 use indexmap::IndexMap;
 use std::f64::consts::{LN_2, PI};
 
@@ -271,7 +271,9 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             };
             vec![da, db]
         }
-        Op::Attention { causal, scale, mask: false } => attention(b, y, node, g, &wanted, *causal, *scale)?,
+        Op::Attention { causal, scale, mask: false, dropout } => {
+            attention(b, y, node, g, &wanted, *causal, *scale, *dropout)?
+        }
         Op::Conv { geometry, form } => conv(b, geometry, form, x, g, &wanted)?,
         op => {
             let e = Error::value(format!("no gradient rule for {op}: it is not a primitive the autodiff pass knows"));
@@ -286,7 +288,11 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
 /// The gradients of the attention template `y = attention(q, k, v)`, as templates too: the
 /// logsumexp of its scores (which the compile path computes in the forward call itself) and
 /// one [`Op::AttentionBackward`] per wanted operand, reading `y` too (the compile path computes
-/// them in one call, which computes `delta = sum(g * y, -1)` itself).
+/// them in one call, which computes `delta = sum(g * y, -1)` itself). With dropout, the
+/// gradients regenerate the forward's keep decisions (the same stream and offset): the
+/// logsumexp is the undropped softmax's, and `delta = sum(g * y, -1)` still equals
+/// `sum(P * dP, -1)` with `dP` the dropped `g @ v^T`.
+#[allow(clippy::too_many_arguments)] // the node, its gradient and attention's attributes
 fn attention(
     b: &mut Builder,
     y: NodeId,
@@ -295,6 +301,7 @@ fn attention(
     wanted: &[bool],
     causal: bool,
     scale: Option<f64>,
+    dropout: Option<AttentionDropout>,
 ) -> Result<Vec<Option<NodeId>>> {
     if !wanted.iter().any(|&w| w) {
         return Ok(vec![None; 3]);
@@ -305,7 +312,9 @@ fn attention(
     AttentionInput::ALL
         .iter()
         .map(|&input| {
-            side(b, wanted[input.index()], |b| b.push(Op::AttentionBackward { causal, scale, input }, &operands))
+            side(b, wanted[input.index()], |b| {
+                b.push(Op::AttentionBackward { causal, scale, input, dropout }, &operands)
+            })
         })
         .collect()
 }

@@ -3,6 +3,7 @@
 //! the cases are in `cases.rs` (shared with `tests/gpu.rs`).
 
 mod cases;
+mod dropout;
 
 use coil::{DType, Device, Tensor};
 

@@ -208,6 +208,8 @@ fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOption
     let metas: Vec<&TensorMeta> = node.inputs.iter().map(|&x| graph.meta(x)).collect();
     let kept = match node.op {
         Op::Attention { mask: false, .. } => true,
+        // Masked attention with dropout decomposes (the masked kernels draw no random numbers).
+        Op::Attention { mask: true, dropout: Some(_), .. } => false,
         Op::Attention { mask: true, .. } => {
             let structured = crate::attention::mask_rule_of(graph, node).is_some();
             !options.keep_detach && tensors && crate::attention::mask_supported(metas[0], metas[3], structured).is_ok()
@@ -300,11 +302,13 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
             nn::cross_entropy(b, x[0], x[1], weight, *ignore_index, *reduction, *label_smoothing)
         }
         Op::MseLoss { reduction } => nn::mse_loss(b, x[0], x[1], *reduction, meta.dtype),
-        Op::Attention { causal, scale, mask } => {
-            nn::attention(b, x[0], x[1], x[2], mask.then(|| x[3]), *causal, *scale)
+        Op::Attention { causal, scale, mask, dropout } => {
+            nn::attention(b, x[0], x[1], x[2], mask.then(|| x[3]), *causal, *scale, *dropout)
         }
         Op::AttentionLogsumexp { causal, scale } => nn::attention_logsumexp(b, x[0], x[1], *causal, *scale),
-        Op::AttentionBackward { causal, scale, input } => nn::attention_backward(b, &x, *causal, *scale, *input),
+        Op::AttentionBackward { causal, scale, input, dropout } => {
+            nn::attention_backward(b, &x, *causal, *scale, *input, *dropout)
+        }
         Op::Conv { geometry, form } => conv::conv(b, geometry, form, x[0], x[1]),
     }
 }

@@ -10,6 +10,7 @@
 //! rounded once to the dtype; operands are read, and gradients written, through their strides.
 
 use super::attention::{cast, cast_mut, check_views, dot, rows_of, write_rows, Real};
+use super::attention_dropout::DropoutDraw;
 use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
@@ -50,6 +51,9 @@ pub struct AttentionBackwardSpec {
     pub causal: bool,
     /// The factor on `q . k`.
     pub scale: f64,
+    /// The forward's dropout, bound to this run's random stream: the caller binds the call's
+    /// ([`DropoutDraw::of`]); the keep decisions are the forward's.
+    pub dropout: Option<DropoutDraw>,
 }
 
 impl AttentionBackwardSpec {
@@ -77,6 +81,7 @@ impl AttentionBackwardSpec {
             d: const_usize(d)?,
             causal: *causal,
             scale: *scale,
+            dropout: None,
         })
     }
 
@@ -220,11 +225,26 @@ fn deltas<T: Copy + Send + Sync, A: Real>(spec: &AttentionBackwardSpec, g: &[T],
 }
 
 impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
-    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values.
-    fn p_ds(&self, b: usize, i: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> (A, A) {
+    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values; with
+    /// dropout, `p` is the dropped probability (what `dv` takes) and `ds` takes the dropped
+    /// `g_i . v_j`.
+    #[allow(clippy::too_many_arguments)] // the position and the rows' values
+    fn p_ds(&self, b: usize, i: usize, j: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> (A, A) {
         let row = b * self.spec.l + i;
         let p = dot(qi, kj).mul(A::from_f64(self.spec.scale)).sub_exp(self.lse[row]);
-        (p, p.mul(dot(gi, vj).sub(self.delta[row])))
+        let dp = dot(gi, vj);
+        match &self.spec.dropout {
+            None => (p, p.mul(dp.sub(self.delta[row]))),
+            Some(draw) => {
+                let (kept, dp) = if draw.keeps((row * self.spec.s + j) as u64) {
+                    let scale = A::from_f64(draw.scale);
+                    (p.mul(scale), dp.mul(scale))
+                } else {
+                    (A::ZERO, A::ZERO)
+                };
+                (kept, p.mul(dp.sub(self.delta[row])))
+            }
+        }
     }
 
     /// dQ of rows `rows` of batch index `b`, `[rows, d]`.
@@ -247,7 +267,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
             let o = &mut out[r * d..(r + 1) * d];
             for j in 0..n {
                 let kj = &keys[j * d..(j + 1) * d];
-                let (_, ds) = self.p_ds(b, i, qi, gi, kj, &values[j * d..(j + 1) * d]);
+                let (_, ds) = self.p_ds(b, i, j, qi, gi, kj, &values[j * d..(j + 1) * d]);
                 o.iter_mut().zip(kj).for_each(|(x, &kc)| *x = x.mul_add(ds, kc));
             }
         }
@@ -277,7 +297,7 @@ impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
             for i in start..l {
                 let (qi, gi) =
                     (&queries[(i - first) * d..(i - first + 1) * d], &grads[(i - first) * d..(i - first + 1) * d]);
-                let (p, ds) = self.p_ds(b, i, qi, gi, kj, vj);
+                let (p, ds) = self.p_ds(b, i, j, qi, gi, kj, vj);
                 dv[r * d..(r + 1) * d].iter_mut().zip(gi).for_each(|(x, &gc)| *x = x.mul_add(p, gc));
                 dk[r * d..(r + 1) * d].iter_mut().zip(qi).for_each(|(x, &qc)| *x = x.mul_add(ds, qc));
             }

@@ -226,12 +226,13 @@ fn forward_spec(batch: &[usize], l: usize, s: usize, d: usize, causal: bool, hea
             mask,
             mask_rule,
             offset: 0,
+            dropout: None,
         }
     } else {
         let (q, k) = (contiguous(batch, l, d), contiguous(batch, s, d));
         let (v, out) = (k.clone(), q.clone());
         let (batch, mask, mask_rule) = (batch.to_vec(), None, None);
-        AttentionSpec { q, k, v, out, batch, l, s, d, causal, scale: 0.3, mask, mask_rule, offset: 0 }
+        AttentionSpec { q, k, v, out, batch, l, s, d, causal, scale: 0.3, mask, mask_rule, offset: 0, dropout: None }
     }
 }
 
@@ -654,6 +655,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             d,
             causal: c.causal,
             scale: fwd.scale,
+            dropout: None,
         };
         let mut want: Vec<Vec<u8>> =
             (0..3).map(|i| if c.wanted[i] { vec![0u8; lens[i] * size] } else { vec![] }).collect();
