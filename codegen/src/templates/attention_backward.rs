@@ -86,6 +86,8 @@ pub struct AttnBwdParams {
     pub causal: i32,
     /// Blocks of the grid's y dim computing dK and dV (the rest compute dQ).
     pub key_blocks: i32,
+    /// The forward's dropout, regenerated (threshold 0: none).
+    pub drop: super::attention::AttnDropout,
 }
 
 /// The kernel argument `CoilAttnDeltaParams` of [`AttentionDeltaKernel`], laid out as the C
@@ -270,8 +272,9 @@ mod tests {
 
     #[test]
     fn params_are_laid_out_as_the_c_struct() {
-        // Seven operands of five i64, then eight 4-byte fields: 312 bytes, 8-aligned.
-        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 312);
+        // Seven operands of five i64, then eight 4-byte fields (312 bytes), then the dropout.
+        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 336);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, drop), 312);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, heads), 280);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, scale), 296);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, key_blocks), 308);
