@@ -42,7 +42,9 @@ fn attr_numbers(op: &Op) -> Vec<i64> {
         Op::Slice { start, len, .. } => vec![*start as i64, *len as i64],
         Op::Pad { pads, .. } => pads.iter().flat_map(|&(a, b)| [a as i64, b as i64]).collect(),
         Op::Rand { offset, .. } | Op::Dropout { offset, .. } => vec![*offset as i64],
-        Op::Attention { dropout: Some(d), .. } | Op::AttentionBackward { dropout: Some(d), .. } => vec![d.offset as i64],
+        Op::Attention { dropout: Some(d), .. } | Op::AttentionBackward { dropout: Some(d), .. } => {
+            vec![d.offset as i64]
+        }
         Op::Full(Scalar::Float(x)) | Op::Scalar(Scalar::Float(x)) => integral(*x).into_iter().collect(),
         Op::Full(Scalar::Int(v)) | Op::Scalar(Scalar::Int(v)) => vec![*v],
         _ => vec![],

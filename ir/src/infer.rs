@@ -575,15 +575,13 @@ pub fn attention_stats_dtype(dtype: DType) -> DType {
     }
 }
 
-
 /// Attention's dropout probability is in `[0, 1)` (a graph holds it only when positive): 1
 /// would scale the kept weights by infinity, and PyTorch's SDPA refuses it too.
 fn check_attention_dropout(dropout: &Option<crate::op::AttentionDropout>) -> Result<()> {
     match dropout {
-        Some(d) if !(0.0..1.0).contains(&d.p) => Err(Error::value(format!(
-            "attention dropout probability has to be in [0, 1), but got {}",
-            d.p
-        ))),
+        Some(d) if !(0.0..1.0).contains(&d.p) => {
+            Err(Error::value(format!("attention dropout probability has to be in [0, 1), but got {}", d.p)))
+        }
         _ => Ok(()),
     }
 }

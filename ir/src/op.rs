@@ -615,9 +615,12 @@ impl Op {
         match self {
             Op::Rand { dist, .. } => Op::Rand { dist: *dist, stream, offset },
             Op::Dropout { p, .. } => Op::Dropout { p: *p, stream, offset },
-            Op::Attention { causal, scale, mask, dropout: Some(d) } => {
-                Op::Attention { causal: *causal, scale: *scale, mask: *mask, dropout: Some(d.with_stream(stream, offset)) }
-            }
+            Op::Attention { causal, scale, mask, dropout: Some(d) } => Op::Attention {
+                causal: *causal,
+                scale: *scale,
+                mask: *mask,
+                dropout: Some(d.with_stream(stream, offset)),
+            },
             op => op.clone(),
         }
     }

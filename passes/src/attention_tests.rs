@@ -408,7 +408,12 @@ fn only_the_wanted_gradients_are_computed() {
         p.nodes.iter().map(|n| &n.op).filter(|op| matches!(op, Op::AttentionBackward { .. })).collect();
     assert_eq!(
         backward,
-        [&Op::AttentionBackward { causal: false, scale: Some(0.5), input: coil_ir::AttentionInput::Value, dropout: None }]
+        [&Op::AttentionBackward {
+            causal: false,
+            scale: Some(0.5),
+            input: coil_ir::AttentionInput::Value,
+            dropout: None
+        }]
     );
     let program = lower(&p).unwrap();
     let text = calls(&program).join("\n");

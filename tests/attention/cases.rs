@@ -14,6 +14,9 @@ pub mod grad;
 #[path = "masked.rs"]
 pub mod masked;
 
+#[path = "dropout.rs"]
+pub mod dropout;
+
 /// How a case writes its attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Form {

@@ -3,7 +3,6 @@
 //! the cases are in `cases.rs` (shared with `tests/gpu.rs`).
 
 mod cases;
-mod dropout;
 
 use coil::{DType, Device, Tensor};
 
@@ -24,6 +23,26 @@ fn attention_gradients_through_the_templates_agree_on_the_cpu() {
 #[test]
 fn masked_attention_through_the_template_agrees_on_the_cpu() {
     cases::masked::check_masked_all(Device::Cpu);
+}
+
+/// Attention with dropout through the templates (forward and backward calls) agrees with the
+/// interpreter's decomposition `softmax -> Dropout -> @ v`, values and gradients (`dropout.rs`).
+#[test]
+fn dropout_attention_and_its_gradients_agree_with_the_interpreter_on_the_cpu() {
+    cases::dropout::check_dropout_grads(Device::Cpu);
+}
+
+/// The templates keep exactly the weights the decomposition keeps, `1 - p` of them, a new mask
+/// at every call of a compiled function; `p = 0` is attention without dropout.
+#[test]
+fn dropout_masks_match_the_decomposition_and_change_every_call_on_the_cpu() {
+    cases::dropout::check_dropout_masks(Device::Cpu);
+}
+
+/// A dropout probability outside `[0, 1)` is an error naming the op, shapes and line.
+#[test]
+fn dropout_probability_out_of_range_is_an_error() {
+    cases::dropout::check_dropout_errors();
 }
 
 /// Gradients through masked attention: the training graph decomposes it (the template has no

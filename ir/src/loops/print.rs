@@ -85,13 +85,9 @@ impl fmt::Display for ExternCall {
 /// ` dropout_p=0.1 dropout_stream=0 dropout_offset=64` of an attention call with dropout.
 fn write_dropout(f: &mut fmt::Formatter<'_>, dropout: &Option<crate::op::AttentionDropout>) -> fmt::Result {
     match dropout {
-        Some(d) => write!(
-            f,
-            " dropout_p={} dropout_stream={} dropout_offset={}",
-            Scalar::Float(d.p),
-            d.stream,
-            d.offset
-        ),
+        Some(d) => {
+            write!(f, " dropout_p={} dropout_stream={} dropout_offset={}", Scalar::Float(d.p), d.stream, d.offset)
+        }
         None => Ok(()),
     }
 }

@@ -3,7 +3,9 @@
 
 use super::{Attr, Located, Pos, Value};
 use crate::dtype::{DType, Scalar};
-use crate::op::{AttentionDropout, AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, Op, RandDist, ReduceOp, UnaryOp};
+use crate::op::{
+    AttentionDropout, AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, Op, RandDist, ReduceOp, UnaryOp,
+};
 
 /// The reductions, in the order of their printed names' lookup.
 pub(super) const REDUCE_OPS: [ReduceOp; 6] =
@@ -220,7 +222,11 @@ impl Attrs<'_> {
         if !self.items.iter().any(|a| a.key == "dropout_p") {
             return Ok(None);
         }
-        Ok(Some(AttentionDropout { p: self.float("dropout_p")?, stream: self.usize("stream")?, offset: self.int("offset")? }))
+        Ok(Some(AttentionDropout {
+            p: self.float("dropout_p")?,
+            stream: self.usize("stream")?,
+            offset: self.int("offset")?,
+        }))
     }
 
     /// `none`, or the value `read` takes.

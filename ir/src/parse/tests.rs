@@ -1,6 +1,8 @@
 use super::*;
 use crate::dtype::Scalar;
-use crate::op::{AttentionDropout, AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, RandDist, ReduceOp, UnaryOp};
+use crate::op::{
+    AttentionDropout, AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, RandDist, ReduceOp, UnaryOp,
+};
 
 /// The op of a printed node line, parsed as the graph parser parses one.
 fn parse_op(line: &str) -> std::result::Result<Op, String> {

@@ -411,7 +411,10 @@ fn attention_variants() {
         Op::Attention { causal: true, scale: None, mask: true, dropout: None },
         &[(q, BF16), (k, BF16), (v, BF16), (&[2, 1, 3, 5], BF16)],
     );
-    case(Op::Attention { causal: true, scale: None, mask: false, dropout: None }, &[(&[3, 8], F16), (&[5, 8], F16), (&[5, 8], F16)]);
+    case(
+        Op::Attention { causal: true, scale: None, mask: false, dropout: None },
+        &[(&[3, 8], F16), (&[5, 8], F16), (&[5, 8], F16)],
+    );
 }
 
 #[test]

@@ -78,8 +78,8 @@ pub(crate) fn template_groups(l: &Lowerer) -> (HashMap<NodeId, usize>, Vec<Vec<N
             Op::AttentionBackward { causal, scale, .. } => (true, node.inputs.clone(), causal, scale.map(f64::to_bits)),
             _ => continue,
         };
-        let found =
-            (0..groups.len()).find(|&i| keys[i] == key && groups[i].iter().all(|&m| !same_member(&g.node(m).op, &node.op)));
+        let found = (0..groups.len())
+            .find(|&i| keys[i] == key && groups[i].iter().all(|&m| !same_member(&g.node(m).op, &node.op)));
         let i = found.unwrap_or_else(|| {
             keys.push(key);
             groups.push(Vec::new());

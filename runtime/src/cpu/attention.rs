@@ -19,8 +19,8 @@
 //! `attention_backward`.
 
 pub use super::attention_block::KeyLimit;
-use super::attention_dropout::DropoutDraw;
 use super::attention_block::{self as block, Compute, Element, Isa, Shape, Source, Task, ROWS_PER_BLOCK};
+use super::attention_dropout::DropoutDraw;
 use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, ExternCall, MaskRule, StridedOperand};
 use coil_ir::{DType, Error, Result};

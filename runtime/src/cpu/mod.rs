@@ -330,9 +330,8 @@ impl CompiledGraph {
                         check_status(&LaunchName::of(&self.program, &self.schedule, i), &status)?;
                     }
                 }
-                Step::Extern(node) => {
-                    (self.run_extern(&inst, node, &ptrs, inputs, random)).map_err(|e| extern_error(&self.program, node, e))?
-                }
+                Step::Extern(node) => (self.run_extern(&inst, node, &ptrs, inputs, random))
+                    .map_err(|e| extern_error(&self.program, node, e))?,
             }
             if let Some(times) = times.as_deref_mut() {
                 times.push(start.elapsed().as_secs_f64() * 1e6);

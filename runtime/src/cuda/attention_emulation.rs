@@ -330,7 +330,12 @@ struct ForwardCase {
 /// both counter words take part).
 fn draw(p: f64) -> crate::cpu::attention_dropout::DropoutDraw {
     let threshold = coil_ir::philox::dropout_threshold(p);
-    crate::cpu::attention_dropout::DropoutDraw { seed: 0x1234_5678_9abc, start: (1 << 32) - 1000, threshold, scale: 1.0 / (1.0 - p) }
+    crate::cpu::attention_dropout::DropoutDraw {
+        seed: 0x1234_5678_9abc,
+        start: (1 << 32) - 1000,
+        threshold,
+        scale: 1.0 / (1.0 - p),
+    }
 }
 
 /// The mask's bytes and view for `spec`.

@@ -765,7 +765,14 @@ impl CudaCompiledGraph {
     /// Enqueues one extern node on the run's memory, at the run's sizes; `status`: its 4
     /// status words; `random`: the run's random streams (an attention's dropout draws from
     /// them: launch arguments, never compiled in).
-    fn run_extern(&self, inst: &Instance, node: usize, ptrs: &[u64], status: u64, random: &[RandomState]) -> Result<()> {
+    fn run_extern(
+        &self,
+        inst: &Instance,
+        node: usize,
+        ptrs: &[u64],
+        status: u64,
+        random: &[RandomState],
+    ) -> Result<()> {
         let p = &inst.program;
         let LoopKind::Extern { call, inputs: operands } = &p.nodes[node].kind else {
             unreachable!("checked in new_in")
