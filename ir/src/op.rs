@@ -609,8 +609,8 @@ impl Op {
         matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
     }
 
-    /// A random op ([`Op::Rand`], [`Op::Dropout`], attention with dropout) drawing from
-    /// `stream` at `offset`; any other op as it is.
+    /// A random op ([`Op::Rand`], [`Op::Dropout`], attention with dropout and its gradients)
+    /// drawing from `stream` at `offset`; any other op as it is.
     pub fn with_stream(&self, stream: usize, offset: u64) -> Op {
         match self {
             Op::Rand { dist, .. } => Op::Rand { dist: *dist, stream, offset },
@@ -621,7 +621,22 @@ impl Op {
                 mask: *mask,
                 dropout: Some(d.with_stream(stream, offset)),
             },
+            Op::AttentionBackward { causal, scale, input, dropout: Some(d) } => Op::AttentionBackward {
+                causal: *causal,
+                scale: *scale,
+                input: *input,
+                dropout: Some(d.with_stream(stream, offset)),
+            },
             op => op.clone(),
+        }
+    }
+
+    /// The random stream a random op draws from ([`Op::Rand`], [`Op::Dropout`], attention
+    /// with dropout; an attention backward with dropout draws the forward's numbers again).
+    pub fn random_stream(&self) -> Option<usize> {
+        match self {
+            Op::Rand { stream, .. } | Op::Dropout { stream, .. } => Some(*stream),
+            op => op.attention_dropout().map(|d| d.stream),
         }
     }
 

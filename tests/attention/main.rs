@@ -39,6 +39,21 @@ fn dropout_masks_match_the_decomposition_and_change_every_call_on_the_cpu() {
     cases::dropout::check_dropout_masks(Device::Cpu);
 }
 
+/// Attention with dropout in a compiled function whose sequence length is dynamic: one compile,
+/// and the interpreter's numbers at every length; with a dropout after it, static sizes (the
+/// second draw's offset is quadratic in the length) and the interpreter's numbers still.
+#[test]
+fn dropout_attention_with_a_dynamic_sequence_length() {
+    cases::dropout::check_dropout_dynamic(false);
+    cases::dropout::check_dropout_dynamic(true);
+}
+
+/// GPT-2 training with attention dropout: template calls both ways, the interpreter's numbers.
+#[test]
+fn gpt2_training_with_attention_dropout_keeps_the_templates() {
+    cases::dropout::check_gpt2_training_with_dropout();
+}
+
 /// A dropout probability outside `[0, 1)` is an error naming the op, shapes and line.
 #[test]
 fn dropout_probability_out_of_range_is_an_error() {
