@@ -631,23 +631,6 @@ impl Op {
         }
     }
 
-    /// The random stream a random op draws from ([`Op::Rand`], [`Op::Dropout`], attention
-    /// with dropout; an attention backward with dropout draws the forward's numbers again).
-    pub fn random_stream(&self) -> Option<usize> {
-        match self {
-            Op::Rand { stream, .. } | Op::Dropout { stream, .. } => Some(*stream),
-            op => op.attention_dropout().map(|d| d.stream),
-        }
-    }
-
-    /// The dropout of an attention op (forward or backward), if it has one.
-    pub fn attention_dropout(&self) -> Option<AttentionDropout> {
-        match self {
-            Op::Attention { dropout, .. } | Op::AttentionBackward { dropout, .. } => *dropout,
-            _ => None,
-        }
-    }
-
     /// Views: the output is the operand's data seen through a different index map.
     pub fn is_view(&self) -> bool {
         matches!(self, Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. } | Op::Slice { .. })
