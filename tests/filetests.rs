@@ -69,7 +69,6 @@ use coil_ir::dynamic::SymSizes;
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
 use coil_ir::loops::{LoopProgram, SizeSymbol};
 use coil_ir::sym::Expr;
-use coil_ir::Op;
 use coil_passes::{DecomposeOptions, RewriteOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -531,15 +530,7 @@ fn agree(got: &Buffer, want: &Buffer) -> Result<(), String> {
 fn compare_backends(graph: &Graph, seed: u64, ints: (i64, i64)) -> Result<usize, String> {
     let mut rng = Rng(seed | 1);
     let inputs: Vec<Buffer> = graph.inputs.iter().map(|&x| random_buffer(graph.meta(x), &mut rng, ints)).collect();
-    let streams = graph
-        .nodes
-        .iter()
-        .filter_map(|n| match n.op {
-            Op::Rand { stream, .. } | Op::Dropout { stream, .. } => Some(stream + 1),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0);
+    let streams = graph.nodes.iter().filter_map(|n| n.op.random_stream().map(|s| s + 1)).max().unwrap_or(0);
     let random: Vec<RandomState> = (0..streams as u64).map(|s| RandomState { seed: 1234 + s, offset: 0 }).collect();
     let refs: Vec<&Buffer> = inputs.iter().collect();
     let primitive = coil_passes::decompose(graph).map_err(|e| format!("decompose: {e}"))?;

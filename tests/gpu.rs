@@ -141,6 +141,18 @@ fn masked_attention_gradients_agree_on_cuda() {
     }
 }
 
+/// Attention with dropout on CUDA: the forward and backward kernels (tensor-core for bf16, the
+/// simple ones for f32) against the interpreter's decomposition, values and gradients; the
+/// kernels keep exactly the decomposition's weights; new masks at every call (`tests/attention/dropout.rs`).
+#[test]
+fn attention_dropout_templates_agree_with_the_interpreter_on_cuda() {
+    if let Some(device) = gpu() {
+        attention::dropout::check_dropout_grads(device);
+        attention::dropout::check_dropout_masks(device);
+        attention::dropout::check_dropout_errors();
+    }
+}
+
 /// GPT-2-sized attention gradients (bf16, B=2, H=4, T=1000 causal, D=64, and f16 T=777 not
 /// causal, D=128) on CUDA against the CPU's compiled templates. Where cuDNN loads, both
 /// shapes run through its fused attention engines forward and backward, each shape's engine

@@ -154,7 +154,9 @@ impl Differentiated {
                     // Every meta was inferred when the graph was built (and the weak form
                     // checked to infer the same): recording only links the nodes.
                     let location = node.location.unwrap_or(caller);
-                    Tensor::recorded(op.clone(), srcs.collect(), node.meta.clone(), device, location)
+                    // Attention with dropout and its gradients draw where the forward drew.
+                    let draw = op.attention_dropout().map(|d| random[d.stream].advanced(d.offset));
+                    Tensor::recorded_drawing(op.clone(), srcs.collect(), node.meta.clone(), device, location, draw)
                 }
             };
             tensors[id.0] = Some(t);

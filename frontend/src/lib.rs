@@ -41,7 +41,9 @@ pub use dynamo::{explain, set_stance, CompiledFn, ExplainReport, GraphBreak, Sta
 pub use inplace::{is_compiling, update_in_place, update_in_place_with};
 pub use ops::linalg::linear;
 pub use ops::movement::{cat, stack};
-pub use ops::nn::{embedding, scaled_dot_product_attention, CrossEntropyOptions, LossReduction};
+pub use ops::nn::{
+    embedding, scaled_dot_product_attention, scaled_dot_product_attention_dropout, CrossEntropyOptions, LossReduction,
+};
 pub use ops::pointwise::{pow, where_, IntoTensor};
 pub use realize::{
     backend, capture, realize, set_backend, set_cuda_graphs, set_eager_tier, synchronize, Backend, Captured,

@@ -504,7 +504,22 @@ impl Tensor {
         device: Device,
         location: &'static Location<'static>,
     ) -> Tensor {
-        Tensor(Arc::new(TensorNode::pending(op, srcs, meta, device, Some(location))))
+        Tensor::recorded_drawing(op, srcs, meta, device, location, None)
+    }
+
+    /// [`Tensor::recorded`] of a random op (attention with dropout, or its gradient, which
+    /// draws the forward's numbers again) whose numbers start at `draw`.
+    pub(crate) fn recorded_drawing(
+        op: Op,
+        srcs: Vec<Tensor>,
+        meta: TensorMeta,
+        device: Device,
+        location: &'static Location<'static>,
+        draw: Option<RandomState>,
+    ) -> Tensor {
+        let mut node = TensorNode::pending(op, srcs, meta, device, Some(location));
+        node.draw = draw;
+        Tensor(Arc::new(node))
     }
 
     /// [`Tensor::record`] of a random op (`dropout`) whose numbers start at `draw`.

@@ -42,6 +42,9 @@ fn attr_numbers(op: &Op) -> Vec<i64> {
         Op::Slice { start, len, .. } => vec![*start as i64, *len as i64],
         Op::Pad { pads, .. } => pads.iter().flat_map(|&(a, b)| [a as i64, b as i64]).collect(),
         Op::Rand { offset, .. } | Op::Dropout { offset, .. } => vec![*offset as i64],
+        Op::Attention { dropout: Some(d), .. } | Op::AttentionBackward { dropout: Some(d), .. } => {
+            vec![d.offset as i64]
+        }
         Op::Full(Scalar::Float(x)) | Op::Scalar(Scalar::Float(x)) => integral(*x).into_iter().collect(),
         Op::Full(Scalar::Int(v)) | Op::Scalar(Scalar::Int(v)) => vec![*v],
         _ => vec![],
@@ -68,6 +71,9 @@ pub fn with_sizes(op: &Op, numbers: &[i64]) -> Op {
         Op::Slice { start, len, .. } => (*start, *len) = (u(numbers[0]), u(numbers[1])),
         Op::Pad { pads, .. } => *pads = numbers.chunks(2).map(|p| (u(p[0]), u(p[1]))).collect(),
         Op::Rand { offset, .. } | Op::Dropout { offset, .. } => *offset = numbers[0] as u64,
+        Op::Attention { dropout: Some(d), .. } | Op::AttentionBackward { dropout: Some(d), .. } => {
+            d.offset = numbers[0] as u64
+        }
         Op::Full(Scalar::Float(x)) | Op::Scalar(Scalar::Float(x)) if !numbers.is_empty() => *x = numbers[0] as f64,
         Op::Full(Scalar::Int(v)) | Op::Scalar(Scalar::Int(v)) => *v = numbers[0],
         _ => {}
@@ -108,6 +114,8 @@ pub fn has_size_attrs(op: &Op) -> bool {
             | Op::Pad { .. }
             | Op::Rand { .. }
             | Op::Dropout { .. }
+            | Op::Attention { dropout: Some(_), .. }
+            | Op::AttentionBackward { dropout: Some(_), .. }
             | Op::Full(_)
             | Op::Scalar(_)
     )

@@ -504,8 +504,9 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             let shape = if *reduction == LossReduction::None { shape } else { vec![] };
             Ok(TensorMeta::new(shape, dtype))
         }
-        Op::Attention { mask, .. } => {
+        Op::Attention { mask, dropout, .. } => {
             arity(3 + *mask as usize)?;
+            check_attention_dropout(dropout)?;
             let (q, v) = (inputs[0].meta, inputs[2].meta);
             let batch = attention_batch(op, inputs)?;
             let r = q.rank();
@@ -526,8 +527,9 @@ fn infer_unchecked(op: &Op, inputs: &[Operand]) -> Result<TensorMeta> {
             shape.push(q.shape[q.rank() - 2]);
             Ok(TensorMeta::new(shape, attention_stats_dtype(q.dtype)))
         }
-        Op::AttentionBackward { input, mask, .. } => {
+        Op::AttentionBackward { input, mask, dropout, .. } => {
             arity(6 + *mask as usize)?;
+            check_attention_dropout(dropout)?;
             let (q, v) = (inputs[0].meta, inputs[2].meta);
             let batch = attention_batch(op, inputs)?;
             if *mask {
@@ -583,6 +585,17 @@ fn attention_mask(inputs: &[Operand], batch: &[usize], m: &TensorMeta) -> Result
         return Err(Error::dtype(format!("attention mask must be bool or {}, got {}", q.dtype, m.dtype)));
     }
     Ok(())
+}
+
+/// Attention's dropout probability is in `[0, 1)` (a graph holds it only when positive): 1
+/// would scale the kept weights by infinity, and PyTorch's SDPA refuses it too.
+fn check_attention_dropout(dropout: &Option<crate::op::AttentionDropout>) -> Result<()> {
+    match dropout {
+        Some(d) if !(0.0..1.0).contains(&d.p) => {
+            Err(Error::value(format!("attention dropout probability has to be in [0, 1), but got {}", d.p)))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks attention's operands q `[..., L, E]`, k `[..., S, E]`, v `[..., S, Ev]` (floating,

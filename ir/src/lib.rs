@@ -40,5 +40,5 @@ pub mod testing;
 pub use dtype::{DType, Scalar};
 pub use error::{Error, ErrorKind, Result};
 pub use graph::{Graph, Node, NodeId, Shape, TensorMeta};
-pub use op::{AttentionInput, BinaryOp, LossReduction, Op, RandDist, ReduceOp, UnaryOp};
+pub use op::{AttentionDropout, AttentionInput, BinaryOp, LossReduction, Op, RandDist, ReduceOp, UnaryOp};
 pub use philox::RandomState;

@@ -323,6 +323,11 @@ pub struct AttentionCall {
     /// A mask given by its rule instead of its elements (see [`MaskRule`]): nothing of the
     /// `[*batch, l, s]` mask is read or computed. Never with `causal` or `mask`.
     pub mask_rule: Option<MaskRule>,
+    /// Dropout on the probabilities ([`crate::op::AttentionDropout`]: its keep decision of
+    /// element `(b, row, key)` is `Dropout`'s of flat index `(b * l + row) * s + key`, `b`
+    /// row-major over `batch`). The stream's [`crate::RandomState`] is a run-time argument of
+    /// the call, never part of it.
+    pub dropout: Option<crate::op::AttentionDropout>,
 }
 
 /// A structured attention mask ([`AttentionCall::mask_rule`]): query row `r` keeps key `j`
@@ -431,6 +436,9 @@ pub struct AttentionBackwardCall {
     /// `[*batch, l, s]` mask as a view of its buffer (broadcast dims stride 0); bool (true
     /// keeps the key) or of the operands' dtype (added to the scaled scores).
     pub mask: Option<StridedOperand>,
+    /// The forward's dropout ([`AttentionCall::dropout`]): the same keep decisions,
+    /// regenerated from the run's random stream.
+    pub dropout: Option<crate::op::AttentionDropout>,
 }
 
 impl AttentionBackwardCall {
@@ -441,6 +449,16 @@ impl AttentionBackwardCall {
 }
 
 impl ExternCall {
+    /// The dropout of an attention call (forward or backward), if it has one: the call draws
+    /// from its stream.
+    pub fn dropout(&self) -> Option<crate::op::AttentionDropout> {
+        match self {
+            ExternCall::Attention(call) => call.dropout,
+            ExternCall::AttentionBackward(call) => call.dropout,
+            _ => None,
+        }
+    }
+
     /// What the printers call it: `bmm`, `attention`, `attention_backward`, `fallback`.
     pub fn kind_name(&self) -> &'static str {
         match self {
@@ -954,7 +972,11 @@ impl LoopProgram {
             ScalarOp::Rand { stream, .. } => Some(stream + 1),
             _ => None,
         });
-        streams.max().unwrap_or(0)
+        let calls = self.nodes.iter().filter_map(|n| match &n.kind {
+            LoopKind::Extern { call, .. } => call.dropout().map(|d| d.stream + 1),
+            _ => None,
+        });
+        streams.chain(calls).max().unwrap_or(0)
     }
 
     /// The hint value of every size symbol.

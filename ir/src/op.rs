@@ -24,8 +24,10 @@
 use crate::dtype::{DType, Scalar};
 use std::fmt::{self, Write};
 
+mod attention_dropout;
 mod conv;
 mod pointwise;
+pub use attention_dropout::AttentionDropout;
 pub use conv::{infer_conv, ConvForm, ConvGeometry};
 pub use pointwise::{BinaryOp, UnaryOp};
 
@@ -433,7 +435,8 @@ pub enum Op {
     /// `F.scaled_dot_product_attention(q, k, v, mask?)`. With `mask`, a fourth operand
     /// broadcastable to the scores `[*batch, L, S]`: bool (true keeps the key, false scores
     /// `-inf`) or of q's dtype (added to the scaled scores). A row whose every key is dropped
-    /// gives 0, as PyTorch's SDPA (its `_safe_softmax`).
+    /// gives 0, as PyTorch's SDPA (its `_safe_softmax`). With `dropout`, a random op: the
+    /// probabilities are dropped as [`AttentionDropout`] defines, before the product with v.
     Attention {
         /// Keys after the query's position are dropped (`is_causal`).
         causal: bool,
@@ -441,6 +444,8 @@ pub enum Op {
         scale: Option<f64>,
         /// Whether the mask operand is present.
         mask: bool,
+        /// Dropout on the probabilities (`dropout_p > 0`), drawing from a random stream.
+        dropout: Option<AttentionDropout>,
     },
     /// The row logsumexp of attention's scores, `logsumexp(scale * q @ k^T (causal: -inf where
     /// col > row) (masked), -1)`: `[*batch, L]`, f32 (f64 for f64 operands); `-inf` for a row
@@ -465,6 +470,8 @@ pub enum Op {
     /// masked, and in a row that keeps no key, whose logsumexp is `-inf`) and
     /// `dS = P * (grad_out @ v^T - delta)`: `dq = scale * dS @ k`, `dk = scale * dS^T @ q`,
     /// `dv = P^T @ grad_out`, in the operands' dtype. q, k and v have equal batch dims.
+    /// With `dropout` (the forward's), the same keep mask `Z` is regenerated:
+    /// `dv = (P * Z / (1 - p))^T @ grad_out` and `dS = P * ((grad_out @ v^T) * Z / (1 - p) - delta)`.
     AttentionBackward {
         /// Keys after the query's position are dropped (`is_causal`).
         causal: bool,
@@ -474,6 +481,8 @@ pub enum Op {
         input: AttentionInput,
         /// Whether the mask operand is present (the last operand; as [`Op::Attention`]'s).
         mask: bool,
+        /// The forward's dropout, whose keep decisions the gradient regenerates.
+        dropout: Option<AttentionDropout>,
     },
     /// A convolution over 1, 2 or 3 spatial dims, or one of its two gradients (`form`; see
     /// [`ConvForm`] for the operands). A template: the compile path keeps it whole where a
@@ -606,12 +615,25 @@ impl Op {
         matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
     }
 
-    /// A random op ([`Op::Rand`], [`Op::Dropout`]) drawing from `stream` at `offset`; any
-    /// other op as it is.
+    /// A random op ([`Op::Rand`], [`Op::Dropout`], attention with dropout and its gradients)
+    /// drawing from `stream` at `offset`; any other op as it is.
     pub fn with_stream(&self, stream: usize, offset: u64) -> Op {
         match self {
             Op::Rand { dist, .. } => Op::Rand { dist: *dist, stream, offset },
             Op::Dropout { p, .. } => Op::Dropout { p: *p, stream, offset },
+            Op::Attention { causal, scale, mask, dropout: Some(d) } => Op::Attention {
+                causal: *causal,
+                scale: *scale,
+                mask: *mask,
+                dropout: Some(d.with_stream(stream, offset)),
+            },
+            Op::AttentionBackward { causal, scale, input, mask, dropout: Some(d) } => Op::AttentionBackward {
+                causal: *causal,
+                scale: *scale,
+                input: *input,
+                mask: *mask,
+                dropout: Some(d.with_stream(stream, offset)),
+            },
             op => op.clone(),
         }
     }
@@ -632,6 +654,14 @@ impl Op {
         };
         fn opt<T: fmt::Display>(x: &Option<T>) -> String {
             x.as_ref().map_or("none".into(), |v| v.to_string())
+        }
+        // Attention's dropout, only when it has one (`dropout_p=0.1, stream=0, offset=64`).
+        fn put_dropout(put: &mut impl FnMut(&str, String), dropout: &Option<AttentionDropout>) {
+            if let Some(d) = dropout {
+                put("dropout_p", Scalar::Float(d.p).to_string());
+                put("stream", d.stream.to_string());
+                put("offset", d.offset.to_string());
+            }
         }
         match self {
             Op::Input { index } => put("index", index.to_string()),
@@ -717,21 +747,23 @@ impl Op {
                 put("weight", weight.to_string());
             }
             Op::MseLoss { reduction } => put("reduction", reduction.name().into()),
-            Op::Attention { causal, scale, mask } => {
+            Op::Attention { causal, scale, mask, dropout } => {
                 put("causal", causal.to_string());
                 put("scale", opt(&scale.map(Scalar::Float)));
                 put("mask", mask.to_string());
+                put_dropout(&mut put, dropout);
             }
             Op::AttentionLogsumexp { causal, scale, mask } => {
                 put("causal", causal.to_string());
                 put("scale", opt(&scale.map(Scalar::Float)));
                 put("mask", mask.to_string());
             }
-            Op::AttentionBackward { causal, scale, input, mask } => {
+            Op::AttentionBackward { causal, scale, input, mask, dropout } => {
                 put("causal", causal.to_string());
                 put("scale", opt(&scale.map(Scalar::Float)));
                 put("input", input.name().into());
                 put("mask", mask.to_string());
+                put_dropout(&mut put, dropout);
             }
             Op::Conv { geometry, form } => {
                 put("stride", format!("{:?}", geometry.stride));

@@ -119,6 +119,29 @@ pub fn uniform(seed: u64, index: u64) -> f64 {
     (words(seed, index)[0] >> 8) as f64 * TWO_POW_M24
 }
 
+/// The keep threshold of dropout with probability `p` on the 24-bit uniform grid: element
+/// `index` is kept iff `words(seed, index)[0] >> 8 >= dropout_threshold(p)`
+/// ([`dropout_keeps`]). This is `uniform >= p` compared in f32, as [`crate::Op::Dropout`]'s
+/// decomposition compares (its uniform numbers are f32 and `p` is rounded to f32): the
+/// uniform number `u = n * 2^-24` is exact in f32, so `u >= f32(p)` iff
+/// `n >= ceil(f32(p) * 2^24)`. Kernels compare the integers.
+///
+/// ```
+/// use coil_ir::philox::dropout_threshold;
+/// assert_eq!(dropout_threshold(0.5), 1 << 23);
+/// assert_eq!(dropout_threshold(0.0), 0);
+/// assert_eq!(dropout_threshold(0.1), 1677722);
+/// ```
+pub fn dropout_threshold(p: f64) -> u32 {
+    ((p as f32) as f64 * 16_777_216.0).ceil().clamp(0.0, 16_777_216.0) as u32
+}
+
+/// Whether dropout keeps element `index` (= `offset + i`, wrapping) of the stream `seed`,
+/// `threshold` being [`dropout_threshold`] of its probability.
+pub fn dropout_keeps(seed: u64, index: u64, threshold: u32) -> bool {
+    words(seed, index)[0] >> 8 >= threshold
+}
+
 /// Standard normal for element `index` (= `offset + i`, wrapping) of the stream `seed`, by
 /// Box–Muller on the first two words: `sqrt(-2 ln u1) * cos(2 pi u2)` with
 /// `u1 = ((w0 >> 8) + 1) * 2^-24` (never 0, so the log is finite) and `u2 = (w1 >> 8) * 2^-24`.
@@ -178,6 +201,21 @@ mod tests {
         assert!(mean.abs() < 0.016, "mean {mean}");
         assert!((var - 1.0).abs() < 0.025, "var {var}");
         assert!((0..n).all(|i| normal(1234, i).is_finite()));
+    }
+
+    #[test]
+    fn dropout_threshold_is_the_f32_comparison() {
+        for p in [0.1, 0.25, 0.3, 0.5, 0.7, 0.9, 1e-3, 0.123456789, 0.999] {
+            let t = dropout_threshold(p);
+            for i in 0..20_000u64 {
+                let u = uniform(11, i) as f32;
+                assert_eq!(dropout_keeps(11, i, t), u >= p as f32, "p {p} element {i}");
+            }
+            // Near the threshold on the grid itself.
+            for n in t.saturating_sub(2)..t + 2 {
+                assert_eq!(n >= t, (n as f64 / 16_777_216.0) as f32 >= p as f32, "p {p} n {n}");
+            }
+        }
     }
 
     #[test]

@@ -197,7 +197,7 @@ pub fn fuse_attention(graph: &Graph) -> Graph {
         let inputs: Vec<NodeId> =
             operands(NodeId(i)).iter().map(|x| new_id[x.0].expect("operands come first")).collect();
         let op = match root_of.get(&NodeId(i)) {
-            Some(m) => Op::Attention { causal: m.causal, scale: Some(m.scale), mask: false },
+            Some(m) => Op::Attention { causal: m.causal, scale: Some(m.scale), mask: false, dropout: None },
             None => node.op.clone(),
         };
         // Node indices shift here: decomposition's origins are the captured graph's.

@@ -180,7 +180,7 @@ fn a_prefill_mask_lowers_to_the_rule_and_is_never_computed() {
     let (mask, pos) = llama_mask(&mut c, LLAMA);
     let q = c.input(&[1, 2, 48, 16], DType::F32);
     let kv = c.input(&[1, 2, 40, 16], DType::F32);
-    let y = c.op(Op::Attention { causal: false, scale: None, mask: true }, &[q, kv, kv, mask]);
+    let y = c.op(Op::Attention { causal: false, scale: None, mask: true, dropout: None }, &[q, kv, kv, mask]);
     let g = c.out(&[y]);
     let options =
         DecomposeOptions { fused_attention: true, keep_detach: false, half_products: false, conv_template: false };
@@ -211,7 +211,7 @@ fn a_prefill_mask_lowers_to_the_rule_and_is_never_computed() {
     let q = c.input(&[1, 2, 48, 16], DType::F32);
     let kv = c.input(&[1, 2, 40, 16], DType::F32);
     let mask = c.input(&[48, 40], DType::Bool);
-    let y = c.op(Op::Attention { causal: false, scale: None, mask: true }, &[q, kv, kv, mask]);
+    let y = c.op(Op::Attention { causal: false, scale: None, mask: true, dropout: None }, &[q, kv, kv, mask]);
     let primitive = decompose_with(&c.out(&[y]), &options).unwrap();
     assert!(!primitive.nodes.iter().any(|n| matches!(n.op, Op::Attention { .. })), "{primitive}");
 }

@@ -255,7 +255,7 @@ fn the_compile_path_keeps_the_template_and_the_reference_decomposes_it() {
     // A user's scaled_dot_product_attention with an unsupported head dim is decomposed.
     let mut c = Capture::new();
     let q = c.input(&[2, 3, 5, 12], DType::F32);
-    let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, q, q]);
+    let y = c.op(Op::Attention { causal: true, scale: None, mask: false, dropout: None }, &[q, q, q]);
     c.g.outputs.push(y);
     let p = decompose_with(
         &c.g,
@@ -402,7 +402,7 @@ fn only_the_wanted_gradients_are_computed() {
     let mut c = Capture::new();
     let (q, k, v) =
         (c.input(&[2, 7, 16], DType::F32), c.input(&[2, 9, 16], DType::F32), c.input(&[2, 9, 16], DType::F32));
-    let y = c.op(Op::Attention { causal: false, scale: Some(0.5), mask: false }, &[q, k, v]);
+    let y = c.op(Op::Attention { causal: false, scale: Some(0.5), mask: false, dropout: None }, &[q, k, v]);
     let p = differentiated(&c.out(&[y]), &[2]);
     let backward: Vec<&Op> =
         p.nodes.iter().map(|n| &n.op).filter(|op| matches!(op, Op::AttentionBackward { .. })).collect();
@@ -412,7 +412,8 @@ fn only_the_wanted_gradients_are_computed() {
             causal: false,
             scale: Some(0.5),
             input: coil_ir::AttentionInput::Value,
-            mask: false
+            mask: false,
+            dropout: None,
         }]
     );
     let program = lower(&p).unwrap();
@@ -429,7 +430,7 @@ fn the_gradient_decomposition_expands_the_backward_templates() {
     // decomposed to be differentiated expands them (and keeps the forward template).
     let mut c = Capture::new();
     let q = c.input(&[2, 3, 5, 8], DType::F32);
-    let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, q, q]);
+    let y = c.op(Op::Attention { causal: true, scale: None, mask: false, dropout: None }, &[q, q, q]);
     let p = differentiated(&c.out(&[y]), &[0]);
     let again = decompose_with(&p, &GRADIENTS).unwrap();
     assert_eq!(count(&again, |op| matches!(op, Op::Attention { .. })), 1, "{again}");
@@ -461,7 +462,8 @@ fn masked(mask_meta: TensorMeta) -> Graph {
     let k = g.input(TensorMeta::new(vec![2, 2, 24, 16], DType::F32));
     let v = g.input(TensorMeta::new(vec![2, 2, 24, 16], DType::F32));
     let m = g.input(mask_meta);
-    let y = g.push(Op::Attention { causal: false, scale: None, mask: true }, &[q, k, v, m], None).unwrap();
+    let y =
+        g.push(Op::Attention { causal: false, scale: None, mask: true, dropout: None }, &[q, k, v, m], None).unwrap();
     g.outputs.push(y);
     g
 }

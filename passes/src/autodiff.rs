@@ -26,7 +26,7 @@
 
 use crate::decompose::Builder;
 use coil_ir::op::{ConvForm, ConvGeometry};
-use coil_ir::{AttentionInput, BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
+use coil_ir::{AttentionDropout, AttentionInput, BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
 use indexmap::IndexMap;
 use std::f64::consts::{LN_2, PI};
 
@@ -271,7 +271,9 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
             };
             vec![da, db]
         }
-        Op::Attention { causal, scale, mask } => attention(b, y, node, g, &wanted, *causal, *scale, *mask)?,
+        Op::Attention { causal, scale, mask, dropout } => {
+            attention(b, y, node, g, &wanted, *causal, *scale, *mask, *dropout)?
+        }
         Op::Conv { geometry, form } => conv(b, geometry, form, x, g, &wanted)?,
         op => {
             let e = Error::value(format!("no gradient rule for {op}: it is not a primitive the autodiff pass knows"));
@@ -289,8 +291,12 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
 /// them in one call, which computes `delta = sum(g * y, -1)` itself), and the mask, if any. A
 /// bool mask has no gradient. Where the gradient of an added mask is wanted (a learned bias),
 /// the templates have none to give: every gradient of that attention is the decomposition's
-/// instead ([`masked::decomposed`]: the scores are written, as without the template).
-#[allow(clippy::too_many_arguments)]
+/// instead ([`masked::decomposed`]: the scores are written, as without the template); so are
+/// those of masked attention with dropout, which the templates do not compute. With dropout,
+/// the gradients regenerate the forward's keep decisions (the same stream and offset): the
+/// logsumexp is the undropped softmax's, and `delta = sum(g * y, -1)` still equals
+/// `sum(P * dP, -1)` with `dP` the dropped `g @ v^T`.
+#[allow(clippy::too_many_arguments)] // the node, its gradient and attention's attributes
 fn attention(
     b: &mut Builder,
     y: NodeId,
@@ -300,11 +306,12 @@ fn attention(
     causal: bool,
     scale: Option<f64>,
     mask: bool,
+    dropout: Option<AttentionDropout>,
 ) -> Result<Vec<Option<NodeId>>> {
     if !wanted.iter().any(|&w| w) {
         return Ok(vec![None; node.inputs.len()]);
     }
-    if mask && wanted[3] {
+    if mask && (wanted[3] || dropout.is_some()) {
         return masked::decomposed(b, node, g, wanted);
     }
     let forward = &node.inputs;
@@ -314,7 +321,9 @@ fn attention(
     let mut grads: Vec<Option<NodeId>> = AttentionInput::ALL
         .iter()
         .map(|&input| {
-            side(b, wanted[input.index()], |b| b.push(Op::AttentionBackward { causal, scale, input, mask }, &operands))
+            side(b, wanted[input.index()], |b| {
+                b.push(Op::AttentionBackward { causal, scale, input, mask, dropout }, &operands)
+            })
         })
         .collect::<Result<_>>()?;
     grads.resize(forward.len(), None);

@@ -42,6 +42,7 @@ fn main() {
             mask: None,
             mask_rule: None,
             offset: 0,
+            dropout: None,
         };
         let mut seed = 1u64;
         let mut next = move || {

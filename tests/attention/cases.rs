@@ -14,6 +14,8 @@ pub mod grad;
 #[path = "masked.rs"]
 pub mod masked;
 
+#[path = "dropout.rs"]
+pub mod dropout;
 #[path = "masked_grad.rs"]
 pub mod masked_grad;
 

@@ -25,6 +25,41 @@ fn masked_attention_through_the_template_agrees_on_the_cpu() {
     cases::masked::check_masked_all(Device::Cpu);
 }
 
+/// Attention with dropout through the templates (forward and backward calls) agrees with the
+/// interpreter's decomposition `softmax -> Dropout -> @ v`, values and gradients (`dropout.rs`).
+#[test]
+fn dropout_attention_and_its_gradients_agree_with_the_interpreter_on_the_cpu() {
+    cases::dropout::check_dropout_grads(Device::Cpu);
+}
+
+/// The templates keep exactly the weights the decomposition keeps, `1 - p` of them, a new mask
+/// at every call of a compiled function; `p = 0` is attention without dropout.
+#[test]
+fn dropout_masks_match_the_decomposition_and_change_every_call_on_the_cpu() {
+    cases::dropout::check_dropout_masks(Device::Cpu);
+}
+
+/// Attention with dropout in a compiled function whose sequence length is dynamic: one compile,
+/// and the interpreter's numbers at every length; with a dropout after it, static sizes (the
+/// second draw's offset is quadratic in the length) and the interpreter's numbers still.
+#[test]
+fn dropout_attention_with_a_dynamic_sequence_length() {
+    cases::dropout::check_dropout_dynamic(false);
+    cases::dropout::check_dropout_dynamic(true);
+}
+
+/// GPT-2 training with attention dropout: template calls both ways, the interpreter's numbers.
+#[test]
+fn gpt2_training_with_attention_dropout_keeps_the_templates() {
+    cases::dropout::check_gpt2_training_with_dropout();
+}
+
+/// A dropout probability outside `[0, 1)` is an error naming the op, shapes and line.
+#[test]
+fn dropout_probability_out_of_range_is_an_error() {
+    cases::dropout::check_dropout_errors();
+}
+
 /// Gradients through masked attention are templates too: one forward and one backward call
 /// reading the mask in place (bool or added, broadcast, any number of rows, rows that keep no
 /// key), agreeing with the interpreter; a learned bias's gradient takes the decomposition

@@ -49,7 +49,8 @@ typedef unsigned long long uint64_t;
 #define COIL_SYM_FN COIL_D
 "#;
 
-const COMMON: &str = r#"
+const COMMON: &str = concat!(
+    r#"
 #define COIL_PI 3.14159265358979323846
 template <typename T> COIL_D bool coil_isnan(T x) { return x != x; }
 template <typename T> COIL_D bool coil_isinf(T x) { return x == (T)INFINITY || x == -(T)INFINITY; }
@@ -135,23 +136,9 @@ COIL_D uint16_t coil_f32_to_bf16(float f) {
 COIL_D float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to_f16(f)); }
 COIL_D float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_to_bf16(f)); }
 
-/* ---- Philox 4x32-10, exactly as coil_ir::philox ------------------------------------------- */
-COIL_D void coil_philox(uint64_t seed, uint64_t index, uint32_t w[4]) {
-    uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-#pragma unroll
-    for (int r = 0; r < 10; r++) {
-        if (r > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1;
-        c3 = (uint32_t)p0;
-        c0 = n0;
-        c2 = n2;
-    }
-    w[0] = c0; w[1] = c1; w[2] = c2; w[3] = c3;
-}
-COIL_D double coil_rand_uniform(uint64_t seed, uint64_t index) {
+"#,
+    include_str!("../templates/philox.cuh"),
+    r#"COIL_D double coil_rand_uniform(uint64_t seed, uint64_t index) {
     uint32_t w[4];
     coil_philox(seed, index, w);
     return (double)(w[0] >> 8) * 5.9604644775390625e-8;
@@ -163,7 +150,8 @@ COIL_D double coil_rand_normal(uint64_t seed, uint64_t index) {
     double u2 = (double)(w[1] >> 8) * 5.9604644775390625e-8;
     return sqrt(-2.0 * log(u1)) * cos(2.0 * COIL_PI * u2);
 }
-"#;
+"#
+);
 
 /// The C prelude's float helpers, for `float` (`_f32`) and `double` (`_f64`).
 const FLOAT_TEMPLATE: &str = r#"

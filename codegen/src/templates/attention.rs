@@ -65,8 +65,18 @@ use coil_ir::target::{GpuTarget, TensorCores};
 use coil_ir::{DType, Error, Result};
 
 /// What the forward and backward kernels share: the templates' 16-bit conversions
-/// ([`HALF_SOURCE`](super::HALF_SOURCE)), then helpers, the operand struct, the PTX wrappers.
-pub const COMMON_SOURCE: &str = concat!(include_str!("half.cuh"), "\n", include_str!("attention_common.cuh"));
+/// ([`HALF_SOURCE`](super::HALF_SOURCE)), then helpers, the operand struct, the PTX wrappers,
+/// Philox (`philox.cuh`, the generated kernels' own, `coil_ir::philox`) and the dropout of the
+/// weights (`attention_dropout.cuh`).
+pub const COMMON_SOURCE: &str = concat!(
+    include_str!("half.cuh"),
+    "\n",
+    include_str!("attention_common.cuh"),
+    "\n",
+    include_str!("philox.cuh"),
+    "\n",
+    include_str!("attention_dropout.cuh")
+);
 
 /// The forward kernels.
 pub const FORWARD_SOURCE: &str = include_str!("attention_forward.cu");
@@ -150,6 +160,39 @@ pub struct AttnParams {
     pub period: i32,
     /// The diagonal's constant, added to the offset (when the call has one).
     pub diag_const: i64,
+    /// Dropout on the weights (threshold 0: none).
+    pub drop: AttnDropout,
+}
+
+/// The kernel argument `CoilAttnDropout` (in [`AttnParams`] and the backward's parameters),
+/// laid out as the C struct: dropout on the attention weights as one run draws it (see
+/// `attention_dropout.cuh`; the numbers are the run's, never compiled into the kernels).
+///
+/// ```
+/// use coil_codegen::templates::attention::AttnDropout;
+/// let d = AttnDropout::new(7, 110, coil_ir::philox::dropout_threshold(0.5), 2.0);
+/// assert_eq!((d.threshold, d.scale), (1 << 23, 2.0));
+/// assert_eq!(AttnDropout::default().threshold, 0); // no dropout
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttnDropout {
+    /// The stream's Philox key.
+    pub seed: u64,
+    /// The counter of weight 0: the stream's offset plus the op's.
+    pub start: u64,
+    /// Kept iff the top 24 bits of Philox word 0 reach it; 0: no dropout.
+    pub threshold: u32,
+    /// `1 / (1 - p)`, on kept weights.
+    pub scale: f32,
+}
+
+impl AttnDropout {
+    /// The argument for key `seed`, counter of weight 0 `start`, keep `threshold`
+    /// ([`coil_ir::philox::dropout_threshold`]) and factor `scale` on kept weights.
+    pub fn new(seed: u64, start: u64, threshold: u32, scale: f64) -> AttnDropout {
+        AttnDropout { seed, start, threshold, scale: scale as f32 }
+    }
 }
 
 /// What an attention mask holds.
@@ -489,9 +532,12 @@ mod tests {
 
     #[test]
     fn params_are_laid_out_as_the_c_struct() {
-        // Five operands of five i64, then ten 4-byte fields, then an i64: 248 bytes.
+        // Five operands of five i64, then ten 4-byte fields, then an i64, then the dropout
+        // (two u64, two 4-byte fields): 272 bytes.
         assert_eq!(std::mem::size_of::<AttnOperand>(), 40);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 248);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 272);
+        assert_eq!(std::mem::size_of::<AttnDropout>(), 24);
+        assert_eq!(std::mem::offset_of!(AttnParams, drop), 248);
         assert_eq!(std::mem::offset_of!(AttnParams, mask), 160);
         assert_eq!(std::mem::offset_of!(AttnParams, heads), 200);
         assert_eq!(std::mem::offset_of!(AttnParams, diagonal), 220);

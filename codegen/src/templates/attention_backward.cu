@@ -21,6 +21,7 @@ struct CoilAttnBwdParams {
     int key_blocks;   /* blocks (of the grid's y dim) computing dK and dV; the rest compute dQ */
     CoilAttnOperand mask; /* element (b, h, row, key) of the explicit mask; broadcast dims have stride 0 */
     int mask_kind;        /* 0 none; 1 bool (a byte per element, nonzero keeps); 2 added, of the operands' dtype */
+    CoilAttnDropout drop; /* the forward's dropout, regenerated (threshold 0: none) */
 };
 
 /* The rows of statistics (lse in log2 units, delta) the backward reads, per batch index. */
@@ -101,6 +102,23 @@ extern __shared__ coil_chunk coil_dynamic_shared[];
    in them (the next block's copies overlap this block's products). Wider heads keep all four
    tiles and read the fragments again at each step (registers). */
 template <int DP> struct CoilHold { static constexpr bool value = DP <= 64; };
+
+/* The dropout keep decisions of a thread's transposed fragments (dK, dV blocks): bit j * 4 + e
+   for weight (row `row` + j * 8 + (e & 1), key `key` + (e >> 1) * 8); rows and keys past the
+   ends count as kept (their weights are 0). */
+COIL_D coil_u32 coil_drop_bits_t(const CoilAttnBwdParams &p, int row, int key) {
+    coil_u32 bits = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row + j * 8 + (e & 1), c = key + (e >> 1) * 8;
+            const bool kept = r >= p.l || c >= p.s || coil_drop_keeps(p.drop, coil_drop_index(p.l, p.s, r, c));
+            bits |= (coil_u32)kept << (j * 4 + e);
+        }
+    }
+    return bits;
+}
 
 /* dK and dV of 64 keys (warp w: keys 16w .. 16w + 15), by the transposed products: the warp
    holds S^T and dP^T (16 keys x 64 query rows) as accumulators, which are A fragments of the
@@ -203,14 +221,30 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
                 st[j][e] = x;
             }
         }
-        coil_mma_ab<DP, BF16>(dv_acc, st, sdo); /* dV += P^T dO */
+        /* With dropout: which of this thread's 32 weights the forward kept (bit j * 4 + e), and
+           dV += (P Z / (1 - p))^T dO. */
+        const coil_u32 kept = p.drop.threshold ? coil_drop_bits_t(p, row0 + 2 * t, key0 + warp * 16 + g) : ~0u;
+        if (p.drop.threshold) {
+            float pt[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pt[j][e] = ((kept >> (j * 4 + e)) & 1u) != 0 ? st[j][e] * p.drop.scale : 0.f;
+            }
+            coil_mma_ab<DP, BF16>(dv_acc, pt, sdo);
+        } else {
+            coil_mma_ab<DP, BF16>(dv_acc, st, sdo); /* dV += P^T dO */
+        }
         /* dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place. */
         if constexpr (!HOLD) coil_a_frags<DP>(smem + 3 * TILE, warp * 16, af);
         coil_mma_abt<DP, BF16>(dpt, HOLD ? vf : af, sdo);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - s_delta[j * 8 + 2 * t + (e & 1)]);
+            for (int e = 0; e < 4; ++e) {
+                const float dp = p.drop.threshold ? (((kept >> (j * 4 + e)) & 1u) != 0 ? dpt[j][e] * p.drop.scale : 0.f) : dpt[j][e];
+                dpt[j][e] = st[j][e] * (dp - s_delta[j * 8 + 2 * t + (e & 1)]);
+            }
         }
         coil_mma_ab<DP, BF16>(dk_acc, dpt, sq); /* dK += dS^T Q (scaled at the end) */
         __syncthreads(); /* every warp is done with these tiles and the statistics */
@@ -313,7 +347,11 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
                         pj = coil_masked_p(s[j][e] * p.scale_log2, mt, lse2[e >> 1]);
                     }
                 }
-                s[j][e] = pj * (dp[j][e] - dl[e >> 1]);
+                const int key = key0 + j * 8 + 2 * t + (e & 1), row = first + g + (e >> 1) * 8;
+                const float dpd = p.drop.threshold && row < p.l && key < p.s
+                                      ? coil_dropped(p.drop, coil_drop_index(p.l, p.s, row, key), dp[j][e])
+                                      : dp[j][e];
+                s[j][e] = pj * (dpd - dl[e >> 1]);
             }
         }
         coil_mma_ab<DP, BF16>(dq_acc, s, sk); /* dQ += dS K (scaled at the end) */
@@ -388,10 +426,14 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
                     x += sa[j][c] * kr[c];
                     dp += sb[j][c] * vr[c];
                 }
-                const float pj = coil_exp2(x * p.scale_log2 + mt - s_lse[j]), ds = pj * (dp - s_delta[j]);
+                const float pj = coil_exp2(x * p.scale_log2 + mt - s_lse[j]);
+                /* With dropout: the kept weight and dO . v scaled, the dropped ones 0. */
+                const bool kept = !p.drop.threshold || coil_drop_keeps(p.drop, coil_drop_index(p.l, p.s, row, key));
+                const float factor = p.drop.threshold ? (kept ? p.drop.scale : 0.f) : 1.f;
+                const float ds = pj * (dp * factor - s_delta[j]), pd = pj * factor;
 #pragma unroll
                 for (int c = 0; c < DP; ++c) {
-                    dv_acc[c] += pj * sb[j][c];
+                    dv_acc[c] += pd * sb[j][c];
                     dk_acc[c] += ds * sa[j][c];
                 }
             }
@@ -438,7 +480,8 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
                     x += qr[c] * sa[j][c];
                     dp += gr[c] * sb[j][c];
                 }
-                const float ds = coil_exp2(x * p.scale_log2 + mt - lse2) * (dp - dl);
+                const float dpd = coil_dropped(p.drop, coil_drop_index(p.l, p.s, row, key), dp);
+                const float ds = coil_exp2(x * p.scale_log2 + mt - lse2) * (dpd - dl);
 #pragma unroll
                 for (int c = 0; c < DP; ++c) dq_acc[c] += ds * sa[j][c];
             }

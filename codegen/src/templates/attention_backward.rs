@@ -98,6 +98,8 @@ pub struct AttnBwdParams {
     pub mask: AttnOperand,
     /// The mask's kind (`MaskKind::code`): 0 none, 1 bool, 2 added.
     pub mask_kind: i32,
+    /// The forward's dropout, regenerated (threshold 0: none).
+    pub drop: super::attention::AttnDropout,
 }
 
 /// The kernel argument `CoilAttnDeltaParams` of [`AttentionDeltaKernel`], laid out as the C
@@ -299,8 +301,9 @@ mod tests {
     #[test]
     fn params_are_laid_out_as_the_c_struct() {
         // Seven operands of five i64, then eight 4-byte fields (312 bytes), the mask's operand
-        // and its kind: 356 bytes, padded to 360.
-        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 360);
+        // and its kind (356 bytes, padded to 360), then the dropout.
+        assert_eq!(std::mem::size_of::<AttnBwdParams>(), 384);
+        assert_eq!(std::mem::offset_of!(AttnBwdParams, drop), 360);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, heads), 280);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, scale), 296);
         assert_eq!(std::mem::offset_of!(AttnBwdParams, key_blocks), 308);

@@ -3,6 +3,10 @@
 #define COIL_NEG_INF (-__int_as_float(0x7f800000))
 #define COIL_LOG2E 1.4426950408889634f
 #define COIL_LN2 0.6931471805599453f
+#ifndef COIL_EMULATED
+typedef unsigned int uint32_t; /* Philox's words (philox.cuh); the emulation has <cstdint> */
+typedef unsigned long long uint64_t;
+#endif
 
 /* One operand: element (b, h, row, col) is at offset + b*outer + h*inner + row*row + col*col. */
 struct CoilAttnOperand { long long offset, outer, inner, row, col; };

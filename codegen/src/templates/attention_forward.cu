@@ -13,6 +13,7 @@ struct CoilAttnParams {
     int splits;           /* split kernels: splits per batch index (gridDim.y) */
     int period;           /* the diagonal's row term: r % period, or r (0) */
     long long diag_const; /* the diagonal's base: diag_const + *diag_offset (the kernels' argument, or null) */
+    CoilAttnDropout drop; /* dropout on the weights (threshold 0: none) */
 };
 
 /* The diagonal rule: row r sees keys j <= base + (period ? r % period : r). Causal attention is
@@ -109,6 +110,20 @@ COIL_D void coil_split_store(void *o, float *lse, float *part, const CoilAttnPar
         float *stats = coil_part_stats(part, p, bx, blockIdx.y) + row * 2;
         stats[0] = mx;
         stats[1] = total;
+    }
+}
+
+/* Dropout of a warp's probability fragments s[j][e] (row `row` + (e >> 1) * 8, key `key` +
+   j * 8 + (e & 1): this thread's of the m16n8 layout) in place; rows and keys past the ends
+   are left (their weights are 0). */
+template <int JT> COIL_D void coil_drop_fragments(const CoilAttnParams &p, float (*s)[4], int row, int key) {
+#pragma unroll
+    for (int j = 0; j < JT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row + (e >> 1) * 8, c = key + j * 8 + (e & 1);
+            if (r < p.l && c < p.s) s[j][e] = coil_dropped(p.drop, coil_drop_index(p.l, p.s, r, c), s[j][e]);
+        }
     }
 }
 
@@ -228,6 +243,8 @@ COIL_D void coil_attention_mma(const coil_u16 *__restrict__ q, const coil_u16 *_
                 acc[n][2 * r + 1] *= alpha;
             }
         }
+        /* Dropout on the weights (after the sums took them whole): P of O += P V only. */
+        if (p.drop.threshold) coil_drop_fragments<JT>(p, s, row0 + wrow + g, key0 + wkey + 2 * t);
 
         coil_cp_async_wait<1>(); /* this thread's V copies landed (the next K's may not have) */
         __syncthreads();         /* ... and every thread's */
@@ -354,8 +371,10 @@ COIL_D void coil_attention_simple(const void *q, const void *k, const void *v, v
         for (int c = 0; c < DP; ++c) acc[c] *= alpha;
 #pragma unroll
         for (int j = 0; j < KEYS; ++j) {
-            const float pj = coil_exp2(sc[j] - base);
+            float pj = coil_exp2(sc[j] - base);
             row_sum += pj;
+            if (p.drop.threshold && row < p.l && key0 + j < p.s)
+                pj = coil_dropped(p.drop, coil_drop_index(p.l, p.s, row, key0 + j), pj);
 #pragma unroll
             for (int c = 0; c < DP; ++c) acc[c] += pj * sv[j][c];
         }
@@ -429,8 +448,10 @@ COIL_D void coil_attention_simple_split(const void *q, const void *k, const void
 #pragma unroll
         for (int c = 0; c < CPT; ++c) acc[c] *= alpha;
         for (int j = 0; j < KEYS; ++j) {
-            const float pj = coil_exp2(sc[row][j] - base);
+            float pj = coil_exp2(sc[row][j] - base);
             row_sum += pj;
+            if (p.drop.threshold && row < p.l && key0 + j < p.s)
+                pj = coil_dropped(p.drop, coil_drop_index(p.l, p.s, row, key0 + j), pj);
 #pragma unroll
             for (int c = 0; c < CPT; ++c) acc[c] += pj * sv[j][lane8 + 8 * c];
         }

@@ -209,24 +209,52 @@ pub fn resolve(graph: &Graph, dims: &[(usize, usize)]) -> Result<DynamicSpec, St
 /// where an earlier draw of its stream ends starts at that end's expression (a second dropout
 /// after the first's `16*s0` numbers), any other at its constant offset. Each expression is
 /// its offset at the hints; at other sizes the guard ([`DynamicSpec::bind`]) checks it.
+/// Attention with dropout draws one number per probability (`[*batch, L, S]`); the gradient
+/// of an attention with dropout regenerates the draw that starts at its offset.
 fn random_offsets(graph: &Graph, sizes: &mut SymSizes) {
     let mut draws: Vec<(usize, u64, usize)> = (graph.nodes.iter().enumerate())
         .filter_map(|(i, n)| match n.op {
             Op::Rand { stream, offset, .. } | Op::Dropout { stream, offset, .. } => Some((stream, offset, i)),
+            Op::Attention { dropout: Some(d), .. } => Some((d.stream, d.offset, i)),
             _ => None,
         })
         .collect();
     draws.sort_unstable();
     // (stream, counter, its expression) where some draw ends
     let mut ends: Vec<(usize, u64, Expr)> = Vec::new();
+    // (stream, counter, its expression) where some draw starts
+    let mut starts: Vec<(usize, u64, Expr)> = Vec::new();
     for (stream, offset, i) in draws {
         let at = ends.iter().find(|(s, v, _)| (*s, *v) == (stream, offset)).map(|e| e.2);
         let start = at.unwrap_or_else(|| Expr::int(offset as i64));
         let rank = graph.nodes[i].meta.rank();
         sizes.nodes[i][rank] = start;
-        let numel: Expr = sizes.nodes[i][..rank].iter().copied().product();
-        ends.push((stream, offset + graph.nodes[i].meta.numel() as u64, start + numel));
+        let (numel, count) = drawn(graph, sizes, i);
+        starts.push((stream, offset, start));
+        ends.push((stream, offset + count, start + numel));
     }
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if let Op::AttentionBackward { dropout: Some(d), .. } = node.op {
+            if let Some(&(_, _, start)) = starts.iter().find(|(s, v, _)| (*s, *v) == (d.stream, d.offset)) {
+                sizes.nodes[i][node.meta.rank()] = start;
+            }
+        }
+    }
+}
+
+/// How many numbers random node `i` draws: as an expression of the symbols, and at the hints.
+/// An attention draws one per probability, `[*batch, L]` of its output times `S` of its keys.
+fn drawn(graph: &Graph, sizes: &SymSizes, i: usize) -> (Expr, u64) {
+    let node = &graph.nodes[i];
+    let rank = node.meta.rank();
+    if let Op::Attention { .. } = node.op {
+        let k = node.inputs[1].0;
+        let s_dim = graph.nodes[k].meta.rank() - 2;
+        let numel: Expr = sizes.nodes[i][..rank - 1].iter().copied().product::<Expr>() * sizes.nodes[k][s_dim];
+        let count = node.meta.shape[..rank - 1].iter().product::<usize>() * graph.nodes[k].meta.shape[s_dim];
+        return (numel, count as u64);
+    }
+    (sizes.nodes[i][..rank].iter().copied().product(), node.meta.numel() as u64)
 }
 
 /// A node's size attributes as expressions, from its operands' symbolic shapes (see the

@@ -419,18 +419,89 @@ pub fn scaled_dot_product_attention(
     causal: bool,
     scale: Option<f64>,
 ) -> Result<Tensor> {
-    let loc = Location::caller();
+    attention_at(q, k, v, mask, 0.0, causal, scale, Location::caller())
+}
+
+/// `F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)`:
+/// [`scaled_dot_product_attention`] with dropout on the attention weights, as PyTorch's:
+/// after the softmax each weight is dropped with probability `dropout_p` and the kept ones
+/// are scaled by `1 / (1 - dropout_p)`, then `@ v`. `dropout_p` must be in `[0, 1)`; 0 is
+/// attention without dropout. The keep decisions are those of [`Tensor::dropout`] on the
+/// `[..., L, S]` weights (the same random numbers, counter for counter), drawn from the
+/// thread's random stream, so a compiled function draws new ones at every call without
+/// recompiling. Compiled, attention with dropout stays one template call forward and one
+/// backward (the weights are never written to memory; the backward draws the same mask
+/// again); with an explicit mask it takes the decomposition.
+///
+/// ```
+/// use coil_frontend::{ops::nn::scaled_dot_product_attention_dropout, Tensor};
+/// use coil_ir::DType;
+/// let q = Tensor::ones(&[2, 4, 8], DType::F32);
+/// let k = Tensor::ones(&[2, 6, 8], DType::F32);
+/// let v = Tensor::ones(&[2, 6, 3], DType::F32);
+/// let y = scaled_dot_product_attention_dropout(&q, &k, &v, None, 0.1, true, None)?;
+/// assert_eq!(y.shape(), &[2, 4, 3]);
+/// assert!(scaled_dot_product_attention_dropout(&q, &k, &v, None, 1.0, true, None).is_err());
+/// # Ok::<(), coil_ir::Error>(())
+/// ```
+#[track_caller]
+pub fn scaled_dot_product_attention_dropout(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    dropout_p: f64,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    attention_at(q, k, v, mask, dropout_p, causal, scale, Location::caller())
+}
+
+/// Both attention functions, called from `loc`.
+#[allow(clippy::too_many_arguments)] // attention's operands and attributes
+fn attention_at(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    dropout_p: f64,
+    causal: bool,
+    scale: Option<f64>,
+    loc: &'static Location<'static>,
+) -> Result<Tensor> {
     let mut srcs = vec![q, k, v];
     srcs.extend(mask);
+    let name = "scaled_dot_product_attention";
     if mask.is_some() && causal {
         return Err(Tensor::error(
-            "scaled_dot_product_attention",
+            name,
             &srcs,
             Error::value("an explicit attention mask should not be set when causal is true"),
             loc,
         ));
     }
-    Tensor::record(Op::Attention { causal, scale, mask: mask.is_some() }, &srcs, loc)
+    if !(0.0..1.0).contains(&dropout_p) {
+        let e = Error::value(format!("dropout_p has to be in [0, 1), but got {dropout_p}"));
+        return Err(Tensor::error(name, &srcs, e, loc));
+    }
+    if dropout_p == 0.0 {
+        return Tensor::record(Op::Attention { causal, scale, mask: mask.is_some(), dropout: None }, &srcs, loc);
+    }
+    // One number per weight of the `[*batch, L, S]` probabilities (checked shapes: a bad call
+    // fails in `record_drawing` with its own message, having drawn nothing that matters).
+    let (qs, ks) = (q.shape(), k.shape());
+    let (r, rk) = (qs.len(), ks.len());
+    let probabilities = if r >= 2 && rk >= 2 {
+        let batch = coil_ir::infer::broadcast_shapes(&qs[..r - 2], &ks[..rk - 2])
+            .and_then(|b| coil_ir::infer::broadcast_shapes(&b, &v.shape()[..v.shape().len().max(2) - 2]))
+            .unwrap_or_default();
+        batch.iter().product::<usize>() * qs[r - 2] * ks[rk - 2]
+    } else {
+        0
+    };
+    let draw = next_random(probabilities);
+    let dropout = Some(coil_ir::AttentionDropout { p: dropout_p, stream: 0, offset: 0 });
+    Tensor::record_drawing(Op::Attention { causal, scale, mask: mask.is_some(), dropout }, &srcs, Some(draw), loc)
 }
 
 #[cfg(test)]
@@ -554,7 +625,16 @@ mod tests {
         let (q, k, v) = (zeros(&[2, 4, 8]), zeros(&[2, 6, 8]), zeros(&[2, 6, 3]));
         let y = scaled_dot_product_attention(&q, &k, &v, None, true, Some(0.5)).unwrap();
         assert_eq!(y.shape(), &[2, 4, 3]);
-        assert_eq!(y.0.op, Op::Attention { causal: true, scale: Some(0.5), mask: false });
+        assert_eq!(y.0.op, Op::Attention { causal: true, scale: Some(0.5), mask: false, dropout: None });
+        let y = scaled_dot_product_attention_dropout(&q, &k, &v, None, 0.25, true, None).unwrap();
+        assert!(matches!(y.0.op, Op::Attention { dropout: Some(d), .. } if d.p == 0.25));
+        for p in [1.0, -0.1, f64::NAN] {
+            let e = assert_err(
+                scaled_dot_product_attention_dropout(&q, &k, &v, None, p, false, None),
+                "scaled_dot_product_attention",
+            );
+            assert!(e.to_string().contains("dropout_p") && e.to_string().contains("f32[2, 4, 8]"), "{e}");
+        }
         let mask = Tensor::zeros(&[4, 6], DType::Bool);
         let y = scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, None).unwrap();
         assert_eq!(y.0.srcs(&crate::history::read()).len(), 4);

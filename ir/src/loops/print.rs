@@ -23,7 +23,7 @@ impl fmt::Display for ExternCall {
                 write!(f, "bmm{epilogue} batch={} m={m} n={n} k={k}", exprs(batch))
             }
             ExternCall::Attention(call) => {
-                let AttentionCall { out, batch, l, s, d, causal, scale, mask, mask_rule, .. } = &**call;
+                let AttentionCall { out, batch, l, s, d, causal, scale, mask, mask_rule, dropout, .. } = &**call;
                 let causal = if *causal { " causal" } else { "" };
                 write!(
                     f,
@@ -44,10 +44,10 @@ impl fmt::Display for ExternCall {
                 if let Some(rule) = mask_rule {
                     write!(f, " mask_rule={rule}")?;
                 }
-                Ok(())
+                write_dropout(f, dropout)
             }
             ExternCall::AttentionBackward(call) => {
-                let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, mask, .. } = &**call;
+                let AttentionBackwardCall { dq, dk, dv, batch, l, s, d, causal, scale, mask, dropout, .. } = &**call;
                 let causal = if *causal { " causal" } else { "" };
                 let grads: Vec<&str> =
                     [(dq, "q"), (dk, "k"), (dv, "v")].iter().filter(|(g, _)| g.is_some()).map(|(_, n)| *n).collect();
@@ -64,7 +64,8 @@ impl fmt::Display for ExternCall {
                         write_layout(f, name, g, &dims)?;
                     }
                 }
-                write_mask(f, mask)
+                write_mask(f, mask)?;
+                write_dropout(f, dropout)
             }
             ExternCall::Fallback { op } => write!(f, "fallback {op}"),
             ExternCall::Conv(call) => {
@@ -79,6 +80,16 @@ impl fmt::Display for ExternCall {
                 Ok(())
             }
         }
+    }
+}
+
+/// ` dropout_p=0.1 dropout_stream=0 dropout_offset=64` of an attention call with dropout.
+fn write_dropout(f: &mut fmt::Formatter<'_>, dropout: &Option<crate::op::AttentionDropout>) -> fmt::Result {
+    match dropout {
+        Some(d) => {
+            write!(f, " dropout_p={} dropout_stream={} dropout_offset={}", Scalar::Float(d.p), d.stream, d.offset)
+        }
+        None => Ok(()),
     }
 }
 

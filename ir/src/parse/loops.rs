@@ -113,6 +113,8 @@ struct Header {
     exprs: HashMap<String, Expr>,
     lists: HashMap<String, Vec<Expr>>,
     scale: Option<f64>,
+    /// `dropout_p=`: an attention call's dropout probability.
+    dropout_p: Option<f64>,
     /// `mask_rule=key<=offset+C+row%P`: whether there is an offset buffer, C and P.
     mask_rule: Option<(bool, i64, Option<usize>)>,
 }
@@ -594,14 +596,15 @@ impl ProgramParser<'_> {
                 continue;
             }
             match key.as_str() {
-                "scale" => {
+                "scale" | "dropout_p" => {
                     let (value, pos) = h.value()?;
-                    header.scale = Some(match &value {
+                    let number = match &value {
                         super::Value::Num(s) => {
                             s.parse().map_err(|_| (pos, format!("expected a number, found `{s}`")))?
                         }
                         _ => return Err((pos, format!("expected a number, found `{value}`"))),
-                    });
+                    };
+                    *(if key == "scale" { &mut header.scale } else { &mut header.dropout_p }) = Some(number);
                 }
                 "grads" => {
                     h.value()?;
@@ -730,6 +733,17 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
             let (l, s, d) = (size("l")?, size("s")?, size("d")?);
             let scale = h.scale.ok_or((pos, "the header needs `scale=`".to_string()))?;
             let causal = h.flags.iter().any(|f| f == "causal");
+            let dropout = match h.dropout_p {
+                Some(p) => {
+                    let mut number = |key: &str| {
+                        size(key)?.const_value().ok_or((pos, format!("`{key}=` must be an integer constant")))
+                    };
+                    let (stream, offset) = (number("dropout_stream")?, number("dropout_offset")?);
+                    let stream = usize::try_from(stream).map_err(|_| (pos, "a negative dropout stream".to_string()))?;
+                    Some(crate::op::AttentionDropout { p, stream, offset: offset as u64 })
+                }
+                None => None,
+            };
             let nb = batch.len();
             let (q, k, v) = (
                 strided(need(take("q"), "q")?, nb)?,
@@ -764,6 +778,7 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                     scale,
                     mask,
                     mask_rule,
+                    dropout,
                 }))
             } else {
                 let grad_out = strided(need(take("grad_out"), "grad_out")?, nb)?;
@@ -790,6 +805,7 @@ fn build_call(mut h: Header, mut operands: HashMap<String, (Operand, Pos)>, pos:
                     causal,
                     scale,
                     mask,
+                    dropout,
                 }))
             }
         }

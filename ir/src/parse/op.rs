@@ -3,7 +3,9 @@
 
 use super::{Attr, Located, Pos, Value};
 use crate::dtype::{DType, Scalar};
-use crate::op::{AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, Op, RandDist, ReduceOp, UnaryOp};
+use crate::op::{
+    AttentionDropout, AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, Op, RandDist, ReduceOp, UnaryOp,
+};
 
 /// The reductions, in the order of their printed names' lookup.
 pub(super) const REDUCE_OPS: [ReduceOp; 6] =
@@ -95,6 +97,7 @@ pub(super) fn build(name: &str, pos: Pos, attrs: Vec<Attr>) -> Result<Op, Locate
             causal: a.bool("causal")?,
             scale: a.optional("scale", Attrs::float)?,
             mask: a.bool("mask")?,
+            dropout: a.dropout()?,
         },
         "attention_logsumexp" => Op::AttentionLogsumexp {
             causal: a.bool("causal")?,
@@ -106,6 +109,7 @@ pub(super) fn build(name: &str, pos: Pos, attrs: Vec<Attr>) -> Result<Op, Locate
             scale: a.optional("scale", Attrs::float)?,
             input: AttentionInput::ALL[a.choice("input", &AttentionInput::ALL.map(AttentionInput::name))?],
             mask: a.bool("mask")?,
+            dropout: a.dropout()?,
         },
         "convolution" | "convolution_backward_data" | "convolution_backward_weight" => {
             let geometry = ConvGeometry {
@@ -214,6 +218,18 @@ impl Attrs<'_> {
     fn scalar(&mut self, key: &str) -> Result<Scalar, Located> {
         let (v, p) = self.take(key)?;
         scalar_of(&v).ok_or_else(|| self.bad(key, p, "a scalar (a bool, an integer or a float)", &v))
+    }
+
+    /// Attention's dropout: `dropout_p=.., stream=.., offset=..` when `dropout_p` is given.
+    fn dropout(&mut self) -> Result<Option<AttentionDropout>, Located> {
+        if !self.items.iter().any(|a| a.key == "dropout_p") {
+            return Ok(None);
+        }
+        Ok(Some(AttentionDropout {
+            p: self.float("dropout_p")?,
+            stream: self.usize("stream")?,
+            offset: self.int("offset")?,
+        }))
     }
 
     /// `none`, or the value `read` takes.

@@ -1,6 +1,8 @@
 use super::*;
 use crate::dtype::Scalar;
-use crate::op::{AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, RandDist, ReduceOp, UnaryOp};
+use crate::op::{
+    AttentionDropout, AttentionInput, BinaryOp, ConvForm, ConvGeometry, LossReduction, RandDist, ReduceOp, UnaryOp,
+};
 
 /// The op of a printed node line, parsed as the graph parser parses one.
 fn parse_op(line: &str) -> std::result::Result<Op, String> {
@@ -134,8 +136,14 @@ fn examples() -> Vec<Op> {
         Op::CrossEntropy { ignore_index: -100, reduction: LossReduction::Mean, label_smoothing: 0.1, weight: true },
         Op::MseLoss { reduction: LossReduction::None },
         Op::MseLoss { reduction: LossReduction::Sum },
-        Op::Attention { causal: true, scale: None, mask: false },
-        Op::Attention { causal: false, scale: Some(0.125), mask: true },
+        Op::Attention { causal: true, scale: None, mask: false, dropout: None },
+        Op::Attention { causal: false, scale: Some(0.125), mask: true, dropout: None },
+        Op::Attention {
+            causal: true,
+            scale: None,
+            mask: false,
+            dropout: Some(AttentionDropout { p: 0.1, stream: 1, offset: 4096 }),
+        },
         Op::AttentionLogsumexp { causal: true, scale: Some(0.5), mask: false },
         Op::AttentionLogsumexp { causal: false, scale: None, mask: true },
         Op::Conv { geometry: geometry.clone(), form: ConvForm::Forward },
@@ -151,8 +159,10 @@ fn examples() -> Vec<Op> {
         ops.push(Op::Scatter { dim: 0, reduce: Some(reduce) });
     }
     for input in AttentionInput::ALL {
-        ops.push(Op::AttentionBackward { causal: false, scale: None, input, mask: false });
-        ops.push(Op::AttentionBackward { causal: true, scale: Some(0.25), input, mask: true });
+        ops.push(Op::AttentionBackward { causal: false, scale: None, input, mask: false, dropout: None });
+        ops.push(Op::AttentionBackward { causal: true, scale: Some(0.25), input, mask: true, dropout: None });
+        let dropout = Some(AttentionDropout { p: 0.5, stream: 0, offset: 7 });
+        ops.push(Op::AttentionBackward { causal: true, scale: Some(0.25), input, mask: false, dropout });
     }
     ops
 }

@@ -178,6 +178,7 @@ fn sample_program() -> LoopProgram {
         mask: Some(view(mm, e(2), &[e(0), e(4), e(1)])),
         // Not a call lowering makes (a rule with a mask and `causal`): every field at once.
         mask_rule: Some(full_mask_rule()),
+        dropout: Some(crate::op::AttentionDropout { p: 0.1, stream: 1, offset: 96 }),
     }));
     let att = add(&mut p, &["buf3", "buf3_lse"], vec![e(1), e(4), e(4)], attention, vec![mm, mm, mm, mm]);
     let backward = ExternCall::AttentionBackward(Box::new(AttentionBackwardCall {
@@ -197,6 +198,7 @@ fn sample_program() -> LoopProgram {
         causal: false,
         scale: 0.125,
         mask: Some(view(mm, e(2), &[e(0), e(4), e(1)])),
+        dropout: Some(crate::op::AttentionDropout { p: 0.1, stream: 1, offset: 96 }),
     }));
     add(&mut p, &["buf4", "buf4_dv"], vec![e(1), e(4), e(4)], backward, vec![att, att + 1, mm]);
     let fallback = ExternCall::Fallback { op: Op::Cumsum { dim: 1 } };

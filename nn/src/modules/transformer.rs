@@ -5,7 +5,7 @@
 use crate::modules::layers::{Dropout, Layout, Linear};
 use crate::param::{Init, Mode, Path};
 use crate::Module;
-use coil_frontend::{scaled_dot_product_attention, Tensor};
+use coil_frontend::{scaled_dot_product_attention, scaled_dot_product_attention_dropout, Tensor};
 use coil_ir::{DType, Error, Result};
 use coil_runtime::Device;
 
@@ -124,11 +124,9 @@ impl Module for CausalSelfAttention {
             None => (q, k),
         };
         let (k, v) = (repeat_kv(&k, h / hkv)?, repeat_kv(&v, h / hkv)?);
-        let y = if self.attn_dropout > 0.0 && self.mode.training() {
-            attention_with_dropout(&q, &k, &v, self.attn_dropout)?
-        } else {
-            scaled_dot_product_attention(&q, &k, &v, None, true, None)?
-        };
+        // Dropout on the attention weights in training only (one template call either way).
+        let p = if self.mode.training() { self.attn_dropout } else { 0.0 };
+        let y = scaled_dot_product_attention_dropout(&q, &k, &v, None, p, true, None)?;
         let y = y.transpose(1, 2)?.reshape(&[b, t, c as i64])?;
         self.resid_dropout.forward(&self.out.forward(&y)?)
     }
@@ -141,16 +139,6 @@ fn repeat_kv(x: &Tensor, n_rep: i64) -> Result<Tensor> {
     }
     let s: Vec<i64> = x.shape().iter().map(|&n| n as i64).collect();
     x.unsqueeze(2)?.expand(&[s[0], s[1], n_rep, s[2], s[3]])?.reshape(&[s[0], s[1] * n_rep, s[2], s[3]])
-}
-
-/// Causal attention with dropout on the probabilities, written out (the attention template
-/// has no dropout yet), softmax in f32 as the template computes it.
-fn attention_with_dropout(q: &Tensor, k: &Tensor, v: &Tensor, p: f64) -> Result<Tensor> {
-    let (t, d) = (q.shape()[2], q.shape()[3]);
-    let scores = q.matmul(&k.transpose(-2, -1)?)?.to_dtype(DType::F32)?.mul(1.0 / (d as f64).sqrt())?;
-    let keep = Tensor::ones(&[t, t], DType::Bool).to_device(q.device())?.tril(0)?;
-    let probs = coil_frontend::where_(&keep, &scores, f64::NEG_INFINITY)?.softmax(-1)?;
-    probs.dropout(p, true)?.to_dtype(v.dtype())?.matmul(v)
 }
 
 /// GPT-2's MLP: `c_proj(gelu_tanh(c_fc(x)))` with Conv1D-layout projections `c_fc` `[C, 4C]`

@@ -210,6 +210,8 @@ fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOption
     let metas: Vec<&TensorMeta> = node.inputs.iter().map(|&x| graph.meta(x)).collect();
     let kept = match node.op {
         Op::Attention { mask: false, .. } => true,
+        // Masked attention with dropout decomposes (the masked kernels draw no random numbers).
+        Op::Attention { mask: true, dropout: Some(_), .. } => false,
         Op::Attention { mask: true, .. } => {
             let any_rows = options.keep_detach
                 || crate::attention::mask_rule_of(graph, node).is_some()
@@ -310,14 +312,14 @@ pub fn decompose_node(b: &mut Builder, op: &Op, args: &[Arg], meta: &TensorMeta)
             nn::cross_entropy(b, x[0], x[1], weight, *ignore_index, *reduction, *label_smoothing)
         }
         Op::MseLoss { reduction } => nn::mse_loss(b, x[0], x[1], *reduction, meta.dtype),
-        Op::Attention { causal, scale, mask } => {
-            nn::attention(b, x[0], x[1], x[2], mask.then(|| x[3]), *causal, *scale)
+        Op::Attention { causal, scale, mask, dropout } => {
+            nn::attention(b, x[0], x[1], x[2], mask.then(|| x[3]), *causal, *scale, *dropout)
         }
         Op::AttentionLogsumexp { causal, scale, mask } => {
             nn::attention_logsumexp(b, x[0], x[1], mask.then(|| x[3]), *causal, *scale)
         }
-        Op::AttentionBackward { causal, scale, input, mask } => {
-            nn::attention_backward(b, &x[..6], mask.then(|| x[6]), *causal, *scale, *input)
+        Op::AttentionBackward { causal, scale, input, mask, dropout } => {
+            nn::attention_backward(b, &x[..6], mask.then(|| x[6]), *causal, *scale, *input, *dropout)
         }
         Op::Conv { geometry, form } => conv::conv(b, geometry, form, x[0], x[1]),
     }

@@ -2,10 +2,11 @@
 //! attention.
 
 use super::builder::{compute_dtype, zero, Builder};
+use super::pointwise;
 use super::reduce::{log_softmax_in, logsumexp, softmax_in};
 use coil_ir::graph::numel;
 use coil_ir::infer::{broadcast_shapes, matmul_shape};
-use coil_ir::{AttentionInput, DType, LossReduction, NodeId, Result, Shape};
+use coil_ir::{AttentionDropout, AttentionInput, DType, LossReduction, NodeId, Result, Shape};
 
 /// `torch.matmul`: a 1-D operand gains a dim (prepended for `a`, appended for `c`) that the
 /// result loses again. A batched `a` times a matrix folds the batch into the rows of one
@@ -251,9 +252,12 @@ pub fn mse_loss(b: &mut Builder, a: NodeId, c: NodeId, reduction: LossReduction,
 /// sets the rest to `-inf`; a bool mask keeps where true, a float mask is added; then
 /// `softmax(scores, -1) @ v`. With a mask, a row whose scores are all `-inf` has probabilities
 /// 0 (so its result is 0), as PyTorch's `_safe_softmax`; its softmax is taken of zeros instead
-/// (then dropped), so that no NaN reaches its gradients either: they are 0, as PyTorch's.
-/// f16/bf16 compute in f32 and round once, or, with [`Builder::half_products`], take both
-/// products in their dtype around an f32 softmax.
+/// (then dropped), so that no NaN reaches its gradients either: they are 0, as PyTorch's. With
+/// `dropout`, the probabilities (f32, f64 for f64) go through [`pointwise::dropout`] of its
+/// stream and offset before the product with v: `softmax -> Dropout -> @ v` is the definition
+/// of attention's dropout. f16/bf16 compute in f32 and round once, or, with
+/// [`Builder::half_products`], take both products in their dtype around an f32 softmax.
+#[allow(clippy::too_many_arguments)] // attention's operands and attributes
 pub fn attention(
     b: &mut Builder,
     q: NodeId,
@@ -262,6 +266,7 @@ pub fn attention(
     mask: Option<NodeId>,
     causal: bool,
     scale: Option<f64>,
+    dropout: Option<AttentionDropout>,
 ) -> Result<NodeId> {
     let t = b.dtype(q);
     let scale = attention_scale(b, q, scale);
@@ -278,6 +283,10 @@ pub fn attention(
         b.where_(dead, 0.0, p)?
     } else {
         softmax_in(b, scores, last)?
+    };
+    let p = match dropout {
+        Some(d) => pointwise::dropout(b, p, d.p, d.stream, d.offset)?,
+        None => p,
     };
     let p = if half { b.cast(p, t)? } else { p };
     let y = matmul(b, p, v)?;
@@ -346,7 +355,9 @@ pub fn attention_logsumexp(
 /// PyTorch's), `dv = P^T @ grad_out`, `delta = sum(grad_out * out, -1)`,
 /// `dS = P * (grad_out @ v^T - delta)`,
 /// `dq = scale * dS @ k`, `dk = scale * dS^T @ q`; in f32 (f64 for f64), rounded once to the
-/// operands' dtype.
+/// operands' dtype. With `dropout`, the forward's keep mask `Z` is drawn again (the same
+/// [`pointwise::dropout`] of the probabilities): `dv = dropout(P)^T @ grad_out` and
+/// `dS = P * (dropout(grad_out @ v^T) - delta)` (dropout scales kept values by `1 / (1 - p)`).
 pub fn attention_backward(
     b: &mut Builder,
     x: &[NodeId],
@@ -354,6 +365,7 @@ pub fn attention_backward(
     causal: bool,
     scale: Option<f64>,
     input: AttentionInput,
+    dropout: Option<AttentionDropout>,
 ) -> Result<NodeId> {
     let t = b.dtype(x[0]);
     let scale = attention_scale(b, x[0], scale);
@@ -369,12 +381,19 @@ pub fn attention_backward(
     }
     let shifted = b.sub(scores, lse)?;
     let p = b.exp(shifted)?;
+    // The same keep decisions as the forward's: dropout of a tensor of the probabilities' shape.
+    let drop = |b: &mut Builder, x: NodeId| match dropout {
+        Some(d) => pointwise::dropout(b, x, d.p, d.stream, d.offset),
+        None => Ok(x),
+    };
     let grad = if input == AttentionInput::Value {
+        let p = drop(b, p)?;
         let pt = b.transpose(p, r - 2, r - 1)?;
         matmul(b, pt, g)?
     } else {
         let vt = b.transpose(v, r - 2, r - 1)?;
         let dp = matmul(b, g, vt)?;
+        let dp = drop(b, dp)?;
         let out = b.upcast(x[5])?;
         let product = b.mul(g, out)?;
         let delta = b.sum(product, &[r - 1], true)?;

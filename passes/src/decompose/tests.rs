@@ -90,7 +90,7 @@ fn linear_bias_3d_snapshot() {
 
 #[test]
 fn attention_causal_snapshot() {
-    let op = Op::Attention { causal: true, scale: None, mask: false };
+    let op = Op::Attention { causal: true, scale: None, mask: false, dropout: None };
     let g = case(op, &[(&[2, 3, 8], F32), (&[2, 4, 8], F32), (&[2, 4, 6], F32)]);
     snap("decompose_attention_causal", &g);
 }
@@ -204,7 +204,7 @@ fn deterministic() {
         let x = c.input(&[2, 4, 8], BF16);
         let w = c.input(&[8], BF16);
         let n = c.op(Op::RmsNorm { ndim: 1, eps: None, weight: true }, &[x, w]);
-        let a = c.op(Op::Attention { causal: true, scale: Some(0.5), mask: false }, &[n, n, n]);
+        let a = c.op(Op::Attention { causal: true, scale: Some(0.5), mask: false, dropout: None }, &[n, n, n]);
         let g = c.op(Op::Gelu { tanh: false }, &[a]);
         c.out(&[g])
     };
@@ -402,23 +402,26 @@ fn mse_loss() {
 #[test]
 fn attention_variants() {
     let (q, k, v) = (&[2, 2, 3, 8][..], &[2, 1, 5, 8][..], &[2, 1, 5, 4][..]);
-    case(Op::Attention { causal: false, scale: None, mask: false }, &[(q, F32), (k, F32), (v, F32)]);
+    case(Op::Attention { causal: false, scale: None, mask: false, dropout: None }, &[(q, F32), (k, F32), (v, F32)]);
     case(
-        Op::Attention { causal: false, scale: Some(0.1), mask: true },
+        Op::Attention { causal: false, scale: Some(0.1), mask: true, dropout: None },
         &[(q, F32), (k, F32), (v, F32), (&[3, 5], DType::Bool)],
     );
     case(
-        Op::Attention { causal: true, scale: None, mask: true },
+        Op::Attention { causal: true, scale: None, mask: true, dropout: None },
         &[(q, BF16), (k, BF16), (v, BF16), (&[2, 1, 3, 5], BF16)],
     );
-    case(Op::Attention { causal: true, scale: None, mask: false }, &[(&[3, 8], F16), (&[5, 8], F16), (&[5, 8], F16)]);
+    case(
+        Op::Attention { causal: true, scale: None, mask: false, dropout: None },
+        &[(&[3, 8], F16), (&[5, 8], F16), (&[5, 8], F16)],
+    );
 }
 
 #[test]
 fn half_attention_takes_its_products_in_its_dtype_only_when_asked() {
     let mut c = Capture::new();
     let q = c.input(&[2, 4, 8], BF16);
-    let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, q, q]);
+    let y = c.op(Op::Attention { causal: true, scale: None, mask: false, dropout: None }, &[q, q, q]);
     let g = c.out(&[y]);
     let bmm_dtypes = |options: &DecomposeOptions| -> Vec<DType> {
         let p = decompose_with(&g, options).unwrap();

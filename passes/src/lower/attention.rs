@@ -75,10 +75,13 @@ pub(crate) fn template_groups(l: &Lowerer) -> (HashMap<NodeId, usize>, Vec<Vec<N
             Op::Attention { causal, scale, .. } | Op::AttentionLogsumexp { causal, scale, .. } => {
                 (false, node.inputs.clone(), causal, scale.map(f64::to_bits))
             }
+            // Gradients of attentions with different dropouts read different outputs: the
+            // operands tell them apart.
             Op::AttentionBackward { causal, scale, .. } => (true, node.inputs.clone(), causal, scale.map(f64::to_bits)),
             _ => continue,
         };
-        let found = (0..groups.len()).find(|&i| keys[i] == key && groups[i].iter().all(|&m| g.node(m).op != node.op));
+        let found = (0..groups.len())
+            .find(|&i| keys[i] == key && groups[i].iter().all(|&m| !same_member(&g.node(m).op, &node.op)));
         let i = found.unwrap_or_else(|| {
             keys.push(key);
             groups.push(Vec::new());
@@ -88,6 +91,17 @@ pub(crate) fn template_groups(l: &Lowerer) -> (HashMap<NodeId, usize>, Vec<Vec<N
         group_of.insert(n, i);
     }
     (group_of, groups)
+}
+
+/// Whether two template ops would take the same place in a group: the same op, or (for
+/// attention, forward or backward) the same op but for its dropout, so that two attentions of
+/// the same operands with different dropouts are two calls.
+fn same_member(a: &Op, b: &Op) -> bool {
+    match (a, b) {
+        (Op::Attention { .. }, Op::Attention { .. }) => true,
+        (Op::AttentionBackward { input: x, .. }, Op::AttentionBackward { input: y, .. }) => x == y,
+        _ => a == b,
+    }
 }
 
 impl Lowerer<'_> {
@@ -178,6 +192,7 @@ impl Lowerer<'_> {
             scale,
             mask,
             mask_rule,
+            dropout: att.and_then(|a| self.g.node(a).op.attention_dropout()),
         }));
         let folded: Vec<NodeId> = group.iter().copied().chain(root).collect();
         self.push_template(output, folded, LoopKind::Extern { call, inputs });
@@ -250,7 +265,7 @@ impl Lowerer<'_> {
     /// output; the forward's mask, if any, read as a view as the forward reads it.
     fn attention_backward(&mut self, group: &[NodeId]) -> Result<()> {
         let first = self.g.node(group[0]);
-        let Op::AttentionBackward { causal, scale, .. } = first.op else { unreachable!("a backward group") };
+        let Op::AttentionBackward { causal, scale, dropout, .. } = first.op else { unreachable!("a backward group") };
         let x = first.inputs.clone();
         let (qv, kv, vv, gv) = (self.strided(x[0])?, self.strided(x[1])?, self.strided(x[2])?, self.strided(x[3])?);
         let (lse, out) = (self.realize(x[4])?, self.attention_output(x[5])?);
@@ -309,6 +324,7 @@ impl Lowerer<'_> {
             causal,
             scale,
             mask,
+            dropout,
         }));
         self.push_template(output, group.to_vec(), LoopKind::Extern { call, inputs });
         Ok(())

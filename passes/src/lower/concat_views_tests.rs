@@ -56,7 +56,7 @@ fn attention(heads: Heads) -> Graph {
             (q, head(&mut c, kv, 0), head(&mut c, kv, 1))
         }
     };
-    let y = c.op(Op::Attention { causal: true, scale: None, mask: false }, &[q, k, v]);
+    let y = c.op(Op::Attention { causal: true, scale: None, mask: false, dropout: None }, &[q, k, v]);
     let yt = c.permute(y, &[0, 2, 1, 3]);
     let out = c.op(Op::Reshape { shape: vec![B, T, C] }, &[yt]);
     c.out(&[out])

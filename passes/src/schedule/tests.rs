@@ -293,7 +293,7 @@ fn gpt2_block() -> (Graph, NodeId) {
         op(&mut g, Op::Permute { perm: vec![0, 2, 1, 3] }, &[r])
     };
     let (q, k, v) = (heads_of(0), heads_of(1), heads_of(2));
-    let a = op(&mut g, Op::Attention { causal: true, scale: None, mask: false }, &[q, k, v]);
+    let a = op(&mut g, Op::Attention { causal: true, scale: None, mask: false, dropout: None }, &[q, k, v]);
     let a = op(&mut g, Op::Permute { perm: vec![0, 2, 1, 3] }, &[a]);
     let a = op(&mut g, Op::Reshape { shape: vec![b, t, c] }, &[a]);
     let w_o = g.input(m(&[c, c]));

@@ -20,6 +20,7 @@
 
 pub use super::attention_block::KeyLimit;
 use super::attention_block::{self as block, Compute, Element, Isa, Shape, Source, Task, ROWS_PER_BLOCK};
+use super::attention_dropout::DropoutDraw;
 use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, ExternCall, MaskRule, StridedOperand};
 use coil_ir::{DType, Error, Result};
@@ -57,6 +58,9 @@ pub struct AttentionSpec {
     /// This run's value of the rule's offset buffer (0 without one): the caller reads it
     /// ([`AttentionSpec::read_offset`]).
     pub offset: i64,
+    /// Dropout on the probabilities, bound to this run's random stream: the caller binds the
+    /// call's ([`DropoutDraw::of`]).
+    pub dropout: Option<DropoutDraw>,
 }
 
 /// A mask's elements and what they hold.
@@ -90,6 +94,7 @@ impl AttentionSpec {
                 },
                 mask_rule: call.mask_rule.clone(),
                 offset: 0,
+                dropout: None,
             }),
             _ => None,
         }
@@ -474,13 +479,15 @@ struct BatchSource<'a, T> {
     /// Offsets of the batch index in q, k, v and the mask.
     base: [usize; 3],
     mask_base: Option<usize>,
+    /// The batch index.
+    b: usize,
 }
 
 impl<'a, T: Copy> BatchSource<'a, T> {
     fn new(spec: &'a AttentionSpec, ops: &'a Operands<'a, T>, b: usize) -> Self {
         let base = [&spec.q, &spec.k, &spec.v].map(|op| batch_offset(&spec.batch, op, b));
         let mask_base = spec.mask.as_ref().map(|m| batch_offset(&spec.batch, m, b));
-        BatchSource { spec, ops, base, mask_base }
+        BatchSource { spec, ops, base, mask_base, b }
     }
 
     /// The task of query rows `rows`: per block of rows, the keys it sees (all, or up to its
@@ -551,6 +558,20 @@ impl<T: Element<A>, A: Compute> Source<A> for BatchSource<'_, T> {
     fn masked(&self) -> bool {
         self.spec.mask.is_some()
     }
+    fn drop_probabilities(&self, i: usize, k0: usize, row: &mut [A]) {
+        if let Some(draw) = &self.spec.dropout {
+            drop_row(draw, ((self.b * self.spec.l + i) * self.spec.s + k0) as u64, row);
+        }
+    }
+}
+
+/// Dropout of one row's probabilities, `row[jj]` being probability `first + jj` (flat index):
+/// dropped ones become 0, kept ones are scaled by `1 / (1 - p)`.
+pub(crate) fn drop_row<A: Real>(draw: &DropoutDraw, first: u64, row: &mut [A]) {
+    let scale = A::from_f64(draw.scale);
+    for (jj, x) in row.iter_mut().enumerate() {
+        *x = if draw.keeps(first + jj as u64) { x.mul(scale) } else { A::ZERO };
+    }
 }
 
 #[cfg(test)]
@@ -614,6 +635,7 @@ mod tests {
             mask,
             mask_rule: None,
             offset: 0,
+            dropout: None,
         }
     }
 

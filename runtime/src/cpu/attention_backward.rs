@@ -15,6 +15,7 @@
 use super::attention::{
     batch_offset, cast, cast_mut, check_views, dot, mask_of, rows_of, write_rows, Mask, MaskBytes, Real,
 };
+use super::attention_dropout::DropoutDraw;
 use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
@@ -59,6 +60,9 @@ pub struct AttentionBackwardSpec {
     /// The forward's explicit mask: element `(batch, row, key)` of the `[*batch, l, s]` mask
     /// (broadcast dims stride 0).
     pub mask: Option<StridedOperand<usize>>,
+    /// The forward's dropout, bound to this run's random stream: the caller binds the call's
+    /// ([`DropoutDraw::of`]); the keep decisions are the forward's.
+    pub dropout: Option<DropoutDraw>,
 }
 
 impl AttentionBackwardSpec {
@@ -88,6 +92,7 @@ impl AttentionBackwardSpec {
             causal: *causal,
             scale: *scale,
             mask: grad(mask)?,
+            dropout: None,
         })
     }
 
@@ -252,15 +257,28 @@ fn deltas<T: Copy + Send + Sync, A: Real>(spec: &AttentionBackwardSpec, g: &[T],
 
 impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
     /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values; `None`
-    /// (both 0) for a key the mask drops, whose values are not read.
-    #[allow(clippy::too_many_arguments)]
+    /// (both 0) for a key the mask drops, whose values are not read. With dropout, `p` is the
+    /// dropped probability (what `dv` takes) and `ds` takes the dropped `g_i . v_j`.
+    #[allow(clippy::too_many_arguments)] // the position and the rows' values
     fn p_ds(&self, b: usize, i: usize, j: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> Option<(A, A)> {
         let row = b * self.spec.l + i;
         let term = self.mask_term(b, i, j)?;
         let mut score = dot(qi, kj).mul(A::from_f64(self.spec.scale));
         score += term;
         let p = score.sub_exp(self.lse[row]);
-        Some((p, p.mul(dot(gi, vj).sub(self.delta[row]))))
+        let dp = dot(gi, vj);
+        Some(match &self.spec.dropout {
+            None => (p, p.mul(dp.sub(self.delta[row]))),
+            Some(draw) => {
+                let (kept, dp) = if draw.keeps((row * self.spec.s + j) as u64) {
+                    let scale = A::from_f64(draw.scale);
+                    (p.mul(scale), dp.mul(scale))
+                } else {
+                    (A::ZERO, A::ZERO)
+                };
+                (kept, p.mul(dp.sub(self.delta[row])))
+            }
+        })
     }
 
     /// The mask's term for query row `i` and key `j` of batch index `b`: `None` where it drops
@@ -478,6 +496,7 @@ mod tests {
                     causal,
                     scale: 0.3,
                     mask: Some(view(0, s)),
+                    dropout: None,
                     mask_rule: None,
                     offset: 0,
                 };
@@ -499,6 +518,7 @@ mod tests {
                     causal,
                     scale: 0.3,
                     mask: Some(view(0, s)),
+                    dropout: None,
                 };
                 let (mut dq, mut dk, mut dv) =
                     (vec![0u8; n * l * d * 8], vec![0u8; n * s * d * 8], vec![0u8; n * s * d * 8]);
@@ -548,6 +568,7 @@ mod tests {
             causal: false,
             scale: 0.3,
             mask: Some(view(l * s, s)),
+            dropout: None,
         };
         let e = spec.check_mask(Some(31)).unwrap_err();
         assert!(e.to_string().contains("mask view reaches element 31 of 31"), "{e}");

@@ -214,6 +214,9 @@ pub(crate) trait Source<A> {
     fn term(&self, i: usize, j: usize) -> Option<A>;
     /// Whether the call has a mask.
     fn masked(&self) -> bool;
+    /// Applies the call's dropout to row `i`'s probabilities of keys `k0..k0 + row.len()`
+    /// (after the softmax's sums took them whole): nothing without dropout.
+    fn drop_probabilities(&self, _i: usize, _k0: usize, _row: &mut [A]) {}
 }
 
 /// One task: query rows `rows` of a batch index, against keys `keys` (the union of what its
@@ -434,6 +437,7 @@ fn forward_in<A: Compute, S: Source<A>, const FMA: bool, const MR: usize, const 
                     }
                     let (m, l) = (&mut mt[r], &mut lt[r]);
                     let alpha = softmax_row::<A, FMA, BN>(srow, live, m, l);
+                    src.drop_probabilities(i, k0, &mut srow[..live]);
                     if alpha != A::ONE {
                         for x in &mut ot[r * dp..(r + 1) * dp] {
                             *x = x.mul(alpha);

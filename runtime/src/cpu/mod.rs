@@ -26,6 +26,7 @@
 pub mod attention;
 pub mod attention_backward;
 mod attention_block;
+pub mod attention_dropout;
 mod children;
 pub mod compiler;
 pub mod eager;
@@ -329,9 +330,8 @@ impl CompiledGraph {
                         check_status(&LaunchName::of(&self.program, &self.schedule, i), &status)?;
                     }
                 }
-                Step::Extern(node) => {
-                    (self.run_extern(&inst, node, &ptrs, inputs)).map_err(|e| extern_error(&self.program, node, e))?
-                }
+                Step::Extern(node) => (self.run_extern(&inst, node, &ptrs, inputs, random))
+                    .map_err(|e| extern_error(&self.program, node, e))?,
             }
             if let Some(times) = times.as_deref_mut() {
                 times.push(start.elapsed().as_secs_f64() * 1e6);
@@ -387,8 +387,16 @@ impl CompiledGraph {
         Ok(inst)
     }
 
-    /// Runs one extern node on the run's memory.
-    fn run_extern(&self, inst: &Instance, node: usize, ptrs: &[*mut u8], inputs: &[&Buffer]) -> Result<()> {
+    /// Runs one extern node on the run's memory (an attention with dropout draws from the
+    /// run's random streams `random`).
+    fn run_extern(
+        &self,
+        inst: &Instance,
+        node: usize,
+        ptrs: &[*mut u8],
+        inputs: &[&Buffer],
+        random: &[RandomState],
+    ) -> Result<()> {
         let p = &inst.program;
         let LoopKind::Extern { call, inputs: operands } = &p.nodes[node].kind else {
             unreachable!("checked in new_in")
@@ -424,6 +432,7 @@ impl CompiledGraph {
                 let coil_ir::loops::AttentionCall { q, k, v, lse, mask, mask_rule, .. } = &**attention_call;
                 let mut spec = attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
                 spec.read_offset(mask_rule.as_ref().and_then(|r| r.offset).map(view))?;
+                spec.dropout = attention_dropout::DropoutDraw::of(attention_call.dropout, random)?;
                 let dtype = p.buffer(out_id).meta.dtype;
                 let mask = match mask {
                     Some(m) => {
@@ -439,8 +448,9 @@ impl CompiledGraph {
             ExternCall::AttentionBackward(backward) => {
                 let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, mask, .. } =
                     &**backward;
-                let spec = attention_backward::AttentionBackwardSpec::from_call(call)
+                let mut spec = attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
+                spec.dropout = attention_dropout::DropoutDraw::of(backward.dropout, random)?;
                 // Gradients may share a buffer (disjoint views of it): each is borrowed once.
                 let mut grads = attention_backward::GradBuffers { buffers: Vec::new(), which: [None; 3] };
                 let mut ids: Vec<BufferId> = Vec::new();

@@ -68,13 +68,14 @@ fn needs(p: &LoopProgram) -> (Vec<PlanAhead>, Vec<fallback::Unit>) {
         let meta = |k: usize| operands.get(k).map(|&b| &p.buffer(b).meta);
         let out = Some(p.buffer(node.output).meta.dtype);
         let found: Vec<fallback::Unit> = match call {
-            ExternCall::Attention(a) if a.mask.is_none() && a.mask_rule.is_none() => {
+            // Dropout never runs on cuDNN: no plan for it.
+            ExternCall::Attention(a) if a.mask.is_none() && a.mask_rule.is_none() && a.dropout.is_none() => {
                 if let (Some(spec), Some(dtype)) = (AttentionSpec::from_call(call), out) {
                     plans.push(PlanAhead::Forward(spec, dtype, a.lse.is_some()));
                 }
                 vec![]
             }
-            ExternCall::AttentionBackward(b) => {
+            ExternCall::AttentionBackward(b) if b.dropout.is_none() => {
                 if let Some(spec) = AttentionBackwardSpec::from_call(call) {
                     plans.push(PlanAhead::Backward(spec, p.buffer(b.q.buffer).meta.dtype));
                 }

@@ -24,8 +24,11 @@ use super::gather::gather;
 use super::memory::DeviceMemory;
 use crate::cpu::attention::AttentionSpec;
 use crate::cpu::attention_backward::AttentionBackwardSpec;
+use crate::cpu::attention_dropout::DropoutDraw;
 use crate::cuda::blas::DevOperand;
-use coil_codegen::templates::attention::{mma_reads, mma_writes, AttnOperand, AttnParams, ForwardLaunch, MaskKind};
+use coil_codegen::templates::attention::{
+    mma_reads, mma_writes, AttnDropout, AttnOperand, AttnParams, ForwardLaunch, MaskKind,
+};
 use coil_codegen::templates::attention_backward::{
     backward_grid, AttentionBackwardKernel, AttentionDeltaKernel, AttnBwdParams, AttnDeltaParams,
 };
@@ -173,7 +176,13 @@ pub(crate) fn launch_params(
             _ => 0,
         },
         diag_const: spec.mask_rule.as_ref().map_or(0, |r| r.constant),
+        drop: dropout_param(spec.dropout),
     }
+}
+
+/// The kernels' dropout argument: the run's draw, or none (threshold 0).
+fn dropout_param(draw: Option<DropoutDraw>) -> AttnDropout {
+    draw.map_or_else(AttnDropout::default, |d| AttnDropout::new(d.seed, d.start, d.threshold, d.scale))
 }
 
 /// The device buffers of one forward call: the operands (q, k, v and the mask may share
@@ -327,6 +336,7 @@ pub(crate) fn backward_params(
         key_blocks: key_blocks as i32,
         mask: spec.mask.as_ref().map(operand).unwrap_or_default(),
         mask_kind: MaskKind::code(mask),
+        drop: dropout_param(spec.dropout),
     }
 }
 

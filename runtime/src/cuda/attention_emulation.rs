@@ -229,12 +229,13 @@ fn forward_spec(batch: &[usize], l: usize, s: usize, d: usize, causal: bool, hea
             mask,
             mask_rule,
             offset: 0,
+            dropout: None,
         }
     } else {
         let (q, k) = (contiguous(batch, l, d), contiguous(batch, s, d));
         let (v, out) = (k.clone(), q.clone());
         let (batch, mask, mask_rule) = (batch.to_vec(), None, None);
-        AttentionSpec { q, k, v, out, batch, l, s, d, causal, scale: 0.3, mask, mask_rule, offset: 0 }
+        AttentionSpec { q, k, v, out, batch, l, s, d, causal, scale: 0.3, mask, mask_rule, offset: 0, dropout: None }
     }
 }
 
@@ -324,6 +325,20 @@ struct ForwardCase {
     /// Keys from here on are NaN in k and v: no kernel may read them (the mask drops them
     /// for every row, so their tiles are skipped), else the output is NaN.
     poison: Option<usize>,
+    /// Dropout on the weights with this probability ([`draw`]).
+    dropout: Option<f64>,
+}
+
+/// A run's dropout of probability `p` (an arbitrary key and start, the counter past 2^32 so
+/// both counter words take part).
+fn draw(p: f64) -> crate::cpu::attention_dropout::DropoutDraw {
+    let threshold = coil_ir::philox::dropout_threshold(p);
+    crate::cpu::attention_dropout::DropoutDraw {
+        seed: 0x1234_5678_9abc,
+        start: (1 << 32) - 1000,
+        threshold,
+        scale: 1.0 / (1.0 - p),
+    }
 }
 
 /// The mask's bytes and view for `spec`.
@@ -428,8 +443,10 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         mask,
         sm_count,
         poison: None,
+        dropout: None,
     };
     let poisoned = |c: ForwardCase| ForwardCase { poison: Some(192), ..c };
+    let dropped = |p, c: ForwardCase| ForwardCase { dropout: Some(p), ..c };
     let cases = [
         // GPT-2 head views, heads merged on output, causal, a tail block (130 = 2 * 64 + 2).
         case(mma(true, 64), DType::BF16, &[1, 2], (130, 130, 64), true, true, None, 0),
@@ -468,10 +485,17 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             2,
         )),
         case(split_simple(DType::BF16, 32), DType::BF16, &[2], (5, 70, 24), false, false, None, 2),
+        // Dropout on the weights: every kernel, causal and not, tails, bf16 and f32.
+        dropped(0.1, case(mma(true, 64), DType::BF16, &[1, 2], (130, 130, 64), true, true, None, 0)),
+        dropped(0.5, case(mma(true, 64), DType::BF16, &[2], (20, 100, 64), false, false, None, 0)),
+        dropped(0.5, case(simple(DType::F32, 16), DType::F32, &[1, 2], (33, 33, 16), true, true, None, 0)),
+        dropped(0.3, case(split(true, 64), DType::BF16, &[1, 2], (1, 250, 64), false, false, None, 2)),
+        dropped(0.5, case(split_simple(DType::F32, 64), DType::F32, &[2], (3, 150, 64), false, false, None, 2)),
     ];
     for c in cases {
         let (dtype, l, s, d) = (c.dtype, c.l, c.s, c.d);
         let mut spec = forward_spec(&c.batch, l, s, d, c.causal, c.heads);
+        spec.dropout = c.dropout.map(draw);
         let count = spec.batch_count();
         let launch = match c.kernel {
             AttentionKernel::SplitMma { .. } | AttentionKernel::SplitSimple { .. } => {
@@ -518,8 +542,8 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let Some(runs) = combined(&mut builds, &launch, &params, count, runs) else { return };
         check_forward_runs(&runs, dtype, &want, &want_lse, |lazy| {
             format!(
-                "{} {:?} L={l} S={s} causal={} splits={} lazy={lazy}",
-                emulated.name, c.batch, c.causal, launch.splits
+                "{} {:?} L={l} S={s} causal={} splits={} dropout={:?} lazy={lazy}",
+                emulated.name, c.batch, c.causal, launch.splits, c.dropout
             )
         });
     }
@@ -578,6 +602,8 @@ struct BackwardCase {
     heads: bool,
     /// dq, dk, dv wanted.
     wanted: [bool; 3],
+    /// The forward's dropout probability ([`draw`]).
+    dropout: Option<f64>,
 }
 
 #[test]
@@ -594,8 +620,11 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         causal,
         heads,
         wanted,
+        dropout: None,
     };
     let all = [true; 3];
+    let dropped = |p, c: BackwardCase| BackwardCase { dropout: Some(p), ..c };
+    let simple = |dtype, dp| AttentionBackwardKernel::Simple { dtype, dp };
     let cases = [
         // GPT-2 head views, causal, tail blocks of both kinds (100 = 64 + 36).
         case(mma(true, 64), DType::BF16, &[1, 1], (100, 100, 64), true, true, all),
@@ -626,6 +655,12 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             false,
             all,
         ),
+        // Dropout regenerated: held fragments (D 64) and not (D 128), dQ alone, the simple kernel.
+        dropped(0.1, case(mma(true, 64), DType::BF16, &[1, 1], (100, 100, 64), true, true, all)),
+        dropped(0.5, case(mma(true, 128), DType::BF16, &[1], (80, 50, 128), true, false, all)),
+        dropped(0.5, case(mma(false, 48), DType::F16, &[2], (70, 70, 40), true, false, [true, false, false])),
+        dropped(0.5, case(simple(DType::F32, 16), DType::F32, &[1, 2], (33, 33, 16), true, true, all)),
+        dropped(0.1, case(simple(DType::BF16, 32), DType::BF16, &[2], (20, 45, 24), false, false, all)),
     ];
     for c in cases {
         let emulated = backward_kernel(c.kernel, false);
@@ -633,7 +668,8 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let (dtype, size, d) = (c.dtype, c.dtype.size_bytes(), c.d);
         // The forward on the CPU: its output (GPT-2's: heads merged, `[B, L, H, D]`, for head
         // views) and logsumexp. The output gradient has the output's layout.
-        let fwd = forward_spec(&c.batch, c.l, c.s, d, c.causal, c.heads);
+        let mut fwd = forward_spec(&c.batch, c.l, c.s, d, c.causal, c.heads);
+        fwd.dropout = c.dropout.map(draw);
         let [q, k, v] = operands(dtype, &fwd, c.heads);
         let rows = fwd.batch_count() * c.l;
         let (mut out, mut lse) = (vec![0u8; rows * d * size], vec![0u8; rows * 4]);
@@ -658,6 +694,7 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             causal: c.causal,
             scale: fwd.scale,
             mask: None,
+            dropout: fwd.dropout,
         };
         let mut want: Vec<Vec<u8>> =
             (0..3).map(|i| if c.wanted[i] { vec![0u8; lens[i] * size] } else { vec![] }).collect();
@@ -695,8 +732,8 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
                     continue;
                 }
                 let what = format!(
-                    "{} {:?} L={} S={} causal={} lazy={lazy} {name}",
-                    emulated.name, c.batch, c.l, c.s, c.causal
+                    "{} {:?} L={} S={} causal={} dropout={:?} lazy={lazy} {name}",
+                    emulated.name, c.batch, c.l, c.s, c.causal, c.dropout
                 );
                 let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
                 let err = error(&what, &decode(dtype, &got[6 + i]), &decode(dtype, &want[i]));

@@ -208,6 +208,7 @@ fn masked_backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
             causal: c.causal,
             scale: fwd.scale,
             mask: Some(view),
+            dropout: None,
         };
         let mut want: Vec<Vec<u8>> =
             (0..3).map(|i| if c.wanted[i] { vec![0u8; lens[i] * size] } else { vec![] }).collect();

@@ -199,7 +199,12 @@ fn forward_call(
     bases: [u64; 4],
     lse: Option<u64>,
 ) -> Option<(Shape, Vec<i64>, Vec<u64>)> {
-    if spec.mask.is_some() || spec.mask_rule.is_some() || !served(dev, dtype, &spec.batch, spec.l, spec.s, spec.d) {
+    // Dropout runs coil's kernels: cuDNN's random numbers are not coil's Philox stream.
+    if spec.mask.is_some()
+        || spec.mask_rule.is_some()
+        || spec.dropout.is_some()
+        || !served(dev, dtype, &spec.batch, spec.l, spec.s, spec.d)
+    {
         return None;
     }
     let elem = dtype.size_bytes();
@@ -270,8 +275,8 @@ fn backward_call(
     let [dq, dk, dv] = grads;
     let (dq, dk, dv) = (dq?, dk?, dv?);
     let (dqv, dkv, dvv) = (spec.dq.as_ref()?, spec.dk.as_ref()?, spec.dv.as_ref()?);
-    // An explicit mask runs on coil's kernels, as the forward's does.
-    if spec.mask.is_some() || !served(dev, dtype, &spec.batch, spec.l, spec.s, spec.d) {
+    // An explicit mask and dropout run on coil's kernels, as the forward's do.
+    if spec.mask.is_some() || spec.dropout.is_some() || !served(dev, dtype, &spec.batch, spec.l, spec.s, spec.d) {
         return None;
     }
     let elem = dtype.size_bytes();

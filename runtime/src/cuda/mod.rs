@@ -719,7 +719,7 @@ impl CudaCompiledGraph {
                     }?;
                 }
                 Step::Extern { node } => {
-                    if let Err(e) = self.run_extern(&inst, *node, &ptrs, status_of(i)) {
+                    if let Err(e) = self.run_extern(&inst, *node, &ptrs, status_of(i), random) {
                         // A failing kernel earlier in the graph (or in an earlier run) explains
                         // garbage operands best.
                         dev.synchronize()?;
@@ -763,8 +763,16 @@ impl CudaCompiledGraph {
     }
 
     /// Enqueues one extern node on the run's memory, at the run's sizes; `status`: its 4
-    /// status words.
-    fn run_extern(&self, inst: &Instance, node: usize, ptrs: &[u64], status: u64) -> Result<()> {
+    /// status words; `random`: the run's random streams (an attention's dropout draws from
+    /// them: launch arguments, never compiled in).
+    fn run_extern(
+        &self,
+        inst: &Instance,
+        node: usize,
+        ptrs: &[u64],
+        status: u64,
+        random: &[RandomState],
+    ) -> Result<()> {
         let p = &inst.program;
         let LoopKind::Extern { call, inputs: operands } = &p.nodes[node].kind else {
             unreachable!("checked in new_in")
@@ -790,8 +798,9 @@ impl CudaCompiledGraph {
             }
             ExternCall::Attention(attention_call) => {
                 let coil_ir::loops::AttentionCall { q, k, v, lse, mask, mask_rule, .. } = &**attention_call;
-                let spec =
+                let mut spec =
                     crate::cpu::attention::AttentionSpec::from_call(call).expect("an attention call of constant sizes");
+                spec.dropout = crate::cpu::attention_dropout::DropoutDraw::of(attention_call.dropout, random)?;
                 let dtype = p.buffer(out_id).meta.dtype;
                 let mask = match mask {
                     Some(m) => Some((operand(m.buffer), MaskKind::of(p.buffer(m.buffer).meta.dtype, dtype)?)),
@@ -811,8 +820,9 @@ impl CudaCompiledGraph {
             ExternCall::AttentionBackward(backward) => {
                 let coil_ir::loops::AttentionBackwardCall { q, k, v, grad_out, lse, out, dq, dk, dv, mask, .. } =
                     &**backward;
-                let spec = crate::cpu::attention_backward::AttentionBackwardSpec::from_call(call)
+                let mut spec = crate::cpu::attention_backward::AttentionBackwardSpec::from_call(call)
                     .expect("an attention backward call of constant sizes");
+                spec.dropout = crate::cpu::attention_dropout::DropoutDraw::of(backward.dropout, random)?;
                 let grad = |g: &Option<coil_ir::loops::StridedOperand>| g.as_ref().map(|g| operand(g.buffer));
                 let bufs = attention::DevBackward {
                     q: operand(q.buffer),
