@@ -493,6 +493,7 @@ fn llama_loads_a_hugging_face_checkpoint_and_matches_its_logits_cached_or_not() 
 fn a_convolutional_network_learns() {
     use coil::nn::{Conv2d, Linear};
     use coil::ConvOptions;
+    let _lock = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     coil::manual_seed(3);
     let store = ParamStore::new();
     let root = store.root(Device::Cpu, DType::F32);
