@@ -272,9 +272,9 @@ pub const NN: &[OpInfo] = &[
     ),
     op(
         "scaled_dot_product_attention",
-        "scaled_dot_product_attention(q, k, v, mask, causal, scale)",
+        "scaled_dot_product_attention(q, k, v, mask, causal, scale); with dropout: scaled_dot_product_attention_dropout(q, k, v, mask, dropout_p, causal, scale)",
         Family::Nn,
-        How::Template("attention forward/backward templates (CUDA); matmul, softmax elsewhere"),
+        How::Template("attention forward/backward templates (CPU, CUDA; cuDNN where it serves); the reference: matmul, softmax, dropout"),
         Grad::Yes,
         &["sdpa"],
     ),
