@@ -217,7 +217,6 @@ pub(crate) trait Real: Copy + Send + Sync + PartialOrd + std::ops::AddAssign + b
     const ONE: Self;
     const NEG_INFINITY: Self;
     fn mul_add(self, a: Self, b: Self) -> Self;
-    fn sub_exp(self, max: Self) -> Self;
     fn mul(self, b: Self) -> Self;
     fn sub(self, b: Self) -> Self;
     fn from_f64(x: f64) -> Self;
@@ -233,9 +232,6 @@ macro_rules! real {
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
             fn mul_add(self, a: Self, b: Self) -> Self {
                 self + a * b
-            }
-            fn sub_exp(self, max: Self) -> Self {
-                (self - max).exp()
             }
             fn mul(self, b: Self) -> Self {
                 self * b
