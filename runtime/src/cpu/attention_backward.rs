@@ -16,7 +16,7 @@
 //! as PyTorch's. With dropout, `p` is the dropped probability in `dv`, and `ds` takes the
 //! dropped `g_i . v_j`.
 
-use super::attention::{batch_offset, cast, cast_mut, check_views, dot, mask_of, rows_of, write_rows, MaskBytes};
+use super::attention::{batch_offset, cast, cast_mut, check_views, dot, mask_of, MaskBytes};
 use super::attention_backward_block::{self as block, Grads, MaskRows, Operands, Rows, Shape, Task};
 use super::attention_block::{Compute, Element, Isa, KEYS_PER_BLOCK};
 use super::attention_dropout::DropoutDraw;
@@ -239,16 +239,42 @@ pub(crate) fn attention_backward_on(
 /// `delta_i = g_i . o_i` of every query row (row-major over batch indices and rows), in `A`.
 fn deltas<T: Element<A>, A: Compute>(spec: &AttentionBackwardSpec, g: &[T], o: &[T]) -> Vec<A> {
     let (l, d) = (spec.l, spec.d);
-    let shape = (&spec.batch[..], d);
     let per_batch: Vec<Vec<A>> = (0..spec.batch_count())
         .into_par_iter()
         .map(|b| {
-            let (gs, os) =
-                (rows_of(shape, &spec.grad_out, g, b, 0..l, T::up), rows_of(shape, &spec.out, o, b, 0..l, T::up));
-            gs.chunks_exact(d).zip(os.chunks_exact(d)).map(|(gi, oi)| dot(gi, oi)).collect()
+            let (gs, os) = (Rows::of(g, &spec.grad_out, &spec.batch, b), Rows::of(o, &spec.out, &spec.batch, b));
+            let (mut gi, mut oi) = (vec![A::ZERO; d], vec![A::ZERO; d]);
+            (0..l)
+                .map(|i| {
+                    gs.convert(i, &mut gi);
+                    os.convert(i, &mut oi);
+                    dot(&gi, &oi)
+                })
+                .collect()
         })
         .collect();
     per_batch.concat()
+}
+
+/// Writes `[rows, d]` values (from row `first` on) into batch index `b` of a view, rounded.
+fn write_rows<T: Element<A>, A: Compute>(
+    spec: &AttentionBackwardSpec,
+    op: &StridedOperand<usize>,
+    out: &mut [T],
+    (b, first): (usize, usize),
+    values: &[A],
+) {
+    let (base, d) = (batch_offset(&spec.batch, op, b), spec.d);
+    for (r, row) in values.chunks_exact(d).enumerate() {
+        let at = base + (first + r) * op.row_stride;
+        if op.col_stride == 1 {
+            out[at..at + d].iter_mut().zip(row).for_each(|(o, &x)| *o = T::down(x));
+        } else {
+            for (c, &x) in row.iter().enumerate() {
+                out[at + c * op.col_stride] = T::down(x);
+            }
+        }
+    }
 }
 
 /// Fewest multiply-adds (of the five products together) a parallel task should have: smaller
@@ -303,12 +329,7 @@ fn run<T: Element<A>, A: Compute>(isa: Isa, spec: &AttentionBackwardSpec, bufs: 
     let mask = mask_of::<T>(bufs.mask)?;
     let wanted = [spec.dq.is_some(), spec.dk.is_some(), spec.dv.is_some()];
     let shape = Shape { l, s, d, causal: spec.causal, scale: spec.scale, wanted };
-    let view = |data, op: &StridedOperand<usize>, b| Rows {
-        data,
-        base: batch_offset(&spec.batch, op, b),
-        row_stride: op.row_stride,
-        col_stride: op.col_stride,
-    };
+    let view = |data, op: &StridedOperand<usize>, b| Rows::of(data, op, &spec.batch, b);
     let one = |&(b, ref keys): &(usize, std::ops::Range<usize>)| -> TaskGrads<A> {
         let ops = Operands {
             q: view(q, &spec.q, b),
@@ -347,11 +368,10 @@ fn run<T: Element<A>, A: Compute>(isa: Isa, spec: &AttentionBackwardSpec, bufs: 
     // Each buffer once: gradients sharing one are written one after the other.
     let [wq, wk, wv] = bufs.grads.which;
     let mut outs: Vec<&mut [T]> = bufs.grads.buffers.into_iter().map(cast_mut).collect::<Result<_>>()?;
-    let dims = (&spec.batch[..], d);
     for (&(b, ref keys), (_, _, dk, dv)) in tasks.iter().zip(&results) {
         for (view, which, grad) in [(&spec.dk, wk, dk), (&spec.dv, wv, dv)] {
             if let (Some(view), Some(i)) = (view, which) {
-                write_rows(dims, view, outs[i], b, keys.start, grad, T::down);
+                write_rows(spec, view, outs[i], (b, keys.start), grad);
             }
         }
     }
@@ -365,7 +385,7 @@ fn run<T: Element<A>, A: Compute>(isa: Isa, spec: &AttentionBackwardSpec, bufs: 
                     *x += y;
                 }
             }
-            write_rows(dims, view, outs[i], b, 0, &sum, T::down);
+            write_rows(spec, view, outs[i], (b, 0), &sum);
         }
     }
     Ok(())

@@ -18,12 +18,13 @@
 //! vectorize, the mask's terms and the dropout's draws aside. Like the forward, the kernel is
 //! compiled for AVX-512, for AVX2 with FMA, and for the build's own target ([`Isa`]).
 
-use super::attention::Mask;
+use super::attention::{batch_offset, Mask};
 use super::attention_block::{
     product, round_up, transpose, Compute, Element, Isa, Left, AVX2, AVX512, KEYS_PER_BLOCK, PORTABLE, ROWS_PER_BLOCK,
     WORKSPACE,
 };
 use super::attention_dropout::DropoutDraw;
+use coil_ir::loops::StridedOperand;
 
 /// A strided `[rows, d]` operand of one batch index: element `(i, c)` is
 /// `data[base + i * row_stride + c * col_stride]`.
@@ -39,10 +40,15 @@ pub(crate) struct Rows<'a, T> {
     pub col_stride: usize,
 }
 
-impl<T: Copy> Rows<'_, T> {
+impl<'a, T: Copy> Rows<'a, T> {
+    /// Batch index `b` of a `[*batch, rows, d]` view of `data`.
+    pub fn of(data: &'a [T], op: &StridedOperand<usize>, batch: &[usize], b: usize) -> Self {
+        Rows { data, base: batch_offset(batch, op, b), row_stride: op.row_stride, col_stride: op.col_stride }
+    }
+
     /// Row `i`'s first `out.len()` elements, converted.
     #[inline(always)]
-    fn convert<A>(&self, i: usize, out: &mut [A])
+    pub fn convert<A>(&self, i: usize, out: &mut [A])
     where
         T: Element<A>,
     {
@@ -103,6 +109,38 @@ where
         match view.mask {
             Mask::Bool(m) => (m[at] != 0).then_some(A::ZERO),
             Mask::Added(m) => Some(m[at].up()).filter(|&x| x != A::NEG_INFINITY),
+        }
+    }
+}
+
+impl<T: Copy, A: Compute> Operands<'_, T, A>
+where
+    T: Element<A>,
+{
+    /// The mask's terms of row `i` and keys `k0..k0 + n` into `out[..n]` (`-inf` where it
+    /// drops the key); the rest of `out` becomes `-inf`.
+    #[inline(always)]
+    fn terms(&self, i: usize, k0: usize, n: usize, out: &mut [A]) {
+        let Some(view) = &self.mask else { return out.fill(A::ZERO) };
+        let at = view.base + i * view.row_stride + k0 * view.col_stride;
+        let (live, rest) = out.split_at_mut(n);
+        rest.fill(A::NEG_INFINITY);
+        match (view.mask, view.col_stride) {
+            (Mask::Bool(m), 1) => {
+                for (o, &x) in live.iter_mut().zip(&m[at..at + n]) {
+                    *o = if x != 0 { A::ZERO } else { A::NEG_INFINITY };
+                }
+            }
+            (Mask::Added(m), 1) => {
+                for (o, &x) in live.iter_mut().zip(&m[at..at + n]) {
+                    *o = x.up();
+                }
+            }
+            _ => {
+                for (jj, o) in live.iter_mut().enumerate() {
+                    *o = self.term(i, k0 + jj).unwrap_or(A::NEG_INFINITY);
+                }
+            }
         }
     }
 }
@@ -219,9 +257,9 @@ fn backward_in<T: Element<A>, A: Compute, const FMA: bool, const MR: usize, cons
     // A key block's rows before transposing [BN][d]; keys and values transposed [d][BN];
     // keys [BN][dp]; a row block's queries and output gradients [BM][dp]; scores, then the
     // probabilities [BM][BN]; dP, then dS [BM][BN]; the key block's dK and dV [BN][dp]; the
-    // task's rows' dQ [rows][dp]; a row's dropout factors [BN].
+    // task's rows' dQ [rows][dp]; a row's dropout factors and mask terms [BN] each.
     let dq_len = if want_dq { task_rows.len() * dp } else { 0 };
-    let sizes = [BN * d, d * BN, d * BN, BN * dp, BM * dp, BM * dp, BM * BN, BM * BN, BN * dp, BN * dp, dq_len, BN];
+    let sizes = [BN * d, d * BN, d * BN, BN * dp, BM * dp, BM * dp, BM * BN, BM * BN, BN * dp, BN * dp, dq_len, BN, BN];
     let words = sizes.iter().sum::<usize>() * std::mem::size_of::<A>() / 8 + 1;
     // Taken out of the thread-local (not used in a closure, which would be compiled without
     // the caller's target features), put back at the end.
@@ -242,7 +280,9 @@ fn backward_in<T: Element<A>, A: Compute, const FMA: bool, const MR: usize, cons
         let (dkb, rest) = rest.split_at_mut(sizes[8]);
         let (dvb, rest) = rest.split_at_mut(sizes[9]);
         let (dq, rest) = rest.split_at_mut(sizes[10]);
-        let keep: &mut [A; BN] = (&mut rest[..BN]).try_into().unwrap();
+        let (keep, terms) = rest.split_at_mut(BN);
+        let keep: &mut [A; BN] = keep.try_into().unwrap();
+        let terms: &mut [A; BN] = (&mut terms[..BN]).try_into().unwrap();
         dq.fill(A::ZERO);
         let scale = A::from_f64(shape.scale);
         for k0 in task.keys.clone().step_by(BN) {
@@ -257,6 +297,9 @@ fn backward_in<T: Element<A>, A: Compute, const FMA: bool, const MR: usize, cons
             transpose::<A, SIMD, BN>(kr, d, vt);
             dkb.fill(A::ZERO);
             dvb.fill(A::ZERO);
+            if ops.mask.as_ref().is_some_and(|m| m.row_stride == 0) {
+                ops.terms(0, k0, kn, terms);
+            }
             // Rows that see a key of the block: all, or from its first key on (causal).
             let mut r0 = if shape.causal { k0 } else { 0 };
             while r0 < l {
@@ -292,15 +335,18 @@ fn backward_in<T: Element<A>, A: Compute, const FMA: bool, const MR: usize, cons
                     }
                     // Keys of the block row i sees by position (a prefix).
                     let live = if shape.causal { (i + 1 - k0).min(kb) } else { kb };
-                    for x in srow.iter_mut() {
-                        *x = x.mul(scale);
-                    }
-                    if ops.mask.is_some() {
-                        for (jj, x) in srow.iter_mut().enumerate().take(live) {
-                            match ops.term(i, k0 + jj) {
-                                Some(add) => *x += add,
-                                None => *x = A::NEG_INFINITY,
+                    match &ops.mask {
+                        None => {
+                            for x in srow.iter_mut() {
+                                *x = x.mul(scale);
                             }
+                        }
+                        Some(mask) => {
+                            // A mask the same for every row (a padding mask) was read once.
+                            if mask.row_stride != 0 {
+                                ops.terms(i, k0, live, terms);
+                            }
+                            masked_scores::<A, BN>(srow, terms, scale);
                         }
                     }
                     probabilities::<A, FMA, BN>(srow, lse, live);
@@ -345,6 +391,17 @@ fn backward_in<T: Element<A>, A: Compute, const FMA: bool, const MR: usize, cons
         }
     }
     WORKSPACE.with(|w| *w.borrow_mut() = ws);
+}
+
+/// `x = x * scale + term` over a row of scores, `-inf` where the term is (the mask drops the
+/// key, whatever the score).
+#[inline(always)]
+fn masked_scores<A: Compute, const N: usize>(x: &mut [A; N], terms: &[A; N], scale: A) {
+    for (v, &t) in x.iter_mut().zip(terms) {
+        let mut y = v.mul(scale);
+        y += t;
+        *v = if t == A::NEG_INFINITY { t } else { y };
+    }
 }
 
 /// A row's probabilities from its scaled (masked) scores `x`: `exp(x - lse)`, 0 for the keys
