@@ -20,11 +20,12 @@ use super::attention::{batch_offset, cast, cast_mut, check_views, dot, mask_of, 
 use super::attention_backward_block::{self as block, Grads, MaskRows, Operands, Rows, Shape, Task};
 use super::attention_block::{Compute, Element, Isa, KEYS_PER_BLOCK};
 use super::attention_dropout::DropoutDraw;
+use super::jobs;
 use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 /// The shape of an attention backward call: the fields of [`ExternCall::AttentionBackward`] at
 /// one run's sizes (the buffers of the statistics and gradients are passed separately).
@@ -236,24 +237,22 @@ pub(crate) fn attention_backward_on(
     }
 }
 
-/// `delta_i = g_i . o_i` of every query row (row-major over batch indices and rows), in `A`.
-fn deltas<T: Element<A>, A: Compute>(spec: &AttentionBackwardSpec, g: &[T], o: &[T]) -> Vec<A> {
-    let (l, d) = (spec.l, spec.d);
-    let per_batch: Vec<Vec<A>> = (0..spec.batch_count())
-        .into_par_iter()
-        .map(|b| {
-            let (gs, os) = (Rows::of(g, &spec.grad_out, &spec.batch, b), Rows::of(o, &spec.out, &spec.batch, b));
-            let (mut gi, mut oi) = (vec![A::ZERO; d], vec![A::ZERO; d]);
-            (0..l)
-                .map(|i| {
-                    gs.convert(i, &mut gi);
-                    os.convert(i, &mut oi);
-                    dot(&gi, &oi)
-                })
-                .collect()
-        })
-        .collect();
-    per_batch.concat()
+/// `delta_i = g_i . o_i` of rows `rows` of a batch index (`[l]`, 0 for the other rows and
+/// for rows that keep no key, which are not read).
+fn deltas<T: Element<A>, A: Compute>(
+    (g, o): (Rows<T>, Rows<T>),
+    lse: &[A],
+    rows: std::ops::Range<usize>,
+    d: usize,
+) -> Vec<A> {
+    let (mut gi, mut oi) = (vec![A::ZERO; d], vec![A::ZERO; d]);
+    let mut delta = vec![A::ZERO; lse.len()];
+    for i in rows.filter(|&i| lse[i] != A::NEG_INFINITY) {
+        g.convert(i, &mut gi);
+        o.convert(i, &mut oi);
+        delta[i] = dot(&gi, &oi);
+    }
+    delta
 }
 
 /// Writes `[rows, d]` values (from row `first` on) into batch index `b` of a view, rounded.
@@ -323,7 +322,7 @@ fn run<T: Element<A>, A: Compute>(isa: Isa, spec: &AttentionBackwardSpec, bufs: 
     }
     let rows = spec.batch_count() * l;
     let g: &[T] = cast(bufs.grad_out)?;
-    let delta = deltas::<T, A>(spec, g, cast(bufs.out)?);
+    let out: &[T] = cast(bufs.out)?;
     let lse: &[A] = &cast::<A>(bufs.lse)?[..rows];
     let (q, k, v) = (cast::<T>(bufs.q)?, cast::<T>(bufs.k)?, cast::<T>(bufs.v)?);
     let mask = mask_of::<T>(bufs.mask)?;
@@ -337,7 +336,7 @@ fn run<T: Element<A>, A: Compute>(isa: Isa, spec: &AttentionBackwardSpec, bufs: 
             v: view(v, &spec.v, b),
             g: view(g, &spec.grad_out, b),
             lse: &lse[b * l..(b + 1) * l],
-            delta: &delta[b * l..(b + 1) * l],
+            delta: &[],
             mask: spec.mask.as_ref().zip(mask).map(|(op, mask)| MaskRows {
                 mask,
                 base: batch_offset(&spec.batch, op, b),
@@ -348,6 +347,8 @@ fn run<T: Element<A>, A: Compute>(isa: Isa, spec: &AttentionBackwardSpec, bufs: 
         };
         let task = live_keys(&shape, &ops, keys.clone());
         let rows = task.rows(&shape);
+        let delta = deltas((ops.g, view(out, &spec.out, b)), ops.lse, rows.clone(), d);
+        let ops = Operands { delta: &delta, ..ops };
         let grad = |wanted: bool, n: usize| vec![A::ZERO; if wanted { n * d } else { 0 }];
         let (mut dq, mut dk, mut dv) =
             (grad(wanted[0], rows.len()), grad(wanted[1], keys.len()), grad(wanted[2], keys.len()));
@@ -362,9 +363,15 @@ fn run<T: Element<A>, A: Compute>(isa: Isa, spec: &AttentionBackwardSpec, bufs: 
         }
         (rows.start, dq, dk, dv)
     };
+    // On the backend's pool as its other kernels (`jobs`: the caller takes tasks too).
     let tasks = plan(spec);
+    let slots: Vec<Mutex<Option<TaskGrads<A>>>> = tasks.iter().map(|_| Mutex::new(None)).collect();
+    jobs::run(tasks.len(), jobs::helpers(), &|t| {
+        let grads = one(&tasks[t]);
+        *slots[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(grads);
+    });
     let results: Vec<TaskGrads<A>> =
-        if tasks.len() == 1 { vec![one(&tasks[0])] } else { tasks.par_iter().map(one).collect() };
+        slots.into_iter().map(|x| x.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every task ran")).collect();
     // Each buffer once: gradients sharing one are written one after the other.
     let [wq, wk, wv] = bufs.grads.which;
     let mut outs: Vec<&mut [T]> = bufs.grads.buffers.into_iter().map(cast_mut).collect::<Result<_>>()?;

@@ -508,7 +508,8 @@ fn half_operands_compute_in_f32() {
 
 /// Times the backward alone (`cargo test --release -p coil-runtime --lib backward_timing --
 /// --ignored --nocapture`): 8 batch indices of 256 rows and keys, head dim 64, f32, causal and
-/// not. Prints the best of 20 runs and the products' rate; asserts nothing.
+/// not, and with a padding mask (keys past 200 dropped, broadcast over rows); the forward of
+/// the same for comparison. Prints the best of 20 runs and the products' rate; asserts nothing.
 #[test]
 #[ignore]
 fn backward_timing() {
@@ -516,9 +517,40 @@ fn backward_timing() {
     let x = |seed: f64| {
         bytemuck::cast_slice::<f32, u8>(&vals32(n * t * d, seed).iter().map(|&y| y as f32).collect::<Vec<_>>()).to_vec()
     };
-    let (q, k, v, g, o) = (x(0.1), x(1.3), x(2.9), x(4.2), x(5.7));
-    let lse = bytemuck::cast_slice::<f32, u8>(&vec![4.0f32; n * t]).to_vec();
-    for causal in [false, true] {
+    let (q, k, v, g) = (x(0.1), x(1.3), x(2.9), x(4.2));
+    let padding: Vec<u8> = (0..t).map(|j| (j < 200) as u8).collect();
+    let best_of = |f: &mut dyn FnMut()| {
+        (0..20)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                f();
+                start.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    for (causal, masked) in [(false, false), (true, false), (false, true)] {
+        let mask = masked.then_some(MaskBytes { bytes: &padding, kind: MaskKind::Bool });
+        let mask_view = masked.then(|| StridedOperand { row_stride: 0, ..view(0, 0) });
+        let fwd = AttentionSpec {
+            q: view(t * d, d),
+            k: view(t * d, d),
+            v: view(t * d, d),
+            out: view(t * d, d),
+            batch: vec![n],
+            l: t,
+            s: t,
+            d,
+            causal,
+            scale: 0.125,
+            mask: mask_view.clone(),
+            dropout: None,
+            mask_rule: None,
+            offset: 0,
+        };
+        let (mut o, mut lse) = (vec![0u8; q.len()], vec![0u8; n * t * 4]);
+        let forward = best_of(&mut || {
+            attention_bytes(&fwd, DType::F32, &q, &k, &v, mask, &mut o, Some(&mut lse)).unwrap();
+        });
         let spec = AttentionBackwardSpec {
             q: view(t * d, d),
             k: view(t * d, d),
@@ -534,23 +566,21 @@ fn backward_timing() {
             d,
             causal,
             scale: 0.125,
-            mask: None,
+            mask: mask_view,
             dropout: None,
         };
         let (mut dq, mut dk, mut dv) = (vec![0u8; q.len()], vec![0u8; q.len()], vec![0u8; q.len()]);
-        let mut best = f64::INFINITY;
-        for _ in 0..20 {
+        let backward = best_of(&mut || {
             let grads = GradBuffers::separate(Some(&mut dq), Some(&mut dk), Some(&mut dv));
-            let bufs = BackwardBuffers { q: &q, k: &k, v: &v, grad_out: &g, lse: &lse, out: &o, grads, mask: None };
-            let start = std::time::Instant::now();
+            let bufs = BackwardBuffers { q: &q, k: &k, v: &v, grad_out: &g, lse: &lse, out: &o, grads, mask };
             attention_backward_bytes(&spec, DType::F32, bufs).unwrap();
-            best = best.min(start.elapsed().as_secs_f64());
-        }
+        });
         let flops = 2.0 * 5.0 * (n * t * t * d) as f64 / if causal { 2.0 } else { 1.0 };
         println!(
-            "attention backward B*H={n} T={t} D={d} f32 causal={causal}: {:.2} ms, {:.1} GFLOP/s",
-            best * 1e3,
-            flops / best * 1e-9
+            "attention B*H={n} T={t} D={d} f32 causal={causal} masked={masked}: backward {:.2} ms ({:.1} GFLOP/s), forward {:.2} ms",
+            backward * 1e3,
+            flops / backward * 1e-9,
+            forward * 1e3
         );
     }
 }
