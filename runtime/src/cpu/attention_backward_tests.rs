@@ -477,22 +477,23 @@ fn half_operands_compute_in_f32() {
         attention_backward_bytes(&spec, dtype, bufs).unwrap();
         [dq, dk, dv]
     };
-    // The values rounded to f16 / bf16 first, so the f32 run sees the same operands.
-    let halves = |x: &[f64]| x.iter().map(|&y| f16::from_f64(y)).collect::<Vec<_>>();
-    let bhalves = |x: &[f64]| x.iter().map(|&y| bf16::from_f64(y)).collect::<Vec<_>>();
-    let f16_bytes = |x: &[f64]| bytemuck::cast_slice::<f16, u8>(&halves(x)).to_vec();
-    let bf16_bytes = |x: &[f64]| bytemuck::cast_slice::<bf16, u8>(&bhalves(x)).to_vec();
-    let f32_of_f16 =
-        |x: &[f64]| bytemuck::cast_slice::<f32, u8>(&halves(x).iter().map(|h| h.to_f32()).collect::<Vec<_>>()).to_vec();
-    let f32_of_bf16 = |x: &[f64]| {
-        bytemuck::cast_slice::<f32, u8>(&bhalves(x).iter().map(|h| h.to_f32()).collect::<Vec<_>>()).to_vec()
-    };
-    let cases: [(DType, &dyn Fn(&[f64]) -> Vec<u8>, &dyn Fn(&[f64]) -> Vec<u8>, fn(f32) -> f32); 2] = [
-        (DType::F16, &f16_bytes, &f32_of_f16, |x| f16::from_f32(x).to_f32()),
-        (DType::BF16, &bf16_bytes, &f32_of_bf16, |x| bf16::from_f32(x).to_f32()),
-    ];
-    for (dtype, half, single, round) in cases {
-        let (got, want) = (run(dtype, half, 2), run(DType::F32, single, 4));
+    // The values rounded to f16 / bf16 first (through f32: exact), so the f32 run sees the
+    // same operands; `round` rounds an f32 to the dtype and back.
+    for dtype in [DType::F16, DType::BF16] {
+        let round = |x: f32| match dtype {
+            DType::F16 => f16::from_f32(x).to_f32(),
+            _ => bf16::from_f32(x).to_f32(),
+        };
+        let half = |x: &[f64]| -> Vec<u8> {
+            match dtype {
+                DType::F16 => bytemuck::cast_slice(&x.iter().map(|&y| f16::from_f64(y)).collect::<Vec<_>>()).to_vec(),
+                _ => bytemuck::cast_slice(&x.iter().map(|&y| bf16::from_f64(y)).collect::<Vec<_>>()).to_vec(),
+            }
+        };
+        let single = |x: &[f64]| -> Vec<u8> {
+            bytemuck::cast_slice(&x.iter().map(|&y| round(y as f32)).collect::<Vec<_>>()).to_vec()
+        };
+        let (got, want) = (run(dtype, &half, 2), run(DType::F32, &single, 4));
         for (got, want) in got.iter().zip(&want) {
             let want: &[f32] = bytemuck::cast_slice(want);
             let got: Vec<f32> = match dtype {
