@@ -486,8 +486,10 @@ fn half_operands_compute_in_f32() {
         };
         let half = |x: &[f64]| -> Vec<u8> {
             match dtype {
-                DType::F16 => bytemuck::cast_slice(&x.iter().map(|&y| f16::from_f64(y)).collect::<Vec<_>>()).to_vec(),
-                _ => bytemuck::cast_slice(&x.iter().map(|&y| bf16::from_f64(y)).collect::<Vec<_>>()).to_vec(),
+                DType::F16 => {
+                    bytemuck::cast_slice(&x.iter().map(|&y| f16::from_f32(y as f32)).collect::<Vec<_>>()).to_vec()
+                }
+                _ => bytemuck::cast_slice(&x.iter().map(|&y| bf16::from_f32(y as f32)).collect::<Vec<_>>()).to_vec(),
             }
         };
         let single = |x: &[f64]| -> Vec<u8> {
