@@ -217,7 +217,6 @@ pub(crate) trait Real: Copy + Send + Sync + PartialOrd + std::ops::AddAssign + b
     const ONE: Self;
     const NEG_INFINITY: Self;
     fn mul_add(self, a: Self, b: Self) -> Self;
-    fn sub_exp(self, max: Self) -> Self;
     fn mul(self, b: Self) -> Self;
     fn sub(self, b: Self) -> Self;
     fn from_f64(x: f64) -> Self;
@@ -233,9 +232,6 @@ macro_rules! real {
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
             fn mul_add(self, a: Self, b: Self) -> Self {
                 self + a * b
-            }
-            fn sub_exp(self, max: Self) -> Self {
-                (self - max).exp()
             }
             fn mul(self, b: Self) -> Self {
                 self * b
@@ -338,44 +334,6 @@ pub(crate) fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
 
 pub(crate) fn cast_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
     bytemuck::try_cast_slice_mut(bytes).map_err(|e| Error::runtime(format!("attention output memory: {e}")))
-}
-
-/// The rows `rows` of batch index `b` of a `[*batch, rows, d]` view, as `[rows.len(), d]`
-/// values in `A`.
-pub(crate) fn rows_of<T: Copy, A: Real>(
-    (batch, d): (&[usize], usize),
-    op: &StridedOperand<usize>,
-    data: &[T],
-    b: usize,
-    rows: std::ops::Range<usize>,
-    up: fn(T) -> A,
-) -> Vec<A> {
-    let base = batch_offset(batch, op, b);
-    let mut out = Vec::with_capacity(rows.len() * d);
-    for i in rows {
-        let row = base + i * op.row_stride;
-        out.extend((0..d).map(|c| up(data[row + c * op.col_stride])));
-    }
-    out
-}
-
-/// Writes `[rows, d]` values (from row `first` on) into batch index `b` of a view, rounded.
-pub(crate) fn write_rows<T: Copy, A: Real>(
-    (batch, d): (&[usize], usize),
-    op: &StridedOperand<usize>,
-    out: &mut [T],
-    b: usize,
-    first: usize,
-    values: &[A],
-    down: fn(A) -> T,
-) {
-    let base = batch_offset(batch, op, b);
-    for (r, row) in values.chunks_exact(d).enumerate() {
-        let at = base + (first + r) * op.row_stride;
-        for (c, &x) in row.iter().enumerate() {
-            out[at + c * op.col_stride] = down(x);
-        }
-    }
 }
 
 /// `a . b` with eight partial sums (vectorizable; the order is fixed, so results repeat).

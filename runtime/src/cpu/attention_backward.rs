@@ -1,29 +1,31 @@
-//! The attention backward template ([`ExternCall::AttentionBackward`]) on the CPU: a
-//! straightforward, exact-order implementation, the probabilities recomputed from the
-//! logsumexp the forward saved, parallel over (batch index, block of rows).
+//! The attention backward template ([`ExternCall::AttentionBackward`]) on the CPU: the
+//! probabilities recomputed from the logsumexp the forward saved, in blocks of keys and rows
+//! as FlashAttention-2's backward ([`super::attention_backward_block`]), parallel over
+//! (batch index, range of keys).
 //!
 //! Per query row `i`, `delta_i = g_i . o_i` (the output gradient times the output), first; then
 //! per query row `i` and key `j` it sees (`j <= i` when causal): `p = exp(q_i . k_j * scale -
-//! lse_i)`, `ds = p * (g_i . v_j - delta_i)`. dQ tasks take blocks of query rows:
-//! `dq_i = scale * sum_j ds k_j`; dK / dV tasks take blocks of keys: `dv_j = sum_i p g_i`,
-//! `dk_j = scale * sum_i ds q_i`. All in f32 (f64 for f64) from the operands' own values,
-//! rounded once to the dtype; operands are read, and gradients written, through their strides.
-//! With an explicit mask (bool, or added to the scaled scores; broadcast dims stride 0), as the
-//! forward reads it: a key it drops has `p = ds = 0`, so a row that keeps no key (logsumexp
-//! `-inf`) has zero gradients, as PyTorch's.
+//! lse_i)`, `ds = p * (g_i . v_j - delta_i)`, and `dq_i = scale * sum_j ds k_j`,
+//! `dv_j = sum_i p g_i`, `dk_j = scale * sum_i ds q_i`. All in f32 (f64 for f64) from the
+//! operands' own values, rounded once to the dtype; operands are read, and gradients written,
+//! through their strides. A task takes a range of keys of a batch index and gives their dK and
+//! dV, and its share of dQ of the rows that see them; the shares of one batch index are summed
+//! in the order of their keys. With an explicit mask (bool, or added to the scaled scores;
+//! broadcast dims stride 0), as the forward reads it: a key it drops has `p = ds = 0`, a key no
+//! row keeps is not read, and a row that keeps no key (logsumexp `-inf`) has zero gradients,
+//! as PyTorch's. With dropout, `p` is the dropped probability in `dv`, and `ds` takes the
+//! dropped `g_i . v_j`.
 
-use super::attention::{
-    batch_offset, cast, cast_mut, check_views, dot, mask_of, rows_of, write_rows, Mask, MaskBytes, Real,
-};
+use super::attention::{batch_offset, cast, cast_mut, check_views, dot, mask_of, MaskBytes};
+use super::attention_backward_block::{self as block, Grads, MaskRows, Operands, Rows, Shape, Task};
+use super::attention_block::{Compute, Element, Isa, KEYS_PER_BLOCK};
 use super::attention_dropout::DropoutDraw;
+use super::jobs;
 use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, AttentionBackwardCall, ExternCall, StridedOperand};
 use coil_ir::{DType, Error, Result};
 use half::{bf16, f16};
-use rayon::prelude::*;
-
-/// Rows (or keys) one parallel task computes.
-const ROWS_PER_TASK: usize = 32;
+use std::sync::Mutex;
 
 /// The shape of an attention backward call: the fields of [`ExternCall::AttentionBackward`] at
 /// one run's sizes (the buffers of the statistics and gradients are passed separately).
@@ -208,6 +210,16 @@ impl<'a> GradBuffers<'a> {
 
 /// The gradients of attention ([`AttentionBackwardSpec`]) into the wanted buffers.
 pub fn attention_backward_bytes(spec: &AttentionBackwardSpec, dtype: DType, bufs: BackwardBuffers) -> Result<()> {
+    attention_backward_on(Isa::detect(), spec, dtype, bufs)
+}
+
+/// [`attention_backward_bytes`] with the `isa` copy of the kernel.
+pub(crate) fn attention_backward_on(
+    isa: Isa,
+    spec: &AttentionBackwardSpec,
+    dtype: DType,
+    bufs: BackwardBuffers,
+) -> Result<()> {
     let size = dtype.size_bytes();
     let stats_size = if dtype == DType::F64 { 8 } else { 4 };
     spec.check(
@@ -217,362 +229,192 @@ pub fn attention_backward_bytes(spec: &AttentionBackwardSpec, dtype: DType, bufs
     )?;
     spec.check_mask(bufs.mask.map(|m| m.bytes.len() / if m.kind == MaskKind::Bool { 1 } else { size }))?;
     match dtype {
-        DType::F32 => run::<f32, f32>(spec, bufs, |x| x, |x| x),
-        DType::F64 => run::<f64, f64>(spec, bufs, |x| x, |x| x),
-        DType::F16 => run::<f16, f32>(spec, bufs, f16::to_f32, f16::from_f32),
-        DType::BF16 => run::<bf16, f32>(spec, bufs, bf16::to_f32, bf16::from_f32),
+        DType::F32 => run::<f32, f32>(isa, spec, bufs),
+        DType::F64 => run::<f64, f64>(isa, spec, bufs),
+        DType::F16 => run::<f16, f32>(isa, spec, bufs),
+        DType::BF16 => run::<bf16, f32>(isa, spec, bufs),
         _ => Err(Error::unsupported(format!("the attention backward of {dtype} values"))),
     }
 }
 
-/// The operands of one batch index, converted to `A`, and the statistics' rows.
-struct Batch<'a, T, A> {
-    spec: &'a AttentionBackwardSpec,
-    q: &'a [T],
-    k: &'a [T],
-    v: &'a [T],
-    g: &'a [T],
-    lse: &'a [A],
-    /// Per query row, `g_i . o_i`.
-    delta: &'a [A],
-    up: fn(T) -> A,
-    mask: Option<Mask<'a, T>>,
-    /// Per batch index, the offset of its mask elements (empty without a mask).
-    mask_bases: Vec<usize>,
+/// `delta_i = g_i . o_i` of rows `rows` of a batch index (`[l]`, 0 for the other rows and
+/// for rows that keep no key, which are not read).
+fn deltas<T: Element<A>, A: Compute>(
+    (g, o): (Rows<T>, Rows<T>),
+    lse: &[A],
+    rows: std::ops::Range<usize>,
+    d: usize,
+) -> Vec<A> {
+    let (mut gi, mut oi) = (vec![A::ZERO; d], vec![A::ZERO; d]);
+    let mut delta = vec![A::ZERO; lse.len()];
+    for i in rows.filter(|&i| lse[i] != A::NEG_INFINITY) {
+        g.convert(i, &mut gi);
+        o.convert(i, &mut oi);
+        delta[i] = dot(&gi, &oi);
+    }
+    delta
 }
 
-/// `delta_i = g_i . o_i` of every query row (row-major over batch indices and rows), in `A`.
-fn deltas<T: Copy + Send + Sync, A: Real>(spec: &AttentionBackwardSpec, g: &[T], o: &[T], up: fn(T) -> A) -> Vec<A> {
-    let (l, d) = (spec.l, spec.d);
-    let shape = (&spec.batch[..], d);
-    let per_batch: Vec<Vec<A>> = (0..spec.batch_count())
-        .into_par_iter()
-        .map(|b| {
-            let (gs, os) = (rows_of(shape, &spec.grad_out, g, b, 0..l, up), rows_of(shape, &spec.out, o, b, 0..l, up));
-            gs.chunks_exact(d).zip(os.chunks_exact(d)).map(|(gi, oi)| dot(gi, oi)).collect()
-        })
-        .collect();
-    per_batch.concat()
+/// Writes `[rows, d]` values (from row `first` on) into batch index `b` of a view, rounded.
+fn write_rows<T: Element<A>, A: Compute>(
+    spec: &AttentionBackwardSpec,
+    op: &StridedOperand<usize>,
+    out: &mut [T],
+    (b, first): (usize, usize),
+    values: &[A],
+) {
+    let (base, d) = (batch_offset(&spec.batch, op, b), spec.d);
+    for (r, row) in values.chunks_exact(d).enumerate() {
+        let at = base + (first + r) * op.row_stride;
+        if op.col_stride == 1 {
+            out[at..at + d].iter_mut().zip(row).for_each(|(o, &x)| *o = T::down(x));
+        } else {
+            for (c, &x) in row.iter().enumerate() {
+                out[at + c * op.col_stride] = T::down(x);
+            }
+        }
+    }
 }
 
-impl<T: Copy + Send + Sync + bytemuck::Pod, A: Real> Batch<'_, T, A> {
-    /// `(p, ds)` of query row `i` and key `j` of batch index `b`, from the rows' values; `None`
-    /// (both 0) for a key the mask drops, whose values are not read. With dropout, `p` is the
-    /// dropped probability (what `dv` takes) and `ds` takes the dropped `g_i . v_j`.
-    #[allow(clippy::too_many_arguments)] // the position and the rows' values
-    fn p_ds(&self, b: usize, i: usize, j: usize, qi: &[A], gi: &[A], kj: &[A], vj: &[A]) -> Option<(A, A)> {
-        let row = b * self.spec.l + i;
-        let term = self.mask_term(b, i, j)?;
-        let mut score = dot(qi, kj).mul(A::from_f64(self.spec.scale));
-        score += term;
-        let p = score.sub_exp(self.lse[row]);
-        let dp = dot(gi, vj);
-        Some(match &self.spec.dropout {
-            None => (p, p.mul(dp.sub(self.delta[row]))),
-            Some(draw) => {
-                let (kept, dp) = if draw.keeps((row * self.spec.s + j) as u64) {
-                    let scale = A::from_f64(draw.scale);
-                    (p.mul(scale), dp.mul(scale))
-                } else {
-                    (A::ZERO, A::ZERO)
-                };
-                (kept, p.mul(dp.sub(self.delta[row])))
-            }
-        })
-    }
+/// Fewest multiply-adds (of the five products together) a parallel task should have: smaller
+/// ones cost more to hand out than they save.
+const TASK_MACS: usize = 1 << 20;
 
-    /// The mask's term for query row `i` and key `j` of batch index `b`: `None` where it drops
-    /// the key (a false bool, an added `-inf`), else what it adds to the scaled score.
-    fn mask_term(&self, b: usize, i: usize, j: usize) -> Option<A> {
-        let (Some(view), Some(mask)) = (&self.spec.mask, self.mask) else { return Some(A::ZERO) };
-        let at = self.mask_bases[b] + i * view.row_stride + j * view.col_stride;
-        match mask {
-            Mask::Bool(m) => (m[at] != 0).then_some(A::ZERO),
-            Mask::Added(m) => Some((self.up)(m[at])).filter(|&x| x != A::NEG_INFINITY),
+/// Tasks per pool thread wanted: more balance the load, each adds a share of dQ to sum.
+const TASKS_PER_THREAD: usize = 2;
+
+/// The tasks: per batch index, its keys in ranges of whole key blocks of about equal work
+/// (causal: a key is seen by the rows from it on), enough of them in all to keep the pool busy
+/// but none too small.
+fn plan(spec: &AttentionBackwardSpec) -> Vec<(usize, std::ops::Range<usize>)> {
+    let (l, s, d) = (spec.l, spec.s, spec.d);
+    let blocks: Vec<std::ops::Range<usize>> =
+        (0..s).step_by(KEYS_PER_BLOCK).map(|k| k..(k + KEYS_PER_BLOCK).min(s)).collect();
+    let seen_by = |k: usize| if spec.causal { l.saturating_sub(k) } else { l };
+    let work: Vec<usize> = blocks.iter().map(|k| k.len() * seen_by(k.start).max(1) * d * 5).collect();
+    let total: usize = work.iter().sum();
+    let batches = spec.batch_count();
+    let wanted = (rayon::current_num_threads() * TASKS_PER_THREAD).min(total * batches / TASK_MACS).max(1);
+    let parts = wanted.div_ceil(batches).clamp(1, blocks.len());
+    // Cut where the running work passes each part's share.
+    let mut ranges = Vec::with_capacity(parts);
+    let (mut start, mut acc, mut next) = (0, 0, 1);
+    for (k, w) in work.iter().enumerate() {
+        acc += w;
+        if acc * parts >= total * next || k + 1 == blocks.len() {
+            ranges.push(blocks[start].start..blocks[k].end);
+            start = k + 1;
+            next += 1;
         }
     }
-
-    /// dQ of rows `rows` of batch index `b`, `[rows, d]`.
-    fn dq(&self, b: usize, rows: std::ops::Range<usize>) -> Vec<A> {
-        let (s, d, up) = (self.spec.s, self.spec.d, self.up);
-        let shape = (&self.spec.batch[..], d);
-        let seen = if self.spec.causal { s.min(rows.end) } else { s };
-        let (keys, values) = (
-            rows_of(shape, &self.spec.k, self.k, b, 0..seen, up),
-            rows_of(shape, &self.spec.v, self.v, b, 0..seen, up),
-        );
-        let (queries, grads) = (
-            rows_of(shape, &self.spec.q, self.q, b, rows.clone(), up),
-            rows_of(shape, &self.spec.grad_out, self.g, b, rows.clone(), up),
-        );
-        let mut out = vec![A::ZERO; rows.len() * d];
-        for (r, i) in rows.enumerate() {
-            let n = if self.spec.causal { seen.min(i + 1) } else { seen };
-            let (qi, gi) = (&queries[r * d..(r + 1) * d], &grads[r * d..(r + 1) * d]);
-            let o = &mut out[r * d..(r + 1) * d];
-            for j in 0..n {
-                let kj = &keys[j * d..(j + 1) * d];
-                let Some((_, ds)) = self.p_ds(b, i, j, qi, gi, kj, &values[j * d..(j + 1) * d]) else { continue };
-                o.iter_mut().zip(kj).for_each(|(x, &kc)| *x = x.mul_add(ds, kc));
-            }
-        }
-        let scale = A::from_f64(self.spec.scale);
-        out.iter_mut().for_each(|x| *x = x.mul(scale));
-        out
-    }
-
-    /// dK and dV of keys `keys` of batch index `b`, `[keys, d]` each.
-    fn dkdv(&self, b: usize, keys: std::ops::Range<usize>) -> (Vec<A>, Vec<A>) {
-        let (l, d, up) = (self.spec.l, self.spec.d, self.up);
-        let shape = (&self.spec.batch[..], d);
-        // Query rows that see a key of the block: all, or from its first key on (causal).
-        let first = if self.spec.causal { keys.start.min(l) } else { 0 };
-        let (queries, grads) = (
-            rows_of(shape, &self.spec.q, self.q, b, first..l, up),
-            rows_of(shape, &self.spec.grad_out, self.g, b, first..l, up),
-        );
-        let (kb, vb) = (
-            rows_of(shape, &self.spec.k, self.k, b, keys.clone(), up),
-            rows_of(shape, &self.spec.v, self.v, b, keys.clone(), up),
-        );
-        let (mut dk, mut dv) = (vec![A::ZERO; keys.len() * d], vec![A::ZERO; keys.len() * d]);
-        for (r, j) in keys.enumerate() {
-            let (kj, vj) = (&kb[r * d..(r + 1) * d], &vb[r * d..(r + 1) * d]);
-            let start = if self.spec.causal { j.max(first) } else { first };
-            for i in start..l {
-                let (qi, gi) =
-                    (&queries[(i - first) * d..(i - first + 1) * d], &grads[(i - first) * d..(i - first + 1) * d]);
-                let Some((p, ds)) = self.p_ds(b, i, j, qi, gi, kj, vj) else { continue };
-                dv[r * d..(r + 1) * d].iter_mut().zip(gi).for_each(|(x, &gc)| *x = x.mul_add(p, gc));
-                dk[r * d..(r + 1) * d].iter_mut().zip(qi).for_each(|(x, &qc)| *x = x.mul_add(ds, qc));
-            }
-        }
-        let scale = A::from_f64(self.spec.scale);
-        dk.iter_mut().for_each(|x| *x = x.mul(scale));
-        (dk, dv)
-    }
+    (0..batches).flat_map(|b| ranges.iter().map(move |r| (b, r.clone()))).collect()
 }
+
+/// What one task gives: the first row of its share of dQ, the share (`[rows, d]`), and its
+/// keys' dK and dV (`[keys, d]`; each empty when not wanted).
+type TaskGrads<A> = (usize, Vec<A>, Vec<A>, Vec<A>);
 
 /// The call in `A` on operands of `T`.
-fn run<T: Copy + Send + Sync + bytemuck::Pod, A: Real>(
-    spec: &AttentionBackwardSpec,
-    bufs: BackwardBuffers,
-    up: fn(T) -> A,
-    down: fn(A) -> T,
-) -> Result<()> {
+fn run<T: Element<A>, A: Compute>(isa: Isa, spec: &AttentionBackwardSpec, bufs: BackwardBuffers) -> Result<()> {
     let (l, s, d) = (spec.l, spec.s, spec.d);
     if spec.batch_count() * d == 0 || l == 0 || s == 0 {
         return Ok(());
     }
     let rows = spec.batch_count() * l;
-    let g = cast(bufs.grad_out)?;
-    let delta = deltas(spec, g, cast(bufs.out)?, up);
-    let batch = Batch {
-        spec,
-        q: cast(bufs.q)?,
-        k: cast(bufs.k)?,
-        v: cast(bufs.v)?,
-        g,
-        lse: &cast::<A>(bufs.lse)?[..rows],
-        delta: &delta,
-        up,
-        mask: mask_of(bufs.mask)?,
-        mask_bases: match &spec.mask {
-            Some(view) => (0..spec.batch_count()).map(|b| batch_offset(&spec.batch, view, b)).collect(),
-            None => vec![],
-        },
+    let g: &[T] = cast(bufs.grad_out)?;
+    let out: &[T] = cast(bufs.out)?;
+    let lse: &[A] = &cast::<A>(bufs.lse)?[..rows];
+    let (q, k, v) = (cast::<T>(bufs.q)?, cast::<T>(bufs.k)?, cast::<T>(bufs.v)?);
+    let mask = mask_of::<T>(bufs.mask)?;
+    let wanted = [spec.dq.is_some(), spec.dk.is_some(), spec.dv.is_some()];
+    let shape = Shape { l, s, d, causal: spec.causal, scale: spec.scale, wanted };
+    let view = |data, op: &StridedOperand<usize>, b| Rows::of(data, op, &spec.batch, b);
+    let one = |&(b, ref keys): &(usize, std::ops::Range<usize>)| -> TaskGrads<A> {
+        let ops = Operands {
+            q: view(q, &spec.q, b),
+            k: view(k, &spec.k, b),
+            v: view(v, &spec.v, b),
+            g: view(g, &spec.grad_out, b),
+            lse: &lse[b * l..(b + 1) * l],
+            delta: &[],
+            mask: spec.mask.as_ref().zip(mask).map(|(op, mask)| MaskRows {
+                mask,
+                base: batch_offset(&spec.batch, op, b),
+                row_stride: op.row_stride,
+                col_stride: op.col_stride,
+            }),
+            dropout: spec.dropout.map(|draw| (draw, (b * l * s) as u64)),
+        };
+        let task = live_keys(&shape, &ops, keys.clone());
+        let rows = task.rows(&shape);
+        let delta = deltas((ops.g, view(out, &spec.out, b)), ops.lse, rows.clone(), d);
+        let ops = Operands { delta: &delta, ..ops };
+        let grad = |wanted: bool, n: usize| vec![A::ZERO; if wanted { n * d } else { 0 }];
+        let (mut dq, mut dk, mut dv) =
+            (grad(wanted[0], rows.len()), grad(wanted[1], keys.len()), grad(wanted[2], keys.len()));
+        if !task.keys.is_empty() {
+            // The live keys' part of the task's dK and dV (the others stay 0).
+            let span = |wanted: bool| match wanted {
+                true => (task.keys.start - keys.start) * d..(task.keys.end - keys.start) * d,
+                false => 0..0,
+            };
+            let grads = Grads { dq: &mut dq, dk: &mut dk[span(wanted[1])], dv: &mut dv[span(wanted[2])] };
+            block::backward(isa, &shape, &task, &ops, grads);
+        }
+        (rows.start, dq, dk, dv)
     };
-    let shape = (&spec.batch[..], d);
-    let blocks = |n: usize| -> Vec<(usize, usize)> {
-        (0..spec.batch_count()).flat_map(|b| (0..n).step_by(ROWS_PER_TASK).map(move |r| (b, r))).collect()
-    };
+    // On the backend's pool as its other kernels (`jobs`: the caller takes tasks too).
+    let tasks = plan(spec);
+    let slots: Vec<Mutex<Option<TaskGrads<A>>>> = tasks.iter().map(|_| Mutex::new(None)).collect();
+    jobs::run(tasks.len(), jobs::helpers(), &|t| {
+        let grads = one(&tasks[t]);
+        *slots[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(grads);
+    });
+    let results: Vec<TaskGrads<A>> =
+        slots.into_iter().map(|x| x.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every task ran")).collect();
     // Each buffer once: gradients sharing one are written one after the other.
     let [wq, wk, wv] = bufs.grads.which;
     let mut outs: Vec<&mut [T]> = bufs.grads.buffers.into_iter().map(cast_mut).collect::<Result<_>>()?;
-    if let (Some(view), Some(i)) = (&spec.dq, wq) {
-        let tasks = blocks(l);
-        let results: Vec<Vec<A>> =
-            tasks.par_iter().map(|&(b, first)| batch.dq(b, first..(first + ROWS_PER_TASK).min(l))).collect();
-        for (&(b, first), block) in tasks.iter().zip(results) {
-            write_rows(shape, view, outs[i], b, first, &block, down);
+    for (&(b, ref keys), (_, _, dk, dv)) in tasks.iter().zip(&results) {
+        for (view, which, grad) in [(&spec.dk, wk, dk), (&spec.dv, wv, dv)] {
+            if let (Some(view), Some(i)) = (view, which) {
+                write_rows(spec, view, outs[i], (b, keys.start), grad);
+            }
         }
     }
-    if spec.dk.is_some() || spec.dv.is_some() {
-        let tasks = blocks(s);
-        let results: Vec<(Vec<A>, Vec<A>)> =
-            tasks.par_iter().map(|&(b, first)| batch.dkdv(b, first..(first + ROWS_PER_TASK).min(s))).collect();
-        for (&(b, first), (kblock, vblock)) in tasks.iter().zip(results) {
-            if let (Some(view), Some(i)) = (&spec.dk, wk) {
-                write_rows(shape, view, outs[i], b, first, &kblock, down);
+    if let (Some(view), Some(i)) = (&spec.dq, wq) {
+        // Per batch index, its tasks' shares summed in the order of their keys.
+        let mut sum = vec![A::ZERO; l * d];
+        for b in 0..spec.batch_count() {
+            sum.fill(A::ZERO);
+            for (_, (first, dq, _, _)) in tasks.iter().zip(&results).filter(|((tb, _), _)| *tb == b) {
+                for (x, &y) in sum[first * d..].iter_mut().zip(dq) {
+                    *x += y;
+                }
             }
-            if let (Some(view), Some(i)) = (&spec.dv, wv) {
-                write_rows(shape, view, outs[i], b, first, &vblock, down);
-            }
+            write_rows(spec, view, outs[i], (b, 0), &sum);
         }
     }
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cpu::attention::{attention_bytes, AttentionSpec};
-    use coil_ir::loops::BufferId;
-
-    fn view(batch_stride: usize, row_stride: usize) -> StridedOperand<usize> {
-        StridedOperand { buffer: BufferId(0), offset: 0, batch_strides: vec![batch_stride], row_stride, col_stride: 1 }
+/// The task of keys `keys`: without a mask, all of them; with one, narrowed to those some row
+/// that sees them keeps, which are the only ones it reads.
+fn live_keys<T: Element<A>, A: Compute>(shape: &Shape, ops: &Operands<T, A>, keys: std::ops::Range<usize>) -> Task {
+    if ops.mask.is_none() {
+        return Task { keys, read: vec![] };
     }
-
-    fn vals(n: usize, seed: f64) -> Vec<f64> {
-        (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect()
-    }
-
-    /// A mask's term for (row, key): `None` drops the key, else what is added to the score.
-    type Term<'a> = &'a dyn Fn(usize, usize) -> Option<f64>;
-
-    /// The gradients by their definition in f64 (dq, dk, dv of every batch index), from the
-    /// forward's output and logsumexp: `term(i, j)` is the mask's (`None` drops the key).
-    #[allow(clippy::type_complexity)]
-    fn reference(
-        spec: &AttentionBackwardSpec,
-        (q, k, v, g, o, lse): (&[f64], &[f64], &[f64], &[f64], &[f64], &[f64]),
-        term: Term,
-    ) -> [Vec<f64>; 3] {
-        let (l, s, d) = (spec.l, spec.s, spec.d);
-        let n = spec.batch_count();
-        let (mut dq, mut dk, mut dv) = (vec![0.0; n * l * d], vec![0.0; n * s * d], vec![0.0; n * s * d]);
-        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
-        for b in 0..n {
-            let row = |x: &[f64], r: usize| x[(b * l + r) * d..(b * l + r + 1) * d].to_vec();
-            let key = |x: &[f64], j: usize| x[(b * s + j) * d..(b * s + j + 1) * d].to_vec();
-            for i in 0..l {
-                let (qi, gi) = (row(q, i), row(g, i));
-                let delta = dot(&gi, &row(o, i));
-                for j in (0..s).filter(|&j| !(spec.causal && j > i)) {
-                    let Some(t) = term(i, j) else { continue };
-                    let (kj, vj) = (key(k, j), key(v, j));
-                    let p = (dot(&qi, &kj) * spec.scale + t - lse[b * l + i]).exp();
-                    let ds = p * (dot(&gi, &vj) - delta);
-                    for c in 0..d {
-                        dq[(b * l + i) * d + c] += spec.scale * ds * kj[c];
-                        dk[(b * s + j) * d + c] += spec.scale * ds * qi[c];
-                        dv[(b * s + j) * d + c] += p * gi[c];
-                    }
-                }
-            }
-        }
-        [dq, dk, dv]
-    }
-
-    /// A `[l, s]` mask broadcast over 2 batch indices, bool and added, with a row that keeps no
-    /// key (whose gradients are 0, no NaN), causal and not: the definition's gradients.
-    #[test]
-    fn masked_gradients_match_the_definition_and_dead_rows_are_zero() {
-        let (l, s, d, n) = (37, 45, 16, 2);
-        let keep = |i: usize, j: usize| i != 4 && (i * 3 + j) % 7 != 2;
-        let added = |i: usize, j: usize| keep(i, j).then(|| ((i * 5 + j) as f64 * 0.23).cos());
-        let bools: Vec<u8> = (0..l * s).map(|x| keep(x / s, x % s) as u8).collect();
-        let terms: Vec<f64> = (0..l * s).map(|x| added(x / s, x % s).unwrap_or(f64::NEG_INFINITY)).collect();
-        let (q, k, v, g) = (vals(n * l * d, 0.1), vals(n * s * d, 1.3), vals(n * s * d, 2.9), vals(n * l * d, 4.2));
-        let bytes = |x: &[f64]| bytemuck::cast_slice::<f64, u8>(x).to_vec();
-        let (qb, kb, vb, gb) = (bytes(&q), bytes(&k), bytes(&v), bytes(&g));
-        let terms_bytes = bytes(&terms);
-        let bool_term = |i: usize, j: usize| keep(i, j).then_some(0.0);
-        let cases: [(MaskBytes, Term); 2] = [
-            (MaskBytes { bytes: &bools, kind: MaskKind::Bool }, &bool_term),
-            (MaskBytes { bytes: &terms_bytes, kind: MaskKind::Added }, &added),
-        ];
-        for (mask, term) in cases {
-            for causal in [false, true] {
-                let fwd = AttentionSpec {
-                    q: view(l * d, d),
-                    k: view(s * d, d),
-                    v: view(s * d, d),
-                    out: view(l * d, d),
-                    batch: vec![n],
-                    l,
-                    s,
-                    d,
-                    causal,
-                    scale: 0.3,
-                    mask: Some(view(0, s)),
-                    dropout: None,
-                    mask_rule: None,
-                    offset: 0,
-                };
-                let (mut out, mut lse) = (vec![0u8; n * l * d * 8], vec![0u8; n * l * 8]);
-                attention_bytes(&fwd, DType::F64, &qb, &kb, &vb, Some(mask), &mut out, Some(&mut lse)).unwrap();
-                let spec = AttentionBackwardSpec {
-                    q: fwd.q.clone(),
-                    k: fwd.k.clone(),
-                    v: fwd.v.clone(),
-                    grad_out: fwd.out.clone(),
-                    out: fwd.out.clone(),
-                    dq: Some(view(l * d, d)),
-                    dk: Some(view(s * d, d)),
-                    dv: Some(view(s * d, d)),
-                    batch: vec![n],
-                    l,
-                    s,
-                    d,
-                    causal,
-                    scale: 0.3,
-                    mask: Some(view(0, s)),
-                    dropout: None,
-                };
-                let (mut dq, mut dk, mut dv) =
-                    (vec![0u8; n * l * d * 8], vec![0u8; n * s * d * 8], vec![0u8; n * s * d * 8]);
-                let grads = GradBuffers::separate(Some(&mut dq), Some(&mut dk), Some(&mut dv));
-                let bufs = BackwardBuffers {
-                    q: &qb,
-                    k: &kb,
-                    v: &vb,
-                    grad_out: &gb,
-                    lse: &lse,
-                    out: &out,
-                    grads,
-                    mask: Some(mask),
-                };
-                attention_backward_bytes(&spec, DType::F64, bufs).unwrap();
-                let (o, lse): (&[f64], &[f64]) = (bytemuck::cast_slice(&out), bytemuck::cast_slice(&lse));
-                assert!(lse[4].is_infinite() && lse[l + 4].is_infinite(), "row 4 keeps no key");
-                let want = reference(&spec, (&q, &k, &v, &g, o, lse), term);
-                for (name, got, want) in [("dq", &dq, &want[0]), ("dk", &dk, &want[1]), ("dv", &dv, &want[2])] {
-                    let got: &[f64] = bytemuck::cast_slice(got);
-                    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-                        assert!((a - b).abs() < 1e-12, "{:?} causal={causal} {name}[{i}]: {a} vs {b}", mask.kind);
-                    }
-                }
-                let dq: &[f64] = bytemuck::cast_slice(&dq);
-                assert!(dq[4 * d..5 * d].iter().all(|&x| x == 0.0), "a row that keeps no key: dq 0");
-            }
-        }
-    }
-
-    #[test]
-    fn a_mask_view_reaching_outside_its_buffer_is_an_error() {
-        let (l, s, d) = (4, 4, 8);
-        let spec = AttentionBackwardSpec {
-            q: view(l * d, d),
-            k: view(s * d, d),
-            v: view(s * d, d),
-            grad_out: view(l * d, d),
-            out: view(l * d, d),
-            dq: Some(view(l * d, d)),
-            dk: None,
-            dv: None,
-            batch: vec![2],
-            l,
-            s,
-            d,
-            causal: false,
-            scale: 0.3,
-            mask: Some(view(l * s, s)),
-            dropout: None,
-        };
-        let e = spec.check_mask(Some(31)).unwrap_err();
-        assert!(e.to_string().contains("mask view reaches element 31 of 31"), "{e}");
-        assert!(spec.check_mask(None).is_err());
-        assert!(spec.check_mask(Some(32)).is_ok());
-    }
+    let first_row = |j: usize| if shape.causal { j } else { 0 };
+    let read: Vec<bool> = keys
+        .clone()
+        .map(|j| (first_row(j)..shape.l).any(|i| ops.lse[i] != A::NEG_INFINITY && ops.term(i, j).is_some()))
+        .collect();
+    let lo = read.iter().position(|&x| x).unwrap_or(read.len());
+    let hi = read.iter().rposition(|&x| x).map_or(lo, |x| x + 1);
+    let live = keys.start + lo..keys.start + hi;
+    Task { keys: live, read: read[lo..hi].to_vec() }
 }
+
+#[cfg(test)]
+#[path = "attention_backward_tests.rs"]
+mod tests;

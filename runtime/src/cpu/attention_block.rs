@@ -323,20 +323,20 @@ unsafe fn forward_avx2<A: Compute, S: Source<A>>(shape: Shape, task: &Task, src:
 
 /// [`forward_in`]'s `SIMD`: the register tiles in the build's own vector instructions (what
 /// the compiler makes of scalar code), ...
-const PORTABLE: u8 = 0;
+pub(crate) const PORTABLE: u8 = 0;
 /// ... in AVX2 and FMA intrinsics (f32; `NR` 16), ...
-const AVX2: u8 = 1;
+pub(crate) const AVX2: u8 = 1;
 /// ... or in AVX-512 ones (f32; `NR` 32).
-const AVX512: u8 = 2;
+pub(crate) const AVX512: u8 = 2;
 
 thread_local! {
     /// Each pool thread's workspace (converted operands, tiles), kept from call to call so a
     /// call does not fault fresh pages in.
-    static WORKSPACE: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    pub(crate) static WORKSPACE: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `n` rounded up to a multiple of `m`.
-fn round_up(n: usize, m: usize) -> usize {
+pub(crate) fn round_up(n: usize, m: usize) -> usize {
     n.div_ceil(m) * m
 }
 
@@ -419,7 +419,13 @@ fn forward_in<A: Compute, S: Source<A>, const FMA: bool, const MR: usize, const 
                 };
                 let ktb = &kt[blk * d * BN..(blk + 1) * d * BN];
                 // S = Q K^T over the block's keys.
-                product::<A, FMA, MR, NR, SIMD>((rows, round_up(kn, NR), d), (qt, d), (ktb, BN), (st, BN), false);
+                product::<A, FMA, MR, NR, SIMD>(
+                    (rows, round_up(kn, NR), d),
+                    (qt, d, Left::Rows),
+                    (ktb, BN),
+                    (st, BN),
+                    false,
+                );
                 // Scale, mask, and the online softmax per row; P replaces S.
                 for r in 0..rows {
                     let srow: &mut [A; BN] = (&mut st[r * BN..(r + 1) * BN]).try_into().unwrap();
@@ -446,7 +452,7 @@ fn forward_in<A: Compute, S: Source<A>, const FMA: bool, const MR: usize, const 
                 }
                 // O += P V over the block's keys.
                 let vblk = &vb[blk * BN * dp..];
-                product::<A, FMA, MR, NR, SIMD>((rows, dp, kn), (st, BN), (vblk, dp), (ot, dp), true);
+                product::<A, FMA, MR, NR, SIMD>((rows, dp, kn), (st, BN, Left::Rows), (vblk, dp), (ot, dp), true);
             }
             // Divide by the sums; a row that saw no key keeps 0 and logsumexp -inf.
             let base = q0 - task.rows.start;
@@ -523,7 +529,7 @@ fn softmax_row<A: Compute, const FMA: bool, const N: usize>(x: &mut [A; N], live
 
 /// `out[c][j] = rows[j][c]` for `N` rows of `d` (`out` is `[d][N]`).
 #[inline(always)]
-fn transpose<A: Compute, const SIMD: u8, const N: usize>(rows: &[A], d: usize, out: &mut [A]) {
+pub(crate) fn transpose<A: Compute, const SIMD: u8, const N: usize>(rows: &[A], d: usize, out: &mut [A]) {
     assert!(rows.len() >= N * d && out.len() >= N * d && N.is_multiple_of(16));
     #[cfg(target_arch = "x86_64")]
     if SIMD != PORTABLE && std::mem::size_of::<A>() == 4 {
@@ -546,70 +552,101 @@ fn transpose<A: Compute, const SIMD: u8, const N: usize>(rows: &[A], d: usize, o
     }
 }
 
+/// How a product's left operand `a` (`rows` by `k`) lies in memory, `lda` being its stride.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Left {
+    /// Element `(r, p)` at `r * lda + p`: row-major.
+    Rows,
+    /// Element `(r, p)` at `p * lda + r`: the transpose of a row-major `k` by `rows` matrix.
+    Columns,
+}
+
 /// `c (+)= a b` of `rows` by `cols` (a multiple of `NR`) with `k` terms, operands given with
-/// their row strides: tiles of `MR` rows, the rest of the rows in tiles of 4, 2 or 1 (a
-/// decode step's one row is not padded to `MR`).
+/// their strides (`a` row-major or transposed): tiles of `MR` rows, the rest of the rows in
+/// tiles of 4, 2 or 1 (a decode step's one row is not padded to `MR`).
 #[inline(always)]
-fn product<A: Compute, const FMA: bool, const MR: usize, const NR: usize, const SIMD: u8>(
+pub(crate) fn product<A: Compute, const FMA: bool, const MR: usize, const NR: usize, const SIMD: u8>(
     (rows, cols, k): (usize, usize, usize),
-    (a, lda): (&[A], usize),
+    (a, lda, left): (&[A], usize, Left),
     (b, ldb): (&[A], usize),
     (c, ldc): (&mut [A], usize),
     accumulate: bool,
 ) {
     let mut r0 = 0;
     while r0 < rows {
-        let left = rows - r0;
-        let take = if left >= MR {
+        let left_rows = rows - r0;
+        let take = if left_rows >= MR {
             MR
-        } else if left >= 4 {
+        } else if left_rows >= 4 {
             4
-        } else if left >= 2 {
+        } else if left_rows >= 2 {
             2
         } else {
             1
         };
+        let a = match left {
+            Left::Rows => &a[r0 * lda..],
+            Left::Columns => &a[r0..],
+        };
         for n0 in (0..cols).step_by(NR) {
-            let (a, b, c) = (&a[r0 * lda..], &b[n0..], &mut c[r0 * ldc + n0..]);
+            let (b, c) = (&b[n0..], &mut c[r0 * ldc + n0..]);
+            let a = (a, lda, left);
             match take {
-                4 => tile::<A, FMA, 4, NR, SIMD>(k, a, lda, b, ldb, c, ldc, accumulate),
-                2 => tile::<A, FMA, 2, NR, SIMD>(k, a, lda, b, ldb, c, ldc, accumulate),
-                1 => tile::<A, FMA, 1, NR, SIMD>(k, a, lda, b, ldb, c, ldc, accumulate),
-                _ => tile::<A, FMA, MR, NR, SIMD>(k, a, lda, b, ldb, c, ldc, accumulate),
+                4 => tile::<A, FMA, 4, NR, SIMD>(k, a, b, ldb, c, ldc, accumulate),
+                2 => tile::<A, FMA, 2, NR, SIMD>(k, a, b, ldb, c, ldc, accumulate),
+                1 => tile::<A, FMA, 1, NR, SIMD>(k, a, b, ldb, c, ldc, accumulate),
+                _ => tile::<A, FMA, MR, NR, SIMD>(k, a, b, ldb, c, ldc, accumulate),
             }
         }
         r0 += take;
     }
 }
 
-/// `c[r][n] (+)= sum_p a[r][p] b[p][n]` for an `MR` by `NR` tile, `k` terms (rows of `a`
-/// `lda` apart, of `b` `ldb`, of `c` `ldc`); `accumulate` adds to `c`, else overwrites it.
+/// `acc[n] += x * b[n]`, fused when `FMA`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // a matrix product's operands
+fn fma_row<A: Compute, const FMA: bool, const NR: usize>(acc: &mut [A; NR], x: A, b: &[A; NR]) {
+    for n in 0..NR {
+        acc[n] = A::fma::<FMA>(x, b[n], acc[n]);
+    }
+}
+
+/// `c[r][n] (+)= sum_p a(r, p) b[p][n]` for an `MR` by `NR` tile, `k` terms (`a` laid out as
+/// its [`Left`] says with stride `lda`, rows of `b` `ldb` apart, of `c` `ldc`); `accumulate`
+/// adds to `c`, else overwrites it.
+#[inline(always)]
 fn tile<A: Compute, const FMA: bool, const MR: usize, const NR: usize, const SIMD: u8>(
     k: usize,
-    a: &[A],
-    lda: usize,
+    (a, lda, left): (&[A], usize, Left),
     b: &[A],
     ldb: usize,
     c: &mut [A],
     ldc: usize,
     accumulate: bool,
 ) {
+    // The last element of `a` read, plus one.
+    let a_end = match left {
+        Left::Rows => (MR - 1) * lda + k,
+        Left::Columns if k == 0 => 0,
+        Left::Columns => (k - 1) * lda + MR,
+    };
     #[cfg(target_arch = "x86_64")]
     if SIMD != PORTABLE && std::mem::size_of::<A>() == 4 {
         // f32: the compiler does not keep scalar code's tile of sums in vector registers.
-        assert!(a.len() >= (MR - 1) * lda + k && c.len() >= (MR - 1) * ldc + NR);
+        assert!(a.len() >= a_end && c.len() >= (MR - 1) * ldc + NR);
         assert!(k == 0 || b.len() >= (k - 1) * ldb + NR);
+        let (rs, cs) = match left {
+            Left::Rows => (lda, 1),
+            Left::Columns => (1, lda),
+        };
         let (a, b, c) = (a.as_ptr() as *const f32, b.as_ptr() as *const f32, c.as_mut_ptr() as *mut f32);
-        // SAFETY: the reads and writes stay inside the slices (checked above); `forward` runs
+        // SAFETY: the reads and writes stay inside the slices (checked above); the kernels run
         // these copies only where `Isa::detect` saw their features.
         unsafe {
             if SIMD == AVX512 && NR == 32 {
-                return x86::tile_avx512::<MR>(k, a, lda, b, ldb, c, ldc, accumulate);
+                return x86::tile_avx512::<MR>(k, (a, rs, cs), b, ldb, c, ldc, accumulate);
             }
             if SIMD == AVX2 && NR == 16 {
-                return x86::tile_avx2::<MR>(k, a, lda, b, ldb, c, ldc, accumulate);
+                return x86::tile_avx2::<MR>(k, (a, rs, cs), b, ldb, c, ldc, accumulate);
             }
         }
     }
@@ -619,13 +656,24 @@ fn tile<A: Compute, const FMA: bool, const MR: usize, const NR: usize, const SIM
             row.copy_from_slice(&c[r * ldc..r * ldc + NR]);
         }
     }
-    let arows: [&[A]; MR] = std::array::from_fn(|r| &a[r * lda..r * lda + k]);
-    for p in 0..k {
-        let brow: &[A; NR] = b[p * ldb..p * ldb + NR].try_into().unwrap();
-        for r in 0..MR {
-            let x = arows[r][p];
-            for n in 0..NR {
-                acc[r][n] = A::fma::<FMA>(x, brow[n], acc[r][n]);
+    match left {
+        Left::Rows => {
+            let arows: [&[A]; MR] = std::array::from_fn(|r| &a[r * lda..r * lda + k]);
+            for p in 0..k {
+                let brow: &[A; NR] = b[p * ldb..p * ldb + NR].try_into().unwrap();
+                for r in 0..MR {
+                    fma_row::<A, FMA, NR>(&mut acc[r], arows[r][p], brow);
+                }
+            }
+        }
+        Left::Columns => {
+            assert!(a.len() >= a_end);
+            for p in 0..k {
+                let brow: &[A; NR] = b[p * ldb..p * ldb + NR].try_into().unwrap();
+                let acol: &[A; MR] = a[p * lda..p * lda + MR].try_into().unwrap();
+                for r in 0..MR {
+                    fma_row::<A, FMA, NR>(&mut acc[r], acol[r], brow);
+                }
             }
         }
     }
@@ -639,14 +687,14 @@ fn tile<A: Compute, const FMA: bool, const MR: usize, const NR: usize, const SIM
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// [`super::tile`] of f32 with `NR` 32, on raw pointers (the caller checks the extents).
+    /// [`super::tile`] of f32 with `NR` 32, on raw pointers (the caller checks the extents):
+    /// element `(r, p)` of `a` at `r * rs + p * cs`.
     #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)] // a matrix product's operands
     pub(super) unsafe fn tile_avx512<const MR: usize>(
         k: usize,
-        a: *const f32,
-        lda: usize,
+        (a, rs, cs): (*const f32, usize, usize),
         b: *const f32,
         ldb: usize,
         c: *mut f32,
@@ -663,7 +711,7 @@ mod x86 {
         for p in 0..k {
             let (b0, b1) = (_mm512_loadu_ps(b.add(p * ldb)), _mm512_loadu_ps(b.add(p * ldb + 16)));
             for (r, row) in acc.iter_mut().enumerate() {
-                let x = _mm512_set1_ps(*a.add(r * lda + p));
+                let x = _mm512_set1_ps(*a.add(r * rs + p * cs));
                 row[0] = _mm512_fmadd_ps(x, b0, row[0]);
                 row[1] = _mm512_fmadd_ps(x, b1, row[1]);
             }
@@ -701,14 +749,14 @@ mod x86 {
         }
     }
 
-    /// [`super::tile`] of f32 with `NR` 16, on raw pointers (the caller checks the extents).
+    /// [`super::tile`] of f32 with `NR` 16, on raw pointers (the caller checks the extents):
+    /// element `(r, p)` of `a` at `r * rs + p * cs`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)] // a matrix product's operands
     pub(super) unsafe fn tile_avx2<const MR: usize>(
         k: usize,
-        a: *const f32,
-        lda: usize,
+        (a, rs, cs): (*const f32, usize, usize),
         b: *const f32,
         ldb: usize,
         c: *mut f32,
@@ -725,7 +773,7 @@ mod x86 {
         for p in 0..k {
             let (b0, b1) = (_mm256_loadu_ps(b.add(p * ldb)), _mm256_loadu_ps(b.add(p * ldb + 8)));
             for (r, row) in acc.iter_mut().enumerate() {
-                let x = _mm256_set1_ps(*a.add(r * lda + p));
+                let x = _mm256_set1_ps(*a.add(r * rs + p * cs));
                 row[0] = _mm256_fmadd_ps(x, b0, row[0]);
                 row[1] = _mm256_fmadd_ps(x, b1, row[1]);
             }

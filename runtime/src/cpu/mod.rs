@@ -25,6 +25,7 @@
 
 pub mod attention;
 pub mod attention_backward;
+mod attention_backward_block;
 mod attention_block;
 pub mod attention_dropout;
 mod children;
