@@ -395,25 +395,23 @@ fn run<T: Element<A>, A: Compute>(spec: &AttentionSpec, ops: Operands<T>, out: &
     }
 }
 
-/// Fewest multiply-adds (of `q k^T` and `p v` together) a parallel task should have: smaller
-/// ones cost more to hand out, and to convert their keys for, than they save.
+/// Fewest multiply-adds a parallel task of attention (forward or backward) should have: smaller
+/// ones cost more to hand out, and to convert their operands for, than they save.
 const TASK_MACS: usize = 1 << 20;
 
-/// Tasks per pool thread wanted: more balance the load, each converts its keys again.
+/// Tasks per pool thread wanted: more balance the load, each converts its operands again (and,
+/// backward, adds a share of dQ to sum).
 const TASKS_PER_THREAD: usize = 2;
 
-/// The tasks: per batch index, its query rows in ranges of whole row blocks of about equal
-/// work (causal rows see more keys the later they are), enough of them in all to keep the
-/// pool busy but none too small.
-fn plan(spec: &AttentionSpec) -> Vec<(usize, std::ops::Range<usize>)> {
-    let (l, s, d) = (spec.l, spec.s, spec.d);
-    let blocks: Vec<std::ops::Range<usize>> =
-        (0..l).step_by(ROWS_PER_BLOCK).map(|r| r..(r + ROWS_PER_BLOCK).min(l)).collect();
-    let limit = spec.limit();
-    let work: Vec<usize> =
-        blocks.iter().map(|r| r.len() * limit.map_or(s, |lim| lim.keys_seen(r.clone(), s)).max(1) * d * 2).collect();
+/// Parallel tasks of attention: per batch index of `batches`, ranges of whole `blocks` (of rows
+/// forward, of keys backward) of about equal `work` (multiply-adds per block), enough of them
+/// in all to keep the pool busy but none too small.
+pub(crate) fn split_by_work(
+    blocks: &[std::ops::Range<usize>],
+    work: &[usize],
+    batches: usize,
+) -> Vec<(usize, std::ops::Range<usize>)> {
     let total: usize = work.iter().sum();
-    let batches = spec.batch_count();
     let wanted = (rayon::current_num_threads() * TASKS_PER_THREAD).min(total * batches / TASK_MACS).max(1);
     let parts = wanted.div_ceil(batches).clamp(1, blocks.len());
     // Cut where the running work passes each part's share.
@@ -428,6 +426,18 @@ fn plan(spec: &AttentionSpec) -> Vec<(usize, std::ops::Range<usize>)> {
         }
     }
     (0..batches).flat_map(|b| ranges.iter().map(move |r| (b, r.clone()))).collect()
+}
+
+/// The tasks: per batch index, its query rows in ranges of whole row blocks of about equal
+/// work (causal rows see more keys the later they are).
+fn plan(spec: &AttentionSpec) -> Vec<(usize, std::ops::Range<usize>)> {
+    let (l, s, d) = (spec.l, spec.s, spec.d);
+    let blocks: Vec<std::ops::Range<usize>> =
+        (0..l).step_by(ROWS_PER_BLOCK).map(|r| r..(r + ROWS_PER_BLOCK).min(l)).collect();
+    let limit = spec.limit();
+    let work: Vec<usize> =
+        blocks.iter().map(|r| r.len() * limit.map_or(s, |lim| lim.keys_seen(r.clone(), s)).max(1) * d * 2).collect();
+    split_by_work(&blocks, &work, spec.batch_count())
 }
 
 /// One batch index's operands, as the blocked kernel reads them.

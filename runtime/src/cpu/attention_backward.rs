@@ -16,7 +16,7 @@
 //! as PyTorch's. With dropout, `p` is the dropped probability in `dv`, and `ds` takes the
 //! dropped `g_i . v_j`.
 
-use super::attention::{batch_offset, cast, cast_mut, check_views, dot, mask_of, MaskBytes};
+use super::attention::{batch_offset, cast, cast_mut, check_views, dot, mask_of, split_by_work, MaskBytes};
 use super::attention_backward_block::{self as block, Grads, MaskRows, Operands, Rows, Shape, Task};
 use super::attention_block::{Compute, Element, Isa, KEYS_PER_BLOCK};
 use super::attention_dropout::DropoutDraw;
@@ -276,38 +276,15 @@ fn write_rows<T: Element<A>, A: Compute>(
     }
 }
 
-/// Fewest multiply-adds (of the five products together) a parallel task should have: smaller
-/// ones cost more to hand out than they save.
-const TASK_MACS: usize = 1 << 20;
-
-/// Tasks per pool thread wanted: more balance the load, each adds a share of dQ to sum.
-const TASKS_PER_THREAD: usize = 2;
-
 /// The tasks: per batch index, its keys in ranges of whole key blocks of about equal work
-/// (causal: a key is seen by the rows from it on), enough of them in all to keep the pool busy
-/// but none too small.
+/// (causal: a key is seen by the rows from it on).
 fn plan(spec: &AttentionBackwardSpec) -> Vec<(usize, std::ops::Range<usize>)> {
     let (l, s, d) = (spec.l, spec.s, spec.d);
     let blocks: Vec<std::ops::Range<usize>> =
         (0..s).step_by(KEYS_PER_BLOCK).map(|k| k..(k + KEYS_PER_BLOCK).min(s)).collect();
     let seen_by = |k: usize| if spec.causal { l.saturating_sub(k) } else { l };
     let work: Vec<usize> = blocks.iter().map(|k| k.len() * seen_by(k.start).max(1) * d * 5).collect();
-    let total: usize = work.iter().sum();
-    let batches = spec.batch_count();
-    let wanted = (rayon::current_num_threads() * TASKS_PER_THREAD).min(total * batches / TASK_MACS).max(1);
-    let parts = wanted.div_ceil(batches).clamp(1, blocks.len());
-    // Cut where the running work passes each part's share.
-    let mut ranges = Vec::with_capacity(parts);
-    let (mut start, mut acc, mut next) = (0, 0, 1);
-    for (k, w) in work.iter().enumerate() {
-        acc += w;
-        if acc * parts >= total * next || k + 1 == blocks.len() {
-            ranges.push(blocks[start].start..blocks[k].end);
-            start = k + 1;
-            next += 1;
-        }
-    }
-    (0..batches).flat_map(|b| ranges.iter().map(move |r| (b, r.clone()))).collect()
+    split_by_work(&blocks, &work, spec.batch_count())
 }
 
 /// What one task gives: the first row of its share of dQ, the share (`[rows, d]`), and its
