@@ -153,22 +153,15 @@ static inline float coil_round_bf16(float f) {
     return coil_bits_f32(r & 0xffff0000u);
 }
 
-/* ---- Philox 4x32-10, exactly as coil_ir::philox ------------------------------------------------ */
-static inline void coil_philox(uint64_t seed, uint64_t index, uint32_t w[4]) {
-    uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (int r = 0; r < 10; r++) {
-        if (r > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1;
-        c3 = (uint32_t)p0;
-        c0 = n0;
-        c2 = n2;
-    }
-    w[0] = c0; w[1] = c1; w[2] = c2; w[3] = c3;
-}
-/* Uniform on [0, 1): (w0 >> 8) * 2^-24, exact in every float dtype. */
+"#;
+
+/// Philox 4x32-10, the one definition the CUDA kernels include too (`templates/philox.cuh`),
+/// as plain C functions.
+const PHILOX: &str =
+    concat!("#define COIL_D static inline\n", include_str!("../templates/philox.cuh"), "#undef COIL_D\n");
+
+/// After [`PHILOX`]: the random draws built on it.
+const RANDOM: &str = r#"/* Uniform on [0, 1): (w0 >> 8) * 2^-24, exact in every float dtype. */
 static inline double coil_rand_uniform(uint64_t seed, uint64_t index) {
     uint32_t w[4];
     coil_philox(seed, index, w);
@@ -316,7 +309,7 @@ static PRELUDE: LazyLock<String> = LazyLock::new(|| {
         FLOAT_TEMPLATE.replace("$T", t).replace("$S", s).replace("$M", m).replace("$EXP", exp)
     };
     format!(
-        "{HEADER}\n{C_HELPERS}{COMMON}{}{AFTER_VECMATH}{}{}",
+        "{HEADER}\n{C_HELPERS}{COMMON}{PHILOX}{RANDOM}{}{AFTER_VECMATH}{}{}",
         vecmath(),
         float("float", "_f32", "f", "coil_exp_nonpositive_f32"),
         float("double", "_f64", "", "exp")

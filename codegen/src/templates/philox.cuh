@@ -1,4 +1,4 @@
-/* ---- Philox 4x32-10, exactly as coil_ir::philox ------------------------------------------- */
+/* ---- Philox 4x32-10, exactly as coil_ir::philox (the C prelude and the CUDA kernels both) ------ */
 COIL_D void coil_philox(uint64_t seed, uint64_t index, uint32_t w[4]) {
     uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32), c2 = 0, c3 = 0;
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
