@@ -204,6 +204,10 @@ pub struct Tuning {
     /// that reads memory nothing wrote shows it instead of reading stale values. For debugging;
     /// one memset per allocation. `COIL_POISON=1`.
     pub poison_device_memory: bool,
+    /// Whether generated kernels are launched as programmatic dependents where the GPU has
+    /// them ([`GpuTarget::programmatic_launch`](crate::target::GpuTarget::programmatic_launch)),
+    /// so each starts while the kernel before it drains. `COIL_PDL=0` turns it off.
+    pub programmatic_launch: bool,
 }
 
 impl Default for Tuning {
@@ -226,6 +230,7 @@ impl Default for Tuning {
             gemm_autotune: true,
             attention_autotune: true,
             poison_device_memory: false,
+            programmatic_launch: true,
         }
     }
 }
@@ -419,6 +424,7 @@ impl Env {
             gemm_autotune: self.get("COIL_GEMM_AUTOTUNE").is_none_or(|v| v != "0"),
             attention_autotune: self.get("COIL_ATTENTION_AUTOTUNE").is_none_or(|v| v != "0"),
             poison_device_memory: self.get("COIL_POISON").is_some_and(|v| v == "1"),
+            programmatic_launch: self.get("COIL_PDL").is_none_or(|v| v != "0"),
         };
         Config {
             cache_dir: self.path("COIL_CACHE_DIR").unwrap_or(base.cache_dir),

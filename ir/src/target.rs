@@ -223,6 +223,20 @@ impl GpuTarget {
         self.compute_capability.0 * 10 + self.compute_capability.1
     }
 
+    /// Whether kernels may be launched as programmatic dependents (sm_90 and newer): a kernel
+    /// launched so starts while the one before it on the stream drains, and waits at
+    /// `griddepcontrol.wait` (which generated kernels execute before touching memory) until
+    /// that one has finished and its writes are visible.
+    ///
+    /// ```
+    /// use coil_ir::target::GpuTarget;
+    /// assert!(GpuTarget::h100().programmatic_launch());
+    /// assert!(!GpuTarget::a100().programmatic_launch());
+    /// ```
+    pub fn programmatic_launch(&self) -> bool {
+        self.compute_capability.0 >= 9
+    }
+
     /// The tensor-core generation of the compute capability.
     ///
     /// ```

@@ -543,6 +543,13 @@ impl<'a> Gen<'a> {
         self.line(&format!("{head}({})", params.join(", ")));
         self.open("{");
         self.line("(void)status;");
+        // As the PTX kernels: a programmatic dependent on sm_90 and newer
+        // (`GpuTarget::programmatic_launch`) lets the next grid start and waits for the one
+        // before it here, before any memory access.
+        self.line("#if __CUDA_ARCH__ >= 900");
+        self.line("asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");");
+        self.line("asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");");
+        self.line("#endif");
         self.line(&format!("const {} xnumel = {};", self.it, self.xnumel.to_c()));
         match k.kind {
             KernelKind::Pointwise => self.pointwise(),

@@ -1007,6 +1007,12 @@ unsafe fn launch_generated(
 ) -> Result<()> {
     let mut pointers: Vec<*mut c_void> = params.iter_mut().map(|v| (v as *mut u64).cast()).collect();
     dev.bind()?;
+    if dev.target().programmatic_launch() && coil_ir::config::current().tuning.programmatic_launch {
+        // SAFETY: as below; the kernel waits for the grid before it (`griddepcontrol.wait`)
+        // before its first memory access.
+        return unsafe { launch_dependent(dev, func, launch, grid, &mut pointers) }
+            .map_err(|e| driver_error(&format!("cuLaunchKernelEx({name})"), e));
+    }
     // SAFETY: the caller's contract; `pointers` and `params` outlive the call (the driver
     // copies the values).
     unsafe {
@@ -1020,6 +1026,42 @@ unsafe fn launch_generated(
         )
     }
     .map_err(|e| driver_error(&format!("cuLaunchKernel({name})"), e))
+}
+
+/// Enqueues `func` as a programmatic dependent of the work before it on the device's stream:
+/// the launch may begin as soon as that kernel's blocks have all started (or it ends), so the
+/// launch latency and the previous kernel's tail overlap. Generated kernels wait for the
+/// previous grid's completion and writes (`griddepcontrol.wait`) before touching memory, so
+/// the order of their memory accesses is the stream's.
+///
+/// # Safety
+/// As [`launch_generated`]'s; `func` must execute `griddepcontrol.wait` before any access to
+/// memory another kernel writes.
+unsafe fn launch_dependent(
+    dev: &CudaDevice,
+    func: sys::CUfunction,
+    launch: &Launch,
+    grid: u32,
+    pointers: &mut [*mut c_void],
+) -> std::result::Result<(), drv::DriverError> {
+    // SAFETY: a zeroed attribute is a valid value of the plain-data union.
+    let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: launch.block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: launch.shared_bytes,
+        hStream: dev.cu_stream(),
+        attrs: &mut attribute,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's contract; `config`, `attribute` and `pointers` outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&config, func, pointers.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
 /// The status words of `kernels` generated kernels (4 each) in `status`, copied to the host

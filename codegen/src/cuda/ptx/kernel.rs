@@ -26,6 +26,8 @@ pub(super) struct PtxGen<'a> {
     plan: Plan,
     /// Resident threads of one SM of the target (the occupancy hint of wide looped kernels).
     threads_per_sm: u32,
+    /// Whether the kernel waits for the grid before it on entry ([`GpuTarget::programmatic_launch`]).
+    dependent: bool,
     a: Asm,
     /// 64-bit index arithmetic (the CUDA emitter's `int64_t` kernels).
     wide: bool,
@@ -104,6 +106,7 @@ impl<'a> PtxGen<'a> {
             k,
             plan,
             threads_per_sm: target.max_threads_per_sm,
+            dependent: target.programmatic_launch(),
             a: Asm::default(),
             wide: index_type(k) != "int",
             facts: KernelFacts::new(k),
@@ -648,6 +651,13 @@ impl<'a> PtxGen<'a> {
         let raw = self.a.reg(Class::B64);
         self.a.ins(format!("ld.param.u64 {raw}, [{}]", param(n)));
         self.status = Some(self.a.op(Class::B64, "cvta.to.global.u64", &[raw.into()]));
+        if self.dependent {
+            // Launched as a programmatic dependent, the kernel may start before the grid
+            // before it ends: let the next grid start as this one's blocks are all resident,
+            // and wait for the previous grid's writes before the first memory access.
+            self.a.ins("griddepcontrol.launch_dependents");
+            self.a.ins("griddepcontrol.wait");
+        }
         match k.kind {
             KernelKind::Pointwise => self.pointwise()?,
             KernelKind::PersistentReduction | KernelKind::LoopedReduction => self.reduction()?,

@@ -44,6 +44,29 @@ fn classic_kernels_snapshots() {
     }
 }
 
+/// On sm_90 every kernel waits for the grid before it (it may be launched as a programmatic
+/// dependent) before its first global access; on sm_80 there is no such instruction.
+#[test]
+fn kernels_wait_for_the_previous_grid_before_touching_memory_on_sm_90() {
+    let mut checked = 0;
+    for kernel in all_kernels() {
+        let Ok(module) = emit_ptx(&kernel, &GpuTarget::h100(), &Tuning::default()) else { continue };
+        checked += 1;
+        let hopper = module.source;
+        let wait = hopper.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("{}: no wait", kernel.name));
+        let first_access = ["ld.global", "st.global", "atom.global", "red.global"]
+            .iter()
+            .filter_map(|i| hopper.find(i))
+            .min()
+            .unwrap_or(usize::MAX);
+        assert!(wait < first_access, "{}: memory is touched before the wait", kernel.name);
+        assert!(hopper[..wait].contains("griddepcontrol.launch_dependents;"), "{}", kernel.name);
+        let ampere = emit_ptx(&kernel, &GpuTarget::a100(), &Tuning::default()).map(|m| m.source).unwrap_or_default();
+        assert!(!ampere.contains("griddepcontrol"), "{}: sm_80 has no dependent launches", kernel.name);
+    }
+    assert!(checked >= 10, "only {checked} kernels have a PTX form");
+}
+
 #[test]
 fn memory_bound_rows_assemble_at_level_1() {
     let plan = |k: &TileKernel| crate::cuda::launch::plan_with(k, &Tuning::default(), &GpuTarget::h100());
