@@ -16,7 +16,7 @@ and on a CPU, to check that every path runs (tiny models; the self-check ~1.5 mi
 
 The model is GPT-2 as nanoGPT writes it: learned position embeddings, pre-norm blocks with LayerNorm
 (bias, eps 1e-5), a fused QKV linear, `F.scaled_dot_product_attention(is_causal=True)`, an MLP of 4x
-width with GELU (tanh approximation, as GPT-2 uses), dropout 0, the LM head tied to the token embedding,
+width with GELU (tanh approximation, as GPT-2 uses), dropout 0 (0.1 in the dropout row), the LM head tied to the token embedding,
 nanoGPT's initialization (normal 0.02, residual projections 0.02/sqrt(2*n_layer), zero biases).
 Precision is nanoGPT's training mode: parameters in float32, the model run under
 `torch.autocast(device, dtype=torch.bfloat16)` (matrix products and attention in bf16; layer norm,
@@ -29,6 +29,9 @@ Rows (each for PyTorch eager and `torch.compile(model)`, default mode):
                               clip_grad_norm_(1.0), fused AdamW step (lr 6e-4, betas (0.9, 0.95),
                               eps 1e-8, weight decay 0.1 on parameters of 2+ dims only). The model is
                               compiled, the optimizer and the clipping are not (as nanoGPT does).
+  gpt2_124m_train_step_dropout_bf16   the same step with dropout 0.1 where nanoGPT applies it (after the
+                              embeddings, attention weights through F.scaled_dot_product_attention's
+                              dropout_p, after each residual projection).
 Issue 22's rows (parameters f32, model and input channels-last, input bf16, under torch.autocast(bfloat16):
 convolutions and the classifier in bf16, batch norm bf16 in and out; the model is torchvision's resnet50
 written in plain torch.nn below, with torchvision's initialization, from torch.manual_seed):
@@ -140,7 +143,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 # A fresh cache directory for Inductor and Triton, set before torch is imported so that every
@@ -173,6 +176,7 @@ class GPTConfig:
     n_embd: int
     vocab_size: int
     block_size: int
+    dropout: float = 0.0
 
 
 class CausalSelfAttention(nn.Module):
@@ -181,14 +185,17 @@ class CausalSelfAttention(nn.Module):
         self.n_head = cfg.n_head
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=True)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=True)
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # [B, T, C] -> [B, heads, T, head_dim]
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
 class MLP(nn.Module):
@@ -196,9 +203,10 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=True)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=True)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
 class Block(nn.Module):
@@ -224,6 +232,7 @@ class GPT(nn.Module):
             h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
             ln_f=nn.LayerNorm(cfg.n_embd, eps=1e-5),
         ))
+        self.drop = nn.Dropout(cfg.dropout)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
@@ -241,7 +250,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets):
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        x = self.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -376,11 +385,11 @@ class Ctx:
         tgt = torch.randint(0, self.gpt.vocab_size, (self.B, self.T), generator=g)
         return idx.to(self.device), tgt.to(self.device)
 
-    def model(self):
+    def model(self, dropout: float = 0.0):
         """A fresh model with the same weights every time (eager and compiled start equal)."""
         torch.manual_seed(self.seed)
         with torch.device(self.device):
-            return GPT(self.gpt)
+            return GPT(replace(self.gpt, dropout=dropout))
 
     def decode_lm(self, kind: str, dtype=torch.bfloat16):
         """The decode rows' model ("gpt2" or "llama"): random weights from torch.manual_seed(0),
@@ -446,8 +455,8 @@ def setup_forward(ctx: Ctx, compile):
     return step
 
 
-def setup_train_step(ctx: Ctx, compile):
-    model = ctx.model().train()
+def setup_train_step(ctx: Ctx, compile, dropout: float = 0.0):
+    model = ctx.model(dropout).train()
     run = compile(model) if compile else model
     opt = make_adamw(model, fused=True)
     idx, tgt = ctx.batch()
@@ -532,6 +541,9 @@ PRECISION = ("parameters f32; torch.autocast(bfloat16): matmuls and attention in
 DECODE_PRECISION = ("weights bf16 (model.to(torch.bfloat16)), no autocast: matmuls, attention and the cache in bf16; "
                     "RMSNorm in f32 cast back (HF's), LayerNorm bf16 in and out; logits bf16 cast to f32; TF32 off")
 
+# The dropout probability of the dropout training row (nanoGPT's for fine-tuning).
+TRAIN_DROPOUT = 0.1
+
 ROWS = [
     RowSpec(
         "gpt2_{size}_fwd_bf16", setup_forward,
@@ -542,6 +554,10 @@ ROWS = [
         "zero_grad(set_to_none) + forward + loss + backward + clip_grad_norm_(1.0) + AdamW(fused=True, lr 6e-4, "
         "betas (0.9, 0.95), eps 1e-8, wd 0.1 on 2-D params) step; compiled: torch.compile(model) default mode, "
         "the optimizer step and the clipping run eagerly (as nanoGPT)"),
+    RowSpec(
+        "gpt2_{size}_train_step_dropout_bf16", lambda ctx, compile: setup_train_step(ctx, compile, TRAIN_DROPOUT),
+        "the training step above with dropout 0.1 where nanoGPT applies it: after the embeddings, on the "
+        "attention weights (F.scaled_dot_product_attention's dropout_p), after each residual projection"),
 ]
 
 RESNET_PRECISION = ("parameters f32, model and input channels-last, input bf16; torch.autocast(bfloat16): convolutions "

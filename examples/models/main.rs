@@ -1,7 +1,7 @@
 //! The models benchmark, coil's side: GPT-2 124M (B=8, T=1024, vocabulary 50304, dropout 0,
 //! f32 parameters with bf16 matrix products and attention) written with `coil::nn`, timed
 //! forward (to the loss, no gradients) and for a whole training step (forward, backward,
-//! gradient clipping, AdamW); the decode rows ([`decode`]); ResNet-50 at batch 64, forward and
+//! gradient clipping, AdamW), and that step with dropout 0.1; the decode rows ([`decode`]); ResNet-50 at batch 64, forward and
 //! an SGD training step ([`resnet`]). `--rows` picks rows by name (`resnet50_fwd_bf16`, ...). `bench/models_torch.py` times the same model in PyTorch (eager
 //! and torch.compile) and `bench/models_table.py` sets them side by side.
 //!
@@ -242,110 +242,137 @@ fn bench(
     Ok(row)
 }
 
-/// The forward and training-step rows (GPT-2 124M, f32 parameters, bf16 autocast).
-fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
-    let device = o.device;
-    let prefix = if o.tiny { "gpt2_tiny" } else { "gpt2_124m" };
-    let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
-    if !wanted(&format!("{prefix}_fwd_bf16")) && !wanted(&format!("{prefix}_train_step_bf16")) {
-        return Ok(vec![]);
-    }
-    let (config, batch, seq) = if o.tiny {
-        let c = Gpt2Config {
-            vocab_size: 256,
-            block_size: 64,
-            n_layer: 2,
-            n_head: 2,
-            n_embd: 64,
-            dropout: 0.0,
-            layer_norm_eps: 1e-5,
-        };
-        (c, 2, 64)
+/// The dropout probability of the dropout training row (nanoGPT's for fine-tuning; PyTorch's
+/// side is `TRAIN_DROPOUT` in `bench/models_torch.py`).
+const TRAIN_DROPOUT: f64 = 0.1;
+
+/// GPT-2 (124M, or the tiny one) with `dropout`, f32 parameters under bf16 autocast, from a
+/// fixed seed, and its store.
+fn gpt2(o: &Opts, dropout: f64) -> coil::Result<(Gpt2, ParamStore)> {
+    let config = if o.tiny {
+        Gpt2Config { vocab_size: 256, block_size: 64, n_layer: 2, n_head: 2, n_embd: 64, dropout, layer_norm_eps: 1e-5 }
     } else {
-        (Gpt2Config::gpt2_124m(), 8, 1024)
+        Gpt2Config { dropout, ..Gpt2Config::gpt2_124m() }
     };
     coil::manual_seed(0);
     let store = ParamStore::new();
     store.set_precision(Precision::autocast(DType::BF16));
-    let model = Gpt2::new(&store.root(device, DType::F32), config)?;
+    let model = Gpt2::new(&store.root(o.device, DType::F32), config)?;
     store.realize_pending()?;
-    eprintln!("GPT-2 with {} parameters on {device}", store.num_elements());
+    eprintln!("GPT-2 with {} parameters on {}, dropout {dropout}", store.num_elements(), o.device);
+    Ok((model, store))
+}
 
-    // Token ids uniform over the vocabulary, from a fixed seed.
+/// The forward and training-step rows (GPT-2 124M, f32 parameters, bf16 autocast): the
+/// forward, the training step, and the training step with dropout.
+fn training_rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
+    let prefix = if o.tiny { "gpt2_tiny" } else { "gpt2_124m" };
+    let wanted = |r: &str| o.rows.is_empty() || o.rows.iter().any(|w| w == r);
+    let (fwd_name, train_name, dropout_name) = (
+        format!("{prefix}_fwd_bf16"),
+        format!("{prefix}_train_step_bf16"),
+        format!("{prefix}_train_step_dropout_bf16"),
+    );
+    let mut rows = Vec::new();
+    if wanted(&fwd_name) || wanted(&train_name) {
+        let (model, store) = gpt2(o, 0.0)?;
+        let (x, y) = batch(o, &model)?;
+        if wanted(&fwd_name) {
+            store.eval();
+            let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?]))
+                .named("forward")
+                .replay(o.replay)
+                .cuda_graphs(o.cuda_graphs);
+            let mut step = || forward.call(&[&x, &y]).map(|_| ());
+            let notes = o.with_modes("forward to the mean cross-entropy loss, no gradients (as under torch.no_grad)");
+            rows.push(bench(&fwd_name, o, timer, &notes, &mut step)?);
+            report_replays(&fwd_name, &forward.stats(), o);
+            store.train();
+        }
+        if wanted(&train_name) {
+            let notes = "forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)";
+            rows.push(train_step_row(&train_name, notes, &model, &store, (&x, &y), o, timer)?);
+        }
+    }
+    if wanted(&dropout_name) {
+        let (model, store) = gpt2(o, TRAIN_DROPOUT)?;
+        let (x, y) = batch(o, &model)?;
+        let notes = "the training step with dropout 0.1 after the embeddings, on the attention weights and after \
+                     each residual projection";
+        rows.push(train_step_row(&dropout_name, notes, &model, &store, (&x, &y), o, timer)?);
+    }
+    Ok(rows)
+}
+
+/// Token ids and targets, uniform over the vocabulary from a fixed seed, `[batch, seq]` each.
+fn batch(o: &Opts, model: &Gpt2) -> coil::Result<(Tensor, Tensor)> {
+    let (batch, seq) = if o.tiny { (2, 64) } else { (8, 1024) };
+    let vocab = model.config.vocab_size as u64;
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut ids = |n: usize| -> coil::Result<Tensor> {
         let v: Vec<i64> = (0..n)
             .map(|_| {
                 state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((state >> 33) % config.vocab_size as u64) as i64
+                ((state >> 33) % vocab) as i64
             })
             .collect();
-        Tensor::from_vec(v, &[batch, seq])?.to_device(device)
+        Tensor::from_vec(v, &[batch, seq])?.to_device(o.device)
     };
-    let (x, y) = (ids(batch * seq)?, ids(batch * seq)?);
-    let mut rows = Vec::new();
+    Ok((ids(batch * seq)?, ids(batch * seq)?))
+}
 
-    let fwd_name = format!("{prefix}_fwd_bf16");
-    if wanted(&fwd_name) {
-        store.eval();
-        let forward = coil::compile(|a: &[Tensor]| Ok(vec![model.loss(&a[0], &a[1])?]))
-            .named("forward")
-            .replay(o.replay)
-            .cuda_graphs(o.cuda_graphs);
-        let mut step = || forward.call(&[&x, &y]).map(|_| ());
-        let notes = o.with_modes("forward to the mean cross-entropy loss, no gradients (as under torch.no_grad)");
-        rows.push(bench(&fwd_name, o, timer, &notes, &mut step)?);
-        report_replays(&fwd_name, &forward.stats(), o);
-        store.train();
-    }
-
-    let train_name = format!("{prefix}_train_step_bf16");
-    if wanted(&train_name) {
-        let params = store.trainable();
-        let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|p| p.shape().len() >= 2);
-        let adamw = AdamWConfig { lr: 6e-4, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, amsgrad: false };
-        let mut opt = AdamW::with_groups(vec![(decay, 0.1), (no_decay, 0.0)], adamw)?;
-        let order = opt.params().to_vec();
-        let grads = coil::compile(|a: &[Tensor]| {
-            let (loss, grads) = coil::nn::value_and_grad(&model.loss(&a[0], &a[1])?, &order)?;
-            Ok(std::iter::once(loss).chain(grads).collect())
-        })
-        .named("train_step")
-        .replay(o.replay)
-        .cuda_graphs(o.cuda_graphs);
-        let mut step = || -> coil::Result<()> {
-            let out = grads.call(&[&x, &y])?;
+/// A training step row: the compiled gradients of the loss, then clipping and AdamW (nanoGPT's
+/// groups: weight decay on 2-D parameters); then where a step's time goes.
+fn train_step_row(
+    name: &str,
+    notes: &str,
+    model: &Gpt2,
+    store: &ParamStore,
+    (x, y): (&Tensor, &Tensor),
+    o: &Opts,
+    timer: &Timer,
+) -> coil::Result<Row> {
+    let params = store.trainable();
+    let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|p| p.shape().len() >= 2);
+    let adamw = AdamWConfig { lr: 6e-4, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, amsgrad: false };
+    let mut opt = AdamW::with_groups(vec![(decay, 0.1), (no_decay, 0.0)], adamw)?;
+    let order = opt.params().to_vec();
+    let grads = coil::compile(|a: &[Tensor]| {
+        let (loss, grads) = coil::nn::value_and_grad(&model.loss(&a[0], &a[1])?, &order)?;
+        Ok(std::iter::once(loss).chain(grads).collect())
+    })
+    .named("train_step")
+    .replay(o.replay)
+    .cuda_graphs(o.cuda_graphs);
+    let mut step = || -> coil::Result<()> {
+        let out = grads.call(&[x, y])?;
+        let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
+        opt.step(&clipped)
+    };
+    let row = bench(name, o, timer, &o.with_modes(notes), &mut step)?;
+    report_replays(name, &grads.stats(), o);
+    // Where a step's time goes: the gradients' graph, then the optimizer's.
+    let (mut g, mut u) = (Vec::new(), Vec::new());
+    for _ in 0..o.reps.clamp(1, 10) {
+        let mut out = Vec::new();
+        g.push(timer.time(&mut || {
+            out = grads.call(&[x, y])?;
+            Ok(())
+        })?);
+        u.push(timer.time(&mut || {
             let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
             opt.step(&clipped)
-        };
-        let notes =
-            o.with_modes("forward, backward, clip_grad_norm(1.0), AdamW (in place; weight decay on 2-D parameters)");
-        rows.push(bench(&train_name, o, timer, &notes, &mut step)?);
-        report_replays(&train_name, &grads.stats(), o);
-        // Where a step's time goes: the gradients' graph, then the optimizer's.
-        let (mut g, mut u) = (Vec::new(), Vec::new());
-        for _ in 0..o.reps.clamp(1, 10) {
-            let mut out = Vec::new();
-            g.push(timer.time(&mut || {
-                out = grads.call(&[&x, &y])?;
-                Ok(())
-            })?);
-            u.push(timer.time(&mut || {
-                let (clipped, _norm) = clip_grad_norm(&out[1..], 1.0)?;
-                opt.step(&clipped)
-            })?);
-        }
-        let med = |v: &[Times], f: fn(&Times) -> f64| median(v.iter().map(|t| f(t) / 1e3).collect());
-        eprintln!(
-            "  of which: gradients {:.3} ms device ({:.3} wall), clipping + AdamW {:.3} ms device ({:.3} wall)",
-            med(&g, |t| t.device),
-            med(&g, |t| t.wall),
-            med(&u, |t| t.device),
-            med(&u, |t| t.wall)
-        );
+        })?);
     }
-
-    Ok(rows)
+    let med = |v: &[Times], f: fn(&Times) -> f64| median(v.iter().map(|t| f(t) / 1e3).collect());
+    eprintln!(
+        "  of which: gradients {:.3} ms device ({:.3} wall), clipping + AdamW {:.3} ms device ({:.3} wall)",
+        med(&g, |t| t.device),
+        med(&g, |t| t.wall),
+        med(&u, |t| t.device),
+        med(&u, |t| t.wall)
+    );
+    Ok(row)
 }
 
 /// Points coil's cache and the CUDA driver's JIT cache at fresh folders (`--cold`). Runs before
