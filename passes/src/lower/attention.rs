@@ -142,6 +142,18 @@ impl Lowerer<'_> {
         let (l, d, s) = (qs[r - 2], qs[r - 1], self.shape(k)[r - 2]);
         let scale = scale.unwrap_or(1.0 / (self.meta(q).shape[r - 1] as f64).sqrt());
         let batch = qs[..r - 2].to_vec();
+        // A structured mask is its rule (the offset buffer the last input): the mask's own
+        // nodes get no reader here, and are not computed unless something else reads them.
+        // Operands are realized before the call's buffers are named: a realization pushes a
+        // node, and names follow the node count.
+        let (mask, mask_rule) = match (first.inputs.get(3), crate::attention::mask_rule_of(self.g, first)) {
+            (Some(_), Some(rule)) => {
+                let offset = rule.offset.map(|o| self.realize(o)).transpose()?;
+                (None, Some(MaskRule { offset, constant: rule.constant, period: rule.period }))
+            }
+            (Some(&m), None) => (Some(self.mask_view(m, r)?), None),
+            (None, _) => (None, None),
+        };
         let name = format!("buf{}", self.prog.nodes.len());
         // Where the output goes: the attention's buffer, its permute's, or one of its own.
         let root = att.map(|a| self.attention_roots.iter().find(|(_, &x)| x == a).map_or(a, |(&p, _)| p));
@@ -163,21 +175,7 @@ impl Lowerer<'_> {
         };
         let lse_buffer = lse.map(|m| self.new_buffer(format!("{name}_lse"), m));
         let mut inputs = vec![qv.buffer, kv.buffer, vv.buffer];
-        // A structured mask is its rule (the offset buffer the last input): the mask's own
-        // nodes get no reader here, and are not computed unless something else reads them.
-        let (mask, mask_rule) = match (first.inputs.get(3), crate::attention::mask_rule_of(self.g, first)) {
-            (Some(_), Some(rule)) => {
-                let offset = rule.offset.map(|o| self.realize(o)).transpose()?;
-                inputs.extend(offset);
-                (None, Some(MaskRule { offset, constant: rule.constant, period: rule.period }))
-            }
-            (Some(&m), None) => {
-                let view = self.mask_view(m, r)?;
-                inputs.push(view.buffer);
-                (Some(view), None)
-            }
-            (None, _) => (None, None),
-        };
+        inputs.extend(mask.as_ref().map(|m| m.buffer).or(mask_rule.as_ref().and_then(|r| r.offset)));
         let call = ExternCall::Attention(Box::new(AttentionCall {
             q: qv,
             k: kv,
@@ -273,6 +271,8 @@ impl Lowerer<'_> {
         let r = qs.len();
         let (l, d, s) = (qs[r - 2], qs[r - 1], self.shape(x[1])[r - 2]);
         let scale = scale.unwrap_or(1.0 / (self.meta(x[0]).shape[r - 1] as f64).sqrt());
+        // Realized before the gradients' buffers are named (see `attention`).
+        let mask = x.get(6).map(|&m| self.mask_view(m, r)).transpose()?;
         let name = format!("buf{}", self.prog.nodes.len());
         // Members in gradient order (q, k, v): the first writes the node's output buffer.
         let mut members: Vec<(AttentionInput, NodeId)> = group
@@ -304,7 +304,6 @@ impl Lowerer<'_> {
         }
         let output = grads.iter().flatten().next().expect("a group has a member").buffer;
         let mut inputs = vec![qv.buffer, kv.buffer, vv.buffer, gv.buffer, lse, out.buffer];
-        let mask = x.get(6).map(|&m| self.mask_view(m, r)).transpose()?;
         inputs.extend(mask.as_ref().map(|m| m.buffer));
         let [dq, dk, dv] = grads;
         let call = ExternCall::AttentionBackward(Box::new(AttentionBackwardCall {

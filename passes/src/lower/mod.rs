@@ -123,6 +123,16 @@ pub fn lower_dynamic(graph: &Graph, sizes: &SymSizes, symbols: Vec<SizeSymbol>) 
         }
     }
     l.prog.outputs = graph.outputs.iter().map(|o| l.buf[o.0].expect("outputs are realized")).collect();
+    // The program's text names buffers: a name given twice would make it read back as
+    // another program (and the graph cache would not keep it).
+    debug_assert!(
+        {
+            let mut seen = std::collections::HashSet::new();
+            l.prog.buffers.iter().all(|b| seen.insert(&b.name))
+        },
+        "two buffers of one name in\n{}",
+        l.prog
+    );
     Ok(l.prog)
 }
 
