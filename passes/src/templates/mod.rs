@@ -32,8 +32,11 @@
 //!   kernel. The template moves q, k, v and its output; the chain writes and reads the
 //!   `[.., L, S]` scores at every step; virtual `scores` nodes cannot be chosen. So where the
 //!   chain's nodes are private the template is always cheaper (it does the same products and
-//!   moves a subset of the bytes), and where one of them is an output or read elsewhere, it is
-//!   paid anyway and the choice is between the template and the last product alone.
+//!   moves a subset of the bytes). Where a node of the chain is an output or read elsewhere,
+//!   the greedy choice, which scores each class on its own, would still see the template as
+//!   cheaper (the product's score includes the chain); so each chosen template is re-costed at
+//!   the margin: it and the product it replaces cost their own node plus the classes they need
+//!   that the rest of the region does not, and the cheaper is kept.
 //! * **No recomputation.** The template recomputes the scores: where extraction chose it
 //!   while a node of its chain is still chosen (needed by another reader or an output), it is
 //!   refused (counted in [`TemplateReport::refused`]), as Inductor's pattern replacement
@@ -42,6 +45,9 @@
 //!   reading large probabilities), but whether the template beats the product of
 //!   probabilities it has to read anyway is not measured, and the structure of a graph should
 //!   not change with its sizes (dynamic shapes compile at probe sizes).
+//!
+//! Cost: on GPT-2 written out (12 layers, 520 captured nodes) the region is 157 nodes, the
+//! e-graph 343, and the stage ~0.7 ms; a graph without a last-dim softmax costs one scan.
 //!
 //! Determinism: egg runs with its `deterministic` feature, rules search classes in insertion
 //! order, the runner's limits that bind are iterations and nodes (the time limit is a
