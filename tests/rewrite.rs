@@ -696,3 +696,64 @@ fn rewrites_txt_is_dumped_and_the_pass_can_be_switched_off() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+// ---- the attention template, chosen by the composite-level e-graph stage ----
+
+/// `layers` of GPT-2's causal self-attention as a PyTorch user writes it (nanoGPT's
+/// `CausalSelfAttention` without `F.scaled_dot_product_attention`): the fused QKV projection
+/// split into heads, `q @ k.transpose(-2, -1) * (1 / sqrt(d))`, `masked_fill(bias[:T, :T] == 0,
+/// -inf)` of a `tril` buffer larger than the block, softmax (in f32 for `dtype` f16 / bf16), `@ v`, the
+/// heads merged and projected. The output of the last layer.
+fn gpt2_attention(layers: usize, b: usize, t: usize, c: usize, heads: usize, dtype: DType) -> Tensor {
+    let mut rng = Rng(7);
+    let mut param = |shape: &[usize]| {
+        let v: Vec<f32> = (0..shape.iter().product()).map(|_| (rng.next() as f32 - 0.5) * 0.2).collect();
+        Tensor::from_vec(v, shape).unwrap().to_dtype(dtype).unwrap()
+    };
+    let (bi, ti, ci, hd) = (b as i64, t as i64, c as i64, (c / heads) as i64);
+    // The buffer nanoGPT registers: the causal mask of the largest block, sliced to T.
+    let bias = Tensor::ones(&[2 * t, 2 * t], DType::Bool).tril(0).unwrap();
+    let mut x = param(&[b, t, c]);
+    for _ in 0..layers {
+        let (w_qkv, w_proj) = (param(&[3 * c, c]), param(&[c, c]));
+        let parts = x.linear(&w_qkv, None).unwrap().split(c, -1).unwrap();
+        let heads_of = |p: &Tensor| p.view(&[bi, ti, heads as i64, hd]).unwrap().transpose(1, 2).unwrap();
+        let (q, k, v) = (heads_of(&parts[0]), heads_of(&parts[1]), heads_of(&parts[2]));
+        let att = q.matmul(&k.transpose(-2, -1).unwrap()).unwrap() * (1.0 / (hd as f64).sqrt());
+        let mask = bias.slice(0, None, Some(ti), 1).unwrap().slice(1, None, Some(ti), 1).unwrap();
+        let att = att.masked_fill(&mask.eq(0).unwrap(), f64::NEG_INFINITY).unwrap();
+        let att = if dtype == DType::F32 {
+            att.softmax(-1).unwrap()
+        } else {
+            att.to_dtype(DType::F32).unwrap().softmax(-1).unwrap().to_dtype(dtype).unwrap()
+        };
+        let y = att.matmul(&v).unwrap().transpose(1, 2).unwrap().reshape(&[bi, ti, ci]).unwrap();
+        x = &x + &y.linear(&w_proj, None).unwrap();
+    }
+    x
+}
+
+/// The attention rule fires on GPT-2's attention as users write it: every step of it once per
+/// layer, and the template is chosen, so a rule that stops matching fails here.
+#[test]
+fn gpt2_written_out_attention_is_chosen_by_the_egraph() {
+    for (dtype, wide) in [(DType::F32, 0), (DType::BF16, 1), (DType::F16, 1)] {
+        let layers = 2;
+        let y = gpt2_attention(layers, 2, 8, 32, 2, dtype);
+        let captured = coil::capture(&[&y]).graph;
+        let (fused, r) = coil_passes::attention::fuse_attention_report(&captured);
+        for (rule, times) in [
+            ("attention-scores", 1),
+            ("attention-scale", 1),
+            ("attention-causal", 1),
+            ("attention-f32-softmax", wide),
+            ("attention", 1),
+        ] {
+            assert_eq!(r.fired(rule), times * layers, "{dtype} {rule}:\n{r}\n{captured}");
+        }
+        assert_eq!((r.chosen, r.refused), (layers, 0), "{dtype}:\n{r}");
+        let count = |f: &dyn Fn(&Op) -> bool| fused.live_nodes().iter().filter(|&&n| f(&fused.node(n).op)).count();
+        assert_eq!(count(&|op| matches!(op, Op::Attention { causal: true, mask: false, .. })), layers, "{fused}");
+        assert_eq!(count(&|op| matches!(op, Op::Softmax { .. })), 0, "{fused}");
+    }
+}

@@ -6,14 +6,16 @@
 //! under the same [`template_supports`] and lowered to one backward call
 //! (`ExternCall::AttentionBackward`).
 //!
-//! [`fuse_attention`] matches, on the captured (composite-level) graph, the chain PyTorch
-//! programs write (GPT-2's attention):
+//! [`fuse_attention`] finds, on the captured (composite-level) graph, the chain PyTorch
+//! programs write (GPT-2's attention), by e-graph rewriting and extraction
+//! ([`crate::templates`]: the rules are `templates/rules.rs`'s table):
 //!
 //! ```text
 //! scores = matmul(q, permute(k, last two dims swapped))
 //! x      = scores, then in any order, each at most once:
 //!            mul(x, c) | mul(c, x) | div(x, c)               (c a constant: scale c, 1/c; else 1)
-//!            where(keep, x, -inf) | where(drop, -inf, x)     (keep: the causal mask)
+//!            where(keep, x, -inf) | where(drop, -inf, x)     (keep: the causal mask; -inf
+//!                                                             or its cast to a float dtype)
 //!            cast(x, f32)                                    (f16 / bf16: the softmax in f32)
 //! probs  = cast(softmax(x, -1), T) after the cast to f32 | softmax(x, -1)
 //! out    = matmul(probs, v)
@@ -32,14 +34,16 @@
 //!   as kept elements, through casts, views that keep the last two dims or take their top-left
 //!   window (`mask[:T, :T]` of a larger causal mask), `logical_not`, `x == 0` and `x != 0`;
 //!   `triu(ones, 1)` and the negations are the dropped elements (`masked_fill(~keep, -inf)`);
-//! * every node from the scores' `matmul` to the softmax's cast back (the intermediates) is read
-//!   only by the next one and is not a graph output (else the scores must exist anyway).
+//! * where a node of the chain from the scores' `matmul` to the softmax's cast back (the
+//!   intermediates) is a graph output or read by another node, the scores must exist anyway:
+//!   the template is not used (extraction keeps the chain's last product, or the template is
+//!   refused as a recomputation: [`crate::templates`]).
 //!
 //! Anything else is left alone. Numerics: the template computes the scores in f32 (f64 for f64)
 //! and never rounds them or the probabilities to T, where the unfused graph rounds the scores
 //! and the probabilities to f16 / bf16: a difference within T's rounding.
 
-use coil_ir::{BinaryOp, DType, Graph, Node, NodeId, Op, Scalar, TensorMeta, UnaryOp};
+use coil_ir::{DType, Graph, Node, NodeId, Op, TensorMeta};
 
 /// Largest head dim the template runs (the CUDA kernel keeps a query row block in registers).
 pub const MAX_HEAD_DIM: usize = 128;
@@ -141,28 +145,22 @@ pub struct AttentionMatch {
 
 /// The attention chains of a captured graph (see the module docs), in graph order.
 pub fn find_attention(graph: &Graph) -> Vec<AttentionMatch> {
-    let live = graph.live_nodes();
-    let mut readers = vec![0usize; graph.nodes.len()];
-    for &n in &live {
-        for x in &graph.node(n).inputs {
-            readers[x.0] += 1;
-        }
-    }
-    for o in &graph.outputs {
-        // An output is read by the caller: never an intermediate.
-        readers[o.0] += 2;
-    }
-    let m = Matcher { g: graph, readers };
-    live.iter().filter_map(|&n| m.chain(n)).collect()
+    crate::templates::choose_attention(graph).0
 }
 
 /// `graph` with every attention chain ([`find_attention`]) replaced by one
 /// `scaled_dot_product_attention` node (at the place of the final matmul, with its source line);
 /// nodes left without a reader are dropped. The same graph when nothing matches.
 pub fn fuse_attention(graph: &Graph) -> Graph {
-    let found = find_attention(graph);
+    fuse_attention_report(graph).0
+}
+
+/// [`fuse_attention`], and what the e-graph stage did: which rules fired how often, how many
+/// templates it chose and refused ([`crate::templates::TemplateReport`]).
+pub fn fuse_attention_report(graph: &Graph) -> (Graph, crate::templates::TemplateReport) {
+    let (found, report) = crate::templates::choose_attention(graph);
     if found.is_empty() {
-        return graph.clone();
+        return (graph.clone(), report);
     }
     let root_of: std::collections::HashMap<NodeId, &AttentionMatch> = found.iter().map(|m| (m.root, m)).collect();
     // The operands of each node in the new graph: a root reads q, k, v.
@@ -206,284 +204,7 @@ pub fn fuse_attention(graph: &Graph) -> Graph {
         new_id[i] = Some(NodeId(out.nodes.len() - 1));
     }
     out.outputs = graph.outputs.iter().map(|o| new_id[o.0].expect("outputs are needed")).collect();
-    out
-}
-
-/// Which elements of a mask's last two dims (`row`, `col`) are nonzero (true), the same for
-/// every leading index.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Pattern {
-    /// Every element, or none.
-    Const(bool),
-    /// `col - row <= k`.
-    AtMost(i64),
-    /// `col - row > k`.
-    Above(i64),
-}
-
-impl Pattern {
-    fn not(self) -> Pattern {
-        match self {
-            Pattern::Const(b) => Pattern::Const(!b),
-            Pattern::AtMost(k) => Pattern::Above(k),
-            Pattern::Above(k) => Pattern::AtMost(k),
-        }
-    }
-}
-
-/// Reads a captured graph: node kinds and the number of readers of each node.
-struct Matcher<'g> {
-    g: &'g Graph,
-    /// Readers among the live nodes; a graph output counts 2 more.
-    readers: Vec<usize>,
-}
-
-impl Matcher<'_> {
-    fn node(&self, n: NodeId) -> &Node {
-        self.g.node(n)
-    }
-
-    fn meta(&self, n: NodeId) -> &TensorMeta {
-        self.g.meta(n)
-    }
-
-    /// Read once, by the next node of the chain, and not an output.
-    fn private(&self, n: NodeId) -> bool {
-        self.readers[n.0] == 1
-    }
-
-    /// The value of a one-element constant (`scalar`, or `full` of one element).
-    fn constant(&self, n: NodeId) -> Option<f64> {
-        match &self.node(n).op {
-            Op::Scalar(s) => Some(s.as_f64()),
-            Op::Full(s) if self.meta(n).numel() == 1 => Some(s.as_f64()),
-            _ => None,
-        }
-    }
-
-    /// Whether `n` is `-inf` everywhere (a scalar, or a `full` of any shape).
-    fn neg_inf(&self, n: NodeId) -> bool {
-        matches!(self.node(n).op, Op::Scalar(Scalar::Float(x)) | Op::Full(Scalar::Float(x)) if x == f64::NEG_INFINITY)
-    }
-
-    /// The attention chain ending at `root` (a `matmul(probs, v)`), if it is one.
-    fn chain(&self, root: NodeId) -> Option<AttentionMatch> {
-        let node = self.node(root);
-        if node.op != Op::Matmul {
-            return None;
-        }
-        let (mut x, v) = (node.inputs[0], node.inputs[1]);
-        let t = self.meta(v).dtype;
-        // Every intermediate, from the probabilities back to the scores' product, with the
-        // dtype it must have: T, or f32 between the two casts of an f32 softmax.
-        let mut intermediates: Vec<(NodeId, DType)> = Vec::new();
-        // The cast back to T after an f32 softmax.
-        let mut wide = false;
-        if let Op::Cast(to) = self.node(x).op {
-            let y = self.node(x).inputs[0];
-            if to != t || t == DType::F32 || self.meta(y).dtype != DType::F32 {
-                return None;
-            }
-            intermediates.push((x, t));
-            (x, wide) = (y, true);
-        }
-        let inner = if wide { DType::F32 } else { t };
-        let Op::Softmax { dim } = self.node(x).op else { return None };
-        if dim + 1 != self.meta(x).rank() {
-            return None;
-        }
-        intermediates.push((x, inner));
-        x = self.node(x).inputs[0];
-        let shape = self.meta(x).shape.clone();
-        let r = shape.len();
-        if r < 2 {
-            return None;
-        }
-        let (l, s) = (shape[r - 2], shape[r - 1]);
-        // The mask, the scale and (for an f32 softmax) the cast up, in any order, each at most
-        // once, then the scores' product.
-        let (mut causal, mut scale, mut cast_up) = (false, None, false);
-        let mut dtype = inner;
-        loop {
-            let n = self.node(x);
-            let next = match &n.op {
-                Op::Matmul => break,
-                Op::Cast(DType::F32) if wide && !cast_up && self.meta(n.inputs[0]).dtype == t => {
-                    cast_up = true;
-                    n.inputs[0]
-                }
-                Op::Where if !causal => {
-                    let (cond, a, b) = (n.inputs[0], n.inputs[1], n.inputs[2]);
-                    let (kept, pattern) = match (self.neg_inf(a), self.neg_inf(b)) {
-                        (false, true) => (a, self.pattern(cond)?),
-                        (true, false) => (b, self.pattern(cond)?.not()),
-                        _ => return None,
-                    };
-                    let cs = &self.meta(cond).shape;
-                    if pattern != Pattern::AtMost(0) || cs.len() < 2 || cs[cs.len() - 2..] != [l, s] {
-                        return None;
-                    }
-                    causal = true;
-                    kept
-                }
-                Op::Binary(op @ (BinaryOp::Mul | BinaryOp::Div)) if scale.is_none() => {
-                    let (a, b) = (n.inputs[0], n.inputs[1]);
-                    let (y, c) = match (op, self.constant(a), self.constant(b)) {
-                        (BinaryOp::Mul, None, Some(c)) => (a, c),
-                        (BinaryOp::Mul, Some(c), None) => (b, c),
-                        (BinaryOp::Div, None, Some(c)) => (a, 1.0 / c),
-                        _ => return None,
-                    };
-                    if !c.is_finite() {
-                        return None;
-                    }
-                    scale = Some(c);
-                    y
-                }
-                _ => return None,
-            };
-            intermediates.push((x, dtype));
-            if cast_up {
-                dtype = t;
-            }
-            x = next;
-        }
-        if wide && !cast_up {
-            return None;
-        }
-        // The scores' product with the transposed keys.
-        intermediates.push((x, t));
-        let mm = self.node(x);
-        let (q, kt) = (mm.inputs[0], mm.inputs[1]);
-        let Op::Permute { perm } = &self.node(kt).op else { return None };
-        let rk = perm.len();
-        let swapped = rk >= 2
-            && perm[rk - 2] == rk - 1
-            && perm[rk - 1] == rk - 2
-            && perm[..rk - 2].iter().enumerate().all(|(i, &p)| i == p);
-        if !swapped {
-            return None;
-        }
-        let k = self.node(kt).inputs[0];
-        let (qm, km, vm) = (self.meta(q), self.meta(k), self.meta(v));
-        template_supports(qm, km, vm).ok()?;
-        if qm.rank() != r || qm.dtype != t {
-            return None;
-        }
-        // Every intermediate has the scores' shape `[.., L, S]`, its dtype, and no other
-        // reader; the result is q's rows of v's width.
-        let mut want = qm.shape.clone();
-        want[r - 1] = s;
-        if shape != want {
-            return None;
-        }
-        for &(n, dtype) in &intermediates {
-            let m = self.meta(n);
-            if m.shape != shape || m.dtype != dtype || !self.private(n) {
-                return None;
-            }
-        }
-        let mut out = qm.shape.clone();
-        out[r - 1] = vm.shape[r - 1];
-        if node.meta != TensorMeta::new(out, t) {
-            return None;
-        }
-        let intermediates = intermediates.into_iter().map(|(n, _)| n).collect();
-        Some(AttentionMatch { root, q, k, v, causal, scale: scale.unwrap_or(1.0), intermediates })
-    }
-
-    /// Which elements of `n`'s last two dims are nonzero, if that follows from its structure
-    /// (see [`Pattern`] and the module docs).
-    fn pattern(&self, n: NodeId) -> Option<Pattern> {
-        let node = self.node(n);
-        let rank = self.meta(n).rank();
-        let arg = |i: usize| node.inputs[i];
-        // The last two dims of an operand are the node's own (views change only leading dims).
-        let same_last_two = |x: NodeId| {
-            let (a, b) = (&self.meta(x).shape, &self.meta(n).shape);
-            a.len() >= 2 && b.len() >= 2 && a[a.len() - 2..] == b[b.len() - 2..]
-        };
-        match &node.op {
-            // `ones` and `zeros` (other values could round to 0 in the dtype).
-            Op::Full(v) if v.as_f64() == 1.0 || v.as_f64() == 0.0 => Some(Pattern::Const(v.as_f64() != 0.0)),
-            Op::Tril { k } | Op::Triu { k } if rank >= 2 => {
-                let tri = if matches!(node.op, Op::Tril { .. }) { Pattern::AtMost(*k) } else { Pattern::Above(*k - 1) };
-                match self.pattern(arg(0))? {
-                    Pattern::Const(true) => Some(tri),
-                    Pattern::Const(false) => Some(Pattern::Const(false)),
-                    _ => None,
-                }
-            }
-            Op::Unary(UnaryOp::LogicalNot) => Some(self.pattern(arg(0))?.not()),
-            // Casts to bool, and of bool, keep which elements are nonzero (others may not:
-            // 0.5 to an integer is 0).
-            Op::Cast(to) if *to == DType::Bool || self.meta(arg(0)).dtype == DType::Bool => self.pattern(arg(0)),
-            Op::Binary(op @ (BinaryOp::Eq | BinaryOp::Ne)) => {
-                let zero = |i: usize| self.constant(node.inputs[i]) == Some(0.0);
-                let x = match (zero(0), zero(1)) {
-                    (false, true) => arg(0),
-                    (true, false) => arg(1),
-                    _ => return self.iota_compare(node),
-                };
-                let p = self.pattern(x)?;
-                Some(if *op == BinaryOp::Eq { p.not() } else { p })
-            }
-            Op::Binary(BinaryOp::Le | BinaryOp::Lt | BinaryOp::Ge | BinaryOp::Gt) => self.iota_compare(node),
-            Op::Reshape { .. } | Op::Expand { .. } if same_last_two(arg(0)) => self.pattern(arg(0)),
-            Op::Permute { perm } if rank >= 2 && perm[rank - 2] == rank - 2 && perm[rank - 1] == rank - 1 => {
-                self.pattern(arg(0))
-            }
-            // A top-left window keeps `col - row` of every element.
-            Op::Slice { dim, start, step, .. } if *dim + 2 < rank || (*start == 0 && *step == 1) => {
-                self.pattern(arg(0))
-            }
-            _ => None,
-        }
-    }
-
-    /// `a <op> b` of the row and column iotas of the last two dims (`iota(col) <= iota(row)` is
-    /// the causal keep mask the decomposition itself builds).
-    fn iota_compare(&self, node: &Node) -> Option<Pattern> {
-        let Op::Binary(op) = node.op else { return None };
-        // +1 for the column index, -1 for the row index.
-        let axis = |x: NodeId| match self.node(x).op {
-            Op::Iota { dim } => {
-                let r = self.meta(x).rank();
-                if r >= 2 && dim == r - 1 {
-                    Some(1i64)
-                } else if r >= 2 && dim == r - 2 {
-                    Some(-1)
-                } else {
-                    None
-                }
-            }
-            _ => None,
-        };
-        let (a, b) = (axis(node.inputs[0])?, axis(node.inputs[1])?);
-        if a == b {
-            return None;
-        }
-        // `col <op> row`, with the operands swapped if the row comes first.
-        let op = if a == 1 { op } else { swap(op)? };
-        Some(match op {
-            BinaryOp::Le => Pattern::AtMost(0),
-            BinaryOp::Lt => Pattern::AtMost(-1),
-            BinaryOp::Ge => Pattern::Above(-1),
-            BinaryOp::Gt => Pattern::Above(0),
-            _ => return None,
-        })
-    }
-}
-
-/// `b <op'> a` for `a <op> b`.
-fn swap(op: BinaryOp) -> Option<BinaryOp> {
-    Some(match op {
-        BinaryOp::Le => BinaryOp::Ge,
-        BinaryOp::Lt => BinaryOp::Gt,
-        BinaryOp::Ge => BinaryOp::Le,
-        BinaryOp::Gt => BinaryOp::Lt,
-        _ => return None,
-    })
+    (out, report)
 }
 
 #[path = "attention_mask.rs"]

@@ -4,7 +4,7 @@
 use super::*;
 use crate::{decompose, decompose_with, lower, DecomposeOptions};
 use coil_ir::loops::{ExternCall, LoopKind};
-use coil_ir::{DType, Graph, Op, Scalar};
+use coil_ir::{BinaryOp, DType, Graph, Op, Scalar, UnaryOp};
 
 use crate::test_graph::{m, Capture};
 
@@ -494,4 +494,88 @@ fn a_learned_added_mask_takes_the_decomposition_for_its_gradients() {
     // Without the mask's gradient, the templates again.
     let p = differentiated(&masked(TensorMeta::new(vec![40, 24], DType::F32)), &[0, 1, 2]);
     assert_eq!(count(&p, |op| matches!(op, Op::AttentionBackward { mask: true, .. })), 3, "{p}");
+}
+
+// ---- the e-graph stage that chooses the template (`crate::templates`) ----
+
+#[test]
+fn the_stage_names_each_rule_and_counts_its_firings() {
+    let (fused, report) = fuse_attention_report(&gpt2(GPT2));
+    assert_eq!(fused, fuse_attention(&gpt2(GPT2)));
+    // One step each: the scores, the scale, the mask, the cast up, the template.
+    for rule in ["attention-scores", "attention-scale", "attention-causal", "attention-f32-softmax", "attention"] {
+        assert_eq!(report.fired(rule), 1, "{rule}:\n{report}");
+    }
+    assert_eq!((report.chosen, report.refused), (1, 0), "{report}");
+    assert!(report.to_string().contains("  attention-causal: 1\n"), "{report}");
+    // Without a mask or casts, only the steps that are there fire.
+    let (_, report) = fuse_attention_report(&gpt2(Form { wide_softmax: false, mask: None, ..GPT2 }));
+    assert_eq!(report.fired("attention-causal") + report.fired("attention-f32-softmax"), 0, "{report}");
+    assert_eq!(report.fired("attention"), 1, "{report}");
+    // A graph without a softmax is not put into an e-graph.
+    let mut c = Capture::new();
+    let x = c.input(&[4, 4], DType::F32);
+    let y = c.op(Op::Matmul, &[x, x]);
+    let (_, report) = fuse_attention_report(&c.out(&[y]));
+    assert_eq!((report.region_nodes, report.iterations), (0, 0), "{report}");
+}
+
+/// Causal attention `[1, 2, t, 64]` in f32 whose probabilities are a graph output too (or, with
+/// `read`, summed by another node instead).
+fn probabilities_needed(t: usize, read: bool) -> Graph {
+    let mut c = Capture::new();
+    let (q, k, v) =
+        (c.input(&[1, 2, t, 64], DType::F32), c.input(&[1, 2, t, 64], DType::F32), c.input(&[1, 2, t, 64], DType::F32));
+    let kt = c.permute(k, &[0, 1, 3, 2]);
+    let s = c.op(Op::Matmul, &[q, kt]);
+    let scale = c.scalar(0.125);
+    let s = c.op(Op::Binary(BinaryOp::Mul), &[s, scale]);
+    let ones = c.full(1, &[t, t], DType::Bool);
+    let keep = c.op(Op::Tril { k: 0 }, &[ones]);
+    let ninf = c.scalar(f64::NEG_INFINITY);
+    let s = c.op(Op::Where, &[keep, s, ninf]);
+    let p = c.op(Op::Softmax { dim: 3 }, &[s]);
+    let y = c.op(Op::Matmul, &[p, v]);
+    if read {
+        let e = c.op(Op::Unary(UnaryOp::Exp), &[s]);
+        c.out(&[y, e])
+    } else {
+        c.out(&[y, p])
+    }
+}
+
+#[test]
+fn a_chain_node_needed_elsewhere_keeps_the_chain_at_every_size() {
+    for t in [16, 2048] {
+        for read in [false, true] {
+            let g = probabilities_needed(t, read);
+            let (fused, report) = fuse_attention_report(&g);
+            assert_eq!(fused, g, "t = {t}, read = {read}:\n{report}");
+            assert_eq!(report.fired("attention"), 1, "the rules match; extraction decides:\n{report}");
+            assert_eq!(report.chosen, 0, "{report}");
+        }
+    }
+    // At 16 tokens the cost model itself keeps the product of the probabilities; at 2048 it
+    // would recompute the scores (fewer bytes than reading 2048 x 2048 probabilities), which
+    // the stage refuses.
+    assert_eq!(fuse_attention_report(&probabilities_needed(16, false)).1.refused, 0);
+    assert_eq!(fuse_attention_report(&probabilities_needed(2048, false)).1.refused, 1);
+    // Nothing else needed: the template.
+    let mut g = probabilities_needed(2048, false);
+    g.outputs.pop();
+    assert_eq!(find_attention(&g).len(), 1);
+}
+
+#[test]
+fn the_stage_is_deterministic() {
+    let g = gpt2(Form { project: true, ..GPT2 });
+    let (first, report) = fuse_attention_report(&g);
+    for _ in 0..5 {
+        let (again, r) = fuse_attention_report(&g);
+        assert_eq!(again, first);
+        assert_eq!(
+            (r.fired.clone(), r.egraph_nodes, r.iterations),
+            (report.fired.clone(), report.egraph_nodes, report.iterations)
+        );
+    }
 }

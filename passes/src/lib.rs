@@ -29,7 +29,9 @@
 //!   written-out attention in a captured graph becomes one `scaled_dot_product_attention` node,
 //!   which the compile path's decomposition ([`decompose_with`] with
 //!   [`DecomposeOptions::fused_attention`]) keeps whole and lowering turns into one
-//!   flash-attention call; its gradients ([`mod@autodiff`]) become one backward call.
+//!   flash-attention call; its gradients ([`mod@autodiff`]) become one backward call. The
+//!   chain is found by e-graph rewriting on the captured graph ([`mod@templates`]: rules as egg
+//!   patterns with conditions, extraction by bytes moved, flops and launches).
 //!
 //! The contracts between these steps are in `docs/compiler.md`. It depends only on `coil-ir`.
 
@@ -43,6 +45,7 @@ pub mod lower;
 pub mod rewrite;
 pub mod schedule;
 pub mod split;
+pub mod templates;
 
 pub use decompose::{decompose, decompose_with, DecomposeOptions};
 pub use lower::{lower, lower_dynamic};

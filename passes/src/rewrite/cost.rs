@@ -23,7 +23,7 @@
 use super::lang::{ENode, Prim, EG};
 use coil_ir::target::GpuTarget;
 use coil_ir::{Graph, NodeId, Op, TensorMeta};
-use egg::Id;
+use egg::{Analysis, EGraph, Id, Language};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 use std::rc::Rc;
@@ -237,30 +237,49 @@ const MAX_EVALS_PER_NODE: usize = 8;
 /// One node per class reachable from `roots`: the greedy DAG choice (see the module docs).
 /// `outputs` are the classes that are graph outputs. `None` if some root has no finite choice
 /// or the choice has a cycle (then the caller keeps the graph it has).
-///
-/// A worklist re-evaluates a class when one of its operands' choice changed; classes are
-/// indexed densely by their id.
 pub fn extract(eg: &EG, roots: &[Id], outputs: &[Id], model: &CostModel) -> Option<HashMap<Id, ENode>> {
     let size = eg.nodes().len();
     let mut output = vec![false; size];
     for &r in outputs {
         output[usize::from(eg.find(r))] = true;
     }
-    let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
-    ids.sort_unstable();
-    // Local scores of every node, once.
-    let mut local: Vec<Vec<f64>> = vec![Vec::new(); size];
-    for &id in &ids {
-        let class = &eg[id];
-        local[usize::from(id)] = class
+    // Local scores of every node, once. A class holding an input is that input: nothing is
+    // cheaper, and the graph keeps it.
+    let mut local: Vec<Vec<Option<f64>>> = vec![Vec::new(); size];
+    for class in eg.classes() {
+        let input = class.nodes.iter().any(|n| matches!(n.op, Prim::Input { .. }));
+        local[usize::from(class.id)] = class
             .nodes
             .iter()
             .map(|n| {
+                if input && !matches!(n.op, Prim::Input { .. }) {
+                    return None;
+                }
                 let args: Vec<&TensorMeta> = n.args.iter().map(|&a| &eg[a].data.meta).collect();
-                node_cost(Kind::of_prim(&n.op), &args, &class.data.meta, output[usize::from(id)]).seconds(model)
+                let out = output[usize::from(class.id)];
+                Some(node_cost(Kind::of_prim(&n.op), &args, &class.data.meta, out).seconds(model))
             })
             .collect();
     }
+    extract_dag(eg, roots, &local)
+}
+
+/// The greedy DAG extraction of any e-graph (this pass's, and the composite-level one of
+/// [`crate::templates`]): one node per class reachable from `roots`, where choosing a node
+/// costs its own `local[class][node]` seconds plus those of the *set* of classes it depends
+/// on, so each shared class counts once. `None` in `local` is a node that may not be chosen.
+/// `None` if some root has no choice or the choice has a cycle.
+///
+/// A worklist re-evaluates a class when one of its operands' choice changed; classes are
+/// indexed densely by their id. Ties go to fewer classes, then to the earlier node.
+pub fn extract_dag<L: Language, N: Analysis<L>>(
+    eg: &EGraph<L, N>,
+    roots: &[Id],
+    local: &[Vec<Option<f64>>],
+) -> Option<HashMap<Id, L>> {
+    let size = eg.nodes().len();
+    let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
+    ids.sort_unstable();
     let mut best: Vec<Option<Best>> = vec![None; size];
     // The score of each class's current choice.
     let mut chosen_score = vec![0.0f64; size];
@@ -278,17 +297,13 @@ pub fn extract(eg: &EG, roots: &[Id], outputs: &[Id], model: &CostModel) -> Opti
             break;
         }
         let class = &eg[id];
-        // A class holding an input is that input: nothing is cheaper, and the graph keeps it.
-        let input = class.nodes.iter().any(|n| matches!(n.op, Prim::Input { .. }));
         let mut pick: Option<Best> = None;
         for (i, n) in class.nodes.iter().enumerate() {
-            if input && !matches!(n.op, Prim::Input { .. }) {
-                continue;
-            }
+            let Some(own) = local[c][i] else { continue };
             budget = budget.saturating_sub(1);
             deps.clear();
             let mut complete = true;
-            for &a in &n.args {
+            for &a in n.children() {
                 match &best[usize::from(eg.find(a))] {
                     Some(b) => deps.extend_from_slice(&b.deps),
                     None => complete = false,
@@ -303,7 +318,7 @@ pub fn extract(eg: &EG, roots: &[Id], outputs: &[Id], model: &CostModel) -> Opti
                 continue; // the node depends on its own class
             }
             // Shared classes count once: each dependency's current score, plus this node's.
-            let score = local[c][i] + deps.iter().map(|&d| chosen_score[d as usize]).sum::<f64>();
+            let score = own + deps.iter().map(|&d| chosen_score[d as usize]).sum::<f64>();
             let better = match &pick {
                 None => true,
                 Some(p) => score < p.score || (score == p.score && deps.len() + 1 < p.deps.len()),
@@ -320,7 +335,7 @@ pub fn extract(eg: &EG, roots: &[Id], outputs: &[Id], model: &CostModel) -> Opti
         if same {
             continue;
         }
-        chosen_score[c] = local[c][p.node];
+        chosen_score[c] = local[c][p.node].expect("chosen nodes have a cost");
         best[c] = Some(p);
         for parent in class.parents() {
             let parent = eg.find(parent);
@@ -331,7 +346,7 @@ pub fn extract(eg: &EG, roots: &[Id], outputs: &[Id], model: &CostModel) -> Opti
         }
     }
     // Walk the choice from the roots, refusing cycles.
-    let mut chosen: HashMap<Id, ENode> = HashMap::default();
+    let mut chosen: HashMap<Id, L> = HashMap::default();
     let mut on_path: HashSet<Id> = HashSet::default();
     let mut stack: Vec<(Id, bool)> = roots.iter().rev().map(|&r| (eg.find(r), false)).collect();
     while let Some((id, done)) = stack.pop() {
@@ -345,7 +360,7 @@ pub fn extract(eg: &EG, roots: &[Id], outputs: &[Id], model: &CostModel) -> Opti
         on_path.insert(id);
         let n = eg[id].nodes[best[usize::from(id)].as_ref()?.node].clone();
         stack.push((id, true));
-        for &a in n.args.iter().rev() {
+        for &a in n.children().iter().rev() {
             let a = eg.find(a);
             if on_path.contains(&a) {
                 return None;
