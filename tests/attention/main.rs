@@ -25,11 +25,20 @@ fn masked_attention_through_the_template_agrees_on_the_cpu() {
     cases::masked::check_masked_all(Device::Cpu);
 }
 
-/// Attention with dropout through the templates (forward and backward calls) agrees with the
-/// interpreter's decomposition `softmax -> Dropout -> @ v`, values and gradients (`dropout.rs`).
+/// Attention with dropout through the templates (forward and backward calls; with a bool or
+/// added mask too) agrees with the interpreter's decomposition `softmax -> Dropout -> @ v`,
+/// values and gradients (`dropout.rs`).
 #[test]
 fn dropout_attention_and_its_gradients_agree_with_the_interpreter_on_the_cpu() {
     cases::dropout::check_dropout_grads(Device::Cpu);
+}
+
+/// BERT-style training (a padding mask, attention dropout): the step's graph holds the
+/// attention templates with the mask and the dropout both ways and no `[B, H, T, T]` node or
+/// buffer (`dropout.rs`).
+#[test]
+fn masked_dropout_training_graph_keeps_the_templates() {
+    cases::dropout::check_masked_dropout_training_graph();
 }
 
 /// The templates keep exactly the weights the decomposition keeps, `1 - p` of them, a new mask
@@ -40,12 +49,14 @@ fn dropout_masks_match_the_decomposition_and_change_every_call_on_the_cpu() {
 }
 
 /// Attention with dropout in a compiled function whose sequence length is dynamic: one compile,
-/// and the interpreter's numbers at every length; with a dropout after it, static sizes (the
-/// second draw's offset is quadratic in the length) and the interpreter's numbers still.
+/// and the interpreter's numbers at every length (causal, or with a padding mask); with a
+/// dropout after it, static sizes (the second draw's offset is quadratic in the length) and the
+/// interpreter's numbers still.
 #[test]
 fn dropout_attention_with_a_dynamic_sequence_length() {
-    cases::dropout::check_dropout_dynamic(false);
-    cases::dropout::check_dropout_dynamic(true);
+    cases::dropout::check_dropout_dynamic(false, false);
+    cases::dropout::check_dropout_dynamic(true, false);
+    cases::dropout::check_dropout_dynamic(false, true);
 }
 
 /// GPT-2 training with attention dropout: template calls both ways, the interpreter's numbers.

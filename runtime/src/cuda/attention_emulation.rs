@@ -497,7 +497,10 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         dropped(0.1, case(mma(true, 64), DType::BF16, &[2], (70, 150, 64), false, false, bool_mask(banded, true), 0)),
         dropped(0.5, case(mma(false, 48), DType::F16, &[2], (70, 70, 40), true, false, added, 0)),
         dropped(0.5, case(simple(DType::F32, 32), DType::F32, &[2], (20, 90, 32), false, false, added, 0)),
-        dropped(0.3, case(split(true, 128), DType::BF16, &[1, 2], (4, 200, 128), false, false, bool_mask(gqa_rows, true), 1)),
+        dropped(
+            0.3,
+            case(split(true, 128), DType::BF16, &[1, 2], (4, 200, 128), false, false, bool_mask(gqa_rows, true), 1),
+        ),
         dropped(
             0.5,
             poisoned(case(

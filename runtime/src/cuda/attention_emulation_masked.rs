@@ -48,9 +48,11 @@ fn masked_backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         case(mma(false, 48), DType::F16, &[2, 2], (70, 70, 40), (true, false), [false, true, true])
             .masked(added(added_holes, [false; 2])),
         // The largest head dim, L > S, a bool mask per batch index.
-        case(mma(true, 128), DType::BF16, &[2], (80, 50, 128), (false, false), all).masked(bools(banded, [true, false])),
+        case(mma(true, 128), DType::BF16, &[2], (80, 50, 128), (false, false), all)
+            .masked(bools(banded, [true, false])),
         // GPT-2's head views (heads merged on the output), an added mask per head.
-        case(mma(true, 32), DType::BF16, &[1, 2], (40, 40, 32), (false, true), all).masked(added(banded, [false, true])),
+        case(mma(true, 32), DType::BF16, &[1, 2], (40, 40, 32), (false, true), all)
+            .masked(added(banded, [false, true])),
         // The simple kernels: f32 with GPT-2's head views and an added mask over the batch; bf16
         // with a bool padding mask, dK and dV only.
         case(simple(DType::F32, 16), DType::F32, &[1, 2], (33, 33, 16), (true, true), all)
