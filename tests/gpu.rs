@@ -149,6 +149,7 @@ fn masked_attention_gradients_agree_on_cuda() {
 fn attention_dropout_templates_agree_with_the_interpreter_on_cuda() {
     if let Some(device) = gpu() {
         attention::dropout::check_dropout_grads(device);
+        attention::dropout::check_masked_dropout_forward(device);
         attention::dropout::check_dropout_masks(device);
         attention::dropout::check_dropout_errors();
     }

@@ -522,3 +522,42 @@ pub fn check_masked_dropout_training_graph() {
         .find(|x| x.meta.shape.ends_with(&[t, t]) || x.meta.numel() == b * h * t * t);
     assert!(full.is_none(), "a buffer of the scores' size: {:?}", full.map(|x| (&x.name, &x.meta)));
 }
+
+/// Masked attention with dropout and no gradient, few query rows (a decode step: grouped-query
+/// rows against a cache of which a prefix is kept; the split kernels on CUDA): one template call
+/// with the mask and the dropout, agreeing with the interpreter from the same seed; f32, bf16.
+pub fn check_masked_dropout_forward(device: Device) {
+    let (batch, l, s, d, p) = ([2usize, 2usize], 4usize, 150usize, 64usize, 0.3);
+    for dtype in [DType::F32, DType::BF16] {
+        let run = |device: Device| -> Result<(Vec<f64>, Option<String>)> {
+            let rows = |n: usize| [batch[0], batch[1], n, d];
+            let make =
+                |seed: u64, n: usize| tensor(&normals(seed, batch[0] * batch[1] * n * d), &rows(n), dtype, device);
+            let (q, k, v) = (make(1, l)?, make(2, s)?, make(3, s)?);
+            // Row r keeps the keys up to position 90 + r: the cache beyond is dropped.
+            let keep: Vec<bool> = (0..l * s).map(|x| x % s <= 90 + x / s).collect();
+            let mask = Tensor::from_vec(keep, &[l, s])?.to_device(device)?;
+            coil::manual_seed(4);
+            let y = coil::scaled_dot_product_attention_dropout(&q, &k, &v, Some(&mask), p, false, None)?;
+            let ir = match coil::backend() {
+                Backend::Compiled => Some(coil::inspect(&[&y])?.pre_fusion.clone()),
+                Backend::Interpreter => None,
+            };
+            Ok((y.to_vec::<f64>()?, ir))
+        };
+        compiled_backend();
+        coil::set_default_device(device);
+        let (got, ir) = run(device).unwrap();
+        let ir = ir.expect("compiled");
+        let calls: Vec<&str> = ir.lines().filter(|x| x.contains("= extern attention")).collect();
+        assert!(calls.len() == 1 && calls[0].contains(" mask=[") && calls[0].contains("dropout_p=0.3"), "{ir}");
+        coil::set_backend(Backend::Interpreter);
+        coil::set_default_device(Device::Cpu);
+        let (want, _) = run(Device::Cpu).unwrap();
+        compiled_backend();
+        coil::set_default_device(device);
+        let err = rel_error(&got, &want);
+        let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+        assert!(err <= tolerance, "{dtype} on {device}: relative error {err:.2e}");
+    }
+}
