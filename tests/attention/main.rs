@@ -390,10 +390,11 @@ fn check_second_order(
 
 /// Times a training step on the CPU (`cargo test --test attention training_step_timing --
 /// --ignored --nocapture`): `value_and_grad` through the attention templates (masked by a
-/// padding mask, and maskless) against the same attention written out so that the matcher
-/// leaves it alone (the mask by `where`, or an added zero: the decomposition, the scores
-/// written forward and backward). Prints milliseconds per step; asserts only that each pair
-/// agrees.
+/// padding mask, and maskless; with attention dropout and without) against the same attention
+/// written out so that the matcher leaves it alone (the mask by `where`, or an added zero; the
+/// dropout by `Tensor::dropout`: the decomposition, the scores written forward and backward).
+/// Prints the best and median milliseconds per step of 10 alternating reps; asserts only that
+/// each pair agrees.
 #[test]
 #[ignore]
 fn training_step_timing() {
@@ -411,33 +412,46 @@ fn training_step_timing() {
     let keep: Vec<bool> = (0..b * t).map(|x| x % t < t - 56 * (x / t)).collect();
     let mask = Tensor::from_vec(keep, &[b, 1, 1, t]).unwrap();
     let zeros = Tensor::zeros(&[t, t], DType::F32);
-    let step = |masked: bool, templated: bool| -> Vec<Vec<f64>> {
+    // With `dropout`, p = 0.1 on the weights, from one seed (both forms draw the same numbers).
+    let step = |masked: bool, dropout: bool, templated: bool| -> Vec<Vec<f64>> {
+        let p = if dropout { 0.1 } else { 0.0 };
+        coil::manual_seed(1);
         let y = if templated {
-            coil::scaled_dot_product_attention(&q, &k, &v, masked.then_some(&mask), false, None).unwrap()
+            coil::scaled_dot_product_attention_dropout(&q, &k, &v, masked.then_some(&mask), p, false, None).unwrap()
         } else {
             let s = q.matmul(&k.transpose(-2, -1).unwrap()).unwrap().mul(1.0 / (d as f64).sqrt()).unwrap();
             let s = if masked { coil::where_(&mask, &s, f64::NEG_INFINITY).unwrap() } else { s.add(&zeros).unwrap() };
-            s.softmax(-1).unwrap().matmul(&v).unwrap()
+            let w = s.softmax(-1).unwrap();
+            let w = if dropout { w.dropout(p, true).unwrap() } else { w };
+            w.matmul(&v).unwrap()
         };
         let loss = y.mul(&y).unwrap().sum_all().unwrap();
         let (loss, grads) = coil::value_and_grad(&loss, &[&q, &k, &v]).unwrap();
         std::iter::once(loss).chain(grads).map(|x| x.to_vec::<f64>().unwrap()).collect()
     };
-    for masked in [true, false] {
-        let mut results = Vec::new();
-        for templated in [true, false] {
-            results.push(step(masked, templated));
-            let runs = 10;
-            let start = std::time::Instant::now();
-            for _ in 0..runs {
-                step(masked, templated);
+    for (masked, dropout) in [(true, true), (true, false), (false, true), (false, false)] {
+        let results: Vec<Vec<Vec<f64>>> =
+            [true, false].iter().map(|&templated| step(masked, dropout, templated)).collect();
+        // The two forms alternately, rep by rep (the machine's load moves both alike).
+        let mut ms = [Vec::new(), Vec::new()];
+        for _ in 0..10 {
+            for (i, templated) in [true, false].into_iter().enumerate() {
+                let start = std::time::Instant::now();
+                step(masked, dropout, templated);
+                ms[i].push(start.elapsed().as_secs_f64() * 1e3);
             }
-            let ms = start.elapsed().as_secs_f64() * 1e3 / runs as f64;
-            println!("training step B={b} H={h} T={t} D={d} f32 masked={masked} templated={templated}: {ms:.2} ms");
+        }
+        for (i, templated) in [true, false].into_iter().enumerate() {
+            ms[i].sort_by(f64::total_cmp);
+            println!(
+                "training step B={b} H={h} T={t} D={d} f32 masked={masked} dropout={dropout} templated={templated}: best {:.2} ms, median {:.2} ms",
+                ms[i][0],
+                ms[i][ms[i].len() / 2]
+            );
         }
         for (i, (x, y)) in results[0].iter().zip(&results[1]).enumerate() {
             let err = cases::rel_error(x, y);
-            assert!(err <= 1e-5, "masked={masked}: output {i}: relative error {err:.2e}");
+            assert!(err <= 1e-5, "masked={masked} dropout={dropout}: output {i}: relative error {err:.2e}");
         }
     }
 }
