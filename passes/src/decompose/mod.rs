@@ -196,9 +196,10 @@ fn pointwise_conv(graph: &Graph, node: &coil_ir::Node, geometry: &ConvGeometry, 
 /// scalars), with its logsumexp and gradients. Those two have no gradient rule of their own: a
 /// graph decomposed for differentiation ([`DecomposeOptions::keep_detach`]) expands them, so
 /// that gradients (of gradients) differentiate their decomposition. Attention with an explicit
-/// mask ([`crate::attention::mask_supported`]), with or without dropout, is kept with any number of query rows where its
-/// gradients are templates too (a graph to be differentiated, or one that has its logsumexp:
-/// decomposed, the scores would be written forward and backward), else with few rows.
+/// mask ([`crate::attention::mask_supported`]), with or without dropout, is kept with any number
+/// of query rows where its gradients are templates too (a graph to be differentiated, or one that
+/// has its logsumexp: decomposed, the scores would be written forward and backward), else with
+/// few rows.
 fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOptions) -> bool {
     let tensors = node.inputs.iter().all(|&x| !matches!(graph.node(x).op, Op::Scalar(_)));
     if let Op::Conv { geometry, form } = &node.op {
