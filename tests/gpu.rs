@@ -141,13 +141,15 @@ fn masked_attention_gradients_agree_on_cuda() {
     }
 }
 
-/// Attention with dropout on CUDA: the forward and backward kernels (tensor-core for bf16, the
-/// simple ones for f32) against the interpreter's decomposition, values and gradients; the
+/// Attention with dropout on CUDA: the forward and backward kernels (tensor-core for bf16 and
+/// f16, the simple ones for f32; the `_masked` entry points with a bool or added mask and
+/// dropout together) against the interpreter's decomposition, values and gradients; the
 /// kernels keep exactly the decomposition's weights; new masks at every call (`tests/attention/dropout.rs`).
 #[test]
 fn attention_dropout_templates_agree_with_the_interpreter_on_cuda() {
     if let Some(device) = gpu() {
         attention::dropout::check_dropout_grads(device);
+        attention::dropout::check_masked_dropout_forward(device);
         attention::dropout::check_dropout_masks(device);
         attention::dropout::check_dropout_errors();
     }

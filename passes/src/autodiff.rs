@@ -291,10 +291,10 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
 /// them in one call, which computes `delta = sum(g * y, -1)` itself), and the mask, if any. A
 /// bool mask has no gradient. Where the gradient of an added mask is wanted (a learned bias),
 /// the templates have none to give: every gradient of that attention is the decomposition's
-/// instead ([`masked::decomposed`]: the scores are written, as without the template); so are
-/// those of masked attention with dropout, which the templates do not compute. With dropout,
-/// the gradients regenerate the forward's keep decisions (the same stream and offset): the
-/// logsumexp is the undropped softmax's, and `delta = sum(g * y, -1)` still equals
+/// instead ([`masked::decomposed`]: the scores are written, as without the template; with
+/// dropout, the decomposition's `Dropout` keeps what the forward kept). With dropout (masked or
+/// not), the gradients regenerate the forward's keep decisions (the same stream and offset):
+/// the logsumexp is the undropped (masked) softmax's, and `delta = sum(g * y, -1)` still equals
 /// `sum(P * dP, -1)` with `dP` the dropped `g @ v^T`.
 #[allow(clippy::too_many_arguments)] // the node, its gradient and attention's attributes
 fn attention(
@@ -311,7 +311,7 @@ fn attention(
     if !wanted.iter().any(|&w| w) {
         return Ok(vec![None; node.inputs.len()]);
     }
-    if mask && (wanted[3] || dropout.is_some()) {
+    if mask && wanted[3] {
         return masked::decomposed(b, node, g, wanted);
     }
     let forward = &node.inputs;

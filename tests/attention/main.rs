@@ -25,11 +25,27 @@ fn masked_attention_through_the_template_agrees_on_the_cpu() {
     cases::masked::check_masked_all(Device::Cpu);
 }
 
-/// Attention with dropout through the templates (forward and backward calls) agrees with the
-/// interpreter's decomposition `softmax -> Dropout -> @ v`, values and gradients (`dropout.rs`).
+/// Attention with dropout through the templates (forward and backward calls; with a bool or
+/// added mask too) agrees with the interpreter's decomposition `softmax -> Dropout -> @ v`,
+/// values and gradients (`dropout.rs`).
 #[test]
 fn dropout_attention_and_its_gradients_agree_with_the_interpreter_on_the_cpu() {
     cases::dropout::check_dropout_grads(Device::Cpu);
+}
+
+/// Masked attention with dropout in a forward-only decode step: one template call with the mask
+/// and the dropout, the interpreter's values (`dropout.rs`).
+#[test]
+fn masked_dropout_decode_step_is_one_template_call() {
+    cases::dropout::check_masked_dropout_forward(Device::Cpu);
+}
+
+/// BERT-style training (a padding mask, attention dropout): the step's graph holds the
+/// attention templates with the mask and the dropout both ways and no `[B, H, T, T]` node or
+/// buffer (`dropout.rs`).
+#[test]
+fn masked_dropout_training_graph_keeps_the_templates() {
+    cases::dropout::check_masked_dropout_training_graph();
 }
 
 /// The templates keep exactly the weights the decomposition keeps, `1 - p` of them, a new mask
@@ -40,12 +56,14 @@ fn dropout_masks_match_the_decomposition_and_change_every_call_on_the_cpu() {
 }
 
 /// Attention with dropout in a compiled function whose sequence length is dynamic: one compile,
-/// and the interpreter's numbers at every length; with a dropout after it, static sizes (the
-/// second draw's offset is quadratic in the length) and the interpreter's numbers still.
+/// and the interpreter's numbers at every length (causal, or with a padding mask); with a
+/// dropout after it, static sizes (the second draw's offset is quadratic in the length) and the
+/// interpreter's numbers still.
 #[test]
 fn dropout_attention_with_a_dynamic_sequence_length() {
-    cases::dropout::check_dropout_dynamic(false);
-    cases::dropout::check_dropout_dynamic(true);
+    cases::dropout::check_dropout_dynamic(false, false);
+    cases::dropout::check_dropout_dynamic(true, false);
+    cases::dropout::check_dropout_dynamic(false, true);
 }
 
 /// GPT-2 training with attention dropout: template calls both ways, the interpreter's numbers.
@@ -317,9 +335,24 @@ fn second_order_gradients_through_masked_templates() {
     );
 }
 
+/// Gradients of gradients through masked attention with dropout: the masked backward template
+/// with the dropout, expanded by the second gradient (its `Dropout` at the forward's draw),
+/// against the program written out with `Tensor::dropout` on the weights (the same numbers from
+/// the same seed), compiled and interpreted.
+#[test]
+fn second_order_gradients_through_masked_dropout_templates() {
+    coil::set_default_device(Device::Cpu);
+    let keep: Vec<bool> = (0..9 * 11).map(|x| (x % 11 + 2 * (x / 11)) % 3 != 1 || x % 11 == x / 11).collect();
+    let mask = Tensor::from_vec(keep, &[9, 11]).unwrap();
+    check_second_order(
+        |q, k, v| coil::scaled_dot_product_attention_dropout(q, k, v, Some(&mask), 0.3, false, None),
+        |s, v| coil::where_(&mask, s, f64::NEG_INFINITY)?.softmax(-1)?.dropout(0.3, true)?.matmul(v),
+    );
+}
+
 /// `d/dk sum((d/dq sum(y^2))^2)` of `y = templated(q, k, v)` (q `[2, 9, 8]`, k and v
 /// `[2, 11, 8]`) against the same with `y = written(q @ k^T / sqrt(8), v)`, interpreted and
-/// compiled: within 1e-5.
+/// compiled, both from one seed (a dropout draws the same numbers): within 1e-5.
 fn check_second_order(
     templated: impl Fn(&Tensor, &Tensor, &Tensor) -> coil::Result<Tensor>,
     written: impl Fn(&Tensor, &Tensor) -> coil::Result<Tensor>,
@@ -332,6 +365,7 @@ fn check_second_order(
     };
     let (q, k, v) = (make(1, &[2, 9, 8]), make(2, &[2, 11, 8]), make(3, &[2, 11, 8]));
     let second = |use_template: bool| -> Vec<f64> {
+        coil::manual_seed(9);
         let y = if use_template {
             templated(&q, &k, &v).unwrap()
         } else {
@@ -356,10 +390,11 @@ fn check_second_order(
 
 /// Times a training step on the CPU (`cargo test --test attention training_step_timing --
 /// --ignored --nocapture`): `value_and_grad` through the attention templates (masked by a
-/// padding mask, and maskless) against the same attention written out so that the matcher
-/// leaves it alone (the mask by `where`, or an added zero: the decomposition, the scores
-/// written forward and backward). Prints milliseconds per step; asserts only that each pair
-/// agrees.
+/// padding mask, and maskless; with attention dropout and without) against the same attention
+/// written out so that the matcher leaves it alone (the mask by `where`, or an added zero; the
+/// dropout by `Tensor::dropout`: the decomposition, the scores written forward and backward).
+/// Prints the best and median milliseconds per step of 10 alternating reps; asserts only that
+/// each pair agrees.
 #[test]
 #[ignore]
 fn training_step_timing() {
@@ -377,33 +412,46 @@ fn training_step_timing() {
     let keep: Vec<bool> = (0..b * t).map(|x| x % t < t - 56 * (x / t)).collect();
     let mask = Tensor::from_vec(keep, &[b, 1, 1, t]).unwrap();
     let zeros = Tensor::zeros(&[t, t], DType::F32);
-    let step = |masked: bool, templated: bool| -> Vec<Vec<f64>> {
+    // With `dropout`, p = 0.1 on the weights, from one seed (both forms draw the same numbers).
+    let step = |masked: bool, dropout: bool, templated: bool| -> Vec<Vec<f64>> {
+        let p = if dropout { 0.1 } else { 0.0 };
+        coil::manual_seed(1);
         let y = if templated {
-            coil::scaled_dot_product_attention(&q, &k, &v, masked.then_some(&mask), false, None).unwrap()
+            coil::scaled_dot_product_attention_dropout(&q, &k, &v, masked.then_some(&mask), p, false, None).unwrap()
         } else {
             let s = q.matmul(&k.transpose(-2, -1).unwrap()).unwrap().mul(1.0 / (d as f64).sqrt()).unwrap();
             let s = if masked { coil::where_(&mask, &s, f64::NEG_INFINITY).unwrap() } else { s.add(&zeros).unwrap() };
-            s.softmax(-1).unwrap().matmul(&v).unwrap()
+            let w = s.softmax(-1).unwrap();
+            let w = if dropout { w.dropout(p, true).unwrap() } else { w };
+            w.matmul(&v).unwrap()
         };
         let loss = y.mul(&y).unwrap().sum_all().unwrap();
         let (loss, grads) = coil::value_and_grad(&loss, &[&q, &k, &v]).unwrap();
         std::iter::once(loss).chain(grads).map(|x| x.to_vec::<f64>().unwrap()).collect()
     };
-    for masked in [true, false] {
-        let mut results = Vec::new();
-        for templated in [true, false] {
-            results.push(step(masked, templated));
-            let runs = 10;
-            let start = std::time::Instant::now();
-            for _ in 0..runs {
-                step(masked, templated);
+    for (masked, dropout) in [(true, true), (true, false), (false, true), (false, false)] {
+        let results: Vec<Vec<Vec<f64>>> =
+            [true, false].iter().map(|&templated| step(masked, dropout, templated)).collect();
+        // The two forms alternately, rep by rep (the machine's load moves both alike).
+        let mut ms = [Vec::new(), Vec::new()];
+        for _ in 0..10 {
+            for (i, templated) in [true, false].into_iter().enumerate() {
+                let start = std::time::Instant::now();
+                step(masked, dropout, templated);
+                ms[i].push(start.elapsed().as_secs_f64() * 1e3);
             }
-            let ms = start.elapsed().as_secs_f64() * 1e3 / runs as f64;
-            println!("training step B={b} H={h} T={t} D={d} f32 masked={masked} templated={templated}: {ms:.2} ms");
+        }
+        for (i, templated) in [true, false].into_iter().enumerate() {
+            ms[i].sort_by(f64::total_cmp);
+            println!(
+                "training step B={b} H={h} T={t} D={d} f32 masked={masked} dropout={dropout} templated={templated}: best {:.2} ms, median {:.2} ms",
+                ms[i][0],
+                ms[i][ms[i].len() / 2]
+            );
         }
         for (i, (x, y)) in results[0].iter().zip(&results[1]).enumerate() {
             let err = cases::rel_error(x, y);
-            assert!(err <= 1e-5, "masked={masked}: output {i}: relative error {err:.2e}");
+            assert!(err <= 1e-5, "masked={masked} dropout={dropout}: output {i}: relative error {err:.2e}");
         }
     }
 }

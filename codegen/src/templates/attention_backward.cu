@@ -9,7 +9,8 @@
    rowsum(dO O) is computed before, by its own kernel (coil_attention_delta). With an explicit
    mask (mask_kind 1 bool, 2 added; read by coil_mask_at, as the forward reads it), S gets the
    mask's term and P is 0 where the mask drops the key: a row that keeps no key (its lse -inf)
-   has zero gradients, as PyTorch's. */
+   has zero gradients, as PyTorch's. With dropout (CoilAttnDropout, masked or not), dV takes the
+   forward's dropped P and dS the dropped dP (attention_dropout.cuh). */
 
 struct CoilAttnBwdParams {
     CoilAttnOperand q, k, v, dout, dq, dk, dv;

@@ -431,7 +431,9 @@ pub fn scaled_dot_product_attention(
 /// thread's random stream, so a compiled function draws new ones at every call without
 /// recompiling. Compiled, attention with dropout stays one template call forward and one
 /// backward (the weights are never written to memory; the backward draws the same mask
-/// again); with an explicit mask it takes the decomposition.
+/// again), with an explicit mask too (BERT's padding mask: the mask is read where it lies), but
+/// for an added mask whose own gradient is wanted (a learned bias), which takes the
+/// decomposition.
 ///
 /// ```
 /// use coil_frontend::{ops::nn::scaled_dot_product_attention_dropout, Tensor};

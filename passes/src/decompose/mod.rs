@@ -196,9 +196,10 @@ fn pointwise_conv(graph: &Graph, node: &coil_ir::Node, geometry: &ConvGeometry, 
 /// scalars), with its logsumexp and gradients. Those two have no gradient rule of their own: a
 /// graph decomposed for differentiation ([`DecomposeOptions::keep_detach`]) expands them, so
 /// that gradients (of gradients) differentiate their decomposition. Attention with an explicit
-/// mask ([`crate::attention::mask_supported`]) is kept with any number of query rows where its
-/// gradients are templates too (a graph to be differentiated, or one that has its logsumexp:
-/// decomposed, the scores would be written forward and backward), else with few rows.
+/// mask ([`crate::attention::mask_supported`]), with or without dropout, is kept with any number
+/// of query rows where its gradients are templates too (a graph to be differentiated, or one that
+/// has its logsumexp: decomposed, the scores would be written forward and backward), else with
+/// few rows.
 fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOptions) -> bool {
     let tensors = node.inputs.iter().all(|&x| !matches!(graph.node(x).op, Op::Scalar(_)));
     if let Op::Conv { geometry, form } = &node.op {
@@ -210,8 +211,7 @@ fn keeps_template(graph: &Graph, node: &coil_ir::Node, options: &DecomposeOption
     let metas: Vec<&TensorMeta> = node.inputs.iter().map(|&x| graph.meta(x)).collect();
     let kept = match node.op {
         Op::Attention { mask: false, .. } => true,
-        // Masked attention with dropout decomposes (the masked kernels draw no random numbers).
-        Op::Attention { mask: true, dropout: Some(_), .. } => false,
+        // With or without dropout: the masked kernels draw its keep decisions as the maskless ones.
         Op::Attention { mask: true, .. } => {
             let any_rows = options.keep_detach
                 || crate::attention::mask_rule_of(graph, node).is_some()

@@ -20,7 +20,7 @@
 
 pub use super::attention_block::KeyLimit;
 use super::attention_block::{self as block, Compute, Element, Isa, Shape, Source, Task, ROWS_PER_BLOCK};
-use super::attention_dropout::DropoutDraw;
+use super::attention_dropout::{DropoutDraw, LANES};
 use coil_codegen::templates::attention::MaskKind;
 use coil_ir::loops::{const_usize, ExternCall, MaskRule, StridedOperand};
 use coil_ir::{DType, Error, Result};
@@ -526,6 +526,7 @@ impl<T: Element<A>, A: Compute> Source<A> for BatchSource<'_, T> {
     fn masked(&self) -> bool {
         self.spec.mask.is_some()
     }
+    #[inline(always)]
     fn drop_probabilities(&self, i: usize, k0: usize, row: &mut [A]) {
         if let Some(draw) = &self.spec.dropout {
             drop_row(draw, ((self.b * self.spec.l + i) * self.spec.s + k0) as u64, row);
@@ -535,10 +536,15 @@ impl<T: Element<A>, A: Compute> Source<A> for BatchSource<'_, T> {
 
 /// Dropout of one row's probabilities, `row[jj]` being probability `first + jj` (flat index):
 /// dropped ones become 0, kept ones are scaled by `1 / (1 - p)`.
+#[inline(always)]
 pub(crate) fn drop_row<A: Real>(draw: &DropoutDraw, first: u64, row: &mut [A]) {
     let scale = A::from_f64(draw.scale);
-    for (jj, x) in row.iter_mut().enumerate() {
-        *x = if draw.keeps(first + jj as u64) { x.mul(scale) } else { A::ZERO };
+    let mut keep = [false; LANES];
+    for (c, chunk) in row.chunks_mut(LANES).enumerate() {
+        draw.keeps_lanes(first + (c * LANES) as u64, &mut keep);
+        for (x, &k) in chunk.iter_mut().zip(&keep) {
+            *x = if k { x.mul(scale) } else { A::ZERO };
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use super::attention_block::{
     product, round_up, transpose, Compute, Element, Isa, Left, AVX2, AVX512, KEYS_PER_BLOCK, PORTABLE, ROWS_PER_BLOCK,
     WORKSPACE,
 };
-use super::attention_dropout::DropoutDraw;
+use super::attention_dropout::{DropoutDraw, LANES};
 use coil_ir::loops::StridedOperand;
 
 /// A strided `[rows, d]` operand of one batch index: element `(i, c)` is
@@ -362,8 +362,15 @@ fn backward_in<T: Element<A>, A: Compute, const FMA: bool, const MR: usize, cons
                         Some((draw, at)) => {
                             let first = at + (i * s + k0) as u64;
                             let kept = A::from_f64(draw.scale);
-                            for (jj, x) in keep.iter_mut().enumerate() {
-                                *x = if jj < live && draw.keeps(first + jj as u64) { kept } else { A::ZERO };
+                            let mut lanes = [false; LANES];
+                            for (c, chunk) in keep.chunks_exact_mut(LANES).enumerate() {
+                                let j0 = c * LANES;
+                                if j0 < live {
+                                    draw.keeps_lanes(first + j0 as u64, &mut lanes);
+                                }
+                                for (i, x) in chunk.iter_mut().enumerate() {
+                                    *x = if j0 + i < live && lanes[i] { kept } else { A::ZERO };
+                                }
                             }
                             dropped_gradients::<A, BN>(srow, prow, keep, ops.delta[i], scale);
                         }

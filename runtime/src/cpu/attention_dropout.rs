@@ -62,7 +62,38 @@ impl DropoutDraw {
     pub fn words(&self) -> [u64; 3] {
         [self.seed, self.start, self.threshold as u64]
     }
+
+    /// [`DropoutDraw::keeps`] of probabilities `index .. index + LANES`, into `out`: the
+    /// Philox rounds of the lanes side by side (each a 32 x 32 -> 64-bit product per word
+    /// pair), which vectorize, where one call per probability costs about as much as the
+    /// attention's own arithmetic.
+    #[inline(always)]
+    pub fn keeps_lanes(&self, index: u64, out: &mut [bool; LANES]) {
+        let first = self.start.wrapping_add(index);
+        let (mut c0, mut c1, mut c2, mut c3) = ([0u32; LANES], [0u32; LANES], [0u32; LANES], [0u32; LANES]);
+        for i in 0..LANES {
+            let counter = first.wrapping_add(i as u64);
+            (c0[i], c1[i]) = (counter as u32, (counter >> 32) as u32);
+        }
+        let (mut k0, mut k1) = (self.seed as u32, (self.seed >> 32) as u32);
+        for r in 0..philox::ROUNDS {
+            if r > 0 {
+                (k0, k1) = (k0.wrapping_add(philox::W0), k1.wrapping_add(philox::W1));
+            }
+            for i in 0..LANES {
+                let (p0, p1) = (philox::M0 as u64 * c0[i] as u64, philox::M1 as u64 * c2[i] as u64);
+                let (n0, n2) = ((p1 >> 32) as u32 ^ c1[i] ^ k0, (p0 >> 32) as u32 ^ c3[i] ^ k1);
+                (c0[i], c1[i], c2[i], c3[i]) = (n0, p1 as u32, n2, p0 as u32);
+            }
+        }
+        for i in 0..LANES {
+            out[i] = c0[i] >> 8 >= self.threshold;
+        }
+    }
 }
+
+/// Probabilities [`DropoutDraw::keeps_lanes`] decides at once.
+pub const LANES: usize = 8;
 
 #[cfg(test)]
 mod tests {
@@ -76,6 +107,14 @@ mod tests {
         for i in 0..1000u64 {
             let u = philox::uniform(99, 1005 + i) as f32;
             assert_eq!(draw.keeps(i), u >= 0.3f32);
+        }
+        // The lanes decide as one call each, across a carry into the counter's high word.
+        let high = DropoutDraw { start: u32::MAX as u64 - 20, ..draw };
+        for first in [0u64, 3, 17, 1000] {
+            let mut lanes = [false; LANES];
+            high.keeps_lanes(first, &mut lanes);
+            let each: Vec<bool> = (0..LANES as u64).map(|i| high.keeps(first + i)).collect();
+            assert_eq!(lanes.to_vec(), each, "from {first}");
         }
         assert_eq!(DropoutDraw::of(None, &[]).unwrap(), None);
         let e = DropoutDraw::of(Some(d), &random[..1]).unwrap_err();

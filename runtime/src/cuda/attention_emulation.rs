@@ -491,6 +491,29 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         dropped(0.5, case(simple(DType::F32, 16), DType::F32, &[1, 2], (33, 33, 16), true, true, None, 0)),
         dropped(0.3, case(split(true, 64), DType::BF16, &[1, 2], (1, 250, 64), false, false, None, 2)),
         dropped(0.5, case(split_simple(DType::F32, 64), DType::F32, &[2], (3, 150, 64), false, false, None, 2)),
+        // A mask and dropout together, also against the decomposition: row blocks with dead rows
+        // and dead tiles (bf16; f16 causal with an added mask; f32 simple), the split kernels
+        // (grouped-query rows with a dead tile and row; a decode prefix with poisoned keys).
+        dropped(0.1, case(mma(true, 64), DType::BF16, &[2], (70, 150, 64), false, false, bool_mask(banded, true), 0)),
+        dropped(0.5, case(mma(false, 48), DType::F16, &[2], (70, 70, 40), true, false, added, 0)),
+        dropped(0.5, case(simple(DType::F32, 32), DType::F32, &[2], (20, 90, 32), false, false, added, 0)),
+        dropped(
+            0.3,
+            case(split(true, 128), DType::BF16, &[1, 2], (4, 200, 128), false, false, bool_mask(gqa_rows, true), 1),
+        ),
+        dropped(
+            0.5,
+            poisoned(case(
+                split_simple(DType::F32, 64),
+                DType::F32,
+                &[2],
+                (1, 300, 64),
+                false,
+                false,
+                bool_mask(prefix, true),
+                2,
+            )),
+        ),
     ];
     for c in cases {
         let (dtype, l, s, d) = (c.dtype, c.l, c.s, c.d);
@@ -533,6 +556,12 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let (mut want, mut want_lse) = (vec![0u8; rows * d * dtype.size_bytes()], vec![0u8; rows * 4]);
         let mask_bytes = mask_kind.map(|kind| MaskBytes { bytes: &mask, kind });
         attention_bytes(&spec, dtype, &q, &k, &v, mask_bytes, &mut want, Some(&mut want_lse)).unwrap();
+        // With dropout, the decomposition's output too.
+        let definition = c.dropout.map(|_| {
+            let qkv = [decode(dtype, &q), decode(dtype, &k), decode(dtype, &v)];
+            let def = definition::Definition { spec: &spec, dtype, qkv, mask: mask_kind.map(|kind| (&mask[..], kind)) };
+            def.forward(want.len() / dtype.size_bytes())
+        });
         let params = param_bytes(&launch_params(&spec, [&spec.q, &spec.k, &spec.v], mask_kind, &launch));
         let workspace = vec![0xff; launch.workspace_bytes(count, l, d)];
         let (out, lse) = (vec![0xff; want.len()], vec![0xff; want_lse.len()]);
@@ -540,12 +569,26 @@ fn forward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         let dir = builds.root.join(&emulated.name);
         let runs = launch_runs(&exe, &dir, &params, launch.grid, emulated.block, &buffers);
         let Some(runs) = combined(&mut builds, &launch, &params, count, runs) else { return };
-        check_forward_runs(&runs, dtype, &want, &want_lse, |lazy| {
+        let what = |lazy| {
             format!(
-                "{} {:?} L={l} S={s} causal={} splits={} dropout={:?} lazy={lazy}",
-                emulated.name, c.batch, c.causal, launch.splits, c.dropout
+                "{} {:?} L={l} S={s} causal={} splits={} mask={:?} dropout={:?} lazy={lazy}",
+                emulated.name,
+                c.batch,
+                c.causal,
+                launch.splits,
+                c.mask.map(|m| m.kind),
+                c.dropout
             )
-        });
+        };
+        check_forward_runs(&runs, dtype, &want, &want_lse, what);
+        if let Some(def) = &definition {
+            for (got, lazy) in runs.iter().zip([false, true]) {
+                let what = format!("{} (the decomposition)", what(lazy));
+                let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+                let err = error(&what, &decode(dtype, &got[3]), def);
+                assert!(err <= tolerance, "{what}: output error {err:.2e}");
+            }
+        }
     }
 }
 
@@ -590,158 +633,11 @@ fn emulated_delta(
     Some(eager[2].clone())
 }
 
-/// One backward case: the kernel, the dtype, the forward's layout, which gradients are wanted.
-struct BackwardCase {
-    kernel: AttentionBackwardKernel,
-    dtype: DType,
-    batch: Vec<usize>,
-    l: usize,
-    s: usize,
-    d: usize,
-    causal: bool,
-    heads: bool,
-    /// dq, dk, dv wanted.
-    wanted: [bool; 3],
-    /// The forward's dropout probability ([`draw`]).
-    dropout: Option<f64>,
-}
+#[path = "attention_emulation_definition.rs"]
+mod definition;
 
-#[test]
-fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
-    let mut builds = Builds::new("attention-backward");
-    let mma = |bf16, dp| AttentionBackwardKernel::Mma { bf16, dp };
-    let case = |kernel, dtype, batch: &[usize], (l, s, d), causal, heads, wanted| BackwardCase {
-        kernel,
-        dtype,
-        batch: batch.to_vec(),
-        l,
-        s,
-        d,
-        causal,
-        heads,
-        wanted,
-        dropout: None,
-    };
-    let all = [true; 3];
-    let dropped = |p, c: BackwardCase| BackwardCase { dropout: Some(p), ..c };
-    let simple = |dtype, dp| AttentionBackwardKernel::Simple { dtype, dp };
-    let cases = [
-        // GPT-2 head views, causal, tail blocks of both kinds (100 = 64 + 36).
-        case(mma(true, 64), DType::BF16, &[1, 1], (100, 100, 64), true, true, all),
-        // Not causal, L != S; dK and dV only.
-        case(mma(true, 64), DType::BF16, &[2], (20, 100, 64), false, false, [false, true, true]),
-        // f16, head dim 40 padded to 48, causal; dQ only.
-        case(mma(false, 48), DType::F16, &[2], (70, 70, 40), true, false, [true, false, false]),
-        // The largest head dim, L > S causal.
-        case(mma(true, 128), DType::BF16, &[1], (80, 50, 128), true, false, all),
-        // Head dim 32, S > L causal (the last key blocks are seen by no row).
-        case(mma(true, 32), DType::BF16, &[1, 1], (40, 150, 32), true, false, all),
-        // The simple kernel: f32 and bf16.
-        case(
-            AttentionBackwardKernel::Simple { dtype: DType::F32, dp: 16 },
-            DType::F32,
-            &[1, 2],
-            (33, 33, 16),
-            true,
-            true,
-            all,
-        ),
-        case(
-            AttentionBackwardKernel::Simple { dtype: DType::BF16, dp: 32 },
-            DType::BF16,
-            &[2],
-            (20, 45, 24),
-            false,
-            false,
-            all,
-        ),
-        // Dropout regenerated: held fragments (D 64) and not (D 128), dQ alone, the simple kernel.
-        dropped(0.1, case(mma(true, 64), DType::BF16, &[1, 1], (100, 100, 64), true, true, all)),
-        dropped(0.5, case(mma(true, 128), DType::BF16, &[1], (80, 50, 128), true, false, all)),
-        dropped(0.5, case(mma(false, 48), DType::F16, &[2], (70, 70, 40), true, false, [true, false, false])),
-        dropped(0.5, case(simple(DType::F32, 16), DType::F32, &[1, 2], (33, 33, 16), true, true, all)),
-        dropped(0.1, case(simple(DType::BF16, 32), DType::BF16, &[2], (20, 45, 24), false, false, all)),
-    ];
-    for c in cases {
-        let emulated = backward_kernel(c.kernel, false);
-        let Some(exe) = builds.get(&emulated) else { return };
-        let (dtype, size, d) = (c.dtype, c.dtype.size_bytes(), c.d);
-        // The forward on the CPU: its output (GPT-2's: heads merged, `[B, L, H, D]`, for head
-        // views) and logsumexp. The output gradient has the output's layout.
-        let mut fwd = forward_spec(&c.batch, c.l, c.s, d, c.causal, c.heads);
-        fwd.dropout = c.dropout.map(draw);
-        let [q, k, v] = operands(dtype, &fwd, c.heads);
-        let rows = fwd.batch_count() * c.l;
-        let (mut out, mut lse) = (vec![0u8; rows * d * size], vec![0u8; rows * 4]);
-        attention_bytes(&fwd, dtype, &q, &k, &v, None, &mut out, Some(&mut lse)).unwrap();
-        let grad_out = seeded(dtype, 5, rows * d);
-        let lens = [rows * d, fwd.batch_count() * c.s * d, fwd.batch_count() * c.s * d];
-        let views = [contiguous(&c.batch, c.l, d), contiguous(&c.batch, c.s, d), contiguous(&c.batch, c.s, d)];
-        let grad = |i: usize| c.wanted[i].then(|| views[i].clone());
-        let spec = AttentionBackwardSpec {
-            q: fwd.q.clone(),
-            k: fwd.k.clone(),
-            v: fwd.v.clone(),
-            grad_out: fwd.out.clone(),
-            out: fwd.out.clone(),
-            dq: grad(0),
-            dk: grad(1),
-            dv: grad(2),
-            batch: c.batch.clone(),
-            l: c.l,
-            s: c.s,
-            d,
-            causal: c.causal,
-            scale: fwd.scale,
-            mask: None,
-            dropout: fwd.dropout,
-        };
-        let mut want: Vec<Vec<u8>> =
-            (0..3).map(|i| if c.wanted[i] { vec![0u8; lens[i] * size] } else { vec![] }).collect();
-        {
-            let [wq, wk, wv] = &mut want[..] else { unreachable!() };
-            fn grad(w: &mut [u8]) -> Option<&mut [u8]> {
-                (!w.is_empty()).then_some(w)
-            }
-            let bufs = BackwardBuffers {
-                q: &q,
-                k: &k,
-                v: &v,
-                grad_out: &grad_out,
-                lse: &lse,
-                out: &out,
-                grads: GradBuffers::separate(grad(wq), grad(wk), grad(wv)),
-                mask: None,
-            };
-            attention_backward_bytes(&spec, dtype, bufs).unwrap();
-        }
-        // The backward kernel reads the delta the emulated delta kernel computed.
-        let Some(delta) = emulated_delta(&mut builds, &spec, dtype, &out, &grad_out) else { return };
-        let count = spec.batch_count();
-        let (grid, key_blocks) = backward_grid(count, c.l, c.s, c.wanted[0], c.wanted[1] || c.wanted[2]);
-        let params =
-            param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks, None));
-        let outputs = (0..3).map(|i| vec![0xffu8; want[i].len()]);
-        // No mask: the last pointer null.
-        let buffers: Vec<Vec<u8>> =
-            [q, k, v, grad_out, lse, delta].into_iter().chain(outputs).chain([vec![]]).collect();
-        let runs = launch_runs(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
-        for (got, lazy) in runs.iter().zip([false, true]) {
-            for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
-                if !c.wanted[i] {
-                    continue;
-                }
-                let what = format!(
-                    "{} {:?} L={} S={} causal={} dropout={:?} lazy={lazy} {name}",
-                    emulated.name, c.batch, c.l, c.s, c.causal, c.dropout
-                );
-                let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
-                let err = error(&what, &decode(dtype, &got[6 + i]), &decode(dtype, &want[i]));
-                assert!(err <= tolerance, "{what}: relative error {err:.2e} (tolerance {tolerance:.0e})");
-            }
-        }
-    }
-}
+#[path = "attention_emulation_backward.rs"]
+mod backward;
 
 #[path = "attention_emulation_rules.rs"]
 mod rules;
