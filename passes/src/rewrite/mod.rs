@@ -186,15 +186,20 @@ impl fmt::Display for RewriteReport {
         writeln!(f, "time: {:.3} ms", self.seconds * 1e3)?;
         writeln!(f, "cost before: {}", self.cost_before)?;
         writeln!(f, "cost after:  {}", self.cost_after)?;
-        writeln!(f, "rules fired:")?;
-        if self.fired.is_empty() {
-            writeln!(f, "  (none)")?;
-        }
-        for (name, count) in &self.fired {
-            writeln!(f, "  {name}: {count}")?;
-        }
-        Ok(())
+        write_fired(f, &self.fired)
     }
+}
+
+/// The `rules fired:` list of a report (this pass's and the template stage's), one rule a line.
+pub(crate) fn write_fired(f: &mut fmt::Formatter<'_>, fired: &[(String, usize)]) -> fmt::Result {
+    writeln!(f, "rules fired:")?;
+    if fired.is_empty() {
+        writeln!(f, "  (none)")?;
+    }
+    for (name, count) in fired {
+        writeln!(f, "  {name}: {count}")?;
+    }
+    Ok(())
 }
 
 fn stop_text(reason: &Option<StopReason>) -> String {

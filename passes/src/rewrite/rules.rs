@@ -238,13 +238,14 @@ impl Searcher<ENode, Facts> for Rule {
     }
 }
 
-/// The applier of every rule: each match carries its instantiation (a pattern over the
-/// match's substitution), which is added and unioned with the matched class.
+/// The applier of every rule, of this pass and of the template stage's e-graph
+/// ([`crate::templates`]): each match carries its instantiation (a pattern over the match's
+/// substitution), which is added and unioned with the matched class.
 pub struct Instantiate;
 
-impl Applier<ENode, Facts> for Instantiate {
+impl<L: egg::Language, N: egg::Analysis<L>> Applier<L, N> for Instantiate {
     /// Instantiates each proposal and unions it with its class; returns the classes changed.
-    fn apply_matches(&self, eg: &mut EG, matches: &[SearchMatches<ENode>], _: Symbol) -> Vec<Id> {
+    fn apply_matches(&self, eg: &mut egg::EGraph<L, N>, matches: &[SearchMatches<L>], _: Symbol) -> Vec<Id> {
         let mut changed = Vec::new();
         for m in matches {
             let (Some(ast), Some(subst)) = (&m.ast, m.substs.first()) else { continue };
@@ -256,7 +257,7 @@ impl Applier<ENode, Facts> for Instantiate {
         changed
     }
 
-    fn apply_one(&self, _: &mut EG, _: Id, _: &Subst, _: Option<&PatternAst<ENode>>, _: Symbol) -> Vec<Id> {
+    fn apply_one(&self, _: &mut egg::EGraph<L, N>, _: Id, _: &Subst, _: Option<&PatternAst<L>>, _: Symbol) -> Vec<Id> {
         unreachable!("rules apply through apply_matches")
     }
 }

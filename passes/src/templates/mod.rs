@@ -100,14 +100,7 @@ impl fmt::Display for TemplateReport {
         writeln!(f, "region: {} nodes, e-graph: {} nodes", self.region_nodes, self.egraph_nodes)?;
         writeln!(f, "iterations: {}, stop reason: {}", self.iterations, self.stop_reason)?;
         writeln!(f, "time: {:.3} ms", self.seconds * 1e3)?;
-        writeln!(f, "rules fired:")?;
-        if self.fired.is_empty() {
-            writeln!(f, "  (none)")?;
-        }
-        for (name, count) in &self.fired {
-            writeln!(f, "  {name}: {count}")?;
-        }
-        Ok(())
+        crate::rewrite::write_fired(f, &self.fired)
     }
 }
 

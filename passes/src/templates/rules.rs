@@ -32,11 +32,9 @@
 
 use super::lang::{infer_meta, CNode, Data, CEG};
 use crate::attention::template_supports;
+use crate::rewrite::rules::Instantiate;
 use coil_ir::{BinaryOp, DType, Graph, Node, NodeId, Op, UnaryOp};
-use egg::{
-    Applier, ENodeOrVar, Id, Language, Pattern as EggPattern, PatternAst, Rewrite, SearchMatches, Searcher, Subst,
-    Symbol, Var,
-};
+use egg::{ENodeOrVar, Id, Language, Pattern as EggPattern, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Var};
 use std::sync::OnceLock;
 
 /// What a condition may ask about the classes the left side bound.
@@ -228,27 +226,6 @@ impl Searcher<CNode, super::lang::Facts> for Rule {
 
     fn vars(&self) -> Vec<Var> {
         vec![]
-    }
-}
-
-/// Adds each match's right side and unions it with the matched class.
-pub struct Instantiate;
-
-impl Applier<CNode, super::lang::Facts> for Instantiate {
-    fn apply_matches(&self, eg: &mut CEG, matches: &[SearchMatches<CNode>], _: Symbol) -> Vec<Id> {
-        let mut changed = Vec::new();
-        for m in matches {
-            let (Some(ast), Some(subst)) = (&m.ast, m.substs.first()) else { continue };
-            let new = eg.add_instantiation(ast, subst);
-            if eg.union(m.eclass, new) {
-                changed.push(new);
-            }
-        }
-        changed
-    }
-
-    fn apply_one(&self, _: &mut CEG, _: Id, _: &Subst, _: Option<&PatternAst<CNode>>, _: Symbol) -> Vec<Id> {
-        unreachable!("rules apply through apply_matches")
     }
 }
 
