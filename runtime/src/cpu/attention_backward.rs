@@ -1,6 +1,6 @@
 //! The attention backward template ([`ExternCall::AttentionBackward`]) on the CPU: the
 //! probabilities recomputed from the logsumexp the forward saved, in blocks of keys and rows
-//! as FlashAttention-2's backward ([`super::attention_backward_block`]), parallel over
+//! as FlashAttention-2's backward (`attention_backward_block.rs`), parallel over
 //! (batch index, range of keys).
 //!
 //! Per query row `i`, `delta_i = g_i . o_i` (the output gradient times the output), first; then
