@@ -22,8 +22,8 @@
 //! indices, 256 rows and keys, head dim 64, f32, best of 20): 1.9 ms unmasked (about 180
 //! GFLOP/s over the five products), 1.1 ms causal, 1.5 ms with a padding mask that drops 56 of
 //! the keys. Replacing the scalar implementation brought a training step through the
-//! templates from about 40 ms to 11-14 ms, against 9-11 ms decomposed (`tests/attention`'s
-//! `training_step_timing`).
+//! templates from about 40 ms to 11-14 ms, against 9-11 ms decomposed (the program
+//! `examples/attention_cpu.rs` times such steps).
 
 use super::attention::{batch_offset, Mask};
 use super::attention_block::{
