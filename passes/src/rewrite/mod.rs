@@ -202,7 +202,7 @@ pub(crate) fn write_fired(f: &mut fmt::Formatter<'_>, fired: &[(String, usize)])
     Ok(())
 }
 
-fn stop_text(reason: &Option<StopReason>) -> String {
+pub(crate) fn stop_text(reason: &Option<StopReason>) -> String {
     match reason {
         Some(StopReason::Saturated) => "saturated".into(),
         Some(StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),

@@ -59,7 +59,7 @@ pub mod rules;
 
 use crate::attention::AttentionMatch;
 use coil_ir::{Graph, NodeId, Op};
-use egg::{Id, Runner, SimpleScheduler, StopReason};
+use egg::{Id, Runner, SimpleScheduler};
 use lang::{op_of, CNode, COp, Facts, CEG};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
@@ -174,14 +174,7 @@ pub fn choose_attention(graph: &Graph) -> (Vec<AttentionMatch>, TemplateReport) 
     }
     report.fired = rules::RULES.iter().zip(fired).filter(|(_, c)| *c > 0).map(|(n, c)| (n.to_string(), c)).collect();
     report.iterations = runner.iterations.len();
-    report.stop_reason = match &runner.stop_reason {
-        Some(StopReason::Saturated) => "saturated".into(),
-        Some(StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),
-        Some(StopReason::NodeLimit(n)) => format!("node limit ({n})"),
-        Some(StopReason::TimeLimit(s)) => format!("time limit ({s:.1} s)"),
-        Some(StopReason::Other(s)) => s.clone(),
-        None => "not run".into(),
-    };
+    report.stop_reason = crate::rewrite::stop_text(&runner.stop_reason);
     let eg = runner.egraph;
     report.egraph_nodes = eg.total_number_of_nodes();
     let roots: Vec<NodeId> = region.iter().copied().filter(|n| root[n.0]).collect();
