@@ -11,6 +11,7 @@
 //! cargo run --release --example models -- --cuda-graphs                       # replayed from CUDA graphs
 //! cargo run --release --example models -- --replay                            # bodies not rerun
 //! cargo run --release --example models -- --cold                              # empty caches
+//! cargo run --release --example models -- --no-cudnn-attention              # attention on coil's templates only
 //! ```
 //!
 //! `--replay` compiles the forward and gradient functions with `CompiledFn::replay`: after two
@@ -53,6 +54,9 @@ pub struct Opts {
     /// cache, each a fresh folder, so that the compile column is a cold compile whatever ran
     /// on the machine before (as `models_torch.py` starts Inductor's and Triton's).
     cold: bool,
+    /// Run attention on coil's own templates, never cuDNN (`--no-cudnn-attention`,
+    /// `Config::cudnn_attention` off): to compare the templates with and without dropout.
+    no_cudnn_attention: bool,
 }
 
 /// Says how many of a replaying function's calls replayed (`--replay`).
@@ -91,6 +95,7 @@ fn parse() -> Opts {
         cuda_graphs: false,
         replay: false,
         cold: false,
+        no_cudnn_attention: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -105,8 +110,9 @@ fn parse() -> Opts {
             "--cuda-graphs" => o.cuda_graphs = true,
             "--replay" => o.replay = true,
             "--cold" => o.cold = true,
+            "--no-cudnn-attention" => o.no_cudnn_attention = true,
             _ => panic!(
-                "unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json, --cuda-graphs, --replay, --cold"
+                "unknown argument {a}: --device, --config 124m|tiny, --rows, --warmup, --reps, --json, --cuda-graphs, --replay, --cold, --no-cudnn-attention"
             ),
         }
     }
@@ -397,6 +403,9 @@ fn main() -> coil::Result<()> {
     // The optimizer's step and the decode steps are realizations (update_in_place): they replay
     // too.
     coil::set_cuda_graphs(o.cuda_graphs);
+    if o.no_cudnn_attention {
+        coil::set_config(coil::Config { cudnn_attention: false, ..(*coil::config()).clone() });
+    }
     let device = o.device;
     let timer = Timer::new(device)?;
     let mut rows = training_rows(&o, &timer)?;
