@@ -14,12 +14,18 @@
 //! **This module is the definition.** The reference interpreter calls it, and the CUDA C and C
 //! code generators must reproduce exactly these bits and exactly these formulas:
 //!
-//! * element `i` of a draw at key `seed` from counter `offset` uses counter
-//!   `(lo32(offset + i), hi32(offset + i), 0, 0)` (the additions wrap modulo 2^64) and key
-//!   `(lo32(seed), hi32(seed))`, and gets the words `w0..w3` of [`philox4x32_10`];
-//! * uniform on `[0, 1)`: `(w0 >> 8) * 2^-24` ([`uniform`]);
-//! * standard normal by Box–Muller: `u1 = ((w0 >> 8) + 1) * 2^-24` in `(0, 1]`,
-//!   `u2 = (w1 >> 8) * 2^-24` in `[0, 1)`, `n = sqrt(-2 ln u1) * cos(2 pi u2)` ([`normal`]).
+//! * element `i` of a draw at key `seed` from counter `offset` has the counter
+//!   `c = offset + i` (the addition wraps modulo 2^64); Philox runs under the key
+//!   `(lo32(seed), hi32(seed))`;
+//! * uniform on `[0, 1)`: `(w >> 8) * 2^-24` ([`uniform`]), where `w` is the 32-bit *uniform
+//!   word* of counter `c` ([`uniform_word`]): word `c mod 4` of the block
+//!   `philox4x32_10((lo32(c / 4), hi32(c / 4), 1, 0))`. Four consecutive counters from a
+//!   multiple of 4 share one block, so a kernel drawing for four neighbours (attention's
+//!   dropout) runs Philox once for them; the block's counter word 2 is 1 so that no uniform
+//!   block is ever a normal draw's;
+//! * standard normal by Box–Muller on the block `philox4x32_10((lo32(c), hi32(c), 0, 0))`
+//!   ([`words`]): `u1 = ((w0 >> 8) + 1) * 2^-24` in `(0, 1]`, `u2 = (w1 >> 8) * 2^-24` in
+//!   `[0, 1)`, `n = sqrt(-2 ln u1) * cos(2 pi u2)` ([`normal`]).
 //!
 //! The integer part is bit-exact everywhere. The floating formulas are defined in f64 and then
 //! rounded once to the tensor's dtype; the uniform value has 24 bits so it is exact in every
@@ -108,19 +114,47 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
-/// The four words for element `index` (already offset) of a stream keyed by `seed`.
+/// The four words of the normal draw at counter `index` (already offset) of a stream keyed by
+/// `seed`: the block `(lo32(index), hi32(index), 0, 0)`.
 pub fn words(seed: u64, index: u64) -> [u32; 4] {
-    philox4x32_10([index as u32, (index >> 32) as u32, 0, 0], [seed as u32, (seed >> 32) as u32])
+    philox4x32_10([index as u32, (index >> 32) as u32, 0, 0], key(seed))
+}
+
+/// Counter word 2 of the uniform blocks ([`uniform_block`]): 1, where the normal draws'
+/// blocks ([`words`]) have 0, so the two never share a block.
+pub const UNIFORM_TAG: u32 = 1;
+
+/// The uniform block `block` of a stream keyed by `seed`: the uniform words of the counters
+/// `4 * block .. 4 * block + 3` ([`uniform_word`]).
+pub fn uniform_block(seed: u64, block: u64) -> [u32; 4] {
+    philox4x32_10([block as u32, (block >> 32) as u32, UNIFORM_TAG, 0], key(seed))
+}
+
+/// The uniform word of counter `index` (= `offset + i`, wrapping) of the stream `seed`: word
+/// `index % 4` of [`uniform_block`] `index / 4`.
+///
+/// ```
+/// use coil_ir::philox::{uniform_block, uniform_word};
+/// let block = uniform_block(9, 25);
+/// assert_eq!([100, 101, 102, 103].map(|c| uniform_word(9, c)), block);
+/// ```
+pub fn uniform_word(seed: u64, index: u64) -> u32 {
+    uniform_block(seed, index >> 2)[(index & 3) as usize]
+}
+
+/// The Philox key of `seed`: its low and high halves.
+fn key(seed: u64) -> [u32; 2] {
+    [seed as u32, (seed >> 32) as u32]
 }
 
 /// Uniform on `[0, 1)` for element `index` (= `offset + i`, wrapping) of the stream `seed`:
-/// `(w0 >> 8) * 2^-24`, a multiple of `2^-24`.
+/// `(w >> 8) * 2^-24` of its [`uniform_word`] `w`, a multiple of `2^-24`.
 pub fn uniform(seed: u64, index: u64) -> f64 {
-    (words(seed, index)[0] >> 8) as f64 * TWO_POW_M24
+    (uniform_word(seed, index) >> 8) as f64 * TWO_POW_M24
 }
 
 /// The keep threshold of dropout with probability `p` on the 24-bit uniform grid: element
-/// `index` is kept iff `words(seed, index)[0] >> 8 >= dropout_threshold(p)`
+/// `index` is kept iff `uniform_word(seed, index) >> 8 >= dropout_threshold(p)`
 /// ([`dropout_keeps`]). This is `uniform >= p` compared in f32, as [`crate::Op::Dropout`]'s
 /// decomposition compares (its uniform numbers are f32 and `p` is rounded to f32): the
 /// uniform number `u = n * 2^-24` is exact in f32, so `u >= f32(p)` iff
@@ -139,7 +173,7 @@ pub fn dropout_threshold(p: f64) -> u32 {
 /// Whether dropout keeps element `index` (= `offset + i`, wrapping) of the stream `seed`,
 /// `threshold` being [`dropout_threshold`] of its probability.
 pub fn dropout_keeps(seed: u64, index: u64, threshold: u32) -> bool {
-    words(seed, index)[0] >> 8 >= threshold
+    uniform_word(seed, index) >> 8 >= threshold
 }
 
 /// Standard normal for element `index` (= `offset + i`, wrapping) of the stream `seed`, by
@@ -171,8 +205,11 @@ mod tests {
     fn counter_and_key_layout() {
         let (seed, index) = (0x0123_4567_89ab_cdefu64, 0xfedc_ba98_7654_3210u64);
         assert_eq!(words(seed, index), philox4x32_10([0x7654_3210, 0xfedc_ba98, 0, 0], [0x89ab_cdef, 0x0123_4567]));
-        let w = words(seed, index);
-        assert_eq!(uniform(seed, index), (w[0] >> 8) as f64 / 16_777_216.0);
+        let block = index >> 2;
+        let w = philox4x32_10([block as u32, (block >> 32) as u32, 1, 0], [0x89ab_cdef, 0x0123_4567]);
+        assert_eq!(uniform(seed, index), (w[(index & 3) as usize] >> 8) as f64 / 16_777_216.0);
+        // The uniform and normal draws of one counter come from different blocks.
+        assert_ne!(uniform_block(seed, index)[0], words(seed, index)[0]);
     }
 
     fn mean_var(xs: impl Iterator<Item = f64>) -> (f64, f64, usize) {
@@ -191,6 +228,10 @@ mod tests {
         // standard errors: mean 0.0009, variance 0.0003
         assert!((mean - 0.5).abs() < 0.005, "mean {mean}");
         assert!((var - 1.0 / 12.0).abs() < 0.002, "var {var}");
+        // Neighbours (words of one block, and across blocks) are uncorrelated: the lag-1
+        // correlation's standard error is 1 / sqrt(n) = 0.0032.
+        let lag1 = (0..n - 1).map(|i| (uniform(7, i) - 0.5) * (uniform(7, i + 1) - 0.5)).sum::<f64>() / (n - 1) as f64;
+        assert!((lag1 * 12.0).abs() < 0.016, "lag-1 correlation {}", lag1 * 12.0);
     }
 
     #[test]

@@ -160,14 +160,8 @@ static inline float coil_round_bf16(float f) {
 const PHILOX: &str =
     concat!("#define COIL_D static inline\n", include_str!("../templates/philox.cuh"), "#undef COIL_D\n");
 
-/// After [`PHILOX`]: the random draws built on it.
-const RANDOM: &str = r#"/* Uniform on [0, 1): (w0 >> 8) * 2^-24, exact in every float dtype. */
-static inline double coil_rand_uniform(uint64_t seed, uint64_t index) {
-    uint32_t w[4];
-    coil_philox(seed, index, w);
-    return (double)(w[0] >> 8) * 5.9604644775390625e-8;
-}
-/* ---- online softmax (Milakov & Gimelshein 2018): max and sum(exp(x - max)) in one pass ------- */
+/// After [`PHILOX`] (which has the uniform draw): the normal draw and the online softmax.
+const RANDOM: &str = r#"/* ---- online softmax (Milakov & Gimelshein 2018): max and sum(exp(x - max)) in one pass ------- */
 /* coil_online_softmax_f32 / _f64 (below) fold elements into (m, s); while m is -inf (only
    -inf elements so far) s stays 0 instead of exp(-inf - -inf) = NaN. The sum of a finished
    row: relative to m, a row of -inf has NaN terms only; relative to logsumexp's shift
@@ -224,7 +218,7 @@ static inline double coil_box_cos2pi(double u) {
    rounds once. */
 static inline double coil_rand_normal(uint64_t seed, uint64_t index) {
     uint32_t w[4];
-    coil_philox(seed, index, w);
+    coil_philox(seed, index, 0u, w);
     double u1 = ((double)(w[0] >> 8) + 1.0) * 5.9604644775390625e-8;
     double u2 = (double)(w[1] >> 8) * 5.9604644775390625e-8;
     return sqrt(-2.0 * coil_box_log(u1)) * coil_box_cos2pi(u2);

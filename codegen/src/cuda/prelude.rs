@@ -138,14 +138,9 @@ COIL_D float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_to_bf16
 
 "#,
     include_str!("../templates/philox.cuh"),
-    r#"COIL_D double coil_rand_uniform(uint64_t seed, uint64_t index) {
+    r#"COIL_D double coil_rand_normal(uint64_t seed, uint64_t index) {
     uint32_t w[4];
-    coil_philox(seed, index, w);
-    return (double)(w[0] >> 8) * 5.9604644775390625e-8;
-}
-COIL_D double coil_rand_normal(uint64_t seed, uint64_t index) {
-    uint32_t w[4];
-    coil_philox(seed, index, w);
+    coil_philox(seed, index, 0u, w);
     double u1 = ((double)(w[0] >> 8) + 1.0) * 5.9604644775390625e-8;
     double u2 = (double)(w[1] >> 8) * 5.9604644775390625e-8;
     return sqrt(-2.0 * log(u1)) * cos(2.0 * COIL_PI * u2);

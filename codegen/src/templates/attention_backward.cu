@@ -104,23 +104,6 @@ extern __shared__ coil_chunk coil_dynamic_shared[];
    tiles and read the fragments again at each step (registers). */
 template <int DP> struct CoilHold { static constexpr bool value = DP <= 64; };
 
-/* The dropout keep decisions of a thread's transposed fragments (dK, dV blocks): bit j * 4 + e
-   for weight (row `row` + j * 8 + (e & 1), key `key` + (e >> 1) * 8); rows and keys past the
-   ends count as kept (their weights are 0). */
-COIL_D coil_u32 coil_drop_bits_t(const CoilAttnBwdParams &p, int row, int key) {
-    coil_u32 bits = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = row + j * 8 + (e & 1), c = key + (e >> 1) * 8;
-            const bool kept = r >= p.l || c >= p.s || coil_drop_keeps(p.drop, coil_drop_index(p.l, p.s, r, c));
-            bits |= (coil_u32)kept << (j * 4 + e);
-        }
-    }
-    return bits;
-}
-
 /* dK and dV of 64 keys (warp w: keys 16w .. 16w + 15), by the transposed products: the warp
    holds S^T and dP^T (16 keys x 64 query rows) as accumulators, which are A fragments of the
    next products. Tiles (TILE elements each): K, V in 2, 3; Q, dO in 0, 1 (and, holding, the
@@ -224,13 +207,13 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
         }
         /* With dropout: which of this thread's 32 weights the forward kept (bit j * 4 + e), and
            dV += (P Z / (1 - p))^T dO. */
-        const coil_u32 kept = p.drop.threshold ? coil_drop_bits_t(p, row0 + 2 * t, key0 + warp * 16 + g) : ~0u;
+        const coil_u32 kept = p.drop.threshold ? coil_drop_frag_bits_t(p.drop, p.l, p.s, row0 + 2 * t, key0 + warp * 16 + g) : ~0u;
         if (p.drop.threshold) {
             float pt[8][4];
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) pt[j][e] = ((kept >> (j * 4 + e)) & 1u) != 0 ? st[j][e] * p.drop.scale : 0.f;
+                for (int e = 0; e < 4; ++e) pt[j][e] = coil_kept_or_zero(p.drop, (kept >> (j * 4 + e)) & 1u, st[j][e]);
             }
             coil_mma_ab<DP, BF16>(dv_acc, pt, sdo);
         } else {
@@ -243,7 +226,7 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float dp = p.drop.threshold ? (((kept >> (j * 4 + e)) & 1u) != 0 ? dpt[j][e] * p.drop.scale : 0.f) : dpt[j][e];
+                const float dp = p.drop.threshold ? coil_kept_or_zero(p.drop, (kept >> (j * 4 + e)) & 1u, dpt[j][e]) : dpt[j][e];
                 dpt[j][e] = st[j][e] * (dp - s_delta[j * 8 + 2 * t + (e & 1)]);
             }
         }
@@ -334,6 +317,8 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
         coil_mma_abt<DP, BF16>(s, HOLD ? qf : af, sk);
         if constexpr (!HOLD) coil_a_frags<DP>(sdo, warp * 16, af);
         coil_mma_abt<DP, BF16>(dp, HOLD ? gf : af, sv);
+        /* With dropout: which of this thread's 32 weights the forward kept (bit j * 4 + e). */
+        const coil_u32 kept = p.drop.threshold ? coil_drop_frag_bits<8>(p.drop, p.l, p.s, first + g, key0 + 2 * t) : ~0u;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -348,10 +333,8 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
                         pj = coil_masked_p(s[j][e] * p.scale_log2, mt, lse2[e >> 1]);
                     }
                 }
-                const int key = key0 + j * 8 + 2 * t + (e & 1), row = first + g + (e >> 1) * 8;
-                const float dpd = p.drop.threshold && row < p.l && key < p.s
-                                      ? coil_dropped(p.drop, coil_drop_index(p.l, p.s, row, key), dp[j][e])
-                                      : dp[j][e];
+                /* dS = P (dP Z / (1 - p) - delta); rows and keys past the ends have P 0 or are not stored. */
+                const float dpd = p.drop.threshold ? coil_kept_or_zero(p.drop, (kept >> (j * 4 + e)) & 1u, dp[j][e]) : dp[j][e];
                 s[j][e] = pj * (dpd - dl[e >> 1]);
             }
         }

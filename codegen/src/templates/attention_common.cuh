@@ -86,6 +86,8 @@ COIL_D float coil_quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+/* Lane `lane`'s x (every lane of the warp calls it). */
+COIL_D coil_u32 coil_shfl_u32(coil_u32 x, int lane) { return __shfl_sync(0xffffffffu, x, lane); }
 #endif
 
 COIL_D int coil_imin(int a, int b) { return a < b ? a : b; }

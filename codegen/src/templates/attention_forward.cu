@@ -115,15 +115,13 @@ COIL_D void coil_split_store(void *o, float *lse, float *part, const CoilAttnPar
 
 /* Dropout of a warp's probability fragments s[j][e] (row `row` + (e >> 1) * 8, key `key` +
    j * 8 + (e & 1): this thread's of the m16n8 layout) in place; rows and keys past the ends
-   are left (their weights are 0). */
+   are left (their weights are 0). Every lane of the warp calls it. */
 template <int JT> COIL_D void coil_drop_fragments(const CoilAttnParams &p, float (*s)[4], int row, int key) {
+    const coil_u32 kept = coil_drop_frag_bits<JT>(p.drop, p.l, p.s, row, key);
 #pragma unroll
     for (int j = 0; j < JT; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = row + (e >> 1) * 8, c = key + j * 8 + (e & 1);
-            if (r < p.l && c < p.s) s[j][e] = coil_dropped(p.drop, coil_drop_index(p.l, p.s, r, c), s[j][e]);
-        }
+        for (int e = 0; e < 4; ++e) s[j][e] = coil_kept_or_zero(p.drop, (kept >> (j * 4 + e)) & 1u, s[j][e]);
     }
 }
 

@@ -26,7 +26,7 @@ pub struct DropoutDraw {
     pub seed: u64,
     /// The counter of probability 0 (batch 0, row 0, key 0): the stream's offset plus the op's.
     pub start: u64,
-    /// Kept iff the uniform word `w0 >> 8` is at least this ([`philox::dropout_threshold`]).
+    /// Kept iff the top 24 bits of the uniform word (`word >> 8`) are at least this ([`philox::dropout_threshold`]).
     pub threshold: u32,
     /// The factor on kept weights, `1 / (1 - p)`.
     pub scale: f64,
@@ -63,37 +63,47 @@ impl DropoutDraw {
         [self.seed, self.start, self.threshold as u64]
     }
 
-    /// [`DropoutDraw::keeps`] of probabilities `index .. index + LANES`, into `out`: the
-    /// Philox rounds of the lanes side by side (each a 32 x 32 -> 64-bit product per word
-    /// pair), which vectorize, where one call per probability costs about as much as the
+    /// [`DropoutDraw::keeps`] of probabilities `index .. index + LANES`, into `out`. Their
+    /// counters lie in at most `BLOCKS` uniform blocks of four ([`philox::uniform_block`]):
+    /// the Philox rounds of those blocks side by side (each a 32 x 32 -> 64-bit product per
+    /// word pair), which vectorize, where one call per probability costs about as much as the
     /// attention's own arithmetic.
     #[inline(always)]
     pub fn keeps_lanes(&self, index: u64, out: &mut [bool; LANES]) {
+        const BLOCK_SPACE: u64 = u64::MAX >> 2; // blocks wrap as the counters do
         let first = self.start.wrapping_add(index);
-        let (mut c0, mut c1, mut c2, mut c3) = ([0u32; LANES], [0u32; LANES], [0u32; LANES], [0u32; LANES]);
-        for i in 0..LANES {
-            let counter = first.wrapping_add(i as u64);
-            (c0[i], c1[i]) = (counter as u32, (counter >> 32) as u32);
+        let first_block = first >> 2;
+        let (mut c0, mut c1, mut c2, mut c3) =
+            ([0u32; BLOCKS], [0u32; BLOCKS], [philox::UNIFORM_TAG; BLOCKS], [0u32; BLOCKS]);
+        for i in 0..BLOCKS {
+            let block = first_block.wrapping_add(i as u64) & BLOCK_SPACE;
+            (c0[i], c1[i]) = (block as u32, (block >> 32) as u32);
         }
         let (mut k0, mut k1) = (self.seed as u32, (self.seed >> 32) as u32);
         for r in 0..philox::ROUNDS {
             if r > 0 {
                 (k0, k1) = (k0.wrapping_add(philox::W0), k1.wrapping_add(philox::W1));
             }
-            for i in 0..LANES {
+            for i in 0..BLOCKS {
                 let (p0, p1) = (philox::M0 as u64 * c0[i] as u64, philox::M1 as u64 * c2[i] as u64);
                 let (n0, n2) = ((p1 >> 32) as u32 ^ c1[i] ^ k0, (p0 >> 32) as u32 ^ c3[i] ^ k1);
                 (c0[i], c1[i], c2[i], c3[i]) = (n0, p1 as u32, n2, p0 as u32);
             }
         }
-        for i in 0..LANES {
-            out[i] = c0[i] >> 8 >= self.threshold;
+        for (i, keep) in out.iter_mut().enumerate() {
+            let counter = first.wrapping_add(i as u64);
+            let block = ((counter >> 2).wrapping_sub(first_block) & BLOCK_SPACE) as usize;
+            let word = [c0[block], c1[block], c2[block], c3[block]][(counter & 3) as usize];
+            *keep = word >> 8 >= self.threshold;
         }
     }
 }
 
 /// Probabilities [`DropoutDraw::keeps_lanes`] decides at once.
 pub const LANES: usize = 8;
+
+/// The uniform blocks `LANES` consecutive counters can lie in.
+const BLOCKS: usize = LANES / 4 + 1;
 
 #[cfg(test)]
 mod tests {
@@ -108,13 +118,16 @@ mod tests {
             let u = philox::uniform(99, 1005 + i) as f32;
             assert_eq!(draw.keeps(i), u >= 0.3f32);
         }
-        // The lanes decide as one call each, across a carry into the counter's high word.
-        let high = DropoutDraw { start: u32::MAX as u64 - 20, ..draw };
-        for first in [0u64, 3, 17, 1000] {
-            let mut lanes = [false; LANES];
-            high.keeps_lanes(first, &mut lanes);
-            let each: Vec<bool> = (0..LANES as u64).map(|i| high.keeps(first + i)).collect();
-            assert_eq!(lanes.to_vec(), each, "from {first}");
+        // The lanes decide as one call each, across a carry into the counter's high word, a
+        // carry into the block's high word, and the counters' wrap at 2^64.
+        for start in [u32::MAX as u64 - 20, (u32::MAX as u64) * 4 - 9, u64::MAX - 12] {
+            let high = DropoutDraw { start, ..draw };
+            for first in [0u64, 1, 2, 3, 17, 1000] {
+                let mut lanes = [false; LANES];
+                high.keeps_lanes(first, &mut lanes);
+                let each: Vec<bool> = (0..LANES as u64).map(|i| high.keeps(first + i)).collect();
+                assert_eq!(lanes.to_vec(), each, "from {start} + {first}");
+            }
         }
         assert_eq!(DropoutDraw::of(None, &[]).unwrap(), None);
         let e = DropoutDraw::of(Some(d), &random[..1]).unwrap_err();

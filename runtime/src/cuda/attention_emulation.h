@@ -149,6 +149,15 @@ inline float coil_emu_shfl_xor(float x, int mask) {
     coil_emu_warp_sync();
     return y;
 }
+inline unsigned coil_shfl_u32(unsigned x, int src) {
+    CoilEmuWarp &w = coil_emu_warp();
+    const int lane = coil_emu_lane();
+    w.slot[lane][0] = x;
+    coil_emu_warp_sync();
+    const unsigned y = (unsigned)w.slot[src][0];
+    coil_emu_warp_sync();
+    return y;
+}
 inline float coil_quad_max(float x) {
     x = std::fmax(x, coil_emu_shfl_xor(x, 1));
     return std::fmax(x, coil_emu_shfl_xor(x, 2));

@@ -193,6 +193,12 @@ impl PtxGen<'_> {
         Ok((self.expr(base)?, k + off))
     }
 
+    /// After [`PtxGen::index_parts`] of `index` in a group: how much it grows from one of the
+    /// group's elements to the next (`None`: it did not peel into base + step * element).
+    pub(super) fn index_step(&self, index: Expr) -> Option<i64> {
+        self.index_cache.get(&(self.group_id, index, self.rchunk_as, None)).map(|&(_, _, step)| step)
+    }
+
     /// `e` with the chunk's `rchunk` substituted, as a computed part and a constant one.
     pub(super) fn split_expr(&self, e: Expr) -> (Expr, i64) {
         let e = match self.rchunk_as {

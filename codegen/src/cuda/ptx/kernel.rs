@@ -10,6 +10,7 @@ use crate::cuda::emit::reduce::{persistent_arrays, pieces, Piece};
 use crate::cuda::emit::{index_type, single_float, uniform_values, Access, Group, KernelFacts};
 use crate::cuda::launch::Plan;
 use coil_ir::kernel::{flat_stmts, rindex, xindex, Dims, KernelKind, TileKernel, TileOp, TileStmt, Var};
+use coil_ir::op::RandDist;
 use coil_ir::sym::{Expr, ExprKind};
 use coil_ir::target::GpuTarget;
 use coil_ir::{BinaryOp, DType, ReduceOp};
@@ -81,6 +82,9 @@ pub(super) struct PtxGen<'a> {
     /// The element of the group being emitted (`None`: values of the whole group).
     elem: Option<usize>,
     chunk: usize,
+    /// The uniform runs of the group's elements ([`PtxGen::uniform_in_group`]) by (stream,
+    /// the counter's computed part, its constant at element 0); for one group's elements.
+    uniform_runs: IndexMap<(usize, String, i64), random::UniformRun>,
     /// Reciprocals of divisors defined outside a group's elements, by the divisor's register
     /// (emitted where the divisor is, so it is set wherever the divisor is).
     reciprocals: IndexMap<Reg, Reg>,
@@ -134,6 +138,7 @@ impl<'a> PtxGen<'a> {
             group: None,
             elem: None,
             chunk: 0,
+            uniform_runs: IndexMap::new(),
             reciprocals: IndexMap::new(),
             tid: None,
             rlane: None,
@@ -293,9 +298,14 @@ impl<'a> PtxGen<'a> {
                     return Err(format!("random numbers of {out}"));
                 }
                 let regs = *self.streams.get(stream).ok_or_else(|| format!("random stream {stream} not loaded"))?;
-                let relative = self.index_b64(*counter)?;
-                let at = self.a.op(Class::B64, "add.u64", &[regs.offset.into(), relative.into()]);
-                let v = random::random_f64(&mut self.a, *dist, &regs, at);
+                let v = match self.uniform_in_group(*dist, *stream, *counter)? {
+                    Some(v) => v,
+                    None => {
+                        let relative = self.index_b64(*counter)?;
+                        let at = self.a.op(Class::B64, "add.u64", &[regs.offset.into(), relative.into()]);
+                        random::random_f64(&mut self.a, *dist, &regs, at)
+                    }
+                };
                 let f = self.a.op(Class::F32, "cvt.rn.f32.f64", &[v.into()]);
                 scalar::convert(&mut self.a, f, DType::F32, out)?
             }
@@ -357,6 +367,35 @@ impl<'a> PtxGen<'a> {
     }
 
     /// Whether this thread stores the row's values (its first thread).
+    /// A uniform draw of a group's element whose counter is the element 0's plus `i` (a
+    /// vector group's consecutive elements): the group's run of uniform blocks
+    /// ([`random::uniform_run`]), made at the first element that draws, and this element's
+    /// word of it. `None` elsewhere (the element draws alone).
+    fn uniform_in_group(&mut self, dist: RandDist, stream: usize, counter: Expr) -> R<Option<Reg>> {
+        let (Some(vec), Some(i)) = (self.group.as_ref().map(|g| g.vec), self.elem) else { return Ok(None) };
+        if dist != RandDist::Uniform || vec < 2 {
+            return Ok(None);
+        }
+        let (base, off) = self.index_parts(counter)?;
+        if self.index_step(counter) != Some(1) {
+            return Ok(None);
+        }
+        let key = (stream, base.to_string(), off - i as i64);
+        if !self.uniform_runs.contains_key(&key) {
+            let regs = self.streams[&stream];
+            let base = match self.wide_index(base) {
+                Opnd::Int(c) => self.a.op(Class::B64, "mov.b64", &[Opnd::Int(c)]),
+                Opnd::Reg(r) => r,
+                o => self.a.op(Class::B64, "mov.b64", &[o]),
+            };
+            let first = self.a.op(Class::B64, "add.u64", &[regs.offset.into(), base.into()]);
+            let first = self.a.op(Class::B64, "add.u64", &[first.into(), Opnd::Int(key.2)]);
+            let run = random::uniform_run(&mut self.a, &regs, first, vec);
+            self.uniform_runs.insert(key.clone(), run);
+        }
+        Ok(Some(random::uniform_run_f64(&mut self.a, &self.uniform_runs[&key], i)))
+    }
+
     fn row_leader(&mut self) -> Reg {
         let (_, t) = self.itype();
         let rlane = self.rlane.expect("a reduction's lane");
@@ -448,6 +487,7 @@ impl<'a> PtxGen<'a> {
         let mut stores: IndexMap<usize, Vec<(Reg, DType)>> = IndexMap::new();
         let mut online: IndexMap<(Var, Var), Vec<Reg>> = IndexMap::new();
         let access: Vec<_> = stmts.iter().map(|s| self.vector_access(s)).collect();
+        self.uniform_runs.clear(); // their registers are set in this group's code only
         for i in 0..vec {
             self.elem = Some(i);
             self.scopes.push(IndexMap::new());

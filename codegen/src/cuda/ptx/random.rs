@@ -1,7 +1,10 @@
 //! Random numbers in PTX, as the CUDA prelude's `coil_rand_uniform` and `coil_rand_normal`
-//! compute them (and `coil_ir::philox` on the host): Philox 4x32-10 of a 64-bit counter under
-//! the stream's key, then a uniform value in `[0, 1)` from the first word's top 24 bits, or a
-//! normal one by Box-Muller in f64, `sqrt(-2 log u1) * cos(2 pi u2)`.
+//! compute them (and `coil_ir::philox` on the host): a uniform value in `[0, 1)` from the top
+//! 24 bits of the counter's uniform word (word `c % 4` of Philox 4x32-10 of the block
+//! `(c / 4, tag 1)`), or a normal one by Box-Muller in f64 on the block `(c, tag 0)`,
+//! `sqrt(-2 log u1) * cos(2 pi u2)`. The uniform values of a vector group's consecutive
+//! elements share their blocks ([`uniform_run`]): eight values take three Philox runs, not
+//! eight.
 //!
 //! The key and the first counter of each random stream are kernel parameters (they change from
 //! run to run; the kernel does not): [`stream_registers`] loads them once at the kernel's entry
@@ -53,15 +56,21 @@ pub fn stream_registers(a: &mut Asm, seed_param: &str, offset_param: &str) -> St
 /// The value of `dist` at `counter` (a 64-bit register, the stream's first counter already
 /// added) under `stream`'s key, in an f64 register.
 pub fn random_f64(a: &mut Asm, dist: RandDist, stream: &StreamRegs, counter: Reg) -> Reg {
-    let w = philox(a, &stream.round_keys, counter);
     let top24 = |a: &mut Asm, w: Reg| {
         let t = a.op(Class::B32, "shr.u32", &[w.into(), Opnd::Int(8)]);
         a.op(Class::F64, "cvt.rn.f64.u32", &[t.into()])
     };
-    let u = top24(a, w[0]);
     match dist {
-        RandDist::Uniform => a.op(Class::F64, "mul.f64", &[u.into(), Opnd::F64(STEP)]),
+        RandDist::Uniform => {
+            let block = a.op(Class::B64, "shr.u64", &[counter.into(), Opnd::Int(2)]);
+            let w = philox(a, &stream.round_keys, block, philox::UNIFORM_TAG);
+            let word = uniform_word(a, w, counter);
+            let u = top24(a, word);
+            a.op(Class::F64, "mul.f64", &[u.into(), Opnd::F64(STEP)])
+        }
         RandDist::Normal => {
+            let w = philox(a, &stream.round_keys, counter, 0);
+            let u = top24(a, w[0]);
             let u1 = a.op(Class::F64, "add.f64", &[u.into(), Opnd::F64(1.0)]);
             let u1 = a.op(Class::F64, "mul.f64", &[u1.into(), Opnd::F64(STEP)]);
             let u2 = top24(a, w[1]);
@@ -75,14 +84,96 @@ pub fn random_f64(a: &mut Asm, dist: RandDist, stream: &StreamRegs, counter: Reg
     }
 }
 
-/// Philox 4x32-10 (Salmon et al. 2011) of `counter` under the round keys `keys` (registers):
-/// each round two 32x32 products and four xors, two of them with the round's keys.
-fn philox(a: &mut Asm, keys: &[[Reg; 2]; ROUNDS], counter: Reg) -> [Reg; 4] {
+/// The uniform blocks of a run of consecutive counters (the elements of a vector group draw
+/// `first + i`): Philox once per block the run touches, where one draw per element runs it
+/// once per counter. The run's first counter need not be a multiple of 4: `len` counters lie
+/// in at most `(len + 2) / 4 + 1` blocks, whatever `first % 4` is at run time.
+#[derive(Clone, Debug)]
+pub struct UniformRun {
+    /// `first % 4`.
+    low: Reg,
+    /// The words of blocks `first / 4 + j`.
+    blocks: Vec<[Reg; 4]>,
+}
+
+/// The blocks of the run of `len` counters from `first` (a 64-bit register, the stream's
+/// first counter added) under `stream`'s key.
+pub fn uniform_run(a: &mut Asm, stream: &StreamRegs, first: Reg, len: usize) -> UniformRun {
     use Class::*;
-    let mut c0 = a.op(B32, "cvt.u32.u64", &[counter.into()]);
-    let hi = a.op(B64, "shr.u64", &[counter.into(), Opnd::Int(32)]);
+    let first_low = a.op(B32, "cvt.u32.u64", &[first.into()]);
+    let low = a.op(B32, "and.b32", &[first_low.into(), Opnd::Int(3)]);
+    let first_block = a.op(B64, "shr.u64", &[first.into(), Opnd::Int(2)]);
+    let blocks = (0..(len + 2) / 4 + 1)
+        .map(|j| {
+            let block = match j {
+                0 => first_block,
+                _ => {
+                    // blocks wrap at 2^62 as the counters do at 2^64
+                    let next = a.op(B64, "add.u64", &[first_block.into(), Opnd::Int(j as i64)]);
+                    a.op(B64, "and.b64", &[next.into(), Opnd::Hex(u64::MAX >> 2)])
+                }
+            };
+            philox(a, &stream.round_keys, block, philox::UNIFORM_TAG)
+        })
+        .collect();
+    UniformRun { low, blocks }
+}
+
+/// The uniform value (f64) of counter `first + i` of `run`: word `(low + i) % 4` of block
+/// `(low + i) / 4`, one of two blocks (`i / 4` and `ceil(i / 4)`) whatever `low` is.
+pub fn uniform_run_f64(a: &mut Asm, run: &UniformRun, i: usize) -> Reg {
+    use Class::*;
+    let at = match i {
+        0 => run.low,
+        _ => a.op(B32, "add.u32", &[run.low.into(), Opnd::Int(i as i64)]),
+    };
+    let bits = word_bits(a, at);
+    let (lo, hi) = (i / 4, i.div_ceil(4));
+    let mut word = select_word(a, run.blocks[lo], bits);
+    if hi != lo {
+        let in_hi = a.op(Pred, "setp.ge.u32", &[at.into(), Opnd::Int(4 * hi as i64)]);
+        let other = select_word(a, run.blocks[hi], bits);
+        word = a.op(B32, "selp.b32", &[other.into(), word.into(), in_hi.into()]);
+    }
+    let top = a.op(B32, "shr.u32", &[word.into(), Opnd::Int(8)]);
+    let u = a.op(F64, "cvt.rn.f64.u32", &[top.into()]);
+    a.op(F64, "mul.f64", &[u.into(), Opnd::F64(STEP)])
+}
+
+/// Word `counter % 4` of the uniform block `w` (`counter`: a 64-bit register).
+fn uniform_word(a: &mut Asm, w: [Reg; 4], counter: Reg) -> Reg {
+    let low = a.op(Class::B32, "cvt.u32.u64", &[counter.into()]);
+    let bits = word_bits(a, low);
+    select_word(a, w, bits)
+}
+
+/// Bits 0 and 1 of `at` (a 32-bit register) as predicates: which word of a block.
+fn word_bits(a: &mut Asm, at: Reg) -> (Reg, Reg) {
+    use Class::*;
+    let bit0 = a.op(B32, "and.b32", &[at.into(), Opnd::Int(1)]);
+    let odd = a.op(Pred, "setp.ne.u32", &[bit0.into(), Opnd::Int(0)]);
+    let bit1 = a.op(B32, "and.b32", &[at.into(), Opnd::Int(2)]);
+    let high = a.op(Pred, "setp.ne.u32", &[bit1.into(), Opnd::Int(0)]);
+    (odd, high)
+}
+
+/// The word of block `w` that [`word_bits`] name: two selections.
+fn select_word(a: &mut Asm, w: [Reg; 4], (odd, high): (Reg, Reg)) -> Reg {
+    use Class::*;
+    let w01 = a.op(B32, "selp.b32", &[w[1].into(), w[0].into(), odd.into()]);
+    let w23 = a.op(B32, "selp.b32", &[w[3].into(), w[2].into(), odd.into()]);
+    a.op(B32, "selp.b32", &[w23.into(), w01.into(), high.into()])
+}
+
+/// Philox 4x32-10 (Salmon et al. 2011) of the counter `(lo32(block), hi32(block), tag, 0)`
+/// under the round keys `keys` (registers): each round two 32x32 products and four xors, two
+/// of them with the round's keys.
+fn philox(a: &mut Asm, keys: &[[Reg; 2]; ROUNDS], block: Reg, tag: u32) -> [Reg; 4] {
+    use Class::*;
+    let mut c0 = a.op(B32, "cvt.u32.u64", &[block.into()]);
+    let hi = a.op(B64, "shr.u64", &[block.into(), Opnd::Int(32)]);
     let mut c1 = a.op(B32, "cvt.u32.u64", &[hi.into()]);
-    let mut c2 = a.op(B32, "mov.b32", &[Opnd::Int(0)]);
+    let mut c2 = a.op(B32, "mov.b32", &[Opnd::Int(i64::from(tag))]);
     let mut c3 = a.op(B32, "mov.b32", &[Opnd::Int(0)]);
     for [k0, k1] in keys {
         let p0_hi = a.op(B32, "mul.hi.u32", &[c0.into(), Opnd::Hex(u64::from(philox::M0))]);
