@@ -101,6 +101,10 @@ pub struct Compiled {
     pub summary: String,
     /// The dump folder of this graph, when dumps are on (`debug_dir`, `COIL_DEBUG`).
     pub dump_dir: Option<std::path::PathBuf>,
+    /// What the template stage did (the text of `templates.txt`): every attention chain and
+    /// what became of it. `None` where the stage did not run or was not run here (a graph
+    /// read from the graph cache).
+    pub templates: Option<coil_passes::templates::TemplateReport>,
     /// Time per launch from the first run, with the configuration's `profile` on
     /// (`COIL_PROFILE=1`; [`Compiled::profile`]).
     pub profiled: OnceLock<Vec<(String, f64)>>,
@@ -546,10 +550,12 @@ fn compile_front(
     let mut times = StageTimes { graph_cache: cache_use, ..StageTimes::default() };
     let options = rewrite_options(device)?;
 
-    let (program, rewrites) = match dynamic {
+    let (program, rewrites, templates) = match dynamic {
         None => {
             let t = Instant::now();
-            let primitive = coil_passes::decompose_with(captured, &compile_decomposition(device))?;
+            // The template stage costs at the rewrite pass's rates: the device's.
+            let (primitive, templates) =
+                coil_passes::decompose_for(captured, &compile_decomposition(device), &options.model)?;
             times.decompose = t.elapsed().as_secs_f64();
             dump.write("graph_decomposed.txt", || primitive.print(true));
 
@@ -560,7 +566,7 @@ fn compile_front(
             let t = Instant::now();
             let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
             times.lower = t.elapsed().as_secs_f64();
-            (program, rewrites)
+            (program, rewrites, templates)
         }
         Some(spec) => {
             // Decomposition and rewriting run at probe sizes (timed together as `decompose`).
@@ -584,9 +590,12 @@ fn compile_front(
                 spec.symbols.clone(),
             )?);
             times.lower = t.elapsed().as_secs_f64();
-            (program, d.rewrites)
+            (program, d.rewrites, d.templates)
         }
     };
+    if let Some(t) = &templates {
+        dump.write("templates.txt", || t.to_string());
+    }
     let rewrites_text = rewrites.to_string();
     let pre_fusion = program.to_string();
     dump.write("rewrites.txt", || rewrites_text.clone());
@@ -676,7 +685,8 @@ fn compile_front(
     }
     times.total = start.elapsed().as_secs_f64();
     let texts = [pre_fusion, post_fusion];
-    Ok(finish(executable, device, times, program_view, schedule_view, kernels, texts, &rewrite_json, dump))
+    let front = back::Front { rewrite_json: &rewrite_json, templates };
+    Ok(finish(executable, device, times, program_view, schedule_view, kernels, texts, front, dump))
 }
 
 #[path = "compile_back.rs"]

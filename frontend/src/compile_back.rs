@@ -65,7 +65,7 @@ pub(super) fn from_entry(
         schedule_view,
         kernels,
         [pre_fusion, post_fusion],
-        &rewrite_json,
+        Front { rewrite_json: &rewrite_json, templates: None },
         dump,
     ))
 }
@@ -120,6 +120,14 @@ pub(super) fn dump_sources(dump: &Dump, device: Device, generated: &[TileKernel]
     }
 }
 
+/// What the front stages report for `summary.json` and the [`Compiled`].
+pub(super) struct Front<'a> {
+    /// The `rewrite` object of `summary.json`.
+    pub rewrite_json: &'a serde_json::Value,
+    /// The template stage's report (`None` on a graph-cache hit: the stage did not run).
+    pub templates: Option<coil_passes::templates::TemplateReport>,
+}
+
 /// The compiled graph of `executable`, with `schedule.txt` and `summary.json` written.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish(
@@ -130,7 +138,7 @@ pub(super) fn finish(
     schedule: coil_ir::kernel::Schedule,
     kernels: Vec<Option<TileKernel>>,
     [pre_fusion, post_fusion]: [String; 2],
-    rewrite_json: &serde_json::Value,
+    front: Front,
     dump: Dump,
 ) -> Compiled {
     // The launch order and memory plan as text only where someone reads it (a warm start of
@@ -144,7 +152,8 @@ pub(super) fn finish(
         Executable::Cuda(g) => g.kernel_attributes(),
         Executable::Cpu(_) => vec![],
     };
-    let summary = debug::summary_json(&program, &schedule, &kernels, &times, rewrite_json, &launches);
+    let templates = front.templates.as_ref().map_or(serde_json::Value::Null, debug::templates_json);
+    let summary = debug::summary_json(&program, &schedule, &kernels, &times, front.rewrite_json, &templates, &launches);
     dump.write("summary.json", || summary.clone());
     let mut checked_nodes: Vec<usize> = program.data_checks.iter().filter_map(|c| c.node).collect();
     checked_nodes.sort_unstable();
@@ -158,6 +167,7 @@ pub(super) fn finish(
         post_fusion,
         summary,
         dump_dir: dump.dir().cloned(),
+        templates: front.templates,
         profiled: OnceLock::new(),
         replayed: Mutex::new(Vec::new()),
         checked_nodes,

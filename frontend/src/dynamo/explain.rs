@@ -1,9 +1,10 @@
 //! [`explain`]: what coil made of a function: its graphs, the breaks between them with reasons,
-//! hints and lines, the ops and guards of each graph, and compile times (like
-//! `torch._dynamo.explain`).
+//! hints and lines, the ops and guards of each graph, what became of each attention chain
+//! (the template stage's decision, [`coil_passes::templates::Chain::line`]), and compile times
+//! (like `torch._dynamo.explain`).
 
 use super::{run_frame, FnState, Frame, GraphBreak, Guard};
-use crate::compile::StageTimes;
+use crate::compile::{Compiled, StageTimes};
 use crate::realize::Captured;
 use crate::Tensor;
 use coil_ir::{Graph, Op, Result};
@@ -33,10 +34,15 @@ pub struct GraphInfo {
     pub guards: Vec<Guard>,
     /// Seconds per compile stage (`None` when the interpreter ran it).
     pub times: Option<StageTimes>,
+    /// What the template stage did with the graph's attention chains (`None` when the
+    /// interpreter ran it, the stage did not run, or the graph came from the graph cache).
+    pub templates: Option<coil_passes::templates::TemplateReport>,
 }
 
 impl GraphInfo {
-    pub(crate) fn new(captured: &Captured, guards: Vec<Guard>, times: Option<StageTimes>) -> GraphInfo {
+    pub(crate) fn new(captured: &Captured, guards: Vec<Guard>, compiled: Option<&Compiled>) -> GraphInfo {
+        let times = compiled.map(|c| c.times.clone());
+        let templates = compiled.and_then(|c| c.templates.clone());
         let ops = captured
             .graph
             .nodes
@@ -44,7 +50,7 @@ impl GraphInfo {
             .filter(|n| !matches!(n.op, Op::Input { .. } | Op::Scalar(_)))
             .map(|n| (n.op.name().to_string(), n.location))
             .collect();
-        GraphInfo { graph: captured.graph.clone(), device: captured.device, ops, guards, times }
+        GraphInfo { graph: captured.graph.clone(), device: captured.device, ops, guards, times, templates }
     }
 }
 
@@ -125,6 +131,19 @@ impl fmt::Display for ExplainReport {
                 match loc {
                     Some(l) => writeln!(f, "    {op:<24} # {}:{}", l.file(), l.line())?,
                     None => writeln!(f, "    {op}")?,
+                }
+            }
+        }
+        // Only where a graph has an attention chain (matched or not).
+        fn chains(g: &GraphInfo) -> &[coil_passes::templates::Chain] {
+            g.templates.as_ref().map_or(&[], |t| &t.chains)
+        }
+        if self.graphs.iter().any(|g| !chains(g).is_empty()) {
+            writeln!(f, "Attention Templates:")?;
+            for (i, g) in self.graphs.iter().enumerate().filter(|(_, g)| !chains(g).is_empty()) {
+                writeln!(f, "  Graph {}:", i + 1)?;
+                for c in chains(g) {
+                    writeln!(f, "    {}", c.line())?;
                 }
             }
         }

@@ -132,3 +132,15 @@ fn costs_follow_the_target_passed_in() {
     let text = choose_attention(&g, &cpu).1.to_string();
     assert!(text.contains("cost model: 20.0 GB/s, 0.2 TFLOP/s, 3.000 us per launch\n"), "{text}");
 }
+
+#[test]
+fn where_a_chain_node_is_needed_the_rates_decide_how_the_chain_is_kept() {
+    let mut c = Capture::new();
+    let (y, p) = chain(&mut c, 1024, DType::F32);
+    let g = c.out(&[y, p]);
+    let decide = |model: CostModel| choose_attention(&g, &model).1.chains[0].decision.clone();
+    // At an H100's rates recomputing the scores costs less than reading the probabilities (the
+    // stage refuses that); at a CPU's, with ten times the flops per byte, it does not.
+    assert!(matches!(decide(CostModel::gpu(&GpuTarget::h100())), Decision::Refused { needed, .. } if needed == p));
+    assert!(matches!(decide(CostModel::cpu()), Decision::Kept { needed: Some(n), .. } if n == p));
+}
