@@ -17,11 +17,17 @@ fn values(shape: &[usize], seed: usize) -> Tensor {
 #[track_caller]
 fn attention(t: usize, seed: usize) -> Result<(Tensor, Tensor)> {
     let shape = [1, 2, t, 16];
-    let (q, k, v) = (values(&shape, seed), values(&shape, seed + 1), values(&shape, seed + 2));
+    attention_of(&values(&shape, seed), &values(&shape, seed + 1), &values(&shape, seed + 2))
+}
+
+/// [`attention`] of given q, k, v.
+#[track_caller]
+fn attention_of(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    let t = q.shape()[2];
     let s = q.matmul(&k.transpose(-2, -1)?)? * 0.25;
     let mask = Tensor::ones(&[t, t], DType::Bool).tril(0)?;
     let p = s.masked_fill(&mask.eq(0)?, f64::NEG_INFINITY)?.softmax(-1)?;
-    Ok((p.matmul(&v)?, p))
+    Ok((p.matmul(v)?, p))
 }
 
 /// Three chains: the first's probabilities are private (the template replaces it); the
@@ -117,4 +123,48 @@ fn explain_says_what_became_of_each_attention_chain() {
     // The same report in the structure.
     let chains = &report.graphs[0].templates.as_ref().expect("compiled").chains;
     assert_eq!(chains.len(), 3);
+}
+
+#[test]
+fn a_dynamic_compile_reports_its_templates_too() {
+    if coil_runtime::testing::c_compiler().is_none() {
+        return;
+    }
+    let shape = [1, 3, 32, 16];
+    let (q, k, v) = (values(&shape, 0), values(&shape, 1), values(&shape, 2));
+    // The heads dim symbolic: the stage runs at the probes' sizes.
+    [&q, &k, &v].iter().for_each(|x| x.mark_dynamic(1).unwrap());
+    let (y, _) = attention_of(&q, &k, &v).unwrap();
+    let compiled = coil::with_config(config(None), || coil::inspect(&[&y])).unwrap();
+    assert!(compiled.pre_fusion.starts_with("symbol s0"), "compiled for every size:\n{}", compiled.pre_fusion);
+    let report = compiled.templates.as_ref().expect("the stage ran");
+    assert_eq!((report.chosen, report.chains.len()), (1, 1), "{report}");
+    assert_eq!(report.model, Some(coil_passes::rewrite::CostModel::cpu()), "a CPU compile costs at the CPU's rates");
+}
+
+#[test]
+fn a_graph_read_from_the_graph_cache_has_its_template_report_too() {
+    if coil_runtime::testing::c_compiler().is_none() {
+        return;
+    }
+    let (outputs, _) = three_chains().unwrap();
+    let captured = coil::capture(&outputs.iter().collect::<Vec<_>>()).graph;
+    let dir = std::env::temp_dir().join(format!("coil-templates-cached-{}", std::process::id()));
+    let cached =
+        Config { cache_dir: dir.join("cache"), graph_cache: true, debug_dir: Some(dir.join("dump")), ..config(None) };
+    let compile =
+        || coil::with_config(cached.clone(), || coil_frontend::compile::compile_fresh(&captured, Device::Cpu));
+    let (first, second) = (compile().unwrap(), compile().unwrap());
+    let names = [first.times.graph_cache.name(), second.times.graph_cache.name()];
+    let read = |c: &coil::Compiled| std::fs::read_to_string(c.dump_dir.as_ref().unwrap().join("templates.txt"));
+    let texts = (read(&first), read(&second));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(second.dump_dir.as_ref().unwrap().join("summary.json")).unwrap())
+            .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(names, ["miss", "hit"]);
+    let (first_text, second_text) = (texts.0.unwrap(), texts.1.expect("the hit's dump has templates.txt"));
+    assert_eq!(first_text, second_text, "the stage run again on a hit says the same");
+    assert_eq!(summary["templates"]["chosen"], 1);
+    assert_eq!(second.templates.as_ref().map(|t| t.to_string()), Some(second_text));
 }

@@ -102,8 +102,9 @@ pub struct Compiled {
     /// The dump folder of this graph, when dumps are on (`debug_dir`, `COIL_DEBUG`).
     pub dump_dir: Option<std::path::PathBuf>,
     /// What the template stage did (the text of `templates.txt`): every attention chain and
-    /// what became of it. `None` where the stage did not run or was not run here (a graph
-    /// read from the graph cache).
+    /// what became of it. `None` where the stage did not run, and for a graph read from the
+    /// graph cache without dumps (its entry does not carry the report; `explain` runs the stage
+    /// again).
     pub templates: Option<coil_passes::templates::TemplateReport>,
     /// Time per launch from the first run, with the configuration's `profile` on
     /// (`COIL_PROFILE=1`; [`Compiled::profile`]).
@@ -487,6 +488,20 @@ fn rewrite_options(device: Device) -> Result<coil_passes::RewriteOptions> {
     })
 }
 
+/// What the template stage makes of `captured` compiled for `device`, costed at its rates,
+/// without the rest of the compile: for a graph read from the graph cache (whose entry does not
+/// carry the report) where a dump or `explain` reads it. `None` where the stage does not run.
+pub(crate) fn template_report(
+    captured: &Graph,
+    device: Device,
+) -> Result<Option<coil_passes::templates::TemplateReport>> {
+    if !compile_decomposition(device).fused_attention {
+        return Ok(None);
+    }
+    let model = rewrite_options(device)?.model;
+    Ok(Some(coil_passes::templates::choose_attention(captured, &model).1))
+}
+
 fn compile_decomposition(device: Device) -> coil_passes::DecomposeOptions {
     let cudnn = matches!(device, Device::Cuda(_)) && coil_runtime::cuda::cudnn::available();
     coil_passes::DecomposeOptions { conv_template: cudnn, ..COMPILE_DECOMPOSITION }
@@ -517,7 +532,11 @@ fn compile_stages(
     let (mut dump, mut cache_use) = (dump, GraphCacheUse::Off);
     if let Some(slot) = &slot {
         cache_use = match graph_cache::read(slot) {
-            graph_cache::Found::Entry(entry) => match from_entry(*entry, device, dump, start) {
+            graph_cache::Found::Entry(entry) => match from_entry(*entry, device, dump, start, || {
+                // The entry does not carry the template stage's report: the stage runs again
+                // where the dump reads it (a scan, or under a millisecond for GPT-2).
+                template_report(captured, device)
+            }) {
                 Ok(compiled) => return Ok(compiled),
                 Err((why, returned)) => {
                     dump = returned;

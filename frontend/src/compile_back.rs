@@ -8,11 +8,13 @@ use super::*;
 /// The compiled graph of a graph-cache entry: its program and schedule, the tile kernels built
 /// again from them, the kernels' binaries loaded by key. When the binaries are no longer in
 /// the cache (or do not load), why, with the dump folder back (the caller compiles the graph).
+/// `templates` gives the template stage's report, asked for only when dumps are on.
 pub(super) fn from_entry(
     entry: graph_cache::Entry,
     device: Device,
     dump: Dump,
     start: Instant,
+    templates: impl FnOnce() -> Result<Option<coil_passes::templates::TemplateReport>>,
 ) -> std::result::Result<Compiled, (String, Dump)> {
     let graph_cache::Entry { program, pre_fusion, post_fusion, schedule, binary, rewrites, rewrite_json } = entry;
     let (program_view, schedule_view) = (program.clone(), schedule.clone());
@@ -55,6 +57,11 @@ pub(super) fn from_entry(
         ..StageTimes::default()
     };
     dump_texts(&dump, &rewrites, &pre_fusion, &post_fusion);
+    // A report that cannot be made costs the dump its file, never the compile.
+    let templates = if dump.dir().is_some() { templates().ok().flatten() } else { None };
+    if let Some(t) = &templates {
+        dump.write("templates.txt", || t.to_string());
+    }
     let generated: Vec<TileKernel> = kernels.iter().flatten().cloned().collect();
     dump_sources(&dump, device, &generated);
     Ok(finish(
@@ -65,7 +72,7 @@ pub(super) fn from_entry(
         schedule_view,
         kernels,
         [pre_fusion, post_fusion],
-        Front { rewrite_json: &rewrite_json, templates: None },
+        Front { rewrite_json: &rewrite_json, templates },
         dump,
     ))
 }
@@ -124,7 +131,8 @@ pub(super) fn dump_sources(dump: &Dump, device: Device, generated: &[TileKernel]
 pub(super) struct Front<'a> {
     /// The `rewrite` object of `summary.json`.
     pub rewrite_json: &'a serde_json::Value,
-    /// The template stage's report (`None` on a graph-cache hit: the stage did not run).
+    /// The template stage's report (on a graph-cache hit, only with dumps on: the stage run
+    /// again for them).
     pub templates: Option<coil_passes::templates::TemplateReport>,
 }
 

@@ -19,8 +19,8 @@
 //! The files' contents are deterministic (no addresses, no hash orders), except the compile
 //! times in `summary.json` and `rewrites.txt`; the run folder's name carries the time and
 //! process id. A graph read from the graph cache (`summary.json`'s `graph_cache` is `hit`) has
-//! no `graph_decomposed.txt` and no `templates.txt` (`summary.json`'s `templates` is `null`):
-//! the stages that would write them did not run.
+//! no `graph_decomposed.txt`: the stages that would write it did not run; its `templates.txt`
+//! comes from the template stage run again for the dump (the entry does not carry it).
 
 use crate::compile::StageTimes;
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
