@@ -101,6 +101,11 @@ pub struct Compiled {
     pub summary: String,
     /// The dump folder of this graph, when dumps are on (`debug_dir`, `COIL_DEBUG`).
     pub dump_dir: Option<std::path::PathBuf>,
+    /// What the template stage did (the text of `templates.txt`): every attention chain and
+    /// what became of it. `None` where the stage did not run, and for a graph read from the
+    /// graph cache without dumps (its entry does not carry the report; `explain` runs the stage
+    /// again).
+    pub templates: Option<coil_passes::templates::TemplateReport>,
     /// Time per launch from the first run, with the configuration's `profile` on
     /// (`COIL_PROFILE=1`; [`Compiled::profile`]).
     pub profiled: OnceLock<Vec<(String, f64)>>,
@@ -483,6 +488,20 @@ fn rewrite_options(device: Device) -> Result<coil_passes::RewriteOptions> {
     })
 }
 
+/// What the template stage makes of `captured` compiled for `device`, costed at its rates,
+/// without the rest of the compile: for a graph read from the graph cache (whose entry does not
+/// carry the report) where a dump or `explain` reads it. `None` where the stage does not run.
+pub(crate) fn template_report(
+    captured: &Graph,
+    device: Device,
+) -> Result<Option<coil_passes::templates::TemplateReport>> {
+    if !compile_decomposition(device).fused_attention {
+        return Ok(None);
+    }
+    let model = rewrite_options(device)?.model;
+    Ok(Some(coil_passes::templates::choose_attention(captured, &model).1))
+}
+
 fn compile_decomposition(device: Device) -> coil_passes::DecomposeOptions {
     let cudnn = matches!(device, Device::Cuda(_)) && coil_runtime::cuda::cudnn::available();
     coil_passes::DecomposeOptions { conv_template: cudnn, ..COMPILE_DECOMPOSITION }
@@ -513,7 +532,11 @@ fn compile_stages(
     let (mut dump, mut cache_use) = (dump, GraphCacheUse::Off);
     if let Some(slot) = &slot {
         cache_use = match graph_cache::read(slot) {
-            graph_cache::Found::Entry(entry) => match from_entry(*entry, device, dump, start) {
+            graph_cache::Found::Entry(entry) => match from_entry(*entry, device, dump, start, || {
+                // The entry does not carry the template stage's report: the stage runs again
+                // where the dump reads it (a scan, or under a millisecond for GPT-2).
+                template_report(captured, device)
+            }) {
                 Ok(compiled) => return Ok(compiled),
                 Err((why, returned)) => {
                     dump = returned;
@@ -546,10 +569,12 @@ fn compile_front(
     let mut times = StageTimes { graph_cache: cache_use, ..StageTimes::default() };
     let options = rewrite_options(device)?;
 
-    let (program, rewrites) = match dynamic {
+    let (program, rewrites, templates) = match dynamic {
         None => {
             let t = Instant::now();
-            let primitive = coil_passes::decompose_with(captured, &compile_decomposition(device))?;
+            // The template stage costs at the rewrite pass's rates: the device's.
+            let (primitive, templates) =
+                coil_passes::decompose_for(captured, &compile_decomposition(device), &options.model)?;
             times.decompose = t.elapsed().as_secs_f64();
             dump.write("graph_decomposed.txt", || primitive.print(true));
 
@@ -560,7 +585,7 @@ fn compile_front(
             let t = Instant::now();
             let program = coil_passes::split_reductions(&coil_passes::lower(&primitive)?);
             times.lower = t.elapsed().as_secs_f64();
-            (program, rewrites)
+            (program, rewrites, templates)
         }
         Some(spec) => {
             // Decomposition and rewriting run at probe sizes (timed together as `decompose`).
@@ -584,9 +609,12 @@ fn compile_front(
                 spec.symbols.clone(),
             )?);
             times.lower = t.elapsed().as_secs_f64();
-            (program, d.rewrites)
+            (program, d.rewrites, d.templates)
         }
     };
+    if let Some(t) = &templates {
+        dump.write("templates.txt", || t.to_string());
+    }
     let rewrites_text = rewrites.to_string();
     let pre_fusion = program.to_string();
     dump.write("rewrites.txt", || rewrites_text.clone());
@@ -676,7 +704,8 @@ fn compile_front(
     }
     times.total = start.elapsed().as_secs_f64();
     let texts = [pre_fusion, post_fusion];
-    Ok(finish(executable, device, times, program_view, schedule_view, kernels, texts, &rewrite_json, dump))
+    let front = back::Front { rewrite_json: &rewrite_json, templates };
+    Ok(finish(executable, device, times, program_view, schedule_view, kernels, texts, front, dump))
 }
 
 #[path = "compile_back.rs"]

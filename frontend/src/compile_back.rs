@@ -8,11 +8,13 @@ use super::*;
 /// The compiled graph of a graph-cache entry: its program and schedule, the tile kernels built
 /// again from them, the kernels' binaries loaded by key. When the binaries are no longer in
 /// the cache (or do not load), why, with the dump folder back (the caller compiles the graph).
+/// `templates` gives the template stage's report, asked for only when dumps are on.
 pub(super) fn from_entry(
     entry: graph_cache::Entry,
     device: Device,
     dump: Dump,
     start: Instant,
+    templates: impl FnOnce() -> Result<Option<coil_passes::templates::TemplateReport>>,
 ) -> std::result::Result<Compiled, (String, Dump)> {
     let graph_cache::Entry { program, pre_fusion, post_fusion, schedule, binary, rewrites, rewrite_json } = entry;
     let (program_view, schedule_view) = (program.clone(), schedule.clone());
@@ -55,6 +57,11 @@ pub(super) fn from_entry(
         ..StageTimes::default()
     };
     dump_texts(&dump, &rewrites, &pre_fusion, &post_fusion);
+    // A report that cannot be made costs the dump its file, never the compile.
+    let templates = if dump.dir().is_some() { templates().ok().flatten() } else { None };
+    if let Some(t) = &templates {
+        dump.write("templates.txt", || t.to_string());
+    }
     let generated: Vec<TileKernel> = kernels.iter().flatten().cloned().collect();
     dump_sources(&dump, device, &generated);
     Ok(finish(
@@ -65,7 +72,7 @@ pub(super) fn from_entry(
         schedule_view,
         kernels,
         [pre_fusion, post_fusion],
-        &rewrite_json,
+        Front { rewrite_json: &rewrite_json, templates },
         dump,
     ))
 }
@@ -120,6 +127,15 @@ pub(super) fn dump_sources(dump: &Dump, device: Device, generated: &[TileKernel]
     }
 }
 
+/// What the front stages report for `summary.json` and the [`Compiled`].
+pub(super) struct Front<'a> {
+    /// The `rewrite` object of `summary.json`.
+    pub rewrite_json: &'a serde_json::Value,
+    /// The template stage's report (on a graph-cache hit, only with dumps on: the stage run
+    /// again for them).
+    pub templates: Option<coil_passes::templates::TemplateReport>,
+}
+
 /// The compiled graph of `executable`, with `schedule.txt` and `summary.json` written.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish(
@@ -130,7 +146,7 @@ pub(super) fn finish(
     schedule: coil_ir::kernel::Schedule,
     kernels: Vec<Option<TileKernel>>,
     [pre_fusion, post_fusion]: [String; 2],
-    rewrite_json: &serde_json::Value,
+    front: Front,
     dump: Dump,
 ) -> Compiled {
     // The launch order and memory plan as text only where someone reads it (a warm start of
@@ -144,7 +160,8 @@ pub(super) fn finish(
         Executable::Cuda(g) => g.kernel_attributes(),
         Executable::Cpu(_) => vec![],
     };
-    let summary = debug::summary_json(&program, &schedule, &kernels, &times, rewrite_json, &launches);
+    let templates = front.templates.as_ref().map_or(serde_json::Value::Null, debug::templates_json);
+    let summary = debug::summary_json(&program, &schedule, &kernels, &times, front.rewrite_json, &templates, &launches);
     dump.write("summary.json", || summary.clone());
     let mut checked_nodes: Vec<usize> = program.data_checks.iter().filter_map(|c| c.node).collect();
     checked_nodes.sort_unstable();
@@ -158,6 +175,7 @@ pub(super) fn finish(
         post_fusion,
         summary,
         dump_dir: dump.dir().cloned(),
+        templates: front.templates,
         profiled: OnceLock::new(),
         replayed: Mutex::new(Vec::new()),
         checked_nodes,

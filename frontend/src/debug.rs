@@ -4,15 +4,23 @@
 //!
 //! ```text
 //! run_<YYYYmmdd_HHMMSS>-pid_<pid>/graph_<n>/
-//!   graph_captured.txt   graph_decomposed.txt   rewrites.txt        ir_pre_fusion.txt
-//!   ir_post_fusion.txt   kernels/<name>.tile    kernels/<name>.c    schedule.txt
-//!   summary.json         guards.txt (graphs of compiled functions: what a call must match)
+//!   graph_captured.txt   templates.txt          graph_decomposed.txt  rewrites.txt
+//!   ir_pre_fusion.txt    ir_post_fusion.txt     kernels/<name>.tile   kernels/<name>.c
+//!   schedule.txt         summary.json           guards.txt (graphs of compiled functions:
+//!                                                           what a call must match)
 //! ```
 //!
+//! `templates.txt` is the template stage's report (`coil_passes::templates::TemplateReport`):
+//! the rates it costed at, rules fired, and every attention chain with what became of it (the
+//! template chosen; refused or kept written out, naming the intermediate needed elsewhere; or
+//! not matched, naming the step where the rules stopped) and the estimated costs compared;
+//! `summary.json`'s `templates` object has its counts.
+//!
 //! The files' contents are deterministic (no addresses, no hash orders), except the compile
-//! times in `summary.json`; the run folder's name carries the time and process id. A graph
-//! read from the graph cache (`summary.json`'s `graph_cache` is `hit`) has no
-//! `graph_decomposed.txt`: the stages that would write it did not run.
+//! times in `summary.json` and `rewrites.txt`; the run folder's name carries the time and
+//! process id. A graph read from the graph cache (`summary.json`'s `graph_cache` is `hit`) has
+//! no `graph_decomposed.txt`: the stages that would write it did not run; its `templates.txt`
+//! comes from the template stage run again for the dump (the entry does not carry it).
 
 use crate::compile::StageTimes;
 use coil_ir::kernel::{KernelKind, Schedule, TileKernel};
@@ -206,13 +214,15 @@ pub fn launch_json(l: &coil_runtime::cuda::KernelAttributes) -> serde_json::Valu
 }
 
 /// `summary.json`: kernels (name, kind, ops, estimated bytes), compile time per stage, peak
-/// bytes, and the rewrite pass's estimated bytes and flops before and after.
+/// bytes, the rewrite pass's estimated bytes and flops before and after, and the template
+/// stage's counts ([`templates_json`]; `null` where it did not run).
 pub fn summary_json(
     program: &LoopProgram,
     schedule: &Schedule,
     kernels: &[Option<TileKernel>],
     times: &StageTimes,
     rewrite: &serde_json::Value,
+    templates: &serde_json::Value,
     launches: &[coil_runtime::cuda::KernelAttributes],
 ) -> String {
     let list: Vec<serde_json::Value> = schedule
@@ -266,6 +276,7 @@ pub fn summary_json(
         "graph_cache": times.graph_cache.name(),
         "peak_bytes": schedule.memory.peak_bytes,
         "rewrite": rewrite,
+        "templates": templates,
     });
     serde_json::to_string_pretty(&summary).expect("json") + "\n"
 }
@@ -278,6 +289,23 @@ pub fn rewrite_json(rewrites: &coil_passes::RewriteReport) -> serde_json::Value 
         "bytes_after": rewrites.cost_after.bytes,
         "flops_before": rewrites.cost_before.flops,
         "flops_after": rewrites.cost_after.flops,
+    })
+}
+
+/// The `templates` object of `summary.json`: the template stage's counts (chains chosen,
+/// refused, kept written out, not matched), its e-graph, its runner's stop and its time.
+pub fn templates_json(report: &coil_passes::templates::TemplateReport) -> serde_json::Value {
+    serde_json::json!({
+        "chosen": report.chosen,
+        "refused": report.refused,
+        "kept": report.kept(),
+        "not_matched": report.unmatched(),
+        "rules_fired": report.fired.iter().map(|(_, c)| c).sum::<usize>(),
+        "region_nodes": report.region_nodes,
+        "egraph_nodes": report.egraph_nodes,
+        "iterations": report.iterations,
+        "stop_reason": report.stop_reason,
+        "seconds": report.seconds,
     })
 }
 

@@ -143,9 +143,10 @@ pub struct AttentionMatch {
     pub intermediates: Vec<NodeId>,
 }
 
-/// The attention chains of a captured graph (see the module docs), in graph order.
+/// The attention chains of a captured graph (see the module docs), in graph order, costed for
+/// an H100 ([`crate::rewrite::CostModel::default`]).
 pub fn find_attention(graph: &Graph) -> Vec<AttentionMatch> {
-    crate::templates::choose_attention(graph).0
+    crate::templates::choose_attention(graph, &crate::rewrite::CostModel::default()).0
 }
 
 /// `graph` with every attention chain ([`find_attention`]) replaced by one
@@ -158,7 +159,16 @@ pub fn fuse_attention(graph: &Graph) -> Graph {
 /// [`fuse_attention`], and what the e-graph stage did: which rules fired how often, how many
 /// templates it chose and refused ([`crate::templates::TemplateReport`]).
 pub fn fuse_attention_report(graph: &Graph) -> (Graph, crate::templates::TemplateReport) {
-    let (found, report) = crate::templates::choose_attention(graph);
+    fuse_attention_for(graph, &crate::rewrite::CostModel::default())
+}
+
+/// [`fuse_attention_report`], the template stage costing nodes at `model`'s rates (the
+/// compiling target's).
+pub fn fuse_attention_for(
+    graph: &Graph,
+    model: &crate::rewrite::CostModel,
+) -> (Graph, crate::templates::TemplateReport) {
+    let (found, report) = crate::templates::choose_attention(graph, model);
     if found.is_empty() {
         return (graph.clone(), report);
     }

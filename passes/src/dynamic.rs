@@ -31,6 +31,7 @@
 
 use crate::decompose::DecomposeOptions;
 use crate::rewrite::{simplify, RewriteOptions, RewriteReport};
+use crate::templates::TemplateReport;
 use coil_ir::dynamic::{instantiate, same_up_to_sizes, Probe, SymSizes};
 use coil_ir::sym::Expr;
 use coil_ir::Graph;
@@ -45,6 +46,9 @@ pub struct DynamicGraph {
     pub sizes: SymSizes,
     /// The rewrite report of the first probe.
     pub rewrites: RewriteReport,
+    /// The template stage's report of the first probe (its costs at the probe's sizes), when
+    /// it ran.
+    pub templates: Option<TemplateReport>,
 }
 
 /// Decomposes (the reference decomposition) and simplifies `captured` (whose size numbers are
@@ -73,33 +77,34 @@ pub fn generalize_with(
         return Err(format!("{} size symbols (1 to 3 are supported)", symbols.len()));
     }
     let probe = Probe::new(symbols.to_vec(), (0..symbols.len() as i64).map(|i| 1009 + 100 * i).collect());
-    let front = |values: &[i64]| -> Result<(Graph, RewriteReport), String> {
+    // The template stage costs at the rewrite pass's rates (the compiling target's).
+    type Front = (Graph, RewriteReport, Option<TemplateReport>);
+    let front = |values: &[i64]| -> Result<Front, String> {
         let g = instantiate(captured, sizes, &probe, values).map_err(|e| e.to_string())?;
-        let primitive = crate::decompose_with(&g, decomposition).map_err(|e| e.to_string())?;
-        simplify(&primitive, options).map_err(|e| e.to_string())
+        let (primitive, templates) =
+            crate::decompose_for(&g, decomposition, &options.model).map_err(|e| e.to_string())?;
+        let (g, rewrites) = simplify(&primitive, options).map_err(|e| e.to_string())?;
+        Ok((g, rewrites, templates))
     };
     let mut graphs = Vec::with_capacity(probe.count());
-    let mut rewrites = None;
+    let mut first = None;
     for mask in 0..probe.count() {
-        let (g, report) = front(&probe.point(mask))?;
+        let (g, rewrites, templates) = front(&probe.point(mask))?;
         if graphs.first().is_some_and(|first| !same_up_to_sizes(first, &g)) {
             return Err("the compiled program changes with the sizes (probes disagree)".into());
         }
-        rewrites.get_or_insert(report);
+        first.get_or_insert((rewrites, templates));
         graphs.push(g);
     }
     let decoded =
         SymSizes::decode(&probe, &graphs).ok_or("a size is not a polynomial in the size symbols".to_string())?;
     let check: Vec<i64> = probe.base.iter().map(|b| b + 37).collect();
-    let (at_check, _) = front(&check)?;
+    let (at_check, _, _) = front(&check)?;
     if !same_up_to_sizes(&graphs[0], &at_check) || !decoded.matches(&probe, &check, &at_check) {
         return Err("a size is not a multilinear polynomial in the size symbols".into());
     }
-    Ok(DynamicGraph {
-        primitive: graphs.swap_remove(0),
-        sizes: decoded,
-        rewrites: rewrites.expect("at least one probe"),
-    })
+    let (rewrites, templates) = first.expect("at least one probe");
+    Ok(DynamicGraph { primitive: graphs.swap_remove(0), sizes: decoded, rewrites, templates })
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ pub mod schedule;
 pub mod split;
 pub mod templates;
 
-pub use decompose::{decompose, decompose_with, DecomposeOptions};
+pub use decompose::{decompose, decompose_for, decompose_with, DecomposeOptions};
 pub use lower::{lower, lower_dynamic};
 pub use rewrite::{simplify, RewriteOptions, RewriteReport};
 pub use schedule::{donate, print_schedule, schedule, schedule_with, ScheduleOptions};

@@ -1,9 +1,11 @@
 //! [`explain`]: what coil made of a function: its graphs, the breaks between them with reasons,
-//! hints and lines, the ops and guards of each graph, and compile times (like
-//! `torch._dynamo.explain`).
+//! hints and lines, the ops and guards of each graph, what became of each attention chain
+//! (the template stage's decision, [`coil_passes::templates::Chain::line`]), and compile times
+//! (like `torch._dynamo.explain`).
 
 use super::{run_frame, FnState, Frame, GraphBreak, Guard};
-use crate::compile::StageTimes;
+use crate::compile::{Compiled, StageTimes};
+use crate::graph_cache::GraphCacheUse;
 use crate::realize::Captured;
 use crate::Tensor;
 use coil_ir::{Graph, Op, Result};
@@ -33,10 +35,24 @@ pub struct GraphInfo {
     pub guards: Vec<Guard>,
     /// Seconds per compile stage (`None` when the interpreter ran it).
     pub times: Option<StageTimes>,
+    /// What the template stage did with the graph's attention chains (`None` when the
+    /// interpreter ran it or the stage did not run; for a graph read from the graph cache, the
+    /// stage run again on the captured graph).
+    pub templates: Option<coil_passes::templates::TemplateReport>,
 }
 
 impl GraphInfo {
-    pub(crate) fn new(captured: &Captured, guards: Vec<Guard>, times: Option<StageTimes>) -> GraphInfo {
+    pub(crate) fn new(captured: &Captured, guards: Vec<Guard>, compiled: Option<&Compiled>) -> GraphInfo {
+        let times = compiled.map(|c| c.times.clone());
+        // A graph read from the graph cache (without dumps) has no report: the stage runs
+        // again here, at the captured sizes.
+        let templates = compiled.and_then(|c| match (&c.templates, &c.times.graph_cache) {
+            (Some(t), _) => Some(t.clone()),
+            (None, GraphCacheUse::Hit) => {
+                crate::compile::template_report(&captured.graph, captured.device).ok().flatten()
+            }
+            (None, _) => None,
+        });
         let ops = captured
             .graph
             .nodes
@@ -44,7 +60,7 @@ impl GraphInfo {
             .filter(|n| !matches!(n.op, Op::Input { .. } | Op::Scalar(_)))
             .map(|n| (n.op.name().to_string(), n.location))
             .collect();
-        GraphInfo { graph: captured.graph.clone(), device: captured.device, ops, guards, times }
+        GraphInfo { graph: captured.graph.clone(), device: captured.device, ops, guards, times, templates }
     }
 }
 
@@ -128,6 +144,19 @@ impl fmt::Display for ExplainReport {
                 }
             }
         }
+        // Only where a graph has an attention chain (matched or not).
+        fn chains(g: &GraphInfo) -> &[coil_passes::templates::Chain] {
+            g.templates.as_ref().map_or(&[], |t| &t.chains)
+        }
+        if self.graphs.iter().any(|g| !chains(g).is_empty()) {
+            writeln!(f, "Attention Templates:")?;
+            for (i, g) in self.graphs.iter().enumerate().filter(|(_, g)| !chains(g).is_empty()) {
+                writeln!(f, "  Graph {}:", i + 1)?;
+                for c in chains(g) {
+                    writeln!(f, "    {}", c.line())?;
+                }
+            }
+        }
         writeln!(f, "Out Guards:")?;
         for (i, g) in self.graphs.iter().enumerate() {
             writeln!(f, "  Guards {}:", i + 1)?;
@@ -160,5 +189,42 @@ impl fmt::Display for ExplainReport {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::compile_fresh;
+    use coil_ir::config::{current, with_config, Config};
+
+    /// A graph read from the graph cache has no template report of its own (the stage did not
+    /// run): explain runs the stage again and reports the same chains.
+    #[test]
+    fn a_graph_from_the_graph_cache_gets_its_template_report() {
+        if coil_runtime::testing::c_compiler().is_none() {
+            return;
+        }
+        let shape = [1, 2, 16, 8];
+        let values = |seed: usize| {
+            let v = (0..shape.iter().product()).map(|i: usize| ((i * 37 + seed) % 101) as f32 / 50.0 - 1.0);
+            Tensor::from_vec(v.collect(), &shape).unwrap()
+        };
+        let (q, k, v) = (values(0), values(1), values(2));
+        let p = (q.matmul(&k.transpose(-2, -1).unwrap()).unwrap() * 0.125).softmax(-1).unwrap();
+        let y = p.matmul(&v).unwrap();
+        let captured = crate::capture(&[&y]);
+        let dir = std::env::temp_dir().join(format!("coil-explain-templates-{}", std::process::id()));
+        let config = Config { cache_dir: dir.clone(), graph_cache: true, debug_dir: None, ..(*current()).clone() };
+        let (first, second) = with_config(config, || {
+            (compile_fresh(&captured.graph, Device::Cpu).unwrap(), compile_fresh(&captured.graph, Device::Cpu).unwrap())
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(second.times.graph_cache, GraphCacheUse::Hit);
+        assert!(second.templates.is_none(), "no dump: the hit did not run the stage");
+        let first = first.templates.expect("the stage ran");
+        assert_eq!(first.chosen, 1, "{first}");
+        let info = GraphInfo::new(&captured, vec![], Some(&second));
+        assert_eq!(info.templates.map(|t| t.to_string()), Some(first.to_string()));
     }
 }

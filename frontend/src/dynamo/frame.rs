@@ -370,7 +370,7 @@ impl Frame {
         };
         self.state.borrow_mut().stats.run += t.elapsed();
         if let Some(log) = &mut self.log {
-            log.graphs.push(GraphInfo::new(captured, guards, executable.map(|c| c.times.clone())));
+            log.graphs.push(GraphInfo::new(captured, guards, executable.as_deref()));
         }
         Ok(results)
     }

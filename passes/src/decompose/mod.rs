@@ -87,14 +87,27 @@ pub struct DecomposeOptions {
     pub conv_template: bool,
 }
 
-/// [`decompose`] with the compile path's choices (see [`DecomposeOptions`]).
+/// [`decompose`] with the compile path's choices (see [`DecomposeOptions`]); the template
+/// stage, if it runs, costs at an H100's rates ([`decompose_for`] takes the target's).
 pub fn decompose_with(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {
+    Ok(decompose_for(graph, options, &crate::rewrite::CostModel::default())?.0)
+}
+
+/// [`decompose_with`], the template stage ([`crate::templates`], with
+/// [`DecomposeOptions::fused_attention`]) costing nodes at `model`'s rates (the compiling
+/// target's, as the rewrite pass's [`crate::RewriteOptions::model`]), and what that stage did
+/// (`None` when it did not run).
+pub fn decompose_for(
+    graph: &Graph,
+    options: &DecomposeOptions,
+    model: &crate::rewrite::CostModel,
+) -> Result<(Graph, Option<crate::templates::TemplateReport>)> {
     graph.check_shapes()?;
     if options.fused_attention {
-        let fused = crate::attention::fuse_attention(graph);
-        return decompose_graph(&fused, options);
+        let (fused, report) = crate::attention::fuse_attention_for(graph, model);
+        return Ok((decompose_graph(&fused, options)?, Some(report)));
     }
-    decompose_graph(graph, options)
+    Ok((decompose_graph(graph, options)?, None))
 }
 
 fn decompose_graph(graph: &Graph, options: &DecomposeOptions) -> Result<Graph> {

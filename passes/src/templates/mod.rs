@@ -46,6 +46,11 @@
 //!   probabilities it has to read anyway is not measured, and the structure of a graph should
 //!   not change with its sizes (dynamic shapes compile at probe sizes).
 //!
+//! * **The report** ([`TemplateReport`], [`report`]): every attention chain in graph order,
+//!   chosen, refused, kept written out (naming the intermediate needed and who needs it) or not
+//!   matched (naming the step where the rules stopped), with the estimated costs compared. Its
+//!   text is the debug dump's `templates.txt`; `explain` prints one line per chain.
+//!
 //! Cost: on GPT-2 written out (12 layers, 520 captured nodes) the region is 157 nodes, the
 //! e-graph 343, and the stage ~0.7 ms; a graph without a last-dim softmax costs one scan.
 //!
@@ -55,54 +60,19 @@
 //! the same result every run.
 
 pub mod lang;
+pub mod report;
 pub mod rules;
 
+pub use report::{Chain, Decision, TemplateReport};
+
 use crate::attention::AttentionMatch;
+use crate::rewrite::CostModel;
 use coil_ir::{Graph, NodeId, Op};
 use egg::{Id, Runner, SimpleScheduler};
 use lang::{op_of, CNode, COp, Facts, CEG};
+use report::describe;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use std::fmt;
 use std::time::{Duration, Instant};
-
-/// What the stage did: its [`Display`](fmt::Display) is the text the explain shows.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TemplateReport {
-    /// How often each rule changed the e-graph, in [`rules::RULES`] order; rules that never
-    /// fired are absent.
-    pub fired: Vec<(String, usize)>,
-    /// Templates extracted and used.
-    pub chosen: usize,
-    /// Templates extracted but refused: a node of their chain is needed anyway.
-    pub refused: usize,
-    /// Graph nodes put into the e-graph (0 when no rule could fire).
-    pub region_nodes: usize,
-    /// Size of the final e-graph.
-    pub egraph_nodes: usize,
-    /// Iterations the runner made.
-    pub iterations: usize,
-    /// `saturated`, or the limit that stopped the runner.
-    pub stop_reason: String,
-    /// Wall-clock seconds of the stage.
-    pub seconds: f64,
-}
-
-impl TemplateReport {
-    /// How often rule `name` fired.
-    pub fn fired(&self, name: &str) -> usize {
-        self.fired.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c)
-    }
-}
-
-impl fmt::Display for TemplateReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "templates: {} chosen, {} refused (a chain node needed anyway)", self.chosen, self.refused)?;
-        writeln!(f, "region: {} nodes, e-graph: {} nodes", self.region_nodes, self.egraph_nodes)?;
-        writeln!(f, "iterations: {}, stop reason: {}", self.iterations, self.stop_reason)?;
-        writeln!(f, "time: {:.3} ms", self.seconds * 1e3)?;
-        crate::rewrite::write_fired(f, &self.fired)
-    }
-}
 
 /// Iterations: a chain is matched in at most five steps (scores, scale, mask, cast, template).
 const ITER_LIMIT: usize = 8;
@@ -111,8 +81,9 @@ const ITER_LIMIT: usize = 8;
 const NODE_LIMIT_PER_NODE: usize = 4;
 
 /// The attention templates of a captured graph, in graph order, chosen by e-graph rewriting
-/// and extraction (see the module docs), and what the stage did.
-pub fn choose_attention(graph: &Graph) -> (Vec<AttentionMatch>, TemplateReport) {
+/// and extraction (see the module docs) with nodes costed at `model`'s rates (the compiling
+/// target's: [`crate::rewrite::RewriteOptions::model`]), and what the stage did.
+pub fn choose_attention(graph: &Graph, model: &CostModel) -> (Vec<AttentionMatch>, TemplateReport) {
     let start = Instant::now();
     let mut report =
         TemplateReport { stop_reason: "not run: no softmax over the last dim".into(), ..Default::default() };
@@ -159,6 +130,7 @@ pub fn choose_attention(graph: &Graph) -> (Vec<AttentionMatch>, TemplateReport) 
         region.push(n);
     }
     report.region_nodes = region.len();
+    report.model = Some(*model);
     let runner = Runner::<CNode, Facts>::default()
         .with_egraph(eg)
         .with_scheduler(SimpleScheduler)
@@ -179,10 +151,12 @@ pub fn choose_attention(graph: &Graph) -> (Vec<AttentionMatch>, TemplateReport) 
     report.egraph_nodes = eg.total_number_of_nodes();
     let roots: Vec<NodeId> = region.iter().copied().filter(|n| root[n.0]).collect();
     let found = if report.fired("attention") > 0 {
-        extract(graph, &region, &roots, &eg, &class_of, &mut report)
+        extract(graph, &region, &roots, &eg, &class_of, model, &mut report)
     } else {
         vec![]
     };
+    report.chains.extend(unmatched(graph, &region, &eg, &class_of));
+    report.chains.sort_by_key(|c| c.root.0);
     report.chosen = found.len();
     report.seconds = start.elapsed().as_secs_f64();
     (found, report)
@@ -201,7 +175,8 @@ fn reach(eg: &CEG, choice: &HashMap<Id, CNode>, from: &[Id], stop: Option<Id>) -
     seen
 }
 
-/// Extracts the cheapest graph and reads the templates it chose off it.
+/// Extracts the cheapest graph and reads the templates it chose off it; every matched chain
+/// goes into the report, chosen, refused or kept ([`Decision`]).
 ///
 /// The greedy DAG extraction scores each class on its own, so a template looks cheaper than
 /// a product of probabilities that another reader needs anyway (the product's score includes
@@ -214,40 +189,50 @@ fn extract(
     roots: &[NodeId],
     eg: &CEG,
     class_of: &[Option<Id>],
+    model: &CostModel,
     report: &mut TemplateReport,
 ) -> Vec<AttentionMatch> {
-    let model = crate::rewrite::CostModel::default();
     let mut local: Vec<Vec<Option<f64>>> = vec![Vec::new(); eg.nodes().len()];
     for class in eg.classes() {
-        local[usize::from(class.id)] = class.nodes.iter().map(|n| lang::node_seconds(eg, n, &model)).collect();
+        local[usize::from(class.id)] = class.nodes.iter().map(|n| lang::node_seconds(eg, n, model)).collect();
     }
     let class = |n: NodeId| eg.find(class_of[n.0].expect("region nodes and operands have classes"));
     let all: Vec<Id> = region.iter().map(|&n| class(n)).collect();
-    let Some(mut choice) = crate::rewrite::cost::extract_dag(eg, &all, &local) else { return vec![] };
+    let own = |n: &CNode| lang::node_seconds(eg, n, model).unwrap_or(f64::INFINITY);
+    let mut choice = crate::rewrite::cost::extract_dag(eg, &all, &local);
     let outputs: Vec<Id> = roots.iter().map(|&o| class(o)).collect();
-    let own = |n: &CNode| lang::node_seconds(eg, n, &model).unwrap_or(f64::INFINITY);
-    for &root in region {
-        let r = class(root);
-        if choice[&r].op != COp::Attention || graph.node(root).op != Op::Matmul {
-            continue;
-        }
-        let product = eg[r].nodes.iter().find(|n| n.op == COp::Matmul).expect("the template replaces a product");
-        let elsewhere = reach(eg, &choice, &outputs, Some(r));
-        let margin = |n: &CNode| {
-            let needs = reach(eg, &choice, &n.args, None);
-            own(n) + needs.iter().filter(|c| !elsewhere.contains(c)).map(|c| own(&choice[c])).sum::<f64>()
-        };
-        if margin(product) < margin(&choice[&r]) {
-            choice.insert(r, product.clone());
+    let is_root = |n: NodeId| graph.node(n).op == Op::Matmul;
+    if let Some(choice) = &mut choice {
+        for &root in region {
+            let r = class(root);
+            if choice[&r].op != COp::Attention || !is_root(root) {
+                continue;
+            }
+            let product = eg[r].nodes.iter().find(|n| n.op == COp::Matmul).expect("the template replaces a product");
+            let elsewhere = reach(eg, choice, &outputs, Some(r));
+            let margin = |n: &CNode| {
+                let needs = reach(eg, choice, &n.args, None);
+                own(n) + needs.iter().filter(|c| !elsewhere.contains(c)).map(|c| own(&choice[c])).sum::<f64>()
+            };
+            if margin(product) < margin(&choice[&r]) {
+                choice.insert(r, product.clone());
+            }
         }
     }
-    let chosen = reach(eg, &choice, &outputs, None);
+    let chosen = choice.as_ref().map_or_else(HashSet::default, |c| reach(eg, c, &outputs, None));
     let node_of = |id: Id| eg[id].data.node.expect("operands of the template are graph values");
     let has_scores = |n: NodeId| eg[class(n)].nodes.iter().any(|e| e.op == COp::Scores);
+    // The graph's own e-node of a region node (its language op, not what the rules added).
+    let written = |n: NodeId| {
+        let op = op_of(graph, n);
+        eg[class(n)].nodes.iter().find(|e| e.op == op).map_or(0.0, own)
+    };
+    let readers = report::readers(graph);
     let mut found = Vec::new();
     for &root in region {
-        let attention = &choice[&class(root)];
-        if attention.op != COp::Attention || !chosen.contains(&class(root)) || graph.node(root).op != Op::Matmul {
+        let r = class(root);
+        let Some(matched) = eg[r].nodes.iter().find(|n| n.op == COp::Attention) else { continue };
+        if !is_root(root) {
             continue;
         }
         // The chain from the probabilities back to the scores' product: the operand that is
@@ -262,21 +247,128 @@ fn extract(
             }
             x = n.inputs.iter().copied().find(|&i| has_scores(i)).unwrap_or(n.inputs[0]);
         }
-        if intermediates.iter().any(|&n| chosen.contains(&class(n))) {
-            report.refused += 1;
-            continue;
-        }
-        let arg = |i: usize| eg.find(attention.args[i]);
-        let causal = eg[arg(4)].nodes.iter().any(|e| e.op == COp::Causal);
-        found.push(AttentionMatch {
+        let needed = report::needed_elsewhere(graph, &readers, root, &intermediates);
+        let attention = choice.as_ref().map(|c| &c[&r]).filter(|n| n.op == COp::Attention && chosen.contains(&r));
+        let decision = match attention {
+            Some(_) if intermediates.iter().any(|&n| chosen.contains(&class(n))) => {
+                report.refused += 1;
+                let (n, why) = needed.unwrap_or_else(|| {
+                    let n = *intermediates.iter().find(|&&n| chosen.contains(&class(n))).expect("one is chosen");
+                    (n, format!("{} is needed by the rest of the graph", describe(graph, n)))
+                });
+                Decision::Refused { needed: n, why: format!("{why}; the template would compute it again") }
+            }
+            Some(attention) => {
+                let arg = |i: usize| eg.find(attention.args[i]);
+                let causal = eg[arg(4)].nodes.iter().any(|e| e.op == COp::Causal);
+                let scale = eg[arg(3)].data.konst.expect("the scale is a constant");
+                found.push(AttentionMatch {
+                    root,
+                    q: node_of(arg(0)),
+                    k: node_of(arg(1)),
+                    v: node_of(arg(2)),
+                    causal,
+                    scale,
+                    intermediates: intermediates.clone(),
+                });
+                Decision::Chosen { causal, scale }
+            }
+            None => match needed {
+                Some((n, why)) => Decision::Kept {
+                    needed: Some(n),
+                    why: format!("{why}, and the product of the probabilities costs less than the template there"),
+                },
+                None => Decision::Kept { needed: None, why: "the written-out chain costs less".into() },
+            },
+        };
+        report.chains.push(Chain {
             root,
-            q: node_of(arg(0)),
-            k: node_of(arg(1)),
-            v: node_of(arg(2)),
-            causal,
-            scale: eg[arg(3)].data.konst.expect("the scale is a constant"),
-            intermediates,
+            location: graph.node(root).location,
+            decision,
+            template_seconds: Some(own(matched)),
+            written_seconds: Some(written(root) + intermediates.iter().map(|&n| written(n)).sum::<f64>()),
         });
     }
     found
 }
+
+/// The chains the rules did not match: `matmul(softmax(x), v)` (a cast between them allowed)
+/// in the region whose class got no template, each with the step where the rules stopped.
+fn unmatched(graph: &Graph, region: &[NodeId], eg: &CEG, class_of: &[Option<Id>]) -> Vec<Chain> {
+    let has = |n: NodeId, op: COp| class_of[n.0].is_some_and(|c| eg[eg.find(c)].nodes.iter().any(|e| e.op == op));
+    let mut out = Vec::new();
+    for &root in region {
+        let node = graph.node(root);
+        if node.op != Op::Matmul || has(root, COp::Attention) {
+            continue;
+        }
+        let mut p = node.inputs[0];
+        if matches!(op_of(graph, p), COp::Cast(_)) {
+            p = graph.node(p).inputs[0];
+        }
+        if op_of(graph, p) != COp::Softmax {
+            continue;
+        }
+        let why = unmatched_why(graph, eg, class_of, graph.node(p).inputs[0], node.inputs[1]);
+        out.push(Chain {
+            root,
+            location: node.location,
+            decision: Decision::Unmatched { why },
+            template_seconds: None,
+            written_seconds: None,
+        });
+    }
+    out
+}
+
+/// Why the rules stopped short of the template on the chain whose softmax reads `scores` and
+/// whose product reads `v`: walking from the softmax towards the scores' product, the first
+/// step that is no rule's, or whose condition failed (its operand is a partial match).
+fn unmatched_why(graph: &Graph, eg: &CEG, class_of: &[Option<Id>], scores: NodeId, v: NodeId) -> String {
+    let partial =
+        |n: NodeId| class_of[n.0].and_then(|c| eg[eg.find(c)].nodes.iter().find(|e| e.op == COp::Scores).cloned());
+    let mut x = scores;
+    for _ in 0..8 {
+        if let Some(s) = partial(x) {
+            let (q, k) = (&eg[s.args[0]].data.meta, &eg[s.args[1]].data.meta);
+            return match crate::attention::template_supports(q, k, graph.meta(v)) {
+                Err(e) => format!("the template does not take these operands: {e}"),
+                Ok(()) => "the dtypes around the softmax are not the template's (f16 / bf16 scores go to f32 for \
+                           the softmax and back for the product)"
+                    .into(),
+            };
+        }
+        let node = graph.node(x);
+        let step = match op_of(graph, x) {
+            COp::Mul | COp::Div => "a finite constant scale (the only one)",
+            COp::Where => "the causal mask with -inf elsewhere (the only mask)",
+            COp::Cast(_) => "a cast to f32 of f16 / bf16 scores",
+            COp::Matmul => {
+                return format!(
+                    "{} is not the scores `q @ k^T` (k transposed in its last two dims, q and k of one dtype)",
+                    describe(graph, x)
+                )
+            }
+            _ => {
+                return format!(
+                    "{} between the scores and the softmax is no step of the rules (they take a constant scale, \
+                     the causal mask and a cast to f32)",
+                    describe(graph, x)
+                )
+            }
+        };
+        let operands = if node.op == Op::Where { &node.inputs[1..] } else { &node.inputs[..] };
+        if operands.iter().any(|&y| partial(y).is_some()) {
+            return format!("{} is not {step}", describe(graph, x));
+        }
+        // On towards the product: the operand of the scores' shape.
+        let Some(&y) = operands.iter().find(|&&y| graph.meta(y).shape == graph.meta(x).shape) else {
+            return format!("{} does not lead back to the scores `q @ k^T`", describe(graph, x));
+        };
+        x = y;
+    }
+    "the chain is longer than the rules follow".into()
+}
+
+#[cfg(test)]
+mod tests;
