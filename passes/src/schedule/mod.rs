@@ -36,6 +36,8 @@ mod memory;
 mod print;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_memory;
 
 pub use donate::donate;
 pub(crate) use legal::delinearize;
