@@ -201,6 +201,38 @@ impl MemoryPlan {
         Arena { offsets, bytes }
     }
 
+    /// The largest range of `arena` (placed for `slot_bytes` by [`MemoryPlan::arena`]) that no
+    /// slot in use at `launch` covers, as `(offset, bytes)`: memory a library call of that
+    /// launch may use as its scratch workspace (a cuDNN convolution's) instead of an
+    /// allocation of its own on top of the arena. The launch's own operands and result are in
+    /// use at it, so never in the range.
+    ///
+    /// ```
+    /// use coil_ir::kernel::MemoryPlan;
+    /// let plan = MemoryPlan { slots: vec![1024, 4096, 512], slot_lives: vec![(0, 1), (2, 3), (1, 2)], ..Default::default() };
+    /// let arena = plan.arena(&plan.slots);
+    /// assert_eq!((arena.offsets.clone(), arena.bytes), (vec![0, 0, 4096], 4608));
+    /// // At launch 0 only slot 0 is in use; at launch 2, slots 1 and 2 (the arena is full).
+    /// assert_eq!(plan.free_range(&arena, &plan.slots, 0), (1024, 3584));
+    /// assert_eq!(plan.free_range(&arena, &plan.slots, 2).1, 0);
+    /// ```
+    pub fn free_range(&self, arena: &Arena, slot_bytes: &[usize], launch: usize) -> (usize, usize) {
+        let live = |s: usize| self.slot_lives.get(s).copied().unwrap_or((0, usize::MAX));
+        let mut taken: Vec<(usize, usize)> = (0..slot_bytes.len())
+            .filter(|&s| live(s).0 <= launch && launch <= live(s).1 && slot_bytes[s] > 0)
+            .map(|s| (arena.offsets[s], arena.offsets[s] + slot_bytes[s].next_multiple_of(Arena::ALIGN)))
+            .collect();
+        taken.sort_unstable();
+        let (mut best, mut at) = ((0, 0), 0);
+        for (start, end) in taken.into_iter().chain([(arena.bytes, arena.bytes)]) {
+            if start > at && start - at > best.1 {
+                best = (at, start - at);
+            }
+            at = at.max(end);
+        }
+        best
+    }
+
     /// The graph input whose buffer output `output` (a position in the outputs) is written
     /// into, if it was donated.
     pub fn donor_of(&self, output: usize) -> Option<usize> {

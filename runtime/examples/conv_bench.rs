@@ -97,7 +97,7 @@ fn time(
 ) -> Result<(f64, String, Vec<f64>)> {
     let [a, b, out] = bufs.map(operand);
     let plan = cudnn::plan_summary(dev, c, DType::BF16, api, a, b, out)?;
-    let run = || cudnn::convolution(dev, c, DType::BF16, api, a, b, out);
+    let run = || cudnn::convolution(dev, c, DType::BF16, api, a, b, out, (0, 0));
     for _ in 0..3 {
         run()?;
     }

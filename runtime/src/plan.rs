@@ -466,6 +466,10 @@ pub(crate) struct Instance {
     /// Per entry of `kernels`: the values of its [`TileKernel::sizes`], in order (what the
     /// kernel takes after its buffers; empty for static kernels and extern entries).
     pub kernel_sizes: Vec<Vec<i64>>,
+    /// Per node of `program`: for the nodes of extern kernels, the largest range of the arena
+    /// that no slot in use at that launch covers, `(offset, bytes)` (a library call's scratch
+    /// workspace: [`coil_ir::kernel::MemoryPlan::free_range`]); `(0, 0)` for the others.
+    pub scratch: Vec<(usize, usize)>,
 }
 
 impl Instance {
@@ -497,7 +501,15 @@ impl Instance {
             })
             .collect::<std::result::Result<Vec<Vec<i64>>, String>>()?;
         let arena = schedule.memory.arena(&slot_bytes);
-        Ok(Instance { program, schedule, storage, arena, sizes: bindings.values().copied().collect(), kernel_sizes })
+        let mut scratch = vec![(0, 0); program.nodes.len()];
+        for (k, kernel) in schedule.kernels.iter().enumerate().filter(|(_, k)| k.kind == KernelKind::Extern) {
+            let free = schedule.memory.free_range(&arena, &slot_bytes, k);
+            for &n in &kernel.nodes {
+                scratch[n] = free;
+            }
+        }
+        let sizes = bindings.values().copied().collect();
+        Ok(Instance { program, schedule, storage, arena, sizes, kernel_sizes, scratch })
     }
 }
 

@@ -141,3 +141,25 @@ fn every_relu_of_a_resnet_like_network_writes_over_what_it_reads() {
     // Two relus per block and one after each residual add (the last block's is the output).
     assert_eq!(seen, 6 * 3 - 1);
 }
+
+#[test]
+fn the_free_range_at_a_launch_overlaps_no_slot_in_use_there() {
+    // What a library call may use as its workspace (`MemoryPlan::free_range`): inside the
+    // arena and clear of every slot in use at its launch; at some launch of this network,
+    // most of the arena.
+    let (_, s) = resnet_like();
+    let plan = &s.memory;
+    let arena = plan.arena(&plan.slots);
+    let mut most = 0;
+    for k in 0..s.kernels.len() {
+        let (at, bytes) = plan.free_range(&arena, &plan.slots, k);
+        assert!(at + bytes <= arena.bytes, "launch {k}: {at} + {bytes} past the arena's {}", arena.bytes);
+        for (slot, &(first, last)) in plan.slot_lives.iter().enumerate() {
+            let (start, end) = (arena.offsets[slot], arena.offsets[slot] + plan.slots[slot]);
+            let in_use = first <= k && k <= last;
+            assert!(!in_use || bytes == 0 || end <= at || at + bytes <= start, "launch {k}: slot {slot} in the range");
+        }
+        most = most.max(bytes);
+    }
+    assert!(2 * most >= arena.bytes, "{most} of {} bytes free at best", arena.bytes);
+}

@@ -185,7 +185,11 @@ impl Desc {
 
 /// Enqueues `call` (operands and result of `dtype`) on the device's stream through cuDNN's
 /// `api` (the graph API falling back to the legacy one per call shape), or on the host where
-/// cuDNN is missing or has no plan.
+/// cuDNN is missing or has no plan. `scratch`: device memory free during the call
+/// (`(address, bytes)`: the run's arena less the slots in use at this launch), used as the
+/// plan's workspace when it fits, so the workspace adds nothing to the run's memory; else the
+/// workspace is allocated for the call.
+#[allow(clippy::too_many_arguments)]
 pub fn convolution(
     dev: &Arc<CudaDevice>,
     call: &ConvCall,
@@ -194,6 +198,7 @@ pub fn convolution(
     a: DevOperand,
     b: DevOperand,
     out: DevOperand,
+    scratch: (u64, usize),
 ) -> Result<()> {
     let dnn = match Cudnn::get(dev) {
         Ok(dnn) => dnn,
@@ -215,12 +220,14 @@ pub fn convolution(
         Chosen::Graph(p) => p.workspace,
         Chosen::Legacy(p) => p.workspace,
     };
-    let workspace = DeviceMemory::alloc(dev, workspace_bytes.max(1))?;
+    let in_scratch = scratch.0 != 0 && workspace_bytes <= scratch.1;
+    let workspace = if in_scratch { None } else { Some(DeviceMemory::alloc(dev, workspace_bytes.max(1))?) };
     dev.bind()?;
-    let ws = workspace.ptr() as *mut c_void;
+    let ws = workspace.as_ref().map_or(scratch.0, |w| w.ptr()) as *mut c_void;
     // SAFETY: the plans describe the operands' views inside their buffers (checked by
     // `check_extern` and the lowering) at these addresses, the workspace holds the plan's
-    // bytes, and everything is ordered on the device's stream.
+    // bytes (its own allocation, or the caller's scratch range, which no buffer in use at
+    // this launch occupies), and everything is ordered on the device's stream.
     let status = unsafe {
         dnn::set_stream(dnn.handle, dev.cu_stream() as sys::cudaStream_t)
             .map_err(|e| Error::runtime(format!("cudnnSetStream failed: {e}")))?;

@@ -719,7 +719,7 @@ impl CudaCompiledGraph {
                     }?;
                 }
                 Step::Extern { node } => {
-                    if let Err(e) = self.run_extern(&inst, *node, &ptrs, status_of(i), random) {
+                    if let Err(e) = self.run_extern(&inst, *node, &ptrs, arena.ptr(), status_of(i), random) {
                         // A failing kernel earlier in the graph (or in an earlier run) explains
                         // garbage operands best.
                         dev.synchronize()?;
@@ -762,14 +762,16 @@ impl CudaCompiledGraph {
         Ok(result)
     }
 
-    /// Enqueues one extern node on the run's memory, at the run's sizes; `status`: its 4
-    /// status words; `random`: the run's random streams (an attention's dropout draws from
-    /// them: launch arguments, never compiled in).
+    /// Enqueues one extern node on the run's memory, at the run's sizes; `arena`: the address
+    /// of the run's arena (a convolution's workspace is a free range of it where it fits:
+    /// `Instance::scratch`); `status`: its 4 status words; `random`: the run's random streams
+    /// (an attention's dropout draws from them: launch arguments, never compiled in).
     fn run_extern(
         &self,
         inst: &Instance,
         node: usize,
         ptrs: &[u64],
+        arena: u64,
         status: u64,
         random: &[RandomState],
     ) -> Result<()> {
@@ -854,6 +856,7 @@ impl CudaCompiledGraph {
                     operand(conv.a.buffer),
                     operand(conv.b.buffer),
                     operand(out_id),
+                    (arena + inst.scratch[node].0 as u64, inst.scratch[node].1),
                 )
             }
             ExternCall::Fallback { op: Op::Scatter { dim, reduce } }
