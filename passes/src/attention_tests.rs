@@ -524,18 +524,7 @@ fn the_stage_names_each_rule_and_counts_its_firings() {
 /// `read`, summed by another node instead).
 fn probabilities_needed(t: usize, read: bool) -> Graph {
     let mut c = Capture::new();
-    let (q, k, v) =
-        (c.input(&[1, 2, t, 64], DType::F32), c.input(&[1, 2, t, 64], DType::F32), c.input(&[1, 2, t, 64], DType::F32));
-    let kt = c.permute(k, &[0, 1, 3, 2]);
-    let s = c.op(Op::Matmul, &[q, kt]);
-    let scale = c.scalar(0.125);
-    let s = c.op(Op::Binary(BinaryOp::Mul), &[s, scale]);
-    let ones = c.full(1, &[t, t], DType::Bool);
-    let keep = c.op(Op::Tril { k: 0 }, &[ones]);
-    let ninf = c.scalar(f64::NEG_INFINITY);
-    let s = c.op(Op::Where, &[keep, s, ninf]);
-    let p = c.op(Op::Softmax { dim: 3 }, &[s]);
-    let y = c.op(Op::Matmul, &[p, v]);
+    let (y, p, s) = crate::templates::tests::chain_with_scores(&mut c, t, DType::F32);
     if read {
         let e = c.op(Op::Unary(UnaryOp::Exp), &[s]);
         c.out(&[y, e])

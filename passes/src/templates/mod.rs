@@ -371,4 +371,4 @@ fn unmatched_why(graph: &Graph, eg: &CEG, class_of: &[Option<Id>], scores: NodeI
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

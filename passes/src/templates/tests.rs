@@ -10,6 +10,12 @@ use coil_ir::{BinaryOp, DType};
 /// Causal attention over `[1, 2, t, 64]` inputs of `dtype` (`q @ k^T * 0.125`, `tril` mask,
 /// softmax, `@ v`): its output and its probabilities.
 fn chain(c: &mut Capture, t: usize, dtype: DType) -> (NodeId, NodeId) {
+    let (out, p, _) = chain_with_scores(c, t, dtype);
+    (out, p)
+}
+
+/// [`chain`], and the masked scores the softmax reads.
+pub(crate) fn chain_with_scores(c: &mut Capture, t: usize, dtype: DType) -> (NodeId, NodeId, NodeId) {
     let shape = [1, 2, t, 64];
     let (q, k, v) = (c.input(&shape, dtype), c.input(&shape, dtype), c.input(&shape, dtype));
     let kt = c.permute(k, &[0, 1, 3, 2]);
@@ -21,7 +27,7 @@ fn chain(c: &mut Capture, t: usize, dtype: DType) -> (NodeId, NodeId) {
     let ninf = c.scalar(f64::NEG_INFINITY);
     let s = c.op(Op::Where, &[keep, s, ninf]);
     let p = c.op(Op::Softmax { dim: 3 }, &[s]);
-    (c.op(Op::Matmul, &[p, v]), p)
+    (c.op(Op::Matmul, &[p, v]), p, s)
 }
 
 /// Attention whose scores get an added bias (`[t, t]`, a learned position bias) before the
