@@ -208,6 +208,11 @@ pub struct Tuning {
     /// them ([`GpuTarget::programmatic_launch`](crate::target::GpuTarget::programmatic_launch)),
     /// so each starts while the kernel before it drains. `COIL_PDL=0` turns it off.
     pub programmatic_launch: bool,
+    /// Lowering's full-reads realization threshold (`coil_passes::lower::realize`'s
+    /// `REALIZE_MIN_FULL_READS`, 2 when `None`): a pointwise node read element for element by
+    /// several readers whose inlined body loads at least this many buffers of its size is
+    /// stored. A large value turns the rule off. `COIL_REALIZE_FULL_READS`.
+    pub realize_min_full_reads: Option<usize>,
 }
 
 impl Default for Tuning {
@@ -231,6 +236,7 @@ impl Default for Tuning {
             attention_autotune: true,
             poison_device_memory: false,
             programmatic_launch: true,
+            realize_min_full_reads: None,
         }
     }
 }
@@ -425,6 +431,7 @@ impl Env {
             attention_autotune: self.get("COIL_ATTENTION_AUTOTUNE").is_none_or(|v| v != "0"),
             poison_device_memory: self.get("COIL_POISON").is_some_and(|v| v == "1"),
             programmatic_launch: self.get("COIL_PDL").is_none_or(|v| v != "0"),
+            realize_min_full_reads: self.number("COIL_REALIZE_FULL_READS"),
         };
         Config {
             cache_dir: self.path("COIL_CACHE_DIR").unwrap_or(base.cache_dir),

@@ -170,6 +170,9 @@ pub(crate) struct Lowerer<'g> {
     group_of: HashMap<NodeId, usize>,
     /// The live nodes reading each node, once per operand that reads it.
     readers: Vec<Vec<NodeId>>,
+    /// The full-reads realization threshold in force ([`realize::REALIZE_MIN_FULL_READS`]
+    /// unless [`coil_ir::config::Tuning::realize_min_full_reads`] sets it).
+    min_full_reads: usize,
 }
 
 /// One body under construction: the values, a memo of emitted `(node, index, mask)` triples
@@ -236,6 +239,10 @@ impl<'g> Lowerer<'g> {
             groups: Vec::new(),
             group_of: HashMap::new(),
             readers: vec![Vec::new(); g.nodes.len()],
+            min_full_reads: coil_ir::config::current()
+                .tuning
+                .realize_min_full_reads
+                .unwrap_or(realize::REALIZE_MIN_FULL_READS),
         };
         for n in g.live_nodes() {
             for x in &g.node(n).inputs {

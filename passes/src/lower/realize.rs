@@ -93,7 +93,7 @@ impl Lowerer<'_> {
         let elementwise = readers.iter().filter(|&&(_, broadcast)| !broadcast).count();
         loads > REALIZE_ACC_READS_THRESHOLD
             || (reused && (large > REALIZE_READS_THRESHOLD || body.values.len() > REALIZE_OPCOUNT_THRESHOLD))
-            || (elementwise > 1 && full >= REALIZE_MIN_FULL_READS)
+            || (elementwise > 1 && full >= self.min_full_reads)
     }
 
     /// The nodes that read `n`, directly or through views and exact widening casts, each
