@@ -20,7 +20,9 @@
 //! * `loads` exceeds [`REALIZE_ACC_READS_THRESHOLD`], whatever its readers (Inductor's
 //!   `has_exceeded_max_reads`: many small branches converging on one reader);
 //! * several readers read it element for element (not through a broadcast) and `full` is at
-//!   least [`REALIZE_MIN_FULL_READS`] (coil's rule, below).
+//!   least [`REALIZE_MIN_FULL_READS`] (coil's rule, below; `Tuning::realize_min_full_reads`
+//!   overrides the threshold, for measuring: off, ResNet-50's step keeps less memory but every
+//!   measured step runs slower, see `bench/NOTES.md`).
 //!
 //! Readers are the nodes that read it directly or through views, each counted once.
 //!
