@@ -10,7 +10,9 @@
 //! a compiled function too (replayed the same way, as `torch.compile(prefill)` on the PyTorch
 //! side), writing the cache in place. A row's time is per step: the device time of the 256-step loop (CUDA events around it,
 //! after a 256 MiB L2 flush) over 256, median of the loops; the prefill row is the prefill's
-//! time over 512. A decode row also reports the host's time per step (`coil_host_ms`): the
+//! time over 512. The peak memory of a decode row is over its last decode loop, of the prefill
+//! row over its last prefill, each from the bytes in use as it began (as `models_torch.py`
+//! measures its calls). A decode row also reports the host's time per step (`coil_host_ms`): the
 //! median over 5 loops of [`HOST_WINDOW`] steps of each step's call until it returns, its work
 //! enqueued and not waited for (nothing in the loop reads the device): the host's own cost per
 //! token while the device keeps up. The first step after a prefill costs more (its arguments
@@ -34,7 +36,9 @@ use std::time::Instant;
 
 /// One prefill (`prefill`: the prompt and its start position in, the first token out) then
 /// `new_tokens` greedy decode steps (`step`), over `cache`; returns the times of the prefill and
-/// of the decode loop, and each step's host time (until its call returned), in microseconds.
+/// of the decode loop, each step's host time (until its call returned) in microseconds, and the
+/// peak bytes of the prefill and of the decode loop (each from the bytes in use as it began, as
+/// `models_torch.py` measures its prefill and decode-loop calls).
 fn generate<P, F>(
     cache: &RefCell<KvCache>,
     prefill: &CompiledFn<P>,
@@ -42,7 +46,7 @@ fn generate<P, F>(
     prompt: &Tensor,
     new_tokens: usize,
     timer: &Timer,
-) -> coil::Result<(Times, Times, Vec<f64>)>
+) -> coil::Result<(Times, Times, Vec<f64>, Peaks)>
 where
     P: Fn(&[Tensor]) -> coil::Result<Vec<Tensor>>,
     F: Fn(&[Tensor]) -> coil::Result<Vec<Tensor>>,
@@ -54,12 +58,15 @@ where
     cache.borrow_mut().clear();
     let start = cache.borrow().position()?;
     let mut next = None;
+    timer.reset_peak();
     let prefill = timer.time(&mut || {
         next = prefill.call(&[prompt, &start])?.pop();
         cache.borrow_mut().advance(len)
     })?;
+    let prefill_peak = timer.peak();
     let mut args = [next.expect("prefilled"), cache.borrow().position()?];
     let mut each = Vec::with_capacity(new_tokens);
+    timer.reset_peak();
     let decode = timer.time(&mut || {
         for _ in 0..new_tokens {
             let start = Instant::now();
@@ -69,7 +76,14 @@ where
         }
         Ok(())
     })?;
-    Ok((prefill, decode, each))
+    Ok((prefill, decode, each, Peaks { prefill: prefill_peak, decode: timer.peak() }))
+}
+
+/// Peak bytes in use during a generation's prefill and during its decode loop.
+#[derive(Clone, Copy, Default)]
+struct Peaks {
+    prefill: usize,
+    decode: usize,
 }
 
 /// Builds a model with random weights on a device (tiny or full size).
@@ -113,7 +127,9 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             // The token `[B, 1]` and the position (0-d) in, the next of each out: the step
             // depends on nothing else of the host's (the contract of a replayed function).
             // The prefill as torch.compile(prefill) runs it: a compiled function (replayed:
-            // its Rust code runs for the first calls only), the cache written in place.
+            // its Rust code runs for the first calls only), the cache written in place, not
+            // from a CUDA graph (torch's default mode): a captured prefill would hold its
+            // temporaries (hundreds of MiB at batch 16) through every decode step.
             let prefill = coil::compile(|a: &[Tensor]| {
                 let mut cache = cache.borrow_mut();
                 let (logits, written) = model.forward_cached(&a[0], &a[1], &cache)?;
@@ -122,7 +138,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             })
             .named("prefill")
             .replay(true)
-            .cuda_graphs(o.cuda_graphs);
+            .cuda_graphs(false);
             let step = coil::compile(|a: &[Tensor]| {
                 let mut cache = cache.borrow_mut();
                 let (logits, written) = model.forward_cached(&a[0], &a[1], &cache)?;
@@ -135,19 +151,16 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
             // Compiles the prefill and decode graphs; the decode step's first two calls arm its replay.
             generate(&cache, &prefill, &step, &prompt, 3, timer)?;
             let compile_s = first.elapsed().as_secs_f64();
-            let (mut pre, mut dec) = (Vec::new(), Vec::new());
-            let loops = o.reps.clamp(1, 5);
-            for i in 0..loops {
-                if i + 1 == loops {
-                    timer.reset_peak();
-                }
-                let (p, d, _) = generate(&cache, &prefill, &step, &prompt, new_tokens, timer)?;
+            let (mut pre, mut dec, mut peaks) = (Vec::new(), Vec::new(), Peaks::default());
+            for _ in 0..o.reps.clamp(1, 5) {
+                let (p, d, _, last) = generate(&cache, &prefill, &step, &prompt, new_tokens, timer)?;
                 pre.push(p);
                 dec.push(d);
+                peaks = last;
             }
             let window = HOST_WINDOW.min(new_tokens); // the tiny models' cache holds fewer
             let host = (0..5)
-                .map(|_| generate(&cache, &prefill, &step, &prompt, window, timer).map(|(.., h)| h))
+                .map(|_| generate(&cache, &prefill, &step, &prompt, window, timer).map(|(_, _, h, _)| h))
                 .collect::<coil::Result<Vec<_>>>()?;
             let first_step_us = median(host.iter().map(|h| h[0]).collect());
             let step_us = median(host.concat());
@@ -169,7 +182,7 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                     device_ms: per(&dec, |t| t.device, steps),
                     wall_ms: per(&dec, |t| t.wall, steps),
                     host_ms: Some(step_us / 1e3),
-                    peak: timer.peak(),
+                    peak: peaks.decode,
                     compile_s: (compile_s - per(&pre, |t| t.wall, 1) / 1e3).max(0.0),
                     notes: format!(
                         "per step (batch {batch} tokens): {steps} greedy decode steps after a {prompt_len}-token prefill, KV cache of {capacity} written in place, argmax on the device, {replay}; {graphs} graphs compiled (cache, prefill, decode); host per step {step_us:.1} us (median of {} steps), the first step after a prefill {first_step_us:.0} us",
@@ -192,11 +205,10 @@ pub fn rows(o: &Opts, timer: &Timer) -> coil::Result<Vec<Row>> {
                     device_ms: per(&pre, |t| t.device, prompt_len),
                     wall_ms: per(&pre, |t| t.wall, prompt_len),
                     host_ms: None,
-                    peak: timer.peak(),
+                    peak: peaks.prefill,
                     compile_s: 0.0,
                     notes: format!(
-                        "per token: a {prompt_len}-token prefill at batch 1 over {prompt_len}, a compiled function (replayed{}: {} of {} calls), the cache written in place",
-                        if o.cuda_graphs { ", from a CUDA graph" } else { "" },
+                        "per token: a {prompt_len}-token prefill at batch 1 over {prompt_len}, a compiled function (replayed, not from a CUDA graph: {} of {} calls), the cache written in place",
                         prefill.stats().replays,
                         prefill.stats().calls
                     ),
