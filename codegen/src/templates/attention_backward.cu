@@ -479,9 +479,14 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
     }
 }
 
+/* Resident blocks per SM the tensor-core kernel is compiled for (as the forward's): one (248
+   registers at head dim 64); two or three ran GPT-2's backward 2-5% slower on an H200. */
+#ifndef COIL_ATTN_BWD_MIN_BLOCKS
+#define COIL_ATTN_BWD_MIN_BLOCKS 1
+#endif
 /* MASKED false: the mask's code compiled out (the tensor-core kernel's maskless entry point). */
 #define COIL_ATTENTION_BWD_MMA(NAME, DP, BF16, MASKED)                                                       \
-    extern "C" __global__ void __launch_bounds__(128)                                                         \
+    extern "C" __global__ void __launch_bounds__(128, COIL_ATTN_BWD_MIN_BLOCKS)                               \
         NAME(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout, const float *lse, \
              const float *delta, coil_u16 *dq, coil_u16 *dk, coil_u16 *dv, const void *mask,                  \
              CoilAttnBwdParams p) {                                                                           \

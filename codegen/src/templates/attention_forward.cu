@@ -494,9 +494,19 @@ COIL_D void coil_attention_combine(void *o, float *lse, float *part, const CoilA
 /* Every forward entry point takes (q, k, v, o, lse or null, mask or null, split workspace or
    null, the diagonal's offset or null, params); the combine takes (o, lse or null, workspace,
    params). */
+/* Resident blocks per SM the row-block tensor-core kernel is compiled for (__launch_bounds__'
+   second argument: it caps the registers). At head dim 64 three (168 registers, from 232) ran
+   GPT-2's forward attention 4-5% faster on an H200 (bench/NOTES.md); the split and masked
+   kernels and wider heads (not measured so) keep one. -DCOIL_ATTN_FWD_MIN_BLOCKS=n (in
+   COIL_NVRTC_OPTIONS) overrides it, for measuring. */
+#ifdef COIL_ATTN_FWD_MIN_BLOCKS
+#define COIL_ATTN_MMA_MIN_BLOCKS(DP, SPLIT, MASKED) COIL_ATTN_FWD_MIN_BLOCKS
+#else
+#define COIL_ATTN_MMA_MIN_BLOCKS(DP, SPLIT, MASKED) ((DP) <= 64 && !(SPLIT) && !(MASKED) ? 3 : 1)
+#endif
 /* MASKED false: the mask's code compiled out (the row-block kernel's maskless entry point). */
 #define COIL_ATTENTION_MMA(NAME, DP, BF16, SPLIT, MASKED)                                                    \
-    extern "C" __global__ void __launch_bounds__(128)                                                        \
+    extern "C" __global__ void __launch_bounds__(128, COIL_ATTN_MMA_MIN_BLOCKS(DP, SPLIT, MASKED))           \
         NAME(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, coil_u16 *o, float *lse, const void *mask, \
              float *part, const long long *diag_offset, CoilAttnParams p) {                                  \
         coil_attention_mma<DP, BF16, SPLIT, MASKED>(q, k, v, o, lse, mask, part, diag_offset, p);            \
