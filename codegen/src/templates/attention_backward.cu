@@ -10,7 +10,13 @@
    mask (mask_kind 1 bool, 2 added; read by coil_mask_at, as the forward reads it), S gets the
    mask's term and P is 0 where the mask drops the key: a row that keeps no key (its lse -inf)
    has zero gradients, as PyTorch's. With dropout (CoilAttnDropout, masked or not), dV takes the
-   forward's dropped P and dS the dropped dP (attention_dropout.cuh). */
+   forward's dropped P and dS the dropped dP (attention_dropout.cuh).
+
+   Stored dS (maskless calls wanting dQ and dK or dV; the rule is AttentionBackwardKernel::
+   stores_ds): the grid has dK, dV blocks only, which also write dS (rounded to the half type,
+   as the products take it) into a workspace, key-major ([batch index][key][row]); then
+   coil_attention_bwd_dq_stored computes dQ = scale dS K from it, one product instead of three
+   and no second draw of the dropout. Still no atomics. */
 
 struct CoilAttnBwdParams {
     CoilAttnOperand q, k, v, dout, dq, dk, dv;
@@ -111,7 +117,7 @@ template <int DP> struct CoilHold { static constexpr bool value = DP <= 64; };
 template <int DP, bool BF16, bool MASKED>
 COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout,
                                     const float *lse, const float *delta, coil_u16 *dk, coil_u16 *dv,
-                                    const void *mask, const CoilAttnBwdParams &p, int kblock) {
+                                    const void *mask, coil_u16 *ds, const CoilAttnBwdParams &p, int kblock) {
     constexpr int BLOCK = 64, PITCH = DP + 8, KC = DP / 16, NT = DP / 8, TILE = BLOCK * PITCH;
     constexpr bool HOLD = CoilHold<DP>::value;
     coil_u16 *smem = COIL_DYNAMIC_SHARED;
@@ -231,6 +237,11 @@ COIL_D void coil_attention_bwd_dkdv(const coil_u16 *q, const coil_u16 *k, const 
             }
         }
         coil_mma_ab<DP, BF16>(dk_acc, dpt, sq); /* dK += dS^T Q (scaled at the end) */
+        if (ds) { /* dS^T of this warp's 16 keys x the block's 64 rows, for the dQ kernel */
+            const float one[2] = {1.f, 1.f};
+            coil_store_rows<64, BF16>(ds + (long long)blockIdx.x * p.s * p.l + row0, p.l, key0 + warp * 16, p.s,
+                                      p.l - row0, dpt, one);
+        }
         __syncthreads(); /* every warp is done with these tiles and the statistics */
     }
     coil_cp_async_wait<0>(); /* no copy outlives the block (when no query block sees these keys) */
@@ -347,20 +358,72 @@ COIL_D void coil_attention_bwd_dq(const coil_u16 *q, const coil_u16 *k, const co
 }
 
 /* The tensor-core backward: 4 warps; block y < key_blocks: dK, dV of key block y (the first
-   have the most query rows to walk when causal); the others: dQ of a query block, the last
-   (most keys when causal) first. dq, dk, dv may be null: not wanted. */
+   have the most query rows to walk when causal), and dS into `ds` unless it is null; the
+   others: dQ of a query block, the last (most keys when causal) first. dq, dk, dv may be null:
+   not wanted. */
 template <int DP, bool BF16, bool MASKED>
 COIL_D void coil_attention_bwd_mma(const coil_u16 *__restrict__ q, const coil_u16 *__restrict__ k,
                                    const coil_u16 *__restrict__ v, const coil_u16 *__restrict__ dout,
                                    const float *__restrict__ lse, const float *__restrict__ delta,
                                    coil_u16 *__restrict__ dq, coil_u16 *__restrict__ dk, coil_u16 *__restrict__ dv,
-                                   const void *__restrict__ mask, const CoilAttnBwdParams &p) {
+                                   const void *__restrict__ mask, coil_u16 *__restrict__ ds,
+                                   const CoilAttnBwdParams &p) {
     const int y = blockIdx.y;
     if (y < p.key_blocks) {
-        coil_attention_bwd_dkdv<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dk, dv, mask, p, y);
+        coil_attention_bwd_dkdv<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dk, dv, mask, ds, p, y);
     } else {
         coil_attention_bwd_dq<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dq, mask, p, gridDim.y - 1 - y);
     }
+}
+
+/* dQ = scale dS K of 64 query rows (warp w: rows 16w .. 16w + 15) from the dS the dK, dV blocks
+   stored (key-major: element (key, row) of batch index x at ds[(x s + key) l + row]; l a multiple
+   of 8, so that its rows are 16-byte aligned): per key block the rows see, a dS^T tile (64 keys x
+   64 rows) and a K tile, double-buffered in shared memory; the warp's A fragments of dS are read
+   transposed (ldmatrix .trans). Shared memory: two stages of the two tiles. The last query block
+   (most keys when causal) first. */
+template <int DP, bool BF16>
+COIL_D void coil_attention_bwd_dq_stored(const coil_u16 *__restrict__ k, const coil_u16 *__restrict__ ds,
+                                         coil_u16 *__restrict__ dq, const CoilAttnBwdParams &p) {
+    constexpr int BLOCK = 64, SPITCH = BLOCK + 8, KC = BLOCK / 16, NT = DP / 8;
+    constexpr int STILE = BLOCK * SPITCH, KTILE = BLOCK * (DP + 8), STAGE = STILE + KTILE;
+    coil_u16 *smem = COIL_DYNAMIC_SHARED;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = (gridDim.y - 1 - blockIdx.y) * BLOCK;
+    const coil_u16 *kb = k + coil_batch_base(p.k, p.heads);
+    const coil_u16 *sb = ds + (long long)blockIdx.x * p.s * p.l + row0;
+    int kblocks = (p.s + BLOCK - 1) / BLOCK;
+    if (p.causal) kblocks = coil_imin(kblocks, row0 / BLOCK + 1);
+    auto load = [&](int kbi, int stage) {
+        coil_u16 *st = smem + stage * STAGE;
+        coil_tile_load<BLOCK>(st, sb, p.l, kbi * BLOCK, p.s, p.l - row0);
+        coil_tile_load<DP>(st + STILE, kb, p.k.row, kbi * BLOCK, p.s, p.d);
+    };
+    if (kblocks > 0) load(0, 0);
+    coil_cp_async_commit();
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    /* Lane l addresses row l % 8 of matrix l / 8 of an A fragment: matrix m holds rows
+       8 (m & 1) .. + 7 and keys 8 (m >> 1) .. + 7 of the warp's 16 x 16 chunk, stored as keys. */
+    const int m = lane >> 3, mrow = warp * 16 + (m & 1) * 8, mkey = (m >> 1) * 8 + (lane & 7);
+    for (int kbi = 0, stage = 0; kbi < kblocks; ++kbi, stage ^= 1) {
+        if (kbi + 1 < kblocks) load(kbi + 1, stage ^ 1);
+        coil_cp_async_commit(); /* maybe empty: the wait below counts alike */
+        coil_cp_async_wait<1>(); /* this block's tiles landed (the next block's may not have) */
+        __syncthreads();
+        const coil_u16 *st = smem + stage * STAGE;
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc) {
+            coil_u32 a[4];
+            coil_ldmatrix_x4_trans(coil_smem(st) + 2 * ((kc * 16 + mkey) * SPITCH + mrow), a);
+            coil_mma_chunk_b<DP, BF16>(acc, a, st + STILE, kc);
+        }
+        __syncthreads(); /* every warp is done with this stage before it is loaded again */
+    }
+    coil_cp_async_wait<0>();
+    const float scale[2] = {p.scale, p.scale};
+    coil_store_rows<DP, BF16>(dq + coil_batch_base(p.dq, p.heads), p.dq.row, row0 + warp * 16, p.l, p.d, acc, scale);
 }
 
 /* The simple backward: 64 threads, one key (dK, dV blocks) or one query row (dQ blocks) each;
@@ -488,14 +551,20 @@ COIL_D void coil_attention_bwd_simple(const void *q, const void *k, const void *
 #define COIL_ATTENTION_BWD_MMA(NAME, DP, BF16, MASKED)                                                       \
     extern "C" __global__ void __launch_bounds__(128, COIL_ATTN_BWD_MIN_BLOCKS)                               \
         NAME(const coil_u16 *q, const coil_u16 *k, const coil_u16 *v, const coil_u16 *dout, const float *lse, \
-             const float *delta, coil_u16 *dq, coil_u16 *dk, coil_u16 *dv, const void *mask,                  \
+             const float *delta, coil_u16 *dq, coil_u16 *dk, coil_u16 *dv, const void *mask, coil_u16 *ds,    \
              CoilAttnBwdParams p) {                                                                           \
-        coil_attention_bwd_mma<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dq, dk, dv, mask, p);             \
+        coil_attention_bwd_mma<DP, BF16, MASKED>(q, k, v, dout, lse, delta, dq, dk, dv, mask, ds, p);         \
+    }
+#define COIL_ATTENTION_BWD_DQ_STORED(NAME, DP, BF16)                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        NAME(const coil_u16 *k, const coil_u16 *ds, coil_u16 *dq, CoilAttnBwdParams p) {                      \
+        coil_attention_bwd_dq_stored<DP, BF16>(k, ds, dq, p);                                                 \
     }
 #define COIL_ATTENTION_BWD_SIMPLE(NAME, DP, KIND)                                                            \
     extern "C" __global__ void __launch_bounds__(64)                                                          \
         NAME(const void *q, const void *k, const void *v, const void *dout, const float *lse,                 \
-             const float *delta, void *dq, void *dk, void *dv, const void *mask, CoilAttnBwdParams p) {       \
+             const float *delta, void *dq, void *dk, void *dv, const void *mask, void * /* ds: not stored */, \
+             CoilAttnBwdParams p) {                                                                           \
         coil_attention_bwd_simple<DP, KIND>(q, k, v, dout, lse, delta, dq, dk, dv, mask, p);                  \
     }
 #define COIL_ATTENTION_DELTA(NAME, KIND)                                                                     \

@@ -22,7 +22,15 @@
 //!
 //! No block writes what another writes, so there are no atomics and results repeat exactly; the
 //! price is that `S` and `dP` are computed twice (7 products of `L x S x D` where FlashAttention-2
-//! with atomic dQ has 5). `delta = rowsum(dO * O)` (f32, `[*batch, L]`) is computed before by a
+//! with atomic dQ has 5), and with dropout its numbers are drawn twice.
+//!
+//! **Stored dS** ([`AttentionBackwardKernel::stores_ds`]: a maskless tensor-core call wanting dQ
+//! and dK or dV, `L` a multiple of 8, the workspace at most [`STORED_DS_MAX_BYTES`]): the grid
+//! has the dK, dV blocks only, and they also write `dS` (rounded to the dtype, as the products
+//! take it) into a `[*batch, S, L]` workspace; a second kernel (`<name>_dq_stored`) then computes
+//! `dQ = scale dS K` from it, 64 query rows per block. 5 products and one draw of the dropout,
+//! for `2 L S` bytes written and read once (GPT-2's layer: 201 MB; on an H200 it ran the dropout
+//! step's backward attention in less time, `bench/NOTES.md`). `delta = rowsum(dO * O)` (f32, `[*batch, L]`) is computed before by a
 //! kernel of its own ([`AttentionDeltaKernel`]: one warp per query row, the output and its
 //! gradient read through their strides), as FlashAttention's preprocessing kernel does, into a
 //! temporary the backward reads.
@@ -46,9 +54,14 @@
 //! extern "C" __global__ void coil_attention_bwd_{mma,simple}_{bf16,f16,f32}_d{16,32,..,128}{,_masked}(
 //!     const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *delta,
 //!     T *dq, T *dk, T *dv /* each null when not wanted */, const void *mask /* or null */,
-//!     CoilAttnBwdParams p)
+//!     T *ds /* the stored dS, or null; mma only */, CoilAttnBwdParams p)
 //! grid (batch indices, key blocks + query blocks), block 128 (mma) or 64 (simple) threads,
 //! dynamic shared memory `shared_bytes()` (mma) or none (simple).
+//!
+//! extern "C" __global__ void coil_attention_bwd_mma_{bf16,f16}_d{16,..,128}_dq_stored(
+//!     const T *k, const T *ds, T *dq, CoilAttnBwdParams p)
+//! grid (batch indices, query blocks), block 128 threads, dynamic shared memory
+//! `dq_stored_shared_bytes()`.
 //!
 //! extern "C" __global__ void coil_attention_delta_{bf16,f16,f32}(
 //!     const T *o, const T *dout, float *delta, CoilAttnDeltaParams p)
@@ -61,6 +74,10 @@ use coil_ir::{DType, Error, Result};
 
 /// The backward kernels.
 pub const BACKWARD_SOURCE: &str = include_str!("attention_backward.cu");
+
+/// The largest stored-dS workspace ([`AttentionBackwardKernel::stores_ds`]): GPT-2's layer at
+/// `B = 8, T = 1024` takes 201 MB; longer sequences (the workspace grows with `L S`) recompute.
+pub const STORED_DS_MAX_BYTES: usize = 256 << 20;
 
 /// The kernel argument `CoilAttnBwdParams`, laid out as the C struct.
 #[repr(C)]
@@ -218,7 +235,8 @@ impl AttentionBackwardKernel {
     pub fn source(self) -> String {
         let entry = match self {
             AttentionBackwardKernel::Mma { bf16, dp } => format!(
-                "COIL_ATTENTION_BWD_MMA({name}, {dp}, {bf16}, false)\nCOIL_ATTENTION_BWD_MMA({name}_masked, {dp}, {bf16}, true)\n",
+                "COIL_ATTENTION_BWD_MMA({name}, {dp}, {bf16}, false)\nCOIL_ATTENTION_BWD_MMA({name}_masked, {dp}, {bf16}, true)\n\
+                 COIL_ATTENTION_BWD_DQ_STORED({name}_dq_stored, {dp}, {bf16})\n",
                 name = self.name()
             ),
             AttentionBackwardKernel::Simple { dtype, dp } => {
@@ -236,6 +254,46 @@ impl AttentionBackwardKernel {
             AttentionBackwardKernel::Mma { .. } if masked => format!("{}_masked", self.name()),
             _ => self.name(),
         }
+    }
+
+    /// Whether a call of `batch` batch indices, `l` query rows and `s` keys wanting dQ (`dq`)
+    /// and dK or dV (`dkv`), with an explicit mask or not (`masked`), stores dS for the dQ
+    /// kernel (see the module doc): the tensor-core kernel, no mask, `l` a multiple of 8 (the
+    /// workspace's rows 16-byte aligned), and a workspace of at most [`STORED_DS_MAX_BYTES`].
+    ///
+    /// ```
+    /// use coil_codegen::templates::attention_backward::AttentionBackwardKernel;
+    /// let mma = AttentionBackwardKernel::Mma { bf16: true, dp: 64 };
+    /// assert!(mma.stores_ds(96, 1024, 1024, true, true, false));
+    /// assert!(!mma.stores_ds(96, 1024, 1024, true, true, true), "masked");
+    /// assert!(!mma.stores_ds(96, 4096, 4096, true, true, false), "3.2 GB");
+    /// ```
+    pub fn stores_ds(self, batch: usize, l: usize, s: usize, dq: bool, dkv: bool, masked: bool) -> bool {
+        matches!(self, AttentionBackwardKernel::Mma { .. })
+            && dq
+            && dkv
+            && !masked
+            && l.is_multiple_of(8)
+            && Self::ds_bytes(batch, l, s) <= STORED_DS_MAX_BYTES
+    }
+
+    /// Bytes of the stored-dS workspace: `[batch, s, l]` half elements.
+    pub fn ds_bytes(batch: usize, l: usize, s: usize) -> usize {
+        batch.saturating_mul(l).saturating_mul(s).saturating_mul(2)
+    }
+
+    /// The dQ-from-stored-dS kernel's entry point (`<name>_dq_stored`).
+    pub fn dq_stored_entry(self) -> String {
+        format!("{}_dq_stored", self.name())
+    }
+
+    /// Bytes of dynamic shared memory of the dQ-from-stored-dS kernel: two stages of a 64 x 64
+    /// dS tile and a 64-row K tile (`dp + 8` half elements per row).
+    pub fn dq_stored_shared_bytes(self) -> u32 {
+        let dp = match self {
+            AttentionBackwardKernel::Mma { dp, .. } | AttentionBackwardKernel::Simple { dp, .. } => dp,
+        };
+        (2 * BLOCK_ROWS * ((BLOCK_ROWS + 8) + (dp + 8)) * 2) as u32
     }
 
     /// The simple variant of the same dtype and head dim.
@@ -286,8 +344,11 @@ mod tests {
         assert_eq!(mma.name(), "coil_attention_bwd_mma_bf16_d64");
         assert!(mma.source().ends_with(
             "COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64, 64, true, false)\n\
-             COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64_masked, 64, true, true)\n"
+             COIL_ATTENTION_BWD_MMA(coil_attention_bwd_mma_bf16_d64_masked, 64, true, true)\n\
+             COIL_ATTENTION_BWD_DQ_STORED(coil_attention_bwd_mma_bf16_d64_dq_stored, 64, true)\n"
         ));
+        assert_eq!(mma.dq_stored_entry(), "coil_attention_bwd_mma_bf16_d64_dq_stored");
+        assert_eq!(mma.dq_stored_shared_bytes(), 2 * 64 * (72 + 72) * 2);
         assert_eq!((mma.entry(false), mma.entry(true)), (mma.name(), "coil_attention_bwd_mma_bf16_d64_masked".into()));
         assert_eq!(mma.shared_bytes(), 4 * 64 * 72 * 2 + 512);
         let simple = AttentionBackwardKernel::choose(DType::F32, 40, &GpuTarget::h100()).unwrap();
@@ -299,6 +360,21 @@ mod tests {
         assert_eq!(backward_grid(12, 130, 70, true, true), ((12, 5, 1), 2));
         assert_eq!(backward_grid(12, 130, 70, false, true), ((12, 2, 1), 2));
         assert_eq!(backward_grid(12, 130, 70, true, false), ((12, 3, 1), 0));
+    }
+
+    #[test]
+    fn stored_ds_only_for_maskless_tensor_core_calls_wanting_dq_and_dkv_in_bounds() {
+        let mma = AttentionBackwardKernel::Mma { bf16: false, dp: 128 };
+        assert!(mma.stores_ds(12, 128, 300, true, true, false));
+        assert!(!mma.stores_ds(12, 128, 300, false, true, false), "no dQ wanted");
+        assert!(!mma.stores_ds(12, 128, 300, true, false, false), "no dK, dV blocks to write dS");
+        assert!(!mma.stores_ds(12, 130, 300, true, true, false), "rows not 16-byte aligned");
+        let simple = mma.simple(DType::F16);
+        assert!(!simple.stores_ds(12, 128, 300, true, true, false));
+        // At the bound and past it.
+        assert!(mma.stores_ds(128, 1024, 1024, true, true, false));
+        assert!(!mma.stores_ds(128, 1024, 1032, true, true, false));
+        assert_eq!(AttentionBackwardKernel::ds_bytes(usize::MAX, 2, 2), usize::MAX, "saturates");
     }
 
     #[test]

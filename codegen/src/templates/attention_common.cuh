@@ -193,13 +193,26 @@ COIL_D void coil_mma_abt(float (*acc)[4], coil_u32 (*a)[4], const coil_u16 *tile
     }
 }
 
+/* acc (16 x DP: DP / 8 n-tiles of 8) += A B, where A (16 x 16) is the A fragments `pa` of k chunk
+   kc and B rows [16 kc, 16 kc + 16) (the k dim) x DP columns of a shared tile. */
+template <int DP, bool BF16> COIL_D void coil_mma_chunk_b(float (*acc)[4], const coil_u32 *pa, const coil_u16 *tile, int kc) {
+    constexpr int PITCH = DP + 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < DP / 8; n += 2) {
+        /* Matrices: row halves of chunk kc ((lane / 8) % 2) x column tiles n, n+1 (lane / 16). */
+        coil_u32 b[4];
+        coil_ldmatrix_x4_trans(coil_smem(tile) + 2 * ((kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * PITCH + (n + (lane >> 4)) * 8), b);
+        coil_mma<BF16>(acc[n], pa, b[0], b[1]);
+        coil_mma<BF16>(acc[n + 1], pa, b[2], b[3]);
+    }
+}
+
 /* acc (16 x DP: DP / 8 n-tiles of 8) += P B, where P (16 x 16 KCH) is the accumulator fragments
    of 2 KCH n-tiles, rounded to the half type (an accumulator's layout is an A fragment's), and B
    the first 16 KCH rows (the k dim) x DP columns of a shared tile: O = P V. */
 template <int DP, bool BF16, int KCH = 4>
 COIL_D void coil_mma_ab(float (*acc)[4], float (*p)[4], const coil_u16 *tile) {
-    constexpr int PITCH = DP + 8;
-    const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kc = 0; kc < KCH; ++kc) {
         coil_u32 pa[4];
@@ -207,14 +220,7 @@ COIL_D void coil_mma_ab(float (*acc)[4], float (*p)[4], const coil_u16 *tile) {
         pa[1] = coil_pack<BF16>(p[2 * kc][2], p[2 * kc][3]);
         pa[2] = coil_pack<BF16>(p[2 * kc + 1][0], p[2 * kc + 1][1]);
         pa[3] = coil_pack<BF16>(p[2 * kc + 1][2], p[2 * kc + 1][3]);
-#pragma unroll
-        for (int n = 0; n < DP / 8; n += 2) {
-            /* Matrices: row halves of chunk kc ((lane / 8) % 2) x column tiles n, n+1 (lane / 16). */
-            coil_u32 b[4];
-            coil_ldmatrix_x4_trans(coil_smem(tile) + 2 * ((kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * PITCH + (n + (lane >> 4)) * 8), b);
-            coil_mma<BF16>(acc[n], pa, b[0], b[1]);
-            coil_mma<BF16>(acc[n + 1], pa, b[2], b[3]);
-        }
+        coil_mma_chunk_b<DP, BF16>(acc, pa, tile, kc);
     }
 }
 

@@ -14,7 +14,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __restrict__
 struct coil_dim3 { unsigned x, y, z; };
 inline thread_local coil_dim3 threadIdx;

@@ -407,13 +407,15 @@ pub fn attention_backward(
         return Ok(());
     }
     let dkv = spec.dk.is_some() || spec.dv.is_some();
-    let (grid, key_blocks) = backward_grid(count, spec.l, spec.s, spec.dq.is_some(), dkv);
-    check_sizes("attention backward", &spec.batch, spec.l, spec.s, grid.1 as usize)?;
     let mut variant = AttentionBackwardKernel::choose(dtype, spec.d, dev.target())?;
     let grads = [(&spec.dq, bufs.dq), (&spec.dk, bufs.dk), (&spec.dv, bufs.dv)];
     if grads.iter().any(|(view, buf)| matches!((view, buf), (Some(v), Some(b)) if !writable(v, b.ptr, spec.d))) {
         variant = variant.simple(dtype);
     }
+    // With dS stored, the first launch has the dK, dV blocks only and a second computes dQ.
+    let stores_ds = variant.stores_ds(count, spec.l, spec.s, spec.dq.is_some(), dkv, bufs.mask.is_some());
+    let (grid, key_blocks) = backward_grid(count, spec.l, spec.s, spec.dq.is_some() && !stores_ds, dkv);
+    check_sizes("attention backward", &spec.batch, spec.l, spec.s, grid.1.max(spec.l.div_ceil(64) as u32) as usize)?;
     let mma = matches!(variant, AttentionBackwardKernel::Mma { .. });
     let delta = DeviceMemory::alloc(dev, count * spec.l * 4)?;
     attention_delta(dev, spec, dtype, (bufs.out, bufs.grad_out), &delta)?;
@@ -430,7 +432,11 @@ pub fn attention_backward(
     let shared = variant.shared_bytes();
     let entry = variant.entry(bufs.mask.is_some());
     let f = kernel(dev, entry.clone(), || variant.source(), shared)?.func;
-    let mut ptrs: [u64; 10] = [
+    let ds = match stores_ds {
+        true => Some(DeviceMemory::alloc(dev, AttentionBackwardKernel::ds_bytes(count, spec.l, spec.s))?),
+        false => None,
+    };
+    let mut ptrs: [u64; 11] = [
         prepared[0].1,
         prepared[1].1,
         prepared[2].1,
@@ -441,20 +447,36 @@ pub fn attention_backward(
         bufs.dk.map_or(0, |b| b.ptr),
         bufs.dv.map_or(0, |b| b.ptr),
         bufs.mask.map_or(0, |(m, _)| m.ptr),
+        ds.as_ref().map_or(0, |ds| ds.ptr()),
     ];
     let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
     args.push((&mut params as *mut AttnBwdParams).cast());
     dev.bind()?;
-    // SAFETY: the arguments match the kernel's signature (ten device pointers, the unwanted
-    // gradients' and an absent mask's null, and the parameter struct, laid out as in C) and live until the call
-    // returns; every element the kernel touches was bounds-checked above (delta: the
-    // temporary the delta kernel wrote before it on the stream); the kernel was allowed
-    // `shared` bytes of dynamic shared memory; the temporaries go back to the stream-ordered
-    // cache after this launch is enqueued.
+    // SAFETY: the arguments match the kernel's signature (eleven device pointers, the unwanted
+    // gradients', an absent mask's and an unstored dS's null, and the parameter struct, laid
+    // out as in C) and live until the call returns; every element the kernel touches was
+    // bounds-checked above (delta: the temporary the delta kernel wrote before it on the
+    // stream; ds: `[count, s, l]` half elements); the kernel was allowed `shared` bytes of
+    // dynamic shared memory; the temporaries go back to the stream-ordered cache after the
+    // launches are enqueued.
     unsafe { drv::launch_kernel(f, grid, (variant.block(), 1, 1), shared, dev.cu_stream(), &mut args) }
         .map_err(|e| driver_error(&format!("cuLaunchKernel({entry})"), e))?;
+    if let (Some(ds), Some(dq)) = (&ds, bufs.dq) {
+        let entry = variant.dq_stored_entry();
+        let shared = variant.dq_stored_shared_bytes();
+        let f = kernel(dev, entry.clone(), || variant.source(), shared)?.func;
+        let grid = (count as u32, spec.l.div_ceil(64) as u32, 1);
+        let mut ptrs: [u64; 3] = [prepared[1].1, ds.ptr(), dq.ptr];
+        let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+        args.push((&mut params as *mut AttnBwdParams).cast());
+        // SAFETY: as above: three device pointers (k as the first launch read it, the dS it
+        // wrote before this launch on the stream, dq) and the same parameter struct.
+        unsafe { drv::launch_kernel(f, grid, (variant.block(), 1, 1), shared, dev.cu_stream(), &mut args) }
+            .map_err(|e| driver_error(&format!("cuLaunchKernel({entry})"), e))?;
+    }
     drop(temps);
     drop(delta);
+    drop(ds);
     Ok(())
 }
 

@@ -67,17 +67,30 @@ fn backward_kernel(kernel: AttentionBackwardKernel, masked: bool) -> Emulated {
         AttentionBackwardKernel::Mma { .. } => {
             "(const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (const coil_u16 *)buf[2], (const coil_u16 *)buf[3], \
              (const float *)buf[4], (const float *)buf[5], (coil_u16 *)buf[6], (coil_u16 *)buf[7], (coil_u16 *)buf[8], \
-             buf[9], p"
+             buf[9], (coil_u16 *)buf[10], p"
         }
         AttentionBackwardKernel::Simple { .. } => {
             "buf[0], buf[1], buf[2], buf[3], (const float *)buf[4], (const float *)buf[5], buf[6], buf[7], buf[8], \
-             buf[9], p"
+             buf[9], buf[10], p"
         }
     };
     assert!(kernel.shared_bytes() as usize <= 96 * 1024, "the emulation's dynamic shared memory is 96 KiB");
     let name = kernel.entry(masked);
     Emulated {
         call: format!("{name}({call})"),
+        name,
+        source: kernel.source(),
+        params: "CoilAttnBwdParams",
+        block: kernel.block(),
+    }
+}
+
+/// The tensor-core backward's dQ kernel on a stored dS: (k, ds, dq).
+fn dq_stored_kernel(kernel: AttentionBackwardKernel) -> Emulated {
+    assert!(kernel.dq_stored_shared_bytes() as usize <= 96 * 1024, "the emulation's dynamic shared memory is 96 KiB");
+    let name = kernel.dq_stored_entry();
+    Emulated {
+        call: format!("{name}((const coil_u16 *)buf[0], (const coil_u16 *)buf[1], (coil_u16 *)buf[2], p)"),
         name,
         source: kernel.source(),
         params: "CoilAttnBwdParams",

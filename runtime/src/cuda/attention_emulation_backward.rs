@@ -207,17 +207,18 @@ pub(super) fn check_backward(builds: &mut Builds, c: &BackwardCase) -> Option<()
     let params =
         param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks, mask_kind));
     let outputs = (0..3).map(|i| vec![0xffu8; want[i].len()]);
-    // No mask: the last pointer null.
-    let buffers: Vec<Vec<u8>> = [q, k, v, grad_out, lse, delta].into_iter().chain(outputs).chain([mask]).collect();
+    // No mask: the mask's pointer null; dS not stored: the last pointer null.
+    let buffers: Vec<Vec<u8>> =
+        [q, k.clone(), v, grad_out, lse, delta].into_iter().chain(outputs).chain([mask, vec![]]).collect();
     let runs = launch_runs(&exe, &builds.root.join(&emulated.name), &params, grid, emulated.block, &buffers);
     let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
-    for (got, lazy) in runs.iter().zip([false, true]) {
+    let check = |grads: [&Vec<u8>; 3], how: &str| {
         for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
             if !c.wanted[i] {
                 continue;
             }
             let what = format!(
-                "{} {:?} L={} S={} causal={} mask={:?} dropout={:?} lazy={lazy} {name}",
+                "{} {:?} L={} S={} causal={} mask={:?} dropout={:?} {how} {name}",
                 emulated.name,
                 c.batch,
                 c.l,
@@ -226,13 +227,39 @@ pub(super) fn check_backward(builds: &mut Builds, c: &BackwardCase) -> Option<()
                 c.mask.map(|m| m.kind),
                 c.dropout
             );
-            let got = decode(dtype, &got[6 + i]);
+            let got = decode(dtype, grads[i]);
             let err = error(&what, &got, &decode(dtype, &want[i]));
             assert!(err <= tolerance, "{what}: relative error {err:.2e} (tolerance {tolerance:.0e})");
             if let Some(def) = &definition {
                 let what = format!("{what} (the decomposition)");
                 let err = error(&what, &got, &def[i]);
                 assert!(err <= tolerance, "{what}: relative error {err:.2e} (tolerance {tolerance:.0e})");
+            }
+        }
+    };
+    for (got, lazy) in runs.iter().zip([false, true]) {
+        check([&got[6], &got[7], &got[8]], &format!("lazy={lazy}"));
+    }
+    // Where the rule stores dS: the dK, dV blocks alone writing it (into a poisoned workspace:
+    // a tile the dQ kernel read unwritten would make dQ NaN), then the dQ kernel on it.
+    let dkv = c.wanted[1] || c.wanted[2];
+    if c.kernel.stores_ds(count, c.l, c.s, c.wanted[0], dkv, c.mask.is_some()) {
+        let (grid, key_blocks) = backward_grid(count, c.l, c.s, false, dkv);
+        let params =
+            param_bytes(&backward_params(&spec, [&spec.q, &spec.k, &spec.v, &spec.grad_out], key_blocks, mask_kind));
+        let mut buffers = buffers;
+        buffers[10] = vec![0xffu8; AttentionBackwardKernel::ds_bytes(count, c.l, c.s)];
+        let dir = builds.root.join(&emulated.name).join("stored");
+        let stored = launch_runs(&exe, &dir, &params, grid, emulated.block, &buffers);
+        let dq_kernel = dq_stored_kernel(c.kernel);
+        let dq_exe = builds.get(&dq_kernel)?;
+        for (got, lazy) in stored.iter().zip([false, true]) {
+            let dq_buffers = [k.clone(), got[10].clone(), vec![0xffu8; want[0].len()]];
+            let grid = (count as u32, c.l.div_ceil(64) as u32, 1);
+            let dir = builds.root.join(&dq_kernel.name);
+            let dq_runs = launch_runs(&dq_exe, &dir, &params, grid, dq_kernel.block, &dq_buffers);
+            for (dq, dq_lazy) in dq_runs.iter().zip([false, true]) {
+                check([&dq[2], &got[7], &got[8]], &format!("stored dS (lazy={lazy}, dq lazy={dq_lazy})"));
             }
         }
     }
@@ -260,6 +287,13 @@ fn backward_kernels_emulated_on_the_host_match_the_cpu_implementation() {
         // The simple kernel: f32 and bf16.
         case(simple(DType::F32, 16), DType::F32, &[1, 2], (33, 33, 16), (true, true), all),
         case(simple(DType::BF16, 32), DType::BF16, &[2], (20, 45, 24), (false, false), all),
+        // Stored dS (rows a multiple of 8, no mask, dQ with dK or dV): causal with a tail block
+        // of 32 rows, the largest head dim with L > S, head dim 40 with dV alone, not causal L < S.
+        case(mma(true, 64), DType::BF16, &[1, 1], (96, 96, 64), (true, true), all),
+        case(mma(true, 128), DType::BF16, &[1], (136, 72, 128), (true, false), all),
+        case(mma(false, 48), DType::F16, &[2], (72, 72, 40), (true, false), [true, false, true]),
+        case(mma(true, 64), DType::BF16, &[2], (40, 100, 64), (false, false), all),
+        case(mma(true, 64), DType::BF16, &[1, 1], (96, 96, 64), (true, true), all).dropped(0.1),
         // Dropout regenerated: held fragments (D 64) and not (D 128), dQ alone, the simple kernel.
         case(mma(true, 64), DType::BF16, &[1, 1], (100, 100, 64), (true, true), all).dropped(0.1),
         case(mma(true, 128), DType::BF16, &[1], (80, 50, 128), (true, false), all).dropped(0.5),
