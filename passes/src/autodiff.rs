@@ -24,7 +24,7 @@
 //! assert_eq!(g.meta(dx[0]), g.meta(x)); // d/dx sum(exp(x)) = exp(x)
 //! ```
 
-use crate::decompose::Builder;
+use crate::decompose::{relu_operand, Builder};
 use coil_ir::op::{ConvForm, ConvGeometry};
 use coil_ir::{AttentionDropout, AttentionInput, BinaryOp, Error, Graph, Node, NodeId, Op, ReduceOp, Result, UnaryOp};
 use indexmap::IndexMap;
@@ -162,6 +162,12 @@ fn vjp(b: &mut Builder, y: NodeId, node: &Node, g: NodeId, needed: &[bool]) -> R
         Op::Binary(op) => {
             let (da, db) = binary(b, *op, x[0], x[1], y, g, wants(0), wants(1))?;
             vec![da, db]
+        }
+        // relu's mask from its result (`threshold_backward(g, y)`), as PyTorch saves it: the
+        // operand then need not be kept for the backward pass.
+        Op::Where if wants(2) && relu_operand(b.graph(), y) == Some(x[2]) => {
+            let off = b.binary(BinaryOp::Le, y, 0i64)?;
+            vec![None, None, Some(b.where_(off, 0.0, g)?)]
         }
         Op::Where => {
             let c = x[0];
@@ -901,3 +907,7 @@ mod conv_tests {
         assert!(reference.nodes.iter().all(|n| !n.op.is_template()));
     }
 }
+
+#[cfg(test)]
+#[path = "autodiff_relu_tests.rs"]
+mod relu_tests;

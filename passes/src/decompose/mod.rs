@@ -43,6 +43,7 @@ mod reduce;
 mod tests;
 
 pub use builder::{compute_dtype, scalar_as, upcast_and_back, zero, Arg, Builder};
+pub(crate) use pointwise::relu_operand;
 
 use coil_ir::op::{ConvForm, ConvGeometry};
 use coil_ir::{DType, Error, Graph, NodeId, Op, Result, TensorMeta};

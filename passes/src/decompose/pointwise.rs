@@ -1,19 +1,43 @@
 //! Pointwise composites: activations, clamp, nan_to_num, tril/triu masks and dropout.
 
 use super::builder::{upcast_and_back, zero, Builder};
-use coil_ir::{BinaryOp, DType, NodeId, RandDist, Result, Scalar, UnaryOp};
+use coil_ir::{BinaryOp, DType, Graph, NodeId, Op, RandDist, Result, Scalar, UnaryOp};
 use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
 
 /// `relu(x)` as PyTorch computes it: `0` below zero, else `x` (so -0.0 and NaN stay), with
 /// PyTorch's gradient (`threshold_backward`): it passes where `x > 0` or NaN, not at `x == 0`.
 /// The value at and below zero is detached for that: `maximum(x, 0)` split the gradient at a
-/// tie in halves.
+/// tie in halves. The gradient pass knows this graph ([`relu_operand`]) and takes the mask
+/// from the result, as PyTorch does.
 pub fn relu(b: &mut Builder, x: NodeId) -> Result<NodeId> {
     let below = b.binary(BinaryOp::Lt, x, 0i64)?;
     let value = b.where_(below, 0i64, x)?;
     let stopped = b.detach(value)?;
     let at_most = b.binary(BinaryOp::Le, x, 0i64)?;
     b.where_(at_most, stopped, x)
+}
+
+/// The operand `x` of `y` when `y` is the graph [`relu`] builds with `detach` kept (the
+/// gradient decomposition's): `where(x <= 0, detach(where(x < 0, 0, x)), x)`.
+///
+/// Its gradient mask `x <= 0` is then `y <= 0` (where `x <= 0`, `y` is `0` or `x`, so `+-0.0`;
+/// elsewhere `y` is `x`, positive or NaN), and `autodiff` writes it so: the backward pass reads
+/// the relu's result, which the next layer keeps anyway, rather than its operand (a ResNet
+/// block's residual sum, which would otherwise be stored for the mask alone).
+pub fn relu_operand(g: &Graph, y: NodeId) -> Option<NodeId> {
+    let is_zero = |n: NodeId| matches!(g.node(n).op, Op::Full(k) if k.as_f64() == 0.0);
+    let compares = |n: NodeId, op: BinaryOp, x: NodeId| {
+        let node = g.node(n);
+        node.op == Op::Binary(op) && node.inputs[0] == x && is_zero(node.inputs[1])
+    };
+    let node = g.node(y);
+    let (Op::Where, &[at_most, stopped, x]) = (&node.op, &node.inputs[..]) else { return None };
+    let stopped = g.node(stopped);
+    let (Op::Detach, &[value]) = (&stopped.op, &stopped.inputs[..]) else { return None };
+    let value = g.node(value);
+    let (Op::Where, &[below, zero, x2]) = (&value.op, &value.inputs[..]) else { return None };
+    let matches = x2 == x && is_zero(zero) && compares(below, BinaryOp::Lt, x) && compares(at_most, BinaryOp::Le, x);
+    matches.then_some(x)
 }
 
 /// Exact gelu `0.5 * x * (1 + erf(x / sqrt(2)))`, or the tanh approximation

@@ -21,8 +21,9 @@
 //!   `has_exceeded_max_reads`: many small branches converging on one reader);
 //! * several readers read it element for element (not through a broadcast) and `full` is at
 //!   least [`REALIZE_MIN_FULL_READS`] (coil's rule, below; `Tuning::realize_min_full_reads`
-//!   overrides the threshold, for measuring: off, ResNet-50's step keeps less memory but every
-//!   measured step runs slower, see `bench/NOTES.md`).
+//!   overrides the threshold, for measuring: off, GPT-2's step keeps less memory but every
+//!   measured step runs slower, see `bench/NOTES.md`; ResNet-50's gradient graph, whose relu
+//!   masks read the relus' results, keeps the same either way).
 //!
 //! Readers are the nodes that read it directly or through views, each counted once.
 //!
