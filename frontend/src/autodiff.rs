@@ -13,6 +13,7 @@ use crate::tensor::Tensor;
 use crate::walk::{Expected, Walk};
 use coil_ir::infer::Operand;
 use coil_ir::{Graph, NodeId, Op, Result, TensorMeta};
+use coil_runtime::Device;
 use std::panic::Location;
 use std::rc::Rc;
 use std::time::Instant;
@@ -64,7 +65,7 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
             d
         }
         None => {
-            let d = Rc::new(Differentiated::new(walk.graph(), caller)?);
+            let d = Rc::new(Differentiated::new(walk.graph(), walk.device(), caller)?);
             profile::record(|t| t.differentiations += 1);
             if let Some(cache) = &cache {
                 cache.insert(d.clone());
@@ -83,6 +84,8 @@ pub(crate) struct Differentiated {
     /// The captured forward graph (outputs: the value, then each of `wrt`), laid out for
     /// comparing later walks with it.
     pub(crate) forward: Expected,
+    /// The device it was differentiated for (the template stage costs at its rates).
+    pub(crate) device: Device,
     /// Forward and backward as one primitive graph; outputs: the value, then the gradients.
     graph: Graph,
     /// The nodes the outputs need, in order.
@@ -93,8 +96,9 @@ pub(crate) struct Differentiated {
 }
 
 impl Differentiated {
-    /// Decomposes `forward` and differentiates its first output with respect to the others.
-    fn new(forward: Graph, caller: &'static Location<'static>) -> Result<Differentiated> {
+    /// Decomposes `forward` for `device` and differentiates its first output with respect to
+    /// the others.
+    fn new(forward: Graph, device: Device, caller: &'static Location<'static>) -> Result<Differentiated> {
         // Attention the template supports stays one template node (written out or
         // `scaled_dot_product_attention`), and its gradients become the backward template:
         // neither direction materializes the scores. Attention it does not support decomposes,
@@ -108,7 +112,10 @@ impl Differentiated {
             half_products: true,
             conv_template: true,
         };
-        let mut graph = coil_passes::decompose_with(&forward, &options)?;
+        // The template stage weighs a template against the written-out chain at the device's
+        // rates, as the compile of a graph for it does.
+        let model = crate::compile::rewrite_options(device)?.model;
+        let (mut graph, _) = coil_passes::decompose_for(&forward, &options, &model)?;
         let (out, targets) = (graph.outputs[0], graph.outputs[1..].to_vec());
         let grads = coil_passes::autodiff::backward(&mut graph, out, None, &targets).map_err(|mut e| {
             // Errors of the whole request point at the caller of grad.
@@ -120,7 +127,7 @@ impl Differentiated {
         graph.outputs = std::iter::once(out).chain(grads).collect();
         let live = graph.live_nodes();
         let weak = (0..graph.nodes.len()).map(|i| weak_constants(&graph, NodeId(i))).collect();
-        Ok(Differentiated { forward: Expected::new(&forward), graph, live, weak })
+        Ok(Differentiated { forward: Expected::new(&forward), device, graph, live, weak })
     }
 
     /// Records every node the value and the gradients read as a pending tensor, on the

@@ -475,13 +475,9 @@ const COMPILE_DECOMPOSITION: coil_passes::DecomposeOptions = coil_passes::Decomp
     conv_template: false,
 };
 
-/// [`COMPILE_DECOMPOSITION`] for `device`: convolutions stay one template node (one cuDNN call
-/// each way) on a CUDA device where cuDNN loads, at static shapes (the dynamic path takes
-/// [`COMPILE_DECOMPOSITION`]); everywhere else they decompose into im2col and a matrix
-/// product, as the reference interpreter runs them.
 /// The rewrite options of a compile for `device`: the e-graph's cost model is that GPU's
 /// ([`coil_ir::target::GpuTarget`], read from the device) or the CPU's.
-fn rewrite_options(device: Device) -> Result<coil_passes::RewriteOptions> {
+pub(crate) fn rewrite_options(device: Device) -> Result<coil_passes::RewriteOptions> {
     Ok(match device {
         Device::Cpu => coil_passes::RewriteOptions::for_target(None),
         Device::Cuda(n) => coil_passes::RewriteOptions::for_target(Some(CudaDevice::get(n)?.target())),
@@ -502,6 +498,10 @@ pub(crate) fn template_report(
     Ok(Some(coil_passes::templates::choose_attention(captured, &model).1))
 }
 
+/// [`COMPILE_DECOMPOSITION`] for `device`: convolutions stay one template node (one cuDNN call
+/// each way) on a CUDA device where cuDNN loads, at static shapes (the dynamic path takes
+/// [`COMPILE_DECOMPOSITION`]); everywhere else they decompose into im2col and a matrix
+/// product, as the reference interpreter runs them.
 fn compile_decomposition(device: Device) -> coil_passes::DecomposeOptions {
     let cudnn = matches!(device, Device::Cuda(_)) && coil_runtime::cuda::cudnn::available();
     coil_passes::DecomposeOptions { conv_template: cudnn, ..COMPILE_DECOMPOSITION }

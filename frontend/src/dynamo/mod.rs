@@ -603,7 +603,7 @@ impl DifferentiatedCache {
         let t = Instant::now();
         let mut state = self.0.borrow_mut();
         let kept = &mut state.differentiated;
-        let found = kept.iter().position(|d| walk.matches(&d.forward)).map(|i| {
+        let found = kept.iter().position(|d| d.device == walk.device() && walk.matches(&d.forward)).map(|i| {
             let d = kept.remove(i);
             kept.insert(0, d.clone());
             d
