@@ -5,7 +5,8 @@
     python3 bench/cpu_torch.py --rounds 5 --out bench/results/cpu-$(date +%F)
 
 Each round runs, one after another: coil's bench binary over the suite (one process per coil binary
-named; `--coil NAME=PATH` may be given several times, e.g. a baseline build beside the current one),
+named; `--coil NAME=PATH` may be given several times, e.g. a baseline build beside the current one,
+their order turned by one each round),
 then every workload in PyTorch eager and in torch.compile (compiled once, in the first round), then the
 machine's copy bandwidth. Interleaving whole rounds spreads the load of other processes on a shared
 machine over every column alike; each column's figure is the minimum over rounds of the per-round
@@ -310,7 +311,9 @@ def main():
     device = ""
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
-        for cname, path in coils:
+        # the binaries' order turns each round: on this machine the first coil process of a round
+        # ran 5-8% faster than the second in two runs of the same two binaries (both orders)
+        for cname, path in coils[r % len(coils):] + coils[:r % len(coils)]:
             got, got_faults, got_compile, device = run_coil(path, args, names)
             for n in names:
                 if n in got:
@@ -365,7 +368,8 @@ def main():
     intro = [
         f"coil CPU bench beside PyTorch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}) on {device}",
         f"date {datetime.date.today()}, scale {args.scale}, torch threads {threads}, {args.rounds} interleaved rounds "
-        f"(each: {', '.join(c for c, _ in coils)}, torch eager + compile, copy), warmup {args.warmup}, reps {args.reps}",
+        f"(each: {', '.join(c for c, _ in coils)} in turns, torch eager + compile, copy), warmup {args.warmup}, "
+        f"reps {args.reps}",
         f"each figure: min over rounds of the round's median; copy bandwidth {copy:.1f} GB/s (read + written, "
         f"{args.copy_mib} MiB, best round; rounds: {', '.join(f'{c:.1f}' for c in copies)})",
         f"1-minute load average of the machine as each round began: {', '.join(f'{l:.1f}' for l in loads)} "

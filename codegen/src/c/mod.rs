@@ -72,7 +72,7 @@ use coil_ir::kernel::{flat_stmts, Dims, KernelKind, TileKernel, TileOp, TileStmt
 use coil_ir::op::RandDist;
 use coil_ir::philox;
 use coil_ir::sym::{Expr, ExprKind};
-use coil_ir::{BinaryOp, DType, ReduceOp, Scalar};
+use coil_ir::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use indexmap::{IndexMap, IndexSet};
 use std::fmt::Write;
 
@@ -166,6 +166,8 @@ struct VarInfo {
     dtype: DType,
     /// Its value, when it is a constant.
     constant: Option<Scalar>,
+    /// Whether it is `-(y * y)` in its float type (`softmax::negated_square`): never positive.
+    nonpositive: bool,
 }
 
 struct Emitter<'a> {
@@ -245,11 +247,17 @@ impl<'a> Emitter<'a> {
         let mut vars = IndexMap::new();
         let mut acc_source = IndexMap::new();
         let mut rounded_bf16 = IndexSet::new();
+        // values `y * y` (or `y ** 2`) of a float type, y of the same type
+        let mut squares: IndexSet<Var> = IndexSet::new();
         for s in flat_stmts(&k.body) {
             match s {
                 TileStmt::Let { var, dtype, op, .. } => {
                     let constant = if let TileOp::Constant(c) = op { Some(*c) } else { None };
-                    vars.insert(*var, VarInfo { dtype: *dtype, constant });
+                    let nonpositive = softmax::negated_square(op, *dtype, &vars, &squares);
+                    if softmax::square(op, *dtype, &vars) {
+                        squares.insert(*var);
+                    }
+                    vars.insert(*var, VarInfo { dtype: *dtype, constant, nonpositive });
                     let from = |a: &Var| vars.get(a).map(|a: &VarInfo| a.dtype);
                     if let TileOp::Cast(a) = op {
                         if *dtype == DType::BF16 && from(a).is_some_and(|d| d.is_float() && d != DType::BF16) {
@@ -258,7 +266,7 @@ impl<'a> Emitter<'a> {
                     }
                 }
                 TileStmt::Reduce { var, dtype, source, .. } => {
-                    vars.insert(*var, VarInfo { dtype: *dtype, constant: None });
+                    vars.insert(*var, VarInfo { dtype: *dtype, constant: None, nonpositive: false });
                     if k.kind == KernelKind::PersistentReduction {
                         acc_source.insert(*var, *source);
                     }
@@ -271,8 +279,8 @@ impl<'a> Emitter<'a> {
                     acc_source.insert(*sum_acc, *value);
                 }
                 TileStmt::ReduceOnlineSoftmax { max, sum, dtype, .. } => {
-                    vars.insert(*max, VarInfo { dtype: *dtype, constant: None });
-                    vars.insert(*sum, VarInfo { dtype: *dtype, constant: None });
+                    vars.insert(*max, VarInfo { dtype: *dtype, constant: None, nonpositive: false });
+                    vars.insert(*sum, VarInfo { dtype: *dtype, constant: None, nonpositive: false });
                 }
                 _ => {}
             }
@@ -700,6 +708,9 @@ impl<'a> Emitter<'a> {
                 // unsigned: the counter wraps modulo 2^64, as the definition says
                 let call = format!("{f}({seed}, {offset} + (uint64_t)({}))", self.c(*counter));
                 ops::convert(&call, DType::F64, out)
+            }
+            TileOp::Unary(UnaryOp::Exp, a) if self.vars[a].nonpositive && self.dtype(*a) == out => {
+                softmax::exp_nonpositive(&self.r(*a), out)
             }
             TileOp::Unary(u, a) => ops::unary(*u, &self.r(*a), self.dtype(*a), out),
             // x ** 2 is x * x (one rounding either way), as in RMS norms; f32 only (f64 keeps pow)

@@ -122,6 +122,70 @@ void both(const float *x, float *a, float *b, int64_t n) {{
     }
 }
 
+/// A Gaussian's `exp(-(x * x))` (the erf GELU's gradient) and `2 exp(-x ** 2)` call
+/// `coil_exp_nonpositive_f32`; `exp(-x)` and `exp(-(x * y))`, whose arguments may be positive,
+/// keep `coil_exp_f32`. Values: within 2 ulp of the f64 exponential of the f32 argument, but
+/// 0 where `-(x * x) < -87` (`coil_exp_nonpositive_f32`'s cut) and for infinite x; NaN for NaN.
+#[test]
+fn exp_of_a_negated_square_takes_the_nonpositive_exp() {
+    let f = DType::F32;
+    let n = 4099;
+    let mut p = Prog::default();
+    let (x, y) = (p.input(&[n], f), p.input(&[n], f));
+    let v = xs(&[n])[0];
+    let mut outs = Vec::new();
+    for form in 0..4 {
+        let mut b = B::default();
+        let lx = b.load(x, v, f);
+        let two = b.constant(2.0f32, f);
+        let arg = match form {
+            0 => b.binary(BinaryOp::Mul, lx, lx, f),
+            1 => b.binary(BinaryOp::Pow, lx, two, f),
+            2 => lx,
+            _ => {
+                let ly = b.load(y, v, f);
+                b.binary(BinaryOp::Mul, lx, ly, f)
+            }
+        };
+        let neg = b.unary(UnaryOp::Neg, arg, f);
+        let mut e = b.unary(UnaryOp::Exp, neg, f);
+        if form == 1 {
+            // (the emitter writes `x ** 2` as `x * x`: a use of the constant, for -Werror)
+            e = b.binary(BinaryOp::Mul, e, two, f);
+        }
+        outs.push(p.pointwise(&[n], f, b.done(e)));
+    }
+    let k = kernel("poi_fused_exp_mul_neg_0", KernelKind::Pointwise, vec![0, 1, 2, 3], n, None, outs);
+    let (lib, tiles) = build_and_compile(&p.p, &[k]);
+    let c = emit_kernel(&tiles[0]);
+    assert_eq!(c.matches("coil_exp_nonpositive_f32(tmp").count(), 2, "{c}");
+    assert_eq!(c.matches("coil_exp_f32(tmp").count(), 2, "{c}");
+    let mut xv: Vec<f32> = (0..n).map(|i| (i as f32 - 2049.0) / 128.0).collect();
+    xv[..4].copy_from_slice(&[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0]);
+    let mut yv: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 25.0 - 2.0).collect();
+    let mut o: Vec<Vec<f32>> = vec![vec![0f32; n]; 4];
+    let [o0, o1, o2, o3] = &mut o[..] else { unreachable!() };
+    // (arguments in order of first use: y is first read by the fourth output)
+    lib.run("poi_fused_exp_mul_neg_0", &[ptr(&mut xv), ptr(o0), ptr(o1), ptr(o2), ptr(&mut yv), ptr(o3)]);
+    for i in 0..n {
+        let (x, y) = (xv[i] as f64, yv[i] as f64);
+        let square = -(x * x);
+        for (form, scale, arg) in [(0, 1.0, square), (1, 2.0, square), (2, 1.0, -x), (3, 1.0, -((x * y) as f32 as f64))]
+        {
+            let (got, want) = (o[form][i] as f64, scale * arg.exp());
+            let ok = if want.is_nan() {
+                got.is_nan()
+            } else if arg < -87.0 && form < 2 {
+                // (`coil_exp_nonpositive_f32`'s cut: 0 below -87, e^-87 = 1.65e-38)
+                got == 0.0 && want <= scale * 1.65e-38
+            } else {
+                (got - want).abs() <= 2.4e-7 * want.abs() + 1e-45 || (want.is_infinite() && got == want)
+            };
+            assert!(ok, "form {form}, x = {x}, y = {y}: {got} vs {want}");
+        }
+    }
+}
+
 /// `h = x + y` (an output) and `(h - mean(h)) / sqrt(var(h) + 1e-5)` over rows of `cols`, one
 /// looped kernel: a residual add and a layer norm, whose three passes each need `h`.
 fn add_norm(cols: usize) -> (coil_ir::loops::LoopProgram, coil_ir::kernel::FusedKernel) {

@@ -675,9 +675,10 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
 
 /* The micro-kernel of one layout: an MR x NR tile in NV vectors per row, over `steps` k groups
    of GROUP elements; a first block starts from zero, a later one from acc; a last block ends in
-   the output, an earlier one in acc. A is a packed panel, or with DIRECT MR rows read in place
-   (`lda` elements apart, k contiguous). LOAD_B(p) and FMA(acc, a_ptr, b) are the layout's. */
-#define COIL_GEMM_MICRO(NAME, MR, NR, ELEM, GROUP, DIRECT, BVEC, LOAD_B, FMA)                       \
+   the output, an earlier one in acc. A is a packed panel of PR rows (PR >= MR: an edge kernel
+   reads the first MR rows of a full-width panel), or with DIRECT MR rows read in place (`lda`
+   elements apart, k contiguous). LOAD_B(p) and FMA(acc, a_ptr, b) are the layout's. */
+#define COIL_GEMM_MICRO(NAME, MR, PR, NR, ELEM, GROUP, DIRECT, BVEC, LOAD_B, FMA)                   \
     static void NAME(const coil_gemm_compute_args *c, const ELEM *a, int64_t lda, const ELEM *b,   \
                      int64_t steps, int64_t row, int64_t col, int first, int last)                 \
     {                                                                                              \
@@ -692,7 +693,7 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
             _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)                                   \
                 bv[v] = LOAD_B(b + (s * (NR) + VW * v) * (GROUP));                                 \
             _Pragma("GCC unroll 32") for (int r = 0; r < (MR); r++) {                              \
-                const ELEM *ap = (DIRECT) ? a + r * lda + s * (GROUP) : a + (s * (MR) + r) * (GROUP); \
+                const ELEM *ap = (DIRECT) ? a + r * lda + s * (GROUP) : a + (s * (PR) + r) * (GROUP); \
                 _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) t[r][v] = FMA(t[r][v], ap, bv[v]); \
             }                                                                                      \
         }                                                                                          \
@@ -707,10 +708,44 @@ static __attribute__((noinline)) void coil_gemm_gelu_tile(float *t, int64_t n)
 #error "NR is whole vectors"
 #endif
 #define COIL_GEMM_FMA_F32(acc, ap, b) coil_gemm_vfmadd(coil_gemm_vset1(*(ap)), (b), (acc))
-COIL_GEMM_MICRO(coil_gemm_micro_f32, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, 0, coil_gemm_vf,
+COIL_GEMM_MICRO(coil_gemm_micro_f32, COIL_GEMM_MR_WORDS, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, 0,
+                coil_gemm_vf, coil_gemm_vload, COIL_GEMM_FMA_F32)
+COIL_GEMM_MICRO(coil_gemm_micro_f32_direct, COIL_GEMM_MR_WORDS, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, 1,
+                coil_gemm_vf, coil_gemm_vload, COIL_GEMM_FMA_F32)
+/* Edge kernels: a last A panel of at most 4 (8) rows in a 4 (8)-row tile of the packed panel,
+   not a whole one: 205 rows are 17 panels of 12 and one row, and that row's panel cost a full
+   panel's time. With 2 NR / VW accumulators per row and FMA's latency of 4 cycles, 4 rows keep
+   both FMA ports busy, so the edge costs MR' / MR of a panel. */
+#if COIL_GEMM_MR_WORDS > 4
+COIL_GEMM_MICRO(coil_gemm_micro_f32_r4, 4, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, 0, coil_gemm_vf,
                 coil_gemm_vload, COIL_GEMM_FMA_F32)
-COIL_GEMM_MICRO(coil_gemm_micro_f32_direct, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, 1, coil_gemm_vf,
+#endif
+#if COIL_GEMM_MR_WORDS > 8
+COIL_GEMM_MICRO(coil_gemm_micro_f32_r8, 8, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WORDS, float, 1, 0, coil_gemm_vf,
                 coil_gemm_vload, COIL_GEMM_FMA_F32)
+#endif
+
+/* The packed micro-kernel for panel rows [row, row + rows) of a panel of MR_WORDS: an edge
+   kernel where fewer rows are left. */
+static inline void coil_gemm_micro_f32_rows(const coil_gemm_compute_args *c, const float *a, const float *b,
+                                            int64_t steps, int64_t row, int64_t rows, int64_t col, int first,
+                                            int last)
+{
+#if COIL_GEMM_MR_WORDS > 4
+    if (rows <= 4) {
+        coil_gemm_micro_f32_r4(c, a, 0, b, steps, row, col, first, last);
+        return;
+    }
+#endif
+#if COIL_GEMM_MR_WORDS > 8
+    if (rows <= 8) {
+        coil_gemm_micro_f32_r8(c, a, 0, b, steps, row, col, first, last);
+        return;
+    }
+#endif
+    (void)rows;
+    coil_gemm_micro_f32(c, a, 0, b, steps, row, col, first, last);
+}
 #endif
 
 #if defined(COIL_GEMM_HAVE_BF16)
@@ -719,10 +754,40 @@ COIL_GEMM_MICRO(coil_gemm_micro_f32_direct, COIL_GEMM_MR_WORDS, COIL_GEMM_NR_WOR
 typedef int32_t coil_gemm_pair __attribute__((may_alias, aligned(2)));
 #define COIL_GEMM_FMA_PAIRS(acc, ap, b) \
     _mm512_dpbf16_ps((acc), (__m512bh)_mm512_set1_epi32(*(const coil_gemm_pair *)(ap)), (b))
-COIL_GEMM_MICRO(coil_gemm_micro_pairs, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, 0, __m512bh,
+COIL_GEMM_MICRO(coil_gemm_micro_pairs, COIL_GEMM_MR_BF16, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, 0,
+                __m512bh, COIL_GEMM_LOAD_PAIRS, COIL_GEMM_FMA_PAIRS)
+COIL_GEMM_MICRO(coil_gemm_micro_pairs_direct, COIL_GEMM_MR_BF16, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, 1,
+                __m512bh, COIL_GEMM_LOAD_PAIRS, COIL_GEMM_FMA_PAIRS)
+/* the f32 edge kernels' counterparts */
+#if COIL_GEMM_MR_BF16 > 4
+COIL_GEMM_MICRO(coil_gemm_micro_pairs_r4, 4, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, 0, __m512bh,
                 COIL_GEMM_LOAD_PAIRS, COIL_GEMM_FMA_PAIRS)
-COIL_GEMM_MICRO(coil_gemm_micro_pairs_direct, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, 1, __m512bh,
+#endif
+#if COIL_GEMM_MR_BF16 > 8
+COIL_GEMM_MICRO(coil_gemm_micro_pairs_r8, 8, COIL_GEMM_MR_BF16, COIL_GEMM_NR_BF16, uint16_t, 2, 0, __m512bh,
                 COIL_GEMM_LOAD_PAIRS, COIL_GEMM_FMA_PAIRS)
+#endif
+
+/* coil_gemm_micro_f32_rows for bf16 pairs. */
+static inline void coil_gemm_micro_pairs_rows(const coil_gemm_compute_args *c, const uint16_t *a, const uint16_t *b,
+                                              int64_t steps, int64_t row, int64_t rows, int64_t col, int first,
+                                              int last)
+{
+#if COIL_GEMM_MR_BF16 > 4
+    if (rows <= 4) {
+        coil_gemm_micro_pairs_r4(c, a, 0, b, steps, row, col, first, last);
+        return;
+    }
+#endif
+#if COIL_GEMM_MR_BF16 > 8
+    if (rows <= 8) {
+        coil_gemm_micro_pairs_r8(c, a, 0, b, steps, row, col, first, last);
+        return;
+    }
+#endif
+    (void)rows;
+    coil_gemm_micro_pairs(c, a, 0, b, steps, row, col, first, last);
+}
 #endif
 
 /* ---- AMX (Sapphire Rapids and later): the BF16_AMX layout's tiles ----
@@ -1067,7 +1132,7 @@ void coil_gemm_compute(char *const *args, int64_t *status)
                         const uint16_t *a = (const uint16_t *)c->pa + (i - c->pa_first) * mr * kp + k0 * mr;
                         const uint16_t *b = c->pb ? (const uint16_t *)c->pb + j * nr * kp + k0 * nr
                                                   : (const uint16_t *)c->bws + (j - jb) * nr * kb;
-                        coil_gemm_micro_pairs(c, a, 0, b, kb / 2, i * mr, j * nr, first, last);
+                        coil_gemm_micro_pairs_rows(c, a, b, kb / 2, i * mr, c->m - i * mr, j * nr, first, last);
                         continue;
                     }
 #endif
@@ -1079,7 +1144,7 @@ void coil_gemm_compute(char *const *args, int64_t *status)
                         continue;
                     }
                     const float *a = (const float *)c->pa + (i - c->pa_first) * mr * kp + k0 * mr;
-                    coil_gemm_micro_f32(c, a, 0, b, kb, i * mr, j * nr, first, last);
+                    coil_gemm_micro_f32_rows(c, a, b, kb, i * mr, c->m - i * mr, j * nr, first, last);
                 }
             }
         }

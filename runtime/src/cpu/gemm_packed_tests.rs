@@ -321,6 +321,33 @@ fn packed_products_match_the_reference_at_tails_of_every_dim() {
     }
 }
 
+/// A last A panel of every row count below MR (the template's edge kernels of 4 and 8 rows
+/// read the first rows of a full-width packed panel), in both orientations (m and n alike, so
+/// the swapped product has the same edge), through blocks of k (partial sums in the scratch)
+/// and with a bias and GELU in the finish.
+#[test]
+fn packed_products_compute_a_last_panel_of_every_row_count() {
+    for layout in Layout::ALL {
+        let Some(lib) = served(layout) else { continue };
+        let (mr, _) = layout.tile();
+        for &dtype in dtypes(layout) {
+            for rows in 1..mr {
+                let m = 2 * mr + rows;
+                for (lay_a, lay_b, bias, gelu, k) in [
+                    (Lay::KContiguous, Lay::KContiguous, false, false, 37),
+                    (Lay::RowsContiguous, Lay::RowsContiguous, true, true, 70),
+                    (Lay::KContiguous, Lay::RowsContiguous, true, false, 4099),
+                ] {
+                    for n in [m, 40] {
+                        let case = Case { dtype, m, n, k, batches: 1, lay_a, lay_b, broadcast_a: false, bias, gelu };
+                        check(&case, &packed(lib, layout, dtype));
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn packed_products_read_every_layout_of_both_operands() {
     let lays = [Lay::KContiguous, Lay::RowsContiguous, Lay::Strided];
