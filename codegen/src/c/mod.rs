@@ -196,6 +196,8 @@ struct Emitter<'a> {
     quiet: IndexSet<Var>,
     /// Accumulators the loop being emitted sums in f32 lanes ([`rloop`]).
     lanes: Vec<Var>,
+    /// Whether the `rindex` loop being written may read its blocks as streams ([`rloop`]).
+    streams: bool,
     /// The online softmaxes that run in two passes, by their maximum ([`softmax`]).
     two_pass: IndexMap<Var, softmax::TwoPass>,
     /// Values rounded to bf16 by a cast (`coil_round_bf16`): a bf16 store takes their top bits.
@@ -303,6 +305,7 @@ impl<'a> Emitter<'a> {
             narrow: None,
             quiet: quiet::loads_to_quiet(k),
             lanes: Vec::new(),
+            streams: false,
             two_pass,
             rounded_bf16,
             row_cache: Vec::new(),

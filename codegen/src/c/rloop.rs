@@ -13,13 +13,30 @@
 //! that cancel). A row of at most [`SUM_BLOCK`] positions is one block. Sums in scalar loops
 //! (a statement may fail), products, f64 values and integers keep their `double` (`uint64_t`)
 //! accumulators.
+//!
+//! A whole block of a vector loop whose only reductions are such sums walks its positions as
+//! [`STREAMS`] interleaved streams (position `rblock + s * SUM_BLOCK / STREAMS + j` for stream
+//! `s` at step `j`): each vector step loads from four places a row apart, which keeps more of
+//! the memory's lines in flight than one stream (a 1 GB f32 sum on the build machine's two
+//! cores: 15-21 GB/s as one stream, 22-25 as four, `bench/NOTES.md` session 18). A lane then
+//! adds terms of every stream, still `SUM_BLOCK / L` of them, so the bound above holds. The
+//! last, partial block of a row runs as one stream.
 
 use super::{ops, Emitter};
 use coil_ir::kernel::{KernelKind, TileStmt, Var};
 use coil_ir::{DType, ReduceOp};
+use std::fmt::Write;
+
+/// Whether `s` folds into an accumulator of its loop (as [`Emitter::simd_pragma`] counts them).
+fn is_reduction(s: &TileStmt) -> bool {
+    matches!(s, TileStmt::AccUpdate { .. } | TileStmt::Reduce { .. } | TileStmt::AccUpdateOnlineSoftmax { .. })
+}
 
 /// Positions of a row whose f32 sum runs in vector lanes before it joins the `double` total.
 pub const SUM_BLOCK: i64 = 4096;
+
+/// Streams a whole block of a sums-only vector loop is read in (module doc).
+pub const STREAMS: i64 = 4;
 
 impl Emitter<'_> {
     /// Whether a sum into `acc` may add in f32 lanes: a float sum of f32-computed values.
@@ -49,10 +66,15 @@ impl Emitter<'_> {
     pub(super) fn rloop(&mut self, stmts: &[&TileStmt], end: &str, emit: impl FnOnce(&mut Self)) {
         let vector = self.simd_pragma(stmts.iter().copied()).is_some();
         let lanes = if vector { self.lane_sums(stmts.iter().copied()) } else { Vec::new() };
+        // Streams when the loop's reductions are all lane sums (a maximum, a product keep the
+        // plain walk: nothing was measured for them).
+        let reductions = stmts.iter().filter(|s| is_reduction(s)).count();
+        self.streams = !lanes.is_empty() && lanes.len() == reductions;
         self.lanes = lanes.clone();
         let pragma = self.simd_pragma(stmts.iter().copied());
         self.blocked_rloop(pragma, end, &lanes, emit);
         self.lanes.clear();
+        self.streams = false;
     }
 
     /// `for rindex in 0..end` with `pragma`; with `lanes` (accumulators summed in f32 lanes,
@@ -97,16 +119,22 @@ impl Emitter<'_> {
         for acc in lanes {
             self.line(&format!("float lacc{acc} = 0.0f;"));
         }
-        if let Some(p) = pragma {
-            self.line(&p);
+        let blocked = !prefetch && !lanes.is_empty() && !short;
+        match pragma {
+            Some(p) if blocked && self.streams => self.streamed_block(&p, &stop, emit),
+            pragma => {
+                if let Some(p) = pragma {
+                    self.line(&p);
+                }
+                self.line(&format!("for (int64_t rindex = {start}; rindex < {stop}; rindex++) {{"));
+                self.indent += 1;
+                self.in_loop = true;
+                emit(self);
+                self.in_loop = false;
+                self.indent -= 1;
+                self.line("}");
+            }
         }
-        self.line(&format!("for (int64_t rindex = {start}; rindex < {stop}; rindex++) {{"));
-        self.indent += 1;
-        self.in_loop = true;
-        emit(self);
-        self.in_loop = false;
-        self.indent -= 1;
-        self.line("}");
         for acc in lanes {
             self.line(&format!("acc{acc} += (double)lacc{acc};"));
         }
@@ -114,6 +142,52 @@ impl Emitter<'_> {
             self.indent -= 1;
             self.line("}");
         }
+    }
+
+    /// The vector loop over one block from `rblock` to `stop` (`rblock + <count>`) in
+    /// [`STREAMS`] streams when the block is whole; a partial block (a computed count) runs
+    /// the body as one stream, its text the same statements.
+    fn streamed_block(&mut self, pragma: &str, stop: &str, emit: impl FnOnce(&mut Self)) {
+        let (b, step) = (SUM_BLOCK, SUM_BLOCK / STREAMS);
+        let count = stop.strip_prefix("rblock + ").expect("a block's end");
+        let whole = count == b.to_string();
+        if !whole {
+            self.line(&format!("if ({count} == {b}) {{"));
+            self.indent += 1;
+        }
+        self.line(pragma);
+        self.line(&format!("for (int64_t rstep = 0; rstep < {step}; rstep++) {{"));
+        self.indent += 1;
+        self.line(&format!("for (int64_t rstream = 0; rstream < {STREAMS}; rstream++) {{"));
+        self.indent += 1;
+        self.line(&format!("const int64_t rindex = rblock + rstream * {step} + rstep;"));
+        let body_start = self.out.len();
+        let body_indent = self.indent;
+        self.in_loop = true;
+        emit(self);
+        self.in_loop = false;
+        let body = self.out[body_start..].to_string();
+        self.indent -= 1;
+        self.line("}");
+        self.indent -= 1;
+        self.line("}");
+        if whole {
+            return;
+        }
+        self.indent -= 1;
+        self.line("} else {");
+        self.indent += 1;
+        self.line(pragma);
+        self.line(&format!("for (int64_t rindex = rblock; rindex < {stop}; rindex++) {{"));
+        // The same statements, one level less deep.
+        let (deeper, here) = (" ".repeat(body_indent * 4), " ".repeat((self.indent + 1) * 4));
+        for line in body.lines() {
+            let line = line.strip_prefix(&deeper).map_or(line.to_string(), |rest| format!("{here}{rest}"));
+            let _ = writeln!(self.out, "{line}");
+        }
+        self.line("}");
+        self.indent -= 1;
+        self.line("}");
     }
 
     /// The name a loop folds accumulator `acc` into: its f32 lanes, else itself.

@@ -9,7 +9,7 @@ use half::bf16;
 
 /// Rows shorter than a block, of whole blocks and of blocks and a part, whose terms cancel
 /// (magnitudes 1e3 with a sum near 0, and small terms beside them): every sum is within the
-/// bound of `rloop`'s doc of the exact one.
+/// bound of `rloop`'s doc of the exact one, whole blocks read as streams.
 #[test]
 fn float_sums_add_in_lanes_by_blocks() {
     let block = rloop::SUM_BLOCK as usize;
@@ -20,6 +20,10 @@ fn float_sums_add_in_lanes_by_blocks() {
         let c = emit_kernel(&tiles[0]);
         assert!(c.contains("#pragma omp simd reduction(+:lacc1)") && c.contains("acc1 += (double)lacc1;"), "{c}");
         assert_eq!(c.contains(&format!("rblock += {block}")), cols > block, "{c}");
+        // Whole blocks in streams; a row with a partial block also has the one-stream loop.
+        let streams = format!("for (int64_t rstream = 0; rstream < {}; rstream++)", rloop::STREAMS);
+        assert_eq!(c.contains(&streams), cols > block, "{c}");
+        assert_eq!(c.contains(&format!("if (rcount == {block}) {{")), cols > block && cols % block != 0, "{c}");
         let mut x: Vec<f32> = (0..rows * cols)
             .map(|i| match i % 4 {
                 0 => 1000.0 + (i % 97) as f32,
