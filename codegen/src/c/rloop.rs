@@ -91,10 +91,12 @@ impl Emitter<'_> {
         let short = end.parse::<i64>().is_ok_and(|n| n <= b);
         // the last pass of a row kernel that prefetches the next row ([`super::prefetch`])
         let prefetch = std::mem::take(&mut self.prefetch_next) && lanes.is_empty();
-        let (start, stop) = if prefetch {
-            self.open_prefetch_blocks(end)
+        // `count`: a block's positions (C), where the loop runs in blocks of lane sums
+        let (start, stop, count) = if prefetch {
+            let (start, stop) = self.open_prefetch_blocks(end);
+            (start, stop, None)
         } else if lanes.is_empty() || short {
-            ("0".to_string(), end.to_string())
+            ("0".to_string(), end.to_string(), None)
         } else {
             // a computed end (a cut loop's) once, in a name of this loop's
             let simple = end.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -114,15 +116,15 @@ impl Emitter<'_> {
                     "rcount".to_string()
                 }
             };
-            ("rblock".to_string(), format!("rblock + {count}"))
+            ("rblock".to_string(), format!("rblock + {count}"), Some(count))
         };
         for acc in lanes {
             self.line(&format!("float lacc{acc} = 0.0f;"));
         }
-        let blocked = !prefetch && !lanes.is_empty() && !short;
-        match pragma {
-            Some(p) if blocked && self.streams => self.streamed_block(&p, &stop, emit),
-            pragma => {
+        let blocked = count.is_some();
+        match (pragma, count) {
+            (Some(p), Some(count)) if self.streams => self.streamed_block(&p, &count, emit),
+            (pragma, _) => {
                 if let Some(p) = pragma {
                     self.line(&p);
                 }
@@ -138,18 +140,17 @@ impl Emitter<'_> {
         for acc in lanes {
             self.line(&format!("acc{acc} += (double)lacc{acc};"));
         }
-        if prefetch || (!lanes.is_empty() && !short) {
+        if prefetch || blocked {
             self.indent -= 1;
             self.line("}");
         }
     }
 
-    /// The vector loop over one block from `rblock` to `stop` (`rblock + <count>`) in
-    /// [`STREAMS`] streams when the block is whole; a partial block (a computed count) runs
-    /// the body as one stream, its text the same statements.
-    fn streamed_block(&mut self, pragma: &str, stop: &str, emit: impl FnOnce(&mut Self)) {
+    /// The vector loop over one block of `count` positions (C) from `rblock` in [`STREAMS`]
+    /// streams when the block is whole; a partial block (a computed count) runs the body as
+    /// one stream, its text the same statements.
+    fn streamed_block(&mut self, pragma: &str, count: &str, emit: impl FnOnce(&mut Self)) {
         let (b, step) = (SUM_BLOCK, SUM_BLOCK / STREAMS);
-        let count = stop.strip_prefix("rblock + ").expect("a block's end");
         let whole = count == b.to_string();
         if !whole {
             self.line(&format!("if ({count} == {b}) {{"));
@@ -178,7 +179,7 @@ impl Emitter<'_> {
         self.line("} else {");
         self.indent += 1;
         self.line(pragma);
-        self.line(&format!("for (int64_t rindex = rblock; rindex < {stop}; rindex++) {{"));
+        self.line(&format!("for (int64_t rindex = rblock; rindex < rblock + {count}; rindex++) {{"));
         // The same statements, one level less deep.
         let (deeper, here) = (" ".repeat(body_indent * 4), " ".repeat((self.indent + 1) * 4));
         for line in body.lines() {

@@ -12,7 +12,8 @@
 //! back to the simple kernel. The split kernels' partial results live in a temporary workspace
 //! between the split kernel and the combine. The backward's `delta = rowsum(dO * O)` is computed
 //! by a kernel of its own into a temporary before the backward kernel (cuDNN's backward graph
-//! computes it itself). A masked backward (the forward's explicit mask, read in place through
+//! computes it itself); a backward that stores dS (the template's `stores_ds` rule) keeps it
+//! in a temporary between its two launches. A masked backward (the forward's explicit mask, read in place through
 //! its strides, broadcast dims stride 0) runs on coil's kernels, as a masked forward does. Each variant is compiled by NVRTC (through the disk cache) the first
 //! time a graph needs it.
 //!
