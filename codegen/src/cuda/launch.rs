@@ -14,7 +14,7 @@ use coil_ir::loops::LoopProgram;
 use coil_ir::sym::Expr;
 use coil_ir::target::GpuTarget;
 use coil_ir::DType;
-use indexmap::IndexMap;
+use indexmap::{IndexMap, IndexSet};
 
 /// Threads per block of pointwise kernels: 8 warps, so that 8 blocks fill an SM and a block's
 /// tail wastes little.
@@ -237,9 +237,11 @@ pub const MAX_CANDIDATES: usize = 3;
 ///   row): half and double the heuristic's threads per row (whole warps, 64..1024, each
 ///   thread holding at least one group); for a cluster plan also half the cluster with twice
 ///   the threads (the same threads per row, fewer and larger blocks);
+/// * a persistent reduction of shorter rows that hold more groups than a warp has lanes: a
+///   warp per row, 64 and 128 threads per row, besides the heuristic's;
 /// * a looped reduction: 256, 512 and 1024 threads per row besides the heuristic's.
 ///
-/// Pointwise kernels, warp-per-row reductions and column reductions get none (the
+/// Pointwise kernels, rows of at most 32 groups and column reductions get none (the
 /// heuristic's choice alone): their plans were measured across the workloads. Every
 /// candidate is a plan the generator emits correctly (any whole number of warps per row and
 /// any cluster of [`plan_with`]: `chunks` follows, and partial chunks are guarded), and no two
@@ -251,10 +253,10 @@ pub fn candidates(k: &TileKernel, target: &GpuTarget) -> Vec<Tuning> {
         return out;
     }
     let mut alternatives = Vec::new();
+    let groups = k.rnumel.and_then(|r| r.const_value()).unwrap_or(0) as usize / heuristic.vec;
     match k.kind {
         KernelKind::PersistentReduction if k.rnumel.and_then(|r| r.const_value()).is_some_and(|r| r > WARP_ROW_MAX) => {
             let (lanes, cluster) = (heuristic.lanes, heuristic.cluster);
-            let groups = k.rnumel.and_then(|r| r.const_value()).unwrap_or(0) as usize / heuristic.vec;
             let useful = |threads: usize, cluster: usize| {
                 threads != lanes && (64..=1024).contains(&threads) && threads * cluster <= groups
             };
@@ -269,6 +271,15 @@ pub fn candidates(k: &TileKernel, target: &GpuTarget) -> Vec<Tuning> {
                     cluster: Some(cluster / 2),
                     ..Tuning::default()
                 });
+            }
+        }
+        KernelKind::PersistentReduction if groups > 32 => {
+            // rows of up to WARP_ROW_MAX with more groups than a warp has lanes: a warp per
+            // row, or a block of 64 or 128 threads ([`few_rows_block`])
+            for threads in [32, 64, 128] {
+                if threads != heuristic.lanes && threads < 2 * groups {
+                    alternatives.push(Tuning { row_threads: Some(threads), ..Tuning::default() });
+                }
             }
         }
         KernelKind::LoopedReduction => {
@@ -369,6 +380,8 @@ pub fn plan_with(k: &TileKernel, tuning: &Tuning, target: &GpuTarget) -> Plan {
             };
             let lanes = if let Some(lanes) = t.row_threads {
                 lanes
+            } else if let Some(lanes) = few_rows_block(rn, rn / vec, xn, sms) {
+                lanes
             } else if rn as i64 <= WARP_ROW_MAX {
                 // No wider groups than keep all 32 lanes busy.
                 while vec > 1 && vec * 32 > rn {
@@ -451,16 +464,44 @@ pub fn l2_row_budget(target: &GpuTarget) -> usize {
     target.l2_bytes / 25 * 12
 }
 
-/// The grid cap of a looped reduction ([`Launch::max_grid`]): a kernel of two or more passes
-/// over its rows runs at most [`l2_row_budget`]` / row bytes` rows at once (but at least one
-/// block per SM), so that its later passes read the row from L2 instead of HBM (short rows get
-/// a cap above any grid they need); 0 (no cap) for one pass. [`Tuning::looped_grid`] overrides
-/// it.
+/// The grid cap of a looped reduction ([`Launch::max_grid`]): a kernel that reads a row again
+/// in a later pass runs at most [`l2_row_budget`]` / row bytes` rows at once, so that its later
+/// passes read the row from L2 instead of HBM (short rows get a cap above any grid they need).
+/// The row bytes are those of the buffers read in two or more passes (a cross-entropy's
+/// logits, not its per-row targets), and the cap a whole number of blocks per SM (at least
+/// one), so that every SM runs as many rows at once. 0 (no cap) when no pass reads a row
+/// again. [`Tuning::looped_grid`] overrides it. H200 (60 MiB of L2), GPT-2's training
+/// cross-entropy over 8192 bf16 rows of 50304, its gradient written in the second pass:
+/// 132 blocks (one per SM, the cap the widest argument, an i64 target, used to give) 653 us,
+/// 264 blocks 560 us, 396 590 us, 528 601 us.
 fn rereading_grid_cap(k: &TileKernel, rn: Option<usize>, target: &GpuTarget) -> u32 {
-    let passes = k.body.iter().filter(|s| matches!(s, TileStmt::RLoop(_))).count();
-    let (Some(rn), true) = (rn, passes >= 2) else { return 0 };
-    let row_bytes = rn * k.args.iter().map(|a| a.dtype.size_bytes()).max().unwrap_or(4);
-    (l2_row_budget(target) / row_bytes.max(1)).clamp(target.sm_count as usize, MAX_GRID) as u32
+    let passes: Vec<IndexSet<usize>> = (k.body.iter())
+        .filter_map(|s| match s {
+            TileStmt::RLoop(body) => Some(loaded_args(body)),
+            _ => None,
+        })
+        .collect();
+    let reread = (k.args.iter().enumerate())
+        .filter(|(arg, _)| passes.iter().filter(|loads| loads.contains(arg)).count() >= 2)
+        .map(|(_, a)| a.dtype.size_bytes())
+        .sum::<usize>();
+    let Some(rn) = rn.filter(|_| reread > 0) else { return 0 };
+    let sms = target.sm_count as usize;
+    let rows = l2_row_budget(target) / (rn * reread).max(1);
+    (rows / sms * sms).clamp(sms, MAX_GRID) as u32
+}
+
+/// The arguments `stmts` load from.
+fn loaded_args(stmts: &[TileStmt]) -> IndexSet<usize> {
+    (flat_stmts(stmts).into_iter())
+        .filter_map(|s| match s {
+            TileStmt::Let {
+                op: TileOp::Load { arg, .. } | TileOp::MaskedLoad { arg, .. } | TileOp::IndirectLoad { arg, .. },
+                ..
+            } => Some(*arg),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Fewest rows per SM for which a long row's two passes loop ([`settle_row_kinds`]).
@@ -634,6 +675,22 @@ fn launch(block: usize, per_block: usize) -> Launch {
     // Shared memory is static (`__shared__` arrays sized at generation), so none is dynamic.
     Launch { grid: 0, block: block as u32, shared_bytes: 0, per_block: per_block as u32, max_grid: 0, cluster: 1 }
 }
+
+/// Threads per row for rows of `rn` up to [`WARP_ROW_MAX`] that would give each lane of a warp
+/// more than one of their `groups`, when there are at most [`FEW_ROWS_PER_SM`] rows per SM of
+/// `sms`: a block of 64 or 128 threads per row (the groups' next power of two, at most 128).
+/// A warp per row packs 8 rows to a block, so few rows make few blocks, and their last wave
+/// leaves SMs idle. H200, GPT-2's 8192 rows of 768 (62 per SM), a training
+/// step: the layer norm's backward 741 us per step with a warp per row, 650 with 96 threads,
+/// 634 with 128; its forward 529 / 533 / 480 us. Many rows keep the warp: H100, a causal softmax
+/// over 98304 bf16 rows of 1024 (745 per SM), a warp per row 237 us, 64 threads 251, 128 266.
+fn few_rows_block(rn: usize, groups: usize, xn: Option<usize>, sms: usize) -> Option<usize> {
+    let few = xn.is_some_and(|xn| xn <= FEW_ROWS_PER_SM * sms);
+    (few && groups > 32 && rn as i64 <= WARP_ROW_MAX).then(|| groups.next_power_of_two().min(128))
+}
+
+/// Most rows per SM for which [`few_rows_block`] gives short rows a block each.
+const FEW_ROWS_PER_SM: usize = 128;
 
 /// The largest power of two `<= limit` that divides `n` (`n = 0` counts as divisible).
 fn largest_pow2_dividing(limit: usize, n: usize) -> usize {

@@ -20,10 +20,20 @@ fn launch_heuristic() {
     let (p, k) = softmax(8192, 64, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.rows_per_block, pl.chunks, pl.launch.grid), (2, 32, 8, 1, 1024));
-    // an odd row up to 1024 long: a warp, scalar groups
-    let (p, k) = softmax(4, 333, KernelKind::PersistentReduction, "s");
+    // an odd row up to 1024 long: a warp, scalar groups; with few rows per SM a block of 128
+    let (p, k) = softmax(40000, 333, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
     assert_eq!((pl.vec, pl.lanes, pl.chunks), (1, 32, 11));
+    let (p, k) = softmax(4, 333, KernelKind::PersistentReduction, "s");
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.rows_per_block, pl.chunks), (1, 128, 1, 3));
+    // a layer norm over 8192 rows of 768 f32 (62 per SM): 128 threads, 192 groups of 4 (half
+    // the threads take two); f32 rows of 256 (64 groups): 64 threads
+    let (p, k) = layer_norm(8192, 768, KernelKind::PersistentReduction);
+    let pl = plan_of(&p, &k);
+    assert_eq!((pl.vec, pl.lanes, pl.chunks, pl.launch.grid), (4, 128, 2, 8192));
+    let (p, k) = softmax(300, 256, KernelKind::PersistentReduction, "s");
+    assert_eq!(plan_of(&p, &k).lanes, 64);
     // a longer row, and fewer rows than SMs: a block of up to 1024 threads, two groups each
     let (p, k) = softmax(4, 1333, KernelKind::PersistentReduction, "s");
     let pl = plan_of(&p, &k);
@@ -67,7 +77,7 @@ fn launch_plans_follow_the_target() {
     let on = |(p, k): &(LoopProgram, FusedKernel), target: &GpuTarget| launch::plan(&build_kernel(p, k), target);
     // Rows of a warp, 8 to a block, fewer while that leaves under two blocks per SM: 500
     // blocks of 2 rows on 132 SMs, 250 of 4 on 108.
-    let warp_rows = softmax(1000, 512, KernelKind::PersistentReduction, "s");
+    let warp_rows = softmax(1000, 128, KernelKind::PersistentReduction, "s");
     assert_eq!((on(&warp_rows, &h100).rows_per_block, on(&warp_rows, &h100).launch.grid), (2, 500));
     assert_eq!((on(&warp_rows, &a100).rows_per_block, on(&warp_rows, &a100).launch.grid), (4, 250));
     // Fewer rows than SMs get blocks of up to 1024 threads: 120 rows are fewer than the
@@ -75,10 +85,11 @@ fn launch_plans_follow_the_target() {
     let few_rows = softmax(120, 4096, KernelKind::PersistentReduction, "s");
     assert_eq!((on(&few_rows, &h100).lanes, on(&few_rows, &a100).lanes), (512, 256));
     // A looped kernel reading its rows twice keeps 12/25 of the L2 in rows: 24 MiB of rows of
-    // 64 KiB on the H100, 19.2 MiB on the A100; at least a block per SM.
+    // 64 KiB on the H100 (384 rows), 19.2 MiB on the A100 (307), as whole blocks per SM; at
+    // least a block per SM.
     let reread = softmax(4096, 1 << 14, KernelKind::LoopedReduction, "s");
-    assert_eq!((launch::l2_row_budget(&h100), on(&reread, &h100).launch.max_grid), (24 << 20, 384));
-    assert_eq!(on(&reread, &a100).launch.max_grid, 307);
+    assert_eq!((launch::l2_row_budget(&h100), on(&reread, &h100).launch.max_grid), (24 << 20, 264));
+    assert_eq!(on(&reread, &a100).launch.max_grid, 216);
     let reread_long = softmax(4096, 1 << 16, KernelKind::LoopedReduction, "s");
     assert_eq!((on(&reread_long, &h100).launch.max_grid, on(&reread_long, &a100).launch.max_grid), (132, 108));
     // The occupancy hint of a wide looped PTX kernel: blocks of 1024 of the SM's threads.
@@ -240,9 +251,14 @@ fn autotuning_candidates_only_where_the_heuristic_is_unsure() {
     let tunings =
         |k: &TileKernel| -> Vec<String> { candidates(k, &GpuTarget::h100()).iter().map(Tuning::to_string).collect() };
     let of = |(p, k): (LoopProgram, FusedKernel)| build_kernel(&p, &k);
-    // none: pointwise, a warp per row, column reductions
+    // none: pointwise, a warp per row of at most 32 groups, column reductions
     assert_eq!(tunings(&of(pointwise_n(1 << 20, DType::BF16))), ["heuristic"]);
-    assert_eq!(tunings(&of(softmax(300, 256, KernelKind::PersistentReduction, "s"))), ["heuristic"]);
+    assert_eq!(tunings(&of(softmax(300, 128, KernelKind::PersistentReduction, "s"))), ["heuristic"]);
+    // rows of more groups than a warp's lanes: a warp per row, 64 and 128 threads (each with
+    // fewer than two threads per group)
+    assert_eq!(tunings(&of(softmax(300, 256, KernelKind::PersistentReduction, "s"))), ["heuristic", "row_threads=32"]);
+    let many = of(softmax(40000, 768, KernelKind::PersistentReduction, "s"));
+    assert_eq!(tunings(&many), ["heuristic", "row_threads=64", "row_threads=128"]);
     assert_eq!(tunings(&of(col_sum(8192, 64, KernelKind::PersistentReduction))), ["heuristic"]);
     assert_eq!(tunings(&of(col_sum(3000, 96, KernelKind::LoopedReduction))), ["heuristic"]);
     // a block per row (192 threads): half (whole warps) and double

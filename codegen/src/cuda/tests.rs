@@ -330,8 +330,8 @@ fn random_streams_are_parameters() {
 fn softmax_looped() {
     let (p, k) = softmax(3, 2000, KernelKind::LoopedReduction, "red_fused_softmax_0");
     let (src, launch) = emit_cuda_kernel(&build_kernel(&p, &k)).unwrap();
-    // two passes over rows of 8000 bytes: at most 24 MiB of rows in flight
-    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0, per_block: 1, max_grid: 3145, cluster: 1 });
+    // two passes over rows of 8000 bytes: at most 24 MiB of rows in flight, 23 per SM
+    assert_eq!(launch, Launch { grid: 3, block: 256, shared_bytes: 0, per_block: 1, max_grid: 3036, cluster: 1 });
     // small sizes: 32-bit index arithmetic
     assert!(src.contains("for (int rchunk = rlane; rchunk < 500; rchunk += 256) {"), "{src}");
     snapshot("cuda_softmax_looped", src);
