@@ -168,3 +168,49 @@ fn a_graph_read_from_the_graph_cache_has_its_template_report_too() {
     assert_eq!(summary["templates"]["chosen"], 1);
     assert_eq!(second.templates.as_ref().map(|t| t.to_string()), Some(second_text));
 }
+
+/// A training graph's attention chains are decided where `value_and_grad` decomposes the
+/// forward (the gradient graph compiled after it holds template nodes, no chains): `explain`
+/// names the call's line with each chain's fate, and the debug dump has the forward and its
+/// report under `grad_<n>/`.
+#[test]
+fn explain_and_the_dump_show_what_value_and_grad_made_of_each_chain() {
+    coil::set_eager_tier(false);
+    let dir = std::env::temp_dir().join(format!("coil-templates-grad-{}", std::process::id()));
+    let lines = std::cell::Cell::new((0, 0));
+    let report = coil::with_config(config(Some(dir.clone())), || {
+        coil::explain(|| {
+            let shape = [1, 2, 32, 16];
+            let (q, k, v) = (values(&shape, 0), values(&shape, 1), values(&shape, 2));
+            let (y, _) = attention_of(&q, &k, &v)?;
+            let chain = line!() - 1;
+            let (loss, grads) = coil::value_and_grad(&y.sum_all()?, &[&q, &k, &v])?;
+            lines.set((chain, line!() - 1));
+            Ok([vec![loss], grads].concat())
+        })
+    })
+    .unwrap();
+    let (chain, call) = lines.get();
+    let file = file!();
+    let text = report.to_string();
+    let section = text.split("Attention Templates:\n").nth(1).expect("the section").split("Out Guards:").next();
+    let section: Vec<&str> = section.unwrap().lines().collect();
+    assert_eq!(section.len(), 2, "{text}");
+    assert_eq!(section[0], format!("  value_and_grad at {file}:{call}:"));
+    let replaced = format!(" matmul at {file}:{chain}: replaced by the attention template (causal, scale 0.25)");
+    assert!(section[1].ends_with(&replaced), "{text}");
+    assert_eq!(report.differentiations.len(), 1);
+    assert_eq!(report.differentiations[0].location.line(), call);
+    // The dump: the forward graph and the same report.
+    let runs: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    let grad = runs
+        .iter()
+        .flat_map(|r| std::fs::read_dir(r).unwrap().flatten().map(|e| e.path()))
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("grad_")));
+    let grad = grad.expect("a grad_<n> folder");
+    let dumped = std::fs::read_to_string(grad.join("templates.txt")).unwrap();
+    let forward = std::fs::read_to_string(grad.join("graph_forward.txt")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(dumped.contains(&format!("{file}:{chain}: replaced by the attention template")), "{dumped}");
+    assert!(forward.contains("softmax"), "{forward}");
+}

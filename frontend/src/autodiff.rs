@@ -73,6 +73,7 @@ pub fn value_and_grad(output: &Tensor, wrt: &[&Tensor]) -> Result<(Tensor, Vec<T
             d
         }
     };
+    crate::dynamo::note_differentiation(&differentiated, caller);
     let (value, grads) = differentiated.record(&walk, caller);
     profile::spent(start, |t| &mut t.differentiate);
     Ok((value, grads))
@@ -86,6 +87,10 @@ pub(crate) struct Differentiated {
     pub(crate) forward: Expected,
     /// The device it was differentiated for (the template stage costs at its rates).
     pub(crate) device: Device,
+    /// What the template stage did with the forward's attention chains (the decomposition
+    /// before differentiating runs it): shown by `explain` and the debug dump, as a compiled
+    /// graph's `templates.txt` is.
+    pub(crate) templates: Option<coil_passes::templates::TemplateReport>,
     /// Forward and backward as one primitive graph; outputs: the value, then the gradients.
     graph: Graph,
     /// The nodes the outputs need, in order.
@@ -115,7 +120,12 @@ impl Differentiated {
         // The template stage weighs a template against the written-out chain at the device's
         // rates, as the compile of a graph for it does.
         let model = crate::compile::rewrite_options(device)?.model;
-        let (mut graph, _) = coil_passes::decompose_for(&forward, &options, &model)?;
+        let (mut graph, templates) = coil_passes::decompose_for(&forward, &options, &model)?;
+        let dump = crate::debug::Dump::new_differentiation();
+        dump.write("graph_forward.txt", || forward.print(true));
+        if let Some(t) = &templates {
+            dump.write("templates.txt", || t.to_string());
+        }
         let (out, targets) = (graph.outputs[0], graph.outputs[1..].to_vec());
         let grads = coil_passes::autodiff::backward(&mut graph, out, None, &targets).map_err(|mut e| {
             // Errors of the whole request point at the caller of grad.
@@ -127,7 +137,7 @@ impl Differentiated {
         graph.outputs = std::iter::once(out).chain(grads).collect();
         let live = graph.live_nodes();
         let weak = (0..graph.nodes.len()).map(|i| weak_constants(&graph, NodeId(i))).collect();
-        Ok(Differentiated { forward: Expected::new(&forward), device, graph, live, weak })
+        Ok(Differentiated { forward: Expected::new(&forward), device, templates, graph, live, weak })
     }
 
     /// Records every node the value and the gradients read as a pending tensor, on the

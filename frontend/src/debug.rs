@@ -10,6 +10,11 @@
 //!                                                           what a call must match)
 //! ```
 //!
+//! and every forward graph `value_and_grad` differentiates, under `grad_<n>/`: `graph_forward.txt`
+//! (the captured forward) and its `templates.txt` (the decomposition before differentiating
+//! decides which attention chains become templates; the gradient graph compiled later holds
+//! template nodes, no chains).
+//!
 //! `templates.txt` is the template stage's report (`coil_passes::templates::TemplateReport`):
 //! the rates it costed at, rules fired, and every attention chain with what became of it (the
 //! template chosen; refused or kept written out, naming the intermediate needed elsewhere; or
@@ -51,6 +56,13 @@ impl Dump {
     pub fn new_graph() -> Dump {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         Dump(run_dir().map(|dir| dir.join(format!("graph_{}", NEXT.fetch_add(1, Ordering::Relaxed)))))
+    }
+
+    /// The next `grad_<n>` folder of this run: a forward graph [`crate::value_and_grad`]
+    /// differentiated (a compiled function's later calls reuse it and write none).
+    pub fn new_differentiation() -> Dump {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        Dump(run_dir().map(|dir| dir.join(format!("grad_{}", NEXT.fetch_add(1, Ordering::Relaxed)))))
     }
 
     /// The dump of a graph already given a folder (`None`: dumps are off), to add files to it.

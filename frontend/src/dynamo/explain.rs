@@ -20,6 +20,21 @@ use std::rc::Rc;
 pub(crate) struct ExplainLog {
     pub(crate) graphs: Vec<GraphInfo>,
     pub(crate) breaks: Vec<GraphBreak>,
+    pub(crate) differentiations: Vec<DifferentiationInfo>,
+}
+
+/// One call of [`crate::value_and_grad`] in an explained run: the forward graph's
+/// decomposition before differentiating chose the attention templates, so the gradient graph
+/// compiled after it holds template nodes, not chains; this is where its decisions show.
+#[derive(Clone, Debug)]
+pub struct DifferentiationInfo {
+    /// The user's line of the call.
+    pub location: &'static Location<'static>,
+    /// The device it differentiated for (the template stage costs at its rates).
+    pub device: Device,
+    /// What the template stage did with the forward's attention chains (`None` where it did
+    /// not run).
+    pub templates: Option<coil_passes::templates::TemplateReport>,
 }
 
 /// One graph of an explained run.
@@ -77,6 +92,8 @@ pub struct ExplainReport {
     pub breaks: Vec<GraphBreak>,
     /// The graphs, in run order.
     pub graphs: Vec<GraphInfo>,
+    /// The `value_and_grad` calls, in run order.
+    pub differentiations: Vec<DifferentiationInfo>,
     /// The function's outputs, computed.
     pub outputs: Vec<Tensor>,
 }
@@ -89,6 +106,7 @@ impl ExplainReport {
             op_count: log.graphs.iter().map(|g| g.ops.len()).sum(),
             breaks: log.breaks,
             graphs: log.graphs,
+            differentiations: log.differentiations,
             outputs,
         }
     }
@@ -144,15 +162,23 @@ impl fmt::Display for ExplainReport {
                 }
             }
         }
-        // Only where a graph has an attention chain (matched or not).
-        fn chains(g: &GraphInfo) -> &[coil_passes::templates::Chain] {
-            g.templates.as_ref().map_or(&[], |t| &t.chains)
+        // Only where a graph or a differentiation has an attention chain (matched or not).
+        fn chains(t: &Option<coil_passes::templates::TemplateReport>) -> &[coil_passes::templates::Chain] {
+            t.as_ref().map_or(&[], |t| &t.chains)
         }
-        if self.graphs.iter().any(|g| !chains(g).is_empty()) {
+        let graphs = self.graphs.iter().enumerate().filter(|(_, g)| !chains(&g.templates).is_empty());
+        let grads = self.differentiations.iter().filter(|d| !chains(&d.templates).is_empty());
+        if graphs.clone().next().is_some() || grads.clone().next().is_some() {
             writeln!(f, "Attention Templates:")?;
-            for (i, g) in self.graphs.iter().enumerate().filter(|(_, g)| !chains(g).is_empty()) {
+            for (i, g) in graphs {
                 writeln!(f, "  Graph {}:", i + 1)?;
-                for c in chains(g) {
+                for c in chains(&g.templates) {
+                    writeln!(f, "    {}", c.line())?;
+                }
+            }
+            for d in grads {
+                writeln!(f, "  value_and_grad at {}:{}:", d.location.file(), d.location.line())?;
+                for c in chains(&d.templates) {
                     writeln!(f, "    {}", c.line())?;
                 }
             }

@@ -669,6 +669,15 @@ pub(super) fn innermost_state() -> Option<Rc<RefCell<FnState>>> {
     FRAMES.with(|f| f.borrow().last().map(|frame| frame.state.clone()))
 }
 
+/// Adds what `info` makes to the log of the innermost frame, if it is being explained.
+pub(crate) fn explain_note(info: impl FnOnce() -> super::explain::DifferentiationInfo) {
+    FRAMES.with(|f| {
+        if let Some(log) = f.borrow_mut().last_mut().and_then(|frame| frame.log.as_mut()) {
+            log.differentiations.push(info());
+        }
+    })
+}
+
 /// Whether a compiled function (or `explain`) is running on this thread.
 pub(crate) fn tracing() -> bool {
     FRAMES.with(|f| !f.borrow().is_empty())

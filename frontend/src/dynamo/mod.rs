@@ -48,7 +48,7 @@ mod frame;
 pub mod guards;
 mod replay;
 
-pub use explain::{explain, ExplainReport, GraphInfo};
+pub use explain::{explain, DifferentiationInfo, ExplainReport, GraphInfo};
 pub use guards::{same_structure, structural_hash, Guard, Source};
 
 pub(crate) use frame::{defer_updates, host_read, is_deferred_update, tracing};
@@ -583,6 +583,16 @@ impl FnState {
                 && e.dynamic.as_ref().is_some_and(|spec| spec.bind(graph).is_some())
         })
     }
+}
+
+/// Tells an `explain` running on this thread (if one is) that [`crate::value_and_grad`] at
+/// `location` used `differentiated`, with what its template stage did.
+pub(crate) fn note_differentiation(differentiated: &Differentiated, location: &'static Location<'static>) {
+    frame::explain_note(|| explain::DifferentiationInfo {
+        location,
+        device: differentiated.device,
+        templates: differentiated.templates.clone(),
+    })
 }
 
 /// The differentiated graphs of the compiled function running on this thread (the innermost):
