@@ -22,14 +22,19 @@ Copy bandwidth: `dst.copy_(src)` of two `--copy-mib` MiB float32 tensors (defaul
 last-level cache), bytes read + written / time, min over the round's repetitions of the median, as the
 GPU suite's ceiling is measured. GB/s of a workload = WORKLOADS.md's min bytes at these shapes / time.
 
-Cold compile: coil's `compile_s` (its bench compiles each graph with a fresh kernel cache; the first
-round's figure) beside torch.compile's first call (compile and one run, with an empty Inductor cache:
-TORCHINDUCTOR_CACHE_DIR is a fresh folder unless set) in the first round.
+Cold compile: coil's `compile_s`, the median over rounds (each round's bench process compiles every
+graph with a fresh kernel cache of its own, so each round's figure is a cold compile; a single one on
+this shared 2-core machine swung 2-2.5x with the others' load, see bench/NOTES.md, session 19), with
+the CPU time of its C compiler runs (`compile_cpu_s`, the median over rounds: the wall figure less the
+waits for a core), beside torch.compile's first call (compile and one run, with an empty Inductor
+cache: TORCHINDUCTOR_CACHE_DIR is a fresh folder unless set) in the first round (it can be cold once).
 
 Writes OUT.txt (the table) and OUT.json:
     {"device", "torch", "scale", "threads", "rounds", "load_averages", "copy_gbs",
      "rows": [{"name", "shape", "coil_us", "torch_compile_us", "torch_eager_us", "min_bytes", "flops",
-               "coil_compile_s", "torch_compile_s" (null with --no-compile),
+               "coil_compile_s" (median over rounds), "coil_compile_rounds_s" (every round's),
+               "coil_compile_cpu_s" (median over rounds; null when the binary does not report it),
+               "torch_compile_s" (null with --no-compile),
                "coil_faults_per_run" (the first binary's minor page faults per timed run, the most of any
                round; null when it does not count them), "coil_<NAME>_us" for every other coil binary}]}
 `coil_us` is the first `--coil` binary's time (the one the table's ratios use).
@@ -279,7 +284,7 @@ def run_coil(path, args, names):
         doc = json.load(f)
     os.unlink(out)
     faults = {r["name"]: r["minor_faults_per_run"] for r in doc["rows"] if r.get("minor_faults_per_run") is not None}
-    compile_s = {r["name"]: r.get("compile_s") for r in doc["rows"]}
+    compile_s = {r["name"]: (r.get("compile_s"), r.get("compile_cpu_s")) for r in doc["rows"]}
     return {r["name"]: r["us"] for r in doc["rows"]}, faults, compile_s, doc.get("device", "")
 
 
@@ -305,8 +310,8 @@ def main():
     samples = {n: {"eager": [], "compile": [], **{c: [] for c, _ in coils}} for n in names}
     # the first binary's minor page faults per timed run, every round
     faults = {n: [] for n in names}
-    # cold compiles (seconds): the first binary's in the first round, torch.compile's first call
-    coil_compile, torch_compile = {}, {}
+    # cold compiles (seconds): each binary's (wall, C compiler CPU) in every round, torch.compile's first call
+    coil_compile, torch_compile = {c: {n: [] for n in names} for c, _ in coils}, {}
     copies, loads = [], []
     device = ""
     for r in range(args.rounds):
@@ -320,8 +325,8 @@ def main():
                     samples[n][cname].append(got[n])
                 if cname == coils[0][0] and n in got_faults:
                     faults[n].append(got_faults[n])
-                if cname == coils[0][0] and r == 0:
-                    coil_compile[n] = got_compile.get(n)
+                if n in got_compile:
+                    coil_compile[cname][n].append(got_compile[n])
         for n in names:
             _, inputs, fn, _, _ = cases[n]
             samples[n]["eager"].append(time_us(fn, inputs, args.warmup, args.reps))
@@ -338,6 +343,10 @@ def main():
         print(f"round {r + 1}/{args.rounds} done; copy {copies[-1]:.1f} GB/s", flush=True)
 
     best = lambda xs: min(xs) if xs else float("nan")
+    med = lambda xs: statistics.median(xs) if xs else None
+    # a binary's cold compile of a workload: the median over rounds of wall and C compiler CPU seconds
+    cold_of = lambda c, n: (med([w for w, _ in coil_compile[c][n] if w is not None]),
+                            med([u for _, u in coil_compile[c][n] if u is not None]))
     copy = max(copies)
     lead = coils[0][0]
     table_rows, json_rows = [], []
@@ -347,22 +356,25 @@ def main():
         row = {"name": n, "shape": shape, "coil_us": s[lead], "torch_compile_us": s["compile"],
                "torch_eager_us": s["eager"], "min_bytes": mbytes, "flops": flops,
                "coil_faults_per_run": max(faults[n]) if faults[n] else None,
-               "coil_compile_s": coil_compile.get(n), "torch_compile_s": torch_compile.get(n)}
+               "coil_compile_s": cold_of(lead, n)[0], "coil_compile_cpu_s": cold_of(lead, n)[1],
+               "coil_compile_rounds_s": [w for w, _ in coil_compile[lead][n]],
+               "torch_compile_s": torch_compile.get(n)}
         for c, _ in coils[1:]:
             row[f"coil_{c}_us"] = s[c]
+            row[f"coil_{c}_compile_s"], row[f"coil_{c}_compile_cpu_s"] = cold_of(c, n)
         json_rows.append(row)
         rate = (f"{flops / (s[lead] * 1e-6) / 1e9:.0f} GFLOP/s" if flops
                 else f"{mbytes / (s[lead] * 1e-6) / 1e9:.1f} GB/s")
-        others = " ".join(f"{s[c]:>10.1f}" for c, _ in coils[1:])
+        fmt = lambda x: f"{x:6.3f}" if x is not None else f"{'-':>6s}"
+        others = " ".join(f"{s[c]:>10.1f} {fmt(cold_of(c, n)[0])} {fmt(cold_of(c, n)[1])}" for c, _ in coils[1:])
         flt = f"{max(faults[n]):.0f}" if faults[n] else "-"
-        cc, tc = coil_compile.get(n), torch_compile.get(n)
-        cold = (f"{cc:6.2f} {tc:6.2f} {100 * cc / tc:5.1f}%" if cc is not None and tc else
-                f"{cc if cc is not None else float('nan'):6.2f} {'-':>6s} {'-':>6s}")
+        (cc, cpu), tc = cold_of(lead, n), torch_compile.get(n)
+        cold = f"{fmt(cc)} {fmt(cpu)} {fmt(tc)} " + (f"{100 * cc / tc:5.1f}%" if cc is not None and tc else f"{'-':>6s}")
         table_rows.append(f"{n:30s} {shape:24s} {s['eager']:>10.1f} {s['compile']:>10.1f} {s[lead]:>10.1f} "
                           f"{s[lead] / s['compile']:>8.2f} {rate:>14s} {flt:>7s} {cold} {others}")
     header = (f"{'workload':30s} {'shape':24s} {'eager_us':>10s} {'compile_us':>10s} {lead + '_us':>10s} "
-              f"{lead + '/cmp':>8s} {lead + ' rate':>14s} {'flt/run':>7s} {'cc_s':>6s} {'tc_s':>6s} {'cc/tc':>6s} "
-              + " ".join(f"{c + '_us':>10s}" for c, _ in coils[1:]))
+              f"{lead + '/cmp':>8s} {lead + ' rate':>14s} {'flt/run':>7s} {'cc_s':>6s} {'cc_cpu':>6s} {'tc_s':>6s} "
+              f"{'cc/tc':>6s} " + " ".join(f"{c + '_us':>10s} {'cc_s':>6s} {'cc_cpu':>6s}" for c, _ in coils[1:]))
     threads = torch.get_num_threads()
     cpu = platform.processor() or platform.machine()
     intro = [
@@ -375,8 +387,9 @@ def main():
         f"1-minute load average of the machine as each round began: {', '.join(f'{l:.1f}' for l in loads)} "
         f"(on {os.cpu_count()} CPUs; other processes' load slows every column alike only on average)",
         f"flt/run: {lead}'s minor page faults per timed run, the most of any round (nonzero: a run wrote fresh memory)",
-        f"cold compile: cc_s {lead}'s compile_s in the first round (fresh kernel cache), tc_s torch.compile's first call "
-        f"(compile + one run, empty Inductor cache), cc/tc their ratio",
+        f"cold compile: cc_s a binary's compile_s, the median over rounds (each round a fresh process and kernel cache), "
+        f"cc_cpu its C compiler runs' CPU seconds (median), tc_s torch.compile's first call (compile + one run, empty "
+        f"Inductor cache, first round), cc/tc {lead}'s cc_s over tc_s",
     ]
     text = "\n".join(intro + ["", header, "-" * len(header)] + table_rows) + "\n"
     print(text)

@@ -39,6 +39,10 @@ use coil::{Backend, Buffer, CrossEntropyOptions, DType, Result, Tensor};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
+#[path = "bench/process.rs"]
+mod process;
+use process::{children_cpu_seconds, minor_faults};
+
 const HELP: &str = "\
 usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
              [--warmup N] [--reps N] [--compare-interpreter] [--dynamic] [--emit-cuda DIR] [--help]
@@ -51,7 +55,7 @@ usage: bench [--device cpu|cuda] [--only NAME,NAME] [--scale F] [--json PATH]
                           max(64, round(n*sqrt(F)/64)*64), the GPT-2 block's T the same with 16,
                           its heads max(1, round(12*sqrt(F))) with C = 64*heads
   --json PATH             write {\"device\", \"rows\": [{name, us, kernels, compile_s, warm_compile_s, relerr,
-                          peak_bytes, minor_faults_per_run (CPU; null elsewhere)}]}
+                          peak_bytes, minor_faults_per_run, compile_cpu_s (CPU; null elsewhere)}]}
   --warmup N              untimed runs before timing (default 3)
   --reps N                timed runs; the median is reported (default 20)
   --compare-interpreter   also time the reference interpreter (one run, no warm-up: capture,
@@ -359,6 +363,9 @@ struct Row {
     kernels: u64,
     compile_s: f64,
     cc_s: f64,
+    /// CPU seconds (user + system) of the C compiler processes the cold compile ran: `cc_s`
+    /// less the time they waited for a core on a busy machine (Linux; `None` elsewhere).
+    cc_cpu_s: Option<f64>,
     /// The same graph compiled again, the disk cache now warm (a second process's compile).
     warm_s: f64,
     relerr: f64,
@@ -397,7 +404,9 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
     let outs = (c.program)(&on_device);
     coil::set_default_device(coil::Device::Cpu);
     let outs = outs?;
+    let children_before = children_cpu_seconds();
     let compiled = coil::inspect(&refs(&outs))?;
+    let cc_cpu_s = children_before.zip(children_cpu_seconds()).map(|(a, b)| b - a);
     // The graph inputs, in the compiled graph's order, as host buffers (copied to the device
     // once by the timer).
     let captured = coil::capture(&refs(&outs));
@@ -504,6 +513,7 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
         kernels: count("generated_kernels") + count("extern_calls"),
         compile_s: compiled.times.total,
         cc_s: compiled.times.cc,
+        cc_cpu_s,
         warm_s,
         warm_stages: warm,
         relerr,
@@ -511,14 +521,6 @@ fn run(c: &Case, o: &Opts, home: Backend) -> Result<Row> {
         interp_us,
         faults_per_run,
     })
-}
-
-/// Minor page faults of this process so far (`/proc/self/stat`), `None` where there is none.
-fn minor_faults() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // after the command name (in parentheses, which may hold spaces): state, ppid, pgrp, session,
-    // tty, tpgid, flags, then minflt
-    stat.rsplit_once(')')?.1.split_whitespace().nth(7)?.parse().ok()
 }
 
 /// `--dynamic`: the program compiled again with dim 0 of its batched inputs marked dynamic
@@ -707,7 +709,7 @@ fn main() {
         "workload", "shape", "us", "rate", "kern", "compile_s", "cc", "warm_ms", "relerr"
     );
     if o.device == coil::Device::Cpu {
-        header += &format!(" {:>8}", "flt/run");
+        header += &format!(" {:>6} {:>8}", "cc_cpu", "flt/run");
     }
     if o.interp {
         header += &format!(" {:>12} {:>8}", "interp_us", "speedup");
@@ -751,6 +753,7 @@ fn main() {
             r.relerr
         );
         if o.device == coil::Device::Cpu {
+            line += &r.cc_cpu_s.filter(|_| r.cc_s > 0.0).map_or(format!(" {:>6}", "-"), |s| format!(" {s:>6.3}"));
             line += &r.faults_per_run.map_or(format!(" {:>8}", "-"), |f| format!(" {f:>8.0}"));
         }
         if let Some(i) = r.interp_us {
@@ -782,7 +785,7 @@ fn main() {
         json_rows.push(serde_json::json!({
             "name": name, "us": r.us, "kernels": r.kernels, "compile_s": r.compile_s,
             "warm_compile_s": r.warm_s, "relerr": r.relerr, "peak_bytes": r.peak_bytes,
-            "minor_faults_per_run": r.faults_per_run,
+            "minor_faults_per_run": r.faults_per_run, "compile_cpu_s": r.cc_cpu_s,
         }));
     }
     println!("(us: median device time of one compiled run; rate: WORKLOADS.md min bytes or flops at this scale / us;");
@@ -792,6 +795,9 @@ fn main() {
     );
     println!(" (what a second process pays); relerr: against the same program in f64 (interpreter on the CPU, compiled on the GPU))");
     if o.device == coil::Device::Cpu {
+        println!(
+            " cc_cpu: CPU seconds of the cold compile's C compiler runs (its wall time `cc` less waits for a core)"
+        );
         println!(" flt/run: minor page faults per timed run (0 when a run reuses cached memory; one per 4 KiB of fresh memory)");
     }
     if o.dynamic {
