@@ -62,7 +62,9 @@ void test_gelu(const float *x, float *got, float *want, int64_t n) {
     for (int64_t i = 0; i < n; i++) got[i] = coil_gelu_tanh_f32(x[i]);
     for (int64_t i = 0; i < n; i++) want[i] = (x[i] * 0.5f) * (coil_tanh_f32((x[i] + x[i] * x[i] * x[i] * 0.044715f) * 0.7978846f) + 1.0f);
 }
-/* the exact tanh GELU of each f32 input, in long double (the constants as decimals) */
+/* the exact tanh GELU of each f32 input, in long double (the constants as decimals; the prelude
+   declares no long double math) */
+long double tanhl(long double);
 void test_gelu_exact(const float *x, double *want, int64_t n) {
     const long double k = 0.797884560802865355879892119868763737L; /* sqrt(2 / pi) */
     for (int64_t i = 0; i < n; i++) {
