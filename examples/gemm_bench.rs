@@ -29,11 +29,12 @@ use coil_ir::DType;
 use coil_runtime::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
 use half::{bf16, f16};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 const HELP: &str = "\
 usage: gemm_bench [--set suite|eager|all] [--only SUBSTRING] [--shape D:M:K:N:FORM]... [--rounds N] [--warmup N]
-                  [--reps N] [--no-torch] [--no-crate] [--avx2] [--torch-avx2]
+                  [--reps N] [--no-torch] [--no-crate] [--avx2] [--torch-avx2] [--best]
 
   --set S       the products timed: the suite's (default), eager_shapes' (f32 and bf16), or both
   --only S      only the products whose name contains S (mlp, gpt2, train, eager, ...)
@@ -48,6 +49,8 @@ usage: gemm_bench [--set suite|eager|all] [--only SUBSTRING] [--shape D:M:K:N:FO
   --avx2        also time the template built for AVX2 + FMA only (GemmEngine::PackedAvx2: the
                 kernels a CPU without AVX-512 runs), beside this machine's build
   --torch-avx2  PyTorch limited to AVX2 (MKL, oneDNN and ATen's own switches, in its process)
+  --best        each timing's fastest run instead of its median (coil only; on a machine other
+                processes load, the fastest run is the one that had the cores to itself)
 ";
 
 /// How the operands lie: `nt` is `x [m, k] @ w [n, k]^T` (a linear layer), `nn` `a [m, k] @ b
@@ -215,6 +218,9 @@ fn median(mut t: Vec<f64>) -> f64 {
 /// Median wall time of `f`, and its mean CPU time: the process's CPU time over the timed runs
 /// (repeated until they cover at least 50 ticks of it, so the tick rounds off at most 2 %) per
 /// run. The CPU time counts every thread's work, and so also pool threads waiting busily.
+/// `--best`: a timing's wall time is its fastest run rather than its median.
+static BEST: AtomicBool = AtomicBool::new(false);
+
 fn time_runs(warmup: usize, reps: usize, mut f: impl FnMut()) -> Timing {
     for _ in 0..warmup {
         f();
@@ -232,7 +238,12 @@ fn time_runs(warmup: usize, reps: usize, mut f: impl FnMut()) -> Timing {
         };
         if runs >= reps.max(1) && (spent >= 50.0 * 1e4 || runs >= 100 * reps.max(1)) {
             let cpu = if spent.is_finite() { spent / runs as f64 } else { f64::NAN };
-            return Timing { wall: median(wall), cpu };
+            let wall = if BEST.load(Ordering::Relaxed) {
+                wall.iter().copied().fold(f64::INFINITY, f64::min)
+            } else {
+                median(wall)
+            };
+            return Timing { wall, cpu };
         }
     }
 }
@@ -385,6 +396,7 @@ fn main() {
             "--no-crate" => crate_engine = false,
             "--avx2" => avx2 = true,
             "--torch-avx2" => torch_avx2 = true,
+            "--best" => BEST.store(true, Ordering::Relaxed),
             "--help" | "-h" => {
                 print!("{HELP}");
                 return;

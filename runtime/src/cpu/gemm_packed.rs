@@ -5,16 +5,18 @@
 //!
 //! One product (all its batches) is one run of [`jobs`] (the calling thread and the pool's
 //! others take jobs in order from a shared counter, so a product starts at once and a late
-//! thread only joins it), in two steps:
+//! thread only joins it): tasks of output tiles, runs of one batch's B panels against all its
+//! A panels (or a part of them), each run the panels left over twice the threads, so that the
+//! last tasks are single panels (halves of one, when A has many panels) and the threads end
+//! together however late one started. A
+//! task packs its B panels a block at a time into a workspace of its thread, unless B is
+//! packed whole (when A's panels are split among tasks: few B panels, and each part would
+//! pack them again).
 //!
-//! 1. every distinct A matrix (a batch-broadcast A is packed once) is packed, in chunks of
-//!    panels; B too when A's panels are split among tasks (few B panels: each part would pack
-//!    them again);
-//! 2. tasks of output tiles run (each waits for the packing jobs, which were all taken before
-//!    it): runs of one batch's B panels against all its A panels (or a part of them), each run
-//!    the panels left over twice the threads, so that the last tasks are single panels and the
-//!    threads end together however late one started. A task packs its B panels (unless B was
-//!    packed whole) a block at a time into a workspace of its thread.
+//! Every distinct A matrix (a batch-broadcast A is packed once), and B when packed whole, is
+//! packed in chunks of panels, each by the first task that reads it ([`Chunks`]): the threads
+//! share the packing, and a task waits only for chunks it reads that another is packing, not
+//! for a packing step before all tiles.
 //!
 //! Packed A and B, the f32 partial sums (only when k is split into blocks) and the workspaces
 //! are reused from call to call, so a product does not fault fresh pages in.
@@ -31,7 +33,7 @@ use half::{bf16, f16};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -44,10 +46,6 @@ const TASKS_PER_THREAD: usize = 4;
 /// Fewest multiply-adds per task (about 10 us of one core): smaller ones cost more to hand out
 /// than they save.
 const TASK_FLOPS: usize = 1 << 21;
-
-/// Most bytes of packed A packed on the calling thread rather than in parallel tasks (a few
-/// microseconds of work: less than waking the pool for it).
-const SERIAL_PACK_BYTES: usize = 256 << 10;
 
 /// The compiled template.
 pub struct Library {
@@ -346,36 +344,35 @@ fn run(
     let bias_base = bias_row.as_ref().map_or(0, |r| r.as_ptr() as usize);
     let groups = k.div_ceil(layout.group());
 
-    // 1. Packing: every distinct A (and B, when packed whole), in chunks of panels when there
-    // is enough of it to share.
+    // 1. Packing: every distinct A (and B, when packed whole), in chunks of panels that the
+    // tasks reading them pack (in parallel, on the parts' boundaries and panel by panel for B).
     let operands = [
         Packing { src: a_base, offsets: &a_offsets, rs: spec.a.row_stride, ks: spec.a.col_stride, rows: m, panel: mr },
         Packing { src: b_base, offsets: &b_offsets, rs: spec.b.col_stride, ks: spec.b.row_stride, rows: n, panel: nr },
     ];
     // where each operand's packed matrices lie: base, words per matrix, first panel
     let dsts = [(pa_base, a_words, a_first), (pb_base, b_words, 0)];
-    let pack_bytes = (if in_place_a { 0 } else { a_words * a_offsets.len() } + b_words * b_offsets.len()) * 4;
-    let share = parallel && pack_bytes > SERIAL_PACK_BYTES;
-    let mut pack_jobs: Vec<PackJob> = Vec::new();
+    let mut chunks = Chunks::default();
     for (operand, packing) in operands.iter().enumerate().take(if prepack_b { 2 } else { 1 }) {
         if k == 0 {
             break;
         }
         let panels = packing.rows.div_ceil(packing.panel);
-        if operand == 0 && in_place_a {
-            if m % mr != 0 {
-                pack_jobs.extend((0..a_offsets.len()).map(|matrix| PackJob { operand, matrix, lo: mp - 1, hi: mp }));
-            }
-            continue;
-        }
-        let chunks = if share { panels.min(want.div_ceil(packing.offsets.len())).max(1) } else { 1 };
         for matrix in 0..packing.offsets.len() {
-            for c in 0..chunks {
-                let (lo, hi) = (panels * c / chunks, panels * (c + 1) / chunks);
-                if lo < hi {
-                    pack_jobs.push(PackJob { operand, matrix, lo, hi });
-                }
+            if operand == 0 && in_place_a {
+                // only a last part panel
+                chunks.push(operand, matrix, (m % mr != 0).then_some((mp - 1, mp)).into_iter());
+                continue;
             }
+            let count = match (parallel, operand) {
+                (false, _) => 1,
+                // A: enough chunks for the threads to share (tasks of every part need them
+                // all first), on the parts' boundaries
+                (true, 0) => panels.min(want.div_ceil(packing.offsets.len()).div_ceil(tm) * tm),
+                // B packed whole: panel by panel, each packed by the first task that reads it
+                (true, _) => panels,
+            };
+            chunks.push(operand, matrix, (0..count).map(|c| (panels * c / count, panels * (c + 1) / count)));
         }
     }
     let pack = |job: &PackJob| {
@@ -458,21 +455,17 @@ fn run(
             unsafe { lib.compute.call(&[&args as *const ComputeArgs as *mut u8], &mut [0; 4]) };
         })
     };
-    // One run of jobs: the packing first, then the tiles (jobs are taken in order, so a tile
-    // waits only for packing jobs already running).
-    let packed = AtomicUsize::new(0);
+    // One run of jobs, the tasks: each first packs the chunks of A (and of B packed whole) it
+    // reads that no task has claimed yet, then waits for those others are packing.
     let job = |i: usize| {
-        if let Some(p) = pack_jobs.get(i) {
-            pack(p);
-            packed.fetch_add(1, Ordering::Release);
-            return;
+        let task = &tasks[i];
+        chunks.ensure(0, a_index[task.batch], task.i0, task.i1, &pack);
+        if prepack_b {
+            chunks.ensure(1, b_index[task.batch], task.j0, task.j1, &pack);
         }
-        while packed.load(Ordering::Acquire) < pack_jobs.len() {
-            std::hint::spin_loop();
-        }
-        compute(&tasks[i - pack_jobs.len()]);
+        compute(task);
     };
-    jobs::run(pack_jobs.len() + tasks.len(), if parallel { jobs::helpers() } else { 0 }, &job);
+    jobs::run(tasks.len(), if parallel { jobs::helpers() } else { 0 }, &job);
     drop((packed_a, packed_b, acc));
     Ok(())
 }
@@ -512,6 +505,76 @@ struct PackJob {
     hi: usize,
 }
 
+/// A chunk no task has claimed.
+const UNCLAIMED: u8 = 0;
+/// A chunk a task is packing.
+const PACKING: u8 = 1;
+/// A packed chunk.
+const PACKED: u8 = 2;
+
+/// The chunks of panels a product packs before tiles read them (A, unless read in place; B
+/// when packed whole), each packed once, by the first task that reads it: packing runs on
+/// every thread beside the tiles, with no step of its own that all tiles wait for (with B
+/// packed whole at 205 x 896 x 224, the tasks of one part of A pack B's panels while those of
+/// the other part only wait for the panels they read).
+#[derive(Default)]
+struct Chunks {
+    jobs: Vec<PackJob>,
+    /// [`UNCLAIMED`], [`PACKING`] or [`PACKED`], one per job.
+    states: Vec<AtomicU8>,
+    /// Per operand, per matrix: the range of its chunks in `jobs` (in order of panels).
+    ranges: [Vec<(usize, usize)>; 2],
+}
+
+impl Chunks {
+    /// Adds the chunks of an operand's next matrix (`matrix`: the operand's matrices in
+    /// order), panels `[lo, hi)` each, in order.
+    fn push(&mut self, operand: usize, matrix: usize, panels: impl Iterator<Item = (usize, usize)>) {
+        debug_assert_eq!(self.ranges[operand].len(), matrix);
+        let first = self.jobs.len();
+        self.jobs.extend(panels.filter(|(lo, hi)| lo < hi).map(|(lo, hi)| PackJob { operand, matrix, lo, hi }));
+        self.states.resize_with(self.jobs.len(), || AtomicU8::new(UNCLAIMED));
+        self.ranges[operand].push((first, self.jobs.len()));
+    }
+
+    /// Returns once every chunk of `(operand, matrix)` that holds one of panels `[lo, hi)` is
+    /// packed: packs those no task claimed yet (with `pack`), then waits for the others, which
+    /// tasks are packing now (a task packing a chunk waits for nothing before it is done, so
+    /// the wait ends).
+    fn ensure(&self, operand: usize, matrix: usize, lo: usize, hi: usize, pack: &(dyn Fn(&PackJob) + Sync)) {
+        let Some(&(first, end)) = self.ranges[operand].get(matrix) else { return };
+        let wanted = || (first..end).filter(|&c| self.jobs[c].lo < hi && lo < self.jobs[c].hi);
+        for c in wanted() {
+            let state = &self.states[c];
+            if state.load(Ordering::Acquire) == UNCLAIMED
+                && state.compare_exchange(UNCLAIMED, PACKING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            {
+                // marked packed even if `pack` unwinds, so that no task waits for it forever
+                // (`jobs::run` then reports the panic)
+                struct Done<'a>(&'a AtomicU8);
+                impl Drop for Done<'_> {
+                    fn drop(&mut self) {
+                        self.0.store(PACKED, Ordering::Release);
+                    }
+                }
+                let _done = Done(state);
+                pack(&self.jobs[c]);
+            }
+        }
+        for c in wanted() {
+            while self.states[c].load(Ordering::Acquire) != PACKED {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// Fewest A panels in half of a last single-B-panel task (`tile_tasks`): each half packs the B
+/// panel again (about 2-3 A panels' tiles of work), and lines of many A panels (the 896-row
+/// weight gradients: 75) made the last tasks long (67 us on one core at 896 x 205 x 256, of a
+/// product of 270 us on two threads) and the threads' ends uneven.
+const SPLIT_PANELS: usize = 24;
+
 /// Parts of A's panels of each batch's grid of `mp x np` tiles: 1 when the batches' B panels
 /// are enough to deal out about `want` tasks, else enough parts (at most `mp`) to make them so.
 fn a_parts(batches: usize, mp: usize, np: usize, want: usize) -> usize {
@@ -523,7 +586,8 @@ fn a_parts(batches: usize, mp: usize, np: usize, want: usize) -> usize {
 /// line's B panels. On `threads` threads (0: one thread, and each line one task) runs shrink
 /// along the lines, each the panels left over twice the threads (guided self-scheduling): the
 /// threads take tasks as they come free, and the last tasks, which decide when the product
-/// ends, are single panels however late a thread started or however unevenly the panels divide.
+/// ends, are single panels however late a thread started or however unevenly the panels divide;
+/// those of lines of at least twice [`SPLIT_PANELS`] A panels are halves of such a panel.
 fn tile_tasks(batches: usize, mp: usize, np: usize, tm: usize, threads: usize) -> Vec<Task> {
     let mut tasks = Vec::new();
     let mut left = batches * tm * np;
@@ -534,7 +598,12 @@ fn tile_tasks(batches: usize, mp: usize, np: usize, tm: usize, threads: usize) -
             while j0 < np {
                 let run = if threads == 0 { np } else { left.div_ceil(2 * threads) };
                 let j1 = (j0 + run).min(np);
-                if i0 < i1 {
+                if run == 1 && i1 - i0 >= 2 * SPLIT_PANELS {
+                    // a last single panel of many A panels, in two halves
+                    let half = i0 + (i1 - i0) / 2;
+                    tasks.push(Task { batch, i0, i1: half, j0, j1 });
+                    tasks.push(Task { batch, i0: half, i1, j0, j1 });
+                } else if i0 < i1 {
                     tasks.push(Task { batch, i0, i1, j0, j1 });
                 }
                 left -= j1 - j0;

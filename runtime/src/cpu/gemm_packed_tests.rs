@@ -3,7 +3,7 @@
 //! rows, or neither, broadcast batches, a strided bias and the GELU epilogue, in every dtype and
 //! layout this machine serves.
 
-use super::{a_parts, bmm, tile_tasks, Library, Operands};
+use super::{a_parts, bmm, tile_tasks, Library, Operands, SPLIT_PANELS};
 use crate::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
 use coil_codegen::templates::gemm_cpu::{Blocking, IsaCap, Layout};
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
@@ -477,9 +477,17 @@ fn the_engines_agree_and_packed_is_an_error_where_it_cannot_run() {
 
 #[test]
 fn tasks_cover_every_tile_once_and_shrink_toward_the_end() {
-    for (batches, mp, np, want) in
-        [(1, 35, 114, 8), (1, 18, 28, 8), (1, 19, 6, 8), (3, 2, 2, 8), (12, 5, 7, 8), (1, 1, 1, 8), (2, 4, 3, 1)]
-    {
+    for (batches, mp, np, want) in [
+        (1, 35, 114, 8),
+        (1, 18, 28, 8),
+        (1, 75, 8, 8),
+        (2, 60, 3, 8),
+        (1, 19, 6, 8),
+        (3, 2, 2, 8),
+        (12, 5, 7, 8),
+        (1, 1, 1, 8),
+        (2, 4, 3, 1),
+    ] {
         let tm = a_parts(batches, mp, np, want);
         for threads in [0, 2, 4] {
             let tasks = tile_tasks(batches, mp, np, tm, threads);
@@ -501,7 +509,12 @@ fn tasks_cover_every_tile_once_and_shrink_toward_the_end() {
             // A's panels are split only when B's are too few; the last tasks are single panels
             assert!(tm == 1 || batches * np < want, "{case}");
             assert_eq!(runs.last(), Some(&1), "{case}");
-            assert!(tasks.len() <= 2 * threads * (batches * tm * np).ilog2() as usize + batches * tm, "{case}");
+            // (with the halves of last single panels of long lines)
+            let halves = if mp.div_ceil(tm) >= 2 * SPLIT_PANELS { 2 * threads } else { 0 };
+            assert!(
+                tasks.len() <= 2 * threads * (batches * tm * np).ilog2() as usize + batches * tm + halves,
+                "{case}"
+            );
         }
     }
     // 150 x 90 x 700 on two threads (the batch test above): A's panels split, so B is packed
@@ -586,5 +599,47 @@ fn packed_bf16_products_over_whole_steps_of_32_k() {
                 check(&case, &packed(lib, layout, DType::BF16));
             }
         }
+    }
+}
+
+/// The f32 training step's products (`mlp_train_step_f32`: 205 x 896 x 224 `nt`, whose B is
+/// packed whole panel by panel by the tasks of both parts of A; the weight gradients' `tn`, whose
+/// packed A the threads share in chunks) and a batched one with B packed whole, on pools of 1, 2
+/// and 3 threads (each with its own tasks and chunks): each against the reference, and the same bits on every pool (tiles split
+/// among tasks, never k, so every sum is added in one order).
+#[test]
+fn products_split_among_threads_give_the_bits_of_one_thread() {
+    let Some(lib) = served(Layout::F32) else { return };
+    let pools: Vec<rayon::ThreadPool> =
+        [1, 2, 3].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().expect("a pool")).collect();
+    let run = |spec: &BmmSpec, a: &[u8], b: &[u8], bias: &[u8], out: &mut [u8]| {
+        let mut outs: Vec<Vec<u8>> = Vec::new();
+        for pool in &pools {
+            let mut o = vec![0u8; out.len()];
+            pool.install(|| packed(lib, Layout::F32, DType::F32)(spec, a, b, bias, &mut o));
+            outs.push(o);
+        }
+        for (t, o) in outs.iter().enumerate().skip(1) {
+            assert!(
+                o == &outs[0],
+                "{} threads: other bits than one thread's at {}x{}x{}",
+                t + 1,
+                spec.m,
+                spec.k,
+                spec.n
+            );
+        }
+        out.copy_from_slice(&outs[0]);
+    };
+    for (m, k, n, lay_a, lay_b, batches) in [
+        (205, 896, 224, Lay::KContiguous, Lay::KContiguous, 1),
+        (224, 205, 896, Lay::RowsContiguous, Lay::RowsContiguous, 1),
+        (896, 205, 256, Lay::RowsContiguous, Lay::RowsContiguous, 1),
+        (205, 224, 896, Lay::KContiguous, Lay::RowsContiguous, 1),
+        (150, 2000, 40, Lay::KContiguous, Lay::RowsContiguous, 2),
+    ] {
+        let case =
+            Case { dtype: DType::F32, m, n, k, batches, lay_a, lay_b, broadcast_a: false, bias: true, gelu: false };
+        check(&case, &run);
     }
 }
