@@ -27,14 +27,16 @@
 use coil_ir::loops::{Activation, BiasOperand, BufferId, StridedOperand};
 use coil_ir::DType;
 use coil_runtime::cpu::gemm::{bmm_bytes_with, BmmSpec, GemmEngine};
+use coil_runtime::cpu::jobs;
 use half::{bf16, f16};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 const HELP: &str = "\
 usage: gemm_bench [--set suite|eager|all] [--only SUBSTRING] [--shape D:M:K:N:FORM]... [--rounds N] [--warmup N]
                   [--reps N] [--no-torch] [--no-crate] [--avx2] [--torch-avx2] [--best]
+                  [--cold MB]
 
   --set S       the products timed: the suite's (default), eager_shapes' (f32 and bf16), or both
   --only S      only the products whose name contains S (mlp, gpt2, train, eager, ...)
@@ -49,6 +51,8 @@ usage: gemm_bench [--set suite|eager|all] [--only SUBSTRING] [--shape D:M:K:N:FO
   --avx2        also time the template built for AVX2 + FMA only (GemmEngine::PackedAvx2: the
                 kernels a CPU without AVX-512 runs), beside this machine's build
   --torch-avx2  PyTorch limited to AVX2 (MKL, oneDNN and ATen's own switches, in its process)
+  --cold MB     write MB MiB of another buffer before each timed run (coil only), so that the operands
+                come from memory as in a graph whose other kernels evict them (64: more than the L2s)
   --best        each timing's fastest run instead of its median (coil only; on a machine other
                 processes load, the fastest run is the one that had the cores to itself)
 ";
@@ -218,6 +222,9 @@ fn median(mut t: Vec<f64>) -> f64 {
 /// Median wall time of `f`, and its mean CPU time: the process's CPU time over the timed runs
 /// (repeated until they cover at least 50 ticks of it, so the tick rounds off at most 2 %) per
 /// run. The CPU time counts every thread's work, and so also pool threads waiting busily.
+/// `--cold MB`: MiB written between timed runs (0: none).
+static COLD_MB: AtomicUsize = AtomicUsize::new(0);
+
 /// `--best`: a timing's wall time is its fastest run rather than its median.
 static BEST: AtomicBool = AtomicBool::new(false);
 
@@ -227,7 +234,16 @@ fn time_runs(warmup: usize, reps: usize, mut f: impl FnMut()) -> Timing {
     }
     let mut wall = Vec::new();
     let (cpu0, mut runs) = (process_cpu_us(), 0usize);
+    let evict: Vec<AtomicU64> = (0..COLD_MB.load(Ordering::Relaxed) << 17).map(|_| AtomicU64::new(0)).collect();
+    let parts = evict.len().div_ceil(1 << 15);
     loop {
+        // `--cold`: the operands leave the caches, as a graph's other kernels make them leave;
+        // on coil's threads, whose helpers then linger into the product as after a kernel
+        jobs::run(parts, jobs::helpers(), &|p| {
+            for word in evict[p << 15..evict.len().min((p + 1) << 15)].iter().step_by(8) {
+                word.store(word.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+            }
+        });
         let start = Instant::now();
         f();
         wall.push(start.elapsed().as_secs_f64() * 1e6);
@@ -397,6 +413,7 @@ fn main() {
             "--avx2" => avx2 = true,
             "--torch-avx2" => torch_avx2 = true,
             "--best" => BEST.store(true, Ordering::Relaxed),
+            "--cold" => COLD_MB.store(num("--cold"), Ordering::Relaxed),
             "--help" | "-h" => {
                 print!("{HELP}");
                 return;

@@ -562,8 +562,16 @@ impl Chunks {
             }
         }
         for c in wanted() {
+            // a chunk's packing is short: spin, then give the core away (to the packer, when
+            // other processes preempted it)
+            let mut spins = 0u32;
             while self.states[c].load(Ordering::Acquire) != PACKED {
-                std::hint::spin_loop();
+                if spins < 1 << 12 {
+                    std::hint::spin_loop();
+                    spins += 1;
+                } else {
+                    std::thread::yield_now();
+                }
             }
         }
     }
