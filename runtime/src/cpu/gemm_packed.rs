@@ -8,10 +8,9 @@
 //! thread only joins it): tasks of output tiles, runs of one batch's B panels against all its
 //! A panels (or a part of them), each run the panels left over twice the threads, so that the
 //! last tasks are single panels (halves of one, when A has many panels) and the threads end
-//! together however late one started. A
-//! task packs its B panels a block at a time into a workspace of its thread, unless B is
-//! packed whole (when A's panels are split among tasks: few B panels, and each part would
-//! pack them again).
+//! together however late one started. A task packs its B panels a block at a time into a
+//! workspace of its thread, unless B is packed whole (when A's panels are split among tasks:
+//! few B panels, and each part would pack them again).
 //!
 //! Every distinct A matrix (a batch-broadcast A is packed once), and B when packed whole, is
 //! packed in chunks of panels, each by the first task that reads it ([`Chunks`]): the threads
@@ -606,7 +605,7 @@ fn tile_tasks(batches: usize, mp: usize, np: usize, tm: usize, threads: usize) -
             while j0 < np {
                 let run = if threads == 0 { np } else { left.div_ceil(2 * threads) };
                 let j1 = (j0 + run).min(np);
-                if run == 1 && i1 - i0 >= 2 * SPLIT_PANELS {
+                if threads > 0 && run == 1 && i1 - i0 >= 2 * SPLIT_PANELS {
                     // a last single panel of many A panels, in two halves
                     let half = i0 + (i1 - i0) / 2;
                     tasks.push(Task { batch, i0, i1: half, j0, j1 });
