@@ -13,7 +13,7 @@
 //! few B panels, and each part would pack them again).
 //!
 //! Every distinct A matrix (a batch-broadcast A is packed once), and B when packed whole, is
-//! packed in chunks of panels, each by the first task that reads it ([`Chunks`]): the threads
+//! packed in chunks of panels, each by the first task that reads it: the threads
 //! share the packing, and a task waits only for chunks it reads that another is packing, not
 //! for a packing step before all tiles.
 //!
