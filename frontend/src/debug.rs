@@ -55,14 +55,20 @@ impl Dump {
     /// The next `graph_<n>` folder of this run.
     pub fn new_graph() -> Dump {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        Dump(run_dir().map(|dir| dir.join(format!("graph_{}", NEXT.fetch_add(1, Ordering::Relaxed)))))
+        Dump::numbered("graph", &NEXT)
     }
 
     /// The next `grad_<n>` folder of this run: a forward graph [`crate::value_and_grad`]
     /// differentiated (a compiled function's later calls reuse it and write none).
     pub fn new_differentiation() -> Dump {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        Dump(run_dir().map(|dir| dir.join(format!("grad_{}", NEXT.fetch_add(1, Ordering::Relaxed)))))
+        Dump::numbered("grad", &NEXT)
+    }
+
+    /// The folder `<prefix>_<n>` of this run, `n` the next value of `next` (none when dumps are
+    /// off: the counter then does not move).
+    fn numbered(prefix: &str, next: &AtomicUsize) -> Dump {
+        Dump(run_dir().map(|dir| dir.join(format!("{prefix}_{}", next.fetch_add(1, Ordering::Relaxed)))))
     }
 
     /// The dump of a graph already given a folder (`None`: dumps are off), to add files to it.
